@@ -24,7 +24,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Op", "Transfer", "Round", "Phase", "Schedule", "relabel_ranks"]
+__all__ = ["Op", "Phase", "Round", "Schedule", "Transfer", "move_straggler", "relabel_ranks"]
 
 
 class Op(str, enum.Enum):
@@ -131,3 +131,26 @@ def relabel_ranks(schedule: Schedule, mapping: Sequence[int]) -> Schedule:
         schedule.collective,
         dict(schedule.metadata),
     )
+
+
+def move_straggler(schedule: Schedule, straggler: int) -> Schedule:
+    """Relabel so that the schedule's straggler becomes rank ``straggler``.
+
+    The other ranks keep their relative order, so the result stays deterministic.
+
+    >>> s = Schedule("x", 3, 1, 2, (Phase("p", (0, 1, 2), ((Transfer(2, 0, 0),),)),))
+    >>> move_straggler(s, 0).phases[0].rounds[0][0]
+    Transfer(src=0, dst=1, chunk=0, op=<Op.COPY: 'copy'>)
+    """
+    n = schedule.num_ranks
+    if schedule.straggler is None:
+        raise ValueError(f"schedule '{schedule.algorithm}' has no straggler to move")
+    if not 0 <= straggler < n:
+        raise ValueError(f"straggler must be a rank in 0..{n - 1}, got {straggler}")
+    others = [r for r in range(n) if r != straggler]
+    mapping = [0] * n
+    old_others = [r for r in range(n) if r != schedule.straggler]
+    for old, new in zip(old_others, others, strict=True):
+        mapping[old] = new
+    mapping[schedule.straggler] = straggler
+    return relabel_ranks(schedule, mapping)

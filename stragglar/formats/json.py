@@ -1,0 +1,403 @@
+"""The versioned JSON schedule format, version 1.
+
+A document is one JSON object::
+
+    {"format": "stragglar-schedule", "version": 1, "collective": "allreduce",
+     "algorithm": "stragglar", "num_ranks": N, "num_chunks": C, "straggler": <rank> | null,
+     "phases": [{"name": "...", "ranks": [...], "rounds": [[transfer, ...], ...]}, ...],
+     "metadata": {...}}
+
+    transfer = {"src": int, "dst": int, "chunk": int, "op": "copy" | "reduce"}
+
+Every key is required and no other key is allowed.  Reading checks the format only
+(keys, types, ranges, ``src != dst``); whether the schedule is correct is the
+verifier's business.  Every bad document raises :class:`ScheduleFormatError` whose
+one-line message names the place, e.g. ``phases[0].rounds[2][1].chunk: ...``.
+``schedule.schema.json`` next to this module is the same format as a JSON Schema.
+
+>>> from stragglar.schedule import Op, Phase, Schedule, Transfer
+>>> s = Schedule("direct", 2, 1, None, (Phase("p", (0, 1), ((Transfer(0, 1, 0, Op.REDUCE),),)),))
+>>> loads(dumps(s)) == s
+True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import math
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, NoReturn
+
+from stragglar.schedule import Op, Phase, Round, Schedule, Transfer
+
+__all__ = [
+    "FORMAT",
+    "VERSION",
+    "ScheduleFormatError",
+    "dumps",
+    "from_document",
+    "loads",
+    "read",
+    "to_document",
+    "write",
+]
+
+FORMAT = "stragglar-schedule"
+VERSION = 1
+COLLECTIVE = "allreduce"
+
+_KEYS = (
+    "format",
+    "version",
+    "collective",
+    "algorithm",
+    "num_ranks",
+    "num_chunks",
+    "straggler",
+    "phases",
+    "metadata",
+)
+_PHASE_KEYS = ("name", "ranks", "rounds")
+_TRANSFER_KEYS = ("src", "dst", "chunk", "op")
+_OPS = {"copy": Op.COPY, "reduce": Op.REDUCE}
+_OP_NAMES = {Op.COPY: "copy", Op.REDUCE: "reduce"}
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class ScheduleFormatError(ValueError):
+    """A bad schedule document; the one-line message says where and what.
+
+    >>> try:
+    ...     loads('{"format": "stragglar-schedule", "version": 2}')
+    ... except ScheduleFormatError as e:
+    ...     print(e)
+    version: unsupported version 2 (this stragglar reads version 1)
+    """
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def _fail(path: str, what: str) -> NoReturn:
+    raise ScheduleFormatError(f"{path or 'document'}: {what}")
+
+
+def _join(path: str, key: object) -> str:
+    """The path of member ``key`` of the object at ``path``."""
+    if isinstance(key, str) and _IDENTIFIER.fullmatch(key):
+        return f"{path}.{key}" if path else key
+    shown = json.dumps(key, ensure_ascii=False) if isinstance(key, str) else repr(key)
+    return f"{path}[{shown}]"
+
+
+def _show(value: object) -> str:
+    """A short description of a bad value for an error message."""
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "an array"
+    if value is None or isinstance(value, (str, int)) or (isinstance(value, float) and math.isfinite(value)):
+        text = json.dumps(value, ensure_ascii=False)
+        return text if len(text) <= 40 else text[:37] + "..."
+    return repr(value) if isinstance(value, float) else f"a Python {type(value).__name__}"
+
+
+def _int(value: object, path: str, lo: int, hi: int | None = None) -> int:
+    """``value`` if it is an int (not a bool) in ``[lo, hi)``, else fail."""
+    if type(value) is int and value >= lo and (hi is None or value < hi):
+        return value
+    bounds = f">= {lo}" if hi is None else f"in [{lo}, {hi})"
+    _fail(path, f"expected an integer {bounds}, got {_show(value)}")
+
+
+def _str(value: object, path: str, *, nonempty: bool = False) -> str:
+    if isinstance(value, str) and (value or not nonempty):
+        return value
+    _fail(path, f"expected a {'non-empty ' if nonempty else ''}string, got {_show(value)}")
+
+
+def _const(value: object, path: str, expected: str) -> None:
+    if not (isinstance(value, str) and value == expected):
+        _fail(path, f"expected {json.dumps(expected)}, got {_show(value)}")
+
+
+def _list(value: object, path: str) -> list[Any]:
+    if isinstance(value, list):
+        return value
+    _fail(path, f"expected an array, got {_show(value)}")
+
+
+def _object(value: object, path: str, keys: tuple[str, ...]) -> dict[str, Any]:
+    """``value`` if it is an object with exactly ``keys``, else fail."""
+    if not isinstance(value, dict):
+        _fail(path, f"expected an object, got {_show(value)}")
+    for key in keys:
+        if key not in value:
+            _fail(_join(path, key), "missing required key")
+    if len(value) != len(keys):
+        extra = next(k for k in value if k not in keys)
+        _fail(_join(path, extra), f"unknown key (allowed: {', '.join(keys)})")
+    return value
+
+
+def _json_value(value: object, path: str) -> Any:
+    """A copy of a JSON-compatible value with object keys sorted; fail on anything else."""
+    if isinstance(value, dict):
+        for key in value:
+            if not isinstance(key, str):
+                _fail(_join(path, key), "object keys must be strings")
+        return {key: _json_value(value[key], _join(path, key)) for key in sorted(value)}
+    if isinstance(value, (list, tuple)):
+        return [_json_value(item, f"{path}[{i}]") for i, item in enumerate(value)]
+    if isinstance(value, float) and not math.isfinite(value):
+        _fail(path, f"expected a finite number, got {value!r}")
+    if value is None or isinstance(value, (str, int, float)):
+        return value
+    _fail(path, f"expected a JSON value, got {_show(value)}")
+
+
+def _metadata(value: object) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        _fail("metadata", f"expected an object, got {_show(value)}")
+    try:
+        result: dict[str, Any] = _json_value(value, "metadata")
+    except RecursionError:
+        _fail("metadata", "nested too deeply")
+    return result
+
+
+# ---------------------------------------------------------------------------- transfers
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause the cyclic collector: building millions of acyclic Transfers goes twice as fast."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _transfers_ok(rnd: list[Any], n: int, c: int) -> bool:
+    """Fast check of a round of transfer objects; :func:`_transfer` says what is wrong."""
+    ops = _OPS
+    for t in rnd:
+        if type(t) is not dict or len(t) != 4:
+            return False
+        src, dst, chunk, op = t.get("src"), t.get("dst"), t.get("chunk"), t.get("op")
+        if not (
+            type(src) is int
+            and type(dst) is int
+            and type(chunk) is int
+            and 0 <= src < n
+            and 0 <= dst < n
+            and src != dst
+            and 0 <= chunk < c
+            and type(op) is str
+            and op in ops
+        ):
+            return False
+    return True
+
+
+def _transfer(value: object, path: str, n: int, c: int) -> Transfer:
+    """One transfer object, checked field by field with a precise error."""
+    t = _object(value, path, _TRANSFER_KEYS)
+    src = _int(t["src"], f"{path}.src", 0, n)
+    dst = _int(t["dst"], f"{path}.dst", 0, n)
+    if dst == src:
+        _fail(f"{path}.dst", f"expected a rank other than src, got {dst}")
+    chunk = _int(t["chunk"], f"{path}.chunk", 0, c)
+    op = t["op"]
+    if not (isinstance(op, str) and op in _OPS):
+        _fail(f"{path}.op", f'expected "copy" or "reduce", got {_show(op)}')
+    return Transfer(src, dst, chunk, _OPS[op])
+
+
+def _load_round(value: object, path: str, n: int, c: int) -> Round:
+    rnd = _list(value, path)
+    if _transfers_ok(rnd, n, c):
+        ops = _OPS
+        return tuple([Transfer(t["src"], t["dst"], t["chunk"], ops[t["op"]]) for t in rnd])
+    return tuple(_transfer(t, f"{path}[{j}]", n, c) for j, t in enumerate(rnd))
+
+
+def _dump_round(rnd: Round, path: str, n: int, c: int) -> list[dict[str, Any]]:
+    names = _OP_NAMES
+    out = [{"src": t.src, "dst": t.dst, "chunk": t.chunk, "op": names.get(t.op, t.op)} for t in rnd]
+    if not _transfers_ok(out, n, c):
+        for j, t in enumerate(out):
+            _transfer(t, f"{path}[{j}]", n, c)
+    return out
+
+
+# ---------------------------------------------------------------------------- phases
+
+
+def _ranks(value: object, path: str, n: int) -> tuple[int, ...]:
+    ranks = _list(value, path)
+    seen: set[int] = set()
+    for j, r in enumerate(ranks):
+        if _int(r, f"{path}[{j}]", 0, n) in seen:
+            _fail(f"{path}[{j}]", f"duplicate rank {r}")
+        seen.add(r)
+    return tuple(ranks)
+
+
+def _load_phase(value: object, path: str, n: int, c: int) -> Phase:
+    p = _object(value, path, _PHASE_KEYS)
+    name = _str(p["name"], f"{path}.name")
+    ranks = _ranks(p["ranks"], f"{path}.ranks", n)
+    rounds = _list(p["rounds"], f"{path}.rounds")
+    return Phase(
+        name, ranks, tuple(_load_round(r, f"{path}.rounds[{k}]", n, c) for k, r in enumerate(rounds))
+    )
+
+
+def _dump_phase(phase: Phase, path: str, n: int, c: int) -> dict[str, Any]:
+    ranks = list(phase.ranks)
+    _ranks(ranks, f"{path}.ranks", n)
+    return {
+        "name": _str(phase.name, f"{path}.name"),
+        "ranks": ranks,
+        "rounds": [_dump_round(r, f"{path}.rounds[{k}]", n, c) for k, r in enumerate(phase.rounds)],
+    }
+
+
+# ---------------------------------------------------------------------------- documents
+
+
+def _check_header(doc: object) -> dict[str, Any]:
+    """Check the format tag and version before anything else, then the top-level keys."""
+    if not isinstance(doc, dict):
+        _fail("", f"expected an object, got {_show(doc)}")
+    for key in ("format", "version"):
+        if key not in doc:
+            _fail(key, "missing required key")
+    _const(doc["format"], "format", FORMAT)
+    version = doc["version"]
+    if type(version) is not int:
+        _fail("version", f"expected an integer, got {_show(version)}")
+    if version != VERSION:
+        _fail("version", f"unsupported version {version} (this stragglar reads version {VERSION})")
+    return _object(doc, "", _KEYS)
+
+
+def _sizes(num_ranks: object, num_chunks: object, straggler: object) -> tuple[int, int, int | None]:
+    n = _int(num_ranks, "num_ranks", 1)
+    c = _int(num_chunks, "num_chunks", 1)
+    return n, c, None if straggler is None else _int(straggler, "straggler", 0, n)
+
+
+def from_document(doc: object) -> Schedule:
+    """The :class:`Schedule` of a parsed version-1 document; :class:`ScheduleFormatError` if it is bad.
+
+    >>> from_document({"format": "stragglar-schedule", "version": 1})
+    Traceback (most recent call last):
+    ...
+    stragglar.formats.json.ScheduleFormatError: collective: missing required key
+    """
+    d = _check_header(doc)
+    _const(d["collective"], "collective", COLLECTIVE)
+    algorithm = _str(d["algorithm"], "algorithm", nonempty=True)
+    n, c, straggler = _sizes(d["num_ranks"], d["num_chunks"], d["straggler"])
+    with _gc_paused():
+        phases = tuple(
+            _load_phase(p, f"phases[{i}]", n, c) for i, p in enumerate(_list(d["phases"], "phases"))
+        )
+    return Schedule(
+        algorithm=algorithm,
+        num_ranks=n,
+        num_chunks=c,
+        straggler=straggler,
+        phases=phases,
+        collective=COLLECTIVE,
+        metadata=_metadata(d["metadata"]),
+    )
+
+
+def to_document(schedule: Schedule) -> dict[str, Any]:
+    """The version-1 document of ``schedule``: plain JSON values, metadata keys sorted.
+
+    Raises :class:`ScheduleFormatError` if the schedule cannot make a valid document
+    (say a chunk out of range, or metadata that is not JSON).
+
+    >>> from stragglar.schedule import Phase, Schedule, Transfer
+    >>> doc = to_document(Schedule("ring", 2, 1, None, (Phase("p", (0, 1), ((Transfer(0, 1, 0),),)),)))
+    >>> doc["phases"][0]["rounds"]
+    [[{'src': 0, 'dst': 1, 'chunk': 0, 'op': 'copy'}]]
+    """
+    _const(schedule.collective, "collective", COLLECTIVE)
+    n, c, straggler = _sizes(schedule.num_ranks, schedule.num_chunks, schedule.straggler)
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "collective": COLLECTIVE,
+        "algorithm": _str(schedule.algorithm, "algorithm", nonempty=True),
+        "num_ranks": n,
+        "num_chunks": c,
+        "straggler": straggler,
+        "phases": [_dump_phase(p, f"phases[{i}]", n, c) for i, p in enumerate(schedule.phases)],
+        "metadata": _metadata(dict(schedule.metadata)),
+    }
+
+
+def dumps(schedule: Schedule, *, indent: int | None = None) -> str:
+    """The JSON text of ``schedule``: deterministic, compact unless ``indent`` is given."""
+    separators = (",", ":") if indent is None else (",", ": ")
+    return json.dumps(
+        to_document(schedule), indent=indent, separators=separators, ensure_ascii=False, allow_nan=False
+    )
+
+
+def _reject_constant(name: str) -> NoReturn:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def loads(text: str) -> Schedule:
+    """The :class:`Schedule` in JSON ``text``; :class:`ScheduleFormatError` if it is bad.
+
+    >>> loads("[1, 2")
+    Traceback (most recent call last):
+    ...
+    stragglar.formats.json.ScheduleFormatError: not JSON: Expecting ',' delimiter at line 1 column 6
+    """
+    try:
+        doc = json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as e:
+        raise ScheduleFormatError(f"not JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    except ValueError as e:
+        raise ScheduleFormatError(f"not JSON: {e}") from None
+    except RecursionError:
+        raise ScheduleFormatError("not JSON: nested too deeply") from None
+    return from_document(doc)
+
+
+def write(schedule: Schedule, path: str | os.PathLike[str]) -> None:
+    """Write ``schedule`` to the file ``path`` as compact UTF-8 JSON with a final newline."""
+    Path(path).write_text(dumps(schedule) + "\n", encoding="utf-8")
+
+
+def read(path: str | os.PathLike[str]) -> Schedule:
+    """The schedule in the file ``path``; errors about its content start with the file name."""
+    name = os.fspath(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ScheduleFormatError(f"file not found: {name}") from None
+    except UnicodeDecodeError as e:
+        raise ScheduleFormatError(f"{name}: not UTF-8 text: byte {e.start}") from None
+    except OSError as e:
+        raise ScheduleFormatError(f"cannot read {name}: {e.strerror or e}") from None
+    try:
+        return loads(text)
+    except ScheduleFormatError as e:
+        raise ScheduleFormatError(f"{name}: {e}") from None
