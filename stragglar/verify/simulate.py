@@ -18,8 +18,8 @@ value, the schedule is correct and is accepted (the simulator is exact both ways
 >>> v = check(Schedule("demo", 2, 1, None, (Phase("exchange", (0, 1), (swap, swap)),)))
 >>> v.kind, v.round, v.rank, v.chunk
 ('duplicate', 1, 1, 0)
->>> print(v.message.replace(": ", ":\n").replace("; ", "\n"))
-phase 0 'demo' round 1:
+>>> for part in v.message.split(": ", 1)[1].split("; "):
+...     print(part)
 transfer 0->1 chunk 0 (reduce) gives rank 1 contributions of ranks [0, 1] twice in chunk 0
 the doubled value survives in rank 1 chunk 0
 """
