@@ -19,7 +19,7 @@ from stragglar.synth.stragglar_pow2 import pow2_copy_rounds
 
 __all__ = ["round_lower_bound", "stragglar_allreduce"]
 
-SEEDS_PER_ROUND_COUNT = 64
+SEED_BUDGET = 2048  # seeds tried per round count: more for small n, where attempts are cheap
 
 Copy = tuple[int, int, int]
 
@@ -66,7 +66,7 @@ def _copy_rounds(n: int, bound: int) -> tuple[list[list[Copy]], str]:
         return pow2_copy_rounds(n), "pow2-groups"
     num_rounds = bound
     while True:
-        for seed in range(SEEDS_PER_ROUND_COUNT):
+        for seed in range(max(4, SEED_BUDGET // n)):
             rounds = greedy_copy_rounds(n, num_rounds, seed)
             if rounds is not None:
                 return rounds, f"greedy (seed {seed})"

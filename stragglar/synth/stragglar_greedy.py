@@ -5,16 +5,46 @@ and GPU ``t`` exchanges chunk ``t`` with it in round ``t``.  The last chunks are
 (they finish latest and must still reach every GPU by doubling), so chunks are placed from the
 last to the first into a fixed number of rounds, each spreading as fast as the still-free ports
 allow.  Receivers whose free receive slots are scarce compared with their free send slots go
-first; ties are broken by a seeded random order, and the caller tries several seeds.
+first, senders with many free send slots go first (the straggler last); ties are broken by a
+seeded random order.  A chunk that does not fit is retried with fresh tie-breaks before the
+whole attempt gives up, and the caller tries several seeds, then one more round.
 """
 
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass, field
 
 __all__ = ["greedy_copy_rounds"]
 
 Copy = tuple[int, int, int]  # (src, dst, chunk)
+Placement = list[tuple[int, int, int]]  # (round, src, dst)
+
+RETRIES_PER_CHUNK = 16
+
+
+@dataclass
+class _Ports:
+    """Which ranks can still send / receive in each round, and how many such slots each has left."""
+
+    n: int
+    num_rounds: int
+    send_free: list[bytearray] = field(init=False)
+    recv_free: list[bytearray] = field(init=False)
+    sends_left: list[int] = field(init=False)
+    recvs_left: list[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.send_free = [bytearray(b"\x01" * self.n) for _ in range(self.num_rounds)]
+        self.recv_free = [bytearray(b"\x01" * self.n) for _ in range(self.num_rounds)]
+        self.sends_left = [self.num_rounds] * self.n
+        self.recvs_left = [self.num_rounds] * self.n
+
+    def take(self, t: int, src: int, dst: int, used: int = 0) -> None:
+        self.send_free[t][src] = self.recv_free[t][dst] = used
+        step = -1 if used == 0 else 1
+        self.sends_left[src] += step
+        self.recvs_left[dst] += step
 
 
 def greedy_copy_rounds(n: int, num_rounds: int, seed: int) -> list[list[Copy]] | None:
@@ -25,35 +55,53 @@ def greedy_copy_rounds(n: int, num_rounds: int, seed: int) -> list[list[Copy]] |
     (7, 20)
     """
     m = n - 1
-    straggler = m
-    rng = random.Random(seed)
-    order = [rng.random() for _ in range(n)]
-    send_free = [bytearray(b"\x01" * n) for _ in range(num_rounds)]
-    recv_free = [bytearray(b"\x01" * n) for _ in range(num_rounds)]
-    free_sends, free_recvs = [num_rounds] * n, [num_rounds] * n
+    ports = _Ports(n, num_rounds)
     for t in range(min(m, num_rounds)):  # the exchange rounds
-        for x in (t, straggler):
-            send_free[t][x] = recv_free[t][x] = 0
-            free_sends[x] -= 1
-            free_recvs[x] -= 1
+        ports.take(t, t, m)
+        ports.take(t, m, t)
+    rng = random.Random(seed)
     rounds: list[list[Copy]] = [[] for _ in range(num_rounds)]
     for chunk in reversed(range(m)):
-        holders = [chunk, straggler]
-        needs = set(range(m)) - {chunk}
-        for t in range(chunk + 1, num_rounds):
-            if not needs:
+        placement = None
+        for _ in range(RETRIES_PER_CHUNK):
+            placement = _place_chunk(chunk, ports, [rng.random() for _ in range(n)])
+            if placement is not None:
                 break
-            senders = [x for x in holders if send_free[t][x]]
-            receivers = [x for x in needs if recv_free[t][x]]
-            receivers.sort(key=lambda x: (free_recvs[x] - free_sends[x], order[x]))
-            senders.sort(key=lambda x: (x == straggler, -free_sends[x], order[x]))
-            for src, dst in zip(senders, receivers, strict=False):
-                send_free[t][src] = recv_free[t][dst] = 0
-                free_sends[src] -= 1
-                free_recvs[dst] -= 1
-                rounds[t].append((src, dst, chunk))
-                holders.append(dst)
-                needs.discard(dst)
-        if needs:
+        if placement is None:
             return None
+        for t, src, dst in placement:
+            rounds[t].append((src, dst, chunk))
     return rounds
+
+
+def _place_chunk(chunk: int, ports: _Ports, order: list[float]) -> Placement | None:
+    """Spread ``chunk`` from its two holders to every GPU as early as free ports allow.
+
+    Takes the ports it uses; on failure gives them back and returns None.
+    """
+    straggler = ports.n - 1
+    holders = [chunk, straggler]
+    needs = set(range(straggler)) - {chunk}
+    placement: Placement = []
+    for t in range(chunk + 1, ports.num_rounds):
+        if not needs:
+            break
+        send_free, recv_free = ports.send_free[t], ports.recv_free[t]
+        senders = sorted(
+            (x for x in holders if send_free[x]),
+            key=lambda x: (x == straggler, -ports.sends_left[x], order[x]),
+        )
+        receivers = sorted(
+            (x for x in needs if recv_free[x]),
+            key=lambda x: (ports.recvs_left[x] - ports.sends_left[x], order[x]),
+        )
+        for src, dst in zip(senders, receivers, strict=False):
+            ports.take(t, src, dst)
+            placement.append((t, src, dst))
+            holders.append(dst)
+            needs.discard(dst)
+    if needs:
+        for t, src, dst in placement:
+            ports.take(t, src, dst, used=1)
+        return None
+    return placement

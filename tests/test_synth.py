@@ -1,0 +1,118 @@
+"""Every generated schedule is a proved AllReduce with the promised number of rounds."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stragglar.schedule import Op, Schedule
+from stragglar.synth import ALGORITHMS, round_lower_bound, synthesize
+from stragglar.verify import prove
+
+# Phase-2 rounds of the authors' reference synthesizer (shared/docs/stragglar-model.md).
+REFERENCE_ROUNDS = {6: 7, 10: 12, 12: 15, 14: 17, 18: 21, 20: 24, 24: 27, 48: 55, 96: 106}
+# Sizes where the greedy still needs one round more than R*(n) (near powers of two).
+KNOWN_GAPS = {31, 61, 62, 63}
+
+
+def is_pow2(n: int) -> bool:
+    return n & (n - 1) == 0
+
+
+@pytest.mark.parametrize("n", range(2, 65))
+def test_stragglar_is_proved_and_round_optimal_where_promised(n: int) -> None:
+    s = synthesize("stragglar", n)
+    proof = prove(s)
+    bound = round_lower_bound(n)
+    assert proof.straggler_rounds == s.straggler_rounds >= bound
+    if is_pow2(n) or n <= 16:
+        assert s.straggler_rounds == bound
+    assert s.straggler_rounds <= bound + (n in KNOWN_GAPS)
+    assert s.straggler_rounds <= REFERENCE_ROUNDS.get(n, s.straggler_rounds)
+    assert s.metadata["lower_bound"] == bound
+
+
+@pytest.mark.parametrize("n", range(2, 65))
+def test_stragglar_shape_follows_the_paper(n: int) -> None:
+    s = synthesize("stragglar", n)
+    late, others = n - 1, tuple(range(n - 1))
+    assert (s.num_chunks, s.straggler) == (n - 1, late)
+    hidden = [p for p in s.phases if late not in p.ranks]
+    assert [p.ranks for p in hidden] == ([others] if n > 2 else [])
+    assert all(len(p.rounds) == n - 2 for p in hidden)
+    exchange = s.phases[-1].rounds
+    for t in range(n - 1):  # round t completes chunk t: GPU t and the straggler swap and add
+        swaps = {(x.src, x.dst, x.chunk) for x in exchange[t] if x.op is Op.REDUCE}
+        assert swaps == {(t, late, t), (late, t, t)}
+    assert all(x.op is Op.COPY for r in exchange[n - 1 :] for x in r)
+
+
+@pytest.mark.parametrize("n", range(2, 13))
+def test_any_straggler_rank(n: int) -> None:
+    for straggler in range(n):
+        s = synthesize("stragglar", n, straggler=straggler)
+        prove(s)
+        assert s.straggler == straggler
+        assert straggler not in s.phases[0].ranks or n == 2
+        assert s.straggler_rounds == round_lower_bound(n)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("n", range(2, 65))
+def test_baselines_are_proved_with_their_round_counts(algorithm: str, n: int) -> None:
+    if algorithm == "rhd" and not is_pow2(n):
+        with pytest.raises(ValueError, match="power-of-two"):
+            synthesize(algorithm, n)
+        return
+    s = synthesize(algorithm, n)
+    prove(s)
+    log2 = (n - 1).bit_length()
+    expected = {"ring": 2 * (n - 1), "rhd": 2 * log2, "direct": log2}
+    if algorithm in expected:
+        assert s.straggler_rounds == expected[algorithm]
+
+
+def test_direct_hides_an_allreduce_of_the_others() -> None:
+    s = synthesize("direct", 8, straggler=3)
+    prove(s)
+    assert s.straggler == 3 and 3 not in s.phases[0].ranks and len(s.phases[0].rounds) == 2 * 6
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_output_is_deterministic(algorithm: str) -> None:
+    assert synthesize(algorithm, 16) == synthesize(algorithm, 16)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("stragglar", 1), "at least 2"),
+        (("stragglar", 0), "at least 2"),
+        (("bogus", 8), "unknown algorithm"),
+        (("stragglar", 8, 8), "straggler must be a rank in 0..7"),
+        (("stragglar", 8, -1), "straggler must be a rank in 0..7"),
+        (("ring", 8, 2), "has no straggler"),
+        (("rhd", 6), "power-of-two"),
+    ],
+)
+def test_bad_requests_say_why(args: tuple[str, int] | tuple[str, int, int], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        synthesize(*args)
+
+
+@settings(max_examples=8, deadline=None)
+@given(st.integers(min_value=65, max_value=300))
+def test_larger_sizes_are_proved_and_near_the_bound(n: int) -> None:
+    s: Schedule = synthesize("stragglar", n)
+    prove(s)
+    assert round_lower_bound(n) <= s.straggler_rounds <= round_lower_bound(n) + 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n", [*range(65, 130), 255, 256, 300, 511, 512, 1024])
+def test_larger_tier(n: int) -> None:
+    s = synthesize("stragglar", n)
+    prove(s)
+    bound = round_lower_bound(n)
+    assert s.straggler_rounds == bound if is_pow2(n) else bound <= s.straggler_rounds <= bound + 2
