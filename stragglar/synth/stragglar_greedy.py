@@ -12,6 +12,7 @@ whole attempt gives up, and the caller tries several seeds, then one more round.
 
 from __future__ import annotations
 
+import heapq
 import random
 from dataclasses import dataclass, field
 
@@ -25,26 +26,36 @@ RETRIES_PER_CHUNK = 16
 
 @dataclass
 class _Ports:
-    """Which ranks can still send / receive in each round, and how many such slots each has left."""
+    """Which ranks can still send / receive in each round, and how many such slots each has left.
+
+    Free ranks are kept as sets because most rounds are nearly full: intersecting a chunk's
+    holders or needers with them costs the size of the smaller set.
+    """
 
     n: int
     num_rounds: int
-    send_free: list[bytearray] = field(init=False)
-    recv_free: list[bytearray] = field(init=False)
+    send_free: list[set[int]] = field(init=False)
+    recv_free: list[set[int]] = field(init=False)
     sends_left: list[int] = field(init=False)
     recvs_left: list[int] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.send_free = [bytearray(b"\x01" * self.n) for _ in range(self.num_rounds)]
-        self.recv_free = [bytearray(b"\x01" * self.n) for _ in range(self.num_rounds)]
+        self.send_free = [set(range(self.n)) for _ in range(self.num_rounds)]
+        self.recv_free = [set(range(self.n)) for _ in range(self.num_rounds)]
         self.sends_left = [self.num_rounds] * self.n
         self.recvs_left = [self.num_rounds] * self.n
 
-    def take(self, t: int, src: int, dst: int, used: int = 0) -> None:
-        self.send_free[t][src] = self.recv_free[t][dst] = used
-        step = -1 if used == 0 else 1
-        self.sends_left[src] += step
-        self.recvs_left[dst] += step
+    def take(self, t: int, src: int, dst: int) -> None:
+        self.send_free[t].remove(src)
+        self.recv_free[t].remove(dst)
+        self.sends_left[src] -= 1
+        self.recvs_left[dst] -= 1
+
+    def give_back(self, t: int, src: int, dst: int) -> None:
+        self.send_free[t].add(src)
+        self.recv_free[t].add(dst)
+        self.sends_left[src] += 1
+        self.recvs_left[dst] += 1
 
 
 def greedy_copy_rounds(n: int, num_rounds: int, seed: int) -> list[list[Copy]] | None:
@@ -77,31 +88,35 @@ def greedy_copy_rounds(n: int, num_rounds: int, seed: int) -> list[list[Copy]] |
 def _place_chunk(chunk: int, ports: _Ports, order: list[float]) -> Placement | None:
     """Spread ``chunk`` from its two holders to every GPU as early as free ports allow.
 
-    Takes the ports it uses; on failure gives them back and returns None.
+    Takes the ports it uses; on failure gives them back and returns None.  The sort keys are
+    kept as one float per rank (slots balance plus the tie-break in [0, 1)), updated as ports
+    are taken, and only as many receivers as there are senders are selected.
     """
     straggler = ports.n - 1
-    holders = [chunk, straggler]
+    holders = {chunk, straggler}
     needs = set(range(straggler)) - {chunk}
+    recv_key = [r - s + o for r, s, o in zip(ports.recvs_left, ports.sends_left, order, strict=True)]
+    send_key = [o - s for s, o in zip(ports.sends_left, order, strict=True)]
+    send_key[straggler] += ports.n * ports.num_rounds  # the straggler helps last
     placement: Placement = []
     for t in range(chunk + 1, ports.num_rounds):
         if not needs:
             break
-        send_free, recv_free = ports.send_free[t], ports.recv_free[t]
-        senders = sorted(
-            (x for x in holders if send_free[x]),
-            key=lambda x: (x == straggler, -ports.sends_left[x], order[x]),
-        )
-        receivers = sorted(
-            (x for x in needs if recv_free[x]),
-            key=lambda x: (ports.recvs_left[x] - ports.sends_left[x], order[x]),
-        )
+        candidates = needs & ports.recv_free[t]
+        if not candidates:
+            continue
+        senders = sorted(holders & ports.send_free[t], key=send_key.__getitem__)
+        receivers = heapq.nsmallest(len(senders), candidates, key=recv_key.__getitem__)
         for src, dst in zip(senders, receivers, strict=False):
             ports.take(t, src, dst)
+            send_key[src] += 1
+            recv_key[src] += 1
+            recv_key[dst] -= 1
             placement.append((t, src, dst))
-            holders.append(dst)
+            holders.add(dst)
             needs.discard(dst)
     if needs:
         for t, src, dst in placement:
-            ports.take(t, src, dst, used=1)
+            ports.give_back(t, src, dst)
         return None
     return placement
