@@ -12,8 +12,6 @@ from stragglar.verify import prove
 
 # Phase-2 rounds of the authors' reference synthesizer (shared/docs/stragglar-model.md).
 REFERENCE_ROUNDS = {6: 7, 10: 12, 12: 15, 14: 17, 18: 21, 20: 24, 24: 27, 48: 55, 96: 106}
-# Sizes where the greedy still needs one round more than R*(n) (near powers of two).
-KNOWN_GAPS = {31, 61, 62, 63}
 
 
 def is_pow2(n: int) -> bool:
@@ -26,9 +24,7 @@ def test_stragglar_is_proved_and_round_optimal_where_promised(n: int) -> None:
     proof = prove(s)
     bound = round_lower_bound(n)
     assert proof.straggler_rounds == s.straggler_rounds >= bound
-    if is_pow2(n) or n <= 16:
-        assert s.straggler_rounds == bound
-    assert s.straggler_rounds <= bound + (n in KNOWN_GAPS)
+    assert s.straggler_rounds == bound
     assert s.straggler_rounds <= REFERENCE_ROUNDS.get(n, s.straggler_rounds)
     assert s.metadata["lower_bound"] == bound
 
@@ -101,7 +97,7 @@ def test_bad_requests_say_why(args: tuple[str, int] | tuple[str, int, int], mess
         synthesize(*args)
 
 
-@settings(max_examples=8, deadline=None)
+@settings(max_examples=6, deadline=None)
 @given(st.integers(min_value=65, max_value=300))
 def test_larger_sizes_are_proved_and_near_the_bound(n: int) -> None:
     s: Schedule = synthesize("stragglar", n)
@@ -110,9 +106,10 @@ def test_larger_sizes_are_proved_and_near_the_bound(n: int) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("n", [*range(65, 130), 255, 256, 300, 511, 512, 1024])
+@pytest.mark.parametrize("n", [*range(65, 130), 200, 255, 256, 300, 500, 511, 512, 1024])
 def test_larger_tier(n: int) -> None:
     s = synthesize("stragglar", n)
     prove(s)
     bound = round_lower_bound(n)
-    assert s.straggler_rounds == bound if is_pow2(n) else bound <= s.straggler_rounds <= bound + 2
+    # 511 is the one size here where the bounded search settles for one more round
+    assert s.straggler_rounds == bound + (n == 511)

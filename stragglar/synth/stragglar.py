@@ -5,8 +5,8 @@ a ring ReduceScatter leaves GPU ``g`` with chunk ``g`` summed over them.  Phase 
 (``exchange``) starts when the straggler arrives: in round ``t < n-1`` GPU ``t`` and the
 straggler swap chunk ``t`` and both add, which completes it; around those exchanges the other
 GPUs copy completed chunks on.  Phase 2 needs at least :func:`round_lower_bound` rounds; powers
-of two reach it by construction, other sizes by a greedy that tries seeds and then one more
-round until it fits.
+of two reach it by construction, other sizes by a greedy search with bounded backtracking, then
+one more round until it fits.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from stragglar.synth.stragglar_pow2 import pow2_copy_rounds
 
 __all__ = ["round_lower_bound", "stragglar_allreduce"]
 
-SEED_BUDGET = 2048  # seeds tried per round count: more for small n, where attempts are cheap
+# Chunk placements the search may make per round count before trying one more round.
+SEARCH_BUDGET = 4096
 
 Copy = tuple[int, int, int]
 
@@ -66,10 +67,9 @@ def _copy_rounds(n: int, bound: int) -> tuple[list[list[Copy]], str]:
         return pow2_copy_rounds(n), "pow2-groups"
     num_rounds = bound
     while True:
-        for seed in range(max(4, SEED_BUDGET // n)):
-            rounds = greedy_copy_rounds(n, num_rounds, seed)
-            if rounds is not None:
-                return rounds, f"greedy (seed {seed})"
+        rounds = greedy_copy_rounds(n, num_rounds, max_attempts=4 * n + SEARCH_BUDGET)
+        if rounds is not None:
+            return rounds, "greedy search"
         num_rounds += 1
 
 

@@ -6,8 +6,12 @@ and GPU ``t`` exchanges chunk ``t`` with it in round ``t``.  The last chunks are
 last to the first into a fixed number of rounds, each spreading as fast as the still-free ports
 allow.  Receivers whose free receive slots are scarce compared with their free send slots go
 first, senders with many free send slots go first (the straggler last); ties are broken by a
-seeded random order.  A chunk that does not fit is retried with fresh tie-breaks before the
-whole attempt gives up, and the caller tries several seeds, then one more round.
+seeded random order.  A chunk that does not fit is retried with fresh tie-breaks, then the
+search backtracks into the later chunks (bounded); the caller falls back to one more round.
+
+A round is feasible exactly when no chunk has more receivers than free holders, since any
+holder may feed any GPU that lacks the chunk; so chunks interact only through port usage,
+which is what makes placing them one at a time sound.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ __all__ = ["greedy_copy_rounds"]
 Copy = tuple[int, int, int]  # (src, dst, chunk)
 Placement = list[tuple[int, int, int]]  # (round, src, dst)
 
-RETRIES_PER_CHUNK = 16
+RETRIES_PER_CHUNK = 4
 
 
 @dataclass
@@ -58,10 +62,16 @@ class _Ports:
         self.recvs_left[dst] += 1
 
 
-def greedy_copy_rounds(n: int, num_rounds: int, seed: int) -> list[list[Copy]] | None:
-    """Copies for each of ``num_rounds`` rounds, or None if this seed does not fit them in.
+def greedy_copy_rounds(n: int, num_rounds: int, max_attempts: int) -> list[list[Copy]] | None:
+    """Copies for each of ``num_rounds`` rounds, or None if the search gives up.
 
-    >>> rounds = greedy_copy_rounds(6, 7, seed=0)
+    Chunks are placed last to first; a chunk that does not fit is retried with fresh
+    tie-breaks, and when its retries run out the previous (later) chunk is undone and placed
+    again: a depth-first search bounded by ``max_attempts`` chunk placements in all (a
+    deterministic budget, unlike a time limit).  Seeded from ``n`` and ``num_rounds``, so the
+    output is deterministic.
+
+    >>> rounds = greedy_copy_rounds(6, 7, max_attempts=5)
     >>> len(rounds), sum(map(len, rounds))
     (7, 20)
     """
@@ -70,19 +80,41 @@ def greedy_copy_rounds(n: int, num_rounds: int, seed: int) -> list[list[Copy]] |
     for t in range(min(m, num_rounds)):  # the exchange rounds
         ports.take(t, t, m)
         ports.take(t, m, t)
-    rng = random.Random(seed)
+    rng = random.Random(n * 1_000_003 + num_rounds)
+    placements: dict[int, Placement] = {}
+    tries = [0] * m
+    chunk = m - 1
+    for _ in range(max_attempts):
+        tries[chunk] += 1
+        placement = _place_chunk(chunk, ports, [rng.random() for _ in range(n)])
+        if placement is not None:
+            placements[chunk] = placement
+            if chunk == 0:
+                return _by_round(placements, num_rounds)
+            chunk -= 1
+            tries[chunk] = 0
+        elif tries[chunk] >= RETRIES_PER_CHUNK:
+            chunk += 1  # undo later chunks until one has tie-breaks left to try
+            while chunk < m and tries[chunk] >= RETRIES_PER_CHUNK:
+                _undo(ports, placements.pop(chunk))
+                chunk += 1
+            if chunk == m:
+                return None
+            _undo(ports, placements.pop(chunk))
+    return None
+
+
+def _by_round(placements: dict[int, Placement], num_rounds: int) -> list[list[Copy]]:
     rounds: list[list[Copy]] = [[] for _ in range(num_rounds)]
-    for chunk in reversed(range(m)):
-        placement = None
-        for _ in range(RETRIES_PER_CHUNK):
-            placement = _place_chunk(chunk, ports, [rng.random() for _ in range(n)])
-            if placement is not None:
-                break
-        if placement is None:
-            return None
+    for c, placement in placements.items():
         for t, src, dst in placement:
-            rounds[t].append((src, dst, chunk))
+            rounds[t].append((src, dst, c))
     return rounds
+
+
+def _undo(ports: _Ports, placement: Placement) -> None:
+    for t, src, dst in placement:
+        ports.give_back(t, src, dst)
 
 
 def _place_chunk(chunk: int, ports: _Ports, order: list[float]) -> Placement | None:
@@ -115,8 +147,9 @@ def _place_chunk(chunk: int, ports: _Ports, order: list[float]) -> Placement | N
             placement.append((t, src, dst))
             holders.add(dst)
             needs.discard(dst)
+        if len(needs) > len(holders) * ((1 << min(ports.num_rounds - 1 - t, 62)) - 1):
+            break  # even doubling every remaining round cannot reach them all
     if needs:
-        for t, src, dst in placement:
-            ports.give_back(t, src, dst)
+        _undo(ports, placement)
         return None
     return placement
