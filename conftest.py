@@ -1,0 +1,6 @@
+"""Collect the torch-only modules' doctests only where torch is installed (an optional extra)."""
+
+import importlib.util
+
+TORCH_MODULES = ["stragglar/torch.py", "stragglar/runtime/torch_dist.py", "stragglar/runtime/bench_torch.py"]
+collect_ignore = [] if importlib.util.find_spec("torch") else TORCH_MODULES

@@ -1,0 +1,59 @@
+"""The torch backend of ``stragglar run``: fork-started gloo ranks on 127.0.0.1."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from stragglar.runtime.bench import Figures, check, expected, iteration_figures, payload
+from stragglar.runtime.engine import Timeline
+from stragglar.runtime.launch import launch
+from stragglar.schedule import Schedule
+
+__all__ = ["torch_figures"]
+
+
+def torch_figures(
+    schedule: Schedule, count: int, dtype: str, delay: float, iters: int, warmup: int, timeout: float
+) -> Figures:
+    """Run the ranks; per iteration, the slowest rank's time for the schedule and for all_reduce."""
+    n = schedule.num_ranks
+    per_rank = launch(_rank, n, (schedule, count, dtype, delay, iters + warmup, timeout), timeout=timeout)
+    times, hidden, base = [], [], []
+    for it in range(warmup, warmup + iters):
+        total, done = iteration_figures(schedule, [timelines[it] for timelines, _ in per_rank])
+        times.append(total)
+        hidden.extend([done] if done is not None else [])
+        base.append(max(baseline[it] for _, baseline in per_rank))
+    return tuple(times), tuple(hidden), f"{dist.Backend.GLOO} all_reduce", tuple(base)
+
+
+def _rank(
+    rank: int, n: int, schedule: Schedule, count: int, dtype: str, delay: float, runs: int, timeout: float
+) -> tuple[list[Timeline], list[float]]:
+    from stragglar.runtime import allreduce
+
+    torch.set_num_threads(1)  # n ranks share the host's cores
+    source = torch.from_numpy(payload(rank, count, n, dtype)).to(getattr(torch, dtype))
+    want = expected(count, n, dtype)
+    buf = source.clone()
+    timelines: list[Timeline] = []
+    baseline: list[float] = []
+    for _ in range(runs):
+        buf.copy_(source)
+        dist.barrier()
+        timeline = allreduce(buf, schedule, straggler_delay=delay, timeout=timeout)
+        assert isinstance(timeline, Timeline)
+        timelines.append(timeline)
+        check(buf.double().numpy(), want, rank, schedule.algorithm)
+        buf.copy_(source)
+        dist.barrier()
+        start = time.perf_counter()
+        if rank == schedule.straggler:
+            time.sleep(delay)
+        dist.all_reduce(buf)
+        baseline.append(time.perf_counter() - start)
+        check(buf.double().numpy(), want, rank, "all_reduce")
+    return timelines, baseline

@@ -1,0 +1,135 @@
+"""The interpreter every transport shares: run a bound plan round by round on one rank.
+
+Buffers are NumPy, CuPy or torch arrays; the interpreter only slices them, copies into slices and
+adds into slices, which all three spell the same way.  A transport only moves one round's
+messages (:class:`Transport`); packing, scratch and the reductions after the round happen here, so
+every engine computes exactly what the local reference computes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from stragglar.runtime.program import BoundMessage, BoundStep, Plan
+
+__all__ = ["DTYPES", "RankError", "Timeline", "Transport", "dtype_name", "flat_view", "run_rank"]
+
+DTYPES = ("float16", "bfloat16", "float32", "float64", "int32", "int64")
+
+Array = Any  # numpy.ndarray, cupy.ndarray or torch.Tensor: all sliced the same way
+
+
+class RankError(RuntimeError):
+    """A rank could not finish its part: a peer died, never arrived, or timed out."""
+
+
+@dataclass(frozen=True, slots=True)
+class Timeline:
+    """When one rank did what, in ``time.perf_counter`` seconds (one clock for all processes of a
+    host).  ``phase_done[i]`` is when it finished phase ``i`` (None: not in that phase); on a GPU
+    these are host-side issue times."""
+
+    rank: int
+    start: float
+    arrived: float
+    phase_done: tuple[float | None, ...]
+    done: float
+
+
+class Transport(Protocol):
+    """Moves one round's messages: every ``recvs[i]`` view filled from its peer's matching send."""
+
+    def exchange(self, step: BoundStep, sends: list[Array], recvs: list[Array]) -> None: ...
+
+    def finish(self) -> None: ...
+
+
+def dtype_name(array: Array) -> str:
+    """The dtype as a plain name (``torch.float32`` -> ``float32``), checked against :data:`DTYPES`."""
+    name = str(array.dtype).rsplit(".", 1)[-1]
+    if name not in DTYPES:
+        raise TypeError(f"cannot allreduce dtype {name}: supported dtypes are {', '.join(DTYPES)}")
+    return name
+
+
+def flat_view(array: Array) -> Array:
+    """A 1-D view sharing ``array``'s memory; the result must land in place, so no copies."""
+    dtype_name(array)
+    contiguous = array.is_contiguous() if hasattr(array, "is_contiguous") else array.flags.c_contiguous
+    if not contiguous:
+        raise ValueError("allreduce needs a contiguous buffer (results are written in place)")
+    return array.reshape(-1)
+
+
+def empty_like(flat: Array, size: int) -> Array:
+    """Scratch on the same device and with the same dtype as ``flat``."""
+    if hasattr(flat, "new_empty"):
+        return flat.new_empty(size)
+    return np.empty_like(flat, shape=(size,))  # CuPy arrays dispatch this to CuPy
+
+
+def send_view(flat: Array, work: Array, m: BoundMessage) -> Array:
+    """What to send for ``m``: a buffer slice, or its chunks packed into ``work``."""
+    if m.direct is not None:
+        return flat[m.direct[0] : m.direct[1]]
+    offset = m.staging
+    for start, stop in ((a, b) for a, b, _ in m.pieces):
+        work[offset : offset + stop - start] = flat[start:stop]
+        offset += stop - start
+    return work[m.staging : m.staging + m.size]
+
+
+def recv_view(flat: Array, work: Array, m: BoundMessage) -> Array:
+    if m.direct is not None:
+        return flat[m.direct[0] : m.direct[1]]
+    return work[m.staging : m.staging + m.size]
+
+
+def apply(flat: Array, work: Array, m: BoundMessage) -> None:
+    """Copy or add a message received into scratch into the buffer (after the round)."""
+    if m.direct is not None:
+        return
+    offset = m.staging
+    for start, stop, reduce in m.pieces:
+        data = work[offset : offset + stop - start]
+        if reduce:
+            flat[start:stop] += data
+        else:
+            flat[start:stop] = data
+        offset += stop - start
+
+
+def run_rank(flat: Array, plan: Plan, transport: Transport, straggler_delay: float = 0.0) -> Timeline:
+    """Run ``plan`` on this rank's 1-D buffer; the straggler first sleeps ``straggler_delay`` s."""
+    start = time.perf_counter()
+    if plan.rank == plan.program.straggler and straggler_delay > 0:
+        time.sleep(straggler_delay)
+    arrived = time.perf_counter()
+    work = empty_like(flat, plan.work_size)
+    phase_done: list[float | None] = [None] * len(plan.program.phases)
+    for step in plan.steps:
+        sends = [send_view(flat, work, m) for m in step.sends]
+        recvs = [recv_view(flat, work, m) for m in step.recvs]
+        transport.exchange(step, sends, recvs)
+        for m in step.recvs:
+            apply(flat, work, m)
+        phase_done[step.phase] = time.perf_counter()
+    transport.finish()
+    return Timeline(plan.rank, start, arrived, tuple(phase_done), time.perf_counter())
+
+
+def describe(plan: Plan, step: BoundStep) -> str:
+    """``rank 2, round 5 (phase 'exchange') with ranks [0, 3]``: where a failure happened."""
+    peers = sorted({m.peer for m in step.sends + step.recvs})
+    name = plan.program.phases[step.phase]
+    return f"rank {plan.rank}, round {step.round} (phase {name!r}) with ranks {peers}"
+
+
+def check_sizes(sizes: Sequence[int], what: str) -> None:
+    if len(set(sizes)) > 1:
+        raise ValueError(f"every rank needs the same buffer size for {what}, got {sorted(set(sizes))}")

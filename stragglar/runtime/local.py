@@ -1,0 +1,87 @@
+"""All ranks in one process: the reference executor, and the GPU loopback.
+
+Each round, every rank packs its sends, then every receive is filled by a plain slice copy from
+the matching send, then the reductions run: exactly the per-rank interpreter, with the network
+replaced by copies.  With CuPy arrays on one GPU this is the loopback mode (device-to-device
+copies; NCCL refuses two ranks on one GPU).  Rounds that need the straggler wait until
+``straggler_delay`` has passed, so on a GPU the hidden phase really runs during the delay.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+from stragglar.runtime.engine import (
+    Array,
+    Timeline,
+    apply,
+    check_sizes,
+    dtype_name,
+    empty_like,
+    flat_view,
+    recv_view,
+    send_view,
+)
+from stragglar.runtime.program import BoundStep, Plan
+
+__all__ = ["run_local"]
+
+
+def run_local(
+    buffers: Sequence[Array],
+    plans: Sequence[Plan],
+    straggler_delay: float = 0.0,
+    sync: Callable[[], None] = lambda: None,
+) -> list[Timeline]:
+    """AllReduce ``buffers`` (one per rank, in place) with one bound plan per rank.
+
+    ``sync`` waits for queued device work (``cupy.cuda.Device().synchronize``) before the clock
+    is read at the end.
+    """
+    if len(buffers) != len(plans):
+        raise ValueError(f"schedule has {len(plans)} ranks, got {len(buffers)} buffers")
+    if len({dtype_name(b) for b in buffers}) > 1:
+        raise ValueError(f"every rank needs the same dtype, got {sorted({dtype_name(b) for b in buffers})}")
+    flats = [flat_view(b) for b in buffers]
+    check_sizes([int(f.shape[0]) for f in flats], "allreduce")
+    start = time.perf_counter()
+    works = [empty_like(f, p.work_size) for f, p in zip(flats, plans, strict=True)]
+    by_round: dict[int, dict[int, BoundStep]] = {}
+    for p in plans:
+        for step in p.steps:
+            by_round.setdefault(step.round, {})[p.rank] = step
+    program = plans[0].program
+    late = program.straggler
+    late_steps = plans[late].program.steps if late is not None else ()
+    joins = late_steps[0].round if late_steps else 0
+    arrived: float | None = None
+    phase_done: list[list[float | None]] = [[None] * len(program.phases) for _ in plans]
+    for rnd in sorted(by_round):
+        if late is not None and rnd >= joins and arrived is None:
+            time.sleep(max(0.0, start + straggler_delay - time.perf_counter()))
+            arrived = time.perf_counter()
+        steps = by_round[rnd]
+        sent = {
+            (rank, m.peer): send_view(flats[rank], works[rank], m)
+            for rank, s in steps.items()
+            for m in s.sends
+        }
+        for rank, step in steps.items():
+            for m in step.recvs:
+                data = sent[(m.peer, rank)]
+                assert data.shape[0] == m.size, (
+                    f"round {rnd}: {m.peer}->{rank} sends {data.shape[0]}, not {m.size}"
+                )
+                recv_view(flats[rank], works[rank], m)[:] = data
+        now = time.perf_counter()
+        for rank, step in steps.items():
+            for m in step.recvs:
+                apply(flats[rank], works[rank], m)
+            phase_done[rank][step.phase] = now
+    sync()
+    done = time.perf_counter()
+    return [
+        Timeline(r, start, (arrived or start) if r == late else start, tuple(phase_done[r]), done)
+        for r in range(len(plans))
+    ]

@@ -1,0 +1,146 @@
+"""The local executor runs every algorithm exactly, for any rank count, size and dtype."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+
+from stragglar.runtime import Layout, allreduce, plan_for
+from stragglar.runtime.bench import expected, payload, run_benchmark
+from stragglar.runtime.program import compile_schedule
+from stragglar.schedule import Op, Phase, Schedule, Transfer
+from stragglar.synth import ALGORITHMS, synthesize
+
+NUMPY_DTYPES = ("float16", "float32", "float64", "int32", "int64")
+CASES = [(a, n) for a in ALGORITHMS for n in range(2, 17) if a != "rhd" or n & (n - 1) == 0]
+
+
+@functools.cache
+def schedule(algorithm: str, n: int) -> Schedule:
+    return synthesize(algorithm, n)
+
+
+def counts(n: int) -> list[int]:
+    """Empty, smaller than the chunk count, one per chunk, uneven, and a larger uneven size."""
+    return sorted({0, 1, max(1, n - 2), n - 1, 3 * (n - 1) + 1, 1000 + n})
+
+
+def run_exact(s: Schedule, count: int, dtype: str) -> None:
+    n = s.num_ranks
+    bufs = [payload(r, count, n, dtype).astype(dtype) for r in range(n)]
+    allreduce(bufs, s)
+    want = expected(count, n, dtype)
+    for r, b in enumerate(bufs):
+        assert np.array_equal(b.astype(np.float64), want), (s.algorithm, n, count, dtype, r)
+
+
+@pytest.mark.parametrize(("algorithm", "n"), CASES)
+def test_every_algorithm_size_and_dtype_is_exact(algorithm: str, n: int) -> None:
+    for count in counts(n):
+        for dtype in NUMPY_DTYPES:
+            run_exact(schedule(algorithm, n), count, dtype)
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 8, 16])
+def test_bfloat16_through_torch_tensors(n: int) -> None:
+    torch = pytest.importorskip("torch")
+    for count in counts(n):
+        bufs = [torch.from_numpy(payload(r, count, n, "bfloat16")).to(torch.bfloat16) for r in range(n)]
+        allreduce(bufs, schedule("stragglar", n))
+        for b in bufs:
+            assert np.array_equal(b.double().numpy(), expected(count, n, "bfloat16"))
+
+
+def test_multidimensional_buffers_are_reduced_in_place() -> None:
+    bufs = [np.arange(24, dtype=np.int64).reshape(2, 3, 4) * (r + 1) for r in range(5)]
+    allreduce(bufs, schedule("stragglar", 5))
+    assert all(np.array_equal(b, np.arange(24).reshape(2, 3, 4) * 15) for b in bufs)
+
+
+def test_payload_differs_per_rank_and_element() -> None:
+    a, b = payload(0, 100, 8, "float32"), payload(1, 100, 8, "float32")
+    assert len(set(a.tolist())) > 90 and np.all(a != b)
+
+
+@pytest.mark.parametrize(("count", "chunks"), [(0, 3), (2, 5), (10, 3), (12, 4), (1001, 7)])
+def test_layout_covers_every_element_once(count: int, chunks: int) -> None:
+    layout = Layout.even(count, chunks)
+    covered = np.zeros(count, np.int64)
+    for start, stop in layout.bounds:
+        covered[start:stop] += 1
+    assert np.all(covered == 1)
+    assert max(layout.sizes) - min(layout.sizes) <= 1
+    assert list(layout.sizes) == sorted(layout.sizes, reverse=True)
+
+
+@pytest.mark.parametrize(("algorithm", "n"), CASES)
+def test_program_respects_synchronous_rounds(algorithm: str, n: int) -> None:
+    """No chunk is written in place while the same rank sends it, reduces never land in place,
+    and sends and receives pair up with equal sizes and tags."""
+    s = schedule(algorithm, n)
+    for rank in range(n):
+        for step in plan_for(s, rank, 3 * (n - 1) + 1).steps:
+            sent = [m.direct or (0, 0) for m in step.sends] + [
+                (a, b) for m in step.sends for a, b, _ in m.pieces
+            ]
+            for m in step.recvs:
+                if m.direct is not None:
+                    assert not any(reduce for _, _, reduce in m.pieces)
+                    assert all(b <= m.direct[0] or a >= m.direct[1] for a, b in sent if a < b)
+    plans = [plan_for(s, r, 1000) for r in range(n)]
+    sends = {(p.rank, m.peer, m.tag, m.size) for p in plans for st in p.steps for m in st.sends}
+    recvs = {(m.peer, p.rank, m.tag, m.size) for p in plans for st in p.steps for m in st.recvs}
+    assert sends == recvs
+
+
+def test_transfers_between_two_ranks_in_a_round_form_one_message() -> None:
+    s = schedule("direct", 5)
+    exchange = compile_schedule(s)[4].steps[0]
+    assert [(m.peer, m.chunks) for m in exchange.sends] == [(0, (0, 1, 2, 3))]
+    assert exchange.recvs[0].reduce == (True,) * 4 and not exchange.recvs[0].in_place
+
+
+def test_clear_errors_for_bad_buffers_and_schedules() -> None:
+    s = schedule("stragglar", 3)
+    with pytest.raises(TypeError, match="supported dtypes"):
+        allreduce([np.zeros(4, np.complex64)] * 3, s)
+    with pytest.raises(TypeError, match="supported dtypes"):
+        allreduce([np.zeros(4, np.uint8)] * 3, s)
+    with pytest.raises(ValueError, match="contiguous"):
+        allreduce([np.zeros((4, 4))[:, 1] for _ in range(3)], s)
+    with pytest.raises(ValueError, match="same buffer size"):
+        allreduce([np.zeros(4), np.zeros(4), np.zeros(5)], s)
+    with pytest.raises(ValueError, match="3 ranks, got 2"):
+        allreduce([np.zeros(4), np.zeros(4)], s)
+    with pytest.raises(TypeError, match="cannot allreduce a ndarray"):
+        allreduce(np.zeros(4), s)
+    wrong = Schedule("wrong", 2, 1, None, (Phase("p", (0, 1), ((Transfer(0, 1, 0, Op.COPY),),)),))
+    with pytest.raises(ValueError, match="not a correct allreduce"):
+        allreduce([np.zeros(4), np.zeros(4)], wrong)
+
+
+def test_straggler_delay_hides_the_first_phase() -> None:
+    s = schedule("stragglar", 4)
+    bufs = [np.ones(1 << 12) for _ in range(4)]
+    timelines = allreduce(bufs, s, straggler_delay=0.05)
+    assert isinstance(timelines, list)
+    late = timelines[3]
+    assert late.arrived - late.start >= 0.05
+    for t in timelines[:3]:
+        hidden_done = t.phase_done[0]
+        assert hidden_done is not None and hidden_done < late.arrived
+    assert all(np.all(b == 4) for b in bufs)
+
+
+def test_run_benchmark_local_reports_checked_figures() -> None:
+    result = run_benchmark("local", 5, 3 * 2**16 + 4, "int32", delay=0.01, iters=2, warmup=0)
+    assert result.count == (3 * 2**16 + 4) // 4 and len(result.times) == 2 == len(result.baseline_times)
+    assert min(result.times) >= 0.01 and min(result.baseline_times) >= 0.01
+    assert all(h < 0.01 for h in result.hidden)
+    assert "speed-up" in result.report() and result.algbw > 0
+    with pytest.raises(ValueError, match="cannot hold bfloat16"):
+        run_benchmark("local", 3, 64, "bfloat16", iters=1)
+    with pytest.raises(ValueError, match="unknown backend"):
+        run_benchmark("mpi", 3, 64)

@@ -1,0 +1,128 @@
+"""torch.distributed on gloo with fork-started ranks: exact results, a real delay, a dying rank, DDP."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from stragglar.runtime.bench import expected, payload, run_benchmark  # noqa: E402
+from stragglar.runtime.launch import LaunchError, launch  # noqa: E402
+from stragglar.schedule import Schedule  # noqa: E402
+from stragglar.synth import ALGORITHMS, synthesize  # noqa: E402
+
+DTYPES = ("float32", "int64", "bfloat16", "float16")
+
+
+def exact_rank(rank: int, n: int, schedules: list[Schedule], sizes: list[int]) -> int:
+    from stragglar.runtime import allreduce
+
+    runs = 0
+    for s in schedules:
+        for count in sizes:
+            for dtype in DTYPES:
+                buf = torch.from_numpy(payload(rank, count, n, dtype)).to(getattr(torch, dtype))
+                allreduce(buf, s, timeout=20, tag=runs * s.num_rounds)
+                assert np.array_equal(buf.double().numpy(), expected(count, n, dtype)), (
+                    s.algorithm,
+                    count,
+                    dtype,
+                )
+                runs += 1
+    return runs
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 8])
+def test_gloo_results_are_exact_for_uneven_sizes(n: int) -> None:
+    schedules = [synthesize(a, n) for a in ALGORITHMS if a != "rhd" or n & (n - 1) == 0]
+    sizes = sorted({1, max(1, n - 2), 4 * (n - 1) + 3, 1001})
+    runs = launch(exact_rank, n, (schedules, sizes), timeout=60)
+    assert runs == [len(schedules) * len(sizes) * len(DTYPES)] * n
+
+
+def delayed_rank(rank: int, n: int, s: Schedule, delay: float) -> object:
+    from stragglar.runtime import allreduce
+
+    buf = torch.full((4096,), float(rank + 1))
+    timeline = allreduce(buf, s, straggler_delay=delay, timeout=20)
+    assert torch.all(buf == n * (n + 1) / 2)
+    return timeline
+
+
+def test_punctual_ranks_finish_the_hidden_phase_before_the_straggler_arrives() -> None:
+    s = synthesize("stragglar", 4, straggler=1)
+    timelines = launch(delayed_rank, 4, (s, 0.3), timeout=60)
+    late = timelines[1]
+    assert late.arrived - late.start >= 0.3
+    assert late.phase_done[0] is None  # the straggler has no part in phase 1
+    for t in timelines:
+        if t.rank != 1:
+            assert t.phase_done[0] < late.arrived - 0.2  # done well before it arrived
+            assert t.done > late.arrived  # and phase 2 waited for it
+
+
+def dying_rank(rank: int, n: int, s: Schedule) -> None:
+    from stragglar.runtime import allreduce
+
+    buf = torch.ones(100_000)
+    if rank == 2:
+        os._exit(3)
+    allreduce(buf, s, timeout=10)
+
+
+def test_a_dead_rank_makes_the_others_fail_clearly_and_quickly() -> None:
+    start = time.monotonic()
+    with pytest.raises(LaunchError) as info:
+        launch(dying_rank, 5, (synthesize("stragglar", 5),), timeout=30)
+    assert time.monotonic() - start < 20
+    errors = info.value.errors
+    assert errors[2] == "exited with code 3 before reporting"
+    assert set(errors) == set(range(5))
+    for rank in (0, 1, 3, 4):
+        assert "RankError: allreduce failed at rank" in errors[rank], errors[rank]
+
+
+def ddp_rank(rank: int, n: int, steps: int) -> float:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from stragglar.torch import StragglarState, stragglar_hook
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(13, 29), torch.nn.Tanh(), torch.nn.Linear(29, 5))
+    twin = torch.nn.Sequential(torch.nn.Linear(13, 29), torch.nn.Tanh(), torch.nn.Linear(29, 5))
+    twin.load_state_dict(model.state_dict())
+    # a tiny bucket cap gives several buckets of uneven sizes
+    plain = DDP(model, bucket_cap_mb=0.001)
+    hooked = DDP(twin, bucket_cap_mb=0.001)
+    hooked.register_comm_hook(StragglarState(straggler=n - 1, timeout=20), stragglar_hook)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (plain, hooked)]
+    gen = torch.Generator().manual_seed(rank)
+    worst = 0.0
+    for _ in range(steps):
+        x, y = torch.randn(8, 13, generator=gen), torch.randn(8, 5, generator=gen)
+        for m, opt in zip((plain, hooked), opts, strict=True):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(m(x), y).backward()
+        for a, b in zip(plain.parameters(), hooked.parameters(), strict=True):
+            assert a.grad is not None and b.grad is not None and a.grad.abs().sum() > 0
+            torch.testing.assert_close(b.grad, a.grad, rtol=1e-5, atol=1e-6)
+            worst = max(worst, float((a.grad - b.grad).abs().max()))
+        for opt in opts:
+            opt.step()
+    return worst
+
+
+def test_ddp_hook_gives_the_default_gradients() -> None:
+    worst = launch(ddp_rank, 4, (3,), timeout=60)
+    assert len(worst) == 4 and max(worst) < 1e-6
+
+
+def test_run_benchmark_torch_checks_and_times_both() -> None:
+    result = run_benchmark("torch", 3, 3 * 2**14 + 4, "float32", delay=0.02, iters=2, warmup=1, timeout=30)
+    assert len(result.times) == 2 and min(result.times) >= 0.02 and min(result.baseline_times) >= 0.02
+    assert result.baseline == "gloo all_reduce" and result.algbw > 0
