@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed import GradBucket  # type: ignore[attr-defined]
+from torch.distributed import GradBucket  # type: ignore[attr-defined, unused-ignore]
 
 from stragglar.runtime import allreduce
 from stragglar.schedule import Schedule

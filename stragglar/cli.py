@@ -1,0 +1,192 @@
+"""The ``stragglar`` command: synthesize, prove and look at AllReduce schedules.
+
+Thin on purpose: it parses arguments, calls the library and prints::
+
+    stragglar synth --gpus N [--straggler R] [--algorithm A] [-o FILE] [--format json|text]
+    stragglar verify FILE
+    stragglar show FILE
+
+Every schedule is proved before it is printed or written.  ``synth`` sends the schedule
+(the text table, or the JSON document) to ``-o FILE`` if given, else to stdout; its
+one-line summary goes to stdout, except when stdout carries the JSON document, then to
+stderr, so that ``stragglar synth --gpus 8 --format json > s.json`` is clean JSON.
+
+Exit codes: 0 success; 1 the schedule is not a correct AllReduce; 2 bad input (a bad
+option, an unreadable or malformed file).  Errors are a single ``Error: ...`` line on
+stderr.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import click
+
+from stragglar import __version__
+from stragglar.formats import json as json_format
+from stragglar.formats.text import render
+from stragglar.schedule import Schedule
+from stragglar.synth import ALGORITHMS, round_lower_bound, synthesize
+from stragglar.verify import Proof, VerificationError, prove
+
+__all__ = ["cli", "main"]
+
+FORMATS = ("json", "text")
+
+
+class NotProved(click.ClickException):
+    """A schedule that is not a correct AllReduce: exit 1, so scripts can tell it from bad input (2)."""
+
+    exit_code = 1
+
+
+@contextlib.contextmanager
+def _one_line_usage_errors() -> Iterator[None]:
+    """Detach usage errors from their context: click then prints only ``Error: ...``, no usage text.
+
+    Errors that show something else (the help page when no command is given) are left alone.
+    """
+    try:
+        yield
+    except click.UsageError as e:
+        if type(e).show is click.UsageError.show:
+            e.ctx = None
+        raise
+
+
+class _Group(click.Group):
+    """A group whose parsing and command errors are one line each."""
+
+    def make_context(
+        self, info_name: str | None, args: list[str], parent: click.Context | None = None, **extra: Any
+    ) -> click.Context:
+        with _one_line_usage_errors():
+            return super().make_context(info_name, args, parent, **extra)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with _one_line_usage_errors():
+            return super().invoke(ctx)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="stragglar", message="%(prog)s %(version)s")
+def cli() -> None:
+    """Synthesize, prove and show StragglAR AllReduce schedules."""
+
+
+@cli.command()
+@click.option("--gpus", "-n", "num_gpus", type=int, required=True, metavar="N", help="Number of GPUs, >= 2.")
+@click.option("--straggler", type=int, metavar="R", help="The straggler's rank (default N-1).")
+@click.option("--algorithm", "-a", type=click.Choice(ALGORITHMS), default="stragglar", show_default=True)
+@click.option(
+    "-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write the schedule to FILE."
+)
+@click.option("--format", "fmt", type=click.Choice(FORMATS), help="Default: json with -o, text on stdout.")
+def synth(num_gpus: int, straggler: int | None, algorithm: str, output: Path | None, fmt: str | None) -> None:
+    """Generate a schedule, prove it, print or save it.
+
+    Without -o: the round-by-round table and a summary line.  With -o: the file, and the
+    summary on stdout.  --format json without -o prints the JSON, summary on stderr.
+    """
+    schedule = _synthesize(algorithm, num_gpus, straggler)
+    summary = _summary(schedule, _prove(schedule, f"the {algorithm} schedule"))
+    fmt = fmt or ("json" if output else "text")
+    body = json_format.dumps(schedule) if fmt == "json" else f"{render(schedule)}\n{summary}"
+    if output is not None:
+        _write(output, body)
+        click.echo(summary)
+    else:
+        click.echo(body)
+        if fmt == "json":
+            click.echo(summary, err=True)
+
+
+@cli.command()
+@click.argument("file", type=click.Path(path_type=Path))
+def verify(file: Path) -> None:
+    """Prove FILE correct, or name its first violation.
+
+    Exit 0 with a one-line proof summary, 1 if FILE is not a correct AllReduce.
+    """
+    proof = _prove(_load(file), str(file))
+    click.echo(f"{file}: {proof.summary}")
+
+
+@cli.command()
+@click.argument("file", type=click.Path(path_type=Path))
+def show(file: Path) -> None:
+    """Print FILE as a round-by-round table with its summary.
+
+    The summary says whether FILE was proved; exit 1 if it is not a correct AllReduce.
+    """
+    schedule = _load(file)
+    click.echo(render(schedule))
+    click.echo(_summary(schedule, _prove(schedule, str(file))))
+
+
+def _synthesize(algorithm: str, num_gpus: int, straggler: int | None) -> Schedule:
+    try:
+        return synthesize(algorithm, num_gpus, straggler)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+
+
+def _load(path: Path) -> Schedule:
+    """Read a schedule file; a file that cannot be read is bad input, not a wrong schedule."""
+    try:
+        return json_format.read(path)
+    except json_format.ScheduleFormatError as e:
+        raise click.UsageError(str(e)) from None
+
+
+def _write(path: Path, text: str) -> None:
+    try:
+        path.write_text(text + "\n", encoding="utf-8")
+    except OSError as e:
+        raise click.BadParameter(f"cannot write {path}: {e.strerror or e}", param_hint="'-o'") from None
+
+
+def _prove(schedule: Schedule, name: str) -> Proof:
+    try:
+        return prove(schedule)
+    except VerificationError as e:
+        raise NotProved(f"{name} is not a correct AllReduce: {e.violation.message}") from None
+
+
+def _summary(schedule: Schedule, proof: Proof) -> str:
+    """One line: who takes part, the rounds (against R*(N) for StragglAR) and what was proved."""
+    who = _count(schedule.num_ranks, "GPU")
+    if schedule.straggler is not None:
+        who += f" (straggler {schedule.straggler})"
+    chunks = _count(schedule.num_chunks, "chunk")
+    return f"{schedule.algorithm}: {who}, {chunks}, {_rounds(schedule)}; {proof.summary}"
+
+
+def _rounds(schedule: Schedule) -> str:
+    if schedule.straggler is None:
+        return _count(schedule.num_rounds, "round")
+    exposed = _count(schedule.straggler_rounds, "round")
+    return f"{exposed} after the straggler arrives{_versus_bound(schedule)}, {schedule.num_rounds} in all"
+
+
+def _versus_bound(schedule: Schedule) -> str:
+    """How far StragglAR's exposed rounds are from R*(N); other algorithms are not in that model."""
+    n = schedule.num_ranks
+    if schedule.algorithm != "stragglar" or n < 2:
+        return ""
+    bound = round_lower_bound(n)
+    gap = schedule.straggler_rounds - bound
+    verdict = "optimal" if gap == 0 else f"{gap:+d}"
+    return f" (lower bound R*({n}) = {bound}: {verdict})"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def main() -> None:
+    """Entry point of the ``stragglar`` console script."""
+    cli.main(prog_name="stragglar")

@@ -1,0 +1,296 @@
+"""The ``stragglar`` command: real output on the happy paths, one ``Error:`` line and exit 2 on bad input."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from stragglar import __version__
+from stragglar.cli import cli
+from stragglar.formats import json as json_format
+from stragglar.formats.text import render
+from stragglar.schedule import Phase, Schedule
+from stragglar.synth import synthesize
+
+SUMMARY_8 = (
+    "stragglar: 8 GPUs (straggler 7), 7 chunks, 9 rounds after the straggler arrives "
+    "(lower bound R*(8) = 9: optimal), 15 in all; proved: allreduce over 8 ranks, 7 chunks, "
+    "9 rounds after the straggler (15 in all), 98 transfers"
+)
+
+
+def run(*args: str) -> Result:
+    return CliRunner().invoke(cli, list(args))
+
+
+def assert_one_error_line(result: Result, code: int) -> str:
+    """The failure contract: exit ``code``, a single ``Error:`` line on stderr, no traceback."""
+    assert result.exit_code == code, (result.exit_code, result.output, result.exception)
+    assert isinstance(result.exception, SystemExit)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("Error: ")
+    assert "Traceback" not in result.output
+    return lines[0]
+
+
+def phase_round_counts(table: str) -> list[int]:
+    return [int(m) for m in re.findall(r"^phase \d+ .*: (\d+) rounds?$", table, re.MULTILINE)]
+
+
+# ---------------------------------------------------------------------------- synth
+
+
+def test_synth_prints_the_table_then_the_summary() -> None:
+    result = run("synth", "--gpus", "8")
+    assert result.exit_code == 0
+    *table, summary = result.stdout.splitlines()
+    assert summary == SUMMARY_8
+    assert phase_round_counts("\n".join(table)) == [6, 9]
+    assert sum(line.startswith("  round ") for line in table) == 15
+    assert "  round 0 | 0<>7 c0+" in table
+    assert result.stderr == ""
+
+
+def test_synth_moves_the_straggler() -> None:
+    result = run("synth", "--gpus", "6", "--straggler", "0")
+    assert result.exit_code == 0
+    assert "phase 0 'reduce-scatter', ranks 1-5: 4 rounds" in result.stdout
+    assert "  round 0 | 0<>1 c0+" in result.stdout
+    assert "6 GPUs (straggler 0), 5 chunks, 7 rounds after the straggler arrives" in result.stdout
+    assert "(lower bound R*(6) = 7: optimal)" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "summary"),
+    [
+        ("ring", "ring: 8 GPUs, 8 chunks, 14 rounds; proved: allreduce over 8 ranks"),
+        ("rhd", "rhd: 8 GPUs, 8 chunks, 6 rounds; proved: allreduce over 8 ranks"),
+        ("direct", "direct: 8 GPUs (straggler 7), 7 chunks, 3 rounds after the straggler arrives, 15 in"),
+    ],
+)
+def test_baselines_have_no_lower_bound_comparison(algorithm: str, summary: str) -> None:
+    result = run("synth", "--gpus", "8", "--algorithm", algorithm)
+    assert result.exit_code == 0
+    last = result.stdout.splitlines()[-1]
+    assert last.startswith(summary)
+    assert "R*" not in last
+
+
+def test_synth_json_on_stdout_is_clean_and_the_summary_goes_to_stderr() -> None:
+    result = run("synth", "--gpus", "8", "--format", "json")
+    assert result.exit_code == 0
+    assert json_format.loads(result.stdout) == synthesize("stragglar", 8)
+    assert result.stderr.strip() == SUMMARY_8
+
+
+def test_output_file_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / "s8.json"
+    written = run("synth", "--gpus", "8", "-o", str(path))
+    assert written.exit_code == 0
+    assert written.stdout.strip() == SUMMARY_8
+    assert json_format.read(path) == synthesize("stragglar", 8)
+
+    verified = run("verify", str(path))
+    assert verified.exit_code == 0
+    assert verified.stdout == f"{path}: {SUMMARY_8.split('; ')[1]}\n"
+
+    shown = run("show", str(path))
+    assert shown.exit_code == 0
+    assert shown.stdout == run("synth", "--gpus", "8").stdout
+
+
+def test_output_file_as_text(tmp_path: Path) -> None:
+    path = tmp_path / "s5.txt"
+    result = run("synth", "--gpus", "5", "-o", str(path), "--format", "text")
+    assert result.exit_code == 0
+    text = path.read_text(encoding="utf-8")
+    assert text == f"{render(synthesize('stragglar', 5))}\n{result.stdout}"
+    assert "R*(5) = 6: optimal" in result.stdout
+
+
+def test_version() -> None:
+    result = run("--version")
+    assert result.exit_code == 0
+    assert result.stdout == f"stragglar {__version__}\n"
+
+
+def test_installed_console_script_runs() -> None:
+    script = shutil.which("stragglar", path=str(Path(sys.executable).parent)) or shutil.which("stragglar")
+    assert script is not None, "the stragglar console script is not installed"
+    done = subprocess.run([script, "synth", "--gpus", "8"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == SUMMARY_8
+
+
+# ---------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["synth", "--gpus", "1"], "need at least 2 GPUs, got 1"),
+        (["synth", "--gpus", "-4"], "need at least 2 GPUs, got -4"),
+        (["synth", "--gpus", "eight"], "'eight' is not a valid integer"),
+        (["synth", "--gpus", "2.5"], "'2.5' is not a valid integer"),
+        (["synth"], "Missing option '--gpus'"),
+        (["synth", "--gpus", "8", "--straggler", "8"], "straggler must be a rank in 0..7, got 8"),
+        (["synth", "--gpus", "8", "--straggler", "-1"], "straggler must be a rank in 0..7, got -1"),
+        (["synth", "--gpus", "8", "--algorithm", "tree"], "'tree' is not one of"),
+        (["synth", "--gpus", "6", "--algorithm", "rhd"], "rhd needs a power-of-two number of GPUs, got 6"),
+        (["synth", "--gpus", "8", "--algorithm", "ring", "--straggler", "3"], "has no straggler"),
+        (["synth", "--gpus", "8", "--format", "xml"], "'xml' is not one of"),
+        (["synth", "--gpus", "8", "--bogus"], "No such option '--bogus'"),
+        (["simulate"], "No such command 'simulate'"),
+        (["verify"], "Missing argument 'FILE'"),
+    ],
+)
+def test_bad_arguments(args: list[str], message: str) -> None:
+    line = assert_one_error_line(run(*args), 2)
+    assert message in line
+
+
+def test_unwritable_output(tmp_path: Path) -> None:
+    line = assert_one_error_line(run("synth", "--gpus", "4", "-o", str(tmp_path / "no" / "s.json")), 2)
+    assert "cannot write" in line
+
+
+@pytest.mark.parametrize("command", ["verify", "show"])
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "file not found"),
+        (b"", "not JSON"),
+        (b'{"format": "stragglar-schedule", "version": 1', "not JSON"),
+        (b'{"format": "stragglar-schedule", "version": 2}', "unsupported version 2"),
+        (b'{"format": "stragglar-schedule", "version": 1}', "collective: missing required key"),
+        (b"\xff\xfe", "not UTF-8"),
+    ],
+)
+def test_bad_files(tmp_path: Path, command: str, content: bytes | None, message: str) -> None:
+    path = tmp_path / "s.json"
+    if content is not None:
+        path.write_bytes(content)
+    line = assert_one_error_line(run(command, str(path)), 2)
+    assert message in line
+    assert str(path) in line
+
+
+def test_a_directory_is_not_a_schedule(tmp_path: Path) -> None:
+    line = assert_one_error_line(run("verify", str(tmp_path)), 2)
+    assert line.startswith(f"Error: cannot read {tmp_path}")
+
+
+# ---------------------------------------------------------------------------- wrong schedules
+
+
+def tampered(tmp_path: Path) -> Path:
+    """A well-formed file whose first reduce carries the chunk of the next one on the same link,
+    so that the next round adds rank 0's contribution twice."""
+    doc = json_format.to_document(synthesize("stragglar", 8))
+    first, second = (rnd[0] for rnd in doc["phases"][0]["rounds"][:2])
+    assert (first["src"], first["dst"]) == (second["src"], second["dst"]) == (0, 1)
+    first["chunk"] = second["chunk"]
+    path = tmp_path / "tampered.json"
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    json_format.read(path)  # still well-formed: the error must be about correctness
+    return path
+
+
+def test_verify_rejects_a_tampered_file_naming_round_rank_and_chunk(tmp_path: Path) -> None:
+    path = tampered(tmp_path)
+    line = assert_one_error_line(run("verify", str(path)), 1)
+    assert line.startswith(f"Error: {path} is not a correct AllReduce: phase 0 'reduce-scatter' round 1: ")
+    twice = r"transfer 0->1 chunk (\d+) \(reduce\) gives rank 1 contribution of rank 0 twice in chunk \1;"
+    assert re.search(twice, line)
+
+
+def test_synth_never_writes_a_schedule_it_cannot_prove(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """If a generator ever produced a wrong schedule, synth must refuse it (exit 1) and write nothing."""
+    wrong = json_format.read(tampered(tmp_path))
+    monkeypatch.setattr("stragglar.cli.synthesize", lambda *args: wrong)
+    path = tmp_path / "out.json"
+    line = assert_one_error_line(run("synth", "--gpus", "8", "-o", str(path)), 1)
+    assert line.startswith(
+        "Error: the stragglar schedule is not a correct AllReduce: phase 0 'reduce-scatter' round 1"
+    )
+    assert not path.exists()
+    printed = run("synth", "--gpus", "8")
+    assert_one_error_line(printed, 1)
+    assert printed.stdout == ""
+
+
+def test_show_prints_the_table_of_a_tampered_file_then_fails(tmp_path: Path) -> None:
+    result = run("show", str(tampered(tmp_path)))
+    line = assert_one_error_line(result, 1)
+    assert "round 1" in line
+    assert phase_round_counts(result.stdout) == [6, 9]
+    assert "proved" not in result.stdout
+
+
+def test_show_reports_a_gap_to_the_lower_bound(tmp_path: Path) -> None:
+    """A correct StragglAR schedule with an idle round at the end is proved, one round above R*."""
+    s = synthesize("stragglar", 4)
+    last = s.phases[-1]
+    phases = (*s.phases[:-1], Phase(last.name, last.ranks, (*last.rounds, ())))
+    slower = Schedule(s.algorithm, s.num_ranks, s.num_chunks, s.straggler, phases)
+    path = tmp_path / "slower.json"
+    json_format.write(slower, path)
+    result = run("show", str(path))
+    assert result.exit_code == 0
+    assert result.stdout.splitlines()[-2] == "  round 4 | -"
+    summary = result.stdout.splitlines()[-1]
+    assert "5 rounds after the straggler arrives (lower bound R*(4) = 4: +1), 7 in all; proved" in summary
+
+
+# ---------------------------------------------------------------------------- README
+
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def readme_sessions() -> list[tuple[str, str]]:
+    """Every ``$ stragglar ...`` command in the README's console blocks, with the output shown."""
+    sessions: list[tuple[str, str]] = []
+    for block in re.findall(r"```console\n(.*?)```", README.read_text(encoding="utf-8"), re.DOTALL):
+        for entry in re.split(r"^\$ ", block, flags=re.MULTILINE)[1:]:
+            command, _, output = entry.partition("\n")
+            sessions.append((command, output))
+    return sessions
+
+
+def break_s4(folder: Path) -> None:
+    """The edit the README describes: the straggler's reduce in the round-2 exchange carries chunk 0."""
+    doc = json.loads((folder / "s4.json").read_text(encoding="utf-8"))
+    rnd = doc["phases"][1]["rounds"][2]
+    rnd[rnd.index({"src": 0, "dst": 3, "chunk": 2, "op": "reduce"})]["chunk"] = 0
+    (folder / "broken.json").write_text(json.dumps(doc), encoding="utf-8")
+
+
+def test_readme_opens_with_the_two_commands() -> None:
+    blocks = re.findall(r"```sh\n(.*?)\n```", README.read_text(encoding="utf-8"), re.DOTALL)
+    assert blocks[:2] == ["pip install . && stragglar synth --gpus 8", "pip install '.[test]' && pytest"]
+
+
+def test_readme_examples_are_real_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    sessions = readme_sessions()
+    assert [c for c, _ in sessions][:2] == [
+        "stragglar synth --gpus 8",
+        "stragglar synth --gpus 4 --straggler 0 -o s4.json",
+    ]
+    for command, shown in sessions:
+        if command == "stragglar verify broken.json":
+            break_s4(tmp_path)
+        args = command.split()
+        assert args[0] == "stragglar"
+        assert run(*args[1:]).output == shown, command
