@@ -294,3 +294,43 @@ def test_readme_examples_are_real_output(tmp_path: Path, monkeypatch: pytest.Mon
         args = command.split()
         assert args[0] == "stragglar"
         assert run(*args[1:]).output == shown, command
+
+
+def test_run_local_checks_the_result_and_reports_both_algorithms() -> None:
+    result = run("run", "--gpus", "5", "--size", "3KiB", "--dtype", "int64", "--delay", "1ms", "--iters", "2")
+    assert result.exit_code == 0, result.output
+    head, ours, baseline, speedup = result.output.splitlines()
+    assert head.startswith("stragglar on local: 5 ranks") and "results checked" in head
+    assert "ms/iter" in ours and ours.split()[0] == "stragglar"
+    assert baseline.split()[0] == "sum" and speedup.strip().startswith("speed-up")
+
+
+def test_run_a_schedule_file(tmp_path: Path) -> None:
+    path = tmp_path / "ring.json"
+    json_format.write(synthesize("ring", 3), path)
+    result = run("run", "--gpus", "3", "--schedule", str(path), "--size", "100", "--iters", "1")
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("ring on local: 3 ranks")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--size", "12XB"], "--size: expected a size"),
+        (["--delay", "soon"], "--delay: expected a duration"),
+        (["--delay", "-5ms"], "--delay: expected a duration"),
+        (["--dtype", "complex64"], "--dtype"),
+        (["--backend", "mpi"], "--backend"),
+        (["--size", "2B", "--dtype", "int64"], "need size >= one element"),
+    ],
+)
+def test_run_bad_arguments(args: list[str], message: str) -> None:
+    assert message in assert_one_error_line(run("run", "--gpus", "4", *args), 2)
+
+
+def test_run_refuses_a_schedule_for_another_size(tmp_path: Path) -> None:
+    path = tmp_path / "s.json"
+    json_format.write(synthesize("stragglar", 4), path)
+    assert "schedule is for 4 ranks, not 6" in assert_one_error_line(
+        run("run", "--gpus", "6", "--schedule", str(path)), 2
+    )
