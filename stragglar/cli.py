@@ -2,8 +2,9 @@
 
 Thin on purpose: it parses arguments, calls the library and prints::
 
-    stragglar synth --gpus N [--straggler R] [--algorithm A] [-o FILE] [--format json|text]
-    stragglar verify FILE
+    stragglar synth --gpus N [--straggler R] [--algorithm A] [-o FILE] [--format json|text|msccl]
+    stragglar export FILE -o OUT.xml [--proto P] [--instances K] [--min-bytes B] [--max-bytes B]
+    stragglar verify FILE            (a JSON schedule or an MSCCL XML file)
     stragglar show FILE
     stragglar run --backend local|torch|cupy --gpus N [--size 64MiB] [--dtype D] [--delay 20ms] ...
 
@@ -20,7 +21,7 @@ stderr.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ import click
 
 from stragglar import __version__
 from stragglar.formats import json as json_format
+from stragglar.formats.msccl import DEFAULT_MAX_BYTES, PROTOCOLS, MscclExportError, to_msccl_xml
 from stragglar.formats.text import render
 from stragglar.runtime import DTYPES
 from stragglar.runtime.bench import BACKENDS, run_benchmark
@@ -35,10 +37,11 @@ from stragglar.runtime.launch import LaunchError
 from stragglar.schedule import Schedule
 from stragglar.synth import ALGORITHMS, round_lower_bound, synthesize
 from stragglar.verify import Proof, VerificationError, prove
+from stragglar.verify.msccl import MscclProof, MscclVerificationError, prove_msccl
 
 __all__ = ["cli", "main"]
 
-FORMATS = ("json", "text")
+FORMATS = ("json", "text", "msccl")
 
 
 class NotProved(click.ClickException):
@@ -81,6 +84,22 @@ def cli() -> None:
     """Synthesize, prove and show StragglAR AllReduce schedules."""
 
 
+def _msccl_options(command: Callable[..., None]) -> Callable[..., None]:
+    """The MSCCL XML export options, shared by ``synth`` and ``export``."""
+    options = [
+        click.option("--proto", type=click.Choice(PROTOCOLS), default="Simple", show_default=True),
+        click.option(
+            "--instances", type=click.IntRange(min=1), default=1, show_default=True, help="Copies per loop."
+        ),
+        click.option("--min-bytes", type=click.IntRange(min=0), default=0, show_default=True),
+        click.option("--max-bytes", type=click.IntRange(min=0), default=DEFAULT_MAX_BYTES, show_default=True),
+        click.option("--name", "xml_name", help="The algo's name (default: from the schedule)."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
 @cli.command()
 @click.option("--gpus", "-n", "num_gpus", type=int, required=True, metavar="N", help="Number of GPUs, >= 2.")
 @click.option("--straggler", type=int, metavar="R", help="The straggler's rank (default N-1).")
@@ -88,35 +107,76 @@ def cli() -> None:
 @click.option(
     "-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write the schedule to FILE."
 )
-@click.option("--format", "fmt", type=click.Choice(FORMATS), help="Default: json with -o, text on stdout.")
-def synth(num_gpus: int, straggler: int | None, algorithm: str, output: Path | None, fmt: str | None) -> None:
+@click.option(
+    "--format", "fmt", type=click.Choice(FORMATS), help="Default: from -o's suffix (.xml: msccl), else text."
+)
+@_msccl_options
+def synth(
+    num_gpus: int,
+    straggler: int | None,
+    algorithm: str,
+    output: Path | None,
+    fmt: str | None,
+    **msccl: Any,
+) -> None:
     """Generate a schedule, prove it, print or save it.
 
-    Without -o: the round-by-round table and a summary line.  With -o: the file, and the
-    summary on stdout.  --format json without -o prints the JSON, summary on stderr.
+    Without -o: the round-by-round table and a summary line.  With -o: the file (JSON, or MSCCL
+    XML for a .xml name, itself proved from its text), and the summary on stdout.  A JSON or XML
+    document without -o goes to stdout, the summary to stderr.
     """
     schedule = _synthesize(algorithm, num_gpus, straggler)
     summary = _summary(schedule, _prove(schedule, f"the {algorithm} schedule"))
-    fmt = fmt or ("json" if output else "text")
-    body = json_format.dumps(schedule) if fmt == "json" else f"{render(schedule)}\n{summary}"
+    fmt = fmt or _format_of(output)
+    if fmt == "msccl":
+        body, xml_proof = _export(schedule, msccl)
+        summary += f"; exported MSCCL XML {xml_proof.summary}"
+    else:
+        body = json_format.dumps(schedule) if fmt == "json" else f"{render(schedule)}\n{summary}"
     if output is not None:
         _write(output, body)
         click.echo(summary)
     else:
-        click.echo(body)
-        if fmt == "json":
+        click.echo(body.rstrip("\n"))
+        if fmt != "text":
             click.echo(summary, err=True)
 
 
 @cli.command()
 @click.argument("file", type=click.Path(path_type=Path))
-def verify(file: Path) -> None:
-    """Prove FILE correct, or name its first violation.
+@click.option(
+    "-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="The XML file to write."
+)
+@_msccl_options
+def export(file: Path, output: Path | None, **msccl: Any) -> None:
+    """Lower the JSON schedule FILE to MSCCL XML and prove the XML itself.
 
-    Exit 0 with a one-line proof summary, 1 if FILE is not a correct AllReduce.
+    Writes OUTPUT (stdout without -o) and prints the proof summary (stderr without -o).
     """
-    proof = _prove(_load(file), str(file))
-    click.echo(f"{file}: {proof.summary}")
+    schedule = _load(file)
+    _prove(schedule, str(file))
+    text, proof = _export(schedule, msccl)
+    if output is None:
+        click.echo(text.rstrip("\n"))
+        click.echo(proof.summary, err=True)
+    else:
+        _write(output, text.rstrip("\n"))
+        click.echo(f"{output}: {proof.summary}")
+
+
+@cli.command()
+@click.argument("file", type=click.Path(path_type=Path))
+def verify(file: Path) -> None:
+    """Prove FILE (a JSON schedule, or MSCCL XML if it ends in .xml) correct, or name its first violation.
+
+    Exit 0 with a one-line proof summary, 1 if FILE is not a correct AllReduce.  An XML file is
+    proved as the MSCCL executor runs it: thread blocks, FIFO connections, dependencies.
+    """
+    if file.suffix.lower() == ".xml":
+        summary = _prove_xml(_read_text(file), str(file)).summary
+    else:
+        summary = _prove(_load(file), str(file)).summary
+    click.echo(f"{file}: {summary}")
 
 
 @cli.command()
@@ -233,6 +293,44 @@ def _load(path: Path) -> Schedule:
         return json_format.read(path)
     except json_format.ScheduleFormatError as e:
         raise click.UsageError(str(e)) from None
+
+
+def _format_of(output: Path | None) -> str:
+    if output is None:
+        return "text"
+    return "msccl" if output.suffix.lower() == ".xml" else "json"
+
+
+def _export(schedule: Schedule, options: dict[str, Any]) -> tuple[str, MscclProof]:
+    """The MSCCL XML of ``schedule`` and the proof of that text; a limit it breaks is bad input."""
+    try:
+        text = to_msccl_xml(
+            schedule,
+            name=options["xml_name"],
+            proto=options["proto"],
+            instances=options["instances"],
+            min_bytes=options["min_bytes"],
+            max_bytes=options["max_bytes"],
+        )
+    except MscclExportError as e:
+        raise click.UsageError(str(e)) from None
+    return text, _prove_xml(text, "the exported XML")
+
+
+def _prove_xml(text: str, name: str) -> MscclProof:
+    try:
+        return prove_msccl(text)
+    except MscclVerificationError as e:
+        raise NotProved(f"{name} is not a correct AllReduce: {e.violation.message}") from None
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise click.UsageError(f"file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise click.UsageError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
 
 
 def _write(path: Path, text: str) -> None:

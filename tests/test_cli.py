@@ -334,3 +334,51 @@ def test_run_refuses_a_schedule_for_another_size(tmp_path: Path) -> None:
     assert "schedule is for 4 ranks, not 6" in assert_one_error_line(
         run("run", "--gpus", "6", "--schedule", str(path)), 2
     )
+
+
+def test_synth_to_xml_then_verify_the_xml(tmp_path: Path) -> None:
+    path = tmp_path / "stragglar8.xml"
+    result = run("synth", "--gpus", "8", "-o", str(path))
+    assert result.exit_code == 0, result.output
+    assert "exported MSCCL XML proved: stragglar-n8-s7-simple" in result.output
+    assert path.read_text(encoding="utf-8").startswith('<algo name="stragglar-n8-s7-simple" proto="Simple"')
+    verified = run("verify", str(path))
+    assert verified.exit_code == 0
+    assert (
+        verified.output.startswith(f"{path}: proved: stragglar-n8-s7-simple")
+        and "no deadlock" in verified.output
+    )
+
+
+def test_export_a_json_schedule_with_options(tmp_path: Path) -> None:
+    source, target = tmp_path / "r.json", tmp_path / "r.xml"
+    json_format.write(synthesize("ring", 4), source)
+    result = run(
+        "export", str(source), "-o", str(target), "--proto", "LL128", "--instances", "2", "--name", "r4"
+    )
+    assert result.exit_code == 0, result.output
+    text = target.read_text(encoding="utf-8")
+    assert text.startswith('<algo name="r4" proto="LL128"') and 'nchunksperloop="8"' in text
+    assert "LL128 (8 chunks per connection)" in run("verify", str(target)).output
+
+
+def test_verify_rejects_a_tampered_xml_naming_gpu_tb_and_step(tmp_path: Path) -> None:
+    path = tmp_path / "s.xml"
+    assert run("synth", "--gpus", "4", "-o", str(path)).exit_code == 0
+    text = path.read_text(encoding="utf-8")
+    path.write_text(text.replace('hasdep="1"', 'hasdep="0"', 1), encoding="utf-8")
+    line = assert_one_error_line(run("verify", str(path)), 1)
+    assert re.search(r"gpu \d+", line) and re.search(r"tb \d+", line) and re.search(r"step \d+", line)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["synth", "--gpus", "200", "--format", "msccl"], "ids <= 127"),
+        (["synth", "--gpus", "4", "--format", "msccl", "--proto", "LL64"], "--proto"),
+        (["synth", "--gpus", "4", "--format", "msccl", "--instances", "0"], "--instances"),
+        (["verify", "missing.xml"], "file not found: missing.xml"),
+    ],
+)
+def test_export_bad_input(args: list[str], message: str) -> None:
+    assert message in assert_one_error_line(run(*args), 2)

@@ -1,0 +1,62 @@
+"""Time the MSCCL XML export and the proof of the exported file, and print a table.
+
+    python benchmarks/bench_msccl.py [--sizes 8 16 32 64] [--algorithm stragglar] [--proto Simple]
+                                     [--instances 1] [--repeats 3]
+
+Times are wall-clock (``time.perf_counter``), best of ``--repeats``; synthesis is not timed.
+The proof reads the XML text (the executor's parser rules) and runs it twice under the
+deterministic scheduler with symbolic values, so its time is what ``stragglar verify x.xml`` costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import platform
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from stragglar.formats.msccl import PROTOCOLS, to_msccl_xml
+from stragglar.synth import ALGORITHMS, synthesize
+from stragglar.verify.msccl import MscclProof, prove_msccl
+
+T = TypeVar("T")
+
+
+def best_of(repeats: int, run: Callable[[], T]) -> tuple[float, T]:
+    """The fastest of ``repeats`` timed runs, and the last result."""
+    best, result = float("inf"), None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = run()
+        best = min(best, time.perf_counter() - start)
+    assert result is not None
+    return best, result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[8, 16, 32, 64])
+    parser.add_argument("--algorithm", choices=ALGORITHMS, default="stragglar")
+    parser.add_argument("--proto", choices=PROTOCOLS, default="Simple")
+    parser.add_argument("--instances", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    python = platform.python_version()
+    print(f"{args.algorithm}, proto {args.proto}, {args.instances} instance(s); Python {python}")
+    print(f"{'N':>4} {'TBs':>6} {'steps':>7} {'chan':>4} {'KiB':>7} {'export s':>9} {'prove s':>8}")
+    for n in args.sizes:
+        schedule = synthesize(args.algorithm, n)
+        export = functools.partial(to_msccl_xml, schedule, proto=args.proto, instances=args.instances)
+        export_s, xml = best_of(args.repeats, export)
+        prove_s, proof = best_of(args.repeats, functools.partial(prove_msccl, xml))
+        assert isinstance(proof, MscclProof)
+        print(
+            f"{n:>4} {proof.thread_blocks:>6} {proof.steps:>7} {proof.nchannels:>4} "
+            f"{len(xml) / 1024:>7.0f} {export_s:>9.3f} {prove_s:>8.3f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,257 @@
+"""MSCCL XML export: every algorithm's file is proved from its text, has the executor's shape,
+is deterministic, fits the limits or fails with a one-line reason, and computes the right sums
+when run by an independent numeric model of the executor under random interleavings."""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from msccl_model import run_numeric
+
+from stragglar.formats import json as json_format
+from stragglar.formats import msccl as msccl_format
+from stragglar.formats.msccl import DEFAULT_MAX_BYTES, MscclExportError, to_msccl_xml, write_msccl
+from stragglar.release import schedule_files, write_schedule_files
+from stragglar.schedule import Op, Phase, Schedule, Transfer
+from stragglar.synth import ALGORITHMS, synthesize
+from stragglar.verify.msccl import prove_msccl
+
+SIZES = range(2, 17)
+ALGO_ATTRS = [
+    "name",
+    "proto",
+    "nchannels",
+    "nchunksperloop",
+    "ngpus",
+    "coll",
+    "inplace",
+    "outofplace",
+    "minBytes",
+    "maxBytes",
+]
+STEP_ATTRS = ["s", "type", "srcbuf", "srcoff", "dstbuf", "dstoff", "cnt", "depid", "deps", "hasdep"]
+
+
+def cases() -> list[tuple[str, int]]:
+    return [(a, n) for a in ALGORITHMS for n in SIZES if a != "rhd" or n & (n - 1) == 0]
+
+
+# ---------------------------------------------------------------------------- tests
+
+
+@pytest.mark.parametrize(("algorithm", "n"), cases())
+def test_every_algorithm_exports_a_proved_file(algorithm: str, n: int) -> None:
+    xml = to_msccl_xml(synthesize(algorithm, n))
+    proof = prove_msccl(xml)
+    assert proof.ngpus == n and proof.proto == "Simple" and proof.capacity == 2
+    assert proof.summary.startswith(f"proved: {algorithm}-n{n}")
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "n", "straggler", "proto", "instances"),
+    [
+        ("stragglar", 8, None, "LL", 2),
+        ("stragglar", 6, 2, "LL128", 4),
+        ("stragglar", 5, 0, "Simple", 3),
+        ("ring", 6, None, "LL128", 3),
+        ("rhd", 8, None, "Simple", 2),
+        ("direct", 5, 1, "LL", 2),
+    ],
+)
+def test_instances_protocols_and_stragglers(
+    algorithm: str, n: int, straggler: int | None, proto: str, instances: int
+) -> None:
+    schedule = synthesize(algorithm, n, straggler)
+    xml = to_msccl_xml(schedule, proto=proto, instances=instances)
+    proof = prove_msccl(xml)
+    assert proof.nchunks == schedule.num_chunks * instances
+    assert proof.proto == proto and proof.capacity == (2 if proto == "Simple" else 8)
+    assert proof.nchannels >= instances  # each instance has its own connections
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "n"), [("stragglar", 4), ("stragglar", 7), ("ring", 5), ("rhd", 8), ("direct", 6)]
+)
+@pytest.mark.parametrize("proto", ["Simple", "LL"])
+def test_independent_numeric_run_agrees(algorithm: str, n: int, proto: str) -> None:
+    xml = to_msccl_xml(synthesize(algorithm, n), proto=proto, instances=2)
+    for seed in range(3):
+        assert run_numeric(xml, seed) == (True, True)
+
+
+def test_numeric_model_rejects_a_broken_file() -> None:
+    """The model is a real check: it catches a deadlock and a wrong sum."""
+    fixtures = Path(__file__).parent / "fixtures" / "msccl"
+    assert run_numeric((fixtures / "send_cycle.xml").read_text(), 0)[0] is False
+    assert run_numeric((fixtures / "double_count.xml").read_text(), 0) == (True, False)
+
+
+def test_straggler_exchange_is_send_then_in_place_rrc() -> None:
+    xml = to_msccl_xml(synthesize("stragglar", 4))
+    root = ET.fromstring(xml)
+    gpu0 = root.find("gpu[@id='0']")
+    assert gpu0 is not None and gpu0.get("s_chunks") == "0"
+    to_straggler = gpu0.find("tb[@send='3']")
+    from_straggler = gpu0.find("tb[@recv='3']")
+    assert to_straggler is not None and from_straggler is not None
+    send = to_straggler.find("step[@srcoff='0']")
+    rrc = from_straggler.find("step[@type='rrc']")
+    assert send is not None and rrc is not None
+    assert (rrc.get("srcbuf"), rrc.get("srcoff"), rrc.get("dstbuf"), rrc.get("dstoff")) == (
+        "i",
+        "0",
+        "i",
+        "0",
+    )
+    assert (rrc.get("depid"), rrc.get("deps")) == (to_straggler.get("id"), send.get("s"))
+    assert send.get("hasdep") == "1"
+
+
+def test_multi_chunk_exchange_goes_through_scratch() -> None:
+    """direct exchanges all chunks in one cnt=N-1 step each way: received into scratch, copied back."""
+    xml = to_msccl_xml(synthesize("direct", 5))
+    root = ET.fromstring(xml)
+    straggler = root.find("gpu[@id='4']")
+    assert straggler is not None and straggler.get("s_chunks") == "4"
+    rrc = straggler.find("tb[@recv='0']/step[@type='rrc']")
+    assert rrc is not None and (rrc.get("srcbuf"), rrc.get("dstbuf"), rrc.get("cnt")) == ("i", "s", "4")
+    copy = straggler.find("tb[@send='-1'][@recv='-1']/step[@type='cpy']")
+    assert copy is not None and (copy.get("srcbuf"), copy.get("dstbuf"), copy.get("cnt")) == ("s", "i", "4")
+    prove_msccl(xml)
+
+
+def test_text_shape() -> None:
+    xml = to_msccl_xml(
+        synthesize("stragglar", 6), name="sa6", proto="LL", instances=2, min_bytes=4096, max_bytes=1 << 30
+    )
+    assert xml.endswith("</algo>\n") and "\t" not in xml and "'" not in xml and "<?xml" not in xml
+    lines = xml.splitlines()
+    assert re.findall(r'(\w+)="', lines[0]) == ALGO_ATTRS
+    assert lines[0] == (
+        '<algo name="sa6" proto="LL" nchannels="2" nchunksperloop="10" ngpus="6" coll="allreduce" '
+        'inplace="1" outofplace="0" minBytes="4096" maxBytes="1073741824">'
+    )
+    shapes = {
+        "  <gpu": r'  <gpu id="\d+" i_chunks="10" o_chunks="0" s_chunks="\d+">',
+        "    <tb": r'    <tb id="\d+" send="-?\d+" recv="-?\d+" chan="\d+">',
+        "      <step": "      <step " + " ".join(f'{k}="[-\\w]+"' for k in STEP_ATTRS) + "/>",
+    }
+    for line in lines[1:-1]:
+        pattern = next((p for prefix, p in shapes.items() if line.startswith(prefix)), None)
+        assert pattern is not None or line in ("  </gpu>", "    </tb>"), line
+        assert pattern is None or re.fullmatch(pattern, line), line
+    assert ET.fromstring(xml).get("maxBytes") == "1073741824"
+
+
+def test_defaults() -> None:
+    root = ET.fromstring(to_msccl_xml(synthesize("ring", 3)))
+    assert root.get("name") == "ring-n3-simple" and root.get("maxBytes") == str(DEFAULT_MAX_BYTES)
+    assert (root.get("minBytes"), root.get("inplace"), root.get("outofplace")) == ("0", "1", "0")
+
+
+def test_deterministic_and_json_round_trip() -> None:
+    schedule = synthesize("stragglar", 10)
+    first = to_msccl_xml(schedule, instances=2)
+    assert to_msccl_xml(synthesize("stragglar", 10), instances=2) == first
+    assert to_msccl_xml(json_format.loads(json_format.dumps(schedule)), instances=2) == first
+
+
+def test_long_fifos_continue_on_more_channels() -> None:
+    xml = to_msccl_xml(synthesize("ring", 40))  # 78 steps between neighbours: over the 64-step limit
+    root = ET.fromstring(xml)
+    assert root.get("nchannels") == "2"
+    assert max(len(tb.findall("step")) for tb in root.iter("tb")) <= 64
+    prove_msccl(xml)
+
+
+def test_write_msccl(tmp_path: Path) -> None:
+    schedule = synthesize("rhd", 4)
+    write_msccl(schedule, tmp_path / "x.xml", proto="LL128")
+    assert (tmp_path / "x.xml").read_text() == to_msccl_xml(schedule, proto="LL128")
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"proto": "ll"}, "proto 'll': choose from Simple, LL, LL128"),
+        ({"instances": 0}, "instances must be an integer >= 1, got 0"),
+        ({"name": 'a"b'}, "name 'a\"b': use 1-128 characters"),
+        ({"min_bytes": 10, "max_bytes": 5}, "max_bytes 5 < min_bytes 10: never selected"),
+        ({"max_bytes": -1}, "max_bytes must be an integer in [0, 2**63), got -1"),
+    ],
+)
+def test_bad_options(options: dict[str, object], message: str) -> None:
+    with pytest.raises(MscclExportError, match=re.escape(message)):
+        to_msccl_xml(synthesize("ring", 3), **options)  # type: ignore[arg-type]
+
+
+def test_incorrect_schedule_is_not_exported() -> None:
+    half = Schedule("bad", 2, 1, None, (Phase("p", (0, 1), ((Transfer(0, 1, 0, Op.REDUCE),),)),))
+    with pytest.raises(
+        MscclExportError, match="not a correct allreduce, nothing exported: final state: rank 0"
+    ):
+        to_msccl_xml(half)
+
+
+def test_dependency_target_limit() -> None:
+    with pytest.raises(MscclExportError) as e:
+        to_msccl_xml(synthesize("stragglar", 17), instances=8)
+    assert str(e.value) == (
+        "gpu 16 needs 136 thread blocks that others wait on, but dependency targets must have ids <= 127: "
+        "use fewer instances or a smaller N"
+    )
+    assert "\n" not in str(e.value)
+
+
+def test_channel_limit() -> None:
+    with pytest.raises(
+        MscclExportError, match=r"needs \d+ channels, the executor allows 32: use fewer instances"
+    ):
+        to_msccl_xml(synthesize("rhd", 2), instances=33)  # one FIFO per instance, each on its own channel
+
+
+def test_parser_limits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The executor's per-rank parser limits, lowered here so that a small file reaches them."""
+    monkeypatch.setattr(msccl_format, "MAX_NODES", 40)
+    with pytest.raises(MscclExportError) as e:
+        to_msccl_xml(synthesize("stragglar", 8))
+    assert str(e.value) == (
+        "gpu 0's part of the file has 47 XML elements (algo, gpus, its tbs and steps), the executor's parser "
+        "holds 39: use fewer instances or a smaller N"
+    )
+    monkeypatch.setattr(msccl_format, "MAX_TBS", 10)
+    with pytest.raises(
+        MscclExportError, match="gpu 0 needs 11 thread blocks, the executor allows 10: use fewer"
+    ):
+        to_msccl_xml(synthesize("stragglar", 8))
+
+
+def test_release_files(tmp_path: Path) -> None:
+    bundle = schedule_files("stragglar", 6, proto="LL")
+    assert sorted(bundle.files) == ["stragglar-n6-s5-ll.xml", "stragglar-n6-s5.json"]
+    assert (bundle.rounds, bundle.lower_bound, bundle.proto) == (7, 7, "LL")
+    assert bundle.proofs[0].startswith("proved: allreduce over 6 ranks")
+    assert bundle.proofs[1].startswith("proved: stragglar-n6-s5-ll:")
+    paths = write_schedule_files(tmp_path / "out", bundle)
+    assert [p.name for p in paths] == sorted(bundle.files)
+    assert schedule_files("stragglar", 6, proto="LL") == bundle
+    for path in paths:
+        assert path.read_text() == bundle.files[path.name]
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "n"), [("stragglar", 32), ("stragglar", 64), ("ring", 64), ("direct", 48)]
+)
+def test_large_files_are_proved(algorithm: str, n: int) -> None:
+    assert prove_msccl(to_msccl_xml(synthesize(algorithm, n))).ngpus == n
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("algorithm", "n", "instances"), [("stragglar", 128, 1), ("stragglar", 64, 2), ("ring", 128, 1)]
+)
+def test_largest_files_are_proved(algorithm: str, n: int, instances: int) -> None:
+    assert prove_msccl(to_msccl_xml(synthesize(algorithm, n), instances=instances)).ngpus == n

@@ -1,0 +1,469 @@
+"""The MSCCL XML prover on hand-written files (one per kind of bug, and a correct ring), on the
+executor's syntax and structure rules, and on mutants of exported files: each rejected with a
+one-line message naming the GPU, thread block, step and chunk."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from msccl_model import run_numeric
+
+from stragglar.formats.msccl import to_msccl_xml
+from stragglar.synth import synthesize
+from stragglar.verify.msccl import MscclVerificationError, MscclViolation, check_msccl, prove_msccl
+
+FIXTURES = Path(__file__).parent / "fixtures" / "msccl"
+
+
+def fixture(name: str) -> str:
+    return (FIXTURES / f"{name}.xml").read_text()
+
+
+def rejected(text: str) -> MscclViolation:
+    violation = check_msccl(text)
+    assert violation is not None
+    assert "\n" not in violation.message
+    return violation
+
+
+# ---------------------------------------------------------------------------- hand-written files
+
+
+def test_handwritten_ring_is_proved() -> None:
+    proof = prove_msccl(fixture("ring3"))
+    assert proof.summary == (
+        "proved: ring3-handwritten: allreduce (in-place) over 3 GPUs, 3 chunks per loop, 3 thread blocks, "
+        "15 steps, 1 channel; Simple (2 chunks per connection), 2 pipeline iterations: no deadlock, no race, "
+        "every send matched, every chunk on every GPU holds each GPU's contribution exactly once"
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "kind", "place", "message"),
+    [
+        (
+            "missing_hasdep",
+            "structure",
+            (0, 1, 0, None),
+            'line 8: gpu 0 tb 1 step 0: depends on tb 0 step 0, which lacks hasdep="1" '
+            "(only such steps signal progress)",
+        ),
+        (
+            "wrong_srcoff",
+            "mixed",
+            (0, 0, 3, 1),
+            "gpu 0 tb 0 step 3 (rrc chunk 1) adds chunk 0 data to chunk 1 data; "
+            "the wrong value survives in gpu 0 chunk 1",
+        ),
+        (
+            "mismatched_cnt",
+            "mismatch",
+            (1, 0, 1, 0),
+            "gpu 1 tb 0 step 1 (rrc chunk 0, cnt 1) meets the send of gpu 0 tb 0 step 0 (chunk 0, cnt 2) on "
+            "channel 0: counts differ",
+        ),
+        (
+            "send_cycle",
+            "deadlock",
+            (0, 0, 2, 2),
+            "deadlock (Simple, 2 chunks per connection): gpu 0 tb 0 step 2 (s chunk 2) waits for room to "
+            "send to gpu 1 on channel 0 -> gpu 1 tb 0 step 2 (s chunk 2) waits for room to send to gpu 0 "
+            "on channel 0 -> back to the first",
+        ),
+        (
+            "double_count",
+            "duplicate",
+            (0, 0, 1, 0),
+            "gpu 0 tb 0 step 1 (rrc chunk 0) counts the contributions of gpus [0] twice in chunk 0 data; "
+            "the wrong value survives in gpu 0 chunk 0",
+        ),
+        (
+            "race",
+            "race",
+            (1, 1, 0, 0),
+            "gpu 1 tb 1 step 0 (rrc chunk 0) writes i[0] (iteration 0) with no dependency path from tb 0 "
+            "step 0, which reads it: a race",
+        ),
+    ],
+)
+def test_handwritten_bug(name: str, kind: str, place: tuple[int, ...], message: str) -> None:
+    violation = rejected(fixture(name))
+    assert (violation.kind, (violation.gpu, violation.tb, violation.step, violation.chunk)) == (kind, place)
+    assert violation.message == message
+
+
+@pytest.mark.parametrize("proto", ["LL", "LL128"])
+def test_send_cycle_fits_the_larger_buffers(proto: str) -> None:
+    text = fixture("send_cycle").replace('proto="Simple"', f'proto="{proto}"')
+    assert prove_msccl(text).capacity == 8
+
+
+def test_fused_reductions_and_nop_chains() -> None:
+    """Each GPU receives the others' chunk into scratch, then one fused ``re`` pair adds both."""
+    gpus = []
+    for g in range(3):
+        a, b = (g + 1) % 3, (g + 2) % 3
+        gpus.append(
+            f'<gpu id="{g}" i_chunks="1" o_chunks="0" s_chunks="2">\n'
+            f'<tb id="0" send="{a}" recv="-1" chan="0">\n{step(0, "s", hasdep=1)}\n</tb>\n'
+            f'<tb id="1" send="{b}" recv="-1" chan="0">\n{step(0, "s", hasdep=1)}\n</tb>\n'
+            f'<tb id="2" send="-1" recv="{a}" chan="0">\n{step(0, "r", dst=("s", 0), hasdep=1)}\n</tb>\n'
+            f'<tb id="3" send="-1" recv="{b}" chan="0">\n{step(0, "r", dst=("s", 1), hasdep=1)}\n</tb>\n'
+            '<tb id="4" send="-1" recv="-1" chan="0">\n'
+            + "\n".join(step(i, "nop", dep=(i, 0)) for i in range(3))
+            + "\n"
+            + step(3, "re", src=("s", 0), dep=(3, 0))
+            + "\n"
+            + step(4, "re", src=("s", 1))
+            + "\n</tb>\n</gpu>"
+        )
+    text = algo("fused", 3, 1, "\n".join(gpus))
+    assert prove_msccl(text).steps == 3 * 9
+    unfused = text.replace(
+        '<step s="4" type="re" srcbuf="s" srcoff="1"', '<step s="4" type="re" srcbuf="s" srcoff="0"'
+    )
+    assert rejected(unfused).kind == "duplicate"
+
+
+def test_out_of_place() -> None:
+    ring = fixture("ring3").replace('inplace="1" outofplace="0"', 'inplace="0" outofplace="1"')
+    ring = ring.replace('o_chunks="0"', 'o_chunks="3"')
+    violation = rejected(ring)
+    assert violation.message == "final state: gpu 0 chunk 0 holds uninitialized memory (never written)"
+    for kind in ("rrcs", "rcs", '"r"'):  # results to o; the input stays intact for the local operands
+        ring = re.sub(
+            rf'(type={kind if kind[0] == chr(34) else chr(34) + kind + chr(34)} .*?dstbuf=)"i"',
+            r'\1"o"',
+            ring,
+        )
+    assert prove_msccl(ring).modes == ("out-of-place",)
+    both = ring.replace('inplace="0"', 'inplace="1"')
+    assert prove_msccl(both).modes == ("in-place", "out-of-place")
+
+
+def test_dependency_on_own_later_step_deadlocks() -> None:
+    text = (
+        fixture("ring3")
+        .replace(
+            'type="s" srcbuf="i" srcoff="2" dstbuf="i" dstoff="2" cnt="1" depid="-1" deps="-1"',
+            'type="s" srcbuf="i" srcoff="2" dstbuf="i" dstoff="2" cnt="1" depid="0" deps="4"',
+        )
+        .replace(
+            'type="r" srcbuf="i" srcoff="1" dstbuf="i" dstoff="1" cnt="1" depid="-1" deps="-1" hasdep="0"',
+            'type="r" srcbuf="i" srcoff="1" dstbuf="i" dstoff="1" cnt="1" depid="-1" deps="-1" hasdep="1"',
+        )
+    )
+    violation = rejected(text)
+    assert violation.kind == "deadlock"
+    assert (
+        "gpu 0 tb 0 step 0 (s chunk 2) waits for tb 0 step 4 to signal -> back to the first"
+        in violation.message
+    )
+
+
+# ---------------------------------------------------------------------------- syntax and structure
+
+
+def step(
+    s: int,
+    kind: str,
+    src: tuple[str, int] = ("i", 0),
+    dst: tuple[str, int] = ("i", 0),
+    cnt: int = 1,
+    dep: tuple[int, int] = (-1, -1),
+    hasdep: int = 0,
+) -> str:
+    if kind == "nop":
+        src, dst, cnt = ("i", -1), ("i", -1), 0
+    return (
+        f'<step s="{s}" type="{kind}" srcbuf="{src[0]}" srcoff="{src[1]}" dstbuf="{dst[0]}" '
+        f'dstoff="{dst[1]}" cnt="{cnt}" depid="{dep[0]}" deps="{dep[1]}" hasdep="{hasdep}"/>'
+    )
+
+
+def algo(name: str, ngpus: int, nchunks: int, body: str) -> str:
+    return (
+        f'<algo name="{name}" proto="Simple" nchannels="1" nchunksperloop="{nchunks}" ngpus="{ngpus}" '
+        f'coll="allreduce" inplace="1" outofplace="0" minBytes="0" maxBytes="0">\n{body}\n</algo>\n'
+    )
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (
+            lambda t: t.replace("  <gpu", "\t<gpu", 1),
+            "line 3: expected '<', got '\\t' (only spaces and newlines",
+        ),
+        (lambda t: '<?xml version="1.0"?>\n' + t, "line 1: <?xml>: expected '>', got '?'"),
+        (
+            lambda t: t.replace(' proto="Simple"', '\n proto="Simple"'),
+            "line 2: <algo>: expected '>', got '\\n'",
+        ),
+        (lambda t: t.replace('coll="allreduce"', "coll='allreduce'"), "attribute coll: single quotes"),
+        (lambda t: t.replace("</algo>\n", ""), "line 29: <algo> from line 2 is never closed"),
+        (lambda t: t.replace("</tb>", "</gpu>", 1), "closing tag </gpu> does not match <tb>"),
+        (lambda t: "<algos>\n" + t + "</algos>\n", "the file must start with an <algo> element"),
+        (
+            lambda t: t.replace('hasdep="0"/>', 'hasdep="0"><x/></step>', 1),
+            "line 5: a <step> must not contain",
+        ),
+        (lambda t: t.replace("<algo ", "<algo " + 'x="" ' * 7, 1), "line 2: <algo> lacks attribute maxBytes"),
+        (lambda t: t.replace(' srcbuf="i"', '  srcbuf="i"'), None),  # an empty attribute: harmless
+    ],
+)
+def test_syntax(edit: Callable[[str], str], message: str | None) -> None:
+    text = edit(fixture("ring3"))
+    if message is None:
+        assert check_msccl(text) is None
+    else:
+        assert message in rejected(text).message
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        (' minBytes="0"', "", "line 2: <algo> lacks attribute minBytes"),
+        ('proto="Simple"', 'proto="LL64"', "line 2: proto 'LL64' is not one of Simple, LL, LL128"),
+        ('coll="allreduce"', 'coll="allgather"', "coll 'allgather': this verifier proves allreduce only"),
+        ('nchannels="1"', 'nchannels="33"', "nchannels 33 outside 1..32"),
+        ('inplace="1"', 'inplace="0"', 'inplace="0" and outofplace="0": the algorithm is never selected'),
+        (
+            'minBytes="0" maxBytes="1099511627776"',
+            'minBytes="200" maxBytes="100"',
+            "minBytes 200 / maxBytes 100",
+        ),
+        ('<gpu id="2"', '<gpu id="1"', "gpu id 1 is repeated"),
+        (
+            'i_chunks="3" o_chunks="0" s_chunks="0">\n    <tb id="0" send="0"',
+            'i_chunks="3" o_chunks="0" s_chunks="-1">\n    <tb id="0" send="0"',
+            "gpu 2: s_chunks -1 is negative",
+        ),
+        (
+            '<tb id="0" send="1" recv="2"',
+            '<tb id="1" send="1" recv="2"',
+            "gpu 0: tb ids must be 0..0 without gaps: tb 0 is missing",
+        ),
+        (
+            'send="1" recv="2" chan="0"',
+            'send="1" recv="2" chan="1"',
+            "gpu 0 tb 0: chan 1 outside 0..nchannels-1 (0)",
+        ),
+        (
+            'send="1" recv="2" chan="0"',
+            'send="0" recv="2" chan="0"',
+            "gpu 0 tb 0: send=0 must be -1 or another gpu",
+        ),
+        (
+            '<step s="1" type="rrs" srcbuf="i" srcoff="1"',
+            '<step s="2" type="rrs" srcbuf="i" srcoff="1"',
+            'gpu 0 tb 0 step 1: s="2" but it is step 1 of its tb',
+        ),
+        (
+            'type="rrs" srcbuf="i" srcoff="1" dstbuf="i" dstoff="1" cnt="1"',
+            'type="rrs" srcbuf="i" srcoff="1" dstbuf="i" dstoff="1" cnt="72"',
+            "gpu 0 tb 0 step 1: cnt 72 outside 1..71",
+        ),
+        (
+            'type="rrs" srcbuf="i" srcoff="1"',
+            'type="rrs" srcbuf="i" srcoff="3"',
+            "gpu 0 tb 0 step 1: src i[3..3] outside the 3 chunks of buffer i",
+        ),
+        (
+            'type="rrs" srcbuf="i" srcoff="1"',
+            'type="rrs" srcbuf="x" srcoff="1"',
+            "gpu 0 tb 0 step 1: srcbuf 'x' is not i, o or s",
+        ),
+        (
+            'type="rrs" srcbuf="i" srcoff="1"',
+            'type="rrx" srcbuf="i" srcoff="1"',
+            "gpu 0 tb 0 step 1: unknown type 'rrx'",
+        ),
+        (
+            'type="rrs" srcbuf="i" srcoff="1"',
+            'type="rrs" srcbuf="i" srcoff="01"',
+            'gpu 0 tb 0 step 1: srcoff="01" is not a plain 32-bit decimal integer',
+        ),
+        (
+            'type="rrs" srcbuf="i" srcoff="1" dstbuf="i" dstoff="1" cnt="1" depid="-1" deps="-1" hasdep="0"',
+            'type="rrs" srcbuf="i" srcoff="1" dstbuf="i" dstoff="1" cnt="1" depid="-1" deps="-1" hasdep="2"',
+            "gpu 0 tb 0 step 1: hasdep must be 0 or 1, got 2",
+        ),
+        (
+            'type="rrs" srcbuf="i" srcoff="1" dstbuf="i" dstoff="1" cnt="1" depid="-1"',
+            'type="rrs" srcbuf="i" srcoff="1" dstbuf="i" dstoff="1" cnt="1" depid="128"',
+            "gpu 0 tb 0 step 1: depid 128 > 127: the executor stores it in an int8",
+        ),
+        (
+            'type="rrs" srcbuf="i" srcoff="1" dstbuf="i" dstoff="1" cnt="1" depid="-1" deps="-1"',
+            'type="rrs" srcbuf="i" srcoff="1" dstbuf="i" dstoff="1" cnt="1" depid="0" deps="7"',
+            "gpu 0 tb 0 step 1: depends on tb 0 step 7, outside its steps 0..4",
+        ),
+        (
+            '<step s="1" type="rrs" srcbuf="i" srcoff="1"',
+            '<step s="1" type="nop" srcbuf="i" srcoff="1"',
+            "gpu 0 tb 0 step 1: nop without a dependency",
+        ),
+    ],
+)
+def test_structure(old: str, new: str, message: str) -> None:
+    text = fixture("ring3")
+    assert old in text
+    violation = rejected(text.replace(old, new, 1))
+    assert violation.kind == "structure"
+    assert message in violation.message
+
+
+def test_every_structural_violation_is_reported() -> None:
+    text = fixture("ring3").replace(
+        '<step s="1" type="rrs" srcbuf="i" srcoff="1"', '<step s="9" type="rrs" srcbuf="i" srcoff="1"'
+    )
+    text = text.replace(
+        'type="rrcs" srcbuf="i" srcoff="1" dstbuf="i" dstoff="1" cnt="1"',
+        'type="rrcs" srcbuf="i" srcoff="1" dstbuf="i" dstoff="1" cnt="0"',
+    )
+    text = text.replace('<tb id="0" send="0" recv="1" chan="0">', '<tb id="0" send="0" recv="1" chan="4">')
+    with pytest.raises(MscclVerificationError) as e:
+        prove_msccl(text)
+    assert [v.message for v in e.value.violations] == [
+        'line 6: gpu 0 tb 0 step 1: s="9" but it is step 1 of its tb (dependencies count positions)',
+        "line 16: gpu 1 tb 0 step 2: cnt 0 outside 1..71",
+        "line 22: gpu 2 tb 0: chan 4 outside 0..nchannels-1 (0)",
+    ]
+    assert e.value.violation is e.value.violations[0]
+
+
+def test_connection_shared_by_two_thread_blocks() -> None:
+    text = fixture("missing_hasdep").replace(
+        '<tb id="1" send="-1" recv="1" chan="0">', '<tb id="1" send="1" recv="1" chan="0">', 1
+    )
+    violation = rejected(text)
+    assert (
+        "gpu 0 tb 1: tb 0 already uses channel 0 to send gpu 1: a connection carries one thread block"
+        in violation.message
+    )
+
+
+def test_nop_chain_must_end_with_a_dependency() -> None:
+    body = (
+        '<gpu id="0" i_chunks="1" o_chunks="0" s_chunks="0">\n<tb id="0" send="1" recv="1" chan="0">\n'
+        + step(0, "s", hasdep=1)
+        + "\n"
+        + step(1, "nop", dep=(0, 0))
+        + "\n"
+        + step(2, "rrc")
+        + '\n</tb>\n</gpu>\n<gpu id="1" i_chunks="1" o_chunks="0" s_chunks="0">\n</gpu>'
+    )
+    violation = rejected(algo("chain", 2, 1, body))
+    assert "gpu 0 tb 0 step 2: a chain of nops must end at a step with a dependency" in violation.message
+
+
+# ---------------------------------------------------------------------------- mutants of exported files
+
+MUTATED = [("stragglar", 4), ("stragglar", 6), ("ring", 4), ("rhd", 4), ("direct", 4)]
+_STEP = re.compile(r'      <step s="(\d+)" type="(\w+)" .*depid="(-?\d+)" deps="(-?\d+)" hasdep="(\d)"/>')
+
+
+def step_lines(text: str) -> list[tuple[int, int, int, re.Match[str]]]:
+    """(line index, gpu, tb, match) of every step line."""
+    out, gpu, tb = [], -1, -1
+    for i, line in enumerate(text.splitlines()):
+        if line.startswith("  <gpu"):
+            gpu = int(line.split('"')[1])
+        elif line.startswith("    <tb"):
+            tb = int(line.split('"')[1])
+        elif (m := _STEP.fullmatch(line)) is not None:
+            out.append((i, gpu, tb, m))
+    return out
+
+
+def drop(text: str, first: int, last: int, gpu: int, tb: int) -> str:
+    """Remove step lines ``first..last`` of one tb; renumber it and the dependencies into it."""
+    lines = text.splitlines()
+    pos, count = int(_STEP.fullmatch(lines[first]).group(1)), last + 1 - first  # type: ignore[union-attr]
+    del lines[first : last + 1]
+    for i, g, t, m in step_lines("\n".join(lines)):
+        s, depid, deps = int(m.group(1)), int(m.group(3)), int(m.group(4))
+        line = lines[i]
+        if (g, t) == (gpu, tb) and s > pos:
+            line = line.replace(f'<step s="{s}"', f'<step s="{s - count}"')
+        if g == gpu and depid == tb and deps > pos:
+            line = line.replace(f'deps="{deps}"', f'deps="{deps - count}"')
+        lines[i] = line
+    return "\n".join(lines) + "\n"
+
+
+def assert_located(violation: MscclViolation) -> None:
+    assert None not in (violation.gpu, violation.tb, violation.step, violation.chunk), violation
+    for part in (
+        f"gpu {violation.gpu}",
+        f"tb {violation.tb}",
+        f"step {violation.step}",
+        f"chunk {violation.chunk}",
+    ):
+        assert part in violation.message, violation.message
+
+
+def mutants(text: str) -> list[tuple[str, str]]:
+    """Every single-step mutant: drop a transfer step, shift an offset, remove a dependency."""
+    lines = text.splitlines()
+    chunks = int(re.search(r'nchunksperloop="(\d+)"', text).group(1))  # type: ignore[union-attr]
+    out = []
+    for i, gpu, tb, m in step_lines(text):
+        kind, depid, hasdep = m.group(2), int(m.group(3)), m.group(5)
+        after_nop = 'type="nop"' in lines[i - 1]
+        where = f"gpu {gpu} tb {tb} line {i + 1}"
+        if kind in ("s", "r", "rrc") and hasdep == "0":  # with the nops that carry its dependencies
+            first = i
+            while 'type="nop"' in lines[first - 1]:
+                first -= 1
+            out.append((f"drop {where}", drop(text, first, i, gpu, tb)))
+        if kind == "nop":
+            out.append((f"drop nop {where}", drop(text, i, i, gpu, tb)))
+        cnt = int(re.search(r'cnt="(\d+)"', lines[i]).group(1))  # type: ignore[union-attr]
+        if kind != "nop" and cnt < chunks:  # shift within the buffer
+            field = "dstoff" if kind == "r" else "srcoff"
+            off = int(re.search(rf'{field}="(\d+)"', lines[i]).group(1))  # type: ignore[union-attr]
+            shifted = lines[i].replace(f'{field}="{off}"', f'{field}="{(off + 1) % (chunks - cnt + 1)}"')
+            out.append((f"shift {field} {where}", "\n".join([*lines[:i], shifted, *lines[i + 1 :]]) + "\n"))
+        if kind != "nop" and depid >= 0 and not after_nop:
+            undep = re.sub(r'depid="\d+" deps="\d+"', 'depid="-1" deps="-1"', lines[i])
+            out.append((f"undepend {where}", "\n".join([*lines[:i], undep, *lines[i + 1 :]]) + "\n"))
+    return out
+
+
+@pytest.mark.parametrize(("algorithm", "n"), MUTATED)
+def test_every_mutant_of_an_exported_file_is_rejected_or_still_correct(algorithm: str, n: int) -> None:
+    """Rejected with a located message; an accepted mutant must pass the independent numeric model."""
+    text = to_msccl_xml(synthesize(algorithm, n))
+    rejected_kinds: set[str] = set()
+    accepted = 0
+    for name, mutant in mutants(text):
+        violation = check_msccl(mutant)
+        if violation is None:
+            accepted += 1
+            assert all(run_numeric(mutant, seed) == (True, True) for seed in range(3)), name
+            continue
+        assert_located(violation)
+        rejected_kinds.add(name.split()[0])
+        if name.startswith(("undepend", "drop nop")):
+            assert violation.kind == "race", (name, violation)
+    assert rejected_kinds == {"drop", "shift", "undepend"}
+    assert accepted <= 2
+
+
+def test_dropping_a_copy_back_leaves_a_chunk_never_written() -> None:
+    text = to_msccl_xml(synthesize("direct", 3))
+    index, gpu, tb, _ = [s for s in step_lines(text) if s[3].group(2) == "cpy"][-1]
+    first = index
+    while 'type="nop"' in text.splitlines()[first - 1]:
+        first -= 1
+    violation = rejected(drop(text, first, index, gpu, tb))
+    assert (
+        violation.message
+        == "final state: gpu 2 chunk 0 lacks the contributions of gpus [0, 1] (never written)"
+    )
+    assert (violation.gpu, violation.tb, violation.step, violation.chunk) == (2, None, None, 0)
