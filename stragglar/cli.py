@@ -5,7 +5,8 @@ Thin on purpose: it parses arguments, calls the library and prints::
     stragglar synth --gpus N [--straggler R] [--algorithm A] [-o FILE] [--format json|text|msccl]
     stragglar export FILE -o OUT.xml [--proto P] [--instances K] [--min-bytes B] [--max-bytes B]
     stragglar verify FILE            (a JSON schedule or an MSCCL XML file)
-    stragglar show FILE
+    stragglar show FILE [--plot OUT.png]
+    stragglar cost --gpus N [--size 1GiB] [--delay 5ms] [--alpha 3us] [--bandwidth 450GiB/s] [--plot OUT.png]
     stragglar run --backend local|torch|cupy --gpus N [--size 64MiB] [--dtype D] [--delay 20ms] ...
 
 Every schedule is proved before it is printed or written.  ``synth`` sends the schedule
@@ -28,6 +29,7 @@ from typing import Any
 import click
 
 from stragglar import __version__
+from stragglar.cost import Comparison, Network, compare, format_bytes, format_seconds
 from stragglar.formats import json as json_format
 from stragglar.formats.msccl import DEFAULT_MAX_BYTES, PROTOCOLS, MscclExportError, to_msccl_xml
 from stragglar.formats.text import render
@@ -179,16 +181,95 @@ def verify(file: Path) -> None:
     click.echo(f"{file}: {summary}")
 
 
+_PLOT_OPTION = click.option(
+    "--plot",
+    "plot_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also draw a chart into this PNG (needs matplotlib).",
+)
+
+
 @cli.command()
 @click.argument("file", type=click.Path(path_type=Path))
-def show(file: Path) -> None:
+@_PLOT_OPTION
+def show(file: Path, plot_file: Path | None) -> None:
     """Print FILE as a round-by-round table with its summary.
 
-    The summary says whether FILE was proved; exit 1 if it is not a correct AllReduce.
+    The summary says whether FILE was proved; exit 1 if it is not a correct AllReduce.  With
+    --plot, also draw the schedule as a rank x round chart (who sends which chunk to whom).
     """
     schedule = _load(file)
     click.echo(render(schedule))
     click.echo(_summary(schedule, _prove(schedule, str(file))))
+    if plot_file is not None:
+        _plot(plot_file, lambda plot: plot.schedule_figure(schedule))
+
+
+@cli.command()
+@click.option("--gpus", "-n", "num_gpus", type=int, required=True, metavar="N", help="Number of GPUs, >= 2.")
+@click.option("--size", default="1GiB", show_default=True, help="Buffer size per GPU, e.g. 64MiB.")
+@click.option("--delay", default="0ms", show_default=True, help="How late the straggler arrives, e.g. 5ms.")
+@click.option("--alpha", default="3us", show_default=True, help="Latency of one round.")
+@click.option("--bandwidth", default="450GiB/s", show_default=True, help="Bandwidth of one link.")
+@_PLOT_OPTION
+def cost(num_gpus: int, size: str, delay: str, alpha: str, bandwidth: str, plot_file: Path | None) -> None:
+    """Predict each algorithm's AllReduce time with the alpha-beta model, on its generated schedule.
+
+    A round costs alpha + (largest bytes a GPU sends or receives in it) / bandwidth; phases
+    without the straggler overlap its delay.  "exposed" is the time after the straggler
+    arrives, "time" counts from when the punctual GPUs start; speed-ups compare exposed times.
+    """
+    try:
+        network = Network(_seconds(alpha, "--alpha"), _rate(bandwidth, "--bandwidth"))
+        comparison = compare(num_gpus, _bytes(size, "--size"), _seconds(delay, "--delay"), network)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    click.echo(_cost_table(comparison))
+    if plot_file is not None:
+        c = comparison
+        _plot(plot_file, lambda plot: plot.cost_figure(c.num_ranks, c.size_bytes, c.delay, c.network))
+
+
+def _cost_table(c: Comparison) -> str:
+    """The setting, one row per algorithm, then when each straggler-aware one beats Ring."""
+    lines = [
+        f"alpha-beta model: {c.num_ranks} GPUs, {format_bytes(c.size_bytes)} buffer, straggler "
+        f"{format_seconds(c.delay)} late, alpha {format_seconds(c.network.alpha)}, "
+        f"{format_bytes(c.network.bandwidth)}/s",
+        f"{'algorithm':<10} {'rounds exposed':>14} {'time':>11} {'exposed time':>13} "
+        f"{'speed-up over ring':>19}",
+    ]
+    for e in c.estimates:
+        rounds = f"{e.exposed_rounds} of {e.rounds}"
+        lines.append(
+            f"{e.algorithm:<10} {rounds:>14} {format_seconds(e.time):>11} {format_seconds(e.exposed):>13} "
+            f"{c.speedup(e.algorithm):>18.2f}x"
+        )
+    for e in c.estimates:
+        if e.hidden == 0:
+            continue
+        critical = c.critical_delay(e.algorithm)
+        if critical is None:
+            verdict = "never beats ring at this size, whatever the delay"
+        elif critical == 0:
+            verdict = "beats ring at every delay"
+        else:
+            verdict = f"beats ring when the straggler is more than {format_seconds(critical)} late"
+        lines.append(f"critical delay: {e.algorithm} {verdict}")
+    return "\n".join(lines)
+
+
+def _plot(path: Path, draw: Callable[[Any], Any]) -> None:
+    """Draw with :mod:`stragglar.plot` (imported here: matplotlib is optional) and save to ``path``."""
+    from stragglar import plot
+
+    try:
+        plot.save(draw(plot), path)
+    except plot.PlotUnavailable as e:
+        raise click.UsageError(str(e)) from None
+    except OSError as e:
+        raise click.BadParameter(f"cannot write {path}: {e.strerror or e}", param_hint="'--plot'") from None
+    click.echo(f"plot written to {path}")
 
 
 @cli.command()
@@ -268,6 +349,18 @@ def _seconds(text: str, option: str) -> float:
     factor = _TIME_UNITS.get(unit or "ms")
     if number is None or factor is None or number < 0:
         raise click.BadParameter(f"expected a duration like 20ms or 1.5s, got {text!r}", param_hint=option)
+    return number * factor
+
+
+def _rate(text: str, option: str) -> float:
+    """``450GiB/s`` -> bytes per second, with the units of :func:`_bytes`; the ``/s`` is optional."""
+    body = text.strip()
+    number, unit = _split_unit(body[:-2] if body.lower().endswith("/s") else body)
+    factor = _SIZE_UNITS.get(unit.upper())
+    if number is None or factor is None or number <= 0:
+        raise click.BadParameter(
+            f"expected a bandwidth like 450GiB/s or 25GB/s, got {text!r}", param_hint=option
+        )
     return number * factor
 
 

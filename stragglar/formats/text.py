@@ -34,7 +34,7 @@ from collections.abc import Iterable, Sequence
 
 from stragglar.schedule import Op, Phase, Round, Schedule, Transfer
 
-__all__ = ["render"]
+__all__ = ["compact_ranges", "render"]
 
 _GAP = "  "
 
@@ -52,7 +52,9 @@ def _render_phase(index: int, phase: Phase, labels: _Labels) -> list[str]:
     rows = [labels.round_items(rnd) for rnd in phase.rounds]
     width = max((len(item) for row in rows for item in row), default=0)
     digits = len(str(max(len(rows) - 1, 0)))
-    header = f"phase {index} {phase.name!r}, ranks {_ranges(phase.ranks)}: {_count(len(rows), 'round')}"
+    header = (
+        f"phase {index} {phase.name!r}, ranks {compact_ranges(phase.ranks)}: {_count(len(rows), 'round')}"
+    )
     lines = [header]
     for number, row in enumerate(rows):
         cells = _GAP.join([item.ljust(width) for item in row]) if row else "-"
@@ -97,9 +99,9 @@ class _Labels:
             back = links.get((dst, src, op)) if op is Op.REDUCE else None
             if back is not None and sorted(back) == sorted(chunks):
                 if src < dst:
-                    items.append(f"{self.rank[src]}<>{self.rank[dst]} c{_ranges(chunks)}+")
+                    items.append(f"{self.rank[src]}<>{self.rank[dst]} c{compact_ranges(chunks)}+")
                 continue
-            items.append(f"{self.rank[src]}->{self.rank[dst]} c{_ranges(chunks)}{mark}")
+            items.append(f"{self.rank[src]}->{self.rank[dst]} c{compact_ranges(chunks)}{mark}")
         return items
 
 
@@ -114,10 +116,10 @@ def _is_swap(t: Transfer, back: Transfer | None) -> bool:
     )
 
 
-def _ranges(numbers: Iterable[int]) -> str:
+def compact_ranges(numbers: Iterable[int]) -> str:
     """Sorted numbers with consecutive runs collapsed; a repeat stays visible, it may be a bug.
 
-    >>> _ranges([7, 0, 1, 2, 4, 5, 5])
+    >>> compact_ranges([7, 0, 1, 2, 4, 5, 5])
     '0-2,4-5,5,7'
     """
     runs: list[list[int]] = []

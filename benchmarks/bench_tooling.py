@@ -1,0 +1,145 @@
+"""How synthesis and the two provers scale with N: time, peak memory, and the fitted exponent.
+
+    python benchmarks/bench_tooling.py [--sizes 8 64 256 1024 4096] [--budget 120] [--json out.json]
+
+Steps: ``synth`` (``synthesize("stragglar", N)``), ``prove`` (the symbolic simulator,
+``stragglar.verify.prove``) and ``smt`` (``stragglar.verify.smt.smt_prove``; skipped with a note
+when that module is not there).  Each step is timed once (wall clock), then run again under
+``tracemalloc`` for its peak of Python allocations above what it started with (native memory,
+such as z3's C++ heap, is not seen).  A step is skipped at the next N when the exponent fitted so
+far predicts it would exceed ``--budget`` seconds.  The growth exponent k of ``time ~ N^k`` and
+``memory ~ N^k`` is the least-squares slope in log-log over the N >= 64 measured (N = 8 is
+dominated by fixed costs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import math
+import os
+import platform
+import time
+import tracemalloc
+from collections.abc import Callable
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+from stragglar.schedule import Schedule
+from stragglar.synth import synthesize
+from stragglar.verify import prove
+
+FIT_FROM = 64
+Step = Callable[[int, Schedule | None], Any]
+
+
+def steps() -> tuple[dict[str, Step], str | None]:
+    """The steps to run, and a note when the SMT prover is missing."""
+    found: dict[str, Step] = {
+        "synth": lambda n, _: synthesize("stragglar", n),
+        "prove": lambda _, s: prove(s) if s is not None else None,
+    }
+    try:
+        smt = importlib.import_module("stragglar.verify.smt")
+    except ImportError:
+        return found, "stragglar.verify.smt is not there: SMT proofs skipped"
+    found["smt"] = lambda _, s: smt.smt_prove(s)
+    return found, None
+
+
+def timed(step: Step, n: int, schedule: Schedule | None) -> tuple[float, Any]:
+    start = time.perf_counter()
+    value = step(n, schedule)
+    return time.perf_counter() - start, value
+
+
+def peak_mib(step: Step, n: int, schedule: Schedule | None) -> float:
+    """Peak of Python allocations during ``step`` above what was allocated when it started."""
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        step(n, schedule)
+        return (tracemalloc.get_traced_memory()[1] - base) / 2**20
+    finally:
+        tracemalloc.stop()
+
+
+def slope(points: list[tuple[int, float]]) -> float | None:
+    """Least-squares slope of log(value) against log(N)."""
+    pts = [(math.log(n), math.log(v)) for n, v in points if n >= FIT_FROM and v > 0]
+    if len(pts) < 2:
+        return None
+    mx = sum(x for x, _ in pts) / len(pts)
+    my = sum(y for _, y in pts) / len(pts)
+    return sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
+
+
+def predicted(points: list[tuple[int, float]], n: int) -> float:
+    """Extrapolate the last point with the slope so far (2 if unknown: the transfers grow as N^2)."""
+    k = slope(points) or 2.0
+    last_n, last_v = points[-1]
+    return float(last_v * (n / last_n) ** k)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[8, 64, 256, 1024, 4096])
+    parser.add_argument("--budget", type=float, default=120.0, help="seconds per step and N")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+
+    todo, note = steps()
+    times: dict[str, list[tuple[int, float]]] = {name: [] for name in todo}
+    peaks: dict[str, list[tuple[int, float]]] = {name: [] for name in todo}
+    skipped: list[str] = [note] if note else []
+    transfers: dict[int, int] = {}
+    for n in sorted(args.sizes):
+        schedule: Schedule | None = None
+        for name, step in todo.items():
+            if name != "synth" and schedule is None:
+                continue
+            if times[name] and predicted(times[name], n) > args.budget:
+                skipped.append(f"{name} at N={n}: predicted {predicted(times[name], n):.0f} s > budget")
+                continue
+            seconds, value = timed(step, n, schedule)
+            times[name].append((n, seconds))
+            if name == "synth":
+                schedule = value
+                transfers[n] = value.num_transfers
+            peaks[name].append((n, peak_mib(step, n, schedule)))
+            print(f"  N={n} {name}: {seconds:.3f} s, {peaks[name][-1][1]:.1f} MiB", flush=True)
+        del schedule
+
+    print()
+    print("| step | N | transfers | time (s) | peak MiB (tracemalloc) |")
+    print("|---|---:|---:|---:|---:|")
+    for name in todo:
+        for (n, s), (_, m) in zip(times[name], peaks[name], strict=True):
+            print(f"| {name} | {n} | {transfers[n]:,} | {s:.3f} | {m:.1f} |")
+    print()
+    print(f"| step | time exponent (N >= {FIT_FROM}) | memory exponent |")
+    print("|---|---:|---:|")
+    fits = {}
+    for name in todo:
+        kt, km = slope(times[name]), slope(peaks[name])
+        fits[name] = {"time": kt, "memory": km}
+        print(f"| {name} | {kt:.2f} | {km:.2f} |" if kt and km else f"| {name} | - | - |")
+    for line in skipped:
+        print(f"skipped: {line}")
+    if args.json:
+        doc = {
+            "date": date.today().isoformat(),
+            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
+            "transfers": transfers,
+            "times_s": times,
+            "peak_mib": peaks,
+            "exponents": fits,
+            "skipped": skipped,
+        }
+        args.json.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,162 @@
+"""Pictures for people: the cost model's speed-ups and a schedule's rank x round chart.
+
+matplotlib is an optional extra (``pip install 'stragglar[plot]'``), imported only when a figure
+is drawn, so the rest of the package works without it.  Figures are built on
+``matplotlib.figure.Figure`` directly (no pyplot, no GUI backend), so that callers and tests can
+inspect them before :func:`save` writes a PNG.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from stragglar.cost import Network, compare, format_bytes, format_seconds
+from stragglar.formats.text import compact_ranges
+from stragglar.schedule import Op, Schedule
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = ["LABELLED_RANKS", "PlotUnavailable", "cost_figure", "save", "schedule_figure", "sweep_sizes"]
+
+LABELLED_RANKS = 32
+"""Largest N whose schedule chart names each send in its cell; above it only colours are drawn."""
+
+
+class PlotUnavailable(RuntimeError):
+    """matplotlib is not installed."""
+
+
+def _figure(width: float, height: float) -> Figure:
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise PlotUnavailable("plotting needs matplotlib: pip install 'stragglar[plot]'") from None
+    return Figure(figsize=(width, height), layout="constrained")
+
+
+def sweep_sizes(num_ranks: int) -> list[int]:
+    """The N of the speed-up-against-N panel: every N to 32, then a few large ones, and ``num_ranks``."""
+    return sorted({*range(2, 33), 48, 64, 96, 128, 192, 256, num_ranks})
+
+
+def cost_figure(
+    num_ranks: int,
+    size_bytes: float,
+    delay: float,
+    network: Network,
+    sizes: Sequence[int] | None = None,
+) -> Figure:
+    """Speed-up over Ring against N (at ``delay``) and against the delay (at ``num_ranks``)."""
+    fig = _figure(12, 4.8)
+    by_n, by_delay = fig.subplots(1, 2)
+    ns = list(sizes) if sizes is not None else sweep_sizes(num_ranks)
+    comparisons = [compare(n, size_bytes, delay, network) for n in ns]
+    here = compare(num_ranks, size_bytes, delay, network)
+    for algorithm in ("stragglar", "rhd", "direct"):
+        points = [
+            (c.num_ranks, c.speedup(algorithm))
+            for c in comparisons
+            if algorithm in {e.algorithm for e in c.estimates}
+        ]
+        if points:
+            xs, ys = zip(*points, strict=True)
+            by_n.plot(xs, ys, marker="o", markersize=3, label=algorithm)
+    by_n.axhline(1.0, color="grey", linestyle="--", label="ring (baseline)")
+    by_n.axvline(num_ranks, color="black", linestyle=":", linewidth=1, label=f"N = {num_ranks}")
+    by_n.set_xscale("log", base=2)
+    by_n.set_xlabel("number of GPUs N (log scale)")
+    by_n.set_ylabel("speed-up over Ring (exposed time)")
+    by_n.set_title(f"against N, straggler {format_seconds(delay)} late")
+    by_n.legend()
+
+    critical = here.critical_delay("stragglar")
+    top = max(2 * delay, 2 * (critical or 0.0), 3 * here.get("stragglar").hidden, 1e-6)
+    delays = [top * i / 200 for i in range(201)]
+    for algorithm in (e.algorithm for e in here.estimates if e.algorithm != "ring"):
+        curve = [compare(num_ranks, size_bytes, d, network, (algorithm,)).speedup(algorithm) for d in delays]
+        by_delay.plot([d * 1e3 for d in delays], curve, label=algorithm)
+    by_delay.axhline(1.0, color="grey", linestyle="--", label="ring (baseline)")
+    if critical is not None:
+        by_delay.axvline(
+            critical * 1e3, color="red", linestyle=":", label=f"critical delay {format_seconds(critical)}"
+        )
+    by_delay.set_xlabel("straggler delay (ms)")
+    by_delay.set_ylabel("speed-up over Ring (exposed time)")
+    by_delay.set_title(f"against the delay, N = {num_ranks}")
+    by_delay.legend()
+    fig.suptitle(
+        f"Alpha-beta model: {format_bytes(size_bytes)} buffer, alpha {format_seconds(network.alpha)}, "
+        f"{format_bytes(network.bandwidth)}/s per link"
+    )
+    return fig
+
+
+def schedule_figure(schedule: Schedule) -> Figure:
+    """A rank x round chart: each cell says what that rank sends in that round and to whom.
+
+    ``c3>5`` sends chunk 3 to rank 5 (a copy), ``c3+>5`` adds it into rank 5's chunk 3.  The cell's
+    colour is the chunk's; the phases without the straggler (hidden behind its delay) are shaded.
+    """
+    n = schedule.num_ranks
+    columns = [
+        (pi, ri, rnd) for pi, phase in enumerate(schedule.phases) for ri, rnd in enumerate(phase.rounds)
+    ]
+    labelled = n <= LABELLED_RANKS
+    cell_w, cell_h = (0.62, 0.3) if labelled else (0.12, 0.06)
+    fig = _figure(max(6.0, cell_w * len(columns) + 2.0), max(3.0, cell_h * n + 1.6))
+    ax = fig.subplots()
+    colours = [[math.nan] * len(columns) for _ in range(n)]
+    texts: list[tuple[int, int, str]] = []
+    for x, (_, _, rnd) in enumerate(columns):
+        sends: dict[int, tuple[int, Op, list[int]]] = {}
+        for t in rnd:
+            sends.setdefault(t.src, (t.dst, t.op, []))[2].append(t.chunk)
+        for src, (dst, op, chunks) in sends.items():
+            colours[src][x] = _colour(chunks[0])
+            mark = "+" if op is Op.REDUCE else ""
+            texts.append((x, src, f"c{compact_ranges(chunks)}{mark}>{dst}"))
+    ax.imshow(colours, cmap="tab20", vmin=0, vmax=19, aspect="auto", alpha=0.6, interpolation="nearest")
+    if labelled:
+        for x, y, text in texts:
+            ax.text(x, y, text, ha="center", va="center", fontsize=6)
+    start = 0
+    for phase in schedule.phases:
+        end = start + len(phase.rounds)
+        if schedule.straggler is not None and schedule.straggler not in phase.ranks:
+            ax.axvspan(start - 0.5, end - 0.5, color="grey", alpha=0.15, label="hidden behind the delay")
+        ax.axvline(end - 0.5, color="black", linewidth=1)
+        ax.text((start + end - 1) / 2, -0.7, phase.name, ha="center", va="bottom", fontsize=8)
+        start = end
+    ax.set_yticks(range(n), [_rank_label(r, schedule.straggler) for r in range(n)], fontsize=7)
+    step = 1 if labelled else max(1, len(columns) // 40)
+    ax.set_xticks(range(0, len(columns), step), [str(columns[x][1]) for x in range(0, len(columns), step)])
+    ax.tick_params(axis="x", labelsize=7)
+    ax.set_xlabel("round (numbered within each phase)")
+    ax.set_ylabel("rank (sender)")
+    ax.set_ylim(n - 0.5, -1.2)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
+    ax.set_title(
+        f"{schedule.algorithm}: {n} ranks, {schedule.num_chunks} chunks, {schedule.num_rounds} rounds "
+        "(cK>d: send chunk K to rank d; cK+>d: add it there)",
+        fontsize=9,
+    )
+    return fig
+
+
+def _colour(chunk: int) -> int:
+    """tab20 holds ten hue pairs: take the ten strong hues first, so neighbouring chunks differ."""
+    return (2 * chunk) % 20 + (chunk // 10) % 2
+
+
+def _rank_label(rank: int, straggler: int | None) -> str:
+    return f"{rank} (straggler)" if rank == straggler else str(rank)
+
+
+def save(fig: Figure, path: Path) -> None:
+    """Write ``fig`` as an image (format from the suffix, PNG by default)."""
+    fig.savefig(path, dpi=110)
