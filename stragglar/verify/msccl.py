@@ -47,6 +47,7 @@ from stragglar.verify.msccl_reader import (
     Tx,
     read_msccl,
 )
+from stragglar.verify.simulate import bit_list
 
 __all__ = ["MscclProof", "MscclVerificationError", "MscclViolation", "check_msccl", "prove_msccl"]
 
@@ -490,10 +491,4 @@ def _chunk(tx: Tx, unit: int) -> int:
 
 def _gpus(mask: int) -> str:
     """Name the GPUs in ``mask``, shortened when there are many."""
-    shown: list[str] = []
-    while mask and len(shown) < _SHOWN:
-        low = mask & -mask
-        shown.append(str(low.bit_length() - 1))
-        mask ^= low
-    more = f", ... ({mask.bit_count()} more)" if mask else ""
-    return f"the contributions of gpus [{', '.join(shown)}{more}]"
+    return f"the contributions of gpus {bit_list(mask, _SHOWN)}"

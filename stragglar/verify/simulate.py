@@ -274,13 +274,22 @@ def _contributions(mask: int) -> str:
     """Name the ranks in ``mask``, shortened to the first few when there are many."""
     if mask.bit_count() == 1:
         return f"contribution of rank {mask.bit_length() - 1}"
-    shown: list[str] = []
-    while mask and len(shown) < _SHOWN_RANKS:
+    return f"contributions of ranks {bit_list(mask)}"
+
+
+def bit_list(mask: int, shown: int = _SHOWN_RANKS) -> str:
+    """``[0, 3, 5]``: the set bits of ``mask``, the first ``shown`` of them and a count of the rest.
+
+    >>> bit_list(0b101001), bit_list((1 << 12) - 1, shown=3)
+    ('[0, 3, 5]', '[0, 1, 2, ... (9 more)]')
+    """
+    names: list[str] = []
+    while mask and len(names) < shown:
         low = mask & -mask
-        shown.append(str(low.bit_length() - 1))
+        names.append(str(low.bit_length() - 1))
         mask ^= low
     more = f", ... ({mask.bit_count()} more)" if mask else ""
-    return f"contributions of ranks [{', '.join(shown)}{more}]"
+    return f"[{', '.join(names)}{more}]"
 
 
 def _count(n: int, noun: str) -> str:
