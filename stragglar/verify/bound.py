@@ -1,0 +1,204 @@
+"""Lower bounds on StragglAR's exposed rounds, and optimal schedules, by SAT (z3).
+
+The question asked of the solver: starting from the state the ReduceScatter leaves, can ``n``
+ranks finish an AllReduce in ``R`` rounds of the one-port, one-chunk-per-round model?  The
+straggler is rank ``n-1`` and there are ``n-1`` chunks.  Chunk ``c`` has two *parts*: ``P``, the
+sum over the ``n-1`` punctual ranks, which only rank ``c`` holds, and ``Q``, the straggler's own
+data, which only the straggler holds; a copy of the chunk is complete when it has both.  Every
+other value is junk that a complete chunk must not contain.  For the ring ReduceScatter this
+loses nothing: each of its leftovers of chunk ``c`` contains the ring's first contribution, so a
+correct sum holds exactly one of them, and only ``P`` has all the punctual contributions.
+
+Variables, SCCL-style: ``has[t][r][c][part]`` (after ``t`` rounds rank ``r``'s chunk ``c``
+contains ``part``) and ``send[t][s][d][c]`` (in round ``t`` rank ``s`` sends chunk ``c`` to ``d``).
+Per round each rank sends at most one chunk to one peer and receives at most one.  A receive
+may add the parts it carries; nothing is forced, and the schedule found need not follow the
+paper's exchange order: any copy or reduce, by any rank, of full or partial chunks is allowed.
+
+Why an unsat answer is a proof for real schedules: map a real value to the set of parts it
+holds once, or to the empty set if it holds junk or something twice (it is then wrong for good,
+as sums only grow).  A copy then gives the destination a subset of what the model's union gives
+it, and so does a reduce, so any real schedule of ``R`` rounds yields a satisfying assignment.
+
+Symmetry breaking keeps this true and is what makes the solver fast (N = 8 in 0.1 s instead of
+one to three minutes): renaming punctual rank ``g`` and chunk ``g`` together maps schedules to
+schedules.  Every chunk must leave the straggler at least once (only it holds ``Q``) and the
+straggler sends one chunk per round, so the chunks leave it for the first time in distinct
+rounds; after renaming they do so in index order, which the model requires.
+
+>>> phase2_feasible(4, 3).status, phase2_feasible(4, 4).status
+('unsat', 'sat')
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import z3
+
+from stragglar import __version__
+from stragglar.schedule import Op, Phase, Round, Schedule, Transfer
+from stragglar.synth.ring import ring_reduce_scatter
+from stragglar.synth.stragglar import round_lower_bound
+
+__all__ = ["Feasibility", "LowerBound", "phase2_feasible", "prove_lower_bound", "smt_synthesize"]
+
+_PARTS = (0, 1)  # P (the punctual ranks' sum) and Q (the straggler's data)
+
+
+class Feasibility(NamedTuple):
+    """The solver's answer: "sat" with a schedule, "unsat", or "unknown" when it ran out of time."""
+
+    status: str
+    schedule: Schedule | None
+    seconds: float
+
+
+@dataclass(frozen=True)
+class LowerBound:
+    """The query "can phase 2 take R*(n) - 1 rounds?"; "unsat" proves R*(n) a lower bound."""
+
+    num_ranks: int
+    bound: int  # R*(n)
+    status: str
+    seconds: float
+    schedule: Schedule | None  # only if the solver beat R*(n): a result to verify and report
+
+    @property
+    def proved(self) -> bool:
+        return self.status == "unsat"
+
+
+def prove_lower_bound(num_ranks: int, timeout_s: float | None = None) -> LowerBound:
+    """Ask the solver for a phase 2 with one round fewer than R*(n); unsat proves R*(n) optimal."""
+    bound = round_lower_bound(num_ranks)
+    answer = phase2_feasible(num_ranks, bound - 1, timeout_s)
+    if answer.schedule is not None:
+        warnings.warn(f"z3 fits phase 2 for {num_ranks} GPUs in {bound - 1} rounds, below R*", stacklevel=2)
+    return LowerBound(num_ranks, bound, answer.status, answer.seconds, answer.schedule)
+
+
+def smt_synthesize(num_ranks: int, timeout_s: float | None = None) -> Schedule:
+    """A StragglAR schedule with the fewest phase-2 rounds: one round fewer is proved infeasible.
+
+    The search starts at R*(n) - 1 and moves towards the answer, so it normally asks twice:
+    R*(n) - 1 rounds (unsat) and R*(n) rounds (sat).  Raises TimeoutError if a query times out.
+    """
+    rounds = round_lower_bound(num_ranks) - 1
+    best = _decided(num_ranks, rounds, timeout_s).schedule
+    while best is None:
+        rounds += 1
+        best = _decided(num_ranks, rounds, timeout_s).schedule
+    while (fewer := _decided(num_ranks, rounds - 1, timeout_s).schedule) is not None:
+        best, rounds = fewer, rounds - 1
+    return best
+
+
+def _decided(num_ranks: int, rounds: int, timeout_s: float | None) -> Feasibility:
+    answer = phase2_feasible(num_ranks, rounds, timeout_s)
+    if answer.status == "unknown":
+        raise TimeoutError(f"z3 did not decide {rounds} rounds for {num_ranks} GPUs in {timeout_s} s")
+    return answer
+
+
+def phase2_feasible(num_ranks: int, rounds: int, timeout_s: float | None = None) -> Feasibility:
+    """Decide whether phase 2 fits in ``rounds`` rounds; if so, return the whole schedule found."""
+    n = num_ranks
+    if n < 2 or rounds < 0:
+        raise ValueError(f"need at least 2 GPUs and no negative rounds, got {n} GPUs, {rounds} rounds")
+    has, send = _variables(n, rounds)
+    solver = z3.Solver()
+    if timeout_s is not None:
+        solver.set("timeout", max(1, round(timeout_s * 1000)))
+    solver.add(*_constraints(n, rounds, has, send))
+    start = time.perf_counter()
+    verdict = solver.check()
+    seconds = time.perf_counter() - start
+    if verdict != z3.sat:
+        return Feasibility("unsat" if verdict == z3.unsat else "unknown", None, seconds)
+    model = solver.model()
+    chosen = [[(s, d, c) for s, d, c in _triples(n) if _true(model, send[t][s][d][c])] for t in range(rounds)]
+    return Feasibility("sat", _schedule(n, chosen), seconds)
+
+
+def _triples(n: int) -> Iterator[tuple[int, int, int]]:
+    """Every (src, dst, chunk) a send may have."""
+    return ((s, d, c) for s in range(n) for d in range(n) if s != d for c in range(n - 1))
+
+
+Has = list[list[list[list[z3.BoolRef]]]]  # [t][rank][chunk][part]
+Send = list[list[list[list[z3.BoolRef]]]]  # [t][src][dst][chunk]; unused where src == dst
+
+
+def _variables(n: int, rounds: int) -> tuple[Has, Send]:
+    late = n - 1
+    start = [[[z3.BoolVal(r == c), z3.BoolVal(r == late)] for c in range(late)] for r in range(n)]
+    later = [
+        [[[z3.Bool(f"has_{t}_{r}_{c}_{p}") for p in _PARTS] for c in range(late)] for r in range(n)]
+        for t in range(1, rounds + 1)
+    ]
+    send = [
+        [[[z3.Bool(f"send_{t}_{s}_{d}_{c}") for c in range(late)] for d in range(n)] for s in range(n)]
+        for t in range(rounds)
+    ]
+    return [start, *later], send
+
+
+def _constraints(n: int, rounds: int, has: Has, send: Send) -> Iterator[z3.BoolRef]:
+    chunks, peers = range(n - 1), range(n)
+    for t in range(rounds):
+        for r in peers:  # one port each way, one chunk: at most one send and one receive per rank
+            yield z3.AtMost(*(send[t][r][d][c] for d in peers if d != r for c in chunks), 1)
+            yield z3.AtMost(*(send[t][s][r][c] for s in peers if s != r for c in chunks), 1)
+        for d in peers:
+            for c in chunks:
+                for p in _PARTS:
+                    arrives = [z3.And(send[t][s][d][c], has[t][s][c][p]) for s in peers if s != d]
+                    yield z3.Implies(has[t + 1][d][c][p], z3.Or(has[t][d][c][p], *arrives))
+                    yield z3.Implies(has[t][d][c][p], has[t + 1][d][c][p])
+    for r in peers:
+        for c in chunks:
+            yield z3.And(*(has[rounds][r][c][p] for p in _PARTS))
+    yield from _first_sends_in_chunk_order(n, rounds, send)
+
+
+def _first_sends_in_chunk_order(n: int, rounds: int, send: Send) -> Iterator[z3.BoolRef]:
+    """If the straggler has sent chunk c+1 by round t, it had sent chunk c by round t-1."""
+    late = n - 1
+    sent: list[z3.BoolRef] = [z3.BoolVal(False)] * late  # by the round before
+    for t in range(rounds):
+        now = [z3.Or(sent[c], *(send[t][late][d][c] for d in range(late))) for c in range(late)]
+        yield from (z3.Implies(now[c + 1], sent[c]) for c in range(late - 1))
+        sent = now
+
+
+def _true(model: z3.ModelRef, var: z3.BoolRef) -> bool:
+    return bool(z3.is_true(model.eval(var, model_completion=True)))
+
+
+def _schedule(n: int, chosen: list[list[tuple[int, int, int]]]) -> Schedule:
+    """The ReduceScatter, then the solver's rounds with each send made a copy, a reduce or nothing.
+
+    The parts are followed exactly here (the model may lag behind them): a send that brings
+    nothing new is dropped, one that brings a superset is a copy (whatever the destination
+    held is overwritten), and one that brings the other part is a reduce.
+    """
+    late = n - 1
+    parts = [[{0} if r == c else {1} if r == late else set() for c in range(late)] for r in range(n)]
+    exchange: list[Round] = []
+    for sends in chosen:
+        moves = [(s, d, c) for s, d, c in sends if not parts[s][c] <= parts[d][c]]
+        ops = [Op.COPY if parts[d][c] <= parts[s][c] else Op.REDUCE for s, d, c in moves]
+        exchange.append(tuple(Transfer(s, d, c, op) for (s, d, c), op in zip(moves, ops, strict=True)))
+        for d, c, after in [(d, c, parts[d][c] | parts[s][c]) for s, d, c in moves]:  # a synchronous round
+            parts[d][c] = after
+    others = tuple(range(late))
+    phases = [Phase("exchange", tuple(range(n)), tuple(exchange))]
+    if late > 1:
+        phases.insert(0, Phase("reduce-scatter", others, ring_reduce_scatter(others, others)))
+    metadata = {"generator": f"stragglar {__version__}", "method": "smt", "lower_bound": round_lower_bound(n)}
+    return Schedule("stragglar", n, late, late, tuple(phases), metadata=metadata)

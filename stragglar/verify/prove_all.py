@@ -1,0 +1,92 @@
+"""The CI proof tier: prove every algorithm's schedule for a range of sizes, by z3 and by the simulator.
+
+Within the z3 range each schedule is proved twice, by provers that share no code; beyond it the
+simulator, which takes milliseconds where z3 takes seconds, carries on alone.  Rows come out one
+proof at a time, for a command to print as a table while the proofs run.
+
+>>> rows = list(prove_all(max_smt=3, max_baseline_smt=2, max_simulated=3))
+>>> [(r.algorithm, r.num_ranks, r.rounds, r.lower_bound, r.method) for r in rows[:3]]
+[('stragglar', 2, 1, 1, 'smt'), ('stragglar', 2, 1, 1, 'simulate'), ('stragglar', 3, 3, 3, 'smt')]
+>>> format_table(rows).splitlines()[0].split()
+['algorithm', 'N', 'rounds', 'R*(N)', 'method', 'seconds', 'source']
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from stragglar.formats import json as json_format
+from stragglar.schedule import Schedule
+from stragglar.synth import ALGORITHMS, round_lower_bound, synthesize
+from stragglar.verify.simulate import prove
+from stragglar.verify.smt import smt_prove
+
+__all__ = ["TABLE_HEADER", "ProofRow", "format_row", "format_table", "prove_all", "prove_files"]
+
+TABLE_HEADER = f"{'algorithm':<10} {'N':>4} {'rounds':>7} {'R*(N)':>6}  {'method':<9} {'seconds':>7}  source"
+
+
+@dataclass(frozen=True)
+class ProofRow:
+    """One proof: ``rounds`` counts the rounds after the straggler arrives (all, without one);
+    ``lower_bound`` is R*(N), given for StragglAR only; ``source`` is "synthesized" or a file name."""
+
+    algorithm: str
+    num_ranks: int
+    rounds: int
+    lower_bound: int | None
+    method: str  # "smt" or "simulate"
+    seconds: float
+    source: str
+
+
+def prove_all(max_smt: int = 32, max_baseline_smt: int = 16, max_simulated: int = 128) -> Iterator[ProofRow]:
+    """Prove StragglAR for N = 2..``max_smt`` and the baselines for N = 2..``max_baseline_smt`` by z3,
+    and every algorithm for N = 2..``max_simulated`` by the simulator.
+
+    Raises :class:`~stragglar.verify.simulate.VerificationError` at the first schedule that fails.
+    """
+    for algorithm in ALGORITHMS:
+        smt_up_to = max_smt if algorithm == "stragglar" else max_baseline_smt
+        for n in range(2, max(smt_up_to, max_simulated) + 1):
+            if algorithm == "rhd" and n & (n - 1):
+                continue  # recursive halving/doubling exists for powers of two only
+            schedule = synthesize(algorithm, n)
+            if n <= smt_up_to:
+                yield _proved(schedule, "smt", smt_prove, "synthesized")
+            if n <= max_simulated:
+                yield _proved(schedule, "simulate", prove, "synthesized")
+
+
+def prove_files(paths: Iterable[str | os.PathLike[str]]) -> Iterator[ProofRow]:
+    """Prove schedule files (JSON) from their own text, by z3 and by the simulator.
+
+    What ships is what is proved: a file may differ from what the synthesizer makes today.
+    """
+    for path in paths:
+        schedule = json_format.read(path)
+        for method, prover in (("smt", smt_prove), ("simulate", prove)):
+            yield _proved(schedule, method, prover, Path(path).name)
+
+
+def _proved(schedule: Schedule, method: str, prover: Callable[[Schedule], object], source: str) -> ProofRow:
+    start = time.perf_counter()
+    prover(schedule)
+    seconds = time.perf_counter() - start
+    n, rounds = schedule.num_ranks, schedule.straggler_rounds
+    bound = round_lower_bound(n) if schedule.algorithm == "stragglar" else None
+    return ProofRow(schedule.algorithm, n, rounds, bound, method, seconds, source)
+
+
+def format_row(row: ProofRow) -> str:
+    bound = "-" if row.lower_bound is None else str(row.lower_bound)
+    cells = f"{row.algorithm:<10} {row.num_ranks:>4} {row.rounds:>7} {bound:>6}"
+    return f"{cells}  {row.method:<9} {row.seconds:>7.3f}  {row.source}"
+
+
+def format_table(rows: Iterable[ProofRow]) -> str:
+    return "\n".join([TABLE_HEADER, *map(format_row, rows)])

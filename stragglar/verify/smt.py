@@ -1,0 +1,362 @@
+"""A second proof that a schedule is a correct AllReduce, by the z3 SMT solver.
+
+It shares only the IR with :mod:`stragglar.verify.simulate`, so a bug in one prover is caught
+by the other.  Two kinds of query cover the whole model of :mod:`stragglar.schedule`:
+
+* **Structure** (one query for all rounds; satisfiable means sound).  Each transfer becomes ground
+  facts about uninterpreted functions of that round: ``sends_to(src) = dst``,
+  ``receives_from(dst) = src`` and ``writer(dst, chunk) = i``, plus its ranks and chunk in range,
+  ``src != dst``, a known op and membership of the phase.  A function has one value per
+  argument, so the facts have a model exactly when every rank sends to at most one peer and
+  receives from at most one peer (several chunks to that one peer are allowed) and no value is
+  written twice.  When they have none, rounds are added one at a time to a second solver with
+  every fact named, and the unsat core of the first round that fails names the transfers.  The
+  facts are written as SMT-LIB text, which z3 parses in C++: building 10**6 terms through the
+  Python API would cost more than all the solving.
+* **Values** (one query per chunk, as chunks never mix; unsatisfiable means correct).  Every
+  (rank, chunk) gets an uninterpreted input, the rounds run symbolically into z3 sum terms, and
+  the solver is asked for inputs under which some rank's final value differs from the sum of all
+  inputs.  Unsat is the proof; a model is a concrete counter-example.
+
+The inputs are reals, not bit-vectors: over the reals ``k*x = x`` forces ``k = 1`` or ``x = 0``,
+so a contribution counted twice or never leaves a nonzero linear difference that some input makes
+visible.  A ``w``-bit vector wraps modulo ``2**w``, and as reduce counts can double every round no
+fixed width is safe.  Linear real sums are also what z3 normalises best: a correct chunk is
+refuted by rewriting alone, which keeps 256 ranks within seconds.
+
+>>> from stragglar.schedule import Op, Phase, Schedule, Transfer
+>>> swap = (Transfer(0, 1, 0, Op.REDUCE), Transfer(1, 0, 0, Op.REDUCE))
+>>> smt_check(Schedule("demo", 2, 1, None, (Phase("exchange", (0, 1), (swap,)),))) is None
+True
+>>> v = smt_check(Schedule("demo", 2, 1, None, (Phase("exchange", (0, 1), (swap, swap)),)))
+>>> v.kind, v.rank, v.chunk, v.counterexample.expected != v.counterexample.actual
+('duplicate', 0, 0, True)
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+
+import z3
+
+from stragglar.schedule import Op, Phase, Round, Schedule, Transfer
+from stragglar.verify.simulate import Proof, VerificationError, Violation
+
+__all__ = ["CounterExample", "SmtProof", "SmtViolation", "smt_check", "smt_prove"]
+
+_SHOWN = 8  # ranks named in a message before it says "..."
+_PAIRWISE = ("send-port", "receive-port", "double-write")  # rules two transfers break together
+
+
+@dataclass(frozen=True)
+class CounterExample:
+    """Inputs of one chunk (exact values from the solver's model) under which ``rank`` ends wrong."""
+
+    chunk: int
+    inputs: tuple[Fraction, ...]  # rank r's contribution to ``chunk``; every other chunk is irrelevant
+    rank: int
+    expected: Fraction
+    actual: Fraction
+
+    def __str__(self) -> str:
+        nonzero = [f"rank {r}: {v}" for r, v in enumerate(self.inputs) if v]
+        shown = ", ".join(nonzero[:_SHOWN]) + (", ..." if len(nonzero) > _SHOWN else "")
+        return (
+            f"with inputs {{{shown}}} (others 0) rank {self.rank} ends with {self.actual} "
+            f"in chunk {self.chunk}, not {self.expected}"
+        )
+
+
+@dataclass(frozen=True)
+class SmtViolation(Violation):
+    """A :class:`Violation` found by z3; a wrong final value carries the solver's counter-example."""
+
+    counterexample: CounterExample | None
+
+
+@dataclass(frozen=True)
+class SmtProof(Proof):
+    """A :class:`Proof` obtained from z3, with the time the solver queries took."""
+
+    seconds: float
+
+    @property
+    def summary(self) -> str:
+        return f"{super().summary} (z3, {self.seconds:.2f} s)"
+
+
+def smt_prove(schedule: Schedule) -> SmtProof:
+    """Prove ``schedule`` a correct AllReduce with z3; raises :class:`VerificationError` if it is not."""
+    start = time.perf_counter()
+    violation = smt_check(schedule)
+    if violation is not None:
+        raise VerificationError(violation)
+    return SmtProof(
+        schedule.num_ranks,
+        schedule.num_chunks,
+        schedule.num_rounds,
+        schedule.straggler_rounds,
+        schedule.num_transfers,
+        time.perf_counter() - start,
+    )
+
+
+def smt_check(schedule: Schedule) -> SmtViolation | None:
+    """Return why ``schedule`` is not a correct AllReduce, or None once z3 has proved that it is.
+
+    A structural violation is reported before any wrong value, since values are only
+    meaningful for a well-formed schedule.
+    """
+    if schedule.collective != "allreduce":
+        raise ValueError(f"can only verify allreduce schedules, not {schedule.collective!r}")
+    rounds = _rounds(schedule)
+    violation = _structure_violation(schedule, rounds)
+    if violation is not None:
+        return violation
+    steps = _steps_by_chunk(rounds)
+    solver = z3.Solver()  # one for all chunks, each in its own scope: creating solvers costs more
+    for chunk in range(schedule.num_chunks):
+        violation = _chunk_violation(solver, schedule.num_ranks, chunk, steps[chunk])
+        if violation is not None:
+            return violation
+    return None
+
+
+@dataclass(frozen=True)
+class _Where:
+    phase: int
+    name: str
+    round: int
+
+    def __str__(self) -> str:
+        return f"phase {self.phase} {self.name!r} round {self.round}"
+
+
+def _rounds(schedule: Schedule) -> list[tuple[_Where, Phase, Round]]:
+    return [
+        (_Where(pi, phase.name, ri), phase, rnd)
+        for pi, phase in enumerate(schedule.phases)
+        for ri, rnd in enumerate(phase.rounds)
+    ]
+
+
+_RULES = ("range", "self", "op", "membership", "send-port", "receive-port", "double-write")
+
+
+def _structure_violation(
+    schedule: Schedule, rounds: list[tuple[_Where, Phase, Round]]
+) -> SmtViolation | None:
+    """The first round whose transfers break the rules, located by an unsat core, or None."""
+    n, c = schedule.num_ranks, schedule.num_chunks
+    solver = z3.Solver()
+    text = _preamble(n, c) + [line for r in rounds for line in _round_rules(n, *r, named=False)]
+    solver.from_string("\n".join(text))
+    if solver.check() == z3.sat:
+        return None
+    tracked = z3.Solver()
+    options = ["(set-option :produce-unsat-cores true)", "(set-option :smt.core.minimize true)"]
+    tracked.from_string("\n".join(options + _preamble(n, c)))
+    for where, phase, rnd in rounds:
+        tracked.from_string("\n".join(_round_rules(n, where, phase, rnd, named=True)))
+        if tracked.check() == z3.unsat:  # earlier rounds hold, so this round's labels are unsat alone
+            core = [_label(str(name)) for name in tracked.unsat_core()]
+            here = sorted(
+                ((kind, i) for kind, at, i in core if at == (where.phase, where.round)), key=_second
+            )
+            return _structural(where, phase, rnd, here, schedule)
+    raise RuntimeError("z3 rejected the rules of the whole schedule but of no prefix of its rounds")
+
+
+def _preamble(n: int, c: int) -> list[str]:
+    """Predicates every round uses: a rank or chunk in range, a known op (copy 0, reduce 1)."""
+    return [
+        f"(define-fun rank ((x Int)) Bool (and (<= 0 x) (< x {n})))",
+        f"(define-fun chunk ((x Int)) Bool (and (<= 0 x) (< x {c})))",
+        "(define-fun op ((x Int)) Bool (or (= x 0) (= x 1)))",
+    ]
+
+
+def _round_rules(n: int, where: _Where, phase: Phase, rnd: Round, named: bool) -> list[str]:
+    """One round's transfers as facts about its functions; ``named`` labels each for an unsat core.
+
+    The first round of a phase also declares ``member.P``, true exactly for the phase's ranks.
+    """
+    tag = f"{where.phase}.{where.round}"
+    member = f"member.{where.phase}"
+    lines = [
+        f"(declare-fun sends_to.{tag} (Int) Int)",
+        f"(declare-fun receives_from.{tag} (Int) Int)",
+        f"(declare-fun writer.{tag} (Int Int) Int)",
+    ]
+    if where.round == 0:
+        inside = set(phase.ranks)
+        lines.append(f"(declare-fun {member} (Int) Bool)")
+        facts = [f"({member} {r})" if r in inside else f"(not ({member} {r}))" for r in range(n)]
+        lines += [f"(assert {fact})" for fact in facts]
+    for i, t in enumerate(rnd):
+        src, dst, chunk = _int(t.src), _int(t.dst), _int(t.chunk)
+        op = 0 if t.op is Op.COPY else 1 if t.op is Op.REDUCE else _int(-1)
+        rules = (
+            f"(and (rank {src}) (rank {dst}) (chunk {chunk}))",
+            f"(distinct {src} {dst})",
+            f"(op {op})",
+            f"(and ({member} {src}) ({member} {dst}))",
+            f"(= (sends_to.{tag} {src}) {dst})",
+            f"(= (receives_from.{tag} {dst}) {src})",
+            f"(= (writer.{tag} {dst} {chunk}) {i})",
+        )
+        if named:
+            lines += [
+                f"(assert (! {rule} :named {kind}.{tag}.{i}))"
+                for kind, rule in zip(_RULES, rules, strict=True)
+            ]
+        else:
+            lines.append(f"(assert (and {' '.join(rules)}))")
+    return lines
+
+
+def _int(value: int) -> str:
+    """An SMT-LIB integer literal (which has no negative numerals)."""
+    return f"{value:d}" if value >= 0 else f"(- {-value:d})"
+
+
+def _second(rule: tuple[str, int]) -> int:
+    return rule[1]
+
+
+def _label(name: str) -> tuple[str, tuple[int, int], int]:
+    """``kind.phase.round.index`` back to its parts."""
+    kind, phase, rnd, index = name.split(".")
+    return kind, (int(phase), int(rnd)), int(index)
+
+
+def _structural(
+    where: _Where, phase: Phase, rnd: Round, core: list[tuple[str, int]], s: Schedule
+) -> SmtViolation:
+    """Describe an unsat core: one transfer breaking a rule alone, or the later of two conflicting."""
+    single = [rule for rule in core if rule[0] not in _PAIRWISE]
+    kind, index = single[0] if single else core[-1]
+    t = rnd[index]
+    if kind == "range":
+        rank = next((r for r in (t.src, t.dst) if not 0 <= r < s.num_ranks), None)
+        if rank is not None:
+            return _at(where, t, "range", rank, f"names rank {rank}, outside 0..{s.num_ranks - 1}")
+        what = f"writes rank {t.dst} chunk {t.chunk}, outside 0..{s.num_chunks - 1}"
+        return _at(where, t, "range", t.dst, what)
+    if kind == "self":
+        return _at(where, t, "self", t.src, f"sends rank {t.src} chunk {t.chunk} to itself")
+    if kind == "op":
+        return _at(where, t, "op", t.dst, f"has unknown op {t.op!r} for rank {t.dst}")
+    if kind == "membership":
+        rank = t.src if t.src not in phase.ranks else t.dst
+        return _at(where, t, "membership", rank, f"involves rank {rank}, which is not in this phase")
+    other = rnd[core[0][1]]
+    if kind == "send-port":
+        return _at(where, t, "port", t.src, f"makes rank {t.src} send to a second peer (rank {other.dst})")
+    if kind == "receive-port":
+        what = f"makes rank {t.dst} receive from a second peer (rank {other.src})"
+        return _at(where, t, "port", t.dst, what)
+    return _at(where, t, "double-write", t.dst, f"writes rank {t.dst} chunk {t.chunk} twice in one round")
+
+
+def _at(where: _Where, t: Transfer, kind: str, rank: int, what: str) -> SmtViolation:
+    op = t.op.value if isinstance(t.op, Op) else repr(t.op)
+    message = f"{where}: transfer {t.src}->{t.dst} chunk {t.chunk} ({op}) {what}"
+    return SmtViolation(kind, where.phase, where.name, where.round, t, rank, t.chunk, message, None)
+
+
+_Step = tuple[_Where, list[Transfer]]  # one round's transfers of one chunk
+
+
+def _steps_by_chunk(rounds: Sequence[tuple[_Where, Phase, Round]]) -> defaultdict[int, list[_Step]]:
+    steps: defaultdict[int, list[_Step]] = defaultdict(list)
+    for where, _, rnd in rounds:
+        touched: defaultdict[int, list[Transfer]] = defaultdict(list)
+        for t in rnd:
+            touched[t.chunk].append(t)
+        for chunk, transfers in touched.items():
+            steps[chunk].append((where, transfers))
+    return steps
+
+
+def _chunk_violation(solver: z3.Solver, n: int, chunk: int, steps: list[_Step]) -> SmtViolation | None:
+    """Run ``chunk`` symbolically and ask z3 for inputs that make some rank's final value wrong.
+
+    One query covers all ranks; only if it is satisfiable are the ranks asked one by one, so
+    that the rank reported is the first one that can be wrong, whatever model z3 happens to pick.
+    """
+    inputs = [z3.Real(f"x_{r}_{chunk}") for r in range(n)]
+    value: list[z3.ArithRef] = list(inputs)
+    last: list[tuple[_Where, Transfer] | None] = [None] * n
+    for where, transfers in steps:  # every transfer reads the state from before its round
+        writes = [(t, value[t.src] + value[t.dst] if t.op is Op.REDUCE else value[t.src]) for t in transfers]
+        for t, term in writes:
+            value[t.dst] = term
+            last[t.dst] = (where, t)
+    total = z3.Sum(inputs)
+    distinct = {term.get_id(): term for term in value}  # copies share terms: ask once per term
+    if _model(solver, z3.Or([term != total for term in distinct.values()]), chunk) is None:
+        return None
+    for rank, term in enumerate(value):
+        model = _model(solver, term != total, chunk)
+        if model is not None:
+            numbers = tuple(_number(model, x) for x in inputs)
+            example = CounterExample(chunk, numbers, rank, _number(model, total), _number(model, term))
+            return _wrong_value(example, _coefficients(term, inputs), last[rank])
+    raise RuntimeError(f"z3 found chunk {chunk} wrong at some rank but at none alone")
+
+
+def _model(solver: z3.Solver, claim: z3.BoolRef, chunk: int) -> z3.ModelRef | None:
+    """A model of ``claim`` or None when it is unsatisfiable, leaving ``solver`` as it was."""
+    solver.push()
+    solver.add(claim)
+    verdict = solver.check()
+    model = solver.model() if verdict == z3.sat else None
+    solver.pop()
+    if verdict == z3.unknown:
+        raise RuntimeError(f"z3 could not decide chunk {chunk}: {solver.reason_unknown()}")
+    return model
+
+
+def _number(model: z3.ModelRef, term: z3.ArithRef) -> Fraction:
+    value = model.eval(term, model_completion=True)
+    return Fraction(value.numerator_as_long(), value.denominator_as_long())
+
+
+def _coefficients(term: z3.ArithRef, inputs: list[z3.ArithRef]) -> list[Fraction]:
+    """How many times ``term`` counts each input: its value at each unit vector."""
+    zero, one = z3.RealVal(0), z3.RealVal(1)
+    coefficients: list[Fraction] = []
+    for x in inputs:
+        unit = z3.simplify(z3.substitute(term, *[(y, one if y.eq(x) else zero) for y in inputs]))
+        coefficients.append(Fraction(unit.as_fraction()))
+    return coefficients
+
+
+def _wrong_value(
+    example: CounterExample, coefficients: list[Fraction], last: tuple[_Where, Transfer] | None
+) -> SmtViolation:
+    """A final value that is not the sum, described by the contributions it counts wrongly."""
+    doubled = [r for r, k in enumerate(coefficients) if k > 1]
+    lacking = [r for r, k in enumerate(coefficients) if k == 0]
+    parts = [f"counts {_ranks(doubled)} more than once"] if doubled else []
+    parts += [f"lacks {_ranks(lacking)}"] if lacking else []
+    kind = "duplicate" if doubled else "missing"
+    value = f"rank {example.rank} chunk {example.chunk}"
+    head = f"final state: {value} {' and '.join(parts)}; z3 counter-example: {example}"
+    if last is None:
+        message = f"{head} (never written)"
+        return SmtViolation(kind, None, None, None, None, example.rank, example.chunk, message, example)
+    where, t = last
+    origin = f"last written in {where} by {t.src}->{t.dst} chunk {t.chunk} {t.op.value}"
+    fields = (where.phase, where.name, where.round, t, example.rank, example.chunk)
+    return SmtViolation(kind, *fields, f"{head} ({origin})", example)
+
+
+def _ranks(ranks: list[int]) -> str:
+    more = f", ... ({len(ranks) - _SHOWN} more)" if len(ranks) > _SHOWN else ""
+    return f"ranks [{', '.join(map(str, ranks[:_SHOWN]))}{more}]"

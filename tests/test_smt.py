@@ -1,0 +1,198 @@
+"""The z3 checker and the SAT lower bounds: proofs, every kind of violation, counter-examples.
+
+Counter-examples are not taken on trust: each is re-run in plain Python with exact fractions.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import replace
+from fractions import Fraction
+from typing import cast
+
+import pytest
+
+from stragglar.schedule import Op, Phase, Round, Schedule, Transfer, move_straggler
+from stragglar.synth import ALGORITHMS, round_lower_bound, synthesize
+from stragglar.verify import VerificationError, check, prove
+from stragglar.verify.bound import phase2_feasible, prove_lower_bound, smt_synthesize
+from stragglar.verify.smt import SmtViolation, smt_check, smt_prove
+
+R, C = Op.REDUCE, Op.COPY
+
+
+def T(src: int, dst: int, chunk: int, op: Op = C) -> Transfer:
+    return Transfer(src, dst, chunk, op)
+
+
+def one_phase(n: int, c: int, *rounds: Round, ranks: Sequence[int] | None = None) -> Schedule:
+    members = tuple(range(n)) if ranks is None else tuple(ranks)
+    return Schedule("test", n, c, None, (Phase("p", members, rounds),))
+
+
+SWAP = (T(0, 1, 0, R), T(1, 0, 0, R))
+
+
+def final_values(s: Schedule, chunk: int, inputs: Sequence[Fraction]) -> list[Fraction]:
+    """Run ``chunk`` of ``s`` in plain Python, rank r starting from ``inputs[r]``."""
+    values = list(inputs)
+    for phase in s.phases:
+        for rnd in phase.rounds:
+            writes = [
+                (t.dst, values[t.src] + (values[t.dst] if t.op is R else 0)) for t in rnd if t.chunk == chunk
+            ]
+            for dst, value in writes:  # after the whole round has been read: synchronous
+                values[dst] = value
+    return values
+
+
+def assert_real_counterexample(s: Schedule, v: SmtViolation) -> None:
+    """The model's inputs, run without z3, leave the named rank's chunk wrong by the stated amount."""
+    ce = v.counterexample
+    assert ce is not None and (ce.rank, ce.chunk) == (v.rank, v.chunk)
+    assert len(ce.inputs) == s.num_ranks and ce.expected == sum(ce.inputs)
+    ended = final_values(s, ce.chunk, ce.inputs)
+    assert ended[ce.rank] == ce.actual != ce.expected
+    assert v.message.startswith(f"final state: rank {v.rank} chunk {v.chunk} ")
+
+
+def sizes(algorithm: str) -> list[int]:
+    return [n for n in range(2, 11) if algorithm != "rhd" or n & (n - 1) == 0]
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_every_synthesized_schedule_is_proved(algorithm: str) -> None:
+    for n in sizes(algorithm):
+        s = synthesize(algorithm, n)
+        proof = smt_prove(s)
+        assert (proof.num_ranks, proof.num_chunks, proof.num_transfers) == (n, s.num_chunks, s.num_transfers)
+        assert proof.summary.startswith(prove(s).summary) and "(z3, " in proof.summary
+
+
+@pytest.mark.parametrize("straggler", [0, 3, 6])
+def test_stragglar_with_any_straggler_is_proved(straggler: int) -> None:
+    assert smt_check(move_straggler(synthesize("stragglar", 7), straggler)) is None
+
+
+def test_several_chunks_to_one_peer_in_one_round_are_allowed() -> None:
+    both_ways = tuple(T(s, 1 - s, c, R) for s in (0, 1) for c in range(3))
+    assert smt_check(one_phase(2, 3, both_ways)) is None
+
+
+STRUCTURAL = {
+    "send to two peers": (one_phase(3, 2, (T(0, 1, 0), T(0, 2, 1))), "port", 0, 1),
+    "receive from two peers": (one_phase(3, 2, (T(0, 2, 0), T(1, 2, 1))), "port", 2, 1),
+    "write one value twice": (one_phase(2, 1, (T(0, 1, 0, R), T(0, 1, 0, C))), "double-write", 1, 0),
+    "rank outside the phase": (one_phase(3, 1, (T(0, 2, 0),), ranks=(0, 1)), "membership", 2, 0),
+    "rank out of range": (one_phase(3, 1, (T(0, 5, 0),)), "range", 5, 0),
+    "negative rank": (one_phase(3, 1, (T(-1, 0, 0),)), "range", -1, 0),
+    "chunk out of range": (one_phase(3, 2, (T(0, 1, 7),)), "range", 1, 7),
+    "send to oneself": (one_phase(3, 1, (T(1, 1, 0),)), "self", 1, 0),
+    "unknown op": (one_phase(2, 1, (T(0, 1, 0, cast(Op, "xor")),)), "op", 1, 0),
+}
+
+
+@pytest.mark.parametrize("case", STRUCTURAL)
+def test_each_structural_violation_is_named_like_the_simulator_does(case: str) -> None:
+    schedule, kind, rank, chunk = STRUCTURAL[case]
+    (phase,) = schedule.phases
+    well_formed_before = replace(schedule, phases=(Phase("p", phase.ranks, ((), *phase.rounds)),))
+    v = smt_check(well_formed_before)
+    assert isinstance(v, SmtViolation) and v.counterexample is None
+    assert (v.kind, v.phase, v.round, v.rank, v.chunk) == (kind, 0, 1, rank, chunk), v.message
+    assert v.message.startswith("phase 0 'p' round 1: transfer ") and re.search(
+        rf"\brank {rank}\b", v.message
+    )
+    simulated = check(well_formed_before)
+    assert simulated is not None and (simulated.kind, simulated.round, simulated.rank) == (kind, 1, rank)
+
+
+def test_port_conflict_names_both_peers() -> None:
+    v = smt_check(one_phase(4, 1, (T(3, 0, 0),), (T(1, 2, 0), T(1, 3, 0))))
+    assert v is not None and (v.kind, v.round, v.transfer) == ("port", 1, T(1, 3, 0))
+    assert "rank 1 send to a second peer (rank 2)" in v.message
+
+
+def test_duplicate_contribution_has_a_checked_counterexample() -> None:
+    s = one_phase(2, 1, SWAP, SWAP)  # the second swap adds everything again: x + x != x
+    v = smt_check(s)
+    assert v is not None and v.kind == "duplicate" and "counts ranks [0, 1] more than once" in v.message
+    assert (v.phase, v.round, v.transfer) == (0, 1, T(1, 0, 0, R))  # the last write of rank 0 chunk 0
+    assert_real_counterexample(s, v)
+
+
+def test_missing_contribution_never_written_has_a_checked_counterexample() -> None:
+    s = one_phase(3, 2, (T(0, 1, 0, R), T(1, 2, 1, R)), (T(1, 2, 0), T(2, 0, 1)))
+    v = smt_check(s)
+    assert v is not None and (v.kind, v.rank, v.chunk) == ("missing", 0, 0)
+    assert (v.phase, v.round, v.transfer) == (None, None, None) and v.message.endswith("(never written)")
+    assert "lacks ranks [1, 2]" in v.message
+    assert_real_counterexample(s, v)
+
+
+def test_a_value_lacking_and_doubling_is_reported_as_a_duplicate() -> None:
+    s = one_phase(3, 1, (T(1, 0, 0, R),), (T(1, 0, 0, R),))  # rank 0 ends with x0 + 2*x1
+    v = smt_check(s)
+    assert v is not None and (v.kind, v.rank, v.round) == ("duplicate", 0, 1)
+    assert "counts ranks [1] more than once and lacks ranks [2]" in v.message
+    assert_real_counterexample(s, v)
+
+
+def test_prove_raises_with_the_violation_and_accepts_only_allreduce() -> None:
+    with pytest.raises(VerificationError) as caught:
+        smt_prove(one_phase(2, 1, (T(0, 1, 0, R),)))
+    assert isinstance(caught.value.violation, SmtViolation) and caught.value.violation.kind == "missing"
+    with pytest.raises(ValueError, match="allreduce"):
+        smt_check(Schedule("x", 2, 1, None, (), collective="broadcast"))
+
+
+def test_many_inputs_are_shortened_in_the_message() -> None:
+    n = 12
+    s = one_phase(n, 1, *[(T(r, r + 1, 0, R),) for r in range(n - 1)])  # only rank 11 gets the sum
+    v = smt_check(s)
+    assert (
+        v is not None
+        and v.kind == "missing"
+        and "lacks ranks [1, 2, 3, 4, 5, 6, 7, 8, ... (3 more)]" in v.message
+    )
+    assert_real_counterexample(s, v)
+
+
+@pytest.mark.parametrize("n", range(2, 9))
+def test_lower_bound_proved_and_reached_for_small_n(n: int) -> None:
+    bound = prove_lower_bound(n)
+    assert (
+        bound.proved and bound.schedule is None and bound.bound == round_lower_bound(n) and bound.seconds >= 0
+    )
+    answer = phase2_feasible(n, round_lower_bound(n))
+    assert answer.status == "sat" and answer.schedule is not None
+    assert answer.schedule.straggler_rounds == round_lower_bound(n)
+    assert check(answer.schedule) is None and smt_check(answer.schedule) is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n", range(9, 13))
+def test_lower_bound_proved_for_larger_n(n: int) -> None:
+    assert prove_lower_bound(n).proved
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 6])
+def test_smt_synthesis_is_optimal_and_proved_by_both_checkers(n: int) -> None:
+    s = smt_synthesize(n)
+    assert (s.algorithm, s.straggler, s.num_chunks) == ("stragglar", n - 1, n - 1)
+    assert s.straggler_rounds == round_lower_bound(n) == s.metadata["lower_bound"]
+    assert s.metadata["method"] == "smt" and [p.name for p in s.phases][-1] == "exchange"
+    assert prove(s).num_rounds == smt_prove(s).num_rounds
+    assert all(len({t.src for t in rnd}) == len(rnd) for rnd in s.phases[-1].rounds)  # one chunk per sender
+
+
+def test_timeout_is_reported_not_hidden() -> None:
+    assert phase2_feasible(8, round_lower_bound(8) - 1, timeout_s=0.05).status == "unknown"
+    with pytest.raises(TimeoutError):
+        smt_synthesize(8, timeout_s=0.05)
+
+
+def test_phase2_needs_at_least_two_gpus() -> None:
+    with pytest.raises(ValueError, match="at least 2 GPUs"):
+        phase2_feasible(1, 3)
