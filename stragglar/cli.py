@@ -36,10 +36,13 @@ from stragglar.formats.text import render
 from stragglar.runtime import DTYPES
 from stragglar.runtime.bench import BACKENDS, run_benchmark
 from stragglar.runtime.launch import LaunchError
-from stragglar.schedule import Schedule
+from stragglar.schedule import Schedule, move_straggler
 from stragglar.synth import ALGORITHMS, round_lower_bound, synthesize
 from stragglar.verify import Proof, VerificationError, prove
+from stragglar.verify.bound import prove_lower_bound, smt_synthesize
 from stragglar.verify.msccl import MscclProof, MscclVerificationError, prove_msccl
+from stragglar.verify.prove_all import TABLE_HEADER, format_row, prove_all, prove_files
+from stragglar.verify.smt import smt_prove
 
 __all__ = ["cli", "main"]
 
@@ -110,6 +113,13 @@ def _msccl_options(command: Callable[..., None]) -> Callable[..., None]:
     "-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write the schedule to FILE."
 )
 @click.option(
+    "--method",
+    type=click.Choice(("construct", "smt")),
+    default="construct",
+    show_default=True,
+    help="smt: let z3 find a round-optimal StragglAR schedule (small N only).",
+)
+@click.option(
     "--format", "fmt", type=click.Choice(FORMATS), help="Default: from -o's suffix (.xml: msccl), else text."
 )
 @_msccl_options
@@ -119,6 +129,7 @@ def synth(
     algorithm: str,
     output: Path | None,
     fmt: str | None,
+    method: str,
     **msccl: Any,
 ) -> None:
     """Generate a schedule, prove it, print or save it.
@@ -127,7 +138,7 @@ def synth(
     XML for a .xml name, itself proved from its text), and the summary on stdout.  A JSON or XML
     document without -o goes to stdout, the summary to stderr.
     """
-    schedule = _synthesize(algorithm, num_gpus, straggler)
+    schedule = _synthesize(algorithm, num_gpus, straggler, method)
     summary = _summary(schedule, _prove(schedule, f"the {algorithm} schedule"))
     fmt = fmt or _format_of(output)
     if fmt == "msccl":
@@ -168,7 +179,8 @@ def export(file: Path, output: Path | None, **msccl: Any) -> None:
 
 @cli.command()
 @click.argument("file", type=click.Path(path_type=Path))
-def verify(file: Path) -> None:
+@click.option("--smt", is_flag=True, help="Prove a JSON schedule with z3 instead of the simulator.")
+def verify(file: Path, smt: bool) -> None:
     """Prove FILE (a JSON schedule, or MSCCL XML if it ends in .xml) correct, or name its first violation.
 
     Exit 0 with a one-line proof summary, 1 if FILE is not a correct AllReduce.  An XML file is
@@ -177,7 +189,7 @@ def verify(file: Path) -> None:
     if file.suffix.lower() == ".xml":
         summary = _prove_xml(_read_text(file), str(file)).summary
     else:
-        summary = _prove(_load(file), str(file)).summary
+        summary = _prove(_load(file), str(file), smt_prove if smt else prove).summary
     click.echo(f"{file}: {summary}")
 
 
@@ -373,10 +385,59 @@ def _split_unit(text: str) -> tuple[float | None, str]:
         return None, ""
 
 
-def _synthesize(algorithm: str, num_gpus: int, straggler: int | None) -> Schedule:
+def _synthesize(algorithm: str, num_gpus: int, straggler: int | None, method: str = "construct") -> Schedule:
     try:
-        return synthesize(algorithm, num_gpus, straggler)
+        schedule = synthesize(algorithm, num_gpus, straggler)  # checks the request in every case
+        if method == "smt":
+            if algorithm != "stragglar":
+                raise ValueError("--method smt synthesizes StragglAR schedules only")
+            found = smt_synthesize(num_gpus)
+            schedule = found if straggler is None else move_straggler(found, straggler)
+        return schedule
     except ValueError as e:
+        raise click.UsageError(str(e)) from None
+
+
+@cli.command()
+@click.option("--gpus", "-n", "num_gpus", type=click.IntRange(min=2), required=True, metavar="N")
+@click.option("--timeout", default="600s", show_default=True, help="Give up on the solver after this long.")
+def bound(num_gpus: int, timeout: str) -> None:
+    """Prove with z3 that no phase 2 for N GPUs fits in R*(N) - 1 rounds.
+
+    Exit 0 when proved; 1 if the solver ran out of time or (a finding to report) fits fewer rounds.
+    """
+    result = prove_lower_bound(num_gpus, _seconds(timeout, "--timeout"))
+    fewer = f"{result.bound - 1} rounds"
+    if result.proved:
+        click.echo(
+            f"proved: no phase 2 for {num_gpus} GPUs fits in {fewer}, so R*({num_gpus}) = {result.bound} "
+            f"is optimal (z3: unsat in {result.seconds:.2f} s)"
+        )
+    elif result.schedule is not None:
+        raise NotProved(f"z3 found a phase 2 for {num_gpus} GPUs in {fewer}, below R*({num_gpus})")
+    else:
+        raise NotProved(
+            f"z3 gave no answer for {num_gpus} GPUs in {result.seconds:.1f} s (status {result.status})"
+        )
+
+
+@cli.command("prove-all")
+@click.option(
+    "--max-gpus", type=click.IntRange(min=2), default=32, show_default=True, help="z3 up to this N."
+)
+@click.option("--max-simulated", type=click.IntRange(min=2), default=128, show_default=True)
+@click.argument("files", nargs=-1, type=click.Path(path_type=Path))
+def prove_all_command(max_gpus: int, max_simulated: int, files: tuple[Path, ...]) -> None:
+    """Prove every schedule we ship: StragglAR by z3 up to --max-gpus (baselines up to 16), all
+    algorithms by the simulator up to --max-simulated; or the given JSON FILES themselves."""
+    rows = prove_files(files) if files else prove_all(max_gpus, min(max_gpus, 16), max_simulated)
+    click.echo(TABLE_HEADER)
+    try:
+        for row in rows:
+            click.echo(format_row(row))
+    except VerificationError as e:
+        raise NotProved(e.violation.message) from None
+    except json_format.ScheduleFormatError as e:
         raise click.UsageError(str(e)) from None
 
 
@@ -433,9 +494,9 @@ def _write(path: Path, text: str) -> None:
         raise click.BadParameter(f"cannot write {path}: {e.strerror or e}", param_hint="'-o'") from None
 
 
-def _prove(schedule: Schedule, name: str) -> Proof:
+def _prove(schedule: Schedule, name: str, prover: Callable[[Schedule], Proof] = prove) -> Proof:
     try:
-        return prove(schedule)
+        return prover(schedule)
     except VerificationError as e:
         raise NotProved(f"{name} is not a correct AllReduce: {e.violation.message}") from None
 

@@ -382,3 +382,32 @@ def test_verify_rejects_a_tampered_xml_naming_gpu_tb_and_step(tmp_path: Path) ->
 )
 def test_export_bad_input(args: list[str], message: str) -> None:
     assert message in assert_one_error_line(run(*args), 2)
+
+
+def test_verify_smt_and_its_counter_example(tmp_path: Path) -> None:
+    path = tmp_path / "s.json"
+    assert run("synth", "--gpus", "5", "-o", str(path)).exit_code == 0
+    assert "(z3, " in run("verify", "--smt", str(path)).output
+    line = assert_one_error_line(run("verify", "--smt", str(tampered(tmp_path))), 1)
+    assert "round" in line and "rank" in line and "chunk" in line
+
+
+def test_bound_proves_the_lower_bound() -> None:
+    result = run("bound", "--gpus", "5")
+    assert result.exit_code == 0, result.output
+    assert "no phase 2 for 5 GPUs fits in 5 rounds, so R*(5) = 6 is optimal" in result.output
+
+
+def test_synth_method_smt_is_round_optimal_and_proved() -> None:
+    result = run("synth", "--gpus", "5", "--method", "smt", "--straggler", "1")
+    assert result.exit_code == 0, result.output
+    assert "(straggler 1)" in result.output and "R*(5) = 6: optimal" in result.output
+    assert "only" in assert_one_error_line(run("synth", "--gpus", "4", "-a", "ring", "--method", "smt"), 2)
+
+
+def test_prove_all_prints_a_row_per_proof(tmp_path: Path) -> None:
+    result = run("prove-all", "--max-gpus", "3", "--max-simulated", "3")
+    assert result.exit_code == 0, result.output
+    rows = result.output.splitlines()[1:]
+    assert any(r.split()[:5] == ["stragglar", "3", "3", "3", "smt"] for r in rows)
+    assert len(rows) >= 10
