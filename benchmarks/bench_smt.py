@@ -1,10 +1,11 @@
-"""Time the z3 proofs: the correctness checker on StragglAR schedules, and the lower-bound queries.
+"""Time the z3 work: the checker on StragglAR schedules, the lower bounds, optimal synthesis.
 
     .venv/bin/python benchmarks/bench_smt.py                      # the figures in docs/smt.md
     .venv/bin/python benchmarks/bench_smt.py --sizes 8 64 --bound-max 8
 
 The lower bounds go up from N = 2 until ``--bound-max`` or the first query z3 does not decide
-within ``--bound-timeout`` seconds.
+within ``--bound-timeout`` seconds; ``smt_synthesize`` (both its queries, each schedule then
+proved by both checkers) runs for N = 2..``--synth-max``.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from stragglar.synth import synthesize
+from stragglar.synth import round_lower_bound, synthesize
 from stragglar.verify import prove
-from stragglar.verify.bound import prove_lower_bound
+from stragglar.verify.bound import prove_lower_bound, smt_synthesize
 from stragglar.verify.smt import smt_prove
 
 
@@ -42,15 +43,29 @@ def bound_table(up_to: int, timeout_s: float) -> None:
             break
 
 
+def synthesis_table(up_to: int) -> None:
+    print(f"{'N':>4} {'rounds':>6} {'R*(N)':>5} {'seconds':>8}")
+    for n in range(2, up_to + 1):
+        start = time.perf_counter()
+        schedule = smt_synthesize(n)
+        seconds = time.perf_counter() - start
+        prove(schedule)
+        smt_prove(schedule)
+        print(f"{n:>4} {schedule.straggler_rounds:>6} {round_lower_bound(n):>5} {seconds:>8.2f}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="*", default=[8, 16, 32, 64, 128, 256])
     parser.add_argument("--bound-max", type=int, default=15)
     parser.add_argument("--bound-timeout", type=float, default=600.0)
+    parser.add_argument("--synth-max", type=int, default=12)
     args = parser.parse_args()
     checker_table(args.sizes)
     print()
     bound_table(args.bound_max, args.bound_timeout)
+    print()
+    synthesis_table(args.synth_max)
 
 
 if __name__ == "__main__":
