@@ -97,14 +97,13 @@ STRUCTURAL = {
 def test_each_structural_violation_is_named_like_the_simulator_does(case: str) -> None:
     schedule, kind, rank, chunk = STRUCTURAL[case]
     (phase,) = schedule.phases
-    well_formed_before = replace(schedule, phases=(Phase("p", phase.ranks, ((), *phase.rounds)),))
-    v = smt_check(well_formed_before)
+    delayed = replace(schedule, phases=(Phase("p", phase.ranks, ((), *phase.rounds)),))  # fault in round 1
+    v = smt_check(delayed)
     assert isinstance(v, SmtViolation) and v.counterexample is None
     assert (v.kind, v.phase, v.round, v.rank, v.chunk) == (kind, 0, 1, rank, chunk), v.message
-    assert v.message.startswith("phase 0 'p' round 1: transfer ") and re.search(
-        rf"\brank {rank}\b", v.message
-    )
-    simulated = check(well_formed_before)
+    assert v.message.startswith("phase 0 'p' round 1: transfer ")
+    assert re.search(rf"\brank {rank}\b", v.message)
+    simulated = check(delayed)
     assert simulated is not None and (simulated.kind, simulated.round, simulated.rank) == (kind, 1, rank)
 
 
