@@ -7,8 +7,8 @@ import functools
 import numpy as np
 import pytest
 
-from stragglar.runtime import Layout, allreduce, plan_for
-from stragglar.runtime.bench import expected, payload, run_benchmark
+from stragglar.runtime import Layout, allreduce, bench, plan_for
+from stragglar.runtime.bench import check, expected, payload, run_benchmark
 from stragglar.runtime.program import compile_schedule
 from stragglar.schedule import Op, Phase, Schedule, Transfer
 from stragglar.synth import ALGORITHMS, synthesize
@@ -62,6 +62,18 @@ def test_multidimensional_buffers_are_reduced_in_place() -> None:
 def test_payload_differs_per_rank_and_element() -> None:
     a, b = payload(0, 100, 8, "float32"), payload(1, 100, 8, "float32")
     assert len(set(a.tolist())) > 90 and np.all(a != b)
+
+
+def test_blockwise_check_counts_every_wrong_element_and_names_the_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(bench, "CHECK_BLOCK", 7)  # the faults below sit in different blocks
+    want = expected(50, 4, "float32")
+    check(want.astype(np.float32), want, 2, "demo")
+    got = want.astype(np.float32)
+    got[[9, 30, 49]] += 1
+    with pytest.raises(AssertionError, match=r"demo: rank 2 .* at 3 of 50 elements \(first: element 9 is"):
+        check(got, want, 2, "demo")
 
 
 @pytest.mark.parametrize(("count", "chunks"), [(0, 3), (2, 5), (10, 3), (12, 4), (1001, 7)])

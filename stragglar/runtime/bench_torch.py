@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -20,7 +21,9 @@ def torch_figures(
 ) -> Figures:
     """Run the ranks; per iteration, the slowest rank's time for the schedule and for all_reduce."""
     n = schedule.num_ranks
-    per_rank = launch(_rank, n, (schedule, count, dtype, delay, iters + warmup, timeout), timeout=timeout)
+    want = expected(count, n, dtype)  # once, before the fork: the ranks share its pages
+    args = (schedule, count, dtype, want, delay, iters + warmup, timeout)
+    per_rank = launch(_rank, n, args, timeout=timeout)
     times, hidden, base = [], [], []
     for it in range(warmup, warmup + iters):
         total, done = iteration_figures(schedule, [timelines[it] for timelines, _ in per_rank])
@@ -31,13 +34,20 @@ def torch_figures(
 
 
 def _rank(
-    rank: int, n: int, schedule: Schedule, count: int, dtype: str, delay: float, runs: int, timeout: float
+    rank: int,
+    n: int,
+    schedule: Schedule,
+    count: int,
+    dtype: str,
+    want: np.ndarray,
+    delay: float,
+    runs: int,
+    timeout: float,
 ) -> tuple[list[Timeline], list[float]]:
     from stragglar.runtime import allreduce
 
     torch.set_num_threads(1)  # n ranks share the host's cores
     source = torch.from_numpy(payload(rank, count, n, dtype)).to(getattr(torch, dtype))
-    want = expected(count, n, dtype)
     buf = source.clone()
     timelines: list[Timeline] = []
     baseline: list[float] = []
@@ -47,7 +57,7 @@ def _rank(
         timeline = allreduce(buf, schedule, straggler_delay=delay, timeout=timeout)
         assert isinstance(timeline, Timeline)
         timelines.append(timeline)
-        check(buf.double().numpy(), want, rank, schedule.algorithm)
+        check(buf, want, rank, schedule.algorithm, _host)
         buf.copy_(source)
         dist.barrier()
         start = time.perf_counter()
@@ -55,5 +65,9 @@ def _rank(
             time.sleep(delay)
         dist.all_reduce(buf)
         baseline.append(time.perf_counter() - start)
-        check(buf.double().numpy(), want, rank, "all_reduce")
+        check(buf, want, rank, "all_reduce", _host)
     return timelines, baseline
+
+
+def _host(block: torch.Tensor) -> np.ndarray:
+    return block.double().numpy()  # NumPy has no bfloat16
