@@ -8,6 +8,7 @@ Thin on purpose: it parses arguments, calls the library and prints::
     stragglar show FILE [--plot OUT.png]
     stragglar cost --gpus N [--size 1GiB] [--delay 5ms] [--alpha 3us] [--bandwidth 450GiB/s] [--plot OUT.png]
     stragglar run --backend local|torch|cupy --gpus N [--size 64MiB] [--dtype D] [--delay 20ms] ...
+    stragglar bench [--backend torch] [--gpus 4,8] [--sizes 16MiB,64MiB] [--delays 0,50ms] [--json OUT]
 
 Every schedule is proved before it is printed or written.  ``synth`` sends the schedule
 (the text table, or the JSON document) to ``-o FILE`` if given, else to stdout; its
@@ -22,6 +23,7 @@ stderr.
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -34,8 +36,9 @@ from stragglar.formats import json as json_format
 from stragglar.formats.msccl import DEFAULT_MAX_BYTES, PROTOCOLS, MscclExportError, to_msccl_xml
 from stragglar.formats.text import render
 from stragglar.runtime import DTYPES
-from stragglar.runtime.bench import BACKENDS, run_benchmark
+from stragglar.runtime.bench import BACKENDS, BenchmarkResult, run_benchmark
 from stragglar.runtime.launch import LaunchError
+from stragglar.runtime.sweep import sweep
 from stragglar.schedule import Schedule, move_straggler
 from stragglar.synth import ALGORITHMS, round_lower_bound, synthesize
 from stragglar.verify import Proof, VerificationError, prove
@@ -320,7 +323,7 @@ def run(
     schedule = _load(schedule_file) if schedule_file else None
     if schedule is not None:
         _prove(schedule, str(schedule_file))
-    try:
+    with _measurement_errors():
         result = run_benchmark(
             backend,
             num_gpus,
@@ -333,13 +336,91 @@ def run(
             iters=iters,
             timeout=_seconds(timeout, "--timeout"),
         )
+    click.echo(result.report())
+
+
+@cli.command()
+@click.option("--backend", type=click.Choice(BACKENDS), default="torch", show_default=True)
+@click.option("--gpus", "-n", default="4,8", show_default=True, help="Rank counts, comma-separated.")
+@click.option("--sizes", default="16MiB,64MiB", show_default=True, help="Buffer sizes per rank.")
+@click.option("--delays", default="0ms,50ms,200ms", show_default=True, help="Straggler delays.")
+@click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
+@click.option("--algorithm", "-a", type=click.Choice(ALGORITHMS), default="stragglar", show_default=True)
+@click.option("--iters", type=click.IntRange(min=1), default=5, show_default=True)
+@click.option(
+    "--timeout", default="120s", show_default=True, help="Give up on a silent peer after this long."
+)
+@click.option("--json", "json_file", type=click.Path(path_type=Path), help="Also save the results as JSON.")
+def bench(
+    backend: str,
+    gpus: str,
+    sizes: str,
+    delays: str,
+    dtype: str,
+    algorithm: str,
+    iters: int,
+    timeout: str,
+    json_file: Path | None,
+) -> None:
+    """Measure a grid of settings against the engine's own AllReduce.
+
+    Prints, per setting, both median times and the per-iteration ratio (median, min-max); with
+    the torch backend and a 0 ms delay among two or more sizes, also what the alpha-beta model
+    predicts with the network fitted to gloo's own times.
+    """
+
+    def progress(r: BenchmarkResult) -> None:
+        click.echo(
+            f"  N={r.num_ranks} {format_bytes(r.size_bytes)} {r.delay * 1e3:g} ms: "
+            f"{r.baseline_time / r.time:.2f}x",
+            err=True,
+        )
+
+    with _measurement_errors():
+        result = sweep(
+            backend,
+            _count_list(gpus),
+            [_bytes(x, "--sizes") for x in _items(sizes, "--sizes")],
+            [_seconds(x, "--delays") for x in _items(delays, "--delays")],
+            algorithm=algorithm,
+            dtype=dtype,
+            iters=iters,
+            timeout=_seconds(timeout, "--timeout"),
+            progress=progress,
+        )
+    click.echo(result.table())
+    if json_file is not None:
+        _write(json_file, json.dumps(result.to_json(), indent=2) + "\n")
+        click.echo(f"results written to {json_file}")
+
+
+@contextlib.contextmanager
+def _measurement_errors() -> Iterator[None]:
+    """Bad requests exit 2; a wrong result or a failed rank exits 1, each as one line."""
+    try:
+        yield
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     except AssertionError as e:
         raise NotProved(f"wrong result: {e}") from None
     except LaunchError as e:
         raise NotProved(str(e).splitlines()[0]) from None
-    click.echo(result.report())
+
+
+def _items(text: str, option: str) -> list[str]:
+    items = [x.strip() for x in text.split(",")]
+    if not all(items):
+        raise click.BadParameter(f"expected a comma-separated list, got {text!r}", param_hint=option)
+    return items
+
+
+def _count_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in _items(text, "--gpus")]
+    except ValueError:
+        raise click.BadParameter(
+            f"expected rank counts like 4,8, got {text!r}", param_hint="--gpus"
+        ) from None
 
 
 _SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.machinery
 import json
 import re
 import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -328,12 +330,73 @@ def test_run_bad_arguments(args: list[str], message: str) -> None:
     assert message in assert_one_error_line(run("run", "--gpus", "4", *args), 2)
 
 
+@pytest.mark.parametrize("backend", ["torch", "cupy"])
+def test_run_names_the_extra_a_missing_backend_needs(backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, backend, None)  # as if not installed: find_spec gives None
+    message = assert_one_error_line(run("run", "--backend", backend, "--gpus", "2"), 2)
+    assert f"the {backend} backend needs {backend}: pip install 'stragglar[{backend}]'" in message
+
+
+def test_run_on_cupy_without_a_gpu_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_device() -> int:
+        """cudaErrorNoDevice: no CUDA-capable device is detected"""
+        raise RuntimeError(no_device.__doc__)
+
+    cupy = types.ModuleType("cupy")
+    cupy.cuda = types.SimpleNamespace(runtime=types.SimpleNamespace(getDeviceCount=no_device))  # type: ignore[attr-defined]
+    cupy.__spec__ = importlib.machinery.ModuleSpec("cupy", None)
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    message = assert_one_error_line(run("run", "--backend", "cupy", "--gpus", "2", "--size", "1KiB"), 2)
+    assert message == "Error: the cupy backend found no usable GPU: " + no_device.__doc__
+
+
 def test_run_refuses_a_schedule_for_another_size(tmp_path: Path) -> None:
     path = tmp_path / "s.json"
     json_format.write(synthesize("stragglar", 4), path)
     assert "schedule is for 4 ranks, not 6" in assert_one_error_line(
         run("run", "--gpus", "6", "--schedule", str(path)), 2
     )
+
+
+def test_bench_local_prints_one_row_per_setting_and_saves_json(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    args = [
+        "--backend",
+        "local",
+        "--gpus",
+        "3,4",
+        "--sizes",
+        "1KiB,3KiB",
+        "--delays",
+        "0,1ms",
+        "--iters",
+        "2",
+    ]
+    result = run("bench", *args, "--json", str(out))
+    assert result.exit_code == 0, result.output
+    rows = [line for line in result.stdout.splitlines() if re.match(r"\| \d", line)]
+    assert [row.split(" | ")[:3] for row in rows] == [
+        [f"| {n}", size, delay] for n in "34" for size in ("1 KiB", "3 KiB") for delay in ("0", "1")
+    ]
+    assert all(row.endswith("| - |") for row in rows)  # the sum of buffers is no ring: no model
+    assert result.stderr.count("\n") == 8  # one progress line per setting
+    doc = json.loads(out.read_text(encoding="utf-8"))
+    assert doc["backend"] == "local" and doc["baseline"] == "sum of buffers" and len(doc["settings"]) == 8
+    assert {s["num_ranks"] for s in doc["settings"]} == {3, 4} and doc["fits"] == {}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--gpus", "4,,8"], "--gpus: expected a comma-separated list"),
+        (["--gpus", "four"], "--gpus: expected rank counts like 4,8"),
+        (["--gpus", "1"], "at least 2"),
+        (["--sizes", "1KiB,9ZB"], "--sizes: expected a size"),
+        (["--delays", "0,later"], "--delays: expected a duration"),
+    ],
+)
+def test_bench_bad_arguments(args: list[str], message: str) -> None:
+    assert message in assert_one_error_line(run("bench", "--backend", "local", "--iters", "1", *args), 2)
 
 
 def test_synth_to_xml_then_verify_the_xml(tmp_path: Path) -> None:

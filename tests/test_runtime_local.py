@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import types
 
 import numpy as np
 import pytest
@@ -57,6 +58,36 @@ def test_multidimensional_buffers_are_reduced_in_place() -> None:
     bufs = [np.arange(24, dtype=np.int64).reshape(2, 3, 4) * (r + 1) for r in range(5)]
     allreduce(bufs, schedule("stragglar", 5))
     assert all(np.array_equal(b, np.arange(24).reshape(2, 3, 4) * 15) for b in bufs)
+
+
+def test_host_scratch_is_reused_per_thread_and_dtype_and_device_scratch_is_not() -> None:
+    import threading
+
+    from stragglar.runtime.engine import scratch_for
+
+    a = scratch_for(np.zeros(4, np.float32), 100)
+    b = scratch_for(np.zeros(4, np.float32), 60)
+    assert b.base is a.base and a.shape == (100,) and b.shape == (60,)
+    assert scratch_for(np.zeros(4, np.float64), 60).base is not a.base
+    assert scratch_for(np.zeros(4, np.float32), 200).base is not a.base  # grows when too small
+    elsewhere: list[np.ndarray] = []
+    thread = threading.Thread(target=lambda: elsewhere.append(scratch_for(np.zeros(4, np.float32), 60)))
+    thread.start()
+    thread.join()
+    assert elsewhere[0].base is not scratch_for(np.zeros(4, np.float32), 60).base
+
+    made: list[int] = []
+
+    class DeviceArray:  # like a CUDA tensor: its pool caches, so we allocate every time
+        device = types.SimpleNamespace(type="cuda")
+
+        def new_empty(self, size: int) -> np.ndarray:
+            made.append(size)
+            return np.empty(size, np.float32)
+
+    scratch_for(DeviceArray(), 10)
+    scratch_for(DeviceArray(), 10)
+    assert made == [10, 10]
 
 
 def test_payload_differs_per_rank_and_element() -> None:
@@ -156,3 +187,16 @@ def test_run_benchmark_local_reports_checked_figures() -> None:
         run_benchmark("local", 3, 64, "bfloat16", iters=1)
     with pytest.raises(ValueError, match="unknown backend"):
         run_benchmark("mpi", 3, 64)
+
+
+def test_sweep_table_says_when_the_ring_fit_failed() -> None:
+    from stragglar.runtime.sweep import Setting, SweepResult, fit_ring
+
+    assert fit_ring(4, [(2**20, 0.5), (2**24, 0.1)]) is None  # faster when bigger: no network
+    assert fit_ring(4, [(2**20, 0.5)]) is None
+    row = Setting(4, 2**20, 0.05, 0.08, 0.1, 1.25, 1.1, 1.4, None)
+    table = SweepResult("torch", "stragglar", "gloo all_reduce", "float32", 3, (row,), {4: None}).table()
+    assert table.splitlines()[0] == (
+        "gloo all_reduce fit, N=4: none (its times did not grow with the size: measure sizes further apart)"
+    )
+    assert table.splitlines()[-1] == "| 4 | 1 MiB | 50 | 80.0 | 100.0 | 1.25x [1.10-1.40] | - |"

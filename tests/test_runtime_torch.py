@@ -126,3 +126,22 @@ def test_run_benchmark_torch_checks_and_times_both() -> None:
     result = run_benchmark("torch", 3, 3 * 2**14 + 4, "float32", delay=0.02, iters=2, warmup=1, timeout=30)
     assert len(result.times) == 2 and min(result.times) >= 0.02 and min(result.baseline_times) >= 0.02
     assert result.baseline == "gloo all_reduce" and result.algbw > 0
+
+
+def test_sweep_on_gloo_fits_the_ring_model_and_predicts_each_setting() -> None:
+    from stragglar.runtime.sweep import sweep
+
+    result = sweep("torch", [3], [2**12, 2**22], [0.0, 0.02], iters=2)
+    assert result.baseline == "gloo all_reduce"
+    net = result.fits[3]
+    assert net is not None and net.alpha >= 0 and net.bandwidth > 0
+    assert [(s.size_bytes, s.delay) for s in result.settings] == [
+        (2**12, 0.0),
+        (2**12, 0.02),
+        (2**22, 0.0),
+        (2**22, 0.02),
+    ]
+    for s in result.settings:
+        assert s.ratio_min <= s.ratio <= s.ratio_max and s.predicted is not None and s.predicted > 0
+        assert s.time >= s.delay and s.baseline_time >= s.delay
+    assert result.table().startswith("gloo all_reduce fit, N=3: alpha ")

@@ -9,6 +9,7 @@ for in-process runs a sum of the buffers), so the figures compare like with like
 
 from __future__ import annotations
 
+import importlib.util
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -158,6 +159,7 @@ def run_benchmark(
     count = size_bytes // _ITEMSIZE[dtype]
     if count < 1 or iters < 1 or warmup < 0 or delay < 0:
         raise ValueError("need size >= one element, iters >= 1, warmup >= 0 and delay >= 0")
+    _require(backend)
     if backend == "torch":
         from stragglar.runtime.bench_torch import torch_figures
 
@@ -168,6 +170,13 @@ def run_benchmark(
     return BenchmarkResult(
         backend, schedule.algorithm, num_ranks, dtype, count, delay, times, hidden, base_name, base
     )
+
+
+def _require(backend: str) -> None:
+    """A ValueError naming the extra to install when the backend's library is missing."""
+    module = {"torch": "torch", "cupy": "cupy"}.get(backend)
+    if module is not None and importlib.util.find_spec(module) is None:
+        raise ValueError(f"the {backend} backend needs {module}: pip install 'stragglar[{backend}]'")
 
 
 Figures = tuple[tuple[float, ...], tuple[float, ...], str, tuple[float, ...]]
@@ -240,4 +249,8 @@ def _array_module(backend: str) -> tuple[Any, Callable[[], None], Callable[[Any]
         return np, lambda: None, np.asarray
     import cupy
 
+    try:
+        cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:  # CuPy raises its own CUDA error types, not importable without a GPU
+        raise ValueError(f"the cupy backend found no usable GPU: {e}") from None
     return cupy, cupy.cuda.Device().synchronize, cupy.asnumpy
