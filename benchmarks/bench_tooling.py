@@ -3,10 +3,10 @@
     python benchmarks/bench_tooling.py [--sizes 8 64 256 1024 4096] [--budget 120] [--json out.json]
 
 Steps: ``synth`` (``synthesize("stragglar", N)``), ``prove`` (the symbolic simulator,
-``stragglar.verify.prove``) and ``smt`` (``stragglar.verify.smt.smt_prove``; skipped with a note
-when that module is not there).  Each step is timed once (wall clock), then run again under
-``tracemalloc`` for its peak of Python allocations above what it started with (native memory,
-such as z3's C++ heap, is not seen).  A step is skipped at the next N when the exponent fitted so
+``stragglar.verify.prove``) and ``smt`` (the z3 checker, ``stragglar.verify.smt.smt_prove``).
+Each step is timed once (wall clock), then run again under ``tracemalloc`` for its peak of
+Python allocations above what it started with (native memory, such as z3's C++ heap, is not
+seen).  A step is skipped at the next N when the exponent fitted so
 far predicts it would exceed ``--budget`` seconds.  The growth exponent k of ``time ~ N^k`` and
 ``memory ~ N^k`` is the least-squares slope in log-log over the N >= 64 measured (N = 8 is
 dominated by fixed costs).
@@ -15,7 +15,6 @@ dominated by fixed costs).
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import math
 import os
@@ -30,23 +29,17 @@ from typing import Any
 from stragglar.schedule import Schedule
 from stragglar.synth import synthesize
 from stragglar.verify import prove
+from stragglar.verify.smt import smt_prove
 
 FIT_FROM = 64
 Step = Callable[[int, Schedule | None], Any]
 
 
-def steps() -> tuple[dict[str, Step], str | None]:
-    """The steps to run, and a note when the SMT prover is missing."""
-    found: dict[str, Step] = {
-        "synth": lambda n, _: synthesize("stragglar", n),
-        "prove": lambda _, s: prove(s) if s is not None else None,
-    }
-    try:
-        smt = importlib.import_module("stragglar.verify.smt")
-    except ImportError:
-        return found, "stragglar.verify.smt is not there: SMT proofs skipped"
-    found["smt"] = lambda _, s: smt.smt_prove(s)
-    return found, None
+STEPS: dict[str, Step] = {
+    "synth": lambda n, _: synthesize("stragglar", n),
+    "prove": lambda _, s: prove(s),
+    "smt": lambda _, s: smt_prove(s),
+}
 
 
 def timed(step: Step, n: int, schedule: Schedule | None) -> tuple[float, Any]:
@@ -90,10 +83,10 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
-    todo, note = steps()
+    todo = STEPS
     times: dict[str, list[tuple[int, float]]] = {name: [] for name in todo}
     peaks: dict[str, list[tuple[int, float]]] = {name: [] for name in todo}
-    skipped: list[str] = [note] if note else []
+    skipped: list[str] = []
     transfers: dict[int, int] = {}
     for n in sorted(args.sizes):
         schedule: Schedule | None = None
