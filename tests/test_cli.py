@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import importlib.machinery
 import json
 import re
@@ -383,6 +384,7 @@ def test_bench_local_prints_one_row_per_setting_and_saves_json(tmp_path: Path) -
     doc = json.loads(out.read_text(encoding="utf-8"))
     assert doc["backend"] == "local" and doc["baseline"] == "sum of buffers" and len(doc["settings"]) == 8
     assert {s["num_ranks"] for s in doc["settings"]} == {3, 4} and doc["fits"] == {}
+    assert doc["date"] == datetime.date.today().isoformat() and "CPUs, Python 3." in doc["machine"]
 
 
 @pytest.mark.parametrize(

@@ -195,7 +195,9 @@ def test_sweep_table_says_when_the_ring_fit_failed() -> None:
     assert fit_ring(4, [(2**20, 0.5), (2**24, 0.1)]) is None  # faster when bigger: no network
     assert fit_ring(4, [(2**20, 0.5)]) is None
     row = Setting(4, 2**20, 0.05, 0.08, 0.1, 1.25, 1.1, 1.4, None)
-    table = SweepResult("torch", "stragglar", "gloo all_reduce", "float32", 3, (row,), {4: None}).table()
+    table = SweepResult(
+        "torch", "stragglar", "gloo all_reduce", "float32", 3, (row,), {4: None}, "2026-11-22", "x86_64"
+    ).table()
     assert table.splitlines()[0] == (
         "gloo all_reduce fit, N=4: none (its times did not grow with the size: measure sizes further apart)"
     )
