@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from stragglar.schedule import Op, Round, Schedule, Transfer
 
-__all__ = ["Proof", "VerificationError", "Violation", "check", "prove"]
+__all__ = ["Proof", "VerificationError", "Violation", "Where", "bit_list", "check", "prove"]
 
 _SHOWN_RANKS = 8
 _COPY, _REDUCE = Op.COPY, Op.REDUCE
@@ -92,7 +92,9 @@ class Proof:
 
 
 @dataclass(frozen=True)
-class _Where:
+class Where:
+    """A round's place in a schedule, as every verifier's messages name it."""
+
     phase: int
     name: str
     round: int
@@ -129,12 +131,12 @@ def check(schedule: Schedule) -> Violation | None:
     n, c = schedule.num_ranks, schedule.num_chunks
     masks = _initial_masks(n, c)
     last = [-1] * len(masks)  # index into `done` of the round that last wrote each value
-    done: list[tuple[_Where, Round]] = []
+    done: list[tuple[Where, Round]] = []
     doubled: list[Violation] = []  # a value marked -(i+1) holds the duplicate doubled[i]
     for pi, phase in enumerate(schedule.phases):
         members = frozenset(phase.ranks)
         for ri, rnd in enumerate(phase.rounds):
-            where = _Where(pi, phase.name, ri)
+            where = Where(pi, phase.name, ri)
             violation = _check_structure(rnd, where, n, c, members)
             if violation is not None:
                 return violation
@@ -151,7 +153,7 @@ def _initial_masks(n: int, c: int) -> list[int]:
     return masks
 
 
-def _check_structure(rnd: Round, where: _Where, n: int, c: int, members: Collection[int]) -> Violation | None:
+def _check_structure(rnd: Round, where: Where, n: int, c: int, members: Collection[int]) -> Violation | None:
     """Check the one-port model and that no value is written twice in the round."""
     sends: dict[int, int] = {}
     receives: dict[int, int] = {}
@@ -181,7 +183,7 @@ def _check_structure(rnd: Round, where: _Where, n: int, c: int, members: Collect
     return None
 
 
-def _bad_transfer(t: Transfer, where: _Where, n: int, c: int, members: Collection[int]) -> Violation:
+def _bad_transfer(t: Transfer, where: Where, n: int, c: int, members: Collection[int]) -> Violation:
     """Explain why a single transfer is malformed (slow path of :func:`_check_structure`)."""
     for rank in (t.src, t.dst):
         if not 0 <= rank < n:
@@ -198,7 +200,7 @@ def _bad_transfer(t: Transfer, where: _Where, n: int, c: int, members: Collectio
 
 def _apply(
     rnd: Round,
-    where: _Where,
+    where: Where,
     masks: list[int],
     last: list[int],
     index: int,
@@ -233,7 +235,7 @@ def _apply(
 def _check_final(
     masks: list[int],
     last: list[int],
-    done: list[tuple[_Where, Round]],
+    done: list[tuple[Where, Round]],
     doubled: list[Violation],
     n: int,
     c: int,
@@ -263,7 +265,7 @@ def _check_final(
     return Violation("missing", where.phase, where.name, where.round, t, rank, chunk, f"{missing} ({origin})")
 
 
-def _at(where: _Where, t: Transfer, kind: str, rank: int, what: str) -> Violation:
+def _at(where: Where, t: Transfer, kind: str, rank: int, what: str) -> Violation:
     """A violation caused by transfer ``t``; ``what`` completes the sentence naming it."""
     op = t.op.value if isinstance(t.op, Op) else repr(t.op)
     message = f"{where}: transfer {t.src}->{t.dst} chunk {t.chunk} ({op}) {what}"

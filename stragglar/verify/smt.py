@@ -44,7 +44,7 @@ from fractions import Fraction
 import z3
 
 from stragglar.schedule import Op, Phase, Round, Schedule, Transfer
-from stragglar.verify.simulate import Proof, VerificationError, Violation
+from stragglar.verify.simulate import Proof, VerificationError, Violation, Where
 
 __all__ = ["CounterExample", "SmtProof", "SmtViolation", "smt_check", "smt_prove"]
 
@@ -126,19 +126,9 @@ def smt_check(schedule: Schedule) -> SmtViolation | None:
     return None
 
 
-@dataclass(frozen=True)
-class _Where:
-    phase: int
-    name: str
-    round: int
-
-    def __str__(self) -> str:
-        return f"phase {self.phase} {self.name!r} round {self.round}"
-
-
-def _rounds(schedule: Schedule) -> list[tuple[_Where, Phase, Round]]:
+def _rounds(schedule: Schedule) -> list[tuple[Where, Phase, Round]]:
     return [
-        (_Where(pi, phase.name, ri), phase, rnd)
+        (Where(pi, phase.name, ri), phase, rnd)
         for pi, phase in enumerate(schedule.phases)
         for ri, rnd in enumerate(phase.rounds)
     ]
@@ -147,9 +137,7 @@ def _rounds(schedule: Schedule) -> list[tuple[_Where, Phase, Round]]:
 _RULES = ("range", "self", "op", "membership", "send-port", "receive-port", "double-write")
 
 
-def _structure_violation(
-    schedule: Schedule, rounds: list[tuple[_Where, Phase, Round]]
-) -> SmtViolation | None:
+def _structure_violation(schedule: Schedule, rounds: list[tuple[Where, Phase, Round]]) -> SmtViolation | None:
     """The first round whose transfers break the rules, located by an unsat core, or None."""
     n, c = schedule.num_ranks, schedule.num_chunks
     solver = z3.Solver()
@@ -180,7 +168,7 @@ def _preamble(n: int, c: int) -> list[str]:
     ]
 
 
-def _round_rules(n: int, where: _Where, phase: Phase, rnd: Round, named: bool) -> list[str]:
+def _round_rules(n: int, where: Where, phase: Phase, rnd: Round, named: bool) -> list[str]:
     """One round's transfers as facts about its functions; ``named`` labels each for an unsat core.
 
     The first round of a phase also declares ``member.P``, true exactly for the phase's ranks.
@@ -235,7 +223,7 @@ def _label(name: str) -> tuple[str, tuple[int, int], int]:
 
 
 def _structural(
-    where: _Where, phase: Phase, rnd: Round, core: list[tuple[str, int]], s: Schedule
+    where: Where, phase: Phase, rnd: Round, core: list[tuple[str, int]], s: Schedule
 ) -> SmtViolation:
     """Describe an unsat core: one transfer breaking a rule alone, or the later of two conflicting."""
     single = [rule for rule in core if rule[0] not in _PAIRWISE]
@@ -263,16 +251,16 @@ def _structural(
     return _at(where, t, "double-write", t.dst, f"writes rank {t.dst} chunk {t.chunk} twice in one round")
 
 
-def _at(where: _Where, t: Transfer, kind: str, rank: int, what: str) -> SmtViolation:
+def _at(where: Where, t: Transfer, kind: str, rank: int, what: str) -> SmtViolation:
     op = t.op.value if isinstance(t.op, Op) else repr(t.op)
     message = f"{where}: transfer {t.src}->{t.dst} chunk {t.chunk} ({op}) {what}"
     return SmtViolation(kind, where.phase, where.name, where.round, t, rank, t.chunk, message, None)
 
 
-_Step = tuple[_Where, list[Transfer]]  # one round's transfers of one chunk
+_Step = tuple[Where, list[Transfer]]  # one round's transfers of one chunk
 
 
-def _steps_by_chunk(rounds: Sequence[tuple[_Where, Phase, Round]]) -> defaultdict[int, list[_Step]]:
+def _steps_by_chunk(rounds: Sequence[tuple[Where, Phase, Round]]) -> defaultdict[int, list[_Step]]:
     steps: defaultdict[int, list[_Step]] = defaultdict(list)
     for where, _, rnd in rounds:
         touched: defaultdict[int, list[Transfer]] = defaultdict(list)
@@ -291,7 +279,7 @@ def _chunk_violation(solver: z3.Solver, n: int, chunk: int, steps: list[_Step]) 
     """
     inputs = [z3.Real(f"x_{r}_{chunk}") for r in range(n)]
     value: list[z3.ArithRef] = list(inputs)
-    last: list[tuple[_Where, Transfer] | None] = [None] * n
+    last: list[tuple[Where, Transfer] | None] = [None] * n
     for where, transfers in steps:  # every transfer reads the state from before its round
         writes = [(t, value[t.src] + value[t.dst] if t.op is Op.REDUCE else value[t.src]) for t in transfers]
         for t, term in writes:
@@ -338,7 +326,7 @@ def _coefficients(term: z3.ArithRef, inputs: list[z3.ArithRef]) -> list[Fraction
 
 
 def _wrong_value(
-    example: CounterExample, coefficients: list[Fraction], last: tuple[_Where, Transfer] | None
+    example: CounterExample, coefficients: list[Fraction], last: tuple[Where, Transfer] | None
 ) -> SmtViolation:
     """A final value that is not the sum, described by the contributions it counts wrongly."""
     doubled = [r for r, k in enumerate(coefficients) if k > 1]
