@@ -145,3 +145,51 @@ def test_sweep_on_gloo_fits_the_ring_model_and_predicts_each_setting() -> None:
         assert s.ratio_min <= s.ratio <= s.ratio_max and s.predicted is not None and s.predicted > 0
         assert s.time >= s.delay and s.baseline_time >= s.delay
     assert result.table().startswith("gloo all_reduce fit, N=3: alpha ")
+
+
+def detecting_rank(rank: int, n: int, steps: int, late: int) -> tuple[list[tuple[int, int]], float]:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from stragglar.torch import StragglarState, stragglar_hook
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(13, 29), torch.nn.Tanh(), torch.nn.Linear(29, 5))
+    twin = torch.nn.Sequential(torch.nn.Linear(13, 29), torch.nn.Tanh(), torch.nn.Linear(29, 5))
+    twin.load_state_dict(model.state_dict())
+    plain, hooked = DDP(model, bucket_cap_mb=0.001), DDP(twin, bucket_cap_mb=0.001)
+    state = StragglarState(detect=4, timeout=20)
+    hooked.register_comm_hook(state, stragglar_hook)
+    gen = torch.Generator().manual_seed(rank)
+    worst = 0.0
+    for _ in range(steps):
+        x, y = torch.randn(8, 13, generator=gen), torch.randn(8, 5, generator=gen)
+        for m in (plain, hooked):
+            m.zero_grad()
+            loss = torch.nn.functional.mse_loss(m(x), y)
+            if rank == late:
+                time.sleep(0.03)  # this GPU is always late with its gradients
+            loss.backward()
+        for a, b in zip(plain.parameters(), hooked.parameters(), strict=True):
+            assert a.grad is not None and b.grad is not None
+            torch.testing.assert_close(b.grad, a.grad, rtol=1e-5, atol=1e-6)
+            worst = max(worst, float((a.grad - b.grad).abs().max()))
+    assert state.straggler == late
+    return state.switches, worst
+
+
+def test_ddp_hook_finds_the_persistent_straggler_and_keeps_the_gradients() -> None:
+    results = launch(detecting_rank, 4, (12, 1), timeout=90)
+    switches = {tuple(s) for s, _ in results}
+    assert len(switches) == 1, switches  # every rank switched at the same step
+    (only,) = switches
+    assert [rank for _, rank in only] == [1] and only[0][0] <= 8  # after one window of 4 steps
+    assert max(w for _, w in results) < 1e-6
+
+
+def test_a_mixed_or_short_history_names_no_straggler() -> None:
+    from stragglar.torch import persistent_late_rank
+
+    assert persistent_late_rank([0, 1, 2, 1, 0, 2], window=6, share=0.75) is None
+    assert persistent_late_rank([3, 3, 3], window=4, share=0.75) is None
+    assert persistent_late_rank([0, 0, 3, 3, 3, 3], window=4, share=0.75) == 3  # the last window counts
