@@ -8,6 +8,9 @@ allow.  Receivers whose free receive slots are scarce compared with their free s
 first, senders with many free send slots go first (the straggler last); ties are broken by a
 seeded random order.  A chunk that does not fit is retried with fresh tie-breaks, then the
 search backtracks into the later chunks (bounded); the caller falls back to one more round.
+Chronological backtracking can thrash for thousands of placements when the bad choice lies
+dozens of chunks back (n = 1023 stalls ~40 chunks before the end), so a search that has not
+reached an earlier chunk for a while jumps back further, each time twice as far.
 
 A round is feasible exactly when no chunk has more receivers than free holders, since any
 holder may feed any GPU that lacks the chunk; so chunks interact only through port usage,
@@ -16,7 +19,6 @@ which is what makes placing them one at a time sound.
 
 from __future__ import annotations
 
-import heapq
 import random
 from dataclasses import dataclass, field
 
@@ -26,6 +28,11 @@ Copy = tuple[int, int, int]  # (src, dst, chunk)
 Placement = list[tuple[int, int, int]]  # (round, src, dst)
 
 RETRIES_PER_CHUNK = 4
+# Placements without reaching an earlier chunk before the search jumps back; above the longest
+# such stretch of any search that succeeded with plain backtracking (under 1000 for n <= 300),
+# so those searches, and their schedules, are unchanged.
+STALL_ATTEMPTS = 2048
+FIRST_JUMP = 16  # chunks undone past the earliest one reached, at the first jump
 
 
 @dataclass
@@ -49,17 +56,20 @@ class _Ports:
         self.sends_left = [self.num_rounds] * self.n
         self.recvs_left = [self.num_rounds] * self.n
 
-    def take(self, t: int, src: int, dst: int) -> None:
-        self.send_free[t].remove(src)
-        self.recv_free[t].remove(dst)
-        self.sends_left[src] -= 1
-        self.recvs_left[dst] -= 1
+    def take(self, t: int, pairs: list[tuple[int, int]]) -> None:
+        send_free, recv_free = self.send_free[t], self.recv_free[t]
+        for src, dst in pairs:
+            send_free.remove(src)
+            recv_free.remove(dst)
+            self.sends_left[src] -= 1
+            self.recvs_left[dst] -= 1
 
-    def give_back(self, t: int, src: int, dst: int) -> None:
-        self.send_free[t].add(src)
-        self.recv_free[t].add(dst)
-        self.sends_left[src] += 1
-        self.recvs_left[dst] += 1
+    def give_back(self, placement: Placement) -> None:
+        for t, src, dst in placement:
+            self.send_free[t].add(src)
+            self.recv_free[t].add(dst)
+            self.sends_left[src] += 1
+            self.recvs_left[dst] += 1
 
 
 def greedy_copy_rounds(n: int, num_rounds: int, max_attempts: int) -> list[list[Copy]] | None:
@@ -68,8 +78,9 @@ def greedy_copy_rounds(n: int, num_rounds: int, max_attempts: int) -> list[list[
     Chunks are placed last to first; a chunk that does not fit is retried with fresh
     tie-breaks, and when its retries run out the previous (later) chunk is undone and placed
     again: a depth-first search bounded by ``max_attempts`` chunk placements in all (a
-    deterministic budget, unlike a time limit).  Seeded from ``n`` and ``num_rounds``, so the
-    output is deterministic.
+    deterministic budget, unlike a time limit).  After ``STALL_ATTEMPTS`` placements without
+    reaching an earlier chunk it jumps back past the earliest one reached.  Seeded from ``n``
+    and ``num_rounds``, so the output is deterministic.
 
     >>> rounds = greedy_copy_rounds(6, 7, max_attempts=5)
     >>> len(rounds), sum(map(len, rounds))
@@ -78,14 +89,15 @@ def greedy_copy_rounds(n: int, num_rounds: int, max_attempts: int) -> list[list[
     m = n - 1
     ports = _Ports(n, num_rounds)
     for t in range(min(m, num_rounds)):  # the exchange rounds
-        ports.take(t, t, m)
-        ports.take(t, m, t)
+        ports.take(t, [(t, m), (m, t)])
     rng = random.Random(n * 1_000_003 + num_rounds)
     placements: dict[int, Placement] = {}
     tries = [0] * m
     chunk = m - 1
+    earliest, stalled, jump = m - 1, 0, FIRST_JUMP
     for _ in range(max_attempts):
         tries[chunk] += 1
+        stalled += 1
         placement = _place_chunk(chunk, ports, [rng.random() for _ in range(n)])
         if placement is not None:
             placements[chunk] = placement
@@ -93,14 +105,22 @@ def greedy_copy_rounds(n: int, num_rounds: int, max_attempts: int) -> list[list[
                 return _by_round(placements, num_rounds)
             chunk -= 1
             tries[chunk] = 0
+            if chunk < earliest:
+                earliest, stalled, jump = chunk, 0, FIRST_JUMP
+        elif stalled >= STALL_ATTEMPTS:  # thrashing: place the chunks from earliest + jump again
+            while chunk < min(m - 1, earliest + jump):
+                chunk += 1
+                ports.give_back(placements.pop(chunk))
+            tries[chunk] = 0
+            stalled, jump = 0, 2 * jump
         elif tries[chunk] >= RETRIES_PER_CHUNK:
             chunk += 1  # undo later chunks until one has tie-breaks left to try
             while chunk < m and tries[chunk] >= RETRIES_PER_CHUNK:
-                _undo(ports, placements.pop(chunk))
+                ports.give_back(placements.pop(chunk))
                 chunk += 1
             if chunk == m:
                 return None
-            _undo(ports, placements.pop(chunk))
+            ports.give_back(placements.pop(chunk))
     return None
 
 
@@ -110,11 +130,6 @@ def _by_round(placements: dict[int, Placement], num_rounds: int) -> list[list[Co
         for t, src, dst in placement:
             rounds[t].append((src, dst, c))
     return rounds
-
-
-def _undo(ports: _Ports, placement: Placement) -> None:
-    for t, src, dst in placement:
-        ports.give_back(t, src, dst)
 
 
 def _place_chunk(chunk: int, ports: _Ports, order: list[float]) -> Placement | None:
@@ -138,9 +153,10 @@ def _place_chunk(chunk: int, ports: _Ports, order: list[float]) -> Placement | N
         if not candidates:
             continue
         senders = sorted(holders & ports.send_free[t], key=send_key.__getitem__)
-        receivers = heapq.nsmallest(len(senders), candidates, key=recv_key.__getitem__)
-        for src, dst in zip(senders, receivers, strict=False):
-            ports.take(t, src, dst)
+        receivers = sorted(candidates, key=recv_key.__getitem__)[: len(senders)]
+        pairs = list(zip(senders, receivers, strict=False))
+        ports.take(t, pairs)
+        for src, dst in pairs:
             send_key[src] += 1
             recv_key[src] += 1
             recv_key[dst] -= 1
@@ -150,6 +166,6 @@ def _place_chunk(chunk: int, ports: _Ports, order: list[float]) -> Placement | N
         if len(needs) > len(holders) * ((1 << min(ports.num_rounds - 1 - t, 62)) - 1):
             break  # even doubling every remaining round cannot reach them all
     if needs:
-        _undo(ports, placement)
+        ports.give_back(placement)
         return None
     return placement
