@@ -174,9 +174,8 @@ def run_benchmark(
 
 def _require(backend: str) -> None:
     """A ValueError naming the extra to install when the backend's library is missing."""
-    module = {"torch": "torch", "cupy": "cupy"}.get(backend)
-    if module is not None and importlib.util.find_spec(module) is None:
-        raise ValueError(f"the {backend} backend needs {module}: pip install 'stragglar[{backend}]'")
+    if backend != "local" and importlib.util.find_spec(backend) is None:  # named after its library
+        raise ValueError(f"the {backend} backend needs {backend}: pip install 'stragglar[{backend}]'")
 
 
 Figures = tuple[tuple[float, ...], tuple[float, ...], str, tuple[float, ...]]

@@ -29,12 +29,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Collection
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from stragglar.schedule import Op, Round, Schedule, Transfer
 
 __all__ = ["Proof", "VerificationError", "Violation", "Where", "bit_list", "check", "prove"]
 
 _SHOWN_RANKS = 8
+_P = TypeVar("_P", bound="Proof")
 _COPY, _REDUCE = Op.COPY, Op.REDUCE
 
 
@@ -78,6 +80,12 @@ class Proof:
     straggler_rounds: int
     num_transfers: int
 
+    @classmethod
+    def of(cls: type[_P], schedule: Schedule, **extra: Any) -> _P:
+        """The proof for ``schedule``'s sizes; ``extra`` fills a subclass's own fields."""
+        sizes = (schedule.num_ranks, schedule.num_chunks, schedule.num_rounds, schedule.straggler_rounds)
+        return cls(*sizes, schedule.num_transfers, **extra)
+
     @property
     def summary(self) -> str:
         rounds = _count(self.num_rounds, "round")
@@ -111,13 +119,7 @@ def prove(schedule: Schedule) -> Proof:
     violation = check(schedule)
     if violation is not None:
         raise VerificationError(violation)
-    return Proof(
-        schedule.num_ranks,
-        schedule.num_chunks,
-        schedule.num_rounds,
-        schedule.straggler_rounds,
-        schedule.num_transfers,
-    )
+    return Proof.of(schedule)
 
 
 def check(schedule: Schedule) -> Violation | None:

@@ -95,14 +95,7 @@ def smt_prove(schedule: Schedule) -> SmtProof:
     violation = smt_check(schedule)
     if violation is not None:
         raise VerificationError(violation)
-    return SmtProof(
-        schedule.num_ranks,
-        schedule.num_chunks,
-        schedule.num_rounds,
-        schedule.straggler_rounds,
-        schedule.num_transfers,
-        time.perf_counter() - start,
-    )
+    return SmtProof.of(schedule, seconds=time.perf_counter() - start)
 
 
 def smt_check(schedule: Schedule) -> SmtViolation | None:
