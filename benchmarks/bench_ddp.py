@@ -21,8 +21,8 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from stragglar.runtime.launch import launch
-from stragglar.torch import StragglarState, stragglar_hook
+from stragglar.ddp import StragglarState, stragglar_hook
+from stragglar.measure.launch import launch
 
 SKIP = 6  # steps left out of the median: warm-up, and the detection window plus its 2-step lag
 

@@ -5,7 +5,7 @@
 The same as ``stragglar bench --backend torch --gpus 4,8 --sizes 16MiB,64MiB,256MiB
 --delays 0ms,50ms,200ms --iters 5 --timeout 300s``; the method (alternating pairs, per-iteration
 ratios, the Ring model fitted to gloo's delay-0 times) is described in
-:mod:`stragglar.runtime.sweep`.  Needs torch and about 9 GiB of memory for 8 ranks at 256 MiB.
+:mod:`stragglar.measure.sweep`.  Needs torch and about 9 GiB of memory for 8 ranks at 256 MiB.
 """
 
 from __future__ import annotations

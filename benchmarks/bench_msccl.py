@@ -17,9 +17,9 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from stragglar.formats.msccl import PROTOCOLS, to_msccl_xml
+from stragglar.msccl import PROTOCOLS, MscclProof, prove_msccl, to_msccl_xml
 from stragglar.synth import ALGORITHMS, synthesize
-from stragglar.verify.msccl import MscclProof, prove_msccl
+from stragglar.verify import prove
 
 T = TypeVar("T")
 
@@ -48,7 +48,7 @@ def main() -> None:
     print(f"{'N':>4} {'TBs':>6} {'steps':>7} {'chan':>4} {'KiB':>7} {'export s':>9} {'prove s':>8}")
     for n in args.sizes:
         schedule = synthesize(args.algorithm, n)
-        export = functools.partial(to_msccl_xml, schedule, proto=args.proto, instances=args.instances)
+        export = functools.partial(to_msccl_xml, prove(schedule), proto=args.proto, instances=args.instances)
         export_s, xml = best_of(args.repeats, export)
         prove_s, proof = best_of(args.repeats, functools.partial(prove_msccl, xml))
         assert isinstance(proof, MscclProof)

@@ -11,15 +11,14 @@ separate run so that tracing does not slow the timed ones.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import time
 import tracemalloc
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from datetime import date
 from pathlib import Path
 from typing import TypeVar
+
+from results import save
 
 from stragglar.formats.json import dumps, loads
 from stragglar.synth import ALGORITHMS, synthesize
@@ -99,13 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     results = [bench(args.algorithm, n) for n in args.sizes]
     print(table(results))
     if args.json:
-        doc = {
-            "date": date.today().isoformat(),
-            "python": platform.python_version(),
-            "machine": platform.machine(),
-            "results": [asdict(r) for r in results],
-        }
-        args.json.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        save(args.json, {"results": [asdict(r) for r in results]})
 
 
 if __name__ == "__main__":

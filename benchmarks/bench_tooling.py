@@ -15,16 +15,14 @@ dominated by fixed costs).
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
-import platform
 import time
 import tracemalloc
 from collections.abc import Callable
-from datetime import date
 from pathlib import Path
 from typing import Any
+
+from results import save
 
 from stragglar.schedule import Schedule
 from stragglar.synth import synthesize
@@ -35,10 +33,16 @@ FIT_FROM = 64
 Step = Callable[[int, Schedule | None], Any]
 
 
+def _given(schedule: Schedule | None) -> Schedule:
+    """The schedule synthesized by the step before (the proof steps run after ``synth``)."""
+    assert schedule is not None, "the proof steps need the synthesized schedule"
+    return schedule
+
+
 STEPS: dict[str, Step] = {
     "synth": lambda n, _: synthesize("stragglar", n),
-    "prove": lambda _, s: prove(s),
-    "smt": lambda _, s: smt_prove(s),
+    "prove": lambda _, s: prove(_given(s)),
+    "smt": lambda _, s: smt_prove(_given(s)),
 }
 
 
@@ -122,16 +126,8 @@ def main() -> None:
     for line in skipped:
         print(f"skipped: {line}")
     if args.json:
-        doc = {
-            "date": date.today().isoformat(),
-            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
-            "transfers": transfers,
-            "times_s": times,
-            "peak_mib": peaks,
-            "exponents": fits,
-            "skipped": skipped,
-        }
-        args.json.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        figures = {"transfers": transfers, "times_s": times, "peak_mib": peaks, "exponents": fits}
+        save(args.json, {**figures, "skipped": skipped})
 
 
 if __name__ == "__main__":

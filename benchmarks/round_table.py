@@ -1,7 +1,7 @@
 """The README's "Rounds achieved" table: StragglAR's phase-2 rounds against R*(N), generated, not typed.
 
 Every schedule is proved before it is counted.  The reference column holds the public reference
-synthesizer's rounds as measured in the shared model notes (docs/stragglar-model.md); "-" where
+synthesizer's rounds as measured in the project notes (docs/model.md); "-" where
 they give none.
 
     python benchmarks/round_table.py            print the markdown table
@@ -16,7 +16,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from stragglar.synth import round_lower_bound, synthesize
+from stragglar.schedule import round_lower_bound
+from stragglar.synth import synthesize
 from stragglar.verify import prove
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -44,7 +45,7 @@ def measure(n: int) -> Row:
     """Synthesize StragglAR for ``n`` GPUs, prove it, and count its rounds after the straggler arrives."""
     schedule = synthesize("stragglar", n)
     proof = prove(schedule)
-    return Row(n, round_lower_bound(n), proof.straggler_rounds, str(schedule.metadata.get("method", "?")))
+    return Row(n, round_lower_bound(n), proof.exposed_rounds, str(schedule.metadata.get("method", "?")))
 
 
 def reference(n: int) -> str:

@@ -1,7 +1,9 @@
-"""The alpha-beta cost model, evaluated on the schedules this package generates.
+"""The alpha-beta cost model, evaluated on schedules round by round.
 
-Closed formulas describe an algorithm's ideal; pricing the generated schedule round by round
-prices what is actually shipped, non-power-of-two and odd N included, and any schedule file.
+Closed formulas describe an algorithm's ideal; pricing a schedule round by round prices what is
+actually shipped, non-power-of-two and odd N included, and any schedule file.  This module only
+consumes schedules (:func:`profile`); :mod:`stragglar.measure.predict` prices the ones this
+package generates.
 
 The model:
 
@@ -26,7 +28,8 @@ Figures of an :class:`Estimate`:
 
 The paper's simulation (alpha 3 us, 450 GiB/s, 1 GiB, delay long enough to hide phase 1):
 
->>> c = compare(8, 2**30, delay=0.01)
+>>> from stragglar.synth import synthesize
+>>> c = compare([profile(synthesize(a, 8)) for a in ("stragglar", "ring")], 2**30, delay=0.01)
 >>> round(c.speedup("stragglar"), 2), c.get("stragglar").exposed_rounds
 (1.36, 9)
 >>> print(f"{critical_delay(c.get('stragglar'), c.get('ring')) * 1e3:.3f} ms")
@@ -38,11 +41,11 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from itertools import pairwise
 
+from stragglar.errors import InputError
 from stragglar.schedule import Round, Schedule
-from stragglar.synth import ALGORITHMS, synthesize
+from stragglar.units import format_bytes, format_seconds
 
 __all__ = [
     "PAPER_NETWORK",
@@ -53,10 +56,7 @@ __all__ = [
     "compare",
     "critical_delay",
     "estimate",
-    "format_bytes",
-    "format_seconds",
     "profile",
-    "schedule_profile",
 ]
 
 
@@ -69,9 +69,9 @@ class Network:
 
     def __post_init__(self) -> None:
         if not self.alpha >= 0:
-            raise ValueError(f"alpha must be >= 0 seconds, got {self.alpha}")
+            raise InputError(f"alpha must be >= 0 seconds, got {self.alpha}")
         if not self.bandwidth > 0:
-            raise ValueError(f"bandwidth must be > 0 bytes/s, got {self.bandwidth}")
+            raise InputError(f"bandwidth must be > 0 bytes/s, got {self.bandwidth}")
 
     @property
     def beta(self) -> float:
@@ -90,6 +90,7 @@ class Profile:
     A load is the largest number of chunks any rank sends or receives in that round.  ``hidden``
     holds the rounds before the first phase that includes the straggler, ``exposed`` the rest.
 
+    >>> from stragglar.synth import synthesize
     >>> p = profile(synthesize("direct", 8))
     >>> len(p.hidden), p.exposed
     (12, (7, 7, 7))
@@ -111,27 +112,18 @@ def profile(schedule: Schedule) -> Profile:
     """Price-independent summary of ``schedule``: compute it once, evaluate it at any setting.
 
     A schedule without a straggler (Ring, RHD) waits for whichever rank is late, so all its
-    rounds are exposed.
+    rounds are exposed (:attr:`~stragglar.schedule.Schedule.hidden_phases`).
     """
-    hidden: list[int] = []
-    exposed: list[int] = []
-    joined = False
-    for phase in schedule.phases:
-        joined = joined or schedule.straggler is None or schedule.straggler in phase.ranks
-        (exposed if joined else hidden).extend(_load(rnd) for rnd in phase.rounds)
-    return Profile(schedule.algorithm, schedule.num_ranks, schedule.num_chunks, tuple(hidden), tuple(exposed))
+    split = schedule.hidden_phases
+    hidden = tuple(_load(rnd) for phase in schedule.phases[:split] for rnd in phase.rounds)
+    exposed = tuple(_load(rnd) for phase in schedule.phases[split:] for rnd in phase.rounds)
+    return Profile(schedule.algorithm, schedule.num_ranks, schedule.num_chunks, hidden, exposed)
 
 
 def _load(rnd: Round) -> int:
     sent = Counter(t.src for t in rnd)
     received = Counter(t.dst for t in rnd)
     return max(max(sent.values(), default=0), max(received.values(), default=0))
-
-
-@lru_cache(maxsize=256)
-def schedule_profile(algorithm: str, num_ranks: int) -> Profile:
-    """The profile of ``algorithm``'s generated schedule (cached: sweeps reuse it)."""
-    return profile(synthesize(algorithm, num_ranks))
 
 
 @dataclass(frozen=True)
@@ -160,14 +152,15 @@ class Estimate:
 def estimate(prof: Profile, size_bytes: float, delay: float, network: Network) -> Estimate:
     """Evaluate ``prof`` for a buffer of ``size_bytes`` and a straggler ``delay`` seconds late.
 
-    >>> e = estimate(schedule_profile("stragglar", 4), 3 * 2**20, 0.0, Network(0.0, 2**30))
+    >>> from stragglar.synth import synthesize
+    >>> e = estimate(profile(synthesize("stragglar", 4)), 3 * 2**20, 0.0, Network(0.0, 2**30))
     >>> e.hidden * 1e3, e.tail * 1e3  # 2 hidden rounds, 4 exposed, 1 MiB chunks at 1 GiB/s
     (1.953125, 3.90625)
     """
     if not size_bytes > 0:
-        raise ValueError(f"the buffer size must be > 0 bytes, got {size_bytes}")
+        raise InputError(f"the buffer size must be > 0 bytes, got {size_bytes}")
     if not delay >= 0:
-        raise ValueError(f"the straggler delay must be >= 0 seconds, got {delay}")
+        raise InputError(f"the straggler delay must be >= 0 seconds, got {delay}")
     return Estimate(
         prof.algorithm,
         prof.num_ranks,
@@ -232,51 +225,44 @@ class Comparison:
         """See :func:`critical_delay`, against Ring."""
         return critical_delay(self.get(algorithm), self.get("ring"))
 
+    def table(self) -> str:
+        """The setting, one row per algorithm, then when each straggler-aware one beats Ring."""
+        lines = [
+            f"alpha-beta model: {self.num_ranks} GPUs, {format_bytes(self.size_bytes)} buffer, straggler "
+            f"{format_seconds(self.delay)} late, alpha {format_seconds(self.network.alpha)}, "
+            f"{format_bytes(self.network.bandwidth)}/s",
+            f"{'algorithm':<10} {'rounds exposed':>14} {'time':>11} {'exposed time':>13} "
+            f"{'speed-up over ring':>19}",
+        ]
+        for e in self.estimates:
+            rounds = f"{e.exposed_rounds} of {e.rounds}"
+            lines.append(
+                f"{e.algorithm:<10} {rounds:>14} {format_seconds(e.time):>11} "
+                f"{format_seconds(e.exposed):>13} {self.speedup(e.algorithm):>18.2f}x"
+            )
+        for e in self.estimates:
+            if e.hidden == 0:
+                continue
+            critical = self.critical_delay(e.algorithm)
+            if critical is None:
+                verdict = "never beats ring at this size, whatever the delay"
+            elif critical == 0:
+                verdict = "beats ring at every delay"
+            else:
+                verdict = f"beats ring when the straggler is more than {format_seconds(critical)} late"
+            lines.append(f"critical delay: {e.algorithm} {verdict}")
+        return "\n".join(lines)
+
 
 def compare(
-    num_ranks: int,
-    size_bytes: float,
-    delay: float,
-    network: Network = PAPER_NETWORK,
-    algorithms: Sequence[str] = ALGORITHMS,
+    profiles: Sequence[Profile], size_bytes: float, delay: float, network: Network = PAPER_NETWORK
 ) -> Comparison:
-    """Estimate each of ``algorithms`` (Ring is always added) on its generated schedule.
-
-    RHD is left out when ``num_ranks`` is not a power of two, as it has no schedule there.
-    """
-    unknown = set(algorithms) - set(ALGORITHMS)
-    if unknown:
-        raise ValueError(f"unknown algorithm {sorted(unknown)[0]!r} (choose from {', '.join(ALGORITHMS)})")
-    wanted = dict.fromkeys(["ring", *algorithms])
-    if num_ranks & (num_ranks - 1):
-        wanted.pop("rhd", None)
-    estimates = tuple(
-        estimate(schedule_profile(a, num_ranks), size_bytes, delay, network)
-        for a in ALGORITHMS
-        if a in wanted
-    )
-    return Comparison(num_ranks, size_bytes, delay, network, estimates)
-
-
-def format_seconds(seconds: float) -> str:
-    """A duration with a unit people read at a glance: ``0.002884`` -> ``'2.884 ms'``.
-
-    >>> format_seconds(0.002884), format_seconds(3e-6), format_seconds(1.5)
-    ('2.884 ms', '3 us', '1.5 s')
-    """
-    for unit, factor in (("s", 1.0), ("ms", 1e-3)):
-        if seconds >= factor:
-            return f"{seconds / factor:.4g} {unit}"
-    return f"{seconds / 1e-6:.4g} us"
-
-
-def format_bytes(size: float) -> str:
-    """A byte count in binary units: ``2**30`` -> ``'1 GiB'``.
-
-    >>> format_bytes(2**30), format_bytes(450 * 2**30), format_bytes(1536)
-    ('1 GiB', '450 GiB', '1.5 KiB')
-    """
-    for unit, factor in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if size >= factor:
-            return f"{size / factor:.4g} {unit}"
-    return f"{size:.4g} B"
+    """Estimate every profiled schedule (one per algorithm, all for one N, Ring among them)."""
+    if not any(p.algorithm == "ring" for p in profiles):
+        raise InputError("a comparison needs Ring's profile: speed-ups are over Ring")
+    if len({p.num_ranks for p in profiles}) != 1:
+        raise InputError(
+            f"a comparison needs profiles for one N, got {sorted({p.num_ranks for p in profiles})}"
+        )
+    estimates = tuple(estimate(p, size_bytes, delay, network) for p in profiles)
+    return Comparison(profiles[0].num_ranks, size_bytes, delay, network, estimates)

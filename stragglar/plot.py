@@ -13,9 +13,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from stragglar.cost import Network, compare, format_bytes, format_seconds
+from stragglar.cost import Network
 from stragglar.formats.text import compact_ranges
+from stragglar.measure.predict import compare_generated
 from stragglar.schedule import Op, Schedule
+from stragglar.units import format_bytes, format_seconds
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -54,8 +56,8 @@ def cost_figure(
     fig = _figure(12, 4.8)
     by_n, by_delay = fig.subplots(1, 2)
     ns = list(sizes) if sizes is not None else sweep_sizes(num_ranks)
-    comparisons = [compare(n, size_bytes, delay, network) for n in ns]
-    here = compare(num_ranks, size_bytes, delay, network)
+    comparisons = [compare_generated(n, size_bytes, delay, network) for n in ns]
+    here = compare_generated(num_ranks, size_bytes, delay, network)
     for algorithm in ("stragglar", "rhd", "direct"):
         points = [
             (c.num_ranks, c.speedup(algorithm))
@@ -77,7 +79,10 @@ def cost_figure(
     top = max(2 * delay, 2 * (critical or 0.0), 3 * here.get("stragglar").hidden, 1e-6)
     delays = [top * i / 200 for i in range(201)]
     for algorithm in (e.algorithm for e in here.estimates if e.algorithm != "ring"):
-        curve = [compare(num_ranks, size_bytes, d, network, (algorithm,)).speedup(algorithm) for d in delays]
+        curve = [
+            compare_generated(num_ranks, size_bytes, d, network, (algorithm,)).speedup(algorithm)
+            for d in delays
+        ]
         by_delay.plot([d * 1e3 for d in delays], curve, label=algorithm)
     by_delay.axhline(1.0, color="grey", linestyle="--", label="ring (baseline)")
     if critical is not None:
@@ -124,9 +129,9 @@ def schedule_figure(schedule: Schedule) -> Figure:
         for x, y, text in texts:
             ax.text(x, y, text, ha="center", va="center", fontsize=6)
     start = 0
-    for phase in schedule.phases:
+    for index, phase in enumerate(schedule.phases):
         end = start + len(phase.rounds)
-        if schedule.straggler is not None and schedule.straggler not in phase.ranks:
+        if index < schedule.hidden_phases:
             ax.axvspan(start - 0.5, end - 0.5, color="grey", alpha=0.15, label="hidden behind the delay")
         ax.axvline(end - 0.5, color="black", linewidth=1)
         ax.text((start + end - 1) / 2, -0.7, phase.name, ha="center", va="bottom", fontsize=8)

@@ -19,11 +19,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from stragglar.files import write_text
 from stragglar.formats import json as json_format
-from stragglar.formats.msccl import default_name, to_msccl_xml
-from stragglar.synth import round_lower_bound, synthesize
-from stragglar.verify.msccl import prove_msccl
-from stragglar.verify.simulate import prove
+from stragglar.msccl import default_name, prove_msccl, to_msccl_xml
+from stragglar.schedule import round_lower_bound
+from stragglar.synth import synthesize
+from stragglar.verify import prove
 
 __all__ = ["RELEASED_SIZES", "ScheduleFiles", "schedule_files", "write_release", "write_schedule_files"]
 
@@ -55,18 +56,19 @@ def schedule_files(
     proto: str = "Simple",
     instances: int = 1,
 ) -> ScheduleFiles:
-    """Synthesize, export and prove one schedule; both proofs are re-run on the texts themselves."""
+    """Synthesize one schedule, prove it from its JSON text, export that proof and prove the XML text."""
     schedule = synthesize(algorithm, num_ranks, straggler)
     json_text = json_format.dumps(schedule) + "\n"
-    xml_text = to_msccl_xml(schedule, proto=proto, instances=instances)
-    proofs = (prove(json_format.loads(json_text)).summary, prove_msccl(xml_text).summary)
+    proof = prove(json_format.loads(json_text))
+    xml_text = to_msccl_xml(proof, proto=proto, instances=instances)
+    proofs = (proof.summary, prove_msccl(xml_text).summary)
     base = f"{algorithm}-n{num_ranks}" + ("" if schedule.straggler is None else f"-s{schedule.straggler}")
     return ScheduleFiles(
         {f"{base}.json": json_text, f"{default_name(schedule, proto, instances)}.xml": xml_text},
         algorithm,
         num_ranks,
         schedule.straggler,
-        schedule.straggler_rounds,
+        schedule.exposed_rounds,
         round_lower_bound(num_ranks) if algorithm == "stragglar" else None,
         proto,
         instances,
@@ -81,7 +83,7 @@ def write_schedule_files(directory: str | os.PathLike[str], bundle: ScheduleFile
     paths = []
     for name, text in sorted(bundle.files.items()):
         path = folder / name
-        path.write_text(text, encoding="utf-8")
+        write_text(path, text)
         paths.append(path)
     return paths
 
@@ -95,10 +97,10 @@ def write_release(directory: str | os.PathLike[str], sizes: tuple[int, ...] = RE
         for name, text in sorted(bundle.files.items()):
             path = folder / ("msccl" if name.endswith(".xml") else "json") / name
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text, encoding="utf-8")
+            write_text(path, text)
             paths.append(path)
     readme = folder / "README.md"
-    readme.write_text(_readme(bundles), encoding="utf-8")
+    write_text(readme, _readme(bundles))
     return [*paths, readme]
 
 

@@ -5,6 +5,11 @@ a round is a set of chunk :class:`Transfer` s.  Generators (``stragglar.synth``)
 produce it, and verifiers, exporters, the cost model and the runtime read it.
 The classes are frozen so that a verified schedule cannot change afterwards.
 
+Facts every consumer needs are derived here, once: which phases are hidden behind the
+straggler's delay (:attr:`Schedule.hidden_phases`), the rounds exposed after it arrives, the
+round lower bound R*(n) (:func:`round_lower_bound`) and a cheap, stable fingerprint for cache
+keys (:attr:`Schedule.fingerprint`).
+
 Semantics (also the JSON format's, see ``stragglar.formats.json``): rank ``r``
 starts with its own contribution in every chunk.  In a round every transfer
 reads the state at the start of the round; ``copy`` sets the destination's chunk
@@ -20,11 +25,24 @@ to the source's, ``reduce`` adds the source's chunk to the destination's.
 from __future__ import annotations
 
 import enum
+import hashlib
+from array import array
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Op", "Phase", "Round", "Schedule", "Transfer", "move_straggler", "relabel_ranks"]
+from stragglar.errors import InputError
+
+__all__ = [
+    "Op",
+    "Phase",
+    "Round",
+    "Schedule",
+    "Transfer",
+    "move_straggler",
+    "relabel_ranks",
+    "round_lower_bound",
+]
 
 
 class Op(str, enum.Enum):
@@ -75,6 +93,7 @@ class Schedule:
     phases: tuple[Phase, ...]
     collective: str = "allreduce"
     metadata: Mapping[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    _fingerprint: str | None = field(default=None, init=False, repr=False, hash=False, compare=False)
 
     @property
     def num_rounds(self) -> int:
@@ -82,12 +101,24 @@ class Schedule:
         return sum(len(p.rounds) for p in self.phases)
 
     @property
-    def straggler_rounds(self) -> int:
-        """Rounds of the phases that include the straggler: the time exposed after it arrives.
+    def hidden_phases(self) -> int:
+        """How many leading phases run without the straggler, hidden behind its delay.
 
-        For a schedule without a straggler every round counts.
+        Phases run in order, so only those before the straggler's first phase can overlap its
+        delay; a schedule without a straggler waits for whichever rank is late: none is hidden.
+
+        >>> s = Schedule("x", 3, 1, 2, (Phase("a", (0, 1), ()), Phase("b", (0, 1, 2), ())))
+        >>> s.hidden_phases
+        1
         """
-        return sum(len(p.rounds) for p in self.phases if self.straggler is None or self.straggler in p.ranks)
+        if self.straggler is None:
+            return 0
+        return next((i for i, p in enumerate(self.phases) if self.straggler in p.ranks), len(self.phases))
+
+    @property
+    def exposed_rounds(self) -> int:
+        """Rounds after the straggler arrives (every round without a straggler): what R*(n) bounds."""
+        return sum(len(p.rounds) for p in self.phases[self.hidden_phases :])
 
     @property
     def num_transfers(self) -> int:
@@ -100,6 +131,60 @@ class Schedule:
                 for t in rnd:
                     yield pi, ri, t
 
+    @property
+    def fingerprint(self) -> str:
+        """A digest of everything equality compares (not metadata), computed once per schedule.
+
+        Hashing a schedule walks every transfer (milliseconds at N = 64); caches that are asked
+        once per gradient bucket key on this instead, which costs a dictionary lookup after the
+        first call.  It is the same in every process for equal schedules.
+
+        >>> a = Schedule("x", 2, 1, None, (Phase("p", (0, 1), ((Transfer(0, 1, 0),),)),))
+        >>> b = Schedule("x", 2, 1, None, (Phase("p", (0, 1), ((Transfer(1, 0, 0),),)),))
+        >>> from dataclasses import replace
+        >>> a.fingerprint == replace(a, metadata={"k": 1}).fingerprint, a.fingerprint == b.fingerprint
+        (True, False)
+        """
+        if self._fingerprint is None:
+            digest = hashlib.blake2b(digest_size=16)
+            head = (self.algorithm, self.collective, self.num_ranks, self.num_chunks, self.straggler)
+            digest.update(repr(head).encode())
+            for phase in self.phases:
+                digest.update(repr((phase.name, phase.ranks, len(phase.rounds))).encode())
+                for rnd in phase.rounds:
+                    digest.update(_round_bytes(rnd))
+            object.__setattr__(self, "_fingerprint", digest.hexdigest())
+        assert self._fingerprint is not None
+        return self._fingerprint
+
+
+_OP_CODES = {Op.COPY: 0, Op.REDUCE: 1}
+
+
+def _round_bytes(rnd: Round) -> bytes:
+    """A round as bytes: its length, then (src, dst, chunk, op code) per transfer."""
+    values = [len(rnd)]
+    for t in rnd:
+        values += (t.src, t.dst, t.chunk, _OP_CODES.get(t.op, 2))
+    try:
+        return array("q", values).tobytes()
+    except (OverflowError, TypeError):  # a malformed transfer (huge or non-int fields): still distinct
+        return repr(rnd).encode()
+
+
+def round_lower_bound(num_ranks: int) -> int:
+    """R*(n) = n - 2 + ceil(log2 n): phase-2 rounds no StragglAR schedule can beat.
+
+    The straggler completes one chunk per round, so the last is done after round n-2 with two
+    holders; doubling to n holders takes ceil(log2 n) - 1 more rounds.
+
+    >>> [round_lower_bound(n) for n in (2, 3, 4, 6, 8)]
+    [1, 3, 4, 7, 9]
+    """
+    if num_ranks < 2:
+        raise InputError(f"StragglAR needs at least 2 GPUs, got {num_ranks}")
+    return num_ranks - 2 + max(1, (num_ranks - 1).bit_length())
+
 
 def relabel_ranks(schedule: Schedule, mapping: Sequence[int]) -> Schedule:
     """Return ``schedule`` with rank ``r`` renamed ``mapping[r]``.
@@ -111,7 +196,7 @@ def relabel_ranks(schedule: Schedule, mapping: Sequence[int]) -> Schedule:
     Transfer(src=1, dst=0, chunk=0, op=<Op.COPY: 'copy'>)
     """
     if sorted(mapping) != list(range(schedule.num_ranks)):
-        raise ValueError(f"mapping must be a permutation of 0..{schedule.num_ranks - 1}")
+        raise InputError(f"mapping must be a permutation of 0..{schedule.num_ranks - 1}")
     m = list(mapping)
     phases = tuple(
         Phase(
@@ -144,9 +229,9 @@ def move_straggler(schedule: Schedule, straggler: int) -> Schedule:
     """
     n = schedule.num_ranks
     if schedule.straggler is None:
-        raise ValueError(f"schedule '{schedule.algorithm}' has no straggler to move")
+        raise InputError(f"schedule '{schedule.algorithm}' has no straggler to move")
     if not 0 <= straggler < n:
-        raise ValueError(f"straggler must be a rank in 0..{n - 1}, got {straggler}")
+        raise InputError(f"straggler must be a rank in 0..{n - 1}, got {straggler}")
     others = [r for r in range(n) if r != straggler]
     mapping = [0] * n
     old_others = [r for r in range(n) if r != schedule.straggler]

@@ -74,11 +74,11 @@ def run_numeric(xml: str, seed: int) -> tuple[bool, bool]:
         ready = [tb for tb in live if enabled(tb)]
         if not ready:
             break
-        tb = rng.choice(ready)
-        a, _ = tb["steps"][tb["pc"]]
-        g, u, kind = tb["g"], tb["unit"], a["type"]
+        block = rng.choice(ready)
+        a, _ = block["steps"][block["pc"]]
+        g, u, kind = block["g"], block["unit"], a["type"]
         src, dst = (a["srcbuf"], int(a["srcoff"]) + u), (a["dstbuf"], int(a["dstoff"]) + u)
-        value = fifo[tb["chan"], tb["recv"], g].popleft() if kind in RECV else 0
+        value = fifo[block["chan"], block["recv"], g].popleft() if kind in RECV else 0
         if kind in ("s", "rrc", "rrs", "rrcs", "cpy", "re"):
             value = (value + mem[g][src[0]][src[1]]) & MASK
         if kind == "re":
@@ -86,13 +86,13 @@ def run_numeric(xml: str, seed: int) -> tuple[bool, bool]:
         if kind in ("r", "rrc", "rcs", "rrcs", "cpy", "re"):
             mem[g][dst[0]][dst[1]] = value
         if kind in SEND:
-            fifo.setdefault((tb["chan"], g, tb["send"]), deque()).append(value)
-        tb["unit"] += 1
-        if tb["unit"] == int(a["cnt"]):
-            tb["unit"] = 0
-            tb["pc"] += 1
+            fifo.setdefault((block["chan"], g, block["send"]), deque()).append(value)
+        block["unit"] += 1
+        if block["unit"] == int(a["cnt"]):
+            block["unit"] = 0
+            block["pc"] += 1
             if a["hasdep"] == "1":
-                tb["signal"] = int(a["s"])
+                block["signal"] = int(a["s"])
     finished = not live and not any(fifo.values())
     sums = [sum(inputs[g][k] for g in range(n)) & MASK for k in range(c)]
     return finished, all(mem[g]["i"][k] == sums[k] for g in range(n) for k in range(c))

@@ -220,7 +220,7 @@ def test_synth_never_writes_a_schedule_it_cannot_prove(
 ) -> None:
     """If a generator ever produced a wrong schedule, synth must refuse it (exit 1) and write nothing."""
     wrong = json_format.read(tampered(tmp_path))
-    monkeypatch.setattr("stragglar.cli.synthesize", lambda *args: wrong)
+    monkeypatch.setattr("stragglar.commands.schedules.synthesize", lambda *args, **kwargs: wrong)
     path = tmp_path / "out.json"
     line = assert_one_error_line(run("synth", "--gpus", "8", "-o", str(path)), 1)
     assert line.startswith(
@@ -348,7 +348,7 @@ def test_run_on_cupy_without_a_gpu_says_so(monkeypatch: pytest.MonkeyPatch) -> N
     cupy.__spec__ = importlib.machinery.ModuleSpec("cupy", None)
     monkeypatch.setitem(sys.modules, "cupy", cupy)
     message = assert_one_error_line(run("run", "--backend", "cupy", "--gpus", "2", "--size", "1KiB"), 2)
-    assert message == "Error: the cupy backend found no usable GPU: " + no_device.__doc__
+    assert message == f"Error: the cupy backend found no usable GPU: {no_device.__doc__}"
 
 
 def test_run_refuses_a_schedule_for_another_size(tmp_path: Path) -> None:

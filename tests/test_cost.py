@@ -6,14 +6,17 @@ import math
 import struct
 import sys
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 from click.testing import CliRunner, Result
 
 from stragglar.cli import cli
-from stragglar.cost import PAPER_NETWORK, Estimate, Network, compare, critical_delay, estimate, profile
+from stragglar.cost import PAPER_NETWORK, Estimate, Network, critical_delay, estimate, profile
 from stragglar.formats import json as json_format
-from stragglar.synth import round_lower_bound, synthesize
+from stragglar.measure.predict import compare_generated
+from stragglar.schedule import round_lower_bound
+from stragglar.synth import synthesize
 
 GIB = 2**30
 HIDDEN = 1.0  # seconds: far longer than any ReduceScatter here, so phase 1 is hidden
@@ -32,7 +35,7 @@ OTHERS = {3: 0.8901, 5: 1.0681, 6: 1.1921, 7: 1.2874, 12: 1.4424, 24: 1.6349, 10
 
 
 def paper_speedup(n: int) -> float:
-    return compare(n, GIB, HIDDEN, PAPER_NETWORK, ("stragglar",)).speedup("stragglar")
+    return compare_generated(n, GIB, HIDDEN, PAPER_NETWORK, ("stragglar",)).speedup("stragglar")
 
 
 @pytest.mark.parametrize("n", sorted(PAPER))
@@ -44,14 +47,14 @@ def test_reproduces_the_papers_simulation(n: int) -> None:
     else:
         assert round(ours, 2) == 1.56
         fast = Network(PAPER_NETWORK.alpha, 546.5 * GIB)
-        assert round(compare(16, GIB, HIDDEN, fast, ("stragglar",)).speedup("stragglar"), 2) == 1.57
+        assert round(compare_generated(16, GIB, HIDDEN, fast, ("stragglar",)).speedup("stragglar"), 2) == 1.57
 
 
 def test_other_sizes_beside_the_paper(capsys: pytest.CaptureFixture[str]) -> None:
     """Odd N = 3 loses (3 exposed rounds of s/2 against Ring's 4 of s/3); from N = 5 StragglAR wins."""
     rows = []
     for n in sorted({**PAPER, **OTHERS}):
-        c = compare(n, GIB, HIDDEN, PAPER_NETWORK)
+        c = compare_generated(n, GIB, HIDDEN, PAPER_NETWORK)
         rows.append(f"{n:>4} {c.get('stragglar').exposed_rounds:>4} {c.speedup('stragglar'):7.4f}x")
         assert c.speedup("stragglar") == pytest.approx({**OURS, **OTHERS}[n], abs=5e-5)
         assert ("rhd" in {e.algorithm for e in c.estimates}) == (n & (n - 1) == 0)
@@ -63,7 +66,7 @@ def test_other_sizes_beside_the_paper(capsys: pytest.CaptureFixture[str]) -> Non
 def test_schedule_costs_match_the_closed_formulas(n: int) -> None:
     """On the power-of-two schedules the round-by-round model gives the paper's formulas."""
     a, s_beta = PAPER_NETWORK.alpha, GIB * PAPER_NETWORK.beta
-    c = compare(n, GIB, 0.0, PAPER_NETWORK)
+    c = compare_generated(n, GIB, 0.0, PAPER_NETWORK)
     r = round_lower_bound(n)
     logn = int(math.log2(n))
     assert c.get("stragglar").tail == pytest.approx(r * a + r / (n - 1) * s_beta)
@@ -82,25 +85,25 @@ def test_a_round_costs_its_largest_send_or_receive() -> None:
 
 
 def test_delay_overlaps_only_the_hidden_phase() -> None:
-    c = compare(8, GIB, 0.0, PAPER_NETWORK)
+    c = compare_generated(8, GIB, 0.0, PAPER_NETWORK)
     s, ring = c.get("stragglar"), c.get("ring")
     assert s.time == pytest.approx(s.hidden + s.tail)  # no delay: nothing to hide behind
     assert s.exposed == pytest.approx(s.time)
-    late = compare(8, GIB, s.hidden / 2, PAPER_NETWORK).get("stragglar")
+    late = compare_generated(8, GIB, s.hidden / 2, PAPER_NETWORK).get("stragglar")
     assert late.time == pytest.approx(s.time)  # the straggler arrives while phase 1 still runs
     assert late.exposed == pytest.approx(s.time - s.hidden / 2)
-    very_late = compare(8, GIB, 0.1, PAPER_NETWORK)
+    very_late = compare_generated(8, GIB, 0.1, PAPER_NETWORK)
     assert very_late.get("stragglar").exposed == pytest.approx(s.tail)
     assert very_late.get("ring").time == pytest.approx(0.1 + ring.tail)
 
 
 def test_critical_delay_is_where_the_exposed_times_cross() -> None:
-    c = compare(8, GIB, 0.0, PAPER_NETWORK)
+    c = compare_generated(8, GIB, 0.0, PAPER_NETWORK)
     d = c.critical_delay("stragglar")
     assert d is not None
     assert d == pytest.approx(c.get("stragglar").hidden + c.get("stragglar").tail - c.get("ring").tail)
-    assert compare(8, GIB, d * 0.999, PAPER_NETWORK).speedup("stragglar") < 1
-    assert compare(8, GIB, d * 1.001, PAPER_NETWORK).speedup("stragglar") > 1
+    assert compare_generated(8, GIB, d * 0.999, PAPER_NETWORK).speedup("stragglar") < 1
+    assert compare_generated(8, GIB, d * 1.001, PAPER_NETWORK).speedup("stragglar") > 1
     assert c.critical_delay("direct") is None  # its 3 full-buffer rounds cost more than all of Ring
 
 
@@ -123,12 +126,19 @@ def test_critical_delay_of_two_hidden_phases() -> None:
 )
 def test_bad_settings_are_refused(kwargs: dict[str, float], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        compare(8, **kwargs)
+        compare_generated(8, kwargs["size_bytes"], kwargs["delay"])
 
 
 def test_network_is_checked() -> None:
     with pytest.raises(ValueError, match="bandwidth must be > 0"):
         Network(3e-6, 0.0)
+
+
+def legend_of(ax: Any) -> Any:
+    """The axes' legend, which the figure must have."""
+    legend = ax.get_legend()
+    assert legend is not None, "the figure has no legend"
+    return legend
 
 
 # ---------------------------------------------------------------------------- CLI
@@ -203,11 +213,12 @@ def test_cost_plot(tmp_path: Path) -> None:
     assert by_delay.get_xlabel() == "straggler delay (ms)"
     assert by_n.get_ylabel() == by_delay.get_ylabel() == "speed-up over Ring (exposed time)"
     assert fig.get_suptitle().startswith("Alpha-beta model: 1 GiB buffer")
-    legend = [t.get_text() for t in by_delay.get_legend().get_texts()]
+    legend = [t.get_text() for t in legend_of(by_delay).get_texts()]
     assert legend == ["stragglar", "rhd", "direct", "ring (baseline)", "critical delay 876 us"]
     stragglar = by_n.get_lines()[0]
-    assert list(stragglar.get_xdata()) == [2, 3, 4, 6, 8, 16]
-    assert stragglar.get_ydata()[-1] == pytest.approx(OURS[16], abs=1e-3)  # 5 ms hides phase 1
+    assert [float(x) for x in cast("list[float]", stragglar.get_xdata())] == [2, 3, 4, 6, 8, 16]
+    ys = cast("list[float]", stragglar.get_ydata())
+    assert ys[-1] == pytest.approx(OURS[16], abs=1e-3)  # 5 ms hides phase 1
 
     out = tmp_path / "cost.png"
     result = run("cost", "--gpus", "8", "--delay", "5ms", "--plot", str(out))
@@ -229,7 +240,7 @@ def test_show_plot(tmp_path: Path) -> None:
     cells = {t.get_text() for t in ax.texts}
     assert {"c0+>7", "c0+>0", "reduce-scatter", "exchange"} <= cells  # the first exchange, both ways
     assert [t.get_text() for t in ax.get_yticklabels()][-1] == "7 (straggler)"
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["hidden behind the delay"]
+    assert [t.get_text() for t in legend_of(ax).get_texts()] == ["hidden behind the delay"]
 
     path, out = tmp_path / "s8.json", tmp_path / "s8.png"
     json_format.write(schedule, path)
@@ -247,7 +258,7 @@ def test_show_plot_stays_readable_at_32_ranks(tmp_path: Path) -> None:
 
     fig = schedule_figure(synthesize("stragglar", 32))
     (ax,) = fig.axes
-    assert min(t.get_fontsize() for t in ax.texts) >= 6
+    assert min(float(t.get_fontsize()) for t in ax.texts) >= 6
     save(fig, tmp_path / "s32.png")
     width, height = png_size(tmp_path / "s32.png")
     assert width / 65 >= 60 and height / 32 >= 30  # pixels per round and per rank

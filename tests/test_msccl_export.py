@@ -7,17 +7,18 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any
 
 import pytest
 from msccl_model import run_numeric
 
 from stragglar.formats import json as json_format
-from stragglar.formats import msccl as msccl_format
-from stragglar.formats.msccl import DEFAULT_MAX_BYTES, MscclExportError, to_msccl_xml, write_msccl
+from stragglar.msccl import DEFAULT_MAX_BYTES, MscclExportError, prove_msccl, to_msccl_xml, write_msccl
+from stragglar.msccl import threadblocks as msccl_threadblocks
 from stragglar.release import schedule_files, write_schedule_files
 from stragglar.schedule import Op, Phase, Schedule, Transfer
 from stragglar.synth import ALGORITHMS, synthesize
-from stragglar.verify.msccl import prove_msccl
+from stragglar.verify import VerificationError, prove
 
 SIZES = range(2, 17)
 ALGO_ATTRS = [
@@ -39,12 +40,17 @@ def cases() -> list[tuple[str, int]]:
     return [(a, n) for a in ALGORITHMS for n in SIZES if a != "rhd" or n & (n - 1) == 0]
 
 
+def xml_of(schedule: Schedule, **options: Any) -> str:
+    """The exporter's text for ``schedule``, which is proved first: only proofs are exported."""
+    return to_msccl_xml(prove(schedule), **options)
+
+
 # ---------------------------------------------------------------------------- tests
 
 
 @pytest.mark.parametrize(("algorithm", "n"), cases())
 def test_every_algorithm_exports_a_proved_file(algorithm: str, n: int) -> None:
-    xml = to_msccl_xml(synthesize(algorithm, n))
+    xml = xml_of(synthesize(algorithm, n))
     proof = prove_msccl(xml)
     assert proof.ngpus == n and proof.proto == "Simple" and proof.capacity == 2
     assert proof.summary.startswith(f"proved: {algorithm}-n{n}")
@@ -65,7 +71,7 @@ def test_instances_protocols_and_stragglers(
     algorithm: str, n: int, straggler: int | None, proto: str, instances: int
 ) -> None:
     schedule = synthesize(algorithm, n, straggler)
-    xml = to_msccl_xml(schedule, proto=proto, instances=instances)
+    xml = xml_of(schedule, proto=proto, instances=instances)
     proof = prove_msccl(xml)
     assert proof.nchunks == schedule.num_chunks * instances
     assert proof.proto == proto and proof.capacity == (2 if proto == "Simple" else 8)
@@ -77,7 +83,7 @@ def test_instances_protocols_and_stragglers(
 )
 @pytest.mark.parametrize("proto", ["Simple", "LL"])
 def test_independent_numeric_run_agrees(algorithm: str, n: int, proto: str) -> None:
-    xml = to_msccl_xml(synthesize(algorithm, n), proto=proto, instances=2)
+    xml = xml_of(synthesize(algorithm, n), proto=proto, instances=2)
     for seed in range(3):
         assert run_numeric(xml, seed) == (True, True)
 
@@ -90,7 +96,7 @@ def test_numeric_model_rejects_a_broken_file() -> None:
 
 
 def test_straggler_exchange_is_send_then_in_place_rrc() -> None:
-    xml = to_msccl_xml(synthesize("stragglar", 4))
+    xml = xml_of(synthesize("stragglar", 4))
     root = ET.fromstring(xml)
     gpu0 = root.find("gpu[@id='0']")
     assert gpu0 is not None and gpu0.get("s_chunks") == "0"
@@ -112,7 +118,7 @@ def test_straggler_exchange_is_send_then_in_place_rrc() -> None:
 
 def test_multi_chunk_exchange_goes_through_scratch() -> None:
     """direct exchanges all chunks in one cnt=N-1 step each way: received into scratch, copied back."""
-    xml = to_msccl_xml(synthesize("direct", 5))
+    xml = xml_of(synthesize("direct", 5))
     root = ET.fromstring(xml)
     straggler = root.find("gpu[@id='4']")
     assert straggler is not None and straggler.get("s_chunks") == "4"
@@ -124,7 +130,7 @@ def test_multi_chunk_exchange_goes_through_scratch() -> None:
 
 
 def test_text_shape() -> None:
-    xml = to_msccl_xml(
+    xml = xml_of(
         synthesize("stragglar", 6), name="sa6", proto="LL", instances=2, min_bytes=4096, max_bytes=1 << 30
     )
     assert xml.endswith("</algo>\n") and "\t" not in xml and "'" not in xml and "<?xml" not in xml
@@ -147,20 +153,20 @@ def test_text_shape() -> None:
 
 
 def test_defaults() -> None:
-    root = ET.fromstring(to_msccl_xml(synthesize("ring", 3)))
+    root = ET.fromstring(xml_of(synthesize("ring", 3)))
     assert root.get("name") == "ring-n3-simple" and root.get("maxBytes") == str(DEFAULT_MAX_BYTES)
     assert (root.get("minBytes"), root.get("inplace"), root.get("outofplace")) == ("0", "1", "0")
 
 
 def test_deterministic_and_json_round_trip() -> None:
     schedule = synthesize("stragglar", 10)
-    first = to_msccl_xml(schedule, instances=2)
-    assert to_msccl_xml(synthesize("stragglar", 10), instances=2) == first
-    assert to_msccl_xml(json_format.loads(json_format.dumps(schedule)), instances=2) == first
+    first = xml_of(schedule, instances=2)
+    assert xml_of(synthesize("stragglar", 10), instances=2) == first
+    assert xml_of(json_format.loads(json_format.dumps(schedule)), instances=2) == first
 
 
 def test_long_fifos_continue_on_more_channels() -> None:
-    xml = to_msccl_xml(synthesize("ring", 40))  # 78 steps between neighbours: over the 64-step limit
+    xml = xml_of(synthesize("ring", 40))  # 78 steps between neighbours: over the 64-step limit
     root = ET.fromstring(xml)
     assert root.get("nchannels") == "2"
     assert max(len(tb.findall("step")) for tb in root.iter("tb")) <= 64
@@ -169,8 +175,8 @@ def test_long_fifos_continue_on_more_channels() -> None:
 
 def test_write_msccl(tmp_path: Path) -> None:
     schedule = synthesize("rhd", 4)
-    write_msccl(schedule, tmp_path / "x.xml", proto="LL128")
-    assert (tmp_path / "x.xml").read_text() == to_msccl_xml(schedule, proto="LL128")
+    write_msccl(prove(schedule), tmp_path / "x.xml", proto="LL128")
+    assert (tmp_path / "x.xml").read_text() == xml_of(schedule, proto="LL128")
 
 
 @pytest.mark.parametrize(
@@ -185,20 +191,20 @@ def test_write_msccl(tmp_path: Path) -> None:
 )
 def test_bad_options(options: dict[str, object], message: str) -> None:
     with pytest.raises(MscclExportError, match=re.escape(message)):
-        to_msccl_xml(synthesize("ring", 3), **options)  # type: ignore[arg-type]
+        xml_of(synthesize("ring", 3), **options)
 
 
 def test_incorrect_schedule_is_not_exported() -> None:
     half = Schedule("bad", 2, 1, None, (Phase("p", (0, 1), ((Transfer(0, 1, 0, Op.REDUCE),),)),))
-    with pytest.raises(
-        MscclExportError, match="not a correct allreduce, nothing exported: final state: rank 0"
-    ):
-        to_msccl_xml(half)
+    with pytest.raises(VerificationError, match="final state: rank 0"):
+        xml_of(half)  # it never gets a Proof, and the exporter takes nothing else
+    with pytest.raises(TypeError, match="prove the schedule first"):
+        to_msccl_xml(half)  # type: ignore[arg-type]
 
 
 def test_dependency_target_limit() -> None:
     with pytest.raises(MscclExportError) as e:
-        to_msccl_xml(synthesize("stragglar", 17), instances=8)
+        xml_of(synthesize("stragglar", 17), instances=8)
     assert str(e.value) == (
         "gpu 16 needs 136 thread blocks that others wait on, but dependency targets must have ids <= 127: "
         "use fewer instances or a smaller N"
@@ -210,23 +216,23 @@ def test_channel_limit() -> None:
     with pytest.raises(
         MscclExportError, match=r"needs \d+ channels, the executor allows 32: use fewer instances"
     ):
-        to_msccl_xml(synthesize("rhd", 2), instances=33)  # one FIFO per instance, each on its own channel
+        xml_of(synthesize("rhd", 2), instances=33)  # one FIFO per instance, each on its own channel
 
 
 def test_parser_limits(monkeypatch: pytest.MonkeyPatch) -> None:
     """The executor's per-rank parser limits, lowered here so that a small file reaches them."""
-    monkeypatch.setattr(msccl_format, "MAX_NODES", 40)
+    monkeypatch.setattr(msccl_threadblocks, "MAX_NODES", 40)
     with pytest.raises(MscclExportError) as e:
-        to_msccl_xml(synthesize("stragglar", 8))
+        xml_of(synthesize("stragglar", 8))
     assert str(e.value) == (
         "gpu 0's part of the file has 47 XML elements (algo, gpus, its tbs and steps), the executor's parser "
         "holds 39: use fewer instances or a smaller N"
     )
-    monkeypatch.setattr(msccl_format, "MAX_TBS", 10)
+    monkeypatch.setattr(msccl_threadblocks, "MAX_TBS", 10)
     with pytest.raises(
         MscclExportError, match="gpu 0 needs 11 thread blocks, the executor allows 10: use fewer"
     ):
-        to_msccl_xml(synthesize("stragglar", 8))
+        xml_of(synthesize("stragglar", 8))
 
 
 def test_release_files(tmp_path: Path) -> None:
@@ -246,7 +252,7 @@ def test_release_files(tmp_path: Path) -> None:
     ("algorithm", "n"), [("stragglar", 32), ("stragglar", 64), ("ring", 64), ("direct", 48)]
 )
 def test_large_files_are_proved(algorithm: str, n: int) -> None:
-    assert prove_msccl(to_msccl_xml(synthesize(algorithm, n))).ngpus == n
+    assert prove_msccl(xml_of(synthesize(algorithm, n))).ngpus == n
 
 
 @pytest.mark.slow
@@ -254,4 +260,4 @@ def test_large_files_are_proved(algorithm: str, n: int) -> None:
     ("algorithm", "n", "instances"), [("stragglar", 128, 1), ("stragglar", 64, 2), ("ring", 128, 1)]
 )
 def test_largest_files_are_proved(algorithm: str, n: int, instances: int) -> None:
-    assert prove_msccl(to_msccl_xml(synthesize(algorithm, n), instances=instances)).ngpus == n
+    assert prove_msccl(xml_of(synthesize(algorithm, n), instances=instances)).ngpus == n

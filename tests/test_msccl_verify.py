@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from msccl_model import run_numeric
 
-from stragglar.formats.msccl import to_msccl_xml
+from stragglar.msccl import MscclVerificationError, MscclViolation, check_msccl, prove_msccl, to_msccl_xml
 from stragglar.synth import synthesize
-from stragglar.verify.msccl import MscclVerificationError, MscclViolation, check_msccl, prove_msccl
+from stragglar.verify import prove
 
 FIXTURES = Path(__file__).parent / "fixtures" / "msccl"
 
@@ -438,7 +438,7 @@ def mutants(text: str) -> list[tuple[str, str]]:
 @pytest.mark.parametrize(("algorithm", "n"), MUTATED)
 def test_every_mutant_of_an_exported_file_is_rejected_or_still_correct(algorithm: str, n: int) -> None:
     """Rejected with a located message; an accepted mutant must pass the independent numeric model."""
-    text = to_msccl_xml(synthesize(algorithm, n))
+    text = to_msccl_xml(prove(synthesize(algorithm, n)))
     rejected_kinds: set[str] = set()
     accepted = 0
     for name, mutant in mutants(text):
@@ -456,7 +456,7 @@ def test_every_mutant_of_an_exported_file_is_rejected_or_still_correct(algorithm
 
 
 def test_dropping_a_copy_back_leaves_a_chunk_never_written() -> None:
-    text = to_msccl_xml(synthesize("direct", 3))
+    text = to_msccl_xml(prove(synthesize("direct", 3)))
     index, gpu, tb, _ = [s for s in step_lines(text) if s[3].group(2) == "cpy"][-1]
     first = index
     while 'type="nop"' in text.splitlines()[first - 1]:

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from stragglar.formats import json as json_format
+from stragglar.proof_tier import TABLE_HEADER, ProofRow, format_table, prove_all, prove_files
 from stragglar.schedule import Op, Phase, Schedule, Transfer
 from stragglar.synth import ALGORITHMS, synthesize
 from stragglar.verify import VerificationError
-from stragglar.verify.prove_all import TABLE_HEADER, ProofRow, format_table, prove_all, prove_files
 
 SHIPPED = Path(__file__).resolve().parent.parent / "schedules" / "json"
 

@@ -11,9 +11,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from stragglar.measure.data import expected, payload
 from stragglar.runtime import NcclGroup, RankError, allreduce
-from stragglar.runtime.bench import expected, payload
 from stragglar.synth import synthesize
+from stragglar.verify import prove
 
 ITEMSIZE = {2: 4, 4: 8, 6: 2, 7: 4, 8: 8}
 
@@ -123,7 +124,7 @@ def run_ranks(n: int, body: Any) -> list[Any]:
 @pytest.mark.parametrize("n", [2, 3, 4, 5, 8])
 @pytest.mark.parametrize("algorithm", ["stragglar", "direct", "ring"])
 def test_fake_nccl_results_are_exact(n: int, algorithm: str) -> None:
-    s = synthesize(algorithm, n)
+    s = prove(synthesize(algorithm, n))
     for count in (1, max(1, n - 2), 5 * (n - 1) + 2):
         for dtype in ("float16", "float32", "float64", "int32", "int64"):
             bufs = [payload(r, count, n, dtype).astype(dtype) for r in range(n)]
@@ -135,14 +136,14 @@ def test_fake_nccl_results_are_exact(n: int, algorithm: str) -> None:
                 assert np.array_equal(b.astype(np.float64), expected(count, n, dtype))
     # one NCCL group per round the rank takes part in
     steps = [
-        sum(1 for st in s.phases for rnd in st.rounds if any(r in (t.src, t.dst) for t in rnd))
+        sum(1 for st in s.schedule.phases for rnd in st.rounds if any(r in (t.src, t.dst) for t in rnd))
         for r in range(n)
     ]
     assert nccl.groups == steps
 
 
 def test_missing_rank_times_out_and_aborts() -> None:
-    s = synthesize("stragglar", 4)
+    s = prove(synthesize("stragglar", 4))
 
     def body(rank: int, group: NcclGroup) -> Any:
         if rank == 3:
@@ -161,7 +162,7 @@ def test_dtype_the_nccl_build_lacks_is_refused() -> None:
     nccl = FakeNccl(2)
     group = NcclGroup(FakeComm(nccl, 0, 2, FakeStream()), nccl, FakeStream())
     with pytest.raises(TypeError, match="no bfloat16"):
-        allreduce(_Bf16(), synthesize("ring", 2), group=group)
+        allreduce(_Bf16(), prove(synthesize("ring", 2)), group=group)
 
 
 class _Bf16:

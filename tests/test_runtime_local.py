@@ -8,19 +8,22 @@ import types
 import numpy as np
 import pytest
 
-from stragglar.runtime import Layout, allreduce, bench, plan_for
-from stragglar.runtime.bench import check, expected, payload, run_benchmark
+from stragglar.measure import data
+from stragglar.measure.data import WrongResult, check, expected, payload
+from stragglar.measure.run import run_benchmark
+from stragglar.runtime import Layout, allreduce, allreduce_local, plan_for
 from stragglar.runtime.program import compile_schedule
 from stragglar.schedule import Op, Phase, Schedule, Transfer
 from stragglar.synth import ALGORITHMS, synthesize
+from stragglar.verify import Proof, prove
 
 NUMPY_DTYPES = ("float16", "float32", "float64", "int32", "int64")
 CASES = [(a, n) for a in ALGORITHMS for n in range(2, 17) if a != "rhd" or n & (n - 1) == 0]
 
 
 @functools.cache
-def schedule(algorithm: str, n: int) -> Schedule:
-    return synthesize(algorithm, n)
+def schedule(algorithm: str, n: int) -> Proof:
+    return prove(synthesize(algorithm, n))
 
 
 def counts(n: int) -> list[int]:
@@ -28,13 +31,13 @@ def counts(n: int) -> list[int]:
     return sorted({0, 1, max(1, n - 2), n - 1, 3 * (n - 1) + 1, 1000 + n})
 
 
-def run_exact(s: Schedule, count: int, dtype: str) -> None:
+def run_exact(s: Proof, count: int, dtype: str) -> None:
     n = s.num_ranks
     bufs = [payload(r, count, n, dtype).astype(dtype) for r in range(n)]
-    allreduce(bufs, s)
+    allreduce_local(bufs, s)
     want = expected(count, n, dtype)
     for r, b in enumerate(bufs):
-        assert np.array_equal(b.astype(np.float64), want), (s.algorithm, n, count, dtype, r)
+        assert np.array_equal(b.astype(np.float64), want), (s.schedule.algorithm, n, count, dtype, r)
 
 
 @pytest.mark.parametrize(("algorithm", "n"), CASES)
@@ -49,14 +52,14 @@ def test_bfloat16_through_torch_tensors(n: int) -> None:
     torch = pytest.importorskip("torch")
     for count in counts(n):
         bufs = [torch.from_numpy(payload(r, count, n, "bfloat16")).to(torch.bfloat16) for r in range(n)]
-        allreduce(bufs, schedule("stragglar", n))
+        allreduce_local(bufs, schedule("stragglar", n))
         for b in bufs:
             assert np.array_equal(b.double().numpy(), expected(count, n, "bfloat16"))
 
 
 def test_multidimensional_buffers_are_reduced_in_place() -> None:
     bufs = [np.arange(24, dtype=np.int64).reshape(2, 3, 4) * (r + 1) for r in range(5)]
-    allreduce(bufs, schedule("stragglar", 5))
+    allreduce_local(bufs, schedule("stragglar", 5))
     assert all(np.array_equal(b, np.arange(24).reshape(2, 3, 4) * 15) for b in bufs)
 
 
@@ -98,12 +101,12 @@ def test_payload_differs_per_rank_and_element() -> None:
 def test_blockwise_check_counts_every_wrong_element_and_names_the_first(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(bench, "CHECK_BLOCK", 7)  # the faults below sit in different blocks
+    monkeypatch.setattr(data, "CHECK_BLOCK", 7)  # the faults below sit in different blocks
     want = expected(50, 4, "float32")
     check(want.astype(np.float32), want, 2, "demo")
     got = want.astype(np.float32)
     got[[9, 30, 49]] += 1
-    with pytest.raises(AssertionError, match=r"demo: rank 2 .* at 3 of 50 elements \(first: element 9 is"):
+    with pytest.raises(WrongResult, match=r"demo: rank 2 .* at 3 of 50 elements \(first: element 9 is"):
         check(got, want, 2, "demo")
 
 
@@ -140,7 +143,7 @@ def test_program_respects_synchronous_rounds(algorithm: str, n: int) -> None:
 
 def test_transfers_between_two_ranks_in_a_round_form_one_message() -> None:
     s = schedule("direct", 5)
-    exchange = compile_schedule(s)[4].steps[0]
+    exchange = compile_schedule(s.schedule)[4].steps[0]
     assert [(m.peer, m.chunks) for m in exchange.sends] == [(0, (0, 1, 2, 3))]
     assert exchange.recvs[0].reduce == (True,) * 4 and not exchange.recvs[0].in_place
 
@@ -148,27 +151,29 @@ def test_transfers_between_two_ranks_in_a_round_form_one_message() -> None:
 def test_clear_errors_for_bad_buffers_and_schedules() -> None:
     s = schedule("stragglar", 3)
     with pytest.raises(TypeError, match="supported dtypes"):
-        allreduce([np.zeros(4, np.complex64)] * 3, s)
+        allreduce_local([np.zeros(4, np.complex64)] * 3, s)
     with pytest.raises(TypeError, match="supported dtypes"):
-        allreduce([np.zeros(4, np.uint8)] * 3, s)
+        allreduce_local([np.zeros(4, np.uint8)] * 3, s)
     with pytest.raises(ValueError, match="contiguous"):
-        allreduce([np.zeros((4, 4))[:, 1] for _ in range(3)], s)
+        allreduce_local([np.zeros((4, 4))[:, 1] for _ in range(3)], s)
     with pytest.raises(ValueError, match="same buffer size"):
-        allreduce([np.zeros(4), np.zeros(4), np.zeros(5)], s)
+        allreduce_local([np.zeros(4), np.zeros(4), np.zeros(5)], s)
     with pytest.raises(ValueError, match="3 ranks, got 2"):
-        allreduce([np.zeros(4), np.zeros(4)], s)
+        allreduce_local([np.zeros(4), np.zeros(4)], s)
     with pytest.raises(TypeError, match="cannot allreduce a ndarray"):
         allreduce(np.zeros(4), s)
     wrong = Schedule("wrong", 2, 1, None, (Phase("p", (0, 1), ((Transfer(0, 1, 0, Op.COPY),),)),))
-    with pytest.raises(ValueError, match="not a correct allreduce"):
-        allreduce([np.zeros(4), np.zeros(4)], wrong)
+    for unproved in (wrong, synthesize("ring", 2)):  # only a Proof runs, never a bare schedule
+        with pytest.raises(TypeError, match="prove the schedule first"):
+            allreduce_local([np.zeros(4), np.zeros(4)], unproved)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="comes only from a prover"):
+        Proof(wrong, "simulator", 0.0)
 
 
 def test_straggler_delay_hides_the_first_phase() -> None:
     s = schedule("stragglar", 4)
     bufs = [np.ones(1 << 12) for _ in range(4)]
-    timelines = allreduce(bufs, s, straggler_delay=0.05)
-    assert isinstance(timelines, list)
+    timelines = allreduce_local(bufs, s, straggler_delay=0.05)
     late = timelines[3]
     assert late.arrived - late.start >= 0.05
     for t in timelines[:3]:
@@ -190,7 +195,7 @@ def test_run_benchmark_local_reports_checked_figures() -> None:
 
 
 def test_sweep_table_says_when_the_ring_fit_failed() -> None:
-    from stragglar.runtime.sweep import Setting, SweepResult, fit_ring
+    from stragglar.measure.sweep import Setting, SweepResult, fit_ring
 
     assert fit_ring(4, [(2**20, 0.5), (2**24, 0.1)]) is None  # faster when bigger: no network
     assert fit_ring(4, [(2**20, 0.5)]) is None

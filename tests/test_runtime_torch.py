@@ -10,15 +10,16 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from stragglar.runtime.bench import expected, payload, run_benchmark  # noqa: E402
-from stragglar.runtime.launch import LaunchError, launch  # noqa: E402
-from stragglar.schedule import Schedule  # noqa: E402
+from stragglar.measure.data import expected, payload  # noqa: E402
+from stragglar.measure.launch import LaunchError, launch  # noqa: E402
+from stragglar.measure.run import run_benchmark  # noqa: E402
 from stragglar.synth import ALGORITHMS, synthesize  # noqa: E402
+from stragglar.verify import Proof, prove  # noqa: E402
 
 DTYPES = ("float32", "int64", "bfloat16", "float16")
 
 
-def exact_rank(rank: int, n: int, schedules: list[Schedule], sizes: list[int]) -> int:
+def exact_rank(rank: int, n: int, schedules: list[Proof], sizes: list[int]) -> int:
     from stragglar.runtime import allreduce
 
     runs = 0
@@ -28,7 +29,7 @@ def exact_rank(rank: int, n: int, schedules: list[Schedule], sizes: list[int]) -
                 buf = torch.from_numpy(payload(rank, count, n, dtype)).to(getattr(torch, dtype))
                 allreduce(buf, s, timeout=20, tag=runs * s.num_rounds)
                 assert np.array_equal(buf.double().numpy(), expected(count, n, dtype)), (
-                    s.algorithm,
+                    s.schedule.algorithm,
                     count,
                     dtype,
                 )
@@ -38,13 +39,13 @@ def exact_rank(rank: int, n: int, schedules: list[Schedule], sizes: list[int]) -
 
 @pytest.mark.parametrize("n", [2, 3, 4, 5, 8])
 def test_gloo_results_are_exact_for_uneven_sizes(n: int) -> None:
-    schedules = [synthesize(a, n) for a in ALGORITHMS if a != "rhd" or n & (n - 1) == 0]
+    schedules = [prove(synthesize(a, n)) for a in ALGORITHMS if a != "rhd" or n & (n - 1) == 0]
     sizes = sorted({1, max(1, n - 2), 4 * (n - 1) + 3, 1001})
     runs = launch(exact_rank, n, (schedules, sizes), timeout=60)
     assert runs == [len(schedules) * len(sizes) * len(DTYPES)] * n
 
 
-def delayed_rank(rank: int, n: int, s: Schedule, delay: float) -> object:
+def delayed_rank(rank: int, n: int, s: Proof, delay: float) -> object:
     from stragglar.runtime import allreduce
 
     buf = torch.full((4096,), float(rank + 1))
@@ -54,7 +55,7 @@ def delayed_rank(rank: int, n: int, s: Schedule, delay: float) -> object:
 
 
 def test_punctual_ranks_finish_the_hidden_phase_before_the_straggler_arrives() -> None:
-    s = synthesize("stragglar", 4, straggler=1)
+    s = prove(synthesize("stragglar", 4, straggler=1))
     timelines = launch(delayed_rank, 4, (s, 0.3), timeout=60)
     late = timelines[1]
     assert late.arrived - late.start >= 0.3
@@ -65,7 +66,7 @@ def test_punctual_ranks_finish_the_hidden_phase_before_the_straggler_arrives() -
             assert t.done > late.arrived  # and phase 2 waited for it
 
 
-def dying_rank(rank: int, n: int, s: Schedule) -> None:
+def dying_rank(rank: int, n: int, s: Proof) -> None:
     from stragglar.runtime import allreduce
 
     buf = torch.ones(100_000)
@@ -77,7 +78,7 @@ def dying_rank(rank: int, n: int, s: Schedule) -> None:
 def test_a_dead_rank_makes_the_others_fail_clearly_and_quickly() -> None:
     start = time.monotonic()
     with pytest.raises(LaunchError) as info:
-        launch(dying_rank, 5, (synthesize("stragglar", 5),), timeout=30)
+        launch(dying_rank, 5, (prove(synthesize("stragglar", 5)),), timeout=30)
     assert time.monotonic() - start < 20
     errors = info.value.errors
     assert errors[2] == "exited with code 3 before reporting"
@@ -89,7 +90,7 @@ def test_a_dead_rank_makes_the_others_fail_clearly_and_quickly() -> None:
 def ddp_rank(rank: int, n: int, steps: int) -> float:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from stragglar.torch import StragglarState, stragglar_hook
+    from stragglar.ddp import StragglarState, stragglar_hook
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -129,7 +130,7 @@ def test_run_benchmark_torch_checks_and_times_both() -> None:
 
 
 def test_sweep_on_gloo_fits_the_ring_model_and_predicts_each_setting() -> None:
-    from stragglar.runtime.sweep import sweep
+    from stragglar.measure.sweep import sweep
 
     result = sweep("torch", [3], [2**12, 2**22], [0.0, 0.02], iters=2)
     assert result.baseline == "gloo all_reduce"
@@ -150,7 +151,7 @@ def test_sweep_on_gloo_fits_the_ring_model_and_predicts_each_setting() -> None:
 def detecting_rank(rank: int, n: int, steps: int, late: int) -> tuple[list[tuple[int, int]], float]:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from stragglar.torch import StragglarState, stragglar_hook
+    from stragglar.ddp import StragglarState, stragglar_hook
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -188,7 +189,7 @@ def test_ddp_hook_finds_the_persistent_straggler_and_keeps_the_gradients() -> No
 
 
 def test_a_mixed_or_short_history_names_no_straggler() -> None:
-    from stragglar.torch import persistent_late_rank
+    from stragglar.ddp import persistent_late_rank
 
     assert persistent_late_rank([0, 1, 2, 1, 0, 2], window=6, share=0.75) is None
     assert persistent_late_rank([3, 3, 3], window=4, share=0.75) is None

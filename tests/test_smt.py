@@ -13,11 +13,13 @@ from typing import cast
 
 import pytest
 
-from stragglar.schedule import Op, Phase, Round, Schedule, Transfer, move_straggler
-from stragglar.synth import ALGORITHMS, round_lower_bound, synthesize
-from stragglar.verify import VerificationError, check, prove
-from stragglar.verify.bound import phase2_feasible, prove_lower_bound, smt_synthesize
-from stragglar.verify.smt import SmtViolation, smt_check, smt_prove
+from stragglar.schedule import Op, Phase, Round, Schedule, Transfer, move_straggler, round_lower_bound
+from stragglar.synth import ALGORITHMS, synthesize
+from stragglar.synth.ring import ring_reduce_scatter
+from stragglar.synth.smt import copy_rounds_status, smt_copy_rounds
+from stragglar.verify import VerificationError, Violation, check, prove
+from stragglar.verify.bound import phase2_feasible, prove_lower_bound
+from stragglar.verify.smt import smt_check, smt_prove
 
 R, C = Op.REDUCE, Op.COPY
 
@@ -47,7 +49,7 @@ def final_values(s: Schedule, chunk: int, inputs: Sequence[Fraction]) -> list[Fr
     return values
 
 
-def assert_real_counterexample(s: Schedule, v: SmtViolation) -> None:
+def assert_real_counterexample(s: Schedule, v: Violation) -> None:
     """The model's inputs, run without z3, leave the named rank's chunk wrong by the stated amount."""
     ce = v.counterexample
     assert ce is not None and (ce.rank, ce.chunk) == (v.rank, v.chunk)
@@ -99,7 +101,7 @@ def test_each_structural_violation_is_named_like_the_simulator_does(case: str) -
     (phase,) = schedule.phases
     delayed = replace(schedule, phases=(Phase("p", phase.ranks, ((), *phase.rounds)),))  # fault in round 1
     v = smt_check(delayed)
-    assert isinstance(v, SmtViolation) and v.counterexample is None
+    assert isinstance(v, Violation) and v.counterexample is None
     assert (v.kind, v.phase, v.round, v.rank, v.chunk) == (kind, 0, 1, rank, chunk), v.message
     assert v.message.startswith("phase 0 'p' round 1: transfer ")
     assert re.search(rf"\brank {rank}\b", v.message)
@@ -141,7 +143,8 @@ def test_a_value_lacking_and_doubling_is_reported_as_a_duplicate() -> None:
 def test_prove_raises_with_the_violation_and_accepts_only_allreduce() -> None:
     with pytest.raises(VerificationError) as caught:
         smt_prove(one_phase(2, 1, (T(0, 1, 0, R),)))
-    assert isinstance(caught.value.violation, SmtViolation) and caught.value.violation.kind == "missing"
+    violation = caught.value.violation
+    assert violation.counterexample is not None and violation.kind == "missing"
     with pytest.raises(ValueError, match="allreduce"):
         smt_check(Schedule("x", 2, 1, None, (), collective="broadcast"))
 
@@ -158,16 +161,26 @@ def test_many_inputs_are_shortened_in_the_message() -> None:
     assert_real_counterexample(s, v)
 
 
+def after_reduce_scatter(n: int, exchange: tuple[Round, ...]) -> Schedule:
+    """The bound's phase 2 after the ring ReduceScatter it starts from (straggler n-1)."""
+    others = tuple(range(n - 1))
+    phases = (Phase("reduce-scatter", others, ring_reduce_scatter(others, others)),) if n > 2 else ()
+    return Schedule("stragglar", n, n - 1, n - 1, (*phases, Phase("exchange", tuple(range(n)), exchange)))
+
+
 @pytest.mark.parametrize("n", range(2, 9))
 def test_lower_bound_proved_and_reached_for_small_n(n: int) -> None:
+    """The general model: unsat at R*(n) - 1 rounds, and at R*(n) a phase 2 both provers accept."""
     bound = prove_lower_bound(n)
     assert (
-        bound.proved and bound.schedule is None and bound.bound == round_lower_bound(n) and bound.seconds >= 0
+        bound.proved and bound.exchange is None and bound.bound == round_lower_bound(n) and bound.seconds >= 0
     )
+    assert bound.summary.startswith(f"proved: no phase 2 for {n} GPUs fits in {bound.bound - 1} rounds")
     answer = phase2_feasible(n, round_lower_bound(n))
-    assert answer.status == "sat" and answer.schedule is not None
-    assert answer.schedule.straggler_rounds == round_lower_bound(n)
-    assert check(answer.schedule) is None and smt_check(answer.schedule) is None
+    assert answer.status == "sat" and answer.exchange is not None
+    schedule = after_reduce_scatter(n, answer.exchange)
+    assert schedule.exposed_rounds == round_lower_bound(n)
+    assert check(schedule) is None and smt_check(schedule) is None
 
 
 @pytest.mark.slow
@@ -176,20 +189,30 @@ def test_lower_bound_proved_for_larger_n(n: int) -> None:
     assert prove_lower_bound(n).proved
 
 
-@pytest.mark.parametrize("n", [2, 3, 5, 6])
+@pytest.mark.parametrize("n", [2, 3, 5, 6, 8])
 def test_smt_synthesis_is_optimal_and_proved_by_both_checkers(n: int) -> None:
-    s = smt_synthesize(n)
+    s = synthesize("stragglar", n, method="smt")
     assert (s.algorithm, s.straggler, s.num_chunks) == ("stragglar", n - 1, n - 1)
-    assert s.straggler_rounds == round_lower_bound(n) == s.metadata["lower_bound"]
+    assert s.exposed_rounds == round_lower_bound(n) == s.metadata["lower_bound"]
     assert s.metadata["method"] == "smt" and [p.name for p in s.phases][-1] == "exchange"
     assert prove(s).num_rounds == smt_prove(s).num_rounds
     assert all(len({t.src for t in rnd}) == len(rnd) for rnd in s.phases[-1].rounds)  # one chunk per sender
+    moved = synthesize("stragglar", n, 0, method="smt")
+    assert moved.straggler == 0 and check(moved) is None
+
+
+@pytest.mark.parametrize("n", [3, 4, 6, 7])
+def test_smt_synthesis_boundary_unsat_one_round_below_the_bound_and_sat_at_it(n: int) -> None:
+    bound = round_lower_bound(n)
+    assert (copy_rounds_status(n, bound - 1), copy_rounds_status(n, bound)) == ("unsat", "sat")
 
 
 def test_timeout_is_reported_not_hidden() -> None:
     assert phase2_feasible(8, round_lower_bound(8) - 1, timeout_s=0.05).status == "unknown"
     with pytest.raises(TimeoutError):
-        smt_synthesize(8, timeout_s=0.05)
+        smt_copy_rounds(14, round_lower_bound(14), timeout_s=0.05)
+    with pytest.raises(TimeoutError):
+        synthesize("stragglar", 14, method="smt", timeout_s=0.05)
 
 
 def test_phase2_needs_at_least_two_gpus() -> None:

@@ -28,7 +28,7 @@ from test_smt import assert_real_counterexample
 
 from stragglar.synth import ALGORITHMS, synthesize
 from stragglar.verify import Violation, check
-from stragglar.verify.smt import SmtViolation, smt_check
+from stragglar.verify.smt import smt_check
 
 Cell = tuple[int, int]  # (rank, chunk)
 PER_TYPE_AND_SIZE = 3  # mutants of each type ("drop", "src", "move", ...) per size in the default run
@@ -45,9 +45,7 @@ def few_of_each_type(mutants: Iterator[Mutant], pick: random.Random) -> list[Mut
     return [m for group in by_type.values() for m in pick.sample(group, min(PER_TYPE_AND_SIZE, len(group)))]
 
 
-def assert_same_fault(
-    m: Mutant, ours: SmtViolation, theirs: Violation, sound: bool, wrong: set[Cell]
-) -> None:
+def assert_same_fault(m: Mutant, ours: Violation, theirs: Violation, sound: bool, wrong: set[Cell]) -> None:
     """The same rule broken in the same round, or a wrong value that z3 shows with real inputs."""
     if ours.kind in STRUCTURAL_KINDS or theirs.kind in STRUCTURAL_KINDS:
         assert not sound and (ours.kind, ours.phase, ours.round) == (theirs.kind, theirs.phase, theirs.round)

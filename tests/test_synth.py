@@ -6,11 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stragglar.schedule import Op, Schedule
-from stragglar.synth import ALGORITHMS, round_lower_bound, synthesize
+from stragglar.schedule import Op, Schedule, round_lower_bound
+from stragglar.synth import ALGORITHMS, synthesize
 from stragglar.verify import prove
 
-# Phase-2 rounds of the authors' reference synthesizer (shared/docs/stragglar-model.md).
+# Phase-2 rounds of the authors' reference synthesizer (docs/model.md).
 REFERENCE_ROUNDS = {6: 7, 10: 12, 12: 15, 14: 17, 18: 21, 20: 24, 24: 27, 48: 55, 96: 106}
 
 
@@ -23,9 +23,9 @@ def test_stragglar_is_proved_and_round_optimal_where_promised(n: int) -> None:
     s = synthesize("stragglar", n)
     proof = prove(s)
     bound = round_lower_bound(n)
-    assert proof.straggler_rounds == s.straggler_rounds >= bound
-    assert s.straggler_rounds == bound
-    assert s.straggler_rounds <= REFERENCE_ROUNDS.get(n, s.straggler_rounds)
+    assert proof.exposed_rounds == s.exposed_rounds >= bound
+    assert s.exposed_rounds == bound
+    assert s.exposed_rounds <= REFERENCE_ROUNDS.get(n, s.exposed_rounds)
     assert s.metadata["lower_bound"] == bound
 
 
@@ -51,7 +51,7 @@ def test_any_straggler_rank(n: int) -> None:
         prove(s)
         assert s.straggler == straggler
         assert straggler not in s.phases[0].ranks or n == 2
-        assert s.straggler_rounds == round_lower_bound(n)
+        assert s.exposed_rounds == round_lower_bound(n)
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
@@ -66,7 +66,7 @@ def test_baselines_are_proved_with_their_round_counts(algorithm: str, n: int) ->
     log2 = (n - 1).bit_length()
     expected = {"ring": 2 * (n - 1), "rhd": 2 * log2, "direct": log2}
     if algorithm in expected:
-        assert s.straggler_rounds == expected[algorithm]
+        assert s.exposed_rounds == expected[algorithm]
 
 
 def test_direct_hides_an_allreduce_of_the_others() -> None:
@@ -102,14 +102,14 @@ def test_bad_requests_say_why(args: tuple[str, int] | tuple[str, int, int], mess
 def test_larger_sizes_are_proved_and_near_the_bound(n: int) -> None:
     s: Schedule = synthesize("stragglar", n)
     prove(s)
-    assert round_lower_bound(n) <= s.straggler_rounds <= round_lower_bound(n) + 2
+    assert round_lower_bound(n) <= s.exposed_rounds <= round_lower_bound(n) + 2
 
 
 def test_a_stalled_search_jumps_back_and_reaches_the_bound() -> None:
     # plain backtracking thrashes at n = 178 and used to settle for one more round
     s = synthesize("stragglar", 178)
     prove(s)
-    assert s.straggler_rounds == round_lower_bound(178)
+    assert s.exposed_rounds == round_lower_bound(178)
 
 
 @pytest.mark.slow
@@ -117,7 +117,7 @@ def test_a_stalled_search_jumps_back_and_reaches_the_bound() -> None:
 def test_larger_tier(n: int) -> None:
     s = synthesize("stragglar", n)
     prove(s)
-    assert s.straggler_rounds == round_lower_bound(n)
+    assert s.exposed_rounds == round_lower_bound(n)
 
 
 @pytest.mark.slow

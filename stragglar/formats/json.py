@@ -33,6 +33,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
+from stragglar.errors import InputError
+from stragglar.files import write_text
 from stragglar.schedule import Op, Phase, Round, Schedule, Transfer
 
 __all__ = [
@@ -69,7 +71,7 @@ _OP_NAMES = {Op.COPY: "copy", Op.REDUCE: "reduce"}
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-class ScheduleFormatError(ValueError):
+class ScheduleFormatError(InputError):
     """A bad schedule document; the one-line message says where and what.
 
     >>> try:
@@ -382,8 +384,8 @@ def loads(text: str) -> Schedule:
 
 
 def write(schedule: Schedule, path: str | os.PathLike[str]) -> None:
-    """Write ``schedule`` to the file ``path`` as compact UTF-8 JSON with a final newline."""
-    Path(path).write_text(dumps(schedule) + "\n", encoding="utf-8")
+    """Write ``schedule`` to the file ``path`` as compact UTF-8 JSON with a final newline (atomically)."""
+    write_text(path, dumps(schedule) + "\n")
 
 
 def read(path: str | os.PathLike[str]) -> Schedule:

@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from stragglar.schedule import Op, Phase, Round, Schedule, Transfer
+from stragglar.units import count_of
 
 __all__ = ["compact_ranges", "render"]
 
@@ -53,7 +54,7 @@ def _render_phase(index: int, phase: Phase, labels: _Labels) -> list[str]:
     width = max((len(item) for row in rows for item in row), default=0)
     digits = len(str(max(len(rows) - 1, 0)))
     header = (
-        f"phase {index} {phase.name!r}, ranks {compact_ranges(phase.ranks)}: {_count(len(rows), 'round')}"
+        f"phase {index} {phase.name!r}, ranks {compact_ranges(phase.ranks)}: {count_of(len(rows), 'round')}"
     )
     lines = [header]
     for number, row in enumerate(rows):
@@ -133,7 +134,3 @@ def compact_ranges(numbers: Iterable[int]) -> str:
 
 def _run(run: Sequence[int]) -> str:
     return str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}"
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

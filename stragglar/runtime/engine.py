@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from stragglar.errors import InputError, RunError
 from stragglar.runtime.program import BoundMessage, BoundStep, Plan
 
 __all__ = ["DTYPES", "RankError", "Timeline", "Transport", "dtype_name", "flat_view", "run_rank"]
@@ -25,7 +26,7 @@ DTYPES = ("float16", "bfloat16", "float32", "float64", "int32", "int64")
 Array = Any  # numpy.ndarray, cupy.ndarray or torch.Tensor: all sliced the same way
 
 
-class RankError(RuntimeError):
+class RankError(RunError):
     """A rank could not finish its part: a peer died, never arrived, or timed out."""
 
 
@@ -63,7 +64,7 @@ def flat_view(array: Array) -> Array:
     dtype_name(array)
     contiguous = array.is_contiguous() if hasattr(array, "is_contiguous") else array.flags.c_contiguous
     if not contiguous:
-        raise ValueError("allreduce needs a contiguous buffer (results are written in place)")
+        raise InputError("allreduce needs a contiguous buffer (results are written in place)")
     return array.reshape(-1)
 
 
@@ -159,4 +160,4 @@ def describe(plan: Plan, step: BoundStep) -> str:
 
 def check_sizes(sizes: Sequence[int], what: str) -> None:
     if len(set(sizes)) > 1:
-        raise ValueError(f"every rank needs the same buffer size for {what}, got {sorted(set(sizes))}")
+        raise InputError(f"every rank needs the same buffer size for {what}, got {sorted(set(sizes))}")

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from stragglar.errors import InputError
+
 __all__ = ["Layout"]
 
 
@@ -29,7 +31,7 @@ class Layout:
     def even(cls, count: int, num_chunks: int) -> Layout:
         """Split ``count`` elements into ``num_chunks`` chunks whose sizes differ by at most one."""
         if count < 0 or num_chunks < 1:
-            raise ValueError(f"cannot lay out {count} elements in {num_chunks} chunks")
+            raise InputError(f"cannot lay out {count} elements in {num_chunks} chunks")
         base, extra = divmod(count, num_chunks)
         bounds: list[tuple[int, int]] = []
         start = 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
+from stragglar.errors import InputError
 from stragglar.runtime.engine import (
     Array,
     Timeline,
@@ -40,9 +41,9 @@ def run_local(
     is read at the end.
     """
     if len(buffers) != len(plans):
-        raise ValueError(f"schedule has {len(plans)} ranks, got {len(buffers)} buffers")
+        raise InputError(f"schedule has {len(plans)} ranks, got {len(buffers)} buffers")
     if len({dtype_name(b) for b in buffers}) > 1:
-        raise ValueError(f"every rank needs the same dtype, got {sorted({dtype_name(b) for b in buffers})}")
+        raise InputError(f"every rank needs the same dtype, got {sorted({dtype_name(b) for b in buffers})}")
     flats = [flat_view(b) for b in buffers]
     check_sizes([int(f.shape[0]) for f in flats], "allreduce")
     start = time.perf_counter()

@@ -9,7 +9,7 @@ also being sent) lands in scratch and is applied after the round.  :func:`bind` 
 element ranges; messages that turn out empty are dropped, identically on both ends.
 
 >>> from stragglar.synth import synthesize
->>> p = compile_schedule(synthesize("stragglar", 3))[2]
+>>> p = compile_schedule(synthesize("stragglar", 3))[2]  # the runtime compiles proved schedules only
 >>> [(s.round, s.sends[0].peer, s.sends[0].chunks, s.recvs[0].in_place) for s in p.steps]
 [(1, 0, (0,), False), (2, 1, (1,), False)]
 """
@@ -20,9 +20,9 @@ import itertools
 from collections import defaultdict
 from dataclasses import dataclass
 
+from stragglar.errors import InputError
 from stragglar.runtime.layout import Layout
 from stragglar.schedule import Op, Schedule
-from stragglar.verify import check
 
 __all__ = ["BoundMessage", "BoundStep", "Message", "Plan", "RankProgram", "Step", "bind", "compile_schedule"]
 
@@ -58,12 +58,10 @@ class RankProgram:
     steps: tuple[Step, ...]
 
 
-def compile_schedule(schedule: Schedule, verify: bool = True) -> tuple[RankProgram, ...]:
-    """One program per rank.  ``verify`` first proves the schedule, so a wrong one never runs."""
+def compile_schedule(schedule: Schedule) -> tuple[RankProgram, ...]:
+    """One program per rank (the runtime's entry points accept proved schedules only)."""
     if schedule.collective != "allreduce":
-        raise ValueError(f"can only run allreduce schedules, not {schedule.collective!r}")
-    if verify and (violation := check(schedule)) is not None:
-        raise ValueError(f"schedule '{schedule.algorithm}' is not a correct allreduce: {violation}")
+        raise InputError(f"can only run allreduce schedules, not {schedule.collective!r}")
     steps: list[list[Step]] = [[] for _ in range(schedule.num_ranks)]
     round_index = 0
     for phase_index, phase in enumerate(schedule.phases):

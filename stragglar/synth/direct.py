@@ -14,7 +14,7 @@ def direct_allreduce(num_ranks: int, straggler: int | None = None) -> Schedule:
     each moving the whole buffer.
 
     >>> s = direct_allreduce(8)
-    >>> s.straggler, s.straggler_rounds
+    >>> s.straggler, s.exposed_rounds
     (7, 3)
     """
     n = num_ranks

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from stragglar.errors import InputError
 from stragglar.schedule import Op, Phase, Round, Schedule, Transfer
 
 __all__ = ["rhd_allreduce"]
@@ -30,13 +31,13 @@ def _doubling(num_ranks: int, distance: int) -> Round:
 def rhd_allreduce(num_ranks: int) -> Schedule:
     """Recursive halving/doubling AllReduce: 2 log2(n) rounds of shrinking then growing blocks.
 
-    Raises ValueError unless ``num_ranks`` is a power of two (the halving needs equal halves).
+    Raises InputError unless ``num_ranks`` is a power of two (the halving needs equal halves).
 
     >>> rhd_allreduce(8).num_rounds
     6
     """
     if num_ranks < 2 or num_ranks & (num_ranks - 1):
-        raise ValueError(f"rhd needs a power-of-two number of GPUs, got {num_ranks}")
+        raise InputError(f"rhd needs a power-of-two number of GPUs, got {num_ranks}")
     n = num_ranks
     distances = [n >> (k + 1) for k in range(n.bit_length() - 1)]
     halving = tuple(_halving(n, d) for d in distances)

@@ -1,5 +1,11 @@
-"""Verification: prove that a schedule is a correct AllReduce before anything runs it."""
+"""Verification: prove that a schedule is a correct AllReduce before anything runs or exports it.
 
-from stragglar.verify.simulate import Proof, VerificationError, Violation, check, prove
+Two provers that share only the IR and :mod:`stragglar.verify.report`: the symbolic simulator
+(:func:`prove`, :func:`check`) and the z3 checker (:mod:`stragglar.verify.smt`); lower bounds on
+StragglAR's rounds are in :mod:`stragglar.verify.bound`.  A :class:`Proof` carries its schedule.
+"""
 
-__all__ = ["Proof", "VerificationError", "Violation", "check", "prove"]
+from stragglar.verify.report import Kind, Proof, VerificationError, Violation, Where, require_proof
+from stragglar.verify.simulate import check, prove
+
+__all__ = ["Kind", "Proof", "VerificationError", "Violation", "Where", "check", "prove", "require_proof"]

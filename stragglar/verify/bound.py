@@ -1,4 +1,4 @@
-"""Lower bounds on StragglAR's exposed rounds, and optimal schedules, by SAT (z3).
+"""Lower bounds on StragglAR's exposed rounds, by SAT (z3).
 
 The question asked of the solver: starting from the state the ReduceScatter leaves, can ``n``
 ranks finish an AllReduce in ``R`` rounds of the one-port, one-chunk-per-round model?  The
@@ -40,21 +40,21 @@ from typing import NamedTuple
 
 import z3
 
-from stragglar import __version__
-from stragglar.schedule import Op, Phase, Round, Schedule, Transfer
-from stragglar.synth.ring import ring_reduce_scatter
-from stragglar.synth.stragglar import round_lower_bound
+from stragglar.errors import InputError
+from stragglar.schedule import Op, Round, Transfer, round_lower_bound
 
-__all__ = ["Feasibility", "LowerBound", "phase2_feasible", "prove_lower_bound", "smt_synthesize"]
+__all__ = ["Feasibility", "LowerBound", "phase2_feasible", "prove_lower_bound"]
 
 _PARTS = (0, 1)  # P (the punctual ranks' sum) and Q (the straggler's data)
 
 
 class Feasibility(NamedTuple):
-    """The solver's answer: "sat" with a schedule, "unsat", or "unknown" when it ran out of time."""
+    """The solver's answer: "sat" with the phase-2 rounds found (straggler ``n-1``, after the
+    ReduceScatter that leaves punctual rank ``c`` with chunk ``c``), "unsat", or "unknown" when it
+    ran out of time."""
 
     status: str
-    schedule: Schedule | None
+    exchange: tuple[Round, ...] | None
     seconds: float
 
 
@@ -66,63 +66,57 @@ class LowerBound:
     bound: int  # R*(n)
     status: str
     seconds: float
-    schedule: Schedule | None  # only if the solver beat R*(n): a result to verify and report
+    exchange: tuple[Round, ...] | None  # only if the solver beat R*(n): a result to verify and report
 
     @property
     def proved(self) -> bool:
         return self.status == "unsat"
+
+    @property
+    def summary(self) -> str:
+        """One line: proved, beaten (a finding to report), or undecided."""
+        n, fewer = self.num_ranks, f"{self.bound - 1} rounds"
+        if self.proved:
+            return (
+                f"proved: no phase 2 for {n} GPUs fits in {fewer}, so R*({n}) = {self.bound} "
+                f"is optimal (z3: unsat in {self.seconds:.2f} s)"
+            )
+        if self.exchange is not None:
+            return f"z3 found a phase 2 for {n} GPUs in {fewer}, below R*({n})"
+        return f"z3 gave no answer for {n} GPUs in {self.seconds:.1f} s (status {self.status})"
 
 
 def prove_lower_bound(num_ranks: int, timeout_s: float | None = None) -> LowerBound:
     """Ask the solver for a phase 2 with one round fewer than R*(n); unsat proves R*(n) optimal."""
     bound = round_lower_bound(num_ranks)
     answer = phase2_feasible(num_ranks, bound - 1, timeout_s)
-    if answer.schedule is not None:
+    if answer.exchange is not None:
         warnings.warn(f"z3 fits phase 2 for {num_ranks} GPUs in {bound - 1} rounds, below R*", stacklevel=2)
-    return LowerBound(num_ranks, bound, answer.status, answer.seconds, answer.schedule)
-
-
-def smt_synthesize(num_ranks: int, timeout_s: float | None = None) -> Schedule:
-    """A StragglAR schedule with the fewest phase-2 rounds: one round fewer is proved infeasible.
-
-    The search starts at R*(n) - 1 and moves towards the answer, so it normally asks twice:
-    R*(n) - 1 rounds (unsat) and R*(n) rounds (sat).  Raises TimeoutError if a query times out.
-    """
-    rounds = round_lower_bound(num_ranks) - 1
-    best = _decided(num_ranks, rounds, timeout_s).schedule
-    while best is None:
-        rounds += 1
-        best = _decided(num_ranks, rounds, timeout_s).schedule
-    while (fewer := _decided(num_ranks, rounds - 1, timeout_s).schedule) is not None:
-        best, rounds = fewer, rounds - 1
-    return best
-
-
-def _decided(num_ranks: int, rounds: int, timeout_s: float | None) -> Feasibility:
-    answer = phase2_feasible(num_ranks, rounds, timeout_s)
-    if answer.status == "unknown":
-        raise TimeoutError(f"z3 did not decide {rounds} rounds for {num_ranks} GPUs in {timeout_s} s")
-    return answer
+    return LowerBound(num_ranks, bound, answer.status, answer.seconds, answer.exchange)
 
 
 def phase2_feasible(num_ranks: int, rounds: int, timeout_s: float | None = None) -> Feasibility:
-    """Decide whether phase 2 fits in ``rounds`` rounds; if so, return the whole schedule found."""
+    """Decide whether phase 2 fits in ``rounds`` rounds; if so, return the rounds found.
+
+    ``timeout_s`` bounds the wall-clock time, building the model included.
+    """
     n = num_ranks
     if n < 2 or rounds < 0:
-        raise ValueError(f"need at least 2 GPUs and no negative rounds, got {n} GPUs, {rounds} rounds")
+        raise InputError(f"need at least 2 GPUs and no negative rounds, got {n} GPUs, {rounds} rounds")
+    start = time.perf_counter()
     has, send = _variables(n, rounds)
     solver = z3.Solver()
-    if timeout_s is not None:
-        solver.set("timeout", max(1, round(timeout_s * 1000)))
     solver.add(*_constraints(n, rounds, has, send))
-    start = time.perf_counter()
-    verdict = solver.check()
+    left = None if timeout_s is None else timeout_s - (time.perf_counter() - start)
+    if left is not None:
+        solver.set("timeout", max(1, round(left * 1000)))
+    verdict = solver.check() if left is None or left > 0 else z3.unknown
     seconds = time.perf_counter() - start
     if verdict != z3.sat:
         return Feasibility("unsat" if verdict == z3.unsat else "unknown", None, seconds)
     model = solver.model()
     chosen = [[(s, d, c) for s, d, c in _triples(n) if _true(model, send[t][s][d][c])] for t in range(rounds)]
-    return Feasibility("sat", _schedule(n, chosen), seconds)
+    return Feasibility("sat", _exchange(n, chosen), seconds)
 
 
 def _triples(n: int) -> Iterator[tuple[int, int, int]]:
@@ -180,8 +174,8 @@ def _true(model: z3.ModelRef, var: z3.BoolRef) -> bool:
     return bool(z3.is_true(model.eval(var, model_completion=True)))
 
 
-def _schedule(n: int, chosen: list[list[tuple[int, int, int]]]) -> Schedule:
-    """The ReduceScatter, then the solver's rounds with each send made a copy, a reduce or nothing.
+def _exchange(n: int, chosen: list[list[tuple[int, int, int]]]) -> tuple[Round, ...]:
+    """The solver's rounds with each send made a copy, a reduce or nothing.
 
     The parts are followed exactly here (the model may lag behind them): a send that brings
     nothing new is dropped, one that brings a superset is a copy (whatever the destination
@@ -196,9 +190,4 @@ def _schedule(n: int, chosen: list[list[tuple[int, int, int]]]) -> Schedule:
         exchange.append(tuple(Transfer(s, d, c, op) for (s, d, c), op in zip(moves, ops, strict=True)))
         for d, c, after in [(d, c, parts[d][c] | parts[s][c]) for s, d, c in moves]:  # a synchronous round
             parts[d][c] = after
-    others = tuple(range(late))
-    phases = [Phase("exchange", tuple(range(n)), tuple(exchange))]
-    if late > 1:
-        phases.insert(0, Phase("reduce-scatter", others, ring_reduce_scatter(others, others)))
-    metadata = {"generator": f"stragglar {__version__}", "method": "smt", "lower_bound": round_lower_bound(n)}
-    return Schedule("stragglar", n, late, late, tuple(phases), metadata=metadata)
+    return tuple(exchange)

@@ -16,7 +16,7 @@ value, the schedule is correct and is accepted (the simulator is exact both ways
 >>> prove(s).summary
 'proved: allreduce over 2 ranks, 1 chunk, 1 round, 2 transfers'
 >>> v = check(Schedule("demo", 2, 1, None, (Phase("exchange", (0, 1), (swap, swap)),)))
->>> v.kind, v.round, v.rank, v.chunk
+>>> str(v.kind), v.round, v.rank, v.chunk
 ('duplicate', 1, 1, 0)
 >>> for part in v.message.split(": ", 1)[1].split("; "):
 ...     print(part)
@@ -27,88 +27,33 @@ the doubled value survives in rank 1 chunk 0
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Collection
-from dataclasses import dataclass
-from typing import Any, TypeVar
 
+from stragglar.errors import InputError
 from stragglar.schedule import Op, Round, Schedule, Transfer
+from stragglar.verify.report import (
+    Kind,
+    Proof,
+    VerificationError,
+    Violation,
+    Where,
+    bit_list,
+    chunk_range_violation,
+    double_write_violation,
+    duplicate_at,
+    issue_proof,
+    membership_violation,
+    op_violation,
+    origin,
+    port_violation,
+    rank_range_violation,
+    self_violation,
+)
 
-__all__ = ["Proof", "VerificationError", "Violation", "Where", "bit_list", "check", "prove"]
+__all__ = ["check", "prove"]
 
-_SHOWN_RANKS = 8
-_P = TypeVar("_P", bound="Proof")
 _COPY, _REDUCE = Op.COPY, Op.REDUCE
-
-
-@dataclass(frozen=True)
-class Violation:
-    """Why a schedule is not a correct AllReduce, located where it first goes wrong.
-
-    ``phase``, ``phase_name``, ``round`` and ``transfer`` locate the offending
-    transfer; for a ``"missing"`` contribution, found in the final state, they
-    locate the last write of the incomplete value (None if it was never written).
-    """
-
-    kind: str
-    phase: int | None
-    phase_name: str | None
-    round: int | None
-    transfer: Transfer | None
-    rank: int
-    chunk: int
-    message: str
-
-    def __str__(self) -> str:
-        return self.message
-
-
-class VerificationError(Exception):
-    """Raised by :func:`prove`; ``.violation`` says what went wrong and where."""
-
-    def __init__(self, violation: Violation) -> None:
-        super().__init__(violation.message)
-        self.violation = violation
-
-
-@dataclass(frozen=True)
-class Proof:
-    """Evidence that a schedule is a correct AllReduce, with the sizes that were proved."""
-
-    num_ranks: int
-    num_chunks: int
-    num_rounds: int
-    straggler_rounds: int
-    num_transfers: int
-
-    @classmethod
-    def of(cls: type[_P], schedule: Schedule, **extra: Any) -> _P:
-        """The proof for ``schedule``'s sizes; ``extra`` fills a subclass's own fields."""
-        sizes = (schedule.num_ranks, schedule.num_chunks, schedule.num_rounds, schedule.straggler_rounds)
-        return cls(*sizes, schedule.num_transfers, **extra)
-
-    @property
-    def summary(self) -> str:
-        rounds = _count(self.num_rounds, "round")
-        if self.straggler_rounds != self.num_rounds:
-            rounds = (
-                f"{_count(self.straggler_rounds, 'round')} after the straggler ({self.num_rounds} in all)"
-            )
-        return (
-            f"proved: allreduce over {_count(self.num_ranks, 'rank')}, {_count(self.num_chunks, 'chunk')}, "
-            f"{rounds}, {_count(self.num_transfers, 'transfer')}"
-        )
-
-
-@dataclass(frozen=True)
-class Where:
-    """A round's place in a schedule, as every verifier's messages name it."""
-
-    phase: int
-    name: str
-    round: int
-
-    def __str__(self) -> str:
-        return f"phase {self.phase} {self.name!r} round {self.round}"
 
 
 def prove(schedule: Schedule) -> Proof:
@@ -116,10 +61,11 @@ def prove(schedule: Schedule) -> Proof:
 
     Raises :class:`VerificationError`; use :func:`check` to get the violation without raising.
     """
+    start = time.perf_counter()
     violation = check(schedule)
     if violation is not None:
         raise VerificationError(violation)
-    return Proof.of(schedule)
+    return issue_proof(schedule, "simulator", time.perf_counter() - start)
 
 
 def check(schedule: Schedule) -> Violation | None:
@@ -129,7 +75,7 @@ def check(schedule: Schedule) -> Violation | None:
     round breaking both reports the structural violation.
     """
     if schedule.collective != "allreduce":
-        raise ValueError(f"can only verify allreduce schedules, not {schedule.collective!r}")
+        raise InputError(f"can only verify allreduce schedules, not {schedule.collective!r}")
     n, c = schedule.num_ranks, schedule.num_chunks
     masks = _initial_masks(n, c)
     last = [-1] * len(masks)  # index into `done` of the round that last wrote each value
@@ -174,13 +120,13 @@ def _check_structure(rnd: Round, where: Where, n: int, c: int, members: Collecti
             return _bad_transfer(t, where, n, c, members)
         peer = sends.setdefault(src, dst)
         if peer != dst:
-            return _at(where, t, "port", src, f"makes rank {src} send to a second peer (rank {peer})")
+            return port_violation(where, t, sending=True, other_peer=peer)
         peer = receives.setdefault(dst, src)
         if peer != src:
-            return _at(where, t, "port", dst, f"makes rank {dst} receive from a second peer (rank {peer})")
+            return port_violation(where, t, sending=False, other_peer=peer)
         key = dst * c + chunk
         if key in written:
-            return _at(where, t, "double-write", dst, f"writes rank {dst} chunk {chunk} twice in one round")
+            return double_write_violation(where, t)
         written.add(key)
     return None
 
@@ -189,15 +135,14 @@ def _bad_transfer(t: Transfer, where: Where, n: int, c: int, members: Collection
     """Explain why a single transfer is malformed (slow path of :func:`_check_structure`)."""
     for rank in (t.src, t.dst):
         if not 0 <= rank < n:
-            return _at(where, t, "range", rank, f"names rank {rank}, outside 0..{n - 1}")
+            return rank_range_violation(where, t, rank, n)
     if not 0 <= t.chunk < c:
-        return _at(where, t, "range", t.dst, f"writes rank {t.dst} chunk {t.chunk}, outside 0..{c - 1}")
+        return chunk_range_violation(where, t, c)
     if t.src == t.dst:
-        return _at(where, t, "self", t.src, f"sends rank {t.src} chunk {t.chunk} to itself")
+        return self_violation(where, t)
     if not isinstance(t.op, Op):
-        return _at(where, t, "op", t.dst, f"has unknown op {t.op!r} for rank {t.dst}")
-    rank = t.src if t.src not in members else t.dst
-    return _at(where, t, "membership", rank, f"involves rank {rank}, which is not in this phase")
+        return op_violation(where, t)
+    return membership_violation(where, t, members)
 
 
 def _apply(
@@ -224,7 +169,7 @@ def _apply(
                 value = min(value, old)
             elif value & old:
                 what = f"gives rank {t.dst} {_contributions(value & old)} twice in chunk {t.chunk}"
-                doubled.append(_at(where, t, "duplicate", t.dst, what))
+                doubled.append(duplicate_at(where, t, what))
                 value = -len(doubled)
             else:
                 value |= old
@@ -260,18 +205,11 @@ def _check_final(
     rank, chunk = divmod(key, c)
     missing = f"final state: rank {rank} chunk {chunk} lacks {_contributions(full & ~masks[key])}"
     if last[key] < 0:
-        return Violation("missing", None, None, None, None, rank, chunk, f"{missing} (never written)")
+        return Violation(Kind.MISSING, None, None, None, None, rank, chunk, f"{missing} (never written)")
     where, rnd = done[last[key]]
     t = next(t for t in rnd if t.dst == rank and t.chunk == chunk)
-    origin = f"last written in {where} by {t.src}->{t.dst} chunk {t.chunk} {t.op.value}"
-    return Violation("missing", where.phase, where.name, where.round, t, rank, chunk, f"{missing} ({origin})")
-
-
-def _at(where: Where, t: Transfer, kind: str, rank: int, what: str) -> Violation:
-    """A violation caused by transfer ``t``; ``what`` completes the sentence naming it."""
-    op = t.op.value if isinstance(t.op, Op) else repr(t.op)
-    message = f"{where}: transfer {t.src}->{t.dst} chunk {t.chunk} ({op}) {what}"
-    return Violation(kind, where.phase, where.name, where.round, t, rank, t.chunk, message)
+    message = f"{missing} ({origin(where, t)})"
+    return Violation(Kind.MISSING, where.phase, where.name, where.round, t, rank, chunk, message)
 
 
 def _contributions(mask: int) -> str:
@@ -279,22 +217,3 @@ def _contributions(mask: int) -> str:
     if mask.bit_count() == 1:
         return f"contribution of rank {mask.bit_length() - 1}"
     return f"contributions of ranks {bit_list(mask)}"
-
-
-def bit_list(mask: int, shown: int = _SHOWN_RANKS) -> str:
-    """``[0, 3, 5]``: the set bits of ``mask``, the first ``shown`` of them and a count of the rest.
-
-    >>> bit_list(0b101001), bit_list((1 << 12) - 1, shown=3)
-    ('[0, 3, 5]', '[0, 1, 2, ... (9 more)]')
-    """
-    names: list[str] = []
-    while mask and len(names) < shown:
-        low = mask & -mask
-        names.append(str(low.bit_length() - 1))
-        mask ^= low
-    more = f", ... ({mask.bit_count()} more)" if mask else ""
-    return f"[{', '.join(names)}{more}]"
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

@@ -1,7 +1,8 @@
 """A second proof that a schedule is a correct AllReduce, by the z3 SMT solver.
 
-It shares only the IR with :mod:`stragglar.verify.simulate`, so a bug in one prover is caught
-by the other.  Two kinds of query cover the whole model of :mod:`stragglar.schedule`:
+It shares only the IR and the reporting vocabulary (:mod:`stragglar.verify.report`) with
+:mod:`stragglar.verify.simulate`, so a bug in one prover is caught by the other.  Two kinds of
+query cover the whole model of :mod:`stragglar.schedule`:
 
 * **Structure** (one query for all rounds; satisfiable means sound).  Each transfer becomes ground
   facts about uninterpreted functions of that round: ``sends_to(src) = dst``,
@@ -29,7 +30,7 @@ refuted by rewriting alone, which keeps 256 ranks within seconds.
 >>> smt_check(Schedule("demo", 2, 1, None, (Phase("exchange", (0, 1), (swap,)),))) is None
 True
 >>> v = smt_check(Schedule("demo", 2, 1, None, (Phase("exchange", (0, 1), (swap, swap)),)))
->>> v.kind, v.rank, v.chunk, v.counterexample.expected != v.counterexample.actual
+>>> str(v.kind), v.rank, v.chunk, v.counterexample.expected != v.counterexample.actual
 ('duplicate', 0, 0, True)
 """
 
@@ -38,74 +39,53 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from fractions import Fraction
 
 import z3
 
+from stragglar.errors import InputError
 from stragglar.schedule import Op, Phase, Round, Schedule, Transfer
-from stragglar.verify.simulate import Proof, VerificationError, Violation, Where
+from stragglar.verify.report import (
+    CounterExample,
+    Kind,
+    Proof,
+    VerificationError,
+    Violation,
+    Where,
+    chunk_range_violation,
+    double_write_violation,
+    issue_proof,
+    membership_violation,
+    op_violation,
+    origin,
+    port_violation,
+    rank_list,
+    rank_range_violation,
+    self_violation,
+)
 
-__all__ = ["CounterExample", "SmtProof", "SmtViolation", "smt_check", "smt_prove"]
+__all__ = ["smt_check", "smt_prove"]
 
-_SHOWN = 8  # ranks named in a message before it says "..."
 _PAIRWISE = ("send-port", "receive-port", "double-write")  # rules two transfers break together
 
 
-@dataclass(frozen=True)
-class CounterExample:
-    """Inputs of one chunk (exact values from the solver's model) under which ``rank`` ends wrong."""
-
-    chunk: int
-    inputs: tuple[Fraction, ...]  # rank r's contribution to ``chunk``; every other chunk is irrelevant
-    rank: int
-    expected: Fraction
-    actual: Fraction
-
-    def __str__(self) -> str:
-        nonzero = [f"rank {r}: {v}" for r, v in enumerate(self.inputs) if v]
-        shown = ", ".join(nonzero[:_SHOWN]) + (", ..." if len(nonzero) > _SHOWN else "")
-        return (
-            f"with inputs {{{shown}}} (others 0) rank {self.rank} ends with {self.actual} "
-            f"in chunk {self.chunk}, not {self.expected}"
-        )
-
-
-@dataclass(frozen=True)
-class SmtViolation(Violation):
-    """A :class:`Violation` found by z3; a wrong final value carries the solver's counter-example."""
-
-    counterexample: CounterExample | None
-
-
-@dataclass(frozen=True)
-class SmtProof(Proof):
-    """A :class:`Proof` obtained from z3, with the time the solver queries took."""
-
-    seconds: float
-
-    @property
-    def summary(self) -> str:
-        return f"{super().summary} (z3, {self.seconds:.2f} s)"
-
-
-def smt_prove(schedule: Schedule) -> SmtProof:
+def smt_prove(schedule: Schedule) -> Proof:
     """Prove ``schedule`` a correct AllReduce with z3; raises :class:`VerificationError` if it is not."""
     start = time.perf_counter()
     violation = smt_check(schedule)
     if violation is not None:
         raise VerificationError(violation)
-    return SmtProof.of(schedule, seconds=time.perf_counter() - start)
+    return issue_proof(schedule, "z3", time.perf_counter() - start)
 
 
-def smt_check(schedule: Schedule) -> SmtViolation | None:
+def smt_check(schedule: Schedule) -> Violation | None:
     """Return why ``schedule`` is not a correct AllReduce, or None once z3 has proved that it is.
 
     A structural violation is reported before any wrong value, since values are only
     meaningful for a well-formed schedule.
     """
     if schedule.collective != "allreduce":
-        raise ValueError(f"can only verify allreduce schedules, not {schedule.collective!r}")
+        raise InputError(f"can only verify allreduce schedules, not {schedule.collective!r}")
     rounds = _rounds(schedule)
     violation = _structure_violation(schedule, rounds)
     if violation is not None:
@@ -130,7 +110,7 @@ def _rounds(schedule: Schedule) -> list[tuple[Where, Phase, Round]]:
 _RULES = ("range", "self", "op", "membership", "send-port", "receive-port", "double-write")
 
 
-def _structure_violation(schedule: Schedule, rounds: list[tuple[Where, Phase, Round]]) -> SmtViolation | None:
+def _structure_violation(schedule: Schedule, rounds: list[tuple[Where, Phase, Round]]) -> Violation | None:
     """The first round whose transfers break the rules, located by an unsat core, or None."""
     n, c = schedule.num_ranks, schedule.num_chunks
     solver = z3.Solver()
@@ -217,7 +197,7 @@ def _label(name: str) -> tuple[str, tuple[int, int], int]:
 
 def _structural(
     where: Where, phase: Phase, rnd: Round, core: list[tuple[str, int]], s: Schedule
-) -> SmtViolation:
+) -> Violation:
     """Describe an unsat core: one transfer breaking a rule alone, or the later of two conflicting."""
     single = [rule for rule in core if rule[0] not in _PAIRWISE]
     kind, index = single[0] if single else core[-1]
@@ -225,29 +205,20 @@ def _structural(
     if kind == "range":
         rank = next((r for r in (t.src, t.dst) if not 0 <= r < s.num_ranks), None)
         if rank is not None:
-            return _at(where, t, "range", rank, f"names rank {rank}, outside 0..{s.num_ranks - 1}")
-        what = f"writes rank {t.dst} chunk {t.chunk}, outside 0..{s.num_chunks - 1}"
-        return _at(where, t, "range", t.dst, what)
+            return rank_range_violation(where, t, rank, s.num_ranks)
+        return chunk_range_violation(where, t, s.num_chunks)
     if kind == "self":
-        return _at(where, t, "self", t.src, f"sends rank {t.src} chunk {t.chunk} to itself")
+        return self_violation(where, t)
     if kind == "op":
-        return _at(where, t, "op", t.dst, f"has unknown op {t.op!r} for rank {t.dst}")
+        return op_violation(where, t)
     if kind == "membership":
-        rank = t.src if t.src not in phase.ranks else t.dst
-        return _at(where, t, "membership", rank, f"involves rank {rank}, which is not in this phase")
+        return membership_violation(where, t, phase.ranks)
     other = rnd[core[0][1]]
     if kind == "send-port":
-        return _at(where, t, "port", t.src, f"makes rank {t.src} send to a second peer (rank {other.dst})")
+        return port_violation(where, t, sending=True, other_peer=other.dst)
     if kind == "receive-port":
-        what = f"makes rank {t.dst} receive from a second peer (rank {other.src})"
-        return _at(where, t, "port", t.dst, what)
-    return _at(where, t, "double-write", t.dst, f"writes rank {t.dst} chunk {t.chunk} twice in one round")
-
-
-def _at(where: Where, t: Transfer, kind: str, rank: int, what: str) -> SmtViolation:
-    op = t.op.value if isinstance(t.op, Op) else repr(t.op)
-    message = f"{where}: transfer {t.src}->{t.dst} chunk {t.chunk} ({op}) {what}"
-    return SmtViolation(kind, where.phase, where.name, where.round, t, rank, t.chunk, message, None)
+        return port_violation(where, t, sending=False, other_peer=other.src)
+    return double_write_violation(where, t)
 
 
 _Step = tuple[Where, list[Transfer]]  # one round's transfers of one chunk
@@ -264,7 +235,7 @@ def _steps_by_chunk(rounds: Sequence[tuple[Where, Phase, Round]]) -> defaultdict
     return steps
 
 
-def _chunk_violation(solver: z3.Solver, n: int, chunk: int, steps: list[_Step]) -> SmtViolation | None:
+def _chunk_violation(solver: z3.Solver, n: int, chunk: int, steps: list[_Step]) -> Violation | None:
     """Run ``chunk`` symbolically and ask z3 for inputs that make some rank's final value wrong.
 
     One query covers all ranks; only if it is satisfiable are the ranks asked one by one, so
@@ -320,24 +291,22 @@ def _coefficients(term: z3.ArithRef, inputs: list[z3.ArithRef]) -> list[Fraction
 
 def _wrong_value(
     example: CounterExample, coefficients: list[Fraction], last: tuple[Where, Transfer] | None
-) -> SmtViolation:
+) -> Violation:
     """A final value that is not the sum, described by the contributions it counts wrongly."""
     doubled = [r for r, k in enumerate(coefficients) if k > 1]
     lacking = [r for r, k in enumerate(coefficients) if k == 0]
     parts = [f"counts {_ranks(doubled)} more than once"] if doubled else []
     parts += [f"lacks {_ranks(lacking)}"] if lacking else []
-    kind = "duplicate" if doubled else "missing"
+    kind = Kind.DUPLICATE if doubled else Kind.MISSING
     value = f"rank {example.rank} chunk {example.chunk}"
     head = f"final state: {value} {' and '.join(parts)}; z3 counter-example: {example}"
     if last is None:
         message = f"{head} (never written)"
-        return SmtViolation(kind, None, None, None, None, example.rank, example.chunk, message, example)
+        return Violation(kind, None, None, None, None, example.rank, example.chunk, message, example)
     where, t = last
-    origin = f"last written in {where} by {t.src}->{t.dst} chunk {t.chunk} {t.op.value}"
     fields = (where.phase, where.name, where.round, t, example.rank, example.chunk)
-    return SmtViolation(kind, *fields, f"{head} ({origin})", example)
+    return Violation(kind, *fields, f"{head} ({origin(where, t)})", example)
 
 
 def _ranks(ranks: list[int]) -> str:
-    more = f", ... ({len(ranks) - _SHOWN} more)" if len(ranks) > _SHOWN else ""
-    return f"ranks [{', '.join(map(str, ranks[:_SHOWN]))}{more}]"
+    return f"ranks {rank_list(ranks)}"

@@ -1,9 +1,7 @@
 """Read MSCCL XML exactly as the MSCCL executor's parser does, and list every rule it breaks.
 
-The executor (Azure/msccl-executor-nccl, RCCL) has its own tokenizer, not an XML library: spaces
-and newlines between elements only, attributes separated by single spaces on the element's line,
-double-quoted values, comments skipped, unknown elements ignored.  :func:`read_msccl` follows
-those rules, then checks what the executor checks when it loads a rank's part (required
+:func:`read_msccl` reads the elements with the executor's own tokenizer
+(:mod:`stragglar.msccl.tokens`), then checks what the executor checks when it loads a rank's part (required
 attributes, ranges, thread-block and step limits) and what it silently gets wrong (a step index
 that is not the step's position, a dependency on a step without ``hasdep``, operands out of
 bounds), and returns the program as the executor stores it: nops folded into dependencies and
@@ -15,36 +13,32 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from stragglar.msccl.limits import (
+    CAPACITY,
+    MAX_CHANNELS,
+    MAX_COUNT,
+    MAX_DEPENDENCY_TB,
+    MAX_NODES,
+    MAX_OFFSET,
+    MAX_REDUCE_FUSION,
+    MAX_STEPS,
+    MAX_SUBS,
+    MAX_TBS,
+    MAX_TBS_PER_CHANNEL,
+    READS_SRC,
+    RECV_TYPES,
+    SEND_TYPES,
+    TYPES,
+    WRITES_DST,
+)
+from stragglar.msccl.records import StepRecord
+from stragglar.msccl.tokens import Element, SyntaxProblem, elements, first_name
 
 __all__ = ["Algo", "Gpu", "MscclViolation", "ThreadBlock", "Tx", "read_msccl"]
 
-PROTOCOLS = {"Simple": 2, "LL": 8, "LL128": 8}  # protocol -> chunk transfers a connection buffers
-SEND_TYPES = frozenset({"s", "rcs", "rrs", "rrcs"})
-RECV_TYPES = frozenset({"r", "rcs", "rrs", "rrc", "rrcs"})
-READS_SRC = frozenset({"s", "rrs", "rrc", "rrcs", "cpy", "re"})
-WRITES_DST = frozenset({"r", "rcs", "rrc", "rrcs", "cpy", "re"})
-TYPES = SEND_TYPES | RECV_TYPES | {"cpy", "re", "nop"}
-MAX_STEPS, MAX_COUNT, MAX_DEPENDENCY_TB, MAX_CHANNELS = 64, 72, 127, 32
-MAX_TBS_PER_CHANNEL, MAX_TBS, MAX_NODES, MAX_SUBS, MAX_OFFSET = 32, 1024, 4096, 1024, 32767
-MAX_ATTRS, MAX_STR = 16, 255
-MAX_REDUCE_FUSION = 16
 _INT = re.compile(r"-?(0|[1-9][0-9]*)")
-_TOKEN = re.compile(r"[^ >/\n\r=]*")
-_HANDLERS = {"": ("algo",), "algo": ("gpu",), "gpu": ("tb",), "tb": ("step",)}
-_ALGO_KEYS = (
-    "name",
-    "proto",
-    "nchannels",
-    "nchunksperloop",
-    "ngpus",
-    "coll",
-    "inplace",
-    "outofplace",
-    "minBytes",
-    "maxBytes",
-)
-_STEP_KEYS = ("s", "type", "srcbuf", "srcoff", "dstbuf", "dstoff", "cnt", "depid", "deps", "hasdep")
 
 
 @dataclass(frozen=True)
@@ -107,139 +101,28 @@ class Algo:
 
     @property
     def capacity(self) -> int:
-        return PROTOCOLS[self.proto]
+        return CAPACITY[self.proto]
 
 
-class SyntaxProblem(Exception):
-    """The executor's tokenizer stops here; nothing after it is read."""
+@dataclass(frozen=True)
+class _Header:
+    """The numbers of ``<algo>`` that the rest of the file is checked against."""
+
+    nchannels: int
+    nchunks: int
+    ngpus: int
+    inplace: int
+    outofplace: int
 
 
-@dataclass
-class Element:
-    name: str
-    line: int
-    attrs: dict[str, str]
-    children: list[Element] = field(default_factory=list)
+@dataclass(frozen=True)
+class _TbHeader:
+    """A ``<tb>`` element's attributes."""
 
-
-# ---------------------------------------------------------------------------- tokenizer
-
-
-class _Scanner:
-    """The executor's tokenizer, one node at a time."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.pos = 0
-        self.counted, self.lines = 0, 1  # newlines before ``counted`` are in ``lines``
-
-    def line(self, at: int | None = None) -> int:
-        end = min(self.pos if at is None else at, len(self.text))
-        if end < self.counted:
-            self.counted, self.lines = 0, 1
-        self.lines += self.text.count("\n", self.counted, end)
-        self.counted = end
-        return self.lines
-
-    def fail(self, what: str) -> SyntaxProblem:
-        return SyntaxProblem(f"line {self.line(self.pos - 1)}: {what}")  # the character just read
-
-    def char(self) -> str:
-        if self.pos >= len(self.text):
-            raise self.fail("unexpected end of file")
-        c = self.text[self.pos]
-        self.pos += 1
-        return c
-
-    def token(self, *, value: dict[str, str] | None = None) -> tuple[str, str]:
-        """Characters up to a space, '>', '/' or newline (or an attribute's '=' and value)."""
-        match = _TOKEN.match(self.text, self.pos)
-        assert match is not None
-        name = match.group()
-        if len(name) >= MAX_STR:
-            raise self.fail(f"name {name[:20]!r}... longer than {MAX_STR - 1} characters")
-        self.pos = match.end()
-        c = self.char()
-        if c != "=":
-            return name, c
-        if value is None:
-            raise self.fail(f"unexpected '=' after {name!r}")
-        return name, self.value(value, name)
-
-    def value(self, out: dict[str, str], key: str) -> str:
-        quote = self.char()
-        if quote == "'":
-            raise self.fail(f"attribute {key}: single quotes (the executor reads up to a double quote)")
-        if quote != '"':
-            raise self.fail(f"attribute {key}: expected a double quote, got {quote!r}")
-        end = self.text.find('"', self.pos)
-        if end < 0:
-            raise self.fail(f"attribute {key}: unterminated value")
-        if end - self.pos > MAX_STR:
-            raise self.fail(f"attribute {key}: value longer than {MAX_STR} characters overflows the executor")
-        out.setdefault(key, self.text[self.pos : end])
-        self.pos = end + 1
-        return self.char()
-
-    def node(self) -> tuple[str, Element] | None:
-        """The next (kind, element) with kind open, single or close; None at the end."""
-        while self.pos < len(self.text) and self.text[self.pos] in " \n\r":
-            self.pos += 1
-        if self.pos == len(self.text):
-            return None
-        line = self.line()
-        c = self.char()
-        if c != "<":
-            raise self.fail(f"expected '<', got {c!r} (only spaces and newlines may separate elements)")
-        start = self.pos
-        name, c = self.token()
-        if name.startswith("!--"):
-            end = self.text.find("-->", start + 3)
-            if end < 0:
-                raise self.fail("unterminated comment")
-            self.pos = end + 3
-            return self.node()
-        if name == "" and c == "/":
-            name, c = self.token()
-            if c != ">":
-                raise self.fail(f"unexpected {c!r} in closing tag </{name}")
-            return "close", Element(name, line, {})
-        attrs: dict[str, str] = {}
-        count = 0
-        while c == " ":
-            kept = attrs if count < MAX_ATTRS else {}
-            _, c = self.token(value=kept)
-            count += 1
-        kind = "open"
-        if c == "/":
-            kind = "single"
-            _, c = self.token()
-        if c != ">":
-            raise self.fail(f"<{name}>: expected '>', got {c!r} (attributes must share the element's line)")
-        return kind, Element(name, line, attrs)
-
-
-def _load(scanner: _Scanner, head: Element | None) -> list[Element]:
-    """The children of ``head`` (or the top level) that the executor keeps; others are skipped."""
-    keep = _HANDLERS.get(head.name if head else "", ())
-    kept: list[Element] = []
-    while True:
-        got = scanner.node()
-        if got is None:
-            if head is not None:
-                raise scanner.fail(f"<{head.name}> from line {head.line} is never closed")
-            return kept
-        kind, el = got
-        if kind == "close":
-            if head is None or el.name != head.name:
-                raise scanner.fail(f"closing tag </{el.name}> does not match <{head.name if head else ''}>")
-            return kept
-        if head is not None and head.name == "step":
-            raise scanner.fail("a <step> must not contain elements (the executor's parser crashes)")
-        children = _load(scanner, el) if kind == "open" else []
-        if el.name in keep:
-            el.children = children
-            kept.append(el)
+    id: int
+    send: int
+    recv: int
+    chan: int
 
 
 # ---------------------------------------------------------------------------- structure
@@ -283,13 +166,11 @@ class _Checker:
 def read_msccl(text: str) -> tuple[Algo | None, list[MscclViolation]]:
     """Parse ``text`` with the executor's rules: the program, or None and every violation found."""
     try:
-        scanner = _Scanner(text)
-        first = scanner.node()
-        scanner.pos = 0
-        top = _load(scanner, None)
+        first = first_name(text)
+        top = elements(text)
     except SyntaxProblem as e:
         return None, [MscclViolation("syntax", None, None, None, None, str(e))]
-    if first is None or first[1].name != "algo" or not top:
+    if first != "algo" or not top:
         what = "the file must start with an <algo> element (the executor reads its first element)"
         return None, [MscclViolation("syntax", None, None, None, None, what)]
     checker = _Checker()
@@ -303,8 +184,8 @@ def _algo(ck: _Checker, el: Element, shared_nodes: int) -> Algo | None:
     sizes = ck.ints(el, ("minBytes", "maxBytes"), bits=64)
     if strings is None or nums is None or sizes is None:
         return None
-    if strings["proto"] not in PROTOCOLS:
-        ck.fail(el, f"proto {strings['proto']!r} is not one of {', '.join(PROTOCOLS)}")
+    if strings["proto"] not in CAPACITY:
+        ck.fail(el, f"proto {strings['proto']!r} is not one of {', '.join(CAPACITY)}")
     if strings["coll"] != "allreduce":
         ck.fail(el, f"coll {strings['coll']!r}: this verifier proves allreduce only")
     if not 1 <= nums["nchannels"] <= MAX_CHANNELS:
@@ -321,23 +202,27 @@ def _algo(ck: _Checker, el: Element, shared_nodes: int) -> Algo | None:
     low, high = sizes["minBytes"], sizes["maxBytes"]
     if low < 0 or high < 0 or (high and high < low):
         ck.fail(el, f"minBytes {low} / maxBytes {high}: no message size selects the algorithm")
-    gpus = _gpus(ck, el, nums, shared_nodes)
+    header = _Header(
+        nums["nchannels"], nums["nchunksperloop"], nums["ngpus"], nums["inplace"], nums["outofplace"]
+    )
+    gpus = _gpus(ck, el, header, shared_nodes)
     if ck.problems or gpus is None:
         return None
+    h = header
     return Algo(
         strings["name"],
         strings["proto"],
-        nums["nchannels"],
-        nums["nchunksperloop"],
-        nums["ngpus"],
-        bool(nums["inplace"]),
-        bool(nums["outofplace"]),
+        h.nchannels,
+        h.nchunks,
+        h.ngpus,
+        bool(h.inplace),
+        bool(h.outofplace),
         gpus,
     )
 
 
-def _gpus(ck: _Checker, el: Element, algo: dict[str, int], shared_nodes: int) -> tuple[Gpu, ...] | None:
-    n = algo["ngpus"]
+def _gpus(ck: _Checker, el: Element, algo: _Header, shared_nodes: int) -> tuple[Gpu, ...] | None:
+    n = algo.ngpus
     gpus: dict[int, Gpu] = {}
     for g_el in el.children:
         attrs = ck.ints(g_el, ("id", "i_chunks", "o_chunks", "s_chunks"))
@@ -356,7 +241,7 @@ def _gpus(ck: _Checker, el: Element, algo: dict[str, int], shared_nodes: int) ->
 
 
 def _gpu_limits(
-    ck: _Checker, el: Element, g: int, chunks: dict[str, int], algo: dict[str, int], shared_nodes: int
+    ck: _Checker, el: Element, g: int, chunks: dict[str, int], algo: _Header, shared_nodes: int
 ) -> None:
     nodes = shared_nodes + len(el.children) + sum(len(tb.children) for tb in el.children)
     if nodes >= MAX_NODES:
@@ -370,25 +255,20 @@ def _gpu_limits(
     if chunks["s"] < 0:
         ck.fail(el, f"s_chunks {chunks['s']} is negative", g)
     for buf, size in (("i", chunks["i"]), ("o", chunks["o"])):
-        if not 0 <= size <= algo["nchunksperloop"]:
-            ck.fail(el, f"{buf}_chunks {size} outside 0..nchunksperloop ({algo['nchunksperloop']})", g)
-    if algo["outofplace"] and chunks["o"] != algo["nchunksperloop"]:
-        ck.fail(
-            el,
-            f"o_chunks {chunks['o']} != nchunksperloop {algo['nchunksperloop']} in an out-of-place algo",
-            g,
-        )
+        if not 0 <= size <= algo.nchunks:
+            ck.fail(el, f"{buf}_chunks {size} outside 0..nchunksperloop ({algo.nchunks})", g)
+    if algo.outofplace and chunks["o"] != algo.nchunks:
+        ck.fail(el, f"o_chunks {chunks['o']} != nchunksperloop {algo.nchunks} in an out-of-place algo", g)
 
 
-def _tbs(
-    ck: _Checker, el: Element, g: int, chunks: dict[str, int], algo: dict[str, int]
-) -> tuple[ThreadBlock, ...]:
-    raw: dict[int, tuple[Element, dict[str, int]]] = {}
+def _tbs(ck: _Checker, el: Element, g: int, chunks: dict[str, int], algo: _Header) -> tuple[ThreadBlock, ...]:
+    raw: dict[int, tuple[Element, _TbHeader]] = {}
     for tb_el in el.children:
-        attrs = ck.ints(tb_el, ("id", "send", "recv", "chan"), g)
-        if attrs is None:
+        nums = ck.ints(tb_el, ("id", "send", "recv", "chan"), g)
+        if nums is None:
             continue
-        t = attrs["id"]
+        attrs = _TbHeader(nums["id"], nums["send"], nums["recv"], nums["chan"])
+        t = attrs.id
         if t in raw or not 0 <= t < MAX_TBS:
             ck.fail(tb_el, f"tb id {t} is {'repeated' if t in raw else f'outside 0..{MAX_TBS - 1}'}", g)
             continue
@@ -406,25 +286,24 @@ def _tbs(
     return tuple(_program(t, raw[t][1], [r for r in steps[t] if r is not None]) for t in sorted(raw))
 
 
-def _tb_attrs(ck: _Checker, el: Element, g: int, attrs: dict[str, int], algo: dict[str, int]) -> None:
-    t = attrs["id"]
-    for key in ("send", "recv"):
-        peer = attrs[key]
-        if not -1 <= peer < algo["ngpus"] or peer == g:
-            ck.fail(el, f"{key}={peer} must be -1 or another gpu in 0..{algo['ngpus'] - 1}", g, t)
-    if not 0 <= attrs["chan"] < algo["nchannels"]:
-        ck.fail(el, f"chan {attrs['chan']} outside 0..nchannels-1 ({algo['nchannels'] - 1})", g, t)
+def _tb_attrs(ck: _Checker, el: Element, g: int, attrs: _TbHeader, algo: _Header) -> None:
+    t = attrs.id
+    for key, peer in (("send", attrs.send), ("recv", attrs.recv)):
+        if not -1 <= peer < algo.ngpus or peer == g:
+            ck.fail(el, f"{key}={peer} must be -1 or another gpu in 0..{algo.ngpus - 1}", g, t)
+    if not 0 <= attrs.chan < algo.nchannels:
+        ck.fail(el, f"chan {attrs.chan} outside 0..nchannels-1 ({algo.nchannels - 1})", g, t)
     if len(el.children) > MAX_STEPS:
         ck.fail(el, f"{len(el.children)} steps, the executor allows {MAX_STEPS} (nops included)", g, t)
 
 
-def _tb_channels(ck: _Checker, el: Element, g: int, raw: dict[int, tuple[Element, dict[str, int]]]) -> None:
+def _tb_channels(ck: _Checker, el: Element, g: int, raw: dict[int, tuple[Element, _TbHeader]]) -> None:
     """One TB per (channel, peer, direction); at most 32 sending (receiving) TBs a channel."""
     for key in ("send", "recv"):
         owners: dict[tuple[int, int], int] = {}
         per_channel: Counter[int] = Counter()
         for t, (tb_el, attrs) in sorted(raw.items()):
-            chan, peer = attrs["chan"], attrs[key]
+            chan, peer = attrs.chan, attrs.send if key == "send" else attrs.recv
             if peer < 0:
                 continue
             per_channel[chan] += 1
@@ -437,25 +316,10 @@ def _tb_channels(ck: _Checker, el: Element, g: int, raw: dict[int, tuple[Element
                 ck.fail(el, f"{count} thread blocks {key} on channel {chan}, the executor allows 32", g)
 
 
-@dataclass(frozen=True)
-class _Row:
-    """A step's attributes, as read."""
-
-    type: str
-    srcbuf: str
-    srcoff: int
-    dstbuf: str
-    dstoff: int
-    cnt: int
-    depid: int
-    deps: int
-    hasdep: int
-
-
 def _steps(
-    ck: _Checker, el: Element, g: int, t: int, tb: dict[str, int], chunks: dict[str, int]
-) -> list[_Row | None]:
-    rows: list[_Row | None] = []
+    ck: _Checker, el: Element, g: int, t: int, tb: _TbHeader, chunks: dict[str, int]
+) -> list[StepRecord | None]:
+    rows: list[StepRecord | None] = []
     for i, st in enumerate(el.children):
         nums = ck.ints(st, ("s", "srcoff", "dstoff", "cnt", "depid", "deps", "hasdep"), g, t, i)
         names = ck.strings(st, ("type", "srcbuf", "dstbuf"), g, t, i)
@@ -463,7 +327,7 @@ def _steps(
             rows.append(None)
             continue
         position = nums["s"]
-        row = _Row(
+        row = StepRecord(
             names["type"],
             names["srcbuf"],
             nums["srcoff"],
@@ -495,8 +359,8 @@ def _check_step(
     ck: _Checker,
     st: Element,
     place: tuple[int, int, int],
-    row: _Row,
-    tb: dict[str, int],
+    row: StepRecord,
+    tb: _TbHeader,
     chunks: dict[str, int],
 ) -> None:
     kind, cnt = row.type, row.cnt
@@ -506,9 +370,9 @@ def _check_step(
         return
     if not 1 <= cnt < MAX_COUNT:
         ck.fail(st, f"cnt {cnt} outside 1..{MAX_COUNT - 1}", *place)
-    if kind in SEND_TYPES and tb["send"] < 0:
+    if kind in SEND_TYPES and tb.send < 0:
         ck.fail(st, f"{kind} sends but the tb has send=-1", *place)
-    if kind in RECV_TYPES and tb["recv"] < 0:
+    if kind in RECV_TYPES and tb.recv < 0:
         ck.fail(st, f"{kind} receives but the tb has recv=-1", *place)
     for side, buf, off, used in (
         ("src", row.srcbuf, row.srcoff, kind in READS_SRC),
@@ -520,7 +384,7 @@ def _check_step(
 
 
 def _check_dependency(
-    ck: _Checker, st: Element, place: tuple[int, int, int], steps: dict[int, list[_Row | None]]
+    ck: _Checker, st: Element, place: tuple[int, int, int], steps: dict[int, list[StepRecord | None]]
 ) -> None:
     _, t, i = place
     rows = steps[t]
@@ -552,7 +416,7 @@ def _check_dependency(
             ck.fail(st, what, *place)
 
 
-def _program(t: int, attrs: dict[str, int], rows: list[_Row]) -> ThreadBlock:
+def _program(t: int, attrs: _TbHeader, rows: list[StepRecord]) -> ThreadBlock:
     """The executor's transmissions: nops become dependencies, consecutive ``re`` steps fuse."""
     txs: list[Tx] = []
     tx_at: list[int] = []
@@ -591,4 +455,4 @@ def _program(t: int, attrs: dict[str, int], rows: list[_Row]) -> ThreadBlock:
             fusing = None if row.hasdep or reductions == MAX_REDUCE_FUSION else key
         else:
             fusing = None
-    return ThreadBlock(t, attrs["send"], attrs["recv"], attrs["chan"], tuple(txs), tuple(tx_at))
+    return ThreadBlock(t, attrs.send, attrs.recv, attrs.chan, tuple(txs), tuple(tx_at))

@@ -18,12 +18,14 @@ from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from stragglar.errors import RunError
+
 __all__ = ["LaunchError", "launch"]
 
 _GRACE = 5.0  # seconds the other ranks get to report once one rank has failed
 
 
-class LaunchError(RuntimeError):
+class LaunchError(RunError):
     """Some ranks failed; ``errors`` maps each failed rank to what it reported."""
 
     def __init__(self, errors: dict[int, str]) -> None:

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stragglar.formats import json as json_format
-from stragglar.schedule import Schedule
-from stragglar.synth import ALGORITHMS, round_lower_bound, synthesize
-from stragglar.verify.simulate import prove
+from stragglar.schedule import Schedule, round_lower_bound
+from stragglar.synth import ALGORITHMS, synthesize
+from stragglar.verify import prove
 from stragglar.verify.smt import smt_prove
 
 __all__ = ["TABLE_HEADER", "ProofRow", "format_row", "format_table", "prove_all", "prove_files"]
@@ -48,7 +48,7 @@ def prove_all(max_smt: int = 32, max_baseline_smt: int = 16, max_simulated: int 
     """Prove StragglAR for N = 2..``max_smt`` and the baselines for N = 2..``max_baseline_smt`` by z3,
     and every algorithm for N = 2..``max_simulated`` by the simulator.
 
-    Raises :class:`~stragglar.verify.simulate.VerificationError` at the first schedule that fails.
+    Raises :class:`~stragglar.verify.VerificationError` at the first schedule that fails.
     """
     for algorithm in ALGORITHMS:
         smt_up_to = max_smt if algorithm == "stragglar" else max_baseline_smt
@@ -77,7 +77,7 @@ def _proved(schedule: Schedule, method: str, prover: Callable[[Schedule], object
     start = time.perf_counter()
     prover(schedule)
     seconds = time.perf_counter() - start
-    n, rounds = schedule.num_ranks, schedule.straggler_rounds
+    n, rounds = schedule.num_ranks, schedule.exposed_rounds
     bound = round_lower_bound(n) if schedule.algorithm == "stragglar" else None
     return ProofRow(schedule.algorithm, n, rounds, bound, method, seconds, source)
 

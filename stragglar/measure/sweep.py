@@ -1,6 +1,6 @@
 """``stragglar bench``: a grid of measured runs, as ratios with their spread, beside the model.
 
-Each setting (ranks, size, delay) is one :func:`~stragglar.runtime.bench.run_benchmark`: every
+Each setting (ranks, size, delay) is one :func:`~stragglar.measure.run.run_benchmark`: every
 iteration runs the schedule, then the engine's own AllReduce, both after the straggler's delay
 and both checked, so the pair alternates within one run and sees the same machine state.  The
 ratio baseline / schedule is taken per iteration (the pair ran back to back) and reported as its
@@ -9,7 +9,7 @@ median with the min-max spread: on a shared machine single iterations vary a lot
 The model column: when the baseline is a ring AllReduce (gloo's, on the torch backend), a Ring
 alpha-beta model ``T = 2(N-1) alpha + 2(N-1)/N * size / bandwidth`` is fitted per N by least
 squares to the baseline's delay-0 medians over the sizes measured (two sizes determine it), and
-the same network prices both schedules at each setting with :func:`stragglar.cost.compare`.
+the same network prices both schedules at each setting (:mod:`stragglar.measure.predict`).
 """
 
 from __future__ import annotations
@@ -23,8 +23,11 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from stragglar.cost import Network, compare, format_bytes
-from stragglar.runtime.bench import BenchmarkResult, run_benchmark
+from stragglar.cost import Network
+from stragglar.errors import InputError
+from stragglar.measure.predict import compare_generated
+from stragglar.measure.run import BenchmarkResult, run_benchmark
+from stragglar.units import format_bytes
 
 __all__ = ["Setting", "SweepResult", "fit_ring", "machine", "sweep"]
 
@@ -121,7 +124,7 @@ def sweep(
 ) -> SweepResult:
     """Measure every (ranks, size in bytes, delay in seconds) setting; see the module docstring."""
     if not gpus or not sizes or not delays:
-        raise ValueError("need at least one rank count, size and delay")
+        raise InputError("need at least one rank count, size and delay")
     results: dict[tuple[int, int, float], BenchmarkResult] = {}
     for n in gpus:
         for size in sizes:
@@ -141,7 +144,7 @@ def sweep(
         net = fits.get(n)
         predicted = None
         if net is not None:
-            c = compare(n, size, delay, net, (algorithm,))
+            c = compare_generated(n, size, delay, net, (algorithm,))
             predicted = c.get("ring").time / c.get(algorithm).time
         settings.append(
             Setting(

@@ -1,7 +1,7 @@
 """Prove an MSCCL XML AllReduce correct as the MSCCL executor runs it, from the file alone.
 
 :func:`check_msccl` first reads the file with the executor's rules
-(:mod:`stragglar.verify.msccl_reader`; every structural violation is reported), then runs it:
+(:mod:`stragglar.msccl.read`; every structural violation is reported), then runs it:
 each thread block (TB) is a sequential program; sends and receives meet in FIFO order per
 (channel, sender, receiver) on a connection holding ``capacity`` chunk transfers (2 on Simple, 8
 on LL/LL128), a ``cnt``-chunk step moving one chunk at a time, as the executor does for large
@@ -37,26 +37,27 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from stragglar.verify.msccl_reader import (
-    READS_SRC,
-    RECV_TYPES,
-    SEND_TYPES,
-    WRITES_DST,
-    Algo,
-    MscclViolation,
-    Tx,
-    read_msccl,
-)
-from stragglar.verify.simulate import bit_list
+import networkx as nx
 
-__all__ = ["MscclProof", "MscclVerificationError", "MscclViolation", "check_msccl", "prove_msccl"]
+from stragglar.errors import IncorrectError
+from stragglar.msccl.limits import READS_SRC, RECV_TYPES, SEND_TYPES, WRITES_DST
+from stragglar.msccl.read import Algo, MscclViolation, Tx, read_msccl
+from stragglar.verify.report import bit_list
+
+__all__ = [
+    "MscclProof",
+    "MscclVerificationError",
+    "MscclViolation",
+    "check_msccl",
+    "prove_msccl",
+]
 
 ITERATIONS = 2
 _UNINITIALIZED = -1
 _SHOWN = 8
 
 
-class MscclVerificationError(Exception):
+class MscclVerificationError(IncorrectError):
     """Raised by :func:`prove_msccl`: ``.violation`` is the first problem, ``.violations`` all found."""
 
     def __init__(self, violations: list[MscclViolation]) -> None:
@@ -382,18 +383,23 @@ class _Run:
     # ------------------------------------------------------------------ end states
 
     def _stuck(self) -> MscclViolation | None:
-        """Explain a state where some TB cannot move: a cycle of waits, or a wait nothing will end."""
+        """Explain a state where some TB cannot move: a cycle of waits, or a wait nothing will end.
+
+        Each blocked TB waits for exactly one other (the wait-for graph has out-degree one): from
+        the first blocked TB, the waits either close a cycle (a deadlock) or end at a TB that has
+        finished or does not exist (a wait nothing will end).
+        """
         blocked = [t for t in range(len(self.tbs)) if not self._done(t)]
         if not blocked:
             return None
-        seen: list[int] = []
-        t: int | None = blocked[0]
-        while t is not None and t not in seen and not self._done(t):
-            seen.append(t)
-            t = self._waits_for(t)[0]
-        if t is None or self._done(t):
-            return self._never(seen[-1])
-        cycle = seen[seen.index(t) :]
+        waits = nx.DiGraph()
+        waits.add_nodes_from(blocked)
+        waits.add_edges_from((t, u) for t in blocked if (u := self._waits_for(t)[0]) is not None)
+        try:
+            cycle = [u for u, _ in nx.find_cycle(waits, source=blocked[0])]
+        except nx.NetworkXNoCycle:
+            chain = [t for t in nx.dfs_preorder_nodes(waits, blocked[0]) if not self._done(t)]
+            return self._never(chain[-1])
         first = self._describe(cycle[0])
         parts = [self._describe(u)[1] for u in cycle]
         if len(parts) > _SHOWN:

@@ -8,21 +8,24 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from stragglar.runtime.bench import Figures, check, expected, iteration_figures, payload
+from stragglar.measure.data import check, expected, payload
+from stragglar.measure.launch import launch
+from stragglar.measure.timing import Figures, iteration_figures
+from stragglar.runtime import allreduce
 from stragglar.runtime.engine import Timeline
-from stragglar.runtime.launch import launch
-from stragglar.schedule import Schedule
+from stragglar.verify import Proof
 
 __all__ = ["torch_figures"]
 
 
 def torch_figures(
-    schedule: Schedule, count: int, dtype: str, delay: float, iters: int, warmup: int, timeout: float
+    proof: Proof, count: int, dtype: str, delay: float, iters: int, warmup: int, timeout: float
 ) -> Figures:
     """Run the ranks; per iteration, the slowest rank's time for the schedule and for all_reduce."""
+    schedule = proof.schedule
     n = schedule.num_ranks
     want = expected(count, n, dtype)  # once, before the fork: the ranks share its pages
-    args = (schedule, count, dtype, want, delay, iters + warmup, timeout)
+    args = (proof, count, dtype, want, delay, iters + warmup, timeout)
     per_rank = launch(_rank, n, args, timeout=timeout)
     times, hidden, base = [], [], []
     for it in range(warmup, warmup + iters):
@@ -36,7 +39,7 @@ def torch_figures(
 def _rank(
     rank: int,
     n: int,
-    schedule: Schedule,
+    proof: Proof,
     count: int,
     dtype: str,
     want: np.ndarray,
@@ -44,8 +47,7 @@ def _rank(
     runs: int,
     timeout: float,
 ) -> tuple[list[Timeline], list[float]]:
-    from stragglar.runtime import allreduce
-
+    schedule = proof.schedule
     torch.set_num_threads(1)  # n ranks share the host's cores
     source = torch.from_numpy(payload(rank, count, n, dtype)).to(getattr(torch, dtype))
     buf = source.clone()
@@ -54,9 +56,7 @@ def _rank(
     for _ in range(runs):
         buf.copy_(source)
         dist.barrier()
-        timeline = allreduce(buf, schedule, straggler_delay=delay, timeout=timeout)
-        assert isinstance(timeline, Timeline)
-        timelines.append(timeline)
+        timelines.append(allreduce(buf, proof, straggler_delay=delay, timeout=timeout))
         check(buf, want, rank, schedule.algorithm, _host)
         buf.copy_(source)
         dist.barrier()

@@ -1,6 +1,6 @@
 """A PyTorch DDP communication hook that all-reduces gradient buckets with a StragglAR schedule.
 
->>> import torch.distributed as dist                                   # doctest: +SKIP
+>>> from stragglar.ddp import StragglarState, stragglar_hook          # doctest: +SKIP
 >>> ddp.register_comm_hook(StragglarState(straggler=3), stragglar_hook)  # doctest: +SKIP
 >>> ddp.register_comm_hook(StragglarState(detect=20), stragglar_hook)    # doctest: +SKIP
 
@@ -25,8 +25,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed import GradBucket  # type: ignore[attr-defined, unused-ignore]
 
+from stragglar.errors import InputError
 from stragglar.runtime import allreduce
-from stragglar.schedule import Schedule
+from stragglar.synth import synthesize
+from stragglar.verify import Proof, prove
 
 __all__ = ["LateRankProbe", "StragglarState", "persistent_late_rank", "stragglar_hook"]
 
@@ -83,7 +85,7 @@ class LateRankProbe:
 @dataclass
 class StragglarState:
     """What the hook needs: the algorithm and straggler rank, the process group (None: world), a
-    timeout in seconds, and the schedule per world size, synthesized (and verified) on first use.
+    timeout in seconds, and the schedule per world size, synthesized and proved on first use.
     ``straggler_delay`` makes the straggler late on purpose, for experiments.  ``detect=W`` (world
     group only) lets the hook find the straggler over windows of W steps; ``switches`` records
     each change as (step, new straggler)."""
@@ -95,18 +97,17 @@ class StragglarState:
     straggler_delay: float = 0.0
     detect: int = 0
     share: float = 0.75
-    schedules: dict[tuple[int, int | None], Schedule] = field(default_factory=dict)
+    proofs: dict[tuple[int, int | None], Proof] = field(default_factory=dict)
     switches: list[tuple[int, int]] = field(default_factory=list)
     steps: int = 0
     probe: LateRankProbe | None = field(default=None, repr=False)
 
-    def schedule(self, world_size: int) -> Schedule:
+    def proof(self, world_size: int) -> Proof:
+        """The proved schedule for ``world_size`` ranks and the current straggler."""
         key = (world_size, self.straggler)
-        if key not in self.schedules:
-            from stragglar.synth import synthesize
-
-            self.schedules[key] = synthesize(self.algorithm, world_size, self.straggler)
-        return self.schedules[key]
+        if key not in self.proofs:
+            self.proofs[key] = prove(synthesize(self.algorithm, world_size, self.straggler))
+        return self.proofs[key]
 
     def new_step(self, world_size: int) -> None:
         """Count the step and, when detecting, let a persistently late rank become the straggler."""
@@ -114,7 +115,7 @@ class StragglarState:
         if self.detect <= 0:
             return
         if self.process_group is not None:
-            raise ValueError("straggler detection needs the default (world) process group")
+            raise InputError("straggler detection needs the default (world) process group")
         if self.probe is None:
             self.probe = LateRankProbe(world_size, self.detect)
         self.probe.step()
@@ -132,14 +133,14 @@ def stragglar_hook(state: StragglarState, bucket: GradBucket) -> torch.futures.F
     world = dist.get_world_size(state.process_group)
     if bucket.index() == 0:
         state.new_step(world)
-    schedule = state.schedule(world)
+    proof = state.proof(world)
     allreduce(
         buffer,
-        schedule,
+        proof,
         group=state.process_group,
         straggler_delay=state.straggler_delay,
         timeout=state.timeout,
-        tag=bucket.index() * schedule.num_rounds,
+        tag=bucket.index() * proof.num_rounds,
     )
     buffer.div_(world)
     future: torch.futures.Future[torch.Tensor] = torch.futures.Future()

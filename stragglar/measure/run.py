@@ -1,0 +1,205 @@
+"""``stragglar run``: time a proved schedule on real buffers against the engine's own AllReduce.
+
+Every rank fills distinct per-rank, per-element integers and every result is checked
+(:mod:`stragglar.measure.data`).  Each iteration the straggler arrives ``delay`` seconds late,
+both for the schedule and for the baseline (the engine's all_reduce, or for in-process runs a
+sum of the buffers), so the figures compare like with like.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from stragglar.errors import InputError
+from stragglar.measure.data import ITEMSIZE, check, expected, payload
+from stragglar.measure.timing import Figures, iteration_figures
+from stragglar.runtime import plan_for
+from stragglar.runtime.engine import DTYPES
+from stragglar.runtime.local import run_local
+from stragglar.synth import synthesize
+from stragglar.units import format_bytes
+from stragglar.verify import Proof, prove
+
+__all__ = ["BACKENDS", "BenchmarkResult", "run_benchmark"]
+
+BACKENDS = ("local", "torch", "cupy")
+
+
+@dataclass(frozen=True)
+class BenchmarkResult:
+    """Per-iteration seconds (slowest rank, from the common start to its last round).
+    ``hidden`` is when the punctual ranks finished the phases without the straggler."""
+
+    backend: str
+    algorithm: str
+    num_ranks: int
+    dtype: str
+    count: int
+    delay: float
+    times: tuple[float, ...]
+    hidden: tuple[float, ...]
+    baseline: str
+    baseline_times: tuple[float, ...]
+
+    @property
+    def size_bytes(self) -> int:
+        return self.count * ITEMSIZE[self.dtype]
+
+    @property
+    def time(self) -> float:
+        return statistics.median(self.times)
+
+    @property
+    def baseline_time(self) -> float:
+        return statistics.median(self.baseline_times)
+
+    @property
+    def algbw(self) -> float:
+        """Algorithm bandwidth, bytes per second: buffer size over time."""
+        return self.size_bytes / self.time
+
+    @property
+    def baseline_algbw(self) -> float:
+        return self.size_bytes / self.baseline_time
+
+    def progress_line(self) -> str:
+        """``  N=4 16 MiB 50 ms: 1.12x``: one finished setting of a sweep."""
+        size = format_bytes(self.size_bytes)
+        return f"  N={self.num_ranks} {size} {self.delay * 1e3:g} ms: {self.baseline_time / self.time:.2f}x"
+
+    def report(self) -> str:
+        """A few lines for the terminal."""
+        mib, gb = self.size_bytes / 2**20, 1e9
+        hidden = (
+            f"  (hidden phase done at {statistics.median(self.hidden) * 1e3:.2f} ms)" if self.hidden else ""
+        )
+        rows = (
+            (self.algorithm, self.time, self.algbw),
+            (self.baseline, self.baseline_time, self.baseline_algbw),
+        )
+        return "\n".join(
+            [
+                f"{self.algorithm} on {self.backend}: {self.num_ranks} ranks, {mib:.2f} MiB {self.dtype}, "
+                f"straggler delay {self.delay * 1e3:g} ms, {len(self.times)} iterations (median), "
+                "results checked",
+                *(f"  {name:<18} {t * 1e3:10.3f} ms/iter  {bw / gb:8.3f} GB/s" for name, t, bw in rows),
+                f"  speed-up {self.baseline_time / self.time:.2f}x{hidden}",
+            ]
+        )
+
+
+def run_benchmark(
+    backend: str = "torch",
+    num_ranks: int = 4,
+    size_bytes: int = 16 * 2**20,
+    dtype: str = "float32",
+    delay: float = 0.0,
+    *,
+    algorithm: str = "stragglar",
+    proof: Proof | None = None,
+    straggler: int | None = None,
+    iters: int = 5,
+    warmup: int = 1,
+    timeout: float = 60.0,
+) -> BenchmarkResult:
+    """Run the proved schedule (default: ``algorithm`` synthesized for ``num_ranks`` and proved)
+    ``warmup + iters`` times on ``backend`` and the engine's all_reduce as often, checking every
+    result.
+
+    ``delay`` is in seconds.  Raises :class:`~stragglar.errors.InputError` for a bad request,
+    :class:`~stragglar.measure.data.WrongResult` for a wrong result, and
+    :class:`~stragglar.measure.launch.LaunchError` when a rank fails.
+    """
+    if backend not in BACKENDS:
+        raise InputError(f"unknown backend {backend!r} (choose from {', '.join(BACKENDS)})")
+    if dtype not in DTYPES:
+        raise InputError(f"unknown dtype {dtype!r} (choose from {', '.join(DTYPES)})")
+    if proof is None:
+        proof = prove(synthesize(algorithm, num_ranks, straggler))
+    elif proof.num_ranks != num_ranks:
+        raise InputError(f"schedule is for {proof.num_ranks} ranks, not {num_ranks}")
+    count = size_bytes // ITEMSIZE[dtype]
+    if count < 1 or iters < 1 or warmup < 0 or delay < 0:
+        raise InputError("need size >= one element, iters >= 1, warmup >= 0 and delay >= 0")
+    _require(backend)
+    if backend == "torch":
+        from stragglar.measure.run_torch import torch_figures
+
+        figures = torch_figures(proof, count, dtype, delay, iters, warmup, timeout)
+    else:
+        figures = _in_process(backend, proof, count, dtype, delay, iters, warmup)
+    times, hidden, base_name, base = figures
+    return BenchmarkResult(
+        backend, proof.schedule.algorithm, num_ranks, dtype, count, delay, times, hidden, base_name, base
+    )
+
+
+def _require(backend: str) -> None:
+    """An InputError naming the extra to install when the backend's library is missing."""
+    if backend != "local" and importlib.util.find_spec(backend) is None:  # named after its library
+        raise InputError(f"the {backend} backend needs {backend}: pip install 'stragglar[{backend}]'")
+
+
+def _in_process(
+    backend: str, proof: Proof, count: int, dtype: str, delay: float, iters: int, warmup: int
+) -> Figures:
+    schedule = proof.schedule
+    xp, sync, host = _array_module(backend)
+    try:
+        inputs = [
+            xp.asarray(payload(r, count, schedule.num_ranks, dtype).astype(dtype))
+            for r in range(schedule.num_ranks)
+        ]
+    except TypeError as e:
+        raise InputError(f"the {backend} backend cannot hold {dtype}: {e}") from None
+    want = expected(count, schedule.num_ranks, dtype)
+    plans = [plan_for(proof, r, count) for r in range(schedule.num_ranks)]
+    bufs = [x.copy() for x in inputs]
+    times: list[float] = []
+    hidden: list[float] = []
+    base: list[float] = []
+    for it in range(warmup + iters):
+        for b, x in zip(bufs, inputs, strict=True):
+            b[:] = x
+        sync()
+        figures = iteration_figures(schedule, run_local(bufs, plans, delay, sync))
+        for r, b in enumerate(bufs):
+            check(b, want, r, schedule.algorithm, host)
+        for b, x in zip(bufs, inputs, strict=True):
+            b[:] = x
+        sync()
+        start = time.perf_counter()
+        time.sleep(delay)
+        total = bufs[0].copy()
+        for b in bufs[1:]:
+            total += b
+        for b in bufs:
+            b[:] = total
+        sync()
+        if it >= warmup:
+            times.append(figures[0])
+            hidden.extend([figures[1]] if figures[1] is not None else [])
+            base.append(time.perf_counter() - start)
+        for r, b in enumerate(bufs):
+            check(b, want, r, "sum", host)
+    return tuple(times), tuple(hidden), "sum of buffers", tuple(base)
+
+
+def _array_module(backend: str) -> tuple[Any, Callable[[], None], Callable[[Any], np.ndarray]]:
+    """(array module, device sync, to-host) for the in-process backends; cupy runs loopback."""
+    if backend == "local":
+        return np, lambda: None, np.asarray
+    import cupy
+
+    try:
+        cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:  # CuPy raises its own CUDA error types, not importable without a GPU
+        raise InputError(f"the cupy backend found no usable GPU: {e}") from None
+    return cupy, cupy.cuda.Device().synchronize, cupy.asnumpy

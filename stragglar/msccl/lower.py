@@ -1,0 +1,135 @@
+"""Export a proved schedule as MSCCL XML: one in-place AllReduce ``<algo>`` for NCCL's MSCCL executor.
+
+:func:`lower` lists the stages, one module each (msccl-tools' habit):
+
+1. :mod:`~stragglar.msccl.pieces`: each round cut into steps' worth of chunks per FIFO, with
+   scratch where an in-place receive would overwrite a chunk still being sent;
+2. :mod:`~stragglar.msccl.threadblocks`: a thread block pair per FIFO, channels, and the
+   operations in issue order;
+3. :mod:`~stragglar.msccl.dependencies`: dependencies that order every chunk access within a GPU;
+   a thread block past the executor's step limit sends stages 2-3 round again with its FIFO split;
+4. :func:`~stragglar.msccl.threadblocks.number`: thread-block ids and the remaining limits;
+5. :mod:`~stragglar.msccl.write`: the text.
+
+The file is then proved from its text by :mod:`stragglar.msccl.executor`, which shares none of
+these structures.
+
+>>> from stragglar.synth import synthesize
+>>> from stragglar.verify import prove
+>>> xml = to_msccl_xml(prove(synthesize("stragglar", 4)))
+>>> xml.splitlines()[0][:72]
+'<algo name="stragglar-n4-s3-simple" proto="Simple" nchannels="1" nchunks'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections import defaultdict
+from typing import Any
+
+from stragglar.files import write_text
+from stragglar.msccl.dependencies import Programs, order
+from stragglar.msccl.limits import MAX_OFFSET, MAX_STEPS, PROTOCOLS, MscclExportError
+from stragglar.msccl.pieces import schedule_pieces
+from stragglar.msccl.threadblocks import Fifo, assign, number
+from stragglar.msccl.write import Header, render
+from stragglar.schedule import Schedule
+from stragglar.verify import Proof, require_proof
+
+__all__ = ["DEFAULT_MAX_BYTES", "default_name", "lower", "to_msccl_xml", "write_msccl"]
+
+DEFAULT_MAX_BYTES = 1 << 40
+_NAME = re.compile(r"[A-Za-z0-9_.:+-]{1,128}")
+
+
+def default_name(schedule: Schedule, proto: str = "Simple", instances: int = 1) -> str:
+    """``stragglar-n8-s7-simple`` style: algorithm, GPUs, straggler, protocol, instances if > 1."""
+    straggler = "" if schedule.straggler is None else f"-s{schedule.straggler}"
+    more = f"-x{instances}" if instances > 1 else ""
+    return f"{schedule.algorithm}-n{schedule.num_ranks}{straggler}-{proto.lower()}{more}"
+
+
+def to_msccl_xml(
+    proof: Proof,
+    *,
+    name: str | None = None,
+    proto: str = "Simple",
+    instances: int = 1,
+    min_bytes: int = 0,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+) -> str:
+    """The MSCCL XML text of the proved schedule: deterministic, ends with a newline.
+
+    ``instances`` copies of the schedule run side by side on consecutive slices of the chunks;
+    ``min_bytes``/``max_bytes`` are the message sizes the executor selects the file for.  Raises
+    :class:`MscclExportError` for a bad option or a schedule that does not fit the executor.
+    """
+    require_proof(proof)
+    name = default_name(proof.schedule, proto, instances) if name is None else name
+    _check_options(name, proto, instances, min_bytes, max_bytes)
+    return lower(
+        proof, Header(name, proto, 0, proof.num_chunks * instances, proof.num_ranks, min_bytes, max_bytes)
+    )
+
+
+def write_msccl(proof: Proof, path: str | os.PathLike[str], **options: Any) -> None:
+    """Write :func:`to_msccl_xml` of ``proof`` (same keyword options) to the file ``path``."""
+    write_text(path, to_msccl_xml(proof, **options))
+
+
+def lower(proof: Proof, header: Header) -> str:
+    """The stages, in order (see the module docstring); ``header.nchannels`` is filled in here."""
+    schedule = proof.schedule
+    instances = header.nchunksperloop // schedule.num_chunks
+    if header.nchunksperloop > MAX_OFFSET:
+        raise MscclExportError(
+            f"{header.nchunksperloop} chunks per loop exceed the executor's int16 offsets "
+            f"({MAX_OFFSET}): use fewer instances"
+        )
+    rounds, back = schedule_pieces(schedule, instances)
+    splits: defaultdict[Fifo, set[int]] = defaultdict(set)
+    while True:
+        assignment = assign(rounds, back, schedule.num_ranks, schedule.num_chunks, splits)
+        programs = order(assignment)
+        over = _overflows(programs)
+        if not over:
+            break
+        for fifo, item in over:
+            if item == 0 or item in splits[fifo]:
+                raise MscclExportError(
+                    f"one step needs more than {MAX_STEPS} step slots (nops for its dependencies): "
+                    "the schedule is too dense for the executor"
+                )
+            splits[fifo].add(item)
+    targets = {s.dep[0] for steps in programs.steps.values() for s in steps if s.dep is not None}
+    sizes = {tb: len(programs.steps[tb]) for tb in programs.tbs}
+    ids = number(programs.tbs, targets, sizes, schedule.num_ranks, assignment.nchannels)
+    return render(
+        dataclasses.replace(header, nchannels=assignment.nchannels), programs, ids, assignment.scratch
+    )
+
+
+def _overflows(programs: Programs) -> list[tuple[Fifo, int]]:
+    """For each TB past the step limit, the FIFO item that must start a new TB pair."""
+    over: dict[Fifo, int] = {}
+    for tb in programs.tbs:
+        first = next(((fifo, item) for pos, fifo, item in programs.items[tb] if pos >= MAX_STEPS), None)
+        if first is not None:
+            over[first[0]] = min(over.get(first[0], first[1]), first[1])
+    return sorted(over.items())
+
+
+def _check_options(name: str, proto: str, instances: int, min_bytes: int, max_bytes: int) -> None:
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise MscclExportError(f"name {name!r}: use 1-128 characters from A-Z a-z 0-9 _ . : + -")
+    if proto not in PROTOCOLS:
+        raise MscclExportError(f"proto {proto!r}: choose from {', '.join(PROTOCOLS)}")
+    if type(instances) is not int or instances < 1:
+        raise MscclExportError(f"instances must be an integer >= 1, got {instances!r}")
+    for label, value in (("min_bytes", min_bytes), ("max_bytes", max_bytes)):
+        if type(value) is not int or not 0 <= value < 1 << 63:
+            raise MscclExportError(f"{label} must be an integer in [0, 2**63), got {value!r}")
+    if max_bytes and max_bytes < min_bytes:
+        raise MscclExportError(f"max_bytes {max_bytes} < min_bytes {min_bytes}: never selected")

@@ -1,0 +1,308 @@
+"""The vocabulary every prover reports in: where, what kind, the violation, and the proof.
+
+The symbolic simulator and the z3 checker share nothing but the IR and this module, so that a
+bug in one is caught by the other; what they must agree on is how they *say* things, which is
+defined here once: the place of a round (:class:`Where`), the kinds of violation
+(:class:`Kind`), the sentence naming a faulty transfer (one builder per structural rule), and the
+:class:`Proof` a prover hands out.
+
+A :class:`Proof` carries the schedule it is about and can only be made by a prover of this
+package (:func:`issue_proof`): exporters, the runtime, release and the DDP hook take a ``Proof``,
+so nothing is proved twice and nothing unproved is exported or run.
+
+>>> from stragglar.schedule import Op, Phase, Schedule, Transfer
+>>> where = Where(1, "exchange", 2)
+>>> print(self_violation(where, Transfer(3, 3, 0, Op.COPY)))
+phase 1 'exchange' round 2: transfer 3->3 chunk 0 (copy) sends rank 3 chunk 0 to itself
+>>> rank_list([0, 3, 5]), rank_list(range(12), shown=3)
+('[0, 3, 5]', '[0, 1, 2, ... (9 more)]')
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+from stragglar.errors import IncorrectError
+from stragglar.schedule import Op, Schedule, Transfer, round_lower_bound
+from stragglar.units import count_of
+
+__all__ = [
+    "CounterExample",
+    "Kind",
+    "Proof",
+    "VerificationError",
+    "Violation",
+    "Where",
+    "bit_list",
+    "chunk_range_violation",
+    "double_write_violation",
+    "duplicate_at",
+    "issue_proof",
+    "membership_violation",
+    "op_violation",
+    "origin",
+    "port_violation",
+    "rank_list",
+    "rank_range_violation",
+    "require_proof",
+    "self_violation",
+]
+
+SHOWN_RANKS = 8  # ranks named in a message before it says "... (k more)"
+
+
+class Kind(str, enum.Enum):
+    """What rule a schedule breaks; a ``str`` so that ``violation.kind == "port"`` reads naturally."""
+
+    RANGE = "range"  # a rank or chunk outside the schedule
+    SELF = "self"  # a rank sending to itself
+    OP = "op"  # neither copy nor reduce
+    MEMBERSHIP = "membership"  # a rank outside the transfer's phase
+    PORT = "port"  # a second peer on one rank's send or receive port in one round
+    DOUBLE_WRITE = "double-write"  # one value written twice in one round
+    DUPLICATE = "duplicate"  # a final value counting some contribution more than once
+    MISSING = "missing"  # a final value lacking some contribution
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Where:
+    """A round's place in a schedule, as every verifier's messages name it."""
+
+    phase: int
+    name: str
+    round: int
+
+    def __str__(self) -> str:
+        return f"phase {self.phase} {self.name!r} round {self.round}"
+
+
+@dataclass(frozen=True)
+class CounterExample:
+    """Inputs of one chunk (exact values from a solver's model) under which ``rank`` ends wrong."""
+
+    chunk: int
+    inputs: tuple[Fraction, ...]  # rank r's contribution to ``chunk``; every other chunk is irrelevant
+    rank: int
+    expected: Fraction
+    actual: Fraction
+
+    def __str__(self) -> str:
+        nonzero = [f"rank {r}: {v}" for r, v in enumerate(self.inputs) if v]
+        shown = ", ".join(nonzero[:SHOWN_RANKS]) + (", ..." if len(nonzero) > SHOWN_RANKS else "")
+        return (
+            f"with inputs {{{shown}}} (others 0) rank {self.rank} ends with {self.actual} "
+            f"in chunk {self.chunk}, not {self.expected}"
+        )
+
+
+@dataclass(frozen=True)
+class Violation:
+    """Why a schedule is not a correct AllReduce, located where it first goes wrong.
+
+    ``phase``, ``phase_name``, ``round`` and ``transfer`` locate the offending transfer; for a
+    wrong final value they locate its last write (None if it was never written).  A prover that
+    can give concrete inputs under which the value is wrong attaches them as ``counterexample``.
+    """
+
+    kind: Kind
+    phase: int | None
+    phase_name: str | None
+    round: int | None
+    transfer: Transfer | None
+    rank: int
+    chunk: int
+    message: str
+    counterexample: CounterExample | None = None
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class VerificationError(IncorrectError):
+    """Raised by the provers; ``.violation`` says what went wrong and where."""
+
+    def __init__(self, violation: Violation) -> None:
+        super().__init__(violation.message)
+        self.violation = violation
+
+
+_SEAL = object()
+
+
+@dataclass(frozen=True)
+class Proof:
+    """Evidence that ``schedule`` is a correct AllReduce, from the prover named in ``by``.
+
+    Only the provers make one (see :func:`issue_proof`); code that exports or runs a schedule
+    asks for a ``Proof`` and so cannot be handed an unproved one.
+    """
+
+    schedule: Schedule = field(repr=False)
+    by: str  # "simulator" or "z3"
+    seconds: float  # how long the proof took
+    _seal: object = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self._seal is not _SEAL:
+            raise TypeError("a Proof comes only from a prover: use stragglar.verify.prove(schedule)")
+
+    @property
+    def num_ranks(self) -> int:
+        return self.schedule.num_ranks
+
+    @property
+    def num_chunks(self) -> int:
+        return self.schedule.num_chunks
+
+    @property
+    def num_rounds(self) -> int:
+        return self.schedule.num_rounds
+
+    @property
+    def exposed_rounds(self) -> int:
+        return self.schedule.exposed_rounds
+
+    @property
+    def num_transfers(self) -> int:
+        return self.schedule.num_transfers
+
+    @property
+    def summary(self) -> str:
+        """``proved: allreduce over 4 ranks, 3 chunks, 4 rounds after the straggler (6 in all), ...``."""
+        rounds = count_of(self.num_rounds, "round")
+        if self.exposed_rounds != self.num_rounds:
+            rounds = (
+                f"{count_of(self.exposed_rounds, 'round')} after the straggler ({self.num_rounds} in all)"
+            )
+        text = (
+            f"proved: allreduce over {count_of(self.num_ranks, 'rank')}, "
+            f"{count_of(self.num_chunks, 'chunk')}, {rounds}, {count_of(self.num_transfers, 'transfer')}"
+        )
+        return text if self.by == "simulator" else f"{text} ({self.by}, {self.seconds:.2f} s)"
+
+    @property
+    def headline(self) -> str:
+        """One line for people: who takes part, the rounds (against R*(N) for StragglAR), the proof."""
+        s = self.schedule
+        who = count_of(s.num_ranks, "GPU")
+        if s.straggler is not None:
+            who += f" (straggler {s.straggler})"
+        if s.straggler is None:
+            rounds = count_of(s.num_rounds, "round")
+        else:
+            exposed = count_of(s.exposed_rounds, "round")
+            rounds = f"{exposed} after the straggler arrives{_versus_bound(s)}, {s.num_rounds} in all"
+        return f"{s.algorithm}: {who}, {count_of(s.num_chunks, 'chunk')}, {rounds}; {self.summary}"
+
+
+def _versus_bound(schedule: Schedule) -> str:
+    """How far StragglAR's exposed rounds are from R*(N); other algorithms are not in that model."""
+    n = schedule.num_ranks
+    if schedule.algorithm != "stragglar" or n < 2:
+        return ""
+    bound = round_lower_bound(n)
+    gap = schedule.exposed_rounds - bound
+    verdict = "optimal" if gap == 0 else f"{gap:+d}"
+    return f" (lower bound R*({n}) = {bound}: {verdict})"
+
+
+def require_proof(value: object) -> Proof:
+    """``value`` if it is a :class:`Proof`; a TypeError that says how to get one otherwise.
+
+    Exporters and the runtime call this first: a bare schedule passed where a proof belongs is a
+    mistake Python's typing would not catch at run time.
+    """
+    if not isinstance(value, Proof):
+        raise TypeError(
+            f"expected a Proof, got {type(value).__name__}: prove the schedule first "
+            "(stragglar.verify.prove(schedule))"
+        )
+    return value
+
+
+def issue_proof(schedule: Schedule, by: str, seconds: float) -> Proof:
+    """The :class:`Proof` a prover hands out once it has shown ``schedule`` correct."""
+    return Proof(schedule, by, seconds, _SEAL)
+
+
+# ---------------------------------------------------------------------------- messages
+
+
+def _at(where: Where, t: Transfer, kind: Kind, rank: int, what: str) -> Violation:
+    """A violation caused by transfer ``t``; ``what`` completes the sentence naming it."""
+    op = t.op.value if isinstance(t.op, Op) else repr(t.op)
+    message = f"{where}: transfer {t.src}->{t.dst} chunk {t.chunk} ({op}) {what}"
+    return Violation(kind, where.phase, where.name, where.round, t, rank, t.chunk, message)
+
+
+def rank_range_violation(where: Where, t: Transfer, rank: int, num_ranks: int) -> Violation:
+    return _at(where, t, Kind.RANGE, rank, f"names rank {rank}, outside 0..{num_ranks - 1}")
+
+
+def chunk_range_violation(where: Where, t: Transfer, num_chunks: int) -> Violation:
+    what = f"writes rank {t.dst} chunk {t.chunk}, outside 0..{num_chunks - 1}"
+    return _at(where, t, Kind.RANGE, t.dst, what)
+
+
+def self_violation(where: Where, t: Transfer) -> Violation:
+    return _at(where, t, Kind.SELF, t.src, f"sends rank {t.src} chunk {t.chunk} to itself")
+
+
+def op_violation(where: Where, t: Transfer) -> Violation:
+    return _at(where, t, Kind.OP, t.dst, f"has unknown op {t.op!r} for rank {t.dst}")
+
+
+def membership_violation(where: Where, t: Transfer, members: Collection[int]) -> Violation:
+    rank = t.src if t.src not in members else t.dst
+    return _at(where, t, Kind.MEMBERSHIP, rank, f"involves rank {rank}, which is not in this phase")
+
+
+def port_violation(where: Where, t: Transfer, *, sending: bool, other_peer: int) -> Violation:
+    """``t`` gives a rank a second peer on its send (``sending``) or receive port in one round."""
+    if sending:
+        return _at(
+            where, t, Kind.PORT, t.src, f"makes rank {t.src} send to a second peer (rank {other_peer})"
+        )
+    what = f"makes rank {t.dst} receive from a second peer (rank {other_peer})"
+    return _at(where, t, Kind.PORT, t.dst, what)
+
+
+def double_write_violation(where: Where, t: Transfer) -> Violation:
+    return _at(where, t, Kind.DOUBLE_WRITE, t.dst, f"writes rank {t.dst} chunk {t.chunk} twice in one round")
+
+
+def duplicate_at(where: Where, t: Transfer, what: str) -> Violation:
+    """A reduce by ``t`` that counts some contribution twice; ``what`` names them."""
+    return _at(where, t, Kind.DUPLICATE, t.dst, what)
+
+
+def origin(where: Where, t: Transfer) -> str:
+    """``last written in phase 1 'exchange' round 3 by 2->5 chunk 4 copy``: where a value came from."""
+    return f"last written in {where} by {t.src}->{t.dst} chunk {t.chunk} {t.op.value}"
+
+
+def rank_list(ranks: Iterable[int], shown: int = SHOWN_RANKS) -> str:
+    """``[0, 3, 5]``: the first ``shown`` ranks and a count of the rest."""
+    names = list(ranks)
+    more = f", ... ({len(names) - shown} more)" if len(names) > shown else ""
+    return f"[{', '.join(map(str, names[:shown]))}{more}]"
+
+
+def bit_list(mask: int, shown: int = SHOWN_RANKS) -> str:
+    """:func:`rank_list` of the set bits of ``mask``.
+
+    >>> bit_list(0b101001), bit_list((1 << 12) - 1, shown=3)
+    ('[0, 3, 5]', '[0, 1, 2, ... (9 more)]')
+    """
+    bits: list[int] = []
+    while mask:
+        low = mask & -mask
+        bits.append(low.bit_length() - 1)
+        mask ^= low
+    return rank_list(bits, shown)
