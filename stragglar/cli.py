@@ -18,9 +18,10 @@ summary goes to stdout, except when stdout carries the JSON document, then to st
 ``stragglar synth --gpus 8 --format json > s.json`` is clean JSON.
 
 Exit codes: 0 success; 1 the schedule is not a correct AllReduce (or a run failed or went
-wrong); 2 bad input (a bad option, an unreadable or malformed file).  Errors are a single
-``Error: ...`` line on stderr: every :class:`~stragglar.errors.StragglarError` becomes one with
-its exit code; anything else is a bug and keeps its traceback.
+wrong); 2 bad input (a bad option, an unreadable or malformed file); 3 a resource ran out
+(memory, or a solver's time).  Errors are a single ``Error: ...`` line on stderr: every
+:class:`~stragglar.errors.StragglarError` becomes one with its exit code, and so does running
+out of memory; anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import click
 from stragglar.commands.measure import bench, run
 from stragglar.commands.model import bound, cost, prove_all_command
 from stragglar.commands.schedules import export, show, synth, verify
-from stragglar.errors import InputError, StragglarError
+from stragglar.errors import InputError, ResourceError, StragglarError
 from stragglar.version import __version__
 
 __all__ = ["cli", "main"]
@@ -52,6 +53,12 @@ class _BadInput(click.ClickException):
     exit_code = InputError.exit_code
 
 
+class _OutOfResources(click.ClickException):
+    """Memory, or a solver's time, ran out."""
+
+    exit_code = ResourceError.exit_code
+
+
 @contextlib.contextmanager
 def _one_line_errors() -> Iterator[None]:
     """Usage errors without their usage text, library errors with their exit codes.
@@ -65,8 +72,14 @@ def _one_line_errors() -> Iterator[None]:
             e.ctx = None
         raise
     except StragglarError as e:
-        failure = _BadInput if e.exit_code == InputError.exit_code else _Wrong
+        failure = {InputError.exit_code: _BadInput, ResourceError.exit_code: _OutOfResources}.get(
+            e.exit_code, _Wrong
+        )
         raise failure(str(e).splitlines()[0]) from None
+    except MemoryError:
+        raise _OutOfResources(
+            "out of memory: this machine cannot hold the work asked for (the size limits are in the README)"
+        ) from None
 
 
 class _Group(click.Group):
@@ -86,7 +99,15 @@ class _Group(click.Group):
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="stragglar", message="%(prog)s %(version)s")
 def cli() -> None:
-    """Synthesize, prove and show StragglAR AllReduce schedules."""
+    """Synthesize, prove, export, price and run StragglAR AllReduce schedules.
+
+    \b
+    Units: a size takes B, KB, MB, GB, TB, KiB, MiB, GiB or TiB (a bare number is bytes);
+    a duration needs us, ms or s (20ms; a bare 0 is allowed); a bandwidth needs a unit per
+    second (450GiB/s, 100Gbit/s).
+    Exit codes: 0 done, 1 not a correct AllReduce or a failed run, 2 bad input, 3 out of
+    memory or solver time.
+    """
 
 
 for _command in (synth, export, verify, show, cost, run, bench, bound, prove_all_command):

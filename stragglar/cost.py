@@ -38,13 +38,12 @@ The paper's simulation (alpha 3 us, 450 GiB/s, 1 GiB, delay long enough to hide 
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
 from stragglar.errors import InputError
-from stragglar.schedule import Round, Schedule
+from stragglar.schedule import Schedule, round_load
 from stragglar.units import format_bytes, format_seconds
 
 __all__ = [
@@ -115,15 +114,9 @@ def profile(schedule: Schedule) -> Profile:
     rounds are exposed (:attr:`~stragglar.schedule.Schedule.hidden_phases`).
     """
     split = schedule.hidden_phases
-    hidden = tuple(_load(rnd) for phase in schedule.phases[:split] for rnd in phase.rounds)
-    exposed = tuple(_load(rnd) for phase in schedule.phases[split:] for rnd in phase.rounds)
+    hidden = tuple(round_load(rnd) for phase in schedule.phases[:split] for rnd in phase.rounds)
+    exposed = tuple(round_load(rnd) for phase in schedule.phases[split:] for rnd in phase.rounds)
     return Profile(schedule.algorithm, schedule.num_ranks, schedule.num_chunks, hidden, exposed)
-
-
-def _load(rnd: Round) -> int:
-    sent = Counter(t.src for t in rnd)
-    received = Counter(t.dst for t in rnd)
-    return max(max(sent.values(), default=0), max(received.values(), default=0))
 
 
 @dataclass(frozen=True)

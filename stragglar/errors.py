@@ -7,6 +7,7 @@ and their ``exit_code``; anything else that escapes is a bug and keeps its trace
 * 1: the thing is well formed but wrong: a schedule or artifact that is not a correct AllReduce,
   a run whose result differs from the reference, a rank that failed.
 * 2: bad input: an option, a request or a file that cannot be used as given.
+* 3: a resource ran out: memory, or the time a solver was given.
 
 >>> InputError("need at least 2 GPUs, got 1").exit_code
 2
@@ -16,7 +17,7 @@ True
 
 from __future__ import annotations
 
-__all__ = ["IncorrectError", "InputError", "RunError", "StragglarError"]
+__all__ = ["IncorrectError", "InputError", "ResourceError", "RunError", "StragglarError"]
 
 
 class StragglarError(Exception):
@@ -37,3 +38,9 @@ class IncorrectError(StragglarError):
 
 class RunError(StragglarError, RuntimeError):
     """A run that could not finish: a rank failed, a peer died or never arrived (exit 1)."""
+
+
+class ResourceError(StragglarError):
+    """The work needed more than it was given: memory, or a solver's time limit (exit 3)."""
+
+    exit_code = 3

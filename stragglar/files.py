@@ -1,8 +1,10 @@
-"""Writing files so that nothing is lost: a temporary file in the same folder, then a rename.
+"""Reading and writing files so that nothing hangs and nothing is lost.
 
-A write that fails half way (a full disk, a signal) leaves the old file as it was and no partial
-file behind, because the new content only replaces the old by ``os.replace``, which is atomic on
-one file system.
+Reading takes regular files only, of a bounded size, checked before anything is read: a FIFO
+would block forever and ``/dev/zero`` never ends.  Writing goes to a temporary file in the same
+folder, then a rename: a write that fails half way (a full disk, a signal) leaves the old file
+as it was and no partial file behind, because the new content only replaces the old by
+``os.replace``, which is atomic on one file system.
 
 >>> import tempfile, pathlib
 >>> folder = pathlib.Path(tempfile.mkdtemp())
@@ -14,10 +16,49 @@ one file system.
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from pathlib import Path
 
-__all__ = ["write_bytes", "write_text"]
+from stragglar.errors import InputError
+
+__all__ = ["MAX_READ_BYTES", "read_text", "same_file", "write_bytes", "write_text"]
+
+MAX_READ_BYTES = 2**30  # the largest schedule stragglar handles is about 400 MB of JSON
+
+
+def read_text(path: str | os.PathLike[str]) -> str:
+    """The UTF-8 text of the regular file ``path``; an :class:`InputError` naming the file otherwise."""
+    name = os.fspath(path)
+    try:
+        info = os.stat(name)
+    except FileNotFoundError:
+        raise InputError(f"file not found: {name}") from None
+    except OSError as e:
+        raise InputError(f"cannot read {name}: {e.strerror or e}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise InputError(f"{name} is not a regular file (stragglar reads schedules from files)")
+    if info.st_size > MAX_READ_BYTES:
+        raise InputError(f"{name} has {info.st_size:,} bytes: stragglar reads files up to {MAX_READ_BYTES:,}")
+    try:
+        with open(name, "rb") as file:
+            data = file.read(MAX_READ_BYTES + 1)
+    except OSError as e:
+        raise InputError(f"cannot read {name}: {e.strerror or e}") from None
+    if len(data) > MAX_READ_BYTES:
+        raise InputError(f"{name} grew past {MAX_READ_BYTES:,} bytes while being read")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(f"{name}: not UTF-8 text: byte {e.start}") from None
+
+
+def same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """Whether ``a`` and ``b`` name one file (links followed); a missing ``b`` is never ``a``."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return Path(a).resolve() == Path(b).resolve()
 
 
 def write_text(path: str | os.PathLike[str], text: str) -> None:

@@ -8,12 +8,16 @@ inspect them before :func:`save` writes a PNG.
 
 from __future__ import annotations
 
+import importlib.util
+import io
 import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stragglar.cost import Network
+from stragglar.errors import InputError
+from stragglar.files import write_bytes
 from stragglar.formats.text import compact_ranges
 from stragglar.measure.predict import compare_generated
 from stragglar.schedule import Op, Schedule
@@ -22,14 +26,29 @@ from stragglar.units import format_bytes, format_seconds
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["LABELLED_RANKS", "PlotUnavailable", "cost_figure", "save", "schedule_figure", "sweep_sizes"]
+__all__ = [
+    "LABELLED_RANKS",
+    "PlotUnavailable",
+    "cost_figure",
+    "render",
+    "require_matplotlib",
+    "save",
+    "schedule_figure",
+    "sweep_sizes",
+]
 
 LABELLED_RANKS = 32
 """Largest N whose schedule chart names each send in its cell; above it only colours are drawn."""
 
 
-class PlotUnavailable(RuntimeError):
+class PlotUnavailable(InputError):
     """matplotlib is not installed."""
+
+
+def require_matplotlib() -> None:
+    """Raise :class:`PlotUnavailable` now, not after the work, when matplotlib is missing."""
+    if importlib.util.find_spec("matplotlib") is None:
+        raise PlotUnavailable("plotting needs matplotlib: pip install 'stragglar[plot]'")
 
 
 def _figure(width: float, height: float) -> Figure:
@@ -162,6 +181,13 @@ def _rank_label(rank: int, straggler: int | None) -> str:
     return f"{rank} (straggler)" if rank == straggler else str(rank)
 
 
+def render(fig: Figure, fmt: str = "png") -> bytes:
+    """``fig`` as the bytes of a ``png``, ``svg`` or ``pdf`` file (written by the caller, atomically)."""
+    out = io.BytesIO()
+    fig.savefig(out, format=fmt, dpi=110)
+    return out.getvalue()
+
+
 def save(fig: Figure, path: Path) -> None:
-    """Write ``fig`` as an image (format from the suffix, PNG by default)."""
-    fig.savefig(path, dpi=110)
+    """Write ``fig`` to ``path`` (format from the suffix: png, svg or pdf), atomically."""
+    write_bytes(path, render(fig, path.suffix.lower().lstrip(".") or "png"))

@@ -20,28 +20,44 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stragglar.formats import json as json_format
+from stragglar.msccl import MscclProof
 from stragglar.schedule import Schedule, round_lower_bound
 from stragglar.synth import ALGORITHMS, synthesize
 from stragglar.verify import prove
 from stragglar.verify.smt import smt_prove
 
-__all__ = ["TABLE_HEADER", "ProofRow", "format_row", "format_table", "prove_all", "prove_files"]
+__all__ = [
+    "TABLE_HEADER",
+    "ProofRow",
+    "format_row",
+    "format_table",
+    "prove_all",
+    "prove_files",
+    "prove_schedule_file",
+]
 
 TABLE_HEADER = f"{'algorithm':<10} {'N':>4} {'rounds':>7} {'R*(N)':>6}  {'method':<9} {'seconds':>7}  source"
 
 
 @dataclass(frozen=True)
 class ProofRow:
-    """One proof: ``rounds`` counts the rounds after the straggler arrives (all, without one);
-    ``lower_bound`` is R*(N), given for StragglAR only; ``source`` is "synthesized" or a file name."""
+    """One proof: ``rounds`` counts the chunk-steps after the straggler arrives (all rounds,
+    without one); ``lower_bound`` is its lower bound, given for StragglAR only; ``method`` is
+    "smt", "simulate" or "msccl" (an XML file proved as the executor runs it); ``source`` is
+    "synthesized" or a file name."""
 
     algorithm: str
     num_ranks: int
     rounds: int
     lower_bound: int | None
-    method: str  # "smt" or "simulate"
+    method: str
     seconds: float
     source: str
+
+    @classmethod
+    def for_xml(cls, proof: MscclProof, source: str) -> ProofRow:
+        """The row of a proved MSCCL XML file: its name for the algorithm, no rounds to count."""
+        return cls(proof.name, proof.ngpus, 0, None, "msccl", proof.seconds, source)
 
 
 def prove_all(max_smt: int = 32, max_baseline_smt: int = 16, max_simulated: int = 128) -> Iterator[ProofRow]:
@@ -68,23 +84,28 @@ def prove_files(paths: Iterable[str | os.PathLike[str]]) -> Iterator[ProofRow]:
     What ships is what is proved: a file may differ from what the synthesizer makes today.
     """
     for path in paths:
-        schedule = json_format.read(path)
-        for method, prover in (("smt", smt_prove), ("simulate", prove)):
-            yield _proved(schedule, method, prover, Path(path).name)
+        yield from prove_schedule_file(json_format.read(path), Path(path).name)
+
+
+def prove_schedule_file(schedule: Schedule, source: str) -> Iterator[ProofRow]:
+    """The rows of one schedule read from the file ``source``, proved by z3 and by the simulator."""
+    for method, prover in (("smt", smt_prove), ("simulate", prove)):
+        yield _proved(schedule, method, prover, source)
 
 
 def _proved(schedule: Schedule, method: str, prover: Callable[[Schedule], object], source: str) -> ProofRow:
     start = time.perf_counter()
     prover(schedule)
     seconds = time.perf_counter() - start
-    n, rounds = schedule.num_ranks, schedule.exposed_rounds
-    bound = round_lower_bound(n) if schedule.algorithm == "stragglar" else None
+    n, rounds = schedule.num_ranks, schedule.exposed_steps
+    bound = round_lower_bound(n, schedule.num_chunks) if schedule.algorithm == "stragglar" else None
     return ProofRow(schedule.algorithm, n, rounds, bound, method, seconds, source)
 
 
 def format_row(row: ProofRow) -> str:
     bound = "-" if row.lower_bound is None else str(row.lower_bound)
-    cells = f"{row.algorithm:<10} {row.num_ranks:>4} {row.rounds:>7} {bound:>6}"
+    rounds = "-" if row.method == "msccl" else str(row.rounds)
+    cells = f"{row.algorithm:<10} {row.num_ranks:>4} {rounds:>7} {bound:>6}"
     return f"{cells}  {row.method:<9} {row.seconds:>7.3f}  {row.source}"
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import operator
 from array import array
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +35,9 @@ from typing import Any
 from stragglar.errors import InputError
 
 __all__ = [
+    "MAX_CELLS",
+    "MAX_CHUNKS",
+    "MAX_RANKS",
     "Op",
     "Phase",
     "Round",
@@ -41,8 +45,18 @@ __all__ = [
     "Transfer",
     "move_straggler",
     "relabel_ranks",
+    "round_load",
     "round_lower_bound",
+    "whole_number",
 ]
+
+
+# The largest schedules stragglar makes, reads or proves.  They bound the memory of every step
+# before it is allocated: the symbolic simulator holds one N-bit set per (rank, chunk), so a
+# schedule of MAX_CELLS cells at N = MAX_RANKS needs about 1.5 GB, and its JSON file about 400 MB.
+MAX_RANKS = 2048
+MAX_CHUNKS = 65536
+MAX_CELLS = 2**22  # ranks x chunks: N = 2048 with 2047 chunks, or N = 1024 with 4096
 
 
 class Op(str, enum.Enum):
@@ -95,6 +109,9 @@ class Schedule:
     metadata: Mapping[str, Any] = field(default_factory=dict, hash=False, compare=False)
     _fingerprint: str | None = field(default=None, init=False, repr=False, hash=False, compare=False)
 
+    def __post_init__(self) -> None:
+        check_size(self.num_ranks, self.num_chunks)
+
     @property
     def num_rounds(self) -> int:
         """All rounds, hidden ones included."""
@@ -117,8 +134,23 @@ class Schedule:
 
     @property
     def exposed_rounds(self) -> int:
-        """Rounds after the straggler arrives (every round without a straggler): what R*(n) bounds."""
+        """Rounds after the straggler arrives (every round without a straggler)."""
         return sum(len(p.rounds) for p in self.phases[self.hidden_phases :])
+
+    @property
+    def exposed_steps(self) -> int:
+        """Chunk-steps after the straggler arrives: what :func:`round_lower_bound` bounds.
+
+        A round in which some rank sends or receives k chunks takes as long as k rounds of one
+        chunk (a port moves one chunk per step), so it counts k.  For the schedules stragglar
+        generates every exposed round moves one chunk per port and this equals
+        :attr:`exposed_rounds`.
+
+        >>> t = Transfer(0, 1, 0), Transfer(0, 1, 1)
+        >>> Schedule("x", 2, 2, None, (Phase("p", (0, 1), (t,)),)).exposed_steps
+        2
+        """
+        return sum(max(1, round_load(rnd)) for p in self.phases[self.hidden_phases :] for rnd in p.rounds)
 
     @property
     def num_transfers(self) -> int:
@@ -158,6 +190,45 @@ class Schedule:
         return self._fingerprint
 
 
+def whole_number(value: object, name: str) -> int:
+    """``value`` as an int if it is one (NumPy integers included), else an error naming ``name``.
+
+    A bool is refused although Python counts it as an int: ``straggler=True`` is a mistake.
+
+    >>> whole_number(3, "straggler")
+    3
+    >>> whole_number(1.5, "straggler")
+    Traceback (most recent call last):
+    ...
+    stragglar.errors.InputError: straggler must be a whole number, got 1.5 (float)
+    """
+    if not isinstance(value, bool):
+        try:
+            return operator.index(value)  # type: ignore[arg-type]
+        except TypeError:
+            pass
+    raise InputError(f"{name} must be a whole number, got {value!r} ({type(value).__name__})")
+
+
+def check_size(num_ranks: int, num_chunks: int) -> None:
+    """Refuse, before anything is allocated, a schedule larger than stragglar handles.
+
+    >>> check_size(4096, 4095)
+    Traceback (most recent call last):
+    ...
+    stragglar.errors.InputError: 4096 ranks: stragglar handles at most 2048
+    """
+    if num_ranks > MAX_RANKS:
+        raise InputError(f"{num_ranks} ranks: stragglar handles at most {MAX_RANKS}")
+    if num_chunks > MAX_CHUNKS:
+        raise InputError(f"{num_chunks} chunks: stragglar handles at most {MAX_CHUNKS}")
+    if num_ranks * num_chunks > MAX_CELLS:
+        raise InputError(
+            f"{num_ranks} ranks x {num_chunks} chunks: stragglar handles at most "
+            f"{MAX_CELLS:,} (rank, chunk) cells"
+        )
+
+
 _OP_CODES = {Op.COPY: 0, Op.REDUCE: 1}
 
 
@@ -172,18 +243,34 @@ def _round_bytes(rnd: Round) -> bytes:
         return repr(rnd).encode()
 
 
-def round_lower_bound(num_ranks: int) -> int:
-    """R*(n) = n - 2 + ceil(log2 n): phase-2 rounds no StragglAR schedule can beat.
+def round_load(rnd: Round) -> int:
+    """The most chunks any rank sends or receives in ``rnd`` (0 for an idle round).
 
-    The straggler completes one chunk per round, so the last is done after round n-2 with two
-    holders; doubling to n holders takes ceil(log2 n) - 1 more rounds.
+    >>> round_load((Transfer(0, 1, 0), Transfer(0, 1, 1), Transfer(2, 3, 0)))
+    2
+    """
+    sent: dict[int, int] = {}
+    received: dict[int, int] = {}
+    for t in rnd:
+        sent[t.src] = sent.get(t.src, 0) + 1
+        received[t.dst] = received.get(t.dst, 0) + 1
+    return max([*sent.values(), *received.values()], default=0)
 
-    >>> [round_lower_bound(n) for n in (2, 3, 4, 6, 8)]
-    [1, 3, 4, 7, 9]
+
+def round_lower_bound(num_ranks: int, num_chunks: int | None = None) -> int:
+    """C + ceil(log2 n) - 1: exposed chunk-steps no schedule with a straggler can beat.
+
+    With the paper's C = n - 1 chunks this is R*(n) = n - 2 + ceil(log2 n).  The straggler
+    contributes to one chunk per step, so the last chunk is complete, at two holders, no earlier
+    than step C - 1; doubling to n holders takes ceil(log2 n) - 1 more steps.
+
+    >>> [round_lower_bound(n) for n in (2, 3, 4, 6, 8)], round_lower_bound(8, 32)
+    ([1, 3, 4, 7, 9], 34)
     """
     if num_ranks < 2:
         raise InputError(f"StragglAR needs at least 2 GPUs, got {num_ranks}")
-    return num_ranks - 2 + max(1, (num_ranks - 1).bit_length())
+    chunks = num_ranks - 1 if num_chunks is None else num_chunks
+    return chunks + max(1, (num_ranks - 1).bit_length()) - 1
 
 
 def relabel_ranks(schedule: Schedule, mapping: Sequence[int]) -> Schedule:
@@ -230,6 +317,7 @@ def move_straggler(schedule: Schedule, straggler: int) -> Schedule:
     n = schedule.num_ranks
     if schedule.straggler is None:
         raise InputError(f"schedule '{schedule.algorithm}' has no straggler to move")
+    straggler = whole_number(straggler, "straggler")
     if not 0 <= straggler < n:
         raise InputError(f"straggler must be a rank in 0..{n - 1}, got {straggler}")
     others = [r for r in range(n) if r != straggler]

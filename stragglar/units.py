@@ -1,7 +1,15 @@
 """One place for quantities with units: sizes, durations and bandwidths, read and written.
 
 Every option and every report goes through these functions, so ``64MiB`` or ``20ms`` means the
-same thing wherever a user types it, and figures print the same way everywhere.
+same thing wherever a user types it, and figures print the same way everywhere.  The policy:
+
+* a **size** takes a unit (``B``, ``KB``/``MB``/``GB``/``TB`` decimal, ``KiB``/``MiB``/``GiB``/``TiB``
+  binary) or none, which means bytes; it must come to a whole number of bytes;
+* a **duration** needs a unit (``us``, ``ms``, ``s``; ``0`` alone is allowed): a bare ``20`` could
+  be milliseconds or seconds, so it is refused with the fix;
+* a **bandwidth** needs a unit per second (``450GiB/s``, ``25GB/s``, ``100Gbit/s``);
+* every number is finite and not negative, and within a sane maximum (no ``1e400``, ``inf``,
+  ``nan``); the error names the fix.
 
 >>> parse_size("64MiB"), parse_duration("20ms"), parse_bandwidth("450GiB/s") == 450 * 2**30
 (67108864, 0.02, True)
@@ -11,49 +19,108 @@ same thing wherever a user types it, and figures print the same way everywhere.
 
 from __future__ import annotations
 
+import re
+from fractions import Fraction
+
 from stragglar.errors import InputError
 
-__all__ = ["count_of", "format_bytes", "format_seconds", "parse_bandwidth", "parse_duration", "parse_size"]
+__all__ = [
+    "MAX_BYTES",
+    "MAX_SECONDS",
+    "count_of",
+    "format_bytes",
+    "format_seconds",
+    "parse_bandwidth",
+    "parse_duration",
+    "parse_size",
+]
 
-SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
-TIME_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
+SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+BIT_UNITS = {
+    "bit": Fraction(1, 8),
+    "kbit": Fraction(10**3, 8),
+    "mbit": Fraction(10**6, 8),
+    "gbit": Fraction(10**9, 8),
+}
+TIME_UNITS = {"us": Fraction(1, 10**6), "ms": Fraction(1, 10**3), "s": Fraction(1)}
+MAX_BYTES = 2**60  # an exbibyte: far beyond any buffer, and still exact in a float
+MAX_SECONDS = 7 * 24 * 3600  # a week
+_QUANTITY = re.compile(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?|[0-9]+\.)\s*([A-Za-z/]*)\s*")
+
+
+def _split(text: str, kind: str, example: str) -> tuple[Fraction, str]:
+    """The exact number and the unit (lower case) of ``text``, or an error showing ``example``."""
+    match = _QUANTITY.fullmatch(text) if isinstance(text, str) else None
+    if match is None:
+        raise InputError(f"expected {kind} like {example}, got {text!r} (a number >= 0 and a unit)")
+    return Fraction(match.group(1)), match.group(2).lower()
 
 
 def parse_size(text: str) -> int:
-    """``64MiB`` -> 67108864 bytes: binary (KiB, MiB, GiB) and decimal (KB, MB, GB) units."""
-    number, unit = _split_unit(text)
-    factor = SIZE_UNITS.get(unit.upper())
-    if number is None or factor is None or number < 0:
-        raise InputError(f"expected a size like 16MiB or 1GB, got {text!r}")
-    return int(number * factor)
+    """``64MiB`` -> 67108864 bytes; a bare number is bytes.
+
+    >>> parse_size("1.5KiB"), parse_size("16")
+    (1536, 16)
+    """
+    number, unit = _split(text, "a size", "16MiB or 1GB")
+    if unit not in SIZE_UNITS:
+        raise InputError(
+            f"unknown size unit {unit!r} in {text!r}: use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB"
+        )
+    size = number * SIZE_UNITS[unit]
+    if size.denominator != 1:
+        raise InputError(f"{text!r} is not a whole number of bytes")
+    if size > MAX_BYTES:
+        raise InputError(f"{text!r} is more than {format_bytes(MAX_BYTES)}")
+    return int(size)
 
 
 def parse_duration(text: str) -> float:
-    """``20ms`` -> 0.02 seconds; a bare number is in milliseconds."""
-    number, unit = _split_unit(text)
-    factor = TIME_UNITS.get(unit or "ms")
-    if number is None or factor is None or number < 0:
-        raise InputError(f"expected a duration like 20ms or 1.5s, got {text!r}")
-    return number * factor
+    """``20ms`` -> 0.02 seconds; a duration needs a unit (``us``, ``ms``, ``s``), except ``0``.
+
+    >>> parse_duration("1.5s"), parse_duration("0")
+    (1.5, 0.0)
+    """
+    number, unit = _split(text, "a duration", "20ms or 1.5s")
+    if unit == "" and number != 0:
+        raise InputError(f"{text!r} needs a unit: write {text.strip()}ms or {text.strip()}s (or us)")
+    if unit not in TIME_UNITS and unit != "":
+        raise InputError(f"unknown time unit {unit!r} in {text!r}: use us, ms or s")
+    seconds = number * TIME_UNITS.get(unit, Fraction(1))
+    if seconds > MAX_SECONDS:
+        raise InputError(f"{text!r} is longer than a week")
+    return float(seconds)
 
 
 def parse_bandwidth(text: str) -> float:
-    """``450GiB/s`` -> bytes per second, with the units of :func:`parse_size`; the ``/s`` is optional."""
-    body = text.strip()
-    number, unit = _split_unit(body[:-2] if body.lower().endswith("/s") else body)
-    factor = SIZE_UNITS.get(unit.upper())
-    if number is None or factor is None or number <= 0:
-        raise InputError(f"expected a bandwidth like 450GiB/s or 25GB/s, got {text!r}")
-    return number * factor
+    """``450GiB/s`` -> bytes per second: a size unit or ``bit``/``kbit``/``Mbit``/``Gbit``, then ``/s``.
 
-
-def _split_unit(text: str) -> tuple[float | None, str]:
-    body = text.strip()
-    digits = body.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
-    try:
-        return float(digits), body[len(digits) :].strip()
-    except ValueError:
-        return None, ""
+    >>> parse_bandwidth("25GB/s"), parse_bandwidth("100Gbit/s")
+    (25000000000.0, 12500000000.0)
+    """
+    number, unit = _split(text, "a bandwidth", "450GiB/s or 100Gbit/s")
+    if not unit.endswith("/s"):
+        fix = f"{text.strip()}/s" if unit in SIZE_UNITS and unit else f"{text.strip()}GB/s"
+        raise InputError(f"{text!r} needs a unit per second, e.g. {fix}")
+    per = unit[:-2]
+    factor = SIZE_UNITS.get(per) if per in SIZE_UNITS else BIT_UNITS.get(per)
+    if factor is None or per == "":
+        raise InputError(f"unknown bandwidth unit {unit!r} in {text!r}: use e.g. GB/s, GiB/s or Gbit/s")
+    rate = number * factor
+    if not 0 < rate <= MAX_BYTES:
+        raise InputError(f"{text!r}: a bandwidth must be more than 0 and at most {format_bytes(MAX_BYTES)}/s")
+    return float(rate)
 
 
 def format_seconds(seconds: float) -> str:
@@ -74,7 +141,14 @@ def format_bytes(size: float) -> str:
     >>> format_bytes(2**30), format_bytes(450 * 2**30), format_bytes(1536)
     ('1 GiB', '450 GiB', '1.5 KiB')
     """
-    for unit, factor in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+    for unit, factor in (
+        ("EiB", 2**60),
+        ("PiB", 2**50),
+        ("TiB", 2**40),
+        ("GiB", 2**30),
+        ("MiB", 2**20),
+        ("KiB", 2**10),
+    ):
         if size >= factor:
             return f"{size / factor:.4g} {unit}"
     return f"{size:.4g} B"

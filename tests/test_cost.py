@@ -171,11 +171,16 @@ def test_cost_uses_alpha_and_bandwidth() -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--gpus", "1"], "need at least 2 GPUs"),
+        (["--gpus", "1"], "need 2 to 2048 GPUs"),
         (["--gpus", "8", "--bandwidth", "fast"], "expected a bandwidth like 450GiB/s"),
-        (["--gpus", "8", "--bandwidth", "0GB/s"], "expected a bandwidth like 450GiB/s"),
+        (["--gpus", "8", "--bandwidth", "0GB/s"], "a bandwidth must be more than 0"),
+        (["--gpus", "8", "--bandwidth", "50"], "'50' needs a unit per second, e.g. 50GB/s"),
         (["--gpus", "8", "--size", "0"], "buffer size must be > 0"),
         (["--gpus", "8", "--alpha", "soon"], "expected a duration like 20ms"),
+        (["--gpus", "8", "--alpha", "5"], "'5' needs a unit: write 5ms or 5s"),
+        (["--gpus", "8", "--delay", "nan"], "expected a duration like 20ms"),
+        (["--gpus", "8", "--delay", "1e400s"], "longer than a week"),
+        (["--gpus", "8", "--size", "inf"], "expected a size like 16MiB"),
     ],
 )
 def test_cost_bad_input_is_one_error_line(args: list[str], message: str) -> None:

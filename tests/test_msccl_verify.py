@@ -11,7 +11,14 @@ from pathlib import Path
 import pytest
 from msccl_model import run_numeric
 
-from stragglar.msccl import MscclVerificationError, MscclViolation, check_msccl, prove_msccl, to_msccl_xml
+from stragglar.msccl import (
+    MscclFormatError,
+    MscclVerificationError,
+    MscclViolation,
+    check_msccl,
+    prove_msccl,
+    to_msccl_xml,
+)
 from stragglar.synth import synthesize
 from stragglar.verify import prove
 
@@ -35,8 +42,11 @@ def rejected(text: str) -> MscclViolation:
 def test_handwritten_ring_is_proved() -> None:
     proof = prove_msccl(fixture("ring3"))
     assert proof.summary == (
-        "proved: ring3-handwritten: allreduce (in-place) over 3 GPUs, 3 chunks per loop, 3 thread blocks, "
-        "15 steps, 1 channel; Simple (2 chunks per connection), 2 pipeline iterations: no deadlock, no race, "
+        "proved: ring3-handwritten: in-place allreduce over 3 GPUs, 3 chunks per loop, 3 thread blocks, "
+        "15 steps, 1 channel, Simple"
+    )
+    assert proof.details == (
+        "Simple (2 chunks per connection), 2 pipeline iterations: no deadlock, no race, "
         "every send matched, every chunk on every GPU holds each GPU's contribution exactly once"
     )
 
@@ -305,7 +315,7 @@ def test_syntax(edit: Callable[[str], str], message: str | None) -> None:
         (
             '<step s="1" type="rrs" srcbuf="i" srcoff="1"',
             '<step s="1" type="nop" srcbuf="i" srcoff="1"',
-            "gpu 0 tb 0 step 1: nop without a dependency",
+            "gpu 0 tb 0 step 2: a chain of nops must end at a step with a dependency",
         ),
     ],
 )
@@ -313,8 +323,24 @@ def test_structure(old: str, new: str, message: str) -> None:
     text = fixture("ring3")
     assert old in text
     violation = rejected(text.replace(old, new, 1))
-    assert violation.kind == "structure"
+    # the executor refuses to load a file breaking its rules (exit 2); it loads one with operands
+    # out of bounds or dependencies it cannot honour and then computes the wrong thing (exit 1)
+    loads = (
+        "outside the 3 chunks",
+        "depid 128",
+        "outside its steps",
+        "lacks hasdep",
+        "a nop, which",
+        "but it is step",
+        "minBytes 200",
+        "never selected",
+    )
+    assert violation.kind == ("structure" if any(k in message for k in loads) else "format")
     assert message in violation.message
+    with pytest.raises(MscclVerificationError) as e:
+        prove_msccl(text.replace(old, new, 1))
+    assert e.value.exit_code == (1 if violation.kind == "structure" else 2)
+    assert isinstance(e.value, MscclFormatError) == (violation.kind == "format")
 
 
 def test_every_structural_violation_is_reported() -> None:
@@ -326,14 +352,14 @@ def test_every_structural_violation_is_reported() -> None:
         'type="rrcs" srcbuf="i" srcoff="1" dstbuf="i" dstoff="1" cnt="0"',
     )
     text = text.replace('<tb id="0" send="0" recv="1" chan="0">', '<tb id="0" send="0" recv="1" chan="4">')
-    with pytest.raises(MscclVerificationError) as e:
+    with pytest.raises(MscclFormatError) as e:
         prove_msccl(text)
-    assert [v.message for v in e.value.violations] == [
-        'line 6: gpu 0 tb 0 step 1: s="9" but it is step 1 of its tb (dependencies count positions)',
+    assert [v.message for v in e.value.violations] == [  # what the executor refuses to load first
         "line 16: gpu 1 tb 0 step 2: cnt 0 outside 1..71",
         "line 22: gpu 2 tb 0: chan 4 outside 0..nchannels-1 (0)",
+        'line 6: gpu 0 tb 0 step 1: s="9" but it is step 1 of its tb (dependencies count positions)',
     ]
-    assert e.value.violation is e.value.violations[0]
+    assert e.value.violation is e.value.violations[0] and e.value.exit_code == 2
 
 
 def test_connection_shared_by_two_thread_blocks() -> None:

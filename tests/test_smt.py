@@ -6,6 +6,7 @@ Counter-examples are not taken on trust: each is re-run in plain Python with exa
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 from fractions import Fraction
@@ -13,6 +14,7 @@ from typing import cast
 
 import pytest
 
+from stragglar.errors import ResourceError
 from stragglar.schedule import Op, Phase, Round, Schedule, Transfer, move_straggler, round_lower_bound
 from stragglar.synth import ALGORITHMS, synthesize
 from stragglar.synth.ring import ring_reduce_scatter
@@ -209,12 +211,14 @@ def test_smt_synthesis_boundary_unsat_one_round_below_the_bound_and_sat_at_it(n:
 
 def test_timeout_is_reported_not_hidden() -> None:
     assert phase2_feasible(8, round_lower_bound(8) - 1, timeout_s=0.05).status == "unknown"
-    with pytest.raises(TimeoutError):
+    with pytest.raises(ResourceError, match=r"z3 did not decide 16 rounds for 14 GPUs within 0\.05 s"):
         smt_copy_rounds(14, round_lower_bound(14), timeout_s=0.05)
-    with pytest.raises(TimeoutError):
+    start = time.perf_counter()
+    with pytest.raises(ResourceError):
         synthesize("stragglar", 14, method="smt", timeout_s=0.05)
+    assert time.perf_counter() - start < 1.0  # wall clock, building the model included
 
 
 def test_phase2_needs_at_least_two_gpus() -> None:
-    with pytest.raises(ValueError, match="at least 2 GPUs"):
+    with pytest.raises(ValueError, match="need 2 to 24 GPUs"):
         phase2_feasible(1, 3)

@@ -1,37 +1,84 @@
-"""What several commands share: options, parsing with units, proving with a name, writing files."""
+"""What several commands share: options with units, input kinds, outputs, proofs with a name, progress."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import json
+import sys
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
+from click.core import ParameterSource
+from tqdm import tqdm
 
 from stragglar.errors import IncorrectError, InputError, StragglarError
-from stragglar.files import write_text
+from stragglar.files import read_text, same_file, write_bytes, write_text
+from stragglar.formats import json as json_format
 from stragglar.msccl import DEFAULT_MAX_BYTES, PROTOCOLS, MscclProof, prove_msccl, to_msccl_xml
 from stragglar.schedule import Schedule
 from stragglar.synth import ALGORITHMS
+from stragglar.units import parse_bandwidth, parse_duration, parse_size
 from stragglar.verify import Proof, VerificationError, prove
 
 __all__ = [
     "ALGORITHM",
+    "BANDWIDTH",
+    "DURATION",
     "GPUS",
+    "MSCCL_OPTIONS",
     "PLOT",
+    "SIZE",
     "STRAGGLER",
-    "draw",
+    "VERBOSE",
+    "Quantity",
+    "busy",
+    "check_output",
+    "check_plot",
     "export_xml",
-    "items",
+    "given",
+    "load_schedule",
     "msccl_options",
-    "option_value",
+    "progress",
+    "progress_bar",
     "proved",
     "proved_xml",
-    "read_text",
+    "read_input",
+    "refuse_given",
     "write",
+    "write_plot",
 ]
 
 _T = TypeVar("_T")
+
+
+class Quantity(click.ParamType):  # type: ignore[type-arg, unused-ignore]
+    """An option with a unit, read by :mod:`stragglar.units`; ``many`` reads a comma-separated list."""
+
+    def __init__(self, name: str, parse: Callable[[str], Any], many: bool = False) -> None:
+        self.name = f"{name}s" if many else name
+        self.parse = parse
+        self.many = many
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if not isinstance(value, str):
+            return value
+        try:
+            if not self.many:
+                return self.parse(value)
+            items = [x.strip() for x in value.split(",")]
+            if not all(items):
+                raise InputError(f"expected a comma-separated list, got {value!r}")
+            return [self.parse(x) for x in items]
+        except InputError as e:
+            self.fail(str(e), param, ctx)
+
+
+SIZE = Quantity("size", parse_size)
+DURATION = Quantity("duration", parse_duration)
+BANDWIDTH = Quantity("bandwidth", parse_bandwidth)
 
 GPUS = click.option(
     "--gpus", "-n", "num_gpus", type=int, required=True, metavar="N", help="Number of GPUs, >= 2."
@@ -40,23 +87,33 @@ STRAGGLER = click.option("--straggler", type=int, metavar="R", help="The straggl
 ALGORITHM = click.option(
     "--algorithm", "-a", type=click.Choice(ALGORITHMS), default="stragglar", show_default=True
 )
+VERBOSE = click.option("-v", "--verbose", is_flag=True, help="Also print what each proof covers.")
 PLOT = click.option(
     "--plot",
     "plot_file",
     type=click.Path(dir_okay=False, path_type=Path),
-    help="Also draw a chart into this PNG (needs matplotlib).",
+    help="Also draw a chart into this file (.png, .svg or .pdf; needs matplotlib).",
 )
+MSCCL_OPTIONS = ("proto", "instances", "min_bytes", "max_bytes", "xml_name")
 
 
 def msccl_options(command: Callable[..., None]) -> Callable[..., None]:
-    """The MSCCL XML export options, shared by ``synth`` and ``export``."""
+    """The MSCCL XML export options, shared by ``synth`` and ``export`` (for XML output only)."""
     options = [
         click.option("--proto", type=click.Choice(PROTOCOLS), default="Simple", show_default=True),
         click.option(
             "--instances", type=click.IntRange(min=1), default=1, show_default=True, help="Copies per loop."
         ),
-        click.option("--min-bytes", type=click.IntRange(min=0), default=0, show_default=True),
-        click.option("--max-bytes", type=click.IntRange(min=0), default=DEFAULT_MAX_BYTES, show_default=True),
+        click.option(
+            "--min-bytes", type=SIZE, default="0", show_default=True, help="Smallest message (a size)."
+        ),
+        click.option(
+            "--max-bytes",
+            type=SIZE,
+            default=str(DEFAULT_MAX_BYTES),
+            show_default="1TiB",
+            help="Largest message (a size).",
+        ),
         click.option("--name", "xml_name", help="The algo's name (default: from the schedule)."),
     ]
     for option in reversed(options):
@@ -64,26 +121,84 @@ def msccl_options(command: Callable[..., None]) -> Callable[..., None]:
     return command
 
 
-def option_value(parse: Callable[[str], _T], text: str, option: str) -> _T:
-    """``parse(text)``, a parse error being an error of ``option``."""
+def given(name: str) -> bool:
+    """Whether the user set option ``name`` of the current command (rather than its default)."""
+    source = click.get_current_context().get_parameter_source(name)
+    return source not in (None, ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP)
+
+
+def refuse_given(names: Iterable[str], why: str) -> None:
+    """An option that does not apply is an error, not silently ignored: name it and say why."""
+    ctx = click.get_current_context()
+    for name in names:
+        if given(name):
+            option = next(p for p in ctx.command.params if p.name == name)
+            flag = max(option.opts, key=len)
+            raise click.UsageError(f"{flag} does not apply: {why}")
+
+
+def read_input(path: Path) -> tuple[str, str]:
+    """(kind, text) of an input file, from its content rather than its name: ``"xml"`` (MSCCL XML)
+    or ``"json"`` (a schedule, or JSON of another kind: the JSON reader says which)."""
+    text = read_text(path)
+    return ("xml" if text.lstrip()[:1] == "<" else "json"), text
+
+
+def load_schedule(path: Path, command: str) -> Schedule:
+    """The JSON schedule in ``path``; another kind of file is an error that says what ``command`` takes."""
+    kind, text = read_input(path)
+    if kind == "xml":
+        raise InputError(
+            f"{path} is MSCCL XML: {command} takes a JSON schedule (see stragglar synth -o s.json)"
+        )
     try:
-        return parse(text)
-    except InputError as e:
-        raise click.BadParameter(str(e), param_hint=option) from None
+        return json_format.loads(text)
+    except json_format.ScheduleFormatError as e:
+        raise json_format.ScheduleFormatError(f"{path}: {e}") from None
 
 
-def items(text: str, option: str) -> list[str]:
-    """The comma-separated items of ``text``; an empty one is an error of ``option``."""
-    found = [x.strip() for x in text.split(",")]
-    if not all(found):
-        raise click.BadParameter(f"expected a comma-separated list, got {text!r}", param_hint=option)
-    return found
+def check_output(output: Path, *inputs: Path) -> None:
+    """Refuse an output that would overwrite an input, or that cannot be a file."""
+    for source in inputs:
+        if same_file(source, output):
+            raise InputError(f"{output} is the input file: write the output somewhere else")
+    if output.is_dir():
+        raise InputError(f"{output} is a directory")
+
+
+def check_plot(path: Path | None, *inputs: Path) -> None:
+    """Check a plot's file and matplotlib before the work, so a typo does not cost a whole run."""
+    if path is None:
+        return
+    if path.suffix.lower() not in (".png", ".svg", ".pdf"):
+        raise click.BadParameter(f"{path}: name a .png, .svg or .pdf file", param_hint="'--plot'")
+    check_output(path, *inputs)
+    if not path.parent.resolve().is_dir():
+        raise click.BadParameter(f"{path}: folder {path.parent} does not exist", param_hint="'--plot'")
+    from stragglar import plot
+
+    try:
+        plot.require_matplotlib()
+    except plot.PlotUnavailable as e:
+        raise click.UsageError(str(e)) from None
+
+
+def write_plot(path: Path, figure: Callable[[Any], Any]) -> None:
+    """Draw with :mod:`stragglar.plot` and save to ``path`` (checked by :func:`check_plot`), atomically."""
+    from stragglar import plot
+
+    try:
+        write_bytes(path, plot.render(figure(plot), path.suffix.lower()[1:]))
+    except OSError as e:
+        raise click.BadParameter(f"cannot write {path}: {e.strerror or e}", param_hint="'--plot'") from None
+    click.echo(f"plot written to {path}")
 
 
 def proved(schedule: Schedule, name: str, prover: Callable[[Schedule], Proof] = prove) -> Proof:
     """The proof of ``schedule``; if it is wrong, an error naming it (``name``) and its first violation."""
     try:
-        return prover(schedule)
+        with busy(f"proving {name}"):
+            return prover(schedule)
     except VerificationError as e:
         raise IncorrectError(f"{name} is not a correct AllReduce: {e.violation.message}") from None
 
@@ -91,32 +206,28 @@ def proved(schedule: Schedule, name: str, prover: Callable[[Schedule], Proof] = 
 def proved_xml(text: str, name: str) -> MscclProof:
     """The proof of the MSCCL XML ``text``, or an error naming it (``name``) and the first problem."""
     try:
-        return prove_msccl(text)
+        with busy(f"proving {name}"):
+            return prove_msccl(text)
     except StragglarError as e:
+        problem = (
+            "is not valid MSCCL XML" if e.exit_code == InputError.exit_code else "is not a correct AllReduce"
+        )
         kind = InputError if e.exit_code == InputError.exit_code else IncorrectError
-        raise kind(f"{name} is not a correct AllReduce: {e}") from None
+        raise kind(f"{name} {problem}: {e}") from None
 
 
 def export_xml(proof: Proof, options: dict[str, Any]) -> tuple[str, MscclProof]:
     """The MSCCL XML of the proved schedule (``options`` from :func:`msccl_options`), proved from its text."""
-    text = to_msccl_xml(
-        proof,
-        name=options["xml_name"],
-        proto=options["proto"],
-        instances=options["instances"],
-        min_bytes=options["min_bytes"],
-        max_bytes=options["max_bytes"],
-    )
+    with busy(f"exporting {proof.num_ranks} GPUs to MSCCL XML"):
+        text = to_msccl_xml(
+            proof,
+            name=options["xml_name"],
+            proto=options["proto"],
+            instances=options["instances"],
+            min_bytes=options["min_bytes"],
+            max_bytes=options["max_bytes"],
+        )
     return text, proved_xml(text, "the exported XML")
-
-
-def read_text(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise click.UsageError(f"file not found: {path}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise click.UsageError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
 
 
 def write(path: Path, text: str) -> None:
@@ -127,14 +238,54 @@ def write(path: Path, text: str) -> None:
         raise click.BadParameter(f"cannot write {path}: {e.strerror or e}", param_hint="'-o'") from None
 
 
-def draw(path: Path, figure: Callable[[Any], Any]) -> None:
-    """Draw with :mod:`stragglar.plot` (imported here: matplotlib is optional) and save to ``path``."""
-    from stragglar import plot
+def dump_json(path: Path, document: object) -> None:
+    """Write a JSON document of results to ``path`` (atomically)."""
+    write(path, json.dumps(document, indent=2))
 
+
+def _show_progress() -> bool:
+    return sys.stderr.isatty()
+
+
+def progress(items: Iterable[_T], label: str, total: int | None = None) -> Iterator[_T]:
+    """``items`` with a progress bar on stderr when it is a terminal; silent in pipes and CI."""
+    yield from tqdm(
+        items, desc=label, total=total, file=sys.stderr, disable=not _show_progress(), leave=False
+    )
+
+
+@contextlib.contextmanager
+def progress_bar(total: int, label: str) -> Iterator[Callable[[str], None]]:
+    """A bar of ``total`` steps on stderr when it is a terminal; yields ``advance(note)``."""
+    with tqdm(total=total, desc=label, file=sys.stderr, disable=not _show_progress(), leave=False) as bar:
+
+        def advance(note: str = "") -> None:
+            bar.set_postfix_str(note, refresh=False)
+            bar.update(1)
+
+        yield advance
+
+
+@contextlib.contextmanager
+def busy(label: str, after: float = 1.0) -> Iterator[None]:
+    """Show ``label`` and the time spent on stderr for work that outlasts ``after`` seconds, when
+    stderr is a terminal; nothing in pipes and CI, and nothing for quick work."""
+    if not _show_progress():
+        yield
+        return
+    done = threading.Event()
+
+    def tick() -> None:
+        if done.wait(after):
+            return
+        with tqdm(desc=label, file=sys.stderr, bar_format="{desc}: {elapsed}", leave=False) as bar:
+            while not done.wait(0.2):
+                bar.refresh()
+
+    thread = threading.Thread(target=tick, daemon=True)
+    thread.start()
     try:
-        plot.save(figure(plot), path)
-    except plot.PlotUnavailable as e:
-        raise click.UsageError(str(e)) from None
-    except OSError as e:
-        raise click.BadParameter(f"cannot write {path}: {e.strerror or e}", param_hint="'--plot'") from None
-    click.echo(f"plot written to {path}")
+        yield
+    finally:
+        done.set()
+        thread.join(1.0)

@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
 
-from stragglar.commands.common import ALGORITHM, STRAGGLER, items, option_value, proved, write
-from stragglar.formats import json as json_format
+from stragglar.commands.common import (
+    ALGORITHM,
+    DURATION,
+    SIZE,
+    STRAGGLER,
+    Quantity,
+    busy,
+    check_output,
+    dump_json,
+    load_schedule,
+    progress_bar,
+    proved,
+    refuse_given,
+)
+from stragglar.errors import InputError
 from stragglar.measure.run import BACKENDS, BenchmarkResult, run_benchmark
 from stragglar.measure.sweep import sweep
 from stragglar.runtime import DTYPES
@@ -19,74 +31,113 @@ __all__ = ["bench", "run"]
 
 @click.command()
 @click.option("--backend", type=click.Choice(BACKENDS), default="local", show_default=True)
-@click.option("--gpus", "-n", "num_gpus", type=int, required=True, metavar="N", help="Number of ranks.")
-@click.option("--size", default="64MiB", show_default=True, help="Buffer size per rank, e.g. 16MiB.")
+@click.option(
+    "--gpus",
+    "-n",
+    "num_gpus",
+    type=int,
+    metavar="N",
+    help="Number of ranks (with --schedule: from the file).",
+)
+@click.option("--size", type=SIZE, default="64MiB", show_default=True, help="Buffer size per rank (a size).")
 @click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
-@click.option("--delay", default="0ms", show_default=True, help="How late the straggler arrives, e.g. 20ms.")
+@click.option(
+    "--delay", type=DURATION, default="0ms", show_default=True, help="How late the straggler arrives."
+)
 @ALGORITHM
 @STRAGGLER
 @click.option(
-    "--schedule",
-    "schedule_file",
-    type=click.Path(path_type=Path),
-    help="Run this schedule file instead of synthesizing one.",
+    "--schedule", "schedule_file", type=click.Path(path_type=Path), help="Run this JSON schedule file."
 )
 @click.option("--iters", type=click.IntRange(min=1), default=5, show_default=True)
-@click.option("--timeout", default="60s", show_default=True, help="Give up on a silent peer after this long.")
+@click.option(
+    "--timeout",
+    type=DURATION,
+    default="60s",
+    show_default=True,
+    help="Give up on a silent peer after this long.",
+)
 def run(
     backend: str,
-    num_gpus: int,
-    size: str,
+    num_gpus: int | None,
+    size: int,
     dtype: str,
-    delay: str,
+    delay: float,
     algorithm: str,
     straggler: int | None,
     schedule_file: Path | None,
     iters: int,
-    timeout: str,
+    timeout: float,
 ) -> None:
     """Run a schedule on real data and compare it with the engine's own AllReduce.
 
     Every rank gets distinct values per element; both results are checked against a NumPy
     reference.  Prints the median time per iteration and the algorithm bandwidth of each.
     """
-    proof = proved(json_format.read(schedule_file), str(schedule_file)) if schedule_file else None
-    result = run_benchmark(
-        backend,
-        num_gpus,
-        option_value(parse_size, size, "--size"),
-        dtype,
-        option_value(parse_duration, delay, "--delay"),
-        algorithm=algorithm,
-        proof=proof,
-        straggler=straggler,
-        iters=iters,
-        timeout=option_value(parse_duration, timeout, "--timeout"),
-    )
+    proof = None
+    if schedule_file is not None:
+        refuse_given(["algorithm", "straggler"], f"the schedule comes from {schedule_file}")
+        proof = proved(load_schedule(schedule_file, "run"), str(schedule_file))
+        if num_gpus is not None and num_gpus != proof.num_ranks:
+            raise InputError(f"--gpus {num_gpus} but {schedule_file} is for {proof.num_ranks} ranks")
+        num_gpus = proof.num_ranks
+    elif num_gpus is None:
+        raise click.UsageError("--gpus is required (or give a --schedule file)")
+    with busy(f"running {num_gpus} ranks"):
+        result = run_benchmark(
+            backend,
+            num_gpus,
+            size,
+            dtype,
+            delay,
+            algorithm=algorithm,
+            proof=proof,
+            straggler=straggler,
+            iters=iters,
+            timeout=timeout,
+        )
     click.echo(result.report())
 
 
 @click.command()
 @click.option("--backend", type=click.Choice(BACKENDS), default="torch", show_default=True)
 @click.option("--gpus", "-n", default="4,8", show_default=True, help="Rank counts, comma-separated.")
-@click.option("--sizes", default="16MiB,64MiB", show_default=True, help="Buffer sizes per rank.")
-@click.option("--delays", default="0ms,50ms,200ms", show_default=True, help="Straggler delays.")
+@click.option(
+    "--sizes",
+    type=Quantity("size", parse_size, many=True),
+    default="16MiB,64MiB",
+    show_default=True,
+    help="Buffer sizes per rank, comma-separated.",
+)
+@click.option(
+    "--delays",
+    type=Quantity("duration", parse_duration, many=True),
+    default="0ms,50ms,200ms",
+    show_default=True,
+    help="Straggler delays, comma-separated.",
+)
 @click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
 @ALGORITHM
 @click.option("--iters", type=click.IntRange(min=1), default=5, show_default=True)
 @click.option(
-    "--timeout", default="120s", show_default=True, help="Give up on a silent peer after this long."
+    "--timeout",
+    type=DURATION,
+    default="120s",
+    show_default=True,
+    help="Give up on a silent peer after this long.",
 )
-@click.option("--json", "json_file", type=click.Path(path_type=Path), help="Also save the results as JSON.")
+@click.option(
+    "--json", "json_file", type=click.Path(dir_okay=False, path_type=Path), help="Also save the results."
+)
 def bench(
     backend: str,
     gpus: str,
-    sizes: str,
-    delays: str,
+    sizes: list[int],
+    delays: list[float],
     dtype: str,
     algorithm: str,
     iters: int,
-    timeout: str,
+    timeout: float,
     json_file: Path | None,
 ) -> None:
     """Measure a grid of settings against the engine's own AllReduce.
@@ -95,31 +146,38 @@ def bench(
     the torch backend and a 0 ms delay among two or more sizes, also what the alpha-beta model
     predicts with the network fitted to gloo's own times.
     """
+    if json_file is not None:
+        check_output(json_file)
+    counts = _rank_counts(gpus)
+    with progress_bar(len(counts) * len(sizes) * len(delays), "measuring") as advance:
 
-    def progress(r: BenchmarkResult) -> None:
-        click.echo(r.progress_line(), err=True)
+        def finished(r: BenchmarkResult) -> None:
+            advance(r.progress_line().strip())
 
-    result = sweep(
-        backend,
-        _rank_counts(gpus),
-        [option_value(parse_size, x, "--sizes") for x in items(sizes, "--sizes")],
-        [option_value(parse_duration, x, "--delays") for x in items(delays, "--delays")],
-        algorithm=algorithm,
-        dtype=dtype,
-        iters=iters,
-        timeout=option_value(parse_duration, timeout, "--timeout"),
-        progress=progress,
-    )
+        result = sweep(
+            backend,
+            counts,
+            sizes,
+            delays,
+            algorithm=algorithm,
+            dtype=dtype,
+            iters=iters,
+            timeout=timeout,
+            progress=finished,
+        )
     click.echo(result.table())
     if json_file is not None:
-        write(json_file, json.dumps(result.to_json(), indent=2))
+        dump_json(json_file, result.to_json())
         click.echo(f"results written to {json_file}")
 
 
 def _rank_counts(text: str) -> list[int]:
     try:
-        return [int(x) for x in items(text, "--gpus")]
+        counts = [int(x) for x in text.split(",")]
     except ValueError:
         raise click.BadParameter(
             f"expected rank counts like 4,8, got {text!r}", param_hint="--gpus"
         ) from None
+    if not counts:
+        raise click.BadParameter("expected at least one rank count", param_hint="--gpus")
+    return counts

@@ -6,57 +6,87 @@ from pathlib import Path
 
 import click
 
-from stragglar.commands.common import GPUS, PLOT, draw, option_value
+from stragglar.commands.common import (
+    BANDWIDTH,
+    DURATION,
+    GPUS,
+    PLOT,
+    SIZE,
+    VERBOSE,
+    busy,
+    check_plot,
+    progress,
+    read_input,
+    write_plot,
+)
 from stragglar.cost import Network
-from stragglar.errors import IncorrectError
-from stragglar.measure.predict import compare_generated
-from stragglar.proof_tier import TABLE_HEADER, format_row, prove_all, prove_files
-from stragglar.units import parse_bandwidth, parse_duration, parse_size
+from stragglar.errors import IncorrectError, InputError, ResourceError, StragglarError
+from stragglar.formats import json as json_format
+from stragglar.measure.predict import compare_generated, generated_profile
+from stragglar.msccl import prove_msccl
+from stragglar.plot import sweep_sizes
+from stragglar.proof_tier import TABLE_HEADER, ProofRow, format_row, prove_all, prove_schedule_file
+from stragglar.synth import ALGORITHMS
 from stragglar.verify import VerificationError
-from stragglar.verify.bound import prove_lower_bound
+from stragglar.verify.bound import BOUND_MAX_RANKS, prove_lower_bound
 
 __all__ = ["bound", "cost", "prove_all_command"]
 
 
 @click.command()
 @GPUS
-@click.option("--size", default="1GiB", show_default=True, help="Buffer size per GPU, e.g. 64MiB.")
-@click.option("--delay", default="0ms", show_default=True, help="How late the straggler arrives, e.g. 5ms.")
-@click.option("--alpha", default="3us", show_default=True, help="Latency of one round.")
-@click.option("--bandwidth", default="450GiB/s", show_default=True, help="Bandwidth of one link.")
+@click.option("--size", type=SIZE, default="1GiB", show_default=True, help="Buffer size per GPU (a size).")
+@click.option("--delay", type=DURATION, default="0ms", show_default=True, help="How late the straggler is.")
+@click.option("--alpha", type=DURATION, default="3us", show_default=True, help="Latency of one round.")
+@click.option(
+    "--bandwidth", type=BANDWIDTH, default="450GiB/s", show_default=True, help="Bandwidth of a link."
+)
 @PLOT
-def cost(num_gpus: int, size: str, delay: str, alpha: str, bandwidth: str, plot_file: Path | None) -> None:
+def cost(
+    num_gpus: int, size: int, delay: float, alpha: float, bandwidth: float, plot_file: Path | None
+) -> None:
     """Predict each algorithm's AllReduce time with the alpha-beta model, on its generated schedule.
 
     A round costs alpha + (largest bytes a GPU sends or receives in it) / bandwidth; phases
     without the straggler overlap its delay.  "exposed" is the time after the straggler
     arrives, "time" counts from when the punctual GPUs start; speed-ups compare exposed times.
     """
-    network = Network(
-        option_value(parse_duration, alpha, "--alpha"),
-        option_value(parse_bandwidth, bandwidth, "--bandwidth"),
-    )
-    size_bytes = option_value(parse_size, size, "--size")
-    comparison = compare_generated(
-        num_gpus, size_bytes, option_value(parse_duration, delay, "--delay"), network
-    )
+    check_plot(plot_file)
+    network = Network(alpha, bandwidth)
+    with busy(f"pricing the schedules for {num_gpus} GPUs"):
+        comparison = compare_generated(num_gpus, size, delay, network)
     click.echo(comparison.table())
     if plot_file is not None:
+        sizes = sweep_sizes(num_gpus)
+        pairs = [(a, n) for n in sizes for a in ALGORITHMS if a != "rhd" or n & (n - 1) == 0]
+        for algorithm, n in progress(pairs, "pricing the schedules of the plot"):
+            generated_profile(algorithm, n)  # cached: the figure below reuses them
         c = comparison
-        draw(plot_file, lambda plot: plot.cost_figure(c.num_ranks, c.size_bytes, c.delay, c.network))
+        write_plot(
+            plot_file, lambda plot: plot.cost_figure(c.num_ranks, c.size_bytes, c.delay, c.network, sizes)
+        )
 
 
 @click.command()
 @click.option("--gpus", "-n", "num_gpus", type=click.IntRange(min=2), required=True, metavar="N")
-@click.option("--timeout", default="600s", show_default=True, help="Give up on the solver after this long.")
-def bound(num_gpus: int, timeout: str) -> None:
+@click.option(
+    "--timeout", type=DURATION, default="600s", show_default=True, help="Give up on z3 after this long."
+)
+def bound(num_gpus: int, timeout: float) -> None:
     """Prove with z3 that no phase 2 for N GPUs fits in R*(N) - 1 rounds.
 
-    Exit 0 when proved; 1 if the solver ran out of time or (a finding to report) fits fewer rounds.
+    Exit 0 when proved; 1 if z3 fits fewer rounds (a finding to report); 3 if it ran out of time.
     """
-    result = prove_lower_bound(num_gpus, option_value(parse_duration, timeout, "--timeout"))
-    if not result.proved:
+    if num_gpus > BOUND_MAX_RANKS:
+        raise InputError(
+            f"the z3 bound handles at most {BOUND_MAX_RANKS} GPUs (the model grows as N^4; 16 took 640 s)"
+        )
+    with busy(f"asking z3 about {num_gpus} GPUs"):
+        result = prove_lower_bound(num_gpus, timeout)
+    if result.exchange is not None:
         raise IncorrectError(result.summary)
+    if not result.proved:
+        raise ResourceError(result.summary)
     click.echo(result.summary)
 
 
@@ -66,13 +96,52 @@ def bound(num_gpus: int, timeout: str) -> None:
 )
 @click.option("--max-simulated", type=click.IntRange(min=2), default=128, show_default=True)
 @click.argument("files", nargs=-1, type=click.Path(path_type=Path))
-def prove_all_command(max_gpus: int, max_simulated: int, files: tuple[Path, ...]) -> None:
+@VERBOSE
+def prove_all_command(max_gpus: int, max_simulated: int, files: tuple[Path, ...], verbose: bool) -> None:
     """Prove every schedule we ship: StragglAR by z3 up to --max-gpus (baselines up to 16), all
-    algorithms by the simulator up to --max-simulated; or the given JSON FILES themselves."""
-    rows = prove_files(files) if files else prove_all(max_gpus, min(max_gpus, 16), max_simulated)
+    algorithms by the simulator up to --max-simulated; or the given FILES (JSON schedules, by both
+    provers, and MSCCL XML), every one of them, naming each that fails."""
+    if files:
+        _prove_files(files, verbose)
+        return
     click.echo(TABLE_HEADER)
     try:
-        for row in rows:
+        for row in progress(prove_all(max_gpus, min(max_gpus, 16), max_simulated), "proving"):
             click.echo(format_row(row))
     except VerificationError as e:
         raise IncorrectError(e.violation.message) from None
+
+
+def _prove_files(files: tuple[Path, ...], verbose: bool) -> None:
+    """Each file proved on its own; a summary line; exit 1 if any is wrong, 2 if any is unreadable."""
+    click.echo(TABLE_HEADER)
+    failed: list[tuple[Path, StragglarError]] = []
+    for path in progress(files, "proving files"):
+        try:
+            for row in _file_rows(path):
+                click.echo(format_row(row))
+        except StragglarError as e:
+            failed.append((path, e))
+            click.echo(f"FAILED {path}: {str(e).splitlines()[0]}" if verbose else f"FAILED {path}")
+    if not failed:
+        click.echo(f"proved all {len(files)} file{'s' * (len(files) != 1)}")
+        return
+    names = ", ".join(str(p) for p, _ in failed[:3]) + (
+        f" and {len(failed) - 3} more" if len(failed) > 3 else ""
+    )
+    summary = f"{len(failed)} of {len(files)} files failed: {names}"
+    if not verbose:
+        summary += " (-v says why)"
+    worst = max(e.exit_code for _, e in failed)
+    raise (InputError if worst == InputError.exit_code else IncorrectError)(summary[:200])
+
+
+def _file_rows(path: Path) -> list[ProofRow]:
+    kind, text = read_input(path)
+    if kind == "xml":
+        return [ProofRow.for_xml(prove_msccl(text), path.name)]
+    try:
+        schedule = json_format.loads(text)
+    except InputError as e:
+        raise InputError(f"{path}: {e}") from None
+    return list(prove_schedule_file(schedule, path.name))

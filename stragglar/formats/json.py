@@ -1,6 +1,6 @@
 """The versioned JSON schedule format, version 1.
 
-A document is one JSON object::
+A document is one JSON object (``metadata`` may be left out: it then means ``{}``)::
 
     {"format": "stragglar-schedule", "version": 1, "collective": "allreduce",
      "algorithm": "stragglar", "num_ranks": N, "num_chunks": C, "straggler": <rank> | null,
@@ -9,9 +9,10 @@ A document is one JSON object::
 
     transfer = {"src": int, "dst": int, "chunk": int, "op": "copy" | "reduce"}
 
-Every key is required and no other key is allowed.  Reading checks the format only
-(keys, types, ranges, ``src != dst``); whether the schedule is correct is the
-verifier's business.  Every bad document raises :class:`ScheduleFormatError` whose
+Every key but ``metadata`` is required, no other key is allowed (unknown keys are rejected,
+not ignored), and no object may repeat a key.  Reading checks the format only (keys, types,
+ranges, ``src != dst``, the size limits of :mod:`stragglar.schedule`); whether the schedule is
+correct is the verifier's business.  Every bad document raises :class:`ScheduleFormatError` whose
 one-line message names the place, e.g. ``phases[0].rounds[2][1].chunk: ...``.
 ``schedule.schema.json`` next to this module is the same format as a JSON Schema.
 
@@ -30,12 +31,11 @@ import math
 import os
 import re
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, NoReturn
 
 from stragglar.errors import InputError
-from stragglar.files import write_text
-from stragglar.schedule import Op, Phase, Round, Schedule, Transfer
+from stragglar.files import read_text, write_text
+from stragglar.schedule import MAX_RANKS, Op, Phase, Round, Schedule, Transfer, check_size
 
 __all__ = [
     "FORMAT",
@@ -62,8 +62,8 @@ _KEYS = (
     "num_chunks",
     "straggler",
     "phases",
-    "metadata",
 )
+_OPTIONAL_KEYS = ("metadata",)  # absent means {}
 _PHASE_KEYS = ("name", "ranks", "rounds")
 _TRANSFER_KEYS = ("src", "dst", "chunk", "op")
 _OPS = {"copy": Op.COPY, "reduce": Op.REDUCE}
@@ -134,16 +134,20 @@ def _list(value: object, path: str) -> list[Any]:
     _fail(path, f"expected an array, got {_show(value)}")
 
 
-def _object(value: object, path: str, keys: tuple[str, ...]) -> dict[str, Any]:
-    """``value`` if it is an object with exactly ``keys``, else fail."""
+def _object(
+    value: object, path: str, keys: tuple[str, ...], optional: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """``value`` if it is an object with all of ``keys``, perhaps some of ``optional``, and no other."""
     if not isinstance(value, dict):
         _fail(path, f"expected an object, got {_show(value)}")
     for key in keys:
         if key not in value:
             _fail(_join(path, key), "missing required key")
     if len(value) != len(keys):
-        extra = next(k for k in value if k not in keys)
-        _fail(_join(path, extra), f"unknown key (allowed: {', '.join(keys)})")
+        allowed = (*keys, *optional)
+        extra = next((k for k in value if k not in allowed), None)
+        if extra is not None:
+            _fail(_join(path, extra), f"unknown key (allowed: {', '.join(allowed)})")
     return value
 
 
@@ -290,12 +294,17 @@ def _check_header(doc: object) -> dict[str, Any]:
         _fail("version", f"expected an integer, got {_show(version)}")
     if version != VERSION:
         _fail("version", f"unsupported version {version} (this stragglar reads version {VERSION})")
-    return _object(doc, "", _KEYS)
+    return _object(doc, "", _KEYS, _OPTIONAL_KEYS)
 
 
 def _sizes(num_ranks: object, num_chunks: object, straggler: object) -> tuple[int, int, int | None]:
+    """The sizes, checked against stragglar's limits before anything is built from them."""
     n = _int(num_ranks, "num_ranks", 1)
     c = _int(num_chunks, "num_chunks", 1)
+    try:
+        check_size(n, c)
+    except InputError as e:
+        _fail("num_ranks" if n > MAX_RANKS else "num_chunks", str(e))
     return n, c, None if straggler is None else _int(straggler, "straggler", 0, n)
 
 
@@ -322,7 +331,7 @@ def from_document(doc: object) -> Schedule:
         straggler=straggler,
         phases=phases,
         collective=COLLECTIVE,
-        metadata=_metadata(d["metadata"]),
+        metadata=_metadata(d.get("metadata", {})),
     )
 
 
@@ -364,6 +373,18 @@ def _reject_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not a JSON value")
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object, unless it repeats a key: JSON parsers differ on which value wins, so refuse it."""
+    value = dict(pairs)
+    if len(value) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise ValueError(f"key {json.dumps(key)} appears twice in one object")
+            seen.add(key)
+    return value
+
+
 def loads(text: str) -> Schedule:
     """The :class:`Schedule` in JSON ``text``; :class:`ScheduleFormatError` if it is bad.
 
@@ -373,7 +394,7 @@ def loads(text: str) -> Schedule:
     stragglar.formats.json.ScheduleFormatError: not JSON: Expecting ',' delimiter at line 1 column 6
     """
     try:
-        doc = json.loads(text, parse_constant=_reject_constant)
+        doc = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as e:
         raise ScheduleFormatError(f"not JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
     except ValueError as e:
@@ -389,16 +410,12 @@ def write(schedule: Schedule, path: str | os.PathLike[str]) -> None:
 
 
 def read(path: str | os.PathLike[str]) -> Schedule:
-    """The schedule in the file ``path``; errors about its content start with the file name."""
+    """The schedule in the regular file ``path``; errors about its content start with the file name."""
     name = os.fspath(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ScheduleFormatError(f"file not found: {name}") from None
-    except UnicodeDecodeError as e:
-        raise ScheduleFormatError(f"{name}: not UTF-8 text: byte {e.start}") from None
-    except OSError as e:
-        raise ScheduleFormatError(f"cannot read {name}: {e.strerror or e}") from None
+        text = read_text(path)
+    except InputError as e:
+        raise ScheduleFormatError(str(e)) from None
     try:
         return loads(text)
     except ScheduleFormatError as e:

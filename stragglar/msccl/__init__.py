@@ -7,6 +7,7 @@ lowering but the file format's own records.
 """
 
 from stragglar.msccl.executor import (
+    MscclFormatError,
     MscclProof,
     MscclVerificationError,
     MscclViolation,
@@ -14,17 +15,27 @@ from stragglar.msccl.executor import (
     prove_msccl,
 )
 from stragglar.msccl.limits import PROTOCOLS, MscclExportError
-from stragglar.msccl.lower import DEFAULT_MAX_BYTES, default_name, to_msccl_xml, write_msccl
+from stragglar.msccl.lower import (
+    DEFAULT_MAX_BYTES,
+    check_export_size,
+    default_name,
+    to_msccl_xml,
+    write_msccl,
+)
+from stragglar.msccl.read import describe_msccl
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
     "PROTOCOLS",
     "MscclExportError",
+    "MscclFormatError",
     "MscclProof",
     "MscclVerificationError",
     "MscclViolation",
+    "check_export_size",
     "check_msccl",
     "default_name",
+    "describe_msccl",
     "prove_msccl",
     "to_msccl_xml",
     "write_msccl",

@@ -34,17 +34,19 @@ line 1: <algo> lacks attribute coll
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
 
 import networkx as nx
 
-from stragglar.errors import IncorrectError
+from stragglar.errors import IncorrectError, InputError
 from stragglar.msccl.limits import READS_SRC, RECV_TYPES, SEND_TYPES, WRITES_DST
 from stragglar.msccl.read import Algo, MscclViolation, Tx, read_msccl
 from stragglar.verify.report import bit_list
 
 __all__ = [
+    "MscclFormatError",
     "MscclProof",
     "MscclVerificationError",
     "MscclViolation",
@@ -58,12 +60,22 @@ _SHOWN = 8
 
 
 class MscclVerificationError(IncorrectError):
-    """Raised by :func:`prove_msccl`: ``.violation`` is the first problem, ``.violations`` all found."""
+    """Raised by :func:`prove_msccl` for a file that loads but is not a correct AllReduce (exit 1):
+    ``.violation`` is the first problem, ``.violations`` all found."""
 
     def __init__(self, violations: list[MscclViolation]) -> None:
         super().__init__(violations[0].message)
         self.violation = violations[0]
         self.violations = tuple(violations)
+
+
+class MscclFormatError(MscclVerificationError, InputError):
+    """A file the executor would not load at all (bad XML, a missing attribute, a limit): exit 2."""
+
+    exit_code = InputError.exit_code
+
+
+MALFORMED = ("syntax", "format")  # violation kinds of a file the executor would not load
 
 
 @dataclass(frozen=True)
@@ -79,22 +91,41 @@ class MscclProof:
     thread_blocks: int
     steps: int
     modes: tuple[str, ...]
+    seconds: float  # how long reading and proving took
+
+    @property
+    def brief(self) -> str:
+        """``94 thread blocks, 196 steps``: the size of the program proved."""
+        return f"{self.thread_blocks} thread blocks, {self.steps} steps"
 
     @property
     def summary(self) -> str:
+        """One line (under 200 characters): what file, what collective, how big."""
+        channels = f"{self.nchannels} channel{'s' * (self.nchannels != 1)}"
         return (
-            f"proved: {self.name}: allreduce ({' and '.join(self.modes)}) over {self.ngpus} GPUs, "
-            f"{self.nchunks} chunks per loop, {self.thread_blocks} thread blocks, {self.steps} steps, "
-            f"{self.nchannels} channel{'s' * (self.nchannels != 1)}; {self.proto} ({self.capacity} chunks "
-            f"per connection), {ITERATIONS} pipeline iterations: no deadlock, no race, every send "
-            "matched, every chunk on every GPU holds each GPU's contribution exactly once"
+            f"proved: {self.name}: {' and '.join(self.modes)} allreduce over {self.ngpus} GPUs, "
+            f"{self.nchunks} chunks per loop, {self.brief}, {channels}, {self.proto}"
+        )
+
+    @property
+    def details(self) -> str:
+        """What the proof covers, for ``-v``."""
+        return (
+            f"{self.proto} ({self.capacity} chunks per connection), {ITERATIONS} pipeline iterations: no "
+            "deadlock, no race, every send matched, every chunk on every GPU holds each GPU's "
+            "contribution exactly once"
         )
 
 
 def prove_msccl(text: str) -> MscclProof:
-    """A :class:`MscclProof` for the MSCCL XML ``text``; raises :class:`MscclVerificationError`."""
+    """A :class:`MscclProof` for the MSCCL XML ``text``; raises :class:`MscclFormatError` for a
+    file the executor would not load, :class:`MscclVerificationError` for one that is wrong."""
+    start = time.perf_counter()
     algo, violations = read_msccl(text)
     if algo is None:
+        malformed = [v for v in violations if v.kind in MALFORMED]
+        if malformed:
+            raise MscclFormatError(malformed + [v for v in violations if v.kind not in MALFORMED])
         raise MscclVerificationError(violations)
     modes = _modes(algo)
     for mode in modes:
@@ -112,6 +143,7 @@ def prove_msccl(text: str) -> MscclProof:
         len(tbs),
         sum(len(tb.tx_at) for tb in tbs),
         modes,
+        time.perf_counter() - start,
     )
 
 

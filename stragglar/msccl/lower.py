@@ -31,14 +31,22 @@ from typing import Any
 
 from stragglar.files import write_text
 from stragglar.msccl.dependencies import Programs, order
-from stragglar.msccl.limits import MAX_OFFSET, MAX_STEPS, PROTOCOLS, MscclExportError
+from stragglar.msccl.limits import (
+    MAX_CHANNELS,
+    MAX_OFFSET,
+    MAX_STEPS,
+    MAX_TBS,
+    MAX_TBS_PER_CHANNEL,
+    PROTOCOLS,
+    MscclExportError,
+)
 from stragglar.msccl.pieces import schedule_pieces
 from stragglar.msccl.threadblocks import Fifo, assign, number
 from stragglar.msccl.write import Header, render
 from stragglar.schedule import Schedule
 from stragglar.verify import Proof, require_proof
 
-__all__ = ["DEFAULT_MAX_BYTES", "default_name", "lower", "to_msccl_xml", "write_msccl"]
+__all__ = ["DEFAULT_MAX_BYTES", "check_export_size", "default_name", "lower", "to_msccl_xml", "write_msccl"]
 
 DEFAULT_MAX_BYTES = 1 << 40
 _NAME = re.compile(r"[A-Za-z0-9_.:+-]{1,128}")
@@ -69,9 +77,36 @@ def to_msccl_xml(
     require_proof(proof)
     name = default_name(proof.schedule, proto, instances) if name is None else name
     _check_options(name, proto, instances, min_bytes, max_bytes)
+    check_export_size(proof, instances)
     return lower(
         proof, Header(name, proto, 0, proof.num_chunks * instances, proof.num_ranks, min_bytes, max_bytes)
     )
+
+
+def check_export_size(proof: Proof, instances: int = 1) -> None:
+    """Refuse, in milliseconds, a schedule the executor cannot hold, before minutes of lowering.
+
+    Each (sender, receiver) pair of each instance needs a thread block on both GPUs, and a
+    channel carries at most 32 sending (receiving) thread blocks per GPU; these are lower bounds
+    on what the lowering needs, so a schedule over them would fail anyway.
+    """
+    sends: dict[int, set[int]] = {}
+    receives: dict[int, set[int]] = {}
+    for _, _, t in proof.schedule.transfers():
+        sends.setdefault(t.src, set()).add(t.dst)
+        receives.setdefault(t.dst, set()).add(t.src)
+    for gpu in range(proof.num_ranks):
+        out, into = len(sends.get(gpu, ())) * instances, len(receives.get(gpu, ())) * instances
+        if out + into > MAX_TBS:
+            raise MscclExportError(
+                f"gpu {gpu} needs at least {out + into} thread blocks (one per peer and direction), the "
+                f"executor allows {MAX_TBS}: use fewer instances or a smaller N"
+            )
+        if -(-max(out, into) // MAX_TBS_PER_CHANNEL) > MAX_CHANNELS:
+            raise MscclExportError(
+                f"gpu {gpu} talks to {max(out, into)} peers one way, more than {MAX_CHANNELS} channels of "
+                f"{MAX_TBS_PER_CHANNEL} can carry: use fewer instances or a smaller N"
+            )
 
 
 def write_msccl(proof: Proof, path: str | os.PathLike[str], **options: Any) -> None:

@@ -36,7 +36,7 @@ from stragglar.msccl.limits import (
 from stragglar.msccl.records import StepRecord
 from stragglar.msccl.tokens import Element, SyntaxProblem, elements, first_name
 
-__all__ = ["Algo", "Gpu", "MscclViolation", "ThreadBlock", "Tx", "read_msccl"]
+__all__ = ["Algo", "Gpu", "MscclViolation", "ThreadBlock", "Tx", "describe_msccl", "read_msccl"]
 
 _INT = re.compile(r"-?(0|[1-9][0-9]*)")
 
@@ -135,11 +135,20 @@ class _Checker:
         self.problems: list[MscclViolation] = []
 
     def fail(
-        self, el: Element, what: str, gpu: int | None = None, tb: int | None = None, step: int | None = None
+        self,
+        el: Element,
+        what: str,
+        gpu: int | None = None,
+        tb: int | None = None,
+        step: int | None = None,
+        *,
+        kind: str = "format",
     ) -> None:
+        """Report a rule ``el`` breaks: ``format`` if the executor would not load the file,
+        ``structure`` if it would load it and then compute the wrong thing or hang."""
         where = " ".join(f"{k} {v}" for k, v in (("gpu", gpu), ("tb", tb), ("step", step)) if v is not None)
         prefix = f"line {el.line}: " + (f"{where}: " if where else "")
-        self.problems.append(MscclViolation("structure", gpu, tb, step, None, prefix + what))
+        self.problems.append(MscclViolation(kind, gpu, tb, step, None, prefix + what))
 
     def ints(
         self, el: Element, keys: tuple[str, ...], *place: int | None, bits: int = 32
@@ -178,6 +187,40 @@ def read_msccl(text: str) -> tuple[Algo | None, list[MscclViolation]]:
     return (algo if not checker.problems else None), checker.problems
 
 
+def describe_msccl(text: str) -> str:
+    """The program of a readable MSCCL file GPU by GPU: its thread blocks, steps and buffers.
+
+    >>> print(describe_msccl('<algo name="x" proto="Simple"></algo>'))
+    not readable: line 1: <algo> lacks attribute coll
+    """
+    algo, problems = read_msccl(text)
+    if algo is None:
+        return f"not readable: {problems[0].message}"
+    lines = [
+        f"{algo.name}: {algo.ngpus} GPUs, {algo.nchunks} chunks per loop, {algo.nchannels} channel(s), "
+        f"{algo.proto}"
+    ]
+    for gpu in algo.gpus:
+        steps = sum(len(tb.tx_at) for tb in gpu.tbs)
+        peers = sorted({p for tb in gpu.tbs for p in (tb.send, tb.recv) if p >= 0})
+        lines.append(
+            f"  gpu {gpu.id}: {len(gpu.tbs)} thread blocks, {steps} steps, {gpu.chunks['s']} scratch chunks, "
+            f"peers {_ranges(peers)}"
+        )
+    return "\n".join(lines)
+
+
+def _ranges(numbers: list[int]) -> str:
+    """``0-3,6``: sorted numbers with consecutive runs joined."""
+    runs: list[list[int]] = []
+    for n in numbers:
+        if runs and n == runs[-1][-1] + 1:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    return ",".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs) or "none"
+
+
 def _algo(ck: _Checker, el: Element, shared_nodes: int) -> Algo | None:
     strings = ck.strings(el, ("name", "proto", "coll"))
     nums = ck.ints(el, ("nchannels", "nchunksperloop", "ngpus", "inplace", "outofplace"))
@@ -198,10 +241,12 @@ def _algo(ck: _Checker, el: Element, shared_nodes: int) -> Algo | None:
         if nums[key] not in (0, 1):
             ck.fail(el, f"{key} must be 0 or 1, got {nums[key]}")
     if not nums["inplace"] and not nums["outofplace"]:
-        ck.fail(el, 'inplace="0" and outofplace="0": the algorithm is never selected')
+        ck.fail(el, 'inplace="0" and outofplace="0": the algorithm is never selected', kind="structure")
     low, high = sizes["minBytes"], sizes["maxBytes"]
     if low < 0 or high < 0 or (high and high < low):
-        ck.fail(el, f"minBytes {low} / maxBytes {high}: no message size selects the algorithm")
+        ck.fail(
+            el, f"minBytes {low} / maxBytes {high}: no message size selects the algorithm", kind="structure"
+        )
     header = _Header(
         nums["nchannels"], nums["nchunksperloop"], nums["ngpus"], nums["inplace"], nums["outofplace"]
     )
@@ -341,7 +386,12 @@ def _steps(
         rows.append(row)
         if position != i:
             ck.fail(
-                st, f's="{position}" but it is step {i} of its tb (dependencies count positions)', g, t, i
+                st,
+                f's="{position}" but it is step {i} of its tb (dependencies count positions)',
+                g,
+                t,
+                i,
+                kind="structure",
             )
         if row.type not in TYPES:
             ck.fail(st, f"unknown type {row.type!r}", g, t, i)
@@ -366,21 +416,26 @@ def _check_step(
     kind, cnt = row.type, row.cnt
     if kind == "nop":
         if row.depid == -1:
-            ck.fail(st, "nop without a dependency (the executor's step numbering skips it)", *place)
+            ck.fail(
+                st,
+                "nop without a dependency (the executor's step numbering skips it)",
+                *place,
+                kind="structure",
+            )
         return
     if not 1 <= cnt < MAX_COUNT:
         ck.fail(st, f"cnt {cnt} outside 1..{MAX_COUNT - 1}", *place)
     if kind in SEND_TYPES and tb.send < 0:
-        ck.fail(st, f"{kind} sends but the tb has send=-1", *place)
+        ck.fail(st, f"{kind} sends but the tb has send=-1", *place, kind="structure")
     if kind in RECV_TYPES and tb.recv < 0:
-        ck.fail(st, f"{kind} receives but the tb has recv=-1", *place)
+        ck.fail(st, f"{kind} receives but the tb has recv=-1", *place, kind="structure")
     for side, buf, off, used in (
         ("src", row.srcbuf, row.srcoff, kind in READS_SRC),
         ("dst", row.dstbuf, row.dstoff, kind in WRITES_DST),
     ):
         if used and buf in chunks and not (off >= 0 and off + cnt <= min(chunks[buf], MAX_OFFSET + 1)):
             what = f"{side} {buf}[{off}..{off + cnt - 1}] outside the {chunks[buf]} chunks of buffer {buf}"
-            ck.fail(st, what, *place)
+            ck.fail(st, what, *place, kind="structure")
 
 
 def _check_dependency(
@@ -398,22 +453,32 @@ def _check_dependency(
     if depid < 0:
         return
     if depid > MAX_DEPENDENCY_TB:
-        ck.fail(st, f"depid {depid} > {MAX_DEPENDENCY_TB}: the executor stores it in an int8", *place)
+        ck.fail(
+            st,
+            f"depid {depid} > {MAX_DEPENDENCY_TB}: the executor stores it in an int8",
+            *place,
+            kind="structure",
+        )
     if depid not in steps:
-        ck.fail(st, f"depends on tb {depid}, which this gpu does not have", *place)
+        ck.fail(st, f"depends on tb {depid}, which this gpu does not have", *place, kind="structure")
     elif not 0 <= deps < len(steps[depid]):
         ck.fail(
-            st, f"depends on tb {depid} step {deps}, outside its steps 0..{len(steps[depid]) - 1}", *place
+            st,
+            f"depends on tb {depid} step {deps}, outside its steps 0..{len(steps[depid]) - 1}",
+            *place,
+            kind="structure",
         )
     else:
         target = steps[depid][deps]
         if target is not None and target.type == "nop":
-            ck.fail(st, f"depends on tb {depid} step {deps}, a nop, which never signals", *place)
+            ck.fail(
+                st, f"depends on tb {depid} step {deps}, a nop, which never signals", *place, kind="structure"
+            )
         elif target is not None and target.hasdep == 0:
             what = (
                 f'depends on tb {depid} step {deps}, which lacks hasdep="1" (only such steps signal progress)'
             )
-            ck.fail(st, what, *place)
+            ck.fail(st, what, *place, kind="structure")
 
 
 def _program(t: int, attrs: _TbHeader, rows: list[StepRecord]) -> ThreadBlock:

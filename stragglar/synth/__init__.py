@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from stragglar.errors import InputError
-from stragglar.schedule import Schedule, move_straggler
+from stragglar.schedule import MAX_RANKS, Schedule, move_straggler, whole_number
 from stragglar.synth.direct import direct_allreduce
 from stragglar.synth.rhd import rhd_allreduce
 from stragglar.synth.ring import ring_allreduce
@@ -21,6 +21,7 @@ from stragglar.synth.stragglar import stragglar_allreduce
 __all__ = [
     "ALGORITHMS",
     "METHODS",
+    "SMT_MAX_RANKS",
     "direct_allreduce",
     "rhd_allreduce",
     "ring_allreduce",
@@ -36,6 +37,7 @@ _GENERATORS: dict[str, Callable[[int], Schedule]] = {
 }
 ALGORITHMS = tuple(_GENERATORS)
 METHODS = ("construct", "smt")
+SMT_MAX_RANKS = 16  # z3 takes about 20 s at 14 GPUs and grows fast
 
 
 def synthesize(
@@ -53,22 +55,30 @@ def synthesize(
     Raises :class:`~stragglar.errors.InputError` with a one-line reason for a bad request.
     """
     if algorithm not in _GENERATORS:
-        raise InputError(f"unknown algorithm '{algorithm}' (choose from {', '.join(ALGORITHMS)})")
+        raise InputError(f"unknown algorithm {algorithm!r} (choose from {', '.join(ALGORITHMS)})")
     if method not in METHODS:
-        raise InputError(f"unknown method '{method}' (choose from {', '.join(METHODS)})")
-    if isinstance(num_ranks, bool) or not isinstance(num_ranks, int) or num_ranks < 2:
-        raise InputError(f"need at least 2 GPUs, got {num_ranks}")
-    if straggler is not None and not 0 <= straggler < num_ranks:
-        raise InputError(f"straggler must be a rank in 0..{num_ranks - 1}, got {straggler}")
+        raise InputError(f"unknown method {method!r} (choose from {', '.join(METHODS)})")
+    n = whole_number(num_ranks, "num_ranks")
+    if not 2 <= n <= MAX_RANKS:
+        raise InputError(f"need 2 to {MAX_RANKS} GPUs, got {n}")
+    rank = None if straggler is None else whole_number(straggler, "straggler")
+    if rank is not None and not 0 <= rank < n:
+        raise InputError(f"straggler must be a rank in 0..{n - 1}, got {rank}")
     if method == "smt":
         if algorithm != "stragglar":
             raise InputError("method smt synthesizes StragglAR schedules only")
+        if n > SMT_MAX_RANKS:
+            raise InputError(
+                f"method smt handles at most {SMT_MAX_RANKS} GPUs (z3 needs minutes at 14), got {n}"
+            )
         from stragglar.synth.smt import smt_synthesize  # z3 is slow to import: only when asked
 
-        return smt_synthesize(num_ranks, timeout_s, straggler)
-    schedule = _GENERATORS[algorithm](num_ranks)
-    if straggler is None or schedule.straggler is None:
-        if straggler is not None:
-            raise InputError(f"algorithm '{algorithm}' has no straggler; drop --straggler")
+        return smt_synthesize(n, timeout_s, rank)
+    if timeout_s is not None:
+        raise InputError("a timeout applies to method smt only")
+    schedule = _GENERATORS[algorithm](n)
+    if rank is None:
         return schedule
-    return move_straggler(schedule, straggler)
+    if schedule.straggler is None:
+        raise InputError(f"algorithm {algorithm!r} has no straggler: leave the straggler out")
+    return move_straggler(schedule, rank)

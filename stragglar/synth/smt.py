@@ -24,7 +24,7 @@ from collections.abc import Iterator
 
 import z3
 
-from stragglar.errors import InputError
+from stragglar.errors import InputError, ResourceError
 from stragglar.schedule import Schedule, move_straggler, round_lower_bound
 from stragglar.synth.stragglar import Copy, stragglar_schedule
 
@@ -34,8 +34,8 @@ __all__ = ["copy_rounds_status", "smt_copy_rounds", "smt_synthesize"]
 def smt_synthesize(num_ranks: int, timeout_s: float | None = None, straggler: int | None = None) -> Schedule:
     """The StragglAR schedule with the fewest phase-2 rounds z3 finds, starting at R*(n).
 
-    Raises TimeoutError if a query outlasts ``timeout_s`` seconds (wall clock, model building
-    included, per query).
+    Raises :class:`~stragglar.errors.ResourceError` if a query outlasts ``timeout_s`` seconds
+    (wall clock, model building included, per query).
     """
     bound = round_lower_bound(num_ranks)
     for rounds in range(bound, bound + num_ranks + 1):  # the greedy fits within a round or two of R*
@@ -54,20 +54,24 @@ def copy_rounds_status(num_ranks: int, rounds: int) -> str:
 def smt_copy_rounds(num_ranks: int, rounds: int, timeout_s: float | None = None) -> list[list[Copy]] | None:
     """Copies per phase-2 round finishing in ``rounds`` rounds, or None if there are none.
 
-    Raises TimeoutError when z3 cannot decide within ``timeout_s`` seconds.
+    Raises :class:`~stragglar.errors.ResourceError` when z3 cannot decide within ``timeout_s``
+    seconds (wall clock, building the model included).
     """
     n = num_ranks
     if n < 2 or rounds < 0:
         raise InputError(f"need at least 2 GPUs and no negative rounds, got {n} GPUs, {rounds} rounds")
-    start = time.perf_counter()
+    deadline = None if timeout_s is None else time.perf_counter() + timeout_s
+    out_of_time = ResourceError(f"z3 did not decide {rounds} rounds for {n} GPUs within {timeout_s} s")
     solver = z3.Solver()
-    solver.add(*_constraints(n, rounds))
-    if timeout_s is not None:  # the budget is wall-clock: building the model counts
-        left = timeout_s - (time.perf_counter() - start)
-        solver.set("timeout", max(1, round(left * 1000)))
-    verdict = solver.check() if timeout_s is None or left > 0 else z3.unknown
+    for constraint in _constraints(n, rounds):  # the budget is wall-clock: building the model counts
+        solver.add(constraint)
+        if deadline is not None and time.perf_counter() > deadline:
+            raise out_of_time
+    if deadline is not None:
+        solver.set("timeout", max(1, round((deadline - time.perf_counter()) * 1000)))
+    verdict = solver.check()
     if verdict == z3.unknown:
-        raise TimeoutError(f"z3 did not decide {rounds} rounds for {n} GPUs in {timeout_s} s")
+        raise out_of_time
     if verdict == z3.unsat:
         return None
     return _chosen(solver.model(), n, rounds)

@@ -9,8 +9,9 @@ other value is junk that a complete chunk must not contain.  For the ring Reduce
 loses nothing: each of its leftovers of chunk ``c`` contains the ring's first contribution, so a
 correct sum holds exactly one of them, and only ``P`` has all the punctual contributions.
 
-Variables, SCCL-style: ``has[t][r][c][part]`` (after ``t`` rounds rank ``r``'s chunk ``c``
-contains ``part``) and ``send[t][s][d][c]`` (in round ``t`` rank ``s`` sends chunk ``c`` to ``d``).
+Variables come from small named factories, SCCL-style: :func:`_has` (after ``t`` rounds rank
+``r``'s chunk ``c`` contains ``part``) and :func:`_send` (in round ``t`` rank ``s`` sends chunk
+``c`` to ``d``); z3 identifies variables by name, so nothing is created ahead of its use.
 Per round each rank sends at most one chunk to one peer and receives at most one.  A receive
 may add the parts it carries; nothing is forced, and the schedule found need not follow the
 paper's exchange order: any copy or reduce, by any rank, of full or partial chunks is allowed.
@@ -43,7 +44,9 @@ import z3
 from stragglar.errors import InputError
 from stragglar.schedule import Op, Round, Transfer, round_lower_bound
 
-__all__ = ["Feasibility", "LowerBound", "phase2_feasible", "prove_lower_bound"]
+__all__ = ["BOUND_MAX_RANKS", "Feasibility", "LowerBound", "phase2_feasible", "prove_lower_bound"]
+
+BOUND_MAX_RANKS = 24  # the model grows as N^4: N = 16 took 640 s, N = 40 needed 7 GB to build
 
 _PARTS = (0, 1)  # P (the punctual ranks' sum) and Q (the straggler's data)
 
@@ -101,21 +104,27 @@ def phase2_feasible(num_ranks: int, rounds: int, timeout_s: float | None = None)
     ``timeout_s`` bounds the wall-clock time, building the model included.
     """
     n = num_ranks
-    if n < 2 or rounds < 0:
-        raise InputError(f"need at least 2 GPUs and no negative rounds, got {n} GPUs, {rounds} rounds")
+    if not 2 <= n <= BOUND_MAX_RANKS or rounds < 0:
+        raise InputError(
+            f"need 2 to {BOUND_MAX_RANKS} GPUs and no negative rounds, got {n} GPUs, {rounds} rounds"
+        )
     start = time.perf_counter()
-    has, send = _variables(n, rounds)
+    deadline = None if timeout_s is None else start + timeout_s
     solver = z3.Solver()
-    solver.add(*_constraints(n, rounds, has, send))
-    left = None if timeout_s is None else timeout_s - (time.perf_counter() - start)
-    if left is not None:
-        solver.set("timeout", max(1, round(left * 1000)))
-    verdict = solver.check() if left is None or left > 0 else z3.unknown
+    for constraint in _constraints(n, rounds):
+        solver.add(constraint)
+        if deadline is not None and time.perf_counter() > deadline:
+            return Feasibility("unknown", None, time.perf_counter() - start)  # out of time while building
+    if deadline is not None:
+        solver.set("timeout", max(1, round((deadline - time.perf_counter()) * 1000)))
+    verdict = solver.check()
     seconds = time.perf_counter() - start
     if verdict != z3.sat:
         return Feasibility("unsat" if verdict == z3.unsat else "unknown", None, seconds)
     model = solver.model()
-    chosen = [[(s, d, c) for s, d, c in _triples(n) if _true(model, send[t][s][d][c])] for t in range(rounds)]
+    chosen = [
+        [(s, d, c) for s, d, c in _triples(n) if _true(model, _send(t, s, d, c))] for t in range(rounds)
+    ]
     return Feasibility("sat", _exchange(n, chosen), seconds)
 
 
@@ -124,48 +133,42 @@ def _triples(n: int) -> Iterator[tuple[int, int, int]]:
     return ((s, d, c) for s in range(n) for d in range(n) if s != d for c in range(n - 1))
 
 
-Has = list[list[list[list[z3.BoolRef]]]]  # [t][rank][chunk][part]
-Send = list[list[list[list[z3.BoolRef]]]]  # [t][src][dst][chunk]; unused where src == dst
+def _has(n: int, t: int, rank: int, chunk: int, part: int) -> z3.BoolRef:
+    """After ``t`` rounds ``rank``'s ``chunk`` contains ``part`` (P = 0, Q = 1); fixed at ``t = 0``."""
+    if t == 0:
+        return z3.BoolVal(rank == chunk if part == 0 else rank == n - 1)
+    return z3.Bool(f"has_{t}_{rank}_{chunk}_{part}")
 
 
-def _variables(n: int, rounds: int) -> tuple[Has, Send]:
-    late = n - 1
-    start = [[[z3.BoolVal(r == c), z3.BoolVal(r == late)] for c in range(late)] for r in range(n)]
-    later = [
-        [[[z3.Bool(f"has_{t}_{r}_{c}_{p}") for p in _PARTS] for c in range(late)] for r in range(n)]
-        for t in range(1, rounds + 1)
-    ]
-    send = [
-        [[[z3.Bool(f"send_{t}_{s}_{d}_{c}") for c in range(late)] for d in range(n)] for s in range(n)]
-        for t in range(rounds)
-    ]
-    return [start, *later], send
+def _send(t: int, src: int, dst: int, chunk: int) -> z3.BoolRef:
+    """In round ``t`` ``src`` sends ``chunk`` to ``dst``."""
+    return z3.Bool(f"send_{t}_{src}_{dst}_{chunk}")
 
 
-def _constraints(n: int, rounds: int, has: Has, send: Send) -> Iterator[z3.BoolRef]:
+def _constraints(n: int, rounds: int) -> Iterator[z3.BoolRef]:
     chunks, peers = range(n - 1), range(n)
     for t in range(rounds):
         for r in peers:  # one port each way, one chunk: at most one send and one receive per rank
-            yield z3.AtMost(*(send[t][r][d][c] for d in peers if d != r for c in chunks), 1)
-            yield z3.AtMost(*(send[t][s][r][c] for s in peers if s != r for c in chunks), 1)
+            yield z3.AtMost(*(_send(t, r, d, c) for d in peers if d != r for c in chunks), 1)
+            yield z3.AtMost(*(_send(t, s, r, c) for s in peers if s != r for c in chunks), 1)
         for d in peers:
             for c in chunks:
                 for p in _PARTS:
-                    arrives = [z3.And(send[t][s][d][c], has[t][s][c][p]) for s in peers if s != d]
-                    yield z3.Implies(has[t + 1][d][c][p], z3.Or(has[t][d][c][p], *arrives))
-                    yield z3.Implies(has[t][d][c][p], has[t + 1][d][c][p])
+                    arrives = [z3.And(_send(t, s, d, c), _has(n, t, s, c, p)) for s in peers if s != d]
+                    yield z3.Implies(_has(n, t + 1, d, c, p), z3.Or(_has(n, t, d, c, p), *arrives))
+                    yield z3.Implies(_has(n, t, d, c, p), _has(n, t + 1, d, c, p))
     for r in peers:
         for c in chunks:
-            yield z3.And(*(has[rounds][r][c][p] for p in _PARTS))
-    yield from _first_sends_in_chunk_order(n, rounds, send)
+            yield z3.And(*(_has(n, rounds, r, c, p) for p in _PARTS))
+    yield from _first_sends_in_chunk_order(n, rounds)
 
 
-def _first_sends_in_chunk_order(n: int, rounds: int, send: Send) -> Iterator[z3.BoolRef]:
+def _first_sends_in_chunk_order(n: int, rounds: int) -> Iterator[z3.BoolRef]:
     """If the straggler has sent chunk c+1 by round t, it had sent chunk c by round t-1."""
     late = n - 1
     sent: list[z3.BoolRef] = [z3.BoolVal(False)] * late  # by the round before
     for t in range(rounds):
-        now = [z3.Or(sent[c], *(send[t][late][d][c] for d in range(late))) for c in range(late)]
+        now = [z3.Or(sent[c], *(_send(t, late, d, c) for d in range(late))) for c in range(late)]
         yield from (z3.Implies(now[c + 1], sent[c]) for c in range(late - 1))
         sent = now
 

@@ -188,28 +188,37 @@ class Proof:
 
     @property
     def headline(self) -> str:
-        """One line for people: who takes part, the rounds (against R*(N) for StragglAR), the proof."""
+        """One line for people (under 200 characters): who takes part, the rounds (against the
+        lower bound for StragglAR), the transfers, and by whom it was proved."""
         s = self.schedule
         who = count_of(s.num_ranks, "GPU")
-        if s.straggler is not None:
-            who += f" (straggler {s.straggler})"
         if s.straggler is None:
             rounds = count_of(s.num_rounds, "round")
         else:
+            who += f" (straggler {s.straggler})"
             exposed = count_of(s.exposed_rounds, "round")
+            if s.exposed_steps != s.exposed_rounds:
+                exposed += f" ({s.exposed_steps} chunk-steps)"
             rounds = f"{exposed} after the straggler arrives{_versus_bound(s)}, {s.num_rounds} in all"
-        return f"{s.algorithm}: {who}, {count_of(s.num_chunks, 'chunk')}, {rounds}; {self.summary}"
+        by = "" if self.by == "simulator" else f" by {self.by} in {self.seconds:.2f} s"
+        transfers = count_of(s.num_transfers, "transfer")
+        return f"{s.algorithm}: {who}, {count_of(s.num_chunks, 'chunk')}, {rounds}, {transfers}; proved{by}"
 
 
 def _versus_bound(schedule: Schedule) -> str:
-    """How far StragglAR's exposed rounds are from R*(N); other algorithms are not in that model."""
-    n = schedule.num_ranks
+    """How far StragglAR's exposed chunk-steps are from the lower bound; other algorithms are not
+    in that model.  A gap below zero would mean the bound is wrong, and says so."""
+    n, c = schedule.num_ranks, schedule.num_chunks
     if schedule.algorithm != "stragglar" or n < 2:
         return ""
-    bound = round_lower_bound(n)
-    gap = schedule.exposed_rounds - bound
-    verdict = "optimal" if gap == 0 else f"{gap:+d}"
-    return f" (lower bound R*({n}) = {bound}: {verdict})"
+    bound = round_lower_bound(n, c)
+    name = f"R*({n})" if c == n - 1 else f"{c} + ceil(log2 {n}) - 1"
+    gap = schedule.exposed_steps - bound
+    if gap < 0:
+        verdict = f"{gap:+d}, below a proved bound: please report this schedule"
+    else:
+        verdict = "optimal" if gap == 0 else f"{gap:+d}"
+    return f" (lower bound {name} = {bound}: {verdict})"
 
 
 def require_proof(value: object) -> Proof:
