@@ -24,6 +24,7 @@ from stragglar.schedule import Op, Schedule
 from stragglar.units import format_bytes, format_seconds
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 __all__ = [
@@ -64,6 +65,11 @@ def sweep_sizes(num_ranks: int) -> list[int]:
     return sorted({*range(2, 33), 48, 64, 96, 128, 192, 256, num_ranks})
 
 
+def _legend_below(ax: Axes) -> None:
+    """The legend under the axes, outside the plot, so that it never covers a curve."""
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3, fontsize=8, frameon=False)
+
+
 def cost_figure(
     num_ranks: int,
     size_bytes: float,
@@ -92,7 +98,7 @@ def cost_figure(
     by_n.set_xlabel("number of GPUs N (log scale)")
     by_n.set_ylabel("speed-up over Ring (exposed time)")
     by_n.set_title(f"against N, straggler {format_seconds(delay)} late")
-    by_n.legend()
+    _legend_below(by_n)
 
     critical = here.critical_delay("stragglar")
     top = max(2 * delay, 2 * (critical or 0.0), 3 * here.get("stragglar").hidden, 1e-6)
@@ -111,7 +117,7 @@ def cost_figure(
     by_delay.set_xlabel("straggler delay (ms)")
     by_delay.set_ylabel("speed-up over Ring (exposed time)")
     by_delay.set_title(f"against the delay, N = {num_ranks}")
-    by_delay.legend()
+    _legend_below(by_delay)
     fig.suptitle(
         f"Alpha-beta model: {format_bytes(size_bytes)} buffer, alpha {format_seconds(network.alpha)}, "
         f"{format_bytes(network.bandwidth)}/s per link"
@@ -147,21 +153,25 @@ def schedule_figure(schedule: Schedule) -> Figure:
     if labelled:
         for x, y, text in texts:
             ax.text(x, y, text, ha="center", va="center", fontsize=6)
-    start = 0
+    start, middles = 0, []
     for index, phase in enumerate(schedule.phases):
         end = start + len(phase.rounds)
         if index < schedule.hidden_phases:
             ax.axvspan(start - 0.5, end - 0.5, color="grey", alpha=0.15, label="hidden behind the delay")
         ax.axvline(end - 0.5, color="black", linewidth=1)
-        ax.text((start + end - 1) / 2, -0.7, phase.name, ha="center", va="bottom", fontsize=8)
+        middles.append((start + end - 1) / 2)
         start = end
-    ax.set_yticks(range(n), [_rank_label(r, schedule.straggler) for r in range(n)], fontsize=7)
+    phases = ax.secondary_xaxis("top")  # phase names above the chart, the title above them
+    phases.set_xticks(middles, [p.name for p in schedule.phases], fontsize=8)
+    phases.tick_params(length=0)
+    shown = _labelled_ranks(n, schedule.straggler)
+    ax.set_yticks(shown, [_rank_label(r, schedule.straggler) for r in shown], fontsize=7)
     step = 1 if labelled else max(1, len(columns) // 40)
     ax.set_xticks(range(0, len(columns), step), [str(columns[x][1]) for x in range(0, len(columns), step)])
     ax.tick_params(axis="x", labelsize=7)
     ax.set_xlabel("round (numbered within each phase)")
     ax.set_ylabel("rank (sender)")
-    ax.set_ylim(n - 0.5, -1.2)
+    ax.set_ylim(n - 0.5, -0.5)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
     ax.set_title(
@@ -170,6 +180,19 @@ def schedule_figure(schedule: Schedule) -> Figure:
         fontsize=9,
     )
     return fig
+
+
+def _labelled_ranks(n: int, straggler: int | None) -> list[int]:
+    """At most about 32 rank labels, evenly spaced, the straggler's always among them.
+
+    >>> _labelled_ranks(8, 7), _labelled_ranks(128, 127)[:3], len(_labelled_ranks(128, 127))
+    ([0, 1, 2, 3, 4, 5, 6, 7], [0, 4, 8], 32)
+    """
+    step = max(1, -(-n // LABELLED_RANKS))
+    shown = set(range(0, n, step))
+    if straggler is not None:
+        shown = {r for r in shown if abs(r - straggler) >= step or r == straggler} | {straggler}
+    return sorted(shown)
 
 
 def _colour(chunk: int) -> int:

@@ -1,0 +1,414 @@
+"""What a hostile user does to the command line: one test per class of failure the project fixed.
+
+Every failure must be one ``Error:`` line with the right exit code (2 bad input, 1 wrong, 3 out of
+resources), come before any long work, never lose or overwrite a file, and never hang.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner, Result
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stragglar.cli import cli
+from stragglar.commands import common
+from stragglar.errors import InputError
+from stragglar.formats import json as json_format
+from stragglar.synth import synthesize
+from stragglar.units import parse_bandwidth, parse_duration, parse_size
+
+
+def run(*args: str) -> Result:
+    return CliRunner().invoke(cli, list(args))
+
+
+def one_error(result: Result, code: int) -> str:
+    """The failure contract: exit ``code``, one ``Error:`` line on stderr, no traceback."""
+    assert result.exit_code == code, (result.exit_code, result.output, result.exception)
+    assert isinstance(result.exception, SystemExit), result.exception
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
+    return lines[0]
+
+
+def full_disk(fd: int) -> None:
+    raise OSError(28, "No space left on device")
+
+
+# ---------------------------------------------------------------------------- 1. atomic writes
+
+
+@pytest.mark.parametrize("name", ["keep.json", "keep.xml", "keep.txt"])
+def test_a_failed_write_keeps_the_old_file_and_leaves_nothing_partial(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    path = tmp_path / name
+    assert run("synth", "--gpus", "4", "-o", str(path)).exit_code == 0
+    good = path.read_bytes()
+    monkeypatch.setattr(os, "fsync", full_disk)
+    assert "No space left" in one_error(run("synth", "--gpus", "6", "-o", str(path)), 2)
+    one_error(run("synth", "--gpus", "6", "-o", str(tmp_path / f"new-{name}")), 2)
+    assert path.read_bytes() == good
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]
+
+
+def test_bench_json_and_plots_are_written_atomically(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("matplotlib")
+    monkeypatch.setattr(os, "fsync", full_disk)
+    args = ["--backend", "local", "--gpus", "3", "--sizes", "1KiB", "--delays", "0", "--iters", "1"]
+    one_error(run("bench", *args, "--json", str(tmp_path / "b.json")), 2)
+    one_error(run("cost", "--gpus", "4", "--plot", str(tmp_path / "c.png")), 2)
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------------------- 2. inputs and formats
+
+
+def test_an_output_that_is_the_input_is_refused(tmp_path: Path) -> None:
+    source = tmp_path / "s4.json"
+    json_format.write(synthesize("stragglar", 4), source)
+    before = source.read_bytes()
+    (tmp_path / "link.json").symlink_to(source)
+    for target in (source, tmp_path / "." / "s4.json", tmp_path / "link.json"):
+        line = one_error(run("export", str(source), "-o", str(target)), 2)
+        assert "is the input file" in line
+    one_error(run("show", str(source), "--plot", str(source)), 2)
+    assert source.read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-o", "x.xml", "--format", "json"], "--format json contradicts x.xml"),
+        (["-o", "x.json", "--format", "msccl"], "--format msccl contradicts x.json"),
+        (["-o", "x.dat"], "cannot tell the format of x.dat"),
+    ],
+)
+def test_the_output_format_follows_the_suffix(tmp_path: Path, args: list[str], message: str) -> None:
+    os.chdir(tmp_path)
+    assert message in one_error(run("synth", "--gpus", "4", *args), 2)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_export_writes_what_the_suffix_says(tmp_path: Path) -> None:
+    source = tmp_path / "s.json"
+    json_format.write(synthesize("ring", 3), source)
+    assert run("export", str(source), "-o", str(tmp_path / "copy.json")).exit_code == 0
+    assert json_format.read(tmp_path / "copy.json") == synthesize("ring", 3)
+    assert run("export", str(source), "-o", str(tmp_path / "x.xml")).exit_code == 0
+    assert (tmp_path / "x.xml").read_text().startswith("<algo ")
+
+
+# ---------------------------------------------------------------------------- 8. bounded work
+
+
+def test_sizes_past_the_limits_fail_before_anything_is_allocated(tmp_path: Path) -> None:
+    doc = json_format.to_document(synthesize("ring", 2))
+    doc["num_chunks"] = 3_000_000_000
+    path = tmp_path / "huge.json"
+    path.write_text(json.dumps(doc))
+    assert "stragglar handles at most 65536" in one_error(run("verify", str(path)), 2)
+    assert "need 2 to 2048 GPUs" in one_error(run("synth", "--gpus", "100000"), 2)
+    assert "need 2 to 2048 GPUs" in one_error(run("cost", "--gpus", "100000"), 2)
+    assert "at most 24 GPUs" in one_error(run("bound", "--gpus", "40", "--timeout", "2s"), 2)
+    assert "at most 16 GPUs" in one_error(run("synth", "--gpus", "40", "--method", "smt"), 2)
+
+
+def test_the_bound_honours_its_timeout_while_building_the_model() -> None:
+    import time
+
+    start = time.perf_counter()
+    line = one_error(run("bound", "--gpus", "24", "--timeout", "500ms"), 3)
+    assert time.perf_counter() - start < 5 and "z3 gave no answer" in line
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_only_regular_files_are_read(tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe.json"
+    os.mkfifo(fifo)
+    script = shutil.which("stragglar", path=str(Path(sys.executable).parent)) or shutil.which("stragglar")
+    assert script is not None
+    for target in (str(fifo), "/dev/zero", str(tmp_path)):
+        done = subprocess.run([script, "verify", target], capture_output=True, text=True, timeout=60)
+        assert (
+            done.returncode == 2
+            and done.stderr
+            == f"Error: {target} is not a regular file (stragglar reads schedules from files)\n"
+        )
+
+
+# ---------------------------------------------------------------------------- 9 and 14. units
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.floats(min_value=0, max_value=6e5, allow_nan=False), st.sampled_from(["us", "ms", "s"]))
+def test_any_finite_duration_with_a_unit_reads_back(number: float, unit: str) -> None:
+    factor = {"us": 1e-6, "ms": 1e-3, "s": 1.0}[unit]
+    assert parse_duration(f"{number!r}{unit}") == pytest.approx(number * factor, rel=1e-12, abs=1e-300)
+
+
+@pytest.mark.parametrize(
+    "text", ["inf", "nan", "-1", "1e400", "-0.5ms", "Infinity", "1e400ms", "1e400GB/s", ""]
+)
+def test_non_finite_negative_or_huge_numbers_are_refused(text: str) -> None:
+    for parse in (parse_size, parse_duration, parse_bandwidth):
+        with pytest.raises(InputError):
+            parse(text)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["cost", "--gpus", "8", "--delay", "nan"], "'--delay': expected a duration"),
+        (["cost", "--gpus", "8", "--alpha", "inf"], "'--alpha': expected a duration"),
+        (["cost", "--gpus", "8", "--bandwidth", "1e400GB/s"], "'--bandwidth'"),
+        (["cost", "--gpus", "8", "--size", "-16MiB"], "'--size': expected a size"),
+        (["run", "--gpus", "4", "--timeout", "60"], "'--timeout': '60' needs a unit: write 60ms or 60s"),
+        (["bound", "--gpus", "4", "--timeout", "1e400s"], "'--timeout': '1e400s' is longer than a week"),
+        (["synth", "--gpus", "4", "-o", "x.xml", "--max-bytes", "1.5B"], "not a whole number of bytes"),
+    ],
+)
+def test_every_option_follows_the_unit_policy(tmp_path: Path, args: list[str], message: str) -> None:
+    os.chdir(tmp_path)
+    assert message in one_error(run(*args), 2)
+
+
+def test_sizes_take_units_everywhere(tmp_path: Path) -> None:
+    out = tmp_path / "x.xml"
+    assert (
+        run("synth", "--gpus", "4", "-o", str(out), "--min-bytes", "1KiB", "--max-bytes", "1MiB").exit_code
+        == 0
+    )
+    assert 'minBytes="1024" maxBytes="1048576"' in out.read_text()
+    assert "Units: a size takes" in run("--help").output
+
+
+# ---------------------------------------------------------------------------- 10 and 12. hostile files
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "<algo>" * 5000,
+        "<!-- a -->" * 5000 + "<algo/>",
+        '<algo name="x">' + "<gpu>" * 3000 + "</gpu>" * 3000 + "</algo>",
+    ],
+)
+def test_deep_or_long_xml_is_one_line_not_a_recursion_error(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "deep.xml"
+    path.write_text(text)
+    one_error(run("verify", str(path)), 2)
+
+
+def test_malformed_input_of_any_format_exits_2_and_a_wrong_schedule_exits_1(tmp_path: Path) -> None:
+    good = tmp_path / "s.xml"
+    assert run("synth", "--gpus", "4", "-o", str(good)).exit_code == 0
+    text = good.read_text()
+    cases = {
+        "truncated.xml": (text[: len(text) // 2], 2),
+        "no-cnt.xml": (text.replace(' cnt="1"', "", 1), 2),
+        "unsigned.xml": (text.replace('hasdep="1"', 'hasdep="0"', 1), 1),
+        "dup.json": ('{"format": "stragglar-schedule", "format": "stragglar-schedule"}', 2),
+    }
+    for name, (content, code) in cases.items():
+        path = tmp_path / name
+        path.write_text(content)
+        one_error(run("verify", str(path)), code)
+
+
+# ---------------------------------------------------------------------------- 11. plots
+
+
+@pytest.mark.parametrize("name", ["x.txt", "name", "missing/x.png"])
+def test_a_bad_plot_path_fails_before_the_work(tmp_path: Path, name: str) -> None:
+    line = one_error(result := run("cost", "--gpus", "8", "--plot", str(tmp_path / name)), 2)
+    assert "--plot" in line and result.stdout == ""  # before the table, not after
+
+
+def test_the_plot_is_written_where_it_says(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "cost.svg"
+    result = run("cost", "--gpus", "4", "--plot", str(out))
+    assert result.exit_code == 0 and result.stdout.endswith(f"plot written to {out}\n")
+    assert out.read_text().lstrip().startswith("<?xml")
+
+
+# ---------------------------------------------------------------------------- 15. options that do not apply
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["synth", "--gpus", "4", "--proto", "LL"], "--proto does not apply"),
+        (["synth", "--gpus", "4", "--format", "json", "--instances", "2"], "--instances does not apply"),
+        (["synth", "--gpus", "4", "--timeout", "5s"], "--timeout does not apply"),
+        (["verify", "--smt", "{xml}"], "--smt does not apply"),
+        (["show", "{xml}", "--plot", "x.png"], "--plot does not apply"),
+        (["run", "--schedule", "{json}", "--algorithm", "ring"], "--algorithm does not apply"),
+        (["run", "--schedule", "{json}", "--straggler", "1"], "--straggler does not apply"),
+        (["run", "--schedule", "{xml}"], "is MSCCL XML: run takes a JSON schedule"),
+        (["export", "{xml}"], "is MSCCL XML: export takes a JSON schedule"),
+        (["run"], "--gpus is required"),
+    ],
+)
+def test_an_option_that_does_not_apply_is_an_error(tmp_path: Path, args: list[str], message: str) -> None:
+    os.chdir(tmp_path)
+    json_format.write(synthesize("stragglar", 4), tmp_path / "s.json")
+    assert run("synth", "--gpus", "4", "-o", str(tmp_path / "s.xml")).exit_code == 0
+    filled = [a.format(xml=tmp_path / "s.xml", json=tmp_path / "s.json") for a in args]
+    assert message in one_error(run(*filled), 2)
+
+
+def test_files_are_told_apart_by_content_and_run_takes_n_from_the_file(tmp_path: Path) -> None:
+    json_format.write(synthesize("stragglar", 5), tmp_path / "five.xml")  # JSON, whatever the name
+    assert run("verify", str(tmp_path / "five.xml")).output.startswith(
+        f"{tmp_path / 'five.xml'}: proved: allreduce"
+    )
+    xml = tmp_path / "s.xml"
+    assert run("synth", "--gpus", "4", "-o", str(xml)).exit_code == 0
+    shown = run("show", str(xml))
+    assert (
+        shown.exit_code == 0
+        and "gpu 3: " in shown.output
+        and "proved: stragglar-n4-s3-simple" in shown.output
+    )
+    ran = run("run", "--schedule", str(tmp_path / "five.xml"), "--size", "4KiB", "--iters", "1")
+    assert ran.exit_code == 0 and ran.output.startswith("stragglar on local: 5 ranks")
+
+
+# ---------------------------------------------------------------------------- 16. progress
+
+
+def test_long_work_shows_progress_on_a_terminal_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    quiet = run("prove-all", "--max-gpus", "3", "--max-simulated", "4")
+    assert quiet.exit_code == 0 and quiet.stderr == ""
+    shown = io.StringIO()
+    monkeypatch.setattr(common, "_show_progress", lambda: True)
+    monkeypatch.setattr(sys, "stderr", shown)
+    with common.busy("thinking", after=0.05):
+        __import__("time").sleep(0.5)
+    assert "thinking: 00:00" in shown.getvalue()
+    assert list(common.progress(range(3), "counting")) == [0, 1, 2] and "counting" in shown.getvalue()
+
+
+# ---------------------------------------------------------------------------- 17. prove-all
+
+
+def test_prove_all_names_each_failing_file_and_ends_with_a_summary(tmp_path: Path) -> None:
+    names = []
+    for i in range(5):
+        path = tmp_path / f"s{i}.json"
+        json_format.write(synthesize("stragglar", 3 + i), path)
+        names.append(str(path))
+    (tmp_path / "s1.json").write_text("{")
+    broken = json_format.to_document(synthesize("ring", 3))
+    broken["phases"][0]["rounds"][0][0]["op"] = "copy"
+    (tmp_path / "s3.json").write_text(json.dumps(broken))
+    result = run("prove-all", *names)
+    summary = one_error(result, 2)
+    assert f"FAILED {names[1]}" in result.stdout and f"FAILED {names[3]}" in result.stdout
+    assert summary.startswith("Error: 2 of 5 files failed: ") and len(summary) < 200
+    verbose = run("prove-all", "-v", *names).stdout
+    assert f"FAILED {names[1]}: {names[1]}: not JSON" in verbose, verbose
+    assert f"FAILED {names[3]}: " in verbose, verbose
+
+
+# ---------------------------------------------------------------------------- 19. the Python API
+
+
+@pytest.mark.parametrize(
+    ("straggler", "message"),
+    [(1.5, "straggler must be a whole number, got 1.5 (float)"), (True, "got True (bool)"), ("3", "got '3'")],
+)
+def test_api_arguments_are_checked_in_api_terms(straggler: object, message: str) -> None:
+    with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        synthesize("stragglar", 8, straggler)  # type: ignore[arg-type]
+    with pytest.raises(InputError, match="num_ranks must be a whole number"):
+        synthesize("stragglar", 8.0)  # type: ignore[arg-type]
+    assert synthesize("stragglar", np.int64(8), np.int64(3)).straggler == 3
+    with pytest.raises(InputError, match="has no straggler: leave the straggler out"):
+        synthesize("ring", 8, 3)
+
+
+# ---------------------------------------------------------------------------- 22. rounds mean steps
+
+
+def test_several_chunks_on_one_link_count_as_that_many_steps(tmp_path: Path) -> None:
+    """Direct's whole-buffer rounds, labelled StragglAR: 2 rounds after the straggler arrives, below
+    R*(4) = 4 if rounds were counted, but 6 chunk-steps, which is what the bound is about."""
+    s = replace(synthesize("direct", 4), algorithm="stragglar")
+    path = tmp_path / "fat.json"
+    json_format.write(s, path)
+    result = run("show", str(path))
+    assert result.exit_code == 0, result.output
+    summary = result.stdout.splitlines()[-1]
+    assert "2 rounds (6 chunk-steps) after the straggler arrives (lower bound R*(4) = 4: +2)" in summary
+
+
+# ---------------------------------------------------------------------------- 23. resources
+
+
+def test_running_out_of_memory_is_one_line_with_its_own_exit_code(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_memory(*args: object, **kwargs: object) -> None:
+        raise MemoryError
+
+    monkeypatch.setattr("stragglar.commands.schedules.synthesize", no_memory)
+    assert "out of memory" in one_error(run("synth", "--gpus", "8"), 3)
+
+
+# ---------------------------------------------------------------------------- 20. plots people can read
+
+
+def _boxes_overlap(a: object, b: object) -> bool:
+    from matplotlib.transforms import BboxBase
+
+    assert isinstance(a, BboxBase) and isinstance(b, BboxBase)
+    return bool(a.overlaps(b))
+
+
+@pytest.mark.parametrize("n", [8, 64, 128])
+def test_the_schedule_chart_stays_readable_up_to_128_ranks(n: int) -> None:
+    pytest.importorskip("matplotlib")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from stragglar.plot import schedule_figure
+
+    fig = schedule_figure(synthesize("stragglar", n))
+    renderer = FigureCanvasAgg(fig).get_renderer()  # type: ignore[no-untyped-call]
+    fig.draw(renderer)
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert len(labels) <= 33 and labels[-1] == f"{n - 1} (straggler)"
+    title = ax.title.get_window_extent(renderer)
+    phase_names = [t for extra in ax.child_axes for t in extra.get_xticklabels() if t.get_text()]
+    assert [t.get_text() for t in phase_names] == ["reduce-scatter", "exchange"]
+    assert not any(_boxes_overlap(title, t.get_window_extent(renderer)) for t in phase_names)
+    assert fig.bbox.contains(title.x0, title.y0) and fig.bbox.contains(title.x1, title.y1)  # not cut off
+
+
+def test_the_cost_chart_keeps_its_legends_off_the_curves() -> None:
+    pytest.importorskip("matplotlib")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from stragglar.cost import PAPER_NETWORK
+    from stragglar.plot import cost_figure
+
+    fig = cost_figure(8, 2**30, 5e-3, PAPER_NETWORK, sizes=[2, 4, 8, 16])
+    renderer = FigureCanvasAgg(fig).get_renderer()  # type: ignore[no-untyped-call]
+    fig.draw(renderer)
+    for ax in fig.axes:
+        legend = ax.get_legend()
+        assert legend is not None
+        assert not _boxes_overlap(legend.get_window_extent(renderer), ax.get_window_extent(renderer))
