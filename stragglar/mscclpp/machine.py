@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from stragglar.mscclpp.reader import Plan, Ref
+from stragglar.mscclpp.planmodel import Plan, Ref
 
 __all__ = ["Layout", "Outcome", "Tracker", "run"]
 

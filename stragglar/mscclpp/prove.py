@@ -31,7 +31,8 @@ import networkx as nx
 from stragglar.mscclpp.errors import PlanViolation, PlanViolationError
 from stragglar.mscclpp.hb import Found, HappensBefore
 from stragglar.mscclpp.machine import ACQUIRE, BARRIER, RELEASE, SIGNAL, WAIT, Layout, Outcome, run
-from stragglar.mscclpp.reader import Plan, read_plan
+from stragglar.mscclpp.planmodel import Plan
+from stragglar.mscclpp.reader import read_plan
 
 __all__ = ["DEFAULT_INTERLEAVINGS", "PlanProof", "check_plan", "prove_plan"]
 
@@ -267,9 +268,7 @@ class _Checker:
                 problems = []
                 if mask & garbage:
                     problems.append("holds data nobody wrote (uninitialized scratch or output)")
-                missing = [
-                    r for r in range(n) if not want >> (r * chunks + c) & 1 & (mask >> (r * chunks + c))
-                ]
+                missing = [r for r in range(n) if not mask >> (r * chunks + c) & 1]
                 if missing:
                     problems.append(f"misses the contributions of GPUs {missing}")
                 twice = [(r, k) for r in range(n) for k in range(chunks) if dup >> (r * chunks + k) & 1]
