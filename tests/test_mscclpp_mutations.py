@@ -31,7 +31,7 @@ def mutations(plan: Plan) -> Iterator[tuple[str, Plan]]:
     reduce <-> copy."""
     for g, t, i, op in list(_ops(plan)):
 
-        def edit() -> tuple[Plan, list[dict[str, Any]]]:
+        def edit(g: int = g, t: int = t) -> tuple[Plan, list[dict[str, Any]]]:
             m = copy.deepcopy(plan)
             return m, m["gpus"][g]["threadblocks"][t]["ops"]
 
@@ -50,7 +50,9 @@ def mutations(plan: Plan) -> Iterator[tuple[str, Plan]]:
                     ops[i][key][k]["index"] += delta
                     if ops[i][key][k]["index"] >= 0:
                         yield f"index {delta:+d} {key}[{k}] {where}", m
-        n_channels = sum(len(c["channel_ids"]) for c in plan["gpus"][g]["threadblocks"][t].get("channels", []))
+        n_channels = sum(
+            len(c["channel_ids"]) for c in plan["gpus"][g]["threadblocks"][t].get("channels", [])
+        )
         for k, c in enumerate(op.get("channel_ids", [])):
             for other in range(n_channels):
                 if other != c:
@@ -63,7 +65,11 @@ def mutations(plan: Plan) -> Iterator[tuple[str, Plan]]:
             yield f"re->copy {where}", m
         if op["name"] == "copy":
             m, ops = edit()
-            ops[i] = {"name": "re", "src_buff": [op["dst_buff"][0], op["src_buff"][0]], "dst_buff": op["dst_buff"]}
+            ops[i] = {
+                "name": "re",
+                "src_buff": [op["dst_buff"][0], op["src_buff"][0]],
+                "dst_buff": op["dst_buff"],
+            }
             yield f"copy->re {where}", m
 
 
@@ -79,7 +85,9 @@ def judge(plan: Plan) -> str:
     return "harmless" if bad == [None, None, None] else f"ACCEPTED BUT WRONG: {bad}"
 
 
-@pytest.mark.parametrize(("algorithm", "n"), [("stragglar", 3), ("stragglar", 4), ("ring", 3), ("rhd", 4), ("direct", 3)])
+@pytest.mark.parametrize(
+    ("algorithm", "n"), [("stragglar", 3), ("stragglar", 4), ("ring", 3), ("rhd", 4), ("direct", 3)]
+)
 def test_every_single_op_mutation_is_rejected_or_harmless(algorithm: str, n: int) -> None:
     plan = json.loads(lower(synthesize(algorithm, n)).text)
     verdicts = {label: judge(m) for label, m in mutations(plan)}
@@ -91,7 +99,9 @@ def test_every_single_op_mutation_is_rejected_or_harmless(algorithm: str, n: int
     if algorithm in ("stragglar", "ring"):
         # No transfer of these schedules is redundant: losing data or changing what is summed is wrong.
         for label, verdict in verdicts.items():
-            if label.startswith(("re->copy", "copy->re")) or (label.startswith("drop") and label.endswith((" put", " re"))):
+            if label.startswith(("re->copy", "copy->re")) or (
+                label.startswith("drop") and label.endswith((" put", " re"))
+            ):
                 assert verdict == "rejected", label
 
 

@@ -27,7 +27,9 @@ Arr = np.ndarray[Any, np.dtype[np.int64]]
 class _Gpu:
     def __init__(self, gj: dict[str, Any], rng: np.random.Generator, elements: int, inplace: bool) -> None:
         self.tbs = gj["threadblocks"]
-        self.chans = [p for ch in gj["channels"] if ch["channel_type"] == "memory" for p in ch["connected_to"]]
+        self.chans = [
+            p for ch in gj["channels"] if ch["channel_type"] == "memory" for p in ch["connected_to"]
+        ]
         self.remote = gj["remote_buffers"]
         self.sems = [s["init_value"] for s in gj.get("semaphores", [])]
         shape = (gj["input_chunks"], elements)
@@ -37,13 +39,17 @@ class _Gpu:
         self.inplace = inplace
 
     def start(self, rng: np.random.Generator) -> Arr:
-        self.buf["i"] = rng.integers(0, 1 << 40, size=self.shape)
+        fresh: Arr = rng.integers(0, 1 << 40, size=self.shape)
+        self.buf["i"] = fresh
         if self.inplace:
-            self.buf["o"] = self.buf["i"]
-        return self.buf["i"].copy()
+            self.buf["o"] = fresh
+        kept: Arr = fresh.copy()
+        return kept
 
     def local_channels(self, tb: dict[str, Any]) -> list[int]:
-        return [c for ch in tb.get("channels", []) if ch["channel_type"] == "memory" for c in ch["channel_ids"]]
+        return [
+            c for ch in tb.get("channels", []) if ch["channel_type"] == "memory" for c in ch["channel_ids"]
+        ]
 
     def local_buffers(self, tb: dict[str, Any]) -> list[int]:
         refs = tb.get("remote_buffer_refs", [])
@@ -81,7 +87,8 @@ def run_numpy(text: str, seed: int, executions: int = 2, elements: int = 2) -> s
 
     def remote(g: int, tb: dict[str, Any], ref: dict[str, Any]) -> Arr:
         rb = gpus[g].remote[gpus[g].local_buffers(tb)[ref["buffer_id"]]]
-        return gpus[rb["rank"]].buf[rb["type"]]
+        buf: Arr = gpus[rb["rank"]].buf[rb["type"]]
+        return buf
 
     def local(g: int, ref: dict[str, Any]) -> Arr:
         return gpus[g].buf[ref["type"]]
@@ -121,7 +128,9 @@ def run_numpy(text: str, seed: int, executions: int = 2, elements: int = 2) -> s
                     olds.append(gpus[g].sems[s])
                     gpus[g].sems[s] -= 1
                 ticket[key] = olds
-            if any(o <= 0 and gpus[g].sems[s] < o for s, o in zip(op["semaphore_ids"], ticket[key], strict=True)):
+            if any(
+                o <= 0 and gpus[g].sems[s] < o for s, o in zip(op["semaphore_ids"], ticket[key], strict=True)
+            ):
                 return False
             del ticket[key]
         elif name == "barrier":
@@ -195,7 +204,10 @@ def run_numpy(text: str, seed: int, executions: int = 2, elements: int = 2) -> s
     return None
 
 
-@pytest.mark.parametrize(("algorithm", "n"), [("stragglar", 2), ("stragglar", 3), ("stragglar", 5), ("ring", 4), ("rhd", 4), ("direct", 4)])
+@pytest.mark.parametrize(
+    ("algorithm", "n"),
+    [("stragglar", 2), ("stragglar", 3), ("stragglar", 5), ("ring", 4), ("rhd", 4), ("direct", 4)],
+)
 def test_numpy_executor_runs_exported_plans(algorithm: str, n: int) -> None:
     text = lower(synthesize(algorithm, n)).text
     assert [run_numpy(text, seed) for seed in range(3)] == [None, None, None]
@@ -206,7 +218,11 @@ def test_numpy_executor_sees_a_double_count() -> None:
     ops = plan["gpus"][0]["threadblocks"][0]["ops"]
     last_copy = max(i for i, op in enumerate(ops) if op["name"] == "copy")
     op = ops[last_copy]
-    ops[last_copy] = {"name": "re", "src_buff": [op["dst_buff"][0], op["src_buff"][0]], "dst_buff": op["dst_buff"]}
+    ops[last_copy] = {
+        "name": "re",
+        "src_buff": [op["dst_buff"][0], op["src_buff"][0]],
+        "dst_buff": op["dst_buff"],
+    }
     assert run_numpy(json.dumps(plan), 0) == "execution 0: GPU 0 ends with wrong sums"
 
 

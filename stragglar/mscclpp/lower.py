@@ -208,13 +208,14 @@ def lower(schedule: Schedule, options: PlanOptions | None = None) -> MscclppPlan
     )
 
 
-def write_plan(plan: MscclppPlan, path: str | os.PathLike[str]) -> Path:
-    """Write the plan text atomically (a temporary file in the same folder, then ``os.replace``)."""
+def write_plan(plan: MscclppPlan | str, path: str | os.PathLike[str]) -> Path:
+    """Write the plan (or plan text) atomically: a temporary file in the same folder, then ``os.replace``."""
+    text = plan.text if isinstance(plan, MscclppPlan) else plan
     target = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent or Path("."))
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(plan.text)
+            handle.write(text)
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
