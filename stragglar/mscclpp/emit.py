@@ -44,40 +44,39 @@ class Header:
     instances: int
 
 
-def _operand(
-    op: Operand, gpu: int, instance: int, header: Header, buffer_ids: dict[int, int]
-) -> dict[str, Any]:
+def _operand(op: Operand, gpu: int, instance: int, header: Header, buffer_ids: dict[int, int]) -> str:
     owner, buf, index, count = op
     chunks = header.chunks if buf == "i" else header.scratch[gpu if owner == LOCAL else owner]
     shifted = index + instance * chunks
     if owner == LOCAL:
-        return {"type": buf, "index": shifted, "size": count}
-    return {"buffer_id": buffer_ids[owner], "index": shifted, "size": count}
+        return f'{{"type":"{buf}","index":{shifted},"size":{count}}}'
+    return f'{{"buffer_id":{buffer_ids[owner]},"index":{shifted},"size":{count}}}'
 
 
-def _op(op: BlockOp, gpu: int, instance: int, header: Header, tb: dict[str, Any]) -> dict[str, Any]:
+def _op(op: BlockOp, gpu: int, instance: int, header: Header, tb: _TbContext) -> str:
+    """One op as JSON text (written directly: ops are most of a plan, and this is the hot loop)."""
     if op.name == "nop":
-        return {"name": "nop"}
+        return '{"name":"nop"}'
     if op.name in ("signal", "wait"):
-        return {
-            "name": op.name,
-            "channel_ids": [tb["local_channels"][p] for p in op.peers],
-            "channel_type": "memory",
-        }
+        ids = ",".join(str(tb.channels[p]) for p in op.peers)
+        return f'{{"name":"{op.name}","channel_ids":[{ids}],"channel_type":"memory"}}'
     if op.name in ("sem_acquire", "sem_release"):
-        return {"name": op.name, "semaphore_ids": [tb["semaphore_base"] + op.link]}
-    src = [_operand(x, gpu, instance, header, tb["local_buffers"]) for x in op.src]
-    dst = [_operand(x, gpu, instance, header, tb["local_buffers"]) for x in op.dst]
-    out: dict[str, Any] = {"name": op.name, "src_buff": src, "dst_buff": dst}
-    if op.name == "put":
-        out["channel_type"] = "memory"
-    if op.name == "re":
-        out["reduce_op"] = "sum"
-    return out
+        return f'{{"name":"{op.name}","semaphore_ids":[{tb.semaphore_base + op.link}]}}'
+    src = ",".join(_operand(x, gpu, instance, header, tb.buffers) for x in op.src)
+    dst = ",".join(_operand(x, gpu, instance, header, tb.buffers) for x in op.dst)
+    tail = ',"channel_type":"memory"' if op.name == "put" else ',"reduce_op":"sum"' if op.name == "re" else ""
+    return f'{{"name":"{op.name}","src_buff":[{src}],"dst_buff":[{dst}]{tail}}}'
+
+
+@dataclass(frozen=True, slots=True)
+class _TbContext:
+    channels: dict[int, int]  # peer -> index in the block's channel list
+    buffers: dict[int, int]  # peer -> index in the block's remote buffer list
+    semaphore_base: int
 
 
 def plan_dict(blocks: Sequence[Sequence[Block]], header: Header) -> dict[str, Any]:
-    """The plan as the executor reads it, every reference resolved to an index."""
+    """The plan as the executor reads it, every reference resolved to an index; ops already as JSON text."""
     n = len(blocks)
     k_count = header.instances
     gpus: list[dict[str, Any]] = []
@@ -90,11 +89,11 @@ def plan_dict(blocks: Sequence[Sequence[Block]], header: Header) -> dict[str, An
         tbs: list[dict[str, Any]] = []
         for k in range(k_count):
             for b in blocks[g]:
-                ctx = {
-                    "local_channels": {p: i for i, p in enumerate(b.peers)},
-                    "local_buffers": {p: i for i, p in enumerate(b.put_peers)},
-                    "semaphore_base": k * links,
-                }
+                ctx = _TbContext(
+                    {p: i for i, p in enumerate(b.peers)},
+                    {p: i for i, p in enumerate(b.put_peers)},
+                    k * links,
+                )
                 tb: dict[str, Any] = {"id": len(tbs), "ops": [_op(op, g, k, header, ctx) for op in b.ops]}
                 tb["channels"] = (
                     [
@@ -158,7 +157,10 @@ def _dumps(value: Any) -> str:
 
 
 def plan_text(plan: dict[str, Any]) -> str:
-    """JSON with one line per op, per thread-block header and per GPU header; ends with a newline."""
+    """JSON with one line per op, per thread-block header and per GPU header; ends with a newline.
+
+    ``plan`` comes from :func:`plan_dict` (its ops are already JSON text).
+    """
     lines = ["{" + ",".join(f"{_dumps(k)}:{_dumps(v)}" for k, v in plan.items() if k != "gpus") + ',"gpus":[']
     for gi, gpu in enumerate(plan["gpus"]):
         head = ",".join(f"{_dumps(k)}:{_dumps(v)}" for k, v in gpu.items() if k != "threadblocks")
@@ -167,7 +169,7 @@ def plan_text(plan: dict[str, Any]) -> str:
             tb_head = ",".join(f"{_dumps(k)}:{_dumps(v)}" for k, v in tb.items() if k != "ops")
             lines.append("{" + tb_head + ',"ops":[')
             ops = tb["ops"]
-            lines.extend(_dumps(op) + ("," if i + 1 < len(ops) else "") for i, op in enumerate(ops))
+            lines.extend(op + ("," if i + 1 < len(ops) else "") for i, op in enumerate(ops))
             lines.append("]}" + ("," if ti + 1 < len(gpu["threadblocks"]) else ""))
         lines.append("]}" + ("," if gi + 1 < len(plan["gpus"]) else ""))
     lines.append("]}")

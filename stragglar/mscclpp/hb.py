@@ -116,7 +116,9 @@ class HappensBefore:
         mask = 0
         total = self.totals.get(counter, 0)
         for p, n_p in self.producers.get(counter, {}).items():
-            upto = min(k - (total - n_p), n_p)
+            upto = k - (total - n_p)
+            if upto > n_p:
+                upto = n_p
             if upto < 1:
                 continue
             entries = self.prefix.get((counter, p), [])

@@ -190,7 +190,7 @@ class Outcome:
 
 def run(layout: Layout, seed: int, tracker: Tracker | None = None) -> Outcome:
     """One run to completion or deadlock, scheduling blocks with ``random.Random(seed)``."""
-    rng = random.Random(seed)
+    pick = random.Random(seed).random
     plan = layout.plan
     programs = layout.programs
     endpoints = len(plan.partner)
@@ -236,7 +236,7 @@ def run(layout: Layout, seed: int, tracker: Tracker | None = None) -> Outcome:
         steps += 1
         if steps > limit:
             raise AssertionError("scheduler exceeded its step bound")
-        pos = rng.randrange(len(runnable))
+        pos = int(pick() * len(runnable))
         t = runnable[pos]
         prog = programs[t]
         i = pc[t]

@@ -156,6 +156,9 @@ class _Checker:
                     for c in ids:
                         self.producers[c].append((t, i))
 
+        n, chunks = len(self.plan.gpus), self.plan.chunks
+        self.wanted = [sum(1 << (r * chunks + c) for r in range(n)) for c in range(chunks)]
+
     def name(self, t: int, i: int) -> str:
         g, tb = self.layout.tbs[t]
         return f"gpu {g} tb {tb} op {i} ({self.plan.gpus[g].tbs[tb].ops[i].name})"
@@ -262,7 +265,7 @@ class _Checker:
             start = self.layout.base[gpu][buffer]
             for c in range(chunks):
                 mask, dup = outcome.values[start + c]
-                want = sum(1 << (r * chunks + c) for r in range(n))
+                want = self.wanted[c]
                 if mask == want and not dup:
                     continue
                 problems = []
