@@ -384,3 +384,90 @@ def test_the_prover_does_not_depend_on_dict_order() -> None:
     for gpu in shuffled["gpus"]:
         gpu["threadblocks"] = [dict(reversed(list(tb.items()))) for tb in gpu["threadblocks"]]
     assert prove_plan(json.dumps(shuffled)).summary == prove_plan(json.dumps(plan)).summary
+
+
+def one_gpu(ops0: list[dict[str, Any]], ops1: list[dict[str, Any]], semaphores: int = 0) -> str:
+    """One GPU, two thread blocks passing chunk 0 through scratch and back (an identity AllReduce)."""
+    return json.dumps(
+        {
+            "name": "one",
+            "collective": "allreduce",
+            "protocol": "Simple",
+            "inplace": True,
+            "gpus": [
+                {
+                    "id": 0,
+                    "input_chunks": 1,
+                    "output_chunks": 1,
+                    "scratch_chunks": 1,
+                    "channels": [],
+                    "remote_buffers": [],
+                    "semaphores": [{"init_value": 0}] * semaphores,
+                    "threadblocks": [
+                        {"id": 0, "channels": [], "ops": ops0},
+                        {"id": 1, "channels": [], "ops": ops1},
+                    ],
+                }
+            ],
+        }
+    )
+
+
+TO_SCRATCH = {
+    "name": "copy",
+    "src_buff": [{"type": "i", "index": 0, "size": 1}],
+    "dst_buff": [{"type": "s", "index": 0, "size": 1}],
+}
+FROM_SCRATCH = {
+    "name": "copy",
+    "src_buff": [{"type": "s", "index": 0, "size": 1}],
+    "dst_buff": [{"type": "i", "index": 0, "size": 1}],
+}
+
+
+def test_blocks_of_one_gpu_ordered_by_a_barrier() -> None:
+    barrier = {"name": "barrier", "barrier_id": 0, "num_threadblocks": 2}
+    assert prove_plan(one_gpu([TO_SCRATCH, barrier], [barrier, FROM_SCRATCH])).threadblocks == 2
+    violation = check_plan(one_gpu([TO_SCRATCH], [FROM_SCRATCH]))
+    # which access the analysed run meets first decides the kind; either way it names both ops
+    assert violation is not None and violation.kind in ("raw", "war")
+    assert violation.message.endswith("and no nop, barrier or semaphore orders them")
+    stuck = {"name": "barrier", "barrier_id": 0, "num_threadblocks": 3}
+    violation = check_plan(one_gpu([TO_SCRATCH, stuck], [stuck, FROM_SCRATCH]))
+    assert violation is not None and violation.kind == "deadlock"
+    assert "waits on the other blocks of its barrier" in violation.message
+
+
+def test_blocks_of_one_gpu_ordered_by_a_device_semaphore() -> None:
+    release: list[dict[str, Any]] = [{"name": "nop"}, {"name": "sem_release", "semaphore_ids": [0]}]
+    acquire: list[dict[str, Any]] = [{"name": "sem_acquire", "semaphore_ids": [0]}, {"name": "nop"}]
+    assert prove_plan(one_gpu([TO_SCRATCH, *release], [*acquire, FROM_SCRATCH], semaphores=1)).ops == 6
+    # without the nop before the release, other threads may still be copying when it is released
+    violation = check_plan(one_gpu([TO_SCRATCH, release[1]], [*acquire, FROM_SCRATCH], semaphores=1))
+    assert violation is not None and violation.kind == "raw"
+    # an acquire nobody releases never returns; a release nobody acquires leaves the semaphore at 1
+    violation = check_plan(one_gpu([TO_SCRATCH], [*acquire, FROM_SCRATCH], semaphores=1))
+    assert violation is not None and violation.kind == "deadlock"
+    violation = check_plan(one_gpu([TO_SCRATCH, *release, FROM_SCRATCH], [], semaphores=1))
+    assert violation is not None and violation.message == (
+        "gpu 0 device semaphore 0 ends at 1, not its initial 0: the next execution would start from the wrong "
+        "value"
+    )
+
+
+def test_relaxed_signals_order_execution_but_not_data() -> None:
+    def relaxed(p: dict[str, Any]) -> None:
+        for g in range(3):
+            for op in ops(p, g)[3:]:  # keep the ready handshake as it is
+                if op["name"] in ("signal", "wait"):
+                    op["name"] = "rlx" + op["name"]
+
+    violation = check_plan(mutated(relaxed))
+    assert violation is not None and violation.kind == "raw"
+
+    # relaxed only for the ready handshake (execution order: the peer has started) is fine
+    def relaxed_ready(p: dict[str, Any]) -> None:
+        for g in range(3):
+            ops(p, g)[0]["name"], ops(p, g)[1]["name"] = "rlxsignal", "rlxwait"
+
+    assert prove_plan(mutated(relaxed_ready)).gpus == 3

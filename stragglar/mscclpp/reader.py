@@ -213,7 +213,7 @@ class Resolver:
                 "structure", f"has id {tj['id']}; the executor files ops by position and channels by id"
             )
         channels: list[int] = []
-        for ch in rd.objects(tj, "channels", required=False):
+        for ch in rd.objects(tj, "channels"):
             kind = rd.get(ch, "channel_type", str)
             if kind not in CHANNEL_TYPES:
                 raise rd.fail(f"unknown channel_type '{kind}'")
