@@ -450,8 +450,8 @@ def test_blocks_of_one_gpu_ordered_by_a_device_semaphore() -> None:
     assert violation is not None and violation.kind == "deadlock"
     violation = check_plan(one_gpu([TO_SCRATCH, *release, FROM_SCRATCH], [], semaphores=1))
     assert violation is not None and violation.message == (
-        "gpu 0 device semaphore 0 ends at 1, not its initial 0: the next execution would start from the wrong "
-        "value"
+        "gpu 0 device semaphore 0 ends at 1, not its initial 0: "
+        "the next execution would start from the wrong value"
     )
 
 
