@@ -1,7 +1,7 @@
 """An independent NumPy executor of MSCCL++ plans, used to judge mutated plans, and its own tests.
 
 It shares nothing with ``stragglar.mscclpp``: it reads the JSON with plain dict access and runs the
-ops on integer arrays (distinct random values per rank, chunk and element), op by op, blocks
+ops on integer arrays (distinct random values for every execution, rank, chunk and element), op by op, blocks
 interleaved at random, signals counted per connection as the executor pairs channels, and every
 GPU runs the plan ``executions`` times back to back (its next execution starts when all its
 blocks are done, with fresh inputs), so a put that lands in the previous or next execution's
@@ -38,8 +38,8 @@ class _Gpu:
         self.shape = shape
         self.inplace = inplace
 
-    def start(self, rng: np.random.Generator) -> Arr:
-        fresh: Arr = rng.integers(0, 1 << 40, size=self.shape)
+    def start(self, values: Arr) -> Arr:
+        fresh: Arr = values.copy()
         self.buf["i"] = fresh
         if self.inplace:
             self.buf["o"] = fresh
@@ -63,6 +63,9 @@ def run_numpy(text: str, seed: int, executions: int = 2, elements: int = 2) -> s
     inplace = bool(plan["inplace"])
     gpus = [_Gpu(gj, rng, elements, inplace) for gj in plan["gpus"]]
     n = len(gpus)
+    # inputs: distinct values for every (execution, rank, chunk, element)
+    shape = (executions, n, *gpus[0].shape)
+    pool: Arr = rng.choice(1 << 40, size=int(np.prod(shape)), replace=False).reshape(shape)
     # connections: the k-th memory channel g->h meets the k-th h->g
     partner: dict[tuple[int, int], tuple[int, int]] = {}
     for g in range(n):
@@ -81,7 +84,7 @@ def run_numpy(text: str, seed: int, executions: int = 2, elements: int = 2) -> s
     barriers: dict[tuple[int, int], set[int]] = defaultdict(set)
 
     def begin(g: int) -> None:
-        inputs[g].append(gpus[g].start(rng))
+        inputs[g].append(gpus[g].start(pool[execution[g], g]))
         for t in range(len(gpus[g].tbs)):
             pc[(g, t)] = 0
 
