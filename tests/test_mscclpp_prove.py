@@ -471,3 +471,18 @@ def test_relaxed_signals_order_execution_but_not_data() -> None:
             ops(p, g)[0]["name"], ops(p, g)[1]["name"] = "rlxsignal", "rlxwait"
 
     assert prove_plan(mutated(relaxed_ready)).gpus == 3
+
+
+def test_the_prover_shares_no_code_with_the_lowering() -> None:
+    import ast
+
+    package = Path(__file__).parent.parent / "stragglar" / "mscclpp"
+    lowering = {"lower", "program", "blocks", "emit", "sizes", "summary", "register"}
+    for module in ("reader", "opreader", "planmodel", "machine", "hb", "prove"):
+        tree = ast.parse((package / f"{module}.py").read_text())
+        imported = {
+            node.module.rsplit(".", 1)[-1]
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.module
+        }
+        assert not imported & lowering, (module, imported & lowering)

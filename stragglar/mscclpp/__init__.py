@@ -1,7 +1,12 @@
-"""MSCCL++ execution plans: lower a schedule to the executor's JSON, and prove any such plan.
+"""MSCCL++ execution plans: lower a schedule to the executor's JSON, prove any such plan, describe it.
 
-Lowering (:func:`lower`) and proving (:func:`prove_plan`) are independent: the prover re-reads the
-JSON text with the executor's rules and shares no data structure with the lowering.
+* :func:`lower` (stages in :mod:`stragglar.mscclpp.lower`) turns a proved schedule into an
+  in-place AllReduce plan on memory channels; :func:`write_plan` writes it atomically.
+* :func:`prove_plan` / :func:`check_plan` prove a plan from its text alone (any plan, ours or hand
+  written); they share no data structure with the lowering.
+* :func:`will_use` / :func:`size_rule` say which buffer sizes the executor runs a plan on;
+  :func:`summarize` counts what a plan contains, for ``show``.
+* :mod:`stragglar.mscclpp.register` registers a plan with MSCCL++ (import-guarded).
 """
 
 from stragglar.mscclpp.errors import (
@@ -20,23 +25,31 @@ from stragglar.mscclpp.lower import (
     lower,
     write_plan,
 )
+from stragglar.mscclpp.prove import DEFAULT_INTERLEAVINGS, PlanProof, check_plan, prove_plan
 from stragglar.mscclpp.sizes import SizeDecision, SizeRule, size_rule, will_use
+from stragglar.mscclpp.summary import PlanSummary, summarize
 
 __all__ = [
+    "DEFAULT_INTERLEAVINGS",
     "DEFAULT_MAX_THREADBLOCKS",
     "MscclppExportError",
     "MscclppPlan",
     "PlanError",
     "PlanFormatError",
     "PlanOptions",
+    "PlanProof",
+    "PlanSummary",
     "PlanViolation",
     "PlanViolationError",
     "SizeDecision",
     "SizeRule",
     "UnsupportedPlanError",
+    "check_plan",
     "default_name",
     "lower",
+    "prove_plan",
     "size_rule",
+    "summarize",
     "will_use",
     "write_plan",
 ]
