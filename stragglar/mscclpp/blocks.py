@@ -155,6 +155,21 @@ def _round_ops(em: _Emitter, work: RoundWork, ready_pending: set[int]) -> None:
                 em.data(BlockOp("copy", src=(slot,), dst=(mine,)), accesses)
 
 
+@dataclass(frozen=True, slots=True)
+class _Saved:
+    """A block's state before a trial round (see :meth:`_Segment.save`)."""
+
+    last_round: int
+    ready: list[int]
+    ready_pending: set[int]
+    peers: set[int]
+    put_peers: set[int]
+    waited: set[int]
+    n_ops: int
+    dirty: list[_Access]
+    waited_since_nop: bool
+
+
 @dataclass
 class _Segment:
     """One GPU's block under construction (rounds ``first_round`` to ``last_round`` - 1 so far)."""
@@ -170,10 +185,10 @@ class _Segment:
     put_peers: set[int]
     waited: set[int] = field(default_factory=set)
 
-    def save(self) -> tuple[object, ...]:
+    def save(self) -> _Saved:
         """Everything a trial round may change, to take the round back."""
         em = self.body
-        return (
+        return _Saved(
             self.last_round,
             list(self.ready),
             set(self.ready_pending),
@@ -185,18 +200,16 @@ class _Segment:
             em._waited,
         )
 
-    def restore(self, state: tuple[object, ...]) -> None:
-        last, ready, pending, peers, put_peers, waited, n_ops, dirty, em_waited = state
-        assert isinstance(last, int) and isinstance(n_ops, int) and isinstance(em_waited, bool)
-        self.last_round = last
-        self.ready = ready  # type: ignore[assignment]
-        self.ready_pending = pending  # type: ignore[assignment]
-        self.peers = peers  # type: ignore[assignment]
-        self.put_peers = put_peers  # type: ignore[assignment]
-        self.waited = waited  # type: ignore[assignment]
-        del self.body.ops[n_ops:]
-        self.body._dirty = dirty  # type: ignore[assignment]
-        self.body._waited = em_waited
+    def restore(self, saved: _Saved) -> None:
+        self.last_round = saved.last_round
+        self.ready = saved.ready
+        self.ready_pending = saved.ready_pending
+        self.peers = saved.peers
+        self.put_peers = saved.put_peers
+        self.waited = saved.waited
+        del self.body.ops[saved.n_ops :]
+        self.body._dirty = saved.dirty
+        self.body._waited = saved.waited_since_nop
 
     def ops_needed(self, has_next: bool) -> int:
         ready_ops = -(-len(self.ready) // MAX_CHANNELS_PER_OP)
