@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from stragglar.mscclpp import lower
+from stragglar.mscclpp import check_plan, lower
 from stragglar.synth import synthesize
 
 Arr = np.ndarray[Any, np.dtype[np.int64]]
@@ -56,8 +56,13 @@ class _Gpu:
         return [b for r in refs if r["access_channel_type"] == "memory" for b in r["remote_buffer_ids"]]
 
 
-def run_numpy(text: str, seed: int, executions: int = 2, elements: int = 2) -> str | None:
-    """None if every execution on every GPU ends with the right sums, else what went wrong."""
+def run_numpy(
+    text: str, seed: int, executions: int = 2, elements: int = 2, late: int | None = None
+) -> str | None:
+    """None if every execution on every GPU ends with the right sums, else what went wrong.
+
+    ``late``: a GPU that starts every execution only when no other GPU can go on (a straggler).
+    """
     plan = json.loads(text)
     rng = np.random.default_rng(seed)
     inplace = bool(plan["inplace"])
@@ -169,22 +174,29 @@ def run_numpy(text: str, seed: int, executions: int = 2, elements: int = 2) -> s
         begin(g)
     total_ops = sum(len(tb["ops"]) for gpu in gpus for tb in gpu.tbs) * executions
     waiting: set[tuple[int, int]] = set()
-    for _ in range(20 * total_ops + 100):
+    held = late is not None  # the late GPU starts each execution only once the others are stuck
+    stuck = 0
+    for _ in range(40 * total_ops + 100):
         live = [
             (g, t)
             for g in range(n)
-            if execution[g] < executions
+            if execution[g] < executions and not (held and g == late)
             for t in range(len(gpus[g].tbs))
             if pc[(g, t)] < len(gpus[g].tbs[t]["ops"]) and (g, t) not in waiting
         ]
+        if held and (not live or stuck > 20 * len(live)):
+            held, stuck = False, 0
+            continue
         if not live:
             break
         g, t = live[int(rng.integers(len(live)))]
         op = gpus[g].tbs[t]["ops"][pc[(g, t)]]
         if not step(g, t):
+            stuck += 1
             if op["name"] == "barrier":
                 waiting.add((g, t))
             continue
+        stuck = 0
         if op["name"] == "barrier":
             done = barriers.pop((g, op["barrier_id"]))
             for u in done:
@@ -197,6 +209,7 @@ def run_numpy(text: str, seed: int, executions: int = 2, elements: int = 2) -> s
             execution[g] += 1
             if execution[g] < executions:
                 begin(g)
+                held = held or g == late
     if any(e < executions for e in execution):
         return "deadlock"
     for e in range(executions):
@@ -234,3 +247,37 @@ def test_numpy_executor_sees_a_deadlock() -> None:
     ops = plan["gpus"][1]["threadblocks"][0]["ops"]
     ops.pop(next(i for i, op in enumerate(ops) if op["name"] == "signal" and i > 0))
     assert run_numpy(json.dumps(plan), 0) == "deadlock"
+
+
+@pytest.mark.parametrize("n", [3, 4, 6])
+def test_a_late_straggler_every_execution(n: int) -> None:
+    text = lower(synthesize("stragglar", n)).text
+    assert [run_numpy(text, seed, executions=3, late=n - 1) for seed in range(3)] == [None, None, None]
+
+
+def test_without_the_ready_handshake_the_prover_refuses_the_plan() -> None:
+    """Drop the straggler's ready signal to GPU 0 and GPU 0's wait for it (counts stay matched): the
+    sums still come out right here, but nothing tells GPU 0 that the straggler has started the
+    execution before it puts into the straggler's scratch, so the prover refuses the plan."""
+    n = 3
+    plan = json.loads(lower(synthesize("stragglar", n)).text)
+
+    def peer_of(g: int, local: int) -> int:
+        peers = [p for ch in plan["gpus"][g]["channels"] for p in ch["connected_to"]]
+        ids = [c for ch in plan["gpus"][g]["threadblocks"][0]["channels"] for c in ch["channel_ids"]]
+        peer: int = peers[ids[local]]
+        return peer
+
+    ops0 = plan["gpus"][0]["threadblocks"][0]["ops"]
+    ready_wait = next(
+        i for i, op in enumerate(ops0) if op["name"] == "wait" and peer_of(0, op["channel_ids"][0]) == n - 1
+    )
+    del ops0[ready_wait]
+    ready = plan["gpus"][n - 1]["threadblocks"][0]["ops"][0]
+    assert ready["name"] == "signal"
+    ready["channel_ids"] = [c for c in ready["channel_ids"] if peer_of(n - 1, c) != 0]
+    text = json.dumps(plan)
+    assert [run_numpy(text, seed, executions=3, late=n - 1) for seed in range(3)] == [None, None, None]
+    violation = check_plan(text)
+    assert violation is not None and violation.kind == "early-access"
+    assert "before GPU 2 is known to have started this execution" in violation.message
