@@ -27,8 +27,8 @@ def _ops(plan: Plan) -> Iterator[tuple[int, int, int, dict[str, Any]]]:
 
 
 def mutations(plan: Plan) -> Iterator[tuple[str, Plan]]:
-    """Every single-op mutation: drop, chunk index +-1, channel id to another, swap with the next op,
-    reduce <-> copy."""
+    """Every single-op mutation: drop, chunk index +-1, channel (or device semaphore) id to every other,
+    swap with the next op, reduce <-> copy."""
     for g, t, i, op in list(_ops(plan)):
 
         def edit(g: int = g, t: int = t) -> tuple[Plan, list[dict[str, Any]]]:
@@ -59,6 +59,13 @@ def mutations(plan: Plan) -> Iterator[tuple[str, Plan]]:
                     m, ops = edit()
                     ops[i]["channel_ids"][k] = other
                     yield f"channel {c}->{other} {where}", m
+        n_sems = len(plan["gpus"][g].get("semaphores", []))
+        for k, sem in enumerate(op.get("semaphore_ids", [])):
+            for other in range(n_sems):
+                if other != sem:
+                    m, ops = edit()
+                    ops[i]["semaphore_ids"][k] = other
+                    yield f"semaphore {sem}->{other} {where}", m
         if op["name"] == "re" and len(op["src_buff"]) == 2:
             m, ops = edit()
             ops[i] = {"name": "copy", "src_buff": [op["src_buff"][1]], "dst_buff": op["dst_buff"]}
@@ -110,3 +117,15 @@ def test_mutations_the_prover_accepts_are_few_and_real() -> None:
     verdicts = Counter(judge(m) for _, m in mutations(plan))
     assert set(verdicts) == {"rejected", "harmless"}
     assert verdicts["harmless"] < verdicts["rejected"] / 5
+
+
+@pytest.mark.slow
+def test_mutations_of_a_plan_with_chained_thread_blocks() -> None:
+    """N = 8 has two blocks per GPU chained by device semaphores: mutate those too."""
+    plan = json.loads(lower(synthesize("stragglar", 8)).text)
+    verdicts = {label: judge(m) for label, m in mutations(plan)}
+    assert not {label: v for label, v in verdicts.items() if v.startswith("ACCEPTED")}
+    assert any(label.startswith("drop") and label.endswith("sem_acquire") for label in verdicts)
+    for label, verdict in verdicts.items():
+        if label.startswith("drop") and label.endswith(("sem_acquire", "sem_release")):
+            assert verdict == "rejected", label
