@@ -264,3 +264,13 @@ def test_a_schedule_round_too_big_for_one_thread_block_is_refused() -> None:
     schedule = Schedule("x", 2, n_chunks, None, (Phase("p", (0, 1), (sends,)),))
     with pytest.raises(MscclppExportError, match=r"^round 0 of GPU 0 needs more than 64 ops"):
         lower(schedule)
+
+
+def test_a_transfer_outside_the_schedule_is_refused() -> None:
+    bad = Schedule("x", 2, 1, None, (Phase("p", (0, 1), ((Transfer(0, 1, 3, Op.REDUCE),),)),))
+    with pytest.raises(MscclppExportError) as info:
+        lower(bad)
+    assert str(info.value) == (
+        "phase 0 round 0: transfer 0->1 chunk 3 is not between two of the 2 ranks on one of the 1 chunks; "
+        "prove the schedule first"
+    )

@@ -126,6 +126,13 @@ def _check(schedule: Schedule, options: PlanOptions) -> None:
             "num_threads_per_block must be at most 1024 (the kernel's launch bound), "
             f"got {options.num_threads_per_block}"
         )
+    for pi, ri, t in schedule.transfers():
+        n, c = schedule.num_ranks, schedule.num_chunks
+        if not (0 <= t.src < n and 0 <= t.dst < n and t.src != t.dst and 0 <= t.chunk < c):
+            raise MscclppExportError(
+                f"phase {pi} round {ri}: transfer {t.src}->{t.dst} chunk {t.chunk} is not between two of the "
+                f"{n} ranks on one of the {c} chunks; prove the schedule first"
+            )
     if options.name is not None and (
         not options.name or not options.name.isprintable() or len(options.name) > 128
     ):
