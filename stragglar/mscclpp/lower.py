@@ -1,0 +1,230 @@
+"""Lower a schedule to an MSCCL++ execution plan (JSON) for the MSCCL++ executor.
+
+The plan is an in-place AllReduce on the Simple protocol over memory channels (direct NVLink/PCIe
+peer access): every transfer is a one-sided ``put`` into a scratch slot of the receiver reserved
+for it, a ``signal``, a ``wait`` on the receiver and a local ``re`` (reduce) or ``copy``.  The stages:
+
+1. :func:`stragglar.mscclpp.program.build_programs`: per GPU and round, the runs of chunks it
+   sends and receives, and the scratch slot of every transfer;
+2. :func:`stragglar.mscclpp.blocks.cut_segments` and :func:`~stragglar.mscclpp.blocks.place_blocks`:
+   rounds cut into thread blocks within the executor's per-block limits, with nops, ready
+   handshakes and the device semaphores that chain a GPU's blocks;
+3. the thread-block count check (:data:`DEFAULT_MAX_THREADBLOCKS`) and the size fields
+   (:mod:`stragglar.mscclpp.sizes`);
+4. :func:`stragglar.mscclpp.emit.plan_dict` and :func:`~stragglar.mscclpp.emit.plan_text`:
+   channels, remote buffers, semaphores and indices, then the text.
+
+The schedule must already be proved (``stragglar.verify.prove``); the plan itself is proved again
+from its text by :func:`stragglar.mscclpp.prove.prove_plan`, which shares no code with this.
+
+>>> from stragglar.synth import synthesize
+>>> plan = lower(synthesize("stragglar", 8))
+>>> plan.name, plan.num_chunks, plan.threadblocks
+('stragglar-n8-s7', 7, (2, 2, 2, 2, 2, 2, 2, 2))
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from stragglar.mscclpp.blocks import BlockError, cut_segments, place_blocks
+from stragglar.mscclpp.emit import Header, plan_dict, plan_text
+from stragglar.mscclpp.program import build_programs
+from stragglar.mscclpp.sizes import UINT64_MAX, SizeRule, offset_limit
+from stragglar.schedule import Schedule
+
+__all__ = [
+    "DEFAULT_MAX_THREADBLOCKS",
+    "MscclppExportError",
+    "MscclppPlan",
+    "PlanOptions",
+    "default_name",
+    "lower",
+    "write_plan",
+]
+
+# Every block of the kernel must be resident at once, because blocks spin-wait on each other's
+# semaphores: a block that is never scheduled deadlocks the rest.  The kernel is launched with
+# 1024-thread blocks and __launch_bounds__(1024, 1), so one block per SM is what is guaranteed:
+# 108 SMs on an A100, 132 on an H100 SXM.  The default is the smaller one.
+DEFAULT_MAX_THREADBLOCKS = 108
+
+
+class MscclppExportError(ValueError):
+    """A schedule or option the plan cannot take; the one-line message names the limit and the way out."""
+
+
+@dataclass(frozen=True, slots=True)
+class PlanOptions:
+    """How to write the plan.
+
+    ``min_message_size`` defaults to the smallest usable size (``buffer_alignment x chunks``),
+    ``max_message_size`` to the largest size whose chunk offsets fit the executor's 32-bit fields.
+    ``max_threadblocks`` is the per-GPU limit (see :data:`DEFAULT_MAX_THREADBLOCKS`).
+    """
+
+    name: str | None = None
+    instances: int = 1
+    buffer_alignment: int = 16
+    min_message_size: int | None = None
+    max_message_size: int | None = None
+    num_threads_per_block: int = 1024
+    max_threadblocks: int = DEFAULT_MAX_THREADBLOCKS
+
+
+@dataclass(frozen=True, slots=True)
+class MscclppPlan:
+    """A written plan: its JSON text and what a caller needs to register or describe it."""
+
+    name: str
+    text: str
+    num_gpus: int
+    num_chunks: int
+    instances: int
+    threadblocks: tuple[int, ...]
+    ops: int
+    rule: SizeRule
+
+
+def default_name(schedule: Schedule, instances: int = 1) -> str:
+    """``stragglar-n8-s7``, ``ring-n8``, ``stragglar-n8-s7-x2``: one per (algorithm, N, straggler, instances).
+
+    The executor keys its cached contexts by plan name, so two different plans must not share one.
+    """
+    name = f"{schedule.algorithm}-n{schedule.num_ranks}"
+    if schedule.straggler is not None:
+        name += f"-s{schedule.straggler}"
+    return name + (f"-x{instances}" if instances > 1 else "")
+
+
+def _positive(label: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise MscclppExportError(f"{label} must be a positive integer, got {value!r}")
+
+
+def _check(schedule: Schedule, options: PlanOptions) -> None:
+    if schedule.collective != "allreduce":
+        raise MscclppExportError(f"only allreduce schedules can be lowered, got '{schedule.collective}'")
+    if schedule.num_ranks < 2 or schedule.num_chunks < 1:
+        raise MscclppExportError(
+            f"need at least 2 GPUs and 1 chunk, got {schedule.num_ranks} and {schedule.num_chunks}"
+        )
+    _positive("instances", options.instances)
+    _positive("max_threadblocks", options.max_threadblocks)
+    _positive("buffer_alignment", options.buffer_alignment)
+    if options.buffer_alignment % 16:
+        raise MscclppExportError(
+            f"buffer_alignment must be a multiple of 16 bytes (the kernel reduces in 16-byte vectors), "
+            f"got {options.buffer_alignment}"
+        )
+    _positive("num_threads_per_block", options.num_threads_per_block)
+    if options.num_threads_per_block > 1024:
+        raise MscclppExportError(
+            "num_threads_per_block must be at most 1024 (the kernel's launch bound), "
+            f"got {options.num_threads_per_block}"
+        )
+    for pi, ri, t in schedule.transfers():
+        n, c = schedule.num_ranks, schedule.num_chunks
+        if not (0 <= t.src < n and 0 <= t.dst < n and t.src != t.dst and 0 <= t.chunk < c):
+            raise MscclppExportError(
+                f"phase {pi} round {ri}: transfer {t.src}->{t.dst} chunk {t.chunk} is not between two of the "
+                f"{n} ranks on one of the {c} chunks; prove the schedule first"
+            )
+    if options.name is not None and (
+        not options.name or not options.name.isprintable() or len(options.name) > 128
+    ):
+        raise MscclppExportError(f"name must be 1 to 128 printable characters, got {options.name!r}")
+
+
+def _rule(schedule: Schedule, scratch: tuple[int, ...], options: PlanOptions) -> SizeRule:
+    chunks = schedule.num_chunks * options.instances
+    step = options.buffer_alignment * chunks
+    max_scratch = max(scratch) * options.instances
+    safe = offset_limit(options.buffer_alignment, chunks, max_scratch)
+    low = step if options.min_message_size is None else options.min_message_size
+    high = safe if options.max_message_size is None else options.max_message_size
+    if (
+        isinstance(low, bool)
+        or not isinstance(low, int)
+        or isinstance(high, bool)
+        or not isinstance(high, int)
+    ):
+        raise MscclppExportError("min_message_size and max_message_size must be integers")
+    if not 0 <= low <= high <= UINT64_MAX:
+        raise MscclppExportError(f"need 0 <= min_message_size <= max_message_size, got {low} and {high}")
+    if high > safe:
+        raise MscclppExportError(
+            f"max_message_size {high} overflows the executor's 32-bit chunk offsets "
+            f"({max(chunks, max_scratch)} chunks per buffer); use at most {safe}"
+        )
+    if high < max(low, step):
+        raise MscclppExportError(
+            f"no usable size: sizes must be multiples of {step} bytes "
+            f"({options.buffer_alignment} x {chunks} chunks) within [{low}, {high}]"
+        )
+    return SizeRule(options.buffer_alignment, chunks, low, high, max_scratch)
+
+
+def lower(schedule: Schedule, options: PlanOptions | None = None) -> MscclppPlan:
+    """Lower a proved schedule to an MSCCL++ in-place AllReduce plan; see the module docstring.
+
+    Raises :class:`MscclppExportError` (one line) for an option or a schedule the executor
+    cannot take, e.g. more thread blocks per GPU than one GPU runs at once.
+    """
+    options = options or PlanOptions()
+    _check(schedule, options)
+    programs = build_programs(schedule)
+    try:
+        segmentation = cut_segments(programs)
+    except BlockError as exc:
+        raise MscclppExportError(str(exc)) from None
+    blocks = place_blocks(segmentation, programs.num_gpus)
+    per_gpu = tuple(len(b) * options.instances for b in blocks)
+    worst = max(range(len(per_gpu)), key=lambda g: per_gpu[g])
+    if per_gpu[worst] > options.max_threadblocks:
+        raise MscclppExportError(
+            f"GPU {worst} needs {per_gpu[worst]} thread blocks, more than the {options.max_threadblocks} "
+            "one GPU runs at once (max_threadblocks; all must be resident, 1024 threads each); "
+            "use fewer instances, or raise max_threadblocks for a GPU with more SMs (H100 SXM: 132)"
+        )
+    scratch = tuple(p.scratch_chunks for p in programs.gpus)
+    rule = _rule(schedule, scratch, options)
+    header = Header(
+        name=options.name or default_name(schedule, options.instances),
+        num_threads_per_block=options.num_threads_per_block,
+        buffer_alignment=options.buffer_alignment,
+        min_message_size=rule.min_message_size,
+        max_message_size=rule.max_message_size,
+        chunks=schedule.num_chunks,
+        scratch=scratch,
+        instances=options.instances,
+    )
+    text = plan_text(plan_dict(blocks, header))
+    return MscclppPlan(
+        name=header.name,
+        text=text,
+        num_gpus=schedule.num_ranks,
+        num_chunks=rule.chunks,
+        instances=options.instances,
+        threadblocks=per_gpu,
+        ops=sum(len(b.ops) for gpu_blocks in blocks for b in gpu_blocks) * options.instances,
+        rule=rule,
+    )
+
+
+def write_plan(plan: MscclppPlan | str, path: str | os.PathLike[str]) -> Path:
+    """Write the plan (or plan text) atomically: a temporary file in the same folder, then ``os.replace``."""
+    text = plan.text if isinstance(plan, MscclppPlan) else plan
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent or Path("."))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target

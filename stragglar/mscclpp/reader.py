@@ -1,0 +1,261 @@
+"""Read an MSCCL++ execution plan from its JSON text, with the executor's rules (prover, part 1).
+
+This module and the rest of the prover never use the lowering's data structures: any plan, ours
+or hand-written, is read from its text, as ``ExecutionPlan::Impl`` in MSCCL++'s
+``src/core/executor/execution_plan.cc`` reads it, and every reference is resolved the way the
+executor resolves it:
+
+* ``gpus[r]`` is GPU ``r`` and must say ``id == r``; thread block ``k`` must say ``id == k`` (the
+  executor files a block's ops by position but its channels and buffers by ``id``).
+* A GPU's memory channels are its ``channels`` entries of type memory, flattened peer by peer; a
+  block's ``channels`` list indices into that list, and an op's ``channel_ids`` index the block's.
+  The k-th memory channel from ``g`` to ``h`` is connected to the k-th from ``h`` to ``g``.
+* A block's ``remote_buffer_refs`` list indices into the GPU's ``remote_buffers``; an op's
+  ``buffer_id`` indexes the block's list; the buffer belongs to the GPU named by its ``rank``.
+
+Errors are one line and name the place (``gpu 0 tb 1 op 5 (put): ...``).  Malformed text raises
+:class:`~stragglar.mscclpp.errors.PlanFormatError`, something the prover does not model raises
+:class:`~stragglar.mscclpp.errors.UnsupportedPlanError`, and a well-formed plan that breaks an
+executor rule or limit raises :class:`~stragglar.mscclpp.errors.PlanViolationError`.
+
+Modelled: collective allreduce (in place or not), protocol Simple, memory channels, ops ``nop``
+``barrier`` ``signal`` ``wait`` ``rlxsignal`` ``rlxwait`` ``sem_acquire`` ``sem_release`` ``put``
+``get`` ``copy`` ``re`` ``res`` ``rre`` ``rres``.  Refused as unsupported: other collectives, LL
+packets (``ppkt`` ``rppkt`` ``respkt`` ``cpkt`` ``upkt`` ``repkt`` ``recpkt`` ``recspkt``), port-channel
+ops (``pws`` ``pwsf`` ``flush``) and port channels, NVLS switch ops (``glres`` ``gstore`` ``gstorepkt``)
+and switch channels, ``pipeline``, thread-block groups (``tbg_info``), ``reuse_resources`` and
+``use_double_scratch_buffer``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from stragglar.mscclpp.errors import PlanFormatError
+from stragglar.mscclpp.opreader import OpReader
+from stragglar.mscclpp.planmodel import (
+    BUFFERS,
+    CHANNEL_TYPES,
+    MAX_CHANNEL,
+    MAX_OPERATION,
+    Gpu,
+    Plan,
+    Tb,
+    Walker,
+)
+
+__all__ = ["read_plan"]
+
+
+def read_plan(text: str) -> Plan:
+    """Parse and resolve a plan; see the module docstring for what is checked and what is refused."""
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PlanFormatError(f"not JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise PlanFormatError("not an MSCCL++ execution plan: the top level must be an object")
+    rd = Walker()
+    name: str = rd.get(obj, "name", str)
+    collective: str = rd.get(obj, "collective", str)
+    protocol: str = rd.get(obj, "protocol", str)
+    inplace: bool = rd.get(obj, "inplace", bool)
+    if protocol not in ("Simple", "LL"):
+        raise rd.fail(f"protocol must be 'Simple' or 'LL', got '{protocol}'")
+    if collective != "allreduce":
+        raise rd.unsupported(
+            f"unsupported collective '{collective}': this prover checks allreduce plans only"
+        )
+    if protocol == "LL":
+        raise rd.unsupported("unsupported protocol LL (packets): this prover models Simple plans only")
+    if rd.get(obj, "reuse_resources", bool, False, required=False):
+        raise rd.unsupported("unsupported reuse_resources: scratch offsets wrap modulo a predefined size")
+    if rd.get(obj, "use_double_scratch_buffer", bool, False, required=False):
+        raise rd.unsupported(
+            "unsupported use_double_scratch_buffer: Simple puts write the peer's scratch without the "
+            "alternating half offset (execution_kernel.hpp handlePut)"
+        )
+    alignment = rd.count(obj, "buffer_alignment", 16, required=False)
+    threads = rd.count(obj, "num_threads_per_block", 1024, required=False)
+    low = rd.count(obj, "min_message_size", 0, required=False)
+    high = rd.count(obj, "max_message_size", (1 << 64) - 1, required=False)
+    if alignment == 0:
+        raise rd.fail("'buffer_alignment' must be positive")
+    if not 1 <= threads <= 1024:
+        raise rd.bad(
+            "limit", f"num_threads_per_block is {threads}; the kernel runs 1 to 1024 threads per block"
+        )
+    gpus_json = rd.objects(obj, "gpus")
+    if not gpus_json:
+        raise rd.fail("'gpus' is empty")
+    return Resolver(rd, gpus_json, inplace, threads).plan(name, collective, alignment, low, high)
+
+
+class Resolver:
+    """Second pass: GPU headers, channel pairing, then thread blocks and ops."""
+
+    def __init__(self, rd: Walker, gpus_json: list[dict[str, Any]], inplace: bool, threads: int) -> None:
+        self.rd = rd
+        self.gpus_json = gpus_json
+        self.inplace = inplace
+        self.threads = threads
+        self.n = len(gpus_json)
+        self.channels: list[list[int]] = []  # peer of each memory channel, per GPU
+        self.remote: list[list[tuple[int, str, bool]]] = []  # (rank, type, memory access), per GPU
+        self.chunks: list[dict[str, int]] = []
+
+    def plan(self, name: str, collective: str, alignment: int, low: int, high: int) -> Plan:
+        rd = self.rd
+        for g, gj in enumerate(self.gpus_json):
+            rd.at(g)
+            if rd.get(gj, "id", int) != g:
+                raise rd.bad(
+                    "structure", f"has id {gj['id']}; the executor takes gpus[rank] and needs id == rank"
+                )
+            sizes = {
+                b: rd.count(gj, key)
+                for b, key in zip(BUFFERS, ("input_chunks", "output_chunks", "scratch_chunks"), strict=False)
+            }
+            self.chunks.append(sizes)
+            self.channels.append(self._gpu_channels(g, gj))
+            self.remote.append(self._gpu_buffers(g, gj))
+        first = self.chunks[0]
+        for g, sizes in enumerate(self.chunks):
+            rd.at(g)
+            if sizes["i"] == 0:
+                raise rd.bad("structure", "has 0 input chunks; the executor's size check divides by it")
+            if sizes["i"] != first["i"]:
+                raise rd.unsupported(
+                    f"unsupported: {sizes['i']} input chunks where gpu 0 has {first['i']}; chunk sizes "
+                    "would differ "
+                    "between GPUs and remote offsets are computed with the local one"
+                )
+            if sizes["o"] != sizes["i"]:
+                raise rd.bad(
+                    "structure",
+                    f"has {sizes['o']} output chunks and {sizes['i']} input chunks; an allreduce's equal "
+                    "input and "
+                    "output sizes then give different chunk sizes and the executor throws",
+                )
+        base, partner, owner = self._pair_channels()
+        gpus = tuple(self._gpu(g, gj, base) for g, gj in enumerate(self.gpus_json))
+        return Plan(name, collective, self.inplace, alignment, low, high, self.threads, gpus, partner, owner)
+
+    def _gpu_channels(self, g: int, gj: dict[str, Any]) -> list[int]:
+        rd = self.rd
+        peers: list[int] = []
+        for k, ch in enumerate(rd.objects(gj, "channels")):
+            rd.at(g, part=f"channels[{k}]")
+            kind = rd.get(ch, "channel_type", str)
+            if kind not in CHANNEL_TYPES:
+                raise rd.fail(f"unknown channel_type '{kind}'")
+            if kind != "memory":
+                raise rd.unsupported(f"unsupported {kind} channel: this prover models memory channels only")
+            for p in rd.ints(ch, "connected_to"):
+                if p >= self.n or p == g:
+                    raise rd.bad(
+                        "structure", f"connects to rank {p}, not a peer of GPU {g} among {self.n} GPUs"
+                    )
+                peers.append(p)
+        return peers
+
+    def _gpu_buffers(self, g: int, gj: dict[str, Any]) -> list[tuple[int, str, bool]]:
+        rd = self.rd
+        out: list[tuple[int, str, bool]] = []
+        for k, rb in enumerate(rd.objects(gj, "remote_buffers")):
+            rd.at(g, part=f"remote_buffers[{k}]")
+            rank = rd.count(rb, "rank")
+            kind = rd.get(rb, "type", str)
+            access = rd.get(rb, "access_channel_types", list)
+            if kind not in BUFFERS:
+                raise rd.fail(f"unknown buffer type '{kind}'")
+            if not all(isinstance(a, str) and a in CHANNEL_TYPES for a in access):
+                raise rd.fail("access_channel_types must list channel types")
+            if rank >= self.n or rank == g:
+                raise rd.bad("structure", f"names rank {rank}, not a peer of GPU {g} among {self.n} GPUs")
+            out.append((rank, kind, "memory" in access))
+        return out
+
+    def _pair_channels(self) -> tuple[list[int], tuple[int, ...], tuple[tuple[int, int, int], ...]]:
+        base: list[int] = []
+        owner: list[tuple[int, int, int]] = []
+        for g, peers in enumerate(self.channels):
+            base.append(len(owner))
+            owner.extend((g, j, p) for j, p in enumerate(peers))
+        partner = [-1] * len(owner)
+        for g, peers in enumerate(self.channels):
+            for h in range(g + 1, self.n):
+                mine = [base[g] + j for j, p in enumerate(peers) if p == h]
+                theirs = [base[h] + j for j, p in enumerate(self.channels[h]) if p == g]
+                for a, b in zip(mine, theirs, strict=False):
+                    partner[a], partner[b] = b, a
+        return base, tuple(partner), tuple(owner)
+
+    def _gpu(self, g: int, gj: dict[str, Any], base: list[int]) -> Gpu:
+        rd = self.rd
+        rd.at(g)
+        sems = []
+        for k, sem in enumerate(rd.objects(gj, "semaphores", required=False)):
+            rd.at(g, part=f"semaphores[{k}]")
+            sems.append(rd.get(sem, "init_value", int))
+        tbs = []
+        for t, tj in enumerate(rd.objects(gj, "threadblocks")):
+            rd.at(g, t)
+            tbs.append(self._tb(g, t, tj, base[g], len(sems)))
+        sizes = self.chunks[g]
+        return Gpu(g, sizes["i"], sizes["o"], sizes["s"], tuple(sems), tuple(tbs))
+
+    def _tb(self, g: int, t: int, tj: dict[str, Any], base: int, n_sems: int) -> Tb:
+        rd = self.rd
+        if rd.get(tj, "id", int) != t:
+            raise rd.bad(
+                "structure", f"has id {tj['id']}; the executor files ops by position and channels by id"
+            )
+        channels: list[int] = []
+        for ch in rd.objects(tj, "channels"):
+            kind = rd.get(ch, "channel_type", str)
+            if kind not in CHANNEL_TYPES:
+                raise rd.fail(f"unknown channel_type '{kind}'")
+            if kind != "memory":
+                raise rd.unsupported(f"unsupported {kind} channel: this prover models memory channels only")
+            for c in rd.ints(ch, "channel_ids"):
+                if c >= len(self.channels[g]):
+                    raise rd.bad(
+                        "structure",
+                        f"channel id {c} is not one of GPU {g}'s {len(self.channels[g])} memory channels",
+                    )
+                channels.append(base + c)
+        buffers: list[int] = []
+        for ref in rd.objects(tj, "remote_buffer_refs", required=False):
+            kind = rd.get(ref, "access_channel_type", str)
+            if kind not in CHANNEL_TYPES:
+                raise rd.fail(f"unknown access_channel_type '{kind}'")
+            if kind != "memory":
+                raise rd.unsupported(
+                    f"unsupported {kind}-channel remote buffers: this prover models memory channels only"
+                )
+            for b in rd.ints(ref, "remote_buffer_ids"):
+                if b >= len(self.remote[g]):
+                    raise rd.bad(
+                        "structure", f"remote buffer id {b} is not one of GPU {g}'s {len(self.remote[g])}"
+                    )
+                if not self.remote[g][b][2]:
+                    raise rd.bad("structure", f"remote buffer {b} is not accessible over memory channels")
+                buffers.append(b)
+        if len(channels) > MAX_CHANNEL or len(buffers) > MAX_CHANNEL:
+            raise rd.bad(
+                "limit",
+                f"has {len(channels)} memory channels and {len(buffers)} remote buffers; the executor's "
+                "per-block "
+                f"arrays hold {MAX_CHANNEL} (MAX_CHANNEL)",
+            )
+        ops_json = rd.objects(tj, "ops")
+        if len(ops_json) > MAX_OPERATION:
+            raise rd.bad(
+                "limit",
+                f"has {len(ops_json)} ops; the executor refuses more than {MAX_OPERATION} (MAX_OPERATION)",
+            )
+        reader = OpReader(self, g, t, channels, buffers, n_sems)
+        ops = tuple(reader.read(i, oj) for i, oj in enumerate(ops_json))
+        return Tb(g, t, ops)

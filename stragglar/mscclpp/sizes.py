@@ -1,0 +1,160 @@
+"""Which buffer sizes an MSCCL++ execution plan accepts, and why a size is refused.
+
+The executor (``ExecutionPlan::Impl::checkMessageSize`` in ``src/core/executor/execution_plan.cc``)
+cuts a buffer of ``size`` bytes into ``input_chunks`` equal chunks and throws unless
+
+* ``size`` is a multiple of ``buffer_alignment`` and ``size / buffer_alignment`` is a multiple of
+  the chunk count, i.e. ``size`` is a multiple of ``buffer_alignment x chunks`` bytes, and
+* ``min_message_size <= size <= max_message_size``.
+
+With C = N - 1 = 7 chunks and 16-byte alignment that excludes every power-of-two size.
+
+One more bound the executor does not check: chunk offsets and sizes are kept in 32-bit fields, so
+the end of the last chunk of every buffer an op names (input, output, and scratch, which has
+``scratch_chunks`` chunks of the same size) must stay below 2^32 bytes or it silently wraps.
+:func:`offset_limit` is the largest size that is safe; plans written by
+:func:`stragglar.mscclpp.lower` use it as their ``max_message_size``.
+
+>>> rule = SizeRule(buffer_alignment=16, chunks=7, min_message_size=112, max_message_size=1 << 30)
+>>> rule.decide(1 << 20).used
+False
+>>> rule.decide(7 << 20).reason
+'used: 7340032 bytes is a multiple of 112 (16-byte alignment x 7 chunks) within [112, 1073741824]'
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from stragglar.mscclpp.errors import PlanFormatError
+
+__all__ = ["UINT32_LIMIT", "SizeDecision", "SizeRule", "offset_limit", "size_rule", "will_use"]
+
+UINT32_LIMIT = (1 << 32) - 1  # the largest chunk end a 32-bit offset field holds
+UINT64_MAX = (1 << 64) - 1  # the executor's default max_message_size
+
+
+@dataclass(frozen=True, slots=True)
+class SizeDecision:
+    """Whether a plan runs for a buffer size, with the one-line reason."""
+
+    used: bool
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class SizeRule:
+    """The size fields of a plan: a size is used iff it is a multiple of ``step`` inside the window.
+
+    ``max_scratch_chunks`` (largest ``scratch_chunks`` over the GPUs) only feeds the 32-bit
+    offset bound.
+    """
+
+    buffer_alignment: int
+    chunks: int
+    min_message_size: int
+    max_message_size: int
+    max_scratch_chunks: int = 0
+
+    @property
+    def step(self) -> int:
+        """Sizes must be multiples of this many bytes."""
+        return self.buffer_alignment * self.chunks
+
+    def describe(self) -> str:
+        """The rule in one line, for ``show``."""
+        top = "2^64-1" if self.max_message_size == UINT64_MAX else str(self.max_message_size)
+        return (
+            f"multiples of {self.step} bytes ({self.buffer_alignment}-byte alignment x {self.chunks} chunks) "
+            f"from {self.min_message_size} to {top} bytes"
+        )
+
+    def decide(self, nbytes: int) -> SizeDecision:
+        """Would the executor run this plan on a buffer of ``nbytes`` bytes?"""
+        step = self.step
+        if nbytes <= 0:
+            return SizeDecision(False, f"not used: {nbytes} bytes is not a positive size")
+        if nbytes % step:
+            below = nbytes - nbytes % step
+            near = f"{below} or {below + step}" if below else f"{step}"
+            return SizeDecision(
+                False,
+                f"not used: {nbytes} bytes is not a multiple of {step} "
+                f"({self.buffer_alignment}-byte alignment x {self.chunks} chunks); nearest usable: {near}",
+            )
+        if nbytes < self.min_message_size:
+            return SizeDecision(
+                False, f"not used: {nbytes} bytes is below min_message_size {self.min_message_size}"
+            )
+        if nbytes > self.max_message_size:
+            return SizeDecision(
+                False, f"not used: {nbytes} bytes is above max_message_size {self.max_message_size}"
+            )
+        safe = offset_limit(self.buffer_alignment, self.chunks, self.max_scratch_chunks)
+        if nbytes > safe:
+            return SizeDecision(
+                False,
+                f"not used: {nbytes} bytes overflows the executor's 32-bit chunk offsets "
+                f"({max(self.chunks, self.max_scratch_chunks)} chunks of {nbytes // self.chunks} bytes); "
+                f"at most {safe}",
+            )
+        return SizeDecision(
+            True,
+            f"used: {nbytes} bytes is a multiple of {step} ({self.buffer_alignment}-byte alignment x "
+            f"{self.chunks} chunks) within [{self.min_message_size}, {self.max_message_size}]",
+        )
+
+
+def offset_limit(buffer_alignment: int, chunks: int, max_scratch_chunks: int = 0) -> int:
+    """The largest multiple of ``buffer_alignment x chunks`` whose chunk ends all fit in 32 bits.
+
+    >>> offset_limit(16, 7, 9)
+    3340530032
+    """
+    span = max(chunks, max_scratch_chunks)
+    chunk_bytes = UINT32_LIMIT // span // buffer_alignment * buffer_alignment
+    return chunk_bytes * chunks
+
+
+def _field(obj: dict[str, Any], key: str, default: int) -> int:
+    value = obj.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise PlanFormatError(f"'{key}' must be a non-negative integer, got {value!r}")
+    return value
+
+
+def size_rule(plan_text: str) -> SizeRule:
+    """Read the size fields of a plan (defaults as the executor's: 16, 0 and 2^64-1).
+
+    Raises :class:`stragglar.mscclpp.errors.PlanFormatError` when the text is not a plan.
+    """
+    try:
+        obj = json.loads(plan_text)
+    except json.JSONDecodeError as exc:
+        raise PlanFormatError(f"not JSON: {exc}") from None
+    if not isinstance(obj, dict) or not isinstance(obj.get("gpus"), list) or not obj["gpus"]:
+        raise PlanFormatError("not an MSCCL++ execution plan: no 'gpus' list")
+    gpus = obj["gpus"]
+    if not all(isinstance(g, dict) for g in gpus):
+        raise PlanFormatError("every entry of 'gpus' must be an object")
+    chunks = {_field(g, "input_chunks", 0) for g in gpus}
+    if len(chunks) != 1 or 0 in chunks:
+        raise PlanFormatError(f"GPUs must agree on a positive input_chunks, got {sorted(chunks)}")
+    alignment = _field(obj, "buffer_alignment", 16)
+    if alignment == 0:
+        raise PlanFormatError("'buffer_alignment' must be positive")
+    return SizeRule(
+        buffer_alignment=alignment,
+        chunks=chunks.pop(),
+        min_message_size=_field(obj, "min_message_size", 0),
+        max_message_size=_field(obj, "max_message_size", UINT64_MAX),
+        max_scratch_chunks=max(_field(g, "scratch_chunks", 0) for g in gpus),
+    )
+
+
+def will_use(plan: str | SizeRule, nbytes: int) -> SizeDecision:
+    """Will MSCCL++ run this plan (JSON text or its rule) on a buffer of ``nbytes`` bytes, and why not."""
+    rule = plan if isinstance(plan, SizeRule) else size_rule(plan)
+    return rule.decide(nbytes)

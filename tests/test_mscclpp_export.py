@@ -1,0 +1,276 @@
+"""Lowering schedules to MSCCL++ plans: every exported plan proves from its text, has the executor's
+shape and limits, handles the straggler exchange through scratch, and fails cleanly where it must."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stragglar.mscclpp import MscclppExportError, PlanOptions, lower, will_use, write_plan
+from stragglar.mscclpp.prove import prove_plan
+from stragglar.mscclpp.sizes import offset_limit
+from stragglar.schedule import Op, Phase, Schedule, Transfer
+from stragglar.synth import synthesize
+from stragglar.verify import prove
+
+
+def export_and_prove(schedule: Schedule, options: PlanOptions | None = None) -> tuple[dict[str, Any], str]:
+    prove(schedule)  # the IR schedule first, with the project's simulator
+    plan = lower(schedule, options)
+    summary = prove_plan(plan.text).summary
+    return json.loads(plan.text), summary
+
+
+@pytest.mark.parametrize("n", [*range(2, 9), 16, 32])
+def test_stragglar_plans_prove(n: int) -> None:
+    plan, summary = export_and_prove(synthesize("stragglar", n))
+    assert summary.startswith(f"stragglar-n{n}-s{n - 1}: allreduce (in-place) over {n} GPUs, {n - 1} chunks")
+    assert len(plan["gpus"]) == n
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n", [64, 72])
+def test_large_stragglar_plans_prove(n: int) -> None:
+    plan, summary = export_and_prove(synthesize("stragglar", n))
+    assert f"over {n} GPUs, {n - 1} chunks" in summary
+    assert max(len(g["threadblocks"]) for g in plan["gpus"]) <= 108
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "n"),
+    [(a, n) for a in ("ring", "direct") for n in range(2, 9)] + [("rhd", n) for n in (2, 4, 8, 16)],
+)
+def test_baseline_plans_prove(algorithm: str, n: int) -> None:
+    _, summary = export_and_prove(synthesize(algorithm, n))
+    assert summary.startswith(f"{algorithm}-n{n}")
+
+
+@pytest.mark.parametrize("straggler", [0, 2, 4])
+def test_any_straggler_rank(straggler: int) -> None:
+    _, summary = export_and_prove(synthesize("stragglar", 6, straggler=straggler))
+    assert summary.startswith(f"stragglar-n6-s{straggler}:")
+
+
+def split_chunks(schedule: Schedule, parts: list[int]) -> Schedule:
+    """The same schedule on more chunks: chunk c becomes ``parts[c]`` consecutive chunks moved together."""
+    first = [sum(parts[:c]) for c in range(len(parts))]
+    phases = tuple(
+        Phase(
+            p.name,
+            p.ranks,
+            tuple(
+                tuple(
+                    Transfer(t.src, t.dst, first[t.chunk] + k, t.op)
+                    for t in rnd
+                    for k in range(parts[t.chunk])
+                )
+                for rnd in p.rounds
+            ),
+        )
+        for p in schedule.phases
+    )
+    return Schedule(schedule.algorithm, schedule.num_ranks, sum(parts), schedule.straggler, phases)
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "n", "parts"),
+    [
+        ("stragglar", 4, [4, 4, 4]),  # C = 12 = 4(N-1)
+        ("stragglar", 5, [1, 3, 2, 1]),  # C = 7, not a multiple of N-1
+        ("stragglar", 8, [2] * 7),
+        ("ring", 4, [3, 1, 1, 2]),
+    ],
+)
+def test_more_chunks_than_ranks(algorithm: str, n: int, parts: list[int]) -> None:
+    schedule = split_chunks(synthesize(algorithm, n), parts)
+    plan, summary = export_and_prove(schedule)
+    assert plan["gpus"][0]["input_chunks"] == sum(parts)
+    assert f"{sum(parts)} chunks" in summary
+    # runs of consecutive chunks travel as one put of several chunks
+    sizes = {
+        ref["size"]
+        for g in plan["gpus"]
+        for tb in g["threadblocks"]
+        for op in tb["ops"]
+        for ref in op.get("src_buff", [])
+    }
+    assert max(sizes) == max(parts)
+
+
+def test_instances_replicate_the_program_on_their_own_chunks() -> None:
+    one, _ = export_and_prove(synthesize("stragglar", 5))
+    two, summary = export_and_prove(synthesize("stragglar", 5), PlanOptions(instances=2))
+    assert summary.startswith("stragglar-n5-s4-x2: allreduce (in-place) over 5 GPUs, 8 chunks")
+    for g1, g2 in zip(one["gpus"], two["gpus"], strict=True):
+        assert len(g2["threadblocks"]) == 2 * len(g1["threadblocks"])
+        assert g2["scratch_chunks"] == 2 * g1["scratch_chunks"]
+
+
+def test_lowering_is_deterministic() -> None:
+    schedule = synthesize("stragglar", 9)
+    assert lower(schedule).text == lower(schedule).text
+
+
+def ops_of(plan: dict[str, Any]) -> list[tuple[int, int, int, dict[str, Any]]]:
+    return [
+        (g, t, i, op)
+        for g, gpu in enumerate(plan["gpus"])
+        for t, tb in enumerate(gpu["threadblocks"])
+        for i, op in enumerate(tb["ops"])
+    ]
+
+
+def test_plan_has_the_executor_shape_and_limits() -> None:
+    plan = json.loads(lower(synthesize("stragglar", 16)).text)
+    assert {
+        k: plan[k]
+        for k in ("collective", "protocol", "inplace", "reuse_resources", "use_double_scratch_buffer")
+    } == {
+        "collective": "allreduce",
+        "protocol": "Simple",
+        "inplace": True,
+        "reuse_resources": False,
+        "use_double_scratch_buffer": False,
+    }
+    for g, gpu in enumerate(plan["gpus"]):
+        assert gpu["id"] == g and gpu["input_chunks"] == gpu["output_chunks"] == 15
+        for t, tb in enumerate(gpu["threadblocks"]):
+            assert tb["id"] == t and len(tb["ops"]) <= 64
+            assert sum(len(c["channel_ids"]) for c in tb["channels"]) <= 16
+            assert sum(len(r["remote_buffer_ids"]) for r in tb["remote_buffer_refs"]) <= 16
+    names = {op["name"] for _, _, _, op in ops_of(plan)}
+    assert names == {"nop", "signal", "wait", "put", "re", "copy", "sem_acquire", "sem_release"}
+
+
+def test_the_exchange_goes_through_scratch_and_nothing_reads_a_peer() -> None:
+    plan = json.loads(lower(synthesize("stragglar", 8)).text)
+    for _, _, _, op in ops_of(plan):
+        for ref in op.get("src_buff", []):
+            assert "buffer_id" not in ref  # no remote reads (no rre/get)
+        if op["name"] == "put":
+            gpu_buffers = None
+            assert op["dst_buff"][0].keys() == {"buffer_id", "index", "size"} and gpu_buffers is None
+    for gpu in plan["gpus"]:
+        assert {rb["type"] for rb in gpu["remote_buffers"]} == {"s"}
+
+
+def channel_peer(plan: dict[str, Any], g: int, t: int, local: int) -> int:
+    peers = [p for ch in plan["gpus"][g]["channels"] for p in ch["connected_to"]]
+    ids = [c for ch in plan["gpus"][g]["threadblocks"][t]["channels"] for c in ch["channel_ids"]]
+    peer: int = peers[ids[local]]
+    return peer
+
+
+def test_writes_into_the_straggler_wait_for_its_ready_signal() -> None:
+    n = 8
+    straggler = n - 1
+    plan = json.loads(lower(synthesize("stragglar", n)).text)
+    checked = 0
+    for g, gpu in enumerate(plan["gpus"]):
+        buffers = [rb["rank"] for rb in gpu["remote_buffers"]]
+        seen_wait = False
+        for t, tb in enumerate(gpu["threadblocks"]):
+            local_buffers = [b for r in tb["remote_buffer_refs"] for b in r["remote_buffer_ids"]]
+            for op in tb["ops"]:
+                if op["name"] == "wait" and straggler in [
+                    channel_peer(plan, g, t, c) for c in op["channel_ids"]
+                ]:
+                    seen_wait = True
+                if (
+                    op["name"] == "put"
+                    and buffers[local_buffers[op["dst_buff"][0]["buffer_id"]]] == straggler
+                ):
+                    assert seen_wait, f"gpu {g} puts into the straggler before waiting for it"
+                    checked += 1
+    assert checked == n - 1  # its N-1 exchange partners (it only sends afterwards)
+    # and the straggler's ready signals are the first ops of its blocks, before any wait
+    for tb in plan["gpus"][straggler]["threadblocks"]:
+        first_wait = next(i for i, op in enumerate(tb["ops"]) if op["name"] in ("wait", "sem_acquire"))
+        assert all(op["name"] == "signal" for op in tb["ops"][:first_wait])
+
+
+def test_too_many_thread_blocks_is_refused_with_the_limit_and_the_way_out() -> None:
+    with pytest.raises(MscclppExportError) as info:
+        lower(synthesize("stragglar", 8), PlanOptions(instances=60))
+    assert str(info.value) == (
+        "GPU 0 needs 120 thread blocks, more than the 108 one GPU runs at once (max_threadblocks; all "
+        "must be "
+        "resident, 1024 threads each); use fewer instances, or raise max_threadblocks for a GPU with more "
+        "SMs "
+        "(H100 SXM: 132)"
+    )
+    assert (
+        lower(synthesize("stragglar", 8), PlanOptions(instances=60, max_threadblocks=120)).threadblocks[0]
+        == 120
+    )
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (PlanOptions(instances=0), "instances must be a positive integer, got 0"),
+        (PlanOptions(buffer_alignment=8), "buffer_alignment must be a multiple of 16 bytes"),
+        (PlanOptions(num_threads_per_block=2048), "num_threads_per_block must be at most 1024"),
+        (
+            PlanOptions(min_message_size=10, max_message_size=5),
+            "need 0 <= min_message_size <= max_message_size",
+        ),
+        (
+            PlanOptions(max_message_size=1 << 40),
+            "max_message_size 1099511627776 overflows the executor's 32-bit",
+        ),
+        (
+            PlanOptions(min_message_size=0, max_message_size=100),
+            "no usable size: sizes must be multiples of 112 bytes",
+        ),
+        (PlanOptions(name=""), "name must be 1 to 128 printable characters"),
+    ],
+)
+def test_bad_options_are_one_line_errors(options: PlanOptions, message: str) -> None:
+    with pytest.raises(MscclppExportError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
+        lower(synthesize("stragglar", 8), options)
+
+
+def test_size_fields_and_the_rule_they_imply() -> None:
+    plan = lower(synthesize("stragglar", 8))
+    obj = json.loads(plan.text)
+    scratch = max(g["scratch_chunks"] for g in obj["gpus"])
+    assert (obj["buffer_alignment"], obj["min_message_size"]) == (16, 16 * 7)
+    assert obj["max_message_size"] == offset_limit(16, 7, scratch) == plan.rule.max_message_size
+    assert not will_use(plan.text, 1 << 30).used  # no power of two is a multiple of 7 x 16
+    assert will_use(plan.text, 7 << 26).used
+    custom = lower(
+        synthesize("stragglar", 8), PlanOptions(min_message_size=1 << 20, max_message_size=7 << 28)
+    )
+    assert will_use(custom.text, 7 << 16).reason == "not used: 458752 bytes is below min_message_size 1048576"
+
+
+def test_write_plan_is_atomic_and_leaves_no_temporary_file(tmp_path: Path) -> None:
+    plan = lower(synthesize("stragglar", 4))
+    target = tmp_path / "p.json"
+    target.write_text("old")
+    assert write_plan(plan, target) == target
+    assert target.read_text() == plan.text
+    assert [p.name for p in tmp_path.iterdir()] == ["p.json"]
+
+
+def test_a_schedule_round_too_big_for_one_thread_block_is_refused() -> None:
+    # 70 single chunks in one round to one peer, none consecutive: 70 puts exceed 64 ops.
+    n_chunks = 140
+    sends = tuple(Transfer(0, 1, c, Op.REDUCE) for c in range(0, n_chunks, 2))
+    schedule = Schedule("x", 2, n_chunks, None, (Phase("p", (0, 1), (sends,)),))
+    with pytest.raises(MscclppExportError, match=r"^round 0 of GPU 0 needs more than 64 ops"):
+        lower(schedule)
+
+
+def test_a_transfer_outside_the_schedule_is_refused() -> None:
+    bad = Schedule("x", 2, 1, None, (Phase("p", (0, 1), ((Transfer(0, 1, 3, Op.REDUCE),),)),))
+    with pytest.raises(MscclppExportError) as info:
+        lower(bad)
+    assert str(info.value) == (
+        "phase 0 round 0: transfer 0->1 chunk 3 is not between two of the 2 ranks on one of the 1 chunks; "
+        "prove the schedule first"
+    )
