@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 from stragglar.mscclpp import PlanOptions, lower
 from stragglar.mscclpp.prove import DEFAULT_INTERLEAVINGS, prove_plan
 from stragglar.synth import ALGORITHMS, synthesize
+from stragglar.verify import prove
 
 T = TypeVar("T")
 TARGET_N, TARGET_S = 64, 5.0
@@ -46,7 +47,7 @@ def measure(algorithm: str, n: int, instances: int, interleavings: int, repeats:
     """One row: plan shape and the export and prove times of one size."""
     schedule = synthesize(algorithm, n)
     options = PlanOptions(instances=instances)
-    export_s, plan = best_of(repeats, lambda: lower(schedule, options))
+    export_s, plan = best_of(repeats, lambda: lower(prove(schedule), options))
     prove_s, proof = best_of(repeats, lambda: prove_plan(plan.text, interleavings=interleavings))
     return {
         "n": n,

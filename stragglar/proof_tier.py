@@ -21,6 +21,7 @@ from pathlib import Path
 
 from stragglar.formats import json as json_format
 from stragglar.msccl import MscclProof
+from stragglar.mscclpp import PlanProof
 from stragglar.schedule import Schedule, round_lower_bound
 from stragglar.synth import ALGORITHMS, synthesize
 from stragglar.verify import prove
@@ -55,9 +56,10 @@ class ProofRow:
     source: str
 
     @classmethod
-    def for_xml(cls, proof: MscclProof, source: str) -> ProofRow:
-        """The row of a proved MSCCL XML file: its name for the algorithm, no rounds to count."""
-        return cls(proof.name, proof.ngpus, 0, None, "msccl", proof.seconds, source)
+    def for_artifact(cls, proof: MscclProof | PlanProof, method: str, source: str) -> ProofRow:
+        """The row of a proved MSCCL XML file or MSCCL++ plan: its name for the algorithm, no rounds."""
+        gpus = proof.ngpus if isinstance(proof, MscclProof) else proof.gpus
+        return cls(proof.name, gpus, 0, None, method, proof.seconds, source)
 
 
 def prove_all(max_smt: int = 32, max_baseline_smt: int = 16, max_simulated: int = 128) -> Iterator[ProofRow]:
@@ -104,7 +106,7 @@ def _proved(schedule: Schedule, method: str, prover: Callable[[Schedule], object
 
 def format_row(row: ProofRow) -> str:
     bound = "-" if row.lower_bound is None else str(row.lower_bound)
-    rounds = "-" if row.method == "msccl" else str(row.rounds)
+    rounds = "-" if row.method in ("msccl", "mscclpp") else str(row.rounds)
     cells = f"{row.algorithm:<10} {row.num_ranks:>4} {rounds:>7} {bound:>6}"
     return f"{cells}  {row.method:<9} {row.seconds:>7.3f}  {row.source}"
 

@@ -1,13 +1,13 @@
-"""The downloadable schedules: JSON and MSCCL XML files, each proved from its own text.
+"""The downloadable schedules: JSON, MSCCL XML and MSCCL++ plans, each proved from its own text.
 
 Everything here is deterministic, so a test can regenerate the top-level ``schedules/`` folder
 and compare it byte for byte.  Regenerate it with ``python -m stragglar.release schedules``.
-The XML files live in a folder of their own because the MSCCL executor parses every file of
-``MSCCL_ALGO_DIR``.
+Each format lives in a folder of its own: the MSCCL executor parses every file of
+``MSCCL_ALGO_DIR``, and MSCCL++ plans are JSON like our schedules.
 
 >>> bundle = schedule_files("stragglar", 4)
 >>> sorted(bundle.files)
-['stragglar-n4-s3-simple.xml', 'stragglar-n4-s3.json']
+['json/stragglar-n4-s3.json', 'msccl/stragglar-n4-s3-simple.xml', 'mscclpp/stragglar-n4-s3-mscclpp.json']
 >>> bundle.rounds, bundle.lower_bound
 (4, 4)
 """
@@ -22,20 +22,29 @@ from pathlib import Path
 from stragglar.files import write_text
 from stragglar.formats import json as json_format
 from stragglar.msccl import default_name, prove_msccl, to_msccl_xml
+from stragglar.mscclpp import lower, prove_plan
 from stragglar.schedule import round_lower_bound
 from stragglar.synth import synthesize
 from stragglar.verify import prove
 
-__all__ = ["RELEASED_SIZES", "ScheduleFiles", "schedule_files", "write_release", "write_schedule_files"]
+__all__ = [
+    "MSCCL_SIZES",
+    "RELEASED_SIZES",
+    "ScheduleFiles",
+    "schedule_files",
+    "write_release",
+    "write_schedule_files",
+]
 
-# N = 128 also fits the executor's parser limits, but its straggler runs 254 thread blocks,
-# more than an H100 has SMs: not released until it has run on hardware.
-RELEASED_SIZES = (2, 3, 4, 6, 8, 16, 32, 64)
+RELEASED_SIZES = (2, 3, 4, 5, 6, 7, 8, 16, 32, 64, 72)  # 72: one NVL72 domain
+# MSCCL XML up to 64: N = 128 also fits the executor's parser limits, but its straggler runs 254
+# thread blocks, more than an H100 has SMs, so larger files wait until one has run on hardware.
+MSCCL_SIZES = tuple(n for n in RELEASED_SIZES if n <= 64)
 
 
 @dataclass(frozen=True)
 class ScheduleFiles:
-    """File name -> text, and the facts a table of released schedules lists."""
+    """Path under the release folder -> text, and the facts a table of released schedules lists."""
 
     files: dict[str, str]
     algorithm: str
@@ -45,7 +54,7 @@ class ScheduleFiles:
     lower_bound: int | None  # R*(N) for StragglAR
     proto: str
     instances: int
-    proofs: tuple[str, ...]  # the JSON schedule's proof summary, then the XML's
+    proofs: tuple[str, ...]  # the JSON schedule's proof summary, then each artifact's
 
 
 def schedule_files(
@@ -55,16 +64,25 @@ def schedule_files(
     straggler: int | None = None,
     proto: str = "Simple",
     instances: int = 1,
+    msccl: bool = True,
 ) -> ScheduleFiles:
-    """Synthesize one schedule, prove it from its JSON text, export that proof and prove the XML text."""
+    """Synthesize one schedule, prove it from its JSON text, export that proof (MSCCL XML if
+    ``msccl``, and an MSCCL++ plan) and prove each artifact from its own text."""
     schedule = synthesize(algorithm, num_ranks, straggler)
     json_text = json_format.dumps(schedule) + "\n"
     proof = prove(json_format.loads(json_text))
-    xml_text = to_msccl_xml(proof, proto=proto, instances=instances)
-    proofs = (proof.summary, prove_msccl(xml_text).summary)
     base = f"{algorithm}-n{num_ranks}" + ("" if schedule.straggler is None else f"-s{schedule.straggler}")
+    files = {f"json/{base}.json": json_text}
+    proofs = [proof.summary]
+    if msccl:
+        xml_text = to_msccl_xml(proof, proto=proto, instances=instances)
+        files[f"msccl/{default_name(schedule, proto, instances)}.xml"] = xml_text
+        proofs.append(prove_msccl(xml_text).summary)
+    plan_text = lower(proof).text
+    files[f"mscclpp/{base}-mscclpp.json"] = plan_text
+    proofs.append(prove_plan(plan_text).summary)
     return ScheduleFiles(
-        {f"{base}.json": json_text, f"{default_name(schedule, proto, instances)}.xml": xml_text},
+        files,
         algorithm,
         num_ranks,
         schedule.straggler,
@@ -72,44 +90,39 @@ def schedule_files(
         round_lower_bound(num_ranks) if algorithm == "stragglar" else None,
         proto,
         instances,
-        proofs,
+        tuple(proofs),
     )
 
 
 def write_schedule_files(directory: str | os.PathLike[str], bundle: ScheduleFiles) -> list[Path]:
-    """Write ``bundle``'s files into ``directory`` (created if needed); the paths, sorted."""
-    folder = Path(directory)
-    folder.mkdir(parents=True, exist_ok=True)
+    """Write ``bundle``'s files under ``directory`` (folders created as needed); the paths, sorted."""
     paths = []
     for name, text in sorted(bundle.files.items()):
-        path = folder / name
+        path = Path(directory) / name
+        path.parent.mkdir(parents=True, exist_ok=True)
         write_text(path, text)
         paths.append(path)
     return paths
 
 
 def write_release(directory: str | os.PathLike[str], sizes: tuple[int, ...] = RELEASED_SIZES) -> list[Path]:
-    """Write the StragglAR files for ``sizes`` (JSON in ``json/``, XML in ``msccl/``) and a README table."""
+    """Write the StragglAR files for ``sizes`` and a README table of them."""
     folder = Path(directory)
-    bundles = [schedule_files("stragglar", n) for n in sizes]
-    paths = []
-    for bundle in bundles:
-        for name, text in sorted(bundle.files.items()):
-            path = folder / ("msccl" if name.endswith(".xml") else "json") / name
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_text(path, text)
-            paths.append(path)
+    bundles = [schedule_files("stragglar", n, msccl=n in MSCCL_SIZES) for n in sizes]
+    paths = [path for bundle in bundles for path in write_schedule_files(folder, bundle)]
     readme = folder / "README.md"
     write_text(readme, _readme(bundles))
     return [*paths, readme]
 
 
 def _readme(bundles: list[ScheduleFiles]) -> str:
+    def link(bundle: ScheduleFiles, folder: str) -> str:
+        names = [name for name in bundle.files if name.startswith(f"{folder}/")]
+        return " ".join(f"[{Path(name).name}]({name})" for name in names) or "-"
+
     rows = [
-        f"| {b.num_ranks} | {b.rounds} | {b.lower_bound} | {b.proto} | "
-        + " ".join(
-            f"[{name}]({'msccl' if name.endswith('.xml') else 'json'}/{name})" for name in sorted(b.files)
-        )
+        f"| {b.num_ranks} | {b.rounds} | {b.lower_bound} | "
+        + " | ".join(link(b, folder) for folder in ("json", "msccl", "mscclpp"))
         + " |"
         for b in bundles
     ]
@@ -117,13 +130,15 @@ def _readme(bundles: list[ScheduleFiles]) -> str:
         [
             "# Ready StragglAR schedules",
             "",
-            "Generated by `python -m stragglar.release schedules`; every file was proved from its own text",
-            "(the JSON by the symbolic simulator, the XML as the MSCCL executor runs it). The straggler is",
-            "the last rank; `stragglar synth --gpus N --straggler R -o x.xml` makes any other. Rounds are",
-            "those after the straggler arrives; R*(N) is the lower bound.",
+            "Generated by `python -m stragglar.release schedules`; every file was proved from its own",
+            "text (the JSON by the symbolic simulator, the MSCCL XML as the MSCCL executor runs it, the",
+            "MSCCL++ plan as the MSCCL++ executor runs it). The straggler is the last rank;",
+            "`stragglar synth --gpus N --straggler R -o x.xml` (or `--format mscclpp -o plan.json`) makes",
+            "any other. Rounds are those after the straggler arrives; R*(N) is the lower bound. MSCCL XML",
+            "(Simple protocol) is shipped up to N = 64.",
             "",
-            "| N | rounds | R*(N) | proto | files |",
-            "|---:|---:|---:|---|---|",
+            "| N | rounds | R*(N) | JSON schedule | MSCCL XML | MSCCL++ plan |",
+            "|---:|---:|---:|---|---|---|",
             *rows,
             "",
         ]

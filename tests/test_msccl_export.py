@@ -237,15 +237,20 @@ def test_parser_limits(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_release_files(tmp_path: Path) -> None:
     bundle = schedule_files("stragglar", 6, proto="LL")
-    assert sorted(bundle.files) == ["stragglar-n6-s5-ll.xml", "stragglar-n6-s5.json"]
+    assert sorted(bundle.files) == [
+        "json/stragglar-n6-s5.json",
+        "msccl/stragglar-n6-s5-ll.xml",
+        "mscclpp/stragglar-n6-s5-mscclpp.json",
+    ]
     assert (bundle.rounds, bundle.lower_bound, bundle.proto) == (7, 7, "LL")
     assert bundle.proofs[0].startswith("proved: allreduce over 6 ranks")
     assert bundle.proofs[1].startswith("proved: stragglar-n6-s5-ll:")
+    assert bundle.proofs[2].startswith("proved: stragglar-n6-s5: in-place allreduce over 6 GPUs")
     paths = write_schedule_files(tmp_path / "out", bundle)
-    assert [p.name for p in paths] == sorted(bundle.files)
+    assert [str(p.relative_to(tmp_path / "out")) for p in paths] == sorted(bundle.files)
     assert schedule_files("stragglar", 6, proto="LL") == bundle
     for path in paths:
-        assert path.read_text() == bundle.files[path.name]
+        assert path.read_text() == bundle.files[str(path.relative_to(tmp_path / "out"))]
 
 
 @pytest.mark.parametrize(

@@ -18,16 +18,15 @@ from stragglar.verify import prove
 
 
 def export_and_prove(schedule: Schedule, options: PlanOptions | None = None) -> tuple[dict[str, Any], str]:
-    prove(schedule)  # the IR schedule first, with the project's simulator
-    plan = lower(schedule, options)
-    summary = prove_plan(plan.text).summary
+    plan = lower(prove(schedule), options)  # the IR schedule first, with the project's simulator
+    summary = prove_plan(plan.text).summary.removeprefix("proved: ")
     return json.loads(plan.text), summary
 
 
 @pytest.mark.parametrize("n", [*range(2, 9), 16, 32])
 def test_stragglar_plans_prove(n: int) -> None:
     plan, summary = export_and_prove(synthesize("stragglar", n))
-    assert summary.startswith(f"stragglar-n{n}-s{n - 1}: allreduce (in-place) over {n} GPUs, {n - 1} chunks")
+    assert summary.startswith(f"stragglar-n{n}-s{n - 1}: in-place allreduce over {n} GPUs, {n - 1} chunks")
     assert len(plan["gpus"]) == n
 
 
@@ -103,7 +102,7 @@ def test_more_chunks_than_ranks(algorithm: str, n: int, parts: list[int]) -> Non
 def test_instances_replicate_the_program_on_their_own_chunks() -> None:
     one, _ = export_and_prove(synthesize("stragglar", 5))
     two, summary = export_and_prove(synthesize("stragglar", 5), PlanOptions(instances=2))
-    assert summary.startswith("stragglar-n5-s4-x2: allreduce (in-place) over 5 GPUs, 8 chunks")
+    assert summary.startswith("stragglar-n5-s4-x2: in-place allreduce over 5 GPUs, 8 chunks")
     for g1, g2 in zip(one["gpus"], two["gpus"], strict=True):
         assert len(g2["threadblocks"]) == 2 * len(g1["threadblocks"])
         assert g2["scratch_chunks"] == 2 * g1["scratch_chunks"]
@@ -111,7 +110,7 @@ def test_instances_replicate_the_program_on_their_own_chunks() -> None:
 
 def test_lowering_is_deterministic() -> None:
     schedule = synthesize("stragglar", 9)
-    assert lower(schedule).text == lower(schedule).text
+    assert lower(prove(schedule)).text == lower(prove(schedule)).text
 
 
 def ops_of(plan: dict[str, Any]) -> list[tuple[int, int, int, dict[str, Any]]]:
@@ -124,7 +123,7 @@ def ops_of(plan: dict[str, Any]) -> list[tuple[int, int, int, dict[str, Any]]]:
 
 
 def test_plan_has_the_executor_shape_and_limits() -> None:
-    plan = json.loads(lower(synthesize("stragglar", 16)).text)
+    plan = json.loads(lower(prove(synthesize("stragglar", 16))).text)
     assert {
         k: plan[k]
         for k in ("collective", "protocol", "inplace", "reuse_resources", "use_double_scratch_buffer")
@@ -146,7 +145,7 @@ def test_plan_has_the_executor_shape_and_limits() -> None:
 
 
 def test_the_exchange_goes_through_scratch_and_nothing_reads_a_peer() -> None:
-    plan = json.loads(lower(synthesize("stragglar", 8)).text)
+    plan = json.loads(lower(prove(synthesize("stragglar", 8))).text)
     for _, _, _, op in ops_of(plan):
         for ref in op.get("src_buff", []):
             assert "buffer_id" not in ref  # no remote reads (no rre/get)
@@ -167,7 +166,7 @@ def channel_peer(plan: dict[str, Any], g: int, t: int, local: int) -> int:
 def test_writes_into_the_straggler_wait_for_its_ready_signal() -> None:
     n = 8
     straggler = n - 1
-    plan = json.loads(lower(synthesize("stragglar", n)).text)
+    plan = json.loads(lower(prove(synthesize("stragglar", n))).text)
     checked = 0
     for g, gpu in enumerate(plan["gpus"]):
         buffers = [rb["rank"] for rb in gpu["remote_buffers"]]
@@ -194,7 +193,7 @@ def test_writes_into_the_straggler_wait_for_its_ready_signal() -> None:
 
 def test_too_many_thread_blocks_is_refused_with_the_limit_and_the_way_out() -> None:
     with pytest.raises(MscclppExportError) as info:
-        lower(synthesize("stragglar", 8), PlanOptions(instances=60))
+        lower(prove(synthesize("stragglar", 8)), PlanOptions(instances=60))
     assert str(info.value) == (
         "GPU 0 needs 120 thread blocks, more than the 108 one GPU runs at once (max_threadblocks; all "
         "must be "
@@ -203,7 +202,9 @@ def test_too_many_thread_blocks_is_refused_with_the_limit_and_the_way_out() -> N
         "(H100 SXM: 132)"
     )
     assert (
-        lower(synthesize("stragglar", 8), PlanOptions(instances=60, max_threadblocks=120)).threadblocks[0]
+        lower(
+            prove(synthesize("stragglar", 8)), PlanOptions(instances=60, max_threadblocks=120)
+        ).threadblocks[0]
         == 120
     )
 
@@ -231,11 +232,11 @@ def test_too_many_thread_blocks_is_refused_with_the_limit_and_the_way_out() -> N
 )
 def test_bad_options_are_one_line_errors(options: PlanOptions, message: str) -> None:
     with pytest.raises(MscclppExportError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
-        lower(synthesize("stragglar", 8), options)
+        lower(prove(synthesize("stragglar", 8)), options)
 
 
 def test_size_fields_and_the_rule_they_imply() -> None:
-    plan = lower(synthesize("stragglar", 8))
+    plan = lower(prove(synthesize("stragglar", 8)))
     obj = json.loads(plan.text)
     scratch = max(g["scratch_chunks"] for g in obj["gpus"])
     assert (obj["buffer_alignment"], obj["min_message_size"]) == (16, 16 * 7)
@@ -243,13 +244,13 @@ def test_size_fields_and_the_rule_they_imply() -> None:
     assert not will_use(plan.text, 1 << 30).used  # no power of two is a multiple of 7 x 16
     assert will_use(plan.text, 7 << 26).used
     custom = lower(
-        synthesize("stragglar", 8), PlanOptions(min_message_size=1 << 20, max_message_size=7 << 28)
+        prove(synthesize("stragglar", 8)), PlanOptions(min_message_size=1 << 20, max_message_size=7 << 28)
     )
     assert will_use(custom.text, 7 << 16).reason == "not used: 458752 bytes is below min_message_size 1048576"
 
 
 def test_write_plan_is_atomic_and_leaves_no_temporary_file(tmp_path: Path) -> None:
-    plan = lower(synthesize("stragglar", 4))
+    plan = lower(prove(synthesize("stragglar", 4)))
     target = tmp_path / "p.json"
     target.write_text("old")
     assert write_plan(plan, target) == target
@@ -258,19 +259,20 @@ def test_write_plan_is_atomic_and_leaves_no_temporary_file(tmp_path: Path) -> No
 
 
 def test_a_schedule_round_too_big_for_one_thread_block_is_refused() -> None:
-    # 70 single chunks in one round to one peer, none consecutive: 70 puts exceed 64 ops.
+    # A correct AllReduce whose first round moves 70 single chunks to one peer, none consecutive:
+    # 70 puts exceed 64 ops.
     n_chunks = 140
-    sends = tuple(Transfer(0, 1, c, Op.REDUCE) for c in range(0, n_chunks, 2))
-    schedule = Schedule("x", 2, n_chunks, None, (Phase("p", (0, 1), (sends,)),))
-    with pytest.raises(MscclppExportError, match=r"^round 0 of GPU 0 needs more than 64 ops"):
-        lower(schedule)
-
-
-def test_a_transfer_outside_the_schedule_is_refused() -> None:
-    bad = Schedule("x", 2, 1, None, (Phase("p", (0, 1), ((Transfer(0, 1, 3, Op.REDUCE),),)),))
-    with pytest.raises(MscclppExportError) as info:
-        lower(bad)
-    assert str(info.value) == (
-        "phase 0 round 0: transfer 0->1 chunk 3 is not between two of the 2 ranks on one of the 1 chunks; "
-        "prove the schedule first"
+    even, odd = range(0, n_chunks, 2), range(1, n_chunks, 2)
+    first = tuple(Transfer(0, 1, c, Op.REDUCE) for c in even) + tuple(
+        Transfer(1, 0, c, Op.REDUCE) for c in odd
     )
+    second = tuple(Transfer(1, 0, c) for c in even) + tuple(Transfer(0, 1, c) for c in odd)
+    schedule = Schedule("x", 2, n_chunks, None, (Phase("p", (0, 1), (first, second)),))
+    with pytest.raises(MscclppExportError, match=r"^round 0 of GPU 0 needs more than 64 ops"):
+        lower(prove(schedule))
+
+
+def test_only_a_proof_is_lowered() -> None:
+    bad = Schedule("x", 2, 1, None, (Phase("p", (0, 1), ((Transfer(0, 1, 3, Op.REDUCE),),)),))
+    with pytest.raises(TypeError, match="prove the schedule first"):
+        lower(bad)  # type: ignore[arg-type]

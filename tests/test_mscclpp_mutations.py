@@ -15,6 +15,7 @@ from test_mscclpp_reference import run_numpy
 from stragglar.mscclpp import PlanError, lower
 from stragglar.mscclpp.prove import check_plan
 from stragglar.synth import synthesize
+from stragglar.verify import prove
 
 Plan = dict[str, Any]
 
@@ -96,7 +97,7 @@ def judge(plan: Plan) -> str:
     ("algorithm", "n"), [("stragglar", 3), ("stragglar", 4), ("ring", 3), ("rhd", 4), ("direct", 3)]
 )
 def test_every_single_op_mutation_is_rejected_or_harmless(algorithm: str, n: int) -> None:
-    plan = json.loads(lower(synthesize(algorithm, n)).text)
+    plan = json.loads(lower(prove(synthesize(algorithm, n))).text)
     verdicts = {label: judge(m) for label, m in mutations(plan)}
     wrong = {label: v for label, v in verdicts.items() if v.startswith("ACCEPTED")}
     assert not wrong, wrong
@@ -113,7 +114,7 @@ def test_every_single_op_mutation_is_rejected_or_harmless(algorithm: str, n: int
 
 
 def test_mutations_the_prover_accepts_are_few_and_real() -> None:
-    plan = json.loads(lower(synthesize("stragglar", 3)).text)
+    plan = json.loads(lower(prove(synthesize("stragglar", 3))).text)
     verdicts = Counter(judge(m) for _, m in mutations(plan))
     assert set(verdicts) == {"rejected", "harmless"}
     assert verdicts["harmless"] < verdicts["rejected"] / 5
@@ -122,7 +123,7 @@ def test_mutations_the_prover_accepts_are_few_and_real() -> None:
 @pytest.mark.slow
 def test_mutations_of_a_plan_with_chained_thread_blocks() -> None:
     """N = 8 has two blocks per GPU chained by device semaphores: mutate those too."""
-    plan = json.loads(lower(synthesize("stragglar", 8)).text)
+    plan = json.loads(lower(prove(synthesize("stragglar", 8))).text)
     verdicts = {label: judge(m) for label, m in mutations(plan)}
     assert not {label: v for label, v in verdicts.items() if v.startswith("ACCEPTED")}
     assert any(label.startswith("drop") and label.endswith("sem_acquire") for label in verdicts)

@@ -34,11 +34,12 @@ def ops(plan: dict[str, Any], gpu: int, tb: int = 0) -> list[dict[str, Any]]:
 def test_hand_written_ring_is_proved() -> None:
     proof = prove_plan(fixture("ring_ok.json"))
     assert proof.summary == (
-        "ring3: allreduce (in-place) over 3 GPUs, 3 chunks (scratch up to 4), 3 thread blocks (up to 1 "
-        "per GPU), "
-        "90 ops; 4 interleavings and happens-before: no deadlock, no race, peers touch a GPU's memory only "
-        "while it runs, every signal waited for, every chunk on every GPU holds each GPU's contribution "
-        "exactly once"
+        "proved: ring3: in-place allreduce over 3 GPUs, 3 chunks, 3 thread blocks, 90 ops (up to 1 per GPU)"
+    )
+    assert proof.details == (
+        "scratch up to 4 chunks; 4 interleavings and happens-before: no deadlock, no race, peers touch a "
+        "GPU's memory only while it runs, every signal waited for, every chunk on every GPU holds each "
+        "GPU's contribution exactly once"
     )
     assert (proof.gpus, proof.threadblocks, proof.ops, proof.chunks) == (3, 3, 90, 3)
 
@@ -348,7 +349,7 @@ def test_out_of_place_ring_writing_the_output_is_proved() -> None:
             elif op["name"] == "put" and op["src_buff"][0]["index"] in written:
                 op["src_buff"][0]["type"] = "o"
     proof = prove_plan(json.dumps(plan))
-    assert proof.summary.startswith("ring3: allreduce (out-of-place) over 3 GPUs")
+    assert proof.summary.startswith("proved: ring3: out-of-place allreduce over 3 GPUs")
     ops(plan, 1)[29]["dst_buff"][0]["type"] = "i"
     violation = check_plan(json.dumps(plan))
     assert violation is not None and (violation.kind, violation.op) == ("structure", 29)

@@ -20,6 +20,7 @@ import pytest
 
 from stragglar.mscclpp import check_plan, lower
 from stragglar.synth import synthesize
+from stragglar.verify import prove
 
 Arr = np.ndarray[Any, np.dtype[np.int64]]
 
@@ -225,12 +226,12 @@ def run_numpy(
     [("stragglar", 2), ("stragglar", 3), ("stragglar", 5), ("ring", 4), ("rhd", 4), ("direct", 4)],
 )
 def test_numpy_executor_runs_exported_plans(algorithm: str, n: int) -> None:
-    text = lower(synthesize(algorithm, n)).text
+    text = lower(prove(synthesize(algorithm, n))).text
     assert [run_numpy(text, seed) for seed in range(3)] == [None, None, None]
 
 
 def test_numpy_executor_sees_a_double_count() -> None:
-    plan = json.loads(lower(synthesize("stragglar", 3)).text)
+    plan = json.loads(lower(prove(synthesize("stragglar", 3))).text)
     ops = plan["gpus"][0]["threadblocks"][0]["ops"]
     last_copy = max(i for i, op in enumerate(ops) if op["name"] == "copy")
     op = ops[last_copy]
@@ -243,7 +244,7 @@ def test_numpy_executor_sees_a_double_count() -> None:
 
 
 def test_numpy_executor_sees_a_deadlock() -> None:
-    plan = json.loads(lower(synthesize("stragglar", 2)).text)
+    plan = json.loads(lower(prove(synthesize("stragglar", 2))).text)
     ops = plan["gpus"][1]["threadblocks"][0]["ops"]
     ops.pop(next(i for i, op in enumerate(ops) if op["name"] == "signal" and i > 0))
     assert run_numpy(json.dumps(plan), 0) == "deadlock"
@@ -251,7 +252,7 @@ def test_numpy_executor_sees_a_deadlock() -> None:
 
 @pytest.mark.parametrize("n", [3, 4, 6])
 def test_a_late_straggler_every_execution(n: int) -> None:
-    text = lower(synthesize("stragglar", n)).text
+    text = lower(prove(synthesize("stragglar", n))).text
     assert [run_numpy(text, seed, executions=3, late=n - 1) for seed in range(3)] == [None, None, None]
 
 
@@ -260,7 +261,7 @@ def test_without_the_ready_handshake_the_prover_refuses_the_plan() -> None:
     sums still come out right here, but nothing tells GPU 0 that the straggler has started the
     execution before it puts into the straggler's scratch, so the prover refuses the plan."""
     n = 3
-    plan = json.loads(lower(synthesize("stragglar", n)).text)
+    plan = json.loads(lower(prove(synthesize("stragglar", n))).text)
 
     def peer_of(g: int, local: int) -> int:
         peers = [p for ch in plan["gpus"][g]["channels"] for p in ch["connected_to"]]

@@ -13,8 +13,9 @@ import pytest
 from stragglar.mscclpp import PlanViolationError, lower
 from stragglar.mscclpp.register import make_selector, mscclpp_algorithm, register_plan
 from stragglar.synth import synthesize
+from stragglar.verify import prove
 
-PLAN = lower(synthesize("stragglar", 4))  # 3 chunks: sizes must be multiples of 48 bytes
+PLAN = lower(prove(synthesize("stragglar", 4)))  # 3 chunks: sizes must be multiples of 48 bytes
 
 
 class FakeMscclpp:

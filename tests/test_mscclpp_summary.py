@@ -10,6 +10,7 @@ import pytest
 from stragglar.mscclpp import PlanFormatError, lower
 from stragglar.mscclpp.summary import summarize
 from stragglar.synth import synthesize
+from stragglar.verify import prove
 
 RING = (Path(__file__).parent / "fixtures" / "mscclpp" / "ring_ok.json").read_text()
 
@@ -25,7 +26,7 @@ def test_hand_written_ring() -> None:
 
 
 def test_counts_match_the_plan() -> None:
-    plan = lower(synthesize("stragglar", 16))
+    plan = lower(prove(synthesize("stragglar", 16)))
     summary = summarize(plan.text)
     obj = json.loads(plan.text)
     assert summary.threadblocks == plan.threadblocks

@@ -7,6 +7,7 @@ import json
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -17,7 +18,9 @@ from tqdm import tqdm
 from stragglar.errors import IncorrectError, InputError, StragglarError
 from stragglar.files import read_text, same_file, write_bytes, write_text
 from stragglar.formats import json as json_format
-from stragglar.msccl import DEFAULT_MAX_BYTES, PROTOCOLS, MscclProof, prove_msccl, to_msccl_xml
+from stragglar.msccl import PROTOCOLS, MscclProof, prove_msccl, to_msccl_xml
+from stragglar.mscclpp import DEFAULT_MAX_THREADBLOCKS, PlanOptions, PlanProof, prove_plan
+from stragglar.mscclpp import lower as lower_plan
 from stragglar.schedule import Schedule
 from stragglar.synth import ALGORITHMS
 from stragglar.units import parse_bandwidth, parse_duration, parse_size
@@ -25,28 +28,30 @@ from stragglar.verify import Proof, VerificationError, prove
 
 __all__ = [
     "ALGORITHM",
+    "ARTIFACT_FORMATS",
     "BANDWIDTH",
     "DURATION",
     "GPUS",
-    "MSCCL_OPTIONS",
     "PLOT",
     "SIZE",
     "STRAGGLER",
     "VERBOSE",
     "Quantity",
+    "artifact_options",
     "busy",
     "check_output",
     "check_plot",
-    "export_xml",
+    "export_artifact",
     "given",
     "load_schedule",
-    "msccl_options",
     "progress",
     "progress_bar",
     "proved",
+    "proved_plan",
     "proved_xml",
     "read_input",
     "refuse_given",
+    "refuse_other_formats",
     "write",
     "write_plot",
 ]
@@ -94,31 +99,88 @@ PLOT = click.option(
     type=click.Path(dir_okay=False, path_type=Path),
     help="Also draw a chart into this file (.png, .svg or .pdf; needs matplotlib).",
 )
-MSCCL_OPTIONS = ("proto", "instances", "min_bytes", "max_bytes", "xml_name")
+ARTIFACT_FORMATS = ("msccl", "mscclpp")
+# Which artifact formats each export option shapes: any other use is an error, not ignored.
+APPLIES = {
+    "proto": ("msccl",),
+    "instances": ARTIFACT_FORMATS,
+    "min_bytes": ARTIFACT_FORMATS,
+    "max_bytes": ARTIFACT_FORMATS,
+    "artifact_name": ARTIFACT_FORMATS,
+    "max_threadblocks": ("mscclpp",),
+}
 
 
-def msccl_options(command: Callable[..., None]) -> Callable[..., None]:
-    """The MSCCL XML export options, shared by ``synth`` and ``export`` (for XML output only)."""
+def artifact_options(command: Callable[..., None]) -> Callable[..., None]:
+    """The export options of ``synth`` and ``export``: MSCCL XML (``msccl``) and MSCCL++ (``mscclpp``)."""
     options = [
-        click.option("--proto", type=click.Choice(PROTOCOLS), default="Simple", show_default=True),
+        click.option(
+            "--proto", type=click.Choice(PROTOCOLS), default="Simple", show_default=True, help="MSCCL XML."
+        ),
         click.option(
             "--instances", type=click.IntRange(min=1), default=1, show_default=True, help="Copies per loop."
         ),
+        click.option("--min-bytes", type=SIZE, help="Smallest message the executor uses it for (a size)."),
+        click.option("--max-bytes", type=SIZE, help="Largest message (a size; MSCCL XML default 1TiB)."),
         click.option(
-            "--min-bytes", type=SIZE, default="0", show_default=True, help="Smallest message (a size)."
+            "--name", "artifact_name", help="The algo's or plan's name (default: from the schedule)."
         ),
         click.option(
-            "--max-bytes",
-            type=SIZE,
-            default=str(DEFAULT_MAX_BYTES),
-            show_default="1TiB",
-            help="Largest message (a size).",
+            "--max-threadblocks",
+            type=click.IntRange(min=1),
+            default=DEFAULT_MAX_THREADBLOCKS,
+            show_default=True,
+            help="MSCCL++: thread blocks one GPU runs at once (A100: 108, H100 SXM: 132).",
         ),
-        click.option("--name", "xml_name", help="The algo's name (default: from the schedule)."),
     ]
     for option in reversed(options):
         command = option(command)
     return command
+
+
+def refuse_other_formats(fmt: str) -> None:
+    """Refuse the export options that do not shape ``fmt``."""
+    for name, formats in APPLIES.items():
+        if fmt not in formats:
+            refuse_given([name], f"it shapes {' and '.join(FORMAT_NAMES[f] for f in formats)} output only")
+
+
+FORMAT_NAMES = {"msccl": "MSCCL XML", "mscclpp": "MSCCL++ plan", "json": "JSON schedule", "text": "text"}
+
+
+@dataclass(frozen=True)
+class Exported:
+    """An artifact's text and what its own prover said of it."""
+
+    text: str
+    summary: str  # one line
+    brief: str  # the program's size, for the synth summary
+    details: str  # what the proof covers, for -v
+
+
+def export_artifact(proof: Proof, fmt: str, options: dict[str, Any]) -> Exported:
+    """Lower the proved schedule to ``fmt`` (msccl or mscclpp) and prove the text itself."""
+    name = options["artifact_name"]
+    with busy(f"exporting {proof.num_ranks} GPUs to {FORMAT_NAMES[fmt]}"):
+        if fmt == "msccl":
+            window = {k: options[k] for k in ("min_bytes", "max_bytes") if options[k] is not None}
+            text = to_msccl_xml(
+                proof, name=name, proto=options["proto"], instances=options["instances"], **window
+            )
+        else:
+            plan_options = PlanOptions(
+                name=name,
+                instances=options["instances"],
+                min_message_size=options["min_bytes"],
+                max_message_size=options["max_bytes"],
+                max_threadblocks=options["max_threadblocks"],
+            )
+            text = lower_plan(proof, plan_options).text
+    if fmt == "msccl":
+        xml = proved_xml(text, "the exported XML")
+        return Exported(text, xml.summary, xml.brief, xml.details)
+    plan = proved_plan(text, "the exported plan")
+    return Exported(text, plan.summary, plan.brief, plan.details)
 
 
 def given(name: str) -> bool:
@@ -137,24 +199,38 @@ def refuse_given(names: Iterable[str], why: str) -> None:
             raise click.UsageError(f"{flag} does not apply: {why}")
 
 
-def read_input(path: Path) -> tuple[str, str]:
-    """(kind, text) of an input file, from its content rather than its name: ``"xml"`` (MSCCL XML)
-    or ``"json"`` (a schedule, or JSON of another kind: the JSON reader says which)."""
+@dataclass(frozen=True)
+class Input:
+    """An input file: ``kind`` is ``schedule`` (our JSON), ``msccl`` (MSCCL XML) or ``mscclpp`` (an
+    MSCCL++ execution plan), told apart by content, not by name."""
+
+    path: Path
+    kind: str
+    text: str
+    schedule: Schedule | None  # for a schedule
+
+
+def read_input(path: Path) -> Input:
+    """Read and classify an input file; a malformed one is an error naming the file."""
     text = read_text(path)
-    return ("xml" if text.lstrip()[:1] == "<" else "json"), text
+    if text.lstrip()[:1] == "<":
+        return Input(path, "msccl", text, None)
+    try:
+        doc = json_format.parse(text)
+        if isinstance(doc, dict) and "format" not in doc and "gpus" in doc:
+            return Input(path, "mscclpp", text, None)
+        return Input(path, "schedule", text, json_format.from_document(doc))
+    except json_format.ScheduleFormatError as e:
+        raise json_format.ScheduleFormatError(f"{path}: {e}") from None
 
 
 def load_schedule(path: Path, command: str) -> Schedule:
     """The JSON schedule in ``path``; another kind of file is an error that says what ``command`` takes."""
-    kind, text = read_input(path)
-    if kind == "xml":
-        raise InputError(
-            f"{path} is MSCCL XML: {command} takes a JSON schedule (see stragglar synth -o s.json)"
-        )
-    try:
-        return json_format.loads(text)
-    except json_format.ScheduleFormatError as e:
-        raise json_format.ScheduleFormatError(f"{path}: {e}") from None
+    found = read_input(path)
+    if found.schedule is None:
+        what = {"msccl": "MSCCL XML", "mscclpp": "an MSCCL++ plan"}[found.kind]
+        raise InputError(f"{path} is {what}: {command} takes a JSON schedule (see stragglar synth -o s.json)")
+    return found.schedule
 
 
 def check_output(output: Path, *inputs: Path) -> None:
@@ -216,18 +292,19 @@ def proved_xml(text: str, name: str) -> MscclProof:
         raise kind(f"{name} {problem}: {e}") from None
 
 
-def export_xml(proof: Proof, options: dict[str, Any]) -> tuple[str, MscclProof]:
-    """The MSCCL XML of the proved schedule (``options`` from :func:`msccl_options`), proved from its text."""
-    with busy(f"exporting {proof.num_ranks} GPUs to MSCCL XML"):
-        text = to_msccl_xml(
-            proof,
-            name=options["xml_name"],
-            proto=options["proto"],
-            instances=options["instances"],
-            min_bytes=options["min_bytes"],
-            max_bytes=options["max_bytes"],
+def proved_plan(text: str, name: str) -> PlanProof:
+    """The proof of the MSCCL++ plan ``text``, or an error naming it (``name``) and the first problem."""
+    try:
+        with busy(f"proving {name}"):
+            return prove_plan(text)
+    except StragglarError as e:
+        problem = (
+            "is not a plan stragglar can prove"
+            if e.exit_code == InputError.exit_code
+            else "is not a correct AllReduce"
         )
-    return text, proved_xml(text, "the exported XML")
+        kind = InputError if e.exit_code == InputError.exit_code else IncorrectError
+        raise kind(f"{name} {problem}: {e}") from None
 
 
 def write(path: Path, text: str) -> None:

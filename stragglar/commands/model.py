@@ -16,14 +16,14 @@ from stragglar.commands.common import (
     busy,
     check_plot,
     progress,
+    proved_plan,
+    proved_xml,
     read_input,
     write_plot,
 )
 from stragglar.cost import Network
 from stragglar.errors import IncorrectError, InputError, ResourceError, StragglarError
-from stragglar.formats import json as json_format
 from stragglar.measure.predict import compare_generated, generated_profile
-from stragglar.msccl import prove_msccl
 from stragglar.plot import sweep_sizes
 from stragglar.proof_tier import TABLE_HEADER, ProofRow, format_row, prove_all, prove_schedule_file
 from stragglar.synth import ALGORITHMS
@@ -137,11 +137,10 @@ def _prove_files(files: tuple[Path, ...], verbose: bool) -> None:
 
 
 def _file_rows(path: Path) -> list[ProofRow]:
-    kind, text = read_input(path)
-    if kind == "xml":
-        return [ProofRow.for_xml(prove_msccl(text), path.name)]
-    try:
-        schedule = json_format.loads(text)
-    except InputError as e:
-        raise InputError(f"{path}: {e}") from None
-    return list(prove_schedule_file(schedule, path.name))
+    found = read_input(path)
+    if found.kind == "msccl":
+        return [ProofRow.for_artifact(proved_xml(found.text, str(path)), "msccl", path.name)]
+    if found.kind == "mscclpp":
+        return [ProofRow.for_artifact(proved_plan(found.text, str(path)), "mscclpp", path.name)]
+    assert found.schedule is not None
+    return list(prove_schedule_file(found.schedule, path.name))

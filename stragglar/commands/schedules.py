@@ -1,4 +1,4 @@
-"""``synth``, ``export``, ``verify``, ``show``: make, prove, save and look at schedules."""
+"""``synth``, ``export``, ``verify``, ``show``: make, prove, save and look at schedules and artifacts."""
 
 from __future__ import annotations
 
@@ -9,38 +9,42 @@ import click
 
 from stragglar.commands.common import (
     ALGORITHM,
+    ARTIFACT_FORMATS,
     DURATION,
+    FORMAT_NAMES,
     GPUS,
-    MSCCL_OPTIONS,
     PLOT,
+    SIZE,
     STRAGGLER,
     VERBOSE,
+    Input,
+    artifact_options,
     busy,
     check_output,
     check_plot,
-    export_xml,
+    export_artifact,
     load_schedule,
-    msccl_options,
     proved,
+    proved_plan,
     proved_xml,
     read_input,
     refuse_given,
+    refuse_other_formats,
     write,
     write_plot,
 )
-from stragglar.errors import InputError
 from stragglar.formats import json as json_format
 from stragglar.formats.text import render
 from stragglar.msccl import describe_msccl
-from stragglar.schedule import Schedule
+from stragglar.mscclpp import summarize, will_use
 from stragglar.synth import METHODS, synthesize
 from stragglar.verify import Proof, prove
 from stragglar.verify.smt import smt_prove
 
 __all__ = ["export", "show", "synth", "verify"]
 
-FORMATS = ("json", "text", "msccl")
-SUFFIXES = {".json": "json", ".txt": "text", ".xml": "msccl"}
+FORMATS = ("json", "text", *ARTIFACT_FORMATS)
+SUFFIXES = {".json": ("json", "mscclpp"), ".txt": ("text",), ".xml": ("msccl",)}  # the first is the default
 
 
 def output_format(output: Path | None, fmt: str | None, default: str, allowed: tuple[str, ...]) -> str:
@@ -49,14 +53,14 @@ def output_format(output: Path | None, fmt: str | None, default: str, allowed: t
     A ``--format`` that contradicts a known suffix is an error, and so is a file whose suffix says
     nothing without ``--format``: a silent choice would write what the user did not ask for.
     """
-    implied = SUFFIXES.get(output.suffix.lower()) if output is not None else None
-    if fmt is not None and output is not None and implied is not None and fmt != implied:
+    implied = SUFFIXES.get(output.suffix.lower(), ()) if output is not None else ()
+    if fmt is not None and output is not None and implied and fmt not in implied:
         raise click.UsageError(
-            f"--format {fmt} contradicts {output} (a {output.suffix} name means {implied})"
+            f"--format {fmt} contradicts {output} (a {output.suffix} name means {implied[0]})"
         )
-    chosen = fmt or implied
+    chosen = fmt or (implied[0] if implied else None)
     if chosen is None and output is not None:
-        known = ", ".join(s for s, f in SUFFIXES.items() if f in allowed)
+        known = ", ".join(s for s, fs in SUFFIXES.items() if set(fs) & set(allowed))
         raise click.UsageError(f"cannot tell the format of {output}: name it {known}, or give --format")
     chosen = chosen or default
     if chosen not in allowed:
@@ -85,9 +89,9 @@ def output_format(output: Path | None, fmt: str | None, default: str, allowed: t
     "--format",
     "fmt",
     type=click.Choice(FORMATS),
-    help="Default: from -o's suffix (.json, .xml, .txt), else text.",
+    help="json, text, msccl (MSCCL XML) or mscclpp (MSCCL++ plan); default from -o's suffix, else text.",
 )
-@msccl_options
+@artifact_options
 @VERBOSE
 def synth(
     num_gpus: int,
@@ -98,33 +102,33 @@ def synth(
     method: str,
     timeout: float | None,
     verbose: bool,
-    **msccl: Any,
+    **artifact: Any,
 ) -> None:
     """Generate a schedule, prove it, print or save it.
 
-    Without -o: the round-by-round table and a summary line.  With -o: the file (JSON, or MSCCL
-    XML for a .xml name, itself proved from its text), and the summary on stdout.  A JSON or XML
-    document without -o goes to stdout, the summary to stderr.
+    Without -o: the round-by-round table and a summary line.  With -o: the file (a JSON schedule,
+    MSCCL XML for a .xml name, or with --format mscclpp an MSCCL++ plan, each artifact proved from
+    its own text), and the summary on stdout.  A document without -o goes to stdout, the summary to
+    stderr.
     """
     fmt = output_format(output, fmt, "text", FORMATS)
-    if fmt != "msccl":
-        refuse_given(MSCCL_OPTIONS, "it shapes MSCCL XML output only (-o x.xml or --format msccl)")
+    refuse_other_formats(fmt)
     if method != "smt":
         refuse_given(["timeout"], "it bounds --method smt only")
     with busy(f"synthesizing {algorithm} for {num_gpus} GPUs"):
         schedule = synthesize(algorithm, num_gpus, straggler, method=method, timeout_s=timeout)
     proof = proved(schedule, f"the {algorithm} schedule")
-    summary = proof.headline
-    details = [proof.summary]
-    if fmt == "msccl":
-        body, xml_proof = export_xml(proof, msccl)
-        summary += f"; MSCCL XML proved: {xml_proof.brief}"
-        details += [xml_proof.summary, xml_proof.details]
+    summary, details = proof.headline, [proof.summary]
+    if fmt in ARTIFACT_FORMATS:
+        exported = export_artifact(proof, fmt, artifact)
+        body = exported.text
+        summary += f"; {'MSCCL XML' if fmt == 'msccl' else 'MSCCL++ plan'} proved: {exported.brief}"
+        details += [exported.summary, exported.details]
     else:
         body = json_format.dumps(proof.schedule) if fmt == "json" else f"{render(proof.schedule)}\n{summary}"
     to_stderr = output is None and fmt != "text"
     if output is not None:
-        write(output, body)
+        write(output, body.rstrip("\n"))
     else:
         click.echo(body.rstrip("\n"))
     if output is not None or fmt != "text":
@@ -139,26 +143,26 @@ def synth(
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(("json", "msccl")),
-    help="Default: from -o's suffix (.json, .xml), else msccl.",
+    type=click.Choice(("json", *ARTIFACT_FORMATS)),
+    help="msccl (MSCCL XML), mscclpp (MSCCL++ plan) or json; default from -o's suffix, else msccl.",
 )
-@msccl_options
+@artifact_options
 @VERBOSE
-def export(file: Path, output: Path | None, fmt: str | None, verbose: bool, **msccl: Any) -> None:
-    """Prove the JSON schedule FILE and write it as MSCCL XML (proved again from its text) or JSON.
+def export(file: Path, output: Path | None, fmt: str | None, verbose: bool, **artifact: Any) -> None:
+    """Prove the JSON schedule FILE and write it as MSCCL XML or an MSCCL++ plan (each proved again
+    from its own text), or as JSON.
 
     Writes OUTPUT (stdout without -o) and prints the proof summary (stderr without -o).  OUTPUT
     must not be FILE.
     """
-    fmt = output_format(output, fmt, "msccl", ("json", "msccl"))
+    fmt = output_format(output, fmt, "msccl", ("json", *ARTIFACT_FORMATS))
     if output is not None:
         check_output(output, file)
-    if fmt != "msccl":
-        refuse_given(MSCCL_OPTIONS, "it shapes MSCCL XML output only")
+    refuse_other_formats(fmt)
     proof = proved(load_schedule(file, "export"), str(file))
-    if fmt == "msccl":
-        text, xml_proof = export_xml(proof, msccl)
-        summary, details = xml_proof.summary, f"{xml_proof.details}\n{proof.summary}"
+    if fmt in ARTIFACT_FORMATS:
+        exported = export_artifact(proof, fmt, artifact)
+        text, summary, details = exported.text, exported.summary, f"{exported.details}\n{proof.summary}"
     else:
         text, summary, details = json_format.dumps(proof.schedule), proof.headline, proof.summary
     if output is None:
@@ -175,60 +179,67 @@ def export(file: Path, output: Path | None, fmt: str | None, verbose: bool, **ms
 @click.option("--smt", is_flag=True, help="Prove a JSON schedule with z3 instead of the simulator.")
 @VERBOSE
 def verify(file: Path, smt: bool, verbose: bool) -> None:
-    """Prove FILE (a JSON schedule or an MSCCL XML file, told apart by content) correct, or name its
-    first violation.
+    """Prove FILE correct, or name its first violation: a JSON schedule, MSCCL XML or an MSCCL++ plan,
+    told apart by content.
 
     Exit 0 with a one-line proof summary, 1 if FILE is not a correct AllReduce, 2 if it is not a
-    valid file of either kind.  An XML file is proved as the MSCCL executor runs it: thread
-    blocks, FIFO connections, dependencies.
+    valid file of any of these kinds.  An artifact is proved as its executor runs it.
     """
-    kind, text = read_input(file)
-    if kind == "xml":
-        refuse_given(["smt"], f"{file} is MSCCL XML; --smt proves JSON schedules")
-        xml_proof = proved_xml(text, str(file))
-        click.echo(f"{file}: {xml_proof.summary}")
-        if verbose:
-            click.echo(xml_proof.details)
-        return
-    proof = proved(_loaded(text, file), str(file), smt_prove if smt else prove)
-    click.echo(f"{file}: {proof.summary}")
+    found = read_input(file)
+    if found.schedule is None:
+        refuse_given(["smt"], f"{file} is {FORMAT_NAMES[found.kind]}; --smt proves JSON schedules")
+        summary, details = _proved_artifact(found)
+    else:
+        proof = proved(found.schedule, str(file), smt_prove if smt else prove)
+        summary, details = proof.summary, proof.headline
+    click.echo(f"{file}: {summary}")
     if verbose:
-        click.echo(proof.headline)
+        click.echo(details)
 
 
 @click.command()
 @click.argument("file", type=click.Path(path_type=Path))
 @PLOT
+@click.option(
+    "--size", type=SIZE, help="MSCCL++ plans: would the executor use the plan for a buffer this big?"
+)
 @VERBOSE
-def show(file: Path, plot_file: Path | None, verbose: bool) -> None:
-    """Print FILE as a table with its summary: a JSON schedule round by round, an MSCCL XML file
-    GPU by GPU.
+def show(file: Path, plot_file: Path | None, size: int | None, verbose: bool) -> None:
+    """Print FILE with its summary: a JSON schedule round by round, MSCCL XML GPU by GPU, an MSCCL++
+    plan by thread blocks, ops and size rule.
 
     The summary says whether FILE was proved; exit 1 if it is not a correct AllReduce.  With
     --plot (JSON schedules), also draw the schedule as a rank x round chart.
     """
-    kind, text = read_input(file)
-    if kind == "xml":
-        refuse_given(["plot_file"], f"{file} is MSCCL XML; --plot draws JSON schedules")
-        xml_proof = proved_xml(text, str(file))
-        click.echo(describe_msccl(text))
-        click.echo(xml_proof.summary)
+    found = read_input(file)
+    if found.schedule is None:
+        refuse_given(["plot_file"], f"{file} is {FORMAT_NAMES[found.kind]}; --plot draws JSON schedules")
+        if found.kind != "mscclpp":
+            refuse_given(["size"], f"{file} is {FORMAT_NAMES[found.kind]}; --size applies to MSCCL++ plans")
+        click.echo(describe_msccl(found.text) if found.kind == "msccl" else str(summarize(found.text)))
+        summary, details = _proved_artifact(found)
+        click.echo(summary)
+        if size is not None:
+            click.echo(f"{size} bytes: {will_use(found.text, size).reason}")
         if verbose:
-            click.echo(xml_proof.details)
+            click.echo(details)
         return
+    refuse_given(["size"], f"{file} is a JSON schedule; --size applies to MSCCL++ plans")
     check_plot(plot_file, file)
-    schedule = _loaded(text, file)
-    click.echo(render(schedule))  # first: a wrong schedule's table helps to see what is wrong
-    proof: Proof = proved(schedule, str(file))
+    click.echo(render(found.schedule))  # first: a wrong schedule's table helps to see what is wrong
+    proof: Proof = proved(found.schedule, str(file))
     click.echo(proof.headline)
     if verbose:
         click.echo(proof.summary)
     if plot_file is not None:
+        schedule = found.schedule
         write_plot(plot_file, lambda plot: plot.schedule_figure(schedule))
 
 
-def _loaded(text: str, file: Path) -> Schedule:
-    try:
-        return json_format.loads(text)
-    except InputError as e:
-        raise InputError(f"{file}: {e}") from None
+def _proved_artifact(found: Input) -> tuple[str, str]:
+    """(summary, details) of the proof of an MSCCL XML file or MSCCL++ plan."""
+    if found.kind == "msccl":
+        xml = proved_xml(found.text, str(found.path))
+        return xml.summary, xml.details
+    plan = proved_plan(found.text, str(found.path))
+    return plan.summary, plan.details

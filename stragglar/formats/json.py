@@ -44,6 +44,7 @@ __all__ = [
     "dumps",
     "from_document",
     "loads",
+    "parse",
     "read",
     "to_document",
     "write",
@@ -385,23 +386,27 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return value
 
 
-def loads(text: str) -> Schedule:
-    """The :class:`Schedule` in JSON ``text``; :class:`ScheduleFormatError` if it is bad.
+def parse(text: str) -> Any:
+    """The JSON document in ``text``, strictly: no NaN or Infinity, no key twice in one object.
 
-    >>> loads("[1, 2")
+    >>> parse("[1, 2")
     Traceback (most recent call last):
     ...
     stragglar.formats.json.ScheduleFormatError: not JSON: Expecting ',' delimiter at line 1 column 6
     """
     try:
-        doc = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
+        return json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as e:
         raise ScheduleFormatError(f"not JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
     except ValueError as e:
         raise ScheduleFormatError(f"not JSON: {e}") from None
     except RecursionError:
         raise ScheduleFormatError("not JSON: nested too deeply") from None
-    return from_document(doc)
+
+
+def loads(text: str) -> Schedule:
+    """The :class:`Schedule` in JSON ``text``; :class:`ScheduleFormatError` if it is bad."""
+    return from_document(parse(text))
 
 
 def write(schedule: Schedule, path: str | os.PathLike[str]) -> None:

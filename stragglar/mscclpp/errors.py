@@ -10,12 +10,15 @@ Three families, so that a caller can tell them apart:
 * :class:`PlanViolationError`: a well-formed plan that is wrong (a race, a deadlock, a wrong sum,
   an index out of range, an executor limit); it carries the :class:`PlanViolation`.
 
-All derive from :class:`PlanError` (a ``ValueError``).
+All derive from :class:`PlanError`; the first two are bad input (exit 2), the third a wrong plan
+(exit 1), as everywhere in stragglar (:mod:`stragglar.errors`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from stragglar.errors import IncorrectError, InputError, StragglarError
 
 __all__ = [
     "PlanError",
@@ -56,19 +59,19 @@ class PlanViolation:
         return self.message
 
 
-class PlanError(ValueError):
+class PlanError(StragglarError):
     """Anything wrong with a plan text; the message is one line."""
 
 
-class PlanFormatError(PlanError):
+class PlanFormatError(PlanError, InputError):
     """The text is not a loadable MSCCL++ execution plan."""
 
 
-class UnsupportedPlanError(PlanError):
+class UnsupportedPlanError(PlanError, InputError):
     """A loadable plan that uses an op, channel type or collective the prover does not model."""
 
 
-class PlanViolationError(PlanError):
+class PlanViolationError(PlanError, IncorrectError):
     """A well-formed plan that is wrong; ``violation`` says where and how."""
 
     def __init__(self, violation: PlanViolation) -> None:

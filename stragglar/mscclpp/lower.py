@@ -14,11 +14,13 @@ for it, a ``signal``, a ``wait`` on the receiver and a local ``re`` (reduce) or 
 4. :func:`stragglar.mscclpp.emit.plan_dict` and :func:`~stragglar.mscclpp.emit.plan_text`:
    channels, remote buffers, semaphores and indices, then the text.
 
-The schedule must already be proved (``stragglar.verify.prove``); the plan itself is proved again
-from its text by :func:`stragglar.mscclpp.prove.prove_plan`, which shares no code with this.
+It takes a :class:`~stragglar.verify.Proof` (``stragglar.verify.prove``), so nothing unproved is
+exported; the plan itself is proved again from its text by :func:`stragglar.mscclpp.prove.prove_plan`,
+which shares no code with this.
 
 >>> from stragglar.synth import synthesize
->>> plan = lower(synthesize("stragglar", 8))
+>>> from stragglar.verify import prove
+>>> plan = lower(prove(synthesize("stragglar", 8)))
 >>> plan.name, plan.num_chunks, plan.threadblocks
 ('stragglar-n8-s7', 7, (2, 2, 2, 2, 2, 2, 2, 2))
 """
@@ -26,15 +28,17 @@ from its text by :func:`stragglar.mscclpp.prove.prove_plan`, which shares no cod
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from stragglar.errors import InputError
+from stragglar.files import write_text
 from stragglar.mscclpp.blocks import BlockError, cut_segments, place_blocks
 from stragglar.mscclpp.emit import Header, plan_dict, plan_text
 from stragglar.mscclpp.program import build_programs
 from stragglar.mscclpp.sizes import UINT64_MAX, SizeRule, offset_limit
 from stragglar.schedule import Schedule
+from stragglar.verify import Proof, require_proof
 
 __all__ = [
     "DEFAULT_MAX_THREADBLOCKS",
@@ -53,7 +57,7 @@ __all__ = [
 DEFAULT_MAX_THREADBLOCKS = 108
 
 
-class MscclppExportError(ValueError):
+class MscclppExportError(InputError):
     """A schedule or option the plan cannot take; the one-line message names the limit and the way out."""
 
 
@@ -106,8 +110,7 @@ def _positive(label: str, value: int) -> None:
 
 
 def _check(schedule: Schedule, options: PlanOptions) -> None:
-    if schedule.collective != "allreduce":
-        raise MscclppExportError(f"only allreduce schedules can be lowered, got '{schedule.collective}'")
+    """Options the executor cannot take (the schedule itself is proved: its transfers are sound)."""
     if schedule.num_ranks < 2 or schedule.num_chunks < 1:
         raise MscclppExportError(
             f"need at least 2 GPUs and 1 chunk, got {schedule.num_ranks} and {schedule.num_chunks}"
@@ -126,13 +129,6 @@ def _check(schedule: Schedule, options: PlanOptions) -> None:
             "num_threads_per_block must be at most 1024 (the kernel's launch bound), "
             f"got {options.num_threads_per_block}"
         )
-    for pi, ri, t in schedule.transfers():
-        n, c = schedule.num_ranks, schedule.num_chunks
-        if not (0 <= t.src < n and 0 <= t.dst < n and t.src != t.dst and 0 <= t.chunk < c):
-            raise MscclppExportError(
-                f"phase {pi} round {ri}: transfer {t.src}->{t.dst} chunk {t.chunk} is not between two of the "
-                f"{n} ranks on one of the {c} chunks; prove the schedule first"
-            )
     if options.name is not None and (
         not options.name or not options.name.isprintable() or len(options.name) > 128
     ):
@@ -168,12 +164,13 @@ def _rule(schedule: Schedule, scratch: tuple[int, ...], options: PlanOptions) ->
     return SizeRule(options.buffer_alignment, chunks, low, high, max_scratch)
 
 
-def lower(schedule: Schedule, options: PlanOptions | None = None) -> MscclppPlan:
+def lower(proof: Proof, options: PlanOptions | None = None) -> MscclppPlan:
     """Lower a proved schedule to an MSCCL++ in-place AllReduce plan; see the module docstring.
 
     Raises :class:`MscclppExportError` (one line) for an option or a schedule the executor
     cannot take, e.g. more thread blocks per GPU than one GPU runs at once.
     """
+    schedule = require_proof(proof).schedule
     options = options or PlanOptions()
     _check(schedule, options)
     programs = build_programs(schedule)
@@ -216,15 +213,6 @@ def lower(schedule: Schedule, options: PlanOptions | None = None) -> MscclppPlan
 
 
 def write_plan(plan: MscclppPlan | str, path: str | os.PathLike[str]) -> Path:
-    """Write the plan (or plan text) atomically: a temporary file in the same folder, then ``os.replace``."""
-    text = plan.text if isinstance(plan, MscclppPlan) else plan
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent or Path("."))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
+    """Write the plan (or plan text) atomically: a temporary file in the same folder, then a rename."""
+    write_text(path, plan.text if isinstance(plan, MscclppPlan) else plan)
+    return Path(path)

@@ -11,7 +11,7 @@ through MSCCL++'s shim::
 
     from stragglar.mscclpp import lower
     from stragglar.mscclpp.register import register_plan
-    register_plan(lower(schedule), rank)
+    register_plan(lower(prove(schedule)), rank)
 
 :func:`register_plan` writes the plan (atomically) where ``mscclpp.ExecutionPlan`` can read it,
 builds the ``Algorithm`` with a world-size / ranks-per-node constraint, adds it to the

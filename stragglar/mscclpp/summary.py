@@ -5,7 +5,8 @@ refuses (packets, NVLS): it only counts, it does not resolve references or prove
 
 >>> from stragglar.synth import synthesize
 >>> from stragglar.mscclpp import lower
->>> print(summarize(lower(synthesize("stragglar", 4)).text))
+>>> from stragglar.verify import prove
+>>> print(summarize(lower(prove(synthesize("stragglar", 4))).text))
 stragglar-n4-s3: allreduce, Simple, in-place, 4 GPUs
 thread blocks: 4 (1 per GPU)
 ops: 140 (signal 22, wait 30, nop 52, put 18, re 12, copy 6)
