@@ -93,6 +93,12 @@ def test_a_dead_rank_makes_the_others_fail_clearly_and_quickly() -> None:
     assert " in round " in line and "(phase 'reduce-scatter')" in line and len(line) < 400, line
 
 
+@pytest.fixture(scope="module")
+def ddp_ready() -> None:
+    """DDP's first construction imports torch._dynamo (seconds): import it once, before the fork."""
+    import torch._dynamo  # noqa: F401
+
+
 def ddp_rank(rank: int, n: int, steps: int) -> float:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -124,6 +130,7 @@ def ddp_rank(rank: int, n: int, steps: int) -> float:
     return worst
 
 
+@pytest.mark.usefixtures("ddp_ready")
 def test_ddp_hook_gives_the_default_gradients() -> None:
     worst = launch(ddp_rank, 4, (3,), timeout=60)
     assert len(worst) == 4 and max(worst) < 1e-6
@@ -185,6 +192,7 @@ def detecting_rank(rank: int, n: int, steps: int, late: int) -> tuple[list[tuple
     return state.switches, worst
 
 
+@pytest.mark.usefixtures("ddp_ready")
 def test_ddp_hook_finds_the_persistent_straggler_and_keeps_the_gradients() -> None:
     results = launch(detecting_rank, 4, (12, 1), timeout=90)
     switches = {tuple(s) for s, _ in results}

@@ -47,6 +47,7 @@ __all__ = [
     "encoding",
     "expected",
     "payload",
+    "payloads",
 ]
 
 ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8}
@@ -134,6 +135,12 @@ def payload(rank: int, count: int, num_ranks: int, dtype: str) -> np.ndarray:
         hi = min(count, lo + _BLOCK)
         out[lo:hi] = _values(enc, ranks, lo, hi)[0]
     return out
+
+
+def payloads(count: int, num_ranks: int, dtype: str) -> np.ndarray:
+    """Every rank's :func:`payload` at once, as a (ranks, elements) int64 array (small sizes)."""
+    enc = encoding(num_ranks, dtype)
+    return _values(enc, np.arange(num_ranks, dtype=np.uint64)[:, None], 0, count)
 
 
 def expected(count: int, num_ranks: int, dtype: str) -> np.ndarray:

@@ -40,14 +40,15 @@ from typing import Any
 
 from stragglar.errors import RunError
 from stragglar.runtime.args import as_int, as_seconds
-from stragglar.runtime.engine import RankError, failure_phrase, first_line
+from stragglar.runtime.engine import RankError, classify, failure_phrase, first_line
 from stragglar.runtime.header import rank_list
 
 __all__ = ["SLACK", "LaunchError", "RankFailure", "Stopped", "heartbeat", "launch"]
 
 _GRACE = 5.0  # seconds the other ranks get to report once one rank has failed
 SLACK = 30.0  # seconds a rank may be silent beyond the timeout (start-up, checking a large buffer)
-_SHOWN = 4  # failure groups the first line names before it summarises the rest
+_SHOWN = 4  # failure groups the first line names before it counts the rest
+_LENGTH = 280  # characters of failure groups the first line names before it counts the rest
 _BEAT_EVERY = 0.2  # seconds between heartbeats actually sent
 
 _beat_pipe: Connection | None = None  # in a rank: its pipe to the launcher
@@ -122,8 +123,13 @@ def summary(failures: Any, world_size: int | None = None) -> str:
     ordered = sorted(
         groups.items(), key=lambda kv: (not kv[0][0], -1 if kv[0][1] is None else kv[0][1], min(kv[1]))
     )
-    said = [f"{rank_list(ranks)} {key[2]}" for key, ranks in ordered[:_SHOWN]]
-    rest = sum(len(ranks) for _, ranks in ordered[_SHOWN:])
+    said: list[str] = []
+    for key, ranks in ordered[:_SHOWN]:
+        words = f"{rank_list(ranks, limit=6)} {key[2]}"
+        if said and sum(map(len, said)) + len(words) > _LENGTH:
+            break
+        said.append(words)
+    rest = sum(len(ranks) for _, ranks in ordered[len(said) :])
     if rest:
         said.append(f"{rest} more rank{'s' * (rest > 1)} failed in other ways")
     total = sum(len(ranks) for ranks in groups.values())
@@ -287,6 +293,9 @@ def _failure_fields(error: BaseException) -> dict[str, Any]:
         fields = found.fields()
         fields.pop("rank", None)
         return {**fields, "detail": detail}
+    kind = classify(error)
+    if kind != "failed":  # an engine's error outside the rounds: a consequence, like a RankError's
+        return {"reason": kind, "detail": detail}
     text = first_line(error, 150)
     return {"reason": f"raised {type(error).__name__}" + (f": {text}" if text else ""), "detail": detail}
 
@@ -331,8 +340,17 @@ def _child(
         )
         heartbeat()
         result = fn(rank, world_size, *args)
-        dist.barrier()  # peers may still be waiting on our last sends
-        dist.destroy_process_group()
+        try:
+            dist.barrier()  # peers may still be waiting on our last sends
+            dist.destroy_process_group()
+        except Exception as e:
+            reason = classify(e)
+            raise RankError(
+                f"rank {rank} {reason} in the closing barrier: {first_line(e)}",
+                rank=rank,
+                reason=reason,
+                during="in the closing barrier",
+            ) from e
         with _beat_lock:
             pipe.send(("ok", result))
         code = 0

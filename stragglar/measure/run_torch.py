@@ -16,8 +16,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from stragglar.measure import launch as launcher
 from stragglar.measure.data import check, expected, payload
-from stragglar.measure.launch import SLACK, heartbeat, launch
+from stragglar.measure.launch import heartbeat, launch
 from stragglar.measure.timing import Figures, iteration_figures
 from stragglar.runtime import RankError, allreduce
 from stragglar.runtime.engine import Timeline, classify, first_line
@@ -35,14 +36,19 @@ def torch_figures(
     warmup: int,
     timeout: float,
     late: int,
-    slack: float = SLACK,
+    slack: float | None = None,
 ) -> Figures:
-    """Run the ranks; per iteration, the slowest rank's time for the schedule and for all_reduce."""
+    """Run the ranks; per iteration, the slowest rank's time for the schedule and for all_reduce.
+
+    ``slack`` (default :data:`stragglar.measure.launch.SLACK`): how long beyond the timeout a rank
+    may go without reporting progress."""
     schedule = proof.schedule
     n = schedule.num_ranks
     want = expected(count, n, dtype)  # once, before the fork: the ranks share its pages
     args = (proof, count, dtype, want, delay, iters + warmup, timeout, late)
-    per_rank = launch(_rank, n, args, timeout=timeout + delay, slack=slack)
+    per_rank = launch(
+        _rank, n, args, timeout=timeout + delay, slack=launcher.SLACK if slack is None else slack
+    )
     times, hidden, base = [], [], []
     for it in range(warmup, warmup + iters):
         total, done = iteration_figures(schedule, [timelines[it] for timelines, _ in per_rank])

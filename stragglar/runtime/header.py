@@ -82,11 +82,11 @@ def make_header(
     )
 
 
-def rank_list(ranks: Sequence[int]) -> str:
-    """``rank 2`` or ``ranks 0-3, 5``: ranks in words.
+def rank_list(ranks: Sequence[int], limit: int = 8) -> str:
+    """``rank 2`` or ``ranks 0-3, 5``: ranks in words, the first ``limit`` runs of them.
 
-    >>> rank_list([5, 0, 1, 2, 3]), rank_list([4])
-    ('ranks 0-3, 5', 'rank 4')
+    >>> rank_list([5, 0, 1, 2, 3]), rank_list([4]), rank_list(range(0, 20, 2), limit=3)
+    ('ranks 0-3, 5', 'rank 4', 'ranks 0, 2, 4 and 7 more')
     """
     ordered = sorted(set(ranks))
     if len(ordered) == 1:
@@ -98,7 +98,11 @@ def rank_list(ranks: Sequence[int]) -> str:
         else:
             runs.append([r])
     parts = [f"{run[0]}-{run[-1]}" if len(run) > 2 else ", ".join(map(str, run)) for run in runs]
-    return "ranks " + ", ".join(parts)
+    words = ", ".join(parts)
+    if len(runs) > limit:
+        shown = sum(len(run) for run in runs[:limit])
+        words = ", ".join(parts[:limit]) + f" and {len(ordered) - shown} more"
+    return "ranks " + words
 
 
 def _schedule(h: Header) -> str:
