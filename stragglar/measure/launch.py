@@ -52,7 +52,7 @@ _LENGTH = 280  # characters of failure groups the first line names before it cou
 _BEAT_EVERY = 0.2  # seconds between heartbeats actually sent
 
 _beat_pipe: Connection | None = None  # in a rank: its pipe to the launcher
-_beat_lock = threading.Lock()
+_beat_lock = threading.RLock()
 _beat_last = 0.0
 
 
