@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch.distributed import GradBucket  # type: ignore[attr-defined, unused-ignore]
 
 from stragglar.errors import InputError
+from stragglar.measure.launch import heartbeat
 from stragglar.runtime import allreduce
 from stragglar.runtime.args import ArgumentError, as_int, as_rank, as_seconds
 from stragglar.synth import ALGORITHMS, synthesize
@@ -140,8 +141,12 @@ class StragglarState:
         return self.proofs[key]
 
     def new_step(self, world_size: int) -> None:
-        """Count the step and, when detecting, let a persistently late rank become the straggler."""
+        """Count the step and, when detecting, let a persistently late rank become the straggler.
+
+        In a rank started by :func:`stragglar.measure.launch.launch` each step is also a
+        heartbeat, so a long training run is not taken for a silent one."""
         self.steps += 1
+        heartbeat()
         if self.detect <= 0 or world_size < 2:
             return
         if self.process_group is not None:

@@ -159,7 +159,7 @@ def ddp_ready() -> None:
     import torch._dynamo  # noqa: F401
 
 
-def ddp_rank(rank: int, n: int, kwargs: dict[str, Any], steps: int) -> float:
+def ddp_rank(rank: int, n: int, kwargs: dict[str, Any], steps: int, pause: float = 0.0) -> float:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from stragglar.ddp import StragglarState, stragglar_hook
@@ -174,6 +174,7 @@ def ddp_rank(rank: int, n: int, kwargs: dict[str, Any], steps: int) -> float:
     gen = torch.Generator().manual_seed(rank)
     worst = 0.0
     for _ in range(steps):
+        time.sleep(pause)
         x, y = torch.randn(4, 7, generator=gen), torch.randn(4, 3, generator=gen)
         for m in (plain, hooked):
             m.zero_grad()
@@ -198,3 +199,10 @@ def ddp_rank(rank: int, n: int, kwargs: dict[str, Any], steps: int) -> float:
 def test_the_ddp_hook_works_on_one_and_two_ranks(n: int, kwargs: dict[str, Any]) -> None:
     worst = launch(ddp_rank, n, (kwargs, 2), timeout=60)
     assert len(worst) == n and max(worst) < 1e-6
+
+
+@pytest.mark.usefixtures("ddp_ready")
+def test_a_long_ddp_run_under_the_launcher_reports_progress_every_step() -> None:
+    start = time.monotonic()
+    worst = launch(ddp_rank, 2, ({}, 6, 0.3), timeout=1.0, slack=0.3)  # 1.8 s of steps > 1.3 s
+    assert time.monotonic() - start > 1.3 and max(worst) < 1e-6

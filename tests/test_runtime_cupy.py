@@ -283,3 +283,23 @@ def test_a_schedule_for_another_size_fails_every_rank() -> None:
     assert all(isinstance(e, MismatchError) for e in results), results
     assert str(results[0]).startswith("the 'ring' schedule for 3 ranks (no straggler, fingerprint ")
     assert str(results[0]).endswith(") cannot run on a group of 4 ranks")
+
+
+def test_a_rank_that_changes_its_count_after_the_check_fails_every_rank_never_sums_wrong() -> None:
+    """The header is checked once per plan: a rank that later brings a new count checks a new
+    header alone, so every rank times out instead of summing mismatched chunks."""
+    s = prove(synthesize("stragglar", 3))
+
+    def body(rank: int, group: NcclGroup) -> Any:
+        buf = payload(rank, 12, 3, "int64")
+        allreduce(buf, s, group=group, timeout=5)
+        count = 11 if rank == 1 else 12
+        buf = payload(rank, count, 3, "int64")
+        try:
+            allreduce(buf, s, group=group, timeout=0.5)
+        except RankError as e:
+            return e
+        return buf  # a sum came back: it must not
+
+    *results, _, _ = run_ranks(3, body)
+    assert all(isinstance(e, RankError) and e.reason == "timed out" for e in results), results
