@@ -114,6 +114,7 @@ def test_the_summary_stays_one_short_line_for_many_ranks() -> None:
 
 SCRIPT = """
 import os, sys, time
+import torch.distributed  # once here, not in each forked rank
 from stragglar.measure.launch import launch
 
 def sleeper(rank, n, pids):

@@ -174,6 +174,8 @@ def launch(
     world_size = as_int(world_size, "world_size", minimum=1)
     timeout = as_seconds(timeout, "timeout", positive=True)
     slack = as_seconds(slack, "slack")
+    import torch.distributed  # noqa: F401 - once here: every forked rank shares it, none imports it
+
     ctx = multiprocessing.get_context("fork")
     with _signals_raise(), tempfile.TemporaryDirectory(prefix="stragglar-") as tmp:
         store = os.path.join(tmp, "rendezvous")
