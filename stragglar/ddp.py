@@ -26,8 +26,10 @@ import torch.distributed as dist
 from torch.distributed import GradBucket  # type: ignore[attr-defined, unused-ignore]
 
 from stragglar.errors import InputError
+from stragglar.measure.launch import heartbeat
 from stragglar.runtime import allreduce
-from stragglar.synth import synthesize
+from stragglar.runtime.args import ArgumentError, as_int, as_rank, as_seconds
+from stragglar.synth import ALGORITHMS, synthesize
 from stragglar.verify import Proof, prove
 
 __all__ = ["LateRankProbe", "StragglarState", "persistent_late_rank", "stragglar_hook"]
@@ -86,9 +88,13 @@ class LateRankProbe:
 class StragglarState:
     """What the hook needs: the algorithm and straggler rank, the process group (None: world), a
     timeout in seconds, and the schedule per world size, synthesized and proved on first use.
-    ``straggler_delay`` makes the straggler late on purpose, for experiments.  ``detect=W`` (world
-    group only) lets the hook find the straggler over windows of W steps; ``switches`` records
-    each change as (step, new straggler)."""
+    ``straggler_delay`` makes the straggler late on purpose, for experiments (with an algorithm
+    that has no straggler, such as Ring, ``straggler`` is only the rank that is made late).
+    ``detect=W`` (world group only) lets the hook find the straggler over windows of W steps;
+    ``switches`` records each change as (step, new straggler).
+
+    Arguments are checked here, in these terms: ``straggler=1.5`` or ``True`` is an
+    :class:`~stragglar.runtime.ArgumentError` (a TypeError), a NumPy integer is a fine rank."""
 
     algorithm: str = "stragglar"
     straggler: int | None = None
@@ -102,17 +108,46 @@ class StragglarState:
     steps: int = 0
     probe: LateRankProbe | None = field(default=None, repr=False)
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.algorithm, str) or self.algorithm not in ALGORITHMS:
+            raise InputError(
+                f"StragglarState.algorithm must be one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}"
+            )
+        if self.straggler is not None:
+            self.straggler = as_int(self.straggler, "StragglarState.straggler", minimum=0)
+        self.timeout = as_seconds(self.timeout, "StragglarState.timeout", positive=True)
+        self.straggler_delay = as_seconds(self.straggler_delay, "StragglarState.straggler_delay")
+        self.detect = as_int(self.detect, "StragglarState.detect", minimum=0)
+        if isinstance(self.share, bool) or not isinstance(self.share, (int, float)):
+            raise ArgumentError(f"StragglarState.share must be a number, got {self.share!r}")
+        if not 0 < self.share <= 1:
+            raise InputError(f"StragglarState.share must be in (0, 1], got {self.share!r}")
+
+    def late_rank(self, world_size: int) -> int | None:
+        """The straggler, checked against ``world_size`` (None: the schedule's default)."""
+        if self.straggler is None:
+            return None
+        return as_rank(self.straggler, "StragglarState.straggler", world_size)
+
     def proof(self, world_size: int) -> Proof:
         """The proved schedule for ``world_size`` ranks and the current straggler."""
-        key = (world_size, self.straggler)
+        late = self.late_rank(world_size)
+        key = (world_size, late)
         if key not in self.proofs:
-            self.proofs[key] = prove(synthesize(self.algorithm, world_size, self.straggler))
+            schedule = synthesize(self.algorithm, world_size)
+            if late is not None and schedule.straggler is not None and late != schedule.straggler:
+                schedule = synthesize(self.algorithm, world_size, late)
+            self.proofs[key] = prove(schedule)
         return self.proofs[key]
 
     def new_step(self, world_size: int) -> None:
-        """Count the step and, when detecting, let a persistently late rank become the straggler."""
+        """Count the step and, when detecting, let a persistently late rank become the straggler.
+
+        In a rank started by :func:`stragglar.measure.launch.launch` each step is also a
+        heartbeat, so a long training run is not taken for a silent one."""
         self.steps += 1
-        if self.detect <= 0:
+        heartbeat()
+        if self.detect <= 0 or world_size < 2:
             return
         if self.process_group is not None:
             raise InputError("straggler detection needs the default (world) process group")
@@ -133,16 +168,20 @@ def stragglar_hook(state: StragglarState, bucket: GradBucket) -> torch.futures.F
     world = dist.get_world_size(state.process_group)
     if bucket.index() == 0:
         state.new_step(world)
-    proof = state.proof(world)
-    allreduce(
-        buffer,
-        proof,
-        group=state.process_group,
-        straggler_delay=state.straggler_delay,
-        timeout=state.timeout,
-        tag=bucket.index() * proof.num_rounds,
-    )
-    buffer.div_(world)
+    if world > 1:  # one rank: its gradients are the average already, nothing to send
+        proof = state.proof(world)
+        allreduce(
+            buffer,
+            proof,
+            group=state.process_group,
+            straggler_delay=state.straggler_delay,
+            timeout=state.timeout,
+            tag=bucket.index() * proof.num_rounds,
+            late_rank=state.late_rank(world),
+        )
+        buffer.div_(world)
+    else:
+        state.late_rank(world)  # a straggler that is no rank of this group is still an error
     future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     future.set_result(buffer)
     return future

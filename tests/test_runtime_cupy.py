@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from stragglar.measure.data import expected, payload
-from stragglar.runtime import NcclGroup, RankError, allreduce
+from stragglar.runtime import MismatchError, NcclGroup, RankError, allreduce
 from stragglar.synth import synthesize
-from stragglar.verify import prove
+from stragglar.verify import Proof, prove
 
 ITEMSIZE = {2: 4, 4: 8, 6: 2, 7: 4, 8: 8}
 
@@ -26,9 +26,32 @@ class FakeNccl:
     NCCL_INT32, NCCL_INT64, NCCL_FLOAT16, NCCL_FLOAT32, NCCL_FLOAT64 = 2, 4, 6, 7, 8
 
     def __init__(self, n: int) -> None:
+        self.n = n
         self.wires = {(a, b): queue.Queue[tuple[int, bytes]]() for a in range(n) for b in range(n)}
         self.state = threading.local()
         self.groups = [0] * n
+        self.gathers = [0] * n  # allGather calls per rank
+        self.arrived = threading.Condition()
+        self.contributions: dict[int, dict[int, bytes]] = {}  # call number -> rank -> bytes
+
+    def all_gather(self, comm: FakeComm, ptr: int, recv: int, count: int, dtype: int) -> None:
+        """Every rank's ``count`` elements, in rank order; a rank that never joins leaves the
+        others' streams stuck, as a real collective kernel would hang."""
+        if comm.stream.stuck:
+            return
+        call = self.gathers[comm.rank]
+        self.gathers[comm.rank] += 1
+        size = count * ITEMSIZE[dtype]
+        with self.arrived:
+            self.contributions.setdefault(call, {})[comm.rank] = ctypes.string_at(ptr, size)
+            self.arrived.notify_all()
+            if not self.arrived.wait_for(lambda: len(self.contributions[call]) == self.n, timeout=0.5):
+                comm.stream.stuck = True
+                return
+            parts = self.contributions[call]
+            assert {len(p) for p in parts.values()} == {size}, "allGather count mismatch"
+            data = b"".join(parts[r] for r in range(self.n))
+        ctypes.memmove(recv, data, len(data))
 
     def groupStart(self) -> None:
         self.state.ops = []
@@ -92,6 +115,9 @@ class FakeComm:
         assert 0 <= peer < self.n and peer != self.rank and count > 0
         self.nccl.state.ops.append((kind, self, ptr, count, dtype, peer))
 
+    def allGather(self, sendbuf: int, recvbuf: int, count: int, datatype: int, stream: int) -> None:
+        self.nccl.all_gather(self, sendbuf, recvbuf, count, datatype)
+
     def check_async_error(self) -> None:
         return None
 
@@ -99,9 +125,10 @@ class FakeComm:
         self.aborted = True
 
 
-def run_ranks(n: int, body: Any) -> list[Any]:
-    """Run ``body(rank, group)`` in n threads; return results or raised exceptions."""
-    nccl = FakeNccl(n)
+def run_ranks(n: int, body: Any, fake: type[FakeNccl] = FakeNccl) -> list[Any]:
+    """Run ``body(rank, group)`` in n threads; return results or raised exceptions, the fake NCCL
+    and the groups."""
+    nccl = fake(n)
     groups = [
         NcclGroup(FakeComm(nccl, r, n, s), nccl, s) for r, s in enumerate(FakeStream() for _ in range(n))
     ]
@@ -154,23 +181,125 @@ def test_missing_rank_times_out_and_aborts() -> None:
     *results, _, groups = run_ranks(4, body)
     assert time.monotonic() - start < 10
     for rank in range(3):
-        assert isinstance(results[rank], RankError) and "timed out" in str(results[rank])
+        error = results[rank]
+        assert isinstance(error, RankError) and error.reason == "timed out", error
+        assert error.what == "timed out checking that every rank runs the same allreduce"
         assert groups[rank].comm.aborted
 
 
-def test_dtype_the_nccl_build_lacks_is_refused() -> None:
-    nccl = FakeNccl(2)
-    group = NcclGroup(FakeComm(nccl, 0, 2, FakeStream()), nccl, FakeStream())
-    with pytest.raises(TypeError, match="no bfloat16"):
-        allreduce(_Bf16(), prove(synthesize("ring", 2)), group=group)
+def test_a_rank_that_stops_in_the_rounds_names_the_round() -> None:
+    s = prove(synthesize("stragglar", 4))
+
+    def body(rank: int, group: NcclGroup) -> Any:
+        allreduce(np.ones(64, np.float32), s, group=group, timeout=1.0)  # header checked, cached
+        if rank == 3:
+            return None  # leaves before the second call's rounds
+        return allreduce(np.ones(64, np.float32), s, group=group, timeout=1.0)
+
+    *results, _, _ = run_ranks(4, body)
+    for rank in range(3):
+        error = results[rank]
+        assert isinstance(error, RankError) and error.reason == "timed out" and error.round is not None
+        assert str(error).startswith(f"allreduce failed: rank {rank} timed out in round ")
 
 
-class _Bf16:
-    """Stands in for a bfloat16 device array (NumPy has none)."""
+class NoHalfNccl(FakeNccl):
+    """An NCCL build without float16."""
 
-    dtype = "bfloat16"
-    shape = (4,)
-    flags = type("F", (), {"c_contiguous": True})()
+    @property
+    def NCCL_FLOAT16(self) -> int:  # type: ignore[override]
+        raise AttributeError("NCCL_FLOAT16")
 
-    def reshape(self, *_: int) -> _Bf16:
-        return self
+
+def test_a_dtype_the_nccl_build_lacks_fails_every_rank_clearly() -> None:
+    s = prove(synthesize("ring", 2))
+    both = run_ranks(2, lambda r, g: allreduce(np.ones(4, np.float16), s, group=g, timeout=5), NoHalfNccl)
+    assert all(isinstance(e, TypeError) and "no float16" in str(e) for e in both[:2]), both
+    dtypes = (np.float16, np.float32)
+    one = run_ranks(2, lambda r, g: allreduce(np.ones(4, dtypes[r]), s, group=g, timeout=5), NoHalfNccl)
+    assert isinstance(one[0], TypeError) and "no float16" in str(one[0])
+    assert isinstance(one[1], MismatchError), one[1]
+    assert str(one[1]) == "cannot allreduce: rank 0 has a dtype its engine cannot send"
+
+
+def mismatched(n: int, s: Proof, change: str) -> tuple[list[Any], list[np.ndarray]]:
+    """Every rank runs ``s`` on distinct data, except rank 1, whose ``change`` differs."""
+    other = prove(synthesize("stragglar", n, straggler=0))
+    bufs = [payload(r, 12, n, "float32").astype(np.float32) for r in range(n)]
+    if change == "dtype":
+        bufs[1] = bufs[1].astype(np.float64)
+    elif change == "count":
+        bufs[1] = bufs[1][:11].copy()
+    before = [b.copy() for b in bufs]
+
+    def body(rank: int, group: NcclGroup) -> Any:
+        schedule = other if change == "straggler" and rank == 1 else s
+        return allreduce(bufs[rank], schedule, group=group, timeout=5)
+
+    *results, _, _ = run_ranks(n, body)
+    return results, [a for a, b in zip(bufs, before, strict=True) if not np.array_equal(a, b)]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ("dtype", "dtype: ranks 0, 2, 3 have float32, rank 1 has float64"),
+        ("count", "element count: ranks 0, 2, 3 have 12, rank 1 has 11"),
+        ("straggler", "schedule: ranks 0, 2, 3 run the 'stragglar' schedule for 4 ranks (straggler 3, "),
+    ],
+)
+def test_ranks_that_disagree_all_raise_the_same_clear_error_and_move_no_data(
+    change: str, message: str
+) -> None:
+    results, changed = mismatched(4, prove(synthesize("stragglar", 4)), change)
+    assert all(isinstance(e, MismatchError) for e in results), results
+    assert len({str(e) for e in results}) == 1  # the same one line on every rank
+    text = str(results[0])
+    assert text.startswith("ranks disagree on the allreduce: " + message) and "\n" not in text, text
+    if change == "straggler":
+        assert "rank 1 runs the 'stragglar' schedule for 4 ranks (straggler 0, " in text
+    assert changed == []  # nobody summed anything
+
+
+def test_the_header_is_checked_once_per_plan_and_group() -> None:
+    s = prove(synthesize("stragglar", 3))
+
+    def body(rank: int, group: NcclGroup) -> list[int]:
+        counts = (10, 10, 10, 7, 10, 7)
+        for count in counts:
+            buf = payload(rank, count, 3, "int64")
+            allreduce(buf, s, group=group, timeout=5)
+            assert np.array_equal(buf, expected(count, 3, "int64"))
+        return list(counts)
+
+    *results, nccl, _ = run_ranks(3, body)
+    assert not [x for x in results if isinstance(x, Exception)], results
+    assert nccl.gathers == [2, 2, 2]  # once for 10 elements, once for 7
+
+
+def test_a_schedule_for_another_size_fails_every_rank() -> None:
+    s = prove(synthesize("ring", 3))
+    *results, _, _ = run_ranks(4, lambda r, g: allreduce(np.ones(6, np.float32), s, group=g, timeout=5))
+    assert all(isinstance(e, MismatchError) for e in results), results
+    assert str(results[0]).startswith("the 'ring' schedule for 3 ranks (no straggler, fingerprint ")
+    assert str(results[0]).endswith(") cannot run on a group of 4 ranks")
+
+
+def test_a_rank_that_changes_its_count_after_the_check_fails_every_rank_never_sums_wrong() -> None:
+    """The header is checked once per plan: a rank that later brings a new count checks a new
+    header alone, so every rank times out instead of summing mismatched chunks."""
+    s = prove(synthesize("stragglar", 3))
+
+    def body(rank: int, group: NcclGroup) -> Any:
+        buf = payload(rank, 12, 3, "int64")
+        allreduce(buf, s, group=group, timeout=5)
+        count = 11 if rank == 1 else 12
+        buf = payload(rank, count, 3, "int64")
+        try:
+            allreduce(buf, s, group=group, timeout=0.5)
+        except RankError as e:
+            return e
+        return buf  # a sum came back: it must not
+
+    *results, _, _ = run_ranks(3, body)
+    assert all(isinstance(e, RankError) and e.reason == "timed out" for e in results), results

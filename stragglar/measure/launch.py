@@ -4,34 +4,154 @@ Fork, not spawn: a spawned rank re-imports torch (seconds each).  Ranks rendezvo
 ``file://`` store on the loopback interface, with the timeout passed to ``init_process_group`` so a
 missing rank fails instead of hanging.  A rank reports through a pipe and leaves with
 ``os._exit`` (no inherited atexit handlers run in the child).
+
+Nothing outlives the launcher and nothing waits forever:
+
+* ``timeout`` bounds how long a rank waits for a silent peer (the process group's timeout, and
+  what the rank passes to :func:`stragglar.runtime.allreduce`); it does not bound the run.  A long,
+  healthy run is fine: ranks call :func:`heartbeat` as they progress, and the launcher gives up
+  on a rank only when it has been silent for longer than ``timeout + slack``.  Once one rank has
+  failed, the others get a few seconds to report why, then are killed.
+* SIGTERM and SIGINT to the launcher become exceptions (:class:`Stopped`, KeyboardInterrupt), so
+  the ranks are killed and the rendezvous directory removed before it leaves; each rank also
+  dies with its parent (``PR_SET_PDEATHSIG`` on Linux), even if the launcher is killed outright.
+* A failed run raises :class:`LaunchError`, whose first line names each failed rank with what it
+  was doing: ``4 of 5 ranks failed: rank 2 exited with code 3 before reporting; ranks 0, 1
+  lost the connection in round 0 (phase 'reduce-scatter') waiting for rank 2; ...``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import multiprocessing
 import os
+import signal
+import sys
 import tempfile
+import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from stragglar.errors import RunError
+from stragglar.runtime.args import as_int, as_seconds
+from stragglar.runtime.engine import RankError, classify, failure_phrase, first_line
+from stragglar.runtime.header import rank_list
 
-__all__ = ["LaunchError", "launch"]
+__all__ = ["SLACK", "LaunchError", "RankFailure", "Stopped", "heartbeat", "launch"]
 
 _GRACE = 5.0  # seconds the other ranks get to report once one rank has failed
+SLACK = 30.0  # seconds a rank may be silent beyond the timeout (start-up, checking a large buffer)
+_SHOWN = 4  # failure groups the first line names before it counts the rest
+_LENGTH = 280  # characters of failure groups the first line names before it counts the rest
+_BEAT_EVERY = 0.2  # seconds between heartbeats actually sent
+
+_beat_pipe: Connection | None = None  # in a rank: its pipe to the launcher
+_beat_lock = threading.RLock()
+_beat_last = 0.0
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """What one rank reported (or what the launcher saw) when it failed.
+
+    ``reason`` is short (``timed out``, ``exited with code 3 before reporting``, ``raised
+    WrongResult: ...``); ``round``, ``phase``, ``peer``, ``waiting`` and ``during`` are a
+    :class:`~stragglar.runtime.RankError`'s fields when the rank raised one; ``detail`` is the
+    rank's traceback, or the reason when there is none.
+    """
+
+    rank: int
+    reason: str
+    round: int | None = None
+    phase: str | None = None
+    peer: int | None = None
+    waiting: str = "waiting for"
+    during: str | None = None
+    detail: str = ""
+
+    @property
+    def what(self) -> str:
+        """The failure in words, without the rank."""
+        return failure_phrase(self.reason, self.round, self.phase, self.peer, self.waiting, self.during)
+
+    @property
+    def root(self) -> bool:
+        """Whether it is a cause rather than a consequence: anything but a peer timing out or
+        losing its connection."""
+        return self.reason not in ("timed out", "lost the connection")
 
 
 class LaunchError(RunError):
-    """Some ranks failed; ``errors`` maps each failed rank to what it reported."""
+    """Some ranks failed.  ``failures`` maps each failed rank to its :class:`RankFailure`,
+    ``errors`` to its text (the traceback it reported, or what the launcher saw).
 
-    def __init__(self, errors: dict[int, str]) -> None:
-        lines = [f"rank {rank}: {msg.strip().splitlines()[-1]}" for rank, msg in sorted(errors.items())]
-        super().__init__(f"{len(errors)} rank(s) failed:\n  " + "\n  ".join(lines))
-        self.errors = errors
+    The first line of the message names every failed rank and what it was doing, grouped, at most
+    a few groups; the lines after it give each rank's last line of detail.
+    """
+
+    def __init__(self, failures: Mapping[int, RankFailure | str], world_size: int | None = None) -> None:
+        self.failures = {
+            rank: f if isinstance(f, RankFailure) else RankFailure(rank, first_line(f), detail=f)
+            for rank, f in sorted(failures.items())
+        }
+        self.errors = {rank: f.detail or f.reason for rank, f in self.failures.items()}
+        self.world_size = world_size
+        lines = [f"rank {rank}: {_last_line(text)}" for rank, text in self.errors.items()]
+        super().__init__(summary(self.failures.values(), world_size) + "\n  " + "\n  ".join(lines))
+
+
+class Stopped(RunError):
+    """The launcher was sent SIGTERM: every rank was ended and the temporary files removed (exit 1)."""
+
+
+def summary(failures: Any, world_size: int | None = None) -> str:
+    """``4 of 5 ranks failed: rank 2 exited ...; ranks 0, 1, 3 timed out in round 5 ...``: one line.
+
+    Ranks that failed the same way at the same place are named together; causes (a rank that
+    died or raised) come before consequences (peers that timed out or lost the connection), and
+    past a few groups the rest are counted.
+    """
+    groups: dict[tuple[bool, int | None, str], list[int]] = {}
+    for f in failures:
+        groups.setdefault((f.root, f.round, f.what), []).append(f.rank)
+    ordered = sorted(
+        groups.items(), key=lambda kv: (not kv[0][0], -1 if kv[0][1] is None else kv[0][1], min(kv[1]))
+    )
+    said: list[str] = []
+    for key, ranks in ordered[:_SHOWN]:
+        words = f"{rank_list(ranks, limit=6)} {key[2]}"
+        if said and sum(map(len, said)) + len(words) > _LENGTH:
+            break
+        said.append(words)
+    rest = sum(len(ranks) for _, ranks in ordered[len(said) :])
+    if rest:
+        said.append(f"{rest} more rank{'s' * (rest > 1)} failed in other ways")
+    total = sum(len(ranks) for ranks in groups.values())
+    of = f" of {world_size}" if world_size is not None else ""
+    return f"{total}{of} rank{'s' * (total > 1 or bool(of))} failed: " + "; ".join(said)
+
+
+def heartbeat() -> None:
+    """Tell the launcher this rank is making progress; outside a launched rank, nothing.
+
+    Call it once per iteration (or more often: beats closer together than 0.2 s are not sent).
+    The launcher gives up on a rank silent for longer than its ``timeout + slack``.
+    """
+    global _beat_last
+    pipe = _beat_pipe
+    if pipe is None:
+        return
+    now = time.monotonic()
+    with _beat_lock:
+        if now - _beat_last >= _BEAT_EVERY:
+            _beat_last = now
+            pipe.send(("beat", None))
 
 
 def launch(
@@ -40,59 +160,156 @@ def launch(
     args: tuple[Any, ...] = (),
     timeout: float = 60.0,
     backend: str = "gloo",
+    *,
+    slack: float = SLACK,
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` ranks; return the results in rank order.
 
-    Raises :class:`LaunchError` if a rank raises, dies, or has not reported ``timeout`` seconds
-    (plus start-up slack) after the start; once one rank has failed the others get a few seconds
-    to report, then the remaining ranks are killed.
+    ``timeout`` is each rank's limit for waiting on a silent peer (the process group's timeout).
+    Raises :class:`LaunchError` if a rank raises, dies, or sends no :func:`heartbeat` (nor its
+    result) for longer than ``timeout + slack`` seconds; once one rank has failed the others get a
+    few seconds to report, then the remaining ranks are killed.  SIGTERM raises :class:`Stopped`
+    and SIGINT KeyboardInterrupt, after every rank is ended and the temporary files are removed.
     """
+    world_size = as_int(world_size, "world_size", minimum=1)
+    timeout = as_seconds(timeout, "timeout", positive=True)
+    slack = as_seconds(slack, "slack")
+    import torch.distributed  # noqa: F401 - once here: every forked rank shares it, none imports it
+
     ctx = multiprocessing.get_context("fork")
-    with tempfile.TemporaryDirectory() as tmp:
+    with _signals_raise(), tempfile.TemporaryDirectory(prefix="stragglar-") as tmp:
         store = os.path.join(tmp, "rendezvous")
         pipes: list[Connection] = []
-        procs = []
-        for rank in range(world_size):
-            parent, child = ctx.Pipe(duplex=False)
-            proc = ctx.Process(
-                target=_child, args=(child, fn, rank, world_size, args, store, timeout, backend)
-            )
-            proc.start()
-            child.close()
-            pipes.append(parent)
-            procs.append(proc)
+        procs: list[Any] = []
         try:
-            return _collect(pipes, procs, time.monotonic() + timeout + 30.0)
+            for rank in range(world_size):
+                parent, child = ctx.Pipe(duplex=False)
+                pipes.append(parent)
+                procs.append(
+                    ctx.Process(
+                        target=_child,
+                        args=(child, fn, rank, world_size, args, store, timeout, backend, os.getpid()),
+                    )
+                )
+                procs[-1].start()
+                child.close()
+            return _collect(pipes, procs, timeout + slack)
         finally:
-            for proc in procs:
+            started = [proc for proc in procs if proc.pid is not None]
+            for proc in started:
                 if proc.is_alive():
                     proc.kill()
-                proc.join()
+            for proc in started:
+                proc.join(5.0)
+            for pipe in pipes:
+                pipe.close()
 
 
-def _collect(pipes: list[Connection], procs: list[Any], deadline: float) -> list[Any]:
+@contextlib.contextmanager
+def _signals_raise() -> Iterator[None]:
+    """SIGTERM raises :class:`Stopped`, SIGINT KeyboardInterrupt (main thread only; others are
+    left alone, their ranks still die with this process)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    wanted = (signal.SIGTERM, signal.SIGINT)
+
+    def stop(signum: int, _frame: Any) -> None:
+        for s in wanted:  # once: a second signal must not cut the cleanup short
+            signal.signal(s, signal.SIG_IGN)
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise Stopped(f"stopped by {signal.Signals(signum).name}: every rank was ended")
+
+    previous = {s: signal.signal(s, stop) for s in wanted}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _collect(pipes: list[Connection], procs: list[Any], silence: float) -> list[Any]:
     results: dict[int, Any] = {}
-    errors: dict[int, str] = {}
+    failures: dict[int, RankFailure] = {}
     pending = dict(enumerate(pipes))
-    while pending and time.monotonic() < deadline:
-        ready = wait(list(pending.values()), timeout=max(0.0, deadline - time.monotonic()))
+    heard = dict.fromkeys(pending, time.monotonic())
+    grace_end: float | None = None
+    while pending:
+        now = time.monotonic()
+        if grace_end is not None and now >= grace_end:
+            for rank in pending:
+                failures[rank] = RankFailure(rank, "was still running when the others had failed")
+            break
+        silent = [rank for rank in pending if now - heard[rank] > silence]
+        if silent:
+            for rank in pending:
+                failures[rank] = (
+                    RankFailure(rank, f"sent no progress for {silence:g} s")
+                    if rank in silent
+                    else RankFailure(rank, "was ended with the silent ranks")
+                )
+            break
+        until = min(heard[rank] for rank in pending) + silence
+        if grace_end is not None:
+            until = min(until, grace_end)
+        ready = wait(list(pending.values()), timeout=max(0.0, until - now) + 0.01)
         for rank, pipe in list(pending.items()):
             if pipe not in ready:
                 continue
-            del pending[rank]
             try:
-                ok, value = pipe.recv()
+                kind, value = pipe.recv()
             except EOFError:
                 procs[rank].join(5.0)
-                ok, value = False, f"exited with code {procs[rank].exitcode} before reporting"
-            (results if ok else errors)[rank] = value
-            if not ok:  # the run has failed: give the others a moment to report why, not the timeout
-                deadline = min(deadline, time.monotonic() + _GRACE)
-    for rank in pending:
-        errors[rank] = "did not finish within the timeout"
-    if errors:
-        raise LaunchError(errors)
+                kind, value = "error", {"reason": _exit_reason(procs[rank].exitcode)}
+            heard[rank] = time.monotonic()
+            if kind == "beat":
+                continue
+            del pending[rank]
+            if kind == "ok":
+                results[rank] = value
+            else:
+                failures[rank] = RankFailure(rank, **value)
+                if grace_end is None:  # give the others a moment to report why, not the timeout
+                    grace_end = time.monotonic() + _GRACE
+    if failures:
+        raise LaunchError(failures, len(pipes))
     return [results[r] for r in range(len(pipes))]
+
+
+def _exit_reason(code: int | None) -> str:
+    if code is not None and code < 0:
+        with contextlib.suppress(ValueError):
+            return f"was killed by {signal.Signals(-code).name} before reporting"
+    return f"exited with code {code} before reporting"
+
+
+def _failure_fields(error: BaseException) -> dict[str, Any]:
+    """What a rank sends back about ``error``: a RankError's fields (found in the exception's
+    causes too: DDP wraps a hook's error), else its type and first line."""
+    found: BaseException | None = error
+    while found is not None and not isinstance(found, RankError):
+        found = found.__cause__ or found.__context__
+    detail = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    if isinstance(found, RankError):
+        fields = found.fields()
+        fields.pop("rank", None)
+        return {**fields, "detail": detail}
+    kind = classify(error)
+    if kind != "failed":  # an engine's error outside the rounds: a consequence, like a RankError's
+        return {"reason": kind, "detail": detail}
+    text = first_line(error, 150)
+    return {"reason": f"raised {type(error).__name__}" + (f": {text}" if text else ""), "detail": detail}
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Have the kernel kill this process when its parent dies (Linux), and leave now if it has."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent_pid:
+        os._exit(1)
 
 
 def _child(
@@ -104,9 +321,15 @@ def _child(
     store: str,
     timeout: float,
     backend: str,
+    parent_pid: int,
 ) -> None:
+    global _beat_pipe
     code = 1
     try:
+        _die_with_parent(parent_pid)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the launcher, which ends us
+        _beat_pipe = pipe
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         import torch.distributed as dist
 
@@ -117,13 +340,30 @@ def _child(
             world_size=world_size,
             timeout=timedelta(seconds=timeout),
         )
+        heartbeat()
         result = fn(rank, world_size, *args)
-        dist.barrier()  # peers may still be waiting on our last sends
-        dist.destroy_process_group()
-        pipe.send((True, result))
+        try:
+            dist.barrier()  # peers may still be waiting on our last sends
+            dist.destroy_process_group()
+        except Exception as e:
+            reason = classify(e)
+            raise RankError(
+                f"rank {rank} {reason} in the closing barrier: {first_line(e)}",
+                rank=rank,
+                reason=reason,
+                during="in the closing barrier",
+            ) from e
+        with _beat_lock:
+            pipe.send(("ok", result))
         code = 0
-    except BaseException:
-        pipe.send((False, traceback.format_exc()))
+    except BaseException as e:
+        with _beat_lock, contextlib.suppress(Exception):
+            pipe.send(("error", _failure_fields(e)))
     finally:
         pipe.close()
         os._exit(code)
+
+
+def _last_line(text: str) -> str:
+    lines = [x for x in text.strip().splitlines() if x.strip()]
+    return lines[-1].strip() if lines else text

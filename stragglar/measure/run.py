@@ -13,6 +13,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,7 @@ from stragglar.errors import InputError
 from stragglar.measure.data import ITEMSIZE, check, expected, payload
 from stragglar.measure.timing import Figures, iteration_figures
 from stragglar.runtime import plan_for
+from stragglar.runtime.args import as_int, as_rank, as_seconds
 from stragglar.runtime.engine import DTYPES
 from stragglar.runtime.local import run_local
 from stragglar.synth import synthesize
@@ -35,7 +37,8 @@ BACKENDS = ("local", "torch", "cupy")
 @dataclass(frozen=True)
 class BenchmarkResult:
     """Per-iteration seconds (slowest rank, from the common start to its last round).
-    ``hidden`` is when the punctual ranks finished the phases without the straggler."""
+    ``hidden`` is when the punctual ranks finished the phases without the straggler; ``late`` is
+    the rank that arrived ``delay`` seconds late, for the schedule and the baseline alike."""
 
     backend: str
     algorithm: str
@@ -47,6 +50,7 @@ class BenchmarkResult:
     hidden: tuple[float, ...]
     baseline: str
     baseline_times: tuple[float, ...]
+    late: int | None = None
 
     @property
     def size_bytes(self) -> int:
@@ -74,6 +78,10 @@ class BenchmarkResult:
         size = format_bytes(self.size_bytes)
         return f"  N={self.num_ranks} {size} {self.delay * 1e3:g} ms: {self.baseline_time / self.time:.2f}x"
 
+    @property
+    def _late_rank(self) -> str:
+        return f" (rank {self.late})" if self.late is not None and self.delay > 0 else ""
+
     def report(self) -> str:
         """A few lines for the terminal."""
         mib, gb = self.size_bytes / 2**20, 1e9
@@ -87,8 +95,8 @@ class BenchmarkResult:
         return "\n".join(
             [
                 f"{self.algorithm} on {self.backend}: {self.num_ranks} ranks, {mib:.2f} MiB {self.dtype}, "
-                f"straggler delay {self.delay * 1e3:g} ms, {len(self.times)} iterations (median), "
-                "results checked",
+                f"straggler delay {self.delay * 1e3:g} ms{self._late_rank}, "
+                f"{len(self.times)} iterations (median), results checked",
                 *(f"  {name:<18} {t * 1e3:10.3f} ms/iter  {bw / gb:8.3f} GB/s" for name, t, bw in rows),
                 f"  speed-up {self.baseline_time / self.time:.2f}x{hidden}",
             ]
@@ -113,7 +121,12 @@ def run_benchmark(
     ``warmup + iters`` times on ``backend`` and the engine's all_reduce as often, checking every
     result.
 
-    ``delay`` is in seconds.  Raises :class:`~stragglar.errors.InputError` for a bad request,
+    ``delay`` is in seconds: how late the late rank arrives, for the schedule and the baseline
+    alike.  The late rank is ``straggler`` if given (for a straggler-aware algorithm also the
+    schedule's straggler), else the schedule's straggler, else the last rank: a schedule without
+    a straggler (Ring, RHD) waits for it exactly as the baseline does.  ``timeout`` bounds each
+    wait for a silent peer (plus ``delay`` where the wait includes the late rank's delay), not the
+    run.  Raises :class:`~stragglar.errors.InputError` for a bad request,
     :class:`~stragglar.measure.data.WrongResult` for a wrong result, and
     :class:`~stragglar.measure.launch.LaunchError` when a rank fails.
     """
@@ -121,34 +134,74 @@ def run_benchmark(
         raise InputError(f"unknown backend {backend!r} (choose from {', '.join(BACKENDS)})")
     if dtype not in DTYPES:
         raise InputError(f"unknown dtype {dtype!r} (choose from {', '.join(DTYPES)})")
+    num_ranks = as_int(num_ranks, "num_ranks", minimum=2)
+    size_bytes = as_int(size_bytes, "size_bytes", minimum=0)
+    delay = as_seconds(delay, "delay")
+    timeout = as_seconds(timeout, "timeout", positive=True)
+    iters = as_int(iters, "iters", minimum=1)
+    warmup = as_int(warmup, "warmup", minimum=0)
+    late = None if straggler is None else as_rank(straggler, "straggler", num_ranks)
     if proof is None:
-        proof = prove(synthesize(algorithm, num_ranks, straggler))
+        aware = late is not None and _has_straggler(algorithm)
+        proof = prove(synthesize(algorithm, num_ranks, late if aware else None))
     elif proof.num_ranks != num_ranks:
         raise InputError(f"schedule is for {proof.num_ranks} ranks, not {num_ranks}")
+    if late is None:
+        late = proof.schedule.straggler if proof.schedule.straggler is not None else num_ranks - 1
     count = size_bytes // ITEMSIZE[dtype]
-    if count < 1 or iters < 1 or warmup < 0 or delay < 0:
-        raise InputError("need size >= one element, iters >= 1, warmup >= 0 and delay >= 0")
+    if count < 1:
+        raise InputError(f"need size >= one element: {size_bytes} bytes hold no {dtype} element")
     _require(backend)
     if backend == "torch":
         from stragglar.measure.run_torch import torch_figures
 
-        figures = torch_figures(proof, count, dtype, delay, iters, warmup, timeout)
+        figures = torch_figures(proof, count, dtype, delay, iters, warmup, timeout, late)
     else:
-        figures = _in_process(backend, proof, count, dtype, delay, iters, warmup)
+        figures = _in_process(backend, proof, count, dtype, delay, iters, warmup, late)
     times, hidden, base_name, base = figures
     return BenchmarkResult(
-        backend, proof.schedule.algorithm, num_ranks, dtype, count, delay, times, hidden, base_name, base
+        backend,
+        proof.schedule.algorithm,
+        num_ranks,
+        dtype,
+        count,
+        delay,
+        times,
+        hidden,
+        base_name,
+        base,
+        late,
     )
 
 
+@cache
+def _has_straggler(algorithm: str) -> bool:
+    """Whether ``algorithm``'s schedules have a straggler (its smallest schedule tells)."""
+    return synthesize(algorithm, 2).straggler is not None
+
+
+HINTS = {
+    "torch": (
+        "the torch backend needs torch: pip install 'stragglar[torch]' after installing PyTorch itself, "
+        "either its CPU-only build or a CUDA build that matches your driver, with the pip command that "
+        "the install selector in PyTorch's documentation gives for your system"
+    ),
+    "cupy": (
+        "the cupy backend needs cupy: pip install 'stragglar[cupy]' installs cupy-cuda12x, for CUDA 12; "
+        "for CUDA 13 pip install cupy-cuda13x instead: pick the one matching the CUDA version that "
+        "nvidia-smi prints"
+    ),
+}
+
+
 def _require(backend: str) -> None:
-    """An InputError naming the extra to install when the backend's library is missing."""
+    """An InputError saying how to install the backend's library when it is missing."""
     if backend != "local" and importlib.util.find_spec(backend) is None:  # named after its library
-        raise InputError(f"the {backend} backend needs {backend}: pip install 'stragglar[{backend}]'")
+        raise InputError(HINTS[backend])
 
 
 def _in_process(
-    backend: str, proof: Proof, count: int, dtype: str, delay: float, iters: int, warmup: int
+    backend: str, proof: Proof, count: int, dtype: str, delay: float, iters: int, warmup: int, late: int
 ) -> Figures:
     schedule = proof.schedule
     xp, sync, host = _array_module(backend)
@@ -169,7 +222,7 @@ def _in_process(
         for b, x in zip(bufs, inputs, strict=True):
             b[:] = x
         sync()
-        figures = iteration_figures(schedule, run_local(bufs, plans, delay, sync))
+        figures = iteration_figures(schedule, run_local(bufs, plans, delay, sync, late))
         for r, b in enumerate(bufs):
             check(b, want, r, schedule.algorithm, host)
         for b, x in zip(bufs, inputs, strict=True):

@@ -22,8 +22,10 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Any, TypeVar
 
 from stragglar.errors import InputError
+from stragglar.runtime.args import ArgumentError, as_int, as_rank, as_seconds
 from stragglar.runtime.cupy_nccl import NcclGroup
 from stragglar.runtime.engine import DTYPES, RankError, Timeline, dtype_name, flat_view, run_rank
+from stragglar.runtime.header import CheckedHeaders, Header, MismatchError, make_header, mismatch
 from stragglar.runtime.layout import Layout
 from stragglar.runtime.local import run_local
 from stragglar.runtime.program import Plan, RankProgram, bind, compile_schedule
@@ -31,7 +33,9 @@ from stragglar.verify import Proof, require_proof
 
 __all__ = [
     "DTYPES",
+    "ArgumentError",
     "Layout",
+    "MismatchError",
     "NcclGroup",
     "RankError",
     "Timeline",
@@ -44,6 +48,7 @@ _V = TypeVar("_V")
 _lock = threading.Lock()
 _programs: OrderedDict[Hashable, tuple[RankProgram, ...]] = OrderedDict()
 _plans: OrderedDict[Hashable, Plan] = OrderedDict()
+_checked = CheckedHeaders()
 
 
 def _cached(cache: OrderedDict[Hashable, _V], key: Hashable, make: Callable[[], _V], limit: int) -> _V:
@@ -64,21 +69,29 @@ def _cached(cache: OrderedDict[Hashable, _V], key: Hashable, make: Callable[[], 
 def plan_for(proof: Proof, rank: int, count: int, tag_base: int = 0) -> Plan:
     """The compiled plan of ``rank`` bound to a ``count``-element buffer (cached by fingerprint)."""
     require_proof(proof)
+    rank = as_rank(rank, "rank", proof.num_ranks)
+    count = as_int(count, "count", minimum=0)
+    tag_base = as_int(tag_base, "tag_base", minimum=0)
     key = proof.schedule.fingerprint
     programs = _cached(_programs, key, lambda: compile_schedule(proof.schedule), 32)
     return _cached(_plans, (key, rank, count, tag_base), lambda: bind(programs[rank], count, tag_base), 256)
 
 
-def allreduce_local(buffers: Sequence[Any], proof: Proof, straggler_delay: float = 0.0) -> list[Timeline]:
+def allreduce_local(
+    buffers: Sequence[Any], proof: Proof, straggler_delay: float = 0.0, *, late_rank: int | None = None
+) -> list[Timeline]:
     """Sum ``buffers`` (one array per rank, all in this process) in place, following the schedule.
 
-    The reference executor (NumPy), and the GPU loopback with CuPy arrays on one device.  Rounds
-    that need the straggler wait until ``straggler_delay`` seconds have passed.
+    The reference executor (NumPy), and the GPU loopback with CuPy arrays on one device.  The late
+    rank (``late_rank``, default the schedule's straggler, else the last rank) arrives
+    ``straggler_delay`` seconds after the start: rounds from its first one on wait until then.
     """
     require_proof(proof)
+    delay = as_seconds(straggler_delay, "straggler_delay")
+    late = None if late_rank is None else as_rank(late_rank, "late_rank", proof.num_ranks)
     count = int(flat_view(buffers[0]).shape[0]) if buffers else 0
     plans = [plan_for(proof, r, count) for r in range(proof.num_ranks)]
-    return run_local(buffers, plans, straggler_delay)
+    return run_local(buffers, plans, delay, late=late)
 
 
 def allreduce(
@@ -89,45 +102,105 @@ def allreduce(
     *,
     timeout: float | None = 300.0,
     tag: int = 0,
+    late_rank: int | None = None,
 ) -> Timeline:
     """Sum this rank's ``data`` over the ranks in place, following the proved schedule.
 
     ``data`` is a torch tensor (``group``: a torch process group, default the world) or a
-    NumPy/CuPy array with an :class:`NcclGroup`.  The schedule's straggler sleeps
-    ``straggler_delay`` seconds first; the others start the rounds without it at once.  ``tag``
-    offsets the message tags (concurrent calls need distinct ranges of ``num_rounds``).  Returns
-    this rank's timeline.  Raises :class:`RankError` when a peer dies or ``timeout`` passes.
+    NumPy/CuPy array with an :class:`NcclGroup`.  The late rank (``late_rank``, default the
+    schedule's straggler, else the last rank) sleeps ``straggler_delay`` seconds first; the others
+    start the rounds without it at once.  ``tag`` offsets the message tags (concurrent calls need
+    distinct ranges of ``num_rounds``).  Returns this rank's timeline.
+
+    The first call with a given schedule, dtype, element count, tag and late rank on a group
+    all-gathers a small header, and every rank raises the same :class:`MismatchError` if the ranks
+    disagree on any of them (instead of computing a wrong sum); later calls with the same plan
+    skip it.  Raises :class:`RankError` when a peer dies or does not answer within ``timeout``
+    seconds (``timeout`` plus ``straggler_delay`` for a wait that may include the late rank's
+    delay), and :class:`ArgumentError` (a TypeError) or ``InputError`` for bad arguments.
     """
     require_proof(proof)
-    flat = flat_view(data)
+    delay = as_seconds(straggler_delay, "straggler_delay")
+    wait = None if timeout is None else as_seconds(timeout, "timeout", positive=True)
+    tag = as_int(tag, "tag", minimum=0)
     if isinstance(group, NcclGroup):
-        from stragglar.runtime.cupy_nccl import NcclTransport
+        from stragglar.runtime.cupy_nccl import NcclTransport, nccl_dtype
+        from stragglar.runtime.cupy_nccl import gather_headers as gather_nccl
 
         group = group.resolved()
         rank, size = group.comm.rank_id(), group.comm.size()
-        plan = _rank_plan(proof, rank, size, int(flat.shape[0]), tag)
+        late = _late(proof, late_rank, size)
         with group.stream:
-            return run_rank(
-                flat, plan, NcclTransport(plan, group, dtype_name(flat), timeout), straggler_delay
-            )
+            flat, header, problem = _inspect(data, proof, tag, late, lambda dtype: nccl_dtype(group, dtype))
+            if (group.comm, header) not in _checked:
+                _agree(header, gather_nccl(group, flat if flat is not None else data, header, wait), size)
+                if problem is None:
+                    _checked.add(group.comm, header)
+            if problem is not None:
+                raise problem
+            plan = plan_for(proof, rank, int(flat.shape[0]), tag)
+            transport = NcclTransport(plan, group, dtype_name(flat), _plus(wait, delay))
+            return run_rank(flat, plan, transport, delay, late)
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(data, torch.Tensor):
         import torch.distributed as dist
 
         from stragglar.runtime.torch_dist import TorchTransport
+        from stragglar.runtime.torch_dist import gather_headers as gather_torch
 
         rank, size = dist.get_rank(group), dist.get_world_size(group)
-        plan = _rank_plan(proof, rank, size, int(flat.shape[0]), tag)
-        return run_rank(flat, plan, TorchTransport(plan, group, timeout), straggler_delay)
-    raise TypeError(
+        late = _late(proof, late_rank, size)
+        flat, header, problem = _inspect(data, proof, tag, late)
+        identity = group if group is not None else dist.group.WORLD
+        if (identity, header) not in _checked:
+            _agree(header, gather_torch(header, group, data.device, rank, wait), size)
+            if problem is None:
+                _checked.add(identity, header)
+        if problem is not None:
+            raise problem
+        plan = plan_for(proof, rank, int(flat.shape[0]), tag)
+        return run_rank(flat, plan, TorchTransport(plan, group, _plus(wait, delay)), delay, late)
+    raise ArgumentError(
         f"cannot allreduce a {type(data).__name__} across processes: pass a torch tensor, or an array "
         "with an NcclGroup (allreduce_local takes one array per rank)"
     )
 
 
-def _rank_plan(proof: Proof, rank: int, size: int, count: int, tag: int) -> Plan:
-    if size != proof.num_ranks:
-        raise InputError(
-            f"schedule '{proof.schedule.algorithm}' is for {proof.num_ranks} ranks, the group has {size}"
-        )
-    return plan_for(proof, rank, count, tag)
+def _late(proof: Proof, requested: Any, size: int) -> int:
+    """The late rank: ``requested`` (checked), else the schedule's straggler, else the last rank."""
+    if requested is not None:
+        return as_rank(requested, "late_rank", size)
+    straggler = proof.schedule.straggler
+    return straggler if straggler is not None else proof.num_ranks - 1
+
+
+def _plus(timeout: float | None, delay: float) -> float | None:
+    return None if timeout is None else timeout + delay
+
+
+def _inspect(
+    data: Any, proof: Proof, tag: int, late: int, sendable: Callable[[str], object] = lambda _: None
+) -> tuple[Any, Header, Exception | None]:
+    """(the flat view or None, this rank's header, the error this rank must raise or None)."""
+    try:
+        flat = flat_view(data)
+    except TypeError as e:  # a dtype nothing here supports
+        return None, make_header(proof, None, None, tag, late, problem=1), e
+    except InputError as e:  # not contiguous
+        return None, make_header(proof, None, None, tag, late, problem=2), e
+    dtype = dtype_name(flat)
+    try:
+        sendable(dtype)
+    except TypeError as e:  # e.g. an NCCL build without bfloat16
+        return None, make_header(proof, dtype, None, tag, late, problem=3), e
+    return flat, make_header(proof, dtype, int(flat.shape[0]), tag, late), None
+
+
+def _agree(mine: Header, gathered: Sequence[Sequence[int]], size: int) -> None:
+    """Raise the same MismatchError on every rank unless every header equals this rank's.
+
+    A rank with a problem of its own raises its own error after the gather instead."""
+    headers = [Header(*h) for h in gathered]
+    reason = mismatch(headers, size)
+    if reason is not None and not mine.problem:
+        raise MismatchError(reason)

@@ -10,13 +10,18 @@ tested on CPU against a fake NCCL over NumPy.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stragglar.runtime.engine import Array, RankError, describe
+import numpy as np
+
+from stragglar.runtime.engine import Array, RankError, first_line, step_error
 from stragglar.runtime.program import BoundStep, Plan
 
-__all__ = ["NcclGroup", "NcclTransport", "pointer"]
+__all__ = ["NcclGroup", "NcclTransport", "gather_headers", "nccl_dtype", "pointer"]
+
+CHECKING = "checking that every rank runs the same allreduce"
 
 
 @dataclass
@@ -43,15 +48,32 @@ def pointer(view: Array) -> int:
     return int(ptr) if ptr is not None else int(view.ctypes.data)
 
 
+def nccl_dtype(group: NcclGroup, dtype: str) -> Any:
+    """NCCL's code for ``dtype``; TypeError when this NCCL build has none."""
+    name = f"NCCL_{dtype.upper()}"
+    if not hasattr(group.nccl, name):
+        raise TypeError(f"this NCCL build has no {dtype}")
+    return getattr(group.nccl, name)
+
+
+def wait_stream(group: NcclGroup, timeout: float | None, on_timeout: Callable[[], RankError]) -> None:
+    """Wait for the group's stream; past ``timeout`` abort the communicator (so no rank hangs on
+    it) and raise ``on_timeout()``."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while not group.stream.done:
+        group.comm.check_async_error()
+        if deadline is not None and time.monotonic() > deadline:
+            group.comm.abort()
+            raise on_timeout()
+        time.sleep(1e-4)
+
+
 class NcclTransport:
     def __init__(self, plan: Plan, group: NcclGroup, dtype: str, timeout: float | None) -> None:
         self.plan = plan
         self.group = group
         self.timeout = timeout
-        name = f"NCCL_{dtype.upper()}"
-        if not hasattr(group.nccl, name):
-            raise TypeError(f"this NCCL build has no {dtype}")
-        self.dtype = getattr(group.nccl, name)
+        self.dtype = nccl_dtype(group, dtype)
         self.last: BoundStep | None = None
 
     def exchange(self, step: BoundStep, sends: list[Array], recvs: list[Array]) -> None:
@@ -68,11 +90,54 @@ class NcclTransport:
 
     def finish(self) -> None:
         """Wait for the stream; on timeout abort the communicator so no rank hangs."""
-        deadline = None if self.timeout is None else time.monotonic() + self.timeout
-        while not self.group.stream.done:
-            self.group.comm.check_async_error()
-            if deadline is not None and time.monotonic() > deadline:
-                self.group.comm.abort()
-                where = describe(self.plan, self.last) if self.last else f"rank {self.plan.rank}"
-                raise RankError(f"allreduce timed out after {self.timeout} s; last round issued: {where}")
-            time.sleep(1e-4)
+        wait_stream(self.group, self.timeout, self._timed_out)
+
+    def _timed_out(self) -> RankError:
+        error = TimeoutError(f"no answer within {self.timeout:g} s; the last round issued did not complete")
+        if self.last is not None:
+            return step_error(self.plan, self.last, error)
+        return RankError(
+            f"allreduce failed: rank {self.plan.rank} timed out", rank=self.plan.rank, reason="timed out"
+        )
+
+
+def gather_headers(
+    group: NcclGroup, like: Array, header: Sequence[int], timeout: float | None
+) -> list[tuple[int, ...]]:
+    """Every rank's ``header`` in rank order: one NCCL allGather on the group's stream, in device
+    memory like ``like`` (a NumPy or CuPy array), bounded by ``timeout``."""
+    rank, size, width = group.comm.rank_id(), group.comm.size(), len(header)
+    host = np.asarray(header, dtype=np.int64)
+    send = _device_like(like, host)
+    recv = _device_like(like, np.zeros(size * width, np.int64))
+
+    def timed_out() -> RankError:
+        return RankError(
+            f"allreduce failed: rank {rank} timed out {CHECKING}: no answer within {timeout:g} s",
+            rank=rank,
+            reason="timed out",
+            during=CHECKING,
+        )
+
+    try:
+        group.comm.allGather(
+            pointer(send), pointer(recv), width, nccl_dtype(group, "int64"), group.stream.ptr
+        )
+    except Exception as e:
+        raise RankError(
+            f"allreduce failed: rank {rank} failed {CHECKING}: {first_line(e)}",
+            rank=rank,
+            during=CHECKING,
+        ) from e
+    wait_stream(group, timeout, timed_out)
+    values = recv if isinstance(recv, np.ndarray) else recv.get()
+    return [tuple(int(x) for x in values[r * width : (r + 1) * width]) for r in range(size)]
+
+
+def _device_like(like: Array, host: np.ndarray) -> Array:
+    """``host`` copied into memory of ``like``'s kind: NumPy stays NumPy, anything else is CuPy."""
+    if isinstance(like, np.ndarray):
+        return host.copy()
+    import cupy
+
+    return cupy.asarray(host)

@@ -17,9 +17,21 @@ from typing import Any, Protocol
 import numpy as np
 
 from stragglar.errors import InputError, RunError
-from stragglar.runtime.program import BoundMessage, BoundStep, Plan
+from stragglar.runtime.program import BoundMessage, BoundStep, Plan, RankProgram
 
-__all__ = ["DTYPES", "RankError", "Timeline", "Transport", "dtype_name", "flat_view", "run_rank"]
+__all__ = [
+    "DTYPES",
+    "RankError",
+    "Timeline",
+    "Transport",
+    "classify",
+    "dtype_name",
+    "failure_phrase",
+    "flat_view",
+    "late_rank",
+    "run_rank",
+    "step_error",
+]
 
 DTYPES = ("float16", "bfloat16", "float32", "float64", "int32", "int64")
 
@@ -27,7 +39,100 @@ Array = Any  # numpy.ndarray, cupy.ndarray or torch.Tensor: all sliced the same 
 
 
 class RankError(RunError):
-    """A rank could not finish its part: a peer died, never arrived, or timed out."""
+    """A rank could not finish its part: a peer died, never arrived, or timed out.
+
+    Besides the message, the fields say what happened where, so a launcher can summarise many
+    ranks' failures in one line: ``reason`` (``"timed out"``, ``"lost the connection"``,
+    ``"failed"``), the ``round`` (numbered within its phase, as in the verifier's messages) and
+    ``phase`` it happened in (None outside the rounds, then
+    ``during`` says what the rank was doing), and the ``peer`` it was ``waiting`` for
+    (``"waiting for"`` a receive, ``"sending to"`` a send) when one peer is to blame.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        rank: int | None = None,
+        reason: str = "failed",
+        round: int | None = None,
+        phase: str | None = None,
+        peer: int | None = None,
+        waiting: str = "waiting for",
+        during: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.reason = reason
+        self.round = round
+        self.phase = phase
+        self.peer = peer
+        self.waiting = waiting
+        self.during = during
+
+    def __reduce__(self) -> tuple[Any, ...]:  # keyword fields survive pickling (process pools)
+        return (_rank_error, (str(self), self.fields()))
+
+    def fields(self) -> dict[str, Any]:
+        """The structured fields, as plain data (what a rank process sends its launcher)."""
+        keys = ("rank", "reason", "round", "phase", "peer", "waiting", "during")
+        return {k: getattr(self, k) for k in keys}
+
+    @property
+    def what(self) -> str:
+        """``timed out in round 5 (phase 'exchange') waiting for rank 2``: the fields in words."""
+        return failure_phrase(self.reason, self.round, self.phase, self.peer, self.waiting, self.during)
+
+
+def _rank_error(message: str, fields: dict[str, Any]) -> RankError:
+    return RankError(message, **fields)
+
+
+def failure_phrase(
+    reason: str,
+    round: int | None = None,
+    phase: str | None = None,
+    peer: int | None = None,
+    waiting: str = "waiting for",
+    during: str | None = None,
+) -> str:
+    """A failure in words, without the rank: see :attr:`RankError.what`."""
+    text = reason
+    if round is not None:
+        text += f" in round {round}" + (f" (phase {phase!r})" if phase is not None else "")
+    elif during:
+        text += f" {during}"
+    if peer is not None:
+        text += f" {waiting} rank {peer}"
+    return text
+
+
+def classify(error: BaseException) -> str:
+    """``timed out``, ``lost the connection`` or ``failed``: what an engine's exception means."""
+    text = str(error).lower()
+    if isinstance(error, TimeoutError) or "timed out" in text or "timeout" in text:
+        return "timed out"
+    lost = ("closed by peer", "connection reset", "connection closed", "broken pipe", "connection refused")
+    if any(word in text for word in lost):
+        return "lost the connection"
+    return "failed"
+
+
+def first_line(text: object, limit: int = 200) -> str:
+    """The first non-empty line of ``text``, cut to ``limit`` characters."""
+    line = next((x.strip() for x in str(text).splitlines() if x.strip()), "")
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def late_rank(program: RankProgram, requested: int | None = None) -> int:
+    """The rank that arrives late: ``requested``, else the schedule's straggler, else the last rank.
+
+    A schedule without a straggler (Ring, RHD) still has a late rank when a delay is asked for,
+    and its rounds wait for that rank exactly as the engine's own AllReduce would.
+    """
+    if requested is not None:
+        return requested
+    return program.straggler if program.straggler is not None else program.num_ranks - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,10 +237,13 @@ def apply(flat: Array, work: Array, m: BoundMessage) -> None:
         offset += stop - start
 
 
-def run_rank(flat: Array, plan: Plan, transport: Transport, straggler_delay: float = 0.0) -> Timeline:
-    """Run ``plan`` on this rank's 1-D buffer; the straggler first sleeps ``straggler_delay`` s."""
+def run_rank(
+    flat: Array, plan: Plan, transport: Transport, straggler_delay: float = 0.0, late: int | None = None
+) -> Timeline:
+    """Run ``plan`` on this rank's 1-D buffer; the late rank (:func:`late_rank`) first sleeps
+    ``straggler_delay`` s."""
     start = time.perf_counter()
-    if plan.rank == plan.program.straggler and straggler_delay > 0:
+    if plan.rank == late_rank(plan.program, late) and straggler_delay > 0:
         time.sleep(straggler_delay)
     arrived = time.perf_counter()
     work = scratch_for(flat, plan.work_size)
@@ -151,11 +259,27 @@ def run_rank(flat: Array, plan: Plan, transport: Transport, straggler_delay: flo
     return Timeline(plan.rank, start, arrived, tuple(phase_done), time.perf_counter())
 
 
-def describe(plan: Plan, step: BoundStep) -> str:
-    """``rank 2, round 5 (phase 'exchange') with ranks [0, 3]``: where a failure happened."""
+def step_error(
+    plan: Plan, step: BoundStep, error: BaseException, peer: int | None = None, waiting: str = "waiting for"
+) -> RankError:
+    """A :class:`RankError` for ``error`` met in ``step``, naming the peer when one is to blame
+    (else the step's only peer, if it has one)."""
     peers = sorted({m.peer for m in step.sends + step.recvs})
-    name = plan.program.phases[step.phase]
-    return f"rank {plan.rank}, round {step.round} (phase {name!r}) with ranks {peers}"
+    if peer is None and len(peers) == 1:
+        peer, waiting = peers[0], "with"
+    phase = plan.program.phases[step.phase]
+    rnd = plan.program.phase_round(step.round, step.phase)
+    reason = classify(error)
+    what = failure_phrase(reason, rnd, phase, peer, waiting)
+    return RankError(
+        f"allreduce failed: rank {plan.rank} {what}: {first_line(error)}",
+        rank=plan.rank,
+        reason=reason,
+        round=rnd,
+        phase=phase,
+        peer=peer,
+        waiting=waiting,
+    )
 
 
 def check_sizes(sizes: Sequence[int], what: str) -> None:

@@ -21,6 +21,7 @@ from stragglar.runtime.engine import (
     dtype_name,
     empty_like,
     flat_view,
+    late_rank,
     recv_view,
     send_view,
 )
@@ -34,11 +35,15 @@ def run_local(
     plans: Sequence[Plan],
     straggler_delay: float = 0.0,
     sync: Callable[[], None] = lambda: None,
+    late: int | None = None,
 ) -> list[Timeline]:
     """AllReduce ``buffers`` (one per rank, in place) with one bound plan per rank.
 
-    ``sync`` waits for queued device work (``cupy.cuda.Device().synchronize``) before the clock
-    is read at the end.
+    The late rank (``late``, default the schedule's straggler, else the last rank: see
+    :func:`~stragglar.runtime.engine.late_rank`) arrives ``straggler_delay`` seconds after the
+    start, so every round from its first one on waits until then, as every rank would wait for it
+    on a network; rounds before it run at once.  ``sync`` waits for queued device work
+    (``cupy.cuda.Device().synchronize``) before the clock is read at the end.
     """
     if len(buffers) != len(plans):
         raise InputError(f"schedule has {len(plans)} ranks, got {len(buffers)} buffers")
@@ -53,13 +58,13 @@ def run_local(
         for step in p.steps:
             by_round.setdefault(step.round, {})[p.rank] = step
     program = plans[0].program
-    late = program.straggler
-    late_steps = plans[late].program.steps if late is not None else ()
+    late = late_rank(program, late)
+    late_steps = plans[late].program.steps
     joins = late_steps[0].round if late_steps else 0
     arrived: float | None = None
     phase_done: list[list[float | None]] = [[None] * len(program.phases) for _ in plans]
     for rnd in sorted(by_round):
-        if late is not None and rnd >= joins and arrived is None:
+        if rnd >= joins and arrived is None:
             time.sleep(max(0.0, start + straggler_delay - time.perf_counter()))
             arrived = time.perf_counter()
         steps = by_round[rnd]
@@ -80,9 +85,12 @@ def run_local(
             for m in step.recvs:
                 apply(flats[rank], works[rank], m)
             phase_done[rank][step.phase] = now
+    if arrived is None:  # no round moved data after it joined (tiny buffers): it still came late
+        time.sleep(max(0.0, start + straggler_delay - time.perf_counter()))
+        arrived = time.perf_counter()
     sync()
     done = time.perf_counter()
     return [
-        Timeline(r, start, (arrived or start) if r == late else start, tuple(phase_done[r]), done)
+        Timeline(r, start, arrived if r == late else start, tuple(phase_done[r]), done)
         for r in range(len(plans))
     ]

@@ -50,12 +50,20 @@ class Step:
 
 @dataclass(frozen=True, slots=True)
 class RankProgram:
+    """One rank's steps; ``phase_starts[i]`` is the index of phase ``i``'s first round among all
+    rounds (a step's ``round`` counts across phases, messages name rounds within their phase)."""
+
     rank: int
     num_ranks: int
     num_chunks: int
     straggler: int | None
     phases: tuple[str, ...]
     steps: tuple[Step, ...]
+    phase_starts: tuple[int, ...] = ()
+
+    def phase_round(self, round_index: int, phase: int) -> int:
+        """``round_index`` (across phases) as a round number within ``phase``."""
+        return round_index - (self.phase_starts[phase] if self.phase_starts else 0)
 
 
 def compile_schedule(schedule: Schedule) -> tuple[RankProgram, ...]:
@@ -82,8 +90,9 @@ def compile_schedule(schedule: Schedule) -> tuple[RankProgram, ...]:
                 steps[rank].append(Step(round_index, phase_index, sends, recvs))
             round_index += 1
     names = tuple(p.name for p in schedule.phases)
+    starts = tuple(itertools.accumulate((len(p.rounds) for p in schedule.phases[:-1]), initial=0))
     n, c, s = schedule.num_ranks, schedule.num_chunks, schedule.straggler
-    return tuple(RankProgram(r, n, c, s, names, tuple(steps[r])) for r in range(n))
+    return tuple(RankProgram(r, n, c, s, names, tuple(steps[r]), starts) for r in range(n))
 
 
 def _message(peer: int, tag: int, items: list[tuple[int, bool]], sent: set[int]) -> Message:

@@ -3,21 +3,26 @@
 Gloo: every irecv of the round is posted before any isend, with the round as tag, then all are
 waited with a timeout (``batch_isend_irecv`` is a plain loop on gloo and can hang).  NCCL: one
 ``batch_isend_irecv`` per round, which NCCL runs as one group; it ignores tags and matches in issue
-order, which is the same on both ends.
+order, which is the same on both ends.  A failure names the peer whose receive or send did not
+complete (:class:`~stragglar.runtime.engine.RankError`).
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from stragglar.runtime.engine import RankError, describe
+from stragglar.runtime.engine import RankError, classify, first_line, step_error
 from stragglar.runtime.program import BoundStep, Plan
 
-__all__ = ["TorchTransport"]
+__all__ = ["TorchTransport", "gather_headers"]
+
+CHECKING = "checking that every rank runs the same allreduce"
 
 
 class TorchTransport:
@@ -33,14 +38,22 @@ class TorchTransport:
         ]
 
     def exchange(self, step: BoundStep, sends: list[torch.Tensor], recvs: list[torch.Tensor]) -> None:
+        # works come back in the order posted: this step's receives, then its sends
+        blame: list[tuple[int | None, str]] = [(m.peer, "waiting for") for m in step.recvs]
+        blame += [(m.peer, "sending to") for m in step.sends]
+        if self.nccl:  # one NCCL group: no single peer to blame
+            blame = [(None, "waiting for")] * len(blame)
+        peer: int | None = None
+        waiting = "waiting for"
         try:
             works = self._post(step, sends, recvs)
-            for work in works:
+            for i, work in enumerate(works):
+                peer, waiting = blame[i] if i < len(blame) else (None, "waiting for")
                 ok = work.wait(self.timeout) if self.timeout is not None else work.wait()
                 if ok is False:
-                    raise TimeoutError(f"no answer within {self.timeout}")
+                    raise TimeoutError("no answer within the timeout")
         except Exception as e:  # the engines raise RuntimeError, DistBackendError or TimeoutError
-            raise RankError(f"allreduce failed at {describe(self.plan, step)}: {e}") from e
+            raise step_error(self.plan, step, e, peer, waiting) from e
 
     def _post(self, step: BoundStep, sends: list[torch.Tensor], recvs: list[torch.Tensor]) -> list[Any]:
         g, ranks = self.group, self.ranks
@@ -60,3 +73,38 @@ class TorchTransport:
 
     def finish(self) -> None:
         """Nothing queued: every round was waited for."""
+
+
+def gather_headers(
+    header: Sequence[int], group: Any, device: Any, rank: int, timeout: float | None
+) -> list[tuple[int, ...]]:
+    """Every rank's ``header``, in rank order: one all_gather on ``group``, bounded by ``timeout``.
+
+    NCCL's ``wait`` only orders streams, so there the host polls the work until the deadline.
+    """
+    size = dist.get_world_size(group)
+    mine = torch.tensor(list(header), dtype=torch.int64, device=device)
+    gathered = [torch.empty_like(mine) for _ in range(size)]
+    try:
+        work = dist.all_gather(gathered, mine, group=group, async_op=True)
+        if dist.get_backend(group) == "nccl":
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while not work.is_completed():
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"no answer within {timeout:g} s")
+                time.sleep(1e-4)
+            work.wait()
+        elif timeout is not None:
+            if work.wait(timedelta(seconds=timeout)) is False:
+                raise TimeoutError(f"no answer within {timeout:g} s")
+        else:
+            work.wait()
+    except Exception as e:
+        reason = classify(e)
+        raise RankError(
+            f"allreduce failed: rank {rank} {reason} {CHECKING}: {first_line(e)}",
+            rank=rank,
+            reason=reason,
+            during=CHECKING,
+        ) from e
+    return [tuple(int(x) for x in t.tolist()) for t in gathered]

@@ -1,0 +1,68 @@
+"""Checks of the Python API's arguments, in the API's own terms (never the command line's options).
+
+Integers may be any integral type (``3``, ``np.int64(3)``); ``True`` and ``1.5`` are refused, as
+a rank or a count that is a bool or a float is a mistake, not a value.  Times are real numbers of
+seconds.  A wrong type raises :class:`ArgumentError`, which is both an
+:class:`~stragglar.errors.InputError` (exit 2) and a :class:`TypeError`; a value out of range
+raises :class:`~stragglar.errors.InputError`.
+
+>>> import numpy as np
+>>> as_int(np.int64(3), "straggler")
+3
+>>> as_int(True, "straggler")
+Traceback (most recent call last):
+...
+stragglar.runtime.args.ArgumentError: straggler must be an integer, got True (bool)
+>>> as_rank(1.5, "straggler", 4)
+Traceback (most recent call last):
+...
+stragglar.runtime.args.ArgumentError: straggler must be an integer, got 1.5 (float)
+>>> as_rank(4, "straggler", 4)
+Traceback (most recent call last):
+...
+stragglar.errors.InputError: straggler must be a rank in 0..3, got 4
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import operator
+from typing import Any
+
+from stragglar.errors import InputError
+
+__all__ = ["ArgumentError", "as_int", "as_rank", "as_seconds"]
+
+
+class ArgumentError(InputError, TypeError):
+    """An argument of the wrong type (exit 2); also a :class:`TypeError`."""
+
+
+def as_int(value: Any, name: str, minimum: int | None = None) -> int:
+    """``value`` as a plain ``int``: any integral type but bool, at least ``minimum`` if given."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ArgumentError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
+    result = operator.index(value)
+    if minimum is not None and result < minimum:
+        raise InputError(f"{name} must be at least {minimum}, got {result}")
+    return result
+
+
+def as_rank(value: Any, name: str, num_ranks: int) -> int:
+    """``value`` as a rank of a ``num_ranks``-rank group."""
+    rank = as_int(value, name)
+    if not 0 <= rank < num_ranks:
+        raise InputError(f"{name} must be a rank in 0..{num_ranks - 1}, got {rank}")
+    return rank
+
+
+def as_seconds(value: Any, name: str, *, positive: bool = False) -> float:
+    """``value`` as a finite number of seconds, ``>= 0`` (``> 0`` when ``positive``)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ArgumentError(f"{name} must be a number of seconds, got {value!r} ({type(value).__name__})")
+    seconds = float(value)
+    if not math.isfinite(seconds) or seconds < 0 or (positive and seconds == 0):
+        bound = "> 0" if positive else ">= 0"
+        raise InputError(f"{name} must be a finite number of seconds {bound}, got {value!r}")
+    return seconds

@@ -1,0 +1,207 @@
+"""What every rank checks before its first rounds with a plan: that all ranks run the same AllReduce.
+
+A schedule only computes the sum when every rank runs the same one, on buffers of the same dtype
+and element count: a rank with another count cuts its chunks elsewhere, one with another
+straggler pairs with other peers, and engines move bytes without asking what they mean, so any
+of these gives a wrong sum or a hang.  Before its first rounds with a plan, each rank therefore
+all-gathers a small :class:`Header` (the schedule's size, algorithm, straggler and fingerprint,
+the dtype, the element count, the tag base and the late rank, and any local problem with its
+buffer) on the same group, with the call's timeout, and every rank raises the same one-line
+:class:`MismatchError` when they differ.  A header that passed is remembered per group
+(:class:`CheckedHeaders`), so later calls with the same plan cost a dictionary lookup.
+
+>>> h = Header(MAGIC, 0, 4, 0, 3, 7, 2, 1000, 0, 3)
+>>> print(mismatch([h, h._replace(elements=999), h, h], 4))
+ranks disagree on the allreduce: element count: ranks 0, 2, 3 have 1000, rank 1 has 999
+>>> mismatch([h] * 4, 4) is None
+True
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+from stragglar.errors import InputError
+from stragglar.runtime.engine import DTYPES
+from stragglar.synth import ALGORITHMS
+from stragglar.verify import Proof
+
+__all__ = ["MAGIC", "CheckedHeaders", "Header", "MismatchError", "make_header", "mismatch", "rank_list"]
+
+MAGIC = 0x53_54_52_41_47  # "STRAG": a peer that sends anything else is not in this call
+
+PROBLEMS = {
+    1: "has a buffer of a dtype no engine here supports",
+    2: "has a buffer that is not contiguous",
+    3: "has a dtype its engine cannot send",
+}
+
+
+class MismatchError(InputError):
+    """The ranks of a group called the AllReduce with different schedules, dtypes or sizes (exit 2).
+
+    Every rank raises it, with the same message, before any data moves.
+    """
+
+
+class Header(NamedTuple):
+    """One rank's description of the AllReduce it is about to run, as integers."""
+
+    magic: int
+    problem: int  # 0, or a key of PROBLEMS: this rank cannot take part
+    ranks: int  # the schedule's rank count
+    algorithm: int  # index in ALGORITHMS, -1 for another name
+    straggler: int  # -1: none
+    fingerprint: int  # the schedule's fingerprint, first 60 bits
+    dtype: int  # index in DTYPES, -1: unsupported
+    elements: int  # -1: unknown
+    tag: int
+    late: int
+
+
+def make_header(
+    proof: Proof, dtype: str | None, count: int | None, tag: int, late: int, problem: int = 0
+) -> Header:
+    """This rank's header (``dtype`` and ``count`` None when its buffer has a ``problem``)."""
+    s = proof.schedule
+    return Header(
+        MAGIC,
+        problem,
+        s.num_ranks,
+        ALGORITHMS.index(s.algorithm) if s.algorithm in ALGORITHMS else -1,
+        -1 if s.straggler is None else s.straggler,
+        int(s.fingerprint[:15], 16),
+        DTYPES.index(dtype) if dtype in DTYPES else -1,
+        -1 if count is None else count,
+        tag,
+        late,
+    )
+
+
+def rank_list(ranks: Sequence[int], limit: int = 8) -> str:
+    """``rank 2`` or ``ranks 0-3, 5``: ranks in words, the first ``limit`` runs of them.
+
+    >>> rank_list([5, 0, 1, 2, 3]), rank_list([4]), rank_list(range(0, 20, 2), limit=3)
+    ('ranks 0-3, 5', 'rank 4', 'ranks 0, 2, 4 and 7 more')
+    """
+    ordered = sorted(set(ranks))
+    if len(ordered) == 1:
+        return f"rank {ordered[0]}"
+    runs: list[list[int]] = []
+    for r in ordered:
+        if runs and r == runs[-1][-1] + 1:
+            runs[-1].append(r)
+        else:
+            runs.append([r])
+    parts = [f"{run[0]}-{run[-1]}" if len(run) > 2 else ", ".join(map(str, run)) for run in runs]
+    words = ", ".join(parts)
+    if len(runs) > limit:
+        shown = sum(len(run) for run in runs[:limit])
+        words = ", ".join(parts[:limit]) + f" and {len(ordered) - shown} more"
+    return "ranks " + words
+
+
+def _schedule(h: Header) -> str:
+    name = f"the '{ALGORITHMS[h.algorithm]}'" if 0 <= h.algorithm < len(ALGORITHMS) else "another algorithm's"
+    late = f"straggler {h.straggler}" if h.straggler >= 0 else "no straggler"
+    return f"{name} schedule for {h.ranks} ranks ({late}, fingerprint {h.fingerprint:015x})"
+
+
+_FIELDS: tuple[tuple[str, Callable[[Header], Any], Callable[[Header], str]], ...] = (
+    (
+        "schedule",
+        lambda h: (h.ranks, h.algorithm, h.straggler, h.fingerprint),
+        lambda h: "run " + _schedule(h),
+    ),
+    ("dtype", lambda h: h.dtype, lambda h: f"have {DTYPES[h.dtype]}"),
+    ("element count", lambda h: h.elements, lambda h: f"have {h.elements}"),
+    ("tag", lambda h: h.tag, lambda h: f"use tag {h.tag}"),
+    ("late rank", lambda h: h.late, lambda h: f"wait for rank {h.late}"),
+)
+
+
+def mismatch(headers: Sequence[Header], group_size: int) -> str | None:
+    """Why ``headers`` (one per rank, in rank order) cannot run together, in one line; None if they can."""
+    strangers = [r for r, h in enumerate(headers) if h.magic != MAGIC]
+    if strangers:
+        return (
+            f"{rank_list(strangers)} sent no allreduce header: is another collective running on this group?"
+        )
+    troubled = {
+        code: [r for r, h in enumerate(headers) if h.problem == code] for code in {h.problem for h in headers}
+    }
+    problems = [
+        f"{rank_list(ranks)} {PROBLEMS.get(code, 'cannot take part')}"
+        for code, ranks in troubled.items()
+        if code
+    ]
+    if problems:
+        return "cannot allreduce: " + "; ".join(sorted(problems))
+    parts: list[str] = []
+    for name, key, words in _FIELDS:
+        if name == "late rank" and parts and parts[0].startswith("schedule"):
+            continue  # another straggler is another late rank: say it once
+        groups: dict[Any, list[int]] = {}
+        for r, h in enumerate(headers):
+            groups.setdefault(key(h), []).append(r)
+        if len(groups) > 1:
+            shown = sorted(groups.values(), key=lambda rs: (-len(rs), rs))
+            said = [f"{rank_list(rs)} {_plural(words(headers[rs[0]]), len(rs))}" for rs in shown[:4]]
+            more = f", {len(shown) - 4} more values" if len(shown) > 4 else ""
+            parts.append(f"{name}: " + ", ".join(said) + more)
+    if parts:
+        return "ranks disagree on the allreduce: " + "; ".join(parts)
+    first = headers[0]
+    if first.ranks != group_size:
+        return f"{_schedule(first)} cannot run on a group of {group_size} ranks"
+    return None
+
+
+def _plural(verb_phrase: str, n: int) -> str:
+    """``have 3`` for several ranks, ``has 3`` for one (``run`` -> ``runs``, ``use`` -> ``uses``)."""
+    if n > 1:
+        return verb_phrase
+    verb, _, rest = verb_phrase.partition(" ")
+    verb = {"have": "has"}.get(verb, verb + "s")
+    return f"{verb} {rest}"
+
+
+class CheckedHeaders:
+    """Headers that every rank of a group agreed on, per group, least recently used dropped first.
+
+    A group is remembered by identity: weakly where it allows (a group that is gone and a new
+    one at the same address is never taken for it), else strongly.
+    """
+
+    def __init__(self, limit: int = 1024) -> None:
+        self._lock = threading.Lock()
+        self._limit = limit
+        self._entries: OrderedDict[tuple[int, Header], Callable[[], Any]] = OrderedDict()
+
+    def __contains__(self, item: tuple[Any, Header]) -> bool:
+        group, header = item
+        key = (id(group), header)
+        with self._lock:
+            ref = self._entries.get(key)
+            if ref is None or ref() is not group:
+                return False
+            self._entries.move_to_end(key)
+            return True
+
+    def add(self, group: Any, header: Header) -> None:
+        try:
+            ref: Callable[[], Any] = weakref.ref(group)
+        except TypeError:
+            ref = lambda: group  # noqa: E731 - the group cannot be referenced weakly: keep it
+        with self._lock:
+            self._entries[(id(group), header)] = ref
+            while len(self._entries) > self._limit:
+                self._entries.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()

@@ -1,0 +1,138 @@
+"""The Python API checks its arguments in its own terms, and names how to install a missing engine."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from stragglar.errors import InputError
+from stragglar.measure.run import run_benchmark
+from stragglar.runtime import ArgumentError, allreduce, allreduce_local, plan_for
+from stragglar.synth import synthesize
+from stragglar.verify import prove
+
+PROOF = prove(synthesize("stragglar", 4))
+BUFS = [np.arange(6, dtype=np.int64) * (r + 1) for r in range(4)]
+
+
+def fresh() -> list[np.ndarray]:
+    return [b.copy() for b in BUFS]
+
+
+CALLS: list[tuple[str, Callable[[Any], object], str]] = [
+    ("plan_for rank", lambda v: plan_for(PROOF, v, 10), "rank"),
+    ("plan_for count", lambda v: plan_for(PROOF, 0, v), "count"),
+    ("plan_for tag_base", lambda v: plan_for(PROOF, 0, 10, v), "tag_base"),
+    ("allreduce_local late_rank", lambda v: allreduce_local(fresh(), PROOF, late_rank=v), "late_rank"),
+    ("allreduce tag", lambda v: allreduce(np.zeros(3), PROOF, tag=v), "tag"),
+    ("run_benchmark straggler", lambda v: run_benchmark("local", 4, 64, straggler=v, iters=1), "straggler"),
+    ("run_benchmark num_ranks", lambda v: run_benchmark("local", v, 64, iters=1), "num_ranks"),
+    ("run_benchmark iters", lambda v: run_benchmark("local", 4, 64, iters=v), "iters"),
+]
+
+
+@pytest.mark.parametrize("bad", [1.5, True, "3", None])
+@pytest.mark.parametrize(("what", "call", "name"), CALLS, ids=[c[0] for c in CALLS])
+def test_integers_refuse_floats_bools_and_strings_naming_the_argument(
+    what: str, call: Callable[[Any], object], name: str, bad: object
+) -> None:
+    if bad is None and name in ("late_rank", "straggler"):
+        return  # None is their default: no late rank asked for
+    with pytest.raises(ArgumentError) as info:
+        call(bad)
+    message = str(info.value)
+    assert isinstance(info.value, TypeError) and isinstance(info.value, InputError)
+    assert message.startswith(f"{name} must be an integer, got {bad!r}"), message
+    assert "--" not in message  # API terms, never the command line's options
+
+
+def test_numpy_integers_are_fine_integers() -> None:
+    plan = plan_for(PROOF, np.int64(3), np.int32(10), np.uint8(4))
+    assert plan.rank == 3 and plan.layout.count == 10
+    bufs = fresh()
+    timelines = allreduce_local(bufs, PROOF, np.float32(0.0), late_rank=np.int16(1))
+    assert all(np.array_equal(b, np.arange(6) * 10) for b in bufs) and len(timelines) == 4
+    r = run_benchmark("local", np.int64(4), np.int64(64), "int32", straggler=np.int64(2), iters=np.int8(1))
+    assert r.late == 2 and r.num_ranks == 4 and type(r.num_ranks) is int
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: plan_for(PROOF, 4, 10), "rank must be a rank in 0..3, got 4"),
+        (lambda: plan_for(PROOF, 0, -1), "count must be at least 0, got -1"),
+        (lambda: allreduce_local(fresh(), PROOF, -0.5), "straggler_delay must be a finite number of seconds"),
+        (lambda: allreduce_local(fresh(), PROOF, float("nan")), "straggler_delay must be a finite number"),
+        (lambda: allreduce_local(fresh(), PROOF, late_rank=-1), "late_rank must be a rank in 0..3, got -1"),
+        (lambda: allreduce(np.zeros(3), PROOF, timeout=0), "timeout must be a finite number of seconds > 0"),
+        (lambda: run_benchmark("local", 4, 64, straggler=7), "straggler must be a rank in 0..3, got 7"),
+        (lambda: run_benchmark("local", 4, 64, delay=-1), "delay must be a finite number of seconds >= 0"),
+        (lambda: run_benchmark("local", 1, 64), "num_ranks must be at least 2, got 1"),
+    ],
+)
+def test_values_out_of_range_are_input_errors_naming_the_argument(
+    call: Callable[[], object], message: str
+) -> None:
+    with pytest.raises(InputError) as info:
+        call()
+    assert str(info.value).startswith(message) and "--" not in str(info.value)
+
+
+def test_times_refuse_bools_and_strings() -> None:
+    with pytest.raises(ArgumentError, match=r"^straggler_delay must be a number of seconds, got True"):
+        allreduce_local(fresh(), PROOF, True)
+    with pytest.raises(ArgumentError, match=r"^timeout must be a number of seconds, got '5s'"):
+        allreduce(np.zeros(3), PROOF, timeout="5s")  # type: ignore[arg-type]
+
+
+def test_stragglar_state_checks_its_fields() -> None:
+    pytest.importorskip("torch")
+    from stragglar.ddp import StragglarState
+
+    assert StragglarState(straggler=np.int64(3)).straggler == 3
+    assert type(StragglarState(straggler=np.int64(3)).straggler) is int
+    for bad, kind in [(1.5, "float"), (True, "bool"), ("3", "str")]:
+        with pytest.raises(
+            ArgumentError, match=rf"^StragglarState.straggler must be an integer, got .* \({kind}\)"
+        ):
+            StragglarState(straggler=bad)  # type: ignore[arg-type]
+    with pytest.raises(InputError, match=r"^StragglarState.straggler must be at least 0, got -1"):
+        StragglarState(straggler=-1)
+    with pytest.raises(InputError, match=r"^StragglarState.algorithm must be one of stragglar, ring"):
+        StragglarState(algorithm="magic")
+    with pytest.raises(InputError, match=r"^StragglarState.timeout must be a finite number of seconds > 0"):
+        StragglarState(timeout=0)
+    with pytest.raises(ArgumentError, match=r"^StragglarState.detect must be an integer"):
+        StragglarState(detect=2.5)  # type: ignore[arg-type]
+    with pytest.raises(InputError, match=r"^StragglarState.share must be in \(0, 1\]"):
+        StragglarState(share=1.5)
+    state = StragglarState(straggler=5)
+    with pytest.raises(InputError, match=r"^StragglarState.straggler must be a rank in 0..3, got 5"):
+        state.proof(4)
+    # an algorithm without a straggler: the straggler is only the late rank, never an error
+    ring = StragglarState(algorithm="ring", straggler=1)
+    assert ring.proof(4).schedule.straggler is None and ring.late_rank(4) == 1
+    assert StragglarState(straggler=1).proof(4).schedule.straggler == 1
+
+
+@pytest.mark.parametrize("backend", ["torch", "cupy"])
+def test_a_missing_engine_says_how_to_install_it_without_naming_a_host(
+    backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, backend, None)  # as if not installed: find_spec gives None
+    with pytest.raises(InputError) as info:
+        run_benchmark(backend, 2, 64)
+    message = str(info.value)
+    assert "\n" not in message
+    for host in ("://", "www.", ".org", ".com", ".io", "download."):
+        assert host not in message, message
+    if backend == "torch":
+        for words in ("CPU-only build", "CUDA build", "install selector", "pip install 'stragglar[torch]'"):
+            assert words in message, message
+    else:
+        for words in ("cupy-cuda12x", "cupy-cuda13x", "nvidia-smi", "CUDA version"):
+            assert words in message, message

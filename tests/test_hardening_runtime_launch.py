@@ -1,0 +1,182 @@
+"""The rank launcher: long healthy runs pass, silent ranks fail in time, signals leave nothing behind,
+and a failure's first line names every failed rank."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from stragglar.measure import launch as launcher
+from stragglar.measure.launch import LaunchError, RankFailure, heartbeat, launch, summary
+from stragglar.measure.run import run_benchmark
+from stragglar.synth import synthesize
+from stragglar.verify import Proof, prove
+
+
+def steady(rank: int, n: int, proof: Proof, steps: int, beat: bool) -> int:
+    import torch
+
+    from stragglar.runtime import allreduce
+
+    for _ in range(steps):
+        time.sleep(0.25)
+        buf = torch.ones(16)
+        allreduce(buf, proof, timeout=1.0)
+        assert torch.all(buf == n)
+        if beat:
+            heartbeat()
+    return steps
+
+
+def test_a_healthy_run_longer_than_timeout_plus_slack_succeeds() -> None:
+    start = time.monotonic()
+    assert launch(steady, 2, (prove(synthesize("ring", 2)), 10, True), timeout=1.0, slack=0.5) == [10, 10]
+    assert time.monotonic() - start > 1.5  # longer than timeout + slack, and still fine
+
+
+def test_a_rank_that_reports_no_progress_fails_after_timeout_plus_slack() -> None:
+    start = time.monotonic()
+    with pytest.raises(LaunchError) as info:
+        launch(steady, 2, (prove(synthesize("ring", 2)), 40, False), timeout=1.0, slack=0.5)
+    assert time.monotonic() - start < 6
+    assert str(info.value).startswith("2 of 2 ranks failed: ranks 0, 1 sent no progress for 1.5 s")
+
+
+def one_silent(rank: int, n: int, proof: Proof) -> None:
+    import torch
+
+    from stragglar.runtime import allreduce
+
+    allreduce(torch.ones(16), proof, timeout=1.0)
+    if rank == 1:
+        time.sleep(60)  # alive, silent, never reports
+    allreduce(torch.ones(16), proof, timeout=1.0)
+
+
+def test_a_silent_rank_fails_the_run_within_about_the_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(launcher, "_GRACE", 1.0)
+    start = time.monotonic()
+    with pytest.raises(LaunchError) as info:
+        launch(one_silent, 3, (prove(synthesize("stragglar", 3)),), timeout=1.0)
+    assert time.monotonic() - start < 1.0 + 1.0 + 3.0  # the timeout, the grace, start-up
+    first = str(info.value).splitlines()[0]
+    assert first.startswith("3 of 3 ranks failed: rank 1 was still running when the others had failed; ")
+    assert " timed out in round " in first and "waiting for rank 1" in first, first
+
+
+def test_run_benchmark_on_torch_is_bounded_per_wait_not_per_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(launcher, "SLACK", 0.5)
+    start = time.monotonic()
+    r = run_benchmark("torch", 2, 1024, "float32", delay=0.2, iters=5, warmup=0, timeout=1.0)
+    assert time.monotonic() - start > 1.5 and len(r.times) == 5  # 2 s of delays: well past 1 s + 0.5 s
+    r = run_benchmark("torch", 2, 1024, "float32", delay=1.3, iters=1, warmup=0, timeout=1.0)
+    assert min(r.times) >= 1.3  # a wait for a late rank may last its delay plus the timeout
+
+
+def raises_in_rank(rank: int, n: int) -> None:
+    if rank == 1:
+        raise ValueError("boom\nsecond line")
+    time.sleep(0.2)
+
+
+def test_a_rank_that_raises_is_named_with_its_error() -> None:
+    with pytest.raises(LaunchError) as info:
+        launch(raises_in_rank, 3, timeout=10)
+    first = str(info.value).splitlines()[0]
+    assert first == (
+        "3 of 3 ranks failed: rank 1 raised ValueError: boom; "
+        "ranks 0, 2 lost the connection in the closing barrier"
+    )
+    assert "second line" in info.value.errors[1]
+
+
+def test_the_summary_stays_one_short_line_for_many_ranks() -> None:
+    failures = [RankFailure(5, "exited with code 3 before reporting")]
+    failures += [
+        RankFailure(r, "timed out", round=r % 6, phase="exchange", peer=5) for r in range(64) if r != 5
+    ]
+    line = summary(failures, 64)
+    assert line.startswith("64 of 64 ranks failed: rank 5 exited with code 3 before reporting; ranks ")
+    assert "timed out in round 0 (phase 'exchange') waiting for rank 5" in line
+    assert line.endswith(" more ranks failed in other ways") and len(line) < 400, line
+    one = summary([RankFailure(2, "timed out", during="in gloo's all_reduce of iteration 3")], 4)
+    assert one == "1 of 4 ranks failed: rank 2 timed out in gloo's all_reduce of iteration 3"
+
+
+SCRIPT = """
+import os, sys, time
+import torch.distributed  # once here, not in each forked rank
+from stragglar.measure.launch import launch
+
+def sleeper(rank, n, pids):
+    with open(os.path.join(pids, str(os.getpid())), "w"):
+        pass
+    time.sleep(60)
+
+launch(sleeper, 3, (sys.argv[1],), timeout=60)
+"""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state in ("Z", "X")  # a zombie has ended; only its entry waits for a parent to reap it
+
+
+def _start(tmp_path: Path) -> tuple[subprocess.Popen[str], Path, Path]:
+    pids, scratch = tmp_path / "pids", tmp_path / "tmp"
+    pids.mkdir()
+    scratch.mkdir()
+    env = {**os.environ, "TMPDIR": str(scratch)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(SCRIPT), str(pids)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 30
+    while len(list(pids.iterdir())) < 3:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate(timeout=5)
+        time.sleep(0.05)
+    return proc, pids, scratch
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
+def test_a_signal_to_the_launcher_ends_every_rank_and_removes_its_files(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    proc, pids, scratch = _start(tmp_path)
+    ranks = [int(p.name) for p in pids.iterdir()]
+    assert list(scratch.iterdir())  # the rendezvous directory exists while it runs
+    sent = time.monotonic()
+    proc.send_signal(sig)
+    try:
+        _, err = proc.communicate(timeout=5)
+        deadline = sent + 5
+        while not all(_gone(pid) for pid in ranks) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert all(_gone(pid) for pid in ranks), [pid for pid in ranks if not _gone(pid)]
+        assert proc.returncode != 0
+        if sig != signal.SIGKILL:  # a killed launcher cannot clean up; its ranks still die with it
+            assert list(scratch.iterdir()) == []
+            assert ("Stopped: stopped by SIGTERM" if sig == signal.SIGTERM else "KeyboardInterrupt") in err
+    finally:
+        for pid in ranks:
+            if not _gone(pid):
+                os.kill(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()

@@ -1,0 +1,208 @@
+"""Disagreeing gloo ranks fail together and clearly; every algorithm waits for a late rank; DDP on 1-2."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from stragglar.measure.data import expected, payload  # noqa: E402
+from stragglar.measure.launch import LaunchError, launch  # noqa: E402
+from stragglar.measure.run import run_benchmark  # noqa: E402
+from stragglar.runtime import allreduce  # noqa: E402
+from stragglar.runtime.engine import Timeline  # noqa: E402
+from stragglar.synth import synthesize  # noqa: E402
+from stragglar.verify import Proof, prove  # noqa: E402
+
+CASES = ("dtype", "count", "straggler", "complex", "strided", "size", "ok")
+
+
+def disagreeing_rank(rank: int, n: int, proofs: dict[str, Proof]) -> dict[str, tuple[str, str, bool]]:
+    """For each case rank 1 differs in one way; returns (error type, message, data untouched)."""
+    out = {}
+    for case in CASES:
+        data = torch.from_numpy(payload(rank, 40, n, "float32")).float()
+        proof = proofs["main"]
+        if rank == 1:
+            if case == "dtype":
+                data = data.double()
+            elif case == "count":
+                data = data[:39].clone()
+            elif case == "straggler":
+                proof = proofs["other"]
+            elif case == "complex":
+                data = data.to(torch.complex64)
+            elif case == "strided":
+                data = torch.stack([data, data], 1)[:, 0]
+        if case == "size":
+            proof = proofs["small"]
+        before = data.clone()
+        try:
+            allreduce(data, proof, timeout=10)
+            out[case] = ("", "", True)
+        except Exception as e:
+            out[case] = (type(e).__name__, str(e), bool(torch.equal(data, before)))
+    buf = torch.from_numpy(payload(rank, 40, n, "float32")).float()
+    allreduce(buf, proofs["main"], timeout=10)  # the group still works afterwards
+    assert np.array_equal(buf.double().numpy(), expected(40, n, "float32"))
+    return out
+
+
+def test_every_rank_raises_the_same_clear_error_when_ranks_disagree() -> None:
+    proofs = {
+        "main": prove(synthesize("stragglar", 3)),
+        "other": prove(synthesize("stragglar", 3, straggler=0)),
+        "small": prove(synthesize("ring", 2)),
+    }
+    results = launch(disagreeing_rank, 3, (proofs,), timeout=30)
+    for case in ("dtype", "count", "straggler"):
+        seen = {results[r][case] for r in range(3)}
+        assert len(seen) == 1, seen  # the same error and message on every rank, no data moved
+        kind, message, untouched = seen.pop()
+        assert kind == "MismatchError" and untouched and "\n" not in message
+        assert message.startswith("ranks disagree on the allreduce: "), message
+    assert results[0]["dtype"][1].endswith("dtype: ranks 0, 2 have float32, rank 1 has float64")
+    assert results[0]["count"][1].endswith("element count: ranks 0, 2 have 40, rank 1 has 39")
+    straggler = results[0]["straggler"][1]
+    assert "ranks 0, 2 run the 'stragglar' schedule for 3 ranks (straggler 2, fingerprint " in straggler
+    assert "rank 1 runs the 'stragglar' schedule for 3 ranks (straggler 0, fingerprint " in straggler
+    # a rank that cannot take part raises its own error; the others say which rank and why
+    assert results[1]["complex"][0] == "TypeError" and "supported dtypes" in results[1]["complex"][1]
+    assert results[1]["strided"][0] == "InputError" and "contiguous" in results[1]["strided"][1]
+    for r in (0, 2):
+        assert results[r]["complex"][:2] == (
+            "MismatchError",
+            "cannot allreduce: rank 1 has a buffer of a dtype no engine here supports",
+        )
+        assert results[r]["strided"][:2] == (
+            "MismatchError",
+            "cannot allreduce: rank 1 has a buffer that is not contiguous",
+        )
+    for r in range(3):
+        kind, message, untouched = results[r]["size"]
+        assert kind == "MismatchError" and untouched
+        assert message.startswith("the 'ring' schedule for 2 ranks (no straggler, fingerprint ")
+        assert message.endswith(") cannot run on a group of 3 ranks")
+        assert results[r]["ok"] == ("", "", True)
+
+
+def silent_at_the_header(rank: int, n: int, proof: Proof) -> None:
+    if rank == 2:
+        time.sleep(2.0)  # alive but silent: never joins the header check
+        raise RuntimeError("rank 2 gave up")
+    allreduce(torch.ones(8), proof, timeout=0.5)
+
+
+def test_the_header_check_honours_the_timeout() -> None:
+    start = time.monotonic()
+    with pytest.raises(LaunchError) as info:
+        launch(silent_at_the_header, 3, (prove(synthesize("ring", 3)),), timeout=20)
+    assert time.monotonic() - start < 10
+    for rank in (0, 1):
+        failure = info.value.failures[rank]
+        assert failure.reason == "timed out", failure
+        assert failure.what == "timed out checking that every rank runs the same allreduce"
+    first = str(info.value).splitlines()[0]
+    assert first.startswith("3 of 3 ranks failed: rank 2 raised RuntimeError: rank 2 gave up; "), first
+    assert "ranks 0, 1 timed out checking that every rank runs the same allreduce" in first
+
+
+def late_timelines(rank: int, n: int, proofs: list[Proof], delay: float) -> list[Timeline]:
+    out = []
+    for i, proof in enumerate(proofs):
+        buf = torch.from_numpy(payload(rank, 4096, n, "int64"))
+        late = 1 if i == len(proofs) - 1 else None  # the last one: a late rank asked for
+        out.append(allreduce(buf, proof, straggler_delay=delay, timeout=20, late_rank=late, tag=0))
+        assert np.array_equal(buf.numpy(), expected(4096, n, "int64"))
+    return out
+
+
+def test_every_algorithm_waits_for_the_late_rank_on_torch() -> None:
+    proofs = [prove(synthesize(a, 4)) for a in ("ring", "direct", "stragglar", "ring")]
+    per_rank = launch(late_timelines, 4, (proofs, 0.15), timeout=30)
+    for i, proof in enumerate(proofs):
+        default = proof.schedule.straggler if proof.schedule.straggler is not None else 3
+        late = 1 if i == len(proofs) - 1 else default
+        timelines = [per_rank[r][i] for r in range(4)]
+        arrived = timelines[late].arrived
+        assert arrived - timelines[late].start >= 0.15
+        for t in timelines:  # nobody finishes before the late rank's data could reach it
+            assert t.done >= arrived, (proof.schedule.algorithm, t.rank)
+            if t.rank != late:
+                assert t.arrived - t.start < 0.1  # the others did not sleep
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "direct", "stragglar"])
+@pytest.mark.parametrize("backend", ["local", "torch"])
+def test_a_delay_applies_to_the_schedule_and_the_baseline_alike(backend: str, algorithm: str) -> None:
+    r = run_benchmark(backend, 3, 3 * 2**10, "int64", delay=0.08, algorithm=algorithm, iters=2, warmup=0)
+    assert r.late == 2  # the schedule's straggler, or the last rank for Ring
+    assert min(r.times) >= 0.08 and min(r.baseline_times) >= 0.08
+    # a tiny buffer: both take the delay plus a little, so neither side wins by much
+    assert 0.5 < r.baseline_time / r.time < 2.0, (r.times, r.baseline_times)
+
+
+def test_the_late_rank_of_a_schedule_without_straggler_can_be_chosen() -> None:
+    r = run_benchmark("local", 4, 2**12, "int32", delay=0.05, algorithm="ring", straggler=1, iters=1)
+    assert r.late == 1 and min(r.times) >= 0.05 and "(rank 1)" in r.report()
+    with pytest.raises(ValueError, match=r"straggler must be a rank in 0\.\.3, got 4"):
+        run_benchmark("local", 4, 2**12, "int32", algorithm="ring", straggler=4)
+
+
+@pytest.fixture(scope="module")
+def ddp_ready() -> None:
+    """DDP's first construction imports torch._dynamo (seconds): import it once, before the fork."""
+    import torch._dynamo  # noqa: F401
+
+
+def ddp_rank(rank: int, n: int, kwargs: dict[str, Any], steps: int, pause: float = 0.0) -> float:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from stragglar.ddp import StragglarState, stragglar_hook
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(7, 11), torch.nn.Tanh(), torch.nn.Linear(11, 3))
+    twin = torch.nn.Sequential(torch.nn.Linear(7, 11), torch.nn.Tanh(), torch.nn.Linear(11, 3))
+    twin.load_state_dict(model.state_dict())
+    plain, hooked = DDP(model), DDP(twin, bucket_cap_mb=0.0002)
+    hooked.register_comm_hook(StragglarState(timeout=20, **kwargs), stragglar_hook)
+    gen = torch.Generator().manual_seed(rank)
+    worst = 0.0
+    for _ in range(steps):
+        time.sleep(pause)
+        x, y = torch.randn(4, 7, generator=gen), torch.randn(4, 3, generator=gen)
+        for m in (plain, hooked):
+            m.zero_grad()
+            torch.nn.functional.mse_loss(m(x), y).backward()
+        for a, b in zip(plain.parameters(), hooked.parameters(), strict=True):
+            assert a.grad is not None and b.grad is not None and a.grad.abs().sum() > 0
+            torch.testing.assert_close(b.grad, a.grad, rtol=1e-5, atol=1e-6)
+            worst = max(worst, float((a.grad - b.grad).abs().max()))
+    return worst
+
+
+@pytest.mark.parametrize(
+    ("n", "kwargs"),
+    [
+        (1, {}),
+        (1, {"straggler": np.int64(0), "straggler_delay": 0.01}),
+        (2, {}),
+        (2, {"algorithm": "ring", "straggler": np.int64(0), "straggler_delay": 0.01}),
+    ],
+)
+@pytest.mark.usefixtures("ddp_ready")
+def test_the_ddp_hook_works_on_one_and_two_ranks(n: int, kwargs: dict[str, Any]) -> None:
+    worst = launch(ddp_rank, n, (kwargs, 2), timeout=60)
+    assert len(worst) == n and max(worst) < 1e-6
+
+
+@pytest.mark.usefixtures("ddp_ready")
+def test_a_long_ddp_run_under_the_launcher_reports_progress_every_step() -> None:
+    start = time.monotonic()
+    worst = launch(ddp_rank, 2, ({}, 6, 0.3), timeout=1.0, slack=0.3)  # 1.8 s of steps > 1.3 s
+    assert time.monotonic() - start > 1.3 and max(worst) < 1e-6
