@@ -25,10 +25,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed import GradBucket  # type: ignore[attr-defined, unused-ignore]
 
-from stragglar.errors import InputError
+from stragglar.args import as_int, as_rank, as_seconds
+from stragglar.errors import ArgumentError, InputError
 from stragglar.measure.launch import heartbeat
 from stragglar.runtime import allreduce
-from stragglar.runtime.args import ArgumentError, as_int, as_rank, as_seconds
 from stragglar.synth import ALGORITHMS, synthesize
 from stragglar.verify import Proof, prove
 

@@ -17,7 +17,7 @@ True
 
 from __future__ import annotations
 
-__all__ = ["IncorrectError", "InputError", "ResourceError", "RunError", "StragglarError"]
+__all__ = ["ArgumentError", "IncorrectError", "InputError", "ResourceError", "RunError", "StragglarError"]
 
 
 class StragglarError(Exception):
@@ -30,6 +30,10 @@ class InputError(StragglarError, ValueError):
     """A request, option or file that cannot be used as given (exit 2)."""
 
     exit_code = 2
+
+
+class ArgumentError(InputError, TypeError):
+    """A Python API argument of the wrong type (exit 2); also a :class:`TypeError`."""
 
 
 class IncorrectError(StragglarError):

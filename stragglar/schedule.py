@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import enum
 import hashlib
-import operator
 from array import array
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from stragglar.args import as_int
 from stragglar.errors import InputError
 
 __all__ = [
@@ -47,7 +47,6 @@ __all__ = [
     "relabel_ranks",
     "round_load",
     "round_lower_bound",
-    "whole_number",
 ]
 
 
@@ -190,26 +189,6 @@ class Schedule:
         return self._fingerprint
 
 
-def whole_number(value: object, name: str) -> int:
-    """``value`` as an int if it is one (NumPy integers included), else an error naming ``name``.
-
-    A bool is refused although Python counts it as an int: ``straggler=True`` is a mistake.
-
-    >>> whole_number(3, "straggler")
-    3
-    >>> whole_number(1.5, "straggler")
-    Traceback (most recent call last):
-    ...
-    stragglar.errors.InputError: straggler must be a whole number, got 1.5 (float)
-    """
-    if not isinstance(value, bool):
-        try:
-            return operator.index(value)  # type: ignore[arg-type]
-        except TypeError:
-            pass
-    raise InputError(f"{name} must be a whole number, got {value!r} ({type(value).__name__})")
-
-
 def check_size(num_ranks: int, num_chunks: int) -> None:
     """Refuse, before anything is allocated, a schedule larger than stragglar handles.
 
@@ -317,7 +296,7 @@ def move_straggler(schedule: Schedule, straggler: int) -> Schedule:
     n = schedule.num_ranks
     if schedule.straggler is None:
         raise InputError(f"schedule '{schedule.algorithm}' has no straggler to move")
-    straggler = whole_number(straggler, "straggler")
+    straggler = as_int(straggler, "straggler")
     if not 0 <= straggler < n:
         raise InputError(f"straggler must be a rank in 0..{n - 1}, got {straggler}")
     others = [r for r in range(n) if r != straggler]

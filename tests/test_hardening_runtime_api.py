@@ -71,7 +71,7 @@ def test_numpy_integers_are_fine_integers() -> None:
         (lambda: allreduce(np.zeros(3), PROOF, timeout=0), "timeout must be a finite number of seconds > 0"),
         (lambda: run_benchmark("local", 4, 64, straggler=7), "straggler must be a rank in 0..3, got 7"),
         (lambda: run_benchmark("local", 4, 64, delay=-1), "delay must be a finite number of seconds >= 0"),
-        (lambda: run_benchmark("local", 1, 64), "num_ranks must be at least 2, got 1"),
+        (lambda: run_benchmark("local", 1, 64), "need 2 to 2048 GPUs, got 1"),
     ],
 )
 def test_values_out_of_range_are_input_errors_naming_the_argument(

@@ -330,12 +330,12 @@ def test_prove_all_names_each_failing_file_and_ends_with_a_summary(tmp_path: Pat
 
 @pytest.mark.parametrize(
     ("straggler", "message"),
-    [(1.5, "straggler must be a whole number, got 1.5 (float)"), (True, "got True (bool)"), ("3", "got '3'")],
+    [(1.5, "straggler must be an integer, got 1.5 (float)"), (True, "got True (bool)"), ("3", "got '3'")],
 )
 def test_api_arguments_are_checked_in_api_terms(straggler: object, message: str) -> None:
     with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")", r"\)")):
         synthesize("stragglar", 8, straggler)  # type: ignore[arg-type]
-    with pytest.raises(InputError, match="num_ranks must be a whole number"):
+    with pytest.raises(InputError, match="num_ranks must be an integer"):
         synthesize("stragglar", 8.0)  # type: ignore[arg-type]
     assert synthesize("stragglar", np.int64(8), np.int64(3)).straggler == 3
     with pytest.raises(InputError, match="has no straggler: leave the straggler out"):

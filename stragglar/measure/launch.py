@@ -38,8 +38,8 @@ from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from stragglar.args import as_int, as_seconds
 from stragglar.errors import RunError
-from stragglar.runtime.args import as_int, as_seconds
 from stragglar.runtime.engine import RankError, classify, failure_phrase, first_line
 from stragglar.runtime.header import rank_list
 

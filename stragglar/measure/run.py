@@ -18,13 +18,14 @@ from typing import Any
 
 import numpy as np
 
+from stragglar.args import as_int, as_rank, as_seconds
 from stragglar.errors import InputError
 from stragglar.measure.data import ITEMSIZE, check, expected, payload
 from stragglar.measure.timing import Figures, iteration_figures
 from stragglar.runtime import plan_for
-from stragglar.runtime.args import as_int, as_rank, as_seconds
 from stragglar.runtime.engine import DTYPES
 from stragglar.runtime.local import run_local
+from stragglar.schedule import MAX_RANKS
 from stragglar.synth import synthesize
 from stragglar.units import format_bytes
 from stragglar.verify import Proof, prove
@@ -134,7 +135,9 @@ def run_benchmark(
         raise InputError(f"unknown backend {backend!r} (choose from {', '.join(BACKENDS)})")
     if dtype not in DTYPES:
         raise InputError(f"unknown dtype {dtype!r} (choose from {', '.join(DTYPES)})")
-    num_ranks = as_int(num_ranks, "num_ranks", minimum=2)
+    num_ranks = as_int(num_ranks, "num_ranks")
+    if not 2 <= num_ranks <= MAX_RANKS:
+        raise InputError(f"need 2 to {MAX_RANKS} GPUs, got {num_ranks}")
     size_bytes = as_int(size_bytes, "size_bytes", minimum=0)
     delay = as_seconds(delay, "delay")
     timeout = as_seconds(timeout, "timeout", positive=True)
@@ -187,9 +190,8 @@ HINTS = {
         "the install selector in PyTorch's documentation gives for your system"
     ),
     "cupy": (
-        "the cupy backend needs cupy: pip install 'stragglar[cupy]' installs cupy-cuda12x, for CUDA 12; "
-        "for CUDA 13 pip install cupy-cuda13x instead: pick the one matching the CUDA version that "
-        "nvidia-smi prints"
+        "the cupy backend needs cupy: pip install 'stragglar[cuda12]' (cupy-cuda12x) or "
+        "'stragglar[cuda13]' (cupy-cuda13x), the one matching the CUDA version that nvidia-smi prints"
     ),
 }
 

@@ -21,8 +21,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, TypeVar
 
-from stragglar.errors import InputError
-from stragglar.runtime.args import ArgumentError, as_int, as_rank, as_seconds
+from stragglar.args import as_int, as_rank, as_seconds
+from stragglar.errors import ArgumentError, InputError
 from stragglar.runtime.cupy_nccl import NcclGroup
 from stragglar.runtime.engine import DTYPES, RankError, Timeline, dtype_name, flat_view, run_rank
 from stragglar.runtime.header import CheckedHeaders, Header, MismatchError, make_header, mismatch

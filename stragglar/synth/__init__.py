@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from stragglar.args import as_int
 from stragglar.errors import InputError
-from stragglar.schedule import MAX_RANKS, Schedule, move_straggler, whole_number
+from stragglar.schedule import MAX_RANKS, Schedule, move_straggler
 from stragglar.synth.direct import direct_allreduce
 from stragglar.synth.rhd import rhd_allreduce
 from stragglar.synth.ring import ring_allreduce
@@ -58,10 +59,10 @@ def synthesize(
         raise InputError(f"unknown algorithm {algorithm!r} (choose from {', '.join(ALGORITHMS)})")
     if method not in METHODS:
         raise InputError(f"unknown method {method!r} (choose from {', '.join(METHODS)})")
-    n = whole_number(num_ranks, "num_ranks")
+    n = as_int(num_ranks, "num_ranks")
     if not 2 <= n <= MAX_RANKS:
         raise InputError(f"need 2 to {MAX_RANKS} GPUs, got {n}")
-    rank = None if straggler is None else whole_number(straggler, "straggler")
+    rank = None if straggler is None else as_int(straggler, "straggler")
     if rank is not None and not 0 <= rank < n:
         raise InputError(f"straggler must be a rank in 0..{n - 1}, got {rank}")
     if method == "smt":

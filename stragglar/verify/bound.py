@@ -2,12 +2,14 @@
 
 The question asked of the solver: starting from the state the ReduceScatter leaves, can ``n``
 ranks finish an AllReduce in ``R`` rounds of the one-port, one-chunk-per-round model?  The
-straggler is rank ``n-1`` and there are ``n-1`` chunks.  Chunk ``c`` has two *parts*: ``P``, the
-sum over the ``n-1`` punctual ranks, which only rank ``c`` holds, and ``Q``, the straggler's own
-data, which only the straggler holds; a copy of the chunk is complete when it has both.  Every
-other value is junk that a complete chunk must not contain.  For the ring ReduceScatter this
-loses nothing: each of its leftovers of chunk ``c`` contains the ring's first contribution, so a
-correct sum holds exactly one of them, and only ``P`` has all the punctual contributions.
+straggler is rank ``n-1``; there are ``C >= n-1`` chunks (the paper's ``C = n-1`` by default),
+chunk ``c`` reduced by the ReduceScatter at its owner ``c mod (n-1)``, so owners are balanced.
+Chunk ``c`` has two *parts*: ``P``, the sum over the ``n-1`` punctual ranks, which only its owner
+holds, and ``Q``, the straggler's own data, which only the straggler holds; a copy of the chunk is
+complete when it has both.  Every other value is junk that a complete chunk must not contain.
+For a ring ReduceScatter this loses nothing: each of its leftovers of chunk ``c`` contains the
+ring's first contribution, so a correct sum holds exactly one of them, and only ``P`` has all
+the punctual contributions.
 
 Variables come from small named factories, SCCL-style: :func:`_has` (after ``t`` rounds rank
 ``r``'s chunk ``c`` contains ``part``) and :func:`_send` (in round ``t`` rank ``s`` sends chunk
@@ -22,10 +24,13 @@ as sums only grow).  A copy then gives the destination a subset of what the mode
 it, and so does a reduce, so any real schedule of ``R`` rounds yields a satisfying assignment.
 
 Symmetry breaking keeps this true and is what makes the solver fast (N = 8 in 0.1 s instead of
-one to three minutes): renaming punctual rank ``g`` and chunk ``g`` together maps schedules to
-schedules.  Every chunk must leave the straggler at least once (only it holds ``Q``) and the
-straggler sends one chunk per round, so the chunks leave it for the first time in distinct
-rounds; after renaming they do so in index order, which the model requires.
+one to three minutes).  Every chunk must leave the straggler at least once (only it holds ``Q``)
+and the straggler sends one chunk per round, so the chunks leave it for the first time in
+distinct rounds.  Two renamings map schedules to schedules: chunks of one owner among
+themselves, and punctual ranks that own equally many chunks, together with their chunks.  So
+the model may ask that chunks of one owner first leave the straggler in index order, and that
+owners of equal share first see their chunks leave in owner order; for ``C = n-1`` (one chunk
+each) that is every chunk in index order.
 
 >>> phase2_feasible(4, 3).status, phase2_feasible(4, 4).status
 ('unsat', 'sat')
@@ -44,16 +49,24 @@ import z3
 from stragglar.errors import InputError
 from stragglar.schedule import Op, Round, Transfer, round_lower_bound
 
-__all__ = ["BOUND_MAX_RANKS", "Feasibility", "LowerBound", "phase2_feasible", "prove_lower_bound"]
+__all__ = [
+    "BOUND_MAX_CELLS",
+    "BOUND_MAX_RANKS",
+    "Feasibility",
+    "LowerBound",
+    "phase2_feasible",
+    "prove_lower_bound",
+]
 
 BOUND_MAX_RANKS = 24  # the model grows as N^4: N = 16 took 640 s, N = 40 needed 7 GB to build
+BOUND_MAX_CELLS = 24 * 23  # ranks x chunks: the model grows with N^2 x C x rounds
 
 _PARTS = (0, 1)  # P (the punctual ranks' sum) and Q (the straggler's data)
 
 
 class Feasibility(NamedTuple):
     """The solver's answer: "sat" with the phase-2 rounds found (straggler ``n-1``, after the
-    ReduceScatter that leaves punctual rank ``c`` with chunk ``c``), "unsat", or "unknown" when it
+    ReduceScatter that leaves chunk ``c`` at rank ``c mod (n-1)``), "unsat", or "unknown" when it
     ran out of time."""
 
     status: str
@@ -63,13 +76,16 @@ class Feasibility(NamedTuple):
 
 @dataclass(frozen=True)
 class LowerBound:
-    """The query "can phase 2 take R*(n) - 1 rounds?"; "unsat" proves R*(n) a lower bound."""
+    """The query "can phase 2 take ``rounds`` rounds?" (default: one fewer than the bound);
+    "unsat" proves ``rounds + 1`` a lower bound."""
 
     num_ranks: int
-    bound: int  # R*(n)
+    num_chunks: int
+    bound: int  # C + ceil(log2 n) - 1: R*(n) for C = n - 1
+    rounds: int  # the number of rounds asked about
     status: str
     seconds: float
-    exchange: tuple[Round, ...] | None  # only if the solver beat R*(n): a result to verify and report
+    exchange: tuple[Round, ...] | None  # only if the solver fits them: a result to verify and report
 
     @property
     def proved(self) -> bool:
@@ -77,41 +93,61 @@ class LowerBound:
 
     @property
     def summary(self) -> str:
-        """One line: proved, beaten (a finding to report), or undecided."""
-        n, fewer = self.num_ranks, f"{self.bound - 1} rounds"
+        """One line: proved, fitted (a finding to report when below the bound), or undecided."""
+        n, c = self.num_ranks, self.num_chunks
+        what = f"{n} GPUs" if c == n - 1 else f"{n} GPUs and {c} chunks"
+        name = f"R*({n})" if c == n - 1 else f"{c} + ceil(log2 {n}) - 1"
         if self.proved:
-            return (
-                f"proved: no phase 2 for {n} GPUs fits in {fewer}, so R*({n}) = {self.bound} "
-                f"is optimal (z3: unsat in {self.seconds:.2f} s)"
+            claim = (
+                f"so {name} = {self.bound} is optimal"
+                if self.rounds == self.bound - 1
+                else f"so it needs at least {self.rounds + 1} (lower bound {name} = {self.bound})"
             )
+            unsat = f"z3: unsat in {self.seconds:.2f} s"
+            return f"proved: no phase 2 for {what} fits in {self.rounds} rounds, {claim} ({unsat})"
         if self.exchange is not None:
-            return f"z3 found a phase 2 for {n} GPUs in {fewer}, below R*({n})"
-        return f"z3 gave no answer for {n} GPUs in {self.seconds:.1f} s (status {self.status})"
+            below = f", below {name} = {self.bound}" if self.rounds < self.bound else ""
+            return f"z3 found a phase 2 for {what} in {self.rounds} rounds{below}"
+        return f"z3 gave no answer for {what} in {self.seconds:.1f} s (status {self.status})"
 
 
-def prove_lower_bound(num_ranks: int, timeout_s: float | None = None) -> LowerBound:
-    """Ask the solver for a phase 2 with one round fewer than R*(n); unsat proves R*(n) optimal."""
-    bound = round_lower_bound(num_ranks)
-    answer = phase2_feasible(num_ranks, bound - 1, timeout_s)
-    if answer.exchange is not None:
-        warnings.warn(f"z3 fits phase 2 for {num_ranks} GPUs in {bound - 1} rounds, below R*", stacklevel=2)
-    return LowerBound(num_ranks, bound, answer.status, answer.seconds, answer.exchange)
+def prove_lower_bound(
+    num_ranks: int, timeout_s: float | None = None, num_chunks: int | None = None, rounds: int | None = None
+) -> LowerBound:
+    """Ask the solver for a phase 2 of ``rounds`` rounds (default: one fewer than the bound);
+    unsat proves that ``rounds + 1`` are needed."""
+    chunks = num_ranks - 1 if num_chunks is None else num_chunks
+    bound = round_lower_bound(num_ranks, chunks)
+    asked = bound - 1 if rounds is None else rounds
+    answer = phase2_feasible(num_ranks, asked, timeout_s, chunks)
+    if answer.exchange is not None and asked < bound:
+        warnings.warn(
+            f"z3 fits phase 2 for {num_ranks} GPUs in {asked} rounds, below the bound", stacklevel=2
+        )
+    return LowerBound(num_ranks, chunks, bound, asked, answer.status, answer.seconds, answer.exchange)
 
 
-def phase2_feasible(num_ranks: int, rounds: int, timeout_s: float | None = None) -> Feasibility:
+def phase2_feasible(
+    num_ranks: int, rounds: int, timeout_s: float | None = None, num_chunks: int | None = None
+) -> Feasibility:
     """Decide whether phase 2 fits in ``rounds`` rounds; if so, return the rounds found.
 
     ``timeout_s`` bounds the wall-clock time, building the model included.
     """
     n = num_ranks
+    c = n - 1 if num_chunks is None else num_chunks
     if not 2 <= n <= BOUND_MAX_RANKS or rounds < 0:
         raise InputError(
             f"need 2 to {BOUND_MAX_RANKS} GPUs and no negative rounds, got {n} GPUs, {rounds} rounds"
         )
+    if not n - 1 <= c or n * c > BOUND_MAX_CELLS:
+        raise InputError(
+            f"need at least {n - 1} chunks and at most {BOUND_MAX_CELLS} ranks x chunks, got {c} chunks"
+        )
     start = time.perf_counter()
     deadline = None if timeout_s is None else start + timeout_s
     solver = z3.Solver()
-    for constraint in _constraints(n, rounds):
+    for constraint in _constraints(n, c, rounds):
         solver.add(constraint)
         if deadline is not None and time.perf_counter() > deadline:
             return Feasibility("unknown", None, time.perf_counter() - start)  # out of time while building
@@ -123,20 +159,25 @@ def phase2_feasible(num_ranks: int, rounds: int, timeout_s: float | None = None)
         return Feasibility("unsat" if verdict == z3.unsat else "unknown", None, seconds)
     model = solver.model()
     chosen = [
-        [(s, d, c) for s, d, c in _triples(n) if _true(model, _send(t, s, d, c))] for t in range(rounds)
+        [(s, d, k) for s, d, k in _triples(n, c) if _true(model, _send(t, s, d, k))] for t in range(rounds)
     ]
-    return Feasibility("sat", _exchange(n, chosen), seconds)
+    return Feasibility("sat", _exchange(n, c, chosen), seconds)
 
 
-def _triples(n: int) -> Iterator[tuple[int, int, int]]:
+def _owner(n: int, chunk: int) -> int:
+    """The punctual rank that holds ``chunk`` reduced after the ReduceScatter."""
+    return chunk % (n - 1)
+
+
+def _triples(n: int, c: int) -> Iterator[tuple[int, int, int]]:
     """Every (src, dst, chunk) a send may have."""
-    return ((s, d, c) for s in range(n) for d in range(n) if s != d for c in range(n - 1))
+    return ((s, d, k) for s in range(n) for d in range(n) if s != d for k in range(c))
 
 
 def _has(n: int, t: int, rank: int, chunk: int, part: int) -> z3.BoolRef:
     """After ``t`` rounds ``rank``'s ``chunk`` contains ``part`` (P = 0, Q = 1); fixed at ``t = 0``."""
     if t == 0:
-        return z3.BoolVal(rank == chunk if part == 0 else rank == n - 1)
+        return z3.BoolVal(rank == _owner(n, chunk) if part == 0 else rank == n - 1)
     return z3.Bool(f"has_{t}_{rank}_{chunk}_{part}")
 
 
@@ -145,31 +186,35 @@ def _send(t: int, src: int, dst: int, chunk: int) -> z3.BoolRef:
     return z3.Bool(f"send_{t}_{src}_{dst}_{chunk}")
 
 
-def _constraints(n: int, rounds: int) -> Iterator[z3.BoolRef]:
-    chunks, peers = range(n - 1), range(n)
+def _constraints(n: int, c: int, rounds: int) -> Iterator[z3.BoolRef]:
+    chunks, peers = range(c), range(n)
     for t in range(rounds):
         for r in peers:  # one port each way, one chunk: at most one send and one receive per rank
-            yield z3.AtMost(*(_send(t, r, d, c) for d in peers if d != r for c in chunks), 1)
-            yield z3.AtMost(*(_send(t, s, r, c) for s in peers if s != r for c in chunks), 1)
+            yield z3.AtMost(*(_send(t, r, d, k) for d in peers if d != r for k in chunks), 1)
+            yield z3.AtMost(*(_send(t, s, r, k) for s in peers if s != r for k in chunks), 1)
         for d in peers:
-            for c in chunks:
+            for k in chunks:
                 for p in _PARTS:
-                    arrives = [z3.And(_send(t, s, d, c), _has(n, t, s, c, p)) for s in peers if s != d]
-                    yield z3.Implies(_has(n, t + 1, d, c, p), z3.Or(_has(n, t, d, c, p), *arrives))
-                    yield z3.Implies(_has(n, t, d, c, p), _has(n, t + 1, d, c, p))
+                    arrives = [z3.And(_send(t, s, d, k), _has(n, t, s, k, p)) for s in peers if s != d]
+                    yield z3.Implies(_has(n, t + 1, d, k, p), z3.Or(_has(n, t, d, k, p), *arrives))
+                    yield z3.Implies(_has(n, t, d, k, p), _has(n, t + 1, d, k, p))
     for r in peers:
-        for c in chunks:
-            yield z3.And(*(_has(n, rounds, r, c, p) for p in _PARTS))
-    yield from _first_sends_in_chunk_order(n, rounds)
+        for k in chunks:
+            yield z3.And(*(_has(n, rounds, r, k, p) for p in _PARTS))
+    yield from _first_sends_in_order(n, c, rounds)
 
 
-def _first_sends_in_chunk_order(n: int, rounds: int) -> Iterator[z3.BoolRef]:
-    """If the straggler has sent chunk c+1 by round t, it had sent chunk c by round t-1."""
+def _first_sends_in_order(n: int, c: int, rounds: int) -> Iterator[z3.BoolRef]:
+    """The symmetry breaking of the module docstring, as "if the straggler has sent chunk b by
+    round t, it had sent chunk a by round t-1" for each ordered pair (a, b)."""
     late = n - 1
-    sent: list[z3.BoolRef] = [z3.BoolVal(False)] * late  # by the round before
+    share = [len(range(owner, c, late)) for owner in range(late)]  # chunks each punctual rank owns
+    pairs = [(a, a + late) for a in range(c - late)]  # one owner: index order
+    pairs += [(a, b) for a, b in zip(range(late), range(1, late), strict=False) if share[a] == share[b]]
+    sent: list[z3.BoolRef] = [z3.BoolVal(False)] * c  # by the round before
     for t in range(rounds):
-        now = [z3.Or(sent[c], *(_send(t, late, d, c) for d in range(late))) for c in range(late)]
-        yield from (z3.Implies(now[c + 1], sent[c]) for c in range(late - 1))
+        now = [z3.Or(sent[k], *(_send(t, late, d, k) for d in range(late))) for k in range(c)]
+        yield from (z3.Implies(now[b], sent[a]) for a, b in pairs)
         sent = now
 
 
@@ -177,7 +222,7 @@ def _true(model: z3.ModelRef, var: z3.BoolRef) -> bool:
     return bool(z3.is_true(model.eval(var, model_completion=True)))
 
 
-def _exchange(n: int, chosen: list[list[tuple[int, int, int]]]) -> tuple[Round, ...]:
+def _exchange(n: int, c: int, chosen: list[list[tuple[int, int, int]]]) -> tuple[Round, ...]:
     """The solver's rounds with each send made a copy, a reduce or nothing.
 
     The parts are followed exactly here (the model may lag behind them): a send that brings
@@ -185,12 +230,12 @@ def _exchange(n: int, chosen: list[list[tuple[int, int, int]]]) -> tuple[Round, 
     held is overwritten), and one that brings the other part is a reduce.
     """
     late = n - 1
-    parts = [[{0} if r == c else {1} if r == late else set() for c in range(late)] for r in range(n)]
+    parts = [[{0} if r == _owner(n, k) else {1} if r == late else set() for k in range(c)] for r in range(n)]
     exchange: list[Round] = []
     for sends in chosen:
-        moves = [(s, d, c) for s, d, c in sends if not parts[s][c] <= parts[d][c]]
-        ops = [Op.COPY if parts[d][c] <= parts[s][c] else Op.REDUCE for s, d, c in moves]
-        exchange.append(tuple(Transfer(s, d, c, op) for (s, d, c), op in zip(moves, ops, strict=True)))
-        for d, c, after in [(d, c, parts[d][c] | parts[s][c]) for s, d, c in moves]:  # a synchronous round
-            parts[d][c] = after
+        moves = [(s, d, k) for s, d, k in sends if not parts[s][k] <= parts[d][k]]
+        ops = [Op.COPY if parts[d][k] <= parts[s][k] else Op.REDUCE for s, d, k in moves]
+        exchange.append(tuple(Transfer(s, d, k, op) for (s, d, k), op in zip(moves, ops, strict=True)))
+        for d, k, after in [(d, k, parts[d][k] | parts[s][k]) for s, d, k in moves]:  # a synchronous round
+            parts[d][k] = after
     return tuple(exchange)

@@ -12,11 +12,11 @@ raises :class:`~stragglar.errors.InputError`.
 >>> as_int(True, "straggler")
 Traceback (most recent call last):
 ...
-stragglar.runtime.args.ArgumentError: straggler must be an integer, got True (bool)
+stragglar.errors.ArgumentError: straggler must be an integer, got True (bool)
 >>> as_rank(1.5, "straggler", 4)
 Traceback (most recent call last):
 ...
-stragglar.runtime.args.ArgumentError: straggler must be an integer, got 1.5 (float)
+stragglar.errors.ArgumentError: straggler must be an integer, got 1.5 (float)
 >>> as_rank(4, "straggler", 4)
 Traceback (most recent call last):
 ...
@@ -30,13 +30,9 @@ import numbers
 import operator
 from typing import Any
 
-from stragglar.errors import InputError
+from stragglar.errors import ArgumentError, InputError
 
-__all__ = ["ArgumentError", "as_int", "as_rank", "as_seconds"]
-
-
-class ArgumentError(InputError, TypeError):
-    """An argument of the wrong type (exit 2); also a :class:`TypeError`."""
+__all__ = ["as_int", "as_rank", "as_seconds"]
 
 
 def as_int(value: Any, name: str, minimum: int | None = None) -> int:
