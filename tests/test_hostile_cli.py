@@ -412,3 +412,14 @@ def test_the_cost_chart_keeps_its_legends_off_the_curves() -> None:
         legend = ax.get_legend()
         assert legend is not None
         assert not _boxes_overlap(legend.get_window_extent(renderer), ax.get_window_extent(renderer))
+
+
+def test_bench_and_run_label_their_ratios_and_count_in_words() -> None:
+    ran = run("run", "--gpus", "3", "--size", "4KiB", "--iters", "1")
+    assert ran.exit_code == 0 and "1 iteration (medians)" in ran.output and "4 KiB float32" in ran.output
+    assert "speed-up (ratio of the medians)" in ran.output
+    bench = run(
+        "bench", "--backend", "local", "--gpus", "3", "--sizes", "1KiB", "--delays", "0", "--iters", "2"
+    )
+    assert bench.exit_code == 0
+    assert "ratio of the medians | per-iteration ratio: median [min-max]" in bench.output.splitlines()[0]

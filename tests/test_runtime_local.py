@@ -206,4 +206,5 @@ def test_sweep_table_says_when_the_ring_fit_failed() -> None:
     assert table.splitlines()[0] == (
         "gloo all_reduce fit, N=4: none (its times did not grow with the size: measure sizes further apart)"
     )
-    assert table.splitlines()[-1] == "| 4 | 1 MiB | 50 | 80.0 | 100.0 | 1.25x [1.10-1.40] | - |"
+    assert table.splitlines()[-1] == "| 4 | 1 MiB | 50 | 80.0 | 100.0 | 1.25x | 1.25x [1.10-1.40] | - |"
+    assert "ratio of the medians" in table and "per-iteration ratio: median [min-max]" in table

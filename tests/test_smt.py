@@ -222,3 +222,60 @@ def test_timeout_is_reported_not_hidden() -> None:
 def test_phase2_needs_at_least_two_gpus() -> None:
     with pytest.raises(ValueError, match="need 2 to 24 GPUs"):
         phase2_feasible(1, 3)
+
+
+# ---------------------------------------------------------------------------- more chunks than N - 1
+
+
+def ring_by_owner(n: int, c: int) -> Phase:
+    """A ReduceScatter among ranks 0..n-2 leaving chunk k at rank k mod (n-1): the ring over owners,
+    each message carrying all the chunks of one owner."""
+    late = n - 1
+    blocks = [tuple(range(owner, c, late)) for owner in range(late)]
+    rounds = tuple(
+        tuple(
+            Transfer(i, (i + 1) % late, k, Op.REDUCE)
+            for i in range(late)
+            for k in blocks[(i - 1 - step) % late]
+        )
+        for step in range(late - 1)
+    )
+    return Phase("reduce-scatter", tuple(range(late)), rounds)
+
+
+@pytest.mark.parametrize(("n", "c"), [(4, 8), (6, 12), (8, 16)])
+def test_the_chunked_bound_is_proved_in_a_model_that_fixes_no_order(n: int, c: int) -> None:
+    result = prove_lower_bound(n, 60, c)
+    assert (
+        result.proved and result.bound == c + (n - 1).bit_length() - 1 and result.rounds == result.bound - 1
+    )
+    assert f"so {c} + ceil(log2 {n}) - 1 = {result.bound} is a lower bound" in result.summary
+
+
+@pytest.mark.parametrize(("n", "c"), [(3, 4), (4, 6), (5, 6)])
+def test_both_models_refute_one_round_below_the_chunked_bound(n: int, c: int) -> None:
+    """The relaxed model (the straggler's data alone) proves the bound; the model with both parts,
+    which it relaxes, must agree."""
+    bound = round_lower_bound(n, c)
+    assert prove_lower_bound(n, 60, c).model == "the straggler's data"
+    assert phase2_feasible(n, bound - 1, 60, c).status == "unsat"
+
+
+@pytest.mark.parametrize("c", [2, 4, 6])
+def test_three_gpus_reach_the_chunked_bound_outside_the_papers_exchange_order(c: int) -> None:
+    """The restricted order (chunk k exchanged in round k) needs more rounds at N = 3 for C > 2;
+    the general model reaches C + 1, and the schedule it finds is proved by both provers."""
+    bound = round_lower_bound(3, c)
+    answer = phase2_feasible(3, bound, 60, c)
+    assert answer.status == "sat" and answer.exchange is not None
+    s = Schedule("stragglar", 3, c, 2, (ring_by_owner(3, c), Phase("exchange", (0, 1, 2), answer.exchange)))
+    assert check(s) is None and smt_check(s) is None and s.exposed_steps == bound
+    assert prove_lower_bound(3, 60, c).proved
+
+
+@pytest.mark.proofs
+@pytest.mark.parametrize("n", range(2, 9))
+def test_the_chunked_bound_for_every_chunk_count_up_to_16(n: int) -> None:
+    for c in range(n - 1, 17):
+        result = prove_lower_bound(n, 120, c)
+        assert result.proved, result.summary

@@ -27,7 +27,7 @@ from stragglar.runtime.engine import DTYPES
 from stragglar.runtime.local import run_local
 from stragglar.schedule import MAX_RANKS
 from stragglar.synth import synthesize
-from stragglar.units import format_bytes
+from stragglar.units import count_of, format_bytes
 from stragglar.verify import Proof, prove
 
 __all__ = ["BACKENDS", "BenchmarkResult", "run_benchmark"]
@@ -85,7 +85,7 @@ class BenchmarkResult:
 
     def report(self) -> str:
         """A few lines for the terminal."""
-        mib, gb = self.size_bytes / 2**20, 1e9
+        gb = 1e9
         hidden = (
             f"  (hidden phase done at {statistics.median(self.hidden) * 1e3:.2f} ms)" if self.hidden else ""
         )
@@ -95,11 +95,12 @@ class BenchmarkResult:
         )
         return "\n".join(
             [
-                f"{self.algorithm} on {self.backend}: {self.num_ranks} ranks, {mib:.2f} MiB {self.dtype}, "
+                f"{self.algorithm} on {self.backend}: {self.num_ranks} ranks, "
+                f"{format_bytes(self.size_bytes)} {self.dtype}, "
                 f"straggler delay {self.delay * 1e3:g} ms{self._late_rank}, "
-                f"{len(self.times)} iterations (median), results checked",
+                f"{count_of(len(self.times), 'iteration')} (medians), results checked",
                 *(f"  {name:<18} {t * 1e3:10.3f} ms/iter  {bw / gb:8.3f} GB/s" for name, t, bw in rows),
-                f"  speed-up {self.baseline_time / self.time:.2f}x{hidden}",
+                f"  speed-up (ratio of the medians) {self.baseline_time / self.time:.2f}x{hidden}",
             ]
         )
 

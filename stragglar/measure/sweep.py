@@ -74,15 +74,16 @@ class SweepResult:
         ]
         ours, theirs = self.algorithm, self.baseline
         rows = [
-            f"| N | size | delay (ms) | {ours} (ms) | {theirs} (ms) | {theirs} / {ours} [min-max] | model |",
-            "|---:|---:|---:|---:|---:|---|---:|",
+            f"| N | size | delay (ms) | {ours} (ms) | {theirs} (ms) "
+            f"| {theirs} / {ours}: ratio of the medians | per-iteration ratio: median [min-max] | model |",
+            "|---:|---:|---:|---:|---:|---:|---|---:|",
         ]
         for s in self.settings:
             model = f"{s.predicted:.2f}x" if s.predicted is not None else "-"
             rows.append(
                 f"| {s.num_ranks} | {format_bytes(s.size_bytes)} | {s.delay * 1e3:g} | {s.time * 1e3:.1f} "
-                f"| {s.baseline_time * 1e3:.1f} | {s.ratio:.2f}x [{s.ratio_min:.2f}-{s.ratio_max:.2f}] "
-                f"| {model} |"
+                f"| {s.baseline_time * 1e3:.1f} | {s.baseline_time / s.time:.2f}x "
+                f"| {s.ratio:.2f}x [{s.ratio_min:.2f}-{s.ratio_max:.2f}] | {model} |"
             )
         head = [*fits, ""] if fits else []
         return "\n".join(head + rows)
