@@ -665,3 +665,24 @@ def test_property_any_mutation_is_accepted_or_named_precisely(data: st.DataObjec
         assert VALIDATOR.is_valid(doc)  # the schema accepts whatever the reader accepts
         assert to_document(schedule) == {"metadata": {}, **doc}  # metadata may be left out
     assert doc == original  # reading never changes the document
+
+
+def test_transfer_objects_in_any_key_order_read_alike() -> None:
+    """The reader keeps transfer objects written in the usual key order compactly; other orders,
+    mixed in one round, must read the same."""
+    doc = to_document(synthesize("ring", 3))
+    first = doc["phases"][0]["rounds"][0][0]
+    doc["phases"][0]["rounds"][0][0] = {
+        "op": first["op"],
+        "chunk": first["chunk"],
+        "dst": first["dst"],
+        "src": first["src"],
+    }
+    assert loads(json.dumps(doc)) == synthesize("ring", 3)
+    doc["metadata"] = {"example": {"src": 0, "dst": 1, "chunk": 2, "op": "copy"}}
+    assert loads(json.dumps(doc)).metadata == {"example": {"chunk": 2, "dst": 1, "op": "copy", "src": 0}}
+    doc["phases"][0]["rounds"][0][1] = {"src": 0, "dst": 0, "chunk": 1, "op": "copy"}
+    with pytest.raises(
+        ScheduleFormatError, match=r"phases\[0\]\.rounds\[0\]\[1\]\.dst: expected a rank other than src"
+    ):
+        loads(json.dumps(doc))
