@@ -58,6 +58,10 @@ __all__ = [
 
 _T = TypeVar("_T")
 
+# tqdm's monitor thread would outlive every bar; a thread alive when `run` forks its ranks can
+# leave a lock held in a child for good, so there is none.
+tqdm.monitor_interval = 0
+
 
 class Quantity(click.ParamType):  # type: ignore[type-arg, unused-ignore]
     """An option with a unit, read by :mod:`stragglar.units`; ``many`` reads a comma-separated list."""

@@ -12,7 +12,6 @@ from stragglar.commands.common import (
     SIZE,
     STRAGGLER,
     Quantity,
-    busy,
     check_output,
     dump_json,
     load_schedule,
@@ -83,19 +82,20 @@ def run(
         num_gpus = proof.num_ranks
     elif num_gpus is None:
         raise click.UsageError("--gpus is required (or give a --schedule file)")
-    with busy(f"running {num_gpus} ranks"):
-        result = run_benchmark(
-            backend,
-            num_gpus,
-            size,
-            dtype,
-            delay,
-            algorithm=algorithm,
-            proof=proof,
-            straggler=straggler,
-            iters=iters,
-            timeout=timeout,
-        )
+    # no progress thread here: the torch backend forks its ranks, and a thread alive at a fork
+    # may leave a lock held in a child for good
+    result = run_benchmark(
+        backend,
+        num_gpus,
+        size,
+        dtype,
+        delay,
+        algorithm=algorithm,
+        proof=proof,
+        straggler=straggler,
+        iters=iters,
+        timeout=timeout,
+    )
     click.echo(result.report())
 
 
