@@ -235,17 +235,33 @@ def _transfer(value: object, path: str, n: int, c: int) -> Transfer:
 
 
 def _load_round(value: object, path: str, n: int, c: int) -> Round:
+    """A round's transfers, checked and built in one pass; the slow path names what is wrong."""
     rnd = _list(value, path)
-    if _transfers_ok(rnd, n, c):
-        ops = _OPS
-        return tuple(
-            [
-                Transfer(t[0], t[1], t[2], ops[t[3]])
-                if type(t) is _Slim
-                else Transfer(t["src"], t["dst"], t["chunk"], ops[t["op"]])
-                for t in rnd
-            ]
-        )
+    ops = _OPS
+    built: list[Transfer] = []
+    append = built.append
+    for t in rnd:
+        if type(t) is _Slim:
+            src, dst, chunk, op = t
+        elif type(t) is dict and len(t) == 4:
+            src, dst, chunk, op = t.get("src"), t.get("dst"), t.get("chunk"), t.get("op")
+        else:
+            break
+        if not (
+            type(src) is int
+            and type(dst) is int
+            and type(chunk) is int
+            and 0 <= src < n
+            and 0 <= dst < n
+            and src != dst
+            and 0 <= chunk < c
+            and type(op) is str
+            and op in ops
+        ):
+            break
+        append(Transfer(src, dst, chunk, ops[op]))
+    else:
+        return tuple(built)
     return tuple(_transfer(t, f"{path}[{j}]", n, c) for j, t in enumerate(rnd))
 
 
@@ -390,8 +406,9 @@ class _Slim(tuple):  # type: ignore[type-arg]
     """An object with exactly the keys ``src, dst, chunk, op``, in that order, kept as a tuple.
 
     A 2048-GPU schedule has 8 million transfers; as dicts they took a gigabyte more than the
-    schedule itself while it was read.  Everything that reads objects takes this form too
-    (:func:`_dict` turns it back into a dict where one is needed).
+    schedule itself while it was read.  A subclass, not a plain tuple, so that a tuple a caller
+    passes (in metadata, say) is never mistaken for one.  Everything that reads objects takes
+    this form too (:func:`_dict` turns it back into a dict where one is needed).
     """
 
     __slots__ = ()
@@ -404,8 +421,10 @@ def _dict(value: object) -> object:
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> Any:
     """An object, unless it repeats a key: JSON parsers differ on which value wins, so refuse it."""
-    if len(pairs) == 4 and [key for key, _ in pairs] == list(_TRANSFER_KEYS):
-        return _Slim(value for _, value in pairs)
+    if len(pairs) == 4:
+        (k0, v0), (k1, v1), (k2, v2), (k3, v3) = pairs
+        if k0 == "src" and k1 == "dst" and k2 == "chunk" and k3 == "op":
+            return _Slim((v0, v1, v2, v3))
     value = dict(pairs)
     if len(value) != len(pairs):
         seen: set[str] = set()
@@ -425,7 +444,8 @@ def parse(text: str) -> Any:
     stragglar.formats.json.ScheduleFormatError: not JSON: Expecting ',' delimiter at line 1 column 6
     """
     try:
-        return json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
+        with _gc_paused():  # millions of compact transfers, all alive: collecting them is wasted work
+            return json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as e:
         raise ScheduleFormatError(f"not JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
     except ValueError as e:
