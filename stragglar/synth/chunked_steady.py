@@ -43,10 +43,20 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
-__all__ = ["Held", "Step", "Unit", "Walk", "next_held", "pow2_walk", "solved_walk", "steady_rounds", "walk_for"]
+__all__ = [
+    "Held",
+    "Step",
+    "Unit",
+    "Walk",
+    "next_held",
+    "pow2_walk",
+    "solved_walk",
+    "steady_rounds",
+    "walk_for",
+]
 
 Held = tuple[int, int]  # the two ages held among 1..top, ascending
 Copy = tuple[int, int, int]  # (src, dst, chunk)
@@ -117,9 +127,7 @@ def steady_rounds(walk: Walk, num_chunks: int) -> list[list[Copy]]:
     pairs = list(_pairing(walk))
     rounds: list[list[Copy]] = []
     for t in range(num_chunks):
-        rounds.append(
-            [((t - sender) % m, (t - pos) % m, t - age) for pos, sender, age in pairs if t >= age]
-        )
+        rounds.append([((t - sender) % m, (t - pos) % m, t - age) for pos, sender, age in pairs if t >= age])
     return rounds
 
 
@@ -165,7 +173,7 @@ def pow2_walk(num_ranks: int) -> Walk:
     return Walk(top, tuple(steps), 0, units)
 
 
-@lru_cache(maxsize=None)
+@cache
 def walk_for(num_ranks: int) -> Walk:
     """The walk for ``num_ranks >= 4``: :func:`pow2_walk` or :func:`solved_walk`."""
     if num_ranks & (num_ranks - 1) == 0:
@@ -229,8 +237,8 @@ def _solve(m: int, top: int, level: int, sizes: Sequence[int]) -> Walk | None:
         solver.add(sends[h, h[0]] + sends[h, h[1]] == visits[h] - z3.Sum(exch))
     for age in range(1, top + 1):
         received = [c for c, mv in zip(count, moves, strict=True) if mv[1] == age]
-        sent = [v for (h, a), v in sends.items() if a == age]
-        solver.add(z3.Sum(received) == z3.Sum(sent))
+        senders = [v for (h, a), v in sends.items() if a == age]
+        solver.add(z3.Sum(received) == z3.Sum(senders))
     solver.add(z3.Sum(list(visits.values())) == m)
     kinds: list[tuple[int, tuple[Held, ...], Any]] = []
     for token in range(1, dims + 1):

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 
 from stragglar.synth.chunked_steady import Held, Unit, Walk
 
@@ -71,7 +71,8 @@ def tail_rounds(walk: Walk, num_chunks: int) -> list[list[Copy]]:
     dims = walk.depth - walk.level
     schedules = [_external(y + 1, dims) for y in range(len(units))]
     plans = [
-        _unit_plan(unit.members, tuple(schedule), walk.level, walk.top) for unit, schedule in zip(units, schedules, strict=True)
+        _unit_plan(unit.members, tuple(schedule), walk.level, walk.top)
+        for unit, schedule in zip(units, schedules, strict=True)
     ]
     rounds: list[list[Copy]] = []
     for u in range(dims - 1):
@@ -111,7 +112,9 @@ def _external(position: int, dims: int) -> list[tuple[int, int]]:
 
 def _lone_swaps(units: Sequence[Unit], members: Sequence[Sequence[int]], top: int, c: int) -> list[Copy]:
     """Level 1's last round for lone ranks: one missing ``top - 1`` swaps with one missing ``top``."""
-    lack_before = [r[0] for u, r in zip(units, members, strict=True) if len(r) == 1 and u.members[0][1] == top]
+    lack_before = [
+        r[0] for u, r in zip(units, members, strict=True) if len(r) == 1 and u.members[0][1] == top
+    ]
     lack_top = [r[0] for u, r in zip(units, members, strict=True) if len(r) == 1 and u.members[0][1] != top]
     copies: list[Copy] = []
     for a, b in zip(lack_before, lack_top, strict=False):
@@ -125,7 +128,7 @@ def _lone_swaps(units: Sequence[Unit], members: Sequence[Sequence[int]], top: in
     return copies
 
 
-@lru_cache(maxsize=None)
+@cache
 def _unit_plan(
     held: tuple[Held, ...], external: tuple[tuple[int, int], ...], level: int, top: int
 ) -> tuple[_Turn, ...]:
@@ -144,7 +147,9 @@ def _unit_plan(
     return plan
 
 
-def _search(state: tuple[frozenset[int], ...], rounds: tuple[tuple[int, int], ...], top: int) -> tuple[_Turn, ...] | None:
+def _search(
+    state: tuple[frozenset[int], ...], rounds: tuple[tuple[int, int], ...], top: int
+) -> tuple[_Turn, ...] | None:
     if not rounds:
         return () if all(len(h) == top for h in state) else None
     age_in, age_out = rounds[0]
@@ -163,11 +168,13 @@ def _search(state: tuple[frozenset[int], ...], rounds: tuple[tuple[int, int], ..
                     after[d].add(age)
                 rest = _search(tuple(frozenset(h) for h in after), rounds[1:], top)
                 if rest is not None:
-                    return (_Turn(taker, giver, moves),) + rest
+                    return (_Turn(taker, giver, moves), *rest)
     return None
 
 
-def _matchings(state: tuple[frozenset[int], ...], receivers: list[int], senders: list[int]) -> list[tuple[Move, ...]]:
+def _matchings(
+    state: tuple[frozenset[int], ...], receivers: list[int], senders: list[int]
+) -> list[tuple[Move, ...]]:
     """Every way to give each receiver one chunk it lacks from a distinct sender holding it."""
     if not receivers:
         return [()]
