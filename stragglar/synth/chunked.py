@@ -15,9 +15,12 @@ doublings: ``C + ceil(log2 N) - 1`` rounds.
 **Construction** (``N >= 4``): every punctual rank follows one cyclic walk, shifted by its
 index, for the exchange rounds (:mod:`stragglar.synth.chunked_steady`), and the ``L - 1`` rounds
 after the last exchange finish on a hypercube of single ranks or small units
-(:mod:`stragglar.synth.chunked_tail`).  It meets the bound for every ``N`` from 4 to 1024 except
-28 sizes just above a power of two from 65 on (65, 129-131, 257-263, 513-529), for every
-``C >= N - 1``, in time linear in the number of copies.
+(:mod:`stragglar.synth.chunked_tail`).  It meets the bound for every ``C >= N - 1`` and every
+``N`` from 4 to 1024 checked (all of them for ``C = N - 1``; every ``C`` up to 256 for
+``N <= 64``; powers of two up to ``C = 4096``), in time linear in the number of copies plus a
+small z3 model for sizes that are not powers of two.  For 28 sizes just above a power of two
+(65, 129-131, 257-263, 513-529) no unit structure exists and the tail is found by a bounded
+greedy search instead, which met the bound on every one of them.
 
 **N = 2**: the exchanges alone, ``C`` rounds (the bound).  **N = 3** cannot meet the bound for
 ``C > 2`` and needs exactly ``C + ceil(C / 2)`` rounds (:func:`chunked_optimum`).  Proof: in an
@@ -123,7 +126,9 @@ def chunked_copy_rounds(num_ranks: int, num_chunks: int) -> ChunkedRounds:
         return ChunkedRounds(n, c, owners, _three_rank_rounds(c), "three ranks")
     walk = walk_for(n)
     rounds = steady_rounds(walk, c) + tail_rounds(walk, c)
-    method = "cyclic hypercube" if walk.level == 0 else f"cyclic units (level {walk.level})"
+    method = {0: "cyclic hypercube", None: "cyclic, searched tail"}.get(
+        walk.level, f"cyclic units (level {walk.level})"
+    )
     return ChunkedRounds(n, c, owners, tuple(tuple(sorted(r)) for r in rounds), method)
 
 

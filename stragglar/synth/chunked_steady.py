@@ -35,7 +35,8 @@ only ever spreads from holders that got it in earlier rounds, so dropping the co
 
 **Tail.**  The population at round ``C`` (the states along the walk) must admit a perfect tail;
 the solver also chooses how the ranks group into *units* for :mod:`stragglar.synth.chunked_tail`
-(see there), which is what makes the tail constructive.
+(see there), which is what makes the tail constructive.  For 28 sizes up to 1024 no unit
+structure of levels 1-2 exists; they get a walk of group-model moves and a searched tail.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ __all__ = [
 
 Held = tuple[int, int]  # the two ages held among 1..top, ascending
 Copy = tuple[int, int, int]  # (src, dst, chunk)
+_Kind = tuple[int, tuple[Held, ...], Any]  # a unit kind of the model: token, members, count
 
 # Unit sizes allowed at each tail level (see chunked_tail): level 1 pairs or singles, level 2
 # pairs or triples; level 0 (powers of two) has singles only.
@@ -88,12 +90,12 @@ class Walk:
     """A cyclic walk for ``len(steps)`` punctual ranks and the unit structure of its tail.
 
     ``level`` is the tail level ``j``: the hypercube has ``L - j`` dimensions and the units
-    finish among themselves in ``j`` rounds.
+    finish among themselves in ``j`` rounds; None means no units, the tail is searched for.
     """
 
     top: int
     steps: tuple[Step, ...]
-    level: int
+    level: int | None
     units: tuple[Unit, ...]
 
     @property
@@ -182,18 +184,32 @@ def walk_for(num_ranks: int) -> Walk:
 
 
 def solved_walk(num_ranks: int) -> Walk:
-    """A walk for any ``num_ranks >= 4`` from the integer model, trying tail levels 1 then 2.
+    """A walk for any ``num_ranks >= 4`` from the integer model: tail level 1, else level 2, else
+    a walk of group-model moves only whose tail is left to a search (``level`` None).
 
-    Raises ValueError if no level admits one (not seen for any size up to 1024 except
-    ``2**k + 1`` from 65 on, which would need level 3).
+    Levels 1 and 2 cover every size up to 1024 but 28 just above a power of two (65, 129-131,
+    257-263, 513-529); those take the third way.
     """
     m = num_ranks - 1
-    top = (m).bit_length() + 1
+    top = m.bit_length() + 1
     for level, sizes in _UNIT_SIZES.items():
         walk = _solve(m, top, level, sizes)
         if walk is not None:
             return walk
-    raise ValueError(f"no cyclic walk with a constructive tail found for {num_ranks} GPUs")
+    walk = _solve(m, top, None, ())
+    if walk is None:  # pragma: no cover - the group model with early jumps always has a walk
+        raise ValueError(f"no cyclic walk found for {num_ranks} GPUs")
+    return walk
+
+
+def _group_move(held: Held, recv: int, top: int) -> bool:
+    """Moves of the group model and early jumps, the walks whose tails the search handles well:
+    G = (top-1, top) exchanges or jumps, ``(p, top)`` fills in ``top - 1`` (or jumps early one round
+    before reaching G, then fills in the age it skipped one round late)."""
+    depth = top - 1
+    if recv == 0:
+        return held == (depth, top)
+    return held[1] != top or held[0] in (depth, depth - 1) or recv == depth
 
 
 def _unit_types(token: int, top: int, level: int, sizes: Sequence[int]) -> list[tuple[Held, ...]]:
@@ -210,14 +226,14 @@ def _unit_types(token: int, top: int, level: int, sizes: Sequence[int]) -> list[
     return types
 
 
-def _solve(m: int, top: int, level: int, sizes: Sequence[int]) -> Walk | None:
-    """Solve the integer model for tail ``level``; None if it has no solution."""
+def _solve(m: int, top: int, level: int | None, sizes: Sequence[int]) -> Walk | None:
+    """Solve the integer model for tail ``level`` (None: group moves, no units); None if unsolvable."""
     import z3  # only sizes that are not powers of two need the solver
 
-    depth = top - 1
-    dims = depth - level
     states = [(p, q) for q in range(2, top + 1) for p in range(1, q)]
     moves = [(h, a, next_held(h, a, top)) for h in states for a in _receivable(h, top)]
+    if level is None:
+        moves = [mv for mv in moves if _group_move(mv[0], mv[1], top)]
     count = [z3.Int(f"x{i}") for i in range(len(moves))]
     solver = z3.Solver()
     solver.set("random_seed", 0)
@@ -240,22 +256,7 @@ def _solve(m: int, top: int, level: int, sizes: Sequence[int]) -> Walk | None:
         senders = [v for (h, a), v in sends.items() if a == age]
         solver.add(z3.Sum(received) == z3.Sum(senders))
     solver.add(z3.Sum(list(visits.values())) == m)
-    kinds: list[tuple[int, tuple[Held, ...], Any]] = []
-    for token in range(1, dims + 1):
-        row = []
-        for members in _unit_types(token, top, level, sizes):
-            var = z3.Int(f"u{token}_{len(kinds)}")
-            solver.add(var >= 0)
-            kinds.append((token, members, var))
-            row.append(var)
-        solver.add(z3.Sum(row) == 1 << (token - 1))
-    for h in states:
-        solver.add(visits[h] == z3.Sum([v * members.count(h) for _, members, v in kinds]))
-    if level == 1:  # the last round pairs singles lacking top-1 with singles lacking top
-        lack_top = [v for _, members, v in kinds if len(members) == 1 and members[0][1] != top]
-        lack_before = [v for _, members, v in kinds if len(members) == 1 and members[0][1] == top]
-        gap = z3.Sum(lack_top) - z3.Sum(lack_before)
-        solver.add(gap <= 1, gap >= -1)
+    kinds = [] if level is None else _add_units(solver, visits, top, level, sizes)
     while solver.check() == z3.sat:
         model = solver.model()
         value = [model.eval(c).as_long() for c in count]
@@ -271,6 +272,32 @@ def _solve(m: int, top: int, level: int, sizes: Sequence[int]) -> Walk | None:
         # The circulation fell apart into several cycles: forbid this one and ask again.
         solver.add(z3.Or([c != v for c, v in zip(count, value, strict=True)]))
     return None
+
+
+def _add_units(
+    solver: Any, visits: dict[Held, Any], top: int, level: int, sizes: Sequence[int]
+) -> list[_Kind]:
+    """Constrain the population (the states along the walk) to split into the tail's units:
+    ``2**(t-1)`` units of token ``t`` for every node age of the ``top - 1 - level`` cube."""
+    import z3
+
+    kinds: list[_Kind] = []
+    for token in range(1, top - level):
+        row = []
+        for members in _unit_types(token, top, level, sizes):
+            var = z3.Int(f"u{token}_{len(kinds)}")
+            solver.add(var >= 0)
+            kinds.append((token, members, var))
+            row.append(var)
+        solver.add(z3.Sum(row) == 1 << (token - 1))
+    for h, count in visits.items():
+        solver.add(count == z3.Sum([v * members.count(h) for _, members, v in kinds]))
+    if level == 1:  # the last round pairs singles lacking top-1 with singles lacking top
+        lack_top = [v for _, members, v in kinds if len(members) == 1 and members[0][1] != top]
+        lack_before = [v for _, members, v in kinds if len(members) == 1 and members[0][1] == top]
+        gap = z3.Sum(lack_top) - z3.Sum(lack_before)
+        solver.add(gap <= 1, gap >= -1)
+    return kinds
 
 
 def _circuit(moves: Sequence[tuple[Held, int, Held]], counts: Sequence[int]) -> list[tuple[Held, int]]:

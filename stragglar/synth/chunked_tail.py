@@ -34,6 +34,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 
+import networkx as nx
+
 from stragglar.synth.chunked_steady import Held, Unit, Walk
 
 __all__ = ["tail_rounds"]
@@ -59,6 +61,11 @@ def _age(position: int) -> int:
 def tail_rounds(walk: Walk, num_chunks: int) -> list[list[Copy]]:
     """Copies of the ``L - 1`` rounds after the last exchange (round ``num_chunks`` on)."""
     m, c = len(walk.steps), num_chunks
+    if walk.level is None:  # searched once per walk, by position; rank r stands at (c - r) mod m
+        return [
+            [(m if s == STRAGGLER else (c - s) % m, (c - d) % m, c - age) for s, d, age in r]
+            for r in _searched_tail(walk)
+        ]
     pool: dict[Held, list[int]] = {}
     for rank in range(m):
         pool.setdefault(walk.steps[(c - rank) % m].held, []).append(rank)
@@ -187,3 +194,66 @@ def _matchings(
             for tail in _matchings(state, rest, [x for x in senders if x != s]):
                 out.append(((s, first, age), *tail))
     return out
+
+
+@cache
+def _searched_tail(walk: Walk) -> tuple[tuple[Move, ...], ...]:
+    """The tail for a walk without units, by position: a round-by-round greedy, three weightings.
+
+    Each round is a min-cost flow in which every punctual rank receives one missing chunk.  A
+    chunk that, even doubling from now on, could not reach all its ranks in the rounds left
+    must go to enough ranks now (a lower bound on its flow); beyond that, chunks are preferred
+    by how short their holders fall of doubling.  Bounded and deterministic; ValueError if no
+    weighting completes (not seen on the 28 sizes that use it).
+    """
+    for variant in range(3):
+        plan = _greedy([set(step.held) for step in walk.steps], walk.top, walk.depth - 1, variant)
+        if plan is not None:
+            return plan
+    raise ValueError(f"no tail found for {len(walk.steps) + 1} GPUs")
+
+
+def _greedy(
+    held: list[set[int]], top: int, num_rounds: int, variant: int
+) -> tuple[tuple[Move, ...], ...] | None:
+    rounds: list[tuple[Move, ...]] = []
+    total = len(held)
+    for u in range(num_rounds):
+        left = num_rounds - u
+        graph = nx.DiGraph()
+        for r, h in enumerate(held):
+            graph.add_edge("in", ("r", r), capacity=1, weight=0)
+            for age in range(1, top + 1):
+                if age not in h:
+                    graph.add_edge(("r", r), ("c", age), capacity=1, weight=0)
+        for age in range(1, top + 1):
+            holders = [q for q, h in enumerate(held) if age in h]
+            needers = total - len(holders)
+            if not needers:
+                continue
+            sources = len(holders) + 1  # and the straggler
+            must = max(0, -(-(needers - sources * ((1 << (left - 1)) - 1)) // (1 << (left - 1))))
+            weight = -(1000 * needers) // (sources * ((1 << left) - 1)) - variant * (top - age)
+            graph.add_edge(("c", age), ("m", age), capacity=must, weight=-(10**6))
+            graph.add_edge(("c", age), ("o", age), capacity=total, weight=weight)
+            graph.add_edge(("o", age), ("m", age), capacity=total, weight=0)
+            for q in [STRAGGLER, *holders]:
+                graph.add_edge(("m", age), ("s", q), capacity=1, weight=0)
+        for q in range(STRAGGLER, total):
+            graph.add_edge(("s", q), "out", capacity=1, weight=0)
+        flow = nx.max_flow_min_cost(graph, "in", "out")
+        if sum(flow["in"].values()) < total:
+            return None
+        givers = {
+            age: [q for (_, q), f in flow[("m", age)].items() if f]
+            for age in range(1, top + 1)
+            if ("m", age) in flow
+        }
+        moves = []
+        for r in range(total):
+            age = next(a for (_, a), f in flow[("r", r)].items() if f)
+            moves.append((givers[age].pop(), r, age))
+        for _, r, age in moves:
+            held[r].add(age)
+        rounds.append(tuple(moves))
+    return tuple(rounds)
