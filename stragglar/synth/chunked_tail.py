@@ -1,4 +1,4 @@
-"""The tail of chunked StragglAR: the ``L - 1`` rounds after the last exchange, by construction.
+"""The tail of chunked StragglAR: the ``L - 1`` rounds after the last exchange.
 
 At round ``C`` every punctual rank holds two of the ages ``1..top`` (its walk state, see
 :mod:`stragglar.synth.chunked_steady`; age ``a`` is chunk ``C - a``) and misses the other
@@ -26,6 +26,9 @@ left over).  Which member does what is a tiny search per unit (:func:`_unit_plan
 with complementary holdings it always succeeds, as the receiver can always hand its partner
 one of the partner's missing chunks.  How many units of each kind exist comes with the walk
 (the integer model chooses the steady state so that its population splits this way).
+
+**Search (28 sizes).**  Where no unit split exists (sizes just above a power of two from 65
+on), the tail is found round by round by a min-cost-flow greedy (:func:`_searched_tail`).
 """
 
 from __future__ import annotations
@@ -61,7 +64,17 @@ def _age(position: int) -> int:
 def tail_rounds(walk: Walk, num_chunks: int) -> list[list[Copy]]:
     """Copies of the ``L - 1`` rounds after the last exchange (round ``num_chunks`` on)."""
     m, c = len(walk.steps), num_chunks
-    if walk.level is None:  # searched once per walk, by position; rank r stands at (c - r) mod m
+    units = sorted(walk.units, key=lambda u: u.token)
+    level = walk.level
+    dims = walk.depth - (level or 0)
+    schedules = [tuple(_external(y + 1, dims)) for y in range(len(units))]
+    found = [
+        _unit_plan(u.members, schedule, level or 0, walk.top)
+        for u, schedule in zip(units, schedules, strict=True)
+    ]
+    plans = [plan for plan in found if plan is not None]
+    if level is None or len(plans) < len(found):
+        # Searched once per walk, by position: rank r stands at position (c - r) mod m.
         return [
             [(m if s == STRAGGLER else (c - s) % m, (c - d) % m, c - age) for s, d, age in r]
             for r in _searched_tail(walk)
@@ -71,16 +84,9 @@ def tail_rounds(walk: Walk, num_chunks: int) -> list[list[Copy]]:
         pool.setdefault(walk.steps[(c - rank) % m].held, []).append(rank)
     for ranks in pool.values():
         ranks.reverse()
-    units = sorted(walk.units, key=lambda u: u.token)
     members = [[pool[h].pop() for h in unit.members] for unit in units]
     if any(pool.values()):  # pragma: no cover - the model ties units to the walk's states
         raise AssertionError("the walk's states do not split into its units")
-    dims = walk.depth - walk.level
-    schedules = [_external(y + 1, dims) for y in range(len(units))]
-    plans = [
-        _unit_plan(unit.members, tuple(schedule), walk.level, walk.top)
-        for unit, schedule in zip(units, schedules, strict=True)
-    ]
     rounds: list[list[Copy]] = []
     for u in range(dims - 1):
         k = dims - 1 - u
@@ -96,11 +102,13 @@ def tail_rounds(walk: Walk, num_chunks: int) -> list[list[Copy]]:
         for ranks, plan in zip(members, plans, strict=True):
             copies += [(ranks[s], ranks[d], c - age) for s, d, age in plan[u].moves]
         rounds.append(copies)
-    for u in range(dims - 1, dims - 1 + walk.level):
+    for u in range(dims - 1, dims - 1 + level):
         copies = []
         for ranks, plan in zip(members, plans, strict=True):
             copies += [(ranks[s], ranks[d], c - age) for s, d, age in plan[u].moves]
-        rounds.append(copies + _lone_swaps(units, members, walk.top, c))
+        rounds.append(copies)
+    if level:
+        rounds[-1] += _lone_swaps(units, members, walk.top, c)
     straggler = m
     return [[(straggler if s == STRAGGLER else s, d, chunk) for s, d, chunk in r] for r in rounds]
 
@@ -138,20 +146,18 @@ def _lone_swaps(units: Sequence[Unit], members: Sequence[Sequence[int]], top: in
 @cache
 def _unit_plan(
     held: tuple[Held, ...], external: tuple[tuple[int, int], ...], level: int, top: int
-) -> tuple[_Turn, ...]:
-    """Who does what inside a unit in each tail round, found by depth-first search.
+) -> tuple[_Turn, ...] | None:
+    """Who does what inside a unit in each tail round, found by depth-first search (None: no way).
 
     ``external`` lists (age in, age out) per cube round; ``level`` rounds without outside traffic
     follow.  Every member receives exactly one missing chunk per round; the one taking the unit's
-    incoming chunk is ``taker`` and the one sending its outgoing chunk is ``giver``.
+    incoming chunk is ``taker`` and the one sending its outgoing chunk is ``giver``.  The model
+    does not check that its triples can do this; should one not (never seen), the tail falls
+    back to the search.
     """
-    start = tuple(frozenset(h) for h in held)
     if len(held) == 1:  # a lone rank is its own node; it gets its last chunk from _lone_swaps
         return tuple(_Turn(0, 0, ()) for _ in range(len(external) + level))
-    plan = _search(start, tuple(external) + ((0, 0),) * level, top)
-    if plan is None:  # pragma: no cover - unit kinds come from a model that only admits solvable ones
-        raise AssertionError(f"no plan for unit {held}")
-    return plan
+    return _search(tuple(frozenset(h) for h in held), external + ((0, 0),) * level, top)
 
 
 def _search(
