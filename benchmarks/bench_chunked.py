@@ -23,7 +23,7 @@ from pathlib import Path
 import z3
 
 from stragglar.synth.chunked import chunked_copy_rounds, chunked_optimum, chunked_stragglar_allreduce
-from stragglar.synth.chunked_steady import walk_for
+from stragglar.synth.chunked_tail import walk_for
 from stragglar.verify import prove
 
 CASES = (

@@ -37,8 +37,8 @@ from dataclasses import dataclass
 
 from stragglar import __version__
 from stragglar.schedule import Op, Phase, Round, Schedule, Transfer, move_straggler
-from stragglar.synth.chunked_steady import steady_rounds, walk_for
-from stragglar.synth.chunked_tail import tail_rounds
+from stragglar.synth.chunked_steady import steady_rounds
+from stragglar.synth.chunked_tail import tail_rounds, walk_for
 from stragglar.synth.ring import ring_reduce_scatter
 
 __all__ = [

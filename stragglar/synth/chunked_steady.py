@@ -26,7 +26,7 @@ every round.  Finding a walk is a small integer problem over transition counts (
 in the graph of states with one exchange edge and length ``m``), whose Eulerian circuits are the
 walks; any circuit serves.  For a power of two it has a closed form, the paper's group model:
 ``2**(a-1)`` *jumps* of age ``a`` (a rank that holds the oldest ages grabs a young chunk) and fill-ins
-of age ``L`` otherwise (:func:`pow2_walk`).  Other sizes are solved with z3 (:func:`solved_walk`,
+of age ``L`` otherwise (:func:`pow2_walk`).  Other sizes are solved with z3 (:func:`candidate_walks`,
 well under a second even for ``n = 1000``).
 
 **Ramp-up.**  Truncating the infinite walk to chunks ``0..C-1`` is itself a schedule: a chunk
@@ -44,7 +44,6 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from functools import cache
 from typing import Any
 
 __all__ = [
@@ -52,11 +51,10 @@ __all__ = [
     "Step",
     "Unit",
     "Walk",
+    "candidate_walks",
     "next_held",
     "pow2_walk",
-    "solved_walk",
     "steady_rounds",
-    "walk_for",
 ]
 
 Held = tuple[int, int]  # the two ages held among 1..top, ascending
@@ -66,6 +64,7 @@ _Kind = tuple[int, tuple[Held, ...], Any]  # a unit kind of the model: token, me
 # Unit sizes allowed at each tail level (see chunked_tail): level 1 pairs or singles, level 2
 # pairs or triples; level 0 (powers of two) has singles only.
 _UNIT_SIZES = {1: (1, 2), 2: (2, 3)}
+_SEARCHED = 16  # walks without units offered to the tail search before giving up
 
 
 @dataclass(frozen=True)
@@ -175,31 +174,26 @@ def pow2_walk(num_ranks: int) -> Walk:
     return Walk(top, tuple(steps), 0, units)
 
 
-@cache
-def walk_for(num_ranks: int) -> Walk:
-    """The walk for ``num_ranks >= 4``: :func:`pow2_walk` or :func:`solved_walk`."""
-    if num_ranks & (num_ranks - 1) == 0:
-        return pow2_walk(num_ranks)
-    return solved_walk(num_ranks)
+def candidate_walks(num_ranks: int) -> Iterator[Walk]:
+    """Walks for ``num_ranks >= 4``, best first: :func:`pow2_walk`; else the integer model's walk
+    with tail level 1, else level 2, else up to ``_SEARCHED`` walks of group-model moves only
+    whose tail is left to a search (``level`` None), each one a new solution.
 
-
-def solved_walk(num_ranks: int) -> Walk:
-    """A walk for any ``num_ranks >= 4`` from the integer model: tail level 1, else level 2, else
-    a walk of group-model moves only whose tail is left to a search (``level`` None).
-
-    Levels 1 and 2 cover every size up to 1024 but 28 just above a power of two (65, 129-131,
-    257-263, 513-529); those take the third way.
+    Levels 1 and 2 exist for every size up to 1024 but 28 just above a power of two (65,
+    129-131, 257-263, 513-529).  Every call solves afresh in its own z3 context, so the walks
+    do not depend on what was solved before.
     """
+    if num_ranks & (num_ranks - 1) == 0:
+        yield pow2_walk(num_ranks)
+        return
     m = num_ranks - 1
     top = m.bit_length() + 1
     for level, sizes in _UNIT_SIZES.items():
-        walk = _solve(m, top, level, sizes)
-        if walk is not None:
-            return walk
-    walk = _solve(m, top, None, ())
-    if walk is None:  # pragma: no cover - not seen: every size tried has an early-jump walk
-        raise ValueError(f"no cyclic walk found for {num_ranks} GPUs")
-    return walk
+        found = next(_solutions(m, top, level, sizes), None)
+        if found is not None:
+            yield found
+            break
+    yield from itertools.islice(_solutions(m, top, None, ()), _SEARCHED)
 
 
 def _group_move(held: Held, recv: int, top: int) -> bool:
@@ -226,16 +220,18 @@ def _unit_types(token: int, top: int, level: int, sizes: Sequence[int]) -> list[
     return types
 
 
-def _solve(m: int, top: int, level: int | None, sizes: Sequence[int]) -> Walk | None:
-    """Solve the integer model for tail ``level`` (None: group moves, no units); None if unsolvable."""
+def _solutions(m: int, top: int, level: int | None, sizes: Sequence[int]) -> Iterator[Walk]:
+    """Successive walks of the integer model for tail ``level`` (None: group moves, no units)."""
     import z3  # only sizes that are not powers of two need the solver
 
+    ctx = z3.Context()
+    zero = z3.IntVal(0, ctx)
     states = [(p, q) for q in range(2, top + 1) for p in range(1, q)]
     moves = [(h, a, next_held(h, a, top)) for h in states for a in _receivable(h, top)]
     if level is None:
         moves = [mv for mv in moves if _group_move(mv[0], mv[1], top)]
-    count = [z3.Int(f"x{i}") for i in range(len(moves))]
-    solver = z3.Solver()
+    count = [z3.Int(f"x{i}", ctx) for i in range(len(moves))]
+    solver = z3.Solver(ctx=ctx)
     solver.set("random_seed", 0)
     solver.add(*[c >= 0 for c in count])
     solver.add(z3.Sum([c for c, (_, a, _) in zip(count, moves, strict=True) if a == 0]) == 1)
@@ -244,38 +240,36 @@ def _solve(m: int, top: int, level: int | None, sizes: Sequence[int]) -> Walk | 
     for h in states:
         out = [c for c, mv in zip(count, moves, strict=True) if mv[0] == h]
         inn = [c for c, mv in zip(count, moves, strict=True) if mv[2] == h]
-        visits[h] = z3.Sum(out)
-        solver.add(z3.Sum(inn) == visits[h])
+        visits[h] = z3.Sum([zero, *out])
+        solver.add(z3.Sum([zero, *inn]) == visits[h])
         exch = [c for c, mv in zip(count, moves, strict=True) if mv[0] == h and mv[1] == 0]
         for age in h:
-            sends[h, age] = z3.Int(f"s{h[0]}_{h[1]}_{age}")
+            sends[h, age] = z3.Int(f"s{h[0]}_{h[1]}_{age}", ctx)
             solver.add(sends[h, age] >= 0)
-        solver.add(sends[h, h[0]] + sends[h, h[1]] == visits[h] - z3.Sum(exch))
+        solver.add(sends[h, h[0]] + sends[h, h[1]] == visits[h] - z3.Sum([zero, *exch]))
     for age in range(1, top + 1):
         received = [c for c, mv in zip(count, moves, strict=True) if mv[1] == age]
         senders = [v for (h, a), v in sends.items() if a == age]
-        solver.add(z3.Sum(received) == z3.Sum(senders))
+        solver.add(z3.Sum([zero, *received]) == z3.Sum([zero, *senders]))
     solver.add(z3.Sum(list(visits.values())) == m)
-    kinds = [] if level is None else _add_units(solver, visits, top, level, sizes)
+    kinds = [] if level is None else _add_units(solver, visits, top, level, sizes, ctx)
     while solver.check() == z3.sat:
         model = solver.model()
         value = [model.eval(c).as_long() for c in count]
         steps = _circuit(moves, value)
-        if len(steps) == m:
+        if len(steps) == m:  # else the circulation fell apart into several cycles
             sent = {key: model.eval(v).as_long() for key, v in sends.items()}
             units = tuple(
                 Unit(token, members)
                 for token, members, var in kinds
                 for _ in range(model.eval(var).as_long())
             )
-            return Walk(top, _assign_sends(steps, sent), level, units)
-        # The circulation fell apart into several cycles: forbid this one and ask again.
+            yield Walk(top, _assign_sends(steps, sent), level, units)
         solver.add(z3.Or([c != v for c, v in zip(count, value, strict=True)]))
-    return None
 
 
 def _add_units(
-    solver: Any, visits: dict[Held, Any], top: int, level: int, sizes: Sequence[int]
+    solver: Any, visits: dict[Held, Any], top: int, level: int, sizes: Sequence[int], ctx: Any
 ) -> list[_Kind]:
     """Constrain the population (the states along the walk) to split into the tail's units:
     ``2**(t-1)`` units of token ``t`` for every node age of the ``top - 1 - level`` cube."""
@@ -285,17 +279,17 @@ def _add_units(
     for token in range(1, top - level):
         row = []
         for members in _unit_types(token, top, level, sizes):
-            var = z3.Int(f"u{token}_{len(kinds)}")
+            var = z3.Int(f"u{token}_{len(kinds)}", ctx)
             solver.add(var >= 0)
             kinds.append((token, members, var))
             row.append(var)
         solver.add(z3.Sum(row) == 1 << (token - 1))
     for h, count in visits.items():
-        solver.add(count == z3.Sum([v * members.count(h) for _, members, v in kinds]))
+        solver.add(count == z3.Sum([z3.IntVal(0, ctx), *[v * members.count(h) for _, members, v in kinds]]))
     if level == 1:  # the last round pairs singles lacking top-1 with singles lacking top
         lack_top = [v for _, members, v in kinds if len(members) == 1 and members[0][1] != top]
         lack_before = [v for _, members, v in kinds if len(members) == 1 and members[0][1] == top]
-        gap = z3.Sum(lack_top) - z3.Sum(lack_before)
+        gap = z3.Sum([z3.IntVal(0, ctx), *lack_top]) - z3.Sum([z3.IntVal(0, ctx), *lack_before])
         solver.add(gap <= 1, gap >= -1)
     return kinds
 

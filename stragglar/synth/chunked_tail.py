@@ -36,12 +36,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
+from typing import Any
 
 import networkx as nx
 
-from stragglar.synth.chunked_steady import Held, Unit, Walk
+from stragglar.synth.chunked_steady import Held, Unit, Walk, candidate_walks
 
-__all__ = ["tail_rounds"]
+__all__ = ["tail_rounds", "walk_for"]
 
 Copy = tuple[int, int, int]  # (src, dst, chunk)
 Move = tuple[int, int, int]  # (src member, dst member, age) inside a unit
@@ -61,24 +62,36 @@ def _age(position: int) -> int:
     return max(1, position.bit_length())
 
 
+@cache
+def walk_for(num_ranks: int) -> Walk:
+    """The first of :func:`candidate_walks` whose tail can be built (``num_ranks >= 4``).
+
+    Raises ValueError if none can (not seen for any size up to 1024).
+    """
+    for walk in candidate_walks(num_ranks):
+        if _unit_plans(walk) is not None:
+            return walk
+        try:
+            _searched_tail(walk)
+        except ValueError:
+            continue
+        return walk
+    raise ValueError(f"no chunked StragglAR schedule found for {num_ranks} GPUs")
+
+
 def tail_rounds(walk: Walk, num_chunks: int) -> list[list[Copy]]:
     """Copies of the ``L - 1`` rounds after the last exchange (round ``num_chunks`` on)."""
     m, c = len(walk.steps), num_chunks
-    units = sorted(walk.units, key=lambda u: u.token)
     level = walk.level
-    dims = walk.depth - (level or 0)
-    schedules = [tuple(_external(y + 1, dims)) for y in range(len(units))]
-    found = [
-        _unit_plan(u.members, schedule, level or 0, walk.top)
-        for u, schedule in zip(units, schedules, strict=True)
-    ]
-    plans = [plan for plan in found if plan is not None]
-    if level is None or len(plans) < len(found):
+    plans = _unit_plans(walk)
+    if level is None or plans is None:
         # Searched once per walk, by position: rank r stands at position (c - r) mod m.
         return [
             [(m if s == STRAGGLER else (c - s) % m, (c - d) % m, c - age) for s, d, age in r]
             for r in _searched_tail(walk)
         ]
+    units = sorted(walk.units, key=lambda u: u.token)
+    dims = walk.depth - level
     pool: dict[Held, list[int]] = {}
     for rank in range(m):
         pool.setdefault(walk.steps[(c - rank) % m].held, []).append(rank)
@@ -111,6 +124,22 @@ def tail_rounds(walk: Walk, num_chunks: int) -> list[list[Copy]]:
         rounds[-1] += _lone_swaps(units, members, walk.top, c)
     straggler = m
     return [[(straggler if s == STRAGGLER else s, d, chunk) for s, d, chunk in r] for r in rounds]
+
+
+@cache
+def _unit_plans(walk: Walk) -> tuple[tuple[_Turn, ...], ...] | None:
+    """Every unit's plan, units ordered by token (their cube positions); None if one has none."""
+    if walk.level is None:
+        return None
+    units = sorted(walk.units, key=lambda u: u.token)
+    dims = walk.depth - walk.level
+    plans = []
+    for y, unit in enumerate(units, start=1):
+        plan = _unit_plan(unit.members, tuple(_external(y, dims)), walk.level, walk.top)
+        if plan is None:
+            return None
+        plans.append(plan)
+    return tuple(plans)
 
 
 def _external(position: int, dims: int) -> list[tuple[int, int]]:
@@ -204,62 +233,99 @@ def _matchings(
 
 @cache
 def _searched_tail(walk: Walk) -> tuple[tuple[Move, ...], ...]:
-    """The tail for a walk without units, by position: a round-by-round greedy, three weightings.
+    """The tail for a walk without units, by position: a round-by-round min-cost-flow greedy.
 
     Each round is a min-cost flow in which every punctual rank receives one missing chunk.  A
     chunk that, even doubling from now on, could not reach all its ranks in the rounds left
     must go to enough ranks now (a lower bound on its flow); beyond that, chunks are preferred
-    by how short their holders fall of doubling.  Bounded and deterministic; ValueError if no
-    weighting completes (not seen on the 28 sizes that use it).
+    by how short their holders fall of doubling, nudged by age (``_NUDGES``).  The flow runs on
+    groups of ranks holding the same ages (fast: a rank's future depends only on its holdings);
+    if no nudge completes, it runs again per rank, which breaks ties differently.  Bounded and
+    deterministic; ValueError if nothing completes (not seen on the 28 sizes that use it).
     """
-    for variant in range(3):
-        plan = _greedy([set(step.held) for step in walk.steps], walk.top, walk.depth - 1, variant)
-        if plan is not None:
-            return plan
+    for by_rank in (False, True):
+        for nudge in _NUDGES[by_rank]:
+            plan = _greedy([set(step.held) for step in walk.steps], walk.top, walk.depth - 1, nudge, by_rank)
+            if plan is not None:
+                return plan
     raise ValueError(f"no tail found for {len(walk.steps) + 1} GPUs")
 
 
+_NUDGES = {False: (0, 1, 2, -1, -2, -3, 3, 10), True: (0, 1, 2)}
+
+
 def _greedy(
-    held: list[set[int]], top: int, num_rounds: int, variant: int
+    held: list[set[int]], top: int, num_rounds: int, nudge: int, by_rank: bool
 ) -> tuple[tuple[Move, ...], ...] | None:
     rounds: list[tuple[Move, ...]] = []
     total = len(held)
     for u in range(num_rounds):
-        left = num_rounds - u
-        graph = nx.DiGraph()
+        groups: dict[object, list[int]] = {}
         for r, h in enumerate(held):
-            graph.add_edge("in", ("r", r), capacity=1, weight=0)
-            for age in range(1, top + 1):
-                if age not in h:
-                    graph.add_edge(("r", r), ("c", age), capacity=1, weight=0)
-        for age in range(1, top + 1):
-            holders = [q for q, h in enumerate(held) if age in h]
-            needers = total - len(holders)
-            if not needers:
-                continue
-            sources = len(holders) + 1  # and the straggler
-            must = max(0, -(-(needers - sources * ((1 << (left - 1)) - 1)) // (1 << (left - 1))))
-            weight = -(1000 * needers) // (sources * ((1 << left) - 1)) - variant * (top - age)
-            graph.add_edge(("c", age), ("m", age), capacity=must, weight=-(10**6))
-            graph.add_edge(("c", age), ("o", age), capacity=total, weight=weight)
-            graph.add_edge(("o", age), ("m", age), capacity=total, weight=0)
-            for q in [STRAGGLER, *holders]:
-                graph.add_edge(("m", age), ("s", q), capacity=1, weight=0)
-        for q in range(STRAGGLER, total):
-            graph.add_edge(("s", q), "out", capacity=1, weight=0)
-        flow = nx.max_flow_min_cost(graph, "in", "out")
-        if sum(flow["in"].values()) < total:
+            groups.setdefault(r if by_rank else tuple(sorted(h)), []).append(r)
+        flow = _round_flow(groups, held, top, total, num_rounds - u, nudge)
+        if flow is None:
             return None
-        givers = {
-            age: [q for (_, q), f in flow[("m", age)].items() if f]
-            for age in range(1, top + 1)
-            if ("m", age) in flow
-        }
-        moves = []
-        for r in range(total):
-            age = next(a for (_, a), f in flow[("r", r)].items() if f)
-            moves.append((givers[age].pop(), r, age))
+        moves = _disaggregate(groups, flow, top)
         for _, r, age in moves:
             held[r].add(age)
-        rounds.append(tuple(moves))
+        rounds.append(moves)
     return tuple(rounds)
+
+
+def _round_flow(
+    groups: dict[object, list[int]], held: list[set[int]], top: int, total: int, left: int, nudge: int
+) -> dict[Any, dict[Any, int]] | None:
+    graph = nx.DiGraph()
+    for key, ranks in groups.items():
+        h = held[ranks[0]]
+        graph.add_edge("in", ("r", key), capacity=len(ranks), weight=0)
+        graph.add_edge(("s", key), "out", capacity=len(ranks), weight=0)
+        for age in range(1, top + 1):
+            if age not in h:
+                graph.add_edge(("r", key), ("c", age), capacity=len(ranks), weight=0)
+    graph.add_edge(("s", STRAGGLER), "out", capacity=1, weight=0)
+    for age in range(1, top + 1):
+        holders = sum(age in h for h in held)
+        needers = total - holders
+        if not needers:
+            continue
+        sources = holders + 1  # and the straggler
+        must = max(0, -(-(needers - sources * ((1 << (left - 1)) - 1)) // (1 << (left - 1))))
+        weight = -(1000 * needers) // (sources * ((1 << left) - 1)) - nudge * (top - age)
+        graph.add_edge(("c", age), ("m", age), capacity=must, weight=-(10**6))
+        graph.add_edge(("c", age), ("o", age), capacity=total, weight=weight)
+        graph.add_edge(("o", age), ("m", age), capacity=total, weight=0)
+        graph.add_edge(("m", age), ("s", STRAGGLER), capacity=1, weight=0)
+        for key, ranks in groups.items():
+            if age in held[ranks[0]]:
+                graph.add_edge(("m", age), ("s", key), capacity=len(ranks), weight=0)
+    flow: dict[Any, dict[Any, int]] = nx.max_flow_min_cost(graph, "in", "out")
+    return flow if sum(flow["in"].values()) == total else None
+
+
+def _disaggregate(
+    groups: dict[object, list[int]], flow: dict[Any, dict[Any, int]], top: int
+) -> tuple[Move, ...]:
+    """Turn group flows into moves: the ranks of a group take its receive counts in order, and
+    the i-th receiver of an age gets it from the i-th sender of that age."""
+    receivers: dict[int, list[int]] = {}
+    senders: dict[int, list[int]] = {}
+    idle = {key: list(ranks) for key, ranks in groups.items()}
+    for key, ranks in groups.items():
+        queue = list(ranks)
+        for (_, age), count in sorted(flow[("r", key)].items()):
+            receivers.setdefault(age, []).extend(queue[:count])
+            del queue[:count]
+    for age in range(1, top + 1):
+        for (_, key), count in sorted(flow.get(("m", age), {}).items(), key=lambda kv: str(kv[0])):
+            if key == STRAGGLER:
+                senders.setdefault(age, []).extend([STRAGGLER] * count)
+            else:
+                senders.setdefault(age, []).extend(idle[key][:count])
+                del idle[key][:count]
+    return tuple(
+        (src, dst, age)
+        for age in sorted(receivers)
+        for dst, src in zip(receivers[age], senders[age], strict=True)
+    )
