@@ -28,7 +28,8 @@ one of the partner's missing chunks.  How many units of each kind exist comes wi
 (the integer model chooses the steady state so that its population splits this way).
 
 **Search (28 sizes).**  Where no unit split exists (sizes just above a power of two from 65
-on), the tail is found round by round by a min-cost-flow greedy (:func:`_searched_tail`).
+on), the tail is found round by round by a min-cost-flow greedy (:func:`_searched_tail`), and
+:func:`walk_for` moves on to the next walk of :func:`candidate_walks` should it fail.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from stragglar.synth.chunked_steady import Held, Unit, Walk, candidate_walks
 __all__ = ["tail_rounds", "walk_for"]
 
 Copy = tuple[int, int, int]  # (src, dst, chunk)
-Move = tuple[int, int, int]  # (src member, dst member, age) inside a unit
+Move = tuple[int, int, int]  # (src, dst, age): unit members, or positions in a searched tail
 STRAGGLER = -1
 
 
@@ -66,16 +67,14 @@ def _age(position: int) -> int:
 def walk_for(num_ranks: int) -> Walk:
     """The first of :func:`candidate_walks` whose tail can be built (``num_ranks >= 4``).
 
-    Raises ValueError if none can (not seen for any size up to 1024).
+    A walk without units needs a searched tail: every candidate is tried with the fast search
+    on groups of ranks before any is tried with the slow search per rank.  Raises ValueError if
+    none can (not seen for any size up to 1024).
     """
-    for walk in candidate_walks(num_ranks):
-        if _unit_plans(walk) is not None:
-            return walk
-        try:
-            _searched_tail(walk)
-        except ValueError:
-            continue
-        return walk
+    for by_rank in (False, True):
+        for walk in candidate_walks(num_ranks):
+            if _unit_plans(walk) is not None or _searched_tail(walk, by_rank) is not None:
+                return walk
     raise ValueError(f"no chunked StragglAR schedule found for {num_ranks} GPUs")
 
 
@@ -86,9 +85,12 @@ def tail_rounds(walk: Walk, num_chunks: int) -> list[list[Copy]]:
     plans = _unit_plans(walk)
     if level is None or plans is None:
         # Searched once per walk, by position: rank r stands at position (c - r) mod m.
+        searched = _searched_tail(walk, True)
+        if searched is None:
+            raise ValueError(f"no tail found for {m + 1} GPUs with this walk")
         return [
             [(m if s == STRAGGLER else (c - s) % m, (c - d) % m, c - age) for s, d, age in r]
-            for r in _searched_tail(walk)
+            for r in searched
         ]
     units = sorted(walk.units, key=lambda u: u.token)
     dims = walk.depth - level
@@ -232,23 +234,23 @@ def _matchings(
 
 
 @cache
-def _searched_tail(walk: Walk) -> tuple[tuple[Move, ...], ...]:
+def _searched_tail(walk: Walk, by_rank: bool) -> tuple[tuple[Move, ...], ...] | None:
     """The tail for a walk without units, by position: a round-by-round min-cost-flow greedy.
 
     Each round is a min-cost flow in which every punctual rank receives one missing chunk.  A
     chunk that, even doubling from now on, could not reach all its ranks in the rounds left
     must go to enough ranks now (a lower bound on its flow); beyond that, chunks are preferred
     by how short their holders fall of doubling, nudged by age (``_NUDGES``).  The flow runs on
-    groups of ranks holding the same ages (fast: a rank's future depends only on its holdings);
-    if no nudge completes, it runs again per rank, which breaks ties differently.  Bounded and
-    deterministic; ValueError if nothing completes (not seen on the 28 sizes that use it).
+    groups of ranks holding the same ages (fast: a rank's future depends only on its holdings)
+    and, if ``by_rank`` and no nudge completes, again per rank, which breaks ties differently.
+    Bounded and deterministic; None if nothing completes.
     """
-    for by_rank in (False, True):
-        for nudge in _NUDGES[by_rank]:
-            plan = _greedy([set(step.held) for step in walk.steps], walk.top, walk.depth - 1, nudge, by_rank)
+    for per_rank in (False, True) if by_rank else (False,):
+        for nudge in _NUDGES[per_rank]:
+            plan = _greedy([set(step.held) for step in walk.steps], walk.top, walk.depth - 1, nudge, per_rank)
             if plan is not None:
                 return plan
-    raise ValueError(f"no tail found for {len(walk.steps) + 1} GPUs")
+    return None
 
 
 _NUDGES = {False: (0, 1, 2, -1, -2, -3, 3, 10), True: (0, 1, 2)}
