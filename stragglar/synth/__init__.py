@@ -5,6 +5,8 @@ Generators import only the core (:mod:`stragglar.schedule`); what they make is p
 
 >>> synthesize("ring", 4).num_rounds
 6
+>>> synthesize("stragglar", 8, chunks=32).exposed_rounds  # C + ceil(log2 N) - 1
+34
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from collections.abc import Callable
 
 from stragglar.args import as_int
 from stragglar.errors import InputError
-from stragglar.schedule import MAX_RANKS, Schedule, move_straggler
+from stragglar.schedule import MAX_RANKS, Schedule, check_size, move_straggler
 from stragglar.synth.direct import direct_allreduce
 from stragglar.synth.rhd import rhd_allreduce
 from stragglar.synth.ring import ring_allreduce
@@ -46,12 +48,15 @@ def synthesize(
     num_ranks: int,
     straggler: int | None = None,
     *,
+    chunks: int | None = None,
     method: str = "construct",
     timeout_s: float | None = None,
 ) -> Schedule:
     """Generate ``algorithm``'s AllReduce schedule over ``num_ranks`` ranks.
 
     ``straggler`` (default: the last rank) only applies to the straggler-aware algorithms.
+    ``chunks`` (StragglAR only, default ``num_ranks - 1``, the paper's) cuts the buffer into
+    more chunks: phase 2 then takes ``chunks + ceil(log2 N) - 1`` rounds of smaller chunks.
     ``method="smt"`` lets z3 find StragglAR's copies (small N; ``timeout_s`` bounds each query).
     Raises :class:`~stragglar.errors.InputError` with a one-line reason for a bad request.
     """
@@ -65,7 +70,16 @@ def synthesize(
     rank = None if straggler is None else as_int(straggler, "straggler")
     if rank is not None and not 0 <= rank < n:
         raise InputError(f"straggler must be a rank in 0..{n - 1}, got {rank}")
+    c = None if chunks is None else as_int(chunks, "chunks")
+    if c is not None:
+        if algorithm != "stragglar":
+            raise InputError(f"a chunk count applies to stragglar only, not {algorithm}")
+        if c < n - 1:
+            raise InputError(f"StragglAR needs at least N - 1 = {n - 1} chunks, got {c}")
+        check_size(n, c)
     if method == "smt":
+        if c is not None and c != n - 1:
+            raise InputError("method smt finds schedules with the paper's N - 1 chunks only")
         if algorithm != "stragglar":
             raise InputError("method smt synthesizes StragglAR schedules only")
         if n > SMT_MAX_RANKS:
@@ -77,7 +91,7 @@ def synthesize(
         return smt_synthesize(n, timeout_s, rank)
     if timeout_s is not None:
         raise InputError("a timeout applies to method smt only")
-    schedule = _GENERATORS[algorithm](n)
+    schedule = stragglar_allreduce(n, num_chunks=c) if algorithm == "stragglar" else _GENERATORS[algorithm](n)
     if rank is None:
         return schedule
     if schedule.straggler is None:

@@ -8,9 +8,9 @@ and add, which completes it at both; every other transfer copies a complete chun
 to a rank that lacks it.  Each rank sends at most one chunk to one peer and receives at most one
 per round, so the exchange keeps both ports of both ranks busy.
 
-**Lower bound** (:func:`chunked_lower_bound`): the straggler completes one chunk per round, so
-the last one is complete at two ranks after round ``C - 1`` and needs ``ceil(log2 N) - 1``
-doublings: ``C + ceil(log2 N) - 1`` rounds.
+**Lower bound** (:func:`~stragglar.schedule.round_lower_bound`): the straggler completes one
+chunk per round, so the last one is complete at two ranks after round ``C - 1`` and needs
+``ceil(log2 N) - 1`` doublings: ``C + ceil(log2 N) - 1`` rounds.
 
 **Construction** (``N >= 4``): every punctual rank follows one cyclic walk, shifted by its
 index, for the exchange rounds (:mod:`stragglar.synth.chunked_steady`), and the ``L - 1`` rounds
@@ -22,34 +22,19 @@ small z3 model for sizes that are not powers of two.  For 28 sizes just above a 
 (65, 129-131, 257-263, 513-529) no unit structure exists and the tail is found by a bounded
 greedy search instead, which met the bound on every one of them.
 
-**N = 2**: the exchanges alone, ``C`` rounds (the bound).  **N = 3** cannot meet the bound for
-``C > 2`` and needs exactly ``C + ceil(C / 2)`` rounds (:func:`chunked_optimum`).  Proof: in an
-exchange round the owner and the straggler have both ports busy, so the third rank has nobody
-to receive from; no copy happens before round ``C``.  Then rank 0 lacks the chunks rank 1 owns
-and vice versa, ``ceil(C / 2)`` of them for one of the two, and a rank receives one chunk per
-round.  The schedule: after the exchanges, per round the straggler sends rank 1 one of its
-missing chunks while rank 1 sends rank 0 one of its own.
+``N = 2`` needs no copies and ``N = 3`` no swaps (:mod:`stragglar.synth.stragglar` builds both);
+the phases around these rounds are assembled there too.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stragglar import __version__
-from stragglar.schedule import Op, Phase, Round, Schedule, Transfer, move_straggler
+from stragglar.schedule import round_lower_bound
 from stragglar.synth.chunked_steady import steady_rounds
 from stragglar.synth.chunked_tail import tail_rounds, walk_for
-from stragglar.synth.ring import ring_reduce_scatter
 
-__all__ = [
-    "ChunkedRounds",
-    "chunk_owners",
-    "chunked_copy_rounds",
-    "chunked_lower_bound",
-    "chunked_optimum",
-    "chunked_stragglar_allreduce",
-    "owner_reduce_scatter",
-]
+__all__ = ["ChunkedRounds", "Copy", "chunk_owners", "chunked_copy_rounds"]
 
 Copy = tuple[int, int, int]  # (src, dst, chunk)
 
@@ -74,29 +59,7 @@ class ChunkedRounds:
 
     @property
     def lower_bound(self) -> int:
-        return chunked_lower_bound(self.num_ranks, self.num_chunks)
-
-
-def chunked_lower_bound(num_ranks: int, num_chunks: int) -> int:
-    """``C + ceil(log2 N) - 1``: exchange rounds no schedule of this kind can beat.
-
-    >>> chunked_lower_bound(8, 7), chunked_lower_bound(8, 256), chunked_lower_bound(2, 5)
-    (9, 258, 5)
-    """
-    _check_sizes(num_ranks, num_chunks)
-    return num_chunks + max(1, (num_ranks - 1).bit_length()) - 1
-
-
-def chunked_optimum(num_ranks: int, num_chunks: int) -> int:
-    """The fewest exchange rounds possible: the bound, except ``C + ceil(C / 2)`` for ``N = 3``.
-
-    >>> chunked_optimum(3, 2), chunked_optimum(3, 6), chunked_optimum(3, 7), chunked_optimum(12, 40)
-    (3, 9, 11, 43)
-    """
-    if num_ranks == 3:
-        _check_sizes(num_ranks, num_chunks)
-        return num_chunks + (num_chunks + 1) // 2
-    return chunked_lower_bound(num_ranks, num_chunks)
+        return round_lower_bound(self.num_ranks, self.num_chunks)
 
 
 def chunk_owners(num_ranks: int, num_chunks: int) -> tuple[int, ...]:
@@ -123,68 +86,13 @@ def chunked_copy_rounds(num_ranks: int, num_chunks: int) -> ChunkedRounds:
     if n == 2:
         return ChunkedRounds(n, c, owners, ((),) * c, "exchange")
     if n == 3:
-        return ChunkedRounds(n, c, owners, _three_rank_rounds(c), "three ranks")
+        raise ValueError("3 ranks cannot meet the bound with swaps: see three_rank_exchange")
     walk = walk_for(n)
     rounds = steady_rounds(walk, c) + tail_rounds(walk, c)
     method = {0: "cyclic hypercube", None: "cyclic, searched tail"}.get(
         walk.level, f"cyclic units (level {walk.level})"
     )
     return ChunkedRounds(n, c, owners, tuple(tuple(sorted(r)) for r in rounds), method)
-
-
-def _three_rank_rounds(num_chunks: int) -> tuple[tuple[Copy, ...], ...]:
-    """N = 3 (see the module docstring): nothing moves until the exchanges end, then two copies
-    a round: the straggler fills rank 1's even chunks, rank 1 passes rank 0 its odd ones."""
-    evens, odds = list(range(0, num_chunks, 2)), list(range(1, num_chunks, 2))
-    after = [((2, 1, e),) + (((1, 0, odds[i]),) if i < len(odds) else ()) for i, e in enumerate(evens)]
-    return ((),) * num_chunks + tuple(after)
-
-
-def owner_reduce_scatter(owners: tuple[int, ...], ranks: tuple[int, ...]) -> tuple[Round, ...]:
-    """Ring ReduceScatter over ``ranks`` after which ``ranks[o]`` holds every chunk ``c`` with
-    ``owners[c] == o`` summed over ``ranks``: the ring of :func:`ring_reduce_scatter` on blocks,
-    block ``o`` being the chunks owned by ``ranks[o]``, sent as several chunks per message.
-
-    >>> [[(t.src, t.dst, t.chunk) for t in r] for r in owner_reduce_scatter((0, 1, 0), (0, 1))]
-    [[(0, 1, 1), (1, 0, 0), (1, 0, 2)]]
-    """
-    blocks: list[list[int]] = [[] for _ in ranks]
-    for chunk, owner in enumerate(owners):
-        blocks[owner].append(chunk)
-    ring = ring_reduce_scatter(ranks, range(len(ranks)))
-    return tuple(
-        tuple(Transfer(t.src, t.dst, c, Op.REDUCE) for t in rnd for c in blocks[t.chunk]) for rnd in ring
-    )
-
-
-def chunked_stragglar_allreduce(num_ranks: int, num_chunks: int, straggler: int | None = None) -> Schedule:
-    """The chunked StragglAR schedule: a hidden owner ReduceScatter, then the exchange phase.
-
-    >>> s = chunked_stragglar_allreduce(6, 20)
-    >>> s.num_chunks, s.straggler_rounds, s.metadata["lower_bound"]
-    (20, 22, 22)
-    """
-    plan = chunked_copy_rounds(num_ranks, num_chunks)
-    late = num_ranks - 1
-    exchange: list[Round] = []
-    for t, copies in enumerate(plan.rounds):
-        swap: tuple[Transfer, ...] = ()
-        if t < num_chunks:
-            owner = plan.owners[t]
-            swap = (Transfer(owner, late, t, Op.REDUCE), Transfer(late, owner, t, Op.REDUCE))
-        exchange.append(swap + tuple(Transfer(s, d, c, Op.COPY) for s, d, c in copies))
-    phases = [Phase("exchange", tuple(range(num_ranks)), tuple(exchange))]
-    if late > 1:
-        others = tuple(range(late))
-        phases.insert(0, Phase("reduce-scatter", others, owner_reduce_scatter(plan.owners, others)))
-    metadata = {
-        "generator": f"stragglar {__version__}",
-        "method": plan.method,
-        "lower_bound": plan.lower_bound,
-        "optimum": chunked_optimum(num_ranks, num_chunks),
-    }
-    schedule = Schedule("stragglar-chunked", num_ranks, num_chunks, late, tuple(phases), metadata=metadata)
-    return schedule if straggler is None else move_straggler(schedule, straggler)
 
 
 def _check_sizes(num_ranks: int, num_chunks: int) -> None:

@@ -26,7 +26,8 @@ import z3
 
 from stragglar.errors import InputError, ResourceError
 from stragglar.schedule import Schedule, move_straggler, round_lower_bound
-from stragglar.synth.stragglar import Copy, stragglar_schedule
+from stragglar.synth.chunked import Copy, chunk_owners
+from stragglar.synth.stragglar import exchange_rounds, stragglar_schedule
 
 __all__ = ["copy_rounds_status", "smt_copy_rounds", "smt_synthesize"]
 
@@ -41,7 +42,8 @@ def smt_synthesize(num_ranks: int, timeout_s: float | None = None, straggler: in
     for rounds in range(bound, bound + num_ranks + 1):  # the greedy fits within a round or two of R*
         copies = smt_copy_rounds(num_ranks, rounds, timeout_s)
         if copies is not None:
-            schedule = stragglar_schedule(num_ranks, copies, "smt")
+            exchange = exchange_rounds(chunk_owners(num_ranks, num_ranks - 1), copies)
+            schedule = stragglar_schedule(num_ranks, num_ranks - 1, exchange, "smt")
             return schedule if straggler is None else move_straggler(schedule, straggler)
     raise RuntimeError(f"z3 found no phase 2 for {num_ranks} GPUs within {num_ranks} rounds of R*")
 

@@ -1,12 +1,20 @@
-"""StragglAR AllReduce for any number of GPUs and any straggler rank.
+"""StragglAR AllReduce for any number of GPUs, any chunk count ``C >= n-1`` and any straggler.
 
-Phase 1 (``reduce-scatter``) runs among the n-1 punctual GPUs while the straggler is late:
-a ring ReduceScatter leaves GPU ``g`` with chunk ``g`` summed over them.  Phase 2
-(``exchange``) starts when the straggler arrives: in round ``t < n-1`` GPU ``t`` and the
-straggler swap chunk ``t`` and both add, which completes it; around those exchanges the other
-GPUs copy completed chunks on.  Phase 2 needs at least
-:func:`~stragglar.schedule.round_lower_bound` rounds; powers of two reach it by construction,
-other sizes by a greedy search with bounded backtracking, then one more round until it fits.
+Phase 1 (``reduce-scatter``) runs among the n-1 punctual GPUs while the straggler is late: a
+ring ReduceScatter over blocks leaves chunk ``c`` summed over them at its owner ``c mod (n-1)``
+(:func:`~stragglar.synth.chunked.chunk_owners`, balanced).  Phase 2 (``exchange``) starts when
+the straggler arrives: in round ``t < C`` chunk ``t``'s owner and the straggler swap it and both
+add, which completes it; around those exchanges the other GPUs copy completed chunks on.
+Phase 2 needs at least ``C + ceil(log2 n) - 1`` rounds
+(:func:`~stragglar.schedule.round_lower_bound`), and every schedule made here takes exactly that:
+
+* ``C = n-1`` (the paper's algorithm, the default): powers of two by the paper's group
+  construction (:mod:`~stragglar.synth.stragglar_pow2`), other sizes by the cyclic one;
+* any ``C`` (chunked StragglAR): the cyclic construction (:mod:`~stragglar.synth.chunked`);
+* ``n = 3`` cannot meet the bound with swaps once ``C > 2`` (the third rank has nobody to hear
+  from during an exchange), so it uses :func:`three_rank_exchange`, which can; with ``C = 2``
+  the swaps and one round of copies meet it.
+
 Every StragglAR generator (these and the z3 one in :mod:`stragglar.synth.smt`) finds only the
 copies; :func:`stragglar_schedule` assembles the phases around them.
 """
@@ -16,65 +24,122 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from stragglar.schedule import Op, Phase, Round, Schedule, Transfer, move_straggler, round_lower_bound
+from stragglar.synth.chunked import Copy, chunk_owners, chunked_copy_rounds
 from stragglar.synth.ring import ring_reduce_scatter
-from stragglar.synth.stragglar_greedy import greedy_copy_rounds
 from stragglar.synth.stragglar_pow2 import pow2_copy_rounds
 from stragglar.version import __version__
 
-__all__ = ["Copy", "stragglar_allreduce", "stragglar_schedule"]
+__all__ = [
+    "exchange_rounds",
+    "owner_reduce_scatter",
+    "stragglar_allreduce",
+    "stragglar_schedule",
+    "three_rank_exchange",
+]
 
-# Chunk placements the search may make per round count before trying one more round: enough
-# for n = 1023 to reach the bound (about 14,000 placements).
-SEARCH_BUDGET = 16384
 
-Copy = tuple[int, int, int]
-
-
-def stragglar_allreduce(num_ranks: int, straggler: int | None = None) -> Schedule:
-    """The StragglAR schedule for ``num_ranks`` GPUs, the straggler being ``straggler`` (default n-1).
+def stragglar_allreduce(
+    num_ranks: int, straggler: int | None = None, num_chunks: int | None = None
+) -> Schedule:
+    """StragglAR for ``num_ranks`` GPUs in ``num_chunks`` chunks (default n-1, the paper's).
 
     >>> s = stragglar_allreduce(8)
+    >>> s.num_chunks, s.exposed_rounds, s.metadata["lower_bound"], s.metadata["method"]
+    (7, 9, 9, 'pow2-groups')
+    >>> s = stragglar_allreduce(8, num_chunks=32)
     >>> s.num_chunks, s.exposed_rounds, s.metadata["lower_bound"]
-    (7, 9, 9)
+    (32, 34, 34)
     """
-    copies, method = _copy_rounds(num_ranks, round_lower_bound(num_ranks))
-    schedule = stragglar_schedule(num_ranks, copies, method)
+    n = num_ranks
+    c = n - 1 if num_chunks is None else num_chunks
+    owners = chunk_owners(n, c)
+    if n == 3 and c > 2:
+        exchange, method = three_rank_exchange(c), "three ranks"
+    elif n == 3:  # the paper's: after both swaps, 2 gives 1 chunk 0 while 1 gives 0 chunk 1
+        exchange, method = exchange_rounds(owners, [(), (), ((1, 0, 1), (2, 1, 0))]), "exchange"
+    elif c == n - 1 and n > 2 and n & (n - 1) == 0:
+        exchange, method = exchange_rounds(owners, pow2_copy_rounds(n)), "pow2-groups"
+    else:
+        plan = chunked_copy_rounds(n, c)
+        exchange, method = exchange_rounds(owners, plan.rounds), plan.method
+    schedule = stragglar_schedule(n, c, exchange, method)
     return schedule if straggler is None else move_straggler(schedule, straggler)
 
 
-def stragglar_schedule(num_ranks: int, copies: Sequence[Sequence[Copy]], method: str) -> Schedule:
-    """The StragglAR schedule (straggler ``n-1``) whose phase-2 round ``t`` makes ``copies[t]``.
+def stragglar_schedule(num_ranks: int, num_chunks: int, exchange: Sequence[Round], method: str) -> Schedule:
+    """The StragglAR schedule (straggler ``n-1``) whose phase 2 is ``exchange``.
 
-    The ring ReduceScatter among the punctual GPUs comes first; round ``t < n-1`` of phase 2 also
-    holds GPU ``t``'s exchange of chunk ``t`` with the straggler.
+    The owner ReduceScatter among the punctual GPUs (:func:`owner_reduce_scatter`) comes first.
     """
     n = num_ranks
     late = n - 1
-    others = tuple(range(late))
-    exchange = tuple(_exchange_round(t, late, copies[t]) for t in range(len(copies)))
-    phases = [Phase("exchange", tuple(range(n)), exchange)]
+    phases = [Phase("exchange", tuple(range(n)), tuple(exchange))]
     if late > 1:
-        phases.insert(0, Phase("reduce-scatter", others, ring_reduce_scatter(others, others)))
-    bound = round_lower_bound(n)
+        others = tuple(range(late))
+        rs = owner_reduce_scatter(chunk_owners(n, num_chunks), others)
+        phases.insert(0, Phase("reduce-scatter", others, rs))
+    bound = round_lower_bound(n, num_chunks)
     metadata = {"generator": f"stragglar {__version__}", "method": method, "lower_bound": bound}
-    return Schedule("stragglar", n, late, late, tuple(phases), metadata=metadata)
+    return Schedule("stragglar", n, num_chunks, late, tuple(phases), metadata=metadata)
 
 
-def _copy_rounds(n: int, bound: int) -> tuple[list[list[Copy]], str]:
-    if n == 2:
-        return [[]], "exchange"
-    if n & (n - 1) == 0:
-        return pow2_copy_rounds(n), "pow2-groups"
-    num_rounds = bound
-    while True:
-        rounds = greedy_copy_rounds(n, num_rounds, max_attempts=4 * n + SEARCH_BUDGET)
-        if rounds is not None:
-            return rounds, "greedy search"
-        num_rounds += 1
+def exchange_rounds(owners: Sequence[int], copies: Sequence[Sequence[Copy]]) -> tuple[Round, ...]:
+    """Phase 2 from its copies: round ``t < C`` also holds the owner's swap of chunk ``t`` with
+    the straggler (rank ``max(owners) + 1``, the last one), both sides adding."""
+    late = max(owners) + 1
+    c = len(owners)
+    rounds: list[Round] = []
+    for t, rnd in enumerate(copies):
+        swap: tuple[Transfer, ...] = ()
+        if t < c:
+            swap = (Transfer(owners[t], late, t, Op.REDUCE), Transfer(late, owners[t], t, Op.REDUCE))
+        rounds.append(swap + tuple(Transfer(s, d, k, Op.COPY) for s, d, k in sorted(rnd)))
+    return tuple(rounds)
 
 
-def _exchange_round(t: int, late: int, copies: Sequence[Copy]) -> Round:
-    swap: tuple[Transfer, ...] = ()
-    if t < late:
-        swap = (Transfer(t, late, t, Op.REDUCE), Transfer(late, t, t, Op.REDUCE))
-    return swap + tuple(Transfer(s, d, c, Op.COPY) for s, d, c in sorted(copies))
+def owner_reduce_scatter(owners: Sequence[int], ranks: Sequence[int]) -> tuple[Round, ...]:
+    """Ring ReduceScatter over ``ranks`` after which ``ranks[o]`` holds every chunk ``c`` with
+    ``owners[c] == o`` summed over ``ranks``: :func:`ring_reduce_scatter` on blocks, block ``o``
+    being the chunks ``ranks[o]`` owns, sent as several chunks per message.
+
+    >>> [[(t.src, t.dst, t.chunk) for t in r] for r in owner_reduce_scatter((0, 1, 0), (0, 1))]
+    [[(0, 1, 1), (1, 0, 0), (1, 0, 2)]]
+    """
+    blocks: list[list[int]] = [[] for _ in ranks]
+    for chunk, owner in enumerate(owners):
+        blocks[owner].append(chunk)
+    ring = ring_reduce_scatter(ranks, range(len(ranks)))
+    if list(owners) == list(range(len(ranks))):  # one chunk each (the paper's): the ring itself
+        return ring
+    return tuple(
+        tuple(Transfer(t.src, t.dst, c, Op.REDUCE) for t in rnd for c in blocks[t.chunk]) for rnd in ring
+    )
+
+
+def three_rank_exchange(num_chunks: int) -> tuple[Round, ...]:
+    """Phase 2 for 3 GPUs in ``C + 1`` rounds, the bound, for every ``C >= 2``.
+
+    With swaps, the punctual rank outside an exchange has nobody free to hear from, so nothing
+    spreads until the exchanges end and phase 2 takes ``C + ceil(C/2)`` rounds (the restricted
+    SAT model in the tests proves that).  Here the straggler ``s = 2`` only *sends* its part:
+    in round ``t`` it adds chunk ``t`` into its owner ``o(t) = t mod 2``, which completes it
+    there; the owner of chunk ``t-1`` sends that complete chunk to ``s``, and ``o(t)`` sends
+    chunk ``t-2`` to the other punctual rank.  Every rank sends once and receives once a round.
+    The last chunk would need one round more, so its owner copies its punctual sum to the
+    other rank in round 0 or 1 (whichever has both ports free), and in round ``C`` the
+    straggler adds its part into that copy too.
+    """
+    c = num_chunks
+    late, last = 2, c - 1
+    rounds: list[list[Transfer]] = [[] for _ in range(c + 1)]
+    for t in range(c + 1):
+        if t < c:
+            rounds[t].append(Transfer(late, t % 2, t, Op.REDUCE))
+        if t >= 1:
+            rounds[t].append(Transfer((t - 1) % 2, late, t - 1, Op.COPY))
+        if t >= 2:
+            rounds[t].append(Transfer(t % 2, (t - 1) % 2, t - 2, Op.COPY))
+    owner = last % 2
+    rounds[owner].append(Transfer(owner, 1 - owner, last, Op.COPY))
+    rounds[c].append(Transfer(late, 1 - owner, last, Op.REDUCE))
+    return tuple(tuple(r) for r in rounds)
