@@ -1,0 +1,96 @@
+"""Which rank arrives last at each step, by how much, and what the engine's all_reduce costs.
+
+One tiny all_gather per step, on a gloo group of its own, carries every rank's figures to every
+rank, so all decide from the same numbers (:mod:`stragglar.ddp.policy`).  A rank's row is
+``[valid, wait, bytes_1, seconds_1, ..., bytes_K, seconds_K]``: how long it waited at the
+previous step's gather for the last rank, and its timings of the buckets the engine's all_reduce
+reduced in the previous step (the first :data:`SLOTS` of them; 0 where it has none).
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from datetime import timedelta
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+
+from stragglar.ddp.policy import latenesses
+
+__all__ = ["SLOTS", "LateRankProbe", "Stopwatch"]
+
+SLOTS = 8  # engine timings a rank shares per step: enough sizes to fit alpha and bandwidth
+SAMPLES = 64  # gathered timings kept for the fit: the recent ones, as the machine's load changes
+
+
+class Stopwatch(Protocol):
+    """A timing that may resolve later (a CUDA event pair is read once the device has passed it)."""
+
+    def seconds(self) -> float | None: ...
+
+
+class LateRankProbe:
+    """Which rank arrives last at each step, found without making the others wait for it.
+
+    At each step every rank posts the all_gather and notes when it posted; the time until the
+    gather completes is how long the rank would have waited for the last one (about 0 for the late
+    rank itself).  Each step's gather carries the figures of the step before, and is read one step
+    later, when it has surely completed: this rank has finished the AllReduce after it, which needs
+    every rank to have arrived.  So the figures of step ``s`` are known at step ``s + 2``.
+    """
+
+    def __init__(self, world_size: int, window: int, timeout: float) -> None:
+        self.world_size = world_size
+        self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout))  # CPU, own sockets
+        self.late: collections.deque[tuple[float, ...]] = collections.deque(maxlen=window)
+        self.samples: collections.deque[tuple[int, float]] = collections.deque(maxlen=SAMPLES)
+        self._wait: float | None = None  # this rank's wait at the last step whose gather completed
+        self._timings: list[tuple[int, Stopwatch]] = []
+        self._lock = threading.Lock()  # the worker thread records while the caller may step
+        self._pending: tuple[Any, list[torch.Tensor], float] | None = None
+
+    @property
+    def history(self) -> list[int]:
+        """The rank that arrived last at each recent step, oldest first."""
+        return [max(range(len(step)), key=step.__getitem__) for step in self.late]
+
+    def record(self, size_bytes: int, watch: Stopwatch) -> None:
+        """Note a bucket the engine's all_reduce reduced (from any thread)."""
+        with self._lock:
+            self._timings.append((size_bytes, watch))
+
+    def step(self) -> bool:
+        """Call once per step, first thing; True when an earlier step's figures arrived."""
+        arrived = False
+        if self._pending is not None:
+            done, gathered, posted = self._pending
+            self._wait = done.wait() - posted
+            arrived = self._read([t.tolist() for t in gathered])
+        gathered = [torch.zeros(2 + 2 * SLOTS, dtype=torch.float64) for _ in range(self.world_size)]
+        row = torch.tensor(self._row(), dtype=torch.float64)
+        posted = time.perf_counter()
+        work = dist.all_gather(gathered, row, group=self.group, async_op=True)
+        self._pending = (work.get_future().then(lambda _: time.perf_counter()), gathered, posted)
+        return arrived
+
+    def _row(self) -> list[float]:
+        with self._lock:
+            timings, self._timings = self._timings, []
+        row = [0.0, 0.0] if self._wait is None else [1.0, self._wait]
+        for size, watch in timings[:SLOTS]:
+            row += [float(size), watch.seconds() or 0.0]
+        return row + [0.0] * (2 + 2 * SLOTS - len(row))
+
+    def _read(self, rows: list[list[float]]) -> bool:
+        if not all(row[0] for row in rows):  # the first gather carries no waits yet
+            return False
+        self.late.append(latenesses([row[1] for row in rows]))
+        for k in range(2, 2 + 2 * SLOTS, 2):
+            sizes = {row[k] for row in rows}
+            times = [row[k + 1] for row in rows if row[k + 1] > 0]
+            if len(sizes) == 1 and times and rows[0][k] > 0:  # the fastest rank waited for nobody
+                self.samples.append((int(rows[0][k]), min(times)))
+        return True
