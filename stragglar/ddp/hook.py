@@ -13,6 +13,7 @@ from torch.distributed import GradBucket  # type: ignore[attr-defined, unused-ig
 from stragglar.args import as_int, as_rank, as_seconds
 from stragglar.cost import Network
 from stragglar.ddp.policy import (
+    ALLREDUCE,
     STRAGGLAR,
     Choice,
     Outlook,
@@ -22,7 +23,16 @@ from stragglar.ddp.policy import (
     persistent_late_rank,
 )
 from stragglar.ddp.probe import LateRankProbe
-from stragglar.ddp.worker import BucketWorker, HostOrder, Job, Order, Reducer, StreamOrder, dedicated_group
+from stragglar.ddp.worker import (
+    BucketWorker,
+    HostOrder,
+    Job,
+    Order,
+    Reducer,
+    StreamOrder,
+    Watch,
+    dedicated_group,
+)
 from stragglar.errors import ArgumentError, InputError
 from stragglar.measure.launch import heartbeat
 from stragglar.synth import ALGORITHMS, synthesize
@@ -88,6 +98,7 @@ class StragglarState:
     _outlook: Outlook | None = field(default=None, init=False, repr=False)
     _last: Choice | None = field(default=None, init=False, repr=False)
     _comm: _Comm | None = field(default=None, init=False, repr=False)
+    _engine_watch: Watch | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.algorithm, str) or self.algorithm not in ALGORITHMS:
@@ -155,8 +166,7 @@ class StragglarState:
         arrived = self.probe.step()
         if auto:
             if arrived:
-                network = self.network or fit_network(world_size, self.probe.samples)
-                self._outlook = outlook(self.probe.late, network, self.late_rank(world_size))
+                self._outlook = self._judge(world_size, self.probe)
             return
         late = persistent_late_rank(self.probe.history, self.detect, self.share)
         current = self.straggler if self.straggler is not None else world_size - 1
@@ -164,6 +174,13 @@ class StragglarState:
             self.straggler = late
             self.switches.append((self.steps, late))
             self.probe.late.clear()  # a new full window before the next change
+
+    def _judge(self, world_size: int, probe: LateRankProbe) -> Outlook | None:
+        """The auto policy's figures for this step: who is late, by how much, at what prices."""
+        ring = self.network or fit_network("ring", world_size, probe.samples[ALLREDUCE])
+        ours = self.network or fit_network(self.algorithm, world_size, probe.samples[STRAGGLAR]) or ring
+        window = probe.late.maxlen or AUTO_WINDOW
+        return outlook(probe.late, window, self.late_rank(world_size), ring, ours)
 
     def choose(self, world_size: int, size_bytes: int) -> Choice:
         """How to reduce a bucket of ``size_bytes`` at this step (recorded in ``decisions``)."""
@@ -184,26 +201,49 @@ class StragglarState:
     ) -> torch.futures.Future[torch.Tensor]:
         """Average ``buffer`` (bucket number ``bucket``) over the ranks: a Future of the result."""
         comm = self._comm or self._connect(world_size)
-        choice = self.choose(world_size, buffer.numel() * buffer.element_size())
-        proof = self.proof(world_size, choice.straggler) if choice.algorithm == STRAGGLAR else None
         order: Order = HOST
-        if comm.worker is not None and buffer.is_cuda:
+        if buffer.is_cuda:
             order = comm.streams.get(buffer.device) or comm.streams.setdefault(
                 buffer.device, StreamOrder(buffer.device)
             )
-        job = Job(buffer, bucket, choice, proof, order, order.ready(), order.future())
+        choice = self.choose(world_size, buffer.numel() * buffer.element_size())
+        if choice.algorithm != STRAGGLAR:
+            return self._engine(buffer, world_size, order)
+        proof = self.proof(world_size, choice.straggler)
         if comm.worker is None:
-            comm.reduce(job)  # errors raise here, in the hook
+            job = Job(buffer, bucket, proof, choice.straggler, HOST, None, HOST.future())
+            comm.reduce(job)  # on the caller's thread, its errors raised in the hook
             return job.future
+        job = Job(buffer, bucket, proof, choice.straggler, order, order.ready(), order.future())
         comm.worker.submit(functools.partial(comm.reduce, job), job.future)
         # DDP reads a failed Future's value as its result ("Unable to cast ... to Tensor"); an error
         # raised in a callback reaches it as an error, with the message intact
         return job.future.then(_value)
 
+    def _engine(
+        self, buffer: torch.Tensor, world_size: int, order: Order
+    ) -> torch.futures.Future[torch.Tensor]:
+        """The engine's own all_reduce on DDP's group, as DDP's default hook runs it, timed for the
+        policy: its Future completes (through the engine's stream on CUDA) with the average."""
+        watch = order.clock(self._engine_watch)
+        self._engine_watch = watch
+        record = self.probe.record if self.probe is not None else None
+        size = buffer.numel() * buffer.element_size()
+
+        def averaged(future: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+            watch.stop()
+            if record is not None:
+                record(ALLREDUCE, size, watch)
+            return future.value()[0].div_(world_size)
+
+        work = dist.all_reduce(buffer, group=self.process_group, async_op=True)
+        engine: torch.futures.Future[list[torch.Tensor]] = work.get_future()
+        return engine.then(averaged)
+
     def _connect(self, world_size: int) -> _Comm:
         group = dedicated_group(self.process_group, self.timeout)
         record = self.probe.record if self.probe is not None else None
-        reduce = Reducer(group, dist.get_rank(group), world_size, self.timeout, self.straggler_delay, record)
+        reduce = Reducer(group, world_size, self.timeout, self.straggler_delay, record)
         worker = None
         if self.asynchronous:
             worker = BucketWorker(f"stragglar-ddp-{dist.get_rank()}")

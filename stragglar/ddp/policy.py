@@ -7,15 +7,20 @@ the same bucket; nothing here reads a clock or a rank's own state.
 rank's wait: how long it waited, from posting a tiny all_gather, for the last rank to post it.
 Rank ``r``'s lateness at that step is how much later it arrived than the latest of the others,
 ``min(wait of the others) - wait of r``: positive for the last rank (exactly the model's delay if
-it were the straggler), negative for the others.  Its *expected* lateness is the median over the
-recent steps, so one slow step (a page fault, a collection) decides nothing.
+it were the straggler), negative for the others.  Its *expected* lateness is the median over a
+full window of recent steps, so one slow step (a page fault, a collection) decides nothing.
 
-*Critical delay.*  The cost model (:mod:`stragglar.cost`) says above which delay StragglAR beats a
-Ring AllReduce of the same bucket on a given network; below it the engine's all_reduce is used.
+*Critical delay.*  The cost model (:mod:`stragglar.cost`) says above which delay StragglAR beats
+a Ring AllReduce of the same bucket; below it the engine's all_reduce is used.
 
-*Network.*  Fitted (a Ring alpha-beta model, :func:`~stragglar.measure.sweep.fit_ring`) to the
-engine's own all_reduce timings of earlier buckets, each the fastest rank's time (the last rank to
-arrive does not wait for anyone, so its time is the communication alone).
+*Networks.*  The model prices both algorithms with alpha and bandwidth, fitted
+(:func:`fit_network`) to measured times of whole buckets, each the fastest rank's (the last rank
+to arrive waits for nobody, so its time is the part after everyone arrived: all of a Ring, the
+exposed rounds of StragglAR).  The engine's all_reduce times fit the Ring's network.  StragglAR
+starts on the same one (the model's assumption: both run on the same links), then, once it has
+run, on a network fitted to its own times: where its rounds cost more than the links explain (a
+CPU running every round in Python, ranks sharing cores), the critical delay grows or vanishes and
+the policy falls back to the engine's all_reduce.
 """
 
 from __future__ import annotations
@@ -28,7 +33,6 @@ from functools import lru_cache
 
 from stragglar.cost import Network, critical_delay, estimate
 from stragglar.measure.predict import generated_profile
-from stragglar.measure.sweep import fit_ring
 
 __all__ = [
     "Choice",
@@ -59,11 +63,13 @@ ENGINE = Choice(ALLREDUCE)
 @dataclass(frozen=True, slots=True)
 class Outlook:
     """One step's figures: the rank most likely to be last, how late it is expected (seconds), and
-    the network its buckets are priced on (None: not known yet)."""
+    the networks that price the engine's all_reduce (``ring``) and the schedule (``ours``); None
+    where not known yet."""
 
     candidate: int
     lateness: float
-    network: Network | None
+    ring: Network | None
+    ours: Network | None
 
 
 def persistent_late_rank(history: Sequence[int], window: int, share: float) -> int | None:
@@ -92,69 +98,98 @@ def latenesses(waits: Sequence[float]) -> tuple[float, ...]:
     return tuple((second if rank == order[0] else first) - wait for rank, wait in enumerate(waits))
 
 
-def outlook(history: Sequence[Sequence[float]], network: Network | None, fixed: int | None) -> Outlook | None:
-    """The step's :class:`Outlook` from the latenesses of recent steps (None: no step seen yet).
+def outlook(
+    history: Sequence[Sequence[float]],
+    window: int,
+    fixed: int | None,
+    ring: Network | None,
+    ours: Network | None,
+) -> Outlook | None:
+    """The step's :class:`Outlook` from the latenesses of the last ``window`` steps (None until
+    there are that many).
 
     The candidate is ``fixed`` (a straggler the user named), else the rank with the largest
     expected lateness, the lowest such rank on a tie.
 
     >>> steps = [(0.0, 0.03, -0.01), (-0.002, 0.028, -0.005), (0.001, -0.001, -0.003)]
-    >>> o = outlook(steps, None, None)
-    >>> o.candidate, round(o.lateness, 3)
-    (1, 0.028)
-    >>> round(outlook(steps, None, 2).lateness, 3)
+    >>> o = outlook(steps, 3, None, None, None)
+    >>> o.candidate, round(o.lateness, 3), outlook(steps, 4, None, None, None)
+    (1, 0.028, None)
+    >>> round(outlook(steps, 3, 2, None, None).lateness, 3)
     -0.005
     """
-    if not history:
+    recent = list(history)[-window:]
+    if len(recent) < window:
         return None
-    expected = [statistics.median(column) for column in zip(*history, strict=True)]
+    expected = [statistics.median(column) for column in zip(*recent, strict=True)]
     candidate = fixed if fixed is not None else max(range(len(expected)), key=expected.__getitem__)
-    return Outlook(candidate, expected[candidate], network)
+    return Outlook(candidate, expected[candidate], ring, ours)
 
 
 @lru_cache(maxsize=4096)
-def critical_delay_for(algorithm: str, num_ranks: int, size_bytes: int, network: Network) -> float | None:
-    """The delay above which ``algorithm``'s schedule beats a Ring AllReduce of ``size_bytes``
-    (None: at no delay), on ``network``.  Cached: a hook asks for the same buckets every step."""
-    ours = estimate(generated_profile(algorithm, num_ranks), size_bytes, 0.0, network)
-    ring = estimate(generated_profile("ring", num_ranks), size_bytes, 0.0, network)
-    return critical_delay(ours, ring)
+def critical_delay_for(
+    algorithm: str, num_ranks: int, size_bytes: int, ours: Network, ring: Network
+) -> float | None:
+    """The delay above which ``algorithm``'s schedule (priced on ``ours``) beats a Ring AllReduce
+    (priced on ``ring``) of ``size_bytes``; None: at no delay.  Cached: a hook asks for the same
+    bucket sizes every step."""
+    mine = estimate(generated_profile(algorithm, num_ranks), size_bytes, 0.0, ours)
+    theirs = estimate(generated_profile("ring", num_ranks), size_bytes, 0.0, ring)
+    return critical_delay(mine, theirs)
 
 
 def choose(algorithm: str, num_ranks: int, size_bytes: int, step: Outlook | None) -> Choice:
     """StragglAR with the candidate as straggler when its expected lateness exceeds the critical
     delay for a bucket of ``size_bytes``; otherwise (or with no figures yet) the engine's all_reduce.
 
-    >>> late = Outlook(candidate=1, lateness=0.030, network=Network(2e-4, 1e9))
+    >>> net = Network(2e-4, 1e9)
+    >>> late = Outlook(candidate=1, lateness=0.030, ring=net, ours=net)
     >>> choose("stragglar", 4, 4 * 2**20, late), choose("stragglar", 4, 64 * 2**20, late)
     (Choice(algorithm='stragglar', straggler=1), Choice(algorithm='allreduce', straggler=None))
+    >>> slow = Network(2e-4, 0.5e9)  # StragglAR's own rounds, measured: half the bandwidth
+    >>> choose("stragglar", 4, 4 * 2**20, Outlook(1, 0.030, ring=net, ours=slow))
+    Choice(algorithm='allreduce', straggler=None)
     """
-    if step is None or step.network is None or size_bytes <= 0:
+    if step is None or step.ring is None or step.ours is None or size_bytes <= 0:
         return ENGINE
-    critical = critical_delay_for(algorithm, num_ranks, size_bytes, step.network)
+    critical = critical_delay_for(algorithm, num_ranks, size_bytes, step.ours, step.ring)
     if critical is None or step.lateness <= critical:
         return ENGINE
     return Choice(STRAGGLAR, step.candidate)
 
 
-def fit_network(num_ranks: int, samples: Iterable[tuple[int, float]]) -> Network | None:
-    """Alpha and bandwidth of the engine's all_reduce from (bytes, seconds) timings.
+def fit_network(algorithm: str, num_ranks: int, samples: Iterable[tuple[int, float]]) -> Network | None:
+    """Alpha and bandwidth that explain (bytes, seconds) timings of ``algorithm``'s exposed rounds
+    (all of a Ring's), on its generated schedule for ``num_ranks``.
 
-    Least squares on a Ring model when the sizes differ enough to separate alpha from bandwidth;
-    otherwise (one bucket size, or noise that makes the fit meaningless) the bandwidth alone, with
-    alpha 0, which prices every round by its bytes.
+    Each size's median time counts once (the first run of a bucket also checks headers and
+    compiles).  Least squares when two sizes or more separate alpha from bandwidth; otherwise, or
+    when that needs a negative alpha, the bandwidth alone with alpha 0, which prices each round by
+    its bytes.  Plain float arithmetic, so every rank fits the same network from the same figures.
 
-    >>> net = fit_network(4, [(2**20, 6e-3 + 1.5 * 2**20 / 1e9), (2**24, 6e-3 + 1.5 * 2**24 / 1e9)])
+    >>> ring = [(2**20, 6e-3 + 1.5 * 2**20 / 1e9), (2**24, 6e-3 + 1.5 * 2**24 / 1e9)]  # N = 4
+    >>> net = fit_network("ring", 4, ring)
     >>> round(net.alpha * 1e3, 6), round(net.bandwidth / 1e9, 6)
     (1.0, 1.0)
-    >>> fit_network(4, [(2**20, 3e-3)]).alpha, fit_network(4, []) is None
-    (0.0, True)
+    >>> fit_network("ring", 4, [(2**20, 3e-3), (2**20, 1.0), (2**20, 3e-3)]).alpha
+    0.0
+    >>> fit_network("ring", 4, []) is None
+    True
     """
-    points = [(size, seconds) for size, seconds in samples if size > 0 and seconds > 0]
-    if not points:
+    times: dict[int, list[float]] = collections.defaultdict(list)
+    for size, seconds in samples:
+        if size > 0 and seconds > 0:
+            times[size].append(seconds)
+    if not times:
         return None
-    fitted = fit_ring(num_ranks, points)
-    if fitted is not None:
-        return fitted
-    ring_bytes = sum(2 * (num_ranks - 1) / num_ranks * size for size, _ in points)
-    return Network(0.0, ring_bytes / sum(seconds for _, seconds in points))
+    prof = generated_profile(algorithm, num_ranks)
+    rounds, per_byte = len(prof.exposed), sum(prof.exposed) / prof.num_chunks
+    points = [(per_byte * size, statistics.median(ts)) for size, ts in sorted(times.items())]
+    if len(points) > 1:  # t = rounds * alpha + bytes * beta
+        mean_b = sum(b for b, _ in points) / len(points)
+        mean_t = sum(t for _, t in points) / len(points)
+        beta = sum((b - mean_b) * (t - mean_t) for b, t in points) / sum((b - mean_b) ** 2 for b, _ in points)
+        alpha = (mean_t - beta * mean_b) / rounds
+        if beta > 0 and alpha >= 0:
+            return Network(alpha, 1.0 / beta)
+    return Network(0.0, sum(b for b, _ in points) / sum(t for _, t in points))

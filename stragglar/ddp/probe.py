@@ -2,9 +2,10 @@
 
 One tiny all_gather per step, on a gloo group of its own, carries every rank's figures to every
 rank, so all decide from the same numbers (:mod:`stragglar.ddp.policy`).  A rank's row is
-``[valid, wait, bytes_1, seconds_1, ..., bytes_K, seconds_K]``: how long it waited at the
-previous step's gather for the last rank, and its timings of the buckets the engine's all_reduce
-reduced in the previous step (the first :data:`SLOTS` of them; 0 where it has none).
+``[valid, wait, kind_1, bytes_1, seconds_1, ..., kind_K, bytes_K, seconds_K]``: how long it
+waited at the previous step's gather for the last rank, and how long it took to reduce the
+previous step's buckets (the first :data:`SLOTS` of them), each with the algorithm that reduced
+it (``kind``: an index in :data:`KINDS`, 0 for an empty slot).
 """
 
 from __future__ import annotations
@@ -18,12 +19,14 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from stragglar.ddp.policy import latenesses
+from stragglar.ddp.policy import ALLREDUCE, STRAGGLAR, latenesses
 
-__all__ = ["SLOTS", "LateRankProbe", "Stopwatch"]
+__all__ = ["KINDS", "SLOTS", "LateRankProbe", "Stopwatch"]
 
-SLOTS = 8  # engine timings a rank shares per step: enough sizes to fit alpha and bandwidth
-SAMPLES = 64  # gathered timings kept for the fit: the recent ones, as the machine's load changes
+SLOTS = 8  # bucket timings a rank shares per step: enough sizes to fit alpha and bandwidth
+SAMPLES = 64  # gathered timings kept per algorithm: the recent ones, as the machine's load changes
+KINDS = ("", ALLREDUCE, STRAGGLAR)
+ROW = 2 + 3 * SLOTS
 
 
 class Stopwatch(Protocol):
@@ -46,9 +49,9 @@ class LateRankProbe:
         self.world_size = world_size
         self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout))  # CPU, own sockets
         self.late: collections.deque[tuple[float, ...]] = collections.deque(maxlen=window)
-        self.samples: collections.deque[tuple[int, float]] = collections.deque(maxlen=SAMPLES)
+        self.samples = {kind: collections.deque[tuple[int, float]](maxlen=SAMPLES) for kind in KINDS[1:]}
         self._wait: float | None = None  # this rank's wait at the last step whose gather completed
-        self._timings: list[tuple[int, Stopwatch]] = []
+        self._timings: list[tuple[str, int, Stopwatch]] = []
         self._lock = threading.Lock()  # the worker thread records while the caller may step
         self._pending: tuple[Any, list[torch.Tensor], float] | None = None
 
@@ -57,10 +60,10 @@ class LateRankProbe:
         """The rank that arrived last at each recent step, oldest first."""
         return [max(range(len(step)), key=step.__getitem__) for step in self.late]
 
-    def record(self, size_bytes: int, watch: Stopwatch) -> None:
-        """Note a bucket the engine's all_reduce reduced (from any thread)."""
+    def record(self, algorithm: str, size_bytes: int, watch: Stopwatch) -> None:
+        """Note how long a bucket took to reduce with ``algorithm`` (from any thread)."""
         with self._lock:
-            self._timings.append((size_bytes, watch))
+            self._timings.append((algorithm, size_bytes, watch))
 
     def step(self) -> bool:
         """Call once per step, first thing; True when an earlier step's figures arrived."""
@@ -69,7 +72,7 @@ class LateRankProbe:
             done, gathered, posted = self._pending
             self._wait = done.wait() - posted
             arrived = self._read([t.tolist() for t in gathered])
-        gathered = [torch.zeros(2 + 2 * SLOTS, dtype=torch.float64) for _ in range(self.world_size)]
+        gathered = [torch.zeros(ROW, dtype=torch.float64) for _ in range(self.world_size)]
         row = torch.tensor(self._row(), dtype=torch.float64)
         posted = time.perf_counter()
         work = dist.all_gather(gathered, row, group=self.group, async_op=True)
@@ -80,17 +83,17 @@ class LateRankProbe:
         with self._lock:
             timings, self._timings = self._timings, []
         row = [0.0, 0.0] if self._wait is None else [1.0, self._wait]
-        for size, watch in timings[:SLOTS]:
-            row += [float(size), watch.seconds() or 0.0]
-        return row + [0.0] * (2 + 2 * SLOTS - len(row))
+        for algorithm, size, watch in timings[:SLOTS]:
+            row += [float(KINDS.index(algorithm)), float(size), watch.seconds() or 0.0]
+        return row + [0.0] * (ROW - len(row))
 
     def _read(self, rows: list[list[float]]) -> bool:
         if not all(row[0] for row in rows):  # the first gather carries no waits yet
             return False
         self.late.append(latenesses([row[1] for row in rows]))
-        for k in range(2, 2 + 2 * SLOTS, 2):
-            sizes = {row[k] for row in rows}
-            times = [row[k + 1] for row in rows if row[k + 1] > 0]
-            if len(sizes) == 1 and times and rows[0][k] > 0:  # the fastest rank waited for nobody
-                self.samples.append((int(rows[0][k]), min(times)))
+        for k in range(2, ROW, 3):
+            kind, size = rows[0][k : k + 2]
+            times = [row[k + 2] for row in rows if row[k + 2] > 0 and row[k : k + 2] == [kind, size]]
+            if kind and times:  # the fastest rank's: it waited for nobody
+                self.samples[KINDS[int(kind)]].append((int(size), min(times)))
         return True

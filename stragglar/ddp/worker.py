@@ -11,6 +11,9 @@ AllReduce overlaps the rest of backward.  So the hook only hands the bucket to a
 * A failure is set on the bucket's Future (DDP raises it from backward), and every later bucket
   fails at once with the same error instead of waiting for peers that are gone: after a failed
   round the group's message streams are no longer in step.
+* Buckets the policy gives to the engine's all_reduce do not come here: the hook issues them on
+  DDP's own group, asynchronously, as DDP's default hook does (the engine runs them on its own
+  threads or streams; a Python thread in between only adds latency).
 * On CUDA (:class:`StreamOrder`) the bucket's rounds run on one side stream, after an event the
   caller recorded on its own stream when the gradients were ready.  No round waits on the host
   (:func:`~stragglar.runtime.allreduce` with ``stream_ordered``), and the Future is a CUDA Future
@@ -32,17 +35,21 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from stragglar.ddp.policy import STRAGGLAR, Choice
+from stragglar.ddp.policy import STRAGGLAR
 from stragglar.ddp.probe import Stopwatch
 from stragglar.runtime import allreduce
-from stragglar.runtime.engine import RankError, classify, first_line
 from stragglar.verify import Proof
 
 __all__ = ["BucketWorker", "HostOrder", "Job", "Order", "Reducer", "StreamOrder", "dedicated_group"]
 
 
 class Watch(Stopwatch, Protocol):
-    """A stopwatch started when made; :meth:`stop` marks the end (on the host, or on a stream)."""
+    """A stopwatch started when made; :meth:`stop` marks the end (on the host, or on the current
+    stream).  Made with ``after`` (the watch of the operation queued before it on the same
+    queue), it counts from the later of its start and that one's end: the time the operation
+    itself took, not the time it waited in the queue."""
+
+    end: Any
 
     def stop(self) -> None: ...
 
@@ -58,18 +65,22 @@ class Order(Protocol):
 
     def future(self) -> torch.futures.Future[torch.Tensor]: ...
 
-    def clock(self) -> Watch: ...
+    def clock(self, after: Any = None) -> Watch: ...
 
 
 class HostWatch:
-    """Seconds between its creation and :meth:`stop`, on the host clock."""
+    """A :class:`Watch` on the host clock."""
 
-    def __init__(self) -> None:
+    def __init__(self, after: HostWatch | None = None) -> None:
         self.start = time.perf_counter()
         self.end: float | None = None
+        self._after = after
 
     def stop(self) -> None:
         self.end = time.perf_counter()
+        if self._after is not None and self._after.end is not None:
+            self.start = max(self.start, self._after.end)
+        self._after = None  # no chain of watches
 
     def seconds(self) -> float | None:
         return None if self.end is None else self.end - self.start
@@ -89,24 +100,32 @@ class HostOrder:
     def future(self) -> torch.futures.Future[torch.Tensor]:
         return torch.futures.Future()
 
-    def clock(self) -> HostWatch:
-        return HostWatch()
+    def clock(self, after: Any = None) -> HostWatch:
+        return HostWatch(after)
 
 
 class EventWatch:
-    """Seconds between two events on ``stream``, known once the device has passed the second."""
+    """A :class:`Watch` of CUDA events on the current streams, read once the device has passed
+    its end (never waited for: a timing not known yet is left out)."""
 
-    def __init__(self, cuda: Any, stream: Any) -> None:
-        self.stream = stream
+    def __init__(self, cuda: Any, device: torch.device, after: EventWatch | None = None) -> None:
+        self.cuda, self.device = cuda, device
         self.start = cuda.Event(enable_timing=True)
         self.end = cuda.Event(enable_timing=True)
-        self.start.record(stream)
+        self.start.record(cuda.current_stream(device))
+        self._after = None if after is None else after.end  # an event, not the watch: no chain
 
     def stop(self) -> None:
-        self.end.record(self.stream)
+        self.end.record(self.cuda.current_stream(self.device))
 
     def seconds(self) -> float | None:
-        return float(self.start.elapsed_time(self.end)) / 1e3 if self.end.query() else None
+        if not self.end.query():
+            return None
+        took = float(self.start.elapsed_time(self.end))
+        if self._after is not None and self._after.query():
+            since = float(self._after.elapsed_time(self.end))
+            took = since if 0 <= since < took else took
+        return took / 1e3
 
 
 class StreamOrder:
@@ -140,18 +159,18 @@ class StreamOrder:
         """A CUDA Future: completed on the side stream, it makes its reader's stream wait for it."""
         return torch.futures.Future(devices=[self.device])
 
-    def clock(self) -> EventWatch:
-        return EventWatch(self.cuda, self.side)
+    def clock(self, after: Any = None) -> EventWatch:
+        return EventWatch(self.cuda, self.device, after)
 
 
 @dataclass(frozen=True, slots=True)
 class Job:
-    """One bucket to average: where its gradients are, how to reduce them, whom to tell."""
+    """One bucket to average with a schedule: where its gradients are, whom to tell."""
 
     buffer: torch.Tensor
     bucket: int
-    choice: Choice
-    proof: Proof | None  # the schedule when ``choice`` is StragglAR
+    proof: Proof
+    late: int | None  # the late rank (None: the schedule's straggler)
     order: Order
     ready: Any  # the event after the gradients (CUDA), None on CPU
     future: torch.futures.Future[torch.Tensor]
@@ -159,58 +178,35 @@ class Job:
 
 @dataclass(frozen=True)
 class Reducer:
-    """Averages a job's bucket over ``group``, then completes its Future.
+    """Averages a job's bucket over ``group`` with its schedule, then completes its Future.
 
-    ``record`` receives the engine's all_reduce timings (bytes, stopwatch) for the policy's fit.
+    ``record`` receives how long each bucket took (algorithm, bytes, stopwatch), for the policy.
     """
 
     group: Any
-    rank: int
     world: int
     timeout: float
     straggler_delay: float = 0.0
-    record: Callable[[int, Stopwatch], None] | None = None
+    record: Callable[[str, int, Stopwatch], None] | None = None
 
     def __call__(self, job: Job) -> None:
         with job.order.running(job.ready):
-            if job.choice.algorithm == STRAGGLAR:
-                assert job.proof is not None
-                allreduce(
-                    job.buffer,
-                    job.proof,
-                    group=self.group,
-                    straggler_delay=self.straggler_delay,
-                    timeout=self.timeout,
-                    tag=job.bucket * job.proof.num_rounds,
-                    late_rank=job.choice.straggler,
-                    stream_ordered=job.order.stream_ordered,
-                )
-            else:
-                self._engine(job)
+            watch = job.order.clock()
+            allreduce(
+                job.buffer,
+                job.proof,
+                group=self.group,
+                straggler_delay=self.straggler_delay,
+                timeout=self.timeout,
+                tag=job.bucket * job.proof.num_rounds,
+                late_rank=job.late,
+                stream_ordered=job.order.stream_ordered,
+            )
+            watch.stop()
+            if self.record is not None:
+                self.record(STRAGGLAR, job.buffer.numel() * job.buffer.element_size(), watch)
             job.buffer.div_(self.world)
             job.future.set_result(job.buffer)
-
-    def _engine(self, job: Job) -> None:
-        """The engine's own all_reduce of the bucket, timed; bounded by ``timeout`` on the host."""
-        watch = job.order.clock()
-        during = f"in the engine's all_reduce of bucket {job.bucket}"
-        try:
-            work = dist.all_reduce(job.buffer, group=self.group, async_op=True)
-            if job.order.stream_ordered:
-                work.wait()  # the side stream waits, not the host
-            elif work.wait(timedelta(seconds=self.timeout)) is False:
-                raise TimeoutError(f"no answer within {self.timeout:g} s")
-        except Exception as e:
-            reason = classify(e)
-            raise RankError(
-                f"allreduce failed: rank {self.rank} {reason} {during}: {first_line(e)}",
-                rank=self.rank,
-                reason=reason,
-                during=during,
-            ) from e
-        watch.stop()
-        if self.record is not None:
-            self.record(job.buffer.numel() * job.buffer.element_size(), watch)
 
 
 class BucketWorker:
