@@ -75,7 +75,9 @@ class StragglarState:
     Recorded: ``switches`` lists each change of straggler under ``detect`` as (step, rank);
     ``decisions`` lists (step, algorithm, straggler) for the first bucket and each bucket whose
     choice differs from the one before (algorithm "stragglar" or "allreduce", straggler None with
-    the latter).  Steps count from 1.
+    the latter).  Steps count from 1.  ``outlook``: under "auto", the figures this step's choices
+    were made from (:class:`~stragglar.ddp.policy.Outlook`: the rank expected last, its expected
+    lateness, the fitted networks), None until a window of steps has been seen.
 
     Arguments are checked here, in these terms: ``straggler=1.5`` or ``True`` is an
     :class:`~stragglar.runtime.ArgumentError` (a TypeError), a NumPy integer is a fine rank."""
@@ -95,7 +97,7 @@ class StragglarState:
     decisions: list[tuple[int, str, int | None]] = field(default_factory=list)
     steps: int = 0
     probe: LateRankProbe | None = field(default=None, repr=False)
-    _outlook: Outlook | None = field(default=None, init=False, repr=False)
+    outlook: Outlook | None = field(default=None, init=False, repr=False)
     _last: Choice | None = field(default=None, init=False, repr=False)
     _comm: _Comm | None = field(default=None, init=False, repr=False)
     _engine_watch: Watch | None = field(default=None, init=False, repr=False)
@@ -166,7 +168,7 @@ class StragglarState:
         arrived = self.probe.step()
         if auto:
             if arrived:
-                self._outlook = self._judge(world_size, self.probe)
+                self.outlook = self._judge(world_size, self.probe)
             return
         late = persistent_late_rank(self.probe.history, self.detect, self.share)
         current = self.straggler if self.straggler is not None else world_size - 1
@@ -185,7 +187,7 @@ class StragglarState:
     def choose(self, world_size: int, size_bytes: int) -> Choice:
         """How to reduce a bucket of ``size_bytes`` at this step (recorded in ``decisions``)."""
         if self.policy == "auto":
-            choice = choose(self.algorithm, world_size, size_bytes, self._outlook)
+            choice = choose(self.algorithm, world_size, size_bytes, self.outlook)
         else:
             late = self.late_rank(world_size)
             choice = Choice(

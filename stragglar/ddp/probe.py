@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, Protocol
 
@@ -21,7 +22,7 @@ import torch.distributed as dist
 
 from stragglar.ddp.policy import ALLREDUCE, STRAGGLAR, latenesses
 
-__all__ = ["KINDS", "SLOTS", "LateRankProbe", "Stopwatch"]
+__all__ = ["KINDS", "SLOTS", "LateRankProbe", "Stopwatch", "decode", "encode"]
 
 SLOTS = 8  # bucket timings a rank shares per step: enough sizes to fit alpha and bandwidth
 SAMPLES = 64  # gathered timings kept per algorithm: the recent ones, as the machine's load changes
@@ -82,18 +83,51 @@ class LateRankProbe:
     def _row(self) -> list[float]:
         with self._lock:
             timings, self._timings = self._timings, []
-        row = [0.0, 0.0] if self._wait is None else [1.0, self._wait]
-        for algorithm, size, watch in timings[:SLOTS]:
-            row += [float(KINDS.index(algorithm)), float(size), watch.seconds() or 0.0]
-        return row + [0.0] * (ROW - len(row))
+        return encode(self._wait, [(kind, size, watch.seconds()) for kind, size, watch in timings])
 
     def _read(self, rows: list[list[float]]) -> bool:
-        if not all(row[0] for row in rows):  # the first gather carries no waits yet
+        figures = decode(rows)
+        if figures is None:
             return False
-        self.late.append(latenesses([row[1] for row in rows]))
-        for k in range(2, ROW, 3):
-            kind, size = rows[0][k : k + 2]
-            times = [row[k + 2] for row in rows if row[k + 2] > 0 and row[k : k + 2] == [kind, size]]
-            if kind and times:  # the fastest rank's: it waited for nobody
-                self.samples[KINDS[int(kind)]].append((int(size), min(times)))
+        late, samples = figures
+        self.late.append(late)
+        for kind, size, seconds in samples:
+            self.samples[kind].append((size, seconds))
         return True
+
+
+def encode(wait: float | None, timings: Sequence[tuple[str, int, float | None]]) -> list[float]:
+    """This rank's row: its wait (None: not measured yet) and its first :data:`SLOTS` timings
+    (algorithm, bytes, seconds or None when not known yet).
+
+    >>> encode(0.25, [("allreduce", 1024, 0.5), ("stragglar", 64, None)])[:8]
+    [1.0, 0.25, 1.0, 1024.0, 0.5, 2.0, 64.0, 0.0]
+    >>> len(encode(None, [])) == ROW
+    True
+    """
+    row = [0.0, 0.0] if wait is None else [1.0, wait]
+    for kind, size, seconds in timings[:SLOTS]:
+        row += [float(KINDS.index(kind)), float(size), seconds or 0.0]
+    return row + [0.0] * (ROW - len(row))
+
+
+def decode(rows: Sequence[Sequence[float]]) -> tuple[tuple[float, ...], list[tuple[str, int, float]]] | None:
+    """Every rank's lateness and the bucket timings, from every rank's row (None: no waits yet).
+
+    A slot counts where ranks agree on its algorithm and size, with the fastest rank's time: that
+    rank waited for nobody.
+
+    >>> rows = [encode(0.03, [("allreduce", 8, 0.004)]), encode(0.0, [("allreduce", 8, 0.002)])]
+    >>> late, samples = decode(rows)
+    >>> [round(x, 3) for x in late], samples
+    ([-0.03, 0.03], [('allreduce', 8, 0.002)])
+    """
+    if not all(row[0] for row in rows):  # the first gather carries no waits yet
+        return None
+    samples = []
+    for k in range(2, ROW, 3):
+        kind, size = rows[0][k : k + 2]
+        times = [row[k + 2] for row in rows if row[k + 2] > 0 and list(row[k : k + 2]) == [kind, size]]
+        if kind and times:
+            samples.append((KINDS[int(kind)], int(size), min(times)))
+    return latenesses([row[1] for row in rows]), samples
