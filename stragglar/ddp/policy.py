@@ -163,15 +163,16 @@ def fit_network(algorithm: str, num_ranks: int, samples: Iterable[tuple[int, flo
     (all of a Ring's), on its generated schedule for ``num_ranks``.
 
     Each size's median time counts once (the first run of a bucket also checks headers and
-    compiles).  Least squares when two sizes or more separate alpha from bandwidth; otherwise, or
-    when that needs a negative alpha, the bandwidth alone with alpha 0, which prices each round by
-    its bytes.  Plain float arithmetic, so every rank fits the same network from the same figures.
+    compiles).  Least squares when sizes at least a factor 2 apart separate alpha from bandwidth;
+    otherwise (DDP's buckets are often all about one size), or when that needs a negative alpha,
+    the bandwidth alone with alpha 0, which prices each round by its bytes.  Plain float
+    arithmetic, so every rank fits the same network from the same figures.
 
     >>> ring = [(2**20, 6e-3 + 1.5 * 2**20 / 1e9), (2**24, 6e-3 + 1.5 * 2**24 / 1e9)]  # N = 4
     >>> net = fit_network("ring", 4, ring)
     >>> round(net.alpha * 1e3, 6), round(net.bandwidth / 1e9, 6)
     (1.0, 1.0)
-    >>> fit_network("ring", 4, [(2**20, 3e-3), (2**20, 1.0), (2**20, 3e-3)]).alpha
+    >>> fit_network("ring", 4, [(2**20, 3e-3), (2**20, 1.0), (2**20 + 8, 3e-3)]).alpha
     0.0
     >>> fit_network("ring", 4, []) is None
     True
@@ -185,7 +186,7 @@ def fit_network(algorithm: str, num_ranks: int, samples: Iterable[tuple[int, flo
     prof = generated_profile(algorithm, num_ranks)
     rounds, per_byte = len(prof.exposed), sum(prof.exposed) / prof.num_chunks
     points = [(per_byte * size, statistics.median(ts)) for size, ts in sorted(times.items())]
-    if len(points) > 1:  # t = rounds * alpha + bytes * beta
+    if points[-1][0] >= 2 * points[0][0]:  # t = rounds * alpha + bytes * beta
         mean_b = sum(b for b, _ in points) / len(points)
         mean_t = sum(t for _, t in points) / len(points)
         beta = sum((b - mean_b) * (t - mean_t) for b, t in points) / sum((b - mean_b) ** 2 for b, _ in points)
