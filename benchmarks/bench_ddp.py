@@ -2,22 +2,23 @@
 
     python benchmarks/bench_ddp.py [--gpus 4] [--late 1] [--delay 30] [--steps 36] [--json out.json]
 
-A deep MLP (``--depth`` layers of ``--width`` x ``--width``, so ``--depth`` DDP buckets of one
-layer each plus DDP's small first bucket) trains on fork-started gloo ranks, twice: once with no
-late rank and once with rank ``--late`` late by ``--delay`` ms of its own compute (matrix products
-before its forward pass, not a sleep inside the collective).  Each run builds four DDP copies of
-the model from one seed and alternates them step by step, so all four see the same machine state:
-DDP's default hook (gloo's all_reduce), StragglAR synchronous (the rounds inside the hook),
-StragglAR asynchronous (a worker thread), and ``policy="auto"``.  A barrier starts every step;
-a step's time is the slowest rank's, from the barrier to the end of the optimizer step.
+A deep MLP (``--depth`` layers of ``--width`` x ``--width``; a DDP bucket per layer from the
+second step on, once DDP has rebuilt its buckets) trains on fork-started gloo ranks, twice: once
+with no late rank and once with rank ``--late`` late by ``--delay`` ms of its own compute (matrix
+products before its forward pass, not a sleep inside the collective).  Each run builds four DDP
+copies of the model from one seed and alternates them step by step, so all four see the same
+machine state: DDP's default hook (gloo's all_reduce), StragglAR synchronous (the rounds inside
+the hook), StragglAR asynchronous (a worker thread), and ``policy="auto"``.  A barrier starts
+every step; a step's time is the slowest rank's, from the barrier to the end of the optimizer step.
 
 Printed per run: the median step time over the steps after ``--warmup`` with its 10-90 percentile
-spread, the ratio of medians to the default hook, the hook's own host time per bucket (median and
-90th percentile, the step's first bucket apart: it also reads the probe), and the auto policy's
-decisions.  Every variant's per-rank losses must agree with the default hook's step by step (same
-seeds, distinct data per rank).  Targets: with a late rank auto <= 0.85x the default hook's
-step time; with none, auto <= 1.03x.  (No ``from __future__ import annotations``: DDP compares
-the hook's annotations with the classes.)
+spread, the ratio of medians to the default hook, the hook's own host time per bucket (wall and
+CPU time, the step's first bucket apart: it also reads the probe), the auto policy's decisions
+and the figures it decided from (each algorithm's measured time per bucket, the rank it expects
+last and by how much, the critical delay of a bucket).  Every variant's per-rank losses must
+agree with the default hook's step by step (same seeds, distinct data per rank).  Targets: with
+a late rank auto <= 0.85x the default hook's step time; with none, auto <= 1.03x.  (No
+``from __future__ import annotations``: DDP compares the hook's annotations with the classes.)
 """
 
 import argparse
@@ -35,6 +36,7 @@ from torch.distributed import GradBucket  # type: ignore[attr-defined, unused-ig
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from stragglar.ddp import StragglarState, stragglar_hook
+from stragglar.ddp.policy import critical_delay_for
 from stragglar.measure.launch import heartbeat, launch
 
 VARIANTS = ("default hook", "stragglar sync", "stragglar async", "auto")
@@ -64,6 +66,7 @@ class Timed:
         self.state = state
         self.first: list[tuple[float, float]] = []  # bucket 0: the step's first, also reads the probe
         self.rest: list[tuple[float, float]] = []
+        self.buckets = 0  # the most buckets a step had
 
 
 def timed_hook(timed: Timed, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -71,6 +74,7 @@ def timed_hook(timed: Timed, bucket: GradBucket) -> torch.futures.Future[torch.T
     future = stragglar_hook(timed.state, bucket)
     cost = (time.perf_counter() - wall, time.thread_time() - cpu)
     (timed.first if bucket.index() == 0 else timed.rest).append(cost)
+    timed.buckets = max(timed.buckets, bucket.index() + 1)
     return future
 
 
@@ -83,8 +87,8 @@ def model(config: Config) -> torch.nn.Module:
 
 
 def hooked(config: Config, variant: str) -> tuple[DDP, Timed | None]:
-    layer_mb = config.width * (config.width + 1) * 4 / 2**20
-    ddp = DDP(model(config), bucket_cap_mb=layer_mb * 1.01)  # one layer per bucket
+    weight_mb = config.width**2 * 4 / 2**20
+    ddp = DDP(model(config), bucket_cap_mb=weight_mb * 0.99)  # a bucket closes after each weight
     if variant == "default hook":
         return ddp, None
     state = {
@@ -130,12 +134,31 @@ def train(rank: int, n: int, config: Config) -> dict[str, Any]:
             times[v].append(time.perf_counter() - start)
             losses[v].append(float(loss.detach()))
         heartbeat()
-    hosts = {
-        v: (timed.first, timed.rest, timed.state.decisions)
-        for v, (_, timed) in runs.items()
-        if timed is not None
-    }
-    return {"times": times, "losses": losses, "hosts": hosts}
+    hosts = {v: (timed.first, timed.rest) for v, (_, timed) in runs.items() if timed is not None}
+    auto = runs["auto"][1]
+    assert auto is not None
+    return {"times": times, "losses": losses, "hosts": hosts, "auto": evidence(auto, config, n)}
+
+
+def evidence(timed: Timed, config: Config, n: int) -> dict[str, Any]:
+    """What the auto policy decided, and from what: its decisions, each algorithm's median time
+    per bucket as the probe gathered it (the fastest rank's), and its last outlook."""
+    state = timed.state
+    figures: dict[str, Any] = {"decisions": state.decisions, "buckets": timed.buckets}
+    if state.probe is not None:
+        for kind, samples in state.probe.samples.items():
+            times = [seconds for _, seconds in samples]
+            figures[f"{kind}_ms"] = statistics.median(times) * 1e3 if times else None
+    view = state.outlook
+    if view is not None and view.ring is not None and view.ours is not None:
+        size = config.width * (config.width + 1) * 4
+        critical = critical_delay_for(state.algorithm, n, size, view.ours, view.ring)
+        figures |= {
+            "candidate": view.candidate,
+            "lateness_ms": view.lateness * 1e3,
+            "critical_ms": None if critical is None else critical * 1e3,
+        }
+    return figures
 
 
 @dataclass(frozen=True)
@@ -157,7 +180,7 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def summarise(per_rank: list[dict[str, Any]], config: Config) -> tuple[list[Row], list[Any]]:
+def summarise(per_rank: list[dict[str, Any]], config: Config) -> list[Row]:
     keep = slice(config.warmup, None)
     steps = {
         v: [max(r["times"][v][i] for r in per_rank) for i in range(config.steps)][keep] for v in VARIANTS
@@ -188,7 +211,7 @@ def summarise(per_rank: list[dict[str, Any]], config: Config) -> tuple[list[Row]
                 deviation,
             )
         )
-    return rows, per_rank[0]["hosts"]["auto"][2]
+    return rows
 
 
 def table(rows: list[Row]) -> str:
@@ -228,24 +251,32 @@ def main() -> None:
     for run, delay in (("punctual", 0.0), ("late", args.delay / 1e3)):
         config = Config(args.width, args.depth, args.batch, args.steps, args.warmup, args.late, delay)
         per_rank = launch(train, args.gpus, (config,), timeout=120)
-        rows, decisions = summarise(per_rank, config)
+        rows, auto = summarise(per_rank, config), per_rank[0]["auto"]
         who = f"rank {args.late} {args.delay:g} ms late by its own compute" if delay else "no late rank"
         gradients = args.width * (args.width + 1) * args.depth * 4 / 2**20
         print(
             f"\n{args.gpus} gloo ranks, {who}; MLP {args.depth} x {args.width}, {gradients:.1f} MiB of "
-            f"gradients in {args.depth + 1} buckets; {args.steps - args.warmup} steps per variant "
+            f"gradients in {auto['buckets']} buckets; {args.steps - args.warmup} steps per variant "
             f"after {args.warmup} of warm-up"
         )
         print(table(rows))
-        print(f"auto's decisions (step, algorithm, straggler): {decisions}")
-        auto = next(r for r in rows if r.variant == "auto")
-        verdict = "met" if auto.ratio <= TARGETS[run] else "NOT met"
-        print(f"target auto <= {TARGETS[run]:.2f}x the default hook: {verdict} ({auto.ratio:.2f}x)")
+        print(f"auto's decisions (step, algorithm, straggler): {auto['decisions']}")
+        print(
+            "auto's figures: "
+            + ", ".join(
+                f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}"
+                for k, v in auto.items()
+                if k not in ("decisions", "buckets")
+            )
+        )
+        ratio = next(r.ratio for r in rows if r.variant == "auto")
+        verdict = "met" if ratio <= TARGETS[run] else "NOT met"
+        print(f"target auto <= {TARGETS[run]:.2f}x the default hook: {verdict} ({ratio:.2f}x)")
         agree = max(r.loss_deviation for r in rows) <= LOSS_RTOL
         print(f"losses agree with the default hook's within {LOSS_RTOL:g}: {'yes' if agree else 'NO'}")
         if not agree:
             failed.append(run)
-        figures[run] = {"rows": [asdict(r) for r in rows], "decisions": decisions}
+        figures[run] = {"rows": [asdict(r) for r in rows], "auto": auto}
     if args.json:
         save(args.json, figures)
     if failed:
