@@ -244,7 +244,7 @@ class StragglarState:
 
     def _connect(self, world_size: int) -> _Comm:
         group = dedicated_group(self.process_group, self.timeout)
-        record = self.probe.record if self.probe is not None else None
+        record = self.probe.record if self.probe is not None and self.policy == "auto" else None
         reduce = Reducer(group, world_size, self.timeout, self.straggler_delay, record)
         worker = None
         if self.asynchronous:

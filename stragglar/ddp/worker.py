@@ -40,7 +40,18 @@ from stragglar.ddp.probe import Stopwatch
 from stragglar.runtime import allreduce
 from stragglar.verify import Proof
 
-__all__ = ["BucketWorker", "HostOrder", "Job", "Order", "Reducer", "StreamOrder", "dedicated_group"]
+__all__ = [
+    "BucketWorker",
+    "EventWatch",
+    "HostOrder",
+    "HostWatch",
+    "Job",
+    "Order",
+    "Reducer",
+    "StreamOrder",
+    "Watch",
+    "dedicated_group",
+]
 
 
 class Watch(Stopwatch, Protocol):
@@ -48,8 +59,6 @@ class Watch(Stopwatch, Protocol):
     stream).  Made with ``after`` (the watch of the operation queued before it on the same
     queue), it counts from the later of its start and that one's end: the time the operation
     itself took, not the time it waited in the queue."""
-
-    end: Any
 
     def stop(self) -> None: ...
 
