@@ -13,6 +13,7 @@ pytest.importorskip("torch")
 from stragglar.cost import Network
 from stragglar.ddp import StragglarState
 from stragglar.ddp.policy import (
+    RUNS,
     Choice,
     Outlook,
     choose,
@@ -61,20 +62,21 @@ def test_the_critical_delay_decides_per_bucket_size() -> None:
 def test_fits_recover_the_network_and_ignore_a_slow_first_run() -> None:
     truth = Network(2e-4, 3e8)
     ring = [(size, 6 * truth.alpha + 1.5 * size / truth.bandwidth) for size in (2**16, 2**20, 2**22)]
-    slow_first = [(2**20, 10.0)]  # the first run of a bucket also checks headers: an outlier
-    fitted = fit_network("ring", 4, slow_first + ring + ring)
+    firsts = [(2**20, 10.0), (2**25, 10.0)]  # a first run (headers), and DDP's first-step bucket
+    fitted = fit_network("ring", 4, firsts + ring * RUNS)
     assert fitted is not None
     assert math.isclose(fitted.alpha, truth.alpha, rel_tol=1e-6)
     assert math.isclose(fitted.bandwidth, truth.bandwidth, rel_tol=1e-6)
     # StragglAR at N = 4 exposes 4 rounds of 1/3 of the buffer each
     ours = [(size, 4 * truth.alpha + 4 / 3 * size / truth.bandwidth) for size in (2**16, 2**22)]
-    mine = fit_network("stragglar", 4, ours)
+    mine = fit_network("stragglar", 4, ours * RUNS)
     assert mine is not None and math.isclose(mine.bandwidth, truth.bandwidth, rel_tol=1e-6)
-    one_size = fit_network("ring", 4, [(2**20, 0.01)])
+    one_size = fit_network("ring", 4, [(2**20, 0.01)] * RUNS)
     assert one_size == Network(0.0, 1.5 * 2**20 / 0.01)  # bandwidth alone
-    falling = fit_network("ring", 4, [(2**16, 0.5), (2**22, 0.1)])  # bigger was faster: noise
+    falling = fit_network("ring", 4, [(2**16, 0.5), (2**22, 0.1)] * RUNS)  # bigger was faster: noise
     assert falling is not None and falling.alpha == 0.0
-    assert fit_network("ring", 4, [(0, 1.0), (8, 0.0)]) is None
+    assert fit_network("ring", 4, [(0, 1.0), (8, 0.0)] * RUNS) is None
+    assert fit_network("ring", 4, ring * (RUNS - 1)) is None  # no size timed often enough yet
 
 
 def test_probe_rows_carry_waits_and_the_fastest_ranks_timings() -> None:

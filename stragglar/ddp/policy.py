@@ -47,6 +47,7 @@ __all__ = [
 
 STRAGGLAR = "stragglar"
 ALLREDUCE = "allreduce"
+RUNS = 3  # timings of one size before the fits trust it
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,32 +161,35 @@ def choose(algorithm: str, num_ranks: int, size_bytes: int, step: Outlook | None
 
 def fit_network(algorithm: str, num_ranks: int, samples: Iterable[tuple[int, float]]) -> Network | None:
     """Alpha and bandwidth that explain (bytes, seconds) timings of ``algorithm``'s exposed rounds
-    (all of a Ring's), on its generated schedule for ``num_ranks``.
+    (all of a Ring's), on its generated schedule for ``num_ranks``; None without enough timings.
 
-    Each size's median time counts once (the first run of a bucket also checks headers and
-    compiles).  Least squares when sizes at least a factor 2 apart separate alpha from bandwidth;
-    otherwise (DDP's buckets are often all about one size), or when that needs a negative alpha,
-    the bandwidth alone with alpha 0, which prices each round by its bytes.  Plain float
-    arithmetic, so every rank fits the same network from the same figures.
+    A size counts once timed :data:`RUNS` times, by its median: the first run of a bucket also
+    checks headers and compiles, and DDP's first step has one bucket of every gradient, a size
+    that never comes back.  Least squares when sizes at least a factor 2 apart separate alpha
+    from bandwidth; otherwise (DDP's buckets are often all about one size), or when that needs a
+    negative alpha, the bandwidth alone with alpha 0, which prices each round by its bytes.  Plain
+    float arithmetic, so every rank fits the same network from the same figures.
 
-    >>> ring = [(2**20, 6e-3 + 1.5 * 2**20 / 1e9), (2**24, 6e-3 + 1.5 * 2**24 / 1e9)]  # N = 4
-    >>> net = fit_network("ring", 4, ring)
+    >>> ring = [(2**20, 6e-3 + 1.5 * 2**20 / 1e9), (2**24, 6e-3 + 1.5 * 2**24 / 1e9)] * 3  # N = 4
+    >>> net = fit_network("ring", 4, ring + [(2**26, 9.0)])  # a size timed once: left out
     >>> round(net.alpha * 1e3, 6), round(net.bandwidth / 1e9, 6)
     (1.0, 1.0)
-    >>> fit_network("ring", 4, [(2**20, 3e-3), (2**20, 1.0), (2**20 + 8, 3e-3)]).alpha
+    >>> fit_network("ring", 4, [(2**20, 3e-3), (2**20, 1.0), (2**20, 3e-3)]).alpha
     0.0
-    >>> fit_network("ring", 4, []) is None
+    >>> fit_network("ring", 4, [(2**20, 3e-3)] * (RUNS - 1)) is None
     True
     """
     times: dict[int, list[float]] = collections.defaultdict(list)
     for size, seconds in samples:
         if size > 0 and seconds > 0:
             times[size].append(seconds)
-    if not times:
-        return None
     prof = generated_profile(algorithm, num_ranks)
     rounds, per_byte = len(prof.exposed), sum(prof.exposed) / prof.num_chunks
-    points = [(per_byte * size, statistics.median(ts)) for size, ts in sorted(times.items())]
+    points = [
+        (per_byte * size, statistics.median(ts)) for size, ts in sorted(times.items()) if len(ts) >= RUNS
+    ]
+    if not points:
+        return None
     if points[-1][0] >= 2 * points[0][0]:  # t = rounds * alpha + bytes * beta
         mean_b = sum(b for b, _ in points) / len(points)
         mean_t = sum(t for _, t in points) / len(points)
