@@ -7,9 +7,11 @@ second step on, once DDP has rebuilt its buckets) trains on fork-started gloo ra
 with no late rank and once with rank ``--late`` late by ``--delay`` ms of its own compute (matrix
 products before its forward pass, not a sleep inside the collective).  Each run builds four DDP
 copies of the model from one seed and alternates them step by step, so all four see the same
-machine state: DDP's default hook (gloo's all_reduce), StragglAR synchronous (the rounds inside
-the hook), StragglAR asynchronous (a worker thread), and ``policy="auto"``.  A barrier starts
-every step; a step's time is the slowest rank's, from the barrier to the end of the optimizer step.
+machine state (each takes each place in the order equally often): DDP's default hook (gloo's
+all_reduce), StragglAR synchronous (the rounds inside the hook), StragglAR asynchronous (a
+worker thread), and ``policy="auto"``.  A barrier starts every step; a step's time is the
+slowest rank's, from the barrier to the end of the optimizer step.  ``--idle`` makes the late
+rank sleep instead (a rank waiting on I/O, whose core the others can use).
 
 Printed per run: the median step time over the steps after ``--warmup`` with its 10-90 percentile
 spread, the ratio of medians to the default hook, the hook's own host time per bucket (wall and
@@ -53,6 +55,7 @@ class Config:
     warmup: int
     late: int
     delay: float  # seconds of extra compute on the late rank per step (0: nobody late)
+    idle: bool  # the late rank sleeps instead: it waits for something else, its core is free
 
 
 class Timed:
@@ -121,12 +124,13 @@ def train(rank: int, n: int, config: Config) -> dict[str, Any]:
             torch.randn(config.batch, config.width, generator=gen),
             torch.randn(config.batch, 1, generator=gen),
         )
-        for v in VARIANTS:
+        turn = step % len(VARIANTS)  # each variant takes each place in the order equally often
+        for v in VARIANTS[turn:] + VARIANTS[:turn]:
             ddp, _ = runs[v]
             dist.barrier()
             start = time.perf_counter()
             if rank == config.late:
-                burn(config.delay)
+                (time.sleep if config.idle else burn)(config.delay)
             optims[v].zero_grad()
             loss = (ddp(x) - y).square().mean()
             loss.backward()
@@ -244,6 +248,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--steps", type=int, default=36, help="steps per variant, warm-up included")
     parser.add_argument("--warmup", type=int, default=6, help="first steps left out of the figures")
+    parser.add_argument(
+        "--idle", action="store_true", help="the late rank sleeps (waits on I/O) instead of computing"
+    )
     parser.add_argument("--json", type=Path, help="also save the figures here")
     args = parser.parse_args()
     import torch._dynamo  # noqa: F401 - DDP's first construction imports it: once, before the fork
@@ -251,10 +258,13 @@ def main() -> None:
     figures: dict[str, object] = {"args": {k: str(v) for k, v in vars(args).items()}}
     failed = []
     for run, delay in (("punctual", 0.0), ("late", args.delay / 1e3)):
-        config = Config(args.width, args.depth, args.batch, args.steps, args.warmup, args.late, delay)
+        config = Config(
+            args.width, args.depth, args.batch, args.steps, args.warmup, args.late, delay, args.idle
+        )
         per_rank = launch(train, args.gpus, (config,), timeout=120)
         rows, auto = summarise(per_rank, config), per_rank[0]["auto"]
-        who = f"rank {args.late} {args.delay:g} ms late by its own compute" if delay else "no late rank"
+        how = "sleeping" if args.idle else "its own compute"
+        who = f"rank {args.late} {args.delay:g} ms late by {how}" if delay else "no late rank"
         gradients = args.width * (args.width + 1) * args.depth * 4 / 2**20
         print(
             f"\n{args.gpus} gloo ranks, {who}; MLP {args.depth} x {args.width}, {gradients:.1f} MiB of "
