@@ -11,7 +11,8 @@ it were the straggler), negative for the others.  Its *expected* lateness is the
 full window of recent steps, so one slow step (a page fault, a collection) decides nothing.
 
 *Critical delay.*  The cost model (:mod:`stragglar.cost`) says above which delay StragglAR beats
-a Ring AllReduce of the same bucket; below it the engine's all_reduce is used.
+a Ring AllReduce of the same bucket by :data:`MARGIN` at least; below it the engine's all_reduce
+is used.  The margin keeps noise in the fits from switching algorithms back and forth.
 
 *Networks.*  The model prices both algorithms with alpha and bandwidth, fitted
 (:func:`fit_network`) to measured times of whole buckets, each the fastest rank's (the last rank
@@ -26,6 +27,7 @@ the policy falls back to the engine's all_reduce.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -48,6 +50,7 @@ __all__ = [
 STRAGGLAR = "stragglar"
 ALLREDUCE = "allreduce"
 RUNS = 3  # timings of one size before the fits trust it
+MARGIN = 0.05  # the share of a Ring's exposed time StragglAR must be expected to save
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,12 +134,19 @@ def outlook(
 def critical_delay_for(
     algorithm: str, num_ranks: int, size_bytes: int, ours: Network, ring: Network
 ) -> float | None:
-    """The delay above which ``algorithm``'s schedule (priced on ``ours``) beats a Ring AllReduce
-    (priced on ``ring``) of ``size_bytes``; None: at no delay.  Cached: a hook asks for the same
-    bucket sizes every step."""
+    """The delay above which ``algorithm``'s schedule (priced on ``ours``) takes at most
+    ``1 - MARGIN`` of a Ring AllReduce's time (priced on ``ring``) after the late rank arrives, for
+    ``size_bytes``; None: at no delay.  Cached: a hook asks for the same bucket sizes every step.
+
+    >>> net = Network(1e-4, 1e9)
+    >>> round(critical_delay_for("stragglar", 4, 2**24, net, net) * 1e3, 2)  # 16 MiB
+    9.68
+    >>> critical_delay_for("stragglar", 4, 2**24, Network(1e-4, 0.8e9), net) is None
+    True
+    """
     mine = estimate(generated_profile(algorithm, num_ranks), size_bytes, 0.0, ours)
     theirs = estimate(generated_profile("ring", num_ranks), size_bytes, 0.0, ring)
-    return critical_delay(mine, theirs)
+    return critical_delay(mine, dataclasses.replace(theirs, tail=theirs.tail * (1 - MARGIN)))
 
 
 def choose(algorithm: str, num_ranks: int, size_bytes: int, step: Outlook | None) -> Choice:

@@ -25,7 +25,8 @@ from stragglar.ddp.policy import ALLREDUCE, STRAGGLAR, latenesses
 __all__ = ["KINDS", "SLOTS", "LateRankProbe", "Stopwatch", "decode", "encode"]
 
 SLOTS = 8  # bucket timings a rank shares per step: enough sizes to fit alpha and bandwidth
-SAMPLES = 64  # gathered timings kept per algorithm: the recent ones, as the machine's load changes
+SAMPLES = 2 * SLOTS  # gathered timings kept per algorithm: its last two steps, so the fits follow
+# the machine's load, and a StragglAR measured long ago is measured again before it counts
 KINDS = ("", ALLREDUCE, STRAGGLAR)
 ROW = 2 + 3 * SLOTS
 
