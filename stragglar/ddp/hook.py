@@ -141,7 +141,10 @@ class StragglarState:
         return as_rank(self.straggler, "StragglarState.straggler", world_size)
 
     def proof(self, world_size: int, late: int | None = None) -> Proof:
-        """The proved schedule for ``world_size`` ranks and straggler ``late`` (None: the default)."""
+        """The proved schedule for ``world_size`` ranks and straggler ``late`` (None: the state's
+        straggler, checked against ``world_size``; None there too: the schedule's own)."""
+        if late is None:
+            late = self.late_rank(world_size)
         key = (world_size, late)
         if key not in self.proofs:
             schedule = synthesize(self.algorithm, world_size)
