@@ -5,11 +5,12 @@
 A deep MLP (``--depth`` layers of ``--width`` x ``--width``; a DDP bucket per layer from the
 second step on, once DDP has rebuilt its buckets) trains on fork-started gloo ranks, twice: once
 with no late rank and once with rank ``--late`` late by ``--delay`` ms of its own compute (matrix
-products before its forward pass, not a sleep inside the collective).  Each run builds four DDP
+products before its forward pass, not a sleep inside the collective).  Each run builds five DDP
 copies of the model from one seed and alternates them step by step, so all four see the same
 machine state (each takes each place in the order equally often): DDP's default hook (gloo's
-all_reduce), StragglAR synchronous (the rounds inside the hook), StragglAR asynchronous (a
-worker thread), and ``policy="auto"``.  A barrier starts every step; a step's time is the
+all_reduce, from C++), torch's own all_reduce hook in Python (``default_hooks.allreduce_hook``:
+what any Python hook costs here), StragglAR synchronous (the rounds inside the hook), StragglAR
+asynchronous (a worker thread), and ``policy="auto"``.  A barrier starts every step; a step's time is the
 slowest rank's, from the barrier to the end of the optimizer step.  ``--idle`` makes the late
 rank sleep instead (a rank waiting on I/O, whose core the others can use).
 
@@ -35,13 +36,14 @@ import torch
 import torch.distributed as dist
 from results import save
 from torch.distributed import GradBucket  # type: ignore[attr-defined, unused-ignore]
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from stragglar.ddp import StragglarState, stragglar_hook
 from stragglar.ddp.policy import critical_delay_for
 from stragglar.measure.launch import heartbeat, launch
 
-VARIANTS = ("default hook", "stragglar sync", "stragglar async", "auto")
+VARIANTS = ("default hook", "python all_reduce hook", "stragglar sync", "stragglar async", "auto")
 TARGETS = {"late": 0.85, "punctual": 1.03}  # auto's step time over the default hook's
 LOSS_RTOL = 1e-4
 
@@ -93,6 +95,9 @@ def hooked(config: Config, variant: str) -> tuple[DDP, Timed | None]:
     weight_mb = config.width**2 * 4 / 2**20
     ddp = DDP(model(config), bucket_cap_mb=weight_mb * 0.99)  # a bucket closes after each weight
     if variant == "default hook":
+        return ddp, None
+    if variant == "python all_reduce hook":  # torch's own, in Python: what any Python hook pays here
+        ddp.register_comm_hook(None, default_hooks.allreduce_hook)
         return ddp, None
     state = {
         "stragglar sync": StragglarState(asynchronous=False, timeout=60),
