@@ -151,7 +151,9 @@ def train(rank: int, n: int, config: Config) -> dict[str, Any]:
 
 def evidence(timed: Timed, config: Config, n: int) -> dict[str, Any]:
     """What the auto policy decided, and from what: its decisions, each algorithm's median time
-    per bucket as the probe gathered it (the fastest rank's), and its last outlook."""
+    per bucket as the probe gathered it (the fastest rank's), and its last outlook: the rank it
+    expects last, by how much, how many times the model's price StragglAR's buckets took, and the
+    critical delay of a layer's bucket."""
     state = timed.state
     figures: dict[str, Any] = {"decisions": state.decisions, "buckets": timed.buckets}
     if state.probe is not None:
@@ -165,6 +167,7 @@ def evidence(timed: Timed, config: Config, n: int) -> dict[str, Any]:
         figures |= {
             "candidate": view.candidate,
             "lateness_ms": view.lateness * 1e3,
+            "stragglar_cost_ratio": view.ring.bandwidth / view.ours.bandwidth,  # measured / modelled
             "critical_ms": None if critical is None else critical * 1e3,
         }
     return figures
@@ -281,7 +284,7 @@ def main() -> None:
         print(
             "auto's figures: "
             + ", ".join(
-                f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}"
+                f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
                 for k, v in auto.items()
                 if k not in ("decisions", "buckets")
             )

@@ -17,14 +17,17 @@ from stragglar.ddp.policy import (
     Choice,
     Outlook,
     choose,
+    cost_ratio,
     critical_delay_for,
     fit_network,
     latenesses,
     outlook,
+    scaled,
 )
 from stragglar.ddp.probe import SLOTS, decode, encode
 from stragglar.ddp.worker import BucketWorker, HostWatch
 from stragglar.errors import ArgumentError, InputError
+from stragglar.measure.predict import generated_profile
 
 
 def test_lateness_is_the_gap_to_the_latest_other_rank() -> None:
@@ -77,6 +80,21 @@ def test_fits_recover_the_network_and_ignore_a_slow_first_run() -> None:
     assert falling is not None and falling.alpha == 0.0
     assert fit_network("ring", 4, [(0, 1.0), (8, 0.0)] * RUNS) is None
     assert fit_network("ring", 4, ring * (RUNS - 1)) is None  # no size timed often enough yet
+
+
+def test_stragglar_is_priced_by_its_measured_cost_ratio_whatever_the_load() -> None:
+    ring_then = Network(1e-4, 1e9)
+    size = 2**22
+    prof = generated_profile("stragglar", 4)
+    modelled = prof.seconds(prof.exposed, size, ring_then)
+    ratio = cost_ratio("stragglar", 4, [(size, 1.6 * modelled)] * RUNS, ring_then)
+    assert ratio is not None and math.isclose(ratio, 1.6)
+    for load in (0.7, 1.0, 1.5):  # the machine gets faster or slower for both algorithms alike
+        ring_now = scaled(ring_then, load)
+        slow = Outlook(1, 1.0, ring_now, scaled(ring_now, ratio))  # a rank 1 s late
+        assert choose("stragglar", 4, size, slow) == Choice("allreduce")  # 1.6x the model: never pays
+        assert choose("stragglar", 4, size, Outlook(1, 1.0, ring_now, ring_now)) == Choice("stragglar", 1)
+    assert cost_ratio("stragglar", 4, [(size, modelled)] * (RUNS - 1), ring_then) is None
 
 
 def test_probe_rows_carry_waits_and_the_fastest_ranks_timings() -> None:

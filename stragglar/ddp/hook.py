@@ -18,9 +18,11 @@ from stragglar.ddp.policy import (
     Choice,
     Outlook,
     choose,
+    cost_ratio,
     fit_network,
     outlook,
     persistent_late_rank,
+    scaled,
 )
 from stragglar.ddp.probe import LateRankProbe
 from stragglar.ddp.worker import (
@@ -101,6 +103,8 @@ class StragglarState:
     _last: Choice | None = field(default=None, init=False, repr=False)
     _comm: _Comm | None = field(default=None, init=False, repr=False)
     _engine_watch: Watch | None = field(default=None, init=False, repr=False)
+    _ratio: float = field(default=1.0, init=False, repr=False)  # StragglAR's measured / modelled
+    _priced: tuple[int, float] | None = field(default=None, init=False, repr=False)  # its last timing used
 
     def __post_init__(self) -> None:
         if not isinstance(self.algorithm, str) or self.algorithm not in ALGORITHMS:
@@ -181,11 +185,18 @@ class StragglarState:
             self.probe.late.clear()  # a new full window before the next change
 
     def _judge(self, world_size: int, probe: LateRankProbe) -> Outlook | None:
-        """The auto policy's figures for this step: who is late, by how much, at what prices."""
+        """The auto policy's figures for this step: who is late, by how much, at what prices.
+
+        A ``network`` given is taken for both algorithms; a fitted one prices StragglAR by its
+        cost ratio, taken when its timings arrive, against the Ring's network of that step."""
+        ours = probe.samples[STRAGGLAR]
         ring = self.network or fit_network("ring", world_size, probe.samples[ALLREDUCE])
-        ours = self.network or fit_network(self.algorithm, world_size, probe.samples[STRAGGLAR]) or ring
+        if self.network is None and ring is not None and ours and ours[-1] != self._priced:
+            self._priced = ours[-1]
+            self._ratio = cost_ratio(self.algorithm, world_size, ours, ring) or self._ratio
+        mine = None if ring is None else ring if self.network else scaled(ring, self._ratio)
         window = probe.late.maxlen or AUTO_WINDOW
-        return outlook(probe.late, window, self.late_rank(world_size), ring, ours)
+        return outlook(probe.late, window, self.late_rank(world_size), ring, mine)
 
     def choose(self, world_size: int, size_bytes: int) -> Choice:
         """How to reduce a bucket of ``size_bytes`` at this step (recorded in ``decisions``)."""

@@ -15,13 +15,15 @@ a Ring AllReduce of the same bucket by :data:`MARGIN` at least; below it the eng
 is used.  The margin keeps noise in the fits from switching algorithms back and forth.
 
 *Networks.*  The model prices both algorithms with alpha and bandwidth, fitted
-(:func:`fit_network`) to measured times of whole buckets, each the fastest rank's (the last rank
-to arrive waits for nobody, so its time is the part after everyone arrived: all of a Ring, the
-exposed rounds of StragglAR).  The engine's all_reduce times fit the Ring's network.  StragglAR
-starts on the same one (the model's assumption: both run on the same links), then, once it has
-run, on a network fitted to its own times: where its rounds cost more than the links explain (a
-CPU running every round in Python, ranks sharing cores), the critical delay grows or vanishes and
-the policy falls back to the engine's all_reduce.
+(:func:`fit_network`) to the engine's all_reduce times of whole buckets, each the fastest rank's
+(the last rank to arrive waits for nobody, so its time is the all_reduce alone).  StragglAR
+starts on the same network (the model's assumption: both run on the same links).  Once it has
+run, the probe also has its exposed time per bucket (again the fastest rank's: the straggler's),
+and :func:`cost_ratio` says how many times the model's price that was: where its rounds cost more
+than the links explain (a CPU running every round in Python, ranks sharing cores), StragglAR is
+priced that many times higher (:func:`scaled`), the critical delay grows or vanishes, and the
+policy falls back to the engine's all_reduce.  The ratio is taken against the Ring's network of
+the same moment, so a machine that gets slower or faster for both leaves the choice alone.
 """
 
 from __future__ import annotations
@@ -40,11 +42,14 @@ __all__ = [
     "Choice",
     "Outlook",
     "choose",
+    "cost_ratio",
     "critical_delay_for",
     "fit_network",
     "latenesses",
+    "medians",
     "outlook",
     "persistent_late_rank",
+    "scaled",
 ]
 
 STRAGGLAR = "stragglar"
@@ -173,12 +178,11 @@ def fit_network(algorithm: str, num_ranks: int, samples: Iterable[tuple[int, flo
     """Alpha and bandwidth that explain (bytes, seconds) timings of ``algorithm``'s exposed rounds
     (all of a Ring's), on its generated schedule for ``num_ranks``; None without enough timings.
 
-    A size counts once timed :data:`RUNS` times, by its median: the first run of a bucket also
-    checks headers and compiles, and DDP's first step has one bucket of every gradient, a size
-    that never comes back.  Least squares when sizes at least a factor 2 apart separate alpha
-    from bandwidth; otherwise (DDP's buckets are often all about one size), or when that needs a
-    negative alpha, the bandwidth alone with alpha 0, which prices each round by its bytes.  Plain
-    float arithmetic, so every rank fits the same network from the same figures.
+    Least squares over the sizes' medians (:func:`medians`) when sizes at least a factor 2 apart
+    separate alpha from bandwidth; otherwise (DDP's buckets are often all about one size), or
+    when that needs a negative alpha, the bandwidth alone with alpha 0, which prices each round
+    by its bytes.  Plain float arithmetic, so every rank fits the same network from the same
+    figures.
 
     >>> ring = [(2**20, 6e-3 + 1.5 * 2**20 / 1e9), (2**24, 6e-3 + 1.5 * 2**24 / 1e9)] * 3  # N = 4
     >>> net = fit_network("ring", 4, ring + [(2**26, 9.0)])  # a size timed once: left out
@@ -189,15 +193,9 @@ def fit_network(algorithm: str, num_ranks: int, samples: Iterable[tuple[int, flo
     >>> fit_network("ring", 4, [(2**20, 3e-3)] * (RUNS - 1)) is None
     True
     """
-    times: dict[int, list[float]] = collections.defaultdict(list)
-    for size, seconds in samples:
-        if size > 0 and seconds > 0:
-            times[size].append(seconds)
     prof = generated_profile(algorithm, num_ranks)
     rounds, per_byte = len(prof.exposed), sum(prof.exposed) / prof.num_chunks
-    points = [
-        (per_byte * size, statistics.median(ts)) for size, ts in sorted(times.items()) if len(ts) >= RUNS
-    ]
+    points = [(per_byte * size, seconds) for size, seconds in medians(samples)]
     if not points:
         return None
     if points[-1][0] >= 2 * points[0][0]:  # t = rounds * alpha + bytes * beta
@@ -208,3 +206,43 @@ def fit_network(algorithm: str, num_ranks: int, samples: Iterable[tuple[int, flo
         if beta > 0 and alpha >= 0:
             return Network(alpha, 1.0 / beta)
     return Network(0.0, sum(b for b, _ in points) / sum(t for _, t in points))
+
+
+def cost_ratio(
+    algorithm: str, num_ranks: int, samples: Iterable[tuple[int, float]], network: Network
+) -> float | None:
+    """How many times the model's price on ``network`` ``algorithm``'s measured exposed times
+    were (the median over sizes); None without enough timings.
+
+    >>> net = Network(0.0, 1e9)  # N = 4: StragglAR exposes 4 rounds of a third of the bucket each
+    >>> cost_ratio("stragglar", 4, [(3 * 10**6, 8e-3)] * RUNS, net)  # the model says 4 ms
+    2.0
+    """
+    prof = generated_profile(algorithm, num_ranks)
+    ratios = [seconds / prof.seconds(prof.exposed, size, network) for size, seconds in medians(samples)]
+    return statistics.median(ratios) if ratios else None
+
+
+def scaled(network: Network, ratio: float) -> Network:
+    """``network`` with every round ``ratio`` times as expensive.
+
+    >>> scaled(Network(1e-3, 1e9), 2.0)
+    Network(alpha=0.002, bandwidth=500000000.0)
+    """
+    return Network(network.alpha * ratio, network.bandwidth / ratio)
+
+
+def medians(samples: Iterable[tuple[int, float]]) -> list[tuple[int, float]]:
+    """(size, median seconds) for each size timed at least :data:`RUNS` times, smallest first.
+
+    Only sizes timed that often count: the first run of a bucket also checks headers and
+    compiles, and DDP's first step has one bucket of every gradient, a size that never recurs.
+
+    >>> medians([(8, 1.0), (8, 3.0), (8, 2.0), (4, 0.5)])
+    [(8, 2.0)]
+    """
+    times: dict[int, list[float]] = collections.defaultdict(list)
+    for size, seconds in samples:
+        if size > 0 and seconds > 0:
+            times[size].append(seconds)
+    return [(size, statistics.median(ts)) for size, ts in sorted(times.items()) if len(ts) >= RUNS]
