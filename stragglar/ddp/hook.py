@@ -64,12 +64,15 @@ class StragglarState:
     size and straggler); ``process_group`` (None: the world); ``timeout`` in seconds for a silent
     peer.  ``policy``: "stragglar" reduces every bucket with the schedule; "auto" reduces a bucket
     with it only when the rank expected last (``straggler`` if given) is expected later than the
-    critical delay for the bucket's size, on ``network`` (a :class:`~stragglar.cost.Network`;
-    None: fitted to the engine's own all_reduce timings), and with the engine's all_reduce
-    otherwise.  ``detect=W``: under "stragglar", find the straggler over windows of W steps (rank
-    last in ``share`` of them); under "auto", the number of steps whose median lateness is judged
-    (default 4).  Both need the world group.  ``asynchronous`` (default): the hook returns at once
-    and a worker thread (a side stream on CUDA) reduces the bucket; False runs it in the hook.
+    critical delay for the bucket's size, and with the engine's all_reduce (on DDP's group, as
+    DDP's default hook) otherwise.  The cost model is priced on ``network`` (a
+    :class:`~stragglar.cost.Network`) for both; None: on the engine's all_reduce timings, with
+    StragglAR's own timings, once it has run, saying how much dearer its rounds are
+    (:mod:`stragglar.ddp.policy`).  ``detect=W``: under "stragglar", find the straggler over
+    windows of W steps (rank last in ``share`` of them); under "auto", the number of steps whose
+    median lateness is judged (default 4).  Both need the world group.  ``asynchronous``
+    (default): the hook returns at once and a worker thread (a side stream on CUDA) runs
+    StragglAR's rounds; False runs them in the hook.
     ``straggler_delay`` makes the straggler late on purpose inside each reduction, for experiments
     with the "stragglar" policy (with an algorithm that has no straggler, such as Ring,
     ``straggler`` is only the rank that is made late).
