@@ -1,84 +1,306 @@
-"""DDP training steps on gloo with one rank always late: which straggler the hook is told matters.
+"""DDP training steps on gloo: the default hook against synchronous, asynchronous and auto StragglAR.
 
-    python benchmarks/bench_ddp.py [--gpus 4] [--late 1] [--delay 50] [--mib 16] [--steps 12]
+    python benchmarks/bench_ddp.py [--gpus 4] [--late 1] [--delay 30] [--steps 36] [--json out.json]
 
-Every rank trains the same linear model (``--mib`` of float32 gradients, in DDP's default 25 MiB
-buckets) on fork-started gloo ranks; rank ``--late`` sleeps ``--delay`` ms before each backward.
-Four hooks are timed in one run each: gloo's own all_reduce (DDP's default), StragglAR told the
-wrong straggler (rank N-1), StragglAR told the right one, and StragglAR with ``detect=4``, which
-must find it.  Reported: the median time of the steps after the first few (warm-up, and for
-``detect`` its window), measured on the punctual rank 0 from the start of forward to the end of
-backward, and the step at which ``detect`` switched.
+A deep MLP (``--depth`` layers of ``--width`` x ``--width``; a DDP bucket per layer from the
+second step on, once DDP has rebuilt its buckets) trains on fork-started gloo ranks, twice: once
+with no late rank and once with rank ``--late`` late by ``--delay`` ms of its own compute (matrix
+products before its forward pass, not a sleep inside the collective).  Each run builds five DDP
+copies of the model from one seed and alternates them step by step, so all four see the same
+machine state (each takes each place in the order equally often): DDP's default hook (gloo's
+all_reduce, from C++), torch's own all_reduce hook in Python (``default_hooks.allreduce_hook``:
+what any Python hook costs here), StragglAR synchronous (the rounds inside the hook), StragglAR
+asynchronous (a worker thread), and ``policy="auto"``.  A barrier starts every step; a step's time is the
+slowest rank's, from the barrier to the end of the optimizer step.  ``--idle`` makes the late
+rank sleep instead (a rank waiting on I/O, whose core the others can use).
+
+Printed per run: the median step time over the steps after ``--warmup`` with its 10-90 percentile
+spread, the ratio of medians to the default hook, the hook's own host time per bucket (wall and
+CPU time, the step's first bucket apart: it also reads the probe), the auto policy's decisions
+and the figures it decided from (each algorithm's measured time per bucket, the rank it expects
+last and by how much, the critical delay of a bucket).  Every variant's per-rank losses must
+agree with the default hook's step by step (same seeds, distinct data per rank).  Targets: with
+a late rank auto <= 0.85x the default hook's step time; with none, auto <= 1.03x.  (No
+``from __future__ import annotations``: DDP compares the hook's annotations with the classes.)
 """
-
-from __future__ import annotations
 
 import argparse
 import statistics
 import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from results import save
+from torch.distributed import GradBucket  # type: ignore[attr-defined, unused-ignore]
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from stragglar.ddp import StragglarState, stragglar_hook
-from stragglar.measure.launch import launch
+from stragglar.ddp.policy import critical_delay_for
+from stragglar.measure.launch import heartbeat, launch
 
-SKIP = 6  # steps left out of the median: warm-up, and the detection window plus its 2-step lag
-
-HOOKS = ("gloo all_reduce", "stragglar, wrong straggler", "stragglar, right straggler", "stragglar, detect=4")
-
-
-def state_for(hook: str, n: int, late: int) -> StragglarState | None:
-    if hook.startswith("gloo"):
-        return None
-    if hook.endswith("detect=4"):
-        return StragglarState(detect=4)
-    return StragglarState(straggler=late if "right" in hook else n - 1)
+VARIANTS = ("default hook", "python all_reduce hook", "stragglar sync", "stragglar async", "auto")
+TARGETS = {"late": 0.85, "punctual": 1.03}  # auto's step time over the default hook's
+LOSS_RTOL = 1e-4
 
 
-def train(rank: int, n: int, hook: str, late: int, delay: float, mib: int, steps: int) -> Any:
-    torch.set_num_threads(1)
+@dataclass(frozen=True)
+class Config:
+    width: int
+    depth: int
+    batch: int
+    steps: int
+    warmup: int
+    late: int
+    delay: float  # seconds of extra compute on the late rank per step (0: nobody late)
+    idle: bool  # the late rank sleeps instead: it waits for something else, its core is free
+
+
+class Timed:
+    """A hook state that notes what each call of the hook costs on the host: (wall, CPU) seconds.
+
+    Wall time is what backward waits for the hook; the calling thread's CPU time leaves out the
+    time it spent descheduled or waiting for the GIL (4 ranks on 2 cores, and the worker thread).
+    """
+
+    def __init__(self, state: StragglarState) -> None:
+        self.state = state
+        self.first: list[tuple[float, float]] = []  # bucket 0: the step's first, also reads the probe
+        self.rest: list[tuple[float, float]] = []
+        self.buckets = 0  # the most buckets a step had
+
+
+def timed_hook(timed: Timed, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
+    wall, cpu = time.perf_counter(), time.thread_time()
+    future = stragglar_hook(timed.state, bucket)
+    cost = (time.perf_counter() - wall, time.thread_time() - cpu)
+    (timed.first if bucket.index() == 0 else timed.rest).append(cost)
+    timed.buckets = max(timed.buckets, bucket.index() + 1)
+    return future
+
+
+def model(config: Config) -> torch.nn.Module:
     torch.manual_seed(0)
-    width = int((mib * 2**20 / 4) ** 0.5)
-    model = DDP(torch.nn.Linear(width, width, bias=False))
-    state = state_for(hook, n, late)
-    if state is not None:
-        model.register_comm_hook(state, stragglar_hook)
-    x = torch.randn(4, width)
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        loss = model(x).square().mean()
-        if rank == late:
-            time.sleep(delay)
-        loss.backward()
-        times.append(time.perf_counter() - start)
-    return times, state.switches if state is not None else []
+    layers: list[torch.nn.Module] = []
+    for _ in range(config.depth):
+        layers += [torch.nn.Linear(config.width, config.width), torch.nn.GELU()]
+    return torch.nn.Sequential(*layers, torch.nn.Linear(config.width, 1))
+
+
+def hooked(config: Config, variant: str) -> tuple[DDP, Timed | None]:
+    weight_mb = config.width**2 * 4 / 2**20
+    ddp = DDP(model(config), bucket_cap_mb=weight_mb * 0.99)  # a bucket closes after each weight
+    if variant == "default hook":
+        return ddp, None
+    if variant == "python all_reduce hook":  # torch's own, in Python: what any Python hook pays here
+        ddp.register_comm_hook(None, default_hooks.allreduce_hook)
+        return ddp, None
+    state = {
+        "stragglar sync": StragglarState(asynchronous=False, timeout=60),
+        "stragglar async": StragglarState(timeout=60),
+        "auto": StragglarState(policy="auto", timeout=60),
+    }[variant]
+    timed = Timed(state)
+    ddp.register_comm_hook(timed, timed_hook)
+    return ddp, timed
+
+
+def burn(seconds: float) -> None:
+    """Compute (small matrix products) for ``seconds`` of wall time: a rank late by its own work."""
+    a = torch.randn(96, 96)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        a = torch.tanh(a @ a)
+
+
+def train(rank: int, n: int, config: Config) -> dict[str, Any]:
+    torch.set_num_threads(1)
+    runs = {v: hooked(config, v) for v in VARIANTS}
+    optims = {v: torch.optim.SGD(ddp.parameters(), lr=1e-3) for v, (ddp, _) in runs.items()}
+    times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    losses: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    for step in range(config.steps):
+        gen = torch.Generator().manual_seed(1000 * step + rank)  # distinct per rank, same per variant
+        x, y = (
+            torch.randn(config.batch, config.width, generator=gen),
+            torch.randn(config.batch, 1, generator=gen),
+        )
+        turn = step % len(VARIANTS)  # each variant takes each place in the order equally often
+        for v in VARIANTS[turn:] + VARIANTS[:turn]:
+            ddp, _ = runs[v]
+            dist.barrier()
+            start = time.perf_counter()
+            if rank == config.late:
+                (time.sleep if config.idle else burn)(config.delay)
+            optims[v].zero_grad()
+            loss = (ddp(x) - y).square().mean()
+            loss.backward()
+            optims[v].step()
+            times[v].append(time.perf_counter() - start)
+            losses[v].append(float(loss.detach()))
+        heartbeat()
+    hosts = {v: (timed.first, timed.rest) for v, (_, timed) in runs.items() if timed is not None}
+    auto = runs["auto"][1]
+    assert auto is not None
+    return {"times": times, "losses": losses, "hosts": hosts, "auto": evidence(auto, config, n)}
+
+
+def evidence(timed: Timed, config: Config, n: int) -> dict[str, Any]:
+    """What the auto policy decided, and from what: its decisions, each algorithm's median time
+    per bucket as the probe gathered it (the fastest rank's), and its last outlook: the rank it
+    expects last, by how much, how many times the model's price StragglAR's buckets took, and the
+    critical delay of a layer's bucket."""
+    state = timed.state
+    figures: dict[str, Any] = {"decisions": state.decisions, "buckets": timed.buckets}
+    if state.probe is not None:
+        for kind, samples in state.probe.samples.items():
+            times = [seconds for _, seconds in samples]
+            figures[f"{kind}_ms"] = statistics.median(times) * 1e3 if times else None
+    view = state.outlook
+    if view is not None and view.ring is not None and view.ours is not None:
+        size = config.width * (config.width + 1) * 4
+        critical = critical_delay_for(state.algorithm, n, size, view.ours, view.ring)
+        figures |= {
+            "candidate": view.candidate,
+            "lateness_ms": view.lateness * 1e3,
+            "stragglar_cost_ratio": view.ring.bandwidth / view.ours.bandwidth,  # measured / modelled
+            "critical_ms": None if critical is None else critical * 1e3,
+        }
+    return figures
+
+
+@dataclass(frozen=True)
+class Row:
+    variant: str
+    median_ms: float
+    p10_ms: float
+    p90_ms: float
+    ratio: float  # median over the default hook's median
+    host_first_us: float | None  # the hook's wall time for bucket 0 (median)
+    host_first_cpu_us: float | None  # and its CPU time
+    host_bucket_us: float | None  # for the other buckets: median wall time
+    host_bucket_p90_us: float | None
+    host_bucket_cpu_us: float | None  # median CPU time of the calling thread
+    loss_deviation: float  # largest relative difference from the default hook's loss, any rank/step
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def summarise(per_rank: list[dict[str, Any]], config: Config) -> list[Row]:
+    keep = slice(config.warmup, None)
+    steps = {
+        v: [max(r["times"][v][i] for r in per_rank) for i in range(config.steps)][keep] for v in VARIANTS
+    }
+    base = statistics.median(steps["default hook"])
+    rows = []
+    for v in VARIANTS:
+        deviation = max(
+            abs(a - b) / max(abs(b), 1e-12)
+            for r in per_rank
+            for a, b in zip(r["losses"][v], r["losses"]["default hook"], strict=True)
+        )
+        host = per_rank[0]["hosts"].get(v)
+        first = host[0][config.warmup :] if host else []
+        rest = host[1][len(host[1]) * config.warmup // config.steps :] if host else []
+        walls, cpus = [w for w, _ in rest], [c for _, c in rest]
+        rows.append(
+            Row(
+                v,
+                statistics.median(steps[v]) * 1e3,
+                percentile(steps[v], 0.1) * 1e3,
+                percentile(steps[v], 0.9) * 1e3,
+                statistics.median(steps[v]) / base,
+                statistics.median(w for w, _ in first) * 1e6 if first else None,
+                statistics.median(c for _, c in first) * 1e6 if first else None,
+                statistics.median(walls) * 1e6 if rest else None,
+                percentile(walls, 0.9) * 1e6 if rest else None,
+                statistics.median(cpus) * 1e6 if rest else None,
+                deviation,
+            )
+        )
+    return rows
+
+
+def table(rows: list[Row]) -> str:
+    def us(x: float | None) -> str:
+        return "-" if x is None else f"{x:.0f}"
+
+    lines = [
+        "| variant | step median (ms) | p10-p90 (ms) | / default hook | hook wall time per bucket: "
+        "median, p90 (us) | its CPU time (us) | bucket 0: wall, CPU (us) | loss vs default (max rel.) |",
+        "|---|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.variant} | {r.median_ms:.1f} | {r.p10_ms:.1f}-{r.p90_ms:.1f} | {r.ratio:.2f}x "
+            f"| {us(r.host_bucket_us)}, {us(r.host_bucket_p90_us)} | {us(r.host_bucket_cpu_us)} "
+            f"| {us(r.host_first_us)}, {us(r.host_first_cpu_us)} | {r.loss_deviation:.1e} |"
+        )
+    return "\n".join(lines)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--gpus", type=int, default=4)
-    parser.add_argument("--late", type=int, default=1)
-    parser.add_argument("--delay", type=float, default=50.0, help="ms")
-    parser.add_argument("--mib", type=int, default=16, help="gradient size")
-    parser.add_argument("--steps", type=int, default=12)
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--gpus", type=int, default=4, help="gloo ranks")
+    parser.add_argument("--late", type=int, default=1, help="the late rank in the second run")
+    parser.add_argument("--delay", type=float, default=30.0, help="ms of extra compute on the late rank")
+    parser.add_argument("--width", type=int, default=768)
+    parser.add_argument("--depth", type=int, default=10)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=36, help="steps per variant, warm-up included")
+    parser.add_argument("--warmup", type=int, default=6, help="first steps left out of the figures")
+    parser.add_argument(
+        "--idle", action="store_true", help="the late rank sleeps (waits on I/O) instead of computing"
+    )
+    parser.add_argument("--json", type=Path, help="also save the figures here")
     args = parser.parse_args()
-    print(f"{args.gpus} gloo ranks, {args.mib} MiB of gradients, rank {args.late} {args.delay:g} ms late")
-    print("| hook | median step on rank 0 (ms) | min-max | switched |")
-    print("|---|---:|---|---|")
-    for hook in HOOKS:
-        per_rank = launch(
-            train, args.gpus, (hook, args.late, args.delay / 1e3, args.mib, args.steps), timeout=300
+    import torch._dynamo  # noqa: F401 - DDP's first construction imports it: once, before the fork
+
+    figures: dict[str, object] = {"args": {k: str(v) for k, v in vars(args).items()}}
+    failed = []
+    for run, delay in (("punctual", 0.0), ("late", args.delay / 1e3)):
+        config = Config(
+            args.width, args.depth, args.batch, args.steps, args.warmup, args.late, delay, args.idle
         )
-        times, switches = per_rank[0]
-        kept = times[SKIP:]
-        shown = ", ".join(f"step {s}: rank {r}" for s, r in switches) or "-"
+        per_rank = launch(train, args.gpus, (config,), timeout=120)
+        rows, auto = summarise(per_rank, config), per_rank[0]["auto"]
+        how = "sleeping" if args.idle else "its own compute"
+        who = f"rank {args.late} {args.delay:g} ms late by {how}" if delay else "no late rank"
+        gradients = args.width * (args.width + 1) * args.depth * 4 / 2**20
         print(
-            f"| {hook} | {statistics.median(kept) * 1e3:.1f} | "
-            f"{min(kept) * 1e3:.1f}-{max(kept) * 1e3:.1f} | {shown} |"
+            f"\n{args.gpus} gloo ranks, {who}; MLP {args.depth} x {args.width}, {gradients:.1f} MiB of "
+            f"gradients in {auto['buckets']} buckets; {args.steps - args.warmup} steps per variant "
+            f"after {args.warmup} of warm-up"
         )
+        print(table(rows))
+        print(f"auto's decisions (step, algorithm, straggler): {auto['decisions']}")
+        print(
+            "auto's figures: "
+            + ", ".join(
+                f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
+                for k, v in auto.items()
+                if k not in ("decisions", "buckets")
+            )
+        )
+        ratio = next(r.ratio for r in rows if r.variant == "auto")
+        verdict = "met" if ratio <= TARGETS[run] else "NOT met"
+        print(f"target auto <= {TARGETS[run]:.2f}x the default hook: {verdict} ({ratio:.2f}x)")
+        agree = max(r.loss_deviation for r in rows) <= LOSS_RTOL
+        print(f"losses agree with the default hook's within {LOSS_RTOL:g}: {'yes' if agree else 'NO'}")
+        if not agree:
+            failed.append(run)
+        figures[run] = {"rows": [asdict(r) for r in rows], "auto": auto}
+    if args.json:
+        save(args.json, figures)
+    if failed:
+        raise SystemExit(f"losses differ from the default hook's in the {' and '.join(failed)} run")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,6 @@
-"""torch.distributed on gloo with fork-started ranks: exact results, a real delay, a dying rank, DDP."""
+"""torch.distributed on gloo with fork-started ranks: exact results, a real delay, a dying rank.
+
+The DDP hook's tests are in test_ddp.py."""
 
 from __future__ import annotations
 
@@ -93,49 +95,6 @@ def test_a_dead_rank_makes_the_others_fail_clearly_and_quickly() -> None:
     assert " in round " in line and "(phase 'reduce-scatter')" in line and len(line) < 400, line
 
 
-@pytest.fixture(scope="module")
-def ddp_ready() -> None:
-    """DDP's first construction imports torch._dynamo (seconds): import it once, before the fork."""
-    import torch._dynamo  # noqa: F401
-
-
-def ddp_rank(rank: int, n: int, steps: int) -> float:
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from stragglar.ddp import StragglarState, stragglar_hook
-
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(13, 29), torch.nn.Tanh(), torch.nn.Linear(29, 5))
-    twin = torch.nn.Sequential(torch.nn.Linear(13, 29), torch.nn.Tanh(), torch.nn.Linear(29, 5))
-    twin.load_state_dict(model.state_dict())
-    # a tiny bucket cap gives several buckets of uneven sizes
-    plain = DDP(model, bucket_cap_mb=0.001)
-    hooked = DDP(twin, bucket_cap_mb=0.001)
-    hooked.register_comm_hook(StragglarState(straggler=n - 1, timeout=20), stragglar_hook)
-    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (plain, hooked)]
-    gen = torch.Generator().manual_seed(rank)
-    worst = 0.0
-    for _ in range(steps):
-        x, y = torch.randn(8, 13, generator=gen), torch.randn(8, 5, generator=gen)
-        for m, opt in zip((plain, hooked), opts, strict=True):
-            opt.zero_grad()
-            torch.nn.functional.mse_loss(m(x), y).backward()
-        for a, b in zip(plain.parameters(), hooked.parameters(), strict=True):
-            assert a.grad is not None and b.grad is not None and a.grad.abs().sum() > 0
-            torch.testing.assert_close(b.grad, a.grad, rtol=1e-5, atol=1e-6)
-            worst = max(worst, float((a.grad - b.grad).abs().max()))
-        for opt in opts:
-            opt.step()
-    return worst
-
-
-@pytest.mark.usefixtures("ddp_ready")
-def test_ddp_hook_gives_the_default_gradients() -> None:
-    worst = launch(ddp_rank, 4, (3,), timeout=60)
-    assert len(worst) == 4 and max(worst) < 1e-6
-
-
 def test_run_benchmark_torch_checks_and_times_both() -> None:
     result = run_benchmark("torch", 3, 3 * 2**14 + 4, "float32", delay=0.02, iters=2, warmup=1, timeout=30)
     assert len(result.times) == 2 and min(result.times) >= 0.02 and min(result.baseline_times) >= 0.02
@@ -159,52 +118,3 @@ def test_sweep_on_gloo_fits_the_ring_model_and_predicts_each_setting() -> None:
         assert s.ratio_min <= s.ratio <= s.ratio_max and s.predicted is not None and s.predicted > 0
         assert s.time >= s.delay and s.baseline_time >= s.delay
     assert result.table().startswith("gloo all_reduce fit, N=3: alpha ")
-
-
-def detecting_rank(rank: int, n: int, steps: int, late: int) -> tuple[list[tuple[int, int]], float]:
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from stragglar.ddp import StragglarState, stragglar_hook
-
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(13, 29), torch.nn.Tanh(), torch.nn.Linear(29, 5))
-    twin = torch.nn.Sequential(torch.nn.Linear(13, 29), torch.nn.Tanh(), torch.nn.Linear(29, 5))
-    twin.load_state_dict(model.state_dict())
-    plain, hooked = DDP(model, bucket_cap_mb=0.001), DDP(twin, bucket_cap_mb=0.001)
-    state = StragglarState(detect=4, timeout=20)
-    hooked.register_comm_hook(state, stragglar_hook)
-    gen = torch.Generator().manual_seed(rank)
-    worst = 0.0
-    for _ in range(steps):
-        x, y = torch.randn(8, 13, generator=gen), torch.randn(8, 5, generator=gen)
-        for m in (plain, hooked):
-            m.zero_grad()
-            loss = torch.nn.functional.mse_loss(m(x), y)
-            if rank == late:
-                time.sleep(0.03)  # this GPU is always late with its gradients
-            loss.backward()
-        for a, b in zip(plain.parameters(), hooked.parameters(), strict=True):
-            assert a.grad is not None and b.grad is not None
-            torch.testing.assert_close(b.grad, a.grad, rtol=1e-5, atol=1e-6)
-            worst = max(worst, float((a.grad - b.grad).abs().max()))
-    assert state.straggler == late
-    return state.switches, worst
-
-
-@pytest.mark.usefixtures("ddp_ready")
-def test_ddp_hook_finds_the_persistent_straggler_and_keeps_the_gradients() -> None:
-    results = launch(detecting_rank, 4, (12, 1), timeout=90)
-    switches = {tuple(s) for s, _ in results}
-    assert len(switches) == 1, switches  # every rank switched at the same step
-    (only,) = switches
-    assert [rank for _, rank in only] == [1] and only[0][0] <= 8  # after one window of 4 steps
-    assert max(w for _, w in results) < 1e-6
-
-
-def test_a_mixed_or_short_history_names_no_straggler() -> None:
-    from stragglar.ddp import persistent_late_rank
-
-    assert persistent_late_rank([0, 1, 2, 1, 0, 2], window=6, share=0.75) is None
-    assert persistent_late_rank([3, 3, 3], window=4, share=0.75) is None
-    assert persistent_late_rank([0, 0, 3, 3, 3, 3], window=4, share=0.75) == 3  # the last window counts

@@ -103,6 +103,7 @@ def allreduce(
     timeout: float | None = 300.0,
     tag: int = 0,
     late_rank: int | None = None,
+    stream_ordered: bool = False,
 ) -> Timeline:
     """Sum this rank's ``data`` over the ranks in place, following the proved schedule.
 
@@ -118,6 +119,11 @@ def allreduce(
     skip it.  Raises :class:`RankError` when a peer dies or does not answer within ``timeout``
     seconds (``timeout`` plus ``straggler_delay`` for a wait that may include the late rank's
     delay), and :class:`ArgumentError` (a TypeError) or ``InputError`` for bad arguments.
+
+    ``stream_ordered`` (torch tensors on an NCCL group): wait for each round on the current CUDA
+    stream instead of the host, so the call returns once every round is queued; ``timeout`` then
+    bounds only the first call's header check, and the process group's own timeout catches a dead
+    peer (:mod:`stragglar.runtime.torch_dist`).
     """
     require_proof(proof)
     delay = as_seconds(straggler_delay, "straggler_delay")
@@ -159,7 +165,8 @@ def allreduce(
         if problem is not None:
             raise problem
         plan = plan_for(proof, rank, int(flat.shape[0]), tag)
-        return run_rank(flat, plan, TorchTransport(plan, group, _plus(wait, delay)), delay, late)
+        moves = TorchTransport(plan, group, _plus(wait, delay), stream_ordered)
+        return run_rank(flat, plan, moves, delay, late)
     raise ArgumentError(
         f"cannot allreduce a {type(data).__name__} across processes: pass a torch tensor, or an array "
         "with an NcclGroup (allreduce_local takes one array per rank)"

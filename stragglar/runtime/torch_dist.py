@@ -5,6 +5,13 @@ waited with a timeout (``batch_isend_irecv`` is a plain loop on gloo and can han
 ``batch_isend_irecv`` per round, which NCCL runs as one group; it ignores tags and matches in issue
 order, which is the same on both ends.  A failure names the peer whose receive or send did not
 complete (:class:`~stragglar.runtime.engine.RankError`).
+
+Waiting with a timeout blocks the host: on NCCL too, where ``wait(timeout)`` polls until the work
+is done.  A caller that must not block (a DDP hook issuing rounds on a side stream) asks for
+``stream_ordered``: on NCCL each round's works are then waited without a timeout, which only makes
+the current CUDA stream wait for them, so the host issues every round at once and the reductions
+after a round queue behind it on the stream.  A dead peer is then caught by the process group's
+own timeout (NCCL's watchdog), not by ``timeout``.
 """
 
 from __future__ import annotations
@@ -26,13 +33,15 @@ CHECKING = "checking that every rank runs the same allreduce"
 
 
 class TorchTransport:
-    """Moves a rank's rounds over ``group`` (None: the default group)."""
+    """Moves a rank's rounds over ``group`` (None: the default group); ``stream_ordered``: see above
+    (gloo has no streams, so there it changes nothing)."""
 
-    def __init__(self, plan: Plan, group: Any, timeout: float | None) -> None:
+    def __init__(self, plan: Plan, group: Any, timeout: float | None, stream_ordered: bool = False) -> None:
         self.plan = plan
         self.group = group
-        self.timeout = timedelta(seconds=timeout) if timeout is not None else None
         self.nccl = dist.get_backend(group) == "nccl"
+        host_wait = not (self.nccl and stream_ordered)
+        self.timeout = timedelta(seconds=timeout) if timeout is not None and host_wait else None
         self.ranks = [
             dist.get_global_rank(group, r) if group is not None else r for r in range(plan.program.num_ranks)
         ]

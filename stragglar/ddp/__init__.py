@@ -1,0 +1,25 @@
+"""A PyTorch DDP communication hook that averages gradient buckets with a StragglAR schedule.
+
+>>> from stragglar.ddp import StragglarState, stragglar_hook          # doctest: +SKIP
+>>> ddp.register_comm_hook(StragglarState(policy="auto"), stragglar_hook)  # doctest: +SKIP
+>>> ddp.register_comm_hook(StragglarState(straggler=3), stragglar_hook)    # doctest: +SKIP
+
+The hook returns at once with a Future; a worker thread per process group (on CUDA, a side
+stream) runs the rounds and completes it, so communication overlaps the rest of backward as with
+DDP's own all_reduce (:mod:`stragglar.ddp.worker`).  Gradients are summed, then divided by the
+world size, as the default hook does.
+
+StragglAR only pays when a rank is late by more than a critical delay: with ``policy="auto"`` a
+tiny probe per step finds which rank arrives last and by how much (:mod:`stragglar.ddp.probe`),
+and each bucket is reduced with StragglAR, that rank as straggler, only when the cost model says
+it beats a Ring all_reduce of that size at that lateness; otherwise with the engine's all_reduce
+(:mod:`stragglar.ddp.policy`).  Every rank decides from the same gathered figures, so all choose
+the same algorithm for the same bucket.  With ``detect=W`` (policy "stragglar") the hook always
+uses StragglAR and switches the straggler to a rank that is persistently last.
+"""
+
+from stragglar.ddp.hook import POLICIES, StragglarState, stragglar_hook
+from stragglar.ddp.policy import persistent_late_rank
+from stragglar.ddp.probe import LateRankProbe
+
+__all__ = ["POLICIES", "LateRankProbe", "StragglarState", "persistent_late_rank", "stragglar_hook"]

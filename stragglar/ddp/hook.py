@@ -1,0 +1,290 @@
+"""The DDP communication hook and its state.  (No ``from __future__ import annotations`` here: DDP
+compares the hook's annotations with the classes.)"""
+
+import functools
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed import GradBucket  # type: ignore[attr-defined, unused-ignore]
+
+from stragglar.args import as_int, as_rank, as_seconds
+from stragglar.cost import Network
+from stragglar.ddp.policy import (
+    ALLREDUCE,
+    STRAGGLAR,
+    Choice,
+    Outlook,
+    choose,
+    cost_ratio,
+    fit_network,
+    outlook,
+    persistent_late_rank,
+    scaled,
+)
+from stragglar.ddp.probe import LateRankProbe
+from stragglar.ddp.worker import (
+    BucketWorker,
+    HostOrder,
+    Job,
+    Order,
+    Reducer,
+    StreamOrder,
+    Watch,
+    dedicated_group,
+)
+from stragglar.errors import ArgumentError, InputError
+from stragglar.measure.launch import heartbeat
+from stragglar.synth import ALGORITHMS, synthesize
+from stragglar.verify import Proof, prove
+
+__all__ = ["POLICIES", "StragglarState", "stragglar_hook"]
+
+POLICIES = ("stragglar", "auto")
+AUTO_WINDOW = 4  # steps whose median lateness the auto policy judges, unless ``detect`` says
+HOST = HostOrder()
+
+
+@dataclass
+class _Comm:
+    """What a state reduces its buckets with, made on its first bucket."""
+
+    reduce: Reducer
+    worker: BucketWorker | None  # None: synchronous
+    streams: dict[torch.device, StreamOrder] = field(default_factory=dict)
+
+
+@dataclass
+class StragglarState:
+    """What the hook needs, and what it has learned.
+
+    ``algorithm`` and ``straggler``: the schedule (synthesized and proved on first use per world
+    size and straggler); ``process_group`` (None: the world); ``timeout`` in seconds for a silent
+    peer.  ``policy``: "stragglar" reduces every bucket with the schedule; "auto" reduces a bucket
+    with it only when the rank expected last (``straggler`` if given) is expected later than the
+    critical delay for the bucket's size, and with the engine's all_reduce (on DDP's group, as
+    DDP's default hook) otherwise.  The cost model is priced on ``network`` (a
+    :class:`~stragglar.cost.Network`) for both; None: on the engine's all_reduce timings, with
+    StragglAR's own timings, once it has run, saying how much dearer its rounds are
+    (:mod:`stragglar.ddp.policy`).  ``detect=W``: under "stragglar", find the straggler over
+    windows of W steps (rank last in ``share`` of them); under "auto", the number of steps whose
+    median lateness is judged (default 4).  Both need the world group.  ``asynchronous``
+    (default): the hook returns at once and a worker thread (a side stream on CUDA) runs
+    StragglAR's rounds; False runs them in the hook.
+    ``straggler_delay`` makes the straggler late on purpose inside each reduction, for experiments
+    with the "stragglar" policy (with an algorithm that has no straggler, such as Ring,
+    ``straggler`` is only the rank that is made late).
+
+    Recorded: ``switches`` lists each change of straggler under ``detect`` as (step, rank);
+    ``decisions`` lists (step, algorithm, straggler) for the first bucket and each bucket whose
+    choice differs from the one before (algorithm "stragglar" or "allreduce", straggler None with
+    the latter).  Steps count from 1.  ``outlook``: under "auto", the figures this step's choices
+    were made from (:class:`~stragglar.ddp.policy.Outlook`: the rank expected last, its expected
+    lateness, the fitted networks), None until a window of steps has been seen.
+
+    Arguments are checked here, in these terms: ``straggler=1.5`` or ``True`` is an
+    :class:`~stragglar.runtime.ArgumentError` (a TypeError), a NumPy integer is a fine rank."""
+
+    algorithm: str = "stragglar"
+    straggler: int | None = None
+    process_group: Any = None
+    timeout: float = 300.0
+    straggler_delay: float = 0.0
+    detect: int = 0
+    share: float = 0.75
+    policy: str = "stragglar"
+    network: Network | None = None
+    asynchronous: bool = True
+    proofs: dict[tuple[int, int | None], Proof] = field(default_factory=dict)
+    switches: list[tuple[int, int]] = field(default_factory=list)
+    decisions: list[tuple[int, str, int | None]] = field(default_factory=list)
+    steps: int = 0
+    probe: LateRankProbe | None = field(default=None, repr=False)
+    outlook: Outlook | None = field(default=None, init=False, repr=False)
+    _last: Choice | None = field(default=None, init=False, repr=False)
+    _comm: _Comm | None = field(default=None, init=False, repr=False)
+    _engine_watch: Watch | None = field(default=None, init=False, repr=False)
+    _ratio: float = field(default=1.0, init=False, repr=False)  # StragglAR's measured / modelled
+    _priced: tuple[int, float] | None = field(default=None, init=False, repr=False)  # its last timing used
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.algorithm, str) or self.algorithm not in ALGORITHMS:
+            raise InputError(
+                f"StragglarState.algorithm must be one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}"
+            )
+        if not isinstance(self.policy, str) or self.policy not in POLICIES:
+            raise InputError(
+                f"StragglarState.policy must be one of {', '.join(POLICIES)}, got {self.policy!r}"
+            )
+        if self.straggler is not None:
+            self.straggler = as_int(self.straggler, "StragglarState.straggler", minimum=0)
+        self.timeout = as_seconds(self.timeout, "StragglarState.timeout", positive=True)
+        self.straggler_delay = as_seconds(self.straggler_delay, "StragglarState.straggler_delay")
+        self.detect = as_int(self.detect, "StragglarState.detect", minimum=0)
+        if isinstance(self.share, bool) or not isinstance(self.share, (int, float)):
+            raise ArgumentError(f"StragglarState.share must be a number, got {self.share!r}")
+        if not 0 < self.share <= 1:
+            raise InputError(f"StragglarState.share must be in (0, 1], got {self.share!r}")
+        if self.network is not None and not isinstance(self.network, Network):
+            raise ArgumentError(
+                f"StragglarState.network must be a stragglar.cost.Network, got {self.network!r}"
+            )
+        if not isinstance(self.asynchronous, bool):
+            raise ArgumentError(
+                f"StragglarState.asynchronous must be True or False, got {self.asynchronous!r}"
+            )
+        if self.policy == "auto" and self.straggler_delay:
+            raise InputError(
+                "StragglarState.straggler_delay is for experiments with policy='stragglar': the auto "
+                "policy judges how late ranks really arrive, and a delay inside the reduction is not seen"
+            )
+
+    def late_rank(self, world_size: int) -> int | None:
+        """The straggler, checked against ``world_size`` (None: the schedule's default)."""
+        if self.straggler is None:
+            return None
+        return as_rank(self.straggler, "StragglarState.straggler", world_size)
+
+    def proof(self, world_size: int, late: int | None = None) -> Proof:
+        """The proved schedule for ``world_size`` ranks and straggler ``late`` (None: the state's
+        straggler, checked against ``world_size``; None there too: the schedule's own)."""
+        if late is None:
+            late = self.late_rank(world_size)
+        key = (world_size, late)
+        if key not in self.proofs:
+            schedule = synthesize(self.algorithm, world_size)
+            if late is not None and schedule.straggler is not None and late != schedule.straggler:
+                schedule = synthesize(self.algorithm, world_size, late)
+            self.proofs[key] = prove(schedule)
+        return self.proofs[key]
+
+    def new_step(self, world_size: int) -> None:
+        """Count the step, read the probe, and update the straggler (``detect``) or the outlook (auto).
+
+        In a rank started by :func:`stragglar.measure.launch.launch` each step is also a
+        heartbeat, so a long training run is not taken for a silent one."""
+        self.steps += 1
+        heartbeat()
+        auto = self.policy == "auto"
+        if (self.detect <= 0 and not auto) or world_size < 2:
+            return
+        if self.process_group is not None:
+            raise InputError("straggler detection and policy='auto' need the default (world) process group")
+        if self.probe is None:
+            window = self.detect or AUTO_WINDOW
+            self.probe = LateRankProbe(world_size, window, self.timeout)
+        arrived = self.probe.step()
+        if auto:
+            if arrived:
+                self.outlook = self._judge(world_size, self.probe)
+            return
+        late = persistent_late_rank(self.probe.history, self.detect, self.share)
+        current = self.straggler if self.straggler is not None else world_size - 1
+        if late is not None and late != current:
+            self.straggler = late
+            self.switches.append((self.steps, late))
+            self.probe.late.clear()  # a new full window before the next change
+
+    def _judge(self, world_size: int, probe: LateRankProbe) -> Outlook | None:
+        """The auto policy's figures for this step: who is late, by how much, at what prices.
+
+        A ``network`` given is taken for both algorithms; a fitted one prices StragglAR by its
+        cost ratio, taken when its timings arrive, against the Ring's network of that step."""
+        ours = probe.samples[STRAGGLAR]
+        ring = self.network or fit_network("ring", world_size, probe.samples[ALLREDUCE])
+        if self.network is None and ring is not None and ours and ours[-1] != self._priced:
+            self._priced = ours[-1]
+            self._ratio = cost_ratio(self.algorithm, world_size, ours, ring) or self._ratio
+        mine = None if ring is None else ring if self.network else scaled(ring, self._ratio)
+        window = probe.late.maxlen or AUTO_WINDOW
+        return outlook(probe.late, window, self.late_rank(world_size), ring, mine)
+
+    def choose(self, world_size: int, size_bytes: int) -> Choice:
+        """How to reduce a bucket of ``size_bytes`` at this step (recorded in ``decisions``)."""
+        if self.policy == "auto":
+            choice = choose(self.algorithm, world_size, size_bytes, self.outlook)
+        else:
+            late = self.late_rank(world_size)
+            choice = Choice(
+                STRAGGLAR, late if late is not None else self.proof(world_size).schedule.straggler
+            )
+        if choice != self._last:
+            self._last = choice
+            self.decisions.append((self.steps, choice.algorithm, choice.straggler))
+        return choice
+
+    def reduce(
+        self, buffer: torch.Tensor, bucket: int, world_size: int
+    ) -> torch.futures.Future[torch.Tensor]:
+        """Average ``buffer`` (bucket number ``bucket``) over the ranks: a Future of the result."""
+        comm = self._comm or self._connect(world_size)
+        order: Order = HOST
+        if buffer.is_cuda:
+            order = comm.streams.get(buffer.device) or comm.streams.setdefault(
+                buffer.device, StreamOrder(buffer.device)
+            )
+        choice = self.choose(world_size, buffer.numel() * buffer.element_size())
+        if choice.algorithm != STRAGGLAR:
+            return self._engine(buffer, world_size, order)
+        proof = self.proof(world_size, choice.straggler)
+        if comm.worker is None:
+            job = Job(buffer, bucket, proof, choice.straggler, HOST, None, HOST.future())
+            comm.reduce(job)  # on the caller's thread, its errors raised in the hook
+            return job.future
+        job = Job(buffer, bucket, proof, choice.straggler, order, order.ready(), order.future())
+        comm.worker.submit(functools.partial(comm.reduce, job), job.future)
+        # DDP reads a failed Future's value as its result ("Unable to cast ... to Tensor"); an error
+        # raised in a callback reaches it as an error, with the message intact
+        return job.future.then(_value)
+
+    def _engine(
+        self, buffer: torch.Tensor, world_size: int, order: Order
+    ) -> torch.futures.Future[torch.Tensor]:
+        """The engine's own all_reduce on DDP's group, as DDP's default hook runs it, timed for the
+        policy: its Future completes (through the engine's stream on CUDA) with the average."""
+        watch = order.clock(self._engine_watch)
+        self._engine_watch = watch
+        record = self.probe.record if self.probe is not None else None
+        size = buffer.numel() * buffer.element_size()
+
+        def averaged(future: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+            watch.stop()
+            if record is not None:
+                record(ALLREDUCE, size, watch)
+            return future.value()[0].div_(world_size)
+
+        work = dist.all_reduce(buffer, group=self.process_group, async_op=True)
+        engine: torch.futures.Future[list[torch.Tensor]] = work.get_future()
+        return engine.then(averaged)
+
+    def _connect(self, world_size: int) -> _Comm:
+        group = dedicated_group(self.process_group, self.timeout)
+        record = self.probe.record if self.probe is not None and self.policy == "auto" else None
+        reduce = Reducer(group, world_size, self.timeout, self.straggler_delay, record)
+        worker = None
+        if self.asynchronous:
+            worker = BucketWorker(f"stragglar-ddp-{dist.get_rank()}")
+            weakref.finalize(self, worker.close)  # the thread ends with the state
+        self._comm = _Comm(reduce, worker)
+        return self._comm
+
+
+def _value(future: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+    return future.value()
+
+
+def stragglar_hook(state: StragglarState, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Average ``bucket``'s gradients over the ranks as ``state`` says; returns at once when
+    ``state.asynchronous``, with a Future that completes when the bucket is averaged."""
+    buffer = bucket.buffer()
+    world = dist.get_world_size(state.process_group)
+    if bucket.index() == 0:
+        state.new_step(world)
+    if world > 1:
+        return state.reduce(buffer, bucket.index(), world)
+    state.late_rank(world)  # a straggler that is no rank of this group is still an error
+    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    future.set_result(buffer)  # one rank: its gradients are the average already
+    return future

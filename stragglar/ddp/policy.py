@@ -1,0 +1,248 @@
+"""When StragglAR pays, and for which straggler: pure functions of the figures every rank gathers.
+
+Every rank calls these with the same gathered figures, so every rank reaches the same choice for
+the same bucket; nothing here reads a clock or a rank's own state.
+
+*Lateness.*  At each step the probe (:class:`~stragglar.ddp.probe.LateRankProbe`) gathers each
+rank's wait: how long it waited, from posting a tiny all_gather, for the last rank to post it.
+Rank ``r``'s lateness at that step is how much later it arrived than the latest of the others,
+``min(wait of the others) - wait of r``: positive for the last rank (exactly the model's delay if
+it were the straggler), negative for the others.  Its *expected* lateness is the median over a
+full window of recent steps, so one slow step (a page fault, a collection) decides nothing.
+
+*Critical delay.*  The cost model (:mod:`stragglar.cost`) says above which delay StragglAR beats
+a Ring AllReduce of the same bucket by :data:`MARGIN` at least; below it the engine's all_reduce
+is used.  The margin keeps noise in the fits from switching algorithms back and forth.
+
+*Networks.*  The model prices both algorithms with alpha and bandwidth, fitted
+(:func:`fit_network`) to the engine's all_reduce times of whole buckets, each the fastest rank's
+(the last rank to arrive waits for nobody, so its time is the all_reduce alone).  StragglAR
+starts on the same network (the model's assumption: both run on the same links).  Once it has
+run, the probe also has its exposed time per bucket (again the fastest rank's: the straggler's),
+and :func:`cost_ratio` says how many times the model's price that was: where its rounds cost more
+than the links explain (a CPU running every round in Python, ranks sharing cores), StragglAR is
+priced that many times higher (:func:`scaled`), the critical delay grows or vanishes, and the
+policy falls back to the engine's all_reduce.  The ratio is taken against the Ring's network of
+the same moment, so a machine that gets slower or faster for both leaves the choice alone.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+from stragglar.cost import Network, critical_delay, estimate
+from stragglar.measure.predict import generated_profile
+
+__all__ = [
+    "Choice",
+    "Outlook",
+    "choose",
+    "cost_ratio",
+    "critical_delay_for",
+    "fit_network",
+    "latenesses",
+    "medians",
+    "outlook",
+    "persistent_late_rank",
+    "scaled",
+]
+
+STRAGGLAR = "stragglar"
+ALLREDUCE = "allreduce"
+RUNS = 3  # timings of one size before the fits trust it
+MARGIN = 0.05  # the share of a Ring's exposed time StragglAR must be expected to save
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """How one bucket is reduced: ``algorithm`` is "stragglar" (with ``straggler``) or "allreduce"."""
+
+    algorithm: str
+    straggler: int | None = None
+
+
+ENGINE = Choice(ALLREDUCE)
+
+
+@dataclass(frozen=True, slots=True)
+class Outlook:
+    """One step's figures: the rank most likely to be last, how late it is expected (seconds), and
+    the networks that price the engine's all_reduce (``ring``) and the schedule (``ours``); None
+    where not known yet."""
+
+    candidate: int
+    lateness: float
+    ring: Network | None
+    ours: Network | None
+
+
+def persistent_late_rank(history: Sequence[int], window: int, share: float) -> int | None:
+    """The rank that arrived last in at least ``share`` of the last ``window`` steps, if any.
+
+    >>> persistent_late_rank([2, 2, 1, 2], window=4, share=0.75)
+    2
+    >>> persistent_late_rank([2, 2, 1], window=4, share=0.75) is None  # not a full window yet
+    True
+    """
+    recent = list(history)[-window:]
+    if len(recent) < window:
+        return None
+    rank, count = collections.Counter(recent).most_common(1)[0]
+    return rank if count >= share * window else None
+
+
+def latenesses(waits: Sequence[float]) -> tuple[float, ...]:
+    """Each rank's lateness at one step, from every rank's wait (at least two ranks).
+
+    >>> [round(x, 3) for x in latenesses([0.030, 0.001, 0.031, 0.029])]
+    [-0.029, 0.028, -0.03, -0.028]
+    """
+    order = sorted(range(len(waits)), key=waits.__getitem__)
+    first, second = waits[order[0]], waits[order[1]]  # the last rank's wait, the next one's
+    return tuple((second if rank == order[0] else first) - wait for rank, wait in enumerate(waits))
+
+
+def outlook(
+    history: Sequence[Sequence[float]],
+    window: int,
+    fixed: int | None,
+    ring: Network | None,
+    ours: Network | None,
+) -> Outlook | None:
+    """The step's :class:`Outlook` from the latenesses of the last ``window`` steps (None until
+    there are that many).
+
+    The candidate is ``fixed`` (a straggler the user named), else the rank with the largest
+    expected lateness, the lowest such rank on a tie.
+
+    >>> steps = [(0.0, 0.03, -0.01), (-0.002, 0.028, -0.005), (0.001, -0.001, -0.003)]
+    >>> o = outlook(steps, 3, None, None, None)
+    >>> o.candidate, round(o.lateness, 3), outlook(steps, 4, None, None, None)
+    (1, 0.028, None)
+    >>> round(outlook(steps, 3, 2, None, None).lateness, 3)
+    -0.005
+    """
+    recent = list(history)[-window:]
+    if len(recent) < window:
+        return None
+    expected = [statistics.median(column) for column in zip(*recent, strict=True)]
+    candidate = fixed if fixed is not None else max(range(len(expected)), key=expected.__getitem__)
+    return Outlook(candidate, expected[candidate], ring, ours)
+
+
+@lru_cache(maxsize=4096)
+def critical_delay_for(
+    algorithm: str, num_ranks: int, size_bytes: int, ours: Network, ring: Network
+) -> float | None:
+    """The delay above which ``algorithm``'s schedule (priced on ``ours``) takes at most
+    ``1 - MARGIN`` of a Ring AllReduce's time (priced on ``ring``) after the late rank arrives, for
+    ``size_bytes``; None: at no delay.  Cached: a hook asks for the same bucket sizes every step.
+
+    >>> net = Network(1e-4, 1e9)
+    >>> round(critical_delay_for("stragglar", 4, 2**24, net, net) * 1e3, 2)  # 16 MiB
+    9.68
+    >>> critical_delay_for("stragglar", 4, 2**24, Network(1e-4, 0.8e9), net) is None
+    True
+    """
+    mine = estimate(generated_profile(algorithm, num_ranks), size_bytes, 0.0, ours)
+    theirs = estimate(generated_profile("ring", num_ranks), size_bytes, 0.0, ring)
+    return critical_delay(mine, dataclasses.replace(theirs, tail=theirs.tail * (1 - MARGIN)))
+
+
+def choose(algorithm: str, num_ranks: int, size_bytes: int, step: Outlook | None) -> Choice:
+    """StragglAR with the candidate as straggler when its expected lateness exceeds the critical
+    delay for a bucket of ``size_bytes``; otherwise (or with no figures yet) the engine's all_reduce.
+
+    >>> net = Network(2e-4, 1e9)
+    >>> late = Outlook(candidate=1, lateness=0.030, ring=net, ours=net)
+    >>> choose("stragglar", 4, 4 * 2**20, late), choose("stragglar", 4, 64 * 2**20, late)
+    (Choice(algorithm='stragglar', straggler=1), Choice(algorithm='allreduce', straggler=None))
+    >>> slow = Network(2e-4, 0.5e9)  # StragglAR's own rounds, measured: half the bandwidth
+    >>> choose("stragglar", 4, 4 * 2**20, Outlook(1, 0.030, ring=net, ours=slow))
+    Choice(algorithm='allreduce', straggler=None)
+    """
+    if step is None or step.ring is None or step.ours is None or size_bytes <= 0:
+        return ENGINE
+    critical = critical_delay_for(algorithm, num_ranks, size_bytes, step.ours, step.ring)
+    if critical is None or step.lateness <= critical:
+        return ENGINE
+    return Choice(STRAGGLAR, step.candidate)
+
+
+def fit_network(algorithm: str, num_ranks: int, samples: Iterable[tuple[int, float]]) -> Network | None:
+    """Alpha and bandwidth that explain (bytes, seconds) timings of ``algorithm``'s exposed rounds
+    (all of a Ring's), on its generated schedule for ``num_ranks``; None without enough timings.
+
+    Least squares over the sizes' medians (:func:`medians`) when sizes at least a factor 2 apart
+    separate alpha from bandwidth; otherwise (DDP's buckets are often all about one size), or
+    when that needs a negative alpha, the bandwidth alone with alpha 0, which prices each round
+    by its bytes.  Plain float arithmetic, so every rank fits the same network from the same
+    figures.
+
+    >>> ring = [(2**20, 6e-3 + 1.5 * 2**20 / 1e9), (2**24, 6e-3 + 1.5 * 2**24 / 1e9)] * 3  # N = 4
+    >>> net = fit_network("ring", 4, ring + [(2**26, 9.0)])  # a size timed once: left out
+    >>> round(net.alpha * 1e3, 6), round(net.bandwidth / 1e9, 6)
+    (1.0, 1.0)
+    >>> fit_network("ring", 4, [(2**20, 3e-3), (2**20, 1.0), (2**20, 3e-3)]).alpha
+    0.0
+    >>> fit_network("ring", 4, [(2**20, 3e-3)] * (RUNS - 1)) is None
+    True
+    """
+    prof = generated_profile(algorithm, num_ranks)
+    rounds, per_byte = len(prof.exposed), sum(prof.exposed) / prof.num_chunks
+    points = [(per_byte * size, seconds) for size, seconds in medians(samples)]
+    if not points:
+        return None
+    if points[-1][0] >= 2 * points[0][0]:  # t = rounds * alpha + bytes * beta
+        mean_b = sum(b for b, _ in points) / len(points)
+        mean_t = sum(t for _, t in points) / len(points)
+        beta = sum((b - mean_b) * (t - mean_t) for b, t in points) / sum((b - mean_b) ** 2 for b, _ in points)
+        alpha = (mean_t - beta * mean_b) / rounds
+        if beta > 0 and alpha >= 0:
+            return Network(alpha, 1.0 / beta)
+    return Network(0.0, sum(b for b, _ in points) / sum(t for _, t in points))
+
+
+def cost_ratio(
+    algorithm: str, num_ranks: int, samples: Iterable[tuple[int, float]], network: Network
+) -> float | None:
+    """How many times the model's price on ``network`` ``algorithm``'s measured exposed times
+    were (the median over sizes); None without enough timings.
+
+    >>> net = Network(0.0, 1e9)  # N = 4: StragglAR exposes 4 rounds of a third of the bucket each
+    >>> cost_ratio("stragglar", 4, [(3 * 10**6, 8e-3)] * RUNS, net)  # the model says 4 ms
+    2.0
+    """
+    prof = generated_profile(algorithm, num_ranks)
+    ratios = [seconds / prof.seconds(prof.exposed, size, network) for size, seconds in medians(samples)]
+    return statistics.median(ratios) if ratios else None
+
+
+def scaled(network: Network, ratio: float) -> Network:
+    """``network`` with every round ``ratio`` times as expensive.
+
+    >>> scaled(Network(1e-3, 1e9), 2.0)
+    Network(alpha=0.002, bandwidth=500000000.0)
+    """
+    return Network(network.alpha * ratio, network.bandwidth / ratio)
+
+
+def medians(samples: Iterable[tuple[int, float]]) -> list[tuple[int, float]]:
+    """(size, median seconds) for each size timed at least :data:`RUNS` times, smallest first.
+
+    Only sizes timed that often count: the first run of a bucket also checks headers and
+    compiles, and DDP's first step has one bucket of every gradient, a size that never recurs.
+
+    >>> medians([(8, 1.0), (8, 3.0), (8, 2.0), (4, 0.5)])
+    [(8, 2.0)]
+    """
+    times: dict[int, list[float]] = collections.defaultdict(list)
+    for size, seconds in samples:
+        if size > 0 and seconds > 0:
+            times[size].append(seconds)
+    return [(size, statistics.median(ts)) for size, ts in sorted(times.items()) if len(ts) >= RUNS]

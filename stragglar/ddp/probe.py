@@ -1,0 +1,134 @@
+"""Which rank arrives last at each step, by how much, and what the engine's all_reduce costs.
+
+One tiny all_gather per step, on a gloo group of its own, carries every rank's figures to every
+rank, so all decide from the same numbers (:mod:`stragglar.ddp.policy`).  A rank's row is
+``[valid, wait, kind_1, bytes_1, seconds_1, ..., kind_K, bytes_K, seconds_K]``: how long it
+waited at the previous step's gather for the last rank, and how long it took to reduce the
+previous step's buckets (the first :data:`SLOTS` of them), each with the algorithm that reduced
+it (``kind``: an index in :data:`KINDS`, 0 for an empty slot).
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+
+from stragglar.ddp.policy import ALLREDUCE, STRAGGLAR, latenesses
+
+__all__ = ["KINDS", "SLOTS", "LateRankProbe", "Stopwatch", "decode", "encode"]
+
+SLOTS = 8  # bucket timings a rank shares per step: enough sizes to fit alpha and bandwidth
+SAMPLES = 2 * SLOTS  # gathered timings kept per algorithm: its last two steps, so the fits follow
+# the machine's load, and a StragglAR measured long ago is measured again before it counts
+KINDS = ("", ALLREDUCE, STRAGGLAR)
+ROW = 2 + 3 * SLOTS
+
+
+class Stopwatch(Protocol):
+    """A timing that may resolve later (a CUDA event pair is read once the device has passed it)."""
+
+    def seconds(self) -> float | None: ...
+
+
+class LateRankProbe:
+    """Which rank arrives last at each step, found without making the others wait for it.
+
+    At each step every rank posts the all_gather and notes when it posted; the time until the
+    gather completes is how long the rank would have waited for the last one (about 0 for the late
+    rank itself).  Each step's gather carries the figures of the step before, and is read one step
+    later, when it has surely completed: this rank has finished the AllReduce after it, which needs
+    every rank to have arrived.  So the figures of step ``s`` are known at step ``s + 2``.
+    """
+
+    def __init__(self, world_size: int, window: int, timeout: float) -> None:
+        self.world_size = world_size
+        self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout))  # CPU, own sockets
+        self.late: collections.deque[tuple[float, ...]] = collections.deque(maxlen=window)
+        self.samples = {kind: collections.deque[tuple[int, float]](maxlen=SAMPLES) for kind in KINDS[1:]}
+        self._wait: float | None = None  # this rank's wait at the last step whose gather completed
+        self._timings: list[tuple[str, int, Stopwatch]] = []
+        self._lock = threading.Lock()  # the worker thread records while the caller may step
+        self._pending: tuple[Any, list[torch.Tensor], float] | None = None
+
+    @property
+    def history(self) -> list[int]:
+        """The rank that arrived last at each recent step, oldest first."""
+        return [max(range(len(step)), key=step.__getitem__) for step in self.late]
+
+    def record(self, algorithm: str, size_bytes: int, watch: Stopwatch) -> None:
+        """Note how long a bucket took to reduce with ``algorithm`` (from any thread)."""
+        with self._lock:
+            self._timings.append((algorithm, size_bytes, watch))
+
+    def step(self) -> bool:
+        """Call once per step, first thing; True when an earlier step's figures arrived."""
+        arrived = False
+        if self._pending is not None:
+            done, gathered, posted = self._pending
+            self._wait = done.wait() - posted
+            arrived = self._read([t.tolist() for t in gathered])
+        gathered = [torch.zeros(ROW, dtype=torch.float64) for _ in range(self.world_size)]
+        row = torch.tensor(self._row(), dtype=torch.float64)
+        posted = time.perf_counter()
+        work = dist.all_gather(gathered, row, group=self.group, async_op=True)
+        self._pending = (work.get_future().then(lambda _: time.perf_counter()), gathered, posted)
+        return arrived
+
+    def _row(self) -> list[float]:
+        with self._lock:
+            timings, self._timings = self._timings, []
+        return encode(self._wait, [(kind, size, watch.seconds()) for kind, size, watch in timings])
+
+    def _read(self, rows: list[list[float]]) -> bool:
+        figures = decode(rows)
+        if figures is None:
+            return False
+        late, samples = figures
+        self.late.append(late)
+        for kind, size, seconds in samples:
+            self.samples[kind].append((size, seconds))
+        return True
+
+
+def encode(wait: float | None, timings: Sequence[tuple[str, int, float | None]]) -> list[float]:
+    """This rank's row: its wait (None: not measured yet) and its first :data:`SLOTS` timings
+    (algorithm, bytes, seconds or None when not known yet).
+
+    >>> encode(0.25, [("allreduce", 1024, 0.5), ("stragglar", 64, None)])[:8]
+    [1.0, 0.25, 1.0, 1024.0, 0.5, 2.0, 64.0, 0.0]
+    >>> len(encode(None, [])) == ROW
+    True
+    """
+    row = [0.0, 0.0] if wait is None else [1.0, wait]
+    for kind, size, seconds in timings[:SLOTS]:
+        row += [float(KINDS.index(kind)), float(size), seconds or 0.0]
+    return row + [0.0] * (ROW - len(row))
+
+
+def decode(rows: Sequence[Sequence[float]]) -> tuple[tuple[float, ...], list[tuple[str, int, float]]] | None:
+    """Every rank's lateness and the bucket timings, from every rank's row (None: no waits yet).
+
+    A slot counts where ranks agree on its algorithm and size, with the fastest rank's time: that
+    rank waited for nobody.
+
+    >>> rows = [encode(0.03, [("allreduce", 8, 0.004)]), encode(0.0, [("allreduce", 8, 0.002)])]
+    >>> late, samples = decode(rows)
+    >>> [round(x, 3) for x in late], samples
+    ([-0.03, 0.03], [('allreduce', 8, 0.002)])
+    """
+    if not all(row[0] for row in rows):  # the first gather carries no waits yet
+        return None
+    samples = []
+    for k in range(2, ROW, 3):
+        kind, size = rows[0][k : k + 2]
+        times = [row[k + 2] for row in rows if row[k + 2] > 0 and list(row[k : k + 2]) == [kind, size]]
+        if kind and times:
+            samples.append((KINDS[int(kind)], int(size), min(times)))
+    return latenesses([row[1] for row in rows]), samples

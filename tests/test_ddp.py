@@ -1,0 +1,243 @@
+"""The DDP hook on gloo ranks: it returns before a late peer has sent, its gradients are the default
+hook's with the asynchronous worker and the auto policy (world sizes 1-5), auto uses StragglAR for
+a late rank and the engine otherwise, ``detect`` finds a persistent straggler, and a dead or silent
+peer fails the step quickly and clearly.
+
+(No ``from __future__ import annotations``: DDP compares a hook's annotations with the classes.)
+"""
+
+import functools
+import gc
+import itertools
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+
+import torch
+from torch.distributed import GradBucket  # type: ignore[attr-defined, unused-ignore]
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from stragglar.cost import Network
+from stragglar.ddp import StragglarState, persistent_late_rank, stragglar_hook
+from stragglar.measure.launch import LaunchError, launch
+
+Pause = Callable[[], None] | None  # called before the hooked model's backward
+FAST = Network(1e-3, 1e12)  # latency-bound: StragglAR pays for any real lateness at N <= 5
+SLOW = Network(0.0, 500.0)  # 500 B/s: the critical delay of every bucket here is >= 0.3 s
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ddp_ready() -> None:
+    """DDP's first construction imports torch._dynamo (seconds): import it once, before the fork."""
+    import torch._dynamo  # noqa: F401
+
+
+def small_model() -> torch.nn.Module:
+    """Small, but DDP splits its gradients into 3 uneven buckets (1339, 1640, 560 elements) from
+    the second step on (the first step has one bucket, before DDP rebuilds them)."""
+    sizes = (13, 40, 40, 29, 5)
+    layers: list[torch.nn.Module] = []
+    for a, b in itertools.pairwise(sizes):
+        layers += [torch.nn.Linear(a, b), torch.nn.Tanh()]
+    return torch.nn.Sequential(*layers[:-1])
+
+
+def twins(state: Any, hook: Any = stragglar_hook) -> tuple[DDP, DDP]:
+    """The same small model twice: with DDP's default hook, and with ``hook``."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model, twin = small_model(), small_model()
+    twin.load_state_dict(model.state_dict())
+    plain, hooked = DDP(model, bucket_cap_mb=0.001), DDP(twin, bucket_cap_mb=0.001)
+    hooked.register_comm_hook(state, hook)
+    return plain, hooked
+
+
+def step(
+    rank: int, step_index: int, plain: DDP, hooked: DDP, pause: Callable[[], None] | None = None
+) -> float:
+    """One step of both models on this rank's own data, ``pause`` called before the hooked
+    model's backward.  Returns the largest gradient difference (asserted within 1e-6)."""
+    gen = torch.Generator().manual_seed(100 * rank + step_index)
+    x, y = torch.randn(8, 13, generator=gen), torch.randn(8, 5, generator=gen)
+    for m in (plain, hooked):
+        m.zero_grad()
+        loss = (m(x) - y).square().mean()
+        if m is hooked and pause is not None:
+            pause()
+        loss.backward()
+    worst = 0.0
+    for a, b in zip(plain.parameters(), hooked.parameters(), strict=True):
+        assert a.grad is not None and b.grad is not None and a.grad.abs().sum() > 0
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-5, atol=1e-6)
+        worst = max(worst, float((a.grad - b.grad).abs().max()))
+    return worst
+
+
+def late(rank: int, who: int, delay: float) -> Pause:
+    """Rank ``who`` sleeps ``delay`` seconds before its backward: its gradients come late."""
+    return functools.partial(time.sleep, delay) if rank == who and delay else None
+
+
+class Watched:
+    """A state wrapper that notes, per hook call, whether the Future was done and how long it took."""
+
+    def __init__(self, state: StragglarState) -> None:
+        self.state = state
+        self.calls: list[tuple[int, bool, float]] = []
+
+
+def watched_hook(watched: Watched, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
+    start = time.perf_counter()
+    future = stragglar_hook(watched.state, bucket)
+    watched.calls.append((watched.state.steps, future.done(), time.perf_counter() - start))
+    return future
+
+
+def late_peer_rank(rank: int, n: int, asynchronous: bool, delay: float) -> list[tuple[int, bool, float]]:
+    watched = Watched(StragglarState(asynchronous=asynchronous, timeout=20))
+    plain, hooked = twins(watched, watched_hook)
+    for i in range(3):
+        step(rank, i, plain, hooked, late(rank, n - 1, delay))
+    return watched.calls
+
+
+@pytest.mark.parametrize("asynchronous", [True, False])
+def test_the_hook_returns_before_a_late_peer_has_sent(asynchronous: bool) -> None:
+    delay = 0.3
+    per_rank = launch(late_peer_rank, 3, (asynchronous, delay), timeout=30)
+    for rank in (0, 1):  # the punctual ranks, after the first step (groups, headers, plans)
+        calls = [(done, took) for s, done, took in per_rank[rank] if s > 1]
+        assert len(calls) >= 4
+        if asynchronous:
+            assert not any(done for done, _ in calls), calls  # the late rank had not sent yet
+            assert max(took for _, took in calls) < delay / 3, calls
+        else:  # the synchronous hook waits for the late rank inside the first bucket of each step
+            assert all(done for done, _ in calls) and max(took for _, took in calls) >= 0.8 * delay
+
+
+def gradient_rank(rank: int, n: int, policy: str) -> tuple[float, list[tuple[int, str, int | None]], bool]:
+    if policy == "auto":  # judged over windows of 2 steps, the last rank 40 ms late each step
+        state = StragglarState(policy="auto", detect=2, network=FAST, timeout=20)
+        steps, delay = 6, 0.04
+    else:
+        state = StragglarState(timeout=20)
+        steps, delay = 3, 0.0
+    plain, hooked = twins(state)
+    worst = max(step(rank, i, plain, hooked, late(rank, n - 1, delay)) for i in range(steps))
+    decisions = list(state.decisions)
+    del hooked, state  # the worker thread ends with its state
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while (
+        any(t.name.startswith("stragglar-ddp") for t in threading.enumerate()) and time.monotonic() < deadline
+    ):
+        time.sleep(0.01)
+    return worst, decisions, any(t.name.startswith("stragglar-ddp") for t in threading.enumerate())
+
+
+@pytest.mark.parametrize("policy", ["stragglar", "auto"])
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
+def test_async_and_auto_give_the_default_gradients(n: int, policy: str) -> None:
+    results = launch(gradient_rank, n, (policy,), timeout=60)
+    assert max(worst for worst, _, _ in results) < 1e-6
+    assert not any(alive for _, _, alive in results)  # no worker thread outlived its state
+    decisions = {tuple(d) for _, d, _ in results}
+    assert len(decisions) == 1, decisions  # every rank chose the same for every bucket
+    (chosen,) = decisions
+    if n == 1:
+        assert chosen == ()  # one rank has nothing to reduce
+    elif policy == "stragglar":
+        assert chosen == ((1, "stragglar", n - 1),)
+    else:  # the engine until a window of figures is in, then StragglAR for the late rank
+        assert chosen[0] == (1, "allreduce", None) and chosen[-1][1:] == ("stragglar", n - 1), chosen
+
+
+def punctual_rank(rank: int, n: int, network: Network | None) -> dict[str, Any]:
+    state = StragglarState(policy="auto", detect=2, network=network, timeout=20)
+    plain, hooked = twins(state)
+    worst = max(step(rank, i, plain, hooked) for i in range(6))
+    assert state.probe is not None and state.outlook is not None
+    return {
+        "worst": worst,
+        "decisions": state.decisions,
+        "ring": state.outlook.ring,
+        "samples": len(state.probe.samples["allreduce"]),
+    }
+
+
+@pytest.mark.parametrize("network", [SLOW, None], ids=["given", "fitted"])
+def test_auto_uses_the_engine_when_nobody_is_late_enough(network: Network | None) -> None:
+    results = launch(punctual_rank, 4, (network,), timeout=60)
+    assert max(r["worst"] for r in results) < 1e-6
+    assert len({tuple(r["decisions"]) for r in results}) == 1
+    if network is not None:  # every critical delay is far above any lateness here
+        assert all(r["decisions"] == [(1, "allreduce", None)] for r in results)
+    else:  # fitted to the engine's own timings, the same network on every rank
+        ring = results[0]["ring"]
+        assert ring is not None and ring.bandwidth > 0 and all(r["ring"] == ring for r in results)
+        assert all(r["samples"] > 0 and r["decisions"][0] == (1, "allreduce", None) for r in results)
+
+
+def dying_rank(rank: int, n: int, kwargs: dict[str, Any], silent: bool) -> None:
+    state = StragglarState(timeout=1.5, **kwargs)
+    plain, hooked = twins(state)
+
+    def die() -> None:  # after the default hook's step, before the hooked backward
+        if silent:
+            time.sleep(60)  # alive, but never sends again
+        os._exit(3)
+
+    for i in range(4):
+        step(rank, i, plain, hooked, die if i == 2 and rank == 2 else None)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "silent"),
+    [
+        ({}, False),
+        pytest.param({}, True, marks=pytest.mark.slow),  # 1.5 s timeout + the launcher's 5 s grace
+        ({"policy": "auto", "detect": 1, "network": SLOW}, False),
+    ],
+    ids=["stragglar-dead", "stragglar-silent", "engine-dead"],
+)
+def test_a_dead_or_silent_peer_fails_the_step_quickly(kwargs: dict[str, Any], silent: bool) -> None:
+    start = time.monotonic()
+    with pytest.raises(LaunchError) as info:
+        launch(dying_rank, 4, (kwargs, silent), timeout=20)
+    assert time.monotonic() - start < 15  # not one timeout per bucket, and no hang
+    errors = info.value.errors
+    line = str(info.value).splitlines()[0]
+    assert set(errors) == {0, 1, 2, 3} and line.startswith("4 of 4 ranks failed: rank 2 "), line
+    assert f"ranks 0, 1, 3 {'timed out' if silent else 'lost the connection'}" in line, line
+    if not kwargs:  # StragglAR's rounds say where; the engine's all_reduce fails as with DDP's hook
+        assert all(f"allreduce failed: rank {rank} " in errors[rank] for rank in (0, 1, 3)), errors
+
+
+def detecting_rank(rank: int, n: int, steps: int, who: int) -> tuple[list[tuple[int, int]], float]:
+    state = StragglarState(detect=4, timeout=20)
+    plain, hooked = twins(state)
+    worst = max(step(rank, i, plain, hooked, late(rank, who, 0.03)) for i in range(steps))
+    assert state.straggler == who
+    return state.switches, worst
+
+
+def test_detect_finds_the_persistent_straggler_and_keeps_the_gradients() -> None:
+    results = launch(detecting_rank, 4, (12, 1), timeout=90)
+    switches = {tuple(s) for s, _ in results}
+    assert len(switches) == 1, switches  # every rank switched at the same step
+    (only,) = switches
+    assert [rank for _, rank in only] == [1] and only[0][0] <= 8  # after one window of 4 steps
+    assert max(w for _, w in results) < 1e-6
+
+
+def test_a_mixed_or_short_history_names_no_straggler() -> None:
+    assert persistent_late_rank([0, 1, 2, 1, 0, 2], window=6, share=0.75) is None
+    assert persistent_late_rank([3, 3, 3], window=4, share=0.75) is None
+    assert persistent_late_rank([0, 0, 3, 3, 3, 3], window=4, share=0.75) == 3  # the last window counts

@@ -1,0 +1,164 @@
+"""The auto policy's pure parts: lateness, the fits, the choice, the probe's rows, the state's checks."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+
+from stragglar.cost import Network
+from stragglar.ddp import StragglarState
+from stragglar.ddp.policy import (
+    RUNS,
+    Choice,
+    Outlook,
+    choose,
+    cost_ratio,
+    critical_delay_for,
+    fit_network,
+    latenesses,
+    outlook,
+    scaled,
+)
+from stragglar.ddp.probe import SLOTS, decode, encode
+from stragglar.ddp.worker import BucketWorker, HostWatch
+from stragglar.errors import ArgumentError, InputError
+from stragglar.measure.predict import generated_profile
+
+
+def test_lateness_is_the_gap_to_the_latest_other_rank() -> None:
+    # rank 2 arrived last, 20 ms after rank 0, the latest of the others; rank 1 was 35 ms early
+    waits = [0.020, 0.035, 0.0, 0.021]
+    assert [round(x, 6) for x in latenesses(waits)] == [-0.02, -0.035, 0.02, -0.021]
+    assert latenesses([0.0, 0.0]) == (0.0, 0.0)  # a tie: nobody is late
+
+
+def test_the_candidate_is_the_rank_late_in_most_of_a_full_window() -> None:
+    steps = [latenesses(w) for w in ([0.03, 0.0, 0.03], [0.03, 0.03, 0.0], [0.03, 0.0, 0.03])]
+    view = outlook(steps, 3, None, None, None)
+    assert view is not None and view.candidate == 1 and math.isclose(view.lateness, 0.03)
+    assert outlook(steps, 4, None, None, None) is None  # not a full window yet
+    named = outlook(steps, 3, 2, None, None)  # a straggler the user named is judged, not replaced
+    assert named is not None and named.candidate == 2 and named.lateness < 0
+
+
+def test_the_critical_delay_decides_per_bucket_size() -> None:
+    net = Network(1e-4, 1e9)
+    small, large = 2**16, 2**26
+    critical = critical_delay_for("stragglar", 4, large, net, net)
+    assert critical is not None and 0 < critical < 0.1
+    at = Outlook(1, critical * 1.1, net, net)
+    assert choose("stragglar", 4, large, at) == Choice("stragglar", 1)
+    assert choose("stragglar", 4, large, Outlook(1, critical * 0.9, net, net)) == Choice("allreduce")
+    assert choose("stragglar", 4, small, at) == Choice("stragglar", 1)  # smaller buckets: lower bar
+    assert choose("stragglar", 4, large, None) == Choice("allreduce")  # no figures yet
+    assert choose("stragglar", 4, large, Outlook(1, 1.0, None, None)) == Choice("allreduce")  # no network
+    # StragglAR's own rounds measured twice as slow per byte as the links: it never pays at this size
+    assert choose("stragglar", 4, large, Outlook(1, 1.0, net, Network(1e-4, 0.5e9))) == Choice("allreduce")
+    assert choose("ring", 4, large, Outlook(1, 1.0, net, net)) == Choice("allreduce")  # Ring never beats Ring
+
+
+def test_fits_recover_the_network_and_ignore_a_slow_first_run() -> None:
+    truth = Network(2e-4, 3e8)
+    ring = [(size, 6 * truth.alpha + 1.5 * size / truth.bandwidth) for size in (2**16, 2**20, 2**22)]
+    firsts = [(2**20, 10.0), (2**25, 10.0)]  # a first run (headers), and DDP's first-step bucket
+    fitted = fit_network("ring", 4, firsts + ring * RUNS)
+    assert fitted is not None
+    assert math.isclose(fitted.alpha, truth.alpha, rel_tol=1e-6)
+    assert math.isclose(fitted.bandwidth, truth.bandwidth, rel_tol=1e-6)
+    # StragglAR at N = 4 exposes 4 rounds of 1/3 of the buffer each
+    ours = [(size, 4 * truth.alpha + 4 / 3 * size / truth.bandwidth) for size in (2**16, 2**22)]
+    mine = fit_network("stragglar", 4, ours * RUNS)
+    assert mine is not None and math.isclose(mine.bandwidth, truth.bandwidth, rel_tol=1e-6)
+    one_size = fit_network("ring", 4, [(2**20, 0.01)] * RUNS)
+    assert one_size == Network(0.0, 1.5 * 2**20 / 0.01)  # bandwidth alone
+    falling = fit_network("ring", 4, [(2**16, 0.5), (2**22, 0.1)] * RUNS)  # bigger was faster: noise
+    assert falling is not None and falling.alpha == 0.0
+    assert fit_network("ring", 4, [(0, 1.0), (8, 0.0)] * RUNS) is None
+    assert fit_network("ring", 4, ring * (RUNS - 1)) is None  # no size timed often enough yet
+
+
+def test_stragglar_is_priced_by_its_measured_cost_ratio_whatever_the_load() -> None:
+    ring_then = Network(1e-4, 1e9)
+    size = 2**22
+    prof = generated_profile("stragglar", 4)
+    modelled = prof.seconds(prof.exposed, size, ring_then)
+    ratio = cost_ratio("stragglar", 4, [(size, 1.6 * modelled)] * RUNS, ring_then)
+    assert ratio is not None and math.isclose(ratio, 1.6)
+    for load in (0.7, 1.0, 1.5):  # the machine gets faster or slower for both algorithms alike
+        ring_now = scaled(ring_then, load)
+        slow = Outlook(1, 1.0, ring_now, scaled(ring_now, ratio))  # a rank 1 s late
+        assert choose("stragglar", 4, size, slow) == Choice("allreduce")  # 1.6x the model: never pays
+        assert choose("stragglar", 4, size, Outlook(1, 1.0, ring_now, ring_now)) == Choice("stragglar", 1)
+    assert cost_ratio("stragglar", 4, [(size, modelled)] * (RUNS - 1), ring_then) is None
+
+
+def test_probe_rows_carry_waits_and_the_fastest_ranks_timings() -> None:
+    rows = [
+        encode(0.040, [("allreduce", 1000, 0.010), ("stragglar", 2000, 0.030)]),
+        encode(0.0, [("allreduce", 1000, 0.004), ("stragglar", 2000, None)]),  # not known yet
+        encode(0.041, [("allreduce", 1000, 0.009), ("allreduce", 2000, 0.020)]),  # disagrees
+    ]
+    figures = decode(rows)
+    assert figures is not None
+    late, samples = figures
+    assert late.index(max(late)) == 1 and math.isclose(max(late), 0.040)
+    assert samples == [("allreduce", 1000, 0.004), ("stragglar", 2000, 0.030)]
+    assert decode([encode(None, []), encode(0.1, [])]) is None  # the first gather: no waits yet
+    many = encode(0.0, [("allreduce", size, 0.001) for size in range(1, 20)])
+    assert many == encode(0.0, [("allreduce", size, 0.001) for size in range(1, SLOTS + 1)])
+
+
+def test_a_watch_counts_from_the_end_of_the_operation_before_it() -> None:
+    first = HostWatch()
+    second = HostWatch(after=first)  # queued behind the first
+    time.sleep(0.05)
+    first.stop()
+    time.sleep(0.02)
+    second.stop()
+    took = second.seconds()
+    assert took is not None and 0.015 < took < 0.045, took
+
+
+def test_the_worker_runs_in_order_and_fails_every_later_task_at_once() -> None:
+    import torch
+
+    worker = BucketWorker("test-worker")
+    ran: list[int] = []
+    futures = [torch.futures.Future[Any]() for _ in range(4)]
+
+    def task(i: int) -> None:
+        if i == 1:
+            raise RuntimeError("round 3 lost the connection")
+        ran.append(i)
+        futures[i].set_result(i)
+
+    for i, future in enumerate(futures):
+        worker.submit(lambda i=i: task(i), future)  # type: ignore[misc]
+    assert futures[0].wait() == 0
+    for future in futures[1:]:
+        with pytest.raises(RuntimeError, match="round 3 lost the connection"):
+            future.wait()
+    assert ran == [0] and isinstance(worker.error, RuntimeError)
+    worker.close()
+    worker.thread.join(5)
+    assert not worker.thread.is_alive()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "words"),
+    [
+        ({"policy": "fast"}, InputError, "policy must be one of stragglar, auto"),
+        ({"network": (1e-6, 1e9)}, ArgumentError, "network must be a stragglar.cost.Network"),
+        ({"asynchronous": 1}, ArgumentError, "asynchronous must be True or False"),
+        ({"policy": "auto", "straggler_delay": 0.01}, InputError, "straggler_delay is for experiments"),
+    ],
+)
+def test_the_state_checks_its_new_arguments(kwargs: dict[str, Any], error: type, words: str) -> None:
+    with pytest.raises(error, match=words) as info:
+        StragglarState(**kwargs)
+    assert "\n" not in str(info.value)

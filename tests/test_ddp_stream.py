@@ -1,0 +1,209 @@
+"""The CUDA path without a GPU: a fake ``torch.cuda`` (streams, events) and a fake NCCL.
+
+No GPU has been available to this project, so these check the protocol, not a device: on NCCL a
+stream-ordered round is waited on the stream, never the host; a bucket's rounds run with the side
+stream current, after the event its producer recorded; nothing synchronises the host; the Future
+completes while the side stream is current (so a real CUDA Future records its completion there);
+and event timings count from the operation queued before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from stragglar.ddp.worker import BucketWorker, Job, Reducer, StreamOrder, dedicated_group  # noqa: E402
+from stragglar.measure.data import expected, payload  # noqa: E402
+from stragglar.measure.launch import launch  # noqa: E402
+from stragglar.runtime import plan_for  # noqa: E402
+from stragglar.runtime.engine import run_rank  # noqa: E402
+from stragglar.synth import synthesize  # noqa: E402
+from stragglar.verify import Proof, prove  # noqa: E402
+
+
+class FakeCuda:
+    """What :class:`StreamOrder` uses of ``torch.cuda``, logging every call; any host
+    synchronisation raises."""
+
+    def __init__(self) -> None:
+        self.log: list[str] = []
+        self.now = 0.0  # the fake device clock, seconds
+        self._local = threading.local()
+        self.compute = self.Stream(name="compute")
+
+    def Stream(self, device: Any = None, name: str = "side") -> FakeStream:
+        return FakeStream(self, name)
+
+    def Event(self, enable_timing: bool = False) -> FakeEvent:
+        return FakeEvent(self)
+
+    def current_stream(self, device: Any = None) -> FakeStream:
+        current: FakeStream = getattr(self._local, "stream", self.compute)
+        return current
+
+    @contextlib.contextmanager
+    def stream(self, s: FakeStream) -> Iterator[None]:
+        before = self.current_stream()
+        self._local.stream = s
+        try:
+            yield
+        finally:
+            self._local.stream = before
+
+    @contextlib.contextmanager
+    def device(self, d: Any) -> Iterator[None]:
+        yield
+
+    def synchronize(self) -> None:
+        raise AssertionError("the host synchronised with the device")
+
+
+class FakeStream:
+    def __init__(self, cuda: FakeCuda, name: str) -> None:
+        self.cuda, self.name = cuda, name
+
+    def wait_event(self, event: FakeEvent) -> None:
+        self.cuda.log.append(f"{self.name} waits for {event.name}")
+
+    def synchronize(self) -> None:
+        raise AssertionError(f"the host synchronised with stream {self.name}")
+
+
+class FakeEvent:
+    count = 0
+
+    def __init__(self, cuda: FakeCuda) -> None:
+        FakeEvent.count += 1
+        self.cuda, self.name = cuda, f"event {FakeEvent.count}"
+        self.at: float | None = None
+
+    def record(self, stream: FakeStream) -> None:
+        self.at = self.cuda.now
+        self.cuda.log.append(f"{self.name} recorded on {stream.name}")
+
+    def query(self) -> bool:
+        return self.at is not None
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        assert self.at is not None and end.at is not None
+        return (end.at - self.at) * 1e3
+
+    def synchronize(self) -> None:
+        raise AssertionError(f"the host synchronised with {self.name}")
+
+
+class FakeStreamOrder(StreamOrder):
+    """A CPU Future instead of a CUDA one: torch's device-aware Future needs a device's streams
+    for its callbacks.  What it records on completion is torch's; the test checks when."""
+
+    def future(self) -> Any:
+        return torch.futures.Future()
+
+
+class FakeWork:
+    def __init__(self, waits: list[tuple[Any, ...]]) -> None:
+        self.waits = waits
+
+    def wait(self, *args: Any) -> bool:
+        self.waits.append(args)
+        return True
+
+
+@pytest.mark.parametrize("stream_ordered", [True, False])
+def test_nccl_rounds_in_stream_order_never_wait_on_the_host(
+    monkeypatch: pytest.MonkeyPatch, stream_ordered: bool
+) -> None:
+    import torch.distributed as dist
+
+    from stragglar.runtime.torch_dist import TorchTransport
+
+    waits: list[tuple[Any, ...]] = []
+    batches: list[int] = []
+
+    def batch(ops: list[Any]) -> list[FakeWork]:
+        batches.append(len(ops))
+        return [FakeWork(waits) for _ in ops]
+
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: "nccl")
+    monkeypatch.setattr(dist, "P2POp", lambda op, t, peer, group, tag: (op, peer, tag))
+    monkeypatch.setattr(dist, "batch_isend_irecv", batch)
+    plan = plan_for(prove(synthesize("stragglar", 4)), 0, 30)
+    transport = TorchTransport(plan, None, 5.0, stream_ordered=stream_ordered)
+    run_rank(torch.zeros(30), plan, transport)
+    assert len(batches) == len(plan.steps) and len(waits) == sum(batches)  # one group per round
+    if stream_ordered:
+        assert waits == [()] * len(waits)  # the current stream waits; the host issues on
+    else:
+        assert all(len(w) == 1 and w[0].total_seconds() == 5.0 for w in waits)  # the host waits
+
+
+def stream_rank(rank: int, n: int, proof: Proof, late: float) -> dict[str, Any]:
+    from stragglar.runtime import torch_dist
+
+    cuda = FakeCuda()
+    order = FakeStreamOrder(torch.device("cpu", 0), cuda=cuda)
+    issued: list[str] = []
+    exchange = torch_dist.TorchTransport.exchange
+
+    def logged(self: Any, step: Any, sends: Any, recvs: Any) -> None:
+        issued.append(cuda.current_stream().name)
+        exchange(self, step, sends, recvs)
+
+    torch_dist.TorchTransport.exchange = logged  # type: ignore[method-assign]
+    reduce = Reducer(dedicated_group(None, 20.0), n, 20.0)
+    worker = BucketWorker("fake-cuda")
+    if rank == n - 1:
+        time.sleep(late)  # this rank's gradients come late
+    buffers = [torch.from_numpy(payload(rank, count, n, "float64")).double() for count in (7, 40, 3)]
+    futures, done_at_submit, completed_on = [], [], []
+    for bucket, buffer in enumerate(buffers):
+        future = order.future()
+        future.add_done_callback(lambda _: completed_on.append(cuda.current_stream().name))
+        job = Job(buffer, bucket, proof, None, order, order.ready(), future)
+        worker.submit(functools.partial(reduce, job), future)
+        done_at_submit.append(future.done())
+        futures.append(future)
+    for future, buffer in zip(futures, buffers, strict=True):
+        future.wait()
+        assert np.allclose(buffer.numpy() * n, expected(buffer.numel(), n, "float64"))
+    worker.close()
+    return {"log": cuda.log, "issued": issued, "done": done_at_submit, "completed_on": completed_on}
+
+
+def test_bucket_rounds_run_on_the_side_stream_and_complete_the_future_there() -> None:
+    proof = prove(synthesize("stragglar", 3))
+    results = launch(stream_rank, 3, (proof, 0.3), timeout=30)
+    for rank, r in enumerate(results):
+        assert r["completed_on"] == ["side"] * 3, r  # each Future completed with the side stream current
+        assert r["issued"] and set(r["issued"]) == {"side"}  # every round issued on the side stream
+        log = r["log"]
+        readies = [e.removesuffix(" recorded on compute") for e in log if e.endswith(" on compute")]
+        assert len(readies) == 3, log  # one per bucket, on the stream that produced its gradients
+        for event in readies:  # and the side stream waits for it before the bucket's rounds
+            assert log.index(f"side waits for {event}") > log.index(f"{event} recorded on compute"), log
+        if rank != 2:
+            assert r["done"] == [False] * 3  # the peer was late: nothing was done at submission
+
+
+def test_event_timings_leave_out_the_queue() -> None:
+    cuda = FakeCuda()
+    order = StreamOrder(torch.device("cpu", 0), cuda=cuda)
+    first = order.clock()  # issued at t = 0
+    second = order.clock(after=first)  # issued at t = 0 too, queued behind it
+    cuda.now = 0.050
+    first.stop()
+    cuda.now = 0.070
+    second.stop()
+    unknown = order.clock()  # never stopped: not known yet, left out
+    assert first.seconds() == pytest.approx(0.050)
+    assert second.seconds() == pytest.approx(0.020)
+    assert unknown.seconds() is None
