@@ -19,7 +19,7 @@ from stragglar.cost import Network
 from stragglar.errors import InputError
 from stragglar.files import write_bytes
 from stragglar.formats.text import compact_ranges
-from stragglar.measure.predict import compare_generated
+from stragglar.measure.predict import chunk_candidates, compare_generated
 from stragglar.schedule import Op, Schedule
 from stragglar.units import format_bytes, format_seconds
 
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 __all__ = [
     "LABELLED_RANKS",
     "PlotUnavailable",
+    "chunk_sweep",
     "cost_figure",
     "render",
     "require_matplotlib",
@@ -65,6 +66,14 @@ def sweep_sizes(num_ranks: int) -> list[int]:
     return sorted({*range(2, 33), 48, 64, 96, 128, 192, 256, num_ranks})
 
 
+_COLOURS = {"stragglar": "C0", "rhd": "C1", "direct": "C2"}
+
+
+def _algorithm_colour(algorithm: str) -> str:
+    """One colour per algorithm across panels; StragglAR in C chunks its own."""
+    return _COLOURS.get(algorithm, "C4")
+
+
 def _legend_below(ax: Axes) -> None:
     """The legend under the axes, outside the plot, so that it never covers a curve."""
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3, fontsize=8, frameon=False)
@@ -76,13 +85,16 @@ def cost_figure(
     delay: float,
     network: Network,
     sizes: Sequence[int] | None = None,
+    chunks: int | None = None,
 ) -> Figure:
-    """Speed-up over Ring against N (at ``delay``) and against the delay (at ``num_ranks``)."""
-    fig = _figure(12, 4.8)
-    by_n, by_delay = fig.subplots(1, 2)
+    """Speed-up over Ring against N (at ``delay``) and against the delay (at ``num_ranks``); with
+    ``chunks``, also StragglAR's against its chunk count C (:func:`chunk_sweep`), marking C."""
+    fig = _figure(18 if chunks is not None else 12, 4.8)
+    panels = fig.subplots(1, 3 if chunks is not None else 2)
+    by_n, by_delay = panels[0], panels[1]
     ns = list(sizes) if sizes is not None else sweep_sizes(num_ranks)
     comparisons = [compare_generated(n, size_bytes, delay, network) for n in ns]
-    here = compare_generated(num_ranks, size_bytes, delay, network)
+    here = compare_generated(num_ranks, size_bytes, delay, network, chunks=chunks)
     for algorithm in ("stragglar", "rhd", "direct"):
         points = [
             (c.num_ranks, c.speedup(algorithm))
@@ -91,7 +103,7 @@ def cost_figure(
         ]
         if points:
             xs, ys = zip(*points, strict=True)
-            by_n.plot(xs, ys, marker="o", markersize=3, label=algorithm)
+            by_n.plot(xs, ys, marker="o", markersize=3, label=algorithm, color=_algorithm_colour(algorithm))
     by_n.axhline(1.0, color="grey", linestyle="--", label="ring (baseline)")
     by_n.axvline(num_ranks, color="black", linestyle=":", linewidth=1, label=f"N = {num_ranks}")
     by_n.set_xscale("log", base=2)
@@ -103,12 +115,10 @@ def cost_figure(
     critical = here.critical_delay("stragglar")
     top = max(2 * delay, 2 * (critical or 0.0), 3 * here.get("stragglar").hidden, 1e-6)
     delays = [top * i / 200 for i in range(201)]
+    at = [compare_generated(num_ranks, size_bytes, d, network, chunks=chunks) for d in delays]
     for algorithm in (e.algorithm for e in here.estimates if e.algorithm != "ring"):
-        curve = [
-            compare_generated(num_ranks, size_bytes, d, network, (algorithm,)).speedup(algorithm)
-            for d in delays
-        ]
-        by_delay.plot([d * 1e3 for d in delays], curve, label=algorithm)
+        curve = [c.speedup(algorithm) for c in at]
+        by_delay.plot([d * 1e3 for d in delays], curve, label=algorithm, color=_algorithm_colour(algorithm))
     by_delay.axhline(1.0, color="grey", linestyle="--", label="ring (baseline)")
     if critical is not None:
         by_delay.axvline(
@@ -118,11 +128,47 @@ def cost_figure(
     by_delay.set_ylabel("speed-up over Ring (exposed time)")
     by_delay.set_title(f"against the delay, N = {num_ranks}")
     _legend_below(by_delay)
+    if chunks is not None:
+        _by_chunks(panels[2], num_ranks, size_bytes, delay, network, chunks)
     fig.suptitle(
         f"Alpha-beta model: {format_bytes(size_bytes)} buffer, alpha {format_seconds(network.alpha)}, "
         f"{format_bytes(network.bandwidth)}/s per link"
     )
     return fig
+
+
+def chunk_sweep(num_ranks: int, size_bytes: float, network: Network, chunks: int) -> list[int]:
+    """The chunk counts of the speed-up-against-C panel: from N-1 to twice the largest of
+    ``chunks``, the model's candidates (:func:`~stragglar.measure.predict.chunk_candidates`) and
+    2(N-1), about 48 of them spaced evenly on a log scale, with ``chunks`` and the candidates.
+
+    >>> points = chunk_sweep(8, 2**30, Network(3e-6, 450 * 2**30), 38)
+    >>> points[0], points[-1], 38 in points, len(points) <= 70
+    (7, 256, True, True)
+    """
+    low = num_ranks - 1
+    candidates = chunk_candidates(num_ranks, size_bytes, network)
+    high = 2 * max(chunks, candidates[-1], 2 * low)
+    steps = 48
+    points = {round(low * (high / low) ** (i / steps)) for i in range(steps + 1)}
+    return sorted(points | {chunks, *candidates})
+
+
+def _by_chunks(ax: Axes, n: int, size_bytes: float, delay: float, network: Network, chunks: int) -> None:
+    points = chunk_sweep(n, size_bytes, network, chunks)
+    curve = [compare_generated(n, size_bytes, delay, network, ("stragglar",), chunks=c) for c in points]
+    ys = [c.speedup(c.estimates[0].algorithm) for c in curve]
+    ax.plot(
+        points, ys, marker="o", markersize=3, label="stragglar in C chunks", color=_algorithm_colour("chunks")
+    )
+    ax.axhline(1.0, color="grey", linestyle="--", label="ring (baseline)")
+    ax.axvline(n - 1, color="black", linestyle=":", linewidth=1, label=f"the paper's C = N-1 = {n - 1}")
+    ax.axvline(chunks, color="red", linestyle=":", label=f"C = {chunks}")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("chunks C (log scale)")
+    ax.set_ylabel("speed-up over Ring (exposed time)")
+    ax.set_title(f"against the chunk count, N = {n}")
+    _legend_below(ax)
 
 
 def schedule_figure(schedule: Schedule) -> Figure:

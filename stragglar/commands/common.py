@@ -15,9 +15,11 @@ import click
 from click.core import ParameterSource
 from tqdm import tqdm
 
+from stragglar.cost import Network
 from stragglar.errors import IncorrectError, InputError, StragglarError
 from stragglar.files import read_text, same_file, write_bytes, write_text
 from stragglar.formats import json as json_format
+from stragglar.measure.predict import best_chunks
 from stragglar.msccl import PROTOCOLS, MscclProof, prove_msccl, to_msccl_xml
 from stragglar.mscclpp import DEFAULT_MAX_THREADBLOCKS, PlanOptions, PlanProof, prove_plan
 from stragglar.mscclpp import lower as lower_plan
@@ -29,7 +31,9 @@ from stragglar.verify import Proof, VerificationError, prove
 __all__ = [
     "ALGORITHM",
     "ARTIFACT_FORMATS",
+    "AUTO",
     "BANDWIDTH",
+    "CHUNKS",
     "DURATION",
     "GPUS",
     "PLOT",
@@ -44,6 +48,7 @@ __all__ = [
     "export_artifact",
     "given",
     "load_schedule",
+    "model_options",
     "progress",
     "progress_bar",
     "proved",
@@ -52,6 +57,7 @@ __all__ = [
     "read_input",
     "refuse_given",
     "refuse_other_formats",
+    "resolve_chunks",
     "write",
     "write_plot",
 ]
@@ -88,6 +94,79 @@ class Quantity(click.ParamType):  # type: ignore[type-arg, unused-ignore]
 SIZE = Quantity("size", parse_size)
 DURATION = Quantity("duration", parse_duration)
 BANDWIDTH = Quantity("bandwidth", parse_bandwidth)
+
+
+class ChunkCount(click.ParamType):  # type: ignore[type-arg, unused-ignore]
+    """``--chunks``: a whole number of chunks, or ``auto`` (the cost model's choice)."""
+
+    name = "chunk count"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if not isinstance(value, str):
+            return value
+        text = value.strip().lower()
+        if text == AUTO:
+            return AUTO
+        if not text.isdigit() or int(text) < 1:
+            self.fail(f"expected a whole number of chunks or auto, got {value!r}", param, ctx)
+        return int(text)
+
+
+AUTO = "auto"
+CHUNKS = click.option(
+    "--chunks",
+    type=ChunkCount(),
+    metavar="C|auto",
+    help="StragglAR's chunk count, at least N-1 (default N-1, the paper's); auto: the one the cost "
+    "model prices fastest at --size, --delay, --alpha and --bandwidth.",
+)
+
+
+def model_options(command: Callable[..., None]) -> Callable[..., None]:
+    """``--size``, ``--delay``, ``--alpha``, ``--bandwidth``: the setting the cost model prices."""
+    options = [
+        click.option(
+            "--size", type=SIZE, default="1GiB", show_default=True, help="Buffer size per GPU (a size)."
+        ),
+        click.option(
+            "--delay", type=DURATION, default="0ms", show_default=True, help="How late the straggler is."
+        ),
+        click.option(
+            "--alpha", type=DURATION, default="3us", show_default=True, help="Latency of one round."
+        ),
+        click.option(
+            "--bandwidth", type=BANDWIDTH, default="450GiB/s", show_default=True, help="Bandwidth of a link."
+        ),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def resolve_chunks(
+    chunks: int | str | None,
+    num_gpus: int,
+    size: float,
+    delay: float,
+    network: Network,
+    *,
+    algorithm: str = "stragglar",
+    power_of_two: bool = False,
+) -> int | None:
+    """``--chunks`` as a number (None: the paper's N-1); ``auto`` asks the cost model.
+
+    A count for an algorithm without chunk choice is an error, not ignored; so is ``auto`` with
+    settings it does not use (callers refuse those).
+    """
+    if chunks is None:
+        return None
+    if algorithm != "stragglar":
+        raise click.UsageError(f"--chunks does not apply: it shapes StragglAR, not {algorithm}")
+    if chunks != AUTO:
+        return int(chunks)
+    with busy(f"choosing a chunk count for {num_gpus} GPUs"):
+        return best_chunks(num_gpus, size, delay, network, power_of_two=power_of_two)
+
 
 GPUS = click.option(
     "--gpus", "-n", "num_gpus", type=int, required=True, metavar="N", help="Number of GPUs, >= 2."

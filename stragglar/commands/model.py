@@ -7,24 +7,26 @@ from pathlib import Path
 import click
 
 from stragglar.commands.common import (
-    BANDWIDTH,
+    AUTO,
+    CHUNKS,
     DURATION,
     GPUS,
     PLOT,
-    SIZE,
     VERBOSE,
     busy,
     check_plot,
+    model_options,
     progress,
     proved_plan,
     proved_xml,
     read_input,
+    resolve_chunks,
     write_plot,
 )
-from stragglar.cost import Network
+from stragglar.cost import Comparison, Network
 from stragglar.errors import IncorrectError, InputError, ResourceError, StragglarError
 from stragglar.measure.predict import compare_generated, generated_profile
-from stragglar.plot import sweep_sizes
+from stragglar.plot import chunk_sweep, sweep_sizes
 from stragglar.proof_tier import TABLE_HEADER, ProofRow, format_row, prove_all, prove_schedule_file
 from stragglar.synth import ALGORITHMS
 from stragglar.verify import VerificationError
@@ -35,36 +37,63 @@ __all__ = ["bound", "cost", "prove_all_command"]
 
 @click.command()
 @GPUS
-@click.option("--size", type=SIZE, default="1GiB", show_default=True, help="Buffer size per GPU (a size).")
-@click.option("--delay", type=DURATION, default="0ms", show_default=True, help="How late the straggler is.")
-@click.option("--alpha", type=DURATION, default="3us", show_default=True, help="Latency of one round.")
-@click.option(
-    "--bandwidth", type=BANDWIDTH, default="450GiB/s", show_default=True, help="Bandwidth of a link."
-)
+@model_options
+@CHUNKS
 @PLOT
 def cost(
-    num_gpus: int, size: int, delay: float, alpha: float, bandwidth: float, plot_file: Path | None
+    num_gpus: int,
+    size: int,
+    delay: float,
+    alpha: float,
+    bandwidth: float,
+    chunks: int | str | None,
+    plot_file: Path | None,
 ) -> None:
     """Predict each algorithm's AllReduce time with the alpha-beta model, on its generated schedule.
 
     A round costs alpha + (largest bytes a GPU sends or receives in it) / bandwidth; phases
     without the straggler overlap its delay.  "exposed" is the time after the straggler
     arrives, "time" counts from when the punctual GPUs start; speed-ups compare exposed times.
+    With --chunks, StragglAR in C chunks is priced beside the paper's C = N-1 (and --plot adds
+    the speed-up against C).
     """
     check_plot(plot_file)
     network = Network(alpha, bandwidth)
+    count = resolve_chunks(chunks, num_gpus, size, delay, network)
     with busy(f"pricing the schedules for {num_gpus} GPUs"):
-        comparison = compare_generated(num_gpus, size, delay, network)
+        comparison = compare_generated(num_gpus, size, delay, network, chunks=count)
     click.echo(comparison.table())
+    if count is not None:
+        click.echo(_chunk_line(comparison, count, chunks == AUTO))
     if plot_file is not None:
         sizes = sweep_sizes(num_gpus)
         pairs = [(a, n) for n in sizes for a in ALGORITHMS if a != "rhd" or n & (n - 1) == 0]
         for algorithm, n in progress(pairs, "pricing the schedules of the plot"):
             generated_profile(algorithm, n)  # cached: the figure below reuses them
-        c = comparison
+        if count is not None:
+            for c in progress(chunk_sweep(num_gpus, size, network, count), "pricing the chunk counts"):
+                generated_profile("stragglar", num_gpus, c)
+        cmp = comparison
         write_plot(
-            plot_file, lambda plot: plot.cost_figure(c.num_ranks, c.size_bytes, c.delay, c.network, sizes)
+            plot_file,
+            lambda plot: plot.cost_figure(
+                cmp.num_ranks, cmp.size_bytes, cmp.delay, cmp.network, sizes, count
+            ),
         )
+
+
+def _chunk_line(comparison: Comparison, chunks: int, auto: bool) -> str:
+    """``chunks: C = 38 (auto) against the paper's C = N-1 = 7: 1.18x faster after the straggler arrives``."""
+    n = comparison.num_ranks
+    how = " (auto: the model's fastest)" if auto else ""
+    if chunks == n - 1:
+        return f"chunks: C = {chunks}{how}, the paper's C = N-1"
+    ours = comparison.get(f"stragglar C={chunks}").exposed
+    paper = comparison.get("stragglar").exposed
+    return (
+        f"chunks: C = {chunks}{how} against the paper's C = N-1 = {n - 1}: "
+        f"{paper / ours:.2f}x {'faster' if ours <= paper else 'slower'} after the straggler arrives"
+    )
 
 
 @click.command()
