@@ -10,6 +10,8 @@ import click
 from stragglar.commands.common import (
     ALGORITHM,
     ARTIFACT_FORMATS,
+    AUTO,
+    CHUNKS,
     DURATION,
     FORMAT_NAMES,
     GPUS,
@@ -24,20 +26,24 @@ from stragglar.commands.common import (
     check_plot,
     export_artifact,
     load_schedule,
+    model_options,
     proved,
     proved_plan,
     proved_xml,
     read_input,
     refuse_given,
     refuse_other_formats,
+    resolve_chunks,
     write,
     write_plot,
 )
+from stragglar.cost import Network
 from stragglar.formats import json as json_format
 from stragglar.formats.text import render
 from stragglar.msccl import describe_msccl
 from stragglar.mscclpp import summarize, will_use
 from stragglar.synth import METHODS, synthesize
+from stragglar.units import format_bytes, format_seconds
 from stragglar.verify import Proof, prove
 from stragglar.verify.smt import smt_prove
 
@@ -85,6 +91,8 @@ def output_format(output: Path | None, fmt: str | None, default: str, allowed: t
 @click.option(
     "--timeout", type=DURATION, help="With --method smt: give up on z3 after this long (a duration)."
 )
+@CHUNKS
+@model_options
 @click.option(
     "--format",
     "fmt",
@@ -101,6 +109,11 @@ def synth(
     fmt: str | None,
     method: str,
     timeout: float | None,
+    chunks: int | str | None,
+    size: int,
+    delay: float,
+    alpha: float,
+    bandwidth: float,
     verbose: bool,
     **artifact: Any,
 ) -> None:
@@ -109,14 +122,30 @@ def synth(
     Without -o: the round-by-round table and a summary line.  With -o: the file (a JSON schedule,
     MSCCL XML for a .xml name, or with --format mscclpp an MSCCL++ plan, each artifact proved from
     its own text), and the summary on stdout.  A document without -o goes to stdout, the summary to
-    stderr.
+    stderr.  --chunks auto picks the chunk count the cost model prices fastest at --size, --delay,
+    --alpha and --bandwidth; for MSCCL XML and MSCCL++ plans a power of two, so that executors
+    can split power-of-two buffers evenly.
     """
     fmt = output_format(output, fmt, "text", FORMATS)
     refuse_other_formats(fmt)
     if method != "smt":
         refuse_given(["timeout"], "it bounds --method smt only")
+    if chunks != AUTO:
+        refuse_given(["size", "delay", "alpha", "bandwidth"], "it is a setting for --chunks auto")
+    network = Network(alpha, bandwidth)
+    count = resolve_chunks(
+        chunks, num_gpus, size, delay, network, algorithm=algorithm, power_of_two=fmt in ARTIFACT_FORMATS
+    )
+    if chunks == AUTO:
+        pow2 = ", a power of two for executors" if fmt in ARTIFACT_FORMATS else ""
+        click.echo(
+            f"--chunks auto: C = {count}, the cost model's fastest for {format_bytes(size)} with the "
+            f"straggler {format_seconds(delay)} late (alpha {format_seconds(alpha)}, "
+            f"{format_bytes(bandwidth)}/s){pow2}",
+            err=True,
+        )
     with busy(f"synthesizing {algorithm} for {num_gpus} GPUs"):
-        schedule = synthesize(algorithm, num_gpus, straggler, method=method, timeout_s=timeout)
+        schedule = synthesize(algorithm, num_gpus, straggler, chunks=count, method=method, timeout_s=timeout)
     proof = proved(schedule, f"the {algorithm} schedule")
     summary, details = proof.headline, [proof.summary]
     if fmt in ARTIFACT_FORMATS:
