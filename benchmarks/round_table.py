@@ -1,4 +1,5 @@
-"""The README's "Rounds achieved" table: StragglAR's phase-2 rounds against R*(N), generated, not typed.
+"""The README's "Rounds achieved" tables: StragglAR's phase-2 rounds against R*(N), and chunked
+StragglAR's against C + ceil(log2 N) - 1 for a grid of (N, C), generated, not typed.
 
 Every schedule is proved before it is counted.  The reference column holds the public reference
 synthesizer's rounds as measured in the project notes (docs/model.md); "-" where
@@ -16,13 +17,17 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from stragglar.files import write_text
 from stragglar.schedule import round_lower_bound
 from stragglar.synth import synthesize
 from stragglar.verify import prove
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 START, END = "<!-- rounds-table:start -->", "<!-- rounds-table:end -->"
+CHUNKED_START, CHUNKED_END = "<!-- chunked-table:start -->", "<!-- chunked-table:end -->"
 SIZES = (*range(2, 65), 96, 100, 127, 128, 192, 200, 255, 256, 300, 500, 511, 512, 1000, 1024)
+CHUNKED_SIZES = (2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 17, 24, 31, 32, 33, 48, 63, 64, 65, 100, 128, 256)
+CHUNK_COLUMNS = ("N-1", "2(N-1)", 16, 32, 64, 128, 256, 1024)
 
 # Measured figures for the reference tool (shared model notes); powers of two up to 256 reach R*(N).
 REFERENCE = {4: "crashes", 6: 7, 10: 12, 12: 15, 14: 17, 18: 21, 20: 24, 24: 27, 48: 55, 96: 106, 192: 209}
@@ -71,13 +76,48 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def replace_section(text: str, body: str) -> str:
+def chunk_count(n: int, column: int | str) -> int:
+    if isinstance(column, int):
+        return column
+    return {"N-1": n - 1, "2(N-1)": 2 * (n - 1)}[column]
+
+
+def chunked_gap(n: int, c: int) -> int:
+    """Synthesize StragglAR for ``n`` GPUs in ``c`` chunks, prove it, and return its gap to the bound."""
+    proof = prove(synthesize("stragglar", n, chunks=c))
+    return proof.exposed_rounds - round_lower_bound(n, c)
+
+
+def chunked_table() -> str:
+    """One row per N, one column per chunk count: rounds after the straggler arrives."""
+    cells: dict[tuple[int, int], int] = {}
+    lines = [
+        "| N | " + " | ".join(f"C = {c}" for c in CHUNK_COLUMNS) + " |",
+        "|---:|" + "---:|" * len(CHUNK_COLUMNS),
+    ]
+    for n in CHUNKED_SIZES:
+        row = []
+        for column in CHUNK_COLUMNS:
+            c = chunk_count(n, column)
+            if c < n - 1 or (isinstance(column, int) and c in (n - 1, 2 * (n - 1))):
+                row.append("-")  # too few chunks, or the same as an earlier column
+                continue
+            cells[n, c] = gap = chunked_gap(n, c)
+            rounds = round_lower_bound(n, c) + gap
+            row.append(str(rounds) if gap == 0 else f"{rounds} (+{gap})")
+        lines.append(f"| {n} | " + " | ".join(row) + " |")
+    at_bound = sum(g == 0 for g in cells.values())
+    lines += ["", f"{at_bound} of {len(cells)} (N, C) pairs reach C + ceil(log2 N) - 1."]
+    return "\n".join(lines)
+
+
+def replace_section(text: str, body: str, start_mark: str = START, end_mark: str = END) -> str:
     """``text`` with everything between the markers replaced by ``body``."""
-    head, start, rest = text.partition(START)
-    _, end, tail = rest.partition(END)
+    head, start, rest = text.partition(start_mark)
+    _, end, tail = rest.partition(end_mark)
     if not start or not end:
-        raise SystemExit(f"{README}: markers {START} ... {END} not found")
-    return f"{head}{START}\n{body}\n{END}{tail}"
+        raise SystemExit(f"{README}: markers {start_mark} ... {end_mark} not found")
+    return f"{head}{start_mark}\n{body}\n{end_mark}{tail}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,19 +127,20 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--check", action="store_true", help="exit 1 if the README section is out of date")
     args = parser.parse_args(argv)
     body = table([measure(n) for n in SIZES])
+    chunked = chunked_table()
     if not (args.write or args.check):
-        print(body)
+        print(f"{body}\n\n{chunked}")
         return 0
     current = README.read_text(encoding="utf-8")
-    updated = replace_section(current, body)
+    updated = replace_section(replace_section(current, body), chunked, CHUNKED_START, CHUNKED_END)
     if args.write:
-        README.write_text(updated, encoding="utf-8")
-        print(f"wrote the rounds table into {README}")
+        write_text(README, updated)
+        print(f"wrote the rounds tables into {README}")
         return 0
     if updated != current:
-        print(f"{README}: the rounds table is out of date; run python benchmarks/round_table.py --write")
+        print(f"{README}: the rounds tables are out of date; run python benchmarks/round_table.py --write")
         return 1
-    print(f"{README}: the rounds table is up to date")
+    print(f"{README}: the rounds tables are up to date")
     return 0
 
 

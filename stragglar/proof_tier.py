@@ -8,7 +8,7 @@ proof at a time, for a command to print as a table while the proofs run.
 >>> [(r.algorithm, r.num_ranks, r.rounds, r.lower_bound, r.method) for r in rows[:3]]
 [('stragglar', 2, 1, 1, 'smt'), ('stragglar', 2, 1, 1, 'simulate'), ('stragglar', 3, 3, 3, 'smt')]
 >>> format_table(rows).splitlines()[0].split()
-['algorithm', 'N', 'rounds', 'R*(N)', 'method', 'seconds', 'source']
+['algorithm', 'N', 'rounds', 'bound', 'method', 'seconds', 'source']
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ __all__ = [
     "prove_schedule_file",
 ]
 
-TABLE_HEADER = f"{'algorithm':<10} {'N':>4} {'rounds':>7} {'R*(N)':>6}  {'method':<9} {'seconds':>7}  source"
+TABLE_HEADER = f"{'algorithm':<10} {'N':>4} {'rounds':>7} {'bound':>6}  {'method':<9} {'seconds':>7}  source"
 
 
 @dataclass(frozen=True)

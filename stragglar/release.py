@@ -23,11 +23,12 @@ from stragglar.files import write_text
 from stragglar.formats import json as json_format
 from stragglar.msccl import default_name, prove_msccl, to_msccl_xml
 from stragglar.mscclpp import lower, prove_plan
-from stragglar.schedule import round_lower_bound
+from stragglar.schedule import base_name, round_lower_bound
 from stragglar.synth import synthesize
 from stragglar.verify import prove
 
 __all__ = [
+    "CHUNKED_RELEASES",
     "MSCCL_SIZES",
     "RELEASED_SIZES",
     "ScheduleFiles",
@@ -40,6 +41,10 @@ RELEASED_SIZES = (2, 3, 4, 5, 6, 7, 8, 16, 32, 64, 72)  # 72: one NVL72 domain
 # MSCCL XML up to 64: N = 128 also fits the executor's parser limits, but its straggler runs 254
 # thread blocks, more than an H100 has SMs, so larger files wait until one has run on hardware.
 MSCCL_SIZES = tuple(n for n in RELEASED_SIZES if n <= 64)
+# Chunked StragglAR (N, C): C is the power of two the cost model prices fastest for 1 GiB on the
+# paper's network (3 us, 450 GiB/s) with phase 1 hidden; a power of two so that executors split
+# power-of-two buffers evenly, which they never do with the paper's N - 1 chunks.
+CHUNKED_RELEASES = ((4, 32), (8, 32), (16, 64))
 
 
 @dataclass(frozen=True)
@@ -49,9 +54,10 @@ class ScheduleFiles:
     files: dict[str, str]
     algorithm: str
     num_ranks: int
+    num_chunks: int
     straggler: int | None
     rounds: int  # rounds after the straggler arrives (all rounds without a straggler)
-    lower_bound: int | None  # R*(N) for StragglAR
+    lower_bound: int | None  # C + ceil(log2 N) - 1 for StragglAR: R*(N) with the paper's C = N - 1
     proto: str
     instances: int
     proofs: tuple[str, ...]  # the JSON schedule's proof summary, then each artifact's
@@ -62,16 +68,17 @@ def schedule_files(
     num_ranks: int,
     *,
     straggler: int | None = None,
+    chunks: int | None = None,
     proto: str = "Simple",
     instances: int = 1,
     msccl: bool = True,
 ) -> ScheduleFiles:
     """Synthesize one schedule, prove it from its JSON text, export that proof (MSCCL XML if
     ``msccl``, and an MSCCL++ plan) and prove each artifact from its own text."""
-    schedule = synthesize(algorithm, num_ranks, straggler)
+    schedule = synthesize(algorithm, num_ranks, straggler, chunks=chunks)
     json_text = json_format.dumps(schedule) + "\n"
     proof = prove(json_format.loads(json_text))
-    base = f"{algorithm}-n{num_ranks}" + ("" if schedule.straggler is None else f"-s{schedule.straggler}")
+    base = base_name(schedule)
     files = {f"json/{base}.json": json_text}
     proofs = [proof.summary]
     if msccl:
@@ -85,9 +92,10 @@ def schedule_files(
         files,
         algorithm,
         num_ranks,
+        schedule.num_chunks,
         schedule.straggler,
         schedule.exposed_rounds,
-        round_lower_bound(num_ranks) if algorithm == "stragglar" else None,
+        round_lower_bound(num_ranks, schedule.num_chunks) if algorithm == "stragglar" else None,
         proto,
         instances,
         tuple(proofs),
@@ -105,10 +113,15 @@ def write_schedule_files(directory: str | os.PathLike[str], bundle: ScheduleFile
     return paths
 
 
-def write_release(directory: str | os.PathLike[str], sizes: tuple[int, ...] = RELEASED_SIZES) -> list[Path]:
-    """Write the StragglAR files for ``sizes`` and a README table of them."""
+def write_release(
+    directory: str | os.PathLike[str],
+    sizes: tuple[int, ...] = RELEASED_SIZES,
+    chunked: tuple[tuple[int, int], ...] = CHUNKED_RELEASES,
+) -> list[Path]:
+    """Write the StragglAR files for ``sizes`` and the ``chunked`` (N, C), and a README table."""
     folder = Path(directory)
     bundles = [schedule_files("stragglar", n, msccl=n in MSCCL_SIZES) for n in sizes]
+    bundles += [schedule_files("stragglar", n, chunks=c, msccl=n in MSCCL_SIZES) for n, c in chunked]
     paths = [path for bundle in bundles for path in write_schedule_files(folder, bundle)]
     readme = folder / "README.md"
     write_text(readme, _readme(bundles))
@@ -121,7 +134,7 @@ def _readme(bundles: list[ScheduleFiles]) -> str:
         return " ".join(f"[{Path(name).name}]({name})" for name in names) or "-"
 
     rows = [
-        f"| {b.num_ranks} | {b.rounds} | {b.lower_bound} | "
+        f"| {b.num_ranks} | {b.num_chunks} | {b.rounds} | {b.lower_bound} | "
         + " | ".join(link(b, folder) for folder in ("json", "msccl", "mscclpp"))
         + " |"
         for b in bundles
@@ -134,11 +147,13 @@ def _readme(bundles: list[ScheduleFiles]) -> str:
             "text (the JSON by the symbolic simulator, the MSCCL XML as the MSCCL executor runs it, the",
             "MSCCL++ plan as the MSCCL++ executor runs it). The straggler is the last rank;",
             "`stragglar synth --gpus N --straggler R -o x.xml` (or `--format mscclpp -o plan.json`) makes",
-            "any other. Rounds are those after the straggler arrives; R*(N) is the lower bound. MSCCL XML",
-            "(Simple protocol) is shipped up to N = 64.",
+            "any other. C is the chunk count: the paper's N - 1, or (files named `-c<C>`) a power of",
+            "two, which executors can use for power-of-two buffers (`--chunks C|auto` makes others).",
+            "Rounds are those after the straggler arrives; the bound is C + ceil(log2 N) - 1 (R*(N) for",
+            "C = N - 1). MSCCL XML (Simple protocol) is shipped up to N = 64.",
             "",
-            "| N | rounds | R*(N) | JSON schedule | MSCCL XML | MSCCL++ plan |",
-            "|---:|---:|---:|---|---|---|",
+            "| N | C | rounds | bound | JSON schedule | MSCCL XML | MSCCL++ plan |",
+            "|---:|---:|---:|---:|---|---|---|",
             *rows,
             "",
         ]

@@ -43,6 +43,7 @@ __all__ = [
     "Round",
     "Schedule",
     "Transfer",
+    "base_name",
     "move_straggler",
     "relabel_ranks",
     "round_load",
@@ -250,6 +251,24 @@ def round_lower_bound(num_ranks: int, num_chunks: int | None = None) -> int:
         raise InputError(f"StragglAR needs at least 2 GPUs, got {num_ranks}")
     chunks = num_ranks - 1 if num_chunks is None else num_chunks
     return chunks + max(1, (num_ranks - 1).bit_length()) - 1
+
+
+def base_name(schedule: Schedule) -> str:
+    """``stragglar-n8-s7``: the stem of file and artifact names, so no two schedules share one.
+
+    Executors cache plans by name, so the chunk count is part of it where a straggler-aware
+    schedule does not use the paper's N-1: ``stragglar-n8-s7-c32``.
+
+    >>> s = Schedule("stragglar", 8, 32, 7, ())
+    >>> base_name(s), base_name(Schedule("ring", 8, 8, None, ()))
+    ('stragglar-n8-s7-c32', 'ring-n8')
+    """
+    name = f"{schedule.algorithm}-n{schedule.num_ranks}"
+    if schedule.straggler is not None:
+        name += f"-s{schedule.straggler}"
+        if schedule.num_chunks != schedule.num_ranks - 1:
+            name += f"-c{schedule.num_chunks}"
+    return name
 
 
 def relabel_ranks(schedule: Schedule, mapping: Sequence[int]) -> Schedule:

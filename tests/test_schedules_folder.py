@@ -9,7 +9,8 @@ import pytest
 from stragglar.formats import json as json_format
 from stragglar.msccl import prove_msccl
 from stragglar.mscclpp import prove_plan
-from stragglar.release import MSCCL_SIZES, RELEASED_SIZES, write_release
+from stragglar.measure.predict import best_chunks
+from stragglar.release import CHUNKED_RELEASES, MSCCL_SIZES, RELEASED_SIZES, write_release
 from stragglar.schedule import round_lower_bound
 from stragglar.verify import prove
 
@@ -29,18 +30,35 @@ def test_regenerating_gives_the_shipped_files_byte_for_byte(tmp_path: Path) -> N
 
 @pytest.mark.parametrize("n", RELEASED_SIZES)
 def test_each_shipped_file_is_proved_from_the_file_itself(n: int) -> None:
-    (json_path,) = (SHIPPED / "json").glob(f"stragglar-n{n}-s*.json")
+    (json_path,) = (SHIPPED / "json").glob(f"stragglar-n{n}-s{n - 1}.json")
     schedule = json_format.read(json_path)
     proof = prove(schedule)
     assert proof.num_ranks == n and schedule.exposed_rounds == round_lower_bound(n)
-    xml_paths = list((SHIPPED / "msccl").glob(f"stragglar-n{n}-s*-simple.xml"))
+    xml_paths = list((SHIPPED / "msccl").glob(f"stragglar-n{n}-s{n - 1}-simple.xml"))
     assert len(xml_paths) == (n in MSCCL_SIZES)
     for xml_path in xml_paths:
         xml_proof = prove_msccl(xml_path.read_text(encoding="utf-8"))
         assert xml_proof.ngpus == n and xml_proof.nchunks == n - 1
-    (plan_path,) = (SHIPPED / "mscclpp").glob(f"stragglar-n{n}-s*-mscclpp.json")
+    (plan_path,) = (SHIPPED / "mscclpp").glob(f"stragglar-n{n}-s{n - 1}-mscclpp.json")
     plan_proof = prove_plan(plan_path.read_text(encoding="utf-8"))
     assert plan_proof.gpus == n and plan_proof.chunks == n - 1
+
+
+@pytest.mark.parametrize(("n", "c"), CHUNKED_RELEASES)
+def test_each_shipped_chunked_file_is_proved_at_the_bound(n: int, c: int) -> None:
+    base = f"stragglar-n{n}-s{n - 1}-c{c}"
+    schedule = json_format.read(SHIPPED / "json" / f"{base}.json")
+    assert prove(schedule).num_ranks == n and schedule.num_chunks == c
+    assert schedule.exposed_rounds == round_lower_bound(n, c) == c + (n - 1).bit_length() - 1
+    xml_proof = prove_msccl((SHIPPED / "msccl" / f"{base}-simple.xml").read_text(encoding="utf-8"))
+    assert (xml_proof.ngpus, xml_proof.nchunks) == (n, c)
+    plan_proof = prove_plan((SHIPPED / "mscclpp" / f"{base}-mscclpp.json").read_text(encoding="utf-8"))
+    assert (plan_proof.gpus, plan_proof.chunks) == (n, c)
+
+
+@pytest.mark.parametrize(("n", "c"), CHUNKED_RELEASES)
+def test_shipped_chunk_counts_are_the_models_power_of_two_choice(n: int, c: int) -> None:
+    assert best_chunks(n, 2**30, 0.01, power_of_two=True) == c
 
 
 def test_every_shipped_plan_verifies_with_the_command() -> None:

@@ -43,7 +43,7 @@ from stragglar.msccl.limits import (
 from stragglar.msccl.pieces import schedule_pieces
 from stragglar.msccl.threadblocks import Fifo, assign, number
 from stragglar.msccl.write import Header, render
-from stragglar.schedule import Schedule
+from stragglar.schedule import Schedule, base_name
 from stragglar.verify import Proof, require_proof
 
 __all__ = ["DEFAULT_MAX_BYTES", "check_export_size", "default_name", "lower", "to_msccl_xml", "write_msccl"]
@@ -53,10 +53,9 @@ _NAME = re.compile(r"[A-Za-z0-9_.:+-]{1,128}")
 
 
 def default_name(schedule: Schedule, proto: str = "Simple", instances: int = 1) -> str:
-    """``stragglar-n8-s7-simple`` style: algorithm, GPUs, straggler, protocol, instances if > 1."""
-    straggler = "" if schedule.straggler is None else f"-s{schedule.straggler}"
+    """``stragglar-n8-s7-simple`` style: :func:`~stragglar.schedule.base_name`, protocol, instances if > 1."""
     more = f"-x{instances}" if instances > 1 else ""
-    return f"{schedule.algorithm}-n{schedule.num_ranks}{straggler}-{proto.lower()}{more}"
+    return f"{base_name(schedule)}-{proto.lower()}{more}"
 
 
 def to_msccl_xml(

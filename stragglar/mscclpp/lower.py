@@ -37,7 +37,7 @@ from stragglar.mscclpp.blocks import BlockError, cut_segments, place_blocks
 from stragglar.mscclpp.emit import Header, plan_dict, plan_text
 from stragglar.mscclpp.program import build_programs
 from stragglar.mscclpp.sizes import UINT64_MAX, SizeRule, offset_limit
-from stragglar.schedule import Schedule
+from stragglar.schedule import Schedule, base_name
 from stragglar.verify import Proof, require_proof
 
 __all__ = [
@@ -94,14 +94,12 @@ class MscclppPlan:
 
 
 def default_name(schedule: Schedule, instances: int = 1) -> str:
-    """``stragglar-n8-s7``, ``ring-n8``, ``stragglar-n8-s7-x2``: one per (algorithm, N, straggler, instances).
+    """``stragglar-n8-s7``, ``stragglar-n8-s7-c32``, ``stragglar-n8-s7-x2``: one per schedule kind
+    (:func:`~stragglar.schedule.base_name`) and instance count.
 
     The executor keys its cached contexts by plan name, so two different plans must not share one.
     """
-    name = f"{schedule.algorithm}-n{schedule.num_ranks}"
-    if schedule.straggler is not None:
-        name += f"-s{schedule.straggler}"
-    return name + (f"-x{instances}" if instances > 1 else "")
+    return base_name(schedule) + (f"-x{instances}" if instances > 1 else "")
 
 
 def _positive(label: str, value: int) -> None:
