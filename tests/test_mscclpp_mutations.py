@@ -94,10 +94,19 @@ def judge(plan: Plan) -> str:
 
 
 @pytest.mark.parametrize(
-    ("algorithm", "n"), [("stragglar", 3), ("stragglar", 4), ("ring", 3), ("rhd", 4), ("direct", 3)]
+    ("algorithm", "n", "chunks"),
+    [
+        ("stragglar", 3, None),
+        ("stragglar", 4, None),
+        ("stragglar", 3, 4),
+        ("stragglar", 4, 6),
+        ("ring", 3, None),
+        ("rhd", 4, None),
+        ("direct", 3, None),
+    ],
 )
-def test_every_single_op_mutation_is_rejected_or_harmless(algorithm: str, n: int) -> None:
-    plan = json.loads(lower(prove(synthesize(algorithm, n))).text)
+def test_every_single_op_mutation_is_rejected_or_harmless(algorithm: str, n: int, chunks: int | None) -> None:
+    plan = json.loads(lower(prove(synthesize(algorithm, n, chunks=chunks))).text)
     verdicts = {label: judge(m) for label, m in mutations(plan)}
     wrong = {label: v for label, v in verdicts.items() if v.startswith("ACCEPTED")}
     assert not wrong, wrong

@@ -17,16 +17,17 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 from test_mutations import (
+    CHUNKED,
     STRUCTURAL_KINDS,
     Mutant,
     all_mutants,
-    sizes_for,
+    schedules_for,
     structurally_sound,
     wrong_values,
 )
 from test_smt import assert_real_counterexample
 
-from stragglar.synth import ALGORITHMS, synthesize
+from stragglar.synth import ALGORITHMS
 from stragglar.verify import Violation, check
 from stragglar.verify.smt import smt_check
 
@@ -55,7 +56,7 @@ def assert_same_fault(m: Mutant, ours: Violation, theirs: Violation, sound: bool
         assert_real_counterexample(m.schedule, ours)
 
 
-@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("algorithm", [*ALGORITHMS, CHUNKED])
 @pytest.mark.parametrize(
     "tier",
     # the exhaustive tier ("all") takes over ten minutes on 2 cores: run it by hand with -k all
@@ -65,8 +66,8 @@ def test_smt_and_simulator_agree_on_every_mutant(algorithm: str, tier: str) -> N
     rng, pick = np.random.default_rng(7), random.Random(2024)
     disagreements: list[str] = []
     checked = 0
-    for n in sizes_for(algorithm):
-        schedule = synthesize(algorithm, n)
+    for schedule in schedules_for(algorithm):
+        n = schedule.num_ranks
         mutants = all_mutants(schedule, None if tier == "all" else pick)
         for m in few_of_each_type(mutants, pick) if tier == "few" else mutants:
             checked += 1

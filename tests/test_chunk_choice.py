@@ -1,0 +1,160 @@
+"""Choosing StragglAR's chunk count: the cost model's choice, ``--chunks C|auto`` on synth and cost,
+the names chunked artifacts get, and the issue's model targets (1 GiB, 3 us, 450 GiB/s, 5 ms)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import cast
+
+import pytest
+from click.testing import CliRunner, Result
+
+from stragglar.cli import cli
+from stragglar.cost import PAPER_NETWORK, Network, estimate
+from stragglar.formats import json as json_format
+from stragglar.measure.predict import best_chunks, chunk_candidates, compare_generated, generated_profile
+from stragglar.msccl import default_name as xml_name
+from stragglar.mscclpp import default_name as plan_name
+from stragglar.schedule import base_name, round_lower_bound
+from stragglar.synth import synthesize
+
+GIB = 2**30
+GLOO_LIKE = Network(alpha=80e-6, bandwidth=2e9)
+
+
+def run(*args: str) -> Result:
+    return CliRunner().invoke(cli, list(args))
+
+
+def exposed(n: int, c: int, size: float, delay: float, network: Network) -> float:
+    return estimate(generated_profile("stragglar", n, c), size, delay, network).exposed
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 8, 12])
+@pytest.mark.parametrize(
+    ("size", "delay", "network"), [(GIB, 5e-3, PAPER_NETWORK), (64 * 2**20, 0.0, GLOO_LIKE)]
+)
+def test_best_chunks_is_the_cheapest_of_every_count(
+    n: int, size: int, delay: float, network: Network
+) -> None:
+    """The candidates are a shortcut: a brute force over every C from N-1 up finds nothing cheaper."""
+    best = best_chunks(n, size, delay, network)
+    every = range(n - 1, 4 * max(chunk_candidates(n, size, network)) + 1)
+    cheapest = min(exposed(n, c, size, delay, network) for c in every)
+    assert exposed(n, best, size, delay, network) == pytest.approx(cheapest, rel=1e-12)
+
+
+@pytest.mark.parametrize("n", [3, 4, 8, 16])
+def test_the_power_of_two_choice_is_the_cheapest_power_of_two(n: int) -> None:
+    best = best_chunks(n, GIB, 5e-3, power_of_two=True)
+    assert best & (best - 1) == 0 and best >= n - 1
+    powers = [1 << k for k in range(14) if 1 << k >= n - 1]
+    cheapest = min(exposed(n, c, GIB, 5e-3, PAPER_NETWORK) for c in powers)
+    assert exposed(n, best, GIB, 5e-3, PAPER_NETWORK) == pytest.approx(cheapest, rel=1e-12)
+
+
+def test_candidates_respect_the_chunk_floor_and_the_limits() -> None:
+    assert chunk_candidates(8, 7 * 4096) == [7]  # 4 KiB chunks at least: nothing finer
+    assert max(chunk_candidates(1024, 2**40, Network(0.0, 1e9))) <= 2**22 // 1024  # no latency: capped
+    with pytest.raises(ValueError, match="buffer size"):
+        chunk_candidates(8, 0)
+
+
+@pytest.mark.parametrize(("n", "target", "paper"), [(4, 1.35, 1.13), (8, 1.55, 1.36), (16, 1.65, 1.56)])
+def test_the_issue_targets_in_the_papers_setting(n: int, target: float, paper: float) -> None:
+    c = best_chunks(n, GIB, 5e-3)
+    comparison = compare_generated(n, GIB, 5e-3, chunks=c)
+    assert comparison.speedup(f"stragglar C={c}") >= target
+    assert round(comparison.speedup("stragglar"), 2) == paper
+
+
+def test_cost_prints_the_chunked_row_beside_the_papers() -> None:
+    result = run("cost", "--gpus", "8", "--size", "1GiB", "--delay", "5ms", "--chunks", "auto")
+    assert result.exit_code == 0, result.output
+    rows = {
+        line.split()[0] + (" " + line.split()[1] if "C=" in line else ""): line
+        for line in result.stdout.splitlines()
+    }
+    assert re.search(r"40 of 46 .* 1\.60x$", rows["stragglar C=38"])
+    assert re.search(r"9 of 15 .* 1\.36x$", rows["stragglar"])
+    assert result.stdout.splitlines()[-1] == (
+        "chunks: C = 38 (auto: the model's fastest) against the paper's C = N-1 = 7: "
+        "1.17x faster after the straggler arrives"
+    )
+    paper = run("cost", "--gpus", "8", "--chunks", "7")
+    assert paper.stdout.splitlines()[-1] == "chunks: C = 7, the paper's C = N-1"
+    assert "stragglar C=" not in paper.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["cost", "--gpus", "8", "--chunks", "6"], "StragglAR needs at least N - 1 = 7 chunks, got 6"),
+        (["cost", "--gpus", "8", "--chunks", "many"], "expected a whole number of chunks or auto"),
+        (["cost", "--gpus", "8", "--chunks", "-3"], "expected a whole number of chunks or auto"),
+        (["synth", "--gpus", "8", "--chunks", "0"], "expected a whole number of chunks or auto"),
+        (["synth", "--gpus", "8", "--chunks", "100000"], "100000 chunks: stragglar handles at most 65536"),
+        (["synth", "--gpus", "8", "-a", "ring", "--chunks", "9"], "--chunks does not apply"),
+        (
+            ["synth", "--gpus", "8", "--delay", "5ms"],
+            "--delay does not apply: it is a setting for --chunks auto",
+        ),
+        (["synth", "--gpus", "8", "--chunks", "9", "--size", "1GiB"], "--size does not apply"),
+        (
+            ["synth", "--gpus", "6", "--chunks", "9", "--method", "smt"],
+            "method smt finds schedules with the paper's",
+        ),
+    ],
+)
+def test_bad_chunk_requests_are_one_line_and_exit_2(args: list[str], message: str) -> None:
+    result = run(*args)
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr and "Traceback" not in result.output
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_synth_auto_picks_a_power_of_two_for_executors(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.json"
+    result = run(
+        "synth", "--gpus", "8", "--chunks", "auto", "--delay", "5ms", "--format", "mscclpp", "-o", str(plan)
+    )
+    assert result.exit_code == 0, result.output
+    assert "--chunks auto: C = 32," in result.stderr and "a power of two for executors" in result.stderr
+    assert json.loads(plan.read_text(encoding="utf-8"))["name"] == "stragglar-n8-s7-c32"
+    schedule_file = tmp_path / "s.json"
+    result = run("synth", "--gpus", "8", "--chunks", "auto", "--delay", "5ms", "-o", str(schedule_file))
+    assert result.exit_code == 0, result.output
+    schedule = json_format.read(schedule_file)
+    assert schedule.num_chunks == 38 and schedule.exposed_rounds == round_lower_bound(8, 38) == 40
+    assert (
+        "38 chunks, 40 rounds after the straggler arrives (lower bound 38 + ceil(log2 8) - 1 = 40"
+        in result.stdout
+    )
+
+
+def test_chunked_artifacts_are_named_apart_from_the_papers() -> None:
+    paper, chunked = synthesize("stragglar", 8), synthesize("stragglar", 8, chunks=32)
+    assert base_name(paper) == "stragglar-n8-s7" and base_name(chunked) == "stragglar-n8-s7-c32"
+    assert xml_name(chunked) == "stragglar-n8-s7-c32-simple" and xml_name(paper) == "stragglar-n8-s7-simple"
+    assert plan_name(chunked, 2) == "stragglar-n8-s7-c32-x2"
+    assert base_name(synthesize("ring", 8)) == "ring-n8"
+
+
+def test_cost_plot_has_the_chunk_panel(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from stragglar.plot import chunk_sweep, cost_figure
+
+    fig = cost_figure(8, GIB, 5e-3, PAPER_NETWORK, sizes=[2, 4, 8], chunks=38)
+    by_chunks = fig.axes[2]
+    assert by_chunks.get_xlabel() == "chunks C (log scale)"
+    curve = by_chunks.get_lines()[0]
+    xs = [int(x) for x in cast("list[float]", curve.get_xdata())]
+    assert xs == chunk_sweep(8, GIB, PAPER_NETWORK, 38) and xs[0] == 7
+    ys = [float(y) for y in cast("list[float]", curve.get_ydata())]
+    assert max(ys) == pytest.approx(ys[xs.index(38)])  # the chosen count is the curve's top
+    out = tmp_path / "cost.png"
+    result = run("cost", "--gpus", "8", "--delay", "5ms", "--chunks", "auto", "--plot", str(out))
+    assert result.exit_code == 0, result.output
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
