@@ -158,7 +158,7 @@ def evidence(timed: Timed, config: Config, n: int) -> dict[str, Any]:
     figures: dict[str, Any] = {"decisions": state.decisions, "buckets": timed.buckets}
     if state.probe is not None:
         for kind, samples in state.probe.samples.items():
-            times = [seconds for _, seconds in samples]
+            times = [seconds for _, _, seconds in samples]
             figures[f"{kind}_ms"] = statistics.median(times) * 1e3 if times else None
     view = state.outlook
     if view is not None and view.ring is not None and view.ours is not None:

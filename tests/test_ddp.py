@@ -122,12 +122,14 @@ def test_the_hook_returns_before_a_late_peer_has_sent(asynchronous: bool) -> Non
             assert all(done for done, _ in calls) and max(took for _, took in calls) >= 0.8 * delay
 
 
-def gradient_rank(rank: int, n: int, policy: str) -> tuple[float, list[tuple[int, str, int | None]], bool]:
+def gradient_rank(
+    rank: int, n: int, policy: str
+) -> tuple[float, list[tuple[int, str, int | None, int | None]], bool]:
     if policy == "auto":  # judged over windows of 2 steps, the last rank 40 ms late each step
         state = StragglarState(policy="auto", detect=2, network=FAST, timeout=20)
         steps, delay = 6, 0.04
-    else:
-        state = StragglarState(timeout=20)
+    else:  # "stragglar", or "chunked": StragglAR in 9 chunks, uneven over every bucket
+        state = StragglarState(timeout=20, chunks=9 if policy == "chunked" else None)
         steps, delay = 3, 0.0
     plain, hooked = twins(state)
     worst = max(step(rank, i, plain, hooked, late(rank, n - 1, delay)) for i in range(steps))
@@ -142,7 +144,7 @@ def gradient_rank(rank: int, n: int, policy: str) -> tuple[float, list[tuple[int
     return worst, decisions, any(t.name.startswith("stragglar-ddp") for t in threading.enumerate())
 
 
-@pytest.mark.parametrize("policy", ["stragglar", "auto"])
+@pytest.mark.parametrize("policy", ["stragglar", "chunked", "auto"])
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
 def test_async_and_auto_give_the_default_gradients(n: int, policy: str) -> None:
     results = launch(gradient_rank, n, (policy,), timeout=60)
@@ -153,10 +155,11 @@ def test_async_and_auto_give_the_default_gradients(n: int, policy: str) -> None:
     (chosen,) = decisions
     if n == 1:
         assert chosen == ()  # one rank has nothing to reduce
-    elif policy == "stragglar":
-        assert chosen == ((1, "stragglar", n - 1),)
+    elif policy != "auto":
+        assert chosen == ((1, "stragglar", n - 1, 9 if policy == "chunked" else None),)
     else:  # the engine until a window of figures is in, then StragglAR for the late rank
-        assert chosen[0] == (1, "allreduce", None) and chosen[-1][1:] == ("stragglar", n - 1), chosen
+        assert chosen[0] == (1, "allreduce", None, None), chosen
+        assert chosen[-1][1:] == ("stragglar", n - 1, None), chosen  # tiny buckets: the paper's N-1
 
 
 def punctual_rank(rank: int, n: int, network: Network | None) -> dict[str, Any]:
@@ -178,11 +181,11 @@ def test_auto_uses_the_engine_when_nobody_is_late_enough(network: Network | None
     assert max(r["worst"] for r in results) < 1e-6
     assert len({tuple(r["decisions"]) for r in results}) == 1
     if network is not None:  # every critical delay is far above any lateness here
-        assert all(r["decisions"] == [(1, "allreduce", None)] for r in results)
+        assert all(r["decisions"] == [(1, "allreduce", None, None)] for r in results)
     else:  # fitted to the engine's own timings, the same network on every rank
         ring = results[0]["ring"]
         assert ring is not None and ring.bandwidth > 0 and all(r["ring"] == ring for r in results)
-        assert all(r["samples"] > 0 and r["decisions"][0] == (1, "allreduce", None) for r in results)
+        assert all(r["samples"] > 0 and r["decisions"][0] == (1, "allreduce", None, None) for r in results)
 
 
 def dying_rank(rank: int, n: int, kwargs: dict[str, Any], silent: bool) -> None:

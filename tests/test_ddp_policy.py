@@ -17,17 +17,19 @@ from stragglar.ddp.policy import (
     Choice,
     Outlook,
     choose,
+    chunk_count,
     cost_ratio,
     critical_delay_for,
     fit_network,
     latenesses,
+    medians,
     outlook,
     scaled,
 )
 from stragglar.ddp.probe import SLOTS, decode, encode
 from stragglar.ddp.worker import BucketWorker, HostWatch
 from stragglar.errors import ArgumentError, InputError
-from stragglar.measure.predict import generated_profile
+from stragglar.measure.predict import best_chunks, generated_profile
 
 
 def test_lateness_is_the_gap_to_the_latest_other_rank() -> None:
@@ -62,23 +64,70 @@ def test_the_critical_delay_decides_per_bucket_size() -> None:
     assert choose("ring", 4, large, Outlook(1, 1.0, net, net)) == Choice("allreduce")  # Ring never beats Ring
 
 
+def test_auto_chunks_follow_the_cost_model_per_bucket_size() -> None:
+    nvlink = Network(3e-6, 450 * 2**30)  # the paper's setting: many chunks pay for a large bucket
+    cpu = Network(2e-3, 1e9)  # a round costs 2 ms: the paper's N-1 chunks
+    for size in (2**20, 2**26, 2**30):
+        for net in (nvlink, cpu):
+            count = chunk_count(8, size, 0.005, net, "auto")
+            best = best_chunks(8, size, 0.005, net)
+            assert count == (None if best == 7 else best)
+    assert chunk_count(8, 2**30, 0.005, nvlink, "auto") == 38  # the issue's model figure
+    assert chunk_count(8, 2**20, 0.005, cpu, "auto") is None
+    assert chunk_count(8, 2**20, 0.005, None, 16) == 16 and chunk_count(8, 2**20, 0.005, None, 7) is None
+    late = Outlook(3, 0.005, nvlink, nvlink)
+    chosen = choose("stragglar", 8, 2**30, late, "auto")
+    assert chosen == Choice("stragglar", 3, 38)
+    # the chunked schedule is priced for the critical delay: it pays from a lower lateness than N-1
+    paper = critical_delay_for("stragglar", 8, 2**30, nvlink, nvlink)
+    chunked = critical_delay_for("stragglar", 8, 2**30, nvlink, nvlink, 38)
+    assert paper is not None and chunked is not None and chunked < paper
+    assert choose("stragglar", 8, 2**30, Outlook(3, 0.005, None, None), "auto") == Choice("allreduce")
+
+
+def test_the_stragglar_policy_cuts_each_bucket_by_the_given_network() -> None:
+    nvlink = Network(3e-6, 450 * 2**30)
+    state = StragglarState(chunks="auto", network=nvlink)
+    for size in (2**20, 2**30):
+        best = best_chunks(8, size, 0.0, nvlink)
+        want = Choice("stragglar", 7, None if best == 7 else best)
+        assert state.choose(8, size) == want
+    assert [d[3] for d in state.decisions] == [
+        None if c == 7 else c for c in (best_chunks(8, 2**20, 0.0, nvlink), best)
+    ]
+    assert StragglarState(chunks=12, straggler=2).choose(8, 2**20) == Choice("stragglar", 2, 12)
+    assert StragglarState(chunks=12, straggler=2).proof(8, 2, 12).schedule.num_chunks == 12
+
+
+def test_the_cost_ratio_prices_each_timing_at_its_own_chunk_count() -> None:
+    net = Network(1e-4, 1e9)
+    size = 2**22
+    timings = []
+    for chunks in (0, 16, 64):  # 0: the paper's N-1
+        prof = generated_profile("stragglar", 8, chunks or None)
+        timings += [(size, chunks, 1.5 * prof.seconds(prof.exposed, size, net))] * RUNS
+    ratio = cost_ratio("stragglar", 8, timings, net)
+    assert ratio is not None and math.isclose(ratio, 1.5)
+    assert medians(timings) == sorted({(t[0], t[1], t[2]) for t in timings})
+
+
 def test_fits_recover_the_network_and_ignore_a_slow_first_run() -> None:
     truth = Network(2e-4, 3e8)
-    ring = [(size, 6 * truth.alpha + 1.5 * size / truth.bandwidth) for size in (2**16, 2**20, 2**22)]
-    firsts = [(2**20, 10.0), (2**25, 10.0)]  # a first run (headers), and DDP's first-step bucket
+    ring = [(size, 0, 6 * truth.alpha + 1.5 * size / truth.bandwidth) for size in (2**16, 2**20, 2**22)]
+    firsts = [(2**20, 0, 10.0), (2**25, 0, 10.0)]  # a first run (headers), and DDP's first-step bucket
     fitted = fit_network("ring", 4, firsts + ring * RUNS)
     assert fitted is not None
     assert math.isclose(fitted.alpha, truth.alpha, rel_tol=1e-6)
     assert math.isclose(fitted.bandwidth, truth.bandwidth, rel_tol=1e-6)
     # StragglAR at N = 4 exposes 4 rounds of 1/3 of the buffer each
-    ours = [(size, 4 * truth.alpha + 4 / 3 * size / truth.bandwidth) for size in (2**16, 2**22)]
+    ours = [(size, 0, 4 * truth.alpha + 4 / 3 * size / truth.bandwidth) for size in (2**16, 2**22)]
     mine = fit_network("stragglar", 4, ours * RUNS)
     assert mine is not None and math.isclose(mine.bandwidth, truth.bandwidth, rel_tol=1e-6)
-    one_size = fit_network("ring", 4, [(2**20, 0.01)] * RUNS)
+    one_size = fit_network("ring", 4, [(2**20, 0, 0.01)] * RUNS)
     assert one_size == Network(0.0, 1.5 * 2**20 / 0.01)  # bandwidth alone
-    falling = fit_network("ring", 4, [(2**16, 0.5), (2**22, 0.1)] * RUNS)  # bigger was faster: noise
+    falling = fit_network("ring", 4, [(2**16, 0, 0.5), (2**22, 0, 0.1)] * RUNS)  # bigger was faster: noise
     assert falling is not None and falling.alpha == 0.0
-    assert fit_network("ring", 4, [(0, 1.0), (8, 0.0)] * RUNS) is None
+    assert fit_network("ring", 4, [(0, 0, 1.0), (8, 0, 0.0)] * RUNS) is None
     assert fit_network("ring", 4, ring * (RUNS - 1)) is None  # no size timed often enough yet
 
 
@@ -87,30 +136,39 @@ def test_stragglar_is_priced_by_its_measured_cost_ratio_whatever_the_load() -> N
     size = 2**22
     prof = generated_profile("stragglar", 4)
     modelled = prof.seconds(prof.exposed, size, ring_then)
-    ratio = cost_ratio("stragglar", 4, [(size, 1.6 * modelled)] * RUNS, ring_then)
+    ratio = cost_ratio("stragglar", 4, [(size, 0, 1.6 * modelled)] * RUNS, ring_then)
     assert ratio is not None and math.isclose(ratio, 1.6)
     for load in (0.7, 1.0, 1.5):  # the machine gets faster or slower for both algorithms alike
         ring_now = scaled(ring_then, load)
         slow = Outlook(1, 1.0, ring_now, scaled(ring_now, ratio))  # a rank 1 s late
         assert choose("stragglar", 4, size, slow) == Choice("allreduce")  # 1.6x the model: never pays
         assert choose("stragglar", 4, size, Outlook(1, 1.0, ring_now, ring_now)) == Choice("stragglar", 1)
-    assert cost_ratio("stragglar", 4, [(size, modelled)] * (RUNS - 1), ring_then) is None
+    assert cost_ratio("stragglar", 4, [(size, 0, modelled)] * (RUNS - 1), ring_then) is None
 
 
 def test_probe_rows_carry_waits_and_the_fastest_ranks_timings() -> None:
     rows = [
-        encode(0.040, [("allreduce", 1000, 0.010), ("stragglar", 2000, 0.030)]),
-        encode(0.0, [("allreduce", 1000, 0.004), ("stragglar", 2000, None)]),  # not known yet
-        encode(0.041, [("allreduce", 1000, 0.009), ("allreduce", 2000, 0.020)]),  # disagrees
+        encode(
+            0.040, [("allreduce", 1000, 0, 0.010), ("stragglar", 2000, 16, 0.030), ("stragglar", 8, 0, 1.0)]
+        ),
+        encode(0.0, [("allreduce", 1000, 0, 0.004), ("stragglar", 2000, 16, None), ("stragglar", 8, 0, 2.0)]),
+        encode(
+            0.041, [("allreduce", 1000, 0, 0.009), ("allreduce", 2000, 0, 0.020), ("stragglar", 8, 9, 0.5)]
+        ),
     ]
     figures = decode(rows)
     assert figures is not None
     late, samples = figures
     assert late.index(max(late)) == 1 and math.isclose(max(late), 0.040)
-    assert samples == [("allreduce", 1000, 0.004), ("stragglar", 2000, 0.030)]
+    # rank 1's second timing is not known yet; rank 2 ran its second and third buckets otherwise
+    assert samples == [
+        ("allreduce", 1000, 0, 0.004),
+        ("stragglar", 2000, 16, 0.030),
+        ("stragglar", 8, 0, 1.0),
+    ]
     assert decode([encode(None, []), encode(0.1, [])]) is None  # the first gather: no waits yet
-    many = encode(0.0, [("allreduce", size, 0.001) for size in range(1, 20)])
-    assert many == encode(0.0, [("allreduce", size, 0.001) for size in range(1, SLOTS + 1)])
+    many = encode(0.0, [("allreduce", size, 0, 0.001) for size in range(1, 20)])
+    assert many == encode(0.0, [("allreduce", size, 0, 0.001) for size in range(1, SLOTS + 1)])
 
 
 def test_a_watch_counts_from_the_end_of_the_operation_before_it() -> None:
@@ -156,6 +214,11 @@ def test_the_worker_runs_in_order_and_fails_every_later_task_at_once() -> None:
         ({"network": (1e-6, 1e9)}, ArgumentError, "network must be a stragglar.cost.Network"),
         ({"asynchronous": 1}, ArgumentError, "asynchronous must be True or False"),
         ({"policy": "auto", "straggler_delay": 0.01}, InputError, "straggler_delay is for experiments"),
+        ({"chunks": "many"}, InputError, "chunks must be a chunk count or 'auto'"),
+        ({"chunks": 0}, InputError, "chunks must be at least 1"),
+        ({"chunks": 2.5}, ArgumentError, "chunks must be an integer"),
+        ({"chunks": 8, "algorithm": "ring"}, InputError, "chunks shapes StragglAR, not ring"),
+        ({"chunks": "auto"}, InputError, "chunks='auto' prices chunk counts on a network"),
     ],
 )
 def test_the_state_checks_its_new_arguments(kwargs: dict[str, Any], error: type, words: str) -> None:

@@ -168,7 +168,7 @@ def stream_rank(rank: int, n: int, proof: Proof, late: float) -> dict[str, Any]:
     for bucket, buffer in enumerate(buffers):
         future = order.future()
         future.add_done_callback(lambda _: completed_on.append(cuda.current_stream().name))
-        job = Job(buffer, bucket, proof, None, order, order.ready(), future)
+        job = Job(buffer, bucket, proof, None, 0, order, order.ready(), future)
         worker.submit(functools.partial(reduce, job), future)
         done_at_submit.append(future.done())
         futures.append(future)

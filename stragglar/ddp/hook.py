@@ -14,10 +14,13 @@ from stragglar.args import as_int, as_rank, as_seconds
 from stragglar.cost import Network
 from stragglar.ddp.policy import (
     ALLREDUCE,
+    AUTO,
     STRAGGLAR,
     Choice,
     Outlook,
+    Timing,
     choose,
+    chunk_count,
     cost_ratio,
     fit_network,
     outlook,
@@ -73,16 +76,21 @@ class StragglarState:
     median lateness is judged (default 4).  Both need the world group.  ``asynchronous``
     (default): the hook returns at once and a worker thread (a side stream on CUDA) runs
     StragglAR's rounds; False runs them in the hook.
+    ``chunks``: StragglAR's chunk count, C >= N-1 (None: the paper's N-1), or "auto": per bucket,
+    the count the cost model prices fastest for its size (:func:`~stragglar.ddp.policy.chunk_count`),
+    on the policy's networks under "auto" (with the expected lateness), on ``network`` under
+    "stragglar" (with ``straggler_delay``), which then must be given.
     ``straggler_delay`` makes the straggler late on purpose inside each reduction, for experiments
     with the "stragglar" policy (with an algorithm that has no straggler, such as Ring,
     ``straggler`` is only the rank that is made late).
 
     Recorded: ``switches`` lists each change of straggler under ``detect`` as (step, rank);
-    ``decisions`` lists (step, algorithm, straggler) for the first bucket and each bucket whose
-    choice differs from the one before (algorithm "stragglar" or "allreduce", straggler None with
-    the latter).  Steps count from 1.  ``outlook``: under "auto", the figures this step's choices
-    were made from (:class:`~stragglar.ddp.policy.Outlook`: the rank expected last, its expected
-    lateness, the fitted networks), None until a window of steps has been seen.
+    ``decisions`` lists (step, algorithm, straggler, chunks) for the first bucket and each bucket
+    whose choice differs from the one before (algorithm "stragglar" or "allreduce", straggler and
+    chunks None with the latter; chunks None also for the paper's N-1).  Steps count from 1.
+    ``outlook``: under "auto", the figures this step's choices were made from
+    (:class:`~stragglar.ddp.policy.Outlook`: the rank expected last, its expected lateness, the
+    fitted networks), None until a window of steps has been seen.
 
     Arguments are checked here, in these terms: ``straggler=1.5`` or ``True`` is an
     :class:`~stragglar.runtime.ArgumentError` (a TypeError), a NumPy integer is a fine rank."""
@@ -96,10 +104,11 @@ class StragglarState:
     share: float = 0.75
     policy: str = "stragglar"
     network: Network | None = None
+    chunks: int | str | None = None
     asynchronous: bool = True
-    proofs: dict[tuple[int, int | None], Proof] = field(default_factory=dict)
+    proofs: dict[tuple[int, int | None, int | None], Proof] = field(default_factory=dict)
     switches: list[tuple[int, int]] = field(default_factory=list)
-    decisions: list[tuple[int, str, int | None]] = field(default_factory=list)
+    decisions: list[tuple[int, str, int | None, int | None]] = field(default_factory=list)
     steps: int = 0
     probe: LateRankProbe | None = field(default=None, repr=False)
     outlook: Outlook | None = field(default=None, init=False, repr=False)
@@ -107,7 +116,7 @@ class StragglarState:
     _comm: _Comm | None = field(default=None, init=False, repr=False)
     _engine_watch: Watch | None = field(default=None, init=False, repr=False)
     _ratio: float = field(default=1.0, init=False, repr=False)  # StragglAR's measured / modelled
-    _priced: tuple[int, float] | None = field(default=None, init=False, repr=False)  # its last timing used
+    _priced: Timing | None = field(default=None, init=False, repr=False)  # its last timing used
 
     def __post_init__(self) -> None:
         if not isinstance(self.algorithm, str) or self.algorithm not in ALGORITHMS:
@@ -135,10 +144,28 @@ class StragglarState:
             raise ArgumentError(
                 f"StragglarState.asynchronous must be True or False, got {self.asynchronous!r}"
             )
+        self._check_chunks()
         if self.policy == "auto" and self.straggler_delay:
             raise InputError(
                 "StragglarState.straggler_delay is for experiments with policy='stragglar': the auto "
                 "policy judges how late ranks really arrive, and a delay inside the reduction is not seen"
+            )
+
+    def _check_chunks(self) -> None:
+        if self.chunks is None:
+            return
+        if self.algorithm != STRAGGLAR:
+            raise InputError(f"StragglarState.chunks shapes StragglAR, not {self.algorithm}")
+        if self.chunks != AUTO:
+            if isinstance(self.chunks, str):
+                raise InputError(
+                    f"StragglarState.chunks must be a chunk count or 'auto', got {self.chunks!r}"
+                )
+            self.chunks = as_int(self.chunks, "StragglarState.chunks", minimum=1)
+        elif self.policy != "auto" and self.network is None:
+            raise InputError(
+                "StragglarState.chunks='auto' prices chunk counts on a network: give network= "
+                "(a stragglar.cost.Network) or use policy='auto', which fits one"
             )
 
     def late_rank(self, world_size: int) -> int | None:
@@ -147,16 +174,17 @@ class StragglarState:
             return None
         return as_rank(self.straggler, "StragglarState.straggler", world_size)
 
-    def proof(self, world_size: int, late: int | None = None) -> Proof:
-        """The proved schedule for ``world_size`` ranks and straggler ``late`` (None: the state's
-        straggler, checked against ``world_size``; None there too: the schedule's own)."""
+    def proof(self, world_size: int, late: int | None = None, chunks: int | None = None) -> Proof:
+        """The proved schedule for ``world_size`` ranks, straggler ``late`` (None: the state's
+        straggler, checked against ``world_size``; None there too: the schedule's own) and
+        ``chunks`` chunks (None: the algorithm's own)."""
         if late is None:
             late = self.late_rank(world_size)
-        key = (world_size, late)
+        key = (world_size, late, chunks)
         if key not in self.proofs:
-            schedule = synthesize(self.algorithm, world_size)
+            schedule = synthesize(self.algorithm, world_size, chunks=chunks)
             if late is not None and schedule.straggler is not None and late != schedule.straggler:
-                schedule = synthesize(self.algorithm, world_size, late)
+                schedule = synthesize(self.algorithm, world_size, late, chunks=chunks)
             self.proofs[key] = prove(schedule)
         return self.proofs[key]
 
@@ -204,15 +232,15 @@ class StragglarState:
     def choose(self, world_size: int, size_bytes: int) -> Choice:
         """How to reduce a bucket of ``size_bytes`` at this step (recorded in ``decisions``)."""
         if self.policy == "auto":
-            choice = choose(self.algorithm, world_size, size_bytes, self.outlook)
+            choice = choose(self.algorithm, world_size, size_bytes, self.outlook, self.chunks)
         else:
             late = self.late_rank(world_size)
-            choice = Choice(
-                STRAGGLAR, late if late is not None else self.proof(world_size).schedule.straggler
-            )
+            chunks = chunk_count(world_size, size_bytes, self.straggler_delay, self.network, self.chunks)
+            straggler = late if late is not None else self.proof(world_size).schedule.straggler
+            choice = Choice(STRAGGLAR, straggler, chunks)
         if choice != self._last:
             self._last = choice
-            self.decisions.append((self.steps, choice.algorithm, choice.straggler))
+            self.decisions.append((self.steps, choice.algorithm, choice.straggler, choice.chunks))
         return choice
 
     def reduce(
@@ -228,12 +256,13 @@ class StragglarState:
         choice = self.choose(world_size, buffer.numel() * buffer.element_size())
         if choice.algorithm != STRAGGLAR:
             return self._engine(buffer, world_size, order)
-        proof = self.proof(world_size, choice.straggler)
+        proof = self.proof(world_size, choice.straggler, choice.chunks)
+        chunks = choice.chunks or 0
         if comm.worker is None:
-            job = Job(buffer, bucket, proof, choice.straggler, HOST, None, HOST.future())
+            job = Job(buffer, bucket, proof, choice.straggler, chunks, HOST, None, HOST.future())
             comm.reduce(job)  # on the caller's thread, its errors raised in the hook
             return job.future
-        job = Job(buffer, bucket, proof, choice.straggler, order, order.ready(), order.future())
+        job = Job(buffer, bucket, proof, choice.straggler, chunks, order, order.ready(), order.future())
         comm.worker.submit(functools.partial(comm.reduce, job), job.future)
         # DDP reads a failed Future's value as its result ("Unable to cast ... to Tensor"); an error
         # raised in a callback reaches it as an error, with the message intact
@@ -252,7 +281,7 @@ class StragglarState:
         def averaged(future: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
             watch.stop()
             if record is not None:
-                record(ALLREDUCE, size, watch)
+                record(ALLREDUCE, size, 0, watch)
             return future.value()[0].div_(world_size)
 
         work = dist.all_reduce(buffer, group=self.process_group, async_op=True)

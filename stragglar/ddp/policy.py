@@ -24,6 +24,12 @@ than the links explain (a CPU running every round in Python, ranks sharing cores
 priced that many times higher (:func:`scaled`), the critical delay grows or vanishes, and the
 policy falls back to the engine's all_reduce.  The ratio is taken against the Ring's network of
 the same moment, so a machine that gets slower or faster for both leaves the choice alone.
+
+*Chunks.*  With ``chunks="auto"`` a bucket StragglAR reduces is cut into the chunk count the model
+prices fastest for its size and the expected lateness on StragglAR's network
+(:func:`chunk_count`): more chunks shorten phase 2's bandwidth term towards one buffer, fewer
+save rounds where each round is dear.  Timings carry the chunk count they were measured at, so
+the cost ratio prices each against its own schedule.
 """
 
 from __future__ import annotations
@@ -36,12 +42,16 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from stragglar.cost import Network, critical_delay, estimate
-from stragglar.measure.predict import generated_profile
+from stragglar.errors import InputError
+from stragglar.measure.predict import best_chunks, generated_profile
 
 __all__ = [
+    "AUTO",
     "Choice",
     "Outlook",
+    "Timing",
     "choose",
+    "chunk_count",
     "cost_ratio",
     "critical_delay_for",
     "fit_network",
@@ -54,16 +64,24 @@ __all__ = [
 
 STRAGGLAR = "stragglar"
 ALLREDUCE = "allreduce"
+AUTO = "auto"  # chunks: the cost model's choice per bucket
 RUNS = 3  # timings of one size before the fits trust it
 MARGIN = 0.05  # the share of a Ring's exposed time StragglAR must be expected to save
+
+Timing = tuple[int, int, float]
+"""A bucket's reduction, as gathered: (bytes, chunks, seconds); chunks is the schedule's chunk
+count where it was not the algorithm's own (the paper's N-1 for StragglAR), else 0, and always 0
+for the engine's all_reduce."""
 
 
 @dataclass(frozen=True, slots=True)
 class Choice:
-    """How one bucket is reduced: ``algorithm`` is "stragglar" (with ``straggler``) or "allreduce"."""
+    """How one bucket is reduced: ``algorithm`` is "stragglar" (with ``straggler``, and ``chunks``
+    where not the paper's N-1) or "allreduce"."""
 
     algorithm: str
     straggler: int | None = None
+    chunks: int | None = None
 
 
 ENGINE = Choice(ALLREDUCE)
@@ -135,13 +153,43 @@ def outlook(
     return Outlook(candidate, expected[candidate], ring, ours)
 
 
+def chunk_count(
+    num_ranks: int, size_bytes: int, delay: float, network: Network | None, chunks: int | str | None
+) -> int | None:
+    """The chunks a bucket of ``size_bytes`` is cut into: ``chunks`` itself, or for "auto" the
+    cost model's fastest on ``network`` with the straggler ``delay`` seconds late
+    (:func:`~stragglar.measure.predict.best_chunks`); None for the paper's N-1.
+
+    >>> fast = Network(3e-6, 450 * 2**30)  # the paper's NVLink: many chunks pay
+    >>> chunk_count(8, 2**30, 5e-3, fast, "auto"), chunk_count(8, 2**30, 5e-3, fast, 14)
+    (38, 14)
+    >>> chunk_count(8, 2**20, 5e-3, Network(1e-3, 1e9), "auto") is None  # dear rounds: the paper's 7
+    True
+    """
+    if chunks is None:
+        return None
+    if chunks != AUTO:
+        count = int(chunks)
+    elif network is None:
+        raise InputError("chunks='auto' prices chunk counts on a network, and none is known")
+    else:
+        count = best_chunks(num_ranks, size_bytes, max(delay, 0.0), network)
+    return None if count == num_ranks - 1 else count
+
+
 @lru_cache(maxsize=4096)
 def critical_delay_for(
-    algorithm: str, num_ranks: int, size_bytes: int, ours: Network, ring: Network
+    algorithm: str,
+    num_ranks: int,
+    size_bytes: int,
+    ours: Network,
+    ring: Network,
+    chunks: int | None = None,
 ) -> float | None:
-    """The delay above which ``algorithm``'s schedule (priced on ``ours``) takes at most
-    ``1 - MARGIN`` of a Ring AllReduce's time (priced on ``ring``) after the late rank arrives, for
-    ``size_bytes``; None: at no delay.  Cached: a hook asks for the same bucket sizes every step.
+    """The delay above which ``algorithm``'s schedule (in ``chunks`` chunks, None: its own; priced
+    on ``ours``) takes at most ``1 - MARGIN`` of a Ring AllReduce's time (priced on ``ring``) after
+    the late rank arrives, for ``size_bytes``; None: at no delay.  Cached: a hook asks for the
+    same bucket sizes every step.
 
     >>> net = Network(1e-4, 1e9)
     >>> round(critical_delay_for("stragglar", 4, 2**24, net, net) * 1e3, 2)  # 16 MiB
@@ -149,34 +197,45 @@ def critical_delay_for(
     >>> critical_delay_for("stragglar", 4, 2**24, Network(1e-4, 0.8e9), net) is None
     True
     """
-    mine = estimate(generated_profile(algorithm, num_ranks), size_bytes, 0.0, ours)
+    mine = estimate(generated_profile(algorithm, num_ranks, chunks), size_bytes, 0.0, ours)
     theirs = estimate(generated_profile("ring", num_ranks), size_bytes, 0.0, ring)
     return critical_delay(mine, dataclasses.replace(theirs, tail=theirs.tail * (1 - MARGIN)))
 
 
-def choose(algorithm: str, num_ranks: int, size_bytes: int, step: Outlook | None) -> Choice:
-    """StragglAR with the candidate as straggler when its expected lateness exceeds the critical
-    delay for a bucket of ``size_bytes``; otherwise (or with no figures yet) the engine's all_reduce.
+def choose(
+    algorithm: str,
+    num_ranks: int,
+    size_bytes: int,
+    step: Outlook | None,
+    chunks: int | str | None = None,
+) -> Choice:
+    """StragglAR with the candidate as straggler, in :func:`chunk_count`'s chunks, when its
+    expected lateness exceeds the critical delay for a bucket of ``size_bytes`` in those chunks;
+    otherwise (or with no figures yet) the engine's all_reduce.
 
     >>> net = Network(2e-4, 1e9)
     >>> late = Outlook(candidate=1, lateness=0.030, ring=net, ours=net)
-    >>> choose("stragglar", 4, 4 * 2**20, late), choose("stragglar", 4, 64 * 2**20, late)
-    (Choice(algorithm='stragglar', straggler=1), Choice(algorithm='allreduce', straggler=None))
+    >>> choose("stragglar", 4, 4 * 2**20, late).straggler, choose("stragglar", 4, 64 * 2**20, late)
+    (1, Choice(algorithm='allreduce', straggler=None, chunks=None))
     >>> slow = Network(2e-4, 0.5e9)  # StragglAR's own rounds, measured: half the bandwidth
     >>> choose("stragglar", 4, 4 * 2**20, Outlook(1, 0.030, ring=net, ours=slow))
-    Choice(algorithm='allreduce', straggler=None)
+    Choice(algorithm='allreduce', straggler=None, chunks=None)
+    >>> nvlink = Network(3e-6, 450 * 2**30)
+    >>> choose("stragglar", 8, 2**30, Outlook(2, 0.005, ring=nvlink, ours=nvlink), chunks="auto")
+    Choice(algorithm='stragglar', straggler=2, chunks=38)
     """
     if step is None or step.ring is None or step.ours is None or size_bytes <= 0:
         return ENGINE
-    critical = critical_delay_for(algorithm, num_ranks, size_bytes, step.ours, step.ring)
+    count = chunk_count(num_ranks, size_bytes, step.lateness, step.ours, chunks)
+    critical = critical_delay_for(algorithm, num_ranks, size_bytes, step.ours, step.ring, count)
     if critical is None or step.lateness <= critical:
         return ENGINE
-    return Choice(STRAGGLAR, step.candidate)
+    return Choice(STRAGGLAR, step.candidate, count)
 
 
-def fit_network(algorithm: str, num_ranks: int, samples: Iterable[tuple[int, float]]) -> Network | None:
-    """Alpha and bandwidth that explain (bytes, seconds) timings of ``algorithm``'s exposed rounds
-    (all of a Ring's), on its generated schedule for ``num_ranks``; None without enough timings.
+def fit_network(algorithm: str, num_ranks: int, samples: Iterable[Timing]) -> Network | None:
+    """Alpha and bandwidth that explain :data:`Timing` s of ``algorithm``'s exposed rounds (all of
+    a Ring's), on its generated schedule for ``num_ranks``; None without enough timings.
 
     Least squares over the sizes' medians (:func:`medians`) when sizes at least a factor 2 apart
     separate alpha from bandwidth; otherwise (DDP's buckets are often all about one size), or
@@ -184,18 +243,18 @@ def fit_network(algorithm: str, num_ranks: int, samples: Iterable[tuple[int, flo
     by its bytes.  Plain float arithmetic, so every rank fits the same network from the same
     figures.
 
-    >>> ring = [(2**20, 6e-3 + 1.5 * 2**20 / 1e9), (2**24, 6e-3 + 1.5 * 2**24 / 1e9)] * 3  # N = 4
-    >>> net = fit_network("ring", 4, ring + [(2**26, 9.0)])  # a size timed once: left out
+    >>> ring = [(2**20, 0, 6e-3 + 1.5 * 2**20 / 1e9), (2**24, 0, 6e-3 + 1.5 * 2**24 / 1e9)] * 3  # N = 4
+    >>> net = fit_network("ring", 4, ring + [(2**26, 0, 9.0)])  # a size timed once: left out
     >>> round(net.alpha * 1e3, 6), round(net.bandwidth / 1e9, 6)
     (1.0, 1.0)
-    >>> fit_network("ring", 4, [(2**20, 3e-3), (2**20, 1.0), (2**20, 3e-3)]).alpha
+    >>> fit_network("ring", 4, [(2**20, 0, 3e-3), (2**20, 0, 1.0), (2**20, 0, 3e-3)]).alpha
     0.0
-    >>> fit_network("ring", 4, [(2**20, 3e-3)] * (RUNS - 1)) is None
+    >>> fit_network("ring", 4, [(2**20, 0, 3e-3)] * (RUNS - 1)) is None
     True
     """
     prof = generated_profile(algorithm, num_ranks)
     rounds, per_byte = len(prof.exposed), sum(prof.exposed) / prof.num_chunks
-    points = [(per_byte * size, seconds) for size, seconds in medians(samples)]
+    points = [(per_byte * size, seconds) for size, chunks, seconds in medians(samples) if not chunks]
     if not points:
         return None
     if points[-1][0] >= 2 * points[0][0]:  # t = rounds * alpha + bytes * beta
@@ -208,18 +267,21 @@ def fit_network(algorithm: str, num_ranks: int, samples: Iterable[tuple[int, flo
     return Network(0.0, sum(b for b, _ in points) / sum(t for _, t in points))
 
 
-def cost_ratio(
-    algorithm: str, num_ranks: int, samples: Iterable[tuple[int, float]], network: Network
-) -> float | None:
+def cost_ratio(algorithm: str, num_ranks: int, samples: Iterable[Timing], network: Network) -> float | None:
     """How many times the model's price on ``network`` ``algorithm``'s measured exposed times
-    were (the median over sizes); None without enough timings.
+    were, each against the schedule in the chunks it ran in (the median over sizes and chunk
+    counts); None without enough timings.
 
     >>> net = Network(0.0, 1e9)  # N = 4: StragglAR exposes 4 rounds of a third of the bucket each
-    >>> cost_ratio("stragglar", 4, [(3 * 10**6, 8e-3)] * RUNS, net)  # the model says 4 ms
+    >>> cost_ratio("stragglar", 4, [(3 * 10**6, 0, 8e-3)] * RUNS, net)  # the model says 4 ms
+    2.0
+    >>> cost_ratio("stragglar", 4, [(3 * 10**6, 6, 7e-3)] * RUNS, net)  # 7 rounds of a sixth: 3.5 ms
     2.0
     """
-    prof = generated_profile(algorithm, num_ranks)
-    ratios = [seconds / prof.seconds(prof.exposed, size, network) for size, seconds in medians(samples)]
+    ratios = []
+    for size, chunks, seconds in medians(samples):
+        prof = generated_profile(algorithm, num_ranks, chunks or None)
+        ratios.append(seconds / prof.seconds(prof.exposed, size, network))
     return statistics.median(ratios) if ratios else None
 
 
@@ -232,17 +294,22 @@ def scaled(network: Network, ratio: float) -> Network:
     return Network(network.alpha * ratio, network.bandwidth / ratio)
 
 
-def medians(samples: Iterable[tuple[int, float]]) -> list[tuple[int, float]]:
-    """(size, median seconds) for each size timed at least :data:`RUNS` times, smallest first.
+def medians(samples: Iterable[Timing]) -> list[Timing]:
+    """(size, chunks, median seconds) for each size and chunk count timed at least :data:`RUNS`
+    times, smallest first.
 
-    Only sizes timed that often count: the first run of a bucket also checks headers and
+    Only those timed that often count: the first run of a bucket also checks headers and
     compiles, and DDP's first step has one bucket of every gradient, a size that never recurs.
 
-    >>> medians([(8, 1.0), (8, 3.0), (8, 2.0), (4, 0.5)])
-    [(8, 2.0)]
+    >>> medians([(8, 0, 1.0), (8, 0, 3.0), (8, 0, 2.0), (4, 0, 0.5), (8, 9, 1.0)])
+    [(8, 0, 2.0)]
     """
-    times: dict[int, list[float]] = collections.defaultdict(list)
-    for size, seconds in samples:
+    times: dict[tuple[int, int], list[float]] = collections.defaultdict(list)
+    for size, chunks, seconds in samples:
         if size > 0 and seconds > 0:
-            times[size].append(seconds)
-    return [(size, statistics.median(ts)) for size, ts in sorted(times.items()) if len(ts) >= RUNS]
+            times[size, chunks].append(seconds)
+    return [
+        (size, chunks, statistics.median(ts))
+        for (size, chunks), ts in sorted(times.items())
+        if len(ts) >= RUNS
+    ]

@@ -2,10 +2,11 @@
 
 One tiny all_gather per step, on a gloo group of its own, carries every rank's figures to every
 rank, so all decide from the same numbers (:mod:`stragglar.ddp.policy`).  A rank's row is
-``[valid, wait, kind_1, bytes_1, seconds_1, ..., kind_K, bytes_K, seconds_K]``: how long it
-waited at the previous step's gather for the last rank, and how long it took to reduce the
-previous step's buckets (the first :data:`SLOTS` of them), each with the algorithm that reduced
-it (``kind``: an index in :data:`KINDS`, 0 for an empty slot).
+``[valid, wait, kind_1, bytes_1, chunks_1, seconds_1, ..., kind_K, bytes_K, chunks_K, seconds_K]``:
+how long it waited at the previous step's gather for the last rank, and how long it took to
+reduce the previous step's buckets (the first :data:`SLOTS` of them), each with the algorithm
+that reduced it (``kind``: an index in :data:`KINDS`, 0 for an empty slot) and its chunk count
+(:data:`~stragglar.ddp.policy.Timing`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from stragglar.ddp.policy import ALLREDUCE, STRAGGLAR, latenesses
+from stragglar.ddp.policy import ALLREDUCE, STRAGGLAR, Timing, latenesses
 
 __all__ = ["KINDS", "SLOTS", "LateRankProbe", "Stopwatch", "decode", "encode"]
 
@@ -28,7 +29,8 @@ SLOTS = 8  # bucket timings a rank shares per step: enough sizes to fit alpha an
 SAMPLES = 2 * SLOTS  # gathered timings kept per algorithm: its last two steps, so the fits follow
 # the machine's load, and a StragglAR measured long ago is measured again before it counts
 KINDS = ("", ALLREDUCE, STRAGGLAR)
-ROW = 2 + 3 * SLOTS
+FIELDS = 4  # per slot: kind, bytes, chunks, seconds
+ROW = 2 + FIELDS * SLOTS
 
 
 class Stopwatch(Protocol):
@@ -51,9 +53,9 @@ class LateRankProbe:
         self.world_size = world_size
         self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout))  # CPU, own sockets
         self.late: collections.deque[tuple[float, ...]] = collections.deque(maxlen=window)
-        self.samples = {kind: collections.deque[tuple[int, float]](maxlen=SAMPLES) for kind in KINDS[1:]}
+        self.samples = {kind: collections.deque[Timing](maxlen=SAMPLES) for kind in KINDS[1:]}
         self._wait: float | None = None  # this rank's wait at the last step whose gather completed
-        self._timings: list[tuple[str, int, Stopwatch]] = []
+        self._timings: list[tuple[str, int, int, Stopwatch]] = []
         self._lock = threading.Lock()  # the worker thread records while the caller may step
         self._pending: tuple[Any, list[torch.Tensor], float] | None = None
 
@@ -62,10 +64,11 @@ class LateRankProbe:
         """The rank that arrived last at each recent step, oldest first."""
         return [max(range(len(step)), key=step.__getitem__) for step in self.late]
 
-    def record(self, algorithm: str, size_bytes: int, watch: Stopwatch) -> None:
-        """Note how long a bucket took to reduce with ``algorithm`` (from any thread)."""
+    def record(self, algorithm: str, size_bytes: int, chunks: int, watch: Stopwatch) -> None:
+        """Note how long a bucket took to reduce with ``algorithm`` in ``chunks`` chunks (0: its
+        own), from any thread."""
         with self._lock:
-            self._timings.append((algorithm, size_bytes, watch))
+            self._timings.append((algorithm, size_bytes, chunks, watch))
 
     def step(self) -> bool:
         """Call once per step, first thing; True when an earlier step's figures arrived."""
@@ -84,7 +87,9 @@ class LateRankProbe:
     def _row(self) -> list[float]:
         with self._lock:
             timings, self._timings = self._timings, []
-        return encode(self._wait, [(kind, size, watch.seconds()) for kind, size, watch in timings])
+        return encode(
+            self._wait, [(kind, size, chunks, watch.seconds()) for kind, size, chunks, watch in timings]
+        )
 
     def _read(self, rows: list[list[float]]) -> bool:
         figures = decode(rows)
@@ -92,43 +97,45 @@ class LateRankProbe:
             return False
         late, samples = figures
         self.late.append(late)
-        for kind, size, seconds in samples:
-            self.samples[kind].append((size, seconds))
+        for kind, size, chunks, seconds in samples:
+            self.samples[kind].append((size, chunks, seconds))
         return True
 
 
-def encode(wait: float | None, timings: Sequence[tuple[str, int, float | None]]) -> list[float]:
+def encode(wait: float | None, timings: Sequence[tuple[str, int, int, float | None]]) -> list[float]:
     """This rank's row: its wait (None: not measured yet) and its first :data:`SLOTS` timings
-    (algorithm, bytes, seconds or None when not known yet).
+    (algorithm, bytes, chunks, seconds or None when not known yet).
 
-    >>> encode(0.25, [("allreduce", 1024, 0.5), ("stragglar", 64, None)])[:8]
-    [1.0, 0.25, 1.0, 1024.0, 0.5, 2.0, 64.0, 0.0]
+    >>> encode(0.25, [("allreduce", 1024, 0, 0.5), ("stragglar", 64, 8, None)])[:10]
+    [1.0, 0.25, 1.0, 1024.0, 0.0, 0.5, 2.0, 64.0, 8.0, 0.0]
     >>> len(encode(None, [])) == ROW
     True
     """
     row = [0.0, 0.0] if wait is None else [1.0, wait]
-    for kind, size, seconds in timings[:SLOTS]:
-        row += [float(KINDS.index(kind)), float(size), seconds or 0.0]
+    for kind, size, chunks, seconds in timings[:SLOTS]:
+        row += [float(KINDS.index(kind)), float(size), float(chunks), seconds or 0.0]
     return row + [0.0] * (ROW - len(row))
 
 
-def decode(rows: Sequence[Sequence[float]]) -> tuple[tuple[float, ...], list[tuple[str, int, float]]] | None:
+def decode(
+    rows: Sequence[Sequence[float]],
+) -> tuple[tuple[float, ...], list[tuple[str, int, int, float]]] | None:
     """Every rank's lateness and the bucket timings, from every rank's row (None: no waits yet).
 
-    A slot counts where ranks agree on its algorithm and size, with the fastest rank's time: that
-    rank waited for nobody.
+    A slot counts where ranks agree on its algorithm, size and chunks, with the fastest rank's
+    time: that rank waited for nobody.
 
-    >>> rows = [encode(0.03, [("allreduce", 8, 0.004)]), encode(0.0, [("allreduce", 8, 0.002)])]
+    >>> rows = [encode(0.03, [("allreduce", 8, 0, 0.004)]), encode(0.0, [("allreduce", 8, 0, 0.002)])]
     >>> late, samples = decode(rows)
     >>> [round(x, 3) for x in late], samples
-    ([-0.03, 0.03], [('allreduce', 8, 0.002)])
+    ([-0.03, 0.03], [('allreduce', 8, 0, 0.002)])
     """
     if not all(row[0] for row in rows):  # the first gather carries no waits yet
         return None
     samples = []
-    for k in range(2, ROW, 3):
-        kind, size = rows[0][k : k + 2]
-        times = [row[k + 2] for row in rows if row[k + 2] > 0 and list(row[k : k + 2]) == [kind, size]]
-        if kind and times:
-            samples.append((KINDS[int(kind)], int(size), min(times)))
+    for k in range(2, ROW, FIELDS):
+        head = list(rows[0][k : k + 3])  # kind, bytes, chunks
+        times = [row[k + 3] for row in rows if row[k + 3] > 0 and list(row[k : k + 3]) == head]
+        if head[0] and times:
+            samples.append((KINDS[int(head[0])], int(head[1]), int(head[2]), min(times)))
     return latenesses([row[1] for row in rows]), samples

@@ -180,6 +180,7 @@ class Job:
     bucket: int
     proof: Proof
     late: int | None  # the late rank (None: the schedule's straggler)
+    chunks: int  # the schedule's chunk count where not the algorithm's own, else 0 (for the policy)
     order: Order
     ready: Any  # the event after the gradients (CUDA), None on CPU
     future: torch.futures.Future[torch.Tensor]
@@ -189,14 +190,15 @@ class Job:
 class Reducer:
     """Averages a job's bucket over ``group`` with its schedule, then completes its Future.
 
-    ``record`` receives how long each bucket took (algorithm, bytes, stopwatch), for the policy.
+    ``record`` receives how long each bucket took (algorithm, bytes, chunks, stopwatch), for the
+    policy.
     """
 
     group: Any
     world: int
     timeout: float
     straggler_delay: float = 0.0
-    record: Callable[[str, int, Stopwatch], None] | None = None
+    record: Callable[[str, int, int, Stopwatch], None] | None = None
 
     def __call__(self, job: Job) -> None:
         with job.order.running(job.ready):
@@ -213,7 +215,7 @@ class Reducer:
             )
             watch.stop()
             if self.record is not None:
-                self.record(STRAGGLAR, job.buffer.numel() * job.buffer.element_size(), watch)
+                self.record(STRAGGLAR, job.buffer.numel() * job.buffer.element_size(), job.chunks, watch)
             job.buffer.div_(self.world)
             job.future.set_result(job.buffer)
 
