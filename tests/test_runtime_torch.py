@@ -82,7 +82,7 @@ def test_a_dead_rank_makes_the_others_fail_clearly_and_quickly() -> None:
     start = time.monotonic()
     with pytest.raises(LaunchError) as info:
         launch(dying_rank, 5, (prove(synthesize("stragglar", 5)),), timeout=30)
-    assert time.monotonic() - start < 20
+    assert time.monotonic() - start < 20, (time.monotonic() - start, str(info.value), info.value.errors)
     errors = info.value.errors
     assert errors[2] == "exited with code 3 before reporting"
     assert set(errors) == set(range(5))

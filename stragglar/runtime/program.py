@@ -10,8 +10,8 @@ element ranges; messages that turn out empty are dropped, identically on both en
 
 >>> from stragglar.synth import synthesize
 >>> p = compile_schedule(synthesize("stragglar", 3))[2]  # the runtime compiles proved schedules only
->>> [(s.round, s.sends[0].peer, s.sends[0].chunks, s.recvs[0].in_place) for s in p.steps]
-[(1, 0, (0,), False), (2, 1, (1,), False)]
+>>> [(s.round, s.sends[0].peer, s.sends[0].chunks, [m.in_place for m in s.recvs]) for s in p.steps]
+[(1, 0, (0,), [False]), (2, 1, (1,), [False]), (3, 1, (0,), [])]
 """
 
 from __future__ import annotations
