@@ -22,23 +22,40 @@ from functools import lru_cache
 
 from stragglar.cost import PAPER_NETWORK, Comparison, Network, Profile, compare, estimate, profile
 from stragglar.errors import InputError
-from stragglar.schedule import MAX_CELLS, MAX_CHUNKS
+from stragglar.schedule import MAX_CELLS, MAX_CHUNKS, Schedule
 from stragglar.synth import ALGORITHMS, synthesize
 
-__all__ = ["MIN_CHUNK_BYTES", "best_chunks", "chunk_candidates", "compare_generated", "generated_profile"]
+__all__ = [
+    "MIN_CHUNK_BYTES",
+    "best_chunks",
+    "chunk_candidates",
+    "compare_generated",
+    "generated_profile",
+    "schedule_name",
+]
 
 # A chunk smaller than this is all latency: no candidate cuts a buffer finer.
 MIN_CHUNK_BYTES = 4096
 
 
+def schedule_name(schedule: Schedule) -> str:
+    """``stragglar C=38`` for a straggler-aware schedule in other than the paper's N-1 chunks, else
+    the algorithm: the name the model's estimates and the measured runs both give it.
+
+    >>> from stragglar.synth import synthesize
+    >>> schedule_name(synthesize("stragglar", 4, chunks=9)), schedule_name(synthesize("stragglar", 4))
+    ('stragglar C=9', 'stragglar')
+    """
+    paper = schedule.straggler is None or schedule.num_chunks == schedule.num_ranks - 1
+    return schedule.algorithm if paper else f"{schedule.algorithm} C={schedule.num_chunks}"
+
+
 @lru_cache(maxsize=256)
 def generated_profile(algorithm: str, num_ranks: int, chunks: int | None = None) -> Profile:
     """The profile of ``algorithm``'s generated schedule for ``num_ranks`` ranks (and ``chunks``
-    chunks, StragglAR only: labelled ``stragglar C=<chunks>`` unless it is the paper's N-1)."""
-    p = profile(synthesize(algorithm, num_ranks, chunks=chunks))
-    if chunks is None or chunks == num_ranks - 1:
-        return p
-    return dataclasses.replace(p, algorithm=f"{algorithm} C={chunks}")
+    chunks, StragglAR only), named by :func:`schedule_name`."""
+    schedule = synthesize(algorithm, num_ranks, chunks=chunks)
+    return dataclasses.replace(profile(schedule), algorithm=schedule_name(schedule))
 
 
 def compare_generated(

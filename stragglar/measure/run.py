@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib.util
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -21,34 +21,50 @@ import numpy as np
 from stragglar.args import as_int, as_rank, as_seconds
 from stragglar.errors import InputError
 from stragglar.measure.data import ITEMSIZE, check, expected, payload
-from stragglar.measure.timing import Figures, iteration_figures
+from stragglar.measure.predict import schedule_name
+from stragglar.measure.timing import Figures, Series, iteration_figures, turn
 from stragglar.runtime import plan_for
 from stragglar.runtime.engine import DTYPES
 from stragglar.runtime.local import run_local
 from stragglar.schedule import MAX_RANKS
 from stragglar.synth import synthesize
 from stragglar.units import count_of, format_bytes
-from stragglar.verify import Proof, prove
+from stragglar.verify import Proof, prove, require_proof
 
-__all__ = ["BACKENDS", "BenchmarkResult", "run_benchmark"]
+__all__ = ["BACKENDS", "BenchmarkResult", "Variant", "run_benchmark"]
 
 BACKENDS = ("local", "torch", "cupy")
 
 
 @dataclass(frozen=True)
+class Variant:
+    """One schedule's per-iteration seconds in a run (slowest rank, from the common start to its
+    last round); ``hidden``: when the punctual ranks had finished the phases without the
+    straggler.  ``name`` is :func:`~stragglar.measure.predict.schedule_name`'s."""
+
+    name: str
+    chunks: int
+    times: tuple[float, ...]
+    hidden: tuple[float, ...]
+
+    @property
+    def time(self) -> float:
+        return statistics.median(self.times)
+
+
+@dataclass(frozen=True)
 class BenchmarkResult:
-    """Per-iteration seconds (slowest rank, from the common start to its last round).
-    ``hidden`` is when the punctual ranks finished the phases without the straggler; ``late`` is
-    the rank that arrived ``delay`` seconds late, for the schedule and the baseline alike."""
+    """A run: each schedule's figures (:class:`Variant`, in the order given) and the baseline's,
+    all from the same iterations; ``late`` is the rank that arrived ``delay`` seconds late, for
+    every schedule and the baseline alike.  ``algorithm``, ``times``, ``hidden``, ``time`` and
+    ``algbw`` are the first schedule's (the only one, unless several were run)."""
 
     backend: str
-    algorithm: str
     num_ranks: int
     dtype: str
     count: int
     delay: float
-    times: tuple[float, ...]
-    hidden: tuple[float, ...]
+    variants: tuple[Variant, ...]
     baseline: str
     baseline_times: tuple[float, ...]
     late: int | None = None
@@ -58,8 +74,20 @@ class BenchmarkResult:
         return self.count * ITEMSIZE[self.dtype]
 
     @property
+    def algorithm(self) -> str:
+        return self.variants[0].name
+
+    @property
+    def times(self) -> tuple[float, ...]:
+        return self.variants[0].times
+
+    @property
+    def hidden(self) -> tuple[float, ...]:
+        return self.variants[0].hidden
+
+    @property
     def time(self) -> float:
-        return statistics.median(self.times)
+        return self.variants[0].time
 
     @property
     def baseline_time(self) -> float:
@@ -75,9 +103,12 @@ class BenchmarkResult:
         return self.size_bytes / self.baseline_time
 
     def progress_line(self) -> str:
-        """``  N=4 16 MiB 50 ms: 1.12x``: one finished setting of a sweep."""
+        """``  N=4 16 MiB 50 ms: 1.12x``: one finished setting of a sweep (a ratio per schedule;
+        the baseline's time when it ran alone)."""
         size = format_bytes(self.size_bytes)
-        return f"  N={self.num_ranks} {size} {self.delay * 1e3:g} ms: {self.baseline_time / self.time:.2f}x"
+        ratios = ", ".join(f"{self.baseline_time / v.time:.2f}x" for v in self.variants)
+        figures = ratios or f"{self.baseline} {self.baseline_time * 1e3:.1f} ms"
+        return f"  N={self.num_ranks} {size} {self.delay * 1e3:g} ms: {figures}"
 
     @property
     def _late_rank(self) -> str:
@@ -86,23 +117,23 @@ class BenchmarkResult:
     def report(self) -> str:
         """A few lines for the terminal."""
         gb = 1e9
-        hidden = (
-            f"  (hidden phase done at {statistics.median(self.hidden) * 1e3:.2f} ms)" if self.hidden else ""
-        )
-        rows = (
-            (self.algorithm, self.time, self.algbw),
-            (self.baseline, self.baseline_time, self.baseline_algbw),
-        )
-        return "\n".join(
-            [
-                f"{self.algorithm} on {self.backend}: {self.num_ranks} ranks, "
-                f"{format_bytes(self.size_bytes)} {self.dtype}, "
-                f"straggler delay {self.delay * 1e3:g} ms{self._late_rank}, "
-                f"{count_of(len(self.times), 'iteration')} (medians), results checked",
-                *(f"  {name:<18} {t * 1e3:10.3f} ms/iter  {bw / gb:8.3f} GB/s" for name, t, bw in rows),
-                f"  speed-up (ratio of the medians) {self.baseline_time / self.time:.2f}x{hidden}",
-            ]
-        )
+        rows = [(v.name, v.time) for v in self.variants] + [(self.baseline, self.baseline_time)]
+        width = max(18, *(len(name) for name, _ in rows))
+        lines = [
+            f"{', '.join(v.name for v in self.variants) or self.baseline} on {self.backend}: "
+            f"{self.num_ranks} ranks, {format_bytes(self.size_bytes)} {self.dtype}, "
+            f"straggler delay {self.delay * 1e3:g} ms{self._late_rank}, "
+            f"{count_of(len(self.baseline_times), 'iteration')} (medians), results checked",
+            *(
+                f"  {name:<{width}} {t * 1e3:10.3f} ms/iter  {self.size_bytes / t / gb:8.3f} GB/s"
+                for name, t in rows
+            ),
+        ]
+        for v in self.variants:
+            which = f" of {v.name}" if len(self.variants) > 1 else ""
+            hidden = f"  (hidden phase done at {statistics.median(v.hidden) * 1e3:.2f} ms)" if v.hidden else ""
+            lines.append(f"  speed-up{which} (ratio of the medians) {self.baseline_time / v.time:.2f}x{hidden}")
+        return "\n".join(lines)
 
 
 def run_benchmark(
@@ -113,22 +144,27 @@ def run_benchmark(
     delay: float = 0.0,
     *,
     algorithm: str = "stragglar",
-    proof: Proof | None = None,
+    proof: Proof | Sequence[Proof] | None = None,
+    chunks: int | None = None,
     straggler: int | None = None,
     iters: int = 5,
     warmup: int = 1,
     timeout: float = 60.0,
 ) -> BenchmarkResult:
-    """Run the proved schedule (default: ``algorithm`` synthesized for ``num_ranks`` and proved)
-    ``warmup + iters`` times on ``backend`` and the engine's all_reduce as often, checking every
-    result.
+    """Run the proved schedule (default: ``algorithm`` synthesized for ``num_ranks``, in
+    ``chunks`` chunks if given, and proved) ``warmup + iters`` times on ``backend`` and the
+    engine's all_reduce as often, checking every result.
 
-    ``delay`` is in seconds: how late the late rank arrives, for the schedule and the baseline
-    alike.  The late rank is ``straggler`` if given (for a straggler-aware algorithm also the
-    schedule's straggler), else the schedule's straggler, else the last rank: a schedule without
-    a straggler (Ring, RHD) waits for it exactly as the baseline does.  ``timeout`` bounds each
-    wait for a silent peer (plus ``delay`` where the wait includes the late rank's delay), not the
-    run.  Raises :class:`~stragglar.errors.InputError` for a bad request,
+    ``proof`` may also be several proofs: each iteration then runs every one of them and the
+    baseline, in an order that rotates (:func:`~stragglar.measure.timing.turn`), all in one
+    launch of the ranks, so that every schedule sees the same machine state; none (an empty
+    sequence) times the baseline alone.  ``delay`` is in seconds: how late the late rank arrives,
+    for every schedule and the baseline alike.  The late rank is ``straggler`` if given (for a
+    straggler-aware algorithm also the schedule's straggler), else the first schedule's
+    straggler, else the last rank: a schedule without a straggler (Ring, RHD) waits for it exactly
+    as the baseline does.  ``timeout`` bounds each wait for a silent peer (plus ``delay`` where the
+    wait includes the late rank's delay), not the run.  Raises
+    :class:`~stragglar.errors.InputError` for a bad request,
     :class:`~stragglar.measure.data.WrongResult` for a wrong result, and
     :class:`~stragglar.measure.launch.LaunchError` when a rank fails.
     """
@@ -147,11 +183,19 @@ def run_benchmark(
     late = None if straggler is None else as_rank(straggler, "straggler", num_ranks)
     if proof is None:
         aware = late is not None and _has_straggler(algorithm)
-        proof = prove(synthesize(algorithm, num_ranks, late if aware else None))
-    elif proof.num_ranks != num_ranks:
-        raise InputError(f"schedule is for {proof.num_ranks} ranks, not {num_ranks}")
+        proofs: tuple[Proof, ...] = (
+            prove(synthesize(algorithm, num_ranks, late if aware else None, chunks=chunks)),
+        )
+    else:
+        if chunks is not None:
+            raise InputError("chunks shapes a synthesized schedule: a given proof has its own")
+        proofs = tuple(proof) if isinstance(proof, Sequence) else (proof,)
+    for p in proofs:
+        if require_proof(p).num_ranks != num_ranks:
+            raise InputError(f"schedule is for {p.num_ranks} ranks, not {num_ranks}")
     if late is None:
-        late = proof.schedule.straggler if proof.schedule.straggler is not None else num_ranks - 1
+        first = proofs[0].schedule.straggler if proofs else None
+        late = first if first is not None else num_ranks - 1
     count = size_bytes // ITEMSIZE[dtype]
     if count < 1:
         raise InputError(f"need size >= one element: {size_bytes} bytes hold no {dtype} element")
@@ -159,22 +203,15 @@ def run_benchmark(
     if backend == "torch":
         from stragglar.measure.run_torch import torch_figures
 
-        figures = torch_figures(proof, count, dtype, delay, iters, warmup, timeout, late)
+        figures = torch_figures(proofs, num_ranks, count, dtype, delay, iters, warmup, timeout, late)
     else:
-        figures = _in_process(backend, proof, count, dtype, delay, iters, warmup, late)
-    times, hidden, base_name, base = figures
+        figures = _in_process(backend, proofs, num_ranks, count, dtype, delay, iters, warmup, late)
+    variants = tuple(
+        Variant(schedule_name(p.schedule), p.schedule.num_chunks, series.times, series.hidden)
+        for p, series in zip(proofs, figures.schedules, strict=True)
+    )
     return BenchmarkResult(
-        backend,
-        proof.schedule.algorithm,
-        num_ranks,
-        dtype,
-        count,
-        delay,
-        times,
-        hidden,
-        base_name,
-        base,
-        late,
+        backend, num_ranks, dtype, count, delay, variants, figures.baseline, figures.baseline_times, late
     )
 
 
@@ -204,48 +241,60 @@ def _require(backend: str) -> None:
 
 
 def _in_process(
-    backend: str, proof: Proof, count: int, dtype: str, delay: float, iters: int, warmup: int, late: int
+    backend: str,
+    proofs: Sequence[Proof],
+    n: int,
+    count: int,
+    dtype: str,
+    delay: float,
+    iters: int,
+    warmup: int,
+    late: int,
 ) -> Figures:
-    schedule = proof.schedule
     xp, sync, host = _array_module(backend)
     try:
-        inputs = [
-            xp.asarray(payload(r, count, schedule.num_ranks, dtype).astype(dtype))
-            for r in range(schedule.num_ranks)
-        ]
+        inputs = [xp.asarray(payload(r, count, n, dtype).astype(dtype)) for r in range(n)]
     except TypeError as e:
         raise InputError(f"the {backend} backend cannot hold {dtype}: {e}") from None
-    want = expected(count, schedule.num_ranks, dtype)
-    plans = [plan_for(proof, r, count) for r in range(schedule.num_ranks)]
+    want = expected(count, n, dtype)
+    plans = [[plan_for(p, r, count) for r in range(n)] for p in proofs]
     bufs = [x.copy() for x in inputs]
-    times: list[float] = []
-    hidden: list[float] = []
+    times: list[list[float]] = [[] for _ in proofs]
+    hidden: list[list[float]] = [[] for _ in proofs]
     base: list[float] = []
     for it in range(warmup + iters):
-        for b, x in zip(bufs, inputs, strict=True):
-            b[:] = x
-        sync()
-        figures = iteration_figures(schedule, run_local(bufs, plans, delay, sync, late))
-        for r, b in enumerate(bufs):
-            check(b, want, r, schedule.algorithm, host)
-        for b, x in zip(bufs, inputs, strict=True):
-            b[:] = x
-        sync()
-        start = time.perf_counter()
-        time.sleep(delay)
-        total = bufs[0].copy()
-        for b in bufs[1:]:
-            total += b
-        for b in bufs:
-            b[:] = total
-        sync()
-        if it >= warmup:
-            times.append(figures[0])
-            hidden.extend([figures[1]] if figures[1] is not None else [])
-            base.append(time.perf_counter() - start)
-        for r, b in enumerate(bufs):
-            check(b, want, r, "sum", host)
-    return tuple(times), tuple(hidden), "sum of buffers", tuple(base)
+        for entry in turn(it, len(proofs) + 1):
+            for b, x in zip(bufs, inputs, strict=True):
+                b[:] = x
+            sync()
+            if entry < len(proofs):
+                schedule = proofs[entry].schedule
+                total, done = iteration_figures(schedule, run_local(bufs, plans[entry], delay, sync, late))
+                what = schedule_name(schedule)
+                if it >= warmup:
+                    times[entry].append(total)
+                    hidden[entry].extend([done] if done is not None else [])
+            else:
+                total, what = _sum_buffers(bufs, delay, sync), "sum"
+                if it >= warmup:
+                    base.append(total)
+            for r, b in enumerate(bufs):
+                check(b, want, r, what, host)
+    series = tuple(Series(tuple(t), tuple(h)) for t, h in zip(times, hidden, strict=True))
+    return Figures(series, "sum of buffers", tuple(base))
+
+
+def _sum_buffers(bufs: list[Any], delay: float, sync: Callable[[], None]) -> float:
+    """The in-process baseline: after the delay, every buffer becomes the sum; its seconds."""
+    start = time.perf_counter()
+    time.sleep(delay)
+    total = bufs[0].copy()
+    for b in bufs[1:]:
+        total += b
+    for b in bufs:
+        b[:] = total
+    sync()
+    return time.perf_counter() - start
 
 
 def _array_module(backend: str) -> tuple[Any, Callable[[], None], Callable[[Any], np.ndarray]]:

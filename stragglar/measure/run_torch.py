@@ -1,16 +1,17 @@
 """The torch backend of ``stragglar run``: fork-started gloo ranks on 127.0.0.1.
 
-Each iteration the late rank sleeps ``delay`` before the schedule and before gloo's all_reduce
-alike.  Every wait for a peer is bounded by ``timeout`` plus that delay (a deliberately late peer
-is not a silent one); the run as a whole is not, as long as every rank keeps reporting progress
-(:func:`~stragglar.measure.launch.heartbeat` after every step).
+One launch of the ranks runs every schedule asked for and gloo's all_reduce in every iteration,
+in a rotating order.  Each iteration the late rank sleeps ``delay`` before every schedule and
+before gloo's all_reduce alike.  Every wait for a peer is bounded by ``timeout`` plus that delay
+(a deliberately late peer is not a silent one); the run as a whole is not, as long as every rank
+keeps reporting progress (:func:`~stragglar.measure.launch.heartbeat` after every step).
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -19,7 +20,8 @@ import torch.distributed as dist
 from stragglar.measure import launch as launcher
 from stragglar.measure.data import check, expected, payload
 from stragglar.measure.launch import heartbeat, launch
-from stragglar.measure.timing import Figures, iteration_figures
+from stragglar.measure.predict import schedule_name
+from stragglar.measure.timing import Figures, Series, iteration_figures, turn
 from stragglar.runtime import RankError, allreduce
 from stragglar.runtime.engine import Timeline, classify, first_line
 from stragglar.verify import Proof
@@ -28,7 +30,8 @@ __all__ = ["torch_figures"]
 
 
 def torch_figures(
-    proof: Proof,
+    proofs: Sequence[Proof],
+    num_ranks: int,
     count: int,
     dtype: str,
     delay: float,
@@ -38,30 +41,32 @@ def torch_figures(
     late: int,
     slack: float | None = None,
 ) -> Figures:
-    """Run the ranks; per iteration, the slowest rank's time for the schedule and for all_reduce.
+    """Run the ranks once; per iteration, the slowest rank's time for each schedule and for
+    all_reduce, in the rotating order of :func:`~stragglar.measure.timing.turn`.
 
     ``slack`` (default :data:`stragglar.measure.launch.SLACK`): how long beyond the timeout a rank
     may go without reporting progress."""
-    schedule = proof.schedule
-    n = schedule.num_ranks
-    want = expected(count, n, dtype)  # once, before the fork: the ranks share its pages
-    args = (proof, count, dtype, want, delay, iters + warmup, timeout, late)
+    want = expected(count, num_ranks, dtype)  # once, before the fork: the ranks share its pages
+    args = (proofs, count, dtype, want, delay, iters + warmup, timeout, late)
     per_rank = launch(
-        _rank, n, args, timeout=timeout + delay, slack=launcher.SLACK if slack is None else slack
+        _rank, num_ranks, args, timeout=timeout + delay, slack=launcher.SLACK if slack is None else slack
     )
-    times, hidden, base = [], [], []
-    for it in range(warmup, warmup + iters):
-        total, done = iteration_figures(schedule, [timelines[it] for timelines, _ in per_rank])
-        times.append(total)
-        hidden.extend([done] if done is not None else [])
-        base.append(max(baseline[it] for _, baseline in per_rank))
-    return tuple(times), tuple(hidden), f"{dist.Backend.GLOO} all_reduce", tuple(base)
+    series = []
+    for k, proof in enumerate(proofs):
+        times, hidden = [], []
+        for it in range(warmup, warmup + iters):
+            total, done = iteration_figures(proof.schedule, [timelines[k][it] for timelines, _ in per_rank])
+            times.append(total)
+            hidden.extend([done] if done is not None else [])
+        series.append(Series(tuple(times), tuple(hidden)))
+    base = [max(baseline[it] for _, baseline in per_rank) for it in range(warmup, warmup + iters)]
+    return Figures(tuple(series), f"{dist.Backend.GLOO} all_reduce", tuple(base))
 
 
 def _rank(
     rank: int,
     n: int,
-    proof: Proof,
+    proofs: Sequence[Proof],
     count: int,
     dtype: str,
     want: np.ndarray,
@@ -69,32 +74,41 @@ def _rank(
     runs: int,
     timeout: float,
     late: int,
-) -> tuple[list[Timeline], list[float]]:
-    schedule = proof.schedule
+) -> tuple[list[list[Timeline]], list[float]]:
     torch.set_num_threads(1)  # n ranks share the host's cores
     source = torch.from_numpy(payload(rank, count, n, dtype)).to(getattr(torch, dtype))
     buf = source.clone()
-    timelines: list[Timeline] = []
+    names = [schedule_name(p.schedule) for p in proofs]
+    timelines: list[list[Timeline]] = [[] for _ in proofs]
     baseline: list[float] = []
     for it in range(runs):
-        buf.copy_(source)
-        with _engine(rank, f"in the barrier before iteration {it}"):
-            dist.barrier()
-        timelines.append(allreduce(buf, proof, straggler_delay=delay, timeout=timeout, late_rank=late))
-        heartbeat()
-        check(buf, want, rank, schedule.algorithm, _host)
-        buf.copy_(source)
-        with _engine(rank, f"in the barrier before gloo's all_reduce of iteration {it}"):
-            dist.barrier()
-        start = time.perf_counter()
-        if rank == late:
-            time.sleep(delay)
-        with _engine(rank, f"in gloo's all_reduce of iteration {it}"):
-            dist.all_reduce(buf)
-        baseline.append(time.perf_counter() - start)
-        heartbeat()
-        check(buf, want, rank, "all_reduce", _host)
+        for entry in turn(it, len(proofs) + 1):
+            buf.copy_(source)
+            if entry < len(proofs):
+                what = names[entry]
+                with _engine(rank, f"in the barrier before {what} in iteration {it}"):
+                    dist.barrier()
+                timelines[entry].append(
+                    allreduce(buf, proofs[entry], straggler_delay=delay, timeout=timeout, late_rank=late)
+                )
+            else:
+                with _engine(rank, f"in the barrier before gloo's all_reduce of iteration {it}"):
+                    dist.barrier()
+                baseline.append(_all_reduce(rank, buf, delay, late, it))
+                what = "all_reduce"
+            heartbeat()
+            check(buf, want, rank, what, _host)
     return timelines, baseline
+
+
+def _all_reduce(rank: int, buf: torch.Tensor, delay: float, late: int, it: int) -> float:
+    """The baseline: gloo's all_reduce after the late rank's delay; this rank's seconds."""
+    start = time.perf_counter()
+    if rank == late:
+        time.sleep(delay)
+    with _engine(rank, f"in gloo's all_reduce of iteration {it}"):
+        dist.all_reduce(buf)
+    return time.perf_counter() - start
 
 
 @contextlib.contextmanager
