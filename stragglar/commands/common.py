@@ -15,7 +15,7 @@ import click
 from click.core import ParameterSource
 from tqdm import tqdm
 
-from stragglar.cost import Network
+from stragglar.cost import PAPER_NETWORK, Network
 from stragglar.errors import IncorrectError, InputError, StragglarError
 from stragglar.files import read_text, same_file, write_bytes, write_text
 from stragglar.formats import json as json_format
@@ -25,7 +25,7 @@ from stragglar.mscclpp import DEFAULT_MAX_THREADBLOCKS, PlanOptions, PlanProof, 
 from stragglar.mscclpp import lower as lower_plan
 from stragglar.schedule import Schedule
 from stragglar.synth import ALGORITHMS
-from stragglar.units import parse_bandwidth, parse_duration, parse_size
+from stragglar.units import format_bytes, format_seconds, parse_bandwidth, parse_duration, parse_size
 from stragglar.verify import Proof, VerificationError, prove
 
 __all__ = [
@@ -36,19 +36,23 @@ __all__ = [
     "CHUNKS",
     "DURATION",
     "GPUS",
+    "MEASURED_CHUNKS",
     "PLOT",
     "SIZE",
     "STRAGGLER",
     "VERBOSE",
     "Quantity",
     "artifact_options",
+    "auto_note",
     "busy",
     "check_output",
     "check_plot",
+    "chunks_option",
     "export_artifact",
     "given",
     "load_schedule",
     "model_options",
+    "network_words",
     "progress",
     "progress_bar",
     "proved",
@@ -63,6 +67,7 @@ __all__ = [
 ]
 
 _T = TypeVar("_T")
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 # tqdm's monitor thread would outlive every bar; a thread alive when `run` forks its ranks can
 # leave a lock held in a child for good, so there is none.
@@ -113,13 +118,37 @@ class ChunkCount(click.ParamType):  # type: ignore[type-arg, unused-ignore]
 
 
 AUTO = "auto"
-CHUNKS = click.option(
-    "--chunks",
-    type=ChunkCount(),
-    metavar="C|auto",
-    help="StragglAR's chunk count, at least N-1 (default N-1, the paper's); auto: the one the cost "
-    "model prices fastest at --size, --delay, --alpha and --bandwidth.",
+
+
+def network_words(network: Network) -> str:
+    """``alpha 3 us, 450 GiB/s``: a network as the options spell it."""
+    return f"alpha {format_seconds(network.alpha)}, {format_bytes(network.bandwidth)}/s"
+
+
+def chunks_option(auto: str) -> Callable[[_F], _F]:
+    """``--chunks C|auto``; ``auto`` says where this command's cost model gets its setting."""
+    return click.option(
+        "--chunks",
+        type=ChunkCount(),
+        metavar="C|auto",
+        help=f"StragglAR's chunk count, at least N-1 (default N-1, the paper's); auto: {auto}.",
+    )
+
+
+CHUNKS = chunks_option("the one the cost model prices fastest at --size, --delay, --alpha and --bandwidth")
+MEASURED_CHUNKS = (
+    f"the one the cost model prices fastest at the size and delay on the paper's network "
+    f"({network_words(PAPER_NETWORK)}); timed beside the paper's C = N-1 and the baseline, in the "
+    "same iterations"
 )
+
+
+def auto_note(count: int, size: float, delay: float, network: Network, more: str = "") -> str:
+    """What ``--chunks auto`` chose, and for which setting: a line for stderr."""
+    return (
+        f"--chunks auto: C = {count}, the cost model's fastest for {format_bytes(size)} with the "
+        f"straggler {format_seconds(delay)} late ({network_words(network)}){more}"
+    )
 
 
 def model_options(command: Callable[..., None]) -> Callable[..., None]:

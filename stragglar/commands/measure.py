@@ -8,17 +8,23 @@ import click
 
 from stragglar.commands.common import (
     ALGORITHM,
+    AUTO,
     DURATION,
+    MEASURED_CHUNKS,
     SIZE,
     STRAGGLER,
     Quantity,
+    auto_note,
     check_output,
+    chunks_option,
     dump_json,
     load_schedule,
     progress_bar,
     proved,
     refuse_given,
+    resolve_chunks,
 )
+from stragglar.cost import PAPER_NETWORK
 from stragglar.errors import InputError
 from stragglar.measure.run import BACKENDS, BenchmarkResult, run_benchmark
 from stragglar.measure.sweep import sweep
@@ -45,6 +51,7 @@ __all__ = ["bench", "run"]
 )
 @ALGORITHM
 @STRAGGLER
+@chunks_option(MEASURED_CHUNKS)
 @click.option(
     "--schedule", "schedule_file", type=click.Path(path_type=Path), help="Run this JSON schedule file."
 )
@@ -64,24 +71,30 @@ def run(
     delay: float,
     algorithm: str,
     straggler: int | None,
+    chunks: int | str | None,
     schedule_file: Path | None,
     iters: int,
     timeout: float,
 ) -> None:
     """Run a schedule on real data and compare it with the engine's own AllReduce.
 
-    Every rank gets distinct values per element; both results are checked against a NumPy
-    reference.  Prints the median time per iteration and the algorithm bandwidth of each.
+    Every rank gets distinct values per element; every result is checked against a NumPy
+    reference.  Prints the median time per iteration and the algorithm bandwidth of each.  With
+    --chunks, StragglAR in C chunks, the paper's StragglAR (C = N-1) and the baseline alternate
+    in one launch of the ranks, and the chunked one's speed-up over the paper's is printed too.
     """
     proof = None
     if schedule_file is not None:
-        refuse_given(["algorithm", "straggler"], f"the schedule comes from {schedule_file}")
+        refuse_given(["algorithm", "straggler", "chunks"], f"the schedule comes from {schedule_file}")
         proof = proved(load_schedule(schedule_file, "run"), str(schedule_file))
         if num_gpus is not None and num_gpus != proof.num_ranks:
             raise InputError(f"--gpus {num_gpus} but {schedule_file} is for {proof.num_ranks} ranks")
         num_gpus = proof.num_ranks
     elif num_gpus is None:
         raise click.UsageError("--gpus is required (or give a --schedule file)")
+    count = resolve_chunks(chunks, num_gpus, size, delay, PAPER_NETWORK, algorithm=algorithm)
+    if count is not None and chunks == AUTO:
+        click.echo(auto_note(count, size, delay, PAPER_NETWORK, " on the paper's network"), err=True)
     # no progress thread here: the torch backend forks its ranks, and a thread alive at a fork
     # may leave a lock held in a child for good
     result = run_benchmark(
@@ -92,6 +105,7 @@ def run(
         delay,
         algorithm=algorithm,
         proof=proof,
+        chunks=count,
         straggler=straggler,
         iters=iters,
         timeout=timeout,
@@ -118,6 +132,7 @@ def run(
 )
 @click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
 @ALGORITHM
+@chunks_option(f"per setting, {MEASURED_CHUNKS}")
 @click.option("--iters", type=click.IntRange(min=1), default=5, show_default=True)
 @click.option(
     "--timeout",
@@ -136,6 +151,7 @@ def bench(
     delays: list[float],
     dtype: str,
     algorithm: str,
+    chunks: int | str | None,
     iters: int,
     timeout: float,
     json_file: Path | None,
@@ -144,10 +160,16 @@ def bench(
 
     Prints, per setting, both median times and the per-iteration ratio (median, min-max); with
     the torch backend and a 0 ms delay among two or more sizes, also what the alpha-beta model
-    predicts with the network fitted to gloo's own times.
+    predicts with the network fitted to gloo's own times.  With --chunks, StragglAR in C chunks
+    runs in the same iterations, with columns of its own: its C, time, ratio to the baseline and
+    the paper's StragglAR (C = N-1) over it.
     """
     if json_file is not None:
         check_output(json_file)
+
+    def count_for(num_gpus: int, size: int, delay: float) -> int | None:
+        return resolve_chunks(chunks, num_gpus, size, delay, PAPER_NETWORK, algorithm=algorithm)
+
     counts = _rank_counts(gpus)
     with progress_bar(len(counts) * len(sizes) * len(delays), "measuring") as advance:
 
@@ -160,6 +182,7 @@ def bench(
             sizes,
             delays,
             algorithm=algorithm,
+            chunks=None if chunks is None else count_for,
             dtype=dtype,
             iters=iters,
             timeout=timeout,

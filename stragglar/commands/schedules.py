@@ -21,6 +21,7 @@ from stragglar.commands.common import (
     VERBOSE,
     Input,
     artifact_options,
+    auto_note,
     busy,
     check_output,
     check_plot,
@@ -43,7 +44,6 @@ from stragglar.formats.text import render
 from stragglar.msccl import describe_msccl
 from stragglar.mscclpp import summarize, will_use
 from stragglar.synth import METHODS, synthesize
-from stragglar.units import format_bytes, format_seconds
 from stragglar.verify import Proof, prove
 from stragglar.verify.smt import smt_prove
 
@@ -136,14 +136,9 @@ def synth(
     count = resolve_chunks(
         chunks, num_gpus, size, delay, network, algorithm=algorithm, power_of_two=fmt in ARTIFACT_FORMATS
     )
-    if chunks == AUTO:
+    if count is not None and chunks == AUTO:
         pow2 = ", a power of two for executors" if fmt in ARTIFACT_FORMATS else ""
-        click.echo(
-            f"--chunks auto: C = {count}, the cost model's fastest for {format_bytes(size)} with the "
-            f"straggler {format_seconds(delay)} late (alpha {format_seconds(alpha)}, "
-            f"{format_bytes(bandwidth)}/s){pow2}",
-            err=True,
-        )
+        click.echo(auto_note(count, size, delay, network, pow2), err=True)
     with busy(f"synthesizing {algorithm} for {num_gpus} GPUs"):
         schedule = synthesize(algorithm, num_gpus, straggler, chunks=count, method=method, timeout_s=timeout)
     proof = proved(schedule, f"the {algorithm} schedule")

@@ -131,8 +131,18 @@ class BenchmarkResult:
         ]
         for v in self.variants:
             which = f" of {v.name}" if len(self.variants) > 1 else ""
-            hidden = f"  (hidden phase done at {statistics.median(v.hidden) * 1e3:.2f} ms)" if v.hidden else ""
-            lines.append(f"  speed-up{which} (ratio of the medians) {self.baseline_time / v.time:.2f}x{hidden}")
+            hidden = (
+                f"  (hidden phase done at {statistics.median(v.hidden) * 1e3:.2f} ms)" if v.hidden else ""
+            )
+            lines.append(
+                f"  speed-up{which} (ratio of the medians) {self.baseline_time / v.time:.2f}x{hidden}"
+            )
+        if len(self.variants) > 1:
+            first = self.variants[0]
+            lines += [
+                f"  {first.name} over {v.name} (ratio of the medians) {v.time / first.time:.2f}x"
+                for v in self.variants[1:]
+            ]
         return "\n".join(lines)
 
 
@@ -151,9 +161,13 @@ def run_benchmark(
     warmup: int = 1,
     timeout: float = 60.0,
 ) -> BenchmarkResult:
-    """Run the proved schedule (default: ``algorithm`` synthesized for ``num_ranks``, in
-    ``chunks`` chunks if given, and proved) ``warmup + iters`` times on ``backend`` and the
-    engine's all_reduce as often, checking every result.
+    """Run the proved schedule (default: ``algorithm`` synthesized for ``num_ranks`` and proved)
+    ``warmup + iters`` times on ``backend`` and the engine's all_reduce as often, checking every
+    result.
+
+    ``chunks`` (StragglAR only) adds StragglAR in that many chunks, first, beside the paper's
+    C = N-1, to see what the chunk count buys on the same iterations (with ``chunks`` = N-1 the
+    two are one schedule, run once).
 
     ``proof`` may also be several proofs: each iteration then runs every one of them and the
     baseline, in an order that rotates (:func:`~stragglar.measure.timing.turn`), all in one
@@ -183,8 +197,10 @@ def run_benchmark(
     late = None if straggler is None else as_rank(straggler, "straggler", num_ranks)
     if proof is None:
         aware = late is not None and _has_straggler(algorithm)
-        proofs: tuple[Proof, ...] = (
-            prove(synthesize(algorithm, num_ranks, late if aware else None, chunks=chunks)),
+        c = None if chunks is None else as_int(chunks, "chunks")
+        counts = (c,) if c in (None, num_ranks - 1) else (c, None)
+        proofs: tuple[Proof, ...] = tuple(
+            prove(synthesize(algorithm, num_ranks, late if aware else None, chunks=k)) for k in counts
         )
     else:
         if chunks is not None:

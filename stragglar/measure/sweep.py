@@ -1,10 +1,16 @@
 """``stragglar bench``: a grid of measured runs, as ratios with their spread, beside the model.
 
 Each setting (ranks, size, delay) is one :func:`~stragglar.measure.run.run_benchmark`: every
-iteration runs the schedule, then the engine's own AllReduce, both after the straggler's delay
-and both checked, so the pair alternates within one run and sees the same machine state.  The
-ratio baseline / schedule is taken per iteration (the pair ran back to back) and reported as its
+iteration runs the schedule and the engine's own AllReduce (in an order that rotates), both
+after the straggler's delay and both checked, so the pair alternates within one run and sees the
+same machine state.  The ratio baseline / schedule is taken per iteration (the pair ran back to
+back) and reported as its
 median with the min-max spread: on a shared machine single iterations vary a lot.
+
+With a chunk count per setting (``chunks``), StragglAR in that many chunks runs in the same
+iterations as the paper's C = N-1 schedule and the baseline (one launch, a rotating order), and
+its columns come beside theirs: its ratio to the baseline and the paper's schedule over it, per
+iteration.
 
 The model column: when the baseline is a ring AllReduce (gloo's, on the torch backend), a Ring
 alpha-beta model ``T = 2(N-1) alpha + 2(N-1)/N * size / bandwidth`` is fitted per N by least
@@ -25,11 +31,11 @@ import numpy as np
 
 from stragglar.cost import Network
 from stragglar.errors import InputError
-from stragglar.measure.predict import compare_generated
+from stragglar.measure.predict import compare_generated, generated_profile
 from stragglar.measure.run import BenchmarkResult, run_benchmark
 from stragglar.units import format_bytes
 
-__all__ = ["Setting", "SweepResult", "fit_ring", "machine", "sweep"]
+__all__ = ["ChunkPolicy", "Chunked", "Setting", "SweepResult", "fit_line", "fit_ring", "machine", "sweep"]
 
 RING_BASELINES = ("torch",)  # backends whose baseline AllReduce is a ring
 
@@ -47,6 +53,25 @@ class Setting:
     ratio_min: float
     ratio_max: float
     predicted: float | None  # the model's Ring / schedule completion-time ratio
+    chunked: Chunked | None = None  # with a chunk count: StragglAR in C chunks, same iterations
+
+
+@dataclass(frozen=True)
+class Chunked:
+    """StragglAR in ``chunks`` chunks at a setting: its median seconds, the per-iteration ratio
+    baseline / chunked (median, min, max), the paper's schedule over it per iteration (> 1: the
+    chunks helped), and the model's paper / chunked completion-time ratio.  With ``chunks`` = N-1
+    it is the paper's schedule itself, measured once: these are its figures, the gain exactly 1."""
+
+    chunks: int
+    time: float
+    ratio: float
+    ratio_min: float
+    ratio_max: float
+    gain: float
+    gain_min: float
+    gain_max: float
+    predicted_gain: float | None
 
 
 @dataclass(frozen=True)
@@ -63,27 +88,26 @@ class SweepResult:
 
     def table(self) -> str:
         """The results as a Markdown table, the fitted networks above it."""
-        fits = [
-            f"{self.baseline} fit, N={n}: "
-            + (
-                f"alpha {net.alpha * 1e6:.0f} us, bandwidth {net.bandwidth / 1e9:.2f} GB/s"
-                if net is not None
-                else "none (its times did not grow with the size: measure sizes further apart)"
-            )
-            for n, net in self.fits.items()
-        ]
+        fits = [fit_line(self.baseline, n, net) for n, net in self.fits.items()]
         ours, theirs = self.algorithm, self.baseline
         rows = [
             f"| N | size | delay (ms) | {ours} (ms) | {theirs} (ms) "
             f"| {theirs} / {ours}: ratio of the medians | per-iteration ratio: median [min-max] | model |",
             "|---:|---:|---:|---:|---:|---:|---|---:|",
         ]
+        chunked = any(s.chunked is not None for s in self.settings)
+        if chunked:
+            rows[0] += (
+                f" C | {ours} C (ms) | {theirs} / {ours} C: per-iteration [min-max] "
+                f"| {ours} / {ours} C: per-iteration [min-max] | model: {ours} / {ours} C |"
+            )
+            rows[1] += "---:|---:|---|---|---:|"
         for s in self.settings:
-            model = f"{s.predicted:.2f}x" if s.predicted is not None else "-"
             rows.append(
                 f"| {s.num_ranks} | {format_bytes(s.size_bytes)} | {s.delay * 1e3:g} | {s.time * 1e3:.1f} "
                 f"| {s.baseline_time * 1e3:.1f} | {s.baseline_time / s.time:.2f}x "
-                f"| {s.ratio:.2f}x [{s.ratio_min:.2f}-{s.ratio_max:.2f}] | {model} |"
+                f"| {_spread(s.ratio, s.ratio_min, s.ratio_max)} | {_times(s.predicted)} |"
+                + (_chunked_cells(s.chunked) if chunked else "")
             )
         head = [*fits, ""] if fits else []
         return "\n".join(head + rows)
@@ -94,6 +118,34 @@ class SweepResult:
             "fits": {str(n): asdict(net) if net else None for n, net in self.fits.items()},
             "settings": [asdict(s) for s in self.settings],
         }
+
+
+def _spread(median: float, low: float, high: float) -> str:
+    return f"{median:.2f}x [{low:.2f}-{high:.2f}]"
+
+
+def _times(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:.2f}x"
+
+
+def _chunked_cells(c: Chunked | None) -> str:
+    """The chunked schedule's cells of a row (dashes where the setting ran without it)."""
+    if c is None:
+        return " - | - | - | - | - |"
+    return (
+        f" {c.chunks} | {c.time * 1e3:.1f} | {_spread(c.ratio, c.ratio_min, c.ratio_max)} "
+        f"| {_spread(c.gain, c.gain_min, c.gain_max)} | {_times(c.predicted_gain)} |"
+    )
+
+
+def fit_line(baseline: str, num_ranks: int, net: Network | None) -> str:
+    """``gloo all_reduce fit, N=4: alpha 2400 us, bandwidth 1.03 GB/s``, or why there is none."""
+    figures = (
+        f"alpha {net.alpha * 1e6:.0f} us, bandwidth {net.bandwidth / 1e9:.2f} GB/s"
+        if net is not None
+        else "none (its times did not grow with the size: measure sizes further apart)"
+    )
+    return f"{baseline} fit, N={num_ranks}: {figures}"
 
 
 def fit_ring(num_ranks: int, points: Sequence[tuple[int, float]]) -> Network | None:
@@ -111,6 +163,10 @@ def fit_ring(num_ranks: int, points: Sequence[tuple[int, float]]) -> Network | N
     return Network(max(float(alpha), 0.0), 1.0 / float(beta)) if beta > 0 else None
 
 
+ChunkPolicy = Callable[[int, int, float], int | None]
+"""StragglAR's chunk count for a setting: (ranks, bytes, delay in seconds) -> C (None: none)."""
+
+
 def sweep(
     backend: str,
     gpus: Sequence[int],
@@ -118,48 +174,46 @@ def sweep(
     delays: Sequence[float],
     *,
     algorithm: str = "stragglar",
+    chunks: ChunkPolicy | None = None,
     dtype: str = "float32",
     iters: int = 5,
     timeout: float = 120.0,
     progress: Callable[[BenchmarkResult], None] | None = None,
 ) -> SweepResult:
-    """Measure every (ranks, size in bytes, delay in seconds) setting; see the module docstring."""
+    """Measure every (ranks, size in bytes, delay in seconds) setting; see the module docstring.
+
+    Every chunk count is chosen, and its schedule synthesized, before the first measurement, so
+    that a count the schedules cannot have fails at once, not after part of the grid has run.
+    """
     if not gpus or not sizes or not delays:
         raise InputError("need at least one rank count, size and delay")
+    grid = [(n, size, delay) for n in gpus for size in sizes for delay in delays]
+    counts: dict[tuple[int, int, float], int | None] = {key: None for key in grid}
+    if chunks is not None:
+        counts = {key: chunks(*key) for key in grid}
+        for (n, _, _), c in counts.items():
+            generated_profile(algorithm, n, c)  # synthesized now (or refused); cached for the model
     results: dict[tuple[int, int, float], BenchmarkResult] = {}
-    for n in gpus:
-        for size in sizes:
-            for delay in delays:
-                r = run_benchmark(
-                    backend, n, size, dtype, delay, algorithm=algorithm, iters=iters, timeout=timeout
-                )
-                results[n, size, delay] = r
-                if progress is not None:
-                    progress(r)
+    for key in grid:
+        n, size, delay = key
+        r = run_benchmark(
+            backend,
+            n,
+            size,
+            dtype,
+            delay,
+            algorithm=algorithm,
+            chunks=counts[key],
+            iters=iters,
+            timeout=timeout,
+        )
+        results[key] = r
+        if progress is not None:
+            progress(r)
     fits: dict[int, Network | None] = {}
     if backend in RING_BASELINES and 0.0 in delays and len(set(sizes)) > 1:
         fits = {n: fit_ring(n, [(s, results[n, s, 0.0].baseline_time) for s in sizes]) for n in gpus}
-    settings = []
-    for (n, size, delay), r in results.items():
-        ratios = [b / t for b, t in zip(r.baseline_times, r.times, strict=True)]
-        net = fits.get(n)
-        predicted = None
-        if net is not None:
-            c = compare_generated(n, size, delay, net, (algorithm,))
-            predicted = c.get("ring").time / c.get(algorithm).time
-        settings.append(
-            Setting(
-                n,
-                size,
-                delay,
-                r.time,
-                r.baseline_time,
-                statistics.median(ratios),
-                min(ratios),
-                max(ratios),
-                predicted,
-            )
-        )
+    settings = [_setting(key, r, algorithm, fits.get(key[0]), counts[key]) for key, r in results.items()]
     first = next(iter(results.values()))
     return SweepResult(
         backend,
@@ -172,6 +226,42 @@ def sweep(
         dt.date.today().isoformat(),
         machine(),
     )
+
+
+def _setting(
+    key: tuple[int, int, float], r: BenchmarkResult, algorithm: str, net: Network | None, chunks: int | None
+) -> Setting:
+    """A measured setting's figures; the paper's schedule runs last when a chunked one ran first."""
+    n, size, delay = key
+    paper = r.variants[-1]
+    model = None if net is None else compare_generated(n, size, delay, net, (algorithm,), chunks=chunks)
+    chunked = None
+    if chunks is not None:
+        ours = r.variants[0]
+        chunked = Chunked(
+            chunks,
+            ours.time,
+            *_per_iteration(r.baseline_times, ours.times),
+            *_per_iteration(paper.times, ours.times),
+            None if model is None else model.get(algorithm).time / model.get(ours.name).time,
+        )
+    return Setting(
+        n,
+        size,
+        delay,
+        paper.time,
+        r.baseline_time,
+        *_per_iteration(r.baseline_times, paper.times),
+        None if model is None else model.get("ring").time / model.get(algorithm).time,
+        chunked,
+    )
+
+
+def _per_iteration(slower: Sequence[float], faster: Sequence[float]) -> tuple[float, float, float]:
+    """Median, min and max of the per-iteration ratio ``slower / faster`` (the pair ran in the
+    same iteration, so their ratio is steadier than the ratio of two medians)."""
+    ratios = [a / b for a, b in zip(slower, faster, strict=True)]
+    return statistics.median(ratios), min(ratios), max(ratios)
 
 
 def machine() -> str:

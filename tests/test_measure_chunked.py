@@ -1,0 +1,218 @@
+"""Several schedules timed in one run: run_benchmark with a sequence of proofs or ``chunks``, the
+rotating order, ``stragglar run`` / ``bench --chunks C|auto`` and their errors."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from stragglar.cli import cli
+from stragglar.errors import InputError
+from stragglar.formats import json as json_format
+from stragglar.measure.predict import best_chunks
+from stragglar.measure.run import run_benchmark
+from stragglar.measure.sweep import sweep
+from stragglar.measure.timing import turn
+from stragglar.synth import synthesize
+from stragglar.verify import Proof, prove
+
+MIB = 2**20
+
+
+def run(*args: str) -> Result:
+    return CliRunner().invoke(cli, list(args))
+
+
+def one_error_line(result: Result) -> str:
+    """Exit 2, a single ``Error:`` line on stderr, no traceback."""
+    assert result.exit_code == 2, (result.exit_code, result.output, result.exception)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
+    assert "Traceback" not in result.output
+    return lines[0]
+
+
+def proofs(n: int, *chunks: int | None, ring: bool = False) -> list[Proof]:
+    made = [prove(synthesize("stragglar", n, chunks=c)) for c in chunks]
+    return made + ([prove(synthesize("ring", n))] if ring else [])
+
+
+@pytest.mark.parametrize("entries", [1, 2, 3, 5])
+def test_turn_puts_every_entry_in_every_place_once_per_cycle(entries: int) -> None:
+    orders = [turn(i, entries) for i in range(entries)]
+    assert all(sorted(order) == list(range(entries)) for order in orders)
+    for place in range(entries):
+        assert sorted(order[place] for order in orders) == list(range(entries))
+    assert turn(entries, entries) == turn(0, entries)  # and again from the start
+
+
+def test_run_benchmark_local_times_each_proof_in_the_same_iterations() -> None:
+    n, count, delay = 4, 3 * 2**10 + 5, 0.01
+    result = run_benchmark(
+        "local", n, 4 * count, "int32", delay, proof=proofs(n, 9, None, ring=True), iters=3, warmup=1
+    )
+    assert [(v.name, v.chunks) for v in result.variants] == [
+        ("stragglar C=9", 9),
+        ("stragglar", 3),
+        ("ring", 4),
+    ]
+    assert all(len(v.times) == 3 and min(v.times) >= delay for v in result.variants)
+    assert [len(v.hidden) for v in result.variants] == [3, 3, 0]  # Ring hides nothing
+    assert len(result.baseline_times) == 3 and min(result.baseline_times) >= delay
+    assert result.algorithm == "stragglar C=9" and result.times == result.variants[0].times
+    assert result.late == 3  # the first schedule's straggler, for every entry
+    lines = result.report().splitlines()
+    assert lines[0].startswith("stragglar C=9, stragglar, ring on local: 4 ranks")
+    assert [line.split()[0] for line in lines[1:5]] == ["stragglar", "stragglar", "ring", "sum"]
+    assert lines[-2:] == [
+        f"  stragglar C=9 over {name} (ratio of the medians) {v.time / result.time:.2f}x"
+        for name, v in zip(["stragglar", "ring"], result.variants[1:], strict=True)
+    ]
+
+
+def test_run_benchmark_chunks_adds_the_chunked_schedule_before_the_papers() -> None:
+    both = run_benchmark("local", 4, 4096, "int32", chunks=6, iters=1, warmup=0)
+    assert [(v.name, v.chunks) for v in both.variants] == [("stragglar C=6", 6), ("stragglar", 3)]
+    paper = run_benchmark("local", 4, 4096, "int32", chunks=3, iters=1, warmup=0)
+    assert [v.name for v in paper.variants] == ["stragglar"]  # C = N-1 is the paper's: run once
+    alone = run_benchmark("local", 4, 4096, "int32", proof=[], iters=2, warmup=0)
+    assert alone.variants == () and len(alone.baseline_times) == 2
+    assert alone.report().startswith("sum of buffers on local: 4 ranks")
+    assert alone.progress_line().startswith("  N=4 4 KiB 0 ms: sum of buffers ")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"chunks": 2}, "StragglAR needs at least N - 1 = 3 chunks, got 2"),
+        ({"chunks": 6, "algorithm": "ring"}, "a chunk count applies to stragglar only, not ring"),
+        ({"chunks": 6, "proof": proofs(4, None)}, "a given proof has its own"),
+        ({"proof": proofs(4, None) + proofs(3, None)}, "schedule is for 3 ranks, not 4"),
+    ],
+)
+def test_run_benchmark_refuses_chunks_it_cannot_use(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(InputError, match=re.escape(message)):
+        run_benchmark("local", 4, 4096, "int32", iters=1, **kwargs)  # type: ignore[arg-type]
+
+
+def test_run_benchmark_torch_times_several_proofs_in_one_launch() -> None:
+    pytest.importorskip("torch")
+    result = run_benchmark(
+        "torch",
+        4,
+        4 * (3 * 2**10 + 7),
+        "float32",
+        0.02,
+        proof=proofs(4, 5, None, ring=True),
+        iters=2,
+        timeout=30,
+    )
+    assert [v.name for v in result.variants] == ["stragglar C=5", "stragglar", "ring"]
+    assert all(len(v.times) == 2 and min(v.times) >= 0.02 for v in result.variants)
+    assert all(h < 0.02 for v in result.variants[:2] for h in v.hidden) and result.variants[2].hidden == ()
+    assert result.baseline == "gloo all_reduce" and min(result.baseline_times) >= 0.02
+
+
+def test_sweep_with_chunks_adds_the_chunked_columns() -> None:
+    result = sweep("local", [3, 4], [4096], [0.0], chunks=lambda n, size, delay: 5 if n == 4 else 2, iters=2)
+    three, four = result.settings
+    assert three.chunked is not None and four.chunked is not None
+    assert (three.chunked.chunks, three.chunked.gain, three.chunked.time) == (2, 1.0, three.time)  # N-1
+    assert four.chunked.chunks == 5 and four.chunked.gain_min <= four.chunked.gain <= four.chunked.gain_max
+    header, _, *rows = result.table().splitlines()
+    assert header.endswith(
+        "| C | stragglar C (ms) | sum of buffers / stragglar C: per-iteration [min-max] "
+        "| stragglar / stragglar C: per-iteration [min-max] | model: stragglar / stragglar C |"
+    )
+    assert [row.split(" | ")[8] for row in rows] == ["2", "5"]
+    assert result.to_json()["settings"][1]["chunked"]["chunks"] == 5  # type: ignore[index]
+    with pytest.raises(InputError, match="StragglAR needs at least N - 1 = 3 chunks, got 2"):
+        sweep("local", [3, 4], [4096], [0.0], chunks=lambda n, size, delay: 2, iters=1)
+
+
+def test_cli_run_chunks_times_the_chunked_the_paper_and_the_baseline() -> None:
+    result = run("run", "--gpus", "4", "--size", "12KiB", "--dtype", "int64", "--chunks", "9", "--iters", "2")
+    assert result.exit_code == 0, result.output
+    head, *rows = result.stdout.splitlines()
+    assert head.startswith("stragglar C=9, stragglar on local: 4 ranks, 12 KiB int64")
+    names = [r.split(" ms/iter")[0].rsplit(None, 1)[0].strip() for r in rows[:3]]
+    assert names == ["stragglar C=9", "stragglar", "sum of buffers"]
+    assert rows[3].startswith("  speed-up of stragglar C=9 (ratio of the medians) ")
+    assert rows[4].startswith("  speed-up of stragglar (ratio of the medians) ")
+    assert rows[5].startswith("  stragglar C=9 over stragglar (ratio of the medians) ")
+    assert result.stderr == ""
+
+
+def test_cli_run_chunks_auto_says_what_the_model_chose() -> None:
+    c = best_chunks(4, 32 * MIB, 1e-3)
+    assert c > 3  # else the chunked schedule is the paper's and nothing is compared
+    result = run(
+        "run", "--gpus", "4", "--size", "32MiB", "--delay", "1ms", "--chunks", "auto", "--iters", "1"
+    )
+    assert result.exit_code == 0, result.output
+    assert result.stderr == (
+        f"--chunks auto: C = {c}, the cost model's fastest for 32 MiB with the straggler 1 ms late "
+        "(alpha 3 us, 450 GiB/s) on the paper's network\n"
+    )
+    assert result.stdout.startswith(f"stragglar C={c}, stragglar on local: 4 ranks, 32 MiB float32")
+
+
+def test_cli_bench_chunks_adds_columns_and_keeps_the_json(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    args = ["--backend", "local", "--gpus", "3,4", "--sizes", "4KiB", "--delays", "0,1ms", "--iters", "1"]
+    result = run("bench", *args, "--chunks", "5", "--json", str(out))
+    assert result.exit_code == 0, result.output
+    rows = [line.split(" | ") for line in result.stdout.splitlines() if re.match(r"\| \d", line)]
+    assert [(row[0], row[2], row[8]) for row in rows] == [
+        ("| 3", "0", "5"),
+        ("| 3", "1", "5"),
+        ("| 4", "0", "5"),
+        ("| 4", "1", "5"),
+    ]
+    doc = json.loads(out.read_text(encoding="utf-8"))
+    assert doc["baseline"] == "sum of buffers" and len(doc["settings"]) == 4
+    assert [s["chunked"]["chunks"] for s in doc["settings"]] == [5] * 4
+    assert all(s["ratio"] > 0 and s["time"] > 0 for s in doc["settings"])  # the paper's, as before
+    plain = run("bench", *args)
+    assert "stragglar C" not in plain.stdout
+
+
+def test_cli_bench_chunks_auto_picks_per_setting() -> None:
+    args = ["--backend", "local", "--gpus", "3", "--sizes", "4KiB,32MiB", "--delays", "1ms", "--iters", "1"]
+    result = run("bench", *args, "--chunks", "auto")
+    assert result.exit_code == 0, result.output
+    rows = [line.split(" | ") for line in result.stdout.splitlines() if re.match(r"\| \d", line)]
+    assert [int(row[8]) for row in rows] == [best_chunks(3, s, 1e-3) for s in (4096, 32 * MIB)] == [2, 5]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["run", "--gpus", "4", "--chunks", "2"], "StragglAR needs at least N - 1 = 3 chunks, got 2"),
+        (
+            ["run", "--gpus", "4", "-a", "ring", "--chunks", "5"],
+            "--chunks does not apply: it shapes StragglAR",
+        ),
+        (
+            ["run", "--gpus", "4", "-a", "rhd", "--chunks", "auto"],
+            "--chunks does not apply: it shapes StragglAR",
+        ),
+        (["run", "--gpus", "4", "--chunks", "many"], "expected a whole number of chunks or auto"),
+        (
+            ["run", "--schedule", "{file}", "--chunks", "5"],
+            "--chunks does not apply: the schedule comes from",
+        ),
+        (["bench", "--backend", "local", "--gpus", "3,4", "--chunks", "2"], "at least N - 1 = 3 chunks"),
+        (["bench", "--backend", "local", "-a", "direct", "--chunks", "auto"], "--chunks does not apply"),
+    ],
+)
+def test_cli_chunks_that_do_not_apply_are_one_line_errors(
+    args: list[str], message: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "s4.json"
+    json_format.write(synthesize("stragglar", 4), path)
+    assert message in one_error_line(run(*(a.replace("{file}", str(path)) for a in args)))
