@@ -34,7 +34,8 @@ def exposed(n: int, c: int, size: float, delay: float, network: Network) -> floa
 
 @pytest.mark.parametrize("n", [2, 3, 4, 5, 8, 12])
 @pytest.mark.parametrize(
-    ("size", "delay", "network"), [(GIB, 5e-3, PAPER_NETWORK), (64 * 2**20, 0.0, GLOO_LIKE)]
+    ("size", "delay", "network"),
+    [(GIB, 5e-3, PAPER_NETWORK), (GIB, 1e-3, PAPER_NETWORK), (64 * 2**20, 0.0, GLOO_LIKE)],
 )
 def test_best_chunks_is_the_cheapest_of_every_count(
     n: int, size: int, delay: float, network: Network
@@ -58,6 +59,9 @@ def test_the_power_of_two_choice_is_the_cheapest_power_of_two(n: int) -> None:
 def test_candidates_respect_the_chunk_floor_and_the_limits() -> None:
     assert chunk_candidates(8, 7 * 4096) == [7]  # 4 KiB chunks at least: nothing finer
     assert max(chunk_candidates(1024, 2**40, Network(0.0, 1e9))) <= 2**22 // 1024  # no latency: capped
+    for n, size in ((4, 2**28), (8, 2**30), (64, 2**30)):  # each candidate is a synthesis: a few only
+        for net in (Network(0.0, 1e9), Network(1e-6, 1e9), PAPER_NETWORK, GLOO_LIKE):
+            assert len(chunk_candidates(n, size, net)) <= 12
     with pytest.raises(ValueError, match="buffer size"):
         chunk_candidates(8, 0)
 

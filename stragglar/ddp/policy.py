@@ -158,12 +158,16 @@ def chunk_count(
 ) -> int | None:
     """The chunks a bucket of ``size_bytes`` is cut into: ``chunks`` itself, or for "auto" the
     cost model's fastest on ``network`` with the straggler ``delay`` seconds late
-    (:func:`~stragglar.measure.predict.best_chunks`); None for the paper's N-1.
+    (:func:`~stragglar.measure.predict.best_chunks`); None for the paper's N-1.  A network with
+    alpha 0 (:func:`fit_network`'s when its sizes cannot separate alpha from bandwidth) keeps
+    the paper's N-1: it does not know what a round costs, and would price thousands of chunks free.
 
     >>> fast = Network(3e-6, 450 * 2**30)  # the paper's NVLink: many chunks pay
     >>> chunk_count(8, 2**30, 5e-3, fast, "auto"), chunk_count(8, 2**30, 5e-3, fast, 14)
     (38, 14)
     >>> chunk_count(8, 2**20, 5e-3, Network(1e-3, 1e9), "auto") is None  # dear rounds: the paper's 7
+    True
+    >>> chunk_count(8, 2**30, 5e-3, Network(0.0, 1e9), "auto") is None  # no alpha known
     True
     """
     if chunks is None:
@@ -172,6 +176,8 @@ def chunk_count(
         count = int(chunks)
     elif network is None:
         raise InputError("chunks='auto' prices chunk counts on a network, and none is known")
+    elif network.alpha <= 0:
+        return None
     else:
         count = best_chunks(num_ranks, size_bytes, max(delay, 0.0), network)
     return None if count == num_ranks - 1 else count

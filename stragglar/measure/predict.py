@@ -26,6 +26,7 @@ from stragglar.schedule import MAX_CELLS, MAX_CHUNKS, Schedule
 from stragglar.synth import ALGORITHMS, synthesize
 
 __all__ = [
+    "MAX_AUTO_CHUNKS",
     "MIN_CHUNK_BYTES",
     "best_chunks",
     "chunk_candidates",
@@ -36,6 +37,10 @@ __all__ = [
 
 # A chunk smaller than this is all latency: no candidate cuts a buffer finer.
 MIN_CHUNK_BYTES = 4096
+# No candidate has more chunks (or N - 1, if more): phase 2's bandwidth term (C + L - 1) / C of a
+# buffer is then within 0.25% of one buffer for every N up to 1024 (L - 1 <= 9), while the cost of
+# synthesizing, proving and running a schedule grows with C.
+MAX_AUTO_CHUNKS = 4096
 
 
 def schedule_name(schedule: Schedule) -> str:
@@ -91,15 +96,18 @@ def chunk_candidates(
 
     Phase 2 in ``C`` chunks costs ``(C + L - 1) * (alpha + s / (C * bandwidth))`` with
     ``L = ceil(log2 N)``: convex in ``C``, least at ``C* = sqrt((L - 1) * s / (alpha * bandwidth))``.
-    The hidden ReduceScatter sends ``ceil(C / (N - 1))`` chunks a round, cheapest per byte at
-    multiples of ``N - 1``.  So the candidates are ``N - 1``, the integers either side of ``C*``,
-    the multiples of ``N - 1`` and the powers of two from ``C* / 2`` to ``2 C*`` and the nearest
-    ones outside; with ``power_of_two`` only powers of two (executors split power-of-two buffers
-    evenly only into those).  No candidate has chunks under :data:`MIN_CHUNK_BYTES` or is more
-    than the schedule limits allow.
+    The hidden ReduceScatter sends ``ceil(C / (N - 1))`` chunks a round, ``s / (N - 1)`` bytes at
+    every multiple of ``N - 1`` and more between them: among the multiples it costs the same, so
+    the two either side of ``C*`` dominate the rest.  So the candidates are ``N - 1``, the
+    integers and the multiples of ``N - 1`` either side of ``C*``, and the powers of two from
+    ``C* / 2`` to ``2 C*`` and the nearest ones outside: at most a dozen, each a schedule to
+    synthesize.  With ``power_of_two`` only the powers of two (executors split power-of-two
+    buffers evenly only into those).  No candidate has chunks under :data:`MIN_CHUNK_BYTES`, is
+    more than :data:`MAX_AUTO_CHUNKS` (unless N - 1 is) or than the schedule limits allow; with
+    ``alpha = 0`` ``C*`` is the largest allowed.
 
     >>> chunk_candidates(8, 2**30)
-    [7, 14, 16, 21, 28, 32, 35, 38, 39, 42, 49, 56, 63, 64, 70, 77, 128]
+    [7, 16, 32, 35, 38, 39, 42, 64, 128]
     >>> chunk_candidates(8, 2**30, power_of_two=True)
     [16, 32, 64, 128]
     """
@@ -109,7 +117,7 @@ def chunk_candidates(
     if not size_bytes > 0:
         raise InputError(f"the buffer size must be > 0 bytes, got {size_bytes}")
     low = n - 1
-    high = max(low, min(MAX_CHUNKS, MAX_CELLS // n, int(size_bytes // MIN_CHUNK_BYTES)))
+    high = max(low, min(MAX_AUTO_CHUNKS, MAX_CHUNKS, MAX_CELLS // n, int(size_bytes // MIN_CHUNK_BYTES)))
     doublings = max(1, (n - 1).bit_length()) - 1
     ideal = (
         math.sqrt(doublings * size_bytes / (network.alpha * network.bandwidth))
@@ -119,14 +127,13 @@ def chunk_candidates(
     ideal = min(max(ideal, low), high)
     first_pow2 = 1 << (low - 1).bit_length()
     powers = [1 << k for k in range(first_pow2.bit_length() - 1, high.bit_length())]
-    lo_k, hi_k = max(1, math.floor(ideal / 2 / low)), math.ceil(2 * ideal / low)
     picks = {p for p in powers if ideal / 2 <= p <= 2 * ideal}
     below = [p for p in powers if p < ideal / 2]
     above = [p for p in powers if p > 2 * ideal]
     picks |= set(below[-1:]) | set(above[:1])
     if not power_of_two:
         picks |= {low, math.floor(ideal), math.ceil(ideal)}
-        picks |= {k * low for k in range(lo_k, hi_k + 1)}
+        picks |= {low * max(1, math.floor(ideal / low)), low * math.ceil(ideal / low)}
     chosen = sorted(c for c in picks if low <= c <= high)
     if not chosen:  # a power of two at least N - 1 is more than the limits allow
         raise InputError(f"no power-of-two chunk count from {low} to {high} for {n} GPUs")
