@@ -16,11 +16,11 @@ chunk per round, so the last one is complete at two ranks after round ``C - 1`` 
 index, for the exchange rounds (:mod:`stragglar.synth.chunked_steady`), and the ``L - 1`` rounds
 after the last exchange finish on a hypercube of single ranks or small units
 (:mod:`stragglar.synth.chunked_tail`).  It meets the bound for every ``C >= N - 1`` and every
-``N`` from 4 to 1024 checked (all of them for ``C = N - 1``; every ``C`` up to 256 for
-``N <= 64``; powers of two up to ``C = 4096``), in time linear in the number of copies plus a
-small z3 model for sizes that are not powers of two.  For 28 sizes just above a power of two
-(65, 129-131, 257-263, 513-529) no unit structure exists and the tail is found by a bounded
-greedy search instead, which met the bound on every one of them.
+``N`` checked: every ``N`` from 4 to 2048 for ``C = N - 1``, every ``C`` up to 256 for
+``N <= 64``, powers of two up to ``C = 4096`` for powers of two ``N <= 1024``; in time linear in
+the number of copies plus a small z3 model for sizes that are not powers of two.  For 63 sizes
+just above a power of two (65, 129-131, 257-263, 513-529, 1025-1059) no unit structure exists
+and the tail is found by a bounded greedy search instead, which met the bound on every one.
 
 ``N = 2`` needs no copies and ``N = 3`` no swaps (:mod:`stragglar.synth.stragglar` builds both);
 the phases around these rounds are assembled there too.

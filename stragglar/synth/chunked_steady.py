@@ -35,7 +35,7 @@ only ever spreads from holders that got it in earlier rounds, so dropping the co
 
 **Tail.**  The population at round ``C`` (the states along the walk) must admit a perfect tail;
 the solver also chooses how the ranks group into *units* for :mod:`stragglar.synth.chunked_tail`
-(see there), which is what makes the tail constructive.  For 28 sizes up to 1024 no unit
+(see there), which is what makes the tail constructive.  For 63 sizes up to 2048 no unit
 structure of levels 1-2 exists; they get a walk of group-model moves and a searched tail.
 """
 
@@ -179,8 +179,8 @@ def candidate_walks(num_ranks: int) -> Iterator[Walk]:
     with tail level 1, else level 2, else up to ``_SEARCHED`` walks of group-model moves only
     whose tail is left to a search (``level`` None), each one a new solution.
 
-    Levels 1 and 2 exist for every size up to 1024 but 28 just above a power of two (65,
-    129-131, 257-263, 513-529).  Every call solves afresh in its own z3 context, so the walks
+    Levels 1 and 2 exist for every size up to 2048 but 63 just above a power of two (65,
+    129-131, 257-263, 513-529, 1025-1059).  Every call solves afresh in its own z3 context, so the walks
     do not depend on what was solved before.
     """
     if num_ranks & (num_ranks - 1) == 0:

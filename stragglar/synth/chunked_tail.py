@@ -27,8 +27,8 @@ with complementary holdings it always succeeds, as the receiver can always hand 
 one of the partner's missing chunks.  How many units of each kind exist comes with the walk
 (the integer model chooses the steady state so that its population splits this way).
 
-**Search (28 sizes).**  Where no unit split exists (sizes just above a power of two from 65
-on), the tail is found round by round by a min-cost-flow greedy (:func:`_searched_tail`), and
+**Search (63 sizes up to 2048).**  Where no unit split exists (sizes just above a power of two
+from 65 on), the tail is found round by round by a min-cost-flow greedy (:func:`_searched_tail`), and
 :func:`walk_for` moves on to the next walk of :func:`candidate_walks` should it fail.
 """
 
