@@ -88,6 +88,29 @@ def raises_in_rank(rank: int, n: int) -> None:
     time.sleep(0.2)
 
 
+def parallel_op_rank(rank: int, n: int) -> float:
+    import torch
+
+    return float((torch.ones(1_000_000) * (rank + 1)).sum())  # large enough for a parallel fill
+
+
+def test_ranks_run_torch_ops_after_the_parent_ran_parallel_ones() -> None:
+    """A parallel op in the parent starts OpenMP threads, which a forked rank does not inherit: a
+    rank that entered a parallel region waited for them forever (every rank silent until killed)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert float((torch.ones(4_000_000) * 3).sum()) == 12_000_000  # OpenMP's team starts here
+        start = time.monotonic()
+        results = launch(parallel_op_rank, 3, timeout=5, slack=3)
+    finally:
+        torch.set_num_threads(threads)
+    assert results == [1_000_000.0 * (r + 1) for r in range(3)]
+    assert time.monotonic() - start < 6
+
+
 def test_a_rank_that_raises_is_named_with_its_error() -> None:
     with pytest.raises(LaunchError) as info:
         launch(raises_in_rank, 3, timeout=10)

@@ -1,6 +1,9 @@
 """Start N torch.distributed ranks as fork-started processes on this host (CLI runs and tests).
 
-Fork, not spawn: a spawned rank re-imports torch (seconds each).  Ranks rendezvous through a fresh
+Fork, not spawn: a spawned rank re-imports torch (seconds each).  A forked rank runs torch on one
+thread: the parent's OpenMP worker threads do not survive the fork, and a parallel op in the rank
+would wait for them forever (every rank hung in ``torch.ones(100_000)`` once the parent had run a
+parallel op); the ranks of one host share its cores anyway.  Ranks rendezvous through a fresh
 ``file://`` store on the loopback interface, with the timeout passed to ``init_process_group`` so a
 missing rank fails instead of hanging.  A rank reports through a pipe and leaves with
 ``os._exit`` (no inherited atexit handlers run in the child).
@@ -331,8 +334,10 @@ def _child(
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the launcher, which ends us
         _beat_pipe = pipe
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        import torch
         import torch.distributed as dist
 
+        torch.set_num_threads(1)  # the parent's OpenMP threads are gone: no parallel region may start
         dist.init_process_group(
             backend,
             init_method=f"file://{store}",
