@@ -195,16 +195,19 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _transfers_ok(rnd: list[Any], n: int, c: int) -> bool:
-    """Fast check of a round of transfer objects; :func:`_transfer` says what is wrong."""
+def _fast_fields(rnd: list[Any], n: int, c: int) -> list[tuple[int, int, int, str]] | None:
+    """Each transfer object's (src, dst, chunk, op) when every one is well formed, else None:
+    the fast path shared by reading and writing; :func:`_transfer` says what is wrong."""
     ops = _OPS
+    fields: list[tuple[int, int, int, str]] = []
+    append = fields.append
     for t in rnd:
         if type(t) is _Slim:
             src, dst, chunk, op = t
         elif type(t) is dict and len(t) == 4:
             src, dst, chunk, op = t.get("src"), t.get("dst"), t.get("chunk"), t.get("op")
         else:
-            return False
+            return None
         if not (
             type(src) is int
             and type(dst) is int
@@ -216,8 +219,9 @@ def _transfers_ok(rnd: list[Any], n: int, c: int) -> bool:
             and type(op) is str
             and op in ops
         ):
-            return False
-    return True
+            return None
+        append((src, dst, chunk, op))
+    return fields
 
 
 def _transfer(value: object, path: str, n: int, c: int) -> Transfer:
@@ -235,40 +239,19 @@ def _transfer(value: object, path: str, n: int, c: int) -> Transfer:
 
 
 def _load_round(value: object, path: str, n: int, c: int) -> Round:
-    """A round's transfers, checked and built in one pass; the slow path names what is wrong."""
+    """A round's transfers, checked and built; the slow path names what is wrong."""
     rnd = _list(value, path)
+    fields = _fast_fields(rnd, n, c)
+    if fields is None:
+        return tuple(_transfer(t, f"{path}[{j}]", n, c) for j, t in enumerate(rnd))
     ops = _OPS
-    built: list[Transfer] = []
-    append = built.append
-    for t in rnd:
-        if type(t) is _Slim:
-            src, dst, chunk, op = t
-        elif type(t) is dict and len(t) == 4:
-            src, dst, chunk, op = t.get("src"), t.get("dst"), t.get("chunk"), t.get("op")
-        else:
-            break
-        if not (
-            type(src) is int
-            and type(dst) is int
-            and type(chunk) is int
-            and 0 <= src < n
-            and 0 <= dst < n
-            and src != dst
-            and 0 <= chunk < c
-            and type(op) is str
-            and op in ops
-        ):
-            break
-        append(Transfer(src, dst, chunk, ops[op]))
-    else:
-        return tuple(built)
-    return tuple(_transfer(t, f"{path}[{j}]", n, c) for j, t in enumerate(rnd))
+    return tuple([Transfer(src, dst, chunk, ops[op]) for src, dst, chunk, op in fields])
 
 
 def _dump_round(rnd: Round, path: str, n: int, c: int) -> list[dict[str, Any]]:
     names = _OP_NAMES
     out = [{"src": t.src, "dst": t.dst, "chunk": t.chunk, "op": names.get(t.op, t.op)} for t in rnd]
-    if not _transfers_ok(out, n, c):
+    if _fast_fields(out, n, c) is None:
         for j, t in enumerate(out):
             _transfer(t, f"{path}[{j}]", n, c)
     return out
