@@ -99,10 +99,10 @@ def mutants_of(s: Schedule, order: list[Position], k: int, ti: int) -> Iterator[
 
     yield Mutant(f"drop {t}", with_rounds(s, {here: rest}), here)
     yield Mutant(f"duplicate {t}", with_rounds(s, {here: (*rnd, t)}), here)
-    yield swapped("flip op", replace(t, op=Op.COPY if t.op is Op.REDUCE else Op.REDUCE))
-    yield from (swapped("chunk", replace(t, chunk=c)) for c in range(s.num_chunks) if c != t.chunk)
-    yield from (swapped("src", replace(t, src=r)) for r in range(s.num_ranks) if r != t.src)
-    yield from (swapped("dst", replace(t, dst=r)) for r in range(s.num_ranks) if r != t.dst)
+    yield swapped("flip op", t._replace(op=Op.COPY if t.op is Op.REDUCE else Op.REDUCE))
+    yield from (swapped("chunk", t._replace(chunk=c)) for c in range(s.num_chunks) if c != t.chunk)
+    yield from (swapped("src", t._replace(src=r)) for r in range(s.num_ranks) if r != t.src)
+    yield from (swapped("dst", t._replace(dst=r)) for r in range(s.num_ranks) if r != t.dst)
     for there in order[max(k - 1, 0) : k + 2]:
         if there != here:
             moved = {here: rest, there: (*s.phases[there[0]].rounds[there[1]], t)}

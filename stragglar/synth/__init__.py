@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from stragglar.args import as_int
 from stragglar.errors import InputError
-from stragglar.schedule import MAX_RANKS, Schedule, check_size, move_straggler
+from stragglar.schedule import MAX_RANKS, Schedule, check_size, gc_paused, move_straggler
 from stragglar.synth.direct import direct_allreduce
 from stragglar.synth.rhd import rhd_allreduce
 from stragglar.synth.ring import ring_allreduce
@@ -91,9 +91,12 @@ def synthesize(
         return smt_synthesize(n, timeout_s, rank)
     if timeout_s is not None:
         raise InputError("a timeout applies to method smt only")
-    schedule = stragglar_allreduce(n, num_chunks=c) if algorithm == "stragglar" else _GENERATORS[algorithm](n)
-    if rank is None:
-        return schedule
-    if schedule.straggler is None:
-        raise InputError(f"algorithm {algorithm!r} has no straggler: leave the straggler out")
-    return move_straggler(schedule, rank)
+    with gc_paused():  # millions of transfers at N ~ 1000, all kept: collecting them is wasted work
+        schedule = (
+            stragglar_allreduce(n, num_chunks=c) if algorithm == "stragglar" else _GENERATORS[algorithm](n)
+        )
+        if rank is None:
+            return schedule
+        if schedule.straggler is None:
+            raise InputError(f"algorithm {algorithm!r} has no straggler: leave the straggler out")
+        return move_straggler(schedule, rank)

@@ -88,12 +88,14 @@ def exchange_rounds(owners: Sequence[int], copies: Sequence[Sequence[Copy]]) -> 
     the straggler (rank ``max(owners) + 1``, the last one), both sides adding."""
     late = max(owners) + 1
     c = len(owners)
+    reduce, copy = Op.REDUCE, Op.COPY
     rounds: list[Round] = []
     for t, rnd in enumerate(copies):
-        swap: tuple[Transfer, ...] = ()
-        if t < c:
-            swap = (Transfer(owners[t], late, t, Op.REDUCE), Transfer(late, owners[t], t, Op.REDUCE))
-        rounds.append(swap + tuple(Transfer(s, d, k, Op.COPY) for s, d, k in sorted(rnd)))
+        transfers = (
+            [Transfer(owners[t], late, t, reduce), Transfer(late, owners[t], t, reduce)] if t < c else []
+        )
+        transfers += [Transfer(s, d, k, copy) for s, d, k in sorted(rnd)]
+        rounds.append(tuple(transfers))
     return tuple(rounds)
 
 
@@ -111,8 +113,9 @@ def owner_reduce_scatter(owners: Sequence[int], ranks: Sequence[int]) -> tuple[R
     ring = ring_reduce_scatter(ranks, range(len(ranks)))
     if list(owners) == list(range(len(ranks))):  # one chunk each (the paper's): the ring itself
         return ring
+    reduce = Op.REDUCE
     return tuple(
-        tuple(Transfer(t.src, t.dst, c, Op.REDUCE) for t in rnd for c in blocks[t.chunk]) for rnd in ring
+        tuple([Transfer(t.src, t.dst, c, reduce) for t in rnd for c in blocks[t.chunk]]) for rnd in ring
     )
 
 
