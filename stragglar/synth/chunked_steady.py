@@ -285,7 +285,9 @@ def _add_units(
             row.append(var)
         solver.add(z3.Sum(row) == 1 << (token - 1))
     for h, count in visits.items():
-        solver.add(count == z3.Sum([z3.IntVal(0, ctx), *[v * members.count(h) for _, members, v in kinds]]))
+        # only the kinds that hold h: building a term per kind is most of the model's time
+        terms = [v if k == 1 else v * k for _, members, v in kinds if (k := members.count(h))]
+        solver.add(count == z3.Sum([z3.IntVal(0, ctx), *terms]))
     if level == 1:  # the last round pairs singles lacking top-1 with singles lacking top
         lack_top = [v for _, members, v in kinds if len(members) == 1 and members[0][1] != top]
         lack_before = [v for _, members, v in kinds if len(members) == 1 and members[0][1] == top]
