@@ -458,6 +458,16 @@ def test_export_bad_input(args: list[str], message: str) -> None:
     assert message in assert_one_error_line(run(*args), 2)
 
 
+def test_export_refuses_a_chunk_count_and_names_the_command_that_makes_one(tmp_path: Path) -> None:
+    path = tmp_path / "s.json"
+    assert run("synth", "--gpus", "4", "-o", str(path)).exit_code == 0
+    line = assert_one_error_line(
+        run("export", str(path), "--chunks", "32", "-o", str(tmp_path / "x.json")), 2
+    )
+    assert "--chunks does not apply" in line and "stragglar synth --gpus N --chunks" in line
+    assert [p.name for p in tmp_path.iterdir()] == ["s.json"]  # nothing written
+
+
 def test_verify_smt_and_its_counter_example(tmp_path: Path) -> None:
     path = tmp_path / "s.json"
     assert run("synth", "--gpus", "5", "-o", str(path)).exit_code == 0

@@ -171,14 +171,22 @@ def synth(
     help="msccl (MSCCL XML), mscclpp (MSCCL++ plan) or json; default from -o's suffix, else msccl.",
 )
 @artifact_options
+@click.option("--chunks", hidden=True, help="Refused: FILE fixes the chunk count (see below).")
 @VERBOSE
-def export(file: Path, output: Path | None, fmt: str | None, verbose: bool, **artifact: Any) -> None:
+def export(
+    file: Path, output: Path | None, fmt: str | None, chunks: str | None, verbose: bool, **artifact: Any
+) -> None:
     """Prove the JSON schedule FILE and write it as MSCCL XML or an MSCCL++ plan (each proved again
     from its own text), or as JSON.
 
     Writes OUTPUT (stdout without -o) and prints the proof summary (stderr without -o).  OUTPUT
-    must not be FILE.
+    must not be FILE.  FILE fixes the chunk count: for a chunked artifact use
+    `stragglar synth --gpus N --chunks C|auto --format msccl|mscclpp`.
     """
+    refuse_given(
+        ["chunks"],
+        "a schedule file fixes its chunk count; use stragglar synth --gpus N --chunks C|auto --format FMT",
+    )
     fmt = output_format(output, fmt, "msccl", ("json", *ARTIFACT_FORMATS))
     if output is not None:
         check_output(output, file)
