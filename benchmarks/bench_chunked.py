@@ -1,6 +1,7 @@
 """Chunked StragglAR: exchange rounds against C + ceil(log2 N) - 1, and synthesis time.
 
     python benchmarks/bench_chunked.py [--prove] [--json out.json]
+    python benchmarks/bench_chunked.py --every 2 1024 [--json out.json]
 
 One row per (N, C): rounds of the exchange phase, the lower bound C + ceil(log2 N) - 1, the gap,
 wall-clock seconds of the construction (``chunked_copy_rounds``, the walk cache cleared first, so
@@ -8,11 +9,16 @@ a size that needs the z3 model pays for its solve; z3 itself is imported before 
 and of the whole ``synthesize("stragglar", N, chunks=C)`` (construction, ReduceScatter and the
 schedule's objects), and the method.  With ``--prove`` every schedule is also proved by
 ``stragglar.verify.prove`` (slow for the largest rows), and the proof time is added.
+
+``--every LO HI`` times instead the whole ``synthesize("stragglar", N)`` (the paper's C = N-1,
+walk cache cleared) for every N from LO to HI, checks each at the bound, and prints the slowest
+sizes and how many took longer than ``--limit`` seconds (the issue's target: 2 s up to 1024).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -98,11 +104,63 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class Timed:
+    n: int
+    exposed_rounds: int
+    bound: int
+    synth_seconds: float
+
+
+def sweep(lo: int, hi: int) -> list[Timed]:
+    """Whole synthesis at C = N-1 for every N in ``lo..hi``; a bar on a terminal (it takes minutes)."""
+    from tqdm import tqdm
+
+    return [timed(n) for n in tqdm(range(lo, hi + 1), disable=not sys.stderr.isatty(), unit="N")]
+
+
+def timed(n: int) -> Timed:
+    """One size, the walk cache cleared.  The schedule dies on return, outside the timing: kept
+    alive into the next size, its millions of transfers would be walked by the collector there."""
+    walk_for.cache_clear()
+    start = time.perf_counter()
+    schedule = synthesize("stragglar", n)
+    seconds = time.perf_counter() - start
+    return Timed(n, schedule.exposed_rounds, schedule.metadata["lower_bound"], seconds)
+
+
+def sweep_table(rows: list[Timed], limit: float) -> str:
+    slowest = sorted(rows, key=lambda r: -r.synth_seconds)[:10]
+    lines = ["| N | rounds | bound | synthesize (s) |", "|---:|---:|---:|---:|"]
+    lines += [f"| {r.n} | {r.exposed_rounds} | {r.bound} | {r.synth_seconds:.3f} |" for r in slowest]
+    at_bound = sum(r.exposed_rounds == r.bound for r in rows)
+    over = [r.n for r in rows if r.synth_seconds > limit]
+    lines.append(
+        f"\nN = {rows[0].n}..{rows[-1].n}: {at_bound} of {len(rows)} at the bound; "
+        f"{len(over)} took longer than {limit:g} s{': ' + ', '.join(map(str, over)) if over else ''}; "
+        f"median {sorted(r.synth_seconds for r in rows)[len(rows) // 2]:.3f} s."
+    )
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prove", action="store_true", help="also prove every schedule (slow for N=1024)")
     parser.add_argument("--json", type=Path, help="write the rows and the machine to this file")
+    parser.add_argument("--every", nargs=2, type=int, metavar=("LO", "HI"), help="sweep LO..HI, C = N-1")
+    parser.add_argument("--limit", type=float, default=2.0, help="seconds a sweep row may take (default 2)")
     args = parser.parse_args()
+    if args.every:
+        if args.prove:
+            parser.error("--prove applies to the table of cases, not to --every")
+        lo, hi = args.every
+        if not 2 <= lo <= hi <= 2048:
+            parser.error("--every needs 2 <= LO <= HI <= 2048")
+        timed = sweep(lo, hi)
+        print(sweep_table(timed, args.limit))
+        if args.json:
+            save(args.json, {"limit_s": args.limit, "sweep": [asdict(r) for r in timed]})
+        return
     print(f"z3 {z3.get_version_string()} (imported before timing)")
     rows = [measure(n, c, args.prove) for n, c in CASES]
     print(table(rows))
