@@ -1,6 +1,6 @@
 """How synthesis and the two provers scale with N: time, peak memory, and the fitted exponent.
 
-    python benchmarks/bench_tooling.py [--sizes 8 64 256 1024 4096] [--budget 120] [--json out.json]
+    python benchmarks/bench_tooling.py [--sizes 8 64 256 1024 2048] [--budget 120] [--json out.json]
 
 Steps: ``synth`` (``synthesize("stragglar", N)``), ``prove`` (the symbolic simulator,
 ``stragglar.verify.prove``) and ``smt`` (the z3 checker, ``stragglar.verify.smt.smt_prove``).
@@ -24,7 +24,7 @@ from typing import Any
 
 from results import save
 
-from stragglar.schedule import Schedule
+from stragglar.schedule import MAX_RANKS, Schedule
 from stragglar.synth import synthesize
 from stragglar.verify import prove
 from stragglar.verify.smt import smt_prove
@@ -82,10 +82,12 @@ def predicted(points: list[tuple[int, float]], n: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[8, 64, 256, 1024, 4096])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[8, 64, 256, 1024, MAX_RANKS])
     parser.add_argument("--budget", type=float, default=120.0, help="seconds per step and N")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    if not all(2 <= n <= MAX_RANKS for n in args.sizes):
+        parser.error(f"--sizes: each N must be 2..{MAX_RANKS} (the largest schedule stragglar makes)")
 
     todo = STEPS
     times: dict[str, list[tuple[int, float]]] = {name: [] for name in todo}
