@@ -26,6 +26,7 @@ from pathlib import Path
 import z3
 from results import save
 
+from stragglar.schedule import MAX_RANKS
 from stragglar.synth import synthesize
 from stragglar.synth.chunked import chunked_copy_rounds
 from stragglar.synth.chunked_tail import walk_for
@@ -148,19 +149,24 @@ def main() -> None:
     parser.add_argument("--prove", action="store_true", help="also prove every schedule (slow for N=1024)")
     parser.add_argument("--json", type=Path, help="write the rows and the machine to this file")
     parser.add_argument("--every", nargs=2, type=int, metavar=("LO", "HI"), help="sweep LO..HI, C = N-1")
-    parser.add_argument("--limit", type=float, default=2.0, help="seconds a sweep row may take (default 2)")
+    parser.add_argument("--limit", type=float, help="with --every: seconds a size may take (default 2)")
     args = parser.parse_args()
     if args.every:
         if args.prove:
             parser.error("--prove applies to the table of cases, not to --every")
         lo, hi = args.every
-        if not 2 <= lo <= hi <= 2048:
-            parser.error("--every needs 2 <= LO <= HI <= 2048")
+        if not 2 <= lo <= hi <= MAX_RANKS:
+            parser.error(f"--every needs 2 <= LO <= HI <= {MAX_RANKS}")
+        limit = 2.0 if args.limit is None else args.limit
+        if not limit > 0:
+            parser.error("--limit must be a positive number of seconds")
         timed = sweep(lo, hi)
-        print(sweep_table(timed, args.limit))
+        print(sweep_table(timed, limit))
         if args.json:
-            save(args.json, {"limit_s": args.limit, "sweep": [asdict(r) for r in timed]})
+            save(args.json, {"limit_s": limit, "sweep": [asdict(r) for r in timed]})
         return
+    if args.limit is not None:
+        parser.error("--limit applies to --every only")
     print(f"z3 {z3.get_version_string()} (imported before timing)")
     rows = [measure(n, c, args.prove) for n, c in CASES]
     print(table(rows))
