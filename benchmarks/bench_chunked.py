@@ -160,10 +160,10 @@ def main() -> None:
         limit = 2.0 if args.limit is None else args.limit
         if not limit > 0:
             parser.error("--limit must be a positive number of seconds")
-        timed = sweep(lo, hi)
-        print(sweep_table(timed, limit))
+        sizes = sweep(lo, hi)
+        print(sweep_table(sizes, limit))
         if args.json:
-            save(args.json, {"limit_s": limit, "sweep": [asdict(r) for r in timed]})
+            save(args.json, {"limit_s": limit, "sweep": [asdict(r) for r in sizes]})
         return
     if args.limit is not None:
         parser.error("--limit applies to --every only")
