@@ -1,6 +1,7 @@
 """Chunked StragglAR against the paper's C = N-1 and gloo's all_reduce on CPU, beside the fitted model.
 
-    python benchmarks/bench_chunked_gloo.py [--gpus 4 8] [--sizes 64MiB 256MiB] [--iters 5] [--json out.json]
+    python benchmarks/bench_chunked_gloo.py [--gpus 4 8] [--sizes 64MiB 256MiB] [--iters 5]
+        [--link-rate 200MB/s] [--json out.json]
 
 Two runs of :func:`~stragglar.measure.run.run_benchmark` on the torch backend (gloo ranks on
 127.0.0.1) per N:
@@ -18,6 +19,11 @@ Two runs of :func:`~stragglar.measure.run.run_benchmark` on the torch backend (g
    ReduceScatter can hide behind it.  StragglAR in C chunks (C: the cost model's fastest on the
    fitted network, :func:`~stragglar.measure.predict.best_chunks`), the paper's C = N-1 and gloo's
    all_reduce alternate in one launch, in a rotating order, every result checked.
+
+``--link-rate`` paces every rank's sockets to that bandwidth (:mod:`stragglar.measure.links`):
+each rank gets a link of its own, the network the cost model prices, instead of the host's
+loopback, where the cores copy every rank's bytes and the total bytes of a round cost, whatever
+the busiest rank's.  The calibration and the measurement both run on the paced links.
 
 The printed ratios are per iteration (the schedules ran in the same iteration): "N-1 / C" is
 the paper's time over the chunked one's, from the common start (the delay included) and after
@@ -41,7 +47,7 @@ from stragglar.cost import Network
 from stragglar.measure.predict import best_chunks, compare_generated
 from stragglar.measure.run import BenchmarkResult, run_benchmark
 from stragglar.measure.sweep import fit_line, fit_ring
-from stragglar.units import format_bytes, parse_size
+from stragglar.units import format_bytes, parse_bandwidth, parse_size
 
 
 @dataclass(frozen=True)
@@ -74,12 +80,13 @@ def per_iteration(
 
 
 def calibrate(
-    n: int, sizes: list[int], fit_sizes: list[int], iters: int, timeout: float
+    n: int, sizes: list[int], fit_sizes: list[int], iters: int, timeout: float, link_rate: float | None
 ) -> tuple[Network, dict[int, float]]:
     """The Ring network fitted to gloo's delay-0 medians at ``fit_sizes``, and the ReduceScatter
     time at each of ``sizes``."""
     runs = {
-        s: run_benchmark("torch", n, s, iters=iters, timeout=timeout) for s in sorted({*sizes, *fit_sizes})
+        s: run_benchmark("torch", n, s, iters=iters, timeout=timeout, link_rate=link_rate)
+        for s in sorted({*sizes, *fit_sizes})
     }
     for s, r in runs.items():
         print(
@@ -93,10 +100,21 @@ def calibrate(
     return net, {s: statistics.median(runs[s].hidden) for s in sizes}
 
 
-def measure(n: int, size: int, rs: float, net: Network, factor: float, iters: int, timeout: float) -> Row:
+def measure(
+    n: int,
+    size: int,
+    rs: float,
+    net: Network,
+    factor: float,
+    iters: int,
+    timeout: float,
+    link_rate: float | None,
+) -> Row:
     delay = math.ceil(factor * rs * 1e3) / 1e3  # whole milliseconds
     c = best_chunks(n, size, delay, net)
-    r: BenchmarkResult = run_benchmark("torch", n, size, delay=delay, chunks=c, iters=iters, timeout=timeout)
+    r: BenchmarkResult = run_benchmark(
+        "torch", n, size, delay=delay, chunks=c, iters=iters, timeout=timeout, link_rate=link_rate
+    )
     chunked, paper = r.variants[0], r.variants[-1]
     model = compare_generated(n, size, delay, net, ("stragglar",), chunks=c)
     ours, theirs = model.get(chunked.name), model.get("stragglar")
@@ -147,8 +165,10 @@ def cells(r: Row) -> list[str]:
     ]
 
 
-def table(rows: list[Row], fits: dict[int, Network]) -> str:
+def table(rows: list[Row], fits: dict[int, Network], link_rate: float | None) -> str:
     lines = [fit_line("gloo all_reduce", n, net) for n, net in fits.items()]
+    if link_rate is not None:
+        lines.insert(0, f"every rank's links paced to {format_bytes(link_rate)}/s")
     lines += [
         "",
         "| N | size | RS (ms) | delay (ms) | C | gloo (ms) | C = N-1 (ms) | chunked (ms) "
@@ -189,22 +209,33 @@ def main() -> None:
     parser.add_argument("--delay-factor", type=float, default=1.5, help="delay / the ReduceScatter time")
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds a rank waits for a silent peer")
+    parser.add_argument(
+        "--link-rate", type=parse_bandwidth, help="pace every rank's sockets to this bandwidth (e.g. 200MB/s)"
+    )
     parser.add_argument("--json", type=Path, help="write the rows and the machine to this file")
     args = parser.parse_args()
     rows: list[Row] = []
     fits: dict[int, Network] = {}
     for n in args.gpus:
-        net, rs = calibrate(n, args.sizes, args.fit_sizes, args.iters, args.timeout)
+        net, rs = calibrate(n, args.sizes, args.fit_sizes, args.iters, args.timeout, args.link_rate)
         fits[n] = net
         for size in args.sizes:
-            rows.append(measure(n, size, rs[size], net, args.delay_factor, args.iters, args.timeout))
+            rows.append(
+                measure(n, size, rs[size], net, args.delay_factor, args.iters, args.timeout, args.link_rate)
+            )
             print(f"  N={n} {format_bytes(size)}: C = {rows[-1].chunks}, N-1 / C {spread(rows[-1].gain)}")
-    print(table(rows, fits))
+    print(table(rows, fits, args.link_rate))
     if args.json:
         doc = {"fits": {str(n): asdict(net) for n, net in fits.items()}, "rows": [asdict(r) for r in rows]}
         save(
             args.json,
-            {**doc, "iters": args.iters, "delay_factor": args.delay_factor, "fit_sizes": args.fit_sizes},
+            {
+                **doc,
+                "iters": args.iters,
+                "delay_factor": args.delay_factor,
+                "fit_sizes": args.fit_sizes,
+                "link_rate": args.link_rate,
+            },
         )
 
 

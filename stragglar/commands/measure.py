@@ -9,6 +9,7 @@ import click
 from stragglar.commands.common import (
     ALGORITHM,
     AUTO,
+    BANDWIDTH,
     DURATION,
     MEASURED_CHUNKS,
     SIZE,
@@ -32,6 +33,13 @@ from stragglar.runtime import DTYPES
 from stragglar.units import parse_duration, parse_size
 
 __all__ = ["bench", "run"]
+
+LINK_RATE = click.option(
+    "--link-rate",
+    type=BANDWIDTH,
+    help="Pace every rank's sockets to this bandwidth (torch backend): each rank gets a link of its "
+    "own, as the cost model assumes, instead of the host's shared loopback.",
+)
 
 
 @click.command()
@@ -63,6 +71,7 @@ __all__ = ["bench", "run"]
     show_default=True,
     help="Give up on a silent peer after this long.",
 )
+@LINK_RATE
 def run(
     backend: str,
     num_gpus: int | None,
@@ -75,6 +84,7 @@ def run(
     schedule_file: Path | None,
     iters: int,
     timeout: float,
+    link_rate: float | None,
 ) -> None:
     """Run a schedule on real data and compare it with the engine's own AllReduce.
 
@@ -83,6 +93,7 @@ def run(
     --chunks, StragglAR in C chunks, the paper's StragglAR (C = N-1) and the baseline alternate
     in one launch of the ranks, and the chunked one's speed-up over the paper's is printed too.
     """
+    _links_apply(backend)
     proof = None
     if schedule_file is not None:
         refuse_given(["algorithm", "straggler", "chunks"], f"the schedule comes from {schedule_file}")
@@ -109,6 +120,7 @@ def run(
         straggler=straggler,
         iters=iters,
         timeout=timeout,
+        link_rate=link_rate,
     )
     click.echo(result.report())
 
@@ -141,6 +153,7 @@ def run(
     show_default=True,
     help="Give up on a silent peer after this long.",
 )
+@LINK_RATE
 @click.option(
     "--json", "json_file", type=click.Path(dir_okay=False, path_type=Path), help="Also save the results."
 )
@@ -154,6 +167,7 @@ def bench(
     chunks: int | str | None,
     iters: int,
     timeout: float,
+    link_rate: float | None,
     json_file: Path | None,
 ) -> None:
     """Measure a grid of settings against the engine's own AllReduce.
@@ -164,6 +178,7 @@ def bench(
     runs in the same iterations, with columns of its own: its C, time, ratio to the baseline and
     the paper's StragglAR (C = N-1) over it.
     """
+    _links_apply(backend)
     if json_file is not None:
         check_output(json_file)
 
@@ -187,11 +202,17 @@ def bench(
             iters=iters,
             timeout=timeout,
             progress=finished,
+            link_rate=link_rate,
         )
     click.echo(result.table())
     if json_file is not None:
         dump_json(json_file, result.to_json())
         click.echo(f"results written to {json_file}")
+
+
+def _links_apply(backend: str) -> None:
+    if backend != "torch":
+        refuse_given(["link_rate"], f"it paces gloo's sockets, and --backend {backend} has none")
 
 
 def _rank_counts(text: str) -> list[int]:

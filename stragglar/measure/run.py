@@ -21,6 +21,7 @@ import numpy as np
 from stragglar.args import as_int, as_rank, as_seconds
 from stragglar.errors import InputError
 from stragglar.measure.data import ITEMSIZE, check, expected, payload
+from stragglar.measure.links import check_link_rate
 from stragglar.measure.predict import schedule_name
 from stragglar.measure.timing import Figures, Series, iteration_figures, turn
 from stragglar.runtime import plan_for
@@ -56,7 +57,8 @@ class Variant:
 class BenchmarkResult:
     """A run: each schedule's figures (:class:`Variant`, in the order given) and the baseline's,
     all from the same iterations; ``late`` is the rank that arrived ``delay`` seconds late, for
-    every schedule and the baseline alike.  ``algorithm``, ``times``, ``hidden``, ``time`` and
+    every schedule and the baseline alike; ``link_rate``, where given, the rate every rank's
+    sockets were paced to (bytes per second).  ``algorithm``, ``times``, ``hidden``, ``time`` and
     ``algbw`` are the first schedule's (the only one, unless several were run)."""
 
     backend: str
@@ -68,6 +70,7 @@ class BenchmarkResult:
     baseline: str
     baseline_times: tuple[float, ...]
     late: int | None = None
+    link_rate: float | None = None
 
     @property
     def size_bytes(self) -> int:
@@ -114,6 +117,10 @@ class BenchmarkResult:
     def _late_rank(self) -> str:
         return f" (rank {self.late})" if self.late is not None and self.delay > 0 else ""
 
+    @property
+    def _links(self) -> str:
+        return "" if self.link_rate is None else f"links paced to {format_bytes(self.link_rate)}/s, "
+
     def report(self) -> str:
         """A few lines for the terminal."""
         gb = 1e9
@@ -122,7 +129,7 @@ class BenchmarkResult:
         lines = [
             f"{', '.join(v.name for v in self.variants) or self.baseline} on {self.backend}: "
             f"{self.num_ranks} ranks, {format_bytes(self.size_bytes)} {self.dtype}, "
-            f"straggler delay {self.delay * 1e3:g} ms{self._late_rank}, "
+            f"straggler delay {self.delay * 1e3:g} ms{self._late_rank}, {self._links}"
             f"{count_of(len(self.baseline_times), 'iteration')} (medians), results checked",
             *(
                 f"  {name:<{width}} {t * 1e3:10.3f} ms/iter  {self.size_bytes / t / gb:8.3f} GB/s"
@@ -160,6 +167,7 @@ def run_benchmark(
     iters: int = 5,
     warmup: int = 1,
     timeout: float = 60.0,
+    link_rate: float | None = None,
 ) -> BenchmarkResult:
     """Run the proved schedule (default: ``algorithm`` synthesized for ``num_ranks`` and proved)
     ``warmup + iters`` times on ``backend`` and the engine's all_reduce as often, checking every
@@ -177,7 +185,9 @@ def run_benchmark(
     straggler-aware algorithm also the schedule's straggler), else the first schedule's
     straggler, else the last rank: a schedule without a straggler (Ring, RHD) waits for it exactly
     as the baseline does.  ``timeout`` bounds each wait for a silent peer (plus ``delay`` where the
-    wait includes the late rank's delay), not the run.  Raises
+    wait includes the late rank's delay), not the run.  ``link_rate`` (torch backend only, bytes
+    per second) paces every rank's sockets to it: each rank gets a link of its own, as the cost
+    model assumes, instead of the host's shared loopback (:mod:`stragglar.measure.links`).  Raises
     :class:`~stragglar.errors.InputError` for a bad request,
     :class:`~stragglar.measure.data.WrongResult` for a wrong result, and
     :class:`~stragglar.measure.launch.LaunchError` when a rank fails.
@@ -195,6 +205,10 @@ def run_benchmark(
     iters = as_int(iters, "iters", minimum=1)
     warmup = as_int(warmup, "warmup", minimum=0)
     late = None if straggler is None else as_rank(straggler, "straggler", num_ranks)
+    if link_rate is not None:
+        if backend != "torch":
+            raise InputError(f"link_rate paces gloo's sockets: the torch backend only, not {backend}")
+        link_rate = check_link_rate(float(link_rate))
     if proof is None:
         aware = late is not None and _has_straggler(algorithm)
         c = None if chunks is None else as_int(chunks, "chunks")
@@ -219,7 +233,9 @@ def run_benchmark(
     if backend == "torch":
         from stragglar.measure.run_torch import torch_figures
 
-        figures = torch_figures(proofs, num_ranks, count, dtype, delay, iters, warmup, timeout, late)
+        figures = torch_figures(
+            proofs, num_ranks, count, dtype, delay, iters, warmup, timeout, late, link_rate=link_rate
+        )
     else:
         figures = _in_process(backend, proofs, num_ranks, count, dtype, delay, iters, warmup, late)
     variants = tuple(
@@ -227,7 +243,16 @@ def run_benchmark(
         for p, series in zip(proofs, figures.schedules, strict=True)
     )
     return BenchmarkResult(
-        backend, num_ranks, dtype, count, delay, variants, figures.baseline, figures.baseline_times, late
+        backend,
+        num_ranks,
+        dtype,
+        count,
+        delay,
+        variants,
+        figures.baseline,
+        figures.baseline_times,
+        late,
+        link_rate,
     )
 
 

@@ -20,10 +20,12 @@ import torch.distributed as dist
 from stragglar.measure import launch as launcher
 from stragglar.measure.data import check, expected, payload
 from stragglar.measure.launch import heartbeat, launch
+from stragglar.measure.links import pace_sockets
 from stragglar.measure.predict import schedule_name
 from stragglar.measure.timing import Figures, Series, iteration_figures, turn
 from stragglar.runtime import RankError, allreduce
 from stragglar.runtime.engine import Timeline, classify, first_line
+from stragglar.units import count_of
 from stragglar.verify import Proof
 
 __all__ = ["torch_figures"]
@@ -40,14 +42,16 @@ def torch_figures(
     timeout: float,
     late: int,
     slack: float | None = None,
+    link_rate: float | None = None,
 ) -> Figures:
     """Run the ranks once; per iteration, the slowest rank's time for each schedule and for
     all_reduce, in the rotating order of :func:`~stragglar.measure.timing.turn`.
 
     ``slack`` (default :data:`stragglar.measure.launch.SLACK`): how long beyond the timeout a rank
-    may go without reporting progress."""
+    may go without reporting progress.  ``link_rate`` (bytes per second): every rank's sockets
+    paced to it (:mod:`stragglar.measure.links`), links of their own as the cost model assumes."""
     want = expected(count, num_ranks, dtype)  # once, before the fork: the ranks share its pages
-    args = (proofs, count, dtype, want, delay, iters + warmup, timeout, late)
+    args = (proofs, count, dtype, want, delay, iters + warmup, timeout, late, link_rate)
     per_rank = launch(
         _rank, num_ranks, args, timeout=timeout + delay, slack=launcher.SLACK if slack is None else slack
     )
@@ -74,8 +78,11 @@ def _rank(
     runs: int,
     timeout: float,
     late: int,
+    link_rate: float | None,
 ) -> tuple[list[list[Timeline]], list[float]]:
     torch.set_num_threads(1)  # n ranks share the host's cores
+    if link_rate is not None:
+        _pace(rank, n, link_rate)
     source = torch.from_numpy(payload(rank, count, n, dtype)).to(getattr(torch, dtype))
     buf = source.clone()
     names = [schedule_name(p.schedule) for p in proofs]
@@ -109,6 +116,21 @@ def _all_reduce(rank: int, buf: torch.Tensor, delay: float, late: int, it: int) 
     with _engine(rank, f"in gloo's all_reduce of iteration {it}"):
         dist.all_reduce(buf)
     return time.perf_counter() - start
+
+
+def _pace(rank: int, n: int, rate: float) -> None:
+    """Pace this rank's links; fail if gloo has not connected a socket to every peer yet (with
+    ``TORCH_GLOO_LAZY_INIT`` it connects at first use, and those sockets would run unpaced)."""
+    paced = pace_sockets(rate)
+    if paced < n - 1:
+        raise RankError(
+            f"rank {rank} found {count_of(paced, 'connected TCP socket')} to pace, fewer than its "
+            f"{n - 1} peers: "
+            "gloo connects lazily here (unset TORCH_GLOO_LAZY_INIT)",
+            rank=rank,
+            reason="failed",
+            during="pacing its links",
+        )
 
 
 @contextlib.contextmanager

@@ -85,10 +85,13 @@ class SweepResult:
     fits: dict[int, Network | None]  # per N when a Ring fit was tried; None: it failed
     date: str  # when and where it was measured, kept with the figures
     machine: str
+    link_rate: float | None = None  # bytes/s every rank's sockets were paced to, if they were
 
     def table(self) -> str:
-        """The results as a Markdown table, the fitted networks above it."""
+        """The results as a Markdown table, the fitted networks (and paced links) above it."""
         fits = [fit_line(self.baseline, n, net) for n, net in self.fits.items()]
+        if self.link_rate is not None:
+            fits.insert(0, f"every rank's links paced to {format_bytes(self.link_rate)}/s")
         ours, theirs = self.algorithm, self.baseline
         rows = [
             f"| N | size | delay (ms) | {ours} (ms) | {theirs} (ms) "
@@ -179,11 +182,14 @@ def sweep(
     iters: int = 5,
     timeout: float = 120.0,
     progress: Callable[[BenchmarkResult], None] | None = None,
+    link_rate: float | None = None,
 ) -> SweepResult:
     """Measure every (ranks, size in bytes, delay in seconds) setting; see the module docstring.
 
     Every chunk count is chosen, and its schedule synthesized, before the first measurement, so
     that a count the schedules cannot have fails at once, not after part of the grid has run.
+    ``link_rate``: every rank's sockets paced to it, as in
+    :func:`~stragglar.measure.run.run_benchmark`.
     """
     if not gpus or not sizes or not delays:
         raise InputError("need at least one rank count, size and delay")
@@ -206,6 +212,7 @@ def sweep(
             chunks=counts[key],
             iters=iters,
             timeout=timeout,
+            link_rate=link_rate,
         )
         results[key] = r
         if progress is not None:
@@ -225,6 +232,7 @@ def sweep(
         fits,
         dt.date.today().isoformat(),
         machine(),
+        link_rate,
     )
 
 
