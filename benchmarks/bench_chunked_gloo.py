@@ -218,6 +218,12 @@ def main() -> None:
     fits: dict[int, Network] = {}
     for n in args.gpus:
         net, rs = calibrate(n, args.sizes, args.fit_sizes, args.iters, args.timeout, args.link_rate)
+        if args.link_rate is not None and net.bandwidth > 1.5 * args.link_rate:
+            raise SystemExit(
+                f"N={n}: gloo's fitted bandwidth {format_bytes(net.bandwidth)}/s is far above the "
+                f"{format_bytes(args.link_rate)}/s links: the kernel did not pace them (Linux < 4.13 "
+                "paces only under the fq qdisc)"
+            )
         fits[n] = net
         for size in args.sizes:
             rows.append(
