@@ -27,6 +27,8 @@ out of memory; anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -115,5 +117,18 @@ for _command in (synth, export, verify, show, cost, run, bench, bound, prove_all
 
 
 def main() -> None:
-    """Entry point of the ``stragglar`` console script."""
-    cli.main(prog_name="stragglar")
+    """Entry point of the ``stragglar`` console script.
+
+    Standard output is flushed here, not at exit, so that a full disk or a device that fails
+    (``> /dev/full``) is one line and exit 1, not a traceback or Python's exit-time complaint.
+    A closed pipe (``| head``) click already handles.
+    """
+    try:
+        try:
+            cli.main(prog_name="stragglar")
+        finally:
+            sys.stdout.flush()
+    except OSError as e:
+        sys.stderr.write(f"Error: cannot write the output: {e.strerror or e}\n")
+        sys.stderr.flush()
+        os._exit(1)  # no exit-time flush of the output that could not be written

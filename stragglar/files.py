@@ -69,6 +69,8 @@ def write_text(path: str | os.PathLike[str], text: str) -> None:
 def write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     """Replace the file ``path`` with ``data``, atomically; on failure the old file is untouched."""
     target = Path(path)
+    if target.exists() and not target.is_file():  # the rename would replace a device or fifo
+        raise InputError(f"{target} is not a regular file (a device, fifo or socket): write to a file")
     fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as out:

@@ -8,6 +8,8 @@ same thing wherever a user types it, and figures print the same way everywhere. 
 * a **duration** needs a unit (``us``, ``ms``, ``s``; ``0`` alone is allowed): a bare ``20`` could
   be milliseconds or seconds, so it is refused with the fix;
 * a **bandwidth** needs a unit per second (``450GiB/s``, ``25GB/s``, ``100Gbit/s``);
+* units are read regardless of case, except a bit-style spelling (``Gb``, ``Mib``), which is
+  refused: read as bytes it would be 8 times what its writer meant;
 * every number is finite and not negative, and within a sane maximum (no ``1e400``, ``inf``,
   ``nan``); the error names the fix.
 
@@ -59,12 +61,28 @@ MAX_SECONDS = 7 * 24 * 3600  # a week
 _QUANTITY = re.compile(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?|[0-9]+\.)\s*([A-Za-z/]*)\s*")
 
 
+_BITS_SPELLING = re.compile(r"[KMGT]i?b")  # Gb, Mib: bits by the usual convention, not bytes
+
+
 def _split(text: str, kind: str, example: str) -> tuple[Fraction, str]:
-    """The exact number and the unit (lower case) of ``text``, or an error showing ``example``."""
+    """The exact number and the unit (lower case) of ``text``, or an error showing ``example``.
+
+    Units are read without regard to case, except a bit-style spelling (``Gb``, ``Mib``): read as
+    bytes it would be 8 times what its writer meant, so it is refused with both spellings.
+    """
     match = _QUANTITY.fullmatch(text) if isinstance(text, str) else None
     if match is None:
         raise InputError(f"expected {kind} like {example}, got {text!r} (a number >= 0 and a unit)")
-    return Fraction(match.group(1)), match.group(2).lower()
+    number, unit = match.group(1), match.group(2)
+    prefix = unit.split("/")[0]
+    if _BITS_SPELLING.fullmatch(prefix):
+        rest = unit[len(prefix) :]
+        as_bytes = f"{number}{prefix[:-1]}B{rest}"
+        if rest and "i" not in prefix:  # a bandwidth, which may be in bits
+            as_bits = f"{number}{prefix[0]}bit{rest}"
+            raise InputError(f"{text.strip()!r}: is {prefix} bits or bytes? write {as_bits} or {as_bytes}")
+        raise InputError(f"{text.strip()!r}: {prefix} reads as bits; write {as_bytes} for bytes")
+    return Fraction(number), unit.lower()
 
 
 def parse_size(text: str) -> int:
@@ -111,7 +129,9 @@ def parse_bandwidth(text: str) -> float:
     """
     number, unit = _split(text, "a bandwidth", "450GiB/s or 100Gbit/s")
     if not unit.endswith("/s"):
-        fix = f"{text.strip()}/s" if unit in SIZE_UNITS and unit else f"{text.strip()}GB/s"
+        digits = text.strip()[: len(text.strip()) - len(unit)].strip()
+        per = text.strip()[len(digits) :].split("/")[0].strip()
+        fix = f"{digits}{per}/s" if per.lower() in SIZE_UNITS and per else f"{digits}GB/s or {digits}Gbit/s"
         raise InputError(f"{text!r} needs a unit per second, e.g. {fix}")
     per = unit[:-2]
     factor = SIZE_UNITS.get(per) if per in SIZE_UNITS else BIT_UNITS.get(per)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -345,13 +346,23 @@ def load_schedule(path: Path, command: str) -> Schedule:
     return found.schedule
 
 
-def check_output(output: Path, *inputs: Path) -> None:
-    """Refuse an output that would overwrite an input, or that cannot be a file."""
+def check_output(output: Path, *inputs: Path, option: str = "-o") -> None:
+    """Refuse, before any work, an output that would overwrite an input, that cannot be a file
+    (a folder, or a device, a fifo or a socket, which the atomic rename would replace with a
+    plain file: ``--json /dev/null`` must not delete the device), or whose folder is missing or
+    not writable; ``option`` names it in the error."""
     for source in inputs:
         if same_file(source, output):
             raise InputError(f"{output} is the input file: write the output somewhere else")
     if output.is_dir():
         raise InputError(f"{output} is a directory")
+    if output.exists() and not output.is_file():
+        raise InputError(f"{output} is not a regular file (a device, fifo or socket): write to a file")
+    folder = output.parent.resolve()
+    if not folder.is_dir():
+        raise click.BadParameter(f"{output}: folder {output.parent} does not exist", param_hint=f"'{option}'")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise click.BadParameter(f"{output}: cannot write in {output.parent}", param_hint=f"'{option}'")
 
 
 def check_plot(path: Path | None, *inputs: Path) -> None:
@@ -360,9 +371,7 @@ def check_plot(path: Path | None, *inputs: Path) -> None:
         return
     if path.suffix.lower() not in (".png", ".svg", ".pdf"):
         raise click.BadParameter(f"{path}: name a .png, .svg or .pdf file", param_hint="'--plot'")
-    check_output(path, *inputs)
-    if not path.parent.resolve().is_dir():
-        raise click.BadParameter(f"{path}: folder {path.parent} does not exist", param_hint="'--plot'")
+    check_output(path, *inputs, option="--plot")
     from stragglar import plot
 
     try:
@@ -419,17 +428,18 @@ def proved_plan(text: str, name: str) -> PlanProof:
         raise kind(f"{name} {problem}: {e}") from None
 
 
-def write(path: Path, text: str) -> None:
-    """Write ``text`` and a newline to ``path`` (atomically); a failure is an error of ``-o``."""
+def write(path: Path, text: str, option: str = "-o") -> None:
+    """Write ``text`` and a newline to ``path`` (atomically); a failure is an error of ``option``."""
     try:
         write_text(path, text + "\n")
     except OSError as e:
-        raise click.BadParameter(f"cannot write {path}: {e.strerror or e}", param_hint="'-o'") from None
+        why = f"cannot write {path}: {e.strerror or e}"
+        raise click.BadParameter(why, param_hint=f"'{option}'") from None
 
 
 def dump_json(path: Path, document: object) -> None:
-    """Write a JSON document of results to ``path`` (atomically)."""
-    write(path, json.dumps(document, indent=2))
+    """Write a JSON document of results to ``path`` (atomically), the file of ``--json``."""
+    write(path, json.dumps(document, indent=2), "--json")
 
 
 def _show_progress() -> bool:

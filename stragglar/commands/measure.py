@@ -27,7 +27,7 @@ from stragglar.commands.common import (
 )
 from stragglar.cost import PAPER_NETWORK
 from stragglar.errors import InputError
-from stragglar.measure.run import BACKENDS, BenchmarkResult, run_benchmark
+from stragglar.measure.run import BACKENDS, MAX_ITERS, BenchmarkResult, run_benchmark
 from stragglar.measure.sweep import sweep
 from stragglar.runtime import DTYPES
 from stragglar.units import parse_duration, parse_size
@@ -63,7 +63,7 @@ LINK_RATE = click.option(
 @click.option(
     "--schedule", "schedule_file", type=click.Path(path_type=Path), help="Run this JSON schedule file."
 )
-@click.option("--iters", type=click.IntRange(min=1), default=5, show_default=True)
+@click.option("--iters", type=click.IntRange(1, MAX_ITERS), default=5, show_default=True)
 @click.option(
     "--timeout",
     type=DURATION,
@@ -93,7 +93,7 @@ def run(
     --chunks, StragglAR in C chunks, the paper's StragglAR (C = N-1) and the baseline alternate
     in one launch of the ranks, and the chunked one's speed-up over the paper's is printed too.
     """
-    _links_apply(backend)
+    _torch_only(backend)
     proof = None
     if schedule_file is not None:
         refuse_given(["algorithm", "straggler", "chunks"], f"the schedule comes from {schedule_file}")
@@ -145,7 +145,7 @@ def run(
 @click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
 @ALGORITHM
 @chunks_option(f"per setting, {MEASURED_CHUNKS}")
-@click.option("--iters", type=click.IntRange(min=1), default=5, show_default=True)
+@click.option("--iters", type=click.IntRange(1, MAX_ITERS), default=5, show_default=True)
 @click.option(
     "--timeout",
     type=DURATION,
@@ -178,9 +178,9 @@ def bench(
     runs in the same iterations, with columns of its own: its C, time, ratio to the baseline and
     the paper's StragglAR (C = N-1) over it.
     """
-    _links_apply(backend)
+    _torch_only(backend)
     if json_file is not None:
-        check_output(json_file)
+        check_output(json_file, option="--json")
 
     def count_for(num_gpus: int, size: int, delay: float) -> int | None:
         return resolve_chunks(chunks, num_gpus, size, delay, PAPER_NETWORK, algorithm=algorithm)
@@ -210,9 +210,11 @@ def bench(
         click.echo(f"results written to {json_file}")
 
 
-def _links_apply(backend: str) -> None:
+def _torch_only(backend: str) -> None:
+    """--link-rate and --timeout concern the torch backend's gloo ranks (sockets, waits on peers)."""
     if backend != "torch":
-        refuse_given(["link_rate"], f"it paces gloo's sockets, and --backend {backend} has none")
+        why = f"it is for the torch backend's gloo ranks, not --backend {backend}"
+        refuse_given(["link_rate", "timeout"], why)
 
 
 def _rank_counts(text: str) -> list[int]:

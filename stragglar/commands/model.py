@@ -20,6 +20,7 @@ from stragglar.commands.common import (
     proved_plan,
     proved_xml,
     read_input,
+    refuse_given,
     resolve_chunks,
     write_plot,
 )
@@ -28,6 +29,7 @@ from stragglar.errors import IncorrectError, InputError, ResourceError, Straggla
 from stragglar.measure.predict import compare_generated, generated_profile
 from stragglar.plot import chunk_sweep, sweep_sizes
 from stragglar.proof_tier import TABLE_HEADER, ProofRow, format_row, prove_all, prove_schedule_file
+from stragglar.schedule import MAX_RANKS
 from stragglar.synth import ALGORITHMS
 from stragglar.verify import VerificationError
 from stragglar.verify.bound import BOUND_MAX_RANKS, prove_lower_bound
@@ -125,11 +127,24 @@ def bound(num_gpus: int, chunks: int | None, rounds: int | None, timeout: float)
     click.echo(result.summary)
 
 
+PROVE_ALL_MAX_Z3 = 64  # z3's work grows fast with N: a bound, so a typo cannot ask for days
+
+
 @click.command("prove-all")
 @click.option(
-    "--max-gpus", type=click.IntRange(min=2), default=32, show_default=True, help="z3 up to this N."
+    "--max-gpus",
+    type=click.IntRange(2, PROVE_ALL_MAX_Z3),
+    default=32,
+    show_default=True,
+    help="z3 up to this N.",
 )
-@click.option("--max-simulated", type=click.IntRange(min=2), default=128, show_default=True)
+@click.option(
+    "--max-simulated",
+    type=click.IntRange(2, MAX_RANKS),
+    default=128,
+    show_default=True,
+    help="The simulator up to this N.",
+)
 @click.argument("files", nargs=-1, type=click.Path(path_type=Path))
 @VERBOSE
 def prove_all_command(max_gpus: int, max_simulated: int, files: tuple[Path, ...], verbose: bool) -> None:
@@ -137,6 +152,7 @@ def prove_all_command(max_gpus: int, max_simulated: int, files: tuple[Path, ...]
     algorithms by the simulator up to --max-simulated; or the given FILES (JSON schedules, by both
     provers, and MSCCL XML), every one of them, naming each that fails."""
     if files:
+        refuse_given(["max_gpus", "max_simulated"], "FILES are proved whatever their N")
         _prove_files(files, verbose)
         return
     click.echo(TABLE_HEADER)

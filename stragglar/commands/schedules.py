@@ -89,7 +89,11 @@ def output_format(output: Path | None, fmt: str | None, default: str, allowed: t
     help="smt: let z3 find a round-optimal StragglAR schedule (small N only).",
 )
 @click.option(
-    "--timeout", type=DURATION, help="With --method smt: give up on z3 after this long (a duration)."
+    "--timeout",
+    type=DURATION,
+    default="600s",
+    show_default=True,
+    help="With --method smt: give up on z3 after this long (a duration).",
 )
 @CHUNKS
 @model_options
@@ -108,7 +112,7 @@ def synth(
     output: Path | None,
     fmt: str | None,
     method: str,
-    timeout: float | None,
+    timeout: float,
     chunks: int | str | None,
     size: int,
     delay: float,
@@ -127,6 +131,8 @@ def synth(
     can split power-of-two buffers evenly.
     """
     fmt = output_format(output, fmt, "text", FORMATS)
+    if output is not None:
+        check_output(output)
     refuse_other_formats(fmt)
     if method != "smt":
         refuse_given(["timeout"], "it bounds --method smt only")

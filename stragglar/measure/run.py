@@ -35,6 +35,7 @@ from stragglar.verify import Proof, prove, require_proof
 __all__ = ["BACKENDS", "BenchmarkResult", "Variant", "run_benchmark"]
 
 BACKENDS = ("local", "torch", "cupy")
+MAX_ITERS = 10_000  # timed iterations (and warm-up ones) per run: a bound, so a typo cannot run for ever
 
 
 @dataclass(frozen=True)
@@ -204,6 +205,8 @@ def run_benchmark(
     timeout = as_seconds(timeout, "timeout", positive=True)
     iters = as_int(iters, "iters", minimum=1)
     warmup = as_int(warmup, "warmup", minimum=0)
+    if iters + warmup > MAX_ITERS:
+        raise InputError(f"at most {MAX_ITERS} iterations, warm-up included; got {iters} + {warmup}")
     late = None if straggler is None else as_rank(straggler, "straggler", num_ranks)
     if link_rate is not None:
         if backend != "torch":
@@ -226,9 +229,13 @@ def run_benchmark(
     if late is None:
         first = proofs[0].schedule.straggler if proofs else None
         late = first if first is not None else num_ranks - 1
-    count = size_bytes // ITEMSIZE[dtype]
+    count, extra = divmod(size_bytes, ITEMSIZE[dtype])
     if count < 1:
         raise InputError(f"need size >= one element: {size_bytes} bytes hold no {dtype} element")
+    if extra:
+        raise InputError(
+            f"{size_bytes} bytes is not a whole number of {dtype} elements ({ITEMSIZE[dtype]} bytes each)"
+        )
     _require(backend)
     if backend == "torch":
         from stragglar.measure.run_torch import torch_figures

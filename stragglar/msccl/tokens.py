@@ -112,6 +112,8 @@ class _Scanner:
             if end < 0:
                 raise self.fail("unterminated comment")
             self.pos = end + 3
+        if name.startswith("?"):
+            raise self.fail(f"<{name}: the executor's parser reads no <?...?> declaration: delete that line")
         if name == "" and c == "/":
             name, c = self.token()
             if c != ">":
