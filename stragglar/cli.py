@@ -106,7 +106,7 @@ def cli() -> None:
     \b
     Units: a size takes B, KB, MB, GB, TB, KiB, MiB, GiB or TiB (a bare number is bytes);
     a duration needs us, ms or s (20ms; a bare 0 is allowed); a bandwidth needs a unit per
-    second (450GiB/s, 100Gbit/s).
+    second (450GiB/s, 100Gbit/s); a bit-style Gb or Mib is refused, not read as bytes.
     Exit codes: 0 done, 1 not a correct AllReduce or a failed run, 2 bad input, 3 out of
     memory or solver time.
     """

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -72,6 +73,77 @@ def test_bench_json_and_plots_are_written_atomically(tmp_path: Path, monkeypatch
 
 
 # ---------------------------------------------------------------------------- 2. inputs and formats
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["synth", "--gpus", "4", "--format", "json", "-o", "{out}"],
+        ["export", "{json}", "--format", "json", "-o", "{out}"],
+        [
+            "bench",
+            "--backend",
+            "local",
+            "-n",
+            "2",
+            "--sizes",
+            "1KB",
+            "--delays",
+            "0ms",
+            "--iters",
+            "1",
+            "--json",
+            "{out}",
+        ],
+    ],
+)
+def test_an_output_never_replaces_a_fifo_or_device(tmp_path: Path, args: list[str]) -> None:
+    """The atomic rename would put a plain file where the fifo (or /dev/null) was."""
+    out = tmp_path / "pipe"
+    os.mkfifo(out)
+    json_format.write(synthesize("stragglar", 4), tmp_path / "s.json")
+    filled = [a.format(out=out, json=tmp_path / "s.json") for a in args]
+    assert "is not a regular file" in one_error(run(*filled), 2)
+    assert out.is_fifo()
+
+
+def test_bench_checks_its_json_folder_before_measuring(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def measured(*args: object, **kwargs: object) -> None:
+        raise AssertionError("measured before checking --json")
+
+    monkeypatch.setattr("stragglar.commands.measure.sweep", measured)
+    line = one_error(run("bench", "--backend", "local", "--json", str(tmp_path / "no" / "b.json")), 2)
+    assert "'--json'" in line and "does not exist" in line
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_full_standard_output_is_one_line_and_exit_1() -> None:
+    with open("/dev/full", "wb") as full:
+        done = subprocess.run(
+            [sys.executable, "-c", "from stragglar.cli import main; main()", "synth", "--gpus", "4"],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == ["Error: cannot write the output: No space left on device"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["run", "--gpus", "4", "--iters", "10001"], "'--iters'"),
+        (["prove-all", "--max-gpus", "65"], "'--max-gpus'"),
+        (["prove-all", "--max-simulated", "4096"], "'--max-simulated'"),
+        (["run", "--gpus", "4", "--size", "1001"], "not a whole number of float32 elements"),
+    ],
+)
+def test_work_is_bounded_before_it_starts(args: list[str], message: str) -> None:
+    assert message in one_error(run(*args), 2)
 
 
 def test_an_output_that_is_the_input_is_refused(tmp_path: Path) -> None:
@@ -183,6 +255,26 @@ def test_every_option_follows_the_unit_policy(tmp_path: Path, args: list[str], m
     assert message in one_error(run(*args), 2)
 
 
+@pytest.mark.parametrize(
+    ("parse", "text", "message"),
+    [
+        (parse_bandwidth, "1Gb/s", "is Gb bits or bytes? write 1Gbit/s or 1GB/s"),
+        (parse_bandwidth, "100Mb/s", "write 100Mbit/s or 100MB/s"),
+        (parse_bandwidth, "1Gib/s", "Gib reads as bits; write 1GiB/s"),
+        (parse_size, "1Kib", "Kib reads as bits; write 1KiB"),
+        (parse_size, "64Mb", "Mb reads as bits; write 64MB"),
+        (parse_bandwidth, "1Gbps", "needs a unit per second, e.g. 1GB/s or 1Gbit/s"),
+        (parse_bandwidth, "450GiB/ms", "needs a unit per second, e.g. 450GiB/s"),
+    ],
+)
+def test_a_bit_style_unit_is_refused_not_read_as_bytes(parse: Any, text: str, message: str) -> None:
+    """``1Gb/s`` read as bytes would be 8 times what its writer meant."""
+    with pytest.raises(InputError) as caught:
+        parse(text)
+    assert message in str(caught.value)
+    assert parse_bandwidth("1gbit/s") == 125e6 and parse_size("1gb") == 10**9  # case alone is not bits
+
+
 def test_sizes_take_units_everywhere(tmp_path: Path) -> None:
     out = tmp_path / "x.xml"
     assert (
@@ -259,6 +351,10 @@ def test_the_plot_is_written_where_it_says(tmp_path: Path) -> None:
         (["run", "--schedule", "{xml}"], "is MSCCL XML: run takes a JSON schedule"),
         (["export", "{xml}"], "is MSCCL XML: export takes a JSON schedule"),
         (["run"], "--gpus is required"),
+        (["run", "--gpus", "4", "--timeout", "5s"], "--timeout does not apply"),
+        (["bench", "--backend", "local", "--timeout", "5s"], "--timeout does not apply"),
+        (["prove-all", "--max-gpus", "4", "{json}"], "--max-gpus does not apply"),
+        (["prove-all", "--max-simulated", "4", "{json}"], "--max-simulated does not apply"),
     ],
 )
 def test_an_option_that_does_not_apply_is_an_error(tmp_path: Path, args: list[str], message: str) -> None:

@@ -208,7 +208,10 @@ def algo(name: str, ngpus: int, nchunks: int, body: str) -> str:
             lambda t: t.replace("  <gpu", "\t<gpu", 1),
             "line 3: expected '<', got '\\t' (only spaces and newlines",
         ),
-        (lambda t: '<?xml version="1.0"?>\n' + t, "line 1: <?xml>: expected '>', got '?'"),
+        (
+            lambda t: '<?xml version="1.0"?>\n' + t,
+            "line 1: <?xml: the executor's parser reads no <?...?> declaration",
+        ),
         (
             lambda t: t.replace(' proto="Simple"', '\n proto="Simple"'),
             "line 2: <algo>: expected '>', got '\\n'",

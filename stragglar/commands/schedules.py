@@ -146,7 +146,14 @@ def synth(
         pow2 = ", a power of two for executors" if fmt in ARTIFACT_FORMATS else ""
         click.echo(auto_note(count, size, delay, network, pow2), err=True)
     with busy(f"synthesizing {algorithm} for {num_gpus} GPUs"):
-        schedule = synthesize(algorithm, num_gpus, straggler, chunks=count, method=method, timeout_s=timeout)
+        schedule = synthesize(
+            algorithm,
+            num_gpus,
+            straggler,
+            chunks=count,
+            method=method,
+            timeout_s=timeout if method == "smt" else None,
+        )
     proof = proved(schedule, f"the {algorithm} schedule")
     summary, details = proof.headline, [proof.summary]
     if fmt in ARTIFACT_FORMATS:
