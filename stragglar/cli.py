@@ -27,8 +27,13 @@ out of memory; anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import select
+import signal
+import socket
 import sys
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -84,6 +89,46 @@ def _one_line_errors() -> Iterator[None]:
         ) from None
 
 
+@contextlib.contextmanager
+def _ctrl_c_stops_z3() -> Iterator[None]:
+    """Ctrl-C stops a z3 call as well as Python code.
+
+    Python runs its SIGINT handler between bytecodes, and z3's ``check()`` is one C call that can
+    last minutes: the handler would wait for it.  The signal also wakes a thread through
+    :func:`signal.set_wakeup_fd`; that thread asks z3 to stop (``interrupt``, z3's own way),
+    ``check()`` returns, and the KeyboardInterrupt follows at once.  z3's own Ctrl-C handling is
+    turned off: during ``check()`` it replaced Python's handler and, here, let the signal go
+    unanswered.  Main thread only (where signals arrive), and never around a command that forks.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    import z3
+
+    z3.set_param("ctrl_c", False)  # z3's own handler would take the signal during check() and drop it
+    reader, writer = socket.socketpair()
+    writer.setblocking(False)
+    previous = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            ready, _, _ = select.select([reader], [], [], 0.2)
+            if ready and signal.SIGINT in reader.recv(64):
+                z3.main_ctx().interrupt()
+
+    thread = threading.Thread(target=watch, name="ctrl-c-stops-z3", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        signal.set_wakeup_fd(previous)
+        thread.join(1.0)
+        reader.close()
+        writer.close()
+
+
 class _Group(click.Group):
     """A group whose parsing and command errors are one line each."""
 
@@ -112,7 +157,23 @@ def cli() -> None:
     """
 
 
-for _command in (synth, export, verify, show, cost, run, bench, bound, prove_all_command):
+def _stopping_z3(command: click.Command) -> click.Command:
+    """``command`` with :func:`_ctrl_c_stops_z3` around its work."""
+    work = command.callback
+    assert work is not None
+
+    @functools.wraps(work)
+    def stopping(*args: Any, **kwargs: Any) -> Any:
+        with _ctrl_c_stops_z3():
+            return work(*args, **kwargs)
+
+    command.callback = stopping
+    return command
+
+
+for _command in (synth, export, verify, show, cost, bound, prove_all_command):
+    cli.add_command(_stopping_z3(_command))
+for _command in (run, bench):  # they fork ranks, and no thread may be alive at a fork; no z3 either
     cli.add_command(_command)
 
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -519,3 +521,19 @@ def test_bench_and_run_label_their_ratios_and_count_in_words() -> None:
     )
     assert bench.exit_code == 0
     assert "ratio of the medians | per-iteration ratio: median [min-max]" in bench.output.splitlines()[0]
+
+
+def test_ctrl_c_stops_a_long_z3_call() -> None:
+    """z3's check() is one long C call; Ctrl-C must still end the command at once, in one line."""
+    command = [sys.executable, "-c", "from stragglar.cli import main; main()", "bound", "--gpus", "12"]
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(2.5)  # importing and building the model take about a second; z3 then needs 8 s
+        assert child.poll() is None, "z3 finished before it could be interrupted"
+        child.send_signal(signal.SIGINT)
+        start = time.perf_counter()
+        out, err = child.communicate(timeout=30)
+    finally:
+        child.kill()
+    assert time.perf_counter() - start < 3.0
+    assert child.returncode == 1 and err.strip() == "Aborted!" and out == "", (out, err)

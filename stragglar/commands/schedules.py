@@ -39,6 +39,7 @@ from stragglar.commands.common import (
     write_plot,
 )
 from stragglar.cost import Network
+from stragglar.errors import IncorrectError, StragglarError
 from stragglar.formats import json as json_format
 from stragglar.formats.text import render
 from stragglar.msccl import describe_msccl
@@ -261,8 +262,15 @@ def show(file: Path, plot_file: Path | None, size: int | None, verbose: bool) ->
         refuse_given(["plot_file"], f"{file} is {FORMAT_NAMES[found.kind]}; --plot draws JSON schedules")
         if found.kind != "mscclpp":
             refuse_given(["size"], f"{file} is {FORMAT_NAMES[found.kind]}; --size applies to MSCCL++ plans")
-        click.echo(describe_msccl(found.text) if found.kind == "msccl" else str(summarize(found.text)))
-        summary, details = _proved_artifact(found)
+        if size is not None and size <= 0:
+            raise click.BadParameter(f"{size} bytes: a buffer has at least one byte", param_hint="'--size'")
+        try:  # proved first: a file that cannot be read is one error line, nothing printed before it
+            summary, details = _proved_artifact(found)
+        except IncorrectError:
+            if description := _description(found, quiet=True):
+                click.echo(description)  # what is wrong is easier seen in it
+            raise
+        click.echo(_description(found))
         click.echo(summary)
         if size is not None:
             click.echo(f"{size} bytes: {will_use(found.text, size).reason}")
@@ -279,6 +287,17 @@ def show(file: Path, plot_file: Path | None, size: int | None, verbose: bool) ->
     if plot_file is not None:
         schedule = found.schedule
         write_plot(plot_file, lambda plot: plot.schedule_figure(schedule))
+
+
+def _description(found: Input, quiet: bool = False) -> str:
+    """An artifact printed GPU by GPU (MSCCL XML) or by thread blocks (MSCCL++); ``quiet``: ""
+    where it cannot be described (the proof's error then says why)."""
+    try:
+        return describe_msccl(found.text) if found.kind == "msccl" else str(summarize(found.text))
+    except StragglarError:
+        if quiet:
+            return ""
+        raise
 
 
 def _proved_artifact(found: Input) -> tuple[str, str]:

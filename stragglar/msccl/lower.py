@@ -165,5 +165,10 @@ def _check_options(name: str, proto: str, instances: int, min_bytes: int, max_by
     for label, value in (("min_bytes", min_bytes), ("max_bytes", max_bytes)):
         if type(value) is not int or not 0 <= value < 1 << 63:
             raise MscclExportError(f"{label} must be an integer in [0, 2**63), got {value!r}")
-    if max_bytes and max_bytes < min_bytes:
-        raise MscclExportError(f"max_bytes {max_bytes} < min_bytes {min_bytes}: never selected")
+    if max_bytes == 0:  # no limit to the Azure executor, "never" to microsoft/msccl (min <= n < max)
+        raise MscclExportError(
+            "max_bytes 0 means no limit to one MSCCL executor and never selected to the other: "
+            "give the largest message (default 1 TiB)"
+        )
+    if max_bytes <= min_bytes:
+        raise MscclExportError(f"max_bytes {max_bytes} <= min_bytes {min_bytes}: never selected")
