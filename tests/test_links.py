@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from stragglar.cli import cli
-from stragglar.errors import InputError
+from stragglar.errors import ArgumentError, InputError
 from stragglar.measure.links import (
     MAX_LINK_RATE,
     MIN_LINK_RATE,
@@ -99,6 +99,12 @@ def test_gloo_ranks_are_held_to_the_link_rate() -> None:
     # gloo's ring sends 2 (N-1)/N of the buffer from every rank; StragglAR's busiest rank more
     assert result.baseline_time >= 0.9 * 2 * (n - 1) / n * size / rate
     assert result.time >= 0.9 * size / rate
+
+
+@pytest.mark.parametrize("rate", ["200MB/s", True, None, [1e8]])
+def test_a_link_rate_that_is_not_a_number_is_an_argument_error(rate: object) -> None:
+    with pytest.raises(ArgumentError, match="link_rate must be bytes per second"):
+        check_link_rate(rate)  # type: ignore[arg-type]
 
 
 def test_link_rate_needs_the_torch_backend() -> None:

@@ -15,12 +15,13 @@ several peers at once is not limited, which no schedule here asks of it.
 
 from __future__ import annotations
 
+import numbers
 import os
 import socket
 import struct
 import sys
 
-from stragglar.errors import InputError
+from stragglar.errors import ArgumentError, InputError
 from stragglar.units import format_bytes
 
 __all__ = ["MAX_LINK_RATE", "MIN_LINK_RATE", "check_link_rate", "pace_sockets"]
@@ -31,7 +32,11 @@ MAX_LINK_RATE = float(2**32 - 1)  # the socket option's 32-bit form, which every
 
 
 def check_link_rate(rate: float) -> float:
-    """``rate`` (bytes per second) if it can be a link's, else an InputError saying the range."""
+    """``rate`` (bytes per second) as a float if it can be a link's: an ArgumentError for a value
+    that is not a number, an InputError saying the range for one outside it."""
+    if isinstance(rate, bool) or not isinstance(rate, numbers.Real):
+        raise ArgumentError(f"link_rate must be bytes per second, got {rate!r} ({type(rate).__name__})")
+    rate = float(rate)
     if not sys.platform.startswith("linux"):
         raise InputError("emulated links need Linux (SO_MAX_PACING_RATE)")
     if not MIN_LINK_RATE <= rate <= MAX_LINK_RATE:

@@ -211,7 +211,7 @@ def run_benchmark(
     if link_rate is not None:
         if backend != "torch":
             raise InputError(f"link_rate paces gloo's sockets: the torch backend only, not {backend}")
-        link_rate = check_link_rate(float(link_rate))
+        link_rate = check_link_rate(link_rate)
     if proof is None:
         aware = late is not None and _has_straggler(algorithm)
         c = None if chunks is None else as_int(chunks, "chunks")
