@@ -44,6 +44,7 @@ from pathlib import Path
 from results import save
 
 from stragglar.cost import Network
+from stragglar.measure.links import paced_to
 from stragglar.measure.predict import best_chunks, compare_generated
 from stragglar.measure.run import BenchmarkResult, run_benchmark
 from stragglar.measure.sweep import fit_line, fit_ring
@@ -168,7 +169,7 @@ def cells(r: Row) -> list[str]:
 def table(rows: list[Row], fits: dict[int, Network], link_rate: float | None) -> str:
     lines = [fit_line("gloo all_reduce", n, net) for n, net in fits.items()]
     if link_rate is not None:
-        lines.insert(0, f"every rank's links paced to {format_bytes(link_rate)}/s")
+        lines.insert(0, f"every rank's {paced_to(link_rate)}")
     lines += [
         "",
         "| N | size | RS (ms) | delay (ms) | C | gloo (ms) | C = N-1 (ms) | chunked (ms) "

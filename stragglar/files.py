@@ -66,11 +66,18 @@ def write_text(path: str | os.PathLike[str], text: str) -> None:
     write_bytes(path, text.encode("utf-8"))
 
 
+def check_replaceable(path: str | os.PathLike[str]) -> None:
+    """Refuse an output that exists and is not a regular file: the atomic rename would put a plain
+    file where the device, FIFO or socket was (``/dev/null`` deleted)."""
+    target = Path(path)
+    if target.exists() and not target.is_file():
+        raise InputError(f"{target} is not a regular file (a device, fifo or socket): write to a file")
+
+
 def write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     """Replace the file ``path`` with ``data``, atomically; on failure the old file is untouched."""
     target = Path(path)
-    if target.exists() and not target.is_file():  # the rename would replace a device or fifo
-        raise InputError(f"{target} is not a regular file (a device, fifo or socket): write to a file")
+    check_replaceable(target)
     fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as out:

@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from stragglar.cost import PAPER_NETWORK, Network
 from stragglar.errors import IncorrectError, InputError, StragglarError
-from stragglar.files import read_text, same_file, write_bytes, write_text
+from stragglar.files import check_replaceable, read_text, same_file, write_bytes, write_text
 from stragglar.formats import json as json_format
 from stragglar.measure.predict import best_chunks
 from stragglar.msccl import PROTOCOLS, MscclProof, prove_msccl, to_msccl_xml
@@ -356,8 +356,7 @@ def check_output(output: Path, *inputs: Path, option: str = "-o") -> None:
             raise InputError(f"{output} is the input file: write the output somewhere else")
     if output.is_dir():
         raise InputError(f"{output} is a directory")
-    if output.exists() and not output.is_file():
-        raise InputError(f"{output} is not a regular file (a device, fifo or socket): write to a file")
+    check_replaceable(output)
     folder = output.parent.resolve()
     if not folder.is_dir():
         raise click.BadParameter(f"{output}: folder {output.parent} does not exist", param_hint=f"'{option}'")

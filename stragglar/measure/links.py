@@ -24,7 +24,7 @@ import sys
 from stragglar.errors import ArgumentError, InputError
 from stragglar.units import format_bytes
 
-__all__ = ["MAX_LINK_RATE", "MIN_LINK_RATE", "check_link_rate", "pace_sockets"]
+__all__ = ["MAX_LINK_RATE", "MIN_LINK_RATE", "check_link_rate", "pace_sockets", "paced_to"]
 
 SO_MAX_PACING_RATE = getattr(socket, "SO_MAX_PACING_RATE", 47)  # Linux's value; Python names it from 3.12
 MIN_LINK_RATE = float(2**20)  # bytes/s: slower links would make a 64 MiB benchmark take minutes per round
@@ -45,6 +45,11 @@ def check_link_rate(rate: float) -> float:
             f"got {format_bytes(rate)}/s"
         )
     return rate
+
+
+def paced_to(rate: float) -> str:
+    """``links paced to 190.7 MiB/s``: how reports name the rate."""
+    return f"links paced to {format_bytes(rate)}/s"
 
 
 def pace_sockets(rate: float) -> int:

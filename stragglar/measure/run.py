@@ -21,7 +21,7 @@ import numpy as np
 from stragglar.args import as_int, as_rank, as_seconds
 from stragglar.errors import InputError
 from stragglar.measure.data import ITEMSIZE, check, expected, payload
-from stragglar.measure.links import check_link_rate
+from stragglar.measure.links import check_link_rate, paced_to
 from stragglar.measure.predict import schedule_name
 from stragglar.measure.timing import Figures, Series, iteration_figures, turn
 from stragglar.runtime import plan_for
@@ -120,7 +120,7 @@ class BenchmarkResult:
 
     @property
     def _links(self) -> str:
-        return "" if self.link_rate is None else f"links paced to {format_bytes(self.link_rate)}/s, "
+        return "" if self.link_rate is None else f"{paced_to(self.link_rate)}, "
 
     def report(self) -> str:
         """A few lines for the terminal."""

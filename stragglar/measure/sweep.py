@@ -31,6 +31,7 @@ import numpy as np
 
 from stragglar.cost import Network
 from stragglar.errors import InputError
+from stragglar.measure.links import paced_to
 from stragglar.measure.predict import compare_generated, generated_profile
 from stragglar.measure.run import BenchmarkResult, run_benchmark
 from stragglar.units import format_bytes
@@ -91,7 +92,7 @@ class SweepResult:
         """The results as a Markdown table, the fitted networks (and paced links) above it."""
         fits = [fit_line(self.baseline, n, net) for n, net in self.fits.items()]
         if self.link_rate is not None:
-            fits.insert(0, f"every rank's links paced to {format_bytes(self.link_rate)}/s")
+            fits.insert(0, f"every rank's {paced_to(self.link_rate)}")
         ours, theirs = self.algorithm, self.baseline
         rows = [
             f"| N | size | delay (ms) | {ours} (ms) | {theirs} (ms) "
