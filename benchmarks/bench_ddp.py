@@ -1,6 +1,7 @@
 """DDP training steps on gloo: the default hook against synchronous, asynchronous and auto StragglAR.
 
-    python benchmarks/bench_ddp.py [--gpus 4] [--late 1] [--delay 30] [--steps 36] [--json out.json]
+    python benchmarks/bench_ddp.py [--gpus 4] [--late 1] [--delay 30] [--steps 36]
+        [--link-rate 200MB/s] [--json out.json]
 
 A deep MLP (``--depth`` layers of ``--width`` x ``--width``; a DDP bucket per layer from the
 second step on, once DDP has rebuilt its buckets) trains on fork-started gloo ranks, twice: once
@@ -12,7 +13,10 @@ all_reduce, from C++), torch's own all_reduce hook in Python (``default_hooks.al
 what any Python hook costs here), StragglAR synchronous (the rounds inside the hook), StragglAR
 asynchronous (a worker thread), and ``policy="auto"``.  A barrier starts every step; a step's time is the
 slowest rank's, from the barrier to the end of the optimizer step.  ``--idle`` makes the late
-rank sleep instead (a rank waiting on I/O, whose core the others can use).
+rank sleep instead (a rank waiting on I/O, whose core the others can use).  ``--link-rate`` paces
+every rank's sockets to that bandwidth after the first step, once every group is connected
+(:mod:`stragglar.measure.links`): each rank then has a link of its own, as GPUs do, instead of
+sharing the loopback's copies with everyone's compute on the same cores.
 
 Printed per run: the median step time over the steps after ``--warmup`` with its 10-90 percentile
 spread, the ratio of medians to the default hook, the hook's own host time per bucket (wall and
@@ -42,6 +46,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from stragglar.ddp import StragglarState, stragglar_hook
 from stragglar.ddp.policy import critical_delay_for
 from stragglar.measure.launch import heartbeat, launch
+from stragglar.measure.links import check_link_rate, pace_sockets, paced_to
+from stragglar.units import parse_bandwidth
 
 VARIANTS = ("default hook", "python all_reduce hook", "stragglar sync", "stragglar async", "auto")
 TARGETS = {"late": 0.85, "punctual": 1.03}  # auto's step time over the default hook's
@@ -58,6 +64,7 @@ class Config:
     late: int
     delay: float  # seconds of extra compute on the late rank per step (0: nobody late)
     idle: bool  # the late rank sleeps instead: it waits for something else, its core is free
+    link_rate: float | None  # bytes/s each socket is paced to after the first step (None: unpaced)
 
 
 class Timed:
@@ -142,6 +149,10 @@ def train(rank: int, n: int, config: Config) -> dict[str, Any]:
             optims[v].step()
             times[v].append(time.perf_counter() - start)
             losses[v].append(float(loss.detach()))
+        if step == 0 and config.link_rate is not None:  # every variant's groups are connected now
+            paced = pace_sockets(config.link_rate)
+            if paced < n - 1:
+                raise SystemExit(f"rank {rank} found {paced} sockets to pace, fewer than its peers")
         heartbeat()
     hosts = {v: (timed.first, timed.rest) for v, (_, timed) in runs.items() if timed is not None}
     auto = runs["auto"][1]
@@ -259,23 +270,37 @@ def main() -> None:
     parser.add_argument(
         "--idle", action="store_true", help="the late rank sleeps (waits on I/O) instead of computing"
     )
+    parser.add_argument(
+        "--link-rate", type=parse_bandwidth, help="pace every rank's sockets to this bandwidth (e.g. 200MB/s)"
+    )
     parser.add_argument("--json", type=Path, help="also save the figures here")
     args = parser.parse_args()
+    if args.link_rate is not None:
+        check_link_rate(args.link_rate)
     import torch._dynamo  # noqa: F401 - DDP's first construction imports it: once, before the fork
 
     figures: dict[str, object] = {"args": {k: str(v) for k, v in vars(args).items()}}
     failed = []
     for run, delay in (("punctual", 0.0), ("late", args.delay / 1e3)):
         config = Config(
-            args.width, args.depth, args.batch, args.steps, args.warmup, args.late, delay, args.idle
+            args.width,
+            args.depth,
+            args.batch,
+            args.steps,
+            args.warmup,
+            args.late,
+            delay,
+            args.idle,
+            args.link_rate,
         )
         per_rank = launch(train, args.gpus, (config,), timeout=120)
         rows, auto = summarise(per_rank, config), per_rank[0]["auto"]
         how = "sleeping" if args.idle else "its own compute"
         who = f"rank {args.late} {args.delay:g} ms late by {how}" if delay else "no late rank"
         gradients = args.width * (args.width + 1) * args.depth * 4 / 2**20
+        links = "" if args.link_rate is None else f", {paced_to(args.link_rate)}"
         print(
-            f"\n{args.gpus} gloo ranks, {who}; MLP {args.depth} x {args.width}, {gradients:.1f} MiB of "
+            f"\n{args.gpus} gloo ranks{links}, {who}; MLP {args.depth} x {args.width}, {gradients:.1f} MiB of "
             f"gradients in {auto['buckets']} buckets; {args.steps - args.warmup} steps per variant "
             f"after {args.warmup} of warm-up"
         )

@@ -122,6 +122,45 @@ def test_the_hook_returns_before_a_late_peer_has_sent(asynchronous: bool) -> Non
             assert all(done for done, _ in calls) and max(took for _, took in calls) >= 0.8 * delay
 
 
+def staged_rank(rank: int, n: int, delay: float) -> dict[str, list[tuple[int, float]]]:
+    """Notes when each bucket's first stage finished here, and when this rank's hook was first
+    called in each step (for the late rank: when it arrived), on the hosts' shared clock."""
+    from stragglar.ddp.worker import Reducer
+
+    early = Reducer.early
+    staged: list[tuple[int, float]] = []  # (step, when a bucket's first stage finished)
+    called: list[tuple[int, float]] = []  # (step, when the hook was called for bucket 0)
+    state = StragglarState(timeout=20)
+
+    def noted(self: Reducer, job: Any) -> Any:
+        handed = early(self, job)
+        staged.append((state.steps, time.perf_counter()))
+        return handed
+
+    def hook(state: StragglarState, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
+        if bucket.index() == 0:
+            called.append((state.steps + 1, time.perf_counter()))
+        return stragglar_hook(state, bucket)
+
+    Reducer.early = noted  # type: ignore[method-assign]  # this rank's process only
+    plain, hooked = twins(state, hook)
+    for i in range(4):
+        step(rank, i, plain, hooked, late(rank, n - 1, delay))
+    return {"staged": staged, "called": called}
+
+
+def test_the_punctual_ranks_reduce_scatter_every_bucket_before_the_late_rank_arrives() -> None:
+    """Bucket 2's first rounds do not wait behind bucket 1's last, which wait for the late rank."""
+    n, delay = 4, 0.4
+    results = launch(staged_rank, n, (delay,), timeout=60)
+    arrivals = dict(results[n - 1]["called"])
+    for rank in range(n - 1):
+        for s in (3, 4):  # after the first steps (groups, headers, DDP's rebuilt buckets)
+            finished = [t for step_index, t in results[rank]["staged"] if step_index == s]
+            assert len(finished) == 3, results[rank]  # every bucket of the step
+            assert max(finished) < arrivals[s], (rank, s, finished, arrivals[s])
+
+
 def gradient_rank(
     rank: int, n: int, policy: str
 ) -> tuple[float, list[tuple[int, str, int | None, int | None]], bool]:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import math
+import threading
 import time
 from typing import Any
 
@@ -182,29 +184,44 @@ def test_a_watch_counts_from_the_end_of_the_operation_before_it() -> None:
     assert took is not None and 0.015 < took < 0.045, took
 
 
-def test_the_worker_runs_in_order_and_fails_every_later_task_at_once() -> None:
+def test_the_worker_runs_each_stage_in_order_and_fails_every_later_task_at_once() -> None:
     import torch
 
     worker = BucketWorker("test-worker")
-    ran: list[int] = []
+    ran: list[tuple[int, int]] = []
     futures = [torch.futures.Future[Any]() for _ in range(4)]
+    second_may_start = threading.Event()
 
-    def task(i: int) -> None:
+    def first(i: int, handed: Any) -> int:
+        assert handed is None
+        ran.append((0, i))
+        return 10 * i  # handed to the second stage
+
+    def second(i: int, handed: int) -> None:
+        second_may_start.wait(5)
         if i == 1:
             raise RuntimeError("round 3 lost the connection")
-        ran.append(i)
-        futures[i].set_result(i)
+        ran.append((1, i))
+        futures[i].set_result(handed)
 
     for i, future in enumerate(futures):
-        worker.submit(lambda i=i: task(i), future)  # type: ignore[misc]
+        worker.submit(future, functools.partial(first, i), functools.partial(second, i))
+    deadline = time.monotonic() + 5
+    while len(ran) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ran == [(0, 0), (0, 1), (0, 2), (0, 3)]  # every first stage ran while the second waited
+    second_may_start.set()
     assert futures[0].wait() == 0
     for future in futures[1:]:
         with pytest.raises(RuntimeError, match="round 3 lost the connection"):
             future.wait()
-    assert ran == [0] and isinstance(worker.error, RuntimeError)
+    assert ran[4:] == [(1, 0)] and isinstance(worker.error, RuntimeError)
+    with pytest.raises(ValueError, match="runs 2 stages per task, got 1"):
+        worker.submit(futures[0], functools.partial(first, 0))
     worker.close()
-    worker.thread.join(5)
-    assert not worker.thread.is_alive()
+    for thread in worker.threads:
+        thread.join(5)
+        assert not thread.is_alive()
 
 
 @pytest.mark.parametrize(

@@ -1,16 +1,15 @@
 """The CUDA path without a GPU: a fake ``torch.cuda`` (streams, events) and a fake NCCL.
 
 No GPU has been available to this project, so these check the protocol, not a device: on NCCL a
-stream-ordered round is waited on the stream, never the host; a bucket's rounds run with the side
-stream current, after the event its producer recorded; nothing synchronises the host; the Future
-completes while the side stream is current (so a real CUDA Future records its completion there);
+stream-ordered round is waited on the stream, never the host; a bucket's two stages run with their
+side streams current, each after the event recorded before it; nothing synchronises the host; the
+Future completes while the second side stream is current (so a real CUDA Future records its completion there);
 and event timings count from the operation queued before.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import threading
 import time
 from collections.abc import Iterator
@@ -38,10 +37,12 @@ class FakeCuda:
         self.log: list[str] = []
         self.now = 0.0  # the fake device clock, seconds
         self._local = threading.local()
-        self.compute = self.Stream(name="compute")
+        self.sides = 0
+        self.compute = FakeStream(self, "compute")
 
-    def Stream(self, device: Any = None, name: str = "side") -> FakeStream:
-        return FakeStream(self, name)
+    def Stream(self, device: Any = None) -> FakeStream:
+        self.sides += 1
+        return FakeStream(self, f"side {self.sides}")
 
     def Event(self, enable_timing: bool = False) -> FakeEvent:
         return FakeEvent(self)
@@ -159,7 +160,7 @@ def stream_rank(rank: int, n: int, proof: Proof, late: float) -> dict[str, Any]:
         exchange(self, step, sends, recvs)
 
     torch_dist.TorchTransport.exchange = logged  # type: ignore[method-assign]
-    reduce = Reducer(dedicated_group(None, 20.0), n, 20.0)
+    reduce = Reducer((dedicated_group(None, 20.0), dedicated_group(None, 20.0)), n, 20.0)
     worker = BucketWorker("fake-cuda")
     if rank == n - 1:
         time.sleep(late)  # this rank's gradients come late
@@ -169,7 +170,7 @@ def stream_rank(rank: int, n: int, proof: Proof, late: float) -> dict[str, Any]:
         future = order.future()
         future.add_done_callback(lambda _: completed_on.append(cuda.current_stream().name))
         job = Job(buffer, bucket, proof, None, 0, order, order.ready(), future)
-        worker.submit(functools.partial(reduce, job), future)
+        worker.submit(future, *reduce.stages(job))
         done_at_submit.append(future.done())
         futures.append(future)
     for future, buffer in zip(futures, buffers, strict=True):
@@ -179,17 +180,20 @@ def stream_rank(rank: int, n: int, proof: Proof, late: float) -> dict[str, Any]:
     return {"log": cuda.log, "issued": issued, "done": done_at_submit, "completed_on": completed_on}
 
 
-def test_bucket_rounds_run_on_the_side_stream_and_complete_the_future_there() -> None:
+def test_bucket_rounds_run_on_the_side_streams_and_complete_the_future_there() -> None:
     proof = prove(synthesize("stragglar", 3))
     results = launch(stream_rank, 3, (proof, 0.3), timeout=30)
     for rank, r in enumerate(results):
-        assert r["completed_on"] == ["side"] * 3, r  # each Future completed with the side stream current
-        assert r["issued"] and set(r["issued"]) == {"side"}  # every round issued on the side stream
+        # each Future completed with the second stage's stream current
+        assert r["completed_on"] == ["side 2"] * 3, r
+        # every round issued on a side stream: the late rank has none in the first stage
+        assert set(r["issued"]) == ({"side 2"} if rank == 2 else {"side 1", "side 2"}), r
         log = r["log"]
-        readies = [e.removesuffix(" recorded on compute") for e in log if e.endswith(" on compute")]
-        assert len(readies) == 3, log  # one per bucket, on the stream that produced its gradients
-        for event in readies:  # and the side stream waits for it before the bucket's rounds
-            assert log.index(f"side waits for {event}") > log.index(f"{event} recorded on compute"), log
+        for before, after in (("compute", "side 1"), ("side 1", "side 2")):
+            readies = [e.removesuffix(f" recorded on {before}") for e in log if e.endswith(f" on {before}")]
+            assert len(readies) == 3, log  # one per bucket, on the stream that produced its data
+            for event in readies:  # and the next stage's stream waits for it before its rounds
+                assert log.index(f"{after} waits for {event}") > log.index(f"{event} recorded on {before}")
         if rank != 2:
             assert r["done"] == [False] * 3  # the peer was late: nothing was done at submission
 

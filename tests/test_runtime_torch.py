@@ -47,6 +47,73 @@ def test_gloo_results_are_exact_for_uneven_sizes(n: int) -> None:
     assert runs == [len(schedules) * len(sizes) * len(DTYPES)] * n
 
 
+def parts_rank(rank: int, n: int, proofs: list[Proof], delay: float) -> list[tuple[float, float]]:
+    """Each schedule run in parts (the rounds without the late rank, then the rest in two), with the
+    late rank ``delay`` late; returns (seconds it slept, seconds the call took) per part."""
+    from stragglar.runtime import allreduce, rounds_without
+
+    slept = []
+    for i, proof in enumerate(proofs):
+        late = proof.schedule.straggler
+        assert late is not None
+        split = rounds_without(proof, late)
+        middle = (split + proof.num_rounds) // 2
+        buf = torch.from_numpy(payload(rank, 1001, n, "float64"))
+        for part in ((0, split), (split, middle), (middle, None)):
+            timeline = allreduce(buf, proof, straggler_delay=delay, timeout=20, tag=i * 100, rounds=part)
+            slept.append((timeline.arrived - timeline.start, timeline.done - timeline.start))
+        assert np.array_equal(buf.numpy(), expected(1001, n, "float64")), proof.schedule.algorithm
+    return slept
+
+
+def test_a_schedule_run_in_parts_gives_the_sum_and_the_late_rank_waits_in_its_first() -> None:
+    n, delay = 5, 0.2
+    proofs = [prove(synthesize("stragglar", n)), prove(synthesize("stragglar", n, chunks=9))]
+    per_rank = launch(parts_rank, n, (proofs, delay), timeout=60)
+    for rank, slept in enumerate(per_rank):
+        for first, second, third in zip(slept[::3], slept[1::3], slept[2::3], strict=True):
+            assert third[0] < delay / 4 and first[0] < delay / 4  # nobody sleeps outside its first round
+            if rank == n - 1:  # the late rank: no round without it, then it sleeps before its first
+                assert second[0] >= delay * 0.95 and first[1] < delay / 4
+            else:  # the punctual ranks run the first part at once, then wait for it in the second
+                assert second[0] < delay / 4 and first[1] < delay / 2 and second[1] >= delay / 2
+
+
+def mismatched_rounds_rank(rank: int, n: int, proof: Proof) -> str:
+    from stragglar.runtime import MismatchError, allreduce
+
+    try:
+        allreduce(torch.zeros(10), proof, timeout=20, rounds=(0, None) if rank == 1 else (0, 2))
+    except MismatchError as e:
+        return str(e)
+    return "no error"
+
+
+def test_ranks_that_run_other_rounds_fail_alike_before_any_data_moves() -> None:
+    errors = launch(mismatched_rounds_rank, 4, (prove(synthesize("stragglar", 4)),), timeout=60)
+    words = "rounds: ranks 0, 2, 3 run rounds 0..1, rank 1 runs rounds 0..the end"
+    assert set(errors) == {f"ranks disagree on the allreduce: {words}"}
+
+
+@pytest.mark.parametrize(
+    ("rounds", "error", "words"),
+    [
+        ((3, 2), "InputError", "0 <= first <= stop <= 6"),
+        ((0, 7), "InputError", "0 <= first <= stop <= 6"),
+        ((7, None), "InputError", "0 <= first <= stop <= 6"),
+        ([0, 2], "ArgumentError", "rounds must be a pair"),
+        ((0.5, 2), "ArgumentError", "rounds\\[0\\] must be an integer"),
+        ((-1, 2), "InputError", "rounds\\[0\\] must be at least 0"),
+    ],
+)
+def test_rounds_out_of_the_schedule_are_refused(rounds: object, error: str, words: str) -> None:
+    from stragglar import errors
+    from stragglar.runtime import allreduce
+
+    with pytest.raises(getattr(errors, error), match=words):
+        allreduce(torch.zeros(4), prove(synthesize("stragglar", 4)), rounds=rounds)  # type: ignore[arg-type]
+
+
 def delayed_rank(rank: int, n: int, s: Proof, delay: float) -> object:
     from stragglar.runtime import allreduce
 

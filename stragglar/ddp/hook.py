@@ -1,7 +1,6 @@
 """The DDP communication hook and its state.  (No ``from __future__ import annotations`` here: DDP
 compares the hook's annotations with the classes.)"""
 
-import functools
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,8 +73,9 @@ class StragglarState:
     (:mod:`stragglar.ddp.policy`).  ``detect=W``: under "stragglar", find the straggler over
     windows of W steps (rank last in ``share`` of them); under "auto", the number of steps whose
     median lateness is judged (default 4).  Both need the world group.  ``asynchronous``
-    (default): the hook returns at once and a worker thread (a side stream on CUDA) runs
-    StragglAR's rounds; False runs them in the hook.
+    (default): the hook returns at once and two worker threads (two side streams on CUDA) run
+    StragglAR's rounds, the first those the late rank takes no part in, for every bucket as soon
+    as it is ready (:mod:`stragglar.ddp.worker`); False runs them in the hook.
     ``chunks``: StragglAR's chunk count, C >= N-1 (None: the paper's N-1), or "auto": per bucket,
     the count the cost model prices fastest for its size (:func:`~stragglar.ddp.policy.chunk_count`),
     on the policy's networks under "auto" (with the expected lateness), on ``network`` under
@@ -263,7 +263,7 @@ class StragglarState:
             comm.reduce(job)  # on the caller's thread, its errors raised in the hook
             return job.future
         job = Job(buffer, bucket, proof, choice.straggler, chunks, order, order.ready(), order.future())
-        comm.worker.submit(functools.partial(comm.reduce, job), job.future)
+        comm.worker.submit(job.future, *comm.reduce.stages(job))
         # DDP reads a failed Future's value as its result ("Unable to cast ... to Tensor"); an error
         # raised in a callback reaches it as an error, with the message intact
         return job.future.then(_value)
@@ -290,8 +290,10 @@ class StragglarState:
 
     def _connect(self, world_size: int) -> _Comm:
         group = dedicated_group(self.process_group, self.timeout)
+        early = dedicated_group(self.process_group, self.timeout) if self.asynchronous else group
+        groups = (early, group)
         record = self.probe.record if self.probe is not None and self.policy == "auto" else None
-        reduce = Reducer(group, world_size, self.timeout, self.straggler_delay, record)
+        reduce = Reducer(groups, world_size, self.timeout, self.straggler_delay, record)
         worker = None
         if self.asynchronous:
             worker = BucketWorker(f"stragglar-ddp-{dist.get_rank()}")

@@ -4,18 +4,25 @@ DDP calls its hook during backward, as each bucket becomes ready; its value is t
 AllReduce overlaps the rest of backward.  So the hook only hands the bucket to a
 :class:`BucketWorker` and returns a Future, and the worker runs the rounds, then completes it.
 
-* One thread per process group runs the buckets in the order they were handed in, so every rank
-  issues the same operations on the group in the same order, and a bucket's messages (tagged by
-  bucket) never meet another's.  Nothing else may issue on that group: the hook uses a group of
-  its own (:func:`dedicated_group`), never DDP's.
+* Two threads per process group, each with a group of its own, run every bucket in two stages:
+  the first runs the schedule's rounds that the late rank takes no part in (StragglAR's
+  ReduceScatter among the punctual ranks), the second the rest.  So while the straggler is away
+  the punctual ranks reduce-scatter every bucket that is ready, not only the first: with one
+  thread, bucket 2's first rounds would wait behind bucket 1's last, which wait for the straggler.
+  Each thread runs the buckets in the order they were handed in, so every rank issues the same
+  operations on each group in the same order, and a bucket's messages (tagged by bucket) never
+  meet another's; the first stage never waits for the second, so the two cannot deadlock.
+  Nothing else may issue on those groups: the hook uses groups of its own
+  (:func:`dedicated_group`), never DDP's.
 * A failure is set on the bucket's Future (DDP raises it from backward), and every later bucket
   fails at once with the same error instead of waiting for peers that are gone: after a failed
   round the group's message streams are no longer in step.
 * Buckets the policy gives to the engine's all_reduce do not come here: the hook issues them on
   DDP's own group, asynchronously, as DDP's default hook does (the engine runs them on its own
   threads or streams; a Python thread in between only adds latency).
-* On CUDA (:class:`StreamOrder`) the bucket's rounds run on one side stream, after an event the
-  caller recorded on its own stream when the gradients were ready.  No round waits on the host
+* On CUDA (:class:`StreamOrder`) each stage runs on a side stream of its own: the first after an
+  event the caller recorded on its stream when the gradients were ready, the second after an
+  event the first recorded after its rounds.  No round waits on the host
   (:func:`~stragglar.runtime.allreduce` with ``stream_ordered``), and the Future is a CUDA Future
   completed with the side stream current: DDP's stream waits for it only when it reads the result.
   On CPU (:class:`HostOrder`) the rounds simply block the worker thread.
@@ -24,10 +31,11 @@ AllReduce overlaps the rest of backward.  So the hook only hands the bucket to a
 from __future__ import annotations
 
 import contextlib
+import functools
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Protocol
@@ -37,7 +45,7 @@ import torch.distributed as dist
 
 from stragglar.ddp.policy import STRAGGLAR
 from stragglar.ddp.probe import Stopwatch
-from stragglar.runtime import allreduce
+from stragglar.runtime import allreduce, rounds_without
 from stragglar.verify import Proof
 
 __all__ = [
@@ -70,7 +78,7 @@ class Order(Protocol):
 
     def ready(self) -> Any: ...
 
-    def running(self, ready: Any) -> contextlib.AbstractContextManager[None]: ...
+    def running(self, ready: Any, stage: int) -> contextlib.AbstractContextManager[None]: ...
 
     def future(self) -> torch.futures.Future[torch.Tensor]: ...
 
@@ -96,14 +104,15 @@ class HostWatch:
 
 
 class HostOrder:
-    """CPU buffers: the gradients are ready when the hook is called; the worker blocks on each round."""
+    """CPU buffers: the gradients are ready when the hook is called, a stage's rounds are done when
+    it returns; the worker's threads block on each round."""
 
     stream_ordered = False
 
     def ready(self) -> None:
         return None
 
-    def running(self, ready: Any) -> contextlib.AbstractContextManager[None]:
+    def running(self, ready: Any, stage: int) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()
 
     def future(self) -> torch.futures.Future[torch.Tensor]:
@@ -138,7 +147,8 @@ class EventWatch:
 
 
 class StreamOrder:
-    """CUDA buffers: the bucket's work runs on a side stream, after the gradients' event.
+    """CUDA buffers: each stage of a bucket's work runs on a side stream of its own, after the
+    event before it (the gradients', then the first stage's).
 
     ``cuda`` is :mod:`torch.cuda` (tests pass a fake with the same ``Stream``, ``Event``,
     ``current_stream``, ``stream`` and ``device``).
@@ -149,19 +159,21 @@ class StreamOrder:
     def __init__(self, device: torch.device, cuda: Any = None) -> None:
         self.cuda = torch.cuda if cuda is None else cuda
         self.device = device
-        self.side = self.cuda.Stream(device=device)
+        self.sides = (self.cuda.Stream(device=device), self.cuda.Stream(device=device))
 
     def ready(self) -> Any:
-        """On the caller's thread: an event on its current stream, after the bucket's gradients."""
+        """An event on the current stream: on the caller's, after the bucket's gradients; on the
+        first stage's side stream, after its rounds."""
         event = self.cuda.Event()
         event.record(self.cuda.current_stream(self.device))
         return event
 
     @contextlib.contextmanager
-    def running(self, ready: Any) -> Iterator[None]:
-        """On the worker: the side stream current, waiting (on the device) for ``ready``."""
-        with self.cuda.device(self.device), self.cuda.stream(self.side):
-            self.side.wait_event(ready)
+    def running(self, ready: Any, stage: int) -> Iterator[None]:
+        """On the worker: ``stage``'s side stream current, waiting (on the device) for ``ready``."""
+        side = self.sides[stage]
+        with self.cuda.device(self.device), self.cuda.stream(side):
+            side.wait_event(ready)
             yield
 
     def future(self) -> torch.futures.Future[torch.Tensor]:
@@ -185,76 +197,118 @@ class Job:
     ready: Any  # the event after the gradients (CUDA), None on CPU
     future: torch.futures.Future[torch.Tensor]
 
+    def split(self) -> int:
+        """The first stage's rounds: those the late rank takes no part in (0 for Ring)."""
+        return rounds_without(self.proof, self.late)
+
 
 @dataclass(frozen=True)
 class Reducer:
-    """Averages a job's bucket over ``group`` with its schedule, then completes its Future.
+    """Averages a job's bucket with its schedule in two stages, then completes its Future.
 
-    ``record`` receives how long each bucket took (algorithm, bytes, chunks, stopwatch), for the
-    policy.
+    :meth:`early` runs the rounds the late rank takes no part in on ``groups[0]`` and returns
+    what the second stage waits for; :meth:`late` runs the rest on ``groups[1]`` (the same group
+    twice where one thread runs both).  ``record`` receives how long each bucket's second stage
+    took (algorithm, bytes, chunks, stopwatch), for the policy: the part after the late rank
+    arrived, the part that the cost model prices against the engine's AllReduce.
     """
 
-    group: Any
+    groups: tuple[Any, Any]
     world: int
     timeout: float
     straggler_delay: float = 0.0
     record: Callable[[str, int, int, Stopwatch], None] | None = None
 
     def __call__(self, job: Job) -> None:
-        with job.order.running(job.ready):
+        """Both stages, one after the other, on the caller's thread."""
+        self.late(job, self.early(job))
+
+    def stages(self, job: Job) -> tuple[Callable[[Any], Any], Callable[[Any], None]]:
+        """The two stages as a :class:`BucketWorker` runs them."""
+        return (lambda _: self.early(job)), functools.partial(self.late, job)
+
+    def early(self, job: Job) -> Any:
+        with job.order.running(job.ready, 0):
+            split = job.split()
+            if split:
+                self._rounds(job, 0, (0, split))
+            return job.order.ready()
+
+    def late(self, job: Job, ready: Any) -> None:
+        with job.order.running(ready, 1):
             watch = job.order.clock()
-            allreduce(
-                job.buffer,
-                job.proof,
-                group=self.group,
-                straggler_delay=self.straggler_delay,
-                timeout=self.timeout,
-                tag=job.bucket * job.proof.num_rounds,
-                late_rank=job.late,
-                stream_ordered=job.order.stream_ordered,
-            )
+            self._rounds(job, 1, (job.split(), None))
             watch.stop()
             if self.record is not None:
                 self.record(STRAGGLAR, job.buffer.numel() * job.buffer.element_size(), job.chunks, watch)
             job.buffer.div_(self.world)
             job.future.set_result(job.buffer)
 
+    def _rounds(self, job: Job, stage: int, rounds: tuple[int, int | None]) -> None:
+        allreduce(
+            job.buffer,
+            job.proof,
+            group=self.groups[stage],
+            straggler_delay=self.straggler_delay,
+            timeout=self.timeout,
+            tag=job.bucket * job.proof.num_rounds,
+            late_rank=job.late,
+            stream_ordered=job.order.stream_ordered,
+            rounds=rounds,
+        )
+
 
 class BucketWorker:
-    """A thread that runs tasks in the order submitted and fails their Futures on error.
+    """Threads that run tasks in stages and fail their Futures on error.
 
-    After one task fails, every later one fails at once with the same error.  :meth:`close` ends
-    the thread after the tasks already submitted.
+    Thread ``i`` runs stage ``i`` of every task, in the order the tasks were submitted, and hands
+    what it returns to stage ``i + 1``; the last stage completes the task's Future.  After one
+    stage fails, every later stage of any task fails its Future at once with the same error.
+    :meth:`close` ends the threads after the tasks already submitted.
     """
 
-    def __init__(self, name: str) -> None:
-        self._tasks: queue.SimpleQueue[tuple[Callable[[], None], torch.futures.Future[Any]] | None]
-        self._tasks = queue.SimpleQueue()
+    def __init__(self, name: str, stages: int = 2) -> None:
+        Item = tuple[Sequence[Callable[[Any], Any]], torch.futures.Future[Any], Any]
+        self._inboxes: list[queue.SimpleQueue[Item | None]] = [queue.SimpleQueue() for _ in range(stages)]
         self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
-        self.thread.start()
+        self.threads = [
+            threading.Thread(target=self._loop, args=(i,), name=f"{name}-{i}", daemon=True)
+            for i in range(stages)
+        ]
+        for thread in self.threads:
+            thread.start()
 
-    def submit(self, task: Callable[[], None], future: torch.futures.Future[Any]) -> None:
-        self._tasks.put((task, future))
+    def submit(self, future: torch.futures.Future[Any], *stages: Callable[[Any], Any]) -> None:
+        """Run ``stages`` (one per thread; the first is called with None) for ``future``."""
+        if len(stages) != len(self._inboxes):
+            raise ValueError(f"this worker runs {len(self._inboxes)} stages per task, got {len(stages)}")
+        self._inboxes[0].put((stages, future, None))
 
     def close(self) -> None:
-        self._tasks.put(None)
+        self._inboxes[0].put(None)
 
-    def _loop(self) -> None:
+    def _loop(self, stage: int) -> None:
+        inbox = self._inboxes[stage]
+        outbox = self._inboxes[stage + 1] if stage + 1 < len(self._inboxes) else None
         while True:
-            item = self._tasks.get()
+            item = inbox.get()
             if item is None:
+                if outbox is not None:
+                    outbox.put(None)
                 return
-            task, future = item
+            stages, future, handed = item
             del item  # hold no bucket between tasks
             if self.error is None:
                 try:
-                    task()
+                    handed = stages[stage](handed)
                 except Exception as e:
                     self.error = e
-            if self.error is not None and not future.done():
-                future.set_exception(self.error)
-            del task, future
+            if self.error is not None:
+                if not future.done():
+                    future.set_exception(self.error)
+            elif outbox is not None:
+                outbox.put((stages, future, handed))
+            del stages, future, handed
 
 
 def dedicated_group(process_group: Any, timeout: float) -> Any:

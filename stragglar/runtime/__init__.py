@@ -15,6 +15,7 @@ and a lookup must cost microseconds, not a walk over every transfer.
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 from collections import OrderedDict
@@ -42,6 +43,7 @@ __all__ = [
     "allreduce",
     "allreduce_local",
     "plan_for",
+    "rounds_without",
 ]
 
 _V = TypeVar("_V")
@@ -66,15 +68,53 @@ def _cached(cache: OrderedDict[Hashable, _V], key: Hashable, make: Callable[[], 
     return value
 
 
+def _compiled(proof: Proof) -> tuple[RankProgram, ...]:
+    key = proof.schedule.fingerprint
+    return _cached(_programs, key, lambda: compile_schedule(proof.schedule), 32)
+
+
 def plan_for(proof: Proof, rank: int, count: int, tag_base: int = 0) -> Plan:
     """The compiled plan of ``rank`` bound to a ``count``-element buffer (cached by fingerprint)."""
     require_proof(proof)
     rank = as_rank(rank, "rank", proof.num_ranks)
     count = as_int(count, "count", minimum=0)
     tag_base = as_int(tag_base, "tag_base", minimum=0)
-    key = proof.schedule.fingerprint
-    programs = _cached(_programs, key, lambda: compile_schedule(proof.schedule), 32)
-    return _cached(_plans, (key, rank, count, tag_base), lambda: bind(programs[rank], count, tag_base), 256)
+    programs = _compiled(proof)
+    key = (proof.schedule.fingerprint, rank, count, tag_base)
+    return _cached(_plans, key, lambda: bind(programs[rank], count, tag_base), 256)
+
+
+def rounds_without(proof: Proof, late_rank: int | None = None) -> int:
+    """How many of the schedule's first rounds ``late_rank`` takes no part in (None: the late
+    rank :func:`allreduce` assumes: the schedule's straggler, else the last rank).
+
+    The other ranks can run those rounds before the late rank arrives (StragglAR's ReduceScatter
+    among the punctual ranks: ``rounds=(0, k)``, then ``rounds=(k, None)``), so a caller with
+    many buffers can run that part of every one of them while the late rank is still away.
+
+    >>> from stragglar.synth import synthesize
+    >>> from stragglar.verify import prove
+    >>> proof = prove(synthesize("stragglar", 4))
+    >>> rounds_without(proof), rounds_without(proof, 0), proof.num_rounds
+    (2, 0, 6)
+    """
+    require_proof(proof)
+    program = _compiled(proof)[_late(proof, late_rank, proof.num_ranks)]
+    return program.steps[0].round if program.steps else proof.num_rounds
+
+
+def _check_rounds(rounds: Any, proof: Proof) -> tuple[int, int | None]:
+    """``rounds`` as (first, stop), both within the schedule's rounds (stop None: to the end)."""
+    if rounds is None:
+        return 0, None
+    if not isinstance(rounds, tuple) or len(rounds) != 2:
+        raise ArgumentError(f"rounds must be a pair (first, stop), got {rounds!r}")
+    total = proof.num_rounds
+    first = as_int(rounds[0], "rounds[0]", minimum=0)
+    stop = None if rounds[1] is None else as_int(rounds[1], "rounds[1]", minimum=0)
+    if first > (total if stop is None else stop) or (stop is not None and stop > total):
+        raise InputError(f"rounds must satisfy 0 <= first <= stop <= {total} (the schedule's), got {rounds}")
+    return first, stop
 
 
 def allreduce_local(
@@ -104,6 +144,7 @@ def allreduce(
     tag: int = 0,
     late_rank: int | None = None,
     stream_ordered: bool = False,
+    rounds: tuple[int, int | None] | None = None,
 ) -> Timeline:
     """Sum this rank's ``data`` over the ranks in place, following the proved schedule.
 
@@ -124,11 +165,18 @@ def allreduce(
     stream instead of the host, so the call returns once every round is queued; ``timeout`` then
     bounds only the first call's header check, and the process group's own timeout catches a dead
     peer (:mod:`stragglar.runtime.torch_dist`).
+
+    ``rounds=(first, stop)`` runs only the schedule's rounds ``first`` to ``stop - 1`` (stop None:
+    to the end), on every rank; the buffer holds a partial result in between.  Calls over
+    consecutive ranges, in order, compute the sum; :func:`rounds_without` says which first rounds
+    the late rank has no part in.  The late rank sleeps ``straggler_delay`` in the call that holds
+    its first round.
     """
     require_proof(proof)
     delay = as_seconds(straggler_delay, "straggler_delay")
     wait = None if timeout is None else as_seconds(timeout, "timeout", positive=True)
     tag = as_int(tag, "tag", minimum=0)
+    part = _check_rounds(rounds, proof)
     if isinstance(group, NcclGroup):
         from stragglar.runtime.cupy_nccl import NcclTransport, nccl_dtype
         from stragglar.runtime.cupy_nccl import gather_headers as gather_nccl
@@ -137,7 +185,9 @@ def allreduce(
         rank, size = group.comm.rank_id(), group.comm.size()
         late = _late(proof, late_rank, size)
         with group.stream:
-            flat, header, problem = _inspect(data, proof, tag, late, lambda dtype: nccl_dtype(group, dtype))
+            flat, header, problem = _inspect(
+                data, proof, tag, late, part, lambda dtype: nccl_dtype(group, dtype)
+            )
             if (group.comm, header) not in _checked:
                 _agree(header, gather_nccl(group, flat if flat is not None else data, header, wait), size)
                 if problem is None:
@@ -146,7 +196,7 @@ def allreduce(
                 raise problem
             plan = plan_for(proof, rank, int(flat.shape[0]), tag)
             transport = NcclTransport(plan, group, dtype_name(flat), _plus(wait, delay))
-            return run_rank(flat, plan, transport, delay, late)
+            return run_rank(flat, plan, transport, delay, late, part)
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(data, torch.Tensor):
         import torch.distributed as dist
@@ -156,7 +206,7 @@ def allreduce(
 
         rank, size = dist.get_rank(group), dist.get_world_size(group)
         late = _late(proof, late_rank, size)
-        flat, header, problem = _inspect(data, proof, tag, late)
+        flat, header, problem = _inspect(data, proof, tag, late, part)
         identity = group if group is not None else dist.group.WORLD
         if (identity, header) not in _checked:
             _agree(header, gather_torch(header, group, data.device, rank, wait), size)
@@ -166,7 +216,7 @@ def allreduce(
             raise problem
         plan = plan_for(proof, rank, int(flat.shape[0]), tag)
         moves = TorchTransport(plan, group, _plus(wait, delay), stream_ordered)
-        return run_rank(flat, plan, moves, delay, late)
+        return run_rank(flat, plan, moves, delay, late, part)
     raise ArgumentError(
         f"cannot allreduce a {type(data).__name__} across processes: pass a torch tensor, or an array "
         "with an NcclGroup (allreduce_local takes one array per rank)"
@@ -186,21 +236,27 @@ def _plus(timeout: float | None, delay: float) -> float | None:
 
 
 def _inspect(
-    data: Any, proof: Proof, tag: int, late: int, sendable: Callable[[str], object] = lambda _: None
+    data: Any,
+    proof: Proof,
+    tag: int,
+    late: int,
+    rounds: tuple[int, int | None],
+    sendable: Callable[[str], object] = lambda _: None,
 ) -> tuple[Any, Header, Exception | None]:
     """(the flat view or None, this rank's header, the error this rank must raise or None)."""
+    header = functools.partial(make_header, proof, tag=tag, late=late, rounds=rounds)
     try:
         flat = flat_view(data)
     except TypeError as e:  # a dtype nothing here supports
-        return None, make_header(proof, None, None, tag, late, problem=1), e
+        return None, header(None, None, problem=1), e
     except InputError as e:  # not contiguous
-        return None, make_header(proof, None, None, tag, late, problem=2), e
+        return None, header(None, None, problem=2), e
     dtype = dtype_name(flat)
     try:
         sendable(dtype)
     except TypeError as e:  # e.g. an NCCL build without bfloat16
-        return None, make_header(proof, dtype, None, tag, late, problem=3), e
-    return flat, make_header(proof, dtype, int(flat.shape[0]), tag, late), None
+        return None, header(dtype, None, problem=3), e
+    return flat, header(dtype, int(flat.shape[0])), None
 
 
 def _agree(mine: Header, gathered: Sequence[Sequence[int]], size: int) -> None:

@@ -238,17 +238,28 @@ def apply(flat: Array, work: Array, m: BoundMessage) -> None:
 
 
 def run_rank(
-    flat: Array, plan: Plan, transport: Transport, straggler_delay: float = 0.0, late: int | None = None
+    flat: Array,
+    plan: Plan,
+    transport: Transport,
+    straggler_delay: float = 0.0,
+    late: int | None = None,
+    rounds: tuple[int, int | None] = (0, None),
 ) -> Timeline:
-    """Run ``plan`` on this rank's 1-D buffer; the late rank (:func:`late_rank`) first sleeps
-    ``straggler_delay`` s."""
+    """Run ``plan``'s steps in ``rounds`` (first, stop; stop None: to the end) on this rank's 1-D
+    buffer; the late rank (:func:`late_rank`) first sleeps ``straggler_delay`` s in the call that
+    holds its first step."""
+    first, stop = rounds
+    steps = plan.steps
+    if rounds != (0, None):
+        steps = tuple(s for s in steps if first <= s.round and (stop is None or s.round < stop))
     start = time.perf_counter()
-    if plan.rank == late_rank(plan.program, late) and straggler_delay > 0:
+    opens = bool(steps) and steps[0] is plan.steps[0] if plan.steps else first == 0
+    if plan.rank == late_rank(plan.program, late) and straggler_delay > 0 and opens:
         time.sleep(straggler_delay)
     arrived = time.perf_counter()
     work = scratch_for(flat, plan.work_size)
     phase_done: list[float | None] = [None] * len(plan.program.phases)
-    for step in plan.steps:
+    for step in steps:
         sends = [send_view(flat, work, m) for m in step.sends]
         recvs = [recv_view(flat, work, m) for m in step.recvs]
         transport.exchange(step, sends, recvs)

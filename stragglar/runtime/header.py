@@ -5,12 +5,12 @@ and element count: a rank with another count cuts its chunks elsewhere, one with
 straggler pairs with other peers, and engines move bytes without asking what they mean, so any
 of these gives a wrong sum or a hang.  Before its first rounds with a plan, each rank therefore
 all-gathers a small :class:`Header` (the schedule's size, algorithm, straggler and fingerprint,
-the dtype, the element count, the tag base and the late rank, and any local problem with its
-buffer) on the same group, with the call's timeout, and every rank raises the same one-line
+the dtype, the element count, the tag base, the late rank and the rounds it runs, and any local
+problem with its buffer) on the same group, with the call's timeout, and every rank raises the same one-line
 :class:`MismatchError` when they differ.  A header that passed is remembered per group
 (:class:`CheckedHeaders`), so later calls with the same plan cost a dictionary lookup.
 
->>> h = Header(MAGIC, 0, 4, 0, 3, 7, 2, 1000, 0, 3)
+>>> h = Header(MAGIC, 0, 4, 0, 3, 7, 2, 1000, 0, 3, 0, -1)
 >>> print(mismatch([h, h._replace(elements=999), h, h], 4))
 ranks disagree on the allreduce: element count: ranks 0, 2, 3 have 1000, rank 1 has 999
 >>> mismatch([h] * 4, 4) is None
@@ -61,10 +61,18 @@ class Header(NamedTuple):
     elements: int  # -1: unknown
     tag: int
     late: int
+    first: int  # the first round this call runs
+    stop: int  # the round it stops before, -1: the end
 
 
 def make_header(
-    proof: Proof, dtype: str | None, count: int | None, tag: int, late: int, problem: int = 0
+    proof: Proof,
+    dtype: str | None,
+    count: int | None,
+    tag: int,
+    late: int,
+    problem: int = 0,
+    rounds: tuple[int, int | None] = (0, None),
 ) -> Header:
     """This rank's header (``dtype`` and ``count`` None when its buffer has a ``problem``)."""
     s = proof.schedule
@@ -79,6 +87,8 @@ def make_header(
         -1 if count is None else count,
         tag,
         late,
+        rounds[0],
+        -1 if rounds[1] is None else rounds[1],
     )
 
 
@@ -111,6 +121,10 @@ def _schedule(h: Header) -> str:
     return f"{name} schedule for {h.ranks} ranks ({late}, fingerprint {h.fingerprint:015x})"
 
 
+def _rounds(h: Header) -> str:
+    return f"rounds {h.first}.." + ("the end" if h.stop < 0 else f"{h.stop - 1}")
+
+
 _FIELDS: tuple[tuple[str, Callable[[Header], Any], Callable[[Header], str]], ...] = (
     (
         "schedule",
@@ -121,6 +135,7 @@ _FIELDS: tuple[tuple[str, Callable[[Header], Any], Callable[[Header], str]], ...
     ("element count", lambda h: h.elements, lambda h: f"have {h.elements}"),
     ("tag", lambda h: h.tag, lambda h: f"use tag {h.tag}"),
     ("late rank", lambda h: h.late, lambda h: f"wait for rank {h.late}"),
+    ("rounds", lambda h: (h.first, h.stop), lambda h: f"run {_rounds(h)}"),
 )
 
 
