@@ -65,6 +65,7 @@ class Config:
     delay: float  # seconds of extra compute on the late rank per step (0: nobody late)
     idle: bool  # the late rank sleeps instead: it waits for something else, its core is free
     link_rate: float | None  # bytes/s each socket is paced to after the first step (None: unpaced)
+    chunks: int | None  # StragglAR's chunk count (None: the paper's N-1)
 
 
 class Timed:
@@ -107,9 +108,9 @@ def hooked(config: Config, variant: str) -> tuple[DDP, Timed | None]:
         ddp.register_comm_hook(None, default_hooks.allreduce_hook)
         return ddp, None
     state = {
-        "stragglar sync": StragglarState(asynchronous=False, timeout=60),
-        "stragglar async": StragglarState(timeout=60),
-        "auto": StragglarState(policy="auto", timeout=60),
+        "stragglar sync": StragglarState(asynchronous=False, timeout=60, chunks=config.chunks),
+        "stragglar async": StragglarState(timeout=60, chunks=config.chunks),
+        "auto": StragglarState(policy="auto", timeout=60, chunks=config.chunks),
     }[variant]
     timed = Timed(state)
     ddp.register_comm_hook(timed, timed_hook)
@@ -273,6 +274,7 @@ def main() -> None:
     parser.add_argument(
         "--link-rate", type=parse_bandwidth, help="pace every rank's sockets to this bandwidth (e.g. 200MB/s)"
     )
+    parser.add_argument("--chunks", type=int, help="StragglAR's chunk count, >= N-1 (default: N-1)")
     parser.add_argument("--json", type=Path, help="also save the figures here")
     args = parser.parse_args()
     if args.link_rate is not None:
@@ -292,6 +294,7 @@ def main() -> None:
             delay,
             args.idle,
             args.link_rate,
+            args.chunks,
         )
         per_rank = launch(train, args.gpus, (config,), timeout=120)
         rows, auto = summarise(per_rank, config), per_rank[0]["auto"]
@@ -300,9 +303,9 @@ def main() -> None:
         gradients = args.width * (args.width + 1) * args.depth * 4 / 2**20
         links = "" if args.link_rate is None else f", {paced_to(args.link_rate)}"
         print(
-            f"\n{args.gpus} gloo ranks{links}, {who}; MLP {args.depth} x {args.width}, {gradients:.1f} MiB of "
-            f"gradients in {auto['buckets']} buckets; {args.steps - args.warmup} steps per variant "
-            f"after {args.warmup} of warm-up"
+            f"\n{args.gpus} gloo ranks{links}, {who}; MLP {args.depth} x {args.width}, "
+            f"{gradients:.1f} MiB of gradients in {auto['buckets']} buckets; "
+            f"{args.steps - args.warmup} steps per variant after {args.warmup} of warm-up"
         )
         print(table(rows))
         print(f"auto's decisions (step, algorithm, straggler): {auto['decisions']}")
