@@ -41,6 +41,7 @@ import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from options import link_rate
 from results import save
 
 from stragglar.cost import Network
@@ -48,7 +49,7 @@ from stragglar.measure.links import paced_to
 from stragglar.measure.predict import best_chunks, compare_generated
 from stragglar.measure.run import BenchmarkResult, run_benchmark
 from stragglar.measure.sweep import fit_line, fit_ring
-from stragglar.units import format_bytes, parse_bandwidth, parse_size
+from stragglar.units import format_bytes, parse_size
 
 
 @dataclass(frozen=True)
@@ -211,7 +212,7 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds a rank waits for a silent peer")
     parser.add_argument(
-        "--link-rate", type=parse_bandwidth, help="pace every rank's sockets to this bandwidth (e.g. 200MB/s)"
+        "--link-rate", type=link_rate, help="pace every rank's sockets to this bandwidth (e.g. 200MB/s)"
     )
     parser.add_argument("--json", type=Path, help="write the rows and the machine to this file")
     args = parser.parse_args()

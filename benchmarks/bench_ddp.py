@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from options import link_rate
 from results import save
 from torch.distributed import GradBucket  # type: ignore[attr-defined, unused-ignore]
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -46,8 +47,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from stragglar.ddp import StragglarState, stragglar_hook
 from stragglar.ddp.policy import critical_delay_for
 from stragglar.measure.launch import heartbeat, launch
-from stragglar.measure.links import check_link_rate, pace_sockets, paced_to
-from stragglar.units import parse_bandwidth
+from stragglar.measure.links import pace_sockets, paced_to
 
 VARIANTS = ("default hook", "python all_reduce hook", "stragglar sync", "stragglar async", "auto")
 TARGETS = {"late": 0.85, "punctual": 1.03}  # auto's step time over the default hook's
@@ -272,13 +272,11 @@ def main() -> None:
         "--idle", action="store_true", help="the late rank sleeps (waits on I/O) instead of computing"
     )
     parser.add_argument(
-        "--link-rate", type=parse_bandwidth, help="pace every rank's sockets to this bandwidth (e.g. 200MB/s)"
+        "--link-rate", type=link_rate, help="pace every rank's sockets to this bandwidth (e.g. 200MB/s)"
     )
     parser.add_argument("--chunks", type=int, help="StragglAR's chunk count, >= N-1 (default: N-1)")
     parser.add_argument("--json", type=Path, help="also save the figures here")
     args = parser.parse_args()
-    if args.link_rate is not None:
-        check_link_rate(args.link_rate)
     import torch._dynamo  # noqa: F401 - DDP's first construction imports it: once, before the fork
 
     figures: dict[str, object] = {"args": {k: str(v) for k, v in vars(args).items()}}
