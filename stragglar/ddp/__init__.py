@@ -4,9 +4,10 @@
 >>> ddp.register_comm_hook(StragglarState(policy="auto"), stragglar_hook)  # doctest: +SKIP
 >>> ddp.register_comm_hook(StragglarState(straggler=3), stragglar_hook)    # doctest: +SKIP
 
-The hook returns at once with a Future; a worker thread per process group (on CUDA, a side
-stream) runs the rounds and completes it, so communication overlaps the rest of backward as with
-DDP's own all_reduce (:mod:`stragglar.ddp.worker`).  Gradients are summed, then divided by the
+The hook returns at once with a Future; two worker threads per process group (on CUDA, side
+streams) run the rounds and complete it, so communication overlaps the rest of backward as with
+DDP's own all_reduce, and the punctual ranks reduce-scatter every ready bucket while the
+straggler is away (:mod:`stragglar.ddp.worker`).  Gradients are summed, then divided by the
 world size, as the default hook does.
 
 StragglAR only pays when a rank is late by more than a critical delay: with ``policy="auto"`` a

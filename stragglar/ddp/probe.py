@@ -56,7 +56,7 @@ class LateRankProbe:
         self.samples = {kind: collections.deque[Timing](maxlen=SAMPLES) for kind in KINDS[1:]}
         self._wait: float | None = None  # this rank's wait at the last step whose gather completed
         self._timings: list[tuple[str, int, int, Stopwatch]] = []
-        self._lock = threading.Lock()  # the worker thread records while the caller may step
+        self._lock = threading.Lock()  # the worker's threads record while the caller may step
         self._pending: tuple[Any, list[torch.Tensor], float] | None = None
 
     @property

@@ -1,4 +1,4 @@
-"""Reducing buckets off the caller's path: one worker thread per process group, a side stream on CUDA.
+"""Reducing buckets off the caller's path: two worker threads per process group, side streams on CUDA.
 
 DDP calls its hook during backward, as each bucket becomes ready; its value is that the bucket's
 AllReduce overlaps the rest of backward.  So the hook only hands the bucket to a
@@ -24,8 +24,8 @@ AllReduce overlaps the rest of backward.  So the hook only hands the bucket to a
   event the caller recorded on its stream when the gradients were ready, the second after an
   event the first recorded after its rounds.  No round waits on the host
   (:func:`~stragglar.runtime.allreduce` with ``stream_ordered``), and the Future is a CUDA Future
-  completed with the side stream current: DDP's stream waits for it only when it reads the result.
-  On CPU (:class:`HostOrder`) the rounds simply block the worker thread.
+  completed with the second side stream current: DDP's stream waits for it only when it reads the
+  result.  On CPU (:class:`HostOrder`) the rounds simply block the worker's threads.
 """
 
 from __future__ import annotations
