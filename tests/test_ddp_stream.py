@@ -23,7 +23,7 @@ torch = pytest.importorskip("torch")
 from stragglar.ddp.worker import BucketWorker, Job, Reducer, StreamOrder, dedicated_group  # noqa: E402
 from stragglar.measure.data import expected, payload  # noqa: E402
 from stragglar.measure.launch import launch  # noqa: E402
-from stragglar.runtime import plan_for  # noqa: E402
+from stragglar.runtime import plan_for, rounds_without  # noqa: E402
 from stragglar.runtime.engine import run_rank  # noqa: E402
 from stragglar.synth import synthesize  # noqa: E402
 from stragglar.verify import Proof, prove  # noqa: E402
@@ -177,7 +177,19 @@ def stream_rank(rank: int, n: int, proof: Proof, late: float) -> dict[str, Any]:
         future.wait()
         assert np.allclose(buffer.numpy() * n, expected(buffer.numel(), n, "float64"))
     worker.close()
-    return {"log": cuda.log, "issued": issued, "done": done_at_submit, "completed_on": completed_on}
+    split = rounds_without(proof)
+    in_turn = [  # each bucket's rounds, first stage then second, bucket after bucket
+        "side 1" if step.round < split else "side 2"
+        for buffer in buffers
+        for step in plan_for(proof, rank, buffer.numel()).steps
+    ]
+    return {
+        "log": cuda.log,
+        "issued": issued,
+        "in_turn": in_turn,
+        "done": done_at_submit,
+        "completed_on": completed_on,
+    }
 
 
 def test_bucket_rounds_run_on_the_side_streams_and_complete_the_future_there() -> None:
@@ -186,8 +198,10 @@ def test_bucket_rounds_run_on_the_side_streams_and_complete_the_future_there() -
     for rank, r in enumerate(results):
         # each Future completed with the second stage's stream current
         assert r["completed_on"] == ["side 2"] * 3, r
-        # every round issued on a side stream: the late rank has none in the first stage
+        # every round issued on a side stream (the late rank has none in the first stage), by one
+        # thread in the same order on every rank, as NCCL asks of two communicators
         assert set(r["issued"]) == ({"side 2"} if rank == 2 else {"side 1", "side 2"}), r
+        assert r["issued"] == r["in_turn"], r
         log = r["log"]
         for before, after in (("compute", "side 1"), ("side 1", "side 2")):
             readies = [e.removesuffix(f" recorded on {before}") for e in log if e.endswith(f" on {before}")]

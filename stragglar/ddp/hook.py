@@ -73,7 +73,7 @@ class StragglarState:
     (:mod:`stragglar.ddp.policy`).  ``detect=W``: under "stragglar", find the straggler over
     windows of W steps (rank last in ``share`` of them); under "auto", the number of steps whose
     median lateness is judged (default 4).  Both need the world group.  ``asynchronous``
-    (default): the hook returns at once and two worker threads (two side streams on CUDA) run
+    (default): the hook returns at once and two worker threads (on CUDA, two side streams) run
     StragglAR's rounds, the first those the late rank takes no part in, for every bucket as soon
     as it is ready (:mod:`stragglar.ddp.worker`); False runs them in the hook.
     ``chunks``: StragglAR's chunk count, C >= N-1 (None: the paper's N-1), or "auto": per bucket,

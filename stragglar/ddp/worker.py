@@ -25,7 +25,11 @@ AllReduce overlaps the rest of backward.  So the hook only hands the bucket to a
   event the first recorded after its rounds.  No round waits on the host
   (:func:`~stragglar.runtime.allreduce` with ``stream_ordered``), and the Future is a CUDA Future
   completed with the second side stream current: DDP's stream waits for it only when it reads the
-  result.  On CPU (:class:`HostOrder`) the rounds simply block the worker's threads.
+  result.  One thread queues both stages of each bucket in turn: NCCL asks that operations on
+  different communicators be issued in the same order on every rank (two threads would interleave
+  them by timing), and since queuing does not wait, a later bucket's first stage still runs on
+  the device while an earlier bucket's second stage waits for the straggler.  On CPU
+  (:class:`HostOrder`) the rounds block, so there each stage has its thread.
 """
 
 from __future__ import annotations
@@ -224,7 +228,10 @@ class Reducer:
         self.late(job, self.early(job))
 
     def stages(self, job: Job) -> tuple[Callable[[Any], Any], Callable[[Any], None]]:
-        """The two stages as a :class:`BucketWorker` runs them."""
+        """The two stages as a :class:`BucketWorker` runs them: on the host each on its own
+        thread; stream-ordered, both on the first thread, in turn (see the module's notes)."""
+        if job.order.stream_ordered:
+            return (lambda _: self(job)), _queued
         return (lambda _: self.early(job)), functools.partial(self.late, job)
 
     def early(self, job: Job) -> Any:
@@ -256,6 +263,10 @@ class Reducer:
             stream_ordered=job.order.stream_ordered,
             rounds=rounds,
         )
+
+
+def _queued(_: Any) -> None:
+    """A stream-ordered job's second stage: the first thread queued it already."""
 
 
 class BucketWorker:
