@@ -137,6 +137,16 @@ def test_installed_console_script_runs() -> None:
     assert done.stdout.splitlines()[-1] == SUMMARY_8
 
 
+def test_python_dash_m_runs_the_same_command() -> None:
+    command = [sys.executable, "-m", "stragglar"]
+    done = subprocess.run([*command, "synth", "--gpus", "8"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == SUMMARY_8
+    bad = subprocess.run([*command, "synth", "--gpus", "1"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.splitlines()[-1] == "Error: need 2 to 2048 GPUs, got 1", bad.stderr
+
+
 # ---------------------------------------------------------------------------- bad input
 
 
