@@ -273,7 +273,7 @@ class BucketWorker:
     """Threads that run tasks in stages and fail their Futures on error.
 
     Thread ``i`` runs stage ``i`` of every task, in the order the tasks were submitted, and hands
-    what it returns to stage ``i + 1``; the last stage completes the task's Future.  After one
+    what it returns to stage ``i + 1``; the task's stages complete its Future.  After one
     stage fails, every later stage of any task fails its Future at once with the same error.
     :meth:`close` ends the threads after the tasks already submitted.
     """
