@@ -11,7 +11,7 @@ copies of the model from one seed and alternates them step by step, so all four 
 machine state (each takes each place in the order equally often): DDP's default hook (gloo's
 all_reduce, from C++), torch's own all_reduce hook in Python (``default_hooks.allreduce_hook``:
 what any Python hook costs here), StragglAR synchronous (the rounds inside the hook), StragglAR
-asynchronous (a worker thread), and ``policy="auto"``.  A barrier starts every step; a step's time is the
+asynchronous (worker threads), and ``policy="auto"``.  A barrier starts every step; a step's time is the
 slowest rank's, from the barrier to the end of the optimizer step.  ``--idle`` makes the late
 rank sleep instead (a rank waiting on I/O, whose core the others can use).  ``--link-rate`` paces
 every rank's sockets to that bandwidth after the first step, once every group is connected
@@ -47,7 +47,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from stragglar.ddp import StragglarState, stragglar_hook
 from stragglar.ddp.policy import critical_delay_for
 from stragglar.measure.launch import heartbeat, launch
-from stragglar.measure.links import pace_sockets, paced_to
+from stragglar.measure.links import pace_links, paced_to
 
 VARIANTS = ("default hook", "python all_reduce hook", "stragglar sync", "stragglar async", "auto")
 TARGETS = {"late": 0.85, "punctual": 1.03}  # auto's step time over the default hook's
@@ -151,9 +151,7 @@ def train(rank: int, n: int, config: Config) -> dict[str, Any]:
             times[v].append(time.perf_counter() - start)
             losses[v].append(float(loss.detach()))
         if step == 0 and config.link_rate is not None:  # every variant's groups are connected now
-            paced = pace_sockets(config.link_rate)
-            if paced < n - 1:
-                raise SystemExit(f"rank {rank} found {paced} sockets to pace, fewer than its peers")
+            pace_links(rank, n, config.link_rate)
         heartbeat()
     hosts = {v: (timed.first, timed.rest) for v, (_, timed) in runs.items() if timed is not None}
     auto = runs["auto"][1]

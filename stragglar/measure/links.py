@@ -22,9 +22,10 @@ import struct
 import sys
 
 from stragglar.errors import ArgumentError, InputError
-from stragglar.units import format_bytes
+from stragglar.runtime import RankError
+from stragglar.units import count_of, format_bytes
 
-__all__ = ["MAX_LINK_RATE", "MIN_LINK_RATE", "check_link_rate", "pace_sockets", "paced_to"]
+__all__ = ["MAX_LINK_RATE", "MIN_LINK_RATE", "check_link_rate", "pace_links", "pace_sockets", "paced_to"]
 
 SO_MAX_PACING_RATE = getattr(socket, "SO_MAX_PACING_RATE", 47)  # Linux's value; Python names it from 3.12
 MIN_LINK_RATE = float(2**20)  # bytes/s: slower links would make a 64 MiB benchmark take minutes per round
@@ -79,6 +80,22 @@ def pace_sockets(rate: float) -> int:
         finally:
             sock.detach()
     return paced
+
+
+def pace_links(rank: int, num_ranks: int, rate: float) -> None:
+    """Pace this rank's links (:func:`pace_sockets`); fail if fewer sockets are connected than it
+    has peers (with ``TORCH_GLOO_LAZY_INIT`` gloo connects at first use, and those sockets would
+    run unpaced: a measurement on unpaced links reported as paced)."""
+    paced = pace_sockets(rate)
+    if paced < num_ranks - 1:
+        raise RankError(
+            f"rank {rank} found {count_of(paced, 'connected TCP socket')} to pace, fewer than its "
+            f"{num_ranks - 1} peers: "
+            "gloo connects lazily here (unset TORCH_GLOO_LAZY_INIT)",
+            rank=rank,
+            reason="failed",
+            during="pacing its links",
+        )
 
 
 def _connected_tcp(sock: socket.socket) -> bool:

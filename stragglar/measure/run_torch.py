@@ -20,12 +20,11 @@ import torch.distributed as dist
 from stragglar.measure import launch as launcher
 from stragglar.measure.data import check, expected, payload
 from stragglar.measure.launch import heartbeat, launch
-from stragglar.measure.links import pace_sockets
+from stragglar.measure.links import pace_links
 from stragglar.measure.predict import schedule_name
 from stragglar.measure.timing import Figures, Series, iteration_figures, turn
 from stragglar.runtime import RankError, allreduce
 from stragglar.runtime.engine import Timeline, classify, first_line
-from stragglar.units import count_of
 from stragglar.verify import Proof
 
 __all__ = ["torch_figures"]
@@ -82,7 +81,7 @@ def _rank(
 ) -> tuple[list[list[Timeline]], list[float]]:
     torch.set_num_threads(1)  # n ranks share the host's cores
     if link_rate is not None:
-        _pace(rank, n, link_rate)
+        pace_links(rank, n, link_rate)
     source = torch.from_numpy(payload(rank, count, n, dtype)).to(getattr(torch, dtype))
     buf = source.clone()
     names = [schedule_name(p.schedule) for p in proofs]
@@ -116,21 +115,6 @@ def _all_reduce(rank: int, buf: torch.Tensor, delay: float, late: int, it: int) 
     with _engine(rank, f"in gloo's all_reduce of iteration {it}"):
         dist.all_reduce(buf)
     return time.perf_counter() - start
-
-
-def _pace(rank: int, n: int, rate: float) -> None:
-    """Pace this rank's links; fail if gloo has not connected a socket to every peer yet (with
-    ``TORCH_GLOO_LAZY_INIT`` it connects at first use, and those sockets would run unpaced)."""
-    paced = pace_sockets(rate)
-    if paced < n - 1:
-        raise RankError(
-            f"rank {rank} found {count_of(paced, 'connected TCP socket')} to pace, fewer than its "
-            f"{n - 1} peers: "
-            "gloo connects lazily here (unset TORCH_GLOO_LAZY_INIT)",
-            rank=rank,
-            reason="failed",
-            during="pacing its links",
-        )
 
 
 @contextlib.contextmanager
