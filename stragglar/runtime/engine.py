@@ -249,11 +249,13 @@ def run_rank(
     buffer; the late rank (:func:`late_rank`) first sleeps ``straggler_delay`` s in the call that
     holds its first step."""
     first, stop = rounds
-    steps = plan.steps
-    if rounds != (0, None):
-        steps = tuple(s for s in steps if first <= s.round and (stop is None or s.round < stop))
+
+    def held(round_index: int) -> bool:
+        return first <= round_index and (stop is None or round_index < stop)
+
+    steps = plan.steps if rounds == (0, None) else tuple(s for s in plan.steps if held(s.round))
     start = time.perf_counter()
-    opens = bool(steps) and steps[0] is plan.steps[0] if plan.steps else first == 0
+    opens = held(plan.steps[0].round) if plan.steps else first == 0
     if plan.rank == late_rank(plan.program, late) and straggler_delay > 0 and opens:
         time.sleep(straggler_delay)
     arrived = time.perf_counter()

@@ -6,8 +6,8 @@ straggler pairs with other peers, and engines move bytes without asking what the
 of these gives a wrong sum or a hang.  Before its first rounds with a plan, each rank therefore
 all-gathers a small :class:`Header` (the schedule's size, algorithm, straggler and fingerprint,
 the dtype, the element count, the tag base, the late rank and the rounds it runs, and any local
-problem with its buffer) on the same group, with the call's timeout, and every rank raises the same one-line
-:class:`MismatchError` when they differ.  A header that passed is remembered per group
+problem with its buffer) on the same group, with the call's timeout, and every rank raises the
+same one-line :class:`MismatchError` when they differ.  A header that passed is remembered per group
 (:class:`CheckedHeaders`), so later calls with the same plan cost a dictionary lookup.
 
 >>> h = Header(MAGIC, 0, 4, 0, 3, 7, 2, 1000, 0, 3, 0, -1)
