@@ -38,13 +38,14 @@ The paper's simulation (alpha 3 us, 450 GiB/s, 1 GiB, delay long enough to hide 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
 from stragglar.errors import InputError
 from stragglar.schedule import Schedule, round_load
-from stragglar.units import format_bytes, format_seconds
+from stragglar.units import MIN_BANDWIDTH, format_bytes, format_seconds
 
 __all__ = [
     "PAPER_NETWORK",
@@ -67,10 +68,12 @@ class Network:
     bandwidth: float
 
     def __post_init__(self) -> None:
-        if not self.alpha >= 0:
-            raise InputError(f"alpha must be >= 0 seconds, got {self.alpha}")
-        if not self.bandwidth > 0:
-            raise InputError(f"bandwidth must be > 0 bytes/s, got {self.bandwidth}")
+        if not 0 <= self.alpha < math.inf:
+            raise InputError(f"alpha must be a finite number of seconds >= 0, got {self.alpha}")
+        if not MIN_BANDWIDTH <= self.bandwidth < math.inf:  # below it, times overflow to inf and nan
+            raise InputError(
+                f"bandwidth must be at least {MIN_BANDWIDTH:g} byte/s and finite, got {self.bandwidth}"
+            )
 
     @property
     def beta(self) -> float:

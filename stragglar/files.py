@@ -4,7 +4,9 @@ Reading takes regular files only, of a bounded size, checked before anything is 
 would block forever and ``/dev/zero`` never ends.  Writing goes to a temporary file in the same
 folder, then a rename: a write that fails half way (a full disk, a signal) leaves the old file
 as it was and no partial file behind, because the new content only replaces the old by
-``os.replace``, which is atomic on one file system.
+``os.replace``, which is atomic on one file system.  An output that is a symbolic link is written
+through: its target is replaced, the link kept (a rename onto the link itself would put a plain
+file where ``/dev/stdout`` or a user's ``latest.json -> v3.json`` was).
 
 >>> import tempfile, pathlib
 >>> folder = pathlib.Path(tempfile.mkdtemp())
@@ -15,14 +17,16 @@ as it was and no partial file behind, because the new content only replaces the 
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import stat
 import tempfile
 from pathlib import Path
 
 from stragglar.errors import InputError
 
-__all__ = ["MAX_READ_BYTES", "read_text", "same_file", "write_bytes", "write_text"]
+__all__ = ["MAX_READ_BYTES", "lone_surrogate", "read_text", "same_file", "write_bytes", "write_text"]
 
 MAX_READ_BYTES = 2**30  # the largest schedule stragglar handles is about 400 MB of JSON
 
@@ -53,6 +57,41 @@ def read_text(path: str | os.PathLike[str]) -> str:
         raise InputError(f"{name}: not UTF-8 text: byte {e.start}") from None
 
 
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def lone_surrogate(text: str) -> str | None:
+    r"""What is wrong with the first string (key or value) of the JSON ``text`` that is not valid
+    Unicode, or None: a ``\ud800`` escape with no partner parses, but nothing can print or
+    write the string, so a reader refuses it instead of failing on output.  Only escapes make one
+    (UTF-8 decoding refuses the rest), so text without them is cleared by one scan.
+
+    >>> lone_surrogate('{"name": "ok \\ud83d\\ude00"}') is None, lone_surrogate('["\\ud800x"]')
+    (True, "not valid Unicode: the string '\\\\ud800x' has half of a surrogate pair")
+    """
+    if _SURROGATE_ESCAPE.search(text) is None:
+        return None
+    try:
+        stack = [json.loads(text)]
+    except (ValueError, RecursionError):
+        return None  # not JSON: the reader's own parse says so
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(item)
+            continue
+        strings = list(item) if isinstance(item, dict) else [item] if isinstance(item, str) else []
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        for string in strings:
+            try:
+                string.encode("utf-8")
+            except UnicodeEncodeError:
+                shown = string.encode("utf-8", "backslashreplace").decode("ascii", "backslashreplace")
+                return f"not valid Unicode: the string {shown!r} has half of a surrogate pair"
+    return None
+
+
 def same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
     """Whether ``a`` and ``b`` name one file (links followed); a missing ``b`` is never ``a``."""
     try:
@@ -68,16 +107,20 @@ def write_text(path: str | os.PathLike[str], text: str) -> None:
 
 def check_replaceable(path: str | os.PathLike[str]) -> None:
     """Refuse an output that exists and is not a regular file: the atomic rename would put a plain
-    file where the device, FIFO or socket was (``/dev/null`` deleted)."""
+    file where the device, FIFO or socket was (``/dev/null`` deleted).  A link to nothing is
+    refused too: the file it names may be anywhere (``cp`` will not write through one either)."""
     target = Path(path)
     if target.exists() and not target.is_file():
         raise InputError(f"{target} is not a regular file (a device, fifo or socket): write to a file")
+    if target.is_symlink() and not target.exists():
+        raise InputError(f"{target} is a symbolic link to a missing file: write to a file")
 
 
 def write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Replace the file ``path`` with ``data``, atomically; on failure the old file is untouched."""
-    target = Path(path)
-    check_replaceable(target)
+    """Replace the file ``path`` (a link's target, where it is a link) with ``data``, atomically;
+    on failure the old file is untouched."""
+    check_replaceable(path)
+    target = Path(os.path.realpath(path))
     fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as out:

@@ -29,6 +29,7 @@ from stragglar.errors import InputError
 __all__ = [
     "MAX_BYTES",
     "MAX_SECONDS",
+    "MIN_BANDWIDTH",
     "count_of",
     "format_bytes",
     "format_seconds",
@@ -58,6 +59,7 @@ BIT_UNITS = {
 TIME_UNITS = {"us": Fraction(1, 10**6), "ms": Fraction(1, 10**3), "s": Fraction(1)}
 MAX_BYTES = 2**60  # an exbibyte: far beyond any buffer, and still exact in a float
 MAX_SECONDS = 7 * 24 * 3600  # a week
+MIN_BANDWIDTH = 1.0  # bytes/s: slower, an exbibyte's time overflows, and alpha x bandwidth underflows
 _QUANTITY = re.compile(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?|[0-9]+\.)\s*([A-Za-z/]*)\s*")
 
 
@@ -138,8 +140,11 @@ def parse_bandwidth(text: str) -> float:
     if factor is None or per == "":
         raise InputError(f"unknown bandwidth unit {unit!r} in {text!r}: use e.g. GB/s, GiB/s or Gbit/s")
     rate = number * factor
-    if not 0 < rate <= MAX_BYTES:
-        raise InputError(f"{text!r}: a bandwidth must be more than 0 and at most {format_bytes(MAX_BYTES)}/s")
+    if not MIN_BANDWIDTH <= rate <= MAX_BYTES:
+        raise InputError(
+            f"{text!r}: a bandwidth must be at least {MIN_BANDWIDTH:g} B/s "
+            f"and at most {format_bytes(MAX_BYTES)}/s"
+        )
     return float(rate)
 
 

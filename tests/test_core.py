@@ -105,3 +105,18 @@ def test_each_error_kind_has_its_exit_code() -> None:
         1,
     ]
     assert isinstance(InputError("x"), ValueError) and isinstance(RunError("x"), RuntimeError)
+
+
+def test_write_text_through_a_link_replaces_its_target_and_keeps_the_link(tmp_path: Path) -> None:
+    target, link = tmp_path / "v3.json", tmp_path / "latest.json"
+    target.write_text("old\n")
+    link.symlink_to(target.name)
+    write_text(link, "new\n")
+    assert link.is_symlink() and os.readlink(link) == target.name  # the link is still a link ...
+    assert target.read_text() == "new\n"  # ... and its target has the new text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest.json", "v3.json"]
+    dangling = tmp_path / "gone.json"
+    dangling.symlink_to(tmp_path / "missing" / "x.json")
+    with pytest.raises(InputError, match="symbolic link to a missing file"):
+        write_text(dangling, "lost\n")
+    assert dangling.is_symlink() and not (tmp_path / "missing").exists()

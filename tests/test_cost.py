@@ -129,9 +129,19 @@ def test_bad_settings_are_refused(kwargs: dict[str, float], message: str) -> Non
         compare_generated(8, kwargs["size_bytes"], kwargs["delay"])
 
 
-def test_network_is_checked() -> None:
-    with pytest.raises(ValueError, match="bandwidth must be > 0"):
-        Network(3e-6, 0.0)
+@pytest.mark.parametrize(
+    ("alpha", "bandwidth", "message"),
+    [
+        (3e-6, 0.0, "bandwidth must be at least 1 byte/s"),
+        (3e-6, 1e-320, "bandwidth must be at least 1 byte/s"),  # times would overflow to inf, then nan
+        (3e-6, math.inf, "bandwidth must be at least 1 byte/s and finite"),
+        (math.inf, 1e9, "alpha must be a finite number"),
+        (-1e-6, 1e9, "alpha must be a finite number of seconds >= 0"),
+    ],
+)
+def test_network_is_checked(alpha: float, bandwidth: float, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Network(alpha, bandwidth)
 
 
 def legend_of(ax: Any) -> Any:
@@ -173,7 +183,11 @@ def test_cost_uses_alpha_and_bandwidth() -> None:
     [
         (["--gpus", "1"], "need 2 to 2048 GPUs"),
         (["--gpus", "8", "--bandwidth", "fast"], "expected a bandwidth like 450GiB/s"),
-        (["--gpus", "8", "--bandwidth", "0GB/s"], "a bandwidth must be more than 0"),
+        (["--gpus", "8", "--bandwidth", "0GB/s"], "a bandwidth must be at least 1 B/s"),
+        (
+            ["--gpus", "8", "--chunks", "auto", "--bandwidth", "1e-320B/s"],
+            "a bandwidth must be at least 1 B/s",
+        ),
         (["--gpus", "8", "--bandwidth", "50"], "'50' needs a unit per second, e.g. 50GB/s"),
         (["--gpus", "8", "--size", "0"], "buffer size must be > 0"),
         (["--gpus", "8", "--alpha", "soon"], "expected a duration like 20ms"),

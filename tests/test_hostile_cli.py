@@ -142,6 +142,7 @@ def test_a_full_standard_output_is_one_line_and_exit_1() -> None:
         (["prove-all", "--max-gpus", "65"], "'--max-gpus'"),
         (["prove-all", "--max-simulated", "4096"], "'--max-simulated'"),
         (["run", "--gpus", "4", "--size", "1001"], "not a whole number of float32 elements"),
+        (["bound", "--gpus", "4", "--rounds", "99999999999"], "99999999999 rounds: ask about at most 8,"),
     ],
 )
 def test_work_is_bounded_before_it_starts(args: list[str], message: str) -> None:
@@ -571,3 +572,37 @@ def test_ctrl_c_interrupts_z3_inside_check(monkeypatch: pytest.MonkeyPatch) -> N
         assert time.perf_counter() - start < 5.0
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+# ---------------------------------------------------------------------------- lone surrogates
+@pytest.mark.parametrize("kind", ["schedule", "plan"])
+def test_a_string_that_is_not_unicode_is_refused_when_read_not_when_printed(
+    kind: str, tmp_path: Path
+) -> None:
+    """``"\\ud800"`` parses as JSON but cannot be printed or written: refused on reading, so
+    ``export`` neither writes a file nor fails half way through its output."""
+    made, bad = tmp_path / "made.json", tmp_path / "bad.json"
+    assert run("synth", "--gpus", "4", "-o", str(made)).exit_code == 0
+    if kind == "plan":
+        plan = tmp_path / "plan.json"
+        assert run("export", str(made), "--format", "mscclpp", "-o", str(plan)).exit_code == 0
+        made = plan
+    document = json.loads(made.read_text())
+    document["name" if kind == "plan" else "algorithm"] = "late\ud800"
+    bad.write_text(json.dumps(document))  # ensure_ascii: the surrogate as an escape, as a hostile file has it
+    out = tmp_path / "out.json"
+    for args in (
+        ["show", str(bad)],
+        ["verify", str(bad)],
+        ["export", str(bad), "--format", "json", "-o", str(out)],
+    ):
+        if kind == "plan" and args[0] == "export":
+            continue  # plans are not exported again
+        line = one_error(run(*args), 2)
+        assert line.endswith("not valid Unicode: the string 'late\\\\ud800' has half of a surrogate pair"), (
+            line
+        )
+    assert not out.exists()
+    document["name" if kind == "plan" else "algorithm"] = "late \U0001f600"  # a pair is fine
+    bad.write_text(json.dumps(document))
+    assert run("verify", str(bad)).exit_code == 0

@@ -250,6 +250,29 @@ def test_wrong_keys_and_types_are_format_errors(edit: Any, message: str) -> None
             'gpu 0 tb 0 op 8 (re): unsupported reduce_op "max": the kernel always sums',
         ),
         (
+            lambda p: p["gpus"][0].update(scratch_chunks=2**40),
+            "gpu 0: 1,099,511,627,776 scratch chunks: stragglar proves plans of at most 65,536 per buffer",
+        ),
+        (
+            lambda p: p["gpus"][0].update(scratch_chunks=2**63),
+            "gpu 0: 9,223,372,036,854,775,808 scratch chunks: stragglar proves plans of at most 65,536 per "
+            "buffer",
+        ),
+        (
+            lambda p: p.update(gpus=p["gpus"] * 1025),
+            "plan: 3,075 GPUs: stragglar proves plans of at most 2,048",
+        ),
+        (
+            lambda p: p.update(
+                gpus=[
+                    dict(p["gpus"][0], id=g, scratch_chunks=2**16, channels=[], remote_buffers=[])
+                    for g in range(200)
+                ]
+            ),
+            "gpu 191: 12,584,064 chunks in the GPUs' buffers so far: stragglar proves plans of at most "
+            "12,582,912 in all",
+        ),
+        (
             lambda p: p.update(use_double_scratch_buffer=True),
             "plan: unsupported use_double_scratch_buffer: Simple puts write the peer's scratch without the "
             "alternating half offset (execution_kernel.hpp handlePut)",

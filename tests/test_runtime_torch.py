@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -93,6 +94,33 @@ def test_ranks_that_run_other_rounds_fail_alike_before_any_data_moves() -> None:
     errors = launch(mismatched_rounds_rank, 4, (prove(synthesize("stragglar", 4)),), timeout=60)
     words = "rounds: ranks 0, 2, 3 run rounds 0..1, rank 1 runs rounds 0..the end"
     assert set(errors) == {f"ranks disagree on the allreduce: {words}"}
+
+
+def mixing_rank(rank: int, n: int, proof: Proof) -> str:
+    from stragglar.runtime import allreduce
+
+    def buffer(dtype: object) -> Any:
+        return torch.from_numpy(payload(rank, 12, n, "float32")).to(dtype)  # exact in both dtypes
+
+    for dtype in (torch.int32, torch.float32):  # both setups checked on every rank
+        tensor = buffer(dtype)
+        allreduce(tensor, proof, timeout=20)
+        assert np.array_equal(tensor.numpy().astype(np.int64), expected(12, n, "float32"))
+    tensor = buffer(torch.int32 if rank == 1 else torch.float32)  # the same bytes, another meaning
+    allreduce(tensor, proof, timeout=2)
+    return "summed"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open bug: headers are checked once per plan and group, so ranks that each ran two setups "
+    "can later mix them unchecked (a fix must not make the punctual ranks wait for the late one)",
+)
+def test_ranks_that_mix_two_checked_setups_time_out_and_never_sum_wrong() -> None:
+    with pytest.raises(LaunchError) as info:
+        launch(mixing_rank, 3, (prove(synthesize("stragglar", 3)),), timeout=60)
+    for rank in range(3):
+        assert f"RankError: allreduce failed: rank {rank} timed out" in info.value.errors[rank]
 
 
 @pytest.mark.parametrize(

@@ -31,7 +31,7 @@ import re
 from typing import Any, NoReturn
 
 from stragglar.errors import InputError
-from stragglar.files import read_text, write_text
+from stragglar.files import lone_surrogate, read_text, write_text
 from stragglar.schedule import MAX_RANKS, Op, Phase, Round, Schedule, Transfer, check_size, gc_paused
 
 __all__ = [
@@ -413,13 +413,18 @@ def parse(text: str) -> Any:
     """
     try:
         with gc_paused():  # millions of compact transfers, all alive: collecting them is wasted work
-            return json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
+            document = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as e:
-        raise ScheduleFormatError(f"not JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+        what = e.msg.removesuffix(" at")  # "Unterminated string starting at": then "at line ..."
+        raise ScheduleFormatError(f"not JSON: {what} at line {e.lineno} column {e.colno}") from None
     except ValueError as e:
         raise ScheduleFormatError(f"not JSON: {e}") from None
     except RecursionError:
         raise ScheduleFormatError("not JSON: nested too deeply") from None
+    bad = lone_surrogate(text)
+    if bad is not None:
+        raise ScheduleFormatError(bad)
+    return document
 
 
 def loads(text: str) -> Schedule:

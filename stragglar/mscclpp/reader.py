@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from stragglar.files import lone_surrogate
 from stragglar.mscclpp.errors import PlanFormatError
 from stragglar.mscclpp.opreader import OpReader
 from stragglar.mscclpp.planmodel import (
@@ -44,8 +45,12 @@ from stragglar.mscclpp.planmodel import (
     Tb,
     Walker,
 )
+from stragglar.schedule import MAX_CELLS, MAX_CHUNKS, MAX_RANKS
 
-__all__ = ["read_plan"]
+__all__ = ["MAX_LOCATIONS", "read_plan"]
+
+MAX_LOCATIONS = 3 * MAX_CELLS  # input, output and scratch chunks of the largest schedule's plan
+BUFFER_NAMES = {"i": "input", "o": "output", "s": "scratch"}
 
 
 def read_plan(text: str) -> Plan:
@@ -54,6 +59,9 @@ def read_plan(text: str) -> Plan:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
         raise PlanFormatError(f"not JSON: {exc}") from None
+    bad = lone_surrogate(text)
+    if bad is not None:
+        raise PlanFormatError(bad)
     if not isinstance(obj, dict):
         raise PlanFormatError("not an MSCCL++ execution plan: the top level must be an object")
     rd = Walker()
@@ -87,6 +95,8 @@ def read_plan(text: str) -> Plan:
             "limit", f"num_threads_per_block is {threads}; the kernel runs 1 to 1024 threads per block"
         )
     gpus_json = rd.objects(obj, "gpus")
+    if len(gpus_json) > MAX_RANKS:
+        raise rd.unsupported(f"{len(gpus_json):,} GPUs: stragglar proves plans of at most {MAX_RANKS:,}")
     if not gpus_json:
         raise rd.fail("'gpus' is empty")
     return Resolver(rd, gpus_json, inplace, threads).plan(name, collective, alignment, low, high)
@@ -117,6 +127,7 @@ class Resolver:
                 b: rd.count(gj, key)
                 for b, key in zip(BUFFERS, ("input_chunks", "output_chunks", "scratch_chunks"), strict=False)
             }
+            self._check_chunks(sizes)
             self.chunks.append(sizes)
             self.channels.append(self._gpu_channels(g, gj))
             self.remote.append(self._gpu_buffers(g, gj))
@@ -141,6 +152,22 @@ class Resolver:
         base, partner, owner = self._pair_channels()
         gpus = tuple(self._gpu(g, gj, base) for g, gj in enumerate(self.gpus_json))
         return Plan(name, collective, self.inplace, alignment, low, high, self.threads, gpus, partner, owner)
+
+    def _check_chunks(self, sizes: dict[str, int]) -> None:
+        """Bound the chunk counts before the prover makes a location of every chunk: a plan that
+        claims 2**40 scratch chunks is refused here, not after it has filled the memory."""
+        for buffer, count in sizes.items():
+            if count > MAX_CHUNKS:
+                raise self.rd.unsupported(
+                    f"{count:,} {BUFFER_NAMES[buffer]} chunks: stragglar proves plans of at most "
+                    f"{MAX_CHUNKS:,} per buffer"
+                )
+        total = sum(sum(done.values()) for done in self.chunks) + sum(sizes.values())
+        if total > MAX_LOCATIONS:
+            raise self.rd.unsupported(
+                f"{total:,} chunks in the GPUs' buffers so far: stragglar proves plans of at most "
+                f"{MAX_LOCATIONS:,} in all"
+            )
 
     def _gpu_channels(self, g: int, gj: dict[str, Any]) -> list[int]:
         rd = self.rd

@@ -28,6 +28,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from stragglar.files import lone_surrogate
 from stragglar.mscclpp.errors import PlanFormatError
 
 __all__ = ["UINT32_LIMIT", "SizeDecision", "SizeRule", "offset_limit", "size_rule", "will_use"]
@@ -134,6 +135,9 @@ def size_rule(plan_text: str) -> SizeRule:
         obj = json.loads(plan_text)
     except json.JSONDecodeError as exc:
         raise PlanFormatError(f"not JSON: {exc}") from None
+    bad = lone_surrogate(plan_text)
+    if bad is not None:
+        raise PlanFormatError(bad)
     if not isinstance(obj, dict) or not isinstance(obj.get("gpus"), list) or not obj["gpus"]:
         raise PlanFormatError("not an MSCCL++ execution plan: no 'gpus' list")
     gpus = obj["gpus"]

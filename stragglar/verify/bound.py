@@ -174,6 +174,12 @@ def _checked(n: int, c: int, rounds: int) -> None:
         raise InputError(
             f"need at least {n - 1} chunks and at most {BOUND_MAX_CELLS} ranks x chunks, got {c} chunks"
         )
+    most = 2 * round_lower_bound(n, c)
+    if rounds > most:
+        raise InputError(
+            f"{rounds} rounds: ask about at most {most}, twice the bound (the model grows with the "
+            "rounds, and phase 2 fits in the bound itself)"
+        )
 
 
 def _decide(
