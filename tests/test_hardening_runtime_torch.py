@@ -18,7 +18,7 @@ from stragglar.runtime.engine import Timeline  # noqa: E402
 from stragglar.synth import synthesize  # noqa: E402
 from stragglar.verify import Proof, prove  # noqa: E402
 
-CASES = ("dtype", "count", "straggler", "complex", "strided", "size", "ok")
+CASES = ("dtype", "count", "straggler", "complex", "strided", "grad", "inference", "size", "ok")
 
 
 def disagreeing_rank(rank: int, n: int, proofs: dict[str, Proof]) -> dict[str, tuple[str, str, bool]]:
@@ -38,14 +38,19 @@ def disagreeing_rank(rank: int, n: int, proofs: dict[str, Proof]) -> dict[str, t
                 data = data.to(torch.complex64)
             elif case == "strided":
                 data = torch.stack([data, data], 1)[:, 0]
+            elif case == "grad":  # a leaf's view: torch refuses in-place writes to it
+                data = data.requires_grad_().view(40)
+            elif case == "inference":
+                with torch.inference_mode():
+                    data = data.clone()
         if case == "size":
             proof = proofs["small"]
-        before = data.clone()
+        before = data.detach().clone()
         try:
             allreduce(data, proof, timeout=10)
             out[case] = ("", "", True)
         except Exception as e:
-            out[case] = (type(e).__name__, str(e), bool(torch.equal(data, before)))
+            out[case] = (type(e).__name__, str(e), bool(torch.equal(data.detach(), before)))
     buf = torch.from_numpy(payload(rank, 40, n, "float32")).float()
     allreduce(buf, proofs["main"], timeout=10)  # the group still works afterwards
     assert np.array_equal(buf.double().numpy(), expected(40, n, "float32"))
@@ -73,7 +78,17 @@ def test_every_rank_raises_the_same_clear_error_when_ranks_disagree() -> None:
     # a rank that cannot take part raises its own error; the others say which rank and why
     assert results[1]["complex"][0] == "TypeError" and "supported dtypes" in results[1]["complex"][1]
     assert results[1]["strided"][0] == "InputError" and "contiguous" in results[1]["strided"][1]
+    assert results[1]["grad"][0] == "InputError" and "does not require grad" in results[1]["grad"][1]
+    assert results[1]["inference"][0] == "InputError" and "inference_mode" in results[1]["inference"][1]
+    assert results[1]["grad"][2] and results[1]["inference"][2]  # refused before anything was written
     for r in (0, 2):
+        for case in ("grad", "inference"):
+            assert results[r][case] == (
+                "MismatchError",
+                "cannot allreduce: rank 1 has a buffer it cannot write in place (it requires grad, or is "
+                "an inference tensor)",
+                True,
+            )
         assert results[r]["complex"][:2] == (
             "MismatchError",
             "cannot allreduce: rank 1 has a buffer of a dtype no engine here supports",

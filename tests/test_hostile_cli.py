@@ -149,6 +149,12 @@ def test_work_is_bounded_before_it_starts(args: list[str], message: str) -> None
     assert message in one_error(run(*args), 2)
 
 
+def test_the_largest_iteration_count_the_help_offers_runs() -> None:
+    """``--iters`` says 1..10000; the warm-up iteration it adds is not counted against it."""
+    result = run("run", "--backend", "local", "--gpus", "2", "--size", "4", "--iters", "10000")
+    assert result.exit_code == 0, result.output
+
+
 def test_an_output_that_is_the_input_is_refused(tmp_path: Path) -> None:
     source = tmp_path / "s4.json"
     json_format.write(synthesize("stragglar", 4), source)

@@ -25,7 +25,15 @@ from typing import Any, TypeVar
 from stragglar.args import as_int, as_rank, as_seconds
 from stragglar.errors import ArgumentError, InputError
 from stragglar.runtime.cupy_nccl import NcclGroup
-from stragglar.runtime.engine import DTYPES, RankError, Timeline, dtype_name, flat_view, run_rank
+from stragglar.runtime.engine import (
+    DTYPES,
+    RankError,
+    Timeline,
+    dtype_name,
+    flat_view,
+    in_place_refusal,
+    run_rank,
+)
 from stragglar.runtime.header import CheckedHeaders, Header, MismatchError, make_header, mismatch
 from stragglar.runtime.layout import Layout
 from stragglar.runtime.local import run_local
@@ -245,6 +253,9 @@ def _inspect(
 ) -> tuple[Any, Header, Exception | None]:
     """(the flat view or None, this rank's header, the error this rank must raise or None)."""
     header = functools.partial(make_header, proof, tag=tag, late=late, rounds=rounds)
+    refusal = in_place_refusal(data)
+    if refusal is not None:
+        return None, header(None, None, problem=4), InputError(refusal)
     try:
         flat = flat_view(data)
     except TypeError as e:  # a dtype nothing here supports

@@ -8,6 +8,7 @@ every engine computes exactly what the local reference computes.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -171,6 +172,22 @@ def flat_view(array: Array) -> Array:
     if not contiguous:
         raise InputError("allreduce needs a contiguous buffer (results are written in place)")
     return array.reshape(-1)
+
+
+def in_place_refusal(array: Array) -> str | None:
+    """Why the AllReduce cannot write ``array`` in place, or None: torch refuses in-place writes to
+    a tensor that requires grad (a view of a leaf) or to an inference tensor outside inference
+    mode, and would do so in the middle of the rounds, with the buffer half written and the peers
+    waiting for data that never comes.  So the rank says so in its header, before any data moves."""
+    if getattr(array, "requires_grad", False):
+        return "allreduce writes in place: pass a buffer that does not require grad (tensor.detach())"
+    inference = getattr(array, "is_inference", None)
+    torch = sys.modules.get("torch")
+    if inference is not None and inference() and torch is not None and not torch.is_inference_mode_enabled():
+        return (
+            "allreduce writes in place: an inference tensor can only be written inside torch.inference_mode()"
+        )
+    return None
 
 
 def empty_like(flat: Array, size: int) -> Array:

@@ -38,6 +38,7 @@ PROBLEMS = {
     1: "has a buffer of a dtype no engine here supports",
     2: "has a buffer that is not contiguous",
     3: "has a dtype its engine cannot send",
+    4: "has a buffer it cannot write in place (it requires grad, or is an inference tensor)",
 }
 
 
