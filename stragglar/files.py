@@ -17,12 +17,12 @@ file where ``/dev/stdout`` or a user's ``latest.json -> v3.json`` was).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import stat
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from stragglar.errors import InputError
 
@@ -60,24 +60,22 @@ def read_text(path: str | os.PathLike[str]) -> str:
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
 
-def lone_surrogate(text: str) -> str | None:
-    r"""What is wrong with the first string (key or value) of the JSON ``text`` that is not valid
-    Unicode, or None: a ``\ud800`` escape with no partner parses, but nothing can print or
-    write the string, so a reader refuses it instead of failing on output.  Only escapes make one
-    (UTF-8 decoding refuses the rest), so text without them is cleared by one scan.
+def lone_surrogate(text: str, document: Any) -> str | None:
+    r"""What is wrong with the first string (key or value) of ``document``, parsed from the JSON
+    ``text``, that is not valid Unicode, or None: a ``\ud800`` escape with no partner parses, but
+    nothing can print or write the string, so a reader refuses it instead of failing on output.
+    Only escapes make one (UTF-8 decoding refuses the rest), so a document whose text has none is
+    cleared by one scan of the text, without walking it.
 
-    >>> lone_surrogate('{"name": "ok \\ud83d\\ude00"}') is None, lone_surrogate('["\\ud800x"]')
-    (True, "not valid Unicode: the string '\\\\ud800x' has half of a surrogate pair")
+    >>> lone_surrogate('["ok"]', ["ok"]), lone_surrogate('["\\ud800x"]', ["\ud800x"])
+    (None, "not valid Unicode: the string '\\\\ud800x' has half of a surrogate pair")
     """
     if _SURROGATE_ESCAPE.search(text) is None:
         return None
-    try:
-        stack = [json.loads(text)]
-    except (ValueError, RecursionError):
-        return None  # not JSON: the reader's own parse says so
+    stack = [document]
     while stack:
         item = stack.pop()
-        if isinstance(item, list):
+        if isinstance(item, (list, tuple)):
             stack.extend(item)
             continue
         strings = list(item) if isinstance(item, dict) else [item] if isinstance(item, str) else []

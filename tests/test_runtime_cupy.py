@@ -285,6 +285,15 @@ def test_a_schedule_for_another_size_fails_every_rank() -> None:
     assert str(results[0]).endswith(") cannot run on a group of 4 ranks")
 
 
+def summed_or_timed_out(buf: np.ndarray, s: Proof, group: NcclGroup) -> Any:
+    """A call that must time out: its RankError, or the buffer if a sum came back (it must not)."""
+    try:
+        allreduce(buf, s, group=group, timeout=0.5)
+    except RankError as e:
+        return e
+    return buf
+
+
 def test_a_rank_that_changes_its_count_after_the_check_fails_every_rank_never_sums_wrong() -> None:
     """The header is checked once per plan: a rank that later brings a new count checks a new
     header alone, so every rank times out instead of summing mismatched chunks."""
@@ -295,11 +304,7 @@ def test_a_rank_that_changes_its_count_after_the_check_fails_every_rank_never_su
         allreduce(buf, s, group=group, timeout=5)
         count = 11 if rank == 1 else 12
         buf = payload(rank, count, 3, "int64")
-        try:
-            allreduce(buf, s, group=group, timeout=0.5)
-        except RankError as e:
-            return e
-        return buf  # a sum came back: it must not
+        return summed_or_timed_out(buf, s, group)
 
     *results, _, _ = run_ranks(3, body)
     assert all(isinstance(e, RankError) and e.reason == "timed out" for e in results), results
@@ -324,11 +329,7 @@ def test_ranks_that_mix_two_checked_setups_fail_and_never_sum_wrong() -> None:
             assert np.array_equal(buf, expected(12, 3, dtype))
         dtype = "int32" if rank == 1 else "float32"
         buf = payload(rank, 12, 3, dtype).astype(dtype)
-        try:
-            allreduce(buf, s, group=group, timeout=0.5)
-        except RankError as e:
-            return e
-        return buf  # a sum came back: it must not
+        return summed_or_timed_out(buf, s, group)
 
     *results, _, _ = run_ranks(3, body)
     assert all(isinstance(e, RankError) and e.reason == "timed out" for e in results), results

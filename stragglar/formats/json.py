@@ -421,7 +421,7 @@ def parse(text: str) -> Any:
         raise ScheduleFormatError(f"not JSON: {e}") from None
     except RecursionError:
         raise ScheduleFormatError("not JSON: nested too deeply") from None
-    bad = lone_surrogate(text)
+    bad = lone_surrogate(text, document)
     if bad is not None:
         raise ScheduleFormatError(bad)
     return document

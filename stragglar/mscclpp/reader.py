@@ -59,7 +59,7 @@ def read_plan(text: str) -> Plan:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
         raise PlanFormatError(f"not JSON: {exc}") from None
-    bad = lone_surrogate(text)
+    bad = lone_surrogate(text, obj)
     if bad is not None:
         raise PlanFormatError(bad)
     if not isinstance(obj, dict):
@@ -114,6 +114,7 @@ class Resolver:
         self.channels: list[list[int]] = []  # peer of each memory channel, per GPU
         self.remote: list[list[tuple[int, str, bool]]] = []  # (rank, type, memory access), per GPU
         self.chunks: list[dict[str, int]] = []
+        self.locations = 0  # chunks in the buffers of the GPUs read so far
 
     def plan(self, name: str, collective: str, alignment: int, low: int, high: int) -> Plan:
         rd = self.rd
@@ -162,10 +163,10 @@ class Resolver:
                     f"{count:,} {BUFFER_NAMES[buffer]} chunks: stragglar proves plans of at most "
                     f"{MAX_CHUNKS:,} per buffer"
                 )
-        total = sum(sum(done.values()) for done in self.chunks) + sum(sizes.values())
-        if total > MAX_LOCATIONS:
+        self.locations += sum(sizes.values())
+        if self.locations > MAX_LOCATIONS:
             raise self.rd.unsupported(
-                f"{total:,} chunks in the GPUs' buffers so far: stragglar proves plans of at most "
+                f"{self.locations:,} chunks in the GPUs' buffers so far: stragglar proves plans of at most "
                 f"{MAX_LOCATIONS:,} in all"
             )
 

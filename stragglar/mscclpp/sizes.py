@@ -135,7 +135,7 @@ def size_rule(plan_text: str) -> SizeRule:
         obj = json.loads(plan_text)
     except json.JSONDecodeError as exc:
         raise PlanFormatError(f"not JSON: {exc}") from None
-    bad = lone_surrogate(plan_text)
+    bad = lone_surrogate(plan_text, obj)
     if bad is not None:
         raise PlanFormatError(bad)
     if not isinstance(obj, dict) or not isinstance(obj.get("gpus"), list) or not obj["gpus"]:
