@@ -17,7 +17,7 @@ Two runs of :func:`~stragglar.measure.run.run_benchmark` on the torch backend (g
    free and would cut the buffer as finely as allowed.
 2. Measurement: the straggler is ``--delay-factor`` (1.5) x ``RS`` late, so both schedules'
    ReduceScatter can hide behind it.  StragglAR in C chunks (C: the cost model's fastest on the
-   fitted network, :func:`~stragglar.measure.predict.best_chunks`), the paper's C = N-1 and gloo's
+   fitted network, :func:`~stragglar.model.chunks.best_chunks`), the paper's C = N-1 and gloo's
    all_reduce alternate in one launch, in a rotating order, every result checked.
 
 ``--link-rate`` paces every rank's sockets to that bandwidth (:mod:`stragglar.measure.links`):
@@ -44,11 +44,10 @@ from pathlib import Path
 from options import link_rate
 from results import save
 
-from stragglar.cost import Network
 from stragglar.measure.links import paced_to
-from stragglar.measure.predict import best_chunks, compare_generated
 from stragglar.measure.run import BenchmarkResult, run_benchmark
 from stragglar.measure.sweep import fit_line, fit_ring
+from stragglar.model import Network, best_chunks, compare_generated
 from stragglar.units import format_bytes, parse_size
 
 

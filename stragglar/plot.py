@@ -15,11 +15,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from stragglar.cost import Network
 from stragglar.errors import InputError
 from stragglar.files import write_bytes
 from stragglar.formats.text import compact_ranges
-from stragglar.measure.predict import chunk_candidates, compare_generated
+from stragglar.model import Network, chunk_candidates, compare_generated
 from stragglar.schedule import Op, Schedule
 from stragglar.units import format_bytes, format_seconds
 
@@ -139,7 +138,7 @@ def cost_figure(
 
 def chunk_sweep(num_ranks: int, size_bytes: float, network: Network, chunks: int) -> list[int]:
     """The chunk counts of the speed-up-against-C panel: from N-1 to twice the largest of
-    ``chunks``, the model's candidates (:func:`~stragglar.measure.predict.chunk_candidates`) and
+    ``chunks``, the model's candidates (:func:`~stragglar.model.chunks.chunk_candidates`) and
     2(N-1), about 48 of them spaced evenly on a log scale, with ``chunks`` and the candidates.
 
     >>> points = chunk_sweep(8, 2**30, Network(3e-6, 450 * 2**30), 38)

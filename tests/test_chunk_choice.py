@@ -12,9 +12,16 @@ import pytest
 from click.testing import CliRunner, Result
 
 from stragglar.cli import cli
-from stragglar.cost import PAPER_NETWORK, Network, estimate
 from stragglar.formats import json as json_format
-from stragglar.measure.predict import best_chunks, chunk_candidates, compare_generated, generated_profile
+from stragglar.model import (
+    PAPER_NETWORK,
+    Network,
+    best_chunks,
+    chunk_candidates,
+    compare_generated,
+    estimate,
+    generated_profile,
+)
 from stragglar.msccl import default_name as xml_name
 from stragglar.mscclpp import default_name as plan_name
 from stragglar.schedule import base_name, round_lower_bound

@@ -12,9 +12,16 @@ import pytest
 from click.testing import CliRunner, Result
 
 from stragglar.cli import cli
-from stragglar.cost import PAPER_NETWORK, Estimate, Network, critical_delay, estimate, profile
 from stragglar.formats import json as json_format
-from stragglar.measure.predict import compare_generated
+from stragglar.model import (
+    PAPER_NETWORK,
+    Estimate,
+    Network,
+    compare_generated,
+    critical_delay,
+    estimate,
+    profile,
+)
 from stragglar.schedule import round_lower_bound
 from stragglar.synth import synthesize
 

@@ -23,9 +23,9 @@ import torch
 from torch.distributed import GradBucket  # type: ignore[attr-defined, unused-ignore]
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from stragglar.cost import Network
 from stragglar.ddp import StragglarState, persistent_late_rank, stragglar_hook
 from stragglar.measure.launch import LaunchError, launch
+from stragglar.model import Network
 
 Pause = Callable[[], None] | None  # called before the hooked model's backward
 FAST = Network(1e-3, 1e12)  # latency-bound: StragglAR pays for any real lateness at N <= 5

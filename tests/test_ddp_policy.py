@@ -12,9 +12,12 @@ import pytest
 
 pytest.importorskip("torch")
 
-from stragglar.cost import Network
 from stragglar.ddp import StragglarState
-from stragglar.ddp.policy import (
+from stragglar.ddp.probe import SLOTS, decode, encode
+from stragglar.ddp.worker import BucketWorker, HostWatch
+from stragglar.errors import ArgumentError, InputError
+from stragglar.model import Network, best_chunks, generated_profile
+from stragglar.model.policy import (
     RUNS,
     Choice,
     Outlook,
@@ -28,10 +31,6 @@ from stragglar.ddp.policy import (
     outlook,
     scaled,
 )
-from stragglar.ddp.probe import SLOTS, decode, encode
-from stragglar.ddp.worker import BucketWorker, HostWatch
-from stragglar.errors import ArgumentError, InputError
-from stragglar.measure.predict import best_chunks, generated_profile
 
 
 def test_lateness_is_the_gap_to_the_latest_other_rank() -> None:
@@ -228,7 +227,7 @@ def test_the_worker_runs_each_stage_in_order_and_fails_every_later_task_at_once(
     ("kwargs", "error", "words"),
     [
         ({"policy": "fast"}, InputError, "policy must be one of stragglar, auto"),
-        ({"network": (1e-6, 1e9)}, ArgumentError, "network must be a stragglar.cost.Network"),
+        ({"network": (1e-6, 1e9)}, ArgumentError, "network must be a stragglar.model.Network"),
         ({"asynchronous": 1}, ArgumentError, "asynchronous must be True or False"),
         ({"policy": "auto", "straggler_delay": 0.01}, InputError, "straggler_delay is for experiments"),
         ({"chunks": "many"}, InputError, "chunks must be a chunk count or 'auto'"),

@@ -507,7 +507,7 @@ def test_the_cost_chart_keeps_its_legends_off_the_curves() -> None:
     pytest.importorskip("matplotlib")
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    from stragglar.cost import PAPER_NETWORK
+    from stragglar.model import PAPER_NETWORK
     from stragglar.plot import cost_figure
 
     fig = cost_figure(8, 2**30, 5e-3, PAPER_NETWORK, sizes=[2, 4, 8, 16])

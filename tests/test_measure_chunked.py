@@ -13,10 +13,10 @@ from click.testing import CliRunner, Result
 from stragglar.cli import cli
 from stragglar.errors import InputError
 from stragglar.formats import json as json_format
-from stragglar.measure.predict import best_chunks
 from stragglar.measure.run import run_benchmark
 from stragglar.measure.sweep import sweep
 from stragglar.measure.timing import turn
+from stragglar.model import best_chunks
 from stragglar.synth import synthesize
 from stragglar.verify import Proof, prove
 

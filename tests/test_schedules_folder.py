@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from stragglar.formats import json as json_format
-from stragglar.measure.predict import best_chunks
+from stragglar.model import best_chunks
 from stragglar.msccl import prove_msccl
 from stragglar.mscclpp import prove_plan
 from stragglar.release import CHUNKED_RELEASES, MSCCL_SIZES, RELEASED_SIZES, write_release

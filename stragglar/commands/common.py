@@ -16,11 +16,10 @@ import click
 from click.core import ParameterSource
 from tqdm import tqdm
 
-from stragglar.cost import PAPER_NETWORK, Network
 from stragglar.errors import IncorrectError, InputError, StragglarError
 from stragglar.files import check_replaceable, read_text, same_file, write_bytes, write_text
 from stragglar.formats import json as json_format
-from stragglar.measure.predict import best_chunks
+from stragglar.model import AUTO, PAPER_NETWORK, Network, resolve_chunks
 from stragglar.msccl import PROTOCOLS, MscclProof, prove_msccl, to_msccl_xml
 from stragglar.mscclpp import DEFAULT_MAX_THREADBLOCKS, PlanOptions, PlanProof, prove_plan
 from stragglar.mscclpp import lower as lower_plan
@@ -32,7 +31,6 @@ from stragglar.verify import Proof, VerificationError, prove
 __all__ = [
     "ALGORITHM",
     "ARTIFACT_FORMATS",
-    "AUTO",
     "BANDWIDTH",
     "CHUNKS",
     "DURATION",
@@ -48,6 +46,7 @@ __all__ = [
     "busy",
     "check_output",
     "check_plot",
+    "chosen_chunks",
     "chunks_option",
     "export_artifact",
     "given",
@@ -62,7 +61,6 @@ __all__ = [
     "read_input",
     "refuse_given",
     "refuse_other_formats",
-    "resolve_chunks",
     "write",
     "write_plot",
 ]
@@ -118,9 +116,6 @@ class ChunkCount(click.ParamType):  # type: ignore[type-arg, unused-ignore]
         return int(text)
 
 
-AUTO = "auto"
-
-
 def network_words(network: Network) -> str:
     """``alpha 3 us, 450 GiB/s``: a network as the options spell it."""
     return f"alpha {format_seconds(network.alpha)}, {format_bytes(network.bandwidth)}/s"
@@ -173,7 +168,7 @@ def model_options(command: Callable[..., None]) -> Callable[..., None]:
     return command
 
 
-def resolve_chunks(
+def chosen_chunks(
     chunks: int | str | None,
     num_gpus: int,
     size: float,
@@ -183,19 +178,16 @@ def resolve_chunks(
     algorithm: str = "stragglar",
     power_of_two: bool = False,
 ) -> int | None:
-    """``--chunks`` as a number (None: the paper's N-1); ``auto`` asks the cost model.
+    """``--chunks`` as a count (None: the paper's N-1), read as the model reads every chunk option
+    (:func:`~stragglar.model.chunks.resolve_chunks`), with a spinner while ``auto`` prices.
 
     A count for an algorithm without chunk choice is an error, not ignored; so is ``auto`` with
     settings it does not use (callers refuse those).
     """
-    if chunks is None:
-        return None
-    if algorithm != "stragglar":
+    if chunks is not None and algorithm != "stragglar":
         raise click.UsageError(f"--chunks does not apply: it shapes StragglAR, not {algorithm}")
-    if chunks != AUTO:
-        return int(chunks)
     with busy(f"choosing a chunk count for {num_gpus} GPUs"):
-        return best_chunks(num_gpus, size, delay, network, power_of_two=power_of_two)
+        return resolve_chunks(chunks, num_gpus, size, delay, network, power_of_two=power_of_two)
 
 
 GPUS = click.option(

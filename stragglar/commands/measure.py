@@ -8,7 +8,6 @@ import click
 
 from stragglar.commands.common import (
     ALGORITHM,
-    AUTO,
     BANDWIDTH,
     DURATION,
     MEASURED_CHUNKS,
@@ -17,18 +16,18 @@ from stragglar.commands.common import (
     Quantity,
     auto_note,
     check_output,
+    chosen_chunks,
     chunks_option,
     dump_json,
     load_schedule,
     progress_bar,
     proved,
     refuse_given,
-    resolve_chunks,
 )
-from stragglar.cost import PAPER_NETWORK
 from stragglar.errors import InputError
 from stragglar.measure.run import BACKENDS, MAX_ITERS, BenchmarkResult, run_benchmark
 from stragglar.measure.sweep import sweep
+from stragglar.model import AUTO, PAPER_NETWORK
 from stragglar.runtime import DTYPES
 from stragglar.units import parse_duration, parse_size
 
@@ -103,7 +102,7 @@ def run(
         num_gpus = proof.num_ranks
     elif num_gpus is None:
         raise click.UsageError("--gpus is required (or give a --schedule file)")
-    count = resolve_chunks(chunks, num_gpus, size, delay, PAPER_NETWORK, algorithm=algorithm)
+    count = chosen_chunks(chunks, num_gpus, size, delay, PAPER_NETWORK, algorithm=algorithm)
     if count is not None and chunks == AUTO:
         click.echo(auto_note(count, size, delay, PAPER_NETWORK, " on the paper's network"), err=True)
     # no progress thread here: the torch backend forks its ranks, and a thread alive at a fork
@@ -183,7 +182,7 @@ def bench(
         check_output(json_file, option="--json")
 
     def count_for(num_gpus: int, size: int, delay: float) -> int | None:
-        return resolve_chunks(chunks, num_gpus, size, delay, PAPER_NETWORK, algorithm=algorithm)
+        return chosen_chunks(chunks, num_gpus, size, delay, PAPER_NETWORK, algorithm=algorithm)
 
     counts = _rank_counts(gpus)
     with progress_bar(len(counts) * len(sizes) * len(delays), "measuring") as advance:

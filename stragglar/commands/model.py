@@ -7,7 +7,6 @@ from pathlib import Path
 import click
 
 from stragglar.commands.common import (
-    AUTO,
     CHUNKS,
     DURATION,
     GPUS,
@@ -15,18 +14,17 @@ from stragglar.commands.common import (
     VERBOSE,
     busy,
     check_plot,
+    chosen_chunks,
     model_options,
     progress,
     proved_plan,
     proved_xml,
     read_input,
     refuse_given,
-    resolve_chunks,
     write_plot,
 )
-from stragglar.cost import Comparison, Network
 from stragglar.errors import IncorrectError, InputError, ResourceError, StragglarError
-from stragglar.measure.predict import compare_generated, generated_profile
+from stragglar.model import AUTO, Comparison, Network, compare_generated, generated_profile
 from stragglar.plot import chunk_sweep, sweep_sizes
 from stragglar.proof_tier import TABLE_HEADER, ProofRow, format_row, prove_all, prove_schedule_file
 from stragglar.schedule import MAX_RANKS
@@ -61,7 +59,7 @@ def cost(
     """
     check_plot(plot_file)
     network = Network(alpha, bandwidth)
-    count = resolve_chunks(chunks, num_gpus, size, delay, network)
+    count = chosen_chunks(chunks, num_gpus, size, delay, network)
     with busy(f"pricing the schedules for {num_gpus} GPUs"):
         comparison = compare_generated(num_gpus, size, delay, network, chunks=count)
     click.echo(comparison.table())

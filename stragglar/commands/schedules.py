@@ -10,7 +10,6 @@ import click
 from stragglar.commands.common import (
     ALGORITHM,
     ARTIFACT_FORMATS,
-    AUTO,
     CHUNKS,
     DURATION,
     FORMAT_NAMES,
@@ -25,6 +24,7 @@ from stragglar.commands.common import (
     busy,
     check_output,
     check_plot,
+    chosen_chunks,
     export_artifact,
     load_schedule,
     model_options,
@@ -34,14 +34,13 @@ from stragglar.commands.common import (
     read_input,
     refuse_given,
     refuse_other_formats,
-    resolve_chunks,
     write,
     write_plot,
 )
-from stragglar.cost import Network
 from stragglar.errors import IncorrectError, StragglarError
 from stragglar.formats import json as json_format
 from stragglar.formats.text import render
+from stragglar.model import AUTO, Network
 from stragglar.msccl import describe_msccl
 from stragglar.mscclpp import summarize, will_use
 from stragglar.synth import METHODS, synthesize
@@ -140,7 +139,7 @@ def synth(
     if chunks != AUTO:
         refuse_given(["size", "delay", "alpha", "bandwidth"], "it is a setting for --chunks auto")
     network = Network(alpha, bandwidth)
-    count = resolve_chunks(
+    count = chosen_chunks(
         chunks, num_gpus, size, delay, network, algorithm=algorithm, power_of_two=fmt in ARTIFACT_FORMATS
     )
     if count is not None and chunks == AUTO:

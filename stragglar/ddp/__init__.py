@@ -14,13 +14,13 @@ StragglAR only pays when a rank is late by more than a critical delay: with ``po
 tiny probe per step finds which rank arrives last and by how much (:mod:`stragglar.ddp.probe`),
 and each bucket is reduced with StragglAR, that rank as straggler, only when the cost model says
 it beats a Ring all_reduce of that size at that lateness; otherwise with the engine's all_reduce
-(:mod:`stragglar.ddp.policy`).  Every rank decides from the same gathered figures, so all choose
+(:mod:`stragglar.model.policy`).  Every rank decides from the same gathered figures, so all choose
 the same algorithm for the same bucket.  With ``detect=W`` (policy "stragglar") the hook always
 uses StragglAR and switches the straggler to a rank that is persistently last.
 """
 
 from stragglar.ddp.hook import POLICIES, StragglarState, stragglar_hook
-from stragglar.ddp.policy import persistent_late_rank
 from stragglar.ddp.probe import LateRankProbe
+from stragglar.model.policy import persistent_late_rank
 
 __all__ = ["POLICIES", "LateRankProbe", "StragglarState", "persistent_late_rank", "stragglar_hook"]

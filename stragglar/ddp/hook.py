@@ -10,22 +10,6 @@ import torch.distributed as dist
 from torch.distributed import GradBucket  # type: ignore[attr-defined, unused-ignore]
 
 from stragglar.args import as_int, as_rank, as_seconds
-from stragglar.cost import Network
-from stragglar.ddp.policy import (
-    ALLREDUCE,
-    AUTO,
-    STRAGGLAR,
-    Choice,
-    Outlook,
-    Timing,
-    choose,
-    chunk_count,
-    cost_ratio,
-    fit_network,
-    outlook,
-    persistent_late_rank,
-    scaled,
-)
 from stragglar.ddp.probe import LateRankProbe
 from stragglar.ddp.worker import (
     BucketWorker,
@@ -39,6 +23,21 @@ from stragglar.ddp.worker import (
 )
 from stragglar.errors import ArgumentError, InputError
 from stragglar.measure.launch import heartbeat
+from stragglar.model import AUTO, Network
+from stragglar.model.policy import (
+    ALLREDUCE,
+    STRAGGLAR,
+    Choice,
+    Outlook,
+    Timing,
+    choose,
+    chunk_count,
+    cost_ratio,
+    fit_network,
+    outlook,
+    persistent_late_rank,
+    scaled,
+)
 from stragglar.synth import ALGORITHMS, synthesize
 from stragglar.verify import Proof, prove
 
@@ -68,16 +67,16 @@ class StragglarState:
     with it only when the rank expected last (``straggler`` if given) is expected later than the
     critical delay for the bucket's size, and with the engine's all_reduce (on DDP's group, as
     DDP's default hook) otherwise.  The cost model is priced on ``network`` (a
-    :class:`~stragglar.cost.Network`) for both; None: on the engine's all_reduce timings, with
+    :class:`~stragglar.model.Network`) for both; None: on the engine's all_reduce timings, with
     StragglAR's own timings, once it has run, saying how much dearer its rounds are
-    (:mod:`stragglar.ddp.policy`).  ``detect=W``: under "stragglar", find the straggler over
+    (:mod:`stragglar.model.policy`).  ``detect=W``: under "stragglar", find the straggler over
     windows of W steps (rank last in ``share`` of them); under "auto", the number of steps whose
     median lateness is judged (default 4).  Both need the world group.  ``asynchronous``
     (default): the hook returns at once and two worker threads (on CUDA, two side streams) run
     StragglAR's rounds, the first those the late rank takes no part in, for every bucket as soon
     as it is ready (:mod:`stragglar.ddp.worker`); False runs them in the hook.
     ``chunks``: StragglAR's chunk count, C >= N-1 (None: the paper's N-1), or "auto": per bucket,
-    the count the cost model prices fastest for its size (:func:`~stragglar.ddp.policy.chunk_count`),
+    the count the cost model prices fastest for its size (:func:`~stragglar.model.policy.chunk_count`),
     on the policy's networks under "auto" (with the expected lateness), on ``network`` under
     "stragglar" (with ``straggler_delay``), which then must be given.
     ``straggler_delay`` makes the straggler late on purpose inside each reduction, for experiments
@@ -89,7 +88,7 @@ class StragglarState:
     whose choice differs from the one before (algorithm "stragglar" or "allreduce", straggler and
     chunks None with the latter; chunks None also for the paper's N-1).  Steps count from 1.
     ``outlook``: under "auto", the figures this step's choices were made from
-    (:class:`~stragglar.ddp.policy.Outlook`: the rank expected last, its expected lateness, the
+    (:class:`~stragglar.model.policy.Outlook`: the rank expected last, its expected lateness, the
     fitted networks), None until a window of steps has been seen.
 
     Arguments are checked here, in these terms: ``straggler=1.5`` or ``True`` is an
@@ -138,7 +137,7 @@ class StragglarState:
             raise InputError(f"StragglarState.share must be in (0, 1], got {self.share!r}")
         if self.network is not None and not isinstance(self.network, Network):
             raise ArgumentError(
-                f"StragglarState.network must be a stragglar.cost.Network, got {self.network!r}"
+                f"StragglarState.network must be a stragglar.model.Network, got {self.network!r}"
             )
         if not isinstance(self.asynchronous, bool):
             raise ArgumentError(
@@ -165,7 +164,7 @@ class StragglarState:
         elif self.policy != "auto" and self.network is None:
             raise InputError(
                 "StragglarState.chunks='auto' prices chunk counts on a network: give network= "
-                "(a stragglar.cost.Network) or use policy='auto', which fits one"
+                "(a stragglar.model.Network) or use policy='auto', which fits one"
             )
 
     def late_rank(self, world_size: int) -> int | None:

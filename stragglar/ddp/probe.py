@@ -1,12 +1,12 @@
 """Which rank arrives last at each step, by how much, and what the engine's all_reduce costs.
 
 One tiny all_gather per step, on a gloo group of its own, carries every rank's figures to every
-rank, so all decide from the same numbers (:mod:`stragglar.ddp.policy`).  A rank's row is
+rank, so all decide from the same numbers (:mod:`stragglar.model.policy`).  A rank's row is
 ``[valid, wait, kind_1, bytes_1, chunks_1, seconds_1, ..., kind_K, bytes_K, chunks_K, seconds_K]``:
 how long it waited at the previous step's gather for the last rank, and how long it took to
 reduce the previous step's buckets (the first :data:`SLOTS` of them), each with the algorithm
 that reduced it (``kind``: an index in :data:`KINDS`, 0 for an empty slot) and its chunk count
-(:data:`~stragglar.ddp.policy.Timing`).
+(:data:`~stragglar.model.policy.Timing`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from stragglar.ddp.policy import ALLREDUCE, STRAGGLAR, Timing, latenesses
+from stragglar.model.policy import ALLREDUCE, STRAGGLAR, Timing, latenesses
 
 __all__ = ["KINDS", "SLOTS", "LateRankProbe", "Stopwatch", "decode", "encode"]
 

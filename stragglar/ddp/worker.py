@@ -47,8 +47,8 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from stragglar.ddp.policy import STRAGGLAR
 from stragglar.ddp.probe import Stopwatch
+from stragglar.model.policy import STRAGGLAR
 from stragglar.runtime import allreduce, rounds_without
 from stragglar.verify import Proof
 

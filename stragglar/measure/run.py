@@ -22,8 +22,8 @@ from stragglar.args import as_int, as_rank, as_seconds
 from stragglar.errors import InputError
 from stragglar.measure.data import ITEMSIZE, check, expected, payload
 from stragglar.measure.links import check_link_rate, paced_to
-from stragglar.measure.predict import schedule_name
 from stragglar.measure.timing import Figures, Series, iteration_figures, turn
+from stragglar.model import schedule_name
 from stragglar.runtime import plan_for
 from stragglar.runtime.engine import DTYPES
 from stragglar.runtime.local import run_local
@@ -42,7 +42,7 @@ MAX_ITERS = 10_000  # timed iterations per run, and warm-up ones: a bound, so a 
 class Variant:
     """One schedule's per-iteration seconds in a run (slowest rank, from the common start to its
     last round); ``hidden``: when the punctual ranks had finished the phases without the
-    straggler.  ``name`` is :func:`~stragglar.measure.predict.schedule_name`'s."""
+    straggler.  ``name`` is :func:`~stragglar.model.predict.schedule_name`'s."""
 
     name: str
     chunks: int

@@ -21,8 +21,8 @@ from stragglar.measure import launch as launcher
 from stragglar.measure.data import check, expected, payload
 from stragglar.measure.launch import heartbeat, launch
 from stragglar.measure.links import pace_links
-from stragglar.measure.predict import schedule_name
 from stragglar.measure.timing import Figures, Series, iteration_figures, turn
+from stragglar.model import schedule_name
 from stragglar.runtime import RankError, allreduce
 from stragglar.runtime.engine import Timeline, classify, first_line
 from stragglar.verify import Proof

@@ -15,7 +15,7 @@ iteration.
 The model column: when the baseline is a ring AllReduce (gloo's, on the torch backend), a Ring
 alpha-beta model ``T = 2(N-1) alpha + 2(N-1)/N * size / bandwidth`` is fitted per N by least
 squares to the baseline's delay-0 medians over the sizes measured (two sizes determine it), and
-the same network prices both schedules at each setting (:mod:`stragglar.measure.predict`).
+the same network prices both schedules at each setting (:mod:`stragglar.model.predict`).
 """
 
 from __future__ import annotations
@@ -29,11 +29,10 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from stragglar.cost import Network
 from stragglar.errors import InputError
 from stragglar.measure.links import paced_to
-from stragglar.measure.predict import compare_generated, generated_profile
 from stragglar.measure.run import BenchmarkResult, run_benchmark
+from stragglar.model import Network, compare_generated, generated_profile
 from stragglar.units import format_bytes
 
 __all__ = ["ChunkPolicy", "Chunked", "Setting", "SweepResult", "fit_line", "fit_ring", "machine", "sweep"]

@@ -10,9 +10,9 @@ Rank ``r``'s lateness at that step is how much later it arrived than the latest 
 it were the straggler), negative for the others.  Its *expected* lateness is the median over a
 full window of recent steps, so one slow step (a page fault, a collection) decides nothing.
 
-*Critical delay.*  The cost model (:mod:`stragglar.cost`) says above which delay StragglAR beats
-a Ring AllReduce of the same bucket by :data:`MARGIN` at least; below it the engine's all_reduce
-is used.  The margin keeps noise in the fits from switching algorithms back and forth.
+*Critical delay.*  The cost model (:mod:`stragglar.model.cost`) says above which delay StragglAR
+beats a Ring AllReduce of the same bucket by :data:`MARGIN` at least; below it the engine's
+all_reduce is used.  The margin keeps noise in the fits from switching algorithms back and forth.
 
 *Networks.*  The model prices both algorithms with alpha and bandwidth, fitted
 (:func:`fit_network`) to the engine's all_reduce times of whole buckets, each the fastest rank's
@@ -41,12 +41,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from stragglar.cost import Network, critical_delay, estimate
-from stragglar.errors import InputError
-from stragglar.measure.predict import best_chunks, generated_profile
+from stragglar.model.chunks import AUTO, resolve_chunks
+from stragglar.model.cost import Network, critical_delay, estimate
+from stragglar.model.predict import generated_profile
 
 __all__ = [
-    "AUTO",
     "Choice",
     "Outlook",
     "Timing",
@@ -64,7 +63,6 @@ __all__ = [
 
 STRAGGLAR = "stragglar"
 ALLREDUCE = "allreduce"
-AUTO = "auto"  # chunks: the cost model's choice per bucket
 RUNS = 3  # timings of one size before the fits trust it
 MARGIN = 0.05  # the share of a Ring's exposed time StragglAR must be expected to save
 
@@ -158,7 +156,7 @@ def chunk_count(
 ) -> int | None:
     """The chunks a bucket of ``size_bytes`` is cut into: ``chunks`` itself, or for "auto" the
     cost model's fastest on ``network`` with the straggler ``delay`` seconds late
-    (:func:`~stragglar.measure.predict.best_chunks`); None for the paper's N-1.  A network with
+    (:func:`~stragglar.model.chunks.resolve_chunks`); None for the paper's N-1.  A network with
     alpha 0 (:func:`fit_network`'s when its sizes cannot separate alpha from bandwidth) keeps
     the paper's N-1: it does not know what a round costs, and would price thousands of chunks free.
 
@@ -170,16 +168,9 @@ def chunk_count(
     >>> chunk_count(8, 2**30, 5e-3, Network(0.0, 1e9), "auto") is None  # no alpha known
     True
     """
-    if chunks is None:
+    if chunks == AUTO and network is not None and network.alpha <= 0:
         return None
-    if chunks != AUTO:
-        count = int(chunks)
-    elif network is None:
-        raise InputError("chunks='auto' prices chunk counts on a network, and none is known")
-    elif network.alpha <= 0:
-        return None
-    else:
-        count = best_chunks(num_ranks, size_bytes, max(delay, 0.0), network)
+    count = resolve_chunks(chunks, num_ranks, size_bytes, delay, network)
     return None if count == num_ranks - 1 else count
 
 

@@ -1,13 +1,13 @@
-"""What the cost model predicts for the schedules this package generates, and the chunk count
-it recommends.
+"""How many chunks to cut a buffer into: the cost model's choice, and the one reading of a chunk
+option that every caller shares.
 
-:mod:`stragglar.cost` prices any schedule; this module feeds it the generated ones (cached: a
-sweep or a plot asks for the same N again and again), so that ``stragglar cost``, the plots and
-the measured sweeps compare like with like.
+Phase 2 of StragglAR in ``C`` chunks takes ``C + ceil(log2 N) - 1`` rounds of ``s / C`` bytes:
+more chunks shorten its bandwidth term towards one buffer, fewer save rounds where each round is
+dear.  :func:`best_chunks` prices a few candidate counts (:func:`chunk_candidates`) on their
+generated schedules and keeps the fastest; :func:`resolve_chunks` reads a chunk option
+(a count, :data:`AUTO` or None), the same way for the command line and the DDP policy.
 
->>> c = compare_generated(8, 2**30, delay=0.01)
->>> [e.algorithm for e in c.estimates], round(c.speedup("stragglar"), 2)
-(['stragglar', 'ring', 'rhd', 'direct'], 1.36)
+>>> from stragglar.model.predict import compare_generated
 >>> best = best_chunks(8, 2**30, 0.01)
 >>> best, round(compare_generated(8, 2**30, 0.01, chunks=best).speedup(f"stragglar C={best}"), 2)
 (38, 1.6)
@@ -15,78 +15,29 @@ the measured sweeps compare like with like.
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from collections.abc import Sequence
-from functools import lru_cache
 
-from stragglar.cost import PAPER_NETWORK, Comparison, Network, Profile, compare, estimate, profile
 from stragglar.errors import InputError
-from stragglar.schedule import MAX_CELLS, MAX_CHUNKS, Schedule
-from stragglar.synth import ALGORITHMS, synthesize
+from stragglar.model.cost import PAPER_NETWORK, Network, estimate
+from stragglar.model.predict import generated_profile
+from stragglar.schedule import MAX_CELLS, MAX_CHUNKS
 
 __all__ = [
+    "AUTO",
     "MAX_AUTO_CHUNKS",
     "MIN_CHUNK_BYTES",
     "best_chunks",
     "chunk_candidates",
-    "compare_generated",
-    "generated_profile",
-    "schedule_name",
+    "resolve_chunks",
 ]
 
+AUTO = "auto"  # a chunk option meaning: the count the cost model prices fastest
 # A chunk smaller than this is all latency: no candidate cuts a buffer finer.
 MIN_CHUNK_BYTES = 4096
 # No candidate has more chunks (or N - 1, if more): phase 2's bandwidth term (C + L - 1) / C of a
 # buffer is then within 0.25% of one buffer for every N up to 1024 (L - 1 <= 9), while the cost of
 # synthesizing, proving and running a schedule grows with C.
 MAX_AUTO_CHUNKS = 4096
-
-
-def schedule_name(schedule: Schedule) -> str:
-    """``stragglar C=38`` for a straggler-aware schedule in other than the paper's N-1 chunks, else
-    the algorithm: the name the model's estimates and the measured runs both give it.
-
-    >>> from stragglar.synth import synthesize
-    >>> schedule_name(synthesize("stragglar", 4, chunks=9)), schedule_name(synthesize("stragglar", 4))
-    ('stragglar C=9', 'stragglar')
-    """
-    paper = schedule.straggler is None or schedule.num_chunks == schedule.num_ranks - 1
-    return schedule.algorithm if paper else f"{schedule.algorithm} C={schedule.num_chunks}"
-
-
-@lru_cache(maxsize=256)
-def generated_profile(algorithm: str, num_ranks: int, chunks: int | None = None) -> Profile:
-    """The profile of ``algorithm``'s generated schedule for ``num_ranks`` ranks (and ``chunks``
-    chunks, StragglAR only), named by :func:`schedule_name`."""
-    schedule = synthesize(algorithm, num_ranks, chunks=chunks)
-    return dataclasses.replace(profile(schedule), algorithm=schedule_name(schedule))
-
-
-def compare_generated(
-    num_ranks: int,
-    size_bytes: float,
-    delay: float,
-    network: Network = PAPER_NETWORK,
-    algorithms: Sequence[str] = ALGORITHMS,
-    chunks: int | None = None,
-) -> Comparison:
-    """Estimate each of ``algorithms`` (Ring is always added) on its generated schedule.
-
-    RHD is left out when ``num_ranks`` is not a power of two, as it has no schedule there.  With
-    ``chunks`` (other than the paper's N-1) StragglAR in that many chunks is added first, as
-    ``stragglar C=<chunks>``, beside the paper's.
-    """
-    unknown = set(algorithms) - set(ALGORITHMS)
-    if unknown:
-        raise InputError(f"unknown algorithm {sorted(unknown)[0]!r} (choose from {', '.join(ALGORITHMS)})")
-    wanted = {"ring", *algorithms}
-    if num_ranks & (num_ranks - 1):
-        wanted.discard("rhd")
-    profiles = [generated_profile(a, num_ranks) for a in ALGORITHMS if a in wanted]
-    if chunks is not None and chunks != num_ranks - 1:
-        profiles.insert(0, generated_profile("stragglar", num_ranks, chunks))
-    return compare(profiles, size_bytes, delay, network)
 
 
 def chunk_candidates(
@@ -156,3 +107,32 @@ def best_chunks(
         for c in chunk_candidates(n, size_bytes, network, power_of_two=power_of_two)
     ]
     return min(priced)[1]
+
+
+def resolve_chunks(
+    chunks: int | str | None,
+    num_ranks: int,
+    size_bytes: float,
+    delay: float,
+    network: Network | None,
+    *,
+    power_of_two: bool = False,
+) -> int | None:
+    """A chunk option as a count: None stays None (the paper's N-1), a count is itself, and
+    :data:`AUTO` is :func:`best_chunks`' for a buffer of ``size_bytes`` with the straggler
+    ``delay`` seconds late (a negative lateness, a rank early, prices as none) on ``network``.
+
+    >>> resolve_chunks(AUTO, 8, 2**30, 0.005, PAPER_NETWORK), resolve_chunks(14, 8, 2**30, 0.0, None)
+    (38, 14)
+    >>> resolve_chunks(AUTO, 8, 2**30, 0.005, None)
+    Traceback (most recent call last):
+    ...
+    stragglar.errors.InputError: chunks='auto' prices chunk counts on a network, and none is known
+    """
+    if chunks is None:
+        return None
+    if chunks != AUTO:
+        return int(chunks)
+    if network is None:
+        raise InputError("chunks='auto' prices chunk counts on a network, and none is known")
+    return best_chunks(num_ranks, size_bytes, max(delay, 0.0), network, power_of_two=power_of_two)

@@ -2,7 +2,7 @@
 
 Closed formulas describe an algorithm's ideal; pricing a schedule round by round prices what is
 actually shipped, non-power-of-two and odd N included, and any schedule file.  This module only
-consumes schedules (:func:`profile`); :mod:`stragglar.measure.predict` prices the ones this
+consumes schedules (:func:`profile`); :mod:`stragglar.model.predict` prices the ones this
 package generates.
 
 The model:

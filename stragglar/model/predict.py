@@ -1,0 +1,69 @@
+"""What the cost model predicts for the schedules this package generates.
+
+:mod:`stragglar.model.cost` prices any schedule; this module feeds it the generated ones (cached:
+a sweep, a plot or a DDP hook asks for the same N again and again), so that ``stragglar cost``,
+the plots, the measured sweeps and the DDP policy compare like with like.
+
+>>> c = compare_generated(8, 2**30, delay=0.01)
+>>> [e.algorithm for e in c.estimates], round(c.speedup("stragglar"), 2)
+(['stragglar', 'ring', 'rhd', 'direct'], 1.36)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from functools import lru_cache
+
+from stragglar.errors import InputError
+from stragglar.model.cost import PAPER_NETWORK, Comparison, Network, Profile, compare, profile
+from stragglar.schedule import Schedule
+from stragglar.synth import ALGORITHMS, synthesize
+
+__all__ = ["compare_generated", "generated_profile", "schedule_name"]
+
+
+def schedule_name(schedule: Schedule) -> str:
+    """``stragglar C=38`` for a straggler-aware schedule in other than the paper's N-1 chunks, else
+    the algorithm: the name the model's estimates and the measured runs both give it.
+
+    >>> from stragglar.synth import synthesize
+    >>> schedule_name(synthesize("stragglar", 4, chunks=9)), schedule_name(synthesize("stragglar", 4))
+    ('stragglar C=9', 'stragglar')
+    """
+    paper = schedule.straggler is None or schedule.num_chunks == schedule.num_ranks - 1
+    return schedule.algorithm if paper else f"{schedule.algorithm} C={schedule.num_chunks}"
+
+
+@lru_cache(maxsize=256)
+def generated_profile(algorithm: str, num_ranks: int, chunks: int | None = None) -> Profile:
+    """The profile of ``algorithm``'s generated schedule for ``num_ranks`` ranks (and ``chunks``
+    chunks, StragglAR only), named by :func:`schedule_name`."""
+    schedule = synthesize(algorithm, num_ranks, chunks=chunks)
+    return dataclasses.replace(profile(schedule), algorithm=schedule_name(schedule))
+
+
+def compare_generated(
+    num_ranks: int,
+    size_bytes: float,
+    delay: float,
+    network: Network = PAPER_NETWORK,
+    algorithms: Sequence[str] = ALGORITHMS,
+    chunks: int | None = None,
+) -> Comparison:
+    """Estimate each of ``algorithms`` (Ring is always added) on its generated schedule.
+
+    RHD is left out when ``num_ranks`` is not a power of two, as it has no schedule there.  With
+    ``chunks`` (other than the paper's N-1) StragglAR in that many chunks is added first, as
+    ``stragglar C=<chunks>``, beside the paper's.
+    """
+    unknown = set(algorithms) - set(ALGORITHMS)
+    if unknown:
+        raise InputError(f"unknown algorithm {sorted(unknown)[0]!r} (choose from {', '.join(ALGORITHMS)})")
+    wanted = {"ring", *algorithms}
+    if num_ranks & (num_ranks - 1):
+        wanted.discard("rhd")
+    profiles = [generated_profile(a, num_ranks) for a in ALGORITHMS if a in wanted]
+    if chunks is not None and chunks != num_ranks - 1:
+        profiles.insert(0, generated_profile("stragglar", num_ranks, chunks))
+    return compare(profiles, size_bytes, delay, network)
