@@ -19,6 +19,7 @@ from stragglar.errors import ArgumentError, InputError
 from stragglar.model import Network, best_chunks, generated_profile
 from stragglar.model.policy import (
     RUNS,
+    AutoPolicy,
     Choice,
     Outlook,
     choose,
@@ -145,6 +146,25 @@ def test_stragglar_is_priced_by_its_measured_cost_ratio_whatever_the_load() -> N
         assert choose("stragglar", 4, size, slow) == Choice("allreduce")  # 1.6x the model: never pays
         assert choose("stragglar", 4, size, Outlook(1, 1.0, ring_now, ring_now)) == Choice("stragglar", 1)
     assert cost_ratio("stragglar", 4, [(size, 0, modelled)] * (RUNS - 1), ring_then) is None
+
+
+def test_the_auto_policy_takes_a_new_ratio_only_when_a_new_stragglar_timing_arrives() -> None:
+    step = [(-0.01, 0.02, -0.02, -0.03)]  # rank 1 late
+    ring = [(4 * 10**6, 0, 6e-3)] * RUNS  # N = 4 at 1 GB/s, alpha 0: exactly the model's price
+    slow = [(3 * 10**6, 0, 8e-3)] * RUNS  # StragglAR at twice the model's 4 ms
+    policy = AutoPolicy("stragglar")
+    first = policy.judge(4, step, 1, None, {"allreduce": ring, "stragglar": slow})
+    assert first is not None and first.ring == Network(0.0, 1e9)
+    assert policy.ratio == 2.0 and policy.priced == slow[-1] and first.ours == scaled(first.ring, 2.0)
+    # the Ring gets twice as fast, StragglAR's last timing is the one already taken: the ratio stays
+    fast = [(4 * 10**6, 0, 3e-3)] * RUNS
+    second = policy.judge(4, step, 1, None, {"allreduce": fast, "stragglar": slow})
+    assert second is not None and second.ring == Network(0.0, 2e9) and second.ours == scaled(second.ring, 2.0)
+    assert policy.judge(4, [], 1, None, {"allreduce": fast, "stragglar": slow}) is None  # no full window
+    given = AutoPolicy("stragglar", Network(1e-4, 1e9))
+    third = given.judge(4, step, 1, 3, {"allreduce": fast, "stragglar": slow})
+    assert third is not None and third.ring == third.ours == Network(1e-4, 1e9)
+    assert third.candidate == 3 and given.ratio == 1.0
 
 
 def test_probe_rows_carry_waits_and_the_fastest_ranks_timings() -> None:

@@ -27,16 +27,12 @@ from stragglar.model import AUTO, Network
 from stragglar.model.policy import (
     ALLREDUCE,
     STRAGGLAR,
+    AutoPolicy,
     Choice,
     Outlook,
-    Timing,
     choose,
     chunk_count,
-    cost_ratio,
-    fit_network,
-    outlook,
     persistent_late_rank,
-    scaled,
 )
 from stragglar.synth import ALGORITHMS, synthesize
 from stragglar.verify import Proof, prove
@@ -114,8 +110,7 @@ class StragglarState:
     _last: Choice | None = field(default=None, init=False, repr=False)
     _comm: _Comm | None = field(default=None, init=False, repr=False)
     _engine_watch: Watch | None = field(default=None, init=False, repr=False)
-    _ratio: float = field(default=1.0, init=False, repr=False)  # StragglAR's measured / modelled
-    _priced: Timing | None = field(default=None, init=False, repr=False)  # its last timing used
+    _auto: AutoPolicy = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.algorithm, str) or self.algorithm not in ALGORITHMS:
@@ -144,6 +139,7 @@ class StragglarState:
                 f"StragglarState.asynchronous must be True or False, got {self.asynchronous!r}"
             )
         self._check_chunks()
+        self._auto = AutoPolicy(self.algorithm, self.network)
         if self.policy == "auto" and self.straggler_delay:
             raise InputError(
                 "StragglarState.straggler_delay is for experiments with policy='stragglar': the auto "
@@ -205,7 +201,11 @@ class StragglarState:
         arrived = self.probe.step()
         if auto:
             if arrived:
-                self.outlook = self._judge(world_size, self.probe)
+                window = self.probe.late.maxlen or AUTO_WINDOW
+                fixed = self.late_rank(world_size)
+                self.outlook = self._auto.judge(
+                    world_size, self.probe.late, window, fixed, self.probe.samples
+                )
             return
         late = persistent_late_rank(self.probe.history, self.detect, self.share)
         current = self.straggler if self.straggler is not None else world_size - 1
@@ -213,20 +213,6 @@ class StragglarState:
             self.straggler = late
             self.switches.append((self.steps, late))
             self.probe.late.clear()  # a new full window before the next change
-
-    def _judge(self, world_size: int, probe: LateRankProbe) -> Outlook | None:
-        """The auto policy's figures for this step: who is late, by how much, at what prices.
-
-        A ``network`` given is taken for both algorithms; a fitted one prices StragglAR by its
-        cost ratio, taken when its timings arrive, against the Ring's network of that step."""
-        ours = probe.samples[STRAGGLAR]
-        ring = self.network or fit_network("ring", world_size, probe.samples[ALLREDUCE])
-        if self.network is None and ring is not None and ours and ours[-1] != self._priced:
-            self._priced = ours[-1]
-            self._ratio = cost_ratio(self.algorithm, world_size, ours, ring) or self._ratio
-        mine = None if ring is None else ring if self.network else scaled(ring, self._ratio)
-        window = probe.late.maxlen or AUTO_WINDOW
-        return outlook(probe.late, window, self.late_rank(world_size), ring, mine)
 
     def choose(self, world_size: int, size_bytes: int) -> Choice:
         """How to reduce a bucket of ``size_bytes`` at this step (recorded in ``decisions``)."""

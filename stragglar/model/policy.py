@@ -37,7 +37,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -46,6 +46,7 @@ from stragglar.model.cost import Network, critical_delay, estimate
 from stragglar.model.predict import generated_profile
 
 __all__ = [
+    "AutoPolicy",
     "Choice",
     "Outlook",
     "Timing",
@@ -149,6 +150,50 @@ def outlook(
     expected = [statistics.median(column) for column in zip(*recent, strict=True)]
     candidate = fixed if fixed is not None else max(range(len(expected)), key=expected.__getitem__)
     return Outlook(candidate, expected[candidate], ring, ours)
+
+
+@dataclass
+class AutoPolicy:
+    """The auto policy's memory from step to step: what StragglAR's rounds cost against the model.
+
+    The one stateful part of the decisions, kept beside the pure ones so that every caller (the
+    DDP hook each step, a replay of a recorded trace) judges with the same code.  A ``network``
+    given prices both algorithms; without one, the Ring's is fitted to the engine's timings each
+    step, and StragglAR's is that network scaled by its :func:`cost_ratio`, taken anew only when a
+    new StragglAR timing has arrived (``priced``: the last one taken).
+    """
+
+    algorithm: str
+    network: Network | None = None
+    ratio: float = 1.0
+    priced: Timing | None = None
+
+    def judge(
+        self,
+        num_ranks: int,
+        late: Sequence[Sequence[float]],
+        window: int,
+        fixed: int | None,
+        samples: Mapping[str, Sequence[Timing]],
+    ) -> Outlook | None:
+        """The step's :class:`Outlook` from the latenesses of recent steps (``late``, one row per
+        step) and the gathered ``samples`` of each algorithm; None until a full ``window``.
+
+        >>> net = Network(0.0, 1e9)  # N = 4: a Ring exposes 6 rounds of a quarter, StragglAR 4 of a third
+        >>> ring = [(4 * 10**6, 0, 6e-3)] * RUNS  # exactly the model's price on net
+        >>> ours = [(3 * 10**6, 0, 8e-3)] * RUNS  # twice the model's 4 ms
+        >>> policy, step = AutoPolicy("stragglar"), [(-0.01, 0.02, -0.02, -0.03)]
+        >>> o = policy.judge(4, step, 1, None, {"allreduce": ring, "stragglar": ours})
+        >>> o.candidate, o.ring == net, o.ours == scaled(net, 2.0), policy.ratio
+        (1, True, True, 2.0)
+        """
+        ours = samples[STRAGGLAR]
+        ring = self.network or fit_network("ring", num_ranks, samples[ALLREDUCE])
+        if self.network is None and ring is not None and ours and ours[-1] != self.priced:
+            self.priced = ours[-1]
+            self.ratio = cost_ratio(self.algorithm, num_ranks, ours, ring) or self.ratio
+        mine = None if ring is None else ring if self.network else scaled(ring, self.ratio)
+        return outlook(late, window, fixed, ring, mine)
 
 
 def chunk_count(
