@@ -40,6 +40,7 @@ from stragglar.args import as_int
 from stragglar.errors import InputError
 
 __all__ = [
+    "ALGORITHMS",
     "MAX_CELLS",
     "MAX_CHUNKS",
     "MAX_RANKS",
@@ -63,6 +64,11 @@ __all__ = [
 MAX_RANKS = 2048
 MAX_CHUNKS = 65536
 MAX_CELLS = 2**22  # ranks x chunks: N = 2048 with 2047 chunks, or N = 1024 with 4096
+
+# The algorithms stragglar generates (``stragglar.synth`` has one generator per name), in a fixed
+# order: the runtime's header numbers a schedule's algorithm by its place here, so ranks compare
+# numbers, and naming them here lets it do so without importing the generators.
+ALGORITHMS = ("stragglar", "ring", "rhd", "direct")
 
 
 class Op(str, enum.Enum):

@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 from stragglar.errors import InputError
 from stragglar.runtime.engine import DTYPES
-from stragglar.synth import ALGORITHMS
+from stragglar.schedule import ALGORITHMS
 from stragglar.verify import Proof
 
 __all__ = ["MAGIC", "CheckedHeaders", "Header", "MismatchError", "make_header", "mismatch", "rank_list"]
