@@ -38,7 +38,7 @@ from stragglar.ddp.worker import (
     dedicated_group,
 )
 from stragglar.errors import ArgumentError, InputError
-from stragglar.measure.launch import heartbeat
+from stragglar.runtime.heartbeat import heartbeat
 from stragglar.synth import ALGORITHMS, synthesize
 from stragglar.verify import Proof, prove
 

@@ -4,7 +4,7 @@ One launch of the ranks runs every schedule asked for and gloo's all_reduce in e
 in a rotating order.  Each iteration the late rank sleeps ``delay`` before every schedule and
 before gloo's all_reduce alike.  Every wait for a peer is bounded by ``timeout`` plus that delay
 (a deliberately late peer is not a silent one); the run as a whole is not, as long as every rank
-keeps reporting progress (:func:`~stragglar.measure.launch.heartbeat` after every step).
+keeps reporting progress (:func:`~stragglar.runtime.heartbeat.heartbeat` after every step).
 """
 
 from __future__ import annotations
@@ -19,12 +19,13 @@ import torch.distributed as dist
 
 from stragglar.measure import launch as launcher
 from stragglar.measure.data import check, expected, payload
-from stragglar.measure.launch import heartbeat, launch
+from stragglar.measure.launch import launch
 from stragglar.measure.links import pace_links
 from stragglar.measure.predict import schedule_name
 from stragglar.measure.timing import Figures, Series, iteration_figures, turn
 from stragglar.runtime import RankError, allreduce
 from stragglar.runtime.engine import Timeline, classify, first_line
+from stragglar.runtime.heartbeat import heartbeat
 from stragglar.verify import Proof
 
 __all__ = ["torch_figures"]
