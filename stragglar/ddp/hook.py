@@ -209,11 +209,15 @@ class StragglarState:
                 self.outlook = self._judge(world_size, self.probe)
             return
         late = persistent_late_rank(self.probe.history, self.detect, self.share)
-        current = self.straggler if self.straggler is not None else world_size - 1
-        if late is not None and late != current:
+        if late is not None and late != self._expected_late_rank(world_size):
             self.straggler = late
             self.switches.append((self.steps, late))
             self.probe.late.clear()  # a new full window before the next change
+
+    def _expected_late_rank(self, world_size: int) -> int:
+        """The rank the reductions now take for the late one: the straggler, else the schedule's
+        late rank (:attr:`~stragglar.schedule.Schedule.late_rank`)."""
+        return self.straggler if self.straggler is not None else self.proof(world_size).schedule.late_rank
 
     def _judge(self, world_size: int, probe: LateRankProbe) -> Outlook | None:
         """The auto policy's figures for this step: who is late, by how much, at what prices.

@@ -184,11 +184,12 @@ def run_benchmark(
     sequence) times the baseline alone.  ``delay`` is in seconds: how late the late rank arrives,
     for every schedule and the baseline alike.  The late rank is ``straggler`` if given (for a
     straggler-aware algorithm also the schedule's straggler), else the first schedule's
-    straggler, else the last rank: a schedule without a straggler (Ring, RHD) waits for it exactly
-    as the baseline does.  ``timeout`` bounds each wait for a silent peer (plus ``delay`` where the
-    wait includes the late rank's delay), not the run.  ``link_rate`` (torch backend only, bytes
-    per second) paces every rank's sockets to it: each rank gets a link of its own, as the cost
-    model assumes, instead of the host's shared loopback (:mod:`stragglar.measure.links`).  Raises
+    (:attr:`~stragglar.schedule.Schedule.late_rank`: its straggler, else the last rank): a
+    schedule without a straggler (Ring, RHD) waits for it exactly as the baseline does.
+    ``timeout`` bounds each wait for a silent peer (plus ``delay`` where the wait includes the
+    late rank's delay), not the run.  ``link_rate`` (torch backend only, bytes per second) paces
+    every rank's sockets to it: each rank gets a link of its own, as the cost model assumes,
+    instead of the host's shared loopback (:mod:`stragglar.measure.links`).  Raises
     :class:`~stragglar.errors.InputError` for a bad request,
     :class:`~stragglar.measure.data.WrongResult` for a wrong result, and
     :class:`~stragglar.measure.launch.LaunchError` when a rank fails.
@@ -228,9 +229,8 @@ def run_benchmark(
     for p in proofs:
         if require_proof(p).num_ranks != num_ranks:
             raise InputError(f"schedule is for {p.num_ranks} ranks, not {num_ranks}")
-    if late is None:
-        first = proofs[0].schedule.straggler if proofs else None
-        late = first if first is not None else num_ranks - 1
+    if late is None:  # the baseline alone waits for the last rank, as a schedule without a straggler
+        late = proofs[0].schedule.late_rank if proofs else num_ranks - 1
     count, extra = divmod(size_bytes, ITEMSIZE[dtype])
     if count < 1:
         raise InputError(f"need size >= one element: {size_bytes} bytes hold no {dtype} element")

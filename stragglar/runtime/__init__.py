@@ -32,6 +32,7 @@ from stragglar.runtime.engine import (
     dtype_name,
     flat_view,
     in_place_refusal,
+    late_rank_for,
     run_rank,
 )
 from stragglar.runtime.header import CheckedHeaders, Header, MismatchError, make_header, mismatch
@@ -107,7 +108,7 @@ def rounds_without(proof: Proof, late_rank: int | None = None) -> int:
     (2, 0, 6)
     """
     require_proof(proof)
-    program = _compiled(proof)[_late(proof, late_rank, proof.num_ranks)]
+    program = _compiled(proof)[late_rank_for(proof.schedule, late_rank)]
     return program.steps[0].round if program.steps else proof.num_rounds
 
 
@@ -136,7 +137,7 @@ def allreduce_local(
     """
     require_proof(proof)
     delay = as_seconds(straggler_delay, "straggler_delay")
-    late = None if late_rank is None else as_rank(late_rank, "late_rank", proof.num_ranks)
+    late = late_rank_for(proof.schedule, late_rank)
     count = int(flat_view(buffers[0]).shape[0]) if buffers else 0
     plans = [plan_for(proof, r, count) for r in range(proof.num_ranks)]
     return run_local(buffers, plans, delay, late=late)
@@ -191,7 +192,7 @@ def allreduce(
 
         group = group.resolved()
         rank, size = group.comm.rank_id(), group.comm.size()
-        late = _late(proof, late_rank, size)
+        late = late_rank_for(proof.schedule, late_rank, size)
         with group.stream:
             flat, header, problem = _inspect(
                 data, proof, tag, late, part, lambda dtype: nccl_dtype(group, dtype)
@@ -213,7 +214,7 @@ def allreduce(
         from stragglar.runtime.torch_dist import gather_headers as gather_torch
 
         rank, size = dist.get_rank(group), dist.get_world_size(group)
-        late = _late(proof, late_rank, size)
+        late = late_rank_for(proof.schedule, late_rank, size)
         flat, header, problem = _inspect(data, proof, tag, late, part)
         identity = group if group is not None else dist.group.WORLD
         if (identity, header) not in _checked:
@@ -229,14 +230,6 @@ def allreduce(
         f"cannot allreduce a {type(data).__name__} across processes: pass a torch tensor, or an array "
         "with an NcclGroup (allreduce_local takes one array per rank)"
     )
-
-
-def _late(proof: Proof, requested: Any, size: int) -> int:
-    """The late rank: ``requested`` (checked), else the schedule's straggler, else the last rank."""
-    if requested is not None:
-        return as_rank(requested, "late_rank", size)
-    straggler = proof.schedule.straggler
-    return straggler if straggler is not None else proof.num_ranks - 1
 
 
 def _plus(timeout: float | None, delay: float) -> float | None:

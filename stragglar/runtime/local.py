@@ -21,7 +21,7 @@ from stragglar.runtime.engine import (
     dtype_name,
     empty_like,
     flat_view,
-    late_rank,
+    late_rank_for,
     recv_view,
     send_view,
 )
@@ -40,7 +40,7 @@ def run_local(
     """AllReduce ``buffers`` (one per rank, in place) with one bound plan per rank.
 
     The late rank (``late``, default the schedule's straggler, else the last rank: see
-    :func:`~stragglar.runtime.engine.late_rank`) arrives ``straggler_delay`` seconds after the
+    :func:`~stragglar.runtime.engine.late_rank_for`) arrives ``straggler_delay`` seconds after the
     start, so every round from its first one on waits until then, as every rank would wait for it
     on a network; rounds before it run at once.  ``sync`` waits for queued device work
     (``cupy.cuda.Device().synchronize``) before the clock is read at the end.
@@ -58,7 +58,7 @@ def run_local(
         for step in p.steps:
             by_round.setdefault(step.round, {})[p.rank] = step
     program = plans[0].program
-    late = late_rank(program, late)
+    late = late_rank_for(program, late)
     late_steps = plans[late].program.steps
     joins = late_steps[0].round if late_steps else 0
     arrived: float | None = None
