@@ -174,17 +174,17 @@ class StragglarState:
             return None
         return as_rank(self.straggler, "StragglarState.straggler", world_size)
 
-    def proof(self, world_size: int, late: int | None = None, chunks: int | None = None) -> Proof:
-        """The proved schedule for ``world_size`` ranks, straggler ``late`` (None: the state's
+    def proof(self, world_size: int, late_rank: int | None = None, chunks: int | None = None) -> Proof:
+        """The proved schedule for ``world_size`` ranks, straggler ``late_rank`` (None: the state's
         straggler, checked against ``world_size``; None there too: the schedule's own) and
         ``chunks`` chunks (None: the algorithm's own)."""
-        if late is None:
-            late = self.late_rank(world_size)
-        key = (world_size, late, chunks)
+        if late_rank is None:
+            late_rank = self.late_rank(world_size)
+        key = (world_size, late_rank, chunks)
         if key not in self.proofs:
             schedule = synthesize(self.algorithm, world_size, chunks=chunks)
-            if late is not None and schedule.straggler is not None and late != schedule.straggler:
-                schedule = synthesize(self.algorithm, world_size, late, chunks=chunks)
+            if late_rank is not None and schedule.straggler is not None and late_rank != schedule.straggler:
+                schedule = synthesize(self.algorithm, world_size, late_rank, chunks=chunks)
             self.proofs[key] = prove(schedule)
         return self.proofs[key]
 
@@ -208,10 +208,10 @@ class StragglarState:
             if arrived:
                 self.outlook = self._judge(world_size, self.probe)
             return
-        late = persistent_late_rank(self.probe.history, self.detect, self.share)
-        if late is not None and late != self._expected_late_rank(world_size):
-            self.straggler = late
-            self.switches.append((self.steps, late))
+        late_rank = persistent_late_rank(self.probe.history, self.detect, self.share)
+        if late_rank is not None and late_rank != self._expected_late_rank(world_size):
+            self.straggler = late_rank
+            self.switches.append((self.steps, late_rank))
             self.probe.late.clear()  # a new full window before the next change
 
     def _expected_late_rank(self, world_size: int) -> int:
@@ -238,9 +238,9 @@ class StragglarState:
         if self.policy == "auto":
             choice = choose(self.algorithm, world_size, size_bytes, self.outlook, self.chunks)
         else:
-            late = self.late_rank(world_size)
+            late_rank = self.late_rank(world_size)
             chunks = chunk_count(world_size, size_bytes, self.straggler_delay, self.network, self.chunks)
-            straggler = late if late is not None else self.proof(world_size).schedule.straggler
+            straggler = late_rank if late_rank is not None else self.proof(world_size).schedule.straggler
             choice = Choice(STRAGGLAR, straggler, chunks)
         if choice != self._last:
             self._last = choice

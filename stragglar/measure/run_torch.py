@@ -40,7 +40,7 @@ def torch_figures(
     iters: int,
     warmup: int,
     timeout: float,
-    late: int,
+    late_rank: int,
     slack: float | None = None,
     link_rate: float | None = None,
 ) -> Figures:
@@ -51,7 +51,7 @@ def torch_figures(
     may go without reporting progress.  ``link_rate`` (bytes per second): every rank's sockets
     paced to it (:mod:`stragglar.measure.links`), links of their own as the cost model assumes."""
     want = expected(count, num_ranks, dtype)  # once, before the fork: the ranks share its pages
-    args = (proofs, count, dtype, want, delay, iters + warmup, timeout, late, link_rate)
+    args = (proofs, count, dtype, want, delay, iters + warmup, timeout, late_rank, link_rate)
     per_rank = launch(
         _rank, num_ranks, args, timeout=timeout + delay, slack=launcher.SLACK if slack is None else slack
     )
@@ -77,7 +77,7 @@ def _rank(
     delay: float,
     runs: int,
     timeout: float,
-    late: int,
+    late_rank: int,
     link_rate: float | None,
 ) -> tuple[list[list[Timeline]], list[float]]:
     torch.set_num_threads(1)  # n ranks share the host's cores
@@ -96,22 +96,22 @@ def _rank(
                 with _engine(rank, f"in the barrier before {what} in iteration {it}"):
                     dist.barrier()
                 timelines[entry].append(
-                    allreduce(buf, proofs[entry], straggler_delay=delay, timeout=timeout, late_rank=late)
+                    allreduce(buf, proofs[entry], straggler_delay=delay, timeout=timeout, late_rank=late_rank)
                 )
             else:
                 with _engine(rank, f"in the barrier before gloo's all_reduce of iteration {it}"):
                     dist.barrier()
-                baseline.append(_all_reduce(rank, buf, delay, late, it))
+                baseline.append(_all_reduce(rank, buf, delay, late_rank, it))
                 what = "all_reduce"
             heartbeat()
             check(buf, want, rank, what, _host)
     return timelines, baseline
 
 
-def _all_reduce(rank: int, buf: torch.Tensor, delay: float, late: int, it: int) -> float:
+def _all_reduce(rank: int, buf: torch.Tensor, delay: float, late_rank: int, it: int) -> float:
     """The baseline: gloo's all_reduce after the late rank's delay; this rank's seconds."""
     start = time.perf_counter()
-    if rank == late:
+    if rank == late_rank:
         time.sleep(delay)
     with _engine(rank, f"in gloo's all_reduce of iteration {it}"):
         dist.all_reduce(buf)

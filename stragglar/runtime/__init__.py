@@ -137,10 +137,10 @@ def allreduce_local(
     """
     require_proof(proof)
     delay = as_seconds(straggler_delay, "straggler_delay")
-    late = late_rank_for(proof.schedule, late_rank)
+    late_rank = late_rank_for(proof.schedule, late_rank)
     count = int(flat_view(buffers[0]).shape[0]) if buffers else 0
     plans = [plan_for(proof, r, count) for r in range(proof.num_ranks)]
-    return run_local(buffers, plans, delay, late=late)
+    return run_local(buffers, plans, delay, late_rank=late_rank)
 
 
 def allreduce(
@@ -192,10 +192,10 @@ def allreduce(
 
         group = group.resolved()
         rank, size = group.comm.rank_id(), group.comm.size()
-        late = late_rank_for(proof.schedule, late_rank, size)
+        late_rank = late_rank_for(proof.schedule, late_rank, size)
         with group.stream:
             flat, header, problem = _inspect(
-                data, proof, tag, late, part, lambda dtype: nccl_dtype(group, dtype)
+                data, proof, tag, late_rank, part, lambda dtype: nccl_dtype(group, dtype)
             )
             if (group.comm, header) not in _checked:
                 _agree(header, gather_nccl(group, flat if flat is not None else data, header, wait), size)
@@ -205,7 +205,7 @@ def allreduce(
                 raise problem
             plan = plan_for(proof, rank, int(flat.shape[0]), tag)
             transport = NcclTransport(plan, group, dtype_name(flat), _plus(wait, delay))
-            return run_rank(flat, plan, transport, delay, late, part)
+            return run_rank(flat, plan, transport, delay, late_rank, part)
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(data, torch.Tensor):
         import torch.distributed as dist
@@ -214,8 +214,8 @@ def allreduce(
         from stragglar.runtime.torch_dist import gather_headers as gather_torch
 
         rank, size = dist.get_rank(group), dist.get_world_size(group)
-        late = late_rank_for(proof.schedule, late_rank, size)
-        flat, header, problem = _inspect(data, proof, tag, late, part)
+        late_rank = late_rank_for(proof.schedule, late_rank, size)
+        flat, header, problem = _inspect(data, proof, tag, late_rank, part)
         identity = group if group is not None else dist.group.WORLD
         if (identity, header) not in _checked:
             _agree(header, gather_torch(header, group, data.device, rank, wait), size)
@@ -225,7 +225,7 @@ def allreduce(
             raise problem
         plan = plan_for(proof, rank, int(flat.shape[0]), tag)
         moves = TorchTransport(plan, group, _plus(wait, delay), stream_ordered)
-        return run_rank(flat, plan, moves, delay, late, part)
+        return run_rank(flat, plan, moves, delay, late_rank, part)
     raise ArgumentError(
         f"cannot allreduce a {type(data).__name__} across processes: pass a torch tensor, or an array "
         "with an NcclGroup (allreduce_local takes one array per rank)"
@@ -240,12 +240,12 @@ def _inspect(
     data: Any,
     proof: Proof,
     tag: int,
-    late: int,
+    late_rank: int,
     rounds: tuple[int, int | None],
     sendable: Callable[[str], object] = lambda _: None,
 ) -> tuple[Any, Header, Exception | None]:
     """(the flat view or None, this rank's header, the error this rank must raise or None)."""
-    header = functools.partial(make_header, proof, tag=tag, late=late, rounds=rounds)
+    header = functools.partial(make_header, proof, tag=tag, late_rank=late_rank, rounds=rounds)
     refusal = in_place_refusal(data)
     if refusal is not None:
         return None, header(None, None, problem=4), InputError(refusal)

@@ -35,11 +35,11 @@ def run_local(
     plans: Sequence[Plan],
     straggler_delay: float = 0.0,
     sync: Callable[[], None] = lambda: None,
-    late: int | None = None,
+    late_rank: int | None = None,
 ) -> list[Timeline]:
     """AllReduce ``buffers`` (one per rank, in place) with one bound plan per rank.
 
-    The late rank (``late``, default the schedule's straggler, else the last rank: see
+    The late rank (``late_rank``, default the schedule's straggler, else the last rank: see
     :func:`~stragglar.runtime.engine.late_rank_for`) arrives ``straggler_delay`` seconds after the
     start, so every round from its first one on waits until then, as every rank would wait for it
     on a network; rounds before it run at once.  ``sync`` waits for queued device work
@@ -58,8 +58,8 @@ def run_local(
         for step in p.steps:
             by_round.setdefault(step.round, {})[p.rank] = step
     program = plans[0].program
-    late = late_rank_for(program, late)
-    late_steps = plans[late].program.steps
+    late_rank = late_rank_for(program, late_rank)
+    late_steps = plans[late_rank].program.steps
     joins = late_steps[0].round if late_steps else 0
     arrived: float | None = None
     phase_done: list[list[float | None]] = [[None] * len(program.phases) for _ in plans]
@@ -91,6 +91,6 @@ def run_local(
     sync()
     done = time.perf_counter()
     return [
-        Timeline(r, start, arrived if r == late else start, tuple(phase_done[r]), done)
+        Timeline(r, start, arrived if r == late_rank else start, tuple(phase_done[r]), done)
         for r in range(len(plans))
     ]
