@@ -1,4 +1,4 @@
-"""All ranks in one process: the reference executor, and the GPU loopback.
+"""All ranks in one process: the reference executor, and the GPU loopback (:func:`allreduce_local`).
 
 Each round, every rank packs its sends, then every receive is filled by a plain slice copy from
 the matching send, then the reductions run: exactly the per-rank interpreter, with the network
@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
+from stragglar.args import as_seconds
 from stragglar.errors import InputError
 from stragglar.runtime.engine import (
     Array,
@@ -25,9 +27,28 @@ from stragglar.runtime.engine import (
     recv_view,
     send_view,
 )
+from stragglar.runtime.plans import plan_for
 from stragglar.runtime.program import BoundStep, Plan
+from stragglar.verify import Proof, require_proof
 
-__all__ = ["run_local"]
+__all__ = ["allreduce_local", "run_local"]
+
+
+def allreduce_local(
+    buffers: Sequence[Any], proof: Proof, straggler_delay: float = 0.0, *, late_rank: int | None = None
+) -> list[Timeline]:
+    """Sum ``buffers`` (one array per rank, all in this process) in place, following the schedule.
+
+    The reference executor (NumPy), and the GPU loopback with CuPy arrays on one device.  The late
+    rank (``late_rank``, default the schedule's straggler, else the last rank) arrives
+    ``straggler_delay`` seconds after the start: rounds from its first one on wait until then.
+    """
+    require_proof(proof)
+    delay = as_seconds(straggler_delay, "straggler_delay")
+    late_rank = late_rank_for(proof.schedule, late_rank)
+    count = int(flat_view(buffers[0]).shape[0]) if buffers else 0
+    plans = [plan_for(proof, r, count) for r in range(proof.num_ranks)]
+    return run_local(buffers, plans, delay, late_rank=late_rank)
 
 
 def run_local(
