@@ -229,7 +229,7 @@ def run_benchmark(
     for p in proofs:
         if require_proof(p).num_ranks != num_ranks:
             raise InputError(f"schedule is for {p.num_ranks} ranks, not {num_ranks}")
-    if late_rank is None:  # the baseline alone waits for the last rank, as a schedule without a straggler
+    if late_rank is None:  # the first schedule's; the baseline alone waits for the last rank, as Ring's would
         late_rank = proofs[0].schedule.late_rank if proofs else num_ranks - 1
     count, extra = divmod(size_bytes, ITEMSIZE[dtype])
     if count < 1:
