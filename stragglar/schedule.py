@@ -7,9 +7,10 @@ Every class is immutable (frozen dataclasses, and a named tuple for the millions
 so that a verified schedule cannot change afterwards.
 
 Facts every consumer needs are derived here, once: which phases are hidden behind the
-straggler's delay (:attr:`Schedule.hidden_phases`), the rounds exposed after it arrives, the
-round lower bound R*(n) (:func:`round_lower_bound`) and a cheap, stable fingerprint for cache
-keys (:attr:`Schedule.fingerprint`).
+straggler's delay (:attr:`Schedule.hidden_phases`), the rounds exposed after it arrives, the rank
+a run waits for when one is late (:attr:`Schedule.late_rank`), the round lower bound R*(n)
+(:func:`round_lower_bound`) and a cheap, stable fingerprint for cache keys
+(:attr:`Schedule.fingerprint`).
 
 Semantics (also the JSON format's, see ``stragglar.formats.json``): rank ``r``
 starts with its own contribution in every chunk.  In a round every transfer
@@ -40,6 +41,7 @@ from stragglar.args import as_int
 from stragglar.errors import InputError
 
 __all__ = [
+    "ALGORITHMS",
     "MAX_CELLS",
     "MAX_CHUNKS",
     "MAX_RANKS",
@@ -63,6 +65,11 @@ __all__ = [
 MAX_RANKS = 2048
 MAX_CHUNKS = 65536
 MAX_CELLS = 2**22  # ranks x chunks: N = 2048 with 2047 chunks, or N = 1024 with 4096
+
+# The algorithms stragglar generates (``stragglar.synth`` has one generator per name), in a fixed
+# order: the runtime's header numbers a schedule's algorithm by its place here, so ranks compare
+# numbers, and naming them here lets it do so without importing the generators.
+ALGORITHMS = ("stragglar", "ring", "rhd", "direct")
 
 
 class Op(str, enum.Enum):
@@ -141,6 +148,21 @@ class Schedule:
         if self.straggler is None:
             return 0
         return next((i for i, p in enumerate(self.phases) if self.straggler in p.ranks), len(self.phases))
+
+    @property
+    def late_rank(self) -> int:
+        """The rank a run of this schedule takes for the late one unless told otherwise: its
+        straggler, else the last rank.
+
+        Ring and RHD have no straggler, yet a delay can be asked of them (to compare them with
+        StragglAR on the same delay): it falls on the last rank, and since every rank takes part in
+        their first round, all their rounds wait for it, as the engine's own AllReduce would.  Every
+        layer that makes a rank late (the runtime, ``stragglar run``, the DDP hook) asks this.
+
+        >>> Schedule("ring", 3, 1, None, ()).late_rank, Schedule("stragglar", 3, 1, 0, ()).late_rank
+        (2, 0)
+        """
+        return self.straggler if self.straggler is not None else self.num_ranks - 1
 
     @property
     def exposed_rounds(self) -> int:

@@ -57,7 +57,7 @@ def test_numpy_integers_are_fine_integers() -> None:
     timelines = allreduce_local(bufs, PROOF, np.float32(0.0), late_rank=np.int16(1))
     assert all(np.array_equal(b, np.arange(6) * 10) for b in bufs) and len(timelines) == 4
     r = run_benchmark("local", np.int64(4), np.int64(64), "int32", straggler=np.int64(2), iters=np.int8(1))
-    assert r.late == 2 and r.num_ranks == 4 and type(r.num_ranks) is int
+    assert r.late_rank == 2 and r.num_ranks == 4 and type(r.num_ranks) is int
 
 
 @pytest.mark.parametrize(

@@ -155,7 +155,7 @@ def test_every_algorithm_waits_for_the_late_rank_on_torch() -> None:
 @pytest.mark.parametrize("backend", ["local", "torch"])
 def test_a_delay_applies_to_the_schedule_and_the_baseline_alike(backend: str, algorithm: str) -> None:
     r = run_benchmark(backend, 3, 3 * 2**10, "int64", delay=0.08, algorithm=algorithm, iters=2, warmup=0)
-    assert r.late == 2  # the schedule's straggler, or the last rank for Ring
+    assert r.late_rank == 2  # the schedule's straggler, or the last rank for Ring
     assert min(r.times) >= 0.08 and min(r.baseline_times) >= 0.08
     # a tiny buffer: both take the delay plus a little, so neither side wins by much
     assert 0.5 < r.baseline_time / r.time < 2.0, (r.times, r.baseline_times)
@@ -163,7 +163,7 @@ def test_a_delay_applies_to_the_schedule_and_the_baseline_alike(backend: str, al
 
 def test_the_late_rank_of_a_schedule_without_straggler_can_be_chosen() -> None:
     r = run_benchmark("local", 4, 2**12, "int32", delay=0.05, algorithm="ring", straggler=1, iters=1)
-    assert r.late == 1 and min(r.times) >= 0.05 and "(rank 1)" in r.report()
+    assert r.late_rank == 1 and min(r.times) >= 0.05 and "(rank 1)" in r.report()
     with pytest.raises(ValueError, match=r"straggler must be a rank in 0\.\.3, got 4"):
         run_benchmark("local", 4, 2**12, "int32", algorithm="ring", straggler=4)
 

@@ -64,7 +64,7 @@ def test_run_benchmark_local_times_each_proof_in_the_same_iterations() -> None:
     assert [len(v.hidden) for v in result.variants] == [3, 3, 0]  # Ring hides nothing
     assert len(result.baseline_times) == 3 and min(result.baseline_times) >= delay
     assert result.algorithm == "stragglar C=9" and result.times == result.variants[0].times
-    assert result.late == 3  # the first schedule's straggler, for every entry
+    assert result.late_rank == 3  # the first schedule's straggler, for every entry
     lines = result.report().splitlines()
     assert lines[0].startswith("stragglar C=9, stragglar, ring on local: 4 ranks")
     assert [line.split()[0] for line in lines[1:5]] == ["stragglar", "stragglar", "ring", "sum"]

@@ -11,7 +11,8 @@ import pytest
 from stragglar.measure import data
 from stragglar.measure.data import WrongResult, check, expected, payload
 from stragglar.measure.run import run_benchmark
-from stragglar.runtime import Layout, allreduce, allreduce_local, plan_for
+from stragglar.runtime import Layout, allreduce, allreduce_local, plan_for, rounds_without
+from stragglar.runtime.engine import late_rank_for
 from stragglar.runtime.program import compile_schedule
 from stragglar.schedule import Op, Phase, Schedule, Transfer
 from stragglar.synth import ALGORITHMS, synthesize
@@ -180,6 +181,21 @@ def test_straggler_delay_hides_the_first_phase() -> None:
         hidden_done = t.phase_done[0]
         assert hidden_done is not None and hidden_done < late.arrived
     assert all(np.all(b == 4) for b in bufs)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_every_entry_point_waits_for_the_schedules_late_rank_unless_told_another(algorithm: str) -> None:
+    s = schedule(algorithm, 4)
+    late_rank = s.schedule.late_rank
+    assert late_rank == (3 if s.schedule.straggler is None else s.schedule.straggler)
+    assert {p.late_rank for p in compile_schedule(s.schedule)} == {late_rank}
+    assert late_rank_for(s.schedule) == late_rank and late_rank_for(s.schedule, np.int8(1)) == 1
+    with pytest.raises(ValueError, match=r"^late_rank must be a rank in 0\.\.5, got 6$"):
+        late_rank_for(s.schedule, 6, size=6)
+    assert rounds_without(s) == rounds_without(s, late_rank)
+    for told, expected_late in ((None, late_rank), (1, 1)):
+        timelines = allreduce_local([np.ones(64) for _ in range(4)], s, 0.02, late_rank=told)
+        assert [t.rank for t in timelines if t.arrived - t.start >= 0.02] == [expected_late]
 
 
 def test_run_benchmark_local_reports_checked_figures() -> None:

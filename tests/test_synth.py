@@ -6,6 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import stragglar.schedule
+import stragglar.synth
 from stragglar.schedule import Op, Schedule, round_lower_bound
 from stragglar.synth import ALGORITHMS, synthesize
 from stragglar.verify import prove
@@ -73,6 +75,13 @@ def test_direct_hides_an_allreduce_of_the_others() -> None:
     s = synthesize("direct", 8, straggler=3)
     prove(s)
     assert s.straggler == 3 and 3 not in s.phases[0].ranks and len(s.phases[0].rounds) == 2 * 6
+
+
+def test_every_algorithm_named_in_the_core_has_a_generator_and_every_generator_a_name() -> None:
+    """The runtime numbers algorithms by the core's tuple, the generators by their table: one list."""
+    assert stragglar.synth.ALGORITHMS is stragglar.schedule.ALGORITHMS
+    assert tuple(stragglar.synth._GENERATORS) == ALGORITHMS
+    assert [synthesize(a, 4).algorithm for a in ALGORITHMS] == list(ALGORITHMS)
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)

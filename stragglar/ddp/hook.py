@@ -22,7 +22,6 @@ from stragglar.ddp.worker import (
     dedicated_group,
 )
 from stragglar.errors import ArgumentError, InputError
-from stragglar.measure.launch import heartbeat
 from stragglar.model import AUTO, Network
 from stragglar.model.policy import (
     ALLREDUCE,
@@ -34,6 +33,7 @@ from stragglar.model.policy import (
     chunk_count,
     persistent_late_rank,
 )
+from stragglar.runtime.heartbeat import heartbeat
 from stragglar.synth import ALGORITHMS, synthesize
 from stragglar.verify import Proof, prove
 
@@ -169,17 +169,17 @@ class StragglarState:
             return None
         return as_rank(self.straggler, "StragglarState.straggler", world_size)
 
-    def proof(self, world_size: int, late: int | None = None, chunks: int | None = None) -> Proof:
-        """The proved schedule for ``world_size`` ranks, straggler ``late`` (None: the state's
+    def proof(self, world_size: int, late_rank: int | None = None, chunks: int | None = None) -> Proof:
+        """The proved schedule for ``world_size`` ranks, straggler ``late_rank`` (None: the state's
         straggler, checked against ``world_size``; None there too: the schedule's own) and
         ``chunks`` chunks (None: the algorithm's own)."""
-        if late is None:
-            late = self.late_rank(world_size)
-        key = (world_size, late, chunks)
+        if late_rank is None:
+            late_rank = self.late_rank(world_size)
+        key = (world_size, late_rank, chunks)
         if key not in self.proofs:
             schedule = synthesize(self.algorithm, world_size, chunks=chunks)
-            if late is not None and schedule.straggler is not None and late != schedule.straggler:
-                schedule = synthesize(self.algorithm, world_size, late, chunks=chunks)
+            if late_rank is not None and schedule.straggler is not None and late_rank != schedule.straggler:
+                schedule = synthesize(self.algorithm, world_size, late_rank, chunks=chunks)
             self.proofs[key] = prove(schedule)
         return self.proofs[key]
 
@@ -207,21 +207,25 @@ class StragglarState:
                     world_size, self.probe.late, window, fixed, self.probe.samples
                 )
             return
-        late = persistent_late_rank(self.probe.history, self.detect, self.share)
-        current = self.straggler if self.straggler is not None else world_size - 1
-        if late is not None and late != current:
-            self.straggler = late
-            self.switches.append((self.steps, late))
+        late_rank = persistent_late_rank(self.probe.history, self.detect, self.share)
+        if late_rank is not None and late_rank != self._expected_late_rank(world_size):
+            self.straggler = late_rank
+            self.switches.append((self.steps, late_rank))
             self.probe.late.clear()  # a new full window before the next change
+
+    def _expected_late_rank(self, world_size: int) -> int:
+        """The rank the reductions now take for the late one: the straggler, else the schedule's
+        late rank (:attr:`~stragglar.schedule.Schedule.late_rank`)."""
+        return self.straggler if self.straggler is not None else self.proof(world_size).schedule.late_rank
 
     def choose(self, world_size: int, size_bytes: int) -> Choice:
         """How to reduce a bucket of ``size_bytes`` at this step (recorded in ``decisions``)."""
         if self.policy == "auto":
             choice = choose(self.algorithm, world_size, size_bytes, self.outlook, self.chunks)
         else:
-            late = self.late_rank(world_size)
+            late_rank = self.late_rank(world_size)
             chunks = chunk_count(world_size, size_bytes, self.straggler_delay, self.network, self.chunks)
-            straggler = late if late is not None else self.proof(world_size).schedule.straggler
+            straggler = late_rank if late_rank is not None else self.proof(world_size).schedule.straggler
             choice = Choice(STRAGGLAR, straggler, chunks)
         if choice != self._last:
             self._last = choice

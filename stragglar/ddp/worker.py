@@ -195,7 +195,7 @@ class Job:
     buffer: torch.Tensor
     bucket: int
     proof: Proof
-    late: int | None  # the late rank (None: the schedule's straggler)
+    late_rank: int | None  # None: the schedule's (its straggler, else the last rank)
     chunks: int  # the schedule's chunk count where not the algorithm's own, else 0 (for the policy)
     order: Order
     ready: Any  # the event after the gradients (CUDA), None on CPU
@@ -203,7 +203,7 @@ class Job:
 
     def split(self) -> int:
         """The first stage's rounds: those the late rank takes no part in (0 for Ring)."""
-        return rounds_without(self.proof, self.late)
+        return rounds_without(self.proof, self.late_rank)
 
 
 @dataclass(frozen=True)
@@ -259,7 +259,7 @@ class Reducer:
             straggler_delay=self.straggler_delay,
             timeout=self.timeout,
             tag=job.bucket * job.proof.num_rounds,
-            late_rank=job.late,
+            late_rank=job.late_rank,
             stream_ordered=job.order.stream_ordered,
             rounds=rounds,
         )

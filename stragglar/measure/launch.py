@@ -12,9 +12,10 @@ Nothing outlives the launcher and nothing waits forever:
 
 * ``timeout`` bounds how long a rank waits for a silent peer (the process group's timeout, and
   what the rank passes to :func:`stragglar.runtime.allreduce`); it does not bound the run.  A long,
-  healthy run is fine: ranks call :func:`heartbeat` as they progress, and the launcher gives up
-  on a rank only when it has been silent for longer than ``timeout + slack``.  Once one rank has
-  failed, the others get a few seconds to report why, then are killed.
+  healthy run is fine: ranks call :func:`~stragglar.runtime.heartbeat.heartbeat` as they
+  progress (the launcher connects it to each rank's pipe), and the launcher gives up on a rank
+  only when it has been silent for longer than ``timeout + slack``.  Once one rank has failed,
+  the others get a few seconds to report why, then are killed.
 * SIGTERM and SIGINT to the launcher become exceptions (:class:`Stopped`, KeyboardInterrupt), so
   the ranks are killed and the rendezvous directory removed before it leaves; each rank also
   dies with its parent (``PR_SET_PDEATHSIG`` on Linux), even if the launcher is killed outright.
@@ -45,18 +46,14 @@ from stragglar.args import as_int, as_seconds
 from stragglar.errors import RunError
 from stragglar.runtime.engine import RankError, classify, failure_phrase, first_line
 from stragglar.runtime.header import rank_list
+from stragglar.runtime.heartbeat import connect, heartbeat, send
 
-__all__ = ["SLACK", "LaunchError", "RankFailure", "Stopped", "heartbeat", "launch"]
+__all__ = ["SLACK", "LaunchError", "RankFailure", "Stopped", "launch"]
 
 _GRACE = 5.0  # seconds the other ranks get to report once one rank has failed
 SLACK = 30.0  # seconds a rank may be silent beyond the timeout (start-up, checking a large buffer)
 _SHOWN = 4  # failure groups the first line names before it counts the rest
 _LENGTH = 280  # characters of failure groups the first line names before it counts the rest
-_BEAT_EVERY = 0.2  # seconds between heartbeats actually sent
-
-_beat_pipe: Connection | None = None  # in a rank: its pipe to the launcher
-_beat_lock = threading.RLock()
-_beat_last = 0.0
 
 
 @dataclass(frozen=True)
@@ -140,23 +137,6 @@ def summary(failures: Any, world_size: int | None = None) -> str:
     return f"{total}{of} rank{'s' * (total > 1 or bool(of))} failed: " + "; ".join(said)
 
 
-def heartbeat() -> None:
-    """Tell the launcher this rank is making progress; outside a launched rank, nothing.
-
-    Call it once per iteration (or more often: beats closer together than 0.2 s are not sent).
-    The launcher gives up on a rank silent for longer than its ``timeout + slack``.
-    """
-    global _beat_last
-    pipe = _beat_pipe
-    if pipe is None:
-        return
-    now = time.monotonic()
-    with _beat_lock:
-        if now - _beat_last >= _BEAT_EVERY:
-            _beat_last = now
-            pipe.send(("beat", None))
-
-
 def launch(
     fn: Callable[..., Any],
     world_size: int,
@@ -169,10 +149,11 @@ def launch(
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` ranks; return the results in rank order.
 
     ``timeout`` is each rank's limit for waiting on a silent peer (the process group's timeout).
-    Raises :class:`LaunchError` if a rank raises, dies, or sends no :func:`heartbeat` (nor its
-    result) for longer than ``timeout + slack`` seconds; once one rank has failed the others get a
-    few seconds to report, then the remaining ranks are killed.  SIGTERM raises :class:`Stopped`
-    and SIGINT KeyboardInterrupt, after every rank is ended and the temporary files are removed.
+    Raises :class:`LaunchError` if a rank raises, dies, or sends no
+    :func:`~stragglar.runtime.heartbeat.heartbeat` (nor its result) for longer than ``timeout +
+    slack`` seconds; once one rank has failed the others get a few seconds to report, then the
+    remaining ranks are killed.  SIGTERM raises :class:`Stopped` and SIGINT KeyboardInterrupt,
+    after every rank is ended and the temporary files are removed.
     """
     world_size = as_int(world_size, "world_size", minimum=1)
     timeout = as_seconds(timeout, "timeout", positive=True)
@@ -326,13 +307,12 @@ def _child(
     backend: str,
     parent_pid: int,
 ) -> None:
-    global _beat_pipe
     code = 1
     try:
         _die_with_parent(parent_pid)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the launcher, which ends us
-        _beat_pipe = pipe
+        connect(pipe)
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         import torch
         import torch.distributed as dist
@@ -358,12 +338,11 @@ def _child(
                 reason=reason,
                 during="in the closing barrier",
             ) from e
-        with _beat_lock:
-            pipe.send(("ok", result))
+        send(pipe, ("ok", result))
         code = 0
     except BaseException as e:
-        with _beat_lock, contextlib.suppress(Exception):
-            pipe.send(("error", _failure_fields(e)))
+        with contextlib.suppress(Exception):
+            send(pipe, ("error", _failure_fields(e)))
     finally:
         pipe.close()
         os._exit(code)

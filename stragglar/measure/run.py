@@ -57,7 +57,7 @@ class Variant:
 @dataclass(frozen=True)
 class BenchmarkResult:
     """A run: each schedule's figures (:class:`Variant`, in the order given) and the baseline's,
-    all from the same iterations; ``late`` is the rank that arrived ``delay`` seconds late, for
+    all from the same iterations; ``late_rank`` is the rank that arrived ``delay`` seconds late, for
     every schedule and the baseline alike; ``link_rate``, where given, the rate every rank's
     sockets were paced to (bytes per second).  ``algorithm``, ``times``, ``hidden``, ``time`` and
     ``algbw`` are the first schedule's (the only one, unless several were run)."""
@@ -70,7 +70,7 @@ class BenchmarkResult:
     variants: tuple[Variant, ...]
     baseline: str
     baseline_times: tuple[float, ...]
-    late: int | None = None
+    late_rank: int | None = None
     link_rate: float | None = None
 
     @property
@@ -115,8 +115,8 @@ class BenchmarkResult:
         return f"  N={self.num_ranks} {size} {self.delay * 1e3:g} ms: {figures}"
 
     @property
-    def _late_rank(self) -> str:
-        return f" (rank {self.late})" if self.late is not None and self.delay > 0 else ""
+    def _late_rank_words(self) -> str:
+        return f" (rank {self.late_rank})" if self.late_rank is not None and self.delay > 0 else ""
 
     @property
     def _links(self) -> str:
@@ -130,7 +130,7 @@ class BenchmarkResult:
         lines = [
             f"{', '.join(v.name for v in self.variants) or self.baseline} on {self.backend}: "
             f"{self.num_ranks} ranks, {format_bytes(self.size_bytes)} {self.dtype}, "
-            f"straggler delay {self.delay * 1e3:g} ms{self._late_rank}, {self._links}"
+            f"straggler delay {self.delay * 1e3:g} ms{self._late_rank_words}, {self._links}"
             f"{count_of(len(self.baseline_times), 'iteration')} (medians), results checked",
             *(
                 f"  {name:<{width}} {t * 1e3:10.3f} ms/iter  {self.size_bytes / t / gb:8.3f} GB/s"
@@ -184,11 +184,12 @@ def run_benchmark(
     sequence) times the baseline alone.  ``delay`` is in seconds: how late the late rank arrives,
     for every schedule and the baseline alike.  The late rank is ``straggler`` if given (for a
     straggler-aware algorithm also the schedule's straggler), else the first schedule's
-    straggler, else the last rank: a schedule without a straggler (Ring, RHD) waits for it exactly
-    as the baseline does.  ``timeout`` bounds each wait for a silent peer (plus ``delay`` where the
-    wait includes the late rank's delay), not the run.  ``link_rate`` (torch backend only, bytes
-    per second) paces every rank's sockets to it: each rank gets a link of its own, as the cost
-    model assumes, instead of the host's shared loopback (:mod:`stragglar.measure.links`).  Raises
+    (:attr:`~stragglar.schedule.Schedule.late_rank`: its straggler, else the last rank): a
+    schedule without a straggler (Ring, RHD) waits for it exactly as the baseline does.
+    ``timeout`` bounds each wait for a silent peer (plus ``delay`` where the wait includes the
+    late rank's delay), not the run.  ``link_rate`` (torch backend only, bytes per second) paces
+    every rank's sockets to it: each rank gets a link of its own, as the cost model assumes,
+    instead of the host's shared loopback (:mod:`stragglar.measure.links`).  Raises
     :class:`~stragglar.errors.InputError` for a bad request,
     :class:`~stragglar.measure.data.WrongResult` for a wrong result, and
     :class:`~stragglar.measure.launch.LaunchError` when a rank fails.
@@ -209,17 +210,17 @@ def run_benchmark(
         raise InputError(
             f"at most {MAX_ITERS:,} timed and {MAX_ITERS:,} warm-up iterations, got {iters} and {warmup}"
         )
-    late = None if straggler is None else as_rank(straggler, "straggler", num_ranks)
+    late_rank = None if straggler is None else as_rank(straggler, "straggler", num_ranks)
     if link_rate is not None:
         if backend != "torch":
             raise InputError(f"link_rate paces gloo's sockets: the torch backend only, not {backend}")
         link_rate = check_link_rate(link_rate)
     if proof is None:
-        aware = late is not None and _has_straggler(algorithm)
+        aware = late_rank is not None and _has_straggler(algorithm)
         c = None if chunks is None else as_int(chunks, "chunks")
         counts = (c,) if c in (None, num_ranks - 1) else (c, None)
         proofs: tuple[Proof, ...] = tuple(
-            prove(synthesize(algorithm, num_ranks, late if aware else None, chunks=k)) for k in counts
+            prove(synthesize(algorithm, num_ranks, late_rank if aware else None, chunks=k)) for k in counts
         )
     else:
         if chunks is not None:
@@ -228,9 +229,8 @@ def run_benchmark(
     for p in proofs:
         if require_proof(p).num_ranks != num_ranks:
             raise InputError(f"schedule is for {p.num_ranks} ranks, not {num_ranks}")
-    if late is None:
-        first = proofs[0].schedule.straggler if proofs else None
-        late = first if first is not None else num_ranks - 1
+    if late_rank is None:  # the first schedule's; the baseline alone waits for the last rank, as Ring's would
+        late_rank = proofs[0].schedule.late_rank if proofs else num_ranks - 1
     count, extra = divmod(size_bytes, ITEMSIZE[dtype])
     if count < 1:
         raise InputError(f"need size >= one element: {size_bytes} bytes hold no {dtype} element")
@@ -243,10 +243,10 @@ def run_benchmark(
         from stragglar.measure.run_torch import torch_figures
 
         figures = torch_figures(
-            proofs, num_ranks, count, dtype, delay, iters, warmup, timeout, late, link_rate=link_rate
+            proofs, num_ranks, count, dtype, delay, iters, warmup, timeout, late_rank, link_rate=link_rate
         )
     else:
-        figures = _in_process(backend, proofs, num_ranks, count, dtype, delay, iters, warmup, late)
+        figures = _in_process(backend, proofs, num_ranks, count, dtype, delay, iters, warmup, late_rank)
     variants = tuple(
         Variant(schedule_name(p.schedule), p.schedule.num_chunks, series.times, series.hidden)
         for p, series in zip(proofs, figures.schedules, strict=True)
@@ -260,7 +260,7 @@ def run_benchmark(
         variants,
         figures.baseline,
         figures.baseline_times,
-        late,
+        late_rank,
         link_rate,
     )
 
@@ -299,7 +299,7 @@ def _in_process(
     delay: float,
     iters: int,
     warmup: int,
-    late: int,
+    late_rank: int,
 ) -> Figures:
     xp, sync, host = _array_module(backend)
     try:
@@ -319,7 +319,8 @@ def _in_process(
             sync()
             if entry < len(proofs):
                 schedule = proofs[entry].schedule
-                total, done = iteration_figures(schedule, run_local(bufs, plans[entry], delay, sync, late))
+                timelines = run_local(bufs, plans[entry], delay, sync, late_rank)
+                total, done = iteration_figures(schedule, timelines)
                 what = schedule_name(schedule)
                 if it >= warmup:
                     times[entry].append(total)

@@ -4,7 +4,7 @@ One launch of the ranks runs every schedule asked for and gloo's all_reduce in e
 in a rotating order.  Each iteration the late rank sleeps ``delay`` before every schedule and
 before gloo's all_reduce alike.  Every wait for a peer is bounded by ``timeout`` plus that delay
 (a deliberately late peer is not a silent one); the run as a whole is not, as long as every rank
-keeps reporting progress (:func:`~stragglar.measure.launch.heartbeat` after every step).
+keeps reporting progress (:func:`~stragglar.runtime.heartbeat.heartbeat` after every step).
 """
 
 from __future__ import annotations
@@ -19,12 +19,13 @@ import torch.distributed as dist
 
 from stragglar.measure import launch as launcher
 from stragglar.measure.data import check, expected, payload
-from stragglar.measure.launch import heartbeat, launch
+from stragglar.measure.launch import launch
 from stragglar.measure.links import pace_links
 from stragglar.measure.timing import Figures, Series, iteration_figures, turn
 from stragglar.model import schedule_name
 from stragglar.runtime import RankError, allreduce
 from stragglar.runtime.engine import Timeline, classify, first_line
+from stragglar.runtime.heartbeat import heartbeat
 from stragglar.verify import Proof
 
 __all__ = ["torch_figures"]
@@ -39,7 +40,7 @@ def torch_figures(
     iters: int,
     warmup: int,
     timeout: float,
-    late: int,
+    late_rank: int,
     slack: float | None = None,
     link_rate: float | None = None,
 ) -> Figures:
@@ -50,7 +51,7 @@ def torch_figures(
     may go without reporting progress.  ``link_rate`` (bytes per second): every rank's sockets
     paced to it (:mod:`stragglar.measure.links`), links of their own as the cost model assumes."""
     want = expected(count, num_ranks, dtype)  # once, before the fork: the ranks share its pages
-    args = (proofs, count, dtype, want, delay, iters + warmup, timeout, late, link_rate)
+    args = (proofs, count, dtype, want, delay, iters + warmup, timeout, late_rank, link_rate)
     per_rank = launch(
         _rank, num_ranks, args, timeout=timeout + delay, slack=launcher.SLACK if slack is None else slack
     )
@@ -76,7 +77,7 @@ def _rank(
     delay: float,
     runs: int,
     timeout: float,
-    late: int,
+    late_rank: int,
     link_rate: float | None,
 ) -> tuple[list[list[Timeline]], list[float]]:
     torch.set_num_threads(1)  # n ranks share the host's cores
@@ -95,22 +96,22 @@ def _rank(
                 with _engine(rank, f"in the barrier before {what} in iteration {it}"):
                     dist.barrier()
                 timelines[entry].append(
-                    allreduce(buf, proofs[entry], straggler_delay=delay, timeout=timeout, late_rank=late)
+                    allreduce(buf, proofs[entry], straggler_delay=delay, timeout=timeout, late_rank=late_rank)
                 )
             else:
                 with _engine(rank, f"in the barrier before gloo's all_reduce of iteration {it}"):
                     dist.barrier()
-                baseline.append(_all_reduce(rank, buf, delay, late, it))
+                baseline.append(_all_reduce(rank, buf, delay, late_rank, it))
                 what = "all_reduce"
             heartbeat()
             check(buf, want, rank, what, _host)
     return timelines, baseline
 
 
-def _all_reduce(rank: int, buf: torch.Tensor, delay: float, late: int, it: int) -> float:
+def _all_reduce(rank: int, buf: torch.Tensor, delay: float, late_rank: int, it: int) -> float:
     """The baseline: gloo's all_reduce after the late rank's delay; this rank's seconds."""
     start = time.perf_counter()
-    if rank == late:
+    if rank == late_rank:
         time.sleep(delay)
     with _engine(rank, f"in gloo's all_reduce of iteration {it}"):
         dist.all_reduce(buf)

@@ -46,12 +46,12 @@ def turn(iteration: int, entries: int) -> list[int]:
 
 def iteration_figures(schedule: Schedule, timelines: Sequence[Timeline]) -> tuple[float, float | None]:
     """(slowest rank's time from its start to its end, when the hidden phases were done)."""
-    late = schedule.straggler
+    straggler = schedule.straggler
     hidden = range(schedule.hidden_phases)
     ends = [
         done - t.start
         for t in timelines
-        if t.rank != late
+        if t.rank != straggler
         for done in (t.phase_done[i] for i in hidden)
         if done is not None
     ]

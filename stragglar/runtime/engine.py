@@ -17,8 +17,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from stragglar.args import as_rank
 from stragglar.errors import InputError, RunError
 from stragglar.runtime.program import BoundMessage, BoundStep, Plan, RankProgram
+from stragglar.schedule import Schedule
 
 __all__ = [
     "DTYPES",
@@ -29,7 +31,7 @@ __all__ = [
     "dtype_name",
     "failure_phrase",
     "flat_view",
-    "late_rank",
+    "late_rank_for",
     "run_rank",
     "step_error",
 ]
@@ -125,15 +127,19 @@ def first_line(text: object, limit: int = 200) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
-def late_rank(program: RankProgram, requested: int | None = None) -> int:
-    """The rank that arrives late: ``requested``, else the schedule's straggler, else the last rank.
+def late_rank_for(ranks: Schedule | RankProgram, late_rank: Any = None, size: int | None = None) -> int:
+    """The rank that arrives late in a run of ``ranks`` (a schedule, or a rank's program of one):
+    ``late_rank`` where the caller names one (checked as a rank of ``size`` ranks, default the
+    schedule's), else the schedule's own (:attr:`~stragglar.schedule.Schedule.late_rank`: its
+    straggler, else the last rank).
 
-    A schedule without a straggler (Ring, RHD) still has a late rank when a delay is asked for,
-    and its rounds wait for that rank exactly as the engine's own AllReduce would.
+    Every entry point that makes a rank late asks this one function, so they all agree on who it
+    is.  A call across processes checks the rank it is given against its group's size: a group of
+    another size is then reported by the header check, in the same words on every rank.
     """
-    if requested is not None:
-        return requested
-    return program.straggler if program.straggler is not None else program.num_ranks - 1
+    if late_rank is None:
+        return ranks.late_rank
+    return as_rank(late_rank, "late_rank", ranks.num_ranks if size is None else size)
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,12 +265,12 @@ def run_rank(
     plan: Plan,
     transport: Transport,
     straggler_delay: float = 0.0,
-    late: int | None = None,
+    late_rank: int | None = None,
     rounds: tuple[int, int | None] = (0, None),
 ) -> Timeline:
     """Run ``plan``'s steps in ``rounds`` (first, stop; stop None: to the end) on this rank's 1-D
-    buffer; the late rank (:func:`late_rank`) first sleeps ``straggler_delay`` s in the call that
-    holds its first step."""
+    buffer; the late rank (``late_rank``, else the schedule's: :func:`late_rank_for`) first sleeps
+    ``straggler_delay`` s in the call that holds its first step."""
     first, stop = rounds
 
     def held(round_index: int) -> bool:
@@ -273,7 +279,7 @@ def run_rank(
     steps = plan.steps if rounds == (0, None) else tuple(s for s in plan.steps if held(s.round))
     start = time.perf_counter()
     opens = held(plan.steps[0].round) if plan.steps else first == 0
-    if plan.rank == late_rank(plan.program, late) and straggler_delay > 0 and opens:
+    if plan.rank == late_rank_for(plan.program, late_rank) and straggler_delay > 0 and opens:
         time.sleep(straggler_delay)
     arrived = time.perf_counter()
     work = scratch_for(flat, plan.work_size)

@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 from stragglar.errors import InputError
 from stragglar.runtime.engine import DTYPES
-from stragglar.synth import ALGORITHMS
+from stragglar.schedule import ALGORITHMS
 from stragglar.verify import Proof
 
 __all__ = ["MAGIC", "CheckedHeaders", "Header", "MismatchError", "make_header", "mismatch", "rank_list"]
@@ -61,7 +61,7 @@ class Header(NamedTuple):
     dtype: int  # index in DTYPES, -1: unsupported
     elements: int  # -1: unknown
     tag: int
-    late: int
+    late_rank: int
     first: int  # the first round this call runs
     stop: int  # the round it stops before, -1: the end
 
@@ -71,7 +71,7 @@ def make_header(
     dtype: str | None,
     count: int | None,
     tag: int,
-    late: int,
+    late_rank: int,
     problem: int = 0,
     rounds: tuple[int, int | None] = (0, None),
 ) -> Header:
@@ -87,7 +87,7 @@ def make_header(
         DTYPES.index(dtype) if dtype in DTYPES else -1,
         -1 if count is None else count,
         tag,
-        late,
+        late_rank,
         rounds[0],
         -1 if rounds[1] is None else rounds[1],
     )
@@ -118,8 +118,8 @@ def rank_list(ranks: Sequence[int], limit: int = 8) -> str:
 
 def _schedule(h: Header) -> str:
     name = f"the '{ALGORITHMS[h.algorithm]}'" if 0 <= h.algorithm < len(ALGORITHMS) else "another algorithm's"
-    late = f"straggler {h.straggler}" if h.straggler >= 0 else "no straggler"
-    return f"{name} schedule for {h.ranks} ranks ({late}, fingerprint {h.fingerprint:015x})"
+    straggler = f"straggler {h.straggler}" if h.straggler >= 0 else "no straggler"
+    return f"{name} schedule for {h.ranks} ranks ({straggler}, fingerprint {h.fingerprint:015x})"
 
 
 def _rounds(h: Header) -> str:
@@ -135,7 +135,7 @@ _FIELDS: tuple[tuple[str, Callable[[Header], Any], Callable[[Header], str]], ...
     ("dtype", lambda h: h.dtype, lambda h: f"have {DTYPES[h.dtype]}"),
     ("element count", lambda h: h.elements, lambda h: f"have {h.elements}"),
     ("tag", lambda h: h.tag, lambda h: f"use tag {h.tag}"),
-    ("late rank", lambda h: h.late, lambda h: f"wait for rank {h.late}"),
+    ("late rank", lambda h: h.late_rank, lambda h: f"wait for rank {h.late_rank}"),
     ("rounds", lambda h: (h.first, h.stop), lambda h: f"run {_rounds(h)}"),
 )
 

@@ -1,4 +1,4 @@
-"""All ranks in one process: the reference executor, and the GPU loopback.
+"""All ranks in one process: the reference executor, and the GPU loopback (:func:`allreduce_local`).
 
 Each round, every rank packs its sends, then every receive is filled by a plain slice copy from
 the matching send, then the reductions run: exactly the per-rank interpreter, with the network
@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
+from stragglar.args import as_seconds
 from stragglar.errors import InputError
 from stragglar.runtime.engine import (
     Array,
@@ -21,13 +23,32 @@ from stragglar.runtime.engine import (
     dtype_name,
     empty_like,
     flat_view,
-    late_rank,
+    late_rank_for,
     recv_view,
     send_view,
 )
+from stragglar.runtime.plans import plan_for
 from stragglar.runtime.program import BoundStep, Plan
+from stragglar.verify import Proof, require_proof
 
-__all__ = ["run_local"]
+__all__ = ["allreduce_local", "run_local"]
+
+
+def allreduce_local(
+    buffers: Sequence[Any], proof: Proof, straggler_delay: float = 0.0, *, late_rank: int | None = None
+) -> list[Timeline]:
+    """Sum ``buffers`` (one array per rank, all in this process) in place, following the schedule.
+
+    The reference executor (NumPy), and the GPU loopback with CuPy arrays on one device.  The late
+    rank (``late_rank``, default the schedule's straggler, else the last rank) arrives
+    ``straggler_delay`` seconds after the start: rounds from its first one on wait until then.
+    """
+    require_proof(proof)
+    delay = as_seconds(straggler_delay, "straggler_delay")
+    late_rank = late_rank_for(proof.schedule, late_rank)
+    count = int(flat_view(buffers[0]).shape[0]) if buffers else 0
+    plans = [plan_for(proof, r, count) for r in range(proof.num_ranks)]
+    return run_local(buffers, plans, delay, late_rank=late_rank)
 
 
 def run_local(
@@ -35,12 +56,12 @@ def run_local(
     plans: Sequence[Plan],
     straggler_delay: float = 0.0,
     sync: Callable[[], None] = lambda: None,
-    late: int | None = None,
+    late_rank: int | None = None,
 ) -> list[Timeline]:
     """AllReduce ``buffers`` (one per rank, in place) with one bound plan per rank.
 
-    The late rank (``late``, default the schedule's straggler, else the last rank: see
-    :func:`~stragglar.runtime.engine.late_rank`) arrives ``straggler_delay`` seconds after the
+    The late rank (``late_rank``, default the schedule's straggler, else the last rank: see
+    :func:`~stragglar.runtime.engine.late_rank_for`) arrives ``straggler_delay`` seconds after the
     start, so every round from its first one on waits until then, as every rank would wait for it
     on a network; rounds before it run at once.  ``sync`` waits for queued device work
     (``cupy.cuda.Device().synchronize``) before the clock is read at the end.
@@ -58,8 +79,8 @@ def run_local(
         for step in p.steps:
             by_round.setdefault(step.round, {})[p.rank] = step
     program = plans[0].program
-    late = late_rank(program, late)
-    late_steps = plans[late].program.steps
+    late_rank = late_rank_for(program, late_rank)
+    late_steps = plans[late_rank].program.steps
     joins = late_steps[0].round if late_steps else 0
     arrived: float | None = None
     phase_done: list[list[float | None]] = [[None] * len(program.phases) for _ in plans]
@@ -91,6 +112,6 @@ def run_local(
     sync()
     done = time.perf_counter()
     return [
-        Timeline(r, start, arrived if r == late else start, tuple(phase_done[r]), done)
+        Timeline(r, start, arrived if r == late_rank else start, tuple(phase_done[r]), done)
         for r in range(len(plans))
     ]

@@ -51,12 +51,14 @@ class Step:
 @dataclass(frozen=True, slots=True)
 class RankProgram:
     """One rank's steps; ``phase_starts[i]`` is the index of phase ``i``'s first round among all
-    rounds (a step's ``round`` counts across phases, messages name rounds within their phase)."""
+    rounds (a step's ``round`` counts across phases, messages name rounds within their phase).
+    ``late_rank`` is the schedule's (:attr:`~stragglar.schedule.Schedule.late_rank`): the rank a
+    plan waits for unless the caller names another."""
 
     rank: int
     num_ranks: int
     num_chunks: int
-    straggler: int | None
+    late_rank: int
     phases: tuple[str, ...]
     steps: tuple[Step, ...]
     phase_starts: tuple[int, ...] = ()
@@ -91,8 +93,8 @@ def compile_schedule(schedule: Schedule) -> tuple[RankProgram, ...]:
             round_index += 1
     names = tuple(p.name for p in schedule.phases)
     starts = tuple(itertools.accumulate((len(p.rounds) for p in schedule.phases[:-1]), initial=0))
-    n, c, s = schedule.num_ranks, schedule.num_chunks, schedule.straggler
-    return tuple(RankProgram(r, n, c, s, names, tuple(steps[r]), starts) for r in range(n))
+    n, c, late_rank = schedule.num_ranks, schedule.num_chunks, schedule.late_rank
+    return tuple(RankProgram(r, n, c, late_rank, names, tuple(steps[r]), starts) for r in range(n))
 
 
 def _message(peer: int, tag: int, items: list[tuple[int, bool]], sent: set[int]) -> Message:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from stragglar.args import as_int
 from stragglar.errors import InputError
-from stragglar.schedule import MAX_RANKS, Schedule, check_size, gc_paused, move_straggler
+from stragglar.schedule import ALGORITHMS, MAX_RANKS, Schedule, check_size, gc_paused, move_straggler
 from stragglar.synth.direct import direct_allreduce
 from stragglar.synth.rhd import rhd_allreduce
 from stragglar.synth.ring import ring_allreduce
@@ -32,13 +32,12 @@ __all__ = [
     "synthesize",
 ]
 
-_GENERATORS: dict[str, Callable[[int], Schedule]] = {
+_GENERATORS: dict[str, Callable[[int], Schedule]] = {  # one per name in ALGORITHMS, in its order
     "stragglar": stragglar_allreduce,
     "ring": ring_allreduce,
     "rhd": rhd_allreduce,
     "direct": direct_allreduce,
 }
-ALGORITHMS = tuple(_GENERATORS)
 METHODS = ("construct", "smt")
 SMT_MAX_RANKS = 16  # z3 takes about 20 s at 14 GPUs and grows fast
 

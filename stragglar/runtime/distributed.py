@@ -1,0 +1,179 @@
+"""The AllReduce across processes: one rank's part, on torch.distributed or CuPy/NCCL.
+
+Each rank runs its own plan of the schedule; the ranks meet only through the transport.  So before
+its first rounds with a plan on a group, every rank checks that all ranks run the same AllReduce
+(:mod:`stragglar.runtime.header`: the same schedule, dtype, element count, tag, late rank and
+rounds), and all raise the same :class:`~stragglar.runtime.header.MismatchError` instead of summing
+wrong; the headers that passed are remembered per group, so later calls skip the check.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from stragglar.args import as_int, as_seconds
+from stragglar.errors import ArgumentError, InputError
+from stragglar.runtime.cupy_nccl import NcclGroup
+from stragglar.runtime.engine import (
+    Timeline,
+    dtype_name,
+    flat_view,
+    in_place_refusal,
+    late_rank_for,
+    run_rank,
+)
+from stragglar.runtime.header import CheckedHeaders, Header, MismatchError, make_header, mismatch
+from stragglar.runtime.plans import plan_for
+from stragglar.verify import Proof, require_proof
+
+__all__ = ["allreduce"]
+
+_checked = CheckedHeaders()
+
+
+def allreduce(
+    data: Any,
+    proof: Proof,
+    group: Any = None,
+    straggler_delay: float = 0.0,
+    *,
+    timeout: float | None = 300.0,
+    tag: int = 0,
+    late_rank: int | None = None,
+    stream_ordered: bool = False,
+    rounds: tuple[int, int | None] | None = None,
+) -> Timeline:
+    """Sum this rank's ``data`` over the ranks in place, following the proved schedule.
+
+    ``data`` is a torch tensor (``group``: a torch process group, default the world) or a
+    NumPy/CuPy array with an :class:`NcclGroup`.  The late rank (``late_rank``, default the
+    schedule's straggler, else the last rank) sleeps ``straggler_delay`` seconds first; the others
+    start the rounds without it at once.  ``tag`` offsets the message tags (concurrent calls need
+    distinct ranges of ``num_rounds``).  Returns this rank's timeline.
+
+    The first call with a given schedule, dtype, element count, tag and late rank on a group
+    all-gathers a small header, and every rank raises the same :class:`MismatchError` if the ranks
+    disagree on any of them (instead of computing a wrong sum); later calls with the same plan
+    skip it.  Raises :class:`~stragglar.runtime.RankError` when a peer dies or does not answer
+    within ``timeout`` seconds (``timeout`` plus ``straggler_delay`` for a wait that may include
+    the late rank's delay), and :class:`~stragglar.runtime.ArgumentError` (a TypeError) or
+    ``InputError`` for bad arguments.
+
+    ``stream_ordered`` (torch tensors on an NCCL group): wait for each round on the current CUDA
+    stream instead of the host, so the call returns once every round is queued; ``timeout`` then
+    bounds only the first call's header check, and the process group's own timeout catches a dead
+    peer (:mod:`stragglar.runtime.torch_dist`).
+
+    ``rounds=(first, stop)`` runs only the schedule's rounds ``first`` to ``stop - 1`` (stop None:
+    to the end), on every rank; the buffer holds a partial result in between.  Calls over
+    consecutive ranges, in order, compute the sum; :func:`~stragglar.runtime.rounds_without` says
+    which first rounds the late rank has no part in.  The late rank sleeps ``straggler_delay`` in
+    the call that holds its first round.
+    """
+    require_proof(proof)
+    delay = as_seconds(straggler_delay, "straggler_delay")
+    wait = None if timeout is None else as_seconds(timeout, "timeout", positive=True)
+    tag = as_int(tag, "tag", minimum=0)
+    part = _check_rounds(rounds, proof)
+    if isinstance(group, NcclGroup):
+        from stragglar.runtime.cupy_nccl import NcclTransport, nccl_dtype
+        from stragglar.runtime.cupy_nccl import gather_headers as gather_nccl
+
+        group = group.resolved()
+        rank, size = group.comm.rank_id(), group.comm.size()
+        late_rank = late_rank_for(proof.schedule, late_rank, size)
+        with group.stream:
+            flat, header, problem = _inspect(
+                data, proof, tag, late_rank, part, lambda dtype: nccl_dtype(group, dtype)
+            )
+            if (group.comm, header) not in _checked:
+                _agree(header, gather_nccl(group, flat if flat is not None else data, header, wait), size)
+                if problem is None:
+                    _checked.add(group.comm, header)
+            if problem is not None:
+                raise problem
+            plan = plan_for(proof, rank, int(flat.shape[0]), tag)
+            transport = NcclTransport(plan, group, dtype_name(flat), _plus(wait, delay))
+            return run_rank(flat, plan, transport, delay, late_rank, part)
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(data, torch.Tensor):
+        import torch.distributed as dist
+
+        from stragglar.runtime.torch_dist import TorchTransport
+        from stragglar.runtime.torch_dist import gather_headers as gather_torch
+
+        rank, size = dist.get_rank(group), dist.get_world_size(group)
+        late_rank = late_rank_for(proof.schedule, late_rank, size)
+        flat, header, problem = _inspect(data, proof, tag, late_rank, part)
+        identity = group if group is not None else dist.group.WORLD
+        if (identity, header) not in _checked:
+            _agree(header, gather_torch(header, group, data.device, rank, wait), size)
+            if problem is None:
+                _checked.add(identity, header)
+        if problem is not None:
+            raise problem
+        plan = plan_for(proof, rank, int(flat.shape[0]), tag)
+        moves = TorchTransport(plan, group, _plus(wait, delay), stream_ordered)
+        return run_rank(flat, plan, moves, delay, late_rank, part)
+    raise ArgumentError(
+        f"cannot allreduce a {type(data).__name__} across processes: pass a torch tensor, or an array "
+        "with an NcclGroup (allreduce_local takes one array per rank)"
+    )
+
+
+def _check_rounds(rounds: Any, proof: Proof) -> tuple[int, int | None]:
+    """``rounds`` as (first, stop), both within the schedule's rounds (stop None: to the end)."""
+    if rounds is None:
+        return 0, None
+    if not isinstance(rounds, tuple) or len(rounds) != 2:
+        raise ArgumentError(f"rounds must be a pair (first, stop), got {rounds!r}")
+    total = proof.num_rounds
+    first = as_int(rounds[0], "rounds[0]", minimum=0)
+    stop = None if rounds[1] is None else as_int(rounds[1], "rounds[1]", minimum=0)
+    if first > (total if stop is None else stop) or (stop is not None and stop > total):
+        raise InputError(f"rounds must satisfy 0 <= first <= stop <= {total} (the schedule's), got {rounds}")
+    return first, stop
+
+
+def _plus(timeout: float | None, delay: float) -> float | None:
+    return None if timeout is None else timeout + delay
+
+
+def _inspect(
+    data: Any,
+    proof: Proof,
+    tag: int,
+    late_rank: int,
+    rounds: tuple[int, int | None],
+    sendable: Callable[[str], object] = lambda _: None,
+) -> tuple[Any, Header, Exception | None]:
+    """(the flat view or None, this rank's header, the error this rank must raise or None)."""
+    header = functools.partial(make_header, proof, tag=tag, late_rank=late_rank, rounds=rounds)
+    refusal = in_place_refusal(data)
+    if refusal is not None:
+        return None, header(None, None, problem=4), InputError(refusal)
+    try:
+        flat = flat_view(data)
+    except TypeError as e:  # a dtype nothing here supports
+        return None, header(None, None, problem=1), e
+    except InputError as e:  # not contiguous
+        return None, header(None, None, problem=2), e
+    dtype = dtype_name(flat)
+    try:
+        sendable(dtype)
+    except TypeError as e:  # e.g. an NCCL build without bfloat16
+        return None, header(dtype, None, problem=3), e
+    return flat, header(dtype, int(flat.shape[0])), None
+
+
+def _agree(mine: Header, gathered: Sequence[Sequence[int]], size: int) -> None:
+    """Raise the same MismatchError on every rank unless every header equals this rank's.
+
+    A rank with a problem of its own raises its own error after the gather instead."""
+    headers = [Header(*h) for h in gathered]
+    reason = mismatch(headers, size)
+    if reason is not None and not mine.problem:
+        raise MismatchError(reason)
