@@ -20,11 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stragglar.formats import json as json_format
-from stragglar.msccl import MscclProof
-from stragglar.mscclpp import PlanProof
 from stragglar.schedule import Schedule, round_lower_bound
 from stragglar.synth import ALGORITHMS, synthesize
 from stragglar.verify import prove
+from stragglar.verify.report import ArtifactProof
 from stragglar.verify.smt import smt_prove
 
 __all__ = [
@@ -56,10 +55,9 @@ class ProofRow:
     source: str
 
     @classmethod
-    def for_artifact(cls, proof: MscclProof | PlanProof, method: str, source: str) -> ProofRow:
+    def for_artifact(cls, proof: ArtifactProof, method: str, source: str) -> ProofRow:
         """The row of a proved MSCCL XML file or MSCCL++ plan: its name for the algorithm, no rounds."""
-        gpus = proof.ngpus if isinstance(proof, MscclProof) else proof.gpus
-        return cls(proof.name, gpus, 0, None, method, proof.seconds, source)
+        return cls(proof.name, proof.gpus, 0, None, method, proof.seconds, source)
 
 
 def prove_all(max_smt: int = 32, max_baseline_smt: int = 16, max_simulated: int = 128) -> Iterator[ProofRow]:

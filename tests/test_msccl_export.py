@@ -52,7 +52,7 @@ def xml_of(schedule: Schedule, **options: Any) -> str:
 def test_every_algorithm_exports_a_proved_file(algorithm: str, n: int) -> None:
     xml = xml_of(synthesize(algorithm, n))
     proof = prove_msccl(xml)
-    assert proof.ngpus == n and proof.proto == "Simple" and proof.capacity == 2
+    assert proof.gpus == n and proof.proto == "Simple" and proof.capacity == 2
     assert proof.summary.startswith(f"proved: {algorithm}-n{n}")
 
 
@@ -73,9 +73,9 @@ def test_instances_protocols_and_stragglers(
     schedule = synthesize(algorithm, n, straggler)
     xml = xml_of(schedule, proto=proto, instances=instances)
     proof = prove_msccl(xml)
-    assert proof.nchunks == schedule.num_chunks * instances
+    assert proof.chunks == schedule.num_chunks * instances
     assert proof.proto == proto and proof.capacity == (2 if proto == "Simple" else 8)
-    assert proof.nchannels >= instances  # each instance has its own connections
+    assert proof.channels >= instances  # each instance has its own connections
 
 
 @pytest.mark.parametrize(
@@ -259,7 +259,7 @@ def test_release_files(tmp_path: Path) -> None:
     ("algorithm", "n"), [("stragglar", 32), ("stragglar", 64), ("ring", 64), ("direct", 48)]
 )
 def test_large_files_are_proved(algorithm: str, n: int) -> None:
-    assert prove_msccl(xml_of(synthesize(algorithm, n))).ngpus == n
+    assert prove_msccl(xml_of(synthesize(algorithm, n))).gpus == n
 
 
 @pytest.mark.slow
@@ -267,4 +267,4 @@ def test_large_files_are_proved(algorithm: str, n: int) -> None:
     ("algorithm", "n", "instances"), [("stragglar", 128, 1), ("stragglar", 64, 2), ("ring", 128, 1)]
 )
 def test_largest_files_are_proved(algorithm: str, n: int, instances: int) -> None:
-    assert prove_msccl(xml_of(synthesize(algorithm, n), instances=instances)).ngpus == n
+    assert prove_msccl(xml_of(synthesize(algorithm, n), instances=instances)).gpus == n

@@ -34,6 +34,7 @@ from stragglar.mscclpp.hb import Found, HappensBefore
 from stragglar.mscclpp.machine import ACQUIRE, BARRIER, RELEASE, SIGNAL, WAIT, Layout, Outcome, run
 from stragglar.mscclpp.planmodel import Plan
 from stragglar.mscclpp.reader import read_plan
+from stragglar.verify.report import ArtifactProof
 
 __all__ = ["DEFAULT_INTERLEAVINGS", "PlanProof", "check_plan", "prove_plan"]
 
@@ -41,19 +42,15 @@ DEFAULT_INTERLEAVINGS = 4
 
 
 @dataclass(frozen=True, slots=True)
-class PlanProof:
-    """What was proved about a plan; ``summary`` says it in one line."""
+class PlanProof(ArtifactProof):
+    """What was proved about a plan: the shared facts of :class:`ArtifactProof` and the mode, the
+    most thread blocks of one GPU, the ops, the largest scratch buffer and the interleavings run."""
 
-    name: str
     inplace: bool
-    gpus: int
-    threadblocks: int
     max_threadblocks_per_gpu: int
     ops: int
-    chunks: int
     max_scratch_chunks: int
     interleavings: int
-    seconds: float  # how long reading and proving took
 
     @property
     def brief(self) -> str:
@@ -118,15 +115,15 @@ def prove_plan(text: str, *, interleavings: int = DEFAULT_INTERLEAVINGS) -> Plan
     per_gpu = [len(g.tbs) for g in plan.gpus]
     return PlanProof(
         name=plan.name,
-        inplace=plan.inplace,
         gpus=len(plan.gpus),
+        chunks=plan.chunks,
         threadblocks=sum(per_gpu),
+        seconds=time.perf_counter() - start,
+        inplace=plan.inplace,
         max_threadblocks_per_gpu=max(per_gpu),
         ops=sum(len(p) for p in layout.programs),
-        chunks=plan.chunks,
         max_scratch_chunks=max(g.scratch_chunks for g in plan.gpus),
         interleavings=interleavings,
-        seconds=time.perf_counter() - start,
     )
 
 
