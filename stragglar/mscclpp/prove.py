@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import networkx as nx
 
+from stragglar.mscclpp.document import PlanSource
 from stragglar.mscclpp.errors import PlanViolation, PlanViolationError
 from stragglar.mscclpp.hb import Found, HappensBefore
 from stragglar.mscclpp.machine import ACQUIRE, BARRIER, RELEASE, SIGNAL, WAIT, Layout, Outcome, run
@@ -76,25 +77,26 @@ class PlanProof(ArtifactProof):
         )
 
 
-def check_plan(text: str, *, interleavings: int = DEFAULT_INTERLEAVINGS) -> PlanViolation | None:
+def check_plan(plan: PlanSource, *, interleavings: int = DEFAULT_INTERLEAVINGS) -> PlanViolation | None:
     """The first violation of a well-formed plan, or None if it is proved.
 
     Raises :class:`~stragglar.mscclpp.errors.PlanFormatError` or
     :class:`~stragglar.mscclpp.errors.UnsupportedPlanError` for text it cannot prove anything about.
     """
     try:
-        prove_plan(text, interleavings=interleavings)
+        prove_plan(plan, interleavings=interleavings)
     except PlanViolationError as exc:
         return exc.violation
     return None
 
 
-def prove_plan(text: str, *, interleavings: int = DEFAULT_INTERLEAVINGS) -> PlanProof:
-    """Prove the plan, or raise :class:`~stragglar.mscclpp.errors.PlanViolationError` (first violation)."""
+def prove_plan(source: PlanSource, *, interleavings: int = DEFAULT_INTERLEAVINGS) -> PlanProof:
+    """Prove the plan (its text or document), or raise
+    :class:`~stragglar.mscclpp.errors.PlanViolationError` (first violation)."""
     if isinstance(interleavings, bool) or not isinstance(interleavings, int) or interleavings < 1:
         raise ValueError(f"interleavings must be a positive integer, got {interleavings!r}")
     start = time.perf_counter()
-    plan = read_plan(text)
+    plan = read_plan(source)
     _check_input_untouched(plan)
     layout = Layout.build(plan)
     checker = _Checker(layout)
