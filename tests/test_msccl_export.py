@@ -9,9 +9,11 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from msccl_model import run_numeric
 
+from stragglar.errors import ArgumentError
 from stragglar.formats import json as json_format
 from stragglar.msccl import DEFAULT_MAX_BYTES, MscclExportError, prove_msccl, to_msccl_xml, write_msccl
 from stragglar.msccl import threadblocks as msccl_threadblocks
@@ -194,6 +196,21 @@ def test_write_msccl(tmp_path: Path) -> None:
 def test_bad_options(options: dict[str, object], message: str) -> None:
     with pytest.raises(MscclExportError, match=re.escape(message)):
         xml_of(synthesize("ring", 3), **options)
+
+
+def test_numpy_integers_are_counts_like_ints() -> None:
+    """As everywhere in the API (stragglar.args): a count may be any integral type."""
+    schedule = synthesize("stragglar", 4)
+    numpy = {"instances": np.int64(2), "min_bytes": np.int32(0), "max_bytes": np.uint64(1 << 30)}
+    assert xml_of(schedule, **numpy) == xml_of(schedule, instances=2, min_bytes=0, max_bytes=1 << 30)
+
+
+@pytest.mark.parametrize("label", ["instances", "min_bytes", "max_bytes"])
+@pytest.mark.parametrize(("value", "kind"), [(True, "bool"), (2.0, "float"), ("2", "str")])
+def test_counts_of_other_types_are_refused(label: str, value: object, kind: str) -> None:
+    with pytest.raises(ArgumentError) as e:
+        xml_of(synthesize("ring", 3), **{label: value})
+    assert str(e.value) == f"{label} must be an integer, got {value!r} ({kind})"
 
 
 def test_incorrect_schedule_is_not_exported() -> None:
