@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from stragglar.artifacts import FORMATS
 from stragglar.formats import json as json_format
 from stragglar.schedule import Schedule, round_lower_bound
 from stragglar.synth import ALGORITHMS, synthesize
@@ -43,8 +44,8 @@ TABLE_HEADER = f"{'algorithm':<10} {'N':>4} {'rounds':>7} {'bound':>6}  {'method
 class ProofRow:
     """One proof: ``rounds`` counts the chunk-steps after the straggler arrives (all rounds,
     without one); ``lower_bound`` is its lower bound, given for StragglAR only; ``method`` is
-    "smt", "simulate" or "msccl" (an XML file proved as the executor runs it); ``source`` is
-    "synthesized" or a file name."""
+    "smt", "simulate" or an artifact format's name (a file proved as its executor runs it, see
+    :data:`stragglar.artifacts.FORMATS`); ``source`` is "synthesized" or a file name."""
 
     algorithm: str
     num_ranks: int
@@ -104,7 +105,7 @@ def _proved(schedule: Schedule, method: str, prover: Callable[[Schedule], object
 
 def format_row(row: ProofRow) -> str:
     bound = "-" if row.lower_bound is None else str(row.lower_bound)
-    rounds = "-" if row.method in ("msccl", "mscclpp") else str(row.rounds)
+    rounds = "-" if row.method in FORMATS else str(row.rounds)
     cells = f"{row.algorithm:<10} {row.num_ranks:>4} {rounds:>7} {bound:>6}"
     return f"{cells}  {row.method:<9} {row.seconds:>7.3f}  {row.source}"
 
