@@ -1,7 +1,8 @@
 """Describe an MSCCL++ execution plan for ``stragglar show``: GPUs, thread blocks, ops, chunks, sizes.
 
-A pure function of the text that works on any plan the executor could load, also ones the prover
-refuses (packets, NVLS): it only counts, it does not resolve references or prove anything.
+A pure function of the text (or its parsed document) that works on any plan the executor could load,
+also ones the prover refuses (packets, NVLS): it only counts, it does not resolve references or
+prove anything.
 
 >>> from stragglar.synth import synthesize
 >>> from stragglar.mscclpp import lower
