@@ -53,7 +53,7 @@ def main() -> None:
         prove_s, proof = best_of(args.repeats, functools.partial(prove_msccl, xml))
         assert isinstance(proof, MscclProof)
         print(
-            f"{n:>4} {proof.thread_blocks:>6} {proof.steps:>7} {proof.nchannels:>4} "
+            f"{n:>4} {proof.threadblocks:>6} {proof.steps:>7} {proof.channels:>4} "
             f"{len(xml) / 1024:>7.0f} {export_s:>9.3f} {prove_s:>8.3f}"
         )
 

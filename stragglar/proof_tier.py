@@ -19,12 +19,12 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from stragglar.artifacts import FORMATS
 from stragglar.formats import json as json_format
-from stragglar.msccl import MscclProof
-from stragglar.mscclpp import PlanProof
 from stragglar.schedule import Schedule, round_lower_bound
 from stragglar.synth import ALGORITHMS, synthesize
 from stragglar.verify import prove
+from stragglar.verify.report import ArtifactProof
 from stragglar.verify.smt import smt_prove
 
 __all__ = [
@@ -44,8 +44,8 @@ TABLE_HEADER = f"{'algorithm':<10} {'N':>4} {'rounds':>7} {'bound':>6}  {'method
 class ProofRow:
     """One proof: ``rounds`` counts the chunk-steps after the straggler arrives (all rounds,
     without one); ``lower_bound`` is its lower bound, given for StragglAR only; ``method`` is
-    "smt", "simulate" or "msccl" (an XML file proved as the executor runs it); ``source`` is
-    "synthesized" or a file name."""
+    "smt", "simulate" or an artifact format's name (a file proved as its executor runs it, see
+    :data:`stragglar.artifacts.FORMATS`); ``source`` is "synthesized" or a file name."""
 
     algorithm: str
     num_ranks: int
@@ -56,10 +56,9 @@ class ProofRow:
     source: str
 
     @classmethod
-    def for_artifact(cls, proof: MscclProof | PlanProof, method: str, source: str) -> ProofRow:
+    def for_artifact(cls, proof: ArtifactProof, method: str, source: str) -> ProofRow:
         """The row of a proved MSCCL XML file or MSCCL++ plan: its name for the algorithm, no rounds."""
-        gpus = proof.ngpus if isinstance(proof, MscclProof) else proof.gpus
-        return cls(proof.name, gpus, 0, None, method, proof.seconds, source)
+        return cls(proof.name, proof.gpus, 0, None, method, proof.seconds, source)
 
 
 def prove_all(max_smt: int = 32, max_baseline_smt: int = 16, max_simulated: int = 128) -> Iterator[ProofRow]:
@@ -106,7 +105,7 @@ def _proved(schedule: Schedule, method: str, prover: Callable[[Schedule], object
 
 def format_row(row: ProofRow) -> str:
     bound = "-" if row.lower_bound is None else str(row.lower_bound)
-    rounds = "-" if row.method in ("msccl", "mscclpp") else str(row.rounds)
+    rounds = "-" if row.method in FORMATS else str(row.rounds)
     cells = f"{row.algorithm:<10} {row.num_ranks:>4} {rounds:>7} {bound:>6}"
     return f"{cells}  {row.method:<9} {row.seconds:>7.3f}  {row.source}"
 

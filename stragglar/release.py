@@ -18,11 +18,11 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from stragglar.artifacts import FORMATS, MSCCL, MSCCLPP, ArtifactFormat, ExportOptions
 from stragglar.files import write_text
 from stragglar.formats import json as json_format
-from stragglar.msccl import default_name, prove_msccl, to_msccl_xml
-from stragglar.mscclpp import lower, prove_plan
 from stragglar.schedule import base_name, round_lower_bound
 from stragglar.synth import synthesize
 from stragglar.verify import prove
@@ -73,21 +73,22 @@ def schedule_files(
     instances: int = 1,
     msccl: bool = True,
 ) -> ScheduleFiles:
-    """Synthesize one schedule, prove it from its JSON text, export that proof (MSCCL XML if
-    ``msccl``, and an MSCCL++ plan) and prove each artifact from its own text."""
+    """Synthesize one schedule, prove it from its JSON text, export that proof (MSCCL XML in
+    ``proto`` and ``instances`` if ``msccl``, and an MSCCL++ plan with the default options) and
+    prove each artifact from its own text; each format's files go to a folder of its name."""
     schedule = synthesize(algorithm, num_ranks, straggler, chunks=chunks)
     json_text = json_format.dumps(schedule) + "\n"
     proof = prove(json_format.loads(json_text))
-    base = base_name(schedule)
-    files = {f"json/{base}.json": json_text}
+    files = {f"json/{base_name(schedule)}.json": json_text}
     proofs = [proof.summary]
-    if msccl:
-        xml_text = to_msccl_xml(proof, proto=proto, instances=instances)
-        files[f"msccl/{default_name(schedule, proto, instances)}.xml"] = xml_text
-        proofs.append(prove_msccl(xml_text).summary)
-    plan_text = lower(proof).text
-    files[f"mscclpp/{base}-mscclpp.json"] = plan_text
-    proofs.append(prove_plan(plan_text).summary)
+    exports: list[tuple[ArtifactFormat[Any], ExportOptions]] = [
+        *([(MSCCL, ExportOptions(proto=proto, instances=instances))] if msccl else []),
+        (MSCCLPP, ExportOptions()),
+    ]
+    for fmt, options in exports:
+        text = fmt.lower(proof, options)
+        files[f"{fmt.name}/{fmt.file_name(schedule, options)}"] = text
+        proofs.append(fmt.prove(text).summary)
     return ScheduleFiles(
         files,
         algorithm,
@@ -135,7 +136,7 @@ def _readme(bundles: list[ScheduleFiles]) -> str:
 
     rows = [
         f"| {b.num_ranks} | {b.num_chunks} | {b.rounds} | {b.lower_bound} | "
-        + " | ".join(link(b, folder) for folder in ("json", "msccl", "mscclpp"))
+        + " | ".join(link(b, folder) for folder in ("json", *FORMATS))
         + " |"
         for b in bundles
     ]
@@ -152,8 +153,10 @@ def _readme(bundles: list[ScheduleFiles]) -> str:
             "Rounds are those after the straggler arrives; the bound is C + ceil(log2 N) - 1 (R*(N) for",
             "C = N - 1). MSCCL XML (Simple protocol) is shipped up to N = 64.",
             "",
-            "| N | C | rounds | bound | JSON schedule | MSCCL XML | MSCCL++ plan |",
-            "|---:|---:|---:|---:|---|---|---|",
+            "| N | C | rounds | bound | JSON schedule | "
+            + " | ".join(f.title for f in FORMATS.values())
+            + " |",
+            "|---:|---:|---:|---:|---|" + "---|" * len(FORMATS),
             *rows,
             "",
         ]

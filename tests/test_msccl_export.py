@@ -9,9 +9,11 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from msccl_model import run_numeric
 
+from stragglar.errors import ArgumentError
 from stragglar.formats import json as json_format
 from stragglar.msccl import DEFAULT_MAX_BYTES, MscclExportError, prove_msccl, to_msccl_xml, write_msccl
 from stragglar.msccl import threadblocks as msccl_threadblocks
@@ -52,7 +54,7 @@ def xml_of(schedule: Schedule, **options: Any) -> str:
 def test_every_algorithm_exports_a_proved_file(algorithm: str, n: int) -> None:
     xml = xml_of(synthesize(algorithm, n))
     proof = prove_msccl(xml)
-    assert proof.ngpus == n and proof.proto == "Simple" and proof.capacity == 2
+    assert proof.gpus == n and proof.proto == "Simple" and proof.capacity == 2
     assert proof.summary.startswith(f"proved: {algorithm}-n{n}")
 
 
@@ -73,9 +75,9 @@ def test_instances_protocols_and_stragglers(
     schedule = synthesize(algorithm, n, straggler)
     xml = xml_of(schedule, proto=proto, instances=instances)
     proof = prove_msccl(xml)
-    assert proof.nchunks == schedule.num_chunks * instances
+    assert proof.chunks == schedule.num_chunks * instances
     assert proof.proto == proto and proof.capacity == (2 if proto == "Simple" else 8)
-    assert proof.nchannels >= instances  # each instance has its own connections
+    assert proof.channels >= instances  # each instance has its own connections
 
 
 @pytest.mark.parametrize(
@@ -196,6 +198,21 @@ def test_bad_options(options: dict[str, object], message: str) -> None:
         xml_of(synthesize("ring", 3), **options)
 
 
+def test_numpy_integers_are_counts_like_ints() -> None:
+    """As everywhere in the API (stragglar.args): a count may be any integral type."""
+    schedule = synthesize("stragglar", 4)
+    numpy = {"instances": np.int64(2), "min_bytes": np.int32(0), "max_bytes": np.uint64(1 << 30)}
+    assert xml_of(schedule, **numpy) == xml_of(schedule, instances=2, min_bytes=0, max_bytes=1 << 30)
+
+
+@pytest.mark.parametrize("label", ["instances", "min_bytes", "max_bytes"])
+@pytest.mark.parametrize(("value", "kind"), [(True, "bool"), (2.0, "float"), ("2", "str")])
+def test_counts_of_other_types_are_refused(label: str, value: object, kind: str) -> None:
+    with pytest.raises(ArgumentError) as e:
+        xml_of(synthesize("ring", 3), **{label: value})
+    assert str(e.value) == f"{label} must be an integer, got {value!r} ({kind})"
+
+
 def test_incorrect_schedule_is_not_exported() -> None:
     half = Schedule("bad", 2, 1, None, (Phase("p", (0, 1), ((Transfer(0, 1, 0, Op.REDUCE),),)),))
     with pytest.raises(VerificationError, match="final state: rank 0"):
@@ -259,7 +276,7 @@ def test_release_files(tmp_path: Path) -> None:
     ("algorithm", "n"), [("stragglar", 32), ("stragglar", 64), ("ring", 64), ("direct", 48)]
 )
 def test_large_files_are_proved(algorithm: str, n: int) -> None:
-    assert prove_msccl(xml_of(synthesize(algorithm, n))).ngpus == n
+    assert prove_msccl(xml_of(synthesize(algorithm, n))).gpus == n
 
 
 @pytest.mark.slow
@@ -267,4 +284,4 @@ def test_large_files_are_proved(algorithm: str, n: int) -> None:
     ("algorithm", "n", "instances"), [("stragglar", 128, 1), ("stragglar", 64, 2), ("ring", 128, 1)]
 )
 def test_largest_files_are_proved(algorithm: str, n: int, instances: int) -> None:
-    assert prove_msccl(xml_of(synthesize(algorithm, n), instances=instances)).ngpus == n
+    assert prove_msccl(xml_of(synthesize(algorithm, n), instances=instances)).gpus == n

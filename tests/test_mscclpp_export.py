@@ -7,8 +7,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
+from stragglar.errors import ArgumentError
 from stragglar.mscclpp import MscclppExportError, PlanOptions, lower, will_use, write_plan
 from stragglar.mscclpp.prove import prove_plan
 from stragglar.mscclpp.sizes import offset_limit
@@ -233,6 +235,52 @@ def test_too_many_thread_blocks_is_refused_with_the_limit_and_the_way_out() -> N
 def test_bad_options_are_one_line_errors(options: PlanOptions, message: str) -> None:
     with pytest.raises(MscclppExportError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
         lower(prove(synthesize("stragglar", 8)), options)
+
+
+def test_numpy_integers_are_options_like_ints() -> None:
+    """As everywhere in the API (stragglar.args): a count or size may be any integral type."""
+    options = PlanOptions(
+        instances=np.int64(2),
+        buffer_alignment=np.int32(32),
+        min_message_size=np.uint32(0),
+        max_message_size=np.int64(1 << 20),
+        num_threads_per_block=np.int16(512),
+        max_threadblocks=np.int64(64),
+    )
+    plain = PlanOptions(
+        instances=2,
+        buffer_alignment=32,
+        min_message_size=0,
+        max_message_size=1 << 20,
+        num_threads_per_block=512,
+        max_threadblocks=64,
+    )
+    assert options == plain and type(options.instances) is int and type(options.max_message_size) is int
+    proof = prove(synthesize("stragglar", 5))
+    assert lower(proof, options) == lower(proof, plain)
+
+
+@pytest.mark.parametrize(
+    "label",
+    [
+        "instances",
+        "buffer_alignment",
+        "min_message_size",
+        "max_message_size",
+        "num_threads_per_block",
+        "max_threadblocks",
+    ],
+)
+@pytest.mark.parametrize(("value", "kind"), [(True, "bool"), (16.0, "float")])
+def test_options_of_other_types_are_refused(label: str, value: object, kind: str) -> None:
+    with pytest.raises(ArgumentError) as info:
+        PlanOptions(**{label: value})  # type: ignore[arg-type]
+    assert str(info.value) == f"{label} must be an integer, got {value!r} ({kind})"
+
+
+def test_a_name_that_is_not_a_string_is_refused() -> None:
+    with pytest.raises(MscclppExportError, match=r"^name must be 1 to 128 printable characters, got 5$"):
+        lower(prove(synthesize("stragglar", 3)), PlanOptions(name=5))  # type: ignore[arg-type]
 
 
 def test_size_fields_and_the_rule_they_imply() -> None:

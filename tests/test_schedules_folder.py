@@ -38,7 +38,7 @@ def test_each_shipped_file_is_proved_from_the_file_itself(n: int) -> None:
     assert len(xml_paths) == (n in MSCCL_SIZES)
     for xml_path in xml_paths:
         xml_proof = prove_msccl(xml_path.read_text(encoding="utf-8"))
-        assert xml_proof.ngpus == n and xml_proof.nchunks == n - 1
+        assert xml_proof.gpus == n and xml_proof.chunks == n - 1
     (plan_path,) = (SHIPPED / "mscclpp").glob(f"stragglar-n{n}-s{n - 1}-mscclpp.json")
     plan_proof = prove_plan(plan_path.read_text(encoding="utf-8"))
     assert plan_proof.gpus == n and plan_proof.chunks == n - 1
@@ -51,7 +51,7 @@ def test_each_shipped_chunked_file_is_proved_at_the_bound(n: int, c: int) -> Non
     assert prove(schedule).num_ranks == n and schedule.num_chunks == c
     assert schedule.exposed_rounds == round_lower_bound(n, c) == c + (n - 1).bit_length() - 1
     xml_proof = prove_msccl((SHIPPED / "msccl" / f"{base}-simple.xml").read_text(encoding="utf-8"))
-    assert (xml_proof.ngpus, xml_proof.nchunks) == (n, c)
+    assert (xml_proof.gpus, xml_proof.chunks) == (n, c)
     plan_proof = prove_plan((SHIPPED / "mscclpp" / f"{base}-mscclpp.json").read_text(encoding="utf-8"))
     assert (plan_proof.gpus, plan_proof.chunks) == (n, c)
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import json
 import os
 import sys
@@ -16,21 +18,21 @@ import click
 from click.core import ParameterSource
 from tqdm import tqdm
 
+from stragglar.artifacts import FORMATS, ArtifactFormat, ExportOptions, format_of
 from stragglar.errors import IncorrectError, InputError, StragglarError
 from stragglar.files import check_replaceable, read_text, same_file, write_bytes, write_text
 from stragglar.formats import json as json_format
 from stragglar.model import AUTO, PAPER_NETWORK, Network, resolve_chunks
-from stragglar.msccl import PROTOCOLS, MscclProof, prove_msccl, to_msccl_xml
-from stragglar.mscclpp import DEFAULT_MAX_THREADBLOCKS, PlanOptions, PlanProof, prove_plan
-from stragglar.mscclpp import lower as lower_plan
+from stragglar.msccl import PROTOCOLS
+from stragglar.mscclpp import DEFAULT_MAX_THREADBLOCKS
 from stragglar.schedule import Schedule
 from stragglar.synth import ALGORITHMS
 from stragglar.units import format_bytes, format_seconds, parse_bandwidth, parse_duration, parse_size
 from stragglar.verify import Proof, VerificationError, prove
+from stragglar.verify.report import ArtifactProof
 
 __all__ = [
     "ALGORITHM",
-    "ARTIFACT_FORMATS",
     "BANDWIDTH",
     "CHUNKS",
     "DURATION",
@@ -41,6 +43,7 @@ __all__ = [
     "STRAGGLER",
     "VERBOSE",
     "Quantity",
+    "artifact_error",
     "artifact_options",
     "auto_note",
     "busy",
@@ -56,8 +59,8 @@ __all__ = [
     "progress",
     "progress_bar",
     "proved",
-    "proved_plan",
-    "proved_xml",
+    "proved_artifact",
+    "read_artifact",
     "read_input",
     "refuse_given",
     "refuse_other_formats",
@@ -66,6 +69,7 @@ __all__ = [
 ]
 
 _T = TypeVar("_T")
+_D = TypeVar("_D")
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 # tqdm's monitor thread would outlive every bar; a thread alive when `run` forks its ranks can
@@ -204,20 +208,13 @@ PLOT = click.option(
     type=click.Path(dir_okay=False, path_type=Path),
     help="Also draw a chart into this file (.png, .svg or .pdf; needs matplotlib).",
 )
-ARTIFACT_FORMATS = ("msccl", "mscclpp")
-# Which artifact formats each export option shapes: any other use is an error, not ignored.
-APPLIES = {
-    "proto": ("msccl",),
-    "instances": ARTIFACT_FORMATS,
-    "min_bytes": ARTIFACT_FORMATS,
-    "max_bytes": ARTIFACT_FORMATS,
-    "artifact_name": ARTIFACT_FORMATS,
-    "max_threadblocks": ("mscclpp",),
-}
 
 
 def artifact_options(command: Callable[..., None]) -> Callable[..., None]:
-    """The export options of ``synth`` and ``export``: MSCCL XML (``msccl``) and MSCCL++ (``mscclpp``)."""
+    """The export options of ``synth`` and ``export``: MSCCL XML (``msccl``) and MSCCL++ (``mscclpp``).
+
+    Each is a field of :class:`~stragglar.artifacts.ExportOptions` of the same name, so that the
+    command's keyword arguments are the options (``ExportOptions(**artifact)``)."""
     options = [
         click.option(
             "--proto", type=click.Choice(PROTOCOLS), default="Simple", show_default=True, help="MSCCL XML."
@@ -227,9 +224,7 @@ def artifact_options(command: Callable[..., None]) -> Callable[..., None]:
         ),
         click.option("--min-bytes", type=SIZE, help="Smallest message the executor uses it for (a size)."),
         click.option("--max-bytes", type=SIZE, help="Largest message (a size; MSCCL XML default 1TiB)."),
-        click.option(
-            "--name", "artifact_name", help="The algo's or plan's name (default: from the schedule)."
-        ),
+        click.option("--name", help="The algo's or plan's name (default: from the schedule)."),
         click.option(
             "--max-threadblocks",
             type=click.IntRange(min=1),
@@ -244,48 +239,29 @@ def artifact_options(command: Callable[..., None]) -> Callable[..., None]:
 
 
 def refuse_other_formats(fmt: str) -> None:
-    """Refuse the export options that do not shape ``fmt``."""
-    for name, formats in APPLIES.items():
-        if fmt not in formats:
-            refuse_given([name], f"it shapes {' and '.join(FORMAT_NAMES[f] for f in formats)} output only")
-
-
-FORMAT_NAMES = {"msccl": "MSCCL XML", "mscclpp": "MSCCL++ plan", "json": "JSON schedule", "text": "text"}
+    """Refuse the export options that do not shape the output format ``fmt`` (a JSON schedule and
+    text take none), in the order ``--help`` lists them."""
+    own = FORMATS[fmt].options if fmt in FORMATS else frozenset()
+    export = {option.name for option in dataclasses.fields(ExportOptions)}
+    for param in click.get_current_context().command.params:
+        if param.name in export and param.name not in own:
+            shaped = " and ".join(f.title for f in FORMATS.values() if param.name in f.options)
+            refuse_given([param.name], f"it shapes {shaped} output only")
 
 
 @dataclass(frozen=True)
 class Exported:
-    """An artifact's text and what its own prover said of it."""
+    """An artifact's text and what its own prover proved of it."""
 
     text: str
-    summary: str  # one line
-    brief: str  # the program's size, for the synth summary
-    details: str  # what the proof covers, for -v
+    proof: ArtifactProof
 
 
-def export_artifact(proof: Proof, fmt: str, options: dict[str, Any]) -> Exported:
-    """Lower the proved schedule to ``fmt`` (msccl or mscclpp) and prove the text itself."""
-    name = options["artifact_name"]
-    with busy(f"exporting {proof.num_ranks} GPUs to {FORMAT_NAMES[fmt]}"):
-        if fmt == "msccl":
-            window = {k: options[k] for k in ("min_bytes", "max_bytes") if options[k] is not None}
-            text = to_msccl_xml(
-                proof, name=name, proto=options["proto"], instances=options["instances"], **window
-            )
-        else:
-            plan_options = PlanOptions(
-                name=name,
-                instances=options["instances"],
-                min_message_size=options["min_bytes"],
-                max_message_size=options["max_bytes"],
-                max_threadblocks=options["max_threadblocks"],
-            )
-            text = lower_plan(proof, plan_options).text
-    if fmt == "msccl":
-        xml = proved_xml(text, "the exported XML")
-        return Exported(text, xml.summary, xml.brief, xml.details)
-    plan = proved_plan(text, "the exported plan")
-    return Exported(text, plan.summary, plan.brief, plan.details)
+def export_artifact(proof: Proof, fmt: ArtifactFormat[Any], options: ExportOptions) -> Exported:
+    """Lower the proved schedule to ``fmt`` and prove the text itself."""
+    with busy(f"exporting {proof.num_ranks} GPUs to {fmt.title}"):
+        text = fmt.lower(proof, options)
+    return Exported(text, proved_artifact(fmt, text, fmt.exported_name))
 
 
 def given(name: str) -> bool:
@@ -306,25 +282,27 @@ def refuse_given(names: Iterable[str], why: str) -> None:
 
 @dataclass(frozen=True)
 class Input:
-    """An input file: ``kind`` is ``schedule`` (our JSON), ``msccl`` (MSCCL XML) or ``mscclpp`` (an
-    MSCCL++ execution plan), told apart by content, not by name."""
+    """An input file, told apart by content, not by name: a file of an artifact ``format``
+    (MSCCL XML, an MSCCL++ execution plan) or, where ``format`` is None, our JSON ``schedule``."""
 
     path: Path
-    kind: str
+    format: ArtifactFormat[Any] | None
     text: str
     schedule: Schedule | None  # for a schedule
 
 
 def read_input(path: Path) -> Input:
-    """Read and classify an input file; a malformed one is an error naming the file."""
+    """Read and classify an input file; a malformed one is an error naming the file.
+
+    The text is parsed as JSON at most once, when a format's recogniser asks for it or, for a
+    schedule, to read it."""
     text = read_text(path)
-    if text.lstrip()[:1] == "<":
-        return Input(path, "msccl", text, None)
+    document = functools.cache(lambda: json_format.parse(text))
     try:
-        doc = json_format.parse(text)
-        if isinstance(doc, dict) and "format" not in doc and "gpus" in doc:
-            return Input(path, "mscclpp", text, None)
-        return Input(path, "schedule", text, json_format.from_document(doc))
+        fmt = format_of(text, document)
+        if fmt is not None:
+            return Input(path, fmt, text, None)
+        return Input(path, None, text, json_format.from_document(document()))
     except json_format.ScheduleFormatError as e:
         raise json_format.ScheduleFormatError(f"{path}: {e}") from None
 
@@ -332,9 +310,12 @@ def read_input(path: Path) -> Input:
 def load_schedule(path: Path, command: str) -> Schedule:
     """The JSON schedule in ``path``; another kind of file is an error that says what ``command`` takes."""
     found = read_input(path)
-    if found.schedule is None:
-        what = {"msccl": "MSCCL XML", "mscclpp": "an MSCCL++ plan"}[found.kind]
-        raise InputError(f"{path} is {what}: {command} takes a JSON schedule (see stragglar synth -o s.json)")
+    if found.format is not None:
+        raise InputError(
+            f"{path} is {found.format.title_with_article}: {command} takes a JSON schedule "
+            "(see stragglar synth -o s.json)"
+        )
+    assert found.schedule is not None
     return found.schedule
 
 
@@ -391,32 +372,31 @@ def proved(schedule: Schedule, name: str, prover: Callable[[Schedule], Proof] = 
         raise IncorrectError(f"{name} is not a correct AllReduce: {e.violation.message}") from None
 
 
-def proved_xml(text: str, name: str) -> MscclProof:
-    """The proof of the MSCCL XML ``text``, or an error naming it (``name``) and the first problem."""
+def proved_artifact(fmt: ArtifactFormat[_D], source: str | _D, name: str) -> ArtifactProof:
+    """The proof of an artifact of ``fmt``, its text or what ``fmt.read`` made of it, or an error
+    naming it (``name``) and the first problem (:func:`artifact_error`)."""
     try:
         with busy(f"proving {name}"):
-            return prove_msccl(text)
+            return fmt.prove(source)
     except StragglarError as e:
-        problem = (
-            "is not valid MSCCL XML" if e.exit_code == InputError.exit_code else "is not a correct AllReduce"
-        )
-        kind = InputError if e.exit_code == InputError.exit_code else IncorrectError
-        raise kind(f"{name} {problem}: {e}") from None
+        raise artifact_error(fmt, name, e) from None
 
 
-def proved_plan(text: str, name: str) -> PlanProof:
-    """The proof of the MSCCL++ plan ``text``, or an error naming it (``name``) and the first problem."""
+def read_artifact(fmt: ArtifactFormat[_D], text: str, name: str) -> _D:
+    """The artifact ``text`` read by ``fmt``, for its prover, description and size rule to share,
+    or the error that proving the text would give."""
     try:
-        with busy(f"proving {name}"):
-            return prove_plan(text)
+        return fmt.read(text)
     except StragglarError as e:
-        problem = (
-            "is not a plan stragglar can prove"
-            if e.exit_code == InputError.exit_code
-            else "is not a correct AllReduce"
-        )
-        kind = InputError if e.exit_code == InputError.exit_code else IncorrectError
-        raise kind(f"{name} {problem}: {e}") from None
+        raise artifact_error(fmt, name, e) from None
+
+
+def artifact_error(fmt: ArtifactFormat[Any], name: str, error: StragglarError) -> StragglarError:
+    """The command's one-line error for what ``fmt``'s reader or prover raised about ``name``: a
+    file it cannot read is bad input (exit 2), any other failure a wrong artifact (exit 1)."""
+    if error.exit_code == InputError.exit_code:
+        return InputError(f"{name} {fmt.unreadable}: {error}")
+    return IncorrectError(f"{name} is not a correct AllReduce: {error}")
 
 
 def write(path: Path, text: str, option: str = "-o") -> None:

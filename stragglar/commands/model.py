@@ -17,8 +17,7 @@ from stragglar.commands.common import (
     chosen_chunks,
     model_options,
     progress,
-    proved_plan,
-    proved_xml,
+    proved_artifact,
     read_input,
     refuse_given,
     write_plot,
@@ -187,9 +186,8 @@ def _prove_files(files: tuple[Path, ...], verbose: bool) -> None:
 
 def _file_rows(path: Path) -> list[ProofRow]:
     found = read_input(path)
-    if found.kind == "msccl":
-        return [ProofRow.for_artifact(proved_xml(found.text, str(path)), "msccl", path.name)]
-    if found.kind == "mscclpp":
-        return [ProofRow.for_artifact(proved_plan(found.text, str(path)), "mscclpp", path.name)]
-    assert found.schedule is not None
+    if found.format is not None:
+        proof = proved_artifact(found.format, found.text, str(path))
+        return [ProofRow.for_artifact(proof, found.format.name, path.name)]
+    assert found.schedule is not None  # a file of no artifact format is a schedule
     return list(prove_schedule_file(found.schedule, path.name))

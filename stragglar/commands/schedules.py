@@ -2,23 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
+from stragglar.artifacts import FORMATS, ArtifactFormat, ExportOptions
 from stragglar.commands.common import (
     ALGORITHM,
-    ARTIFACT_FORMATS,
     CHUNKS,
     DURATION,
-    FORMAT_NAMES,
     GPUS,
     PLOT,
     SIZE,
     STRAGGLER,
     VERBOSE,
-    Input,
     artifact_options,
     auto_note,
     busy,
@@ -29,8 +28,8 @@ from stragglar.commands.common import (
     load_schedule,
     model_options,
     proved,
-    proved_plan,
-    proved_xml,
+    proved_artifact,
+    read_artifact,
     read_input,
     refuse_given,
     refuse_other_formats,
@@ -41,16 +40,28 @@ from stragglar.errors import IncorrectError, StragglarError
 from stragglar.formats import json as json_format
 from stragglar.formats.text import render
 from stragglar.model import AUTO, Network
-from stragglar.msccl import describe_msccl
-from stragglar.mscclpp import summarize, will_use
 from stragglar.synth import METHODS, synthesize
 from stragglar.verify import Proof, prove
 from stragglar.verify.smt import smt_prove
 
 __all__ = ["export", "show", "synth", "verify"]
 
-FORMATS = ("json", "text", *ARTIFACT_FORMATS)
-SUFFIXES = {".json": ("json", "mscclpp"), ".txt": ("text",), ".xml": ("msccl",)}  # the first is the default
+OUTPUTS = ("json", "text", *FORMATS)  # a JSON schedule, its table as text, or an artifact
+SIZED = " and ".join(f.plural for f in FORMATS.values() if f.size_rule is not None)  # what show --size takes
+_D = TypeVar("_D")
+
+
+def _suffixes() -> dict[str, tuple[str, ...]]:
+    """Suffix -> the output formats a file of that name may hold, the first its default: a JSON
+    schedule's and text's, then each artifact format's."""
+    table: dict[str, tuple[str, ...]] = {".json": ("json",), ".txt": ("text",)}
+    for fmt in FORMATS.values():
+        for suffix in fmt.suffixes:
+            table[suffix] = (*table.get(suffix, ()), fmt.name)
+    return table
+
+
+SUFFIXES = _suffixes()
 
 
 def output_format(output: Path | None, fmt: str | None, default: str, allowed: tuple[str, ...]) -> str:
@@ -100,7 +111,7 @@ def output_format(output: Path | None, fmt: str | None, default: str, allowed: t
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(FORMATS),
+    type=click.Choice(OUTPUTS),
     help="json, text, msccl (MSCCL XML) or mscclpp (MSCCL++ plan); default from -o's suffix, else text.",
 )
 @artifact_options
@@ -130,7 +141,7 @@ def synth(
     --alpha and --bandwidth; for MSCCL XML and MSCCL++ plans a power of two, so that executors
     can split power-of-two buffers evenly.
     """
-    fmt = output_format(output, fmt, "text", FORMATS)
+    fmt = output_format(output, fmt, "text", OUTPUTS)
     if output is not None:
         check_output(output)
     refuse_other_formats(fmt)
@@ -140,10 +151,10 @@ def synth(
         refuse_given(["size", "delay", "alpha", "bandwidth"], "it is a setting for --chunks auto")
     network = Network(alpha, bandwidth)
     count = chosen_chunks(
-        chunks, num_gpus, size, delay, network, algorithm=algorithm, power_of_two=fmt in ARTIFACT_FORMATS
+        chunks, num_gpus, size, delay, network, algorithm=algorithm, power_of_two=fmt in FORMATS
     )
     if count is not None and chunks == AUTO:
-        pow2 = ", a power of two for executors" if fmt in ARTIFACT_FORMATS else ""
+        pow2 = ", a power of two for executors" if fmt in FORMATS else ""
         click.echo(auto_note(count, size, delay, network, pow2), err=True)
     with busy(f"synthesizing {algorithm} for {num_gpus} GPUs"):
         schedule = synthesize(
@@ -156,11 +167,11 @@ def synth(
         )
     proof = proved(schedule, f"the {algorithm} schedule")
     summary, details = proof.headline, [proof.summary]
-    if fmt in ARTIFACT_FORMATS:
-        exported = export_artifact(proof, fmt, artifact)
+    if fmt in FORMATS:
+        exported = export_artifact(proof, FORMATS[fmt], ExportOptions(**artifact))
         body = exported.text
-        summary += f"; {'MSCCL XML' if fmt == 'msccl' else 'MSCCL++ plan'} proved: {exported.brief}"
-        details += [exported.summary, exported.details]
+        summary += f"; {FORMATS[fmt].title} proved: {exported.proof.brief}"
+        details += [exported.proof.summary, exported.proof.details]
     else:
         body = json_format.dumps(proof.schedule) if fmt == "json" else f"{render(proof.schedule)}\n{summary}"
     to_stderr = output is None and fmt != "text"
@@ -180,7 +191,7 @@ def synth(
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(("json", *ARTIFACT_FORMATS)),
+    type=click.Choice(("json", *FORMATS)),
     help="msccl (MSCCL XML), mscclpp (MSCCL++ plan) or json; default from -o's suffix, else msccl.",
 )
 @artifact_options
@@ -200,14 +211,15 @@ def export(
         ["chunks"],
         "a schedule file fixes its chunk count; use stragglar synth --gpus N --chunks C|auto --format FMT",
     )
-    fmt = output_format(output, fmt, "msccl", ("json", *ARTIFACT_FORMATS))
+    fmt = output_format(output, fmt, "msccl", ("json", *FORMATS))
     if output is not None:
         check_output(output, file)
     refuse_other_formats(fmt)
     proof = proved(load_schedule(file, "export"), str(file))
-    if fmt in ARTIFACT_FORMATS:
-        exported = export_artifact(proof, fmt, artifact)
-        text, summary, details = exported.text, exported.summary, f"{exported.details}\n{proof.summary}"
+    if fmt in FORMATS:
+        exported = export_artifact(proof, FORMATS[fmt], ExportOptions(**artifact))
+        text, summary = exported.text, exported.proof.summary
+        details = f"{exported.proof.details}\n{proof.summary}"
     else:
         text, summary, details = json_format.dumps(proof.schedule), proof.headline, proof.summary
     if output is None:
@@ -231,10 +243,12 @@ def verify(file: Path, smt: bool, verbose: bool) -> None:
     valid file of any of these kinds.  An artifact is proved as its executor runs it.
     """
     found = read_input(file)
-    if found.schedule is None:
-        refuse_given(["smt"], f"{file} is {FORMAT_NAMES[found.kind]}; --smt proves JSON schedules")
-        summary, details = _proved_artifact(found)
+    if found.format is not None:
+        refuse_given(["smt"], f"{file} is {found.format.title}; --smt proves JSON schedules")
+        artifact = proved_artifact(found.format, found.text, str(file))
+        summary, details = artifact.summary, artifact.details
     else:
+        assert found.schedule is not None  # a file of no artifact format is a schedule
         proof = proved(found.schedule, str(file), smt_prove if smt else prove)
         summary, details = proof.summary, proof.headline
     click.echo(f"{file}: {summary}")
@@ -245,9 +259,7 @@ def verify(file: Path, smt: bool, verbose: bool) -> None:
 @click.command()
 @click.argument("file", type=click.Path(path_type=Path))
 @PLOT
-@click.option(
-    "--size", type=SIZE, help="MSCCL++ plans: would the executor use the plan for a buffer this big?"
-)
+@click.option("--size", type=SIZE, help=f"{SIZED}: would the executor use the plan for a buffer this big?")
 @VERBOSE
 def show(file: Path, plot_file: Path | None, size: int | None, verbose: bool) -> None:
     """Print FILE with its summary: a JSON schedule round by round, MSCCL XML GPU by GPU, an MSCCL++
@@ -257,52 +269,40 @@ def show(file: Path, plot_file: Path | None, size: int | None, verbose: bool) ->
     --plot (JSON schedules), also draw the schedule as a rank x round chart.
     """
     found = read_input(file)
-    if found.schedule is None:
-        refuse_given(["plot_file"], f"{file} is {FORMAT_NAMES[found.kind]}; --plot draws JSON schedules")
-        if found.kind != "mscclpp":
-            refuse_given(["size"], f"{file} is {FORMAT_NAMES[found.kind]}; --size applies to MSCCL++ plans")
-        if size is not None and size <= 0:
-            raise click.BadParameter(f"{size} bytes: a buffer has at least one byte", param_hint="'--size'")
-        try:  # proved first: a file that cannot be read is one error line, nothing printed before it
-            summary, details = _proved_artifact(found)
-        except IncorrectError:
-            if description := _description(found, quiet=True):
-                click.echo(description)  # what is wrong is easier seen in it
-            raise
-        click.echo(_description(found))
-        click.echo(summary)
-        if size is not None:
-            click.echo(f"{size} bytes: {will_use(found.text, size).reason}")
-        if verbose:
-            click.echo(details)
+    if found.format is not None:
+        _show_artifact(found.format, found.text, file, size, verbose)
         return
-    refuse_given(["size"], f"{file} is a JSON schedule; --size applies to MSCCL++ plans")
+    schedule = found.schedule
+    assert schedule is not None  # a file of no artifact format is a schedule
+    refuse_given(["size"], f"{file} is a JSON schedule; --size applies to {SIZED}")
     check_plot(plot_file, file)
-    click.echo(render(found.schedule))  # first: a wrong schedule's table helps to see what is wrong
-    proof: Proof = proved(found.schedule, str(file))
+    click.echo(render(schedule))  # first: a wrong schedule's table helps to see what is wrong
+    proof: Proof = proved(schedule, str(file))
     click.echo(proof.headline)
     if verbose:
         click.echo(proof.summary)
     if plot_file is not None:
-        schedule = found.schedule
         write_plot(plot_file, lambda plot: plot.schedule_figure(schedule))
 
 
-def _description(found: Input, quiet: bool = False) -> str:
-    """An artifact printed GPU by GPU (MSCCL XML) or by thread blocks (MSCCL++); ``quiet``: ""
-    where it cannot be described (the proof's error then says why)."""
-    try:
-        return describe_msccl(found.text) if found.kind == "msccl" else str(summarize(found.text))
-    except StragglarError:
-        if quiet:
-            return ""
+def _show_artifact(fmt: ArtifactFormat[_D], text: str, file: Path, size: int | None, verbose: bool) -> None:
+    """``show`` of an artifact: its description, its proof's summary and, for a format the executor
+    picks by size, whether it would run on ``size`` bytes.  The text is read once for all three."""
+    refuse_given(["plot_file"], f"{file} is {fmt.title}; --plot draws JSON schedules")
+    if fmt.size_rule is None:
+        refuse_given(["size"], f"{file} is {fmt.title}; --size applies to {SIZED}")
+    if size is not None and size <= 0:
+        raise click.BadParameter(f"{size} bytes: a buffer has at least one byte", param_hint="'--size'")
+    document = read_artifact(fmt, text, str(file))
+    try:  # proved first: a file that cannot be read is one error line, nothing printed before it
+        proof = proved_artifact(fmt, document, str(file))
+    except IncorrectError:
+        with contextlib.suppress(StragglarError):  # where it cannot be described, the error says why
+            click.echo(fmt.describe(document))  # what is wrong is easier seen in it
         raise
-
-
-def _proved_artifact(found: Input) -> tuple[str, str]:
-    """(summary, details) of the proof of an MSCCL XML file or MSCCL++ plan."""
-    if found.kind == "msccl":
-        xml = proved_xml(found.text, str(found.path))
-        return xml.summary, xml.details
-    plan = proved_plan(found.text, str(found.path))
-    return plan.summary, plan.details
+    click.echo(fmt.describe(document))
+    click.echo(proof.summary)
+    if size is not None and fmt.size_rule is not None:
+        click.echo(f"{size} bytes: {fmt.size_rule(document).decide(size).reason}")
+    if verbose:
+        click.echo(proof.details)

@@ -43,7 +43,7 @@ import networkx as nx
 from stragglar.errors import IncorrectError, InputError
 from stragglar.msccl.limits import READS_SRC, RECV_TYPES, SEND_TYPES, WRITES_DST
 from stragglar.msccl.read import Algo, MscclViolation, Tx, read_msccl
-from stragglar.verify.report import bit_list
+from stragglar.verify.report import ArtifactProof, bit_list
 
 __all__ = [
     "MscclFormatError",
@@ -78,33 +78,30 @@ class MscclFormatError(MscclVerificationError, InputError):
 MALFORMED = ("syntax", "format")  # violation kinds of a file the executor would not load
 
 
-@dataclass(frozen=True)
-class MscclProof:
-    """What was proved about one MSCCL file."""
+@dataclass(frozen=True, slots=True)
+class MscclProof(ArtifactProof):
+    """What was proved about one MSCCL file: the shared facts of :class:`ArtifactProof` and the
+    protocol, its connection ``capacity`` in chunks, the ``channels``, the ``steps`` of all thread
+    blocks and the modes (in-place, out-of-place) it was proved in."""
 
-    name: str
     proto: str
     capacity: int
-    ngpus: int
-    nchunks: int
-    nchannels: int
-    thread_blocks: int
+    channels: int
     steps: int
     modes: tuple[str, ...]
-    seconds: float  # how long reading and proving took
 
     @property
     def brief(self) -> str:
         """``94 thread blocks, 196 steps``: the size of the program proved."""
-        return f"{self.thread_blocks} thread blocks, {self.steps} steps"
+        return f"{self.threadblocks} thread blocks, {self.steps} steps"
 
     @property
     def summary(self) -> str:
         """One line (under 200 characters): what file, what collective, how big."""
-        channels = f"{self.nchannels} channel{'s' * (self.nchannels != 1)}"
+        channels = f"{self.channels} channel{'s' * (self.channels != 1)}"
         return (
-            f"proved: {self.name}: {' and '.join(self.modes)} allreduce over {self.ngpus} GPUs, "
-            f"{self.nchunks} chunks per loop, {self.brief}, {channels}, {self.proto}"
+            f"proved: {self.name}: {' and '.join(self.modes)} allreduce over {self.gpus} GPUs, "
+            f"{self.chunks} chunks per loop, {self.brief}, {channels}, {self.proto}"
         )
 
     @property
@@ -134,16 +131,16 @@ def prove_msccl(text: str) -> MscclProof:
             raise MscclVerificationError([violation])
     tbs = [tb for gpu in algo.gpus for tb in gpu.tbs]
     return MscclProof(
-        algo.name,
-        algo.proto,
-        algo.capacity,
-        algo.ngpus,
-        algo.nchunks,
-        algo.nchannels,
-        len(tbs),
-        sum(len(tb.tx_at) for tb in tbs),
-        modes,
-        time.perf_counter() - start,
+        name=algo.name,
+        gpus=algo.ngpus,
+        chunks=algo.nchunks,
+        threadblocks=len(tbs),
+        seconds=time.perf_counter() - start,
+        proto=algo.proto,
+        capacity=algo.capacity,
+        channels=algo.nchannels,
+        steps=sum(len(tb.tx_at) for tb in tbs),
+        modes=modes,
     )
 
 

@@ -29,6 +29,7 @@ import re
 from collections import defaultdict
 from typing import Any
 
+from stragglar.args import as_int
 from stragglar.files import write_text
 from stragglar.msccl.dependencies import Programs, order
 from stragglar.msccl.limits import (
@@ -70,10 +71,15 @@ def to_msccl_xml(
     """The MSCCL XML text of the proved schedule: deterministic, ends with a newline.
 
     ``instances`` copies of the schedule run side by side on consecutive slices of the chunks;
-    ``min_bytes``/``max_bytes`` are the message sizes the executor selects the file for.  Raises
-    :class:`MscclExportError` for a bad option or a schedule that does not fit the executor.
+    ``min_bytes``/``max_bytes`` are the message sizes the executor selects the file for.  The
+    counts may be any integral type (``np.int64(2)``); a bool or a float is refused with an
+    :class:`~stragglar.errors.ArgumentError`, as everywhere in the API (:mod:`stragglar.args`).
+    Raises :class:`MscclExportError` for a bad option or a schedule that does not fit the executor.
     """
     require_proof(proof)
+    instances = as_int(instances, "instances")
+    min_bytes = as_int(min_bytes, "min_bytes")
+    max_bytes = as_int(max_bytes, "max_bytes")
     name = default_name(proof.schedule, proto, instances) if name is None else name
     _check_options(name, proto, instances, min_bytes, max_bytes)
     check_export_size(proof, instances)
@@ -160,10 +166,10 @@ def _check_options(name: str, proto: str, instances: int, min_bytes: int, max_by
         raise MscclExportError(f"name {name!r}: use 1-128 characters from A-Z a-z 0-9 _ . : + -")
     if proto not in PROTOCOLS:
         raise MscclExportError(f"proto {proto!r}: choose from {', '.join(PROTOCOLS)}")
-    if type(instances) is not int or instances < 1:
+    if instances < 1:
         raise MscclExportError(f"instances must be an integer >= 1, got {instances!r}")
     for label, value in (("min_bytes", min_bytes), ("max_bytes", max_bytes)):
-        if type(value) is not int or not 0 <= value < 1 << 63:
+        if not 0 <= value < 1 << 63:
             raise MscclExportError(f"{label} must be an integer in [0, 2**63), got {value!r}")
     if max_bytes == 0:  # no limit to the Azure executor, "never" to microsoft/msccl (min <= n < max)
         raise MscclExportError(

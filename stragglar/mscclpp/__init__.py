@@ -6,9 +6,12 @@
   written); they share no data structure with the lowering.
 * :func:`will_use` / :func:`size_rule` say which buffer sizes the executor runs a plan on;
   :func:`summarize` counts what a plan contains, for ``show``.
+* :func:`plan_document` parses a plan's text once, with the checks every reader of plans shares;
+  the prover, the size rule and the summary take the text or that :class:`PlanDocument`.
 * :mod:`stragglar.mscclpp.register` registers a plan with MSCCL++ (import-guarded).
 """
 
+from stragglar.mscclpp.document import PlanDocument, PlanSource, plan_document
 from stragglar.mscclpp.errors import (
     PlanError,
     PlanFormatError,
@@ -34,10 +37,12 @@ __all__ = [
     "DEFAULT_MAX_THREADBLOCKS",
     "MscclppExportError",
     "MscclppPlan",
+    "PlanDocument",
     "PlanError",
     "PlanFormatError",
     "PlanOptions",
     "PlanProof",
+    "PlanSource",
     "PlanSummary",
     "PlanViolation",
     "PlanViolationError",
@@ -47,6 +52,7 @@ __all__ = [
     "check_plan",
     "default_name",
     "lower",
+    "plan_document",
     "prove_plan",
     "size_rule",
     "summarize",

@@ -31,6 +31,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from stragglar.args import as_int
 from stragglar.errors import InputError
 from stragglar.files import write_text
 from stragglar.mscclpp.blocks import BlockError, cut_segments, place_blocks
@@ -67,7 +68,10 @@ class PlanOptions:
 
     ``min_message_size`` defaults to the smallest usable size (``buffer_alignment x chunks``),
     ``max_message_size`` to the largest size whose chunk offsets fit the executor's 32-bit fields.
-    ``max_threadblocks`` is the per-GPU limit (see :data:`DEFAULT_MAX_THREADBLOCKS`).
+    ``max_threadblocks`` is the per-GPU limit (see :data:`DEFAULT_MAX_THREADBLOCKS`).  Counts and
+    sizes may be any integral type (``np.int64(2)``) and are kept as ``int``; a bool or a float is
+    refused here with an :class:`~stragglar.errors.ArgumentError` (:mod:`stragglar.args`), values
+    out of range by :func:`lower`.
     """
 
     name: str | None = None
@@ -77,6 +81,14 @@ class PlanOptions:
     max_message_size: int | None = None
     num_threads_per_block: int = 1024
     max_threadblocks: int = DEFAULT_MAX_THREADBLOCKS
+
+    def __post_init__(self) -> None:
+        for label in ("instances", "buffer_alignment", "num_threads_per_block", "max_threadblocks"):
+            object.__setattr__(self, label, as_int(getattr(self, label), label))
+        for label in ("min_message_size", "max_message_size"):
+            value = getattr(self, label)
+            if value is not None:
+                object.__setattr__(self, label, as_int(value, label))
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +115,7 @@ def default_name(schedule: Schedule, instances: int = 1) -> str:
 
 
 def _positive(label: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if value < 1:
         raise MscclppExportError(f"{label} must be a positive integer, got {value!r}")
 
 
@@ -128,7 +140,10 @@ def _check(schedule: Schedule, options: PlanOptions) -> None:
             f"got {options.num_threads_per_block}"
         )
     if options.name is not None and (
-        not options.name or not options.name.isprintable() or len(options.name) > 128
+        not isinstance(options.name, str)
+        or not options.name
+        or not options.name.isprintable()
+        or len(options.name) > 128
     ):
         raise MscclppExportError(f"name must be 1 to 128 printable characters, got {options.name!r}")
 
@@ -140,13 +155,6 @@ def _rule(schedule: Schedule, scratch: tuple[int, ...], options: PlanOptions) ->
     safe = offset_limit(options.buffer_alignment, chunks, max_scratch)
     low = step if options.min_message_size is None else options.min_message_size
     high = safe if options.max_message_size is None else options.max_message_size
-    if (
-        isinstance(low, bool)
-        or not isinstance(low, int)
-        or isinstance(high, bool)
-        or not isinstance(high, int)
-    ):
-        raise MscclppExportError("min_message_size and max_message_size must be integers")
     if not 0 <= low <= high <= UINT64_MAX:
         raise MscclppExportError(f"need 0 <= min_message_size <= max_message_size, got {low} and {high}")
     if high > safe:

@@ -29,11 +29,13 @@ from dataclasses import dataclass
 
 import networkx as nx
 
+from stragglar.mscclpp.document import PlanSource
 from stragglar.mscclpp.errors import PlanViolation, PlanViolationError
 from stragglar.mscclpp.hb import Found, HappensBefore
 from stragglar.mscclpp.machine import ACQUIRE, BARRIER, RELEASE, SIGNAL, WAIT, Layout, Outcome, run
 from stragglar.mscclpp.planmodel import Plan
 from stragglar.mscclpp.reader import read_plan
+from stragglar.verify.report import ArtifactProof
 
 __all__ = ["DEFAULT_INTERLEAVINGS", "PlanProof", "check_plan", "prove_plan"]
 
@@ -41,19 +43,15 @@ DEFAULT_INTERLEAVINGS = 4
 
 
 @dataclass(frozen=True, slots=True)
-class PlanProof:
-    """What was proved about a plan; ``summary`` says it in one line."""
+class PlanProof(ArtifactProof):
+    """What was proved about a plan: the shared facts of :class:`ArtifactProof` and the mode, the
+    most thread blocks of one GPU, the ops, the largest scratch buffer and the interleavings run."""
 
-    name: str
     inplace: bool
-    gpus: int
-    threadblocks: int
     max_threadblocks_per_gpu: int
     ops: int
-    chunks: int
     max_scratch_chunks: int
     interleavings: int
-    seconds: float  # how long reading and proving took
 
     @property
     def brief(self) -> str:
@@ -79,25 +77,26 @@ class PlanProof:
         )
 
 
-def check_plan(text: str, *, interleavings: int = DEFAULT_INTERLEAVINGS) -> PlanViolation | None:
+def check_plan(plan: PlanSource, *, interleavings: int = DEFAULT_INTERLEAVINGS) -> PlanViolation | None:
     """The first violation of a well-formed plan, or None if it is proved.
 
     Raises :class:`~stragglar.mscclpp.errors.PlanFormatError` or
     :class:`~stragglar.mscclpp.errors.UnsupportedPlanError` for text it cannot prove anything about.
     """
     try:
-        prove_plan(text, interleavings=interleavings)
+        prove_plan(plan, interleavings=interleavings)
     except PlanViolationError as exc:
         return exc.violation
     return None
 
 
-def prove_plan(text: str, *, interleavings: int = DEFAULT_INTERLEAVINGS) -> PlanProof:
-    """Prove the plan, or raise :class:`~stragglar.mscclpp.errors.PlanViolationError` (first violation)."""
+def prove_plan(source: PlanSource, *, interleavings: int = DEFAULT_INTERLEAVINGS) -> PlanProof:
+    """Prove the plan (its text or document), or raise
+    :class:`~stragglar.mscclpp.errors.PlanViolationError` (first violation)."""
     if isinstance(interleavings, bool) or not isinstance(interleavings, int) or interleavings < 1:
         raise ValueError(f"interleavings must be a positive integer, got {interleavings!r}")
     start = time.perf_counter()
-    plan = read_plan(text)
+    plan = read_plan(source)
     _check_input_untouched(plan)
     layout = Layout.build(plan)
     checker = _Checker(layout)
@@ -118,15 +117,15 @@ def prove_plan(text: str, *, interleavings: int = DEFAULT_INTERLEAVINGS) -> Plan
     per_gpu = [len(g.tbs) for g in plan.gpus]
     return PlanProof(
         name=plan.name,
-        inplace=plan.inplace,
         gpus=len(plan.gpus),
+        chunks=plan.chunks,
         threadblocks=sum(per_gpu),
+        seconds=time.perf_counter() - start,
+        inplace=plan.inplace,
         max_threadblocks_per_gpu=max(per_gpu),
         ops=sum(len(p) for p in layout.programs),
-        chunks=plan.chunks,
         max_scratch_chunks=max(g.scratch_chunks for g in plan.gpus),
         interleavings=interleavings,
-        seconds=time.perf_counter() - start,
     )
 
 

@@ -29,11 +29,9 @@ and switch channels, ``pipeline``, thread-block groups (``tbg_info``), ``reuse_r
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from stragglar.files import lone_surrogate
-from stragglar.mscclpp.errors import PlanFormatError
+from stragglar.mscclpp.document import PlanSource, plan_document
 from stragglar.mscclpp.opreader import OpReader
 from stragglar.mscclpp.planmodel import (
     BUFFERS,
@@ -53,17 +51,10 @@ MAX_LOCATIONS = 3 * MAX_CELLS  # input, output and scratch chunks of the largest
 BUFFER_NAMES = {"i": "input", "o": "output", "s": "scratch"}
 
 
-def read_plan(text: str) -> Plan:
-    """Parse and resolve a plan; see the module docstring for what is checked and what is refused."""
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise PlanFormatError(f"not JSON: {exc}") from None
-    bad = lone_surrogate(text, obj)
-    if bad is not None:
-        raise PlanFormatError(bad)
-    if not isinstance(obj, dict):
-        raise PlanFormatError("not an MSCCL++ execution plan: the top level must be an object")
+def read_plan(source: PlanSource) -> Plan:
+    """Parse (:func:`~stragglar.mscclpp.document.plan_document`) and resolve a plan; see the module
+    docstring for what is checked and what is refused."""
+    obj = plan_document(source).root
     rd = Walker()
     name: str = rd.get(obj, "name", str)
     collective: str = rd.get(obj, "collective", str)

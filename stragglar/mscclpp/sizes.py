@@ -24,11 +24,10 @@ False
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
-from stragglar.files import lone_surrogate
+from stragglar.mscclpp.document import PlanSource, plan_document
 from stragglar.mscclpp.errors import PlanFormatError
 
 __all__ = ["UINT32_LIMIT", "SizeDecision", "SizeRule", "offset_limit", "size_rule", "will_use"]
@@ -126,19 +125,14 @@ def _field(obj: dict[str, Any], key: str, default: int) -> int:
     return value
 
 
-def size_rule(plan_text: str) -> SizeRule:
-    """Read the size fields of a plan (defaults as the executor's: 16, 0 and 2^64-1).
+def size_rule(plan: PlanSource) -> SizeRule:
+    """Read the size fields of a plan, its text or document (defaults as the executor's: 16, 0 and
+    2^64-1).
 
     Raises :class:`stragglar.mscclpp.errors.PlanFormatError` when the text is not a plan.
     """
-    try:
-        obj = json.loads(plan_text)
-    except json.JSONDecodeError as exc:
-        raise PlanFormatError(f"not JSON: {exc}") from None
-    bad = lone_surrogate(plan_text, obj)
-    if bad is not None:
-        raise PlanFormatError(bad)
-    if not isinstance(obj, dict) or not isinstance(obj.get("gpus"), list) or not obj["gpus"]:
+    obj = plan_document(plan).root
+    if not isinstance(obj.get("gpus"), list) or not obj["gpus"]:
         raise PlanFormatError("not an MSCCL++ execution plan: no 'gpus' list")
     gpus = obj["gpus"]
     if not all(isinstance(g, dict) for g in gpus):

@@ -1,7 +1,8 @@
 """Describe an MSCCL++ execution plan for ``stragglar show``: GPUs, thread blocks, ops, chunks, sizes.
 
-A pure function of the text that works on any plan the executor could load, also ones the prover
-refuses (packets, NVLS): it only counts, it does not resolve references or prove anything.
+A pure function of the text (or its parsed document) that works on any plan the executor could load,
+also ones the prover refuses (packets, NVLS): it only counts, it does not resolve references or
+prove anything.
 
 >>> from stragglar.synth import synthesize
 >>> from stragglar.mscclpp import lower
@@ -16,11 +17,11 @@ sizes: multiples of 48 bytes (16-byte alignment x 3 chunks) from 48 to 257698036
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from stragglar.mscclpp.document import PlanSource, plan_document
 from stragglar.mscclpp.errors import PlanFormatError
 from stragglar.mscclpp.sizes import SizeRule, size_rule
 
@@ -70,11 +71,12 @@ def _list(obj: dict[str, Any], key: str, where: str) -> list[Any]:
     return value
 
 
-def summarize(plan_text: str) -> PlanSummary:
-    """Count what a plan contains.  Raises :class:`~stragglar.mscclpp.errors.PlanFormatError` on text
-    that is not a plan."""
-    rule = size_rule(plan_text)
-    obj = json.loads(plan_text)
+def summarize(plan: PlanSource) -> PlanSummary:
+    """Count what a plan (its text or document) contains.  Raises
+    :class:`~stragglar.mscclpp.errors.PlanFormatError` on text that is not a plan."""
+    document = plan_document(plan)
+    rule = size_rule(document)
+    obj = document.root
     for key, kind in (("name", str), ("collective", str), ("protocol", str), ("inplace", bool)):
         if not isinstance(obj.get(key), kind):
             raise PlanFormatError(f"plan: '{key}' is missing or of the wrong type")

@@ -4,7 +4,9 @@ The symbolic simulator and the z3 checker share nothing but the IR and this modu
 bug in one is caught by the other; what they must agree on is how they *say* things, which is
 defined here once: the place of a round (:class:`Where`), the kinds of violation
 (:class:`Kind`), the sentence naming a faulty transfer (one builder per structural rule), and the
-:class:`Proof` a prover hands out.
+:class:`Proof` a prover hands out.  The provers of exported artifacts (MSCCL XML, MSCCL++ plans)
+report in it too: each proof is an :class:`ArtifactProof`, so that the command line, the proof
+tier and the benchmarks read any of them by the same names.
 
 A :class:`Proof` carries the schedule it is about and can only be made by a prover of this
 package (:func:`issue_proof`): exporters, the runtime, release and the DDP hook take a ``Proof``,
@@ -20,6 +22,7 @@ phase 1 'exchange' round 2: transfer 3->3 chunk 0 (copy) sends rank 3 chunk 0 to
 
 from __future__ import annotations
 
+import abc
 import enum
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
@@ -30,6 +33,7 @@ from stragglar.schedule import Op, Schedule, Transfer, round_lower_bound
 from stragglar.units import count_of
 
 __all__ = [
+    "ArtifactProof",
     "CounterExample",
     "Kind",
     "Proof",
@@ -219,6 +223,38 @@ def _versus_bound(schedule: Schedule) -> str:
     else:
         verdict = "optimal" if gap == 0 else f"{gap:+d}"
     return f" (lower bound {name} = {bound}: {verdict})"
+
+
+@dataclass(frozen=True, slots=True)
+class ArtifactProof(abc.ABC):
+    """What the prover of an executor's file (MSCCL XML, an MSCCL++ plan) proved about its text.
+
+    The facts every format has carry one name across formats: ``name`` (the algo's or plan's),
+    ``gpus``, ``chunks`` (per loop: the chunk count times the instances), ``threadblocks`` (all
+    GPUs' together) and ``seconds`` (reading and proving).  Each format's proof adds its own facts
+    and says them in ``brief``, ``summary`` and ``details``.
+    """
+
+    name: str
+    gpus: int
+    chunks: int
+    threadblocks: int
+    seconds: float
+
+    @property
+    @abc.abstractmethod
+    def brief(self) -> str:
+        """The size of the program proved, e.g. ``94 thread blocks, 196 steps``."""
+
+    @property
+    @abc.abstractmethod
+    def summary(self) -> str:
+        """One line (under 200 characters): which file, what collective, how big."""
+
+    @property
+    @abc.abstractmethod
+    def details(self) -> str:
+        """What the proof covers, for ``-v``."""
 
 
 def require_proof(value: object) -> Proof:

@@ -1,0 +1,200 @@
+"""The executors' file formats in one registry: what the rest of stragglar knows of each.
+
+A proved schedule is exported for two executors, MSCCL (an XML ``<algo>``) and MSCCL++ (a JSON
+execution plan), and a file of either is proved again from its own text.  Each format is one
+:class:`ArtifactFormat`: its names, its file suffixes, the export options that shape it, how it
+lowers a proof to text, and how a file of it is recognised, read, proved, described and, where
+the executor picks a file by buffer size, sized.  The command line, the release and the proof
+tier go through :data:`FORMATS` and never test a format's name, so the two packages
+(:mod:`stragglar.msccl`, :mod:`stragglar.mscclpp`, which never import each other) meet only here.
+
+One set of export options serves both (:class:`ExportOptions`, the command line's ``--name``,
+``--proto``, ...); a format takes those in its ``options`` and adapts them to its own lowering,
+and refuses the others rather than ignore them.
+
+>>> from stragglar.synth import synthesize
+>>> from stragglar.verify import prove
+>>> [(f.name, f.title, f.suffixes) for f in FORMATS.values()]
+[('msccl', 'MSCCL XML', ('.xml',)), ('mscclpp', 'MSCCL++ plan', ('.json',))]
+>>> text = MSCCLPP.lower(prove(synthesize("stragglar", 4)), ExportOptions(instances=2))
+>>> MSCCLPP.prove(text).brief
+'8 thread blocks, 280 ops'
+>>> MSCCL.lower(prove(synthesize("stragglar", 4)), ExportOptions(max_threadblocks=64))
+Traceback (most recent call last):
+...
+stragglar.errors.InputError: max_threadblocks does not shape MSCCL XML: it shapes MSCCL++ plans only
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Generic, TypeVar
+
+from stragglar import msccl, mscclpp
+from stragglar.errors import InputError
+from stragglar.mscclpp import DEFAULT_MAX_THREADBLOCKS, PlanDocument, PlanOptions, SizeRule
+from stragglar.schedule import Schedule
+from stragglar.verify import Proof
+from stragglar.verify.report import ArtifactProof
+
+__all__ = ["FORMATS", "MSCCL", "MSCCLPP", "ArtifactFormat", "ExportOptions", "format_of"]
+
+D = TypeVar("D")  # a file of the format as its tools read it: the text, or a parsed document
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExportOptions:
+    """How to export a proved schedule, in terms common to the formats (``synth``'s and ``export``'s
+    options).  ``None`` leaves the choice to the format: the name from the schedule, and the
+    message sizes the executor uses the file for (MSCCL XML: 0 to 1 TiB; MSCCL++: every usable
+    size whose chunk offsets fit 32 bits).  ``proto`` shapes MSCCL XML only, ``max_threadblocks``
+    (thread blocks one GPU runs at once) MSCCL++ plans only."""
+
+    name: str | None = None
+    proto: str = "Simple"
+    instances: int = 1
+    min_bytes: int | None = None
+    max_bytes: int | None = None
+    max_threadblocks: int = DEFAULT_MAX_THREADBLOCKS
+
+
+@dataclass(frozen=True)
+class ArtifactFormat(Generic[D]):
+    """One executor's file format: its words, files and options, and its tools.
+
+    ``read`` turns a file's text into what the tools take (a parsed document, so that one file is
+    parsed once however many tools look at it; MSCCL XML: the text itself); ``prove``,
+    ``describe`` and ``size_rule`` take the text or what ``read`` made of it.  ``recognise`` gets
+    the text and a function that parses it as JSON, so that only a format that needs the JSON
+    asks for it.
+    """
+
+    name: str  # the --format value, and the release's folder
+    title: str  # "MSCCL XML", "MSCCL++ plan": what a file is, in messages
+    title_with_article: str  # "MSCCL XML", "an MSCCL++ plan": the title in a sentence
+    plural: str  # "MSCCL XML", "MSCCL++ plans"
+    exported_name: str  # how errors name a file just exported: "the exported XML"
+    unreadable: str  # what an error says of a file the prover cannot read: "is not valid MSCCL XML"
+    suffixes: tuple[str, ...]  # of its files' names
+    options: frozenset[str]  # the ExportOptions fields that shape it
+    lowering: Callable[[Proof, ExportOptions], str]  # use lower(), which refuses the other options
+    file_name: Callable[[Schedule, ExportOptions], str]  # what the release names a file of it
+    recognise: Callable[[str, Callable[[], object]], bool]
+    read: Callable[[str], D]
+    prove: Callable[[str | D], ArtifactProof]  # raises InputError (unreadable) or IncorrectError
+    describe: Callable[[str | D], str]  # for show: the program in a few lines
+    size_rule: Callable[[str | D], SizeRule] | None  # which buffer sizes the executor uses it for
+
+    def lower(self, proof: Proof, options: ExportOptions | None = None) -> str:
+        """The text of ``proof`` in this format; an option that does not shape it, set to anything
+        but its default, is an :class:`~stragglar.errors.InputError`, not silently ignored."""
+        options = options or ExportOptions()
+        for option in dataclasses.fields(ExportOptions):
+            if option.name not in self.options and getattr(options, option.name) != option.default:
+                shaped = " and ".join(f.plural for f in FORMATS.values() if option.name in f.options)
+                raise InputError(f"{option.name} does not shape {self.title}: it shapes {shaped} only")
+        return self.lowering(proof, options)
+
+
+def format_of(text: str, document: Callable[[], object]) -> ArtifactFormat[Any] | None:
+    """The format of a file's ``text`` (``document`` parses it as JSON), or None for a file of none
+    of them, such as a JSON schedule."""
+    return next((f for f in FORMATS.values() if f.recognise(text, document)), None)
+
+
+# ---------------------------------------------------------------------------- MSCCL XML
+
+
+def _lower_msccl(proof: Proof, options: ExportOptions) -> str:
+    return msccl.to_msccl_xml(
+        proof,
+        name=options.name,
+        proto=options.proto,
+        instances=options.instances,
+        min_bytes=0 if options.min_bytes is None else options.min_bytes,
+        max_bytes=msccl.DEFAULT_MAX_BYTES if options.max_bytes is None else options.max_bytes,
+    )
+
+
+def _msccl_file(schedule: Schedule, options: ExportOptions) -> str:
+    return f"{msccl.default_name(schedule, options.proto, options.instances)}.xml"
+
+
+def _is_xml(text: str, document: Callable[[], object]) -> bool:
+    """Markup: no JSON document starts with ``<``."""
+    return text.lstrip()[:1] == "<"
+
+
+def _text(text: str) -> str:
+    """MSCCL XML's tools each read the text with the executor's tokenizer."""
+    return text
+
+
+MSCCL: ArtifactFormat[str] = ArtifactFormat(
+    name="msccl",
+    title="MSCCL XML",
+    title_with_article="MSCCL XML",
+    plural="MSCCL XML",
+    exported_name="the exported XML",
+    unreadable="is not valid MSCCL XML",
+    suffixes=(".xml",),
+    options=frozenset({"name", "proto", "instances", "min_bytes", "max_bytes"}),
+    lowering=_lower_msccl,
+    file_name=_msccl_file,
+    recognise=_is_xml,
+    read=_text,
+    prove=msccl.prove_msccl,
+    describe=msccl.describe_msccl,
+    size_rule=None,
+)
+
+# ---------------------------------------------------------------------------- MSCCL++ plans
+
+
+def _lower_plan(proof: Proof, options: ExportOptions) -> str:
+    plan_options = PlanOptions(
+        name=options.name,
+        instances=options.instances,
+        min_message_size=options.min_bytes,
+        max_message_size=options.max_bytes,
+        max_threadblocks=options.max_threadblocks,
+    )
+    return mscclpp.lower(proof, plan_options).text
+
+
+def _plan_file(schedule: Schedule, options: ExportOptions) -> str:
+    return f"{mscclpp.default_name(schedule, options.instances)}-mscclpp.json"
+
+
+def _is_plan(text: str, document: Callable[[], object]) -> bool:
+    """A JSON object with ``gpus`` that does not say it is a stragglar schedule (``format``)."""
+    root = document()
+    return isinstance(root, dict) and "format" not in root and "gpus" in root
+
+
+def _describe_plan(plan: str | PlanDocument) -> str:
+    return str(mscclpp.summarize(plan))
+
+
+MSCCLPP: ArtifactFormat[PlanDocument] = ArtifactFormat(
+    name="mscclpp",
+    title="MSCCL++ plan",
+    title_with_article="an MSCCL++ plan",
+    plural="MSCCL++ plans",
+    exported_name="the exported plan",
+    unreadable="is not a plan stragglar can prove",
+    suffixes=(".json",),
+    options=frozenset({"name", "instances", "min_bytes", "max_bytes", "max_threadblocks"}),
+    lowering=_lower_plan,
+    file_name=_plan_file,
+    recognise=_is_plan,
+    read=mscclpp.plan_document,
+    prove=mscclpp.prove_plan,
+    describe=_describe_plan,
+    size_rule=mscclpp.size_rule,
+)
+
+FORMATS: Mapping[str, ArtifactFormat[Any]] = MappingProxyType({f.name: f for f in (MSCCL, MSCCLPP)})

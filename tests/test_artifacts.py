@@ -1,0 +1,198 @@
+"""The registry of artifact formats: every format round-trips through its own tools, its suffixes
+and options are what the command line uses, and the two provers report in one vocabulary."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from stragglar.artifacts import FORMATS, MSCCL, MSCCLPP, ArtifactFormat, ExportOptions, format_of
+from stragglar.cli import cli
+from stragglar.commands.common import proved_artifact, read_artifact
+from stragglar.commands.schedules import SUFFIXES, output_format
+from stragglar.errors import IncorrectError, InputError
+from stragglar.formats import json as json_format
+from stragglar.proof_tier import ProofRow, format_row
+from stragglar.synth import synthesize
+from stragglar.verify import Proof, prove
+from stragglar.verify.report import ArtifactProof
+
+EXPORT_OPTIONS = tuple(option.name for option in dataclasses.fields(ExportOptions))
+# One value other than the default for each export option, as the API and as the command line take it.
+SET: dict[str, Any] = {
+    "name": "x4",
+    "proto": "LL",
+    "instances": 2,
+    "min_bytes": 16,
+    "max_bytes": 1 << 20,
+    "max_threadblocks": 64,
+}
+FLAGS = {
+    "name": ["--name", "x4"],
+    "proto": ["--proto", "LL"],
+    "instances": ["--instances", "2"],
+    "min_bytes": ["--min-bytes", "16"],
+    "max_bytes": ["--max-bytes", "1MiB"],
+    "max_threadblocks": ["--max-threadblocks", "64"],
+}
+PROOF = prove(synthesize("stragglar", 4))
+
+
+def without_first_put(text: str) -> str:
+    """The plan with its first put removed: a GPU waits for data nobody sends."""
+    plan = json.loads(text)
+    ops = plan["gpus"][0]["threadblocks"][0]["ops"]
+    ops.remove(next(op for op in ops if op["name"] == "put"))
+    return json.dumps(plan)
+
+
+def no_json() -> object:
+    raise AssertionError("a format that needs no JSON asked for it")
+
+
+def recognised(text: str) -> ArtifactFormat[Any] | None:
+    return format_of(text, lambda: json_format.parse(text))
+
+
+def test_the_registry_lists_msccl_then_mscclpp_by_name() -> None:
+    assert list(FORMATS) == ["msccl", "mscclpp"]
+    assert (FORMATS["msccl"], FORMATS["mscclpp"]) == (MSCCL, MSCCLPP)
+    assert all(name == fmt.name for name, fmt in FORMATS.items())
+
+
+@pytest.mark.parametrize("fmt", FORMATS.values(), ids=FORMATS)
+def test_every_format_round_trips(fmt: ArtifactFormat[Any]) -> None:
+    """Lowered, the text is recognised as the format, read, proved, described and (where the
+    executor picks files by size) sized, by the text or by what ``read`` made of it alike."""
+    text = fmt.lower(PROOF)
+    assert recognised(text) is fmt
+    document = fmt.read(text)
+    proof = fmt.prove(document)
+    assert isinstance(proof, ArtifactProof)
+    assert (proof.gpus, proof.chunks) == (4, 3) and proof.threadblocks >= 4 and proof.seconds >= 0
+    assert proof.summary == fmt.prove(text).summary
+    assert proof.summary.startswith(f"proved: {proof.name}: in-place allreduce over 4 GPUs, 3 chunks")
+    assert proof.brief in proof.summary and proof.details
+    assert fmt.describe(document) == fmt.describe(text)
+    assert fmt.describe(text).startswith(proof.name)
+    if fmt.size_rule is not None:
+        assert fmt.size_rule(document) == fmt.size_rule(text)
+        assert fmt.size_rule(document).decide(16 * 3).used
+
+
+def test_a_json_schedule_is_no_artifact_and_xml_is_not_parsed_as_json() -> None:
+    assert recognised(json_format.dumps(PROOF.schedule)) is None
+    assert format_of(MSCCL.lower(PROOF), no_json) is MSCCL
+
+
+@pytest.mark.parametrize("fmt", FORMATS.values(), ids=FORMATS)
+def test_suffixes_map_back_to_the_format(fmt: ArtifactFormat[Any]) -> None:
+    for suffix in fmt.suffixes:
+        assert fmt.name in SUFFIXES[suffix]
+        assert output_format(Path(f"out{suffix}"), fmt.name, "text", ("json", "text", *FORMATS)) == fmt.name
+    assert fmt.file_name(PROOF.schedule, ExportOptions()).endswith(fmt.suffixes[0])
+
+
+def test_a_suffix_names_the_format_that_writes_it_by_default() -> None:
+    assert output_format(Path("x.xml"), None, "text", ("json", "text", *FORMATS)) == "msccl"
+    assert output_format(Path("x.json"), None, "text", ("json", "text", *FORMATS)) == "json"
+
+
+def test_every_export_option_shapes_some_format() -> None:
+    assert set().union(*(fmt.options for fmt in FORMATS.values())) == set(EXPORT_OPTIONS)
+    assert set(SET) == set(FLAGS) == set(EXPORT_OPTIONS)
+
+
+@pytest.mark.parametrize("option", EXPORT_OPTIONS)
+@pytest.mark.parametrize("fmt", FORMATS.values(), ids=FORMATS)
+def test_lower_takes_its_options_and_refuses_the_others(fmt: ArtifactFormat[Any], option: str) -> None:
+    options = ExportOptions(**{option: SET[option]})
+    if option in fmt.options:  # it changes the text, but for a bound the text is within
+        assert (fmt.lower(PROOF, options) != fmt.lower(PROOF)) == (option != "max_threadblocks")
+    else:
+        with pytest.raises(InputError, match=re.escape(f"{option} does not shape {fmt.title}: it shapes ")):
+            fmt.lower(PROOF, options)
+
+
+@pytest.mark.parametrize("option", EXPORT_OPTIONS)
+@pytest.mark.parametrize("output", ["json", "text", *FORMATS])
+def test_the_command_refuses_exactly_the_options_that_do_not_shape_its_output(
+    output: str, option: str
+) -> None:
+    result = CliRunner().invoke(cli, ["synth", "--gpus", "4", "--format", output, *FLAGS[option]])
+    takes = output in FORMATS and option in FORMATS[output].options
+    if takes:
+        assert result.exit_code == 0, result.output
+    else:
+        shaped = " and ".join(f.title for f in FORMATS.values() if option in f.options)
+        assert result.exit_code == 2
+        assert result.stderr == f"Error: {FLAGS[option][0]} does not apply: it shapes {shaped} output only\n"
+
+
+def test_export_options_default_to_each_formats_own_defaults() -> None:
+    assert MSCCL.lower(PROOF, ExportOptions()) == MSCCL.lower(PROOF)
+    assert json.loads(MSCCLPP.lower(PROOF))["max_message_size"] > 0
+
+
+@pytest.mark.parametrize(
+    ("fmt", "text", "error", "message"),
+    [
+        (MSCCL, "<algo/>", InputError, "f.xml is not valid MSCCL XML: line 1: <algo> lacks attribute name"),
+        (
+            MSCCLPP,
+            "[1]",
+            InputError,
+            "f.json is not a plan stragglar can prove: not an MSCCL++ execution plan",
+        ),
+        (MSCCLPP, '{"gpus": 2}', InputError, "f.json is not a plan stragglar can prove: plan: missing key"),
+    ],
+)
+def test_a_file_the_prover_cannot_read_is_bad_input_in_the_formats_words(
+    fmt: ArtifactFormat[Any], text: str, error: type[Exception], message: str
+) -> None:
+    name = f"f{fmt.suffixes[0]}"
+    with pytest.raises(error) as info:
+        proved_artifact(fmt, text, name)
+    assert str(info.value).startswith(message)
+    if fmt.read is not MSCCL.read:
+        with pytest.raises(error) as read_info:
+            proved_artifact(fmt, read_artifact(fmt, text, name), name)
+        assert str(read_info.value) == str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("fmt", "spoil"),
+    [
+        (MSCCL, lambda text: text.replace('type="rrc"', 'type="r"', 1)),
+        (MSCCLPP, without_first_put),
+    ],
+    ids=FORMATS,
+)
+def test_a_wrong_artifact_is_incorrect_whatever_its_format(
+    fmt: ArtifactFormat[Any], spoil: Callable[[str], str]
+) -> None:
+    text = spoil(fmt.lower(PROOF))
+    assert text != fmt.lower(PROOF)
+    with pytest.raises(IncorrectError, match=r"^f is not a correct AllReduce: "):
+        proved_artifact(fmt, text, "f")
+
+
+@pytest.mark.parametrize("fmt", FORMATS.values(), ids=FORMATS)
+def test_a_proof_is_a_row_of_the_proof_tier(fmt: ArtifactFormat[Any]) -> None:
+    proof = fmt.prove(fmt.lower(PROOF))
+    row = ProofRow.for_artifact(proof, fmt.name, "f")
+    assert (row.algorithm, row.num_ranks, row.method, row.seconds) == (proof.name, 4, fmt.name, proof.seconds)
+    assert format_row(row).split()[2:4] == ["-", "-"]
+
+
+def test_the_artifact_proof_is_a_contract_not_a_proof() -> None:
+    with pytest.raises(TypeError, match="abstract"):
+        ArtifactProof("x", 2, 1, 2, 0.0)  # type: ignore[abstract]
+    assert not isinstance(MSCCL.prove(MSCCL.lower(PROOF)), Proof)
