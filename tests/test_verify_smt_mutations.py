@@ -1,4 +1,4 @@
-"""The z3 checker and the simulator agree on the mutation suite of tests/test_mutations.py.
+"""The z3 checker and the simulator agree on the mutation suite of tests/test_verify_simulate_mutations.py.
 
 Both must give the same verdict on every mutant, agree with the independent numeric check, and
 name the same kind of fault: the same structural rule in the same round, or a wrong final value
@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from test_mutations import (
+from test_verify_simulate_mutations import (
     CHUNKED,
     STRUCTURAL_KINDS,
     Mutant,
@@ -25,7 +25,7 @@ from test_mutations import (
     structurally_sound,
     wrong_values,
 )
-from test_smt import assert_real_counterexample
+from test_verify_smt import assert_real_counterexample
 
 from stragglar.synth import ALGORITHMS
 from stragglar.verify import Violation, check

@@ -1,6 +1,6 @@
 """torch.distributed on gloo with fork-started ranks: exact results, a real delay, a dying rank.
 
-The DDP hook's tests are in test_ddp.py."""
+The DDP hook's tests are in test_ddp_hook.py."""
 
 from __future__ import annotations
 
