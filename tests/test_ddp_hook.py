@@ -19,13 +19,16 @@ import pytest
 
 pytest.importorskip("torch")
 
+import numpy as np
 import torch
 from torch.distributed import GradBucket  # type: ignore[attr-defined, unused-ignore]
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from stragglar.ddp import StragglarState, persistent_late_rank, stragglar_hook
+from stragglar.errors import ArgumentError, InputError
 from stragglar.measure.launch import LaunchError, launch
-from stragglar.model import Network
+from stragglar.model import Network, best_chunks
+from stragglar.model.policy import Choice
 
 Pause = Callable[[], None] | None  # called before the hooked model's backward
 FAST = Network(1e-3, 1e12)  # latency-bound: StragglAR pays for any real lateness at N <= 5
@@ -283,3 +286,82 @@ def test_a_mixed_or_short_history_names_no_straggler() -> None:
     assert persistent_late_rank([0, 1, 2, 1, 0, 2], window=6, share=0.75) is None
     assert persistent_late_rank([3, 3, 3], window=4, share=0.75) is None
     assert persistent_late_rank([0, 0, 3, 3, 3, 3], window=4, share=0.75) == 3  # the last window counts
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "words"),
+    [
+        ({"policy": "fast"}, InputError, "policy must be one of stragglar, auto"),
+        ({"network": (1e-6, 1e9)}, ArgumentError, "network must be a stragglar.model.Network"),
+        ({"asynchronous": 1}, ArgumentError, "asynchronous must be True or False"),
+        ({"policy": "auto", "straggler_delay": 0.01}, InputError, "straggler_delay is for experiments"),
+        ({"chunks": "many"}, InputError, "chunks must be a chunk count or 'auto'"),
+        ({"chunks": 0}, InputError, "chunks must be at least 1"),
+        ({"chunks": 2.5}, ArgumentError, "chunks must be an integer"),
+        ({"chunks": 8, "algorithm": "ring"}, InputError, "chunks shapes StragglAR, not ring"),
+        ({"chunks": "auto"}, InputError, "chunks='auto' prices chunk counts on a network"),
+    ],
+)
+def test_the_state_checks_its_new_arguments(kwargs: dict[str, Any], error: type, words: str) -> None:
+    with pytest.raises(error, match=words) as info:
+        StragglarState(**kwargs)
+    assert "\n" not in str(info.value)
+
+
+def ddp_rank(rank: int, n: int, kwargs: dict[str, Any], steps: int, pause: float = 0.0) -> float:
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(7, 11), torch.nn.Tanh(), torch.nn.Linear(11, 3))
+    twin = torch.nn.Sequential(torch.nn.Linear(7, 11), torch.nn.Tanh(), torch.nn.Linear(11, 3))
+    twin.load_state_dict(model.state_dict())
+    plain, hooked = DDP(model), DDP(twin, bucket_cap_mb=0.0002)
+    hooked.register_comm_hook(StragglarState(timeout=20, **kwargs), stragglar_hook)
+    gen = torch.Generator().manual_seed(rank)
+    worst = 0.0
+    for _ in range(steps):
+        time.sleep(pause)
+        x, y = torch.randn(4, 7, generator=gen), torch.randn(4, 3, generator=gen)
+        for m in (plain, hooked):
+            m.zero_grad()
+            torch.nn.functional.mse_loss(m(x), y).backward()  # type: ignore[no-untyped-call]
+        for a, b in zip(plain.parameters(), hooked.parameters(), strict=True):
+            assert a.grad is not None and b.grad is not None and a.grad.abs().sum() > 0
+            torch.testing.assert_close(b.grad, a.grad, rtol=1e-5, atol=1e-6)
+            worst = max(worst, float((a.grad - b.grad).abs().max()))
+    return worst
+
+
+@pytest.mark.parametrize(
+    ("n", "kwargs"),
+    [
+        (1, {}),
+        (1, {"straggler": np.int64(0), "straggler_delay": 0.01}),
+        (2, {}),
+        (2, {"algorithm": "ring", "straggler": np.int64(0), "straggler_delay": 0.01}),
+    ],
+)
+@pytest.mark.usefixtures("ddp_ready")
+def test_the_ddp_hook_works_on_one_and_two_ranks(n: int, kwargs: dict[str, Any]) -> None:
+    worst = launch(ddp_rank, n, (kwargs, 2), timeout=60)
+    assert len(worst) == n and max(worst) < 1e-6
+
+
+@pytest.mark.usefixtures("ddp_ready")
+def test_a_long_ddp_run_under_the_launcher_reports_progress_every_step() -> None:
+    start = time.monotonic()
+    worst = launch(ddp_rank, 2, ({}, 6, 0.3), timeout=1.0, slack=0.3)  # 1.8 s of steps > 1.3 s
+    assert time.monotonic() - start > 1.3 and max(worst) < 1e-6
+
+
+def test_the_stragglar_policy_cuts_each_bucket_by_the_given_network() -> None:
+    nvlink = Network(3e-6, 450 * 2**30)
+    state = StragglarState(chunks="auto", network=nvlink)
+    for size in (2**20, 2**30):
+        best = best_chunks(8, size, 0.0, nvlink)
+        want = Choice("stragglar", 7, None if best == 7 else best)
+        assert state.choose(8, size) == want
+    assert [d[3] for d in state.decisions] == [
+        None if c == 7 else c for c in (best_chunks(8, 2**20, 0.0, nvlink), best)
+    ]
+    assert StragglarState(chunks=12, straggler=2).choose(8, 2**20) == Choice("stragglar", 2, 12)
+    assert StragglarState(chunks=12, straggler=2).proof(8, 2, 12).schedule.num_chunks == 12

@@ -10,6 +10,7 @@ and event timings count from the operation queued before.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import time
 from collections.abc import Iterator
@@ -20,7 +21,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from stragglar.ddp.worker import BucketWorker, Job, Reducer, StreamOrder, dedicated_group  # noqa: E402
+from stragglar.ddp.worker import (  # noqa: E402
+    BucketWorker,
+    HostWatch,
+    Job,
+    Reducer,
+    StreamOrder,
+    dedicated_group,
+)
 from stragglar.measure.data import expected, payload  # noqa: E402
 from stragglar.measure.launch import launch  # noqa: E402
 from stragglar.runtime import plan_for, rounds_without  # noqa: E402
@@ -225,3 +233,54 @@ def test_event_timings_leave_out_the_queue() -> None:
     assert first.seconds() == pytest.approx(0.050)
     assert second.seconds() == pytest.approx(0.020)
     assert unknown.seconds() is None
+
+
+def test_a_watch_counts_from_the_end_of_the_operation_before_it() -> None:
+    first = HostWatch()
+    second = HostWatch(after=first)  # queued behind the first
+    time.sleep(0.05)
+    first.stop()
+    time.sleep(0.02)
+    second.stop()
+    took = second.seconds()
+    assert took is not None and 0.015 < took < 0.045, took
+
+
+def test_the_worker_runs_each_stage_in_order_and_fails_every_later_task_at_once() -> None:
+    import torch
+
+    worker = BucketWorker("test-worker")
+    ran: list[tuple[int, int]] = []
+    futures = [torch.futures.Future[Any]() for _ in range(4)]
+    second_may_start = threading.Event()
+
+    def first(i: int, handed: Any) -> int:
+        assert handed is None
+        ran.append((0, i))
+        return 10 * i  # handed to the second stage
+
+    def second(i: int, handed: int) -> None:
+        second_may_start.wait(5)
+        if i == 1:
+            raise RuntimeError("round 3 lost the connection")
+        ran.append((1, i))
+        futures[i].set_result(handed)
+
+    for i, future in enumerate(futures):
+        worker.submit(future, functools.partial(first, i), functools.partial(second, i))
+    deadline = time.monotonic() + 5
+    while len(ran) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ran == [(0, 0), (0, 1), (0, 2), (0, 3)]  # every first stage ran while the second waited
+    second_may_start.set()
+    assert futures[0].wait() == 0
+    for future in futures[1:]:
+        with pytest.raises(RuntimeError, match="round 3 lost the connection"):
+            future.wait()
+    assert ran[4:] == [(1, 0)] and isinstance(worker.error, RuntimeError)
+    with pytest.raises(ValueError, match="runs 2 stages per task, got 1"):
+        worker.submit(futures[0], functools.partial(first, 0))
+    worker.close()
+    for thread in worker.threads:
+        thread.join(5)
+        assert not thread.is_alive()

@@ -3,8 +3,10 @@ rotating order, ``stragglar run`` / ``bench --chunks C|auto`` and their errors."
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,9 @@ from stragglar.synth import synthesize
 from stragglar.verify import Proof, prove
 
 MIB = 2**20
+TORCH = pytest.param(
+    "torch", marks=pytest.mark.skipif(not importlib.util.find_spec("torch"), reason="no torch")
+)
 
 
 def run(*args: str) -> Result:
@@ -216,3 +221,39 @@ def test_cli_chunks_that_do_not_apply_are_one_line_errors(
     path = tmp_path / "s4.json"
     json_format.write(synthesize("stragglar", 4), path)
     assert message in one_error_line(run(*(a.replace("{file}", str(path)) for a in args)))
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "direct", "stragglar"])
+@pytest.mark.parametrize("backend", ["local", TORCH])
+def test_a_delay_applies_to_the_schedule_and_the_baseline_alike(backend: str, algorithm: str) -> None:
+    r = run_benchmark(backend, 3, 3 * 2**10, "int64", delay=0.08, algorithm=algorithm, iters=2, warmup=0)
+    assert r.late_rank == 2  # the schedule's straggler, or the last rank for Ring
+    assert min(r.times) >= 0.08 and min(r.baseline_times) >= 0.08
+    # a tiny buffer: both take the delay plus a little, so neither side wins by much
+    assert 0.5 < r.baseline_time / r.time < 2.0, (r.times, r.baseline_times)
+
+
+def test_the_late_rank_of_a_schedule_without_straggler_can_be_chosen() -> None:
+    r = run_benchmark("local", 4, 2**12, "int32", delay=0.05, algorithm="ring", straggler=1, iters=1)
+    assert r.late_rank == 1 and min(r.times) >= 0.05 and "(rank 1)" in r.report()
+    with pytest.raises(ValueError, match=r"straggler must be a rank in 0\.\.3, got 4"):
+        run_benchmark("local", 4, 2**12, "int32", algorithm="ring", straggler=4)
+
+
+@pytest.mark.parametrize("backend", ["torch", "cupy"])
+def test_a_missing_engine_says_how_to_install_it_without_naming_a_host(
+    backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, backend, None)  # as if not installed: find_spec gives None
+    with pytest.raises(InputError) as info:
+        run_benchmark(backend, 2, 64)
+    message = str(info.value)
+    assert "\n" not in message
+    for host in ("://", "www.", ".org", ".com", ".io", "download."):
+        assert host not in message, message
+    if backend == "torch":
+        for words in ("CPU-only build", "CUDA build", "install selector", "pip install 'stragglar[torch]'"):
+            assert words in message, message
+    else:
+        for words in ("cupy-cuda12x", "cupy-cuda13x", "nvidia-smi", "CUDA version"):
+            assert words in message, message

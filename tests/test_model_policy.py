@@ -1,21 +1,10 @@
-"""The auto policy's pure parts: lateness, the fits, the choice, the probe's rows, the state's checks."""
+"""The DDP policy's decisions, without torch: lateness, the fits, the choice, the chunk count, and
+the memory it keeps from step to step."""
 
 from __future__ import annotations
 
-import functools
 import math
-import threading
-import time
-from typing import Any
 
-import pytest
-
-pytest.importorskip("torch")
-
-from stragglar.ddp import StragglarState
-from stragglar.ddp.probe import SLOTS, decode, encode
-from stragglar.ddp.worker import BucketWorker, HostWatch
-from stragglar.errors import ArgumentError, InputError
 from stragglar.model import Network, best_chunks, generated_profile
 from stragglar.model.policy import (
     RUNS,
@@ -87,20 +76,6 @@ def test_auto_chunks_follow_the_cost_model_per_bucket_size() -> None:
     assert choose("stragglar", 8, 2**30, Outlook(3, 0.005, None, None), "auto") == Choice("allreduce")
 
 
-def test_the_stragglar_policy_cuts_each_bucket_by_the_given_network() -> None:
-    nvlink = Network(3e-6, 450 * 2**30)
-    state = StragglarState(chunks="auto", network=nvlink)
-    for size in (2**20, 2**30):
-        best = best_chunks(8, size, 0.0, nvlink)
-        want = Choice("stragglar", 7, None if best == 7 else best)
-        assert state.choose(8, size) == want
-    assert [d[3] for d in state.decisions] == [
-        None if c == 7 else c for c in (best_chunks(8, 2**20, 0.0, nvlink), best)
-    ]
-    assert StragglarState(chunks=12, straggler=2).choose(8, 2**20) == Choice("stragglar", 2, 12)
-    assert StragglarState(chunks=12, straggler=2).proof(8, 2, 12).schedule.num_chunks == 12
-
-
 def test_the_cost_ratio_prices_each_timing_at_its_own_chunk_count() -> None:
     net = Network(1e-4, 1e9)
     size = 2**22
@@ -165,99 +140,3 @@ def test_the_auto_policy_takes_a_new_ratio_only_when_a_new_stragglar_timing_arri
     third = given.judge(4, step, 1, 3, {"allreduce": fast, "stragglar": slow})
     assert third is not None and third.ring == third.ours == Network(1e-4, 1e9)
     assert third.candidate == 3 and given.ratio == 1.0
-
-
-def test_probe_rows_carry_waits_and_the_fastest_ranks_timings() -> None:
-    rows = [
-        encode(
-            0.040, [("allreduce", 1000, 0, 0.010), ("stragglar", 2000, 16, 0.030), ("stragglar", 8, 0, 1.0)]
-        ),
-        encode(0.0, [("allreduce", 1000, 0, 0.004), ("stragglar", 2000, 16, None), ("stragglar", 8, 0, 2.0)]),
-        encode(
-            0.041, [("allreduce", 1000, 0, 0.009), ("allreduce", 2000, 0, 0.020), ("stragglar", 8, 9, 0.5)]
-        ),
-    ]
-    figures = decode(rows)
-    assert figures is not None
-    late, samples = figures
-    assert late.index(max(late)) == 1 and math.isclose(max(late), 0.040)
-    # rank 1's second timing is not known yet; rank 2 ran its second and third buckets otherwise
-    assert samples == [
-        ("allreduce", 1000, 0, 0.004),
-        ("stragglar", 2000, 16, 0.030),
-        ("stragglar", 8, 0, 1.0),
-    ]
-    assert decode([encode(None, []), encode(0.1, [])]) is None  # the first gather: no waits yet
-    many = encode(0.0, [("allreduce", size, 0, 0.001) for size in range(1, 20)])
-    assert many == encode(0.0, [("allreduce", size, 0, 0.001) for size in range(1, SLOTS + 1)])
-
-
-def test_a_watch_counts_from_the_end_of_the_operation_before_it() -> None:
-    first = HostWatch()
-    second = HostWatch(after=first)  # queued behind the first
-    time.sleep(0.05)
-    first.stop()
-    time.sleep(0.02)
-    second.stop()
-    took = second.seconds()
-    assert took is not None and 0.015 < took < 0.045, took
-
-
-def test_the_worker_runs_each_stage_in_order_and_fails_every_later_task_at_once() -> None:
-    import torch
-
-    worker = BucketWorker("test-worker")
-    ran: list[tuple[int, int]] = []
-    futures = [torch.futures.Future[Any]() for _ in range(4)]
-    second_may_start = threading.Event()
-
-    def first(i: int, handed: Any) -> int:
-        assert handed is None
-        ran.append((0, i))
-        return 10 * i  # handed to the second stage
-
-    def second(i: int, handed: int) -> None:
-        second_may_start.wait(5)
-        if i == 1:
-            raise RuntimeError("round 3 lost the connection")
-        ran.append((1, i))
-        futures[i].set_result(handed)
-
-    for i, future in enumerate(futures):
-        worker.submit(future, functools.partial(first, i), functools.partial(second, i))
-    deadline = time.monotonic() + 5
-    while len(ran) < 4 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert ran == [(0, 0), (0, 1), (0, 2), (0, 3)]  # every first stage ran while the second waited
-    second_may_start.set()
-    assert futures[0].wait() == 0
-    for future in futures[1:]:
-        with pytest.raises(RuntimeError, match="round 3 lost the connection"):
-            future.wait()
-    assert ran[4:] == [(1, 0)] and isinstance(worker.error, RuntimeError)
-    with pytest.raises(ValueError, match="runs 2 stages per task, got 1"):
-        worker.submit(futures[0], functools.partial(first, 0))
-    worker.close()
-    for thread in worker.threads:
-        thread.join(5)
-        assert not thread.is_alive()
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "error", "words"),
-    [
-        ({"policy": "fast"}, InputError, "policy must be one of stragglar, auto"),
-        ({"network": (1e-6, 1e9)}, ArgumentError, "network must be a stragglar.model.Network"),
-        ({"asynchronous": 1}, ArgumentError, "asynchronous must be True or False"),
-        ({"policy": "auto", "straggler_delay": 0.01}, InputError, "straggler_delay is for experiments"),
-        ({"chunks": "many"}, InputError, "chunks must be a chunk count or 'auto'"),
-        ({"chunks": 0}, InputError, "chunks must be at least 1"),
-        ({"chunks": 2.5}, ArgumentError, "chunks must be an integer"),
-        ({"chunks": 8, "algorithm": "ring"}, InputError, "chunks shapes StragglAR, not ring"),
-        ({"chunks": "auto"}, InputError, "chunks='auto' prices chunk counts on a network"),
-    ],
-)
-def test_the_state_checks_its_new_arguments(kwargs: dict[str, Any], error: type, words: str) -> None:
-    with pytest.raises(error, match=words) as info:
-        StragglarState(**kwargs)
-    assert "\n" not in str(info.value)

@@ -1,4 +1,5 @@
-"""The core layer: facts derived from the IR, the fingerprint, atomic writes, errors and exit codes."""
+"""The schedule IR: the facts derived from it (hidden phases, exposed rounds, the round bound) and
+its fingerprint."""
 
 from __future__ import annotations
 
@@ -6,16 +7,12 @@ import os
 import subprocess
 import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
-from stragglar.errors import IncorrectError, InputError, RunError, StragglarError
-from stragglar.files import write_text
-from stragglar.runtime import plan_for
+from stragglar.errors import InputError
 from stragglar.schedule import Op, Phase, Schedule, Transfer, round_lower_bound
 from stragglar.synth import ALGORITHMS, synthesize
-from stragglar.verify import prove
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
@@ -69,54 +66,3 @@ def test_fingerprint_of_a_malformed_schedule_still_tells_transfers_apart() -> No
     huge = Schedule("x", 2, 1, None, (Phase("p", (0, 1), ((Transfer(0, 1 << 70, 0),),)),))
     other = Schedule("x", 2, 1, None, (Phase("p", (0, 1), ((Transfer(0, 1 << 71, 0),),)),))
     assert huge.fingerprint != other.fingerprint
-
-
-def test_plans_are_cached_by_fingerprint_not_by_object() -> None:
-    first = plan_for(prove(synthesize("stragglar", 10)), 3, 999)
-    again = plan_for(prove(synthesize("stragglar", 10)), 3, 999)  # an equal schedule, a new object
-    assert again is first
-    assert plan_for(prove(synthesize("stragglar", 10)), 4, 999) is not first
-
-
-def test_write_text_replaces_the_file_atomically(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    path = tmp_path / "keep.json"
-    write_text(path, "good\n")
-    path.chmod(0o640)
-    write_text(path, "better\n")
-    assert path.read_text() == "better\n" and path.stat().st_mode & 0o777 == 0o640
-
-    def full_disk(fd: int) -> None:
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(os, "fsync", full_disk)
-    with pytest.raises(OSError, match="No space left"):
-        write_text(path, "lost\n")
-    with pytest.raises(OSError, match="No space left"):
-        write_text(tmp_path / "new.xml", "lost\n")
-    assert path.read_text() == "better\n"  # the old file is untouched ...
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.json"]  # ... and nothing partial is left
-
-
-def test_each_error_kind_has_its_exit_code() -> None:
-    assert [e.exit_code for e in (StragglarError(), InputError(), IncorrectError(), RunError())] == [
-        1,
-        2,
-        1,
-        1,
-    ]
-    assert isinstance(InputError("x"), ValueError) and isinstance(RunError("x"), RuntimeError)
-
-
-def test_write_text_through_a_link_replaces_its_target_and_keeps_the_link(tmp_path: Path) -> None:
-    target, link = tmp_path / "v3.json", tmp_path / "latest.json"
-    target.write_text("old\n")
-    link.symlink_to(target.name)
-    write_text(link, "new\n")
-    assert link.is_symlink() and os.readlink(link) == target.name  # the link is still a link ...
-    assert target.read_text() == "new\n"  # ... and its target has the new text
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest.json", "v3.json"]
-    dangling = tmp_path / "gone.json"
-    dangling.symlink_to(tmp_path / "missing" / "x.json")
-    with pytest.raises(InputError, match="symbolic link to a missing file"):
-        write_text(dangling, "lost\n")
-    assert dangling.is_symlink() and not (tmp_path / "missing").exists()
