@@ -40,8 +40,9 @@ from stragglar.schedule import Schedule
 from stragglar.verify import Proof
 from stragglar.verify.report import ArtifactProof
 
-__all__ = ["FORMATS", "MSCCL", "MSCCLPP", "ArtifactFormat", "ExportOptions", "format_of"]
+__all__ = ["FORMATS", "MSCCL", "MSCCLPP", "PROTOCOLS", "ArtifactFormat", "ExportOptions", "format_of"]
 
+PROTOCOLS = msccl.PROTOCOLS  # what ExportOptions.proto may be
 D = TypeVar("D")  # a file of the format as its tools read it: the text, or a parsed document
 
 

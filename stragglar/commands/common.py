@@ -18,13 +18,11 @@ import click
 from click.core import ParameterSource
 from tqdm import tqdm
 
-from stragglar.artifacts import FORMATS, ArtifactFormat, ExportOptions, format_of
+from stragglar.artifacts import FORMATS, PROTOCOLS, ArtifactFormat, ExportOptions, format_of
 from stragglar.errors import IncorrectError, InputError, StragglarError
 from stragglar.files import check_replaceable, read_text, same_file, write_bytes, write_text
 from stragglar.formats import json as json_format
 from stragglar.model import AUTO, PAPER_NETWORK, Network, resolve_chunks
-from stragglar.msccl import PROTOCOLS
-from stragglar.mscclpp import DEFAULT_MAX_THREADBLOCKS
 from stragglar.schedule import Schedule
 from stragglar.synth import ALGORITHMS
 from stragglar.units import format_bytes, format_seconds, parse_bandwidth, parse_duration, parse_size
@@ -215,12 +213,21 @@ def artifact_options(command: Callable[..., None]) -> Callable[..., None]:
 
     Each is a field of :class:`~stragglar.artifacts.ExportOptions` of the same name, so that the
     command's keyword arguments are the options (``ExportOptions(**artifact)``)."""
+    defaults = ExportOptions()
     options = [
         click.option(
-            "--proto", type=click.Choice(PROTOCOLS), default="Simple", show_default=True, help="MSCCL XML."
+            "--proto",
+            type=click.Choice(PROTOCOLS),
+            default=defaults.proto,
+            show_default=True,
+            help="MSCCL XML.",
         ),
         click.option(
-            "--instances", type=click.IntRange(min=1), default=1, show_default=True, help="Copies per loop."
+            "--instances",
+            type=click.IntRange(min=1),
+            default=defaults.instances,
+            show_default=True,
+            help="Copies per loop.",
         ),
         click.option("--min-bytes", type=SIZE, help="Smallest message the executor uses it for (a size)."),
         click.option("--max-bytes", type=SIZE, help="Largest message (a size; MSCCL XML default 1TiB)."),
@@ -228,7 +235,7 @@ def artifact_options(command: Callable[..., None]) -> Callable[..., None]:
         click.option(
             "--max-threadblocks",
             type=click.IntRange(min=1),
-            default=DEFAULT_MAX_THREADBLOCKS,
+            default=defaults.max_threadblocks,
             show_default=True,
             help="MSCCL++: thread blocks one GPU runs at once (A100: 108, H100 SXM: 132).",
         ),
