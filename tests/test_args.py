@@ -68,6 +68,7 @@ def test_numpy_integers_are_fine_integers() -> None:
         (lambda: allreduce_local(fresh(), PROOF, float("nan")), "straggler_delay must be a finite number"),
         (lambda: allreduce_local(fresh(), PROOF, late_rank=-1), "late_rank must be a rank in 0..3, got -1"),
         (lambda: allreduce(np.zeros(3), PROOF, timeout=0), "timeout must be a finite number of seconds > 0"),
+        (lambda: allreduce(np.zeros(3), PROOF, tag=16384), "tag must be a channel number from 0 to 16383"),
         (lambda: run_benchmark("local", 4, 64, straggler=7), "straggler must be a rank in 0..3, got 7"),
         (lambda: run_benchmark("local", 4, 64, delay=-1), "delay must be a finite number of seconds >= 0"),
         (lambda: run_benchmark("local", 1, 64), "need 2 to 2048 GPUs, got 1"),

@@ -265,6 +265,42 @@ def test_a_dead_or_silent_peer_fails_the_step_quickly(kwargs: dict[str, Any], si
         assert all(f"allreduce failed: rank {rank} " in errors[rank] for rank in (0, 1, 3)), errors
 
 
+def disagreeing_rank(rank: int, n: int, settings: dict[str, Any]) -> str:
+    """Rank 1 runs the hook with ``settings``, the others with the defaults: the first step fails
+    on every rank with the same error, and at once, not after the header check's timeout."""
+    state = StragglarState(timeout=20, **(settings if rank == 1 else {}))
+    plain, hooked = twins(state)
+    try:
+        step(rank, 0, plain, hooked)
+    except Exception as e:  # DDP wraps the hook's error
+        return str(e)
+    return "no error"
+
+
+@pytest.mark.parametrize(
+    ("settings", "words"),
+    [
+        ({"policy": "auto"}, "policy: ranks 0, 2 have 'stragglar', rank 1 has 'auto'"),
+        ({"algorithm": "ring"}, "algorithm: ranks 0, 2 have 'stragglar', rank 1 has 'ring'"),
+        ({"asynchronous": False}, "asynchronous: ranks 0, 2 have True, rank 1 has False"),
+        ({"detect": 4}, "detect: ranks 0, 2 have 0, rank 1 has 4"),
+        (
+            {"straggler": 0, "chunks": 4},
+            "chunks: ranks 0, 2 have None, rank 1 has 4; straggler: ranks 0, 2 have",
+        ),
+    ],
+)
+def test_ranks_whose_hooks_run_with_other_settings_fail_alike_and_at_once(
+    settings: dict[str, Any], words: str
+) -> None:
+    start = time.monotonic()
+    errors = launch(disagreeing_rank, 3, (settings,), timeout=30)
+    assert time.monotonic() - start < 15  # far from the 20 s a silent peer would take
+    reasons = {e[e.index("DDP ranks run the hook") :].splitlines()[0] for e in errors}
+    assert len(reasons) == 1, errors
+    assert words in reasons.pop()
+
+
 def detecting_rank(rank: int, n: int, steps: int, who: int) -> tuple[list[tuple[int, int]], float]:
     state = StragglarState(detect=4, timeout=20)
     plain, hooked = twins(state)

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from stragglar.errors import InputError
 from stragglar.measure.data import expected, payload
 from stragglar.runtime import MismatchError, NcclGroup, RankError, allreduce
 from stragglar.synth import synthesize
@@ -24,6 +25,7 @@ class FakeNccl:
     groupEnd; a receive nobody sends leaves the stream stuck, as a real NCCL kernel would hang."""
 
     NCCL_INT32, NCCL_INT64, NCCL_FLOAT16, NCCL_FLOAT32, NCCL_FLOAT64 = 2, 4, 6, 7, 8
+    patience = 0.5  # seconds an operation waits for its peers before its stream is stuck
 
     def __init__(self, n: int) -> None:
         self.n = n
@@ -45,7 +47,7 @@ class FakeNccl:
         with self.arrived:
             self.contributions.setdefault(call, {})[comm.rank] = ctypes.string_at(ptr, size)
             self.arrived.notify_all()
-            if not self.arrived.wait_for(lambda: len(self.contributions[call]) == self.n, timeout=0.5):
+            if not self.arrived.wait_for(lambda: len(self.contributions[call]) == self.n, self.patience):
                 comm.stream.stuck = True
                 return
             parts = self.contributions[call]
@@ -68,7 +70,7 @@ class FakeNccl:
         for kind, c, ptr, count, dtype, peer in ops:
             if kind == "recv":
                 try:
-                    got_dtype, data = self.wires[(peer, c.rank)].get(timeout=0.5)
+                    got_dtype, data = self.wires[(peer, c.rank)].get(timeout=self.patience)
                 except queue.Empty:
                     c.stream.stuck = True
                     return
@@ -261,20 +263,25 @@ def test_ranks_that_disagree_all_raise_the_same_clear_error_and_move_no_data(
     assert changed == []  # nobody summed anything
 
 
-def test_the_header_is_checked_once_per_plan_and_group() -> None:
+@pytest.mark.parametrize(("lockstep", "gathers"), [(False, 4), (True, 2)])
+def test_the_header_is_checked_when_the_setup_changes_or_once_per_setup_in_lockstep(
+    lockstep: bool, gathers: int
+) -> None:
+    """10, 10, 10, 7, 10, 7 elements: checked on the first call and at each change (10 -> 7 -> 10
+    -> 7), 4 times; a caller in lockstep checks each setup once, twice."""
     s = prove(synthesize("stragglar", 3))
 
     def body(rank: int, group: NcclGroup) -> list[int]:
         counts = (10, 10, 10, 7, 10, 7)
         for count in counts:
             buf = payload(rank, count, 3, "int64")
-            allreduce(buf, s, group=group, timeout=5)
+            allreduce(buf, s, group=group, timeout=5, lockstep=lockstep)
             assert np.array_equal(buf, expected(count, 3, "int64"))
         return list(counts)
 
     *results, nccl, _ = run_ranks(3, body)
     assert not [x for x in results if isinstance(x, Exception)], results
-    assert nccl.gathers == [2, 2, 2]  # once for 10 elements, once for 7
+    assert nccl.gathers == [gathers] * 3
 
 
 def test_a_schedule_for_another_size_fails_every_rank() -> None:
@@ -310,11 +317,39 @@ def test_a_rank_that_changes_its_count_after_the_check_fails_every_rank_never_su
     assert all(isinstance(e, RankError) and e.reason == "timed out" for e in results), results
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open bug: headers are checked once per plan and group, so ranks that each ran two setups "
-    "can later mix them unchecked (a fix must not make the punctual ranks wait for the late one)",
-)
+class PatientNccl(FakeNccl):
+    """A fake NCCL whose operations wait long enough for a late rank that sleeps a second."""
+
+    patience = 5.0
+
+
+def test_a_second_call_on_a_busy_nccl_group_is_refused_whatever_its_tag() -> None:
+    """NCCL matches messages by order, so a group runs one call at a time: a call that starts while
+    another waits for the late rank is refused on every rank before its data moves."""
+    s = prove(synthesize("stragglar", 3))
+
+    def body(rank: int, group: NcclGroup) -> Any:
+        allreduce(payload(rank, 12, 3, "int64"), s, group=group, timeout=5)  # checked: no gather next
+        first, second = payload(rank, 12, 3, "int64"), payload(rank, 6, 3, "int64")
+        thread = threading.Thread(
+            target=allreduce, args=(first, s), kwargs={"group": group, "straggler_delay": 1.5, "timeout": 5}
+        )
+        thread.start()
+        time.sleep(0.4)  # the first call is inside, waiting for its late rank (under load too)
+        try:
+            allreduce(second, s, group=group, timeout=5, tag=7)
+        except InputError as e:
+            outcome = str(e) if np.array_equal(second, payload(rank, 6, 3, "int64")) else "moved"
+        else:
+            outcome = "ran"
+        thread.join(10)
+        assert np.array_equal(first, expected(12, 3, "int64"))
+        return outcome
+
+    *results, _, _ = run_ranks(3, body, PatientNccl)
+    assert results == [results[0]] * 3 and "calls on one group must not overlap" in str(results[0]), results
+
+
 def test_ranks_that_mix_two_checked_setups_fail_and_never_sum_wrong() -> None:
     """Every rank ran a float32 and an int32 buffer of one length, each checked; then rank 1 brings
     the int32 one while the others bring the float32 one.  The same bytes move either way, so

@@ -8,6 +8,7 @@ import types
 import numpy as np
 import pytest
 
+from stragglar.errors import InputError
 from stragglar.measure import data
 from stragglar.measure.data import WrongResult, check, expected, payload
 from stragglar.measure.run import run_benchmark
@@ -169,6 +170,37 @@ def test_clear_errors_for_bad_buffers_and_schedules() -> None:
             allreduce_local([np.zeros(4), np.zeros(4)], unproved)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="comes only from a prover"):
         Proof(wrong, "simulator", 0.0)
+
+
+def test_buffers_that_share_memory_or_are_read_only_are_refused_before_any_data_moves() -> None:
+    s = schedule("stragglar", 3)
+    whole = np.concatenate([payload(r, 8, 3, "int64") for r in range(3)])
+    apart = [whole[0:8], whole[8:16], whole[16:24]]  # views of one array, each its own memory
+    allreduce_local(apart, s)
+    assert all(np.array_equal(b, expected(8, 3, "int64")) for b in apart)
+    own = payload(0, 8, 3, "int64")
+    cases = {
+        "the same array three times": [own, own, own],
+        "overlapping views": [whole[0:8], whole[4:12], whole[16:24]],
+        "one view inside another's": [whole[0:24:1][0:8], whole[8:16], whole[10:18]],
+    }
+    for what, bufs in cases.items():
+        before = [b.copy() for b in bufs]
+        with pytest.raises(InputError, match=r"the buffers of ranks \d and \d overlap"):
+            allreduce_local(bufs, s)
+        assert all(np.array_equal(b, a) for b, a in zip(bufs, before, strict=True)), what
+    frozen = [payload(r, 8, 3, "int64") for r in range(3)]
+    frozen[2].flags.writeable = False
+    with pytest.raises(InputError, match="rank 2's buffer is read-only"):
+        allreduce_local(frozen, s)
+    assert all(np.array_equal(b, payload(r, 8, 3, "int64")) for r, b in enumerate(frozen))
+
+
+def test_torch_buffers_that_share_memory_are_refused() -> None:
+    torch = pytest.importorskip("torch")
+    whole = torch.zeros(24, dtype=torch.float64)
+    with pytest.raises(InputError, match="the buffers of ranks 1 and 2 overlap"):
+        allreduce_local([whole[0:8], whole[8:16], whole[12:20]], schedule("stragglar", 3))
 
 
 def test_straggler_delay_hides_the_first_phase() -> None:

@@ -5,6 +5,7 @@ The DDP hook's tests are in test_ddp_hook.py."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Any
 
@@ -111,16 +112,56 @@ def mixing_rank(rank: int, n: int, proof: Proof) -> str:
     return "summed"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open bug: headers are checked once per plan and group, so ranks that each ran two setups "
-    "can later mix them unchecked (a fix must not make the punctual ranks wait for the late one)",
-)
 def test_ranks_that_mix_two_checked_setups_time_out_and_never_sum_wrong() -> None:
     with pytest.raises(LaunchError) as info:
         launch(mixing_rank, 3, (prove(synthesize("stragglar", 3)),), timeout=60)
     for rank in range(3):
         assert f"RankError: allreduce failed: rank {rank} timed out" in info.value.errors[rank]
+
+
+def concurrent_rank(rank: int, n: int, proof: Proof, second_tag: int) -> str:
+    """A call that runs while another one waits for the late rank: on the same tag it is refused
+    before any data moves, on another tag both sum."""
+    from stragglar.errors import InputError
+    from stragglar.runtime import allreduce
+
+    def buffer(count: int) -> Any:
+        return torch.from_numpy(payload(rank, count, n, "float64"))
+
+    allreduce(buffer(1000), proof, timeout=20)  # tag 0 checked, so the next call need not check
+    first, second = buffer(1000), buffer(300)
+    failed: list[BaseException] = []
+
+    def waiting() -> None:
+        try:
+            allreduce(first, proof, straggler_delay=2.0, timeout=20)
+        except BaseException as e:  # the main thread reports it
+            failed.append(e)
+
+    thread = threading.Thread(target=waiting)
+    thread.start()
+    time.sleep(0.5)  # every rank is inside the first call, its late rank asleep (under load too)
+    try:
+        allreduce(second, proof, timeout=20, tag=second_tag)
+        outcome = "summed" if np.array_equal(second.numpy(), expected(300, n, "float64")) else "wrong"
+    except InputError as e:
+        untouched = np.array_equal(second.numpy(), payload(rank, 300, n, "float64"))
+        outcome = str(e) + ("" if untouched else " (and the buffer changed)")
+    thread.join(30)
+    assert not failed and np.array_equal(first.numpy(), expected(1000, n, "float64")), failed
+    return outcome
+
+
+@pytest.mark.parametrize("second_tag", [0, 1])
+def test_a_call_on_a_busy_tag_is_refused_before_data_moves_and_another_tag_runs_beside(
+    second_tag: int,
+) -> None:
+    outcomes = launch(concurrent_rank, 3, (prove(synthesize("stragglar", 3)), second_tag), timeout=60)
+    if second_tag == 1:
+        assert outcomes == ["summed"] * 3
+    else:
+        busy = "another allreduce with tag 0 is still running on this group in this process: "
+        assert outcomes == [busy + "concurrent calls need distinct tags"] * 3
 
 
 @pytest.mark.parametrize(

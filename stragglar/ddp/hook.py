@@ -10,6 +10,7 @@ import torch.distributed as dist
 from torch.distributed import GradBucket  # type: ignore[attr-defined, unused-ignore]
 
 from stragglar.args import as_int, as_rank, as_seconds
+from stragglar.ddp.agreement import disagreement, encode
 from stragglar.ddp.probe import LateRankProbe
 from stragglar.ddp.worker import (
     BucketWorker,
@@ -25,6 +26,7 @@ from stragglar.errors import ArgumentError, InputError
 from stragglar.model import AUTO, Network
 from stragglar.model.policy import (
     ALLREDUCE,
+    POLICIES,
     STRAGGLAR,
     AutoPolicy,
     Choice,
@@ -33,13 +35,14 @@ from stragglar.model.policy import (
     chunk_count,
     persistent_late_rank,
 )
+from stragglar.runtime import MismatchError
 from stragglar.runtime.heartbeat import heartbeat
+from stragglar.runtime.torch_dist import gather_headers
 from stragglar.synth import ALGORITHMS, synthesize
 from stragglar.verify import Proof, prove
 
 __all__ = ["POLICIES", "StragglarState", "stragglar_hook"]
 
-POLICIES = ("stragglar", "auto")
 AUTO_WINDOW = 4  # steps whose median lateness the auto policy judges, unless ``detect`` says
 HOST = HostOrder()
 
@@ -183,6 +186,26 @@ class StragglarState:
             self.proofs[key] = prove(schedule)
         return self.proofs[key]
 
+    def agree(self, world_size: int, device: torch.device) -> None:
+        """Raise the same :class:`~stragglar.runtime.MismatchError` on every rank unless every rank's
+        hook runs with these settings (:mod:`stragglar.ddp.agreement`); once, at the first step,
+        before any group of the hook's own exists."""
+        settings = {
+            "policy": self.policy,
+            "algorithm": self.algorithm,
+            "asynchronous": self.asynchronous,
+            "detect": self.detect,
+            "share": self.share,
+            "chunks": self.chunks,
+            "network": self.network,
+            "straggler": self.straggler,
+        }
+        rank = dist.get_rank(self.process_group)
+        rows = gather_headers(encode(settings), self.process_group, device, rank, self.timeout)
+        reason = disagreement(rows)
+        if reason is not None:
+            raise MismatchError(reason)
+
     def new_step(self, world_size: int) -> None:
         """Count the step, read the probe, and update the straggler (``detect``) or the outlook (auto).
 
@@ -301,6 +324,8 @@ def stragglar_hook(state: StragglarState, bucket: GradBucket) -> torch.futures.F
     buffer = bucket.buffer()
     world = dist.get_world_size(state.process_group)
     if bucket.index() == 0:
+        if state.steps == 0 and world > 1:
+            state.agree(world, buffer.device)
         state.new_step(world)
     if world > 1:
         return state.reduce(buffer, bucket.index(), world)

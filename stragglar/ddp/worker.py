@@ -10,8 +10,10 @@ AllReduce overlaps the rest of backward.  So the hook only hands the bucket to a
   the punctual ranks reduce-scatter every bucket that is ready, not only the first: with one
   thread, bucket 2's first rounds would wait behind bucket 1's last, which wait for the straggler.
   Each thread runs the buckets in the order they were handed in, so every rank issues the same
-  operations on each group in the same order, and a bucket's messages (tagged by bucket) never
-  meet another's; the first stage never waits for the second, so the two cannot deadlock.
+  operations on each group in the same order (the calls are ``lockstep``: each setup's header is
+  checked once, however the buckets' setups alternate, so no bucket's first stage waits for the
+  late rank's check), and a bucket's messages (its channel is its number) never meet another's;
+  the first stage never waits for the second, so the two cannot deadlock.
   Nothing else may issue on those groups: the hook uses groups of its own
   (:func:`dedicated_group`), never DDP's.
 * A failure is set on the bucket's Future (DDP raises it from backward), and every later bucket
@@ -49,7 +51,7 @@ import torch.distributed as dist
 
 from stragglar.ddp.probe import Stopwatch
 from stragglar.model.policy import STRAGGLAR
-from stragglar.runtime import allreduce, rounds_without
+from stragglar.runtime import MAX_TAG, allreduce, rounds_without
 from stragglar.verify import Proof
 
 __all__ = [
@@ -258,10 +260,11 @@ class Reducer:
             group=self.groups[stage],
             straggler_delay=self.straggler_delay,
             timeout=self.timeout,
-            tag=job.bucket * job.proof.num_rounds,
+            tag=job.bucket % (MAX_TAG + 1),
             late_rank=job.late_rank,
             stream_ordered=job.order.stream_ordered,
             rounds=rounds,
+            lockstep=True,
         )
 
 

@@ -46,6 +46,7 @@ from stragglar.model.cost import Network, critical_delay, estimate
 from stragglar.model.predict import generated_profile
 
 __all__ = [
+    "POLICIES",
     "AutoPolicy",
     "Choice",
     "Outlook",
@@ -64,6 +65,7 @@ __all__ = [
 
 STRAGGLAR = "stragglar"
 ALLREDUCE = "allreduce"
+POLICIES = (STRAGGLAR, "auto")  # the DDP hook's: StragglAR for every bucket, or the cost model's choice
 RUNS = 3  # timings of one size before the fits trust it
 MARGIN = 0.05  # the share of a Ring's exposed time StragglAR must be expected to save
 

@@ -3,7 +3,8 @@
 Every entry point takes a :class:`~stragglar.verify.Proof`, so only proved schedules run.  This
 module names the runtime's surface; each part lives in a module named for what it does:
 :func:`allreduce` across processes, with the header check that all ranks run the same one
-(:mod:`~stragglar.runtime.distributed`, :mod:`~stragglar.runtime.header`), :func:`allreduce_local`
+(:mod:`~stragglar.runtime.distributed`, :mod:`~stragglar.runtime.header`, and which calls check it
+and may run at once: :mod:`~stragglar.runtime.channels`), :func:`allreduce_local`
 with every rank in this process (:mod:`~stragglar.runtime.local`), plans cached by the schedule's
 fingerprint (:mod:`~stragglar.runtime.plans`), all over the one interpreter every transport shares
 (:mod:`~stragglar.runtime.engine`).
@@ -20,6 +21,7 @@ fingerprint (:mod:`~stragglar.runtime.plans`), all over the one interpreter ever
 from __future__ import annotations
 
 from stragglar.errors import ArgumentError
+from stragglar.runtime.channels import MAX_TAG
 from stragglar.runtime.cupy_nccl import NcclGroup
 from stragglar.runtime.distributed import allreduce
 from stragglar.runtime.engine import DTYPES, RankError, Timeline
@@ -30,6 +32,7 @@ from stragglar.runtime.plans import plan_for, rounds_without
 
 __all__ = [
     "DTYPES",
+    "MAX_TAG",
     "ArgumentError",
     "Layout",
     "MismatchError",

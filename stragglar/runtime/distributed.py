@@ -1,10 +1,12 @@
 """The AllReduce across processes: one rank's part, on torch.distributed or CuPy/NCCL.
 
 Each rank runs its own plan of the schedule; the ranks meet only through the transport.  So before
-its first rounds with a plan on a group, every rank checks that all ranks run the same AllReduce
+a call's rounds every rank can check that all ranks run the same AllReduce
 (:mod:`stragglar.runtime.header`: the same schedule, dtype, element count, tag, late rank and
 rounds), and all raise the same :class:`~stragglar.runtime.header.MismatchError` instead of summing
-wrong; the headers that passed are remembered per group, so later calls skip the check.
+wrong.  Which calls check, and which may run at once, is the channels' rule
+(:mod:`stragglar.runtime.channels`): a check needs the late rank too, so it runs only where the
+ranks could otherwise disagree unseen.
 """
 
 from __future__ import annotations
@@ -12,10 +14,12 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from stragglar.args import as_int, as_seconds
 from stragglar.errors import ArgumentError, InputError
+from stragglar.runtime.channels import MAX_TAG, ROUNDS_PER_TAG, Channels
 from stragglar.runtime.cupy_nccl import NcclGroup
 from stragglar.runtime.engine import (
     Timeline,
@@ -25,13 +29,13 @@ from stragglar.runtime.engine import (
     late_rank_for,
     run_rank,
 )
-from stragglar.runtime.header import CheckedHeaders, Header, MismatchError, make_header, mismatch
+from stragglar.runtime.header import Header, MismatchError, make_header, mismatch
 from stragglar.runtime.plans import plan_for
 from stragglar.verify import Proof, require_proof
 
 __all__ = ["allreduce"]
 
-_checked = CheckedHeaders()
+_channels = Channels()
 
 
 def allreduce(
@@ -45,27 +49,33 @@ def allreduce(
     late_rank: int | None = None,
     stream_ordered: bool = False,
     rounds: tuple[int, int | None] | None = None,
+    lockstep: bool = False,
 ) -> Timeline:
     """Sum this rank's ``data`` over the ranks in place, following the proved schedule.
 
     ``data`` is a torch tensor (``group``: a torch process group, default the world) or a
     NumPy/CuPy array with an :class:`NcclGroup`.  The late rank (``late_rank``, default the
     schedule's straggler, else the last rank) sleeps ``straggler_delay`` seconds first; the others
-    start the rounds without it at once.  ``tag`` offsets the message tags (concurrent calls need
-    distinct ranges of ``num_rounds``).  Returns this rank's timeline.
+    start the rounds without it at once.  Returns this rank's timeline.
 
-    The first call with a given schedule, dtype, element count, tag and late rank on a group
-    all-gathers a small header, and every rank raises the same :class:`MismatchError` if the ranks
-    disagree on any of them (instead of computing a wrong sum); later calls with the same plan
-    skip it.  Raises :class:`~stragglar.runtime.RankError` when a peer dies or does not answer
-    within ``timeout`` seconds (``timeout`` plus ``straggler_delay`` for a wait that may include
-    the late rank's delay), and :class:`~stragglar.runtime.ArgumentError` (a TypeError) or
+    ``tag`` (0 to :data:`~stragglar.runtime.channels.MAX_TAG`) is the call's channel: concurrent
+    calls on one group need distinct tags (on NCCL, which matches messages by order, they need
+    distinct groups), and a call whose tag is in use by another call of this process is refused
+    before any data moves.  A call all-gathers a small header, and every rank raises the same
+    :class:`MismatchError` if the ranks disagree on the schedule, dtype, element count, tag, late
+    rank or rounds (instead of computing a wrong sum), on its channel's first call and whenever the
+    channel's setup changes (:mod:`stragglar.runtime.channels`); a channel that repeats one setup
+    checks once.  ``lockstep=True`` is for callers that guarantee every rank makes the same calls on
+    the group in the same order (the DDP hook): a setup is then checked once per group however
+    setups alternate.  Raises :class:`~stragglar.runtime.RankError` when a peer dies or does not
+    answer within ``timeout`` seconds (``timeout`` plus ``straggler_delay`` for a wait that may
+    include the late rank's delay), and :class:`~stragglar.runtime.ArgumentError` (a TypeError) or
     ``InputError`` for bad arguments.
 
     ``stream_ordered`` (torch tensors on an NCCL group): wait for each round on the current CUDA
     stream instead of the host, so the call returns once every round is queued; ``timeout`` then
-    bounds only the first call's header check, and the process group's own timeout catches a dead
-    peer (:mod:`stragglar.runtime.torch_dist`).
+    bounds only the header check, and the process group's own timeout catches a dead peer
+    (:mod:`stragglar.runtime.torch_dist`).
 
     ``rounds=(first, stop)`` runs only the schedule's rounds ``first`` to ``stop - 1`` (stop None:
     to the end), on every rank; the buffer holds a partial result in between.  Calls over
@@ -77,27 +87,37 @@ def allreduce(
     delay = as_seconds(straggler_delay, "straggler_delay")
     wait = None if timeout is None else as_seconds(timeout, "timeout", positive=True)
     tag = as_int(tag, "tag", minimum=0)
+    if tag > MAX_TAG:
+        raise InputError(f"tag must be a channel number from 0 to {MAX_TAG}, got {tag}")
+    if proof.num_rounds > ROUNDS_PER_TAG:
+        raise InputError(
+            f"a schedule of {proof.num_rounds} rounds has more than a channel's {ROUNDS_PER_TAG}"
+        )
+    if not isinstance(lockstep, bool):
+        raise ArgumentError(f"lockstep must be True or False, got {lockstep!r}")
     part = _check_rounds(rounds, proof)
     if isinstance(group, NcclGroup):
         from stragglar.runtime.cupy_nccl import NcclTransport, nccl_dtype
         from stragglar.runtime.cupy_nccl import gather_headers as gather_nccl
 
-        group = group.resolved()
-        rank, size = group.comm.rank_id(), group.comm.size()
+        nccl = group.resolved()
+        rank, size = nccl.comm.rank_id(), nccl.comm.size()
         late_rank = late_rank_for(proof.schedule, late_rank, size)
-        with group.stream:
+        with nccl.stream:
             flat, header, problem = _inspect(
-                data, proof, tag, late_rank, part, lambda dtype: nccl_dtype(group, dtype)
+                data, proof, tag, late_rank, part, lambda dtype: nccl_dtype(nccl, dtype)
             )
-            if (group.comm, header) not in _checked:
-                _agree(header, gather_nccl(group, flat if flat is not None else data, header, wait), size)
-                if problem is None:
-                    _checked.add(group.comm, header)
-            if problem is not None:
-                raise problem
-            plan = plan_for(proof, rank, int(flat.shape[0]), tag)
-            transport = NcclTransport(plan, group, dtype_name(flat), _plus(wait, delay))
-            return run_rank(flat, plan, transport, delay, late_rank, part)
+
+            def gather_from_nccl() -> list[tuple[int, ...]]:
+                return gather_nccl(nccl, flat if flat is not None else data, header, wait)
+
+            def run_on_nccl() -> Timeline:
+                plan = plan_for(proof, rank, int(flat.shape[0]), tag * ROUNDS_PER_TAG)
+                transport = NcclTransport(plan, nccl, dtype_name(flat), _plus(wait, delay))
+                return run_rank(flat, plan, transport, delay, late_rank, part)
+
+            check = _Check(header, problem, gather_from_nccl, size, lockstep)
+            return _checked_run(nccl.comm, None, check, run_on_nccl)
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(data, torch.Tensor):
         import torch.distributed as dist
@@ -109,19 +129,48 @@ def allreduce(
         late_rank = late_rank_for(proof.schedule, late_rank, size)
         flat, header, problem = _inspect(data, proof, tag, late_rank, part)
         identity = group if group is not None else dist.group.WORLD
-        if (identity, header) not in _checked:
-            _agree(header, gather_torch(header, group, data.device, rank, wait), size)
-            if problem is None:
-                _checked.add(identity, header)
-        if problem is not None:
-            raise problem
-        plan = plan_for(proof, rank, int(flat.shape[0]), tag)
-        moves = TorchTransport(plan, group, _plus(wait, delay), stream_ordered)
-        return run_rank(flat, plan, moves, delay, late_rank, part)
+        channel = None if dist.get_backend(group) == "nccl" else tag  # NCCL ignores tags
+
+        def gather_from_torch() -> list[tuple[int, ...]]:
+            return gather_torch(header, group, data.device, rank, wait)
+
+        def run_on_torch() -> Timeline:
+            plan = plan_for(proof, rank, int(flat.shape[0]), tag * ROUNDS_PER_TAG)
+            moves = TorchTransport(plan, group, _plus(wait, delay), stream_ordered)
+            return run_rank(flat, plan, moves, delay, late_rank, part)
+
+        check = _Check(header, problem, gather_from_torch, size, lockstep)
+        return _checked_run(identity, channel, check, run_on_torch)
     raise ArgumentError(
         f"cannot allreduce a {type(data).__name__} across processes: pass a torch tensor, or an array "
         "with an NcclGroup (allreduce_local takes one array per rank)"
     )
+
+
+@dataclass(frozen=True)
+class _Check:
+    """What a call's header check needs: this rank's header and own ``problem`` (None: none), how
+    to all-gather every rank's header, the group's size, and whether the caller is in lockstep."""
+
+    header: Header
+    problem: Exception | None
+    gather: Callable[[], Sequence[Sequence[int]]]
+    size: int
+    lockstep: bool
+
+
+def _checked_run(group: Any, channel: int | None, check: _Check, start: Callable[[], Timeline]) -> Timeline:
+    """Run the call on its channel (:mod:`stragglar.runtime.channels`): refused if the channel is
+    busy, its header all-gathered first where the channel says so, and this rank's own problem
+    raised after the gather, so that its peers raise theirs rather than wait for it."""
+    with _channels.enter(group, channel, check.header, lockstep=check.lockstep) as call:
+        if call.must_check:
+            _agree(check.header, check.gather(), check.size)
+            if check.problem is None:
+                call.agreed()
+        if check.problem is not None:
+            raise check.problem
+        return start()
 
 
 def _check_rounds(rounds: Any, proof: Proof) -> tuple[int, int | None]:

@@ -1,14 +1,15 @@
-"""What every rank checks before its first rounds with a plan: that all ranks run the same AllReduce.
+"""What every rank checks before a call's rounds: that all ranks run the same AllReduce.
 
 A schedule only computes the sum when every rank runs the same one, on buffers of the same dtype
 and element count: a rank with another count cuts its chunks elsewhere, one with another
 straggler pairs with other peers, and engines move bytes without asking what they mean, so any
-of these gives a wrong sum or a hang.  Before its first rounds with a plan, each rank therefore
-all-gathers a small :class:`Header` (the schedule's size, algorithm, straggler and fingerprint,
-the dtype, the element count, the tag base, the late rank and the rounds it runs, and any local
-problem with its buffer) on the same group, with the call's timeout, and every rank raises the
-same one-line :class:`MismatchError` when they differ.  A header that passed is remembered per group
-(:class:`CheckedHeaders`), so later calls with the same plan cost a dictionary lookup.
+of these gives a wrong sum or a hang.  Before a call's rounds, each rank therefore all-gathers a
+small :class:`Header` (the schedule's size, algorithm, straggler and fingerprint, the dtype, the
+element count, the tag, the late rank and the rounds it runs, and any local problem with its
+buffer) on the same group, with the call's timeout, and every rank raises the same one-line
+:class:`MismatchError` when they differ.  Which calls check is the channels' rule
+(:mod:`stragglar.runtime.channels`), so that a call that repeats its channel's setup costs a
+dictionary lookup.
 
 >>> h = Header(MAGIC, 0, 4, 0, 3, 7, 2, 1000, 0, 3, 0, -1)
 >>> print(mismatch([h, h._replace(elements=999), h, h], 4))
@@ -19,9 +20,6 @@ True
 
 from __future__ import annotations
 
-import threading
-import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -30,7 +28,7 @@ from stragglar.runtime.engine import DTYPES
 from stragglar.schedule import ALGORITHMS
 from stragglar.verify import Proof
 
-__all__ = ["MAGIC", "CheckedHeaders", "Header", "MismatchError", "make_header", "mismatch", "rank_list"]
+__all__ = ["MAGIC", "Header", "MismatchError", "make_header", "mismatch", "rank_list"]
 
 MAGIC = 0x53_54_52_41_47  # "STRAG": a peer that sends anything else is not in this call
 
@@ -184,40 +182,3 @@ def _plural(verb_phrase: str, n: int) -> str:
     verb, _, rest = verb_phrase.partition(" ")
     verb = {"have": "has"}.get(verb, verb + "s")
     return f"{verb} {rest}"
-
-
-class CheckedHeaders:
-    """Headers that every rank of a group agreed on, per group, least recently used dropped first.
-
-    A group is remembered by identity: weakly where it allows (a group that is gone and a new
-    one at the same address is never taken for it), else strongly.
-    """
-
-    def __init__(self, limit: int = 1024) -> None:
-        self._lock = threading.Lock()
-        self._limit = limit
-        self._entries: OrderedDict[tuple[int, Header], Callable[[], Any]] = OrderedDict()
-
-    def __contains__(self, item: tuple[Any, Header]) -> bool:
-        group, header = item
-        key = (id(group), header)
-        with self._lock:
-            ref = self._entries.get(key)
-            if ref is None or ref() is not group:
-                return False
-            self._entries.move_to_end(key)
-            return True
-
-    def add(self, group: Any, header: Header) -> None:
-        try:
-            ref: Callable[[], Any] = weakref.ref(group)
-        except TypeError:
-            ref = lambda: group  # noqa: E731 - the group cannot be referenced weakly: keep it
-        with self._lock:
-            self._entries[(id(group), header)] = ref
-            while len(self._entries) > self._limit:
-                self._entries.popitem(last=False)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()

@@ -31,7 +31,7 @@ from stragglar.runtime.plans import plan_for
 from stragglar.runtime.program import BoundStep, Plan
 from stragglar.verify import Proof, require_proof
 
-__all__ = ["allreduce_local", "run_local"]
+__all__ = ["allreduce_local", "check_own_memory", "run_local"]
 
 
 def allreduce_local(
@@ -49,6 +49,43 @@ def allreduce_local(
     count = int(flat_view(buffers[0]).shape[0]) if buffers else 0
     plans = [plan_for(proof, r, count) for r in range(proof.num_ranks)]
     return run_local(buffers, plans, delay, late_rank=late_rank)
+
+
+def check_own_memory(flats: Sequence[Array]) -> None:
+    """Refuse, before any data moves, buffers that cannot each take one rank's result in place: a
+    read-only one (it would fail half-way, the others partly reduced) or two that share memory
+    (every rank's writes would land in both, and the sum would be wrong without a word).
+
+    >>> import numpy as np
+    >>> a = np.arange(6.0)
+    >>> check_own_memory([a[:3], a[3:]])  # apart: fine
+    >>> check_own_memory([a[:4], a[2:]])
+    Traceback (most recent call last):
+    ...
+    stragglar.errors.InputError: the buffers of ranks 0 and 1 overlap: each rank needs a buffer of its own
+    """
+    for rank, flat in enumerate(flats):
+        flags = getattr(flat, "flags", None)
+        if flags is not None and not getattr(flags, "writeable", True):
+            raise InputError(f"allreduce writes in place: rank {rank}'s buffer is read-only")
+    extents = sorted((*_extent(flat), rank) for rank, flat in enumerate(flats) if flat.shape[0])
+    reach, owner = -1, -1  # the furthest end so far, and whose buffer reaches it
+    for start, end, rank in extents:
+        if start < reach:
+            first, second = sorted((owner, rank))
+            raise InputError(
+                f"the buffers of ranks {first} and {second} overlap: each rank needs a buffer of its own"
+            )
+        if end > reach:
+            reach, owner = end, rank
+
+
+def _extent(flat: Array) -> tuple[int, int]:
+    """The bytes a contiguous 1-D buffer covers: NumPy, CuPy (device pointers are unique across a
+    process's devices) or torch."""
+    interface = getattr(flat, "__cuda_array_interface__", None) or getattr(flat, "__array_interface__", None)
+    start = int(interface["data"][0]) if interface is not None else int(flat.data_ptr())
+    return start, start + int(flat.shape[0]) * int(flat.dtype.itemsize)
 
 
 def run_local(
@@ -72,6 +109,7 @@ def run_local(
         raise InputError(f"every rank needs the same dtype, got {sorted({dtype_name(b) for b in buffers})}")
     flats = [flat_view(b) for b in buffers]
     check_sizes([int(f.shape[0]) for f in flats], "allreduce")
+    check_own_memory(flats)
     start = time.perf_counter()
     works = [empty_like(f, p.work_size) for f, p in zip(flats, plans, strict=True)]
     by_round: dict[int, dict[int, BoundStep]] = {}

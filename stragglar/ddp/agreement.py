@@ -1,0 +1,114 @@
+"""Before its first step, every rank checks that its hook runs with the others' settings.
+
+The hook's reductions are ``lockstep`` calls of the runtime (:mod:`stragglar.runtime.channels`):
+every rank must issue the same calls in the same order, which holds when every rank's state
+decides alike.  A rank with another policy, algorithm or straggler would issue other calls, one
+with another ``asynchronous`` would create another number of groups (a collective every rank must
+join), one with another ``detect`` would probe where the others do not: the others would wait for
+it until the timeout, with no word on why.  So at its first step every rank all-gathers its
+settings on DDP's group, once, and every rank raises the same one-line
+:class:`~stragglar.runtime.MismatchError` that names what differs.
+
+>>> mine = {"policy": "auto", "algorithm": "stragglar", "asynchronous": True, "detect": 0,
+...         "share": 0.75, "chunks": "auto", "network": None, "straggler": None}
+>>> row = encode(mine)
+>>> decode(row) == mine
+True
+>>> other = encode({**mine, "policy": "stragglar", "chunks": 12})
+>>> disagreement([row, other, row]).split(": ", 1)[1]
+"policy: ranks 0, 2 have 'auto', rank 1 has 'stragglar'; chunks: ranks 0, 2 have 'auto', rank 1 has 12"
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from stragglar.model import Network
+from stragglar.model.policy import POLICIES
+from stragglar.runtime.header import rank_list
+from stragglar.schedule import ALGORITHMS
+
+__all__ = ["FIELDS", "decode", "disagreement", "encode"]
+
+MAGIC = 0x53_54_44_44_50  # "STDDP": a row from anything else is not this check's
+NONE, AUTO = -1, -2  # chunks and straggler: not given; chunks: "auto"
+
+
+def _bits(value: float) -> int:
+    """A float's IEEE bits as a signed 64-bit integer, so that rows are integers only."""
+    return int(struct.unpack("<q", struct.pack("<d", value))[0])
+
+
+def _float(bits: int) -> float:
+    return float(struct.unpack("<d", struct.pack("<q", bits))[0])
+
+
+def _count(value: Any) -> list[int]:
+    return [NONE if value is None else AUTO if value == "auto" else int(value)]
+
+
+def _uncount(row: Sequence[int]) -> Any:
+    return None if row[0] == NONE else "auto" if row[0] == AUTO else row[0]
+
+
+def _network(value: Network | None) -> list[int]:
+    return [0, 0, 0] if value is None else [1, _bits(value.alpha), _bits(value.bandwidth)]
+
+
+def _unnetwork(row: Sequence[int]) -> Network | None:
+    return Network(_float(row[1]), _float(row[2])) if row[0] else None
+
+
+# name -> (width, encode, decode): each setting as integers, and back
+Codec = tuple[int, Callable[[Any], list[int]], Callable[[Sequence[int]], Any]]
+FIELDS: dict[str, Codec] = {
+    "policy": (1, lambda v: [POLICIES.index(v)], lambda r: POLICIES[r[0]]),
+    "algorithm": (1, lambda v: [ALGORITHMS.index(v)], lambda r: ALGORITHMS[r[0]]),
+    "asynchronous": (1, lambda v: [int(v)], lambda r: bool(r[0])),
+    "detect": (1, lambda v: [int(v)], lambda r: r[0]),
+    "share": (1, lambda v: [_bits(float(v))], lambda r: _float(r[0])),
+    "chunks": (1, _count, _uncount),
+    "network": (3, _network, _unnetwork),
+    "straggler": (1, _count, _uncount),
+}
+
+
+def encode(settings: Mapping[str, Any]) -> list[int]:
+    """A rank's settings (every key of :data:`FIELDS`, as the state checked them) as one row."""
+    row = [MAGIC]
+    for name, (_, to_row, _) in FIELDS.items():
+        row += to_row(settings[name])
+    return row
+
+
+def decode(row: Sequence[int]) -> dict[str, Any]:
+    """The settings an :func:`encode` row holds."""
+    settings, at = {}, 1
+    for name, (width, _, from_row) in FIELDS.items():
+        settings[name] = from_row(row[at : at + width])
+        at += width
+    return settings
+
+
+def disagreement(rows: Sequence[Sequence[int]]) -> str | None:
+    """What the ranks' settings (one row per rank, in rank order) disagree on, in one line; None
+    where they all agree."""
+    strangers = [rank for rank, row in enumerate(rows) if row[0] != MAGIC]
+    if strangers:
+        return f"{rank_list(strangers)} sent no hook settings: is another collective running on DDP's group?"
+    every = [decode(row) for row in rows]
+    parts = []
+    for name in FIELDS:
+        holders: dict[str, list[int]] = {}
+        for rank, settings in enumerate(every):
+            holders.setdefault(repr(settings[name]), []).append(rank)
+        if len(holders) > 1:
+            said = sorted(holders.items(), key=lambda kv: (-len(kv[1]), kv[1]))
+            words = [
+                f"{rank_list(ranks)} {'have' if len(ranks) > 1 else 'has'} {value}" for value, ranks in said
+            ]
+            more = f", {len(words) - 4} more" if len(words) > 4 else ""
+            parts.append(f"{name}: " + ", ".join(words[:4]) + more)
+    return "DDP ranks run the hook with other settings: " + "; ".join(parts) if parts else None

@@ -1,0 +1,153 @@
+"""When a call checks its header, and which calls may run at once: the runtime's channels.
+
+The header check (:mod:`stragglar.runtime.header`) all-gathers every rank's description of the
+call, so it needs every rank, the late one included: run before every call it would make the
+punctual ranks wait for the late rank, and the hidden phase would be hidden no more.  So a call
+checks only where its ranks could disagree without anyone noticing, and that is decided per
+*channel*, a sequence of calls that every rank makes in the same order:
+
+* On gloo a channel is a group and a ``tag``: the tag picks the call's wire tags (``tag x``
+  :data:`ROUNDS_PER_TAG` ``+ round``), so messages of different channels never match, and every
+  rank's calls on one channel form one sequence.  NCCL matches messages by order alone, so there
+  a whole group is one channel.
+* A call checks when its header differs from the last one its channel ran (or checked), and on a
+  channel's first call.  By induction every rank then had the same last header on the channel: if
+  all ranks bring the same new one, all check and agree; if any rank brings another one, it checks
+  while the others may not, and the call cannot complete on any rank (the checking rank waits in
+  the gather, the others wait for its data) until the timeout: never a sum of mixed setups.  A
+  channel that keeps one setup (a training loop, a benchmark) checks once.
+* ``lockstep`` calls come from a caller that guarantees every rank makes the same calls on the
+  group in the same order (the DDP hook: DDP reduces the same buckets in the same order on every
+  rank, and every rank's policy decides from the same gathered figures).  Their headers are
+  checked once per group and setup, however setups alternate, which keeps every bucket's
+  ReduceScatter hidden while the late rank is away.
+* Two calls on one channel at once would take each other's messages: a call that finds its channel
+  busy in this process is refused before any data moves.
+
+>>> channels = Channels()
+>>> group, header = object(), ("a header",)
+>>> with channels.enter(group, 0, header, lockstep=False) as call:
+...     print(call.must_check)  # the channel's first call
+...     call.agreed()  # every rank's header was the same
+True
+>>> with channels.enter(group, 0, header, lockstep=False) as call:  # the same setup again
+...     print(call.must_check)
+False
+>>> with channels.enter(group, 0, header, lockstep=False):  # doctest: +ELLIPSIS
+...     channels.enter(group, 0, header, lockstep=False).__enter__()
+Traceback (most recent call last):
+...
+stragglar.errors.InputError: another allreduce with tag 0 is still running on this group ...
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from stragglar.errors import InputError
+
+__all__ = ["MAX_TAG", "ROUNDS_PER_TAG", "Call", "Channels"]
+
+ROUNDS_PER_TAG = 2**17  # wire tags per channel: more rounds than any schedule within the size limits
+MAX_TAG = 2**31 // ROUNDS_PER_TAG - 1  # 16383: the last channel whose wire tags fit a C int
+
+
+@dataclass
+class _Group:
+    """One group's channels: the last header each ran, the headers lockstep calls checked, and the
+    channels a call is running on."""
+
+    alive: Callable[[], Any]  # the group, or None once it is gone (a group is held weakly where it allows)
+    last: dict[Hashable, Hashable] = field(default_factory=dict)
+    checked: OrderedDict[Hashable, None] = field(default_factory=OrderedDict)
+    busy: set[Hashable] = field(default_factory=set)
+
+
+@dataclass
+class Call:
+    """A call inside :meth:`Channels.enter`: ``must_check`` says whether its header must be
+    all-gathered; :meth:`agreed` records that the ranks agreed on it."""
+
+    must_check: bool
+    _agreed: Callable[[], None]
+
+    def agreed(self) -> None:
+        self._agreed()
+
+
+class Channels:
+    """Per group (by identity, held weakly where it allows): each channel's last header, the
+    headers checked by lockstep calls (the ``limit`` most recent), and the channels in use."""
+
+    def __init__(self, limit: int = 1024) -> None:
+        self._lock = threading.Lock()
+        self._limit = limit
+        self._groups: dict[int, _Group] = {}
+
+    @contextlib.contextmanager
+    def enter(self, group: Any, channel: Hashable, header: Hashable, *, lockstep: bool) -> Iterator[Call]:
+        """Hold ``channel`` of ``group`` for one call with ``header``; refuse it (InputError) when
+        another call of this process holds it.  A call that raises leaves its channel unknown, so
+        the next call on it checks again (every rank failed it: the check, or a peer, saw to it)."""
+        with self._lock:
+            state = self._state(group)
+            if channel in state.busy:
+                raise InputError(_busy(channel))
+            state.busy.add(channel)
+            must_check = header not in state.checked if lockstep else state.last.get(channel) != header
+        done = False
+
+        def agreed() -> None:
+            with self._lock:
+                if lockstep:
+                    state.checked[header] = None
+                    while len(state.checked) > self._limit:
+                        state.checked.popitem(last=False)
+                else:
+                    state.last[channel] = header
+
+        try:
+            yield Call(must_check, agreed)
+            done = True
+        finally:
+            with self._lock:
+                state.busy.discard(channel)
+                if not done:
+                    state.last.pop(channel, None)
+                    state.checked.pop(header, None)
+
+    def _state(self, group: Any) -> _Group:
+        """``group``'s channels (under the lock); a group that is gone is never taken for a new one
+        at the same address."""
+        state = self._groups.get(id(group))
+        if state is None or state.alive() is not group:
+            for key in [k for k, s in self._groups.items() if s.alive() is None]:
+                del self._groups[key]
+            try:
+                alive: Callable[[], Any] = weakref.ref(group)
+            except TypeError:
+                alive = lambda: group  # noqa: E731 - the group cannot be referenced weakly: keep it
+            state = self._groups[id(group)] = _Group(alive)
+        return state
+
+    def clear(self) -> None:
+        with self._lock:
+            self._groups.clear()
+
+
+def _busy(channel: Hashable) -> str:
+    if channel is None:
+        return (
+            "another allreduce is still running on this NCCL group in this process: NCCL matches "
+            "messages by order, so calls on one group must not overlap (use a group per concurrent call)"
+        )
+    return (
+        f"another allreduce with tag {channel} is still running on this group in this process: "
+        "concurrent calls need distinct tags"
+    )
