@@ -40,6 +40,8 @@ __all__ = [
 
 LABELLED_RANKS = 32
 """Largest N whose schedule chart names each send in its cell; above it only colours are drawn."""
+CELL_CHARACTERS = 10  # what a named cell holds at its font size; a longer name is shortened
+TICK_SPACING = 0.35  # inches between two round numbers on the x axis, so that they never touch
 
 
 class PlotUnavailable(InputError):
@@ -173,8 +175,10 @@ def _by_chunks(ax: Axes, n: int, size_bytes: float, delay: float, network: Netwo
 def schedule_figure(schedule: Schedule) -> Figure:
     """A rank x round chart: each cell says what that rank sends in that round and to whom.
 
-    ``c3>5`` sends chunk 3 to rank 5 (a copy), ``c3+>5`` adds it into rank 5's chunk 3.  The cell's
-    colour is the chunk's; the phases without the straggler (hidden behind its delay) are shaded.
+    ``c3>5`` sends chunk 3 to rank 5 (a copy), ``c3+>5`` adds it into rank 5's chunk 3, ``5c+>1``
+    adds five chunks (a name too long for its cell says how many).  The cell's colour is its
+    (first) chunk's; the phases without the straggler (hidden behind its delay) are shaded.  Above
+    :data:`LABELLED_RANKS` ranks the cells are too small to name, and the title says so.
     """
     n = schedule.num_ranks
     columns = [
@@ -192,8 +196,7 @@ def schedule_figure(schedule: Schedule) -> Figure:
             sends.setdefault(t.src, (t.dst, t.op, []))[2].append(t.chunk)
         for src, (dst, op, chunks) in sends.items():
             colours[src][x] = _colour(chunks[0])
-            mark = "+" if op is Op.REDUCE else ""
-            texts.append((x, src, f"c{compact_ranges(chunks)}{mark}>{dst}"))
+            texts.append((x, src, _cell_name(chunks, op, dst)))
     ax.imshow(colours, cmap="tab20", vmin=0, vmax=19, aspect="auto", alpha=0.6, interpolation="nearest")
     if labelled:
         for x, y, text in texts:
@@ -211,20 +214,38 @@ def schedule_figure(schedule: Schedule) -> Figure:
     phases.tick_params(length=0)
     shown = _labelled_ranks(n, schedule.straggler)
     ax.set_yticks(shown, [_rank_label(r, schedule.straggler) for r in shown], fontsize=7)
-    step = 1 if labelled else max(1, len(columns) // 40)
-    ax.set_xticks(range(0, len(columns), step), [str(columns[x][1]) for x in range(0, len(columns), step)])
+    step, ticks = max(1, math.ceil(TICK_SPACING / cell_w)), list[int]()
+    for x, (_, ri, _) in enumerate(columns):  # every step-th round of each phase, never two touching
+        if ri % step == 0 and (not ticks or x - ticks[-1] >= step):
+            ticks.append(x)
+    ax.set_xticks(ticks, [str(columns[x][1]) for x in ticks])
     ax.tick_params(axis="x", labelsize=7)
     ax.set_xlabel("round (numbered within each phase)")
     ax.set_ylabel("rank (sender)")
     ax.set_ylim(n - 0.5, -0.5)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
+    key = (
+        "cK>d: send chunk K to rank d; cK+>d: add it there; kc: k chunks"
+        if labelled
+        else f"each cell a send, coloured by its chunk (more than {LABELLED_RANKS} ranks: too small to name)"
+    )
     ax.set_title(
-        f"{schedule.algorithm}: {n} ranks, {schedule.num_chunks} chunks, {schedule.num_rounds} rounds "
-        "(cK>d: send chunk K to rank d; cK+>d: add it there)",
+        f"{schedule.algorithm}: {n} ranks, {schedule.num_chunks} chunks, {schedule.num_rounds} rounds\n{key}",
         fontsize=9,
     )
     return fig
+
+
+def _cell_name(chunks: Sequence[int], op: Op, dst: int) -> str:
+    """What a cell says: ``c0-3,6+>5``, or ``5c+>5`` (how many chunks) where that would not fit.
+
+    >>> _cell_name([3], Op.COPY, 5), _cell_name([2, 13, 20, 27, 34], Op.REDUCE, 1)
+    ('c3>5', '5c+>1')
+    """
+    mark = "+" if op is Op.REDUCE else ""
+    name = f"c{compact_ranges(chunks)}{mark}>{dst}"
+    return name if len(name) <= CELL_CHARACTERS else f"{len(chunks)}c{mark}>{dst}"
 
 
 def _labelled_ranks(n: int, straggler: int | None) -> list[int]:

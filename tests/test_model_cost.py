@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import struct
 import sys
+from itertools import pairwise
 from pathlib import Path
 from typing import Any, cast
 
@@ -279,6 +280,28 @@ def test_show_plot(tmp_path: Path) -> None:
     assert result.stdout.endswith(f"plot written to {out}\n")
     width, height = png_size(out)
     assert 800 <= width <= 2500 and 300 <= height <= 1200
+
+
+def test_schedule_charts_fit_their_words(tmp_path: Path) -> None:
+    """Cell names fit their cells (many chunks are counted, not listed), the title fits the figure
+    at N = 4, and round numbers never touch at N = 33, where cells are too small to name."""
+    pytest.importorskip("matplotlib")
+    from stragglar.plot import CELL_CHARACTERS, render, schedule_figure
+
+    (ax,) = schedule_figure(synthesize("stragglar", 8, chunks=38)).axes
+    names = [t.get_text() for t in ax.texts]
+    assert max(map(len, names)) <= CELL_CHARACTERS and "5c+>1" in names, sorted(set(names))[:5]
+    fig = schedule_figure(synthesize("stragglar", 4))
+    render(fig)  # lays the figure out
+    (ax,) = fig.axes
+    title = ax.title.get_window_extent()
+    assert title.x0 >= 0 and title.x1 <= fig.bbox.x1, (title, fig.bbox)
+    fig = schedule_figure(synthesize("stragglar", 33))
+    render(fig)
+    (ax,) = fig.axes
+    assert not ax.texts and "too small to name" in ax.get_title()
+    boxes = [t.get_window_extent() for t in ax.get_xticklabels() if t.get_text()]
+    assert len(boxes) >= 10 and all(a.x1 < b.x0 for a, b in pairwise(boxes))
 
 
 @pytest.mark.slow
