@@ -272,6 +272,48 @@ def test_show_reports_a_gap_to_the_lower_bound(tmp_path: Path) -> None:
     )
 
 
+def edited_plan(tmp_path: Path, **fields: int) -> Path:
+    """Our plan for 4 GPUs with its top-level ``fields`` replaced."""
+    path = tmp_path / "plan.json"
+    assert run("synth", "--gpus", "4", "--format", "mscclpp", "-o", str(path)).exit_code == 0
+    plan = json.loads(path.read_text(encoding="utf-8"))
+    path.write_text(json.dumps({**plan, **fields}), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("fields", "code", "message"),
+    [
+        ({"buffer_alignment": 3}, 2, "plan: 'buffer_alignment' must be a positive multiple of 16 below 2^32"),
+        ({"max_message_size": 2**70}, 2, "plan: 'max_message_size' must be an integer from 0 to 2^64-1"),
+        (
+            {"min_message_size": 4096, "max_message_size": 1024},
+            1,
+            "plan: no buffer size selects the plan: min_message_size 4096 > max_message_size 1024",
+        ),
+    ],
+)
+@pytest.mark.parametrize("command", ["verify", "show"])
+def test_plan_size_fields_the_executor_cannot_use_are_refused(
+    tmp_path: Path, command: str, fields: dict[str, int], code: int, message: str
+) -> None:
+    """An alignment the kernel misaddresses or a size beyond 64 bits is a plan the executor cannot
+    run as written (exit 2); a window no size fits is a plan it never runs (exit 1)."""
+    line = assert_one_error_line(run(command, str(edited_plan(tmp_path, **fields))), code)
+    assert message in line
+
+
+def test_show_size_names_only_sizes_the_plan_is_used_for(tmp_path: Path) -> None:
+    """1 KiB lies between multiples of 48 (1008, 1056) that are both below min_message_size: the
+    nearest usable size is the first multiple inside the window."""
+    path = edited_plan(tmp_path, min_message_size=1100)
+    result = run("show", str(path), "--size", "1KiB")
+    assert result.exit_code == 0, result.output
+    last = result.stdout.splitlines()[-1]
+    assert last.endswith("nearest usable: 1104")
+    assert run("show", str(path), "--size", "1104").stdout.splitlines()[-1].startswith("1104 bytes: used")
+
+
 # ---------------------------------------------------------------------------- README
 
 
