@@ -58,8 +58,8 @@ def test_handwritten_ring_is_proved() -> None:
             "missing_hasdep",
             "structure",
             (0, 1, 0, None),
-            'line 8: gpu 0 tb 1 step 0: depends on tb 0 step 0, which lacks hasdep="1" '
-            "(only such steps signal progress)",
+            'line 8: gpu 0 tb 1 step 0: depends on tb 0 step 0, which lacks hasdep="1", as do all later '
+            "steps of tb 0: the wait never ends (only hasdep steps signal)",
         ),
         (
             "wrong_srcoff",
@@ -482,6 +482,49 @@ def test_every_mutant_of_an_exported_file_is_rejected_or_still_correct(algorithm
             assert violation.kind == "race", (name, violation)
     assert rejected_kinds == {"drop", "shift", "undepend"}
     assert accepted <= 2
+
+
+def hasdep_mutants(text: str) -> list[tuple[str, str]]:
+    """For every step with ``hasdep="1"``: its hasdep dropped, and moved to the next step of its tb."""
+    lines, steps = text.splitlines(), step_lines(text)
+    out = []
+    for k, (i, gpu, tb, m) in enumerate(steps):
+        if m.group(5) != "1":
+            continue
+        where = f"gpu {gpu} tb {tb} line {i + 1}"
+        edited = [*lines]
+        edited[i] = lines[i].replace('hasdep="1"', 'hasdep="0"')
+        out.append((f"drop hasdep {where}", "\n".join(edited) + "\n"))
+        later = next(
+            (j for j, g, t, n in steps[k + 1 :] if (g, t) == (gpu, tb) and n.group(2) != "nop"), None
+        )
+        if later is not None and 'hasdep="0"' in lines[later]:
+            edited[later] = lines[later].replace('hasdep="0"', 'hasdep="1"')
+            out.append((f"move hasdep {where}", "\n".join(edited) + "\n"))
+    return out
+
+
+@pytest.mark.parametrize(("algorithm", "n"), MUTATED)
+def test_a_wait_is_released_by_a_later_hasdep_step_as_in_the_kernel(algorithm: str, n: int) -> None:
+    """The kernel's wait ends at ``flag >= goal``, the flag set by hasdep steps only: a dependency on
+    a step without hasdep is released by the next step of its tb that has it.  The prover proves
+    such a file (with a warning) exactly when the independent numeric model, which releases waits
+    the same way, finishes with the right sums; a wait that no step releases is refused."""
+    text = to_msccl_xml(prove(synthesize(algorithm, n)))
+    warned = refused = 0
+    for name, mutant in hasdep_mutants(text):
+        numeric = [run_numeric(mutant, seed) for seed in range(3)]
+        try:
+            proof = prove_msccl(mutant)
+        except MscclVerificationError as e:
+            refused += 1
+            assert e.violation.kind in ("structure", "deadlock"), (name, e.violation)
+            assert all(not finished for finished, _ in numeric), (name, e.violation)
+            continue
+        assert numeric == [(True, True)] * 3, name
+        warned += bool(proof.warnings)
+        assert all('lacks hasdep="1": released late, when tb' in w for w in proof.warnings), proof.warnings
+    assert warned and refused
 
 
 def test_dropping_a_copy_back_leaves_a_chunk_never_written() -> None:

@@ -6,8 +6,9 @@ each thread block (TB) is a sequential program; sends and receives meet in FIFO 
 (channel, sender, receiver) on a connection holding ``capacity`` chunk transfers (2 on Simple, 8
 on LL/LL128), a ``cnt``-chunk step moving one chunk at a time, as the executor does for large
 buffers; a dependency on (tb, step) waits until that TB has signalled, with a ``hasdep`` step, a
-step at or after it; the program runs twice back to back (the kernel's pipeline: a TB may run
-ahead into the next iteration, on another slice of every buffer).
+step at or after it (the kernel's ``flag >= goal``: a wait on a step without ``hasdep`` ends at the
+next step that has it, a warning of the reader); the program runs twice back to back (the
+kernel's pipeline: a TB may run ahead into the next iteration, on another slice of every buffer).
 
 Values are symbolic, so the result holds for every input: a chunk holds the set of (rank, input
 chunk) contributions it sums, as a bitmask.  A sum whose operands share a contribution, or mix
@@ -42,7 +43,7 @@ import networkx as nx
 
 from stragglar.errors import IncorrectError, InputError
 from stragglar.msccl.limits import READS_SRC, RECV_TYPES, SEND_TYPES, WRITES_DST
-from stragglar.msccl.read import Algo, MscclViolation, Tx, read_msccl
+from stragglar.msccl.read import Algo, MscclViolation, ThreadBlock, Tx, read_msccl
 from stragglar.verify.report import ArtifactProof, bit_list
 
 __all__ = [
@@ -82,13 +83,15 @@ MALFORMED = ("syntax", "format")  # violation kinds of a file the executor would
 class MscclProof(ArtifactProof):
     """What was proved about one MSCCL file: the shared facts of :class:`ArtifactProof` and the
     protocol, its connection ``capacity`` in chunks, the ``channels``, the ``steps`` of all thread
-    blocks and the modes (in-place, out-of-place) it was proved in."""
+    blocks, the modes (in-place, out-of-place) it was proved in, and the ``warnings`` of the reader
+    (what the executor runs otherwise than written, yet correctly)."""
 
     proto: str
     capacity: int
     channels: int
     steps: int
     modes: tuple[str, ...]
+    warnings: tuple[str, ...] = ()
 
     @property
     def brief(self) -> str:
@@ -141,6 +144,7 @@ def prove_msccl(text: str) -> MscclProof:
         channels=algo.nchannels,
         steps=sum(len(tb.tx_at) for tb in tbs),
         modes=modes,
+        warnings=algo.warnings,
     )
 
 
@@ -188,6 +192,7 @@ class _Run:
                 self.local.append(len(self.where) - self.base[-1])
                 self.where.append((gpu.id, tb.id))
         self.tbs = [algo.gpus[g].tbs[t] for g, t in self.where]
+        self.release = [_releases(tb) for tb in self.tbs]
         count = len(self.tbs)
         self.pc, self.unit, self.iteration = [0] * count, [0] * count, [0] * count
         self.ready = [False] * count  # dependencies of the current transmission satisfied
@@ -274,12 +279,16 @@ class _Run:
         return None
 
     def _join(self, t: int, tx: Tx) -> None:
-        """Happens-before: what each signalled step knew is now known to ``t``."""
+        """Happens-before: what each releasing step knew is now known to ``t``.
+
+        A wait on a step ends when its thread block signals that step or a later one; the first
+        ``hasdep`` step at or after it is the earliest that can, so only what it knew is known
+        (the reader guarantees there is one)."""
         base, clock = self.base[self.where[t][0]], self.clock[t]
         for tb, pos in tx.deps:
             u = base + tb
             producer = self.tbs[u]
-            e = self.iteration[t] * len(producer.txs) + producer.tx_at[pos]
+            e = self.iteration[t] * len(producer.txs) + self.release[u][producer.tx_at[pos]]
             for i, known in enumerate(self.snapshots[u, e]):
                 if known > clock[i]:
                     clock[i] = known
@@ -518,6 +527,17 @@ class _Run:
             what = f"lacks {_gpus(self.full & ~value)}"
         message = f"final state: gpu {g} chunk {c} {what} ({writer})"
         return 1 + (last is None), MscclViolation("missing", g, tb, step, c, message)
+
+
+def _releases(tb: ThreadBlock) -> list[int]:
+    """For each transmission of ``tb``, the index of the first ``hasdep`` one at or after it (the
+    one whose signal ends a wait on it; ``len(tb.txs)`` if none)."""
+    out, first = [len(tb.txs)] * len(tb.txs), len(tb.txs)
+    for k in reversed(range(len(tb.txs))):
+        if tb.txs[k].hasdep:
+            first = k
+        out[k] = first
+    return out
 
 
 def _chunk(tx: Tx, unit: int) -> int:

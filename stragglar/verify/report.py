@@ -277,6 +277,12 @@ class ArtifactProof(abc.ABC):
     def details(self) -> str:
         """What the proof covers, for ``-v``."""
 
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """What the executor runs otherwise than the file says, yet correctly, one line each
+        (``verify`` and ``show`` print them on stderr); a format that has none says nothing."""
+        return ()
+
 
 def require_proof(value: object) -> Proof:
     """``value`` if it is a :class:`Proof`; a TypeError that says how to get one otherwise.
