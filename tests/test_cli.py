@@ -520,6 +520,25 @@ def test_a_dependency_released_by_a_later_hasdep_step_is_a_warning(tmp_path: Pat
     ]
 
 
+def test_verify_warns_of_a_max_bytes_only_one_executor_reads_as_no_limit(tmp_path: Path) -> None:
+    """The Azure executor loads and runs maxBytes="0" (no limit), so verify proves it; microsoft/msccl
+    never selects it, which the warning says (export refuses to write it)."""
+    path = tmp_path / "s.xml"
+    assert run("synth", "--gpus", "4", "-o", str(path)).exit_code == 0
+    text = path.read_text(encoding="utf-8")
+    path.write_text(text.replace('maxBytes="1099511627776"', 'maxBytes="0"'), encoding="utf-8")
+    result = run("verify", str(path))
+    assert result.exit_code == 0 and result.stdout.startswith(f"{path}: proved: ")
+    assert result.stderr.splitlines() == [
+        f"warning: {path}: line 1: maxBytes 0 is no limit to the Azure executor, never selected by "
+        "microsoft/msccl (minBytes <= size < maxBytes)"
+    ]
+    json_path = tmp_path / "s.json"
+    assert run("synth", "--gpus", "4", "-o", str(json_path)).exit_code == 0
+    refused = run("export", str(json_path), "--max-bytes", "0", "-o", str(tmp_path / "x.xml"))
+    assert "maxBytes 0 is no limit to the Azure executor" in assert_one_error_line(refused, 2)
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -12,6 +12,7 @@ import pytest
 from msccl_model import run_numeric, unordered_accesses
 
 from stragglar.msccl import (
+    MscclExportError,
     MscclFormatError,
     MscclVerificationError,
     MscclViolation,
@@ -344,6 +345,34 @@ def test_structure(old: str, new: str, message: str) -> None:
         prove_msccl(text.replace(old, new, 1))
     assert e.value.exit_code == (1 if violation.kind == "structure" else 2)
     assert isinstance(e.value, MscclFormatError) == (violation.kind == "format")
+
+
+@pytest.mark.parametrize(
+    ("low", "high"),
+    [(0, 0), (4096, 0), (5, 5), (10, 5), (-1, 100), (0, -1), (0, 1 << 40), (1024, 1 << 20)],
+)
+def test_export_and_verify_read_the_size_window_alike(low: int, high: int) -> None:
+    """One rule (limits.size_window): a window no executor selects is refused by both; one that an
+    executor selects and another does not (maxBytes="0", minBytes = maxBytes) is a warning of the
+    prover and refused by the exporter, which writes files every executor selects; any other
+    passes both, silently."""
+    proof = prove(synthesize("ring", 3))
+    text = to_msccl_xml(proof).replace(
+        'minBytes="0" maxBytes="1099511627776"', f'minBytes="{low}" maxBytes="{high}"'
+    )
+    try:
+        exported: str | None = to_msccl_xml(proof, min_bytes=low, max_bytes=high)
+    except MscclExportError:
+        exported = None
+    try:
+        warnings: tuple[str, ...] | None = prove_msccl(text).warnings
+    except MscclVerificationError as e:
+        assert e.violation.kind == "structure" and f"minBytes {low} / maxBytes {high}: " in str(e)
+        warnings = None
+    if exported is not None:
+        assert exported == text and warnings == ()
+    else:
+        assert warnings is None or (len(warnings) == 1 and "microsoft/msccl" in warnings[0])
 
 
 def test_every_structural_violation_is_reported() -> None:

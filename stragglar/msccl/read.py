@@ -34,6 +34,7 @@ from stragglar.msccl.limits import (
     SEND_TYPES,
     TYPES,
     WRITES_DST,
+    size_window,
 )
 from stragglar.msccl.records import StepRecord
 from stragglar.msccl.tokens import Element, SyntaxProblem, elements, first_name
@@ -256,11 +257,11 @@ def _algo(ck: _Checker, el: Element, shared_nodes: int) -> Algo | None:
             ck.fail(el, f"{key} must be 0 or 1, got {nums[key]}")
     if not nums["inplace"] and not nums["outofplace"]:
         ck.fail(el, 'inplace="0" and outofplace="0": the algorithm is never selected', kind="structure")
-    low, high = sizes["minBytes"], sizes["maxBytes"]
-    if low < 0 or high < 0 or (high and high < low):
-        ck.fail(
-            el, f"minBytes {low} / maxBytes {high}: no message size selects the algorithm", kind="structure"
-        )
+    window = size_window(sizes["minBytes"], sizes["maxBytes"])
+    if window.never is not None:
+        ck.fail(el, window.never, kind="structure")
+    if window.partial is not None:
+        ck.warnings.append(_place(el, None, None, None) + window.partial)
     header = _Header(
         nums["nchannels"], nums["nchunksperloop"], nums["ngpus"], nums["inplace"], nums["outofplace"]
     )
