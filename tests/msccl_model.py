@@ -96,3 +96,97 @@ def run_numeric(xml: str, seed: int) -> tuple[bool, bool]:
     finished = not live and not any(fifo.values())
     sums = [sum(inputs[g][k] for g in range(n)) & MASK for k in range(c)]
     return finished, all(mem[g]["i"][k] == sums[k] for g in range(n) for k in range(c))
+
+
+READS = ("s", "rrs", "rrc", "rrcs", "cpy", "re")
+WRITES = ("r", "rcs", "rrc", "rrcs", "cpy", "re")
+
+
+def unordered_accesses(xml: str) -> list[tuple[int, str, int]] | None:
+    """Where two thread blocks of a GPU touch one chunk, one writing, with no path between the two
+    accesses in the graph of one iteration's chunk moves: (gpu, buffer, offset) of each.  None if
+    some dependency is never released.
+
+    Shares no code with stragglar: ElementTree, an explicit graph (one node per chunk a step moves),
+    reachability as bitsets.  Edges: program order in a thread block; a send's k-th chunk on a
+    connection to the receiver's k-th; a dependency's releasing step (the first one with
+    hasdep="1" at or after the step named) to the waiting step.  One iteration suffices: every edge
+    but program order stays within an iteration.
+    """
+    root = ET.fromstring(xml)
+    inplace = root.get("inplace") == "1"
+    nodes: list[tuple[int, int, str, int]] = []  # (gpu, tb, type, unit)
+    edges: list[tuple[int, int]] = []
+    first: dict[tuple[int, int, int], int] = {}  # (gpu, tb, step) -> its first node
+    last: dict[tuple[int, int, int], int] = {}
+    waits: list[tuple[int, int, int, int, int]] = []  # (gpu, tb, step, depid, deps)
+    hasdep: dict[tuple[int, int], list[tuple[int, bool]]] = {}  # (gpu, tb) -> (step, hasdep) of real steps
+    sends: dict[tuple[str | None, int, int], list[int]] = {}
+    recvs: dict[tuple[str | None, int, int], list[int]] = {}
+    touches: dict[
+        tuple[int, str, int], list[tuple[int, int, bool]]
+    ] = {}  # (gpu, buf, off) -> (node, tb, write)
+    for gpu in root.iter("gpu"):
+        g = int(gpu.get("id", "0"))
+        for tb in gpu.iter("tb"):
+            t, chan = int(tb.get("id", "0")), tb.get("chan")
+            previous, pending = None, []
+            for st in tb.iter("step"):
+                a = {k: st.get(k, "") for k in STEP_ATTRS}
+                s, kind = int(a["s"]), a["type"]
+                if a["depid"] != "-1":
+                    pending.append((int(a["depid"]), int(a["deps"])))
+                if kind == "nop":
+                    continue
+                waits.extend((g, t, s, d, p) for d, p in pending)
+                pending = []
+                hasdep.setdefault((g, t), []).append((s, a["hasdep"] == "1"))
+                for unit in range(int(a["cnt"])):
+                    node = len(nodes)
+                    nodes.append((g, t, kind, unit))
+                    first.setdefault((g, t, s), node)
+                    last[g, t, s] = node
+                    if previous is not None:
+                        edges.append((previous, node))
+                    previous = node
+                    if kind in SEND:
+                        sends.setdefault((chan, g, int(tb.get("send", "-1"))), []).append(node)
+                    if kind in RECV:
+                        recvs.setdefault((chan, int(tb.get("recv", "-1")), g), []).append(node)
+                    used = [(a["srcbuf"], int(a["srcoff"]) + unit, False)] if kind in READS else []
+                    if kind in WRITES:
+                        used.append((a["dstbuf"], int(a["dstoff"]) + unit, True))
+                    if kind == "re":
+                        used.append((a["dstbuf"], int(a["dstoff"]) + unit, False))
+                    for buf, off, write in used:
+                        place = (g, "i" if buf == "o" and inplace else buf, off)
+                        touches.setdefault(place, []).append((node, t, write))
+    for connection, out in sends.items():
+        edges.extend(zip(out, recvs.get(connection, []), strict=False))
+    for g, t, s, d, p in waits:
+        release = next((q for q, has in hasdep.get((g, d), []) if q >= p and has), None)
+        if release is None:
+            return None
+        edges.append((last[g, d, release], first[g, t, s]))
+    after = [1 << n for n in range(len(nodes))]  # each node and every node reachable from it
+    successors: list[list[int]] = [[] for _ in nodes]
+    indegree = [0] * len(nodes)
+    for src, dst in edges:
+        successors[src].append(dst)
+        indegree[dst] += 1
+    order = [n for n in range(len(nodes)) if not indegree[n]]
+    for n in order:  # grows while it is read: Kahn's topological order
+        for m in successors[n]:
+            indegree[m] -= 1
+            if not indegree[m]:
+                order.append(m)
+    for n in reversed(order):
+        for m in successors[n]:
+            after[n] |= after[m]
+    unordered: set[tuple[int, str, int]] = set()
+    for place, accesses in touches.items():
+        for i, (x, tx, wx) in enumerate(accesses):
+            for y, ty, wy in accesses[i + 1 :]:
+                if tx != ty and (wx or wy) and not (after[x] >> y & 1 or after[y] >> x & 1):
+                    unordered.add(place)
+    return sorted(unordered)

@@ -272,6 +272,48 @@ def test_show_reports_a_gap_to_the_lower_bound(tmp_path: Path) -> None:
     )
 
 
+def edited_plan(tmp_path: Path, **fields: int) -> Path:
+    """Our plan for 4 GPUs with its top-level ``fields`` replaced."""
+    path = tmp_path / "plan.json"
+    assert run("synth", "--gpus", "4", "--format", "mscclpp", "-o", str(path)).exit_code == 0
+    plan = json.loads(path.read_text(encoding="utf-8"))
+    path.write_text(json.dumps({**plan, **fields}), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("fields", "code", "message"),
+    [
+        ({"buffer_alignment": 3}, 2, "plan: 'buffer_alignment' must be a positive multiple of 16 below 2^32"),
+        ({"max_message_size": 2**70}, 2, "plan: 'max_message_size' must be an integer from 0 to 2^64-1"),
+        (
+            {"min_message_size": 4096, "max_message_size": 1024},
+            1,
+            "plan: no buffer size selects the plan: min_message_size 4096 > max_message_size 1024",
+        ),
+    ],
+)
+@pytest.mark.parametrize("command", ["verify", "show"])
+def test_plan_size_fields_the_executor_cannot_use_are_refused(
+    tmp_path: Path, command: str, fields: dict[str, int], code: int, message: str
+) -> None:
+    """An alignment the kernel misaddresses or a size beyond 64 bits is a plan the executor cannot
+    run as written (exit 2); a window no size fits is a plan it never runs (exit 1)."""
+    line = assert_one_error_line(run(command, str(edited_plan(tmp_path, **fields))), code)
+    assert message in line
+
+
+def test_show_size_names_only_sizes_the_plan_is_used_for(tmp_path: Path) -> None:
+    """1 KiB lies between multiples of 48 (1008, 1056) that are both below min_message_size: the
+    nearest usable size is the first multiple inside the window."""
+    path = edited_plan(tmp_path, min_message_size=1100)
+    result = run("show", str(path), "--size", "1KiB")
+    assert result.exit_code == 0, result.output
+    last = result.stdout.splitlines()[-1]
+    assert last.endswith("nearest usable: 1104")
+    assert run("show", str(path), "--size", "1104").stdout.splitlines()[-1].startswith("1104 bytes: used")
+
+
 # ---------------------------------------------------------------------------- README
 
 
@@ -447,12 +489,54 @@ def test_export_a_json_schedule_with_options(tmp_path: Path) -> None:
 
 
 def test_verify_rejects_a_tampered_xml_naming_gpu_tb_and_step(tmp_path: Path) -> None:
+    """gpu 0 tb 1 has one step, which tb 3 waits for: without hasdep nothing ever releases it."""
+    path = tmp_path / "s.xml"
+    assert run("synth", "--gpus", "4", "-o", str(path)).exit_code == 0
+    text = path.read_text(encoding="utf-8")
+    waited = 'cnt="1" depid="2" deps="1" hasdep="1"/>\n    </tb>\n    <tb id="2"'
+    assert waited in text
+    path.write_text(text.replace(waited, waited.replace('hasdep="1"', 'hasdep="0"'), 1), encoding="utf-8")
+    line = assert_one_error_line(run("verify", str(path)), 1)
+    assert line.endswith(
+        'gpu 0 tb 3 step 0: depends on tb 1 step 0, which lacks hasdep="1", as do all later steps of tb 1: '
+        "the wait never ends (only hasdep steps signal)"
+    )
+
+
+@pytest.mark.parametrize("command", ["verify", "show"])
+def test_a_dependency_released_by_a_later_hasdep_step_is_a_warning(tmp_path: Path, command: str) -> None:
+    """gpu 0 tb 3 step 1 waits for tb 0 step 0; without hasdep there, the kernel's ``flag >= goal``
+    releases it when tb 0 step 1 signals: later than written, and still correct."""
     path = tmp_path / "s.xml"
     assert run("synth", "--gpus", "4", "-o", str(path)).exit_code == 0
     text = path.read_text(encoding="utf-8")
     path.write_text(text.replace('hasdep="1"', 'hasdep="0"', 1), encoding="utf-8")
-    line = assert_one_error_line(run("verify", str(path)), 1)
-    assert re.search(r"gpu \d+", line) and re.search(r"tb \d+", line) and re.search(r"step \d+", line)
+    result = run(command, str(path))
+    assert result.exit_code == 0, result.output
+    assert "proved: stragglar-n4-s3-simple" in result.stdout and "warning" not in result.stdout
+    assert result.stderr.splitlines() == [
+        f'warning: {path}: line 17: gpu 0 tb 3 step 1: depends on tb 0 step 0, which lacks hasdep="1": '
+        "released late, when tb 0 step 1 (hasdep) signals"
+    ]
+
+
+def test_verify_warns_of_a_max_bytes_only_one_executor_reads_as_no_limit(tmp_path: Path) -> None:
+    """The Azure executor loads and runs maxBytes="0" (no limit), so verify proves it; microsoft/msccl
+    never selects it, which the warning says (export refuses to write it)."""
+    path = tmp_path / "s.xml"
+    assert run("synth", "--gpus", "4", "-o", str(path)).exit_code == 0
+    text = path.read_text(encoding="utf-8")
+    path.write_text(text.replace('maxBytes="1099511627776"', 'maxBytes="0"'), encoding="utf-8")
+    result = run("verify", str(path))
+    assert result.exit_code == 0 and result.stdout.startswith(f"{path}: proved: ")
+    assert result.stderr.splitlines() == [
+        f"warning: {path}: line 1: maxBytes 0 is no limit to the Azure executor, never selected by "
+        "microsoft/msccl (minBytes <= size < maxBytes)"
+    ]
+    json_path = tmp_path / "s.json"
+    assert run("synth", "--gpus", "4", "-o", str(json_path)).exit_code == 0
+    refused = run("export", str(json_path), "--max-bytes", "0", "-o", str(tmp_path / "x.xml"))
+    assert "maxBytes 0 is no limit to the Azure executor" in assert_one_error_line(refused, 2)
 
 
 @pytest.mark.parametrize(

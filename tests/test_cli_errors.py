@@ -318,7 +318,14 @@ def test_malformed_input_of_any_format_exits_2_and_a_wrong_schedule_exits_1(tmp_
     cases = {
         "truncated.xml": (text[: len(text) // 2], 2),
         "no-cnt.xml": (text.replace(' cnt="1"', "", 1), 2),
-        "unsigned.xml": (text.replace('hasdep="1"', 'hasdep="0"', 1), 1),
+        "unsigned.xml": (  # gpu 0 tb 1's only step, which tb 3 waits for, never signals
+            text.replace(
+                'deps="1" hasdep="1"/>\n    </tb>\n    <tb id="2"',
+                'deps="1" hasdep="0"/>\n    </tb>\n    <tb id="2"',
+                1,
+            ),
+            1,
+        ),
         "dup.json": ('{"format": "stragglar-schedule", "format": "stragglar-schedule"}', 2),
     }
     for name, (content, code) in cases.items():

@@ -9,9 +9,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from msccl_model import run_numeric
+from msccl_model import run_numeric, unordered_accesses
 
 from stragglar.msccl import (
+    MscclExportError,
     MscclFormatError,
     MscclVerificationError,
     MscclViolation,
@@ -58,8 +59,8 @@ def test_handwritten_ring_is_proved() -> None:
             "missing_hasdep",
             "structure",
             (0, 1, 0, None),
-            'line 8: gpu 0 tb 1 step 0: depends on tb 0 step 0, which lacks hasdep="1" '
-            "(only such steps signal progress)",
+            'line 8: gpu 0 tb 1 step 0: depends on tb 0 step 0, which lacks hasdep="1", as do all later '
+            "steps of tb 0: the wait never ends (only hasdep steps signal)",
         ),
         (
             "wrong_srcoff",
@@ -346,6 +347,34 @@ def test_structure(old: str, new: str, message: str) -> None:
     assert isinstance(e.value, MscclFormatError) == (violation.kind == "format")
 
 
+@pytest.mark.parametrize(
+    ("low", "high"),
+    [(0, 0), (4096, 0), (5, 5), (10, 5), (-1, 100), (0, -1), (0, 1 << 40), (1024, 1 << 20)],
+)
+def test_export_and_verify_read_the_size_window_alike(low: int, high: int) -> None:
+    """One rule (limits.size_window): a window no executor selects is refused by both; one that an
+    executor selects and another does not (maxBytes="0", minBytes = maxBytes) is a warning of the
+    prover and refused by the exporter, which writes files every executor selects; any other
+    passes both, silently."""
+    proof = prove(synthesize("ring", 3))
+    text = to_msccl_xml(proof).replace(
+        'minBytes="0" maxBytes="1099511627776"', f'minBytes="{low}" maxBytes="{high}"'
+    )
+    try:
+        exported: str | None = to_msccl_xml(proof, min_bytes=low, max_bytes=high)
+    except MscclExportError:
+        exported = None
+    try:
+        warnings: tuple[str, ...] | None = prove_msccl(text).warnings
+    except MscclVerificationError as e:
+        assert e.violation.kind == "structure" and f"minBytes {low} / maxBytes {high}: " in str(e)
+        warnings = None
+    if exported is not None:
+        assert exported == text and warnings == ()
+    else:
+        assert warnings is None or (len(warnings) == 1 and "microsoft/msccl" in warnings[0])
+
+
 def test_every_structural_violation_is_reported() -> None:
     text = fixture("ring3").replace(
         '<step s="1" type="rrs" srcbuf="i" srcoff="1"', '<step s="9" type="rrs" srcbuf="i" srcoff="1"'
@@ -466,14 +495,21 @@ def mutants(text: str) -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize(("algorithm", "n"), MUTATED)
 def test_every_mutant_of_an_exported_file_is_rejected_or_still_correct(algorithm: str, n: int) -> None:
-    """Rejected with a located message; an accepted mutant must pass the independent numeric model."""
+    """Rejected with a located message; an accepted mutant must pass the independent numeric model.
+
+    A dependency removed (with its nop, if any) leaves the data flow as it was: the prover must
+    refuse it as a race exactly when the independent graph of chunk moves has two accesses with no
+    path between them, and accept it when the accesses stay ordered, inside the GPU or through
+    other GPUs' sends and receives."""
     text = to_msccl_xml(prove(synthesize(algorithm, n)))
     rejected_kinds: set[str] = set()
-    accepted = 0
+    accepted: list[str] = []
     for name, mutant in mutants(text):
         violation = check_msccl(mutant)
+        if name.startswith(("undepend", "drop nop")):
+            assert (violation is None) == (unordered_accesses(mutant) == []), (name, violation)
         if violation is None:
-            accepted += 1
+            accepted.append(name)
             assert all(run_numeric(mutant, seed) == (True, True) for seed in range(3)), name
             continue
         assert_located(violation)
@@ -481,7 +517,71 @@ def test_every_mutant_of_an_exported_file_is_rejected_or_still_correct(algorithm
         if name.startswith(("undepend", "drop nop")):
             assert violation.kind == "race", (name, violation)
     assert rejected_kinds == {"drop", "shift", "undepend"}
-    assert accepted <= 2
+    assert len([name for name in accepted if not name.startswith(("undepend", "drop nop"))]) <= 2, accepted
+
+
+def test_a_dependency_ordered_through_other_gpus_may_go() -> None:
+    """gpu 0 tb 3 step 1 receives chunk 2 into i[2], which tb 0 step 0 sent to gpu 1 before: the
+    written dependency orders the write after the read, and so does the chunk itself, which goes
+    round through gpus 1, 2 and 3 before it comes back.  Without the dependency the file is still
+    correct.  Without tb 0 step 1's, its send of i[1] races with the straggler's exchange into i[1]
+    (tb 2 step 0), which nothing else orders."""
+    text = to_msccl_xml(prove(synthesize("stragglar", 4)))
+    through = 'type="r" srcbuf="i" srcoff="2" dstbuf="i" dstoff="2" cnt="1" depid="0" deps="0"'
+    inside = '<step s="1" type="s" srcbuf="i" srcoff="1" dstbuf="i" dstoff="1" cnt="1" depid="2" deps="0"'
+    assert text.count(through) == 1 and text.count(inside) == 1
+    mutant = text.replace(through, through.replace('depid="0" deps="0"', 'depid="-1" deps="-1"'))
+    assert prove_msccl(mutant).warnings == () and unordered_accesses(mutant) == []
+    racy = text.replace(inside, inside.replace('depid="2" deps="0"', 'depid="-1" deps="-1"'))
+    violation = rejected(racy)
+    assert violation.kind == "race" and unordered_accesses(racy) == [(0, "i", 1)]
+    assert violation.message == (
+        "gpu 0 tb 2 step 0 (rrc chunk 1) writes i[1] (iteration 0) with no dependency path from tb 0 step 1, "
+        "which reads it: a race"
+    )
+
+
+def hasdep_mutants(text: str) -> list[tuple[str, str]]:
+    """For every step with ``hasdep="1"``: its hasdep dropped, and moved to the next step of its tb."""
+    lines, steps = text.splitlines(), step_lines(text)
+    out = []
+    for k, (i, gpu, tb, m) in enumerate(steps):
+        if m.group(5) != "1":
+            continue
+        where = f"gpu {gpu} tb {tb} line {i + 1}"
+        edited = [*lines]
+        edited[i] = lines[i].replace('hasdep="1"', 'hasdep="0"')
+        out.append((f"drop hasdep {where}", "\n".join(edited) + "\n"))
+        later = next(
+            (j for j, g, t, n in steps[k + 1 :] if (g, t) == (gpu, tb) and n.group(2) != "nop"), None
+        )
+        if later is not None and 'hasdep="0"' in lines[later]:
+            edited[later] = lines[later].replace('hasdep="0"', 'hasdep="1"')
+            out.append((f"move hasdep {where}", "\n".join(edited) + "\n"))
+    return out
+
+
+@pytest.mark.parametrize(("algorithm", "n"), MUTATED)
+def test_a_wait_is_released_by_a_later_hasdep_step_as_in_the_kernel(algorithm: str, n: int) -> None:
+    """The kernel's wait ends at ``flag >= goal``, the flag set by hasdep steps only: a dependency on
+    a step without hasdep is released by the next step of its tb that has it.  The prover proves
+    such a file (with a warning) exactly when the independent numeric model, which releases waits
+    the same way, finishes with the right sums; a wait that no step releases is refused."""
+    text = to_msccl_xml(prove(synthesize(algorithm, n)))
+    warned = refused = 0
+    for name, mutant in hasdep_mutants(text):
+        numeric = [run_numeric(mutant, seed) for seed in range(3)]
+        try:
+            proof = prove_msccl(mutant)
+        except MscclVerificationError as e:
+            refused += 1
+            assert e.violation.kind in ("structure", "deadlock"), (name, e.violation)
+            assert all(not finished for finished, _ in numeric), (name, e.violation)
+            continue
+        assert numeric == [(True, True)] * 3, name
+        warned += bool(proof.warnings)
+        assert all('lacks hasdep="1": released late, when tb' in w for w in proof.warnings), proof.warnings
+    assert warned and refused
 
 
 def test_dropping_a_copy_back_leaves_a_chunk_never_written() -> None:

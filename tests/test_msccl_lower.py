@@ -187,9 +187,19 @@ def test_write_msccl(tmp_path: Path) -> None:
         ({"proto": "ll"}, "proto 'll': choose from Simple, LL, LL128"),
         ({"instances": 0}, "instances must be an integer >= 1, got 0"),
         ({"name": 'a"b'}, "name 'a\"b': use 1-128 characters"),
-        ({"min_bytes": 10, "max_bytes": 5}, "max_bytes 5 <= min_bytes 10: never selected"),
-        ({"min_bytes": 5, "max_bytes": 5}, "max_bytes 5 <= min_bytes 5: never selected"),
-        ({"max_bytes": 0}, "max_bytes 0 means no limit to one MSCCL executor and never selected"),
+        (
+            {"min_bytes": 10, "max_bytes": 5},
+            "minBytes 10 / maxBytes 5: no message size selects the algorithm: give min_bytes < max_bytes",
+        ),
+        (
+            {"min_bytes": 5, "max_bytes": 5},
+            "minBytes = maxBytes = 5: one size to the Azure executor, none to microsoft/msccl",
+        ),
+        (
+            {"max_bytes": 0},
+            "maxBytes 0 is no limit to the Azure executor, never selected by microsoft/msccl (minBytes <= "
+            "size < maxBytes): give min_bytes < max_bytes, the largest message (default 1 TiB)",
+        ),
         ({"max_bytes": -1}, "max_bytes must be an integer in [0, 2**63), got -1"),
     ],
 )

@@ -199,6 +199,16 @@ def test_malformed_text_is_a_format_error(text: str, message: str) -> None:
             "gpu 2 tb 0 op 5 (signal): 'channel_ids' must be a list of non-negative integers",
         ),
         (lambda p: p["gpus"][0].pop("threadblocks"), "gpu 0: missing key 'threadblocks'"),
+        (
+            lambda p: p.update(buffer_alignment=3),
+            "plan: 'buffer_alignment' must be a positive multiple of 16 below 2^32 (a uint32_t; the kernel "
+            "addresses chunks in 16-byte vectors), got 3",
+        ),
+        (
+            lambda p: p.update(max_message_size=2**70),
+            "plan: 'max_message_size' must be an integer from 0 to 2^64-1 (the executor keeps it in 64 "
+            "bits), got 1180591620717411303424",
+        ),
     ],
 )
 def test_wrong_keys_and_types_are_format_errors(edit: Any, message: str) -> None:
@@ -334,6 +344,17 @@ def test_what_the_prover_does_not_model_is_refused_not_guessed(edit: Any, messag
             "gpu 2: has 6 output chunks and 3 input chunks; an allreduce's equal input and output sizes "
             "then give "
             "different chunk sizes and the executor throws",
+        ),
+        (
+            lambda p: p.update(min_message_size=4096, max_message_size=1024),
+            "structure",
+            "plan: no buffer size selects the plan: min_message_size 4096 > max_message_size 1024",
+        ),
+        (
+            lambda p: p.update(min_message_size=49, max_message_size=95),
+            "structure",
+            "plan: no buffer size selects the plan: no multiple of 48 bytes (16-byte alignment x 3 chunks) "
+            "in [49, 95]",
         ),
     ],
 )

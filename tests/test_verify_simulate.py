@@ -75,6 +75,19 @@ def test_summary_counts_rounds_after_the_straggler() -> None:
     )
 
 
+def test_summary_and_headline_count_chunk_steps_alike() -> None:
+    """Rounds after the straggler arrives are compared with the bound as chunk-steps (README): a
+    round that moves two chunks over one link is two, and verify's summary says so as show's does."""
+    both = (T(0, 1, 0, R), T(1, 0, 0, R), T(0, 1, 1, R), T(1, 0, 1, R))
+    exchange = Phase("exchange", (0, 1), (both,))
+    proof = prove(Schedule("stragglar", 2, 2, 1, (Phase("wait", (0,), ((),)), exchange)))
+    counted = "1 round (2 chunk-steps) after the straggler"
+    assert f"{counted} (2 in all)," in proof.summary
+    assert f"{counted} arrives (lower bound" in proof.headline
+    fat = prove(Schedule("stragglar", 2, 2, 1, (exchange,)))
+    assert "1 round (2 chunk-steps) after the straggler, 4 transfers" in fat.summary
+
+
 def test_single_rank_needs_no_transfers() -> None:
     assert prove(Schedule("none", 1, 2, None, ())).num_rounds == 0
 

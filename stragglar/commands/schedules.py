@@ -42,6 +42,7 @@ from stragglar.formats.text import render
 from stragglar.model import AUTO, Network
 from stragglar.synth import METHODS, synthesize
 from stragglar.verify import Proof, prove
+from stragglar.verify.report import ArtifactProof
 from stragglar.verify.smt import smt_prove
 
 __all__ = ["export", "show", "synth", "verify"]
@@ -247,6 +248,7 @@ def verify(file: Path, smt: bool, verbose: bool) -> None:
         refuse_given(["smt"], f"{file} is {found.format.title}; --smt proves JSON schedules")
         artifact = proved_artifact(found.format, found.text, str(file))
         summary, details = artifact.summary, artifact.details
+        _warn(file, artifact)
     else:
         assert found.schedule is not None  # a file of no artifact format is a schedule
         proof = proved(found.schedule, str(file), smt_prove if smt else prove)
@@ -285,6 +287,13 @@ def show(file: Path, plot_file: Path | None, size: int | None, verbose: bool) ->
         write_plot(plot_file, lambda plot: plot.schedule_figure(schedule))
 
 
+def _warn(file: Path, proof: ArtifactProof) -> None:
+    """What the executor runs otherwise than ``file`` says, yet correctly: one line each on stderr,
+    so that stdout keeps the proof and the exit code stays 0."""
+    for warning in proof.warnings:
+        click.echo(f"warning: {file}: {warning}", err=True)
+
+
 def _show_artifact(fmt: ArtifactFormat[_D], text: str, file: Path, size: int | None, verbose: bool) -> None:
     """``show`` of an artifact: its description, its proof's summary and, for a format the executor
     picks by size, whether it would run on ``size`` bytes.  The text is read once for all three."""
@@ -302,6 +311,7 @@ def _show_artifact(fmt: ArtifactFormat[_D], text: str, file: Path, size: int | N
         raise
     click.echo(fmt.describe(document))
     click.echo(proof.summary)
+    _warn(file, proof)
     if size is not None and fmt.size_rule is not None:
         click.echo(f"{size} bytes: {fmt.size_rule(document).decide(size).reason}")
     if verbose:

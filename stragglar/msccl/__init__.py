@@ -2,8 +2,9 @@
 
 :func:`to_msccl_xml` lowers a proved schedule (stages in :mod:`stragglar.msccl.lower`);
 :func:`prove_msccl` proves any MSCCL AllReduce file from its text as the executor runs it
-(:mod:`stragglar.msccl.read`, :mod:`stragglar.msccl.executor`), sharing no structure with the
-lowering but the file format's own records.
+(:mod:`stragglar.msccl.read`, :mod:`stragglar.msccl.machine`, :mod:`stragglar.msccl.order`,
+:mod:`stragglar.msccl.executor`), sharing no structure with the lowering but the file format's own
+records.
 """
 
 from stragglar.msccl.executor import (

@@ -1,31 +1,11 @@
 """Prove an MSCCL XML AllReduce correct as the MSCCL executor runs it, from the file alone.
 
 :func:`check_msccl` first reads the file with the executor's rules
-(:mod:`stragglar.msccl.read`; every structural violation is reported), then runs it:
-each thread block (TB) is a sequential program; sends and receives meet in FIFO order per
-(channel, sender, receiver) on a connection holding ``capacity`` chunk transfers (2 on Simple, 8
-on LL/LL128), a ``cnt``-chunk step moving one chunk at a time, as the executor does for large
-buffers; a dependency on (tb, step) waits until that TB has signalled, with a ``hasdep`` step, a
-step at or after it; the program runs twice back to back (the kernel's pipeline: a TB may run
-ahead into the next iteration, on another slice of every buffer).
-
-Values are symbolic, so the result holds for every input: a chunk holds the set of (rank, input
-chunk) contributions it sums, as a bitmask.  A sum whose operands share a contribution, or mix
-two input chunks, is marked with the place it arose; sums only grow, so a marked value stays wrong
-until a copy overwrites it, and only a mark that survives is reported.
-
-Why one run decides every run.  Whether a TB's next move is enabled depends on its dependencies'
-signals (which only grow), on its input connection being non-empty (only this TB takes from it:
-the reader allows one TB per connection end) and on its output connection having room (only this
-TB adds to it).  So an enabled move stays
-enabled until its TB makes it, and moves of different TBs commute: the system is persistent, and
-every maximal run makes the same moves (Keller).  The deterministic scheduler below therefore
-finishes iff every schedule does, and otherwise stops where every schedule gets stuck.  Data: two
-accesses of one chunk by different TBs of a rank, one a write, must be ordered by happens-before
-(program order and dependency signals; messages through other ranks do not count, since nothing
-makes a TB's earlier writes visible to another TB of its rank through them).  That relation does
-not depend on the schedule, so one run finds every race, and without races every read sees the
-same write in every run: the values computed here are the executor's.
+(:mod:`stragglar.msccl.read`; every structural violation is reported), then runs it in the
+executor's model (:mod:`stragglar.msccl.machine`, which says why one run decides every run): once
+with happens-before inside each GPU, and again, for the GPUs where an access is not ordered so,
+with clocks that follow messages through other GPUs (:mod:`stragglar.msccl.order`); a race is
+reported only if that run confirms it.
 
 >>> v = check_msccl('<algo name="x" proto="Simple"></algo>')
 >>> print(v)
@@ -35,15 +15,13 @@ line 1: <algo> lacks attribute coll
 from __future__ import annotations
 
 import time
-from collections import deque
 from dataclasses import dataclass
 
-import networkx as nx
-
 from stragglar.errors import IncorrectError, InputError
-from stragglar.msccl.limits import READS_SRC, RECV_TYPES, SEND_TYPES, WRITES_DST
-from stragglar.msccl.read import Algo, MscclViolation, Tx, read_msccl
-from stragglar.verify.report import ArtifactProof, bit_list
+from stragglar.msccl.machine import ITERATIONS, Machine
+from stragglar.msccl.order import batches
+from stragglar.msccl.read import Algo, MscclViolation, read_msccl
+from stragglar.verify.report import ArtifactProof
 
 __all__ = [
     "MscclFormatError",
@@ -53,10 +31,6 @@ __all__ = [
     "check_msccl",
     "prove_msccl",
 ]
-
-ITERATIONS = 2
-_UNINITIALIZED = -1
-_SHOWN = 8
 
 
 class MscclVerificationError(IncorrectError):
@@ -82,13 +56,15 @@ MALFORMED = ("syntax", "format")  # violation kinds of a file the executor would
 class MscclProof(ArtifactProof):
     """What was proved about one MSCCL file: the shared facts of :class:`ArtifactProof` and the
     protocol, its connection ``capacity`` in chunks, the ``channels``, the ``steps`` of all thread
-    blocks and the modes (in-place, out-of-place) it was proved in."""
+    blocks, the modes (in-place, out-of-place) it was proved in, and the ``warnings`` of the reader
+    (what the executor runs otherwise than written, yet correctly)."""
 
     proto: str
     capacity: int
     channels: int
     steps: int
     modes: tuple[str, ...]
+    warnings: tuple[str, ...] = ()
 
     @property
     def brief(self) -> str:
@@ -126,7 +102,7 @@ def prove_msccl(text: str) -> MscclProof:
         raise MscclVerificationError(violations)
     modes = _modes(algo)
     for mode in modes:
-        violation = _Run(algo, mode == "in-place").run()
+        violation = _checked_run(algo, mode == "in-place")
         if violation is not None:
             raise MscclVerificationError([violation])
     tbs = [tb for gpu in algo.gpus for tb in gpu.tbs]
@@ -141,6 +117,7 @@ def prove_msccl(text: str) -> MscclProof:
         channels=algo.nchannels,
         steps=sum(len(tb.tx_at) for tb in tbs),
         modes=modes,
+        warnings=algo.warnings,
     )
 
 
@@ -153,377 +130,24 @@ def check_msccl(text: str) -> MscclViolation | None:
     return None
 
 
+def _checked_run(algo: Algo, inplace: bool) -> MscclViolation | None:
+    """The first problem of one mode: a run ordering accesses within each GPU, then, for the GPUs
+    where it found accesses not ordered so, runs that follow messages too (a few GPUs at a time,
+    :func:`~stragglar.msccl.order.batches`).  A race they confirm came before anything the first
+    run found after it (that run stops at its first other problem), so the earliest one wins."""
+    first = Machine(algo, inplace)
+    outcome = first.run()
+    if not first.suspects:
+        return outcome
+    sizes = [len(gpu.tbs) for gpu in algo.gpus]
+    races: list[tuple[int, MscclViolation]] = []
+    for group in batches(sorted(first.suspects), sizes, len(first.tbs)):
+        again = Machine(algo, inplace, group)
+        found = again.run()
+        if found is not None and found.kind == "race":
+            races.append((again.moves, found))
+    return min(races, key=lambda race: race[0])[1] if races else outcome
+
+
 def _modes(algo: Algo) -> tuple[str, ...]:
     return tuple(m for m, on in (("in-place", algo.inplace), ("out-of-place", algo.outofplace)) if on)
-
-
-@dataclass
-class _Item:
-    """One chunk in flight: its value, the send it belongs to and its place in that send."""
-
-    value: int
-    tb: int
-    tx: int
-    unit: int
-    chunk: int
-
-
-class _Problem(Exception):
-    def __init__(self, violation: MscclViolation) -> None:
-        self.violation = violation
-
-
-class _Run:
-    """One execution of every TB of every GPU, ``ITERATIONS`` times, under the deterministic scheduler."""
-
-    def __init__(self, algo: Algo, inplace: bool) -> None:
-        self.algo, self.inplace, self.n = algo, inplace, algo.ngpus
-        self.full = (1 << self.n) - 1
-        self.where: list[tuple[int, int]] = []  # global TB -> (gpu, tb id)
-        self.local: list[int] = []  # global TB -> its index among its GPU's TBs
-        self.base: list[int] = []  # gpu -> global index of its tb 0
-        for gpu in algo.gpus:
-            self.base.append(len(self.where))
-            for tb in gpu.tbs:
-                self.local.append(len(self.where) - self.base[-1])
-                self.where.append((gpu.id, tb.id))
-        self.tbs = [algo.gpus[g].tbs[t] for g, t in self.where]
-        count = len(self.tbs)
-        self.pc, self.unit, self.iteration = [0] * count, [0] * count, [0] * count
-        self.ready = [False] * count  # dependencies of the current transmission satisfied
-        self.signal = [-1] * count  # iteration * 65536 + position of the last hasdep step
-        self.clock = [[0] * len(algo.gpus[g].tbs) for g, _ in self.where]
-        self.snapshots: dict[tuple[int, int], list[int]] = {}
-        self.waiters: list[list[int]] = [[] for _ in range(count)]  # TBs waiting for a TB's signal
-        self.fifo: dict[tuple[int, int, int], deque[_Item]] = {}
-        self.ends: dict[tuple[int, int, int], list[int | None]] = {}  # connection -> [sender, receiver]
-        for i, (g, _) in enumerate(self.where):
-            tb = self.tbs[i]
-            if tb.send >= 0:
-                self.ends.setdefault((tb.chan, g, tb.send), [None, None])[0] = i
-            if tb.recv >= 0:
-                self.ends.setdefault((tb.chan, tb.recv, g), [None, None])[1] = i
-        self.memory = [self._memory() for _ in range(ITERATIONS)]
-        self.marks: list[MscclViolation] = []
-        self.last_write: dict[tuple[int, int, str, int], tuple[int, int]] = {}  # -> (global TB, e)
-        self.readers: dict[tuple[int, int, str, int], dict[int, int]] = {}
-
-    def _memory(self) -> list[dict[str, list[int]]]:
-        """Rank g starts with its own contribution to every chunk of ``i``; the rest is garbage."""
-        n, out = self.n, []
-        for gpu in self.algo.gpus:
-            bufs = {"i": [(c << n) | (1 << gpu.id) for c in range(self.algo.nchunks)]}
-            bufs["o"] = bufs["i"] if self.inplace else [_UNINITIALIZED] * self.algo.nchunks
-            bufs["s"] = [_UNINITIALIZED] * gpu.chunks["s"]
-            out.append(bufs)
-        return out
-
-    # ------------------------------------------------------------------ scheduler
-
-    def run(self) -> MscclViolation | None:
-        queue = deque(range(len(self.tbs)))
-        queued = [True] * len(self.tbs)
-        try:
-            while queue:
-                t = queue.popleft()
-                queued[t] = False
-                for woken in self._advance(t):
-                    if not queued[woken]:
-                        queued[woken] = True
-                        queue.append(woken)
-            return self._stuck() or self._leftover() or self._final()
-        except _Problem as p:
-            return p.violation
-
-    def _done(self, t: int) -> bool:
-        return self.iteration[t] == ITERATIONS or not self.tbs[t].txs
-
-    def _advance(self, t: int) -> list[int]:
-        """Run TB ``t`` until it blocks or ends; the TBs its moves may have unblocked."""
-        woken: list[int] = []
-        txs = self.tbs[t].txs
-        while not self._done(t):
-            tx = txs[self.pc[t]]
-            if not self.ready[t]:
-                dep = self._waiting_dependency(t, tx)
-                if dep is not None:
-                    self.waiters[dep[0]].append(t)
-                    return woken
-                self._join(t, tx)
-                self.ready[t] = True
-            inbound = self._connection(t, "recv") if tx.type in RECV_TYPES else None
-            outbound = self._connection(t, "send") if tx.type in SEND_TYPES else None
-            if inbound is not None and not self.fifo.get(inbound):
-                return woken
-            if outbound is not None and len(self.fifo.get(outbound, ())) >= self.algo.capacity:
-                return woken
-            self._move(t, tx, inbound, outbound, woken)
-        return woken
-
-    def _connection(self, t: int, direction: str) -> tuple[int, int, int]:
-        g, tb = self.where[t][0], self.tbs[t]
-        return (tb.chan, g, tb.send) if direction == "send" else (tb.chan, tb.recv, g)
-
-    def _waiting_dependency(self, t: int, tx: Tx) -> tuple[int, int] | None:
-        """The first dependency (global TB, position) of ``tx`` not yet signalled, if any."""
-        base = self.base[self.where[t][0]]
-        goal = self.iteration[t] * 65536
-        for tb, pos in tx.deps:
-            if self.signal[base + tb] < goal + pos:
-                return base + tb, pos
-        return None
-
-    def _join(self, t: int, tx: Tx) -> None:
-        """Happens-before: what each signalled step knew is now known to ``t``."""
-        base, clock = self.base[self.where[t][0]], self.clock[t]
-        for tb, pos in tx.deps:
-            u = base + tb
-            producer = self.tbs[u]
-            e = self.iteration[t] * len(producer.txs) + producer.tx_at[pos]
-            for i, known in enumerate(self.snapshots[u, e]):
-                if known > clock[i]:
-                    clock[i] = known
-
-    def _move(
-        self,
-        t: int,
-        tx: Tx,
-        inbound: tuple[int, int, int] | None,
-        outbound: tuple[int, int, int] | None,
-        woken: list[int],
-    ) -> None:
-        """One chunk of ``tx``: receive, compute, write, send; then finish ``tx`` after its last chunk."""
-        j, it = self.unit[t], self.iteration[t]
-        value = None
-        if inbound is not None:
-            item = self.fifo[inbound].popleft()
-            self._match(t, tx, item, inbound)
-            sender = self.ends[inbound][0]
-            assert sender is not None
-            woken.append(sender)
-            value = item.value
-        if tx.type in READS_SRC:
-            for off in tx.srcoffs:
-                local = self._read(t, tx, tx.srcbuf, off + j)
-                value = local if value is None else self._add(t, tx, value, local)
-        if tx.type == "re":
-            assert value is not None
-            value = self._add(t, tx, self._read(t, tx, tx.dstbuf, tx.dstoff + j), value)
-        assert value is not None
-        if tx.type in WRITES_DST:
-            self._write(t, tx, tx.dstbuf, tx.dstoff + j, value)
-        if outbound is not None:
-            chunk = tx.srcoffs[0] + j if tx.type in READS_SRC else tx.dstoff + j
-            self.fifo.setdefault(outbound, deque()).append(_Item(value, t, self.pc[t], j, chunk))
-            receiver = self.ends[outbound][1]
-            if receiver is not None:
-                woken.append(receiver)
-        self.unit[t] = j + 1
-        if j + 1 == tx.cnt:
-            self._finish(t, tx, it, woken)
-
-    def _finish(self, t: int, tx: Tx, it: int, woken: list[int]) -> None:
-        e = it * len(self.tbs[t].txs) + self.pc[t]
-        if tx.hasdep:
-            snapshot = list(self.clock[t])
-            snapshot[self.local[t]] = e + 1
-            self.snapshots[t, e] = snapshot
-            self.signal[t] = it * 65536 + tx.pos
-            woken.extend(self.waiters[t])
-            self.waiters[t] = []
-        self.unit[t], self.ready[t] = 0, False
-        self.pc[t] += 1
-        if self.pc[t] == len(self.tbs[t].txs):
-            self.pc[t] = 0
-            self.iteration[t] += 1
-
-    # ------------------------------------------------------------------ data and races
-
-    def _add(self, t: int, tx: Tx, a: int, b: int) -> int:
-        """The sum of two symbolic values, marked if it counts a contribution twice or mixes chunks."""
-        if a < 0 or b < 0:
-            return max(a, b) if a < 0 and b < 0 else min(a, b)
-        if a >> self.n != b >> self.n:
-            return self._mark(t, tx, "mixed", f"adds chunk {b >> self.n} data to chunk {a >> self.n} data")
-        twice = a & b & self.full
-        if twice:
-            return self._mark(t, tx, "duplicate", f"counts {_gpus(twice)} twice in chunk {a >> self.n} data")
-        return a | b
-
-    def _mark(self, t: int, tx: Tx, kind: str, what: str) -> int:
-        g, tb = self.where[t]
-        chunk = _chunk(tx, self.unit[t])
-        where = f"gpu {g} tb {tb} step {tx.pos} ({tx.type} chunk {chunk})"
-        self.marks.append(MscclViolation(kind, g, tb, tx.pos, chunk, f"{where} {what}"))
-        return -1 - len(self.marks)
-
-    def _key(self, t: int, buf: str, off: int) -> tuple[int, int, str, int]:
-        return (self.iteration[t], self.where[t][0], "i" if buf == "o" and self.inplace else buf, off)
-
-    def _read(self, t: int, tx: Tx, buf: str, off: int) -> int:
-        key = self._key(t, buf, off)
-        self._ordered_after_write(t, tx, key, "reads")
-        self.readers.setdefault(key, {})[t] = self._e(t)
-        return self.memory[key[0]][key[1]][buf][off]
-
-    def _write(self, t: int, tx: Tx, buf: str, off: int, value: int) -> None:
-        key = self._key(t, buf, off)
-        self._ordered_after_write(t, tx, key, "writes")
-        clock, base = self.clock[t], self.base[key[1]]
-        for u, e in self.readers.get(key, {}).items():
-            if u != t and clock[u - base] <= e:
-                self._race(t, tx, key, "writes", u, e, "reads")
-        self.readers[key] = {}
-        self.last_write[key] = (t, self._e(t))
-        self.memory[key[0]][key[1]][buf][off] = value
-
-    def _ordered_after_write(self, t: int, tx: Tx, key: tuple[int, int, str, int], verb: str) -> None:
-        last = self.last_write.get(key)
-        if last is not None and last[0] != t and self.clock[t][last[0] - self.base[key[1]]] <= last[1]:
-            self._race(t, tx, key, verb, last[0], last[1], "writes")
-
-    def _e(self, t: int) -> int:
-        return self.iteration[t] * len(self.tbs[t].txs) + self.pc[t]
-
-    def _race(
-        self, t: int, tx: Tx, key: tuple[int, int, str, int], verb: str, u: int, e: int, other: str
-    ) -> None:
-        it, g, buf, off = key
-        producer = self.tbs[u]
-        pos = producer.txs[e % len(producer.txs)].pos
-        what = (
-            f"gpu {g} tb {self.where[t][1]} step {tx.pos} ({tx.type} chunk {off}) {verb} {buf}[{off}] "
-            f"(iteration {it}) with no dependency path from tb {self.where[u][1]} step {pos}, which "
-            f"{other} it: a race"
-        )
-        raise _Problem(MscclViolation("race", g, self.where[t][1], tx.pos, off, what))
-
-    def _match(self, t: int, tx: Tx, item: _Item, connection: tuple[int, int, int]) -> None:
-        if self.unit[t] == 0 and (item.unit != 0 or self.tbs[item.tb].txs[item.tx].cnt != tx.cnt):
-            sender = self.tbs[item.tb].txs[item.tx]
-            g, tb = self.where[t]
-            what = (
-                f"gpu {g} tb {tb} step {tx.pos} ({tx.type} chunk {_chunk(tx, 0)}, cnt {tx.cnt}) meets the "
-                f"send of gpu {self.where[item.tb][0]} tb {self.where[item.tb][1]} step {sender.pos} (chunk "
-                f"{item.chunk}, cnt {sender.cnt}) on channel {connection[0]}: counts differ"
-            )
-            raise _Problem(MscclViolation("mismatch", g, tb, tx.pos, _chunk(tx, 0), what))
-
-    # ------------------------------------------------------------------ end states
-
-    def _stuck(self) -> MscclViolation | None:
-        """Explain a state where some TB cannot move: a cycle of waits, or a wait nothing will end.
-
-        Each blocked TB waits for exactly one other (the wait-for graph has out-degree one): from
-        the first blocked TB, the waits either close a cycle (a deadlock) or end at a TB that has
-        finished or does not exist (a wait nothing will end).
-        """
-        blocked = [t for t in range(len(self.tbs)) if not self._done(t)]
-        if not blocked:
-            return None
-        waits = nx.DiGraph()
-        waits.add_nodes_from(blocked)
-        waits.add_edges_from((t, u) for t in blocked if (u := self._waits_for(t)[0]) is not None)
-        try:
-            cycle = [u for u, _ in nx.find_cycle(waits, source=blocked[0])]
-        except nx.NetworkXNoCycle:
-            chain = [t for t in nx.dfs_preorder_nodes(waits, blocked[0]) if not self._done(t)]
-            return self._never(chain[-1])
-        first = self._describe(cycle[0])
-        parts = [self._describe(u)[1] for u in cycle]
-        if len(parts) > _SHOWN:
-            parts = [*parts[:_SHOWN], f"... ({len(parts)} thread blocks)"]
-        what = f"deadlock ({self.algo.proto}, {self.algo.capacity} chunks per connection): " + " -> ".join(
-            parts
-        )
-        return MscclViolation("deadlock", *first[0], what + " -> back to the first")
-
-    def _waits_for(self, t: int) -> tuple[int | None, str]:
-        """The TB that ``t`` waits for (None if there is none) and why."""
-        tx = self.tbs[t].txs[self.pc[t]]
-        if not self.ready[t]:
-            dep = self._waiting_dependency(t, tx)
-            assert dep is not None
-            return dep[0], f"waits for tb {self.where[dep[0]][1]} step {dep[1]} to signal"
-        if tx.type in RECV_TYPES and not self.fifo.get(self._connection(t, "recv")):
-            chan, src, _ = self._connection(t, "recv")
-            return self.ends[chan, src, self.where[t][0]][
-                0
-            ], f"waits for data from gpu {src} on channel {chan}"
-        chan, _, dst = self._connection(t, "send")
-        return self.ends[chan, self.where[t][0], dst][
-            1
-        ], f"waits for room to send to gpu {dst} on channel {chan}"
-
-    def _describe(self, t: int) -> tuple[tuple[int, int, int, int], str]:
-        g, tb = self.where[t]
-        tx = self.tbs[t].txs[self.pc[t]]
-        chunk = _chunk(tx, self.unit[t])
-        it = f", iteration {self.iteration[t]}" if self.iteration[t] else ""
-        head = f"gpu {g} tb {tb} step {tx.pos} ({tx.type} chunk {chunk}{it})"
-        return (g, tb, tx.pos, chunk), f"{head} {self._waits_for(t)[1]}"
-
-    def _never(self, t: int) -> MscclViolation:
-        place, text = self._describe(t)
-        other = self._waits_for(t)[0]
-        why = "which has no such thread block" if other is None else "which has finished"
-        return MscclViolation("unmatched", *place, f"{text}, {why}: it never comes")
-
-    def _leftover(self) -> MscclViolation | None:
-        for (chan, _, dst), items in sorted(self.fifo.items()):
-            if items:
-                item = items[0]
-                g, tb = self.where[item.tb]
-                pos = self.tbs[item.tb].txs[item.tx].pos
-                what = f"gpu {g} tb {tb} step {pos} sends chunk {item.chunk} to gpu {dst} on channel {chan}"
-                what += ", but it is never received"
-                return MscclViolation("unmatched", g, tb, pos, item.chunk, what)
-        return None
-
-    def _final(self) -> MscclViolation | None:
-        """Every output chunk must hold its own chunk's contributions from every GPU, each once."""
-        n, out = self.n, "i" if self.inplace else "o"
-        problems: list[tuple[int, MscclViolation]] = []
-        for it in range(ITERATIONS):
-            for g in range(n):
-                for c, value in enumerate(self.memory[it][g][out]):
-                    if value != (c << n) | self.full:
-                        problems.append(self._wrong(it, g, out, c, value))
-        return min(problems, key=lambda p: p[0])[1] if problems else None
-
-    def _wrong(self, it: int, g: int, buf: str, c: int, value: int) -> tuple[int, MscclViolation]:
-        """A final-state problem and its rank: marks first, then values with a writer, then the rest."""
-        last = self.last_write.get((it, g, "i" if self.inplace else buf, c))
-        tb = step = None
-        writer = "never written"
-        if last is not None:
-            u, e = last
-            tb, step = self.where[u][1], self.tbs[u].txs[e % len(self.tbs[u].txs)].pos
-            writer = f"last written by tb {tb} step {step}"
-        if value < _UNINITIALIZED:
-            mark = self.marks[-2 - value]
-            return 0, MscclViolation(
-                mark.kind,
-                mark.gpu,
-                mark.tb,
-                mark.step,
-                mark.chunk,
-                f"{mark.message}; the wrong value survives in gpu {g} chunk {c}",
-            )
-        if value == _UNINITIALIZED:
-            what = "holds uninitialized memory"
-        elif value >> self.n != c:
-            what = f"holds chunk {value >> self.n} data"
-        else:
-            what = f"lacks {_gpus(self.full & ~value)}"
-        message = f"final state: gpu {g} chunk {c} {what} ({writer})"
-        return 1 + (last is None), MscclViolation("missing", g, tb, step, c, message)
-
-
-def _chunk(tx: Tx, unit: int) -> int:
-    return (tx.dstoff if tx.type in WRITES_DST else tx.srcoffs[0]) + unit
-
-
-def _gpus(mask: int) -> str:
-    """Name the GPUs in ``mask``, shortened when there are many."""
-    return f"the contributions of gpus {bit_list(mask, _SHOWN)}"

@@ -7,6 +7,8 @@ the reader rejects files that do, so both name the same numbers from here.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from stragglar.errors import InputError
 
 __all__ = [
@@ -30,6 +32,8 @@ __all__ = [
     "TYPES",
     "WRITES_DST",
     "MscclExportError",
+    "SizeWindow",
+    "size_window",
 ]
 
 CAPACITY = {"Simple": 2, "LL": 8, "LL128": 8}  # protocol -> chunk transfers a connection buffers
@@ -57,3 +61,44 @@ TYPES = SEND_TYPES | RECV_TYPES | {"cpy", "re", "nop"}
 
 class MscclExportError(InputError):
     """A schedule or option the executor cannot take; the one-line message names the limit and the fix."""
+
+
+@dataclass(frozen=True, slots=True)
+class SizeWindow:
+    """What the executors make of ``minBytes``/``maxBytes``: ``never`` says why none of them selects
+    the file (a file that is never run: the reader refuses it), ``partial`` why one selects it and
+    another does not (the reader warns; the exporter refuses both, as it writes files every
+    executor selects); None where there is nothing to say."""
+
+    never: str | None
+    partial: str | None
+
+
+def size_window(min_bytes: int, max_bytes: int) -> SizeWindow:
+    """The message sizes selecting a file, for the reader and the exporter alike.
+
+    The Azure executor (and RCCL) selects a file for ``minBytes <= size <= maxBytes``,
+    ``maxBytes="0"`` meaning no limit, comparing the int64 fields with an unsigned size; the older
+    microsoft/msccl runtime selects it for ``minBytes <= size < maxBytes`` and refuses to load a
+    file with a negative field or ``minBytes > maxBytes``.
+
+    >>> size_window(0, 1 << 40)
+    SizeWindow(never=None, partial=None)
+    >>> size_window(0, 0).partial.startswith("maxBytes 0 is no limit to the Azure executor")
+    True
+    """
+    if min_bytes < 0 or max_bytes < 0:
+        why = "microsoft/msccl refuses a negative one, the Azure executor compares them unsigned"
+        return SizeWindow(f"minBytes {min_bytes} / maxBytes {max_bytes}: {why}", None)
+    if max_bytes and max_bytes < min_bytes:
+        never = f"minBytes {min_bytes} / maxBytes {max_bytes}: no message size selects the algorithm"
+        return SizeWindow(never, None)
+    microsoft = "microsoft/msccl (minBytes <= size < maxBytes)"
+    if max_bytes == 0:
+        return SizeWindow(
+            None, f"maxBytes 0 is no limit to the Azure executor, never selected by {microsoft}"
+        )
+    if max_bytes == min_bytes:
+        one = f"minBytes = maxBytes = {max_bytes}: one size to the Azure executor, none to {microsoft}"
+        return SizeWindow(None, one)
+    return SizeWindow(None, None)

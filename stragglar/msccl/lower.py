@@ -40,6 +40,7 @@ from stragglar.msccl.limits import (
     MAX_TBS_PER_CHANNEL,
     PROTOCOLS,
     MscclExportError,
+    size_window,
 )
 from stragglar.msccl.pieces import schedule_pieces
 from stragglar.msccl.threadblocks import Fifo, assign, number
@@ -171,10 +172,7 @@ def _check_options(name: str, proto: str, instances: int, min_bytes: int, max_by
     for label, value in (("min_bytes", min_bytes), ("max_bytes", max_bytes)):
         if not 0 <= value < 1 << 63:
             raise MscclExportError(f"{label} must be an integer in [0, 2**63), got {value!r}")
-    if max_bytes == 0:  # no limit to the Azure executor, "never" to microsoft/msccl (min <= n < max)
-        raise MscclExportError(
-            "max_bytes 0 means no limit to one MSCCL executor and never selected to the other: "
-            "give the largest message (default 1 TiB)"
-        )
-    if max_bytes <= min_bytes:
-        raise MscclExportError(f"max_bytes {max_bytes} <= min_bytes {min_bytes}: never selected")
+    window = size_window(min_bytes, max_bytes)  # the reader's rule: it refuses `never`, warns of `partial`
+    problem = window.never or window.partial
+    if problem is not None:  # a choice: we write files that every executor selects
+        raise MscclExportError(f"{problem}: give min_bytes < max_bytes, the largest message (default 1 TiB)")

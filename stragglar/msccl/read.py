@@ -3,9 +3,11 @@
 :func:`read_msccl` reads the elements with the executor's own tokenizer
 (:mod:`stragglar.msccl.tokens`), then checks what the executor checks when it loads a rank's part (required
 attributes, ranges, thread-block and step limits) and what it silently gets wrong (a step index
-that is not the step's position, a dependency on a step without ``hasdep``, operands out of
+that is not the step's position, a dependency no step will ever release, operands out of
 bounds), and returns the program as the executor stores it: nops folded into dependencies and
-consecutive ``re`` steps fused.
+consecutive ``re`` steps fused.  A dependency on a step without ``hasdep`` that a later ``hasdep``
+step of the same thread block releases is a warning (:attr:`Algo.warnings`), not a violation: the
+kernel waits for ``flag >= goal``, so the wait ends then, later than written but correctly.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from stragglar.msccl.limits import (
     SEND_TYPES,
     TYPES,
     WRITES_DST,
+    size_window,
 )
 from stragglar.msccl.records import StepRecord
 from stragglar.msccl.tokens import Element, SyntaxProblem, elements, first_name
@@ -98,6 +101,7 @@ class Algo:
     inplace: bool
     outofplace: bool
     gpus: tuple[Gpu, ...]
+    warnings: tuple[str, ...] = ()  # what the executor runs otherwise than written, yet correctly
 
     @property
     def capacity(self) -> int:
@@ -133,6 +137,7 @@ class _Checker:
 
     def __init__(self) -> None:
         self.problems: list[MscclViolation] = []
+        self.warnings: list[str] = []  # what the executor does otherwise than written, without harm
 
     def fail(
         self,
@@ -146,9 +151,11 @@ class _Checker:
     ) -> None:
         """Report a rule ``el`` breaks: ``format`` if the executor would not load the file,
         ``structure`` if it would load it and then compute the wrong thing or hang."""
-        where = " ".join(f"{k} {v}" for k, v in (("gpu", gpu), ("tb", tb), ("step", step)) if v is not None)
-        prefix = f"line {el.line}: " + (f"{where}: " if where else "")
-        self.problems.append(MscclViolation(kind, gpu, tb, step, None, prefix + what))
+        self.problems.append(MscclViolation(kind, gpu, tb, step, None, _place(el, gpu, tb, step) + what))
+
+    def warn(self, el: Element, what: str, gpu: int, tb: int, step: int) -> None:
+        """Note something the executor runs otherwise than the file says, yet correctly."""
+        self.warnings.append(_place(el, gpu, tb, step) + what)
 
     def ints(
         self, el: Element, keys: tuple[str, ...], *place: int | None, bits: int = 32
@@ -172,6 +179,12 @@ class _Checker:
         return None if missing else {k: el.attrs[k] for k in keys}
 
 
+def _place(el: Element, gpu: int | None, tb: int | None, step: int | None) -> str:
+    """``line 8: gpu 0 tb 1 step 0: ``: where a message is about."""
+    where = " ".join(f"{k} {v}" for k, v in (("gpu", gpu), ("tb", tb), ("step", step)) if v is not None)
+    return f"line {el.line}: " + (f"{where}: " if where else "")
+
+
 def read_msccl(text: str) -> tuple[Algo | None, list[MscclViolation]]:
     """Parse ``text`` with the executor's rules: the program, or None and every violation found."""
     try:
@@ -184,7 +197,9 @@ def read_msccl(text: str) -> tuple[Algo | None, list[MscclViolation]]:
         return None, [MscclViolation("syntax", None, None, None, None, what)]
     checker = _Checker()
     algo = _algo(checker, top[0], sum(len(a.children) for a in top) + len(top))
-    return (algo if not checker.problems else None), checker.problems
+    if algo is None or checker.problems:
+        return None, checker.problems
+    return dataclasses.replace(algo, warnings=tuple(checker.warnings)), []
 
 
 def describe_msccl(text: str) -> str:
@@ -242,11 +257,11 @@ def _algo(ck: _Checker, el: Element, shared_nodes: int) -> Algo | None:
             ck.fail(el, f"{key} must be 0 or 1, got {nums[key]}")
     if not nums["inplace"] and not nums["outofplace"]:
         ck.fail(el, 'inplace="0" and outofplace="0": the algorithm is never selected', kind="structure")
-    low, high = sizes["minBytes"], sizes["maxBytes"]
-    if low < 0 or high < 0 or (high and high < low):
-        ck.fail(
-            el, f"minBytes {low} / maxBytes {high}: no message size selects the algorithm", kind="structure"
-        )
+    window = size_window(sizes["minBytes"], sizes["maxBytes"])
+    if window.never is not None:
+        ck.fail(el, window.never, kind="structure")
+    if window.partial is not None:
+        ck.warnings.append(_place(el, None, None, None) + window.partial)
     header = _Header(
         nums["nchannels"], nums["nchunksperloop"], nums["ngpus"], nums["inplace"], nums["outofplace"]
     )
@@ -475,10 +490,34 @@ def _check_dependency(
                 st, f"depends on tb {depid} step {deps}, a nop, which never signals", *place, kind="structure"
             )
         elif target is not None and target.hasdep == 0:
-            what = (
-                f'depends on tb {depid} step {deps}, which lacks hasdep="1" (only such steps signal progress)'
-            )
-            ck.fail(st, what, *place, kind="structure")
+            _late_release(ck, st, place, depid, deps, steps[depid])
+
+
+def _late_release(
+    ck: _Checker,
+    st: Element,
+    place: tuple[int, int, int],
+    depid: int,
+    deps: int,
+    rows: list[StepRecord | None],
+) -> None:
+    """A dependency on a step without ``hasdep``: the kernel's wait (``flag >= goal``, the flag
+    set by a TB's ``hasdep`` steps only) ends when a later ``hasdep`` step of that TB signals,
+    which is correct, only later than written; with no such step it never ends."""
+    later = next(
+        (
+            k
+            for k in range(deps + 1, len(rows))
+            if (r := rows[k]) is not None and r.type != "nop" and r.hasdep
+        ),
+        None,
+    )
+    lacks = f'depends on tb {depid} step {deps}, which lacks hasdep="1"'
+    if later is None:
+        what = f"{lacks}, as do all later steps of tb {depid}: the wait never ends (only hasdep steps signal)"
+        ck.fail(st, what, *place, kind="structure")
+    else:
+        ck.warn(st, f"{lacks}: released late, when tb {depid} step {later} (hasdep) signals", *place)
 
 
 def _program(t: int, attrs: _TbHeader, rows: list[StepRecord]) -> ThreadBlock:

@@ -35,6 +35,7 @@ from stragglar.args import as_int
 from stragglar.errors import InputError
 from stragglar.files import write_text
 from stragglar.mscclpp.blocks import BlockError, cut_segments, place_blocks
+from stragglar.mscclpp.document import alignment_problem
 from stragglar.mscclpp.emit import Header, plan_dict, plan_text
 from stragglar.mscclpp.program import build_programs
 from stragglar.mscclpp.sizes import UINT64_MAX, SizeRule, offset_limit
@@ -127,12 +128,9 @@ def _check(schedule: Schedule, options: PlanOptions) -> None:
         )
     _positive("instances", options.instances)
     _positive("max_threadblocks", options.max_threadblocks)
-    _positive("buffer_alignment", options.buffer_alignment)
-    if options.buffer_alignment % 16:
-        raise MscclppExportError(
-            f"buffer_alignment must be a multiple of 16 bytes (the kernel reduces in 16-byte vectors), "
-            f"got {options.buffer_alignment}"
-        )
+    alignment = alignment_problem(options.buffer_alignment)
+    if alignment is not None:
+        raise MscclppExportError(alignment)
     _positive("num_threads_per_block", options.num_threads_per_block)
     if options.num_threads_per_block > 1024:
         raise MscclppExportError(
@@ -150,10 +148,9 @@ def _check(schedule: Schedule, options: PlanOptions) -> None:
 
 def _rule(schedule: Schedule, scratch: tuple[int, ...], options: PlanOptions) -> SizeRule:
     chunks = schedule.num_chunks * options.instances
-    step = options.buffer_alignment * chunks
     max_scratch = max(scratch) * options.instances
     safe = offset_limit(options.buffer_alignment, chunks, max_scratch)
-    low = step if options.min_message_size is None else options.min_message_size
+    low = options.buffer_alignment * chunks if options.min_message_size is None else options.min_message_size
     high = safe if options.max_message_size is None else options.max_message_size
     if not 0 <= low <= high <= UINT64_MAX:
         raise MscclppExportError(f"need 0 <= min_message_size <= max_message_size, got {low} and {high}")
@@ -162,12 +159,11 @@ def _rule(schedule: Schedule, scratch: tuple[int, ...], options: PlanOptions) ->
             f"max_message_size {high} overflows the executor's 32-bit chunk offsets "
             f"({max(chunks, max_scratch)} chunks per buffer); use at most {safe}"
         )
-    if high < max(low, step):
-        raise MscclppExportError(
-            f"no usable size: sizes must be multiples of {step} bytes "
-            f"({options.buffer_alignment} x {chunks} chunks) within [{low}, {high}]"
-        )
-    return SizeRule(options.buffer_alignment, chunks, low, high, max_scratch)
+    rule = SizeRule(options.buffer_alignment, chunks, low, high, max_scratch)
+    window = rule.window_problem()
+    if window is not None:
+        raise MscclppExportError(window)
+    return rule
 
 
 def lower(proof: Proof, options: PlanOptions | None = None) -> MscclppPlan:

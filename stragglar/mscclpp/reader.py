@@ -12,6 +12,9 @@ executor resolves it:
   The k-th memory channel from ``g`` to ``h`` is connected to the k-th from ``h`` to ``g``.
 * A block's ``remote_buffer_refs`` list indices into the GPU's ``remote_buffers``; an op's
   ``buffer_id`` indexes the block's list; the buffer belongs to the GPU named by its ``rank``.
+* The size fields are read with the executor's types (:func:`~stragglar.mscclpp.document.size_fields`),
+  and a plan whose size window holds no size the executor takes
+  (:func:`~stragglar.mscclpp.document.window_problem`) is refused: it is never run.
 
 Errors are one line and name the place (``gpu 0 tb 1 op 5 (put): ...``).  Malformed text raises
 :class:`~stragglar.mscclpp.errors.PlanFormatError`, something the prover does not model raises
@@ -31,7 +34,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from stragglar.mscclpp.document import PlanSource, plan_document
+from stragglar.mscclpp.document import PlanSource, SizeFields, plan_document, size_fields, window_problem
 from stragglar.mscclpp.opreader import OpReader
 from stragglar.mscclpp.planmodel import (
     BUFFERS,
@@ -75,12 +78,8 @@ def read_plan(source: PlanSource) -> Plan:
             "unsupported use_double_scratch_buffer: Simple puts write the peer's scratch without the "
             "alternating half offset (execution_kernel.hpp handlePut)"
         )
-    alignment = rd.count(obj, "buffer_alignment", 16, required=False)
+    fields = size_fields(obj)
     threads = rd.count(obj, "num_threads_per_block", 1024, required=False)
-    low = rd.count(obj, "min_message_size", 0, required=False)
-    high = rd.count(obj, "max_message_size", (1 << 64) - 1, required=False)
-    if alignment == 0:
-        raise rd.fail("'buffer_alignment' must be positive")
     if not 1 <= threads <= 1024:
         raise rd.bad(
             "limit", f"num_threads_per_block is {threads}; the kernel runs 1 to 1024 threads per block"
@@ -90,7 +89,7 @@ def read_plan(source: PlanSource) -> Plan:
         raise rd.unsupported(f"{len(gpus_json):,} GPUs: stragglar proves plans of at most {MAX_RANKS:,}")
     if not gpus_json:
         raise rd.fail("'gpus' is empty")
-    return Resolver(rd, gpus_json, inplace, threads).plan(name, collective, alignment, low, high)
+    return Resolver(rd, gpus_json, inplace, threads).plan(name, collective, fields)
 
 
 class Resolver:
@@ -107,7 +106,7 @@ class Resolver:
         self.chunks: list[dict[str, int]] = []
         self.locations = 0  # chunks in the buffers of the GPUs read so far
 
-    def plan(self, name: str, collective: str, alignment: int, low: int, high: int) -> Plan:
+    def plan(self, name: str, collective: str, fields: SizeFields) -> Plan:
         rd = self.rd
         for g, gj in enumerate(self.gpus_json):
             rd.at(g)
@@ -141,6 +140,11 @@ class Resolver:
                     "input and "
                     "output sizes then give different chunk sizes and the executor throws",
                 )
+        rd.at()
+        alignment, low, high = fields.buffer_alignment, fields.min_message_size, fields.max_message_size
+        window = window_problem(alignment, first["i"], low, high)
+        if window is not None:
+            raise rd.bad("structure", window)
         base, partner, owner = self._pair_channels()
         gpus = tuple(self._gpu(g, gj, base) for g, gj in enumerate(self.gpus_json))
         return Plan(name, collective, self.inplace, alignment, low, high, self.threads, gpus, partner, owner)

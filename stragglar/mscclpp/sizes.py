@@ -15,6 +15,13 @@ the end of the last chunk of every buffer an op names (input, output, and scratc
 :func:`offset_limit` is the largest size that is safe; plans written by
 :func:`stragglar.mscclpp.lower` use it as their ``max_message_size``.
 
+The fields themselves are read as the prover reads them
+(:func:`~stragglar.mscclpp.document.size_fields`: values the executor would misread, and
+alignments the kernel cannot address, are refused), and a window in which the executor runs the
+plan on no size at all is refused by the prover and the exporter alike
+(:meth:`SizeRule.window_problem`).  :meth:`SizeRule.decide` names, for a size it refuses, the
+nearest sizes it accepts.
+
 >>> rule = SizeRule(buffer_alignment=16, chunks=7, min_message_size=112, max_message_size=1 << 30)
 >>> rule.decide(1 << 20).used
 False
@@ -24,16 +31,21 @@ False
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
-from stragglar.mscclpp.document import PlanSource, plan_document
+from stragglar.mscclpp.document import (
+    UINT32_LIMIT,
+    UINT64_MAX,
+    PlanSource,
+    plan_document,
+    size_fields,
+    window_problem,
+)
 from stragglar.mscclpp.errors import PlanFormatError
 
-__all__ = ["UINT32_LIMIT", "SizeDecision", "SizeRule", "offset_limit", "size_rule", "will_use"]
-
-UINT32_LIMIT = (1 << 32) - 1  # the largest chunk end a 32-bit offset field holds
-UINT64_MAX = (1 << 64) - 1  # the executor's default max_message_size
+__all__ = ["UINT32_LIMIT", "UINT64_MAX", "SizeDecision", "SizeRule", "offset_limit", "size_rule", "will_use"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +75,11 @@ class SizeRule:
         """Sizes must be multiples of this many bytes."""
         return self.buffer_alignment * self.chunks
 
+    @property
+    def safe(self) -> int:
+        """The largest size whose chunk offsets fit 32 bits (:func:`offset_limit`)."""
+        return offset_limit(self.buffer_alignment, self.chunks, self.max_scratch_chunks)
+
     def describe(self) -> str:
         """The rule in one line, for ``show``."""
         top = "2^64-1" if self.max_message_size == UINT64_MAX else str(self.max_message_size)
@@ -77,12 +94,10 @@ class SizeRule:
         if nbytes <= 0:
             return SizeDecision(False, f"not used: {nbytes} bytes is not a positive size")
         if nbytes % step:
-            below = nbytes - nbytes % step
-            near = f"{below} or {below + step}" if below else f"{step}"
             return SizeDecision(
                 False,
                 f"not used: {nbytes} bytes is not a multiple of {step} "
-                f"({self.buffer_alignment}-byte alignment x {self.chunks} chunks); nearest usable: {near}",
+                f"({self.buffer_alignment}-byte alignment x {self.chunks} chunks); {self._nearest(nbytes)}",
             )
         if nbytes < self.min_message_size:
             return SizeDecision(
@@ -92,7 +107,7 @@ class SizeRule:
             return SizeDecision(
                 False, f"not used: {nbytes} bytes is above max_message_size {self.max_message_size}"
             )
-        safe = offset_limit(self.buffer_alignment, self.chunks, self.max_scratch_chunks)
+        safe = self.safe
         if nbytes > safe:
             return SizeDecision(
                 False,
@@ -106,6 +121,44 @@ class SizeRule:
             f"{self.chunks} chunks) within [{self.min_message_size}, {self.max_message_size}]",
         )
 
+    def usable(self) -> tuple[int, int] | None:
+        """The smallest and the largest size :meth:`decide` accepts, or None if it accepts none."""
+        step = self.step
+        low = -(-max(self.min_message_size, 1) // step) * step
+        top = min(self.max_message_size, self.safe)
+        high = top - top % step
+        return (low, high) if low <= high else None
+
+    def window_problem(self) -> str | None:
+        """Why no buffer size selects the plan, or None: the executor's window holds no multiple
+        of :attr:`step` (:func:`~stragglar.mscclpp.document.window_problem`), or every one it holds
+        overflows the 32-bit chunk offsets.
+
+        >>> print(SizeRule(16, 7, 300, 200).window_problem())
+        no buffer size selects the plan: min_message_size 300 > max_message_size 200
+        >>> SizeRule(16, 7, 1 << 33, 1 << 34).window_problem().endswith("offsets (at most 4294967264)")
+        True
+        """
+        low, high = self.min_message_size, self.max_message_size
+        problem = window_problem(self.buffer_alignment, self.chunks, low, high)
+        if problem is not None or self.usable() is not None:
+            return problem
+        return (
+            f"no buffer size selects the plan: every multiple of {self.step} bytes in [{low}, {high}] "
+            f"overflows the 32-bit chunk offsets (at most {self.safe})"
+        )
+
+    def _nearest(self, nbytes: int) -> str:
+        """``nearest usable: 1008 or 1056``: the usable sizes next to ``nbytes`` on either side,
+        each one :meth:`decide` accepts."""
+        span = self.usable()
+        if span is None:
+            return str(self.window_problem())
+        low, high = span
+        below = min(nbytes - nbytes % self.step, high)
+        near = [size for size in (below, max(below + self.step, low)) if low <= size <= high]
+        return f"nearest usable: {' or '.join(map(str, near))}"
+
 
 def offset_limit(buffer_alignment: int, chunks: int, max_scratch_chunks: int = 0) -> int:
     """The largest multiple of ``buffer_alignment x chunks`` whose chunk ends all fit in 32 bits.
@@ -118,16 +171,9 @@ def offset_limit(buffer_alignment: int, chunks: int, max_scratch_chunks: int = 0
     return chunk_bytes * chunks
 
 
-def _field(obj: dict[str, Any], key: str, default: int) -> int:
-    value = obj.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise PlanFormatError(f"'{key}' must be a non-negative integer, got {value!r}")
-    return value
-
-
 def size_rule(plan: PlanSource) -> SizeRule:
-    """Read the size fields of a plan, its text or document (defaults as the executor's: 16, 0 and
-    2^64-1).
+    """Read the size fields of a plan, its text or document, as the prover does
+    (:func:`~stragglar.mscclpp.document.size_fields`).
 
     Raises :class:`stragglar.mscclpp.errors.PlanFormatError` when the text is not a plan.
     """
@@ -137,19 +183,24 @@ def size_rule(plan: PlanSource) -> SizeRule:
     gpus = obj["gpus"]
     if not all(isinstance(g, dict) for g in gpus):
         raise PlanFormatError("every entry of 'gpus' must be an object")
-    chunks = {_field(g, "input_chunks", 0) for g in gpus}
+    chunks = {_chunks(g, "input_chunks") for g in gpus}
     if len(chunks) != 1 or 0 in chunks:
         raise PlanFormatError(f"GPUs must agree on a positive input_chunks, got {sorted(chunks)}")
-    alignment = _field(obj, "buffer_alignment", 16)
-    if alignment == 0:
-        raise PlanFormatError("'buffer_alignment' must be positive")
+    fields = size_fields(obj)
     return SizeRule(
-        buffer_alignment=alignment,
+        buffer_alignment=fields.buffer_alignment,
         chunks=chunks.pop(),
-        min_message_size=_field(obj, "min_message_size", 0),
-        max_message_size=_field(obj, "max_message_size", UINT64_MAX),
-        max_scratch_chunks=max(_field(g, "scratch_chunks", 0) for g in gpus),
+        min_message_size=fields.min_message_size,
+        max_message_size=fields.max_message_size,
+        max_scratch_chunks=max(_chunks(g, "scratch_chunks") for g in gpus),
     )
+
+
+def _chunks(gpu: dict[str, Any], key: str) -> int:
+    value = gpu.get(key, 0)
+    if type(value) is not int or value < 0:
+        raise PlanFormatError(f"'{key}' must be a non-negative integer, got {json.dumps(value)[:40]}")
+    return value
 
 
 def will_use(plan: str | SizeRule, nbytes: int) -> SizeDecision:

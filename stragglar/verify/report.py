@@ -178,15 +178,20 @@ class Proof:
 
     @property
     def summary(self) -> str:
-        """``proved: allreduce over 4 ranks, 3 chunks, 4 rounds after the straggler (6 in all), ...``."""
-        rounds = count_of(self.num_rounds, "round")
-        if self.exposed_rounds != self.num_rounds:
-            rounds = (
-                f"{count_of(self.exposed_rounds, 'round')} after the straggler ({self.num_rounds} in all)"
-            )
+        """``proved: allreduce over 4 ranks, 3 chunks, 4 rounds after the straggler (6 in all), ...``.
+
+        Rounds after the straggler arrives are counted as :func:`_exposed` says, as in
+        :attr:`headline`: a round that moves k chunks over one link is k chunk-steps."""
+        s = self.schedule
+        rounds = count_of(s.num_rounds, "round")
+        hidden, fat = s.exposed_rounds != s.num_rounds, s.exposed_steps != s.exposed_rounds
+        if s.straggler is not None and (hidden or fat):
+            rounds = f"{_exposed(s)} after the straggler"
+            if hidden:
+                rounds += f" ({s.num_rounds} in all)"
         text = (
-            f"proved: allreduce over {count_of(self.num_ranks, 'rank')}, "
-            f"{count_of(self.num_chunks, 'chunk')}, {rounds}, {count_of(self.num_transfers, 'transfer')}"
+            f"proved: allreduce over {count_of(s.num_ranks, 'rank')}, "
+            f"{count_of(s.num_chunks, 'chunk')}, {rounds}, {count_of(s.num_transfers, 'transfer')}"
         )
         return text if self.by == "simulator" else f"{text} ({self.by}, {self.seconds:.2f} s)"
 
@@ -200,13 +205,29 @@ class Proof:
             rounds = count_of(s.num_rounds, "round")
         else:
             who += f" (straggler {s.straggler})"
-            exposed = count_of(s.exposed_rounds, "round")
-            if s.exposed_steps != s.exposed_rounds:
-                exposed += f" ({s.exposed_steps} chunk-steps)"
-            rounds = f"{exposed} after the straggler arrives{_versus_bound(s)}, {s.num_rounds} in all"
+            rounds = f"{_exposed(s)} after the straggler arrives{_versus_bound(s)}, {s.num_rounds} in all"
         by = "" if self.by == "simulator" else f" by {self.by} in {self.seconds:.2f} s"
         transfers = count_of(s.num_transfers, "transfer")
         return f"{s.algorithm}: {who}, {count_of(s.num_chunks, 'chunk')}, {rounds}, {transfers}; proved{by}"
+
+
+def _exposed(schedule: Schedule) -> str:
+    """The rounds after the straggler arrives as every summary counts them: ``9 rounds``, or
+    ``9 rounds (10 chunk-steps)`` where some round moves several chunks over one link.
+
+    The lower bound counts chunk-steps (a port moves one chunk per step), so a round that moves k
+    chunks over one link counts k; rounds alone would make such a schedule look better than it
+    is, so wherever the two differ both are said.
+
+    >>> from stragglar.schedule import Phase
+    >>> two = Transfer(0, 1, 0), Transfer(0, 1, 1)
+    >>> _exposed(Schedule("x", 2, 2, 0, (Phase("p", (0, 1), (two,)),)))
+    '1 round (2 chunk-steps)'
+    """
+    rounds = count_of(schedule.exposed_rounds, "round")
+    if schedule.exposed_steps != schedule.exposed_rounds:
+        rounds += f" ({schedule.exposed_steps} chunk-steps)"
+    return rounds
 
 
 def _versus_bound(schedule: Schedule) -> str:
@@ -255,6 +276,12 @@ class ArtifactProof(abc.ABC):
     @abc.abstractmethod
     def details(self) -> str:
         """What the proof covers, for ``-v``."""
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """What the executor runs otherwise than the file says, yet correctly, one line each
+        (``verify`` and ``show`` print them on stderr); a format that has none says nothing."""
+        return ()
 
 
 def require_proof(value: object) -> Proof:
