@@ -13,9 +13,9 @@ print what the library renders; this module puts them in one group and owns the 
     stragglar bound --gpus N         stragglar prove-all [FILES]
 
 Every schedule is proved before it is printed, written or run.  ``synth`` sends the schedule
-(the text table, or the JSON document) to ``-o FILE`` if given, else to stdout; its one-line
-summary goes to stdout, except when stdout carries the JSON document, then to stderr, so that
-``stragglar synth --gpus 8 --format json > s.json`` is clean JSON.
+(the text table, or the JSON document) to ``-o FILE`` if given, else (or for ``-o -``) to
+stdout; its one-line summary goes to stdout, except when stdout carries the JSON document, then
+to stderr, so that ``stragglar synth --gpus 8 --format json > s.json`` is clean JSON.
 
 Exit codes: 0 success; 1 the schedule is not a correct AllReduce (or a run failed or went
 wrong); 2 bad input (a bad option, an unreadable or malformed file); 3 a resource ran out

@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from stragglar.artifacts import FORMATS, PROTOCOLS, ArtifactFormat, ExportOptions, format_of
 from stragglar.errors import IncorrectError, InputError, StragglarError
-from stragglar.files import check_replaceable, read_text, same_file, write_bytes, write_text
+from stragglar.files import check_replaceable, own_descriptor, read_text, same_file, write_bytes, write_text
 from stragglar.formats import json as json_format
 from stragglar.model import AUTO, PAPER_NETWORK, Network, resolve_chunks
 from stragglar.schedule import Schedule
@@ -36,6 +36,7 @@ __all__ = [
     "DURATION",
     "GPUS",
     "MEASURED_CHUNKS",
+    "OUTPUT",
     "PLOT",
     "SIZE",
     "STRAGGLER",
@@ -62,6 +63,7 @@ __all__ = [
     "read_input",
     "refuse_given",
     "refuse_other_formats",
+    "to_stdout",
     "write",
     "write_plot",
 ]
@@ -200,10 +202,26 @@ ALGORITHM = click.option(
     "--algorithm", "-a", type=click.Choice(ALGORITHMS), default="stragglar", show_default=True
 )
 VERBOSE = click.option("-v", "--verbose", is_flag=True, help="Also print what each proof covers.")
+
+
+class OutputPath(click.Path):
+    """An output file's name: ``-`` is standard output; an empty name is an error (as a path it
+    would be the current folder)."""
+
+    def __init__(self) -> None:
+        super().__init__(dir_okay=False, allow_dash=True, path_type=Path)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if value == "":
+            self.fail("an empty file name: name a file, or - for standard output", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+OUTPUT = OutputPath()
 PLOT = click.option(
     "--plot",
     "plot_file",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=OUTPUT,
     help="Also draw a chart into this file (.png, .svg or .pdf; needs matplotlib).",
 )
 
@@ -326,11 +344,21 @@ def load_schedule(path: Path, command: str) -> Schedule:
     return found.schedule
 
 
+def to_stdout(output: Path | None) -> bool:
+    """Whether the output ``output`` is standard output: ``-``, or a name of descriptor 1 such as
+    ``/dev/stdout`` (:func:`~stragglar.files.own_descriptor`).  A command then prints the output
+    there, as it does without the option, and the lines it would print beside it go to stderr."""
+    return output is not None and (str(output) == "-" or own_descriptor(output) == 1)
+
+
 def check_output(output: Path, *inputs: Path, option: str = "-o") -> None:
     """Refuse, before any work, an output that would overwrite an input, that cannot be a file
     (a folder, or a device, a fifo or a socket, which the atomic rename would replace with a
     plain file: ``--json /dev/null`` must not delete the device), or whose folder is missing or
-    not writable; ``option`` names it in the error."""
+    not writable; ``option`` names it in the error.  Standard output and this process's other
+    descriptors are written as they are: nothing to check."""
+    if to_stdout(output) or own_descriptor(output) is not None:
+        return
     for source in inputs:
         if same_file(source, output):
             raise InputError(f"{output} is the input file: write the output somewhere else")
@@ -348,6 +376,11 @@ def check_plot(path: Path | None, *inputs: Path) -> None:
     """Check a plot's file and matplotlib before the work, so a typo does not cost a whole run."""
     if path is None:
         return
+    if to_stdout(path):
+        raise click.BadParameter(
+            f"{path} is standard output, which carries the command's text: name a .png, .svg or .pdf file",
+            param_hint="'--plot'",
+        )
     if path.suffix.lower() not in (".png", ".svg", ".pdf"):
         raise click.BadParameter(f"{path}: name a .png, .svg or .pdf file", param_hint="'--plot'")
     check_output(path, *inputs, option="--plot")
@@ -407,7 +440,11 @@ def artifact_error(fmt: ArtifactFormat[Any], name: str, error: StragglarError) -
 
 
 def write(path: Path, text: str, option: str = "-o") -> None:
-    """Write ``text`` and a newline to ``path`` (atomically); a failure is an error of ``option``."""
+    """Write ``text`` and a newline to ``path`` (atomically; standard output as it is, see
+    :func:`to_stdout`); a failure is an error of ``option``."""
+    if to_stdout(path):
+        click.echo(text)
+        return
     try:
         write_text(path, text + "\n")
     except OSError as e:

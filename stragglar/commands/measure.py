@@ -11,6 +11,7 @@ from stragglar.commands.common import (
     BANDWIDTH,
     DURATION,
     MEASURED_CHUNKS,
+    OUTPUT,
     SIZE,
     STRAGGLER,
     Quantity,
@@ -23,6 +24,7 @@ from stragglar.commands.common import (
     progress_bar,
     proved,
     refuse_given,
+    to_stdout,
 )
 from stragglar.errors import InputError
 from stragglar.measure.run import BACKENDS, MAX_ITERS, BenchmarkResult, run_benchmark
@@ -154,7 +156,10 @@ def run(
 )
 @LINK_RATE
 @click.option(
-    "--json", "json_file", type=click.Path(dir_okay=False, path_type=Path), help="Also save the results."
+    "--json",
+    "json_file",
+    type=OUTPUT,
+    help="Also save the results (-: the JSON on stdout, the table on stderr).",
 )
 def bench(
     backend: str,
@@ -203,10 +208,12 @@ def bench(
             progress=finished,
             link_rate=link_rate,
         )
-    click.echo(result.table())
+    json_on_stdout = to_stdout(json_file)
+    click.echo(result.table(), err=json_on_stdout)
     if json_file is not None:
         dump_json(json_file, result.to_json())
-        click.echo(f"results written to {json_file}")
+        if not json_on_stdout:
+            click.echo(f"results written to {json_file}")
 
 
 def _torch_only(backend: str) -> None:

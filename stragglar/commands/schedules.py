@@ -14,6 +14,7 @@ from stragglar.commands.common import (
     CHUNKS,
     DURATION,
     GPUS,
+    OUTPUT,
     PLOT,
     SIZE,
     STRAGGLER,
@@ -33,6 +34,7 @@ from stragglar.commands.common import (
     read_input,
     refuse_given,
     refuse_other_formats,
+    to_stdout,
     write,
     write_plot,
 )
@@ -64,6 +66,17 @@ def _suffixes() -> dict[str, tuple[str, ...]]:
 SUFFIXES = _suffixes()
 
 
+def destination(
+    output: Path | None, fmt: str | None, default: str, allowed: tuple[str, ...]
+) -> tuple[Path | None, str]:
+    """Where the output goes (None: standard output, also for ``-o -`` and ``-o /dev/stdout``) and
+    in which format (:func:`output_format`; a name of stdout without a suffix says nothing)."""
+    if not to_stdout(output):
+        return output, output_format(output, fmt, default, allowed)
+    assert output is not None
+    return None, output_format(output if output.suffix else None, fmt, default, allowed)
+
+
 def output_format(output: Path | None, fmt: str | None, default: str, allowed: tuple[str, ...]) -> str:
     """The output format: ``--format`` if given, else from the file's suffix, else ``default``.
 
@@ -89,9 +102,7 @@ def output_format(output: Path | None, fmt: str | None, default: str, allowed: t
 @GPUS
 @STRAGGLER
 @ALGORITHM
-@click.option(
-    "-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write the schedule to FILE."
-)
+@click.option("-o", "--output", type=OUTPUT, help="Write the schedule to FILE (-: stdout, as without -o).")
 @click.option(
     "--method",
     type=click.Choice(METHODS),
@@ -141,7 +152,7 @@ def synth(
     --alpha and --bandwidth; for MSCCL XML and MSCCL++ plans a power of two, so that executors
     can split power-of-two buffers evenly.
     """
-    fmt = output_format(output, fmt, "text", OUTPUTS)
+    output, fmt = destination(output, fmt, "text", OUTPUTS)
     if output is not None:
         check_output(output)
     refuse_other_formats(fmt)
@@ -187,7 +198,7 @@ def synth(
 
 @click.command()
 @click.argument("file", type=click.Path(path_type=Path))
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="The file to write.")
+@click.option("-o", "--output", type=OUTPUT, help="The file to write (-: stdout, as without -o).")
 @click.option(
     "--format",
     "fmt",
@@ -211,7 +222,7 @@ def export(
         ["chunks"],
         "a schedule file fixes its chunk count; use stragglar synth --gpus N --chunks C|auto --format FMT",
     )
-    fmt = output_format(output, fmt, "msccl", ("json", *FORMATS))
+    output, fmt = destination(output, fmt, "msccl", ("json", *FORMATS))
     if output is not None:
         check_output(output, file)
     refuse_other_formats(fmt)
