@@ -19,16 +19,18 @@ to stderr, so that ``stragglar synth --gpus 8 --format json > s.json`` is clean 
 
 Exit codes: 0 success; 1 the schedule is not a correct AllReduce (or a run failed or went
 wrong); 2 bad input (a bad option, an unreadable or malformed file); 3 a resource ran out
-(memory, or a solver's time).  Errors are a single ``Error: ...`` line on stderr: every
+(memory, disk space, or a solver's time).  Errors are a single ``Error: ...`` line on stderr: every
 :class:`~stragglar.errors.StragglarError` becomes one with its exit code, and so does running
 out of memory; anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import functools
 import os
+import re
 import select
 import signal
 import socket
@@ -42,7 +44,15 @@ import click
 from stragglar.commands.measure import bench, run
 from stragglar.commands.model import bound, cost, prove_all_command
 from stragglar.commands.schedules import export, show, synth, verify
-from stragglar.errors import InputError, ResourceError, StragglarError
+from stragglar.errors import (
+    SHOWN_CHARACTERS,
+    InputError,
+    ResourceError,
+    StragglarError,
+    printable,
+    quoted,
+    ran_out,
+)
 from stragglar.version import __version__
 
 __all__ = ["cli", "main"]
@@ -68,25 +78,45 @@ class _OutOfResources(click.ClickException):
 
 @contextlib.contextmanager
 def _one_line_errors() -> Iterator[None]:
-    """Usage errors without their usage text, library errors with their exit codes.
+    """Usage errors without their usage text, library errors with their exit codes, each one line
+    with what it echoes of files and options escaped and bounded (:func:`~stragglar.errors.shown`).
 
     Errors that show something else (the help page when no command is given) are left alone.
     """
     try:
         yield
     except click.UsageError as e:
-        if type(e).show is click.UsageError.show:
-            e.ctx = None
-        raise
+        if type(e).show is not click.UsageError.show:
+            raise
+        raise click.UsageError(_bounded(e.format_message())) from None
     except StragglarError as e:
         failure = {InputError.exit_code: _BadInput, ResourceError.exit_code: _OutOfResources}.get(
             e.exit_code, _Wrong
         )
-        raise failure(str(e).splitlines()[0]) from None
+        raise failure(printable(str(e).split("\n")[0])) from None
     except MemoryError:
         raise _OutOfResources(
             "out of memory: this machine cannot hold the work asked for (the size limits are in the README)"
         ) from None
+
+
+_LITERAL = re.compile(r"'(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\"")  # as repr writes a string
+
+
+def _bounded(message: str) -> str:
+    """A usage error's line with what it quotes of the command line cut to a few words: click
+    quotes a value it refuses with ``repr``, however long (``--gpus`` given 100,000 characters)."""
+
+    def cut(literal: re.Match[str]) -> str:
+        text = literal[0]
+        if len(text) <= SHOWN_CHARACTERS + 2:
+            return text
+        try:
+            return quoted(ast.literal_eval(text))
+        except (ValueError, SyntaxError):  # two apostrophes of the message's own words
+            return quoted(text[1:-1])
+
+    return printable(_LITERAL.sub(cut, message.split("\n")[0]))
 
 
 @contextlib.contextmanager
@@ -179,7 +209,7 @@ def cli() -> None:
     a duration needs us, ms or s (20ms; a bare 0 is allowed); a bandwidth needs a unit per
     second (450GiB/s, 100Gbit/s); a bit-style Gb or Mib is refused, not read as bytes.
     Exit codes: 0 done, 1 not a correct AllReduce or a failed run, 2 bad input, 3 out of
-    memory or solver time.
+    memory, disk space or solver time.
     """
 
 
@@ -206,9 +236,9 @@ for _command in (run, bench):  # they fork ranks, and no thread may be alive at 
 def main() -> None:
     """Entry point of the ``stragglar`` console script.
 
-    Standard output is flushed here, not at exit, so that a full disk or a device that fails
-    (``> /dev/full``) is one line and exit 1, not a traceback or Python's exit-time complaint.
-    A closed pipe (``| head``) click already handles.
+    Standard output is flushed here, not at exit, so that a full disk (``> /dev/full``: exit 3)
+    or an output that cannot be written (exit 2) is one line, not a traceback or Python's
+    exit-time complaint.  A closed pipe (``| head``) click already handles.
     """
     try:
         try:
@@ -218,4 +248,5 @@ def main() -> None:
     except OSError as e:
         sys.stderr.write(f"Error: cannot write the output: {e.strerror or e}\n")
         sys.stderr.flush()
-        os._exit(1)  # no exit-time flush of the output that could not be written
+        # no exit-time flush of the output that could not be written
+        os._exit(ResourceError.exit_code if ran_out(e) else InputError.exit_code)

@@ -31,7 +31,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from stragglar.errors import InputError
+from stragglar.errors import InputError, shown
 
 __all__ = [
     "MAX_READ_BYTES",
@@ -51,9 +51,9 @@ _DESCRIPTORS = re.compile(r"/proc/(\d+)(?:/task/\d+)?/fd")  # /proc/self/fd and 
 
 def read_text(path: str | os.PathLike[str]) -> str:
     """The UTF-8 text of the regular file ``path``; an :class:`InputError` naming the file otherwise."""
-    name = os.fspath(path)
+    name = shown(os.fspath(path))
     try:
-        info = os.stat(name)
+        info = os.stat(path)
     except FileNotFoundError:
         raise InputError(f"file not found: {name}") from None
     except OSError as e:
@@ -63,7 +63,7 @@ def read_text(path: str | os.PathLike[str]) -> str:
     if info.st_size > MAX_READ_BYTES:
         raise InputError(f"{name} has {info.st_size:,} bytes: stragglar reads files up to {MAX_READ_BYTES:,}")
     try:
-        with open(name, "rb") as file:
+        with open(path, "rb") as file:
             data = file.read(MAX_READ_BYTES + 1)
     except OSError as e:
         raise InputError(f"cannot read {name}: {e.strerror or e}") from None
@@ -139,7 +139,7 @@ def own_descriptor(path: str | os.PathLike[str]) -> int | None:
         found = _DESCRIPTORS.fullmatch(folder)
         if found is not None and leaf.isdigit():
             if int(found[1]) != os.getpid():
-                raise InputError(f"{name} is a descriptor of another process: write to a file")
+                raise InputError(f"{shown(name)} is a descriptor of another process: write to a file")
             return int(leaf)
         full = os.path.join(folder, leaf)
         if not os.path.islink(full):
@@ -160,9 +160,9 @@ def check_replaceable(path: str | os.PathLike[str]) -> None:
         return
     target = Path(path)
     if target.exists() and not target.is_file():
-        raise InputError(f"{target} is not a regular file (a device, fifo or socket): write to a file")
+        raise InputError(f"{shown(target)} is not a regular file (a device, fifo or socket): write to a file")
     if target.is_symlink() and not target.exists():
-        raise InputError(f"{target} is a symbolic link to a missing file: write to a file")
+        raise InputError(f"{shown(target)} is a symbolic link to a missing file: write to a file")
 
 
 def write_bytes(path: str | os.PathLike[str], data: bytes) -> None:

@@ -185,7 +185,7 @@ def test_unwritable_output(tmp_path: Path) -> None:
     ("content", "message"),
     [
         (None, "file not found"),
-        (b"", "not JSON"),
+        (b"", "s.json is empty"),
         (b'{"format": "stragglar-schedule", "version": 1', "not JSON"),
         (b'{"format": "stragglar-schedule", "version": 2}', "unsupported version 2"),
         (b'{"format": "stragglar-schedule", "version": 1}', "collective: missing required key"),

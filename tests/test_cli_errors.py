@@ -59,8 +59,8 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_nothing_partial(
     assert run("synth", "--gpus", "4", "-o", str(path)).exit_code == 0
     good = path.read_bytes()
     monkeypatch.setattr(os, "fsync", full_disk)
-    assert "No space left" in one_error(run("synth", "--gpus", "6", "-o", str(path)), 2)
-    one_error(run("synth", "--gpus", "6", "-o", str(tmp_path / f"new-{name}")), 2)
+    assert "No space left" in one_error(run("synth", "--gpus", "6", "-o", str(path)), 3)  # ran out
+    one_error(run("synth", "--gpus", "6", "-o", str(tmp_path / f"new-{name}")), 3)
     assert path.read_bytes() == good
     assert sorted(p.name for p in tmp_path.iterdir()) == [name]
 
@@ -69,8 +69,8 @@ def test_bench_json_and_plots_are_written_atomically(tmp_path: Path, monkeypatch
     pytest.importorskip("matplotlib")
     monkeypatch.setattr(os, "fsync", full_disk)
     args = ["--backend", "local", "--gpus", "3", "--sizes", "1KiB", "--delays", "0", "--iters", "1"]
-    one_error(run("bench", *args, "--json", str(tmp_path / "b.json")), 2)
-    one_error(run("cost", "--gpus", "4", "--plot", str(tmp_path / "c.png")), 2)
+    one_error(run("bench", *args, "--json", str(tmp_path / "b.json")), 3)
+    one_error(run("cost", "--gpus", "4", "--plot", str(tmp_path / "c.png")), 3)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -122,7 +122,7 @@ def test_bench_checks_its_json_folder_before_measuring(
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
-def test_a_full_standard_output_is_one_line_and_exit_1() -> None:
+def test_a_full_standard_output_is_one_line_and_exit_3() -> None:
     with open("/dev/full", "wb") as full:
         done = subprocess.run(
             [sys.executable, "-c", "from stragglar.cli import main; main()", "synth", "--gpus", "4"],
@@ -131,8 +131,21 @@ def test_a_full_standard_output_is_one_line_and_exit_1() -> None:
             text=True,
             timeout=120,
         )
-    assert done.returncode == 1
+    assert done.returncode == 3  # a resource ran out
     assert done.stderr.strip().splitlines() == ["Error: cannot write the output: No space left on device"]
+
+
+@pytest.mark.parametrize("option", ["-o", "--json", "--plot"])
+def test_a_file_name_too_long_is_bad_input(tmp_path: Path, option: str) -> None:
+    pytest.importorskip("matplotlib")
+    name = str(tmp_path / ("n" * 300 + (".png" if option == "--plot" else ".json")))
+    command = {
+        "-o": ["synth", "--gpus", "4"],
+        "--json": ["bench", "--backend", "local", "-n", "2", "--sizes", "1KB", "--delays", "0"],
+        "--plot": ["cost", "--gpus", "4"],
+    }[option]
+    line = one_error(run(*command, option, name), 2)
+    assert f"'{option}'" in line and line.endswith("characters): File name too long"), line
 
 
 @pytest.mark.parametrize(
@@ -612,3 +625,46 @@ def test_a_string_that_is_not_unicode_is_refused_when_read_not_when_printed(
     document["name" if kind == "plan" else "algorithm"] = "late \U0001f600"  # a pair is fine
     bad.write_text(json.dumps(document))
     assert run("verify", str(bad)).exit_code == 0
+
+
+# ---------------------------------------------------------------------------- what messages echo
+
+
+def test_control_characters_from_a_file_are_escaped_not_sent_to_the_terminal(tmp_path: Path) -> None:
+    document = json_format.to_document(synthesize("stragglar", 4))
+    document["algorithm"] = "late\x00\x1b[2J"
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(document))
+    shown = run("show", str(path))
+    assert shown.exit_code == 0 and "late\\x00\\x1b[2J: 4 GPUs" in shown.stdout
+    assert "\x1b" not in shown.output and "\x00" not in shown.output
+    escape = tmp_path / "\x1b[31m.json"
+    assert "\x1b" not in one_error(run("verify", str(escape)), 2)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["synth", "--gpus", "{long}"],
+        ["synth", "--gpus", "4", "--algorithm", "{long}"],
+        ["cost", "--gpus", "4", "--size", "{long}"],
+        ["cost", "--gpus", "4", "--delay", "1{long}"],
+        ["cost", "--gpus", "4", "--size", "1{long}"],
+        ["cost", "--gpus", "4", "--chunks", "{long}"],
+        ["verify", "{long}"],
+        ["synth", "--gpus", "4", "-o", "{long}.dat"],
+        ["synth", "--gpus", "4", "-o", "{long}/x.json"],
+        ["bench", "--gpus", "{long}"],
+    ],
+)
+def test_an_error_quotes_at_most_a_few_words_of_what_it_was_given(args: list[str]) -> None:
+    line = one_error(run(*(a.format(long="y" * 100_000) for a in args)), 2)
+    assert "characters)" in line and len(line) < 400, line[:400]
+
+
+def test_an_empty_file_is_called_empty_whatever_its_name(tmp_path: Path) -> None:
+    for name in ("e.xml", "e.json"):
+        (tmp_path / name).write_text(" \n")
+        assert one_error(run("verify", str(tmp_path / name)), 2).endswith(
+            f"{tmp_path / name} is empty: no schedule, MSCCL XML or MSCCL++ plan in it"
+        )

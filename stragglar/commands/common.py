@@ -19,7 +19,16 @@ from click.core import ParameterSource
 from tqdm import tqdm
 
 from stragglar.artifacts import FORMATS, PROTOCOLS, ArtifactFormat, ExportOptions, format_of
-from stragglar.errors import IncorrectError, InputError, StragglarError
+from stragglar.errors import (
+    IncorrectError,
+    InputError,
+    ResourceError,
+    StragglarError,
+    printable,
+    quoted,
+    ran_out,
+    shown,
+)
 from stragglar.files import check_replaceable, own_descriptor, read_text, same_file, write_bytes, write_text
 from stragglar.formats import json as json_format
 from stragglar.model import AUTO, PAPER_NETWORK, Network, resolve_chunks
@@ -50,6 +59,7 @@ __all__ = [
     "check_plot",
     "chosen_chunks",
     "chunks_option",
+    "echo",
     "export_artifact",
     "given",
     "load_schedule",
@@ -93,7 +103,7 @@ class Quantity(click.ParamType):  # type: ignore[type-arg, unused-ignore]
                 return self.parse(value)
             items = [x.strip() for x in value.split(",")]
             if not all(items):
-                raise InputError(f"expected a comma-separated list, got {value!r}")
+                raise InputError(f"expected a comma-separated list, got {quoted(value)}")
             return [self.parse(x) for x in items]
         except InputError as e:
             self.fail(str(e), param, ctx)
@@ -116,7 +126,7 @@ class ChunkCount(click.ParamType):  # type: ignore[type-arg, unused-ignore]
         if text == AUTO:
             return AUTO
         if not text.isdigit() or int(text) < 1:
-            self.fail(f"expected a whole number of chunks or auto, got {value!r}", param, ctx)
+            self.fail(f"expected a whole number of chunks or auto, got {quoted(value)}", param, ctx)
         return int(text)
 
 
@@ -320,8 +330,10 @@ def read_input(path: Path) -> Input:
     """Read and classify an input file; a malformed one is an error naming the file.
 
     The text is parsed as JSON at most once, when a format's recogniser asks for it or, for a
-    schedule, to read it."""
+    schedule, to read it.  An empty file is called empty, whatever its name says."""
     text = read_text(path)
+    if not text.strip():
+        raise InputError(f"{path} is empty: no schedule, MSCCL XML or MSCCL++ plan in it")
     document = functools.cache(lambda: json_format.parse(text))
     try:
         fmt = format_of(text, document)
@@ -359,17 +371,23 @@ def check_output(output: Path, *inputs: Path, option: str = "-o") -> None:
     descriptors are written as they are: nothing to check."""
     if to_stdout(output) or own_descriptor(output) is not None:
         return
-    for source in inputs:
-        if same_file(source, output):
-            raise InputError(f"{output} is the input file: write the output somewhere else")
-    if output.is_dir():
-        raise InputError(f"{output} is a directory")
-    check_replaceable(output)
-    folder = output.parent.resolve()
-    if not folder.is_dir():
-        raise click.BadParameter(f"{output}: folder {output.parent} does not exist", param_hint=f"'{option}'")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise click.BadParameter(f"{output}: cannot write in {output.parent}", param_hint=f"'{option}'")
+    try:
+        for source in inputs:
+            if same_file(source, output):
+                raise InputError(f"{shown(output)} is the input file: write the output somewhere else")
+        if output.is_dir():
+            raise InputError(f"{shown(output)} is a directory")
+        check_replaceable(output)
+        folder = output.parent.resolve()
+        if not folder.is_dir():
+            why = f"{shown(output)}: folder {shown(output.parent)} does not exist"
+        elif not os.access(folder, os.W_OK | os.X_OK):
+            why = f"{shown(output)}: cannot write in {shown(output.parent)}"
+        else:
+            return
+    except OSError as e:  # a name too long, a folder that cannot be searched
+        why = f"{shown(output)}: {e.strerror or e}"
+    raise click.BadParameter(why, param_hint=f"'{option}'")
 
 
 def check_plot(path: Path | None, *inputs: Path) -> None:
@@ -378,11 +396,12 @@ def check_plot(path: Path | None, *inputs: Path) -> None:
         return
     if to_stdout(path):
         raise click.BadParameter(
-            f"{path} is standard output, which carries the command's text: name a .png, .svg or .pdf file",
+            f"{shown(path)} is standard output, which carries the command's text: "
+            "name a .png, .svg or .pdf file",
             param_hint="'--plot'",
         )
     if path.suffix.lower() not in (".png", ".svg", ".pdf"):
-        raise click.BadParameter(f"{path}: name a .png, .svg or .pdf file", param_hint="'--plot'")
+        raise click.BadParameter(f"{shown(path)}: name a .png, .svg or .pdf file", param_hint="'--plot'")
     check_output(path, *inputs, option="--plot")
     from stragglar import plot
 
@@ -399,8 +418,8 @@ def write_plot(path: Path, figure: Callable[[Any], Any]) -> None:
     try:
         write_bytes(path, plot.render(figure(plot), path.suffix.lower()[1:]))
     except OSError as e:
-        raise click.BadParameter(f"cannot write {path}: {e.strerror or e}", param_hint="'--plot'") from None
-    click.echo(f"plot written to {path}")
+        raise _cannot_write(path, "--plot", e) from None
+    echo(f"plot written to {path}")
 
 
 def proved(schedule: Schedule, name: str, prover: Callable[[Schedule], Proof] = prove) -> Proof:
@@ -439,6 +458,13 @@ def artifact_error(fmt: ArtifactFormat[Any], name: str, error: StragglarError) -
     return IncorrectError(f"{name} is not a correct AllReduce: {error}")
 
 
+def echo(text: str, err: bool = False) -> None:
+    """Print the command's own text (stderr if ``err``), with what it shows of files and options
+    escaped (:func:`~stragglar.errors.printable`): a name read from a file must not drive the
+    terminal.  Documents (a schedule, an artifact, results) go out as they are (:func:`write`)."""
+    click.echo(printable(text), err=err)
+
+
 def write(path: Path, text: str, option: str = "-o") -> None:
     """Write ``text`` and a newline to ``path`` (atomically; standard output as it is, see
     :func:`to_stdout`); a failure is an error of ``option``."""
@@ -448,8 +474,14 @@ def write(path: Path, text: str, option: str = "-o") -> None:
     try:
         write_text(path, text + "\n")
     except OSError as e:
-        why = f"cannot write {path}: {e.strerror or e}"
-        raise click.BadParameter(why, param_hint=f"'{option}'") from None
+        raise _cannot_write(path, option, e) from None
+
+
+def _cannot_write(path: Path, option: str, error: OSError) -> Exception:
+    """A failed write: a full disk (or quota) is a resource that ran out (exit 3), anything else
+    a bad ``option`` (exit 2, a read-only folder, say)."""
+    why = f"cannot write {shown(path)}: {error.strerror or error}"
+    return ResourceError(why) if ran_out(error) else click.BadParameter(why, param_hint=f"'{option}'")
 
 
 def dump_json(path: Path, document: object) -> None:

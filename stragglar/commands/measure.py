@@ -20,13 +20,14 @@ from stragglar.commands.common import (
     chosen_chunks,
     chunks_option,
     dump_json,
+    echo,
     load_schedule,
     progress_bar,
     proved,
     refuse_given,
     to_stdout,
 )
-from stragglar.errors import InputError
+from stragglar.errors import InputError, quoted
 from stragglar.measure.run import BACKENDS, MAX_ITERS, BenchmarkResult, run_benchmark
 from stragglar.measure.sweep import sweep
 from stragglar.model import AUTO, PAPER_NETWORK
@@ -106,7 +107,7 @@ def run(
         raise click.UsageError("--gpus is required (or give a --schedule file)")
     count = chosen_chunks(chunks, num_gpus, size, delay, PAPER_NETWORK, algorithm=algorithm)
     if count is not None and chunks == AUTO:
-        click.echo(auto_note(count, size, delay, PAPER_NETWORK, " on the paper's network"), err=True)
+        echo(auto_note(count, size, delay, PAPER_NETWORK, " on the paper's network"), err=True)
     # no progress thread here: the torch backend forks its ranks, and a thread alive at a fork
     # may leave a lock held in a child for good
     result = run_benchmark(
@@ -123,7 +124,7 @@ def run(
         timeout=timeout,
         link_rate=link_rate,
     )
-    click.echo(result.report())
+    echo(result.report())
 
 
 @click.command()
@@ -209,11 +210,11 @@ def bench(
             link_rate=link_rate,
         )
     json_on_stdout = to_stdout(json_file)
-    click.echo(result.table(), err=json_on_stdout)
+    echo(result.table(), err=json_on_stdout)
     if json_file is not None:
         dump_json(json_file, result.to_json())
         if not json_on_stdout:
-            click.echo(f"results written to {json_file}")
+            echo(f"results written to {json_file}")
 
 
 def _torch_only(backend: str) -> None:
@@ -228,7 +229,7 @@ def _rank_counts(text: str) -> list[int]:
         counts = [int(x) for x in text.split(",")]
     except ValueError:
         raise click.BadParameter(
-            f"expected rank counts like 4,8, got {text!r}", param_hint="--gpus"
+            f"expected rank counts like 4,8, got {quoted(text)}", param_hint="--gpus"
         ) from None
     if not counts:
         raise click.BadParameter("expected at least one rank count", param_hint="--gpus")

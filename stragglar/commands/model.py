@@ -15,6 +15,7 @@ from stragglar.commands.common import (
     busy,
     check_plot,
     chosen_chunks,
+    echo,
     model_options,
     progress,
     proved_artifact,
@@ -61,9 +62,9 @@ def cost(
     count = chosen_chunks(chunks, num_gpus, size, delay, network)
     with busy(f"pricing the schedules for {num_gpus} GPUs"):
         comparison = compare_generated(num_gpus, size, delay, network, chunks=count)
-    click.echo(comparison.table())
+    echo(comparison.table())
     if count is not None:
-        click.echo(_chunk_line(comparison, count, chunks == AUTO))
+        echo(_chunk_line(comparison, count, chunks == AUTO))
     if plot_file is not None:
         sizes = sweep_sizes(num_gpus)
         pairs = [(a, n) for n in sizes for a in ALGORITHMS if a != "rhd" or n & (n - 1) == 0]
@@ -121,7 +122,7 @@ def bound(num_gpus: int, chunks: int | None, rounds: int | None, timeout: float)
         raise IncorrectError(result.summary)
     if not result.proved:
         raise ResourceError(result.summary)
-    click.echo(result.summary)
+    echo(result.summary)
 
 
 PROVE_ALL_MAX_Z3 = 64  # z3's work grows fast with N: a bound, so a typo cannot ask for days
@@ -152,27 +153,27 @@ def prove_all_command(max_gpus: int, max_simulated: int, files: tuple[Path, ...]
         refuse_given(["max_gpus", "max_simulated"], "FILES are proved whatever their N")
         _prove_files(files, verbose)
         return
-    click.echo(TABLE_HEADER)
+    echo(TABLE_HEADER)
     try:
         for row in progress(prove_all(max_gpus, min(max_gpus, 16), max_simulated), "proving"):
-            click.echo(format_row(row))
+            echo(format_row(row))
     except VerificationError as e:
         raise IncorrectError(e.violation.message) from None
 
 
 def _prove_files(files: tuple[Path, ...], verbose: bool) -> None:
     """Each file proved on its own; a summary line; exit 1 if any is wrong, 2 if any is unreadable."""
-    click.echo(TABLE_HEADER)
+    echo(TABLE_HEADER)
     failed: list[tuple[Path, StragglarError]] = []
     for path in progress(files, "proving files"):
         try:
             for row in _file_rows(path):
-                click.echo(format_row(row))
+                echo(format_row(row))
         except StragglarError as e:
             failed.append((path, e))
-            click.echo(f"FAILED {path}: {str(e).splitlines()[0]}" if verbose else f"FAILED {path}")
+            echo(f"FAILED {path}: {str(e).splitlines()[0]}" if verbose else f"FAILED {path}")
     if not failed:
-        click.echo(f"proved all {len(files)} file{'s' * (len(files) != 1)}")
+        echo(f"proved all {len(files)} file{'s' * (len(files) != 1)}")
         return
     names = ", ".join(str(p) for p, _ in failed[:3]) + (
         f" and {len(failed) - 3} more" if len(failed) > 3 else ""

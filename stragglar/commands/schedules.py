@@ -25,6 +25,7 @@ from stragglar.commands.common import (
     check_output,
     check_plot,
     chosen_chunks,
+    echo,
     export_artifact,
     load_schedule,
     model_options,
@@ -38,7 +39,7 @@ from stragglar.commands.common import (
     write,
     write_plot,
 )
-from stragglar.errors import IncorrectError, StragglarError
+from stragglar.errors import IncorrectError, StragglarError, shown
 from stragglar.formats import json as json_format
 from stragglar.formats.text import render
 from stragglar.model import AUTO, Network
@@ -86,12 +87,14 @@ def output_format(output: Path | None, fmt: str | None, default: str, allowed: t
     implied = SUFFIXES.get(output.suffix.lower(), ()) if output is not None else ()
     if fmt is not None and output is not None and implied and fmt not in implied:
         raise click.UsageError(
-            f"--format {fmt} contradicts {output} (a {output.suffix} name means {implied[0]})"
+            f"--format {fmt} contradicts {shown(output)} (a {output.suffix} name means {implied[0]})"
         )
     chosen = fmt or (implied[0] if implied else None)
     if chosen is None and output is not None:
         known = ", ".join(s for s, fs in SUFFIXES.items() if set(fs) & set(allowed))
-        raise click.UsageError(f"cannot tell the format of {output}: name it {known}, or give --format")
+        raise click.UsageError(
+            f"cannot tell the format of {shown(output)}: name it {known}, or give --format"
+        )
     chosen = chosen or default
     if chosen not in allowed:
         raise click.UsageError(f"this command writes {', '.join(allowed)}, not {chosen}")
@@ -166,7 +169,7 @@ def synth(
     )
     if count is not None and chunks == AUTO:
         pow2 = ", a power of two for executors" if fmt in FORMATS else ""
-        click.echo(auto_note(count, size, delay, network, pow2), err=True)
+        echo(auto_note(count, size, delay, network, pow2), err=True)
     with busy(f"synthesizing {algorithm} for {num_gpus} GPUs"):
         schedule = synthesize(
             algorithm,
@@ -189,11 +192,11 @@ def synth(
     if output is not None:
         write(output, body.rstrip("\n"))
     else:
-        click.echo(body.rstrip("\n"))
+        (echo if fmt == "text" else click.echo)(body.rstrip("\n"))  # the table is text, the others documents
     if output is not None or fmt != "text":
-        click.echo(summary, err=to_stderr)
+        echo(summary, err=to_stderr)
     if verbose:
-        click.echo("\n".join(details), err=to_stderr)
+        echo("\n".join(details), err=to_stderr)
 
 
 @click.command()
@@ -234,12 +237,12 @@ def export(
     else:
         text, summary, details = json_format.dumps(proof.schedule), proof.headline, proof.summary
     if output is None:
-        click.echo(text.rstrip("\n"))
+        click.echo(text.rstrip("\n"))  # a document, as it is
     else:
         write(output, text.rstrip("\n"))
-    click.echo(summary if output is None else f"{output}: {summary}", err=output is None)
+    echo(summary if output is None else f"{output}: {summary}", err=output is None)
     if verbose:
-        click.echo(details, err=output is None)
+        echo(details, err=output is None)
 
 
 @click.command()
@@ -262,9 +265,9 @@ def verify(file: Path, smt: bool, verbose: bool) -> None:
         assert found.schedule is not None  # a file of no artifact format is a schedule
         proof = proved(found.schedule, str(file), smt_prove if smt else prove)
         summary, details = proof.summary, proof.headline
-    click.echo(f"{file}: {summary}")
+    echo(f"{file}: {summary}")
     if verbose:
-        click.echo(details)
+        echo(details)
 
 
 @click.command()
@@ -287,11 +290,11 @@ def show(file: Path, plot_file: Path | None, size: int | None, verbose: bool) ->
     assert schedule is not None  # a file of no artifact format is a schedule
     refuse_given(["size"], f"{file} is a JSON schedule; --size applies to {SIZED}")
     check_plot(plot_file, file)
-    click.echo(render(schedule))  # first: a wrong schedule's table helps to see what is wrong
+    echo(render(schedule))  # first: a wrong schedule's table helps to see what is wrong
     proof: Proof = proved(schedule, str(file))
-    click.echo(proof.headline)
+    echo(proof.headline)
     if verbose:
-        click.echo(proof.summary)
+        echo(proof.summary)
     if plot_file is not None:
         write_plot(plot_file, lambda plot: plot.schedule_figure(schedule))
 
@@ -309,11 +312,11 @@ def _show_artifact(fmt: ArtifactFormat[_D], text: str, file: Path, size: int | N
         proof = proved_artifact(fmt, document, str(file))
     except IncorrectError:
         with contextlib.suppress(StragglarError):  # where it cannot be described, the error says why
-            click.echo(fmt.describe(document))  # what is wrong is easier seen in it
+            echo(fmt.describe(document))  # what is wrong is easier seen in it
         raise
-    click.echo(fmt.describe(document))
-    click.echo(proof.summary)
+    echo(fmt.describe(document))
+    echo(proof.summary)
     if size is not None and fmt.size_rule is not None:
-        click.echo(f"{size} bytes: {fmt.size_rule(document).decide(size).reason}")
+        echo(f"{size} bytes: {fmt.size_rule(document).decide(size).reason}")
     if verbose:
-        click.echo(proof.details)
+        echo(proof.details)
