@@ -109,8 +109,8 @@ def bound(num_gpus: int, chunks: int | None, rounds: int | None, timeout: float)
     """Prove with z3 that no phase 2 for N GPUs and C chunks fits in C + ceil(log2 N) - 2 rounds
     (R*(N) - 1 for C = N-1), or in --rounds rounds.
 
-    Exit 0 when proved; 1 if z3 fits the rounds (below the bound that would be a finding to
-    report); 3 if it ran out of time.
+    Exit 0 when proved, and when z3 fits --rounds at or above the bound (the expected answer);
+    1 if z3 fits fewer rounds than the bound (a finding to report); 3 if it ran out of time.
     """
     if num_gpus > BOUND_MAX_RANKS:
         raise InputError(
@@ -118,9 +118,9 @@ def bound(num_gpus: int, chunks: int | None, rounds: int | None, timeout: float)
         )
     with busy(f"asking z3 about {num_gpus} GPUs"):
         result = prove_lower_bound(num_gpus, timeout, chunks, rounds)
-    if result.exchange is not None:
+    if result.below_bound:
         raise IncorrectError(result.summary)
-    if not result.proved:
+    if not result.proved and result.exchange is None:
         raise ResourceError(result.summary)
     echo(result.summary)
 
