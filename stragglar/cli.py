@@ -19,7 +19,8 @@ to stderr, so that ``stragglar synth --gpus 8 --format json > s.json`` is clean 
 
 Exit codes: 0 success; 1 the schedule is not a correct AllReduce (or a run failed or went
 wrong); 2 bad input (a bad option, an unreadable or malformed file); 3 a resource ran out
-(memory, disk space, or a solver's time).  Errors are a single ``Error: ...`` line on stderr: every
+(memory, disk space, or a solver's time); 130 Ctrl-C; 129 and 143 ``run`` or ``bench`` stopped by
+SIGHUP or SIGTERM.  Errors are a single ``Error: ...`` line on stderr: every
 :class:`~stragglar.errors.StragglarError` becomes one with its exit code, and so does running
 out of memory; anything else is a bug and keeps its traceback.
 """
@@ -58,22 +59,13 @@ from stragglar.version import __version__
 __all__ = ["cli", "main"]
 
 
-class _Wrong(click.ClickException):
-    """Not a correct AllReduce, a wrong result or a failed run."""
-
-    exit_code = 1
+INTERRUPTED = 130  # the shell's code for a command ended by Ctrl-C (128 + SIGINT)
 
 
-class _BadInput(click.ClickException):
-    """Input that cannot be used as given."""
-
-    exit_code = InputError.exit_code
-
-
-class _OutOfResources(click.ClickException):
-    """Memory, or a solver's time, ran out."""
-
-    exit_code = ResourceError.exit_code
+@functools.cache
+def _failure(exit_code: int) -> type[click.ClickException]:
+    """The click exception that shows a library error as ``Error: ...`` and exits ``exit_code``."""
+    return type(f"_Exit{exit_code}", (click.ClickException,), {"exit_code": exit_code})
 
 
 @contextlib.contextmanager
@@ -90,14 +82,15 @@ def _one_line_errors() -> Iterator[None]:
             raise
         raise click.UsageError(_bounded(e.format_message())) from None
     except StragglarError as e:
-        failure = {InputError.exit_code: _BadInput, ResourceError.exit_code: _OutOfResources}.get(
-            e.exit_code, _Wrong
-        )
-        raise failure(printable(str(e).split("\n")[0])) from None
+        raise _failure(e.exit_code)(printable(str(e).split("\n")[0])) from None
     except MemoryError:
-        raise _OutOfResources(
+        raise _failure(ResourceError.exit_code)(
             "out of memory: this machine cannot hold the work asked for (the size limits are in the README)"
         ) from None
+    except KeyboardInterrupt:  # click's "Aborted!", with an exit code of its own, not 1 ("wrong")
+        click.echo(err=True)
+        click.echo("Aborted!", err=True)
+        raise click.exceptions.Exit(INTERRUPTED) from None
 
 
 _LITERAL = re.compile(r"'(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\"")  # as repr writes a string
@@ -121,7 +114,7 @@ def _bounded(message: str) -> str:
 
 @contextlib.contextmanager
 def _ctrl_c_stops_z3() -> Iterator[None]:
-    """Ctrl-C stops a z3 call as well as Python code, and ends the command with "Aborted!".
+    """Ctrl-C stops a z3 call as well as Python code, and ends the command with "Aborted!" (130).
 
     Python runs its SIGINT handler between bytecodes, and z3's ``check()`` is one C call that can
     last minutes: the handler would wait for it.  The signal also wakes a thread through
@@ -209,7 +202,7 @@ def cli() -> None:
     a duration needs us, ms or s (20ms; a bare 0 is allowed); a bandwidth needs a unit per
     second (450GiB/s, 100Gbit/s); a bit-style Gb or Mib is refused, not read as bytes.
     Exit codes: 0 done, 1 not a correct AllReduce or a failed run, 2 bad input, 3 out of
-    memory, disk space or solver time.
+    memory, disk space or solver time, 130 interrupted (Ctrl-C).
     """
 
 

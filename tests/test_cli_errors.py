@@ -561,7 +561,7 @@ def test_ctrl_c_ends_a_z3_command_in_one_line() -> None:
     finally:
         child.kill()
     assert time.perf_counter() - start < 3.0
-    assert child.returncode == 1 and err.strip() == "Aborted!" and out == "", (out, err)
+    assert child.returncode == 130 and err.strip() == "Aborted!" and out == "", (out, err)  # 128 + SIGINT
 
 
 def test_ctrl_c_interrupts_z3_inside_check(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -668,3 +668,58 @@ def test_an_empty_file_is_called_empty_whatever_its_name(tmp_path: Path) -> None
         assert one_error(run("verify", str(tmp_path / name)), 2).endswith(
             f"{tmp_path / name} is empty: no schedule, MSCCL XML or MSCCL++ plan in it"
         )
+
+
+# ---------------------------------------------------------------------------- signals and ranks
+
+
+@pytest.mark.skipif(shutil.which("sh") is None, reason="needs a shell")
+@pytest.mark.parametrize(
+    ("sig", "code", "line"),
+    [
+        (signal.SIGHUP, 129, "Error: stopped by SIGHUP: every rank was ended"),
+        (signal.SIGTERM, 143, "Error: stopped by SIGTERM: every rank was ended"),
+        (signal.SIGINT, 130, "Aborted!"),
+    ],
+)
+def test_a_signal_to_run_cleans_up_and_ends_in_one_line_with_its_own_code(
+    tmp_path: Path, sig: signal.Signals, code: int, line: str
+) -> None:
+    """A closed terminal (SIGHUP) is SIGTERM's twin: it left /tmp/stragglar-* and exited 129 silently."""
+    pytest.importorskip("torch")
+    code_line = (
+        "import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "from stragglar.cli import main; main()"
+    )
+    args = ["run", "--backend", "torch", "-n", "2", "--size", "4", "--delay", "20ms", "--iters", "10000"]
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    child = subprocess.Popen(
+        [sys.executable, "-c", code_line, *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not list(tmp_path.glob("stragglar-*")):  # the ranks' rendezvous: they are running
+            assert child.poll() is None and time.monotonic() < deadline, child.communicate()
+            time.sleep(0.05)
+        time.sleep(0.5)
+        child.send_signal(sig)
+        out, err = child.communicate(timeout=30)
+    finally:
+        child.kill()
+    assert child.returncode == code and err.strip().splitlines() == [line] and out == "", (out, err)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_ranks_out_of_memory_are_a_resource_that_ran_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("torch")
+
+    def no_memory(*args: object) -> None:
+        raise MemoryError
+
+    monkeypatch.setattr("stragglar.measure.run_torch.payload", no_memory)  # the forked ranks inherit it
+    line = one_error(run("run", "--backend", "torch", "-n", "2", "--size", "4", "--iters", "1"), 3)
+    assert line.startswith("Error: 2 of 2 ranks failed: ranks 0, 1 raised MemoryError"), line
