@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from stragglar.cli import cli
 from stragglar.commands import common
 from stragglar.errors import InputError
+from stragglar.files import read_text, write_text
 from stragglar.formats import json as json_format
 from stragglar.synth import synthesize
 from stragglar.units import parse_bandwidth, parse_duration, parse_size
@@ -419,6 +420,59 @@ def test_long_work_shows_progress_on_a_terminal_only(monkeypatch: pytest.MonkeyP
         __import__("time").sleep(0.5)
     assert "thinking: 00:00" in shown.getvalue()
     assert list(common.progress(range(3), "counting")) == [0, 1, 2] and "counting" in shown.getvalue()
+
+
+def on_screen(output: str) -> list[str]:
+    """The lines a terminal shows for ``output``: a carriage return writes over its line from the start."""
+    lines = []
+    for raw in output.split("\n"):
+        shown: list[str] = []
+        for part in raw.split("\r"):
+            shown[: len(part)] = part
+        lines.append("".join(shown).rstrip())
+    return [line for line in lines if line]
+
+
+def test_prove_all_rows_never_share_a_line_with_its_bar_and_a_summary_ends_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(common, "_show_progress", lambda: True)
+    result = run("prove-all", "--max-gpus", "3", "--max-simulated", "4")  # stdout and stderr, as a terminal
+    assert result.exit_code == 0 and "proving" in result.stderr  # a bar was drawn ...
+    assert on_screen(result.output) == result.stdout.splitlines()  # ... and lifted off every row
+    assert (
+        result.stdout.splitlines()[-1] == "proved all 11 schedules by the simulator, 7 of them by z3 as well"
+    )
+
+
+def test_run_shows_the_time_spent_on_a_terminal_from_its_own_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    args = ["run", "--backend", "local", "--gpus", "3", "--size", "4KiB", "--delay", "100ms", "--iters", "8"]
+    assert run(*args).stderr == ""  # silent in a pipe
+    monkeypatch.setattr(common, "_show_progress", lambda: True)
+    result = run(*args)  # 1.8 s of delays: past the second after which the line shows
+    assert result.exit_code == 0 and "running 3 ranks on local: 00:01" in result.stderr, result.stderr
+
+
+def test_reading_and_writing_a_large_file_show_a_busy_line_on_a_terminal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The 405 MB file of N = 2048 took 16 s to write and 27 s to read, in silence."""
+    path = tmp_path / "s.json"
+
+    def slowly(work: Any) -> Any:
+        def slow(*args: Any) -> Any:
+            time.sleep(1.3)  # past the second after which the line shows
+            return work(*args)
+
+        return slow
+
+    monkeypatch.setattr(common, "_show_progress", lambda: True)
+    monkeypatch.setattr("stragglar.commands.common.write_text", slowly(write_text))
+    monkeypatch.setattr("stragglar.commands.common.read_text", slowly(read_text))
+    written = run("synth", "--gpus", "4", "-o", str(path))
+    assert written.exit_code == 0 and f"writing {path}: 00:01" in written.stderr, written.stderr
+    read = run("verify", str(path))
+    assert read.exit_code == 0 and f"reading {path}: 00:01" in read.stderr, read.stderr
 
 
 # ---------------------------------------------------------------------------- 17. prove-all

@@ -44,6 +44,14 @@ def test_a_healthy_run_longer_than_timeout_plus_slack_succeeds() -> None:
     assert time.monotonic() - start > 1.5  # longer than timeout + slack, and still fine
 
 
+def test_the_launcher_ticks_from_its_own_loop_while_the_ranks_run() -> None:
+    """For a progress line: no thread may be alive when the ranks are forked."""
+    ticks: list[float] = []
+    start = time.monotonic()
+    launch(steady, 2, (prove(synthesize("ring", 2)), 6, True), timeout=5.0, tick=lambda: ticks.append(1))
+    assert len(ticks) >= (time.monotonic() - start) / 0.25 - 1  # at least every quarter second
+
+
 def test_a_rank_that_reports_no_progress_fails_after_timeout_plus_slack() -> None:
     start = time.monotonic()
     with pytest.raises(LaunchError) as info:

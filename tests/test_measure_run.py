@@ -57,9 +57,19 @@ def test_turn_puts_every_entry_in_every_place_once_per_cycle(entries: int) -> No
 
 def test_run_benchmark_local_times_each_proof_in_the_same_iterations() -> None:
     n, count, delay = 4, 3 * 2**10 + 5, 0.01
+    ticks: list[int] = []
     result = run_benchmark(
-        "local", n, 4 * count, "int32", delay, proof=proofs(n, 9, None, ring=True), iters=3, warmup=1
+        "local",
+        n,
+        4 * count,
+        "int32",
+        delay,
+        proof=proofs(n, 9, None, ring=True),
+        iters=3,
+        warmup=1,
+        tick=lambda: ticks.append(1),
     )
+    assert len(ticks) == (1 + 3) * (3 + 1)  # after each run of each schedule and the baseline
     assert [(v.name, v.chunks) for v in result.variants] == [
         ("stragglar C=9", 9),
         ("stragglar", 3),

@@ -331,17 +331,18 @@ def read_input(path: Path) -> Input:
 
     The text is parsed as JSON at most once, when a format's recogniser asks for it or, for a
     schedule, to read it.  An empty file is called empty, whatever its name says."""
-    text = read_text(path)
-    if not text.strip():
-        raise InputError(f"{path} is empty: no schedule, MSCCL XML or MSCCL++ plan in it")
-    document = functools.cache(lambda: json_format.parse(text))
-    try:
-        fmt = format_of(text, document)
-        if fmt is not None:
-            return Input(path, fmt, text, None)
-        return Input(path, None, text, json_format.from_document(document()))
-    except json_format.ScheduleFormatError as e:
-        raise json_format.ScheduleFormatError(f"{path}: {e}") from None
+    with busy(f"reading {shown(path)}"):
+        text = read_text(path)
+        if not text.strip():
+            raise InputError(f"{path} is empty: no schedule, MSCCL XML or MSCCL++ plan in it")
+        document = functools.cache(lambda: json_format.parse(text))
+        try:
+            fmt = format_of(text, document)
+            if fmt is not None:
+                return Input(path, fmt, text, None)
+            return Input(path, None, text, json_format.from_document(document()))
+        except json_format.ScheduleFormatError as e:
+            raise json_format.ScheduleFormatError(f"{path}: {e}") from None
 
 
 def load_schedule(path: Path, command: str) -> Schedule:
@@ -461,8 +462,12 @@ def artifact_error(fmt: ArtifactFormat[Any], name: str, error: StragglarError) -
 def echo(text: str, err: bool = False) -> None:
     """Print the command's own text (stderr if ``err``), with what it shows of files and options
     escaped (:func:`~stragglar.errors.printable`): a name read from a file must not drive the
-    terminal.  Documents (a schedule, an artifact, results) go out as they are (:func:`write`)."""
-    click.echo(printable(text), err=err)
+    terminal.  A progress bar on the terminal is lifted off while it prints, and what the other
+    stream holds (a closed bar's last carriage return) goes out first, so that no bar text lands
+    on the line.  Documents (a schedule, an artifact, results) go out as they are (:func:`write`)."""
+    (sys.stdout if err else sys.stderr).flush()
+    with tqdm.external_write_mode(file=sys.stderr if err else sys.stdout):
+        click.echo(printable(text), err=err)
 
 
 def write(path: Path, text: str, option: str = "-o") -> None:
@@ -472,7 +477,8 @@ def write(path: Path, text: str, option: str = "-o") -> None:
         click.echo(text)
         return
     try:
-        write_text(path, text + "\n")
+        with busy(f"writing {shown(path)}"):
+            write_text(path, text + "\n")
     except OSError as e:
         raise _cannot_write(path, option, e) from None
 
@@ -500,16 +506,38 @@ def progress(items: Iterable[_T], label: str, total: int | None = None) -> Itera
     )
 
 
+@dataclass(frozen=True)
+class Bar:
+    """A progress bar moved by its caller's own loop, not by a thread: ``run`` and ``bench`` fork
+    their ranks, and a thread alive at a fork may leave a lock held in a child for good."""
+
+    bar: tqdm[Any]
+
+    def advance(self, note: str = "") -> None:
+        """One step done; ``note`` says which."""
+        self.bar.set_postfix_str(note, refresh=False)
+        self.bar.update(1)
+
+    def tick(self) -> None:
+        """Nothing done yet: show the time spent (at most every tenth of a second)."""
+        self.bar.update(0)
+
+
 @contextlib.contextmanager
-def progress_bar(total: int, label: str) -> Iterator[Callable[[str], None]]:
-    """A bar of ``total`` steps on stderr when it is a terminal; yields ``advance(note)``."""
-    with tqdm(total=total, desc=label, file=sys.stderr, disable=not _show_progress(), leave=False) as bar:
-
-        def advance(note: str = "") -> None:
-            bar.set_postfix_str(note, refresh=False)
-            bar.update(1)
-
-        yield advance
+def progress_bar(total: int | None, label: str, after: float = 1.0) -> Iterator[Bar]:
+    """A bar of ``total`` steps (None: the time spent alone) on stderr when it is a terminal, from
+    ``after`` seconds on; silent in pipes and CI, and for quick work."""
+    with tqdm(
+        total=total,
+        desc=label,
+        file=sys.stderr,
+        disable=not _show_progress(),
+        leave=False,
+        delay=after,
+        miniters=0,  # every update(0) may redraw
+        bar_format=None if total is not None else "{desc}: {elapsed}",
+    ) as bar:
+        yield Bar(bar)
 
 
 @contextlib.contextmanager
@@ -522,11 +550,9 @@ def busy(label: str, after: float = 1.0) -> Iterator[None]:
     done = threading.Event()
 
     def tick() -> None:
-        if done.wait(after):
-            return
-        with tqdm(desc=label, file=sys.stderr, bar_format="{desc}: {elapsed}", leave=False) as bar:
+        with progress_bar(None, label, after) as bar:  # its clock starts now, shown from `after` on
             while not done.wait(0.2):
-                bar.refresh()
+                bar.tick()
 
     thread = threading.Thread(target=tick, daemon=True)
     thread.start()

@@ -108,22 +108,23 @@ def run(
     count = chosen_chunks(chunks, num_gpus, size, delay, PAPER_NETWORK, algorithm=algorithm)
     if count is not None and chunks == AUTO:
         echo(auto_note(count, size, delay, PAPER_NETWORK, " on the paper's network"), err=True)
-    # no progress thread here: the torch backend forks its ranks, and a thread alive at a fork
-    # may leave a lock held in a child for good
-    result = run_benchmark(
-        backend,
-        num_gpus,
-        size,
-        dtype,
-        delay,
-        algorithm=algorithm,
-        proof=proof,
-        chunks=count,
-        straggler=straggler,
-        iters=iters,
-        timeout=timeout,
-        link_rate=link_rate,
-    )
+    # a bar moved by the run's own loop, no thread: the torch backend forks its ranks
+    with progress_bar(None, f"running {num_gpus} ranks on {backend}") as bar:
+        result = run_benchmark(
+            backend,
+            num_gpus,
+            size,
+            dtype,
+            delay,
+            algorithm=algorithm,
+            proof=proof,
+            chunks=count,
+            straggler=straggler,
+            iters=iters,
+            timeout=timeout,
+            link_rate=link_rate,
+            tick=bar.tick,
+        )
     echo(result.report())
 
 
@@ -191,10 +192,10 @@ def bench(
         return chosen_chunks(chunks, num_gpus, size, delay, PAPER_NETWORK, algorithm=algorithm)
 
     counts = _rank_counts(gpus)
-    with progress_bar(len(counts) * len(sizes) * len(delays), "measuring") as advance:
+    with progress_bar(len(counts) * len(sizes) * len(delays), "measuring", after=0) as bar:
 
         def finished(r: BenchmarkResult) -> None:
-            advance(r.progress_line().strip())
+            bar.advance(r.progress_line().strip())
 
         result = sweep(
             backend,
@@ -208,6 +209,7 @@ def bench(
             timeout=timeout,
             progress=finished,
             link_rate=link_rate,
+            tick=bar.tick,
         )
     json_on_stdout = to_stdout(json_file)
     echo(result.table(), err=json_on_stdout)

@@ -187,7 +187,10 @@ def synth(
         summary += f"; {FORMATS[fmt].title} proved: {exported.proof.brief}"
         details += [exported.proof.summary, exported.proof.details]
     else:
-        body = json_format.dumps(proof.schedule) if fmt == "json" else f"{render(proof.schedule)}\n{summary}"
+        with busy(f"formatting the schedule as {fmt}"):
+            body = (
+                json_format.dumps(proof.schedule) if fmt == "json" else f"{render(proof.schedule)}\n{summary}"
+            )
     to_stderr = output is None and fmt != "text"
     if output is not None:
         write(output, body.rstrip("\n"))
@@ -235,7 +238,9 @@ def export(
         text, summary = exported.text, exported.proof.summary
         details = f"{exported.proof.details}\n{proof.summary}"
     else:
-        text, summary, details = json_format.dumps(proof.schedule), proof.headline, proof.summary
+        with busy("formatting the schedule as json"):
+            text = json_format.dumps(proof.schedule)
+        summary, details = proof.headline, proof.summary
     if output is None:
         click.echo(text.rstrip("\n"))  # a document, as it is
     else:

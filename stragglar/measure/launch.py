@@ -58,6 +58,7 @@ _GRACE = 5.0  # seconds the other ranks get to report once one rank has failed
 SLACK = 30.0  # seconds a rank may be silent beyond the timeout (start-up, checking a large buffer)
 _SHOWN = 4  # failure groups the first line names before it counts the rest
 _LENGTH = 280  # characters of failure groups the first line names before it counts the rest
+_TICK = 0.25  # seconds between calls of a launch's tick, at most
 _STOPPING = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)  # what the launcher cleans up after
 
 
@@ -161,6 +162,7 @@ def launch(
     backend: str = "gloo",
     *,
     slack: float = SLACK,
+    tick: Callable[[], None] | None = None,
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` ranks; return the results in rank order.
 
@@ -168,7 +170,9 @@ def launch(
     Raises :class:`LaunchError` if a rank raises, dies, or sends no
     :func:`~stragglar.runtime.heartbeat.heartbeat` (nor its result) for longer than ``timeout +
     slack`` seconds; once one rank has failed the others get a few seconds to report, then the
-    remaining ranks are killed.  SIGTERM raises :class:`Stopped` and SIGINT KeyboardInterrupt,
+    remaining ranks are killed.  ``tick``, if given, is called from the launcher's own loop at
+    least every quarter second while the ranks run (to move a progress line: no thread may run
+    beside a fork).  SIGTERM raises :class:`Stopped` and SIGINT KeyboardInterrupt,
     after every rank is ended and the temporary files are removed; SIGHUP is SIGTERM's twin.
     """
     world_size = as_int(world_size, "world_size", minimum=1)
@@ -193,7 +197,7 @@ def launch(
                 )
                 procs[-1].start()
                 child.close()
-            return _collect(pipes, procs, timeout + slack)
+            return _collect(pipes, procs, timeout + slack, tick)
         finally:
             started = [proc for proc in procs if proc.pid is not None]
             for proc in started:
@@ -230,13 +234,17 @@ def _signals_raise() -> Iterator[None]:
             signal.signal(s, handler)
 
 
-def _collect(pipes: list[Connection], procs: list[Any], silence: float) -> list[Any]:
+def _collect(
+    pipes: list[Connection], procs: list[Any], silence: float, tick: Callable[[], None] | None
+) -> list[Any]:
     results: dict[int, Any] = {}
     failures: dict[int, RankFailure] = {}
     pending = dict(enumerate(pipes))
     heard = dict.fromkeys(pending, time.monotonic())
     grace_end: float | None = None
     while pending:
+        if tick is not None:
+            tick()
         now = time.monotonic()
         if grace_end is not None and now >= grace_end:
             for rank in pending:
@@ -254,6 +262,8 @@ def _collect(pipes: list[Connection], procs: list[Any], silence: float) -> list[
         until = min(heard[rank] for rank in pending) + silence
         if grace_end is not None:
             until = min(until, grace_end)
+        if tick is not None:
+            until = min(until, now + _TICK)
         ready = wait(list(pending.values()), timeout=max(0.0, until - now) + 0.01)
         for rank, pipe in list(pending.items()):
             if pipe not in ready:

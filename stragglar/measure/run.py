@@ -169,6 +169,7 @@ def run_benchmark(
     warmup: int = 1,
     timeout: float = 60.0,
     link_rate: float | None = None,
+    tick: Callable[[], None] | None = None,
 ) -> BenchmarkResult:
     """Run the proved schedule (default: ``algorithm`` synthesized for ``num_ranks`` and proved)
     ``warmup + iters`` times on ``backend`` and the engine's all_reduce as often, checking every
@@ -189,7 +190,9 @@ def run_benchmark(
     ``timeout`` bounds each wait for a silent peer (plus ``delay`` where the wait includes the
     late rank's delay), not the run.  ``link_rate`` (torch backend only, bytes per second) paces
     every rank's sockets to it: each rank gets a link of its own, as the cost model assumes,
-    instead of the host's shared loopback (:mod:`stragglar.measure.links`).  Raises
+    instead of the host's shared loopback (:mod:`stragglar.measure.links`).  ``tick``, if
+    given, is called between iterations, from this process (for a progress line; the torch
+    backend forks its ranks, and no thread may run beside a fork).  Raises
     :class:`~stragglar.errors.InputError` for a bad request,
     :class:`~stragglar.measure.data.WrongResult` for a wrong result, and
     :class:`~stragglar.measure.launch.LaunchError` when a rank fails.
@@ -243,10 +246,20 @@ def run_benchmark(
         from stragglar.measure.run_torch import torch_figures
 
         figures = torch_figures(
-            proofs, num_ranks, count, dtype, delay, iters, warmup, timeout, late_rank, link_rate=link_rate
+            proofs,
+            num_ranks,
+            count,
+            dtype,
+            delay,
+            iters,
+            warmup,
+            timeout,
+            late_rank,
+            link_rate=link_rate,
+            tick=tick,
         )
     else:
-        figures = _in_process(backend, proofs, num_ranks, count, dtype, delay, iters, warmup, late_rank)
+        figures = _in_process(backend, proofs, num_ranks, count, dtype, delay, iters, warmup, late_rank, tick)
     variants = tuple(
         Variant(schedule_name(p.schedule), p.schedule.num_chunks, series.times, series.hidden)
         for p, series in zip(proofs, figures.schedules, strict=True)
@@ -300,6 +313,7 @@ def _in_process(
     iters: int,
     warmup: int,
     late_rank: int,
+    tick: Callable[[], None] | None,
 ) -> Figures:
     xp, sync, host = _array_module(backend)
     try:
@@ -331,6 +345,8 @@ def _in_process(
                     base.append(total)
             for r, b in enumerate(bufs):
                 check(b, want, r, what, host)
+            if tick is not None:
+                tick()
     series = tuple(Series(tuple(t), tuple(h)) for t, h in zip(times, hidden, strict=True))
     return Figures(series, "sum of buffers", tuple(base))
 
