@@ -167,23 +167,33 @@ def format_seconds(seconds: float) -> str:
     return f"{seconds / 1e-6:.4g} us"
 
 
-def format_bytes(size: float) -> str:
-    """A byte count in binary units: ``2**30`` -> ``'1 GiB'``.
+_BINARY = (("EiB", 2**60), ("PiB", 2**50), ("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
+_DECIMAL = (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("KB", 10**3))
 
-    >>> format_bytes(2**30), format_bytes(450 * 2**30), format_bytes(1536)
-    ('1 GiB', '450 GiB', '1.5 KiB')
+
+def format_bytes(size: float) -> str:
+    """A byte count as people read it, exactly where it is a whole number: in binary units where
+    four digits hold it, else in decimal ones (``64MB`` is echoed as ``64 MB``, not ``61.04
+    MiB``), else in bytes; a fraction (a rate) in binary units, to four digits.
+
+    >>> format_bytes(2**30), format_bytes(450 * 2**30), format_bytes(1536), format_bytes(64 * 10**6)
+    ('1 GiB', '450 GiB', '1.5 KiB', '64 MB')
+    >>> format_bytes(12.5e9), format_bytes(64 * 10**6 + 1), format_bytes(1000), format_bytes(2.5e9 / 3)
+    ('12.5 GB', '64,000,001 B', '1000 B', '794.7 MiB')
     """
-    for unit, factor in (
-        ("EiB", 2**60),
-        ("PiB", 2**50),
-        ("TiB", 2**40),
-        ("GiB", 2**30),
-        ("MiB", 2**20),
-        ("KiB", 2**10),
-    ):
-        if size >= factor:
-            return f"{size / factor:.4g} {unit}"
-    return f"{size:.4g} B"
+    binary, exact = _in_units(size, _BINARY)
+    if exact or size != int(size):
+        return binary
+    decimal, exact = _in_units(size, _DECIMAL)
+    return decimal if exact else f"{int(size):,} B"
+
+
+def _in_units(size: float, units: tuple[tuple[str, int], ...]) -> tuple[str, bool]:
+    """``size`` in the largest of ``units`` that it reaches (else in bytes), to four digits, and
+    whether that is exact."""
+    unit, factor = next(((u, f) for u, f in units if size >= f), ("B", 1))
+    digits = f"{size / factor:.4g}"
+    return f"{digits} {unit}", float(digits) * factor == size
 
 
 def count_of(n: int, noun: str) -> str:

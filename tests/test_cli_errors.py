@@ -308,6 +308,25 @@ def test_sizes_take_units_everywhere(tmp_path: Path) -> None:
     assert "Units: a size takes" in run("--help").output
 
 
+@pytest.mark.parametrize(
+    ("size", "shown"),
+    [
+        ("64MB", "64 MB"),
+        ("1.5GB", "1.5 GB"),
+        ("64MiB", "64 MiB"),
+        ("1000004", "1,000,004 B"),
+        ("3KiB", "3 KiB"),
+    ],
+)
+def test_a_size_is_echoed_exactly_in_the_units_it_was_given(size: str, shown: str) -> None:
+    """``--size 64MB`` was echoed as 61.04 MiB: another unit, and rounded."""
+    assert run("cost", "--gpus", "4", "--size", size).stdout.startswith(
+        f"alpha-beta model: 4 GPUs, {shown} buffer"
+    )
+    ran = run("run", "--gpus", "2", "--size", size if size != "1.5GB" else "1.5MB", "--iters", "1")
+    assert f"2 ranks, {shown.replace('GB', 'MB')} float32" in ran.stdout, ran.output
+
+
 # ---------------------------------------------------------------------------- 10 and 12. hostile files
 
 
