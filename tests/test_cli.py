@@ -520,3 +520,15 @@ def test_prove_all_prints_a_row_per_proof(tmp_path: Path) -> None:
     rows = result.output.splitlines()[1:]
     assert any(r.split()[:5] == ["stragglar", "3", "3", "3", "smt"] for r in rows)
     assert len(rows) >= 10
+
+
+def test_timeouts_agree_where_they_bound_the_same_thing_and_say_why_they_differ() -> None:
+    """run 60 s, bench 120 s, synth and bound 600 s: three defaults and nothing said why."""
+    defaults, helps = {}, {}
+    for name in ("run", "bench", "synth", "bound"):
+        command = cli.commands[name]
+        option = next(p for p in command.params if p.name == "timeout")
+        defaults[name], helps[name] = option.default, option.help or ""
+    assert defaults == {"run": "60s", "bench": "60s", "synth": "600s", "bound": "600s"}
+    assert all("each wait for a peer" in helps[name] and "600s" in helps[name] for name in ("run", "bench"))
+    assert all("60s, bounds one wait for a peer" in helps[name] for name in ("synth", "bound"))

@@ -327,6 +327,24 @@ def test_a_size_is_echoed_exactly_in_the_units_it_was_given(size: str, shown: st
     assert f"2 ranks, {shown.replace('GB', 'MB')} float32" in ran.stdout, ran.output
 
 
+@pytest.mark.parametrize("args", [["run", "--schedule", "{json}"], ["bench", "--backend", "local"]])
+def test_a_dtype_the_backend_lacks_is_refused_before_any_work_naming_one_that_has_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str]
+) -> None:
+    def work(*args: object, **kwargs: object) -> None:
+        raise AssertionError("worked before refusing the dtype")
+
+    for name in ("proved", "sweep", "run_benchmark"):
+        monkeypatch.setattr(f"stragglar.commands.measure.{name}", work)
+    json_format.write(synthesize("stragglar", 4), tmp_path / "s.json")
+    filled = [a.format(json=tmp_path / "s.json") for a in args]
+    line = one_error(run(*filled, "--dtype", "bfloat16"), 2)
+    assert line == (
+        "Error: the local backend cannot hold bfloat16: NumPy has no such type; the torch backend has it "
+        "(--backend torch)"
+    )
+
+
 # ---------------------------------------------------------------------------- 10 and 12. hostile files
 
 

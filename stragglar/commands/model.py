@@ -103,7 +103,12 @@ def _chunk_line(comparison: Comparison, chunks: int, auto: bool) -> str:
 )
 @click.option("--rounds", type=click.IntRange(min=0), help="Rounds to refute (default: one below the bound).")
 @click.option(
-    "--timeout", type=DURATION, default="600s", show_default=True, help="Give up on z3 after this long."
+    "--timeout",
+    type=DURATION,
+    default="600s",
+    show_default=True,
+    help="Give up on z3 after this long: a budget for the whole proof, model building included "
+    "(run's and bench's --timeout, 60s, bounds one wait for a peer instead).",
 )
 def bound(num_gpus: int, chunks: int | None, rounds: int | None, timeout: float) -> None:
     """Prove with z3 that no phase 2 for N GPUs and C chunks fits in C + ceil(log2 N) - 2 rounds

@@ -118,7 +118,8 @@ def output_format(output: Path | None, fmt: str | None, default: str, allowed: t
     type=DURATION,
     default="600s",
     show_default=True,
-    help="With --method smt: give up on z3 after this long (a duration).",
+    help="With --method smt: give up on z3 after this long, a budget for the whole search (run's and "
+    "bench's --timeout, 60s, bounds one wait for a peer instead).",
 )
 @CHUNKS
 @model_options

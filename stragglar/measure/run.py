@@ -32,9 +32,10 @@ from stragglar.synth import synthesize
 from stragglar.units import count_of, format_bytes
 from stragglar.verify import Proof, prove, require_proof
 
-__all__ = ["BACKENDS", "BenchmarkResult", "Variant", "run_benchmark"]
+__all__ = ["BACKENDS", "BenchmarkResult", "Variant", "check_dtype", "run_benchmark"]
 
 BACKENDS = ("local", "torch", "cupy")
+_ARRAYS = {"local": "NumPy", "cupy": "CuPy"}  # the in-process backends' array libraries, NumPy's dtypes
 MAX_ITERS = 10_000  # timed iterations per run, and warm-up ones: a bound, so a typo cannot run for ever
 
 
@@ -199,8 +200,7 @@ def run_benchmark(
     """
     if backend not in BACKENDS:
         raise InputError(f"unknown backend {backend!r} (choose from {', '.join(BACKENDS)})")
-    if dtype not in DTYPES:
-        raise InputError(f"unknown dtype {dtype!r} (choose from {', '.join(DTYPES)})")
+    check_dtype(backend, dtype)
     num_ranks = as_int(num_ranks, "num_ranks")
     if not 2 <= num_ranks <= MAX_RANKS:
         raise InputError(f"need 2 to {MAX_RANKS} GPUs, got {num_ranks}")
@@ -284,6 +284,22 @@ def _has_straggler(algorithm: str) -> bool:
     return synthesize(algorithm, 2).straggler is not None
 
 
+def check_dtype(backend: str, dtype: str) -> None:
+    """Refuse, before any work, a dtype that ``backend`` cannot hold: the in-process backends'
+    arrays (NumPy's, CuPy's) have no bfloat16; the torch backend has every dtype of
+    :data:`~stragglar.runtime.engine.DTYPES`."""
+    if dtype not in DTYPES:
+        raise InputError(f"unknown dtype {dtype!r} (choose from {', '.join(DTYPES)})")
+    if backend in _ARRAYS:
+        try:
+            np.dtype(dtype)
+        except TypeError:
+            raise InputError(
+                f"the {backend} backend cannot hold {dtype}: {_ARRAYS[backend]} has no such type; "
+                "the torch backend has it (--backend torch)"
+            ) from None
+
+
 HINTS = {
     "torch": (
         "the torch backend needs torch: pip install 'stragglar[torch]' after installing PyTorch itself, "
@@ -316,10 +332,7 @@ def _in_process(
     tick: Callable[[], None] | None,
 ) -> Figures:
     xp, sync, host = _array_module(backend)
-    try:
-        inputs = [xp.asarray(payload(r, count, n, dtype).astype(dtype)) for r in range(n)]
-    except TypeError as e:
-        raise InputError(f"the {backend} backend cannot hold {dtype}: {e}") from None
+    inputs = [xp.asarray(payload(r, count, n, dtype).astype(dtype)) for r in range(n)]
     want = expected(count, n, dtype)
     plans = [[plan_for(p, r, count) for r in range(n)] for p in proofs]
     bufs = [x.copy() for x in inputs]

@@ -180,7 +180,7 @@ def sweep(
     chunks: ChunkPolicy | None = None,
     dtype: str = "float32",
     iters: int = 5,
-    timeout: float = 120.0,
+    timeout: float = 60.0,
     progress: Callable[[BenchmarkResult], None] | None = None,
     link_rate: float | None = None,
     tick: Callable[[], None] | None = None,
