@@ -182,7 +182,7 @@ def format_bytes(size: float) -> str:
     ('12.5 GB', '64,000,001 B', '1000 B', '794.7 MiB')
     """
     binary, exact = _in_units(size, _BINARY)
-    if exact or size != int(size):
+    if exact or not float(size).is_integer():  # a fraction, or nan in a message about it
         return binary
     decimal, exact = _in_units(size, _DECIMAL)
     return decimal if exact else f"{int(size):,} B"
