@@ -24,7 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stragglar.cli import cli
-from stragglar.commands import common
+from stragglar.commands import terminal
 from stragglar.errors import InputError
 from stragglar.files import read_text, write_text
 from stragglar.formats import json as json_format
@@ -451,12 +451,12 @@ def test_long_work_shows_progress_on_a_terminal_only(monkeypatch: pytest.MonkeyP
     quiet = run("prove-all", "--max-gpus", "3", "--max-simulated", "4")
     assert quiet.exit_code == 0 and quiet.stderr == ""
     shown = io.StringIO()
-    monkeypatch.setattr(common, "_show_progress", lambda: True)
+    monkeypatch.setattr(terminal, "_show_progress", lambda: True)
     monkeypatch.setattr(sys, "stderr", shown)
-    with common.busy("thinking", after=0.05):
+    with terminal.busy("thinking", after=0.05):
         __import__("time").sleep(0.5)
     assert "thinking: 00:00" in shown.getvalue()
-    assert list(common.progress(range(3), "counting")) == [0, 1, 2] and "counting" in shown.getvalue()
+    assert list(terminal.progress(range(3), "counting")) == [0, 1, 2] and "counting" in shown.getvalue()
 
 
 def on_screen(output: str) -> list[str]:
@@ -473,7 +473,7 @@ def on_screen(output: str) -> list[str]:
 def test_prove_all_rows_never_share_a_line_with_its_bar_and_a_summary_ends_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(common, "_show_progress", lambda: True)
+    monkeypatch.setattr(terminal, "_show_progress", lambda: True)
     result = run("prove-all", "--max-gpus", "3", "--max-simulated", "4")  # stdout and stderr, as a terminal
     assert result.exit_code == 0 and "proving" in result.stderr  # a bar was drawn ...
     assert on_screen(result.output) == result.stdout.splitlines()  # ... and lifted off every row
@@ -485,7 +485,7 @@ def test_prove_all_rows_never_share_a_line_with_its_bar_and_a_summary_ends_it(
 def test_run_shows_the_time_spent_on_a_terminal_from_its_own_loop(monkeypatch: pytest.MonkeyPatch) -> None:
     args = ["run", "--backend", "local", "--gpus", "3", "--size", "4KiB", "--delay", "100ms", "--iters", "8"]
     assert run(*args).stderr == ""  # silent in a pipe
-    monkeypatch.setattr(common, "_show_progress", lambda: True)
+    monkeypatch.setattr(terminal, "_show_progress", lambda: True)
     result = run(*args)  # 1.8 s of delays: past the second after which the line shows
     assert result.exit_code == 0 and "running 3 ranks on local: 00:01" in result.stderr, result.stderr
 
@@ -503,7 +503,7 @@ def test_reading_and_writing_a_large_file_show_a_busy_line_on_a_terminal(
 
         return slow
 
-    monkeypatch.setattr(common, "_show_progress", lambda: True)
+    monkeypatch.setattr(terminal, "_show_progress", lambda: True)
     monkeypatch.setattr("stragglar.commands.common.write_text", slowly(write_text))
     monkeypatch.setattr("stragglar.commands.common.read_text", slowly(read_text))
     written = run("synth", "--gpus", "4", "-o", str(path))

@@ -20,13 +20,12 @@ from stragglar.commands.common import (
     chosen_chunks,
     chunks_option,
     dump_json,
-    echo,
     load_schedule,
-    progress_bar,
     proved,
     refuse_given,
     to_stdout,
 )
+from stragglar.commands.terminal import echo, progress_bar
 from stragglar.errors import InputError, quoted
 from stragglar.measure.run import BACKENDS, MAX_ITERS, BenchmarkResult, check_dtype, run_benchmark
 from stragglar.measure.sweep import sweep

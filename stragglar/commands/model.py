@@ -12,17 +12,15 @@ from stragglar.commands.common import (
     GPUS,
     PLOT,
     VERBOSE,
-    busy,
     check_plot,
     chosen_chunks,
-    echo,
     model_options,
-    progress,
     proved_artifact,
     read_input,
     refuse_given,
     write_plot,
 )
+from stragglar.commands.terminal import busy, echo, progress
 from stragglar.errors import IncorrectError, InputError, ResourceError, StragglarError
 from stragglar.model import AUTO, Comparison, Network, compare_generated, generated_profile
 from stragglar.plot import chunk_sweep, sweep_sizes

@@ -21,11 +21,9 @@ from stragglar.commands.common import (
     VERBOSE,
     artifact_options,
     auto_note,
-    busy,
     check_output,
     check_plot,
     chosen_chunks,
-    echo,
     export_artifact,
     load_schedule,
     model_options,
@@ -39,6 +37,7 @@ from stragglar.commands.common import (
     write,
     write_plot,
 )
+from stragglar.commands.terminal import busy, echo
 from stragglar.errors import IncorrectError, StragglarError, shown
 from stragglar.formats import json as json_format
 from stragglar.formats.text import render
