@@ -357,7 +357,7 @@ def check_output(output: Path, *inputs: Path, option: str = "-o") -> None:
     plain file: ``--json /dev/null`` must not delete the device), or whose folder is missing or
     not writable; ``option`` names it in the error.  Standard output and this process's other
     descriptors are written as they are: nothing to check."""
-    if to_stdout(output) or own_descriptor(output) is not None:
+    if str(output) == "-" or own_descriptor(output) is not None:
         return
     try:
         for source in inputs:
