@@ -13,22 +13,25 @@ print what the library renders; this module puts them in one group and owns the 
     stragglar bound --gpus N         stragglar prove-all [FILES]
 
 Every schedule is proved before it is printed, written or run.  ``synth`` sends the schedule
-(the text table, or the JSON document) to ``-o FILE`` if given, else to stdout; its one-line
-summary goes to stdout, except when stdout carries the JSON document, then to stderr, so that
-``stragglar synth --gpus 8 --format json > s.json`` is clean JSON.
+(the text table, or the JSON document) to ``-o FILE`` if given, else (or for ``-o -``) to
+stdout; its one-line summary goes to stdout, except when stdout carries the JSON document, then
+to stderr, so that ``stragglar synth --gpus 8 --format json > s.json`` is clean JSON.
 
 Exit codes: 0 success; 1 the schedule is not a correct AllReduce (or a run failed or went
 wrong); 2 bad input (a bad option, an unreadable or malformed file); 3 a resource ran out
-(memory, or a solver's time).  Errors are a single ``Error: ...`` line on stderr: every
+(memory, disk space, or a solver's time); 130 Ctrl-C; 129 and 143 ``run`` or ``bench`` stopped by
+SIGHUP or SIGTERM.  Errors are a single ``Error: ...`` line on stderr: every
 :class:`~stragglar.errors.StragglarError` becomes one with its exit code, and so does running
 out of memory; anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import functools
 import os
+import re
 import select
 import signal
 import socket
@@ -42,56 +45,76 @@ import click
 from stragglar.commands.measure import bench, run
 from stragglar.commands.model import bound, cost, prove_all_command
 from stragglar.commands.schedules import export, show, synth, verify
-from stragglar.errors import InputError, ResourceError, StragglarError
+from stragglar.errors import (
+    SHOWN_CHARACTERS,
+    InputError,
+    ResourceError,
+    StragglarError,
+    printable,
+    quoted,
+    ran_out,
+)
 from stragglar.version import __version__
 
 __all__ = ["cli", "main"]
 
 
-class _Wrong(click.ClickException):
-    """Not a correct AllReduce, a wrong result or a failed run."""
-
-    exit_code = 1
+INTERRUPTED = 130  # the shell's code for a command ended by Ctrl-C (128 + SIGINT)
 
 
-class _BadInput(click.ClickException):
-    """Input that cannot be used as given."""
-
-    exit_code = InputError.exit_code
-
-
-class _OutOfResources(click.ClickException):
-    """Memory, or a solver's time, ran out."""
-
-    exit_code = ResourceError.exit_code
+@functools.cache
+def _failure(exit_code: int) -> type[click.ClickException]:
+    """The click exception that shows a library error as ``Error: ...`` and exits ``exit_code``."""
+    return type(f"_Exit{exit_code}", (click.ClickException,), {"exit_code": exit_code})
 
 
 @contextlib.contextmanager
 def _one_line_errors() -> Iterator[None]:
-    """Usage errors without their usage text, library errors with their exit codes.
+    """Usage errors without their usage text, library errors with their exit codes, each one line
+    with what it echoes of files and options escaped and bounded (:func:`~stragglar.errors.shown`).
 
     Errors that show something else (the help page when no command is given) are left alone.
     """
     try:
         yield
     except click.UsageError as e:
-        if type(e).show is click.UsageError.show:
-            e.ctx = None
-        raise
+        if type(e).show is not click.UsageError.show:
+            raise
+        raise click.UsageError(_bounded(e.format_message())) from None
     except StragglarError as e:
-        failure = {InputError.exit_code: _BadInput, ResourceError.exit_code: _OutOfResources}.get(
-            e.exit_code, _Wrong
-        )
-        raise failure(str(e).splitlines()[0]) from None
+        raise _failure(e.exit_code)(printable(str(e).split("\n")[0])) from None
     except MemoryError:
-        raise _OutOfResources(
+        raise _failure(ResourceError.exit_code)(
             "out of memory: this machine cannot hold the work asked for (the size limits are in the README)"
         ) from None
+    except KeyboardInterrupt:  # click's "Aborted!", with an exit code of its own, not 1 ("wrong")
+        click.echo(err=True)
+        click.echo("Aborted!", err=True)
+        raise click.exceptions.Exit(INTERRUPTED) from None
+
+
+_LITERAL = re.compile(r"'(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\"")  # as repr writes a string
+
+
+def _bounded(message: str) -> str:
+    """A usage error's line with what it quotes of the command line cut to a few words: click
+    quotes a value it refuses with ``repr``, however long (``--gpus`` given 100,000 characters)."""
+
+    def cut(literal: re.Match[str]) -> str:
+        text = literal[0]
+        if len(text) <= SHOWN_CHARACTERS + 2:
+            return text
+        try:
+            return quoted(ast.literal_eval(text))
+        except (ValueError, SyntaxError):  # two apostrophes of the message's own words
+            return quoted(text[1:-1])
+
+    return printable(_LITERAL.sub(cut, message.split("\n")[0]))
 
 
 @contextlib.contextmanager
 def _ctrl_c_stops_z3() -> Iterator[None]:
-    """Ctrl-C stops a z3 call as well as Python code, and ends the command with "Aborted!".
+    """Ctrl-C stops a z3 call as well as Python code, and ends the command with "Aborted!" (130).
 
     Python runs its SIGINT handler between bytecodes, and z3's ``check()`` is one C call that can
     last minutes: the handler would wait for it.  The signal also wakes a thread through
@@ -179,7 +202,7 @@ def cli() -> None:
     a duration needs us, ms or s (20ms; a bare 0 is allowed); a bandwidth needs a unit per
     second (450GiB/s, 100Gbit/s); a bit-style Gb or Mib is refused, not read as bytes.
     Exit codes: 0 done, 1 not a correct AllReduce or a failed run, 2 bad input, 3 out of
-    memory or solver time.
+    memory, disk space or solver time, 130 interrupted (Ctrl-C).
     """
 
 
@@ -206,9 +229,9 @@ for _command in (run, bench):  # they fork ranks, and no thread may be alive at 
 def main() -> None:
     """Entry point of the ``stragglar`` console script.
 
-    Standard output is flushed here, not at exit, so that a full disk or a device that fails
-    (``> /dev/full``) is one line and exit 1, not a traceback or Python's exit-time complaint.
-    A closed pipe (``| head``) click already handles.
+    Standard output is flushed here, not at exit, so that a full disk (``> /dev/full``: exit 3)
+    or an output that cannot be written (exit 2) is one line, not a traceback or Python's
+    exit-time complaint.  A closed pipe (``| head``) click already handles.
     """
     try:
         try:
@@ -218,4 +241,5 @@ def main() -> None:
     except OSError as e:
         sys.stderr.write(f"Error: cannot write the output: {e.strerror or e}\n")
         sys.stderr.flush()
-        os._exit(1)  # no exit-time flush of the output that could not be written
+        # no exit-time flush of the output that could not be written
+        os._exit(ResourceError.exit_code if ran_out(e) else InputError.exit_code)

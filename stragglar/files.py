@@ -6,7 +6,13 @@ folder, then a rename: a write that fails half way (a full disk, a signal) leave
 as it was and no partial file behind, because the new content only replaces the old by
 ``os.replace``, which is atomic on one file system.  An output that is a symbolic link is written
 through: its target is replaced, the link kept (a rename onto the link itself would put a plain
-file where ``/dev/stdout`` or a user's ``latest.json -> v3.json`` was).
+file where a user's ``latest.json -> v3.json`` was).
+
+An output that names one of this process's own open descriptors (``/dev/stdout``, ``/dev/stderr``,
+``/dev/fd/N``, ``/proc/self/fd/N``, or a link to one of them) is written to that descriptor, as
+it is: ``synth -o /dev/stdout >> build.log`` appends to ``build.log``.  Followed to its end, the
+link names the file the shell opened, which a rename would replace (earlier lines gone), and
+which opening again would truncate (``>>`` lost).  Another process's descriptor is refused.
 
 >>> import tempfile, pathlib
 >>> folder = pathlib.Path(tempfile.mkdtemp())
@@ -20,22 +26,34 @@ from __future__ import annotations
 import os
 import re
 import stat
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from stragglar.errors import InputError
+from stragglar.errors import InputError, shown
 
-__all__ = ["MAX_READ_BYTES", "lone_surrogate", "read_text", "same_file", "write_bytes", "write_text"]
+__all__ = [
+    "MAX_READ_BYTES",
+    "check_replaceable",
+    "lone_surrogate",
+    "own_descriptor",
+    "read_text",
+    "same_file",
+    "write_bytes",
+    "write_text",
+]
 
 MAX_READ_BYTES = 2**30  # the largest schedule stragglar handles is about 400 MB of JSON
+_MAX_LINKS = 40  # links followed before giving up, as the kernel does
+_DESCRIPTORS = re.compile(r"/proc/(\d+)(?:/task/\d+)?/fd")  # /proc/self/fd and /dev/fd resolve to it
 
 
 def read_text(path: str | os.PathLike[str]) -> str:
     """The UTF-8 text of the regular file ``path``; an :class:`InputError` naming the file otherwise."""
-    name = os.fspath(path)
+    name = shown(os.fspath(path))
     try:
-        info = os.stat(name)
+        info = os.stat(path)
     except FileNotFoundError:
         raise InputError(f"file not found: {name}") from None
     except OSError as e:
@@ -45,7 +63,7 @@ def read_text(path: str | os.PathLike[str]) -> str:
     if info.st_size > MAX_READ_BYTES:
         raise InputError(f"{name} has {info.st_size:,} bytes: stragglar reads files up to {MAX_READ_BYTES:,}")
     try:
-        with open(name, "rb") as file:
+        with open(path, "rb") as file:
             data = file.read(MAX_READ_BYTES + 1)
     except OSError as e:
         raise InputError(f"cannot read {name}: {e.strerror or e}") from None
@@ -103,20 +121,58 @@ def write_text(path: str | os.PathLike[str], text: str) -> None:
     write_bytes(path, text.encode("utf-8"))
 
 
+def own_descriptor(path: str | os.PathLike[str]) -> int | None:
+    """The descriptor of this process that ``path`` names, or None: ``/dev/stdout`` is 1, and so
+    are ``/dev/fd/1``, ``/proc/self/fd/1``, ``/proc/<this pid>/fd/1`` and a link to any of them.
+
+    Links are followed one at a time up to the descriptor's own (whose target is what the
+    descriptor was opened on: a file, a pipe, a terminal), never through it.  Another process's
+    descriptor is an :class:`InputError`: its file is not ours to replace.
+
+    >>> own_descriptor("/dev/stdout"), own_descriptor(f"/proc/{os.getpid()}/fd/2"), own_descriptor("a.json")
+    (1, 2, None)
+    """
+    name = os.fspath(path)
+    for _ in range(_MAX_LINKS):
+        folder = os.path.realpath(os.path.dirname(name) or ".")
+        leaf = os.path.basename(name)
+        found = _DESCRIPTORS.fullmatch(folder)
+        if found is not None and leaf.isdigit():
+            if int(found[1]) != os.getpid():
+                raise InputError(f"{shown(name)} is a descriptor of another process: write to a file")
+            return int(leaf)
+        full = os.path.join(folder, leaf)
+        if not os.path.islink(full):
+            return None
+        try:
+            name = os.path.join(folder, os.readlink(full))
+        except OSError:
+            return None
+    return None
+
+
 def check_replaceable(path: str | os.PathLike[str]) -> None:
     """Refuse an output that exists and is not a regular file: the atomic rename would put a plain
     file where the device, FIFO or socket was (``/dev/null`` deleted).  A link to nothing is
-    refused too: the file it names may be anywhere (``cp`` will not write through one either)."""
+    refused too: the file it names may be anywhere (``cp`` will not write through one either).
+    One of this process's descriptors is fine: it is written as it is (:func:`own_descriptor`)."""
+    if own_descriptor(path) is not None:
+        return
     target = Path(path)
     if target.exists() and not target.is_file():
-        raise InputError(f"{target} is not a regular file (a device, fifo or socket): write to a file")
+        raise InputError(f"{shown(target)} is not a regular file (a device, fifo or socket): write to a file")
     if target.is_symlink() and not target.exists():
-        raise InputError(f"{target} is a symbolic link to a missing file: write to a file")
+        raise InputError(f"{shown(target)} is a symbolic link to a missing file: write to a file")
 
 
 def write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     """Replace the file ``path`` (a link's target, where it is a link) with ``data``, atomically;
-    on failure the old file is untouched."""
+    on failure the old file is untouched.  One of this process's descriptors gets ``data``
+    written to it instead (:func:`own_descriptor`)."""
+    descriptor = own_descriptor(path)
+    if descriptor is not None:
+        _write_descriptor(descriptor, data)
+        return
     check_replaceable(path)
     target = Path(os.path.realpath(path))
     fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
@@ -131,6 +187,16 @@ def write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def _write_descriptor(descriptor: int, data: bytes) -> None:
+    """Write all of ``data`` to the open ``descriptor``, after what Python still holds for stdout
+    and stderr (so that the lines printed before it come before it)."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    view = memoryview(data)
+    while view:
+        view = view[os.write(descriptor, view) :]
 
 
 def _umask() -> int:

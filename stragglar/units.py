@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
-from stragglar.errors import InputError
+from stragglar.errors import InputError, quoted, shown
 
 __all__ = [
     "MAX_BYTES",
@@ -74,16 +74,18 @@ def _split(text: str, kind: str, example: str) -> tuple[Fraction, str]:
     """
     match = _QUANTITY.fullmatch(text) if isinstance(text, str) else None
     if match is None:
-        raise InputError(f"expected {kind} like {example}, got {text!r} (a number >= 0 and a unit)")
+        raise InputError(f"expected {kind} like {example}, got {quoted(text)} (a number >= 0 and a unit)")
     number, unit = match.group(1), match.group(2)
     prefix = unit.split("/")[0]
     if _BITS_SPELLING.fullmatch(prefix):
         rest = unit[len(prefix) :]
-        as_bytes = f"{number}{prefix[:-1]}B{rest}"
+        as_bytes = f"{shown(number)}{prefix[:-1]}B{rest}"
         if rest and "i" not in prefix:  # a bandwidth, which may be in bits
-            as_bits = f"{number}{prefix[0]}bit{rest}"
-            raise InputError(f"{text.strip()!r}: is {prefix} bits or bytes? write {as_bits} or {as_bytes}")
-        raise InputError(f"{text.strip()!r}: {prefix} reads as bits; write {as_bytes} for bytes")
+            as_bits = f"{shown(number)}{prefix[0]}bit{rest}"
+            raise InputError(
+                f"{quoted(text.strip())}: is {prefix} bits or bytes? write {as_bits} or {as_bytes}"
+            )
+        raise InputError(f"{quoted(text.strip())}: {prefix} reads as bits; write {as_bytes} for bytes")
     return Fraction(number), unit.lower()
 
 
@@ -96,13 +98,13 @@ def parse_size(text: str) -> int:
     number, unit = _split(text, "a size", "16MiB or 1GB")
     if unit not in SIZE_UNITS:
         raise InputError(
-            f"unknown size unit {unit!r} in {text!r}: use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB"
+            f"unknown size unit {quoted(unit)} in {quoted(text)}: use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB"
         )
     size = number * SIZE_UNITS[unit]
     if size.denominator != 1:
-        raise InputError(f"{text!r} is not a whole number of bytes")
+        raise InputError(f"{quoted(text)} is not a whole number of bytes")
     if size > MAX_BYTES:
-        raise InputError(f"{text!r} is more than {format_bytes(MAX_BYTES)}")
+        raise InputError(f"{quoted(text)} is more than {format_bytes(MAX_BYTES)}")
     return int(size)
 
 
@@ -114,12 +116,14 @@ def parse_duration(text: str) -> float:
     """
     number, unit = _split(text, "a duration", "20ms or 1.5s")
     if unit == "" and number != 0:
-        raise InputError(f"{text!r} needs a unit: write {text.strip()}ms or {text.strip()}s (or us)")
+        raise InputError(
+            f"{quoted(text)} needs a unit: write {shown(text.strip())}ms or {shown(text.strip())}s (or us)"
+        )
     if unit not in TIME_UNITS and unit != "":
-        raise InputError(f"unknown time unit {unit!r} in {text!r}: use us, ms or s")
+        raise InputError(f"unknown time unit {quoted(unit)} in {quoted(text)}: use us, ms or s")
     seconds = number * TIME_UNITS.get(unit, Fraction(1))
     if seconds > MAX_SECONDS:
-        raise InputError(f"{text!r} is longer than a week")
+        raise InputError(f"{quoted(text)} is longer than a week")
     return float(seconds)
 
 
@@ -133,16 +137,19 @@ def parse_bandwidth(text: str) -> float:
     if not unit.endswith("/s"):
         digits = text.strip()[: len(text.strip()) - len(unit)].strip()
         per = text.strip()[len(digits) :].split("/")[0].strip()
+        digits = shown(digits)
         fix = f"{digits}{per}/s" if per.lower() in SIZE_UNITS and per else f"{digits}GB/s or {digits}Gbit/s"
-        raise InputError(f"{text!r} needs a unit per second, e.g. {fix}")
+        raise InputError(f"{quoted(text)} needs a unit per second, e.g. {fix}")
     per = unit[:-2]
     factor = SIZE_UNITS.get(per) if per in SIZE_UNITS else BIT_UNITS.get(per)
     if factor is None or per == "":
-        raise InputError(f"unknown bandwidth unit {unit!r} in {text!r}: use e.g. GB/s, GiB/s or Gbit/s")
+        raise InputError(
+            f"unknown bandwidth unit {quoted(unit)} in {quoted(text)}: use e.g. GB/s, GiB/s or Gbit/s"
+        )
     rate = number * factor
     if not MIN_BANDWIDTH <= rate <= MAX_BYTES:
         raise InputError(
-            f"{text!r}: a bandwidth must be at least {MIN_BANDWIDTH:g} B/s "
+            f"{quoted(text)}: a bandwidth must be at least {MIN_BANDWIDTH:g} B/s "
             f"and at most {format_bytes(MAX_BYTES)}/s"
         )
     return float(rate)
@@ -160,23 +167,33 @@ def format_seconds(seconds: float) -> str:
     return f"{seconds / 1e-6:.4g} us"
 
 
-def format_bytes(size: float) -> str:
-    """A byte count in binary units: ``2**30`` -> ``'1 GiB'``.
+_BINARY = (("EiB", 2**60), ("PiB", 2**50), ("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
+_DECIMAL = (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("KB", 10**3))
 
-    >>> format_bytes(2**30), format_bytes(450 * 2**30), format_bytes(1536)
-    ('1 GiB', '450 GiB', '1.5 KiB')
+
+def format_bytes(size: float) -> str:
+    """A byte count as people read it, exactly where it is a whole number: in binary units where
+    four digits hold it, else in decimal ones (``64MB`` is echoed as ``64 MB``, not ``61.04
+    MiB``), else in bytes; a fraction (a rate) in binary units, to four digits.
+
+    >>> format_bytes(2**30), format_bytes(450 * 2**30), format_bytes(1536), format_bytes(64 * 10**6)
+    ('1 GiB', '450 GiB', '1.5 KiB', '64 MB')
+    >>> format_bytes(12.5e9), format_bytes(64 * 10**6 + 1), format_bytes(1000), format_bytes(2.5e9 / 3)
+    ('12.5 GB', '64,000,001 B', '1000 B', '794.7 MiB')
     """
-    for unit, factor in (
-        ("EiB", 2**60),
-        ("PiB", 2**50),
-        ("TiB", 2**40),
-        ("GiB", 2**30),
-        ("MiB", 2**20),
-        ("KiB", 2**10),
-    ):
-        if size >= factor:
-            return f"{size / factor:.4g} {unit}"
-    return f"{size:.4g} B"
+    binary, exact = _in_units(size, _BINARY)
+    if exact or not float(size).is_integer():  # a fraction, or nan in a message about it
+        return binary
+    decimal, exact = _in_units(size, _DECIMAL)
+    return decimal if exact else f"{int(size):,} B"
+
+
+def _in_units(size: float, units: tuple[tuple[str, int], ...]) -> tuple[str, bool]:
+    """``size`` in the largest of ``units`` that it reaches (else in bytes), to four digits, and
+    whether that is exact."""
+    unit, factor = next(((u, f) for u, f in units if size >= f), ("B", 1))
+    digits = f"{size / factor:.4g}"
+    return f"{digits} {unit}", float(digits) * factor == size
 
 
 def count_of(n: int, noun: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import importlib.machinery
 import json
@@ -21,6 +22,7 @@ from stragglar.formats import json as json_format
 from stragglar.formats.text import render
 from stragglar.schedule import Phase, Schedule
 from stragglar.synth import synthesize
+from stragglar.verify.bound import prove_lower_bound
 
 SUMMARY_8 = (
     "stragglar: 8 GPUs (straggler 7), 7 chunks, 9 rounds after the straggler arrives "
@@ -185,7 +187,7 @@ def test_unwritable_output(tmp_path: Path) -> None:
     ("content", "message"),
     [
         (None, "file not found"),
-        (b"", "not JSON"),
+        (b"", "s.json is empty"),
         (b'{"format": "stragglar-schedule", "version": 1', "not JSON"),
         (b'{"format": "stragglar-schedule", "version": 2}', "unsupported version 2"),
         (b'{"format": "stragglar-schedule", "version": 1}', "collective: missing required key"),
@@ -576,6 +578,19 @@ def test_bound_proves_the_lower_bound() -> None:
     assert "no phase 2 for 5 GPUs fits in 5 rounds, so R*(5) = 6 is optimal" in result.output
 
 
+def test_bound_fitting_at_or_above_the_bound_is_the_expected_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    for rounds, where in (("4", "at"), ("5", "above")):
+        result = run("bound", "--gpus", "4", "--rounds", rounds)
+        assert result.exit_code == 0 and result.stderr == "", result.output
+        expected = f"as expected, z3 fits phase 2 for 4 GPUs in {rounds} rounds, {where} the lower bound"
+        assert result.stdout.startswith(expected), result.stdout
+    fitted = prove_lower_bound(4, rounds=4)
+    below = dataclasses.replace(fitted, rounds=3)  # what z3 would say if the bound were wrong
+    monkeypatch.setattr("stragglar.commands.model.prove_lower_bound", lambda *args: below)
+    line = assert_one_error_line(run("bound", "--gpus", "4"), 1)
+    assert line == "Error: z3 found a phase 2 for 4 GPUs in 3 rounds, below R*(4) = 4"
+
+
 def test_synth_method_smt_is_round_optimal_and_proved() -> None:
     result = run("synth", "--gpus", "5", "--method", "smt", "--straggler", "1")
     assert result.exit_code == 0, result.output
@@ -589,3 +604,15 @@ def test_prove_all_prints_a_row_per_proof(tmp_path: Path) -> None:
     rows = result.output.splitlines()[1:]
     assert any(r.split()[:5] == ["stragglar", "3", "3", "3", "smt"] for r in rows)
     assert len(rows) >= 10
+
+
+def test_timeouts_agree_where_they_bound_the_same_thing_and_say_why_they_differ() -> None:
+    """run 60 s, bench 120 s, synth and bound 600 s: three defaults and nothing said why."""
+    defaults, helps = {}, {}
+    for name in ("run", "bench", "synth", "bound"):
+        command = cli.commands[name]
+        option = next(p for p in command.params if p.name == "timeout")
+        defaults[name], helps[name] = option.default, option.help or ""
+    assert defaults == {"run": "60s", "bench": "60s", "synth": "600s", "bound": "600s"}
+    assert all("each wait for a peer" in helps[name] and "600s" in helps[name] for name in ("run", "bench"))
+    assert all("60s, bounds one wait for a peer" in helps[name] for name in ("synth", "bound"))

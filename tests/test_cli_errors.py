@@ -24,8 +24,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stragglar.cli import cli
-from stragglar.commands import common
+from stragglar.commands import terminal
 from stragglar.errors import InputError
+from stragglar.files import read_text, write_text
 from stragglar.formats import json as json_format
 from stragglar.synth import synthesize
 from stragglar.units import parse_bandwidth, parse_duration, parse_size
@@ -59,8 +60,8 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_nothing_partial(
     assert run("synth", "--gpus", "4", "-o", str(path)).exit_code == 0
     good = path.read_bytes()
     monkeypatch.setattr(os, "fsync", full_disk)
-    assert "No space left" in one_error(run("synth", "--gpus", "6", "-o", str(path)), 2)
-    one_error(run("synth", "--gpus", "6", "-o", str(tmp_path / f"new-{name}")), 2)
+    assert "No space left" in one_error(run("synth", "--gpus", "6", "-o", str(path)), 3)  # ran out
+    one_error(run("synth", "--gpus", "6", "-o", str(tmp_path / f"new-{name}")), 3)
     assert path.read_bytes() == good
     assert sorted(p.name for p in tmp_path.iterdir()) == [name]
 
@@ -69,8 +70,8 @@ def test_bench_json_and_plots_are_written_atomically(tmp_path: Path, monkeypatch
     pytest.importorskip("matplotlib")
     monkeypatch.setattr(os, "fsync", full_disk)
     args = ["--backend", "local", "--gpus", "3", "--sizes", "1KiB", "--delays", "0", "--iters", "1"]
-    one_error(run("bench", *args, "--json", str(tmp_path / "b.json")), 2)
-    one_error(run("cost", "--gpus", "4", "--plot", str(tmp_path / "c.png")), 2)
+    one_error(run("bench", *args, "--json", str(tmp_path / "b.json")), 3)
+    one_error(run("cost", "--gpus", "4", "--plot", str(tmp_path / "c.png")), 3)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -122,7 +123,7 @@ def test_bench_checks_its_json_folder_before_measuring(
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
-def test_a_full_standard_output_is_one_line_and_exit_1() -> None:
+def test_a_full_standard_output_is_one_line_and_exit_3() -> None:
     with open("/dev/full", "wb") as full:
         done = subprocess.run(
             [sys.executable, "-c", "from stragglar.cli import main; main()", "synth", "--gpus", "4"],
@@ -131,8 +132,21 @@ def test_a_full_standard_output_is_one_line_and_exit_1() -> None:
             text=True,
             timeout=120,
         )
-    assert done.returncode == 1
+    assert done.returncode == 3  # a resource ran out
     assert done.stderr.strip().splitlines() == ["Error: cannot write the output: No space left on device"]
+
+
+@pytest.mark.parametrize("option", ["-o", "--json", "--plot"])
+def test_a_file_name_too_long_is_bad_input(tmp_path: Path, option: str) -> None:
+    pytest.importorskip("matplotlib")
+    name = str(tmp_path / ("n" * 300 + (".png" if option == "--plot" else ".json")))
+    command = {
+        "-o": ["synth", "--gpus", "4"],
+        "--json": ["bench", "--backend", "local", "-n", "2", "--sizes", "1KB", "--delays", "0"],
+        "--plot": ["cost", "--gpus", "4"],
+    }[option]
+    line = one_error(run(*command, option, name), 2)
+    assert f"'{option}'" in line and line.endswith("characters): File name too long"), line
 
 
 @pytest.mark.parametrize(
@@ -294,6 +308,43 @@ def test_sizes_take_units_everywhere(tmp_path: Path) -> None:
     assert "Units: a size takes" in run("--help").output
 
 
+@pytest.mark.parametrize(
+    ("size", "shown"),
+    [
+        ("64MB", "64 MB"),
+        ("1.5GB", "1.5 GB"),
+        ("64MiB", "64 MiB"),
+        ("1000004", "1,000,004 B"),
+        ("3KiB", "3 KiB"),
+    ],
+)
+def test_a_size_is_echoed_exactly_in_the_units_it_was_given(size: str, shown: str) -> None:
+    """``--size 64MB`` was echoed as 61.04 MiB: another unit, and rounded."""
+    assert run("cost", "--gpus", "4", "--size", size).stdout.startswith(
+        f"alpha-beta model: 4 GPUs, {shown} buffer"
+    )
+    ran = run("run", "--gpus", "2", "--size", size if size != "1.5GB" else "1.5MB", "--iters", "1")
+    assert f"2 ranks, {shown.replace('GB', 'MB')} float32" in ran.stdout, ran.output
+
+
+@pytest.mark.parametrize("args", [["run", "--schedule", "{json}"], ["bench", "--backend", "local"]])
+def test_a_dtype_the_backend_lacks_is_refused_before_any_work_naming_one_that_has_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str]
+) -> None:
+    def work(*args: object, **kwargs: object) -> None:
+        raise AssertionError("worked before refusing the dtype")
+
+    for name in ("proved", "sweep", "run_benchmark"):
+        monkeypatch.setattr(f"stragglar.commands.measure.{name}", work)
+    json_format.write(synthesize("stragglar", 4), tmp_path / "s.json")
+    filled = [a.format(json=tmp_path / "s.json") for a in args]
+    line = one_error(run(*filled, "--dtype", "bfloat16"), 2)
+    assert line == (
+        "Error: the local backend cannot hold bfloat16: NumPy has no such type; the torch backend has it "
+        "(--backend torch)"
+    )
+
+
 # ---------------------------------------------------------------------------- 10 and 12. hostile files
 
 
@@ -407,12 +458,65 @@ def test_long_work_shows_progress_on_a_terminal_only(monkeypatch: pytest.MonkeyP
     quiet = run("prove-all", "--max-gpus", "3", "--max-simulated", "4")
     assert quiet.exit_code == 0 and quiet.stderr == ""
     shown = io.StringIO()
-    monkeypatch.setattr(common, "_show_progress", lambda: True)
+    monkeypatch.setattr(terminal, "_show_progress", lambda: True)
     monkeypatch.setattr(sys, "stderr", shown)
-    with common.busy("thinking", after=0.05):
+    with terminal.busy("thinking", after=0.05):
         __import__("time").sleep(0.5)
     assert "thinking: 00:00" in shown.getvalue()
-    assert list(common.progress(range(3), "counting")) == [0, 1, 2] and "counting" in shown.getvalue()
+    assert list(terminal.progress(range(3), "counting")) == [0, 1, 2] and "counting" in shown.getvalue()
+
+
+def on_screen(output: str) -> list[str]:
+    """The lines a terminal shows for ``output``: a carriage return writes over its line from the start."""
+    lines = []
+    for raw in output.split("\n"):
+        shown: list[str] = []
+        for part in raw.split("\r"):
+            shown[: len(part)] = part
+        lines.append("".join(shown).rstrip())
+    return [line for line in lines if line]
+
+
+def test_prove_all_rows_never_share_a_line_with_its_bar_and_a_summary_ends_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(terminal, "_show_progress", lambda: True)
+    result = run("prove-all", "--max-gpus", "3", "--max-simulated", "4")  # stdout and stderr, as a terminal
+    assert result.exit_code == 0 and "proving" in result.stderr  # a bar was drawn ...
+    assert on_screen(result.output) == result.stdout.splitlines()  # ... and lifted off every row
+    assert (
+        result.stdout.splitlines()[-1] == "proved all 11 schedules by the simulator, 7 of them by z3 as well"
+    )
+
+
+def test_run_shows_the_time_spent_on_a_terminal_from_its_own_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    args = ["run", "--backend", "local", "--gpus", "3", "--size", "4KiB", "--delay", "100ms", "--iters", "8"]
+    assert run(*args).stderr == ""  # silent in a pipe
+    monkeypatch.setattr(terminal, "_show_progress", lambda: True)
+    result = run(*args)  # 1.8 s of delays: past the second after which the line shows
+    assert result.exit_code == 0 and "running 3 ranks on local: 00:01" in result.stderr, result.stderr
+
+
+def test_reading_and_writing_a_large_file_show_a_busy_line_on_a_terminal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The 405 MB file of N = 2048 took 16 s to write and 27 s to read, in silence."""
+    path = tmp_path / "s.json"
+
+    def slowly(work: Any) -> Any:
+        def slow(*args: Any) -> Any:
+            time.sleep(1.3)  # past the second after which the line shows
+            return work(*args)
+
+        return slow
+
+    monkeypatch.setattr(terminal, "_show_progress", lambda: True)
+    monkeypatch.setattr("stragglar.commands.common.write_text", slowly(write_text))
+    monkeypatch.setattr("stragglar.commands.common.read_text", slowly(read_text))
+    written = run("synth", "--gpus", "4", "-o", str(path))
+    assert written.exit_code == 0 and f"writing {path}: 00:01" in written.stderr, written.stderr
+    read = run("verify", str(path))
+    assert read.exit_code == 0 and f"reading {path}: 00:01" in read.stderr, read.stderr
 
 
 # ---------------------------------------------------------------------------- 17. prove-all
@@ -555,7 +659,7 @@ def test_ctrl_c_ends_a_z3_command_in_one_line() -> None:
     finally:
         child.kill()
     assert time.perf_counter() - start < 3.0
-    assert child.returncode == 1 and err.strip() == "Aborted!" and out == "", (out, err)
+    assert child.returncode == 130 and err.strip() == "Aborted!" and out == "", (out, err)  # 128 + SIGINT
 
 
 def test_ctrl_c_interrupts_z3_inside_check(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -619,3 +723,101 @@ def test_a_string_that_is_not_unicode_is_refused_when_read_not_when_printed(
     document["name" if kind == "plan" else "algorithm"] = "late \U0001f600"  # a pair is fine
     bad.write_text(json.dumps(document))
     assert run("verify", str(bad)).exit_code == 0
+
+
+# ---------------------------------------------------------------------------- what messages echo
+
+
+def test_control_characters_from_a_file_are_escaped_not_sent_to_the_terminal(tmp_path: Path) -> None:
+    document = json_format.to_document(synthesize("stragglar", 4))
+    document["algorithm"] = "late\x00\x1b[2J"
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(document))
+    shown = run("show", str(path))
+    assert shown.exit_code == 0 and "late\\x00\\x1b[2J: 4 GPUs" in shown.stdout
+    assert "\x1b" not in shown.output and "\x00" not in shown.output
+    escape = tmp_path / "\x1b[31m.json"
+    assert "\x1b" not in one_error(run("verify", str(escape)), 2)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["synth", "--gpus", "{long}"],
+        ["synth", "--gpus", "4", "--algorithm", "{long}"],
+        ["cost", "--gpus", "4", "--size", "{long}"],
+        ["cost", "--gpus", "4", "--delay", "1{long}"],
+        ["cost", "--gpus", "4", "--size", "1{long}"],
+        ["cost", "--gpus", "4", "--chunks", "{long}"],
+        ["verify", "{long}"],
+        ["synth", "--gpus", "4", "-o", "{long}.dat"],
+        ["synth", "--gpus", "4", "-o", "{long}/x.json"],
+        ["bench", "--gpus", "{long}"],
+    ],
+)
+def test_an_error_quotes_at_most_a_few_words_of_what_it_was_given(args: list[str]) -> None:
+    line = one_error(run(*(a.format(long="y" * 100_000) for a in args)), 2)
+    assert "characters)" in line and len(line) < 400, line[:400]
+
+
+def test_an_empty_file_is_called_empty_whatever_its_name(tmp_path: Path) -> None:
+    for name in ("e.xml", "e.json"):
+        (tmp_path / name).write_text(" \n")
+        assert one_error(run("verify", str(tmp_path / name)), 2).endswith(
+            f"{tmp_path / name} is empty: no schedule, MSCCL XML or MSCCL++ plan in it"
+        )
+
+
+# ---------------------------------------------------------------------------- signals and ranks
+
+
+@pytest.mark.skipif(shutil.which("sh") is None, reason="needs a shell")
+@pytest.mark.parametrize(
+    ("sig", "code", "line"),
+    [
+        (signal.SIGHUP, 129, "Error: stopped by SIGHUP: every rank was ended"),
+        (signal.SIGTERM, 143, "Error: stopped by SIGTERM: every rank was ended"),
+        (signal.SIGINT, 130, "Aborted!"),
+    ],
+)
+def test_a_signal_to_run_cleans_up_and_ends_in_one_line_with_its_own_code(
+    tmp_path: Path, sig: signal.Signals, code: int, line: str
+) -> None:
+    """A closed terminal (SIGHUP) is SIGTERM's twin: it left /tmp/stragglar-* and exited 129 silently."""
+    pytest.importorskip("torch")
+    code_line = (
+        "import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "from stragglar.cli import main; main()"
+    )
+    args = ["run", "--backend", "torch", "-n", "2", "--size", "4", "--delay", "20ms", "--iters", "10000"]
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    child = subprocess.Popen(
+        [sys.executable, "-c", code_line, *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not list(tmp_path.glob("stragglar-*")):  # the ranks' rendezvous: they are running
+            assert child.poll() is None and time.monotonic() < deadline, child.communicate()
+            time.sleep(0.05)
+        time.sleep(0.5)
+        child.send_signal(sig)
+        out, err = child.communicate(timeout=30)
+    finally:
+        child.kill()
+    assert child.returncode == code and err.strip().splitlines() == [line] and out == "", (out, err)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_ranks_out_of_memory_are_a_resource_that_ran_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("torch")
+
+    def no_memory(*args: object) -> None:
+        raise MemoryError
+
+    monkeypatch.setattr("stragglar.measure.run_torch.payload", no_memory)  # the forked ranks inherit it
+    line = one_error(run("run", "--backend", "torch", "-n", "2", "--size", "4", "--iters", "1"), 3)
+    assert line.startswith("Error: 2 of 2 ranks failed: ranks 0, 1 raised MemoryError"), line

@@ -1,14 +1,22 @@
-"""Atomic writes: a failed write leaves the old file and nothing partial; a link keeps being a link."""
+"""Atomic writes: a failed write leaves the old file and nothing partial; a link keeps being a link;
+one of our own descriptors (``-o /dev/stdout >> log``) is written as it is, never replaced."""
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+import stragglar
+from stragglar.cli import cli
 from stragglar.errors import InputError
-from stragglar.files import write_text
+from stragglar.files import own_descriptor, write_text
 
 
 def test_write_text_replaces_the_file_atomically(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -43,3 +51,104 @@ def test_write_text_through_a_link_replaces_its_target_and_keeps_the_link(tmp_pa
     with pytest.raises(InputError, match="symbolic link to a missing file"):
         write_text(dangling, "lost\n")
     assert dangling.is_symlink() and not (tmp_path / "missing").exists()
+
+
+def test_own_descriptors_are_told_from_files_and_from_other_processes(tmp_path: Path) -> None:
+    (tmp_path / "out.json").symlink_to("/dev/stdout")
+    (tmp_path / "again.json").symlink_to(tmp_path / "out.json")
+    names = {
+        "/dev/stdout": 1,
+        "/dev/stderr": 2,
+        "/dev/fd/2": 2,
+        "/proc/self/fd/1": 1,
+        f"/proc/{os.getpid()}/fd/2": 2,
+        "/proc/thread-self/fd/1": 1,
+        str(tmp_path / "again.json"): 1,
+        str(tmp_path / "plain.json"): None,
+        "/dev/null": None,
+    }
+    assert {name: own_descriptor(name) for name in names} == names
+    with pytest.raises(InputError, match="a descriptor of another process"):
+        own_descriptor(f"/proc/{os.getppid()}/fd/1")
+
+
+def test_a_descriptor_is_written_as_it_is_not_reopened_or_replaced(tmp_path: Path) -> None:
+    log = tmp_path / "build.log"
+    log.write_text("earlier\n")
+    with open(log, "a") as appending:  # what `>> build.log` opens
+        write_text(f"/proc/self/fd/{appending.fileno()}", "new\n")
+        write_text(f"/dev/fd/{appending.fileno()}", "newer\n")
+    assert log.read_text() == "earlier\nnew\nnewer\n" and sorted(os.listdir(tmp_path)) == ["build.log"]
+
+
+STRAGGLAR = f"{shlex.quote(sys.executable)} -m stragglar"
+SYNTH = f"{STRAGGLAR} synth --gpus 4 --format json"
+BENCH = f"{STRAGGLAR} bench --backend local -n 2 --sizes 1KB --delays 0 --iters 1"
+
+
+@pytest.mark.parametrize(
+    "shell",
+    [
+        f"{SYNTH} -o /dev/stdout >> out",
+        f"{SYNTH} -o /dev/stderr 2>> out",
+        f"{SYNTH} -o /proc/self/fd/1 >> out",
+        f"{SYNTH} -o /dev/fd/1 >> out",
+        f"{SYNTH} -o /dev/fd/3 3>> out",
+        f"{SYNTH} -o - >> out",
+        f"ln -s /dev/stdout link.json && {STRAGGLAR} synth --gpus 4 -o link.json >> out",
+        f"{BENCH} --json /dev/stdout >> out",
+        f"{{ echo HEADER; {SYNTH} -o /dev/stdout; echo FOOTER; }} >> out",
+    ],
+)
+def test_an_output_that_is_a_shell_redirection_keeps_what_the_file_had(tmp_path: Path, shell: str) -> None:
+    """``-o /dev/stdout >> build.log`` appends: the rename onto the link's target replaced the file."""
+    (tmp_path / "out").write_text("earlier\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(stragglar.__file__).parents[1])}
+    done = subprocess.run(
+        ["sh", "-c", shell], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    lines = (tmp_path / "out").read_text().splitlines()
+    framed = "HEADER" in shell
+    assert (
+        lines[0] == "earlier" and (lines[1:2] == ["HEADER"]) == framed and (lines[-1] == "FOOTER") == framed
+    )
+    document = json.loads("\n".join(lines[1 + framed : len(lines) - framed]))
+    assert document.get("format") == "stragglar-schedule" or document.get("backend") == "local"
+
+
+def test_another_process_s_descriptor_is_refused_and_its_file_kept(tmp_path: Path) -> None:
+    log = tmp_path / "theirs.log"
+    log.write_text("theirs\n")
+    with open(log, "a") as theirs:
+        other = subprocess.Popen(["sleep", "60"], stdout=theirs)
+    try:
+        result = CliRunner().invoke(
+            cli, ["synth", "--gpus", "4", "-o", f"/proc/{other.pid}/fd/1", "--format", "json"]
+        )
+    finally:
+        other.kill()
+        other.wait()
+    assert result.exit_code == 2 and "a descriptor of another process" in result.output
+    assert log.read_text() == "theirs\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["synth", "--gpus", "4", "-o", ""], "an empty file name: name a file, or - for standard output"),
+        (["cost", "--gpus", "4", "--plot", "-"], "- is standard output, which carries the command's text"),
+    ],
+)
+def test_an_empty_output_name_and_a_chart_on_stdout_are_refused(args: list[str], message: str) -> None:
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2 and message in result.stderr and result.stdout == ""
+
+
+def test_dash_is_standard_output_with_the_summary_on_stderr(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli, ["synth", "--gpus", "4", "-o", "-", "--format", "json"])
+    assert result.exit_code == 0 and json.loads(result.stdout)["num_ranks"] == 4
+    assert result.stderr.startswith("stragglar: 4 GPUs") and list(tmp_path.iterdir()) == []

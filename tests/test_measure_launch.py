@@ -44,6 +44,14 @@ def test_a_healthy_run_longer_than_timeout_plus_slack_succeeds() -> None:
     assert time.monotonic() - start > 1.5  # longer than timeout + slack, and still fine
 
 
+def test_the_launcher_ticks_from_its_own_loop_while_the_ranks_run() -> None:
+    """For a progress line: no thread may be alive when the ranks are forked."""
+    ticks: list[float] = []
+    start = time.monotonic()
+    launch(steady, 2, (prove(synthesize("ring", 2)), 6, True), timeout=5.0, tick=lambda: ticks.append(1))
+    assert len(ticks) >= (time.monotonic() - start) / 0.25 - 1  # at least every quarter second
+
+
 def test_a_rank_that_reports_no_progress_fails_after_timeout_plus_slack() -> None:
     start = time.monotonic()
     with pytest.raises(LaunchError) as info:
@@ -121,6 +129,32 @@ def test_a_rank_that_raises_is_named_with_its_error() -> None:
         "ranks 0, 2 lost the connection in the closing barrier"
     )
     assert "second line" in info.value.errors[1]
+    assert info.value.exit_code == 1  # a failed run
+
+
+class OutOfMemoryError(RuntimeError):
+    """What torch raises when CUDA memory runs out (torch.cuda.OutOfMemoryError), minus CUDA."""
+
+
+def runs_out_of_memory(rank: int, n: int, kind: str) -> None:
+    if rank == 1:
+        try:
+            raise (
+                MemoryError
+                if kind == "host"
+                else OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")
+            )
+        except Exception as e:
+            raise RuntimeError("the step failed") from e  # found behind what wraps it, as DDP wraps a hook's
+    time.sleep(0.2)
+
+
+@pytest.mark.parametrize("kind", ["host", "cuda"])
+def test_a_rank_out_of_memory_is_a_resource_that_ran_out(kind: str) -> None:
+    with pytest.raises(LaunchError) as info:
+        launch(runs_out_of_memory, 2, (kind,), timeout=10)
+    assert info.value.exit_code == 3 and info.value.failures[1].out_of_memory
+    assert str(info.value).startswith("2 of 2 ranks failed: rank 1 raised RuntimeError: the step failed")
 
 
 def test_the_summary_stays_one_short_line_for_many_ranks() -> None:
@@ -178,7 +212,7 @@ def _start(tmp_path: Path) -> tuple[subprocess.Popen[str], Path, Path]:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGKILL])
 def test_a_signal_to_the_launcher_ends_every_rank_and_removes_its_files(
     tmp_path: Path, sig: signal.Signals
 ) -> None:
@@ -196,7 +230,8 @@ def test_a_signal_to_the_launcher_ends_every_rank_and_removes_its_files(
         assert proc.returncode != 0
         if sig != signal.SIGKILL:  # a killed launcher cannot clean up; its ranks still die with it
             assert list(scratch.iterdir()) == []
-            assert ("Stopped: stopped by SIGTERM" if sig == signal.SIGTERM else "KeyboardInterrupt") in err
+            stopped = f"Stopped: stopped by {sig.name}: every rank was ended"
+            assert (stopped if sig != signal.SIGINT else "KeyboardInterrupt") in err
     finally:
         for pid in ranks:
             if not _gone(pid):

@@ -8,6 +8,7 @@ import json
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
@@ -18,7 +19,7 @@ from stragglar.formats import json as json_format
 from stragglar.measure.run import run_benchmark
 from stragglar.measure.sweep import sweep
 from stragglar.measure.timing import turn
-from stragglar.model import best_chunks
+from stragglar.model import PAPER_NETWORK, Network, best_chunks
 from stragglar.synth import synthesize
 from stragglar.verify import Proof, prove
 
@@ -57,9 +58,19 @@ def test_turn_puts_every_entry_in_every_place_once_per_cycle(entries: int) -> No
 
 def test_run_benchmark_local_times_each_proof_in_the_same_iterations() -> None:
     n, count, delay = 4, 3 * 2**10 + 5, 0.01
+    ticks: list[int] = []
     result = run_benchmark(
-        "local", n, 4 * count, "int32", delay, proof=proofs(n, 9, None, ring=True), iters=3, warmup=1
+        "local",
+        n,
+        4 * count,
+        "int32",
+        delay,
+        proof=proofs(n, 9, None, ring=True),
+        iters=3,
+        warmup=1,
+        tick=lambda: ticks.append(1),
     )
+    assert len(ticks) == (1 + 3) * (3 + 1)  # after each run of each schedule and the baseline
     assert [(v.name, v.chunks) for v in result.variants] == [
         ("stragglar C=9", 9),
         ("stragglar", 3),
@@ -164,6 +175,49 @@ def test_cli_run_chunks_auto_says_what_the_model_chose() -> None:
         "(alpha 3 us, 450 GiB/s) on the paper's network\n"
     )
     assert result.stdout.startswith(f"stragglar C={c}, stragglar on local: 4 ranks, 32 MiB float32")
+
+
+@pytest.mark.parametrize("command", ["run", "bench"])
+def test_cli_chunks_auto_prices_the_paced_links_of_link_rate(
+    monkeypatch: pytest.MonkeyPatch, command: str
+) -> None:
+    """With --link-rate R, auto priced the paper's 450 GiB/s links anyway."""
+    paced = Network(PAPER_NETWORK.alpha, 200e6)
+    c = best_chunks(4, 32 * MIB, 1e-3, paced)
+    assert c != best_chunks(4, 32 * MIB, 1e-3)  # else the test could not tell the networks apart
+    chosen: list[int | None] = []
+
+    def measured(*args: object, chunks: Any = None, **kwargs: object) -> None:
+        chosen.append(chunks if command == "run" else chunks(4, 32 * MIB, 1e-3))
+        raise InputError("measured")
+
+    monkeypatch.setattr(
+        f"stragglar.commands.measure.{'run_benchmark' if command == 'run' else 'sweep'}", measured
+    )
+    setting = [
+        "--size" if command == "run" else "--sizes",
+        "32MiB",
+        "--delay" if command == "run" else "--delays",
+    ]
+    result = run(
+        command,
+        "--backend",
+        "torch",
+        "--gpus",
+        "4",
+        *setting,
+        "1ms",
+        "--chunks",
+        "auto",
+        "--link-rate",
+        "200MB/s",
+    )
+    assert chosen == [c], result.output
+    if command == "run":
+        assert result.stderr.startswith(
+            f"--chunks auto: C = {c}, the cost model's fastest for 32 MiB with the straggler 1 ms late "
+            "(alpha 3 us, 200 MB/s) on the paced links (--link-rate, the paper's alpha)\n"
+        )
 
 
 def test_cli_bench_chunks_adds_columns_and_keeps_the_json(tmp_path: Path) -> None:

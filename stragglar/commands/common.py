@@ -1,26 +1,31 @@
-"""What several commands share: options with units, input kinds, outputs, proofs with a name, progress."""
+"""What several commands share: options with units, input kinds, outputs, proofs with a name."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import json
 import os
-import sys
-import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 from click.core import ParameterSource
-from tqdm import tqdm
 
 from stragglar.artifacts import FORMATS, PROTOCOLS, ArtifactFormat, ExportOptions, format_of
-from stragglar.errors import IncorrectError, InputError, StragglarError
-from stragglar.files import check_replaceable, read_text, same_file, write_bytes, write_text
+from stragglar.commands.terminal import busy, echo
+from stragglar.errors import (
+    IncorrectError,
+    InputError,
+    ResourceError,
+    StragglarError,
+    quoted,
+    ran_out,
+    shown,
+)
+from stragglar.files import check_replaceable, own_descriptor, read_text, same_file, write_bytes, write_text
 from stragglar.formats import json as json_format
 from stragglar.model import AUTO, PAPER_NETWORK, Network, resolve_chunks
 from stragglar.schedule import Schedule
@@ -36,6 +41,7 @@ __all__ = [
     "DURATION",
     "GPUS",
     "MEASURED_CHUNKS",
+    "OUTPUT",
     "PLOT",
     "SIZE",
     "STRAGGLER",
@@ -44,7 +50,6 @@ __all__ = [
     "artifact_error",
     "artifact_options",
     "auto_note",
-    "busy",
     "check_output",
     "check_plot",
     "chosen_chunks",
@@ -54,25 +59,19 @@ __all__ = [
     "load_schedule",
     "model_options",
     "network_words",
-    "progress",
-    "progress_bar",
     "proved",
     "proved_artifact",
     "read_artifact",
     "read_input",
     "refuse_given",
     "refuse_other_formats",
+    "to_stdout",
     "write",
     "write_plot",
 ]
 
-_T = TypeVar("_T")
 _D = TypeVar("_D")
 _F = TypeVar("_F", bound=Callable[..., Any])
-
-# tqdm's monitor thread would outlive every bar; a thread alive when `run` forks its ranks can
-# leave a lock held in a child for good, so there is none.
-tqdm.monitor_interval = 0
 
 
 class Quantity(click.ParamType):  # type: ignore[type-arg, unused-ignore]
@@ -91,7 +90,7 @@ class Quantity(click.ParamType):  # type: ignore[type-arg, unused-ignore]
                 return self.parse(value)
             items = [x.strip() for x in value.split(",")]
             if not all(items):
-                raise InputError(f"expected a comma-separated list, got {value!r}")
+                raise InputError(f"expected a comma-separated list, got {quoted(value)}")
             return [self.parse(x) for x in items]
         except InputError as e:
             self.fail(str(e), param, ctx)
@@ -114,7 +113,7 @@ class ChunkCount(click.ParamType):  # type: ignore[type-arg, unused-ignore]
         if text == AUTO:
             return AUTO
         if not text.isdigit() or int(text) < 1:
-            self.fail(f"expected a whole number of chunks or auto, got {value!r}", param, ctx)
+            self.fail(f"expected a whole number of chunks or auto, got {quoted(value)}", param, ctx)
         return int(text)
 
 
@@ -136,8 +135,8 @@ def chunks_option(auto: str) -> Callable[[_F], _F]:
 CHUNKS = chunks_option("the one the cost model prices fastest at --size, --delay, --alpha and --bandwidth")
 MEASURED_CHUNKS = (
     f"the one the cost model prices fastest at the size and delay on the paper's network "
-    f"({network_words(PAPER_NETWORK)}); timed beside the paper's C = N-1 and the baseline, in the "
-    "same iterations"
+    f"({network_words(PAPER_NETWORK)}), with --link-rate R on links of bandwidth R; timed beside "
+    "the paper's C = N-1 and the baseline, in the same iterations"
 )
 
 
@@ -200,10 +199,26 @@ ALGORITHM = click.option(
     "--algorithm", "-a", type=click.Choice(ALGORITHMS), default="stragglar", show_default=True
 )
 VERBOSE = click.option("-v", "--verbose", is_flag=True, help="Also print what each proof covers.")
+
+
+class OutputPath(click.Path):
+    """An output file's name: ``-`` is standard output; an empty name is an error (as a path it
+    would be the current folder)."""
+
+    def __init__(self) -> None:
+        super().__init__(dir_okay=False, allow_dash=True, path_type=Path)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if value == "":
+            self.fail("an empty file name: name a file, or - for standard output", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+OUTPUT = OutputPath()
 PLOT = click.option(
     "--plot",
     "plot_file",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=OUTPUT,
     help="Also draw a chart into this file (.png, .svg or .pdf; needs matplotlib).",
 )
 
@@ -302,16 +317,19 @@ def read_input(path: Path) -> Input:
     """Read and classify an input file; a malformed one is an error naming the file.
 
     The text is parsed as JSON at most once, when a format's recogniser asks for it or, for a
-    schedule, to read it."""
-    text = read_text(path)
-    document = functools.cache(lambda: json_format.parse(text))
-    try:
-        fmt = format_of(text, document)
-        if fmt is not None:
-            return Input(path, fmt, text, None)
-        return Input(path, None, text, json_format.from_document(document()))
-    except json_format.ScheduleFormatError as e:
-        raise json_format.ScheduleFormatError(f"{path}: {e}") from None
+    schedule, to read it.  An empty file is called empty, whatever its name says."""
+    with busy(f"reading {shown(path)}"):
+        text = read_text(path)
+        if not text.strip():
+            raise InputError(f"{path} is empty: no schedule, MSCCL XML or MSCCL++ plan in it")
+        document = functools.cache(lambda: json_format.parse(text))
+        try:
+            fmt = format_of(text, document)
+            if fmt is not None:
+                return Input(path, fmt, text, None)
+            return Input(path, None, text, json_format.from_document(document()))
+        except json_format.ScheduleFormatError as e:
+            raise json_format.ScheduleFormatError(f"{path}: {e}") from None
 
 
 def load_schedule(path: Path, command: str) -> Schedule:
@@ -326,30 +344,52 @@ def load_schedule(path: Path, command: str) -> Schedule:
     return found.schedule
 
 
+def to_stdout(output: Path | None) -> bool:
+    """Whether the output ``output`` is standard output: ``-``, or a name of descriptor 1 such as
+    ``/dev/stdout`` (:func:`~stragglar.files.own_descriptor`).  A command then prints the output
+    there, as it does without the option, and the lines it would print beside it go to stderr."""
+    return output is not None and (str(output) == "-" or own_descriptor(output) == 1)
+
+
 def check_output(output: Path, *inputs: Path, option: str = "-o") -> None:
     """Refuse, before any work, an output that would overwrite an input, that cannot be a file
     (a folder, or a device, a fifo or a socket, which the atomic rename would replace with a
     plain file: ``--json /dev/null`` must not delete the device), or whose folder is missing or
-    not writable; ``option`` names it in the error."""
-    for source in inputs:
-        if same_file(source, output):
-            raise InputError(f"{output} is the input file: write the output somewhere else")
-    if output.is_dir():
-        raise InputError(f"{output} is a directory")
-    check_replaceable(output)
-    folder = output.parent.resolve()
-    if not folder.is_dir():
-        raise click.BadParameter(f"{output}: folder {output.parent} does not exist", param_hint=f"'{option}'")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise click.BadParameter(f"{output}: cannot write in {output.parent}", param_hint=f"'{option}'")
+    not writable; ``option`` names it in the error.  Standard output and this process's other
+    descriptors are written as they are: nothing to check."""
+    if str(output) == "-" or own_descriptor(output) is not None:
+        return
+    try:
+        for source in inputs:
+            if same_file(source, output):
+                raise InputError(f"{shown(output)} is the input file: write the output somewhere else")
+        if output.is_dir():
+            raise InputError(f"{shown(output)} is a directory")
+        check_replaceable(output)
+        folder = output.parent.resolve()
+        if not folder.is_dir():
+            why = f"{shown(output)}: folder {shown(output.parent)} does not exist"
+        elif not os.access(folder, os.W_OK | os.X_OK):
+            why = f"{shown(output)}: cannot write in {shown(output.parent)}"
+        else:
+            return
+    except OSError as e:  # a name too long, a folder that cannot be searched
+        why = f"{shown(output)}: {e.strerror or e}"
+    raise click.BadParameter(why, param_hint=f"'{option}'")
 
 
 def check_plot(path: Path | None, *inputs: Path) -> None:
     """Check a plot's file and matplotlib before the work, so a typo does not cost a whole run."""
     if path is None:
         return
+    if to_stdout(path):
+        raise click.BadParameter(
+            f"{shown(path)} is standard output, which carries the command's text: "
+            "name a .png, .svg or .pdf file",
+            param_hint="'--plot'",
+        )
     if path.suffix.lower() not in (".png", ".svg", ".pdf"):
-        raise click.BadParameter(f"{path}: name a .png, .svg or .pdf file", param_hint="'--plot'")
+        raise click.BadParameter(f"{shown(path)}: name a .png, .svg or .pdf file", param_hint="'--plot'")
     check_output(path, *inputs, option="--plot")
     from stragglar import plot
 
@@ -366,8 +406,8 @@ def write_plot(path: Path, figure: Callable[[Any], Any]) -> None:
     try:
         write_bytes(path, plot.render(figure(plot), path.suffix.lower()[1:]))
     except OSError as e:
-        raise click.BadParameter(f"cannot write {path}: {e.strerror or e}", param_hint="'--plot'") from None
-    click.echo(f"plot written to {path}")
+        raise _cannot_write(path, "--plot", e) from None
+    echo(f"plot written to {path}")
 
 
 def proved(schedule: Schedule, name: str, prover: Callable[[Schedule], Proof] = prove) -> Proof:
@@ -407,62 +447,25 @@ def artifact_error(fmt: ArtifactFormat[Any], name: str, error: StragglarError) -
 
 
 def write(path: Path, text: str, option: str = "-o") -> None:
-    """Write ``text`` and a newline to ``path`` (atomically); a failure is an error of ``option``."""
+    """Write ``text`` and a newline to ``path`` (atomically; standard output as it is, see
+    :func:`to_stdout`); a failure is an error of ``option``."""
+    if to_stdout(path):
+        click.echo(text)
+        return
     try:
-        write_text(path, text + "\n")
+        with busy(f"writing {shown(path)}"):
+            write_text(path, text + "\n")
     except OSError as e:
-        why = f"cannot write {path}: {e.strerror or e}"
-        raise click.BadParameter(why, param_hint=f"'{option}'") from None
+        raise _cannot_write(path, option, e) from None
+
+
+def _cannot_write(path: Path, option: str, error: OSError) -> Exception:
+    """A failed write: a full disk (or quota) is a resource that ran out (exit 3), anything else
+    a bad ``option`` (exit 2, a read-only folder, say)."""
+    why = f"cannot write {shown(path)}: {error.strerror or error}"
+    return ResourceError(why) if ran_out(error) else click.BadParameter(why, param_hint=f"'{option}'")
 
 
 def dump_json(path: Path, document: object) -> None:
     """Write a JSON document of results to ``path`` (atomically), the file of ``--json``."""
     write(path, json.dumps(document, indent=2), "--json")
-
-
-def _show_progress() -> bool:
-    return sys.stderr.isatty()
-
-
-def progress(items: Iterable[_T], label: str, total: int | None = None) -> Iterator[_T]:
-    """``items`` with a progress bar on stderr when it is a terminal; silent in pipes and CI."""
-    yield from tqdm(
-        items, desc=label, total=total, file=sys.stderr, disable=not _show_progress(), leave=False
-    )
-
-
-@contextlib.contextmanager
-def progress_bar(total: int, label: str) -> Iterator[Callable[[str], None]]:
-    """A bar of ``total`` steps on stderr when it is a terminal; yields ``advance(note)``."""
-    with tqdm(total=total, desc=label, file=sys.stderr, disable=not _show_progress(), leave=False) as bar:
-
-        def advance(note: str = "") -> None:
-            bar.set_postfix_str(note, refresh=False)
-            bar.update(1)
-
-        yield advance
-
-
-@contextlib.contextmanager
-def busy(label: str, after: float = 1.0) -> Iterator[None]:
-    """Show ``label`` and the time spent on stderr for work that outlasts ``after`` seconds, when
-    stderr is a terminal; nothing in pipes and CI, and nothing for quick work."""
-    if not _show_progress():
-        yield
-        return
-    done = threading.Event()
-
-    def tick() -> None:
-        if done.wait(after):
-            return
-        with tqdm(desc=label, file=sys.stderr, bar_format="{desc}: {elapsed}", leave=False) as bar:
-            while not done.wait(0.2):
-                bar.refresh()
-
-    thread = threading.Thread(target=tick, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        done.set()
-        thread.join(1.0)

@@ -11,6 +11,7 @@ from stragglar.commands.common import (
     BANDWIDTH,
     DURATION,
     MEASURED_CHUNKS,
+    OUTPUT,
     SIZE,
     STRAGGLER,
     Quantity,
@@ -20,14 +21,15 @@ from stragglar.commands.common import (
     chunks_option,
     dump_json,
     load_schedule,
-    progress_bar,
     proved,
     refuse_given,
+    to_stdout,
 )
-from stragglar.errors import InputError
-from stragglar.measure.run import BACKENDS, MAX_ITERS, BenchmarkResult, run_benchmark
+from stragglar.commands.terminal import echo, progress_bar
+from stragglar.errors import InputError, quoted
+from stragglar.measure.run import BACKENDS, MAX_ITERS, BenchmarkResult, check_dtype, run_benchmark
 from stragglar.measure.sweep import sweep
-from stragglar.model import AUTO, PAPER_NETWORK
+from stragglar.model import AUTO, PAPER_NETWORK, Network
 from stragglar.runtime import DTYPES
 from stragglar.units import parse_duration, parse_size
 
@@ -38,6 +40,15 @@ LINK_RATE = click.option(
     type=BANDWIDTH,
     help="Pace every rank's sockets to this bandwidth (torch backend): each rank gets a link of its "
     "own, as the cost model assumes, instead of the host's shared loopback.",
+)
+
+PEER_TIMEOUT = click.option(
+    "--timeout",
+    type=DURATION,
+    default="60s",
+    show_default=True,
+    help="Give up on a silent peer after this long: a bound on each wait for a peer, not on the run "
+    "(the z3 commands' --timeout, 600s by default, is a budget for the whole search instead).",
 )
 
 
@@ -63,13 +74,7 @@ LINK_RATE = click.option(
     "--schedule", "schedule_file", type=click.Path(path_type=Path), help="Run this JSON schedule file."
 )
 @click.option("--iters", type=click.IntRange(1, MAX_ITERS), default=5, show_default=True)
-@click.option(
-    "--timeout",
-    type=DURATION,
-    default="60s",
-    show_default=True,
-    help="Give up on a silent peer after this long.",
-)
+@PEER_TIMEOUT
 @LINK_RATE
 def run(
     backend: str,
@@ -93,6 +98,7 @@ def run(
     in one launch of the ranks, and the chunked one's speed-up over the paper's is printed too.
     """
     _torch_only(backend)
+    check_dtype(backend, dtype)  # before any work: NumPy has no bfloat16
     proof = None
     if schedule_file is not None:
         refuse_given(["algorithm", "straggler", "chunks"], f"the schedule comes from {schedule_file}")
@@ -102,26 +108,28 @@ def run(
         num_gpus = proof.num_ranks
     elif num_gpus is None:
         raise click.UsageError("--gpus is required (or give a --schedule file)")
-    count = chosen_chunks(chunks, num_gpus, size, delay, PAPER_NETWORK, algorithm=algorithm)
+    network, where = _priced_network(link_rate)
+    count = chosen_chunks(chunks, num_gpus, size, delay, network, algorithm=algorithm)
     if count is not None and chunks == AUTO:
-        click.echo(auto_note(count, size, delay, PAPER_NETWORK, " on the paper's network"), err=True)
-    # no progress thread here: the torch backend forks its ranks, and a thread alive at a fork
-    # may leave a lock held in a child for good
-    result = run_benchmark(
-        backend,
-        num_gpus,
-        size,
-        dtype,
-        delay,
-        algorithm=algorithm,
-        proof=proof,
-        chunks=count,
-        straggler=straggler,
-        iters=iters,
-        timeout=timeout,
-        link_rate=link_rate,
-    )
-    click.echo(result.report())
+        echo(auto_note(count, size, delay, network, where), err=True)
+    # a bar moved by the run's own loop, no thread: the torch backend forks its ranks
+    with progress_bar(None, f"running {num_gpus} ranks on {backend}") as bar:
+        result = run_benchmark(
+            backend,
+            num_gpus,
+            size,
+            dtype,
+            delay,
+            algorithm=algorithm,
+            proof=proof,
+            chunks=count,
+            straggler=straggler,
+            iters=iters,
+            timeout=timeout,
+            link_rate=link_rate,
+            tick=bar.tick,
+        )
+    echo(result.report())
 
 
 @click.command()
@@ -145,16 +153,13 @@ def run(
 @ALGORITHM
 @chunks_option(f"per setting, {MEASURED_CHUNKS}")
 @click.option("--iters", type=click.IntRange(1, MAX_ITERS), default=5, show_default=True)
-@click.option(
-    "--timeout",
-    type=DURATION,
-    default="120s",
-    show_default=True,
-    help="Give up on a silent peer after this long.",
-)
+@PEER_TIMEOUT
 @LINK_RATE
 @click.option(
-    "--json", "json_file", type=click.Path(dir_okay=False, path_type=Path), help="Also save the results."
+    "--json",
+    "json_file",
+    type=OUTPUT,
+    help="Also save the results (-: the JSON on stdout, the table on stderr).",
 )
 def bench(
     backend: str,
@@ -178,17 +183,20 @@ def bench(
     the paper's StragglAR (C = N-1) over it.
     """
     _torch_only(backend)
+    check_dtype(backend, dtype)  # before any work: NumPy has no bfloat16
     if json_file is not None:
         check_output(json_file, option="--json")
 
+    network, _ = _priced_network(link_rate)
+
     def count_for(num_gpus: int, size: int, delay: float) -> int | None:
-        return chosen_chunks(chunks, num_gpus, size, delay, PAPER_NETWORK, algorithm=algorithm)
+        return chosen_chunks(chunks, num_gpus, size, delay, network, algorithm=algorithm)
 
     counts = _rank_counts(gpus)
-    with progress_bar(len(counts) * len(sizes) * len(delays), "measuring") as advance:
+    with progress_bar(len(counts) * len(sizes) * len(delays), "measuring", after=0) as bar:
 
         def finished(r: BenchmarkResult) -> None:
-            advance(r.progress_line().strip())
+            bar.advance(r.progress_line().strip())
 
         result = sweep(
             backend,
@@ -202,11 +210,22 @@ def bench(
             timeout=timeout,
             progress=finished,
             link_rate=link_rate,
+            tick=bar.tick,
         )
-    click.echo(result.table())
+    json_on_stdout = to_stdout(json_file)
+    echo(result.table(), err=json_on_stdout)
     if json_file is not None:
         dump_json(json_file, result.to_json())
-        click.echo(f"results written to {json_file}")
+        if not json_on_stdout:
+            echo(f"results written to {json_file}")
+
+
+def _priced_network(link_rate: float | None) -> tuple[Network, str]:
+    """The network ``--chunks auto`` prices for a measured run, and how its note says so: the
+    paper's, or with ``--link-rate`` the links the ranks were paced to (the paper's alpha)."""
+    if link_rate is None:
+        return PAPER_NETWORK, " on the paper's network"
+    return Network(PAPER_NETWORK.alpha, link_rate), " on the paced links (--link-rate, the paper's alpha)"
 
 
 def _torch_only(backend: str) -> None:
@@ -221,7 +240,7 @@ def _rank_counts(text: str) -> list[int]:
         counts = [int(x) for x in text.split(",")]
     except ValueError:
         raise click.BadParameter(
-            f"expected rank counts like 4,8, got {text!r}", param_hint="--gpus"
+            f"expected rank counts like 4,8, got {quoted(text)}", param_hint="--gpus"
         ) from None
     if not counts:
         raise click.BadParameter("expected at least one rank count", param_hint="--gpus")

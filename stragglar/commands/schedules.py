@@ -14,13 +14,13 @@ from stragglar.commands.common import (
     CHUNKS,
     DURATION,
     GPUS,
+    OUTPUT,
     PLOT,
     SIZE,
     STRAGGLER,
     VERBOSE,
     artifact_options,
     auto_note,
-    busy,
     check_output,
     check_plot,
     chosen_chunks,
@@ -33,10 +33,12 @@ from stragglar.commands.common import (
     read_input,
     refuse_given,
     refuse_other_formats,
+    to_stdout,
     write,
     write_plot,
 )
-from stragglar.errors import IncorrectError, StragglarError
+from stragglar.commands.terminal import busy, echo
+from stragglar.errors import IncorrectError, StragglarError, shown
 from stragglar.formats import json as json_format
 from stragglar.formats.text import render
 from stragglar.model import AUTO, Network
@@ -65,6 +67,17 @@ def _suffixes() -> dict[str, tuple[str, ...]]:
 SUFFIXES = _suffixes()
 
 
+def destination(
+    output: Path | None, fmt: str | None, default: str, allowed: tuple[str, ...]
+) -> tuple[Path | None, str]:
+    """Where the output goes (None: standard output, also for ``-o -`` and ``-o /dev/stdout``) and
+    in which format (:func:`output_format`; a name of stdout without a suffix says nothing)."""
+    if not to_stdout(output):
+        return output, output_format(output, fmt, default, allowed)
+    assert output is not None
+    return None, output_format(output if output.suffix else None, fmt, default, allowed)
+
+
 def output_format(output: Path | None, fmt: str | None, default: str, allowed: tuple[str, ...]) -> str:
     """The output format: ``--format`` if given, else from the file's suffix, else ``default``.
 
@@ -74,12 +87,14 @@ def output_format(output: Path | None, fmt: str | None, default: str, allowed: t
     implied = SUFFIXES.get(output.suffix.lower(), ()) if output is not None else ()
     if fmt is not None and output is not None and implied and fmt not in implied:
         raise click.UsageError(
-            f"--format {fmt} contradicts {output} (a {output.suffix} name means {implied[0]})"
+            f"--format {fmt} contradicts {shown(output)} (a {output.suffix} name means {implied[0]})"
         )
     chosen = fmt or (implied[0] if implied else None)
     if chosen is None and output is not None:
         known = ", ".join(s for s, fs in SUFFIXES.items() if set(fs) & set(allowed))
-        raise click.UsageError(f"cannot tell the format of {output}: name it {known}, or give --format")
+        raise click.UsageError(
+            f"cannot tell the format of {shown(output)}: name it {known}, or give --format"
+        )
     chosen = chosen or default
     if chosen not in allowed:
         raise click.UsageError(f"this command writes {', '.join(allowed)}, not {chosen}")
@@ -90,9 +105,7 @@ def output_format(output: Path | None, fmt: str | None, default: str, allowed: t
 @GPUS
 @STRAGGLER
 @ALGORITHM
-@click.option(
-    "-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write the schedule to FILE."
-)
+@click.option("-o", "--output", type=OUTPUT, help="Write the schedule to FILE (-: stdout, as without -o).")
 @click.option(
     "--method",
     type=click.Choice(METHODS),
@@ -105,7 +118,8 @@ def output_format(output: Path | None, fmt: str | None, default: str, allowed: t
     type=DURATION,
     default="600s",
     show_default=True,
-    help="With --method smt: give up on z3 after this long (a duration).",
+    help="With --method smt: give up on z3 after this long, a budget for the whole search (run's and "
+    "bench's --timeout, 60s, bounds one wait for a peer instead).",
 )
 @CHUNKS
 @model_options
@@ -142,7 +156,7 @@ def synth(
     --alpha and --bandwidth; for MSCCL XML and MSCCL++ plans a power of two, so that executors
     can split power-of-two buffers evenly.
     """
-    fmt = output_format(output, fmt, "text", OUTPUTS)
+    output, fmt = destination(output, fmt, "text", OUTPUTS)
     if output is not None:
         check_output(output)
     refuse_other_formats(fmt)
@@ -156,7 +170,7 @@ def synth(
     )
     if count is not None and chunks == AUTO:
         pow2 = ", a power of two for executors" if fmt in FORMATS else ""
-        click.echo(auto_note(count, size, delay, network, pow2), err=True)
+        echo(auto_note(count, size, delay, network, pow2), err=True)
     with busy(f"synthesizing {algorithm} for {num_gpus} GPUs"):
         schedule = synthesize(
             algorithm,
@@ -174,21 +188,24 @@ def synth(
         summary += f"; {FORMATS[fmt].title} proved: {exported.proof.brief}"
         details += [exported.proof.summary, exported.proof.details]
     else:
-        body = json_format.dumps(proof.schedule) if fmt == "json" else f"{render(proof.schedule)}\n{summary}"
+        with busy(f"formatting the schedule as {fmt}"):
+            body = (
+                json_format.dumps(proof.schedule) if fmt == "json" else f"{render(proof.schedule)}\n{summary}"
+            )
     to_stderr = output is None and fmt != "text"
     if output is not None:
         write(output, body.rstrip("\n"))
     else:
-        click.echo(body.rstrip("\n"))
+        (echo if fmt == "text" else click.echo)(body.rstrip("\n"))  # the table is text, the others documents
     if output is not None or fmt != "text":
-        click.echo(summary, err=to_stderr)
+        echo(summary, err=to_stderr)
     if verbose:
-        click.echo("\n".join(details), err=to_stderr)
+        echo("\n".join(details), err=to_stderr)
 
 
 @click.command()
 @click.argument("file", type=click.Path(path_type=Path))
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="The file to write.")
+@click.option("-o", "--output", type=OUTPUT, help="The file to write (-: stdout, as without -o).")
 @click.option(
     "--format",
     "fmt",
@@ -212,7 +229,7 @@ def export(
         ["chunks"],
         "a schedule file fixes its chunk count; use stragglar synth --gpus N --chunks C|auto --format FMT",
     )
-    fmt = output_format(output, fmt, "msccl", ("json", *FORMATS))
+    output, fmt = destination(output, fmt, "msccl", ("json", *FORMATS))
     if output is not None:
         check_output(output, file)
     refuse_other_formats(fmt)
@@ -222,14 +239,16 @@ def export(
         text, summary = exported.text, exported.proof.summary
         details = f"{exported.proof.details}\n{proof.summary}"
     else:
-        text, summary, details = json_format.dumps(proof.schedule), proof.headline, proof.summary
+        with busy("formatting the schedule as json"):
+            text = json_format.dumps(proof.schedule)
+        summary, details = proof.headline, proof.summary
     if output is None:
-        click.echo(text.rstrip("\n"))
+        click.echo(text.rstrip("\n"))  # a document, as it is
     else:
         write(output, text.rstrip("\n"))
-    click.echo(summary if output is None else f"{output}: {summary}", err=output is None)
+    echo(summary if output is None else f"{output}: {summary}", err=output is None)
     if verbose:
-        click.echo(details, err=output is None)
+        echo(details, err=output is None)
 
 
 @click.command()
@@ -253,9 +272,9 @@ def verify(file: Path, smt: bool, verbose: bool) -> None:
         assert found.schedule is not None  # a file of no artifact format is a schedule
         proof = proved(found.schedule, str(file), smt_prove if smt else prove)
         summary, details = proof.summary, proof.headline
-    click.echo(f"{file}: {summary}")
+    echo(f"{file}: {summary}")
     if verbose:
-        click.echo(details)
+        echo(details)
 
 
 @click.command()
@@ -278,11 +297,11 @@ def show(file: Path, plot_file: Path | None, size: int | None, verbose: bool) ->
     assert schedule is not None  # a file of no artifact format is a schedule
     refuse_given(["size"], f"{file} is a JSON schedule; --size applies to {SIZED}")
     check_plot(plot_file, file)
-    click.echo(render(schedule))  # first: a wrong schedule's table helps to see what is wrong
+    echo(render(schedule))  # first: a wrong schedule's table helps to see what is wrong
     proof: Proof = proved(schedule, str(file))
-    click.echo(proof.headline)
+    echo(proof.headline)
     if verbose:
-        click.echo(proof.summary)
+        echo(proof.summary)
     if plot_file is not None:
         write_plot(plot_file, lambda plot: plot.schedule_figure(schedule))
 
@@ -291,7 +310,7 @@ def _warn(file: Path, proof: ArtifactProof) -> None:
     """What the executor runs otherwise than ``file`` says, yet correctly: one line each on stderr,
     so that stdout keeps the proof and the exit code stays 0."""
     for warning in proof.warnings:
-        click.echo(f"warning: {file}: {warning}", err=True)
+        echo(f"warning: {file}: {warning}", err=True)
 
 
 def _show_artifact(fmt: ArtifactFormat[_D], text: str, file: Path, size: int | None, verbose: bool) -> None:
@@ -307,12 +326,12 @@ def _show_artifact(fmt: ArtifactFormat[_D], text: str, file: Path, size: int | N
         proof = proved_artifact(fmt, document, str(file))
     except IncorrectError:
         with contextlib.suppress(StragglarError):  # where it cannot be described, the error says why
-            click.echo(fmt.describe(document))  # what is wrong is easier seen in it
+            echo(fmt.describe(document))  # what is wrong is easier seen in it
         raise
-    click.echo(fmt.describe(document))
-    click.echo(proof.summary)
+    echo(fmt.describe(document))
+    echo(proof.summary)
     _warn(file, proof)
     if size is not None and fmt.size_rule is not None:
-        click.echo(f"{size} bytes: {fmt.size_rule(document).decide(size).reason}")
+        echo(f"{size} bytes: {fmt.size_rule(document).decide(size).reason}")
     if verbose:
-        click.echo(proof.details)
+        echo(proof.details)

@@ -16,12 +16,16 @@ Nothing outlives the launcher and nothing waits forever:
   progress (the launcher connects it to each rank's pipe), and the launcher gives up on a rank
   only when it has been silent for longer than ``timeout + slack``.  Once one rank has failed,
   the others get a few seconds to report why, then are killed.
-* SIGTERM and SIGINT to the launcher become exceptions (:class:`Stopped`, KeyboardInterrupt), so
-  the ranks are killed and the rendezvous directory removed before it leaves; each rank also
-  dies with its parent (``PR_SET_PDEATHSIG`` on Linux), even if the launcher is killed outright.
+* SIGTERM, SIGHUP (the terminal closed) and SIGINT to the launcher become exceptions
+  (:class:`Stopped`, KeyboardInterrupt), so the ranks are killed and the rendezvous directory
+  removed before it leaves; each rank also dies with its parent (``PR_SET_PDEATHSIG`` on Linux),
+  even if the launcher is killed outright.  A signal the launcher was started to ignore
+  (``nohup``) stays ignored.
 * A failed run raises :class:`LaunchError`, whose first line names each failed rank with what it
   was doing: ``4 of 5 ranks failed: rank 2 exited with code 3 before reporting; ranks 0, 1
-  lost the connection in round 0 (phase 'reduce-scatter') waiting for rank 2; ...``.
+  lost the connection in round 0 (phase 'reduce-scatter') waiting for rank 2; ...``.  Its exit
+  code is 3 (a resource ran out) where a rank ran out of memory (MemoryError, or torch's CUDA
+  OutOfMemoryError), else 1.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from stragglar.args import as_int, as_seconds
-from stragglar.errors import RunError
+from stragglar.errors import ResourceError, RunError
 from stragglar.runtime.engine import RankError, classify, failure_phrase, first_line
 from stragglar.runtime.header import rank_list
 from stragglar.runtime.heartbeat import connect, heartbeat, send
@@ -54,6 +58,8 @@ _GRACE = 5.0  # seconds the other ranks get to report once one rank has failed
 SLACK = 30.0  # seconds a rank may be silent beyond the timeout (start-up, checking a large buffer)
 _SHOWN = 4  # failure groups the first line names before it counts the rest
 _LENGTH = 280  # characters of failure groups the first line names before it counts the rest
+_TICK = 0.25  # seconds between calls of a launch's tick, at most
+_STOPPING = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)  # what the launcher cleans up after
 
 
 @dataclass(frozen=True)
@@ -63,7 +69,8 @@ class RankFailure:
     ``reason`` is short (``timed out``, ``exited with code 3 before reporting``, ``raised
     WrongResult: ...``); ``round``, ``phase``, ``peer``, ``waiting`` and ``during`` are a
     :class:`~stragglar.runtime.RankError`'s fields when the rank raised one; ``detail`` is the
-    rank's traceback, or the reason when there is none.
+    rank's traceback, or the reason when there is none; ``out_of_memory``: whether the rank ran
+    out of memory (host or GPU).
     """
 
     rank: int
@@ -74,6 +81,7 @@ class RankFailure:
     waiting: str = "waiting for"
     during: str | None = None
     detail: str = ""
+    out_of_memory: bool = False
 
     @property
     def what(self) -> str:
@@ -92,7 +100,8 @@ class LaunchError(RunError):
     ``errors`` to its text (the traceback it reported, or what the launcher saw).
 
     The first line of the message names every failed rank and what it was doing, grouped, at most
-    a few groups; the lines after it give each rank's last line of detail.
+    a few groups; the lines after it give each rank's last line of detail.  A rank that ran out
+    of memory makes it a resource that ran out (exit 3), not a failed run (exit 1).
     """
 
     def __init__(self, failures: Mapping[int, RankFailure | str], world_size: int | None = None) -> None:
@@ -102,12 +111,20 @@ class LaunchError(RunError):
         }
         self.errors = {rank: f.detail or f.reason for rank, f in self.failures.items()}
         self.world_size = world_size
+        if any(f.out_of_memory for f in self.failures.values()):
+            self.exit_code = ResourceError.exit_code
         lines = [f"rank {rank}: {_last_line(text)}" for rank, text in self.errors.items()]
         super().__init__(summary(self.failures.values(), world_size) + "\n  " + "\n  ".join(lines))
 
 
 class Stopped(RunError):
-    """The launcher was sent SIGTERM: every rank was ended and the temporary files removed (exit 1)."""
+    """The launcher was sent SIGTERM or SIGHUP: every rank was ended and the temporary files
+    removed.  Its exit code is the shell's for a process ended by that signal, 128 + its number
+    (143, 129)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"stopped by {signal.Signals(signum).name}: every rank was ended")
+        self.exit_code = 128 + signum
 
 
 def summary(failures: Any, world_size: int | None = None) -> str:
@@ -145,6 +162,7 @@ def launch(
     backend: str = "gloo",
     *,
     slack: float = SLACK,
+    tick: Callable[[], None] | None = None,
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` ranks; return the results in rank order.
 
@@ -152,8 +170,10 @@ def launch(
     Raises :class:`LaunchError` if a rank raises, dies, or sends no
     :func:`~stragglar.runtime.heartbeat.heartbeat` (nor its result) for longer than ``timeout +
     slack`` seconds; once one rank has failed the others get a few seconds to report, then the
-    remaining ranks are killed.  SIGTERM raises :class:`Stopped` and SIGINT KeyboardInterrupt,
-    after every rank is ended and the temporary files are removed.
+    remaining ranks are killed.  ``tick``, if given, is called from the launcher's own loop at
+    least every quarter second while the ranks run (to move a progress line: no thread may run
+    beside a fork).  SIGTERM raises :class:`Stopped` and SIGINT KeyboardInterrupt,
+    after every rank is ended and the temporary files are removed; SIGHUP is SIGTERM's twin.
     """
     world_size = as_int(world_size, "world_size", minimum=1)
     timeout = as_seconds(timeout, "timeout", positive=True)
@@ -177,7 +197,7 @@ def launch(
                 )
                 procs[-1].start()
                 child.close()
-            return _collect(pipes, procs, timeout + slack)
+            return _collect(pipes, procs, timeout + slack, tick)
         finally:
             started = [proc for proc in procs if proc.pid is not None]
             for proc in started:
@@ -191,19 +211,20 @@ def launch(
 
 @contextlib.contextmanager
 def _signals_raise() -> Iterator[None]:
-    """SIGTERM raises :class:`Stopped`, SIGINT KeyboardInterrupt (main thread only; others are
-    left alone, their ranks still die with this process)."""
+    """SIGTERM and SIGHUP raise :class:`Stopped`, SIGINT KeyboardInterrupt (main thread only;
+    others are left alone, their ranks still die with this process).  A signal ignored when we
+    started (``nohup``'s SIGHUP) stays ignored."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    wanted = (signal.SIGTERM, signal.SIGINT)
+    wanted = [s for s in _STOPPING if signal.getsignal(s) is not signal.SIG_IGN]
 
     def stop(signum: int, _frame: Any) -> None:
         for s in wanted:  # once: a second signal must not cut the cleanup short
             signal.signal(s, signal.SIG_IGN)
         if signum == signal.SIGINT:
             raise KeyboardInterrupt
-        raise Stopped(f"stopped by {signal.Signals(signum).name}: every rank was ended")
+        raise Stopped(signum)
 
     previous = {s: signal.signal(s, stop) for s in wanted}
     try:
@@ -213,13 +234,17 @@ def _signals_raise() -> Iterator[None]:
             signal.signal(s, handler)
 
 
-def _collect(pipes: list[Connection], procs: list[Any], silence: float) -> list[Any]:
+def _collect(
+    pipes: list[Connection], procs: list[Any], silence: float, tick: Callable[[], None] | None
+) -> list[Any]:
     results: dict[int, Any] = {}
     failures: dict[int, RankFailure] = {}
     pending = dict(enumerate(pipes))
     heard = dict.fromkeys(pending, time.monotonic())
     grace_end: float | None = None
     while pending:
+        if tick is not None:
+            tick()
         now = time.monotonic()
         if grace_end is not None and now >= grace_end:
             for rank in pending:
@@ -237,6 +262,8 @@ def _collect(pipes: list[Connection], procs: list[Any], silence: float) -> list[
         until = min(heard[rank] for rank in pending) + silence
         if grace_end is not None:
             until = min(until, grace_end)
+        if tick is not None:
+            until = min(until, now + _TICK)
         ready = wait(list(pending.values()), timeout=max(0.0, until - now) + 0.01)
         for rank, pipe in list(pending.items()):
             if pipe not in ready:
@@ -275,15 +302,30 @@ def _failure_fields(error: BaseException) -> dict[str, Any]:
     while found is not None and not isinstance(found, RankError):
         found = found.__cause__ or found.__context__
     detail = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    memory = {"out_of_memory": True} if _out_of_memory(error) else {}
     if isinstance(found, RankError):
         fields = found.fields()
         fields.pop("rank", None)
-        return {**fields, "detail": detail}
+        return {**fields, "detail": detail, **memory}
     kind = classify(error)
     if kind != "failed":  # an engine's error outside the rounds: a consequence, like a RankError's
-        return {"reason": kind, "detail": detail}
+        return {"reason": kind, "detail": detail, **memory}
     text = first_line(error, 150)
-    return {"reason": f"raised {type(error).__name__}" + (f": {text}" if text else ""), "detail": detail}
+    reason = f"raised {type(error).__name__}" + (f": {text}" if text else "")
+    return {"reason": reason, "detail": detail, **memory}
+
+
+def _out_of_memory(error: BaseException) -> bool:
+    """Whether ``error``, or an error it came from, is running out of memory: a MemoryError, or
+    torch's OutOfMemoryError (CUDA's; matched by name, so no CUDA module is imported to ask)."""
+    seen: set[int] = set()
+    found: BaseException | None = error
+    while found is not None and id(found) not in seen:
+        seen.add(id(found))
+        if isinstance(found, MemoryError) or type(found).__name__ == "OutOfMemoryError":
+            return True
+        found = found.__cause__ or found.__context__
+    return False
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -311,7 +353,8 @@ def _child(
     try:
         _die_with_parent(parent_pid)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the launcher, which ends us
+        for reaching_the_launcher in (signal.SIGINT, signal.SIGHUP):  # which ends us, and cleans up
+            signal.signal(reaching_the_launcher, signal.SIG_IGN)
         connect(pipe)
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         import torch

@@ -32,9 +32,10 @@ from stragglar.synth import synthesize
 from stragglar.units import count_of, format_bytes
 from stragglar.verify import Proof, prove, require_proof
 
-__all__ = ["BACKENDS", "BenchmarkResult", "Variant", "run_benchmark"]
+__all__ = ["BACKENDS", "BenchmarkResult", "Variant", "check_dtype", "run_benchmark"]
 
 BACKENDS = ("local", "torch", "cupy")
+_ARRAYS = {"local": "NumPy", "cupy": "CuPy"}  # the in-process backends' array libraries, NumPy's dtypes
 MAX_ITERS = 10_000  # timed iterations per run, and warm-up ones: a bound, so a typo cannot run for ever
 
 
@@ -169,6 +170,7 @@ def run_benchmark(
     warmup: int = 1,
     timeout: float = 60.0,
     link_rate: float | None = None,
+    tick: Callable[[], None] | None = None,
 ) -> BenchmarkResult:
     """Run the proved schedule (default: ``algorithm`` synthesized for ``num_ranks`` and proved)
     ``warmup + iters`` times on ``backend`` and the engine's all_reduce as often, checking every
@@ -189,15 +191,16 @@ def run_benchmark(
     ``timeout`` bounds each wait for a silent peer (plus ``delay`` where the wait includes the
     late rank's delay), not the run.  ``link_rate`` (torch backend only, bytes per second) paces
     every rank's sockets to it: each rank gets a link of its own, as the cost model assumes,
-    instead of the host's shared loopback (:mod:`stragglar.measure.links`).  Raises
+    instead of the host's shared loopback (:mod:`stragglar.measure.links`).  ``tick``, if
+    given, is called between iterations, from this process (for a progress line; the torch
+    backend forks its ranks, and no thread may run beside a fork).  Raises
     :class:`~stragglar.errors.InputError` for a bad request,
     :class:`~stragglar.measure.data.WrongResult` for a wrong result, and
     :class:`~stragglar.measure.launch.LaunchError` when a rank fails.
     """
     if backend not in BACKENDS:
         raise InputError(f"unknown backend {backend!r} (choose from {', '.join(BACKENDS)})")
-    if dtype not in DTYPES:
-        raise InputError(f"unknown dtype {dtype!r} (choose from {', '.join(DTYPES)})")
+    check_dtype(backend, dtype)
     num_ranks = as_int(num_ranks, "num_ranks")
     if not 2 <= num_ranks <= MAX_RANKS:
         raise InputError(f"need 2 to {MAX_RANKS} GPUs, got {num_ranks}")
@@ -243,10 +246,20 @@ def run_benchmark(
         from stragglar.measure.run_torch import torch_figures
 
         figures = torch_figures(
-            proofs, num_ranks, count, dtype, delay, iters, warmup, timeout, late_rank, link_rate=link_rate
+            proofs,
+            num_ranks,
+            count,
+            dtype,
+            delay,
+            iters,
+            warmup,
+            timeout,
+            late_rank,
+            link_rate=link_rate,
+            tick=tick,
         )
     else:
-        figures = _in_process(backend, proofs, num_ranks, count, dtype, delay, iters, warmup, late_rank)
+        figures = _in_process(backend, proofs, num_ranks, count, dtype, delay, iters, warmup, late_rank, tick)
     variants = tuple(
         Variant(schedule_name(p.schedule), p.schedule.num_chunks, series.times, series.hidden)
         for p, series in zip(proofs, figures.schedules, strict=True)
@@ -269,6 +282,22 @@ def run_benchmark(
 def _has_straggler(algorithm: str) -> bool:
     """Whether ``algorithm``'s schedules have a straggler (its smallest schedule tells)."""
     return synthesize(algorithm, 2).straggler is not None
+
+
+def check_dtype(backend: str, dtype: str) -> None:
+    """Refuse, before any work, a dtype that ``backend`` cannot hold: the in-process backends'
+    arrays (NumPy's, CuPy's) have no bfloat16; the torch backend has every dtype of
+    :data:`~stragglar.runtime.engine.DTYPES`."""
+    if dtype not in DTYPES:
+        raise InputError(f"unknown dtype {dtype!r} (choose from {', '.join(DTYPES)})")
+    if backend in _ARRAYS:
+        try:
+            np.dtype(dtype)
+        except TypeError:
+            raise InputError(
+                f"the {backend} backend cannot hold {dtype}: {_ARRAYS[backend]} has no such type; "
+                "the torch backend has it (--backend torch)"
+            ) from None
 
 
 HINTS = {
@@ -300,12 +329,10 @@ def _in_process(
     iters: int,
     warmup: int,
     late_rank: int,
+    tick: Callable[[], None] | None,
 ) -> Figures:
     xp, sync, host = _array_module(backend)
-    try:
-        inputs = [xp.asarray(payload(r, count, n, dtype).astype(dtype)) for r in range(n)]
-    except TypeError as e:
-        raise InputError(f"the {backend} backend cannot hold {dtype}: {e}") from None
+    inputs = [xp.asarray(payload(r, count, n, dtype).astype(dtype)) for r in range(n)]
     want = expected(count, n, dtype)
     plans = [[plan_for(p, r, count) for r in range(n)] for p in proofs]
     bufs = [x.copy() for x in inputs]
@@ -331,6 +358,8 @@ def _in_process(
                     base.append(total)
             for r, b in enumerate(bufs):
                 check(b, want, r, what, host)
+            if tick is not None:
+                tick()
     series = tuple(Series(tuple(t), tuple(h)) for t, h in zip(times, hidden, strict=True))
     return Figures(series, "sum of buffers", tuple(base))
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -43,17 +43,24 @@ def torch_figures(
     late_rank: int,
     slack: float | None = None,
     link_rate: float | None = None,
+    tick: Callable[[], None] | None = None,
 ) -> Figures:
     """Run the ranks once; per iteration, the slowest rank's time for each schedule and for
     all_reduce, in the rotating order of :func:`~stragglar.measure.timing.turn`.
 
     ``slack`` (default :data:`stragglar.measure.launch.SLACK`): how long beyond the timeout a rank
     may go without reporting progress.  ``link_rate`` (bytes per second): every rank's sockets
-    paced to it (:mod:`stragglar.measure.links`), links of their own as the cost model assumes."""
+    paced to it (:mod:`stragglar.measure.links`), links of their own as the cost model assumes.
+    ``tick``: called from the launcher's loop while the ranks run (:func:`.launch.launch`)."""
     want = expected(count, num_ranks, dtype)  # once, before the fork: the ranks share its pages
     args = (proofs, count, dtype, want, delay, iters + warmup, timeout, late_rank, link_rate)
     per_rank = launch(
-        _rank, num_ranks, args, timeout=timeout + delay, slack=launcher.SLACK if slack is None else slack
+        _rank,
+        num_ranks,
+        args,
+        timeout=timeout + delay,
+        slack=launcher.SLACK if slack is None else slack,
+        tick=tick,
     )
     series = []
     for k, proof in enumerate(proofs):

@@ -180,16 +180,17 @@ def sweep(
     chunks: ChunkPolicy | None = None,
     dtype: str = "float32",
     iters: int = 5,
-    timeout: float = 120.0,
+    timeout: float = 60.0,
     progress: Callable[[BenchmarkResult], None] | None = None,
     link_rate: float | None = None,
+    tick: Callable[[], None] | None = None,
 ) -> SweepResult:
     """Measure every (ranks, size in bytes, delay in seconds) setting; see the module docstring.
 
     Every chunk count is chosen, and its schedule synthesized, before the first measurement, so
     that a count the schedules cannot have fails at once, not after part of the grid has run.
-    ``link_rate``: every rank's sockets paced to it, as in
-    :func:`~stragglar.measure.run.run_benchmark`.
+    ``link_rate``: every rank's sockets paced to it, and ``tick``: called while a setting runs,
+    as in :func:`~stragglar.measure.run.run_benchmark`; ``progress``: called after each setting.
     """
     if not gpus or not sizes or not delays:
         raise InputError("need at least one rank count, size and delay")
@@ -213,6 +214,7 @@ def sweep(
             iters=iters,
             timeout=timeout,
             link_rate=link_rate,
+            tick=tick,
         )
         results[key] = r
         if progress is not None:

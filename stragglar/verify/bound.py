@@ -101,6 +101,12 @@ class LowerBound:
         return self.status == "unsat"
 
     @property
+    def below_bound(self) -> bool:
+        """Whether z3 fitted phase 2 in fewer rounds than the bound: a finding to report (at or
+        above the bound, a fit is the expected answer)."""
+        return self.exchange is not None and self.rounds < self.bound
+
+    @property
     def summary(self) -> str:
         """One line: proved, fitted (a finding to report when below the bound), or undecided."""
         n, c = self.num_ranks, self.num_chunks
@@ -116,8 +122,13 @@ class LowerBound:
             unsat = f"z3, {self.model}: unsat in {self.seconds:.2f} s"
             return f"proved: no phase 2 for {what} fits in {self.rounds} rounds, {claim} ({unsat})"
         if self.exchange is not None:
-            below = f", below {name} = {self.bound}" if self.rounds < self.bound else ""
-            return f"z3 found a phase 2 for {what} in {self.rounds} rounds{below}"
+            if self.below_bound:
+                return f"z3 found a phase 2 for {what} in {self.rounds} rounds, below {name} = {self.bound}"
+            where = "at" if self.rounds == self.bound else "above"
+            return (
+                f"as expected, z3 fits phase 2 for {what} in {self.rounds} rounds, {where} the lower bound "
+                f"{name} = {self.bound} (only fewer rounds would refute it)"
+            )
         return f"z3 gave no answer for {what} in {self.seconds:.1f} s (status {self.status})"
 
 

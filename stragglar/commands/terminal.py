@@ -1,0 +1,108 @@
+"""What the commands show on the terminal beside their results: their own text, escaped, and
+progress lines on stderr that appear only on a terminal and only for work that lasts.
+
+tqdm's monitor thread would outlive every bar, and a thread alive when ``run`` forks its ranks
+can leave a lock held in a child for good, so there is none: a bar moves when its caller's loop
+moves it (:class:`Bar`), or, around work that forks nothing, from a thread of its own that ends
+with the work (:func:`busy`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import click
+from tqdm import tqdm
+
+from stragglar.errors import printable
+
+__all__ = ["Bar", "busy", "echo", "progress", "progress_bar"]
+
+_T = TypeVar("_T")
+
+tqdm.monitor_interval = 0
+
+
+def echo(text: str, err: bool = False) -> None:
+    """Print the command's own text (stderr if ``err``), with what it shows of files and options
+    escaped (:func:`~stragglar.errors.printable`): a name read from a file must not drive the
+    terminal.  A progress bar on the terminal is lifted off while it prints, and what the other
+    stream holds (a closed bar's last carriage return) goes out first, so that no bar text lands
+    on the line.  Documents (a schedule, an artifact, results) go out as they are
+    (:func:`stragglar.commands.common.write`)."""
+    (sys.stdout if err else sys.stderr).flush()
+    with tqdm.external_write_mode(file=sys.stderr if err else sys.stdout):
+        click.echo(printable(text), err=err)
+
+
+def _show_progress() -> bool:
+    return sys.stderr.isatty()
+
+
+def progress(items: Iterable[_T], label: str, total: int | None = None) -> Iterator[_T]:
+    """``items`` with a progress bar on stderr when it is a terminal; silent in pipes and CI."""
+    yield from tqdm(
+        items, desc=label, total=total, file=sys.stderr, disable=not _show_progress(), leave=False
+    )
+
+
+@dataclass(frozen=True)
+class Bar:
+    """A progress bar moved by its caller's own loop, not by a thread: ``run`` and ``bench`` fork
+    their ranks, and a thread alive at a fork may leave a lock held in a child for good."""
+
+    bar: tqdm[Any]
+
+    def advance(self, note: str = "") -> None:
+        """One step done; ``note`` says which."""
+        self.bar.set_postfix_str(note, refresh=False)
+        self.bar.update(1)
+
+    def tick(self) -> None:
+        """Nothing done yet: show the time spent (at most every tenth of a second)."""
+        self.bar.update(0)
+
+
+@contextlib.contextmanager
+def progress_bar(total: int | None, label: str, after: float = 1.0) -> Iterator[Bar]:
+    """A bar of ``total`` steps (None: the time spent alone) on stderr when it is a terminal, from
+    ``after`` seconds on; silent in pipes and CI, and for quick work."""
+    with tqdm(
+        total=total,
+        desc=label,
+        file=sys.stderr,
+        disable=not _show_progress(),
+        leave=False,
+        delay=after,
+        miniters=0,  # every update(0) may redraw
+        bar_format=None if total is not None else "{desc}: {elapsed}",
+    ) as bar:
+        yield Bar(bar)
+
+
+@contextlib.contextmanager
+def busy(label: str, after: float = 1.0) -> Iterator[None]:
+    """Show ``label`` and the time spent on stderr for work that outlasts ``after`` seconds, when
+    stderr is a terminal; nothing in pipes and CI, and nothing for quick work."""
+    if not _show_progress():
+        yield
+        return
+    done = threading.Event()
+
+    def tick() -> None:
+        with progress_bar(None, label, after) as bar:  # its clock starts now, shown from `after` on
+            while not done.wait(0.2):
+                bar.tick()
+
+    thread = threading.Thread(target=tick, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(1.0)
