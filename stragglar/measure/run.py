@@ -35,6 +35,10 @@ from stragglar.verify import Proof, prove, require_proof
 __all__ = ["BACKENDS", "BenchmarkResult", "Variant", "check_dtype", "run_benchmark"]
 
 BACKENDS = ("local", "torch", "cupy")
+IN_ONE_PROCESS = (  # what the ratios of the in-process backends mean: their baseline is no collective
+    "note: in one process, against summing the buffers directly, these ratios check the schedule's "
+    "own overhead and say nothing of a network; the torch backend compares collectives"
+)
 _ARRAYS = {"local": "NumPy", "cupy": "CuPy"}  # the in-process backends' array libraries, NumPy's dtypes
 MAX_ITERS = 10_000  # timed iterations per run, and warm-up ones: a bound, so a typo cannot run for ever
 
@@ -152,6 +156,8 @@ class BenchmarkResult:
                 f"  {first.name} over {v.name} (ratio of the medians) {v.time / first.time:.2f}x"
                 for v in self.variants[1:]
             ]
+        if self.backend != "torch" and self.variants:
+            lines.append(f"  {IN_ONE_PROCESS}")
         return "\n".join(lines)
 
 

@@ -31,7 +31,7 @@ import numpy as np
 
 from stragglar.errors import InputError
 from stragglar.measure.links import paced_to
-from stragglar.measure.run import BenchmarkResult, run_benchmark
+from stragglar.measure.run import IN_ONE_PROCESS, BenchmarkResult, run_benchmark
 from stragglar.model import Network, compare_generated, generated_profile
 from stragglar.units import format_bytes
 
@@ -113,7 +113,8 @@ class SweepResult:
                 + (_chunked_cells(s.chunked) if chunked else "")
             )
         head = [*fits, ""] if fits else []
-        return "\n".join(head + rows)
+        tail = ["", IN_ONE_PROCESS] if self.backend != "torch" else []
+        return "\n".join(head + rows + tail)
 
     def to_json(self) -> dict[str, object]:
         return {
