@@ -107,6 +107,9 @@ def test_cost_prints_the_chunked_row_beside_the_papers() -> None:
         (["cost", "--gpus", "8", "--chunks", "-3"], "expected a whole number of chunks or auto"),
         (["synth", "--gpus", "8", "--chunks", "0"], "expected a whole number of chunks or auto"),
         (["synth", "--gpus", "8", "--chunks", "100000"], "100000 chunks: stragglar handles at most 65536"),
+        (["synth", "--gpus", "8", "--chunks", "9" * 5000], "a number of 5000 digits is more than the 65536"),
+        (["synth", "--gpus", "8", "--chunks", "\u00b2"], "expected a whole number of chunks or auto"),
+        (["synth", "--gpus", "8", "--chunks", "000"], "expected a whole number of chunks or auto"),
         (["synth", "--gpus", "8", "-a", "ring", "--chunks", "9"], "--chunks does not apply"),
         (
             ["synth", "--gpus", "8", "--delay", "5ms"],

@@ -23,7 +23,7 @@ from stragglar.errors import IncorrectError, InputError, StragglarError
 from stragglar.files import check_replaceable, read_text, same_file, write_bytes, write_text
 from stragglar.formats import json as json_format
 from stragglar.model import AUTO, PAPER_NETWORK, Network, resolve_chunks
-from stragglar.schedule import Schedule
+from stragglar.schedule import MAX_CHUNKS, Schedule
 from stragglar.synth import ALGORITHMS
 from stragglar.units import format_bytes, format_seconds, parse_bandwidth, parse_duration, parse_size
 from stragglar.verify import Proof, VerificationError, prove
@@ -113,9 +113,18 @@ class ChunkCount(click.ParamType):  # type: ignore[type-arg, unused-ignore]
         text = value.strip().lower()
         if text == AUTO:
             return AUTO
-        if not text.isdigit() or int(text) < 1:
+        if not (text.isascii() and text.isdigit()):  # not '²': int() would refuse it
             self.fail(f"expected a whole number of chunks or auto, got {value!r}", param, ctx)
-        return int(text)
+        digits = text.lstrip("0")
+        if len(digits) > 18:  # int() refuses 4301 digits, and a count this long is no count
+            self.fail(
+                f"a number of {len(digits)} digits is more than the {MAX_CHUNKS} chunks stragglar handles",
+                param,
+                ctx,
+            )
+        if not digits:
+            self.fail(f"expected a whole number of chunks or auto, got {value!r}", param, ctx)
+        return int(digits)
 
 
 def network_words(network: Network) -> str:
