@@ -28,14 +28,20 @@ from stragglar.runtime import plan_for
 from stragglar.runtime.engine import DTYPES
 from stragglar.runtime.local import run_local
 from stragglar.schedule import MAX_RANKS
-from stragglar.synth import synthesize
+from stragglar.synth import check_request, synthesize
 from stragglar.units import count_of, format_bytes
 from stragglar.verify import Proof, prove, require_proof
 
-__all__ = ["BACKENDS", "BenchmarkResult", "Variant", "run_benchmark"]
+__all__ = ["BACKENDS", "MAX_RUN_CELLS", "BenchmarkResult", "Variant", "check_run_size", "run_benchmark"]
 
 BACKENDS = ("local", "torch", "cupy")
 MAX_ITERS = 10_000  # timed iterations per run, and warm-up ones: a bound, so a typo cannot run for ever
+# (rank, chunk) cells of a schedule a run times: N = 256 with N - 1 chunks.  An iteration moves
+# every transfer of the schedule as its own slice copy (in one process) or message (one process
+# per rank), and a run binds a plan per rank: at N = 256 (130,000 transfers) an in-process
+# iteration takes about half a second; at N = 2048 (8.4 million) a run of the default 6 iterations
+# had not finished after 200 s.
+MAX_RUN_CELLS = 2**16
 
 
 @dataclass(frozen=True)
@@ -219,6 +225,8 @@ def run_benchmark(
         aware = late_rank is not None and _has_straggler(algorithm)
         c = None if chunks is None else as_int(chunks, "chunks")
         counts = (c,) if c in (None, num_ranks - 1) else (c, None)
+        for k in counts:
+            check_run_size(num_ranks, check_request(algorithm, num_ranks, chunks=k).num_chunks)
         proofs: tuple[Proof, ...] = tuple(
             prove(synthesize(algorithm, num_ranks, late_rank if aware else None, chunks=k)) for k in counts
         )
@@ -229,6 +237,7 @@ def run_benchmark(
     for p in proofs:
         if require_proof(p).num_ranks != num_ranks:
             raise InputError(f"schedule is for {p.num_ranks} ranks, not {num_ranks}")
+        check_run_size(p.num_ranks, p.num_chunks)
     if late_rank is None:  # the first schedule's; the baseline alone waits for the last rank, as Ring's would
         late_rank = proofs[0].schedule.late_rank if proofs else num_ranks - 1
     count, extra = divmod(size_bytes, ITEMSIZE[dtype])
@@ -263,6 +272,22 @@ def run_benchmark(
         late_rank,
         link_rate,
     )
+
+
+def check_run_size(num_ranks: int, num_chunks: int) -> None:
+    """Refuse, before any schedule is made or plan bound, a schedule larger than a run times.
+
+    >>> check_run_size(2048, 2047)
+    Traceback (most recent call last):
+    ...
+    stragglar.errors.InputError: 2048 ranks x 2047 chunks: a run times schedules of at most 65,536 \
+(rank, chunk) cells (N = 256 with N - 1 chunks)
+    """
+    if num_ranks * num_chunks > MAX_RUN_CELLS:
+        raise InputError(
+            f"{num_ranks} ranks x {num_chunks} chunks: a run times schedules of at most {MAX_RUN_CELLS:,} "
+            "(rank, chunk) cells (N = 256 with N - 1 chunks)"
+        )
 
 
 @cache

@@ -31,8 +31,9 @@ import numpy as np
 
 from stragglar.errors import InputError
 from stragglar.measure.links import paced_to
-from stragglar.measure.run import BenchmarkResult, run_benchmark
+from stragglar.measure.run import BenchmarkResult, check_run_size, run_benchmark
 from stragglar.model import Network, compare_generated, generated_profile
+from stragglar.synth import check_request
 from stragglar.units import format_bytes
 
 __all__ = ["ChunkPolicy", "Chunked", "Setting", "SweepResult", "fit_line", "fit_ring", "machine", "sweep"]
@@ -195,8 +196,12 @@ def sweep(
         raise InputError("need at least one rank count, size and delay")
     grid = [(n, size, delay) for n in gpus for size in sizes for delay in delays]
     counts: dict[tuple[int, int, float], int | None] = {key: None for key in grid}
+    for n in dict.fromkeys(gpus):  # each rank count a run would refuse, before the first runs
+        check_run_size(n, check_request(algorithm, n).num_chunks)
     if chunks is not None:
         counts = {key: chunks(*key) for key in grid}
+        for (n, _, _), c in counts.items():
+            check_run_size(n, n - 1 if c is None else c)
         for (n, _, _), c in counts.items():
             generated_profile(algorithm, n, c)  # synthesized now (or refused); cached for the model
     results: dict[tuple[int, int, float], BenchmarkResult] = {}
