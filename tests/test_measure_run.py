@@ -310,3 +310,9 @@ def test_cli_run_refuses_a_large_run_at_once(monkeypatch: pytest.MonkeyPatch, tm
         result = CliRunner().invoke(cli, ["run", "--backend", "local", *args])
         assert result.exit_code == 2, result.output
         assert result.stderr.startswith("Error: ") and message in result.stderr
+
+
+def test_a_sweep_refuses_a_delay_past_an_hour_before_the_first_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("stragglar.measure.sweep.run_benchmark", never)
+    with pytest.raises(InputError, match=r"^delay must be at most 3,600 s \(an hour\), got 7200.0$"):
+        sweep("local", [4], [8192], [0.0, 7200.0])

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from stragglar.args import as_int, as_rank, as_seconds
+from stragglar.args import MAX_DELAY, as_int, as_rank, as_seconds
 from stragglar.errors import InputError
 from stragglar.measure.data import ITEMSIZE, check, expected, payload
 from stragglar.measure.links import check_link_rate, paced_to
@@ -187,13 +187,13 @@ def run_benchmark(
     ``proof`` may also be several proofs: each iteration then runs every one of them and the
     baseline, in an order that rotates (:func:`~stragglar.measure.timing.turn`), all in one
     launch of the ranks, so that every schedule sees the same machine state; none (an empty
-    sequence) times the baseline alone.  ``delay`` is in seconds: how late the late rank arrives,
-    for every schedule and the baseline alike.  The late rank is ``straggler`` if given (for a
-    straggler-aware algorithm also the schedule's straggler), else the first schedule's
+    sequence) times the baseline alone.  ``delay`` is in seconds (at most an hour): how late the
+    late rank arrives, for every schedule and the baseline alike.  The late rank is ``straggler``
+    if given (for a straggler-aware algorithm also the schedule's straggler), else the first schedule's
     (:attr:`~stragglar.schedule.Schedule.late_rank`: its straggler, else the last rank): a
     schedule without a straggler (Ring, RHD) waits for it exactly as the baseline does.
-    ``timeout`` bounds each wait for a silent peer (plus ``delay`` where the wait includes the
-    late rank's delay), not the run.  ``link_rate`` (torch backend only, bytes per second) paces
+    ``timeout`` (at most a day) bounds each wait for a silent peer (plus ``delay`` where the wait
+    includes the late rank's delay), not the run.  ``link_rate`` (torch backend only, bytes per second) paces
     every rank's sockets to it: each rank gets a link of its own, as the cost model assumes,
     instead of the host's shared loopback (:mod:`stragglar.measure.links`).  Raises
     :class:`~stragglar.errors.InputError` for a bad request,
@@ -208,7 +208,7 @@ def run_benchmark(
     if not 2 <= num_ranks <= MAX_RANKS:
         raise InputError(f"need 2 to {MAX_RANKS} GPUs, got {num_ranks}")
     size_bytes = as_int(size_bytes, "size_bytes", minimum=0)
-    delay = as_seconds(delay, "delay")
+    delay = as_seconds(delay, "delay", maximum=MAX_DELAY)
     timeout = as_seconds(timeout, "timeout", positive=True)
     iters = as_int(iters, "iters", minimum=1)
     warmup = as_int(warmup, "warmup", minimum=0)

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from stragglar.args import MAX_DELAY, as_seconds
 from stragglar.errors import InputError
 from stragglar.measure.links import paced_to
 from stragglar.measure.run import BenchmarkResult, check_run_size, run_benchmark
@@ -196,8 +197,10 @@ def sweep(
         raise InputError("need at least one rank count, size and delay")
     grid = [(n, size, delay) for n in gpus for size in sizes for delay in delays]
     counts: dict[tuple[int, int, float], int | None] = {key: None for key in grid}
-    for n in dict.fromkeys(gpus):  # each rank count a run would refuse, before the first runs
+    for n in dict.fromkeys(gpus):  # each rank count and delay a run would refuse, before the first runs
         check_run_size(n, check_request(algorithm, n).num_chunks)
+    for delay in delays:
+        as_seconds(delay, "delay", maximum=MAX_DELAY)
     if chunks is not None:
         counts = {key: chunks(*key) for key in grid}
         for (n, _, _), c in counts.items():

@@ -14,15 +14,17 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from stragglar.args import as_int, as_seconds
+from stragglar.args import MAX_DELAY, as_int, as_seconds
 from stragglar.errors import ArgumentError, InputError
 from stragglar.runtime.cupy_nccl import NcclGroup
 from stragglar.runtime.engine import (
     Timeline,
+    as_tag,
     dtype_name,
     flat_view,
     in_place_refusal,
     late_rank_for,
+    refuse_meta,
     run_rank,
 )
 from stragglar.runtime.header import CheckedHeaders, Header, MismatchError, make_header, mismatch
@@ -50,16 +52,17 @@ def allreduce(
 
     ``data`` is a torch tensor (``group``: a torch process group, default the world) or a
     NumPy/CuPy array with an :class:`NcclGroup`.  The late rank (``late_rank``, default the
-    schedule's straggler, else the last rank) sleeps ``straggler_delay`` seconds first; the others
-    start the rounds without it at once.  ``tag`` offsets the message tags (concurrent calls need
-    distinct ranges of ``num_rounds``).  Returns this rank's timeline.
+    schedule's straggler, else the last rank) sleeps ``straggler_delay`` seconds (at most an hour)
+    first; the others start the rounds without it at once.  ``tag`` offsets the message tags
+    (concurrent calls need distinct ranges of ``num_rounds``; ``tag + num_rounds - 1`` must stay a C
+    int, 2**31 - 1).  Returns this rank's timeline.
 
     The first call with a given schedule, dtype, element count, tag and late rank on a group
     all-gathers a small header, and every rank raises the same :class:`MismatchError` if the ranks
     disagree on any of them (instead of computing a wrong sum); later calls with the same plan
     skip it.  Raises :class:`~stragglar.runtime.RankError` when a peer dies or does not answer
-    within ``timeout`` seconds (``timeout`` plus ``straggler_delay`` for a wait that may include
-    the late rank's delay), and :class:`~stragglar.runtime.ArgumentError` (a TypeError) or
+    within ``timeout`` seconds (at most a day; ``timeout`` plus ``straggler_delay`` for a wait
+    that may include the late rank's delay), and :class:`~stragglar.runtime.ArgumentError` (a TypeError) or
     ``InputError`` for bad arguments.
 
     ``stream_ordered`` (torch tensors on an NCCL group): wait for each round on the current CUDA
@@ -74,9 +77,10 @@ def allreduce(
     the call that holds its first round.
     """
     require_proof(proof)
-    delay = as_seconds(straggler_delay, "straggler_delay")
+    delay = as_seconds(straggler_delay, "straggler_delay", maximum=MAX_DELAY)
     wait = None if timeout is None else as_seconds(timeout, "timeout", positive=True)
-    tag = as_int(tag, "tag", minimum=0)
+    tag = as_tag(tag, proof.num_rounds)
+    refuse_meta(data, "allreduce")
     part = _check_rounds(rounds, proof)
     if isinstance(group, NcclGroup):
         from stragglar.runtime.cupy_nccl import NcclTransport, nccl_dtype
