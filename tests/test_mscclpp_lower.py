@@ -58,8 +58,7 @@ def test_stragglar_needs_at_least_n_over_4_thread_blocks_per_gpu(n: int) -> None
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("n", "chunks"),
-    [(n, None) for n in range(25, 193)]
-    + [(4, 64), (8, 64), (8, 256), (16, 256), (32, 64), (64, 256), (128, 256)],
+    [(n, None) for n in range(25, 193)] + [(4, 64), (8, 64), (16, 256), (32, 64), (64, 256), (128, 256)],
 )
 def test_stragglar_needs_at_least_n_over_4_thread_blocks_per_gpu_to_the_limit(
     n: int, chunks: int | None
