@@ -86,12 +86,17 @@ class ArtifactFormat(Generic[D]):
     # Refuses, before the schedule is made, a request whose file stragglar would not write or the
     # executor not take, as far as N, the chunk count, the algorithm and the options tell.
     check_request: Callable[[Request, ExportOptions], None]
+    max_cells: int  # (GPU, chunk) cells of the largest file written: N x chunks x instances
     file_name: Callable[[Schedule, ExportOptions], str]  # what the release names a file of it
     recognise: Callable[[str, Callable[[], object]], bool]
     read: Callable[[str], D]
     prove: Callable[[str | D], ArtifactProof]  # raises InputError (unreadable) or IncorrectError
     describe: Callable[[str | D], str]  # for show: the program in a few lines
     size_rule: Callable[[str | D], SizeRule] | None  # which buffer sizes the executor uses it for
+
+    def max_chunks(self, num_ranks: int, options: ExportOptions) -> int:
+        """The most chunks a file of ``num_ranks`` GPUs may have (what ``--chunks auto`` picks from)."""
+        return self.max_cells // (num_ranks * options.instances)
 
     def lower(self, proof: Proof, options: ExportOptions | None = None) -> str:
         """The text of ``proof`` in this format; an option that does not shape it, set to anything
@@ -153,6 +158,7 @@ MSCCL: ArtifactFormat[str] = ArtifactFormat(
     options=frozenset({"name", "proto", "instances", "min_bytes", "max_bytes"}),
     lowering=_lower_msccl,
     check_request=_check_msccl,
+    max_cells=msccl.MAX_XML_CELLS,
     file_name=_msccl_file,
     recognise=_is_xml,
     read=_text,
@@ -206,6 +212,7 @@ MSCCLPP: ArtifactFormat[PlanDocument] = ArtifactFormat(
     options=frozenset({"name", "instances", "min_bytes", "max_bytes", "max_threadblocks"}),
     lowering=_lower_plan,
     check_request=_check_plan,
+    max_cells=mscclpp.MAX_PLAN_CELLS,
     file_name=_plan_file,
     recognise=_is_plan,
     read=mscclpp.plan_document,

@@ -259,3 +259,14 @@ def test_synth_refuses_what_a_format_cannot_hold_before_making_the_schedule(
     assert result.stderr.startswith("Error: ") and message in result.stderr
     assert len(result.stderr.splitlines()) == 1
     assert not list(tmp_path.iterdir())
+
+
+def test_chunks_auto_picks_a_count_the_format_takes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """At N = 100 the model's fastest power of two is 256 chunks, more (GPU, chunk) cells than MSCCL
+    XML is written for: auto picks among the counts the file may have (128), not one it refuses."""
+    assert MSCCL.max_chunks(100, ExportOptions()) == 163
+    assert MSCCLPP.max_chunks(96, ExportOptions(instances=4)) == 96
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("stragglar.commands.schedules.synthesize", never)  # the choice is all we need
+    result = CliRunner().invoke(cli, ["synth", "--gpus", "100", "--chunks", "auto", "-o", "x.xml"])
+    assert result.stderr.startswith("--chunks auto: C = 128, the cost model's fastest for 1 GiB")

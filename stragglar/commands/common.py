@@ -188,6 +188,7 @@ def chosen_chunks(
     *,
     algorithm: str = "stragglar",
     power_of_two: bool = False,
+    max_chunks: int | None = None,
 ) -> int | None:
     """``--chunks`` as a count (None: the paper's N-1), read as the model reads every chunk option
     (:func:`~stragglar.model.chunks.resolve_chunks`), with a spinner while ``auto`` prices.
@@ -198,7 +199,9 @@ def chosen_chunks(
     if chunks is not None and algorithm != "stragglar":
         raise click.UsageError(f"--chunks does not apply: it shapes StragglAR, not {algorithm}")
     with busy(f"choosing a chunk count for {num_gpus} GPUs"):
-        return resolve_chunks(chunks, num_gpus, size, delay, network, power_of_two=power_of_two)
+        return resolve_chunks(
+            chunks, num_gpus, size, delay, network, power_of_two=power_of_two, max_chunks=max_chunks
+        )
 
 
 GPUS = click.option(

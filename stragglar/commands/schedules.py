@@ -153,11 +153,18 @@ def synth(
     options, exporting = ExportOptions(**artifact), FORMATS.get(fmt)
     if exporting is not None and chunks == AUTO:  # what N alone refuses, before pricing chunk counts
         exporting.check_request(check_request(algorithm, num_gpus), options)
-    count = chosen_chunks(
-        chunks, num_gpus, size, delay, network, algorithm=algorithm, power_of_two=bool(exporting)
+    count = chosen_chunks(  # for a file, in as many chunks as the format takes
+        chunks,
+        num_gpus,
+        size,
+        delay,
+        network,
+        algorithm=algorithm,
+        power_of_two=exporting is not None,
+        max_chunks=None if exporting is None else exporting.max_chunks(num_gpus, options),
     )
     if count is not None and chunks == AUTO:
-        pow2 = ", a power of two for executors" if exporting else ""
+        pow2 = ", a power of two for executors" if exporting is not None else ""
         click.echo(auto_note(count, size, delay, network, pow2), err=True)
     smt_timeout = timeout if method == "smt" else None
     request = check_request(
