@@ -2,7 +2,9 @@
 
 Integers may be any integral type (``3``, ``np.int64(3)``); ``True`` and ``1.5`` are refused, as
 a rank or a count that is a bool or a float is a mistake, not a value.  Times are real numbers of
-seconds.  A wrong type raises :class:`ArgumentError`, which is both an
+seconds, at most a day (:data:`MAX_TIMEOUT`; a wait longer than that is a hang, and ``1e308`` would
+overflow the timeouts of the engines), and a straggler's delay made on purpose at most an hour
+(:data:`MAX_DELAY`).  A wrong type raises :class:`ArgumentError`, which is both an
 :class:`~stragglar.errors.InputError` (exit 2) and a :class:`TypeError`; a value out of range
 raises :class:`~stragglar.errors.InputError`.
 
@@ -21,6 +23,10 @@ stragglar.errors.ArgumentError: straggler must be an integer, got 1.5 (float)
 Traceback (most recent call last):
 ...
 stragglar.errors.InputError: straggler must be a rank in 0..3, got 4
+>>> as_seconds(1e12, "timeout", positive=True)
+Traceback (most recent call last):
+...
+stragglar.errors.InputError: timeout must be at most 86,400 s (a day), got 1000000000000.0
 """
 
 from __future__ import annotations
@@ -32,7 +38,11 @@ from typing import Any
 
 from stragglar.errors import ArgumentError, InputError
 
-__all__ = ["as_int", "as_rank", "as_seconds"]
+__all__ = ["MAX_DELAY", "MAX_TIMEOUT", "as_int", "as_rank", "as_seconds"]
+
+MAX_TIMEOUT = 24 * 3600.0  # seconds: the longest wait the API takes, a day
+MAX_DELAY = 3600.0  # seconds: the longest straggler delay the API makes on purpose, an hour
+_WORDS = {MAX_TIMEOUT: "a day", MAX_DELAY: "an hour"}
 
 
 def as_int(value: Any, name: str, minimum: int | None = None) -> int:
@@ -53,12 +63,19 @@ def as_rank(value: Any, name: str, num_ranks: int) -> int:
     return rank
 
 
-def as_seconds(value: Any, name: str, *, positive: bool = False) -> float:
-    """``value`` as a finite number of seconds, ``>= 0`` (``> 0`` when ``positive``)."""
+def as_seconds(value: Any, name: str, *, positive: bool = False, maximum: float = MAX_TIMEOUT) -> float:
+    """``value`` as a finite number of seconds, ``>= 0`` (``> 0`` when ``positive``) and at most
+    ``maximum`` (a day unless the caller says less: :data:`MAX_DELAY` for a delay)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ArgumentError(f"{name} must be a number of seconds, got {value!r} ({type(value).__name__})")
-    seconds = float(value)
+    try:
+        seconds = float(value)
+    except OverflowError:  # an integer past a float's range: as infinite as inf
+        seconds = math.inf
     if not math.isfinite(seconds) or seconds < 0 or (positive and seconds == 0):
         bound = "> 0" if positive else ">= 0"
         raise InputError(f"{name} must be a finite number of seconds {bound}, got {value!r}")
+    if seconds > maximum:
+        words = f" ({_WORDS[maximum]})" if maximum in _WORDS else ""
+        raise InputError(f"{name} must be at most {maximum:,.0f} s{words}, got {value!r}")
     return seconds

@@ -37,6 +37,7 @@ from stragglar import msccl, mscclpp
 from stragglar.errors import InputError
 from stragglar.mscclpp import DEFAULT_MAX_THREADBLOCKS, PlanDocument, PlanOptions, SizeRule
 from stragglar.schedule import Schedule
+from stragglar.synth import Request
 from stragglar.verify import Proof
 from stragglar.verify.report import ArtifactProof
 
@@ -82,12 +83,20 @@ class ArtifactFormat(Generic[D]):
     suffixes: tuple[str, ...]  # of its files' names
     options: frozenset[str]  # the ExportOptions fields that shape it
     lowering: Callable[[Proof, ExportOptions], str]  # use lower(), which refuses the other options
+    # Refuses, before the schedule is made, a request whose file stragglar would not write or the
+    # executor not take, as far as N, the chunk count, the algorithm and the options tell.
+    check_request: Callable[[Request, ExportOptions], None]
+    max_cells: int  # (GPU, chunk) cells of the largest file written: N x chunks x instances
     file_name: Callable[[Schedule, ExportOptions], str]  # what the release names a file of it
     recognise: Callable[[str, Callable[[], object]], bool]
     read: Callable[[str], D]
     prove: Callable[[str | D], ArtifactProof]  # raises InputError (unreadable) or IncorrectError
     describe: Callable[[str | D], str]  # for show: the program in a few lines
     size_rule: Callable[[str | D], SizeRule] | None  # which buffer sizes the executor uses it for
+
+    def max_chunks(self, num_ranks: int, options: ExportOptions) -> int:
+        """The most chunks a file of ``num_ranks`` GPUs may have (what ``--chunks auto`` picks from)."""
+        return self.max_cells // (num_ranks * options.instances)
 
     def lower(self, proof: Proof, options: ExportOptions | None = None) -> str:
         """The text of ``proof`` in this format; an option that does not shape it, set to anything
@@ -120,6 +129,10 @@ def _lower_msccl(proof: Proof, options: ExportOptions) -> str:
     )
 
 
+def _check_msccl(request: Request, options: ExportOptions) -> None:
+    msccl.check_request(request.num_ranks, request.num_chunks, options.instances, request.algorithm)
+
+
 def _msccl_file(schedule: Schedule, options: ExportOptions) -> str:
     return f"{msccl.default_name(schedule, options.proto, options.instances)}.xml"
 
@@ -144,6 +157,8 @@ MSCCL: ArtifactFormat[str] = ArtifactFormat(
     suffixes=(".xml",),
     options=frozenset({"name", "proto", "instances", "min_bytes", "max_bytes"}),
     lowering=_lower_msccl,
+    check_request=_check_msccl,
+    max_cells=msccl.MAX_XML_CELLS,
     file_name=_msccl_file,
     recognise=_is_xml,
     read=_text,
@@ -164,6 +179,12 @@ def _lower_plan(proof: Proof, options: ExportOptions) -> str:
         max_threadblocks=options.max_threadblocks,
     )
     return mscclpp.lower(proof, plan_options).text
+
+
+def _check_plan(request: Request, options: ExportOptions) -> None:
+    mscclpp.check_request(
+        request.num_ranks, request.num_chunks, options.instances, options.max_threadblocks, request.algorithm
+    )
 
 
 def _plan_file(schedule: Schedule, options: ExportOptions) -> str:
@@ -190,6 +211,8 @@ MSCCLPP: ArtifactFormat[PlanDocument] = ArtifactFormat(
     suffixes=(".json",),
     options=frozenset({"name", "instances", "min_bytes", "max_bytes", "max_threadblocks"}),
     lowering=_lower_plan,
+    check_request=_check_plan,
+    max_cells=mscclpp.MAX_PLAN_CELLS,
     file_name=_plan_file,
     recognise=_is_plan,
     read=mscclpp.plan_document,

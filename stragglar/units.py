@@ -11,7 +11,11 @@ same thing wherever a user types it, and figures print the same way everywhere. 
 * units are read regardless of case, except a bit-style spelling (``Gb``, ``Mib``), which is
   refused: read as bytes it would be 8 times what its writer meant;
 * every number is finite and not negative, and within a sane maximum (no ``1e400``, ``inf``,
-  ``nan``); the error names the fix.
+  ``nan``); the error names the fix;
+* a text of more than :data:`MAX_QUANTITY_CHARS` characters is refused before it is read, and an
+  exponent is read as at most :data:`MAX_EXPONENT` either way, so no text costs more than
+  microseconds: ``1e40000000`` is refused as more than the maximum at once, where exact arithmetic
+  would first build a number of forty million digits.
 
 >>> parse_size("64MiB"), parse_duration("20ms"), parse_bandwidth("450GiB/s") == 450 * 2**30
 (67108864, 0.02, True)
@@ -28,6 +32,8 @@ from stragglar.errors import InputError, quoted, shown
 
 __all__ = [
     "MAX_BYTES",
+    "MAX_EXPONENT",
+    "MAX_QUANTITY_CHARS",
     "MAX_SECONDS",
     "MIN_BANDWIDTH",
     "count_of",
@@ -60,6 +66,13 @@ TIME_UNITS = {"us": Fraction(1, 10**6), "ms": Fraction(1, 10**3), "s": Fraction(
 MAX_BYTES = 2**60  # an exbibyte: far beyond any buffer, and still exact in a float
 MAX_SECONDS = 7 * 24 * 3600  # a week
 MIN_BANDWIDTH = 1.0  # bytes/s: slower, an exbibyte's time overflows, and alpha x bandwidth underflows
+# Bounds on the text, checked before any conversion.  A number of at most 64 characters that is
+# not zero lies between 1e-63 and 1e64 before its exponent, so with an exponent over
+# MAX_EXPONENT it is over 1e337, above every maximum here, and with one under -MAX_EXPONENT it is
+# under 1e-337: not a whole byte, under 1 B/s, and 0.0 as a float of seconds (the least is 5e-324).
+# Reading such an exponent as MAX_EXPONENT + 1 (or its negative) gives the same answer at once.
+MAX_QUANTITY_CHARS = 64
+MAX_EXPONENT = 400
 _QUANTITY = re.compile(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?|[0-9]+\.)\s*([A-Za-z/]*)\s*")
 
 
@@ -72,6 +85,10 @@ def _split(text: str, kind: str, example: str) -> tuple[Fraction, str]:
     Units are read without regard to case, except a bit-style spelling (``Gb``, ``Mib``): read as
     bytes it would be 8 times what its writer meant, so it is refused with both spellings.
     """
+    if isinstance(text, str) and len(text) > MAX_QUANTITY_CHARS:  # the pattern is slow on long texts
+        raise InputError(
+            f"expected {kind} like {example}, got {quoted(text)}: at most {MAX_QUANTITY_CHARS} characters"
+        )
     match = _QUANTITY.fullmatch(text) if isinstance(text, str) else None
     if match is None:
         raise InputError(f"expected {kind} like {example}, got {quoted(text)} (a number >= 0 and a unit)")
@@ -86,7 +103,21 @@ def _split(text: str, kind: str, example: str) -> tuple[Fraction, str]:
                 f"{quoted(text.strip())}: is {prefix} bits or bytes? write {as_bits} or {as_bytes}"
             )
         raise InputError(f"{quoted(text.strip())}: {prefix} reads as bits; write {as_bytes} for bytes")
-    return Fraction(number), unit.lower()
+    return _exact(number), unit.lower()
+
+
+def _exact(number: str) -> Fraction:
+    """The value of a matched number, its exponent read as at most :data:`MAX_EXPONENT` + 1 either
+    way (see there: the answer is the same, and ``Fraction("1e40000000")`` takes minutes).
+
+    >>> _exact("1.5e3"), _exact("2e-1"), _exact("1e40000000") == 10 ** (MAX_EXPONENT + 1)
+    (Fraction(1500, 1), Fraction(1, 5), True)
+    """
+    mantissa, _, exponent = number.lower().partition("e")
+    if not exponent:
+        return Fraction(mantissa)
+    power = max(-MAX_EXPONENT - 1, min(int(exponent), MAX_EXPONENT + 1))
+    return Fraction(mantissa) * Fraction(10) ** power
 
 
 def parse_size(text: str) -> int:

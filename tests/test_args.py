@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
 
+from stragglar.args import MAX_DELAY, MAX_TIMEOUT, as_seconds
 from stragglar.errors import InputError
+from stragglar.measure.launch import launch
 from stragglar.measure.run import run_benchmark
 from stragglar.runtime import ArgumentError, allreduce, allreduce_local, plan_for
 from stragglar.synth import synthesize
@@ -117,3 +120,62 @@ def test_stragglar_state_checks_its_fields() -> None:
     ring = StragglarState(algorithm="ring", straggler=1)
     assert ring.proof(4).schedule.straggler is None and ring.late_rank(4) == 1
     assert StragglarState(straggler=1).proof(4).schedule.straggler == 1
+
+
+# ---------------------------------------------------------------------------- upper bounds
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda v: allreduce(np.zeros(3), PROOF, timeout=v), "timeout must be at most 86,400 s (a day)"),
+        (lambda v: run_benchmark("local", 4, 64, timeout=v), "timeout must be at most 86,400 s (a day)"),
+        (lambda v: launch(print, 2, timeout=v), "timeout must be at most 86,400 s (a day)"),
+        (
+            lambda v: allreduce(np.zeros(3), PROOF, straggler_delay=v),
+            "straggler_delay must be at most 3,600 s (an hour)",
+        ),
+        (lambda v: allreduce_local(fresh(), PROOF, v), "straggler_delay must be at most 3,600 s (an hour)"),
+        (lambda v: run_benchmark("local", 4, 64, delay=v), "delay must be at most 3,600 s (an hour)"),
+    ],
+)
+@pytest.mark.parametrize("value", [1e9, 1e12, 1e308])
+def test_a_wait_of_years_is_refused_not_taken(
+    call: Callable[[Any], object], message: str, value: float
+) -> None:
+    """``timeout=1e12`` or ``straggler_delay=1e9`` was a hang; ``1e308`` overflowed the engines'
+    own timeouts and was reported as a peer's failure."""
+    with pytest.raises(InputError, match=f"^{re.escape(f'{message}, got {value!r}')}$"):
+        call(value)
+
+
+def test_the_bounds_themselves_are_taken_and_huge_integers_are_not_finite() -> None:
+    assert (
+        as_seconds(MAX_TIMEOUT, "timeout") == 86400.0
+        and as_seconds(MAX_DELAY, "d", maximum=MAX_DELAY) == 3600.0
+    )
+    with pytest.raises(InputError, match=r"^timeout must be a finite number of seconds >= 0"):
+        as_seconds(10**400, "timeout")  # float() of it overflowed: a raw OverflowError
+
+
+def test_stragglar_state_bounds_its_times() -> None:
+    pytest.importorskip("torch")
+    from stragglar.ddp import StragglarState
+
+    with pytest.raises(InputError, match=r"^StragglarState.timeout must be at most 86,400 s \(a day\)"):
+        StragglarState(timeout=1e308)  # was a raw OverflowError
+    with pytest.raises(
+        InputError, match=r"^StragglarState.straggler_delay must be at most 3,600 s \(an hour\)"
+    ):
+        StragglarState(straggler_delay=1e9)
+
+
+def test_a_tag_past_the_channels_is_refused_before_any_data_moves() -> None:
+    """A tag is a channel, 0 to 16383, whose wire tags are C ints: ``tag=2**31`` failed
+    mid-schedule, after data had moved, and ``tag=2**63`` was a raw ValueError.  The tag is checked
+    first: a tag that fits goes on to the next check (here, that a NumPy array needs an NcclGroup)."""
+    for tag in (16384, 2**31, 2**63):
+        with pytest.raises(InputError, match=r"^tag must be a channel number from 0 to 16383"):
+            allreduce(np.zeros(3), PROOF, tag=tag)
+    with pytest.raises(ArgumentError, match="cannot allreduce a ndarray across processes"):
+        allreduce(np.zeros(3), PROOF, tag=16383)

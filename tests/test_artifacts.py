@@ -196,3 +196,77 @@ def test_the_artifact_proof_is_a_contract_not_a_proof() -> None:
     with pytest.raises(TypeError, match="abstract"):
         ArtifactProof("x", 2, 1, 2, 0.0)  # type: ignore[abstract]
     assert not isinstance(MSCCL.prove(MSCCL.lower(PROOF)), Proof)
+
+
+def never(*args: object, **kwargs: object) -> None:
+    raise AssertionError(f"work was done before the refusal: {args}")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--gpus", "256", "-o", "x.xml"],
+            "StragglAR over 256 GPUs with 1 instance needs at least 255 thread blocks that others wait on, "
+            "but dependency targets must have ids <= 127: MSCCL XML takes StragglAR up to N = 128",
+        ),
+        (["--gpus", "2048", "--chunks", "2048", "-o", "x.xml"], "StragglAR over 2048 GPUs with 1 instance"),
+        (["--gpus", "2048", "--chunks", "auto", "-o", "x.xml"], "StragglAR over 2048 GPUs with 1 instance"),
+        (
+            ["--gpus", "256", "-a", "ring", "-o", "x.xml"],
+            "256 GPUs: stragglar writes MSCCL XML for at most 128",
+        ),
+        (
+            ["--gpus", "64", "--instances", "4", "-o", "x.xml"],
+            "StragglAR over 64 GPUs with 4 instances needs at least 252 thread blocks that others wait on",
+        ),
+        (
+            ["--gpus", "8", "--chunks", "4096", "-o", "x.xml"],
+            "8 GPUs x 4096 chunks x 1 instance: stragglar writes MSCCL XML of at most 16,384 (GPU, chunk)",
+        ),
+        (["--gpus", "128", "-a", "ring", "--instances", "2", "-o", "x.xml"], "128 GPUs x 128 chunks x 2"),
+        (
+            ["--gpus", "400", "--format", "mscclpp", "-o", "p.json"],
+            "400 GPUs: stragglar writes MSCCL++ plans",
+        ),
+        (
+            ["--gpus", "1000", "--format", "mscclpp"],
+            "1000 GPUs: stragglar writes MSCCL++ plans for at most 192",
+        ),
+        (
+            ["--gpus", "64", "--instances", "8", "--format", "mscclpp"],
+            "StragglAR over 64 GPUs needs at least 16 thread blocks per GPU and instance (about 0.27 N), "
+            "128 with 8 instances, more than the 108 one GPU runs at once",
+        ),
+        (
+            ["--gpus", "16", "--max-threadblocks", "3", "--format", "mscclpp"],
+            "use fewer GPUs (at most 15), or raise max_threadblocks",
+        ),
+        (["--gpus", "100", "--chunks", "400", "--format", "mscclpp"], "100 GPUs x 400 chunks x 1 instance"),
+    ],
+)
+def test_synth_refuses_what_a_format_cannot_hold_before_making_the_schedule(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, args: list[str], message: str
+) -> None:
+    """256 GPUs to MSCCL XML were refused after 40-84 s of synthesis and lowering, 400 GPUs to an
+    MSCCL++ plan ran out of memory after 166 s: each format's limits in N, chunks and the options
+    are now checked before any schedule is made or any chunk count priced."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("stragglar.commands.schedules.synthesize", never)
+    monkeypatch.setattr("stragglar.model.chunks.best_chunks", never)
+    result = CliRunner().invoke(cli, ["synth", *args])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("Error: ") and message in result.stderr
+    assert len(result.stderr.splitlines()) == 1
+    assert not list(tmp_path.iterdir())
+
+
+def test_chunks_auto_picks_a_count_the_format_takes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """At N = 100 the model's fastest power of two is 256 chunks, more (GPU, chunk) cells than MSCCL
+    XML is written for: auto picks among the counts the file may have (128), not one it refuses."""
+    assert MSCCL.max_chunks(100, ExportOptions()) == 163
+    assert MSCCLPP.max_chunks(96, ExportOptions(instances=4)) == 96
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("stragglar.commands.schedules.synthesize", never)  # the choice is all we need
+    result = CliRunner().invoke(cli, ["synth", "--gpus", "100", "--chunks", "auto", "-o", "x.xml"])
+    assert result.stderr.startswith("--chunks auto: C = 128, the cost model's fastest for 1 GiB")

@@ -313,3 +313,62 @@ def test_a_missing_engine_says_how_to_install_it_without_naming_a_host(
     else:
         for words in ("cupy-cuda12x", "cupy-cuda13x", "nvidia-smi", "CUDA version"):
             assert words in message, message
+
+
+# ---------------------------------------------------------------------------- the size of a run
+
+
+def never(*args: object, **kwargs: object) -> None:
+    raise AssertionError(f"work was done before the refusal: {args}")
+
+
+def test_a_run_past_its_cells_is_refused_before_any_schedule_is_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``run --backend local --gpus 2048 --size 8KiB`` had not finished after 200 s: each
+    iteration moves 8.4 million transfers one slice at a time."""
+    monkeypatch.setattr("stragglar.measure.run.synthesize", never)
+    with pytest.raises(
+        InputError, match=r"^2048 ranks x 2047 chunks: a run times schedules of at most 65,536"
+    ):
+        run_benchmark("local", 2048, 8192)
+    with pytest.raises(InputError, match=r"^16 ranks x 8192 chunks: a run times"):
+        run_benchmark("local", 16, 2**20, chunks=8192)
+    with pytest.raises(InputError, match=r"^257 ranks x 257 chunks: a run times"):
+        run_benchmark("local", 257, 8192, algorithm="ring")
+
+
+@pytest.mark.slow
+def test_a_run_of_the_largest_size_is_taken() -> None:
+    """N = 256 with N - 1 chunks, the largest run, and Ring's N = 256 chunks."""
+    assert run_benchmark("local", 256, 8192, iters=1, warmup=0).num_ranks == 256
+
+
+def test_a_sweep_refuses_a_setting_past_the_cells_before_the_first_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("stragglar.measure.sweep.run_benchmark", never)
+    with pytest.raises(InputError, match=r"^300 ranks x 299 chunks: a run times"):
+        sweep("local", [4, 300], [8192], [0.0])
+    with pytest.raises(InputError, match=r"^8 ranks x 9000 chunks: a run times"):
+        sweep("local", [4, 8], [8192], [0.0], chunks=lambda n, size, delay: 9000 if n == 8 else None)
+
+
+def test_cli_run_refuses_a_large_run_at_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    big = tmp_path / "big.json"
+    big.write_text(json_format.dumps(synthesize("stragglar", 4, chunks=20000)))
+    monkeypatch.setattr("stragglar.commands.measure.proved", never)
+    monkeypatch.setattr("stragglar.model.chunks.best_chunks", never)
+    monkeypatch.setattr("stragglar.measure.run.synthesize", never)
+    for args, message in [
+        (["--gpus", "2048", "--size", "8KiB"], "2048 ranks x 2047 chunks: a run times"),
+        (["--gpus", "2048", "--size", "8KiB", "--chunks", "auto"], "2048 ranks x 2047 chunks: a run times"),
+        (["--schedule", str(big)], "4 ranks x 20000 chunks: a run times"),
+    ]:
+        result = CliRunner().invoke(cli, ["run", "--backend", "local", *args])
+        assert result.exit_code == 2, result.output
+        assert result.stderr.startswith("Error: ") and message in result.stderr
+
+
+def test_a_sweep_refuses_a_delay_past_an_hour_before_the_first_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("stragglar.measure.sweep.run_benchmark", never)
+    with pytest.raises(InputError, match=r"^delay must be at most 3,600 s \(an hour\), got 7200.0$"):
+        sweep("local", [4], [8192], [0.0, 7200.0])

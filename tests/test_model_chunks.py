@@ -12,8 +12,10 @@ import pytest
 from click.testing import CliRunner, Result
 
 from stragglar.cli import cli
+from stragglar.errors import InputError
 from stragglar.formats import json as json_format
 from stragglar.model import (
+    AUTO,
     PAPER_NETWORK,
     Network,
     best_chunks,
@@ -21,6 +23,7 @@ from stragglar.model import (
     compare_generated,
     estimate,
     generated_profile,
+    resolve_chunks,
 )
 from stragglar.msccl import default_name as xml_name
 from stragglar.mscclpp import default_name as plan_name
@@ -107,6 +110,9 @@ def test_cost_prints_the_chunked_row_beside_the_papers() -> None:
         (["cost", "--gpus", "8", "--chunks", "-3"], "expected a whole number of chunks or auto"),
         (["synth", "--gpus", "8", "--chunks", "0"], "expected a whole number of chunks or auto"),
         (["synth", "--gpus", "8", "--chunks", "100000"], "100000 chunks: stragglar handles at most 65536"),
+        (["synth", "--gpus", "8", "--chunks", "9" * 5000], "a number of 5000 digits is more than the 65536"),
+        (["synth", "--gpus", "8", "--chunks", "\u00b2"], "expected a whole number of chunks or auto"),
+        (["synth", "--gpus", "8", "--chunks", "000"], "expected a whole number of chunks or auto"),
         (["synth", "--gpus", "8", "-a", "ring", "--chunks", "9"], "--chunks does not apply"),
         (
             ["synth", "--gpus", "8", "--delay", "5ms"],
@@ -169,3 +175,11 @@ def test_cost_plot_has_the_chunk_panel(tmp_path: Path) -> None:
     result = run("cost", "--gpus", "8", "--delay", "5ms", "--chunks", "auto", "--plot", str(out))
     assert result.exit_code == 0, result.output
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_an_output_can_cap_the_candidates() -> None:
+    assert resolve_chunks(AUTO, 100, 2**30, 0.0, PAPER_NETWORK, power_of_two=True) == 256
+    assert resolve_chunks(AUTO, 100, 2**30, 0.0, PAPER_NETWORK, power_of_two=True, max_chunks=163) == 128
+    assert max(chunk_candidates(8, 2**30)) == 128 and max(chunk_candidates(8, 2**30, max_chunks=40)) <= 40
+    with pytest.raises(InputError, match="no power-of-two chunk count from 189 to 194 for 190 GPUs"):
+        chunk_candidates(190, 2**30, power_of_two=True, max_chunks=194)

@@ -15,7 +15,14 @@ from msccl_model import run_numeric
 
 from stragglar.errors import ArgumentError
 from stragglar.formats import json as json_format
-from stragglar.msccl import DEFAULT_MAX_BYTES, MscclExportError, prove_msccl, to_msccl_xml, write_msccl
+from stragglar.msccl import (
+    DEFAULT_MAX_BYTES,
+    MscclExportError,
+    check_request,
+    prove_msccl,
+    to_msccl_xml,
+    write_msccl,
+)
 from stragglar.msccl import threadblocks as msccl_threadblocks
 from stragglar.release import schedule_files, write_schedule_files
 from stragglar.schedule import Op, Phase, Schedule, Transfer
@@ -239,6 +246,33 @@ def test_dependency_target_limit() -> None:
         "use fewer instances or a smaller N"
     )
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(("n", "instances"), [(44, 3), (4, 43), (33, 4), (65, 2)])
+def test_stragglar_past_128_waited_on_blocks_is_refused_early_only_where_the_lowering_refuses(
+    n: int, instances: int
+) -> None:
+    """The command refuses ``(N - 1) x instances > 128`` before making the schedule; the lowering,
+    which needs ``N x instances`` for N >= 3, refuses those and a few more."""
+    early = (n - 1) * instances > 128
+    if early:
+        with pytest.raises(
+            MscclExportError, match=r"^StragglAR over \d+ GPUs with \d+ instances needs at least"
+        ):
+            check_request(n, n - 1, instances, "stragglar")
+    else:
+        check_request(n, n - 1, instances, "stragglar")
+    with pytest.raises(MscclExportError):
+        xml_of(synthesize("stragglar", n), instances=instances)
+
+
+def test_the_largest_files_are_bounded_before_the_lowering() -> None:
+    """Ring's file at N = 256 took 2 minutes to lower and prove, and grows as N^3."""
+    with pytest.raises(MscclExportError, match=r"^129 GPUs: stragglar writes MSCCL XML for at most 128 "):
+        xml_of(synthesize("ring", 129))
+    with pytest.raises(MscclExportError, match=r"^8 GPUs x 2100 chunks x 1 instance: .* at most 16,384"):
+        xml_of(synthesize("stragglar", 8, chunks=2100))
+    check_request(128, 128)  # Ring at N = 128, the largest
 
 
 def test_channel_limit() -> None:

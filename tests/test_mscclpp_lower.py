@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from stragglar.errors import ArgumentError
-from stragglar.mscclpp import MscclppExportError, PlanOptions, lower, will_use, write_plan
+from stragglar.mscclpp import MscclppExportError, PlanOptions, check_request, lower, will_use, write_plan
 from stragglar.mscclpp.prove import prove_plan
 from stragglar.mscclpp.sizes import offset_limit
 from stragglar.schedule import Op, Phase, Schedule, Transfer
@@ -39,6 +39,51 @@ def test_large_stragglar_plans_prove(n: int) -> None:
     plan, summary = export_and_prove(synthesize("stragglar", n))
     assert f"over {n} GPUs, {n - 1} chunks" in summary
     assert max(len(g["threadblocks"]) for g in plan["gpus"]) <= 108
+
+
+def stragglar_blocks(n: int, chunks: int | None = None) -> int:
+    """The most thread blocks a GPU of StragglAR's plan needs, one instance, counted by the lowering."""
+    return max(
+        lower(
+            prove(synthesize("stragglar", n, chunks=chunks)), PlanOptions(max_threadblocks=10**6)
+        ).threadblocks
+    )
+
+
+@pytest.mark.parametrize("n", [*range(2, 25), 64])
+def test_stragglar_needs_at_least_n_over_4_thread_blocks_per_gpu(n: int) -> None:
+    """What synth checks before making the schedule (check_request) is never more than the count."""
+    assert stragglar_blocks(n) >= max(1, n // 4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("n", "chunks"),
+    [(n, None) for n in range(25, 193)] + [(4, 64), (8, 64), (16, 256), (32, 64), (64, 256), (128, 256)],
+)
+def test_stragglar_needs_at_least_n_over_4_thread_blocks_per_gpu_to_the_limit(
+    n: int, chunks: int | None
+) -> None:
+    assert stragglar_blocks(n, chunks) >= max(1, n // 4)
+
+
+def test_too_many_thread_blocks_for_stragglar_is_refused_early_where_the_lowering_refuses() -> None:
+    with pytest.raises(MscclppExportError, match=r"^StragglAR over 64 GPUs needs at least 16 thread blocks"):
+        check_request(64, 63, 8, algorithm="stragglar")
+    with pytest.raises(MscclppExportError, match=r"^GPU \d+ needs 144 thread blocks, more than the 108"):
+        lower(prove(synthesize("stragglar", 64)), PlanOptions(instances=8))
+    check_request(64, 63, 6, algorithm="stragglar")  # 18 x 6 = 108: the lowering takes it
+
+
+def test_the_largest_plans_are_bounded_before_the_lowering() -> None:
+    """N = 400 fits 108 thread blocks per GPU, but its proof ran out of memory after 166 s."""
+    with pytest.raises(
+        MscclppExportError, match=r"^193 GPUs: stragglar writes MSCCL\+\+ plans for at most 192 "
+    ):
+        lower(prove(synthesize("ring", 193)))
+    with pytest.raises(MscclppExportError, match=r"^96 GPUs x 95 chunks x 5 instances: .* at most 36,864"):
+        lower(prove(synthesize("stragglar", 96)), PlanOptions(instances=5))
+    check_request(192, 192)  # Ring at N = 192, the largest
 
 
 @pytest.mark.parametrize(

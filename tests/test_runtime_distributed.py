@@ -10,6 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from stragglar.errors import InputError  # noqa: E402
 from stragglar.measure.data import expected, payload  # noqa: E402
 from stragglar.measure.launch import LaunchError, launch  # noqa: E402
 from stragglar.runtime import allreduce  # noqa: E402
@@ -148,3 +149,11 @@ def test_every_algorithm_waits_for_the_late_rank_on_torch() -> None:
             assert t.done >= arrived, (proof.schedule.algorithm, t.rank)
             if t.rank != late:
                 assert t.arrived - t.start < 0.1  # the others did not sleep
+
+
+def test_a_meta_tensor_is_refused_before_the_group_is_touched() -> None:
+    """It has a shape and no data: the rounds failed half-way with NotImplementedError ("Cannot copy
+    out of meta tensor"), after the header check.  No process group is set up here: the refusal
+    comes first."""
+    with pytest.raises(InputError, match=r"^allreduce needs data to sum: a meta tensor holds none$"):
+        allreduce(torch.zeros(4, device="meta"), prove(synthesize("stragglar", 2)))

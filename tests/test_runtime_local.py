@@ -8,7 +8,7 @@ import types
 import numpy as np
 import pytest
 
-from stragglar.errors import InputError
+from stragglar.errors import ArgumentError, InputError
 from stragglar.measure import data
 from stragglar.measure.data import WrongResult, check, expected, payload
 from stragglar.measure.run import run_benchmark
@@ -201,6 +201,53 @@ def test_torch_buffers_that_share_memory_are_refused() -> None:
     whole = torch.zeros(24, dtype=torch.float64)
     with pytest.raises(InputError, match="the buffers of ranks 1 and 2 overlap"):
         allreduce_local([whole[0:8], whole[8:16], whole[12:20]], schedule("stragglar", 3))
+
+
+def test_what_is_not_one_array_per_rank_is_refused_before_any_data_moves() -> None:
+    """A list, a generator, one 2-D array, NumPy scalars, meta tensors, NumPy mixed with torch (or
+    CuPy) gave raw AttributeError, TypeError or ValueError, or a meta "sum" that did nothing."""
+    torch = pytest.importorskip("torch")
+    s = schedule("stragglar", 2)
+    host = np.ones(4, dtype=np.float32)
+    for buffers, error, message in [
+        (
+            [[1.0, 2.0], [3.0, 4.0]],
+            ArgumentError,
+            "allreduce_local sums NumPy, CuPy or torch arrays, got list",
+        ),
+        (
+            [np.float32(1), np.float32(2)],
+            ArgumentError,
+            "allreduce_local sums NumPy, CuPy or torch arrays, got float32",
+        ),
+        (
+            np.zeros((2, 4), np.float32),
+            ArgumentError,
+            "allreduce_local takes a list of arrays, one per rank, got ndarray",
+        ),
+        (
+            (b for b in [host, host]),
+            ArgumentError,
+            "allreduce_local takes a list of arrays, one per rank, got generator",
+        ),
+        ([torch.zeros(4, device="meta")] * 2, InputError, "allreduce_local needs data to sum: a meta tensor"),
+        (
+            [host, torch.ones(4)],
+            InputError,
+            "allreduce_local needs every rank's array in one place, got numpy on the host and torch on cpu",
+        ),
+    ]:
+        with pytest.raises(error) as info:
+            allreduce_local(buffers, s)  # type: ignore[arg-type]
+        assert str(info.value).startswith(message) and "\n" not in str(info.value)
+    assert np.array_equal(host, np.ones(4))
+
+
+def test_a_0d_array_is_a_buffer_of_one_element() -> None:
+    """Kept: a 0-d array is summed in place like any one-element buffer."""
+    bufs = [np.array(float(r + 1)) for r in range(4)]
+    allreduce_local(bufs, schedule("stragglar", 4))
+    assert [float(b) for b in bufs] == [10.0] * 4 and all(b.shape == () for b in bufs)
 
 
 def test_straggler_delay_hides_the_first_phase() -> None:

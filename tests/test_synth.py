@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 import stragglar.schedule
 import stragglar.synth
 from stragglar.schedule import Op, Schedule, round_lower_bound
-from stragglar.synth import ALGORITHMS, synthesize
+from stragglar.synth import ALGORITHMS, check_request, synthesize
 from stragglar.verify import prove
 
 # Phase-2 rounds of the authors' reference synthesizer (docs/model.md).
@@ -82,6 +82,20 @@ def test_every_algorithm_named_in_the_core_has_a_generator_and_every_generator_a
     assert stragglar.synth.ALGORITHMS is stragglar.schedule.ALGORITHMS
     assert tuple(stragglar.synth._GENERATORS) == ALGORITHMS
     assert [synthesize(a, 4).algorithm for a in ALGORITHMS] == list(ALGORITHMS)
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "n"),
+    [(a, n) for a in ALGORITHMS for n in (2, 3, 4, 7, 8, 16, 33) if a != "rhd" or is_pow2(n)],
+)
+def test_a_request_knows_the_chunk_count_before_the_schedule_is_made(algorithm: str, n: int) -> None:
+    """Callers refuse what their output cannot hold from this count, before any work."""
+    assert check_request(algorithm, n).num_chunks == synthesize(algorithm, n).num_chunks
+    if algorithm == "stragglar":
+        assert (
+            check_request(algorithm, n, chunks=2 * n).num_chunks
+            == synthesize(algorithm, n, chunks=2 * n).num_chunks
+        )
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)

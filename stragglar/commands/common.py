@@ -28,7 +28,7 @@ from stragglar.errors import (
 from stragglar.files import check_replaceable, own_descriptor, read_text, same_file, write_bytes, write_text
 from stragglar.formats import json as json_format
 from stragglar.model import AUTO, PAPER_NETWORK, Network, resolve_chunks
-from stragglar.schedule import Schedule
+from stragglar.schedule import MAX_CHUNKS, Schedule
 from stragglar.synth import ALGORITHMS
 from stragglar.units import format_bytes, format_seconds, parse_bandwidth, parse_duration, parse_size
 from stragglar.verify import Proof, VerificationError, prove
@@ -112,9 +112,18 @@ class ChunkCount(click.ParamType):  # type: ignore[type-arg, unused-ignore]
         text = value.strip().lower()
         if text == AUTO:
             return AUTO
-        if not text.isdigit() or int(text) < 1:
+        if not (text.isascii() and text.isdigit()):  # not '²': int() would refuse it
             self.fail(f"expected a whole number of chunks or auto, got {quoted(value)}", param, ctx)
-        return int(text)
+        digits = text.lstrip("0")
+        if len(digits) > 18:  # int() refuses 4301 digits, and a count this long is no count
+            self.fail(
+                f"a number of {len(digits)} digits is more than the {MAX_CHUNKS} chunks stragglar handles",
+                param,
+                ctx,
+            )
+        if not digits:
+            self.fail(f"expected a whole number of chunks or auto, got {quoted(value)}", param, ctx)
+        return int(digits)
 
 
 def network_words(network: Network) -> str:
@@ -178,6 +187,7 @@ def chosen_chunks(
     *,
     algorithm: str = "stragglar",
     power_of_two: bool = False,
+    max_chunks: int | None = None,
 ) -> int | None:
     """``--chunks`` as a count (None: the paper's N-1), read as the model reads every chunk option
     (:func:`~stragglar.model.chunks.resolve_chunks`), with a spinner while ``auto`` prices.
@@ -188,7 +198,9 @@ def chosen_chunks(
     if chunks is not None and algorithm != "stragglar":
         raise click.UsageError(f"--chunks does not apply: it shapes StragglAR, not {algorithm}")
     with busy(f"choosing a chunk count for {num_gpus} GPUs"):
-        return resolve_chunks(chunks, num_gpus, size, delay, network, power_of_two=power_of_two)
+        return resolve_chunks(
+            chunks, num_gpus, size, delay, network, power_of_two=power_of_two, max_chunks=max_chunks
+        )
 
 
 GPUS = click.option(

@@ -27,10 +27,18 @@ from stragglar.commands.common import (
 )
 from stragglar.commands.terminal import echo, progress_bar
 from stragglar.errors import InputError, quoted
-from stragglar.measure.run import BACKENDS, MAX_ITERS, BenchmarkResult, check_dtype, run_benchmark
+from stragglar.measure.run import (
+    BACKENDS,
+    MAX_ITERS,
+    BenchmarkResult,
+    check_dtype,
+    check_run_size,
+    run_benchmark,
+)
 from stragglar.measure.sweep import sweep
 from stragglar.model import AUTO, PAPER_NETWORK, Network
 from stragglar.runtime import DTYPES
+from stragglar.synth import check_request
 from stragglar.units import parse_duration, parse_size
 
 __all__ = ["bench", "run"]
@@ -102,12 +110,16 @@ def run(
     proof = None
     if schedule_file is not None:
         refuse_given(["algorithm", "straggler", "chunks"], f"the schedule comes from {schedule_file}")
-        proof = proved(load_schedule(schedule_file, "run"), str(schedule_file))
+        schedule = load_schedule(schedule_file, "run")
+        check_run_size(schedule.num_ranks, schedule.num_chunks)  # before it is proved
+        proof = proved(schedule, str(schedule_file))
         if num_gpus is not None and num_gpus != proof.num_ranks:
             raise InputError(f"--gpus {num_gpus} but {schedule_file} is for {proof.num_ranks} ranks")
         num_gpus = proof.num_ranks
     elif num_gpus is None:
         raise click.UsageError("--gpus is required (or give a --schedule file)")
+    else:  # before a chunk count is priced (the run checks the count it gets)
+        check_run_size(num_gpus, check_request(algorithm, num_gpus).num_chunks)
     network, where = _priced_network(link_rate)
     count = chosen_chunks(chunks, num_gpus, size, delay, network, algorithm=algorithm)
     if count is not None and chunks == AUTO:

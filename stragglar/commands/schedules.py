@@ -42,7 +42,7 @@ from stragglar.errors import IncorrectError, StragglarError, shown
 from stragglar.formats import json as json_format
 from stragglar.formats.text import render
 from stragglar.model import AUTO, Network
-from stragglar.synth import METHODS, synthesize
+from stragglar.synth import METHODS, check_request, synthesize
 from stragglar.verify import Proof, prove
 from stragglar.verify.report import ArtifactProof
 from stragglar.verify.smt import smt_prove
@@ -165,27 +165,38 @@ def synth(
     if chunks != AUTO:
         refuse_given(["size", "delay", "alpha", "bandwidth"], "it is a setting for --chunks auto")
     network = Network(alpha, bandwidth)
-    count = chosen_chunks(
-        chunks, num_gpus, size, delay, network, algorithm=algorithm, power_of_two=fmt in FORMATS
+    options, exporting = ExportOptions(**artifact), FORMATS.get(fmt)
+    if exporting is not None and chunks == AUTO:  # what N alone refuses, before pricing chunk counts
+        exporting.check_request(check_request(algorithm, num_gpus), options)
+    count = chosen_chunks(  # for a file, in as many chunks as the format takes
+        chunks,
+        num_gpus,
+        size,
+        delay,
+        network,
+        algorithm=algorithm,
+        power_of_two=exporting is not None,
+        max_chunks=None if exporting is None else exporting.max_chunks(num_gpus, options),
     )
     if count is not None and chunks == AUTO:
-        pow2 = ", a power of two for executors" if fmt in FORMATS else ""
+        pow2 = ", a power of two for executors" if exporting is not None else ""
         echo(auto_note(count, size, delay, network, pow2), err=True)
+    smt_timeout = timeout if method == "smt" else None
+    request = check_request(
+        algorithm, num_gpus, straggler, chunks=count, method=method, timeout_s=smt_timeout
+    )
+    if exporting is not None:  # before the schedule is made: limits N, C and the options tell
+        exporting.check_request(request, options)
     with busy(f"synthesizing {algorithm} for {num_gpus} GPUs"):
         schedule = synthesize(
-            algorithm,
-            num_gpus,
-            straggler,
-            chunks=count,
-            method=method,
-            timeout_s=timeout if method == "smt" else None,
+            algorithm, num_gpus, straggler, chunks=count, method=method, timeout_s=smt_timeout
         )
     proof = proved(schedule, f"the {algorithm} schedule")
     summary, details = proof.headline, [proof.summary]
-    if fmt in FORMATS:
-        exported = export_artifact(proof, FORMATS[fmt], ExportOptions(**artifact))
+    if exporting is not None:
+        exported = export_artifact(proof, exporting, options)
         body = exported.text
-        summary += f"; {FORMATS[fmt].title} proved: {exported.proof.brief}"
+        summary += f"; {exporting.title} proved: {exported.proof.brief}"
         details += [exported.proof.summary, exported.proof.details]
     else:
         with busy(f"formatting the schedule as {fmt}"):

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import GradBucket  # type: ignore[attr-defined, unused-ignore]
 
-from stragglar.args import as_int, as_rank, as_seconds
+from stragglar.args import MAX_DELAY, as_int, as_rank, as_seconds
 from stragglar.ddp.agreement import disagreement, encode
 from stragglar.ddp.probe import LateRankProbe
 from stragglar.ddp.worker import (
@@ -91,7 +91,8 @@ class StragglarState:
     fitted networks), None until a window of steps has been seen.
 
     Arguments are checked here, in these terms: ``straggler=1.5`` or ``True`` is an
-    :class:`~stragglar.runtime.ArgumentError` (a TypeError), a NumPy integer is a fine rank."""
+    :class:`~stragglar.runtime.ArgumentError` (a TypeError), a NumPy integer is a fine rank;
+    ``timeout`` is at most a day and ``straggler_delay`` at most an hour (:mod:`stragglar.args`)."""
 
     algorithm: str = "stragglar"
     straggler: int | None = None
@@ -127,7 +128,9 @@ class StragglarState:
         if self.straggler is not None:
             self.straggler = as_int(self.straggler, "StragglarState.straggler", minimum=0)
         self.timeout = as_seconds(self.timeout, "StragglarState.timeout", positive=True)
-        self.straggler_delay = as_seconds(self.straggler_delay, "StragglarState.straggler_delay")
+        self.straggler_delay = as_seconds(
+            self.straggler_delay, "StragglarState.straggler_delay", maximum=MAX_DELAY
+        )
         self.detect = as_int(self.detect, "StragglarState.detect", minimum=0)
         if isinstance(self.share, bool) or not isinstance(self.share, (int, float)):
             raise ArgumentError(f"StragglarState.share must be a number, got {self.share!r}")

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from stragglar.args import as_int, as_rank, as_seconds
+from stragglar.args import MAX_DELAY, as_int, as_rank, as_seconds
 from stragglar.errors import InputError
 from stragglar.measure.data import ITEMSIZE, check, expected, payload
 from stragglar.measure.links import check_link_rate, paced_to
@@ -28,11 +28,19 @@ from stragglar.runtime import plan_for
 from stragglar.runtime.engine import DTYPES
 from stragglar.runtime.local import run_local
 from stragglar.schedule import MAX_RANKS
-from stragglar.synth import synthesize
+from stragglar.synth import check_request, synthesize
 from stragglar.units import count_of, format_bytes
 from stragglar.verify import Proof, prove, require_proof
 
-__all__ = ["BACKENDS", "BenchmarkResult", "Variant", "check_dtype", "run_benchmark"]
+__all__ = [
+    "BACKENDS",
+    "MAX_RUN_CELLS",
+    "BenchmarkResult",
+    "Variant",
+    "check_dtype",
+    "check_run_size",
+    "run_benchmark",
+]
 
 BACKENDS = ("local", "torch", "cupy")
 IN_ONE_PROCESS = (  # what the ratios of the in-process backends mean: their baseline is no collective
@@ -41,6 +49,12 @@ IN_ONE_PROCESS = (  # what the ratios of the in-process backends mean: their bas
 )
 _ARRAYS = {"local": "NumPy", "cupy": "CuPy"}  # the in-process backends' array libraries, NumPy's dtypes
 MAX_ITERS = 10_000  # timed iterations per run, and warm-up ones: a bound, so a typo cannot run for ever
+# (rank, chunk) cells of a schedule a run times: N = 256 with N - 1 chunks.  An iteration moves
+# every transfer of the schedule as its own slice copy (in one process) or message (one process
+# per rank), and a run binds a plan per rank: at N = 256 (130,000 transfers) an in-process
+# iteration takes about half a second; at N = 2048 (8.4 million) a run of the default 6 iterations
+# had not finished after 200 s.
+MAX_RUN_CELLS = 2**16
 
 
 @dataclass(frozen=True)
@@ -189,13 +203,13 @@ def run_benchmark(
     ``proof`` may also be several proofs: each iteration then runs every one of them and the
     baseline, in an order that rotates (:func:`~stragglar.measure.timing.turn`), all in one
     launch of the ranks, so that every schedule sees the same machine state; none (an empty
-    sequence) times the baseline alone.  ``delay`` is in seconds: how late the late rank arrives,
-    for every schedule and the baseline alike.  The late rank is ``straggler`` if given (for a
-    straggler-aware algorithm also the schedule's straggler), else the first schedule's
+    sequence) times the baseline alone.  ``delay`` is in seconds (at most an hour): how late the
+    late rank arrives, for every schedule and the baseline alike.  The late rank is ``straggler``
+    if given (for a straggler-aware algorithm also the schedule's straggler), else the first schedule's
     (:attr:`~stragglar.schedule.Schedule.late_rank`: its straggler, else the last rank): a
     schedule without a straggler (Ring, RHD) waits for it exactly as the baseline does.
-    ``timeout`` bounds each wait for a silent peer (plus ``delay`` where the wait includes the
-    late rank's delay), not the run.  ``link_rate`` (torch backend only, bytes per second) paces
+    ``timeout`` (at most a day) bounds each wait for a silent peer (plus ``delay`` where the wait
+    includes the late rank's delay), not the run.  ``link_rate`` (torch backend only, bytes per second) paces
     every rank's sockets to it: each rank gets a link of its own, as the cost model assumes,
     instead of the host's shared loopback (:mod:`stragglar.measure.links`).  ``tick``, if
     given, is called between iterations, from this process (for a progress line; the torch
@@ -211,7 +225,7 @@ def run_benchmark(
     if not 2 <= num_ranks <= MAX_RANKS:
         raise InputError(f"need 2 to {MAX_RANKS} GPUs, got {num_ranks}")
     size_bytes = as_int(size_bytes, "size_bytes", minimum=0)
-    delay = as_seconds(delay, "delay")
+    delay = as_seconds(delay, "delay", maximum=MAX_DELAY)
     timeout = as_seconds(timeout, "timeout", positive=True)
     iters = as_int(iters, "iters", minimum=1)
     warmup = as_int(warmup, "warmup", minimum=0)
@@ -228,6 +242,8 @@ def run_benchmark(
         aware = late_rank is not None and _has_straggler(algorithm)
         c = None if chunks is None else as_int(chunks, "chunks")
         counts = (c,) if c in (None, num_ranks - 1) else (c, None)
+        for k in counts:
+            check_run_size(num_ranks, check_request(algorithm, num_ranks, chunks=k).num_chunks)
         proofs: tuple[Proof, ...] = tuple(
             prove(synthesize(algorithm, num_ranks, late_rank if aware else None, chunks=k)) for k in counts
         )
@@ -238,6 +254,7 @@ def run_benchmark(
     for p in proofs:
         if require_proof(p).num_ranks != num_ranks:
             raise InputError(f"schedule is for {p.num_ranks} ranks, not {num_ranks}")
+        check_run_size(p.num_ranks, p.num_chunks)
     if late_rank is None:  # the first schedule's; the baseline alone waits for the last rank, as Ring's would
         late_rank = proofs[0].schedule.late_rank if proofs else num_ranks - 1
     count, extra = divmod(size_bytes, ITEMSIZE[dtype])
@@ -282,6 +299,22 @@ def run_benchmark(
         late_rank,
         link_rate,
     )
+
+
+def check_run_size(num_ranks: int, num_chunks: int) -> None:
+    """Refuse, before any schedule is made or plan bound, a schedule larger than a run times.
+
+    >>> check_run_size(2048, 2047)
+    Traceback (most recent call last):
+    ...
+    stragglar.errors.InputError: 2048 ranks x 2047 chunks: a run times schedules of at most 65,536 \
+(rank, chunk) cells (N = 256 with N - 1 chunks)
+    """
+    if num_ranks * num_chunks > MAX_RUN_CELLS:
+        raise InputError(
+            f"{num_ranks} ranks x {num_chunks} chunks: a run times schedules of at most {MAX_RUN_CELLS:,} "
+            "(rank, chunk) cells (N = 256 with N - 1 chunks)"
+        )
 
 
 @cache

@@ -29,10 +29,12 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from stragglar.args import MAX_DELAY, as_seconds
 from stragglar.errors import InputError
 from stragglar.measure.links import paced_to
-from stragglar.measure.run import IN_ONE_PROCESS, BenchmarkResult, run_benchmark
+from stragglar.measure.run import IN_ONE_PROCESS, BenchmarkResult, check_run_size, run_benchmark
 from stragglar.model import Network, compare_generated, generated_profile
+from stragglar.synth import check_request
 from stragglar.units import format_bytes
 
 __all__ = ["ChunkPolicy", "Chunked", "Setting", "SweepResult", "fit_line", "fit_ring", "machine", "sweep"]
@@ -197,8 +199,14 @@ def sweep(
         raise InputError("need at least one rank count, size and delay")
     grid = [(n, size, delay) for n in gpus for size in sizes for delay in delays]
     counts: dict[tuple[int, int, float], int | None] = {key: None for key in grid}
+    for n in dict.fromkeys(gpus):  # each rank count and delay a run would refuse, before the first runs
+        check_run_size(n, check_request(algorithm, n).num_chunks)
+    for delay in delays:
+        as_seconds(delay, "delay", maximum=MAX_DELAY)
     if chunks is not None:
         counts = {key: chunks(*key) for key in grid}
+        for (n, _, _), c in counts.items():
+            check_run_size(n, n - 1 if c is None else c)
         for (n, _, _), c in counts.items():
             generated_profile(algorithm, n, c)  # synthesized now (or refused); cached for the model
     results: dict[tuple[int, int, float], BenchmarkResult] = {}

@@ -41,7 +41,12 @@ MAX_AUTO_CHUNKS = 4096
 
 
 def chunk_candidates(
-    num_ranks: int, size_bytes: float, network: Network = PAPER_NETWORK, *, power_of_two: bool = False
+    num_ranks: int,
+    size_bytes: float,
+    network: Network = PAPER_NETWORK,
+    *,
+    power_of_two: bool = False,
+    max_chunks: int | None = None,
 ) -> list[int]:
     """The chunk counts :func:`best_chunks` prices, smallest first.
 
@@ -54,8 +59,9 @@ def chunk_candidates(
     ``C* / 2`` to ``2 C*`` and the nearest ones outside: at most a dozen, each a schedule to
     synthesize.  With ``power_of_two`` only the powers of two (executors split power-of-two
     buffers evenly only into those).  No candidate has chunks under :data:`MIN_CHUNK_BYTES`, is
-    more than :data:`MAX_AUTO_CHUNKS` (unless N - 1 is) or than the schedule limits allow; with
-    ``alpha = 0`` ``C*`` is the largest allowed.
+    more than :data:`MAX_AUTO_CHUNKS` (unless N - 1 is), than the schedule limits allow or than
+    ``max_chunks`` (an output's own limit, such as an executor format's); with ``alpha = 0`` ``C*``
+    is the largest allowed.
 
     >>> chunk_candidates(8, 2**30)
     [7, 16, 32, 35, 38, 39, 42, 64, 128]
@@ -68,7 +74,8 @@ def chunk_candidates(
     if not size_bytes > 0:
         raise InputError(f"the buffer size must be > 0 bytes, got {size_bytes}")
     low = n - 1
-    high = max(low, min(MAX_AUTO_CHUNKS, MAX_CHUNKS, MAX_CELLS // n, int(size_bytes // MIN_CHUNK_BYTES)))
+    limits = (MAX_AUTO_CHUNKS, MAX_CHUNKS, MAX_CELLS // n, int(size_bytes // MIN_CHUNK_BYTES))
+    high = max(low, min(*limits, MAX_CHUNKS if max_chunks is None else max_chunks))
     doublings = max(1, (n - 1).bit_length()) - 1
     ideal = (
         math.sqrt(doublings * size_bytes / (network.alpha * network.bandwidth))
@@ -98,13 +105,14 @@ def best_chunks(
     network: Network = PAPER_NETWORK,
     *,
     power_of_two: bool = False,
+    max_chunks: int | None = None,
 ) -> int:
     """The chunk count whose StragglAR schedule the cost model prices fastest after the straggler
     arrives, among :func:`chunk_candidates`; the fewest chunks among equals."""
     n = num_ranks
     priced = [
         (estimate(generated_profile("stragglar", n, c), size_bytes, delay, network).exposed, c)
-        for c in chunk_candidates(n, size_bytes, network, power_of_two=power_of_two)
+        for c in chunk_candidates(n, size_bytes, network, power_of_two=power_of_two, max_chunks=max_chunks)
     ]
     return min(priced)[1]
 
@@ -117,10 +125,12 @@ def resolve_chunks(
     network: Network | None,
     *,
     power_of_two: bool = False,
+    max_chunks: int | None = None,
 ) -> int | None:
     """A chunk option as a count: None stays None (the paper's N-1), a count is itself, and
     :data:`AUTO` is :func:`best_chunks`' for a buffer of ``size_bytes`` with the straggler
-    ``delay`` seconds late (a negative lateness, a rank early, prices as none) on ``network``.
+    ``delay`` seconds late (a negative lateness, a rank early, prices as none) on ``network``, in
+    at most ``max_chunks`` chunks where an output limits them.
 
     >>> resolve_chunks(AUTO, 8, 2**30, 0.005, PAPER_NETWORK), resolve_chunks(14, 8, 2**30, 0.0, None)
     (38, 14)
@@ -135,4 +145,6 @@ def resolve_chunks(
         return int(chunks)
     if network is None:
         raise InputError("chunks='auto' prices chunk counts on a network, and none is known")
-    return best_chunks(num_ranks, size_bytes, max(delay, 0.0), network, power_of_two=power_of_two)
+    return best_chunks(
+        num_ranks, size_bytes, max(delay, 0.0), network, power_of_two=power_of_two, max_chunks=max_chunks
+    )

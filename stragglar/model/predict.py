@@ -18,7 +18,7 @@ from functools import lru_cache
 from stragglar.errors import InputError
 from stragglar.model.cost import PAPER_NETWORK, Comparison, Network, Profile, compare, profile
 from stragglar.schedule import Schedule
-from stragglar.synth import ALGORITHMS, synthesize
+from stragglar.synth import ALGORITHMS, check_request, synthesize
 
 __all__ = ["compare_generated", "generated_profile", "schedule_name"]
 
@@ -55,11 +55,13 @@ def compare_generated(
 
     RHD is left out when ``num_ranks`` is not a power of two, as it has no schedule there.  With
     ``chunks`` (other than the paper's N-1) StragglAR in that many chunks is added first, as
-    ``stragglar C=<chunks>``, beside the paper's.
+    ``stragglar C=<chunks>``, beside the paper's.  A request any schedule would refuse is refused
+    before the first is made (at N = 2048 each takes seconds).
     """
     unknown = set(algorithms) - set(ALGORITHMS)
     if unknown:
         raise InputError(f"unknown algorithm {sorted(unknown)[0]!r} (choose from {', '.join(ALGORITHMS)})")
+    check_request("stragglar", num_ranks, chunks=chunks)
     wanted = {"ring", *algorithms}
     if num_ranks & (num_ranks - 1):
         wanted.discard("rhd")

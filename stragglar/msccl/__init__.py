@@ -18,7 +18,10 @@ from stragglar.msccl.executor import (
 from stragglar.msccl.limits import PROTOCOLS, MscclExportError
 from stragglar.msccl.lower import (
     DEFAULT_MAX_BYTES,
+    MAX_XML_CELLS,
+    MAX_XML_RANKS,
     check_export_size,
+    check_request,
     default_name,
     to_msccl_xml,
     write_msccl,
@@ -27,6 +30,8 @@ from stragglar.msccl.read import describe_msccl
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
+    "MAX_XML_CELLS",
+    "MAX_XML_RANKS",
     "PROTOCOLS",
     "MscclExportError",
     "MscclFormatError",
@@ -35,6 +40,7 @@ __all__ = [
     "MscclViolation",
     "check_export_size",
     "check_msccl",
+    "check_request",
     "default_name",
     "describe_msccl",
     "prove_msccl",

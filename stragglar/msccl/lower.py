@@ -34,6 +34,7 @@ from stragglar.files import write_text
 from stragglar.msccl.dependencies import Programs, order
 from stragglar.msccl.limits import (
     MAX_CHANNELS,
+    MAX_DEPENDENCY_TB,
     MAX_OFFSET,
     MAX_STEPS,
     MAX_TBS,
@@ -46,11 +47,27 @@ from stragglar.msccl.pieces import schedule_pieces
 from stragglar.msccl.threadblocks import Fifo, assign, number
 from stragglar.msccl.write import Header, render
 from stragglar.schedule import Schedule, base_name
+from stragglar.units import count_of
 from stragglar.verify import Proof, require_proof
 
-__all__ = ["DEFAULT_MAX_BYTES", "check_export_size", "default_name", "lower", "to_msccl_xml", "write_msccl"]
+__all__ = [
+    "DEFAULT_MAX_BYTES",
+    "MAX_XML_CELLS",
+    "MAX_XML_RANKS",
+    "check_export_size",
+    "check_request",
+    "default_name",
+    "lower",
+    "to_msccl_xml",
+    "write_msccl",
+]
 
 DEFAULT_MAX_BYTES = 1 << 40
+# The largest files written: lowering and proving a file grow as N^3 (Ring: 16 s at N = 128, 2
+# minutes at 256), and StragglAR, the reason for the format, stops at N = 128 anyway (see
+# check_request).  Cells are (GPU, chunk) pairs of a loop: N x chunks x instances.
+MAX_XML_RANKS = 128
+MAX_XML_CELLS = MAX_XML_RANKS * MAX_XML_RANKS
 _NAME = re.compile(r"[A-Za-z0-9_.:+-]{1,128}")
 
 
@@ -83,10 +100,52 @@ def to_msccl_xml(
     max_bytes = as_int(max_bytes, "max_bytes")
     name = default_name(proof.schedule, proto, instances) if name is None else name
     _check_options(name, proto, instances, min_bytes, max_bytes)
+    check_request(proof.num_ranks, proof.num_chunks, instances)
     check_export_size(proof, instances)
     return lower(
         proof, Header(name, proto, 0, proof.num_chunks * instances, proof.num_ranks, min_bytes, max_bytes)
     )
+
+
+def check_request(num_ranks: int, num_chunks: int, instances: int = 1, algorithm: str | None = None) -> None:
+    """Refuse, before the schedule is even made, a file larger than stragglar writes or one the
+    executor would refuse: at most :data:`MAX_XML_RANKS` GPUs and :data:`MAX_XML_CELLS` (GPU,
+    chunk) cells per loop; and for ``algorithm="stragglar"`` (a schedule of stragglar's generator:
+    callers name it only then) at most ``(N - 1) x instances = 128``.
+
+    StragglAR's straggler exchanges a chunk with every other GPU, sending it from one thread block
+    and adding the peer's into it in another, so one of the two waits for the other: at least one
+    thread block that others wait on per peer and instance, and the executor's int8 ``depid``
+    names only 128 (the lowering needs ``N x instances`` for N >= 3, so it refuses N = 65 with two
+    instances itself, in a second).
+
+    >>> check_request(128, 127, algorithm="stragglar")
+    >>> check_request(64, 63, instances=4, algorithm="stragglar")
+    Traceback (most recent call last):
+    ...
+    stragglar.msccl.limits.MscclExportError: StragglAR over 64 GPUs with 4 instances needs at least 252 \
+thread blocks that others wait on, but dependency targets must have ids <= 127: MSCCL XML takes \
+StragglAR up to N = 128 with one instance (N x instances <= 128)
+    """
+    waited_on = (num_ranks - 1) * instances
+    if algorithm == "stragglar" and waited_on > MAX_DEPENDENCY_TB + 1:
+        raise MscclExportError(
+            f"StragglAR over {num_ranks} GPUs with {count_of(instances, 'instance')} needs at least "
+            f"{waited_on} thread blocks that others wait on, but dependency targets must have ids <= "
+            f"{MAX_DEPENDENCY_TB}: MSCCL XML takes StragglAR up to N = {MAX_DEPENDENCY_TB + 1} with one "
+            f"instance (N x instances <= {MAX_DEPENDENCY_TB + 1})"
+        )
+    if num_ranks > MAX_XML_RANKS:
+        raise MscclExportError(
+            f"{num_ranks} GPUs: stragglar writes MSCCL XML for at most {MAX_XML_RANKS} (StragglAR stops "
+            "there, and a file's lowering and proof grow as N^3)"
+        )
+    cells = num_ranks * num_chunks * instances
+    if cells > MAX_XML_CELLS:
+        raise MscclExportError(
+            f"{num_ranks} GPUs x {num_chunks} chunks x {count_of(instances, 'instance')}: stragglar writes "
+            f"MSCCL XML of at most {MAX_XML_CELLS:,} (GPU, chunk) cells per loop"
+        )
 
 
 def check_export_size(proof: Proof, instances: int = 1) -> None:

@@ -21,9 +21,12 @@ from stragglar.mscclpp.errors import (
 )
 from stragglar.mscclpp.lower import (
     DEFAULT_MAX_THREADBLOCKS,
+    MAX_PLAN_CELLS,
+    MAX_PLAN_RANKS,
     MscclppExportError,
     MscclppPlan,
     PlanOptions,
+    check_request,
     default_name,
     lower,
     write_plan,
@@ -35,6 +38,8 @@ from stragglar.mscclpp.summary import PlanSummary, summarize
 __all__ = [
     "DEFAULT_INTERLEAVINGS",
     "DEFAULT_MAX_THREADBLOCKS",
+    "MAX_PLAN_CELLS",
+    "MAX_PLAN_RANKS",
     "MscclppExportError",
     "MscclppPlan",
     "PlanDocument",
@@ -50,6 +55,7 @@ __all__ = [
     "SizeRule",
     "UnsupportedPlanError",
     "check_plan",
+    "check_request",
     "default_name",
     "lower",
     "plan_document",

@@ -40,13 +40,17 @@ from stragglar.mscclpp.emit import Header, plan_dict, plan_text
 from stragglar.mscclpp.program import build_programs
 from stragglar.mscclpp.sizes import UINT64_MAX, SizeRule, offset_limit
 from stragglar.schedule import Schedule, base_name
+from stragglar.units import count_of
 from stragglar.verify import Proof, require_proof
 
 __all__ = [
     "DEFAULT_MAX_THREADBLOCKS",
+    "MAX_PLAN_CELLS",
+    "MAX_PLAN_RANKS",
     "MscclppExportError",
     "MscclppPlan",
     "PlanOptions",
+    "check_request",
     "default_name",
     "lower",
     "write_plan",
@@ -57,6 +61,14 @@ __all__ = [
 # 1024-thread blocks and __launch_bounds__(1024, 1), so one block per SM is what is guaranteed:
 # 108 SMs on an A100, 132 on an H100 SXM.  The default is the smaller one.
 DEFAULT_MAX_THREADBLOCKS = 108
+# The largest plans written.  A plan's proof (stragglar.mscclpp.prove) grows as about N^3.6 at
+# C = N-1: 0.7 GB and 6 s at N = 128, 2.7 GB and 21 s at 192, 7.5 GB and 53 s at 256; at N = 400,
+# which 108 thread blocks per GPU would still allow, tens of GB.  So that whatever `synth` writes
+# `verify` proves on the same machine, as for schedules (3.2 GB at N = 2048), plans stop at
+# N = 192 and at as many (GPU, chunk) cells, N x chunks x instances (N = 96 with 4 instances:
+# 2.7 GB).  MSCCL++ memory channels reach one NVLink domain anyway (72 GPUs in an NVL72).
+MAX_PLAN_RANKS = 192
+MAX_PLAN_CELLS = MAX_PLAN_RANKS * MAX_PLAN_RANKS
 
 
 class MscclppExportError(InputError):
@@ -120,6 +132,65 @@ def _positive(label: str, value: int) -> None:
         raise MscclppExportError(f"{label} must be a positive integer, got {value!r}")
 
 
+def check_request(
+    num_ranks: int,
+    num_chunks: int,
+    instances: int = 1,
+    max_threadblocks: int = DEFAULT_MAX_THREADBLOCKS,
+    algorithm: str | None = None,
+) -> None:
+    """Refuse, before the schedule is even made, a plan larger than stragglar writes or one the
+    executor would refuse: at most :data:`MAX_PLAN_RANKS` GPUs and :data:`MAX_PLAN_CELLS` (GPU,
+    chunk) cells; and for ``algorithm="stragglar"`` (a schedule of stragglar's generator: callers
+    name it only then) at most ``max_threadblocks`` thread blocks per GPU, of which it needs at
+    least ``N // 4`` per instance.
+
+    A GPU runs one thread block per segment of rounds it has work in, and a segment ends where one
+    more round would take a block past 64 ops (:mod:`stragglar.mscclpp.blocks`).  A StragglAR
+    round costs its busiest GPU about 8 ops (a put, a signal, a wait, a reduce or copy and the
+    nops between), so a segment holds about 7.4 of its 2N + log2 N rounds and a GPU needs about
+    0.27 N thread blocks per instance: 18 at N = 64, 20 at 72, 52 at 192, 108 (an A100's SMs) at
+    400.  ``N // 4`` is under the count at every N measured (2 to 192; more chunks only add
+    rounds); the lowering counts exactly.
+
+    >>> check_request(192, 191, algorithm="stragglar")
+    >>> check_request(64, 63, instances=8, algorithm="stragglar")
+    Traceback (most recent call last):
+    ...
+    stragglar.mscclpp.lower.MscclppExportError: StragglAR over 64 GPUs needs at least 16 thread \
+blocks per GPU and instance (about 0.27 N), 128 with 8 instances, more than the 108 one GPU runs at \
+once (max_threadblocks): use at most 6 instances, or raise max_threadblocks for a GPU with more SMs
+    """
+    if num_ranks > MAX_PLAN_RANKS:
+        raise MscclppExportError(
+            f"{num_ranks} GPUs: stragglar writes MSCCL++ plans for at most {MAX_PLAN_RANKS} (a plan's "
+            "proof grows as N^3.6, to 2.7 GB there; memory channels reach one NVLink domain)"
+        )
+    cells = num_ranks * num_chunks * instances
+    if cells > MAX_PLAN_CELLS:
+        raise MscclppExportError(
+            f"{num_ranks} GPUs x {num_chunks} chunks x {count_of(instances, 'instance')}: stragglar "
+            f"writes MSCCL++ plans of at most {MAX_PLAN_CELLS:,} (GPU, chunk) cells"
+        )
+    per_instance = max(1, num_ranks // 4)
+    if algorithm == "stragglar" and per_instance * instances > max_threadblocks:
+        fewer = (
+            f"use at most {count_of(max_threadblocks // per_instance, 'instance')}"
+            if max_threadblocks >= per_instance
+            else f"use fewer GPUs (at most {4 * max_threadblocks + 3})"
+        )
+        need = (
+            f"{per_instance} thread blocks per GPU (about 0.27 N)"
+            if instances == 1
+            else f"{per_instance} thread blocks per GPU and instance (about 0.27 N), "
+            f"{per_instance * instances} with {instances} instances"
+        )
+        raise MscclppExportError(
+            f"StragglAR over {num_ranks} GPUs needs at least {need}, more than the {max_threadblocks} one "
+            f"GPU runs at once (max_threadblocks): {fewer}, or raise max_threadblocks for a GPU with more SMs"
+        )
+
+
 def _check(schedule: Schedule, options: PlanOptions) -> None:
     """Options the executor cannot take (the schedule itself is proved: its transfers are sound)."""
     if schedule.num_ranks < 2 or schedule.num_chunks < 1:
@@ -175,6 +246,7 @@ def lower(proof: Proof, options: PlanOptions | None = None) -> MscclppPlan:
     schedule = require_proof(proof).schedule
     options = options or PlanOptions()
     _check(schedule, options)
+    check_request(schedule.num_ranks, schedule.num_chunks, options.instances)
     programs = build_programs(schedule)
     try:
         segmentation = cut_segments(programs)

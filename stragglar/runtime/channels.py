@@ -50,12 +50,34 @@ from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from stragglar.args import as_int
 from stragglar.errors import InputError
 
-__all__ = ["MAX_TAG", "ROUNDS_PER_TAG", "Call", "Channels"]
+__all__ = ["MAX_TAG", "ROUNDS_PER_TAG", "Call", "Channels", "as_tag"]
 
 ROUNDS_PER_TAG = 2**17  # wire tags per channel: more rounds than any schedule within the size limits
 MAX_TAG = 2**31 // ROUNDS_PER_TAG - 1  # 16383: the last channel whose wire tags fit a C int
+
+
+def as_tag(tag: object, num_rounds: int) -> int:
+    """``tag`` as a channel number, checked before any data moves: its wire tags
+    (``tag x ROUNDS_PER_TAG + round``) must be C ints, as gloo's and NCCL's are (a tag past them
+    failed mid-schedule), and a schedule's rounds must fit a channel's (every schedule within the
+    size limits does).
+
+    >>> as_tag(16383, 15)
+    16383
+    >>> as_tag(2**31, 15)
+    Traceback (most recent call last):
+    ...
+    stragglar.errors.InputError: tag must be a channel number from 0 to 16383, got 2147483648
+    """
+    channel = as_int(tag, "tag", minimum=0)
+    if channel > MAX_TAG:
+        raise InputError(f"tag must be a channel number from 0 to {MAX_TAG}, got {channel}")
+    if num_rounds > ROUNDS_PER_TAG:
+        raise InputError(f"{num_rounds} rounds are more than a channel's {ROUNDS_PER_TAG} wire tags")
+    return channel
 
 
 @dataclass

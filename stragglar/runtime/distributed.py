@@ -17,9 +17,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stragglar.args import as_int, as_seconds
+from stragglar.args import MAX_DELAY, as_int, as_seconds
 from stragglar.errors import ArgumentError, InputError
-from stragglar.runtime.channels import MAX_TAG, ROUNDS_PER_TAG, Channels
+from stragglar.runtime.channels import ROUNDS_PER_TAG, Channels, as_tag
 from stragglar.runtime.cupy_nccl import NcclGroup
 from stragglar.runtime.engine import (
     Timeline,
@@ -27,6 +27,7 @@ from stragglar.runtime.engine import (
     flat_view,
     in_place_refusal,
     late_rank_for,
+    refuse_meta,
     run_rank,
 )
 from stragglar.runtime.header import Header, MismatchError, make_header, mismatch
@@ -55,8 +56,8 @@ def allreduce(
 
     ``data`` is a torch tensor (``group``: a torch process group, default the world) or a
     NumPy/CuPy array with an :class:`NcclGroup`.  The late rank (``late_rank``, default the
-    schedule's straggler, else the last rank) sleeps ``straggler_delay`` seconds first; the others
-    start the rounds without it at once.  Returns this rank's timeline.
+    schedule's straggler, else the last rank) sleeps ``straggler_delay`` seconds (at most an hour)
+    first; the others start the rounds without it at once.  Returns this rank's timeline.
 
     ``tag`` (0 to :data:`~stragglar.runtime.channels.MAX_TAG`) is the call's channel: concurrent
     calls on one group need distinct tags (on NCCL, which matches messages by order, they need
@@ -68,7 +69,7 @@ def allreduce(
     checks once.  ``lockstep=True`` is for callers that guarantee every rank makes the same calls on
     the group in the same order (the DDP hook): a setup is then checked once per group however
     setups alternate.  Raises :class:`~stragglar.runtime.RankError` when a peer dies or does not
-    answer within ``timeout`` seconds (``timeout`` plus ``straggler_delay`` for a wait that may
+    answer within ``timeout`` seconds (at most a day; ``timeout`` plus ``straggler_delay`` for a wait that may
     include the late rank's delay), and :class:`~stragglar.runtime.ArgumentError` (a TypeError) or
     ``InputError`` for bad arguments.
 
@@ -84,17 +85,12 @@ def allreduce(
     the call that holds its first round.
     """
     require_proof(proof)
-    delay = as_seconds(straggler_delay, "straggler_delay")
+    delay = as_seconds(straggler_delay, "straggler_delay", maximum=MAX_DELAY)
     wait = None if timeout is None else as_seconds(timeout, "timeout", positive=True)
-    tag = as_int(tag, "tag", minimum=0)
-    if tag > MAX_TAG:
-        raise InputError(f"tag must be a channel number from 0 to {MAX_TAG}, got {tag}")
-    if proof.num_rounds > ROUNDS_PER_TAG:
-        raise InputError(
-            f"a schedule of {proof.num_rounds} rounds has more than a channel's {ROUNDS_PER_TAG}"
-        )
+    tag = as_tag(tag, proof.num_rounds)
     if not isinstance(lockstep, bool):
         raise ArgumentError(f"lockstep must be True or False, got {lockstep!r}")
+    refuse_meta(data, "allreduce")
     part = _check_rounds(rounds, proof)
     if isinstance(group, NcclGroup):
         from stragglar.runtime.cupy_nccl import NcclTransport, nccl_dtype

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from stragglar.args import as_rank
-from stragglar.errors import InputError, RunError
+from stragglar.errors import ArgumentError, InputError, RunError
 from stragglar.runtime.program import BoundMessage, BoundStep, Plan, RankProgram
 from stragglar.schedule import Schedule
 
@@ -27,11 +27,14 @@ __all__ = [
     "RankError",
     "Timeline",
     "Transport",
+    "check_array",
+    "check_buffers",
     "classify",
     "dtype_name",
     "failure_phrase",
     "flat_view",
     "late_rank_for",
+    "refuse_meta",
     "run_rank",
     "step_error",
 ]
@@ -321,3 +324,48 @@ def step_error(
 def check_sizes(sizes: Sequence[int], what: str) -> None:
     if len(set(sizes)) > 1:
         raise InputError(f"every rank needs the same buffer size for {what}, got {sorted(set(sizes))}")
+
+
+def _library(value: object) -> str | None:
+    """``numpy``, ``torch`` or ``cupy`` for an array of that library; None for anything else (a
+    list, a scalar), which the interpreter cannot slice in place."""
+    if isinstance(value, np.ndarray):
+        return "numpy"
+    for name, kind in (("torch", "Tensor"), ("cupy", "ndarray")):
+        module = sys.modules.get(name)  # never imported here: an array of it means it is loaded
+        if module is not None and isinstance(value, getattr(module, kind)):
+            return name
+    return None
+
+
+def check_array(array: object, what: str) -> None:
+    """Refuse a buffer the AllReduce cannot sum in place, before any data moves: anything but a
+    NumPy, CuPy or torch array (:func:`refuse_meta` too).  A 0-d array is one element, and fine."""
+    if _library(array) is None:
+        raise ArgumentError(f"{what} sums NumPy, CuPy or torch arrays, got {type(array).__name__}")
+    refuse_meta(array, what)
+
+
+def refuse_meta(array: object, what: str) -> None:
+    """A meta tensor has a shape and no data: the rounds would "succeed" doing nothing in one
+    process, and fail half-way across processes when a transport copies out of it."""
+    if getattr(array, "is_meta", False):
+        raise InputError(f"{what} needs data to sum: a meta tensor holds none")
+
+
+def check_buffers(buffers: object) -> None:
+    """``allreduce_local``'s buffers: a list (or tuple) of arrays of one library on one device, so
+    that a round's copy from one rank into another is a plain slice copy."""
+    if not isinstance(buffers, (list, tuple)):
+        raise ArgumentError(
+            f"allreduce_local takes a list of arrays, one per rank, got {type(buffers).__name__}"
+        )
+    for buffer in buffers:
+        check_array(buffer, "allreduce_local")
+    places = sorted({f"{_library(b)} on {_device(b)}" for b in buffers})
+    if len(places) > 1:
+        raise InputError(f"allreduce_local needs every rank's array in one place, got {' and '.join(places)}")
+
+
+def _device(array: Any) -> str:
+    return "the host" if isinstance(array, np.ndarray) else str(array.device)

@@ -13,12 +13,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from stragglar.args import as_seconds
+from stragglar.args import MAX_DELAY, as_seconds
 from stragglar.errors import InputError
 from stragglar.runtime.engine import (
     Array,
     Timeline,
     apply,
+    check_buffers,
     check_sizes,
     dtype_name,
     empty_like,
@@ -41,10 +42,13 @@ def allreduce_local(
 
     The reference executor (NumPy), and the GPU loopback with CuPy arrays on one device.  The late
     rank (``late_rank``, default the schedule's straggler, else the last rank) arrives
-    ``straggler_delay`` seconds after the start: rounds from its first one on wait until then.
+    ``straggler_delay`` seconds (at most an hour) after the start: rounds from its first one on
+    wait until then.  ``buffers`` is a list of NumPy, CuPy or torch arrays, all of one library on
+    one device; anything else is refused before any data moves.
     """
     require_proof(proof)
-    delay = as_seconds(straggler_delay, "straggler_delay")
+    check_buffers(buffers)
+    delay = as_seconds(straggler_delay, "straggler_delay", maximum=MAX_DELAY)
     late_rank = late_rank_for(proof.schedule, late_rank)
     count = int(flat_view(buffers[0]).shape[0]) if buffers else 0
     plans = [plan_for(proof, r, count) for r in range(proof.num_ranks)]

@@ -12,6 +12,7 @@ Generators import only the core (:mod:`stragglar.schedule`); what they make is p
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from stragglar.args import as_int
 from stragglar.errors import InputError
@@ -25,6 +26,8 @@ __all__ = [
     "ALGORITHMS",
     "METHODS",
     "SMT_MAX_RANKS",
+    "Request",
+    "check_request",
     "direct_allreduce",
     "rhd_allreduce",
     "ring_allreduce",
@@ -42,7 +45,35 @@ METHODS = ("construct", "smt")
 SMT_MAX_RANKS = 16  # z3 takes about 20 s at 14 GPUs and grows fast
 
 
-def synthesize(
+_CHUNKS: dict[str, Callable[[int], int]] = {  # the chunk count of each generator's schedule for N ranks
+    "stragglar": lambda n: n - 1,
+    "ring": lambda n: n,
+    "rhd": lambda n: n,
+    "direct": lambda n: n - 1,
+}
+
+
+@dataclass(frozen=True)
+class Request:
+    """A checked request for a schedule: what :func:`synthesize` will make, known before it does.
+
+    ``num_chunks`` is the chunk count the schedule will have (``chunks``, else the algorithm's own),
+    so that a caller can refuse what its output cannot hold (an executor's limits, a run's size)
+    before any work.
+    """
+
+    algorithm: str
+    num_ranks: int
+    straggler: int | None
+    chunks: int | None
+    method: str
+
+    @property
+    def num_chunks(self) -> int:
+        return _CHUNKS[self.algorithm](self.num_ranks) if self.chunks is None else self.chunks
+
+
+def check_request(
     algorithm: str,
     num_ranks: int,
     straggler: int | None = None,
@@ -50,14 +81,15 @@ def synthesize(
     chunks: int | None = None,
     method: str = "construct",
     timeout_s: float | None = None,
-) -> Schedule:
-    """Generate ``algorithm``'s AllReduce schedule over ``num_ranks`` ranks.
+) -> Request:
+    """Everything :func:`synthesize` checks before it generates (same arguments), in microseconds.
 
-    ``straggler`` (default: the last rank) only applies to the straggler-aware algorithms.
-    ``chunks`` (StragglAR only, default ``num_ranks - 1``, the paper's) cuts the buffer into
-    more chunks: phase 2 then takes ``chunks + ceil(log2 N) - 1`` rounds of smaller chunks.
-    ``method="smt"`` lets z3 find StragglAR's copies (small N; ``timeout_s`` bounds each query).
-    Raises :class:`~stragglar.errors.InputError` with a one-line reason for a bad request.
+    >>> check_request("stragglar", 8).num_chunks, check_request("ring", 8).num_chunks
+    (7, 8)
+    >>> check_request("stragglar", 8, chunks=6)
+    Traceback (most recent call last):
+    ...
+    stragglar.errors.InputError: StragglAR needs at least N - 1 = 7 chunks, got 6
     """
     if algorithm not in _GENERATORS:
         raise InputError(f"unknown algorithm {algorithm!r} (choose from {', '.join(ALGORITHMS)})")
@@ -85,11 +117,37 @@ def synthesize(
             raise InputError(
                 f"method smt handles at most {SMT_MAX_RANKS} GPUs (z3 needs minutes at 14), got {n}"
             )
+    elif timeout_s is not None:
+        raise InputError("a timeout applies to method smt only")
+    return Request(algorithm, n, rank, c, method)
+
+
+def synthesize(
+    algorithm: str,
+    num_ranks: int,
+    straggler: int | None = None,
+    *,
+    chunks: int | None = None,
+    method: str = "construct",
+    timeout_s: float | None = None,
+) -> Schedule:
+    """Generate ``algorithm``'s AllReduce schedule over ``num_ranks`` ranks.
+
+    ``straggler`` (default: the last rank) only applies to the straggler-aware algorithms.
+    ``chunks`` (StragglAR only, default ``num_ranks - 1``, the paper's) cuts the buffer into
+    more chunks: phase 2 then takes ``chunks + ceil(log2 N) - 1`` rounds of smaller chunks.
+    ``method="smt"`` lets z3 find StragglAR's copies (small N; ``timeout_s`` bounds each query).
+    Raises :class:`~stragglar.errors.InputError` with a one-line reason for a bad request
+    (:func:`check_request`, which callers may ask first).
+    """
+    request = check_request(
+        algorithm, num_ranks, straggler, chunks=chunks, method=method, timeout_s=timeout_s
+    )
+    n, rank, c = request.num_ranks, request.straggler, request.chunks
+    if method == "smt":
         from stragglar.synth.smt import smt_synthesize  # z3 is slow to import: only when asked
 
         return smt_synthesize(n, timeout_s, rank)
-    if timeout_s is not None:
-        raise InputError("a timeout applies to method smt only")
     with gc_paused():  # millions of transfers at N ~ 1000, all kept: collecting them is wasted work
         schedule = (
             stragglar_allreduce(n, num_chunks=c) if algorithm == "stragglar" else _GENERATORS[algorithm](n)

@@ -1,0 +1,78 @@
+"""stragglar.units: no text costs more than a moment to read, whatever its exponent or length.
+
+Exact arithmetic on ``1e40000000`` builds a number of forty million digits (over a minute), and
+the number pattern backtracks quadratically on a long run of digits; both are bounded before any
+conversion, with the answers unchanged.  The time bounds are generous guards against unbounded
+work, not speed targets.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+from click.testing import CliRunner
+
+from stragglar.cli import cli
+from stragglar.errors import InputError, quoted
+from stragglar.units import MAX_QUANTITY_CHARS, parse_bandwidth, parse_duration, parse_size
+
+PARSERS: list[tuple[Callable[[str], object], str, str]] = [
+    (parse_size, "", "is more than 1 EiB"),
+    (parse_duration, "s", "is longer than a week"),
+    (parse_bandwidth, "GB/s", "a bandwidth must be at least 1 B/s and at most 1 EiB/s"),
+]
+
+
+@pytest.mark.parametrize(("parse", "unit", "message"), PARSERS)
+@pytest.mark.parametrize("number", ["1e40000000", "1e9999999", "0.5E+0040000000"])
+def test_a_huge_exponent_is_refused_at_once_as_over_the_maximum(
+    parse: Callable[[str], object], unit: str, message: str, number: str
+) -> None:
+    began = time.perf_counter()
+    with pytest.raises(InputError) as caught:
+        parse(number + unit)
+    assert time.perf_counter() - began < 1.0
+    assert message in str(caught.value)
+
+
+def test_a_huge_negative_exponent_reads_as_its_exact_value_would() -> None:
+    """Under a byte, a float's least second and 1 B/s, as the exact value is; and zero is zero."""
+    began = time.perf_counter()
+    with pytest.raises(InputError, match="not a whole number of bytes"):
+        parse_size("1e-40000000")
+    assert parse_duration("1e-40000000s") == 0.0
+    with pytest.raises(InputError, match="at least 1 B/s"):
+        parse_bandwidth("1e-40000000GB/s")
+    assert parse_size("0e40000000") == 0 and parse_duration("0e40000000s") == 0.0
+    assert time.perf_counter() - began < 1.0
+
+
+def test_exponents_in_range_keep_their_exact_values() -> None:
+    assert parse_size("1.5e3KiB") == 1536000
+    assert parse_size("1e18") == 10**18
+    assert parse_size(f"0.{'0' * 58}1e77") == 10**18  # 64 characters, the longest read
+    assert parse_duration("5e-7s") == 5e-7
+    assert parse_bandwidth("1e-6TB/s") == 1e6
+
+
+@pytest.mark.parametrize("parse", [p for p, _, _ in PARSERS])
+@pytest.mark.parametrize("text", ["1" * 5000, "1" * 30000 + "!", " " * 100 + "1", "9" * 65])
+def test_a_long_text_is_one_error_before_it_is_read(parse: Callable[[str], object], text: str) -> None:
+    """5000 digits made int() raise a raw ValueError; 30000 digits and a stray character kept the
+    pattern busy for minutes."""
+    began = time.perf_counter()
+    with pytest.raises(InputError) as caught:
+        parse(text)
+    assert time.perf_counter() - began < 1.0
+    assert f"got {quoted(text)}: at most {MAX_QUANTITY_CHARS} characters" in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_the_command_line_refuses_a_huge_size_at_once() -> None:
+    began = time.perf_counter()
+    result = CliRunner().invoke(cli, ["cost", "--gpus", "8", "--size", "1e40000000"])
+    assert time.perf_counter() - began < 5.0
+    assert result.exit_code == 2
+    assert result.stderr == "Error: Invalid value for '--size': '1e40000000' is more than 1 EiB\n"
