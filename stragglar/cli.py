@@ -230,16 +230,23 @@ def main() -> None:
     """Entry point of the ``stragglar`` console script.
 
     Standard output is flushed here, not at exit, so that a full disk (``> /dev/full``: exit 3)
-    or an output that cannot be written (exit 2) is one line, not a traceback or Python's
-    exit-time complaint.  A closed pipe (``| head``) click already handles.
+    or an output that cannot be written (exit 2, also a standard output closed before the start)
+    is one line, not a traceback or Python's exit-time complaint.  A closed pipe (``| head``) click
+    already handles.
     """
+    if sys.stdout is None:  # started with standard output closed (>&-): Python leaves None
+        if sys.stderr is not None:
+            sys.stderr.write("Error: cannot write the output: standard output is closed\n")
+            sys.stderr.flush()
+        os._exit(InputError.exit_code)
     try:
         try:
             cli.main(prog_name="stragglar")
         finally:
             sys.stdout.flush()
     except OSError as e:
-        sys.stderr.write(f"Error: cannot write the output: {e.strerror or e}\n")
-        sys.stderr.flush()
+        if sys.stderr is not None:
+            sys.stderr.write(f"Error: cannot write the output: {e.strerror or e}\n")
+            sys.stderr.flush()
         # no exit-time flush of the output that could not be written
         os._exit(ResourceError.exit_code if ran_out(e) else InputError.exit_code)

@@ -193,7 +193,8 @@ def _write_descriptor(descriptor: int, data: bytes) -> None:
     """Write all of ``data`` to the open ``descriptor``, after what Python still holds for stdout
     and stderr (so that the lines printed before it come before it)."""
     for stream in (sys.stdout, sys.stderr):
-        stream.flush()
+        if stream is not None:  # None: closed before the start
+            stream.flush()
     view = memoryview(data)
     while view:
         view = view[os.write(descriptor, view) :]

@@ -152,3 +152,25 @@ def test_dash_is_standard_output_with_the_summary_on_stderr(
     result = CliRunner().invoke(cli, ["synth", "--gpus", "4", "-o", "-", "--format", "json"])
     assert result.exit_code == 0 and json.loads(result.stdout)["num_ranks"] == 4
     assert result.stderr.startswith("stragglar: 4 GPUs") and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("closed", "code", "where"),
+    [(">&-", 2, "stderr"), ("2>&-", 0, "stdout"), (">&- 2>&-", 2, "")],
+)
+def test_a_command_started_with_a_stream_closed_never_tracebacks(
+    tmp_path: Path, closed: str, code: int, where: str
+) -> None:
+    """Python starts a process whose descriptor 1 or 2 is closed with ``sys.stdout`` or
+    ``sys.stderr`` None: the output that cannot go out is one error line (exit 2), the other
+    stream's text still goes out, and nothing is a traceback."""
+    env = {**os.environ, "PYTHONPATH": str(Path(stragglar.__file__).parents[1])}
+    shell = f"{STRAGGLAR} synth --gpus 4 {closed}"
+    done = subprocess.run(
+        ["sh", "-c", shell], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == code and "Traceback" not in done.stdout + done.stderr, done.stderr
+    if where == "stderr":
+        assert done.stderr == "Error: cannot write the output: standard output is closed\n"
+    if where == "stdout":
+        assert done.stdout.splitlines()[-1].startswith("stragglar: 4 GPUs (straggler 3)")

@@ -49,9 +49,13 @@ def test_groups_are_apart_and_a_group_that_is_gone_is_forgotten() -> None:
     assert checks(channels, again, [(0, "a")], lockstep=False) == [True]
 
 
-def test_a_busy_channel_refuses_a_second_call_and_frees_when_the_first_ends() -> None:
+def test_a_busy_channel_refuses_a_second_call_fails_the_first_and_frees_when_it_ends() -> None:
+    """The ranks may have raced otherwise: the call that held the channel may have met the other
+    call's messages on a peer, so it fails as it ends; the channel is then free and checks again."""
     channels, group = Channels(), Group()
-    with channels.enter(group, 3, "a", lockstep=False):
+    spoiled = pytest.raises(InputError, match="another allreduce started on tag 3 while this one ran")
+    with spoiled, channels.enter(group, 3, "a", lockstep=False) as first:
+        first.agreed()
         busy = pytest.raises(InputError, match="another allreduce with tag 3 is still running")
         with busy, channels.enter(group, 3, "a", lockstep=False):
             pass
@@ -59,9 +63,11 @@ def test_a_busy_channel_refuses_a_second_call_and_frees_when_the_first_ends() ->
             pass
         with channels.enter(Group(), 3, "a", lockstep=False):  # and the same tag on another group
             pass
-    with channels.enter(group, 3, "a", lockstep=False):  # free again
+    assert checks(channels, group, [(3, "a")], lockstep=False) == [True]  # free, and checks again
+    with channels.enter(group, 4, "a", lockstep=False):  # a tag that ran beside it is unharmed
         pass
-    with channels.enter(group, None, "a", lockstep=False):  # NCCL: the whole group is one channel
+    spoiled = pytest.raises(InputError, match="another allreduce started on this NCCL group while")
+    with spoiled, channels.enter(group, None, "a", lockstep=False):  # NCCL: the group is one channel
         busy = pytest.raises(InputError, match="calls on one group must not overlap")
         with busy, channels.enter(group, None, "b", lockstep=True):
             pass

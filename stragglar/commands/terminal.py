@@ -35,13 +35,15 @@ def echo(text: str, err: bool = False) -> None:
     stream holds (a closed bar's last carriage return) goes out first, so that no bar text lands
     on the line.  Documents (a schedule, an artifact, results) go out as they are
     (:func:`stragglar.commands.common.write`)."""
-    (sys.stdout if err else sys.stderr).flush()
+    other = sys.stdout if err else sys.stderr
+    if other is not None:  # None: closed before the start (click writes nothing to it either)
+        other.flush()
     with tqdm.external_write_mode(file=sys.stderr if err else sys.stdout):
         click.echo(printable(text), err=err)
 
 
 def _show_progress() -> bool:
-    return sys.stderr.isatty()
+    return sys.stderr is not None and sys.stderr.isatty()  # None: closed before the start
 
 
 def progress(items: Iterable[_T], label: str, total: int | None = None) -> Iterator[_T]:

@@ -22,7 +22,13 @@ checks only where its ranks could disagree without anyone noticing, and that is 
   checked once per group and setup, however setups alternate, which keeps every bucket's
   ReduceScatter hidden while the late rank is away.
 * Two calls on one channel at once would take each other's messages: a call that finds its channel
-  busy in this process is refused before any data moves.
+  busy in this process is refused before any data moves, and the call that holds the channel fails
+  too when it ends.  The ranks may have raced differently (on one rank the first call took the
+  channel, on another the second), so the call that ran may have exchanged messages with the
+  other call's peers: its result cannot be trusted.  A rank that saw no overlap at all (it ran the
+  two calls one after the other, while another rank ran them in the other order) cannot know: no
+  header tells two calls of the same setup apart, as NCCL cannot tell two collectives apart.
+  Concurrent calls need distinct tags.
 
 >>> channels = Channels()
 >>> group, header = object(), ("a header",)
@@ -82,13 +88,14 @@ def as_tag(tag: object, num_rounds: int) -> int:
 
 @dataclass
 class _Group:
-    """One group's channels: the last header each ran, the headers lockstep calls checked, and the
-    channels a call is running on."""
+    """One group's channels: the last header each ran, the headers lockstep calls checked, the
+    channels a call is running on, and those of them another call tried to take meanwhile."""
 
     alive: Callable[[], Any]  # the group, or None once it is gone (a group is held weakly where it allows)
     last: dict[Hashable, Hashable] = field(default_factory=dict)
     checked: OrderedDict[Hashable, None] = field(default_factory=OrderedDict)
     busy: set[Hashable] = field(default_factory=set)
+    spoiled: set[Hashable] = field(default_factory=set)  # busy channels another call tried to take
 
 
 @dataclass
@@ -120,6 +127,7 @@ class Channels:
         with self._lock:
             state = self._state(group)
             if channel in state.busy:
+                state.spoiled.add(channel)  # the running call fails too: see the module's docstring
                 raise InputError(_busy(channel))
             state.busy.add(channel)
             must_check = header not in state.checked if lockstep else state.last.get(channel) != header
@@ -140,9 +148,13 @@ class Channels:
         finally:
             with self._lock:
                 state.busy.discard(channel)
-                if not done:
+                spoiled = channel in state.spoiled
+                state.spoiled.discard(channel)
+                if spoiled or not done:
                     state.last.pop(channel, None)
                     state.checked.pop(header, None)
+        if spoiled and done:  # a call that failed keeps its own error
+            raise InputError(_spoiled(channel))
 
     def _state(self, group: Any) -> _Group:
         """``group``'s channels (under the lock); a group that is gone is never taken for a new one
@@ -172,4 +184,13 @@ def _busy(channel: Hashable) -> str:
     return (
         f"another allreduce with tag {channel} is still running on this group in this process: "
         "concurrent calls need distinct tags"
+    )
+
+
+def _spoiled(channel: Hashable) -> str:
+    where = "this NCCL group" if channel is None else f"tag {channel}"
+    return (
+        f"another allreduce started on {where} while this one ran: its ranks may have paired this "
+        "call's messages with that one's, so its result is not to be trusted (concurrent calls need "
+        "distinct tags, on NCCL distinct groups)"
     )

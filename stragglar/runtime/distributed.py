@@ -62,7 +62,8 @@ def allreduce(
     ``tag`` (0 to :data:`~stragglar.runtime.channels.MAX_TAG`) is the call's channel: concurrent
     calls on one group need distinct tags (on NCCL, which matches messages by order, they need
     distinct groups), and a call whose tag is in use by another call of this process is refused
-    before any data moves.  A call all-gathers a small header, and every rank raises the same
+    before any data moves (the call that holds it fails as it ends: the ranks may have raced the
+    other way).  A call all-gathers a small header, and every rank raises the same
     :class:`MismatchError` if the ranks disagree on the schedule, dtype, element count, tag, late
     rank or rounds (instead of computing a wrong sum), on its channel's first call and whenever the
     channel's setup changes (:mod:`stragglar.runtime.channels`); a channel that repeats one setup
