@@ -36,20 +36,25 @@ import numbers
 import operator
 from typing import Any
 
-from stragglar.errors import ArgumentError, InputError
+from stragglar.errors import ArgumentError, InputError, described
 
-__all__ = ["MAX_DELAY", "MAX_TIMEOUT", "as_int", "as_rank", "as_seconds"]
+__all__ = ["MAX_DELAY", "MAX_INT_BITS", "MAX_TIMEOUT", "as_int", "as_rank", "as_seconds"]
 
 MAX_TIMEOUT = 24 * 3600.0  # seconds: the longest wait the API takes, a day
+MAX_INT_BITS = 64
 MAX_DELAY = 3600.0  # seconds: the longest straggler delay the API makes on purpose, an hour
 _WORDS = {MAX_TIMEOUT: "a day", MAX_DELAY: "an hour"}
 
 
 def as_int(value: Any, name: str, minimum: int | None = None) -> int:
-    """``value`` as a plain ``int``: any integral type but bool, at least ``minimum`` if given."""
+    """``value`` as a plain ``int``: any integral type but bool, at least ``minimum`` if given, and
+    within 64 bits, so that every message can print it and no bound check meets a number it cannot
+    compare cheaply."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ArgumentError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
+        raise ArgumentError(f"{name} must be an integer, got {described(value)} ({type(value).__name__})")
     result = operator.index(value)
+    if result.bit_length() > MAX_INT_BITS:  # no count, rank or size of ours is near; Python cannot print it
+        raise InputError(f"{name} must fit in {MAX_INT_BITS} bits, got {described(result)}")
     if minimum is not None and result < minimum:
         raise InputError(f"{name} must be at least {minimum}, got {result}")
     return result
@@ -67,15 +72,17 @@ def as_seconds(value: Any, name: str, *, positive: bool = False, maximum: float 
     """``value`` as a finite number of seconds, ``>= 0`` (``> 0`` when ``positive``) and at most
     ``maximum`` (a day unless the caller says less: :data:`MAX_DELAY` for a delay)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ArgumentError(f"{name} must be a number of seconds, got {value!r} ({type(value).__name__})")
+        raise ArgumentError(
+            f"{name} must be a number of seconds, got {described(value)} ({type(value).__name__})"
+        )
     try:
         seconds = float(value)
     except OverflowError:  # an integer past a float's range: as infinite as inf
         seconds = math.inf
     if not math.isfinite(seconds) or seconds < 0 or (positive and seconds == 0):
         bound = "> 0" if positive else ">= 0"
-        raise InputError(f"{name} must be a finite number of seconds {bound}, got {value!r}")
+        raise InputError(f"{name} must be a finite number of seconds {bound}, got {described(value)}")
     if seconds > maximum:
         words = f" ({_WORDS[maximum]})" if maximum in _WORDS else ""
-        raise InputError(f"{name} must be at most {maximum:,.0f} s{words}, got {value!r}")
+        raise InputError(f"{name} must be at most {maximum:,.0f} s{words}, got {described(value)}")
     return seconds

@@ -53,6 +53,7 @@ from stragglar.errors import (
     printable,
     quoted,
     ran_out,
+    shown,
 )
 from stragglar.version import __version__
 
@@ -80,9 +81,9 @@ def _one_line_errors() -> Iterator[None]:
     except click.UsageError as e:
         if type(e).show is not click.UsageError.show:
             raise
-        raise click.UsageError(_bounded(e.format_message())) from None
+        raise click.UsageError(_capped(_bounded(e.format_message()))) from None
     except StragglarError as e:
-        raise _failure(e.exit_code)(printable(str(e).split("\n")[0])) from None
+        raise _failure(e.exit_code)(_capped(printable(str(e).split("\n")[0]))) from None
     except MemoryError:
         raise _failure(ResourceError.exit_code)(
             "out of memory: this machine cannot hold the work asked for (the size limits are in the README)"
@@ -91,6 +92,15 @@ def _one_line_errors() -> Iterator[None]:
         click.echo(err=True)
         click.echo("Aborted!", err=True)
         raise click.exceptions.Exit(INTERRUPTED) from None
+
+
+MAX_ERROR_LINE = 400  # characters: every echo inside is cut to a few words; this catches the rest
+
+
+def _capped(line: str) -> str:
+    """An error line at most :data:`MAX_ERROR_LINE` characters long (with its length said): what a
+    message echoes unquoted (click's "unexpected extra argument", a key of a file) can be long."""
+    return shown(line, MAX_ERROR_LINE)
 
 
 _LITERAL = re.compile(r"'(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\"")  # as repr writes a string

@@ -31,6 +31,7 @@ __all__ = [
     "ResourceError",
     "RunError",
     "StragglarError",
+    "described",
     "printable",
     "quoted",
     "ran_out",
@@ -69,6 +70,21 @@ def shown(text: object, limit: int = SHOWN_CHARACTERS) -> str:
 def quoted(text: object, limit: int = SHOWN_CHARACTERS) -> str:
     """:func:`shown` in quotes, where a message sets a value apart: ``'64XB'``."""
     return f"'{shown(text, limit)}'"
+
+
+def described(value: object, limit: int = SHOWN_CHARACTERS) -> str:
+    """``value`` as a message of the Python API names what it was given: its ``repr``, cut as
+    :func:`shown` cuts, and an integer too long to print (Python refuses more than 4,300 digits)
+    by its size.
+
+    >>> described("ab"), described(10**5000), described("x" * 100, limit=3)
+    ("'ab'", 'an integer of 16,610 bits', "'xx... (102 characters)")
+    """
+    try:
+        text = repr(value)
+    except ValueError:  # an int past Python's limit on digits
+        return f"an integer of {int(value).bit_length():,} bits"  # type: ignore[call-overload]
+    return shown(text, limit)
 
 
 def _escaped(text: str) -> str:

@@ -85,6 +85,26 @@ def test_values_out_of_range_are_input_errors_naming_the_argument(
     assert str(info.value).startswith(message) and "--" not in str(info.value)
 
 
+@pytest.mark.parametrize(("what", "call", "name"), CALLS, ids=[c[0] for c in CALLS])
+def test_an_integer_past_64_bits_is_refused_in_one_short_line(
+    what: str, call: Callable[[Any], object], name: str
+) -> None:
+    """10**5000 gave Python's own ValueError ("Exceeds the limit (4300 digits) for integer string
+    conversion") from the message that tried to print it."""
+    with pytest.raises(InputError) as info:
+        call(10**5000)
+    assert str(info.value) == f"{name} must fit in 64 bits, got an integer of 16,610 bits", what
+    with pytest.raises(InputError, match=r"^num_ranks must fit in 64 bits"):
+        synthesize("stragglar", -(2**64))
+
+
+@pytest.mark.parametrize("timeout_s", [0, -1, float("inf"), float("nan"), 2 * MAX_TIMEOUT])
+def test_the_z3_search_takes_a_positive_bounded_timeout(timeout_s: float) -> None:
+    """-1 and inf reached z3 (a ResourceError after no search, a raw OverflowError)."""
+    with pytest.raises(InputError, match=r"^timeout_s must be"):
+        synthesize("stragglar", 5, method="smt", timeout_s=timeout_s)
+
+
 def test_times_refuse_bools_and_strings() -> None:
     with pytest.raises(ArgumentError, match=r"^straggler_delay must be a number of seconds, got True"):
         allreduce_local(fresh(), PROOF, True)

@@ -157,6 +157,9 @@ def test_a_file_name_too_long_is_bad_input(tmp_path: Path, option: str) -> None:
         (["prove-all", "--max-simulated", "4096"], "'--max-simulated'"),
         (["run", "--gpus", "4", "--size", "1001"], "not a whole number of float32 elements"),
         (["bound", "--gpus", "4", "--rounds", "99999999999"], "99999999999 rounds: ask about at most 8,"),
+        (["synth", "--method", "smt", "--gpus", "5", "--timeout", "0s"], "a timeout must be more than 0s"),
+        (["bound", "--gpus", "4", "--timeout", "0"], "a timeout must be more than 0s and at most a day"),
+        (["bench", "--gpus", "4", "--timeout", "100000s"], "at most a day (86400s), got '100000s'"),
     ],
 )
 def test_work_is_bounded_before_it_starts(args: list[str], message: str) -> None:
@@ -758,6 +761,20 @@ def test_control_characters_from_a_file_are_escaped_not_sent_to_the_terminal(tmp
 def test_an_error_quotes_at_most_a_few_words_of_what_it_was_given(args: list[str]) -> None:
     line = one_error(run(*(a.format(long="y" * 100_000) for a in args)), 2)
     assert "characters)" in line and len(line) < 400, line[:400]
+
+
+def test_an_error_line_is_bounded_whatever_the_message_echoes_unquoted(tmp_path: Path) -> None:
+    """click's "unexpected extra argument" and a JSON file's unknown key echoed 100,000 characters."""
+    line = one_error(run("synth", "--gpus", "4", "z" * 100_000), 2)
+    assert "z" * 50 in line and "characters)" in line and len(line) < 440, line[:500]
+    document = json_format.to_document(synthesize("stragglar", 4))
+    document["k" * 100_000] = 1
+    (tmp_path / "s.json").write_text(json.dumps(document))
+    line = one_error(run("verify", str(tmp_path / "s.json")), 2)
+    assert line.endswith(
+        "... (100,002 characters)]: unknown key (allowed: format, version, collective, "
+        "algorithm, num_ranks, num_chunks, straggler, phases, metadata)"
+    ), line[:500]
 
 
 def test_an_empty_file_is_called_empty_whatever_its_name(tmp_path: Path) -> None:

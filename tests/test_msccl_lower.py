@@ -208,6 +208,8 @@ def test_write_msccl(tmp_path: Path) -> None:
             "size < maxBytes): give min_bytes < max_bytes, the largest message (default 1 TiB)",
         ),
         ({"max_bytes": -1}, "max_bytes must be an integer in [0, 2**63), got -1"),
+        ({"proto": None}, "proto None: choose from Simple, LL, LL128"),  # was a raw AttributeError
+        ({"name": 3}, "name 3: use 1-128 characters"),
     ],
 )
 def test_bad_options(options: dict[str, object], message: str) -> None:

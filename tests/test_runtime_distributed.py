@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from stragglar.errors import InputError  # noqa: E402
+from stragglar.errors import ArgumentError, InputError  # noqa: E402
 from stragglar.measure.data import expected, payload  # noqa: E402
 from stragglar.measure.launch import LaunchError, launch  # noqa: E402
 from stragglar.runtime import allreduce  # noqa: E402
@@ -157,3 +157,35 @@ def test_a_meta_tensor_is_refused_before_the_group_is_touched() -> None:
     comes first."""
     with pytest.raises(InputError, match=r"^allreduce needs data to sum: a meta tensor holds none$"):
         allreduce(torch.zeros(4, device="meta"), prove(synthesize("stragglar", 2)))
+
+
+def test_arguments_that_do_not_apply_are_refused_before_the_group_is_touched() -> None:
+    """A group named by a string was a raw ValueError from torch; a masked array and a non-bool
+    stream_ordered were taken as given."""
+    proof = prove(synthesize("stragglar", 2))
+    with pytest.raises(
+        ArgumentError, match=r"^group must be a torch process group or None \(the world\), got 'world'"
+    ):
+        allreduce(torch.zeros(4), proof, group="world")
+    with pytest.raises(ArgumentError, match=r"^stream_ordered must be True or False, got 'yes'$"):
+        allreduce(torch.zeros(4), proof, stream_ordered="yes")  # type: ignore[arg-type]
+    with pytest.raises(InputError, match=r"^allreduce cannot honour a mask"):
+        allreduce(np.ma.masked_array(np.zeros(4)), proof)
+
+
+def stream_ordered_rank(rank: int, n: int, proof: Proof) -> str:
+    try:
+        allreduce(torch.ones(4), proof, stream_ordered=True, timeout=10)
+    except InputError as e:
+        return str(e)
+    return "accepted"
+
+
+def test_stream_ordered_on_gloo_is_refused_on_every_rank() -> None:
+    """It waits on CUDA streams, which gloo does not have: accepted silently before."""
+    results = launch(stream_ordered_rank, 2, (prove(synthesize("stragglar", 2)),), timeout=30)
+    assert (
+        results[0]
+        == results[1]
+        == ("stream_ordered applies to an NCCL process group, not gloo: its waits are on the host")
+    )

@@ -152,7 +152,7 @@ def test_transfers_between_two_ranks_in_a_round_form_one_message() -> None:
 
 def test_clear_errors_for_bad_buffers_and_schedules() -> None:
     s = schedule("stragglar", 3)
-    with pytest.raises(TypeError, match="supported dtypes"):
+    with pytest.raises(ArgumentError, match="supported dtypes"):  # an InputError too: exit 2
         allreduce_local([np.zeros(4, np.complex64)] * 3, s)
     with pytest.raises(TypeError, match="supported dtypes"):
         allreduce_local([np.zeros(4, np.uint8)] * 3, s)
@@ -205,7 +205,9 @@ def test_torch_buffers_that_share_memory_are_refused() -> None:
 
 def test_what_is_not_one_array_per_rank_is_refused_before_any_data_moves() -> None:
     """A list, a generator, one 2-D array, NumPy scalars, meta tensors, NumPy mixed with torch (or
-    CuPy) gave raw AttributeError, TypeError or ValueError, or a meta "sum" that did nothing."""
+    CuPy) gave raw AttributeError, TypeError or ValueError, or a meta "sum" that did nothing; a
+    masked array was summed through its mask; a tensor that requires grad raised torch's own
+    RuntimeError after the ranks before it were written."""
     torch = pytest.importorskip("torch")
     s = schedule("stragglar", 2)
     host = np.ones(4, dtype=np.float32)
@@ -231,6 +233,16 @@ def test_what_is_not_one_array_per_rank_is_refused_before_any_data_moves() -> No
             "allreduce_local takes a list of arrays, one per rank, got generator",
         ),
         ([torch.zeros(4, device="meta")] * 2, InputError, "allreduce_local needs data to sum: a meta tensor"),
+        (
+            [host.copy(), np.ma.masked_array(host.copy(), mask=[False, True, False, False])],
+            InputError,
+            "allreduce_local cannot honour a mask: pass the array's data",
+        ),
+        (
+            [torch.ones(4), torch.ones(4, requires_grad=True)],
+            InputError,
+            "rank 1's buffer: allreduce writes in place: pass a buffer that does not require grad",
+        ),
         (
             [host, torch.ones(4)],
             InputError,

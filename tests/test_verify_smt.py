@@ -13,9 +13,10 @@ from typing import cast
 
 import pytest
 
+from stragglar.errors import InputError
 from stragglar.schedule import Op, Phase, Round, Schedule, Transfer, move_straggler
 from stragglar.synth import ALGORITHMS, synthesize
-from stragglar.verify import VerificationError, Violation, check, prove
+from stragglar.verify import VerificationError, Violation, check, prove, smt
 from stragglar.verify.smt import smt_check, smt_prove
 
 R, C = Op.REDUCE, Op.COPY
@@ -159,3 +160,15 @@ def test_many_inputs_are_shortened_in_the_message() -> None:
 
 
 # ---------------------------------------------------------------------------- more chunks than N - 1
+
+
+def test_a_schedule_past_z3s_reach_is_refused_before_the_solver_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """N = 2048 (8.4 million transfers) ran unbounded; the cap is in transfers, z3's work."""
+    schedule = synthesize("stragglar", 8)
+    monkeypatch.setattr(smt, "SMT_MAX_TRANSFERS", schedule.num_transfers - 1)
+    with pytest.raises(InputError, match=r"^z3 proves schedules of at most 97 transfers .*this one has 98: "):
+        smt_check(schedule)
+    monkeypatch.setattr(smt, "SMT_MAX_TRANSFERS", schedule.num_transfers)
+    assert smt_check(schedule) is None

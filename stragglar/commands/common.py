@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import click
 from click.core import ParameterSource
 
+from stragglar.args import MAX_TIMEOUT
 from stragglar.artifacts import FORMATS, PROTOCOLS, ArtifactFormat, ExportOptions, format_of
 from stragglar.commands.terminal import busy, echo
 from stragglar.errors import (
@@ -45,6 +46,7 @@ __all__ = [
     "PLOT",
     "SIZE",
     "STRAGGLER",
+    "TIMEOUT",
     "VERBOSE",
     "Quantity",
     "artifact_error",
@@ -96,8 +98,18 @@ class Quantity(click.ParamType):  # type: ignore[type-arg, unused-ignore]
             self.fail(str(e), param, ctx)
 
 
+def _timeout(text: str) -> float:
+    """A --timeout: a duration that is more than nothing and at most a day, the API's bound on a wait
+    (0s would give up before the first query or wait began)."""
+    seconds = parse_duration(text)
+    if not 0 < seconds <= MAX_TIMEOUT:
+        raise InputError(f"a timeout must be more than 0s and at most a day (86400s), got {quoted(text)}")
+    return seconds
+
+
 SIZE = Quantity("size", parse_size)
 DURATION = Quantity("duration", parse_duration)
+TIMEOUT = Quantity("duration", _timeout)
 BANDWIDTH = Quantity("bandwidth", parse_bandwidth)
 
 

@@ -14,6 +14,7 @@ from stragglar.commands.common import (
     OUTPUT,
     SIZE,
     STRAGGLER,
+    TIMEOUT,
     Quantity,
     auto_note,
     check_output,
@@ -52,7 +53,7 @@ LINK_RATE = click.option(
 
 PEER_TIMEOUT = click.option(
     "--timeout",
-    type=DURATION,
+    type=TIMEOUT,
     default="60s",
     show_default=True,
     help="Give up on a silent peer after this long: a bound on each wait for a peer, not on the run "

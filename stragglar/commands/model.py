@@ -8,9 +8,9 @@ import click
 
 from stragglar.commands.common import (
     CHUNKS,
-    DURATION,
     GPUS,
     PLOT,
+    TIMEOUT,
     VERBOSE,
     check_plot,
     chosen_chunks,
@@ -102,7 +102,7 @@ def _chunk_line(comparison: Comparison, chunks: int, auto: bool) -> str:
 @click.option("--rounds", type=click.IntRange(min=0), help="Rounds to refute (default: one below the bound).")
 @click.option(
     "--timeout",
-    type=DURATION,
+    type=TIMEOUT,
     default="600s",
     show_default=True,
     help="Give up on z3 after this long: a budget for the whole proof, model building included "

@@ -12,12 +12,12 @@ from stragglar.artifacts import FORMATS, ArtifactFormat, ExportOptions
 from stragglar.commands.common import (
     ALGORITHM,
     CHUNKS,
-    DURATION,
     GPUS,
     OUTPUT,
     PLOT,
     SIZE,
     STRAGGLER,
+    TIMEOUT,
     VERBOSE,
     artifact_options,
     auto_note,
@@ -115,7 +115,7 @@ def output_format(output: Path | None, fmt: str | None, default: str, allowed: t
 )
 @click.option(
     "--timeout",
-    type=DURATION,
+    type=TIMEOUT,
     default="600s",
     show_default=True,
     help="With --method smt: give up on z3 after this long, a budget for the whole search (run's and "

@@ -22,7 +22,7 @@ from stragglar.ddp.worker import (
     Watch,
     dedicated_group,
 )
-from stragglar.errors import ArgumentError, InputError
+from stragglar.errors import ArgumentError, InputError, described
 from stragglar.model import AUTO, Network
 from stragglar.model.policy import (
     ALLREDUCE,
@@ -119,11 +119,12 @@ class StragglarState:
     def __post_init__(self) -> None:
         if not isinstance(self.algorithm, str) or self.algorithm not in ALGORITHMS:
             raise InputError(
-                f"StragglarState.algorithm must be one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}"
+                f"StragglarState.algorithm must be one of {', '.join(ALGORITHMS)}, "
+                f"got {described(self.algorithm)}"
             )
         if not isinstance(self.policy, str) or self.policy not in POLICIES:
             raise InputError(
-                f"StragglarState.policy must be one of {', '.join(POLICIES)}, got {self.policy!r}"
+                f"StragglarState.policy must be one of {', '.join(POLICIES)}, got {described(self.policy)}"
             )
         if self.straggler is not None:
             self.straggler = as_int(self.straggler, "StragglarState.straggler", minimum=0)
@@ -133,16 +134,16 @@ class StragglarState:
         )
         self.detect = as_int(self.detect, "StragglarState.detect", minimum=0)
         if isinstance(self.share, bool) or not isinstance(self.share, (int, float)):
-            raise ArgumentError(f"StragglarState.share must be a number, got {self.share!r}")
+            raise ArgumentError(f"StragglarState.share must be a number, got {described(self.share)}")
         if not 0 < self.share <= 1:
-            raise InputError(f"StragglarState.share must be in (0, 1], got {self.share!r}")
+            raise InputError(f"StragglarState.share must be in (0, 1], got {described(self.share)}")
         if self.network is not None and not isinstance(self.network, Network):
             raise ArgumentError(
-                f"StragglarState.network must be a stragglar.model.Network, got {self.network!r}"
+                f"StragglarState.network must be a stragglar.model.Network, got {described(self.network)}"
             )
         if not isinstance(self.asynchronous, bool):
             raise ArgumentError(
-                f"StragglarState.asynchronous must be True or False, got {self.asynchronous!r}"
+                f"StragglarState.asynchronous must be True or False, got {described(self.asynchronous)}"
             )
         self._check_chunks()
         self._auto = AutoPolicy(self.algorithm, self.network)
@@ -160,7 +161,7 @@ class StragglarState:
         if self.chunks != AUTO:
             if isinstance(self.chunks, str):
                 raise InputError(
-                    f"StragglarState.chunks must be a chunk count or 'auto', got {self.chunks!r}"
+                    f"StragglarState.chunks must be a chunk count or 'auto', got {described(self.chunks)}"
                 )
             self.chunks = as_int(self.chunks, "StragglarState.chunks", minimum=1)
         elif self.policy != "auto" and self.network is None:

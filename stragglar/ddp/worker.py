@@ -262,7 +262,8 @@ class Reducer:
             timeout=self.timeout,
             tag=job.bucket % (MAX_TAG + 1),
             late_rank=job.late_rank,
-            stream_ordered=job.order.stream_ordered,
+            # gloo has no streams: its CUDA buffers are waited on the host, stage by stage
+            stream_ordered=job.order.stream_ordered and dist.get_backend(self.groups[stage]) == "nccl",
             rounds=rounds,
             lockstep=True,
         )

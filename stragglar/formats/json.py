@@ -30,7 +30,7 @@ import os
 import re
 from typing import Any, NoReturn
 
-from stragglar.errors import InputError
+from stragglar.errors import SHOWN_CHARACTERS, InputError, described, shown
 from stragglar.files import lone_surrogate, read_text, write_text
 from stragglar.schedule import MAX_RANKS, Op, Phase, Round, Schedule, Transfer, check_size, gc_paused
 
@@ -88,11 +88,12 @@ def _fail(path: str, what: str) -> NoReturn:
 
 
 def _join(path: str, key: object) -> str:
-    """The path of member ``key`` of the object at ``path``."""
-    if isinstance(key, str) and _IDENTIFIER.fullmatch(key):
+    """The path of member ``key`` of the object at ``path``; a long key is cut, as messages cut
+    what they echo (:func:`~stragglar.errors.shown`)."""
+    if isinstance(key, str) and _IDENTIFIER.fullmatch(key) and len(key) <= SHOWN_CHARACTERS:
         return f"{path}.{key}" if path else key
-    shown = json.dumps(key, ensure_ascii=False) if isinstance(key, str) else repr(key)
-    return f"{path}[{shown}]"
+    text = json.dumps(key, ensure_ascii=False) if isinstance(key, str) else repr(key)
+    return f"{path}[{shown(text)}]"
 
 
 def _show(value: object) -> str:
@@ -161,7 +162,7 @@ def _json_value(value: object, path: str) -> Any:
     if isinstance(value, (list, tuple)):
         return [_json_value(item, f"{path}[{i}]") for i, item in enumerate(value)]
     if isinstance(value, float) and not math.isfinite(value):
-        _fail(path, f"expected a finite number, got {value!r}")
+        _fail(path, f"expected a finite number, got {described(value)}")
     if value is None or isinstance(value, (str, int, float)):
         return value
     _fail(path, f"expected a JSON value, got {_show(value)}")

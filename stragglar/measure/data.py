@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from stragglar.errors import IncorrectError, InputError
+from stragglar.errors import IncorrectError, InputError, described
 
 __all__ = [
     "CHECK_BLOCK",
@@ -110,7 +110,7 @@ class Encoding:
 def encoding(num_ranks: int, dtype: str) -> Encoding:
     """The :class:`Encoding` of ``num_ranks`` ranks' data in ``dtype``."""
     if dtype not in EXACT:
-        raise InputError(f"unknown dtype {dtype!r} (choose from {', '.join(EXACT)})")
+        raise InputError(f"unknown dtype {described(dtype)} (choose from {', '.join(EXACT)})")
     if num_ranks < 1:
         raise InputError(f"need at least one rank, got {num_ranks}")
     bound = EXACT[dtype]

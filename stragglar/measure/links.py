@@ -21,7 +21,7 @@ import socket
 import struct
 import sys
 
-from stragglar.errors import ArgumentError, InputError
+from stragglar.errors import ArgumentError, InputError, described
 from stragglar.runtime import RankError
 from stragglar.units import count_of, format_bytes
 
@@ -36,7 +36,9 @@ def check_link_rate(rate: float) -> float:
     """``rate`` (bytes per second) as a float if it can be a link's: an ArgumentError for a value
     that is not a number, an InputError saying the range for one outside it."""
     if isinstance(rate, bool) or not isinstance(rate, numbers.Real):
-        raise ArgumentError(f"link_rate must be bytes per second, got {rate!r} ({type(rate).__name__})")
+        raise ArgumentError(
+            f"link_rate must be bytes per second, got {described(rate)} ({type(rate).__name__})"
+        )
     rate = float(rate)
     if not sys.platform.startswith("linux"):
         raise InputError("emulated links need Linux (SO_MAX_PACING_RATE)")

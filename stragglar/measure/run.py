@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from stragglar.args import MAX_DELAY, as_int, as_rank, as_seconds
-from stragglar.errors import InputError
+from stragglar.errors import InputError, described
 from stragglar.measure.data import ITEMSIZE, check, expected, payload
 from stragglar.measure.links import check_link_rate, paced_to
 from stragglar.measure.timing import Figures, Series, iteration_figures, turn
@@ -219,7 +219,7 @@ def run_benchmark(
     :class:`~stragglar.measure.launch.LaunchError` when a rank fails.
     """
     if backend not in BACKENDS:
-        raise InputError(f"unknown backend {backend!r} (choose from {', '.join(BACKENDS)})")
+        raise InputError(f"unknown backend {described(backend)} (choose from {', '.join(BACKENDS)})")
     check_dtype(backend, dtype)
     num_ranks = as_int(num_ranks, "num_ranks")
     if not 2 <= num_ranks <= MAX_RANKS:
@@ -328,7 +328,7 @@ def check_dtype(backend: str, dtype: str) -> None:
     arrays (NumPy's, CuPy's) have no bfloat16; the torch backend has every dtype of
     :data:`~stragglar.runtime.engine.DTYPES`."""
     if dtype not in DTYPES:
-        raise InputError(f"unknown dtype {dtype!r} (choose from {', '.join(DTYPES)})")
+        raise InputError(f"unknown dtype {described(dtype)} (choose from {', '.join(DTYPES)})")
     if backend in _ARRAYS:
         try:
             np.dtype(dtype)

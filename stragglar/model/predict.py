@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Sequence
 from functools import lru_cache
 
-from stragglar.errors import InputError
+from stragglar.errors import InputError, described
 from stragglar.model.cost import PAPER_NETWORK, Comparison, Network, Profile, compare, profile
 from stragglar.schedule import Schedule
 from stragglar.synth import ALGORITHMS, check_request, synthesize
@@ -60,7 +60,9 @@ def compare_generated(
     """
     unknown = set(algorithms) - set(ALGORITHMS)
     if unknown:
-        raise InputError(f"unknown algorithm {sorted(unknown)[0]!r} (choose from {', '.join(ALGORITHMS)})")
+        raise InputError(
+            f"unknown algorithm {described(sorted(unknown)[0])} (choose from {', '.join(ALGORITHMS)})"
+        )
     check_request("stragglar", num_ranks, chunks=chunks)
     wanted = {"ring", *algorithms}
     if num_ranks & (num_ranks - 1):

@@ -30,6 +30,7 @@ from collections import defaultdict
 from typing import Any
 
 from stragglar.args import as_int
+from stragglar.errors import described
 from stragglar.files import write_text
 from stragglar.msccl.dependencies import Programs, order
 from stragglar.msccl.limits import (
@@ -98,8 +99,8 @@ def to_msccl_xml(
     instances = as_int(instances, "instances")
     min_bytes = as_int(min_bytes, "min_bytes")
     max_bytes = as_int(max_bytes, "max_bytes")
-    name = default_name(proof.schedule, proto, instances) if name is None else name
     _check_options(name, proto, instances, min_bytes, max_bytes)
+    name = default_name(proof.schedule, proto, instances) if name is None else name
     check_request(proof.num_ranks, proof.num_chunks, instances)
     check_export_size(proof, instances)
     return lower(
@@ -221,16 +222,17 @@ def _overflows(programs: Programs) -> list[tuple[Fifo, int]]:
     return sorted(over.items())
 
 
-def _check_options(name: str, proto: str, instances: int, min_bytes: int, max_bytes: int) -> None:
-    if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise MscclExportError(f"name {name!r}: use 1-128 characters from A-Z a-z 0-9 _ . : + -")
+def _check_options(name: str | None, proto: str, instances: int, min_bytes: int, max_bytes: int) -> None:
+    """Everything the caller chose, before a default name is made from ``proto`` (None: the default)."""
+    if name is not None and (not isinstance(name, str) or not _NAME.fullmatch(name)):
+        raise MscclExportError(f"name {described(name)}: use 1-128 characters from A-Z a-z 0-9 _ . : + -")
     if proto not in PROTOCOLS:
-        raise MscclExportError(f"proto {proto!r}: choose from {', '.join(PROTOCOLS)}")
+        raise MscclExportError(f"proto {described(proto)}: choose from {', '.join(PROTOCOLS)}")
     if instances < 1:
-        raise MscclExportError(f"instances must be an integer >= 1, got {instances!r}")
+        raise MscclExportError(f"instances must be an integer >= 1, got {described(instances)}")
     for label, value in (("min_bytes", min_bytes), ("max_bytes", max_bytes)):
         if not 0 <= value < 1 << 63:
-            raise MscclExportError(f"{label} must be an integer in [0, 2**63), got {value!r}")
+            raise MscclExportError(f"{label} must be an integer in [0, 2**63), got {described(value)}")
     window = size_window(min_bytes, max_bytes)  # the reader's rule: it refuses `never`, warns of `partial`
     problem = window.never or window.partial
     if problem is not None:  # a choice: we write files that every executor selects

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stragglar.args import as_int
-from stragglar.errors import InputError
+from stragglar.errors import InputError, described
 from stragglar.files import write_text
 from stragglar.mscclpp.blocks import BlockError, cut_segments, place_blocks
 from stragglar.mscclpp.document import alignment_problem
@@ -129,7 +129,7 @@ def default_name(schedule: Schedule, instances: int = 1) -> str:
 
 def _positive(label: str, value: int) -> None:
     if value < 1:
-        raise MscclppExportError(f"{label} must be a positive integer, got {value!r}")
+        raise MscclppExportError(f"{label} must be a positive integer, got {described(value)}")
 
 
 def check_request(
@@ -214,7 +214,7 @@ def _check(schedule: Schedule, options: PlanOptions) -> None:
         or not options.name.isprintable()
         or len(options.name) > 128
     ):
-        raise MscclppExportError(f"name must be 1 to 128 printable characters, got {options.name!r}")
+        raise MscclppExportError(f"name must be 1 to 128 printable characters, got {described(options.name)}")
 
 
 def _rule(schedule: Schedule, scratch: tuple[int, ...], options: PlanOptions) -> SizeRule:

@@ -18,16 +18,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from stragglar.args import MAX_DELAY, as_int, as_seconds
-from stragglar.errors import ArgumentError, InputError
+from stragglar.errors import ArgumentError, InputError, described
 from stragglar.runtime.channels import ROUNDS_PER_TAG, Channels, as_tag
 from stragglar.runtime.cupy_nccl import NcclGroup
 from stragglar.runtime.engine import (
     Timeline,
+    check_summable,
     dtype_name,
     flat_view,
     in_place_refusal,
     late_rank_for,
-    refuse_meta,
     run_rank,
 )
 from stragglar.runtime.header import Header, MismatchError, make_header, mismatch
@@ -90,13 +90,20 @@ def allreduce(
     wait = None if timeout is None else as_seconds(timeout, "timeout", positive=True)
     tag = as_tag(tag, proof.num_rounds)
     if not isinstance(lockstep, bool):
-        raise ArgumentError(f"lockstep must be True or False, got {lockstep!r}")
-    refuse_meta(data, "allreduce")
+        raise ArgumentError(f"lockstep must be True or False, got {described(lockstep)}")
+    if not isinstance(stream_ordered, bool):
+        raise ArgumentError(f"stream_ordered must be True or False, got {described(stream_ordered)}")
+    check_summable(data, "allreduce")
     part = _check_rounds(rounds, proof)
     if isinstance(group, NcclGroup):
         from stragglar.runtime.cupy_nccl import NcclTransport, nccl_dtype
         from stragglar.runtime.cupy_nccl import gather_headers as gather_nccl
 
+        if stream_ordered:
+            raise InputError(
+                "stream_ordered applies to torch tensors on an NCCL process group: an NcclGroup's "
+                "rounds already run on its stream"
+            )
         nccl = group.resolved()
         rank, size = nccl.comm.rank_id(), nccl.comm.size()
         late_rank = late_rank_for(proof.schedule, late_rank, size)
@@ -122,6 +129,16 @@ def allreduce(
         from stragglar.runtime.torch_dist import TorchTransport
         from stragglar.runtime.torch_dist import gather_headers as gather_torch
 
+        if group is not None and not isinstance(group, dist.ProcessGroup):
+            raise ArgumentError(
+                f"group must be a torch process group or None (the world), got {described(group)} "
+                f"({type(group).__name__})"
+            )
+        if stream_ordered and dist.get_backend(group) != "nccl":
+            raise InputError(
+                f"stream_ordered applies to an NCCL process group, not {dist.get_backend(group)}: "
+                "its waits are on the host"
+            )
         rank, size = dist.get_rank(group), dist.get_world_size(group)
         late_rank = late_rank_for(proof.schedule, late_rank, size)
         flat, header, problem = _inspect(data, proof, tag, late_rank, part)
@@ -175,7 +192,7 @@ def _check_rounds(rounds: Any, proof: Proof) -> tuple[int, int | None]:
     if rounds is None:
         return 0, None
     if not isinstance(rounds, tuple) or len(rounds) != 2:
-        raise ArgumentError(f"rounds must be a pair (first, stop), got {rounds!r}")
+        raise ArgumentError(f"rounds must be a pair (first, stop), got {described(rounds)}")
     total = proof.num_rounds
     first = as_int(rounds[0], "rounds[0]", minimum=0)
     stop = None if rounds[1] is None else as_int(rounds[1], "rounds[1]", minimum=0)

@@ -29,12 +29,12 @@ __all__ = [
     "Transport",
     "check_array",
     "check_buffers",
+    "check_summable",
     "classify",
     "dtype_name",
     "failure_phrase",
     "flat_view",
     "late_rank_for",
-    "refuse_meta",
     "run_rank",
     "step_error",
 ]
@@ -170,7 +170,7 @@ def dtype_name(array: Array) -> str:
     """The dtype as a plain name (``torch.float32`` -> ``float32``), checked against :data:`DTYPES`."""
     name = str(array.dtype).rsplit(".", 1)[-1]
     if name not in DTYPES:
-        raise TypeError(f"cannot allreduce dtype {name}: supported dtypes are {', '.join(DTYPES)}")
+        raise ArgumentError(f"cannot allreduce dtype {name}: supported dtypes are {', '.join(DTYPES)}")
     return name
 
 
@@ -340,17 +340,23 @@ def _library(value: object) -> str | None:
 
 def check_array(array: object, what: str) -> None:
     """Refuse a buffer the AllReduce cannot sum in place, before any data moves: anything but a
-    NumPy, CuPy or torch array (:func:`refuse_meta` too).  A 0-d array is one element, and fine."""
+    NumPy, CuPy or torch array (:func:`check_summable` too).  A 0-d array is one element, and fine."""
     if _library(array) is None:
         raise ArgumentError(f"{what} sums NumPy, CuPy or torch arrays, got {type(array).__name__}")
-    refuse_meta(array, what)
+    check_summable(array, what)
 
 
-def refuse_meta(array: object, what: str) -> None:
-    """A meta tensor has a shape and no data: the rounds would "succeed" doing nothing in one
-    process, and fail half-way across processes when a transport copies out of it."""
+def check_summable(array: object, what: str) -> None:
+    """Refuse an array whose values are not its data: a meta tensor has a shape and no data (the
+    rounds would "succeed" doing nothing in one process, and fail half-way across processes when a
+    transport copies out of it); a masked NumPy array would be summed through its mask, the masked
+    values included, and look like a masked sum."""
     if getattr(array, "is_meta", False):
         raise InputError(f"{what} needs data to sum: a meta tensor holds none")
+    if isinstance(array, np.ma.MaskedArray):
+        raise InputError(
+            f"{what} cannot honour a mask: pass the array's data (array.filled(0) sums the unmasked values)"
+        )
 
 
 def check_buffers(buffers: object) -> None:
@@ -360,8 +366,11 @@ def check_buffers(buffers: object) -> None:
         raise ArgumentError(
             f"allreduce_local takes a list of arrays, one per rank, got {type(buffers).__name__}"
         )
-    for buffer in buffers:
+    for rank, buffer in enumerate(buffers):
         check_array(buffer, "allreduce_local")
+        refusal = in_place_refusal(buffer)
+        if refusal is not None:
+            raise InputError(f"rank {rank}'s buffer: {refusal}")
     places = sorted({f"{_library(b)} on {_device(b)}" for b in buffers})
     if len(places) > 1:
         raise InputError(f"allreduce_local needs every rank's array in one place, got {' and '.join(places)}")

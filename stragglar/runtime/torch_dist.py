@@ -34,7 +34,7 @@ CHECKING = "checking that every rank runs the same allreduce"
 
 class TorchTransport:
     """Moves a rank's rounds over ``group`` (None: the default group); ``stream_ordered``: see above
-    (gloo has no streams, so there it changes nothing)."""
+    (NCCL only: gloo has no streams, and ``allreduce`` refuses it there)."""
 
     def __init__(self, plan: Plan, group: Any, timeout: float | None, stream_ordered: bool = False) -> None:
         self.plan = plan

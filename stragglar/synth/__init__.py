@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from stragglar.args import as_int
-from stragglar.errors import InputError
+from stragglar.args import as_int, as_seconds
+from stragglar.errors import InputError, described
 from stragglar.schedule import ALGORITHMS, MAX_RANKS, Schedule, check_size, gc_paused, move_straggler
 from stragglar.synth.direct import direct_allreduce
 from stragglar.synth.rhd import rhd_allreduce
@@ -92,9 +92,9 @@ def check_request(
     stragglar.errors.InputError: StragglAR needs at least N - 1 = 7 chunks, got 6
     """
     if algorithm not in _GENERATORS:
-        raise InputError(f"unknown algorithm {algorithm!r} (choose from {', '.join(ALGORITHMS)})")
+        raise InputError(f"unknown algorithm {described(algorithm)} (choose from {', '.join(ALGORITHMS)})")
     if method not in METHODS:
-        raise InputError(f"unknown method {method!r} (choose from {', '.join(METHODS)})")
+        raise InputError(f"unknown method {described(method)} (choose from {', '.join(METHODS)})")
     n = as_int(num_ranks, "num_ranks")
     if not 2 <= n <= MAX_RANKS:
         raise InputError(f"need 2 to {MAX_RANKS} GPUs, got {n}")
@@ -117,6 +117,8 @@ def check_request(
             raise InputError(
                 f"method smt handles at most {SMT_MAX_RANKS} GPUs (z3 needs minutes at 14), got {n}"
             )
+        if timeout_s is not None:
+            as_seconds(timeout_s, "timeout_s", positive=True)
     elif timeout_s is not None:
         raise InputError("a timeout applies to method smt only")
     return Request(algorithm, n, rank, c, method)
@@ -155,5 +157,5 @@ def synthesize(
         if rank is None:
             return schedule
         if schedule.straggler is None:
-            raise InputError(f"algorithm {algorithm!r} has no straggler: leave the straggler out")
+            raise InputError(f"algorithm {described(algorithm)} has no straggler: leave the straggler out")
         return move_straggler(schedule, rank)
