@@ -35,6 +35,7 @@ __all__ = [
     "failure_phrase",
     "flat_view",
     "late_rank_for",
+    "library_of",
     "run_rank",
     "step_error",
 ]
@@ -326,22 +327,21 @@ def check_sizes(sizes: Sequence[int], what: str) -> None:
         raise InputError(f"every rank needs the same buffer size for {what}, got {sorted(set(sizes))}")
 
 
-def _library(value: object) -> str | None:
+def library_of(value: object) -> str | None:
     """``numpy``, ``torch`` or ``cupy`` for an array of that library; None for anything else (a
-    list, a scalar), which the interpreter cannot slice in place."""
-    if isinstance(value, np.ndarray):
-        return "numpy"
+    list, a scalar), which the interpreter cannot slice in place.  The GPU libraries are asked
+    first: an array type of theirs that derives from NumPy's is still theirs."""
     for name, kind in (("torch", "Tensor"), ("cupy", "ndarray")):
         module = sys.modules.get(name)  # never imported here: an array of it means it is loaded
         if module is not None and isinstance(value, getattr(module, kind)):
             return name
-    return None
+    return "numpy" if isinstance(value, np.ndarray) else None
 
 
 def check_array(array: object, what: str) -> None:
     """Refuse a buffer the AllReduce cannot sum in place, before any data moves: anything but a
     NumPy, CuPy or torch array (:func:`check_summable` too).  A 0-d array is one element, and fine."""
-    if _library(array) is None:
+    if library_of(array) is None:
         raise ArgumentError(f"{what} sums NumPy, CuPy or torch arrays, got {type(array).__name__}")
     check_summable(array, what)
 
@@ -371,7 +371,7 @@ def check_buffers(buffers: object) -> None:
         refusal = in_place_refusal(buffer)
         if refusal is not None:
             raise InputError(f"rank {rank}'s buffer: {refusal}")
-    places = sorted({f"{_library(b)} on {_device(b)}" for b in buffers})
+    places = sorted({f"{library_of(b)} on {_device(b)}" for b in buffers})
     if len(places) > 1:
         raise InputError(f"allreduce_local needs every rank's array in one place, got {' and '.join(places)}")
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from stragglar.args import MAX_DELAY, as_seconds
-from stragglar.errors import InputError
+from stragglar.errors import InputError, described
 from stragglar.runtime.engine import (
     Array,
     Timeline,
@@ -25,6 +25,7 @@ from stragglar.runtime.engine import (
     empty_like,
     flat_view,
     late_rank_for,
+    library_of,
     recv_view,
     send_view,
 )
@@ -32,11 +33,16 @@ from stragglar.runtime.plans import plan_for
 from stragglar.runtime.program import BoundStep, Plan
 from stragglar.verify import Proof, require_proof
 
-__all__ = ["allreduce_local", "check_own_memory", "run_local"]
+__all__ = ["allreduce_local", "check_loopback", "check_own_memory", "run_local"]
 
 
 def allreduce_local(
-    buffers: Sequence[Any], proof: Proof, straggler_delay: float = 0.0, *, late_rank: int | None = None
+    buffers: Sequence[Any],
+    proof: Proof,
+    straggler_delay: float = 0.0,
+    *,
+    late_rank: int | None = None,
+    graphs: bool | None = None,
 ) -> list[Timeline]:
     """Sum ``buffers`` (one array per rank, all in this process) in place, following the schedule.
 
@@ -45,14 +51,33 @@ def allreduce_local(
     ``straggler_delay`` seconds (at most an hour) after the start: rounds from its first one on
     wait until then.  ``buffers`` is a list of NumPy, CuPy or torch arrays, all of one library on
     one device; anything else is refused before any data moves.
+
+    CuPy arrays run batched rounds (a few kernels a round, :mod:`~stragglar.runtime.loopback_gpu`)
+    replayed from CUDA graphs after the first call; ``graphs=False`` launches them eagerly every
+    call.  ``graphs`` applies to CuPy arrays only.
     """
     require_proof(proof)
     check_buffers(buffers)
     delay = as_seconds(straggler_delay, "straggler_delay", maximum=MAX_DELAY)
     late_rank = late_rank_for(proof.schedule, late_rank)
+    on_gpu = bool(buffers) and library_of(buffers[0]) == "cupy"
+    if graphs is not None and (not isinstance(graphs, bool) or not on_gpu):
+        raise InputError(
+            f"graphs must be True or False, got {described(graphs)}"
+            if not isinstance(graphs, bool)
+            else "graphs applies to CuPy arrays (the GPU loopback): these rounds have no CUDA graph"
+        )
     count = int(flat_view(buffers[0]).shape[0]) if buffers else 0
     plans = [plan_for(proof, r, count) for r in range(proof.num_ranks)]
-    return run_local(buffers, plans, delay, late_rank=late_rank)
+    if not on_gpu:
+        return run_local(buffers, plans, delay, late_rank=late_rank)
+    import cupy
+
+    from stragglar.runtime.loopback_gpu import run_cupy_loopback
+
+    flats = check_loopback(buffers, plans)
+    fingerprint = proof.schedule.fingerprint
+    return run_cupy_loopback(cupy, flats, plans, fingerprint, delay, late_rank, graphs is not False)
 
 
 def check_own_memory(flats: Sequence[Array]) -> None:
@@ -84,6 +109,18 @@ def check_own_memory(flats: Sequence[Array]) -> None:
             reach, owner = end, rank
 
 
+def check_loopback(buffers: Sequence[Array], plans: Sequence[Plan]) -> list[Array]:
+    """The buffers as 1-D views, once they are one per rank, of one dtype and size, each its own."""
+    if len(buffers) != len(plans):
+        raise InputError(f"schedule has {len(plans)} ranks, got {len(buffers)} buffers")
+    if len({dtype_name(b) for b in buffers}) > 1:
+        raise InputError(f"every rank needs the same dtype, got {sorted({dtype_name(b) for b in buffers})}")
+    flats = [flat_view(b) for b in buffers]
+    check_sizes([int(f.shape[0]) for f in flats], "allreduce")
+    check_own_memory(flats)
+    return flats
+
+
 def _extent(flat: Array) -> tuple[int, int]:
     """The bytes a contiguous 1-D buffer covers: NumPy, CuPy (device pointers are unique across a
     process's devices) or torch."""
@@ -107,13 +144,7 @@ def run_local(
     on a network; rounds before it run at once.  ``sync`` waits for queued device work
     (``cupy.cuda.Device().synchronize``) before the clock is read at the end.
     """
-    if len(buffers) != len(plans):
-        raise InputError(f"schedule has {len(plans)} ranks, got {len(buffers)} buffers")
-    if len({dtype_name(b) for b in buffers}) > 1:
-        raise InputError(f"every rank needs the same dtype, got {sorted({dtype_name(b) for b in buffers})}")
-    flats = [flat_view(b) for b in buffers]
-    check_sizes([int(f.shape[0]) for f in flats], "allreduce")
-    check_own_memory(flats)
+    flats = check_loopback(buffers, plans)
     start = time.perf_counter()
     works = [empty_like(f, p.work_size) for f, p in zip(flats, plans, strict=True)]
     by_round: dict[int, dict[int, BoundStep]] = {}

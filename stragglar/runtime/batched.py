@@ -1,0 +1,256 @@
+"""Loopback rounds as tables: each round a gather, an add and a store, for a GPU to launch
+as a handful of kernels (and a CUDA graph to replay) instead of ~3N small ones.
+
+Every rank's buffer lays its chunks out alike (:class:`~stragglar.runtime.layout.Layout`), so a
+received piece of a chunk comes from the same element range of the peer's buffer.  A round is
+synchronous (every transfer reads the state from before the round), so it runs in two stages:
+
+- **gather**: every piece any rank receives is copied from its sender's buffer into one round
+  buffer, in a fixed order (rows ``(src_rank, src_start, length, slot)``);
+- **land**: each piece lands in its receiver's buffer from the round buffer (rows ``(dst_rank,
+  dst_start, length, slot)``), copied, or for a reduction added to the receiver's value (fetched
+  into a second round buffer first, then one add over both: the interpreter's ``buffer +=
+  received`` with the same operands, so results are bit for bit the interpreter's, floats
+  included).  A proved schedule lands at most one piece on an element per round (a rank hears one
+  peer per round), so a round needs no ordering inside a stage.
+
+The tables are built once per (schedule, element count) and executed by a backend: NumPy here
+(the reference of what the tables mean, slow and exact), CuPy kernels on a GPU
+(:mod:`~stragglar.runtime.loopback_gpu`).  A backend reaches the buffers through a *binding* set
+before each call, so a captured graph of the launches replays on new buffers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from stragglar.runtime.engine import Array, Timeline
+from stragglar.runtime.program import Plan
+
+__all__ = [
+    "Backend",
+    "BatchedPlan",
+    "HostBackend",
+    "RoundTable",
+    "Stages",
+    "batched_plan",
+    "reduced_rows",
+    "run_batched",
+    "run_rounds",
+]
+
+
+@dataclass(frozen=True)
+class RoundTable:
+    """One round: ``gather`` rows ``(src_rank, src_start, length, slot)`` fill the round buffer
+    (``size`` elements) from the senders; ``land`` rows ``(dst_rank, dst_start, length, slot)``
+    put them in the receivers' buffers: slots below ``reduced`` are reductions (added to the
+    receiver's values first), the rest copies."""
+
+    round: int
+    phase: int
+    gather: np.ndarray
+    land: np.ndarray
+    reduced: int
+    size: int
+    ranks: frozenset[int]
+
+
+@dataclass(frozen=True)
+class BatchedPlan:
+    """Every round of a schedule bound to ``count`` elements per rank; ``joins`` is the index (in
+    :attr:`rounds`) of the first round the late rank takes part in (``len(rounds)``: none)."""
+
+    num_ranks: int
+    count: int
+    num_phases: int
+    late_rank: int
+    rounds: tuple[RoundTable, ...]
+    joins: int
+
+    @property
+    def scratch(self) -> int:
+        """Elements of round buffer the largest round needs (twice: the senders' and receivers')."""
+        return max((t.size for t in self.rounds), default=0)
+
+    @property
+    def launches(self) -> int:
+        """Kernels an eager call launches: per round a gather and a store, and where the round
+        reduces, a fetch of the receivers' values and an add between them."""
+        return sum(4 if t.reduced else 2 for t in self.rounds)
+
+
+def batched_plan(plans: Sequence[Plan], late_rank: int) -> BatchedPlan:
+    """The tables of ``plans`` (one bound plan per rank, one schedule and count): what the
+    reference interpreter (:func:`~stragglar.runtime.local.run_local`) does, round by round."""
+    by_round: dict[int, list[tuple[int, Any]]] = {}
+    for plan in plans:
+        for step in plan.steps:
+            by_round.setdefault(step.round, []).append((plan.rank, step))
+    tables = [_round_table(rnd, sorted(by_round[rnd], key=lambda item: item[0])) for rnd in sorted(by_round)]
+    joins = next((i for i, t in enumerate(tables) if late_rank in t.ranks), len(tables))
+    count = plans[0].layout.count if plans else 0
+    phases = len(plans[0].program.phases) if plans else 0
+    return BatchedPlan(len(plans), count, phases, late_rank, tuple(tables), joins)
+
+
+def _round_table(rnd: int, steps: list[tuple[int, Any]]) -> RoundTable:
+    """Reductions first, then copies, each in the interpreter's order (by receiver, then peer)."""
+    gather: list[tuple[int, int, int, int]] = []
+    land: list[tuple[int, int, int, int]] = []
+    slot, reduced = 0, 0
+    for reductions in (True, False):
+        for rank, step in steps:
+            for message in step.recvs:
+                for start, stop, reduce in message.pieces:
+                    if reduce is reductions and stop > start:  # an empty chunk moves nothing
+                        gather.append((message.peer, start, stop - start, slot))
+                        land.append((rank, start, stop - start, slot))
+                        slot += stop - start
+        reduced = slot if reductions else reduced
+    _check_disjoint(land, rnd)
+    ranks = frozenset(rank for rank, _ in steps)
+    return RoundTable(rnd, steps[0][1].phase, _rows(gather), _rows(land), reduced, slot, ranks)
+
+
+def _check_disjoint(land: list[tuple[int, int, int, int]], rnd: int) -> None:
+    """One stage lands a round, so no two pieces may land on one element: a proved schedule
+    guarantees it (a rank receives from one peer per round, and no chunk twice)."""
+    ends: dict[int, int] = {}
+    for rank, start, length, _ in sorted(land):
+        if start < ends.get(rank, 0):
+            raise AssertionError(f"round {rnd}: two pieces land on rank {rank}'s element {start}")
+        ends[rank] = start + length
+
+
+def _rows(rows: Sequence[tuple[int, ...]]) -> np.ndarray:
+    return np.array(rows, dtype=np.int64).reshape(len(rows), 4)
+
+
+class Stages(Protocol):
+    """What a backend launches for round ``index`` of the plan it was bound to: ``gather`` the
+    pieces received into the round buffer, ``fetch`` the receivers' values of the reduced ones
+    into a second, ``add`` the second into the first over the reduced slots, ``land`` the round
+    buffer in the receivers' buffers."""
+
+    def gather(self, index: int) -> None: ...
+
+    def fetch(self, index: int) -> None: ...
+
+    def add(self, index: int) -> None: ...
+
+    def land(self, index: int) -> None: ...
+
+
+def run_rounds(plan: BatchedPlan, first: int, stop: int, stages: Stages) -> None:
+    """Rounds ``first`` to ``stop - 1`` of ``plan`` as stages; the add is the interpreter's
+    ``buffer += received`` (same operands, same order).  Every backend runs exactly this, so the
+    host tests check the order a GPU runs."""
+    for index in range(first, stop):
+        table = plan.rounds[index]
+        if not table.size:
+            continue  # only empty chunks (fewer elements than chunks)
+        stages.gather(index)
+        if table.reduced:
+            stages.fetch(index)
+            stages.add(index)
+        stages.land(index)
+
+
+def reduced_rows(table: RoundTable) -> np.ndarray:
+    """The round's landing rows that are reductions (they come first)."""
+    return table.land[: int(np.searchsorted(table.land[:, 3], table.reduced))]
+
+
+class HostBackend:
+    """The stages on NumPy arrays: a loop over rows, exact and slow; the tests run every schedule
+    through it against the reference interpreter."""
+
+    def __init__(self) -> None:
+        self.flats: Sequence[Array] = ()
+        self.plan: BatchedPlan | None = None
+        self.received: Any = None
+        self.current: Any = None
+
+    def bind(self, flats: Sequence[Array], plan: BatchedPlan) -> None:
+        self.flats, self.plan = flats, plan
+        if (
+            self.received is None
+            or self.received.shape[0] < plan.scratch
+            or self.received.dtype != flats[0].dtype
+        ):
+            self.received = np.empty_like(flats[0], shape=(plan.scratch,))
+            self.current = np.empty_like(self.received)
+
+    def run(self, plan: BatchedPlan, first: int, stop: int) -> None:
+        run_rounds(plan, first, stop, self)
+
+    def _table(self, index: int) -> RoundTable:
+        assert self.plan is not None, "bind before running"
+        return self.plan.rounds[index]
+
+    def gather(self, index: int) -> None:
+        for rank, start, length, slot in self._table(index).gather.tolist():
+            self.received[slot : slot + length] = self.flats[rank][start : start + length]
+
+    def fetch(self, index: int) -> None:
+        for rank, start, length, slot in reduced_rows(self._table(index)).tolist():
+            self.current[slot : slot + length] = self.flats[rank][start : start + length]
+
+    def add(self, index: int) -> None:
+        n = self._table(index).reduced
+        np.add(self.current[:n], self.received[:n], out=self.received[:n])
+
+    def land(self, index: int) -> None:
+        for rank, start, length, slot in self._table(index).land.tolist():
+            self.flats[rank][start : start + length] = self.received[slot : slot + length]
+
+    def sync(self) -> None:
+        pass
+
+
+class Backend(Protocol):
+    """Runs a plan's rounds on buffers it was bound to: ``bind`` before each call (cheap: pointers
+    and scratch), ``run`` launches rounds ``first`` to ``stop - 1``, ``sync`` waits for them."""
+
+    def bind(self, flats: Sequence[Array], plan: BatchedPlan) -> None: ...
+
+    def run(self, plan: BatchedPlan, first: int, stop: int) -> None: ...
+
+    def sync(self) -> None: ...
+
+
+def run_batched(
+    flats: Sequence[Array],
+    plan: BatchedPlan,
+    backend: Backend,
+    straggler_delay: float = 0.0,
+    *,
+    runner: Callable[[BatchedPlan, int, int], None] | None = None,
+) -> list[Timeline]:
+    """AllReduce ``flats`` in place with ``plan`` on ``backend``: the rounds before the late rank
+    joins at once, the rest once ``straggler_delay`` has passed (the sleep stays on the host,
+    outside any graph).  ``runner`` replaces ``backend.run`` (a graph cache that replays)."""
+    run = runner or backend.run
+    start = time.perf_counter()
+    backend.bind(flats, plan)
+    run(plan, 0, plan.joins)
+    early = time.perf_counter()
+    time.sleep(max(0.0, start + straggler_delay - time.perf_counter()))
+    arrived = time.perf_counter()
+    run(plan, plan.joins, len(plan.rounds))
+    backend.sync()
+    done = time.perf_counter()
+    phase_done: list[list[float | None]] = [[None] * plan.num_phases for _ in range(plan.num_ranks)]
+    for index, table in enumerate(plan.rounds):
+        for rank in table.ranks:  # host issue times, as the interpreter records on a GPU
+            phase_done[rank][table.phase] = early if index < plan.joins else done
+    return [
+        Timeline(r, start, arrived if r == plan.late_rank else start, tuple(phase_done[r]), done)
+        for r in range(plan.num_ranks)
+    ]
