@@ -1,0 +1,152 @@
+"""A stand-in for CuPy that keeps arrays in host memory and follows CUDA's rules where they matter:
+kernels read buffers through the device pointers they are given, a launch on a capturing stream
+is recorded, not run, and a graph replays exactly what was recorded.  So a host-side shortcut
+taken during capture, a pointer table not refreshed between calls, or a stage out of order gives
+wrong sums here, as it would on a GPU.  Install it with :func:`installed`."""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+import types
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+
+class FakeArray(np.ndarray):
+    """A "device" array: host memory with CuPy's ``data.ptr``, ``device`` and ``set``."""
+
+    @property
+    def data(self) -> Any:
+        return types.SimpleNamespace(ptr=self.__array_interface__["data"][0])
+
+    @property
+    def device(self) -> Any:
+        return types.SimpleNamespace(id=0)
+
+    def set(self, host: np.ndarray, stream: Any = None) -> None:
+        self[...] = host
+
+
+class FakeCuda:
+    """Streams that record launches while capturing; counts what ran and how."""
+
+    def __init__(self) -> None:
+        self.current: FakeStream | None = None
+        self.launched = 0  # kernels and adds run eagerly
+        self.replays = 0
+        self.captures = 0
+        self.refuse_capture: str | None = None
+
+    def Stream(self, non_blocking: bool = False) -> FakeStream:
+        return FakeStream(self)
+
+    def get_current_stream(self) -> Any:
+        return types.SimpleNamespace(record=lambda: "event")
+
+    def launch(self, work: Callable[[], None]) -> None:
+        stream = self.current
+        if stream is not None and stream.recording is not None:
+            stream.recording.append(work)
+        else:
+            self.launched += 1
+            work()
+
+
+class FakeStream:
+    def __init__(self, cuda: FakeCuda) -> None:
+        self.cuda = cuda
+        self.recording: list[Callable[[], None]] | None = None
+        self.outer: FakeStream | None = None
+
+    def __enter__(self) -> FakeStream:
+        self.outer, self.cuda.current = self.cuda.current, self
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.cuda.current = self.outer
+
+    def wait_event(self, event: object) -> None:
+        pass
+
+    def begin_capture(self) -> None:
+        if self.cuda.refuse_capture:
+            raise RuntimeError(self.cuda.refuse_capture)
+        self.recording = []
+
+    def end_capture(self) -> Any:
+        recorded, self.recording = self.recording or [], None
+        self.cuda.captures += 1
+        return types.SimpleNamespace(launch=lambda stream: self._replay(recorded))
+
+    def _replay(self, recorded: list[Callable[[], None]]) -> None:
+        self.cuda.replays += 1
+        for work in recorded:
+            work()
+
+    def synchronize(self) -> None:
+        pass
+
+
+def _memory(pointer: int, dtype: np.dtype[Any], count: int) -> np.ndarray:
+    """``count`` elements at a raw address, as a kernel would see them."""
+    raw = (ctypes.c_char * (count * dtype.itemsize)).from_address(pointer)
+    return np.frombuffer(memoryview(raw), dtype=dtype)
+
+
+def _kernel(cuda: FakeCuda, into_buffers: bool) -> Callable[..., None]:
+    """The copy kernels' contract: row (rank, start, length, slot) moves ``length`` elements
+    between ``buffers[rank] + start`` and ``round + slot``."""
+
+    def kernel(grid: tuple[int], block: tuple[int], args: tuple[Any, ...]) -> None:
+        pointers, rows, count, size, words = args
+        assert int(count) == len(rows) and int(size) == int(rows[-1, 2] + rows[-1, 3])
+
+        def work() -> None:
+            for rank, start, length, slot in rows.tolist():
+                memory = _memory(int(pointers[rank]), words.dtype, start + length)
+                if into_buffers:
+                    memory[start : start + length] = words[slot : slot + length]
+                else:
+                    words[slot : slot + length] = memory[start : start + length]
+
+        cuda.launch(work)
+
+    return kernel
+
+
+def fake_cupy(cuda: FakeCuda) -> types.ModuleType:
+    module = types.ModuleType("cupy")
+    module.ndarray = FakeArray  # type: ignore[attr-defined]
+    module.cuda = cuda  # type: ignore[attr-defined]
+    module.uint64 = np.uint64  # type: ignore[attr-defined]
+
+    def raw_module(code: str, options: tuple[str, ...], name_expressions: list[str]) -> Any:
+        assert "from_buffers" in code and all("<unsigned" in name for name in name_expressions)
+        kernels = {name.split("<")[0]: _kernel(cuda, name.startswith("into")) for name in name_expressions}
+        return types.SimpleNamespace(get_function=lambda name: kernels[name.split("<")[0]])
+
+    def add(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+        cuda.launch(lambda: np.add(a, b, out=out))
+
+    module.RawModule = raw_module  # type: ignore[attr-defined]
+    module.__dict__.update(__getattr__=lambda name: getattr(np, name))  # the rest: NumPy's
+    module.add = add  # type: ignore[attr-defined]
+    module.asarray = lambda a: np.asarray(a).view(FakeArray)  # type: ignore[attr-defined]
+    module.empty = lambda n, dtype: np.empty(n, dtype).view(FakeArray)  # type: ignore[attr-defined]
+    module.zeros = lambda n, dtype: np.zeros(n, dtype).view(FakeArray)  # type: ignore[attr-defined]
+    return module
+
+
+def installed(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCuda]:
+    """Put the stand-in in ``sys.modules["cupy"]`` with empty kernel and loopback caches."""
+    from stragglar.runtime import loopback_gpu
+
+    fake = FakeCuda()
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy(fake))
+    monkeypatch.setattr(loopback_gpu, "_modules", {})
+    monkeypatch.setattr(loopback_gpu, "_loopbacks", type(loopback_gpu._loopbacks)())
+    yield fake
