@@ -154,7 +154,7 @@ class Recording(HostBackend):
     def land(self, index: int) -> None:
         self._stage("land", index)
 
-    def capture(self, work: Callable[[], None]) -> Any:
+    def capture(self, work: Callable[[], object]) -> Any:
         self.recording = []
         try:
             work()
@@ -177,7 +177,7 @@ def test_the_replayer_runs_eagerly_first_then_from_its_graph() -> None:
         data = draws(5, 33, "float32", call)
         bufs = [a.copy() for a in data]
         backend.bind(bufs, plan)
-        replayer(plan, 0, len(plan.rounds))
+        replayer((0, len(plan.rounds)), lambda: backend.run(plan, 0, len(plan.rounds)))
         assert all(a.tobytes() == b.tobytes() for a, b in zip(reference(data, schedule), bufs, strict=True))
         assert backend.eager == plan.launches  # only the first call ran eagerly
     assert list(replayer.captured) == [(0, len(plan.rounds))]

@@ -29,6 +29,7 @@ from stragglar.runtime.engine import (
     in_place_refusal,
     late_rank_for,
     run_rank,
+    run_rank_replayed,
 )
 from stragglar.runtime.header import Header, MismatchError, make_header, mismatch
 from stragglar.runtime.plans import plan_for
@@ -51,6 +52,7 @@ def allreduce(
     stream_ordered: bool = False,
     rounds: tuple[int, int | None] | None = None,
     lockstep: bool = False,
+    graphs: bool | None = None,
 ) -> Timeline:
     """Sum this rank's ``data`` over the ranks in place, following the proved schedule.
 
@@ -79,6 +81,12 @@ def allreduce(
     bounds only the header check, and the process group's own timeout catches a dead peer
     (:mod:`stragglar.runtime.torch_dist`).
 
+    Stream-ordered rounds on CUDA tensors replay from a CUDA graph after their first call, keyed by
+    the buffer's address, size and dtype, the schedule, round range, group, tag and late rank (the
+    late rank's sleep and the header check stay outside the graph); a failed capture warns once and
+    the rounds run eagerly.  ``graphs=False`` turns graphs off; ``graphs`` applies to stream-ordered
+    calls only.
+
     ``rounds=(first, stop)`` runs only the schedule's rounds ``first`` to ``stop - 1`` (stop None:
     to the end), on every rank; the buffer holds a partial result in between.  Calls over
     consecutive ranges, in order, compute the sum; :func:`~stragglar.runtime.rounds_without` says
@@ -94,6 +102,10 @@ def allreduce(
     if not isinstance(stream_ordered, bool):
         raise ArgumentError(f"stream_ordered must be True or False, got {described(stream_ordered)}")
     check_summable(data, "allreduce")
+    if graphs is not None and not isinstance(graphs, bool):
+        raise ArgumentError(f"graphs must be True or False, got {described(graphs)}")
+    if graphs is not None and not stream_ordered:
+        raise InputError("graphs applies to stream-ordered rounds (stream_ordered=True on an NCCL group)")
     part = _check_rounds(rounds, proof)
     if isinstance(group, NcclGroup):
         from stragglar.runtime.cupy_nccl import NcclTransport, nccl_dtype
@@ -126,7 +138,7 @@ def allreduce(
     if torch is not None and isinstance(data, torch.Tensor):
         import torch.distributed as dist
 
-        from stragglar.runtime.torch_dist import TorchTransport
+        from stragglar.runtime.torch_dist import TorchTransport, replayer
         from stragglar.runtime.torch_dist import gather_headers as gather_torch
 
         if group is not None and not isinstance(group, dist.ProcessGroup):
@@ -151,6 +163,10 @@ def allreduce(
         def run_on_torch() -> Timeline:
             plan = plan_for(proof, rank, int(flat.shape[0]), tag * ROUNDS_PER_TAG)
             moves = TorchTransport(plan, group, _plus(wait, delay), stream_ordered)
+            if stream_ordered and flat.is_cuda and graphs is not False:
+                buffer = (flat.data_ptr(), plan.layout.count, str(flat.dtype), str(flat.device))
+                key = (identity, proof.schedule.fingerprint, rank, buffer, tag, part, late_rank)
+                return run_rank_replayed(flat, plan, moves, replayer(), key, delay, late_rank, part)
             return run_rank(flat, plan, moves, delay, late_rank, part)
 
         check = _Check(header, problem, gather_from_torch, size, lockstep)

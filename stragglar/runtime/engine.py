@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -36,8 +36,11 @@ __all__ = [
     "flat_view",
     "late_rank_for",
     "library_of",
+    "opens",
     "run_rank",
+    "run_rank_replayed",
     "step_error",
+    "steps_in",
 ]
 
 DTYPES = ("float16", "bfloat16", "float32", "float64", "int32", "int64")
@@ -275,15 +278,9 @@ def run_rank(
     """Run ``plan``'s steps in ``rounds`` (first, stop; stop None: to the end) on this rank's 1-D
     buffer; the late rank (``late_rank``, else the schedule's: :func:`late_rank_for`) first sleeps
     ``straggler_delay`` s in the call that holds its first step."""
-    first, stop = rounds
-
-    def held(round_index: int) -> bool:
-        return first <= round_index and (stop is None or round_index < stop)
-
-    steps = plan.steps if rounds == (0, None) else tuple(s for s in plan.steps if held(s.round))
+    steps = steps_in(plan, rounds)
     start = time.perf_counter()
-    opens = held(plan.steps[0].round) if plan.steps else first == 0
-    if plan.rank == late_rank_for(plan.program, late_rank) and straggler_delay > 0 and opens:
+    if plan.rank == late_rank_for(plan.program, late_rank) and straggler_delay > 0 and opens(plan, rounds):
         time.sleep(straggler_delay)
     arrived = time.perf_counter()
     work = scratch_for(flat, plan.work_size)
@@ -297,6 +294,47 @@ def run_rank(
         phase_done[step.phase] = time.perf_counter()
     transport.finish()
     return Timeline(plan.rank, start, arrived, tuple(phase_done), time.perf_counter())
+
+
+def run_rank_replayed(
+    flat: Array,
+    plan: Plan,
+    transport: Transport,
+    replay: Callable[[Hashable, Callable[[], object]], None],
+    key: Hashable,
+    straggler_delay: float = 0.0,
+    late_rank: int | None = None,
+    rounds: tuple[int, int | None] = (0, None),
+) -> Timeline:
+    """:func:`run_rank` with its rounds run by ``replay(key, work)`` (a
+    :class:`~stragglar.runtime.graphs.Replayer`), the late rank's sleep before them on the host,
+    outside any graph.  Phases end when the rounds are issued (host times, as on any GPU path)."""
+    start = time.perf_counter()
+    if plan.rank == late_rank_for(plan.program, late_rank) and straggler_delay > 0 and opens(plan, rounds):
+        time.sleep(straggler_delay)
+    arrived = time.perf_counter()
+    replay(key, lambda: run_rank(flat, plan, transport, 0.0, late_rank, rounds))
+    done = time.perf_counter()
+    phases = {step.phase for step in steps_in(plan, rounds)}
+    phase_done = tuple(done if phase in phases else None for phase in range(len(plan.program.phases)))
+    return Timeline(plan.rank, start, arrived, phase_done, done)
+
+
+def steps_in(plan: Plan, rounds: tuple[int, int | None]) -> tuple[BoundStep, ...]:
+    """``plan``'s steps in rounds ``first`` to ``stop - 1`` (stop None: to the end)."""
+    first, stop = rounds
+    if rounds == (0, None):
+        return plan.steps
+    return tuple(s for s in plan.steps if first <= s.round and (stop is None or s.round < stop))
+
+
+def opens(plan: Plan, rounds: tuple[int, int | None]) -> bool:
+    """Whether a call over ``rounds`` holds ``plan``'s first step: the call the late rank is late to."""
+    first, stop = rounds
+    if not plan.steps:
+        return first == 0
+    begin = plan.steps[0].round
+    return first <= begin and (stop is None or begin < stop)
 
 
 def step_error(

@@ -1,62 +1,62 @@
 """Replay a bound plan's rounds from CUDA graphs: launching ~4 kernels a round from Python costs
 100-200 us of host time per round, a graph replay a few microseconds for all of them.
 
-A :class:`Replayer` runs one plan's round ranges (the rounds before the late rank joins, and the
-rest: its sleep stays on the host, between two graphs) through a backend that can capture.  The
-first call of a range runs eagerly (it compiles and loads the kernels, which a capture may not
-do); the second captures the range into a graph and replays it; later calls replay.  A graph
-reads the buffers through the backend's binding (device pointers written before each call), so
-one graph serves every call of the same plan, element count and dtype.  If a capture fails, the
-range runs eagerly from then on and the replayer says why once, as a warning: slower, never
-wrong.
+A :class:`Replayer` runs pieces of work (a plan's round range: the rounds before the late rank
+joins and the rest, its sleep on the host between two graphs), each named by a key.  The first
+call of a key runs eagerly (it compiles and loads kernels and connects NCCL peers, which a
+capture may not do); the second captures the work into a graph and replays it; later calls
+replay.  The key must name all a graph bakes in: the loopback's graphs read the buffers through
+a pointer table written before each call, so its key is the plan, size and dtype; a graph of NCCL
+rounds writes the buffer it was captured on, so the buffer's address is in its key.  If a
+capture fails, work runs eagerly from then on and the replayer says why once, as a warning:
+slower, never wrong.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from typing import Any, Protocol
-
-from stragglar.runtime.batched import BatchedPlan
 
 __all__ = ["Capturing", "Replayer"]
 
 
 class Capturing(Protocol):
-    """A backend whose launches a graph can capture: ``capture(work)`` records what ``work``
-    launches (without running it) and returns the graph; ``replay`` launches a graph."""
+    """Where graphs are made: ``capture(work)`` records what ``work`` launches (without running
+    it) and returns the graph; ``replay`` launches a graph."""
 
-    def run(self, plan: BatchedPlan, first: int, stop: int) -> None: ...
-
-    def capture(self, work: Callable[[], None]) -> Any: ...
+    def capture(self, work: Callable[[], object]) -> Any: ...
 
     def replay(self, graph: Any) -> None: ...
 
 
 class Replayer:
-    """Runs ``plan``'s round ranges on ``backend``: eagerly the first time, from a graph after
+    """Runs each piece of work, named by a key that says everything it launches on (a plan's
+    round range, element count, dtype, buffers): eagerly the first time, from a graph after
     (``graphs=False``: always eagerly)."""
 
-    def __init__(self, backend: Capturing, graphs: bool = True) -> None:
-        self.backend = backend
+    def __init__(self, device: Capturing, graphs: bool = True, limit: int = 64) -> None:
+        self.device = device
         self.graphs = graphs
-        self.seen: set[tuple[int, int]] = set()
-        self.captured: dict[tuple[int, int], Any] = {}
+        self.limit = limit  # graphs kept (each holds its own device memory), least recently used go
+        self.seen: OrderedDict[Hashable, None] = OrderedDict()
+        self.captured: OrderedDict[Hashable, Any] = OrderedDict()
         self.failure: str | None = None
 
-    def __call__(self, plan: BatchedPlan, first: int, stop: int) -> None:
-        key = (first, stop)
+    def __call__(self, key: Hashable, work: Callable[[], object]) -> None:
         graph = self.captured.get(key)
         if graph is not None:
-            self.backend.replay(graph)
+            self.captured.move_to_end(key)
+            self.device.replay(graph)
             return
-        if not self.graphs or self.failure is not None or key not in self.seen or first == stop:
-            self.seen.add(key)
-            self.backend.run(plan, first, stop)
+        if not self.graphs or self.failure is not None or key not in self.seen:
+            _remember(self.seen, key, None, self.limit)
+            work()
             return
         try:
-            graph = self.backend.capture(lambda: self.backend.run(plan, first, stop))
-        except Exception as e:  # any capture failure: the rounds still run, eagerly
+            graph = self.device.capture(work)
+        except Exception as e:  # any capture failure: the work still runs, eagerly
             self.failure = f"{type(e).__name__}: {e}".splitlines()[0]
             warnings.warn(
                 f"stragglar: could not capture the rounds in a CUDA graph ({self.failure}); "
@@ -64,7 +64,14 @@ class Replayer:
                 RuntimeWarning,
                 stacklevel=2,
             )
-            self.backend.run(plan, first, stop)
+            work()
             return
-        self.captured[key] = graph
-        self.backend.replay(graph)
+        _remember(self.captured, key, graph, self.limit)
+        self.device.replay(graph)
+
+
+def _remember(cache: OrderedDict[Hashable, Any], key: Hashable, value: Any, limit: int) -> None:
+    cache[key] = value
+    cache.move_to_end(key)
+    while len(cache) > limit:
+        cache.popitem(last=False)

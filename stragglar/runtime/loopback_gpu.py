@@ -119,6 +119,10 @@ class CupyLoopback:
         self.lands = [_upload(cupy, t.land) for t in plan.rounds]
         self.replayer = Replayer(self)
 
+    def replayed(self, plan: BatchedPlan, first: int, stop: int) -> None:
+        """Rounds ``first`` to ``stop - 1``, from a graph once one is captured."""
+        self.replayer((first, stop), lambda: self.run(plan, first, stop))
+
     def bind(self, flats: Sequence[Array], plan: BatchedPlan) -> None:
         """Point the kernels at this call's buffers, after the caller's queued work on them."""
         self.stream.wait_event(self.cupy.cuda.get_current_stream().record())
@@ -129,7 +133,7 @@ class CupyLoopback:
         with self.stream:
             run_rounds(plan, first, stop, self)
 
-    def capture(self, work: Callable[[], None]) -> Any:
+    def capture(self, work: Callable[[], object]) -> Any:
         self.stream.begin_capture()
         try:
             work()
@@ -193,4 +197,4 @@ def run_cupy_loopback(
                 _loopbacks.popitem(last=False)
     with loopback.lock:
         loopback.replayer.graphs = graphs
-        return run_batched(flats, loopback.plan, loopback, straggler_delay, runner=loopback.replayer)
+        return run_batched(flats, loopback.plan, loopback, straggler_delay, runner=loopback.replayed)

@@ -11,13 +11,16 @@ is done.  A caller that must not block (a DDP hook issuing rounds on a side stre
 ``stream_ordered``: on NCCL each round's works are then waited without a timeout, which only makes
 the current CUDA stream wait for them, so the host issues every round at once and the reductions
 after a round queue behind it on the stream.  A dead peer is then caught by the process group's
-own timeout (NCCL's watchdog), not by ``timeout``.
+own timeout (NCCL's watchdog), not by ``timeout``.  Stream-ordered rounds on CUDA tensors replay
+from CUDA graphs after their first call (:class:`CudaGraphs`, :mod:`~stragglar.runtime.graphs`):
+a graph writes the buffer it was captured on, so its key names the buffer's address, size and
+dtype, the plan and its round range, the group, the tag and the late rank.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -25,9 +28,10 @@ import torch
 import torch.distributed as dist
 
 from stragglar.runtime.engine import RankError, classify, first_line, step_error
+from stragglar.runtime.graphs import Replayer
 from stragglar.runtime.program import BoundStep, Plan
 
-__all__ = ["TorchTransport", "gather_headers"]
+__all__ = ["CudaGraphs", "TorchTransport", "gather_headers", "replayer"]
 
 CHECKING = "checking that every rank runs the same allreduce"
 
@@ -82,6 +86,32 @@ class TorchTransport:
 
     def finish(self) -> None:
         """Nothing queued: every round was waited for."""
+
+
+class CudaGraphs:
+    """Captures with torch's CUDA graphs (on a capture stream of torch's own, after a device
+    synchronize); a graph replays on the current stream, after the work queued on it."""
+
+    def capture(self, work: Callable[[], object]) -> Any:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            work()
+        return graph
+
+    def replay(self, graph: Any) -> None:
+        graph.replay()
+
+
+_replayer: Replayer | None = None
+
+
+def replayer() -> Replayer:
+    """This process's replayer of stream-ordered NCCL rounds (one, so that a failed capture is
+    said once and its rounds run eagerly from then on)."""
+    global _replayer
+    if _replayer is None:
+        _replayer = Replayer(CudaGraphs())
+    return _replayer
 
 
 def gather_headers(

@@ -1,0 +1,184 @@
+"""CUDA graph replay of a rank's rounds (:mod:`stragglar.runtime.graphs`, ``run_rank_replayed``) on
+CPU: ranks in threads exchanging through queues, and a stand-in for the graph API whose "graph" is
+the work it was captured from, replayed later.  What this checks: the first call of a key runs
+eagerly, the second captures and replays, later ones replay; keys keep apart what a graph bakes
+in; the late rank sleeps on the host before the replay; a failed capture warns once and runs
+eagerly; the cache is bounded."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import warnings
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from stragglar.runtime import plan_for
+from stragglar.runtime.engine import Timeline, run_rank_replayed
+from stragglar.runtime.graphs import Replayer
+from stragglar.runtime.program import BoundStep, Plan
+from stragglar.synth import synthesize
+from stragglar.verify import prove
+
+
+class Recorder:
+    """Capture keeps the work without running it; replay runs it."""
+
+    def __init__(self, fail: str | None = None) -> None:
+        self.fail = fail
+        self.captures = 0
+        self.replays = 0
+
+    def capture(self, work: Callable[[], object]) -> Any:
+        if self.fail:
+            raise RuntimeError(self.fail)
+        self.captures += 1
+        return work
+
+    def replay(self, graph: Any) -> None:
+        self.replays += 1
+        graph()
+
+
+class Queues:
+    """A transport between ranks in threads: a send is a copy put on the (sender, receiver)
+    queue, a receive takes it (with a timeout: a test never hangs)."""
+
+    def __init__(self, n: int) -> None:
+        self.lanes = {(a, b): queue.Queue[np.ndarray]() for a in range(n) for b in range(n)}
+
+    def transport(self, rank: int) -> Any:
+        lanes = self.lanes
+
+        class Transport:
+            def exchange(self, step: BoundStep, sends: list[np.ndarray], recvs: list[np.ndarray]) -> None:
+                for m, data in zip(step.sends, sends, strict=True):
+                    lanes[(rank, m.peer)].put(data.copy())
+                for m, into in zip(step.recvs, recvs, strict=True):
+                    into[:] = lanes[(m.peer, rank)].get(timeout=10)
+
+            def finish(self) -> None:
+                pass
+
+        return Transport()
+
+
+def ranks_in_threads(n: int, work: Callable[[int], Timeline]) -> list[Timeline]:
+    out: list[Any] = [None] * n
+    errors: list[BaseException] = []
+
+    def run(rank: int) -> None:
+        try:
+            out[rank] = work(rank)
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert not errors, errors
+    return out
+
+
+def test_rounds_replay_from_the_second_call_on_the_same_buffer_and_stay_exact() -> None:
+    n, count, delay = 3, 50, 0.03
+    proof = prove(synthesize("stragglar", n))
+    plans: list[Plan] = [plan_for(proof, r, count) for r in range(n)]
+    devices = [Recorder() for _ in range(n)]
+    replayers = [Replayer(d) for d in devices]
+    buffers = [np.zeros(count, np.float64) for _ in range(n)]
+    late = proof.schedule.late_rank
+    for call in range(4):
+        data = [np.arange(count, dtype=np.float64) * (r + 1) + 100 * call for r in range(n)]
+        for b, d in zip(buffers, data, strict=True):
+            b[:] = d
+        lanes = Queues(n)
+
+        def rank_work(rank: int, lanes: Queues = lanes) -> Timeline:
+            key: Hashable = ("group", rank, buffers[rank].ctypes.data, count, "float64")
+            transport = lanes.transport(rank)
+            return run_rank_replayed(buffers[rank], plans[rank], transport, replayers[rank], key, delay, late)
+
+        timelines = ranks_in_threads(n, rank_work)
+        total = sum(data)
+        assert all(np.array_equal(b, total) for b in buffers), call
+        assert timelines[late].arrived - timelines[late].start >= delay  # before the replay too
+        assert all(t.phase_done[-1] is not None for t in timelines)
+    assert [d.captures for d in devices] == [1] * n and [d.replays for d in devices] == [3] * n
+
+
+def test_a_key_seen_once_runs_eagerly_and_keys_keep_graphs_apart() -> None:
+    device = Recorder()
+    replayer = Replayer(device)
+    ran: list[str] = []
+    for key in ["a", "b", "a", "a", "b", "c"]:
+        replayer(key, lambda key=key: ran.append(key))  # type: ignore[misc]
+    assert ran == ["a", "b", "a", "a", "b", "c"]  # every call ran its own work once
+    assert device.captures == 2 and device.replays == 3  # a: capture+replay, replay; b: capture+replay
+    assert list(replayer.captured) == ["a", "b"]
+
+
+def test_graphs_off_never_captures() -> None:
+    device = Recorder()
+    replayer = Replayer(device, graphs=False)
+    for _ in range(3):
+        replayer("a", lambda: None)
+    assert device.captures == 0 and device.replays == 0
+
+
+def test_a_failed_capture_warns_once_and_everything_runs_eagerly_after() -> None:
+    device = Recorder(fail="capture not permitted")
+    replayer = Replayer(device)
+    ran: list[str] = []
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for key in ["a", "a", "a", "b", "b"]:
+            replayer(key, lambda key=key: ran.append(key))  # type: ignore[misc]
+    assert ran == ["a", "a", "a", "b", "b"]
+    assert [str(w.message) for w in seen] == [
+        "stragglar: could not capture the rounds in a CUDA graph (RuntimeError: capture not permitted); "
+        "they run eagerly (slower, same results)"
+    ]
+
+
+def test_the_graph_cache_keeps_the_most_recently_used() -> None:
+    device = Recorder()
+    replayer = Replayer(device, limit=2)
+    for key in ["a", "a", "b", "b", "a", "c", "c"]:
+        replayer(key, lambda: None)
+    assert list(replayer.captured) == ["a", "c"]  # b was least recently used
+
+
+def test_the_late_rank_sleeps_only_in_the_call_that_holds_its_first_round() -> None:
+    n, count, delay = 4, 16, 0.05
+    proof = prove(synthesize("stragglar", n))
+    late = proof.schedule.late_rank
+    plans = [plan_for(proof, r, count) for r in range(n)]
+    split = plans[late].steps[0].round  # the late rank's first round: a call ending before it
+    buffers = [np.full(count, float(r + 1)) for r in range(n)]
+    lanes = Queues(n)
+    replayers = [Replayer(Recorder()) for _ in range(n)]
+
+    def part(rounds: tuple[int, int | None]) -> Callable[[int], Timeline]:
+        def rank_work(rank: int) -> Timeline:
+            key: Hashable = (rank, rounds)
+            transport = lanes.transport(rank)
+            return run_rank_replayed(
+                buffers[rank], plans[rank], transport, replayers[rank], key, delay, late, rounds
+            )
+
+        return rank_work
+
+    start = time.perf_counter()
+    early = ranks_in_threads(n, part((0, split)))
+    assert time.perf_counter() - start < delay  # nobody waited for the late rank
+    assert all(t.arrived == pytest.approx(t.start, abs=0.01) for t in early)
+    rest = ranks_in_threads(n, part((split, None)))
+    assert rest[late].arrived - rest[late].start >= delay
+    assert all(np.array_equal(b, np.full(count, float(n * (n + 1) // 2))) for b in buffers)
