@@ -482,3 +482,12 @@ def test_cli_bench_nccl_says_once_that_ranks_sharing_a_gpu_talk_over_sockets(
     assert "the 2 GPUs here" in result.stdout and "fit" not in result.stdout  # NCCL's is not a Ring
     doc = json.loads(out.read_text(encoding="utf-8"))
     assert doc["gpus"] == 2 and doc["baseline"] == "nccl all_reduce" and doc["fits"] == {}
+
+
+def test_nccl_without_torch_says_to_install_a_cuda_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torch", None)  # as if not installed: find_spec gives None
+    with pytest.raises(InputError) as info:
+        run_benchmark("nccl", 2, 64)
+    assert str(info.value).startswith(
+        "the nccl backend needs torch: pip install 'stragglar[torch]' after installing a CUDA build"
+    )
