@@ -239,3 +239,48 @@ def test_a_signal_to_the_launcher_ends_every_rank_and_removes_its_files(
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+def placed(rank: int, n: int) -> tuple[int, str | None, str | None, object]:
+    """What a rank of a faked nccl launch was given: its GPU, host id, socket interface, device_id."""
+    import torch
+
+    return (
+        torch.cuda.current_device(),
+        os.environ.get("NCCL_HOSTID"),
+        os.environ.get("NCCL_SOCKET_IFNAME"),
+        os.environ.get("FAKE_DEVICE_ID"),
+    )
+
+
+def test_nccl_ranks_are_bound_to_gpu_r_mod_the_count_with_a_host_each_where_they_share(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No GPU here: the forked ranks inherit fakes of CUDA's device calls and an init that records
+    what NCCL would get and starts gloo instead (the barrier and teardown then run as ever)."""
+    import torch
+    import torch.distributed as dist
+
+    current = {"device": -1}
+    real_init = dist.init_process_group
+
+    def fake_init(backend: str, **kwargs: object) -> None:
+        assert backend == "nccl"
+        device = kwargs.pop("device_id")
+        os.environ["FAKE_DEVICE_ID"] = str(device)  # what the rank reads back
+        real_init("gloo", **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(dist, "init_process_group", fake_init)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: current.update(device=d))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current["device"])
+    for name in ("NCCL_HOSTID", "NCCL_SOCKET_IFNAME"):
+        monkeypatch.delenv(name, raising=False)
+    shared = launch(placed, 3, timeout=10.0, backend="nccl", gpus=2)
+    assert shared == [(r % 2, f"host-{r}", "lo", f"cuda:{r % 2}") for r in range(3)]
+    alone = launch(placed, 2, timeout=10.0, backend="nccl", gpus=2)
+    assert alone == [(r, None, None, f"cuda:{r}") for r in range(2)]
+
+
+def test_an_nccl_launch_needs_a_gpu_count() -> None:
+    with pytest.raises(ValueError, match="gpus must be at least 1, got 0"):
+        launch(placed, 2, backend="nccl")

@@ -372,3 +372,122 @@ def test_a_sweep_refuses_a_delay_past_an_hour_before_the_first_runs(monkeypatch:
     monkeypatch.setattr("stragglar.measure.sweep.run_benchmark", never)
     with pytest.raises(InputError, match=r"^delay must be at most 3,600 s \(an hour\), got 7200.0$"):
         sweep("local", [4], [8192], [0.0, 7200.0])
+
+
+# ---------------------------------------------------------------------------- the nccl backend
+
+NO_CUDA = "the nccl backend needs CUDA GPUs: torch sees none (torch.cuda.device_count() is 0)"
+
+
+def gpus_seen(monkeypatch: pytest.MonkeyPatch, count: int) -> None:
+    """As if torch saw ``count`` CUDA GPUs (this machine has none)."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["run", "--backend", "nccl", "--gpus", "4"],
+        ["run", "--backend", "nccl", "--schedule", "no-such-file.json"],  # refused before it is read
+        ["bench", "--backend", "nccl"],
+    ],
+)
+def test_cli_nccl_without_cuda_is_one_line_before_any_work(
+    monkeypatch: pytest.MonkeyPatch, args: list[str]
+) -> None:
+    gpus_seen(monkeypatch, 0)
+    monkeypatch.setattr("stragglar.measure.run.synthesize", never)
+    monkeypatch.setattr("stragglar.measure.sweep.check_request", never)
+    assert one_error_line(run(*args)) == f"Error: {NO_CUDA}"
+
+
+def test_run_benchmark_and_sweep_on_nccl_without_cuda_raise_before_any_work(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    gpus_seen(monkeypatch, 0)
+    monkeypatch.setattr("stragglar.measure.run.synthesize", never)
+    monkeypatch.setattr("stragglar.measure.sweep.check_request", never)
+    with pytest.raises(InputError) as info:
+        run_benchmark("nccl", 4, 2**12)
+    assert str(info.value) == NO_CUDA
+    with pytest.raises(InputError) as info:
+        sweep("nccl", [4], [2**12], [0.0])
+    assert str(info.value) == NO_CUDA
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--link-rate", "200MB/s"], "--link-rate does not apply: it paces the torch backend's gloo sockets"),
+        (["--size", "4KiB", "--dtype", "complex64"], "--dtype"),
+    ],
+)
+def test_cli_nccl_refuses_what_does_not_apply(
+    monkeypatch: pytest.MonkeyPatch, args: list[str], message: str
+) -> None:
+    gpus_seen(monkeypatch, 1)
+    monkeypatch.setattr("stragglar.measure.run.synthesize", never)
+    assert message in one_error_line(run("run", "--backend", "nccl", "--gpus", "2", *args))
+
+
+def fake_nccl_figures(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """Stand in for the forked NCCL ranks; return what the run asked them for."""
+    from stragglar.measure import run_torch
+    from stragglar.measure.timing import Figures, Series
+
+    asked: dict[str, Any] = {}
+
+    def figures(proofs: list[Proof], *args: Any, **kwargs: Any) -> Figures:
+        asked.update(kwargs, num_ranks=args[0])
+        iters = args[4]
+        schedules = tuple(Series((2e-3,) * iters, ()) for _ in proofs)
+        return Figures(schedules, f"{kwargs['engine']} all_reduce", (1e-3,) * iters)
+
+    monkeypatch.setattr(run_torch, "torch_figures", figures)
+    return asked
+
+
+def test_cli_run_nccl_places_ranks_on_the_gpus_and_says_once_where_they_share_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    gpus_seen(monkeypatch, 1)
+    asked = fake_nccl_figures(monkeypatch)
+    result = run("run", "--backend", "nccl", "--gpus", "4", "--size", "4KiB", "--iters", "2")
+    assert result.exit_code == 0, result.output
+    assert asked["engine"] == "nccl" and asked["gpus"] == 1 and asked["num_ranks"] == 4
+    assert "stragglar on nccl: 4 ranks" in result.stdout and "nccl all_reduce" in result.stdout
+    assert result.stdout.count("socket transport") == 1, result.stdout
+    assert "the 1 GPU here" in result.stdout and "in one process" not in result.stdout
+
+
+def test_cli_nccl_ranks_with_a_gpu_each_get_no_note(monkeypatch: pytest.MonkeyPatch) -> None:
+    gpus_seen(monkeypatch, 4)
+    asked = fake_nccl_figures(monkeypatch)
+    result = run("run", "--backend", "nccl", "--gpus", "4", "--size", "4KiB", "--iters", "2")
+    assert result.exit_code == 0, result.output
+    assert asked["gpus"] == 4 and "note" not in result.stdout
+
+
+def test_cli_bench_nccl_says_once_that_ranks_sharing_a_gpu_talk_over_sockets(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    gpus_seen(monkeypatch, 2)
+    fake_nccl_figures(monkeypatch)
+    out = tmp_path / "b.json"
+    args = ["--gpus", "2,4", "--sizes", "4KiB,8KiB", "--delays", "0", "--iters", "1", "--json", str(out)]
+    result = run("bench", "--backend", "nccl", *args)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.count("socket transport") == 1, result.stdout
+    assert "the 2 GPUs here" in result.stdout and "fit" not in result.stdout  # NCCL's is not a Ring
+    doc = json.loads(out.read_text(encoding="utf-8"))
+    assert doc["gpus"] == 2 and doc["baseline"] == "nccl all_reduce" and doc["fits"] == {}
+
+
+def test_nccl_without_torch_says_to_install_a_cuda_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torch", None)  # as if not installed: find_spec gives None
+    with pytest.raises(InputError) as info:
+        run_benchmark("nccl", 2, 64)
+    assert str(info.value).startswith(
+        "the nccl backend needs torch: pip install 'stragglar[torch]' after installing a CUDA build"
+    )

@@ -30,8 +30,10 @@ from stragglar.commands.terminal import echo, progress_bar
 from stragglar.errors import InputError, quoted
 from stragglar.measure.run import (
     BACKENDS,
+    IN_PROCESS_BACKENDS,
     MAX_ITERS,
     BenchmarkResult,
+    check_backend,
     check_dtype,
     check_run_size,
     run_benchmark,
@@ -47,8 +49,12 @@ __all__ = ["bench", "run"]
 LINK_RATE = click.option(
     "--link-rate",
     type=BANDWIDTH,
-    help="Pace every rank's sockets to this bandwidth (torch backend): each rank gets a link of its "
-    "own, as the cost model assumes, instead of the host's shared loopback.",
+    help="Pace every rank's sockets to this bandwidth (torch backend: gloo's sockets): each rank gets a "
+    "link of its own, as the cost model assumes, instead of the host's shared loopback.",
+)
+BACKEND_HELP = (
+    "local: NumPy, all ranks in one process; torch: gloo ranks on the CPU; nccl: torch ranks on NCCL, "
+    "rank r on GPU r mod the GPU count; cupy: CuPy, all ranks in one process on one GPU."
 )
 
 PEER_TIMEOUT = click.option(
@@ -62,7 +68,7 @@ PEER_TIMEOUT = click.option(
 
 
 @click.command()
-@click.option("--backend", type=click.Choice(BACKENDS), default="local", show_default=True)
+@click.option("--backend", type=click.Choice(BACKENDS), default="local", show_default=True, help=BACKEND_HELP)
 @click.option(
     "--gpus",
     "-n",
@@ -106,7 +112,8 @@ def run(
     --chunks, StragglAR in C chunks, the paper's StragglAR (C = N-1) and the baseline alternate
     in one launch of the ranks, and the chunked one's speed-up over the paper's is printed too.
     """
-    _torch_only(backend)
+    _refuse_inapplicable(backend)
+    check_backend(backend)  # before any work: a missing library, no GPU for nccl
     check_dtype(backend, dtype)  # before any work: NumPy has no bfloat16
     proof = None
     if schedule_file is not None:
@@ -146,7 +153,7 @@ def run(
 
 
 @click.command()
-@click.option("--backend", type=click.Choice(BACKENDS), default="torch", show_default=True)
+@click.option("--backend", type=click.Choice(BACKENDS), default="torch", show_default=True, help=BACKEND_HELP)
 @click.option("--gpus", "-n", default="4,8", show_default=True, help="Rank counts, comma-separated.")
 @click.option(
     "--sizes",
@@ -195,7 +202,8 @@ def bench(
     runs in the same iterations, with columns of its own: its C, time, ratio to the baseline and
     the paper's StragglAR (C = N-1) over it.
     """
-    _torch_only(backend)
+    _refuse_inapplicable(backend)
+    check_backend(backend)  # before any work: a missing library, no GPU for nccl
     check_dtype(backend, dtype)  # before any work: NumPy has no bfloat16
     if json_file is not None:
         check_output(json_file, option="--json")
@@ -241,11 +249,15 @@ def _priced_network(link_rate: float | None) -> tuple[Network, str]:
     return Network(PAPER_NETWORK.alpha, link_rate), " on the paced links (--link-rate, the paper's alpha)"
 
 
-def _torch_only(backend: str) -> None:
-    """--link-rate and --timeout concern the torch backend's gloo ranks (sockets, waits on peers)."""
+def _refuse_inapplicable(backend: str) -> None:
+    """--timeout bounds the waits of ranks that are processes (torch, nccl); --link-rate paces
+    gloo's sockets (torch), which NCCL's ranks do not use (their data moves over NVLink or PCIe,
+    or NCCL's own sockets where ranks share a GPU, which it cannot pace)."""
+    if backend in IN_PROCESS_BACKENDS:
+        why = f"it bounds the waits of ranks in processes of their own (torch, nccl), not --backend {backend}"
+        refuse_given(["timeout"], why)
     if backend != "torch":
-        why = f"it is for the torch backend's gloo ranks, not --backend {backend}"
-        refuse_given(["link_rate", "timeout"], why)
+        refuse_given(["link_rate"], f"it paces the torch backend's gloo sockets, not --backend {backend}")
 
 
 def _rank_counts(text: str) -> list[int]:

@@ -48,6 +48,7 @@ from typing import Any
 
 from stragglar.args import as_int, as_seconds
 from stragglar.errors import ResourceError, RunError
+from stragglar.measure.gpus import placement
 from stragglar.runtime.engine import RankError, classify, failure_phrase, first_line
 from stragglar.runtime.header import rank_list
 from stragglar.runtime.heartbeat import connect, heartbeat, send
@@ -163,6 +164,7 @@ def launch(
     *,
     slack: float = SLACK,
     tick: Callable[[], None] | None = None,
+    gpus: int = 0,
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` ranks; return the results in rank order.
 
@@ -174,10 +176,15 @@ def launch(
     least every quarter second while the ranks run (to move a progress line: no thread may run
     beside a fork).  SIGTERM raises :class:`Stopped` and SIGINT KeyboardInterrupt,
     after every rank is ended and the temporary files are removed; SIGHUP is SIGTERM's twin.
+    ``backend="nccl"`` needs ``gpus``, the GPUs to place the ranks on
+    (:func:`~stragglar.measure.gpus.placement`: rank r on GPU r mod ``gpus``); the process
+    group is then bound to the rank's GPU (``device_id``), which also connects NCCL at once.
     """
     world_size = as_int(world_size, "world_size", minimum=1)
     timeout = as_seconds(timeout, "timeout", positive=True)
     slack = as_seconds(slack, "slack")
+    if backend == "nccl":
+        gpus = as_int(gpus, "gpus", minimum=1)
     import torch.distributed  # noqa: F401 - once here: every forked rank shares it, none imports it
 
     ctx = multiprocessing.get_context("fork")
@@ -192,7 +199,7 @@ def launch(
                 procs.append(
                     ctx.Process(
                         target=_child,
-                        args=(child, fn, rank, world_size, args, store, timeout, backend, os.getpid()),
+                        args=(child, fn, rank, world_size, args, store, timeout, backend, gpus, os.getpid()),
                     )
                 )
                 procs[-1].start()
@@ -347,6 +354,7 @@ def _child(
     store: str,
     timeout: float,
     backend: str,
+    gpus: int,
     parent_pid: int,
 ) -> None:
     code = 1
@@ -361,12 +369,19 @@ def _child(
         import torch.distributed as dist
 
         torch.set_num_threads(1)  # the parent's OpenMP threads are gone: no parallel region may start
+        bound: dict[str, Any] = {}
+        if backend == "nccl":
+            place = placement(rank, world_size, gpus)
+            os.environ.update(place.env)  # before NCCL reads it, as the process group starts
+            torch.cuda.set_device(place.device)
+            bound["device_id"] = torch.device("cuda", place.device)
         dist.init_process_group(
             backend,
             init_method=f"file://{store}",
             rank=rank,
             world_size=world_size,
             timeout=timedelta(seconds=timeout),
+            **bound,
         )
         heartbeat()
         result = fn(rank, world_size, *args)

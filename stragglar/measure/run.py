@@ -21,6 +21,7 @@ import numpy as np
 from stragglar.args import MAX_DELAY, as_int, as_rank, as_seconds
 from stragglar.errors import InputError, described
 from stragglar.measure.data import ITEMSIZE, check, expected, payload
+from stragglar.measure.gpus import check_cuda, sharing_note
 from stragglar.measure.links import check_link_rate, paced_to
 from stragglar.measure.timing import Figures, Series, iteration_figures, turn
 from stragglar.model import schedule_name
@@ -34,20 +35,25 @@ from stragglar.verify import Proof, prove, require_proof
 
 __all__ = [
     "BACKENDS",
+    "IN_PROCESS_BACKENDS",
     "MAX_RUN_CELLS",
     "BenchmarkResult",
     "Variant",
+    "check_backend",
     "check_dtype",
     "check_run_size",
     "run_benchmark",
 ]
 
-BACKENDS = ("local", "torch", "cupy")
+BACKENDS = ("local", "torch", "nccl", "cupy")
+IN_PROCESS_BACKENDS = ("local", "cupy")  # all ranks in one process; the others start one per rank
 IN_ONE_PROCESS = (  # what the ratios of the in-process backends mean: their baseline is no collective
     "note: in one process, against summing the buffers directly, these ratios check the schedule's "
-    "own overhead and say nothing of a network; the torch backend compares collectives"
+    "own overhead and say nothing of a network; the torch and nccl backends compare collectives"
 )
 _ARRAYS = {"local": "NumPy", "cupy": "CuPy"}  # the in-process backends' array libraries, NumPy's dtypes
+_ENGINES = {"torch": "gloo", "nccl": "nccl"}  # the backends whose ranks are torch processes, on what
+_LIBRARIES = {"torch": "torch", "nccl": "torch", "cupy": "cupy"}  # what a backend imports
 MAX_ITERS = 10_000  # timed iterations per run, and warm-up ones: a bound, so a typo cannot run for ever
 # (rank, chunk) cells of a schedule a run times: N = 256 with N - 1 chunks.  An iteration moves
 # every transfer of the schedule as its own slice copy (in one process) or message (one process
@@ -78,7 +84,8 @@ class BenchmarkResult:
     """A run: each schedule's figures (:class:`Variant`, in the order given) and the baseline's,
     all from the same iterations; ``late_rank`` is the rank that arrived ``delay`` seconds late, for
     every schedule and the baseline alike; ``link_rate``, where given, the rate every rank's
-    sockets were paced to (bytes per second).  ``algorithm``, ``times``, ``hidden``, ``time`` and
+    sockets were paced to (bytes per second); ``gpus``, on the nccl backend, the GPUs the ranks
+    were placed on (:mod:`stragglar.measure.gpus`).  ``algorithm``, ``times``, ``hidden``, ``time`` and
     ``algbw`` are the first schedule's (the only one, unless several were run)."""
 
     backend: str
@@ -91,6 +98,7 @@ class BenchmarkResult:
     baseline_times: tuple[float, ...]
     late_rank: int | None = None
     link_rate: float | None = None
+    gpus: int | None = None
 
     @property
     def size_bytes(self) -> int:
@@ -170,8 +178,11 @@ class BenchmarkResult:
                 f"  {first.name} over {v.name} (ratio of the medians) {v.time / first.time:.2f}x"
                 for v in self.variants[1:]
             ]
-        if self.backend != "torch" and self.variants:
+        if self.backend in IN_PROCESS_BACKENDS and self.variants:
             lines.append(f"  {IN_ONE_PROCESS}")
+        note = None if self.gpus is None else sharing_note(self.num_ranks, self.gpus)
+        if note is not None:
+            lines.append(f"  {note}")
         return "\n".join(lines)
 
 
@@ -209,7 +220,9 @@ def run_benchmark(
     (:attr:`~stragglar.schedule.Schedule.late_rank`: its straggler, else the last rank): a
     schedule without a straggler (Ring, RHD) waits for it exactly as the baseline does.
     ``timeout`` (at most a day) bounds each wait for a silent peer (plus ``delay`` where the wait
-    includes the late rank's delay), not the run.  ``link_rate`` (torch backend only, bytes per second) paces
+    includes the late rank's delay), not the run.  ``backend="nccl"``: torch ranks on NCCL, rank r
+    on GPU r mod the GPU count (:mod:`stragglar.measure.gpus`), refused at once without CUDA GPUs.
+    ``link_rate`` (torch backend only, bytes per second) paces
     every rank's sockets to it: each rank gets a link of its own, as the cost model assumes,
     instead of the host's shared loopback (:mod:`stragglar.measure.links`).  ``tick``, if
     given, is called between iterations, from this process (for a progress line; the torch
@@ -218,8 +231,7 @@ def run_benchmark(
     :class:`~stragglar.measure.data.WrongResult` for a wrong result, and
     :class:`~stragglar.measure.launch.LaunchError` when a rank fails.
     """
-    if backend not in BACKENDS:
-        raise InputError(f"unknown backend {described(backend)} (choose from {', '.join(BACKENDS)})")
+    gpus = check_backend(backend)
     check_dtype(backend, dtype)
     num_ranks = as_int(num_ranks, "num_ranks")
     if not 2 <= num_ranks <= MAX_RANKS:
@@ -264,8 +276,7 @@ def run_benchmark(
         raise InputError(
             f"{size_bytes} bytes is not a whole number of {dtype} elements ({ITEMSIZE[dtype]} bytes each)"
         )
-    _require(backend)
-    if backend == "torch":
+    if backend in _ENGINES:
         from stragglar.measure.run_torch import torch_figures
 
         figures = torch_figures(
@@ -280,6 +291,8 @@ def run_benchmark(
             late_rank,
             link_rate=link_rate,
             tick=tick,
+            engine=_ENGINES[backend],
+            gpus=gpus or 0,
         )
     else:
         figures = _in_process(backend, proofs, num_ranks, count, dtype, delay, iters, warmup, late_rank, tick)
@@ -298,7 +311,18 @@ def run_benchmark(
         figures.baseline_times,
         late_rank,
         link_rate,
+        gpus,
     )
+
+
+def check_backend(backend: str) -> int | None:
+    """Refuse, before any work, a backend that cannot run here: an unknown one, one whose library
+    is missing (with how to install it), or ``nccl`` without CUDA GPUs.  Returns the GPU count
+    for ``nccl`` (None for the others)."""
+    if backend not in BACKENDS:
+        raise InputError(f"unknown backend {described(backend)} (choose from {', '.join(BACKENDS)})")
+    _require(backend)
+    return check_cuda() if backend == "nccl" else None
 
 
 def check_run_size(num_ranks: int, num_chunks: int) -> None:
@@ -345,6 +369,11 @@ HINTS = {
         "either its CPU-only build or a CUDA build that matches your driver, with the pip command that "
         "the install selector in PyTorch's documentation gives for your system"
     ),
+    "nccl": (
+        "the nccl backend needs torch: pip install 'stragglar[torch]' after installing a CUDA build of "
+        "PyTorch that matches your driver, with the pip command that the install selector in PyTorch's "
+        "documentation gives for your system"
+    ),
     "cupy": (
         "the cupy backend needs cupy: pip install 'stragglar[cuda12]' (cupy-cuda12x) or "
         "'stragglar[cuda13]' (cupy-cuda13x), the one matching the CUDA version that nvidia-smi prints"
@@ -354,7 +383,8 @@ HINTS = {
 
 def _require(backend: str) -> None:
     """An InputError saying how to install the backend's library when it is missing."""
-    if backend != "local" and importlib.util.find_spec(backend) is None:  # named after its library
+    library = _LIBRARIES.get(backend)
+    if library is not None and importlib.util.find_spec(library) is None:
         raise InputError(HINTS[backend])
 
 

@@ -1,10 +1,20 @@
-"""The torch backend of ``stragglar run``: fork-started gloo ranks on 127.0.0.1.
+"""The torch and nccl backends of ``stragglar run``: fork-started torch ranks on 127.0.0.1, on
+gloo (CPU tensors) or on NCCL (each rank's buffers on its GPU, :mod:`stragglar.measure.gpus`).
 
-One launch of the ranks runs every schedule asked for and gloo's all_reduce in every iteration,
-in a rotating order.  Each iteration the late rank sleeps ``delay`` before every schedule and
-before gloo's all_reduce alike.  Every wait for a peer is bounded by ``timeout`` plus that delay
-(a deliberately late peer is not a silent one); the run as a whole is not, as long as every rank
-keeps reporting progress (:func:`~stragglar.runtime.heartbeat.heartbeat` after every step).
+One launch of the ranks runs every schedule asked for and the engine's all_reduce in every
+iteration, in a rotating order.  Each iteration the late rank sleeps ``delay`` before every
+schedule and before the all_reduce alike.  Every wait for a peer is bounded by ``timeout`` plus
+that delay (a deliberately late peer is not a silent one); the run as a whole is not, as long as
+every rank keeps reporting progress (:func:`~stragglar.runtime.heartbeat.heartbeat` after every
+step).
+
+On NCCL the rounds run stream-ordered, as a GPU program runs them (the DDP hook does too): the host
+queues every round on the current CUDA stream without waiting for any, and the rank's time ends
+when that stream has finished, the all_reduce's the same way.  The host then polls the stream
+(bounded by the timeout, so a silent peer is an error naming the rank, not a hang) instead of
+waiting per round, which would add a host round trip to every round that NCCL's all_reduce does
+not pay.  Nothing tells the host when a phase finishes on the GPU, so NCCL runs report no hidden
+phase time.
 """
 
 from __future__ import annotations
@@ -12,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -30,6 +41,9 @@ from stragglar.verify import Proof
 
 __all__ = ["torch_figures"]
 
+_SPIN = 1e-3  # seconds a rank polls its CUDA stream without sleeping
+_POLL = 1e-4  # seconds between polls after that
+
 
 def torch_figures(
     proofs: Sequence[Proof],
@@ -44,14 +58,17 @@ def torch_figures(
     slack: float | None = None,
     link_rate: float | None = None,
     tick: Callable[[], None] | None = None,
+    engine: str = "gloo",
+    gpus: int = 0,
 ) -> Figures:
     """Run the ranks once; per iteration, the slowest rank's time for each schedule and for
     all_reduce, in the rotating order of :func:`~stragglar.measure.timing.turn`.
 
     ``slack`` (default :data:`stragglar.measure.launch.SLACK`): how long beyond the timeout a rank
-    may go without reporting progress.  ``link_rate`` (bytes per second): every rank's sockets
-    paced to it (:mod:`stragglar.measure.links`), links of their own as the cost model assumes.
-    ``tick``: called from the launcher's loop while the ranks run (:func:`.launch.launch`)."""
+    may go without reporting progress.  ``link_rate`` (bytes per second, gloo only): every rank's
+    sockets paced to it (:mod:`stragglar.measure.links`), links of their own as the cost model
+    assumes.  ``tick``: called from the launcher's loop while the ranks run (:func:`.launch.launch`).
+    ``engine``: ``"gloo"`` or ``"nccl"`` (ranks placed on ``gpus`` GPUs)."""
     want = expected(count, num_ranks, dtype)  # once, before the fork: the ranks share its pages
     args = (proofs, count, dtype, want, delay, iters + warmup, timeout, late_rank, link_rate)
     per_rank = launch(
@@ -59,8 +76,10 @@ def torch_figures(
         num_ranks,
         args,
         timeout=timeout + delay,
+        backend=engine,
         slack=launcher.SLACK if slack is None else slack,
         tick=tick,
+        gpus=gpus,
     )
     series = []
     for k, proof in enumerate(proofs):
@@ -71,7 +90,7 @@ def torch_figures(
             hidden.extend([done] if done is not None else [])
         series.append(Series(tuple(times), tuple(hidden)))
     base = [max(baseline[it] for _, baseline in per_rank) for it in range(warmup, warmup + iters)]
-    return Figures(tuple(series), f"{dist.Backend.GLOO} all_reduce", tuple(base))
+    return Figures(tuple(series), f"{engine} all_reduce", tuple(base))
 
 
 def _rank(
@@ -90,7 +109,10 @@ def _rank(
     torch.set_num_threads(1)  # n ranks share the host's cores
     if link_rate is not None:
         pace_links(rank, n, link_rate)
-    source = torch.from_numpy(payload(rank, count, n, dtype)).to(getattr(torch, dtype))
+    engine = str(dist.get_backend())
+    on_gpu = engine == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+    source = torch.from_numpy(payload(rank, count, n, dtype)).to(getattr(torch, dtype)).to(device)
     buf = source.clone()
     names = [schedule_name(p.schedule) for p in proofs]
     timelines: list[list[Timeline]] = [[] for _ in proofs]
@@ -102,27 +124,65 @@ def _rank(
                 what = names[entry]
                 with _engine(rank, f"in the barrier before {what} in iteration {it}"):
                     dist.barrier()
-                timelines[entry].append(
-                    allreduce(buf, proofs[entry], straggler_delay=delay, timeout=timeout, late_rank=late_rank)
+                line = allreduce(
+                    buf,
+                    proofs[entry],
+                    straggler_delay=delay,
+                    timeout=timeout,
+                    late_rank=late_rank,
+                    stream_ordered=on_gpu,
                 )
+                if on_gpu:  # the rounds were queued: the rank is done when its stream is
+                    done = _stream_done(rank, timeout + delay, f"running {what} in iteration {it}")
+                    line = Timeline(line.rank, line.start, line.arrived, (None,) * len(line.phase_done), done)
+                timelines[entry].append(line)
             else:
-                with _engine(rank, f"in the barrier before gloo's all_reduce of iteration {it}"):
+                what = f"{engine}'s all_reduce"
+                with _engine(rank, f"in the barrier before {what} of iteration {it}"):
                     dist.barrier()
-                baseline.append(_all_reduce(rank, buf, delay, late_rank, it))
-                what = "all_reduce"
+                during = f"{what} of iteration {it}"
+                baseline.append(_all_reduce(rank, buf, delay, late_rank, during, timeout))
             heartbeat()
             check(buf, want, rank, what, _host)
     return timelines, baseline
 
 
-def _all_reduce(rank: int, buf: torch.Tensor, delay: float, late_rank: int, it: int) -> float:
-    """The baseline: gloo's all_reduce after the late rank's delay; this rank's seconds."""
+def _all_reduce(
+    rank: int, buf: torch.Tensor, delay: float, late_rank: int, what: str, timeout: float
+) -> float:
+    """The baseline: the engine's all_reduce after the late rank's delay; this rank's seconds (on
+    a GPU, until its stream has finished it)."""
     start = time.perf_counter()
     if rank == late_rank:
         time.sleep(delay)
-    with _engine(rank, f"in gloo's all_reduce of iteration {it}"):
+    with _engine(rank, f"in {what}"):
         dist.all_reduce(buf)
+    if buf.is_cuda:
+        return _stream_done(rank, timeout + delay, f"running {what}") - start
     return time.perf_counter() - start
+
+
+def _stream_done(rank: int, timeout: float, during: str) -> float:
+    """When the current CUDA stream finished what was queued on it (``time.perf_counter``): polled,
+    so that a peer that never answers is a RankError after ``timeout`` seconds, not a hang.
+
+    The first millisecond is polled without sleeping (the time is the figure being measured);
+    after it, every 100 us, which leaves the host's cores to the other ranks."""
+    cuda: Any = torch.cuda  # untyped in torch's stubs
+    done = cuda.Event()
+    done.record()
+    begun = time.monotonic()
+    while not done.query():
+        waited = time.monotonic() - begun
+        if waited > timeout:
+            raise RankError(
+                f"rank {rank} timed out {during}: the GPU had not finished after {timeout:g} s",
+                rank=rank,
+                reason="timed out",
+                during=during,
+            )
+        time.sleep(0 if waited < _SPIN else _POLL)
+    return time.perf_counter()
 
 
 @contextlib.contextmanager
@@ -138,4 +198,4 @@ def _engine(rank: int, during: str) -> Iterator[None]:
 
 
 def _host(block: torch.Tensor) -> np.ndarray:
-    return block.double().numpy()  # NumPy has no bfloat16
+    return block.double().cpu().numpy()  # NumPy has no bfloat16

@@ -31,15 +31,23 @@ import numpy as np
 
 from stragglar.args import MAX_DELAY, as_seconds
 from stragglar.errors import InputError
+from stragglar.measure.gpus import sharing_note
 from stragglar.measure.links import paced_to
-from stragglar.measure.run import IN_ONE_PROCESS, BenchmarkResult, check_run_size, run_benchmark
+from stragglar.measure.run import (
+    IN_ONE_PROCESS,
+    IN_PROCESS_BACKENDS,
+    BenchmarkResult,
+    check_backend,
+    check_run_size,
+    run_benchmark,
+)
 from stragglar.model import Network, compare_generated, generated_profile
 from stragglar.synth import check_request
 from stragglar.units import format_bytes
 
 __all__ = ["ChunkPolicy", "Chunked", "Setting", "SweepResult", "fit_line", "fit_ring", "machine", "sweep"]
 
-RING_BASELINES = ("torch",)  # backends whose baseline AllReduce is a ring
+RING_BASELINES = ("torch",)  # backends whose baseline AllReduce is a ring (NCCL picks ring, tree or others)
 
 
 @dataclass(frozen=True)
@@ -88,6 +96,7 @@ class SweepResult:
     date: str  # when and where it was measured, kept with the figures
     machine: str
     link_rate: float | None = None  # bytes/s every rank's sockets were paced to, if they were
+    gpus: int | None = None  # the GPUs the nccl backend's ranks were placed on
 
     def table(self) -> str:
         """The results as a Markdown table, the fitted networks (and paced links) above it."""
@@ -115,7 +124,10 @@ class SweepResult:
                 + (_chunked_cells(s.chunked) if chunked else "")
             )
         head = [*fits, ""] if fits else []
-        tail = ["", IN_ONE_PROCESS] if self.backend != "torch" else []
+        tail = ["", IN_ONE_PROCESS] if self.backend in IN_PROCESS_BACKENDS else []
+        most = max(s.num_ranks for s in self.settings)
+        note = None if self.gpus is None else sharing_note(most, self.gpus)
+        tail += ["", note] if note is not None else []
         return "\n".join(head + rows + tail)
 
     def to_json(self) -> dict[str, object]:
@@ -195,6 +207,7 @@ def sweep(
     ``link_rate``: every rank's sockets paced to it, and ``tick``: called while a setting runs,
     as in :func:`~stragglar.measure.run.run_benchmark`; ``progress``: called after each setting.
     """
+    check_backend(backend)  # a backend that cannot run here, before any schedule is made
     if not gpus or not sizes or not delays:
         raise InputError("need at least one rank count, size and delay")
     grid = [(n, size, delay) for n in gpus for size in sizes for delay in delays]
@@ -244,6 +257,7 @@ def sweep(
         dt.date.today().isoformat(),
         machine(),
         link_rate,
+        first.gpus,
     )
 
 

@@ -1,0 +1,128 @@
+"""Train a small MLP with DDP and the StragglAR communication hook, beside DDP's default hook.
+
+    torchrun --nproc-per-node=4 examples/ddp_torchrun.py
+    torchrun --nproc-per-node=4 examples/ddp_torchrun.py --late-rank 3 --delay 50ms
+
+On NCCL where torch sees CUDA GPUs (rank r on GPU r mod their count), on gloo otherwise; ``--backend``
+chooses.  Every step trains two copies of one model on the same data: one with DDP's default hook,
+one with ``StragglarState(policy="auto")``, which reduces a bucket with StragglAR only when some
+rank is late enough for it to pay and with the engine's all_reduce otherwise (the model never
+prefers it below 4 ranks; ``--policy stragglar`` uses it for every bucket).  ``--late-rank``
+sleeps ``--delay`` before each forward pass, as a straggler would.  At the end rank 0 prints the
+policy's decisions and, per step, both copies' times and losses (equal but for rounding: the same
+sums, added in another order).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from stragglar.ddp import StragglarState, stragglar_hook
+from stragglar.measure.gpus import placement
+from stragglar.units import parse_duration
+
+
+def options() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", choices=("nccl", "gloo"), help="default: nccl where CUDA is, else gloo")
+    parser.add_argument("--policy", choices=("auto", "stragglar"), default="auto")
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--width", type=int, default=512, help="the MLP's hidden width")
+    parser.add_argument("--depth", type=int, default=6, help="the MLP's linear layers")
+    parser.add_argument("--late-rank", type=int, help="the rank that arrives late to every step")
+    parser.add_argument("--delay", type=parse_duration, default=0.0, help="how late, e.g. 50ms")
+    return parser.parse_args()
+
+
+def start(backend: str) -> torch.device:
+    """Join the job torchrun started; on NCCL, bind this rank to its GPU on its node."""
+    if backend == "gloo":
+        dist.init_process_group("gloo")
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise SystemExit("--backend nccl needs CUDA GPUs: torch sees none")
+    local_rank, local_world = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
+    place = placement(local_rank, local_world, torch.cuda.device_count())
+    os.environ.update(place.env)  # more ranks than GPUs (one node): an NCCL host each, see the README
+    device = torch.device("cuda", place.device)
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", device_id=device)
+    return device
+
+
+def mlp(width: int, depth: int) -> torch.nn.Sequential:
+    layers: list[torch.nn.Module] = []
+    for _ in range(depth - 1):
+        layers += [torch.nn.Linear(width, width), torch.nn.GELU()]
+    return torch.nn.Sequential(*layers, torch.nn.Linear(width, width))
+
+
+def main() -> None:
+    args = options()
+    device = start(args.backend or ("nccl" if torch.cuda.is_available() else "gloo"))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if args.late_rank is not None and not 0 <= args.late_rank < world:
+        raise SystemExit(f"--late-rank must be a rank in 0..{world - 1}, got {args.late_rank}")
+    torch.manual_seed(0)  # the same initial weights on every rank, and in both copies
+    plain = mlp(args.width, args.depth).to(device)
+    twin = mlp(args.width, args.depth).to(device)
+    twin.load_state_dict(plain.state_dict())
+    ids = [device] if device.type == "cuda" else None
+    default = DDP(plain, device_ids=ids, bucket_cap_mb=1)
+    ours = DDP(twin, device_ids=ids, bucket_cap_mb=1)
+    state = StragglarState(policy=args.policy, straggler=args.late_rank)
+    ours.register_comm_hook(state, stragglar_hook)
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (default, ours)]
+    teacher = torch.randn(args.width, args.width, generator=torch.Generator().manual_seed(1)).to(device)
+
+    rows = []
+    for step in range(1, args.steps + 1):
+        data = torch.Generator().manual_seed(1000 * step + rank)  # each rank its own batch
+        x = torch.randn(64, args.width, generator=data).to(device)
+        y = torch.tanh(x @ teacher / args.width**0.5)
+        row: list[float] = []
+        for model, optimizer in zip((default, ours), optimizers, strict=True):
+            began = time.perf_counter()
+            if rank == args.late_rank:
+                time.sleep(args.delay)
+            loss = (model(x) - y).square().mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            row += [time.perf_counter() - began, loss.item()]
+        rows.append(row)
+    pairs = zip(plain.parameters(), twin.parameters(), strict=True)
+    with torch.no_grad():
+        worst = max(float((a - b).abs().max()) for a, b in pairs)
+    if rank == 0:
+        report(args, state, rows, worst)
+    dist.barrier()  # every rank done before any tears its groups down (else one could abort at exit)
+    dist.destroy_process_group()
+
+
+def report(args: argparse.Namespace, state: StragglarState, rows: list[list[float]], worst: float) -> None:
+    """The policy's decisions, then per step both copies' times and losses."""
+    late = f", rank {args.late_rank} late by {args.delay * 1e3:g} ms" if args.late_rank is not None else ""
+    print(f"{dist.get_world_size()} ranks on {dist.get_backend()}, MLP {args.depth} x {args.width}{late}")
+    print(f'decisions of policy="{args.policy}" (step, algorithm, straggler, chunks):')
+    for decision in state.decisions:
+        print(f"  {decision}")
+    print("step  default hook (ms)  stragglar hook (ms)  loss (default)  loss (stragglar)")
+    for step, (t0, loss0, t1, loss1) in enumerate(rows, 1):
+        print(f"{step:4d}  {t0 * 1e3:17.1f}  {t1 * 1e3:19.1f}  {loss0:14.6f}  {loss1:16.6f}")
+    before, after = (statistics.median(row[k] for row in rows) * 1e3 for k in (0, 2))
+    print(f"median step: default hook {before:.1f} ms, stragglar hook {after:.1f} ms")
+    print(f"largest difference between the two copies' parameters: {worst:.1e}")
+
+
+if __name__ == "__main__":
+    main()
