@@ -1,6 +1,15 @@
-"""StragglAR on a GPU: the loopback eager against CUDA graphs, with every result checked.
+"""StragglAR on a GPU: NCCL ranks against all_reduce, DDP, and the loopback eager against graphs.
 
     python benchmarks/bench_gpu.py [--quick] [--iters 5] [--json docs/perf/gpu.json]
+
+(b) 4 NCCL ranks (on one GPU: each its own ``NCCL_HOSTID``, NCCL's socket transport, so ratios are
+indicative), 4 KiB and 64 MiB float32: StragglAR (the paper's chunks and C = 8N; eager and from
+CUDA graphs) against NCCL's all_reduce with the last rank 0, 20 and 100 ms late, and a bare
+send/recv pair of 4 KiB; every call checked on every rank, a call's time the slowest rank's.
+(c) DDP on 4 NCCL ranks, an MLP of 12 layers of 2048 x 2048, buckets of 8 MB: the default hook,
+StragglAR with the paper's chunks and with ``chunks="auto"``, and ``policy="auto"``, with nobody
+late and rank 3 late by 50 ms; losses compared step by step with the default hook's.  (a), last
+(it makes a CUDA context in this process, which forked ranks could not use):
 
 Loopback (every rank's CuPy array on one GPU, the device copying for the links), for N in
 {4, 8, 16}, the paper's C = N - 1 chunks and C = 8N, and buffers of 4 KiB to 256 MiB per rank
@@ -10,14 +19,18 @@ of each, and the device copy floor (one copy of every rank's buffer: no loopback
 moves less).  Every call's result is checked exactly on the device against the sum (values
 distinct per rank and element, exact in float32), and a wrong one stops the benchmark.
 
-Targets (issue 24): graphs <= 10 us per round at N = 8, C = 64, 1 MiB; at N = 8, C = 64, 64 MiB
-with graphs <= 1.3x the paper's C = 7 with graphs.  Without a GPU (no CuPy, or no device) it
-prints one line "no GPU: ..." and exits 0.  ``--quick`` runs N = 8 only at 4 KiB, 1 MiB and 64 MiB.
+Targets (issue 24): loopback with graphs <= 10 us per round at N = 8, C = 64, 1 MiB, and at N = 8,
+64 MiB C = 64 with graphs <= 1.3x the paper's C = 7 with graphs; a StragglAR round with graphs on
+4 NCCL ranks, 4 KiB, <= 1.5x the bare pair; DDP with ``chunks="auto"`` no slower than the paper's
+chunks and ``policy="auto"`` with nobody late <= 1.03x the default hook.  Without a GPU it prints
+one line "no GPU: ..." and exits 0.  ``--quick`` runs the loopback at N = 8 only, up to 64 MiB, and
+fewer DDP steps.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
 import sys
 import time
@@ -26,17 +39,23 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from gpu_ranks import PERIOD, DDPConfig, P2PConfig, Wrong, ddp_rank, p2p_rank, slowest
 from results import save
 
+from stragglar.measure.gpus import gpu_count
+from stragglar.measure.launch import launch
 from stragglar.runtime import allreduce_local
 from stragglar.synth import synthesize
 from stragglar.verify import Proof, prove
 
 SIZES = (4 << 10, 1 << 20, 64 << 20, 256 << 20)  # bytes per rank
 QUICK_SIZES = (4 << 10, 1 << 20, 64 << 20)
-PERIOD = 4093  # a prime: element values repeat with it, never in step with a chunk's length
 ROUND_TARGET_US = 10.0  # graphs, N = 8, C = 64, 1 MiB
 CHUNKED_TARGET = 1.3  # graphs, N = 8, 64 MiB: C = 64 over C = 7
+ROUND_PAIR_TARGET = 1.5  # 4 NCCL ranks, 4 KiB: a StragglAR round with graphs over a bare send/recv pair
+DDP_VARIANTS = ("default hook", "stragglar (paper)", "stragglar (chunks auto)", "auto")
+AUTO_TARGET = 1.03  # DDP, nobody late: auto over the default hook
+RANKS = 4
 
 
 @dataclass(frozen=True)
@@ -50,10 +69,6 @@ class LoopbackRow:
     eager_round_us: float
     graph_round_us: float
     floor_ms: float
-
-
-class Wrong(Exception):
-    """A result differed from the sum: the benchmark stops, since its timings would mean nothing."""
 
 
 def fill(xp: Any, bufs: list[Any]) -> None:
@@ -173,41 +188,148 @@ def _size(size_bytes: int) -> str:
     return f"{size_bytes >> 20} MiB" if size_bytes >= 1 << 20 else f"{size_bytes >> 10} KiB"
 
 
-def gpu() -> tuple[Any, str] | str:
-    """(CuPy, the device's name), or why there is no GPU to run on."""
-    try:
-        import cupy
-    except ImportError:
-        return "cupy is not installed"
-    try:
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            return "CUDA sees no device"
-        name = cupy.cuda.runtime.getDeviceProperties(0)["name"]
-    except Exception as e:  # CuPy's CUDA errors are its own types
-        return f"{type(e).__name__}: {e}".splitlines()[0]
-    return cupy, name.decode() if isinstance(name, bytes) else str(name)
+def p2p(cfg: P2PConfig, world: int, gpus: int) -> dict[str, float]:
+    """Part (b): the slowest rank's median time per variant, and the bare pair's."""
+    per_rank = launch(p2p_rank, world, (cfg,), timeout=cfg.timeout, backend=cfg.backend, gpus=gpus)
+    return slowest(per_rank)
+
+
+def p2p_table(times: dict[str, float], world: int) -> str:
+    """One row per (size, delay, variant): the time, and at no delay the time per round."""
+    rounds = {
+        "paper": prove(synthesize("stragglar", world)).num_rounds,
+        "chunked": prove(synthesize("stragglar", world, chunks=8 * world)).num_rounds,
+    }
+    lines = [
+        "| size | last rank late (ms) | variant | time (ms) | per round (us) |",
+        "|---:|---:|---|---:|---:|",
+    ]
+    pair = times.get("pair", 0.0)
+    best_round = None
+    for name, seconds in times.items():
+        if name == "pair":
+            continue
+        size, delay, variant = name.split("|")
+        kind = next((k for k in rounds if f"stragglar {k}," in variant), None)
+        per_round = seconds / rounds[kind] * 1e6 if kind and float(delay) == 0 else None
+        if per_round is not None and variant.endswith("graph") and int(size) == min(_sizes(times)):
+            best_round = per_round if best_round is None else min(best_round, per_round)
+        shown = f"{per_round:.1f}" if per_round is not None else ""
+        lines.append(
+            f"| {_size(int(size))} | {float(delay) * 1e3:g} | {variant} | {seconds * 1e3:.3f} | {shown} |"
+        )
+    lines.append(f"\nbare send/recv pair, {_size(min(_sizes(times)))}: {pair * 1e6:.1f} us")
+    if best_round is not None and pair > 0:
+        ratio = best_round / pair
+        verdict = "met" if ratio <= ROUND_PAIR_TARGET else "MISSED"
+        lines.append(
+            f"a StragglAR round with graphs: {ratio:.2f}x the pair "
+            f"(target <= {ROUND_PAIR_TARGET:g}x: {verdict})"
+        )
+    return "\n".join(lines)
+
+
+def _sizes(times: dict[str, float]) -> list[int]:
+    return [int(name.split("|")[0]) for name in times if name != "pair"]
+
+
+def ddp(cfg: DDPConfig, world: int, gpus: int, variants: tuple[str, ...]) -> dict[str, Any]:
+    """Part (c): per variant the median step (the slowest rank's) and the largest loss difference
+    from the default hook's, step by step on every rank."""
+    per_rank = launch(
+        ddp_rank,
+        world,
+        (cfg, variants),
+        timeout=cfg.timeout,
+        backend=cfg.backend,
+        gpus=gpus,
+    )
+    out: dict[str, Any] = {}
+    for variant in variants:
+        steps = [max(r[variant][i][0] for r in per_rank) for i in range(len(per_rank[0][variant]))]
+        losses = max(
+            abs(a[1] - b[1]) / max(abs(b[1]), 1e-30)
+            for r in per_rank
+            for a, b in zip(r[variant], r["default hook"], strict=True)
+        )
+        out[variant] = {"median_step_s": statistics.median(steps), "loss_rel_diff": losses}
+    return out
+
+
+def ddp_table(runs: dict[str, dict[str, Any]]) -> str:
+    lines = [
+        "| setting | variant | median step (ms) | vs default hook | loss difference (rel.) |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for setting, variants in runs.items():
+        base = variants["default hook"]["median_step_s"]
+        for variant, figures in variants.items():
+            step, loss = figures["median_step_s"], figures["loss_rel_diff"]
+            lines.append(f"| {setting} | {variant} | {step * 1e3:.1f} | {step / base:.2f}x | {loss:.1e} |")
+    return "\n".join([*lines, "", *ddp_targets(runs)])
+
+
+def ddp_targets(runs: dict[str, dict[str, Any]]) -> list[str]:
+    """``chunks="auto"`` no slower than the paper's chunks (each setting); auto with nobody late
+    within 1.03x the default hook."""
+    out = []
+    for setting, variants in runs.items():
+        ratio = (
+            variants["stragglar (chunks auto)"]["median_step_s"]
+            / variants["stragglar (paper)"]["median_step_s"]
+        )
+        verdict = "met" if ratio <= 1.0 else "MISSED"
+        out.append(f"{setting}: chunks auto takes {ratio:.2f}x the paper's chunks (target <= 1: {verdict})")
+    punctual = runs.get("nobody late")
+    if punctual is not None:
+        ratio = punctual["auto"]["median_step_s"] / punctual["default hook"]["median_step_s"]
+        verdict = "met" if ratio <= AUTO_TARGET else "MISSED"
+        out.append(
+            f"nobody late: auto takes {ratio:.2f}x the default hook (target <= {AUTO_TARGET:g}x: {verdict})"
+        )
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="StragglAR on a GPU: loopback eager against CUDA graphs.")
-    parser.add_argument("--quick", action="store_true", help="N = 8 only, up to 64 MiB")
+    parser = argparse.ArgumentParser(description="StragglAR on a GPU: loopback, NCCL ranks and DDP.")
+    parser.add_argument("--quick", action="store_true", help="fewer settings: N = 8 only, up to 64 MiB")
     parser.add_argument("--iters", type=int, default=5, help="timed calls per setting (median)")
     parser.add_argument("--json", type=Path, metavar="FILE", help="also save the results as JSON")
     args = parser.parse_args(argv)
     if args.iters < 1:
         parser.error("--iters must be at least 1")
-    found = gpu()
-    if isinstance(found, str):
-        print(f"no GPU: {found}")
+    gpus = gpu_count()  # through NVML: no CUDA context here before the ranks are forked
+    if gpus < 1:
+        print("no GPU: torch sees no CUDA device")
         return
-    cupy, device = found
-    sync = cupy.cuda.Device().synchronize
-    ns, sizes = ((8,), QUICK_SIZES) if args.quick else ((4, 8, 16), SIZES)
-    rows = loopback(cupy, sync, ns, sizes, args.iters)
-    print(f"device: {device}\n\n## Loopback (one process, float32), eager against CUDA graphs\n")
-    print(loopback_table(rows))
+    shared = " (sharing GPUs: NCCL's socket transport, ratios indicative)" if gpus < RANKS else ""
+    p2p_cfg = P2PConfig("nccl", (4 << 10, 64 << 20), (0.0, 0.02, 0.1), args.iters)
+    times = p2p(p2p_cfg, RANKS, gpus)
+    print(f"## {RANKS} NCCL ranks on {gpus} GPU(s){shared}: StragglAR against all_reduce\n")
+    print(p2p_table(times, RANKS), flush=True)
+    runs = {}
+    for setting, late in (("nobody late", None), ("rank 3 late 50 ms", 3)):
+        cfg = DDPConfig("nccl", 2048, 12, 8.0, 14 if args.quick else 24, 4, late, 0.05)
+        runs[setting] = ddp(cfg, RANKS, gpus, DDP_VARIANTS)
+    print(f"\n## DDP, {RANKS} NCCL ranks, MLP 12 x 2048, buckets of 8 MB\n")
+    print(ddp_table(runs), flush=True)
+    figures: dict[str, Any] = {"p2p": times, "ddp": runs}
+    if importlib.util.find_spec("cupy") is None:  # last: it makes a CUDA context in this process
+        print("\nloopback not measured: cupy is not installed")
+    else:
+        import cupy
+
+        ns, sizes = ((8,), QUICK_SIZES) if args.quick else ((4, 8, 16), SIZES)
+        rows = loopback(cupy, cupy.cuda.Device().synchronize, ns, sizes, args.iters)
+        print("\n## Loopback (one process, float32), eager against CUDA graphs\n")
+        print(loopback_table(rows))
+        figures["loopback"] = [asdict(r) for r in rows]
+    import torch
+
+    device = torch.cuda.get_device_name(0)
+    print(f"\ndevice: {device}")
     if args.json:
-        save(args.json, {"device": device, "loopback": [asdict(r) for r in rows]})
+        save(args.json, {"device": device, **figures})
 
 
 if __name__ == "__main__":

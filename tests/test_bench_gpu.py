@@ -48,5 +48,36 @@ def test_a_wrong_result_stops_the_benchmark(cuda: FakeCuda) -> None:
     bufs = [np.zeros(10, np.float32) for _ in range(3)]
     bench_gpu.fill(np, bufs)
     bufs[1][7] += 1  # as if a round had lost or misplaced a piece
-    with pytest.raises(bench_gpu.Wrong, match="rank 0 has 10 wrong elements of 10"):
+    from gpu_ranks import Wrong
+
+    with pytest.raises(Wrong, match="rank 0 has 10 wrong elements of 10"):
         bench_gpu.verify(np, bufs, "N=3")
+
+
+def test_the_rank_parts_run_on_gloo_and_check_every_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Parts (b) and (c) with host waits on 2 gloo ranks, tiny: what the GPU run times, checked."""
+    pytest.importorskip("torch")
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import bench_gpu
+    from gpu_ranks import DDPConfig, P2PConfig
+
+    times = bench_gpu.p2p(P2PConfig("gloo", (4096,), (0.0, 0.02), 1, timeout=30), 2, 0)
+    names = [n for n in times if n != "pair"]
+    assert names == [
+        "4096|0.0|stragglar paper, host waits",
+        "4096|0.0|stragglar chunked, host waits",
+        "4096|0.0|gloo all_reduce",
+        "4096|0.02|stragglar paper, host waits",
+        "4096|0.02|stragglar chunked, host waits",
+        "4096|0.02|gloo all_reduce",
+    ]
+    assert all(times[n] >= 0.02 for n in names if "|0.02|" in n)  # the slowest rank waited
+    assert times["pair"] > 0
+    table = bench_gpu.p2p_table(times, 2)
+    assert "| 4 KiB | 20 | stragglar paper, host waits |" in table and "bare send/recv pair, 4 KiB" in table
+    cfg = DDPConfig("gloo", 16, 2, 0.001, 4, 1, 1, 0.01, timeout=30)
+    run = bench_gpu.ddp(cfg, 2, 0, bench_gpu.DDP_VARIANTS)
+    assert set(run) == set(bench_gpu.DDP_VARIANTS)
+    assert all(figures["loss_rel_diff"] < 1e-5 for figures in run.values())  # the same training
+    assert all(figures["median_step_s"] >= 0.01 for figures in run.values())  # rank 1 came late
+    assert "nobody late" not in bench_gpu.ddp_table({"rank 1 late": run})

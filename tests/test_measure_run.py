@@ -491,3 +491,29 @@ def test_nccl_without_torch_says_to_install_a_cuda_build(monkeypatch: pytest.Mon
     assert str(info.value).startswith(
         "the nccl backend needs torch: pip install 'stragglar[torch]' after installing a CUDA build"
     )
+
+
+def test_no_graphs_reaches_the_nccl_ranks_and_graphs_stay_on_by_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    gpus_seen(monkeypatch, 1)
+    asked = fake_nccl_figures(monkeypatch)
+    args = ["run", "--backend", "nccl", "--gpus", "4", "--size", "4KiB", "--iters", "1"]
+    assert run(*args).exit_code == 0 and asked["graphs"] is None
+    assert run(*args, "--no-graphs").exit_code == 0 and asked["graphs"] is False
+    bench = ["bench", "--backend", "nccl", "--gpus", "2", "--sizes", "4KiB", "--delays", "0", "--iters", "1"]
+    assert run(*bench, "--no-graphs").exit_code == 0 and asked["graphs"] is False
+
+
+@pytest.mark.parametrize("backend", ["local", "torch"])
+def test_graphs_apply_to_the_nccl_and_cupy_backends_only(backend: str) -> None:
+    message = (
+        f"--no-graphs does not apply: CUDA graphs replay the nccl and cupy backends' rounds, not {backend}'s"
+    )
+    assert (
+        one_error_line(run("run", "--backend", backend, "--gpus", "2", "--no-graphs")) == f"Error: {message}"
+    )
+    with pytest.raises(InputError, match=f"^graphs applies to the nccl and cupy backends, not {backend}$"):
+        run_benchmark(backend, 2, 64, graphs=False)
+    with pytest.raises(TypeError, match=r"^graphs must be True or False, got 'off'$"):
+        run_benchmark("nccl", 2, 64, graphs="off")  # type: ignore[arg-type]

@@ -30,6 +30,7 @@ from stragglar.commands.terminal import echo, progress_bar
 from stragglar.errors import InputError, quoted
 from stragglar.measure.run import (
     BACKENDS,
+    GRAPH_BACKENDS,
     IN_PROCESS_BACKENDS,
     MAX_ITERS,
     BenchmarkResult,
@@ -55,6 +56,13 @@ LINK_RATE = click.option(
 BACKEND_HELP = (
     "local: NumPy, all ranks in one process; torch: gloo ranks on the CPU; nccl: torch ranks on NCCL, "
     "rank r on GPU r mod the GPU count; cupy: CuPy, all ranks in one process on one GPU."
+)
+
+NO_GRAPHS = click.option(
+    "--no-graphs",
+    is_flag=True,
+    help="nccl and cupy backends: launch every round's kernels eagerly each iteration instead of "
+    "replaying them from a CUDA graph (captured on the second call).",
 )
 
 PEER_TIMEOUT = click.option(
@@ -91,6 +99,7 @@ PEER_TIMEOUT = click.option(
 @click.option("--iters", type=click.IntRange(1, MAX_ITERS), default=5, show_default=True)
 @PEER_TIMEOUT
 @LINK_RATE
+@NO_GRAPHS
 def run(
     backend: str,
     num_gpus: int | None,
@@ -104,6 +113,7 @@ def run(
     iters: int,
     timeout: float,
     link_rate: float | None,
+    no_graphs: bool,
 ) -> None:
     """Run a schedule on real data and compare it with the engine's own AllReduce.
 
@@ -148,6 +158,7 @@ def run(
             timeout=timeout,
             link_rate=link_rate,
             tick=bar.tick,
+            graphs=False if no_graphs else None,
         )
     echo(result.report())
 
@@ -175,6 +186,7 @@ def run(
 @click.option("--iters", type=click.IntRange(1, MAX_ITERS), default=5, show_default=True)
 @PEER_TIMEOUT
 @LINK_RATE
+@NO_GRAPHS
 @click.option(
     "--json",
     "json_file",
@@ -192,6 +204,7 @@ def bench(
     iters: int,
     timeout: float,
     link_rate: float | None,
+    no_graphs: bool,
     json_file: Path | None,
 ) -> None:
     """Measure a grid of settings against the engine's own AllReduce.
@@ -232,6 +245,7 @@ def bench(
             progress=finished,
             link_rate=link_rate,
             tick=bar.tick,
+            graphs=False if no_graphs else None,
         )
     json_on_stdout = to_stdout(json_file)
     echo(result.table(), err=json_on_stdout)
@@ -250,14 +264,17 @@ def _priced_network(link_rate: float | None) -> tuple[Network, str]:
 
 
 def _refuse_inapplicable(backend: str) -> None:
-    """--timeout bounds the waits of ranks that are processes (torch, nccl); --link-rate paces
-    gloo's sockets (torch), which NCCL's ranks do not use (their data moves over NVLink or PCIe,
+    """--timeout bounds the waits of ranks that are processes (torch, nccl); --no-graphs applies where
+    CUDA graphs replay rounds (nccl, cupy); --link-rate paces gloo's sockets (torch), which NCCL's
+    ranks do not use (their data moves over NVLink or PCIe,
     or NCCL's own sockets where ranks share a GPU, which it cannot pace)."""
     if backend in IN_PROCESS_BACKENDS:
         why = f"it bounds the waits of ranks in processes of their own (torch, nccl), not --backend {backend}"
         refuse_given(["timeout"], why)
     if backend != "torch":
         refuse_given(["link_rate"], f"it paces the torch backend's gloo sockets, not --backend {backend}")
+    if backend not in GRAPH_BACKENDS:
+        refuse_given(["no_graphs"], f"CUDA graphs replay the nccl and cupy backends' rounds, not {backend}'s")
 
 
 def _rank_counts(text: str) -> list[int]:

@@ -19,15 +19,14 @@ from typing import Any
 import numpy as np
 
 from stragglar.args import MAX_DELAY, as_int, as_rank, as_seconds
-from stragglar.errors import InputError, described
+from stragglar.errors import ArgumentError, InputError, described
 from stragglar.measure.data import ITEMSIZE, check, expected, payload
 from stragglar.measure.gpus import check_cuda, sharing_note
 from stragglar.measure.links import check_link_rate, paced_to
 from stragglar.measure.timing import Figures, Series, iteration_figures, turn
 from stragglar.model import schedule_name
-from stragglar.runtime import plan_for
 from stragglar.runtime.engine import DTYPES
-from stragglar.runtime.local import run_local
+from stragglar.runtime.local import allreduce_local
 from stragglar.schedule import MAX_RANKS
 from stragglar.synth import check_request, synthesize
 from stragglar.units import count_of, format_bytes
@@ -35,17 +34,20 @@ from stragglar.verify import Proof, prove, require_proof
 
 __all__ = [
     "BACKENDS",
+    "GRAPH_BACKENDS",
     "IN_PROCESS_BACKENDS",
     "MAX_RUN_CELLS",
     "BenchmarkResult",
     "Variant",
     "check_backend",
     "check_dtype",
+    "check_graphs",
     "check_run_size",
     "run_benchmark",
 ]
 
 BACKENDS = ("local", "torch", "nccl", "cupy")
+GRAPH_BACKENDS = ("nccl", "cupy")  # whose rounds replay from CUDA graphs (after their first call)
 IN_PROCESS_BACKENDS = ("local", "cupy")  # all ranks in one process; the others start one per rank
 IN_ONE_PROCESS = (  # what the ratios of the in-process backends mean: their baseline is no collective
     "note: in one process, against summing the buffers directly, these ratios check the schedule's "
@@ -202,6 +204,7 @@ def run_benchmark(
     timeout: float = 60.0,
     link_rate: float | None = None,
     tick: Callable[[], None] | None = None,
+    graphs: bool | None = None,
 ) -> BenchmarkResult:
     """Run the proved schedule (default: ``algorithm`` synthesized for ``num_ranks`` and proved)
     ``warmup + iters`` times on ``backend`` and the engine's all_reduce as often, checking every
@@ -231,6 +234,7 @@ def run_benchmark(
     :class:`~stragglar.measure.data.WrongResult` for a wrong result, and
     :class:`~stragglar.measure.launch.LaunchError` when a rank fails.
     """
+    check_graphs(backend, graphs)
     gpus = check_backend(backend)
     check_dtype(backend, dtype)
     num_ranks = as_int(num_ranks, "num_ranks")
@@ -293,9 +297,12 @@ def run_benchmark(
             tick=tick,
             engine=_ENGINES[backend],
             gpus=gpus or 0,
+            graphs=graphs,
         )
     else:
-        figures = _in_process(backend, proofs, num_ranks, count, dtype, delay, iters, warmup, late_rank, tick)
+        figures = _in_process(
+            backend, proofs, num_ranks, count, dtype, delay, iters, warmup, late_rank, tick, graphs
+        )
     variants = tuple(
         Variant(schedule_name(p.schedule), p.schedule.num_chunks, series.times, series.hidden)
         for p, series in zip(proofs, figures.schedules, strict=True)
@@ -313,6 +320,17 @@ def run_benchmark(
         link_rate,
         gpus,
     )
+
+
+def check_graphs(backend: str, graphs: bool | None) -> None:
+    """``graphs`` (None: the default, on where it applies) is for the backends whose rounds a CUDA
+    graph can replay: the nccl ranks' stream-ordered rounds and the cupy loopback."""
+    if graphs is None:
+        return
+    if not isinstance(graphs, bool):
+        raise ArgumentError(f"graphs must be True or False, got {described(graphs)}")
+    if backend not in GRAPH_BACKENDS:
+        raise InputError(f"graphs applies to the {' and '.join(GRAPH_BACKENDS)} backends, not {backend}")
 
 
 def check_backend(backend: str) -> int | None:
@@ -399,11 +417,11 @@ def _in_process(
     warmup: int,
     late_rank: int,
     tick: Callable[[], None] | None,
+    graphs: bool | None,
 ) -> Figures:
     xp, sync, host = _array_module(backend)
     inputs = [xp.asarray(payload(r, count, n, dtype).astype(dtype)) for r in range(n)]
     want = expected(count, n, dtype)
-    plans = [[plan_for(p, r, count) for r in range(n)] for p in proofs]
     bufs = [x.copy() for x in inputs]
     times: list[list[float]] = [[] for _ in proofs]
     hidden: list[list[float]] = [[] for _ in proofs]
@@ -415,7 +433,7 @@ def _in_process(
             sync()
             if entry < len(proofs):
                 schedule = proofs[entry].schedule
-                timelines = run_local(bufs, plans[entry], delay, sync, late_rank)
+                timelines = allreduce_local(bufs, proofs[entry], delay, late_rank=late_rank, graphs=graphs)
                 total, done = iteration_figures(schedule, timelines)
                 what = schedule_name(schedule)
                 if it >= warmup:

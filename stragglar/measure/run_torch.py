@@ -60,6 +60,7 @@ def torch_figures(
     tick: Callable[[], None] | None = None,
     engine: str = "gloo",
     gpus: int = 0,
+    graphs: bool | None = None,
 ) -> Figures:
     """Run the ranks once; per iteration, the slowest rank's time for each schedule and for
     all_reduce, in the rotating order of :func:`~stragglar.measure.timing.turn`.
@@ -68,9 +69,10 @@ def torch_figures(
     may go without reporting progress.  ``link_rate`` (bytes per second, gloo only): every rank's
     sockets paced to it (:mod:`stragglar.measure.links`), links of their own as the cost model
     assumes.  ``tick``: called from the launcher's loop while the ranks run (:func:`.launch.launch`).
-    ``engine``: ``"gloo"`` or ``"nccl"`` (ranks placed on ``gpus`` GPUs)."""
+    ``engine``: ``"gloo"`` or ``"nccl"`` (ranks placed on ``gpus`` GPUs; ``graphs=False``: their
+    stream-ordered rounds launched eagerly every call, not replayed from CUDA graphs)."""
     want = expected(count, num_ranks, dtype)  # once, before the fork: the ranks share its pages
-    args = (proofs, count, dtype, want, delay, iters + warmup, timeout, late_rank, link_rate)
+    args = (proofs, count, dtype, want, delay, iters + warmup, timeout, late_rank, link_rate, graphs)
     per_rank = launch(
         _rank,
         num_ranks,
@@ -105,6 +107,7 @@ def _rank(
     timeout: float,
     late_rank: int,
     link_rate: float | None,
+    graphs: bool | None,
 ) -> tuple[list[list[Timeline]], list[float]]:
     torch.set_num_threads(1)  # n ranks share the host's cores
     if link_rate is not None:
@@ -131,6 +134,7 @@ def _rank(
                     timeout=timeout,
                     late_rank=late_rank,
                     stream_ordered=on_gpu,
+                    graphs=graphs if on_gpu else None,
                 )
                 if on_gpu:  # the rounds were queued: the rank is done when its stream is
                     done = _stream_done(rank, timeout + delay, f"running {what} in iteration {it}")

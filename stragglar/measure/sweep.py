@@ -38,6 +38,7 @@ from stragglar.measure.run import (
     IN_PROCESS_BACKENDS,
     BenchmarkResult,
     check_backend,
+    check_graphs,
     check_run_size,
     run_benchmark,
 )
@@ -199,14 +200,17 @@ def sweep(
     progress: Callable[[BenchmarkResult], None] | None = None,
     link_rate: float | None = None,
     tick: Callable[[], None] | None = None,
+    graphs: bool | None = None,
 ) -> SweepResult:
     """Measure every (ranks, size in bytes, delay in seconds) setting; see the module docstring.
 
     Every chunk count is chosen, and its schedule synthesized, before the first measurement, so
     that a count the schedules cannot have fails at once, not after part of the grid has run.
     ``link_rate``: every rank's sockets paced to it, and ``tick``: called while a setting runs,
-    as in :func:`~stragglar.measure.run.run_benchmark`; ``progress``: called after each setting.
+    and ``graphs``, as in :func:`~stragglar.measure.run.run_benchmark`; ``progress``: called after
+    each setting.
     """
+    check_graphs(backend, graphs)
     check_backend(backend)  # a backend that cannot run here, before any schedule is made
     if not gpus or not sizes or not delays:
         raise InputError("need at least one rank count, size and delay")
@@ -237,6 +241,7 @@ def sweep(
             timeout=timeout,
             link_rate=link_rate,
             tick=tick,
+            graphs=graphs,
         )
         results[key] = r
         if progress is not None:

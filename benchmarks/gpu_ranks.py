@@ -1,0 +1,229 @@
+"""bench_gpu.py's parts with ranks in processes: StragglAR against NCCL's all_reduce, and DDP.
+
+Both run on ``launch``'s fork-started ranks.  On NCCL (the GPU run) every rank is placed on a GPU
+(``placement``; 4 ranks on one GPU talk over NCCL's socket transport, so ratios are indicative,
+see ../shared/docs/gpu-notes.md); the same code runs on gloo and the CPU for the tests, with host
+waits instead of stream-ordered rounds and no graphs.  Every timed call's result is checked on
+every rank, and a step's time is the slowest rank's (the launcher takes the maximum per call).
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from stragglar.runtime import allreduce
+from stragglar.synth import synthesize
+from stragglar.verify import Proof, prove
+
+PERIOD = 4093  # as bench_gpu's loopback: values repeat with a prime period
+
+
+@dataclass(frozen=True)
+class P2PConfig:
+    backend: str
+    sizes: tuple[int, ...]  # bytes per rank
+    delays: tuple[float, ...]  # seconds the last rank is late
+    iters: int
+    timeout: float = 120.0
+
+
+@dataclass(frozen=True)
+class DDPConfig:
+    backend: str
+    width: int
+    depth: int
+    bucket_mb: float
+    steps: int
+    warmup: int
+    late_rank: int | None
+    delay: float
+    timeout: float = 120.0
+
+
+def device_of(backend: str) -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def fill(buf: torch.Tensor, rank: int, world: int) -> None:
+    """Rank r's element i is ``(i mod PERIOD) * world + r``: exact float32 sums."""
+    torch.remainder(torch.arange(buf.numel(), device=buf.device, dtype=torch.float32), PERIOD, out=buf)
+    buf.mul_(world).add_(rank)
+
+
+def summed(count: int, world: int, device: torch.device) -> torch.Tensor:
+    want = torch.remainder(torch.arange(count, device=device, dtype=torch.float32), PERIOD)
+    return want.mul_(world * world).add_(world * (world - 1) // 2)
+
+
+class Wrong(Exception):
+    """A result differed from the sum: its timing would mean nothing."""
+
+
+def p2p_rank(rank: int, world: int, cfg: P2PConfig) -> dict[str, list[float]]:
+    """Per variant ("size|delay|name"), this rank's time of each timed call (seconds)."""
+    device = device_of(cfg.backend)
+    proofs = {"paper": prove(synthesize("stragglar", world))}
+    proofs["chunked"] = prove(synthesize("stragglar", world, chunks=8 * world))
+    times: dict[str, list[float]] = {}
+    for size in cfg.sizes:
+        buf = torch.empty(size // 4, dtype=torch.float32, device=device)
+        want = summed(buf.numel(), world, device)
+        for delay in cfg.delays:
+            for name, call in _variants(buf, proofs, rank, world, delay, cfg).items():
+                times[f"{size}|{delay}|{name}"] = _timed(call, buf, want, rank, world, cfg.iters, device)
+    times["pair"] = _pair(rank, world, min(cfg.sizes), cfg.iters, device)
+    return times
+
+
+def _variants(
+    buf: torch.Tensor, proofs: dict[str, Proof], rank: int, world: int, delay: float, cfg: P2PConfig
+) -> dict[str, Callable[[], object]]:
+    """The calls to time with the last rank ``delay`` s late: StragglAR per schedule (on NCCL
+    stream-ordered, eager and from graphs; on gloo with host waits) and the engine's all_reduce."""
+    ordered, late = cfg.backend == "nccl", world - 1
+    calls: dict[str, Callable[[], object]] = {}
+    for label, proof in proofs.items():
+        for graphs in (False, True) if ordered else (None,):
+            mode = {None: "host waits", False: "eager", True: "graph"}[graphs]
+            calls[f"stragglar {label}, {mode}"] = functools.partial(
+                allreduce, buf, proof, straggler_delay=delay, timeout=cfg.timeout, late_rank=late,
+                stream_ordered=ordered, graphs=graphs,
+            )  # fmt: skip
+
+    def all_reduce() -> None:
+        if rank == late:
+            time.sleep(delay)
+        dist.all_reduce(buf)
+
+    calls[f"{'NCCL' if ordered else 'gloo'} all_reduce"] = all_reduce
+    return calls
+
+
+def _timed(
+    call: Callable[[], object],
+    buf: torch.Tensor,
+    want: torch.Tensor,
+    rank: int,
+    world: int,
+    iters: int,
+    device: torch.device,
+) -> list[float]:
+    """``iters`` timed calls after two untimed ones (a graph is captured on the second), each on
+    fresh data, started together (a barrier) and checked."""
+    out = []
+    for i in range(iters + 2):
+        fill(buf, rank, world)
+        sync(device)
+        dist.barrier()
+        start = time.perf_counter()
+        call()
+        sync(device)
+        if i >= 2:
+            out.append(time.perf_counter() - start)
+        if not torch.equal(buf, want):
+            wrong = int((buf != want).sum())
+            raise Wrong(f"rank {rank} has {wrong} wrong elements of {buf.numel()}")
+    return out
+
+
+def _pair(rank: int, world: int, size: int, iters: int, device: torch.device) -> list[float]:
+    """A bare send/recv pair of ``size`` bytes between ranks 2k and 2k+1 (what a StragglAR round
+    moves per rank), each rank checking what it received."""
+    peer = rank ^ 1
+    if peer >= world:
+        return []
+    send = torch.full((size // 4,), float(rank), device=device)
+    recv = torch.empty_like(send)
+    out = []
+    for i in range(iters + 2):
+        sync(device)
+        dist.barrier()
+        start = time.perf_counter()
+        works: list[Any]
+        if device.type == "cuda":  # one NCCL group: a send after a receive would queue behind it
+            ops = [dist.P2POp(dist.irecv, recv, peer), dist.P2POp(dist.isend, send, peer)]
+            works = list(dist.batch_isend_irecv(ops))
+        else:  # gloo: the receive posted first, as the runtime's transport does
+            works = [dist.irecv(recv, peer), dist.isend(send, peer)]
+        for work in works:
+            work.wait()
+        sync(device)
+        if i >= 2:
+            out.append(time.perf_counter() - start)
+        if not bool((recv == peer).all()):
+            raise Wrong(f"rank {rank} received wrong values from rank {peer}")
+    return out
+
+
+def slowest(per_rank: Sequence[dict[str, list[float]]]) -> dict[str, float]:
+    """Per variant, the median over calls of the slowest rank's time (seconds)."""
+    out = {}
+    for name in per_rank[0]:
+        calls = [r[name] for r in per_rank if r[name]]
+        out[name] = statistics.median(max(c) for c in zip(*calls, strict=True)) if calls else 0.0
+    return out
+
+
+def ddp_rank(rank: int, world: int, cfg: DDPConfig, variants: Sequence[str]) -> dict[str, list[list[float]]]:
+    """Per variant, per step: this rank's step time (s) and loss."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from stragglar.ddp import StragglarState, stragglar_hook
+    from stragglar.model import PAPER_NETWORK
+
+    device = device_of(cfg.backend)
+    ids = [device] if device.type == "cuda" else None
+    teacher = torch.randn(cfg.width, cfg.width, generator=torch.Generator().manual_seed(1)).to(device)
+    out: dict[str, list[list[float]]] = {}
+    for variant in variants:
+        torch.manual_seed(0)  # the same weights for every variant
+        model = DDP(_mlp(cfg.width, cfg.depth).to(device), device_ids=ids, bucket_cap_mb=cfg.bucket_mb)
+        state: Any = {
+            "default hook": None,
+            "stragglar (paper)": StragglarState(policy="stragglar", timeout=cfg.timeout),
+            "stragglar (chunks auto)": StragglarState(
+                policy="stragglar", chunks="auto", network=PAPER_NETWORK, timeout=cfg.timeout
+            ),
+            "auto": StragglarState(policy="auto", chunks="auto", timeout=cfg.timeout),
+        }[variant]
+        if state is not None:
+            model.register_comm_hook(state, stragglar_hook)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+        rows = []
+        for step in range(cfg.steps):
+            data = torch.Generator().manual_seed(1000 * step + rank)
+            x = torch.randn(32, cfg.width, generator=data).to(device)
+            y = torch.tanh(x @ teacher / cfg.width**0.5)
+            sync(device)
+            dist.barrier()
+            start = time.perf_counter()
+            if rank == cfg.late_rank:
+                time.sleep(cfg.delay)
+            loss = (model(x) - y).square().mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            sync(device)
+            rows.append([time.perf_counter() - start, float(loss.item())])
+        out[variant] = rows[cfg.warmup :]
+    return out
+
+
+def _mlp(width: int, depth: int) -> torch.nn.Sequential:
+    layers: list[torch.nn.Module] = []
+    for _ in range(depth - 1):
+        layers += [torch.nn.Linear(width, width), torch.nn.GELU()]
+    return torch.nn.Sequential(*layers, torch.nn.Linear(width, width))
