@@ -53,6 +53,7 @@ class LateRankProbe:
         self.world_size = world_size
         self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout))  # CPU, own sockets
         self.late: collections.deque[tuple[float, ...]] = collections.deque(maxlen=window)
+        self.waits: tuple[float, ...] = ()  # every rank's wait at the step whose figures arrived last
         self.samples = {kind: collections.deque[Timing](maxlen=SAMPLES) for kind in KINDS[1:]}
         self._wait: float | None = None  # this rank's wait at the last step whose gather completed
         self._timings: list[tuple[str, int, int, Stopwatch]] = []
@@ -96,6 +97,7 @@ class LateRankProbe:
         if figures is None:
             return False
         late, samples = figures
+        self.waits = tuple(row[1] for row in rows)
         self.late.append(late)
         for kind, size, chunks, seconds in samples:
             self.samples[kind].append((size, chunks, seconds))

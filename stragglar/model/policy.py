@@ -39,14 +39,19 @@ import dataclasses
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from functools import lru_cache
+from typing import TypeVar
 
 from stragglar.model.chunks import AUTO, resolve_chunks
 from stragglar.model.cost import Network, critical_delay, estimate
 from stragglar.model.predict import generated_profile
 
 __all__ = [
+    "AUTO_WINDOW",
     "POLICIES",
+    "PROBE_LAG",
+    "SHARE",
     "AutoPolicy",
     "Choice",
     "Outlook",
@@ -68,6 +73,10 @@ ALLREDUCE = "allreduce"
 POLICIES = (STRAGGLAR, "auto")  # the DDP hook's: StragglAR for every bucket, or the cost model's choice
 RUNS = 3  # timings of one size before the fits trust it
 MARGIN = 0.05  # the share of a Ring's exposed time StragglAR must be expected to save
+AUTO_WINDOW = 4  # steps whose median lateness the auto policy judges, unless told otherwise
+SHARE = 0.75  # of a window of steps a rank must be last in to be a persistent straggler
+PROBE_LAG = 2  # the figures of step s are known at step s + 2 (:class:`~stragglar.ddp.probe.LateRankProbe`)
+_Time = TypeVar("_Time", float, Fraction)
 
 Timing = tuple[int, int, float]
 """A bucket's reduction, as gathered: (bytes, chunks, seconds); chunks is the schedule's chunk
@@ -115,8 +124,10 @@ def persistent_late_rank(history: Sequence[int], window: int, share: float) -> i
     return rank if count >= share * window else None
 
 
-def latenesses(waits: Sequence[float]) -> tuple[float, ...]:
-    """Each rank's lateness at one step, from every rank's wait (at least two ranks).
+def latenesses(waits: Sequence[_Time]) -> tuple[_Time, ...]:
+    """Each rank's lateness at one step, from every rank's wait (at least two ranks); exact for
+    exact waits (a replay of a trace computes them in fractions, then rounds each once, as the
+    probe's float subtraction does).
 
     >>> [round(x, 3) for x in latenesses([0.030, 0.001, 0.031, 0.029])]
     [-0.029, 0.028, -0.03, -0.028]
