@@ -280,7 +280,7 @@ def whatif_figure(groups: Sequence[tuple[str, GroupReplay]]) -> Figure:
     for column, (name, result) in enumerate(groups):
         late, priced = panels[0][column], panels[1][column]
         steps = [s.step for s in result.steps]
-        lateness = [s.late[s.last] * 1e3 for s in result.steps]
+        lateness = [max(s.late) * 1e3 for s in result.steps]
         late.plot(steps, lateness, color="grey", linewidth=1, label="the last rank's lateness")
         chosen = [(s.step, x) for s, x in zip(result.steps, lateness, strict=True) if s.chose_stragglar]
         if chosen:

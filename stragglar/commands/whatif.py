@@ -197,7 +197,8 @@ def _group_lines(group: Group, result: GroupReplay, named: bool, per_step: bool)
         for s in result.steps:
             chose = ", ".join(_choice(c) for c in dict.fromkeys(s.choices))
             figures = "  ".join(f"{format_seconds(s.predicted[a]):>16}" for a in ALGORITHMS)
-            lines.append(f"    {s.step:>4}  {s.last:>4}  {_signed(s.late[s.last]):>9}    {figures}  {chose}")
+            who = "-" if s.last is None else str(s.last)
+            lines.append(f"    {s.step:>4}  {who:>4}  {_signed(max(s.late)):>9}    {figures}  {chose}")
     return lines
 
 

@@ -61,6 +61,7 @@ __all__ = [
     "cost_ratio",
     "critical_delay_for",
     "fit_network",
+    "last_rank",
     "latenesses",
     "medians",
     "outlook",
@@ -109,8 +110,9 @@ class Outlook:
     ours: Network | None
 
 
-def persistent_late_rank(history: Sequence[int], window: int, share: float) -> int | None:
-    """The rank that arrived last in at least ``share`` of the last ``window`` steps, if any.
+def persistent_late_rank(history: Sequence[int | None], window: int, share: float) -> int | None:
+    """The rank that arrived last in at least ``share`` of the last ``window`` steps, if any
+    (``history``: each step's :func:`last_rank`; a step with nobody last counts for no rank).
 
     >>> persistent_late_rank([2, 2, 1, 2], window=4, share=0.75)
     2
@@ -120,8 +122,22 @@ def persistent_late_rank(history: Sequence[int], window: int, share: float) -> i
     recent = list(history)[-window:]
     if len(recent) < window:
         return None
-    rank, count = collections.Counter(recent).most_common(1)[0]
+    counts = collections.Counter(rank for rank in recent if rank is not None)
+    if not counts:
+        return None
+    rank, count = counts.most_common(1)[0]
     return rank if count >= share * window else None
+
+
+def last_rank(late: Sequence[float]) -> int | None:
+    """The rank that arrived after every other at one step, from its :func:`latenesses`; None
+    where two or more tie for last (a trace's clock too coarse to tell them apart): nobody was late.
+
+    >>> last_rank([-0.03, 0.01, -0.02]), last_rank([0.0, -0.01, 0.0])
+    (1, None)
+    """
+    latest = max(range(len(late)), key=late.__getitem__)
+    return latest if late[latest] > 0 else None
 
 
 def latenesses(waits: Sequence[_Time]) -> tuple[_Time, ...]:

@@ -45,7 +45,9 @@ from stragglar.model.policy import (
     Choice,
     choose,
     chunk_count,
+    last_rank,
     latenesses,
+    outlook,
     persistent_late_rank,
 )
 from stragglar.model.predict import generated_profile
@@ -74,12 +76,13 @@ class Setting:
 
 @dataclass(frozen=True)
 class StepReplay:
-    """One step: each rank's lateness (seconds), the rank last in, the auto policy's choice per
-    bucket, and each algorithm's predicted time from the first arrival, summed over the buckets."""
+    """One step: each rank's lateness (seconds), the rank last in (None: a tie, nobody late), the
+    auto policy's choice per bucket, and each algorithm's predicted time from the first arrival,
+    summed over the buckets."""
 
     step: int
     late: tuple[float, ...]
-    last: int
+    last: int | None
     choices: tuple[Choice, ...]
     predicted: dict[str, float]
 
@@ -128,9 +131,10 @@ def replay(times: Sequence[Sequence[Fraction]], steps: Sequence[int], setting: S
     collective (seconds, exact; steps in order, at least two ranks)."""
     n = len(times[0])
     late = [_late(row) for row in times]
-    last = [max(range(n), key=step.__getitem__) for step in late]
+    last = [last_rank(step) for step in late]
+    latest = [max(range(n), key=step.__getitem__) for step in late]  # a tie's first: for Ring's start
     found = _found(last, steps, setting)
-    straggler = found[-1][1] if found else min(Counter(last).most_common(), key=lambda c: (-c[1], c[0]))[0]
+    straggler = found[-1][1] if found else _most_often_last(last, late)
     typical = statistics.median(step[straggler] for step in late)
     network = setting.network
     chunks = tuple(chunk_count(n, size, typical, network, AUTO) for size in setting.buckets)
@@ -156,11 +160,11 @@ def replay(times: Sequence[Sequence[Fraction]], steps: Sequence[int], setting: S
                 previous = choice
                 decisions.append((step, choice.algorithm, choice.straggler, choice.chunks))
             choices.append(choice)
-            predicted[RING] += _priced(ring, seconds, last[i], size, network)
+            predicted[RING] += _priced(ring, seconds, latest[i], size, network)
             predicted[STRAGGLAR] += _priced(paper, seconds, straggler, size, network)
             predicted[CHUNKED] += _priced(chunked[b], seconds, straggler, size, network)
             if choice.straggler is None:
-                predicted[AUTO_POLICY] += _priced(ring, seconds, last[i], size, network)
+                predicted[AUTO_POLICY] += _priced(ring, seconds, latest[i], size, network)
             else:
                 ours = generated_profile(STRAGGLAR, n, choice.chunks)
                 predicted[AUTO_POLICY] += _priced(ours, seconds, choice.straggler, size, network)
@@ -176,11 +180,22 @@ def _late(times: Sequence[Fraction]) -> tuple[float, ...]:
     return tuple(float(x) for x in latenesses([latest - t for t in times]))
 
 
-def _found(last: Sequence[int], steps: Sequence[int], setting: Setting) -> tuple[tuple[int, int], ...]:
+def _most_often_last(last: Sequence[int | None], late: Sequence[Sequence[float]]) -> int:
+    """The rank last at the most steps (the lowest on a tie); where nobody ever was, the rank
+    the auto policy would expect last over the whole trace (:func:`~stragglar.model.policy.outlook`)."""
+    counts = Counter(rank for rank in last if rank is not None)
+    if counts:
+        return min(counts, key=lambda rank: (-counts[rank], rank))
+    whole = outlook(late, len(late), None, None, None)
+    assert whole is not None  # a window of every step is full
+    return whole.candidate
+
+
+def _found(last: Sequence[int | None], steps: Sequence[int], setting: Setting) -> tuple[tuple[int, int], ...]:
     """The persistent stragglers the hook's ``detect`` rule finds, as (step, rank): at each step
     the rule judges the last ranks since its last find, a new window after each."""
     found: list[tuple[int, int]] = []
-    since: list[int] = []
+    since: list[int | None] = []
     for step, rank in zip(steps, last, strict=True):
         since.append(rank)
         named = persistent_late_rank(since, setting.window, setting.share)
