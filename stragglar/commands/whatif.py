@@ -164,6 +164,13 @@ def _signed(seconds: float) -> str:
     return f"-{format_seconds(-seconds)}" if seconds < 0 else format_seconds(seconds)
 
 
+def _saving(saved: float, ring: float) -> str:
+    """``saves 4.6 ms (2.0%)``, or ``costs 3.1 ms more (3.2%)``."""
+    if saved >= 0:
+        return f"saves {format_seconds(saved)} ({saved / ring:.1%})"
+    return f"costs {format_seconds(-saved)} more ({-saved / ring:.1%})"
+
+
 def _group_lines(group: Group, result: GroupReplay, named: bool, per_step: bool) -> list[str]:
     steps = len(result.steps)
     title = f"group {quoted(group.name)}" if named else "the trace"
@@ -171,7 +178,9 @@ def _group_lines(group: Group, result: GroupReplay, named: bool, per_step: bool)
     last = sum(s.last == result.straggler for s in result.steps)
     share = f"last at {last:,} of {steps:,} steps ({result.last_share:.0%})"
     if result.found:
-        finds = ", ".join(f"{_rank(group, r)} from step {s}" for s, r in result.found)
+        finds = ", ".join(f"{_rank(group, r)} from step {s}" for s, r in result.found[:4])
+        if len(result.found) > 4:
+            finds += f" and {len(result.found) - 4} more finds"
         lines.append(f"  persistent straggler: {finds}; {_rank(group, result.straggler)} {share}")
     else:
         most = _rank(group, result.straggler)
@@ -185,7 +194,7 @@ def _group_lines(group: Group, result: GroupReplay, named: bool, per_step: bool)
     for algorithm in ALGORITHMS:
         total = result.total(algorithm)
         saved = ring - total
-        saving = "" if algorithm == "ring" else f"   saves {_signed(saved)} ({saved / ring:.1%})"
+        saving = "" if algorithm == "ring" else f"   {_saving(saved, ring)}"
         lines.append(
             f"    {_algorithm_name(algorithm, result):<34} {format_seconds(total / steps):>10} "
             f"{format_seconds(total):>10}{saving}"
