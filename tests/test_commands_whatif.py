@@ -4,6 +4,7 @@ saved; bad input one line and exit 2; it runs without torch."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -79,11 +80,23 @@ def test_two_groups_with_different_stragglers_are_replayed_apart(tmp_path: Path)
     assert a["savings"]["auto"] > 0 and document["buckets"] == [12_000_000]
 
 
-def test_the_readme_example_runs_and_finds_stage_0s_straggler() -> None:
-    result = run(str(EXAMPLE), *EXAMPLE_OPTIONS)
+def test_the_readme_example_is_real_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    readme = (EXAMPLE.parents[2] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Would StragglAR help my job?", 1)[1]
+    block = re.search(r"```text\n\$ (.*?)```", section, re.DOTALL)
+    assert block is not None
+    lines = block[1].split("\n")
+    ends = next(i for i, line in enumerate(lines) if not line.endswith("\\"))  # the command's last line
+    args = " ".join(line.rstrip("\\") for line in lines[: ends + 1]).split()
+    shown = "\n".join(lines[ends + 1 :])
+    assert args[:3] == ["stragglar", "whatif", "examples/traces/two_stages.csv"]
+    assert sorted(args[3:]) == sorted(EXAMPLE_OPTIONS)
+    monkeypatch.chdir(EXAMPLE.parents[2])
+    result = CliRunner().invoke(cli, args[1:])
     assert result.exit_code == 0, result.output
-    assert "group '0': 4 ranks, 30 steps\n  persistent straggler: rank 2 from step 8;" in result.output
-    assert "group '1': 4 ranks, 30 steps\n  persistent straggler: none;" in result.output
+    assert result.output == shown
+    assert "group '0': 4 ranks, 30 steps\n  persistent straggler: rank 2 from step 8;" in shown
+    assert "group '1': 4 ranks, 30 steps\n  persistent straggler: none;" in shown
 
 
 def test_steps_prints_a_line_per_step_and_plot_draws(tmp_path: Path) -> None:
