@@ -99,6 +99,13 @@ def test_the_readme_example_is_real_output(monkeypatch: pytest.MonkeyPatch) -> N
     assert "group '1': 4 ranks, 30 steps\n  persistent straggler: none;" in shown
 
 
+def test_json_to_standard_output_is_the_document_alone(tmp_path: Path) -> None:
+    result = run(str(two_groups(tmp_path)), "--group-col", "group", "--time-col", "time_us", "--json", "-")
+    assert result.exit_code == 0, result.stderr
+    assert [g["straggler"] for g in json.loads(result.stdout)["groups"]] == [1, 3]
+    assert "persistent straggler: rank 1 from step 3" in result.stderr
+
+
 def test_steps_prints_a_line_per_step_and_plot_draws(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     plot = tmp_path / "whatif.png"

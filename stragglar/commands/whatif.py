@@ -18,6 +18,7 @@ from stragglar.commands.common import (
     chunks_option,
     dump_json,
     network_words,
+    to_stdout,
     write_plot,
 )
 from stragglar.commands.terminal import busy, echo, progress
@@ -132,22 +133,25 @@ def whatif(
         )
     setting = Setting(Network(alpha, bandwidth), tuple(sizes), window, share, chunks)
     replays = [replay(g.times, g.steps, setting) for g in progress(groups, "replaying the groups")]
+    err = json_file is not None and to_stdout(json_file)  # stdout carries the JSON document
     echo(
         f"trace {trace}: {count_of(len(groups), 'group')}, {sum(len(g.steps) for g in groups):,} steps, "
-        f"times in {time_unit}"
+        f"times in {time_unit}",
+        err,
     )
     echo(
         f"model: {network_words(setting.network)}; "
         f"{'bucket' if len(sizes) == 1 else 'buckets'} {', '.join(format_bytes(s) for s in sizes)}; "
-        f"persistent straggler: last in {share:.0%} of a window of {count_of(window, 'step')}"
+        f"persistent straggler: last in {share:.0%} of a window of {count_of(window, 'step')}",
+        err,
     )
     for group, result in zip(groups, replays, strict=True):
-        echo("")
+        echo("", err)
         for line in _group_lines(group, result, group_col is not None, per_step):
-            echo(line)
+            echo(line, err)
     if json_file is not None:
         dump_json(json_file, _document(trace, fmt, time_unit, setting, groups, replays))
-        if str(json_file) != "-":
+        if not err:
             echo(f"figures written to {json_file}")
     if plot_file is not None:
         named = [(g.name if group_col else "", result) for g, result in zip(groups, replays, strict=True)]

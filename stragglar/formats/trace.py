@@ -59,6 +59,7 @@ TIME_UNITS = {"s": Fraction(1), "ms": Fraction(1, 10**3), "us": Fraction(1, 10**
 MAX_ROWS = 1_000_000  # rows kept after the filters: about 300 MB of Python objects
 MAX_LINE = 2**20  # bytes in one line of CSV or JSON Lines
 _NUMBER = re.compile(r"[+-]?(?:\d{1,40}(?:\.\d{0,40})?|\.\d{1,40})(?:[eE][+-]?\d{1,3})?")
+MAX_TIME = 10**30  # a time's magnitude in its unit (ns since 1970 are 10**18): differences stay floats
 _WHOLE = re.compile(r"[+-]?\d{1,18}")
 _BATCH = 65_536  # Parquet rows decoded at a time
 
@@ -192,14 +193,20 @@ def _step(value: Any, column: str, place: str) -> int:
 
 
 def _time(value: Any, column: str, place: str) -> Fraction:
-    """A time as an exact fraction of its unit: a finite number, or a decimal string."""
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) < 10**30:
-        return Fraction(value)
-    if isinstance(value, float) and math.isfinite(value):
-        return Fraction(value)
-    if isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
-        return Fraction(value.strip())
-    raise InputError(f"{place}: {column} is {_shown(value)}, not a number")
+    """A time as an exact fraction of its unit: a finite number, or a decimal string, of
+    magnitude below :data:`MAX_TIME`."""
+    time = None
+    if isinstance(value, bool):
+        pass
+    elif isinstance(value, int) or (isinstance(value, float) and math.isfinite(value)):
+        time = Fraction(value)
+    elif isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
+        time = Fraction(value.strip())
+    if time is None:
+        raise InputError(f"{place}: {column} is {_shown(value)}, not a number")
+    if abs(time) >= MAX_TIME:
+        raise InputError(f"{place}: {column} is {_shown(value)}: at most {MAX_TIME:.0e} of its unit")
+    return time
 
 
 def _shown(value: Any) -> str:
