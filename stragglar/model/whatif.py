@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -150,8 +150,10 @@ def replay(times: Sequence[Sequence[Fraction]], steps: Sequence[int], setting: S
     for i, (step, row) in enumerate(zip(steps, times, strict=True)):
         arrived = i - PROBE_LAG + 1  # the steps whose figures the hook's probe has at this step
         if arrived > 0:
-            outlook = policy.judge(n, late[:arrived], setting.window, None, samples)
-        seconds = [float(t - min(row)) for t in row]
+            recent = late[max(0, arrived - setting.window) : arrived]  # the probe's window
+            outlook = policy.judge(n, recent, setting.window, None, samples)
+        first = min(row)
+        seconds = [float(t - first) for t in row]
         choices = []
         predicted = dict.fromkeys(ALGORITHMS, 0.0)
         for b, size in enumerate(setting.buckets):
@@ -195,13 +197,13 @@ def _found(last: Sequence[int | None], steps: Sequence[int], setting: Setting) -
     """The persistent stragglers the hook's ``detect`` rule finds, as (step, rank): at each step
     the rule judges the last ranks since its last find, a new window after each."""
     found: list[tuple[int, int]] = []
-    since: list[int | None] = []
+    since: deque[int | None] = deque(maxlen=setting.window)  # as the probe keeps them
     for step, rank in zip(steps, last, strict=True):
         since.append(rank)
         named = persistent_late_rank(since, setting.window, setting.share)
         if named is not None and (not found or named != found[-1][1]):
             found.append((step, named))
-            since = []
+            since.clear()
     return tuple(found)
 
 
