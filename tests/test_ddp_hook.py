@@ -433,6 +433,23 @@ def test_a_trace_the_hook_records_replays_to_the_decisions_it_made(tmp_path: Any
     assert replayed.found[0][1] == 1
 
 
+def recording_only_rank(rank: int, n: int, path: str) -> tuple[Any, list[Any], list[Any]]:
+    """The "stragglar" policy, no detect: recording runs the probe, and changes no choice."""
+    state = StragglarState(record=path, timeout=20)
+    plain, hooked = twins(state)
+    for i in range(6):
+        step(rank, i, plain, hooked, late(rank, 0, 0.1))
+    return state.straggler, state.switches, state.decisions
+
+
+def test_recording_under_the_stragglar_policy_keeps_its_straggler(tmp_path: Any) -> None:
+    path = tmp_path / "trace.jsonl"
+    results = launch(recording_only_rank, 2, (str(path),), timeout=60)
+    assert all(r == (None, [], [(1, "stragglar", 1, None)]) for r in results), results
+    (group,) = read_trace(path, "jsonl", Columns(), ())
+    assert group.steps == (1, 2, 3, 4) and sum(row[0] > row[1] for row in group.times) >= 3  # rank 0 late
+
+
 def test_record_needs_a_file_name() -> None:
     with pytest.raises(ArgumentError, match="record must name a file"):
         StragglarState(record=3)  # type: ignore[arg-type]
