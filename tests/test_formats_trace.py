@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from stragglar.errors import InputError
+from stragglar.errors import InputError, ResourceError
 from stragglar.formats.trace import TIME_UNITS, Columns, TraceWriter, format_of, read_trace, trace_lines
 
 
@@ -177,3 +177,21 @@ def test_the_writer_appends_whole_steps_that_read_back_exactly(tmp_path: Path) -
 def test_the_writer_names_a_file_it_cannot_open(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="cannot write the trace"):
         TraceWriter(tmp_path / "no" / "such" / "folder.jsonl")
+
+
+def test_a_short_write_is_cut_off_again_and_said(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "trace.jsonl"
+    writer = TraceWriter(path)
+    writer.append(1, [-0.5, 0.0])
+    whole = path.read_bytes()
+    real = os.write
+
+    def short(fd: int, data: bytes) -> int:  # a disk that fills part-way through the step
+        return real(fd, bytes(data)[:10]) if fd == writer._fd else real(fd, data)
+
+    monkeypatch.setattr(os, "write", short)
+    with pytest.raises(ResourceError, match=r"cannot write the trace .*: wrote 10 of"):
+        writer.append(2, [-0.5, 0.0])
+    monkeypatch.undo()
+    writer.close()
+    assert path.read_bytes() == whole  # no partial line left behind
