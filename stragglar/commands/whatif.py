@@ -61,7 +61,13 @@ def _where(values: tuple[str, ...]) -> list[tuple[str, str]]:
     metavar="COLUMN=VALUE",
     help="Keep only rows with this value (repeatable; e.g. the op type of the gradient collective).",
 )
-@click.option("--time-unit", type=click.Choice(tuple(TIME_UNITS)), default="s", show_default=True)
+@click.option(
+    "--time-unit",
+    type=click.Choice(tuple(TIME_UNITS)),
+    default="s",
+    show_default=True,
+    help="The times' unit.",
+)
 @click.option("--size", type=SIZE, help=f"The bucket reduced each step (a size; default {DEFAULT_BUCKET}).")
 @click.option("--bucket", "buckets", type=SIZE, multiple=True, help="A bucket of each step (repeatable).")
 @click.option("--alpha", type=DURATION, default="3us", show_default=True, help="Latency of one round.")

@@ -43,6 +43,7 @@ from stragglar.model.policy import (
     STRAGGLAR,
     AutoPolicy,
     Choice,
+    Timing,
     choose,
     chunk_count,
     last_rank,
@@ -139,10 +140,12 @@ def replay(times: Sequence[Sequence[Fraction]], steps: Sequence[int], setting: S
     network = setting.network
     chunks = tuple(chunk_count(n, size, typical, network, AUTO) for size in setting.buckets)
     ring = generated_profile(RING, n)
+    if setting.chunks is not None and setting.chunks != AUTO:  # refused now, not at its first use
+        generated_profile(STRAGGLAR, n, int(setting.chunks))
     paper = generated_profile(STRAGGLAR, n)
     chunked = [generated_profile(STRAGGLAR, n, count) for count in chunks]
     policy = AutoPolicy(STRAGGLAR, network)
-    samples: dict[str, list[tuple[int, int, float]]] = {ALLREDUCE: [], STRAGGLAR: []}
+    samples: dict[str, list[Timing]] = {ALLREDUCE: [], STRAGGLAR: []}  # none: the network is given
     outlook = None
     decisions: list[Decision] = []
     previous: Choice | None = None
