@@ -126,7 +126,7 @@ def test_steps_prints_a_line_per_step_and_plot_draws(tmp_path: Path) -> None:
         (["--size", "0"], "a bucket must be more than 0 bytes"),
         (["--time-unit", "min"], "'min' is not one of"),
         (["--share", "0"], "--share"),
-        (["--chunks", "2"], "StragglAR needs at least N - 1 = 3 chunks, got 2"),  # though never chosen
+        (["--time-col", "time_us", "--group-col", "group", "--chunks", "2"], "N - 1 = 3 chunks, got 2"),
     ],
 )
 def test_bad_options_are_one_line_and_exit_2(tmp_path: Path, args: list[str], words: str) -> None:
