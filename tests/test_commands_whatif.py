@@ -126,11 +126,16 @@ def test_steps_prints_a_line_per_step_and_plot_draws(tmp_path: Path) -> None:
         (["--size", "0"], "a bucket must be more than 0 bytes"),
         (["--time-unit", "min"], "'min' is not one of"),
         (["--share", "0"], "--share"),
-        (["--time-col", "time_us", "--group-col", "group", "--chunks", "2"], "N - 1 = 3 chunks, got 2"),
     ],
 )
 def test_bad_options_are_one_line_and_exit_2(tmp_path: Path, args: list[str], words: str) -> None:
     assert words in one_error(run(str(two_groups(tmp_path)), *args))
+
+
+def test_a_chunk_count_stragglar_cannot_use_is_refused_though_auto_never_picks_it(tmp_path: Path) -> None:
+    punctual = tmp_path / "punctual.csv"
+    punctual.write_text("step,rank,time\n" + "".join(f"{s},{r},{s}\n" for s in range(8) for r in range(4)))
+    assert "N - 1 = 3 chunks, got 2" in one_error(run(str(punctual), "--chunks", "2"))
 
 
 def test_bad_files_are_one_line_and_exit_2(tmp_path: Path) -> None:
