@@ -103,6 +103,8 @@ def test_json_to_standard_output_is_the_document_alone(tmp_path: Path) -> None:
     result = run(str(two_groups(tmp_path)), "--group-col", "group", "--time-col", "time_us", "--json", "-")
     assert result.exit_code == 0, result.stderr
     assert [g["straggler"] for g in json.loads(result.stdout)["groups"]] == [1, 3]
+    alone = run(str(two_groups(tmp_path)), "--time-col", "time_us", "--where", "group=a", "--json", "-")
+    assert json.loads(alone.stdout)["groups"][0]["group"] is None  # no group column named
     assert "persistent straggler: rank 1 from step 3" in result.stderr
 
 

@@ -153,14 +153,14 @@ def whatif(
     )
     for group, result in zip(groups, replays, strict=True):
         echo("", err)
-        for line in _group_lines(group, result, group_col is not None, per_step):
+        for line in _group_lines(group, result, per_step):
             echo(line, err)
     if json_file is not None:
         dump_json(json_file, _document(trace, fmt, time_unit, setting, groups, replays))
         if not err:
             echo(f"figures written to {json_file}")
     if plot_file is not None:
-        named = [(g.name if group_col else "", result) for g, result in zip(groups, replays, strict=True)]
+        named = [(g.name or "", result) for g, result in zip(groups, replays, strict=True)]
         write_plot(plot_file, lambda plot: plot.whatif_figure(named))
 
 
@@ -181,9 +181,9 @@ def _saving(saved: float, ring: float) -> str:
     return f"costs {format_seconds(-saved)} more ({-saved / ring:.1%})"
 
 
-def _group_lines(group: Group, result: GroupReplay, named: bool, per_step: bool) -> list[str]:
+def _group_lines(group: Group, result: GroupReplay, per_step: bool) -> list[str]:
     steps = len(result.steps)
-    title = f"group {quoted(group.name)}" if named else "the trace"
+    title = "the trace" if group.name is None else f"group {quoted(group.name)}"
     lines = [f"{title}: {result.num_ranks} ranks, {count_of(steps, 'step')}"]
     last = sum(s.last == result.straggler for s in result.steps)
     share = f"last at {last:,} of {steps:,} steps ({result.last_share:.0%})"

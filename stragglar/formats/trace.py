@@ -76,11 +76,11 @@ class Columns:
 
 @dataclass(frozen=True)
 class Group:
-    """One group's steps: ``ranks`` are the trace's labels of ranks ``0..N-1``; ``times[i][r]``
-    is when rank ``r`` reached the collective at step ``steps[i]``, in seconds (exact), steps in
-    ascending order."""
+    """One group's steps (``name`` None: the trace has no group column): ``ranks`` are the
+    trace's labels of ranks ``0..N-1``; ``times[i][r]`` is when rank ``r`` reached the collective
+    at step ``steps[i]``, in seconds (exact), steps in ascending order."""
 
-    name: str
+    name: str | None
     ranks: tuple[str, ...]
     steps: tuple[int, ...]
     times: tuple[tuple[Fraction, ...], ...]
@@ -118,7 +118,7 @@ def read_trace(
     needed = [columns.step, columns.rank, columns.time, *([columns.group] if columns.group else [])]
     needed += [column for column, _ in where if column not in needed]
     rows = {"csv": _csv_rows, "jsonl": _jsonl_rows, "parquet": _parquet_rows}[fmt]
-    found: dict[str, dict[int, dict[str, Fraction]]] = {}
+    found: dict[str | None, dict[int, dict[str, Fraction]]] = {}
     kept = 0
     with open_regular(path, "traces") as file:
         for place, row in rows(file, name, needed):
@@ -130,25 +130,25 @@ def read_trace(
                     f"{name} has more than {max_rows:,} rows to replay: "
                     "pick fewer with --where, or cut the trace"
                 )
-            group = "" if columns.group is None else _label(row[columns.group], columns.group, place)
+            group = None if columns.group is None else _label(row[columns.group], columns.group, place)
             step = _step(row[columns.step], columns.step, place)
             rank = _label(row[columns.rank], columns.rank, place)
             time = _time(row[columns.time], columns.time, place) * unit
             ranks = found.setdefault(group, {}).setdefault(step, {})
             if rank in ranks:
-                where_group = f" of group {quoted(group)}" if columns.group else ""
+                where_group = "" if group is None else f" of group {quoted(group)}"
                 raise InputError(f"{place}: rank {quoted(rank)} at step {step}{where_group} is there twice")
             ranks[rank] = time
     if not found:
         why = "after the --where filters" if where else "in it"
         raise InputError(f"{name} has no rows {why}")
-    return [_group(name, group, steps, columns.group is not None) for group, steps in sorted(found.items())]
+    return [_group(name, group, steps) for group, steps in sorted(found.items(), key=lambda kv: kv[0] or "")]
 
 
-def _group(name: str, group: str, steps: Mapping[int, Mapping[str, Fraction]], named: bool) -> Group:
+def _group(name: str, group: str | None, steps: Mapping[int, Mapping[str, Fraction]]) -> Group:
     """A group's table, checked complete: every step has every rank of the group."""
     labels = sorted({rank for ranks in steps.values() for rank in ranks}, key=_rank_order)
-    where = f" in group {quoted(group)}" if named else ""
+    where = "" if group is None else f" in group {quoted(group)}"
     if len(labels) < 2:
         raise InputError(f"{name}: only one rank{where}: a collective needs two at least")
     times = []
