@@ -11,6 +11,7 @@ print what the library renders; this module puts them in one group and owns the 
     stragglar run --backend local|torch|cupy --gpus N [--size 64MiB] [--dtype D] [--delay 20ms] ...
     stragglar bench [--backend torch] [--gpus 4,8] [--sizes 16MiB,64MiB] [--delays 0,50ms] [--json OUT]
     stragglar bound --gpus N         stragglar prove-all [FILES]
+    stragglar whatif TRACE [--rank-col C] [--where COL=V] [--time-unit ms] [--bucket 25MiB] [--json OUT]
 
 Every schedule is proved before it is printed, written or run.  ``synth`` sends the schedule
 (the text table, or the JSON document) to ``-o FILE`` if given, else (or for ``-o -``) to
@@ -45,6 +46,7 @@ import click
 from stragglar.commands.measure import bench, run
 from stragglar.commands.model import bound, cost, prove_all_command
 from stragglar.commands.schedules import export, show, synth, verify
+from stragglar.commands.whatif import whatif
 from stragglar.errors import (
     SHOWN_CHARACTERS,
     InputError,
@@ -230,7 +232,7 @@ def _stopping_z3(command: click.Command) -> click.Command:
     return command
 
 
-for _command in (synth, export, verify, show, cost, bound, prove_all_command):
+for _command in (synth, export, verify, show, cost, bound, prove_all_command, whatif):
     cli.add_command(_stopping_z3(_command))
 for _command in (run, bench):  # they fork ranks, and no thread may be alive at a fork; no z3 either
     cli.add_command(_command)

@@ -29,7 +29,7 @@ import stat
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from stragglar.errors import InputError, shown
 
@@ -37,6 +37,7 @@ __all__ = [
     "MAX_READ_BYTES",
     "check_replaceable",
     "lone_surrogate",
+    "open_regular",
     "own_descriptor",
     "read_text",
     "same_file",
@@ -52,6 +53,24 @@ _DESCRIPTORS = re.compile(r"/proc/(\d+)(?:/task/\d+)?/fd")  # /proc/self/fd and 
 def read_text(path: str | os.PathLike[str]) -> str:
     """The UTF-8 text of the regular file ``path``; an :class:`InputError` naming the file otherwise."""
     name = shown(os.fspath(path))
+    with open_regular(path, "schedules", MAX_READ_BYTES) as file:
+        try:
+            data = file.read(MAX_READ_BYTES + 1)
+        except OSError as e:
+            raise InputError(f"cannot read {name}: {e.strerror or e}") from None
+    if len(data) > MAX_READ_BYTES:
+        raise InputError(f"{name} grew past {MAX_READ_BYTES:,} bytes while being read")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(f"{name}: not UTF-8 text: byte {e.start}") from None
+
+
+def open_regular(path: str | os.PathLike[str], kind: str, limit: int | None = None) -> BinaryIO:
+    """The regular file ``path`` open for reading (binary), if it has at most ``limit`` bytes; an
+    :class:`InputError` naming the file otherwise: a FIFO would block forever and ``/dev/zero``
+    never ends.  ``kind`` says what stragglar reads from it (``schedules``, ``traces``)."""
+    name = shown(os.fspath(path))
     try:
         info = os.stat(path)
     except FileNotFoundError:
@@ -59,20 +78,13 @@ def read_text(path: str | os.PathLike[str]) -> str:
     except OSError as e:
         raise InputError(f"cannot read {name}: {e.strerror or e}") from None
     if not stat.S_ISREG(info.st_mode):
-        raise InputError(f"{name} is not a regular file (stragglar reads schedules from files)")
-    if info.st_size > MAX_READ_BYTES:
-        raise InputError(f"{name} has {info.st_size:,} bytes: stragglar reads files up to {MAX_READ_BYTES:,}")
+        raise InputError(f"{name} is not a regular file (stragglar reads {kind} from files)")
+    if limit is not None and info.st_size > limit:
+        raise InputError(f"{name} has {info.st_size:,} bytes: stragglar reads files up to {limit:,}")
     try:
-        with open(path, "rb") as file:
-            data = file.read(MAX_READ_BYTES + 1)
+        return open(path, "rb")
     except OSError as e:
         raise InputError(f"cannot read {name}: {e.strerror or e}") from None
-    if len(data) > MAX_READ_BYTES:
-        raise InputError(f"{name} grew past {MAX_READ_BYTES:,} bytes while being read")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise InputError(f"{name}: not UTF-8 text: byte {e.start}") from None
 
 
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")

@@ -19,6 +19,7 @@ from stragglar.errors import InputError
 from stragglar.files import write_bytes
 from stragglar.formats.text import compact_ranges
 from stragglar.model import Network, chunk_candidates, compare_generated
+from stragglar.model.whatif import ALGORITHMS, GroupReplay
 from stragglar.schedule import Op, Schedule
 from stragglar.units import format_bytes, format_seconds
 
@@ -36,6 +37,7 @@ __all__ = [
     "save",
     "schedule_figure",
     "sweep_sizes",
+    "whatif_figure",
 ]
 
 LABELLED_RANKS = 32
@@ -268,6 +270,34 @@ def _colour(chunk: int) -> int:
 
 def _rank_label(rank: int, straggler: int | None) -> str:
     return f"{rank} (straggler)" if rank == straggler else str(rank)
+
+
+def whatif_figure(groups: Sequence[tuple[str, GroupReplay]]) -> Figure:
+    """Per group (a column, named unless ``""``): each step's lateness of the last rank, marked
+    where the auto policy chose StragglAR, above each algorithm's predicted time per step."""
+    fig = _figure(6 * len(groups), 7.5)
+    panels = fig.subplots(2, len(groups), squeeze=False)
+    for column, (name, result) in enumerate(groups):
+        late, priced = panels[0][column], panels[1][column]
+        steps = [s.step for s in result.steps]
+        lateness = [max(s.late) * 1e3 for s in result.steps]
+        late.plot(steps, lateness, color="grey", linewidth=1, label="the last rank's lateness")
+        chosen = [(s.step, x) for s, x in zip(result.steps, lateness, strict=True) if s.chose_stragglar]
+        if chosen:
+            xs, ys = zip(*chosen, strict=True)
+            late.scatter(xs, ys, color=_algorithm_colour("stragglar"), s=12, label="auto chose StragglAR")
+        late.set_ylabel("lateness behind the next rank (ms)")
+        late.set_title(f"group {name}" if name else f"{result.num_ranks} ranks")
+        _legend_below(late)
+        for algorithm in ALGORITHMS:
+            times = [s.predicted[algorithm] * 1e3 for s in result.steps]
+            colour = {"ring": "grey", "auto": "C3"}.get(algorithm) or _algorithm_colour(algorithm)
+            priced.plot(steps, times, linewidth=1, label=algorithm, color=colour)
+        priced.set_xlabel("step")
+        priced.set_ylabel("predicted time from the first arrival (ms)")
+        _legend_below(priced)
+    fig.suptitle("What-if: a trace replayed through the auto policy and the model")
+    return fig
 
 
 def render(fig: Figure, fmt: str = "png") -> bytes:

@@ -26,9 +26,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from stragglar.ddp import StragglarState, persistent_late_rank, stragglar_hook
 from stragglar.errors import ArgumentError, InputError
+from stragglar.formats.trace import Columns, read_trace
 from stragglar.measure.launch import LaunchError, launch
 from stragglar.model import Network, best_chunks
-from stragglar.model.policy import Choice
+from stragglar.model.policy import PROBE_LAG, Choice
+from stragglar.model.whatif import Setting, replay
 
 Pause = Callable[[], None] | None  # called before the hooked model's backward
 FAST = Network(1e-3, 1e12)  # latency-bound: StragglAR pays for any real lateness at N <= 5
@@ -401,3 +403,55 @@ def test_the_stragglar_policy_cuts_each_bucket_by_the_given_network() -> None:
     ]
     assert StragglarState(chunks=12, straggler=2).choose(8, 2**20) == Choice("stragglar", 2, 12)
     assert StragglarState(chunks=12, straggler=2).proof(8, 2, 12).schedule.num_chunks == 12
+
+
+def recording_rank(rank: int, n: int, path: str, steps: int) -> tuple[list[Any], list[int]]:
+    """Rank 1 late by 30 ms in the first half of the steps, punctual after; the auto policy on
+    FAST, recording the trace.  Returns the decisions and the bucket sizes of the last step."""
+    state = StragglarState(policy="auto", network=FAST, record=path, timeout=20)
+    plain, hooked = twins(state)
+    for i in range(steps):
+        step(rank, i, plain, hooked, late(rank, 1, 0.03 if i < steps // 2 else 0.0))
+    sizes = [p.numel() * p.element_size() for p in hooked.parameters()]
+    return state.decisions, sizes
+
+
+def test_a_trace_the_hook_records_replays_to_the_decisions_it_made(tmp_path: Any) -> None:
+    steps, path = 14, tmp_path / "trace.jsonl"
+    results = launch(recording_rank, 3, (str(path), steps), timeout=60)
+    (group,) = read_trace(path, "jsonl", Columns(), ())
+    recorded = steps - PROBE_LAG  # the last two steps' figures were never gathered
+    assert group.ranks == ("0", "1", "2") and group.steps == tuple(range(1, recorded + 1))
+    assert all(line.endswith("}") for line in path.read_text().splitlines())
+    decisions, sizes = results[0]
+    assert all(d == decisions for d, _ in results)
+    # FAST prices every bucket of this model alike, so one bucket's choices are every bucket's
+    replayed = replay(group.times, group.steps, Setting(FAST, (sum(sizes),)))
+    made = [tuple(d) for d in decisions if d[0] <= recorded]
+    assert list(replayed.decisions) == made
+    assert any(d[1] == "stragglar" and d[2] == 1 for d in made), made  # rank 1 was caught late
+    assert replayed.found[0][1] == 1
+
+
+def recording_only_rank(rank: int, n: int, path: str) -> tuple[Any, list[Any], list[Any]]:
+    """The "stragglar" policy, no detect: recording runs the probe, and changes no choice."""
+    state = StragglarState(record=path, timeout=20)
+    plain, hooked = twins(state)
+    for i in range(6):
+        step(rank, i, plain, hooked, late(rank, 0, 0.1))
+    return state.straggler, state.switches, state.decisions
+
+
+def test_recording_under_the_stragglar_policy_keeps_its_straggler(tmp_path: Any) -> None:
+    path = tmp_path / "trace.jsonl"
+    results = launch(recording_only_rank, 2, (str(path),), timeout=60)
+    assert all(r == (None, [], [(1, "stragglar", 1, None)]) for r in results), results
+    (group,) = read_trace(path, "jsonl", Columns(), ())
+    assert group.steps == (1, 2, 3, 4) and sum(row[0] > row[1] for row in group.times) >= 3  # rank 0 late
+
+
+def test_record_needs_a_file_name() -> None:
+    with pytest.raises(ArgumentError, match="record must name a file"):
+        StragglarState(record=3)  # type: ignore[arg-type]
+    with pytest.raises(ArgumentError, match="record must name a file"):
+        StragglarState(record="")

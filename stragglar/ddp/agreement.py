@@ -4,13 +4,13 @@ The hook's reductions are ``lockstep`` calls of the runtime (:mod:`stragglar.run
 every rank must issue the same calls in the same order, which holds when every rank's state
 decides alike.  A rank with another policy, algorithm or straggler would issue other calls, one
 with another ``asynchronous`` would create another number of groups (a collective every rank must
-join), one with another ``detect`` would probe where the others do not: the others would wait for
-it until the timeout, with no word on why.  So at its first step every rank all-gathers its
+join), one with another ``detect`` (or ``record``) would probe where the others do not: the others
+would wait for it until the timeout, with no word on why.  So at its first step every rank all-gathers its
 settings on DDP's group, once, and every rank raises the same one-line
 :class:`~stragglar.runtime.MismatchError` that names what differs.
 
 >>> mine = {"policy": "auto", "algorithm": "stragglar", "asynchronous": True, "detect": 0,
-...         "share": 0.75, "chunks": "auto", "network": None, "straggler": None}
+...         "share": 0.75, "chunks": "auto", "network": None, "straggler": None, "record": False}
 >>> row = encode(mine)
 >>> decode(row) == mine
 True
@@ -72,6 +72,7 @@ FIELDS: dict[str, Codec] = {
     "chunks": (1, _count, _uncount),
     "network": (3, _network, _unnetwork),
     "straggler": (1, _count, _uncount),
+    "record": (1, lambda v: [int(v)], lambda r: bool(r[0])),  # a trace is recorded: the probe runs
 }
 
 

@@ -1,6 +1,7 @@
 """The DDP communication hook and its state.  (No ``from __future__ import annotations`` here: DDP
 compares the hook's annotations with the classes.)"""
 
+import os
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,10 +24,14 @@ from stragglar.ddp.worker import (
     dedicated_group,
 )
 from stragglar.errors import ArgumentError, InputError, described
+from stragglar.formats.trace import TraceWriter
 from stragglar.model import AUTO, Network
 from stragglar.model.policy import (
     ALLREDUCE,
+    AUTO_WINDOW,
     POLICIES,
+    PROBE_LAG,
+    SHARE,
     STRAGGLAR,
     AutoPolicy,
     Choice,
@@ -43,7 +48,6 @@ from stragglar.verify import Proof, prove
 
 __all__ = ["POLICIES", "StragglarState", "stragglar_hook"]
 
-AUTO_WINDOW = 4  # steps whose median lateness the auto policy judges, unless ``detect`` says
 HOST = HostOrder()
 
 
@@ -89,6 +93,11 @@ class StragglarState:
     ``outlook``: under "auto", the figures this step's choices were made from
     (:class:`~stragglar.model.policy.Outlook`: the rank expected last, its expected lateness, the
     fitted networks), None until a window of steps has been seen.
+    ``record=PATH`` (given on every rank, with any policy; needs the world group): rank 0 appends
+    each step's arrival figures from the probe to the file PATH, the trace ``stragglar whatif``
+    replays (:class:`~stragglar.formats.trace.TraceWriter`: JSON Lines of step, rank and time, the
+    time minus how long the rank waited for the last one; the figures of step s are written at
+    step s + 2, when the probe has them).  Every rank runs the probe, so every rank must give it.
 
     Arguments are checked here, in these terms: ``straggler=1.5`` or ``True`` is an
     :class:`~stragglar.runtime.ArgumentError` (a TypeError), a NumPy integer is a fine rank;
@@ -100,11 +109,12 @@ class StragglarState:
     timeout: float = 300.0
     straggler_delay: float = 0.0
     detect: int = 0
-    share: float = 0.75
+    share: float = SHARE
     policy: str = "stragglar"
     network: Network | None = None
     chunks: int | str | None = None
     asynchronous: bool = True
+    record: str | os.PathLike[str] | None = None
     proofs: dict[tuple[int, int | None, int | None], Proof] = field(default_factory=dict)
     switches: list[tuple[int, int]] = field(default_factory=list)
     decisions: list[tuple[int, str, int | None, int | None]] = field(default_factory=list)
@@ -115,6 +125,7 @@ class StragglarState:
     _comm: _Comm | None = field(default=None, init=False, repr=False)
     _engine_watch: Watch | None = field(default=None, init=False, repr=False)
     _auto: AutoPolicy = field(init=False, repr=False)
+    _trace: TraceWriter | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.algorithm, str) or self.algorithm not in ALGORITHMS:
@@ -144,6 +155,12 @@ class StragglarState:
         if not isinstance(self.asynchronous, bool):
             raise ArgumentError(
                 f"StragglarState.asynchronous must be True or False, got {described(self.asynchronous)}"
+            )
+        if self.record is not None and (
+            not isinstance(self.record, (str, os.PathLike)) or not os.fspath(self.record)
+        ):
+            raise ArgumentError(
+                f"StragglarState.record must name a file (a str or path), got {described(self.record)}"
             )
         self._check_chunks()
         self._auto = AutoPolicy(self.algorithm, self.network)
@@ -203,6 +220,7 @@ class StragglarState:
             "chunks": self.chunks,
             "network": self.network,
             "straggler": self.straggler,
+            "record": self.record is not None,
         }
         rank = dist.get_rank(self.process_group)
         rows = gather_headers(encode(settings), self.process_group, device, rank, self.timeout)
@@ -218,14 +236,18 @@ class StragglarState:
         self.steps += 1
         heartbeat()
         auto = self.policy == "auto"
-        if (self.detect <= 0 and not auto) or world_size < 2:
+        if (self.detect <= 0 and not auto and self.record is None) or world_size < 2:
             return
         if self.process_group is not None:
-            raise InputError("straggler detection and policy='auto' need the default (world) process group")
+            raise InputError(
+                "straggler detection, policy='auto' and record= need the default (world) process group"
+            )
         if self.probe is None:
             window = self.detect or AUTO_WINDOW
             self.probe = LateRankProbe(world_size, window, self.timeout)
         arrived = self.probe.step()
+        if arrived and self.record is not None and dist.get_rank() == 0:
+            self._write_trace()
         if auto:
             if arrived:
                 window = self.probe.late.maxlen or AUTO_WINDOW
@@ -234,11 +256,21 @@ class StragglarState:
                     world_size, self.probe.late, window, fixed, self.probe.samples
                 )
             return
+        if self.detect <= 0:
+            return
         late_rank = persistent_late_rank(self.probe.history, self.detect, self.share)
         if late_rank is not None and late_rank != self._expected_late_rank(world_size):
             self.straggler = late_rank
             self.switches.append((self.steps, late_rank))
             self.probe.late.clear()  # a new full window before the next change
+
+    def _write_trace(self) -> None:
+        """Append the step's arrivals, as the probe measured them, to the trace (rank 0 only)."""
+        assert self.probe is not None and self.record is not None
+        if self._trace is None:
+            self._trace = TraceWriter(self.record)
+            weakref.finalize(self, self._trace.close)
+        self._trace.append(self.steps - PROBE_LAG, [-wait for wait in self.probe.waits])
 
     def _expected_late_rank(self, world_size: int) -> int:
         """The rank the reductions now take for the late one: the straggler, else the schedule's

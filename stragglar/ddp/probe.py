@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from stragglar.model.policy import ALLREDUCE, STRAGGLAR, Timing, latenesses
+from stragglar.model.policy import ALLREDUCE, STRAGGLAR, Timing, last_rank, latenesses
 
 __all__ = ["KINDS", "SLOTS", "LateRankProbe", "Stopwatch", "decode", "encode"]
 
@@ -53,6 +53,7 @@ class LateRankProbe:
         self.world_size = world_size
         self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout))  # CPU, own sockets
         self.late: collections.deque[tuple[float, ...]] = collections.deque(maxlen=window)
+        self.waits: tuple[float, ...] = ()  # every rank's wait at the step whose figures arrived last
         self.samples = {kind: collections.deque[Timing](maxlen=SAMPLES) for kind in KINDS[1:]}
         self._wait: float | None = None  # this rank's wait at the last step whose gather completed
         self._timings: list[tuple[str, int, int, Stopwatch]] = []
@@ -60,9 +61,9 @@ class LateRankProbe:
         self._pending: tuple[Any, list[torch.Tensor], float] | None = None
 
     @property
-    def history(self) -> list[int]:
-        """The rank that arrived last at each recent step, oldest first."""
-        return [max(range(len(step)), key=step.__getitem__) for step in self.late]
+    def history(self) -> list[int | None]:
+        """The rank that arrived last at each recent step, oldest first (None: a tie)."""
+        return [last_rank(step) for step in self.late]
 
     def record(self, algorithm: str, size_bytes: int, chunks: int, watch: Stopwatch) -> None:
         """Note how long a bucket took to reduce with ``algorithm`` in ``chunks`` chunks (0: its
@@ -96,6 +97,7 @@ class LateRankProbe:
         if figures is None:
             return False
         late, samples = figures
+        self.waits = tuple(row[1] for row in rows)
         self.late.append(late)
         for kind, size, chunks, seconds in samples:
             self.samples[kind].append((size, chunks, seconds))

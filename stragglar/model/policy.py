@@ -39,14 +39,19 @@ import dataclasses
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from functools import lru_cache
+from typing import TypeVar
 
 from stragglar.model.chunks import AUTO, resolve_chunks
 from stragglar.model.cost import Network, critical_delay, estimate
 from stragglar.model.predict import generated_profile
 
 __all__ = [
+    "AUTO_WINDOW",
     "POLICIES",
+    "PROBE_LAG",
+    "SHARE",
     "AutoPolicy",
     "Choice",
     "Outlook",
@@ -56,6 +61,7 @@ __all__ = [
     "cost_ratio",
     "critical_delay_for",
     "fit_network",
+    "last_rank",
     "latenesses",
     "medians",
     "outlook",
@@ -68,6 +74,10 @@ ALLREDUCE = "allreduce"
 POLICIES = (STRAGGLAR, "auto")  # the DDP hook's: StragglAR for every bucket, or the cost model's choice
 RUNS = 3  # timings of one size before the fits trust it
 MARGIN = 0.05  # the share of a Ring's exposed time StragglAR must be expected to save
+AUTO_WINDOW = 4  # steps whose median lateness the auto policy judges, unless told otherwise
+SHARE = 0.75  # of a window of steps a rank must be last in to be a persistent straggler
+PROBE_LAG = 2  # the figures of step s are known at step s + 2 (:class:`~stragglar.ddp.probe.LateRankProbe`)
+_Time = TypeVar("_Time", float, Fraction)
 
 Timing = tuple[int, int, float]
 """A bucket's reduction, as gathered: (bytes, chunks, seconds); chunks is the schedule's chunk
@@ -100,8 +110,9 @@ class Outlook:
     ours: Network | None
 
 
-def persistent_late_rank(history: Sequence[int], window: int, share: float) -> int | None:
-    """The rank that arrived last in at least ``share`` of the last ``window`` steps, if any.
+def persistent_late_rank(history: Sequence[int | None], window: int, share: float) -> int | None:
+    """The rank that arrived last in at least ``share`` of the last ``window`` steps, if any
+    (``history``: each step's :func:`last_rank`; a step with nobody last counts for no rank).
 
     >>> persistent_late_rank([2, 2, 1, 2], window=4, share=0.75)
     2
@@ -111,12 +122,28 @@ def persistent_late_rank(history: Sequence[int], window: int, share: float) -> i
     recent = list(history)[-window:]
     if len(recent) < window:
         return None
-    rank, count = collections.Counter(recent).most_common(1)[0]
+    counts = collections.Counter(rank for rank in recent if rank is not None)
+    if not counts:
+        return None
+    rank, count = counts.most_common(1)[0]
     return rank if count >= share * window else None
 
 
-def latenesses(waits: Sequence[float]) -> tuple[float, ...]:
-    """Each rank's lateness at one step, from every rank's wait (at least two ranks).
+def last_rank(late: Sequence[float]) -> int | None:
+    """The rank that arrived after every other at one step, from its :func:`latenesses`; None
+    where two or more tie for last (a trace's clock too coarse to tell them apart): nobody was late.
+
+    >>> last_rank([-0.03, 0.01, -0.02]), last_rank([0.0, -0.01, 0.0])
+    (1, None)
+    """
+    latest = max(range(len(late)), key=late.__getitem__)
+    return latest if late[latest] > 0 else None
+
+
+def latenesses(waits: Sequence[_Time]) -> tuple[_Time, ...]:
+    """Each rank's lateness at one step, from every rank's wait (at least two ranks); exact for
+    exact waits (a replay of a trace computes them in fractions, then rounds each once, as the
+    probe's float subtraction does).
 
     >>> [round(x, 3) for x in latenesses([0.030, 0.001, 0.031, 0.029])]
     [-0.029, 0.028, -0.03, -0.028]

@@ -1,0 +1,287 @@
+"""``whatif``: would StragglAR have helped this job?  A recorded arrival trace, replayed offline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from stragglar.commands.common import (
+    BANDWIDTH,
+    DURATION,
+    OUTPUT,
+    PLOT,
+    SIZE,
+    check_output,
+    check_plot,
+    chunks_option,
+    dump_json,
+    network_words,
+    to_stdout,
+    write_plot,
+)
+from stragglar.commands.terminal import busy, echo, progress
+from stragglar.errors import InputError, quoted
+from stragglar.formats.trace import FORMATS, TIME_UNITS, Columns, Group, format_of, read_trace
+from stragglar.model import Network
+from stragglar.model.policy import AUTO_WINDOW, SHARE, Choice
+from stragglar.model.whatif import ALGORITHMS, AUTO_POLICY, CHUNKED, GroupReplay, Setting, replay
+from stragglar.units import count_of, format_bytes, format_seconds, parse_size
+
+__all__ = ["MAX_PLOT_GROUPS", "whatif"]
+
+MAX_PLOT_GROUPS = 6  # panels side by side that stay readable
+DEFAULT_BUCKET = "25MiB"  # DDP's own default bucket (bucket_cap_mb=25)
+
+
+def _where(values: tuple[str, ...]) -> list[tuple[str, str]]:
+    pairs = []
+    for value in values:
+        column, equals, wanted = value.partition("=")
+        if not equals or not column.strip():
+            raise click.BadParameter(f"expected COLUMN=VALUE, got {quoted(value)}", param_hint="'--where'")
+        pairs.append((column.strip(), wanted))
+    return pairs
+
+
+@click.command()
+@click.argument("trace", type=click.Path(path_type=Path, dir_okay=False))
+@click.option(
+    "--format", "fmt", type=click.Choice(FORMATS), help="The trace's format (default: its suffix's)."
+)
+@click.option("--rank-col", default="rank", show_default=True, help="The column of each row's rank.")
+@click.option("--step-col", default="step", show_default=True, help="The column of each row's step.")
+@click.option("--time-col", default="time", show_default=True, help="When the rank reached the collective.")
+@click.option("--group-col", help="The column of each row's group, its own collective (default: one group).")
+@click.option(
+    "--where",
+    "where_values",
+    multiple=True,
+    metavar="COLUMN=VALUE",
+    help="Keep only rows with this value (repeatable; e.g. the op type of the gradient collective).",
+)
+@click.option(
+    "--time-unit",
+    type=click.Choice(tuple(TIME_UNITS)),
+    default="s",
+    show_default=True,
+    help="The times' unit.",
+)
+@click.option("--size", type=SIZE, help=f"The bucket reduced each step (a size; default {DEFAULT_BUCKET}).")
+@click.option("--bucket", "buckets", type=SIZE, multiple=True, help="A bucket of each step (repeatable).")
+@click.option("--alpha", type=DURATION, default="3us", show_default=True, help="Latency of one round.")
+@click.option(
+    "--bandwidth", type=BANDWIDTH, default="450GiB/s", show_default=True, help="A link's bandwidth."
+)
+@click.option(
+    "--window",
+    type=click.IntRange(1, 10_000),
+    default=AUTO_WINDOW,
+    show_default=True,
+    help="Steps the persistent-straggler rule and the auto policy judge (the hook's detect=).",
+)
+@click.option(
+    "--share",
+    type=click.FloatRange(0, 1, min_open=True),
+    default=SHARE,
+    show_default=True,
+    help="Of a window a rank must be last in to be a persistent straggler.",
+)
+@chunks_option("per bucket, the cost model's fastest (the hook's chunks= under the auto policy)")
+@click.option("--steps", "per_step", is_flag=True, help="Also print a line per step.")
+@click.option("--json", "json_file", type=OUTPUT, help="Write every figure, per step, to this JSON file.")
+@PLOT
+def whatif(
+    trace: Path,
+    fmt: str | None,
+    rank_col: str,
+    step_col: str,
+    time_col: str,
+    group_col: str | None,
+    where_values: tuple[str, ...],
+    time_unit: str,
+    size: int | None,
+    buckets: tuple[int, ...],
+    alpha: float,
+    bandwidth: float,
+    window: int,
+    share: float,
+    chunks: int | str | None,
+    per_step: bool,
+    json_file: Path | None,
+    plot_file: Path | None,
+) -> None:
+    """Replay a recorded arrival trace (CSV, JSON Lines or Parquet: one row per group, step and
+    rank, with the time that rank reached the gradient collective) through the DDP hook's policy
+    and the alpha-beta model: is there a persistent straggler, how late is it, and what would
+    StragglAR, chunked StragglAR and the auto policy have saved over Ring at each step?
+
+    A model, not a measurement: each bucket is priced as if it alone met the step's arrivals.
+    """
+    if size is not None and buckets:
+        raise click.UsageError("--size and --bucket both give the buckets: use one")
+    sizes = buckets or (size if size is not None else parse_size(DEFAULT_BUCKET),)
+    if any(s <= 0 for s in sizes):
+        raise click.BadParameter("a bucket must be more than 0 bytes", param_hint="'--size'")
+    where = _where(where_values)
+    if json_file is not None:
+        check_output(json_file, trace, option="--json")
+    check_plot(plot_file, trace)
+    fmt = format_of(trace, fmt)
+    columns = Columns(rank_col, step_col, time_col, group_col)
+    with busy(f"reading {trace}"):
+        groups = read_trace(trace, fmt, columns, where, TIME_UNITS[time_unit])
+    if plot_file is not None and len(groups) > MAX_PLOT_GROUPS:
+        raise InputError(
+            f"--plot draws at most {MAX_PLOT_GROUPS} groups and the trace has {len(groups)}: "
+            "pick some with --where"
+        )
+    setting = Setting(Network(alpha, bandwidth), tuple(sizes), window, share, chunks)
+    replays = [replay(g.times, g.steps, setting) for g in progress(groups, "replaying the groups")]
+    err = json_file is not None and to_stdout(json_file)  # stdout carries the JSON document
+    echo(
+        f"trace {trace}: {count_of(len(groups), 'group')}, {sum(len(g.steps) for g in groups):,} steps, "
+        f"times in {time_unit}",
+        err,
+    )
+    echo(
+        f"model: {network_words(setting.network)}; "
+        f"{'bucket' if len(sizes) == 1 else 'buckets'} {', '.join(format_bytes(s) for s in sizes)}; "
+        f"persistent straggler: last in {share:.0%} of a window of {count_of(window, 'step')}",
+        err,
+    )
+    for group, result in zip(groups, replays, strict=True):
+        echo("", err)
+        for line in _group_lines(group, result, per_step):
+            echo(line, err)
+    if json_file is not None:
+        dump_json(json_file, _document(trace, fmt, time_unit, setting, groups, replays))
+        if not err:
+            echo(f"figures written to {json_file}")
+    if plot_file is not None:
+        named = [(g.name or "", result) for g, result in zip(groups, replays, strict=True)]
+        write_plot(plot_file, lambda plot: plot.whatif_figure(named))
+
+
+def _rank(group: Group, rank: int) -> str:
+    """``rank 2``, with the trace's own label where it is another: ``rank 2 ('gpu7')``."""
+    label = group.ranks[rank]
+    return f"rank {rank}" if label == str(rank) else f"rank {rank} ({quoted(label)})"
+
+
+def _signed(seconds: float) -> str:
+    return f"-{format_seconds(-seconds)}" if seconds < 0 else format_seconds(seconds)
+
+
+def _saving(saved: float, ring: float) -> str:
+    """``saves 4.6 ms (2.0%)``, or ``costs 3.1 ms more (3.2%)``."""
+    if saved >= 0:
+        return f"saves {format_seconds(saved)} ({saved / ring:.1%})"
+    return f"costs {format_seconds(-saved)} more ({-saved / ring:.1%})"
+
+
+def _group_lines(group: Group, result: GroupReplay, per_step: bool) -> list[str]:
+    steps = len(result.steps)
+    title = "the trace" if group.name is None else f"group {quoted(group.name)}"
+    lines = [f"{title}: {result.num_ranks} ranks, {count_of(steps, 'step')}"]
+    last = sum(s.last == result.straggler for s in result.steps)
+    share = f"last at {last:,} of {steps:,} steps ({result.last_share:.0%})"
+    if result.found:
+        finds = ", ".join(f"{_rank(group, r)} from step {s}" for s, r in result.found[:4])
+        if len(result.found) > 4:
+            finds += f" and {len(result.found) - 4} more finds"
+        lines.append(f"  persistent straggler: {finds}; {_rank(group, result.straggler)} {share}")
+    else:
+        most = _rank(group, result.straggler)
+        lines.append(f"  persistent straggler: none; the most often last is {most}, {share}")
+    lines.append(
+        f"  its lateness behind the next-latest rank: median {_signed(result.lateness(0.5))}, "
+        f"90th percentile {_signed(result.lateness(0.9))}"
+    )
+    ring = result.total("ring")
+    lines.append("  predicted from the first arrival, per step and in all, and the saving over ring:")
+    for algorithm in ALGORITHMS:
+        total = result.total(algorithm)
+        saved = ring - total
+        saving = "" if algorithm == "ring" else f"   {_saving(saved, ring)}"
+        lines.append(
+            f"    {_algorithm_name(algorithm, result):<34} {format_seconds(total / steps):>10} "
+            f"{format_seconds(total):>10}{saving}"
+        )
+    lines.append(f"  the auto policy chose StragglAR at {result.stragglar_steps:,} of {steps:,} steps")
+    if per_step:
+        names = "  ".join(f"{a:>16}" for a in ALGORITHMS)
+        lines.append(f"    step  last  lateness    {names}  auto chose")
+        for s in result.steps:
+            chose = ", ".join(_choice(c) for c in dict.fromkeys(s.choices))
+            figures = "  ".join(f"{format_seconds(s.predicted[a]):>16}" for a in ALGORITHMS)
+            who = "-" if s.last is None else str(s.last)
+            lines.append(f"    {s.step:>4}  {who:>4}  {_signed(max(s.late)):>9}    {figures}  {chose}")
+    return lines
+
+
+def _choice(choice: Choice) -> str:
+    """``allreduce``, ``stragglar R=2`` or ``stragglar R=2 C=38``."""
+    if choice.straggler is None:
+        return choice.algorithm
+    return f"stragglar R={choice.straggler}" + (f" C={choice.chunks}" if choice.chunks else "")
+
+
+def _algorithm_name(algorithm: str, result: GroupReplay) -> str:
+    if algorithm == "stragglar":
+        return f"stragglar (R={result.straggler})"
+    if algorithm == CHUNKED:
+        counts = ", ".join(str(c) if c else f"{result.num_ranks - 1}" for c in result.chunks)
+        return f"stragglar chunks=auto (R={result.straggler}, C={counts})"
+    if algorithm == AUTO_POLICY:
+        return "auto policy"
+    return algorithm
+
+
+def _document(
+    trace: Path, fmt: str, unit: str, setting: Setting, groups: list[Group], replays: list[GroupReplay]
+) -> dict[str, Any]:
+    return {
+        "trace": str(trace),
+        "format": fmt,
+        "time_unit": unit,
+        "network": {"alpha": setting.network.alpha, "bandwidth": setting.network.bandwidth},
+        "buckets": list(setting.buckets),
+        "window": setting.window,
+        "share": setting.share,
+        "chunks": setting.chunks,
+        "groups": [_group_document(g, r) for g, r in zip(groups, replays, strict=True)],
+    }
+
+
+def _group_document(group: Group, result: GroupReplay) -> dict[str, Any]:
+    ring = result.total("ring")
+    return {
+        "group": group.name,
+        "ranks": list(group.ranks),
+        "steps": len(result.steps),
+        "persistent_stragglers": [{"step": s, "rank": r} for s, r in result.found],
+        "straggler": result.straggler,
+        "last_share": result.last_share,
+        "lateness_median": result.lateness(0.5),
+        "lateness_p90": result.lateness(0.9),
+        "chunks": [c or result.num_ranks - 1 for c in result.chunks],
+        "totals": {a: result.total(a) for a in ALGORITHMS},
+        "savings": {a: ring - result.total(a) for a in ALGORITHMS if a != "ring"},
+        "auto_stragglar_steps": result.stragglar_steps,
+        "decisions": [list(d) for d in result.decisions],
+        "per_step": [
+            {
+                "step": s.step,
+                "lateness": list(s.late),
+                "last": s.last,
+                "auto": [
+                    {"algorithm": c.algorithm, "straggler": c.straggler, "chunks": c.chunks}
+                    for c in s.choices
+                ],
+                "predicted": s.predicted,
+            }
+            for s in result.steps
+        ],
+    }

@@ -1,0 +1,358 @@
+"""Arrival traces: when each rank reached each step's gradient collective, as a long table.
+
+One row per (group, step, rank) with the time that rank reached the collective, in CSV (a
+header row, then one row per line), JSON Lines (one object per line) or Parquet (through
+pyarrow, the ``traces`` extra).  Columns are named by the reader's caller (:class:`Columns`):
+a training job's own trace (per-rank op timers, a profiler's export) is read as it is, its
+gradient collective picked out with filters (:func:`read_trace`'s ``where``).  Groups are
+independent collectives (one data-parallel group per pipeline stage, say); within a group the
+ranks are renumbered ``0..N-1`` in the order of their labels (numerically where every label is a
+whole number), and every step must have a time for every rank of the group, once.
+
+Times are read exactly (a decimal string or an integer of nanoseconds since 1970 is no float),
+so that the differences the policy judges are those of the trace, however large its clock.
+
+The DDP hook writes the same table (:class:`TraceWriter`): JSON Lines with ``step``, ``rank``
+and ``time`` (seconds, relative to when the step's collective completed on that rank: minus how
+long the rank waited for the last one, so at most 0), one complete line per row, all rows of a
+step in one write on an ``O_APPEND`` descriptor: a reader never sees a partial line, and a job
+that dies leaves every step it wrote whole.
+
+Reading streams the file and keeps only the rows that pass the filters, at most
+:data:`MAX_ROWS` of them and lines of at most :data:`MAX_LINE` bytes, so a huge file is refused
+in bounded memory, not loaded.
+"""
+
+from __future__ import annotations
+
+import csv
+import errno
+import json
+import math
+import os
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from stragglar.errors import InputError, ResourceError, quoted, ran_out, shown
+from stragglar.files import open_regular
+
+__all__ = [
+    "FORMATS",
+    "MAX_LINE",
+    "MAX_ROWS",
+    "TIME_UNITS",
+    "Columns",
+    "Group",
+    "TraceWriter",
+    "format_of",
+    "read_trace",
+    "trace_lines",
+]
+
+FORMATS = ("csv", "jsonl", "parquet")
+SUFFIXES = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
+TIME_UNITS = {"s": Fraction(1), "ms": Fraction(1, 10**3), "us": Fraction(1, 10**6), "ns": Fraction(1, 10**9)}
+MAX_ROWS = 1_000_000  # rows kept after the filters: about 300 MB of Python objects
+MAX_LINE = 2**20  # bytes in one line of CSV or JSON Lines
+_NUMBER = re.compile(r"[+-]?(?:\d{1,40}(?:\.\d{0,40})?|\.\d{1,40})(?:[eE][+-]?\d{1,3})?")
+MAX_TIME = 10**30  # a time's magnitude in its unit (ns since 1970 are 10**18): differences stay floats
+_WHOLE = re.compile(r"[+-]?\d{1,18}")
+_BATCH = 65_536  # Parquet rows decoded at a time
+
+
+@dataclass(frozen=True)
+class Columns:
+    """The columns that hold each row's group (None: one group), step, rank and time."""
+
+    rank: str = "rank"
+    step: str = "step"
+    time: str = "time"
+    group: str | None = None
+
+
+@dataclass(frozen=True)
+class Group:
+    """One group's steps (``name`` None: the trace has no group column): ``ranks`` are the
+    trace's labels of ranks ``0..N-1``; ``times[i][r]`` is when rank ``r`` reached the collective
+    at step ``steps[i]``, in seconds (exact), steps in ascending order."""
+
+    name: str | None
+    ranks: tuple[str, ...]
+    steps: tuple[int, ...]
+    times: tuple[tuple[Fraction, ...], ...]
+
+
+def format_of(path: Path, given: str | None) -> str:
+    """The trace's format: ``given``, else told by the file's suffix."""
+    if given is not None:
+        return given
+    found = SUFFIXES.get(path.suffix.lower())
+    if found is None:
+        raise InputError(
+            f"cannot tell the format of {shown(path)} from its name: name it .csv, .jsonl or .parquet, "
+            "or give --format"
+        )
+    return found
+
+
+def read_trace(
+    path: Path,
+    fmt: str,
+    columns: Columns,
+    where: Sequence[tuple[str, str]] = (),
+    unit: Fraction = Fraction(1),
+    max_rows: int = MAX_ROWS,
+) -> list[Group]:
+    """The groups of the trace in ``path`` (of format ``fmt``), from its rows whose ``where``
+    columns have those values (compared as text), times multiplied by ``unit`` to seconds.
+
+    Every malformed input is an :class:`InputError` naming the file and, where there is one, the
+    line: a missing column, a time that is no number, a step that is no whole number, a rank
+    given twice at a step or missing from one, no rows (after the filters), more than
+    ``max_rows`` of them."""
+    name = shown(path)
+    needed = [columns.step, columns.rank, columns.time, *([columns.group] if columns.group else [])]
+    needed += [column for column, _ in where if column not in needed]
+    rows = {"csv": _csv_rows, "jsonl": _jsonl_rows, "parquet": _parquet_rows}[fmt]
+    found: dict[str | None, dict[int, dict[str, Fraction]]] = {}
+    kept = 0
+    with open_regular(path, "traces") as file:
+        for place, row in rows(file, name, needed):
+            if any(_text(row[column]) != value for column, value in where):
+                continue
+            kept += 1
+            if kept > max_rows:
+                raise InputError(
+                    f"{name} has more than {max_rows:,} rows to replay: "
+                    "pick fewer with --where, or cut the trace"
+                )
+            group = None if columns.group is None else _label(row[columns.group], columns.group, place)
+            step = _step(row[columns.step], columns.step, place)
+            rank = _label(row[columns.rank], columns.rank, place)
+            time = _time(row[columns.time], columns.time, place) * unit
+            ranks = found.setdefault(group, {}).setdefault(step, {})
+            if rank in ranks:
+                where_group = "" if group is None else f" of group {quoted(group)}"
+                raise InputError(f"{place}: rank {quoted(rank)} at step {step}{where_group} is there twice")
+            ranks[rank] = time
+    if not found:
+        why = "after the --where filters" if where else "in it"
+        raise InputError(f"{name} has no rows {why}")
+    return [_group(name, group, steps) for group, steps in sorted(found.items(), key=lambda kv: kv[0] or "")]
+
+
+def _group(name: str, group: str | None, steps: Mapping[int, Mapping[str, Fraction]]) -> Group:
+    """A group's table, checked complete: every step has every rank of the group."""
+    labels = sorted({rank for ranks in steps.values() for rank in ranks}, key=_rank_order)
+    where = "" if group is None else f" in group {quoted(group)}"
+    if len(labels) < 2:
+        raise InputError(f"{name}: only one rank{where}: a collective needs two at least")
+    times = []
+    for step in sorted(steps):
+        ranks = steps[step]
+        if len(ranks) != len(labels):
+            missing = next(rank for rank in labels if rank not in ranks)
+            raise InputError(f"{name}: step {step}{where} has no row for rank {quoted(missing)}")
+        times.append(tuple(ranks[rank] for rank in labels))
+    return Group(group, tuple(labels), tuple(sorted(steps)), tuple(times))
+
+
+def _rank_order(label: str) -> tuple[int, int, str]:
+    """Ranks in numeric order where their labels are whole numbers, before any other label."""
+    return (0, int(label), "") if _WHOLE.fullmatch(label) else (1, 0, label)
+
+
+def _text(value: Any) -> str:
+    """A value as a ``--where`` compares it: a string as it is, anything else as JSON writes it."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _label(value: Any, column: str, place: str) -> str:
+    """A group's or a rank's label: a string or a whole number."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    label = value.strip() if isinstance(value, str) else json.dumps(value)
+    if isinstance(value, (bool, dict, list)) or value is None or not label:
+        raise InputError(f"{place}: {column} is {_shown(value)}: name a rank or group")
+    return label
+
+
+def _step(value: Any, column: str, place: str) -> int:
+    """A step: a whole number."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) < 10**18:
+        return value
+    if isinstance(value, str) and _WHOLE.fullmatch(value.strip()):
+        return int(value)
+    raise InputError(f"{place}: {column} is {_shown(value)}, not a whole number of steps")
+
+
+def _time(value: Any, column: str, place: str) -> Fraction:
+    """A time as an exact fraction of its unit: a finite number, or a decimal string, of
+    magnitude below :data:`MAX_TIME`."""
+    time = None
+    if isinstance(value, bool):
+        pass
+    elif isinstance(value, int) or (isinstance(value, float) and math.isfinite(value)):
+        time = Fraction(value)
+    elif isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
+        time = Fraction(value.strip())
+    if time is None:
+        raise InputError(f"{place}: {column} is {_shown(value)}, not a number")
+    if abs(time) >= MAX_TIME:
+        raise InputError(f"{place}: {column} is {_shown(value)}: at most {MAX_TIME:.0e} of its unit")
+    return time
+
+
+def _shown(value: Any) -> str:
+    return quoted(value) if isinstance(value, str) else shown(_text(value) if value is not None else "empty")
+
+
+def _lines(file: BinaryIO, name: str) -> Iterator[tuple[int, str]]:
+    """The file's lines, numbered from 1, each at most :data:`MAX_LINE` bytes of UTF-8."""
+    number = 0
+    while True:
+        try:
+            line = file.readline(MAX_LINE + 1)
+        except OSError as e:
+            raise InputError(f"cannot read {name}: {e.strerror or e}") from None
+        if not line:
+            return
+        number += 1
+        if len(line) > MAX_LINE and not line.endswith(b"\n"):
+            raise InputError(f"{name} line {number} is longer than {MAX_LINE:,} bytes")
+        try:
+            yield number, line.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise InputError(f"{name} line {number}: not UTF-8 text: byte {e.start}") from None
+
+
+def _csv_rows(file: BinaryIO, name: str, needed: Sequence[str]) -> Iterator[tuple[str, dict[str, Any]]]:
+    lines = _lines(file, name)
+    numbers: list[int] = []
+
+    def text() -> Iterator[str]:
+        for number, line in lines:
+            numbers.append(number)
+            yield line
+
+    reader = csv.reader(text())
+    try:
+        header = next(reader, None)
+        if header is None or not any(cell.strip() for cell in header):
+            raise InputError(f"{name} is empty: no header row")
+        header = [cell.strip() for cell in header]
+        where = _missing(header, needed, name)
+        for cells in reader:
+            place = f"{name} line {numbers[-1]}"
+            numbers.clear()
+            if not any(cell.strip() for cell in cells):
+                continue  # a blank line
+            if len(cells) != len(header):
+                raise InputError(f"{place}: {len(cells)} fields, the header has {len(header)}")
+            yield place, {column: cells[index] for column, index in where.items()}
+    except csv.Error as e:
+        raise InputError(f"{name} line {numbers[-1] if numbers else 1}: not CSV: {e}") from None
+
+
+def _missing(header: Sequence[str], needed: Sequence[str], name: str) -> dict[str, int]:
+    """Where each needed column is in ``header``; a missing one is an error naming those there."""
+    for column in needed:
+        if column not in header:
+            there = ", ".join(quoted(c, 30) for c in header[:8]) + (", ..." if len(header) > 8 else "")
+            raise InputError(f"{name} has no column {quoted(column)} (its columns: {there})")
+    if len(set(header)) != len(header):
+        twice = next(c for c in header if header.count(c) > 1)
+        raise InputError(f"{name} has two columns named {quoted(twice)}")
+    return {column: header.index(column) for column in needed}
+
+
+def _jsonl_rows(file: BinaryIO, name: str, needed: Sequence[str]) -> Iterator[tuple[str, dict[str, Any]]]:
+    for number, line in _lines(file, name):
+        if not line.strip():
+            continue
+        place = f"{name} line {number}"
+        try:
+            row = json.loads(line, parse_constant=_no_constant)
+        except (ValueError, RecursionError) as e:
+            raise InputError(f"{place}: not JSON: {shown(e, 120)}") from None
+        if not isinstance(row, dict):
+            raise InputError(f"{place}: not a JSON object")
+        for column in needed:
+            if column not in row:
+                raise InputError(f"{place} has no {quoted(column)}")
+        yield place, row
+
+
+def _no_constant(word: str) -> Any:
+    raise ValueError(f"{word} is no number")
+
+
+def _parquet_rows(file: BinaryIO, name: str, needed: Sequence[str]) -> Iterator[tuple[str, dict[str, Any]]]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise InputError(
+            "reading Parquet needs pyarrow: pip install 'stragglar[traces]' "
+            "(or give the trace as CSV or JSON Lines)"
+        ) from None
+    import pyarrow
+
+    try:
+        table = pq.ParquetFile(file)
+        header = list(table.schema_arrow.names)
+        _missing(header, needed, name)
+        number = 0
+        for batch in table.iter_batches(batch_size=_BATCH, columns=list(needed)):
+            for row in batch.to_pylist():
+                number += 1
+                yield f"{name} row {number}", row
+    except (pyarrow.ArrowException, OSError) as e:
+        raise InputError(f"{name}: not a Parquet file pyarrow can read: {shown(e, 120)}") from None
+
+
+def trace_lines(step: int, times: Sequence[float]) -> bytes:
+    """One step's rows, one JSON line per rank, as :class:`TraceWriter` writes them.
+
+    >>> trace_lines(3, [-0.25, 0.0])
+    b'{"step": 3, "rank": 0, "time": -0.25}\\n{"step": 3, "rank": 1, "time": 0.0}\\n'
+    """
+    return "".join(
+        json.dumps({"step": step, "rank": rank, "time": time}) + "\n" for rank, time in enumerate(times)
+    ).encode("utf-8")
+
+
+class TraceWriter:
+    """Appends steps to a trace file, each step's lines whole in one write (``O_APPEND``): a
+    reader, or a job that dies, never leaves half a line.  Rows are added after any already
+    there; a second run into the same file repeats its steps, which a reader refuses."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        try:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        except OSError as e:
+            raise InputError(f"cannot write the trace {shown(self.path)}: {e.strerror or e}") from None
+
+    def append(self, step: int, times: Sequence[float]) -> None:
+        """Add ``step``'s times (seconds, one per rank)."""
+        data = trace_lines(step, times)
+        try:
+            before = os.fstat(self._fd).st_size
+            written = os.write(self._fd, data)
+            if written != len(data):  # a full disk part-way: the lines are cut off again
+                os.ftruncate(self._fd, before)
+                raise OSError(errno.ENOSPC, f"wrote {written} of {len(data)} bytes")
+        except OSError as e:
+            error = ResourceError if ran_out(e) else InputError
+            raise error(f"cannot write the trace {shown(self.path)}: {e.strerror or e}") from None
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1

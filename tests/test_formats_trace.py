@@ -1,0 +1,197 @@
+"""Reading arrival traces (CSV, JSON Lines, Parquet) with named columns, filters and units, every
+malformed one refused in one line, and the hook's writer appending whole lines."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+
+from stragglar.errors import InputError, ResourceError
+from stragglar.formats.trace import TIME_UNITS, Columns, TraceWriter, format_of, read_trace, trace_lines
+
+
+def csv_file(tmp_path: Path, text: str, name: str = "t.csv") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+DEFAULT = Columns()
+
+
+def refused(path: Path, fmt: str = "csv", columns: Columns = DEFAULT, **kwargs: object) -> str:
+    with pytest.raises(InputError) as info:
+        read_trace(path, fmt, columns, **kwargs)  # type: ignore[arg-type]
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+def test_columns_filters_groups_and_units_are_read_as_named(tmp_path: Path) -> None:
+    lines = ["stage,dp,iter,op,start_us"]
+    for stage in (0, 1):
+        for it in (7, 8):
+            for dp in (3, 1):  # ranks renumbered 0..N-1 in label order: 1 -> 0, 3 -> 1
+                lines.append(f"{stage},{dp},{it},allreduce,{1000 * it + dp * (stage + 1)}")
+                lines.append(f"{stage},{dp},{it},allgather,5")
+    path = csv_file(tmp_path, "\n".join(lines) + "\n")
+    columns = Columns(rank="dp", step="iter", time="start_us", group="stage")
+    groups = read_trace(path, "csv", columns, [("op", "allreduce")], TIME_UNITS["us"])
+    assert [g.name for g in groups] == ["0", "1"]
+    assert all(g.ranks == ("1", "3") and g.steps == (7, 8) for g in groups)
+    assert groups[1].times[0] == (Fraction(7002, 10**6), Fraction(7006, 10**6))
+
+
+def test_json_lines_read_numbers_and_strings_alike(tmp_path: Path) -> None:
+    rows = [{"step": 1, "rank": "a", "time": 0.5}, {"step": "1", "rank": "b", "time": "2.5e-1"}, {}]
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows[:2]) + "\n\n")
+    (group,) = read_trace(path, "jsonl", Columns(), (), TIME_UNITS["ms"])
+    assert group.ranks == ("a", "b") and group.times == ((Fraction(1, 2000), Fraction(1, 4000)),)
+
+
+def test_parquet_is_read_with_pyarrow(tmp_path: Path) -> None:
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    path = tmp_path / "t.parquet"
+    columns = {"rank": [0, 1, 0, 1], "step": [1, 1, 2, 2], "time": [0.0, 0.25, 1.0, 1.5], "op": ["x"] * 4}
+    table = pa.table(columns)
+    pq.write_table(table, path)
+    (group,) = read_trace(path, "parquet", Columns(), [("op", "x")])
+    assert group.steps == (1, 2) and group.times[1] == (Fraction(1), Fraction(3, 2))
+    assert "no column 'when'" in refused(path, "parquet", Columns(time="when"))
+    assert "not a Parquet file" in refused(csv_file(tmp_path, "step,rank,time\n"), "parquet")
+
+
+def test_parquet_without_pyarrow_says_how_to_get_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "pyarrow", None)
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    message = refused(csv_file(tmp_path, "x", "t.parquet"), "parquet")
+    assert "pip install 'stragglar[traces]'" in message
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("", "is empty: no header row"),
+        ("step,rank,time\n", "has no rows in it"),
+        ("step,rank\n1,0\n", "has no column 'time' (its columns: 'step', 'rank')"),
+        ("step,rank,time\n1,0,soon\n1,1,2\n", "line 2: time is 'soon', not a number"),
+        ("step,rank,time\n1,0,nan\n1,1,2\n", "time is 'nan', not a number"),
+        ("step,rank,time\n1,0,1e99999\n1,1,2\n", "time is '1e99999', not a number"),
+        ("step,rank,time\n1,0,1e300\n1,1,2\n", "time is '1e300': at most 1e+30 of its unit"),
+        ("step,rank,time\n1.5,0,1\n", "line 2: step is '1.5', not a whole number of steps"),
+        ("step,rank,time\n1,0,1\n1,1,2\n2,0,3\n", "step 2 has no row for rank '1'"),
+        ("step,rank,time\n1,0,1\n1,1,2\n1,0,3\n", "line 4: rank '0' at step 1 is there twice"),
+        ("step,rank,time\n1,0,1\n", "only one rank"),
+        ("step,rank,time\n1,0\n", "line 2: 2 fields, the header has 3"),
+        ("step,rank,time,rank\n1,0,1,0\n", "two columns named 'rank'"),
+        ("step,rank,time\n1,,1\n", "line 2: rank is '': name a rank or group"),
+    ],
+)
+def test_a_malformed_csv_is_one_line_naming_the_place(tmp_path: Path, text: str, words: str) -> None:
+    assert words in refused(csv_file(tmp_path, text))
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ('{"step": 1, "rank": 0}\n', "line 1 has no 'time'"),
+        ("[1, 2]\n", "line 1: not a JSON object"),
+        ('{"step": 1, "rank": 0, "time": NaN}\n', "line 1: not JSON"),
+        ('{"step": 1, "rank": 0, "time": true}\n', "time is true, not a number"),
+        ('{"step": 1, "rank": 0, "time": 1' + "0" * 400 + "}\n", "at most 1e+30 of its unit"),
+        ('{"step": 1, "rank": 0, "time": 1}\n{"step": 1, "rank": 1, "time": [1]}\n', "line 2: time is [1]"),
+        ('{"step": 1, "rank": 0, "ti', "line 1: not JSON"),
+    ],
+)
+def test_malformed_json_lines_are_one_line_naming_the_place(tmp_path: Path, text: str, words: str) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text(text)
+    assert words in refused(path, "jsonl")
+
+
+def test_filters_that_keep_nothing_and_unknown_filter_columns_are_refused(tmp_path: Path) -> None:
+    path = csv_file(tmp_path, "step,rank,time,op\n1,0,1,x\n1,1,1,x\n")
+    assert "no rows after the --where filters" in refused(path, where=[("op", "y")])
+    assert "no column 'kind'" in refused(path, where=[("kind", "x")])
+    assert "no column 'stage'" in refused(path, columns=Columns(group="stage"))
+
+
+def test_a_huge_trace_is_refused_after_a_bounded_number_of_rows(tmp_path: Path) -> None:
+    path = tmp_path / "big.csv"
+    with path.open("w") as out:
+        out.write("step,rank,time\n")
+        out.writelines(f"{step},{rank},{step}\n" for step in range(5_000) for rank in range(4))
+    assert "more than 1,000 rows to replay" in refused(path, max_rows=1_000)
+    long_line = csv_file(tmp_path, "step,rank,time\n1,0," + "1" * (2**20 + 10) + "\n", "long.csv")
+    assert "line 2 is longer than 1,048,576 bytes" in refused(long_line)
+
+
+def test_a_fifo_or_a_folder_is_refused_before_reading(tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe.csv"
+    os.mkfifo(fifo)
+    assert "not a regular file (stragglar reads traces from files)" in refused(fifo)
+    assert "file not found" in refused(tmp_path / "missing.csv")
+
+
+def test_the_format_is_told_by_the_suffix_or_given(tmp_path: Path) -> None:
+    assert format_of(Path("a.CSV"), None) == "csv" and format_of(Path("a.ndjson"), None) == "jsonl"
+    assert format_of(Path("a.txt"), "parquet") == "parquet"
+    with pytest.raises(InputError, match=r"cannot tell the format of a\.txt"):
+        format_of(Path("a.txt"), None)
+
+
+def test_the_writer_appends_whole_steps_that_read_back_exactly(tmp_path: Path) -> None:
+    path = tmp_path / "trace.jsonl"
+    path.write_bytes(trace_lines(1, [-1.0, 0.0, -0.5]))  # an earlier run's first step
+    writer = TraceWriter(path)
+    waits = [[0.1 * k + 1e-17, 0.3 / (k + 1), 1 / 3] for k in range(40)]
+    threads = [
+        threading.Thread(target=writer.append, args=(k + 1, [-w for w in row])) for k, row in enumerate(waits)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    writer.close()
+    lines = path.read_text().splitlines()
+    assert len(lines) == 3 + 40 * 3 and all(line.endswith("}") for line in lines)
+    with pytest.raises(InputError, match="rank '0' at step 1 is there twice"):
+        read_trace(path, "jsonl", Columns(), ())
+    rows = [json.loads(line) for line in lines[3:]]  # every line whole, each step's three together
+    assert all(rows[i]["step"] == rows[i + 1]["step"] == rows[i + 2]["step"] for i in range(0, 120, 3))
+    kept = tmp_path / "kept.jsonl"
+    kept.write_bytes(b"".join(trace_lines(k + 1, [-w for w in row]) for k, row in enumerate(waits)))
+    (read,) = read_trace(kept, "jsonl", Columns(), ())
+    assert [tuple(-float(t) for t in row) for row in read.times] == [tuple(row) for row in waits]
+
+
+def test_the_writer_names_a_file_it_cannot_open(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="cannot write the trace"):
+        TraceWriter(tmp_path / "no" / "such" / "folder.jsonl")
+
+
+def test_a_short_write_is_cut_off_again_and_said(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "trace.jsonl"
+    writer = TraceWriter(path)
+    writer.append(1, [-0.5, 0.0])
+    whole = path.read_bytes()
+    real = os.write
+
+    def short(fd: int, data: bytes) -> int:  # a disk that fills part-way through the step
+        return real(fd, bytes(data)[:10]) if fd == writer._fd else real(fd, data)
+
+    monkeypatch.setattr(os, "write", short)
+    with pytest.raises(ResourceError, match=r"cannot write the trace .*: wrote 10 of"):
+        writer.append(2, [-0.5, 0.0])
+    monkeypatch.undo()
+    writer.close()
+    assert path.read_bytes() == whole  # no partial line left behind

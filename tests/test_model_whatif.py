@@ -1,0 +1,97 @@
+"""The replay of an arrival trace: who is late, what each algorithm would cost, and what the auto
+policy would have chosen, step by step, with the hook's own code."""
+
+from __future__ import annotations
+
+import math
+import random
+from fractions import Fraction
+
+import pytest
+
+from stragglar.model import Network
+from stragglar.model.policy import PROBE_LAG
+from stragglar.model.whatif import AUTO_POLICY, CHUNKED, Setting, replay
+
+NET = Network(1e-4, 1e9)  # alpha 100 us, 1 GB/s
+SIZE = 12 * 10**6  # a multiple of 3 and 4: whole chunks for N = 4
+
+
+def trace(rows: list[list[float]]) -> tuple[list[tuple[Fraction, ...]], list[int]]:
+    """Times (seconds) per step, as the reader gives them, and steps 1..S."""
+    return [tuple(Fraction(t) for t in row) for row in rows], list(range(1, len(rows) + 1))
+
+
+def test_a_persistent_straggler_is_found_and_the_saving_is_the_models() -> None:
+    delay, steps = 0.05, 12
+    times, numbers = trace([[100.0 * s, 100.0 * s, 100.0 * s + delay, 100.0 * s] for s in range(steps)])
+    result = replay(times, numbers, Setting(NET, (SIZE,)))
+    assert result.found == ((4, 2),) and result.straggler == 2 and result.last_share == 1.0
+    assert result.lateness(0.5) == pytest.approx(delay) and result.lateness(0.9) == pytest.approx(delay)
+    # By hand, N = 4: a Ring starts when rank 2 is in and runs 6 rounds of a quarter; StragglAR runs
+    # 2 rounds of a third while rank 2 is late (hidden), then 4 rounds of a third.
+    alpha, beta = NET.alpha, 1 / NET.bandwidth
+    ring = delay + 6 * (alpha + SIZE / 4 * beta)
+    ours = max(delay, 2 * (alpha + SIZE / 3 * beta)) + 4 * (alpha + SIZE / 3 * beta)
+    assert all(s.predicted["ring"] == pytest.approx(ring) for s in result.steps)
+    assert all(s.predicted["stragglar"] == pytest.approx(ours) for s in result.steps)
+    # auto: the engine until the probe has a window of 4 steps, two steps after they happened
+    first = 4 + PROBE_LAG
+    assert result.decisions == ((1, "allreduce", None, None), (first, "stragglar", 2, None))
+    assert result.stragglar_steps == steps - first + 1
+    saved = result.total("ring") - result.total(AUTO_POLICY)
+    assert saved == pytest.approx((steps - first + 1) * (ring - ours))
+    assert result.total(CHUNKED) <= result.total("stragglar") + 1e-12  # the model's fastest count
+
+
+def test_a_randomly_late_rank_is_no_persistent_straggler_and_auto_stays_on_the_engine() -> None:
+    gen = random.Random(4)
+    order = [rank for _ in range(10) for rank in gen.sample(range(4), 4)]  # each late once in 4 steps
+    rows = []
+    for s, late in enumerate(order):
+        row = [10.0 * s] * 4
+        row[late] += 0.05
+        rows.append(row)
+    times, numbers = trace(rows)
+    result = replay(times, numbers, Setting(NET, (SIZE,)))
+    assert result.found == ()
+    assert result.decisions == ((1, "allreduce", None, None),)  # the median lateness is never late
+    assert result.stragglar_steps == 0
+    assert result.total(AUTO_POLICY) == result.total("ring")
+    assert result.lateness(0.5) < 0  # the most often last rank is, in the median step, early
+
+
+def test_nobody_late_saves_nothing_and_stragglar_costs_more() -> None:
+    times, numbers = trace([[float(s)] * 3 for s in range(10)])
+    result = replay(times, numbers, Setting(NET, (SIZE,)))
+    assert result.found == () and result.stragglar_steps == 0
+    assert all(s.last is None for s in result.steps)  # a tie for last: nobody is late
+    assert all(late == 0.0 for s in result.steps for late in s.late)
+    assert result.total("stragglar") > result.total("ring")  # its hidden rounds are not hidden
+    assert result.total(AUTO_POLICY) == result.total("ring")
+
+
+def test_several_buckets_are_priced_each_and_decided_each() -> None:
+    delay = 0.05
+    times, numbers = trace([[float(s), s + delay, float(s), float(s)] for s in range(8)])
+    one = replay(times, numbers, Setting(NET, (SIZE,)))
+    two = replay(times, numbers, Setting(NET, (SIZE, 2 * SIZE)))
+    big = replay(times, numbers, Setting(NET, (2 * SIZE,)))
+    assert two.total("ring") == pytest.approx(one.total("ring") + big.total("ring"))
+    assert all(len(s.choices) == 2 for s in two.steps)
+    assert two.decisions[0] == (1, "allreduce", None, None)
+
+
+def test_a_clock_of_nanoseconds_since_1970_keeps_every_nanosecond() -> None:
+    epoch = 1_764_000_000_000_000_000  # ns: past float64's 53 bits
+    rows = [[Fraction(epoch + 10**9 * s + r, 10**9) for r in range(3)] for s in range(5)]
+    result = replay(rows, list(range(5)), Setting(NET, (SIZE,)))
+    assert all(s.late[2] == pytest.approx(1e-9, rel=1e-6) for s in result.steps)
+    assert all(s.last == 2 for s in result.steps)
+
+
+def test_the_fixed_stragglar_figures_take_the_rank_last_most_often_without_a_find() -> None:
+    times, numbers = trace([[0.0, 0.01, 0.0], [0.0, 0.0, 0.01], [0.0, 0.01, 0.0]])
+    result = replay(times, numbers, Setting(NET, (SIZE,), window=4))
+    assert result.found == () and result.straggler == 1
+    assert math.isclose(result.last_share, 2 / 3)
