@@ -204,9 +204,12 @@ class _Group(click.Group):
             return super().invoke(ctx)
 
 
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(
+    cls=_Group, invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]}
+)
 @click.version_option(__version__, "--version", prog_name="stragglar", message="%(prog)s %(version)s")
-def cli() -> None:
+@click.pass_context
+def cli(ctx: click.Context) -> None:
     """Synthesize, prove, export, price and run StragglAR AllReduce schedules.
 
     \b
@@ -216,6 +219,9 @@ def cli() -> None:
     Exit codes: 0 done, 1 not a correct AllReduce or a failed run, 2 bad input, 3 out of
     memory, disk space or solver time, 130 interrupted (Ctrl-C).
     """
+    if ctx.invoked_subcommand is None:  # bare `stragglar`: the help, asked for in effect
+        click.echo(ctx.get_help())
+        ctx.exit(0)
 
 
 def _stopping_z3(command: click.Command) -> click.Command:
@@ -258,7 +264,8 @@ def main() -> None:
             sys.stdout.flush()
     except OSError as e:
         if sys.stderr is not None:
-            sys.stderr.write(f"Error: cannot write the output: {e.strerror or e}\n")
-            sys.stderr.flush()
+            with contextlib.suppress(OSError):  # stderr itself may be what is full (2>/dev/full)
+                sys.stderr.write(f"Error: cannot write the output: {e.strerror or e}\n")
+                sys.stderr.flush()
         # no exit-time flush of the output that could not be written
         os._exit(ResourceError.exit_code if ran_out(e) else InputError.exit_code)

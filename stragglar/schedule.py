@@ -31,6 +31,7 @@ import enum
 import gc
 import hashlib
 import operator
+import re
 from array import array
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
@@ -310,17 +311,26 @@ def round_lower_bound(num_ranks: int, num_chunks: int | None = None) -> int:
     return chunks + max(1, (num_ranks - 1).bit_length()) - 1
 
 
+_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.+-]")
+
+
 def base_name(schedule: Schedule) -> str:
     """``stragglar-n8-s7``: the stem of file and artifact names, so no two schedules share one.
 
     Executors cache plans by name, so the chunk count is part of it where a straggler-aware
     schedule does not use the paper's N-1: ``stragglar-n8-s7-c32``.
 
+    A file's ``algorithm`` may be any string: what a name cannot hold (anything but letters, digits
+    and ``_ . + -``, e.g. a terminal's control characters) becomes ``_``, and it is cut to 64
+    characters, so the name is one every executor and file system takes.
+
     >>> s = Schedule("stragglar", 8, 32, 7, ())
     >>> base_name(s), base_name(Schedule("ring", 8, 8, None, ()))
     ('stragglar-n8-s7-c32', 'ring-n8')
+    >>> base_name(Schedule("\x1b[2J mine/2", 4, 4, None, ()))
+    '__2J_mine_2-n4'
     """
-    name = f"{schedule.algorithm}-n{schedule.num_ranks}"
+    name = f"{_NAME_UNSAFE.sub('_', schedule.algorithm[:64])}-n{schedule.num_ranks}"
     if schedule.straggler is not None:
         name += f"-s{schedule.straggler}"
         if schedule.num_chunks != schedule.num_ranks - 1:

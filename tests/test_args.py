@@ -117,6 +117,10 @@ def test_stragglar_state_checks_its_fields() -> None:
     from stragglar.ddp import StragglarState
 
     assert StragglarState(straggler=np.int64(3)).straggler == 3
+    with pytest.raises(ArgumentError, match=r"^StragglarState.process_group must be a torch process group"):
+        StragglarState(process_group="world")  # accepted, then a raw AttributeError in backward()
+    with pytest.raises(ArgumentError, match=r"^StragglarState.graphs must be True or False, got 'no'$"):
+        StragglarState(graphs="no")  # type: ignore[arg-type]
     assert type(StragglarState(straggler=np.int64(3)).straggler) is int
     for bad, kind in [(1.5, "float"), (True, "bool"), ("3", "str")]:
         with pytest.raises(

@@ -741,6 +741,9 @@ def test_control_characters_from_a_file_are_escaped_not_sent_to_the_terminal(tmp
     assert "\x1b" not in shown.output and "\x00" not in shown.output
     escape = tmp_path / "\x1b[31m.json"
     assert "\x1b" not in one_error(run("verify", str(escape)), 2)
+    exported = run("export", str(path))  # the XML name is made from the algorithm: raw ESC was in it
+    assert exported.exit_code == 0 and '<algo name="late___2J-n4-s3-simple"' in exported.stdout
+    assert "\x1b" not in exported.output and "\x00" not in exported.output
 
 
 @pytest.mark.parametrize(
@@ -838,3 +841,58 @@ def test_ranks_out_of_memory_are_a_resource_that_ran_out(monkeypatch: pytest.Mon
     monkeypatch.setattr("stragglar.measure.run_torch.payload", no_memory)  # the forked ranks inherit it
     line = one_error(run("run", "--backend", "torch", "-n", "2", "--size", "4", "--iters", "1"), 3)
     assert line.startswith("Error: 2 of 2 ranks failed: ranks 0, 1 raised MemoryError"), line
+
+
+def shell(command: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``command`` in bash, ``stragglar`` being this interpreter's (descriptors the shell opens)."""
+    stragglar = f"{sys.executable} -m stragglar"
+    return subprocess.run(
+        ["bash", "-c", command.replace("stragglar", stragglar)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "stragglar export in.json --format msccl -o /proc/self/fd/3 3<>in.json",
+        "stragglar export in.json --format msccl -o /dev/stdout 1<>in.json",
+        "stragglar export in.json --format msccl -o /dev/stdout >>in.json",
+        "stragglar export in.json --format mscclpp >>in.json",
+    ],
+)
+def test_an_output_descriptor_open_on_the_input_is_refused(tmp_path: Path, command: str) -> None:
+    """The input was overwritten in place or appended to (exit 0): refused by name only before."""
+    json_format.write(synthesize("stragglar", 4), tmp_path / "in.json")
+    before = (tmp_path / "in.json").read_bytes()
+    done = shell(command, tmp_path)
+    assert done.returncode == 2 and done.stderr.startswith("Error: "), done.stderr
+    assert "is the input file in.json: write the output somewhere else" in done.stderr
+    assert (tmp_path / "in.json").read_bytes() == before
+
+
+def test_an_output_folder_that_takes_no_file_is_refused_before_the_work(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """/proc passes a permission check as root: N = 1024 ran 25 s before the write failed."""
+    monkeypatch.setattr("stragglar.commands.schedules.synthesize", never_called)
+    assert "cannot write in /proc" in one_error(run("synth", "--gpus", "1024", "-o", "/proc/x.json"), 2)
+
+
+def never_called(*args: object, **kwargs: object) -> None:
+    raise AssertionError("the work started")
+
+
+def test_a_full_standard_error_is_a_resource_that_ran_out(tmp_path: Path) -> None:
+    """Its own error line could not be written: exit 1 and a traceback nobody saw, before."""
+    done = shell("stragglar synth --gpus 1 2>/dev/full; echo $?", tmp_path)
+    assert done.stdout.strip() == "3"
+
+
+def test_stragglar_alone_prints_its_help_and_exits_0() -> None:
+    result = run()
+    assert result.exit_code == 0 and result.stdout.startswith("Usage: ") and result.stderr == ""
+    assert "Commands:" in result.stdout

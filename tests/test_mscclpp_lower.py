@@ -382,3 +382,13 @@ def test_only_a_proof_is_lowered() -> None:
     bad = Schedule("x", 2, 1, None, (Phase("p", (0, 1), ((Transfer(0, 1, 3, Op.REDUCE),),)),))
     with pytest.raises(TypeError, match="prove the schedule first"):
         lower(bad)  # type: ignore[arg-type]
+
+
+def test_options_that_are_not_plan_options_are_one_argument_error() -> None:
+    """A dict of options was a raw AttributeError."""
+    from stragglar.errors import ArgumentError
+    from stragglar.mscclpp.lower import lower
+    from stragglar.verify import prove
+
+    with pytest.raises(ArgumentError, match=r"^options must be a PlanOptions, got dict$"):
+        lower(prove(synthesize("stragglar", 4)), {"instances": 2})  # type: ignore[arg-type]

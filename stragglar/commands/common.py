@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import json
 import os
+import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -375,13 +376,40 @@ def to_stdout(output: Path | None) -> bool:
     return output is not None and (str(output) == "-" or own_descriptor(output) == 1)
 
 
+def _descriptor_is(descriptor: int, path: Path) -> bool:
+    """Whether the open ``descriptor`` is the file ``path`` (a missing file never is)."""
+    try:
+        mine, theirs = os.fstat(descriptor), os.stat(path)
+    except OSError:
+        return False
+    return (mine.st_dev, mine.st_ino) == (theirs.st_dev, theirs.st_ino)
+
+
+def _takes_a_file(folder: Path) -> bool:
+    """Whether a new file can be made in ``folder``: made and removed at once, as the atomic write
+    will make its temporary file there."""
+    try:
+        fd, name = tempfile.mkstemp(dir=folder, prefix=".stragglar-", suffix=".tmp")
+    except OSError:
+        return False
+    os.close(fd)
+    os.unlink(name)
+    return True
+
+
 def check_output(output: Path, *inputs: Path, option: str = "-o") -> None:
-    """Refuse, before any work, an output that would overwrite an input, that cannot be a file
-    (a folder, or a device, a fifo or a socket, which the atomic rename would replace with a
-    plain file: ``--json /dev/null`` must not delete the device), or whose folder is missing or
-    not writable; ``option`` names it in the error.  Standard output and this process's other
-    descriptors are written as they are: nothing to check."""
-    if str(output) == "-" or own_descriptor(output) is not None:
+    """Refuse, before any work, an output that would overwrite an input (by name, or a descriptor
+    of this process open on it: ``-o /dev/stdout 1<>in.json``), that cannot be a file (a folder,
+    or a device, a fifo or a socket, which the atomic rename would replace with a plain file:
+    ``--json /dev/null`` must not delete the device), or whose folder is missing or cannot take a
+    new file (tried: a read-only mount or ``/proc`` passes a permission check as root);
+    ``option`` names it in the error.  This process's descriptors are written as they are."""
+    descriptor = 1 if str(output) == "-" else own_descriptor(output)
+    if descriptor is not None:
+        for source in inputs:
+            if _descriptor_is(descriptor, source):
+                name = "standard output" if descriptor == 1 else shown(output)
+                raise InputError(f"{name} is the input file {shown(source)}: write the output somewhere else")
         return
     try:
         for source in inputs:
@@ -393,7 +421,7 @@ def check_output(output: Path, *inputs: Path, option: str = "-o") -> None:
         folder = output.parent.resolve()
         if not folder.is_dir():
             why = f"{shown(output)}: folder {shown(output.parent)} does not exist"
-        elif not os.access(folder, os.W_OK | os.X_OK):
+        elif not os.access(folder, os.W_OK | os.X_OK) or not _takes_a_file(folder):
             why = f"{shown(output)}: cannot write in {shown(output.parent)}"
         else:
             return

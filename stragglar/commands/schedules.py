@@ -241,8 +241,7 @@ def export(
         "a schedule file fixes its chunk count; use stragglar synth --gpus N --chunks C|auto --format FMT",
     )
     output, fmt = destination(output, fmt, "msccl", ("json", *FORMATS))
-    if output is not None:
-        check_output(output, file)
+    check_output(Path("-") if output is None else output, file)  # stdout too: `1<>FILE`, `>>FILE`
     refuse_other_formats(fmt)
     proof = proved(load_schedule(file, "export"), str(file))
     if fmt in FORMATS:

@@ -77,7 +77,9 @@ class StragglarState:
     median lateness is judged (default 4).  Both need the world group.  ``asynchronous``
     (default): the hook returns at once and two worker threads (on CUDA, two side streams) run
     StragglAR's rounds, the first those the late rank takes no part in, for every bucket as soon
-    as it is ready (:mod:`stragglar.ddp.worker`); False runs them in the hook.
+    as it is ready (:mod:`stragglar.ddp.worker`); False runs them in the hook.  ``graphs`` (on
+    CUDA buffers over NCCL): each bucket stage's rounds replay from a CUDA graph after their first
+    step (:func:`~stragglar.runtime.allreduce`); False launches them eagerly every step.
     ``chunks``: StragglAR's chunk count, C >= N-1 (None: the paper's N-1), or "auto": per bucket,
     the count the cost model prices fastest for its size (:func:`~stragglar.model.policy.chunk_count`),
     on the policy's networks under "auto" (with the expected lateness), on ``network`` under
@@ -114,6 +116,7 @@ class StragglarState:
     network: Network | None = None
     chunks: int | str | None = None
     asynchronous: bool = True
+    graphs: bool = True
     record: str | os.PathLike[str] | None = None
     proofs: dict[tuple[int, int | None, int | None], Proof] = field(default_factory=dict)
     switches: list[tuple[int, int]] = field(default_factory=list)
@@ -156,6 +159,13 @@ class StragglarState:
             raise ArgumentError(
                 f"StragglarState.asynchronous must be True or False, got {described(self.asynchronous)}"
             )
+        if self.process_group is not None and not isinstance(self.process_group, dist.ProcessGroup):
+            raise ArgumentError(
+                "StragglarState.process_group must be a torch process group or None (the world), "
+                f"got {described(self.process_group)} ({type(self.process_group).__name__})"
+            )
+        if not isinstance(self.graphs, bool):
+            raise ArgumentError(f"StragglarState.graphs must be True or False, got {described(self.graphs)}")
         if self.record is not None and (
             not isinstance(self.record, (str, os.PathLike)) or not os.fspath(self.record)
         ):
@@ -341,7 +351,7 @@ class StragglarState:
         early = dedicated_group(self.process_group, self.timeout) if self.asynchronous else group
         groups = (early, group)
         record = self.probe.record if self.probe is not None and self.policy == "auto" else None
-        reduce = Reducer(groups, world_size, self.timeout, self.straggler_delay, record)
+        reduce = Reducer(groups, world_size, self.timeout, self.straggler_delay, record, self.graphs)
         worker = None
         if self.asynchronous:
             worker = BucketWorker(f"stragglar-ddp-{dist.get_rank()}")

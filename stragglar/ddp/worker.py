@@ -224,6 +224,7 @@ class Reducer:
     timeout: float
     straggler_delay: float = 0.0
     record: Callable[[str, int, int, Stopwatch], None] | None = None
+    graphs: bool = True
 
     def __call__(self, job: Job) -> None:
         """Both stages, one after the other, on the caller's thread."""
@@ -254,6 +255,8 @@ class Reducer:
             job.future.set_result(job.buffer)
 
     def _rounds(self, job: Job, stage: int, rounds: tuple[int, int | None]) -> None:
+        # gloo has no streams: its CUDA buffers are waited on the host, stage by stage
+        ordered = job.order.stream_ordered and dist.get_backend(self.groups[stage]) == "nccl"
         allreduce(
             job.buffer,
             job.proof,
@@ -262,8 +265,8 @@ class Reducer:
             timeout=self.timeout,
             tag=job.bucket % (MAX_TAG + 1),
             late_rank=job.late_rank,
-            # gloo has no streams: its CUDA buffers are waited on the host, stage by stage
-            stream_ordered=job.order.stream_ordered and dist.get_backend(self.groups[stage]) == "nccl",
+            stream_ordered=ordered,
+            graphs=False if ordered and not self.graphs else None,
             rounds=rounds,
             lockstep=True,
         )

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stragglar.args import as_int
-from stragglar.errors import InputError, described
+from stragglar.errors import ArgumentError, InputError, described
 from stragglar.files import write_text
 from stragglar.mscclpp.blocks import BlockError, cut_segments, place_blocks
 from stragglar.mscclpp.document import alignment_problem
@@ -244,7 +244,9 @@ def lower(proof: Proof, options: PlanOptions | None = None) -> MscclppPlan:
     cannot take, e.g. more thread blocks per GPU than one GPU runs at once.
     """
     schedule = require_proof(proof).schedule
-    options = options or PlanOptions()
+    options = PlanOptions() if options is None else options
+    if not isinstance(options, PlanOptions):
+        raise ArgumentError(f"options must be a PlanOptions, got {type(options).__name__}")
     _check(schedule, options)
     check_request(schedule.num_ranks, schedule.num_chunks, options.instances)
     programs = build_programs(schedule)

@@ -146,6 +146,11 @@ def allreduce(
                 f"group must be a torch process group or None (the world), got {described(group)} "
                 f"({type(group).__name__})"
             )
+        if not dist.is_initialized():
+            raise InputError(
+                "allreduce needs a process group: call torch.distributed.init_process_group first "
+                "(allreduce_local runs every rank in this process)"
+            )
         if stream_ordered and dist.get_backend(group) != "nccl":
             raise InputError(
                 f"stream_ordered applies to an NCCL process group, not {dist.get_backend(group)}: "

@@ -28,7 +28,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from stragglar.errors import IncorrectError
+from stragglar.errors import ArgumentError, IncorrectError
 from stragglar.schedule import Op, Schedule, Transfer, round_lower_bound
 from stragglar.units import count_of
 
@@ -285,13 +285,14 @@ class ArtifactProof(abc.ABC):
 
 
 def require_proof(value: object) -> Proof:
-    """``value`` if it is a :class:`Proof`; a TypeError that says how to get one otherwise.
+    """``value`` if it is a :class:`Proof`; an :class:`~stragglar.errors.ArgumentError` (a
+    TypeError, and an InputError: exit 2) that says how to get one otherwise.
 
     Exporters and the runtime call this first: a bare schedule passed where a proof belongs is a
     mistake Python's typing would not catch at run time.
     """
     if not isinstance(value, Proof):
-        raise TypeError(
+        raise ArgumentError(
             f"expected a Proof, got {type(value).__name__}: prove the schedule first "
             "(stragglar.verify.prove(schedule))"
         )

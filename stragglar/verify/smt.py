@@ -64,12 +64,13 @@ from stragglar.verify.report import (
     self_violation,
 )
 
-__all__ = ["SMT_MAX_TRANSFERS", "smt_check", "smt_prove"]
+__all__ = ["SMT_MAX_CELLS", "SMT_MAX_TRANSFERS", "smt_check", "smt_prove"]
 
 # z3's work grows faster than the schedule (N = 256: 130,050 transfers, 16 s, 0.7 GB; N = 512:
 # 522,242 transfers, 81 s, 2.5 GB on 2 cores; N = 2048 would take most of an hour and ~40 GB), so a
 # larger schedule is refused before the solver starts: the simulator proves any size in seconds.
 SMT_MAX_TRANSFERS = 600_000
+SMT_MAX_CELLS = 512 * 512  # ranks x chunks: z3 gets a term per rank for every chunk, transfers or not
 
 _PAIRWISE = ("send-port", "receive-port", "double-write")  # rules two transfers break together
 
@@ -91,6 +92,12 @@ def smt_check(schedule: Schedule) -> Violation | None:
     """
     if schedule.collective != "allreduce":
         raise InputError(f"can only verify allreduce schedules, not {schedule.collective!r}")
+    cells = schedule.num_ranks * schedule.num_chunks
+    if cells > SMT_MAX_CELLS:
+        raise InputError(
+            f"z3 proves schedules of at most {SMT_MAX_CELLS:,} ranks x chunks (N = 512 takes ~80 s, 2.5 GB); "
+            f"this one has {cells:,}: the simulator (verify without --smt) proves it"
+        )
     if schedule.num_transfers > SMT_MAX_TRANSFERS:
         raise InputError(
             f"z3 proves schedules of at most {SMT_MAX_TRANSFERS:,} transfers (N = 512 takes ~80 s, 2.5 GB); "
