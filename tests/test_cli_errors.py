@@ -840,7 +840,8 @@ def test_ranks_out_of_memory_are_a_resource_that_ran_out(monkeypatch: pytest.Mon
 
     monkeypatch.setattr("stragglar.measure.run_torch.payload", no_memory)  # the forked ranks inherit it
     line = one_error(run("run", "--backend", "torch", "-n", "2", "--size", "4", "--iters", "1"), 3)
-    assert line.startswith("Error: 2 of 2 ranks failed: ranks 0, 1 raised MemoryError"), line
+    # both ranks raise it; under load one may see the other leave first ("lost the connection")
+    assert line.startswith("Error: 2 of 2 ranks failed: ") and "raised MemoryError" in line, line
 
 
 def shell(command: str, cwd: Path) -> subprocess.CompletedProcess[str]:
