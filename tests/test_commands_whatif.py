@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
+from torch_hidden import HIDE_TORCH
 
 from stragglar.cli import cli
 
@@ -156,17 +157,10 @@ def test_bad_files_are_one_line_and_exit_2(tmp_path: Path) -> None:
 
 
 # Runs in a fresh interpreter where torch and CuPy cannot be imported.
-HIDDEN = textwrap.dedent(
+HIDDEN = HIDE_TORCH + textwrap.dedent(
     """
     import sys
 
-    class Hidden:
-        def find_spec(self, name, path=None, target=None):
-            if name.partition(".")[0] in ("torch", "cupy"):
-                raise ImportError(f"{name} is hidden")
-            return None
-
-    sys.meta_path.insert(0, Hidden())
     from stragglar.cli import cli
     try:
         cli.main(["whatif", *sys.argv[1:]], prog_name="stragglar")

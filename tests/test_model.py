@@ -6,19 +6,14 @@ import subprocess
 import sys
 import textwrap
 
+from torch_hidden import HIDE_TORCH
+
 # Runs in a fresh interpreter, where torch and CuPy cannot be imported: every module of the
 # model room imports, and the DDP policy decides from figures alone.
-HIDDEN = textwrap.dedent(
+HIDDEN = HIDE_TORCH + textwrap.dedent(
     """
     import importlib, pkgutil, sys
 
-    class Hidden:
-        def find_spec(self, name, path=None, target=None):
-            if name.partition(".")[0] in ("torch", "cupy"):
-                raise ImportError(f"{name} is hidden")
-            return None
-
-    sys.meta_path.insert(0, Hidden())
     try:
         import torch
     except ImportError:
