@@ -7,9 +7,11 @@ wrong sums here, as it would on a GPU.  Install it with :func:`installed`."""
 from __future__ import annotations
 
 import ctypes
+import subprocess
 import sys
 import types
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -118,7 +120,76 @@ def _kernel(cuda: FakeCuda, into_buffers: bool) -> Callable[..., None]:
     return kernel
 
 
-def fake_cupy(cuda: FakeCuda) -> types.ModuleType:
+# The CUDA C, compiled for the host: CUDA's qualifiers and thread indices stubbed, and every
+# thread of the grid run in turn (the kernels' threads write disjoint elements).
+_HOST_PRELUDE = """
+#define __global__
+#define __device__
+struct Index { unsigned x, y, z; };
+static Index blockIdx, blockDim, gridDim, threadIdx;
+"""
+_HOST_LAUNCH = """
+extern "C" void {name}_{width}(const unsigned long long* buffers, const long long* rows, int count,
+                                long long total, void* round, unsigned grid, unsigned block) {{
+    gridDim.x = grid; blockDim.x = block;
+    for (unsigned b = 0; b < grid; ++b)
+        for (unsigned t = 0; t < block; ++t) {{
+            blockIdx.x = b; threadIdx.x = t;
+            {name}<{word}>(buffers, rows, count, total, static_cast<{word}*>(round));
+        }}
+}}
+"""
+
+
+def _compiled(code: str, name_expressions: list[str], folder: Path) -> ctypes.CDLL:
+    """``code`` with a host entry point per kernel named in ``name_expressions``."""
+    launches = []
+    for expression in name_expressions:
+        name, word = expression[:-1].split("<")
+        width = {"unsigned short": 2, "unsigned int": 4}.get(word, 8)
+        launches.append(_HOST_LAUNCH.format(name=name, width=width, word=word))
+    source = folder / "kernels.cpp"
+    source.write_text(_HOST_PRELUDE + code + "".join(launches))
+    library = folder / "kernels.so"
+    subprocess.run(
+        ["g++", "-std=c++14", "-O1", "-shared", "-fPIC", "-o", str(library), str(source)],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    return ctypes.CDLL(str(library))
+
+
+def _host_kernel(cuda: FakeCuda, library: ctypes.CDLL, expression: str) -> Callable[..., None]:
+    """A kernel of the CUDA source, compiled for the host, launched as CuPy would launch it."""
+    name, word = expression[:-1].split("<")
+    width = {"unsigned short": 2, "unsigned int": 4}.get(word, 8)
+    entry = getattr(library, f"{name}_{width}")
+    entry.restype = None
+
+    def kernel(grid: tuple[int], block: tuple[int], args: tuple[Any, ...]) -> None:
+        pointers, rows, count, size, words = args
+        assert words.dtype.itemsize == width and rows.dtype == np.int64 and rows.flags.c_contiguous
+
+        def work() -> None:
+            entry(
+                ctypes.c_void_p(pointers.ctypes.data),
+                ctypes.c_void_p(rows.ctypes.data),
+                ctypes.c_int(int(count)),
+                ctypes.c_longlong(int(size)),
+                ctypes.c_void_p(words.ctypes.data),
+                ctypes.c_uint(grid[0]),
+                ctypes.c_uint(block[0]),
+            )
+
+        cuda.launch(work)
+
+    return kernel
+
+
+def fake_cupy(cuda: FakeCuda, compile_in: Path | None = None) -> types.ModuleType:
+    """The stand-in; with ``compile_in`` (a folder) its kernels are the CUDA source itself,
+    compiled for the host with g++, instead of a Python model of what they do."""
     module = types.ModuleType("cupy")
     module.ndarray = FakeArray  # type: ignore[attr-defined]
     module.cuda = cuda  # type: ignore[attr-defined]
@@ -126,8 +197,12 @@ def fake_cupy(cuda: FakeCuda) -> types.ModuleType:
 
     def raw_module(code: str, options: tuple[str, ...], name_expressions: list[str]) -> Any:
         assert "from_buffers" in code and all("<unsigned" in name for name in name_expressions)
-        kernels = {name.split("<")[0]: _kernel(cuda, name.startswith("into")) for name in name_expressions}
-        return types.SimpleNamespace(get_function=lambda name: kernels[name.split("<")[0]])
+        if compile_in is None:
+            kernels = {name: _kernel(cuda, name.startswith("into")) for name in name_expressions}
+        else:
+            library = _compiled(code, name_expressions, compile_in)
+            kernels = {name: _host_kernel(cuda, library, name) for name in name_expressions}
+        return types.SimpleNamespace(get_function=lambda name: kernels[name])
 
     def add(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
         cuda.launch(lambda: np.add(a, b, out=out))
@@ -141,12 +216,13 @@ def fake_cupy(cuda: FakeCuda) -> types.ModuleType:
     return module
 
 
-def installed(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCuda]:
-    """Put the stand-in in ``sys.modules["cupy"]`` with empty kernel and loopback caches."""
+def installed(monkeypatch: pytest.MonkeyPatch, compile_in: Path | None = None) -> Iterator[FakeCuda]:
+    """Put the stand-in in ``sys.modules["cupy"]`` with empty kernel and loopback caches
+    (``compile_in``: see :func:`fake_cupy`)."""
     from stragglar.runtime import loopback_gpu
 
     fake = FakeCuda()
-    monkeypatch.setitem(sys.modules, "cupy", fake_cupy(fake))
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy(fake, compile_in))
     monkeypatch.setattr(loopback_gpu, "_modules", {})
     monkeypatch.setattr(loopback_gpu, "_loopbacks", type(loopback_gpu._loopbacks)())
     yield fake

@@ -1,11 +1,13 @@
 """The GPU loopback's batched rounds and CUDA graphs, on a stand-in for CuPy (:mod:`fake_cupy`)
-that records launches on a capturing stream and reads buffers through raw pointers.  The CUDA C
-of the copy kernels itself runs only on a GPU (benchmarks/bench_gpu.py checks it)."""
+that records launches on a capturing stream and reads buffers through raw pointers; the copy
+kernels are a Python model of their contract, or their own CUDA C compiled for the host."""
 
 from __future__ import annotations
 
+import shutil
 import warnings
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -181,3 +183,23 @@ def test_the_replayer_runs_eagerly_first_then_from_its_graph() -> None:
         assert all(a.tobytes() == b.tobytes() for a, b in zip(reference(data, schedule), bufs, strict=True))
         assert backend.eager == plan.launches  # only the first call ran eagerly
     assert list(replayer.captured) == [(0, len(plan.rounds))]
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ to compile the CUDA source for the host")
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "int64"])
+@pytest.mark.parametrize(("n", "chunks"), [(3, None), (8, 64), (5, 12)])
+def test_the_cuda_source_of_the_copy_kernels_compiled_for_the_host_is_exact(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, dtype: str, n: int, chunks: int | None
+) -> None:
+    """The kernels' own C (binary search for a thread's row, offsets, one kernel per width), every
+    thread of the grid run in turn on the host, through the loopback, eagerly and from graphs."""
+    cuda = next(installed(monkeypatch, compile_in=tmp_path))
+    schedule = synthesize("stragglar", n, chunks=chunks)
+    proof = prove(schedule)
+    for call in range(3):
+        data = draws(n, 1001, dtype, seed=call)
+        bufs = device(data)
+        allreduce_local(bufs, proof)
+        want = reference(data, schedule)
+        assert all(a.tobytes() == b.tobytes() for a, b in zip(want, bufs, strict=True)), call
+    assert cuda.replays == 2 * 2

@@ -13,7 +13,8 @@ Each :class:`CupyLoopback` owns a stream, the round buffers, the uploaded tables
 a call waits for the caller's current stream first and synchronizes at the end (the loopback
 returns finished work, as the interpreter does).  They are cached per (schedule, late rank,
 element count, dtype, device).  Nothing here runs without a GPU: the stages' order is tested on
-NumPy (:class:`~stragglar.runtime.batched.HostBackend`), the graph logic with fakes.
+NumPy (:class:`~stragglar.runtime.batched.HostBackend`), the graph logic with a CuPy stand-in, and
+the kernels' C compiled for the host (tests/fake_cupy.py).
 """
 
 from __future__ import annotations
