@@ -105,7 +105,7 @@ def main() -> None:
         worst = max(float((a - b).abs().max()) for a, b in pairs)
     if rank == 0:
         report(args, state, rows, worst)
-    dist.barrier()  # every rank done before any tears its groups down (else one could abort at exit)
+    dist.barrier()  # every rank done before any tears its groups down
     dist.destroy_process_group()
 
 

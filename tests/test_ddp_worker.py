@@ -284,3 +284,34 @@ def test_the_worker_runs_each_stage_in_order_and_fails_every_later_task_at_once(
     for thread in worker.threads:
         thread.join(5)
         assert not thread.is_alive()
+
+
+def test_close_waits_for_the_threads_to_finish_what_they_were_given() -> None:
+    """A thread still inside a stage (a Future's set_result) when the interpreter shut down was
+    stopped inside torch's C++, and the rank aborted at exit; close() runs at exit and waits."""
+    import torch
+
+    worker = BucketWorker("test-close")
+    finished = threading.Event()
+
+    def slow(handed: Any) -> None:
+        time.sleep(0.3)
+        finished.set()
+
+    worker.submit(torch.futures.Future[Any](), lambda _: None, slow)
+    worker.close()
+    assert finished.is_set() and not any(thread.is_alive() for thread in worker.threads)
+
+
+def test_close_gives_up_on_a_thread_stuck_past_its_wait() -> None:
+    import torch
+
+    worker = BucketWorker("test-stuck")
+    release = threading.Event()
+    worker.submit(torch.futures.Future[Any](), lambda _: release.wait(10), lambda _: None)
+    start = time.monotonic()
+    worker.close(wait=0.2)
+    assert time.monotonic() - start < 2 and worker.threads[0].is_alive()  # bounded, as every wait
+    release.set()
+    for thread in worker.threads:
+        thread.join(5)

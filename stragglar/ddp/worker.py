@@ -276,6 +276,9 @@ def _queued(_: Any) -> None:
     """A stream-ordered job's second stage: the first thread queued it already."""
 
 
+CLOSE_WAIT = 10.0  # seconds :meth:`BucketWorker.close` waits for its threads: a bound, as every wait
+
+
 class BucketWorker:
     """Threads that run tasks in stages and fail their Futures on error.
 
@@ -302,8 +305,18 @@ class BucketWorker:
             raise ValueError(f"this worker runs {len(self._inboxes)} stages per task, got {len(stages)}")
         self._inboxes[0].put((stages, future, None))
 
-    def close(self) -> None:
+    def close(self, wait: float = CLOSE_WAIT) -> None:
+        """End the threads after the tasks already submitted, waiting up to ``wait`` seconds for
+        them.  The wait matters at exit (``close`` runs then, from the state's finalizer): a thread
+        can still be inside a Future's ``set_result`` after the training loop saw the Future done,
+        and a daemon thread stopped inside torch's C++ at interpreter shutdown aborts the process
+        ("terminate called without an active exception": one run in three or ten, two gloo ranks,
+        when the script ended without a barrier)."""
         self._inboxes[0].put(None)
+        deadline = time.monotonic() + wait
+        for thread in self.threads:
+            if thread is not threading.current_thread():
+                thread.join(max(0.0, deadline - time.monotonic()))
 
     def _loop(self, stage: int) -> None:
         inbox = self._inboxes[stage]
