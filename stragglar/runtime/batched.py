@@ -112,7 +112,8 @@ def _round_table(rnd: int, steps: list[tuple[int, Any]]) -> RoundTable:
                         gather.append((message.peer, start, stop - start, slot))
                         land.append((rank, start, stop - start, slot))
                         slot += stop - start
-        reduced = slot if reductions else reduced
+        if reductions:
+            reduced = slot  # the reductions' slots end here
     _check_disjoint(land, rnd)
     ranks = frozenset(rank for rank, _ in steps)
     return RoundTable(rnd, steps[0][1].phase, _rows(gather), _rows(land), reduced, slot, ranks)

@@ -36,11 +36,9 @@ __all__ = [
     "flat_view",
     "late_rank_for",
     "library_of",
-    "opens",
     "run_rank",
     "run_rank_replayed",
     "step_error",
-    "steps_in",
 ]
 
 DTYPES = ("float16", "bfloat16", "float32", "float64", "int32", "int64")
@@ -278,11 +276,9 @@ def run_rank(
     """Run ``plan``'s steps in ``rounds`` (first, stop; stop None: to the end) on this rank's 1-D
     buffer; the late rank (``late_rank``, else the schedule's: :func:`late_rank_for`) first sleeps
     ``straggler_delay`` s in the call that holds its first step."""
-    steps = steps_in(plan, rounds)
+    steps = _steps_in(plan, rounds)
     start = time.perf_counter()
-    if plan.rank == late_rank_for(plan.program, late_rank) and straggler_delay > 0 and opens(plan, rounds):
-        time.sleep(straggler_delay)
-    arrived = time.perf_counter()
+    arrived = _arrive(plan, straggler_delay, late_rank, rounds)
     work = scratch_for(flat, plan.work_size)
     phase_done: list[float | None] = [None] * len(plan.program.phases)
     for step in steps:
@@ -310,17 +306,15 @@ def run_rank_replayed(
     :class:`~stragglar.runtime.graphs.Replayer`), the late rank's sleep before them on the host,
     outside any graph.  Phases end when the rounds are issued (host times, as on any GPU path)."""
     start = time.perf_counter()
-    if plan.rank == late_rank_for(plan.program, late_rank) and straggler_delay > 0 and opens(plan, rounds):
-        time.sleep(straggler_delay)
-    arrived = time.perf_counter()
+    arrived = _arrive(plan, straggler_delay, late_rank, rounds)
     replay(key, lambda: run_rank(flat, plan, transport, 0.0, late_rank, rounds))
     done = time.perf_counter()
-    phases = {step.phase for step in steps_in(plan, rounds)}
+    phases = {step.phase for step in _steps_in(plan, rounds)}
     phase_done = tuple(done if phase in phases else None for phase in range(len(plan.program.phases)))
     return Timeline(plan.rank, start, arrived, phase_done, done)
 
 
-def steps_in(plan: Plan, rounds: tuple[int, int | None]) -> tuple[BoundStep, ...]:
+def _steps_in(plan: Plan, rounds: tuple[int, int | None]) -> tuple[BoundStep, ...]:
     """``plan``'s steps in rounds ``first`` to ``stop - 1`` (stop None: to the end)."""
     first, stop = rounds
     if rounds == (0, None):
@@ -328,13 +322,17 @@ def steps_in(plan: Plan, rounds: tuple[int, int | None]) -> tuple[BoundStep, ...
     return tuple(s for s in plan.steps if first <= s.round and (stop is None or s.round < stop))
 
 
-def opens(plan: Plan, rounds: tuple[int, int | None]) -> bool:
-    """Whether a call over ``rounds`` holds ``plan``'s first step: the call the late rank is late to."""
+def _arrive(
+    plan: Plan, straggler_delay: float, late_rank: int | None, rounds: tuple[int, int | None]
+) -> float:
+    """When this rank arrives: the late rank sleeps ``straggler_delay`` first in the call over
+    ``rounds`` that holds its first step (the call it is late to), every other call at once."""
     first, stop = rounds
-    if not plan.steps:
-        return first == 0
-    begin = plan.steps[0].round
-    return first <= begin and (stop is None or begin < stop)
+    begin = plan.steps[0].round if plan.steps else 0
+    holds_first = first <= begin and (stop is None or begin < stop)
+    if plan.rank == late_rank_for(plan.program, late_rank) and straggler_delay > 0 and holds_first:
+        time.sleep(straggler_delay)
+    return time.perf_counter()
 
 
 def step_error(

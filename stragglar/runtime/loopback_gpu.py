@@ -30,6 +30,7 @@ import numpy as np
 from stragglar.runtime.batched import BatchedPlan, batched_plan, reduced_rows, run_batched, run_rounds
 from stragglar.runtime.engine import Array, Timeline, dtype_name
 from stragglar.runtime.graphs import Replayer
+from stragglar.runtime.plans import cached
 from stragglar.runtime.program import Plan
 
 __all__ = ["CupyLoopback", "run_cupy_loopback"]
@@ -168,7 +169,6 @@ class CupyLoopback:
         self._launch(self.into_buffers, self.lands[index], self.received_words)
 
 
-_lock = threading.Lock()
 _loopbacks: OrderedDict[Hashable, CupyLoopback] = OrderedDict()
 CACHED = 8  # loopbacks kept: each holds two round buffers of the largest round
 
@@ -186,16 +186,9 @@ def run_cupy_loopback(
     CUDA graphs after the first call unless ``graphs`` is False."""
     count, dtype = int(flats[0].shape[0]), dtype_name(flats[0])
     key = (fingerprint, late_rank, count, dtype, int(flats[0].device.id))
-    with _lock:
-        loopback = _loopbacks.get(key)
-        if loopback is not None:
-            _loopbacks.move_to_end(key)
-    if loopback is None:
-        loopback = CupyLoopback(cupy, batched_plan(plans, late_rank), flats[0].dtype)
-        with _lock:
-            _loopbacks[key] = loopback
-            while len(_loopbacks) > CACHED:
-                _loopbacks.popitem(last=False)
+    loopback = cached(
+        _loopbacks, key, lambda: CupyLoopback(cupy, batched_plan(plans, late_rank), flats[0].dtype), CACHED
+    )
     with loopback.lock:
         loopback.replayer.graphs = graphs
         return run_batched(flats, loopback.plan, loopback, straggler_delay, runner=loopback.replayed)

@@ -18,7 +18,7 @@ from stragglar.runtime.engine import late_rank_for
 from stragglar.runtime.program import Plan, RankProgram, bind, compile_schedule
 from stragglar.verify import Proof, require_proof
 
-__all__ = ["plan_for", "rounds_without"]
+__all__ = ["cached", "plan_for", "rounds_without"]
 
 _V = TypeVar("_V")
 _lock = threading.Lock()
@@ -26,8 +26,9 @@ _programs: OrderedDict[Hashable, tuple[RankProgram, ...]] = OrderedDict()
 _plans: OrderedDict[Hashable, Plan] = OrderedDict()
 
 
-def _cached(cache: OrderedDict[Hashable, _V], key: Hashable, make: Callable[[], _V], limit: int) -> _V:
-    """``cache[key]``, made on a miss; the least recently used entries go past ``limit``."""
+def cached(cache: OrderedDict[Hashable, _V], key: Hashable, make: Callable[[], _V], limit: int) -> _V:
+    """``cache[key]``, made on a miss; the least recently used entries go past ``limit``.  Safe
+    from any thread (a miss may be made twice, never half-stored)."""
     with _lock:
         value = cache.get(key)
         if value is not None:
@@ -43,7 +44,7 @@ def _cached(cache: OrderedDict[Hashable, _V], key: Hashable, make: Callable[[], 
 
 def _compiled(proof: Proof) -> tuple[RankProgram, ...]:
     key = proof.schedule.fingerprint
-    return _cached(_programs, key, lambda: compile_schedule(proof.schedule), 32)
+    return cached(_programs, key, lambda: compile_schedule(proof.schedule), 32)
 
 
 def plan_for(proof: Proof, rank: int, count: int, tag_base: int = 0) -> Plan:
@@ -54,7 +55,7 @@ def plan_for(proof: Proof, rank: int, count: int, tag_base: int = 0) -> Plan:
     tag_base = as_int(tag_base, "tag_base", minimum=0)
     programs = _compiled(proof)
     key = (proof.schedule.fingerprint, rank, count, tag_base)
-    return _cached(_plans, key, lambda: bind(programs[rank], count, tag_base), 256)
+    return cached(_plans, key, lambda: bind(programs[rank], count, tag_base), 256)
 
 
 def rounds_without(proof: Proof, late_rank: int | None = None) -> int:
