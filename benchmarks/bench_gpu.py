@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from gpu_ranks import PERIOD, DDPConfig, P2PConfig, Wrong, ddp_rank, p2p_rank, slowest
+from gpu_ranks import PERIOD, DDPConfig, P2PConfig, Wrong, ddp_rank, p2p_rank, slowest, total, value
 from results import save
 
 from stragglar.measure.gpus import gpu_count
@@ -72,17 +72,15 @@ class LoopbackRow:
 
 
 def fill(xp: Any, bufs: list[Any]) -> None:
-    """Rank r's element i is ``(i mod PERIOD) * N + r``: distinct per rank, and per element within a
-    period, so a misplaced or lost chunk shows; every partial sum is an integer below 2**24."""
-    n = len(bufs)
-    base = (xp.arange(bufs[0].shape[0], dtype=xp.float32) % PERIOD) * n
+    """Every rank's input (:func:`gpu_ranks.value`), made on the device: NumPy's exact payloads
+    (``stragglar.measure.data``) would be made on the host, seconds per rank at 256 MiB."""
+    base = xp.arange(bufs[0].shape[0], dtype=xp.float32) % PERIOD
     for rank, buf in enumerate(bufs):
-        xp.add(base, rank, out=buf)
+        buf[...] = value(base, rank, len(bufs))
 
 
 def verify(xp: Any, bufs: list[Any], what: str) -> None:
-    n = len(bufs)
-    want = (xp.arange(bufs[0].shape[0], dtype=xp.float32) % PERIOD) * (n * n) + n * (n - 1) // 2
+    want = total(xp.arange(bufs[0].shape[0], dtype=xp.float32) % PERIOD, len(bufs))
     for rank, buf in enumerate(bufs):
         if not bool(xp.array_equal(buf, want)):
             wrong = int((buf != want).sum())

@@ -57,15 +57,28 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def value(base: Any, rank: int, world: int) -> Any:
+    """Rank ``rank``'s input from ``base`` (element i: ``i mod PERIOD``, a float32 array of any
+    library): ``base * world + rank``, distinct per rank and, within a period, per element, so a
+    lost or misplaced chunk shows; every partial sum is an integer below 2**24, exact in float32."""
+    return base * world + rank
+
+
+def total(base: Any, world: int) -> Any:
+    """The sum of every rank's :func:`value`."""
+    return base * (world * world) + world * (world - 1) // 2
+
+
+def _base(count: int, device: torch.device) -> torch.Tensor:
+    return torch.arange(count, device=device, dtype=torch.float32) % PERIOD
+
+
 def fill(buf: torch.Tensor, rank: int, world: int) -> None:
-    """Rank r's element i is ``(i mod PERIOD) * world + r``: exact float32 sums."""
-    torch.remainder(torch.arange(buf.numel(), device=buf.device, dtype=torch.float32), PERIOD, out=buf)
-    buf.mul_(world).add_(rank)
+    buf.copy_(value(_base(buf.numel(), buf.device), rank, world))
 
 
 def summed(count: int, world: int, device: torch.device) -> torch.Tensor:
-    want = torch.remainder(torch.arange(count, device=device, dtype=torch.float32), PERIOD)
-    return want.mul_(world * world).add_(world * (world - 1) // 2)
+    return total(_base(count, device), world)  # type: ignore[no-any-return]
 
 
 class Wrong(Exception):
