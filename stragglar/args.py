@@ -38,7 +38,7 @@ from typing import Any
 
 from stragglar.errors import ArgumentError, InputError, described
 
-__all__ = ["MAX_DELAY", "MAX_INT_BITS", "MAX_TIMEOUT", "as_int", "as_rank", "as_seconds"]
+__all__ = ["MAX_DELAY", "MAX_INT_BITS", "MAX_TIMEOUT", "as_flag", "as_int", "as_rank", "as_seconds"]
 
 MAX_TIMEOUT = 24 * 3600.0  # seconds: the longest wait the API takes, a day
 MAX_INT_BITS = 64
@@ -58,6 +58,14 @@ def as_int(value: Any, name: str, minimum: int | None = None) -> int:
     if minimum is not None and result < minimum:
         raise InputError(f"{name} must be at least {minimum}, got {result}")
     return result
+
+
+def as_flag(value: Any, name: str) -> bool:
+    """``value`` if it is True or False: a switch of the API takes no 1, "yes" or None in their
+    place (each would read as true or false without a word)."""
+    if not isinstance(value, bool):
+        raise ArgumentError(f"{name} must be True or False, got {described(value)}")
+    return value
 
 
 def as_rank(value: Any, name: str, num_ranks: int) -> int:

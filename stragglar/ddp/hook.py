@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import GradBucket  # type: ignore[attr-defined, unused-ignore]
 
-from stragglar.args import MAX_DELAY, as_int, as_rank, as_seconds
+from stragglar.args import MAX_DELAY, as_flag, as_int, as_rank, as_seconds
 from stragglar.ddp.agreement import disagreement, encode
 from stragglar.ddp.probe import LateRankProbe
 from stragglar.ddp.worker import (
@@ -155,17 +155,13 @@ class StragglarState:
             raise ArgumentError(
                 f"StragglarState.network must be a stragglar.model.Network, got {described(self.network)}"
             )
-        if not isinstance(self.asynchronous, bool):
-            raise ArgumentError(
-                f"StragglarState.asynchronous must be True or False, got {described(self.asynchronous)}"
-            )
+        as_flag(self.asynchronous, "StragglarState.asynchronous")
         if self.process_group is not None and not isinstance(self.process_group, dist.ProcessGroup):
             raise ArgumentError(
                 "StragglarState.process_group must be a torch process group or None (the world), "
                 f"got {described(self.process_group)} ({type(self.process_group).__name__})"
             )
-        if not isinstance(self.graphs, bool):
-            raise ArgumentError(f"StragglarState.graphs must be True or False, got {described(self.graphs)}")
+        as_flag(self.graphs, "StragglarState.graphs")
         if self.record is not None and (
             not isinstance(self.record, (str, os.PathLike)) or not os.fspath(self.record)
         ):

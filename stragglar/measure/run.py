@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from stragglar.args import MAX_DELAY, as_int, as_rank, as_seconds
-from stragglar.errors import ArgumentError, InputError, described
+from stragglar.args import MAX_DELAY, as_flag, as_int, as_rank, as_seconds
+from stragglar.errors import InputError, described
 from stragglar.measure.data import ITEMSIZE, check, expected, payload
 from stragglar.measure.gpus import check_cuda, sharing_note
 from stragglar.measure.links import check_link_rate, paced_to
@@ -327,8 +327,7 @@ def check_graphs(backend: str, graphs: bool | None) -> None:
     graph can replay: the nccl ranks' stream-ordered rounds and the cupy loopback."""
     if graphs is None:
         return
-    if not isinstance(graphs, bool):
-        raise ArgumentError(f"graphs must be True or False, got {described(graphs)}")
+    as_flag(graphs, "graphs")
     if backend not in GRAPH_BACKENDS:
         raise InputError(f"graphs applies to the {' and '.join(GRAPH_BACKENDS)} backends, not {backend}")
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stragglar.args import MAX_DELAY, as_int, as_seconds
+from stragglar.args import MAX_DELAY, as_flag, as_int, as_seconds
 from stragglar.errors import ArgumentError, InputError, described
 from stragglar.runtime.channels import ROUNDS_PER_TAG, Channels, as_tag
 from stragglar.runtime.cupy_nccl import NcclGroup
@@ -97,15 +97,13 @@ def allreduce(
     delay = as_seconds(straggler_delay, "straggler_delay", maximum=MAX_DELAY)
     wait = None if timeout is None else as_seconds(timeout, "timeout", positive=True)
     tag = as_tag(tag, proof.num_rounds)
-    if not isinstance(lockstep, bool):
-        raise ArgumentError(f"lockstep must be True or False, got {described(lockstep)}")
-    if not isinstance(stream_ordered, bool):
-        raise ArgumentError(f"stream_ordered must be True or False, got {described(stream_ordered)}")
+    as_flag(lockstep, "lockstep")
+    as_flag(stream_ordered, "stream_ordered")
     check_summable(data, "allreduce")
-    if graphs is not None and not isinstance(graphs, bool):
-        raise ArgumentError(f"graphs must be True or False, got {described(graphs)}")
-    if graphs is not None and not stream_ordered:
-        raise InputError("graphs applies to stream-ordered rounds (stream_ordered=True on an NCCL group)")
+    if graphs is not None:
+        as_flag(graphs, "graphs")
+        if not stream_ordered:
+            raise InputError("graphs applies to stream-ordered rounds (stream_ordered=True on an NCCL group)")
     part = _check_rounds(rounds, proof)
     if isinstance(group, NcclGroup):
         from stragglar.runtime.cupy_nccl import NcclTransport, nccl_dtype

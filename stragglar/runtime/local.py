@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from stragglar.args import MAX_DELAY, as_seconds
-from stragglar.errors import InputError, described
+from stragglar.args import MAX_DELAY, as_flag, as_seconds
+from stragglar.errors import InputError
 from stragglar.runtime.engine import (
     Array,
     Timeline,
@@ -61,12 +61,12 @@ def allreduce_local(
     delay = as_seconds(straggler_delay, "straggler_delay", maximum=MAX_DELAY)
     late_rank = late_rank_for(proof.schedule, late_rank)
     on_gpu = bool(buffers) and library_of(buffers[0]) == "cupy"
-    if graphs is not None and (not isinstance(graphs, bool) or not on_gpu):
-        raise InputError(
-            f"graphs must be True or False, got {described(graphs)}"
-            if not isinstance(graphs, bool)
-            else "graphs applies to CuPy arrays (the GPU loopback): these rounds have no CUDA graph"
-        )
+    if graphs is not None:
+        as_flag(graphs, "graphs")
+        if not on_gpu:
+            raise InputError(
+                "graphs applies to CuPy arrays (the GPU loopback): these rounds have no CUDA graph"
+            )
     count = int(flat_view(buffers[0]).shape[0]) if buffers else 0
     plans = [plan_for(proof, r, count) for r in range(proof.num_ranks)]
     if not on_gpu:
