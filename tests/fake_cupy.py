@@ -99,21 +99,44 @@ def _memory(pointer: int, dtype: np.dtype[Any], count: int) -> np.ndarray:
     return np.frombuffer(memoryview(raw), dtype=dtype)
 
 
-def _kernel(cuda: FakeCuda, into_buffers: bool) -> Callable[..., None]:
-    """The copy kernels' contract: row (rank, start, length, slot) moves ``length`` elements
-    between ``buffers[rank] + start`` and ``round + slot``."""
+# What the sum types of the kernels' source add as (bfloat16 has no NumPy type: the model refuses it).
+_MODEL_DTYPES = {
+    "HalfSum": np.float16,
+    "FloatSum": np.float32,
+    "DoubleSum": np.float64,
+    "WrappingSum<unsigned int>": np.int32,
+    "WrappingSum<unsigned long long>": np.int64,
+}
+
+
+def _parse(expression: str) -> tuple[str, str]:
+    """``land<FloatSum >`` -> ("land", "FloatSum")."""
+    name, sum_type = expression.split("<", 1)
+    return name, sum_type[:-1].strip()
+
+
+def _kernel(cuda: FakeCuda, expression: str) -> Callable[..., None]:
+    """The kernels' contract: row (rank, start, length, slot) moves ``length`` elements between
+    ``buffers[rank] + start`` and ``round + slot``; landing adds the slots below ``reduced``."""
+    name, sum_type = _parse(expression)
+    dtype = np.dtype(_MODEL_DTYPES[sum_type])
 
     def kernel(grid: tuple[int], block: tuple[int], args: tuple[Any, ...]) -> None:
-        pointers, rows, count, size, words = args
+        pointers, rows, count, size, *rest = args
+        words = rest[-1]
         assert int(count) == len(rows) and int(size) == int(rows[-1, 2] + rows[-1, 3])
+        assert words.dtype.itemsize == dtype.itemsize and words.dtype.kind == "u"
 
         def work() -> None:
+            values = words.view(dtype)
             for rank, start, length, slot in rows.tolist():
-                memory = _memory(int(pointers[rank]), words.dtype, start + length)
-                if into_buffers:
-                    memory[start : start + length] = words[slot : slot + length]
+                memory = _memory(int(pointers[rank]), dtype, start + length)
+                if name == "gather":
+                    values[slot : slot + length] = memory[start : start + length]
+                elif slot < int(rest[0]):
+                    memory[start : start + length] += values[slot : slot + length]
                 else:
-                    words[slot : slot + length] = memory[start : start + length]
+                    memory[start : start + length] = values[slot : slot + length]
 
         cuda.launch(work)
 
@@ -129,30 +152,45 @@ struct Index { unsigned x, y, z; };
 static Index blockIdx, blockDim, gridDim, threadIdx;
 """
 _HOST_LAUNCH = """
-extern "C" void {name}_{width}(const unsigned long long* buffers, const long long* rows, int count,
-                                long long total, void* round, unsigned grid, unsigned block) {{
+extern "C" void {entry}(const unsigned long long* buffers, const long long* rows, int count,
+                        long long total, long long reduced, void* round, unsigned grid, unsigned block) {{
+    typedef {sum_type}::Word Word;
     gridDim.x = grid; blockDim.x = block;
     for (unsigned b = 0; b < grid; ++b)
         for (unsigned t = 0; t < block; ++t) {{
             blockIdx.x = b; threadIdx.x = t;
-            {name}<{word}>(buffers, rows, count, total, static_cast<{word}*>(round));
+            {call};
         }}
 }}
 """
+_HOST_CALLS = {
+    "gather": "gather<{sum_type} >(buffers, rows, count, total, static_cast<Word*>(round))",
+    "land": "land<{sum_type} >(buffers, rows, count, total, reduced, static_cast<const Word*>(round))",
+}
 
 
-def _compiled(code: str, name_expressions: list[str], folder: Path) -> ctypes.CDLL:
-    """``code`` with a host entry point per kernel named in ``name_expressions``."""
+def entry_name(expression: str) -> str:
+    """A C name for a kernel's host entry point."""
+    return "host_" + "".join(c if c.isalnum() else "_" for c in expression)
+
+
+def host_source(code: str, name_expressions: list[str]) -> str:
+    """``code`` for g++: the prelude, then a host entry point per kernel named."""
     launches = []
     for expression in name_expressions:
-        name, word = expression[:-1].split("<")
-        width = {"unsigned short": 2, "unsigned int": 4}.get(word, 8)
-        launches.append(_HOST_LAUNCH.format(name=name, width=width, word=word))
-    source = folder / "kernels.cpp"
-    source.write_text(_HOST_PRELUDE + code + "".join(launches))
+        name, sum_type = _parse(expression)
+        call = _HOST_CALLS[name].format(sum_type=sum_type)
+        launches.append(_HOST_LAUNCH.format(entry=entry_name(expression), sum_type=sum_type, call=call))
+    return _HOST_PRELUDE + code + "".join(launches)
+
+
+def compiled(source: str, folder: Path) -> ctypes.CDLL:
+    """``source`` (C++ for the host) built as a shared library in ``folder`` and loaded."""
+    path = folder / "kernels.cpp"
+    path.write_text(source)
     library = folder / "kernels.so"
     subprocess.run(
-        ["g++", "-std=c++14", "-O1", "-shared", "-fPIC", "-o", str(library), str(source)],
+        ["g++", "-std=c++14", "-O1", "-shared", "-fPIC", "-o", str(library), str(path)],
         check=True,
         capture_output=True,
         timeout=120,
@@ -162,14 +200,16 @@ def _compiled(code: str, name_expressions: list[str], folder: Path) -> ctypes.CD
 
 def _host_kernel(cuda: FakeCuda, library: ctypes.CDLL, expression: str) -> Callable[..., None]:
     """A kernel of the CUDA source, compiled for the host, launched as CuPy would launch it."""
-    name, word = expression[:-1].split("<")
-    width = {"unsigned short": 2, "unsigned int": 4}.get(word, 8)
-    entry = getattr(library, f"{name}_{width}")
+    entry = getattr(library, entry_name(expression))
     entry.restype = None
+    landing = _parse(expression)[0] == "land"
 
     def kernel(grid: tuple[int], block: tuple[int], args: tuple[Any, ...]) -> None:
-        pointers, rows, count, size, words = args
-        assert words.dtype.itemsize == width and rows.dtype == np.int64 and rows.flags.c_contiguous
+        pointers, rows, count, size, *rest = args
+        words = rest[-1]
+        reduced = int(rest[0]) if landing else 0
+        assert len(rest) == (2 if landing else 1) and words.dtype.kind == "u"
+        assert rows.dtype == np.int64 and rows.flags.c_contiguous
 
         def work() -> None:
             entry(
@@ -177,6 +217,7 @@ def _host_kernel(cuda: FakeCuda, library: ctypes.CDLL, expression: str) -> Calla
                 ctypes.c_void_p(rows.ctypes.data),
                 ctypes.c_int(int(count)),
                 ctypes.c_longlong(int(size)),
+                ctypes.c_longlong(reduced),
                 ctypes.c_void_p(words.ctypes.data),
                 ctypes.c_uint(grid[0]),
                 ctypes.c_uint(block[0]),
@@ -196,20 +237,16 @@ def fake_cupy(cuda: FakeCuda, compile_in: Path | None = None) -> types.ModuleTyp
     module.uint64 = np.uint64  # type: ignore[attr-defined]
 
     def raw_module(code: str, options: tuple[str, ...], name_expressions: list[str]) -> Any:
-        assert "from_buffers" in code and all("<unsigned" in name for name in name_expressions)
+        assert options == ("--std=c++14",) and len(name_expressions) == 2
         if compile_in is None:
-            kernels = {name: _kernel(cuda, name.startswith("into")) for name in name_expressions}
+            kernels = {name: _kernel(cuda, name) for name in name_expressions}
         else:
-            library = _compiled(code, name_expressions, compile_in)
+            library = compiled(host_source(code, name_expressions), compile_in)
             kernels = {name: _host_kernel(cuda, library, name) for name in name_expressions}
         return types.SimpleNamespace(get_function=lambda name: kernels[name])
 
-    def add(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
-        cuda.launch(lambda: np.add(a, b, out=out))
-
     module.RawModule = raw_module  # type: ignore[attr-defined]
     module.__dict__.update(__getattr__=lambda name: getattr(np, name))  # the rest: NumPy's
-    module.add = add  # type: ignore[attr-defined]
     module.asarray = lambda a: np.asarray(a).view(FakeArray)  # type: ignore[attr-defined]
     module.empty = lambda n, dtype: np.empty(n, dtype).view(FakeArray)  # type: ignore[attr-defined]
     module.zeros = lambda n, dtype: np.zeros(n, dtype).view(FakeArray)  # type: ignore[attr-defined]

@@ -147,12 +147,6 @@ class Recording(HostBackend):
     def gather(self, index: int) -> None:
         self._stage("gather", index)
 
-    def fetch(self, index: int) -> None:
-        self._stage("fetch", index)
-
-    def add(self, index: int) -> None:
-        self._stage("add", index)
-
     def land(self, index: int) -> None:
         self._stage("land", index)
 

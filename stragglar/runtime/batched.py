@@ -1,5 +1,5 @@
-"""Loopback rounds as tables: each round a gather, an add and a store, for a GPU to launch
-as a handful of kernels (and a CUDA graph to replay) instead of ~3N small ones.
+"""Loopback rounds as tables: each round a gather and a landing, for a GPU to launch as two
+kernels (and a CUDA graph to replay) instead of ~3N small ones.
 
 Every rank's buffer lays its chunks out alike (:class:`~stragglar.runtime.layout.Layout`), so a
 received piece of a chunk comes from the same element range of the peer's buffer.  A round is
@@ -8,16 +8,17 @@ synchronous (every transfer reads the state from before the round), so it runs i
 - **gather**: every piece any rank receives is copied from its sender's buffer into one round
   buffer, in a fixed order (rows ``(src_rank, src_start, length, slot)``);
 - **land**: each piece lands in its receiver's buffer from the round buffer (rows ``(dst_rank,
-  dst_start, length, slot)``), copied, or for a reduction added to the receiver's value (fetched
-  into a second round buffer first, then one add over both: the interpreter's ``buffer +=
-  received`` with the same operands, so results are bit for bit the interpreter's, floats
-  included).  A proved schedule lands at most one piece on an element per round (a rank hears one
-  peer per round), so a round needs no ordering inside a stage.
+  dst_start, length, slot)``): copied, or for a reduction added to the receiver's value in place,
+  the interpreter's ``buffer += received`` with the same operands, so results are bit for bit the
+  interpreter's, floats included.  A proved schedule lands at most one piece on an element per
+  round (a rank hears one peer per round), so a round needs no ordering inside a stage.
 
-The tables are built once per (schedule, element count) and executed by a backend: NumPy here
-(the reference of what the tables mean, slow and exact), CuPy kernels on a GPU
-(:mod:`~stragglar.runtime.loopback_gpu`).  A backend reaches the buffers through a *binding* set
-before each call, so a captured graph of the launches replays on new buffers.
+The gather must finish before the landing starts (a rank may send a chunk and receive into it in
+one round), which is why a round is two stages and not one.  The tables are built once per
+(schedule, element count) and executed by a backend: NumPy here (the reference of what the tables
+mean, slow and exact), CuPy kernels on a GPU (:mod:`~stragglar.runtime.loopback_gpu`).  A backend
+reaches the buffers through a *binding* set before each call, so a captured graph of the launches
+replays on new buffers.
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ __all__ = [
     "RoundTable",
     "Stages",
     "batched_plan",
-    "reduced_rows",
     "run_batched",
     "run_rounds",
 ]
@@ -75,14 +75,13 @@ class BatchedPlan:
 
     @property
     def scratch(self) -> int:
-        """Elements of round buffer the largest round needs (twice: the senders' and receivers')."""
+        """Elements of round buffer the largest round needs."""
         return max((t.size for t in self.rounds), default=0)
 
     @property
     def launches(self) -> int:
-        """Kernels an eager call launches: per round a gather and a store, and where the round
-        reduces, a fetch of the receivers' values and an add between them."""
-        return sum(4 if t.reduced else 2 for t in self.rounds)
+        """Kernels an eager call launches: per round that moves data a gather and a landing."""
+        return sum(2 for t in self.rounds if t.size)
 
 
 def batched_plan(plans: Sequence[Plan], late_rank: int) -> BatchedPlan:
@@ -135,37 +134,21 @@ def _rows(rows: Sequence[tuple[int, ...]]) -> np.ndarray:
 
 class Stages(Protocol):
     """What a backend launches for round ``index`` of the plan it was bound to: ``gather`` the
-    pieces received into the round buffer, ``fetch`` the receivers' values of the reduced ones
-    into a second, ``add`` the second into the first over the reduced slots, ``land`` the round
-    buffer in the receivers' buffers."""
+    pieces received into the round buffer, then ``land`` them in the receivers' buffers (adding
+    the reduced slots to the receivers' values)."""
 
     def gather(self, index: int) -> None: ...
-
-    def fetch(self, index: int) -> None: ...
-
-    def add(self, index: int) -> None: ...
 
     def land(self, index: int) -> None: ...
 
 
 def run_rounds(plan: BatchedPlan, first: int, stop: int, stages: Stages) -> None:
-    """Rounds ``first`` to ``stop - 1`` of ``plan`` as stages; the add is the interpreter's
-    ``buffer += received`` (same operands, same order).  Every backend runs exactly this, so the
-    host tests check the order a GPU runs."""
+    """Rounds ``first`` to ``stop - 1`` of ``plan`` as stages.  Every backend runs exactly this, so
+    the host tests check the order a GPU runs."""
     for index in range(first, stop):
-        table = plan.rounds[index]
-        if not table.size:
-            continue  # only empty chunks (fewer elements than chunks)
-        stages.gather(index)
-        if table.reduced:
-            stages.fetch(index)
-            stages.add(index)
-        stages.land(index)
-
-
-def reduced_rows(table: RoundTable) -> np.ndarray:
-    """The round's landing rows that are reductions (they come first)."""
-    return table.land[: int(np.searchsorted(table.land[:, 3], table.reduced))]
+        if plan.rounds[index].size:  # else only empty chunks (fewer elements than chunks)
+            stages.gather(index)
+            stages.land(index)
 
 
 class HostBackend:
@@ -176,7 +159,6 @@ class HostBackend:
         self.flats: Sequence[Array] = ()
         self.plan: BatchedPlan | None = None
         self.received: Any = None
-        self.current: Any = None
 
     def bind(self, flats: Sequence[Array], plan: BatchedPlan) -> None:
         self.flats, self.plan = flats, plan
@@ -186,7 +168,6 @@ class HostBackend:
             or self.received.dtype != flats[0].dtype
         ):
             self.received = np.empty_like(flats[0], shape=(plan.scratch,))
-            self.current = np.empty_like(self.received)
 
     def run(self, plan: BatchedPlan, first: int, stop: int) -> None:
         run_rounds(plan, first, stop, self)
@@ -199,17 +180,14 @@ class HostBackend:
         for rank, start, length, slot in self._table(index).gather.tolist():
             self.received[slot : slot + length] = self.flats[rank][start : start + length]
 
-    def fetch(self, index: int) -> None:
-        for rank, start, length, slot in reduced_rows(self._table(index)).tolist():
-            self.current[slot : slot + length] = self.flats[rank][start : start + length]
-
-    def add(self, index: int) -> None:
-        n = self._table(index).reduced
-        np.add(self.current[:n], self.received[:n], out=self.received[:n])
-
     def land(self, index: int) -> None:
-        for rank, start, length, slot in self._table(index).land.tolist():
-            self.flats[rank][start : start + length] = self.received[slot : slot + length]
+        table = self._table(index)
+        for rank, start, length, slot in table.land.tolist():
+            piece = self.received[slot : slot + length]
+            if slot < table.reduced:
+                self.flats[rank][start : start + length] += piece
+            else:
+                self.flats[rank][start : start + length] = piece
 
     def sync(self) -> None:
         pass
