@@ -5,10 +5,16 @@ kernels on the same stream, so they run after the round's transfers without a ho
 waits once, at the end, with a deadline, and aborts the communicator when a peer never answers
 (NCCL itself would wait forever).  ``nccl`` and the stream are injectable so the transport is
 tested on CPU against a fake NCCL over NumPy.
+
+The rounds of a CuPy array replay from a CUDA graph after their first call (:class:`CupyGraphs`,
+:mod:`~stragglar.runtime.graphs`; NCCL captures point-to-point calls since 2.9).  A capture needs
+a stream other than CUDA's legacy default one, so a group given no stream runs on a stream of its
+own (one per thread and device), after the work queued on the caller's current stream.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -19,7 +25,7 @@ import numpy as np
 from stragglar.runtime.engine import Array, RankError, first_line, step_error
 from stragglar.runtime.program import BoundStep, Plan
 
-__all__ = ["NcclGroup", "NcclTransport", "gather_headers", "nccl_dtype", "pointer"]
+__all__ = ["CupyGraphs", "NcclGroup", "NcclTransport", "gather_headers", "nccl_dtype", "pointer"]
 
 CHECKING = "checking that every rank runs the same allreduce"
 
@@ -27,7 +33,9 @@ CHECKING = "checking that every rank runs the same allreduce"
 @dataclass
 class NcclGroup:
     """An NCCL communicator with what runs it: ``nccl`` (default ``cupy.cuda.nccl``) and
-    ``stream`` (default the current CuPy stream; needs ``ptr``, ``done`` and ``with``)."""
+    ``stream`` (needs ``ptr``, ``done`` and ``with``; the work queued on it comes first).  Without
+    a stream the rounds run on one of this thread's own, after the work queued on the caller's
+    current CuPy stream: a CUDA graph cannot capture CUDA's legacy default stream."""
 
     comm: Any
     nccl: Any = None
@@ -39,7 +47,66 @@ class NcclGroup:
         import cupy
         from cupy.cuda import nccl
 
-        return NcclGroup(self.comm, self.nccl or nccl, self.stream or cupy.cuda.get_current_stream())
+        stream = self.stream
+        if stream is None:
+            stream = _own_stream(cupy)
+            stream.wait_event(cupy.cuda.get_current_stream().record())
+        return NcclGroup(self.comm, self.nccl or nccl, stream)
+
+
+_streams = threading.local()
+
+
+def _own_stream(cupy: Any) -> Any:
+    """This thread's stream on the current device (a thread's calls run one at a time, and two
+    threads' calls must not queue behind each other on one stream: NCCL would deadlock them)."""
+    streams: dict[int, Any] = _streams.__dict__.setdefault("by_device", {})
+    device = int(cupy.cuda.Device().id)
+    if device not in streams:
+        streams[device] = cupy.cuda.Stream(non_blocking=True)
+    return streams[device]
+
+
+@dataclass(frozen=True)
+class Captured:
+    """A graph and the device memory its kernels were captured on."""
+
+    graph: Any
+    memory: tuple[Any, ...]
+
+
+class CupyGraphs:
+    """Captures with CuPy's stream capture on the current stream (the group's) and replays there.
+
+    A graph bakes in the addresses of the scratch its rounds were captured with, and CuPy's pool
+    would hand that scratch, freed after the capture, to other arrays that every replay would
+    then overwrite.  So every allocation made while capturing is kept with its graph, and freed
+    only with it (when the replayer drops the graph)."""
+
+    def capture(self, work: Callable[[], object]) -> Captured:
+        import cupy
+
+        stream = cupy.cuda.get_current_stream()
+        allocate = cupy.cuda.get_allocator()
+        memory: list[Any] = []
+
+        def kept(size: int) -> Any:
+            block = allocate(size)
+            memory.append(block)
+            return block
+
+        with cupy.cuda.using_allocator(kept):
+            stream.begin_capture()
+            try:
+                work()
+            finally:
+                graph = stream.end_capture()
+        return Captured(graph, tuple(memory))
+
+    def replay(self, graph: Captured) -> None:
+        import cupy
+
+        graph.graph.launch(stream=cupy.cuda.get_current_stream())
 
 
 def pointer(view: Array) -> int:

@@ -28,9 +28,11 @@ from stragglar.runtime.engine import (
     flat_view,
     in_place_refusal,
     late_rank_for,
+    library_of,
     run_rank,
     run_rank_replayed,
 )
+from stragglar.runtime.graphs import shared
 from stragglar.runtime.header import Header, MismatchError, make_header, mismatch
 from stragglar.runtime.plans import plan_for
 from stragglar.verify import Proof, require_proof
@@ -81,11 +83,11 @@ def allreduce(
     bounds only the header check, and the process group's own timeout catches a dead peer
     (:mod:`stragglar.runtime.torch_dist`).
 
-    Stream-ordered rounds on CUDA tensors replay from a CUDA graph after their first call, keyed by
-    the buffer's address, size and dtype, the schedule, round range, group, tag and late rank (the
-    late rank's sleep and the header check stay outside the graph); a failed capture warns once and
-    the rounds run eagerly.  ``graphs=False`` turns graphs off; ``graphs`` applies to stream-ordered
-    calls only.
+    Stream-ordered rounds on CUDA tensors, and the rounds of a CuPy array on an NcclGroup, replay
+    from a CUDA graph after their first call, keyed by the buffer's address, size and dtype, the
+    schedule, round range, group, tag and late rank (the late rank's sleep, the header check and
+    an NcclGroup's final wait stay outside the graph); a failed capture warns once and the rounds
+    run eagerly.  ``graphs=False`` turns graphs off; ``graphs`` applies to those calls only.
 
     ``rounds=(first, stop)`` runs only the schedule's rounds ``first`` to ``stop - 1`` (stop None:
     to the end), on every rank; the buffer holds a partial result in between.  Calls over
@@ -102,11 +104,9 @@ def allreduce(
     check_summable(data, "allreduce")
     if graphs is not None:
         as_flag(graphs, "graphs")
-        if not stream_ordered:
-            raise InputError("graphs applies to stream-ordered rounds (stream_ordered=True on an NCCL group)")
     part = _check_rounds(rounds, proof)
     if isinstance(group, NcclGroup):
-        from stragglar.runtime.cupy_nccl import NcclTransport, nccl_dtype
+        from stragglar.runtime.cupy_nccl import CupyGraphs, NcclTransport, nccl_dtype, pointer
         from stragglar.runtime.cupy_nccl import gather_headers as gather_nccl
 
         if stream_ordered:
@@ -114,6 +114,9 @@ def allreduce(
                 "stream_ordered applies to torch tensors on an NCCL process group: an NcclGroup's "
                 "rounds already run on its stream"
             )
+        on_gpu = library_of(data) == "cupy"
+        if graphs is not None and not on_gpu:
+            raise InputError("graphs applies to CuPy arrays on an NcclGroup: these rounds have no CUDA graph")
         nccl = group.resolved()
         rank, size = nccl.comm.rank_id(), nccl.comm.size()
         late_rank = late_rank_for(proof.schedule, late_rank, size)
@@ -128,6 +131,11 @@ def allreduce(
             def run_on_nccl() -> Timeline:
                 plan = plan_for(proof, rank, int(flat.shape[0]), tag * ROUNDS_PER_TAG)
                 transport = NcclTransport(plan, nccl, dtype_name(flat), _plus(wait, delay))
+                if on_gpu and graphs is not False:
+                    buffer = (pointer(flat), plan.layout.count, dtype_name(flat), int(flat.device.id))
+                    key = (nccl.comm, proof.schedule.fingerprint, rank, buffer, tag, part, late_rank)
+                    replay = shared(CupyGraphs)
+                    return run_rank_replayed(flat, plan, transport, replay, key, delay, late_rank, part)
                 return run_rank(flat, plan, transport, delay, late_rank, part)
 
             check = _Check(header, problem, gather_from_nccl, size, lockstep)
@@ -136,8 +144,14 @@ def allreduce(
     if torch is not None and isinstance(data, torch.Tensor):
         import torch.distributed as dist
 
-        from stragglar.runtime.torch_dist import TorchTransport, replayer
+        from stragglar.runtime.torch_dist import CudaGraphs, TorchTransport
         from stragglar.runtime.torch_dist import gather_headers as gather_torch
+
+        if graphs is not None and not stream_ordered:
+            raise InputError(
+                "graphs applies to stream-ordered rounds (stream_ordered=True on an NCCL group) "
+                "and to CuPy arrays on an NcclGroup"
+            )
 
         if group is not None and not isinstance(group, dist.ProcessGroup):
             raise ArgumentError(
@@ -169,7 +183,7 @@ def allreduce(
             if stream_ordered and flat.is_cuda and graphs is not False:
                 buffer = (flat.data_ptr(), plan.layout.count, str(flat.dtype), str(flat.device))
                 key = (identity, proof.schedule.fingerprint, rank, buffer, tag, part, late_rank)
-                return run_rank_replayed(flat, plan, moves, replayer(), key, delay, late_rank, part)
+                return run_rank_replayed(flat, plan, moves, shared(CudaGraphs), key, delay, late_rank, part)
             return run_rank(flat, plan, moves, delay, late_rank, part)
 
         check = _Check(header, problem, gather_from_torch, size, lockstep)

@@ -303,15 +303,31 @@ def run_rank_replayed(
     rounds: tuple[int, int | None] = (0, None),
 ) -> Timeline:
     """:func:`run_rank` with its rounds run by ``replay(key, work)`` (a
-    :class:`~stragglar.runtime.graphs.Replayer`), the late rank's sleep before them on the host,
-    outside any graph.  Phases end when the rounds are issued (host times, as on any GPU path)."""
+    :class:`~stragglar.runtime.graphs.Replayer`), the late rank's sleep before them and the
+    transport's final wait after them on the host, outside any graph (a host wait on a stream
+    being captured would break the capture).  Phases end when the rounds are issued (host times,
+    as on any GPU path)."""
     start = time.perf_counter()
     arrived = _arrive(plan, straggler_delay, late_rank, rounds)
-    replay(key, lambda: run_rank(flat, plan, transport, 0.0, late_rank, rounds))
+    replay(key, lambda: run_rank(flat, plan, _Issuing(transport), 0.0, late_rank, rounds))
+    transport.finish()
     done = time.perf_counter()
     phases = {step.phase for step in _steps_in(plan, rounds)}
     phase_done = tuple(done if phase in phases else None for phase in range(len(plan.program.phases)))
     return Timeline(plan.rank, start, arrived, phase_done, done)
+
+
+@dataclass(frozen=True)
+class _Issuing:
+    """``transport`` whose rounds are issued and not waited for: the caller waits, after them."""
+
+    transport: Transport
+
+    def exchange(self, step: BoundStep, sends: list[Array], recvs: list[Array]) -> None:
+        self.transport.exchange(step, sends, recvs)
+
+    def finish(self) -> None:
+        pass
 
 
 def _steps_in(plan: Plan, rounds: tuple[int, int | None]) -> tuple[BoundStep, ...]:

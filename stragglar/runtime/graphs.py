@@ -1,4 +1,4 @@
-"""Replay a bound plan's rounds from CUDA graphs: launching ~4 kernels a round from Python costs
+"""Replay a bound plan's rounds from CUDA graphs: launching a round's kernels from Python costs
 100-200 us of host time per round, a graph replay a few microseconds for all of them.
 
 A :class:`Replayer` runs pieces of work (a plan's round range: the rounds before the late rank
@@ -14,12 +14,13 @@ slower, never wrong.
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any, Protocol
 
-__all__ = ["Capturing", "Replayer"]
+__all__ = ["Capturing", "Replayer", "shared"]
 
 
 class Capturing(Protocol):
@@ -75,3 +76,17 @@ def _remember(cache: OrderedDict[Hashable, Any], key: Hashable, value: Any, limi
     cache.move_to_end(key)
     while len(cache) > limit:
         cache.popitem(last=False)
+
+
+_shared: dict[Callable[[], Capturing], Replayer] = {}
+_shared_lock = threading.Lock()
+
+
+def shared(kind: Callable[[], Capturing]) -> Replayer:
+    """This process's one replayer of graphs made by ``kind`` (a class), so that a failed capture
+    is said once and that kind's rounds run eagerly from then on."""
+    with _shared_lock:
+        replayer = _shared.get(kind)
+        if replayer is None:
+            replayer = _shared[kind] = Replayer(kind())
+        return replayer

@@ -28,10 +28,9 @@ import torch
 import torch.distributed as dist
 
 from stragglar.runtime.engine import RankError, classify, first_line, step_error
-from stragglar.runtime.graphs import Replayer
 from stragglar.runtime.program import BoundStep, Plan
 
-__all__ = ["CudaGraphs", "TorchTransport", "gather_headers", "replayer"]
+__all__ = ["CudaGraphs", "TorchTransport", "gather_headers"]
 
 CHECKING = "checking that every rank runs the same allreduce"
 
@@ -100,18 +99,6 @@ class CudaGraphs:
 
     def replay(self, graph: Any) -> None:
         graph.replay()
-
-
-_replayer: Replayer | None = None
-
-
-def replayer() -> Replayer:
-    """This process's replayer of stream-ordered NCCL rounds (one, so that a failed capture is
-    said once and its rounds run eagerly from then on)."""
-    global _replayer
-    if _replayer is None:
-        _replayer = Replayer(CudaGraphs())
-    return _replayer
 
 
 def gather_headers(
