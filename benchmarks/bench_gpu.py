@@ -8,8 +8,11 @@ CUDA graphs) against NCCL's all_reduce with the last rank 0, 20 and 100 ms late,
 send/recv pair of 4 KiB; every call checked on every rank, a call's time the slowest rank's.
 (c) DDP on 4 NCCL ranks, an MLP of 12 layers of 2048 x 2048, buckets of 8 MB: the default hook,
 StragglAR with the paper's chunks and with ``chunks="auto"``, and ``policy="auto"``, with nobody
-late and rank 3 late by 50 ms; losses compared step by step with the default hook's.  (a), last
-(it makes a CUDA context in this process, which forked ranks could not use):
+late and rank 3 late by 50 ms; losses compared step by step with the default hook's.  (d) As (b)
+through CuPy's NCCL (``NcclGroup``): the paper's schedule eager and from graphs against CuPy's
+NCCL allReduce, nobody late and the last rank 100 ms late (where CuPy is installed; a failure
+here is printed and the run goes on, then exits 1).  (a), last (it makes a CUDA context in this
+process, which forked ranks could not use):
 
 Loopback (every rank's CuPy array on one GPU, the device copying for the links), for N in
 {4, 8, 16}, the paper's C = N - 1 chunks and C = 8N, and buffers of 4 KiB to 256 MiB per rank
@@ -39,11 +42,22 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from gpu_ranks import PERIOD, DDPConfig, P2PConfig, Wrong, ddp_rank, p2p_rank, slowest, total, value
+from gpu_ranks import (
+    PERIOD,
+    DDPConfig,
+    P2PConfig,
+    Wrong,
+    cupy_rank,
+    ddp_rank,
+    p2p_rank,
+    slowest,
+    total,
+    value,
+)
 from results import save
 
 from stragglar.measure.gpus import gpu_count
-from stragglar.measure.launch import launch
+from stragglar.measure.launch import LaunchError, launch
 from stragglar.runtime import allreduce_local
 from stragglar.synth import synthesize
 from stragglar.verify import Proof, prove
@@ -210,13 +224,14 @@ def p2p_table(times: dict[str, float], world: int) -> str:
         size, delay, variant = name.split("|")
         kind = next((k for k in rounds if f"stragglar {k}," in variant), None)
         per_round = seconds / rounds[kind] * 1e6 if kind and float(delay) == 0 else None
-        if per_round is not None and variant.endswith("graph") and int(size) == min(_sizes(times)):
+        if per_round is not None and variant.endswith(", graph") and int(size) == min(_sizes(times)):
             best_round = per_round if best_round is None else min(best_round, per_round)
         shown = f"{per_round:.1f}" if per_round is not None else ""
         lines.append(
             f"| {_size(int(size))} | {float(delay) * 1e3:g} | {variant} | {seconds * 1e3:.3f} | {shown} |"
         )
-    lines.append(f"\nbare send/recv pair, {_size(min(_sizes(times)))}: {pair * 1e6:.1f} us")
+    if "pair" in times:
+        lines.append(f"\nbare send/recv pair, {_size(min(_sizes(times)))}: {pair * 1e6:.1f} us")
     if best_round is not None and pair > 0:
         ratio = best_round / pair
         verdict = "met" if ratio <= ROUND_PAIR_TARGET else "MISSED"
@@ -225,6 +240,21 @@ def p2p_table(times: dict[str, float], world: int) -> str:
             f"(target <= {ROUND_PAIR_TARGET:g}x: {verdict})"
         )
     return "\n".join(lines)
+
+
+def cupy_nccl(cfg: P2PConfig, world: int, gpus: int) -> dict[str, float] | str:
+    """Part (d): as part (b) through CuPy's NCCL (:func:`gpu_ranks.cupy_rank`), or one line saying
+    why there are no figures.  A failure here is reported, not raised, so that it does not take
+    the other parts' figures with it (``main`` still exits 1)."""
+    try:
+        import cupy  # noqa: F401  (only whether it is there)
+    except ImportError:
+        return "not measured: cupy is not installed"
+    try:
+        per_rank = launch(cupy_rank, world, (cfg,), timeout=cfg.timeout, backend=cfg.backend, gpus=gpus)
+    except LaunchError as e:
+        return f"FAILED: {str(e).splitlines()[0]}"
+    return slowest(per_rank)
 
 
 def _sizes(times: dict[str, float]) -> list[int]:
@@ -312,6 +342,11 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\n## DDP, {RANKS} NCCL ranks, MLP 12 x 2048, buckets of 8 MB\n")
     print(ddp_table(runs), flush=True)
     figures: dict[str, Any] = {"p2p": times, "ddp": runs}
+    cupy_cfg = P2PConfig("nccl", (4 << 10, 64 << 20), (0.0, 0.1), args.iters)
+    cupy_times = cupy_nccl(cupy_cfg, RANKS, gpus)  # forked too: before the loopback's CUDA context
+    print(f"\n## {RANKS} CuPy/NCCL ranks (NcclGroup): StragglAR against allReduce\n")
+    print(cupy_times if isinstance(cupy_times, str) else p2p_table(cupy_times, RANKS), flush=True)
+    figures["cupy_nccl"] = cupy_times
     if importlib.util.find_spec("cupy") is None:  # last: it makes a CUDA context in this process
         print("\nloopback not measured: cupy is not installed")
     else:
@@ -328,6 +363,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\ndevice: {device}")
     if args.json:
         save(args.json, {"device": device, **figures})
+    if isinstance(cupy_times, str) and cupy_times.startswith("FAILED"):
+        sys.exit(1)
 
 
 if __name__ == "__main__":

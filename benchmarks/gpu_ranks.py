@@ -85,19 +85,65 @@ class Wrong(Exception):
     """A result differed from the sum: its timing would mean nothing."""
 
 
+Variants = Callable[[torch.Tensor, float], dict[str, Callable[[], object]]]
+
+
 def p2p_rank(rank: int, world: int, cfg: P2PConfig) -> dict[str, list[float]]:
     """Per variant ("size|delay|name"), this rank's time of each timed call (seconds)."""
-    device = device_of(cfg.backend)
     proofs = {"paper": prove(synthesize("stragglar", world))}
     proofs["chunked"] = prove(synthesize("stragglar", world, chunks=8 * world))
+    times = _sweep(rank, world, cfg, lambda buf, delay: _variants(buf, proofs, rank, world, delay, cfg))
+    times["pair"] = _pair(rank, world, min(cfg.sizes), cfg.iters, device_of(cfg.backend))
+    return times
+
+
+def cupy_rank(rank: int, world: int, cfg: P2PConfig) -> dict[str, list[float]]:
+    """As :func:`p2p_rank` through CuPy's NCCL (an ``NcclGroup`` on a communicator of its own):
+    the paper's schedule eager and from graphs, against that communicator's allReduce.  CuPy
+    reads the rank's torch buffer in place (``cupy.asarray``), so the same checks apply."""
+    import cupy
+    from cupy.cuda import nccl
+
+    from stragglar.runtime import NcclGroup
+
+    device = device_of(cfg.backend)
+    cupy.cuda.Device(device.index).use()
+    unique = [nccl.get_unique_id() if rank == 0 else None]
+    dist.broadcast_object_list(unique, src=0)
+    comm = nccl.NcclCommunicator(world, unique[0], rank)
+    group, proof, late = NcclGroup(comm), prove(synthesize("stragglar", world)), world - 1
+
+    def variants(buf: torch.Tensor, delay: float) -> dict[str, Callable[[], object]]:
+        view = cupy.asarray(buf)
+        calls: dict[str, Callable[[], object]] = {
+            f"stragglar paper, CuPy/NCCL {mode}": functools.partial(
+                allreduce, view, proof, group, delay, timeout=cfg.timeout, late_rank=late, graphs=graphs
+            )
+            for graphs, mode in ((False, "eager"), (True, "graph"))
+        }
+
+        def all_reduce() -> None:
+            if rank == late:
+                time.sleep(delay)
+            ptr, stream = view.data.ptr, cupy.cuda.get_current_stream().ptr
+            comm.allReduce(ptr, ptr, view.size, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, stream)
+
+        calls["CuPy/NCCL allReduce"] = all_reduce
+        return calls
+
+    return _sweep(rank, world, cfg, variants)
+
+
+def _sweep(rank: int, world: int, cfg: P2PConfig, variants: Variants) -> dict[str, list[float]]:
+    """Every size and delay of ``cfg``: each of ``variants(buf, delay)`` timed and checked."""
+    device = device_of(cfg.backend)
     times: dict[str, list[float]] = {}
     for size in cfg.sizes:
         buf = torch.empty(size // 4, dtype=torch.float32, device=device)
         want = summed(buf.numel(), world, device)
         for delay in cfg.delays:
-            for name, call in _variants(buf, proofs, rank, world, delay, cfg).items():
+            for name, call in variants(buf, delay).items():
                 times[f"{size}|{delay}|{name}"] = _timed(call, buf, want, rank, world, cfg.iters, device)
-    times["pair"] = _pair(rank, world, min(cfg.sizes), cfg.iters, device)
     return times
 
 

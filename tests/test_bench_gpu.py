@@ -3,6 +3,7 @@ stand-in (:mod:`fake_cupy`), which runs the same batched rounds and graphs, chec
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -81,3 +82,33 @@ def test_the_rank_parts_run_on_gloo_and_check_every_call(monkeypatch: pytest.Mon
     assert all(figures["loss_rel_diff"] < 1e-5 for figures in run.values())  # the same training
     assert all(figures["median_step_s"] >= 0.01 for figures in run.values())  # rank 1 came late
     assert "nobody late" not in bench_gpu.ddp_table({"rank 1 late": run})
+
+
+def test_the_cupy_nccl_part_says_why_it_has_no_figures_and_never_takes_the_others_down(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Part (d) without CuPy says so; with a CuPy whose NCCL cannot start, the ranks fail and the
+    part returns one FAILED line (main goes on to the loopback, then exits 1)."""
+    pytest.importorskip("torch")
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import bench_gpu
+    from gpu_ranks import P2PConfig
+
+    cfg = P2PConfig("gloo", (4096,), (0.0,), 1, timeout=30)
+    monkeypatch.delitem(sys.modules, "cupy", raising=False)
+    if importlib.util.find_spec("cupy") is not None:
+        pytest.skip("CuPy is installed here")
+    assert bench_gpu.cupy_nccl(cfg, 2, 0) == "not measured: cupy is not installed"
+    next(installed(monkeypatch))  # a CuPy without cupy.cuda.nccl: every rank fails at once
+    verdict = bench_gpu.cupy_nccl(cfg, 2, 0)
+    assert isinstance(verdict, str) and verdict.startswith("FAILED: ") and "\n" not in verdict, verdict
+
+
+def test_a_table_without_a_bare_pair_prints_no_pair_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import bench_gpu
+
+    times = {"4096|0.0|stragglar paper, CuPy/NCCL graph": 0.0012, "4096|0.0|CuPy/NCCL allReduce": 0.0005}
+    table = bench_gpu.p2p_table(times, 4)
+    assert "| 4 KiB | 0 | stragglar paper, CuPy/NCCL graph | 1.200 |" in table
+    assert "pair" not in table
