@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import types
+from typing import Any
 
 import numpy as np
 import pytest
@@ -57,6 +58,45 @@ def test_bfloat16_through_torch_tensors(n: int) -> None:
         allreduce_local(bufs, schedule("stragglar", n))
         for b in bufs:
             assert np.array_equal(b.double().numpy(), expected(count, n, "bfloat16"))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64", "int32", "int64"])
+@pytest.mark.parametrize(("n", "chunks"), [(4, 12), (5, 24), (8, 64)])
+def test_torch_messages_of_several_pieces_pack_and_land_in_fused_calls_bit_for_bit(
+    monkeypatch: pytest.MonkeyPatch, dtype: str, n: int, chunks: int
+) -> None:
+    """A message of several chunks is packed with one ``cat`` and its sums land with one
+    ``_foreach_add_`` (a kernel or so on a GPU instead of one per chunk), and its sums are the same bits as NumPy's slice by slice (torch's own slice by slice
+    for bfloat16, which NumPy lacks; random values: any change in what is added to what shows)."""
+    torch = pytest.importorskip("torch")
+    from stragglar.runtime import engine
+
+    proof = prove(synthesize("stragglar", n, chunks=chunks))
+    rng = np.random.default_rng(n)
+    data = [rng.standard_normal(997) * 1000 for _ in range(n)]
+    tensors = [torch.tensor(d).to(getattr(torch, dtype)) for d in data]
+    if dtype == "bfloat16":  # the slice-by-slice loop, on torch tensors
+        reference = [t.clone() for t in tensors]
+        with monkeypatch.context() as patch:
+            patch.setattr(engine, "library_of", lambda value: "numpy")
+            allreduce_local(reference, proof)
+    else:
+        reference = [t.numpy().copy() for t in tensors]
+        allreduce_local(reference, proof)
+    calls = {"cat": 0, "_foreach_add_": 0}
+    for name in calls:
+        real = getattr(torch, name)
+
+        def counted(*args: object, real: Any = real, name: str = name, **kwargs: object) -> Any:
+            calls[name] += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(torch, name, counted)
+    allreduce_local(tensors, proof)
+    assert calls["cat"] > 0 and calls["_foreach_add_"] > 0, calls
+    got = [t.view(torch.int16).numpy() if dtype == "bfloat16" else t.numpy() for t in tensors]
+    want = [r.view(torch.int16).numpy() if dtype == "bfloat16" else r for r in reference]
+    assert all(g.tobytes() == w.tobytes() for g, w in zip(got, want, strict=True))
 
 
 def test_multidimensional_buffers_are_reduced_in_place() -> None:

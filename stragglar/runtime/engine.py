@@ -235,14 +235,19 @@ def _on_host(flat: Array) -> bool:
 
 
 def send_view(flat: Array, work: Array, m: BoundMessage) -> Array:
-    """What to send for ``m``: a buffer slice, or its chunks packed into ``work``."""
+    """What to send for ``m``: a buffer slice, or its chunks packed into ``work`` (a torch
+    tensor's in one ``cat``: one kernel on a GPU, not one per chunk)."""
     if m.direct is not None:
         return flat[m.direct[0] : m.direct[1]]
+    packed = work[m.staging : m.staging + m.size]
+    if len(m.pieces) > 1 and library_of(flat) == "torch":
+        sys.modules["torch"].cat([flat[a:b] for a, b, _ in m.pieces], out=packed)
+        return packed
     offset = m.staging
     for start, stop in ((a, b) for a, b, _ in m.pieces):
         work[offset : offset + stop - start] = flat[start:stop]
         offset += stop - start
-    return work[m.staging : m.staging + m.size]
+    return packed
 
 
 def recv_view(flat: Array, work: Array, m: BoundMessage) -> Array:
@@ -252,17 +257,29 @@ def recv_view(flat: Array, work: Array, m: BoundMessage) -> Array:
 
 
 def apply(flat: Array, work: Array, m: BoundMessage) -> None:
-    """Copy or add a message received into scratch into the buffer (after the round)."""
+    """Copy or add a message received into scratch into the buffer (after the round).  A torch
+    tensor's sums land in one fused call (``_foreach_add_``: a kernel or so on a GPU, not one per
+    chunk), the same ``buffer += received`` element by element, so the results are the same bits.
+    (A message of several pieces that are copies is contiguous in every generated schedule, and
+    so direct.)"""
     if m.direct is not None:
         return
+    fused = len(m.pieces) > 1 and library_of(flat) == "torch"
+    targets: list[Array] = []
+    received: list[Array] = []
     offset = m.staging
     for start, stop, reduce in m.pieces:
         data = work[offset : offset + stop - start]
-        if reduce:
-            flat[start:stop] += data
-        else:
+        if not reduce:
             flat[start:stop] = data
+        elif fused:
+            targets.append(flat[start:stop])
+            received.append(data)
+        else:
+            flat[start:stop] += data
         offset += stop - start
+    if targets:
+        sys.modules["torch"]._foreach_add_(targets, received)
 
 
 def run_rank(

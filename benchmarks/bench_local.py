@@ -1,0 +1,120 @@
+"""Time the in-process AllReduce on the host: what a change to the interpreter costs the CPU paths.
+
+    python benchmarks/bench_local.py [--calls 200] [--json out.json]
+
+``allreduce_local`` on NumPy arrays and on torch CPU tensors (one thread), float32, for the
+paper's schedule and chunked ones, small and large buffers: the median time of a call over
+``--calls`` calls (fewer for the large buffers), every result checked.  The figures to compare
+before and after a change to the interpreter (``runtime/engine.py``, ``local.py``): run it on
+both trees, alternating, on the same machine.  Without torch the torch rows are left out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from results import save
+
+from stragglar.runtime import allreduce_local
+from stragglar.synth import synthesize
+from stragglar.verify import prove
+
+CASES = (  # (N, chunks or None: the paper's, elements per rank)
+    (8, None, 1 << 10),
+    (8, None, 1 << 20),
+    (16, None, 1 << 10),
+    (4, 32, 1 << 16),
+    (8, 64, 1 << 10),
+    (8, 64, 1 << 20),
+)
+LARGE = 1 << 18  # elements from which a case runs a tenth of the calls
+
+
+@dataclass(frozen=True)
+class Row:
+    library: str
+    n: int
+    chunks: int
+    count: int
+    calls: int
+    median_ms: float
+
+
+def bench(library: str, n: int, chunks: int | None, count: int, calls: int) -> Row:
+    """The median of ``calls`` timed calls after one untimed one, every result checked."""
+    proof = prove(synthesize("stragglar", n, chunks=chunks))
+    make, fill, same = _library(library)
+    buffers = [make(count) for _ in range(n)]
+    times = []
+    for call in range(calls + 1):
+        for rank, buffer in enumerate(buffers):
+            fill(buffer, rank + 1)
+        start = time.perf_counter()
+        allreduce_local(buffers, proof)
+        if call:
+            times.append(time.perf_counter() - start)
+        if not all(same(b, n * (n + 1) // 2) for b in buffers):
+            raise SystemExit(f"wrong sum: {library} N={n} C={chunks} count={count}")
+    return Row(library, n, proof.schedule.num_chunks, count, calls, statistics.median(times) * 1e3)
+
+
+Library = tuple[Callable[[int], Any], Callable[[Any, int], None], Callable[[Any, int], bool]]
+
+
+def _library(name: str) -> Library:
+    """How to make, fill and check a buffer of ``name``'s arrays."""
+    if name == "numpy":
+        return (
+            lambda count: np.empty(count, np.float32),
+            lambda buffer, value: buffer.fill(value),
+            lambda buffer, value: bool((buffer == value).all()),
+        )
+    import torch
+
+    torch.set_num_threads(1)
+    return (
+        lambda count: torch.empty(count, dtype=torch.float32),
+        lambda buffer, value: buffer.fill_(value),
+        lambda buffer, value: bool((buffer == value).all()),
+    )
+
+
+def table(rows: list[Row]) -> str:
+    lines = [
+        "| library | N | C | elements per rank | calls | median per call (ms) |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {r.library} | {r.n} | {r.chunks} | {r.count:,} | {r.calls} | {r.median_ms:.3f} |" for r in rows
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Time allreduce_local on the host (NumPy, torch CPU).")
+    parser.add_argument("--calls", type=int, default=200, help="timed calls per small case (median)")
+    parser.add_argument("--json", type=Path, metavar="FILE", help="also save the results as JSON")
+    args = parser.parse_args(argv)
+    if args.calls < 1:
+        parser.error("--calls must be at least 1")
+    libraries = ["numpy"] + (["torch"] if importlib.util.find_spec("torch") else [])
+    rows = [
+        bench(library, n, chunks, count, max(1, args.calls // 10) if count >= LARGE else args.calls)
+        for library in libraries
+        for n, chunks, count in CASES
+    ]
+    print(table(rows))
+    if args.json:
+        save(args.json, {"rows": [asdict(r) for r in rows]})
+
+
+if __name__ == "__main__":
+    main()
