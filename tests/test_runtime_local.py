@@ -61,19 +61,20 @@ def test_bfloat16_through_torch_tensors(n: int) -> None:
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64", "int32", "int64"])
-@pytest.mark.parametrize(("n", "chunks"), [(4, 12), (5, 24), (8, 64)])
+@pytest.mark.parametrize(("n", "chunks", "count"), [(4, 12, 997), (5, 24, 997), (8, 64, 997), (8, 64, 40)])
 def test_torch_messages_of_several_pieces_pack_and_land_in_fused_calls_bit_for_bit(
-    monkeypatch: pytest.MonkeyPatch, dtype: str, n: int, chunks: int
+    monkeypatch: pytest.MonkeyPatch, dtype: str, n: int, chunks: int, count: int
 ) -> None:
     """A message of several chunks is packed with one ``cat`` and its sums land with one
-    ``_foreach_add_`` (a kernel or so on a GPU instead of one per chunk), and its sums are the same bits as NumPy's slice by slice (torch's own slice by slice
-    for bfloat16, which NumPy lacks; random values: any change in what is added to what shows)."""
+    ``_foreach_add_`` (a kernel or so on a GPU instead of one per chunk), the same bits as NumPy's
+    slice by slice (torch's own slice by slice for bfloat16, which NumPy lacks; random values: any
+    change in what is added to what shows)."""
     torch = pytest.importorskip("torch")
     from stragglar.runtime import engine
 
     proof = prove(synthesize("stragglar", n, chunks=chunks))
     rng = np.random.default_rng(n)
-    data = [rng.standard_normal(997) * 1000 for _ in range(n)]
+    data = [rng.standard_normal(count) * 1000 for _ in range(n)]  # 40: some chunks are empty
     tensors = [torch.tensor(d).to(getattr(torch, dtype)) for d in data]
     if dtype == "bfloat16":  # the slice-by-slice loop, on torch tensors
         reference = [t.clone() for t in tensors]

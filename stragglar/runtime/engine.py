@@ -273,8 +273,9 @@ def apply(flat: Array, work: Array, m: BoundMessage) -> None:
         if not reduce:
             flat[start:stop] = data
         elif fused:
-            targets.append(flat[start:stop])
-            received.append(data)
+            if stop > start:  # an empty chunk adds nothing (and some foreach kernels mind it)
+                targets.append(flat[start:stop])
+                received.append(data)
         else:
             flat[start:stop] += data
         offset += stop - start
