@@ -6,6 +6,7 @@ import ctypes
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -127,13 +128,13 @@ class FakeComm:
         self.aborted = True
 
 
-def run_ranks(n: int, body: Any, fake: type[FakeNccl] = FakeNccl) -> list[Any]:
-    """Run ``body(rank, group)`` in n threads; return results or raised exceptions, the fake NCCL
-    and the groups."""
+def run_ranks(
+    n: int, body: Any, fake: type[FakeNccl] = FakeNccl, stream: Callable[[], Any] = FakeStream
+) -> list[Any]:
+    """Run ``body(rank, group)`` in n threads, each rank's group on a ``stream()`` of its own;
+    return results or raised exceptions, the fake NCCL and the groups."""
     nccl = fake(n)
-    groups = [
-        NcclGroup(FakeComm(nccl, r, n, s), nccl, s) for r, s in enumerate(FakeStream() for _ in range(n))
-    ]
+    groups = [NcclGroup(FakeComm(nccl, r, n, s), nccl, s) for r, s in enumerate(stream() for _ in range(n))]
     out: list[Any] = [None] * n
 
     def target(r: int) -> None:

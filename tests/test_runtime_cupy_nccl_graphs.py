@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 from fake_cupy import FakeArray, installed
-from test_runtime_cupy_nccl import FakeComm, FakeNccl
+from test_runtime_cupy_nccl import FakeNccl, run_ranks
 
 from stragglar.errors import InputError
 from stragglar.measure.data import expected, payload
@@ -145,24 +145,10 @@ def _using(state: threading.local, use: Callable[[int], Any]) -> Iterator[None]:
 def ranks(
     n: int, body: Callable[[int, NcclGroup], Any], refuse: str | None = None
 ) -> tuple[list[Any], list[GraphStream]]:
-    """``body(rank, group)`` in n threads, each rank's group on its own capturing stream."""
-    nccl = GraphNccl(n)
-    streams = [GraphStream(refuse) for _ in range(n)]
-    groups = [NcclGroup(FakeComm(nccl, r, n, streams[r]), nccl, streams[r]) for r in range(n)]  # type: ignore[arg-type]
-    out: list[Any] = [None] * n
-
-    def target(r: int) -> None:
-        try:
-            out[r] = body(r, groups[r])
-        except Exception as e:
-            out[r] = e
-
-    threads = [threading.Thread(target=target, args=(r,)) for r in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    return out, streams
+    """``body(rank, group)`` in n threads, each rank's group on its own capturing stream: the
+    results (or exceptions) and the streams."""
+    *out, _, groups = run_ranks(n, body, GraphNccl, lambda: GraphStream(refuse))
+    return out, [g.stream for g in groups]
 
 
 def device_payload(rank: int, count: int, n: int, call: int) -> DeviceArray:
