@@ -34,7 +34,7 @@ step() {  # step NAME SECONDS COMMAND...: run it with a limit, log it, note a fa
 }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$out/device.txt" 2>&1
-step tests 100 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/test_loopback_kernels.py
+step tests 100 python3 -m pytest -q -p no:cacheprovider tests/test_runtime_loopback_gpu_device.py tests/test_runtime_loopback_gpu_kernels.py
 step bench-gpu 260 python3 benchmarks/bench_gpu.py --quick --iters 3 --json "$out/gpu.json"
 step run-nccl 60 python3 -m stragglar run --backend nccl --gpus 4 --size 16MiB --delay 20ms --chunks 6 --iters 3
 step ddp-example 70 torchrun --nproc-per-node=4 examples/ddp_torchrun.py --late-rank 3 --delay 50ms --steps 8
