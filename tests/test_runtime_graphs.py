@@ -7,6 +7,7 @@ eagerly; the cache is bounded."""
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -182,3 +183,79 @@ def test_the_late_rank_sleeps_only_in_the_call_that_holds_its_first_round() -> N
     rest = ranks_in_threads(n, part((split, None)))
     assert rest[late].arrived - rest[late].start >= delay
     assert all(np.array_equal(b, np.full(count, float(n * (n + 1) // 2))) for b in buffers)
+
+
+class Meeting(Recorder):
+    """Every capture waits until ``parties`` captures are under way at once (threads), then fails
+    or records as the Recorder does."""
+
+    def __init__(self, parties: int, fail: str | None = None) -> None:
+        super().__init__(fail)
+        self.barrier = threading.Barrier(parties)
+
+    def capture(self, work: Callable[[], object]) -> Any:
+        self.barrier.wait(timeout=10)
+        return super().capture(work)
+
+
+def test_threads_that_fail_to_capture_at_once_warn_once_and_run_their_work() -> None:
+    """The DDP hook's two workers share the process's replayer: two captures failing together
+    are said once, and each thread's work still runs."""
+    replayer = Replayer(Meeting(2, fail="capture not permitted"))
+    ran: list[str] = []
+
+    def rank_thread(key: str) -> None:
+        for _ in range(2):  # eager, then the failed capture (both threads in it at once)
+            replayer(key, lambda: ran.append(key))
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        threads = [threading.Thread(target=rank_thread, args=(key,)) for key in ("stage 1", "stage 2")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+    assert sorted(ran) == ["stage 1"] * 2 + ["stage 2"] * 2
+    assert len(seen) == 1 and "capture not permitted" in str(seen[0].message)
+
+
+def test_threads_capturing_at_once_each_keep_their_graph() -> None:
+    device = Meeting(2)
+    replayer = Replayer(device)
+    ran: list[str] = []
+
+    def rank_thread(key: str) -> None:
+        for _ in range(4):  # eager, capture and replay (both threads at once), replay, replay
+            replayer(key, lambda: ran.append(key))
+
+    threads = [threading.Thread(target=rank_thread, args=(key,)) for key in ("stage 1", "stage 2")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert sorted(ran) == ["stage 1"] * 4 + ["stage 2"] * 4
+    assert device.captures == 2 and device.replays == 6 and set(replayer.captured) == {"stage 1", "stage 2"}
+
+
+def test_torch_captures_forbid_unsafe_calls_in_the_capturing_thread_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The default ("global") mode would make the other DDP worker's own rounds fail while one
+    thread captures."""
+    torch = pytest.importorskip("torch")
+    from stragglar.runtime.torch_dist import CudaGraphs
+
+    modes: list[object] = []
+
+    class Graph:
+        pass
+
+    def graph(cuda_graph: object, **options: object) -> Any:
+        modes.append(options.get("capture_error_mode"))
+        return contextlib.nullcontext()
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph", graph)
+    ran: list[int] = []
+    assert isinstance(CudaGraphs().capture(lambda: ran.append(1)), Graph) and ran == [1]
+    assert modes == ["thread_local"]

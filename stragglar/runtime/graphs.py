@@ -35,7 +35,9 @@ class Capturing(Protocol):
 class Replayer:
     """Runs each piece of work, named by a key that says everything it launches on (a plan's
     round range, element count, dtype, buffers): eagerly the first time, from a graph after
-    (``graphs=False``: always eagerly)."""
+    (``graphs=False``: always eagerly).  Threads may share one (the DDP hook's two workers): its
+    books are kept under a lock, but the work, a capture and a replay run outside it, since a
+    rank's eager work can wait for a peer's, and the peer for this rank's other thread."""
 
     def __init__(self, device: Capturing, graphs: bool = True, limit: int = 64) -> None:
         self.device = device
@@ -44,31 +46,43 @@ class Replayer:
         self.seen: OrderedDict[Hashable, None] = OrderedDict()
         self.captured: OrderedDict[Hashable, Any] = OrderedDict()
         self.failure: str | None = None
+        self.lock = threading.Lock()
 
     def __call__(self, key: Hashable, work: Callable[[], object]) -> None:
-        graph = self.captured.get(key)
+        with self.lock:
+            graph = self.captured.get(key)
+            if graph is not None:
+                self.captured.move_to_end(key)
+            eager = graph is None and (not self.graphs or self.failure is not None or key not in self.seen)
+            if eager:
+                _remember(self.seen, key, None, self.limit)
         if graph is not None:
-            self.captured.move_to_end(key)
             self.device.replay(graph)
             return
-        if not self.graphs or self.failure is not None or key not in self.seen:
-            _remember(self.seen, key, None, self.limit)
+        if eager:
             work()
             return
         try:
             graph = self.device.capture(work)
         except Exception as e:  # any capture failure: the work still runs, eagerly
-            self.failure = f"{type(e).__name__}: {e}".splitlines()[0]
-            warnings.warn(
-                f"stragglar: could not capture the rounds in a CUDA graph ({self.failure}); "
-                "they run eagerly (slower, same results)",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+            self._failed(f"{type(e).__name__}: {e}".splitlines()[0])
             work()
             return
-        _remember(self.captured, key, graph, self.limit)
+        with self.lock:
+            _remember(self.captured, key, graph, self.limit)
         self.device.replay(graph)
+
+    def _failed(self, why: str) -> None:
+        """Remember the first failure and say it, once however many threads failed at once."""
+        with self.lock:
+            first, self.failure = self.failure is None, self.failure or why
+        if first:
+            warnings.warn(
+                f"stragglar: could not capture the rounds in a CUDA graph ({why}); "
+                "they run eagerly (slower, same results)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
 
 def _remember(cache: OrderedDict[Hashable, Any], key: Hashable, value: Any, limit: int) -> None:

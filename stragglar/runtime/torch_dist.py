@@ -89,11 +89,13 @@ class TorchTransport:
 
 class CudaGraphs:
     """Captures with torch's CUDA graphs (on a capture stream of torch's own, after a device
-    synchronize); a graph replays on the current stream, after the work queued on it."""
+    synchronize); a graph replays on the current stream, after the work queued on it.  The capture
+    forbids unsafe CUDA calls in the capturing thread only: the DDP hook's other worker thread
+    goes on with its own rounds meanwhile, which the default mode would make fail."""
 
     def capture(self, work: Callable[[], object]) -> Any:
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             work()
         return graph
 
