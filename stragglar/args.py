@@ -50,9 +50,12 @@ def as_int(value: Any, name: str, minimum: int | None = None) -> int:
     """``value`` as a plain ``int``: any integral type but bool, at least ``minimum`` if given, and
     within 64 bits, so that every message can print it and no bound check meets a number it cannot
     compare cheaply."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    if type(value) is int:  # the common case, without the ABC check's microsecond (not a bool)
+        result = value
+    elif isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ArgumentError(f"{name} must be an integer, got {described(value)} ({type(value).__name__})")
-    result = operator.index(value)
+    else:
+        result = operator.index(value)
     if result.bit_length() > MAX_INT_BITS:  # no count, rank or size of ours is near; Python cannot print it
         raise InputError(f"{name} must fit in {MAX_INT_BITS} bits, got {described(result)}")
     if minimum is not None and result < minimum:

@@ -356,3 +356,20 @@ def test_sweep_table_says_when_the_ring_fit_failed() -> None:
     )
     assert table.splitlines()[-1] == "| 4 | 1 MiB | 50 | 80.0 | 100.0 | 1.25x | 1.25x [1.10-1.40] | - |"
     assert "ratio of the medians" in table and "per-iteration ratio: median [min-max]" in table
+
+
+def test_the_late_ranks_wait_is_no_system_call_once_its_time_has_passed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A zero sleep still costs a system call (tens of microseconds here), once per call of the
+    loopback: sleep_until sleeps only for time that is left."""
+    import time
+
+    from stragglar.runtime.engine import sleep_until
+
+    slept: list[float] = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+    sleep_until(time.perf_counter() - 1.0)
+    assert slept == []
+    sleep_until(time.perf_counter() + 0.5)
+    assert len(slept) == 1 and 0.4 < slept[0] <= 0.5

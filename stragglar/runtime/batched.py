@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from stragglar.runtime.engine import Array, Timeline
+from stragglar.runtime.engine import Array, Timeline, sleep_until
 from stragglar.runtime.program import Plan
 
 __all__ = [
@@ -220,8 +220,7 @@ def run_batched(
     backend.bind(flats, plan)
     run(plan, 0, plan.joins)
     early = time.perf_counter()
-    time.sleep(max(0.0, start + straggler_delay - time.perf_counter()))
-    arrived = time.perf_counter()
+    arrived = sleep_until(start + straggler_delay)
     run(plan, plan.joins, len(plan.rounds))
     backend.sync()
     done = time.perf_counter()

@@ -38,6 +38,7 @@ __all__ = [
     "library_of",
     "run_rank",
     "run_rank_replayed",
+    "sleep_until",
     "step_error",
 ]
 
@@ -168,12 +169,33 @@ class Transport(Protocol):
     def finish(self) -> None: ...
 
 
+_dtype_names: dict[Any, str] = {}  # a supported dtype object -> its name
+
+
 def dtype_name(array: Array) -> str:
-    """The dtype as a plain name (``torch.float32`` -> ``float32``), checked against :data:`DTYPES`."""
-    name = str(array.dtype).rsplit(".", 1)[-1]
+    """The dtype as a plain name (``torch.float32`` -> ``float32``), checked against :data:`DTYPES`.
+
+    A call asks it several times per buffer, and naming a NumPy dtype costs microseconds, so the
+    names of the dtypes seen are kept (a handful: only supported ones are)."""
+    dtype = array.dtype
+    name = _dtype_names.get(dtype)
+    if name is not None:
+        return name
+    name = str(dtype).rsplit(".", 1)[-1]
     if name not in DTYPES:
         raise ArgumentError(f"cannot allreduce dtype {name}: supported dtypes are {', '.join(DTYPES)}")
+    if len(_dtype_names) < 64:
+        _dtype_names[dtype] = name
     return name
+
+
+def sleep_until(moment: float) -> float:
+    """Sleep until ``time.perf_counter()`` reaches ``moment`` (not at all if it has: a zero sleep
+    is still a system call), and return the time then."""
+    left = moment - time.perf_counter()
+    if left > 0:
+        time.sleep(left)
+    return time.perf_counter()
 
 
 def flat_view(array: Array) -> Array:

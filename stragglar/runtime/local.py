@@ -28,6 +28,7 @@ from stragglar.runtime.engine import (
     library_of,
     recv_view,
     send_view,
+    sleep_until,
 )
 from stragglar.runtime.plans import plan_for
 from stragglar.runtime.program import BoundStep, Plan
@@ -159,8 +160,7 @@ def run_local(
     phase_done: list[list[float | None]] = [[None] * len(program.phases) for _ in plans]
     for rnd in sorted(by_round):
         if rnd >= joins and arrived is None:
-            time.sleep(max(0.0, start + straggler_delay - time.perf_counter()))
-            arrived = time.perf_counter()
+            arrived = sleep_until(start + straggler_delay)
         steps = by_round[rnd]
         sent = {
             (rank, m.peer): send_view(flats[rank], works[rank], m)
@@ -180,8 +180,7 @@ def run_local(
                 apply(flats[rank], works[rank], m)
             phase_done[rank][step.phase] = now
     if arrived is None:  # no round moved data after it joined (tiny buffers): it still came late
-        time.sleep(max(0.0, start + straggler_delay - time.perf_counter()))
-        arrived = time.perf_counter()
+        arrived = sleep_until(start + straggler_delay)
     sync()
     done = time.perf_counter()
     return [
