@@ -109,6 +109,8 @@ def test_the_late_rank_joins_at_its_first_round_and_sleeps_between_the_ranges() 
     assert all(t.arrived == t.start for t in timelines if t.rank != schedule.late_rank)
     hidden = [t.phase_done[0] for t in timelines if t.rank != schedule.late_rank]
     assert all(done is not None and done < late.arrived for done in hidden)  # phase 1 ran before
+    assert late.phase_done[0] is None  # it has no part in the first phase
+    assert all(t.phase_done[-1] == t.done for t in timelines)  # the last phase ends with the call
 
 
 def test_two_pieces_landing_on_one_element_in_a_round_are_refused() -> None:

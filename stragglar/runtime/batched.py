@@ -64,7 +64,9 @@ class RoundTable:
 @dataclass(frozen=True)
 class BatchedPlan:
     """Every round of a schedule bound to ``count`` elements per rank; ``joins`` is the index (in
-    :attr:`rounds`) of the first round the late rank takes part in (``len(rounds)``: none)."""
+    :attr:`rounds`) of the first round the late rank takes part in (``len(rounds)``: none);
+    ``ends[rank][phase]``: whether the rank's last round of the phase comes before ``joins``
+    (None: it has none), what a call's timelines are made of."""
 
     num_ranks: int
     count: int
@@ -72,6 +74,7 @@ class BatchedPlan:
     late_rank: int
     rounds: tuple[RoundTable, ...]
     joins: int
+    ends: tuple[tuple[bool | None, ...], ...]
 
     @property
     def scratch(self) -> int:
@@ -95,7 +98,12 @@ def batched_plan(plans: Sequence[Plan], late_rank: int) -> BatchedPlan:
     joins = next((i for i, t in enumerate(tables) if late_rank in t.ranks), len(tables))
     count = plans[0].layout.count if plans else 0
     phases = len(plans[0].program.phases) if plans else 0
-    return BatchedPlan(len(plans), count, phases, late_rank, tuple(tables), joins)
+    ends: list[list[bool | None]] = [[None] * phases for _ in plans]
+    for index, table in enumerate(tables):
+        for rank in table.ranks:
+            ends[rank][table.phase] = index < joins
+    frozen = tuple(tuple(row) for row in ends)
+    return BatchedPlan(len(plans), count, phases, late_rank, tuple(tables), joins, frozen)
 
 
 def _round_table(rnd: int, steps: list[tuple[int, Any]]) -> RoundTable:
@@ -224,11 +232,8 @@ def run_batched(
     run(plan, plan.joins, len(plan.rounds))
     backend.sync()
     done = time.perf_counter()
-    phase_done: list[list[float | None]] = [[None] * plan.num_phases for _ in range(plan.num_ranks)]
-    for index, table in enumerate(plan.rounds):
-        for rank in table.ranks:  # host issue times, as the interpreter records on a GPU
-            phase_done[rank][table.phase] = early if index < plan.joins else done
+    times = {None: None, True: early, False: done}  # host issue times, as the interpreter records on a GPU
     return [
-        Timeline(r, start, arrived if r == plan.late_rank else start, tuple(phase_done[r]), done)
-        for r in range(plan.num_ranks)
+        Timeline(r, start, arrived if r == plan.late_rank else start, tuple(times[e] for e in ends), done)
+        for r, ends in enumerate(plan.ends)
     ]
