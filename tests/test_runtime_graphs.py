@@ -13,7 +13,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Hashable
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pytest
@@ -24,6 +24,8 @@ from stragglar.runtime.graphs import Replayer
 from stragglar.runtime.program import BoundStep, Plan
 from stragglar.synth import synthesize
 from stragglar.verify import prove
+
+_T = TypeVar("_T")
 
 
 class Recorder:
@@ -68,7 +70,8 @@ class Queues:
         return Transport()
 
 
-def ranks_in_threads(n: int, work: Callable[[int], Timeline]) -> list[Timeline]:
+def ranks_in_threads(n: int, work: Callable[[int], _T]) -> list[_T]:
+    """``work(rank)`` for n ranks in threads, their results; any exception fails the test."""
     out: list[Any] = [None] * n
     errors: list[BaseException] = []
 
@@ -204,17 +207,14 @@ def test_threads_that_fail_to_capture_at_once_warn_once_and_run_their_work() -> 
     replayer = Replayer(Meeting(2, fail="capture not permitted"))
     ran: list[str] = []
 
-    def rank_thread(key: str) -> None:
+    def rank_thread(rank: int) -> None:
+        key = f"stage {rank + 1}"
         for _ in range(2):  # eager, then the failed capture (both threads in it at once)
             replayer(key, lambda: ran.append(key))
 
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        threads = [threading.Thread(target=rank_thread, args=(key,)) for key in ("stage 1", "stage 2")]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=30)
+        ranks_in_threads(2, rank_thread)
     assert sorted(ran) == ["stage 1"] * 2 + ["stage 2"] * 2
     assert len(seen) == 1 and "capture not permitted" in str(seen[0].message)
 
@@ -224,15 +224,12 @@ def test_threads_capturing_at_once_each_keep_their_graph() -> None:
     replayer = Replayer(device)
     ran: list[str] = []
 
-    def rank_thread(key: str) -> None:
+    def rank_thread(rank: int) -> None:
+        key = f"stage {rank + 1}"
         for _ in range(4):  # eager, capture and replay (both threads at once), replay, replay
             replayer(key, lambda: ran.append(key))
 
-    threads = [threading.Thread(target=rank_thread, args=(key,)) for key in ("stage 1", "stage 2")]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=30)
+    ranks_in_threads(2, rank_thread)
     assert sorted(ran) == ["stage 1"] * 4 + ["stage 2"] * 4
     assert device.captures == 2 and device.replays == 6 and set(replayer.captured) == {"stage 1", "stage 2"}
 
