@@ -35,14 +35,13 @@ from stragglar.measure.links import pace_links
 from stragglar.measure.timing import Figures, Series, iteration_figures, turn
 from stragglar.model import schedule_name
 from stragglar.runtime import RankError, allreduce
-from stragglar.runtime.engine import Timeline, classify, first_line
+from stragglar.runtime.engine import Timeline, classify, first_line, poll
 from stragglar.runtime.heartbeat import heartbeat
 from stragglar.verify import Proof
 
 __all__ = ["torch_figures"]
 
 _SPIN = 1e-3  # seconds a rank polls its CUDA stream without sleeping
-_POLL = 1e-4  # seconds between polls after that
 
 
 def torch_figures(
@@ -168,24 +167,18 @@ def _all_reduce(
 
 def _stream_done(rank: int, timeout: float, during: str) -> float:
     """When the current CUDA stream finished what was queued on it (``time.perf_counter``): polled,
-    so that a peer that never answers is a RankError after ``timeout`` seconds, not a hang.
-
-    The first millisecond is polled without sleeping (the time is the figure being measured);
-    after it, every 100 us, which leaves the host's cores to the other ranks."""
+    so that a peer that never answers is a RankError after ``timeout`` seconds, not a hang.  The
+    first millisecond is polled without sleeping: the moment is the figure being measured."""
     cuda: Any = torch.cuda  # untyped in torch's stubs
     done = cuda.Event()
     done.record()
-    begun = time.monotonic()
-    while not done.query():
-        waited = time.monotonic() - begun
-        if waited > timeout:
-            raise RankError(
-                f"rank {rank} timed out {during}: the GPU had not finished after {timeout:g} s",
-                rank=rank,
-                reason="timed out",
-                during=during,
-            )
-        time.sleep(0 if waited < _SPIN else _POLL)
+    if not poll(done.query, timeout, spin=_SPIN):
+        raise RankError(
+            f"rank {rank} timed out {during}: the GPU had not finished after {timeout:g} s",
+            rank=rank,
+            reason="timed out",
+            during=during,
+        )
     return time.perf_counter()
 
 

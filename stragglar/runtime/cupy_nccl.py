@@ -15,14 +15,13 @@ own (one per thread and device), after the work queued on the caller's current s
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from stragglar.runtime.engine import Array, RankError, first_line, step_error
+from stragglar.runtime.engine import Array, RankError, first_line, poll, step_error
 from stragglar.runtime.program import BoundStep, Plan
 
 __all__ = ["CupyGraphs", "NcclGroup", "NcclTransport", "gather_headers", "nccl_dtype", "pointer"]
@@ -126,13 +125,16 @@ def nccl_dtype(group: NcclGroup, dtype: str) -> Any:
 def wait_stream(group: NcclGroup, timeout: float | None, on_timeout: Callable[[], RankError]) -> None:
     """Wait for the group's stream; past ``timeout`` abort the communicator (so no rank hangs on
     it) and raise ``on_timeout()``."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while not group.stream.done:
-        group.comm.check_async_error()
-        if deadline is not None and time.monotonic() > deadline:
-            group.comm.abort()
-            raise on_timeout()
-        time.sleep(1e-4)
+
+    def done() -> bool:
+        if group.stream.done:
+            return True
+        group.comm.check_async_error()  # a failed peer: NCCL's error, not a timeout
+        return False
+
+    if not poll(done, timeout):
+        group.comm.abort()
+        raise on_timeout()
 
 
 class NcclTransport:

@@ -36,6 +36,7 @@ __all__ = [
     "flat_view",
     "late_rank_for",
     "library_of",
+    "poll",
     "run_rank",
     "run_rank_replayed",
     "sleep_until",
@@ -196,6 +197,23 @@ def sleep_until(moment: float) -> float:
     if left > 0:
         time.sleep(left)
     return time.perf_counter()
+
+
+POLL = 1e-4  # seconds between two looks at work the host cannot wait on with a timeout
+
+
+def poll(ready: Callable[[], bool], timeout: float | None, spin: float = 0.0) -> bool:
+    """Look at ``ready()`` until it is true (True) or ``timeout`` seconds have passed (False; None:
+    no bound): without sleeping for the first ``spin`` seconds (where the moment it turns true is
+    the figure being measured), then every :data:`POLL` seconds, leaving the cores to others.
+    What NCCL's work and CUDA's events offer instead of a wait with a timeout."""
+    begun = time.monotonic()
+    while not ready():
+        waited = time.monotonic() - begun
+        if timeout is not None and waited > timeout:
+            return False
+        time.sleep(0 if waited < spin else POLL)
+    return True
 
 
 def flat_view(array: Array) -> Array:

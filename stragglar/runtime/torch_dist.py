@@ -19,7 +19,6 @@ dtype, the plan and its round range, the group, the tag and the late rank.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
@@ -27,7 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from stragglar.runtime.engine import RankError, classify, first_line, step_error
+from stragglar.runtime.engine import RankError, classify, first_line, poll, step_error
 from stragglar.runtime.program import BoundStep, Plan
 
 __all__ = ["CudaGraphs", "TorchTransport", "gather_headers"]
@@ -116,11 +115,8 @@ def gather_headers(
     try:
         work = dist.all_gather(gathered, mine, group=group, async_op=True)
         if dist.get_backend(group) == "nccl":
-            deadline = None if timeout is None else time.monotonic() + timeout
-            while not work.is_completed():
-                if deadline is not None and time.monotonic() > deadline:
-                    raise TimeoutError(f"no answer within {timeout:g} s")
-                time.sleep(1e-4)
+            if not poll(work.is_completed, timeout):
+                raise TimeoutError(f"no answer within {timeout:g} s")
             work.wait()
         elif timeout is not None:
             if work.wait(timedelta(seconds=timeout)) is False:
