@@ -256,10 +256,10 @@ def fake_cupy(cuda: FakeCuda, compile_in: Path | None = None) -> types.ModuleTyp
 def installed(monkeypatch: pytest.MonkeyPatch, compile_in: Path | None = None) -> Iterator[FakeCuda]:
     """Put the stand-in in ``sys.modules["cupy"]`` with empty kernel and loopback caches
     (``compile_in``: see :func:`fake_cupy`)."""
-    from stragglar.runtime import loopback_gpu
+    from stragglar.runtime import kernels, loopback_gpu
 
     fake = FakeCuda()
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy(fake, compile_in))
-    monkeypatch.setattr(loopback_gpu, "_modules", {})
+    monkeypatch.setattr(kernels, "_modules", {})
     monkeypatch.setattr(loopback_gpu, "_loopbacks", type(loopback_gpu._loopbacks)())
     yield fake

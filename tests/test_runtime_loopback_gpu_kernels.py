@@ -14,7 +14,7 @@ import pytest
 from fake_cupy import compiled, entry_name, host_source
 from nvrtc import compile_ptx, library
 
-from stragglar.runtime.loopback_gpu import _SOURCE, SUMS, kernel_names
+from stragglar.runtime.kernels import SOURCE, SUMS, kernel_names
 
 NAMES = [name for dtype in SUMS for name in kernel_names(dtype)]
 COPIES = 997  # the last elements of a landing are copies, not sums
@@ -24,7 +24,7 @@ COPIES = 997  # the last elements of a landing are copies, not sums
 def host(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     if shutil.which("g++") is None:
         pytest.skip("needs g++ to compile the CUDA source for the host")
-    return compiled(host_source(_SOURCE, NAMES), Path(tmp_path_factory.mktemp("kernels")))
+    return compiled(host_source(SOURCE, NAMES), Path(tmp_path_factory.mktemp("kernels")))
 
 
 def landed(host: ctypes.CDLL, dtype: str, target: np.ndarray, received: np.ndarray) -> np.ndarray:
@@ -133,7 +133,7 @@ def test_the_kernels_compile_with_nvrtc_as_cupy_compiles_them(arch: str) -> None
     GPU's machine; here NVRTC compiles them for a GPU of each generation we expect to meet.  The
     adds in the PTX are IEEE adds (no flush of subnormals to zero), as the host tests assume."""
     assert nvrtc is not None
-    result = compile_ptx(nvrtc, _SOURCE, NAMES, ["--std=c++14", f"-arch={arch}"])
+    result = compile_ptx(nvrtc, SOURCE, NAMES, ["--std=c++14", f"-arch={arch}"])
     for name in NAMES:
         assert f".entry {result.lowered[name]}(" in result.ptx, name
     assert ".ftz" not in result.ptx
