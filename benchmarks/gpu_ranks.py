@@ -99,8 +99,10 @@ def p2p_rank(rank: int, world: int, cfg: P2PConfig) -> dict[str, list[float]]:
 
 def cupy_rank(rank: int, world: int, cfg: P2PConfig) -> dict[str, list[float]]:
     """As :func:`p2p_rank` through CuPy's NCCL (an ``NcclGroup`` on a communicator of its own):
-    the paper's schedule eager and from graphs, against that communicator's allReduce.  CuPy
-    reads the rank's torch buffer in place (``cupy.asarray``), so the same checks apply."""
+    the paper's schedule and a chunked one (C = 8N, whose early messages carry several chunks
+    each, packed and landed by one kernel), eager and from graphs, against that communicator's
+    allReduce.  CuPy reads the rank's torch buffer in place (``cupy.asarray``), so the same
+    checks apply."""
     import cupy
     from cupy.cuda import nccl
 
@@ -111,14 +113,19 @@ def cupy_rank(rank: int, world: int, cfg: P2PConfig) -> dict[str, list[float]]:
     unique = [nccl.get_unique_id() if rank == 0 else None]
     dist.broadcast_object_list(unique, src=0)
     comm = nccl.NcclCommunicator(world, unique[0], rank)
-    group, proof, late = NcclGroup(comm), prove(synthesize("stragglar", world)), world - 1
+    group, late = NcclGroup(comm), world - 1
+    proofs = {
+        "paper": prove(synthesize("stragglar", world)),
+        "chunked": prove(synthesize("stragglar", world, chunks=8 * world)),
+    }
 
     def variants(buf: torch.Tensor, delay: float) -> dict[str, Callable[[], object]]:
         view = cupy.asarray(buf)
         calls: dict[str, Callable[[], object]] = {
-            f"stragglar paper, CuPy/NCCL {mode}": functools.partial(
+            f"stragglar {kind}, CuPy/NCCL {mode}": functools.partial(
                 allreduce, view, proof, group, delay, timeout=cfg.timeout, late_rank=late, graphs=graphs
             )
+            for kind, proof in proofs.items()
             for graphs, mode in ((False, "eager"), (True, "graph"))
         }
 

@@ -11,6 +11,7 @@ import threading
 import types
 import warnings
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,7 +21,7 @@ from test_runtime_cupy_nccl import FakeNccl, run_ranks
 
 from stragglar.errors import InputError
 from stragglar.measure.data import expected, payload
-from stragglar.runtime import NcclGroup, RankError, allreduce, graphs
+from stragglar.runtime import NcclGroup, RankError, allreduce, cupy_nccl, graphs
 from stragglar.runtime.cupy_nccl import CupyGraphs
 from stragglar.synth import synthesize
 from stragglar.verify import Proof, prove
@@ -111,12 +112,29 @@ class GraphNccl(FakeNccl):
 
 
 @pytest.fixture
-def cupy(monkeypatch: pytest.MonkeyPatch) -> Iterator[types.ModuleType]:
-    """The CuPy stand-in, with the per-thread current stream above and a fresh replayer."""
-    next(installed(monkeypatch))
+def cupy(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
+    return stand_in(monkeypatch)
+
+
+def stand_in(monkeypatch: pytest.MonkeyPatch, compile_in: Path | None = None) -> types.ModuleType:
+    """The CuPy stand-in (its kernels compiled with g++ in ``compile_in``, if given), with the
+    per-thread current stream above (kernels launched on it are recorded while it captures, as
+    the arrays' writes are), fresh caches and a fresh replayer."""
+    fake = next(installed(monkeypatch, compile_in))
     import sys
 
     module = sys.modules["cupy"]
+    module.fake = fake  # type: ignore[attr-defined]  # what ran: the eager launches
+
+    def launch(work: Callable[[], None]) -> None:
+        stream = capturing()
+        if stream is None:
+            fake.launched += 1
+            work()
+        else:
+            stream.recording.append(work)  # type: ignore[union-attr]
+
+    monkeypatch.setattr(fake, "launch", launch)
     allocator = threading.local()
     monkeypatch.setattr(
         module,
@@ -129,7 +147,8 @@ def cupy(monkeypatch: pytest.MonkeyPatch) -> Iterator[types.ModuleType]:
         raising=False,
     )
     monkeypatch.setattr(graphs, "_shared", {})
-    yield module
+    monkeypatch.setattr(cupy_nccl, "_packings", type(cupy_nccl._packings)())
+    return module
 
 
 @contextlib.contextmanager

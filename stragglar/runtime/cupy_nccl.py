@@ -6,6 +6,10 @@ waits once, at the end, with a deadline, and aborts the communicator when a peer
 (NCCL itself would wait forever).  ``nccl`` and the stream are injectable so the transport is
 tested on CPU against a fake NCCL over NumPy.
 
+A message of several chunks (a chunked schedule's early rounds send up to C/(N-1) of them to one
+peer) is packed with one gather kernel and landed with one landing kernel
+(:class:`FusedPacking`, :mod:`~stragglar.runtime.kernels`), not a copy and an add per chunk.
+
 The rounds of a CuPy array replay from a CUDA graph after their first call (:class:`CupyGraphs`,
 :mod:`~stragglar.runtime.graphs`; NCCL captures point-to-point calls since 2.9).  A capture needs
 a stream other than CUDA's legacy default one, so a group given no stream runs on a stream of its
@@ -15,16 +19,38 @@ own (one per thread and device), after the work queued on the caller's current s
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from stragglar.runtime.engine import Array, RankError, first_line, poll, step_error
-from stragglar.runtime.program import BoundStep, Plan
+from stragglar.runtime.engine import (
+    Array,
+    Packing,
+    RankError,
+    apply,
+    dtype_name,
+    first_line,
+    poll,
+    send_view,
+    step_error,
+)
+from stragglar.runtime.kernels import Rows, kernels, launch, upload, words
+from stragglar.runtime.plans import cached
+from stragglar.runtime.program import BoundMessage, BoundStep, Plan
 
-__all__ = ["CupyGraphs", "NcclGroup", "NcclTransport", "gather_headers", "nccl_dtype", "pointer"]
+__all__ = [
+    "CupyGraphs",
+    "FusedPacking",
+    "NcclGroup",
+    "NcclTransport",
+    "fused_packing",
+    "gather_headers",
+    "nccl_dtype",
+    "pointer",
+]
 
 CHECKING = "checking that every rank runs the same allreduce"
 
@@ -68,10 +94,12 @@ def _own_stream(cupy: Any) -> Any:
 
 @dataclass(frozen=True)
 class Captured:
-    """A graph and the device memory its kernels were captured on."""
+    """A graph, the device memory its kernels were captured on, and the work captured (which
+    holds what else the graph reads when it runs: a :class:`FusedPacking`'s tables)."""
 
     graph: Any
     memory: tuple[Any, ...]
+    work: Callable[[], object]
 
 
 class CupyGraphs:
@@ -80,7 +108,8 @@ class CupyGraphs:
     A graph bakes in the addresses of the scratch its rounds were captured with, and CuPy's pool
     would hand that scratch, freed after the capture, to other arrays that every replay would
     then overwrite.  So every allocation made while capturing is kept with its graph, and freed
-    only with it (when the replayer drops the graph)."""
+    only with it (when the replayer drops the graph); so is the work, and with it the device
+    tables made before the capture that the graph's kernels read."""
 
     def capture(self, work: Callable[[], object]) -> Captured:
         import cupy
@@ -100,12 +129,70 @@ class CupyGraphs:
                 work()
             finally:
                 graph = stream.end_capture()
-        return Captured(graph, tuple(memory))
+        return Captured(graph, tuple(memory), work)
 
     def replay(self, graph: Captured) -> None:
         import cupy
 
         graph.graph.launch(stream=cupy.cuda.get_current_stream())
+
+
+def _fused_rows(m: BoundMessage) -> np.ndarray | None:
+    """The row table ``(0, start, length, slot)`` of a message of several pieces that one kernel
+    packs and one lands, else None: a message of one piece is one copy or one add already, and one
+    whose pieces both copy and add (none in our schedules) lands piece by piece."""
+    if m.direct is not None or len(m.pieces) < 2 or len({reduce for *_, reduce in m.pieces}) > 1:
+        return None
+    rows, slot = [], 0
+    for start, stop, _ in m.pieces:
+        if stop > start:
+            rows.append((0, start, stop - start, slot))
+            slot += stop - start
+    return np.array(rows, dtype=np.int64).reshape(len(rows), 4)
+
+
+class FusedPacking:
+    """Packs and lands each message of several pieces of one CuPy buffer with one kernel (the
+    others as the interpreter does).  The device tables, the buffer's address and each such
+    message's rows, are made when the packing is, before any rounds run or are captured: an
+    upload inside a capture would be replayed from host memory long since reused."""
+
+    def __init__(self, cupy: Any, plan: Plan, flat: Array) -> None:
+        tables = {m.pieces: _fused_rows(m) for step in plan.steps for m in (*step.sends, *step.recvs)}
+        self.rows: dict[tuple[tuple[int, int, bool], ...], Rows] = {
+            pieces: upload(cupy, rows) for pieces, rows in tables.items() if rows is not None
+        }
+        if self.rows:  # else nothing to compile: a schedule of one chunk per message
+            self.kernels = kernels(cupy, dtype_name(flat))
+            self.pointers = cupy.asarray(np.array([pointer(flat)], dtype=np.uint64))
+
+    def pack(self, flat: Array, work: Array, m: BoundMessage) -> Array:
+        rows = self.rows.get(m.pieces) if m.direct is None else None
+        if rows is None:
+            return send_view(flat, work, m)
+        packed = work[m.staging : m.staging + m.size]
+        launch(self.kernels.gather, self.pointers, rows, words(packed))
+        return packed
+
+    def land(self, flat: Array, work: Array, m: BoundMessage) -> None:
+        rows = self.rows.get(m.pieces) if m.direct is None else None
+        if rows is None:
+            apply(flat, work, m)
+            return
+        reduced = np.int64(m.size if m.pieces[0][2] else 0)  # every piece adds, or none does
+        launch(self.kernels.land, self.pointers, rows, reduced, words(work[m.staging : m.staging + m.size]))
+
+
+_packings: OrderedDict[Hashable, Packing] = OrderedDict()
+PACKINGS = 64  # each holds a few small device tables
+
+
+def fused_packing(plan: Plan, flat: Array, key: Hashable) -> Packing:
+    """The packing of ``plan`` on CuPy ``flat``, cached by ``key`` (what the tables depend on: the
+    plan's schedule, rank, count and tags, and the buffer's address, dtype and device)."""
+    import cupy
+
+    return cached(_packings, key, lambda: FusedPacking(cupy, plan, flat), PACKINGS)
 
 
 def pointer(view: Array) -> int:

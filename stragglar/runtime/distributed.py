@@ -106,7 +106,7 @@ def allreduce(
         as_flag(graphs, "graphs")
     part = _check_rounds(rounds, proof)
     if isinstance(group, NcclGroup):
-        from stragglar.runtime.cupy_nccl import CupyGraphs, NcclTransport, nccl_dtype, pointer
+        from stragglar.runtime.cupy_nccl import CupyGraphs, NcclTransport, fused_packing, nccl_dtype, pointer
         from stragglar.runtime.cupy_nccl import gather_headers as gather_nccl
 
         if stream_ordered:
@@ -131,12 +131,15 @@ def allreduce(
             def run_on_nccl() -> Timeline:
                 plan = plan_for(proof, rank, int(flat.shape[0]), tag * ROUNDS_PER_TAG)
                 transport = NcclTransport(plan, nccl, dtype_name(flat), _plus(wait, delay))
-                if on_gpu and graphs is not False:
-                    buffer = (pointer(flat), plan.layout.count, dtype_name(flat), int(flat.device.id))
-                    key = (nccl.comm, proof.schedule.fingerprint, rank, buffer, tag, part, late_rank)
-                    replay = shared(CupyGraphs)
-                    return run_rank_replayed(flat, plan, transport, replay, key, delay, late_rank, part)
-                return run_rank(flat, plan, transport, delay, late_rank, part)
+                if not on_gpu:
+                    return run_rank(flat, plan, transport, delay, late_rank, part)
+                buffer = (pointer(flat), plan.layout.count, dtype_name(flat), int(flat.device.id))
+                packing = fused_packing(plan, flat, (proof.schedule.fingerprint, rank, tag, buffer))
+                if graphs is False:
+                    return run_rank(flat, plan, transport, delay, late_rank, part, packing)
+                key = (nccl.comm, proof.schedule.fingerprint, rank, buffer, tag, part, late_rank)
+                replay = shared(CupyGraphs)
+                return run_rank_replayed(flat, plan, transport, replay, key, delay, late_rank, part, packing)
 
             check = _Check(header, problem, gather_from_nccl, size, lockstep)
             return _checked_run(nccl.comm, None, check, run_on_nccl)

@@ -24,6 +24,8 @@ from stragglar.schedule import Schedule
 
 __all__ = [
     "DTYPES",
+    "PIECE_BY_PIECE",
+    "Packing",
     "RankError",
     "Timeline",
     "Transport",
@@ -323,6 +325,29 @@ def apply(flat: Array, work: Array, m: BoundMessage) -> None:
         sys.modules["torch"]._foreach_add_(targets, received)
 
 
+class Packing(Protocol):
+    """How a rank's messages get in and out of its buffer: ``pack`` returns what to send for a
+    message (a slice of the buffer, or its pieces packed into ``work``), ``land`` puts a received
+    message in place after the round (copied, or added for a reduction)."""
+
+    def pack(self, flat: Array, work: Array, m: BoundMessage) -> Array: ...
+
+    def land(self, flat: Array, work: Array, m: BoundMessage) -> None: ...
+
+
+class PieceByPiece:
+    """The interpreter's packing (:func:`send_view`, :func:`apply`): slices of any array library."""
+
+    def pack(self, flat: Array, work: Array, m: BoundMessage) -> Array:
+        return send_view(flat, work, m)
+
+    def land(self, flat: Array, work: Array, m: BoundMessage) -> None:
+        apply(flat, work, m)
+
+
+PIECE_BY_PIECE = PieceByPiece()
+
+
 def run_rank(
     flat: Array,
     plan: Plan,
@@ -330,21 +355,23 @@ def run_rank(
     straggler_delay: float = 0.0,
     late_rank: int | None = None,
     rounds: tuple[int, int | None] = (0, None),
+    packing: Packing = PIECE_BY_PIECE,
 ) -> Timeline:
     """Run ``plan``'s steps in ``rounds`` (first, stop; stop None: to the end) on this rank's 1-D
-    buffer; the late rank (``late_rank``, else the schedule's: :func:`late_rank_for`) first sleeps
-    ``straggler_delay`` s in the call that holds its first step."""
+    buffer, its messages packed and landed by ``packing``; the late rank (``late_rank``, else the
+    schedule's: :func:`late_rank_for`) first sleeps ``straggler_delay`` s in the call that holds
+    its first step."""
     steps = _steps_in(plan, rounds)
     start = time.perf_counter()
     arrived = _arrive(plan, straggler_delay, late_rank, rounds)
     work = scratch_for(flat, plan.work_size)
     phase_done: list[float | None] = [None] * len(plan.program.phases)
     for step in steps:
-        sends = [send_view(flat, work, m) for m in step.sends]
+        sends = [packing.pack(flat, work, m) for m in step.sends]
         recvs = [recv_view(flat, work, m) for m in step.recvs]
         transport.exchange(step, sends, recvs)
         for m in step.recvs:
-            apply(flat, work, m)
+            packing.land(flat, work, m)
         phase_done[step.phase] = time.perf_counter()
     transport.finish()
     return Timeline(plan.rank, start, arrived, tuple(phase_done), time.perf_counter())
@@ -359,6 +386,7 @@ def run_rank_replayed(
     straggler_delay: float = 0.0,
     late_rank: int | None = None,
     rounds: tuple[int, int | None] = (0, None),
+    packing: Packing = PIECE_BY_PIECE,
 ) -> Timeline:
     """:func:`run_rank` with its rounds run by ``replay(key, work)`` (a
     :class:`~stragglar.runtime.graphs.Replayer`), the late rank's sleep before them and the
@@ -367,7 +395,7 @@ def run_rank_replayed(
     as on any GPU path)."""
     start = time.perf_counter()
     arrived = _arrive(plan, straggler_delay, late_rank, rounds)
-    replay(key, lambda: run_rank(flat, plan, _Issuing(transport), 0.0, late_rank, rounds))
+    replay(key, lambda: run_rank(flat, plan, _Issuing(transport), 0.0, late_rank, rounds, packing))
     transport.finish()
     done = time.perf_counter()
     phases = {step.phase for step in _steps_in(plan, rounds)}

@@ -23,6 +23,7 @@ reads its buffers' addresses when it runs, not when it was captured.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -168,6 +169,7 @@ SUMS: dict[str, tuple[str, Any]] = {  # dtype: (its sum type, the word that hold
     "int64": ("WrappingSum<unsigned long long>", np.uint64),
 }
 _modules: dict[str, Any] = {}
+_compiling = threading.Lock()
 
 
 def kernel_names(dtype: str) -> tuple[str, str]:
@@ -187,10 +189,11 @@ class Kernels:
 def kernels(cupy: Any, dtype: str) -> Kernels:
     """The kernels for ``dtype`` (a key of :data:`SUMS`), compiled once per process."""
     names = kernel_names(dtype)
-    module = _modules.get(dtype)
-    if module is None:
-        module = cupy.RawModule(code=SOURCE, options=("--std=c++14",), name_expressions=list(names))
-        _modules[dtype] = module
+    with _compiling:  # ranks in threads start together: one compiles, the others wait for it
+        module = _modules.get(dtype)
+        if module is None:
+            module = cupy.RawModule(code=SOURCE, options=("--std=c++14",), name_expressions=list(names))
+            _modules[dtype] = module
     return Kernels(module.get_function(names[0]), module.get_function(names[1]))
 
 
