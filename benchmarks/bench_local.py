@@ -7,6 +7,10 @@ paper's schedule and chunked ones, small and large buffers: the median time of a
 ``--calls`` calls (fewer for the large buffers), every result checked.  The figures to compare
 before and after a change to the interpreter (``runtime/engine.py``, ``local.py``): run it on
 both trees, alternating, on the same machine.  Without torch the torch rows are left out.
+
+The ``run_rank`` rows time one rank's interpreter (``engine.run_rank``, NumPy, rank 1) over a
+transport that moves nothing: the host time every distributed path (gloo, NCCL, CuPy/NCCL) spends
+per call around its transfers.  Nothing moves there, so there is no sum to check.
 """
 
 from __future__ import annotations
@@ -24,6 +28,9 @@ import numpy as np
 from results import save
 
 from stragglar.runtime import allreduce_local
+from stragglar.runtime.engine import run_rank
+from stragglar.runtime.plans import plan_for
+from stragglar.runtime.program import BoundStep
 from stragglar.synth import synthesize
 from stragglar.verify import prove
 
@@ -35,6 +42,7 @@ CASES = (  # (N, chunks or None: the paper's, elements per rank)
     (8, 64, 1 << 10),
     (8, 64, 1 << 20),
 )
+RANK_CASES = ((8, None), (8, 64), (16, 128))  # (N, chunks) of the run_rank rows, 1 Ki elements
 LARGE = 1 << 18  # elements from which a case runs a tenth of the calls
 
 
@@ -64,6 +72,31 @@ def bench(library: str, n: int, chunks: int | None, count: int, calls: int) -> R
         if not all(same(b, n * (n + 1) // 2) for b in buffers):
             raise SystemExit(f"wrong sum: {library} N={n} C={chunks} count={count}")
     return Row(library, n, proof.schedule.num_chunks, count, calls, statistics.median(times) * 1e3)
+
+
+class _Nowhere:
+    """A transport that moves nothing: what is left is the interpreter's own time."""
+
+    def exchange(self, step: BoundStep, sends: list[Any], recvs: list[Any]) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+
+def bench_rank(n: int, chunks: int | None, count: int, calls: int) -> Row:
+    """The median host time of rank 1's ``run_rank`` over :class:`_Nowhere`, after one untimed call."""
+    proof = prove(synthesize("stragglar", n, chunks=chunks))
+    plan = plan_for(proof, 1, count)
+    flat = np.zeros(count, np.float32)
+    times = []
+    with np.errstate(all="ignore"):  # the scratch's leftovers are added in: their values do not matter
+        for call in range(calls + 1):
+            start = time.perf_counter()
+            run_rank(flat, plan, _Nowhere())
+            if call:
+                times.append(time.perf_counter() - start)
+    return Row("run_rank", n, proof.schedule.num_chunks, count, calls, statistics.median(times) * 1e3)
 
 
 Library = tuple[Callable[[int], Any], Callable[[Any, int], None], Callable[[Any, int], bool]]
@@ -111,6 +144,7 @@ def main(argv: list[str] | None = None) -> None:
         for library in libraries
         for n, chunks, count in CASES
     ]
+    rows += [bench_rank(n, chunks, 1 << 10, args.calls) for n, chunks in RANK_CASES]
     print(table(rows))
     if args.json:
         save(args.json, {"rows": [asdict(r) for r in rows]})
