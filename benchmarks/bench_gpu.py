@@ -318,6 +318,14 @@ def ddp_targets(runs: dict[str, dict[str, Any]]) -> list[str]:
     return out
 
 
+def _save_so_far(path: Path | None, figures: dict[str, Any]) -> None:
+    """The parts measured so far, so that a run cut short (a machine's time limit) keeps them.
+    The device is named at the end: asking CUDA for its name here would make a CUDA context in
+    this process before the next part forks its ranks."""
+    if path is not None:
+        save(path, {"device": None, "complete": False, **figures})
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="StragglAR on a GPU: loopback, NCCL ranks and DDP.")
     parser.add_argument("--quick", action="store_true", help="fewer settings: N = 8 only, up to 64 MiB")
@@ -333,6 +341,7 @@ def main(argv: list[str] | None = None) -> None:
     shared = " (sharing GPUs: NCCL's socket transport, ratios indicative)" if gpus < RANKS else ""
     p2p_cfg = P2PConfig("nccl", (4 << 10, 64 << 20), (0.0, 0.02, 0.1), args.iters)
     times = p2p(p2p_cfg, RANKS, gpus)
+    _save_so_far(args.json, {"p2p": times})
     print(f"## {RANKS} NCCL ranks on {gpus} GPU(s){shared}: StragglAR against all_reduce\n")
     print(p2p_table(times, RANKS), flush=True)
     runs = {}
@@ -342,11 +351,13 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\n## DDP, {RANKS} NCCL ranks, MLP 12 x 2048, buckets of 8 MB\n")
     print(ddp_table(runs), flush=True)
     figures: dict[str, Any] = {"p2p": times, "ddp": runs}
+    _save_so_far(args.json, figures)
     cupy_cfg = P2PConfig("nccl", (4 << 10, 64 << 20), (0.0, 0.1), args.iters)
     cupy_times = cupy_nccl(cupy_cfg, RANKS, gpus)  # forked too: before the loopback's CUDA context
     print(f"\n## {RANKS} CuPy/NCCL ranks (NcclGroup): StragglAR against allReduce\n")
     print(cupy_times if isinstance(cupy_times, str) else p2p_table(cupy_times, RANKS), flush=True)
     figures["cupy_nccl"] = cupy_times
+    _save_so_far(args.json, figures)
     if importlib.util.find_spec("cupy") is None:  # last: it makes a CUDA context in this process
         print("\nloopback not measured: cupy is not installed")
     else:
@@ -362,7 +373,7 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.cuda.get_device_name(0)
     print(f"\ndevice: {device}")
     if args.json:
-        save(args.json, {"device": device, **figures})
+        save(args.json, {"device": device, "complete": True, **figures})
     if isinstance(cupy_times, str) and cupy_times.startswith("FAILED"):
         sys.exit(1)
 

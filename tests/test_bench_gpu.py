@@ -112,3 +112,18 @@ def test_a_table_without_a_bare_pair_prints_no_pair_line(monkeypatch: pytest.Mon
     table = bench_gpu.p2p_table(times, 4)
     assert "| 4 KiB | 0 | stragglar paper, CuPy/NCCL graph | 1.200 |" in table
     assert "pair" not in table
+
+
+def test_the_json_is_saved_after_each_part(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A run cut short by a machine's time limit keeps the parts it finished."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import json
+
+    import bench_gpu
+
+    path = tmp_path / "gpu.json"
+    bench_gpu._save_so_far(None, {"p2p": {"pair": 1e-5}})
+    assert not path.exists()
+    bench_gpu._save_so_far(path, {"p2p": {"pair": 1e-5}})
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    assert doc["complete"] is False and doc["device"] is None and doc["p2p"] == {"pair": 1e-5}
