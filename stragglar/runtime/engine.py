@@ -3,7 +3,9 @@
 Buffers are NumPy, CuPy or torch arrays; the interpreter only slices them, copies into slices and
 adds into slices, which all three spell the same way.  A transport only moves one round's
 messages (:class:`Transport`); packing, scratch and the reductions after the round happen here, so
-every engine computes exactly what the local reference computes.
+every engine computes exactly what the local reference computes.  A transport's caller may pack
+and land with its own kernels instead (a :class:`Packing`: the CuPy/NCCL transport's), which add
+the same operands, so the same bits.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from stragglar.schedule import Schedule
 
 __all__ = [
     "DTYPES",
-    "PIECE_BY_PIECE",
+    "SLICE_PACKING",
     "Packing",
     "RankError",
     "Timeline",
@@ -335,15 +337,17 @@ class Packing(Protocol):
     def land(self, flat: Array, work: Array, m: BoundMessage) -> None: ...
 
 
-class PieceByPiece:
-    """The interpreter's packing (:func:`send_view`, :func:`apply`): slices of any array library.
-    The functions themselves, not methods that call them: a frame less per message."""
+class SlicePacking:
+    """The interpreter's packing (:func:`send_view`, :func:`apply`): slice copies and adds, which
+    every array library spells alike (a torch tensor's chunks in one ``cat`` and one fused add).
+    Its methods are the functions themselves, not methods that call them: a frame less per
+    message."""
 
     pack = staticmethod(send_view)
     land = staticmethod(apply)
 
 
-PIECE_BY_PIECE = PieceByPiece()
+SLICE_PACKING = SlicePacking()
 
 
 def run_rank(
@@ -353,7 +357,7 @@ def run_rank(
     straggler_delay: float = 0.0,
     late_rank: int | None = None,
     rounds: tuple[int, int | None] = (0, None),
-    packing: Packing = PIECE_BY_PIECE,
+    packing: Packing = SLICE_PACKING,
 ) -> Timeline:
     """Run ``plan``'s steps in ``rounds`` (first, stop; stop None: to the end) on this rank's 1-D
     buffer, its messages packed and landed by ``packing``; the late rank (``late_rank``, else the
@@ -385,7 +389,7 @@ def run_rank_replayed(
     straggler_delay: float = 0.0,
     late_rank: int | None = None,
     rounds: tuple[int, int | None] = (0, None),
-    packing: Packing = PIECE_BY_PIECE,
+    packing: Packing = SLICE_PACKING,
 ) -> Timeline:
     """:func:`run_rank` with its rounds run by ``replay(key, work)`` (a
     :class:`~stragglar.runtime.graphs.Replayer`), the late rank's sleep before them and the
