@@ -7,6 +7,7 @@ wrong sums here, as it would on a GPU.  Install it with :func:`installed`."""
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import subprocess
 import sys
 import types
@@ -185,10 +186,12 @@ def host_source(code: str, name_expressions: list[str]) -> str:
 
 
 def compiled(source: str, folder: Path) -> ctypes.CDLL:
-    """``source`` (C++ for the host) built as a shared library in ``folder`` and loaded."""
-    path = folder / "kernels.cpp"
+    """``source`` (C++ for the host) built as a shared library in ``folder`` and loaded (named by
+    the source's hash: the loader would hand back an earlier library loaded from the same path)."""
+    name = hashlib.sha256(source.encode()).hexdigest()[:16]
+    path = folder / f"kernels-{name}.cpp"
     path.write_text(source)
-    library = folder / "kernels.so"
+    library = folder / f"kernels-{name}.so"
     subprocess.run(
         ["g++", "-std=c++14", "-O1", "-shared", "-fPIC", "-o", str(library), str(path)],
         check=True,
@@ -247,7 +250,7 @@ def fake_cupy(cuda: FakeCuda, compile_in: Path | None = None) -> types.ModuleTyp
 
     module.RawModule = raw_module  # type: ignore[attr-defined]
     module.__dict__.update(__getattr__=lambda name: getattr(np, name))  # the rest: NumPy's
-    module.asarray = lambda a: np.asarray(a).view(FakeArray)  # type: ignore[attr-defined]
+    module.asarray = lambda a: np.array(a).view(FakeArray)  # type: ignore[attr-defined]  # a copy, as to a device
     module.empty = lambda n, dtype: np.empty(n, dtype).view(FakeArray)  # type: ignore[attr-defined]
     module.zeros = lambda n, dtype: np.zeros(n, dtype).view(FakeArray)  # type: ignore[attr-defined]
     return module

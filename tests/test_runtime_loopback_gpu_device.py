@@ -1,7 +1,10 @@
 """On a real GPU (skipped without CuPy and a CUDA device): the loopback's batched kernels and their
 CUDA graphs, bit for bit against the reference interpreter on NumPy, for every dtype CuPy has,
-eagerly, captured and replayed on new buffers.  On CPU the same code runs on the CuPy stand-in
-(test_runtime_loopback_gpu.py); this is the check a GPU session runs (benchmarks/gpu_check.sh)."""
+eagerly, captured and replayed on new buffers; and the CuPy/NCCL transport's packing of messages
+of several chunks by the same kernels, bit for bit against the interpreter's slices.  On CPU the
+same code runs on the CuPy stand-in (test_runtime_loopback_gpu.py,
+test_runtime_cupy_nccl_packing.py); this is the check a GPU session runs
+(benchmarks/gpu_check.sh)."""
 
 from __future__ import annotations
 
@@ -19,6 +22,8 @@ if DEVICES < 1:
     pytest.skip("no CUDA device", allow_module_level=True)
 
 from stragglar.runtime import allreduce_local  # noqa: E402
+from stragglar.runtime.cupy_nccl import FusedPacking  # noqa: E402
+from stragglar.runtime.engine import apply, send_view  # noqa: E402
 from stragglar.runtime.local import run_local  # noqa: E402
 from stragglar.runtime.plans import plan_for  # noqa: E402
 from stragglar.synth import synthesize  # noqa: E402
@@ -74,3 +79,33 @@ def test_a_late_rank_and_a_large_buffer_are_exact_on_the_gpu() -> None:
         assert max(t.arrived - t.start for t in timelines) >= 0.01
         got = [b.get() for b in buffers]
         assert all(a.tobytes() == b.tobytes() for a, b in zip(reference(data, proof), got, strict=True))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_cupy_nccl_packing_kernels_equal_the_interpreters_slices(dtype: str) -> None:
+    """Every message of several chunks of every rank of a chunked plan: packed by the gather
+    kernel as the interpreter's slices pack it, and landed (added) by the landing kernel as its
+    slices' ``+=`` land it, bit for bit."""
+    if not supported(dtype):
+        pytest.skip(f"no {dtype} arrays in this NumPy and CuPy")
+    proof = prove(synthesize("stragglar", 8, chunks=64))
+    count, fused = 4099, 0
+    for rank in range(8):
+        plan = plan_for(proof, rank, count)
+        host, scratch = draws(2, max(count, plan.work_size), dtype, seed=rank)
+        host = host[:count]
+        flat, work = cupy.asarray(host), cupy.asarray(scratch)
+        packing = FusedPacking(cupy, plan, flat)
+        for step in plan.steps:
+            for m in step.sends:
+                if m.pieces in packing.rows and m.direct is None:
+                    fused += 1
+                    want = send_view(host, scratch, m)
+                    assert packing.pack(flat, work, m).get().tobytes() == want.tobytes()
+            for m in step.recvs:
+                if m.pieces in packing.rows and m.direct is None:
+                    fused += 1
+                    apply(host, scratch, m)
+                    packing.land(flat, work, m)
+                    assert flat.get().tobytes() == host.tobytes()
+    assert fused > 0
