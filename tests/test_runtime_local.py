@@ -106,11 +106,15 @@ def test_multidimensional_buffers_are_reduced_in_place() -> None:
     assert all(np.array_equal(b, np.arange(24).reshape(2, 3, 4) * 15) for b in bufs)
 
 
-def test_host_scratch_is_reused_per_thread_and_dtype_and_device_scratch_is_not() -> None:
+def test_host_scratch_is_reused_per_thread_and_dtype_and_device_scratch_is_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     import threading
 
+    from stragglar.runtime import engine
     from stragglar.runtime.engine import scratch_for
 
+    monkeypatch.setattr(engine, "_host_scratch", threading.local())  # empty: earlier tests' calls fill it
     a = scratch_for(np.zeros(4, np.float32), 100)
     b = scratch_for(np.zeros(4, np.float32), 60)
     assert b.base is a.base and a.shape == (100,) and b.shape == (60,)
