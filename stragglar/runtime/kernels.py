@@ -36,7 +36,7 @@ __all__ = ["SOURCE", "SUMS", "Kernels", "Rows", "kernel_names", "kernels", "laun
 THREADS = 256
 MAX_BLOCKS = 8192  # a grid-stride loop covers the rest
 
-# One row per piece: (rank, start, length, slot); slots are the running sum of lengths, so a
+# One row per piece: (buffer, start, length, slot); slots are the running sum of lengths, so a
 # thread finds its row by binary search over the slot column.  A sum type names the word that
 # holds an element and how two elements add.
 SOURCE = r"""
