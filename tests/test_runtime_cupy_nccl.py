@@ -27,6 +27,10 @@ class FakeNccl:
 
     NCCL_INT32, NCCL_INT64, NCCL_FLOAT16, NCCL_FLOAT32, NCCL_FLOAT64 = 2, 4, 6, 7, 8
     patience = 0.5  # seconds an operation waits for its peers before its stream is stuck
+    version = 22803  # NCCL 2.28.3, as get_version() encodes it
+
+    def get_version(self) -> int:
+        return self.version
 
     def __init__(self, n: int) -> None:
         self.n = n

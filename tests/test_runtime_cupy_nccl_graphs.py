@@ -22,7 +22,7 @@ from test_runtime_cupy_nccl import FakeNccl, run_ranks
 from stragglar.errors import InputError
 from stragglar.measure.data import expected, payload
 from stragglar.runtime import NcclGroup, RankError, allreduce, cupy_nccl, graphs
-from stragglar.runtime.cupy_nccl import CupyGraphs
+from stragglar.runtime.cupy_nccl import CupyGraphs, uncapturable
 from stragglar.synth import synthesize
 from stragglar.verify import Proof, prove
 
@@ -266,6 +266,48 @@ def test_a_failed_capture_warns_once_and_the_rounds_run_eagerly(cupy: types.Modu
         "stragglar: could not capture the rounds in a CUDA graph (RuntimeError: operation not "
         "permitted on the legacy stream); they run eagerly (slower, same results)"
     ]
+
+
+class OldNccl(GraphNccl):
+    version = 2803  # NCCL 2.8.3, in the encoding before 2.9
+
+
+def test_an_nccl_older_than_2_9_6_is_never_captured(cupy: types.ModuleType) -> None:
+    """Its capture may seem to succeed and its replay hang: the rounds run eagerly, said once."""
+    n, count = 3, 30
+    proof = prove(synthesize("stragglar", n))
+
+    def body(rank: int, group: NcclGroup) -> list[bool]:
+        exact = []
+        for call in range(3):
+            buffer = device_payload(rank, count, n, call)
+            allreduce(buffer, proof, group=group, timeout=5)
+            exact.append(bool(np.array_equal(buffer, want(count, n, call))))
+        return exact
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        *results, _, groups = run_ranks(n, body, OldNccl, GraphStream)
+    assert all(r == [True] * 3 for r in results), results
+    assert all(g.stream.captures == 0 and g.stream.replays == 0 for g in groups)
+    assert [str(w.message) for w in seen] == [
+        "stragglar: could not capture the rounds in a CUDA graph (NCCL 2.8.3 cannot be captured: "
+        "2.9.6 and later can); they run eagerly (slower, same results)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("code", "why"),
+    [
+        (20906, None),
+        (22803, None),
+        (20905, "NCCL 2.9.5 cannot be captured: 2.9.6 and later can"),
+        (2708, "NCCL 2.7.8 cannot be captured: 2.9.6 and later can"),
+    ],
+)
+def test_which_nccl_versions_can_be_captured(code: int, why: str | None) -> None:
+    nccl = types.SimpleNamespace(get_version=lambda: code)
+    assert uncapturable(NcclGroup(comm=object(), nccl=nccl, stream=object())) == why
 
 
 def test_a_rank_gone_during_a_replay_times_the_others_out_on_the_host(cupy: types.ModuleType) -> None:

@@ -256,3 +256,44 @@ def test_torch_captures_forbid_unsafe_calls_in_the_capturing_thread_only(
     ran: list[int] = []
     assert isinstance(CudaGraphs().capture(lambda: ran.append(1)), Graph) and ran == [1]
     assert modes == ["thread_local"]
+
+
+@pytest.mark.parametrize(
+    ("version", "why"),
+    [
+        ((2, 28, 3), None),
+        ((2, 21, 5, "a0"), None),  # a suffix after the three numbers
+        ((2, 9, 6), None),
+        ((2, 9, 5), "NCCL 2.9.5 cannot be captured: 2.9.6 and later can"),
+        ((2, 8, 4), "NCCL 2.8.4 cannot be captured: 2.9.6 and later can"),
+    ],
+)
+def test_torch_captures_no_nccl_older_than_2_9_6(
+    monkeypatch: pytest.MonkeyPatch, version: tuple[Any, ...], why: str | None
+) -> None:
+    """Such an NCCL's capture may seem to succeed and its replay hang."""
+    torch = pytest.importorskip("torch")
+    from stragglar.runtime.torch_dist import torch_uncapturable
+
+    monkeypatch.setattr(torch.cuda.nccl, "version", lambda: version)
+    assert torch_uncapturable() == why
+
+
+def test_a_replayer_refused_runs_everything_eagerly_and_says_why_once() -> None:
+    recorder = Recorder()
+    replayer = Replayer(recorder)
+    replayer.refuse(None)  # nothing to refuse
+    ran: list[int] = []
+    for _ in range(2):
+        replayer("key", lambda: ran.append(1))
+    assert recorder.captures == 1 and recorder.replays == 1 and ran == [1, 1]  # eager, then replayed
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            replayer.refuse("NCCL 2.8.4 cannot be captured: 2.9.6 and later can")
+            replayer("other", lambda: ran.append(2))
+    assert recorder.captures == 1 and ran == [1, 1, 2, 2, 2]  # "other" never captured
+    assert [str(w.message) for w in seen] == [
+        "stragglar: could not capture the rounds in a CUDA graph (NCCL 2.8.4 cannot be captured: "
+        "2.9.6 and later can); they run eagerly (slower, same results)"
+    ]

@@ -37,6 +37,7 @@ from stragglar.runtime.engine import (
     send_view,
     step_error,
 )
+from stragglar.runtime.graphs import nccl_uncapturable
 from stragglar.runtime.kernels import Rows, kernels, launch, upload, words
 from stragglar.runtime.plans import cached
 from stragglar.runtime.program import BoundMessage, BoundStep, Plan
@@ -50,6 +51,7 @@ __all__ = [
     "gather_headers",
     "nccl_dtype",
     "pointer",
+    "uncapturable",
 ]
 
 CHECKING = "checking that every rank runs the same allreduce"
@@ -193,6 +195,15 @@ def fused_packing(plan: Plan, flat: Array, key: Hashable) -> Packing:
     import cupy
 
     return cached(_packings, key, lambda: FusedPacking(cupy, plan, flat), PACKINGS)
+
+
+def uncapturable(group: NcclGroup) -> str | None:
+    """Why ``group``'s NCCL cannot be captured in a CUDA graph, or None
+    (:func:`~stragglar.runtime.graphs.nccl_uncapturable`)."""
+    code = int(group.nccl.get_version())
+    if code >= 10000:  # major * 10000 + minor * 100 + patch since 2.9
+        return nccl_uncapturable((code // 10000, code // 100 % 100, code % 100))
+    return nccl_uncapturable((code // 1000, code // 100 % 10, code % 100))  # before 2.9
 
 
 def pointer(view: Array) -> int:

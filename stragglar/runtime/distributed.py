@@ -106,7 +106,14 @@ def allreduce(
         as_flag(graphs, "graphs")
     part = _check_rounds(rounds, proof)
     if isinstance(group, NcclGroup):
-        from stragglar.runtime.cupy_nccl import CupyGraphs, NcclTransport, fused_packing, nccl_dtype, pointer
+        from stragglar.runtime.cupy_nccl import (
+            CupyGraphs,
+            NcclTransport,
+            fused_packing,
+            nccl_dtype,
+            pointer,
+            uncapturable,
+        )
         from stragglar.runtime.cupy_nccl import gather_headers as gather_nccl
 
         if stream_ordered:
@@ -139,6 +146,7 @@ def allreduce(
                     return run_rank(flat, plan, transport, delay, late_rank, part, packing)
                 key = (nccl.comm, proof.schedule.fingerprint, rank, buffer, tag, part, late_rank)
                 replay = shared(CupyGraphs)
+                replay.refuse(uncapturable(nccl))
                 return run_rank_replayed(flat, plan, transport, replay, key, delay, late_rank, part, packing)
 
             check = _Check(header, problem, gather_from_nccl, size, lockstep)
@@ -147,7 +155,7 @@ def allreduce(
     if torch is not None and isinstance(data, torch.Tensor):
         import torch.distributed as dist
 
-        from stragglar.runtime.torch_dist import CudaGraphs, TorchTransport
+        from stragglar.runtime.torch_dist import CudaGraphs, TorchTransport, torch_uncapturable
         from stragglar.runtime.torch_dist import gather_headers as gather_torch
 
         if graphs is not None and not stream_ordered:
@@ -186,7 +194,9 @@ def allreduce(
             if stream_ordered and flat.is_cuda and graphs is not False:
                 buffer = (flat.data_ptr(), plan.layout.count, str(flat.dtype), str(flat.device))
                 key = (identity, proof.schedule.fingerprint, rank, buffer, tag, part, late_rank)
-                return run_rank_replayed(flat, plan, moves, shared(CudaGraphs), key, delay, late_rank, part)
+                replay = shared(CudaGraphs)
+                replay.refuse(torch_uncapturable())
+                return run_rank_replayed(flat, plan, moves, replay, key, delay, late_rank, part)
             return run_rank(flat, plan, moves, delay, late_rank, part)
 
         check = _Check(header, problem, gather_from_torch, size, lockstep)

@@ -20,7 +20,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any, Protocol
 
-__all__ = ["Capturing", "Replayer", "shared"]
+__all__ = ["Capturing", "Replayer", "nccl_uncapturable", "shared"]
 
 
 class Capturing(Protocol):
@@ -65,15 +65,19 @@ class Replayer:
         try:
             graph = self.device.capture(work)
         except Exception as e:  # any capture failure: the work still runs, eagerly
-            self._failed(f"{type(e).__name__}: {e}".splitlines()[0])
+            self.refuse(f"{type(e).__name__}: {e}".splitlines()[0])
             work()
             return
         with self.lock:
             _remember(self.captured, key, graph, self.limit)
         self.device.replay(graph)
 
-    def _failed(self, why: str) -> None:
-        """Remember the first failure and say it, once however many threads failed at once."""
+    def refuse(self, why: str | None) -> None:
+        """Capture nothing from now on (a failed capture, or one known to fail; ``why`` None:
+        nothing to refuse): remember the first reason and say it, once however many threads fail
+        at once."""
+        if why is None:
+            return
         with self.lock:
             first, self.failure = self.failure is None, self.failure or why
         if first:
@@ -83,6 +87,17 @@ class Replayer:
                 RuntimeWarning,
                 stacklevel=3,
             )
+
+
+CAPTURABLE_NCCL = (2, 9, 6)  # the first NCCL whose calls a CUDA graph can capture
+
+
+def nccl_uncapturable(version: tuple[int, int, int]) -> str | None:
+    """Why an NCCL of ``version`` cannot be captured in a CUDA graph, or None.  An older NCCL's
+    capture may seem to succeed and its replay hang (every call would then end at its timeout)."""
+    if version >= CAPTURABLE_NCCL:
+        return None
+    return f"NCCL {'.'.join(map(str, version))} cannot be captured: 2.9.6 and later can"
 
 
 def _remember(cache: OrderedDict[Hashable, Any], key: Hashable, value: Any, limit: int) -> None:

@@ -27,9 +27,10 @@ import torch
 import torch.distributed as dist
 
 from stragglar.runtime.engine import RankError, classify, first_line, poll, step_error
+from stragglar.runtime.graphs import nccl_uncapturable
 from stragglar.runtime.program import BoundStep, Plan
 
-__all__ = ["CudaGraphs", "TorchTransport", "gather_headers"]
+__all__ = ["CudaGraphs", "TorchTransport", "gather_headers", "torch_uncapturable"]
 
 CHECKING = "checking that every rank runs the same allreduce"
 
@@ -100,6 +101,15 @@ class CudaGraphs:
 
     def replay(self, graph: Any) -> None:
         graph.replay()
+
+
+def torch_uncapturable() -> str | None:
+    """Why torch's NCCL cannot be captured in a CUDA graph, or None
+    (:func:`~stragglar.runtime.graphs.nccl_uncapturable`).  torch says its NCCL's version as
+    (major, minor, patch), and a suffix after them where the version has one."""
+    version = torch.cuda.nccl.version()  # type: ignore[no-untyped-call]
+    major, minor, patch = (int(part) for part in version[:3])
+    return nccl_uncapturable((major, minor, patch))
 
 
 def gather_headers(
