@@ -207,6 +207,25 @@ def want(count: int, n: int, call: int) -> np.ndarray:
     return total
 
 
+def fresh_buffers(
+    proof: Proof, count: int, times: int, per_call: int = 1
+) -> Callable[[int, NcclGroup], list[bool]]:
+    """A rank's part: ``times`` calls' values, each AllReduced in ``per_call`` fresh buffers (a
+    graph must never replay on the wrong one), and whether each result was exact."""
+    n = proof.num_ranks
+
+    def body(rank: int, group: NcclGroup) -> list[bool]:
+        exact = []
+        for call in range(times):
+            for _ in range(per_call):
+                buffer = device_payload(rank, count, n, call)
+                allreduce(buffer, proof, group=group, timeout=5)
+                exact.append(bool(np.array_equal(buffer, want(count, n, call))))
+        return exact
+
+    return body
+
+
 @pytest.mark.parametrize(("n", "chunks"), [(4, None), (5, 12), (3, None)])
 def test_rounds_replay_from_the_second_call_and_stay_exact(
     cupy: types.ModuleType, n: int, chunks: int | None
@@ -229,17 +248,7 @@ def test_graphs_false_never_captures(cupy: types.ModuleType) -> None:
 def test_a_new_buffer_gets_its_own_graph(cupy: types.ModuleType) -> None:
     """A graph writes the buffer it was captured on: another buffer of the same size is another key."""
     n, count = 3, 20
-    proof = prove(synthesize("stragglar", n))
-
-    def body(rank: int, group: NcclGroup) -> list[bool]:
-        exact = []
-        for call in range(3):
-            for _ in range(2):  # a fresh buffer each time: never replayed on the wrong one
-                buffer = device_payload(rank, count, n, call)
-                allreduce(buffer, proof, group=group, timeout=5)
-                exact.append(bool(np.array_equal(buffer, want(count, n, call))))
-        return exact
-
+    body = fresh_buffers(prove(synthesize("stragglar", n)), count, 3, per_call=2)
     results, _ = ranks(n, body)  # how many graphs: as many as addresses (a freed one comes back)
     assert all(r == [True] * 6 for r in results), results
 
@@ -275,16 +284,7 @@ class OldNccl(GraphNccl):
 def test_an_nccl_older_than_2_9_6_is_never_captured(cupy: types.ModuleType) -> None:
     """Its capture may seem to succeed and its replay hang: the rounds run eagerly, said once."""
     n, count = 3, 30
-    proof = prove(synthesize("stragglar", n))
-
-    def body(rank: int, group: NcclGroup) -> list[bool]:
-        exact = []
-        for call in range(3):
-            buffer = device_payload(rank, count, n, call)
-            allreduce(buffer, proof, group=group, timeout=5)
-            exact.append(bool(np.array_equal(buffer, want(count, n, call))))
-        return exact
-
+    body = fresh_buffers(prove(synthesize("stragglar", n)), count, 3)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         *results, _, groups = run_ranks(n, body, OldNccl, GraphStream)
