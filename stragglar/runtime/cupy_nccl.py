@@ -11,7 +11,8 @@ peer) is packed with one gather kernel and landed with one landing kernel
 (:class:`FusedPacking`, :mod:`~stragglar.runtime.kernels`), not a copy and an add per chunk.
 
 The rounds of a CuPy array replay from a CUDA graph after their first call (:class:`CupyGraphs`,
-:mod:`~stragglar.runtime.graphs`; NCCL captures point-to-point calls since 2.9).  A capture needs
+:mod:`~stragglar.runtime.graphs`; NCCL 2.9.6 and later can be captured, an older one never is:
+:func:`uncapturable`).  A capture needs
 a stream other than CUDA's legacy default one, so a group given no stream runs on a stream of its
 own (one per thread and device), after the work queued on the caller's current stream.
 """
