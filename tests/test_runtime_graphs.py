@@ -279,20 +279,30 @@ def test_torch_captures_no_nccl_older_than_2_9_6(
     assert torch_uncapturable() == why
 
 
-def test_a_replayer_refused_runs_everything_eagerly_and_says_why_once() -> None:
+def test_a_refusal_is_asked_only_when_a_capture_is_due_and_then_everything_runs_eagerly() -> None:
     recorder = Recorder()
     replayer = Replayer(recorder)
-    replayer.refuse(None)  # nothing to refuse
+    asked: list[str] = []
+
+    def allowed() -> None:
+        asked.append("key")
+
     ran: list[int] = []
-    for _ in range(2):
-        replayer("key", lambda: ran.append(1))
-    assert recorder.captures == 1 and recorder.replays == 1 and ran == [1, 1]  # eager, then replayed
+    for _ in range(3):
+        replayer("key", lambda: ran.append(1), refusal=allowed)
+    # eager (not asked), then asked before the capture, then replayed (not asked)
+    assert asked == ["key"] and recorder.captures == 1 and recorder.replays == 2 and ran == [1, 1, 1]
+
+    def refused() -> str:
+        asked.append("other")
+        return "NCCL 2.8.4 cannot be captured: 2.9.6 and later can"
+
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         for _ in range(3):
-            replayer.refuse("NCCL 2.8.4 cannot be captured: 2.9.6 and later can")
-            replayer("other", lambda: ran.append(2))
-    assert recorder.captures == 1 and ran == [1, 1, 2, 2, 2]  # "other" never captured
+            replayer("other", lambda: ran.append(2), refusal=refused)
+    assert recorder.captures == 1 and ran == [1, 1, 1, 2, 2, 2]  # "other" never captured
+    assert asked == ["key", "other"]  # asked once: refused, nothing is captured any more
     assert [str(w.message) for w in seen] == [
         "stragglar: could not capture the rounds in a CUDA graph (NCCL 2.8.4 cannot be captured: "
         "2.9.6 and later can); they run eagerly (slower, same results)"

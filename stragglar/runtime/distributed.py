@@ -145,8 +145,7 @@ def allreduce(
                 if graphs is False:
                     return run_rank(flat, plan, transport, delay, late_rank, part, packing)
                 key = (nccl.comm, proof.schedule.fingerprint, rank, buffer, tag, part, late_rank)
-                replay = shared(CupyGraphs)
-                replay.refuse(uncapturable(nccl))
+                replay = functools.partial(shared(CupyGraphs), refusal=lambda: uncapturable(nccl))
                 return run_rank_replayed(flat, plan, transport, replay, key, delay, late_rank, part, packing)
 
             check = _Check(header, problem, gather_from_nccl, size, lockstep)
@@ -194,8 +193,7 @@ def allreduce(
             if stream_ordered and flat.is_cuda and graphs is not False:
                 buffer = (flat.data_ptr(), plan.layout.count, str(flat.dtype), str(flat.device))
                 key = (identity, proof.schedule.fingerprint, rank, buffer, tag, part, late_rank)
-                replay = shared(CudaGraphs)
-                replay.refuse(torch_uncapturable())
+                replay = functools.partial(shared(CudaGraphs), refusal=torch_uncapturable)
                 return run_rank_replayed(flat, plan, moves, replay, key, delay, late_rank, part)
             return run_rank(flat, plan, moves, delay, late_rank, part)
 

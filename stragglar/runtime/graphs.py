@@ -48,7 +48,11 @@ class Replayer:
         self.failure: str | None = None
         self.lock = threading.Lock()
 
-    def __call__(self, key: Hashable, work: Callable[[], object]) -> None:
+    def __call__(
+        self, key: Hashable, work: Callable[[], object], refusal: Callable[[], str | None] | None = None
+    ) -> None:
+        """Run ``work`` for ``key``; ``refusal`` says, when a capture is due, why none may be made
+        (None: it may), asked then and not at every call."""
         with self.lock:
             graph = self.captured.get(key)
             if graph is not None:
@@ -59,7 +63,10 @@ class Replayer:
         if graph is not None:
             self.device.replay(graph)
             return
-        if eager:
+        why = None if eager or refusal is None else refusal()
+        if why is not None:
+            self.refuse(why)
+        if eager or why is not None:
             work()
             return
         try:
@@ -72,12 +79,9 @@ class Replayer:
             _remember(self.captured, key, graph, self.limit)
         self.device.replay(graph)
 
-    def refuse(self, why: str | None) -> None:
-        """Capture nothing from now on (a failed capture, or one known to fail; ``why`` None:
-        nothing to refuse): remember the first reason and say it, once however many threads fail
-        at once."""
-        if why is None:
-            return
+    def refuse(self, why: str) -> None:
+        """Capture nothing from now on (a failed capture, or one known to fail): remember the first
+        reason and say it, once however many threads fail at once."""
         with self.lock:
             first, self.failure = self.failure is None, self.failure or why
         if first:
