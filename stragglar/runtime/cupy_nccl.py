@@ -169,8 +169,14 @@ class FusedPacking:
             self.kernels = kernels(cupy, dtype_name(flat))
             self.pointers = cupy.asarray(np.array([pointer(flat)], dtype=np.uint64))
 
+    def _rows_for(self, m: BoundMessage) -> Rows | None:
+        """The rows one kernel packs or lands ``m`` with (None: the interpreter's slices do).  A
+        direct message is sent from the buffer as it is, even where a message staged elsewhere
+        in the plan has the same pieces."""
+        return self.rows.get(m.pieces) if m.direct is None else None
+
     def pack(self, flat: Array, work: Array, m: BoundMessage) -> Array:
-        rows = self.rows.get(m.pieces) if m.direct is None else None
+        rows = self._rows_for(m)
         if rows is None:
             return send_view(flat, work, m)
         packed = work[m.staging : m.staging + m.size]
@@ -178,7 +184,7 @@ class FusedPacking:
         return packed
 
     def land(self, flat: Array, work: Array, m: BoundMessage) -> None:
-        rows = self.rows.get(m.pieces) if m.direct is None else None
+        rows = self._rows_for(m)
         if rows is None:
             apply(flat, work, m)
             return
