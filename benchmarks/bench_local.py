@@ -61,17 +61,36 @@ def bench(library: str, n: int, chunks: int | None, count: int, calls: int) -> R
     proof = prove(synthesize("stragglar", n, chunks=chunks))
     make, fill, same = _library(library)
     buffers = [make(count) for _ in range(n)]
-    times = []
-    for call in range(calls + 1):
+
+    def refill() -> None:
         for rank, buffer in enumerate(buffers):
             fill(buffer, rank + 1)
-        start = time.perf_counter()
-        allreduce_local(buffers, proof)
-        if call:
-            times.append(time.perf_counter() - start)
+
+    def check() -> None:
         if not all(same(b, n * (n + 1) // 2) for b in buffers):
             raise SystemExit(f"wrong sum: {library} N={n} C={chunks} count={count}")
-    return Row(library, n, proof.schedule.num_chunks, count, calls, statistics.median(times) * 1e3)
+
+    median = _median_ms(lambda: allreduce_local(buffers, proof), calls, refill, check)
+    return Row(library, n, proof.schedule.num_chunks, count, calls, median)
+
+
+def _median_ms(
+    run: Callable[[], object],
+    calls: int,
+    before: Callable[[], None] = lambda: None,
+    after: Callable[[], None] = lambda: None,
+) -> float:
+    """The median time of ``run()`` in ms over ``calls`` timed calls after one untimed one, with
+    ``before`` and ``after`` each call, untimed."""
+    times = []
+    for call in range(calls + 1):
+        before()
+        start = time.perf_counter()
+        run()
+        if call:
+            times.append(time.perf_counter() - start)
+        after()
+    return statistics.median(times) * 1e3
 
 
 class _Nowhere:
@@ -89,14 +108,9 @@ def bench_rank(n: int, chunks: int | None, count: int, calls: int) -> Row:
     proof = prove(synthesize("stragglar", n, chunks=chunks))
     plan = plan_for(proof, 1, count)
     flat = np.zeros(count, np.float32)
-    times = []
     with np.errstate(all="ignore"):  # the scratch's leftovers are added in: their values do not matter
-        for call in range(calls + 1):
-            start = time.perf_counter()
-            run_rank(flat, plan, _Nowhere())
-            if call:
-                times.append(time.perf_counter() - start)
-    return Row("run_rank", n, proof.schedule.num_chunks, count, calls, statistics.median(times) * 1e3)
+        median = _median_ms(lambda: run_rank(flat, plan, _Nowhere()), calls)
+    return Row("run_rank", n, proof.schedule.num_chunks, count, calls, median)
 
 
 Library = tuple[Callable[[int], Any], Callable[[Any, int], None], Callable[[Any, int], bool]]
