@@ -50,10 +50,14 @@ class FakeCuda:
     def get_current_stream(self) -> Any:
         return types.SimpleNamespace(record=lambda: "event")
 
+    def recording(self) -> list[Callable[[], None]] | None:
+        """Where a launch is recorded: the current stream's capture (None: it runs now)."""
+        return self.current.recording if self.current is not None else None
+
     def launch(self, work: Callable[[], None]) -> None:
-        stream = self.current
-        if stream is not None and stream.recording is not None:
-            stream.recording.append(work)
+        recording = self.recording()
+        if recording is not None:
+            recording.append(work)
         else:
             self.launched += 1
             work()

@@ -126,15 +126,11 @@ def stand_in(monkeypatch: pytest.MonkeyPatch, compile_in: Path | None = None) ->
     module = sys.modules["cupy"]
     module.fake = fake  # type: ignore[attr-defined]  # what ran: the eager launches
 
-    def launch(work: Callable[[], None]) -> None:
+    def recording() -> list[Callable[[], object]] | None:
         stream = capturing()
-        if stream is None:
-            fake.launched += 1
-            work()
-        else:
-            stream.recording.append(work)  # type: ignore[union-attr]
+        return stream.recording if stream is not None else None
 
-    monkeypatch.setattr(fake, "launch", launch)
+    monkeypatch.setattr(fake, "recording", recording)
     allocator = threading.local()
     monkeypatch.setattr(
         module,
@@ -162,11 +158,14 @@ def _using(state: threading.local, use: Callable[[int], Any]) -> Iterator[None]:
 
 
 def ranks(
-    n: int, body: Callable[[int, NcclGroup], Any], refuse: str | None = None
+    n: int,
+    body: Callable[[int, NcclGroup], Any],
+    refuse: str | None = None,
+    nccl: type[GraphNccl] = GraphNccl,
 ) -> tuple[list[Any], list[GraphStream]]:
-    """``body(rank, group)`` in n threads, each rank's group on its own capturing stream: the
-    results (or exceptions) and the streams."""
-    *out, _, groups = run_ranks(n, body, GraphNccl, lambda: GraphStream(refuse))
+    """``body(rank, group)`` in n threads, each rank's group (of ``nccl``) on its own capturing
+    stream: the results (or exceptions) and the streams."""
+    *out, _, groups = run_ranks(n, body, nccl, lambda: GraphStream(refuse))
     return out, [g.stream for g in groups]
 
 
@@ -179,10 +178,10 @@ def device_payload(rank: int, count: int, n: int, call: int) -> DeviceArray:
 
 
 def calls(
-    proof: Proof, n: int, count: int, times: int, **options: Any
+    proof: Proof, n: int, count: int, times: int, nccl: type[GraphNccl] = GraphNccl, **options: Any
 ) -> tuple[list[list[DeviceArray]], list[GraphStream]]:
-    """``times`` AllReduces on each rank's same buffer, refilled with new values before each: every
-    call's results, and the ranks' streams."""
+    """``times`` AllReduces on each rank's same buffer (over ``nccl``), refilled with new values
+    before each: every call's results, and the ranks' streams."""
     buffers = [np.zeros(count, np.float32).view(DeviceArray) for _ in range(n)]
     seen: list[list[DeviceArray]] = []
 
@@ -197,7 +196,7 @@ def calls(
             barrier.wait(timeout=10)  # nobody refills before the copy
 
     barrier = threading.Barrier(n)
-    results, streams = ranks(n, body)
+    results, streams = ranks(n, body, nccl=nccl)
     assert not [r for r in results if isinstance(r, Exception)], results
     return seen, streams
 
@@ -205,25 +204,6 @@ def calls(
 def want(count: int, n: int, call: int) -> np.ndarray:
     total: np.ndarray = expected(count + call, n, "float32")[call:]
     return total
-
-
-def fresh_buffers(
-    proof: Proof, count: int, times: int, per_call: int = 1
-) -> Callable[[int, NcclGroup], list[bool]]:
-    """A rank's part: ``times`` calls' values, each AllReduced in ``per_call`` fresh buffers (a
-    graph must never replay on the wrong one), and whether each result was exact."""
-    n = proof.num_ranks
-
-    def body(rank: int, group: NcclGroup) -> list[bool]:
-        exact = []
-        for call in range(times):
-            for _ in range(per_call):
-                buffer = device_payload(rank, count, n, call)
-                allreduce(buffer, proof, group=group, timeout=5)
-                exact.append(bool(np.array_equal(buffer, want(count, n, call))))
-        return exact
-
-    return body
 
 
 @pytest.mark.parametrize(("n", "chunks"), [(4, None), (5, 12), (3, None)])
@@ -248,7 +228,17 @@ def test_graphs_false_never_captures(cupy: types.ModuleType) -> None:
 def test_a_new_buffer_gets_its_own_graph(cupy: types.ModuleType) -> None:
     """A graph writes the buffer it was captured on: another buffer of the same size is another key."""
     n, count = 3, 20
-    body = fresh_buffers(prove(synthesize("stragglar", n)), count, 3, per_call=2)
+    proof = prove(synthesize("stragglar", n))
+
+    def body(rank: int, group: NcclGroup) -> list[bool]:
+        exact = []
+        for call in range(3):
+            for _ in range(2):  # a fresh buffer each time: never replayed on the wrong one
+                buffer = device_payload(rank, count, n, call)
+                allreduce(buffer, proof, group=group, timeout=5)
+                exact.append(bool(np.array_equal(buffer, want(count, n, call))))
+        return exact
+
     results, _ = ranks(n, body)  # how many graphs: as many as addresses (a freed one comes back)
     assert all(r == [True] * 6 for r in results), results
 
@@ -282,14 +272,15 @@ class OldNccl(GraphNccl):
 
 
 def test_an_nccl_older_than_2_9_6_is_never_captured(cupy: types.ModuleType) -> None:
-    """Its capture may seem to succeed and its replay hang: the rounds run eagerly, said once."""
+    """Its capture may seem to succeed and its replay hang: the rounds run eagerly, said once (on
+    the second call of a buffer, when a capture would be due)."""
     n, count = 3, 30
-    body = fresh_buffers(prove(synthesize("stragglar", n)), count, 3)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        *results, _, groups = run_ranks(n, body, OldNccl, GraphStream)
-    assert all(r == [True] * 3 for r in results), results
-    assert all(g.stream.captures == 0 and g.stream.replays == 0 for g in groups)
+        results, streams = calls(prove(synthesize("stragglar", n)), n, count, 3, nccl=OldNccl)
+    for call, buffers in enumerate(results):
+        assert all(np.array_equal(b, want(count, n, call)) for b in buffers), call
+    assert all(s.captures == 0 and s.replays == 0 for s in streams)
     assert [str(w.message) for w in seen] == [
         "stragglar: could not capture the rounds in a CUDA graph (NCCL 2.8.3 cannot be captured: "
         "2.9.6 and later can); they run eagerly (slower, same results)"
