@@ -10,9 +10,10 @@ send/recv pair of 4 KiB; every call checked on every rank, a call's time the slo
 StragglAR with the paper's chunks and with ``chunks="auto"``, and ``policy="auto"``, with nobody
 late and rank 3 late by 50 ms; losses compared step by step with the default hook's.  (d) As (b)
 through CuPy's NCCL (``NcclGroup``): the paper's schedule eager and from graphs against CuPy's
-NCCL allReduce, nobody late and the last rank 100 ms late (where CuPy is installed; a failure
-here is printed and the run goes on, then exits 1).  (a), last (it makes a CUDA context in this
-process, which forked ranks could not use):
+NCCL allReduce, nobody late and the last rank 100 ms late (where CuPy is installed).  A part
+whose ranks fail is reported in one line and the run goes on, then exits 1; ``--parts`` runs
+some of them (``--json`` then keeps the file's other parts where they are of the same device).
+(a), last (it makes a CUDA context in this process, which forked ranks could not use):
 
 Loopback (every rank's CuPy array on one GPU, the device copying for the links), for N in
 {4, 8, 16}, the paper's C = N - 1 chunks and C = 8N, and buffers of 4 KiB to 256 MiB per rank
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import statistics
 import sys
 import time
@@ -244,16 +246,12 @@ def p2p_table(times: dict[str, float], world: int) -> str:
 
 def cupy_nccl(cfg: P2PConfig, world: int, gpus: int) -> dict[str, float] | str:
     """Part (d): as part (b) through CuPy's NCCL (:func:`gpu_ranks.cupy_rank`), or one line saying
-    why there are no figures.  A failure here is reported, not raised, so that it does not take
-    the other parts' figures with it (``main`` still exits 1)."""
+    why there are no figures."""
     try:
         import cupy  # noqa: F401  (only whether it is there)
     except ImportError:
         return "not measured: cupy is not installed"
-    try:
-        per_rank = launch(cupy_rank, world, (cfg,), timeout=cfg.timeout, backend=cfg.backend, gpus=gpus)
-    except LaunchError as e:
-        return f"FAILED: {str(e).splitlines()[0]}"
+    per_rank = launch(cupy_rank, world, (cfg,), timeout=cfg.timeout, backend=cfg.backend, gpus=gpus)
     return slowest(per_rank)
 
 
@@ -318,6 +316,25 @@ def ddp_targets(runs: dict[str, dict[str, Any]]) -> list[str]:
     return out
 
 
+PARTS = ("p2p", "ddp", "cupy_nccl", "loopback")  # in the order they run: see main
+
+
+def kept_parts(path: Path | None, parts: tuple[str, ...]) -> dict[str, Any]:
+    """The figures of the parts this run does not measure, from the JSON it will write, with the
+    device they were measured on (``--parts`` re-runs some parts and keeps the others).  Nothing
+    from a file that is missing or not one of ours."""
+    if path is None or not path.is_file():
+        return {}
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return {}
+    if not isinstance(doc, dict):
+        return {}
+    old = {part: doc[part] for part in PARTS if part in doc and part not in parts}
+    return {"device": doc.get("device"), **old} if old else {}
+
+
 def _save_so_far(path: Path | None, figures: dict[str, Any]) -> None:
     """The parts measured so far, so that a run cut short (a machine's time limit) keeps them.
     The device is named at the end: asking CUDA for its name here would make a CUDA context in
@@ -326,10 +343,78 @@ def _save_so_far(path: Path | None, figures: dict[str, Any]) -> None:
         save(path, {"device": None, "complete": False, **figures})
 
 
+def _failed(part: str, error: Exception) -> str:
+    """A part that failed, in one line (the others still run; main exits 1)."""
+    line = str(error).splitlines()[0] if str(error) else type(error).__name__
+    print(f"\n## {part}: FAILED: {line}", flush=True)
+    return f"FAILED: {line}"
+
+
+def _parts(text: str) -> tuple[str, ...]:
+    chosen = tuple(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
+    unknown = [p for p in chosen if p not in PARTS]
+    if unknown or not chosen:
+        raise argparse.ArgumentTypeError(f"parts are {', '.join(PARTS)} (comma-separated), not {text!r}")
+    return chosen
+
+
+def run_p2p(args: argparse.Namespace, gpus: int) -> dict[str, float]:
+    shared = " (sharing GPUs: NCCL's socket transport, ratios indicative)" if gpus < RANKS else ""
+    times = p2p(P2PConfig("nccl", (4 << 10, 64 << 20), (0.0, 0.02, 0.1), args.iters), RANKS, gpus)
+    print(f"## {RANKS} NCCL ranks on {gpus} GPU(s){shared}: StragglAR against all_reduce\n")
+    print(p2p_table(times, RANKS), flush=True)
+    return times
+
+
+def run_ddp(args: argparse.Namespace, gpus: int) -> dict[str, Any]:
+    runs = {}
+    for setting, late in (("nobody late", None), ("rank 3 late 50 ms", 3)):
+        cfg = DDPConfig("nccl", 2048, 12, 8.0, 14 if args.quick else 24, 4, late, 0.05)
+        runs[setting] = ddp(cfg, RANKS, gpus, DDP_VARIANTS)
+    print(f"\n## DDP, {RANKS} NCCL ranks, MLP 12 x 2048, buckets of 8 MB\n")
+    print(ddp_table(runs), flush=True)
+    return runs
+
+
+def run_cupy_nccl(args: argparse.Namespace, gpus: int) -> dict[str, float] | str:
+    times = cupy_nccl(P2PConfig("nccl", (4 << 10, 64 << 20), (0.0, 0.1), args.iters), RANKS, gpus)
+    print(f"\n## {RANKS} CuPy/NCCL ranks (NcclGroup): StragglAR against allReduce\n")
+    print(times if isinstance(times, str) else p2p_table(times, RANKS), flush=True)
+    return times
+
+
+def run_loopback(args: argparse.Namespace, gpus: int) -> list[dict[str, Any]] | str:
+    if importlib.util.find_spec("cupy") is None:
+        print("\nloopback not measured: cupy is not installed")
+        return "not measured: cupy is not installed"
+    import cupy
+
+    ns, sizes = ((8,), QUICK_SIZES) if args.quick else ((4, 8, 16), SIZES)
+    rows = loopback(cupy, cupy.cuda.Device().synchronize, ns, sizes, args.iters)
+    print("\n## Loopback (one process, float32), eager against CUDA graphs\n")
+    print(loopback_table(rows), flush=True)
+    return [asdict(r) for r in rows]
+
+
+RUNNERS: dict[str, Callable[[argparse.Namespace, int], Any]] = {
+    "p2p": run_p2p,
+    "ddp": run_ddp,
+    "cupy_nccl": run_cupy_nccl,
+    "loopback": run_loopback,
+}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="StragglAR on a GPU: loopback, NCCL ranks and DDP.")
     parser.add_argument("--quick", action="store_true", help="fewer settings: N = 8 only, up to 64 MiB")
     parser.add_argument("--iters", type=int, default=5, help="timed calls per setting (median)")
+    parser.add_argument(
+        "--parts",
+        type=_parts,
+        default=PARTS,
+        help=f"which parts to run, comma-separated (default: all; they run in the order {','.join(PARTS)}); "
+        "with --json, the file's figures of the other parts are kept if they are of the same device",
+    )
     parser.add_argument("--json", type=Path, metavar="FILE", help="also save the results as JSON")
     args = parser.parse_args(argv)
     if args.iters < 1:
@@ -338,43 +423,30 @@ def main(argv: list[str] | None = None) -> None:
     if gpus < 1:
         print("no GPU: torch sees no CUDA device")
         return
-    shared = " (sharing GPUs: NCCL's socket transport, ratios indicative)" if gpus < RANKS else ""
-    p2p_cfg = P2PConfig("nccl", (4 << 10, 64 << 20), (0.0, 0.02, 0.1), args.iters)
-    times = p2p(p2p_cfg, RANKS, gpus)
-    _save_so_far(args.json, {"p2p": times})
-    print(f"## {RANKS} NCCL ranks on {gpus} GPU(s){shared}: StragglAR against all_reduce\n")
-    print(p2p_table(times, RANKS), flush=True)
-    runs = {}
-    for setting, late in (("nobody late", None), ("rank 3 late 50 ms", 3)):
-        cfg = DDPConfig("nccl", 2048, 12, 8.0, 14 if args.quick else 24, 4, late, 0.05)
-        runs[setting] = ddp(cfg, RANKS, gpus, DDP_VARIANTS)
-    print(f"\n## DDP, {RANKS} NCCL ranks, MLP 12 x 2048, buckets of 8 MB\n")
-    print(ddp_table(runs), flush=True)
-    figures: dict[str, Any] = {"p2p": times, "ddp": runs}
-    _save_so_far(args.json, figures)
-    cupy_cfg = P2PConfig("nccl", (4 << 10, 64 << 20), (0.0, 0.1), args.iters)
-    cupy_times = cupy_nccl(cupy_cfg, RANKS, gpus)  # forked too: before the loopback's CUDA context
-    print(f"\n## {RANKS} CuPy/NCCL ranks (NcclGroup): StragglAR against allReduce\n")
-    print(cupy_times if isinstance(cupy_times, str) else p2p_table(cupy_times, RANKS), flush=True)
-    figures["cupy_nccl"] = cupy_times
-    _save_so_far(args.json, figures)
-    if importlib.util.find_spec("cupy") is None:  # last: it makes a CUDA context in this process
-        print("\nloopback not measured: cupy is not installed")
-    else:
-        import cupy
-
-        ns, sizes = ((8,), QUICK_SIZES) if args.quick else ((4, 8, 16), SIZES)
-        rows = loopback(cupy, cupy.cuda.Device().synchronize, ns, sizes, args.iters)
-        print("\n## Loopback (one process, float32), eager against CUDA graphs\n")
-        print(loopback_table(rows))
-        figures["loopback"] = [asdict(r) for r in rows]
+    old = kept_parts(args.json, args.parts)
+    figures: dict[str, Any] = {k: v for k, v in old.items() if k != "device"}
+    failed = False
+    # The loopback runs last: it makes a CUDA context in this process, which the ranks of a part
+    # after it, forked from here, could not use.
+    for part in (p for p in PARTS if p in args.parts):
+        try:
+            figures[part] = RUNNERS[part](args, gpus)
+        except LaunchError as e:  # a rank failed or hung (a wrong result included): say so, go on
+            figures[part] = _failed(part, e)
+        failed |= isinstance(figures[part], str) and figures[part].startswith("FAILED")
+        _save_so_far(args.json, figures)
     import torch
 
     device = torch.cuda.get_device_name(0)
     print(f"\ndevice: {device}")
+    if old and old["device"] != device:
+        dropped = ", ".join(sorted(set(old) - {"device"}))
+        print(f"not kept from {args.json}: {dropped} (measured on {old['device']})")
+        figures = {part: figures[part] for part in args.parts}
     if args.json:
-        save(args.json, {"device": device, "complete": True, **figures})
-    if isinstance(cupy_times, str) and cupy_times.startswith("FAILED"):
+        complete = all(part in figures for part in PARTS)
+        save(args.json, {"device": device, "complete": complete, **figures})
+    if failed:
         sys.exit(1)
 
 

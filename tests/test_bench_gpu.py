@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -84,15 +85,15 @@ def test_the_rank_parts_run_on_gloo_and_check_every_call(monkeypatch: pytest.Mon
     assert "nobody late" not in bench_gpu.ddp_table({"rank 1 late": run})
 
 
-def test_the_cupy_nccl_part_says_why_it_has_no_figures_and_never_takes_the_others_down(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_the_cupy_nccl_part_says_why_it_has_no_figures_or_fails(monkeypatch: pytest.MonkeyPatch) -> None:
     """Part (d) without CuPy says so; with a CuPy whose NCCL cannot start, the ranks fail and the
-    part returns one FAILED line (main goes on to the loopback, then exits 1)."""
+    part raises (main reports it in one line and goes on: see the next test)."""
     pytest.importorskip("torch")
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     import bench_gpu
     from gpu_ranks import P2PConfig
+
+    from stragglar.measure.launch import LaunchError
 
     cfg = P2PConfig("gloo", (4096,), (0.0,), 1, timeout=30)
     monkeypatch.delitem(sys.modules, "cupy", raising=False)
@@ -100,8 +101,89 @@ def test_the_cupy_nccl_part_says_why_it_has_no_figures_and_never_takes_the_other
         pytest.skip("CuPy is installed here")
     assert bench_gpu.cupy_nccl(cfg, 2, 0) == "not measured: cupy is not installed"
     next(installed(monkeypatch))  # a CuPy without cupy.cuda.nccl: every rank fails at once
-    verdict = bench_gpu.cupy_nccl(cfg, 2, 0)
-    assert isinstance(verdict, str) and verdict.startswith("FAILED: ") and "\n" not in verdict, verdict
+    with pytest.raises(LaunchError):
+        bench_gpu.cupy_nccl(cfg, 2, 0)
+
+
+@pytest.fixture
+def bench(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """bench_gpu with one GPU and parts that return their names (or fail where told), and the
+    device named without CUDA."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import bench_gpu
+    import torch
+
+    from stragglar.measure.launch import LaunchError
+
+    ran: list[str] = []
+    failing: set[str] = set()
+
+    def runner(part: str) -> Any:
+        def run(args: Any, gpus: int) -> Any:
+            ran.append(part)
+            if part in failing:
+                raise LaunchError({2: f"Traceback ...\nRuntimeError: {part} went wrong"}, 4)
+            return {"figure": f"{part} on {gpus}"}
+
+        return run
+
+    monkeypatch.setattr(bench_gpu, "gpu_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: "Test GPU")
+    monkeypatch.setattr(bench_gpu, "RUNNERS", {p: runner(p) for p in bench_gpu.PARTS})
+    monkeypatch.setattr(bench_gpu, "ran", ran, raising=False)
+    monkeypatch.setattr(bench_gpu, "failing", failing, raising=False)
+    yield bench_gpu
+
+
+def test_a_part_whose_ranks_fail_is_one_line_and_the_others_still_run(
+    bench: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    bench.failing.add("p2p")
+    path = tmp_path / "gpu.json"
+    with pytest.raises(SystemExit) as done:
+        bench.main(["--json", str(path)])
+    assert done.value.code == 1
+    assert bench.ran == list(bench.PARTS)  # the loopback last, after the forked ranks' parts
+    shown = [line for line in capsys.readouterr().out.splitlines() if "FAILED" in line]
+    assert len(shown) == 1 and shown[0].startswith("## p2p: FAILED: 1 of 4 ranks failed: rank 2")
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    assert doc["p2p"] == shown[0].removeprefix("## p2p: ")
+    assert doc["loopback"] == {"figure": "loopback on 1"} and doc["complete"] is True
+
+
+def test_parts_rerun_some_and_keep_the_others_of_the_same_device(
+    bench: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    path = tmp_path / "gpu.json"
+    bench.main(["--parts", "loopback", "--json", str(path)])
+    first = json.loads(path.read_text(encoding="utf-8"))
+    assert first["complete"] is False and first["device"] == "Test GPU" and "p2p" not in first
+    bench.main(["--parts", "ddp,p2p", "--json", str(path)])
+    assert bench.ran == ["loopback", "p2p", "ddp"]  # in the parts' order, not the option's
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    assert doc["loopback"] == first["loopback"] and doc["ddp"] == {"figure": "ddp on 1"}
+    assert doc["complete"] is False  # cupy_nccl never ran
+    doc["device"] = "Another GPU"
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    bench.main(["--parts", "cupy_nccl", "--json", str(path)])
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    assert set(doc) == {"date", "machine", "device", "complete", "cupy_nccl"}  # another device's: dropped
+    assert "not kept from" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("parts", ["", "p2p,gpu", "loopback,,"])
+def test_parts_must_be_known(bench: Any, parts: str, capsys: pytest.CaptureFixture[str]) -> None:
+    if parts == "loopback,,":
+        bench.main(["--parts", parts])
+        assert bench.ran == ["loopback"]
+        return
+    with pytest.raises(SystemExit) as done:
+        bench.main(["--parts", parts])
+    assert done.value.code == 2 and "parts are p2p, ddp, cupy_nccl, loopback" in capsys.readouterr().err
 
 
 def test_a_table_without_a_bare_pair_prints_no_pair_line(monkeypatch: pytest.MonkeyPatch) -> None:
