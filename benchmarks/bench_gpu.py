@@ -347,6 +347,9 @@ def _failed(part: str, error: Exception) -> str:
     """A part that failed, in one line (the others still run; main exits 1)."""
     line = str(error).splitlines()[0] if str(error) else type(error).__name__
     print(f"\n## {part}: FAILED: {line}", flush=True)
+    for rank, failure in getattr(error, "failures", {}).items():  # the whole story, for the log
+        story = f"rank {rank}: {failure.detail or failure.reason}\n{failure.stacks}"
+        print(story, file=sys.stderr, flush=True)
     return f"FAILED: {line}"
 
 

@@ -8,7 +8,7 @@
 #     bash benchmarks/gpu_check.sh          # logs and gpu.json in $OUT (default /tmp/stragglar-gpu-check)
 #
 # Wheels the machine lacks (z3-solver on the lent machines) are installed from .whl/ when it holds
-# any; see ../shared/docs/gpu-notes.md. Exits 1 if any step failed. The limits add up to 8.5
+# any; see ../shared/docs/gpu-notes.md. Exits 1 if any step failed. The limits add up to 6.7
 # minutes, inside the lent machines' 10 minutes a command.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -39,10 +39,10 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$out/devi
 # The most telling first: the kernels bit for bit, then the loopback's figures (in a process of
 # their own, so that a failure in the ranks' parts cannot take them), then the ranks' parts into
 # the same JSON (bench_gpu keeps the loopback's figures there), then the commands a user types.
-step tests 80 python3 -m pytest -q -p no:cacheprovider tests/test_runtime_loopback_gpu_device.py tests/test_runtime_loopback_gpu_kernels.py
-step loopback 70 python3 benchmarks/bench_gpu.py --quick --iters 3 --parts loopback --json "$out/gpu.json"
-step bench-ranks 220 python3 benchmarks/bench_gpu.py --quick --iters 3 --parts p2p,ddp,cupy_nccl --json "$out/gpu.json"
+step tests 35 python3 -m pytest -q -p no:cacheprovider tests/test_runtime_loopback_gpu_device.py tests/test_runtime_loopback_gpu_kernels.py
+step loopback 40 python3 benchmarks/bench_gpu.py --quick --iters 3 --parts loopback --json "$out/gpu.json"
+step bench-ranks 190 python3 benchmarks/bench_gpu.py --quick --iters 3 --parts p2p,ddp,cupy_nccl --json "$out/gpu.json"
 step run-nccl 40 python3 -m stragglar run --backend nccl --gpus 4 --size 16MiB --delay 20ms --chunks 6 --iters 3
-step ddp-example 55 torchrun --nproc-per-node=4 examples/ddp_torchrun.py --late-rank 3 --delay 50ms --steps 8
+step ddp-example 50 torchrun --nproc-per-node=4 examples/ddp_torchrun.py --late-rank 3 --delay 50ms --steps 8
 step bench-nccl 45 python3 -m stragglar bench --backend nccl --gpus 2,4 --sizes 1MiB --delays 0,20ms --iters 2
 exit "$failed"

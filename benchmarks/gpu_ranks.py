@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from stragglar.runtime import allreduce
+from stragglar.runtime import allreduce, release_graphs
 from stragglar.synth import synthesize
 from stragglar.verify import Proof, prove
 
@@ -138,7 +138,10 @@ def cupy_rank(rank: int, world: int, cfg: P2PConfig) -> dict[str, list[float]]:
         calls["CuPy/NCCL allReduce"] = all_reduce
         return calls
 
-    return _sweep(rank, world, cfg, variants)
+    times = _sweep(rank, world, cfg, variants)
+    release_graphs(group)  # before the communicator goes: NCCL destroys none a live graph holds
+    comm.destroy()
+    return times
 
 
 def _sweep(rank: int, world: int, cfg: P2PConfig, variants: Variants) -> dict[str, list[float]]:

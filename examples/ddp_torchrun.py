@@ -26,6 +26,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from stragglar.ddp import StragglarState, stragglar_hook
 from stragglar.measure.gpus import placement
+from stragglar.runtime import release_graphs
 from stragglar.units import parse_duration
 
 
@@ -105,6 +106,7 @@ def main() -> None:
         worst = max(float((a - b).abs().max()) for a, b in pairs)
     if rank == 0:
         report(args, state, rows, worst)
+    release_graphs()  # the hook's CUDA graphs hold its NCCL groups: destroying them would wait forever
     dist.barrier()  # every rank done before any tears its groups down
     dist.destroy_process_group()
 

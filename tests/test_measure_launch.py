@@ -52,12 +52,54 @@ def test_the_launcher_ticks_from_its_own_loop_while_the_ranks_run() -> None:
     assert len(ticks) >= (time.monotonic() - start) / 0.25 - 1  # at least every quarter second
 
 
+class FileDevice:
+    """A graph device that says in a file when the graphs were waited for before being dropped."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def capture(self, work: object) -> object:
+        return work
+
+    def replay(self, graph: object) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(f"synchronized {os.getpid()}\n")
+
+
+def graphed(rank: int, n: int, path: str) -> int:
+    """A rank that leaves a graph on the world group, as stream-ordered NCCL calls do."""
+    import torch.distributed as dist
+
+    from stragglar.runtime import graphs
+
+    replayer = graphs.shared(lambda: FileDevice(path))
+    for _ in range(2):  # eager, then captured
+        replayer((dist.group.WORLD, "rounds"), lambda: None)
+    assert len(replayer.captured) == 1
+    return rank
+
+
+def test_the_ranks_graphs_are_dropped_before_their_process_group_is_destroyed(tmp_path: Path) -> None:
+    """NCCL destroys no communicator that a live CUDA graph holds (destroy_process_group() waited
+    forever on a GPU): the launcher releases every rank's graphs first."""
+    path = tmp_path / "released"
+    assert launch(graphed, 2, (str(path),), timeout=20.0) == [0, 1]
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 2 and len(set(lines)) == 2, lines  # once in each rank
+
+
 def test_a_rank_that_reports_no_progress_fails_after_timeout_plus_slack() -> None:
     start = time.monotonic()
     with pytest.raises(LaunchError) as info:
         launch(steady, 2, (prove(synthesize("ring", 2)), 40, False), timeout=1.0, slack=0.5)
     assert time.monotonic() - start < 6
     assert str(info.value).startswith("2 of 2 ranks failed: ranks 0, 1 sent no progress for 1.5 s")
+    for failure in info.value.failures.values():  # each says where it was stuck: every thread's stack
+        assert "in steady" in failure.stacks and "thread 0x" in failure.stacks, failure.stacks
+        assert failure.detail == ""  # the message's line for the rank stays its reason
 
 
 def one_silent(rank: int, n: int, proof: Proof) -> None:

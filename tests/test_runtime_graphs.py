@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import numpy as np
 import pytest
 
-from stragglar.runtime import plan_for
+from stragglar.runtime import plan_for, rounds_without
 from stragglar.runtime.engine import Timeline, run_rank_replayed
 from stragglar.runtime.graphs import Replayer
 from stragglar.runtime.program import BoundStep, Plan
@@ -35,6 +35,7 @@ class Recorder:
         self.fail = fail
         self.captures = 0
         self.replays = 0
+        self.synchronized = 0
 
     def capture(self, work: Callable[[], object]) -> Any:
         if self.fail:
@@ -45,6 +46,9 @@ class Recorder:
     def replay(self, graph: Any) -> None:
         self.replays += 1
         graph()
+
+    def synchronize(self) -> None:
+        self.synchronized += 1
 
 
 class Queues:
@@ -307,3 +311,68 @@ def test_a_refusal_is_asked_only_when_a_capture_is_due_and_then_everything_runs_
         "stragglar: could not capture the rounds in a CUDA graph (NCCL 2.8.4 cannot be captured: "
         "2.9.6 and later can); they run eagerly (slower, same results)"
     ]
+
+
+def test_release_drops_the_graphs_on_one_owner_after_the_device_ran_them() -> None:
+    """A graph holds its NCCL communicator, which NCCL then will not destroy: release drops the
+    graphs whose key starts with the owner, once the device is done, and forgets their keys."""
+    device = Recorder()
+    replayer = Replayer(device)
+    ran: list[Hashable] = []
+    keys: list[Hashable] = [("group a", 1), ("group b", 1), ("group a", 2), "loopback"]
+    for _ in range(2):  # eager, then captured
+        for key in keys:
+            replayer(key, lambda key=key: ran.append(key))  # type: ignore[misc]
+    assert len(replayer.captured) == 4 and device.synchronized == 0
+    assert replayer.release("group a") == 2 and device.synchronized == 1
+    assert list(replayer.captured) == [("group b", 1), "loopback"]
+    assert ("group a", 1) not in replayer.seen and ("group b", 1) in replayer.seen
+    assert replayer.release("group a") == 0 and device.synchronized == 1  # nothing left: no wait
+    ran.clear()
+    for _ in range(2):  # a released key runs eagerly once, then is captured again
+        replayer(("group a", 1), lambda: ran.append("again"))
+    assert ran == ["again", "again"] and device.captures == 5
+    assert replayer.release() == 3 and not replayer.captured and not replayer.seen
+
+
+def test_release_graphs_finds_an_ncclgroups_communicator_in_the_shared_replayers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from stragglar.runtime import NcclGroup, release_graphs
+    from stragglar.runtime import graphs as graphs_module
+
+    device = Recorder()
+    replayer = Replayer(device)
+    monkeypatch.setattr(graphs_module, "_shared", {Recorder: replayer})
+    comm, other = object(), object()
+    for _ in range(2):
+        replayer((comm, "rounds"), lambda: None)
+        replayer((other, "rounds"), lambda: None)
+    assert release_graphs(NcclGroup(comm)) == 1 and list(replayer.captured) == [(other, "rounds")]
+    assert release_graphs() == 1 and not replayer.captured
+
+
+def test_a_range_without_this_ranks_rounds_is_never_captured() -> None:
+    """The late rank has no part in the first rounds: its call over them replays nothing, and
+    makes no (empty) graph, however often it comes."""
+    n, count = 4, 12
+    proof = prove(synthesize("stragglar", n))
+    late = proof.schedule.late_rank
+    split = rounds_without(proof, late)
+    assert split > 0
+    plan = plan_for(proof, late, count)
+    device = Recorder()
+    replayer = Replayer(device)
+    calls: list[Hashable] = []
+
+    def replay(key: Hashable, work: Callable[[], object]) -> None:
+        calls.append(key)
+        replayer(key, work)
+
+    buffer = np.zeros(count)
+    for _ in range(3):
+        timeline = run_rank_replayed(
+            buffer, plan, Queues(n).transport(late), replay, "early", 0.0, late, (0, split)
+        )
+        assert timeline.done >= timeline.start
+    assert calls == [] and device.captures == 0

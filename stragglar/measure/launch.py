@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import faulthandler
 import multiprocessing
 import os
 import signal
@@ -49,6 +50,7 @@ from typing import Any
 from stragglar.args import as_int, as_seconds
 from stragglar.errors import ResourceError, RunError
 from stragglar.measure.gpus import placement
+from stragglar.runtime.distributed import release_graphs
 from stragglar.runtime.engine import RankError, classify, failure_phrase, first_line
 from stragglar.runtime.header import rank_list
 from stragglar.runtime.heartbeat import connect, heartbeat, send
@@ -60,6 +62,7 @@ SLACK = 30.0  # seconds a rank may be silent beyond the timeout (start-up, check
 _SHOWN = 4  # failure groups the first line names before it counts the rest
 _LENGTH = 280  # characters of failure groups the first line names before it counts the rest
 _TICK = 0.25  # seconds between calls of a launch's tick, at most
+_STACKS_WAIT = 1.0  # seconds silent ranks get to write their stacks before they are killed
 _STOPPING = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)  # what the launcher cleans up after
 
 
@@ -71,7 +74,8 @@ class RankFailure:
     WrongResult: ...``); ``round``, ``phase``, ``peer``, ``waiting`` and ``during`` are a
     :class:`~stragglar.runtime.RankError`'s fields when the rank raised one; ``detail`` is the
     rank's traceback, or the reason when there is none; ``out_of_memory``: whether the rank ran
-    out of memory (host or GPU).
+    out of memory (host or GPU); ``stacks``: where a silent rank was stuck, every thread's Python
+    stack (empty where it could not say).
     """
 
     rank: int
@@ -83,6 +87,7 @@ class RankFailure:
     during: str | None = None
     detail: str = ""
     out_of_memory: bool = False
+    stacks: str = ""
 
     @property
     def what(self) -> str:
@@ -204,7 +209,7 @@ def launch(
                 )
                 procs[-1].start()
                 child.close()
-            return _collect(pipes, procs, timeout + slack, tick)
+            return _collect(pipes, procs, timeout + slack, tick, tmp)
         finally:
             started = [proc for proc in procs if proc.pid is not None]
             for proc in started:
@@ -242,7 +247,7 @@ def _signals_raise() -> Iterator[None]:
 
 
 def _collect(
-    pipes: list[Connection], procs: list[Any], silence: float, tick: Callable[[], None] | None
+    pipes: list[Connection], procs: list[Any], silence: float, tick: Callable[[], None] | None, folder: str
 ) -> list[Any]:
     results: dict[int, Any] = {}
     failures: dict[int, RankFailure] = {}
@@ -259,9 +264,10 @@ def _collect(
             break
         silent = [rank for rank in pending if now - heard[rank] > silence]
         if silent:
+            stacks = _stacks(procs, silent, folder)
             for rank in pending:
                 failures[rank] = (
-                    RankFailure(rank, f"sent no progress for {silence:g} s")
+                    RankFailure(rank, f"sent no progress for {silence:g} s", stacks=stacks.get(rank, ""))
                     if rank in silent
                     else RankFailure(rank, "was ended with the silent ranks")
                 )
@@ -293,6 +299,21 @@ def _collect(
     if failures:
         raise LaunchError(failures, len(pipes))
     return [results[r] for r in range(len(pipes))]
+
+
+def _stacks(procs: list[Any], ranks: list[int], folder: str) -> dict[int, str]:
+    """Where each of ``ranks`` is stuck: every thread's Python stack, which a rank writes to its
+    file in ``folder`` when sent SIGUSR1 (:func:`_child`), for the failure's detail."""
+    for rank in ranks:
+        with contextlib.suppress(OSError):
+            os.kill(procs[rank].pid, signal.SIGUSR1)
+    time.sleep(_STACKS_WAIT)
+    found = {}
+    for rank in ranks:
+        path = os.path.join(folder, f"stacks-{rank}")
+        with contextlib.suppress(OSError), open(path, encoding="utf-8", errors="replace") as f:
+            found[rank] = f.read()
+    return {rank: text for rank, text in found.items() if text.strip()}
 
 
 def _exit_reason(code: int | None) -> str:
@@ -364,6 +385,9 @@ def _child(
         for reaching_the_launcher in (signal.SIGINT, signal.SIGHUP):  # which ends us, and cleans up
             signal.signal(reaching_the_launcher, signal.SIG_IGN)
         connect(pipe)
+        # where it is stuck, if the launcher finds it silent (_stacks); open for the rank's life
+        stacks = open(os.path.join(os.path.dirname(store), f"stacks-{rank}"), "w", encoding="utf-8")  # noqa: SIM115
+        faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         import torch
         import torch.distributed as dist
@@ -386,6 +410,7 @@ def _child(
         heartbeat()
         result = fn(rank, world_size, *args)
         try:
+            release_graphs()  # NCCL destroys no communicator that a live CUDA graph holds
             dist.barrier()  # peers may still be waiting on our last sends
             dist.destroy_process_group()
         except Exception as e:

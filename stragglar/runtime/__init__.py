@@ -23,7 +23,7 @@ from __future__ import annotations
 from stragglar.errors import ArgumentError
 from stragglar.runtime.channels import MAX_TAG
 from stragglar.runtime.cupy_nccl import NcclGroup
-from stragglar.runtime.distributed import allreduce
+from stragglar.runtime.distributed import allreduce, release_graphs
 from stragglar.runtime.engine import DTYPES, RankError, Timeline
 from stragglar.runtime.header import MismatchError
 from stragglar.runtime.layout import Layout
@@ -42,5 +42,6 @@ __all__ = [
     "allreduce",
     "allreduce_local",
     "plan_for",
+    "release_graphs",
     "rounds_without",
 ]

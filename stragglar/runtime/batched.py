@@ -197,19 +197,19 @@ class HostBackend:
             else:
                 self.flats[rank][start : start + length] = piece
 
-    def sync(self) -> None:
+    def synchronize(self) -> None:
         pass
 
 
 class Backend(Protocol):
     """Runs a plan's rounds on buffers it was bound to: ``bind`` before each call (cheap: pointers
-    and scratch), ``run`` launches rounds ``first`` to ``stop - 1``, ``sync`` waits for them."""
+    and scratch), ``run`` launches rounds ``first`` to ``stop - 1``, ``synchronize`` waits for them."""
 
     def bind(self, flats: Sequence[Array], plan: BatchedPlan) -> None: ...
 
     def run(self, plan: BatchedPlan, first: int, stop: int) -> None: ...
 
-    def sync(self) -> None: ...
+    def synchronize(self) -> None: ...
 
 
 def run_batched(
@@ -230,7 +230,7 @@ def run_batched(
     early = time.perf_counter()
     arrived = sleep_until(start + straggler_delay)
     run(plan, plan.joins, len(plan.rounds))
-    backend.sync()
+    backend.synchronize()
     done = time.perf_counter()
     times = {None: None, True: early, False: done}  # host issue times, as the interpreter records on a GPU
     return [

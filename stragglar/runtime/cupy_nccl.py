@@ -139,6 +139,11 @@ class CupyGraphs:
 
         graph.graph.launch(stream=cupy.cuda.get_current_stream())
 
+    def synchronize(self) -> None:
+        import cupy
+
+        cupy.cuda.runtime.deviceSynchronize()
+
 
 def _fused_rows(m: BoundMessage) -> np.ndarray | None:
     """The row table ``(0, start, length, slot)`` of a message of several pieces that one kernel

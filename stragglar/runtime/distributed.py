@@ -32,12 +32,12 @@ from stragglar.runtime.engine import (
     run_rank,
     run_rank_replayed,
 )
-from stragglar.runtime.graphs import shared
+from stragglar.runtime.graphs import release, shared
 from stragglar.runtime.header import Header, MismatchError, make_header, mismatch
 from stragglar.runtime.plans import plan_for
 from stragglar.verify import Proof, require_proof
 
-__all__ = ["allreduce"]
+__all__ = ["allreduce", "release_graphs"]
 
 _channels = Channels()
 
@@ -203,6 +203,20 @@ def allreduce(
         f"cannot allreduce a {type(data).__name__} across processes: pass a torch tensor, or an array "
         "with an NcclGroup (allreduce_local takes one array per rank)"
     )
+
+
+def release_graphs(group: Any = None) -> int:
+    """Drop the CUDA graphs of NCCL rounds this process captured: those on ``group`` (a torch
+    process group or an :class:`NcclGroup`), or all of them (None); returns how many went.
+
+    NCCL will not destroy a communicator while a CUDA graph that captured its calls lives, so
+    ``torch.distributed.destroy_process_group()`` (or a CuPy communicator's ``destroy``) after
+    graphed calls would wait forever: call this first, on every rank.  It waits until the device
+    has run the graphs already launched, which need every peer's too, so call it where every rank
+    has made the same calls (the end of a run).  Later calls on the group run eagerly once, then
+    capture again.  The launcher of ``stragglar run``/``bench`` and the DDP example call it.
+    """
+    return release(group.comm if isinstance(group, NcclGroup) else group)
 
 
 @dataclass(frozen=True)

@@ -398,10 +398,12 @@ def run_rank_replayed(
     as on any GPU path)."""
     start = time.perf_counter()
     arrived = _arrive(plan, straggler_delay, late_rank, rounds)
-    replay(key, lambda: run_rank(flat, plan, _Issuing(transport), 0.0, late_rank, rounds, packing))
+    steps = _steps_in(plan, rounds)
+    if steps:  # a range this rank has no part in (the late rank's first) makes no empty graph
+        replay(key, lambda: run_rank(flat, plan, _Issuing(transport), 0.0, late_rank, rounds, packing))
     transport.finish()
     done = time.perf_counter()
-    phases = {step.phase for step in _steps_in(plan, rounds)}
+    phases = {step.phase for step in steps}
     phase_done = tuple(done if phase in phases else None for phase in range(len(plan.program.phases)))
     return Timeline(plan.rank, start, arrived, phase_done, done)
 

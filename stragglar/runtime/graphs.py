@@ -10,6 +10,11 @@ a pointer table written before each call, so its key is the plan, size and dtype
 rounds writes the buffer it was captured on, so the buffer's address is in its key.  If a
 capture fails, work runs eagerly from then on and the replayer says why once, as a warning:
 slower, never wrong.
+
+A graph that captured NCCL calls holds their communicator: NCCL will not destroy it while the
+graph lives, so ``destroy_process_group()`` would wait forever (seen on an H200, NCCL 2.28).  The
+key of work on a communicator starts with it (the process group or CuPy communicator), and
+:func:`release` drops the graphs on one, or all, before it goes.
 """
 
 from __future__ import annotations
@@ -20,16 +25,19 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any, Protocol
 
-__all__ = ["Capturing", "Replayer", "nccl_uncapturable", "shared"]
+__all__ = ["Capturing", "Replayer", "nccl_uncapturable", "release", "shared"]
 
 
 class Capturing(Protocol):
     """Where graphs are made: ``capture(work)`` records what ``work`` launches (without running
-    it) and returns the graph; ``replay`` launches a graph."""
+    it) and returns the graph; ``replay`` launches a graph; ``synchronize`` waits until the device
+    has run every graph launched (before any is dropped)."""
 
     def capture(self, work: Callable[[], object]) -> Any: ...
 
     def replay(self, graph: Any) -> None: ...
+
+    def synchronize(self) -> None: ...
 
 
 class Replayer:
@@ -79,6 +87,26 @@ class Replayer:
             _remember(self.captured, key, graph, self.limit)
         self.device.replay(graph)
 
+    def release(self, owner: object = None) -> int:
+        """Drop the graphs, and forget the keys, of work on ``owner`` (the first item of their
+        keys; None: every graph), once the device has run those launched; how many graphs went.
+        A key called again runs eagerly first, as a new one."""
+        with self.lock:
+            if not any(owner is None or _owner(k) is owner for k in self.captured):
+                self._forget(owner)
+                return 0
+        self.device.synchronize()
+        with self.lock:
+            gone = [k for k in self.captured if owner is None or _owner(k) is owner]
+            for key in gone:
+                del self.captured[key]
+            self._forget(owner)
+        return len(gone)
+
+    def _forget(self, owner: object) -> None:
+        for key in [k for k in self.seen if owner is None or _owner(k) is owner]:
+            del self.seen[key]
+
     def refuse(self, why: str) -> None:
         """Capture nothing from now on (a failed capture, or one known to fail): remember the first
         reason and say it, once however many threads fail at once."""
@@ -104,6 +132,11 @@ def nccl_uncapturable(version: tuple[int, int, int]) -> str | None:
     return f"NCCL {'.'.join(map(str, version))} cannot be captured: 2.9.6 and later can"
 
 
+def _owner(key: Hashable) -> object:
+    """What a key's work runs on: its first item (see the module's notes)."""
+    return key[0] if isinstance(key, tuple) and key else None
+
+
 def _remember(cache: OrderedDict[Hashable, Any], key: Hashable, value: Any, limit: int) -> None:
     cache[key] = value
     cache.move_to_end(key)
@@ -123,3 +156,10 @@ def shared(kind: Callable[[], Capturing]) -> Replayer:
         if replayer is None:
             replayer = _shared[kind] = Replayer(kind())
         return replayer
+
+
+def release(owner: object = None) -> int:
+    """Drop the shared replayers' graphs on ``owner`` (None: all of them); how many went."""
+    with _shared_lock:
+        replayers = list(_shared.values())
+    return sum(replayer.release(owner) for replayer in replayers)

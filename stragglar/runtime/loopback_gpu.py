@@ -74,7 +74,7 @@ class CupyLoopback:
     def replay(self, graph: Any) -> None:
         graph.launch(stream=self.stream)
 
-    def sync(self) -> None:
+    def synchronize(self) -> None:
         self.stream.synchronize()
 
     def gather(self, index: int) -> None:

@@ -102,6 +102,9 @@ class CudaGraphs:
     def replay(self, graph: Any) -> None:
         graph.replay()
 
+    def synchronize(self) -> None:
+        torch.cuda.synchronize()
+
 
 def torch_uncapturable() -> str | None:
     """Why torch's NCCL cannot be captured in a CUDA graph, or None
