@@ -246,8 +246,9 @@ def slowest(per_rank: Sequence[dict[str, list[float]]]) -> dict[str, float]:
     return out
 
 
-def ddp_rank(rank: int, world: int, cfg: DDPConfig, variants: Sequence[str]) -> dict[str, list[list[float]]]:
-    """Per variant, per step: this rank's step time (s) and loss."""
+def ddp_rank(rank: int, world: int, cfg: DDPConfig, variants: Sequence[str]) -> dict[str, Any]:
+    """``steps``: per variant, per step, this rank's step time (s) and loss; ``chunks``: per
+    variant, the chunk counts its StragglAR buckets were cut into (empty: it never ran StragglAR)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from stragglar.ddp import StragglarState, stragglar_hook
@@ -257,6 +258,7 @@ def ddp_rank(rank: int, world: int, cfg: DDPConfig, variants: Sequence[str]) -> 
     ids = [device] if device.type == "cuda" else None
     teacher = torch.randn(cfg.width, cfg.width, generator=torch.Generator().manual_seed(1)).to(device)
     out: dict[str, list[list[float]]] = {}
+    chunks: dict[str, list[int]] = {}
     for variant in variants:
         torch.manual_seed(0)  # the same weights for every variant
         model = DDP(_mlp(cfg.width, cfg.depth).to(device), device_ids=ids, bucket_cap_mb=cfg.bucket_mb)
@@ -288,7 +290,10 @@ def ddp_rank(rank: int, world: int, cfg: DDPConfig, variants: Sequence[str]) -> 
             sync(device)
             rows.append([time.perf_counter() - start, float(loss.item())])
         out[variant] = rows[cfg.warmup :]
-    return out
+        decisions = state.decisions if state is not None else []
+        used = {world - 1 if c is None else c for _, how, _, c in decisions if how == "stragglar"}
+        chunks[variant] = sorted(used)
+    return {"steps": out, "chunks": chunks}
 
 
 def _mlp(width: int, depth: int) -> torch.nn.Sequential:

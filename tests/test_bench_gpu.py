@@ -83,6 +83,30 @@ def test_the_rank_parts_run_on_gloo_and_check_every_call(monkeypatch: pytest.Mon
     assert all(figures["loss_rel_diff"] < 1e-5 for figures in run.values())  # the same training
     assert all(figures["median_step_s"] >= 0.01 for figures in run.values())  # rank 1 came late
     assert "nobody late" not in bench_gpu.ddp_table({"rank 1 late": run})
+    assert run["default hook"]["chunks"] == [] and run["stragglar (paper)"]["chunks"] == [1]
+    assert run["stragglar (chunks auto)"]["chunks"] == [1]  # the model's choice for 2 ranks, tiny buckets
+
+
+def test_chunks_auto_on_the_paper_s_own_schedule_is_called_noise(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the model chose the paper's chunk count for every bucket, the two variants ran one
+    schedule: a "MISSED" against it says so (on an H200, 4 ranks: 1.05x nobody late, 0.99x late)."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import bench_gpu
+
+    def runs(auto_chunks: list[int]) -> dict[str, dict[str, Any]]:
+        figures = {"median_step_s": 1.0, "loss_rel_diff": 0.0, "chunks": [3]}
+        return {
+            "nobody late": {
+                "default hook": {**figures, "chunks": []},
+                "stragglar (paper)": figures,
+                "stragglar (chunks auto)": {**figures, "median_step_s": 1.05, "chunks": auto_chunks},
+                "auto": {**figures, "chunks": []},
+            }
+        }
+
+    same = bench_gpu.ddp_targets(runs([3]))[0]
+    assert same.endswith("MISSED, but both ran [3] chunks: the same schedule, the difference is noise)")
+    assert bench_gpu.ddp_targets(runs([3, 12]))[0].endswith("(target <= 1: MISSED)")
 
 
 def test_the_cupy_nccl_part_says_why_it_has_no_figures_or_fails(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -194,6 +218,25 @@ def test_a_table_without_a_bare_pair_prints_no_pair_line(monkeypatch: pytest.Mon
     table = bench_gpu.p2p_table(times, 4)
     assert "| 4 KiB | 0 | stragglar paper, CuPy/NCCL graph | 1.200 |" in table
     assert "pair" not in table
+
+
+def test_a_graphed_round_is_compared_with_the_bare_pair_in_one_unit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """4 ranks, paper: 6 rounds; 24 ms with graphs is 4 ms a round, 0.8x a pair of 5 ms (a first
+    version divided microseconds by seconds: 800000x)."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import bench_gpu
+
+    times = {
+        "4096|0.0|stragglar paper, eager": 0.030,
+        "4096|0.0|stragglar paper, graph": 0.024,
+        "4096|0.0|NCCL all_reduce": 0.027,
+        "pair": 0.005,
+    }
+    table = bench_gpu.p2p_table(times, 4)
+    assert "| 4 KiB | 0 | stragglar paper, graph | 24.000 | 4000.0 |" in table
+    assert table.endswith("a StragglAR round with graphs: 0.80x the pair (target <= 1.5x: met)"), table
+    times["pair"] = 0.002
+    assert bench_gpu.p2p_table(times, 4).endswith("2.00x the pair (target <= 1.5x: MISSED)")
 
 
 def test_the_json_is_saved_after_each_part(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
