@@ -79,7 +79,9 @@ class StragglarState:
     StragglAR's rounds, the first those the late rank takes no part in, for every bucket as soon
     as it is ready (:mod:`stragglar.ddp.worker`); False runs them in the hook.  ``graphs`` (on
     CUDA buffers over NCCL): each bucket stage's rounds replay from a CUDA graph after their first
-    step (:func:`~stragglar.runtime.allreduce`); False launches them eagerly every step.
+    step (:func:`~stragglar.runtime.allreduce`); False launches them eagerly every step.  Such a
+    graph holds its NCCL group, which NCCL will then not destroy: call
+    :func:`~stragglar.runtime.release_graphs` on every rank before ``destroy_process_group()``.
     ``chunks``: StragglAR's chunk count, C >= N-1 (None: the paper's N-1), or "auto": per bucket,
     the count the cost model prices fastest for its size (:func:`~stragglar.model.policy.chunk_count`),
     on the policy's networks under "auto" (with the expected lateness), on ``network`` under
