@@ -271,13 +271,14 @@ def ddp(cfg: DDPConfig, world: int, gpus: int, variants: tuple[str, ...]) -> dic
         gpus=gpus,
     )
     out: dict[str, Any] = {}
+    baseline = [r["steps"]["default hook"] for r in per_rank]
     for variant in variants:
         runs = [r["steps"][variant] for r in per_rank]
         steps = [max(run[i][0] for run in runs) for i in range(len(runs[0]))]
         losses = max(
             abs(a[1] - b[1]) / max(abs(b[1]), 1e-30)
-            for r in per_rank
-            for a, b in zip(r["steps"][variant], r["steps"]["default hook"], strict=True)
+            for run, base in zip(runs, baseline, strict=True)
+            for a, b in zip(run, base, strict=True)
         )
         chunks = sorted({c for r in per_rank for c in r["chunks"][variant]})
         out[variant] = {"median_step_s": statistics.median(steps), "loss_rel_diff": losses, "chunks": chunks}
@@ -321,20 +322,19 @@ def ddp_targets(runs: dict[str, dict[str, Any]]) -> list[str]:
 PARTS = ("p2p", "ddp", "cupy_nccl", "loopback")  # in the order they run: see main
 
 
-def kept_parts(path: Path | None, parts: tuple[str, ...]) -> dict[str, Any]:
-    """The figures of the parts this run does not measure, from the JSON it will write, with the
-    device they were measured on (``--parts`` re-runs some parts and keeps the others).  Nothing
-    from a file that is missing or not one of ours."""
+def kept_parts(path: Path | None, parts: tuple[str, ...]) -> tuple[str | None, dict[str, Any]]:
+    """The device and the figures of the parts this run does not measure, from the JSON it will
+    write (``--parts`` re-runs some parts and keeps the others).  Nothing from a file that is
+    missing or not one of ours."""
     if path is None or not path.is_file():
-        return {}
+        return None, {}
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return {}
+        return None, {}
     if not isinstance(doc, dict):
-        return {}
-    old = {part: doc[part] for part in PARTS if part in doc and part not in parts}
-    return {"device": doc.get("device"), **old} if old else {}
+        return None, {}
+    return doc.get("device"), {part: doc[part] for part in PARTS if part in doc and part not in parts}
 
 
 def _save_so_far(path: Path | None, figures: dict[str, Any]) -> None:
@@ -345,11 +345,11 @@ def _save_so_far(path: Path | None, figures: dict[str, Any]) -> None:
         save(path, {"device": None, "complete": False, **figures})
 
 
-def _failed(part: str, error: Exception) -> str:
-    """A part that failed, in one line (the others still run; main exits 1)."""
-    line = str(error).splitlines()[0] if str(error) else type(error).__name__
+def _failed(part: str, error: LaunchError) -> str:
+    """A part whose ranks failed, in one line (the others still run; main exits 1)."""
+    line = str(error).splitlines()[0]
     print(f"\n## {part}: FAILED: {line}", flush=True)
-    for rank, failure in getattr(error, "failures", {}).items():  # the whole story, for the log
+    for rank, failure in error.failures.items():  # the whole story, for the log
         story = f"rank {rank}: {failure.detail or failure.reason}\n{failure.stacks}"
         print(story, file=sys.stderr, flush=True)
     return f"FAILED: {line}"
@@ -428,8 +428,8 @@ def main(argv: list[str] | None = None) -> None:
     if gpus < 1:
         print("no GPU: torch sees no CUDA device")
         return
-    old = kept_parts(args.json, args.parts)
-    figures: dict[str, Any] = {k: v for k, v in old.items() if k != "device"}
+    kept_device, kept = kept_parts(args.json, args.parts)
+    figures = dict(kept)
     failed = False
     # The loopback runs last: it makes a CUDA context in this process, which the ranks of a part
     # after it, forked from here, could not use.
@@ -444,9 +444,8 @@ def main(argv: list[str] | None = None) -> None:
 
     device = torch.cuda.get_device_name(0)
     print(f"\ndevice: {device}")
-    if old and old["device"] != device:
-        dropped = ", ".join(sorted(set(old) - {"device"}))
-        print(f"not kept from {args.json}: {dropped} (measured on {old['device']})")
+    if kept and kept_device != device:
+        print(f"not kept from {args.json}: {', '.join(sorted(kept))} (measured on {kept_device})")
         figures = {part: figures[part] for part in args.parts}
     if args.json:
         complete = all(part in figures for part in PARTS)

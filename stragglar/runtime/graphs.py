@@ -22,7 +22,7 @@ from __future__ import annotations
 import threading
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Any, Protocol
 
 __all__ = ["Capturing", "Replayer", "nccl_uncapturable", "release", "shared"]
@@ -92,19 +92,19 @@ class Replayer:
         keys; None: every graph), once the device has run those launched; how many graphs went.
         A key called again runs eagerly first, as a new one."""
         with self.lock:
-            if not any(owner is None or _owner(k) is owner for k in self.captured):
+            if not _keys_on(self.captured, owner):
                 self._forget(owner)
                 return 0
         self.device.synchronize()
         with self.lock:
-            gone = [k for k in self.captured if owner is None or _owner(k) is owner]
+            gone = _keys_on(self.captured, owner)  # again: another thread may have captured since
             for key in gone:
                 del self.captured[key]
             self._forget(owner)
         return len(gone)
 
     def _forget(self, owner: object) -> None:
-        for key in [k for k in self.seen if owner is None or _owner(k) is owner]:
+        for key in _keys_on(self.seen, owner):
             del self.seen[key]
 
     def refuse(self, why: str) -> None:
@@ -132,9 +132,10 @@ def nccl_uncapturable(version: tuple[int, int, int]) -> str | None:
     return f"NCCL {'.'.join(map(str, version))} cannot be captured: 2.9.6 and later can"
 
 
-def _owner(key: Hashable) -> object:
-    """What a key's work runs on: its first item (see the module's notes)."""
-    return key[0] if isinstance(key, tuple) and key else None
+def _keys_on(keys: Iterable[Hashable], owner: object) -> list[Hashable]:
+    """The keys of work on ``owner`` (None: all of them): those whose first item it is (see the
+    module's notes)."""
+    return [k for k in keys if owner is None or (isinstance(k, tuple) and k and k[0] is owner)]
 
 
 def _remember(cache: OrderedDict[Hashable, Any], key: Hashable, value: Any, limit: int) -> None:
