@@ -17,7 +17,8 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from stragglar.msccl import PROTOCOLS, MscclProof, prove_msccl, to_msccl_xml
+from stragglar import msccl
+from stragglar.msccl import PROTOCOLS, MscclProof, XmlOptions
 from stragglar.synth import ALGORITHMS, synthesize
 from stragglar.verify import prove
 
@@ -48,9 +49,9 @@ def main() -> None:
     print(f"{'N':>4} {'TBs':>6} {'steps':>7} {'chan':>4} {'KiB':>7} {'export s':>9} {'prove s':>8}")
     for n in args.sizes:
         schedule = synthesize(args.algorithm, n)
-        export = functools.partial(to_msccl_xml, prove(schedule), proto=args.proto, instances=args.instances)
-        export_s, xml = best_of(args.repeats, export)
-        prove_s, proof = best_of(args.repeats, functools.partial(prove_msccl, xml))
+        options = XmlOptions(proto=args.proto, instances=args.instances)
+        export_s, xml = best_of(args.repeats, functools.partial(msccl.lower, prove(schedule), options))
+        prove_s, proof = best_of(args.repeats, functools.partial(msccl.prove, xml))
         assert isinstance(proof, MscclProof)
         print(
             f"{n:>4} {proof.threadblocks:>6} {proof.steps:>7} {proof.channels:>4} "

@@ -5,7 +5,7 @@
 
 Times are wall-clock (``time.perf_counter``), best of ``--repeats``; synthesis is not timed.
 "export" is :func:`stragglar.mscclpp.lower` (schedule to JSON text); "prove" is
-:func:`stragglar.mscclpp.prove.prove_plan` on that text (parse with the executor's rules, the
+:func:`stragglar.mscclpp.prove` on that text (parse with the executor's rules, the
 interleaved symbolic runs and the happens-before analysis), i.e. what proving a shipped file costs.
 The target is export + prove of N = 64 in under 5 s.
 """
@@ -22,8 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from stragglar.mscclpp import PlanOptions, lower
-from stragglar.mscclpp.prove import DEFAULT_INTERLEAVINGS, prove_plan
+from stragglar import mscclpp
+from stragglar.mscclpp import DEFAULT_INTERLEAVINGS, PlanOptions
 from stragglar.synth import ALGORITHMS, synthesize
 from stragglar.verify import prove
 
@@ -47,8 +47,8 @@ def measure(algorithm: str, n: int, instances: int, interleavings: int, repeats:
     """One row: plan shape and the export and prove times of one size."""
     schedule = synthesize(algorithm, n)
     options = PlanOptions(instances=instances)
-    export_s, plan = best_of(repeats, lambda: lower(prove(schedule), options))
-    prove_s, proof = best_of(repeats, lambda: prove_plan(plan.text, interleavings=interleavings))
+    export_s, plan = best_of(repeats, lambda: mscclpp.lower(prove(schedule), options))
+    prove_s, proof = best_of(repeats, lambda: mscclpp.prove(plan.text, interleavings=interleavings))
     return {
         "n": n,
         "threadblocks": proof.threadblocks,

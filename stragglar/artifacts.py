@@ -4,13 +4,23 @@ A proved schedule is exported for two executors, MSCCL (an XML ``<algo>``) and M
 execution plan), and a file of either is proved again from its own text.  Each format is one
 :class:`ArtifactFormat`: its names, its file suffixes, the export options that shape it, how it
 lowers a proof to text, and how a file of it is recognised, read, proved, described and, where
-the executor picks a file by buffer size, sized.  The command line, the release and the proof
-tier go through :data:`FORMATS` and never test a format's name, so the two packages
-(:mod:`stragglar.msccl`, :mod:`stragglar.mscclpp`, which never import each other) meet only here.
+the executor picks a file by buffer size, sized.  Both packages offer those tools under the same
+verbs (``lower``, ``read``, ``prove``, ``describe``, ``check_request``), so each format here is
+little more than its words and how :class:`ExportOptions` become its own options.  The command
+line, the release and the proof tier go through :data:`FORMATS` and never test a format's name, so
+the two packages (:mod:`stragglar.msccl`, :mod:`stragglar.mscclpp`, which never import each other)
+meet only here.
 
 One set of export options serves both (:class:`ExportOptions`, the command line's ``--name``,
-``--proto``, ...); a format takes those in its ``options`` and adapts them to its own lowering,
-and refuses the others rather than ignore them.
+``--proto``, ...); a format takes those in its ``options`` and adapts them to its own lowering
+(:class:`~stragglar.msccl.XmlOptions`, :class:`~stragglar.mscclpp.PlanOptions`), and refuses the
+others rather than ignore them.
+
+A request is checked once, before the schedule is made: :attr:`ArtifactFormat.check_request`,
+with the request :func:`stragglar.synth.check_request` returned, refuses in microseconds what N,
+the chunk count, the algorithm and the options tell (:meth:`ArtifactFormat.max_chunks` bounds the
+chunk count a caller may pick).  The lowering keeps the same limits as a guard for callers of
+the packages that did not ask first; it costs as little.
 
 >>> from stragglar.synth import synthesize
 >>> from stragglar.verify import prove
@@ -35,6 +45,7 @@ from typing import Any, Generic, TypeVar
 
 from stragglar import msccl, mscclpp
 from stragglar.errors import InputError
+from stragglar.msccl import XmlDocument, XmlOptions
 from stragglar.mscclpp import DEFAULT_MAX_THREADBLOCKS, PlanDocument, PlanOptions, SizeRule
 from stragglar.schedule import Schedule
 from stragglar.synth import Request
@@ -68,10 +79,9 @@ class ArtifactFormat(Generic[D]):
     """One executor's file format: its words, files and options, and its tools.
 
     ``read`` turns a file's text into what the tools take (a parsed document, so that one file is
-    parsed once however many tools look at it; MSCCL XML: the text itself); ``prove``,
-    ``describe`` and ``size_rule`` take the text or what ``read`` made of it.  ``recognise`` gets
-    the text and a function that parses it as JSON, so that only a format that needs the JSON
-    asks for it.
+    parsed once however many tools look at it); ``prove``, ``describe`` and ``size_rule`` take
+    the text or what ``read`` made of it.  ``recognise`` gets the text and a function that parses
+    it as JSON, so that only a format that needs the JSON asks for it.
     """
 
     name: str  # the --format value, and the release's folder
@@ -84,7 +94,8 @@ class ArtifactFormat(Generic[D]):
     options: frozenset[str]  # the ExportOptions fields that shape it
     lowering: Callable[[Proof, ExportOptions], str]  # use lower(), which refuses the other options
     # Refuses, before the schedule is made, a request whose file stragglar would not write or the
-    # executor not take, as far as N, the chunk count, the algorithm and the options tell.
+    # executor not take, as far as N, the chunk count, the algorithm and the options tell: once,
+    # with the request synth.check_request returned (see the module docstring).
     check_request: Callable[[Request, ExportOptions], None]
     max_cells: int  # (GPU, chunk) cells of the largest file written: N x chunks x instances
     file_name: Callable[[Schedule, ExportOptions], str]  # what the release names a file of it
@@ -119,14 +130,14 @@ def format_of(text: str, document: Callable[[], object]) -> ArtifactFormat[Any] 
 
 
 def _lower_msccl(proof: Proof, options: ExportOptions) -> str:
-    return msccl.to_msccl_xml(
-        proof,
+    xml_options = XmlOptions(
         name=options.name,
         proto=options.proto,
         instances=options.instances,
         min_bytes=0 if options.min_bytes is None else options.min_bytes,
         max_bytes=msccl.DEFAULT_MAX_BYTES if options.max_bytes is None else options.max_bytes,
     )
+    return msccl.lower(proof, xml_options)
 
 
 def _check_msccl(request: Request, options: ExportOptions) -> None:
@@ -142,12 +153,7 @@ def _is_xml(text: str, document: Callable[[], object]) -> bool:
     return text.lstrip()[:1] == "<"
 
 
-def _text(text: str) -> str:
-    """MSCCL XML's tools each read the text with the executor's tokenizer."""
-    return text
-
-
-MSCCL: ArtifactFormat[str] = ArtifactFormat(
+MSCCL: ArtifactFormat[XmlDocument] = ArtifactFormat(
     name="msccl",
     title="MSCCL XML",
     title_with_article="MSCCL XML",
@@ -161,9 +167,9 @@ MSCCL: ArtifactFormat[str] = ArtifactFormat(
     max_cells=msccl.MAX_XML_CELLS,
     file_name=_msccl_file,
     recognise=_is_xml,
-    read=_text,
-    prove=msccl.prove_msccl,
-    describe=msccl.describe_msccl,
+    read=msccl.read,
+    prove=msccl.prove,
+    describe=msccl.describe,
     size_rule=None,
 )
 
@@ -197,10 +203,6 @@ def _is_plan(text: str, document: Callable[[], object]) -> bool:
     return isinstance(root, dict) and "format" not in root and "gpus" in root
 
 
-def _describe_plan(plan: str | PlanDocument) -> str:
-    return str(mscclpp.summarize(plan))
-
-
 MSCCLPP: ArtifactFormat[PlanDocument] = ArtifactFormat(
     name="mscclpp",
     title="MSCCL++ plan",
@@ -215,9 +217,9 @@ MSCCLPP: ArtifactFormat[PlanDocument] = ArtifactFormat(
     max_cells=mscclpp.MAX_PLAN_CELLS,
     file_name=_plan_file,
     recognise=_is_plan,
-    read=mscclpp.plan_document,
-    prove=mscclpp.prove_plan,
-    describe=_describe_plan,
+    read=mscclpp.read,
+    prove=mscclpp.prove,
+    describe=mscclpp.describe,
     size_rule=mscclpp.size_rule,
 )
 

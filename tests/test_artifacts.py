@@ -4,15 +4,18 @@ and options are what the command line uses, and the two provers report in one vo
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import re
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
+from stragglar import msccl, mscclpp
 from stragglar.artifacts import FORMATS, MSCCL, MSCCLPP, ArtifactFormat, ExportOptions, format_of
 from stragglar.cli import cli
 from stragglar.commands.common import proved_artifact, read_artifact
@@ -85,6 +88,42 @@ def test_every_format_round_trips(fmt: ArtifactFormat[Any]) -> None:
     if fmt.size_rule is not None:
         assert fmt.size_rule(document) == fmt.size_rule(text)
         assert fmt.size_rule(document).decide(16 * 3).used
+
+
+@pytest.mark.parametrize("package", [msccl, mscclpp], ids=["msccl", "mscclpp"])
+def test_both_packages_offer_the_same_verbs_in_the_same_shape(package: ModuleType) -> None:
+    """``lower(proof, options=None)``, then ``read``, ``prove`` and ``describe`` of a ``source``,
+    the text or what ``read`` made of it (more options keyword-only): the registry's tools are
+    the packages' own."""
+    assert {"lower", "read", "prove", "describe"} <= set(package.__all__)
+    lower = inspect.signature(package.lower).parameters
+    assert list(lower) == ["proof", "options"] and lower["options"].default is None
+    for verb in ("read", "prove", "describe"):
+        first, *more = inspect.signature(getattr(package, verb)).parameters.values()
+        assert first.name == "source" and first.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD, verb
+        assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in more), verb
+    lowered = package.lower(PROOF)
+    text = lowered if isinstance(lowered, str) else lowered.text
+    document = package.read(text)
+    assert package.read(document) is document
+    assert package.prove(document).summary == package.prove(text).summary
+    assert package.describe(document) == package.describe(text)
+    fmt = FORMATS[package.__name__.rsplit(".", 1)[-1]]
+    assert (fmt.read, fmt.prove, fmt.describe) == (package.read, package.prove, package.describe)
+    assert fmt.lower(PROOF) == text
+
+
+def test_the_older_names_are_the_verbs() -> None:
+    assert (msccl.prove_msccl, msccl.describe_msccl) == (msccl.prove, msccl.describe)
+    assert (mscclpp.prove_plan, mscclpp.plan_document) == (mscclpp.prove, mscclpp.read)
+    options: dict[str, Any] = {
+        "name": "x",
+        "proto": "LL",
+        "instances": 2,
+        "min_bytes": 16,
+        "max_bytes": 1 << 20,
+    }
+    assert msccl.to_msccl_xml(PROOF, **options) == msccl.lower(PROOF, msccl.XmlOptions(**options))
 
 
 def test_a_json_schedule_is_no_artifact_and_xml_is_not_parsed_as_json() -> None:

@@ -13,17 +13,11 @@ import numpy as np
 import pytest
 from msccl_model import run_numeric
 
+from stragglar import msccl
 from stragglar.errors import ArgumentError
 from stragglar.formats import json as json_format
-from stragglar.msccl import (
-    DEFAULT_MAX_BYTES,
-    MscclExportError,
-    check_request,
-    prove_msccl,
-    to_msccl_xml,
-    write_msccl,
-)
-from stragglar.msccl import threadblocks as msccl_threadblocks
+from stragglar.msccl import DEFAULT_MAX_BYTES, MscclExportError, XmlOptions, check_request, write_msccl
+from stragglar.msccl.lowering import threadblocks as msccl_threadblocks
 from stragglar.release import schedule_files, write_schedule_files
 from stragglar.schedule import Op, Phase, Schedule, Transfer
 from stragglar.synth import ALGORITHMS, synthesize
@@ -51,7 +45,7 @@ def cases() -> list[tuple[str, int]]:
 
 def xml_of(schedule: Schedule, **options: Any) -> str:
     """The exporter's text for ``schedule``, which is proved first: only proofs are exported."""
-    return to_msccl_xml(prove(schedule), **options)
+    return msccl.lower(prove(schedule), XmlOptions(**options))
 
 
 # ---------------------------------------------------------------------------- tests
@@ -60,7 +54,7 @@ def xml_of(schedule: Schedule, **options: Any) -> str:
 @pytest.mark.parametrize(("algorithm", "n"), cases())
 def test_every_algorithm_exports_a_proved_file(algorithm: str, n: int) -> None:
     xml = xml_of(synthesize(algorithm, n))
-    proof = prove_msccl(xml)
+    proof = msccl.prove(xml)
     assert proof.gpus == n and proof.proto == "Simple" and proof.capacity == 2
     assert proof.summary.startswith(f"proved: {algorithm}-n{n}")
 
@@ -81,7 +75,7 @@ def test_instances_protocols_and_stragglers(
 ) -> None:
     schedule = synthesize(algorithm, n, straggler)
     xml = xml_of(schedule, proto=proto, instances=instances)
-    proof = prove_msccl(xml)
+    proof = msccl.prove(xml)
     assert proof.chunks == schedule.num_chunks * instances
     assert proof.proto == proto and proof.capacity == (2 if proto == "Simple" else 8)
     assert proof.channels >= instances  # each instance has its own connections
@@ -135,7 +129,7 @@ def test_multi_chunk_exchange_goes_through_scratch() -> None:
     assert rrc is not None and (rrc.get("srcbuf"), rrc.get("dstbuf"), rrc.get("cnt")) == ("i", "s", "4")
     copy = straggler.find("tb[@send='-1'][@recv='-1']/step[@type='cpy']")
     assert copy is not None and (copy.get("srcbuf"), copy.get("dstbuf"), copy.get("cnt")) == ("s", "i", "4")
-    prove_msccl(xml)
+    msccl.prove(xml)
 
 
 def test_text_shape() -> None:
@@ -179,7 +173,7 @@ def test_long_fifos_continue_on_more_channels() -> None:
     root = ET.fromstring(xml)
     assert root.get("nchannels") == "2"
     assert max(len(tb.findall("step")) for tb in root.iter("tb")) <= 64
-    prove_msccl(xml)
+    msccl.prove(xml)
 
 
 def test_write_msccl(tmp_path: Path) -> None:
@@ -237,7 +231,7 @@ def test_incorrect_schedule_is_not_exported() -> None:
     with pytest.raises(VerificationError, match="final state: rank 0"):
         xml_of(half)  # it never gets a Proof, and the exporter takes nothing else
     with pytest.raises(TypeError, match="prove the schedule first"):
-        to_msccl_xml(half)  # type: ignore[arg-type]
+        msccl.lower(half)  # type: ignore[arg-type]
 
 
 def test_dependency_target_limit() -> None:
@@ -322,7 +316,7 @@ def test_release_files(tmp_path: Path) -> None:
     ("algorithm", "n"), [("stragglar", 32), ("stragglar", 64), ("ring", 64), ("direct", 48)]
 )
 def test_large_files_are_proved(algorithm: str, n: int) -> None:
-    assert prove_msccl(xml_of(synthesize(algorithm, n))).gpus == n
+    assert msccl.prove(xml_of(synthesize(algorithm, n))).gpus == n
 
 
 @pytest.mark.slow
@@ -330,4 +324,4 @@ def test_large_files_are_proved(algorithm: str, n: int) -> None:
     ("algorithm", "n", "instances"), [("stragglar", 128, 1), ("stragglar", 64, 2), ("ring", 128, 1)]
 )
 def test_largest_files_are_proved(algorithm: str, n: int, instances: int) -> None:
-    assert prove_msccl(xml_of(synthesize(algorithm, n), instances=instances)).gpus == n
+    assert msccl.prove(xml_of(synthesize(algorithm, n), instances=instances)).gpus == n

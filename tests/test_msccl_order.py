@@ -3,7 +3,7 @@ and the GPUs a run that follows messages tracks at once."""
 
 from __future__ import annotations
 
-from stragglar.msccl.order import CELLS, KEPT, Clocks, batches
+from stragglar.msccl.prover.order import CELLS, KEPT, Clocks, batches
 
 
 def test_within_gpus_tracks_a_tbs_own_gpu_and_sends_nothing() -> None:

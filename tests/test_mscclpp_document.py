@@ -7,13 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from stragglar.mscclpp import PlanDocument, PlanFormatError, plan_document, prove_plan, size_rule, summarize
+from stragglar.mscclpp import PlanDocument, PlanFormatError, describe, prove, read, size_rule, summarize
 
 RING = (Path(__file__).parent / "fixtures" / "mscclpp" / "ring_ok.json").read_text()
 READERS: dict[str, Callable[[str], object]] = {
-    "prove_plan": prove_plan,
+    "prove": prove,
     "size_rule": size_rule,
     "summarize": summarize,
+    "describe": describe,
 }
 
 
@@ -35,8 +36,9 @@ def test_every_reader_refuses_bad_text_in_the_same_words(reader: str, text: str,
 
 
 def test_the_readers_take_the_document_in_place_of_the_text() -> None:
-    document = plan_document(RING)
-    assert isinstance(document, PlanDocument) and plan_document(document) is document
+    document = read(RING)
+    assert isinstance(document, PlanDocument) and read(document) is document
     assert size_rule(document) == size_rule(RING)
     assert summarize(document) == summarize(RING)
-    assert prove_plan(document).summary == prove_plan(RING).summary
+    assert describe(document) == describe(RING) == str(summarize(RING))
+    assert prove(document).summary == prove(RING).summary

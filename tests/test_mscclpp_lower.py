@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from stragglar import mscclpp
 from stragglar.errors import ArgumentError
 from stragglar.mscclpp import MscclppExportError, PlanOptions, check_request, lower, will_use, write_plan
-from stragglar.mscclpp.prove import prove_plan
 from stragglar.mscclpp.sizes import offset_limit
 from stragglar.schedule import Op, Phase, Schedule, Transfer
 from stragglar.synth import synthesize
@@ -22,7 +22,7 @@ from stragglar.verify import prove
 
 def export_and_prove(schedule: Schedule, options: PlanOptions | None = None) -> tuple[dict[str, Any], str]:
     plan = lower(prove(schedule), options)  # the IR schedule first, with the project's simulator
-    summary = prove_plan(plan.text).summary.removeprefix("proved: ")
+    summary = mscclpp.prove(plan.text).summary.removeprefix("proved: ")
     return json.loads(plan.text), summary
 
 
@@ -386,9 +386,5 @@ def test_only_a_proof_is_lowered() -> None:
 
 def test_options_that_are_not_plan_options_are_one_argument_error() -> None:
     """A dict of options was a raw AttributeError."""
-    from stragglar.errors import ArgumentError
-    from stragglar.mscclpp.lower import lower
-    from stragglar.verify import prove
-
     with pytest.raises(ArgumentError, match=r"^options must be a PlanOptions, got dict$"):
         lower(prove(synthesize("stragglar", 4)), {"instances": 2})  # type: ignore[arg-type]

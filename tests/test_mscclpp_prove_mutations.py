@@ -12,8 +12,7 @@ from typing import Any
 import pytest
 from test_mscclpp_reference import run_numpy
 
-from stragglar.mscclpp import PlanError, lower
-from stragglar.mscclpp.prove import check_plan
+from stragglar.mscclpp import PlanError, check_plan, lower
 from stragglar.synth import synthesize
 from stragglar.verify import prove
 

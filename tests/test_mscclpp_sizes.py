@@ -8,7 +8,8 @@ import re
 import pytest
 
 from stragglar.mscclpp import PlanFormatError, SizeRule, size_rule, will_use
-from stragglar.mscclpp.sizes import UINT32_LIMIT, UINT64_MAX, offset_limit
+from stragglar.mscclpp.sizes import offset_limit
+from stragglar.mscclpp.vocabulary import UINT32_LIMIT, UINT64_MAX
 
 RULE = SizeRule(buffer_alignment=16, chunks=7, min_message_size=224, max_message_size=7 << 20)
 

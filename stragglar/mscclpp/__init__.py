@@ -1,29 +1,36 @@
 """MSCCL++ execution plans: lower a schedule to the executor's JSON, prove any such plan, describe it.
 
-* :func:`lower` (stages in :mod:`stragglar.mscclpp.lower`) turns a proved schedule into an
-  in-place AllReduce plan on memory channels; :func:`write_plan` writes it atomically.
-* :func:`prove_plan` / :func:`check_plan` prove a plan from its text alone (any plan, ours or hand
-  written); they share no data structure with the lowering.
+* :func:`lower` (:mod:`stragglar.mscclpp.lowering`; options in :class:`PlanOptions`) turns a proved
+  schedule into an in-place AllReduce plan on memory channels; :func:`write_plan` writes it
+  atomically.
+* :func:`read` parses a plan's text once, with the checks every reader of plans shares (a
+  :class:`PlanDocument`); the prover, the size rule and the description take the text or that
+  document.
+* :func:`prove` / :func:`check_plan` prove a plan from its text alone (any plan, ours or hand
+  written; :mod:`stragglar.mscclpp.prover`); they share no data structure with the lowering, only
+  the format's vocabulary (:mod:`stragglar.mscclpp.vocabulary`).
 * :func:`will_use` / :func:`size_rule` say which buffer sizes the executor runs a plan on;
-  :func:`summarize` counts what a plan contains, for ``show``.
-* :func:`plan_document` parses a plan's text once, with the checks every reader of plans shares;
-  the prover, the size rule and the summary take the text or that :class:`PlanDocument`.
+  :func:`describe` / :func:`summarize` say what a plan contains, for ``show``.
+* :func:`check_request` refuses, before the schedule is made, a request whose plan stragglar
+  would not write or the executor not take.
 * :mod:`stragglar.mscclpp.register` registers a plan with MSCCL++ (import-guarded).
+
+``plan_document`` and ``prove_plan`` are the older names of :func:`read` and :func:`prove`.
 """
 
 from stragglar.mscclpp.document import PlanDocument, PlanSource, plan_document
 from stragglar.mscclpp.errors import (
+    MscclppExportError,
     PlanError,
     PlanFormatError,
     PlanViolation,
     PlanViolationError,
     UnsupportedPlanError,
 )
-from stragglar.mscclpp.lower import (
+from stragglar.mscclpp.lowering.lower import (
     DEFAULT_MAX_THREADBLOCKS,
     MAX_PLAN_CELLS,
     MAX_PLAN_RANKS,
-    MscclppExportError,
     MscclppPlan,
     PlanOptions,
     check_request,
@@ -31,9 +38,13 @@ from stragglar.mscclpp.lower import (
     lower,
     write_plan,
 )
-from stragglar.mscclpp.prove import DEFAULT_INTERLEAVINGS, PlanProof, check_plan, prove_plan
+from stragglar.mscclpp.prover.prove import DEFAULT_INTERLEAVINGS, PlanProof, prove
+from stragglar.mscclpp.prover.prove import check as check_plan
 from stragglar.mscclpp.sizes import SizeDecision, SizeRule, size_rule, will_use
-from stragglar.mscclpp.summary import PlanSummary, summarize
+from stragglar.mscclpp.summary import PlanSummary, describe, summarize
+
+read = plan_document  # the verb both formats share
+prove_plan = prove  # the older name
 
 __all__ = [
     "DEFAULT_INTERLEAVINGS",
@@ -57,9 +68,12 @@ __all__ = [
     "check_plan",
     "check_request",
     "default_name",
+    "describe",
     "lower",
     "plan_document",
+    "prove",
     "prove_plan",
+    "read",
     "size_rule",
     "summarize",
     "will_use",

@@ -1,6 +1,7 @@
 """What can go wrong with an MSCCL++ execution plan, as exceptions with one-line messages.
 
-Three families, so that a caller can tell them apart:
+Writing one, :class:`MscclppExportError`: a schedule or option the lowering cannot turn into a plan
+the executor takes.  Reading one, three families, so that a caller can tell them apart:
 
 * :class:`PlanFormatError`: the text is not a plan the executor could load (not JSON, a missing
   key, a wrong type, an unknown op or buffer name).
@@ -10,8 +11,9 @@ Three families, so that a caller can tell them apart:
 * :class:`PlanViolationError`: a well-formed plan that is wrong (a race, a deadlock, a wrong sum,
   an index out of range, an executor limit); it carries the :class:`PlanViolation`.
 
-All derive from :class:`PlanError`; the first two are bad input (exit 2), the third a wrong plan
-(exit 1), as everywhere in stragglar (:mod:`stragglar.errors`).
+All three derive from :class:`PlanError`; the first two are bad input (exit 2), the third a wrong
+plan (exit 1), as everywhere in stragglar (:mod:`stragglar.errors`).  An export error is bad input
+too.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 from stragglar.errors import IncorrectError, InputError, StragglarError
 
 __all__ = [
+    "MscclppExportError",
     "PlanError",
     "PlanFormatError",
     "PlanViolation",
@@ -28,7 +31,7 @@ __all__ = [
     "UnsupportedPlanError",
 ]
 
-# Violation kinds, from the checks of stragglar.mscclpp.reader and stragglar.mscclpp.prove.
+# Violation kinds, from the checks of stragglar.mscclpp.prover.read and stragglar.mscclpp.prover.prove.
 KINDS = (
     "structure",  # an index out of range, a tb id out of order, operands that do not match
     "limit",  # an executor limit (ops, channels, buffers per thread block)
@@ -57,6 +60,10 @@ class PlanViolation:
 
     def __str__(self) -> str:
         return self.message
+
+
+class MscclppExportError(InputError):
+    """A schedule or option the plan cannot take; the one-line message names the limit and the way out."""
 
 
 class PlanError(StragglarError):

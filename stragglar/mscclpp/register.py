@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stragglar.mscclpp.lower import MscclppPlan, write_plan
-from stragglar.mscclpp.prove import prove_plan
+from stragglar.mscclpp.lowering.lower import MscclppPlan, write_plan
+from stragglar.mscclpp.prover.prove import prove as prove_plan  # `prove` is an argument below
 from stragglar.mscclpp.sizes import SizeRule
 from stragglar.mscclpp.summary import summarize
 

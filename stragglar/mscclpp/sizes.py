@@ -16,7 +16,7 @@ the end of the last chunk of every buffer an op names (input, output, and scratc
 :func:`stragglar.mscclpp.lower` use it as their ``max_message_size``.
 
 The fields themselves are read as the prover reads them
-(:func:`~stragglar.mscclpp.document.size_fields`: values the executor would misread, and
+(:func:`~stragglar.mscclpp.vocabulary.size_fields`: values the executor would misread, and
 alignments the kernel cannot address, are refused), and a window in which the executor runs the
 plan on no size at all is refused by the prover and the exporter alike
 (:meth:`SizeRule.window_problem`).  :meth:`SizeRule.decide` names, for a size it refuses, the
@@ -35,17 +35,11 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from stragglar.mscclpp.document import (
-    UINT32_LIMIT,
-    UINT64_MAX,
-    PlanSource,
-    plan_document,
-    size_fields,
-    window_problem,
-)
+from stragglar.mscclpp.document import PlanSource, plan_document
 from stragglar.mscclpp.errors import PlanFormatError
+from stragglar.mscclpp.vocabulary import UINT32_LIMIT, UINT64_MAX, size_fields, window_problem
 
-__all__ = ["UINT32_LIMIT", "UINT64_MAX", "SizeDecision", "SizeRule", "offset_limit", "size_rule", "will_use"]
+__all__ = ["SizeDecision", "SizeRule", "offset_limit", "size_rule", "will_use"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +125,7 @@ class SizeRule:
 
     def window_problem(self) -> str | None:
         """Why no buffer size selects the plan, or None: the executor's window holds no multiple
-        of :attr:`step` (:func:`~stragglar.mscclpp.document.window_problem`), or every one it holds
+        of :attr:`step` (:func:`~stragglar.mscclpp.vocabulary.window_problem`), or every one it holds
         overflows the 32-bit chunk offsets.
 
         >>> print(SizeRule(16, 7, 300, 200).window_problem())
@@ -173,7 +167,7 @@ def offset_limit(buffer_alignment: int, chunks: int, max_scratch_chunks: int = 0
 
 def size_rule(plan: PlanSource) -> SizeRule:
     """Read the size fields of a plan, its text or document, as the prover does
-    (:func:`~stragglar.mscclpp.document.size_fields`).
+    (:func:`~stragglar.mscclpp.vocabulary.size_fields`).
 
     Raises :class:`stragglar.mscclpp.errors.PlanFormatError` when the text is not a plan.
     """

@@ -25,7 +25,7 @@ from stragglar.mscclpp.document import PlanSource, plan_document
 from stragglar.mscclpp.errors import PlanFormatError
 from stragglar.mscclpp.sizes import SizeRule, size_rule
 
-__all__ = ["PlanSummary", "summarize"]
+__all__ = ["PlanSummary", "describe", "summarize"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,3 +111,8 @@ def summarize(plan: PlanSource) -> PlanSummary:
         scratch_chunks=tuple(scratch),
         rule=rule,
     )
+
+
+def describe(source: PlanSource) -> str:
+    """:func:`summarize`'s lines, as ``show`` prints them."""
+    return str(summarize(source))

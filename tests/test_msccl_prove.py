@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 from msccl_model import run_numeric, unordered_accesses
 
+from stragglar import msccl
 from stragglar.msccl import (
     MscclExportError,
     MscclFormatError,
     MscclVerificationError,
     MscclViolation,
+    XmlOptions,
     check_msccl,
-    prove_msccl,
-    to_msccl_xml,
 )
 from stragglar.synth import synthesize
 from stragglar.verify import prove
@@ -41,7 +41,7 @@ def rejected(text: str) -> MscclViolation:
 
 
 def test_handwritten_ring_is_proved() -> None:
-    proof = prove_msccl(fixture("ring3"))
+    proof = msccl.prove(fixture("ring3"))
     assert proof.summary == (
         "proved: ring3-handwritten: in-place allreduce over 3 GPUs, 3 chunks per loop, 3 thread blocks, "
         "15 steps, 1 channel, Simple"
@@ -109,7 +109,7 @@ def test_handwritten_bug(name: str, kind: str, place: tuple[int, ...], message: 
 @pytest.mark.parametrize("proto", ["LL", "LL128"])
 def test_send_cycle_fits_the_larger_buffers(proto: str) -> None:
     text = fixture("send_cycle").replace('proto="Simple"', f'proto="{proto}"')
-    assert prove_msccl(text).capacity == 8
+    assert msccl.prove(text).capacity == 8
 
 
 def test_fused_reductions_and_nop_chains() -> None:
@@ -132,7 +132,7 @@ def test_fused_reductions_and_nop_chains() -> None:
             + "\n</tb>\n</gpu>"
         )
     text = algo("fused", 3, 1, "\n".join(gpus))
-    assert prove_msccl(text).steps == 3 * 9
+    assert msccl.prove(text).steps == 3 * 9
     unfused = text.replace(
         '<step s="4" type="re" srcbuf="s" srcoff="1"', '<step s="4" type="re" srcbuf="s" srcoff="0"'
     )
@@ -150,9 +150,9 @@ def test_out_of_place() -> None:
             r'\1"o"',
             ring,
         )
-    assert prove_msccl(ring).modes == ("out-of-place",)
+    assert msccl.prove(ring).modes == ("out-of-place",)
     both = ring.replace('inplace="0"', 'inplace="1"')
-    assert prove_msccl(both).modes == ("in-place", "out-of-place")
+    assert msccl.prove(both).modes == ("in-place", "out-of-place")
 
 
 def test_dependency_on_own_later_step_deadlocks() -> None:
@@ -342,7 +342,7 @@ def test_structure(old: str, new: str, message: str) -> None:
     assert violation.kind == ("structure" if any(k in message for k in loads) else "format")
     assert message in violation.message
     with pytest.raises(MscclVerificationError) as e:
-        prove_msccl(text.replace(old, new, 1))
+        msccl.prove(text.replace(old, new, 1))
     assert e.value.exit_code == (1 if violation.kind == "structure" else 2)
     assert isinstance(e.value, MscclFormatError) == (violation.kind == "format")
 
@@ -352,20 +352,20 @@ def test_structure(old: str, new: str, message: str) -> None:
     [(0, 0), (4096, 0), (5, 5), (10, 5), (-1, 100), (0, -1), (0, 1 << 40), (1024, 1 << 20)],
 )
 def test_export_and_verify_read_the_size_window_alike(low: int, high: int) -> None:
-    """One rule (limits.size_window): a window no executor selects is refused by both; one that an
+    """One rule (vocabulary.size_window): a window no executor selects is refused by both; one that an
     executor selects and another does not (maxBytes="0", minBytes = maxBytes) is a warning of the
     prover and refused by the exporter, which writes files every executor selects; any other
     passes both, silently."""
     proof = prove(synthesize("ring", 3))
-    text = to_msccl_xml(proof).replace(
+    text = msccl.lower(proof).replace(
         'minBytes="0" maxBytes="1099511627776"', f'minBytes="{low}" maxBytes="{high}"'
     )
     try:
-        exported: str | None = to_msccl_xml(proof, min_bytes=low, max_bytes=high)
+        exported: str | None = msccl.lower(proof, XmlOptions(min_bytes=low, max_bytes=high))
     except MscclExportError:
         exported = None
     try:
-        warnings: tuple[str, ...] | None = prove_msccl(text).warnings
+        warnings: tuple[str, ...] | None = msccl.prove(text).warnings
     except MscclVerificationError as e:
         assert e.violation.kind == "structure" and f"minBytes {low} / maxBytes {high}: " in str(e)
         warnings = None
@@ -385,7 +385,7 @@ def test_every_structural_violation_is_reported() -> None:
     )
     text = text.replace('<tb id="0" send="0" recv="1" chan="0">', '<tb id="0" send="0" recv="1" chan="4">')
     with pytest.raises(MscclFormatError) as e:
-        prove_msccl(text)
+        msccl.prove(text)
     assert [v.message for v in e.value.violations] == [  # what the executor refuses to load first
         "line 16: gpu 1 tb 0 step 2: cnt 0 outside 1..71",
         "line 22: gpu 2 tb 0: chan 4 outside 0..nchannels-1 (0)",
@@ -501,7 +501,7 @@ def test_every_mutant_of_an_exported_file_is_rejected_or_still_correct(algorithm
     refuse it as a race exactly when the independent graph of chunk moves has two accesses with no
     path between them, and accept it when the accesses stay ordered, inside the GPU or through
     other GPUs' sends and receives."""
-    text = to_msccl_xml(prove(synthesize(algorithm, n)))
+    text = msccl.lower(prove(synthesize(algorithm, n)))
     rejected_kinds: set[str] = set()
     accepted: list[str] = []
     for name, mutant in mutants(text):
@@ -526,12 +526,12 @@ def test_a_dependency_ordered_through_other_gpus_may_go() -> None:
     round through gpus 1, 2 and 3 before it comes back.  Without the dependency the file is still
     correct.  Without tb 0 step 1's, its send of i[1] races with the straggler's exchange into i[1]
     (tb 2 step 0), which nothing else orders."""
-    text = to_msccl_xml(prove(synthesize("stragglar", 4)))
+    text = msccl.lower(prove(synthesize("stragglar", 4)))
     through = 'type="r" srcbuf="i" srcoff="2" dstbuf="i" dstoff="2" cnt="1" depid="0" deps="0"'
     inside = '<step s="1" type="s" srcbuf="i" srcoff="1" dstbuf="i" dstoff="1" cnt="1" depid="2" deps="0"'
     assert text.count(through) == 1 and text.count(inside) == 1
     mutant = text.replace(through, through.replace('depid="0" deps="0"', 'depid="-1" deps="-1"'))
-    assert prove_msccl(mutant).warnings == () and unordered_accesses(mutant) == []
+    assert msccl.prove(mutant).warnings == () and unordered_accesses(mutant) == []
     racy = text.replace(inside, inside.replace('depid="2" deps="0"', 'depid="-1" deps="-1"'))
     violation = rejected(racy)
     assert violation.kind == "race" and unordered_accesses(racy) == [(0, "i", 1)]
@@ -567,12 +567,12 @@ def test_a_wait_is_released_by_a_later_hasdep_step_as_in_the_kernel(algorithm: s
     a step without hasdep is released by the next step of its tb that has it.  The prover proves
     such a file (with a warning) exactly when the independent numeric model, which releases waits
     the same way, finishes with the right sums; a wait that no step releases is refused."""
-    text = to_msccl_xml(prove(synthesize(algorithm, n)))
+    text = msccl.lower(prove(synthesize(algorithm, n)))
     warned = refused = 0
     for name, mutant in hasdep_mutants(text):
         numeric = [run_numeric(mutant, seed) for seed in range(3)]
         try:
-            proof = prove_msccl(mutant)
+            proof = msccl.prove(mutant)
         except MscclVerificationError as e:
             refused += 1
             assert e.violation.kind in ("structure", "deadlock"), (name, e.violation)
@@ -585,7 +585,7 @@ def test_a_wait_is_released_by_a_later_hasdep_step_as_in_the_kernel(algorithm: s
 
 
 def test_dropping_a_copy_back_leaves_a_chunk_never_written() -> None:
-    text = to_msccl_xml(prove(synthesize("direct", 3)))
+    text = msccl.lower(prove(synthesize("direct", 3)))
     index, gpu, tb, _ = [s for s in step_lines(text) if s[3].group(2) == "cpy"][-1]
     first = index
     while 'type="nop"' in text.splitlines()[first - 1]:

@@ -24,7 +24,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from stragglar.msccl.limits import MAX_COUNT
+from stragglar.msccl.vocabulary import MAX_COUNT
 from stragglar.schedule import Op, Round, Schedule, Transfer
 
 __all__ = ["Piece", "round_pieces", "schedule_pieces"]

@@ -1,15 +1,23 @@
-"""What the MSCCL executor accepts: its limits, protocols and step types, stated once.
+"""MSCCL XML's own vocabulary, shared by the lowering and the prover: what the executor accepts, and
+the ``<step>`` element as a typed record.
 
-These are facts about the executor (Azure/msccl-executor-nccl, RCCL, the older microsoft/msccl
-runtime, in a default build), not about our lowering: the exporter refuses what breaks them and
-the reader rejects files that do, so both name the same numbers from here.
+The limits, protocols and step types are facts about the executor (Azure/msccl-executor-nccl,
+RCCL, the older microsoft/msccl runtime, in a default build), not about our lowering: the exporter
+refuses what breaks them and the reader rejects files that do, so both name the same numbers from
+here.
+
+A :class:`StepRecord` is the file format's own vocabulary too (like the IR is the schedules'), not
+a structure of the lowering: the writer turns its steps into records only to print them, and the
+prover judges records parsed back from the text, so a writer that prints the wrong thing is judged
+by what it printed.
+
+>>> StepRecord("s", "i", 0, "i", 0, 1, -1, -1, 0).line(0).split()[:4]
+['<step', 's="0"', 'type="s"', 'srcbuf="i"']
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from stragglar.errors import InputError
 
 __all__ = [
     "CAPACITY",
@@ -31,8 +39,9 @@ __all__ = [
     "SEND_TYPES",
     "TYPES",
     "WRITES_DST",
-    "MscclExportError",
+    "Operands",
     "SizeWindow",
+    "StepRecord",
     "size_window",
 ]
 
@@ -57,10 +66,6 @@ RECV_TYPES = frozenset({"r", "rcs", "rrs", "rrc", "rrcs"})
 READS_SRC = frozenset({"s", "rrs", "rrc", "rrcs", "cpy", "re"})
 WRITES_DST = frozenset({"r", "rcs", "rrc", "rrcs", "cpy", "re"})
 TYPES = SEND_TYPES | RECV_TYPES | {"cpy", "re", "nop"}
-
-
-class MscclExportError(InputError):
-    """A schedule or option the executor cannot take; the one-line message names the limit and the fix."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,3 +107,37 @@ def size_window(min_bytes: int, max_bytes: int) -> SizeWindow:
         one = f"minBytes = maxBytes = {max_bytes}: one size to the Azure executor, none to {microsoft}"
         return SizeWindow(None, one)
     return SizeWindow(None, None)
+
+
+@dataclass(frozen=True)
+class Operands:
+    """What a step does: its type, where it reads and writes (buffer and chunk offset), how many chunks."""
+
+    type: str
+    srcbuf: str
+    srcoff: int
+    dstbuf: str
+    dstoff: int
+    cnt: int
+
+
+@dataclass(frozen=True)
+class StepRecord(Operands):
+    """One ``<step>``: its operands and its dependency."""
+
+    depid: int  # the thread block waited for, -1 for none
+    deps: int  # the step of that thread block waited for
+    hasdep: int  # 1 if other thread blocks wait for this step
+
+    @classmethod
+    def of(cls, operands: Operands, depid: int, deps: int, hasdep: int) -> StepRecord:
+        o = operands
+        return cls(o.type, o.srcbuf, o.srcoff, o.dstbuf, o.dstoff, o.cnt, depid, deps, hasdep)
+
+    def line(self, position: int) -> str:
+        """The element's text as the executor's tokenizer wants it: one line, double quotes."""
+        return (
+            f'      <step s="{position}" type="{self.type}" srcbuf="{self.srcbuf}" srcoff="{self.srcoff}" '
+            f'dstbuf="{self.dstbuf}" dstoff="{self.dstoff}" cnt="{self.cnt}" depid="{self.depid}" '
+            f'deps="{self.deps}" hasdep="{self.hasdep}"/>'
+        )

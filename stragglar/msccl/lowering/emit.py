@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stragglar.msccl.dependencies import Programs, Step
-from stragglar.msccl.records import StepRecord
-from stragglar.msccl.threadblocks import ThreadBlock
+from stragglar.msccl.lowering.dependencies import Programs, Step
+from stragglar.msccl.lowering.threadblocks import ThreadBlock
+from stragglar.msccl.vocabulary import StepRecord
 
 __all__ = ["Header", "render"]
 

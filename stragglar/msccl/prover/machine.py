@@ -21,12 +21,12 @@ the system is persistent, and every maximal run makes the same moves (Keller).  
 scheduler below therefore finishes iff every schedule does, and otherwise stops where every schedule
 gets stuck.  Data: two accesses of one chunk by different TBs of a rank, one a write, must be
 ordered by happens-before: program order, dependency signals, and messages, so that an order through
-other GPUs counts (:mod:`stragglar.msccl.order`).  That relation does not depend on the schedule
+other GPUs counts (:mod:`stragglar.msccl.prover.order`).  That relation does not depend on the schedule
 (the k-th send of a connection meets its k-th receive, a wait is released by the same step in every
 run), so one run finds every race, and without races every read sees the same write in every run:
 the values computed here are the executor's.  A :class:`Machine` follows that order inside each GPU
 only (an access not ordered so makes its GPU a suspect), or, given GPUs to track, through messages
-too (an access of theirs not ordered is a race): :mod:`stragglar.msccl.executor` runs the first,
+too (an access of theirs not ordered is a race): :mod:`stragglar.msccl.prover.prove` runs the first,
 then the second for the suspects.
 """
 
@@ -37,9 +37,10 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from stragglar.msccl.limits import READS_SRC, RECV_TYPES, SEND_TYPES, WRITES_DST
-from stragglar.msccl.order import Access, Accesses, Clocks, Conflict, Key, Snapshot, releases
-from stragglar.msccl.read import Algo, MscclViolation, Tx
+from stragglar.msccl.errors import MscclViolation
+from stragglar.msccl.prover.order import Access, Accesses, Clocks, Conflict, Key, Snapshot, releases
+from stragglar.msccl.prover.parsed import Algo, Tx
+from stragglar.msccl.vocabulary import READS_SRC, RECV_TYPES, SEND_TYPES, WRITES_DST
 from stragglar.verify.report import bit_list
 
 __all__ = ["ITERATIONS", "Machine"]

@@ -12,9 +12,10 @@ executor resolves it:
   The k-th memory channel from ``g`` to ``h`` is connected to the k-th from ``h`` to ``g``.
 * A block's ``remote_buffer_refs`` list indices into the GPU's ``remote_buffers``; an op's
   ``buffer_id`` indexes the block's list; the buffer belongs to the GPU named by its ``rank``.
-* The size fields are read with the executor's types (:func:`~stragglar.mscclpp.document.size_fields`),
-  and a plan whose size window holds no size the executor takes
-  (:func:`~stragglar.mscclpp.document.window_problem`) is refused: it is never run.
+* The size fields are read with the executor's types
+  (:func:`~stragglar.mscclpp.vocabulary.size_fields`), and a plan whose size window holds no size
+  the executor takes (:func:`~stragglar.mscclpp.vocabulary.window_problem`) is refused: it is
+  never run.
 
 Errors are one line and name the place (``gpu 0 tb 1 op 5 (put): ...``).  Malformed text raises
 :class:`~stragglar.mscclpp.errors.PlanFormatError`, something the prover does not model raises
@@ -34,17 +35,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from stragglar.mscclpp.document import PlanSource, SizeFields, plan_document, size_fields, window_problem
-from stragglar.mscclpp.opreader import OpReader
-from stragglar.mscclpp.planmodel import (
+from stragglar.mscclpp.document import PlanSource, plan_document
+from stragglar.mscclpp.prover.ops import OpReader
+from stragglar.mscclpp.prover.parsed import Gpu, Plan, Tb, Walker
+from stragglar.mscclpp.vocabulary import (
     BUFFERS,
     CHANNEL_TYPES,
     MAX_CHANNEL,
     MAX_OPERATION,
-    Gpu,
-    Plan,
-    Tb,
-    Walker,
+    SizeFields,
+    size_fields,
+    window_problem,
 )
 from stragglar.schedule import MAX_CELLS, MAX_CHUNKS, MAX_RANKS
 

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from stragglar.mscclpp.planmodel import Plan, Ref
+from stragglar.mscclpp.prover.parsed import Plan, Ref
 
 __all__ = ["Layout", "Outcome", "Tracker", "run"]
 
@@ -52,7 +52,7 @@ Step = tuple[int, tuple[int, ...], Elements, bool]  # (kind, endpoints/semaphore
 
 
 class Tracker(Protocol):
-    """What the happens-before analysis hears from a run (see :mod:`stragglar.mscclpp.hb`)."""
+    """What the happens-before analysis hears from a run (see :mod:`stragglar.mscclpp.prover.order`)."""
 
     def sync(self, tb: int, index: int, kind: int, lanes: Sequence[int], relaxed: bool) -> None: ...
 

@@ -1,13 +1,15 @@
 """Read MSCCL XML exactly as the MSCCL executor's parser does, and list every rule it breaks.
 
-:func:`read_msccl` reads the elements with the executor's own tokenizer
-(:mod:`stragglar.msccl.tokens`), then checks what the executor checks when it loads a rank's part (required
-attributes, ranges, thread-block and step limits) and what it silently gets wrong (a step index
-that is not the step's position, a dependency no step will ever release, operands out of
-bounds), and returns the program as the executor stores it: nops folded into dependencies and
-consecutive ``re`` steps fused.  A dependency on a step without ``hasdep`` that a later ``hasdep``
-step of the same thread block releases is a warning (:attr:`Algo.warnings`), not a violation: the
-kernel waits for ``flag >= goal``, so the wait ends then, later than written but correctly.
+:func:`read` reads the elements with the executor's own tokenizer
+(:mod:`stragglar.msccl.prover.tokens`), then checks what the executor checks when it loads a rank's
+part (required attributes, ranges, thread-block and step limits) and what it silently gets wrong (a
+step index that is not the step's position, a dependency no step will ever release, operands out
+of bounds), and returns the program as the executor stores it
+(:mod:`stragglar.msccl.prover.parsed`): nops folded into dependencies and consecutive ``re`` steps
+fused.  A dependency on a step without ``hasdep`` that a later ``hasdep`` step of the same thread
+block releases is a warning (:attr:`~stragglar.msccl.prover.parsed.Algo.warnings`), not a
+violation: the kernel waits for ``flag >= goal``, so the wait ends then, later than written but
+correctly.
 """
 
 from __future__ import annotations
@@ -17,7 +19,10 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
-from stragglar.msccl.limits import (
+from stragglar.msccl.errors import MscclViolation
+from stragglar.msccl.prover.parsed import Algo, Gpu, ThreadBlock, Tx, XmlDocument, XmlSource
+from stragglar.msccl.prover.tokens import Element, SyntaxProblem, elements, first_name
+from stragglar.msccl.vocabulary import (
     CAPACITY,
     MAX_CHANNELS,
     MAX_COUNT,
@@ -34,78 +39,13 @@ from stragglar.msccl.limits import (
     SEND_TYPES,
     TYPES,
     WRITES_DST,
+    StepRecord,
     size_window,
 )
-from stragglar.msccl.records import StepRecord
-from stragglar.msccl.tokens import Element, SyntaxProblem, elements, first_name
 
-__all__ = ["Algo", "Gpu", "MscclViolation", "ThreadBlock", "Tx", "describe_msccl", "read_msccl"]
+__all__ = ["read"]
 
 _INT = re.compile(r"-?(0|[1-9][0-9]*)")
-
-
-@dataclass(frozen=True)
-class MscclViolation:
-    """Why an MSCCL file is rejected, with the GPU, thread block, step and chunk where known."""
-
-    kind: str
-    gpu: int | None
-    tb: int | None
-    step: int | None
-    chunk: int | None
-    message: str
-
-    def __str__(self) -> str:
-        return self.message
-
-
-@dataclass(frozen=True)
-class Tx:
-    """One transmission as the executor stores it; ``pos`` is its (last) step's position."""
-
-    type: str
-    pos: int
-    deps: tuple[tuple[int, int], ...]  # (tb id, step position), waited for before the transmission
-    srcbuf: str
-    srcoffs: tuple[int, ...]  # several for fused ``re`` steps
-    dstbuf: str
-    dstoff: int
-    cnt: int
-    hasdep: bool
-
-
-@dataclass(frozen=True)
-class ThreadBlock:
-    id: int
-    send: int
-    recv: int
-    chan: int
-    txs: tuple[Tx, ...]
-    tx_at: tuple[int, ...]  # step position -> index in txs (-1 for a nop)
-
-
-@dataclass(frozen=True)
-class Gpu:
-    id: int
-    chunks: dict[str, int]  # buffer -> declared chunks
-    tbs: tuple[ThreadBlock, ...]
-
-
-@dataclass(frozen=True)
-class Algo:
-    name: str
-    proto: str
-    nchannels: int
-    nchunks: int
-    ngpus: int
-    inplace: bool
-    outofplace: bool
-    gpus: tuple[Gpu, ...]
-    warnings: tuple[str, ...] = ()  # what the executor runs otherwise than written, yet correctly
-
-    @property
-    def capacity(self) -> int:
-        return CAPACITY[self.proto]
 
 
 @dataclass(frozen=True)
@@ -185,55 +125,29 @@ def _place(el: Element, gpu: int | None, tb: int | None, step: int | None) -> st
     return f"line {el.line}: " + (f"{where}: " if where else "")
 
 
-def read_msccl(text: str) -> tuple[Algo | None, list[MscclViolation]]:
-    """Parse ``text`` with the executor's rules: the program, or None and every violation found."""
+def read(source: XmlSource) -> XmlDocument:
+    """Parse the text with the executor's rules: the program, or None and every violation found
+    (a document is returned as it is).  A file nothing can be made of is a document too, not an
+    exception: the prover says how wrong it is, the description that it is not readable.
+
+    >>> read('<algo name="x" proto="Simple"></algo>').violations[0].message
+    'line 1: <algo> lacks attribute coll'
+    """
+    if isinstance(source, XmlDocument):
+        return source
     try:
-        first = first_name(text)
-        top = elements(text)
+        first = first_name(source)
+        top = elements(source)
     except SyntaxProblem as e:
-        return None, [MscclViolation("syntax", None, None, None, None, str(e))]
+        return XmlDocument(None, (MscclViolation("syntax", None, None, None, None, str(e)),))
     if first != "algo" or not top:
         what = "the file must start with an <algo> element (the executor reads its first element)"
-        return None, [MscclViolation("syntax", None, None, None, None, what)]
+        return XmlDocument(None, (MscclViolation("syntax", None, None, None, None, what),))
     checker = _Checker()
     algo = _algo(checker, top[0], sum(len(a.children) for a in top) + len(top))
     if algo is None or checker.problems:
-        return None, checker.problems
-    return dataclasses.replace(algo, warnings=tuple(checker.warnings)), []
-
-
-def describe_msccl(text: str) -> str:
-    """The program of a readable MSCCL file GPU by GPU: its thread blocks, steps and buffers.
-
-    >>> print(describe_msccl('<algo name="x" proto="Simple"></algo>'))
-    not readable: line 1: <algo> lacks attribute coll
-    """
-    algo, problems = read_msccl(text)
-    if algo is None:
-        return f"not readable: {problems[0].message}"
-    lines = [
-        f"{algo.name}: {algo.ngpus} GPUs, {algo.nchunks} chunks per loop, {algo.nchannels} channel(s), "
-        f"{algo.proto}"
-    ]
-    for gpu in algo.gpus:
-        steps = sum(len(tb.tx_at) for tb in gpu.tbs)
-        peers = sorted({p for tb in gpu.tbs for p in (tb.send, tb.recv) if p >= 0})
-        lines.append(
-            f"  gpu {gpu.id}: {len(gpu.tbs)} thread blocks, {steps} steps, {gpu.chunks['s']} scratch chunks, "
-            f"peers {_ranges(peers)}"
-        )
-    return "\n".join(lines)
-
-
-def _ranges(numbers: list[int]) -> str:
-    """``0-3,6``: sorted numbers with consecutive runs joined."""
-    runs: list[list[int]] = []
-    for n in numbers:
-        if runs and n == runs[-1][-1] + 1:
-            runs[-1].append(n)
-        else:
-            runs.append([n])
-    return ",".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs) or "none"
+        return XmlDocument(None, tuple(checker.problems))
+    return XmlDocument(dataclasses.replace(algo, warnings=tuple(checker.warnings)), ())
 
 
 def _algo(ck: _Checker, el: Element, shared_nodes: int) -> Algo | None:

@@ -15,7 +15,7 @@ its send; a send waits for room, freed by the receive of an earlier item of its 
 dependencies point to earlier rounds, or, in-round, from a one-chunk receive of chunk c to the
 one-chunk send of chunk c; the final copies wait for everything and nothing waits for them.  TB
 programs are sorted by key, so in any stuck state the TB blocked at the smallest key would wait
-for a smaller one.  :mod:`stragglar.msccl.executor` re-proves the written file independently.
+for a smaller one.  :mod:`stragglar.msccl.prover` re-proves the written file independently.
 """
 
 from __future__ import annotations
@@ -23,9 +23,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from stragglar.msccl.limits import MAX_STEPS
-from stragglar.msccl.records import Operands
-from stragglar.msccl.threadblocks import Assignment, Fifo, Loc, Operation, ThreadBlock
+from stragglar.msccl.lowering.threadblocks import Assignment, Fifo, Loc, Operation, ThreadBlock
+from stragglar.msccl.vocabulary import MAX_STEPS, Operands
 
 __all__ = ["Programs", "Step", "order"]
 

@@ -1,22 +1,24 @@
 """Export a proved schedule as MSCCL XML: one in-place AllReduce ``<algo>`` for NCCL's MSCCL executor.
 
-:func:`lower` lists the stages, one module each (msccl-tools' habit):
+:func:`lower` checks the request and the options (:class:`XmlOptions`), then runs the stages, one
+module each (msccl-tools' habit):
 
-1. :mod:`~stragglar.msccl.pieces`: each round cut into steps' worth of chunks per FIFO, with
-   scratch where an in-place receive would overwrite a chunk still being sent;
-2. :mod:`~stragglar.msccl.threadblocks`: a thread block pair per FIFO, channels, and the
+1. :mod:`~stragglar.msccl.lowering.rounds`: each round cut into pieces, steps' worth of chunks per
+   FIFO, with scratch where an in-place receive would overwrite a chunk still being sent;
+2. :mod:`~stragglar.msccl.lowering.threadblocks`: a thread block pair per FIFO, channels, and the
    operations in issue order;
-3. :mod:`~stragglar.msccl.dependencies`: dependencies that order every chunk access within a GPU;
-   a thread block past the executor's step limit sends stages 2-3 round again with its FIFO split;
-4. :func:`~stragglar.msccl.threadblocks.number`: thread-block ids and the remaining limits;
-5. :mod:`~stragglar.msccl.write`: the text.
+3. :mod:`~stragglar.msccl.lowering.dependencies`: dependencies that order every chunk access
+   within a GPU; a thread block past the executor's step limit sends stages 2-3 round again with
+   its FIFO split;
+4. :func:`~stragglar.msccl.lowering.threadblocks.number`: thread-block ids and the remaining limits;
+5. :mod:`~stragglar.msccl.lowering.emit`: the text.
 
-The file is then proved from its text by :mod:`stragglar.msccl.executor`, which shares none of
+The file is then proved from its text by :mod:`stragglar.msccl.prover`, which shares none of
 these structures.
 
 >>> from stragglar.synth import synthesize
 >>> from stragglar.verify import prove
->>> xml = to_msccl_xml(prove(synthesize("stragglar", 4)))
+>>> xml = lower(prove(synthesize("stragglar", 4)))
 >>> xml.splitlines()[0][:72]
 '<algo name="stragglar-n4-s3-simple" proto="Simple" nchannels="1" nchunks'
 """
@@ -27,13 +29,18 @@ import dataclasses
 import os
 import re
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 from stragglar.args import as_int
-from stragglar.errors import described
+from stragglar.errors import ArgumentError, described
 from stragglar.files import write_text
-from stragglar.msccl.dependencies import Programs, order
-from stragglar.msccl.limits import (
+from stragglar.msccl.errors import MscclExportError
+from stragglar.msccl.lowering.dependencies import Programs, order
+from stragglar.msccl.lowering.emit import Header, render
+from stragglar.msccl.lowering.rounds import schedule_pieces
+from stragglar.msccl.lowering.threadblocks import Fifo, assign, number
+from stragglar.msccl.vocabulary import (
     MAX_CHANNELS,
     MAX_DEPENDENCY_TB,
     MAX_OFFSET,
@@ -41,12 +48,8 @@ from stragglar.msccl.limits import (
     MAX_TBS,
     MAX_TBS_PER_CHANNEL,
     PROTOCOLS,
-    MscclExportError,
     size_window,
 )
-from stragglar.msccl.pieces import schedule_pieces
-from stragglar.msccl.threadblocks import Fifo, assign, number
-from stragglar.msccl.write import Header, render
 from stragglar.schedule import Schedule, base_name
 from stragglar.units import count_of
 from stragglar.verify import Proof, require_proof
@@ -55,6 +58,7 @@ __all__ = [
     "DEFAULT_MAX_BYTES",
     "MAX_XML_CELLS",
     "MAX_XML_RANKS",
+    "XmlOptions",
     "check_export_size",
     "check_request",
     "default_name",
@@ -78,34 +82,53 @@ def default_name(schedule: Schedule, proto: str = "Simple", instances: int = 1) 
     return f"{base_name(schedule)}-{proto.lower()}{more}"
 
 
-def to_msccl_xml(
-    proof: Proof,
-    *,
-    name: str | None = None,
-    proto: str = "Simple",
-    instances: int = 1,
-    min_bytes: int = 0,
-    max_bytes: int = DEFAULT_MAX_BYTES,
-) -> str:
-    """The MSCCL XML text of the proved schedule: deterministic, ends with a newline.
+@dataclass(frozen=True, slots=True)
+class XmlOptions:
+    """How to write the file.
 
     ``instances`` copies of the schedule run side by side on consecutive slices of the chunks;
-    ``min_bytes``/``max_bytes`` are the message sizes the executor selects the file for.  The
-    counts may be any integral type (``np.int64(2)``); a bool or a float is refused with an
-    :class:`~stragglar.errors.ArgumentError`, as everywhere in the API (:mod:`stragglar.args`).
-    Raises :class:`MscclExportError` for a bad option or a schedule that does not fit the executor.
+    ``min_bytes``/``max_bytes`` are the message sizes the executor selects the file for; ``name``
+    defaults to :func:`default_name`.  The counts may be any integral type (``np.int64(2)``) and
+    are kept as ``int``; a bool or a float is refused here with an
+    :class:`~stragglar.errors.ArgumentError`, as everywhere in the API (:mod:`stragglar.args`),
+    values out of range by :func:`lower`.
+    """
+
+    name: str | None = None
+    proto: str = "Simple"
+    instances: int = 1
+    min_bytes: int = 0
+    max_bytes: int = DEFAULT_MAX_BYTES
+
+    def __post_init__(self) -> None:
+        for label in ("instances", "min_bytes", "max_bytes"):
+            object.__setattr__(self, label, as_int(getattr(self, label), label))
+
+
+def lower(proof: Proof, options: XmlOptions | None = None) -> str:
+    """The MSCCL XML text of the proved schedule: deterministic, ends with a newline.
+
+    Raises :class:`~stragglar.msccl.errors.MscclExportError` for a bad option or a schedule that
+    does not fit the executor.
     """
     require_proof(proof)
-    instances = as_int(instances, "instances")
-    min_bytes = as_int(min_bytes, "min_bytes")
-    max_bytes = as_int(max_bytes, "max_bytes")
-    _check_options(name, proto, instances, min_bytes, max_bytes)
-    name = default_name(proof.schedule, proto, instances) if name is None else name
+    options = XmlOptions() if options is None else options
+    if not isinstance(options, XmlOptions):
+        raise ArgumentError(f"options must be an XmlOptions, got {type(options).__name__}")
+    _check_options(options)
+    instances = options.instances
+    name = default_name(proof.schedule, options.proto, instances) if options.name is None else options.name
     check_request(proof.num_ranks, proof.num_chunks, instances)
     check_export_size(proof, instances)
-    return lower(
-        proof, Header(name, proto, 0, proof.num_chunks * instances, proof.num_ranks, min_bytes, max_bytes)
-    )
+    chunks = proof.num_chunks * instances
+    header = Header(name, options.proto, 0, chunks, proof.num_ranks, options.min_bytes, options.max_bytes)
+    return _stages(proof, header)
+
+
+def to_msccl_xml(proof: Proof, **options: Any) -> str:
+    """:func:`lower` with the fields of :class:`XmlOptions` as keywords (``name``, ``proto``,
+    ``instances``, ``min_bytes``, ``max_bytes``)."""
+    return lower(require_proof(proof), XmlOptions(**options))
 
 
 def check_request(num_ranks: int, num_chunks: int, instances: int = 1, algorithm: str | None = None) -> None:
@@ -124,7 +147,7 @@ def check_request(num_ranks: int, num_chunks: int, instances: int = 1, algorithm
     >>> check_request(64, 63, instances=4, algorithm="stragglar")
     Traceback (most recent call last):
     ...
-    stragglar.msccl.limits.MscclExportError: StragglAR over 64 GPUs with 4 instances needs at least 252 \
+    stragglar.msccl.errors.MscclExportError: StragglAR over 64 GPUs with 4 instances needs at least 252 \
 thread blocks that others wait on, but dependency targets must have ids <= 127: MSCCL XML takes \
 StragglAR up to N = 128 with one instance (N x instances <= 128)
     """
@@ -180,7 +203,7 @@ def write_msccl(proof: Proof, path: str | os.PathLike[str], **options: Any) -> N
     write_text(path, to_msccl_xml(proof, **options))
 
 
-def lower(proof: Proof, header: Header) -> str:
+def _stages(proof: Proof, header: Header) -> str:
     """The stages, in order (see the module docstring); ``header.nchannels`` is filled in here."""
     schedule = proof.schedule
     instances = header.nchunksperloop // schedule.num_chunks
@@ -222,18 +245,20 @@ def _overflows(programs: Programs) -> list[tuple[Fifo, int]]:
     return sorted(over.items())
 
 
-def _check_options(name: str | None, proto: str, instances: int, min_bytes: int, max_bytes: int) -> None:
+def _check_options(options: XmlOptions) -> None:
     """Everything the caller chose, before a default name is made from ``proto`` (None: the default)."""
+    name, proto, instances = options.name, options.proto, options.instances
     if name is not None and (not isinstance(name, str) or not _NAME.fullmatch(name)):
         raise MscclExportError(f"name {described(name)}: use 1-128 characters from A-Z a-z 0-9 _ . : + -")
     if proto not in PROTOCOLS:
         raise MscclExportError(f"proto {described(proto)}: choose from {', '.join(PROTOCOLS)}")
     if instances < 1:
         raise MscclExportError(f"instances must be an integer >= 1, got {described(instances)}")
-    for label, value in (("min_bytes", min_bytes), ("max_bytes", max_bytes)):
+    for label, value in (("min_bytes", options.min_bytes), ("max_bytes", options.max_bytes)):
         if not 0 <= value < 1 << 63:
             raise MscclExportError(f"{label} must be an integer in [0, 2**63), got {described(value)}")
-    window = size_window(min_bytes, max_bytes)  # the reader's rule: it refuses `never`, warns of `partial`
+    # the reader's rule: it refuses `never`, warns of `partial`
+    window = size_window(options.min_bytes, options.max_bytes)
     problem = window.never or window.partial
     if problem is not None:  # a choice: we write files that every executor selects
         raise MscclExportError(f"{problem}: give min_bytes < max_bytes, the largest message (default 1 TiB)")

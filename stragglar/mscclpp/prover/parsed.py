@@ -1,6 +1,9 @@
-"""The prover's own picture of an execution plan: constants from the executor and resolved types.
+"""The prover's records of an execution plan: how the kernel reads each op, and the plan with every
+reference resolved.
 
-Nothing here comes from the lowering: :mod:`stragglar.mscclpp.reader` fills these from the text.
+Nothing here comes from the lowering: :func:`~stragglar.mscclpp.prover.read.read_plan` fills these
+from the text, with the :class:`Walker` that names the place of every problem; the executor's own
+limits and names are the format's vocabulary (:mod:`stragglar.mscclpp.vocabulary`).
 """
 
 from __future__ import annotations
@@ -13,48 +16,6 @@ from stragglar.mscclpp.errors import PlanFormatError, PlanViolation, PlanViolati
 
 __all__ = ["Gpu", "Op", "Plan", "Ref", "Tb", "Walker"]
 
-# execution_common.hpp
-MAX_OPERATION = 64
-MAX_CHANNEL = 16
-MAX_CHANNEL_PER_OPERATION = 8
-MAX_BUFFERS_PER_OPERATION = 2 + 8
-MAX_DEVICE_SYNCERS = 16
-MAX_DEVICE_SEMAPHORES = 16
-
-EXECUTOR_OPS = frozenset(
-    [
-        "nop",
-        "barrier",
-        "put",
-        "pws",
-        "pwsf",
-        "get",
-        "copy",
-        "signal",
-        "wait",
-        "flush",
-        "re",
-        "res",
-        "rre",
-        "rres",
-        "ppkt",
-        "rppkt",
-        "respkt",
-        "cpkt",
-        "upkt",
-        "repkt",
-        "recpkt",
-        "recspkt",
-        "glres",
-        "gstore",
-        "gstorepkt",
-        "rlxsignal",
-        "rlxwait",
-        "pipeline",
-        "sem_acquire",
-        "sem_release",
-    ]
-)
 UNSUPPORTED_OPS = {
     **dict.fromkeys(
         ["ppkt", "rppkt", "respkt", "cpkt", "upkt", "repkt", "recpkt", "recspkt"], "LL packet op"
@@ -81,11 +42,6 @@ SHAPE_WORDS = {
     "LR*": "a local buffer, then any remote buffers",
 }
 SYNC_OPS = frozenset({"signal", "wait", "rlxsignal", "rlxwait"})
-DATA_OPS = frozenset({"put", "get", "copy", "re", "res", "rre", "rres"})
-
-
-BUFFERS = ("i", "o", "s")
-CHANNEL_TYPES = ("memory", "port", "switch", "none")
 
 
 @dataclass(frozen=True, slots=True)

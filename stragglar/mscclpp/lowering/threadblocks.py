@@ -7,7 +7,8 @@ thread block per GPU that has work in it (idle GPUs get none); the blocks of a G
 the other, chained by device semaphores (``sem_release`` at the end of one, ``sem_acquire`` at the
 start of the next), so the whole GPU program stays sequential.  Cuts are placed greedily, as late
 as the executor's per-thread-block limits allow on every GPU: 64 ops (``MAX_OPERATION``), 16 memory
-channels and 16 remote buffers (``MAX_CHANNEL``), 8 channels per op.
+channels and 16 remote buffers (``MAX_CHANNEL``), 8 channels per op
+(:mod:`stragglar.mscclpp.vocabulary`).
 
 Inside a block, ``nop`` (``__syncthreads``) is inserted where the kernel needs it, because the
 executor runs data ops on all threads and signal/wait on thread 0 with nothing in between: before
@@ -23,7 +24,7 @@ before its first use of that connection in the segment of its first put into ``d
 every later put of the writer is ordered behind this wait by its own program order.
 
 The per-round order (all puts and signals of a round before any of its waits) and the unconditional
-ready signals make the plan deadlock-free; :mod:`stragglar.mscclpp.prove` re-proves every plan from
+ready signals make the plan deadlock-free; :mod:`stragglar.mscclpp.prover` re-proves every plan from
 its JSON text independently of this argument.
 """
 
@@ -32,12 +33,10 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from stragglar.mscclpp.program import Programs, RoundWork
+from stragglar.mscclpp.lowering.rounds import Programs, RoundWork
+from stragglar.mscclpp.vocabulary import MAX_CHANNEL, MAX_CHANNEL_PER_OPERATION, MAX_OPERATION
 
 __all__ = [
-    "MAX_CHANNELS_PER_BLOCK",
-    "MAX_CHANNELS_PER_OP",
-    "MAX_OPS_PER_BLOCK",
     "Block",
     "BlockOp",
     "Operand",
@@ -45,9 +44,6 @@ __all__ = [
     "place_blocks",
 ]
 
-MAX_OPS_PER_BLOCK = 64  # MAX_OPERATION in execution_common.hpp; the executor throws beyond it
-MAX_CHANNELS_PER_BLOCK = 16  # MAX_CHANNEL: memory channels, and remote memory buffers, per thread block
-MAX_CHANNELS_PER_OP = 8  # MAX_CHANNEL_PER_OPERATION
 
 LOCAL = -1
 Operand = tuple[int, str, int, int]  # (owner: LOCAL or the peer's rank, buffer "i"/"s", first chunk, count)
@@ -212,14 +208,14 @@ class _Segment:
         self.body._waited = saved.waited_since_nop
 
     def ops_needed(self, has_next: bool) -> int:
-        ready_ops = -(-len(self.ready) // MAX_CHANNELS_PER_OP)
+        ready_ops = -(-len(self.ready) // MAX_CHANNEL_PER_OPERATION)
         return ready_ops + int(self.has_prev) + len(self.body.ops) + (2 if has_next else 0)
 
     def fits(self) -> bool:
         return (
-            self.ops_needed(has_next=True) <= MAX_OPS_PER_BLOCK
-            and len(self.peers) <= MAX_CHANNELS_PER_BLOCK
-            and len(self.put_peers) <= MAX_CHANNELS_PER_BLOCK
+            self.ops_needed(has_next=True) <= MAX_OPERATION
+            and len(self.peers) <= MAX_CHANNEL
+            and len(self.put_peers) <= MAX_CHANNEL
         )
 
 
@@ -317,8 +313,8 @@ def cut_segments(programs: Programs) -> Segmentation:
         bad = [g for g, seg in segs.items() if not seg.fits()]
         if bad:
             raise BlockError(
-                f"round {r} of GPU {bad[0]} needs more than {MAX_OPS_PER_BLOCK} ops, "
-                f"{MAX_CHANNELS_PER_BLOCK} channels or {MAX_CHANNELS_PER_BLOCK} remote buffers in one thread "
+                f"round {r} of GPU {bad[0]} needs more than {MAX_OPERATION} ops, "
+                f"{MAX_CHANNEL} channels or {MAX_CHANNEL} remote buffers in one thread "
                 "block; send fewer, longer runs of consecutive chunks per round"
             )
     if start < programs.num_rounds:
@@ -339,8 +335,8 @@ def place_blocks(segmentation: Segmentation, num_gpus: int) -> tuple[tuple[Block
         for pos, k in enumerate(segments):
             seg = segmentation.built[k][g]
             head = [
-                BlockOp("signal", peers=tuple(seg.ready[i : i + MAX_CHANNELS_PER_OP]))
-                for i in range(0, len(seg.ready), MAX_CHANNELS_PER_OP)
+                BlockOp("signal", peers=tuple(seg.ready[i : i + MAX_CHANNEL_PER_OPERATION]))
+                for i in range(0, len(seg.ready), MAX_CHANNEL_PER_OPERATION)
             ]
             body = _Emitter()
             body.ops = [

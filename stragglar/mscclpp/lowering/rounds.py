@@ -12,7 +12,7 @@ of its waits.  Putting into scratch, never into the peer's live chunk, is what m
 exchange safe: both ends read their own chunk ``c`` for the put before either overwrites it, so
 there is no write-after-read hazard and no extra handshake.  Because a slot is written once per
 execution, scratch is never reused inside an execution either; across executions a writer first
-waits for the receiver's *ready* signal (see :mod:`stragglar.mscclpp.blocks`).
+waits for the receiver's *ready* signal (see :mod:`stragglar.mscclpp.lowering.threadblocks`).
 
 Consecutive chunks sent in one round to one peer with the same operation become one run (one put,
 one reduce/copy of ``count`` chunks) on consecutive slots.  The number of chunks is whatever the

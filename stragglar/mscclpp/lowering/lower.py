@@ -4,19 +4,21 @@ The plan is an in-place AllReduce on the Simple protocol over memory channels (d
 peer access): every transfer is a one-sided ``put`` into a scratch slot of the receiver reserved
 for it, a ``signal``, a ``wait`` on the receiver and a local ``re`` (reduce) or ``copy``.  The stages:
 
-1. :func:`stragglar.mscclpp.program.build_programs`: per GPU and round, the runs of chunks it
-   sends and receives, and the scratch slot of every transfer;
-2. :func:`stragglar.mscclpp.blocks.cut_segments` and :func:`~stragglar.mscclpp.blocks.place_blocks`:
-   rounds cut into thread blocks within the executor's per-block limits, with nops, ready
-   handshakes and the device semaphores that chain a GPU's blocks;
+1. :func:`stragglar.mscclpp.lowering.rounds.build_programs`: per GPU and round, the runs of
+   chunks it sends and receives, and the scratch slot of every transfer;
+2. :func:`stragglar.mscclpp.lowering.threadblocks.cut_segments` and
+   :func:`~stragglar.mscclpp.lowering.threadblocks.place_blocks`: rounds cut into thread blocks
+   within the executor's per-block limits, with nops, ready handshakes and the device semaphores
+   that chain a GPU's blocks;
 3. the thread-block count check (:data:`DEFAULT_MAX_THREADBLOCKS`) and the size fields
    (:mod:`stragglar.mscclpp.sizes`);
-4. :func:`stragglar.mscclpp.emit.plan_dict` and :func:`~stragglar.mscclpp.emit.plan_text`:
-   channels, remote buffers, semaphores and indices, then the text.
+4. :func:`stragglar.mscclpp.lowering.emit.plan_dict` and
+   :func:`~stragglar.mscclpp.lowering.emit.plan_text`: channels, remote buffers, semaphores and
+   indices, then the text.
 
 It takes a :class:`~stragglar.verify.Proof` (``stragglar.verify.prove``), so nothing unproved is
-exported; the plan itself is proved again from its text by :func:`stragglar.mscclpp.prove.prove_plan`,
-which shares no code with this.
+exported; the plan itself is proved again from its text by :mod:`stragglar.mscclpp.prover`, which
+shares no code with this.
 
 >>> from stragglar.synth import synthesize
 >>> from stragglar.verify import prove
@@ -32,13 +34,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stragglar.args import as_int
-from stragglar.errors import ArgumentError, InputError, described
+from stragglar.errors import ArgumentError, described
 from stragglar.files import write_text
-from stragglar.mscclpp.blocks import BlockError, cut_segments, place_blocks
-from stragglar.mscclpp.document import alignment_problem
-from stragglar.mscclpp.emit import Header, plan_dict, plan_text
-from stragglar.mscclpp.program import build_programs
-from stragglar.mscclpp.sizes import UINT64_MAX, SizeRule, offset_limit
+from stragglar.mscclpp.errors import MscclppExportError
+from stragglar.mscclpp.lowering.emit import Header, plan_dict, plan_text
+from stragglar.mscclpp.lowering.rounds import build_programs
+from stragglar.mscclpp.lowering.threadblocks import BlockError, cut_segments, place_blocks
+from stragglar.mscclpp.sizes import SizeRule, offset_limit
+from stragglar.mscclpp.vocabulary import UINT64_MAX, alignment_problem
 from stragglar.schedule import Schedule, base_name
 from stragglar.units import count_of
 from stragglar.verify import Proof, require_proof
@@ -47,7 +50,6 @@ __all__ = [
     "DEFAULT_MAX_THREADBLOCKS",
     "MAX_PLAN_CELLS",
     "MAX_PLAN_RANKS",
-    "MscclppExportError",
     "MscclppPlan",
     "PlanOptions",
     "check_request",
@@ -61,7 +63,7 @@ __all__ = [
 # 1024-thread blocks and __launch_bounds__(1024, 1), so one block per SM is what is guaranteed:
 # 108 SMs on an A100, 132 on an H100 SXM.  The default is the smaller one.
 DEFAULT_MAX_THREADBLOCKS = 108
-# The largest plans written.  A plan's proof (stragglar.mscclpp.prove) grows as about N^3.6 at
+# The largest plans written.  A plan's proof (stragglar.mscclpp.prover) grows as about N^3.6 at
 # C = N-1: 0.7 GB and 6 s at N = 128, 2.7 GB and 21 s at 192, 7.5 GB and 53 s at 256; at N = 400,
 # which 108 thread blocks per GPU would still allow, tens of GB.  So that whatever `synth` writes
 # `verify` proves on the same machine, as for schedules (3.2 GB at N = 2048), plans stop at
@@ -69,10 +71,6 @@ DEFAULT_MAX_THREADBLOCKS = 108
 # 2.7 GB).  MSCCL++ memory channels reach one NVLink domain anyway (72 GPUs in an NVL72).
 MAX_PLAN_RANKS = 192
 MAX_PLAN_CELLS = MAX_PLAN_RANKS * MAX_PLAN_RANKS
-
-
-class MscclppExportError(InputError):
-    """A schedule or option the plan cannot take; the one-line message names the limit and the way out."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,10 +144,10 @@ def check_request(
     least ``N // 4`` per instance.
 
     A GPU runs one thread block per segment of rounds it has work in, and a segment ends where one
-    more round would take a block past 64 ops (:mod:`stragglar.mscclpp.blocks`).  A StragglAR
-    round costs its busiest GPU about 8 ops (a put, a signal, a wait, a reduce or copy and the
-    nops between), so a segment holds about 7.4 of its 2N + log2 N rounds and a GPU needs about
-    0.27 N thread blocks per instance: 18 at N = 64, 20 at 72, 52 at 192, 108 (an A100's SMs) at
+    more round would take a block past 64 ops (:mod:`stragglar.mscclpp.lowering.threadblocks`).  A
+    StragglAR round costs its busiest GPU about 8 ops (a put, a signal, a wait, a reduce or copy
+    and the nops between), so a segment holds about 7.4 of its 2N + log2 N rounds and a GPU needs
+    about 0.27 N thread blocks per instance: 18 at N = 64, 20 at 72, 52 at 192, 108 (an A100's SMs) at
     400.  ``N // 4`` is under the count at every N measured (2 to 192; more chunks only add
     rounds); the lowering counts exactly.
 
@@ -157,7 +155,7 @@ def check_request(
     >>> check_request(64, 63, instances=8, algorithm="stragglar")
     Traceback (most recent call last):
     ...
-    stragglar.mscclpp.lower.MscclppExportError: StragglAR over 64 GPUs needs at least 16 thread \
+    stragglar.mscclpp.errors.MscclppExportError: StragglAR over 64 GPUs needs at least 16 thread \
 blocks per GPU and instance (about 0.27 N), 128 with 8 instances, more than the 108 one GPU runs at \
 once (max_threadblocks): use at most 6 instances, or raise max_threadblocks for a GPU with more SMs
     """

@@ -9,7 +9,7 @@ TB per (channel, peer, direction) and at most 32 sending (receiving) TBs a chann
 
 The output is the list of operations in issue order (a round's sends, then its receives, then
 the final copies back from scratch), each with the chunk locations it reads and writes: stage 3
-(:mod:`stragglar.msccl.dependencies`) orders them within each GPU.
+(:mod:`stragglar.msccl.lowering.dependencies`) orders them within each GPU.
 """
 
 from __future__ import annotations
@@ -18,17 +18,17 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from stragglar.msccl.limits import (
+from stragglar.msccl.errors import MscclExportError
+from stragglar.msccl.lowering.rounds import Piece
+from stragglar.msccl.vocabulary import (
     MAX_CHANNELS,
     MAX_COUNT,
     MAX_DEPENDENCY_TB,
     MAX_NODES,
     MAX_TBS,
     MAX_TBS_PER_CHANNEL,
-    MscclExportError,
+    Operands,
 )
-from stragglar.msccl.pieces import Piece
-from stragglar.msccl.records import Operands
 
 __all__ = ["Assignment", "Fifo", "Loc", "Operation", "ThreadBlock", "assign", "number"]
 

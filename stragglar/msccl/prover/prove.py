@@ -1,13 +1,13 @@
 """Prove an MSCCL XML AllReduce correct as the MSCCL executor runs it, from the file alone.
 
-:func:`check_msccl` first reads the file with the executor's rules
-(:mod:`stragglar.msccl.read`; every structural violation is reported), then runs it in the
-executor's model (:mod:`stragglar.msccl.machine`, which says why one run decides every run): once
-with happens-before inside each GPU, and again, for the GPUs where an access is not ordered so,
-with clocks that follow messages through other GPUs (:mod:`stragglar.msccl.order`); a race is
-reported only if that run confirms it.
+:func:`prove` first reads the file with the executor's rules
+(:mod:`stragglar.msccl.prover.read`; every structural violation is reported), then runs it in the
+executor's model (:mod:`stragglar.msccl.prover.machine`, which says why one run decides every run):
+once with happens-before inside each GPU, and again, for the GPUs where an access is not ordered
+so, with clocks that follow messages through other GPUs (:mod:`stragglar.msccl.prover.order`); a
+race is reported only if that run confirms it.  :func:`check` says the same as a value.
 
->>> v = check_msccl('<algo name="x" proto="Simple"></algo>')
+>>> v = check('<algo name="x" proto="Simple"></algo>')
 >>> print(v)
 line 1: <algo> lacks attribute coll
 """
@@ -17,39 +17,14 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from stragglar.errors import IncorrectError, InputError
-from stragglar.msccl.machine import ITERATIONS, Machine
-from stragglar.msccl.order import batches
-from stragglar.msccl.read import Algo, MscclViolation, read_msccl
+from stragglar.msccl.errors import MALFORMED, MscclFormatError, MscclVerificationError, MscclViolation
+from stragglar.msccl.prover.machine import ITERATIONS, Machine
+from stragglar.msccl.prover.order import batches
+from stragglar.msccl.prover.parsed import Algo, XmlSource
+from stragglar.msccl.prover.read import read
 from stragglar.verify.report import ArtifactProof
 
-__all__ = [
-    "MscclFormatError",
-    "MscclProof",
-    "MscclVerificationError",
-    "MscclViolation",
-    "check_msccl",
-    "prove_msccl",
-]
-
-
-class MscclVerificationError(IncorrectError):
-    """Raised by :func:`prove_msccl` for a file that loads but is not a correct AllReduce (exit 1):
-    ``.violation`` is the first problem, ``.violations`` all found."""
-
-    def __init__(self, violations: list[MscclViolation]) -> None:
-        super().__init__(violations[0].message)
-        self.violation = violations[0]
-        self.violations = tuple(violations)
-
-
-class MscclFormatError(MscclVerificationError, InputError):
-    """A file the executor would not load at all (bad XML, a missing attribute, a limit): exit 2."""
-
-    exit_code = InputError.exit_code
-
-
-MALFORMED = ("syntax", "format")  # violation kinds of a file the executor would not load
+__all__ = ["MscclProof", "check", "prove"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,11 +65,13 @@ class MscclProof(ArtifactProof):
         )
 
 
-def prove_msccl(text: str) -> MscclProof:
-    """A :class:`MscclProof` for the MSCCL XML ``text``; raises :class:`MscclFormatError` for a
-    file the executor would not load, :class:`MscclVerificationError` for one that is wrong."""
+def prove(source: XmlSource) -> MscclProof:
+    """A :class:`MscclProof` for an MSCCL XML file, its text or document; raises
+    :class:`~stragglar.msccl.errors.MscclFormatError` for a file the executor would not load,
+    :class:`~stragglar.msccl.errors.MscclVerificationError` for one that is wrong."""
     start = time.perf_counter()
-    algo, violations = read_msccl(text)
+    document = read(source)
+    algo, violations = document.algo, list(document.violations)
     if algo is None:
         malformed = [v for v in violations if v.kind in MALFORMED]
         if malformed:
@@ -121,10 +98,11 @@ def prove_msccl(text: str) -> MscclProof:
     )
 
 
-def check_msccl(text: str) -> MscclViolation | None:
-    """The first problem of the MSCCL XML ``text``, or None if it is a proved AllReduce."""
+def check(source: XmlSource) -> MscclViolation | None:
+    """The first problem of an MSCCL XML file (its text or document), or None if it is a proved
+    AllReduce."""
     try:
-        prove_msccl(text)
+        prove(source)
     except MscclVerificationError as e:
         return e.violation
     return None
@@ -133,7 +111,7 @@ def check_msccl(text: str) -> MscclViolation | None:
 def _checked_run(algo: Algo, inplace: bool) -> MscclViolation | None:
     """The first problem of one mode: a run ordering accesses within each GPU, then, for the GPUs
     where it found accesses not ordered so, runs that follow messages too (a few GPUs at a time,
-    :func:`~stragglar.msccl.order.batches`).  A race they confirm came before anything the first
+    :func:`~stragglar.msccl.prover.order.batches`).  A race they confirm came before anything the first
     run found after it (that run stops at its first other problem), so the earliest one wins."""
     first = Machine(algo, inplace)
     outcome = first.run()

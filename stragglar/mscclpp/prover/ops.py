@@ -1,13 +1,20 @@
-"""Check and resolve one op of a plan, as the executor's ``setupOperation`` and the kernel read it."""
+"""Check and resolve one op of a plan, as the executor's ``setupOperation`` and the kernel read it.
+
+An op's references are resolved against what the plan's reader
+(:class:`~stragglar.mscclpp.prover.read.Resolver`) has resolved before it: the GPUs' buffers and
+remote buffers, and the threads per block.  :class:`Resolved` names those, so that this module
+needs nothing of the reader's (which imports it).
+"""
 
 from __future__ import annotations
 
 import functools
 import json
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from stragglar.mscclpp.planmodel import (
+from stragglar.mscclpp.prover.parsed import SHAPE_WORDS, SHAPES, SYNC_OPS, UNSUPPORTED_OPS, Op, Ref, Walker
+from stragglar.mscclpp.vocabulary import (
     BUFFERS,
     CHANNEL_TYPES,
     EXECUTOR_OPS,
@@ -15,18 +22,18 @@ from stragglar.mscclpp.planmodel import (
     MAX_CHANNEL_PER_OPERATION,
     MAX_DEVICE_SEMAPHORES,
     MAX_DEVICE_SYNCERS,
-    SHAPE_WORDS,
-    SHAPES,
-    SYNC_OPS,
-    UNSUPPORTED_OPS,
-    Op,
-    Ref,
 )
 
-if TYPE_CHECKING:
-    from stragglar.mscclpp.reader import Resolver
+__all__ = ["OpReader", "Resolved"]
 
-__all__ = ["OpReader"]
+
+class Resolved(Protocol):
+    """What the plan's reader has resolved when it reads a block's ops."""
+
+    rd: Walker  # names the place of a problem
+    threads: int  # per block
+    remote: list[list[tuple[int, str, bool]]]  # per GPU: (rank, buffer type, memory access) per remote buffer
+    chunks: list[dict[str, int]]  # per GPU: chunks per buffer type
 
 
 @functools.cache
@@ -38,7 +45,7 @@ class OpReader:
     """Checks and resolves the ops of one thread block."""
 
     def __init__(
-        self, res: Resolver, g: int, t: int, channels: list[int], buffers: list[int], n_sems: int
+        self, res: Resolved, g: int, t: int, channels: list[int], buffers: list[int], n_sems: int
     ) -> None:
         self.res, self.rd, self.g, self.t, self.i = res, res.rd, g, t, -1
         self.channels, self.buffers, self.n_sems = channels, buffers, n_sems

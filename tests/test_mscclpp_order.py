@@ -2,7 +2,7 @@
 vector clocks: on plans the prover proves every conflicting pair of chunk accesses is ordered in
 the DAG, and on the racy fixtures the DAG has an unordered pair.
 
-The DAG follows the kernel rules independently of ``stragglar.mscclpp.hb``: inside a block only a
+The DAG follows the kernel rules independently of ``stragglar.mscclpp.prover.order``: inside a block only a
 ``nop``/``barrier`` orders ops for all threads, single-channel sync ops (thread 0) are ordered among
 themselves; a non-relaxed signal is before the wait that consumes it (plans here have one block
 signalling and one waiting on each connection, so the k-th signal meets the k-th wait), a
@@ -20,7 +20,8 @@ from typing import Any
 import networkx as nx
 import pytest
 
-from stragglar.mscclpp import lower, prove_plan
+from stragglar import mscclpp
+from stragglar.mscclpp import lower
 from stragglar.synth import synthesize
 from stragglar.verify import prove
 
@@ -124,7 +125,7 @@ def unordered_pairs(plan: dict[str, Any]) -> tuple[list[tuple[Node, Node, tuple[
 )
 def test_exported_plans_have_every_conflict_ordered(algorithm: str, n: int) -> None:
     text = lower(prove(synthesize(algorithm, n))).text
-    prove_plan(text)
+    mscclpp.prove(text)
     bad, checked = unordered_pairs(json.loads(text))
     assert bad == [] and checked >= 2 * n
 

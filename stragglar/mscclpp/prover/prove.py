@@ -1,9 +1,10 @@
 """Prove an MSCCL++ execution plan (any plan, ours or not) from its JSON text.
 
-:func:`prove_plan` reads the text with the executor's rules (:mod:`stragglar.mscclpp.reader`),
-runs it symbolically (:mod:`stragglar.mscclpp.machine`) under ``interleavings`` seeded random
-schedules of its thread blocks, and analyses the first run for happens-before
-(:mod:`stragglar.mscclpp.hb`).  It proves, or reports the first violation of:
+:func:`prove` reads the text with the executor's rules (:mod:`stragglar.mscclpp.prover.read`),
+runs it symbolically (:mod:`stragglar.mscclpp.prover.machine`) under ``interleavings`` seeded
+random schedules of its thread blocks, and analyses the first run for happens-before
+(:mod:`stragglar.mscclpp.prover.order`); :func:`check` says the same as a value.  It proves, or
+reports the first violation of:
 
 * no deadlock in any of the runs (a blocked wait is explained by the cycle of blocks waiting on
   each other, found with networkx, or by the signal nobody will send);
@@ -31,13 +32,13 @@ import networkx as nx
 
 from stragglar.mscclpp.document import PlanSource
 from stragglar.mscclpp.errors import PlanViolation, PlanViolationError
-from stragglar.mscclpp.hb import Found, HappensBefore
-from stragglar.mscclpp.machine import ACQUIRE, BARRIER, RELEASE, SIGNAL, WAIT, Layout, Outcome, run
-from stragglar.mscclpp.planmodel import Plan
-from stragglar.mscclpp.reader import read_plan
+from stragglar.mscclpp.prover.machine import ACQUIRE, BARRIER, RELEASE, SIGNAL, WAIT, Layout, Outcome, run
+from stragglar.mscclpp.prover.order import Found, HappensBefore
+from stragglar.mscclpp.prover.parsed import Plan
+from stragglar.mscclpp.prover.read import read_plan
 from stragglar.verify.report import ArtifactProof
 
-__all__ = ["DEFAULT_INTERLEAVINGS", "PlanProof", "check_plan", "prove_plan"]
+__all__ = ["DEFAULT_INTERLEAVINGS", "PlanProof", "check", "prove"]
 
 DEFAULT_INTERLEAVINGS = 4
 
@@ -77,20 +78,20 @@ class PlanProof(ArtifactProof):
         )
 
 
-def check_plan(plan: PlanSource, *, interleavings: int = DEFAULT_INTERLEAVINGS) -> PlanViolation | None:
+def check(plan: PlanSource, *, interleavings: int = DEFAULT_INTERLEAVINGS) -> PlanViolation | None:
     """The first violation of a well-formed plan, or None if it is proved.
 
     Raises :class:`~stragglar.mscclpp.errors.PlanFormatError` or
     :class:`~stragglar.mscclpp.errors.UnsupportedPlanError` for text it cannot prove anything about.
     """
     try:
-        prove_plan(plan, interleavings=interleavings)
+        prove(plan, interleavings=interleavings)
     except PlanViolationError as exc:
         return exc.violation
     return None
 
 
-def prove_plan(source: PlanSource, *, interleavings: int = DEFAULT_INTERLEAVINGS) -> PlanProof:
+def prove(source: PlanSource, *, interleavings: int = DEFAULT_INTERLEAVINGS) -> PlanProof:
     """Prove the plan (its text or document), or raise
     :class:`~stragglar.mscclpp.errors.PlanViolationError` (first violation)."""
     if isinstance(interleavings, bool) or not isinstance(interleavings, int) or interleavings < 1:

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stragglar.mscclpp.blocks import LOCAL, Block, BlockOp, Operand
+from stragglar.mscclpp.lowering.threadblocks import LOCAL, Block, BlockOp, Operand
 
 __all__ = ["Header", "plan_dict", "plan_text"]
 

@@ -35,7 +35,7 @@ import numpy as np
 import numpy.typing as npt
 
 from stragglar.mscclpp.errors import PlanViolation
-from stragglar.mscclpp.machine import ACQUIRE, NOP, RELEASE, SIGNAL, WAIT, Layout
+from stragglar.mscclpp.prover.machine import ACQUIRE, NOP, RELEASE, SIGNAL, WAIT, Layout
 
 __all__ = ["Found", "HappensBefore"]
 

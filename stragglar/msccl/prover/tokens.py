@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from stragglar.msccl.limits import MAX_ATTRS, MAX_STR
+from stragglar.msccl.vocabulary import MAX_ATTRS, MAX_STR
 
 __all__ = ["Element", "SyntaxProblem", "elements", "first_name"]
 
