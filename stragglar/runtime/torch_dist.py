@@ -153,13 +153,12 @@ _NO_STREAM = contextlib.nullcontext()  # torch's calls run on the current stream
 
 class TorchEngine:
     """A call on a torch process group (``group``; None: the world), made only once the group and
-    the options fit: ``graphs`` applies to stream-ordered rounds, and ``stream_ordered`` to an
-    NCCL group.  A call's rounds replay from a CUDA graph where they are stream-ordered on a CUDA
-    tensor (:meth:`buffer`)."""
+    the options fit: ``graphs`` is for stream-ordered rounds, ``stream_ordered`` for an NCCL group.
+    Stream-ordered rounds on a CUDA tensor replay from a CUDA graph (:meth:`buffer`); every
+    tensor's messages pack and land as the interpreter packs them."""
 
     capturing = CudaGraphs
     stream = _NO_STREAM
-    uncapturable = staticmethod(torch_uncapturable)
 
     def __init__(self, group: Any, stream_ordered: bool, graphs: bool | None) -> None:
         if graphs is not None and not stream_ordered:
@@ -206,3 +205,6 @@ class TorchEngine:
 
     def packing(self, plan: Plan, flat: Array, tables: Hashable) -> Packing:
         return SLICE_PACKING
+
+    def uncapturable(self) -> str | None:
+        return torch_uncapturable()
