@@ -48,7 +48,7 @@ from stragglar.ddp import StragglarState, stragglar_hook
 from stragglar.measure.launch import launch
 from stragglar.measure.links import pace_links, paced_to
 from stragglar.model.policy import critical_delay_for
-from stragglar.runtime.heartbeat import heartbeat
+from stragglar.runtime import heartbeat
 
 VARIANTS = ("default hook", "python all_reduce hook", "stragglar sync", "stragglar async", "auto")
 TARGETS = {"late": 0.85, "punctual": 1.03}  # auto's step time over the default hook's

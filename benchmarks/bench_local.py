@@ -5,10 +5,10 @@
 ``allreduce_local`` on NumPy arrays and on torch CPU tensors (one thread), float32, for the
 paper's schedule and chunked ones, small and large buffers: the median time of a call over
 ``--calls`` calls (fewer for the large buffers), every result checked.  The figures to compare
-before and after a change to the interpreter (``runtime/engine.py``, ``local.py``): run it on
+before and after a change to the interpreter (``runtime/interpreter.py``, ``local.py``): run it on
 both trees, alternating, on the same machine.  Without torch the torch rows are left out.
 
-The ``run_rank`` rows time one rank's interpreter (``engine.run_rank``, NumPy, rank 1) over a
+The ``run_rank`` rows time one rank's interpreter (``interpreter.run_rank``, NumPy, rank 1) over a
 transport that moves nothing: the host time every distributed path (gloo, NCCL, CuPy/NCCL) spends
 per call around its transfers.  Nothing moves there, so there is no sum to check.
 """
@@ -28,7 +28,7 @@ import numpy as np
 from results import save
 
 from stragglar.runtime import allreduce_local
-from stragglar.runtime.engine import run_rank
+from stragglar.runtime.interpreter import run_rank
 from stragglar.runtime.plans import plan_for
 from stragglar.runtime.program import BoundStep
 from stragglar.synth import synthesize

@@ -32,7 +32,7 @@ from stragglar.ddp.worker import (  # noqa: E402
 from stragglar.measure.data import expected, payload  # noqa: E402
 from stragglar.measure.launch import launch  # noqa: E402
 from stragglar.runtime import plan_for, rounds_without  # noqa: E402
-from stragglar.runtime.engine import run_rank  # noqa: E402
+from stragglar.runtime.interpreter import run_rank  # noqa: E402
 from stragglar.synth import synthesize  # noqa: E402
 from stragglar.verify import Proof, prove  # noqa: E402
 

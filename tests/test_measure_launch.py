@@ -18,7 +18,7 @@ pytest.importorskip("torch")
 from stragglar.measure import launch as launcher
 from stragglar.measure.launch import LaunchError, RankFailure, launch, summary
 from stragglar.measure.run import run_benchmark
-from stragglar.runtime.heartbeat import heartbeat
+from stragglar.runtime import heartbeat
 from stragglar.synth import synthesize
 from stragglar.verify import Proof, prove
 

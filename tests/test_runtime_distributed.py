@@ -13,8 +13,7 @@ torch = pytest.importorskip("torch")
 from stragglar.errors import ArgumentError, InputError  # noqa: E402
 from stragglar.measure.data import expected, payload  # noqa: E402
 from stragglar.measure.launch import LaunchError, launch  # noqa: E402
-from stragglar.runtime import allreduce  # noqa: E402
-from stragglar.runtime.engine import Timeline  # noqa: E402
+from stragglar.runtime import Timeline, allreduce  # noqa: E402
 from stragglar.synth import synthesize  # noqa: E402
 from stragglar.verify import Proof, prove  # noqa: E402
 

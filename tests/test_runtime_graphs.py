@@ -19,8 +19,9 @@ import numpy as np
 import pytest
 
 from stragglar.runtime import plan_for, rounds_without
-from stragglar.runtime.engine import Timeline, run_rank_replayed
+from stragglar.runtime.clock import Timeline
 from stragglar.runtime.graphs import Replayer
+from stragglar.runtime.interpreter import run_rank_replayed
 from stragglar.runtime.program import BoundStep, Plan
 from stragglar.synth import synthesize
 from stragglar.verify import prove

@@ -11,10 +11,10 @@ import pytest
 
 from stragglar.errors import ArgumentError, InputError
 from stragglar.measure import data
-from stragglar.measure.data import WrongResult, check, expected, payload
+from stragglar.measure.data import WrongResult, check_result, expected, payload
 from stragglar.measure.run import run_benchmark
 from stragglar.runtime import Layout, allreduce, allreduce_local, plan_for, rounds_without
-from stragglar.runtime.engine import late_rank_for
+from stragglar.runtime.plans import late_rank_for
 from stragglar.runtime.program import compile_schedule
 from stragglar.schedule import Op, Phase, Schedule, Transfer
 from stragglar.synth import ALGORITHMS, synthesize
@@ -70,7 +70,7 @@ def test_torch_messages_of_several_pieces_pack_and_land_in_fused_calls_bit_for_b
     slice by slice (torch's own slice by slice for bfloat16, which NumPy lacks; random values: any
     change in what is added to what shows)."""
     torch = pytest.importorskip("torch")
-    from stragglar.runtime import engine
+    from stragglar.runtime import interpreter
 
     proof = prove(synthesize("stragglar", n, chunks=chunks))
     rng = np.random.default_rng(n)
@@ -79,7 +79,7 @@ def test_torch_messages_of_several_pieces_pack_and_land_in_fused_calls_bit_for_b
     if dtype == "bfloat16":  # the slice-by-slice loop, on torch tensors
         reference = [t.clone() for t in tensors]
         with monkeypatch.context() as patch:
-            patch.setattr(engine, "library_of", lambda value: "numpy")
+            patch.setattr(interpreter, "library_of", lambda value: "numpy")
             allreduce_local(reference, proof)
     else:
         reference = [t.numpy().copy() for t in tensors]
@@ -111,10 +111,10 @@ def test_host_scratch_is_reused_per_thread_and_dtype_and_device_scratch_is_not(
 ) -> None:
     import threading
 
-    from stragglar.runtime import engine
-    from stragglar.runtime.engine import scratch_for
+    from stragglar.runtime import arrays
+    from stragglar.runtime.arrays import scratch_for
 
-    monkeypatch.setattr(engine, "_host_scratch", threading.local())  # empty: earlier tests' calls fill it
+    monkeypatch.setattr(arrays, "_host_scratch", threading.local())  # empty: earlier tests' calls fill it
     a = scratch_for(np.zeros(4, np.float32), 100)
     b = scratch_for(np.zeros(4, np.float32), 60)
     assert b.base is a.base and a.shape == (100,) and b.shape == (60,)
@@ -150,11 +150,11 @@ def test_blockwise_check_counts_every_wrong_element_and_names_the_first(
 ) -> None:
     monkeypatch.setattr(data, "CHECK_BLOCK", 7)  # the faults below sit in different blocks
     want = expected(50, 4, "float32")
-    check(want.astype(np.float32), want, 2, "demo")
+    check_result(want.astype(np.float32), want, 2, "demo")
     got = want.astype(np.float32)
     got[[9, 30, 49]] += 1
     with pytest.raises(WrongResult, match=r"demo: rank 2 .* at 3 of 50 elements \(first: element 9 is"):
-        check(got, want, 2, "demo")
+        check_result(got, want, 2, "demo")
 
 
 @pytest.mark.parametrize(("count", "chunks"), [(0, 3), (2, 5), (10, 3), (12, 4), (1001, 7)])
@@ -369,7 +369,7 @@ def test_the_late_ranks_wait_is_no_system_call_once_its_time_has_passed(
     loopback: sleep_until sleeps only for time that is left."""
     import time
 
-    from stragglar.runtime.engine import sleep_until
+    from stragglar.runtime.clock import sleep_until
 
     slept: list[float] = []
     monkeypatch.setattr(time, "sleep", slept.append)

@@ -23,7 +23,7 @@ if DEVICES < 1:
 
 from stragglar.runtime import allreduce_local  # noqa: E402
 from stragglar.runtime.cupy_nccl import FusedPacking  # noqa: E402
-from stragglar.runtime.engine import apply, send_view  # noqa: E402
+from stragglar.runtime.interpreter import apply, send_view  # noqa: E402
 from stragglar.runtime.local import run_local  # noqa: E402
 from stragglar.runtime.plans import plan_for  # noqa: E402
 from stragglar.synth import synthesize  # noqa: E402

@@ -27,7 +27,7 @@ from typing import Any
 
 from stragglar.model import Network
 from stragglar.model.policy import POLICIES
-from stragglar.runtime.header import rank_list
+from stragglar.runtime.header import ranks_in_words as rank_list
 from stragglar.schedule import ALGORITHMS
 
 __all__ = ["FIELDS", "decode", "disagreement", "encode"]

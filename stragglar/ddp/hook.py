@@ -40,8 +40,7 @@ from stragglar.model.policy import (
     chunk_count,
     persistent_late_rank,
 )
-from stragglar.runtime import MismatchError
-from stragglar.runtime.heartbeat import heartbeat
+from stragglar.runtime import MismatchError, heartbeat
 from stragglar.runtime.torch_dist import gather_headers
 from stragglar.synth import ALGORITHMS, synthesize
 from stragglar.verify import Proof, prove

@@ -43,7 +43,7 @@ __all__ = [
     "ITEMSIZE",
     "Encoding",
     "WrongResult",
-    "check",
+    "check_result",
     "encoding",
     "expected",
     "payload",
@@ -193,7 +193,7 @@ def _splitmix64(z: np.ndarray) -> np.ndarray:
     return result
 
 
-def check(
+def check_result(
     result: Any, want: np.ndarray, rank: int, what: str, host: Callable[[Any], Any] = np.asarray
 ) -> None:
     """Raise unless ``result`` equals the reference exactly.

@@ -12,7 +12,7 @@ Nothing outlives the launcher and nothing waits forever:
 
 * ``timeout`` bounds how long a rank waits for a silent peer (the process group's timeout, and
   what the rank passes to :func:`stragglar.runtime.allreduce`); it does not bound the run.  A long,
-  healthy run is fine: ranks call :func:`~stragglar.runtime.heartbeat.heartbeat` as they
+  healthy run is fine: ranks call :func:`~stragglar.runtime.liveness.heartbeat` as they
   progress (the launcher connects it to each rank's pipe), and the launcher gives up on a rank
   only when it has been silent for longer than ``timeout + slack``.  Once one rank has failed,
   the others get a few seconds to report why, then are killed.
@@ -50,12 +50,19 @@ from typing import Any
 from stragglar.args import as_int, as_seconds
 from stragglar.errors import ResourceError, RunError
 from stragglar.measure.gpus import placement
-from stragglar.runtime.distributed import release_graphs
-from stragglar.runtime.engine import RankError, classify, failure_phrase, first_line
-from stragglar.runtime.header import rank_list
-from stragglar.runtime.heartbeat import connect, heartbeat, send
+from stragglar.runtime import (
+    RankError,
+    classify,
+    connect_launcher,
+    failure_phrase,
+    first_line,
+    heartbeat,
+    ranks_in_words,
+    release_graphs,
+    send_to_launcher,
+)
 
-__all__ = ["SLACK", "LaunchError", "RankFailure", "Stopped", "launch"]
+__all__ = ["SLACK", "LaunchError", "RankFailure", "Stopped", "launch", "summary"]
 
 _GRACE = 5.0  # seconds the other ranks get to report once one rank has failed
 SLACK = 30.0  # seconds a rank may be silent beyond the timeout (start-up, checking a large buffer)
@@ -148,7 +155,7 @@ def summary(failures: Any, world_size: int | None = None) -> str:
     )
     said: list[str] = []
     for key, ranks in ordered[:_SHOWN]:
-        words = f"{rank_list(ranks, limit=6)} {key[2]}"
+        words = f"{ranks_in_words(ranks, limit=6)} {key[2]}"
         if said and sum(map(len, said)) + len(words) > _LENGTH:
             break
         said.append(words)
@@ -175,7 +182,7 @@ def launch(
 
     ``timeout`` is each rank's limit for waiting on a silent peer (the process group's timeout).
     Raises :class:`LaunchError` if a rank raises, dies, or sends no
-    :func:`~stragglar.runtime.heartbeat.heartbeat` (nor its result) for longer than ``timeout +
+    :func:`~stragglar.runtime.liveness.heartbeat` (nor its result) for longer than ``timeout +
     slack`` seconds; once one rank has failed the others get a few seconds to report, then the
     remaining ranks are killed.  ``tick``, if given, is called from the launcher's own loop at
     least every quarter second while the ranks run (to move a progress line: no thread may run
@@ -384,7 +391,7 @@ def _child(
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         for reaching_the_launcher in (signal.SIGINT, signal.SIGHUP):  # which ends us, and cleans up
             signal.signal(reaching_the_launcher, signal.SIG_IGN)
-        connect(pipe)
+        connect_launcher(pipe)
         # where it is stuck, if the launcher finds it silent (_stacks); open for the rank's life
         stacks = open(os.path.join(os.path.dirname(store), f"stacks-{rank}"), "w", encoding="utf-8")  # noqa: SIM115
         faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
@@ -421,11 +428,11 @@ def _child(
                 reason=reason,
                 during="in the closing barrier",
             ) from e
-        send(pipe, ("ok", result))
+        send_to_launcher(pipe, ("ok", result))
         code = 0
     except BaseException as e:
         with contextlib.suppress(Exception):
-            send(pipe, ("error", _failure_fields(e)))
+            send_to_launcher(pipe, ("error", _failure_fields(e)))
     finally:
         pipe.close()
         os._exit(code)

@@ -25,7 +25,15 @@ from stragglar.errors import ArgumentError, InputError, described
 from stragglar.runtime import RankError
 from stragglar.units import count_of, format_bytes
 
-__all__ = ["MAX_LINK_RATE", "MIN_LINK_RATE", "check_link_rate", "pace_links", "pace_sockets", "paced_to"]
+__all__ = [
+    "MAX_LINK_RATE",
+    "MIN_LINK_RATE",
+    "SO_MAX_PACING_RATE",
+    "check_link_rate",
+    "pace_links",
+    "pace_sockets",
+    "paced_to",
+]
 
 SO_MAX_PACING_RATE = getattr(socket, "SO_MAX_PACING_RATE", 47)  # Linux's value; Python names it from 3.12
 MIN_LINK_RATE = float(2**20)  # bytes/s: slower links would make a 64 MiB benchmark take minutes per round

@@ -3,30 +3,30 @@
 Every rank fills distinct per-rank, per-element integers and every result is checked
 (:mod:`stragglar.measure.data`).  Each iteration the straggler arrives ``delay`` seconds late,
 both for the schedule and for the baseline (the engine's all_reduce, or for in-process runs a
-sum of the buffers), so the figures compare like with like.
+sum of the buffers), so the figures compare like with like.  This module checks the request and
+reports the result; the figures come from the backend's runner: torch ranks
+(:mod:`~stragglar.measure.run_torch`, the torch and nccl backends) or buffers in this process
+(:mod:`~stragglar.measure.run_in_process`, the local and cupy backends).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
 
 import numpy as np
 
 from stragglar.args import MAX_DELAY, as_flag, as_int, as_rank, as_seconds
 from stragglar.errors import InputError, described
-from stragglar.measure.data import ITEMSIZE, check, expected, payload
+from stragglar.measure.data import ITEMSIZE
 from stragglar.measure.gpus import check_cuda, sharing_note
 from stragglar.measure.links import check_link_rate, paced_to
-from stragglar.measure.timing import Figures, Series, iteration_figures, turn
+from stragglar.measure.run_in_process import in_process_figures
 from stragglar.model import schedule_name
-from stragglar.runtime.engine import DTYPES
-from stragglar.runtime.local import allreduce_local
+from stragglar.runtime import DTYPES
 from stragglar.schedule import MAX_RANKS
 from stragglar.synth import check_request, synthesize
 from stragglar.units import count_of, format_bytes
@@ -35,7 +35,9 @@ from stragglar.verify import Proof, prove, require_proof
 __all__ = [
     "BACKENDS",
     "GRAPH_BACKENDS",
+    "IN_ONE_PROCESS",
     "IN_PROCESS_BACKENDS",
+    "MAX_ITERS",
     "MAX_RUN_CELLS",
     "BenchmarkResult",
     "Variant",
@@ -300,7 +302,7 @@ def run_benchmark(
             graphs=graphs,
         )
     else:
-        figures = _in_process(
+        figures = in_process_figures(
             backend, proofs, num_ranks, count, dtype, delay, iters, warmup, late_rank, tick, graphs
         )
     variants = tuple(
@@ -367,7 +369,7 @@ def _has_straggler(algorithm: str) -> bool:
 def check_dtype(backend: str, dtype: str) -> None:
     """Refuse, before any work, a dtype that ``backend`` cannot hold: the in-process backends'
     arrays (NumPy's, CuPy's) have no bfloat16; the torch backend has every dtype of
-    :data:`~stragglar.runtime.engine.DTYPES`."""
+    :data:`~stragglar.runtime.DTYPES`."""
     if dtype not in DTYPES:
         raise InputError(f"unknown dtype {described(dtype)} (choose from {', '.join(DTYPES)})")
     if backend in _ARRAYS:
@@ -403,74 +405,3 @@ def _require(backend: str) -> None:
     library = _LIBRARIES.get(backend)
     if library is not None and importlib.util.find_spec(library) is None:
         raise InputError(HINTS[backend])
-
-
-def _in_process(
-    backend: str,
-    proofs: Sequence[Proof],
-    n: int,
-    count: int,
-    dtype: str,
-    delay: float,
-    iters: int,
-    warmup: int,
-    late_rank: int,
-    tick: Callable[[], None] | None,
-    graphs: bool | None,
-) -> Figures:
-    xp, sync, host = _array_module(backend)
-    inputs = [xp.asarray(payload(r, count, n, dtype).astype(dtype)) for r in range(n)]
-    want = expected(count, n, dtype)
-    bufs = [x.copy() for x in inputs]
-    times: list[list[float]] = [[] for _ in proofs]
-    hidden: list[list[float]] = [[] for _ in proofs]
-    base: list[float] = []
-    for it in range(warmup + iters):
-        for entry in turn(it, len(proofs) + 1):
-            for b, x in zip(bufs, inputs, strict=True):
-                b[:] = x
-            sync()
-            if entry < len(proofs):
-                schedule = proofs[entry].schedule
-                timelines = allreduce_local(bufs, proofs[entry], delay, late_rank=late_rank, graphs=graphs)
-                total, done = iteration_figures(schedule, timelines)
-                what = schedule_name(schedule)
-                if it >= warmup:
-                    times[entry].append(total)
-                    hidden[entry].extend([done] if done is not None else [])
-            else:
-                total, what = _sum_buffers(bufs, delay, sync), "sum"
-                if it >= warmup:
-                    base.append(total)
-            for r, b in enumerate(bufs):
-                check(b, want, r, what, host)
-            if tick is not None:
-                tick()
-    series = tuple(Series(tuple(t), tuple(h)) for t, h in zip(times, hidden, strict=True))
-    return Figures(series, "sum of buffers", tuple(base))
-
-
-def _sum_buffers(bufs: list[Any], delay: float, sync: Callable[[], None]) -> float:
-    """The in-process baseline: after the delay, every buffer becomes the sum; its seconds."""
-    start = time.perf_counter()
-    time.sleep(delay)
-    total = bufs[0].copy()
-    for b in bufs[1:]:
-        total += b
-    for b in bufs:
-        b[:] = total
-    sync()
-    return time.perf_counter() - start
-
-
-def _array_module(backend: str) -> tuple[Any, Callable[[], None], Callable[[Any], np.ndarray]]:
-    """(array module, device sync, to-host) for the in-process backends; cupy runs loopback."""
-    if backend == "local":
-        return np, lambda: None, np.asarray
-    import cupy
-
-    try:
-        cupy.cuda.runtime.getDeviceCount()
-    except Exception as e:  # CuPy raises its own CUDA error types, not importable without a GPU
-        raise InputError(f"the cupy backend found no usable GPU: {e}") from None
-    return cupy, cupy.cuda.Device().synchronize, cupy.asnumpy

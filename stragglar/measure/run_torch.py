@@ -5,7 +5,7 @@ One launch of the ranks runs every schedule asked for and the engine's all_reduc
 iteration, in a rotating order.  Each iteration the late rank sleeps ``delay`` before every
 schedule and before the all_reduce alike.  Every wait for a peer is bounded by ``timeout`` plus
 that delay (a deliberately late peer is not a silent one); the run as a whole is not, as long as
-every rank keeps reporting progress (:func:`~stragglar.runtime.heartbeat.heartbeat` after every
+every rank keeps reporting progress (:func:`~stragglar.runtime.liveness.heartbeat` after every
 step).
 
 On NCCL the rounds run stream-ordered, as a GPU program runs them (the DDP hook does too): the host
@@ -29,14 +29,12 @@ import torch
 import torch.distributed as dist
 
 from stragglar.measure import launch as launcher
-from stragglar.measure.data import check, expected, payload
+from stragglar.measure.data import check_result, expected, payload
 from stragglar.measure.launch import launch
 from stragglar.measure.links import pace_links
 from stragglar.measure.timing import Figures, Series, iteration_figures, turn
 from stragglar.model import schedule_name
-from stragglar.runtime import RankError, allreduce
-from stragglar.runtime.engine import Timeline, classify, first_line, poll
-from stragglar.runtime.heartbeat import heartbeat
+from stragglar.runtime import RankError, Timeline, allreduce, classify, first_line, heartbeat, poll
 from stragglar.verify import Proof
 
 __all__ = ["torch_figures"]
@@ -146,7 +144,7 @@ def _rank(
                 during = f"{what} of iteration {it}"
                 baseline.append(_all_reduce(rank, buf, delay, late_rank, during, timeout))
             heartbeat()
-            check(buf, want, rank, what, _host)
+            check_result(buf, want, rank, what, _host)
     return timelines, baseline
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from stragglar.runtime.engine import Timeline
+from stragglar.runtime import Timeline
 from stragglar.schedule import Schedule
 
 __all__ = ["Figures", "Series", "iteration_figures", "turn"]

@@ -7,7 +7,11 @@ module names the runtime's surface; each part lives in a module named for what i
 and may run at once: :mod:`~stragglar.runtime.channels`), :func:`allreduce_local`
 with every rank in this process (:mod:`~stragglar.runtime.local`), plans cached by the schedule's
 fingerprint (:mod:`~stragglar.runtime.plans`), all over the one interpreter every transport shares
-(:mod:`~stragglar.runtime.engine`).
+(:mod:`~stragglar.runtime.interpreter`), the buffers it sums (:mod:`~stragglar.runtime.arrays`)
+and the words it fails in (:mod:`~stragglar.runtime.failures`).  Code that launches and watches
+ranks (:mod:`stragglar.measure`) uses this surface only: the failure words, the host's clock
+(:mod:`~stragglar.runtime.clock`) and a rank's heartbeat (:mod:`~stragglar.runtime.liveness`) are
+named here for it.
 
 >>> import numpy as np
 >>> from stragglar.synth import synthesize
@@ -21,12 +25,15 @@ fingerprint (:mod:`~stragglar.runtime.plans`), all over the one interpreter ever
 from __future__ import annotations
 
 from stragglar.errors import ArgumentError
+from stragglar.runtime.arrays import DTYPES
 from stragglar.runtime.channels import MAX_TAG
+from stragglar.runtime.clock import Timeline, poll
 from stragglar.runtime.cupy_nccl import NcclGroup
 from stragglar.runtime.distributed import allreduce, release_graphs
-from stragglar.runtime.engine import DTYPES, RankError, Timeline
-from stragglar.runtime.header import MismatchError
+from stragglar.runtime.failures import RankError, classify, failure_phrase, first_line
+from stragglar.runtime.header import MismatchError, ranks_in_words
 from stragglar.runtime.layout import Layout
+from stragglar.runtime.liveness import connect_launcher, heartbeat, send_to_launcher
 from stragglar.runtime.local import allreduce_local
 from stragglar.runtime.plans import plan_for, rounds_without
 
@@ -41,7 +48,15 @@ __all__ = [
     "Timeline",
     "allreduce",
     "allreduce_local",
+    "classify",
+    "connect_launcher",
+    "failure_phrase",
+    "first_line",
+    "heartbeat",
     "plan_for",
+    "poll",
+    "ranks_in_words",
     "release_graphs",
     "rounds_without",
+    "send_to_launcher",
 ]

@@ -30,7 +30,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from stragglar.runtime.engine import Array, Timeline, sleep_until
+from stragglar.runtime.arrays import Array
+from stragglar.runtime.clock import Timeline, sleep_until
 from stragglar.runtime.program import Plan
 
 __all__ = [

@@ -15,6 +15,10 @@ The rounds of a CuPy array replay from a CUDA graph after their first call (:cla
 :func:`uncapturable`).  A capture needs
 a stream other than CUDA's legacy default one, so a group given no stream runs on a stream of its
 own (one per thread and device), after the work queued on the caller's current stream.
+
+:class:`NcclEngine` is what :func:`~stragglar.runtime.allreduce` runs a call on an
+:class:`NcclGroup` on (:class:`~stragglar.runtime.distributed.Engine`): the group's stream, the
+header gather, the transport, the graphs, the packing and the NCCL version check above.
 """
 
 from __future__ import annotations
@@ -27,18 +31,12 @@ from typing import Any
 
 import numpy as np
 
-from stragglar.runtime.engine import (
-    Array,
-    Packing,
-    RankError,
-    apply,
-    dtype_name,
-    first_line,
-    poll,
-    send_view,
-    step_error,
-)
+from stragglar.errors import InputError
+from stragglar.runtime.arrays import Array, dtype_name, library_of
+from stragglar.runtime.clock import poll
+from stragglar.runtime.failures import RankError, checking_error, first_line, step_error
 from stragglar.runtime.graphs import nccl_uncapturable
+from stragglar.runtime.interpreter import Packing, Transport, apply, send_view
 from stragglar.runtime.kernels import Rows, kernels, launch, upload, words
 from stragglar.runtime.plans import cached
 from stragglar.runtime.program import BoundMessage, BoundStep, Plan
@@ -46,6 +44,7 @@ from stragglar.runtime.program import BoundMessage, BoundStep, Plan
 __all__ = [
     "CupyGraphs",
     "FusedPacking",
+    "NcclEngine",
     "NcclGroup",
     "NcclTransport",
     "fused_packing",
@@ -54,8 +53,6 @@ __all__ = [
     "pointer",
     "uncapturable",
 ]
-
-CHECKING = "checking that every rank runs the same allreduce"
 
 
 @dataclass
@@ -291,23 +288,14 @@ def gather_headers(
     recv = _device_like(like, np.zeros(size * width, np.int64))
 
     def timed_out() -> RankError:
-        return RankError(
-            f"allreduce failed: rank {rank} timed out {CHECKING}: no answer within {timeout:g} s",
-            rank=rank,
-            reason="timed out",
-            during=CHECKING,
-        )
+        return checking_error(rank, "timed out", f"no answer within {timeout:g} s")
 
     try:
         group.comm.allGather(
             pointer(send), pointer(recv), width, nccl_dtype(group, "int64"), group.stream.ptr
         )
     except Exception as e:
-        raise RankError(
-            f"allreduce failed: rank {rank} failed {CHECKING}: {first_line(e)}",
-            rank=rank,
-            during=CHECKING,
-        ) from e
+        raise checking_error(rank, "failed", first_line(e)) from e
     wait_stream(group, timeout, timed_out)
     values = recv if isinstance(recv, np.ndarray) else recv.get()
     return [tuple(int(x) for x in values[r * width : (r + 1) * width]) for r in range(size)]
@@ -320,3 +308,49 @@ def _device_like(like: Array, host: np.ndarray) -> Array:
     import cupy
 
     return cupy.asarray(host)
+
+
+class NcclEngine:
+    """A call on an :class:`NcclGroup`, made only once the options fit: ``stream_ordered`` is for
+    torch tensors (these rounds run on the group's stream anyway), ``graphs`` for CuPy arrays.
+    The rounds of a CuPy array pack with :class:`FusedPacking` and replay from a CUDA graph
+    (:meth:`buffer`); a NumPy array's (the fake NCCL's) run as the interpreter runs them."""
+
+    capturing = CupyGraphs
+
+    def __init__(self, data: Array, group: NcclGroup, stream_ordered: bool, graphs: bool | None) -> None:
+        if stream_ordered:
+            raise InputError(
+                "stream_ordered applies to torch tensors on an NCCL process group: an NcclGroup's "
+                "rounds already run on its stream"
+            )
+        self.on_gpu = library_of(data) == "cupy"
+        if graphs is not None and not self.on_gpu:
+            raise InputError("graphs applies to CuPy arrays on an NcclGroup: these rounds have no CUDA graph")
+        self.group = group.resolved()
+        self.stream = self.group.stream
+        self.owner = self.group.comm
+        self.rank, self.size = self.owner.rank_id(), self.owner.size()
+
+    def channel(self, tag: int) -> int | None:
+        return None  # NCCL matches messages by order: the whole group is one channel
+
+    def sendable(self, dtype: str) -> None:
+        nccl_dtype(self.group, dtype)
+
+    def gather(self, header: Sequence[int], like: Array, timeout: float | None) -> list[tuple[int, ...]]:
+        return gather_headers(self.group, like, header, timeout)
+
+    def transport(self, plan: Plan, flat: Array, timeout: float | None) -> Transport:
+        return NcclTransport(plan, self.group, dtype_name(flat), timeout)
+
+    def buffer(self, flat: Array, plan: Plan) -> Hashable | None:
+        if not self.on_gpu:
+            return None
+        return (pointer(flat), plan.layout.count, dtype_name(flat), int(flat.device.id))
+
+    def packing(self, plan: Plan, flat: Array, tables: Hashable) -> Packing:
+        return fused_packing(plan, flat, tables)
+
+    def uncapturable(self) -> str | None:
+        return uncapturable(self.group)

@@ -7,39 +7,89 @@ rounds), and all raise the same :class:`~stragglar.runtime.header.MismatchError`
 wrong.  Which calls check, and which may run at once, is the channels' rule
 (:mod:`stragglar.runtime.channels`): a check needs the late rank too, so it runs only where the
 ranks could otherwise disagree unseen.
+
+A call runs on an :class:`Engine`: what one group of torch.distributed
+(:class:`~stragglar.runtime.torch_dist.TorchEngine`) or CuPy/NCCL
+(:class:`~stragglar.runtime.cupy_nccl.NcclEngine`) offers, the header gather, a transport for the
+rounds, the packing, the graphs and the check that they may be captured.  :func:`allreduce` takes
+its steps once for all of them: check the arguments, pick the engine (:func:`engine_for`), inspect
+the buffer into a header, check the header on the call's channel, run the rounds (eagerly, or
+replayed from a CUDA graph).  Another engine is another implementation of :class:`Engine`.
 """
 
 from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Hashable, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 from stragglar.args import MAX_DELAY, as_flag, as_int, as_seconds
 from stragglar.errors import ArgumentError, InputError, described
+from stragglar.runtime.arrays import Array, check_summable, dtype_name, flat_view, in_place_refusal
 from stragglar.runtime.channels import ROUNDS_PER_TAG, Channels, as_tag
-from stragglar.runtime.cupy_nccl import NcclGroup
-from stragglar.runtime.engine import (
-    Timeline,
-    check_summable,
-    dtype_name,
-    flat_view,
-    in_place_refusal,
-    late_rank_for,
-    library_of,
-    run_rank,
-    run_rank_replayed,
-)
-from stragglar.runtime.graphs import release, shared
-from stragglar.runtime.header import Header, MismatchError, make_header, mismatch
-from stragglar.runtime.plans import plan_for
+from stragglar.runtime.clock import Timeline
+from stragglar.runtime.cupy_nccl import NcclEngine, NcclGroup
+from stragglar.runtime.graphs import Capturing, release, shared
+from stragglar.runtime.header import Header, MismatchError, Problem, make_header, mismatch
+from stragglar.runtime.interpreter import Packing, Transport, run_rank, run_rank_replayed
+from stragglar.runtime.plans import late_rank_for, plan_for
+from stragglar.runtime.program import Plan
 from stragglar.verify import Proof, require_proof
 
-__all__ = ["allreduce", "release_graphs"]
+__all__ = ["Engine", "allreduce", "engine_for", "release_graphs"]
 
 _channels = Channels()
+
+
+class Engine(Protocol):
+    """What a call across processes runs on: one group of one engine (torch.distributed,
+    CuPy/NCCL), made by :func:`engine_for` once the call's options fit it.
+
+    - the group: ``rank`` and ``size`` (this rank's, the group's); ``owner``, the group as the
+      channels and a graph's key know it; ``stream``, what the whole call runs inside (the stream
+      its rounds run on, or nothing);
+    - the header check: :meth:`channel`, the call's channel for its tag; :meth:`sendable`, a
+      TypeError for a dtype the engine cannot send; :meth:`gather`, every rank's header
+      all-gathered (in memory like ``like``, the buffer);
+    - the rounds: :meth:`transport` moves them (a
+      :class:`~stragglar.runtime.interpreter.Transport`); :meth:`buffer` names a buffer whose rounds
+      replay from a CUDA graph (all a graph of them bakes in; None: they run eagerly), and
+      :meth:`packing` packs and lands its messages (``tables``: what tables made for them depend
+      on);
+    - the graphs: ``capturing`` makes them (:class:`~stragglar.runtime.graphs.Capturing`), and
+      :meth:`uncapturable` says why none may be made (an NCCL too old to be captured), or None.
+    """
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def owner(self) -> Hashable: ...
+
+    @property
+    def stream(self) -> AbstractContextManager[Any]: ...
+
+    @property
+    def capturing(self) -> Callable[[], Capturing]: ...
+
+    def channel(self, tag: int) -> int | None: ...
+
+    def sendable(self, dtype: str) -> None: ...
+
+    def gather(self, header: Sequence[int], like: Array, timeout: float | None) -> list[tuple[int, ...]]: ...
+
+    def transport(self, plan: Plan, flat: Array, timeout: float | None) -> Transport: ...
+
+    def buffer(self, flat: Array, plan: Plan) -> Hashable | None: ...
+
+    def packing(self, plan: Plan, flat: Array, tables: Hashable) -> Packing: ...
+
+    def uncapturable(self) -> str | None: ...
 
 
 def allreduce(
@@ -105,100 +155,33 @@ def allreduce(
     if graphs is not None:
         as_flag(graphs, "graphs")
     part = _check_rounds(rounds, proof)
+    engine = engine_for(data, group, stream_ordered, graphs)
+    late_rank = late_rank_for(proof.schedule, late_rank, engine.size)
+    with engine.stream:
+        flat, header, problem = _inspect(data, proof, tag, late_rank, part, engine.sendable)
+        # the header is all-gathered where the channel says so, and this rank's own problem raised
+        # after the gather, so that its peers raise theirs rather than wait for it
+        with _channels.enter(engine.owner, engine.channel(tag), header, lockstep=lockstep) as call:
+            if call.must_check:
+                _agree(header, engine.gather(header, data if flat is None else flat, wait), engine.size)
+                if problem is None:
+                    call.agreed()
+            if problem is not None:
+                raise problem
+            return _run_rounds(engine, flat, proof, tag, part, late_rank, delay, wait, graphs)
+
+
+def engine_for(data: Any, group: Any, stream_ordered: bool, graphs: bool | None) -> Engine:
+    """The engine a call with ``data`` on ``group`` runs on, once its options fit it: an
+    :class:`NcclGroup`'s, else torch.distributed's for a torch tensor; an ArgumentError for
+    anything else."""
     if isinstance(group, NcclGroup):
-        from stragglar.runtime.cupy_nccl import (
-            CupyGraphs,
-            NcclTransport,
-            fused_packing,
-            nccl_dtype,
-            pointer,
-            uncapturable,
-        )
-        from stragglar.runtime.cupy_nccl import gather_headers as gather_nccl
-
-        if stream_ordered:
-            raise InputError(
-                "stream_ordered applies to torch tensors on an NCCL process group: an NcclGroup's "
-                "rounds already run on its stream"
-            )
-        on_gpu = library_of(data) == "cupy"
-        if graphs is not None and not on_gpu:
-            raise InputError("graphs applies to CuPy arrays on an NcclGroup: these rounds have no CUDA graph")
-        nccl = group.resolved()
-        rank, size = nccl.comm.rank_id(), nccl.comm.size()
-        late_rank = late_rank_for(proof.schedule, late_rank, size)
-        with nccl.stream:
-            flat, header, problem = _inspect(
-                data, proof, tag, late_rank, part, lambda dtype: nccl_dtype(nccl, dtype)
-            )
-
-            def gather_from_nccl() -> list[tuple[int, ...]]:
-                return gather_nccl(nccl, flat if flat is not None else data, header, wait)
-
-            def run_on_nccl() -> Timeline:
-                plan = plan_for(proof, rank, int(flat.shape[0]), tag * ROUNDS_PER_TAG)
-                transport = NcclTransport(plan, nccl, dtype_name(flat), _plus(wait, delay))
-                if not on_gpu:
-                    return run_rank(flat, plan, transport, delay, late_rank, part)
-                buffer = (pointer(flat), plan.layout.count, dtype_name(flat), int(flat.device.id))
-                packing = fused_packing(plan, flat, (proof.schedule.fingerprint, rank, tag, buffer))
-                if graphs is False:
-                    return run_rank(flat, plan, transport, delay, late_rank, part, packing)
-                key = (nccl.comm, proof.schedule.fingerprint, rank, buffer, tag, part, late_rank)
-                replay = functools.partial(shared(CupyGraphs), refusal=lambda: uncapturable(nccl))
-                return run_rank_replayed(flat, plan, transport, replay, key, delay, late_rank, part, packing)
-
-            check = _Check(header, problem, gather_from_nccl, size, lockstep)
-            return _checked_run(nccl.comm, None, check, run_on_nccl)
-    torch = sys.modules.get("torch")
+        return NcclEngine(data, group, stream_ordered, graphs)
+    torch = sys.modules.get("torch")  # never imported here: a torch tensor means it is loaded
     if torch is not None and isinstance(data, torch.Tensor):
-        import torch.distributed as dist
+        from stragglar.runtime.torch_dist import TorchEngine
 
-        from stragglar.runtime.torch_dist import CudaGraphs, TorchTransport, torch_uncapturable
-        from stragglar.runtime.torch_dist import gather_headers as gather_torch
-
-        if graphs is not None and not stream_ordered:
-            raise InputError(
-                "graphs applies to stream-ordered rounds (stream_ordered=True on an NCCL group) "
-                "and to CuPy arrays on an NcclGroup"
-            )
-
-        if group is not None and not isinstance(group, dist.ProcessGroup):
-            raise ArgumentError(
-                f"group must be a torch process group or None (the world), got {described(group)} "
-                f"({type(group).__name__})"
-            )
-        if not dist.is_initialized():
-            raise InputError(
-                "allreduce needs a process group: call torch.distributed.init_process_group first "
-                "(allreduce_local runs every rank in this process)"
-            )
-        if stream_ordered and dist.get_backend(group) != "nccl":
-            raise InputError(
-                f"stream_ordered applies to an NCCL process group, not {dist.get_backend(group)}: "
-                "its waits are on the host"
-            )
-        rank, size = dist.get_rank(group), dist.get_world_size(group)
-        late_rank = late_rank_for(proof.schedule, late_rank, size)
-        flat, header, problem = _inspect(data, proof, tag, late_rank, part)
-        identity = group if group is not None else dist.group.WORLD
-        channel = None if dist.get_backend(group) == "nccl" else tag  # NCCL ignores tags
-
-        def gather_from_torch() -> list[tuple[int, ...]]:
-            return gather_torch(header, group, data.device, rank, wait)
-
-        def run_on_torch() -> Timeline:
-            plan = plan_for(proof, rank, int(flat.shape[0]), tag * ROUNDS_PER_TAG)
-            moves = TorchTransport(plan, group, _plus(wait, delay), stream_ordered)
-            if stream_ordered and flat.is_cuda and graphs is not False:
-                buffer = (flat.data_ptr(), plan.layout.count, str(flat.dtype), str(flat.device))
-                key = (identity, proof.schedule.fingerprint, rank, buffer, tag, part, late_rank)
-                replay = functools.partial(shared(CudaGraphs), refusal=torch_uncapturable)
-                return run_rank_replayed(flat, plan, moves, replay, key, delay, late_rank, part)
-            return run_rank(flat, plan, moves, delay, late_rank, part)
-
-        check = _Check(header, problem, gather_from_torch, size, lockstep)
-        return _checked_run(identity, channel, check, run_on_torch)
+        return TorchEngine(group, stream_ordered, graphs)
     raise ArgumentError(
         f"cannot allreduce a {type(data).__name__} across processes: pass a torch tensor, or an array "
         "with an NcclGroup (allreduce_local takes one array per rank)"
@@ -219,30 +202,31 @@ def release_graphs(group: Any = None) -> int:
     return release(group.comm if isinstance(group, NcclGroup) else group)
 
 
-@dataclass(frozen=True)
-class _Check:
-    """What a call's header check needs: this rank's header and own ``problem`` (None: none), how
-    to all-gather every rank's header, the group's size, and whether the caller is in lockstep."""
-
-    header: Header
-    problem: Exception | None
-    gather: Callable[[], Sequence[Sequence[int]]]
-    size: int
-    lockstep: bool
-
-
-def _checked_run(group: Any, channel: int | None, check: _Check, start: Callable[[], Timeline]) -> Timeline:
-    """Run the call on its channel (:mod:`stragglar.runtime.channels`): refused if the channel is
-    busy, its header all-gathered first where the channel says so, and this rank's own problem
-    raised after the gather, so that its peers raise theirs rather than wait for it."""
-    with _channels.enter(group, channel, check.header, lockstep=check.lockstep) as call:
-        if call.must_check:
-            _agree(check.header, check.gather(), check.size)
-            if check.problem is None:
-                call.agreed()
-        if check.problem is not None:
-            raise check.problem
-        return start()
+def _run_rounds(
+    engine: Engine,
+    flat: Array,
+    proof: Proof,
+    tag: int,
+    part: tuple[int, int | None],
+    late_rank: int,
+    delay: float,
+    wait: float | None,
+    graphs: bool | None,
+) -> Timeline:
+    """This rank's rounds ``part`` on ``engine``: replayed from a CUDA graph where the engine names
+    the buffer (:meth:`Engine.buffer`) and ``graphs`` is not False, else eagerly."""
+    plan = plan_for(proof, engine.rank, int(flat.shape[0]), tag * ROUNDS_PER_TAG)
+    transport = engine.transport(plan, flat, _plus(wait, delay))
+    buffer = engine.buffer(flat, plan)
+    if buffer is None:
+        return run_rank(flat, plan, transport, delay, late_rank, part)
+    fingerprint = proof.schedule.fingerprint
+    packing = engine.packing(plan, flat, (fingerprint, engine.rank, tag, buffer))
+    if graphs is False:
+        return run_rank(flat, plan, transport, delay, late_rank, part, packing)
+    key = (engine.owner, fingerprint, engine.rank, buffer, tag, part, late_rank)
+    replay = functools.partial(shared(engine.capturing), refusal=engine.uncapturable)
+    return run_rank_replayed(flat, plan, transport, replay, key, delay, late_rank, part, packing)
 
 
 def _check_rounds(rounds: Any, proof: Proof) -> tuple[int, int | None]:
@@ -269,25 +253,25 @@ def _inspect(
     tag: int,
     late_rank: int,
     rounds: tuple[int, int | None],
-    sendable: Callable[[str], object] = lambda _: None,
+    sendable: Callable[[str], object],
 ) -> tuple[Any, Header, Exception | None]:
     """(the flat view or None, this rank's header, the error this rank must raise or None)."""
-    header = functools.partial(make_header, proof, tag=tag, late_rank=late_rank, rounds=rounds)
     refusal = in_place_refusal(data)
     if refusal is not None:
-        return None, header(None, None, problem=4), InputError(refusal)
+        header = make_header(proof, None, None, tag, late_rank, Problem.NOT_WRITABLE, rounds)
+        return None, header, InputError(refusal)
     try:
         flat = flat_view(data)
     except TypeError as e:  # a dtype nothing here supports
-        return None, header(None, None, problem=1), e
+        return None, make_header(proof, None, None, tag, late_rank, Problem.DTYPE, rounds), e
     except InputError as e:  # not contiguous
-        return None, header(None, None, problem=2), e
+        return None, make_header(proof, None, None, tag, late_rank, Problem.NOT_CONTIGUOUS, rounds), e
     dtype = dtype_name(flat)
     try:
         sendable(dtype)
     except TypeError as e:  # e.g. an NCCL build without bfloat16
-        return None, header(dtype, None, problem=3), e
-    return flat, header(dtype, int(flat.shape[0])), None
+        return None, make_header(proof, dtype, None, tag, late_rank, Problem.UNSENDABLE, rounds), e
+    return flat, make_header(proof, dtype, int(flat.shape[0]), tag, late_rank, rounds=rounds), None
 
 
 def _agree(mine: Header, gathered: Sequence[Sequence[int]], size: int) -> None:

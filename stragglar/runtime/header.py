@@ -21,22 +21,45 @@ True
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from enum import IntEnum
 from typing import Any, NamedTuple
 
 from stragglar.errors import InputError
-from stragglar.runtime.engine import DTYPES
+from stragglar.runtime.arrays import DTYPES
 from stragglar.schedule import ALGORITHMS
 from stragglar.verify import Proof
 
-__all__ = ["MAGIC", "Header", "MismatchError", "make_header", "mismatch", "rank_list"]
+__all__ = [
+    "MAGIC",
+    "PROBLEMS",
+    "Header",
+    "MismatchError",
+    "Problem",
+    "make_header",
+    "mismatch",
+    "ranks_in_words",
+]
 
 MAGIC = 0x53_54_52_41_47  # "STRAG": a peer that sends anything else is not in this call
 
-PROBLEMS = {
-    1: "has a buffer of a dtype no engine here supports",
-    2: "has a buffer that is not contiguous",
-    3: "has a dtype its engine cannot send",
-    4: "has a buffer it cannot write in place (it requires grad, or is an inference tensor)",
+
+class Problem(IntEnum):
+    """Why a rank cannot take part in a call, as its header says it (0: it can)."""
+
+    NONE = 0
+    DTYPE = 1  # a dtype nothing here supports
+    NOT_CONTIGUOUS = 2
+    UNSENDABLE = 3  # a dtype its engine cannot send (an NCCL build without bfloat16)
+    NOT_WRITABLE = 4  # requires grad, or an inference tensor outside inference mode
+
+
+PROBLEMS: dict[int, str] = {  # what a rank with a problem has, in words
+    Problem.DTYPE: "has a buffer of a dtype no engine here supports",
+    Problem.NOT_CONTIGUOUS: "has a buffer that is not contiguous",
+    Problem.UNSENDABLE: "has a dtype its engine cannot send",
+    Problem.NOT_WRITABLE: (
+        "has a buffer it cannot write in place (it requires grad, or is an inference tensor)"
+    ),
 }
 
 
@@ -51,7 +74,7 @@ class Header(NamedTuple):
     """One rank's description of the AllReduce it is about to run, as integers."""
 
     magic: int
-    problem: int  # 0, or a key of PROBLEMS: this rank cannot take part
+    problem: int  # a Problem: NONE, or why this rank cannot take part
     ranks: int  # the schedule's rank count
     algorithm: int  # index in ALGORITHMS, -1 for another name
     straggler: int  # -1: none
@@ -70,7 +93,7 @@ def make_header(
     count: int | None,
     tag: int,
     late_rank: int,
-    problem: int = 0,
+    problem: Problem = Problem.NONE,
     rounds: tuple[int, int | None] = (0, None),
 ) -> Header:
     """This rank's header (``dtype`` and ``count`` None when its buffer has a ``problem``)."""
@@ -91,10 +114,10 @@ def make_header(
     )
 
 
-def rank_list(ranks: Sequence[int], limit: int = 8) -> str:
+def ranks_in_words(ranks: Sequence[int], limit: int = 8) -> str:
     """``rank 2`` or ``ranks 0-3, 5``: ranks in words, the first ``limit`` runs of them.
 
-    >>> rank_list([5, 0, 1, 2, 3]), rank_list([4]), rank_list(range(0, 20, 2), limit=3)
+    >>> ranks_in_words([5, 0, 1, 2, 3]), ranks_in_words([4]), ranks_in_words(range(0, 20, 2), limit=3)
     ('ranks 0-3, 5', 'rank 4', 'ranks 0, 2, 4 and 7 more')
     """
     ordered = sorted(set(ranks))
@@ -143,13 +166,14 @@ def mismatch(headers: Sequence[Header], group_size: int) -> str | None:
     strangers = [r for r, h in enumerate(headers) if h.magic != MAGIC]
     if strangers:
         return (
-            f"{rank_list(strangers)} sent no allreduce header: is another collective running on this group?"
+            f"{ranks_in_words(strangers)} sent no allreduce header: "
+            "is another collective running on this group?"
         )
     troubled = {
         code: [r for r, h in enumerate(headers) if h.problem == code] for code in {h.problem for h in headers}
     }
     problems = [
-        f"{rank_list(ranks)} {PROBLEMS.get(code, 'cannot take part')}"
+        f"{ranks_in_words(ranks)} {PROBLEMS.get(code, 'cannot take part')}"
         for code, ranks in troubled.items()
         if code
     ]
@@ -164,7 +188,7 @@ def mismatch(headers: Sequence[Header], group_size: int) -> str | None:
             groups.setdefault(key(h), []).append(r)
         if len(groups) > 1:
             shown = sorted(groups.values(), key=lambda rs: (-len(rs), rs))
-            said = [f"{rank_list(rs)} {_plural(words(headers[rs[0]]), len(rs))}" for rs in shown[:4]]
+            said = [f"{ranks_in_words(rs)} {_plural(words(headers[rs[0]]), len(rs))}" for rs in shown[:4]]
             more = f", {len(shown) - 4} more values" if len(shown) > 4 else ""
             parts.append(f"{name}: " + ", ".join(said) + more)
     if parts:

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from stragglar.runtime.engine import dtype_name
+from stragglar.runtime.arrays import dtype_name
 
 __all__ = ["SOURCE", "SUMS", "Kernels", "Rows", "kernel_names", "kernels", "launch", "upload", "words"]
 

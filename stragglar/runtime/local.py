@@ -15,22 +15,18 @@ from typing import Any
 
 from stragglar.args import MAX_DELAY, as_flag, as_seconds
 from stragglar.errors import InputError
-from stragglar.runtime.engine import (
+from stragglar.runtime.arrays import (
     Array,
-    Timeline,
-    apply,
     check_buffers,
     check_sizes,
     dtype_name,
     empty_like,
     flat_view,
-    late_rank_for,
     library_of,
-    recv_view,
-    send_view,
-    sleep_until,
 )
-from stragglar.runtime.plans import plan_for
+from stragglar.runtime.clock import Timeline, sleep_until
+from stragglar.runtime.interpreter import apply, recv_view, send_view
+from stragglar.runtime.plans import late_rank_for, plan_for
 from stragglar.runtime.program import BoundStep, Plan
 from stragglar.verify import Proof, require_proof
 
@@ -140,7 +136,7 @@ def run_local(
     """AllReduce ``buffers`` (one per rank, in place) with one bound plan per rank.
 
     The late rank (``late_rank``, default the schedule's straggler, else the last rank: see
-    :func:`~stragglar.runtime.engine.late_rank_for`) arrives ``straggler_delay`` seconds after the
+    :func:`~stragglar.runtime.plans.late_rank_for`) arrives ``straggler_delay`` seconds after the
     start, so every round from its first one on waits until then, as every rank would wait for it
     on a network; rounds before it run at once.  ``sync`` waits for queued device work
     (``cupy.cuda.Device().synchronize``) before the clock is read at the end.

@@ -24,8 +24,9 @@ from typing import Any
 
 import numpy as np
 
+from stragglar.runtime.arrays import Array, dtype_name
 from stragglar.runtime.batched import BatchedPlan, batched_plan, run_batched, run_rounds
-from stragglar.runtime.engine import Array, Timeline, dtype_name
+from stragglar.runtime.clock import Timeline
 from stragglar.runtime.graphs import Replayer
 from stragglar.runtime.kernels import SUMS, kernels, launch, upload
 from stragglar.runtime.plans import cached

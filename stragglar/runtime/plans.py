@@ -1,9 +1,10 @@
-"""Compiled programs and bound plans, cached by the schedule's fingerprint.
+"""Compiled programs and bound plans, cached by the schedule's fingerprint, and who is late in them.
 
 Every entry point of the runtime asks for a plan per call: a DDP hook asks for one per gradient
 bucket per step, so a lookup must cost microseconds, not a walk over every transfer.  Programs
 (one compile per schedule) and plans (one bind per rank, element count and tag base) are kept
-in small least-recently-used caches shared by every thread.
+in small least-recently-used caches shared by every thread.  Which rank of a plan arrives late is
+answered here too, by the one function every entry point asks (:func:`late_rank_for`).
 """
 
 from __future__ import annotations
@@ -11,14 +12,14 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from stragglar.args import as_int, as_rank
-from stragglar.runtime.engine import late_rank_for
 from stragglar.runtime.program import Plan, RankProgram, bind, compile_schedule
+from stragglar.schedule import Schedule
 from stragglar.verify import Proof, require_proof
 
-__all__ = ["cached", "plan_for", "rounds_without"]
+__all__ = ["cached", "late_rank_for", "plan_for", "rounds_without"]
 
 _V = TypeVar("_V")
 _lock = threading.Lock()
@@ -56,6 +57,21 @@ def plan_for(proof: Proof, rank: int, count: int, tag_base: int = 0) -> Plan:
     programs = _compiled(proof)
     key = (proof.schedule.fingerprint, rank, count, tag_base)
     return cached(_plans, key, lambda: bind(programs[rank], count, tag_base), 256)
+
+
+def late_rank_for(ranks: Schedule | RankProgram, late_rank: Any = None, size: int | None = None) -> int:
+    """The rank that arrives late in a run of ``ranks`` (a schedule, or a rank's program of one):
+    ``late_rank`` where the caller names one (checked as a rank of ``size`` ranks, default the
+    schedule's), else the schedule's own (:attr:`~stragglar.schedule.Schedule.late_rank`: its
+    straggler, else the last rank).
+
+    Every entry point that makes a rank late asks this one function, so they all agree on who it
+    is.  A call across processes checks the rank it is given against its group's size: a group of
+    another size is then reported by the header check, in the same words on every rank.
+    """
+    if late_rank is None:
+        return ranks.late_rank
+    return as_rank(late_rank, "late_rank", ranks.num_ranks if size is None else size)
 
 
 def rounds_without(proof: Proof, late_rank: int | None = None) -> int:

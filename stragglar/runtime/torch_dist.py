@@ -4,7 +4,7 @@ Gloo: every irecv of the round is posted before any isend, with the round as tag
 waited with a timeout (``batch_isend_irecv`` is a plain loop on gloo and can hang).  NCCL: one
 ``batch_isend_irecv`` per round, which NCCL runs as one group; it ignores tags and matches in issue
 order, which is the same on both ends.  A failure names the peer whose receive or send did not
-complete (:class:`~stragglar.runtime.engine.RankError`).
+complete (:class:`~stragglar.runtime.failures.RankError`).
 
 Waiting with a timeout blocks the host: on NCCL too, where ``wait(timeout)`` polls until the work
 is done.  A caller that must not block (a DDP hook issuing rounds on a side stream) asks for
@@ -15,24 +15,31 @@ own timeout (NCCL's watchdog), not by ``timeout``.  Stream-ordered rounds on CUD
 from CUDA graphs after their first call (:class:`CudaGraphs`, :mod:`~stragglar.runtime.graphs`):
 a graph writes the buffer it was captured on, so its key names the buffer's address, size and
 dtype, the plan and its round range, the group, the tag and the late rank.
+
+:class:`TorchEngine` is what :func:`~stragglar.runtime.allreduce` runs a torch tensor's call on
+(:class:`~stragglar.runtime.distributed.Engine`): the group, the header gather, the transport, the
+graphs and the NCCL version check above.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Hashable, Sequence
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from stragglar.runtime.engine import RankError, classify, first_line, poll, step_error
+from stragglar.errors import ArgumentError, InputError, described
+from stragglar.runtime.arrays import Array
+from stragglar.runtime.clock import poll
+from stragglar.runtime.failures import checking_error, classify, first_line, step_error
 from stragglar.runtime.graphs import nccl_uncapturable
+from stragglar.runtime.interpreter import SLICE_PACKING, Packing
 from stragglar.runtime.program import BoundStep, Plan
 
-__all__ = ["CudaGraphs", "TorchTransport", "gather_headers", "torch_uncapturable"]
-
-CHECKING = "checking that every rank runs the same allreduce"
+__all__ = ["CudaGraphs", "TorchEngine", "TorchTransport", "gather_headers", "torch_uncapturable"]
 
 
 class TorchTransport:
@@ -137,11 +144,67 @@ def gather_headers(
         else:
             work.wait()
     except Exception as e:
-        reason = classify(e)
-        raise RankError(
-            f"allreduce failed: rank {rank} {reason} {CHECKING}: {first_line(e)}",
-            rank=rank,
-            reason=reason,
-            during=CHECKING,
-        ) from e
+        raise checking_error(rank, classify(e), first_line(e)) from e
     return [tuple(int(x) for x in t.tolist()) for t in gathered]
+
+
+_NO_STREAM = contextlib.nullcontext()  # torch's calls run on the current stream: nothing to enter
+
+
+class TorchEngine:
+    """A call on a torch process group (``group``; None: the world), made only once the group and
+    the options fit: ``graphs`` is for stream-ordered rounds, ``stream_ordered`` for an NCCL group.
+    Stream-ordered rounds on a CUDA tensor replay from a CUDA graph (:meth:`buffer`); every
+    tensor's messages pack and land as the interpreter packs them."""
+
+    capturing = CudaGraphs
+    stream = _NO_STREAM
+
+    def __init__(self, group: Any, stream_ordered: bool, graphs: bool | None) -> None:
+        if graphs is not None and not stream_ordered:
+            raise InputError(
+                "graphs applies to stream-ordered rounds (stream_ordered=True on an NCCL group) "
+                "and to CuPy arrays on an NcclGroup"
+            )
+        if group is not None and not isinstance(group, dist.ProcessGroup):
+            raise ArgumentError(
+                f"group must be a torch process group or None (the world), got {described(group)} "
+                f"({type(group).__name__})"
+            )
+        if not dist.is_initialized():
+            raise InputError(
+                "allreduce needs a process group: call torch.distributed.init_process_group first "
+                "(allreduce_local runs every rank in this process)"
+            )
+        if stream_ordered and dist.get_backend(group) != "nccl":
+            raise InputError(
+                f"stream_ordered applies to an NCCL process group, not {dist.get_backend(group)}: "
+                "its waits are on the host"
+            )
+        self.group = group
+        self.stream_ordered = stream_ordered
+        self.rank, self.size = dist.get_rank(group), dist.get_world_size(group)
+        self.owner = group if group is not None else dist.group.WORLD
+
+    def channel(self, tag: int) -> int | None:
+        return None if dist.get_backend(self.group) == "nccl" else tag  # NCCL ignores tags
+
+    def sendable(self, dtype: str) -> None:
+        """Every dtype of :data:`~stragglar.runtime.arrays.DTYPES` travels on gloo and NCCL."""
+
+    def gather(self, header: Sequence[int], like: Array, timeout: float | None) -> list[tuple[int, ...]]:
+        return gather_headers(header, self.group, like.device, self.rank, timeout)
+
+    def transport(self, plan: Plan, flat: Array, timeout: float | None) -> TorchTransport:
+        return TorchTransport(plan, self.group, timeout, self.stream_ordered)
+
+    def buffer(self, flat: Array, plan: Plan) -> Hashable | None:
+        if not (self.stream_ordered and flat.is_cuda):
+            return None
+        return (flat.data_ptr(), plan.layout.count, str(flat.dtype), str(flat.device))
+
+    def packing(self, plan: Plan, flat: Array, tables: Hashable) -> Packing:
+        return SLICE_PACKING
+
+    def uncapturable(self) -> str | None:
+        return torch_uncapturable()

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from stragglar.runtime import heartbeat as beats
+from stragglar.runtime import liveness as beats
 
 
 def test_outside_a_launched_rank_a_heartbeat_sends_nothing() -> None:
@@ -19,13 +19,13 @@ def test_a_connected_rank_beats_at_most_every_fifth_of_a_second(monkeypatch: pyt
     received, sent = multiprocessing.Pipe(duplex=False)
     monkeypatch.setattr(beats, "_pipe", None)  # restored after the test: the process is no rank
     monkeypatch.setattr(beats, "_last", 0.0)
-    beats.connect(sent)
+    beats.connect_launcher(sent)
     for _ in range(5):
         beats.heartbeat()
     assert received.recv() == ("beat", None) and not received.poll(0.05)
     time.sleep(0.2)
     beats.heartbeat()
-    beats.send(sent, ("ok", 7))
+    beats.send_to_launcher(sent, ("ok", 7))
     assert [received.recv(), received.recv()] == [("beat", None), ("ok", 7)]
     sent.close()
     received.close()

@@ -1,0 +1,174 @@
+"""The buffers the runtime sums: NumPy, CuPy or torch arrays, and what it asks of them.
+
+The runtime only slices a buffer, copies into slices and adds into slices, which all three
+libraries spell the same way; what differs is asked here, in one place: a buffer's library
+(:func:`library_of`) and dtype (:func:`dtype_name`, one of :data:`DTYPES`), its 1-D view
+(:func:`flat_view`), scratch like it (:func:`scratch_for`), and the refusals of a buffer that
+cannot be summed in place, made before any data moves (:func:`check_array`,
+:func:`check_summable`, :func:`check_buffers`, :func:`in_place_refusal`).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from stragglar.errors import ArgumentError, InputError
+
+__all__ = [
+    "DTYPES",
+    "Array",
+    "check_array",
+    "check_buffers",
+    "check_sizes",
+    "check_summable",
+    "dtype_name",
+    "empty_like",
+    "flat_view",
+    "in_place_refusal",
+    "library_of",
+    "scratch_for",
+]
+
+DTYPES = ("float16", "bfloat16", "float32", "float64", "int32", "int64")
+
+Array = Any  # numpy.ndarray, cupy.ndarray or torch.Tensor: all sliced the same way
+
+_dtype_names: dict[Any, str] = {}  # a supported dtype object -> its name
+
+
+def dtype_name(array: Array) -> str:
+    """The dtype as a plain name (``torch.float32`` -> ``float32``), checked against :data:`DTYPES`.
+
+    A call asks it several times per buffer, and naming a NumPy dtype costs microseconds, so the
+    names of the dtypes seen are kept (a handful: only supported ones are)."""
+    dtype = array.dtype
+    name = _dtype_names.get(dtype)
+    if name is not None:
+        return name
+    name = str(dtype).rsplit(".", 1)[-1]
+    if name not in DTYPES:
+        raise ArgumentError(f"cannot allreduce dtype {name}: supported dtypes are {', '.join(DTYPES)}")
+    if len(_dtype_names) < 64:
+        _dtype_names[dtype] = name
+    return name
+
+
+def flat_view(array: Array) -> Array:
+    """A 1-D view sharing ``array``'s memory; the result must land in place, so no copies."""
+    dtype_name(array)
+    contiguous = array.is_contiguous() if hasattr(array, "is_contiguous") else array.flags.c_contiguous
+    if not contiguous:
+        raise InputError("allreduce needs a contiguous buffer (results are written in place)")
+    return array.reshape(-1)
+
+
+def in_place_refusal(array: Array) -> str | None:
+    """Why the AllReduce cannot write ``array`` in place, or None: torch refuses in-place writes to
+    a tensor that requires grad (a view of a leaf) or to an inference tensor outside inference
+    mode, and would do so in the middle of the rounds, with the buffer half written and the peers
+    waiting for data that never comes.  So the rank says so in its header, before any data moves."""
+    if getattr(array, "requires_grad", False):
+        return "allreduce writes in place: pass a buffer that does not require grad (tensor.detach())"
+    inference = getattr(array, "is_inference", None)
+    torch = sys.modules.get("torch")
+    if inference is not None and inference() and torch is not None and not torch.is_inference_mode_enabled():
+        return (
+            "allreduce writes in place: an inference tensor can only be written inside torch.inference_mode()"
+        )
+    return None
+
+
+def empty_like(flat: Array, size: int) -> Array:
+    """Scratch on the same device and with the same dtype as ``flat``."""
+    if hasattr(flat, "new_empty"):
+        return flat.new_empty(size)
+    return np.empty_like(flat, shape=(size,))  # CuPy arrays dispatch this to CuPy
+
+
+_host_scratch = threading.local()
+
+
+def scratch_for(flat: Array, size: int) -> Array:
+    """``size`` elements of scratch like ``flat``, reused across calls for host (CPU) buffers.
+
+    A fresh 100 MiB host allocation costs about 40 ms of page faults, paid on every call; CUDA
+    memory pools already cache, and their stream-ordered reuse is theirs to manage, so device
+    buffers get a fresh allocation.  The cache is per thread (a thread runs one AllReduce at a
+    time) and per dtype, and holds the largest scratch asked for so far.
+    """
+    if not _on_host(flat):
+        return empty_like(flat, size)
+    key = (type(flat), dtype_name(flat))
+    cache: dict[tuple[type, str], Array] = _host_scratch.__dict__.setdefault("buffers", {})
+    buffer = cache.get(key)
+    if buffer is None or buffer.shape[0] < size:
+        buffer = cache[key] = empty_like(flat, size)
+    return buffer[:size]
+
+
+def _on_host(flat: Array) -> bool:
+    device = getattr(flat, "device", None)
+    return isinstance(flat, np.ndarray) or getattr(device, "type", None) == "cpu"
+
+
+def check_sizes(sizes: Sequence[int], what: str) -> None:
+    if len(set(sizes)) > 1:
+        raise InputError(f"every rank needs the same buffer size for {what}, got {sorted(set(sizes))}")
+
+
+def library_of(value: object) -> str | None:
+    """``numpy``, ``torch`` or ``cupy`` for an array of that library; None for anything else (a
+    list, a scalar), which the interpreter cannot slice in place.  The GPU libraries are asked
+    first: an array type of theirs that derives from NumPy's is still theirs."""
+    for name, kind in (("torch", "Tensor"), ("cupy", "ndarray")):
+        module = sys.modules.get(name)  # never imported here: an array of it means it is loaded
+        if module is not None and isinstance(value, getattr(module, kind)):
+            return name
+    return "numpy" if isinstance(value, np.ndarray) else None
+
+
+def check_array(array: object, what: str) -> None:
+    """Refuse a buffer the AllReduce cannot sum in place, before any data moves: anything but a
+    NumPy, CuPy or torch array (:func:`check_summable` too).  A 0-d array is one element, and fine."""
+    if library_of(array) is None:
+        raise ArgumentError(f"{what} sums NumPy, CuPy or torch arrays, got {type(array).__name__}")
+    check_summable(array, what)
+
+
+def check_summable(array: object, what: str) -> None:
+    """Refuse an array whose values are not its data: a meta tensor has a shape and no data (the
+    rounds would "succeed" doing nothing in one process, and fail half-way across processes when a
+    transport copies out of it); a masked NumPy array would be summed through its mask, the masked
+    values included, and look like a masked sum."""
+    if getattr(array, "is_meta", False):
+        raise InputError(f"{what} needs data to sum: a meta tensor holds none")
+    if isinstance(array, np.ma.MaskedArray):
+        raise InputError(
+            f"{what} cannot honour a mask: pass the array's data (array.filled(0) sums the unmasked values)"
+        )
+
+
+def check_buffers(buffers: object) -> None:
+    """``allreduce_local``'s buffers: a list (or tuple) of arrays of one library on one device, so
+    that a round's copy from one rank into another is a plain slice copy."""
+    if not isinstance(buffers, (list, tuple)):
+        raise ArgumentError(
+            f"allreduce_local takes a list of arrays, one per rank, got {type(buffers).__name__}"
+        )
+    for rank, buffer in enumerate(buffers):
+        check_array(buffer, "allreduce_local")
+        refusal = in_place_refusal(buffer)
+        if refusal is not None:
+            raise InputError(f"rank {rank}'s buffer: {refusal}")
+    places = sorted({f"{library_of(b)} on {_device(b)}" for b in buffers})
+    if len(places) > 1:
+        raise InputError(f"allreduce_local needs every rank's array in one place, got {' and '.join(places)}")
+
+
+def _device(array: Any) -> str:
+    return "the host" if isinstance(array, np.ndarray) else str(array.device)
