@@ -44,18 +44,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from gpu_ranks import (
-    PERIOD,
-    DDPConfig,
-    P2PConfig,
-    Wrong,
-    cupy_rank,
-    ddp_rank,
-    p2p_rank,
-    slowest,
-    total,
-    value,
-)
+from gpu_inputs import PERIOD, DDPConfig, P2PConfig, Wrong, slowest, total, value
 from results import save
 
 from stragglar.measure.gpus import gpu_count
@@ -204,6 +193,8 @@ def _size(size_bytes: int) -> str:
 
 def p2p(cfg: P2PConfig, world: int, gpus: int) -> dict[str, float]:
     """Part (b): the slowest rank's median time per variant, and the bare pair's."""
+    from gpu_ranks import p2p_rank  # torch: only where a part runs
+
     per_rank = launch(p2p_rank, world, (cfg,), timeout=cfg.timeout, backend=cfg.backend, gpus=gpus)
     return slowest(per_rank)
 
@@ -251,6 +242,8 @@ def cupy_nccl(cfg: P2PConfig, world: int, gpus: int) -> dict[str, float] | str:
         import cupy  # noqa: F401  (only whether it is there)
     except ImportError:
         return "not measured: cupy is not installed"
+    from gpu_ranks import cupy_rank
+
     per_rank = launch(cupy_rank, world, (cfg,), timeout=cfg.timeout, backend=cfg.backend, gpus=gpus)
     return slowest(per_rank)
 
@@ -262,6 +255,8 @@ def _sizes(times: dict[str, float]) -> list[int]:
 def ddp(cfg: DDPConfig, world: int, gpus: int, variants: tuple[str, ...]) -> dict[str, Any]:
     """Part (c): per variant the median step (the slowest rank's) and the largest loss difference
     from the default hook's, step by step on every rank."""
+    from gpu_ranks import ddp_rank
+
     per_rank = launch(
         ddp_rank,
         world,
@@ -401,6 +396,13 @@ def run_loopback(args: argparse.Namespace, gpus: int) -> list[dict[str, Any]] | 
     return [asdict(r) for r in rows]
 
 
+def device_name() -> str:
+    """The first GPU's name, as torch says it (torch: only once the parts have run)."""
+    import torch
+
+    return str(torch.cuda.get_device_name(0))
+
+
 RUNNERS: dict[str, Callable[[argparse.Namespace, int], Any]] = {
     "p2p": run_p2p,
     "ddp": run_ddp,
@@ -426,7 +428,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--iters must be at least 1")
     gpus = gpu_count()  # through NVML: no CUDA context here before the ranks are forked
     if gpus < 1:
-        print("no GPU: torch sees no CUDA device")
+        print(f"no GPU: {'torch sees no CUDA device' if importlib.util.find_spec('torch') else 'no torch'}")
         return
     kept_device, kept = kept_parts(args.json, args.parts)
     figures = dict(kept)
@@ -440,9 +442,7 @@ def main(argv: list[str] | None = None) -> None:
             figures[part] = _failed(part, e)
         failed |= isinstance(figures[part], str) and figures[part].startswith("FAILED")
         _save_so_far(args.json, figures)
-    import torch
-
-    device = torch.cuda.get_device_name(0)
+    device = device_name()
     print(f"\ndevice: {device}")
     if kept and kept_device != device:
         print(f"not kept from {args.json}: {', '.join(sorted(kept))} (measured on {kept_device})")

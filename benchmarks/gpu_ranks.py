@@ -1,51 +1,26 @@
 """bench_gpu.py's parts with ranks in processes: StragglAR against NCCL's all_reduce, and DDP.
 
 Both run on ``launch``'s fork-started ranks.  On NCCL (the GPU run) every rank is placed on a GPU
-(``placement``; 4 ranks on one GPU talk over NCCL's socket transport, so ratios are indicative,
-see ../shared/docs/gpu-notes.md); the same code runs on gloo and the CPU for the tests, with host
-waits instead of stream-ordered rounds and no graphs.  Every timed call's result is checked on
-every rank, and a step's time is the slowest rank's (the launcher takes the maximum per call).
+(``placement``; 4 ranks on one GPU talk over NCCL's socket transport, so ratios are indicative);
+the same code runs on gloo and the CPU for the tests, with host waits instead of stream-ordered
+rounds and no graphs.  Every timed call's result is checked on every rank, and a step's time is
+the slowest rank's (the launcher takes the maximum per call).
 """
 
 from __future__ import annotations
 
 import functools
-import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from gpu_inputs import PERIOD, DDPConfig, P2PConfig, Wrong, total, value
 
 from stragglar.runtime import allreduce, release_graphs
 from stragglar.synth import synthesize
 from stragglar.verify import Proof, prove
-
-PERIOD = 4093  # as bench_gpu's loopback: values repeat with a prime period
-
-
-@dataclass(frozen=True)
-class P2PConfig:
-    backend: str
-    sizes: tuple[int, ...]  # bytes per rank
-    delays: tuple[float, ...]  # seconds the last rank is late
-    iters: int
-    timeout: float = 120.0
-
-
-@dataclass(frozen=True)
-class DDPConfig:
-    backend: str
-    width: int
-    depth: int
-    bucket_mb: float
-    steps: int
-    warmup: int
-    late_rank: int | None
-    delay: float
-    timeout: float = 120.0
 
 
 def device_of(backend: str) -> torch.device:
@@ -55,18 +30,6 @@ def device_of(backend: str) -> torch.device:
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def value(base: Any, rank: int, world: int) -> Any:
-    """Rank ``rank``'s input from ``base`` (element i: ``i mod PERIOD``, a float32 array of any
-    library): ``base * world + rank``, distinct per rank and, within a period, per element, so a
-    lost or misplaced chunk shows; every partial sum is an integer below 2**24, exact in float32."""
-    return base * world + rank
-
-
-def total(base: Any, world: int) -> Any:
-    """The sum of every rank's :func:`value`."""
-    return base * (world * world) + world * (world - 1) // 2
 
 
 def _base(count: int, device: torch.device) -> torch.Tensor:
@@ -79,10 +42,6 @@ def fill(buf: torch.Tensor, rank: int, world: int) -> None:
 
 def summed(count: int, world: int, device: torch.device) -> torch.Tensor:
     return total(_base(count, device), world)  # type: ignore[no-any-return]
-
-
-class Wrong(Exception):
-    """A result differed from the sum: its timing would mean nothing."""
 
 
 Variants = Callable[[torch.Tensor, float], dict[str, Callable[[], object]]]
@@ -234,15 +193,6 @@ def _pair(rank: int, world: int, size: int, iters: int, device: torch.device) ->
             out.append(time.perf_counter() - start)
         if not bool((recv == peer).all()):
             raise Wrong(f"rank {rank} received wrong values from rank {peer}")
-    return out
-
-
-def slowest(per_rank: Sequence[dict[str, list[float]]]) -> dict[str, float]:
-    """Per variant, the median over calls of the slowest rank's time (seconds)."""
-    out = {}
-    for name in per_rank[0]:
-        calls = [r[name] for r in per_rank if r[name]]
-        out[name] = statistics.median(max(c) for c in zip(*calls, strict=True)) if calls else 0.0
     return out
 
 

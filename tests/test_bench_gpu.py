@@ -50,7 +50,7 @@ def test_a_wrong_result_stops_the_benchmark(cuda: FakeCuda) -> None:
     bufs = [np.zeros(10, np.float32) for _ in range(3)]
     bench_gpu.fill(np, bufs)
     bufs[1][7] += 1  # as if a round had lost or misplaced a piece
-    from gpu_ranks import Wrong
+    from gpu_inputs import Wrong
 
     with pytest.raises(Wrong, match="rank 0 has 10 wrong elements of 10"):
         bench_gpu.verify(np, bufs, "N=3")
@@ -61,7 +61,7 @@ def test_the_rank_parts_run_on_gloo_and_check_every_call(monkeypatch: pytest.Mon
     pytest.importorskip("torch")
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     import bench_gpu
-    from gpu_ranks import DDPConfig, P2PConfig
+    from gpu_inputs import DDPConfig, P2PConfig
 
     times = bench_gpu.p2p(P2PConfig("gloo", (4096,), (0.0, 0.02), 1, timeout=30), 2, 0)
     names = [n for n in times if n != "pair"]
@@ -115,7 +115,7 @@ def test_the_cupy_nccl_part_says_why_it_has_no_figures_or_fails(monkeypatch: pyt
     pytest.importorskip("torch")
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     import bench_gpu
-    from gpu_ranks import P2PConfig
+    from gpu_inputs import P2PConfig
 
     from stragglar.measure.launch import LaunchError
 
@@ -135,7 +135,6 @@ def bench(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     device named without CUDA."""
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     import bench_gpu
-    import torch
 
     from stragglar.measure.launch import LaunchError
 
@@ -152,7 +151,7 @@ def bench(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         return run
 
     monkeypatch.setattr(bench_gpu, "gpu_count", lambda: 1)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: "Test GPU")
+    monkeypatch.setattr(bench_gpu, "device_name", lambda: "Test GPU")
     monkeypatch.setattr(bench_gpu, "RUNNERS", {p: runner(p) for p in bench_gpu.PARTS})
     monkeypatch.setattr(bench_gpu, "ran", ran, raising=False)
     monkeypatch.setattr(bench_gpu, "failing", failing, raising=False)

@@ -57,10 +57,13 @@ def sharing_note(world_size: int, gpus: int) -> str | None:
 
 
 def gpu_count() -> int:
-    """The CUDA GPUs torch sees (0 for a torch built without CUDA), counted through NVML, which
-    makes no CUDA context here; where NVML cannot count them torch asks CUDA itself, and the forked
-    ranks may then fail to start CUDA (each says so, and the run fails with exit 1)."""
-    import torch
+    """The CUDA GPUs torch sees (0 for a torch built without CUDA, or no torch), counted through
+    NVML, which makes no CUDA context here; where NVML cannot count them torch asks CUDA itself,
+    and the forked ranks may then fail to start CUDA (each says so, and the run fails with exit 1)."""
+    try:
+        import torch
+    except ImportError:
+        return 0
 
     return int(torch.cuda.device_count())
 

@@ -38,6 +38,7 @@ from stragglar.runtime.failures import checking_error, classify, first_line, ste
 from stragglar.runtime.graphs import nccl_uncapturable
 from stragglar.runtime.interpreter import SLICE_PACKING, Packing
 from stragglar.runtime.program import BoundStep, Plan
+from stragglar.runtime.teardown import install
 
 __all__ = ["CudaGraphs", "TorchEngine", "TorchTransport", "gather_headers", "torch_uncapturable"]
 
@@ -101,6 +102,7 @@ class CudaGraphs:
     goes on with its own rounds meanwhile, which the default mode would make fail."""
 
     def capture(self, work: Callable[[], object]) -> Any:
+        install()  # a graph of NCCL rounds must go before its group does (see teardown)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             work()
