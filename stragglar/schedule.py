@@ -12,7 +12,7 @@ a run waits for when one is late (:attr:`Schedule.late_rank`), the round lower b
 (:func:`round_lower_bound`) and a cheap, stable fingerprint for cache keys
 (:attr:`Schedule.fingerprint`).
 
-Semantics (also the JSON format's, see ``stragglar.formats.json``): rank ``r``
+Semantics (also the JSON format's, see ``stragglar.formats.schedule_json``): rank ``r``
 starts with its own contribution in every chunk.  In a round every transfer
 reads the state at the start of the round; ``copy`` sets the destination's chunk
 to the source's, ``reduce`` adds the source's chunk to the destination's.

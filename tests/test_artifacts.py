@@ -18,7 +18,7 @@ from stragglar.cli import cli
 from stragglar.commands.common import proved_artifact, read_artifact
 from stragglar.commands.schedules import SUFFIXES, output_format
 from stragglar.errors import IncorrectError, InputError
-from stragglar.formats import json as json_format
+from stragglar.formats import schedule_json as json_format
 from stragglar.proof_tier import ProofRow, format_row
 from stragglar.synth import synthesize
 from stragglar.verify import Proof, prove

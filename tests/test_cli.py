@@ -18,7 +18,7 @@ from click.testing import CliRunner, Result
 
 from stragglar import __version__
 from stragglar.cli import cli
-from stragglar.formats import json as json_format
+from stragglar.formats import schedule_json
 from stragglar.formats.text import render
 from stragglar.schedule import Phase, Schedule
 from stragglar.synth import synthesize
@@ -95,7 +95,7 @@ def test_baselines_have_no_lower_bound_comparison(algorithm: str, summary: str) 
 def test_synth_json_on_stdout_is_clean_and_the_summary_goes_to_stderr() -> None:
     result = run("synth", "--gpus", "8", "--format", "json")
     assert result.exit_code == 0
-    assert json_format.loads(result.stdout) == synthesize("stragglar", 8)
+    assert schedule_json.loads(result.stdout) == synthesize("stragglar", 8)
     assert result.stderr.strip() == SUMMARY_8
 
 
@@ -104,7 +104,7 @@ def test_output_file_round_trip(tmp_path: Path) -> None:
     written = run("synth", "--gpus", "8", "-o", str(path))
     assert written.exit_code == 0
     assert written.stdout.strip() == SUMMARY_8
-    assert json_format.read(path) == synthesize("stragglar", 8)
+    assert schedule_json.read(path) == synthesize("stragglar", 8)
 
     verified = run("verify", str(path))
     assert verified.exit_code == 0
@@ -214,13 +214,13 @@ def test_a_directory_is_not_a_schedule(tmp_path: Path) -> None:
 def tampered(tmp_path: Path) -> Path:
     """A well-formed file whose first reduce carries the chunk of the next one on the same link,
     so that the next round adds rank 0's contribution twice."""
-    doc = json_format.to_document(synthesize("stragglar", 8))
+    doc = schedule_json.to_document(synthesize("stragglar", 8))
     first, second = (rnd[0] for rnd in doc["phases"][0]["rounds"][:2])
     assert (first["src"], first["dst"]) == (second["src"], second["dst"]) == (0, 1)
     first["chunk"] = second["chunk"]
     path = tmp_path / "tampered.json"
     path.write_text(json.dumps(doc), encoding="utf-8")
-    json_format.read(path)  # still well-formed: the error must be about correctness
+    schedule_json.read(path)  # still well-formed: the error must be about correctness
     return path
 
 
@@ -236,7 +236,7 @@ def test_synth_never_writes_a_schedule_it_cannot_prove(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """If a generator ever produced a wrong schedule, synth must refuse it (exit 1) and write nothing."""
-    wrong = json_format.read(tampered(tmp_path))
+    wrong = schedule_json.read(tampered(tmp_path))
     monkeypatch.setattr("stragglar.commands.schedules.synthesize", lambda *args, **kwargs: wrong)
     path = tmp_path / "out.json"
     line = assert_one_error_line(run("synth", "--gpus", "8", "-o", str(path)), 1)
@@ -264,7 +264,7 @@ def test_show_reports_a_gap_to_the_lower_bound(tmp_path: Path) -> None:
     phases = (*s.phases[:-1], Phase(last.name, last.ranks, (*last.rounds, ())))
     slower = Schedule(s.algorithm, s.num_ranks, s.num_chunks, s.straggler, phases)
     path = tmp_path / "slower.json"
-    json_format.write(slower, path)
+    schedule_json.write(slower, path)
     result = run("show", str(path))
     assert result.exit_code == 0
     assert result.stdout.splitlines()[-2] == "  round 4 | -"
@@ -372,7 +372,7 @@ def test_run_local_checks_the_result_and_reports_both_algorithms() -> None:
 
 def test_run_a_schedule_file(tmp_path: Path) -> None:
     path = tmp_path / "ring.json"
-    json_format.write(synthesize("ring", 3), path)
+    schedule_json.write(synthesize("ring", 3), path)
     result = run("run", "--gpus", "3", "--schedule", str(path), "--size", "100", "--iters", "1")
     assert result.exit_code == 0, result.output
     assert result.output.startswith("ring on local: 3 ranks")
@@ -418,7 +418,7 @@ def test_run_on_cupy_without_a_gpu_says_so(monkeypatch: pytest.MonkeyPatch) -> N
 
 def test_run_refuses_a_schedule_for_another_size(tmp_path: Path) -> None:
     path = tmp_path / "s.json"
-    json_format.write(synthesize("stragglar", 4), path)
+    schedule_json.write(synthesize("stragglar", 4), path)
     assert f"--gpus 6 but {path} is for 4 ranks" in assert_one_error_line(
         run("run", "--gpus", "6", "--schedule", str(path)), 2
     )
@@ -481,7 +481,7 @@ def test_synth_to_xml_then_verify_the_xml(tmp_path: Path) -> None:
 
 def test_export_a_json_schedule_with_options(tmp_path: Path) -> None:
     source, target = tmp_path / "r.json", tmp_path / "r.xml"
-    json_format.write(synthesize("ring", 4), source)
+    schedule_json.write(synthesize("ring", 4), source)
     result = run(
         "export", str(source), "-o", str(target), "--proto", "LL128", "--instances", "2", "--name", "r4"
     )

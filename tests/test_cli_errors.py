@@ -27,7 +27,7 @@ from stragglar.cli import cli
 from stragglar.commands import terminal
 from stragglar.errors import InputError
 from stragglar.files import read_text, write_text
-from stragglar.formats import json as json_format
+from stragglar.formats import schedule_json
 from stragglar.synth import synthesize
 from stragglar.units import parse_bandwidth, parse_duration, parse_size
 
@@ -105,7 +105,7 @@ def test_an_output_never_replaces_a_fifo_or_device(tmp_path: Path, args: list[st
     """The atomic rename would put a plain file where the fifo (or /dev/null) was."""
     out = tmp_path / "pipe"
     os.mkfifo(out)
-    json_format.write(synthesize("stragglar", 4), tmp_path / "s.json")
+    schedule_json.write(synthesize("stragglar", 4), tmp_path / "s.json")
     filled = [a.format(out=out, json=tmp_path / "s.json") for a in args]
     assert "is not a regular file" in one_error(run(*filled), 2)
     assert out.is_fifo()
@@ -174,7 +174,7 @@ def test_the_largest_iteration_count_the_help_offers_runs() -> None:
 
 def test_an_output_that_is_the_input_is_refused(tmp_path: Path) -> None:
     source = tmp_path / "s4.json"
-    json_format.write(synthesize("stragglar", 4), source)
+    schedule_json.write(synthesize("stragglar", 4), source)
     before = source.read_bytes()
     (tmp_path / "link.json").symlink_to(source)
     for target in (source, tmp_path / "." / "s4.json", tmp_path / "link.json"):
@@ -200,9 +200,9 @@ def test_the_output_format_follows_the_suffix(tmp_path: Path, args: list[str], m
 
 def test_export_writes_what_the_suffix_says(tmp_path: Path) -> None:
     source = tmp_path / "s.json"
-    json_format.write(synthesize("ring", 3), source)
+    schedule_json.write(synthesize("ring", 3), source)
     assert run("export", str(source), "-o", str(tmp_path / "copy.json")).exit_code == 0
-    assert json_format.read(tmp_path / "copy.json") == synthesize("ring", 3)
+    assert schedule_json.read(tmp_path / "copy.json") == synthesize("ring", 3)
     assert run("export", str(source), "-o", str(tmp_path / "x.xml")).exit_code == 0
     assert (tmp_path / "x.xml").read_text().startswith("<algo ")
 
@@ -211,7 +211,7 @@ def test_export_writes_what_the_suffix_says(tmp_path: Path) -> None:
 
 
 def test_sizes_past_the_limits_fail_before_anything_is_allocated(tmp_path: Path) -> None:
-    doc = json_format.to_document(synthesize("ring", 2))
+    doc = schedule_json.to_document(synthesize("ring", 2))
     doc["num_chunks"] = 3_000_000_000
     path = tmp_path / "huge.json"
     path.write_text(json.dumps(doc))
@@ -339,7 +339,7 @@ def test_a_dtype_the_backend_lacks_is_refused_before_any_work_naming_one_that_ha
 
     for name in ("proved", "sweep", "run_benchmark"):
         monkeypatch.setattr(f"stragglar.commands.measure.{name}", work)
-    json_format.write(synthesize("stragglar", 4), tmp_path / "s.json")
+    schedule_json.write(synthesize("stragglar", 4), tmp_path / "s.json")
     filled = [a.format(json=tmp_path / "s.json") for a in args]
     line = one_error(run(*filled, "--dtype", "bfloat16"), 2)
     assert line == (
@@ -429,14 +429,14 @@ def test_the_plot_is_written_where_it_says(tmp_path: Path) -> None:
 )
 def test_an_option_that_does_not_apply_is_an_error(tmp_path: Path, args: list[str], message: str) -> None:
     os.chdir(tmp_path)
-    json_format.write(synthesize("stragglar", 4), tmp_path / "s.json")
+    schedule_json.write(synthesize("stragglar", 4), tmp_path / "s.json")
     assert run("synth", "--gpus", "4", "-o", str(tmp_path / "s.xml")).exit_code == 0
     filled = [a.format(xml=tmp_path / "s.xml", json=tmp_path / "s.json") for a in args]
     assert message in one_error(run(*filled), 2)
 
 
 def test_files_are_told_apart_by_content_and_run_takes_n_from_the_file(tmp_path: Path) -> None:
-    json_format.write(synthesize("stragglar", 5), tmp_path / "five.xml")  # JSON, whatever the name
+    schedule_json.write(synthesize("stragglar", 5), tmp_path / "five.xml")  # JSON, whatever the name
     assert run("verify", str(tmp_path / "five.xml")).output.startswith(
         f"{tmp_path / 'five.xml'}: proved: allreduce"
     )
@@ -529,10 +529,10 @@ def test_prove_all_names_each_failing_file_and_ends_with_a_summary(tmp_path: Pat
     names = []
     for i in range(5):
         path = tmp_path / f"s{i}.json"
-        json_format.write(synthesize("stragglar", 3 + i), path)
+        schedule_json.write(synthesize("stragglar", 3 + i), path)
         names.append(str(path))
     (tmp_path / "s1.json").write_text("{")
-    broken = json_format.to_document(synthesize("ring", 3))
+    broken = schedule_json.to_document(synthesize("ring", 3))
     broken["phases"][0]["rounds"][0][0]["op"] = "copy"
     (tmp_path / "s3.json").write_text(json.dumps(broken))
     result = run("prove-all", *names)
@@ -569,7 +569,7 @@ def test_several_chunks_on_one_link_count_as_that_many_steps(tmp_path: Path) -> 
     R*(4) = 4 if rounds were counted, but 6 chunk-steps, which is what the bound is about."""
     s = replace(synthesize("direct", 4), algorithm="stragglar")
     path = tmp_path / "fat.json"
-    json_format.write(s, path)
+    schedule_json.write(s, path)
     result = run("show", str(path))
     assert result.exit_code == 0, result.output
     summary = result.stdout.splitlines()[-1]
@@ -732,7 +732,7 @@ def test_a_string_that_is_not_unicode_is_refused_when_read_not_when_printed(
 
 
 def test_control_characters_from_a_file_are_escaped_not_sent_to_the_terminal(tmp_path: Path) -> None:
-    document = json_format.to_document(synthesize("stragglar", 4))
+    document = schedule_json.to_document(synthesize("stragglar", 4))
     document["algorithm"] = "late\x00\x1b[2J"
     path = tmp_path / "s.json"
     path.write_text(json.dumps(document))
@@ -770,7 +770,7 @@ def test_an_error_line_is_bounded_whatever_the_message_echoes_unquoted(tmp_path:
     """click's "unexpected extra argument" and a JSON file's unknown key echoed 100,000 characters."""
     line = one_error(run("synth", "--gpus", "4", "z" * 100_000), 2)
     assert "z" * 50 in line and "characters)" in line and len(line) < 440, line[:500]
-    document = json_format.to_document(synthesize("stragglar", 4))
+    document = schedule_json.to_document(synthesize("stragglar", 4))
     document["k" * 100_000] = 1
     (tmp_path / "s.json").write_text(json.dumps(document))
     line = one_error(run("verify", str(tmp_path / "s.json")), 2)
@@ -867,7 +867,7 @@ def shell(command: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 )
 def test_an_output_descriptor_open_on_the_input_is_refused(tmp_path: Path, command: str) -> None:
     """The input was overwritten in place or appended to (exit 0): refused by name only before."""
-    json_format.write(synthesize("stragglar", 4), tmp_path / "in.json")
+    schedule_json.write(synthesize("stragglar", 4), tmp_path / "in.json")
     before = (tmp_path / "in.json").read_bytes()
     done = shell(command, tmp_path)
     assert done.returncode == 2 and done.stderr.startswith("Error: "), done.stderr

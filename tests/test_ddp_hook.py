@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from stragglar.ddp import StragglarState, persistent_late_rank, stragglar_hook
 from stragglar.errors import ArgumentError, InputError
-from stragglar.formats.trace import Columns, read_trace
+from stragglar.formats.traces import Columns, read_trace
 from stragglar.measure.launch import LaunchError, launch
 from stragglar.model import Network, best_chunks
 from stragglar.model.policy import PROBE_LAG, Choice

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from stragglar.cli import cli
-from stragglar.formats import json as json_format
+from stragglar.formats import schedule_json
 from stragglar.model import (
     PAPER_NETWORK,
     Estimate,
@@ -274,7 +274,7 @@ def test_show_plot(tmp_path: Path) -> None:
     assert [t.get_text() for t in legend_of(ax).get_texts()] == ["hidden behind the delay"]
 
     path, out = tmp_path / "s8.json", tmp_path / "s8.png"
-    json_format.write(schedule, path)
+    schedule_json.write(schedule, path)
     result = run("show", str(path), "--plot", str(out))
     assert result.exit_code == 0, result.output
     assert result.stdout.endswith(f"plot written to {out}\n")

@@ -14,7 +14,7 @@ import pytest
 from msccl_model import run_numeric
 
 from stragglar.errors import ArgumentError
-from stragglar.formats import json as json_format
+from stragglar.formats import schedule_json as json_format
 from stragglar.msccl import (
     DEFAULT_MAX_BYTES,
     MscclExportError,

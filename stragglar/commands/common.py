@@ -28,7 +28,7 @@ from stragglar.errors import (
     shown,
 )
 from stragglar.files import check_replaceable, own_descriptor, read_text, same_file, write_bytes, write_text
-from stragglar.formats import json as json_format
+from stragglar.formats import schedule_json
 from stragglar.model import AUTO, PAPER_NETWORK, Network, resolve_chunks
 from stragglar.schedule import MAX_CHUNKS, Schedule
 from stragglar.synth import ALGORITHMS
@@ -347,14 +347,14 @@ def read_input(path: Path) -> Input:
         text = read_text(path)
         if not text.strip():
             raise InputError(f"{path} is empty: no schedule, MSCCL XML or MSCCL++ plan in it")
-        document = functools.cache(lambda: json_format.parse(text))
+        document = functools.cache(lambda: schedule_json.parse(text))
         try:
             fmt = format_of(text, document)
             if fmt is not None:
                 return Input(path, fmt, text, None)
-            return Input(path, None, text, json_format.from_document(document()))
-        except json_format.ScheduleFormatError as e:
-            raise json_format.ScheduleFormatError(f"{path}: {e}") from None
+            return Input(path, None, text, schedule_json.from_document(document()))
+        except schedule_json.ScheduleFormatError as e:
+            raise schedule_json.ScheduleFormatError(f"{path}: {e}") from None
 
 
 def load_schedule(path: Path, command: str) -> Schedule:

@@ -39,7 +39,7 @@ from stragglar.commands.common import (
 )
 from stragglar.commands.terminal import busy, echo
 from stragglar.errors import IncorrectError, StragglarError, shown
-from stragglar.formats import json as json_format
+from stragglar.formats import schedule_json
 from stragglar.formats.text import render
 from stragglar.model import AUTO, Network
 from stragglar.synth import METHODS, check_request, synthesize
@@ -201,7 +201,9 @@ def synth(
     else:
         with busy(f"formatting the schedule as {fmt}"):
             body = (
-                json_format.dumps(proof.schedule) if fmt == "json" else f"{render(proof.schedule)}\n{summary}"
+                schedule_json.dumps(proof.schedule)
+                if fmt == "json"
+                else f"{render(proof.schedule)}\n{summary}"
             )
     to_stderr = output is None and fmt != "text"
     if output is not None:
@@ -250,7 +252,7 @@ def export(
         details = f"{exported.proof.details}\n{proof.summary}"
     else:
         with busy("formatting the schedule as json"):
-            text = json_format.dumps(proof.schedule)
+            text = schedule_json.dumps(proof.schedule)
         summary, details = proof.headline, proof.summary
     if output is None:
         click.echo(text.rstrip("\n"))  # a document, as it is

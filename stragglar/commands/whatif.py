@@ -23,7 +23,7 @@ from stragglar.commands.common import (
 )
 from stragglar.commands.terminal import busy, echo, progress
 from stragglar.errors import InputError, quoted
-from stragglar.formats.trace import FORMATS, TIME_UNITS, Columns, Group, format_of, read_trace
+from stragglar.formats.traces import TIME_UNITS, TRACE_FORMATS, Columns, Group, read_trace, trace_format_of
 from stragglar.model import Network
 from stragglar.model.policy import AUTO_WINDOW, SHARE, Choice
 from stragglar.model.whatif import ALGORITHMS, AUTO_POLICY, CHUNKED, GroupReplay, Setting, replay
@@ -48,7 +48,7 @@ def _where(values: tuple[str, ...]) -> list[tuple[str, str]]:
 @click.command()
 @click.argument("trace", type=click.Path(path_type=Path, dir_okay=False))
 @click.option(
-    "--format", "fmt", type=click.Choice(FORMATS), help="The trace's format (default: its suffix's)."
+    "--format", "fmt", type=click.Choice(TRACE_FORMATS), help="The trace's format (default: its suffix's)."
 )
 @click.option("--rank-col", default="rank", show_default=True, help="The column of each row's rank.")
 @click.option("--step-col", default="step", show_default=True, help="The column of each row's step.")
@@ -128,7 +128,7 @@ def whatif(
     if json_file is not None:
         check_output(json_file, trace, option="--json")
     check_plot(plot_file, trace)
-    fmt = format_of(trace, fmt)
+    fmt = trace_format_of(trace, fmt)
     columns = Columns(rank_col, step_col, time_col, group_col)
     with busy(f"reading {trace}"):
         groups = read_trace(trace, fmt, columns, where, TIME_UNITS[time_unit])

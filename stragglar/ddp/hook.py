@@ -24,7 +24,7 @@ from stragglar.ddp.worker import (
     dedicated_group,
 )
 from stragglar.errors import ArgumentError, InputError, described
-from stragglar.formats.trace import TraceWriter
+from stragglar.formats.traces import TraceWriter
 from stragglar.model import AUTO, Network
 from stragglar.model.policy import (
     ALLREDUCE,
@@ -99,7 +99,7 @@ class StragglarState:
     fitted networks), None until a window of steps has been seen.
     ``record=PATH`` (given on every rank, with any policy; needs the world group): rank 0 appends
     each step's arrival figures from the probe to the file PATH, the trace ``stragglar whatif``
-    replays (:class:`~stragglar.formats.trace.TraceWriter`: JSON Lines of step, rank and time, the
+    replays (:class:`~stragglar.formats.traces.TraceWriter`: JSON Lines of step, rank and time, the
     time minus how long the rank waited for the last one; the figures of step s are written at
     step s + 2, when the probe has them).  Every rank runs the probe, so every rank must give it.
 
