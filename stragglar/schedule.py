@@ -38,7 +38,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from stragglar.args import as_int
+from stragglar.args import as_rank
 from stragglar.errors import InputError
 
 __all__ = [
@@ -382,9 +382,7 @@ def move_straggler(schedule: Schedule, straggler: int) -> Schedule:
     n = schedule.num_ranks
     if schedule.straggler is None:
         raise InputError(f"schedule '{schedule.algorithm}' has no straggler to move")
-    straggler = as_int(straggler, "straggler")
-    if not 0 <= straggler < n:
-        raise InputError(f"straggler must be a rank in 0..{n - 1}, got {straggler}")
+    straggler = as_rank(straggler, "straggler", n)
     others = [r for r in range(n) if r != straggler]
     mapping = [0] * n
     old_others = [r for r in range(n) if r != schedule.straggler]

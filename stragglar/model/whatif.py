@@ -53,12 +53,12 @@ from stragglar.model.policy import (
 )
 from stragglar.model.predict import generated_profile
 
-__all__ = ["ALGORITHMS", "AUTO_POLICY", "CHUNKED", "GroupReplay", "Setting", "StepReplay", "replay"]
+__all__ = ["AUTO_POLICY", "CHUNKED", "PRICED", "GroupReplay", "Setting", "StepReplay", "replay"]
 
 RING = "ring"
 CHUNKED = "stragglar C=auto"
 AUTO_POLICY = "auto"
-ALGORITHMS = (RING, STRAGGLAR, CHUNKED, AUTO_POLICY)  # the figures priced, in the order shown
+PRICED = (RING, STRAGGLAR, CHUNKED, AUTO_POLICY)  # the figures priced, in the order shown
 Decision = tuple[int, str, int | None, int | None]
 
 
@@ -158,7 +158,7 @@ def replay(times: Sequence[Sequence[Fraction]], steps: Sequence[int], setting: S
         first = min(row)
         seconds = [float(t - first) for t in row]
         choices = []
-        predicted = dict.fromkeys(ALGORITHMS, 0.0)
+        predicted = dict.fromkeys(PRICED, 0.0)
         for b, size in enumerate(setting.buckets):
             choice = choose(STRAGGLAR, n, size, outlook, setting.chunks)
             if choice != previous:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from stragglar.args import as_int, as_seconds
+from stragglar.args import as_int, as_rank, as_seconds
 from stragglar.errors import InputError, described
 from stragglar.schedule import ALGORITHMS, MAX_RANKS, Schedule, check_size, gc_paused, move_straggler
 from stragglar.synth.direct import direct_allreduce
@@ -98,9 +98,7 @@ def check_request(
     n = as_int(num_ranks, "num_ranks")
     if not 2 <= n <= MAX_RANKS:
         raise InputError(f"need 2 to {MAX_RANKS} GPUs, got {n}")
-    rank = None if straggler is None else as_int(straggler, "straggler")
-    if rank is not None and not 0 <= rank < n:
-        raise InputError(f"straggler must be a rank in 0..{n - 1}, got {rank}")
+    rank = None if straggler is None else as_rank(straggler, "straggler", n)
     c = None if chunks is None else as_int(chunks, "chunks")
     if c is not None:
         if algorithm != "stragglar":
