@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 import stragglar.schedule
 import stragglar.synth
 from stragglar.schedule import Op, Schedule, round_lower_bound
-from stragglar.synth import ALGORITHMS, check_request, synthesize
+from stragglar.synth import ALGORITHMS, check_ranks, check_request, generate, synthesize
 from stragglar.verify import prove
 
 # Phase-2 rounds of the authors' reference synthesizer (docs/model.md).
@@ -96,6 +96,30 @@ def test_a_request_knows_the_chunk_count_before_the_schedule_is_made(algorithm: 
             check_request(algorithm, n, chunks=2 * n).num_chunks
             == synthesize(algorithm, n, chunks=2 * n).num_chunks
         )
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "n", "straggler", "chunks", "method"),
+    [
+        ("stragglar", 8, 2, 20, "construct"),
+        ("ring", 5, None, None, "construct"),
+        ("stragglar", 5, 0, None, "smt"),
+    ],
+)
+def test_a_request_checked_in_two_parts_is_the_whole_check_and_makes_the_schedule(
+    algorithm: str, n: int, straggler: int | None, chunks: int | None, method: str
+) -> None:
+    """``synth --chunks auto`` asks what N alone refuses before it prices chunk counts, then the
+    rest: together the one check_request, and what it returns makes synthesize's schedule."""
+    whole = check_request(algorithm, n, straggler, chunks=chunks, method=method)
+    assert check_ranks(algorithm, n, method).refined(straggler, chunks=chunks) == whole
+    made, synthesized = generate(whole), synthesize(algorithm, n, straggler, chunks=chunks, method=method)
+    if method == "smt":  # z3's model may differ from one query to the next, its shape may not
+        assert (made.straggler, made.exposed_rounds) == (synthesized.straggler, synthesized.exposed_rounds)
+    else:
+        assert made == synthesized
+    with pytest.raises(ValueError, match="StragglAR needs at least N - 1 = 7 chunks, got 3"):
+        check_ranks("stragglar", 8).refined(chunks=3)
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)

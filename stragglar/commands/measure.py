@@ -42,7 +42,7 @@ from stragglar.measure.run import (
 from stragglar.measure.sweep import sweep
 from stragglar.model import AUTO, PAPER_NETWORK, Network
 from stragglar.runtime import DTYPES
-from stragglar.synth import check_request
+from stragglar.synth import check_ranks
 from stragglar.units import parse_duration, parse_size
 
 __all__ = ["bench", "run"]
@@ -137,7 +137,7 @@ def run(
     elif num_gpus is None:
         raise click.UsageError("--gpus is required (or give a --schedule file)")
     else:  # before a chunk count is priced (the run checks the count it gets)
-        check_run_size(num_gpus, check_request(algorithm, num_gpus).num_chunks)
+        check_run_size(num_gpus, check_ranks(algorithm, num_gpus).num_chunks)
     network, where = _priced_network(link_rate)
     count = chosen_chunks(chunks, num_gpus, size, delay, network, algorithm=algorithm)
     if count is not None and chunks == AUTO:
