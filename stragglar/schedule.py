@@ -286,11 +286,11 @@ def round_load(rnd: Round) -> int:
     >>> round_load((Transfer(0, 1, 0), Transfer(0, 1, 1), Transfer(2, 3, 0)))
     2
     """
-    count = len(rnd)
-    if not count:
+    transfers = len(rnd)
+    if not transfers:
         return 0
     sources, destinations = list(map(_SOURCE, rnd)), list(map(_DESTINATION, rnd))
-    if len(set(sources)) == count and len(set(destinations)) == count:
+    if len(set(sources)) == transfers and len(set(destinations)) == transfers:
         return 1  # most rounds: every rank sends and receives at most one chunk
     return max(max(Counter(sources).values()), max(Counter(destinations).values()))
 

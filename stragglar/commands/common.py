@@ -162,10 +162,10 @@ MEASURED_CHUNKS = (
 )
 
 
-def auto_note(count: int, size: float, delay: float, network: Network, more: str = "") -> str:
+def auto_note(num_chunks: int, size: float, delay: float, network: Network, more: str = "") -> str:
     """What ``--chunks auto`` chose, and for which setting: a line for stderr."""
     return (
-        f"--chunks auto: C = {count}, the cost model's fastest for {format_bytes(size)} with the "
+        f"--chunks auto: C = {num_chunks}, the cost model's fastest for {format_bytes(size)} with the "
         f"straggler {format_seconds(delay)} late ({network_words(network)}){more}"
     )
 

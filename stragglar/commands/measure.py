@@ -139,9 +139,9 @@ def run(
     else:  # before a chunk count is priced (the run checks the count it gets)
         check_run_size(num_gpus, check_ranks(algorithm, num_gpus).num_chunks)
     network, where = _priced_network(link_rate)
-    count = chosen_chunks(chunks, num_gpus, size, delay, network, algorithm=algorithm)
-    if count is not None and chunks == AUTO:
-        echo(auto_note(count, size, delay, network, where), err=True)
+    num_chunks = chosen_chunks(chunks, num_gpus, size, delay, network, algorithm=algorithm)
+    if num_chunks is not None and chunks == AUTO:
+        echo(auto_note(num_chunks, size, delay, network, where), err=True)
     # a bar moved by the run's own loop, no thread: the torch backend forks its ranks
     with progress_bar(None, f"running {num_gpus} ranks on {backend}") as bar:
         result = run_benchmark(
@@ -152,7 +152,7 @@ def run(
             delay,
             algorithm=algorithm,
             proof=proof,
-            chunks=count,
+            chunks=num_chunks,
             straggler=straggler,
             iters=iters,
             timeout=timeout,
