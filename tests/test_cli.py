@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import importlib
 import importlib.machinery
 import json
 import re
@@ -11,17 +12,20 @@ import shutil
 import subprocess
 import sys
 import types
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
 
 from stragglar import __version__
 from stragglar.cli import cli
+from stragglar.commands import options, schedules
 from stragglar.formats import schedule_json
 from stragglar.formats.text import render
 from stragglar.schedule import Phase, Schedule
-from stragglar.synth import synthesize
+from stragglar.synth import Request, synthesize
 from stragglar.verify.bound import prove_lower_bound
 
 SUMMARY_8 = (
@@ -232,12 +236,66 @@ def test_verify_rejects_a_tampered_file_naming_round_rank_and_chunk(tmp_path: Pa
     assert re.search(twice, line)
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        [],
+        ["--chunks", "12", "--format", "json"],
+        ["--chunks", "auto"],
+        ["--chunks", "12", "--format", "msccl"],
+        ["--chunks", "auto", "--format", "msccl"],
+        ["--chunks", "auto", "--format", "mscclpp", "--instances", "2"],
+    ],
+)
+def test_synth_checks_its_request_once(monkeypatch: pytest.MonkeyPatch, args: list[str]) -> None:
+    """The request (check_request's checks) and an export format's limits are each asked once:
+    ``--chunks auto`` for a file asks the format about N before it prices chunk counts, and the
+    count it then picks is within the format's limits.  (Pricing synthesizes candidates of its
+    own, each checked: not the command's request.)"""
+    asked: list[str] = []
+    pricing: list[bool] = []
+    refined, chosen = Request.refined, options.chosen_chunks
+
+    def refining(request: Request, *rest: Any, **options: Any) -> Request:
+        if not pricing:
+            asked.append("request")
+        return refined(request, *rest, **options)
+
+    def choosing(*args: Any, **kwargs: Any) -> int | None:
+        pricing.append(True)
+        try:
+            return chosen(*args, **kwargs)
+        finally:
+            pricing.pop()
+
+    monkeypatch.setattr(Request, "refined", refining)
+    monkeypatch.setattr(schedules, "chosen_chunks", choosing)
+    for package in ("msccl", "mscclpp"):
+        check = importlib.import_module(f"stragglar.{package}").check_request
+        monkeypatch.setattr(f"stragglar.{package}.check_request", counted(asked, "format", check))
+    result = run("synth", "--gpus", "8", *args)
+    assert result.exit_code == 0, result.output
+    exported = any(fmt in args for fmt in ("msccl", "mscclpp"))
+    assert asked == ["format", "request"] if exported and "auto" in args else asked[:1] == ["request"]
+    assert asked.count("request") == 1 and asked.count("format") == exported
+
+
+def counted(asked: list[str], what: str, function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function``, noting ``what`` in ``asked`` at each call."""
+
+    def noting(*args: Any, **kwargs: Any) -> Any:
+        asked.append(what)
+        return function(*args, **kwargs)
+
+    return noting
+
+
 def test_synth_never_writes_a_schedule_it_cannot_prove(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """If a generator ever produced a wrong schedule, synth must refuse it (exit 1) and write nothing."""
     wrong = schedule_json.read(tampered(tmp_path))
-    monkeypatch.setattr("stragglar.commands.schedules.synthesize", lambda *args, **kwargs: wrong)
+    monkeypatch.setattr("stragglar.commands.schedules.generate", lambda *args, **kwargs: wrong)
     path = tmp_path / "out.json"
     line = assert_one_error_line(run("synth", "--gpus", "8", "-o", str(path)), 1)
     assert line.startswith(

@@ -514,8 +514,8 @@ def test_reading_and_writing_a_large_file_show_a_busy_line_on_a_terminal(
         return slow
 
     monkeypatch.setattr(terminal, "_show_progress", lambda: True)
-    monkeypatch.setattr("stragglar.commands.common.write_text", slowly(write_text))
-    monkeypatch.setattr("stragglar.commands.common.read_text", slowly(read_text))
+    monkeypatch.setattr("stragglar.commands.outputs.write_text", slowly(write_text))
+    monkeypatch.setattr("stragglar.commands.inputs.read_text", slowly(read_text))
     written = run("synth", "--gpus", "4", "-o", str(path))
     assert written.exit_code == 0 and f"writing {path}: 00:01" in written.stderr, written.stderr
     read = run("verify", str(path))
@@ -583,7 +583,7 @@ def test_running_out_of_memory_is_one_line_with_its_own_exit_code(monkeypatch: p
     def no_memory(*args: object, **kwargs: object) -> None:
         raise MemoryError
 
-    monkeypatch.setattr("stragglar.commands.schedules.synthesize", no_memory)
+    monkeypatch.setattr("stragglar.commands.schedules.generate", no_memory)
     assert "out of memory" in one_error(run("synth", "--gpus", "8"), 3)
 
 
@@ -671,7 +671,7 @@ def test_ctrl_c_interrupts_z3_inside_check(monkeypatch: pytest.MonkeyPatch) -> N
 
     import z3
 
-    from stragglar.cli import _ctrl_c_stops_z3
+    from stragglar.commands.interrupts import ctrl_c_stops_z3
 
     holes = 12  # 13 pigeons in 12 holes: unsat, and minutes for z3 (11 in 10: 5 s)
     var = [[z3.Bool(f"p{i}_{h}") for h in range(holes)] for i in range(holes + 1)]
@@ -687,7 +687,7 @@ def test_ctrl_c_interrupts_z3_inside_check(monkeypatch: pytest.MonkeyPatch) -> N
     try:
         threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
         start = time.perf_counter()
-        with pytest.raises(KeyboardInterrupt), _ctrl_c_stops_z3():
+        with pytest.raises(KeyboardInterrupt), ctrl_c_stops_z3():
             solver.check()
         assert time.perf_counter() - start < 5.0
     finally:
@@ -879,7 +879,7 @@ def test_an_output_folder_that_takes_no_file_is_refused_before_the_work(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """/proc passes a permission check as root: N = 1024 ran 25 s before the write failed."""
-    monkeypatch.setattr("stragglar.commands.schedules.synthesize", never_called)
+    monkeypatch.setattr("stragglar.commands.schedules.generate", never_called)
     assert "cannot write in /proc" in one_error(run("synth", "--gpus", "1024", "-o", "/proc/x.json"), 2)
 
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import click
 
-from stragglar.commands.common import (
+from stragglar.commands.inputs import load_schedule
+from stragglar.commands.options import (
     ALGORITHM,
     BANDWIDTH,
     DURATION,
@@ -17,15 +18,12 @@ from stragglar.commands.common import (
     TIMEOUT,
     Quantity,
     auto_note,
-    check_output,
     chosen_chunks,
     chunks_option,
-    dump_json,
-    load_schedule,
-    proved,
     refuse_given,
-    to_stdout,
 )
+from stragglar.commands.outputs import check_output, dump_json, to_stdout
+from stragglar.commands.proofs import proved
 from stragglar.commands.terminal import echo, progress_bar
 from stragglar.errors import InputError, quoted
 from stragglar.measure.run import (

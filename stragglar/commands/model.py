@@ -6,20 +6,19 @@ from pathlib import Path
 
 import click
 
-from stragglar.commands.common import (
+from stragglar.commands.inputs import read_input
+from stragglar.commands.options import (
     CHUNKS,
     GPUS,
     PLOT,
     TIMEOUT,
     VERBOSE,
-    check_plot,
     chosen_chunks,
     model_options,
-    proved_artifact,
-    read_input,
     refuse_given,
-    write_plot,
 )
+from stragglar.commands.outputs import check_plot, write_plot
+from stragglar.commands.proofs import proved_artifact
 from stragglar.commands.terminal import busy, echo, progress
 from stragglar.errors import IncorrectError, InputError, ResourceError, StragglarError
 from stragglar.model import AUTO, Comparison, Network, compare_generated, generated_profile

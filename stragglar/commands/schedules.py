@@ -9,7 +9,8 @@ from typing import Any, TypeVar
 import click
 
 from stragglar.artifacts import FORMATS, ArtifactFormat, ExportOptions
-from stragglar.commands.common import (
+from stragglar.commands.inputs import load_schedule, read_input
+from stragglar.commands.options import (
     ALGORITHM,
     CHUNKS,
     GPUS,
@@ -21,22 +22,13 @@ from stragglar.commands.common import (
     VERBOSE,
     artifact_options,
     auto_note,
-    check_output,
-    check_plot,
     chosen_chunks,
-    export_artifact,
-    load_schedule,
     model_options,
-    proved,
-    proved_artifact,
-    read_artifact,
-    read_input,
     refuse_given,
     refuse_other_formats,
-    to_stdout,
-    write,
-    write_plot,
 )
+from stragglar.commands.outputs import check_output, check_plot, to_stdout, write, write_plot
+from stragglar.commands.proofs import export_artifact, proved, proved_artifact, read_artifact
 from stragglar.commands.terminal import busy, echo
 from stragglar.errors import IncorrectError, StragglarError, shown
 from stragglar.formats import schedule_json

@@ -7,20 +7,8 @@ from typing import Any
 
 import click
 
-from stragglar.commands.common import (
-    BANDWIDTH,
-    DURATION,
-    OUTPUT,
-    PLOT,
-    SIZE,
-    check_output,
-    check_plot,
-    chunks_option,
-    dump_json,
-    network_words,
-    to_stdout,
-    write_plot,
-)
+from stragglar.commands.options import BANDWIDTH, DURATION, OUTPUT, PLOT, SIZE, chunks_option, network_words
+from stragglar.commands.outputs import check_output, check_plot, dump_json, to_stdout, write_plot
 from stragglar.commands.terminal import busy, echo, progress
 from stragglar.errors import InputError, quoted
 from stragglar.formats.traces import TIME_UNITS, TRACE_FORMATS, Columns, Group, read_trace, trace_format_of
