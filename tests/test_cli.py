@@ -256,10 +256,10 @@ def test_synth_checks_its_request_once(monkeypatch: pytest.MonkeyPatch, args: li
     pricing: list[bool] = []
     refined, chosen = Request.refined, options.chosen_chunks
 
-    def refining(request: Request, *rest: Any, **options: Any) -> Request:
+    def refining(request: Request, *rest: Any, **keywords: Any) -> Request:
         if not pricing:
             asked.append("request")
-        return refined(request, *rest, **options)
+        return refined(request, *rest, **keywords)
 
     def choosing(*args: Any, **kwargs: Any) -> int | None:
         pricing.append(True)
