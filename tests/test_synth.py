@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import stragglar.schedule
 import stragglar.synth
+from stragglar.errors import InputError
 from stragglar.schedule import Op, Schedule, round_lower_bound
 from stragglar.synth import ALGORITHMS, check_ranks, check_request, generate, synthesize
 from stragglar.verify import prove
@@ -170,3 +172,17 @@ def test_larger_tier(n: int) -> None:
 @pytest.mark.slow
 def test_a_search_with_jumps_is_deterministic() -> None:
     assert synthesize("stragglar", 509) == synthesize("stragglar", 509)
+
+
+@pytest.mark.parametrize(
+    ("straggler", "message"),
+    [(1.5, "straggler must be an integer, got 1.5 (float)"), (True, "got True (bool)"), ("3", "got '3'")],
+)
+def test_api_arguments_are_checked_in_api_terms(straggler: object, message: str) -> None:
+    with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        synthesize("stragglar", 8, straggler)  # type: ignore[arg-type]
+    with pytest.raises(InputError, match="num_ranks must be an integer"):
+        synthesize("stragglar", 8.0)  # type: ignore[arg-type]
+    assert synthesize("stragglar", np.int64(8), np.int64(3)).straggler == 3
+    with pytest.raises(InputError, match="has no straggler: leave the straggler out"):
+        synthesize("ring", 8, 3)
