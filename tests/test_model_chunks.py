@@ -9,9 +9,8 @@ from pathlib import Path
 from typing import cast
 
 import pytest
-from click.testing import CliRunner, Result
+from cli_results import run
 
-from stragglar.cli import cli
 from stragglar.errors import InputError
 from stragglar.formats import schedule_json
 from stragglar.model import (
@@ -32,10 +31,6 @@ from stragglar.synth import synthesize
 
 GIB = 2**30
 GLOO_LIKE = Network(alpha=80e-6, bandwidth=2e9)
-
-
-def run(*args: str) -> Result:
-    return CliRunner().invoke(cli, list(args))
 
 
 def exposed(n: int, c: int, size: float, delay: float, network: Network) -> float:

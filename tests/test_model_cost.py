@@ -10,9 +10,8 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-from click.testing import CliRunner, Result
+from cli_results import run
 
-from stragglar.cli import cli
 from stragglar.formats import schedule_json
 from stragglar.model import (
     PAPER_NETWORK,
@@ -160,10 +159,6 @@ def legend_of(ax: Any) -> Any:
 
 
 # ---------------------------------------------------------------------------- CLI
-
-
-def run(*args: str) -> Result:
-    return CliRunner().invoke(cli, list(args))
 
 
 def test_cost_prints_the_table_and_the_critical_delay() -> None:
