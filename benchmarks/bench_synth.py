@@ -20,7 +20,7 @@ from typing import TypeVar
 
 from results import save
 
-from stragglar.formats.json import dumps, loads
+from stragglar.formats.schedule_json import dumps, loads
 from stragglar.synth import ALGORITHMS, synthesize
 from stragglar.verify import prove
 

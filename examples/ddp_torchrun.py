@@ -24,7 +24,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from stragglar.args import as_rank
 from stragglar.ddp import StragglarState, stragglar_hook
+from stragglar.errors import InputError
 from stragglar.measure.gpus import placement
 from stragglar.runtime import release_graphs
 from stragglar.units import parse_duration
@@ -69,8 +71,11 @@ def main() -> None:
     args = options()
     device = start(args.backend or ("nccl" if torch.cuda.is_available() else "gloo"))
     rank, world = dist.get_rank(), dist.get_world_size()
-    if args.late_rank is not None and not 0 <= args.late_rank < world:
-        raise SystemExit(f"--late-rank must be a rank in 0..{world - 1}, got {args.late_rank}")
+    if args.late_rank is not None:
+        try:
+            as_rank(args.late_rank, "--late-rank", world)
+        except InputError as e:
+            raise SystemExit(str(e)) from None
     torch.manual_seed(0)  # the same initial weights on every rank, and in both copies
     plain = mlp(args.width, args.depth).to(device)
     twin = mlp(args.width, args.depth).to(device)

@@ -19,7 +19,7 @@ from stragglar.errors import InputError
 from stragglar.files import write_bytes
 from stragglar.formats.text import compact_ranges
 from stragglar.model import Network, chunk_candidates, compare_generated
-from stragglar.model.whatif import ALGORITHMS, GroupReplay
+from stragglar.model.whatif import PRICED, GroupReplay
 from stragglar.schedule import Op, Schedule
 from stragglar.units import format_bytes, format_seconds
 
@@ -289,7 +289,7 @@ def whatif_figure(groups: Sequence[tuple[str, GroupReplay]]) -> Figure:
         late.set_ylabel("lateness behind the next rank (ms)")
         late.set_title(f"group {name}" if name else f"{result.num_ranks} ranks")
         _legend_below(late)
-        for algorithm in ALGORITHMS:
+        for algorithm in PRICED:
             times = [s.predicted[algorithm] * 1e3 for s in result.steps]
             colour = {"ring": "grey", "auto": "C3"}.get(algorithm) or _algorithm_colour(algorithm)
             priced.plot(steps, times, linewidth=1, label=algorithm, color=colour)

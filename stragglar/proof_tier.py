@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stragglar.artifacts import FORMATS
-from stragglar.formats import json as json_format
+from stragglar.formats import schedule_json
 from stragglar.schedule import Schedule, round_lower_bound
 from stragglar.synth import ALGORITHMS, synthesize
 from stragglar.verify import prove
@@ -85,7 +85,7 @@ def prove_files(paths: Iterable[str | os.PathLike[str]]) -> Iterator[ProofRow]:
     What ships is what is proved: a file may differ from what the synthesizer makes today.
     """
     for path in paths:
-        yield from prove_schedule_file(json_format.read(path), Path(path).name)
+        yield from prove_schedule_file(schedule_json.read(path), Path(path).name)
 
 
 def prove_schedule_file(schedule: Schedule, source: str) -> Iterator[ProofRow]:

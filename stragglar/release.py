@@ -22,7 +22,7 @@ from typing import Any
 
 from stragglar.artifacts import FORMATS, MSCCL, MSCCLPP, ArtifactFormat, ExportOptions
 from stragglar.files import write_text
-from stragglar.formats import json as json_format
+from stragglar.formats import schedule_json
 from stragglar.schedule import base_name, round_lower_bound
 from stragglar.synth import synthesize
 from stragglar.verify import prove
@@ -77,8 +77,8 @@ def schedule_files(
     ``proto`` and ``instances`` if ``msccl``, and an MSCCL++ plan with the default options) and
     prove each artifact from its own text; each format's files go to a folder of its name."""
     schedule = synthesize(algorithm, num_ranks, straggler, chunks=chunks)
-    json_text = json_format.dumps(schedule) + "\n"
-    proof = prove(json_format.loads(json_text))
+    json_text = schedule_json.dumps(schedule) + "\n"
+    proof = prove(schedule_json.loads(json_text))
     files = {f"json/{base_name(schedule)}.json": json_text}
     proofs = [proof.summary]
     exports: list[tuple[ArtifactFormat[Any], ExportOptions]] = [

@@ -12,7 +12,7 @@ a run waits for when one is late (:attr:`Schedule.late_rank`), the round lower b
 (:func:`round_lower_bound`) and a cheap, stable fingerprint for cache keys
 (:attr:`Schedule.fingerprint`).
 
-Semantics (also the JSON format's, see ``stragglar.formats.json``): rank ``r``
+Semantics (also the JSON format's, see ``stragglar.formats.schedule_json``): rank ``r``
 starts with its own contribution in every chunk.  In a round every transfer
 reads the state at the start of the round; ``copy`` sets the destination's chunk
 to the source's, ``reduce`` adds the source's chunk to the destination's.
@@ -38,7 +38,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from stragglar.args import as_int
+from stragglar.args import as_rank
 from stragglar.errors import InputError
 
 __all__ = [
@@ -286,11 +286,11 @@ def round_load(rnd: Round) -> int:
     >>> round_load((Transfer(0, 1, 0), Transfer(0, 1, 1), Transfer(2, 3, 0)))
     2
     """
-    count = len(rnd)
-    if not count:
+    transfers = len(rnd)
+    if not transfers:
         return 0
     sources, destinations = list(map(_SOURCE, rnd)), list(map(_DESTINATION, rnd))
-    if len(set(sources)) == count and len(set(destinations)) == count:
+    if len(set(sources)) == transfers and len(set(destinations)) == transfers:
         return 1  # most rounds: every rank sends and receives at most one chunk
     return max(max(Counter(sources).values()), max(Counter(destinations).values()))
 
@@ -382,9 +382,7 @@ def move_straggler(schedule: Schedule, straggler: int) -> Schedule:
     n = schedule.num_ranks
     if schedule.straggler is None:
         raise InputError(f"schedule '{schedule.algorithm}' has no straggler to move")
-    straggler = as_int(straggler, "straggler")
-    if not 0 <= straggler < n:
-        raise InputError(f"straggler must be a rank in 0..{n - 1}, got {straggler}")
+    straggler = as_rank(straggler, "straggler", n)
     others = [r for r in range(n) if r != straggler]
     mapping = [0] * n
     old_others = [r for r in range(n) if r != schedule.straggler]

@@ -18,10 +18,10 @@ from click.testing import CliRunner
 from stragglar import msccl, mscclpp
 from stragglar.artifacts import FORMATS, MSCCL, MSCCLPP, ArtifactFormat, ExportOptions, format_of
 from stragglar.cli import cli
-from stragglar.commands.common import proved_artifact, read_artifact
+from stragglar.commands.proofs import proved_artifact, read_artifact
 from stragglar.commands.schedules import SUFFIXES, output_format
 from stragglar.errors import IncorrectError, InputError
-from stragglar.formats import json as json_format
+from stragglar.formats import schedule_json as json_format
 from stragglar.proof_tier import ProofRow, format_row
 from stragglar.synth import synthesize
 from stragglar.verify import Proof, prove
@@ -291,7 +291,7 @@ def test_synth_refuses_what_a_format_cannot_hold_before_making_the_schedule(
     MSCCL++ plan ran out of memory after 166 s: each format's limits in N, chunks and the options
     are now checked before any schedule is made or any chunk count priced."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr("stragglar.commands.schedules.synthesize", never)
+    monkeypatch.setattr("stragglar.commands.schedules.generate", never)
     monkeypatch.setattr("stragglar.model.chunks.best_chunks", never)
     result = CliRunner().invoke(cli, ["synth", *args])
     assert result.exit_code == 2, result.output
@@ -306,6 +306,6 @@ def test_chunks_auto_picks_a_count_the_format_takes(monkeypatch: pytest.MonkeyPa
     assert MSCCL.max_chunks(100, ExportOptions()) == 163
     assert MSCCLPP.max_chunks(96, ExportOptions(instances=4)) == 96
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr("stragglar.commands.schedules.synthesize", never)  # the choice is all we need
+    monkeypatch.setattr("stragglar.commands.schedules.generate", never)  # the choice is all we need
     result = CliRunner().invoke(cli, ["synth", "--gpus", "100", "--chunks", "auto", "-o", "x.xml"])
     assert result.stderr.startswith("--chunks auto: C = 128, the cost model's fastest for 1 GiB")

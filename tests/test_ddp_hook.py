@@ -6,6 +6,7 @@ peer fails the step quickly and clearly.
 (No ``from __future__ import annotations``: DDP compares a hook's annotations with the classes.)
 """
 
+import dataclasses
 import functools
 import gc
 import itertools
@@ -26,7 +27,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from stragglar.ddp import StragglarState, persistent_late_rank, stragglar_hook
 from stragglar.errors import ArgumentError, InputError
-from stragglar.formats.trace import Columns, read_trace
+from stragglar.formats.traces import Columns, read_trace
 from stragglar.measure.launch import LaunchError, launch
 from stragglar.model import Network, best_chunks
 from stragglar.model.policy import PROBE_LAG, Choice
@@ -403,6 +404,28 @@ def test_the_stragglar_policy_cuts_each_bucket_by_the_given_network() -> None:
     ]
     assert StragglarState(chunks=12, straggler=2).choose(8, 2**20) == Choice("stragglar", 2, 12)
     assert StragglarState(chunks=12, straggler=2).proof(8, 2, 12).schedule.num_chunks == 12
+
+
+def test_the_state_keeps_its_options_what_it_learns_and_what_it_holds_apart() -> None:
+    """Options are fields of the state, each keyword as before; what it learns and what it holds
+    are objects of their own, read through the attributes users read before."""
+    proofs: dict[Any, Any] = {}
+    switches = [(1, 2)]
+    decisions: list[tuple[int, str, int | None, int | None]] = [(1, "allreduce", None, None)]
+    state = StragglarState(
+        straggler=2, chunks=12, proofs=proofs, switches=switches, decisions=decisions, steps=3
+    )
+    assert len(dataclasses.fields(state)) <= 15
+    assert [f.name for f in dataclasses.fields(state)][-2:] == ["learned", "resources"]
+    assert state.proofs is proofs is state.resources.proofs and state.probe is None
+    assert state.switches is switches and state.decisions is decisions and state.steps == 3
+    assert state.outlook is None and state.learned.last is None
+    state.choose(8, 2**20)
+    state.proof(8, 2, 12)
+    assert state.decisions == [(1, "allreduce", None, None), (3, "stragglar", 2, 12)]
+    assert list(proofs) == [(8, 2, 12)] and state.learned.last == Choice("stragglar", 2, 12)
+    fresh = StragglarState()
+    assert (fresh.steps, fresh.switches, fresh.decisions, fresh.proofs) == (0, [], [], {})
 
 
 def recording_rank(rank: int, n: int, path: str, steps: int) -> tuple[list[Any], list[int]]:

@@ -15,7 +15,7 @@ from click.testing import CliRunner, Result
 
 from stragglar.cli import cli
 from stragglar.errors import InputError
-from stragglar.formats import json as json_format
+from stragglar.formats import schedule_json as json_format
 from stragglar.measure.run import run_benchmark
 from stragglar.measure.sweep import sweep
 from stragglar.measure.timing import turn

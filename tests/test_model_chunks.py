@@ -9,11 +9,10 @@ from pathlib import Path
 from typing import cast
 
 import pytest
-from click.testing import CliRunner, Result
+from cli_results import run
 
-from stragglar.cli import cli
 from stragglar.errors import InputError
-from stragglar.formats import json as json_format
+from stragglar.formats import schedule_json
 from stragglar.model import (
     AUTO,
     PAPER_NETWORK,
@@ -32,10 +31,6 @@ from stragglar.synth import synthesize
 
 GIB = 2**30
 GLOO_LIKE = Network(alpha=80e-6, bandwidth=2e9)
-
-
-def run(*args: str) -> Result:
-    return CliRunner().invoke(cli, list(args))
 
 
 def exposed(n: int, c: int, size: float, delay: float, network: Network) -> float:
@@ -143,7 +138,7 @@ def test_synth_auto_picks_a_power_of_two_for_executors(tmp_path: Path) -> None:
     schedule_file = tmp_path / "s.json"
     result = run("synth", "--gpus", "8", "--chunks", "auto", "--delay", "5ms", "-o", str(schedule_file))
     assert result.exit_code == 0, result.output
-    schedule = json_format.read(schedule_file)
+    schedule = schedule_json.read(schedule_file)
     assert schedule.num_chunks == 38 and schedule.exposed_rounds == round_lower_bound(8, 38) == 40
     assert (
         "38 chunks, 40 rounds after the straggler arrives (lower bound 38 + ceil(log2 8) - 1 = 40"

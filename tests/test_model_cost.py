@@ -10,10 +10,9 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-from click.testing import CliRunner, Result
+from cli_results import run
 
-from stragglar.cli import cli
-from stragglar.formats import json as json_format
+from stragglar.formats import schedule_json
 from stragglar.model import (
     PAPER_NETWORK,
     Estimate,
@@ -162,10 +161,6 @@ def legend_of(ax: Any) -> Any:
 # ---------------------------------------------------------------------------- CLI
 
 
-def run(*args: str) -> Result:
-    return CliRunner().invoke(cli, list(args))
-
-
 def test_cost_prints_the_table_and_the_critical_delay() -> None:
     result = run("cost", "--gpus", "8", "--size", "1GiB", "--delay", "5ms")
     assert result.exit_code == 0, result.output
@@ -274,7 +269,7 @@ def test_show_plot(tmp_path: Path) -> None:
     assert [t.get_text() for t in legend_of(ax).get_texts()] == ["hidden behind the delay"]
 
     path, out = tmp_path / "s8.json", tmp_path / "s8.png"
-    json_format.write(schedule, path)
+    schedule_json.write(schedule, path)
     result = run("show", str(path), "--plot", str(out))
     assert result.exit_code == 0, result.output
     assert result.stdout.endswith(f"plot written to {out}\n")

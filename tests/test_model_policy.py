@@ -60,9 +60,9 @@ def test_auto_chunks_follow_the_cost_model_per_bucket_size() -> None:
     cpu = Network(2e-3, 1e9)  # a round costs 2 ms: the paper's N-1 chunks
     for size in (2**20, 2**26, 2**30):
         for net in (nvlink, cpu):
-            count = chunk_count(8, size, 0.005, net, "auto")
+            num_chunks = chunk_count(8, size, 0.005, net, "auto")
             best = best_chunks(8, size, 0.005, net)
-            assert count == (None if best == 7 else best)
+            assert num_chunks == (None if best == 7 else best)
     assert chunk_count(8, 2**30, 0.005, nvlink, "auto") == 38  # the model figure
     assert chunk_count(8, 2**20, 0.005, cpu, "auto") is None
     assert chunk_count(8, 2**20, 0.005, None, 16) == 16 and chunk_count(8, 2**20, 0.005, None, 7) is None

@@ -15,7 +15,7 @@ from msccl_model import run_numeric
 
 from stragglar import msccl
 from stragglar.errors import ArgumentError
-from stragglar.formats import json as json_format
+from stragglar.formats import schedule_json as json_format
 from stragglar.msccl import DEFAULT_MAX_BYTES, MscclExportError, XmlOptions, check_request, write_msccl
 from stragglar.msccl.lowering import threadblocks as msccl_threadblocks
 from stragglar.release import schedule_files, write_schedule_files

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from stragglar.formats import json as json_format
+from stragglar.formats import schedule_json
 from stragglar.proof_tier import TABLE_HEADER, ProofRow, format_table, prove_all, prove_files
 from stragglar.schedule import Op, Phase, Schedule, Transfer
 from stragglar.synth import ALGORITHMS, synthesize
@@ -43,8 +43,8 @@ def test_small_proof_table() -> None:
 
 def test_files_are_proved_from_their_text_and_a_wrong_one_fails(tmp_path: Path) -> None:
     good, bad = tmp_path / "ring-n5.json", tmp_path / "half.json"
-    json_format.write(synthesize("ring", 5), good)
-    json_format.write(
+    schedule_json.write(synthesize("ring", 5), good)
+    schedule_json.write(
         Schedule("half", 2, 1, None, (Phase("p", (0, 1), ((Transfer(0, 1, 0, Op.REDUCE),),)),)), bad
     )
     rows = list(prove_files([good]))

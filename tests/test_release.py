@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from stragglar.formats import json as json_format
+from stragglar.formats import schedule_json
 from stragglar.model import best_chunks
 from stragglar.msccl import prove_msccl
 from stragglar.mscclpp import prove_plan
@@ -31,7 +31,7 @@ def test_regenerating_gives_the_shipped_files_byte_for_byte(tmp_path: Path) -> N
 @pytest.mark.parametrize("n", RELEASED_SIZES)
 def test_each_shipped_file_is_proved_from_the_file_itself(n: int) -> None:
     (json_path,) = (SHIPPED / "json").glob(f"stragglar-n{n}-s{n - 1}.json")
-    schedule = json_format.read(json_path)
+    schedule = schedule_json.read(json_path)
     proof = prove(schedule)
     assert proof.num_ranks == n and schedule.exposed_rounds == round_lower_bound(n)
     xml_paths = list((SHIPPED / "msccl").glob(f"stragglar-n{n}-s{n - 1}-simple.xml"))
@@ -47,7 +47,7 @@ def test_each_shipped_file_is_proved_from_the_file_itself(n: int) -> None:
 @pytest.mark.parametrize(("n", "c"), CHUNKED_RELEASES)
 def test_each_shipped_chunked_file_is_proved_at_the_bound(n: int, c: int) -> None:
     base = f"stragglar-n{n}-s{n - 1}-c{c}"
-    schedule = json_format.read(SHIPPED / "json" / f"{base}.json")
+    schedule = schedule_json.read(SHIPPED / "json" / f"{base}.json")
     assert prove(schedule).num_ranks == n and schedule.num_chunks == c
     assert schedule.exposed_rounds == round_lower_bound(n, c) == c + (n - 1).bit_length() - 1
     xml_proof = prove_msccl((SHIPPED / "msccl" / f"{base}-simple.xml").read_text(encoding="utf-8"))

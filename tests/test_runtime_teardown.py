@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import gc
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -62,7 +62,7 @@ def test_install_wraps_both_names_once(torch_: Torch) -> None:
 
 
 def test_work_runs_before_its_group_or_all_groups_go_and_only_once(torch_: Torch) -> None:
-    mine, other, third = object(), object(), object()
+    mine, other, third = (cast(Any, object()) for _ in range(3))
     owner = Owner()
     order: list[str] = []
     teardown.before_destroy(owner, (mine,), lambda o: order.append(f"finished {o is owner}"))

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import stragglar.schedule
 import stragglar.synth
+from stragglar.errors import InputError
 from stragglar.schedule import Op, Schedule, round_lower_bound
-from stragglar.synth import ALGORITHMS, check_request, synthesize
+from stragglar.synth import ALGORITHMS, check_ranks, check_request, generate, synthesize
 from stragglar.verify import prove
 
 # Phase-2 rounds of the authors' reference synthesizer (docs/model.md).
@@ -98,6 +100,30 @@ def test_a_request_knows_the_chunk_count_before_the_schedule_is_made(algorithm: 
         )
 
 
+@pytest.mark.parametrize(
+    ("algorithm", "n", "straggler", "chunks", "method"),
+    [
+        ("stragglar", 8, 2, 20, "construct"),
+        ("ring", 5, None, None, "construct"),
+        ("stragglar", 5, 0, None, "smt"),
+    ],
+)
+def test_a_request_checked_in_two_parts_is_the_whole_check_and_makes_the_schedule(
+    algorithm: str, n: int, straggler: int | None, chunks: int | None, method: str
+) -> None:
+    """``synth --chunks auto`` asks what N alone refuses before it prices chunk counts, then the
+    rest: together the one check_request, and what it returns makes synthesize's schedule."""
+    whole = check_request(algorithm, n, straggler, chunks=chunks, method=method)
+    assert check_ranks(algorithm, n, method).refined(straggler, chunks=chunks) == whole
+    made, synthesized = generate(whole), synthesize(algorithm, n, straggler, chunks=chunks, method=method)
+    if method == "smt":  # z3's model may differ from one query to the next, its shape may not
+        assert (made.straggler, made.exposed_rounds) == (synthesized.straggler, synthesized.exposed_rounds)
+    else:
+        assert made == synthesized
+    with pytest.raises(ValueError, match="StragglAR needs at least N - 1 = 7 chunks, got 3"):
+        check_ranks("stragglar", 8).refined(chunks=3)
+
+
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_output_is_deterministic(algorithm: str) -> None:
     assert synthesize(algorithm, 16) == synthesize(algorithm, 16)
@@ -146,3 +172,17 @@ def test_larger_tier(n: int) -> None:
 @pytest.mark.slow
 def test_a_search_with_jumps_is_deterministic() -> None:
     assert synthesize("stragglar", 509) == synthesize("stragglar", 509)
+
+
+@pytest.mark.parametrize(
+    ("straggler", "message"),
+    [(1.5, "straggler must be an integer, got 1.5 (float)"), (True, "got True (bool)"), ("3", "got '3'")],
+)
+def test_api_arguments_are_checked_in_api_terms(straggler: object, message: str) -> None:
+    with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        synthesize("stragglar", 8, straggler)  # type: ignore[arg-type]
+    with pytest.raises(InputError, match="num_ranks must be an integer"):
+        synthesize("stragglar", 8.0)  # type: ignore[arg-type]
+    assert synthesize("stragglar", np.int64(8), np.int64(3)).straggler == 3
+    with pytest.raises(InputError, match="has no straggler: leave the straggler out"):
+        synthesize("ring", 8, 3)

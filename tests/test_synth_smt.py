@@ -11,7 +11,7 @@ from stragglar.errors import ResourceError
 from stragglar.schedule import round_lower_bound
 from stragglar.synth import synthesize
 from stragglar.synth.smt import copy_rounds_status, smt_copy_rounds
-from stragglar.verify import check, prove
+from stragglar.verify import find_violation, prove
 from stragglar.verify.smt import smt_prove
 
 
@@ -24,7 +24,7 @@ def test_smt_synthesis_is_optimal_and_proved_by_both_checkers(n: int) -> None:
     assert prove(s).num_rounds == smt_prove(s).num_rounds
     assert all(len({t.src for t in rnd}) == len(rnd) for rnd in s.phases[-1].rounds)  # one chunk per sender
     moved = synthesize("stragglar", n, 0, method="smt")
-    assert moved.straggler == 0 and check(moved) is None
+    assert moved.straggler == 0 and find_violation(moved) is None
 
 
 @pytest.mark.parametrize("n", [3, 4, 6, 7])

@@ -7,9 +7,9 @@ import pytest
 
 from stragglar.schedule import Op, Phase, Round, Schedule, Transfer, round_lower_bound
 from stragglar.synth.ring import ring_reduce_scatter
-from stragglar.verify import check
+from stragglar.verify import find_violation
 from stragglar.verify.bound import phase2_feasible, prove_lower_bound
-from stragglar.verify.smt import smt_check
+from stragglar.verify.smt import smt_find_violation
 
 
 def after_reduce_scatter(n: int, exchange: tuple[Round, ...]) -> Schedule:
@@ -31,7 +31,7 @@ def test_lower_bound_proved_and_reached_for_small_n(n: int) -> None:
     assert answer.status == "sat" and answer.exchange is not None
     schedule = after_reduce_scatter(n, answer.exchange)
     assert schedule.exposed_rounds == round_lower_bound(n)
-    assert check(schedule) is None and smt_check(schedule) is None
+    assert find_violation(schedule) is None and smt_find_violation(schedule) is None
 
 
 @pytest.mark.slow
@@ -91,7 +91,7 @@ def test_three_gpus_reach_the_chunked_bound_outside_the_papers_exchange_order(c:
     answer = phase2_feasible(3, bound, 60, c)
     assert answer.status == "sat" and answer.exchange is not None
     s = Schedule("stragglar", 3, c, 2, (ring_by_owner(3, c), Phase("exchange", (0, 1, 2), answer.exchange)))
-    assert check(s) is None and smt_check(s) is None and s.exposed_steps == bound
+    assert find_violation(s) is None and smt_find_violation(s) is None and s.exposed_steps == bound
     assert prove_lower_bound(3, 60, c).proved
 
 

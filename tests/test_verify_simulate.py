@@ -7,7 +7,7 @@ import re
 import pytest
 
 from stragglar.schedule import Op, Phase, Round, Schedule, Transfer
-from stragglar.verify import VerificationError, Violation, check, prove
+from stragglar.verify import VerificationError, Violation, find_violation, prove
 
 R, C = Op.REDUCE, Op.COPY
 
@@ -53,7 +53,7 @@ def test_ring3_written_by_hand_is_proved() -> None:
 
 def test_two_rank_exchange_reads_the_state_from_before_the_round() -> None:
     # Sequentially the second reduce would count both contributions twice.
-    assert check(one_phase(2, 1, (T(0, 1, 0, R), T(1, 0, 0, R)))) is None
+    assert find_violation(one_phase(2, 1, (T(0, 1, 0, R), T(1, 0, 0, R)))) is None
 
 
 def test_whole_buffer_exchange_may_send_several_chunks_to_one_peer() -> None:
@@ -96,32 +96,32 @@ def test_prove_raises_with_the_violation() -> None:
     schedule = one_phase(2, 1, (T(0, 1, 0, R),))
     with pytest.raises(VerificationError) as info:
         prove(schedule)
-    assert info.value.violation == check(schedule)
+    assert info.value.violation == find_violation(schedule)
     assert str(info.value) == info.value.violation.message
 
 
 def test_port_rule_limits_each_rank_to_one_send_peer() -> None:
-    v = check(one_phase(3, 1, (T(0, 1, 0), T(0, 2, 0))))
+    v = find_violation(one_phase(3, 1, (T(0, 1, 0), T(0, 2, 0))))
     assert v is not None
     assert_names(v, "port", 0, 0, 0, 0)
     assert v.transfer == T(0, 2, 0)
 
 
 def test_port_rule_limits_each_rank_to_one_receive_peer() -> None:
-    v = check(one_phase(3, 2, (T(2, 1, 0, R),), (T(0, 1, 0), T(2, 1, 1))))
+    v = find_violation(one_phase(3, 2, (T(2, 1, 0, R),), (T(0, 1, 0), T(2, 1, 1))))
     assert v is not None
     assert_names(v, "port", 0, 1, 1, 1)
 
 
 def test_double_write_in_one_round() -> None:
-    v = check(one_phase(2, 2, (T(0, 1, 1), T(0, 1, 1, R))))
+    v = find_violation(one_phase(2, 2, (T(0, 1, 1), T(0, 1, 1, R))))
     assert v is not None
     assert_names(v, "double-write", 0, 0, 1, 1)
 
 
 def test_membership_in_phase() -> None:
     phases = (Phase("p", (0, 1), ((T(0, 1, 0, R),),)), Phase("q", (0, 1), ((T(2, 0, 0),),)))
-    v = check(Schedule("test", 3, 1, None, phases))
+    v = find_violation(Schedule("test", 3, 1, None, phases))
     assert v is not None
     assert_names(v, "membership", 1, 0, 2, 0)
     assert "'q'" in v.message
@@ -132,20 +132,20 @@ def test_membership_in_phase() -> None:
     [(T(0, 5, 1), 5, 1), (T(-1, 0, 1), -1, 1), (T(0, 1, 3), 1, 3), (T(0, 1, -1), 1, -1)],
 )
 def test_range_of_ranks_and_chunks(transfer: Transfer, rank: int, chunk: int) -> None:
-    v = check(one_phase(2, 2, (transfer,)))
+    v = find_violation(one_phase(2, 2, (transfer,)))
     assert v is not None
     assert_names(v, "range", 0, 0, rank, chunk)
 
 
 def test_send_to_self() -> None:
-    v = check(one_phase(2, 1, (T(1, 1, 0, R),)))
+    v = find_violation(one_phase(2, 1, (T(1, 1, 0, R),)))
     assert v is not None
     assert_names(v, "self", 0, 0, 1, 0)
 
 
 def test_duplicate_is_reported_where_it_is_created() -> None:
     rounds = ((T(0, 1, 0, R),), (T(1, 2, 0, R),), (T(2, 1, 0, R),), (T(1, 0, 0),))
-    v = check(one_phase(3, 1, *rounds, name="exchange"))
+    v = find_violation(one_phase(3, 1, *rounds, name="exchange"))
     assert v is not None
     assert_names(v, "duplicate", 0, 2, 1, 0)
     assert v.message == (
@@ -157,25 +157,25 @@ def test_duplicate_is_reported_where_it_is_created() -> None:
 
 def test_duplicate_overwritten_by_a_copy_is_still_a_correct_allreduce() -> None:
     swap = (T(0, 1, 0, R), T(1, 0, 0, R))
-    assert check(one_phase(2, 1, swap, (T(0, 1, 0, R),), (T(0, 1, 0),))) is None
-    v = check(one_phase(2, 1, swap, (T(0, 1, 0, R),), (T(1, 0, 0),)))
+    assert find_violation(one_phase(2, 1, swap, (T(0, 1, 0, R),), (T(0, 1, 0),))) is None
+    v = find_violation(one_phase(2, 1, swap, (T(0, 1, 0, R),), (T(1, 0, 0),)))
     assert v is not None
     assert_names(v, "duplicate", 0, 1, 1, 0)
     assert v.message.endswith("survives in rank 0 chunk 0")
 
 
 def test_structural_violation_of_a_round_comes_before_its_duplicate() -> None:
-    v = check(one_phase(3, 1, (T(0, 1, 0, R),), (T(0, 1, 0, R), T(2, 1, 0, R))))
+    v = find_violation(one_phase(3, 1, (T(0, 1, 0, R),), (T(0, 1, 0, R), T(2, 1, 0, R))))
     assert v is not None and v.kind == "port"
 
 
 def test_missing_names_the_last_write() -> None:
     rounds = ((T(0, 1, 0, R),), (T(1, 2, 0, R),), (T(2, 0, 0),))  # rank 1 keeps a partial sum
-    v = check(one_phase(3, 1, rounds[0]))
+    v = find_violation(one_phase(3, 1, rounds[0]))
     assert v is not None
     assert (v.kind, v.rank, v.chunk, v.round, v.transfer) == ("missing", 0, 0, None, None)
     assert v.message == "final state: rank 0 chunk 0 lacks contributions of ranks [1, 2] (never written)"
-    v = check(one_phase(3, 1, *rounds, name="exchange"))
+    v = find_violation(one_phase(3, 1, *rounds, name="exchange"))
     assert v is not None
     assert_names(v, "missing", 0, 0, 1, 0)
     assert v.message.endswith("(last written in phase 0 'exchange' round 0 by 0->1 chunk 0 reduce)")
@@ -183,7 +183,7 @@ def test_missing_names_the_last_write() -> None:
 
 def test_missing_after_a_copy_overwrote_the_full_sum() -> None:
     rounds = ((T(0, 1, 0, R),), (T(1, 2, 0, R),), (T(2, 0, 0),), (T(1, 0, 0),))
-    v = check(one_phase(3, 1, *rounds, name="exchange"))
+    v = find_violation(one_phase(3, 1, *rounds, name="exchange"))
     assert v is not None
     assert_names(v, "missing", 0, 3, 0, 0)
     assert v.transfer == T(1, 0, 0)
@@ -194,18 +194,27 @@ def test_missing_after_a_copy_overwrote_the_full_sum() -> None:
 
 
 def test_long_rank_lists_are_shortened() -> None:
-    v = check(Schedule("none", 20, 1, None, ()))
+    v = find_violation(Schedule("none", 20, 1, None, ()))
     assert v is not None
     assert "lacks contributions of ranks [1, 2, 3, 4, 5, 6, 7, 8, ... (11 more)]" in v.message
 
 
 def test_only_allreduce_can_be_verified() -> None:
     with pytest.raises(ValueError, match="allreduce"):
-        check(Schedule("x", 2, 1, None, (), collective="reducescatter"))
+        find_violation(Schedule("x", 2, 1, None, (), collective="reducescatter"))
 
 
 def test_unknown_op() -> None:
-    v = check(one_phase(2, 1, (Transfer(0, 1, 0, "add"),)))  # type: ignore[arg-type]
+    v = find_violation(one_phase(2, 1, (Transfer(0, 1, 0, "add"),)))  # type: ignore[arg-type]
     assert v is not None
     assert_names(v, "op", 0, 0, 1, 0)
     assert "'add'" in v.message
+
+
+def test_the_former_names_still_find_violations() -> None:
+    """``check`` and ``smt_check`` were the provers' names for :func:`find_violation`: code
+    written against them still runs."""
+    from stragglar import verify
+    from stragglar.verify import smt
+
+    assert verify.check is find_violation and smt.smt_check is smt.smt_find_violation

@@ -19,7 +19,7 @@ import pytest
 
 from stragglar.schedule import Op, Phase, Round, Schedule, Transfer
 from stragglar.synth import ALGORITHMS, synthesize
-from stragglar.verify import Violation, check
+from stragglar.verify import Violation, find_violation
 
 SIZES = range(2, 11)
 EXHAUSTIVE_UP_TO = 6  # larger sizes mutate a seeded sample of transfers unless run with -m slow
@@ -155,9 +155,13 @@ def test_every_mutant_is_killed_or_still_an_allreduce(algorithm: str, exhaustive
     disagreements: list[str] = []
     for schedule in schedules_for(algorithm):
         n = schedule.num_ranks
-        assert check(schedule) is None and structurally_sound(schedule) and not wrong_values(schedule, rng)
+        assert (
+            find_violation(schedule) is None
+            and structurally_sound(schedule)
+            and not wrong_values(schedule, rng)
+        )
         for m in all_mutants(schedule, pick):
-            v = check(m.schedule)
+            v = find_violation(m.schedule)
             sound = structurally_sound(m.schedule)
             wrong = wrong_values(m.schedule, rng) if sound else set()
             equivalent = sound and not wrong

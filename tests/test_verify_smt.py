@@ -16,8 +16,8 @@ import pytest
 from stragglar.errors import InputError
 from stragglar.schedule import Op, Phase, Round, Schedule, Transfer, move_straggler
 from stragglar.synth import ALGORITHMS, synthesize
-from stragglar.verify import VerificationError, Violation, check, prove, smt
-from stragglar.verify.smt import smt_check, smt_prove
+from stragglar.verify import VerificationError, Violation, find_violation, prove, smt
+from stragglar.verify.smt import smt_find_violation, smt_prove
 
 R, C = Op.REDUCE, Op.COPY
 
@@ -72,12 +72,12 @@ def test_every_synthesized_schedule_is_proved(algorithm: str) -> None:
 
 @pytest.mark.parametrize("straggler", [0, 3, 6])
 def test_stragglar_with_any_straggler_is_proved(straggler: int) -> None:
-    assert smt_check(move_straggler(synthesize("stragglar", 7), straggler)) is None
+    assert smt_find_violation(move_straggler(synthesize("stragglar", 7), straggler)) is None
 
 
 def test_several_chunks_to_one_peer_in_one_round_are_allowed() -> None:
     both_ways = tuple(T(s, 1 - s, c, R) for s in (0, 1) for c in range(3))
-    assert smt_check(one_phase(2, 3, both_ways)) is None
+    assert smt_find_violation(one_phase(2, 3, both_ways)) is None
 
 
 STRUCTURAL = {
@@ -98,24 +98,24 @@ def test_each_structural_violation_is_named_like_the_simulator_does(case: str) -
     schedule, kind, rank, chunk = STRUCTURAL[case]
     (phase,) = schedule.phases
     delayed = replace(schedule, phases=(Phase("p", phase.ranks, ((), *phase.rounds)),))  # fault in round 1
-    v = smt_check(delayed)
+    v = smt_find_violation(delayed)
     assert isinstance(v, Violation) and v.counterexample is None
     assert (v.kind, v.phase, v.round, v.rank, v.chunk) == (kind, 0, 1, rank, chunk), v.message
     assert v.message.startswith("phase 0 'p' round 1: transfer ")
     assert re.search(rf"\brank {rank}\b", v.message)
-    simulated = check(delayed)
+    simulated = find_violation(delayed)
     assert simulated is not None and (simulated.kind, simulated.round, simulated.rank) == (kind, 1, rank)
 
 
 def test_port_conflict_names_both_peers() -> None:
-    v = smt_check(one_phase(4, 1, (T(3, 0, 0),), (T(1, 2, 0), T(1, 3, 0))))
+    v = smt_find_violation(one_phase(4, 1, (T(3, 0, 0),), (T(1, 2, 0), T(1, 3, 0))))
     assert v is not None and (v.kind, v.round, v.transfer) == ("port", 1, T(1, 3, 0))
     assert "rank 1 send to a second peer (rank 2)" in v.message
 
 
 def test_duplicate_contribution_has_a_checked_counterexample() -> None:
     s = one_phase(2, 1, SWAP, SWAP)  # the second swap adds everything again: x + x != x
-    v = smt_check(s)
+    v = smt_find_violation(s)
     assert v is not None and v.kind == "duplicate" and "counts ranks [0, 1] more than once" in v.message
     assert (v.phase, v.round, v.transfer) == (0, 1, T(1, 0, 0, R))  # the last write of rank 0 chunk 0
     assert_real_counterexample(s, v)
@@ -123,7 +123,7 @@ def test_duplicate_contribution_has_a_checked_counterexample() -> None:
 
 def test_missing_contribution_never_written_has_a_checked_counterexample() -> None:
     s = one_phase(3, 2, (T(0, 1, 0, R), T(1, 2, 1, R)), (T(1, 2, 0), T(2, 0, 1)))
-    v = smt_check(s)
+    v = smt_find_violation(s)
     assert v is not None and (v.kind, v.rank, v.chunk) == ("missing", 0, 0)
     assert (v.phase, v.round, v.transfer) == (None, None, None) and v.message.endswith("(never written)")
     assert "lacks ranks [1, 2]" in v.message
@@ -132,7 +132,7 @@ def test_missing_contribution_never_written_has_a_checked_counterexample() -> No
 
 def test_a_value_lacking_and_doubling_is_reported_as_a_duplicate() -> None:
     s = one_phase(3, 1, (T(1, 0, 0, R),), (T(1, 0, 0, R),))  # rank 0 ends with x0 + 2*x1
-    v = smt_check(s)
+    v = smt_find_violation(s)
     assert v is not None and (v.kind, v.rank, v.round) == ("duplicate", 0, 1)
     assert "counts ranks [1] more than once and lacks ranks [2]" in v.message
     assert_real_counterexample(s, v)
@@ -144,13 +144,13 @@ def test_prove_raises_with_the_violation_and_accepts_only_allreduce() -> None:
     violation = caught.value.violation
     assert violation.counterexample is not None and violation.kind == "missing"
     with pytest.raises(ValueError, match="allreduce"):
-        smt_check(Schedule("x", 2, 1, None, (), collective="broadcast"))
+        smt_find_violation(Schedule("x", 2, 1, None, (), collective="broadcast"))
 
 
 def test_many_inputs_are_shortened_in_the_message() -> None:
     n = 12
     s = one_phase(n, 1, *[(T(r, r + 1, 0, R),) for r in range(n - 1)])  # only rank 11 gets the sum
-    v = smt_check(s)
+    v = smt_find_violation(s)
     assert (
         v is not None
         and v.kind == "missing"
@@ -169,9 +169,9 @@ def test_a_schedule_past_z3s_reach_is_refused_before_the_solver_starts(
     schedule = synthesize("stragglar", 8)
     monkeypatch.setattr(smt, "SMT_MAX_TRANSFERS", schedule.num_transfers - 1)
     with pytest.raises(InputError, match=r"^z3 proves schedules of at most 97 transfers .*this one has 98: "):
-        smt_check(schedule)
+        smt_find_violation(schedule)
     monkeypatch.setattr(smt, "SMT_MAX_TRANSFERS", schedule.num_transfers)
-    assert smt_check(schedule) is None
+    assert smt_find_violation(schedule) is None
 
 
 def test_a_schedule_of_many_ranks_and_chunks_is_refused_however_few_its_transfers() -> None:
@@ -181,4 +181,4 @@ def test_a_schedule_of_many_ranks_and_chunks_is_refused_however_few_its_transfer
     with pytest.raises(
         InputError, match=r"^z3 proves schedules of at most 262,144 ranks x chunks .* has 4,194,304"
     ):
-        smt_check(declared)
+        smt_find_violation(declared)

@@ -28,8 +28,8 @@ from test_verify_simulate_mutations import (
 from test_verify_smt import assert_real_counterexample
 
 from stragglar.synth import ALGORITHMS
-from stragglar.verify import Violation, check
-from stragglar.verify.smt import smt_check
+from stragglar.verify import Violation, find_violation
+from stragglar.verify.smt import smt_find_violation
 
 Cell = tuple[int, int]  # (rank, chunk)
 PER_TYPE_AND_SIZE = 3  # mutants of each type ("drop", "src", "move", ...) per size in the default run
@@ -71,7 +71,7 @@ def test_smt_and_simulator_agree_on_every_mutant(algorithm: str, tier: str) -> N
         mutants = all_mutants(schedule, None if tier == "all" else pick)
         for m in few_of_each_type(mutants, pick) if tier == "few" else mutants:
             checked += 1
-            ours, theirs = smt_check(m.schedule), check(m.schedule)
+            ours, theirs = smt_find_violation(m.schedule), find_violation(m.schedule)
             sound = structurally_sound(m.schedule)
             wrong = wrong_values(m.schedule, rng) if sound else set()
             if (ours is None) != (theirs is None) or (ours is None) != (sound and not wrong):

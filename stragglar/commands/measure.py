@@ -6,7 +6,8 @@ from pathlib import Path
 
 import click
 
-from stragglar.commands.common import (
+from stragglar.commands.inputs import load_schedule
+from stragglar.commands.options import (
     ALGORITHM,
     BANDWIDTH,
     DURATION,
@@ -17,15 +18,12 @@ from stragglar.commands.common import (
     TIMEOUT,
     Quantity,
     auto_note,
-    check_output,
     chosen_chunks,
     chunks_option,
-    dump_json,
-    load_schedule,
-    proved,
     refuse_given,
-    to_stdout,
 )
+from stragglar.commands.outputs import check_output, dump_json, to_stdout
+from stragglar.commands.proofs import proved
 from stragglar.commands.terminal import echo, progress_bar
 from stragglar.errors import InputError, quoted
 from stragglar.measure.run import (
@@ -42,7 +40,7 @@ from stragglar.measure.run import (
 from stragglar.measure.sweep import sweep
 from stragglar.model import AUTO, PAPER_NETWORK, Network
 from stragglar.runtime import DTYPES
-from stragglar.synth import check_request
+from stragglar.synth import check_ranks
 from stragglar.units import parse_duration, parse_size
 
 __all__ = ["bench", "run"]
@@ -137,11 +135,11 @@ def run(
     elif num_gpus is None:
         raise click.UsageError("--gpus is required (or give a --schedule file)")
     else:  # before a chunk count is priced (the run checks the count it gets)
-        check_run_size(num_gpus, check_request(algorithm, num_gpus).num_chunks)
+        check_run_size(num_gpus, check_ranks(algorithm, num_gpus).num_chunks)
     network, where = _priced_network(link_rate)
-    count = chosen_chunks(chunks, num_gpus, size, delay, network, algorithm=algorithm)
-    if count is not None and chunks == AUTO:
-        echo(auto_note(count, size, delay, network, where), err=True)
+    num_chunks = chosen_chunks(chunks, num_gpus, size, delay, network, algorithm=algorithm)
+    if num_chunks is not None and chunks == AUTO:
+        echo(auto_note(num_chunks, size, delay, network, where), err=True)
     # a bar moved by the run's own loop, no thread: the torch backend forks its ranks
     with progress_bar(None, f"running {num_gpus} ranks on {backend}") as bar:
         result = run_benchmark(
@@ -152,7 +150,7 @@ def run(
             delay,
             algorithm=algorithm,
             proof=proof,
-            chunks=count,
+            chunks=num_chunks,
             straggler=straggler,
             iters=iters,
             timeout=timeout,

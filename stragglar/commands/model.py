@@ -6,20 +6,19 @@ from pathlib import Path
 
 import click
 
-from stragglar.commands.common import (
+from stragglar.commands.inputs import read_input
+from stragglar.commands.options import (
     CHUNKS,
     GPUS,
     PLOT,
     TIMEOUT,
     VERBOSE,
-    check_plot,
     chosen_chunks,
     model_options,
-    proved_artifact,
-    read_input,
     refuse_given,
-    write_plot,
 )
+from stragglar.commands.outputs import check_plot, write_plot
+from stragglar.commands.proofs import proved_artifact
 from stragglar.commands.terminal import busy, echo, progress
 from stragglar.errors import IncorrectError, InputError, ResourceError, StragglarError
 from stragglar.model import AUTO, Comparison, Network, compare_generated, generated_profile
@@ -57,25 +56,25 @@ def cost(
     """
     check_plot(plot_file)
     network = Network(alpha, bandwidth)
-    count = chosen_chunks(chunks, num_gpus, size, delay, network)
+    num_chunks = chosen_chunks(chunks, num_gpus, size, delay, network)
     with busy(f"pricing the schedules for {num_gpus} GPUs"):
-        comparison = compare_generated(num_gpus, size, delay, network, chunks=count)
+        comparison = compare_generated(num_gpus, size, delay, network, chunks=num_chunks)
     echo(comparison.table())
-    if count is not None:
-        echo(_chunk_line(comparison, count, chunks == AUTO))
+    if num_chunks is not None:
+        echo(_chunk_line(comparison, num_chunks, chunks == AUTO))
     if plot_file is not None:
         sizes = sweep_sizes(num_gpus)
         pairs = [(a, n) for n in sizes for a in ALGORITHMS if a != "rhd" or n & (n - 1) == 0]
         for algorithm, n in progress(pairs, "pricing the schedules of the plot"):
             generated_profile(algorithm, n)  # cached: the figure below reuses them
-        if count is not None:
-            for c in progress(chunk_sweep(num_gpus, size, network, count), "pricing the chunk counts"):
+        if num_chunks is not None:
+            for c in progress(chunk_sweep(num_gpus, size, network, num_chunks), "pricing the chunk counts"):
                 generated_profile("stragglar", num_gpus, c)
         cmp = comparison
         write_plot(
             plot_file,
             lambda plot: plot.cost_figure(
-                cmp.num_ranks, cmp.size_bytes, cmp.delay, cmp.network, sizes, count
+                cmp.num_ranks, cmp.size_bytes, cmp.delay, cmp.network, sizes, num_chunks
             ),
         )
 

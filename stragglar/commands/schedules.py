@@ -9,7 +9,8 @@ from typing import Any, TypeVar
 import click
 
 from stragglar.artifacts import FORMATS, ArtifactFormat, ExportOptions
-from stragglar.commands.common import (
+from stragglar.commands.inputs import load_schedule, read_input
+from stragglar.commands.options import (
     ALGORITHM,
     CHUNKS,
     GPUS,
@@ -21,28 +22,19 @@ from stragglar.commands.common import (
     VERBOSE,
     artifact_options,
     auto_note,
-    check_output,
-    check_plot,
     chosen_chunks,
-    export_artifact,
-    load_schedule,
     model_options,
-    proved,
-    proved_artifact,
-    read_artifact,
-    read_input,
     refuse_given,
     refuse_other_formats,
-    to_stdout,
-    write,
-    write_plot,
 )
+from stragglar.commands.outputs import check_output, check_plot, to_stdout, write, write_plot
+from stragglar.commands.proofs import export_artifact, proved, proved_artifact, read_artifact
 from stragglar.commands.terminal import busy, echo
 from stragglar.errors import IncorrectError, StragglarError, shown
-from stragglar.formats import json as json_format
+from stragglar.formats import schedule_json
 from stragglar.formats.text import render
 from stragglar.model import AUTO, Network
-from stragglar.synth import METHODS, check_request, synthesize
+from stragglar.synth import METHODS, check_ranks, check_request, generate
 from stragglar.verify import Proof, prove
 from stragglar.verify.report import ArtifactProof
 from stragglar.verify.smt import smt_prove
@@ -166,9 +158,12 @@ def synth(
         refuse_given(["size", "delay", "alpha", "bandwidth"], "it is a setting for --chunks auto")
     network = Network(alpha, bandwidth)
     options, exporting = ExportOptions(**artifact), FORMATS.get(fmt)
+    smt_timeout = timeout if method == "smt" else None
+    ranks = None  # asked first where the format's limits shape the chunk count
     if exporting is not None and chunks == AUTO:  # what N alone refuses, before pricing chunk counts
-        exporting.check_request(check_request(algorithm, num_gpus), options)
-    count = chosen_chunks(  # for a file, in as many chunks as the format takes
+        ranks = check_ranks(algorithm, num_gpus, method)
+        exporting.check_request(ranks, options)
+    num_chunks = chosen_chunks(  # for a file, in as many chunks as the format takes
         chunks,
         num_gpus,
         size,
@@ -178,19 +173,19 @@ def synth(
         power_of_two=exporting is not None,
         max_chunks=None if exporting is None else exporting.max_chunks(num_gpus, options),
     )
-    if count is not None and chunks == AUTO:
+    if num_chunks is not None and chunks == AUTO:
         pow2 = ", a power of two for executors" if exporting is not None else ""
-        echo(auto_note(count, size, delay, network, pow2), err=True)
-    smt_timeout = timeout if method == "smt" else None
-    request = check_request(
-        algorithm, num_gpus, straggler, chunks=count, method=method, timeout_s=smt_timeout
-    )
-    if exporting is not None:  # before the schedule is made: limits N, C and the options tell
-        exporting.check_request(request, options)
-    with busy(f"synthesizing {algorithm} for {num_gpus} GPUs"):
-        schedule = synthesize(
-            algorithm, num_gpus, straggler, chunks=count, method=method, timeout_s=smt_timeout
+        echo(auto_note(num_chunks, size, delay, network, pow2), err=True)
+    if ranks is not None:  # a count within the format's max_chunks: it takes what it took for N
+        request = ranks.refined(straggler, chunks=num_chunks, timeout_s=smt_timeout)
+    else:
+        request = check_request(
+            algorithm, num_gpus, straggler, chunks=num_chunks, method=method, timeout_s=smt_timeout
         )
+        if exporting is not None:  # before the schedule is made: limits N, C and the options tell
+            exporting.check_request(request, options)
+    with busy(f"synthesizing {algorithm} for {num_gpus} GPUs"):
+        schedule = generate(request)
     proof = proved(schedule, f"the {algorithm} schedule")
     summary, details = proof.headline, [proof.summary]
     if exporting is not None:
@@ -201,7 +196,9 @@ def synth(
     else:
         with busy(f"formatting the schedule as {fmt}"):
             body = (
-                json_format.dumps(proof.schedule) if fmt == "json" else f"{render(proof.schedule)}\n{summary}"
+                schedule_json.dumps(proof.schedule)
+                if fmt == "json"
+                else f"{render(proof.schedule)}\n{summary}"
             )
     to_stderr = output is None and fmt != "text"
     if output is not None:
@@ -250,7 +247,7 @@ def export(
         details = f"{exported.proof.details}\n{proof.summary}"
     else:
         with busy("formatting the schedule as json"):
-            text = json_format.dumps(proof.schedule)
+            text = schedule_json.dumps(proof.schedule)
         summary, details = proof.headline, proof.summary
     if output is None:
         click.echo(text.rstrip("\n"))  # a document, as it is

@@ -34,7 +34,7 @@ def echo(text: str, err: bool = False) -> None:
     terminal.  A progress bar on the terminal is lifted off while it prints, and what the other
     stream holds (a closed bar's last carriage return) goes out first, so that no bar text lands
     on the line.  Documents (a schedule, an artifact, results) go out as they are
-    (:func:`stragglar.commands.common.write`)."""
+    (:func:`stragglar.commands.outputs.write`)."""
     other = sys.stdout if err else sys.stderr
     if other is not None:  # None: closed before the start (click writes nothing to it either)
         other.flush()

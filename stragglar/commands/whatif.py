@@ -7,26 +7,14 @@ from typing import Any
 
 import click
 
-from stragglar.commands.common import (
-    BANDWIDTH,
-    DURATION,
-    OUTPUT,
-    PLOT,
-    SIZE,
-    check_output,
-    check_plot,
-    chunks_option,
-    dump_json,
-    network_words,
-    to_stdout,
-    write_plot,
-)
+from stragglar.commands.options import BANDWIDTH, DURATION, OUTPUT, PLOT, SIZE, chunks_option, network_words
+from stragglar.commands.outputs import check_output, check_plot, dump_json, to_stdout, write_plot
 from stragglar.commands.terminal import busy, echo, progress
 from stragglar.errors import InputError, quoted
-from stragglar.formats.trace import FORMATS, TIME_UNITS, Columns, Group, format_of, read_trace
+from stragglar.formats.traces import TIME_UNITS, TRACE_FORMATS, Columns, Group, read_trace, trace_format_of
 from stragglar.model import Network
 from stragglar.model.policy import AUTO_WINDOW, SHARE, Choice
-from stragglar.model.whatif import ALGORITHMS, AUTO_POLICY, CHUNKED, GroupReplay, Setting, replay
+from stragglar.model.whatif import AUTO_POLICY, CHUNKED, PRICED, GroupReplay, Setting, replay
 from stragglar.units import count_of, format_bytes, format_seconds, parse_size
 
 __all__ = ["MAX_PLOT_GROUPS", "whatif"]
@@ -48,7 +36,7 @@ def _where(values: tuple[str, ...]) -> list[tuple[str, str]]:
 @click.command()
 @click.argument("trace", type=click.Path(path_type=Path, dir_okay=False))
 @click.option(
-    "--format", "fmt", type=click.Choice(FORMATS), help="The trace's format (default: its suffix's)."
+    "--format", "fmt", type=click.Choice(TRACE_FORMATS), help="The trace's format (default: its suffix's)."
 )
 @click.option("--rank-col", default="rank", show_default=True, help="The column of each row's rank.")
 @click.option("--step-col", default="step", show_default=True, help="The column of each row's step.")
@@ -128,7 +116,7 @@ def whatif(
     if json_file is not None:
         check_output(json_file, trace, option="--json")
     check_plot(plot_file, trace)
-    fmt = format_of(trace, fmt)
+    fmt = trace_format_of(trace, fmt)
     columns = Columns(rank_col, step_col, time_col, group_col)
     with busy(f"reading {trace}"):
         groups = read_trace(trace, fmt, columns, where, TIME_UNITS[time_unit])
@@ -201,7 +189,7 @@ def _group_lines(group: Group, result: GroupReplay, per_step: bool) -> list[str]
     )
     ring = result.total("ring")
     lines.append("  predicted from the first arrival, per step and in all, and the saving over ring:")
-    for algorithm in ALGORITHMS:
+    for algorithm in PRICED:
         total = result.total(algorithm)
         saved = ring - total
         saving = "" if algorithm == "ring" else f"   {_saving(saved, ring)}"
@@ -211,11 +199,11 @@ def _group_lines(group: Group, result: GroupReplay, per_step: bool) -> list[str]
         )
     lines.append(f"  the auto policy chose StragglAR at {result.stragglar_steps:,} of {steps:,} steps")
     if per_step:
-        names = "  ".join(f"{a:>16}" for a in ALGORITHMS)
+        names = "  ".join(f"{a:>16}" for a in PRICED)
         lines.append(f"    step  last  lateness    {names}  auto chose")
         for s in result.steps:
             chose = ", ".join(_choice(c) for c in dict.fromkeys(s.choices))
-            figures = "  ".join(f"{format_seconds(s.predicted[a]):>16}" for a in ALGORITHMS)
+            figures = "  ".join(f"{format_seconds(s.predicted[a]):>16}" for a in PRICED)
             who = "-" if s.last is None else str(s.last)
             lines.append(f"    {s.step:>4}  {who:>4}  {_signed(max(s.late)):>9}    {figures}  {chose}")
     return lines
@@ -267,8 +255,8 @@ def _group_document(group: Group, result: GroupReplay) -> dict[str, Any]:
         "lateness_median": result.lateness(0.5),
         "lateness_p90": result.lateness(0.9),
         "chunks": [c or result.num_ranks - 1 for c in result.chunks],
-        "totals": {a: result.total(a) for a in ALGORITHMS},
-        "savings": {a: ring - result.total(a) for a in ALGORITHMS if a != "ring"},
+        "totals": {a: result.total(a) for a in PRICED},
+        "savings": {a: ring - result.total(a) for a in PRICED if a != "ring"},
         "auto_stragglar_steps": result.stragglar_steps,
         "decisions": [list(d) for d in result.decisions],
         "per_step": [

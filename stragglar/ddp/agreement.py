@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Mapping, Sequence
+from enum import IntEnum
 from typing import Any
 
-from stragglar.model import Network
+from stragglar.model import AUTO, Network
 from stragglar.model.policy import POLICIES
 from stragglar.runtime.header import ranks_in_words as rank_list
 from stragglar.schedule import ALGORITHMS
@@ -33,7 +34,13 @@ from stragglar.schedule import ALGORITHMS
 __all__ = ["FIELDS", "decode", "disagreement", "encode"]
 
 MAGIC = 0x53_54_44_44_50  # "STDDP": a row from anything else is not this check's
-NONE, AUTO = -1, -2  # chunks and straggler: not given; chunks: "auto"
+
+
+class Code(IntEnum):
+    """What a row holds for a setting that is no number (no rank or chunk count is negative)."""
+
+    NOT_GIVEN = -1  # chunks or straggler: None
+    CHUNKS_AUTO = -2  # chunks: "auto"
 
 
 def _bits(value: float) -> int:
@@ -45,12 +52,15 @@ def _float(bits: int) -> float:
     return float(struct.unpack("<d", struct.pack("<q", bits))[0])
 
 
-def _count(value: Any) -> list[int]:
-    return [NONE if value is None else AUTO if value == "auto" else int(value)]
+def _coded(value: Any) -> list[int]:
+    """A chunk option or a straggler (None, "auto" or a number) as one integer."""
+    if value is None:
+        return [Code.NOT_GIVEN]
+    return [Code.CHUNKS_AUTO if value == AUTO else int(value)]
 
 
-def _uncount(row: Sequence[int]) -> Any:
-    return None if row[0] == NONE else "auto" if row[0] == AUTO else row[0]
+def _uncoded(row: Sequence[int]) -> Any:
+    return None if row[0] == Code.NOT_GIVEN else AUTO if row[0] == Code.CHUNKS_AUTO else row[0]
 
 
 def _network(value: Network | None) -> list[int]:
@@ -69,9 +79,9 @@ FIELDS: dict[str, Codec] = {
     "asynchronous": (1, lambda v: [int(v)], lambda r: bool(r[0])),
     "detect": (1, lambda v: [int(v)], lambda r: r[0]),
     "share": (1, lambda v: [_bits(float(v))], lambda r: _float(r[0])),
-    "chunks": (1, _count, _uncount),
+    "chunks": (1, _coded, _uncoded),
     "network": (3, _network, _unnetwork),
-    "straggler": (1, _count, _uncount),
+    "straggler": (1, _coded, _uncoded),
     "record": (1, lambda v: [int(v)], lambda r: bool(r[0])),  # a trace is recorded: the probe runs
 }
 

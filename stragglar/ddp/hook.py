@@ -13,18 +13,10 @@ from torch.distributed import GradBucket  # type: ignore[attr-defined, unused-ig
 from stragglar.args import MAX_DELAY, as_flag, as_int, as_rank, as_seconds
 from stragglar.ddp.agreement import disagreement, encode
 from stragglar.ddp.probe import LateRankProbe
-from stragglar.ddp.worker import (
-    BucketWorker,
-    HostOrder,
-    Job,
-    Order,
-    Reducer,
-    StreamOrder,
-    Watch,
-    dedicated_group,
-)
+from stragglar.ddp.state_parts import Connection, Decision, Learned, ProofKey, Resources
+from stragglar.ddp.worker import BucketWorker, HostOrder, Job, Order, Reducer, StreamOrder, dedicated_group
 from stragglar.errors import ArgumentError, InputError, described
-from stragglar.formats.trace import TraceWriter
+from stragglar.formats.traces import TraceWriter
 from stragglar.model import AUTO, Network
 from stragglar.model.policy import (
     ALLREDUCE,
@@ -50,88 +42,144 @@ __all__ = ["POLICIES", "StragglarState", "stragglar_hook"]
 HOST = HostOrder()
 
 
-@dataclass
-class _Comm:
-    """What a state reduces its buckets with, made on its first bucket."""
-
-    reduce: Reducer
-    worker: BucketWorker | None  # None: synchronous
-    streams: dict[torch.device, StreamOrder] = field(default_factory=dict)
-
-
-@dataclass
+@dataclass(init=False)
 class StragglarState:
-    """What the hook needs, and what it has learned.
+    """The hook's options, what it learns and what it holds.
 
-    ``algorithm`` and ``straggler``: the schedule (synthesized and proved on first use per world
-    size and straggler); ``process_group`` (None: the world); ``timeout`` in seconds for a silent
-    peer.  ``policy``: "stragglar" reduces every bucket with the schedule; "auto" reduces a bucket
-    with it only when the rank expected last (``straggler`` if given) is expected later than the
-    critical delay for the bucket's size, and with the engine's all_reduce (on DDP's group, as
-    DDP's default hook) otherwise.  The cost model is priced on ``network`` (a
-    :class:`~stragglar.model.Network`) for both; None: on the engine's all_reduce timings, with
+    Options (the constructor's keywords, checked there; attributes of the same name), by role:
+
+    The schedule
+        ``algorithm``: "stragglar" (default), "ring", "rhd" or "direct"; proved on first use.
+        ``straggler``: the late rank (None: the schedule's own); ``detect`` moves it.
+        ``chunks``: StragglAR's chunk count, C >= N-1 (None: the paper's N-1), or "auto".
+    When StragglAR runs
+        ``policy``: "stragglar" for every bucket, or "auto" for a bucket only where it pays.
+        ``network``: the :class:`~stragglar.model.Network` the model prices on (None: fitted).
+        ``detect``: W steps: find the straggler over them ("stragglar"), or judge them ("auto", 4).
+        ``share``: of a window a rank must be last in to become the straggler (default 0.75).
+        ``straggler_delay``: seconds the straggler is made late on purpose, for experiments.
+    How it runs
+        ``process_group``: DDP's group (None: the world).
+        ``timeout``: seconds before a silent peer fails the step (default 300).
+        ``asynchronous``: return at once, worker threads running the rounds (default True).
+        ``graphs``: on CUDA over NCCL, replay the rounds from CUDA graphs (default True).
+    What it records
+        ``record``: a file to which rank 0 appends each step's arrivals (default None).
+
+    In full: ``policy="auto"`` reduces a bucket with the schedule only when the rank expected last
+    (``straggler`` if given) is expected later than the critical delay for the bucket's size, and
+    with the engine's all_reduce (on DDP's group, as DDP's default hook) otherwise.  The model is
+    priced on ``network`` under both policies; None: on the engine's all_reduce timings, with
     StragglAR's own timings, once it has run, saying how much dearer its rounds are
-    (:mod:`stragglar.model.policy`).  ``detect=W``: under "stragglar", find the straggler over
-    windows of W steps (rank last in ``share`` of them); under "auto", the number of steps whose
-    median lateness is judged (default 4).  Both need the world group.  ``asynchronous``
-    (default): the hook returns at once and two worker threads (on CUDA, two side streams) run
-    StragglAR's rounds, the first those the late rank takes no part in, for every bucket as soon
-    as it is ready (:mod:`stragglar.ddp.worker`); False runs them in the hook.  ``graphs`` (on
-    CUDA buffers over NCCL): each bucket stage's rounds replay from a CUDA graph after their first
-    step (:func:`~stragglar.runtime.allreduce`); False launches them eagerly every step.  Such a
-    graph holds its NCCL group, which NCCL will then not destroy: call
-    :func:`~stragglar.runtime.release_graphs` on every rank before ``destroy_process_group()``.
-    ``chunks``: StragglAR's chunk count, C >= N-1 (None: the paper's N-1), or "auto": per bucket,
-    the count the cost model prices fastest for its size (:func:`~stragglar.model.policy.chunk_count`),
-    on the policy's networks under "auto" (with the expected lateness), on ``network`` under
-    "stragglar" (with ``straggler_delay``), which then must be given.
-    ``straggler_delay`` makes the straggler late on purpose inside each reduction, for experiments
-    with the "stragglar" policy (with an algorithm that has no straggler, such as Ring,
-    ``straggler`` is only the rank that is made late).
+    (:mod:`stragglar.model.policy`).  ``chunks="auto"`` is, per bucket, the count the model prices
+    fastest for its size (:func:`~stragglar.model.policy.chunk_count`), on the policy's networks
+    under "auto" (with the expected lateness), on ``network`` under "stragglar" (with
+    ``straggler_delay``), which then must be given.  ``detect`` and ``record`` need the world
+    group.  With an algorithm that has no straggler, such as Ring, ``straggler`` is only the rank
+    made late.  ``asynchronous``: two worker threads (on CUDA, two side streams) run StragglAR's
+    rounds, the first those the late rank takes no part in, for every bucket as soon as it is
+    ready (:mod:`stragglar.ddp.worker`); False runs them in the hook.  ``graphs``: each bucket
+    stage's rounds replay from a CUDA graph after their first step
+    (:func:`~stragglar.runtime.allreduce`); such a graph holds its NCCL group, which NCCL will then
+    not destroy: call :func:`~stragglar.runtime.release_graphs` on every rank before
+    ``destroy_process_group()``.  ``record=PATH`` is given on every rank, with any policy (every
+    rank runs the probe): the trace ``stragglar whatif`` replays
+    (:class:`~stragglar.formats.traces.TraceWriter`: JSON Lines of step, rank and time, the time
+    minus how long the rank waited for the last one; the figures of step s are written at step
+    s + 2, when the probe has them).
 
-    Recorded: ``switches`` lists each change of straggler under ``detect`` as (step, rank);
-    ``decisions`` lists (step, algorithm, straggler, chunks) for the first bucket and each bucket
-    whose choice differs from the one before (algorithm "stragglar" or "allreduce", straggler and
-    chunks None with the latter; chunks None also for the paper's N-1).  Steps count from 1.
-    ``outlook``: under "auto", the figures this step's choices were made from
-    (:class:`~stragglar.model.policy.Outlook`: the rank expected last, its expected lateness, the
-    fitted networks), None until a window of steps has been seen.
-    ``record=PATH`` (given on every rank, with any policy; needs the world group): rank 0 appends
-    each step's arrival figures from the probe to the file PATH, the trace ``stragglar whatif``
-    replays (:class:`~stragglar.formats.trace.TraceWriter`: JSON Lines of step, rank and time, the
-    time minus how long the rank waited for the last one; the figures of step s are written at
-    step s + 2, when the probe has them).  Every rank runs the probe, so every rank must give it.
+    What it learns (:class:`~stragglar.ddp.state_parts.Learned`, in :attr:`learned`) reads as
+    :attr:`steps`, :attr:`switches`, :attr:`decisions` and :attr:`outlook`; what it holds
+    (:class:`~stragglar.ddp.state_parts.Resources`, in :attr:`resources`) as :attr:`proofs` and
+    :attr:`probe`.  The constructor also takes ``proofs``, ``switches``, ``decisions``, ``steps``
+    and ``probe`` to start from.
 
-    Arguments are checked here, in these terms: ``straggler=1.5`` or ``True`` is an
+    Arguments are checked in these terms: ``straggler=1.5`` or ``True`` is an
     :class:`~stragglar.runtime.ArgumentError` (a TypeError), a NumPy integer is a fine rank;
     ``timeout`` is at most a day and ``straggler_delay`` at most an hour (:mod:`stragglar.args`)."""
 
-    algorithm: str = "stragglar"
-    straggler: int | None = None
-    process_group: Any = None
-    timeout: float = 300.0
-    straggler_delay: float = 0.0
-    detect: int = 0
-    share: float = SHARE
-    policy: str = "stragglar"
-    network: Network | None = None
-    chunks: int | str | None = None
-    asynchronous: bool = True
-    graphs: bool = True
-    record: str | os.PathLike[str] | None = None
-    proofs: dict[tuple[int, int | None, int | None], Proof] = field(default_factory=dict)
-    switches: list[tuple[int, int]] = field(default_factory=list)
-    decisions: list[tuple[int, str, int | None, int | None]] = field(default_factory=list)
-    steps: int = 0
-    probe: LateRankProbe | None = field(default=None, repr=False)
-    outlook: Outlook | None = field(default=None, init=False, repr=False)
-    _last: Choice | None = field(default=None, init=False, repr=False)
-    _comm: _Comm | None = field(default=None, init=False, repr=False)
-    _engine_watch: Watch | None = field(default=None, init=False, repr=False)
-    _auto: AutoPolicy = field(init=False, repr=False)
-    _trace: TraceWriter | None = field(default=None, init=False, repr=False)
+    algorithm: str
+    straggler: int | None
+    process_group: Any
+    timeout: float
+    straggler_delay: float
+    detect: int
+    share: float
+    policy: str
+    network: Network | None
+    chunks: int | str | None
+    asynchronous: bool
+    graphs: bool
+    record: str | os.PathLike[str] | None
+    learned: Learned
+    resources: Resources = field(repr=False)
 
-    def __post_init__(self) -> None:
+    def __init__(
+        self,
+        algorithm: str = "stragglar",
+        straggler: int | None = None,
+        process_group: Any = None,
+        timeout: float = 300.0,
+        straggler_delay: float = 0.0,
+        detect: int = 0,
+        share: float = SHARE,
+        policy: str = "stragglar",
+        network: Network | None = None,
+        chunks: int | str | None = None,
+        asynchronous: bool = True,
+        graphs: bool = True,
+        record: str | os.PathLike[str] | None = None,
+        proofs: dict[ProofKey, Proof] | None = None,
+        switches: list[tuple[int, int]] | None = None,
+        decisions: list[Decision] | None = None,
+        steps: int = 0,
+        probe: LateRankProbe | None = None,
+    ) -> None:
+        self.algorithm, self.straggler, self.process_group = algorithm, straggler, process_group
+        self.timeout, self.straggler_delay = timeout, straggler_delay
+        self.detect, self.share, self.policy, self.network = detect, share, policy, network
+        self.chunks, self.asynchronous, self.graphs, self.record = chunks, asynchronous, graphs, record
+        self._check_options()
+        policy_memory = AutoPolicy(self.algorithm, self.network)
+        switches, decisions = [] if switches is None else switches, [] if decisions is None else decisions
+        self.learned = Learned(policy_memory, steps, switches, decisions)
+        self.resources = Resources({} if proofs is None else proofs, probe)
+
+    @property
+    def steps(self) -> int:
+        """The steps begun, counted from 1."""
+        return self.learned.steps
+
+    @property
+    def switches(self) -> list[tuple[int, int]]:
+        """Each change of straggler under ``detect``, as (step, rank)."""
+        return self.learned.switches
+
+    @property
+    def decisions(self) -> list[Decision]:
+        """(step, algorithm, straggler, chunks) for the first bucket and each bucket whose choice
+        differs from the one before: algorithm "stragglar" or "allreduce", straggler and chunks
+        None with the latter; chunks None also for the paper's N-1."""
+        return self.learned.decisions
+
+    @property
+    def outlook(self) -> Outlook | None:
+        """Under "auto", the figures this step's choices were made from
+        (:class:`~stragglar.model.policy.Outlook`: the rank expected last, its expected lateness,
+        the fitted networks); None until a window of steps has been seen."""
+        return self.learned.outlook
+
+    @property
+    def proofs(self) -> dict[ProofKey, Proof]:
+        """The proved schedules, by (world size, straggler, chunks)."""
+        return self.resources.proofs
+
+    @property
+    def probe(self) -> LateRankProbe | None:
+        """The probe of arrivals, made at the first step that needs it."""
+        return self.resources.probe
+
+    def _check_options(self) -> None:
         if not isinstance(self.algorithm, str) or self.algorithm not in ALGORITHMS:
             raise InputError(
                 f"StragglarState.algorithm must be one of {', '.join(ALGORITHMS)}, "
@@ -170,7 +218,6 @@ class StragglarState:
                 f"StragglarState.record must name a file (a str or path), got {described(self.record)}"
             )
         self._check_chunks()
-        self._auto = AutoPolicy(self.algorithm, self.network)
         if self.policy == "auto" and self.straggler_delay:
             raise InputError(
                 "StragglarState.straggler_delay is for experiments with policy='stragglar': the auto "
@@ -206,13 +253,13 @@ class StragglarState:
         ``chunks`` chunks (None: the algorithm's own)."""
         if late_rank is None:
             late_rank = self.late_rank(world_size)
-        key = (world_size, late_rank, chunks)
-        if key not in self.proofs:
+        key, proofs = (world_size, late_rank, chunks), self.resources.proofs
+        if key not in proofs:
             schedule = synthesize(self.algorithm, world_size, chunks=chunks)
             if late_rank is not None and schedule.straggler is not None and late_rank != schedule.straggler:
                 schedule = synthesize(self.algorithm, world_size, late_rank, chunks=chunks)
-            self.proofs[key] = prove(schedule)
-        return self.proofs[key]
+            proofs[key] = prove(schedule)
+        return proofs[key]
 
     def agree(self, world_size: int, device: torch.device) -> None:
         """Raise the same :class:`~stragglar.runtime.MismatchError` on every rank unless every rank's
@@ -240,7 +287,8 @@ class StragglarState:
 
         In a rank started by :func:`stragglar.measure.launch.launch` each step is also a
         heartbeat, so a long training run is not taken for a silent one."""
-        self.steps += 1
+        learned = self.learned
+        learned.steps += 1
         heartbeat()
         auto = self.policy == "auto"
         if (self.detect <= 0 and not auto and self.record is None) or world_size < 2:
@@ -249,35 +297,34 @@ class StragglarState:
             raise InputError(
                 "straggler detection, policy='auto' and record= need the default (world) process group"
             )
-        if self.probe is None:
+        probe = self.resources.probe
+        if probe is None:
             window = self.detect or AUTO_WINDOW
-            self.probe = LateRankProbe(world_size, window, self.timeout)
-        arrived = self.probe.step()
+            probe = self.resources.probe = LateRankProbe(world_size, window, self.timeout)
+        arrived = probe.step()
         if arrived and self.record is not None and dist.get_rank() == 0:
-            self._write_trace()
+            self._write_trace(probe, self.record)
         if auto:
             if arrived:
-                window = self.probe.late.maxlen or AUTO_WINDOW
+                window = probe.late.maxlen or AUTO_WINDOW
                 fixed = self.late_rank(world_size)
-                self.outlook = self._auto.judge(
-                    world_size, self.probe.late, window, fixed, self.probe.samples
-                )
+                learned.outlook = learned.policy.judge(world_size, probe.late, window, fixed, probe.samples)
             return
         if self.detect <= 0:
             return
-        late_rank = persistent_late_rank(self.probe.history, self.detect, self.share)
+        late_rank = persistent_late_rank(probe.history, self.detect, self.share)
         if late_rank is not None and late_rank != self._expected_late_rank(world_size):
             self.straggler = late_rank
-            self.switches.append((self.steps, late_rank))
-            self.probe.late.clear()  # a new full window before the next change
+            learned.switches.append((learned.steps, late_rank))
+            probe.late.clear()  # a new full window before the next change
 
-    def _write_trace(self) -> None:
+    def _write_trace(self, probe: LateRankProbe, record: str | os.PathLike[str]) -> None:
         """Append the step's arrivals, as the probe measured them, to the trace (rank 0 only)."""
-        assert self.probe is not None and self.record is not None
-        if self._trace is None:
-            self._trace = TraceWriter(self.record)
-            weakref.finalize(self, self._trace.close)
-        self._trace.append(self.steps - PROBE_LAG, [-wait for wait in self.probe.waits])
+        trace = self.resources.trace
+        if trace is None:
+            trace = self.resources.trace = TraceWriter(record)
+            weakref.finalize(self, trace.close)
+        trace.append(self.learned.steps - PROBE_LAG, [-wait for wait in probe.waits])
 
     def _expected_late_rank(self, world_size: int) -> int:
         """The rank the reductions now take for the late one: the straggler, else the schedule's
@@ -293,16 +340,17 @@ class StragglarState:
             chunks = chunk_count(world_size, size_bytes, self.straggler_delay, self.network, self.chunks)
             straggler = late_rank if late_rank is not None else self.proof(world_size).schedule.straggler
             choice = Choice(STRAGGLAR, straggler, chunks)
-        if choice != self._last:
-            self._last = choice
-            self.decisions.append((self.steps, choice.algorithm, choice.straggler, choice.chunks))
+        learned = self.learned
+        if choice != learned.last:
+            learned.last = choice
+            learned.decisions.append((learned.steps, choice.algorithm, choice.straggler, choice.chunks))
         return choice
 
     def reduce(
         self, buffer: torch.Tensor, bucket: int, world_size: int
     ) -> torch.futures.Future[torch.Tensor]:
         """Average ``buffer`` (bucket number ``bucket``) over the ranks: a Future of the result."""
-        comm = self._comm or self._connect(world_size)
+        comm = self.resources.connection or self._connect(world_size)
         order: Order = HOST
         if buffer.is_cuda:
             order = comm.streams.get(buffer.device) or comm.streams.setdefault(
@@ -328,9 +376,9 @@ class StragglarState:
     ) -> torch.futures.Future[torch.Tensor]:
         """The engine's own all_reduce on DDP's group, as DDP's default hook runs it, timed for the
         policy: its Future completes (through the engine's stream on CUDA) with the average."""
-        watch = order.clock(self._engine_watch)
-        self._engine_watch = watch
-        record = self.probe.record if self.probe is not None else None
+        watch = self.resources.engine_watch = order.clock(self.resources.engine_watch)
+        probe = self.resources.probe
+        record = probe.record if probe is not None else None
         size = buffer.numel() * buffer.element_size()
 
         def averaged(future: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
@@ -343,18 +391,19 @@ class StragglarState:
         engine: torch.futures.Future[list[torch.Tensor]] = work.get_future()
         return engine.then(averaged)
 
-    def _connect(self, world_size: int) -> _Comm:
+    def _connect(self, world_size: int) -> Connection:
         group = dedicated_group(self.process_group, self.timeout)
         early = dedicated_group(self.process_group, self.timeout) if self.asynchronous else group
         groups = (early, group)
-        record = self.probe.record if self.probe is not None and self.policy == "auto" else None
+        probe = self.resources.probe
+        record = probe.record if probe is not None and self.policy == "auto" else None
         reduce = Reducer(groups, world_size, self.timeout, self.straggler_delay, record, self.graphs)
         worker = None
         if self.asynchronous:
             worker = BucketWorker(f"stragglar-ddp-{dist.get_rank()}")
             weakref.finalize(self, worker.close)  # the thread ends with the state
-        self._comm = _Comm(reduce, worker)
-        return self._comm
+        connection = self.resources.connection = Connection(reduce, worker)
+        return connection
 
 
 def _value(future: torch.futures.Future[torch.Tensor]) -> torch.Tensor:

@@ -1,5 +1,16 @@
-"""Schedule file formats; :mod:`stragglar.formats.json` is the native, versioned one."""
+"""Schedule file formats: :mod:`~stragglar.formats.schedule_json` is the native, versioned one,
+:mod:`~stragglar.formats.text` the readable table; :mod:`~stragglar.formats.traces` reads and
+writes the arrival traces that ``stragglar whatif`` replays.
 
-from stragglar.formats.json import ScheduleFormatError, read, write
+No module here is named like a standard-library one, which is imported beside it.  The JSON
+format's module was ``stragglar.formats.json``: that name still imports it, deprecated.
+"""
+
+import sys
+
+from stragglar.formats import schedule_json
+from stragglar.formats.schedule_json import ScheduleFormatError, read, write
+
+sys.modules[f"{__name__}.json"] = schedule_json  # deprecated: stragglar.formats.schedule_json
 
 __all__ = ["ScheduleFormatError", "read", "write"]

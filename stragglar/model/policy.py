@@ -122,11 +122,11 @@ def persistent_late_rank(history: Sequence[int | None], window: int, share: floa
     recent = list(history)[-window:]
     if len(recent) < window:
         return None
-    counts = collections.Counter(rank for rank in recent if rank is not None)
-    if not counts:
+    times_last = collections.Counter(rank for rank in recent if rank is not None)
+    if not times_last:
         return None
-    rank, count = counts.most_common(1)[0]
-    return rank if count >= share * window else None
+    rank, times = times_last.most_common(1)[0]
+    return rank if times >= share * window else None
 
 
 def last_rank(late: Sequence[float]) -> int | None:
@@ -244,8 +244,8 @@ def chunk_count(
     """
     if chunks == AUTO and network is not None and network.alpha <= 0:
         return None
-    count = resolve_chunks(chunks, num_ranks, size_bytes, delay, network)
-    return None if count == num_ranks - 1 else count
+    num_chunks = resolve_chunks(chunks, num_ranks, size_bytes, delay, network)
+    return None if num_chunks == num_ranks - 1 else num_chunks
 
 
 @lru_cache(maxsize=4096)
@@ -297,11 +297,11 @@ def choose(
     """
     if step is None or step.ring is None or step.ours is None or size_bytes <= 0:
         return ENGINE
-    count = chunk_count(num_ranks, size_bytes, step.lateness, step.ours, chunks)
-    critical = critical_delay_for(algorithm, num_ranks, size_bytes, step.ours, step.ring, count)
+    num_chunks = chunk_count(num_ranks, size_bytes, step.lateness, step.ours, chunks)
+    critical = critical_delay_for(algorithm, num_ranks, size_bytes, step.ours, step.ring, num_chunks)
     if critical is None or step.lateness <= critical:
         return ENGINE
-    return Choice(STRAGGLAR, step.candidate, count)
+    return Choice(STRAGGLAR, step.candidate, num_chunks)
 
 
 def fit_network(algorithm: str, num_ranks: int, samples: Iterable[Timing]) -> Network | None:

@@ -53,12 +53,12 @@ from stragglar.model.policy import (
 )
 from stragglar.model.predict import generated_profile
 
-__all__ = ["ALGORITHMS", "AUTO_POLICY", "CHUNKED", "GroupReplay", "Setting", "StepReplay", "replay"]
+__all__ = ["AUTO_POLICY", "CHUNKED", "PRICED", "GroupReplay", "Setting", "StepReplay", "replay"]
 
 RING = "ring"
 CHUNKED = "stragglar C=auto"
 AUTO_POLICY = "auto"
-ALGORITHMS = (RING, STRAGGLAR, CHUNKED, AUTO_POLICY)  # the figures priced, in the order shown
+PRICED = (RING, STRAGGLAR, CHUNKED, AUTO_POLICY)  # the figures priced, in the order shown
 Decision = tuple[int, str, int | None, int | None]
 
 
@@ -143,7 +143,7 @@ def replay(times: Sequence[Sequence[Fraction]], steps: Sequence[int], setting: S
     if setting.chunks is not None and setting.chunks != AUTO:  # refused now, not at its first use
         generated_profile(STRAGGLAR, n, int(setting.chunks))
     paper = generated_profile(STRAGGLAR, n)
-    chunked = [generated_profile(STRAGGLAR, n, count) for count in chunks]
+    chunked = [generated_profile(STRAGGLAR, n, c) for c in chunks]
     policy = AutoPolicy(STRAGGLAR, network)
     samples: dict[str, list[Timing]] = {ALLREDUCE: [], STRAGGLAR: []}  # none: the network is given
     outlook = None
@@ -158,7 +158,7 @@ def replay(times: Sequence[Sequence[Fraction]], steps: Sequence[int], setting: S
         first = min(row)
         seconds = [float(t - first) for t in row]
         choices = []
-        predicted = dict.fromkeys(ALGORITHMS, 0.0)
+        predicted = dict.fromkeys(PRICED, 0.0)
         for b, size in enumerate(setting.buckets):
             choice = choose(STRAGGLAR, n, size, outlook, setting.chunks)
             if choice != previous:
@@ -188,9 +188,9 @@ def _late(times: Sequence[Fraction]) -> tuple[float, ...]:
 def _most_often_last(last: Sequence[int | None], late: Sequence[Sequence[float]]) -> int:
     """The rank last at the most steps (the lowest on a tie); where nobody ever was, the rank
     the auto policy would expect last over the whole trace (:func:`~stragglar.model.policy.outlook`)."""
-    counts = Counter(rank for rank in last if rank is not None)
-    if counts:
-        return min(counts, key=lambda rank: (-counts[rank], rank))
+    times_last = Counter(rank for rank in last if rank is not None)
+    if times_last:
+        return min(times_last, key=lambda rank: (-times_last[rank], rank))
     whole = outlook(late, len(late), None, None, None)
     assert whole is not None  # a window of every step is full
     return whole.candidate

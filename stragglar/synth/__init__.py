@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from stragglar.args import as_int, as_seconds
+from stragglar.args import as_int, as_rank, as_seconds
 from stragglar.errors import InputError, described
 from stragglar.schedule import ALGORITHMS, MAX_RANKS, Schedule, check_size, gc_paused, move_straggler
 from stragglar.synth.direct import direct_allreduce
@@ -27,8 +27,10 @@ __all__ = [
     "METHODS",
     "SMT_MAX_RANKS",
     "Request",
+    "check_ranks",
     "check_request",
     "direct_allreduce",
+    "generate",
     "rhd_allreduce",
     "ring_allreduce",
     "stragglar_allreduce",
@@ -55,11 +57,11 @@ _CHUNKS: dict[str, Callable[[int], int]] = {  # the chunk count of each generato
 
 @dataclass(frozen=True)
 class Request:
-    """A checked request for a schedule: what :func:`synthesize` will make, known before it does.
+    """A checked request for a schedule: what :func:`generate` will make, known before it does.
 
     ``num_chunks`` is the chunk count the schedule will have (``chunks``, else the algorithm's own),
     so that a caller can refuse what its output cannot hold (an executor's limits, a run's size)
-    before any work.
+    before any work.  ``timeout_s`` bounds each z3 query of method smt.
     """
 
     algorithm: str
@@ -67,10 +69,65 @@ class Request:
     straggler: int | None
     chunks: int | None
     method: str
+    timeout_s: float | None = None
 
     @property
     def num_chunks(self) -> int:
         return _CHUNKS[self.algorithm](self.num_ranks) if self.chunks is None else self.chunks
+
+    def refined(
+        self, straggler: int | None = None, *, chunks: int | None = None, timeout_s: float | None = None
+    ) -> Request:
+        """This request (of :func:`check_ranks`) for ``straggler``, ``chunks`` and ``timeout_s``,
+        checked: the rest of :func:`check_request`, for a caller that asks what the algorithm and N
+        alone refuse first (``synth --chunks auto`` asks an export format, before it prices chunk
+        counts for it).
+
+        >>> check_ranks("stragglar", 8).refined(chunks=32).num_chunks
+        32
+        """
+        n, algorithm = self.num_ranks, self.algorithm
+        rank = None if straggler is None else as_rank(straggler, "straggler", n)
+        c = None if chunks is None else as_int(chunks, "chunks")
+        if c is not None:
+            if algorithm != "stragglar":
+                raise InputError(f"a chunk count applies to stragglar only, not {algorithm}")
+            if c < n - 1:
+                raise InputError(f"StragglAR needs at least N - 1 = {n - 1} chunks, got {c}")
+            check_size(n, c)
+        if self.method == "smt":
+            if c is not None and c != n - 1:
+                raise InputError("method smt finds schedules with the paper's N - 1 chunks only")
+            if algorithm != "stragglar":
+                raise InputError("method smt synthesizes StragglAR schedules only")
+            if n > SMT_MAX_RANKS:
+                raise InputError(
+                    f"method smt handles at most {SMT_MAX_RANKS} GPUs (z3 needs minutes at 14), got {n}"
+                )
+            if timeout_s is not None:
+                as_seconds(timeout_s, "timeout_s", positive=True)
+        elif timeout_s is not None:
+            raise InputError("a timeout applies to method smt only")
+        return Request(algorithm, n, rank, c, self.method, timeout_s)
+
+
+def check_ranks(algorithm: str, num_ranks: int, method: str = "construct") -> Request:
+    """What the algorithm, the method and the number of ranks alone refuse: the request for the
+    algorithm's own schedule, which :meth:`Request.refined` completes.
+
+    >>> check_ranks("ring", 1)
+    Traceback (most recent call last):
+    ...
+    stragglar.errors.InputError: need 2 to 2048 GPUs, got 1
+    """
+    if algorithm not in _GENERATORS:
+        raise InputError(f"unknown algorithm {described(algorithm)} (choose from {', '.join(ALGORITHMS)})")
+    if method not in METHODS:
+        raise InputError(f"unknown method {described(method)} (choose from {', '.join(METHODS)})")
+    n = as_int(num_ranks, "num_ranks")
+    if not 2 <= n <= MAX_RANKS:
+        raise InputError(f"need 2 to {MAX_RANKS} GPUs, got {n}")
+    return Request(algorithm, n, None, None, method)
 
 
 def check_request(
@@ -82,7 +139,8 @@ def check_request(
     method: str = "construct",
     timeout_s: float | None = None,
 ) -> Request:
-    """Everything :func:`synthesize` checks before it generates (same arguments), in microseconds.
+    """Everything :func:`synthesize` checks before it generates (same arguments), in microseconds:
+    :func:`check_ranks`, then :meth:`Request.refined`.
 
     >>> check_request("stragglar", 8).num_chunks, check_request("ring", 8).num_chunks
     (7, 8)
@@ -91,37 +149,7 @@ def check_request(
     ...
     stragglar.errors.InputError: StragglAR needs at least N - 1 = 7 chunks, got 6
     """
-    if algorithm not in _GENERATORS:
-        raise InputError(f"unknown algorithm {described(algorithm)} (choose from {', '.join(ALGORITHMS)})")
-    if method not in METHODS:
-        raise InputError(f"unknown method {described(method)} (choose from {', '.join(METHODS)})")
-    n = as_int(num_ranks, "num_ranks")
-    if not 2 <= n <= MAX_RANKS:
-        raise InputError(f"need 2 to {MAX_RANKS} GPUs, got {n}")
-    rank = None if straggler is None else as_int(straggler, "straggler")
-    if rank is not None and not 0 <= rank < n:
-        raise InputError(f"straggler must be a rank in 0..{n - 1}, got {rank}")
-    c = None if chunks is None else as_int(chunks, "chunks")
-    if c is not None:
-        if algorithm != "stragglar":
-            raise InputError(f"a chunk count applies to stragglar only, not {algorithm}")
-        if c < n - 1:
-            raise InputError(f"StragglAR needs at least N - 1 = {n - 1} chunks, got {c}")
-        check_size(n, c)
-    if method == "smt":
-        if c is not None and c != n - 1:
-            raise InputError("method smt finds schedules with the paper's N - 1 chunks only")
-        if algorithm != "stragglar":
-            raise InputError("method smt synthesizes StragglAR schedules only")
-        if n > SMT_MAX_RANKS:
-            raise InputError(
-                f"method smt handles at most {SMT_MAX_RANKS} GPUs (z3 needs minutes at 14), got {n}"
-            )
-        if timeout_s is not None:
-            as_seconds(timeout_s, "timeout_s", positive=True)
-    elif timeout_s is not None:
-        raise InputError("a timeout applies to method smt only")
-    return Request(algorithm, n, rank, c, method)
+    return check_ranks(algorithm, num_ranks, method).refined(straggler, chunks=chunks, timeout_s=timeout_s)
 
 
 def synthesize(
@@ -140,16 +168,20 @@ def synthesize(
     more chunks: phase 2 then takes ``chunks + ceil(log2 N) - 1`` rounds of smaller chunks.
     ``method="smt"`` lets z3 find StragglAR's copies (small N; ``timeout_s`` bounds each query).
     Raises :class:`~stragglar.errors.InputError` with a one-line reason for a bad request
-    (:func:`check_request`, which callers may ask first).
+    (:func:`check_request`, which callers may ask first and then :func:`generate` its request).
     """
-    request = check_request(
-        algorithm, num_ranks, straggler, chunks=chunks, method=method, timeout_s=timeout_s
+    return generate(
+        check_request(algorithm, num_ranks, straggler, chunks=chunks, method=method, timeout_s=timeout_s)
     )
-    n, rank, c = request.num_ranks, request.straggler, request.chunks
-    if method == "smt":
+
+
+def generate(request: Request) -> Schedule:
+    """The schedule ``request`` asks for (of :func:`check_request`, which :func:`synthesize` asks)."""
+    algorithm, n, rank, c = request.algorithm, request.num_ranks, request.straggler, request.chunks
+    if request.method == "smt":
         from stragglar.synth.smt import smt_synthesize  # z3 is slow to import: only when asked
 
-        return smt_synthesize(n, timeout_s, rank)
+        return smt_synthesize(n, request.timeout_s, rank)
     with gc_paused():  # millions of transfers at N ~ 1000, all kept: collecting them is wasted work
         schedule = (
             stragglar_allreduce(n, num_chunks=c) if algorithm == "stragglar" else _GENERATORS[algorithm](n)

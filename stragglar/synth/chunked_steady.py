@@ -59,7 +59,7 @@ __all__ = [
 
 Held = tuple[int, int]  # the two ages held among 1..top, ascending
 Copy = tuple[int, int, int]  # (src, dst, chunk)
-_Kind = tuple[int, tuple[Held, ...], Any]  # a unit kind of the model: token, members, count
+_Kind = tuple[int, tuple[Held, ...], Any]  # a unit kind of the model: token, members, how many
 
 # Unit sizes allowed at each tail level (see chunked_tail): level 1 pairs or singles, level 2
 # pairs or triples; level 0 (powers of two) has singles only.
@@ -230,32 +230,32 @@ def _solutions(m: int, top: int, level: int | None, sizes: Sequence[int]) -> Ite
     moves = [(h, a, next_held(h, a, top)) for h in states for a in _receivable(h, top)]
     if level is None:
         moves = [mv for mv in moves if _group_move(mv[0], mv[1], top)]
-    count = [z3.Int(f"x{i}", ctx) for i in range(len(moves))]
+    uses = [z3.Int(f"x{i}", ctx) for i in range(len(moves))]
     solver = z3.Solver(ctx=ctx)
     solver.set("random_seed", 0)
-    solver.add(*[c >= 0 for c in count])
-    solver.add(z3.Sum([c for c, (_, a, _) in zip(count, moves, strict=True) if a == 0]) == 1)
+    solver.add(*[c >= 0 for c in uses])
+    solver.add(z3.Sum([c for c, (_, a, _) in zip(uses, moves, strict=True) if a == 0]) == 1)
     visits: dict[Held, Any] = {}
     sends: dict[tuple[Held, int], Any] = {}
     for h in states:
-        out = [c for c, mv in zip(count, moves, strict=True) if mv[0] == h]
-        inn = [c for c, mv in zip(count, moves, strict=True) if mv[2] == h]
+        out = [c for c, mv in zip(uses, moves, strict=True) if mv[0] == h]
+        inn = [c for c, mv in zip(uses, moves, strict=True) if mv[2] == h]
         visits[h] = z3.Sum([zero, *out])
         solver.add(z3.Sum([zero, *inn]) == visits[h])
-        exch = [c for c, mv in zip(count, moves, strict=True) if mv[0] == h and mv[1] == 0]
+        exch = [c for c, mv in zip(uses, moves, strict=True) if mv[0] == h and mv[1] == 0]
         for age in h:
             sends[h, age] = z3.Int(f"s{h[0]}_{h[1]}_{age}", ctx)
             solver.add(sends[h, age] >= 0)
         solver.add(sends[h, h[0]] + sends[h, h[1]] == visits[h] - z3.Sum([zero, *exch]))
     for age in range(1, top + 1):
-        received = [c for c, mv in zip(count, moves, strict=True) if mv[1] == age]
+        received = [c for c, mv in zip(uses, moves, strict=True) if mv[1] == age]
         senders = [v for (h, a), v in sends.items() if a == age]
         solver.add(z3.Sum([zero, *received]) == z3.Sum([zero, *senders]))
     solver.add(z3.Sum(list(visits.values())) == m)
     kinds = [] if level is None else _add_units(solver, visits, top, level, sizes, ctx)
     while solver.check() == z3.sat:
         model = solver.model()
-        value = [model.eval(c).as_long() for c in count]
+        value = [model.eval(c).as_long() for c in uses]
         steps = _circuit(moves, value)
         if len(steps) == m:  # else the circulation fell apart into several cycles
             sent = {key: model.eval(v).as_long() for key, v in sends.items()}
@@ -265,7 +265,7 @@ def _solutions(m: int, top: int, level: int | None, sizes: Sequence[int]) -> Ite
                 for _ in range(model.eval(var).as_long())
             )
             yield Walk(top, _assign_sends(steps, sent), level, units)
-        solver.add(z3.Or([c != v for c, v in zip(count, value, strict=True)]))
+        solver.add(z3.Or([c != v for c, v in zip(uses, value, strict=True)]))
 
 
 def _add_units(
@@ -284,10 +284,10 @@ def _add_units(
             kinds.append((token, members, var))
             row.append(var)
         solver.add(z3.Sum(row) == 1 << (token - 1))
-    for h, count in visits.items():
+    for h, visited in visits.items():
         # only the kinds that hold h: building a term per kind is most of the model's time
         terms = [v if k == 1 else v * k for _, members, v in kinds if (k := members.count(h))]
-        solver.add(count == z3.Sum([z3.IntVal(0, ctx), *terms]))
+        solver.add(visited == z3.Sum([z3.IntVal(0, ctx), *terms]))
     if level == 1:  # the last round pairs singles lacking top-1 with singles lacking top
         lack_top = [v for _, members, v in kinds if len(members) == 1 and members[0][1] != top]
         lack_before = [v for _, members, v in kinds if len(members) == 1 and members[0][1] == top]

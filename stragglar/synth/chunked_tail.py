@@ -316,16 +316,16 @@ def _disaggregate(
     idle = {key: list(ranks) for key, ranks in groups.items()}
     for key, ranks in groups.items():
         queue = list(ranks)
-        for (_, age), count in sorted(flow[("r", key)].items()):
-            receivers.setdefault(age, []).extend(queue[:count])
-            del queue[:count]
+        for (_, age), amount in sorted(flow[("r", key)].items()):
+            receivers.setdefault(age, []).extend(queue[:amount])
+            del queue[:amount]
     for age in range(1, top + 1):
-        for (_, key), count in sorted(flow.get(("m", age), {}).items(), key=lambda kv: str(kv[0])):
+        for (_, key), amount in sorted(flow.get(("m", age), {}).items(), key=lambda kv: str(kv[0])):
             if key == STRAGGLER:
-                senders.setdefault(age, []).extend([STRAGGLER] * count)
+                senders.setdefault(age, []).extend([STRAGGLER] * amount)
             else:
-                senders.setdefault(age, []).extend(idle[key][:count])
-                del idle[key][:count]
+                senders.setdefault(age, []).extend(idle[key][:amount])
+                del idle[key][:amount]
     return tuple(
         (src, dst, age)
         for age in sorted(receivers)

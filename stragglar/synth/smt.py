@@ -39,11 +39,11 @@ def smt_synthesize(num_ranks: int, timeout_s: float | None = None, straggler: in
     (wall clock, model building included, per query).
     """
     bound = round_lower_bound(num_ranks)
+    owners = chunk_owners(num_ranks, num_ranks - 1)
     for rounds in range(bound, bound + num_ranks + 1):  # the greedy fits within a round or two of R*
         copies = smt_copy_rounds(num_ranks, rounds, timeout_s)
         if copies is not None:
-            exchange = exchange_rounds(chunk_owners(num_ranks, num_ranks - 1), copies)
-            schedule = stragglar_schedule(num_ranks, num_ranks - 1, exchange, "smt")
+            schedule = stragglar_schedule(owners, exchange_rounds(owners, copies), "smt")
             return schedule if straggler is None else move_straggler(schedule, straggler)
     raise RuntimeError(f"z3 found no phase 2 for {num_ranks} GPUs within {num_ranks} rounds of R*")
 

@@ -52,35 +52,39 @@ def stragglar_allreduce(
     """
     n = num_ranks
     c = n - 1 if num_chunks is None else num_chunks
-    owners = chunk_owners(n, c)
-    if n == 3 and c > 2:
-        exchange, method = three_rank_exchange(c), "three ranks"
-    elif n == 3:  # the paper's: after both swaps, 2 gives 1 chunk 0 while 1 gives 0 chunk 1
-        exchange, method = exchange_rounds(owners, [(), (), ((1, 0, 1), (2, 1, 0))]), "exchange"
-    elif c == n - 1 and n > 2 and n & (n - 1) == 0:
-        exchange, method = exchange_rounds(owners, pow2_copy_rounds(n)), "pow2-groups"
+    if n == 3 or (c == n - 1 and n > 2 and n & (n - 1) == 0):
+        owners = chunk_owners(n, c)
+        if n == 3 and c > 2:
+            exchange, method = three_rank_exchange(c), "three ranks"
+        elif n == 3:  # the paper's: after both swaps, 2 gives 1 chunk 0 while 1 gives 0 chunk 1
+            exchange, method = exchange_rounds(owners, [(), (), ((1, 0, 1), (2, 1, 0))]), "exchange"
+        else:
+            exchange, method = exchange_rounds(owners, pow2_copy_rounds(n)), "pow2-groups"
     else:
         plan = chunked_copy_rounds(n, c)
+        owners = plan.owners
         exchange, method = exchange_rounds(owners, plan.rounds), plan.method
-    schedule = stragglar_schedule(n, c, exchange, method)
+    schedule = stragglar_schedule(owners, exchange, method)
     return schedule if straggler is None else move_straggler(schedule, straggler)
 
 
-def stragglar_schedule(num_ranks: int, num_chunks: int, exchange: Sequence[Round], method: str) -> Schedule:
-    """The StragglAR schedule (straggler ``n-1``) whose phase 2 is ``exchange``.
+def stragglar_schedule(owners: Sequence[int], exchange: Sequence[Round], method: str) -> Schedule:
+    """The StragglAR schedule whose chunk ``c`` is owned by punctual GPU ``owners[c]``
+    (:func:`~stragglar.synth.chunked.chunk_owners`, the one the exchange was built on) and whose
+    phase 2 is ``exchange``; the straggler is the last GPU, ``max(owners) + 1``.
 
     The owner ReduceScatter among the punctual GPUs (:func:`owner_reduce_scatter`) comes first.
     """
-    n = num_ranks
-    late = n - 1
+    late = max(owners) + 1
+    n, c = late + 1, len(owners)
     phases = [Phase("exchange", tuple(range(n)), tuple(exchange))]
     if late > 1:
         others = tuple(range(late))
-        rs = owner_reduce_scatter(chunk_owners(n, num_chunks), others)
+        rs = owner_reduce_scatter(owners, others)
         phases.insert(0, Phase("reduce-scatter", others, rs))
-    bound = round_lower_bound(n, num_chunks)
+    bound = round_lower_bound(n, c)
     metadata = {"generator": f"stragglar {__version__}", "method": method, "lower_bound": bound}
-    return Schedule("stragglar", n, num_chunks, late, tuple(phases), metadata=metadata)
+    return Schedule("stragglar", n, c, late, tuple(phases), metadata=metadata)
 
 
 def exchange_rounds(owners: Sequence[int], copies: Sequence[Sequence[Copy]]) -> tuple[Round, ...]:

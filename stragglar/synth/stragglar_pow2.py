@@ -89,8 +89,8 @@ def _join_ages(t: int, L: int, members: list[int]) -> dict[int, int]:
             ages[x] = L - (x - t)
             places[ages[x]] -= 1
     free = sorted((x for x in members if x not in ages), reverse=True)
-    for j, count in places.items():
-        for _ in range(count):
+    for j, amount in places.items():
+        for _ in range(amount):
             ages[free.pop()] = j
     return ages
 

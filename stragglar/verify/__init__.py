@@ -1,11 +1,23 @@
 """Verification: prove that a schedule is a correct AllReduce before anything runs or exports it.
 
 Two provers that share only the IR and :mod:`stragglar.verify.report`: the symbolic simulator
-(:func:`prove`, :func:`check`) and the z3 checker (:mod:`stragglar.verify.smt`); lower bounds on
+(:func:`prove`, :func:`find_violation`) and the z3 checker (:mod:`stragglar.verify.smt`); lower bounds on
 StragglAR's rounds are in :mod:`stragglar.verify.bound`.  A :class:`Proof` carries its schedule.
 """
 
 from stragglar.verify.report import Kind, Proof, VerificationError, Violation, Where, require_proof
-from stragglar.verify.simulate import check, prove
+from stragglar.verify.simulate import find_violation, prove
 
-__all__ = ["Kind", "Proof", "VerificationError", "Violation", "Where", "check", "prove", "require_proof"]
+check = find_violation  # its former name, deprecated
+
+__all__ = [
+    "Kind",
+    "Proof",
+    "VerificationError",
+    "Violation",
+    "Where",
+    "check",
+    "find_violation",
+    "prove",
+    "require_proof",
+]

@@ -15,7 +15,7 @@ value, the schedule is correct and is accepted (the simulator is exact both ways
 >>> s = Schedule("demo", 2, 1, None, (Phase("exchange", (0, 1), (swap,)),))
 >>> prove(s).summary
 'proved: allreduce over 2 ranks, 1 chunk, 1 round, 2 transfers'
->>> v = check(Schedule("demo", 2, 1, None, (Phase("exchange", (0, 1), (swap, swap)),)))
+>>> v = find_violation(Schedule("demo", 2, 1, None, (Phase("exchange", (0, 1), (swap, swap)),)))
 >>> str(v.kind), v.round, v.rank, v.chunk
 ('duplicate', 1, 1, 0)
 >>> for part in v.message.split(": ", 1)[1].split("; "):
@@ -51,7 +51,7 @@ from stragglar.verify.report import (
     self_violation,
 )
 
-__all__ = ["check", "prove"]
+__all__ = ["find_violation", "prove"]
 
 _COPY, _REDUCE = Op.COPY, Op.REDUCE
 
@@ -59,16 +59,16 @@ _COPY, _REDUCE = Op.COPY, Op.REDUCE
 def prove(schedule: Schedule) -> Proof:
     """Return a :class:`Proof` that ``schedule`` is a correct AllReduce.
 
-    Raises :class:`VerificationError`; use :func:`check` to get the violation without raising.
+    Raises :class:`VerificationError`; use :func:`find_violation` to get the violation without raising.
     """
     start = time.perf_counter()
-    violation = check(schedule)
+    violation = find_violation(schedule)
     if violation is not None:
         raise VerificationError(violation)
     return issue_proof(schedule, "simulator", time.perf_counter() - start)
 
 
-def check(schedule: Schedule) -> Violation | None:
+def find_violation(schedule: Schedule) -> Violation | None:
     """Return the first violation in execution order, or None if ``schedule`` is a correct AllReduce.
 
     Within a round the structural rules are checked before any data moves, so a

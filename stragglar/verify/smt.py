@@ -27,9 +27,9 @@ refuted by rewriting alone, which keeps 256 ranks within seconds.
 
 >>> from stragglar.schedule import Op, Phase, Schedule, Transfer
 >>> swap = (Transfer(0, 1, 0, Op.REDUCE), Transfer(1, 0, 0, Op.REDUCE))
->>> smt_check(Schedule("demo", 2, 1, None, (Phase("exchange", (0, 1), (swap,)),))) is None
+>>> smt_find_violation(Schedule("demo", 2, 1, None, (Phase("exchange", (0, 1), (swap,)),))) is None
 True
->>> v = smt_check(Schedule("demo", 2, 1, None, (Phase("exchange", (0, 1), (swap, swap)),)))
+>>> v = smt_find_violation(Schedule("demo", 2, 1, None, (Phase("exchange", (0, 1), (swap, swap)),)))
 >>> str(v.kind), v.rank, v.chunk, v.counterexample.expected != v.counterexample.actual
 ('duplicate', 0, 0, True)
 """
@@ -64,7 +64,7 @@ from stragglar.verify.report import (
     self_violation,
 )
 
-__all__ = ["SMT_MAX_CELLS", "SMT_MAX_TRANSFERS", "smt_check", "smt_prove"]
+__all__ = ["SMT_MAX_CELLS", "SMT_MAX_TRANSFERS", "smt_check", "smt_find_violation", "smt_prove"]
 
 # z3's work grows faster than the schedule (N = 256: 130,050 transfers, 16 s, 0.7 GB; N = 512:
 # 522,242 transfers, 81 s, 2.5 GB on 2 cores; N = 2048 would take most of an hour and ~40 GB), so a
@@ -78,13 +78,13 @@ _PAIRWISE = ("send-port", "receive-port", "double-write")  # rules two transfers
 def smt_prove(schedule: Schedule) -> Proof:
     """Prove ``schedule`` a correct AllReduce with z3; raises :class:`VerificationError` if it is not."""
     start = time.perf_counter()
-    violation = smt_check(schedule)
+    violation = smt_find_violation(schedule)
     if violation is not None:
         raise VerificationError(violation)
     return issue_proof(schedule, "z3", time.perf_counter() - start)
 
 
-def smt_check(schedule: Schedule) -> Violation | None:
+def smt_find_violation(schedule: Schedule) -> Violation | None:
     """Return why ``schedule`` is not a correct AllReduce, or None once z3 has proved that it is.
 
     A structural violation is reported before any wrong value, since values are only
@@ -114,6 +114,9 @@ def smt_check(schedule: Schedule) -> Violation | None:
         if violation is not None:
             return violation
     return None
+
+
+smt_check = smt_find_violation  # its former name, deprecated
 
 
 def _rounds(schedule: Schedule) -> list[tuple[Where, Phase, Round]]:

@@ -312,7 +312,7 @@ def from_document(doc: object) -> Schedule:
     >>> from_document({"format": "stragglar-schedule", "version": 1})
     Traceback (most recent call last):
     ...
-    stragglar.formats.json.ScheduleFormatError: collective: missing required key
+    stragglar.formats.schedule_json.ScheduleFormatError: collective: missing required key
     """
     d = _check_header(doc)
     _const(d["collective"], "collective", COLLECTIVE)
@@ -410,7 +410,7 @@ def parse(text: str) -> Any:
     >>> parse("[1, 2")
     Traceback (most recent call last):
     ...
-    stragglar.formats.json.ScheduleFormatError: not JSON: Expecting ',' delimiter at line 1 column 6
+    stragglar.formats.schedule_json.ScheduleFormatError: not JSON: Expecting ',' delimiter at line 1 column 6
     """
     try:
         with gc_paused():  # millions of compact transfers, all alive: collecting them is wasted work

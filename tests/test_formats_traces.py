@@ -12,7 +12,14 @@ from pathlib import Path
 import pytest
 
 from stragglar.errors import InputError, ResourceError
-from stragglar.formats.trace import TIME_UNITS, Columns, TraceWriter, format_of, read_trace, trace_lines
+from stragglar.formats.traces import (
+    TIME_UNITS,
+    Columns,
+    TraceWriter,
+    read_trace,
+    trace_format_of,
+    trace_lines,
+)
 
 
 def csv_file(tmp_path: Path, text: str, name: str = "t.csv") -> Path:
@@ -143,10 +150,12 @@ def test_a_fifo_or_a_folder_is_refused_before_reading(tmp_path: Path) -> None:
 
 
 def test_the_format_is_told_by_the_suffix_or_given(tmp_path: Path) -> None:
-    assert format_of(Path("a.CSV"), None) == "csv" and format_of(Path("a.ndjson"), None) == "jsonl"
-    assert format_of(Path("a.txt"), "parquet") == "parquet"
+    assert (
+        trace_format_of(Path("a.CSV"), None) == "csv" and trace_format_of(Path("a.ndjson"), None) == "jsonl"
+    )
+    assert trace_format_of(Path("a.txt"), "parquet") == "parquet"
     with pytest.raises(InputError, match=r"cannot tell the format of a\.txt"):
-        format_of(Path("a.txt"), None)
+        trace_format_of(Path("a.txt"), None)
 
 
 def test_the_writer_appends_whole_steps_that_read_back_exactly(tmp_path: Path) -> None:

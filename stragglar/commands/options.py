@@ -1,14 +1,10 @@
-"""What several commands share: options with units, input kinds, outputs, proofs with a name."""
+"""The options several commands share: quantities with units, the chunk count, the GPUs, the
+algorithm, output files, the export options, and the refusal of an option that does not apply."""
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import json
-import os
-import tempfile
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -16,25 +12,13 @@ import click
 from click.core import ParameterSource
 
 from stragglar.args import MAX_TIMEOUT
-from stragglar.artifacts import FORMATS, PROTOCOLS, ArtifactFormat, ExportOptions, format_of
-from stragglar.commands.terminal import busy, echo
-from stragglar.errors import (
-    IncorrectError,
-    InputError,
-    ResourceError,
-    StragglarError,
-    quoted,
-    ran_out,
-    shown,
-)
-from stragglar.files import check_replaceable, own_descriptor, read_text, same_file, write_bytes, write_text
-from stragglar.formats import json as json_format
+from stragglar.artifacts import FORMATS, PROTOCOLS, ExportOptions
+from stragglar.commands.terminal import busy
+from stragglar.errors import InputError, quoted
 from stragglar.model import AUTO, PAPER_NETWORK, Network, resolve_chunks
-from stragglar.schedule import MAX_CHUNKS, Schedule
+from stragglar.schedule import MAX_CHUNKS
 from stragglar.synth import ALGORITHMS
 from stragglar.units import format_bytes, format_seconds, parse_bandwidth, parse_duration, parse_size
-from stragglar.verify import Proof, VerificationError, prove
-from stragglar.verify.report import ArtifactProof
 
 __all__ = [
     "ALGORITHM",
@@ -50,30 +34,17 @@ __all__ = [
     "TIMEOUT",
     "VERBOSE",
     "Quantity",
-    "artifact_error",
     "artifact_options",
     "auto_note",
-    "check_output",
-    "check_plot",
     "chosen_chunks",
     "chunks_option",
-    "export_artifact",
     "given",
-    "load_schedule",
     "model_options",
     "network_words",
-    "proved",
-    "proved_artifact",
-    "read_artifact",
-    "read_input",
     "refuse_given",
     "refuse_other_formats",
-    "to_stdout",
-    "write",
-    "write_plot",
 ]
 
-_D = TypeVar("_D")
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
@@ -162,10 +133,10 @@ MEASURED_CHUNKS = (
 )
 
 
-def auto_note(count: int, size: float, delay: float, network: Network, more: str = "") -> str:
+def auto_note(num_chunks: int, size: float, delay: float, network: Network, more: str = "") -> str:
     """What ``--chunks auto`` chose, and for which setting: a line for stderr."""
     return (
-        f"--chunks auto: C = {count}, the cost model's fastest for {format_bytes(size)} with the "
+        f"--chunks auto: C = {num_chunks}, the cost model's fastest for {format_bytes(size)} with the "
         f"straggler {format_seconds(delay)} late ({network_words(network)}){more}"
     )
 
@@ -296,21 +267,6 @@ def refuse_other_formats(fmt: str) -> None:
             refuse_given([param.name], f"it shapes {shaped} output only")
 
 
-@dataclass(frozen=True)
-class Exported:
-    """An artifact's text and what its own prover proved of it."""
-
-    text: str
-    proof: ArtifactProof
-
-
-def export_artifact(proof: Proof, fmt: ArtifactFormat[Any], options: ExportOptions) -> Exported:
-    """Lower the proved schedule to ``fmt`` and prove the text itself."""
-    with busy(f"exporting {proof.num_ranks} GPUs to {fmt.title}"):
-        text = fmt.lower(proof, options)
-    return Exported(text, proved_artifact(fmt, text, fmt.exported_name))
-
-
 def given(name: str) -> bool:
     """Whether the user set option ``name`` of the current command (rather than its default)."""
     source = click.get_current_context().get_parameter_source(name)
@@ -325,199 +281,3 @@ def refuse_given(names: Iterable[str], why: str) -> None:
             option = next(p for p in ctx.command.params if p.name == name)
             flag = max(option.opts, key=len)
             raise click.UsageError(f"{flag} does not apply: {why}")
-
-
-@dataclass(frozen=True)
-class Input:
-    """An input file, told apart by content, not by name: a file of an artifact ``format``
-    (MSCCL XML, an MSCCL++ execution plan) or, where ``format`` is None, our JSON ``schedule``."""
-
-    path: Path
-    format: ArtifactFormat[Any] | None
-    text: str
-    schedule: Schedule | None  # for a schedule
-
-
-def read_input(path: Path) -> Input:
-    """Read and classify an input file; a malformed one is an error naming the file.
-
-    The text is parsed as JSON at most once, when a format's recogniser asks for it or, for a
-    schedule, to read it.  An empty file is called empty, whatever its name says."""
-    with busy(f"reading {shown(path)}"):
-        text = read_text(path)
-        if not text.strip():
-            raise InputError(f"{path} is empty: no schedule, MSCCL XML or MSCCL++ plan in it")
-        document = functools.cache(lambda: json_format.parse(text))
-        try:
-            fmt = format_of(text, document)
-            if fmt is not None:
-                return Input(path, fmt, text, None)
-            return Input(path, None, text, json_format.from_document(document()))
-        except json_format.ScheduleFormatError as e:
-            raise json_format.ScheduleFormatError(f"{path}: {e}") from None
-
-
-def load_schedule(path: Path, command: str) -> Schedule:
-    """The JSON schedule in ``path``; another kind of file is an error that says what ``command`` takes."""
-    found = read_input(path)
-    if found.format is not None:
-        raise InputError(
-            f"{path} is {found.format.title_with_article}: {command} takes a JSON schedule "
-            "(see stragglar synth -o s.json)"
-        )
-    assert found.schedule is not None
-    return found.schedule
-
-
-def to_stdout(output: Path | None) -> bool:
-    """Whether the output ``output`` is standard output: ``-``, or a name of descriptor 1 such as
-    ``/dev/stdout`` (:func:`~stragglar.files.own_descriptor`).  A command then prints the output
-    there, as it does without the option, and the lines it would print beside it go to stderr."""
-    return output is not None and (str(output) == "-" or own_descriptor(output) == 1)
-
-
-def _descriptor_is(descriptor: int, path: Path) -> bool:
-    """Whether the open ``descriptor`` is the file ``path`` (a missing file never is)."""
-    try:
-        mine, theirs = os.fstat(descriptor), os.stat(path)
-    except OSError:
-        return False
-    return (mine.st_dev, mine.st_ino) == (theirs.st_dev, theirs.st_ino)
-
-
-def _takes_a_file(folder: Path) -> bool:
-    """Whether a new file can be made in ``folder``: made and removed at once, as the atomic write
-    will make its temporary file there."""
-    try:
-        fd, name = tempfile.mkstemp(dir=folder, prefix=".stragglar-", suffix=".tmp")
-    except OSError:
-        return False
-    os.close(fd)
-    os.unlink(name)
-    return True
-
-
-def check_output(output: Path, *inputs: Path, option: str = "-o") -> None:
-    """Refuse, before any work, an output that would overwrite an input (by name, or a descriptor
-    of this process open on it: ``-o /dev/stdout 1<>in.json``), that cannot be a file (a folder,
-    or a device, a fifo or a socket, which the atomic rename would replace with a plain file:
-    ``--json /dev/null`` must not delete the device), or whose folder is missing or cannot take a
-    new file (tried: a read-only mount or ``/proc`` passes a permission check as root);
-    ``option`` names it in the error.  This process's descriptors are written as they are."""
-    descriptor = 1 if str(output) == "-" else own_descriptor(output)
-    if descriptor is not None:
-        for source in inputs:
-            if _descriptor_is(descriptor, source):
-                name = "standard output" if descriptor == 1 else shown(output)
-                raise InputError(f"{name} is the input file {shown(source)}: write the output somewhere else")
-        return
-    try:
-        for source in inputs:
-            if same_file(source, output):
-                raise InputError(f"{shown(output)} is the input file: write the output somewhere else")
-        if output.is_dir():
-            raise InputError(f"{shown(output)} is a directory")
-        check_replaceable(output)
-        folder = output.parent.resolve()
-        if not folder.is_dir():
-            why = f"{shown(output)}: folder {shown(output.parent)} does not exist"
-        elif not os.access(folder, os.W_OK | os.X_OK) or not _takes_a_file(folder):
-            why = f"{shown(output)}: cannot write in {shown(output.parent)}"
-        else:
-            return
-    except OSError as e:  # a name too long, a folder that cannot be searched
-        why = f"{shown(output)}: {e.strerror or e}"
-    raise click.BadParameter(why, param_hint=f"'{option}'")
-
-
-def check_plot(path: Path | None, *inputs: Path) -> None:
-    """Check a plot's file and matplotlib before the work, so a typo does not cost a whole run."""
-    if path is None:
-        return
-    if to_stdout(path):
-        raise click.BadParameter(
-            f"{shown(path)} is standard output, which carries the command's text: "
-            "name a .png, .svg or .pdf file",
-            param_hint="'--plot'",
-        )
-    if path.suffix.lower() not in (".png", ".svg", ".pdf"):
-        raise click.BadParameter(f"{shown(path)}: name a .png, .svg or .pdf file", param_hint="'--plot'")
-    check_output(path, *inputs, option="--plot")
-    from stragglar import plot
-
-    try:
-        plot.require_matplotlib()
-    except plot.PlotUnavailable as e:
-        raise click.UsageError(str(e)) from None
-
-
-def write_plot(path: Path, figure: Callable[[Any], Any]) -> None:
-    """Draw with :mod:`stragglar.plot` and save to ``path`` (checked by :func:`check_plot`), atomically."""
-    from stragglar import plot
-
-    try:
-        write_bytes(path, plot.render(figure(plot), path.suffix.lower()[1:]))
-    except OSError as e:
-        raise _cannot_write(path, "--plot", e) from None
-    echo(f"plot written to {path}")
-
-
-def proved(schedule: Schedule, name: str, prover: Callable[[Schedule], Proof] = prove) -> Proof:
-    """The proof of ``schedule``; if it is wrong, an error naming it (``name``) and its first violation."""
-    try:
-        with busy(f"proving {name}"):
-            return prover(schedule)
-    except VerificationError as e:
-        raise IncorrectError(f"{name} is not a correct AllReduce: {e.violation.message}") from None
-
-
-def proved_artifact(fmt: ArtifactFormat[_D], source: str | _D, name: str) -> ArtifactProof:
-    """The proof of an artifact of ``fmt``, its text or what ``fmt.read`` made of it, or an error
-    naming it (``name``) and the first problem (:func:`artifact_error`)."""
-    try:
-        with busy(f"proving {name}"):
-            return fmt.prove(source)
-    except StragglarError as e:
-        raise artifact_error(fmt, name, e) from None
-
-
-def read_artifact(fmt: ArtifactFormat[_D], text: str, name: str) -> _D:
-    """The artifact ``text`` read by ``fmt``, for its prover, description and size rule to share,
-    or the error that proving the text would give."""
-    try:
-        return fmt.read(text)
-    except StragglarError as e:
-        raise artifact_error(fmt, name, e) from None
-
-
-def artifact_error(fmt: ArtifactFormat[Any], name: str, error: StragglarError) -> StragglarError:
-    """The command's one-line error for what ``fmt``'s reader or prover raised about ``name``: a
-    file it cannot read is bad input (exit 2), any other failure a wrong artifact (exit 1)."""
-    if error.exit_code == InputError.exit_code:
-        return InputError(f"{name} {fmt.unreadable}: {error}")
-    return IncorrectError(f"{name} is not a correct AllReduce: {error}")
-
-
-def write(path: Path, text: str, option: str = "-o") -> None:
-    """Write ``text`` and a newline to ``path`` (atomically; standard output as it is, see
-    :func:`to_stdout`); a failure is an error of ``option``."""
-    if to_stdout(path):
-        click.echo(text)
-        return
-    try:
-        with busy(f"writing {shown(path)}"):
-            write_text(path, text + "\n")
-    except OSError as e:
-        raise _cannot_write(path, option, e) from None
-
-
-def _cannot_write(path: Path, option: str, error: OSError) -> Exception:
-    """A failed write: a full disk (or quota) is a resource that ran out (exit 3), anything else
-    a bad ``option`` (exit 2, a read-only folder, say)."""
-    why = f"cannot write {shown(path)}: {error.strerror or error}"
-    return ResourceError(why) if ran_out(error) else click.BadParameter(why, param_hint=f"'{option}'")
-
-
-def dump_json(path: Path, document: object) -> None:
-    """Write a JSON document of results to ``path`` (atomically), the file of ``--json``."""
-    write(path, json.dumps(document, indent=2), "--json")

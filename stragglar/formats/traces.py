@@ -41,20 +41,26 @@ from stragglar.errors import InputError, ResourceError, quoted, ran_out, shown
 from stragglar.files import open_regular
 
 __all__ = [
-    "FORMATS",
     "MAX_LINE",
     "MAX_ROWS",
     "TIME_UNITS",
+    "TRACE_FORMATS",
     "Columns",
     "Group",
     "TraceWriter",
-    "format_of",
     "read_trace",
+    "trace_format_of",
     "trace_lines",
 ]
 
-FORMATS = ("csv", "jsonl", "parquet")
-SUFFIXES = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
+TRACE_FORMATS = ("csv", "jsonl", "parquet")
+TRACE_SUFFIXES = {
+    ".csv": "csv",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+}
 TIME_UNITS = {"s": Fraction(1), "ms": Fraction(1, 10**3), "us": Fraction(1, 10**6), "ns": Fraction(1, 10**9)}
 MAX_ROWS = 1_000_000  # rows kept after the filters: about 300 MB of Python objects
 MAX_LINE = 2**20  # bytes in one line of CSV or JSON Lines
@@ -86,11 +92,11 @@ class Group:
     times: tuple[tuple[Fraction, ...], ...]
 
 
-def format_of(path: Path, given: str | None) -> str:
+def trace_format_of(path: Path, given: str | None) -> str:
     """The trace's format: ``given``, else told by the file's suffix."""
     if given is not None:
         return given
-    found = SUFFIXES.get(path.suffix.lower())
+    found = TRACE_SUFFIXES.get(path.suffix.lower())
     if found is None:
         raise InputError(
             f"cannot tell the format of {shown(path)} from its name: name it .csv, .jsonl or .parquet, "

@@ -1,0 +1,88 @@
+"""Every error of a command as one ``Error: ...`` line with its exit code: a usage error without
+its usage text, a library error (:class:`~stragglar.errors.StragglarError`) with its own code,
+running out of memory as a resource that ran out, and Ctrl-C as click's "Aborted!" with the
+shell's code for it; what a line echoes of files and options is escaped and bounded.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import functools
+import re
+from collections.abc import Iterator
+
+import click
+
+from stragglar.errors import (
+    SHOWN_CHARACTERS,
+    ResourceError,
+    StragglarError,
+    printable,
+    quoted,
+    shown,
+)
+
+__all__ = ["INTERRUPTED", "MAX_ERROR_LINE", "one_line_errors"]
+
+
+INTERRUPTED = 130  # the shell's code for a command ended by Ctrl-C (128 + SIGINT)
+
+
+@functools.cache
+def _failure(exit_code: int) -> type[click.ClickException]:
+    """The click exception that shows a library error as ``Error: ...`` and exits ``exit_code``."""
+    return type(f"_Exit{exit_code}", (click.ClickException,), {"exit_code": exit_code})
+
+
+@contextlib.contextmanager
+def one_line_errors() -> Iterator[None]:
+    """Usage errors without their usage text, library errors with their exit codes, each one line
+    with what it echoes of files and options escaped and bounded (:func:`~stragglar.errors.shown`).
+
+    Errors that show something else (the help page when no command is given) are left alone.
+    """
+    try:
+        yield
+    except click.UsageError as e:
+        if type(e).show is not click.UsageError.show:
+            raise
+        raise click.UsageError(_capped(_bounded(e.format_message()))) from None
+    except StragglarError as e:
+        raise _failure(e.exit_code)(_capped(printable(str(e).split("\n")[0]))) from None
+    except MemoryError:
+        raise _failure(ResourceError.exit_code)(
+            "out of memory: this machine cannot hold the work asked for (the size limits are in the README)"
+        ) from None
+    except KeyboardInterrupt:  # click's "Aborted!", with an exit code of its own, not 1 ("wrong")
+        click.echo(err=True)
+        click.echo("Aborted!", err=True)
+        raise click.exceptions.Exit(INTERRUPTED) from None
+
+
+MAX_ERROR_LINE = 400  # characters: every echo inside is cut to a few words; this catches the rest
+
+
+def _capped(line: str) -> str:
+    """An error line at most :data:`MAX_ERROR_LINE` characters long (with its length said): what a
+    message echoes unquoted (click's "unexpected extra argument", a key of a file) can be long."""
+    return shown(line, MAX_ERROR_LINE)
+
+
+_LITERAL = re.compile(r"'(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\"")  # as repr writes a string
+
+
+def _bounded(message: str) -> str:
+    """A usage error's line with what it quotes of the command line cut to a few words: click
+    quotes a value it refuses with ``repr``, however long (``--gpus`` given 100,000 characters)."""
+
+    def cut(literal: re.Match[str]) -> str:
+        text = literal[0]
+        if len(text) <= SHOWN_CHARACTERS + 2:
+            return text
+        try:
+            return quoted(ast.literal_eval(text))
+        except (ValueError, SyntaxError):  # two apostrophes of the message's own words
+            return quoted(text[1:-1])
+
+    return printable(_LITERAL.sub(cut, message.split("\n")[0]))

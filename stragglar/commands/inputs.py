@@ -1,0 +1,59 @@
+"""The commands' input files, told apart by content: a JSON schedule or an artifact."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stragglar.artifacts import ArtifactFormat, format_of
+from stragglar.commands.terminal import busy
+from stragglar.errors import InputError, shown
+from stragglar.files import read_text
+from stragglar.formats import schedule_json
+from stragglar.schedule import Schedule
+
+__all__ = ["Input", "load_schedule", "read_input"]
+
+
+@dataclass(frozen=True)
+class Input:
+    """An input file, told apart by content, not by name: a file of an artifact ``format``
+    (MSCCL XML, an MSCCL++ execution plan) or, where ``format`` is None, our JSON ``schedule``."""
+
+    path: Path
+    format: ArtifactFormat[Any] | None
+    text: str
+    schedule: Schedule | None  # for a schedule
+
+
+def read_input(path: Path) -> Input:
+    """Read and classify an input file; a malformed one is an error naming the file.
+
+    The text is parsed as JSON at most once, when a format's recogniser asks for it or, for a
+    schedule, to read it.  An empty file is called empty, whatever its name says."""
+    with busy(f"reading {shown(path)}"):
+        text = read_text(path)
+        if not text.strip():
+            raise InputError(f"{path} is empty: no schedule, MSCCL XML or MSCCL++ plan in it")
+        document = functools.cache(lambda: schedule_json.parse(text))
+        try:
+            fmt = format_of(text, document)
+            if fmt is not None:
+                return Input(path, fmt, text, None)
+            return Input(path, None, text, schedule_json.from_document(document()))
+        except schedule_json.ScheduleFormatError as e:
+            raise schedule_json.ScheduleFormatError(f"{path}: {e}") from None
+
+
+def load_schedule(path: Path, command: str) -> Schedule:
+    """The JSON schedule in ``path``; another kind of file is an error that says what ``command`` takes."""
+    found = read_input(path)
+    if found.format is not None:
+        raise InputError(
+            f"{path} is {found.format.title_with_article}: {command} takes a JSON schedule "
+            "(see stragglar synth -o s.json)"
+        )
+    assert found.schedule is not None
+    return found.schedule

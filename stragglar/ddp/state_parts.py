@@ -1,0 +1,70 @@
+"""What a :class:`~stragglar.ddp.StragglarState` keeps besides its options, one class per role.
+
+The options say what the hook does and stay as the user gave them (``straggler`` aside, which
+``detect`` moves); what the hook learns as training runs (:class:`Learned`) and what it holds to
+run (:class:`Resources`, with the :class:`Connection` made on the first bucket) change from step
+to step.  Kept apart, each can be read, and reasoned about, on its own: the figures every rank
+decides from are all in :class:`Learned`, and nothing there needs a process group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from stragglar.ddp.probe import LateRankProbe
+from stragglar.ddp.worker import BucketWorker, Reducer, StreamOrder, Watch
+from stragglar.formats.traces import TraceWriter
+from stragglar.model.policy import AutoPolicy, Choice, Outlook
+from stragglar.verify import Proof
+
+__all__ = ["Connection", "Decision", "Learned", "ProofKey", "Resources"]
+
+Decision = tuple[int, str, int | None, int | None]  # (step, algorithm, straggler, chunks)
+ProofKey = tuple[int, int | None, int | None]  # (world size, straggler, chunks)
+
+
+@dataclass
+class Learned:
+    """What a state learns as training runs; the same on every rank, since every rank decides from
+    the same gathered figures.
+
+    ``steps``: the steps begun (counted from 1).  ``switches``: each change of straggler under
+    ``detect``, as (step, rank).  ``decisions``: (step, algorithm, straggler, chunks) for the first
+    bucket and each bucket whose choice differs from the one before.  ``outlook``: under "auto",
+    the figures this step's choices were made from, None until a window of steps has been seen.
+    ``last``: the last bucket's choice.  ``policy``: the auto policy's memory of what StragglAR's
+    rounds cost against the model (:class:`~stragglar.model.policy.AutoPolicy`).
+    """
+
+    policy: AutoPolicy = field(repr=False)
+    steps: int = 0
+    switches: list[tuple[int, int]] = field(default_factory=list)
+    decisions: list[Decision] = field(default_factory=list)
+    outlook: Outlook | None = field(default=None, repr=False)
+    last: Choice | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
+class Connection:
+    """What a state reduces its buckets with, made on its first bucket: the reducer on the hook's
+    own groups, the worker threads (None: synchronous) and a stream order per CUDA device."""
+
+    reduce: Reducer
+    worker: BucketWorker | None
+    streams: dict[torch.device, StreamOrder] = field(default_factory=dict)
+
+
+@dataclass
+class Resources:
+    """What a state holds to run: proved schedules by (world size, straggler, chunks), the probe
+    of arrivals (made at the first step that needs it), the :class:`Connection`, the trace writer
+    (rank 0, with ``record``) and the watch of the engine's last all_reduce (the next one counts
+    from its end)."""
+
+    proofs: dict[ProofKey, Proof] = field(default_factory=dict)
+    probe: LateRankProbe | None = None
+    connection: Connection | None = None
+    trace: TraceWriter | None = None
+    engine_watch: Watch | None = None
