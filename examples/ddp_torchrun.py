@@ -28,7 +28,6 @@ from stragglar.args import as_rank
 from stragglar.ddp import StragglarState, stragglar_hook
 from stragglar.errors import InputError
 from stragglar.measure.gpus import placement
-from stragglar.runtime import release_graphs
 from stragglar.units import parse_duration
 
 
@@ -111,9 +110,7 @@ def main() -> None:
         worst = max(float((a - b).abs().max()) for a, b in pairs)
     if rank == 0:
         report(args, state, rows, worst)
-    release_graphs()  # the hook's CUDA graphs hold its NCCL groups: destroying them would wait forever
-    dist.barrier()  # every rank done before any tears its groups down
-    dist.destroy_process_group()
+    dist.destroy_process_group()  # the hook's work on its groups (CUDA graphs, probe) ends first
 
 
 def report(args: argparse.Namespace, state: StragglarState, rows: list[list[float]], worst: float) -> None:

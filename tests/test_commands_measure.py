@@ -123,3 +123,25 @@ def test_bench_local_prints_one_row_per_setting_and_saves_json(tmp_path: Path) -
 )
 def test_bench_bad_arguments(args: list[str], message: str) -> None:
     assert message in one_error(run("bench", "--backend", "local", "--iters", "1", *args), 2)
+
+
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (["bench", "--gpus", "four"], "--gpus"),
+        (["run", "--schedule", "missing.json", "--backend", "torch"], "missing.json"),
+        (["run", "--gpus", "4", "--link-rate", "1kB/s"], "link"),
+    ],
+)
+def test_every_option_is_checked_before_the_backend_s_library(
+    monkeypatch: pytest.MonkeyPatch, args: list[str], said: str
+) -> None:
+    """A machine without torch hears about its bad option first, as one with torch does."""
+    from stragglar.errors import InputError
+
+    def missing(backend: str) -> None:
+        raise InputError(f"the {backend} backend needs its library")
+
+    monkeypatch.setattr("stragglar.commands.measure.check_backend", missing)
+    line = one_error(run(*args), 2)
+    assert said in line and "needs its library" not in line, line

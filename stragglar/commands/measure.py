@@ -121,7 +121,6 @@ def run(
     in one launch of the ranks, and the chunked one's speed-up over the paper's is printed too.
     """
     _refuse_inapplicable(backend)
-    check_backend(backend)  # before any work: a missing library, no GPU for nccl
     check_dtype(backend, dtype)  # before any work: NumPy has no bfloat16
     proof = None
     if schedule_file is not None:
@@ -140,6 +139,7 @@ def run(
     num_chunks = chosen_chunks(chunks, num_gpus, size, delay, network, algorithm=algorithm)
     if num_chunks is not None and chunks == AUTO:
         echo(auto_note(num_chunks, size, delay, network, where), err=True)
+    check_backend(backend)  # every option checked first: a missing library, no GPU for nccl
     # a bar moved by the run's own loop, no thread: the torch backend forks its ranks
     with progress_bar(None, f"running {num_gpus} ranks on {backend}") as bar:
         result = run_benchmark(
@@ -214,7 +214,6 @@ def bench(
     the paper's StragglAR (C = N-1) over it.
     """
     _refuse_inapplicable(backend)
-    check_backend(backend)  # before any work: a missing library, no GPU for nccl
     check_dtype(backend, dtype)  # before any work: NumPy has no bfloat16
     if json_file is not None:
         check_output(json_file, option="--json")
@@ -225,6 +224,7 @@ def bench(
         return chosen_chunks(chunks, num_gpus, size, delay, network, algorithm=algorithm)
 
     counts = _rank_counts(gpus)
+    check_backend(backend)  # every option checked first: a missing library, no GPU for nccl
     with progress_bar(len(counts) * len(sizes) * len(delays), "measuring", after=0) as bar:
 
         def finished(r: BenchmarkResult) -> None:

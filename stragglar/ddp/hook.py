@@ -14,7 +14,16 @@ from stragglar.args import MAX_DELAY, as_flag, as_int, as_rank, as_seconds
 from stragglar.ddp.agreement import disagreement, encode
 from stragglar.ddp.probe import LateRankProbe
 from stragglar.ddp.state_parts import Connection, Decision, Learned, ProofKey, Resources
-from stragglar.ddp.worker import BucketWorker, HostOrder, Job, Order, Reducer, StreamOrder, dedicated_group
+from stragglar.ddp.worker import (
+    CLOSE_WAIT,
+    BucketWorker,
+    HostOrder,
+    Job,
+    Order,
+    Reducer,
+    StreamOrder,
+    dedicated_group,
+)
 from stragglar.errors import ArgumentError, InputError, described
 from stragglar.formats.traces import TraceWriter
 from stragglar.model import AUTO, Network
@@ -32,7 +41,8 @@ from stragglar.model.policy import (
     chunk_count,
     persistent_late_rank,
 )
-from stragglar.runtime import MismatchError, heartbeat
+from stragglar.runtime import MismatchError, heartbeat, release_graphs
+from stragglar.runtime.teardown import before_destroy
 from stragglar.runtime.torch_dist import gather_headers
 from stragglar.synth import ALGORITHMS, synthesize
 from stragglar.verify import Proof, prove
@@ -81,9 +91,9 @@ class StragglarState:
     ready (:mod:`stragglar.ddp.worker`); False runs them in the hook.  ``graphs``: each bucket
     stage's rounds replay from a CUDA graph after their first step
     (:func:`~stragglar.runtime.allreduce`); such a graph holds its NCCL group, which NCCL will then
-    not destroy: call :func:`~stragglar.runtime.release_graphs` on every rank before
-    ``destroy_process_group()``.  ``record=PATH`` is given on every rank, with any policy (every
-    rank runs the probe): the trace ``stragglar whatif`` replays
+    not destroy: :meth:`close` releases them, by itself before ``destroy_process_group()``.
+    ``record=PATH`` is given on every rank, with any policy (every rank runs the probe): the trace
+    ``stragglar whatif`` replays
     (:class:`~stragglar.formats.traces.TraceWriter`: JSON Lines of step, rank and time, the time
     minus how long the rank waited for the last one; the figures of step s are written at step
     s + 2, when the probe has them).
@@ -301,6 +311,7 @@ class StragglarState:
         if probe is None:
             window = self.detect or AUTO_WINDOW
             probe = self.resources.probe = LateRankProbe(world_size, window, self.timeout)
+            before_destroy(self, (probe.group,), StragglarState.close)
         arrived = probe.step()
         if arrived and self.record is not None and dist.get_rank() == 0:
             self._write_trace(probe, self.record)
@@ -403,7 +414,31 @@ class StragglarState:
             worker = BucketWorker(f"stragglar-ddp-{dist.get_rank()}")
             weakref.finalize(self, worker.close)  # the thread ends with the state
         connection = self.resources.connection = Connection(reduce, worker)
+        before_destroy(self, groups, StragglarState.close)
         return connection
+
+    def close(self) -> None:
+        """End what the hook holds on this rank, in order: its worker threads (after the buckets
+        handed to them), the CUDA graphs of its rounds (NCCL will not destroy a group that a live
+        graph holds), the probe's last gather (gloo aborts the process when a group goes with work
+        in flight) and the trace file.
+
+        It runs by itself when ``torch.distributed.destroy_process_group()`` destroys the groups
+        (:mod:`stragglar.runtime.teardown`), so a script that ends as PyTorch's documentation
+        shows ends cleanly; call it to end them sooner.  Each wait is bounded
+        (:data:`~stragglar.ddp.worker.CLOSE_WAIT`); a later step starts what it needs again."""
+        resources = self.resources
+        connection, resources.connection = resources.connection, None
+        if connection is not None:
+            if connection.worker is not None:
+                connection.worker.close()
+            for group in set(connection.reduce.groups):
+                release_graphs(group)
+        if resources.probe is not None:
+            resources.probe.close(CLOSE_WAIT)
+        trace, resources.trace = resources.trace, None
+        if trace is not None:
+            trace.close()
 
 
 def _value(future: torch.futures.Future[torch.Tensor]) -> torch.Tensor:

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from stragglar.model.policy import ALLREDUCE, STRAGGLAR, Timing, last_rank, latenesses
+from stragglar.runtime import poll
 
 __all__ = ["KINDS", "SLOTS", "LateRankProbe", "Stopwatch", "decode", "encode"]
 
@@ -84,6 +85,15 @@ class LateRankProbe:
         work = dist.all_gather(gathered, row, group=self.group, async_op=True)
         self._pending = (work.get_future().then(lambda _: time.perf_counter()), gathered, posted)
         return arrived
+
+    def close(self, wait: float) -> None:
+        """Let the last posted gather complete, up to ``wait`` seconds, and drop it.  Training ends
+        with one in flight (each step's is read a step later), and gloo aborts the process when a
+        group is destroyed with work in flight; every rank posted it already, so it completes at
+        once unless a peer died."""
+        if self._pending is not None:
+            poll(self._pending[0].done, wait)
+            self._pending = None
 
     def _row(self) -> list[float]:
         with self._lock:

@@ -192,12 +192,12 @@ def release_graphs(group: Any = None) -> int:
     """Drop the CUDA graphs of NCCL rounds this process captured: those on ``group`` (a torch
     process group or an :class:`NcclGroup`), or all of them (None); returns how many went.
 
-    NCCL will not destroy a communicator while a CUDA graph that captured its calls lives, so
-    ``torch.distributed.destroy_process_group()`` (or a CuPy communicator's ``destroy``) after
-    graphed calls would wait forever: call this first, on every rank.  It waits until the device
-    has run the graphs already launched, which need every peer's too, so call it where every rank
-    has made the same calls (the end of a run).  Later calls on the group run eagerly once, then
-    capture again.  The launcher of ``stragglar run``/``bench`` and the DDP example call it.
+    NCCL will not destroy a communicator while a CUDA graph that captured its calls lives, so a
+    CuPy communicator's ``destroy`` after graphed calls would wait forever: call this first, on
+    every rank.  ``torch.distributed.destroy_process_group()`` calls it by itself first
+    (:mod:`stragglar.runtime.teardown`).  It waits until the device has run the graphs already
+    launched, which need every peer's too, so call it where every rank has made the same calls
+    (the end of a run).  Later calls on the group run eagerly once, then capture again.
     """
     return release(group.comm if isinstance(group, NcclGroup) else group)
 

@@ -1,0 +1,67 @@
+"""A training script written as PyTorch's documentation shows ends cleanly: DDP with the hook, then
+a bare ``destroy_process_group()`` (no barrier, no release_graphs, no close), 4 gloo ranks.
+
+Before teardown was handled, the auto policy's last probe gather was still in flight when the
+group went, and gloo aborted the process ("terminate called without an active exception") in
+about one run in four under torchrun.  Each run is a fresh set of processes: the abort happens
+at exit.  CI runs 10 (the slow tier), ``pytest -m manual`` 30."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+RANKS = 4
+
+SCRIPT = """
+import sys
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from stragglar.ddp import StragglarState, stragglar_hook
+
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = DDP(torch.nn.Sequential(*[torch.nn.Linear(32, 32) for _ in range(4)]), bucket_cap_mb=0.002)
+policy = sys.argv[1]
+state = StragglarState(policy=policy, detect=2 if policy == "stragglar" else 0)
+model.register_comm_hook(state, stragglar_hook)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+for _ in range(5):
+    optimizer.zero_grad()
+    model(torch.randn(4, 32)).sum().backward()
+    optimizer.step()
+dist.destroy_process_group()
+print("ended")
+"""
+
+
+def train(script: Path, policy: str) -> tuple[int, str]:
+    """One run of the script under torchrun on RANKS processes: its exit code and output."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={RANKS}"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run(
+        [*command, str(script), policy], env=env, capture_output=True, text=True, timeout=300
+    )
+    return done.returncode, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(
+    "runs", [pytest.param(10, marks=pytest.mark.slow), pytest.param(30, marks=pytest.mark.manual)]
+)
+def test_a_bare_destroy_process_group_ends_every_run_cleanly(tmp_path: Path, runs: int) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    failed = []
+    for run in range(runs):
+        policy = "auto" if run % 2 == 0 else "stragglar"  # the probe and the workers, or both
+        code, output = train(script, policy)
+        if code != 0 or output.count("ended") != RANKS:
+            failed.append((run, policy, code, output[-2000:]))
+    assert not failed, f"{len(failed)} of {runs} runs failed; the first: {failed[0]}"
