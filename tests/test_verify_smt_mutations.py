@@ -4,8 +4,8 @@ Both must give the same verdict on every mutant, agree with the independent nume
 name the same kind of fault: the same structural rule in the same round, or a wrong final value
 whose z3 counter-example really leaves that value wrong when re-run without z3.  z3 costs a few
 milliseconds a query, so the default run takes a seeded sample of the sampled tier (a few
-mutants of every mutation type at every size); ``-m slow`` runs the sampled tier whole and the
-exhaustive one.
+mutants of every mutation type at every size), ``-m slow`` a larger one (it was the sampled tier
+whole, half of CI's slow tier), and ``-m manual`` the sampled tier whole and the exhaustive one.
 """
 
 from __future__ import annotations
@@ -32,18 +32,18 @@ from stragglar.verify import Violation, find_violation
 from stragglar.verify.smt import smt_find_violation
 
 Cell = tuple[int, int]  # (rank, chunk)
-PER_TYPE_AND_SIZE = 3  # mutants of each type ("drop", "src", "move", ...) per size in the default run
+PER_TYPE_AND_SIZE = {"few": 3, "more": 12}  # mutants of each type ("drop", "src", ...) per size
 
 
 def mutation_type(m: Mutant) -> str:
     return m.name.split(":")[0].split(" ")[0]
 
 
-def few_of_each_type(mutants: Iterator[Mutant], pick: random.Random) -> list[Mutant]:
+def some_of_each_type(mutants: Iterator[Mutant], pick: random.Random, each: int) -> list[Mutant]:
     by_type: defaultdict[str, list[Mutant]] = defaultdict(list)
     for m in mutants:
         by_type[mutation_type(m)].append(m)
-    return [m for group in by_type.values() for m in pick.sample(group, min(PER_TYPE_AND_SIZE, len(group)))]
+    return [m for group in by_type.values() for m in pick.sample(group, min(each, len(group)))]
 
 
 def assert_same_fault(m: Mutant, ours: Violation, theirs: Violation, sound: bool, wrong: set[Cell]) -> None:
@@ -59,8 +59,13 @@ def assert_same_fault(m: Mutant, ours: Violation, theirs: Violation, sound: bool
 @pytest.mark.parametrize("algorithm", [*ALGORITHMS, CHUNKED])
 @pytest.mark.parametrize(
     "tier",
-    # the exhaustive tier ("all") takes over ten minutes on 2 cores: run it by hand with -k all
-    ["few", pytest.param("sampled", marks=pytest.mark.slow), pytest.param("all", marks=pytest.mark.manual)],
+    # the sampled tier whole takes ~8 minutes on 2 cores, the exhaustive one ("all") over ten
+    [
+        "few",
+        pytest.param("more", marks=pytest.mark.slow),
+        pytest.param("sampled", marks=pytest.mark.manual),
+        pytest.param("all", marks=pytest.mark.manual),
+    ],
 )
 def test_smt_and_simulator_agree_on_every_mutant(algorithm: str, tier: str) -> None:
     rng, pick = np.random.default_rng(7), random.Random(2024)
@@ -69,7 +74,8 @@ def test_smt_and_simulator_agree_on_every_mutant(algorithm: str, tier: str) -> N
     for schedule in schedules_for(algorithm):
         n = schedule.num_ranks
         mutants = all_mutants(schedule, None if tier == "all" else pick)
-        for m in few_of_each_type(mutants, pick) if tier == "few" else mutants:
+        each = PER_TYPE_AND_SIZE.get(tier)
+        for m in mutants if each is None else some_of_each_type(mutants, pick, each):
             checked += 1
             ours, theirs = smt_find_violation(m.schedule), find_violation(m.schedule)
             sound = structurally_sound(m.schedule)
