@@ -168,6 +168,40 @@ def test_a_call_on_a_busy_tag_is_refused_before_data_moves_and_another_tag_runs_
             assert first.startswith(spoiled) and second == busy + "concurrent calls need distinct tags"
 
 
+def two_channels_rank(rank: int, n: int, proof: Proof, repeats: int) -> list[str]:
+    """Two threads, each calling on its own tag with a new element count every time (so every
+    call checks its header): the documented way to run calls at once on one gloo group."""
+    from stragglar.runtime import allreduce
+
+    outcomes: list[str] = []
+
+    def calls(tag: int) -> None:
+        for i in range(repeats):
+            count = 50 + 7 * i + tag
+            buf = torch.from_numpy(payload(rank, count, n, "float64"))
+            try:
+                allreduce(buf, proof, timeout=30, tag=tag)
+            except Exception as e:
+                outcomes.append(f"tag {tag} call {i}: {type(e).__name__}: {e}")
+                return
+            if not np.array_equal(buf.numpy(), expected(count, n, "float64")):
+                outcomes.append(f"tag {tag} call {i}: wrong sum")
+
+    threads = [threading.Thread(target=calls, args=(tag,)) for tag in (1, 2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    return outcomes
+
+
+def test_calls_on_distinct_tags_run_at_once_each_checking_its_header() -> None:
+    """Each channel's header gather pairs only with the same channel's: an untagged all_gather
+    paired the threads' gathers across tags and blamed a correct program (18 of 40 calls)."""
+    outcomes = launch(two_channels_rank, 3, (prove(synthesize("stragglar", 3)), 12), timeout=120)
+    assert outcomes == [[]] * 3, outcomes
+
+
 @pytest.mark.parametrize(
     ("rounds", "error", "words"),
     [

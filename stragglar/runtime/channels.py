@@ -59,10 +59,11 @@ from typing import Any
 from stragglar.args import as_int
 from stragglar.errors import InputError
 
-__all__ = ["MAX_TAG", "ROUNDS_PER_TAG", "Call", "Channels", "as_tag"]
+__all__ = ["HEADER_TAG", "MAX_TAG", "ROUNDS_PER_TAG", "Call", "Channels", "as_tag"]
 
 ROUNDS_PER_TAG = 2**17  # wire tags per channel: more rounds than any schedule within the size limits
 MAX_TAG = 2**31 // ROUNDS_PER_TAG - 1  # 16383: the last channel whose wire tags fit a C int
+HEADER_TAG = ROUNDS_PER_TAG - 1  # a channel's last wire tag carries its header gather, not a round
 
 
 def as_tag(tag: object, num_rounds: int) -> int:
@@ -81,8 +82,8 @@ def as_tag(tag: object, num_rounds: int) -> int:
     channel = as_int(tag, "tag", minimum=0)
     if channel > MAX_TAG:
         raise InputError(f"tag must be a channel number from 0 to {MAX_TAG}, got {channel}")
-    if num_rounds > ROUNDS_PER_TAG:
-        raise InputError(f"{num_rounds} rounds are more than a channel's {ROUNDS_PER_TAG} wire tags")
+    if num_rounds > HEADER_TAG:
+        raise InputError(f"{num_rounds} rounds are more than a channel's {HEADER_TAG} wire tags for rounds")
     return channel
 
 

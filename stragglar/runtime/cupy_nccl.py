@@ -338,8 +338,10 @@ class NcclEngine:
     def sendable(self, dtype: str) -> None:
         nccl_dtype(self.group, dtype)
 
-    def gather(self, header: Sequence[int], like: Array, timeout: float | None) -> list[tuple[int, ...]]:
-        return gather_headers(self.group, like, header, timeout)
+    def gather(
+        self, header: Sequence[int], like: Array, timeout: float | None, channel: int | None
+    ) -> list[tuple[int, ...]]:
+        return gather_headers(self.group, like, header, timeout)  # one channel: the whole group
 
     def transport(self, plan: Plan, flat: Array, timeout: float | None) -> Transport:
         return NcclTransport(plan, self.group, dtype_name(flat), timeout)

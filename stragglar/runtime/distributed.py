@@ -81,7 +81,9 @@ class Engine(Protocol):
 
     def sendable(self, dtype: str) -> None: ...
 
-    def gather(self, header: Sequence[int], like: Array, timeout: float | None) -> list[tuple[int, ...]]: ...
+    def gather(
+        self, header: Sequence[int], like: Array, timeout: float | None, channel: int | None
+    ) -> list[tuple[int, ...]]: ...
 
     def transport(self, plan: Plan, flat: Array, timeout: float | None) -> Transport: ...
 
@@ -161,9 +163,11 @@ def allreduce(
         flat, header, problem = _inspect(data, proof, tag, late_rank, part, engine.sendable)
         # the header is all-gathered where the channel says so, and this rank's own problem raised
         # after the gather, so that its peers raise theirs rather than wait for it
-        with _channels.enter(engine.owner, engine.channel(tag), header, lockstep=lockstep) as call:
+        channel = engine.channel(tag)
+        with _channels.enter(engine.owner, channel, header, lockstep=lockstep) as call:
             if call.must_check:
-                _agree(header, engine.gather(header, data if flat is None else flat, wait), engine.size)
+                gathered = engine.gather(header, data if flat is None else flat, wait, channel)
+                _agree(header, gathered, engine.size)
                 if problem is None:
                     call.agreed()
             if problem is not None:

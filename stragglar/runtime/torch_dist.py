@@ -24,6 +24,7 @@ graphs and the NCCL version check above.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Hashable, Sequence
 from datetime import timedelta
 from typing import Any
@@ -33,6 +34,7 @@ import torch.distributed as dist
 
 from stragglar.errors import ArgumentError, InputError, described
 from stragglar.runtime.arrays import Array
+from stragglar.runtime.channels import HEADER_TAG, ROUNDS_PER_TAG
 from stragglar.runtime.clock import poll
 from stragglar.runtime.failures import checking_error, classify, first_line, step_error
 from stragglar.runtime.graphs import nccl_uncapturable
@@ -125,26 +127,48 @@ def torch_uncapturable() -> str | None:
 
 
 def gather_headers(
-    header: Sequence[int], group: Any, device: Any, rank: int, timeout: float | None
+    header: Sequence[int],
+    group: Any,
+    device: Any,
+    rank: int,
+    timeout: float | None,
+    channel: int | None = None,
 ) -> list[tuple[int, ...]]:
-    """Every rank's ``header``, in rank order: one all_gather on ``group``, bounded by ``timeout``.
+    """Every rank's ``header``, in rank order, bounded by ``timeout``: one all_gather on ``group``,
+    or, on a ``channel`` (gloo, whose messages carry tags), a message to and from every peer with
+    the channel's header tag, so that calls on other channels of the group, running beside it in
+    other threads, never pair with it (an all_gather is matched by its order on the group, and
+    two threads issue theirs in either order).
 
     NCCL's ``wait`` only orders streams, so there the host polls the work until the deadline.
     """
     size = dist.get_world_size(group)
-    mine = torch.tensor(list(header), dtype=torch.int64, device=device)
+    on = device if channel is None else "cpu"  # gloo's messages (unlike its collectives) are the host's
+    mine = torch.tensor(list(header), dtype=torch.int64, device=on)
     gathered = [torch.empty_like(mine) for _ in range(size)]
+    deadline = None if timeout is None else time.monotonic() + timeout
     try:
-        work = dist.all_gather(gathered, mine, group=group, async_op=True)
-        if dist.get_backend(group) == "nccl":
-            if not poll(work.is_completed, timeout):
-                raise TimeoutError(f"no answer within {timeout:g} s")
-            work.wait()
-        elif timeout is not None:
-            if work.wait(timedelta(seconds=timeout)) is False:
-                raise TimeoutError(f"no answer within {timeout:g} s")
+        if channel is None:
+            works = [dist.all_gather(gathered, mine, group=group, async_op=True)]
         else:
-            work.wait()
+            gathered[rank] = mine
+            wire = channel * ROUNDS_PER_TAG + HEADER_TAG
+            ranks = dist.get_process_group_ranks(group) if group is not None else list(range(size))
+            peers = [r for r in range(size) if r != rank]
+            works = [dist.irecv(gathered[r], ranks[r], group, wire) for r in peers]
+            works += [dist.isend(mine, ranks[r], group, wire) for r in peers]
+        nccl = dist.get_backend(group) == "nccl"
+        for work in works:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if nccl:
+                if not poll(work.is_completed, left):
+                    raise TimeoutError(f"no answer within {timeout:g} s")
+                work.wait()
+            elif left is not None:
+                if work.wait(timedelta(seconds=left)) is False:
+                    raise TimeoutError(f"no answer within {timeout:g} s")
+            else:
+                work.wait()
     except Exception as e:
         raise checking_error(rank, classify(e), first_line(e)) from e
     return [tuple(int(x) for x in t.tolist()) for t in gathered]
@@ -194,8 +218,10 @@ class TorchEngine:
     def sendable(self, dtype: str) -> None:
         """Every dtype of :data:`~stragglar.runtime.arrays.DTYPES` travels on gloo and NCCL."""
 
-    def gather(self, header: Sequence[int], like: Array, timeout: float | None) -> list[tuple[int, ...]]:
-        return gather_headers(header, self.group, like.device, self.rank, timeout)
+    def gather(
+        self, header: Sequence[int], like: Array, timeout: float | None, channel: int | None
+    ) -> list[tuple[int, ...]]:
+        return gather_headers(header, self.group, like.device, self.rank, timeout, channel)
 
     def transport(self, plan: Plan, flat: Array, timeout: float | None) -> TorchTransport:
         return TorchTransport(plan, self.group, timeout, self.stream_ordered)
