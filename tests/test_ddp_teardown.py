@@ -28,18 +28,62 @@ from stragglar.ddp import StragglarState, stragglar_hook
 
 dist.init_process_group("gloo")
 torch.manual_seed(0)
-model = DDP(torch.nn.Sequential(*[torch.nn.Linear(32, 32) for _ in range(4)]), bucket_cap_mb=0.002)
+model = DDP(torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(4)]), bucket_cap_mb=0.01)
 policy = sys.argv[1]
 state = StragglarState(policy=policy, detect=2 if policy == "stragglar" else 0)
 model.register_comm_hook(state, stragglar_hook)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-for _ in range(5):
+for _ in range(6):
     optimizer.zero_grad()
-    model(torch.randn(4, 32)).sum().backward()
+    model(torch.randn(8, 64)).sum().backward()
     optimizer.step()
 dist.destroy_process_group()
 print("ended")
 """
+
+
+def destroying_rank(rank: int, n: int) -> dict[str, bool]:
+    """Train with the auto policy, then destroy the probe's group as a script's bare
+    destroy_process_group() would destroy every group: what torch's own destroy found."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from stragglar.ddp import StragglarState, stragglar_hook
+
+    seen: dict[str, bool] = {}
+    torch_s = c10d.destroy_process_group
+
+    def destroy_process_group(group: object = None) -> None:  # torch's, as the hook's wrapper finds it
+        seen["gather in flight"] = state.probe is not None and state.probe.pending
+        seen["workers alive"] = any(t.is_alive() for t in threads)
+        torch_s(group)  # type: ignore[arg-type]
+
+    c10d.destroy_process_group = destroy_process_group  # before the hook wraps it
+    dist.destroy_process_group = destroy_process_group
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(3)]), bucket_cap_mb=0.001)
+    state = StragglarState(policy="stragglar", detect=2)  # the probe, and the worker threads
+    model.register_comm_hook(state, stragglar_hook)
+    for _ in range(3):
+        model(torch.randn(2, 16)).sum().backward()
+    connection = state.resources.connection
+    assert connection is not None and connection.worker is not None and state.probe is not None
+    threads = connection.worker.threads
+    seen["gather in flight before"] = state.probe.pending
+    dist.destroy_process_group(state.probe.group)  # the wrapper finishes the state's work first
+    return seen
+
+
+def test_the_hook_s_work_ends_before_torch_destroys_a_group() -> None:
+    """Deterministic, where the runs below are a race: torch's destroy finds no probe gather in
+    flight and no worker thread alive (both were, before it was called)."""
+    from stragglar.measure.launch import launch
+
+    seen = launch(destroying_rank, 2, timeout=60)
+    wanted = {"gather in flight before": True, "gather in flight": False, "workers alive": False}
+    assert seen == [wanted] * 2
 
 
 def train(script: Path, policy: str) -> tuple[int, str]:

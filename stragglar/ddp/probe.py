@@ -86,6 +86,11 @@ class LateRankProbe:
         self._pending = (work.get_future().then(lambda _: time.perf_counter()), gathered, posted)
         return arrived
 
+    @property
+    def pending(self) -> bool:
+        """Whether a posted gather has not been read or closed yet (one always is, in training)."""
+        return self._pending is not None
+
     def close(self, wait: float) -> None:
         """Let the last posted gather complete, up to ``wait`` seconds, and drop it.  Training ends
         with one in flight (each step's is read a step later), and gloo aborts the process when a
