@@ -333,7 +333,7 @@ def kept_parts(path: Path | None, parts: tuple[str, ...]) -> tuple[str | None, d
 
 
 def _save_so_far(path: Path | None, figures: dict[str, Any]) -> None:
-    """The parts measured so far, so that a run cut short (a machine's time limit) keeps them.
+    """The parts measured so far, so that a run cut short (a timeout, Ctrl-C) keeps them.
     The device is named at the end: asking CUDA for its name here would make a CUDA context in
     this process before the next part forks its ranks."""
     if path is not None:

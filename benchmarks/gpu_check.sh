@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# The GPU check in one command, for a machine with CUDA GPUs (a session's lent one, or yours):
-# the GPU tests (the loopback's kernels and graphs, bit for bit), bench_gpu.py --quick with its
-# JSON (the loopback, then the ranks' parts), `stragglar run` on NCCL ranks, the DDP example under
-# torchrun, and `stragglar bench` on NCCL ranks; each step bounded, logged, and run even when one
-# before it failed.  Eight files in all ($OUT brings back no more).
+# The GPU check in one command, for a machine with CUDA GPUs, CuPy and torch: the GPU tests (the
+# loopback's kernels and graphs, bit for bit), bench_gpu.py --quick with its JSON (the loopback,
+# then the ranks' parts), `stragglar run` on NCCL ranks, the DDP example under torchrun, and
+# `stragglar bench` on NCCL ranks; each step logged, and run even when one before it failed.
 #
-#     bash benchmarks/gpu_check.sh          # logs and gpu.json in $OUT (default /tmp/stragglar-gpu-check)
+#     bash benchmarks/gpu_check.sh                      # logs and gpu.json in /tmp/stragglar-gpu-check
+#     OUT=/data/gpu-check bash benchmarks/gpu_check.sh  # or in the folder OUT names
 #
-# Wheels the machine lacks (z3-solver on the lent machines) are installed from .whl/ when it holds
-# any; see ../shared/docs/gpu-notes.md. Exits 1 if any step failed. The limits add up to 6.7
-# minutes, inside the lent machines' 10 minutes a command.
+# What it writes: device.txt (nvidia-smi's view of the GPUs), one log per step and gpu.json.
+# Each step has a time limit (6.7 minutes in all), so that a hung step (a rank waiting forever on
+# a peer) cannot hold the machine and the steps after it still run. If the machine has no
+# network, put the wheels it lacks (z3-solver, ...) in .whl/ and they are installed from there.
+# Exits 1 if any step failed, 2 if the wheels would not install.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out="${OUT:-/tmp/stragglar-gpu-check}"

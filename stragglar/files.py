@@ -23,6 +23,7 @@ which opening again would truncate (``>>`` lost).  Another process's descriptor 
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import stat
@@ -35,8 +36,10 @@ from stragglar.errors import InputError, shown
 
 __all__ = [
     "MAX_READ_BYTES",
+    "check_appendable",
     "check_replaceable",
     "lone_surrogate",
+    "open_appending",
     "open_regular",
     "own_descriptor",
     "read_text",
@@ -85,6 +88,48 @@ def open_regular(path: str | os.PathLike[str], kind: str, limit: int | None = No
         return open(path, "rb")
     except OSError as e:
         raise InputError(f"cannot read {name}: {e.strerror or e}") from None
+
+
+def check_appendable(path: str | os.PathLike[str], kind: str) -> None:
+    """Refuse, without making or opening anything, a ``path`` that :func:`open_appending` would
+    refuse: a FIFO, a device or a directory, a file this process may not write, or one in a folder
+    that is missing or not writable.  For a program that writes later and wants to fail now."""
+    name = shown(os.fspath(path))
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        folder = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(folder):
+            raise InputError(f"cannot write {kind} to {name}: its folder does not exist") from None
+        if not os.access(folder, os.W_OK):
+            raise InputError(f"cannot write {kind} to {name}: its folder is not writable") from None
+        return
+    except OSError as e:
+        raise InputError(f"cannot write {kind} to {name}: {e.strerror or e}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise InputError(f"{name} is not a regular file (stragglar writes {kind} to files)")
+    if not os.access(path, os.W_OK):
+        raise InputError(f"cannot write {kind} to {name}: permission denied")
+
+
+def open_appending(path: str | os.PathLike[str], kind: str) -> int:
+    """A descriptor appending to the regular file ``path`` (made if missing); an
+    :class:`InputError` naming it otherwise.  Opened without blocking and checked after: a FIFO
+    with no reader would block the open forever, and a device (``/dev/full``) or a directory is no
+    place for ``kind`` (what stragglar writes there)."""
+    name = shown(os.fspath(path))
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as e:
+        if e.errno in (errno.ENXIO, errno.EISDIR):  # a FIFO that nothing reads, a folder
+            raise InputError(f"{name} is not a regular file (stragglar writes {kind} to files)") from None
+        raise InputError(f"cannot write {kind} to {name}: {e.strerror or e}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise InputError(f"{name} is not a regular file (stragglar writes {kind} to files)")
+    os.set_blocking(fd, True)
+    return fd
 
 
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")

@@ -239,7 +239,7 @@ def test_a_graphed_round_is_compared_with_the_bare_pair_in_one_unit(monkeypatch:
 
 
 def test_the_json_is_saved_after_each_part(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """A run cut short by a machine's time limit keeps the parts it finished."""
+    """A run cut short (a timeout, Ctrl-C) keeps the parts it finished."""
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     import json
 

@@ -473,6 +473,20 @@ def test_recording_under_the_stragglar_policy_keeps_its_straggler(tmp_path: Any)
     assert group.steps == (1, 2, 3, 4) and sum(row[0] > row[1] for row in group.times) >= 3  # rank 0 late
 
 
+def test_a_record_path_that_cannot_be_written_is_refused_when_the_state_is_built(tmp_path: Any) -> None:
+    """On every rank, before training: rank 0 used to find out at step 3, alone (and a FIFO hung it)."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for path, said in (
+        (fifo, "is not a regular file"),
+        (tmp_path, "is not a regular file"),
+        ("/dev/full", "is not a regular file"),
+        (tmp_path / "missing" / "t.jsonl", "its folder does not exist"),
+    ):
+        with pytest.raises(InputError, match=said):
+            StragglarState(record=path)
+
+
 def test_record_needs_a_file_name() -> None:
     with pytest.raises(ArgumentError, match="record must name a file"):
         StragglarState(record=3)  # type: ignore[arg-type]

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from stragglar.errors import InputError, ResourceError
+from stragglar.files import check_appendable
 from stragglar.formats.traces import (
     TIME_UNITS,
     Columns,
@@ -184,8 +185,23 @@ def test_the_writer_appends_whole_steps_that_read_back_exactly(tmp_path: Path) -
 
 
 def test_the_writer_names_a_file_it_cannot_open(tmp_path: Path) -> None:
-    with pytest.raises(InputError, match="cannot write the trace"):
+    with pytest.raises(InputError, match=r"cannot write traces to .*: No such file"):
         TraceWriter(tmp_path / "no" / "such" / "folder.jsonl")
+
+
+def test_the_writer_refuses_what_is_no_regular_file_without_blocking(tmp_path: Path) -> None:
+    """A FIFO with no reader blocked the writer's open for ever (and the DDP job with it)."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for path in (fifo, tmp_path, Path("/dev/full")):
+        with pytest.raises(InputError, match="is not a regular file"):
+            TraceWriter(path)
+        with pytest.raises(InputError, match="is not a regular file"):
+            check_appendable(path, "traces")
+    with pytest.raises(InputError, match="its folder does not exist"):
+        check_appendable(tmp_path / "no" / "trace.jsonl", "traces")
+    check_appendable(tmp_path / "new.jsonl", "traces")  # to be made: fine, and not made yet
+    assert not (tmp_path / "new.jsonl").exists()
 
 
 def test_a_short_write_is_cut_off_again_and_said(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -3,7 +3,7 @@ CUDA graphs, bit for bit against the reference interpreter on NumPy, for every d
 eagerly, captured and replayed on new buffers; and the CuPy/NCCL transport's packing of messages
 of several chunks by the same kernels, bit for bit against the interpreter's slices.  On CPU the
 same code runs on the CuPy stand-in (test_runtime_loopback_gpu.py,
-test_runtime_cupy_nccl_packing.py); this is the check a GPU session runs
+test_runtime_cupy_nccl_packing.py); this is the check to run on a machine with a GPU
 (benchmarks/gpu_check.sh)."""
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from stragglar.ddp.worker import (
     dedicated_group,
 )
 from stragglar.errors import ArgumentError, InputError, described
+from stragglar.files import check_appendable
 from stragglar.formats.traces import TraceWriter
 from stragglar.model import AUTO, Network
 from stragglar.model.policy import (
@@ -227,6 +228,8 @@ class StragglarState:
             raise ArgumentError(
                 f"StragglarState.record must name a file (a str or path), got {described(self.record)}"
             )
+        if self.record is not None:  # on every rank, now: rank 0 writes from step 3 on
+            check_appendable(self.record, "traces")
         self._check_chunks()
         if self.policy == "auto" and self.straggler_delay:
             raise InputError(

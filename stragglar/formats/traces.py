@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from stragglar.errors import InputError, ResourceError, quoted, ran_out, shown
-from stragglar.files import open_regular
+from stragglar.files import open_appending, open_regular
 
 __all__ = [
     "MAX_LINE",
@@ -340,10 +340,7 @@ class TraceWriter:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
-        try:
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
-        except OSError as e:
-            raise InputError(f"cannot write the trace {shown(self.path)}: {e.strerror or e}") from None
+        self._fd = open_appending(self.path, "traces")
 
     def append(self, step: int, times: Sequence[float]) -> None:
         """Add ``step``'s times (seconds, one per rank)."""
