@@ -377,3 +377,28 @@ def test_the_late_ranks_wait_is_no_system_call_once_its_time_has_passed(
     assert slept == []
     sleep_until(time.perf_counter() + 0.5)
     assert len(slept) == 1 and 0.4 < slept[0] <= 0.5
+
+
+def test_a_tensor_over_read_only_memory_is_refused_not_written(tmp_path: Any) -> None:
+    """torch.from_numpy over a read-only np.memmap keeps no NumPy flags: the sum written into it
+    killed the process (SIGSEGV).  The same buffer in writable memory sums."""
+    torch = pytest.importorskip("torch")
+    path = tmp_path / "values.bin"
+    np.arange(24, dtype=np.float32).tofile(path)
+    proof = prove(synthesize("stragglar", 3))
+    with pytest.warns(UserWarning, match="not writable"):  # torch's own word, which is all it says
+        mapped = [torch.from_numpy(np.memmap(path, dtype=np.float32, mode="r")) for _ in range(3)]
+    with pytest.raises(InputError, match=r"rank 0's buffer: .*memory is read-only"):
+        allreduce_local(mapped, proof)
+    assert [b.tolist() for b in mapped] == [list(range(24))] * 3
+    writable = [torch.from_numpy(np.memmap(path, dtype=np.float32, mode="c")) for _ in range(3)]
+    allreduce_local(writable, proof)
+    assert writable[1].tolist() == [3.0 * x for x in range(24)]
+
+
+@pytest.mark.filterwarnings("ignore:the matrix subclass:PendingDeprecationWarning")
+def test_a_numpy_subclass_sums_in_place() -> None:
+    """np.matrix stays 2-D when flattened: the rounds' slices failed with a traceback."""
+    bufs = [np.matrix(np.arange(6, dtype=np.int64).reshape(2, 3) * (r + 1)) for r in range(3)]
+    allreduce_local(bufs, prove(synthesize("stragglar", 3)))
+    assert all(b.tolist() == [[0, 6, 12], [18, 24, 30]] and type(b) is np.matrix for b in bufs)
