@@ -130,7 +130,7 @@ def test_bench_bad_arguments(args: list[str], message: str) -> None:
     [
         (["bench", "--gpus", "four"], "--gpus"),
         (["run", "--schedule", "missing.json", "--backend", "torch"], "missing.json"),
-        (["run", "--gpus", "4", "--link-rate", "1kB/s"], "link"),
+        (["run", "--backend", "torch", "--gpus", "4", "--link-rate", "1kB/s"], "link rate must be"),
     ],
 )
 def test_every_option_is_checked_before_the_backend_s_library(

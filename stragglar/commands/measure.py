@@ -26,6 +26,7 @@ from stragglar.commands.outputs import check_output, dump_json, to_stdout
 from stragglar.commands.proofs import proved
 from stragglar.commands.terminal import echo, progress_bar
 from stragglar.errors import InputError, quoted
+from stragglar.measure.links import check_link_rate
 from stragglar.measure.run import (
     BACKENDS,
     GRAPH_BACKENDS,
@@ -122,6 +123,8 @@ def run(
     """
     _refuse_inapplicable(backend)
     check_dtype(backend, dtype)  # before any work: NumPy has no bfloat16
+    if link_rate is not None:
+        check_link_rate(link_rate)
     proof = None
     if schedule_file is not None:
         refuse_given(["algorithm", "straggler", "chunks"], f"the schedule comes from {schedule_file}")
@@ -215,6 +218,8 @@ def bench(
     """
     _refuse_inapplicable(backend)
     check_dtype(backend, dtype)  # before any work: NumPy has no bfloat16
+    if link_rate is not None:
+        check_link_rate(link_rate)
     if json_file is not None:
         check_output(json_file, option="--json")
 
