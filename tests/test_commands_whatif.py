@@ -181,3 +181,19 @@ def test_whatif_runs_with_torch_hidden() -> None:
     assert done.returncode == 0, done.stderr
     assert "persistent straggler: rank 2 from step 8" in done.stdout
     assert done.stdout.splitlines()[-1] == "[]"
+
+
+def test_the_report_is_never_appended_to_its_own_trace(tmp_path: Path) -> None:
+    """`stragglar whatif t.csv >> t.csv` appended the report to the trace it read."""
+    trace = tmp_path / "t.csv"
+    trace.write_bytes((Path(__file__).parent.parent / "examples" / "traces" / "two_stages.csv").read_bytes())
+    before = trace.read_bytes()
+    with trace.open("ab") as out:
+        done = subprocess.run(
+            [sys.executable, "-m", "stragglar", "whatif", str(trace)],
+            stdout=out,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    assert done.returncode == 2 and "standard output is the input file" in done.stderr, done.stderr
+    assert trace.read_bytes() == before

@@ -269,6 +269,7 @@ def verify(file: Path, smt: bool, verbose: bool) -> None:
     Exit 0 with a one-line proof summary, 1 if FILE is not a correct AllReduce, 2 if it is not a
     valid file of any of these kinds.  An artifact is proved as its executor runs it.
     """
+    check_output(Path("-"), file)  # `verify in.json >> in.json` would append to its own input
     found = read_input(file)
     if found.format is not None:
         refuse_given(["smt"], f"{file} is {found.format.title}; --smt proves JSON schedules")
@@ -296,6 +297,7 @@ def show(file: Path, plot_file: Path | None, size: int | None, verbose: bool) ->
     The summary says whether FILE was proved; exit 1 if it is not a correct AllReduce.  With
     --plot (JSON schedules), also draw the schedule as a rank x round chart.
     """
+    check_output(Path("-"), file)  # `show in.json >> in.json` would append to its own input
     found = read_input(file)
     if found.format is not None:
         _show_artifact(found.format, found.text, file, size, verbose)

@@ -113,6 +113,7 @@ def whatif(
     if any(s <= 0 for s in sizes):
         raise click.BadParameter("a bucket must be more than 0 bytes", param_hint="'--size'")
     where = _where(where_values)
+    check_output(Path("-"), trace)  # the report to standard output must not append to the trace
     if json_file is not None:
         check_output(json_file, trace, option="--json")
     check_plot(plot_file, trace)
