@@ -50,7 +50,9 @@ __all__ = [
 
 MAX_READ_BYTES = 2**30  # the largest schedule stragglar handles is about 400 MB of JSON
 _MAX_LINKS = 40  # links followed before giving up, as the kernel does
-_DESCRIPTORS = re.compile(r"/proc/(\d+)(?:/task/\d+)?/fd")  # /proc/self/fd and /dev/fd resolve to it
+_ASCII_NUMBER = re.compile(r"[0-9]+")
+_MAX_DESCRIPTOR = 2**31 - 1  # a C int's largest
+_DESCRIPTORS = re.compile(r"/proc/([0-9]+)(?:/task/[0-9]+)?/fd")  # /proc/self/fd and /dev/fd resolve to it
 
 
 def read_text(path: str | os.PathLike[str]) -> str:
@@ -194,9 +196,11 @@ def own_descriptor(path: str | os.PathLike[str]) -> int | None:
         folder = os.path.realpath(os.path.dirname(name) or ".")
         leaf = os.path.basename(name)
         found = _DESCRIPTORS.fullmatch(folder)
-        if found is not None and leaf.isdigit():
+        if found is not None and _ASCII_NUMBER.fullmatch(leaf):  # str.isdigit takes "²" and "١"
             if int(found[1]) != os.getpid():
                 raise InputError(f"{shown(name)} is a descriptor of another process: write to a file")
+            if len(leaf) > 10 or int(leaf) > _MAX_DESCRIPTOR:  # none is that large: os.fstat overflows
+                raise InputError(f"{shown(name)}: no such descriptor")
             return int(leaf)
         full = os.path.join(folder, leaf)
         if not os.path.islink(full):
