@@ -196,7 +196,7 @@ def own_descriptor(path: str | os.PathLike[str]) -> int | None:
         folder = os.path.realpath(os.path.dirname(name) or ".")
         leaf = os.path.basename(name)
         found = _DESCRIPTORS.fullmatch(folder)
-        if found is not None and _ASCII_NUMBER.fullmatch(leaf):  # not str.isdigit: it takes superscripts, other scripts
+        if found is not None and _ASCII_NUMBER.fullmatch(leaf):  # not isdigit: superscripts
             if int(found[1]) != os.getpid():
                 raise InputError(f"{shown(name)} is a descriptor of another process: write to a file")
             if len(leaf) > 10 or int(leaf) > _MAX_DESCRIPTOR:  # none is that large: os.fstat overflows

@@ -74,7 +74,8 @@ def test_own_descriptors_are_told_from_files_and_from_other_processes(tmp_path: 
 
 def test_a_descriptor_is_a_plain_number_a_c_int_can_hold() -> None:
     """Digits of other scripts were a traceback (a superscript two) or another descriptor (an
-    Arabic-Indic one was 1); a number past a C int's was an OverflowError, one past 4,300 digits a ValueError."""
+    Arabic-Indic one was 1); a number past a C int's was an OverflowError, one past 4,300 digits a
+    ValueError."""
     assert own_descriptor("/dev/fd/\u00b2") is None and own_descriptor("/dev/fd/\u0661") is None
     for digits in ("9999999999", "9" * 30, "9" * 5000):
         with pytest.raises(InputError, match="no such descriptor"):
