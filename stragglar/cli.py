@@ -37,7 +37,7 @@ from typing import Any
 
 import click
 
-from stragglar.commands.error_lines import one_line_errors
+from stragglar.commands.error_lines import PIPE_CLOSED, one_line_errors, quiet_stdout
 from stragglar.commands.interrupts import stopping_z3
 from stragglar.commands.measure import bench, run
 from stragglar.commands.model import bound, cost, prove_all_command
@@ -76,7 +76,7 @@ def cli(ctx: click.Context) -> None:
     a duration needs us, ms or s (20ms; a bare 0 is allowed); a bandwidth needs a unit per
     second (450GiB/s, 100Gbit/s); a bit-style Gb or Mib is refused, not read as bytes.
     Exit codes: 0 done, 1 not a correct AllReduce or a failed run, 2 bad input, 3 out of
-    memory, disk space or solver time, 130 interrupted (Ctrl-C).
+    memory, disk space or solver time, 130 interrupted (Ctrl-C), 141 the output's reader went away.
     """
     if ctx.invoked_subcommand is None:  # bare `stragglar`: the help, asked for in effect
         click.echo(ctx.get_help())
@@ -94,8 +94,8 @@ def main() -> None:
 
     Standard output is flushed here, not at exit, so that a full disk (``> /dev/full``: exit 3)
     or an output that cannot be written (exit 2, also a standard output closed before the start)
-    is one line, not a traceback or Python's exit-time complaint.  A closed pipe (``| head``) click
-    already handles.
+    is one line, not a traceback or Python's exit-time complaint.  A reader that went away
+    (``| head``) ends the command silently with exit 141, as SIGPIPE would, wherever it is seen.
     """
     if sys.stdout is None:  # started with standard output closed (>&-): Python leaves None
         if sys.stderr is not None:
@@ -107,6 +107,9 @@ def main() -> None:
             cli.main(prog_name="stragglar")
         finally:
             sys.stdout.flush()
+    except BrokenPipeError:  # the reader went away as the last output was flushed (`| head`)
+        quiet_stdout()
+        os._exit(PIPE_CLOSED)
     except OSError as e:
         if sys.stderr is not None:
             with contextlib.suppress(OSError):  # stderr itself may be what is full (2>/dev/full)

@@ -389,3 +389,28 @@ def test_stragglar_alone_prints_its_help_and_exits_0() -> None:
     result = run()
     assert result.exit_code == 0 and result.stdout.startswith("Usage: ") and result.stderr == ""
     assert "Commands:" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "command", [["show", "{file}"], ["synth", "--gpus", "8", "--format", "json"], ["verify", "{file}"]]
+)
+def test_a_reader_that_went_away_ends_the_command_quietly_with_141(
+    tmp_path: Path, command: list[str]
+) -> None:
+    """`stragglar show s.json | head -1` exited 1, which says "not a correct AllReduce"; now it
+    ends as a tool killed by SIGPIPE would (128 + 13), with nothing on stderr."""
+    schedule_json.write(synthesize("stragglar", 8), tmp_path / "s.json")
+    reader, writer = os.pipe()
+    os.close(reader)  # gone before the first byte: every write meets a closed pipe
+    args = [a.format(file=tmp_path / "s.json") for a in command]
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "stragglar", *args],
+            stdout=writer,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        os.close(writer)
+    assert done.returncode == 141 and done.stderr == "", done.stderr

@@ -1,7 +1,8 @@
 """Every error of a command as one ``Error: ...`` line with its exit code: a usage error without
 its usage text, a library error (:class:`~stragglar.errors.StragglarError`) with its own code,
-running out of memory as a resource that ran out, and Ctrl-C as click's "Aborted!" with the
-shell's code for it; what a line echoes of files and options is escaped and bounded.
+running out of memory as a resource that ran out, Ctrl-C as click's "Aborted!" with the
+shell's code for it, and a reader that went away (``| head``) silently with the shell's code for
+it; what a line echoes of files and options is escaped and bounded.
 """
 
 from __future__ import annotations
@@ -9,7 +10,9 @@ from __future__ import annotations
 import ast
 import contextlib
 import functools
+import os
 import re
+import sys
 from collections.abc import Iterator
 
 import click
@@ -23,10 +26,20 @@ from stragglar.errors import (
     shown,
 )
 
-__all__ = ["INTERRUPTED", "MAX_ERROR_LINE", "one_line_errors"]
+__all__ = ["INTERRUPTED", "MAX_ERROR_LINE", "PIPE_CLOSED", "one_line_errors", "quiet_stdout"]
 
 
 INTERRUPTED = 130  # the shell's code for a command ended by Ctrl-C (128 + SIGINT)
+PIPE_CLOSED = 141  # the shell's code for a command whose reader went away (128 + SIGPIPE): `| head`
+
+
+def quiet_stdout() -> None:
+    """Point standard output at /dev/null, so that what is still buffered for a reader that went
+    away is dropped at exit instead of raising again (Python's own advice for SIGPIPE)."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
 
 
 @functools.cache
@@ -54,6 +67,9 @@ def one_line_errors() -> Iterator[None]:
         raise _failure(ResourceError.exit_code)(
             "out of memory: this machine cannot hold the work asked for (the size limits are in the README)"
         ) from None
+    except BrokenPipeError:  # `| head` stopped reading: quietly, and not 1 ("not a correct AllReduce")
+        quiet_stdout()
+        raise click.exceptions.Exit(PIPE_CLOSED) from None
     except KeyboardInterrupt:  # click's "Aborted!", with an exit code of its own, not 1 ("wrong")
         click.echo(err=True)
         click.echo("Aborted!", err=True)
