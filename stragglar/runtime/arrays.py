@@ -64,7 +64,7 @@ def flat_view(array: Array) -> Array:
     contiguous = array.is_contiguous() if hasattr(array, "is_contiguous") else array.flags.c_contiguous
     if not contiguous:
         raise InputError("allreduce needs a contiguous buffer (results are written in place)")
-    if isinstance(array, np.ndarray) and type(array) is not np.ndarray:
+    if type(array) is not np.ndarray and library_of(array) == "numpy":
         array = array.view(np.ndarray)  # a subclass's (np.matrix's) reshape stays 2-D: its memory, plainly
     return array.reshape(-1)
 
