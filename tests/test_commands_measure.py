@@ -129,7 +129,7 @@ def test_bench_bad_arguments(args: list[str], message: str) -> None:
     "args, said",
     [
         (["bench", "--gpus", "four"], "--gpus"),
-        (["run", "--schedule", "missing.json", "--backend", "torch"], "missing.json"),
+        (["run", "--backend", "torch", "--gpus", "4", "--chunks", "8", "--alpha", "1ms"], "--alpha does not"),
         (["run", "--backend", "torch", "--gpus", "4", "--link-rate", "1kB/s"], "link rate must be"),
     ],
 )

@@ -19,7 +19,7 @@ from stragglar.formats import schedule_json as json_format
 from stragglar.measure.run import run_benchmark
 from stragglar.measure.sweep import sweep
 from stragglar.measure.timing import turn
-from stragglar.model import PAPER_NETWORK, Network, best_chunks
+from stragglar.model import Network, best_chunks
 from stragglar.synth import synthesize
 from stragglar.verify import Proof, prove
 
@@ -180,13 +180,15 @@ def test_cli_run_chunks_auto_says_what_the_model_chose() -> None:
 
 
 @pytest.mark.parametrize("command", ["run", "bench"])
-def test_cli_chunks_auto_prices_the_paced_links_of_link_rate(
+def test_cli_chunks_auto_prices_the_paced_links_of_link_rate_and_alpha(
     monkeypatch: pytest.MonkeyPatch, command: str
 ) -> None:
-    """With --link-rate R, auto priced the paper's 450 GiB/s links anyway."""
-    paced = Network(PAPER_NETWORK.alpha, 200e6)
+    """With --link-rate R, auto priced the paper's 450 GiB/s links anyway; then R with the paper's
+    3 us alpha, about 300x below gloo's, so every extra chunk looked free (C = 168 ran 4x slower
+    than the paper's C = 3).  Now R with the latency the user states."""
+    paced = Network(1e-3, 200e6)
     c = best_chunks(4, 32 * MIB, 1e-3, paced)
-    assert c != best_chunks(4, 32 * MIB, 1e-3)  # else the test could not tell the networks apart
+    assert c not in (best_chunks(4, 32 * MIB, 1e-3), best_chunks(4, 32 * MIB, 1e-3, Network(3e-6, 200e6)))
     chosen: list[int | None] = []
 
     def measured(*args: object, chunks: Any = None, **kwargs: object) -> None:
@@ -202,26 +204,20 @@ def test_cli_chunks_auto_prices_the_paced_links_of_link_rate(
         "--size" if command == "run" else "--sizes",
         "32MiB",
         "--delay" if command == "run" else "--delays",
-    ]
-    result = run(
-        command,
-        "--backend",
-        "torch",
-        "--gpus",
-        "4",
-        *setting,
         "1ms",
-        "--chunks",
-        "auto",
-        "--link-rate",
-        "200MB/s",
-    )
+    ]
+    paced_auto = ["--backend", "torch", "--gpus", "4", *setting, "--chunks", "auto", "--link-rate", "200MB/s"]
+    unpriced = one_error_line(run(command, *paced_auto))
+    assert "--chunks auto with --link-rate needs --alpha" in unpriced and chosen == []
+    result = run(command, *paced_auto, "--alpha", "1ms")
     assert chosen == [c], result.output
     if command == "run":
         assert result.stderr.startswith(
             f"--chunks auto: C = {c}, the cost model's fastest for 32 MiB with the straggler 1 ms late "
-            "(alpha 3 us, 200 MB/s) on the paced links (--link-rate, the paper's alpha)\n"
+            "(alpha 1 ms, 200 MB/s) on the paced links (--link-rate, --alpha)\n"
         )
+    fixed = run(command, "--backend", "torch", "--gpus", "4", "--chunks", "8", "--alpha", "1ms")
+    assert "--alpha does not apply" in one_error_line(fixed)
 
 
 def test_cli_bench_chunks_adds_columns_and_keeps_the_json(tmp_path: Path) -> None:

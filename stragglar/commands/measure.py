@@ -52,6 +52,13 @@ LINK_RATE = click.option(
     help="Pace every rank's sockets to this bandwidth (torch backend: gloo's sockets): each rank gets a "
     "link of its own, as the cost model assumes, instead of the host's shared loopback.",
 )
+PRICED_ALPHA = click.option(
+    "--alpha",
+    type=DURATION,
+    help="With --chunks auto: the latency of one message on the network the run prices (default: the "
+    "paper's 3us; needed with --link-rate, as gloo's is about 1ms: `stragglar bench --backend torch "
+    "--link-rate R` prints the alpha it fits).",
+)
 BACKEND_HELP = (
     "local: NumPy, all ranks in one process; torch: gloo ranks on the CPU; nccl: torch ranks on NCCL, "
     "rank r on GPU r mod the GPU count; cupy: CuPy, all ranks in one process on one GPU."
@@ -98,6 +105,7 @@ PEER_TIMEOUT = click.option(
 @click.option("--iters", type=click.IntRange(1, MAX_ITERS), default=5, show_default=True)
 @PEER_TIMEOUT
 @LINK_RATE
+@PRICED_ALPHA
 @NO_GRAPHS
 def run(
     backend: str,
@@ -112,6 +120,7 @@ def run(
     iters: int,
     timeout: float,
     link_rate: float | None,
+    alpha: float | None,
     no_graphs: bool,
 ) -> None:
     """Run a schedule on real data and compare it with the engine's own AllReduce.
@@ -125,24 +134,26 @@ def run(
     check_dtype(backend, dtype)  # before any work: NumPy has no bfloat16
     if link_rate is not None:
         check_link_rate(link_rate)
-    proof = None
     if schedule_file is not None:
         refuse_given(["algorithm", "straggler", "chunks"], f"the schedule comes from {schedule_file}")
+    elif num_gpus is None:
+        raise click.UsageError("--gpus is required (or give a --schedule file)")
+    network, where = _priced_network(chunks, link_rate, alpha)
+    check_backend(backend)  # every option checked, no work done yet: a missing library, no GPU for nccl
+    proof = None
+    if schedule_file is not None:
         schedule = load_schedule(schedule_file, "run")
         check_run_size(schedule.num_ranks, schedule.num_chunks)  # before it is proved
         proof = proved(schedule, str(schedule_file))
         if num_gpus is not None and num_gpus != proof.num_ranks:
             raise InputError(f"--gpus {num_gpus} but {schedule_file} is for {proof.num_ranks} ranks")
         num_gpus = proof.num_ranks
-    elif num_gpus is None:
-        raise click.UsageError("--gpus is required (or give a --schedule file)")
     else:  # before a chunk count is priced (the run checks the count it gets)
+        assert num_gpus is not None  # refused above otherwise
         check_run_size(num_gpus, check_ranks(algorithm, num_gpus).num_chunks)
-    network, where = _priced_network(link_rate)
     num_chunks = chosen_chunks(chunks, num_gpus, size, delay, network, algorithm=algorithm)
     if num_chunks is not None and chunks == AUTO:
         echo(auto_note(num_chunks, size, delay, network, where), err=True)
-    check_backend(backend)  # every option checked first: a missing library, no GPU for nccl
     # a bar moved by the run's own loop, no thread: the torch backend forks its ranks
     with progress_bar(None, f"running {num_gpus} ranks on {backend}") as bar:
         result = run_benchmark(
@@ -187,6 +198,7 @@ def run(
 @click.option("--iters", type=click.IntRange(1, MAX_ITERS), default=5, show_default=True)
 @PEER_TIMEOUT
 @LINK_RATE
+@PRICED_ALPHA
 @NO_GRAPHS
 @click.option(
     "--json",
@@ -205,6 +217,7 @@ def bench(
     iters: int,
     timeout: float,
     link_rate: float | None,
+    alpha: float | None,
     no_graphs: bool,
     json_file: Path | None,
 ) -> None:
@@ -223,7 +236,7 @@ def bench(
     if json_file is not None:
         check_output(json_file, option="--json")
 
-    network, _ = _priced_network(link_rate)
+    network, _ = _priced_network(chunks, link_rate, alpha)
 
     def count_for(num_gpus: int, size: int, delay: float) -> int | None:
         return chosen_chunks(chunks, num_gpus, size, delay, network, algorithm=algorithm)
@@ -258,12 +271,26 @@ def bench(
             echo(f"results written to {json_file}")
 
 
-def _priced_network(link_rate: float | None) -> tuple[Network, str]:
+def _priced_network(
+    chunks: int | str | None, link_rate: float | None, alpha: float | None
+) -> tuple[Network, str]:
     """The network ``--chunks auto`` prices for a measured run, and how its note says so: the
-    paper's, or with ``--link-rate`` the links the ranks were paced to (the paper's alpha)."""
+    paper's, or with ``--link-rate`` the links the ranks were paced to, each with ``--alpha`` where
+    given.  Paced links need an alpha of their own: priced with the paper's 3 us (about 300x below
+    gloo's) every extra chunk looked free, and auto chose the slowest count it could."""
+    if chunks != AUTO:
+        refuse_given(["alpha"], "it is a setting of the network --chunks auto prices")
     if link_rate is None:
-        return PAPER_NETWORK, " on the paper's network"
-    return Network(PAPER_NETWORK.alpha, link_rate), " on the paced links (--link-rate, the paper's alpha)"
+        if alpha is None:
+            return PAPER_NETWORK, " on the paper's network"
+        return Network(alpha, PAPER_NETWORK.bandwidth), " on the paper's bandwidth with --alpha"
+    if alpha is None and chunks == AUTO:
+        raise click.UsageError(
+            "--chunks auto with --link-rate needs --alpha, the paced links' latency per message: gloo's "
+            "is about 1ms (`stragglar bench --backend torch --link-rate R` prints the alpha it fits), "
+            "not the paper's 3us"
+        )
+    return Network(alpha or PAPER_NETWORK.alpha, link_rate), " on the paced links (--link-rate, --alpha)"
 
 
 def _refuse_inapplicable(backend: str) -> None:

@@ -128,8 +128,8 @@ def chunks_option(auto: str) -> Callable[[_F], _F]:
 CHUNKS = chunks_option("the one the cost model prices fastest at --size, --delay, --alpha and --bandwidth")
 MEASURED_CHUNKS = (
     f"the one the cost model prices fastest at the size and delay on the paper's network "
-    f"({network_words(PAPER_NETWORK)}), with --link-rate R on links of bandwidth R; timed beside "
-    "the paper's C = N-1 and the baseline, in the same iterations"
+    f"({network_words(PAPER_NETWORK)}), with --link-rate R and --alpha A on links of bandwidth R "
+    "and latency A; timed beside the paper's C = N-1 and the baseline, in the same iterations"
 )
 
 
