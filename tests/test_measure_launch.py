@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 
 from stragglar.measure import launch as launcher
 from stragglar.measure.launch import LaunchError, RankFailure, launch, summary
@@ -181,6 +181,8 @@ class OutOfMemoryError(RuntimeError):
 def runs_out_of_memory(rank: int, n: int, kind: str) -> None:
     if rank == 1:
         try:
+            if kind == "torch host":  # torch's host allocator raises a RuntimeError, not MemoryError
+                torch.empty(2**50, dtype=torch.uint8)
             raise (
                 MemoryError
                 if kind == "host"
@@ -191,7 +193,7 @@ def runs_out_of_memory(rank: int, n: int, kind: str) -> None:
     time.sleep(0.2)
 
 
-@pytest.mark.parametrize("kind", ["host", "cuda"])
+@pytest.mark.parametrize("kind", ["host", "torch host", "cuda"])
 def test_a_rank_out_of_memory_is_a_resource_that_ran_out(kind: str) -> None:
     with pytest.raises(LaunchError) as info:
         launch(runs_out_of_memory, 2, (kind,), timeout=10)

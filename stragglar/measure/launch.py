@@ -350,14 +350,20 @@ def _failure_fields(error: BaseException) -> dict[str, Any]:
     return {"reason": reason, "detail": detail, **memory}
 
 
+_HOST_ALLOCATOR_FAILED = "DefaultCPUAllocator: can't allocate memory"  # torch's host allocator says so
+
+
 def _out_of_memory(error: BaseException) -> bool:
-    """Whether ``error``, or an error it came from, is running out of memory: a MemoryError, or
-    torch's OutOfMemoryError (CUDA's; matched by name, so no CUDA module is imported to ask)."""
+    """Whether ``error``, or an error it came from, is running out of memory: a MemoryError,
+    torch's OutOfMemoryError (CUDA's; matched by name, so no CUDA module is imported to ask), or
+    the RuntimeError torch raises when its host allocator fails (a tensor too large for RAM)."""
     seen: set[int] = set()
     found: BaseException | None = error
     while found is not None and id(found) not in seen:
         seen.add(id(found))
         if isinstance(found, MemoryError) or type(found).__name__ == "OutOfMemoryError":
+            return True
+        if isinstance(found, RuntimeError) and _HOST_ALLOCATOR_FAILED in str(found):
             return True
         found = found.__cause__ or found.__context__
     return False
