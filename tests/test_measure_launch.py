@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
 
 from stragglar.measure import launch as launcher
 from stragglar.measure.launch import LaunchError, RankFailure, launch, summary
@@ -182,6 +182,8 @@ def runs_out_of_memory(rank: int, n: int, kind: str) -> None:
     if rank == 1:
         try:
             if kind == "torch host":  # torch's host allocator raises a RuntimeError, not MemoryError
+                import torch
+
                 torch.empty(2**50, dtype=torch.uint8)
             raise (
                 MemoryError
