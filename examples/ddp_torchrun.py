@@ -9,12 +9,17 @@ one with ``StragglarState(policy="auto")``, which reduces a bucket with StragglA
 rank is late enough for it to pay and with the engine's all_reduce otherwise (the model never
 prefers it below 4 ranks; ``--policy stragglar`` uses it for every bucket).  ``--late-rank``
 sleeps ``--delay`` before each forward pass, as a straggler would.  At the end rank 0 prints the
-policy's decisions and, per step, both copies' times and losses (equal but for rounding: the same
-sums, added in another order).
+policy's decisions (the first bucket's choice and each change), per step both copies' times and
+losses (equal but for rounding: the same sums, added in another order), and a verdict:
+
+    policy auto: StragglAR at K of 24 steps (bucket reductions: S of B)
+
+the steps at which StragglAR reduced every gradient bucket (a step where it reduced only some is
+counted apart, "N more in part"), and the bucket reductions it did of all the hook made.  Each
+bucket's algorithm is the state's latest decision once the hook has chosen it.
 """
 
-from __future__ import annotations
-
+# no ``from __future__ import annotations``: DDP compares a hook's annotations with the classes
 import argparse
 import os
 import statistics
@@ -22,6 +27,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch.distributed import GradBucket  # type: ignore[attr-defined, unused-ignore]
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from stragglar.args import as_rank
@@ -35,7 +41,7 @@ def options() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", choices=("nccl", "gloo"), help="default: nccl where CUDA is, else gloo")
     parser.add_argument("--policy", choices=("auto", "stragglar"), default="auto")
-    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--width", type=int, default=512, help="the MLP's hidden width")
     parser.add_argument("--depth", type=int, default=6, help="the MLP's linear layers")
     parser.add_argument("--late-rank", type=int, help="the rank that arrives late to every step")
@@ -83,7 +89,16 @@ def main() -> None:
     default = DDP(plain, device_ids=ids, bucket_cap_mb=1)
     ours = DDP(twin, device_ids=ids, bucket_cap_mb=1)
     state = StragglarState(policy=args.policy, straggler=args.late_rank)
-    ours.register_comm_hook(state, stragglar_hook)
+    used: dict[int, list[str]] = {}  # per step, the algorithm that reduced each bucket, in order
+
+    def hook(state: StragglarState, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
+        """stragglar_hook, noting the bucket's algorithm: the decision in force once it has chosen."""
+        future = stragglar_hook(state, bucket)
+        if state.decisions:  # none with one rank: nothing to reduce
+            used.setdefault(state.steps, []).append(state.decisions[-1][1])
+        return future
+
+    ours.register_comm_hook(state, hook)
     optimizers = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (default, ours)]
     teacher = torch.randn(args.width, args.width, generator=torch.Generator().manual_seed(1)).to(device)
 
@@ -110,6 +125,7 @@ def main() -> None:
         worst = max(float((a - b).abs().max()) for a, b in pairs)
     if rank == 0:
         report(args, state, rows, worst)
+        print(verdict(args.policy, used, args.steps))
     dist.destroy_process_group()  # the hook's work on its groups (CUDA graphs, probe) ends first
 
 
@@ -126,6 +142,18 @@ def report(args: argparse.Namespace, state: StragglarState, rows: list[list[floa
     before, after = (statistics.median(row[k] for row in rows) * 1e3 for k in (0, 2))
     print(f"median step: default hook {before:.1f} ms, stragglar hook {after:.1f} ms")
     print(f"largest difference between the two copies' parameters: {worst:.1e}")
+
+
+def verdict(policy: str, used: dict[int, list[str]], steps: int) -> str:
+    """At how many steps StragglAR reduced every bucket (and some, if any), and how many of all the
+    bucket reductions it did."""
+    every = sum(1 for step in used.values() if all(a == "stragglar" for a in step))
+    some = sum(1 for step in used.values() if "stragglar" in step) - every
+    done = sum(step.count("stragglar") for step in used.values())
+    total = sum(len(step) for step in used.values())
+    part = f", {some} more in part" if some else ""
+    reductions = f"bucket reductions: {done} of {total}"
+    return f"policy {policy}: StragglAR at {every} of {steps} steps{part} ({reductions})"
 
 
 if __name__ == "__main__":

@@ -414,3 +414,23 @@ def test_a_reader_that_went_away_ends_the_command_quietly_with_141(
     finally:
         os.close(writer)
     assert done.returncode == 141 and done.stderr == "", done.stderr
+
+
+def test_a_terminal_that_reports_no_size_still_gets_a_bar(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A terminal of size 0 x 0 gave tqdm no room, and the bar never drew: it gets 80 x 24."""
+    import io
+
+    class Terminal(io.StringIO):
+        def fileno(self) -> int:
+            return 2
+
+    shown = Terminal()
+    monkeypatch.setattr(sys, "stderr", shown)
+    monkeypatch.setattr(terminal, "_show_progress", lambda: True)
+    monkeypatch.setattr(os, "get_terminal_size", lambda fd: os.terminal_size((120, 40)))
+    assert terminal._screen() == (None, None)  # a size of its own: tqdm asks it
+    monkeypatch.setattr(os, "get_terminal_size", lambda fd: os.terminal_size((0, 0)))
+    assert terminal._screen() == (80, 24)
+    with terminal.progress_bar(4, "measuring", after=0) as bar:
+        bar.advance("one")
+    assert "measuring:   0%|" in shown.getvalue()  # drawn

@@ -70,7 +70,9 @@ def test_run_benchmark_local_times_each_proof_in_the_same_iterations() -> None:
         warmup=1,
         tick=lambda: ticks.append(1),
     )
-    assert len(ticks) == (1 + 3) * (3 + 1)  # after each run of each schedule and the baseline
+    # after each rank's input and the expected sum, then each check of each rank's result, in every
+    # run of each schedule and the baseline: the bar moves while the inputs are built, too
+    assert len(ticks) == n + 1 + (1 + 3) * (3 + 1) * n
     assert [(v.name, v.chunks) for v in result.variants] == [
         ("stragglar C=9", 9),
         ("stragglar", 3),

@@ -10,6 +10,7 @@ with the work (:func:`busy`).
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import threading
 from collections.abc import Iterable, Iterator
@@ -46,10 +47,29 @@ def _show_progress() -> bool:
     return sys.stderr is not None and sys.stderr.isatty()  # None: closed before the start
 
 
+def _screen() -> tuple[int | None, int | None]:
+    """The bar's screen (columns, lines) where the terminal reports none (0 x 0, as some do):
+    tqdm took that for a screen with no room, and never drew the bar.  (None, None) where it has
+    one: tqdm asks it."""
+    try:
+        size = os.get_terminal_size(sys.stderr.fileno())
+    except (OSError, ValueError, AttributeError):
+        return None, None
+    return (None, None) if size.columns > 0 and size.lines > 0 else (80, 24)
+
+
 def progress(items: Iterable[_T], label: str, total: int | None = None) -> Iterator[_T]:
     """``items`` with a progress bar on stderr when it is a terminal; silent in pipes and CI."""
+    columns, lines = _screen()
     yield from tqdm(
-        items, desc=label, total=total, file=sys.stderr, disable=not _show_progress(), leave=False
+        items,
+        desc=label,
+        total=total,
+        file=sys.stderr,
+        disable=not _show_progress(),
+        leave=False,
+        ncols=columns,
+        nrows=lines,
     )
 
 
@@ -74,6 +94,7 @@ class Bar:
 def progress_bar(total: int | None, label: str, after: float = 1.0) -> Iterator[Bar]:
     """A bar of ``total`` steps (None: the time spent alone) on stderr when it is a terminal, from
     ``after`` seconds on; silent in pipes and CI, and for quick work."""
+    columns, lines = _screen()
     with tqdm(
         total=total,
         desc=label,
@@ -82,6 +103,8 @@ def progress_bar(total: int | None, label: str, after: float = 1.0) -> Iterator[
         leave=False,
         delay=after,
         miniters=0,  # every update(0) may redraw
+        ncols=columns,
+        nrows=lines,
         bar_format=None if total is not None else "{desc}: {elapsed}",
     ) as bar:
         yield Bar(bar)

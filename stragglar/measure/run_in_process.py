@@ -42,8 +42,13 @@ def in_process_figures(
     result checked; the late rank arrives ``delay`` seconds late for each.  ``backend``: ``local``
     (NumPy arrays) or ``cupy`` (the GPU loopback, ``graphs``: replayed from CUDA graphs)."""
     xp, sync, host = _array_module(backend)
-    inputs = [xp.asarray(payload(r, count, n, dtype).astype(dtype)) for r in range(n)]
+    moved = tick if tick is not None else _still
+    inputs = []
+    for r in range(n):  # seconds for 8 ranks of 64 MiB: the bar shows them too
+        inputs.append(xp.asarray(payload(r, count, n, dtype).astype(dtype)))
+        moved()
     want = expected(count, n, dtype)
+    moved()
     bufs = [x.copy() for x in inputs]
     times: list[list[float]] = [[] for _ in proofs]
     hidden: list[list[float]] = [[] for _ in proofs]
@@ -67,10 +72,13 @@ def in_process_figures(
                     base.append(total)
             for r, b in enumerate(bufs):
                 check_result(b, want, r, what, host)
-            if tick is not None:
-                tick()
+                moved()
     series = tuple(Series(tuple(t), tuple(h)) for t, h in zip(times, hidden, strict=True))
     return Figures(series, "sum of buffers", tuple(base))
+
+
+def _still() -> None:
+    """No bar to move."""
 
 
 def _sum_buffers(bufs: list[Any], delay: float, sync: Callable[[], None]) -> float:
