@@ -243,10 +243,11 @@ def bench(
 
     counts = _rank_counts(gpus)
     check_backend(backend)  # every option checked first: a missing library, no GPU for nccl
-    with progress_bar(len(counts) * len(sizes) * len(delays), "measuring", after=0) as bar:
+    with progress_bar(len(counts) * len(sizes) * len(delays), "measuring", after=0, slow=True) as bar:
 
         def finished(r: BenchmarkResult) -> None:
-            bar.advance(r.progress_line().strip())
+            bar.say(r.progress_line())  # each row as it is measured; the table comes at the end
+            bar.advance()
 
         result = sweep(
             backend,

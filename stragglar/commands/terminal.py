@@ -89,11 +89,22 @@ class Bar:
         """Nothing done yet: show the time spent (at most every tenth of a second)."""
         self.bar.update(0)
 
+    def say(self, line: str) -> None:
+        """Print ``line`` above the bar where the bar is shown (a terminal), nothing elsewhere: a
+        step's result the moment it is known, where the command's report comes only at the end."""
+        if not self.bar.disable:
+            self.bar.write(printable(line), file=sys.stderr)
+
+
+_COUNTED = "{desc}: {n_fmt}/{total_fmt} [{elapsed}]"
+
 
 @contextlib.contextmanager
-def progress_bar(total: int | None, label: str, after: float = 1.0) -> Iterator[Bar]:
+def progress_bar(total: int | None, label: str, after: float = 1.0, slow: bool = False) -> Iterator[Bar]:
     """A bar of ``total`` steps (None: the time spent alone) on stderr when it is a terminal, from
-    ``after`` seconds on; silent in pipes and CI, and for quick work."""
+    ``after`` seconds on; silent in pipes and CI, and for quick work.  ``slow`` steps (seconds to
+    minutes each, a few of them) show the count and the time spent, not a rate or an estimate,
+    which the first few steps cannot give ("2.00it/s" when each took 7 s)."""
     columns, lines = _screen()
     with tqdm(
         total=total,
@@ -105,7 +116,7 @@ def progress_bar(total: int | None, label: str, after: float = 1.0) -> Iterator[
         miniters=0,  # every update(0) may redraw
         ncols=columns,
         nrows=lines,
-        bar_format=None if total is not None else "{desc}: {elapsed}",
+        bar_format="{desc}: {elapsed}" if total is None else _COUNTED if slow else None,
     ) as bar:
         yield Bar(bar)
 
