@@ -91,7 +91,9 @@ def _split(text: str, kind: str, example: str) -> tuple[Fraction, str]:
         )
     match = _QUANTITY.fullmatch(text) if isinstance(text, str) else None
     if match is None:
-        raise InputError(f"expected {kind} like {example}, got {quoted(text)} (a number >= 0 and a unit)")
+        raise InputError(
+            f"expected {kind} like {example}, got {quoted(text)} (a number, no sign, and a unit)"
+        )
     number, unit = match.group(1), match.group(2)
     prefix = unit.split("/")[0]
     if _BITS_SPELLING.fullmatch(prefix):

@@ -34,7 +34,7 @@ def test_smt_synthesis_boundary_unsat_one_round_below_the_bound_and_sat_at_it(n:
 
 
 def test_timeout_is_reported_not_hidden() -> None:
-    with pytest.raises(ResourceError, match=r"z3 did not decide 16 rounds for 14 GPUs within 0\.05 s"):
+    with pytest.raises(ResourceError, match="z3 did not decide 16 rounds for 14 GPUs within 50 ms"):
         smt_copy_rounds(14, round_lower_bound(14), timeout_s=0.05)
     start = time.perf_counter()
     with pytest.raises(ResourceError):

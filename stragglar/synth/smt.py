@@ -28,6 +28,7 @@ from stragglar.errors import InputError, ResourceError
 from stragglar.schedule import Schedule, move_straggler, round_lower_bound
 from stragglar.synth.chunked import Copy, chunk_owners
 from stragglar.synth.stragglar import exchange_rounds, stragglar_schedule
+from stragglar.units import format_seconds
 
 __all__ = ["copy_rounds_status", "smt_copy_rounds", "smt_synthesize"]
 
@@ -63,7 +64,8 @@ def smt_copy_rounds(num_ranks: int, rounds: int, timeout_s: float | None = None)
     if n < 2 or rounds < 0:
         raise InputError(f"need at least 2 GPUs and no negative rounds, got {n} GPUs, {rounds} rounds")
     deadline = None if timeout_s is None else time.perf_counter() + timeout_s
-    out_of_time = ResourceError(f"z3 did not decide {rounds} rounds for {n} GPUs within {timeout_s} s")
+    within = "its time" if timeout_s is None else format_seconds(timeout_s)  # "1 us", not "1e-06 s"
+    out_of_time = ResourceError(f"z3 did not decide {rounds} rounds for {n} GPUs within {within}")
     solver = z3.Solver()
     for constraint in _constraints(n, rounds):  # the budget is wall-clock: building the model counts
         solver.add(constraint)
