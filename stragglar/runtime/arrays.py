@@ -83,42 +83,31 @@ def in_place_refusal(array: Array) -> str | None:
             "allreduce writes in place: an inference tensor can only be written inside torch.inference_mode()"
         )
     if library_of(array) == "torch" and array.device.type == "cpu" and array.numel():
-        start = array.data_ptr()
-        if read_only_memory(start, array.numel() * array.element_size()):
+        # memory torch allocated is writable; memory it was handed (from_numpy, frombuffer) may not be
+        foreign = not array.untyped_storage().resizable()
+        if foreign and read_only_memory(array.data_ptr(), array.numel() * array.element_size()):
             return "allreduce writes in place: this tensor's memory is read-only (a read-only np.memmap?)"
     return None
 
 
-_mappings: dict[tuple[int, int], bool] = {}  # (address, length) -> read-only: a buffer is asked each call
-
-
 def read_only_memory(address: int, length: int) -> bool:
     """Whether any of ``length`` bytes from ``address`` lies in memory this process may not write,
-    by the kernel's own list of the process's mappings (Linux; elsewhere False, not known).
-
-    A torch tensor made by ``torch.from_numpy`` over a read-only ``np.memmap`` keeps no NumPy
-    flags: writing the sum into it killed the process (SIGSEGV).  Reading the list costs a fraction
-    of a millisecond, so each buffer's answer is kept (a mapping rarely changes under a buffer)."""
-    key = (address, length)
-    known = _mappings.get(key)
-    if known is not None:
-        return known
+    by the kernel's own list of the process's mappings, read anew each time (Linux; elsewhere
+    False, not known): a list kept from an earlier call could miss a read-only file mapped since
+    where freed memory was.  A fraction of a millisecond; asked only of memory torch did not
+    allocate (see :func:`in_place_refusal`)."""
     try:
         with open("/proc/self/maps", encoding="ascii") as maps:
             lines = maps.read().splitlines()
     except OSError:
         return False
     end = address + length
-    read_only = False
     for line in lines:
         span, perms = line.split(maxsplit=2)[:2]
         low, high = (int(x, 16) for x in span.split("-"))
         if low < end and address < high and "w" not in perms:
-            read_only = True
-            break
-    if len(_mappings) < 1024:
-        _mappings[key] = read_only
-    return read_only
+            return True
+    return False
 
 
 def empty_like(flat: Array, size: int) -> Array:
