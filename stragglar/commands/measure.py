@@ -177,7 +177,9 @@ def run(
 
 @click.command()
 @click.option("--backend", type=click.Choice(BACKENDS), default="torch", show_default=True, help=BACKEND_HELP)
-@click.option("--gpus", "-n", default="4,8", show_default=True, help="Rank counts, comma-separated.")
+@click.option(
+    "--gpus", "-n", default="4,8", show_default=True, metavar="N[,N...]", help="Rank counts, comma-separated."
+)
 @click.option(
     "--sizes",
     type=Quantity("size", parse_size, many=True),
