@@ -438,23 +438,21 @@ def test_a_terminal_that_reports_no_size_still_gets_a_bar(monkeypatch: pytest.Mo
 
 def test_slow_steps_show_a_count_and_their_rows_as_they_come(monkeypatch: pytest.MonkeyPatch) -> None:
     """bench's bar read "1/12 [00:07<00:05, 2.00it/s]" when each setting took 7-25 s, and its
-    rows came only with the table at the end: now a count and the time, and each row at once."""
+    rows came only with the table at the end: now a count and the time, and each row at once; in
+    a pipe, nothing."""
     import io
 
-    shown = io.StringIO()
-    monkeypatch.setattr(sys, "stderr", shown)
-    monkeypatch.setattr(terminal, "_show_progress", lambda: True)
-    with terminal.progress_bar(3, "measuring", after=0, slow=True) as bar:
-        bar.say("  N=4 16 MiB 50 ms: 1.12x")
-        bar.advance()
-        bar.bar.refresh()
-    screen = shown.getvalue()
-    assert "  N=4 16 MiB 50 ms: 1.12x\n" in screen and "measuring: 1/3 [00:00]" in screen
-    assert "it/s" not in screen and "<" not in screen
-    quiet = io.StringIO()
-    monkeypatch.setattr(sys, "stderr", quiet)
-    monkeypatch.setattr(terminal, "_show_progress", lambda: False)
-    with terminal.progress_bar(3, "measuring", after=0, slow=True) as bar:
-        bar.say("a row")
-        bar.advance()
-    assert quiet.getvalue() == ""
+    def screen(on_terminal: bool) -> str:
+        shown = io.StringIO()
+        monkeypatch.setattr(sys, "stderr", shown)
+        monkeypatch.setattr(terminal, "_show_progress", lambda: on_terminal)
+        with terminal.progress_bar(3, "measuring", after=0, slow=True) as bar:
+            bar.say("  N=4 16 MiB 50 ms: 1.12x")
+            bar.advance()
+            bar.bar.refresh()
+        return shown.getvalue()
+
+    shown = screen(on_terminal=True)
+    assert "  N=4 16 MiB 50 ms: 1.12x\n" in shown and "measuring: 1/3 [00:00]" in shown
+    assert "it/s" not in shown and "<" not in shown
+    assert screen(on_terminal=False) == ""

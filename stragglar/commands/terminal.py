@@ -60,8 +60,13 @@ def _screen() -> tuple[int | None, int | None]:
 
 def progress(items: Iterable[_T], label: str, total: int | None = None) -> Iterator[_T]:
     """``items`` with a progress bar on stderr when it is a terminal; silent in pipes and CI."""
+    yield from _tqdm(items, label, total)
+
+
+def _tqdm(items: Iterable[Any] | None, label: str, total: int | None, **shape: Any) -> tqdm[Any]:
+    """A bar on stderr, shown only on a terminal, gone when it closes, sized for the screen."""
     columns, lines = _screen()
-    yield from tqdm(
+    return tqdm(
         items,
         desc=label,
         total=total,
@@ -70,6 +75,7 @@ def progress(items: Iterable[_T], label: str, total: int | None = None) -> Itera
         leave=False,
         ncols=columns,
         nrows=lines,
+        **shape,
     )
 
 
@@ -105,17 +111,12 @@ def progress_bar(total: int | None, label: str, after: float = 1.0, slow: bool =
     ``after`` seconds on; silent in pipes and CI, and for quick work.  ``slow`` steps (seconds to
     minutes each, a few of them) show the count and the time spent, not a rate or an estimate,
     which the first few steps cannot give ("2.00it/s" when each took 7 s)."""
-    columns, lines = _screen()
-    with tqdm(
-        total=total,
-        desc=label,
-        file=sys.stderr,
-        disable=not _show_progress(),
-        leave=False,
+    with _tqdm(
+        None,
+        label,
+        total,
         delay=after,
         miniters=0,  # every update(0) may redraw
-        ncols=columns,
-        nrows=lines,
         bar_format="{desc}: {elapsed}" if total is None else _COUNTED if slow else None,
     ) as bar:
         yield Bar(bar)

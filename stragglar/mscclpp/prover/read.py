@@ -171,11 +171,7 @@ class Resolver:
         peers: list[int] = []
         for k, ch in enumerate(rd.objects(gj, "channels")):
             rd.at(g, part=f"channels[{k}]")
-            kind = rd.get(ch, "channel_type", str)
-            if kind not in CHANNEL_TYPES:
-                raise rd.fail(f"unknown channel_type '{kind}'")
-            if kind != "memory":
-                raise rd.unsupported(f"unsupported {kind} channel: this prover models memory channels only")
+            self._memory_channel(ch)
             for p in rd.ints(ch, "connected_to"):
                 if p >= self.n or p == g:
                     raise rd.bad(
@@ -183,6 +179,14 @@ class Resolver:
                     )
                 peers.append(p)
         return peers
+
+    def _memory_channel(self, ch: dict[str, Any]) -> None:
+        """Refuse a channel of a type the executor has not, or of one this prover does not model."""
+        kind = self.rd.get(ch, "channel_type", str)
+        if kind not in CHANNEL_TYPES:
+            raise self.rd.fail(f"unknown channel_type '{kind}'")
+        if kind != "memory":
+            raise self.rd.unsupported(f"unsupported {kind} channel: this prover models memory channels only")
 
     def _gpu_buffers(self, g: int, gj: dict[str, Any]) -> list[tuple[int, str, bool]]:
         rd = self.rd
@@ -238,11 +242,7 @@ class Resolver:
             )
         channels: list[int] = []
         for ch in rd.objects(tj, "channels"):
-            kind = rd.get(ch, "channel_type", str)
-            if kind not in CHANNEL_TYPES:
-                raise rd.fail(f"unknown channel_type '{kind}'")
-            if kind != "memory":
-                raise rd.unsupported(f"unsupported {kind} channel: this prover models memory channels only")
+            self._memory_channel(ch)
             for c in rd.ints(ch, "channel_ids"):
                 if c >= len(self.channels[g]):
                     raise rd.bad(
