@@ -411,3 +411,15 @@ def test_several_chunks_on_one_link_count_as_that_many_steps(tmp_path: Path) -> 
     assert result.exit_code == 0, result.output
     summary = result.stdout.splitlines()[-1]
     assert "2 rounds (6 chunk-steps) after the straggler arrives (lower bound R*(4) = 4: +2)" in summary
+
+
+def test_an_option_for_json_schedules_names_the_artifact_in_a_sentence(tmp_path: Path) -> None:
+    """It read "p.json is MSCCL++ plan"."""
+    plan = tmp_path / "p.json"
+    assert run("synth", "--gpus", "4", "--format", "mscclpp", "-o", str(plan)).exit_code == 0
+    assert one_error(run("verify", "--smt", str(plan)), 2).endswith(
+        "p.json is an MSCCL++ plan; --smt proves JSON schedules"
+    )
+    assert one_error(run("show", "--plot", str(tmp_path / "x.png"), str(plan)), 2).endswith(
+        "p.json is an MSCCL++ plan; --plot draws JSON schedules"
+    )

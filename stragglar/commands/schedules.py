@@ -272,7 +272,7 @@ def verify(file: Path, smt: bool, verbose: bool) -> None:
     check_output(Path("-"), file)  # `verify in.json >> in.json` would append to its own input
     found = read_input(file)
     if found.format is not None:
-        refuse_given(["smt"], f"{file} is {found.format.title}; --smt proves JSON schedules")
+        refuse_given(["smt"], f"{file} is {found.format.title_with_article}; --smt proves JSON schedules")
         artifact = proved_artifact(found.format, found.text, str(file))
         summary, details = artifact.summary, artifact.details
         _warn(file, artifact)
@@ -325,9 +325,9 @@ def _warn(file: Path, proof: ArtifactProof) -> None:
 def _show_artifact(fmt: ArtifactFormat[_D], text: str, file: Path, size: int | None, verbose: bool) -> None:
     """``show`` of an artifact: its description, its proof's summary and, for a format the executor
     picks by size, whether it would run on ``size`` bytes.  The text is read once for all three."""
-    refuse_given(["plot_file"], f"{file} is {fmt.title}; --plot draws JSON schedules")
+    refuse_given(["plot_file"], f"{file} is {fmt.title_with_article}; --plot draws JSON schedules")
     if fmt.size_rule is None:
-        refuse_given(["size"], f"{file} is {fmt.title}; --size applies to {SIZED}")
+        refuse_given(["size"], f"{file} is {fmt.title_with_article}; --size applies to {SIZED}")
     if size is not None and size <= 0:
         raise click.BadParameter(f"{size} bytes: a buffer has at least one byte", param_hint="'--size'")
     document = read_artifact(fmt, text, str(file))
