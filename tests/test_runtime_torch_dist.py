@@ -113,10 +113,16 @@ def mixing_rank(rank: int, n: int, proof: Proof) -> str:
 
 
 def test_ranks_that_mix_two_checked_setups_time_out_and_never_sum_wrong() -> None:
+    """Every rank fails, none sums: the rank that changed its setup checks alone and times out, the
+    others time out in the rounds, or find the connection closed by a peer that gave up first."""
     with pytest.raises(LaunchError) as info:
         launch(mixing_rank, 3, (prove(synthesize("stragglar", 3)),), timeout=60)
-    for rank in range(3):
-        assert f"RankError: allreduce failed: rank {rank} timed out" in info.value.errors[rank]
+    ends = [f"RankError: allreduce failed: rank {rank} " for rank in range(3)]
+    reasons = [
+        next((w for w in ("timed out", "lost the connection") if end + w in error), error)
+        for end, error in zip(ends, (info.value.errors[r] for r in range(3)), strict=True)
+    ]
+    assert set(reasons) <= {"timed out", "lost the connection"} and "timed out" in reasons, reasons
 
 
 def concurrent_rank(rank: int, n: int, proof: Proof, second_tag: int) -> tuple[str, str]:
