@@ -20,7 +20,7 @@ from stragglar.files import write_bytes
 from stragglar.formats.text import compact_ranges
 from stragglar.model import Network, chunk_candidates, compare_generated
 from stragglar.model.whatif import PRICED, GroupReplay
-from stragglar.schedule import Op, Schedule
+from stragglar.schedule import Op, Schedule, Transfer
 from stragglar.units import format_bytes, format_seconds
 
 if TYPE_CHECKING:
@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LABELLED_RANKS",
+    "MAX_PANELS",
+    "MAX_WIDTH",
     "PlotUnavailable",
     "chunk_sweep",
     "cost_figure",
@@ -43,6 +45,11 @@ __all__ = [
 LABELLED_RANKS = 32
 """Largest N whose schedule chart names each send in its cell; above it only colours are drawn."""
 CELL_CHARACTERS = 10  # what a named cell holds at its font size; a longer name is shortened
+NAMED_CELL_WIDTH = 0.62  # inches: a named cell's width, wide enough for CELL_CHARACTERS at 6 pt
+MAX_WIDTH = 20.0
+"""Inches (2,200 pixels in a PNG) past which the schedule chart wraps onto another row of panels."""
+MAX_PANELS = 8
+"""Rows of panels past which the chart stops naming its cells (colours only), so it stays a picture."""
 TICK_SPACING = 0.35  # inches between two round numbers on the x axis, so that they never touch
 
 
@@ -180,63 +187,117 @@ def schedule_figure(schedule: Schedule) -> Figure:
     ``c3>5`` sends chunk 3 to rank 5 (a copy), ``c3+>5`` adds it into rank 5's chunk 3, ``5c+>1``
     adds five chunks (a name too long for its cell says how many).  The cell's colour is its
     (first) chunk's; the phases without the straggler (hidden behind its delay) are shaded.  Above
-    :data:`LABELLED_RANKS` ranks the cells are too small to name, and the title says so.
+    :data:`LABELLED_RANKS` ranks, or where the named rounds would need more than
+    :data:`MAX_PANELS` rows, the cells are too small to name and the title says so.  A chart wider
+    than :data:`MAX_WIDTH` wraps onto rows of panels, like lines of text, so that a long schedule
+    stays as readable as a short one instead of becoming a strip thousands of pixels wide.
     """
     n = schedule.num_ranks
     columns = [
         (pi, ri, rnd) for pi, phase in enumerate(schedule.phases) for ri, rnd in enumerate(phase.rounds)
     ]
-    labelled = n <= LABELLED_RANKS
-    cell_w, cell_h = (0.62, 0.3) if labelled else (0.12, 0.06)
-    fig = _figure(max(6.0, cell_w * len(columns) + 2.0), max(3.0, cell_h * n + 1.6))
-    ax = fig.subplots()
+    cell_h = 0.3 if n <= LABELLED_RANKS else 0.06
+    per_panel = int((MAX_WIDTH - 2.0) // NAMED_CELL_WIDTH)
+    named = n <= LABELLED_RANKS and -(-len(columns) // per_panel) <= MAX_PANELS
+    cell_w = NAMED_CELL_WIDTH if named else 0.12
+    per_panel = int((MAX_WIDTH - 2.0) // cell_w)
+    panels = -(-len(columns) // per_panel)
+    shown_columns = min(len(columns), per_panel)
+    panel_h = max(3.0 if panels == 1 else 1.5, cell_h * n + 1.6)
+    fig = _figure(max(6.0, cell_w * shown_columns + 2.0), panel_h * panels)
+    axes = fig.subplots(panels, 1, squeeze=False)[:, 0]
+    for index, ax in enumerate(axes):
+        first = index * per_panel
+        _schedule_panel(ax, schedule, columns[first : first + per_panel], first, named, cell_w)
+        ax.set_xlim(first - 0.5, first + shown_columns - 0.5)  # every row of panels at one scale
+    axes[-1].set_xlabel("round (numbered within each phase)")
+    if axes[0].get_legend_handles_labels()[0]:
+        axes[0].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
+    if named:
+        key = "cK>d: send chunk K to rank d; cK+>d: add it there; kc: k chunks"
+    elif n > LABELLED_RANKS:
+        key = f"each cell a send, coloured by its chunk (more than {LABELLED_RANKS} ranks: too small to name)"
+    else:
+        key = f"each cell a send, coloured by its chunk ({len(columns)} rounds: too many to name)"
+    wrapped = f", wrapped onto {panels} rows" if panels > 1 else ""
+    axes[0].set_title(
+        f"{schedule.algorithm}: {n} ranks, {schedule.num_chunks} chunks, {schedule.num_rounds} rounds"
+        f"{wrapped}\n{key}",
+        fontsize=9,
+    )
+    return fig
+
+
+def _schedule_panel(
+    ax: Axes,
+    schedule: Schedule,
+    columns: Sequence[tuple[int, int, Sequence[Transfer]]],
+    first: int,
+    named: bool,
+    cell_w: float,
+) -> None:
+    """One row of the schedule chart: the rounds ``columns``, the first of them at x = ``first``."""
+    n = schedule.num_ranks
     colours = [[math.nan] * len(columns) for _ in range(n)]
-    texts: list[tuple[int, int, str]] = []
     for x, (_, _, rnd) in enumerate(columns):
         sends: dict[int, tuple[int, Op, list[int]]] = {}
         for t in rnd:
             sends.setdefault(t.src, (t.dst, t.op, []))[2].append(t.chunk)
         for src, (dst, op, chunks) in sends.items():
             colours[src][x] = _colour(chunks[0])
-            texts.append((x, src, _cell_name(chunks, op, dst)))
-    ax.imshow(colours, cmap="tab20", vmin=0, vmax=19, aspect="auto", alpha=0.6, interpolation="nearest")
-    if labelled:
-        for x, y, text in texts:
-            ax.text(x, y, text, ha="center", va="center", fontsize=6)
-    start, middles = 0, []
+            if named:
+                ax.text(first + x, src, _cell_name(chunks, op, dst), ha="center", va="center", fontsize=6)
+    ax.imshow(
+        colours,
+        cmap="tab20",
+        vmin=0,
+        vmax=19,
+        aspect="auto",
+        alpha=0.6,
+        interpolation="nearest",
+        extent=(first - 0.5, first + len(columns) - 0.5, n - 0.5, -0.5),
+    )
+    last = first + len(columns)
+    start, middles, names = 0, list[float](), list[str]()
     for index, phase in enumerate(schedule.phases):
         end = start + len(phase.rounds)
-        if index < schedule.hidden_phases:
-            ax.axvspan(start - 0.5, end - 0.5, color="grey", alpha=0.15, label="hidden behind the delay")
-        ax.axvline(end - 0.5, color="black", linewidth=1)
-        middles.append((start + end - 1) / 2)
+        lo, hi = max(start, first), min(end, last)
+        if lo < hi:  # the part of this phase that falls in this row
+            if index < schedule.hidden_phases:
+                ax.axvspan(lo - 0.5, hi - 0.5, color="grey", alpha=0.15, label="hidden behind the delay")
+            if end <= last:
+                ax.axvline(end - 0.5, color="black", linewidth=1)
+            middles.append((lo + hi - 1) / 2)
+            names.append(phase.name)
         start = end
     phases = ax.secondary_xaxis("top")  # phase names above the chart, the title above them
-    phases.set_xticks(middles, [p.name for p in schedule.phases], fontsize=8)
+    phases.set_xticks(middles, names, fontsize=8)
     phases.tick_params(length=0)
     shown = _labelled_ranks(n, schedule.straggler)
     ax.set_yticks(shown, [_rank_label(r, schedule.straggler) for r in shown], fontsize=7)
-    step, ticks = max(1, math.ceil(TICK_SPACING / cell_w)), list[int]()
-    for x, (_, ri, _) in enumerate(columns):  # every step-th round of each phase, never two touching
-        if ri % step == 0 and (not ticks or x - ticks[-1] >= step):
-            ticks.append(x)
-    ax.set_xticks(ticks, [str(columns[x][1]) for x in ticks])
+    ticks = _round_ticks([ri for _, ri, _ in columns], max(1, math.ceil(TICK_SPACING / cell_w)))
+    ax.set_xticks([first + x for x in ticks], [str(columns[x][1]) for x in ticks])
     ax.tick_params(axis="x", labelsize=7)
-    ax.set_xlabel("round (numbered within each phase)")
     ax.set_ylabel("rank (sender)")
     ax.set_ylim(n - 0.5, -0.5)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
-    key = (
-        "cK>d: send chunk K to rank d; cK+>d: add it there; kc: k chunks"
-        if labelled
-        else f"each cell a send, coloured by its chunk (more than {LABELLED_RANKS} ranks: too small to name)"
-    )
-    ax.set_title(
-        f"{schedule.algorithm}: {n} ranks, {schedule.num_chunks} chunks, {schedule.num_rounds} rounds\n{key}",
-        fontsize=9,
-    )
-    return fig
+
+
+def _round_ticks(rounds: Sequence[int], step: int) -> list[int]:
+    """Which columns get their round number: every phase's round 0 (where a reader looks for the
+    boundary; a one-digit label, so half the spacing keeps them apart), then every ``step``-th
+    round, never closer than ``step`` columns to another tick.
+
+    >>> _round_ticks([0, 1, 2, 3, 4, 0, 1, 2, 3], 2), _round_ticks([0, 1, 0, 1, 2, 3, 4, 5, 6, 7], 3)
+    ([0, 2, 5, 7], [0, 2, 5, 8])
+    """
+    ticks: list[int] = []
+    for x, r in enumerate(rounds):
+        if r == 0 and (not ticks or x - ticks[-1] >= -(-step // 2)):
+            ticks.append(x)
+    for x, r in enumerate(rounds):
+        if r % step == 0 and all(abs(x - t) >= step for t in ticks):
+            ticks.append(x)
+    return sorted(ticks)
 
 
 def _cell_name(chunks: Sequence[int], op: Op, dst: int) -> str:
@@ -286,13 +347,16 @@ def whatif_figure(groups: Sequence[tuple[str, GroupReplay]]) -> Figure:
         if chosen:
             xs, ys = zip(*chosen, strict=True)
             late.scatter(xs, ys, color=_algorithm_colour("stragglar"), s=12, label="auto chose StragglAR")
+        late.set_xlabel("step")
         late.set_ylabel("lateness behind the next rank (ms)")
         late.set_title(f"group {name}" if name else f"{result.num_ranks} ranks")
         _legend_below(late)
-        for algorithm in PRICED:
+        for algorithm in PRICED:  # auto follows ring or stragglar step by step: dashed, so both show
             times = [s.predicted[algorithm] * 1e3 for s in result.steps]
             colour = {"ring": "grey", "auto": "C3"}.get(algorithm) or _algorithm_colour(algorithm)
-            priced.plot(steps, times, linewidth=1, label=algorithm, color=colour)
+            style = {"auto": (0, (4, 3))}.get(algorithm, "solid")
+            width = {"ring": 2.5}.get(algorithm, 1.2)
+            priced.plot(steps, times, linewidth=width, linestyle=style, label=algorithm, color=colour)
         priced.set_xlabel("step")
         priced.set_ylabel("predicted time from the first arrival (ms)")
         _legend_below(priced)

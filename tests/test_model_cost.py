@@ -283,8 +283,8 @@ def test_schedule_charts_fit_their_words(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     from stragglar.plot import CELL_CHARACTERS, render, schedule_figure
 
-    (ax,) = schedule_figure(synthesize("stragglar", 8, chunks=38)).axes
-    names = [t.get_text() for t in ax.texts]
+    fig = schedule_figure(synthesize("stragglar", 8, chunks=38))
+    names = [t.get_text() for ax in fig.axes for t in ax.texts]
     assert max(map(len, names)) <= CELL_CHARACTERS and "5c+>1" in names, sorted(set(names))[:5]
     fig = schedule_figure(synthesize("stragglar", 4))
     render(fig)  # lays the figure out
@@ -299,14 +299,66 @@ def test_schedule_charts_fit_their_words(tmp_path: Path) -> None:
     assert len(boxes) >= 10 and all(a.x1 < b.x0 for a, b in pairwise(boxes))
 
 
+@pytest.mark.parametrize(
+    ("n", "chunks", "rows", "named"), [(8, 38, 2, True), (4, 256, 2, False), (128, 0, 2, False)]
+)
+def test_long_schedules_wrap_at_the_width_cap_and_number_each_phase_from_0(
+    tmp_path: Path, n: int, chunks: int, rows: int, named: bool
+) -> None:
+    """A chart wider than MAX_WIDTH wraps onto rows of panels (it was one strip: 17,883 px at N = 4,
+    C = 256), each row at the same scale; every phase's round 0 keeps its tick, even where the
+    phase before it is shorter than the tick spacing; past MAX_PANELS named rows the cells go
+    unnamed and the title says why."""
+    pytest.importorskip("matplotlib")
+    from stragglar.plot import MAX_WIDTH, render, save, schedule_figure
+
+    schedule = synthesize("stragglar", n, chunks=chunks or None)
+    fig = schedule_figure(schedule)
+    assert len(fig.axes) == rows
+    assert fig.get_size_inches()[0] <= MAX_WIDTH
+    assert f"wrapped onto {rows} rows" in fig.axes[0].get_title()
+    assert bool(fig.axes[0].texts) is named
+    if not named and n <= 32:
+        assert "too many to name" in fig.axes[0].get_title()
+    render(fig)
+    starts = {sum(len(p.rounds) for p in schedule.phases[:i]) for i in range(len(schedule.phases))}
+    ticked = {round(x) for ax in fig.axes for x in ax.get_xticks()}
+    assert starts <= ticked, (sorted(starts), sorted(ticked)[:5])
+    labels = [(ax, t.get_window_extent()) for ax in fig.axes for t in ax.get_xticklabels() if t.get_text()]
+    for (ax_a, a), (ax_b, b) in pairwise(labels):
+        assert ax_a is not ax_b or a.x1 < b.x0  # round numbers never touch
+    save(fig, tmp_path / "chart.png")
+    assert png_size(tmp_path / "chart.png")[0] <= 2200
+
+
 @pytest.mark.slow
 def test_show_plot_stays_readable_at_32_ranks(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     from stragglar.plot import save, schedule_figure
 
     fig = schedule_figure(synthesize("stragglar", 32))
-    (ax,) = fig.axes
-    assert min(float(t.get_fontsize()) for t in ax.texts) >= 6
+    assert len(fig.axes) == 3  # 65 rounds wrap onto three rows
+    assert min(float(t.get_fontsize()) for ax in fig.axes for t in ax.texts) >= 6
     save(fig, tmp_path / "s32.png")
     width, height = png_size(tmp_path / "s32.png")
-    assert width / 65 >= 60 and height / 32 >= 30  # pixels per round and per rank
+    assert width / 29 >= 60 and height / 3 / 32 >= 30  # pixels per round and per rank, in each row
+
+
+def test_the_whatif_chart_labels_every_panel_and_keeps_ring_visible_under_auto() -> None:
+    """Auto's time equals Ring's at every step where it keeps the engine: drawn the same way,
+    auto's line hid Ring's; and the top panels had no x label."""
+    pytest.importorskip("matplotlib")
+    from fractions import Fraction
+
+    from stragglar.model import Network
+    from stragglar.model.whatif import Setting, replay
+    from stragglar.plot import whatif_figure
+
+    times = [tuple(Fraction(100 * s + r) for r in range(4)) for s in range(8)]  # rank 3 last by 1 s
+    result = replay(times, list(range(1, 9)), Setting(Network(1e-4, 1e9), (12 * 10**6,)))
+    fig = whatif_figure([("", result)])
+    top, bottom = fig.axes
+    assert top.get_xlabel() == bottom.get_xlabel() == "step"
+    lines = {line.get_label(): line for line in bottom.get_lines()}
+    ring, auto = lines["ring"], lines["auto"]
+    assert ring.get_linewidth() > auto.get_linewidth() and auto.get_linestyle() != ring.get_linestyle()
