@@ -430,7 +430,7 @@ def test_files_are_told_apart_by_content_and_run_takes_n_from_the_file(tmp_path:
         and "proved: stragglar-n4-s3-simple" in shown.output
     )
     ran = run("run", "--schedule", str(tmp_path / "five.xml"), "--size", "4KiB", "--iters", "1")
-    assert ran.exit_code == 0 and ran.output.startswith("stragglar on local: 5 ranks")
+    assert ran.exit_code == 0 and ran.output.startswith("stragglar against sum of buffers on local: 5 ranks")
 
 
 # ---------------------------------------------------------------------------- empty files, descriptors

@@ -22,7 +22,7 @@ def test_run_local_checks_the_result_and_reports_both_algorithms() -> None:
     result = run("run", "--gpus", "5", "--size", "3KiB", "--dtype", "int64", "--delay", "1ms", "--iters", "2")
     assert result.exit_code == 0, result.output
     head, ours, baseline, speedup, note = result.output.splitlines()
-    assert head.startswith("stragglar on local: 5 ranks") and "results checked" in head
+    assert head.startswith("stragglar against sum of buffers on local: 5 ranks") and "results checked" in head
     assert "ms/iter" in ours and ours.split()[0] == "stragglar"
     assert baseline.split()[0] == "sum" and speedup.strip().startswith("speed-up")
     assert note.startswith("  note: in one process") and "nothing of a network" in note
@@ -33,7 +33,7 @@ def test_run_a_schedule_file(tmp_path: Path) -> None:
     schedule_json.write(synthesize("ring", 3), path)
     result = run("run", "--gpus", "3", "--schedule", str(path), "--size", "100", "--iters", "1")
     assert result.exit_code == 0, result.output
-    assert result.output.startswith("ring on local: 3 ranks")
+    assert result.output.startswith("ring against sum of buffers on local: 3 ranks")
 
 
 @pytest.mark.parametrize(

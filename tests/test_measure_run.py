@@ -84,7 +84,9 @@ def test_run_benchmark_local_times_each_proof_in_the_same_iterations() -> None:
     assert result.algorithm == "stragglar C=9" and result.times == result.variants[0].times
     assert result.late_rank == 3  # the first schedule's straggler, for every entry
     lines = result.report().splitlines()
-    assert lines[0].startswith("stragglar C=9, stragglar, ring on local: 4 ranks")
+    assert lines[0].startswith(
+        "stragglar C=9, stragglar (the paper's C = N-1) and ring against sum of buffers on local: 4 ranks"
+    )
     assert [line.split()[0] for line in lines[1:5]] == ["stragglar", "stragglar", "ring", "sum"]
     assert lines[-3:-1] == [
         f"  stragglar C=9 over {name} (ratio of the medians) {v.time / result.time:.2f}x"
@@ -158,7 +160,10 @@ def test_cli_run_chunks_times_the_chunked_the_paper_and_the_baseline() -> None:
     result = run("run", "--gpus", "4", "--size", "12KiB", "--dtype", "int64", "--chunks", "9", "--iters", "2")
     assert result.exit_code == 0, result.output
     head, *rows = result.stdout.splitlines()
-    assert head.startswith("stragglar C=9, stragglar on local: 4 ranks, 12 KiB int64")
+    assert head.startswith(
+        "stragglar C=9 and stragglar (the paper's C = N-1) against sum of buffers on local: "
+        "4 ranks, 12 KiB int64"
+    )
     names = [r.split(" ms/iter")[0].rsplit(None, 1)[0].strip() for r in rows[:3]]
     assert names == ["stragglar C=9", "stragglar", "sum of buffers"]
     assert rows[3].startswith("  speed-up of stragglar C=9 (ratio of the medians) ")
@@ -178,7 +183,10 @@ def test_cli_run_chunks_auto_says_what_the_model_chose() -> None:
         f"--chunks auto: C = {c}, the cost model's fastest for 32 MiB with the straggler 1 ms late "
         "(alpha 3 us, 450 GiB/s) on the paper's network\n"
     )
-    assert result.stdout.startswith(f"stragglar C={c}, stragglar on local: 4 ranks, 32 MiB float32")
+    assert result.stdout.startswith(
+        f"stragglar C={c} and stragglar (the paper's C = N-1) against sum of buffers on local: "
+        "4 ranks, 32 MiB float32"
+    )
 
 
 @pytest.mark.parametrize("command", ["run", "bench"])
@@ -456,7 +464,10 @@ def test_cli_run_nccl_places_ranks_on_the_gpus_and_says_once_where_they_share_on
     result = run("run", "--backend", "nccl", "--gpus", "4", "--size", "4KiB", "--iters", "2")
     assert result.exit_code == 0, result.output
     assert asked["engine"] == "nccl" and asked["gpus"] == 1 and asked["num_ranks"] == 4
-    assert "stragglar on nccl: 4 ranks" in result.stdout and "nccl all_reduce" in result.stdout
+    assert (
+        "stragglar against nccl all_reduce on nccl: 4 ranks" in result.stdout
+        and "nccl all_reduce" in result.stdout
+    )
     assert result.stdout.count("socket transport") == 1, result.stdout
     assert "the 1 GPU here" in result.stdout and "in one process" not in result.stdout
 

@@ -153,13 +153,27 @@ class BenchmarkResult:
     def _links(self) -> str:
         return "" if self.link_rate is None else f"{paced_to(self.link_rate)}, "
 
+    @property
+    def _compared(self) -> str:
+        """``stragglar C=12 and stragglar (the paper's C = N-1) against gloo all_reduce``: what
+        was timed, in words (a bare comma list read as if "stragglar" were the backend's)."""
+        chunked = any(v.name.startswith("stragglar C=") for v in self.variants)
+        names = [
+            f"{v.name} (the paper's C = N-1)" if chunked and v.name == "stragglar" else v.name
+            for v in self.variants
+        ]
+        if not names:
+            return self.baseline
+        listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+        return f"{listed} against {self.baseline}"
+
     def report(self) -> str:
         """A few lines for the terminal."""
         gb = 1e9
         rows = [(v.name, v.time) for v in self.variants] + [(self.baseline, self.baseline_time)]
         width = max(18, *(len(name) for name, _ in rows))
         lines = [
-            f"{', '.join(v.name for v in self.variants) or self.baseline} on {self.backend}: "
+            f"{self._compared} on {self.backend}: "
             f"{self.num_ranks} ranks, {format_bytes(self.size_bytes)} {self.dtype}, "
             f"straggler delay {self.delay * 1e3:g} ms{self._late_rank_words}, {self._links}"
             f"{count_of(len(self.baseline_times), 'iteration')} (medians), results checked",
