@@ -100,6 +100,26 @@ def test_readme_opens_with_the_two_commands() -> None:
     assert blocks[:2] == ["pip install . && stragglar synth --gpus 8", "pip install '.[test]' && pytest"]
 
 
+@pytest.mark.parametrize(
+    ("command", "paragraph"),
+    [("synth", "Options of `synth`:"), ("bound", "`stragglar bound --gpus N` asks z3")],
+)
+def test_the_readme_paragraph_on_a_command_names_every_option_it_has(command: str, paragraph: str) -> None:
+    """A paragraph that lists a command's options lists all of them, and every value of a choice
+    (synth's listed ``--format`` without ``mscclpp`` and left out eleven options)."""
+    text = README.read_text(encoding="utf-8")
+    start = text.index(paragraph)
+    words = " ".join(text[start : text.index("\n\n", start)].split())
+    for param in cli.commands[command].params:
+        longest = max(param.opts, key=len)
+        if longest == "--help":
+            continue
+        named = any(re.search(rf"(?<![\w-]){re.escape(opt)}(?![\w-])", words) for opt in param.opts)
+        assert named, f"{command}'s {longest} is not in its README paragraph"
+        choices = getattr(param.type, "choices", ())
+        assert all(str(choice) in words for choice in choices), (longest, choices)
+
+
 def test_readme_examples_are_real_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     sessions = readme_sessions()
