@@ -51,10 +51,14 @@ SIZE_UNITS = {
     "mb": 10**6,
     "gb": 10**9,
     "tb": 10**12,
+    "pb": 10**15,
+    "eb": 10**18,
     "kib": 2**10,
     "mib": 2**20,
     "gib": 2**30,
     "tib": 2**40,
+    "pib": 2**50,
+    "eib": 2**60,  # every unit format_bytes prints is one a user may type back
 }
 BIT_UNITS = {
     "bit": Fraction(1, 8),
@@ -76,7 +80,7 @@ MAX_EXPONENT = 400
 _QUANTITY = re.compile(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?|[0-9]+\.)\s*([A-Za-z/]*)\s*")
 
 
-_BITS_SPELLING = re.compile(r"[KMGT]i?b")  # Gb, Mib: bits by the usual convention, not bytes
+_BITS_SPELLING = re.compile(r"[KMGTPE]i?b")  # Gb, Mib: bits by the usual convention, not bytes
 
 
 def _split(text: str, kind: str, example: str) -> tuple[Fraction, str]:
@@ -131,7 +135,8 @@ def parse_size(text: str) -> int:
     number, unit = _split(text, "a size", "16MiB or 1GB")
     if unit not in SIZE_UNITS:
         raise InputError(
-            f"unknown size unit {quoted(unit)} in {quoted(text)}: use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB"
+            f"unknown size unit {quoted(unit)} in {quoted(text)}: "
+            "use B, KB, MB, GB, TB, PB, EB, KiB, MiB, GiB, TiB, PiB or EiB"
         )
     size = number * SIZE_UNITS[unit]
     if size.denominator != 1:
@@ -201,7 +206,7 @@ def format_seconds(seconds: float) -> str:
 
 
 _BINARY = (("EiB", 2**60), ("PiB", 2**50), ("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
-_DECIMAL = (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("KB", 10**3))
+_DECIMAL = (("EB", 10**18), ("PB", 10**15), ("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("KB", 10**3))
 
 
 def format_bytes(size: float) -> str:

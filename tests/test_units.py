@@ -76,3 +76,17 @@ def test_the_command_line_refuses_a_huge_size_at_once() -> None:
     assert time.perf_counter() - began < 5.0
     assert result.exit_code == 2
     assert result.stderr == "Error: Invalid value for '--size': '1e40000000' is more than 1 EiB\n"
+
+
+@pytest.mark.parametrize("size", [2**50, 3 * 2**60 // 4, 2**60, 10**15, 7 * 10**17, 10**18, 4096])
+def test_every_size_a_report_prints_is_one_a_user_may_type_back(size: int) -> None:
+    """The limit was quoted as "more than 1 EiB" while EiB was refused as a unit."""
+    from stragglar.units import format_bytes
+
+    assert parse_size(format_bytes(size).replace(" ", "")) == size
+
+
+@pytest.mark.parametrize("text", ["1Pb", "2Eib", "3Pib"])
+def test_a_bit_style_spelling_of_the_large_units_is_refused_too(text: str) -> None:
+    with pytest.raises(InputError, match="reads as bits"):
+        parse_size(text)
