@@ -24,6 +24,7 @@ which opening again would truncate (``>>`` lost).  Another process's descriptor 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import stat
@@ -38,6 +39,7 @@ __all__ = [
     "MAX_READ_BYTES",
     "check_appendable",
     "check_replaceable",
+    "json_complaint",
     "lone_surrogate",
     "open_appending",
     "open_regular",
@@ -66,7 +68,7 @@ def read_text(path: str | os.PathLike[str]) -> str:
     if len(data) > MAX_READ_BYTES:
         raise InputError(f"{name} grew past {MAX_READ_BYTES:,} bytes while being read")
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8-sig")  # a byte order mark some editors write is no part of the text
     except UnicodeDecodeError as e:
         raise InputError(f"{name}: not UTF-8 text: byte {e.start}") from None
 
@@ -135,6 +137,23 @@ def open_appending(path: str | os.PathLike[str], kind: str) -> int:
 
 
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+_DIGIT_LIMIT = re.compile(r"limit \((?P<limit>\d+) digits\).*value has (?P<has>\d+) digits")
+
+
+def json_complaint(error: ValueError) -> str:
+    """What Python's JSON parser said, in a user's words: its advice is for Python programmers
+    (``use sys.set_int_max_str_digits()``), and "at" dangles before the place it adds.
+
+    >>> json_complaint(ValueError("Exceeds the limit (4300 digits) for integer string conversion: "
+    ...                           "value has 5000 digits; use sys.set_int_max_str_digits() to ..."))
+    'a number has 5000 digits; at most 4300 are read'
+    """
+    if isinstance(error, json.JSONDecodeError):
+        return f"{error.msg.removesuffix(' at')} at line {error.lineno} column {error.colno}"
+    digits = _DIGIT_LIMIT.search(str(error))
+    if digits is not None:
+        return f"a number has {digits['has']} digits; at most {digits['limit']} are read"
+    return str(error)
 
 
 def lone_surrogate(text: str, document: Any) -> str | None:

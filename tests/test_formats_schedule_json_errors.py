@@ -252,8 +252,9 @@ def test_deeply_nested_metadata_is_an_error() -> None:
         ('{"metadata": NaN}', "not JSON: NaN is not a JSON value"),
         ('{"metadata": -Infinity}', "not JSON: -Infinity is not a JSON value"),
         ("[" * 100_000, "not JSON: nested too deeply"),
+        ('{"metadata": ' + "9" * 5000 + "}", "not JSON: a number has 5000 digits; at most 4300 are read"),
     ],
-    ids=["empty", "unterminated", "trailing", "nan", "infinity", "deep"],
+    ids=["empty", "unterminated", "trailing", "nan", "infinity", "deep", "digits"],
 )
 def test_not_json(text: str, message: str) -> None:
     with pytest.raises(ScheduleFormatError) as excinfo:
@@ -267,6 +268,14 @@ def test_truncated_text() -> None:
         with pytest.raises(ScheduleFormatError) as excinfo:
             loads(text[:cut])
         assert re.fullmatch(r"not JSON: .+ at line 1 column \d+", _message(excinfo))
+
+
+def test_a_byte_order_mark_before_the_document_is_read_past(tmp_path: Path) -> None:
+    """Some editors write one; Python's parser refused it with advice for programmers
+    ("decode using utf-8-sig")."""
+    path = tmp_path / "bom.json"
+    path.write_bytes(b"\xef\xbb\xbf" + dumps(stragglar4()).encode())
+    assert read(path) == stragglar4()
 
 
 def test_missing_file(tmp_path: Path) -> None:

@@ -22,8 +22,10 @@ READERS: dict[str, Callable[[str], object]] = {
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("nope", "not JSON: Expecting value: line 1 column 1 (char 0)"),
-        ('{"name": "x', "not JSON: Unterminated string starting at: line 1 column 10 (char 9)"),
+        ("nope", "not JSON: Expecting value at line 1 column 1"),
+        ('{"name": "x', "not JSON: Unterminated string starting at line 1 column 10"),
+        ('{"name": ' + "7" * 5000 + "}", "not JSON: a number has 5000 digits; at most 4300 are read"),
+        ("[" * 100_000, "not JSON: nested too deeply"),
         ('{"name": "\\udc00"}', "not valid Unicode: the string '\\\\udc00' has half of a surrogate pair"),
         ("[1, 2]", "not an MSCCL++ execution plan: the top level must be an object"),
         ('"plan"', "not an MSCCL++ execution plan: the top level must be an object"),

@@ -165,7 +165,7 @@ def test_a_signal_nobody_waits_for_is_reported() -> None:
     [
         (
             "{not json",
-            "not JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)",
+            "not JSON: Expecting property name enclosed in double quotes at line 1 column 2",
         ),
         ("[]", "not an MSCCL++ execution plan: the top level must be an object"),
         (json.dumps({"name": "x"}), "plan: missing key 'collective'"),

@@ -90,7 +90,7 @@ def test_rule_from_plan_text_uses_the_executor_defaults() -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("nope", "not JSON: Expecting value: line 1 column 1 (char 0)"),
+        ("nope", "not JSON: Expecting value at line 1 column 1"),
         ("{}", "not an MSCCL++ execution plan: no 'gpus' list"),
         (
             json.dumps({"gpus": [{"input_chunks": 3}, {"input_chunks": 4}]}),

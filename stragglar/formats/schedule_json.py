@@ -31,7 +31,7 @@ import re
 from typing import Any, NoReturn
 
 from stragglar.errors import SHOWN_CHARACTERS, InputError, described, shown
-from stragglar.files import lone_surrogate, read_text, write_text
+from stragglar.files import json_complaint, lone_surrogate, read_text, write_text
 from stragglar.schedule import MAX_RANKS, Op, Phase, Round, Schedule, Transfer, check_size, gc_paused
 
 __all__ = [
@@ -415,11 +415,8 @@ def parse(text: str) -> Any:
     try:
         with gc_paused():  # millions of compact transfers, all alive: collecting them is wasted work
             document = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
-    except json.JSONDecodeError as e:
-        what = e.msg.removesuffix(" at")  # "Unterminated string starting at": then "at line ..."
-        raise ScheduleFormatError(f"not JSON: {what} at line {e.lineno} column {e.colno}") from None
     except ValueError as e:
-        raise ScheduleFormatError(f"not JSON: {e}") from None
+        raise ScheduleFormatError(f"not JSON: {json_complaint(e)}") from None
     except RecursionError:
         raise ScheduleFormatError("not JSON: nested too deeply") from None
     bad = lone_surrogate(text, document)

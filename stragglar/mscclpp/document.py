@@ -25,7 +25,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
-from stragglar.files import lone_surrogate
+from stragglar.files import json_complaint, lone_surrogate
 from stragglar.mscclpp.errors import PlanFormatError
 
 __all__ = ["PlanDocument", "PlanSource", "plan_document"]
@@ -52,8 +52,10 @@ def plan_document(source: PlanSource) -> PlanDocument:
         return source
     try:
         root = json.loads(source)
-    except json.JSONDecodeError as exc:
-        raise PlanFormatError(f"not JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:
+        raise PlanFormatError(
+            f"not JSON: {json_complaint(exc) if isinstance(exc, ValueError) else 'nested too deeply'}"
+        ) from None
     bad = lone_surrogate(source, root)
     if bad is not None:
         raise PlanFormatError(bad)
