@@ -69,3 +69,18 @@ def test_bad_plans(edit: object, message: str) -> None:
     with pytest.raises(PlanFormatError) as info:
         summarize(json.dumps(plan))
     assert str(info.value) == message
+
+
+@pytest.mark.parametrize("command", ["show", "verify"])
+def test_a_plans_long_name_is_shown_cut_and_counted(tmp_path: Path, command: str) -> None:
+    """A 100,000-character name was printed whole, filling the terminal."""
+    from cli_results import run
+
+    document = json.loads(RING)
+    document["name"] = "y" * 100_000
+    path = tmp_path / "long.json"
+    path.write_text(json.dumps(document), encoding="utf-8")
+    result = run(command, str(path))
+    assert result.exit_code == 0, result.output
+    first = result.stdout.splitlines()[0]
+    assert "... (100,000 characters)" in first and len(first) < 300, first[:300]

@@ -9,6 +9,7 @@ not readable: line 1: <algo> lacks attribute coll
 
 from __future__ import annotations
 
+from stragglar.errors import shown
 from stragglar.msccl.prover.parsed import XmlSource
 from stragglar.msccl.prover.read import read
 
@@ -23,8 +24,8 @@ def describe(source: XmlSource) -> str:
     if algo is None:
         return f"not readable: {document.violations[0].message}"
     lines = [
-        f"{algo.name}: {algo.ngpus} GPUs, {algo.nchunks} chunks per loop, {algo.nchannels} channel(s), "
-        f"{algo.proto}"
+        f"{shown(algo.name)}: {algo.ngpus} GPUs, {algo.nchunks} chunks per loop, "
+        f"{algo.nchannels} channel(s), {algo.proto}"
     ]
     for gpu in algo.gpus:
         steps = sum(len(tb.tx_at) for tb in gpu.tbs)

@@ -21,6 +21,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from stragglar.errors import shown
 from stragglar.mscclpp.document import PlanSource, plan_document
 from stragglar.mscclpp.errors import PlanFormatError
 from stragglar.mscclpp.sizes import SizeRule, size_rule
@@ -53,7 +54,7 @@ class PlanSummary:
         s_low, s_high = min(self.scratch_chunks), max(self.scratch_chunks)
         scratch = f"{s_low}" if s_low == s_high else f"{s_low}-{s_high}"
         return [
-            f"{self.name}: {self.collective}, {self.protocol}, {mode}, {self.gpus} GPUs",
+            f"{shown(self.name)}: {self.collective}, {self.protocol}, {mode}, {self.gpus} GPUs",
             f"thread blocks: {sum(self.threadblocks)} ({per_gpu})",
             f"ops: {total_ops} ({by_type})",
             f"chunks: {self.input_chunks} input, {self.output_chunks} output, scratch {scratch} per GPU",

@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from stragglar.errors import shown
 from stragglar.msccl.errors import MALFORMED, MscclFormatError, MscclVerificationError, MscclViolation
 from stragglar.msccl.prover.machine import ITERATIONS, Machine
 from stragglar.msccl.prover.order import batches
@@ -51,7 +52,7 @@ class MscclProof(ArtifactProof):
         """One line (under 200 characters): what file, what collective, how big."""
         channels = f"{self.channels} channel{'s' * (self.channels != 1)}"
         return (
-            f"proved: {self.name}: {' and '.join(self.modes)} allreduce over {self.gpus} GPUs, "
+            f"proved: {shown(self.name)}: {' and '.join(self.modes)} allreduce over {self.gpus} GPUs, "
             f"{self.chunks} chunks per loop, {self.brief}, {channels}, {self.proto}"
         )
 

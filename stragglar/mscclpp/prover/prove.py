@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import networkx as nx
 
+from stragglar.errors import shown
 from stragglar.mscclpp.document import PlanSource
 from stragglar.mscclpp.errors import PlanViolation, PlanViolationError
 from stragglar.mscclpp.prover.machine import ACQUIRE, BARRIER, RELEASE, SIGNAL, WAIT, Layout, Outcome, run
@@ -64,7 +65,7 @@ class PlanProof(ArtifactProof):
         """One line (under 200 characters): which plan, what collective, how big."""
         mode = "in-place" if self.inplace else "out-of-place"
         return (
-            f"proved: {self.name}: {mode} allreduce over {self.gpus} GPUs, {self.chunks} chunks, "
+            f"proved: {shown(self.name)}: {mode} allreduce over {self.gpus} GPUs, {self.chunks} chunks, "
             f"{self.brief} (up to {self.max_threadblocks_per_gpu} per GPU)"
         )
 
