@@ -267,14 +267,18 @@ def _collect(
         now = time.monotonic()
         if grace_end is not None and now >= grace_end:
             for rank in pending:
-                failures[rank] = RankFailure(rank, "was still running when the others had failed")
+                failures[rank] = RankFailure(rank, f"{_stopped(procs[rank].pid)}when the others had failed")
             break
         silent = [rank for rank in pending if now - heard[rank] > silence]
         if silent:
             stacks = _stacks(procs, silent, folder)
             for rank in pending:
                 failures[rank] = (
-                    RankFailure(rank, f"sent no progress for {silence:g} s", stacks=stacks.get(rank, ""))
+                    RankFailure(
+                        rank,
+                        f"sent no progress for {silence:g} s{_stopped(procs[rank].pid, ': it ')}".rstrip(),
+                        stacks=stacks.get(rank, ""),
+                    )
                     if rank in silent
                     else RankFailure(rank, "was ended with the silent ranks")
                 )
@@ -321,6 +325,21 @@ def _stacks(procs: list[Any], ranks: list[int], folder: str) -> dict[int, str]:
         with contextlib.suppress(OSError), open(path, encoding="utf-8", errors="replace") as f:
             found[rank] = f.read()
     return {rank: text for rank, text in found.items() if text.strip()}
+
+
+def _stopped(pid: int, lead: str = "") -> str:
+    """``"was stopped (SIGSTOP or Ctrl-Z) "`` for a rank the kernel has stopped, else ``"was still
+    running "`` (``lead`` then the words; nothing after a ``lead`` for a running one): a rank
+    someone paused is not a rank that is slow, and the one who paused it should hear so.  Linux
+    says which in /proc; elsewhere every rank reads as running."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            state = f.read().rpartition(")")[2].split()[0]  # after the name, which may hold spaces
+    except (OSError, IndexError):
+        state = "R"
+    if state in ("T", "t"):
+        return f"{lead}was stopped (SIGSTOP or Ctrl-Z) "
+    return "" if lead else "was still running "
 
 
 def _exit_reason(code: int | None) -> str:
