@@ -430,7 +430,9 @@ def test_the_prover_does_not_depend_on_dict_order() -> None:
     assert prove(json.dumps(shuffled)).summary == prove(json.dumps(plan)).summary
 
 
-def one_gpu(ops0: list[dict[str, Any]], ops1: list[dict[str, Any]], semaphores: int = 0) -> str:
+def one_gpu(
+    ops0: list[dict[str, Any]], ops1: list[dict[str, Any]], semaphores: int = 0, init_value: int = 0
+) -> str:
     """One GPU, two thread blocks passing chunk 0 through scratch and back (an identity AllReduce)."""
     return json.dumps(
         {
@@ -446,7 +448,7 @@ def one_gpu(ops0: list[dict[str, Any]], ops1: list[dict[str, Any]], semaphores: 
                     "scratch_chunks": 1,
                     "channels": [],
                     "remote_buffers": [],
-                    "semaphores": [{"init_value": 0}] * semaphores,
+                    "semaphores": [{"init_value": init_value}] * semaphores,
                     "threadblocks": [
                         {"id": 0, "channels": [], "ops": ops0},
                         {"id": 1, "channels": [], "ops": ops1},
@@ -537,3 +539,25 @@ def test_the_prover_shares_no_code_with_the_lowering() -> None:
             or name.startswith(tuple(f"stragglar.mscclpp.{m}" for m in lowering))
         }
         assert not shared, (module.name, shared)
+
+
+def test_a_negative_initial_value_holds_an_acquire_for_one_release_as_the_executor_does() -> None:
+    """MSCCL++'s ``acquire`` decrements, and when the old value was not positive waits only until
+    the value is back to it: one release, however negative the start.  So an acquire on a
+    semaphore that starts at -1 does not wait for two releases, and a plan that counts on it races
+    (it was proved, as if the semaphore counted)."""
+    nop: dict[str, Any] = {"name": "nop"}
+    release: dict[str, Any] = {"name": "sem_release", "semaphore_ids": [0]}
+    acquire: dict[str, Any] = {"name": "sem_acquire", "semaphore_ids": [0]}
+    releaser = [release, TO_SCRATCH, nop, release]  # the copy lies between the two releases
+    acquirer = [acquire, nop, FROM_SCRATCH, acquire]  # reads the scratch after the first acquire
+    violation = check_plan(one_gpu(releaser, acquirer, semaphores=1, init_value=-1))
+    assert violation is not None and violation.kind in ("raw", "war"), violation
+    # the reads after a second acquire: where both releases come first, the first acquire passes
+    # (1 > 0), the second finds 0 and waits for a third release that never comes
+    violation = check_plan(
+        one_gpu(releaser, [acquire, acquire, nop, FROM_SCRATCH], semaphores=1, init_value=-1)
+    )
+    assert violation is not None and violation.kind == "deadlock", violation
+    # from 0, the same two acquires count two releases: proved
+    assert prove(one_gpu(releaser, [acquire, acquire, nop, FROM_SCRATCH], semaphores=1)).ops == 8

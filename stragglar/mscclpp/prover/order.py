@@ -10,8 +10,10 @@ What orders two ops (the kernel's memory model, as MSCCL++ uses it):
   *guaranteed* to have seen it.  Signals count, so the k-th wait of a block on an endpoint knows
   that k signals arrived; a signal of producer block P is among any k if fewer than k signals can
   come from elsewhere: the j-th signal of P is guaranteed when ``j <= k - (signals not from P)``.
-  Device semaphores (``sem_release`` -> ``sem_acquire``) work the same way (an acquire with
-  initial value v is guaranteed ``j - v`` releases if one block acquires, 1 otherwise).
+  Device semaphores (``sem_release`` -> ``sem_acquire``) work the same way (the j-th acquire of a
+  semaphore with initial value v is guaranteed ``j - max(v, 0)`` releases if one block acquires,
+  1 otherwise: an acquire that finds the value at or below 0 waits for one release, however far
+  below).
   ``barrier`` joins all its blocks.  Relaxed ``rlxsignal``/``rlxwait`` order execution but not
   memory: they carry no clock, only the knowledge that the signalling GPU has started.
 
@@ -109,7 +111,9 @@ class HappensBefore:
         j = self.consumed[(counter, t)]
         if counter in self.sem_init:
             init = self.sem_init[counter]
-            k = j - init if len(self.acquirers[counter]) == 1 else (1 if j > init else 0)
+            # the executor's acquire that finds a value <= 0 waits for one release only, however
+            # negative: a start below 0 guarantees no more than a start at 0
+            k = j - max(init, 0) if len(self.acquirers[counter]) == 1 else (1 if j > init else 0)
         else:
             k = j
         clock: Clock | None = None
