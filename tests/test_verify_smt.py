@@ -107,6 +107,27 @@ def test_each_structural_violation_is_named_like_the_simulator_does(case: str) -
     assert simulated is not None and (simulated.kind, simulated.round, simulated.rank) == (kind, 1, rank)
 
 
+@pytest.mark.parametrize("at", [0, 5, 14])
+def test_the_rules_solved_in_batches_find_a_fault_in_any_batch(
+    monkeypatch: pytest.MonkeyPatch, at: int
+) -> None:
+    """The structural rules go to z3 a batch of rounds at a time (so that Ctrl-C can act between
+    them): a fault in the first, a middle or the last batch is found and located like one in a
+    schedule solved whole."""
+    monkeypatch.setattr(smt, "_PARSED_LINES", 8)  # a batch of one or two rounds
+    good = synthesize("stragglar", 8)
+    assert smt_find_violation(good) is None
+    rounds = [(pi, ri) for pi, phase in enumerate(good.phases) for ri in range(len(phase.rounds))]
+    pi, ri = rounds[at]
+    phase = good.phases[pi]
+    first = phase.rounds[ri][0]
+    broken_round = (Transfer(first.src, first.src, first.chunk, first.op), *phase.rounds[ri][1:])
+    broken_phase = replace(phase, rounds=(*phase.rounds[:ri], broken_round, *phase.rounds[ri + 1 :]))
+    broken = replace(good, phases=tuple(broken_phase if i == pi else p for i, p in enumerate(good.phases)))
+    v = smt_find_violation(broken)
+    assert v is not None and (v.kind, v.phase, v.round, v.rank) == ("self", pi, ri, first.src), v
+
+
 def test_port_conflict_names_both_peers() -> None:
     v = smt_find_violation(one_phase(4, 1, (T(3, 0, 0),), (T(1, 2, 0), T(1, 3, 0))))
     assert v is not None and (v.kind, v.round, v.transfer) == ("port", 1, T(1, 3, 0))

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from fractions import Fraction
 
 import z3
@@ -66,8 +66,8 @@ from stragglar.verify.report import (
 
 __all__ = ["SMT_MAX_CELLS", "SMT_MAX_TRANSFERS", "smt_check", "smt_find_violation", "smt_prove"]
 
-# z3's work grows faster than the schedule (N = 256: 130,050 transfers, 16 s, 0.7 GB; N = 512:
-# 522,242 transfers, 81 s, 2.5 GB on 2 cores; N = 2048 would take most of an hour and ~40 GB), so a
+# z3's work grows faster than the schedule (N = 256: 130,050 transfers, 6 s, 0.21 GB; N = 512:
+# 522,242 transfers, 30 s, 0.43 GB on 2 cores; N = 2048 would take many minutes and GBs), so a
 # larger schedule is refused before the solver starts: the simulator proves any size in seconds.
 SMT_MAX_TRANSFERS = 600_000
 SMT_MAX_CELLS = 512 * 512  # ranks x chunks: z3 gets a term per rank for every chunk, transfers or not
@@ -95,12 +95,12 @@ def smt_find_violation(schedule: Schedule) -> Violation | None:
     cells = schedule.num_ranks * schedule.num_chunks
     if cells > SMT_MAX_CELLS:
         raise InputError(
-            f"z3 proves schedules of at most {SMT_MAX_CELLS:,} ranks x chunks (N = 512 takes ~80 s, 2.5 GB); "
+            f"z3 proves schedules of at most {SMT_MAX_CELLS:,} ranks x chunks (N = 512 takes ~30 s, 0.4 GB); "
             f"this one has {cells:,}: the simulator (verify without --smt) proves it"
         )
     if schedule.num_transfers > SMT_MAX_TRANSFERS:
         raise InputError(
-            f"z3 proves schedules of at most {SMT_MAX_TRANSFERS:,} transfers (N = 512 takes ~80 s, 2.5 GB); "
+            f"z3 proves schedules of at most {SMT_MAX_TRANSFERS:,} transfers (N = 512 takes ~30 s, 0.4 GB); "
             f"this one has {schedule.num_transfers:,}: the simulator (verify without --smt) proves it"
         )
     rounds = _rounds(schedule)
@@ -128,19 +128,52 @@ def _rounds(schedule: Schedule) -> list[tuple[Where, Phase, Round]]:
 
 
 _RULES = ("range", "self", "op", "membership", "send-port", "receive-port", "double-write")
+_PARSED_LINES = 20_000  # lines of rules z3 parses in one call: ~0.1 s, the longest a Ctrl-C waits here
 
 
 def _structure_violation(schedule: Schedule, rounds: list[tuple[Where, Phase, Round]]) -> Violation | None:
     """The first round whose transfers break the rules, located by an unsat core, or None."""
     n, c = schedule.num_ranks, schedule.num_chunks
     solver = z3.Solver()
-    text = _preamble(n, c) + [line for r in rounds for line in _round_rules(n, *r, named=False)]
-    solver.from_string("\n".join(text))
-    if solver.check() == z3.sat:
-        return None
+    solver.from_string("\n".join(_preamble(n, c, schedule.phases)))
+    if not all(_rounds_hold(solver, batch) for batch in _batches(n, rounds)):
+        return _located_structure_violation(schedule, rounds)
+    return None
+
+
+def _batches(n: int, rounds: list[tuple[Where, Phase, Round]]) -> Iterator[list[str]]:
+    """The rules of consecutive rounds, about :data:`_PARSED_LINES` lines at a time."""
+    batch: list[str] = []
+    for r in rounds:
+        batch += _round_rules(n, *r, named=False)
+        if len(batch) >= _PARSED_LINES:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _rounds_hold(solver: z3.Solver, batch: list[str]) -> bool:
+    """Whether one batch of rounds keeps the rules, checked in a scope of its own.
+
+    Rounds share nothing but the preamble, so the schedule holds iff every batch does, and the
+    batches are solved one at a time: z3 parses a text, and simplifies a large problem, in calls
+    that a Ctrl-C cannot stop (N = 512 in one piece: 20-40 s before it was answered).
+    """
+    solver.push()
+    try:
+        solver.from_string("\n".join(batch))
+        return bool(solver.check() == z3.sat)
+    finally:
+        solver.pop()
+
+
+def _located_structure_violation(schedule: Schedule, rounds: list[tuple[Where, Phase, Round]]) -> Violation:
+    """The first round that breaks the rules, named by an unsat core: only for a schedule that does."""
+    n, c = schedule.num_ranks, schedule.num_chunks
     tracked = z3.Solver()
     options = ["(set-option :produce-unsat-cores true)", "(set-option :smt.core.minimize true)"]
-    tracked.from_string("\n".join(options + _preamble(n, c)))
+    tracked.from_string("\n".join(options + _preamble(n, c, schedule.phases)))
     for where, phase, rnd in rounds:
         tracked.from_string("\n".join(_round_rules(n, where, phase, rnd, named=True)))
         if tracked.check() == z3.unsat:  # earlier rounds hold, so this round's labels are unsat alone
@@ -152,20 +185,24 @@ def _structure_violation(schedule: Schedule, rounds: list[tuple[Where, Phase, Ro
     raise RuntimeError("z3 rejected the rules of the whole schedule but of no prefix of its rounds")
 
 
-def _preamble(n: int, c: int) -> list[str]:
-    """Predicates every round uses: a rank or chunk in range, a known op (copy 0, reduce 1)."""
-    return [
+def _preamble(n: int, c: int, phases: Sequence[Phase]) -> list[str]:
+    """Predicates every round uses: a rank or chunk in range, a known op (copy 0, reduce 1), and
+    per phase P ``member.P``, true exactly for the phase's ranks."""
+    lines = [
         f"(define-fun rank ((x Int)) Bool (and (<= 0 x) (< x {n})))",
         f"(define-fun chunk ((x Int)) Bool (and (<= 0 x) (< x {c})))",
         "(define-fun op ((x Int)) Bool (or (= x 0) (= x 1)))",
     ]
+    for index, phase in enumerate(phases):
+        inside = set(phase.ranks)
+        lines.append(f"(declare-fun member.{index} (Int) Bool)")
+        facts = [f"(member.{index} {r})" if r in inside else f"(not (member.{index} {r}))" for r in range(n)]
+        lines += [f"(assert {fact})" for fact in facts]
+    return lines
 
 
 def _round_rules(n: int, where: Where, phase: Phase, rnd: Round, named: bool) -> list[str]:
-    """One round's transfers as facts about its functions; ``named`` labels each for an unsat core.
-
-    The first round of a phase also declares ``member.P``, true exactly for the phase's ranks.
-    """
+    """One round's transfers as facts about its functions; ``named`` labels each for an unsat core."""
     tag = f"{where.phase}.{where.round}"
     member = f"member.{where.phase}"
     lines = [
@@ -173,11 +210,6 @@ def _round_rules(n: int, where: Where, phase: Phase, rnd: Round, named: bool) ->
         f"(declare-fun receives_from.{tag} (Int) Int)",
         f"(declare-fun writer.{tag} (Int Int) Int)",
     ]
-    if where.round == 0:
-        inside = set(phase.ranks)
-        lines.append(f"(declare-fun {member} (Int) Bool)")
-        facts = [f"({member} {r})" if r in inside else f"(not ({member} {r}))" for r in range(n)]
-        lines += [f"(assert {fact})" for fact in facts]
     for i, t in enumerate(rnd):
         src, dst, chunk = _int(t.src), _int(t.dst), _int(t.chunk)
         op = 0 if t.op is Op.COPY else 1 if t.op is Op.REDUCE else _int(-1)
