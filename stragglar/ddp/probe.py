@@ -50,9 +50,16 @@ class LateRankProbe:
     every rank to have arrived.  So the figures of step ``s`` are known at step ``s + 2``.
     """
 
-    def __init__(self, world_size: int, window: int, timeout: float) -> None:
+    def __init__(
+        self, world_size: int, window: int, timeout: float, ranks: Sequence[int] | None = None
+    ) -> None:
         self.world_size = world_size
-        self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout))  # CPU, own sockets
+        self.group = dist.new_group(  # CPU, own sockets; made by ``ranks`` alone (None: the world)
+            None if ranks is None else list(ranks),
+            backend="gloo",
+            timeout=timedelta(seconds=timeout),
+            use_local_synchronization=ranks is not None,
+        )
         self.late: collections.deque[tuple[float, ...]] = collections.deque(maxlen=window)
         self.waits: tuple[float, ...] = ()  # every rank's wait at the step whose figures arrived last
         self.samples = {kind: collections.deque[Timing](maxlen=SAMPLES) for kind in KINDS[1:]}
