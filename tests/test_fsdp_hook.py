@@ -23,9 +23,11 @@ from torch.distributed.tensor import DTensor, Shard
 
 from stragglar.ddp import StragglarState
 from stragglar.errors import ArgumentError, InputError
+from stragglar.formats.traces import Columns, read_trace
 from stragglar.fsdp import use_stragglar
 from stragglar.measure.launch import LaunchError, launch
 from stragglar.model import Network
+from stragglar.model.policy import PROBE_LAG
 
 DEAR = Network(0.5, 1e12)  # 0.5 s rounds: at 4 replicas StragglAR pays above 0.15 s of lateness
 SIZES = (13, 40, 29, 6)  # 29 rows: FSDP pads the shards of the second layer unevenly
@@ -159,6 +161,32 @@ def test_auto_uses_the_engine_unless_a_replica_is_late(delay: float) -> None:
     assert chosen[0] == (1, "allreduce", None, None)  # until a window of steps is in
     later = {(a, s) for _, a, s, _ in chosen[1:]}
     assert later == ({("stragglar", 3)} if delay else set()), chosen  # replica 3 is the late one
+
+
+def detecting_rank(rank: int, n: int, path: str) -> tuple[float, list[tuple[int, int]], list[Any]]:
+    """Replica 0 (ranks 0 and 1) late by 0.1 s every step; ``detect`` over windows of 2 steps, the
+    arrivals recorded."""
+    state = StragglarState(detect=2, record=path, timeout=20)
+    native, ours = twins(state)
+    pause = functools.partial(time.sleep, 0.1) if rank < 2 else None
+    worst = train(rank, native, ours, 6, pause)
+    return worst, list(state.switches), list(state.decisions)
+
+
+def test_detect_and_record_probe_the_replicas(tmp_path: Any) -> None:
+    """Each replicate group ({0, 2} and {1, 3}) probes its replicas; the world's rank 0 writes the
+    trace, one column per replica."""
+    path = tmp_path / "trace.jsonl"
+    results = launch(detecting_rank, 4, (str(path),), timeout=60)
+    assert max(worst for worst, _, _ in results) < 1e-5
+    switches = {tuple(s) for _, s, _ in results}
+    assert len(switches) == 1 and [rank for _, rank in switches.pop()] == [0], results  # replica 0 found
+    assert all(
+        d[0] == (1, "stragglar", 1, None) and d[-1][1:] == ("stragglar", 0, None) for _, _, d in results
+    )
+    (group,) = read_trace(path, "jsonl", Columns(), ())
+    assert group.ranks == ("0", "1") and group.steps == tuple(range(1, 6 - PROBE_LAG + 1))
+    assert sum(row[0] > row[1] for row in group.times) >= 3  # replica 0 late
 
 
 def refusing_rank(rank: int, n: int) -> dict[str, str]:

@@ -70,7 +70,7 @@ class StragglarState:
         ``share``: of a window a rank must be last in to become the straggler (default 0.75).
         ``straggler_delay``: seconds the straggler is made late on purpose, for experiments.
     How it runs
-        ``process_group``: DDP's group (None: the world).
+        ``process_group``: DDP's group (None: the world); the replicas' under FSDP.
         ``timeout``: seconds before a silent peer fails the step (default 300).
         ``asynchronous``: return at once, worker threads running the rounds (default True).
         ``graphs``: on CUDA over NCCL, replay the rounds from CUDA graphs (default True).
@@ -85,11 +85,13 @@ class StragglarState:
     (:mod:`stragglar.model.policy`).  ``chunks="auto"`` is, per bucket, the count the model prices
     fastest for its size (:func:`~stragglar.model.policy.chunk_count`), on the policy's networks
     under "auto" (with the expected lateness), on ``network`` under "stragglar" (with
-    ``straggler_delay``), which then must be given.  ``detect`` and ``record`` need the world
-    group.  With an algorithm that has no straggler, such as Ring, ``straggler`` is only the rank
-    made late.  ``asynchronous``: two worker threads (on CUDA, two side streams) run StragglAR's
-    rounds, the first those the late rank takes no part in, for every bucket as soon as it is
-    ready (:mod:`stragglar.ddp.worker`); False runs them in the hook.  ``graphs``: each bucket
+    ``straggler_delay``), which then must be given.  With DDP, ``detect``, ``record`` and "auto"
+    need the world group; under FSDP (:func:`stragglar.fsdp.use_stragglar`) they probe the
+    replicate group.  With an algorithm that has no straggler, such as Ring, ``straggler`` is only
+    the rank made late.  ``asynchronous``: two worker threads (on CUDA, two side streams) run
+    StragglAR's rounds, the first those the late rank takes no part in, for every bucket as soon
+    as it is ready (:mod:`stragglar.ddp.worker`); False runs them in the hook, as FSDP's hook
+    always does.  ``graphs``: each bucket
     stage's rounds replay from a CUDA graph after their first step
     (:func:`~stragglar.runtime.allreduce`); such a graph holds its NCCL group, which NCCL will then
     not destroy: :meth:`close` releases them, by itself before ``destroy_process_group()``.

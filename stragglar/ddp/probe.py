@@ -48,6 +48,9 @@ class LateRankProbe:
     rank itself).  Each step's gather carries the figures of the step before, and is read one step
     later, when it has surely completed: this rank has finished the AllReduce after it, which needs
     every rank to have arrived.  So the figures of step ``s`` are known at step ``s + 2``.
+
+    ``ranks``: the global ranks probed (None: the world), those of the hook's group; only they
+    make the probe's own group, so several groups' probes (HSDP's replicate groups) start apart.
     """
 
     def __init__(
