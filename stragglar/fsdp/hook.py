@@ -15,8 +15,8 @@ factor set it sums: either way the gradients are native HSDP's with the same set
 FSDP reads the shard as soon as the hook returns (it divides it, casts it, views it as the
 gradients), so the reduction runs in the call: on CPU it blocks, as FSDP's own all-reduce does
 there; on CUDA FSDP calls the hook on its all-reduce stream, and the rounds block the host too
-(the DDP hook's synchronous path).  ``asynchronous`` chooses the DDP hook's worker threads, which
-this hook has no use for.
+(the DDP hook's synchronous path).  So ``asynchronous`` (the DDP hook's worker threads) and
+``graphs`` (replaying stream-ordered rounds) have nothing to choose here.
 
 FSDP keeps no public count of a module's parameter groups nor their meshes: the checks read
 them where ``set_all_reduce_hook`` does, in the module's FSDP state.
