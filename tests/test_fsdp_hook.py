@@ -29,6 +29,7 @@ from stragglar.measure.launch import LaunchError, launch
 from stragglar.model import Network
 from stragglar.model.policy import PROBE_LAG
 
+SLOW = Network(0.0, 500.0)  # bandwidth-bound: StragglAR never pays at 2 replicas
 DEAR = Network(0.5, 1e12)  # 0.5 s rounds: at 4 replicas StragglAR pays above 0.15 s of lateness
 SIZES = (13, 40, 29, 6)  # 29 rows: FSDP pads the shards of the second layer unevenly
 
@@ -124,22 +125,22 @@ def hsdp_rank(
     return worst, list(state.decisions)
 
 
-CASES = {  # options, replica 1's delay (s), the divide factor
-    "nobody late": ({}, 0.0, None),
-    "a late replica": ({"straggler": 1}, 0.05, None),
-    "in chunks, divided by 3": ({"chunks": 3}, 0.0, 3.0),
+CASES = {  # options, replica 1's delay (s), the divide factor, the decision (algorithm, straggler, chunks)
+    "nobody late": ({}, 0.0, None, ("stragglar", 1, None)),
+    "a late replica": ({"straggler": 1}, 0.05, None, ("stragglar", 1, None)),
+    "in chunks, divided by 3": ({"chunks": 3}, 0.0, 3.0, ("stragglar", 1, 3)),
+    "the engine, divided by 3": ({"policy": "auto", "network": SLOW}, 0.0, 3.0, ("allreduce", None, None)),
 }
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_the_gradients_and_parameters_are_native_hsdps(case: str) -> None:
-    options, delay, factor = CASES[case]
+    options, delay, factor, decision = CASES[case]
     results = launch(hsdp_rank, 4, (options, delay, factor), timeout=60)
     assert max(worst for worst, _ in results) < 1e-5
     decisions = {tuple(map(tuple, d)) for _, d in results}
     assert len(decisions) == 1, decisions  # every rank chose the same for every shard
-    straggler, chunks = options.get("straggler", 1), options.get("chunks")
-    assert [(a, s, c) for _, a, s, c in decisions.pop()] == [("stragglar", straggler, chunks)]
+    assert [(a, s, c) for _, a, s, c in decisions.pop()] == [decision]
 
 
 def auto_rank(rank: int, n: int, delay: float) -> tuple[float, list[Any]]:
@@ -151,7 +152,7 @@ def auto_rank(rank: int, n: int, delay: float) -> tuple[float, list[Any]]:
     return worst, list(state.decisions)
 
 
-@pytest.mark.parametrize("delay", [0.0, 0.4])
+@pytest.mark.parametrize("delay", [0.0, pytest.param(0.4, marks=pytest.mark.slow)])
 def test_auto_uses_the_engine_unless_a_replica_is_late(delay: float) -> None:
     results = launch(auto_rank, 4, (delay,), timeout=60)
     assert max(worst for worst, _ in results) < 1e-5

@@ -17,6 +17,10 @@ True
 >>> other = encode({**mine, "policy": "stragglar", "chunks": 12})
 >>> disagreement([row, other, row]).split(": ", 1)[1]
 "policy: ranks 0, 2 have 'auto', rank 1 has 'stragglar'; chunks: ranks 0, 2 have 'auto', rank 1 has 12"
+>>> disagreement([row, other], "HSDP replicas", "the replicate group").split(":")[0]
+'HSDP replicas run the hook with other settings'
+>>> disagreement([[0] + row[1:], row], "HSDP replicas", "the replicate group")
+'rank 0 sent no hook settings: is another collective running on the replicate group?'
 """
 
 from __future__ import annotations
