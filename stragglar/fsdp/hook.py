@@ -48,6 +48,10 @@ class StepMark:
 
     pending: bool = True
 
+    def begin(self, *_: Any) -> None:
+        """A forward pre-hook: the next reduction begins a step."""
+        self.pending = True
+
     def take(self) -> bool:
         pending, self.pending = self.pending, False
         return pending
@@ -71,17 +75,17 @@ class ReplicaReduction:
 
     def __call__(self, reduce_output: torch.Tensor) -> None:
         state = self.state
-        world = dist.get_world_size(state.process_group)
+        replicas = dist.get_world_size(state.process_group)
         if self.mark.take():
-            if state.steps == 0 and world > 1:
-                check_replicas(self.shard, state.process_group, reduce_output.device, state.timeout)
-                state.agree(world, reduce_output.device, "HSDP replicas", "the replicate group")
-            state.new_step(world)
-        if world == 1:
-            state.late_rank(world)  # a straggler that is no replica is still an error
+            if state.steps == 0 and replicas > 1:
+                _check_replicas(self.shard, state.process_group, reduce_output.device, state.timeout)
+                state.agree(replicas, reduce_output.device, "HSDP replicas", "the replicate group")
+            state.new_step(replicas)
+        if replicas == 1:
+            state.late_rank(replicas)  # a straggler that is no replica is still an error
             return
-        divisor = world if self.param_group.gradient_divide_factor is None else 1
-        state.reduce(reduce_output, self.index, world, divisor=divisor, in_call=True).wait()
+        divisor = replicas if self.param_group.gradient_divide_factor is None else 1
+        state.reduce(reduce_output, self.index, replicas, divisor=divisor, in_call=True).wait()
 
 
 def use_stragglar(module: torch.nn.Module, state: StragglarState, *, replicate_group: Any) -> int:
@@ -119,7 +123,7 @@ def use_stragglar(module: torch.nn.Module, state: StragglarState, *, replicate_g
     mark = StepMark()
     for index, ((_, owner, group), shard) in enumerate(zip(served, shards, strict=True)):
         owner.set_all_reduce_hook(ReplicaReduction(state, index, group, shard, mark))
-    module.register_forward_pre_hook(lambda *_: setattr(mark, "pending", True))
+    module.register_forward_pre_hook(mark.begin)
     return len(served)
 
 
@@ -164,7 +168,7 @@ def _named(name: str) -> str:
     return f"module {name!r}" if name else "the module"
 
 
-def check_replicas(shard: tuple[int, int], group: Any, device: torch.device, timeout: float) -> None:
+def _check_replicas(shard: tuple[int, int], group: Any, device: torch.device, timeout: float) -> None:
     """Raise the same :class:`~stragglar.runtime.MismatchError` on every rank of ``group`` unless
     all hold the same shard (index, count) of the parameters: a group across shards, not replicas,
     would add up different parameters' gradients.  One gather, at the first step."""
