@@ -2,5 +2,10 @@
 
 import importlib.util
 
-TORCH_MODULES = ["stragglar/ddp", "stragglar/runtime/torch_dist.py", "stragglar/measure/run_torch.py"]
+TORCH_MODULES = [
+    "stragglar/ddp",
+    "stragglar/fsdp",
+    "stragglar/runtime/torch_dist.py",
+    "stragglar/measure/run_torch.py",
+]
 collect_ignore = [] if importlib.util.find_spec("torch") else TORCH_MODULES

@@ -1,5 +1,6 @@
-"""The shipped example runs as the README starts it: ``torchrun`` with 2 gloo ranks on 127.0.0.1, and
-on two "nodes": two ``torchrun --nnodes=2`` on this machine, meeting at a c10d rendezvous."""
+"""The shipped examples run as the README starts them: the DDP one with ``torchrun`` with 2 gloo ranks
+on 127.0.0.1, and on two "nodes": two ``torchrun --nnodes=2`` on this machine, meeting at a c10d
+rendezvous; the HSDP one on 4 gloo ranks, 2 replicas x 2 shards."""
 
 from __future__ import annotations
 
@@ -126,3 +127,47 @@ def test_the_ddp_example_runs_on_two_nodes_met_at_a_c10d_rendezvous() -> None:
     assert out.splitlines()[0] == "4 ranks on gloo, MLP 6 x 512", out
     verdict = VERDICT.search(out)
     assert verdict is not None and verdict.group(1, 3) == ("auto", "6"), out
+
+
+HSDP_EXAMPLE = ROOT / "examples" / "hsdp_torchrun.py"
+HSDP_ROW = re.compile(r"^\s*(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$")
+
+
+@pytest.mark.slow
+def test_the_hsdp_example_trains_native_hsdp_and_the_hook_alike() -> None:
+    """4 gloo ranks, 2 replicas x 2 shards, rank 3 late: StragglAR reduces every shard across the
+    replicas, replica 1 the straggler, and both copies' losses match at every step."""
+    steps = 4
+    addresses = ["--master-addr=127.0.0.1", f"--master-port={free_port()}"]
+    args = [
+        "--backend",
+        "gloo",
+        "--policy",
+        "stragglar",
+        "--steps",
+        str(steps),
+        "--width",
+        "32",
+        "--depth",
+        "2",
+    ]
+    late = ["--late-rank", "3", "--delay", "20ms"]
+    launcher = ("--nnodes=1", "--nproc-per-node=4", *addresses, str(HSDP_EXAMPLE), *args, *late)
+    [out] = finished([launched(*launcher)])
+    lines = out.splitlines()
+    assert (
+        lines[0]
+        == "4 ranks on gloo: 2 replicas x 2 shards, transformer 2 x 32, rank 3 (replica 1) late by 20 ms"
+    )
+    assert lines[1:3] == [
+        'decisions of policy="stragglar" (step, algorithm, straggler replica, chunks):',
+        "  (1, 'stragglar', 1, None)",
+    ]
+    rows = [m.groups() for m in map(HSDP_ROW.match, lines) if m]
+    assert [int(r[0]) for r in rows] == list(range(1, steps + 1)), out  # rank 0 alone prints
+    for _, t_native, t_ours, loss_native, loss_ours in rows:
+        assert float(t_native) > 0 and float(t_ours) > 0
+        assert float(loss_ours) == pytest.approx(float(loss_native), rel=1e-5)
+    assert re.search(
+        r"^rank 0: the losses match: largest relative difference \S+ \(at most 1e-05\)$", out, re.MULTILINE
+    ), out

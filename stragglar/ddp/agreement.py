@@ -17,6 +17,10 @@ True
 >>> other = encode({**mine, "policy": "stragglar", "chunks": 12})
 >>> disagreement([row, other, row]).split(": ", 1)[1]
 "policy: ranks 0, 2 have 'auto', rank 1 has 'stragglar'; chunks: ranks 0, 2 have 'auto', rank 1 has 12"
+>>> disagreement([row, other], "HSDP replicas", "the replicate group").split(":")[0]
+'HSDP replicas run the hook with other settings'
+>>> disagreement([[0] + row[1:], row], "HSDP replicas", "the replicate group")
+'rank 0 sent no hook settings: is another collective running on the replicate group?'
 """
 
 from __future__ import annotations
@@ -103,12 +107,15 @@ def decode(row: Sequence[int]) -> dict[str, Any]:
     return settings
 
 
-def disagreement(rows: Sequence[Sequence[int]]) -> str | None:
+def disagreement(
+    rows: Sequence[Sequence[int]], ranks: str = "DDP ranks", group: str = "DDP's group"
+) -> str | None:
     """What the ranks' settings (one row per rank, in rank order) disagree on, in one line; None
-    where they all agree."""
+    where they all agree.  ``ranks`` and ``group`` name, in the line, the ranks whose hooks run
+    together and the group they gathered their settings on."""
     strangers = [rank for rank, row in enumerate(rows) if row[0] != MAGIC]
     if strangers:
-        return f"{rank_list(strangers)} sent no hook settings: is another collective running on DDP's group?"
+        return f"{rank_list(strangers)} sent no hook settings: is another collective running on {group}?"
     every = [decode(row) for row in rows]
     parts = []
     for name in FIELDS:
@@ -122,4 +129,4 @@ def disagreement(rows: Sequence[Sequence[int]]) -> str | None:
             ]
             more = f", {len(words) - 4} more" if len(words) > 4 else ""
             parts.append(f"{name}: " + ", ".join(words[:4]) + more)
-    return "DDP ranks run the hook with other settings: " + "; ".join(parts) if parts else None
+    return f"{ranks} run the hook with other settings: " + "; ".join(parts) if parts else None

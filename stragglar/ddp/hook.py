@@ -70,7 +70,7 @@ class StragglarState:
         ``share``: of a window a rank must be last in to become the straggler (default 0.75).
         ``straggler_delay``: seconds the straggler is made late on purpose, for experiments.
     How it runs
-        ``process_group``: DDP's group (None: the world).
+        ``process_group``: DDP's group (None: the world); the replicas' under FSDP.
         ``timeout``: seconds before a silent peer fails the step (default 300).
         ``asynchronous``: return at once, worker threads running the rounds (default True).
         ``graphs``: on CUDA over NCCL, replay the rounds from CUDA graphs (default True).
@@ -85,11 +85,13 @@ class StragglarState:
     (:mod:`stragglar.model.policy`).  ``chunks="auto"`` is, per bucket, the count the model prices
     fastest for its size (:func:`~stragglar.model.policy.chunk_count`), on the policy's networks
     under "auto" (with the expected lateness), on ``network`` under "stragglar" (with
-    ``straggler_delay``), which then must be given.  ``detect`` and ``record`` need the world
-    group.  With an algorithm that has no straggler, such as Ring, ``straggler`` is only the rank
-    made late.  ``asynchronous``: two worker threads (on CUDA, two side streams) run StragglAR's
-    rounds, the first those the late rank takes no part in, for every bucket as soon as it is
-    ready (:mod:`stragglar.ddp.worker`); False runs them in the hook.  ``graphs``: each bucket
+    ``straggler_delay``), which then must be given.  With DDP, ``detect``, ``record`` and "auto"
+    need the world group; under FSDP (:func:`stragglar.fsdp.use_stragglar`) they probe the
+    replicate group.  With an algorithm that has no straggler, such as Ring, ``straggler`` is only
+    the rank made late.  ``asynchronous``: two worker threads (on CUDA, two side streams) run
+    StragglAR's rounds, the first those the late rank takes no part in, for every bucket as soon
+    as it is ready (:mod:`stragglar.ddp.worker`); False runs them in the hook, as FSDP's hook
+    always does.  ``graphs``: each bucket
     stage's rounds replay from a CUDA graph after their first step
     (:func:`~stragglar.runtime.allreduce`); such a graph holds its NCCL group, which NCCL will then
     not destroy: :meth:`close` releases them, by itself before ``destroy_process_group()``.
@@ -274,10 +276,12 @@ class StragglarState:
             proofs[key] = prove(schedule)
         return proofs[key]
 
-    def agree(self, world_size: int, device: torch.device) -> None:
+    def agree(
+        self, world_size: int, device: torch.device, ranks: str = "DDP ranks", group: str = "DDP's group"
+    ) -> None:
         """Raise the same :class:`~stragglar.runtime.MismatchError` on every rank unless every rank's
         hook runs with these settings (:mod:`stragglar.ddp.agreement`); once, at the first step,
-        before any group of the hook's own exists."""
+        before any group of the hook's own exists.  ``ranks`` and ``group`` name them in the error."""
         settings = {
             "policy": self.policy,
             "algorithm": self.algorithm,
@@ -291,29 +295,34 @@ class StragglarState:
         }
         rank = dist.get_rank(self.process_group)
         rows = gather_headers(encode(settings), self.process_group, device, rank, self.timeout)
-        reason = disagreement(rows)
+        reason = disagreement(rows, ranks, group)
         if reason is not None:
             raise MismatchError(reason)
+
+    @property
+    def probes(self) -> bool:
+        """Whether each step runs the probe of arrivals: for ``detect``, policy "auto" or ``record``."""
+        return self.detect > 0 or self.policy == "auto" or self.record is not None
 
     def new_step(self, world_size: int) -> None:
         """Count the step, read the probe, and update the straggler (``detect``) or the outlook (auto).
 
-        In a rank started by :func:`stragglar.measure.launch.launch` each step is also a
-        heartbeat, so a long training run is not taken for a silent one."""
+        The probe runs on the ranks of ``process_group``; the trace is written by the world's
+        rank 0, where it is one of them.  In a rank started by
+        :func:`stragglar.measure.launch.launch` each step is also a heartbeat, so a long training
+        run is not taken for a silent one."""
         learned = self.learned
         learned.steps += 1
         heartbeat()
         auto = self.policy == "auto"
-        if (self.detect <= 0 and not auto and self.record is None) or world_size < 2:
+        if not self.probes or world_size < 2:
             return
-        if self.process_group is not None:
-            raise InputError(
-                "straggler detection, policy='auto' and record= need the default (world) process group"
-            )
         probe = self.resources.probe
         if probe is None:
             window = self.detect or AUTO_WINDOW
-            probe = self.resources.probe = LateRankProbe(world_size, window, self.timeout)
+            group = self.process_group
+            ranks = None if group is None else dist.get_process_group_ranks(group)
+            probe = self.resources.probe = LateRankProbe(world_size, window, self.timeout, ranks)
             before_destroy(self, (probe.group,), StragglarState.close)
         arrived = probe.step()
         if arrived and self.record is not None and dist.get_rank() == 0:
@@ -361,10 +370,22 @@ class StragglarState:
         return choice
 
     def reduce(
-        self, buffer: torch.Tensor, bucket: int, world_size: int
+        self,
+        buffer: torch.Tensor,
+        bucket: int,
+        world_size: int,
+        *,
+        divisor: int | None = None,
+        in_call: bool = False,
     ) -> torch.futures.Future[torch.Tensor]:
-        """Average ``buffer`` (bucket number ``bucket``) over the ranks: a Future of the result."""
-        comm = self.resources.connection or self._connect(world_size)
+        """Average ``buffer`` (bucket number ``bucket``) over the ranks: a Future of the result.
+
+        ``divisor``: what the sum is divided by (None: ``world_size``, to average; 1: the sum).
+        ``in_call``: the state's reductions run in the call, never on worker threads, for a caller
+        that needs the result when the call returns (the Future is then done, or ordered on the
+        engine's stream)."""
+        threads = self.asynchronous and not in_call
+        comm = self.resources.connection or self._connect(world_size, threads)
         order: Order = HOST
         if buffer.is_cuda:
             order = comm.streams.get(buffer.device) or comm.streams.setdefault(
@@ -372,24 +393,25 @@ class StragglarState:
             )
         choice = self.choose(world_size, buffer.numel() * buffer.element_size())
         if choice.algorithm != STRAGGLAR:
-            return self._engine(buffer, world_size, order)
+            return self._engine(buffer, world_size if divisor is None else divisor, order)
         proof = self.proof(world_size, choice.straggler, choice.chunks)
         chunks = choice.chunks or 0
         if comm.worker is None:
-            job = Job(buffer, bucket, proof, choice.straggler, chunks, HOST, None, HOST.future())
+            job = Job(buffer, bucket, proof, choice.straggler, chunks, HOST, None, HOST.future(), divisor)
             comm.reduce(job)  # on the caller's thread, its errors raised in the hook
             return job.future
-        job = Job(buffer, bucket, proof, choice.straggler, chunks, order, order.ready(), order.future())
+        job = Job(
+            buffer, bucket, proof, choice.straggler, chunks, order, order.ready(), order.future(), divisor
+        )
         comm.worker.submit(job.future, *comm.reduce.stages(job))
         # DDP reads a failed Future's value as its result ("Unable to cast ... to Tensor"); an error
         # raised in a callback reaches it as an error, with the message intact
         return job.future.then(_value)
 
-    def _engine(
-        self, buffer: torch.Tensor, world_size: int, order: Order
-    ) -> torch.futures.Future[torch.Tensor]:
+    def _engine(self, buffer: torch.Tensor, divisor: int, order: Order) -> torch.futures.Future[torch.Tensor]:
         """The engine's own all_reduce on DDP's group, as DDP's default hook runs it, timed for the
-        policy: its Future completes (through the engine's stream on CUDA) with the average."""
+        policy: its Future completes (through the engine's stream on CUDA) with the sum divided by
+        ``divisor``."""
         watch = self.resources.engine_watch = order.clock(self.resources.engine_watch)
         probe = self.resources.probe
         record = probe.record if probe is not None else None
@@ -399,21 +421,22 @@ class StragglarState:
             watch.stop()
             if record is not None:
                 record(ALLREDUCE, size, 0, watch)
-            return future.value()[0].div_(world_size)
+            total = future.value()[0]
+            return total if divisor == 1 else total.div_(divisor)
 
         work = dist.all_reduce(buffer, group=self.process_group, async_op=True)
         engine: torch.futures.Future[list[torch.Tensor]] = work.get_future()
         return engine.then(averaged)
 
-    def _connect(self, world_size: int) -> Connection:
+    def _connect(self, world_size: int, threads: bool) -> Connection:
         group = dedicated_group(self.process_group, self.timeout)
-        early = dedicated_group(self.process_group, self.timeout) if self.asynchronous else group
+        early = dedicated_group(self.process_group, self.timeout) if threads else group
         groups = (early, group)
         probe = self.resources.probe
         record = probe.record if probe is not None and self.policy == "auto" else None
         reduce = Reducer(groups, world_size, self.timeout, self.straggler_delay, record, self.graphs)
         worker = None
-        if self.asynchronous:
+        if threads:
             worker = BucketWorker(f"stragglar-ddp-{dist.get_rank()}")
             weakref.finalize(self, worker.close)  # the thread ends with the state
         connection = self.resources.connection = Connection(reduce, worker)
@@ -454,6 +477,10 @@ def stragglar_hook(state: StragglarState, bucket: GradBucket) -> torch.futures.F
     buffer = bucket.buffer()
     world = dist.get_world_size(state.process_group)
     if bucket.index() == 0:
+        if state.process_group is not None and state.probes and world > 1:
+            raise InputError(
+                "straggler detection, policy='auto' and record= need the default (world) process group"
+            )
         if state.steps == 0 and world > 1:
             state.agree(world, buffer.device)
         state.new_step(world)

@@ -48,11 +48,21 @@ class LateRankProbe:
     rank itself).  Each step's gather carries the figures of the step before, and is read one step
     later, when it has surely completed: this rank has finished the AllReduce after it, which needs
     every rank to have arrived.  So the figures of step ``s`` are known at step ``s + 2``.
+
+    ``ranks``: the global ranks probed (None: the world), those of the hook's group; only they
+    make the probe's own group, so several groups' probes (HSDP's replicate groups) start apart.
     """
 
-    def __init__(self, world_size: int, window: int, timeout: float) -> None:
+    def __init__(
+        self, world_size: int, window: int, timeout: float, ranks: Sequence[int] | None = None
+    ) -> None:
         self.world_size = world_size
-        self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout))  # CPU, own sockets
+        self.group = dist.new_group(  # CPU, own sockets; made by ``ranks`` alone (None: the world)
+            None if ranks is None else list(ranks),
+            backend="gloo",
+            timeout=timedelta(seconds=timeout),
+            use_local_synchronization=ranks is not None,
+        )
         self.late: collections.deque[tuple[float, ...]] = collections.deque(maxlen=window)
         self.waits: tuple[float, ...] = ()  # every rank's wait at the step whose figures arrived last
         self.samples = {kind: collections.deque[Timing](maxlen=SAMPLES) for kind in KINDS[1:]}

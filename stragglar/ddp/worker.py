@@ -202,6 +202,7 @@ class Job:
     order: Order
     ready: Any  # the event after the gradients (CUDA), None on CPU
     future: torch.futures.Future[torch.Tensor]
+    divisor: int | None = None  # what the sum is divided by (None: the world size, to average)
 
     def split(self) -> int:
         """The first stage's rounds: those the late rank takes no part in (0 for Ring)."""
@@ -251,7 +252,9 @@ class Reducer:
             watch.stop()
             if self.record is not None:
                 self.record(STRAGGLAR, job.buffer.numel() * job.buffer.element_size(), job.chunks, watch)
-            job.buffer.div_(self.world)
+            divisor = self.world if job.divisor is None else job.divisor
+            if divisor != 1:
+                job.buffer.div_(divisor)
             job.future.set_result(job.buffer)
 
     def _rounds(self, job: Job, stage: int, rounds: tuple[int, int | None]) -> None:

@@ -1,0 +1,187 @@
+"""FSDP2's all-reduce hook, served by a :class:`~stragglar.ddp.StragglarState`.
+
+With HSDP, FSDP2 reduce-scatters each parameter group's gradients within its shard group, then
+all-reduces the shard across the replicas.  On a model sharded over the shard dimension only,
+``FSDPModule.set_all_reduce_hook`` hands that shard to a hook instead, which must reduce it across
+the replicas itself; :func:`use_stragglar` installs one that does it as the DDP hook reduces a
+bucket (:meth:`~stragglar.ddp.StragglarState.reduce`).
+
+What FSDP divides by, and so what the hook must.  FSDP divides the reduce-scatter by its group's
+size (or, with ``set_gradient_divide_factor(F)``, the whole reduction by F), before or after the
+hook as the dtype asks (``_get_gradient_divide_factors`` in torch's ``_fsdp_collectives``); native
+HSDP divides by replicas x shards.  So the hook averages over the replicas, and with a divide
+factor set it sums: either way the gradients are native HSDP's with the same settings.
+
+FSDP reads the shard as soon as the hook returns (it divides it, casts it, views it as the
+gradients), so the reduction runs in the call: on CPU it blocks, as FSDP's own all-reduce does
+there; on CUDA FSDP calls the hook on its all-reduce stream, and the rounds block the host too
+(the DDP hook's synchronous path).  So ``asynchronous`` (the DDP hook's worker threads) and
+``graphs`` (replaying stream-ordered rounds) have nothing to choose here.
+
+FSDP keeps no public count of a module's parameter groups nor their meshes: the checks read
+them where ``set_all_reduce_hook`` does, in the module's FSDP state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
+
+from stragglar.ddp.hook import StragglarState
+from stragglar.errors import ArgumentError, InputError, described
+from stragglar.runtime import MismatchError
+from stragglar.runtime.header import ranks_in_words
+from stragglar.runtime.torch_dist import gather_headers
+
+__all__ = ["ReplicaReduction", "use_stragglar"]
+
+
+@dataclass
+class StepMark:
+    """Whether the next reduction begins a step: set by each forward of the module, and before the
+    first (FSDP calls the hooks of a step one after another, in the order of backward)."""
+
+    pending: bool = True
+
+    def begin(self, *_: Any) -> None:
+        """A forward pre-hook: the next reduction begins a step."""
+        self.pending = True
+
+    def take(self) -> bool:
+        pending, self.pending = self.pending, False
+        return pending
+
+
+@dataclass(frozen=True)
+class ReplicaReduction:
+    """The all-reduce hook of one FSDP parameter group: it reduces the group's shard of the
+    gradients across the replicas with ``state``.
+
+    ``index``: the group's number among those hooked, the tag of its reductions.  ``param_group``:
+    FSDP's parameter group, whose divide factor is read at each call (it may be set later).
+    ``shard``: this rank's shard of the group's parameters, (index, count), which every replica
+    must hold alike.  ``mark``: the step mark the module's hooks share."""
+
+    state: StragglarState
+    index: int
+    param_group: Any
+    shard: tuple[int, int]
+    mark: StepMark
+
+    def __call__(self, reduce_output: torch.Tensor) -> None:
+        state = self.state
+        replicas = dist.get_world_size(state.process_group)
+        if self.mark.take():
+            if state.steps == 0 and replicas > 1:
+                _check_replicas(self.shard, state.process_group, reduce_output.device, state.timeout)
+                state.agree(replicas, reduce_output.device, "HSDP replicas", "the replicate group")
+            state.new_step(replicas)
+        if replicas == 1:
+            state.late_rank(replicas)  # a straggler that is no replica is still an error
+            return
+        divisor = replicas if self.param_group.gradient_divide_factor is None else 1
+        state.reduce(reduce_output, self.index, replicas, divisor=divisor, in_call=True).wait()
+
+
+def use_stragglar(module: torch.nn.Module, state: StragglarState, *, replicate_group: Any) -> int:
+    """Reduce every ReduceScatter output of the FSDP modules in ``module`` across
+    ``replicate_group`` with ``state``; returns how many parameter groups it serves.
+
+    ``module`` is sharded with ``fully_shard`` over the shard dimension of a 2-D mesh only, and
+    ``replicate_group`` is the mesh's replicate dimension's group (``mesh["replicate"].get_group()``)
+    with this rank in it.  The state serves that group from then on (its ``process_group``: None
+    or that group).  The gradients are native HSDP's (``fully_shard`` on the 2-D mesh) with the
+    same settings, up to the order of the additions.  The first step checks, on every replica,
+    that all of them hold the same shard and run the hook with the same settings."""
+    if not isinstance(module, torch.nn.Module):
+        raise ArgumentError(f"use_stragglar needs a torch module, got {described(module)}")
+    if not isinstance(state, StragglarState):
+        raise ArgumentError(f"use_stragglar needs a stragglar.ddp.StragglarState, got {described(state)}")
+    if not isinstance(replicate_group, dist.ProcessGroup):
+        raise ArgumentError(
+            "replicate_group must be a torch process group that this rank belongs to, "
+            f"got {described(replicate_group)} ({type(replicate_group).__name__})"
+        )
+    if state.process_group is not None and state.process_group is not replicate_group:
+        raise InputError(
+            "the state serves another process group than replicate_group: give it one or the other"
+        )
+    served = list(_param_groups(module))
+    if not served:
+        raise InputError(
+            "the module has no parameters sharded with fully_shard: "
+            "shard it over the mesh's shard dimension first"
+        )
+    replicas = set(dist.get_process_group_ranks(replicate_group))
+    shards = [_shard(name, group, replicas) for name, _, group in served]  # all checked, then hooked
+    state.process_group = replicate_group
+    mark = StepMark()
+    for index, ((_, owner, group), shard) in enumerate(zip(served, shards, strict=True)):
+        owner.set_all_reduce_hook(ReplicaReduction(state, index, group, shard, mark))
+    module.register_forward_pre_hook(mark.begin)
+    return len(served)
+
+
+def _param_groups(module: torch.nn.Module) -> Iterator[tuple[str, FSDPModule, Any]]:
+    """Each FSDP module's parameter group, with the module's name: refused where it has several
+    (``set_all_reduce_hook`` serves one)."""
+    for name, sub in module.named_modules():
+        if not isinstance(sub, FSDPModule):
+            continue
+        groups = sub._get_fsdp_state()._fsdp_param_groups
+        if len(groups) > 1:
+            raise InputError(
+                f"{_named(name)} has {len(groups)} parameter groups (meshes of its own from "
+                "shard_placement_fn), and FSDP's all-reduce hook serves a module with one"
+            )
+        for group in groups:
+            yield name, sub, group
+
+
+def _shard(name: str, group: Any, replicas: set[int]) -> tuple[int, int]:
+    """This rank's shard of ``group``'s parameters, (index, count), once its mesh is checked
+    against the replicate group's ranks ``replicas``."""
+    mesh_info = group.mesh_info
+    if getattr(mesh_info, "replicate_process_group", None) is not None:
+        raise InputError(
+            f"{_named(name)} is sharded over a 2-D mesh, whose replicas FSDP all-reduces itself: "
+            "shard it with fully_shard(module, mesh=mesh['shard']) and give "
+            "replicate_group=mesh['replicate'].get_group()"
+        )
+    shard_ranks = set(dist.get_process_group_ranks(mesh_info.shard_process_group))
+    shared = shard_ranks & replicas
+    if shared != {dist.get_rank()}:
+        raise InputError(
+            f"replicate_group is not the replicate group of the shards of {_named(name)}: it shares "
+            f"{ranks_in_words(sorted(shared)) if shared else 'no rank'} with the shard group, "
+            f"where a replicate group shares this rank ({dist.get_rank()}) alone"
+        )
+    return int(mesh_info.shard_mesh_rank), int(mesh_info.shard_mesh_size)
+
+
+def _named(name: str) -> str:
+    return f"module {name!r}" if name else "the module"
+
+
+def _check_replicas(shard: tuple[int, int], group: Any, device: torch.device, timeout: float) -> None:
+    """Raise the same :class:`~stragglar.runtime.MismatchError` on every rank of ``group`` unless
+    all hold the same shard (index, count) of the parameters: a group across shards, not replicas,
+    would add up different parameters' gradients.  One gather, at the first step."""
+    rows = gather_headers(list(shard), group, device, dist.get_rank(group), timeout)
+    ranks = dist.get_process_group_ranks(group)
+    holders: dict[tuple[int, ...], list[int]] = {}
+    for rank, row in zip(ranks, rows, strict=True):
+        holders.setdefault(tuple(row), []).append(rank)
+    if len(holders) > 1:
+        held = "; ".join(
+            f"{ranks_in_words(members)} {'hold' if len(members) > 1 else 'holds'} shard {i} of {n}"
+            for (i, n), members in sorted(holders.items(), key=lambda kv: kv[1])
+        )
+        raise MismatchError(
+            f"replicate_group's ranks hold different shards, so it is no replicate group: {held}"
+        )

@@ -1,0 +1,270 @@
+"""FSDP2's all-reduce hook on 4 gloo ranks, 2 replicas x 2 shards: after several steps the gradients
+and parameters are native HSDP's (``fully_shard`` on the 2-D mesh), with nobody late and with a
+late replica, with a divide factor too; ``auto`` uses the engine when nobody is late and StragglAR
+for a late replica; what the hook cannot serve is refused in one sentence."""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp._fully_shard._fsdp_common import FSDPMeshInfo, ShardPlacementResult
+from torch.distributed.tensor import DTensor, Shard
+
+from stragglar.ddp import StragglarState
+from stragglar.errors import ArgumentError, InputError
+from stragglar.formats.traces import Columns, read_trace
+from stragglar.fsdp import use_stragglar
+from stragglar.measure.launch import LaunchError, launch
+from stragglar.model import Network
+from stragglar.model.policy import PROBE_LAG
+
+SLOW = Network(0.0, 500.0)  # bandwidth-bound: StragglAR never pays at 2 replicas
+DEAR = Network(0.5, 1e12)  # 0.5 s rounds: at 4 replicas StragglAR pays above 0.15 s of lateness
+SIZES = (13, 40, 29, 6)  # 29 rows: FSDP pads the shards of the second layer unevenly
+
+
+def mesh(replicas: int = 2) -> DeviceMesh:
+    """The 4 ranks as ``replicas`` replicas of 4 / ``replicas`` shards (rank = replica x shards + shard)."""
+    return init_device_mesh("cpu", (replicas, 4 // replicas), mesh_dim_names=("replicate", "shard"))
+
+
+def layers() -> torch.nn.Sequential:
+    torch.manual_seed(0)  # the same weights on every rank, in both copies
+    a, b, c, d = SIZES
+    return torch.nn.Sequential(
+        torch.nn.Linear(a, b), torch.nn.Tanh(), torch.nn.Linear(b, c), torch.nn.Tanh(), torch.nn.Linear(c, d)
+    )
+
+
+def linears(model: torch.nn.Module) -> list[Any]:
+    return [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+
+
+def sharded(model: torch.nn.Sequential, on: DeviceMesh) -> torch.nn.Sequential:
+    for layer in linears(model):
+        fully_shard(layer, mesh=on)
+    fully_shard(model, mesh=on)
+    return model
+
+
+def twins(
+    state: StragglarState, factor: float | None = None, replicas: int = 2
+) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """The same model twice: native HSDP on the 2-D mesh, and sharded over the shard dimension with
+    the StragglAR hook across the replicas (``factor``: both with that gradient divide factor, and
+    sums only, so that FSDP divides after the reductions)."""
+    torch.set_num_threads(1)
+    grid = mesh(replicas)
+    native, ours = sharded(layers(), grid), sharded(layers(), grid["shard"])
+    assert use_stragglar(ours, state, replicate_group=grid["replicate"].get_group()) == 3
+    if factor is not None:
+        for model in (native, ours):
+            for layer in linears(model):
+                layer.set_gradient_divide_factor(factor)
+                layer.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
+    return native, ours
+
+
+def local(tensor: Any) -> torch.Tensor:
+    assert isinstance(tensor, DTensor)
+    return tensor.to_local()
+
+
+def train(
+    rank: int, native: torch.nn.Module, ours: torch.nn.Module, steps: int, pause: Callable[[], None] | None
+) -> float:
+    """``steps`` SGD steps of both copies on this rank's own data, ``pause`` called before our
+    copy's backward; returns the largest difference of gradients and parameters (asserted close)."""
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (native, ours)]
+    worst = 0.0
+    for step in range(steps):
+        gen = torch.Generator().manual_seed(100 * rank + step)  # each rank its own batch
+        x, y = torch.randn(8, SIZES[0], generator=gen), torch.randn(8, SIZES[-1], generator=gen)
+        for model, optimizer in zip((native, ours), optimizers, strict=True):
+            optimizer.zero_grad()
+            loss = (model(x) - y).square().mean()
+            if model is ours and pause is not None:
+                pause()
+            loss.backward()
+        for a, b in zip(native.parameters(), ours.parameters(), strict=True):
+            assert a.grad is not None and b.grad is not None and local(a.grad).abs().sum() > 0
+            torch.testing.assert_close(local(b.grad), local(a.grad), rtol=1e-5, atol=1e-6)
+            worst = max(worst, float((local(a.grad) - local(b.grad)).abs().max()))
+        for optimizer in optimizers:
+            optimizer.step()
+        for a, b in zip(native.parameters(), ours.parameters(), strict=True):
+            torch.testing.assert_close(local(b), local(a), rtol=1e-5, atol=1e-6)
+            worst = max(worst, float((local(a) - local(b)).abs().max()))
+    return worst
+
+
+def late_replica(rank: int, delay: float, replicas: int = 2) -> Callable[[], None] | None:
+    """The last replica (every shard of it: ranks 2 and 3 of 2 replicas) sleeps ``delay`` before
+    its backward."""
+    last = rank // (4 // replicas) == replicas - 1
+    return functools.partial(time.sleep, delay) if last and delay else None
+
+
+def hsdp_rank(
+    rank: int, n: int, options: dict[str, Any], delay: float, factor: float | None
+) -> tuple[float, list[Any]]:
+    state = StragglarState(timeout=20, **options)
+    native, ours = twins(state, factor)
+    worst = train(rank, native, ours, 6, late_replica(rank, delay))
+    return worst, list(state.decisions)
+
+
+CASES = {  # options, replica 1's delay (s), the divide factor, the decision (algorithm, straggler, chunks)
+    "nobody late": ({}, 0.0, None, ("stragglar", 1, None)),
+    "a late replica": ({"straggler": 1}, 0.05, None, ("stragglar", 1, None)),
+    "in chunks, divided by 3": ({"chunks": 3}, 0.0, 3.0, ("stragglar", 1, 3)),
+    "the engine, divided by 3": ({"policy": "auto", "network": SLOW}, 0.0, 3.0, ("allreduce", None, None)),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_gradients_and_parameters_are_native_hsdps(case: str) -> None:
+    options, delay, factor, decision = CASES[case]
+    results = launch(hsdp_rank, 4, (options, delay, factor), timeout=60)
+    assert max(worst for worst, _ in results) < 1e-5
+    decisions = {tuple(map(tuple, d)) for _, d in results}
+    assert len(decisions) == 1, decisions  # every rank chose the same for every shard
+    assert [(a, s, c) for _, a, s, c in decisions.pop()] == [decision]
+
+
+def auto_rank(rank: int, n: int, delay: float) -> tuple[float, list[Any]]:
+    """4 replicas of 1 shard, judged over windows of 2 steps on a network of dear rounds.  (At 2
+    replicas StragglAR saves a round for any lateness, or nothing: no delay is critical there.)"""
+    state = StragglarState(policy="auto", detect=2, network=DEAR, timeout=20)
+    native, ours = twins(state, replicas=4)
+    worst = train(rank, native, ours, 6, late_replica(rank, delay, replicas=4))
+    return worst, list(state.decisions)
+
+
+@pytest.mark.parametrize("delay", [0.0, pytest.param(0.4, marks=pytest.mark.slow)])
+def test_auto_uses_the_engine_unless_a_replica_is_late(delay: float) -> None:
+    results = launch(auto_rank, 4, (delay,), timeout=60)
+    assert max(worst for worst, _ in results) < 1e-5
+    decisions = {tuple(map(tuple, d)) for _, d in results}
+    assert len(decisions) == 1, decisions
+    (chosen,) = decisions
+    assert chosen[0] == (1, "allreduce", None, None)  # until a window of steps is in
+    later = {(a, s) for _, a, s, _ in chosen[1:]}
+    assert later == ({("stragglar", 3)} if delay else set()), chosen  # replica 3 is the late one
+
+
+def detecting_rank(rank: int, n: int, path: str) -> tuple[float, list[tuple[int, int]], list[Any]]:
+    """Replica 0 (ranks 0 and 1) late by 0.1 s every step; ``detect`` over windows of 2 steps, the
+    arrivals recorded."""
+    state = StragglarState(detect=2, record=path, timeout=20)
+    native, ours = twins(state)
+    pause = functools.partial(time.sleep, 0.1) if rank < 2 else None
+    worst = train(rank, native, ours, 6, pause)
+    return worst, list(state.switches), list(state.decisions)
+
+
+def test_detect_and_record_probe_the_replicas(tmp_path: Any) -> None:
+    """Each replicate group ({0, 2} and {1, 3}) probes its replicas and finds the late one; the
+    world's rank 0 writes its group's trace, one column per replica."""
+    path = tmp_path / "trace.jsonl"
+    results = launch(detecting_rank, 4, (str(path),), timeout=60)
+    assert max(worst for worst, _, _ in results) < 1e-5
+    for shard in (0, 1):  # each replicate group decides alike on its own figures (the other's may
+        # switch a step apart: they reduce other shards)
+        switches = {tuple(results[rank][1]) for rank in (shard, shard + 2)}
+        assert len(switches) == 1 and [rank for _, rank in switches.pop()] == [0], results  # replica 0
+    assert all(
+        d[0] == (1, "stragglar", 1, None) and d[-1][1:] == ("stragglar", 0, None) for _, _, d in results
+    )
+    (group,) = read_trace(path, "jsonl", Columns(), ())
+    assert group.ranks == ("0", "1") and group.steps == tuple(range(1, 6 - PROBE_LAG + 1))
+    assert sum(row[0] > row[1] for row in group.times) >= 3  # replica 0 late
+
+
+def refusing_rank(rank: int, n: int) -> dict[str, str]:
+    """What ``use_stragglar`` says to each thing it cannot serve."""
+    torch.set_num_threads(1)
+    grid = mesh()
+    replicas, shards = grid["replicate"].get_group(), grid["shard"].get_group()
+    said: dict[str, str] = {}
+
+    def refused(name: str, error: type[Exception], model: Any, group: Any, state: Any = None) -> None:
+        with pytest.raises(error) as caught:
+            use_stragglar(model, state or StragglarState(), replicate_group=group)
+        said[name] = str(caught.value)
+
+    refused("the world", InputError, sharded(layers(), grid["shard"]), dist.group.WORLD)
+    refused("the shard group", InputError, sharded(layers(), grid["shard"]), shards)
+    refused("2-D", InputError, sharded(layers(), grid), replicas)
+    refused("unsharded", InputError, layers(), replicas)
+    refused("no group", ArgumentError, sharded(layers(), grid["shard"]), None)
+    refused(
+        "another state's group",
+        InputError,
+        sharded(layers(), grid["shard"]),
+        replicas,
+        StragglarState(process_group=shards),
+    )
+    world = init_device_mesh("cpu", (4,))
+    elsewhere = ShardPlacementResult(Shard(0), FSDPMeshInfo(world, shard_mesh_dim=0))
+    mixed = layers()
+    fully_shard(mixed[0], mesh=grid["shard"], shard_placement_fn=lambda p: elsewhere if p.ndim == 1 else None)
+    refused("several groups", InputError, mixed, replicas)
+    return said
+
+
+def test_what_the_hook_cannot_serve_is_refused_in_one_sentence() -> None:
+    said = launch(refusing_rank, 4, timeout=60)[1]  # rank 1: shard group {0, 1}, replicas {1, 3}
+    assert said["the world"] == (
+        "replicate_group is not the replicate group of the shards of module '0': it shares ranks 0, 1 "
+        "with the shard group, where a replicate group shares this rank (1) alone"
+    )
+    assert said["the shard group"] == said["the world"]
+    assert said["2-D"].startswith(
+        "module '0' is sharded over a 2-D mesh, whose replicas FSDP all-reduces itself"
+    )
+    assert said["unsharded"].startswith("the module has no parameters sharded with fully_shard")
+    assert said["no group"] == (
+        "replicate_group must be a torch process group that this rank belongs to, got None (NoneType)"
+    )
+    assert said["another state's group"].startswith("the state serves another process group")
+    assert said["several groups"].startswith("module '0' has 2 parameter groups")
+    assert all("\n" not in words for words in said.values())
+
+
+def crossed_rank(rank: int, n: int) -> None:
+    """A 'replicate group' of ranks that hold different shards: {0, 3} and {1, 2}."""
+    torch.set_num_threads(1)
+    grid = mesh()
+    crossed = [dist.new_group([0, 3]), dist.new_group([1, 2])][rank in (1, 2)]
+    model = sharded(layers(), grid["shard"])  # {0, 3} meets each shard group once: no rank alone can tell
+    use_stragglar(model, StragglarState(timeout=20), replicate_group=crossed)
+    model(torch.ones(2, SIZES[0])).sum().backward()
+
+
+def test_a_group_across_shards_fails_every_rank_alike_at_the_first_step() -> None:
+    with pytest.raises(LaunchError) as caught:
+        launch(crossed_rank, 4, timeout=30)
+    said = (
+        "stragglar.runtime.header.MismatchError: "
+        "replicate_group's ranks hold different shards, so it is no replicate group"
+    )
+    first, second = (
+        "rank 0 holds shard 0 of 2; rank 3 holds shard 1 of 2",
+        "rank 1 holds shard 1 of 2; rank 2 holds shard 0 of 2",
+    )
+    held = {0: first, 1: second, 2: second, 3: first}
+    assert str(caught.value).splitlines()[1:] == [f"  rank {r}: {said}: {held[r]}" for r in range(4)], (
+        caught.value
+    )
