@@ -44,7 +44,7 @@ def test_a_rank_arrives_when_its_gpu_started_the_collective(tmp_path: Path) -> N
     assert group.sizes == (1024 * 256 * 4,) * len(ARRIVALS)  # float32 inputs
     (picked,) = read_flight_recorder(paths, [("profiling_name", "nccl:all_reduce"), ("state", "completed")])
     assert picked.steps == group.steps
-    assert "no collective after the --where filters" in refused(paths, [("profiling_name", "nccl:broadcast")])
+    assert "after the --where filters" in refused(paths, [("profiling_name", "nccl:broadcast")])
 
 
 def dump_file(path: Path, entries: list[dict[str, object]], members: tuple[int, ...] = (0, 1)) -> Path:

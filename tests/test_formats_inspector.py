@@ -43,8 +43,12 @@ def test_where_reads_the_collective_s_fields_then_the_communicator_s(tmp_path: P
     paths = write_inspector(tmp_path, "0x7f3a", ARRIVALS, size=1 << 20)
     (broadcast,) = read_inspector(paths, [("coll", "Broadcast"), ("comm_name", " dp ")])
     assert broadcast.steps == tuple(range(1, 9)) and broadcast.sizes == (64,) * 8
-    assert "no collective after the --where filters" in refused(paths, [("coll", "AllGather")])
+    assert "no collective in the 4 NCCL Inspector files after the --where filters" in refused(
+        paths, [("coll", "AllGather")]
+    )
     assert "has no 'algo' in coll_perf or header" in refused(paths, [("algo", "Ring")])
+    with pytest.raises(InputError, match="more than 5 collectives to replay in the 4 NCCL Inspector files"):
+        read_inspector(paths, ALLREDUCE, max_rows=5)
 
 
 def test_two_communicators_are_two_groups_and_steps_only_some_ranks_hold_are_cut(tmp_path: Path) -> None:
@@ -91,6 +95,7 @@ START = 1_750_000_000_000_000
         ([{"header": {}, "metadata": {}}], "no 'coll_perf' object"),
         ([record(header__rank=2)], "line 1: rank 2 of a communicator of 2 ranks"),
         ([record(header__n_ranks="2")], "n_ranks is '2', not a whole number"),
+        ([record(header__n_ranks=2**40)], "n_ranks is 1,099,511,627,776: stragglar replays up to 1,048,576"),
         ([record(header__id=None)], "header.id is empty: name the communicator"),
         ([record(coll_perf__coll_sn=-1)], "coll_sn is -1, not a whole number"),
         ([record(coll_perf__event_trace_ts=None)], "no kernel start times (coll_perf.event_trace_ts)"),

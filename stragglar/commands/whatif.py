@@ -185,9 +185,8 @@ def whatif(
     """Replay a recorded arrival trace (CSV, JSON Lines or Parquet: one row per group, step and
     rank, with the time that rank reached the gradient collective; or NCCL Inspector's verbose
     JSON, or PyTorch Flight Recorder's dumps: their files, or a folder of them) through the DDP
-    hook's policy
-    and the alpha-beta model: is there a persistent straggler, how late is it, and what would
-    StragglAR, chunked StragglAR and the auto policy have saved over Ring at each step?
+    hook's policy and the alpha-beta model: is there a persistent straggler, how late is it, and
+    what would StragglAR, chunked StragglAR and the auto policy have saved over Ring at each step?
 
     A model, not a measurement: each bucket is priced as if it alone met the step's arrivals.
     """

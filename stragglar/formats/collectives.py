@@ -77,12 +77,12 @@ def collect(
     for kept, record in enumerate(records, 1):
         if kept > max_rows:
             raise InputError(
-                f"{name} hold more than {max_rows:,} collectives to replay: pick fewer with --where"
+                f"more than {max_rows:,} collectives to replay in {name}: pick fewer with --where"
             )
         _add(found.setdefault(record.group, _Found(record)), record, word)
     if not found:
-        why = "after the --where filters" if filtered else "in them"
-        raise InputError(f"{name} hold no collective {why}")
+        why = " after the --where filters" if filtered else ""
+        raise InputError(f"no collective in {name}{why}")
     return [_group(found[group], word) for group in sorted(found)]
 
 

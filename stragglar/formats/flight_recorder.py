@@ -148,6 +148,7 @@ def _records(path: Path, rank: int, where: Sequence[tuple[str, str]]) -> Iterato
     groups = dump["pg_config"]
     unstarted: dict[str, str] = {}  # group -> the place of its first collective not started
     started_groups: set[str] = set()
+    members: dict[str, tuple[str, ...]] = {}  # group -> its ranks, read from pg_config once
     for index, entry in enumerate(dump["entries"]):
         place = f"{name} entry {index}"
         if not isinstance(entry, dict):
@@ -167,9 +168,11 @@ def _records(path: Path, rank: int, where: Sequence[tuple[str, str]]) -> Iterato
         if started is None or group in unstarted:
             raise _no_start(unstarted.get(group, place))
         started_groups.add(group)
+        if group not in members:
+            members[group] = _members(groups, group, place)
         yield Record(
             group=group,
-            members=_members(groups, group, place),
+            members=members[group],
             rank=str(rank),
             step=whole_number(entry.get("collective_seq_id"), "collective_seq_id", place),
             time=whole_number(started, "time_discovered_started_ns", place) * NANOSECOND,

@@ -23,6 +23,7 @@ hosts compare as well as their clocks are synchronised.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Mapping, Sequence
 from fractions import Fraction
 from pathlib import Path
@@ -33,9 +34,10 @@ from stragglar.files import open_regular
 from stragglar.formats.collectives import Record, collect, whole_number
 from stragglar.formats.traces import MAX_ROWS, Group, json_object, numbered_lines, shown_value, where_text
 
-__all__ = ["read_inspector"]
+__all__ = ["MAX_RANKS", "read_inspector"]
 
 MICROSECOND = Fraction(1, 10**6)
+MAX_RANKS = 2**20  # ranks of one communicator: its labels are made before its records are checked
 
 
 def read_inspector(
@@ -68,6 +70,8 @@ def _records(path: Path, where: Sequence[tuple[str, str]]) -> Iterator[Record]:
 
 def _record(header: Mapping[str, Any], perf: Mapping[str, Any], name: str, place: str) -> Record:
     ranks = _whole(header, "n_ranks", place)
+    if ranks > MAX_RANKS:
+        raise InputError(f"{place}: n_ranks is {ranks:,}: stragglar replays up to {MAX_RANKS:,} ranks")
     rank = _whole(header, "rank", place)
     if rank >= ranks:
         raise InputError(f"{place}: rank {rank} of a communicator of {ranks} ranks")
@@ -79,7 +83,7 @@ def _record(header: Mapping[str, Any], perf: Mapping[str, Any], name: str, place
         raise InputError(f"{place}: header.id is {shown_value(communicator)}: name the communicator")
     return Record(
         group=communicator,
-        members=tuple(str(r) for r in range(ranks)),
+        members=_labels(ranks),
         rank=str(rank),
         step=_whole(perf, "coll_sn", place),
         time=_kernel_start(perf, place) * MICROSECOND,
@@ -88,6 +92,12 @@ def _record(header: Mapping[str, Any], perf: Mapping[str, Any], name: str, place
         source=name,
         place=place,
     )
+
+
+@functools.cache
+def _labels(ranks: int) -> tuple[str, ...]:
+    """The labels of a communicator's ranks, one tuple for all its records."""
+    return tuple(str(rank) for rank in range(ranks))
 
 
 def _kernel_start(perf: Mapping[str, Any], place: str) -> int:
