@@ -197,3 +197,44 @@ def test_the_report_is_never_appended_to_its_own_trace(tmp_path: Path) -> None:
         )
     assert done.returncode == 2 and "standard output is the input file" in done.stderr, done.stderr
     assert trace.read_bytes() == before
+
+
+def test_plot_and_json_into_one_file_are_refused_before_either_is_written(tmp_path: Path) -> None:
+    """`--plot X --json X` wrote one file over the other."""
+    pytest.importorskip("matplotlib")
+    trace = two_groups(tmp_path)
+    same = tmp_path / "figures.svg"
+    assert "figures.svg is the --json file too: name two files" in one_error(
+        run(str(trace), "--time-col", "time_us", "--plot", str(same), "--json", str(same))
+    )
+    assert not same.exists()
+    link = tmp_path / "link.svg"
+    link.symlink_to(same)
+    same.write_text("kept")
+    assert "is the --json file too" in one_error(
+        run(str(trace), "--time-col", "time_us", "--plot", str(link), "--json", str(same))
+    )
+    assert same.read_text() == "kept"
+    drawn = tmp_path / "trace.svg"  # a trace named like a plot is still the input
+    drawn.write_bytes(trace.read_bytes())
+    assert "is the input file" in one_error(
+        run(str(drawn), "--format", "csv", "--time-col", "time_us", "--plot", str(drawn))
+    )
+    assert drawn.read_bytes() == trace.read_bytes()
+
+
+@pytest.mark.parametrize("share", ["nan", "NaN", "inf", "-inf"])
+def test_a_share_that_is_no_number_in_range_is_refused(tmp_path: Path, share: str) -> None:
+    """`--share nan` was accepted and printed as "nan%"."""
+    assert "--share" in one_error(run(str(two_groups(tmp_path)), "--time-col", "time_us", "--share", share))
+
+
+def test_where_values_are_stripped_as_cells_are(tmp_path: Path) -> None:
+    trace = tmp_path / "spaced.csv"
+    trace.write_text(
+        "step,rank,time,op\n"
+        + "".join(f"{s},{r},{s + r / 10}, allreduce\n" for s in range(6) for r in range(2))
+    )
+    result = run(str(trace), "--where", "op = allreduce ", "--json", "-")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["groups"][0]["steps"] == 6

@@ -18,6 +18,7 @@ from stragglar.formats.traces import (
     Columns,
     TraceWriter,
     read_trace,
+    trace_files,
     trace_format_of,
     trace_lines,
 )
@@ -220,3 +221,96 @@ def test_a_short_write_is_cut_off_again_and_said(tmp_path: Path, monkeypatch: py
     monkeypatch.undo()
     writer.close()
     assert path.read_bytes() == whole  # no partial line left behind
+
+
+def test_a_csv_that_starts_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:
+    """A spreadsheet's UTF-8 export starts with a BOM: it was refused as "no column 'step'"."""
+    path = tmp_path / "excel.csv"
+    path.write_bytes("step,rank,time\n1,0,0.5\n1,1,0.25\n".encode("utf-8-sig"))
+    (group,) = read_trace(path, "csv", Columns())
+    assert group.times == ((Fraction(1, 2), Fraction(1, 4)),)
+    assert trace_format_of(path, None) == "csv"
+    jsonl = tmp_path / "bom.jsonl"
+    jsonl.write_bytes(
+        '{"step": 1, "rank": 0, "time": 1}\n{"step": 1, "rank": 1, "time": 2}\n'.encode("utf-8-sig")
+    )
+    assert trace_format_of(jsonl.rename(tmp_path / "bom.txt"), None) == "jsonl"  # told by content
+    (group,) = read_trace(tmp_path / "bom.txt", "jsonl", Columns())
+    assert group.steps == (1,)
+
+
+def test_a_json_lines_row_with_a_repeated_key_is_refused(tmp_path: Path) -> None:
+    """It silently took the last value: which one the writer meant is unknown."""
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"step": 1, "rank": 0, "time": 1}\n{"step": 1, "rank": 1, "time": 2, "time": 3}\n')
+    assert "line 2: not JSON: the key 'time' is there twice" in refused(path, "jsonl")
+
+
+def test_where_values_and_cells_are_both_compared_stripped(tmp_path: Path) -> None:
+    path = csv_file(
+        tmp_path, "step, rank, time, op\n1, 0, 1, allreduce\n1, 1, 2, allreduce \n1, 0, 5, other\n"
+    )
+    (group,) = read_trace(path, "csv", Columns(), [("op", " allreduce")])
+    assert group.times == ((Fraction(1), Fraction(2)),)
+
+
+@pytest.mark.parametrize(
+    ("kind", "values", "unit", "seconds"),
+    [
+        (
+            "timestamp[ns]",
+            [1_750_000_000_123_456_789, 1_750_000_000_123_456_790],
+            "s",
+            [Fraction(1_750_000_000_123_456_789, 10**9), Fraction(1_750_000_000_123_456_790, 10**9)],
+        ),
+        ("timestamp[us, tz=UTC]", [5, 7], "s", [Fraction(5, 10**6), Fraction(7, 10**6)]),
+        ("duration[ms]", [250, 1500], "s", [Fraction(1, 4), Fraction(3, 2)]),
+        ("decimal128(20, 6)", ["1.000001", "2.5"], "ms", [Fraction(1_000_001, 10**9), Fraction(1, 400)]),
+    ],
+)
+def test_parquet_times_of_timestamp_duration_or_decimal_are_read_exactly(
+    tmp_path: Path, kind: str, values: list[object], unit: str, seconds: list[Fraction]
+) -> None:
+    """Profilers write timestamps: such a column was a traceback."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    from decimal import Decimal
+
+    types = {
+        "timestamp[ns]": pa.timestamp("ns"),
+        "timestamp[us, tz=UTC]": pa.timestamp("us", tz="UTC"),
+        "duration[ms]": pa.duration("ms"),
+        "decimal128(20, 6)": pa.decimal128(20, 6),
+    }
+    cells = [Decimal(v) for v in values] if kind.startswith("decimal") else values  # type: ignore[arg-type]
+    path = tmp_path / "t.parquet"
+    pq.write_table(
+        pa.table({"step": [1, 1], "rank": [0, 1], "time": pa.array(cells, type=types[kind])}), path
+    )
+    (group,) = read_trace(path, "parquet", Columns(), (), TIME_UNITS[unit])
+    assert group.times == (tuple(seconds),)
+    if not kind.startswith("decimal"):
+        assert "time is a timestamp or duration, in its own unit: drop --time-unit" in refused(
+            path, "parquet", unit=TIME_UNITS["ms"]
+        )
+
+
+def test_the_format_is_told_by_the_content_before_the_name(tmp_path: Path) -> None:
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    parquet = tmp_path / "export.dat"
+    pq.write_table(pa.table({"step": [1]}), parquet)
+    assert trace_format_of(parquet, None) == "parquet"
+    assert trace_format_of(csv_file(tmp_path, "step,rank,time\n", "t.csv"), None) == "csv"
+    assert trace_format_of(csv_file(tmp_path, '{"a": 1}\n', "rows.csv"), "csv") == "csv"  # given wins
+
+
+def test_a_folder_stands_for_its_files(tmp_path: Path) -> None:
+    for name in ("b", "a", ".hidden"):
+        (tmp_path / name).write_text("x")
+    (tmp_path / "sub").mkdir()
+    assert trace_files([tmp_path, tmp_path / "a"]) == [tmp_path / "a", tmp_path / "b", tmp_path / "a"]
+    with pytest.raises(InputError, match="is a folder with no file in it"):
+        trace_files([tmp_path / "sub"])
+    with pytest.raises(InputError, match="more than 3 trace files"):
+        trace_files([tmp_path, tmp_path], max_files=3)

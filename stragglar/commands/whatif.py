@@ -2,16 +2,42 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import click
 
-from stragglar.commands.options import BANDWIDTH, DURATION, OUTPUT, PLOT, SIZE, chunks_option, network_words
+from stragglar.commands.options import (
+    BANDWIDTH,
+    DURATION,
+    OUTPUT,
+    PLOT,
+    SIZE,
+    chunks_option,
+    network_words,
+    refuse_given,
+)
 from stragglar.commands.outputs import check_output, check_plot, dump_json, to_stdout, write_plot
 from stragglar.commands.terminal import busy, echo, progress
-from stragglar.errors import InputError, quoted
-from stragglar.formats.traces import TIME_UNITS, TRACE_FORMATS, Columns, Group, read_trace, trace_format_of
+from stragglar.errors import InputError, quoted, shown
+from stragglar.files import same_file
+from stragglar.formats.flight_recorder import read_flight_recorder
+from stragglar.formats.inspector import read_inspector
+from stragglar.formats.traces import (
+    FLIGHT_RECORDER,
+    INSPECTOR,
+    TABLE_FORMATS,
+    TIME_UNITS,
+    TRACE_FORMATS,
+    Columns,
+    Group,
+    read_trace,
+    trace_files,
+    trace_format_of,
+)
 from stragglar.model import Network
 from stragglar.model.policy import AUTO_WINDOW, SHARE, Choice
 from stragglar.model.whatif import AUTO_POLICY, CHUNKED, PRICED, GroupReplay, Setting, replay
@@ -21,6 +47,8 @@ __all__ = ["MAX_PLOT_GROUPS", "whatif"]
 
 MAX_PLOT_GROUPS = 6  # panels side by side that stay readable
 DEFAULT_BUCKET = "25MiB"  # DDP's own default bucket (bucket_cap_mb=25)
+RECORD_UNITS = {INSPECTOR: "us", FLIGHT_RECORDER: "ns"}  # the times' unit in each library's records
+TABLE_OPTIONS = ("rank_col", "step_col", "time_col", "group_col", "time_unit")  # a table's alone
 
 
 def _where(values: tuple[str, ...]) -> list[tuple[str, str]]:
@@ -29,14 +57,67 @@ def _where(values: tuple[str, ...]) -> list[tuple[str, str]]:
         column, equals, wanted = value.partition("=")
         if not equals or not column.strip():
             raise click.BadParameter(f"expected COLUMN=VALUE, got {quoted(value)}", param_hint="'--where'")
-        pairs.append((column.strip(), wanted))
+        pairs.append((column.strip(), wanted.strip()))
     return pairs
 
 
+def _share(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    """``--share``: NaN passes a range check (no comparison holds for it), so it is refused here."""
+    if math.isnan(value):
+        raise click.BadParameter("nan is no share: give one above 0 and at most 1")
+    return value
+
+
+def _read(
+    files: Sequence[Path], fmt: str, columns: Columns, where: list[tuple[str, str]], unit: str
+) -> list[Group]:
+    """The trace's groups: a table from its one file, a collective library's records from all."""
+    if fmt == INSPECTOR:
+        return read_inspector(files, where)
+    if fmt == FLIGHT_RECORDER:
+        return read_flight_recorder(files, where)
+    if len(files) != 1:
+        raise InputError(f"a {fmt} trace is one file, and {len(files):,} were given: give one")
+    return read_trace(files[0], fmt, columns, where, TIME_UNITS[unit])
+
+
+def _buckets(group: Group, given: tuple[int, ...] | None) -> tuple[int, ...]:
+    """The buckets of a group's steps: those given, else the trace's own size where it records
+    one (the same at every step), else DDP's default."""
+    if given:
+        return given
+    if group.sizes is None:
+        return (parse_size(DEFAULT_BUCKET),)
+    sizes = sorted(set(group.sizes))
+    if len(sizes) > 1:
+        title = "the trace" if group.name is None else f"group {quoted(group.name)}"
+        raise InputError(
+            f"{title} reduces {len(sizes)} sizes ({', '.join(format_bytes(s) for s in sizes[:3])}"
+            f"{', ...' if len(sizes) > 3 else ''}) where whatif replays one bucket: keep one size's "
+            "collectives with --where, or give --size"
+        )
+    return (sizes[0],)
+
+
+def _check_outputs(json_file: Path | None, plot_file: Path | None, files: Sequence[Path]) -> None:
+    """The outputs, checked before any work: none may overwrite an input, nor each other."""
+    check_output(Path("-"), *files)  # the report to standard output must not append to the trace
+    if json_file is not None:
+        check_output(json_file, *files, option="--json")
+    check_plot(plot_file, *files)
+    if json_file is not None and plot_file is not None and same_file(json_file, plot_file):
+        raise click.BadParameter(
+            f"{shown(plot_file)} is the --json file too: name two files", param_hint="'--plot'"
+        )
+
+
 @click.command()
-@click.argument("trace", type=click.Path(path_type=Path, dir_okay=False))
+@click.argument("paths", metavar="TRACE...", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option(
-    "--format", "fmt", type=click.Choice(TRACE_FORMATS), help="The trace's format (default: its suffix's)."
+    "--format",
+    "fmt",
+    type=click.Choice(TRACE_FORMATS),
+    help="The trace's format (default: told by its content, else by its suffix).",
 )
 @click.option("--rank-col", default="rank", show_default=True, help="The column of each row's rank.")
 @click.option("--step-col", default="step", show_default=True, help="The column of each row's step.")
@@ -72,6 +153,7 @@ def _where(values: tuple[str, ...]) -> list[tuple[str, str]]:
 @click.option(
     "--share",
     type=click.FloatRange(0, 1, min_open=True),
+    callback=_share,
     default=SHARE,
     show_default=True,
     help="Of a window a rank must be last in to be a persistent straggler.",
@@ -81,7 +163,7 @@ def _where(values: tuple[str, ...]) -> list[tuple[str, str]]:
 @click.option("--json", "json_file", type=OUTPUT, help="Write every figure, per step, to this JSON file.")
 @PLOT
 def whatif(
-    trace: Path,
+    paths: tuple[Path, ...],
     fmt: str | None,
     rank_col: str,
     step_col: str,
@@ -101,33 +183,41 @@ def whatif(
     plot_file: Path | None,
 ) -> None:
     """Replay a recorded arrival trace (CSV, JSON Lines or Parquet: one row per group, step and
-    rank, with the time that rank reached the gradient collective) through the DDP hook's policy
-    and the alpha-beta model: is there a persistent straggler, how late is it, and what would
-    StragglAR, chunked StragglAR and the auto policy have saved over Ring at each step?
+    rank, with the time that rank reached the gradient collective; or NCCL Inspector's verbose
+    JSON, or PyTorch Flight Recorder's dumps: their files, or a folder of them) through the DDP
+    hook's policy and the alpha-beta model: is there a persistent straggler, how late is it, and
+    what would StragglAR, chunked StragglAR and the auto policy have saved over Ring at each step?
 
     A model, not a measurement: each bucket is priced as if it alone met the step's arrivals.
     """
     if size is not None and buckets:
         raise click.UsageError("--size and --bucket both give the buckets: use one")
-    sizes = buckets or (size if size is not None else parse_size(DEFAULT_BUCKET),)
-    if any(s <= 0 for s in sizes):
+    given = buckets or ((size,) if size is not None else None)
+    if given and any(s <= 0 for s in given):
         raise click.BadParameter("a bucket must be more than 0 bytes", param_hint="'--size'")
     where = _where(where_values)
-    check_output(Path("-"), trace)  # the report to standard output must not append to the trace
-    if json_file is not None:
-        check_output(json_file, trace, option="--json")
-    check_plot(plot_file, trace)
-    fmt = trace_format_of(trace, fmt)
+    files = trace_files(paths)
+    _check_outputs(json_file, plot_file, files)
+    fmt = trace_format_of(files[0], fmt)
+    if fmt not in TABLE_FORMATS:
+        refuse_given(TABLE_OPTIONS, f"the {fmt} records name their own fields and unit")
+        time_unit = RECORD_UNITS[fmt]
+    trace = str(paths[0]) if len(paths) == 1 else f"{paths[0]} and {len(paths) - 1:,} more"
     columns = Columns(rank_col, step_col, time_col, group_col)
     with busy(f"reading {trace}"):
-        groups = read_trace(trace, fmt, columns, where, TIME_UNITS[time_unit])
+        groups = _read(files, fmt, columns, where, time_unit)
+    per_group = [_buckets(g, given) for g in groups]
+    sizes = tuple(dict.fromkeys(bucket for chosen in per_group for bucket in chosen))
     if plot_file is not None and len(groups) > MAX_PLOT_GROUPS:
         raise InputError(
             f"--plot draws at most {MAX_PLOT_GROUPS} groups and the trace has {len(groups)}: "
             "pick some with --where"
         )
     setting = Setting(Network(alpha, bandwidth), tuple(sizes), window, share, chunks)
-    replays = [replay(g.times, g.steps, setting) for g in progress(groups, "replaying the groups")]
+    replays = [
+        replay(g.times, g.steps, dataclasses.replace(setting, buckets=chosen))
+        for g, chosen in progress(list(zip(groups, per_group, strict=True)), "replaying the groups")
+    ]
     err = json_file is not None and to_stdout(json_file)  # stdout carries the JSON document
     echo(
         f"trace {trace}: {count_of(len(groups), 'group')}, {sum(len(g.steps) for g in groups):,} steps, "
@@ -229,10 +319,10 @@ def _algorithm_name(algorithm: str, result: GroupReplay) -> str:
 
 
 def _document(
-    trace: Path, fmt: str, unit: str, setting: Setting, groups: list[Group], replays: list[GroupReplay]
+    trace: str, fmt: str, unit: str, setting: Setting, groups: list[Group], replays: list[GroupReplay]
 ) -> dict[str, Any]:
     return {
-        "trace": str(trace),
+        "trace": trace,
         "format": fmt,
         "time_unit": unit,
         "network": {"alpha": setting.network.alpha, "bandwidth": setting.network.bandwidth},

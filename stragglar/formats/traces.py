@@ -21,6 +21,11 @@ that dies leaves every step it wrote whole.
 Reading streams the file and keeps only the rows that pass the filters, at most
 :data:`MAX_ROWS` of them and lines of at most :data:`MAX_LINE` bytes, so a huge file is refused
 in bounded memory, not loaded.
+
+The collective libraries' own records (NCCL Inspector's JSON, PyTorch Flight Recorder's dumps)
+are no long table: :mod:`stragglar.formats.inspector` and :mod:`stragglar.formats.flight_recorder`
+read them into the same :class:`Group`.  :func:`trace_format_of` tells the five apart by their
+content, so a file need not be named for its format.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -41,19 +47,33 @@ from stragglar.errors import InputError, ResourceError, quoted, ran_out, shown
 from stragglar.files import open_appending, open_regular
 
 __all__ = [
+    "FLIGHT_RECORDER",
+    "INSPECTOR",
+    "MAX_FILES",
     "MAX_LINE",
     "MAX_ROWS",
+    "TABLE_FORMATS",
     "TIME_UNITS",
     "TRACE_FORMATS",
     "Columns",
     "Group",
     "TraceWriter",
+    "exact_time",
+    "json_object",
+    "numbered_lines",
+    "rank_order",
     "read_trace",
+    "shown_value",
+    "trace_files",
     "trace_format_of",
     "trace_lines",
+    "where_text",
 ]
 
-TRACE_FORMATS = ("csv", "jsonl", "parquet")
+TABLE_FORMATS = ("csv", "jsonl", "parquet")
+INSPECTOR = "nccl-inspector"
+FLIGHT_RECORDER = "flight-recorder"
+TRACE_FORMATS = (*TABLE_FORMATS, INSPECTOR, FLIGHT_RECORDER)
 TRACE_SUFFIXES = {
     ".csv": "csv",
     ".jsonl": "jsonl",
@@ -68,6 +88,10 @@ _NUMBER = re.compile(r"[+-]?(?:\d{1,40}(?:\.\d{0,40})?|\.\d{1,40})(?:[eE][+-]?\d
 MAX_TIME = 10**30  # a time's magnitude in its unit (ns since 1970 are 10**18): differences stay floats
 _WHOLE = re.compile(r"[+-]?\d{1,18}")
 _BATCH = 65_536  # Parquet rows decoded at a time
+MAX_FILES = 65_536  # files of one trace: a rank's file each
+_BOM = "\ufeff"  # what some editors and spreadsheets put before a UTF-8 file's first line
+_SNIFF = 4096  # bytes of a file's start that tell its format
+_PICKLE_PROTOCOLS = (b"\x02", b"\x03", b"\x04", b"\x05")
 
 
 @dataclass(frozen=True)
@@ -84,25 +108,73 @@ class Columns:
 class Group:
     """One group's steps (``name`` None: the trace has no group column): ``ranks`` are the
     trace's labels of ranks ``0..N-1``; ``times[i][r]`` is when rank ``r`` reached the collective
-    at step ``steps[i]``, in seconds (exact), steps in ascending order."""
+    at step ``steps[i]``, in seconds (exact), steps in ascending order; ``sizes[i]`` the bytes of
+    step ``i``'s collective where the trace records them (a collective library's records do, a
+    table does not: None)."""
 
     name: str | None
     ranks: tuple[str, ...]
     steps: tuple[int, ...]
     times: tuple[tuple[Fraction, ...], ...]
+    sizes: tuple[int, ...] | None = None
+
+
+def trace_files(paths: Sequence[Path], max_files: int = MAX_FILES) -> list[Path]:
+    """The files ``paths`` name: a folder stands for the files in it, in name order (not its
+    folders, nor its hidden files), as a collective library writes one file per process into
+    one folder.  A folder with no file is an error; so are more than ``max_files`` files."""
+    files: list[Path] = []
+    for path in paths:
+        if not path.is_dir():
+            files.append(path)
+            continue
+        try:
+            found = sorted(p for p in path.iterdir() if not p.name.startswith(".") and not p.is_dir())
+        except OSError as e:
+            raise InputError(f"cannot list {shown(path)}: {e.strerror or e}") from None
+        if not found:
+            raise InputError(f"{shown(path)} is a folder with no file in it")
+        files += found
+        if len(files) > max_files:
+            break
+    if len(files) > max_files:
+        raise InputError(f"more than {max_files:,} trace files: give fewer")
+    return files
 
 
 def trace_format_of(path: Path, given: str | None) -> str:
-    """The trace's format: ``given``, else told by the file's suffix."""
+    """The trace's format: ``given``, else told by the file's content (a Parquet file's magic, a
+    pickle's protocol, an NCCL Inspector record's ``header`` and ``coll_perf``, any other JSON
+    object: JSON Lines), else by its suffix (``.csv``)."""
     if given is not None:
         return given
-    found = TRACE_SUFFIXES.get(path.suffix.lower())
+    found = _format_of_content(path) or TRACE_SUFFIXES.get(path.suffix.lower())
     if found is None:
         raise InputError(
-            f"cannot tell the format of {shown(path)} from its name: name it .csv, .jsonl or .parquet, "
-            "or give --format"
+            f"cannot tell the format of {shown(path)} from its content or its name: name it .csv, .jsonl "
+            "or .parquet, or give --format"
         )
     return found
+
+
+def _format_of_content(path: Path) -> str | None:
+    """The format the start of the file shows, or None: not a file, or nothing it tells."""
+    try:
+        with open_regular(path, "traces") as file:
+            start = file.read(_SNIFF)
+    except (InputError, OSError):
+        return None  # told by the name; reading the file says what is wrong with it
+    if start.startswith(b"PAR1"):
+        return "parquet"
+    if start[:1] == b"\x80" and start[1:2] in _PICKLE_PROTOCOLS:
+        return FLIGHT_RECORDER  # a pickle's first opcode: PROTO, then its version
+    text = start.decode("utf-8", errors="replace").removeprefix(_BOM).lstrip()
+    if not text.startswith("{"):
+        return None
+    first = text.split("\n", 1)[0]
+    if '"header"' in first and ('"coll_perf"' in first or '"p2p_perf"' in first):
+        return INSPECTOR
+    return "jsonl"
 
 
 def read_trace(
@@ -128,7 +200,7 @@ def read_trace(
     kept = 0
     with open_regular(path, "traces") as file:
         for place, row in rows(file, name, needed):
-            if any(_text(row[column]) != value for column, value in where):
+            if any(where_text(row[column]) != value.strip() for column, value in where):
                 continue
             kept += 1
             if kept > max_rows:
@@ -139,7 +211,7 @@ def read_trace(
             group = None if columns.group is None else _label(row[columns.group], columns.group, place)
             step = _step(row[columns.step], columns.step, place)
             rank = _label(row[columns.rank], columns.rank, place)
-            time = _time(row[columns.time], columns.time, place) * unit
+            time = _seconds(row[columns.time], columns.time, place, unit)
             ranks = found.setdefault(group, {}).setdefault(step, {})
             if rank in ranks:
                 where_group = "" if group is None else f" of group {quoted(group)}"
@@ -153,7 +225,7 @@ def read_trace(
 
 def _group(name: str, group: str | None, steps: Mapping[int, Mapping[str, Fraction]]) -> Group:
     """A group's table, checked complete: every step has every rank of the group."""
-    labels = sorted({rank for ranks in steps.values() for rank in ranks}, key=_rank_order)
+    labels = sorted({rank for ranks in steps.values() for rank in ranks}, key=rank_order)
     where = "" if group is None else f" in group {quoted(group)}"
     if len(labels) < 2:
         raise InputError(f"{name}: only one rank{where}: a collective needs two at least")
@@ -167,23 +239,43 @@ def _group(name: str, group: str | None, steps: Mapping[int, Mapping[str, Fracti
     return Group(group, tuple(labels), tuple(sorted(steps)), tuple(times))
 
 
-def _rank_order(label: str) -> tuple[int, int, str]:
+def rank_order(label: str) -> tuple[int, int, str]:
     """Ranks in numeric order where their labels are whole numbers, before any other label."""
     return (0, int(label), "") if _WHOLE.fullmatch(label) else (1, 0, label)
 
 
-def _text(value: Any) -> str:
-    """A value as a ``--where`` compares it: a string as it is, anything else as JSON writes it."""
-    return value if isinstance(value, str) else json.dumps(value)
+def where_text(value: Any) -> str:
+    """A value as a ``--where`` compares it: a string stripped as a cell is, anything else as JSON
+    writes it (a decimal or a timestamp as it prints)."""
+    return value.strip() if isinstance(value, str) else json.dumps(value, default=str)
+
+
+@dataclass(frozen=True)
+class _Seconds:
+    """A time that carries its unit (a Parquet timestamp or duration), in seconds since its epoch."""
+
+    seconds: Fraction
+
+    def __str__(self) -> str:
+        return str(self.seconds)
+
+
+def _seconds(value: Any, column: str, place: str, unit: Fraction) -> Fraction:
+    """A time in seconds: a number times ``unit``, or a timestamp or duration in its own unit."""
+    if not isinstance(value, _Seconds):
+        return exact_time(value, column, place) * unit
+    if unit != 1:
+        raise InputError(f"{place}: {column} is a timestamp or duration, in its own unit: drop --time-unit")
+    return value.seconds
 
 
 def _label(value: Any, column: str, place: str) -> str:
     """A group's or a rank's label: a string or a whole number."""
     if isinstance(value, float) and value.is_integer():
         value = int(value)
-    label = value.strip() if isinstance(value, str) else json.dumps(value)
+    label = where_text(value)
     if isinstance(value, (bool, dict, list)) or value is None or not label:
-        raise InputError(f"{place}: {column} is {_shown(value)}: name a rank or group")
+        raise InputError(f"{place}: {column} is {shown_value(value)}: name a rank or group")
     return label
 
 
@@ -195,32 +287,42 @@ def _step(value: Any, column: str, place: str) -> int:
         return value
     if isinstance(value, str) and _WHOLE.fullmatch(value.strip()):
         return int(value)
-    raise InputError(f"{place}: {column} is {_shown(value)}, not a whole number of steps")
+    raise InputError(f"{place}: {column} is {shown_value(value)}, not a whole number of steps")
 
 
-def _time(value: Any, column: str, place: str) -> Fraction:
-    """A time as an exact fraction of its unit: a finite number, or a decimal string, of
-    magnitude below :data:`MAX_TIME`."""
+def exact_time(value: Any, column: str, place: str) -> Fraction:
+    """A time as an exact fraction of its unit: a finite number (a Parquet decimal too), or a
+    decimal string, of magnitude below :data:`MAX_TIME`."""
     time = None
     if isinstance(value, bool):
         pass
-    elif isinstance(value, int) or (isinstance(value, float) and math.isfinite(value)):
+    elif (
+        isinstance(value, int)
+        or (isinstance(value, float) and math.isfinite(value))
+        or (isinstance(value, Decimal) and value.is_finite())
+    ):
         time = Fraction(value)
     elif isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
         time = Fraction(value.strip())
     if time is None:
-        raise InputError(f"{place}: {column} is {_shown(value)}, not a number")
+        raise InputError(f"{place}: {column} is {shown_value(value)}, not a number")
     if abs(time) >= MAX_TIME:
-        raise InputError(f"{place}: {column} is {_shown(value)}: at most {MAX_TIME:.0e} of its unit")
+        raise InputError(f"{place}: {column} is {shown_value(value)}: at most {MAX_TIME:.0e} of its unit")
     return time
 
 
-def _shown(value: Any) -> str:
-    return quoted(value) if isinstance(value, str) else shown(_text(value) if value is not None else "empty")
+def shown_value(value: Any) -> str:
+    """A value of a trace as a message shows it: a string quoted, anything else as JSON writes it."""
+    return (
+        quoted(value)
+        if isinstance(value, str)
+        else shown(where_text(value) if value is not None else "empty")
+    )
 
 
-def _lines(file: BinaryIO, name: str) -> Iterator[tuple[int, str]]:
-    """The file's lines, numbered from 1, each at most :data:`MAX_LINE` bytes of UTF-8."""
+def numbered_lines(file: BinaryIO, name: str) -> Iterator[tuple[int, str]]:
+    """The file's lines, numbered from 1, each at most :data:`MAX_LINE` bytes of UTF-8; a byte
+    order mark before the first is no part of it (a spreadsheet's CSV export starts with one)."""
     number = 0
     while True:
         try:
@@ -233,13 +335,14 @@ def _lines(file: BinaryIO, name: str) -> Iterator[tuple[int, str]]:
         if len(line) > MAX_LINE and not line.endswith(b"\n"):
             raise InputError(f"{name} line {number} is longer than {MAX_LINE:,} bytes")
         try:
-            yield number, line.decode("utf-8")
+            text = line.decode("utf-8")
         except UnicodeDecodeError as e:
             raise InputError(f"{name} line {number}: not UTF-8 text: byte {e.start}") from None
+        yield number, text.removeprefix(_BOM) if number == 1 else text
 
 
 def _csv_rows(file: BinaryIO, name: str, needed: Sequence[str]) -> Iterator[tuple[str, dict[str, Any]]]:
-    lines = _lines(file, name)
+    lines = numbered_lines(file, name)
     numbers: list[int] = []
 
     def text() -> Iterator[str]:
@@ -279,24 +382,41 @@ def _missing(header: Sequence[str], needed: Sequence[str], name: str) -> dict[st
 
 
 def _jsonl_rows(file: BinaryIO, name: str, needed: Sequence[str]) -> Iterator[tuple[str, dict[str, Any]]]:
-    for number, line in _lines(file, name):
+    for number, line in numbered_lines(file, name):
         if not line.strip():
             continue
         place = f"{name} line {number}"
-        try:
-            row = json.loads(line, parse_constant=_no_constant)
-        except (ValueError, RecursionError) as e:
-            raise InputError(f"{place}: not JSON: {shown(e, 120)}") from None
-        if not isinstance(row, dict):
-            raise InputError(f"{place}: not a JSON object")
+        row = json_object(line, place)
         for column in needed:
             if column not in row:
                 raise InputError(f"{place} has no {quoted(column)}")
         yield place, row
 
 
+def json_object(line: str, place: str) -> dict[str, Any]:
+    """The JSON object on one line; anything else an :class:`InputError` naming ``place``: not
+    JSON, NaN or an infinity (no number), a key given twice (which value is meant is the writer's
+    secret; ``json`` would silently keep the last), or no object."""
+    try:
+        row = json.loads(line, parse_constant=_no_constant, object_pairs_hook=_unique_keys)
+    except (ValueError, RecursionError) as e:
+        raise InputError(f"{place}: not JSON: {shown(e, 120)}") from None
+    if not isinstance(row, dict):
+        raise InputError(f"{place}: not a JSON object")
+    return row
+
+
 def _no_constant(word: str) -> Any:
     raise ValueError(f"{word} is no number")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's members, refused where a key is there twice."""
+    row = dict(pairs)
+    if len(row) != len(pairs):
+        twice = next(key for i, (key, _) in enumerate(pairs) if any(k == key for k, _ in pairs[:i]))
+        raise ValueError(f"the key {quoted(twice)} is there twice")
+    return row
 
 
 def _parquet_rows(file: BinaryIO, name: str, needed: Sequence[str]) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -315,11 +435,29 @@ def _parquet_rows(file: BinaryIO, name: str, needed: Sequence[str]) -> Iterator[
         _missing(header, needed, name)
         number = 0
         for batch in table.iter_batches(batch_size=_BATCH, columns=list(needed)):
-            for row in batch.to_pylist():
+            values = {
+                column: _parquet_values(array)
+                for column, array in zip(batch.schema.names, batch.columns, strict=True)
+            }
+            for index in range(batch.num_rows):
                 number += 1
-                yield f"{name} row {number}", row
+                yield f"{name} row {number}", {column: values[column][index] for column in values}
     except (pyarrow.ArrowException, OSError) as e:
         raise InputError(f"{name}: not a Parquet file pyarrow can read: {shown(e, 120)}") from None
+
+
+def _parquet_values(array: Any) -> list[Any]:
+    """A Parquet column's values as Python's: a timestamp or a duration exact, in seconds
+    (profilers write timestamps: their integer in the column's unit, not a ``datetime`` cut to
+    microseconds), anything else as pyarrow gives it (a decimal as a ``Decimal``)."""
+    import pyarrow
+
+    kind = array.type
+    if not (pyarrow.types.is_timestamp(kind) or pyarrow.types.is_duration(kind)):
+        return list(array.to_pylist())
+    per_second = 1 / TIME_UNITS[kind.unit]
+    counts = array.cast(pyarrow.int64()).to_pylist()
+    return [None if count is None else _Seconds(Fraction(count) / per_second) for count in counts]
 
 
 def trace_lines(step: int, times: Sequence[float]) -> bytes:

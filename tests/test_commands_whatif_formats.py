@@ -1,0 +1,121 @@
+"""``stragglar whatif`` on NCCL Inspector and Flight Recorder output: the same arrivals replay to
+the same figures as the equivalent CSV table; the format is told by the content; options that
+do not apply and inputs that cannot be used are one line and exit 2."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+from typing import Any
+
+from click.testing import CliRunner, Result
+from trace_writers import late_rank_arrivals, write_csv, write_flight_recorder, write_inspector
+
+from stragglar.cli import cli
+
+ARRIVALS = late_rank_arrivals(ranks=4, steps=12, late=2, by_us=20_000)
+MODEL = ("--alpha", "10us", "--bandwidth", "25GB/s", "--window", "4")
+
+
+def run(*args: str | Path) -> Result:
+    return CliRunner().invoke(cli, ["whatif", *map(str, args)])
+
+
+def one_error(result: Result) -> str:
+    assert result.exit_code == 2, (result.output, result.exception)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
+    return lines[0]
+
+
+def figures(result: Result) -> dict[str, Any]:
+    assert result.exit_code == 0, (result.output, result.exception)
+    document: dict[str, Any] = json.loads(result.stdout)
+    return document
+
+
+def csv_figures(tmp_path: Path, group: str, size: int) -> dict[str, Any]:
+    table = write_csv(tmp_path / "same.csv", {group: ARRIVALS})
+    options = ("--group-col", "group", "--time-col", "time_us", "--time-unit", "us", "--size", str(size))
+    return figures(run(table, *options, *MODEL, "--json", "-"))
+
+
+def test_inspector_files_replay_as_the_same_arrivals_in_a_table(tmp_path: Path) -> None:
+    write_inspector(tmp_path / "inspector", "0x7f3a", ARRIVALS, size=4 << 20)
+    ours = figures(run(tmp_path / "inspector", "--where", "coll=AllReduce", *MODEL, "--json", "-"))
+    table = csv_figures(tmp_path, "0x7f3a", 4 << 20)
+    assert ours["format"] == "nccl-inspector" and ours["time_unit"] == "us"
+    assert ours["groups"] == table["groups"] and ours["buckets"] == table["buckets"] == [4 << 20]
+    (group,) = ours["groups"]
+    assert group["per_step"][-1]["lateness"][2] > 0.0199  # the GPU's lateness, not the host's (none)
+    text = run(tmp_path / "inspector", "--where", "coll=AllReduce", *MODEL)
+    assert text.exit_code == 0 and "group '0x7f3a': 4 ranks, 12 steps" in text.output
+
+
+def test_flight_recorder_dumps_replay_as_the_same_arrivals_in_a_table(tmp_path: Path) -> None:
+    paths = write_flight_recorder(tmp_path / "fr", "0", ARRIVALS, shape=[512, 512])
+    ours = figures(run(*paths, *MODEL, "--json", "-"))  # the files themselves, not their folder
+    table = csv_figures(tmp_path, "0", 512 * 512 * 4)
+    assert ours["format"] == "flight-recorder" and ours["time_unit"] == "ns"
+    assert ours["groups"] == table["groups"] and ours["buckets"] == table["buckets"]
+    assert ours["trace"] == f"{paths[0]} and 3 more"
+
+
+def test_size_comes_from_the_records_unless_given(tmp_path: Path) -> None:
+    write_inspector(tmp_path / "i", "0x7f3a", ARRIVALS, size=4 << 20)
+    given = figures(run(tmp_path / "i", "--where", "coll=AllReduce", "--size", "1MiB", *MODEL, "--json", "-"))
+    assert given["buckets"] == [1 << 20]
+    odd = write_inspector(
+        tmp_path / "o", "0xaa", {s: t for s, t in ARRIVALS.items() if s % 2}, 1 << 20, others=False
+    )
+    even = write_inspector(
+        tmp_path / "e", "0xaa", {s: t for s, t in ARRIVALS.items() if s % 2 == 0}, 2 << 20, others=False
+    )
+    folder = tmp_path / "two"  # each rank's file: two buckets' collectives, the odd and the even
+    folder.mkdir()
+    for one, other in zip(odd, even, strict=True):
+        (folder / one.name).write_text(one.read_text() + other.read_text())
+    assert "group '0xaa' reduces 2 sizes (1 MiB, 2 MiB)" in one_error(
+        run(folder, "--where", "coll=AllReduce")
+    )
+    assert figures(run(folder, "--where", "coll=AllReduce", "--size", "3MiB", "--json", "-"))["buckets"] == [
+        3 << 20
+    ]
+
+
+def test_table_options_do_not_apply_to_a_library_s_records(tmp_path: Path) -> None:
+    write_inspector(tmp_path, "0x7f3a", ARRIVALS, size=4 << 20)
+    for option, value in (
+        ("--time-col", "t"),
+        ("--time-unit", "ms"),
+        ("--rank-col", "r"),
+        ("--group-col", "g"),
+    ):
+        assert f"{option} does not apply" in one_error(
+            run(tmp_path, "--where", "coll=AllReduce", option, value)
+        )
+
+
+def test_bad_record_inputs_are_one_line_and_exit_2(tmp_path: Path) -> None:
+    plain = write_inspector(tmp_path / "plain", "0x7f3a", ARRIVALS, size=64, verbose=False)
+    assert "NCCL_INSPECTOR_DUMP_VERBOSE=1" in one_error(run(tmp_path / "plain", "--where", "coll=AllReduce"))
+    assert "holds Broadcast and AllReduce" in one_error(
+        run(*write_inspector(tmp_path / "v", "0x1", ARRIVALS, 64))
+    )
+    named = tmp_path / "named" / "trace_0"
+    named.parent.mkdir()
+    named.write_bytes(plain[0].read_bytes())
+    assert "not a Flight Recorder dump stragglar reads" in one_error(
+        run(named, "--format", "flight-recorder")
+    )
+    hostile = tmp_path / "dumps" / "trace_0"
+    hostile.parent.mkdir()
+    hostile.write_bytes(pickle.dumps(Path("x"), protocol=2))  # names pathlib's class
+    assert "which is no plain data" in one_error(run(hostile))
+    (tmp_path / "empty").mkdir()
+    assert "is a folder with no file in it" in one_error(run(tmp_path / "empty"))
+    table = write_csv(tmp_path / "t.csv", {"a": ARRIVALS})
+    assert "a csv trace is one file, and 2 were given" in one_error(
+        run(table, table, "--time-col", "time_us")
+    )

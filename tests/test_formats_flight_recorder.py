@@ -1,0 +1,194 @@
+"""Reading PyTorch Flight Recorder dumps: a process group per group, a step per collective
+sequence id, a rank's arrival its GPU start; pickles read as plain data only, and every malformed
+or inconsistent set of dumps refused in one line."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import struct
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+from trace_writers import (
+    flight_recorder_dump,
+    flight_recorder_entry,
+    late_rank_arrivals,
+    write_flight_recorder,
+)
+
+from stragglar.errors import InputError
+from stragglar.formats.flight_recorder import read_flight_recorder
+from stragglar.formats.traces import FLIGHT_RECORDER, trace_files, trace_format_of
+
+ARRIVALS = late_rank_arrivals(ranks=4, steps=8, late=1, by_us=30_000)
+STARTED = 1_750_000_000_000_000_000
+
+
+def refused(paths: list[Path], where: list[tuple[str, str]] | None = None) -> str:
+    with pytest.raises(InputError) as info:
+        read_flight_recorder(paths, where or [])
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+def test_a_rank_arrives_when_its_gpu_started_the_collective(tmp_path: Path) -> None:
+    paths = write_flight_recorder(tmp_path, "0", ARRIVALS, shape=[1024, 256])
+    assert trace_format_of(paths[0], None) == FLIGHT_RECORDER
+    (group,) = read_flight_recorder(trace_files([tmp_path]))
+    assert (group.name, group.ranks, group.steps) == ("0", ("0", "1", "2", "3"), tuple(ARRIVALS))
+    assert group.times == tuple(tuple(Fraction(t, 10**6) for t in times) for times in ARRIVALS.values())
+    assert group.sizes == (1024 * 256 * 4,) * len(ARRIVALS)  # float32 inputs
+    (picked,) = read_flight_recorder(paths, [("profiling_name", "nccl:all_reduce"), ("state", "completed")])
+    assert picked.steps == group.steps
+    assert "after the --where filters" in refused(paths, [("profiling_name", "nccl:broadcast")])
+
+
+def dump_file(path: Path, entries: list[dict[str, object]], members: tuple[int, ...] = (0, 1)) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(pickle.dumps(flight_recorder_dump("0", members, entries), protocol=2))
+    return path
+
+
+def test_the_lists_torchscript_writes_are_built_as_plain_lists(tmp_path: Path) -> None:
+    """TorchScript's pickler writes an int list as a call of torch.jit._pickle.build_intlist."""
+    paths = []
+    for rank in (0, 1):
+        entry = {**flight_recorder_entry("0", 1, STARTED + rank, [1]), "input_sizes": ["SHAPE"]}
+        data = pickle.dumps(flight_recorder_dump("0", (0, 1), [entry]), protocol=2)
+        plain = b"X" + struct.pack("<I", 5) + b"SHAPE"
+        built = b"ctorch.jit._pickle\nbuild_intlist\n](K\x08K\x10e\x85R"
+        assert data.count(plain) == 1  # the output's shape is the input's, memoized
+        path = tmp_path / f"trace_{rank}"
+        path.write_bytes(data.replace(plain, built))
+        paths.append(path)
+    (group,) = read_flight_recorder(paths)
+    assert group.sizes == (8 * 16 * 4,)
+
+
+def test_a_pickle_that_names_any_other_class_is_refused_unbuilt(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    hostile = tmp_path / "trace_0"
+    hostile.write_bytes(
+        b"\x80\x02cos\nsystem\nq\x00X" + struct.pack("<I", 12) + f"touch {marker}".encode()[:12] + b"\x85R."
+    )
+    assert "names os.system, which is no plain data" in refused([hostile])
+    assert not marker.exists()
+    builtin = dump_file(tmp_path / "trace_1", [])
+    builtin.write_bytes(b"\x80\x02c__builtin__\nset\n)R.")
+    assert "names __builtin__.set" in refused([builtin])
+    fake = tmp_path / "trace_2"
+    fake.write_bytes(b"\x80\x02ctorch.jit._pickle\nbuild_intlist\nX\x01\x00\x00\x00a\x85R.")
+    assert "a list of int that is not one" in refused([fake])
+
+
+@pytest.mark.parametrize(
+    ("data", "words"),
+    [
+        (b"", "the pickle ends early"),
+        (pickle.dumps({"entries": []}, protocol=2)[:-6], "pickle data was truncated"),
+        (pickle.dumps([1, 2], protocol=2), "no list of 'entries'"),
+        (pickle.dumps({"entries": [], "version": "2.9"}, protocol=2), "no 'pg_config' of the process groups"),
+        (b"\x80\x02\xff", "not a Flight Recorder dump stragglar reads"),
+    ],
+)
+def test_what_is_no_dump_is_one_line(tmp_path: Path, data: bytes, words: str) -> None:
+    path = tmp_path / "trace_0"
+    path.write_bytes(data)
+    assert words in refused([path])
+
+
+def entry(seq: int = 1, started: int | None = STARTED, **changes: object) -> dict[str, object]:
+    return {**flight_recorder_entry("0", seq, started, [4]), **changes}
+
+
+@pytest.mark.parametrize(
+    ("entries", "words"),
+    [
+        ([entry(started=None)], "entry 0: no GPU start time (time_discovered_started_ns)"),
+        ([entry(collective_seq_id="1")], "entry 0: collective_seq_id is '1', not a whole number"),
+        ([entry(process_group=None)], "process_group is empty: name the process group"),
+        ([entry(process_group=("9", "tp"))], "pg_config gives no list of ranks for process group '9'"),
+        ([entry(input_sizes=[[4, -1]])], "input_sizes holds [4, -1], not a shape"),
+        ([entry(input_dtypes=[])], "input_sizes and input_dtypes are no lists of one item per input"),
+        ([entry(), entry()], "entry 1: rank '0' at step 1 of process group '0' is there twice"),
+        (["all_reduce"], "entry 0: not a record"),
+    ],
+)
+def test_malformed_entries_are_one_line_naming_the_entry(
+    tmp_path: Path, entries: list[object], words: str
+) -> None:
+    assert words in refused([dump_file(tmp_path / "trace_0", entries)])  # type: ignore[arg-type]
+
+
+def test_dumps_that_disagree_are_refused(tmp_path: Path) -> None:
+    paths = write_flight_recorder(tmp_path / "run", "0", ARRIVALS, shape=[8])
+    assert "no file holds rank '2'" in refused([paths[0], paths[1], paths[3]])
+    copy = tmp_path / "again_3"
+    shutil.copy(paths[3], copy)
+    assert "are both the dump of rank 3" in refused([*paths, copy])
+    unnamed = tmp_path / "trace"
+    shutil.copy(paths[0], unnamed)
+    assert "this name ends in no number" in refused([unnamed])
+    three = dump_file(tmp_path / "other" / "trace_2", [entry(seq=s) for s in ARRIVALS], members=(0, 1, 2))
+    assert "process group '0' has 3 ranks here and 4" in refused([paths[0], paths[1], three, paths[3]])
+    stranger = dump_file(tmp_path / "trace_7", [entry(seq=s) for s in ARRIVALS], members=(0, 1, 2, 3))
+    assert "rank '7' is no rank of process group '0'" in refused([*paths, stranger])
+
+
+def test_a_huge_dump_is_refused_before_it_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import stragglar.formats.flight_recorder as flight_recorder
+
+    path = dump_file(tmp_path / "trace_0", [entry()])
+    monkeypatch.setattr(flight_recorder, "MAX_DUMP", os.path.getsize(path) - 1)
+    assert "stragglar reads files up to" in refused([path])
+
+
+def test_a_collective_not_started_is_passed_over_only_at_the_end(tmp_path: Path) -> None:
+    scheduled = {"started": None, "state": "scheduled"}
+    middle = dump_file(tmp_path / "a" / "trace_0", [entry(seq=1, **scheduled), entry(seq=2)])  # type: ignore[arg-type]
+    assert "entry 0: no GPU start time (time_discovered_started_ns)" in refused([middle])
+    never = dump_file(tmp_path / "b" / "trace_0", [entry(seq=1, **scheduled)])  # type: ignore[arg-type]
+    assert "entry 0: no GPU start time" in refused([never])
+
+
+# Two gloo ranks that all-reduce with Flight Recorder on, each dumping its buffer to trace_<rank>.
+RANK = """
+import os, sys
+os.environ["TORCH_FR_BUFFER_SIZE"] = "100"
+import torch, torch.distributed as dist
+rank, folder = int(sys.argv[1]), sys.argv[2]
+dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=rank, world_size=2)
+tensor = torch.full((250,), float(rank))
+for _ in range(3):
+    dist.all_reduce(tensor)
+dist.barrier()
+with open(f"{folder}/dumps/trace_{rank}", "wb") as out:
+    out.write(torch._C._distributed_c10d._dump_fr_trace())
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_a_dump_torch_writes_is_read_as_plain_data(tmp_path: Path) -> None:
+    """A real dump unpickles with no class refused; gloo records no GPU start, and says so."""
+    pytest.importorskip("torch")
+    import subprocess
+    import sys
+
+    (tmp_path / "dumps").mkdir()
+    ranks = [
+        subprocess.Popen([sys.executable, "-c", RANK, str(rank), str(tmp_path)], stderr=subprocess.PIPE)
+        for rank in (0, 1)
+    ]
+    for process in ranks:
+        _, err = process.communicate(timeout=120)
+        assert process.returncode == 0, err.decode()
+    paths = trace_files([tmp_path / "dumps"])
+    assert [trace_format_of(path, None) for path in paths] == [FLIGHT_RECORDER] * 2
+    assert "no GPU start time (time_discovered_started_ns)" in refused(
+        paths, [("profiling_name", "gloo:all_reduce")]
+    )
