@@ -119,6 +119,8 @@ def test_a_malformed_csv_is_one_line_naming_the_place(tmp_path: Path, text: str,
         ('{"step": 1, "rank": 0, "time": 1' + "0" * 400 + "}\n", "at most 1e+30 of its unit"),
         ('{"step": 1, "rank": 0, "time": 1}\n{"step": 1, "rank": 1, "time": [1]}\n', "line 2: time is [1]"),
         ('{"step": 1, "rank": 0, "ti', "line 1: not JSON"),
+        ('{"step": 1, "rank": 0, "time": ' + "7" * 5000 + "}\n", "a number has 5000 digits; at most 4300"),
+        ("[" * 100_000 + "\n", "line 1: not JSON: nested too deeply"),
     ],
 )
 def test_malformed_json_lines_are_one_line_naming_the_place(tmp_path: Path, text: str, words: str) -> None:

@@ -207,7 +207,7 @@ def _members(groups: Mapping[str, Any], group: str, place: str) -> tuple[str, ..
     if isinstance(ranks, str):
         try:
             ranks = json.loads(ranks)
-        except ValueError:
+        except (ValueError, RecursionError):
             ranks = None
     if not isinstance(ranks, list) or not all(type(r) is int and r >= 0 for r in ranks) or not ranks:
         raise InputError(f"{place}: pg_config gives no list of ranks for process group {quoted(group)}")

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from stragglar.errors import InputError, ResourceError, quoted, ran_out, shown
-from stragglar.files import open_appending, open_regular
+from stragglar.files import json_complaint, open_appending, open_regular
 
 __all__ = [
     "FLIGHT_RECORDER",
@@ -399,8 +399,10 @@ def json_object(line: str, place: str) -> dict[str, Any]:
     secret; ``json`` would silently keep the last), or no object."""
     try:
         row = json.loads(line, parse_constant=_no_constant, object_pairs_hook=_unique_keys)
-    except (ValueError, RecursionError) as e:
-        raise InputError(f"{place}: not JSON: {shown(e, 120)}") from None
+    except ValueError as e:
+        raise InputError(f"{place}: not JSON: {shown(json_complaint(e), 120)}") from None
+    except RecursionError:
+        raise InputError(f"{place}: not JSON: nested too deeply") from None
     if not isinstance(row, dict):
         raise InputError(f"{place}: not a JSON object")
     return row
