@@ -11,9 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
+from cli_results import one_error, run
 
-from stragglar.cli import cli
 from stragglar.errors import InputError
 from stragglar.formats import schedule_json as json_format
 from stragglar.measure.run import run_benchmark
@@ -27,19 +26,6 @@ MIB = 2**20
 TORCH = pytest.param(
     "torch", marks=pytest.mark.skipif(not importlib.util.find_spec("torch"), reason="no torch")
 )
-
-
-def run(*args: str) -> Result:
-    return CliRunner().invoke(cli, list(args))
-
-
-def one_error_line(result: Result) -> str:
-    """Exit 2, a single ``Error:`` line on stderr, no traceback."""
-    assert result.exit_code == 2, (result.exit_code, result.output, result.exception)
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
-    assert "Traceback" not in result.output
-    return lines[0]
 
 
 def proofs(n: int, *chunks: int | None, ring: bool = False) -> list[Proof]:
@@ -217,7 +203,7 @@ def test_cli_chunks_auto_prices_the_paced_links_of_link_rate_and_alpha(
         "1ms",
     ]
     paced_auto = ["--backend", "torch", "--gpus", "4", *setting, "--chunks", "auto", "--link-rate", "200MB/s"]
-    unpriced = one_error_line(run(command, *paced_auto))
+    unpriced = one_error(run(command, *paced_auto), 2)
     assert "--chunks auto with --link-rate needs --alpha" in unpriced and chosen == []
     result = run(command, *paced_auto, "--alpha", "1ms")
     assert chosen == [c], result.output
@@ -227,7 +213,7 @@ def test_cli_chunks_auto_prices_the_paced_links_of_link_rate_and_alpha(
             "(alpha 1 ms, 200 MB/s) on the paced links (--link-rate, --alpha)\n"
         )
     fixed = run(command, "--backend", "torch", "--gpus", "4", "--chunks", "8", "--alpha", "1ms")
-    assert "--alpha does not apply" in one_error_line(fixed)
+    assert "--alpha does not apply" in one_error(fixed, 2)
 
 
 def test_cli_bench_chunks_adds_columns_and_keeps_the_json(tmp_path: Path) -> None:
@@ -284,7 +270,7 @@ def test_cli_chunks_that_do_not_apply_are_one_line_errors(
 ) -> None:
     path = tmp_path / "s4.json"
     json_format.write(synthesize("stragglar", 4), path)
-    assert message in one_error_line(run(*(a.replace("{file}", str(path)) for a in args)))
+    assert message in one_error(run(*(a.replace("{file}", str(path)) for a in args)), 2)
 
 
 @pytest.mark.parametrize("algorithm", ["ring", "direct", "stragglar"])
@@ -371,9 +357,7 @@ def test_cli_run_refuses_a_large_run_at_once(monkeypatch: pytest.MonkeyPatch, tm
         (["--gpus", "2048", "--size", "8KiB", "--chunks", "auto"], "2048 ranks x 2047 chunks: a run times"),
         (["--schedule", str(big)], "4 ranks x 20000 chunks: a run times"),
     ]:
-        result = CliRunner().invoke(cli, ["run", "--backend", "local", *args])
-        assert result.exit_code == 2, result.output
-        assert result.stderr.startswith("Error: ") and message in result.stderr
+        assert message in one_error(run("run", "--backend", "local", *args), 2)
 
 
 def test_a_sweep_refuses_a_delay_past_an_hour_before_the_first_runs(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -407,7 +391,7 @@ def test_cli_nccl_without_cuda_is_one_line_before_any_work(
     gpus_seen(monkeypatch, 0)
     monkeypatch.setattr("stragglar.measure.run.synthesize", never)
     monkeypatch.setattr("stragglar.measure.sweep.check_request", never)
-    assert one_error_line(run(*args)) == f"Error: {NO_CUDA}"
+    assert one_error(run(*args), 2) == f"Error: {NO_CUDA}"
 
 
 def test_run_benchmark_and_sweep_on_nccl_without_cuda_raise_before_any_work(
@@ -436,7 +420,7 @@ def test_cli_nccl_refuses_what_does_not_apply(
 ) -> None:
     gpus_seen(monkeypatch, 1)
     monkeypatch.setattr("stragglar.measure.run.synthesize", never)
-    assert message in one_error_line(run("run", "--backend", "nccl", "--gpus", "2", *args))
+    assert message in one_error(run("run", "--backend", "nccl", "--gpus", "2", *args), 2)
 
 
 def fake_nccl_figures(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
@@ -521,9 +505,7 @@ def test_graphs_apply_to_the_nccl_and_cupy_backends_only(backend: str) -> None:
     message = (
         f"--no-graphs does not apply: CUDA graphs replay the nccl and cupy backends' rounds, not {backend}'s"
     )
-    assert (
-        one_error_line(run("run", "--backend", backend, "--gpus", "2", "--no-graphs")) == f"Error: {message}"
-    )
+    assert one_error(run("run", "--backend", backend, "--gpus", "2", "--no-graphs"), 2) == f"Error: {message}"
     with pytest.raises(InputError, match=f"^graphs applies to the nccl and cupy backends, not {backend}$"):
         run_benchmark(backend, 2, 64, graphs=False)
     with pytest.raises(TypeError, match=r"^graphs must be True or False, got 'off'$"):
