@@ -130,7 +130,8 @@ def test_a_wrong_chunk_or_slot_is_refused(algorithm: str, n: int, chunks: int | 
         other_slot = shifted(4, program.inbox_slots[int(program.rows[rank][index, 2])])
         assert "into chunk" in str(refusal(mutated(program, rank, other_chunk, index)))
         assert re.search(
-            "writes too|without waiting|into chunk", str(refusal(mutated(program, rank, other_slot, index)))
+            "writes too|no rank writes|without waiting|into chunk",
+            str(refusal(mutated(program, rank, other_slot, index))),
         )
     for rank, index in rows_of(program, REDUCE)[:12] + rows_of(program, COPY)[:12]:
         assert refusal(mutated(program, rank, other_chunk, index)) is not None
