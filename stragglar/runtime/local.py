@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from stragglar.args import MAX_DELAY, as_flag, as_seconds
-from stragglar.errors import InputError
+from stragglar.errors import InputError, described
 from stragglar.runtime.arrays import (
     Array,
     check_buffers,
@@ -30,7 +30,9 @@ from stragglar.runtime.plans import late_rank_for, plan_for
 from stragglar.runtime.program import BoundStep, Plan
 from stragglar.verify import Proof, require_proof
 
-__all__ = ["allreduce_local", "check_loopback", "check_own_memory", "run_local"]
+__all__ = ["ENGINES", "allreduce_local", "check_loopback", "check_own_memory", "run_local"]
+
+ENGINES = ("rounds", "device")  # rounds driven from the host; the whole AllReduce in device kernels
 
 
 def allreduce_local(
@@ -40,6 +42,7 @@ def allreduce_local(
     *,
     late_rank: int | None = None,
     graphs: bool | None = None,
+    engine: str = "rounds",
 ) -> list[Timeline]:
     """Sum ``buffers`` (one array per rank, all in this process) in place, following the schedule.
 
@@ -52,12 +55,26 @@ def allreduce_local(
     CuPy arrays run batched rounds (a few kernels a round, :mod:`~stragglar.runtime.loopback_gpu`)
     replayed from CUDA graphs after the first call; ``graphs=False`` launches them eagerly every
     call.  ``graphs`` applies to CuPy arrays only.
+
+    ``engine="device"`` runs the whole AllReduce on the GPU instead, one persistent kernel per
+    rank (:mod:`~stragglar.runtime.device`), on CuPy arrays; ``"rounds"`` (the default) drives
+    the rounds from the host as above.
     """
     require_proof(proof)
     check_buffers(buffers)
     delay = as_seconds(straggler_delay, "straggler_delay", maximum=MAX_DELAY)
     late_rank = late_rank_for(proof.schedule, late_rank)
     on_gpu = bool(buffers) and library_of(buffers[0]) == "cupy"
+    if engine not in ENGINES:
+        raise InputError(f"unknown engine {described(engine)} (choose from {', '.join(ENGINES)})")
+    if engine == "device":
+        if graphs is not None:
+            raise InputError(
+                "graphs applies to the rounds engine: the device engine launches one kernel a rank"
+            )
+        if not on_gpu:
+            raise InputError("the device engine runs on CuPy arrays (one GPU): these buffers are not")
+        return _on_device(buffers, proof, delay, late_rank)
     if graphs is not None:
         as_flag(graphs, "graphs")
         if not on_gpu:
@@ -75,6 +92,22 @@ def allreduce_local(
     flats = check_loopback(buffers, plans)
     fingerprint = proof.schedule.fingerprint
     return run_cupy_loopback(cupy, flats, plans, fingerprint, delay, late_rank, graphs is not False)
+
+
+def _on_device(buffers: Sequence[Any], proof: Proof, delay: float, late_rank: int) -> list[Timeline]:
+    """The device engine on CuPy ``buffers``: its program proved, then one kernel per rank."""
+    import cupy
+
+    from stragglar.runtime.device import program_for
+    from stragglar.runtime.device.loopback import run_device_loopback
+
+    count = int(flat_view(buffers[0]).shape[0])
+    flats = check_loopback(buffers, [plan_for(proof, r, count) for r in range(proof.num_ranks)])
+    program = program_for(proof)  # proved before its first launch
+    pointers = [int(f.data.ptr) for f in flats]
+    dtype, device = dtype_name(flats[0]), int(flats[0].device.id)
+    fingerprint = proof.schedule.fingerprint
+    return run_device_loopback(cupy, pointers, count, dtype, device, program, fingerprint, delay, late_rank)
 
 
 def check_own_memory(flats: Sequence[Array]) -> None:
