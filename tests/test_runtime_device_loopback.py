@@ -1,0 +1,179 @@
+"""``allreduce_local(..., engine="device")`` with a CuPy stand-in that runs the kernel's own
+source compiled for the host (tests/fake_device.py): ranks' kernels in threads of their own,
+sums bit for bit the interpreter's call after call, the late rank launched after its delay, a
+launch the device could not hold refused before anything runs, a table the prover refuses never
+launched, a wait that times out raised as a RankError naming rank, round and peer, and options
+that do not apply refused."""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from fake_device import FakeCuda, host_library, installed
+
+from stragglar.errors import InputError
+from stragglar.runtime import RankError, allreduce_local
+from stragglar.runtime.device import loopback, programs
+from stragglar.runtime.device.lowering import lower
+from stragglar.runtime.device.prover import DeviceProgramError
+from stragglar.runtime.device.table import WAIT
+from stragglar.runtime.program import RankProgram, compile_schedule
+from stragglar.synth import synthesize
+from stragglar.verify import prove
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    if shutil.which("g++") is None:
+        pytest.skip("needs g++ to compile the CUDA source for the host")
+    return host_library(Path(tmp_path_factory.mktemp("device")))
+
+
+@pytest.fixture
+def cuda(monkeypatch: pytest.MonkeyPatch, host: ctypes.CDLL) -> Iterator[FakeCuda]:
+    monkeypatch.setattr(programs, "_programs", type(programs._programs)())
+    yield from installed(monkeypatch, host)
+
+
+def buffers(n: int, count: int, dtype: str, seed: int) -> list[Any]:
+    import cupy  # the stand-in
+
+    rng = np.random.default_rng(seed)
+    if dtype.startswith("int"):
+        return [cupy.asarray(rng.integers(-(2**20), 2**20, count).astype(dtype)) for _ in range(n)]
+    return [cupy.asarray(rng.standard_normal(count).astype(dtype)) for _ in range(n)]
+
+
+def interpreted(data: list[np.ndarray], proof: object) -> list[np.ndarray]:
+    reference = [np.array(d).view(np.ndarray) for d in data]
+    allreduce_local(reference, proof)  # type: ignore[arg-type]
+    return reference
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "n", "chunks", "dtype"),
+    [
+        ("stragglar", 5, None, "float16"),
+        ("stragglar", 8, 24, "float32"),
+        ("ring", 6, None, "int64"),
+        ("rhd", 8, None, "float64"),
+        ("direct", 3, None, "int32"),
+    ],
+)
+def test_the_device_engine_sums_as_the_interpreter_call_after_call(
+    cuda: FakeCuda, algorithm: str, n: int, chunks: int | None, dtype: str
+) -> None:
+    proof = prove(synthesize(algorithm, n, chunks=chunks))
+    for call in range(3):  # the same flags and inboxes: nothing reset between calls
+        data = buffers(n, 97, dtype, seed=call)
+        want = interpreted(data, proof)
+        timelines = allreduce_local(data, proof, engine="device")
+        assert [t.rank for t in timelines] == list(range(n))
+        for rank, (w, g) in enumerate(zip(want, data, strict=True)):
+            assert w.tobytes() == np.array(g).tobytes(), (call, rank)
+    assert len(cuda.launches) == 3 * n
+
+
+def test_the_late_rank_is_launched_after_its_delay(cuda: FakeCuda) -> None:
+    proof = prove(synthesize("stragglar", 4))
+    data = buffers(4, 40, "float32", seed=3)
+    want = interpreted(data, proof)
+    late = int(data[proof.schedule.late_rank].data.ptr)
+    timelines = allreduce_local(data, proof, 0.2, engine="device")
+    when = dict(cuda.launches)
+    first = min(when.values())
+    assert when[late] - first >= 0.2 and all(t - first < 0.1 for b, t in when.items() if b != late)
+    assert timelines[proof.schedule.late_rank].arrived - timelines[0].start >= 0.2
+    assert all(w.tobytes() == np.array(g).tobytes() for w, g in zip(want, data, strict=True))
+
+
+def test_a_launch_the_device_cannot_hold_at_once_is_refused_before_it_runs(
+    monkeypatch: pytest.MonkeyPatch, host: ctypes.CDLL
+) -> None:
+    """Blocks of 512 threads of 40 registers each: one multiprocessor's 65536 registers hold
+    three at once (its 2048 threads would hold four), so four ranks are refused, three run."""
+    small = {
+        "MultiProcessorCount": 1,
+        "MaxThreadsPerMultiProcessor": 2048,
+        "MaxBlocksPerMultiprocessor": 32,
+        "MaxRegistersPerMultiprocessor": 65536,
+        "MaxSharedMemoryPerMultiprocessor": 49152,
+    }
+    fake = next(installed(monkeypatch, host, small))
+    proof = prove(synthesize("stragglar", 4))
+    data = buffers(4, 40, "float32", seed=4)
+    before = [np.array(d) for d in data]
+    with pytest.raises(InputError, match=r"holds 3 blocks .* fewer than the 4 ranks"):
+        allreduce_local(data, proof, engine="device")
+    assert not fake.launches and all((b == np.array(d)).all() for b, d in zip(before, data, strict=True))
+    three = buffers(3, 40, "float32", seed=4)
+    allreduce_local(three, prove(synthesize("stragglar", 3)), engine="device")  # one block each
+    assert len(fake.launches) == 3
+
+
+def test_a_program_the_prover_refuses_is_never_launched(
+    cuda: FakeCuda, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def without_a_wait(ranks: list[RankProgram]) -> object:
+        program = lower(ranks)
+        rows = [r.copy() for r in program.rows]
+        rows[0] = np.delete(rows[0], np.flatnonzero(rows[0][:, 0] == WAIT)[0], axis=0)
+        return dataclasses.replace(program, rows=tuple(rows))
+
+    monkeypatch.setattr(programs, "lower", without_a_wait)
+    data = buffers(4, 40, "float32", seed=5)
+    with pytest.raises(DeviceProgramError, match=r"rank 0 .* without waiting"):
+        allreduce_local(data, prove(synthesize("ring", 4)), engine="device")
+    assert not cuda.launches
+
+
+def test_a_rank_that_never_starts_is_reported_with_round_and_peer(
+    cuda: FakeCuda, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    proof = prove(synthesize("stragglar", 5))
+    late = proof.schedule.late_rank
+    launch = loopback.DeviceLoopback.launch
+
+    def all_but_the_late(self: loopback.DeviceLoopback, rank: int, buffer: int, timeout_s: float) -> None:
+        if rank != late:
+            launch(self, rank, buffer, timeout_s)
+
+    monkeypatch.setattr(loopback.DeviceLoopback, "launch", all_but_the_late)
+    monkeypatch.setattr(loopback, "WAIT_TIMEOUT_S", 0.3)
+    with pytest.raises(RankError) as caught:
+        allreduce_local(buffers(5, 40, "float32", seed=6), proof, engine="device")
+    error = caught.value
+    assert error.reason == "timed out" and error.peer == late and error.rank != late
+    assert error.round is not None and error.phase in [p.name for p in proof.schedule.phases]
+    assert f"waiting for rank {late}" in str(error)
+
+
+def test_options_that_do_not_apply_are_refused(cuda: FakeCuda) -> None:
+    proof = prove(synthesize("ring", 3))
+    with pytest.raises(InputError, match="runs on CuPy arrays"):
+        allreduce_local([np.zeros(4, np.float32) for _ in range(3)], proof, engine="device")
+    with pytest.raises(InputError, match="graphs applies to the rounds engine"):
+        allreduce_local(buffers(3, 4, "float32", 0), proof, engine="device", graphs=True)
+    with pytest.raises(InputError, match="unknown engine 'gpu'"):
+        allreduce_local(buffers(3, 4, "float32", 0), proof, engine="gpu")
+    assert not cuda.launches
+
+
+def test_blocks_a_rank_follow_the_device_and_the_chunks() -> None:
+    """On an H200 (132 multiprocessors, 4 blocks of 512 threads each at 32 registers): 528 blocks
+    at once, so 8 ranks get the most (16) on large chunks, one block on a chunk of few elements."""
+    from fake_device import H200
+
+    resident = loopback.resident_blocks(H200, registers=32, shared_bytes=4, threads=512)
+    assert resident == 132 * 4
+    program = lower(compile_schedule(synthesize("stragglar", 8)))
+    assert loopback.blocks_for(program, 7 * 2**20, resident) == loopback.MAX_BLOCKS
+    assert loopback.blocks_for(program, 7 * 100, resident) == 1
+    assert loopback.blocks_for(program, 7 * 2**20, 40) == 5  # 40 blocks shared by 8 ranks
