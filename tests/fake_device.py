@@ -233,6 +233,7 @@ def fake_cupy(cuda: FakeCuda, library: ctypes.CDLL) -> types.ModuleType:
     module.asarray = lambda a: np.array(a).view(DeviceArray)  # type: ignore[attr-defined]
     module.empty = lambda n, dtype: np.empty(n, dtype).view(DeviceArray)  # type: ignore[attr-defined]
     module.zeros = lambda n, dtype: np.zeros(n, dtype).view(DeviceArray)  # type: ignore[attr-defined]
+    module.arange = lambda *a, **k: np.arange(*a, **k).view(DeviceArray)  # type: ignore[attr-defined]
     return module
 
 
