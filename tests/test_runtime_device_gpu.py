@@ -70,3 +70,24 @@ def test_a_rank_never_launched_is_named(monkeypatch: pytest.MonkeyPatch) -> None
     with pytest.raises(RankError) as caught:
         allreduce_local([cupy.zeros(1000, dtype=cupy.float32) for _ in range(4)], proof, engine="device")
     assert caught.value.peer == late and caught.value.reason == "timed out"
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_torch_cuda_tensors_bfloat16_included(dtype: str) -> None:
+    """torch CUDA tensors, bfloat16 among them (CuPy has none), against the interpreter on torch
+    CPU tensors."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA")
+    proof = prove(synthesize("stragglar", 6, chunks=10))
+    generator = torch.Generator().manual_seed(6)
+    host = [torch.randn(3001, generator=generator).to(getattr(torch, dtype)) for _ in range(6)]
+    want = [h.clone() for h in host]
+    allreduce_local(want, proof)
+    device = [h.cuda() for h in host]
+    allreduce_local(device, proof, engine="device")
+    for rank, (w, d) in enumerate(zip(want, device, strict=True)):
+        assert torch.equal(
+            w.view(torch.int16 if w.element_size() == 2 else torch.int32),
+            d.cpu().view(torch.int16 if w.element_size() == 2 else torch.int32),
+        ), rank

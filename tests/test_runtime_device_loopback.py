@@ -157,7 +157,7 @@ def test_a_rank_that_never_starts_is_reported_with_round_and_peer(
 
 def test_options_that_do_not_apply_are_refused(cuda: FakeCuda) -> None:
     proof = prove(synthesize("ring", 3))
-    with pytest.raises(InputError, match="runs on CuPy arrays"):
+    with pytest.raises(InputError, match="runs on CuPy arrays or torch CUDA tensors"):
         allreduce_local([np.zeros(4, np.float32) for _ in range(3)], proof, engine="device")
     with pytest.raises(InputError, match="graphs applies to the rounds engine"):
         allreduce_local(buffers(3, 4, "float32", 0), proof, engine="device", graphs=True)
@@ -177,3 +177,23 @@ def test_blocks_a_rank_follow_the_device_and_the_chunks() -> None:
     assert loopback.blocks_for(program, 7 * 2**20, resident) == loopback.MAX_BLOCKS
     assert loopback.blocks_for(program, 7 * 100, resident) == 1
     assert loopback.blocks_for(program, 7 * 2**20, 40) == 5  # 40 blocks shared by 8 ranks
+
+
+def test_torch_cpu_tensors_and_buffers_on_two_gpus_are_refused(cuda: FakeCuda) -> None:
+    import fake_device
+
+    torch = pytest.importorskip("torch")
+    proof = prove(synthesize("ring", 3))
+    with pytest.raises(InputError, match="runs on CuPy arrays or torch CUDA tensors"):
+        allreduce_local([torch.zeros(4) for _ in range(3)], proof, engine="device")
+
+    class OnSecondGpu(fake_device.DeviceArray):
+        @property
+        def device(self) -> Any:
+            return type("Device", (), {"id": 1})()
+
+    data = buffers(3, 4, "float32", 0)
+    data[2] = data[2].view(OnSecondGpu)
+    with pytest.raises(InputError, match=r"on one GPU, got buffers on GPUs \[0, 1\]"):
+        allreduce_local(data, proof, engine="device")
+    assert not cuda.launches

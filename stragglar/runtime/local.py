@@ -9,6 +9,7 @@ copies; NCCL refuses two ranks on one GPU).  Rounds that need the straggler wait
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -57,8 +58,9 @@ def allreduce_local(
     call.  ``graphs`` applies to CuPy arrays only.
 
     ``engine="device"`` runs the whole AllReduce on the GPU instead, one persistent kernel per
-    rank (:mod:`~stragglar.runtime.device`), on CuPy arrays; ``"rounds"`` (the default) drives
-    the rounds from the host as above.
+    rank (:mod:`~stragglar.runtime.device`), on CuPy arrays or torch CUDA tensors of one GPU
+    (CuPy launches the kernels; torch's bfloat16 included); ``"rounds"`` (the default) drives the
+    rounds from the host as above.
     """
     require_proof(proof)
     check_buffers(buffers)
@@ -72,8 +74,6 @@ def allreduce_local(
             raise InputError(
                 "graphs applies to the rounds engine: the device engine launches one kernel a rank"
             )
-        if not on_gpu:
-            raise InputError("the device engine runs on CuPy arrays (one GPU): these buffers are not")
         return _on_device(buffers, proof, delay, late_rank)
     if graphs is not None:
         as_flag(graphs, "graphs")
@@ -95,18 +95,34 @@ def allreduce_local(
 
 
 def _on_device(buffers: Sequence[Any], proof: Proof, delay: float, late_rank: int) -> list[Timeline]:
-    """The device engine on CuPy ``buffers``: its program proved, then one kernel per rank."""
-    import cupy
-
+    """The device engine on ``buffers``: its program proved, then one kernel per rank."""
+    library = library_of(buffers[0]) if buffers else None
+    if library not in ("cupy", "torch") or (library == "torch" and not buffers[0].is_cuda):
+        raise InputError("the device engine runs on CuPy arrays or torch CUDA tensors: these buffers are not")
+    try:
+        import cupy
+    except ImportError:
+        raise InputError("the device engine launches its kernels with CuPy, which is not installed") from None
     from stragglar.runtime.device import program_for
     from stragglar.runtime.device.loopback import run_device_loopback
 
     count = int(flat_view(buffers[0]).shape[0])
     flats = check_loopback(buffers, [plan_for(proof, r, count) for r in range(proof.num_ranks)])
+    if library == "torch":
+        pointers = [int(f.data_ptr()) for f in flats]
+        devices = {int(f.device.index) for f in flats}
+    else:
+        pointers = [int(f.data.ptr) for f in flats]
+        devices = {int(f.device.id) for f in flats}
+    if len(devices) > 1:
+        raise InputError(
+            f"the device engine runs every rank on one GPU, got buffers on GPUs {sorted(devices)}"
+        )
     program = program_for(proof)  # proved before its first launch
-    pointers = [int(f.data.ptr) for f in flats]
-    dtype, device = dtype_name(flats[0]), int(flats[0].device.id)
-    fingerprint = proof.schedule.fingerprint
+    device = devices.pop()
+    if library == "torch":  # the caller's queued work on the buffers, done before the kernels read them
+        sys.modules["torch"].cuda.current_stream(device).synchronize()
+    dtype, fingerprint = dtype_name(flats[0]), proof.schedule.fingerprint
     return run_device_loopback(cupy, pointers, count, dtype, device, program, fingerprint, delay, late_rank)
 
 
