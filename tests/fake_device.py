@@ -168,9 +168,28 @@ class FakeCuda:
     """Streams whose launches run in threads; a device with the attributes the test sets."""
 
     def __init__(self, attributes: dict[str, int]) -> None:
-        self.current: FakeStream | None = None
+        self.local = threading.local()  # each thread's current stream: ranks may be threads
         self.attributes = attributes
         self.launches: list[tuple[int, float]] = []  # (buffer address, when)
+        self.opened: list[int] = []  # the addresses IPC handles were opened for
+        self.runtime = types.SimpleNamespace(ipcGetMemHandle=self.handle, ipcOpenMemHandle=self.open)
+
+    @property
+    def current(self) -> FakeStream | None:
+        return getattr(self.local, "stream", None)
+
+    @current.setter
+    def current(self, stream: FakeStream | None) -> None:
+        self.local.stream = stream
+
+    def handle(self, address: int) -> bytes:
+        """An IPC handle: here, the address itself (every rank is in this process)."""
+        return int(address).to_bytes(64, "little")
+
+    def open(self, handle: bytes, flags: int = 1) -> int:
+        address = int.from_bytes(handle, "little")
+        self.opened.append(address)
+        return address
 
     def Stream(self, non_blocking: bool = False) -> FakeStream:
         return FakeStream(self)
@@ -259,10 +278,11 @@ H200 = {  # what a Hopper GPU says of itself (132 multiprocessors)
 def installed(
     monkeypatch: pytest.MonkeyPatch, library: ctypes.CDLL, attributes: dict[str, int] | None = None
 ) -> Iterator[FakeCuda]:
-    """The stand-in in ``sys.modules["cupy"]``, with an empty cache of device loopbacks."""
-    from stragglar.runtime.device import loopback
+    """The stand-in in ``sys.modules["cupy"]``, with empty caches of device loopbacks and ranks."""
+    from stragglar.runtime.device import group, loopback
 
     fake = FakeCuda(dict(H200 if attributes is None else attributes))
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy(fake, library))
     monkeypatch.setattr(loopback, "_loopbacks", type(loopback._loopbacks)())
+    monkeypatch.setattr(group, "_ranks", type(group._ranks)())
     yield fake

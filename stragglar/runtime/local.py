@@ -9,13 +9,12 @@ copies; NCCL refuses two ranks on one GPU).  Rounds that need the straggler wait
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from stragglar.args import MAX_DELAY, as_flag, as_seconds
-from stragglar.errors import InputError, described
+from stragglar.errors import InputError
 from stragglar.runtime.arrays import (
     Array,
     check_buffers,
@@ -26,14 +25,13 @@ from stragglar.runtime.arrays import (
     library_of,
 )
 from stragglar.runtime.clock import Timeline, sleep_until
+from stragglar.runtime.device.buffers import on_device
 from stragglar.runtime.interpreter import apply, recv_view, send_view
 from stragglar.runtime.plans import late_rank_for, plan_for
 from stragglar.runtime.program import BoundStep, Plan
 from stragglar.verify import Proof, require_proof
 
-__all__ = ["ENGINES", "allreduce_local", "check_loopback", "check_own_memory", "run_local"]
-
-ENGINES = ("rounds", "device")  # rounds driven from the host; the whole AllReduce in device kernels
+__all__ = ["allreduce_local", "check_loopback", "check_own_memory", "run_local"]
 
 
 def allreduce_local(
@@ -67,9 +65,7 @@ def allreduce_local(
     delay = as_seconds(straggler_delay, "straggler_delay", maximum=MAX_DELAY)
     late_rank = late_rank_for(proof.schedule, late_rank)
     on_gpu = bool(buffers) and library_of(buffers[0]) == "cupy"
-    if engine not in ENGINES:
-        raise InputError(f"unknown engine {described(engine)} (choose from {', '.join(ENGINES)})")
-    if engine == "device":
+    if on_device(engine):
         if graphs is not None:
             raise InputError(
                 "graphs applies to the rounds engine: the device engine launches one kernel a rank"
@@ -96,34 +92,27 @@ def allreduce_local(
 
 def _on_device(buffers: Sequence[Any], proof: Proof, delay: float, late_rank: int) -> list[Timeline]:
     """The device engine on ``buffers``: its program proved, then one kernel per rank."""
-    library = library_of(buffers[0]) if buffers else None
-    if library not in ("cupy", "torch") or (library == "torch" and not buffers[0].is_cuda):
-        raise InputError("the device engine runs on CuPy arrays or torch CUDA tensors: these buffers are not")
-    try:
-        import cupy
-    except ImportError:
-        raise InputError("the device engine launches its kernels with CuPy, which is not installed") from None
     from stragglar.runtime.device import program_for
+    from stragglar.runtime.device.buffers import address_of, check_device_buffer, launcher, queued_work_done
     from stragglar.runtime.device.loopback import run_device_loopback
 
+    if not buffers:
+        raise InputError("the device engine runs on CuPy arrays or torch CUDA tensors: got no buffers")
+    check_device_buffer(buffers[0])
+    cupy = launcher()
     count = int(flat_view(buffers[0]).shape[0])
     flats = check_loopback(buffers, [plan_for(proof, r, count) for r in range(proof.num_ranks)])
-    if library == "torch":
-        pointers = [int(f.data_ptr()) for f in flats]
-        devices = {int(f.device.index) for f in flats}
-    else:
-        pointers = [int(f.data.ptr) for f in flats]
-        devices = {int(f.device.id) for f in flats}
+    addresses = [address_of(f) for f in flats]
+    devices = sorted({device for _, device in addresses})
     if len(devices) > 1:
-        raise InputError(
-            f"the device engine runs every rank on one GPU, got buffers on GPUs {sorted(devices)}"
-        )
+        raise InputError(f"the device engine runs every rank on one GPU, got buffers on GPUs {devices}")
     program = program_for(proof)  # proved before its first launch
-    device = devices.pop()
-    if library == "torch":  # the caller's queued work on the buffers, done before the kernels read them
-        sys.modules["torch"].cuda.current_stream(device).synchronize()
+    queued_work_done(flats[0], devices[0])
+    pointers = [pointer for pointer, _ in addresses]
     dtype, fingerprint = dtype_name(flats[0]), proof.schedule.fingerprint
-    return run_device_loopback(cupy, pointers, count, dtype, device, program, fingerprint, delay, late_rank)
+    return run_device_loopback(
+        cupy, pointers, count, dtype, devices[0], program, fingerprint, delay, late_rank
+    )
 
 
 def check_own_memory(flats: Sequence[Array]) -> None:
