@@ -172,7 +172,21 @@ class FakeCuda:
         self.attributes = attributes
         self.launches: list[tuple[int, float]] = []  # (buffer address, when)
         self.opened: list[int] = []  # the addresses IPC handles were opened for
-        self.runtime = types.SimpleNamespace(ipcGetMemHandle=self.handle, ipcOpenMemHandle=self.open)
+        self.closed: list[int] = []
+        self.allocations: dict[int, np.ndarray] = {}  # what cudaMalloc gave, by address
+        self.runtime = types.SimpleNamespace(
+            ipcGetMemHandle=self.handle,
+            ipcOpenMemHandle=self.open,
+            malloc=self.malloc,
+            free=self.allocations.pop,
+            memset=lambda address, value, nbytes: ctypes.memset(address, value, nbytes),
+            ipcCloseMemHandle=self.closed.append,
+        )
+
+    def malloc(self, nbytes: int) -> int:
+        memory = np.empty(nbytes, dtype=np.uint8)
+        self.allocations[int(memory.ctypes.data)] = memory
+        return int(memory.ctypes.data)
 
     @property
     def current(self) -> FakeStream | None:
@@ -183,7 +197,9 @@ class FakeCuda:
         self.local.stream = stream
 
     def handle(self, address: int) -> bytes:
-        """An IPC handle: here, the address itself (every rank is in this process)."""
+        """An IPC handle: here, the address itself (every rank is in this process), of an
+        allocation's start only (a real handle names the whole allocation)."""
+        assert address in self.allocations, "a handle of an address that is no allocation's start"
         return int(address).to_bytes(64, "little")
 
     def open(self, handle: bytes, flags: int = 1) -> int:

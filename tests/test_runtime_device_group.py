@@ -7,6 +7,7 @@ call ends the others' calls with an error, not a hang."""
 from __future__ import annotations
 
 import ctypes
+import gc
 import shutil
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -134,6 +135,9 @@ def test_ranks_on_a_group_sum_as_the_interpreter_and_exchange_handles_once(
             assert w.tobytes() == np.array(g).tobytes(), (call, rank)
     assert gather.calls == 1 + 3  # the handles once, then each call's error words
     assert len(cuda.opened) == 2 * n * (n - 1)  # each rank opened each peer's inbox and flags, once
+    group._ranks.clear()  # dropped: the peers' memory closed, its own freed
+    gc.collect()
+    assert sorted(cuda.closed) == sorted(cuda.opened) and not cuda.allocations
     late = results[schedule.late_rank]
     assert late.arrived >= late.start
 

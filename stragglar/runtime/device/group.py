@@ -13,14 +13,15 @@ fail itself).  A dead peer process leaves the others' waits to time out on the d
 gather to fail.  Several ranks may share a GPU: their kernels then time-slice (correct, not fast).
 
 Every rank of a group makes the same calls (the header check sees to it), so the ranks make and
-drop their states together, least recently used first.  (A dropped state's opened IPC handles
-are not closed: the mappings last as long as the process.)
+drop their states together, least recently used first; a dropped state closes the peers' memory
+it opened and frees its own.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
@@ -74,26 +75,41 @@ class DeviceRank:
         mine = blocks_for(program, count, resident)
         self.slot_size = -(-count // program.num_chunks)
         self.rows = cupy.asarray(np.ascontiguousarray(program.rows[rank]))
-        size = max(program.inbox_slots[rank] * self.slot_size, 1)
-        self.inbox = cupy.empty(size, dtype=SUMS[dtype][1])
-        self.flags = cupy.zeros(program.flags * mine, dtype=cupy.uint64)
-        self.errors = cupy.zeros(program.num_ranks * ERROR_WORDS, dtype=cupy.uint64)
         runtime = cupy.cuda.runtime
-        own = [mine, *handle_words(runtime.ipcGetMemHandle(self.inbox.data.ptr))]
-        own += handle_words(runtime.ipcGetMemHandle(self.flags.data.ptr))
+        # Inbox and flags come straight from cudaMalloc, not CuPy's pool: a handle names a whole
+        # allocation, and a peer opening it gets the allocation's start, which a pooled array's
+        # address need not be.
+        itemsize = np.dtype(SUMS[dtype][1]).itemsize
+        inbox = _allocation(runtime, max(program.inbox_slots[rank] * self.slot_size, 1) * itemsize)
+        flag_bytes = program.flags * mine * 8
+        flags = _allocation(runtime, flag_bytes)
+        runtime.memset(flags, 0, flag_bytes)
+        self.errors = cupy.zeros(program.num_ranks * ERROR_WORDS, dtype=cupy.uint64)
+        own = [
+            mine,
+            *handle_words(runtime.ipcGetMemHandle(inbox)),
+            *handle_words(runtime.ipcGetMemHandle(flags)),
+        ]
         gathered = gather(own)
         self.blocks = min(words[0] for words in gathered)
         width = HANDLE_BYTES // 8
-        inboxes, flags = [], []
+        inboxes, flag_arrays = [], []
         for peer, words in enumerate(gathered):
             if peer == rank:
-                inboxes.append(self.inbox.data.ptr)
-                flags.append(self.flags.data.ptr)
+                inboxes.append(inbox)
+                flag_arrays.append(flags)
                 continue
             inboxes.append(int(runtime.ipcOpenMemHandle(handle_bytes(words[1 : 1 + width]))))
-            flags.append(int(runtime.ipcOpenMemHandle(handle_bytes(words[1 + width : 1 + 2 * width]))))
+            flag_arrays.append(int(runtime.ipcOpenMemHandle(handle_bytes(words[1 + width : 1 + 2 * width]))))
+        opened = [
+            p
+            for peer, pair in enumerate(zip(inboxes, flag_arrays, strict=True))
+            if peer != rank
+            for p in pair
+        ]
+        weakref.finalize(self, _release, runtime, opened, (inbox, flags))
         self.inbox_pointers = cupy.asarray(np.array(inboxes, dtype=np.uint64))
-        self.flag_pointers = cupy.asarray(np.array(flags, dtype=np.uint64))
+        self.flag_pointers = cupy.asarray(np.array(flag_arrays, dtype=np.uint64))
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.call = 0
 
@@ -134,6 +150,18 @@ class DeviceRank:
         if failed:
             raise first_failure(self.program, words, failed)
         return Timeline(self.rank, start, arrived, (done,) * len(self.program.phases), done)
+
+
+def _allocation(runtime: Any, nbytes: int) -> int:
+    return int(runtime.malloc(nbytes))
+
+
+def _release(runtime: Any, opened: Sequence[int], own: Sequence[int]) -> None:
+    """Close the peers' memory this rank opened, then free its own."""
+    for pointer in opened:
+        runtime.ipcCloseMemHandle(pointer)
+    for pointer in own:
+        runtime.free(pointer)
 
 
 _ranks: OrderedDict[Hashable, DeviceRank] = OrderedDict()
