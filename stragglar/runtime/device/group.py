@@ -84,6 +84,8 @@ class DeviceRank:
         flag_bytes = program.flags * mine * 8
         flags = _allocation(runtime, flag_bytes)
         runtime.memset(flags, 0, flag_bytes)
+        opened: list[int] = []  # the peers' memory this rank opens, closed when the state goes
+        weakref.finalize(self, _release, runtime, opened, (inbox, flags))
         self.errors = cupy.zeros(program.num_ranks * ERROR_WORDS, dtype=cupy.uint64)
         own = [
             mine,
@@ -99,15 +101,12 @@ class DeviceRank:
                 inboxes.append(inbox)
                 flag_arrays.append(flags)
                 continue
-            inboxes.append(int(runtime.ipcOpenMemHandle(handle_bytes(words[1 : 1 + width]))))
-            flag_arrays.append(int(runtime.ipcOpenMemHandle(handle_bytes(words[1 + width : 1 + 2 * width]))))
-        opened = [
-            p
-            for peer, pair in enumerate(zip(inboxes, flag_arrays, strict=True))
-            if peer != rank
-            for p in pair
-        ]
-        weakref.finalize(self, _release, runtime, opened, (inbox, flags))
+            for handle, into in (
+                (words[1 : 1 + width], inboxes),
+                (words[1 + width : 1 + 2 * width], flag_arrays),
+            ):
+                into.append(int(runtime.ipcOpenMemHandle(handle_bytes(handle))))
+                opened.append(into[-1])
         self.inbox_pointers = cupy.asarray(np.array(inboxes, dtype=np.uint64))
         self.flag_pointers = cupy.asarray(np.array(flag_arrays, dtype=np.uint64))
         self.stream = cupy.cuda.Stream(non_blocking=True)
