@@ -18,7 +18,7 @@ except Exception:  # no driver, no device
 if DEVICES < 1:
     pytest.skip("no CUDA device", allow_module_level=True)
 
-from stragglar.runtime import RankError, allreduce_local  # noqa: E402
+from stragglar.runtime import RankError, allreduce, allreduce_local  # noqa: E402
 from stragglar.runtime.device import loopback  # noqa: E402
 from stragglar.synth import synthesize  # noqa: E402
 from stragglar.verify import prove  # noqa: E402
@@ -91,3 +91,27 @@ def test_torch_cuda_tensors_bfloat16_included(dtype: str) -> None:
             w.view(torch.int16 if w.element_size() == 2 else torch.int32),
             d.cpu().view(torch.int16 if w.element_size() == 2 else torch.int32),
         ), rank
+
+
+def device_rank(rank: int, world: int) -> bool:
+    """A rank of its own process on a torch NCCL group: the device engine, twice, exact."""
+    import torch
+
+    proof = prove(synthesize("stragglar", world, chunks=2 * world))
+    for call in range(2):
+        base = torch.arange(10_000, dtype=torch.float32, device="cuda") % 97
+        tensor = base * world + rank + call
+        allreduce(tensor, proof, timeout=60, engine="device")
+        want = base * world * world + world * (world - 1) // 2 + world * call
+        if not torch.equal(tensor, want):
+            raise AssertionError(f"rank {rank} call {call}: {int((tensor != want).sum())} wrong elements")
+    return True
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_processes_sharing_one_gpu_over_ipc_handles(world: int) -> None:
+    """Ranks as processes on one GPU (their kernels time-slice: a correctness check, not a timing)."""
+    pytest.importorskip("torch")
+    from stragglar.measure.launch import launch
+
+    assert launch(device_rank, world, (), timeout=90, backend="nccl", gpus=1) == [True] * world
