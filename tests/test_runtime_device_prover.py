@@ -96,8 +96,9 @@ def test_every_wait_removed_is_refused_as_a_race(algorithm: str, n: int, chunks:
 
 @pytest.mark.parametrize(("algorithm", "n", "chunks"), SMALL)
 def test_every_flag_value_one_too_low_is_refused(algorithm: str, n: int, chunks: int | None) -> None:
-    """A wait for one less than its value: the flag's previous setting in this call (a race) or,
-    for its first, the value the call before left (the wait would not wait)."""
+    """A wait for one less than its value: the flag's previous setting in this call (a race); for
+    its first setting, a wait counting one setting less a call (the value the call before left:
+    refused as a count the flag's raises do not make), or ordinal 0 (out of range)."""
     program = lowered(algorithm, n, chunks)
     for rank, index in rows_of(program, WAIT):
         ordinal, per_call = program.rows[rank][index, 6:8]
@@ -106,7 +107,7 @@ def test_every_flag_value_one_too_low_is_refused(algorithm: str, n: int, chunks:
             reason = "without waiting"
         elif per_call > 1:  # call * (K - 1) + 1 <= the K * call the call before left
             wrong = mutated(program, rank, set_column(7, lambda row: int(row[7]) - 1), index)
-            reason = "already left there: it does not wait"
+            reason = f"as raised {per_call - 1} times a call, but it is raised {per_call} times"
         else:
             wrong = mutated(program, rank, set_column(6, lambda row: 0), index)
             reason = "has ordinal 0 outside 1..1"
@@ -114,12 +115,36 @@ def test_every_flag_value_one_too_low_is_refused(algorithm: str, n: int, chunks:
             check(wrong)
 
 
-def test_a_flag_value_one_too_high_on_its_last_setting_is_a_deadlock() -> None:
-    """Waiting past a flag's last setting of the call: nobody raises it that high."""
+def test_a_count_of_raises_off_by_one_is_refused_on_waits_and_signals() -> None:
+    """A wait counting one raise more a call than the flag gets; a signal out of its place in
+    the count (two swapped)."""
     program = lowered("ring", 4)
     for rank, index in rows_of(program, WAIT):
-        with pytest.raises(DeviceProgramError, match="a deadlock"):
+        with pytest.raises(DeviceProgramError, match="times a call, but it is raised"):
             check(mutated(program, rank, set_column(7, lambda row: int(row[7]) + 1), index))
+    signals = [i for r, i in rows_of(program, SIGNAL) if r == 0]
+    first, second = signals[0], signals[1]
+
+    def swapped(rows: np.ndarray, index: int) -> np.ndarray:
+        rows[[first, second], 6] = rows[[second, first], 6]
+        return rows
+
+    with pytest.raises(DeviceProgramError, match=r"as its setting 2 of \d+ a call, but it is setting 1"):
+        check(mutated(program, 0, swapped, first))
+
+
+def test_waits_moved_before_the_signals_they_answer_deadlock() -> None:
+    """Two ranks exchanging in a round, each waiting for the other before raising its flag."""
+    program = lowered("rhd", 2)
+    rows = []
+    for table in program.rows:
+        first_round = table[table[:, 1] == table[0, 1]]
+        waits_first = np.concatenate(
+            [first_round[first_round[:, 0] == WAIT], first_round[first_round[:, 0] != WAIT]]
+        )
+        rows.append(np.concatenate([waits_first, table[len(first_round) :]]))
+    with pytest.raises(DeviceProgramError, match="never raises that high \\(a deadlock\\)"):
+        check(dataclasses.replace(program, rows=tuple(rows)))
 
 
 @pytest.mark.parametrize(("algorithm", "n", "chunks"), SMALL)

@@ -3,6 +3,6 @@
 (:mod:`stragglar.runtime.device.table`) and nothing of the lowering that wrote it (an import
 contract in ``pyproject.toml`` holds this folder to that), so a table is judged by what it says."""
 
-from stragglar.runtime.device.prover.check import CALLS, DeviceProgramError, check, refusal
+from stragglar.runtime.device.prover.check import DeviceProgramError, check, refusal
 
-__all__ = ["CALLS", "DeviceProgramError", "check", "refusal"]
+__all__ = ["DeviceProgramError", "check", "refusal"]

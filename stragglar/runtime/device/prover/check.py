@@ -1,17 +1,20 @@
 """Prove a device program from its rows: what the kernels do with it is a correct AllReduce.
 
-The rows are run symbolically, one call at a time, for several call numbers (:data:`CALLS`: the
-first call, the second, and one of a long-running job, each starting from the flag values the
-call before it leaves).  A chunk's value is the set of ranks whose contributions it holds; each
-rank carries a vector clock, and a ``wait`` joins the clock of the earliest ``signal`` whose
-value satisfies it (the weakest thing the hardware guarantees: an acquire synchronises with the
-release it reads).  Refused, with the row that breaks it:
+First the flags' counts: a flag raised ``K`` times a call, with ordinals 1..K in its setter's
+row order and every row on it saying ``per_call`` K, holds c*K + 1 .. c*K + K in call c, above
+every value of the calls before, so no wait is satisfied by an earlier call and which raise a
+wait sees does not depend on the call number.  Then the rows of one call are run symbolically: a
+chunk's value is the set of ranks whose contributions it holds; each rank carries a vector
+clock, and a ``wait`` joins the clock of the earliest ``signal`` whose value satisfies it (the
+weakest thing the hardware guarantees: an acquire synchronises with the release it reads).
+Refused, with the row that breaks it:
 
 * a row out of range (an op, peer, chunk, slot or flag that does not exist, a rank sending to
   itself, an ordinal outside 1..per_call);
-* a flag raised by two ranks, or to a value that does not grow along its setter's rows;
-* a ``wait`` an earlier call already satisfies (it would not wait), or one nobody ever
-  satisfies (a deadlock), or one naming a peer that is not the flag's setter;
+* a flag raised by two ranks, or out of its count (an ordinal not its place among its setter's
+  raises, a ``per_call`` not the number of raises), or waited on with another count;
+* a ``wait`` nobody ever satisfies (a deadlock), or one naming a peer that is not the flag's
+  setter;
 * an inbox slot written twice in a call (two writers of one element), or landed before any
   rank wrote it, or landed without a ``wait`` on a flag its writer raised after writing it
   (a read-after-write race), or landed into another chunk than the one written into it (the
@@ -33,9 +36,9 @@ from dataclasses import dataclass, field
 from stragglar.errors import IncorrectError
 from stragglar.runtime.device.table import COPY, OPS, PUT, REDUCE, SIGNAL, WAIT, DeviceProgram, flag_value
 
-__all__ = ["CALLS", "DeviceProgramError", "check", "refusal"]
+__all__ = ["DeviceProgramError", "check", "refusal"]
 
-CALLS = (1, 2, 2**40)  # first call, its successor, one far along (values must fit 64 bits)
+CALL = 1  # the call number the rows are run for: with the counts checked, any call is the same
 
 
 class DeviceProgramError(IncorrectError):
@@ -75,11 +78,7 @@ def check(program: DeviceProgram) -> None:
     """Prove ``program`` or raise :class:`DeviceProgramError` naming the first row that breaks it."""
     _check_ranges(program)
     setters = _setters(program)
-    before: dict[tuple[int, int], int] = {}
-    for call in CALLS:
-        if call > 1:
-            before = _left_by(program, call - 1)
-        _run_call(program, call, before, setters)
+    _run_call(program, setters)
 
 
 def _where(program: DeviceProgram, rank: int, index: int) -> str:
@@ -120,9 +119,12 @@ def _check_ranges(program: DeviceProgram) -> None:
 
 
 def _setters(program: DeviceProgram) -> dict[tuple[int, int], int]:
-    """(holder, flag) -> the one rank that raises it, its values growing along its rows."""
+    """(holder, flag) -> the one rank that raises it, ``K`` times a call with ordinals 1..K in
+    its row order, every row on the flag (its raises and its waits) saying ``per_call`` K.  So
+    a flag's values in call c are c*K + 1 .. c*K + K, above every value of the calls before:
+    which raise a wait sees does not depend on the call number, and one call stands for all."""
     setters: dict[tuple[int, int], int] = {}
-    last: dict[tuple[int, int], int] = {}
+    raised: dict[tuple[int, int], list[tuple[int, int, int]]] = {}  # (ordinal, per_call, row)
     for rank, rows in enumerate(program.rows):
         for index, row in enumerate(rows.tolist()):
             if row[0] != SIGNAL:
@@ -136,26 +138,32 @@ def _setters(program: DeviceProgram) -> dict[tuple[int, int], int]:
                     index,
                     f"raises flag {row[5]} of rank {row[2]}, which rank {other} raises too",
                 )
-            value = flag_value(CALLS[-1], row[6], row[7])
-            if key in last and value <= last[key]:
-                raise _fail(program, rank, index, f"lowers flag {row[5]} of rank {row[2]} (values must grow)")
-            last[key] = value
+            raised.setdefault(key, []).append((row[6], row[7], index))
+    for (holder, flag), settings in raised.items():
+        times = len(settings)
+        for ordinal, (got, per_call, index) in enumerate(settings, start=1):
+            if (got, per_call) != (ordinal, times):
+                raise _fail(
+                    program,
+                    setters[(holder, flag)],
+                    index,
+                    f"raises flag {flag} of rank {holder} as its setting {got} of {per_call} a call, "
+                    f"but it is setting {ordinal} of the {times} its rows make",
+                )
+    for rank, rows in enumerate(program.rows):
+        for index, row in enumerate(rows.tolist()):
+            times = len(raised.get((rank, row[5]), ()))
+            if row[0] == WAIT and times and row[7] != times:
+                raise _fail(
+                    program,
+                    rank,
+                    index,
+                    f"waits on flag {row[5]} as raised {row[7]} times a call, but it is raised {times} times",
+                )
     return setters
 
 
-def _left_by(program: DeviceProgram, call: int) -> dict[tuple[int, int], int]:
-    """The flag values call number ``call`` leaves: each flag's last setting."""
-    left: dict[tuple[int, int], int] = {}
-    for rows in program.rows:
-        for row in rows.tolist():
-            if row[0] == SIGNAL:
-                left[(row[2], row[5])] = flag_value(call, row[6], row[7])
-    return left
-
-
-def _run_call(
-    program: DeviceProgram, call: int, before: dict[tuple[int, int], int], setters: dict[tuple[int, int], int]
-) -> None:
+def _run_call(program: DeviceProgram, setters: dict[tuple[int, int], int]) -> None:
     n, everyone = program.num_ranks, (1 << program.num_ranks) - 1
     ranks = [_Rank(r, [0] * n, [1 << r] * program.num_chunks) for r in range(n)]
     stores: dict[tuple[int, int], list[tuple[int, list[int]]]] = {}  # (holder, flag) -> (value, clock)
@@ -163,11 +171,11 @@ def _run_call(
     while True:
         moved = False
         for state in ranks:
-            moved |= _advance(program, call, state, tables[state.rank], ranks, stores, before, setters)
+            moved |= _advance(program, state, tables[state.rank], ranks, stores, setters)
         if all(state.pc == len(tables[state.rank]) for state in ranks):
             break
         if not moved:
-            raise _deadlock(program, call, ranks, tables)
+            raise _deadlock(program, ranks, tables)
     for state in ranks:
         for chunk, value in enumerate(state.buffer):
             if value != everyone:
@@ -180,12 +188,10 @@ def _run_call(
 
 def _advance(
     program: DeviceProgram,
-    call: int,
     state: _Rank,
     rows: list[list[int]],
     ranks: list[_Rank],
     stores: dict[tuple[int, int], list[tuple[int, list[int]]]],
-    before: dict[tuple[int, int], int],
     setters: dict[tuple[int, int], int],
 ) -> bool:
     """Run ``state``'s rows until one waits for a flag not yet raised; whether any ran."""
@@ -194,21 +200,13 @@ def _advance(
         index = state.pc
         op, _, peer, chunk, slot, flag, ordinal, per_call = rows[index]
         if op == WAIT:
-            want = flag_value(call, ordinal, per_call)
+            want = flag_value(CALL, ordinal, per_call)
             if setters.get((me, flag)) != peer:
                 raise _fail(
                     program,
                     me,
                     index,
                     f"waits for rank {peer} on flag {flag}, which rank {peer} never raises",
-                )
-            if before.get((me, flag), 0) >= want:
-                raise _fail(
-                    program,
-                    me,
-                    index,
-                    f"waits for flag {flag} >= {want}, which call {call - 1} already left there: "
-                    "it does not wait",
                 )
             seen = next((clock for value, clock in stores.get((me, flag), ()) if value >= want), None)
             if seen is None:
@@ -229,7 +227,7 @@ def _advance(
             target[slot] = _Written(state.buffer[chunk], me, index, state.clock[me], chunk)
         elif op == SIGNAL:
             stores.setdefault((peer, flag), []).append(
-                (flag_value(call, ordinal, per_call), list(state.clock))
+                (flag_value(CALL, ordinal, per_call), list(state.clock))
             )
         elif op in (COPY, REDUCE):
             _land(program, state, index, op, chunk, slot)
@@ -274,16 +272,16 @@ def _writer(program: DeviceProgram, holder: int, slot: int) -> tuple[int, int] |
 
 
 def _deadlock(
-    program: DeviceProgram, call: int, ranks: list[_Rank], tables: list[list[list[int]]]
+    program: DeviceProgram, ranks: list[_Rank], tables: list[list[list[int]]]
 ) -> DeviceProgramError:
     """The first rank stuck on a wait, as an error."""
     state = next(s for s in ranks if s.pc < len(tables[s.rank]))
     _, _, peer, _, _, flag, ordinal, per_call = tables[state.rank][state.pc]
-    want = flag_value(call, ordinal, per_call)
+    want = flag_value(CALL, ordinal, per_call)
     return _fail(
         program,
         state.rank,
         state.pc,
-        f"waits in call {call} for flag {flag} >= {want}, which rank {peer} never raises that high "
+        f"waits for flag {flag} >= {want} (call {CALL}), which rank {peer} never raises that high "
         "(a deadlock)",
     )
