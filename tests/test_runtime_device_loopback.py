@@ -197,3 +197,17 @@ def test_torch_cpu_tensors_and_buffers_on_two_gpus_are_refused(cuda: FakeCuda) -
     with pytest.raises(InputError, match=r"on one GPU, got buffers on GPUs \[0, 1\]"):
         allreduce_local(data, proof, engine="device")
     assert not cuda.launches
+
+
+def test_the_error_raised_names_the_rank_nobody_heard_from_not_those_waiting_on_waiters() -> None:
+    """Rank 1 waited for rank 0, which waited for rank 3 (absent, no error of its own): the
+    error is rank 0's, naming rank 3, and says rank 1 timed out too."""
+    program = lower(compile_schedule(synthesize("stragglar", 4)))
+    words = np.zeros((4, 8), dtype=np.uint64)
+    words[0] = [1, 2, 1, 3, 3, 5, 4, 0]  # claimed, row 2, round 1, peer 3, flag 3, wanted 5, saw 4, block 0
+    words[1] = [1, 7, 2, 0, 0, 6, 5, 1]
+    error = loopback.first_failure(program, words, [0, 1])
+    phase, number = program.phase_round(1)
+    assert (error.rank, error.peer, error.round, error.phase) == (0, 3, number, phase)
+    assert str(error).endswith("block 0 waited at row 2 for flag 3 >= 5, saw 4 (ranks [1] timed out too)")
+    assert loopback.first_failure(program, words, [1]).peer == 0  # alone, rank 1's own

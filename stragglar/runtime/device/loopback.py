@@ -148,15 +148,16 @@ class DeviceLoopback:
         ]
 
 
-def rank_error(program: DeviceProgram, rank: int, words: np.ndarray) -> RankError:
+def rank_error(program: DeviceProgram, rank: int, words: np.ndarray, also: Sequence[int] = ()) -> RankError:
     """The :class:`RankError` of rank ``rank``'s error words (row, round, peer, flag, wanted, seen,
-    block): a wait on the device that timed out."""
+    block): a wait on the device that timed out; ``also``: the other ranks that timed out."""
     row, rnd, peer, flag, wanted, seen, block = (int(w) for w in words[1:ERROR_WORDS])
     phase, number = program.phase_round(rnd)
     what = failure_phrase("timed out", number, phase, peer)
+    others = f" (ranks {list(also)} timed out too)" if also else ""
     return RankError(
         f"allreduce failed: rank {rank} {what}: block {block} waited at row {row} for flag {flag} "
-        f">= {wanted}, saw {seen}",
+        f">= {wanted}, saw {seen}{others}",
         rank=rank,
         reason="timed out",
         round=number,
@@ -168,12 +169,8 @@ def rank_error(program: DeviceProgram, rank: int, words: np.ndarray) -> RankErro
 def first_failure(program: DeviceProgram, words: np.ndarray, failed: Sequence[int]) -> RankError:
     """The error to raise when ranks ``failed``: one whose peer did not fail itself (the rank that
     never came, not those that waited for others that waited for it), else the first."""
-    errors = [rank_error(program, r, words[r]) for r in failed]
-    root = next((e for e in errors if e.peer not in failed), errors[0])
-    others = [e.rank for e in errors if e is not root]
-    if others:
-        root.args = (f"{root.args[0]} (ranks {others} timed out too)",)
-    return root
+    root = next((r for r in failed if int(words[r, 3]) not in failed), failed[0])
+    return rank_error(program, root, words[root], [r for r in failed if r != root])
 
 
 _loopbacks: OrderedDict[Hashable, DeviceLoopback] = OrderedDict()
