@@ -181,6 +181,7 @@ class FakeCuda:
             free=self.allocations.pop,
             memset=lambda address, value, nbytes: ctypes.memset(address, value, nbytes),
             ipcCloseMemHandle=self.closed.append,
+            getDeviceProperties=lambda device: self.attributes,
         )
 
     def malloc(self, nbytes: int) -> int:
@@ -209,9 +210,6 @@ class FakeCuda:
 
     def Stream(self, non_blocking: bool = False) -> FakeStream:
         return FakeStream(self)
-
-    def Device(self, index: int) -> Any:
-        return types.SimpleNamespace(attributes=self.attributes)
 
     def get_current_stream(self) -> Any:
         return types.SimpleNamespace(record=lambda: "event")
@@ -283,11 +281,11 @@ class _Kernel:
 
 
 H200 = {  # what a Hopper GPU says of itself (132 multiprocessors)
-    "MultiProcessorCount": 132,
-    "MaxThreadsPerMultiProcessor": 2048,
-    "MaxBlocksPerMultiprocessor": 32,
-    "MaxRegistersPerMultiprocessor": 65536,
-    "MaxSharedMemoryPerMultiprocessor": 233472,
+    "multiProcessorCount": 132,
+    "maxThreadsPerMultiProcessor": 2048,
+    "maxBlocksPerMultiProcessor": 32,
+    "regsPerMultiprocessor": 65536,
+    "sharedMemPerMultiprocessor": 233472,
 }
 
 

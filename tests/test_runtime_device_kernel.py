@@ -179,8 +179,8 @@ def test_the_source_compiles_for_a_gpu_with_nvrtc() -> None:
     result = compile_ptx(nvrtc, SOURCE, names, ["--std=c++14", "-arch=compute_90"])
     assert set(result.lowered) == set(names) and all(result.lowered.values())
     for instruction in (
-        "ld.acquire.sys.global.u64",
-        "st.release.sys.global.u64",
+        "ld.acquire.sys.u64",
+        "st.release.sys.u64",
         "%globaltimer",
         "atom.global.cas",
     ):

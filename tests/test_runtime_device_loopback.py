@@ -100,11 +100,11 @@ def test_a_launch_the_device_cannot_hold_at_once_is_refused_before_it_runs(
     """Blocks of 512 threads of 40 registers each: one multiprocessor's 65536 registers hold
     three at once (its 2048 threads would hold four), so four ranks are refused, three run."""
     small = {
-        "MultiProcessorCount": 1,
-        "MaxThreadsPerMultiProcessor": 2048,
-        "MaxBlocksPerMultiprocessor": 32,
-        "MaxRegistersPerMultiprocessor": 65536,
-        "MaxSharedMemoryPerMultiprocessor": 49152,
+        "multiProcessorCount": 1,
+        "maxThreadsPerMultiProcessor": 2048,
+        "maxBlocksPerMultiProcessor": 32,
+        "regsPerMultiprocessor": 65536,
+        "sharedMemPerMultiprocessor": 49152,
     }
     fake = next(installed(monkeypatch, host, small))
     proof = prove(synthesize("stragglar", 4))

@@ -70,8 +70,8 @@ class DeviceRank:
         self.kernel = cupy.RawModule(
             code=SOURCE, options=("--std=c++14",), name_expressions=[name]
         ).get_function(name)
-        attributes = cupy.cuda.Device(device_id).attributes
-        resident = resident_blocks(attributes, self.kernel.num_regs, self.kernel.shared_size_bytes, THREADS)
+        properties = cupy.cuda.runtime.getDeviceProperties(device_id)
+        resident = resident_blocks(properties, self.kernel.num_regs, self.kernel.shared_size_bytes, THREADS)
         mine = blocks_for(program, count, resident)
         self.slot_size = -(-count // program.num_chunks)
         self.rows = cupy.asarray(np.ascontiguousarray(program.rows[rank]))

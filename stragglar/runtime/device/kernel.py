@@ -32,11 +32,11 @@ _PRIMITIVES = r"""
 #ifndef STRAGGLAR_HOST
 __device__ unsigned long long load_acquire(const unsigned long long* word) {
     unsigned long long value;
-    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(value) : "l"(word) : "memory");
+    asm volatile("ld.acquire.sys.u64 %0, [%1];" : "=l"(value) : "l"(word) : "memory");
     return value;
 }
 __device__ void store_release(unsigned long long* word, unsigned long long value) {
-    asm volatile("st.release.sys.global.u64 [%0], %1;" :: "l"(word), "l"(value) : "memory");
+    asm volatile("st.release.sys.u64 [%0], %1;" :: "l"(word), "l"(value) : "memory");
 }
 __device__ unsigned long long load_relaxed(const unsigned long long* word) {
     return *(const volatile unsigned long long*)word;

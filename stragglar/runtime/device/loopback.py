@@ -45,17 +45,17 @@ WAIT_TIMEOUT_S = 30.0  # how long a device wait spins, beyond the late rank's de
 _DEFAULT_BLOCKS_PER_SM = 16  # where a device does not say how many blocks a multiprocessor holds
 
 
-def resident_blocks(attributes: Mapping[str, int], registers: int, shared_bytes: int, threads: int) -> int:
+def resident_blocks(properties: Mapping[str, int], registers: int, shared_bytes: int, threads: int) -> int:
     """How many blocks of ``threads`` threads, each thread using ``registers`` registers (rounded
     up to the hardware's 8) and each block ``shared_bytes`` of shared memory, the device holds
-    at once (``attributes``: CuPy's ``Device.attributes``)."""
+    at once (``properties``: ``cupy.cuda.runtime.getDeviceProperties``, cudaDeviceProp's fields)."""
     per_sm = min(
-        attributes["MaxThreadsPerMultiProcessor"] // threads,
-        attributes.get("MaxBlocksPerMultiprocessor", _DEFAULT_BLOCKS_PER_SM),
-        attributes["MaxRegistersPerMultiprocessor"] // (-(-max(registers, 1) // 8) * 8 * threads),
-        attributes["MaxSharedMemoryPerMultiprocessor"] // max(shared_bytes, 1),
+        properties["maxThreadsPerMultiProcessor"] // threads,
+        properties.get("maxBlocksPerMultiProcessor", _DEFAULT_BLOCKS_PER_SM),
+        properties["regsPerMultiprocessor"] // (-(-max(registers, 1) // 8) * 8 * threads),
+        properties["sharedMemPerMultiprocessor"] // max(shared_bytes, 1),
     )
-    return int(attributes["MultiProcessorCount"]) * max(per_sm, 0)
+    return int(properties["multiProcessorCount"]) * max(per_sm, 0)
 
 
 def blocks_for(program: DeviceProgram, count: int, resident: int) -> int:
@@ -76,14 +76,17 @@ class DeviceLoopback:
     """One program's device state: each rank's rows, inbox and flags, the error words, the
     streams, and the number of the last call (the flags' values go on from it)."""
 
-    def __init__(self, cupy: Any, program: DeviceProgram, count: int, dtype: str, device: Any) -> None:
+    def __init__(self, cupy: Any, program: DeviceProgram, count: int, dtype: str, device_id: int) -> None:
         self.cupy = cupy
         self.program = program
         self.lock = threading.Lock()  # one call at a time: inboxes and flags are shared
         module = cupy.RawModule(code=SOURCE, options=("--std=c++14",), name_expressions=[kernel_name(dtype)])
         self.kernel = module.get_function(kernel_name(dtype))
         resident = resident_blocks(
-            device.attributes, self.kernel.num_regs, self.kernel.shared_size_bytes, THREADS
+            cupy.cuda.runtime.getDeviceProperties(device_id),
+            self.kernel.num_regs,
+            self.kernel.shared_size_bytes,
+            THREADS,
         )
         self.blocks = blocks_for(program, count, resident)
         self.count = count
@@ -192,7 +195,6 @@ def run_device_loopback(
     per rank, all on device ``device_id``) with ``program``, the proved program of the schedule
     whose fingerprint is ``fingerprint``."""
     key = (fingerprint, count, dtype, device_id)
-    device = cupy.cuda.Device(device_id)
-    loopback = cached(_loopbacks, key, lambda: DeviceLoopback(cupy, program, count, dtype, device), CACHED)
+    loopback = cached(_loopbacks, key, lambda: DeviceLoopback(cupy, program, count, dtype, device_id), CACHED)
     with loopback.lock:
         return loopback.run(buffers, straggler_delay, late_rank)
