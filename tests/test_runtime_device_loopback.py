@@ -91,6 +91,9 @@ def test_the_late_rank_is_launched_after_its_delay(cuda: FakeCuda) -> None:
     first = min(when.values())
     assert when[late] - first >= 0.2 and all(t - first < 0.1 for b, t in when.items() if b != late)
     assert timelines[proof.schedule.late_rank].arrived - timelines[0].start >= 0.2
+    late_line = timelines[proof.schedule.late_rank]
+    assert late_line.phase_done[0] is None and late_line.phase_done[1] == late_line.done  # not in phase 0
+    assert timelines[0].phase_done == (timelines[0].done, timelines[0].done)
     assert all(w.tobytes() == np.array(g).tobytes() for w, g in zip(want, data, strict=True))
 
 

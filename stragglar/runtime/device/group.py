@@ -148,7 +148,7 @@ class DeviceRank:
         failed = [r for r in range(len(words)) if words[r, 0]]
         if failed:
             raise first_failure(self.program, words, failed)
-        return Timeline(self.rank, start, arrived, (done,) * len(self.program.phases), done)
+        return Timeline(self.rank, start, arrived, self.program.phase_ends(self.rank, done), done)
 
 
 def _allocation(runtime: Any, nbytes: int) -> int:

@@ -144,9 +144,8 @@ class DeviceLoopback:
         failed = [r for r in range(len(buffers)) if words[r, 0]]
         if failed:
             raise first_failure(self.program, words, failed)
-        phases = len(self.program.phases)
         return [
-            Timeline(r, start, arrived if r == late_rank else start, (done,) * phases, done)
+            Timeline(r, start, arrived if r == late_rank else start, self.program.phase_ends(r, done), done)
             for r in range(len(buffers))
         ]
 

@@ -67,6 +67,15 @@ class DeviceProgram:
     phases: tuple[str, ...]
     phase_starts: tuple[int, ...]
 
+    def phase_ends(self, rank: int, done: float) -> tuple[float | None, ...]:
+        """A rank's :attr:`~stragglar.runtime.clock.Timeline.phase_done` when its kernel ended at
+        ``done``: that time for every phase it has rows in, None for the others."""
+        rounds = {int(r) for r in self.rows[rank][:, 1]}
+        ends = [
+            max((i for i, start in enumerate(self.phase_starts) if start <= r), default=0) for r in rounds
+        ]
+        return tuple(done if phase in ends else None for phase in range(len(self.phases)))
+
     def phase_round(self, round_index: int) -> tuple[str, int]:
         """A round across phases as (its phase's name, its number within the phase)."""
         phase = max(i for i, start in enumerate(self.phase_starts) if start <= round_index)
