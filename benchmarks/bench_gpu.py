@@ -23,6 +23,9 @@ of each, and the device copy floor (one copy of every rank's buffer: no loopback
 moves less).  Every call's result is checked exactly on the device against the sum (values
 distinct per rank and element, exact in float32), and a wrong one stops the benchmark.
 
+(e) The device engine (one persistent kernel per rank, ``engine="device"``) against the graphed
+loopback, last as well: see gpu_device.py for its rows and targets (issue 34).
+
 Targets (issue 24): loopback with graphs <= 10 us per round at N = 8, C = 64, 1 MiB, and at N = 8,
 64 MiB C = 64 with graphs <= 1.3x the paper's C = 7 with graphs; a StragglAR round with graphs on
 4 NCCL ranks, 4 KiB, <= 1.5x the bare pair; DDP with ``chunks="auto"`` no slower than the paper's
@@ -44,6 +47,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from gpu_device import device_executor, device_table
 from gpu_inputs import PERIOD, DDPConfig, P2PConfig, Wrong, slowest, total, value
 from results import save
 
@@ -314,7 +318,7 @@ def ddp_targets(runs: dict[str, dict[str, Any]]) -> list[str]:
     return out
 
 
-PARTS = ("p2p", "ddp", "cupy_nccl", "loopback")  # in the order they run: see main
+PARTS = ("p2p", "ddp", "cupy_nccl", "loopback", "device_executor")  # in the order they run: see main
 
 
 def kept_parts(path: Path | None, parts: tuple[str, ...]) -> tuple[str | None, dict[str, Any]]:
@@ -396,6 +400,21 @@ def run_loopback(args: argparse.Namespace, gpus: int) -> list[dict[str, Any]] | 
     return [asdict(r) for r in rows]
 
 
+def run_device_executor(args: argparse.Namespace, gpus: int) -> list[dict[str, Any]] | str:
+    if importlib.util.find_spec("cupy") is None:
+        print("\ndevice executor not measured: cupy is not installed")
+        return "not measured: cupy is not installed"
+    import cupy
+
+    def progress(line: str) -> None:
+        print(f"  {line}", file=sys.stderr, flush=True)
+
+    rows = device_executor(cupy, cupy.cuda.Device().synchronize, args.quick, args.iters, progress)
+    print("\n## Device engine (one kernel per rank) against the loopback with graphs\n")
+    print(device_table(rows), flush=True)
+    return [asdict(r) for r in rows]
+
+
 def device_name() -> str:
     """The first GPU's name, as torch says it (torch: only once the parts have run)."""
     import torch
@@ -408,6 +427,7 @@ RUNNERS: dict[str, Callable[[argparse.Namespace, int], Any]] = {
     "ddp": run_ddp,
     "cupy_nccl": run_cupy_nccl,
     "loopback": run_loopback,
+    "device_executor": run_device_executor,
 }
 
 
@@ -433,8 +453,8 @@ def main(argv: list[str] | None = None) -> None:
     kept_device, kept = kept_parts(args.json, args.parts)
     figures = dict(kept)
     failed = False
-    # The loopback runs last: it makes a CUDA context in this process, which the ranks of a part
-    # after it, forked from here, could not use.
+    # The loopback and the device engine run last: they make a CUDA context in this process, which
+    # the ranks of a part after them, forked from here, could not use.
     for part in (p for p in PARTS if p in args.parts):
         try:
             figures[part] = RUNNERS[part](args, gpus)

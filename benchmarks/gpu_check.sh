@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # The GPU check in one command, for a machine with CUDA GPUs, CuPy and torch: the GPU tests (the
-# loopback's kernels and graphs, bit for bit), bench_gpu.py --quick with its JSON (the loopback,
-# then the ranks' parts), `stragglar run` on NCCL ranks, the DDP example under torchrun, and
-# `stragglar bench` on NCCL ranks; each step logged, and run even when one before it failed.
+# loopback's kernels and graphs, bit for bit; the device engine's), bench_gpu.py --quick with its
+# JSON (the loopback, the device engine, then the ranks' parts), `stragglar run` on NCCL ranks,
+# the DDP example under torchrun, and `stragglar bench` on NCCL ranks; each step logged, and run
+# even when one before it failed.
 #
 #     bash benchmarks/gpu_check.sh                      # logs and gpu.json in /tmp/stragglar-gpu-check
 #     OUT=/data/gpu-check bash benchmarks/gpu_check.sh  # or in the folder OUT names
 #
 # What it writes: device.txt (nvidia-smi's view of the GPUs), one log per step and gpu.json.
-# Each step has a time limit (6.7 minutes in all), so that a hung step (a rank waiting forever on
+# Each step has a time limit (9.3 minutes in all), so that a hung step (a rank waiting forever on
 # a peer) cannot hold the machine and the steps after it still run. If the machine has no
 # network, put the wheels it lacks (z3-solver, ...) in .whl/ and they are installed from there.
 # Exits 1 if any step failed, 2 if the wheels would not install.
@@ -42,7 +43,9 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$out/devi
 # their own, so that a failure in the ranks' parts cannot take them), then the ranks' parts into
 # the same JSON (bench_gpu keeps the loopback's figures there), then the commands a user types.
 step tests 35 python3 -m pytest -q -p no:cacheprovider tests/test_runtime_loopback_gpu_device.py tests/test_runtime_loopback_gpu_kernels.py
+step device-tests 100 python3 -m pytest -q -p no:cacheprovider tests/test_runtime_device_gpu.py
 step loopback 40 python3 benchmarks/bench_gpu.py --quick --iters 3 --parts loopback --json "$out/gpu.json"
+step device 60 python3 benchmarks/bench_gpu.py --quick --iters 3 --parts device_executor --json "$out/gpu.json"
 step bench-ranks 190 python3 benchmarks/bench_gpu.py --quick --iters 3 --parts p2p,ddp,cupy_nccl --json "$out/gpu.json"
 step run-nccl 40 python3 -m stragglar run --backend nccl --gpus 4 --size 16MiB --delay 20ms --chunks 6 --iters 3
 step ddp-example 50 torchrun --nproc-per-node=4 examples/ddp_torchrun.py --late-rank 3 --delay 50ms --steps 8

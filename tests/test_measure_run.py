@@ -8,6 +8,7 @@ import json
 import re
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -510,3 +511,49 @@ def test_graphs_apply_to_the_nccl_and_cupy_backends_only(backend: str) -> None:
         run_benchmark(backend, 2, 64, graphs=False)
     with pytest.raises(TypeError, match=r"^graphs must be True or False, got 'off'$"):
         run_benchmark("nccl", 2, 64, graphs="off")  # type: ignore[arg-type]
+
+
+def both_libraries_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As if torch and cupy were installed (this machine has no cupy)."""
+    import importlib.util
+
+    from stragglar.measure import run as run_module
+
+    found = importlib.util.find_spec("numpy")
+    monkeypatch.setattr(
+        run_module, "importlib", SimpleNamespace(util=SimpleNamespace(find_spec=lambda name: found))
+    )
+
+
+def test_cli_device_without_cupy_or_cuda_is_one_line_before_any_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    from stragglar.measure import run as run_module
+
+    monkeypatch.setattr("stragglar.measure.run.synthesize", never)
+    monkeypatch.setattr(
+        run_module,
+        "importlib",
+        SimpleNamespace(util=SimpleNamespace(find_spec=lambda name: None if name == "cupy" else object())),
+    )
+    line = one_error_line(run("run", "--backend", "device", "--gpus", "4"))
+    assert line == f"Error: {run_module.HINTS['device']}"
+    both_libraries_found(monkeypatch)
+    gpus_seen(monkeypatch, 0)
+    assert one_error_line(run("run", "--backend", "device", "--gpus", "4")) == f"Error: {NO_CUDA}"
+
+
+def test_cli_run_device_asks_the_nccl_ranks_for_the_device_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ranks run on NCCL with the device engine; ranks sharing a GPU are told apart from the
+    nccl backend's (their data goes through CUDA IPC, not sockets); graphs do not apply."""
+    both_libraries_found(monkeypatch)
+    gpus_seen(monkeypatch, 1)
+    asked = fake_nccl_figures(monkeypatch)
+    result = run("run", "--backend", "device", "--gpus", "4", "--size", "4KiB", "--iters", "2")
+    assert result.exit_code == 0, result.output
+    assert asked["engine"] == "nccl" and asked["on_device"] is True and asked["gpus"] == 1
+    assert "through CUDA IPC" in result.stdout and "talk over NCCL's socket transport" not in result.stdout
+    nccl = run("run", "--backend", "nccl", "--gpus", "4", "--size", "4KiB", "--iters", "2")
+    assert asked["on_device"] is False and "talk over NCCL's socket transport" in nccl.stdout
+    refused = run("run", "--backend", "device", "--gpus", "4", "--no-graphs")
+    assert one_error_line(refused).endswith(
+        "--no-graphs does not apply: CUDA graphs replay the nccl and cupy backends' rounds, not device's"
+    )

@@ -61,7 +61,8 @@ PRICED_ALPHA = click.option(
 )
 BACKEND_HELP = (
     "local: NumPy, all ranks in one process; torch: gloo ranks on the CPU; nccl: torch ranks on NCCL, "
-    "rank r on GPU r mod the GPU count; cupy: CuPy, all ranks in one process on one GPU."
+    "rank r on GPU r mod the GPU count; cupy: CuPy, all ranks in one process on one GPU; device: as nccl, "
+    "each rank's AllReduce one kernel launch reaching its peers' memory through CUDA IPC."
 )
 
 NO_GRAPHS = click.option(

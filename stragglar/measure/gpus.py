@@ -45,13 +45,19 @@ def placement(rank: int, world_size: int, gpus: int) -> Placement:
     return Placement(rank % gpus, {"NCCL_HOSTID": f"host-{rank}", "NCCL_SOCKET_IFNAME": "lo"})
 
 
-def sharing_note(world_size: int, gpus: int) -> str | None:
-    """What a report says once where ranks share GPUs (None where each rank has its own)."""
+def sharing_note(world_size: int, gpus: int, backend: str = "nccl") -> str | None:
+    """What a report says once where ranks share GPUs (None where each rank has its own): on the
+    nccl backend their messages go over NCCL's sockets, on the device backend their kernels reach
+    each other's memory on the GPU; either way they take turns on it."""
     if world_size <= gpus:
         return None
+    if backend == "device":
+        how = "reach each other's memory through CUDA IPC (their headers over NCCL's socket transport)"
+    else:
+        how = "talk over NCCL's socket transport on the loopback"
     return (
         f"note: more ranks than the {gpus} GPU{'s' * (gpus > 1)} here: ranks that share a GPU run as "
-        "separate hosts (NCCL_HOSTID per rank) and talk over NCCL's socket transport on the loopback, "
+        f"separate hosts (NCCL_HOSTID per rank) and {how}, "
         "taking turns on the GPU: results are checked as ever, the times are indicative only"
     )
 

@@ -48,7 +48,7 @@ __all__ = [
     "run_benchmark",
 ]
 
-BACKENDS = ("local", "torch", "nccl", "cupy")
+BACKENDS = ("local", "torch", "nccl", "cupy", "device")
 GRAPH_BACKENDS = ("nccl", "cupy")  # whose rounds replay from CUDA graphs (after their first call)
 IN_PROCESS_BACKENDS = ("local", "cupy")  # all ranks in one process; the others start one per rank
 IN_ONE_PROCESS = (  # what the ratios of the in-process backends mean: their baseline is no collective
@@ -56,8 +56,8 @@ IN_ONE_PROCESS = (  # what the ratios of the in-process backends mean: their bas
     "own overhead and say nothing of a network; the torch and nccl backends compare collectives"
 )
 _ARRAYS = {"local": "NumPy", "cupy": "CuPy"}  # the in-process backends' array libraries, NumPy's dtypes
-_ENGINES = {"torch": "gloo", "nccl": "nccl"}  # the backends whose ranks are torch processes, on what
-_LIBRARIES = {"torch": "torch", "nccl": "torch", "cupy": "cupy"}  # what a backend imports
+_ENGINES = {"torch": "gloo", "nccl": "nccl", "device": "nccl"}  # the backends whose ranks are torch processes
+_LIBRARIES = {"torch": ("torch",), "nccl": ("torch",), "cupy": ("cupy",), "device": ("torch", "cupy")}
 MAX_ITERS = 10_000  # timed iterations per run, and warm-up ones: a bound, so a typo cannot run for ever
 # (rank, chunk) cells of a schedule a run times: N = 256 with N - 1 chunks.  An iteration moves
 # every transfer of the schedule as its own slice copy (in one process) or message (one process
@@ -198,7 +198,7 @@ class BenchmarkResult:
             ]
         if self.backend in IN_PROCESS_BACKENDS and self.variants:
             lines.append(f"  {IN_ONE_PROCESS}")
-        note = None if self.gpus is None else sharing_note(self.num_ranks, self.gpus)
+        note = None if self.gpus is None else sharing_note(self.num_ranks, self.gpus, self.backend)
         if note is not None:
             lines.append(f"  {note}")
         return "\n".join(lines)
@@ -314,6 +314,7 @@ def run_benchmark(
             engine=_ENGINES[backend],
             gpus=gpus or 0,
             graphs=graphs,
+            on_device=backend == "device",
         )
     else:
         figures = in_process_figures(
@@ -355,7 +356,7 @@ def check_backend(backend: str) -> int | None:
     if backend not in BACKENDS:
         raise InputError(f"unknown backend {described(backend)} (choose from {', '.join(BACKENDS)})")
     _require(backend)
-    return check_cuda() if backend == "nccl" else None
+    return check_cuda() if _ENGINES.get(backend) == "nccl" else None
 
 
 def check_run_size(num_ranks: int, num_chunks: int) -> None:
@@ -411,11 +412,14 @@ HINTS = {
         "the cupy backend needs cupy: pip install 'stragglar[cuda12]' (cupy-cuda12x) or "
         "'stragglar[cuda13]' (cupy-cuda13x), the one matching the CUDA version that nvidia-smi prints"
     ),
+    "device": (
+        "the device backend needs torch and cupy: a CUDA build of PyTorch that matches your driver, then "
+        "pip install 'stragglar[torch,cuda12]' (or cuda13, the CUDA version that nvidia-smi prints)"
+    ),
 }
 
 
 def _require(backend: str) -> None:
     """An InputError saying how to install the backend's library when it is missing."""
-    library = _LIBRARIES.get(backend)
-    if library is not None and importlib.util.find_spec(library) is None:
+    if any(importlib.util.find_spec(library) is None for library in _LIBRARIES.get(backend, ())):
         raise InputError(HINTS[backend])

@@ -58,6 +58,7 @@ def torch_figures(
     engine: str = "gloo",
     gpus: int = 0,
     graphs: bool | None = None,
+    on_device: bool = False,
 ) -> Figures:
     """Run the ranks once; per iteration, the slowest rank's time for each schedule and for
     all_reduce, in the rotating order of :func:`~stragglar.measure.timing.turn`.
@@ -67,9 +68,23 @@ def torch_figures(
     sockets paced to it (:mod:`stragglar.measure.links`), links of their own as the cost model
     assumes.  ``tick``: called from the launcher's loop while the ranks run (:func:`.launch.launch`).
     ``engine``: ``"gloo"`` or ``"nccl"`` (ranks placed on ``gpus`` GPUs; ``graphs=False``: their
-    stream-ordered rounds launched eagerly every call, not replayed from CUDA graphs)."""
+    stream-ordered rounds launched eagerly every call, not replayed from CUDA graphs).
+    ``on_device`` (nccl): each rank's AllReduce one kernel launch (``engine="device"`` of
+    :func:`~stragglar.runtime.allreduce`), NCCL carrying only the headers and IPC handles."""
     want = expected(count, num_ranks, dtype)  # once, before the fork: the ranks share its pages
-    args = (proofs, count, dtype, want, delay, iters + warmup, timeout, late_rank, link_rate, graphs)
+    args = (
+        proofs,
+        count,
+        dtype,
+        want,
+        delay,
+        iters + warmup,
+        timeout,
+        late_rank,
+        link_rate,
+        graphs,
+        on_device,
+    )
     per_rank = launch(
         _rank,
         num_ranks,
@@ -105,6 +120,7 @@ def _rank(
     late_rank: int,
     link_rate: float | None,
     graphs: bool | None,
+    on_device: bool,
 ) -> tuple[list[list[Timeline]], list[float]]:
     torch.set_num_threads(1)  # n ranks share the host's cores
     if link_rate is not None:
@@ -124,16 +140,26 @@ def _rank(
                 what = names[entry]
                 with _engine(rank, f"in the barrier before {what} in iteration {it}"):
                     dist.barrier()
-                line = allreduce(
-                    buf,
-                    proofs[entry],
-                    straggler_delay=delay,
-                    timeout=timeout,
-                    late_rank=late_rank,
-                    stream_ordered=on_gpu,
-                    graphs=graphs if on_gpu else None,
-                )
-                if on_gpu:  # the rounds were queued: the rank is done when its stream is
+                if on_device:  # one kernel launch, waited for before it returns
+                    line = allreduce(
+                        buf,
+                        proofs[entry],
+                        straggler_delay=delay,
+                        timeout=timeout,
+                        late_rank=late_rank,
+                        engine="device",
+                    )
+                else:
+                    line = allreduce(
+                        buf,
+                        proofs[entry],
+                        straggler_delay=delay,
+                        timeout=timeout,
+                        late_rank=late_rank,
+                        stream_ordered=on_gpu,
+                        graphs=graphs if on_gpu else None,
+                    )
+                if on_gpu and not on_device:  # the rounds were queued: the rank is done when its stream is
                     done = _stream_done(rank, timeout + delay, f"running {what} in iteration {it}")
                     line = Timeline(line.rank, line.start, line.arrived, (None,) * len(line.phase_done), done)
                 timelines[entry].append(line)

@@ -127,7 +127,7 @@ class SweepResult:
         head = [*fits, ""] if fits else []
         tail = ["", IN_ONE_PROCESS] if self.backend in IN_PROCESS_BACKENDS else []
         most = max(s.num_ranks for s in self.settings)
-        note = None if self.gpus is None else sharing_note(most, self.gpus)
+        note = None if self.gpus is None else sharing_note(most, self.gpus, self.backend)
         tail += ["", note] if note is not None else []
         return "\n".join(head + rows + tail)
 

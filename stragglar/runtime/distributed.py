@@ -25,12 +25,19 @@ from collections.abc import Callable, Hashable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
-from stragglar.args import MAX_DELAY, as_flag, as_int, as_seconds
+from stragglar.args import MAX_DELAY, MAX_TIMEOUT, as_flag, as_int, as_seconds
 from stragglar.errors import ArgumentError, InputError, described
 from stragglar.runtime.arrays import Array, check_summable, dtype_name, flat_view, in_place_refusal
 from stragglar.runtime.channels import ROUNDS_PER_TAG, Channels, as_tag
 from stragglar.runtime.clock import Timeline
 from stragglar.runtime.cupy_nccl import NcclEngine, NcclGroup
+from stragglar.runtime.device.buffers import (
+    address_of,
+    check_device_buffer,
+    launcher,
+    on_device,
+    queued_work_done,
+)
 from stragglar.runtime.graphs import Capturing, release, shared
 from stragglar.runtime.header import Header, MismatchError, Problem, make_header, mismatch
 from stragglar.runtime.interpreter import Packing, Transport, run_rank, run_rank_replayed
@@ -107,6 +114,7 @@ def allreduce(
     rounds: tuple[int, int | None] | None = None,
     lockstep: bool = False,
     graphs: bool | None = None,
+    engine: str = "rounds",
 ) -> Timeline:
     """Sum this rank's ``data`` over the ranks in place, following the proved schedule.
 
@@ -141,6 +149,11 @@ def allreduce(
     an NcclGroup's final wait stay outside the graph); a failed capture warns once and the rounds
     run eagerly.  ``graphs=False`` turns graphs off; ``graphs`` applies to those calls only.
 
+    ``engine="device"`` runs this rank's whole part as one kernel launch on a CuPy array or a
+    torch CUDA tensor, reaching the peers' memory through CUDA IPC handles exchanged once over
+    the group (:mod:`~stragglar.runtime.device.group`); ``stream_ordered``, ``rounds`` and
+    ``graphs`` apply to the default engine, ``"rounds"``, only.
+
     ``rounds=(first, stop)`` runs only the schedule's rounds ``first`` to ``stop - 1`` (stop None:
     to the end), on every rank; the buffer holds a partial result in between.  Calls over
     consecutive ranges, in order, compute the sum; :func:`~stragglar.runtime.rounds_without` says
@@ -157,22 +170,25 @@ def allreduce(
     if graphs is not None:
         as_flag(graphs, "graphs")
     part = _check_rounds(rounds, proof)
-    engine = engine_for(data, group, stream_ordered, graphs)
-    late_rank = late_rank_for(proof.schedule, late_rank, engine.size)
-    with engine.stream:
-        flat, header, problem = _inspect(data, proof, tag, late_rank, part, engine.sendable)
+    on_device = _check_engine(engine, data, stream_ordered, rounds, graphs)
+    runner = engine_for(data, group, stream_ordered, graphs)
+    late_rank = late_rank_for(proof.schedule, late_rank, runner.size)
+    with runner.stream:
+        flat, header, problem = _inspect(data, proof, tag, late_rank, part, runner.sendable)
         # the header is all-gathered where the channel says so, and this rank's own problem raised
         # after the gather, so that its peers raise theirs rather than wait for it
-        channel = engine.channel(tag)
-        with _channels.enter(engine.owner, channel, header, lockstep=lockstep) as call:
+        channel = runner.channel(tag)
+        with _channels.enter(runner.owner, channel, header, lockstep=lockstep) as call:
             if call.must_check:
-                gathered = engine.gather(header, data if flat is None else flat, wait, channel)
-                _agree(header, gathered, engine.size)
+                gathered = runner.gather(header, data if flat is None else flat, wait, channel)
+                _agree(header, gathered, runner.size)
                 if problem is None:
                     call.agreed()
             if problem is not None:
                 raise problem
-            return _run_rounds(engine, flat, proof, tag, part, late_rank, delay, wait, graphs)
+            if on_device:
+                return _run_on_device(runner, flat, proof, late_rank, delay, wait, channel)
+            return _run_rounds(runner, flat, proof, tag, part, late_rank, delay, wait, graphs)
 
 
 def engine_for(data: Any, group: Any, stream_ordered: bool, graphs: bool | None) -> Engine:
@@ -231,6 +247,69 @@ def _run_rounds(
     key = (engine.owner, fingerprint, engine.rank, buffer, tag, part, late_rank)
     replay = functools.partial(shared(engine.capturing), refusal=engine.uncapturable)
     return run_rank_replayed(flat, plan, transport, replay, key, delay, late_rank, part, packing)
+
+
+def _check_engine(engine: Any, data: Any, stream_ordered: bool, rounds: Any, graphs: bool | None) -> bool:
+    """Whether the call runs on the device engine, once its options fit it (every rank refuses
+    the same call before anything is gathered)."""
+    if not on_device(engine):
+        return False
+    given = [
+        name
+        for name, value in (
+            ("stream_ordered", stream_ordered or None),
+            ("rounds", rounds),
+            ("graphs", graphs),
+        )
+        if value is not None
+    ]
+    if given:
+        raise InputError(
+            f"{given[0]} applies to the rounds engine, not to engine 'device' (one kernel launch a call)"
+        )
+    check_device_buffer(data)
+    return True
+
+
+def _run_on_device(
+    runner: Engine,
+    flat: Array,
+    proof: Proof,
+    late_rank: int,
+    delay: float,
+    wait: float | None,
+    channel: int | None,
+) -> Timeline:
+    """This rank's whole part as one kernel launch (:mod:`~stragglar.runtime.device.group`), the
+    IPC handles and each call's error words gathered over ``runner``'s group."""
+    from stragglar.runtime.device import program_for
+    from stragglar.runtime.device.group import run_device_rank
+
+    cupy = launcher()
+    program = program_for(proof)  # proved before its first launch
+    pointer, device = address_of(flat)
+    queued_work_done(flat, device)
+
+    def gather(values: Sequence[int]) -> list[tuple[int, ...]]:
+        return runner.gather(values, flat, _plus(wait, delay), channel)
+
+    count, dtype, fingerprint = int(flat.shape[0]), dtype_name(flat), proof.schedule.fingerprint
+    timeout = MAX_TIMEOUT + delay if wait is None else wait + delay  # a device wait is always bounded
+    return run_device_rank(
+        cupy,
+        runner.owner,
+        program,
+        fingerprint,
+        runner.rank,
+        pointer,
+        count,
+        dtype,
+        device,
+        delay,
+        late_rank,
+        timeout,
+        gather,
+    )
 
 
 def _check_rounds(rounds: Any, proof: Proof) -> tuple[int, int | None]:

@@ -31,15 +31,25 @@ import numpy as np
 
 from stragglar.runtime.arrays import dtype_name
 
-__all__ = ["SOURCE", "SUMS", "Kernels", "Rows", "kernel_names", "kernels", "launch", "upload", "words"]
+__all__ = [
+    "SOURCE",
+    "SUMS",
+    "SUM_SOURCE",
+    "Kernels",
+    "Rows",
+    "kernel_names",
+    "kernels",
+    "launch",
+    "upload",
+    "words",
+]
 
 THREADS = 256
 MAX_BLOCKS = 8192  # a grid-stride loop covers the rest
 
-# One row per piece: (buffer, start, length, slot); slots are the running sum of lengths, so a
-# thread finds its row by binary search over the slot column.  A sum type names the word that
-# holds an element and how two elements add.
-SOURCE = r"""
+# A sum type names the word that holds an element and how two elements add (the device
+# executor's kernel adds with them too: :mod:`stragglar.runtime.device.kernel`).
+SUM_SOURCE = r"""
 union Bits32 { float value; unsigned int word; };
 
 __device__ float float_of_half(unsigned short h) {
@@ -126,6 +136,12 @@ struct WrappingSum {  // two's complement: the integers' sum modulo 2^bits, as N
     __device__ static Word add(Word a, Word b) { return (Word)(a + b); }
 };
 
+"""
+# One row per piece: (buffer, start, length, slot); slots are the running sum of lengths, so a
+# thread finds its row by binary search over the slot column.
+SOURCE = (
+    SUM_SOURCE
+    + r"""
 __device__ int row_of(const long long* rows, int count, long long element) {
     int lo = 0, hi = count;
     while (hi - lo > 1) {
@@ -160,6 +176,7 @@ __global__ void land(const unsigned long long* buffers, const long long* rows, i
     }
 }
 """
+)
 SUMS: dict[str, tuple[str, Any]] = {  # dtype: (its sum type, the word that holds an element)
     "float16": ("HalfSum", np.uint16),
     "bfloat16": ("BfloatSum", np.uint16),

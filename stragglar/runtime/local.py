@@ -25,6 +25,7 @@ from stragglar.runtime.arrays import (
     library_of,
 )
 from stragglar.runtime.clock import Timeline, sleep_until
+from stragglar.runtime.device.buffers import on_device
 from stragglar.runtime.interpreter import apply, recv_view, send_view
 from stragglar.runtime.plans import late_rank_for, plan_for
 from stragglar.runtime.program import BoundStep, Plan
@@ -40,6 +41,7 @@ def allreduce_local(
     *,
     late_rank: int | None = None,
     graphs: bool | None = None,
+    engine: str = "rounds",
 ) -> list[Timeline]:
     """Sum ``buffers`` (one array per rank, all in this process) in place, following the schedule.
 
@@ -52,12 +54,23 @@ def allreduce_local(
     CuPy arrays run batched rounds (a few kernels a round, :mod:`~stragglar.runtime.loopback_gpu`)
     replayed from CUDA graphs after the first call; ``graphs=False`` launches them eagerly every
     call.  ``graphs`` applies to CuPy arrays only.
+
+    ``engine="device"`` runs the whole AllReduce on the GPU instead, one persistent kernel per
+    rank (:mod:`~stragglar.runtime.device`), on CuPy arrays or torch CUDA tensors of one GPU
+    (CuPy launches the kernels; torch's bfloat16 included); ``"rounds"`` (the default) drives the
+    rounds from the host as above.
     """
     require_proof(proof)
     check_buffers(buffers)
     delay = as_seconds(straggler_delay, "straggler_delay", maximum=MAX_DELAY)
     late_rank = late_rank_for(proof.schedule, late_rank)
     on_gpu = bool(buffers) and library_of(buffers[0]) == "cupy"
+    if on_device(engine):
+        if graphs is not None:
+            raise InputError(
+                "graphs applies to the rounds engine: the device engine launches one kernel a rank"
+            )
+        return _on_device(buffers, proof, delay, late_rank)
     if graphs is not None:
         as_flag(graphs, "graphs")
         if not on_gpu:
@@ -75,6 +88,31 @@ def allreduce_local(
     flats = check_loopback(buffers, plans)
     fingerprint = proof.schedule.fingerprint
     return run_cupy_loopback(cupy, flats, plans, fingerprint, delay, late_rank, graphs is not False)
+
+
+def _on_device(buffers: Sequence[Any], proof: Proof, delay: float, late_rank: int) -> list[Timeline]:
+    """The device engine on ``buffers``: its program proved, then one kernel per rank."""
+    from stragglar.runtime.device import program_for
+    from stragglar.runtime.device.buffers import address_of, check_device_buffer, launcher, queued_work_done
+    from stragglar.runtime.device.loopback import run_device_loopback
+
+    if not buffers:
+        raise InputError("the device engine runs on CuPy arrays or torch CUDA tensors: got no buffers")
+    check_device_buffer(buffers[0])
+    cupy = launcher()
+    count = int(flat_view(buffers[0]).shape[0])
+    flats = check_loopback(buffers, [plan_for(proof, r, count) for r in range(proof.num_ranks)])
+    addresses = [address_of(f) for f in flats]
+    devices = sorted({device for _, device in addresses})
+    if len(devices) > 1:
+        raise InputError(f"the device engine runs every rank on one GPU, got buffers on GPUs {devices}")
+    program = program_for(proof)  # proved before its first launch
+    queued_work_done(flats[0], devices[0])
+    pointers = [pointer for pointer, _ in addresses]
+    dtype, fingerprint = dtype_name(flats[0]), proof.schedule.fingerprint
+    return run_device_loopback(
+        cupy, pointers, count, dtype, devices[0], program, fingerprint, delay, late_rank
+    )
 
 
 def check_own_memory(flats: Sequence[Array]) -> None:

@@ -1,0 +1,212 @@
+"""bench_gpu.py's ``device_executor`` part: the device engine (one persistent kernel per rank,
+``allreduce_local(..., engine="device")``) against the graphed loopback in the same run.
+
+Rows, one per setting: ``n``, ``chunks``, ``size_bytes``, ``dtype``, ``round_us`` (the median
+call over the schedule's rounds), ``copy_efficiency`` (the bytes the schedule reads and writes,
+per second, over a plain device copy's: a chunk copied is read once and written once, a chunk
+reduced is read twice and written once; the engine's own staging through the inboxes is not
+counted, it is what the efficiency pays for), ``late_ratio`` where measured (the late rank
+launched 1 ms late at 64 MiB: the time from its launch to the end over the whole AllReduce with
+nobody late; the hidden phase stays hidden when it is well below 1), ``graph_round_us`` (the
+loopback with CUDA graphs, same setting, float32 only) and ``exact`` (every call's result checked
+on the device against the sum: values distinct per rank and element, exact in the dtype).
+
+Targets (issue 34): per round at N = 8, C = 64, 1 MiB <= 1.5 us; at N = 8, 64 MiB and 256 MiB
+(the paper's C and C = 64) a copy efficiency >= 0.7; exact for N = 3..16 and every dtype; the
+late ratio at 64 MiB <= 0.7.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from stragglar.runtime import allreduce_local
+from stragglar.synth import synthesize
+from stragglar.verify import Proof, prove
+
+ROUND_TARGET_US = 1.5  # N = 8, C = 64, 1 MiB
+EFFICIENCY_TARGET = 0.7  # N = 8, 64 and 256 MiB
+LATE_TARGET = 0.7  # 64 MiB, the late rank 1 ms late
+LATE_DELAY_S = 1e-3
+DTYPES = ("float16", "float32", "float64", "int32", "int64")  # CuPy has no bfloat16
+PERIOD = 7  # inputs repeat with this period: every partial sum is a small integer, exact in float16
+
+
+@dataclass(frozen=True)
+class DeviceRow:
+    n: int
+    chunks: int
+    size_bytes: int
+    dtype: str
+    round_us: float
+    copy_efficiency: float | None
+    late_ratio: float | None
+    graph_round_us: float | None
+    exact: bool
+
+
+def schedule_bytes(proof: Proof, count: int, itemsize: int) -> int:
+    """What the schedule reads and writes: per transfer, its chunk read and written, a reduced
+    chunk read once more (the receiver's own value)."""
+    base, extra = divmod(count, proof.num_chunks)
+    total = 0
+    for phase in proof.schedule.phases:
+        for rnd in phase.rounds:
+            for t in rnd:
+                size = (base + (t.chunk < extra)) * itemsize
+                total += size * (3 if t.op.value == "reduce" else 2)
+    return total
+
+
+def inputs(xp: Any, n: int, count: int, dtype: str) -> tuple[list[Any], Any]:
+    """Each rank's input, made on the device (element i of rank r: ``(i + r) % PERIOD + r``,
+    distinct per rank within a period), and their sum."""
+    base = xp.arange(count, dtype=xp.int64)
+    bufs = [((base + r) % PERIOD + r).astype(dtype) for r in range(n)]
+    want = sum(((base + r) % PERIOD + r) for r in range(n)).astype(dtype)
+    return bufs, want
+
+
+def timed(
+    xp: Any,
+    sync: Callable[[], None],
+    n: int,
+    count: int,
+    dtype: str,
+    call: Callable[[list[Any]], object],
+    iters: int,
+) -> tuple[list[float], bool]:
+    """``iters`` timed calls after one untimed, each on fresh inputs and checked: the times (s) and
+    whether every result was exact."""
+    times, exact = [], True
+    for i in range(iters + 1):
+        bufs, want = inputs(xp, n, count, dtype)
+        sync()
+        start = time.perf_counter()
+        call(bufs)
+        sync()
+        if i:
+            times.append(time.perf_counter() - start)
+        exact &= all(bool(xp.array_equal(b, want)) for b in bufs)
+    return times, exact
+
+
+def copy_seconds(xp: Any, sync: Callable[[], None], nbytes: int, iters: int) -> float:
+    source, target = xp.zeros(nbytes, dtype=xp.uint8), xp.empty(nbytes, dtype=xp.uint8)
+    times = []
+    for _ in range(iters + 1):
+        sync()
+        start = time.perf_counter()
+        xp.copyto(target, source)
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[1:])
+
+
+def device_row(
+    xp: Any, sync: Callable[[], None], proof: Proof, size_bytes: int, dtype: str, iters: int, late: bool
+) -> DeviceRow:
+    n, c = proof.num_ranks, proof.num_chunks
+    itemsize = xp.dtype(dtype).itemsize
+    count = size_bytes // itemsize
+    times, exact = timed(
+        xp, sync, n, count, dtype, lambda b: allreduce_local(b, proof, engine="device"), iters
+    )
+    seconds = statistics.median(times)
+    efficiency = None
+    if size_bytes >= 64 << 20:
+        copy = copy_seconds(xp, sync, n * size_bytes, iters)
+        efficiency = (schedule_bytes(proof, count, itemsize) / seconds) / (2 * n * size_bytes / copy)
+    late_ratio = None
+    if late:
+        lates: list[float] = []
+
+        def late_call(bufs: list[Any]) -> None:
+            timelines = allreduce_local(bufs, proof, LATE_DELAY_S, engine="device")
+            late_line = timelines[proof.schedule.late_rank]
+            lates.append(late_line.done - late_line.arrived)
+
+        _, late_exact = timed(xp, sync, n, count, dtype, late_call, iters)
+        exact &= late_exact
+        late_ratio = statistics.median(lates[1:]) / seconds
+    graph = None
+    if dtype == "float32":
+        graph_times, graph_exact = timed(
+            xp, sync, n, count, dtype, lambda b: allreduce_local(b, proof), iters
+        )
+        exact &= graph_exact
+        graph = statistics.median(graph_times) * 1e6 / proof.num_rounds
+    return DeviceRow(
+        n, c, size_bytes, dtype, seconds * 1e6 / proof.num_rounds, efficiency, late_ratio, graph, exact
+    )
+
+
+def settings(quick: bool) -> list[tuple[int, int | None, int, str, bool]]:
+    """(n, chunks (None: the paper's), size, dtype, late measured) for each row."""
+    rows: list[tuple[int, int | None, int, str, bool]] = [(8, 64, 1 << 20, "float32", False)]
+    for size in (64 << 20,) if quick else (64 << 20, 256 << 20):
+        rows += [(8, None, size, "float32", size == 64 << 20), (8, 64, size, "float32", False)]
+    for n in (3, 8, 16) if quick else range(3, 17):
+        rows += [(n, None, 1 << 20, dtype, False) for dtype in DTYPES if (n, dtype) != (8, "float32")]
+    return rows
+
+
+def device_executor(
+    xp: Any, sync: Callable[[], None], quick: bool, iters: int, progress: Callable[[str], None]
+) -> list[DeviceRow]:
+    rows = []
+    for n, chunks, size, dtype, late in settings(quick):
+        proof = prove(synthesize("stragglar", n, chunks=chunks))
+        rows.append(device_row(xp, sync, proof, size, dtype, iters, late))
+        progress(f"device N={n} C={proof.num_chunks} {size >> 10} KiB {dtype} done")
+    return rows
+
+
+def device_table(rows: list[DeviceRow]) -> str:
+    lines = [
+        "| N | C | size | dtype | device/round (us) | graphs/round (us) | copy efficiency | late ratio "
+        "| exact |",
+        "|---:|---:|---:|---|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.n} | {r.chunks} | {r.size_bytes >> 10} KiB | {r.dtype} | {r.round_us:.2f} "
+            f"| {_or_dash(r.graph_round_us)} | {_or_dash(r.copy_efficiency)} "
+            f"| {_or_dash(r.late_ratio)} | {'yes' if r.exact else 'NO'} |"
+        )
+    return "\n".join([*lines, "", *device_targets(rows)])
+
+
+def device_targets(rows: list[DeviceRow]) -> list[str]:
+    """The issue's targets, for the rows of their settings."""
+    out = []
+    for r in rows:
+        where = f"N={r.n} C={r.chunks} {r.size_bytes >> 20} MiB"
+        if (r.n, r.chunks, r.size_bytes) == (8, 64, 1 << 20):
+            met = r.round_us <= ROUND_TARGET_US
+            out.append(_line(f"per round at {where}: {r.round_us:.2f} us", met, f"<= {ROUND_TARGET_US:g} us"))
+        if r.copy_efficiency is not None:
+            met = r.copy_efficiency >= EFFICIENCY_TARGET
+            out.append(
+                _line(
+                    f"copy efficiency at {where}: {r.copy_efficiency:.2f}", met, f">= {EFFICIENCY_TARGET:g}"
+                )
+            )
+        if r.late_ratio is not None:
+            met = r.late_ratio <= LATE_TARGET
+            out.append(_line(f"late ratio at {where}: {r.late_ratio:.2f}", met, f"<= {LATE_TARGET:g}"))
+    wrong = [f"N={r.n} {r.dtype} {r.size_bytes >> 10} KiB" for r in rows if not r.exact]
+    out.append(f"exact in every row: {'yes' if not wrong else 'NO: ' + ', '.join(wrong)}")
+    return out
+
+
+def _line(what: str, met: bool, target: str) -> str:
+    return f"{what} (target {target}: {'met' if met else 'MISSED'})"
+
+
+def _or_dash(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"

@@ -1,0 +1,193 @@
+"""Ranks in processes of their own: each runs its device program as one kernel launch, reaching
+its peers' inboxes and flags through CUDA IPC handles exchanged once over the group.
+
+A rank allocates its inbox, its flags and its error words, and all-gathers, once per (group,
+schedule, element count, dtype), the IPC handles of its inbox and flags with the number of
+blocks its device holds for every rank at once; every rank then opens its peers' handles (cached
+with the rest) and launches with the fewest blocks any rank offered (the flags are per block, so
+the ranks must agree).  A call launches this rank's kernel (the late rank after its delay),
+waits for it, then all-gathers every rank's error words: that gather is also what keeps a rank
+from starting its next call while a peer still reads this call's inbox slots, and what lets every
+rank raise the same :class:`~stragglar.runtime.failures.RankError` (the one whose peer did not
+fail itself).  A dead peer process leaves the others' waits to time out on the device, then their
+gather to fail.  Several ranks may share a GPU: their kernels then time-slice (correct, not fast).
+
+Every rank of a group makes the same calls (the header check sees to it), so the ranks make and
+drop their states together, least recently used first; a dropped state closes the peers' memory
+it opened and frees its own.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+import numpy as np
+
+from stragglar.runtime.clock import Timeline
+from stragglar.runtime.device.kernel import ERROR_WORDS, SOURCE, THREADS, kernel_name
+from stragglar.runtime.device.loopback import blocks_for, first_failure, resident_blocks
+from stragglar.runtime.device.table import DeviceProgram
+from stragglar.runtime.kernels import SUMS
+from stragglar.runtime.plans import cached
+
+__all__ = ["HANDLE_BYTES", "DeviceRank", "Gather", "run_device_rank"]
+
+HANDLE_BYTES = 64  # a CUDA IPC memory handle
+Gather = Callable[[Sequence[int]], list[tuple[int, ...]]]  # every rank's integers, in rank order
+
+
+def handle_words(handle: bytes) -> list[int]:
+    """An IPC handle as signed 64-bit integers (what a header gather carries)."""
+    return [int(w) for w in np.frombuffer(handle, dtype=np.int64)]
+
+
+def handle_bytes(words: Sequence[int]) -> bytes:
+    return np.array(words, dtype=np.int64).tobytes()
+
+
+class DeviceRank:
+    """One rank's device state on a group: its program's rows, its inbox, flags and error words,
+    its peers' inboxes and flags opened from their handles, and the number of its last call."""
+
+    def __init__(
+        self,
+        cupy: Any,
+        program: DeviceProgram,
+        rank: int,
+        count: int,
+        dtype: str,
+        device_id: int,
+        gather: Gather,
+    ) -> None:
+        self.cupy, self.program, self.rank, self.count = cupy, program, rank, count
+        self.lock = threading.Lock()
+        name = kernel_name(dtype)
+        self.kernel = cupy.RawModule(
+            code=SOURCE, options=("--std=c++14",), name_expressions=[name]
+        ).get_function(name)
+        properties = cupy.cuda.runtime.getDeviceProperties(device_id)
+        resident = resident_blocks(properties, self.kernel.num_regs, self.kernel.shared_size_bytes, THREADS)
+        mine = blocks_for(program, count, resident)
+        self.slot_size = -(-count // program.num_chunks)
+        self.rows = cupy.asarray(np.ascontiguousarray(program.rows[rank]))
+        runtime = cupy.cuda.runtime
+        # Inbox and flags come straight from cudaMalloc, not CuPy's pool: a handle names a whole
+        # allocation, and a peer opening it gets the allocation's start, which a pooled array's
+        # address need not be.
+        itemsize = np.dtype(SUMS[dtype][1]).itemsize
+        inbox = _allocation(runtime, max(program.inbox_slots[rank] * self.slot_size, 1) * itemsize)
+        flag_bytes = program.flags * mine * 8
+        flags = _allocation(runtime, flag_bytes)
+        runtime.memset(flags, 0, flag_bytes)
+        opened: list[int] = []  # the peers' memory this rank opens, closed when the state goes
+        weakref.finalize(self, _release, runtime, opened, (inbox, flags))
+        self.errors = cupy.zeros(program.num_ranks * ERROR_WORDS, dtype=cupy.uint64)
+        own = [
+            mine,
+            *handle_words(runtime.ipcGetMemHandle(inbox)),
+            *handle_words(runtime.ipcGetMemHandle(flags)),
+        ]
+        gathered = gather(own)
+        self.blocks = min(words[0] for words in gathered)
+        width = HANDLE_BYTES // 8
+        inboxes, flag_arrays = [], []
+        for peer, words in enumerate(gathered):
+            if peer == rank:
+                inboxes.append(inbox)
+                flag_arrays.append(flags)
+                continue
+            for handle, into in (
+                (words[1 : 1 + width], inboxes),
+                (words[1 + width : 1 + 2 * width], flag_arrays),
+            ):
+                into.append(int(runtime.ipcOpenMemHandle(handle_bytes(handle))))
+                opened.append(into[-1])
+        self.inbox_pointers = cupy.asarray(np.array(inboxes, dtype=np.uint64))
+        self.flag_pointers = cupy.asarray(np.array(flag_arrays, dtype=np.uint64))
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        self.call = 0
+
+    def run(
+        self, buffer: int, straggler_delay: float, late_rank: int, timeout_s: float, gather: Gather
+    ) -> Timeline:
+        """One call on the buffer at address ``buffer``: this rank's kernel (after
+        ``straggler_delay`` s if it is the late rank; each of its waits bounded by ``timeout_s``),
+        then every rank's error words gathered."""
+        self.call += 1
+        self.errors.fill(0)
+        start = time.perf_counter()
+        if self.rank == late_rank and straggler_delay > 0:
+            time.sleep(straggler_delay)
+        arrived = time.perf_counter()
+        self.stream.wait_event(self.cupy.cuda.get_current_stream().record())
+        args = (
+            self.rows,
+            np.int32(len(self.program.rows[self.rank])),
+            np.int32(self.rank),
+            np.uint64(self.call),
+            np.int64(self.count),
+            np.int32(self.program.num_chunks),
+            np.int64(self.slot_size),
+            np.uint64(buffer),
+            self.inbox_pointers,
+            self.flag_pointers,
+            self.errors,
+            np.int64(int(timeout_s * 1e9)),
+        )
+        with self.stream:
+            self.kernel((self.blocks,), (THREADS,), args)
+        self.stream.synchronize()
+        done = time.perf_counter()
+        own = self.errors.get().reshape(-1, ERROR_WORDS)[self.rank]
+        words = np.array(gather([int(w) for w in own]), dtype=np.uint64)
+        failed = [r for r in range(len(words)) if words[r, 0]]
+        if failed:
+            raise first_failure(self.program, words, failed)
+        return Timeline(self.rank, start, arrived, self.program.phase_ends(self.rank, done), done)
+
+
+def _allocation(runtime: Any, nbytes: int) -> int:
+    return int(runtime.malloc(nbytes))
+
+
+def _release(runtime: Any, opened: Sequence[int], own: Sequence[int]) -> None:
+    """Close the peers' memory this rank opened, then free its own."""
+    for pointer in opened:
+        runtime.ipcCloseMemHandle(pointer)
+    for pointer in own:
+        runtime.free(pointer)
+
+
+_ranks: OrderedDict[Hashable, DeviceRank] = OrderedDict()
+CACHED = 4  # kept per process: each holds an inbox about the size of the buffer
+
+
+def run_device_rank(
+    cupy: Any,
+    owner: Hashable,
+    program: DeviceProgram,
+    fingerprint: str,
+    rank: int,
+    buffer: int,
+    count: int,
+    dtype: str,
+    device_id: int,
+    straggler_delay: float,
+    late_rank: int,
+    timeout_s: float,
+    gather: Gather,
+) -> Timeline:
+    """AllReduce this rank's ``count``-element ``dtype`` buffer at address ``buffer`` over the
+    group ``owner`` (``gather``: its all-gather of integers) with ``program``; a device wait gives
+    up after ``timeout_s`` (which includes the late rank's delay)."""
+    key = (owner, fingerprint, rank, count, dtype, device_id)
+    state = cached(
+        _ranks, key, lambda: DeviceRank(cupy, program, rank, count, dtype, device_id, gather), CACHED
+    )
+    with state.lock:
+        return state.run(buffer, straggler_delay, late_rank, timeout_s, gather)

@@ -1,0 +1,127 @@
+"""The device executor's CUDA C: one persistent kernel per rank runs its whole device program.
+
+Every thread block walks all of its rank's rows (:mod:`~stragglar.runtime.device.table`) over its
+own part of each chunk: the ``b``-th of ``B`` near-equal parts, the same on every rank, so a
+block's puts, the flags it raises and the slots it lands concern its part only, and the blocks
+of a rank never wait for each other.  A ``signal`` is a block barrier (every thread's puts are
+done) and a release store by thread 0 into the peer's flag of this block; a ``wait`` is thread
+0 spinning on an acquire load, then a block barrier.  Every spin is bounded: past ``timeout_ns``
+of the device's clock the block claims the rank's error word and writes where it stood (its row,
+the round, the peer it waited for, the value it wanted and the one it saw); the rank's other
+blocks see the claimed word and stop; the host turns the word into a
+:class:`~stragglar.runtime.failures.RankError`.  Sums use the loopback's sum types
+(:data:`~stragglar.runtime.kernels.SUM_SOURCE`), ``buffer += received`` in the dtype's own
+arithmetic, so the results are the interpreter's bits.
+
+The memory-model primitives are the only CUDA-specific code (PTX acquire/release at system scope,
+the global timer, an atomic claim, the block barrier); compiled for the host with
+``STRAGGLAR_HOST`` defined, a prelude maps them to GCC atomics and threads (one host thread per
+block, one thread a block), which is how the tests run this very source without a GPU.
+"""
+
+from __future__ import annotations
+
+from stragglar.runtime.kernels import SUM_SOURCE, SUMS
+
+__all__ = ["ERROR_WORDS", "SOURCE", "THREADS", "kernel_name"]
+
+THREADS = 512  # threads a block: its part of a chunk is copied with a block-stride loop
+ERROR_WORDS = 8  # per rank: claimed, row, round, peer, flag, wanted, seen, block
+
+_PRIMITIVES = r"""
+#ifndef STRAGGLAR_HOST
+__device__ unsigned long long load_acquire(const unsigned long long* word) {
+    unsigned long long value;
+    asm volatile("ld.acquire.sys.u64 %0, [%1];" : "=l"(value) : "l"(word) : "memory");
+    return value;
+}
+__device__ void store_release(unsigned long long* word, unsigned long long value) {
+    asm volatile("st.release.sys.u64 [%0], %1;" :: "l"(word), "l"(value) : "memory");
+}
+__device__ unsigned long long load_relaxed(const unsigned long long* word) {
+    return *(const volatile unsigned long long*)word;
+}
+__device__ bool claim(unsigned long long* word) { return atomicCAS(word, 0ull, 1ull) == 0ull; }
+__device__ unsigned long long now_ns() {
+    unsigned long long now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    return now;
+}
+__device__ void block_barrier() { __syncthreads(); }
+__device__ void spin_pause() { __nanosleep(64); }
+#endif
+"""
+
+_KERNEL = r"""
+enum { PUT = 0, SIGNAL = 1, WAIT = 2, COPY = 3, REDUCE = 4 };
+
+template <typename Sum>
+__global__ void run_program(const long long* rows, int row_count, int rank, unsigned long long call,
+                            long long count, int num_chunks, long long slot_size,
+                            unsigned long long buffer, const unsigned long long* inboxes,
+                            const unsigned long long* flags, unsigned long long* errors,
+                            long long timeout_ns) {
+    typedef typename Sum::Word Word;
+    __shared__ int stop;
+    Word* mine = reinterpret_cast<Word*>(buffer);
+    unsigned long long* error = errors + 8 * rank;
+    const long long base = count / num_chunks, extra = count % num_chunks;
+    const long long blocks = gridDim.x, block = blockIdx.x;
+    if (threadIdx.x == 0) stop = 0;  // set by thread 0 only, once a wait gives up
+    block_barrier();
+    for (int i = 0; i < row_count; ++i) {
+        const long long* row = rows + 8 * i;
+        const long long op = row[0], peer = row[2], chunk = row[3], slot = row[4];
+        if (op == SIGNAL) {
+            block_barrier();  // every thread's puts are done before thread 0 releases them
+            if (threadIdx.x == 0) {
+                unsigned long long* flag = reinterpret_cast<unsigned long long*>(flags[peer]);
+                store_release(flag + row[5] * blocks + block, call * (unsigned long long)row[7] + row[6]);
+            }
+            continue;
+        }
+        if (op == WAIT) {
+            if (threadIdx.x == 0) {
+                const unsigned long long* flag = reinterpret_cast<const unsigned long long*>(flags[rank]);
+                flag += row[5] * blocks + block;
+                const unsigned long long wanted = call * (unsigned long long)row[7] + row[6];
+                const unsigned long long start = now_ns();
+                unsigned long long seen;
+                while ((seen = load_acquire(flag)) < wanted) {
+                    if (load_relaxed(error) != 0) { stop = 1; break; }  // another block gave up
+                    if ((long long)(now_ns() - start) > timeout_ns) {
+                        if (claim(error)) {
+                            error[1] = i; error[2] = row[1]; error[3] = peer; error[4] = row[5];
+                            error[5] = wanted; error[6] = seen; error[7] = block;
+                        }
+                        stop = 1;
+                        break;
+                    }
+                    spin_pause();
+                }
+            }
+            block_barrier();  // the acquire, then every thread may read what it made visible
+            if (stop) return;
+            continue;
+        }
+        const long long size = base + (chunk < extra ? 1 : 0);
+        const long long start = chunk * base + (chunk < extra ? chunk : extra);
+        const long long lo = size * block / blocks, hi = size * (block + 1) / blocks;
+        Word* part = mine + start;
+        Word* box = reinterpret_cast<Word*>(inboxes[op == PUT ? peer : rank]) + slot * slot_size;
+        for (long long e = lo + threadIdx.x; e < hi; e += blockDim.x) {
+            if (op == PUT) box[e] = part[e];
+            else if (op == COPY) part[e] = box[e];
+            else part[e] = Sum::add(part[e], box[e]);
+        }
+    }
+}
+"""
+
+SOURCE = SUM_SOURCE + _PRIMITIVES + _KERNEL
+
+
+def kernel_name(dtype: str) -> str:
+    """The kernel of ``dtype`` (a key of :data:`~stragglar.runtime.kernels.SUMS`) as an NVRTC name
+    expression."""
+    return f"run_program<{SUMS[dtype][0]} >"

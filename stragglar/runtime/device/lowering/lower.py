@@ -1,0 +1,75 @@
+"""Lower a schedule's rank programs (:func:`~stragglar.runtime.program.compile_schedule`) to a
+:class:`~stragglar.runtime.device.table.DeviceProgram`.
+
+Each round of a rank becomes: a ``put`` per chunk it sends, a ``signal`` per peer it sent to,
+then per peer it hears from a ``wait`` and a ``copy`` or ``reduce`` per chunk received, in the
+interpreter's order (messages by peer, chunks ascending), so every element gets the interpreter's
+additions in the interpreter's order.  A rank's inbox has a slot per chunk it receives in a call,
+numbered in the order it lands them; flag ``s`` of a rank is the one rank ``s`` raises, the
+``k``-th of the ``K`` messages from ``s`` in a call raising it to ``call * K + k``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+import numpy as np
+
+from stragglar.runtime.device.table import COPY, PUT, REDUCE, SIGNAL, WAIT, DeviceProgram
+from stragglar.runtime.program import RankProgram
+
+__all__ = ["lower"]
+
+
+def lower(programs: Sequence[RankProgram]) -> DeviceProgram:
+    """The device program of a schedule's rank programs (one per rank, in rank order)."""
+    n = len(programs)
+    slots: dict[tuple[int, int, int, int], int] = {}  # (receiver, round, sender, chunk) -> slot
+    inbox = [0] * n
+    per_call: Counter[tuple[int, int]] = Counter()  # (sender, receiver) -> messages a call
+    for p in programs:
+        for step in p.steps:
+            for m in step.recvs:
+                per_call[(m.peer, p.rank)] += 1
+                for chunk in m.chunks:
+                    slots[(p.rank, step.round, m.peer, chunk)] = inbox[p.rank]
+                    inbox[p.rank] += 1
+    rows = tuple(_rows(p, slots, per_call) for p in programs)
+    first = programs[0]
+    return DeviceProgram(
+        num_ranks=n,
+        num_chunks=first.num_chunks,
+        late_rank=first.late_rank,
+        flags=n,
+        inbox_slots=tuple(inbox),
+        rows=rows,
+        phases=first.phases,
+        phase_starts=first.phase_starts or (0,),
+    )
+
+
+def _rows(
+    p: RankProgram, slots: dict[tuple[int, int, int, int], int], per_call: Counter[tuple[int, int]]
+) -> np.ndarray:
+    """Rank ``p.rank``'s rows, read-only."""
+    me = p.rank
+    sent: Counter[int] = Counter()
+    heard: Counter[int] = Counter()
+    rows: list[tuple[int, ...]] = []
+    for step in p.steps:
+        r = step.round
+        for m in step.sends:
+            rows.extend((PUT, r, m.peer, c, slots[(m.peer, r, me, c)], 0, 0, 0) for c in m.chunks)
+        for m in step.sends:
+            sent[m.peer] += 1
+            rows.append((SIGNAL, r, m.peer, 0, 0, me, sent[m.peer], per_call[(me, m.peer)]))
+        for m in step.recvs:
+            heard[m.peer] += 1
+            rows.append((WAIT, r, m.peer, 0, 0, m.peer, heard[m.peer], per_call[(m.peer, me)]))
+            reduce = m.reduce or (False,) * len(m.chunks)
+            for c, add in zip(m.chunks, reduce, strict=True):
+                rows.append((REDUCE if add else COPY, r, m.peer, c, slots[(me, r, m.peer, c)], 0, 0, 0))
+    table = np.array(rows, dtype=np.int64).reshape(-1, 8)
+    table.flags.writeable = False
+    return table

@@ -1,0 +1,94 @@
+"""benchmarks/gpu_device.py (bench_gpu.py's ``device_executor`` part) without a GPU: a row run on
+the device stand-in (tests/fake_device.py: the kernel's own source compiled for the host), every
+call checked; the schedule's bytes on a case counted by hand; the settings the issue's targets
+need; and the targets' verdicts on rows whose truth is known."""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fake_device import FakeCuda, host_library, installed
+
+from stragglar.synth import synthesize
+from stragglar.verify import prove
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    if shutil.which("g++") is None:
+        pytest.skip("needs g++ to compile the CUDA source for the host")
+    return host_library(Path(tmp_path_factory.mktemp("device")))
+
+
+@pytest.fixture
+def cuda(monkeypatch: pytest.MonkeyPatch, host: ctypes.CDLL) -> Iterator[FakeCuda]:
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    yield from installed(monkeypatch, host)
+
+
+def test_a_row_times_the_device_engine_and_the_late_rank_and_checks_every_call(cuda: FakeCuda) -> None:
+    import gpu_device
+
+    proof = prove(synthesize("stragglar", 4))
+    row = gpu_device.device_row(sys.modules["cupy"], lambda: None, proof, 4096, "float16", iters=2, late=True)
+    assert (row.n, row.chunks, row.size_bytes, row.dtype, row.exact) == (4, 3, 4096, "float16", True)
+    assert row.round_us > 0 and row.late_ratio is not None and row.late_ratio > 0
+    assert row.copy_efficiency is None and row.graph_round_us is None  # 4 KiB; float16
+    assert len(cuda.launches) == 4 * 3 * 2  # (1 untimed + 2 timed calls) x (punctual, late) x 4 ranks
+
+
+def test_a_wrong_result_is_reported_not_timed_over(cuda: FakeCuda, monkeypatch: pytest.MonkeyPatch) -> None:
+    import gpu_device
+
+    def lost_one(bufs: list[np.ndarray], proof: object, *args: object, **kwargs: object) -> None:
+        bufs[2][5] += 1
+
+    monkeypatch.setattr(gpu_device, "allreduce_local", lost_one)
+    proof = prove(synthesize("ring", 3))
+    row = gpu_device.device_row(sys.modules["cupy"], lambda: None, proof, 64, "int32", iters=1, late=False)
+    assert row.exact is False and "exact in every row: NO: N=3 int32" in gpu_device.device_table([row])
+
+
+def test_the_schedule_bytes_of_ring_on_two_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ring on 2 ranks moves each of its 2 chunks (8 bytes at 4 float32 elements) once reduced
+    (read twice, written once) and once copied (read and written once): 2 x 24 + 2 x 16."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import gpu_device
+
+    assert gpu_device.schedule_bytes(prove(synthesize("ring", 2)), 4, 4) == 80
+
+
+def test_the_settings_cover_the_issue_s_targets_and_the_verdicts_are_right(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import gpu_device
+
+    settings = gpu_device.settings(quick=False)
+    assert (8, 64, 1 << 20, "float32", False) in settings
+    assert {(s[0], s[1], s[2]) for s in settings} >= {
+        (8, None, 64 << 20),
+        (8, 64, 256 << 20),
+        (8, None, 256 << 20),
+    }
+    assert [s for s in settings if s[4]] == [(8, None, 64 << 20, "float32", True)]
+    assert {(s[0], s[3]) for s in settings} >= {(n, d) for n in range(3, 17) for d in gpu_device.DTYPES}
+    row = gpu_device.DeviceRow
+    fast = row(8, 64, 1 << 20, "float32", 1.2, None, None, 6.8, True)
+    slow = row(8, 64, 1 << 20, "float32", 2.0, None, None, 6.8, True)
+    big = row(8, 7, 64 << 20, "float32", 90.0, 0.65, 0.5, 300.0, True)
+    assert gpu_device.device_targets([fast])[0].endswith("(target <= 1.5 us: met)")
+    assert gpu_device.device_targets([slow])[0].endswith("(target <= 1.5 us: MISSED)")
+    efficiency, late, exact = gpu_device.device_targets([big])
+    assert efficiency.endswith("0.65 (target >= 0.7: MISSED)") and late.endswith("0.50 (target <= 0.7: met)")
+    assert exact == "exact in every row: yes"
+    table = gpu_device.device_table([fast, big])
+    assert "| 8 | 7 | 65536 KiB | float32 | 90.00 | 300.00 | 0.65 | 0.50 | yes |" in table

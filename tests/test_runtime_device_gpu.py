@@ -1,0 +1,117 @@
+"""On a real GPU (skipped without CuPy and a CUDA device): the device engine, one persistent
+kernel per rank, bit for bit against the reference interpreter on NumPy for every dtype CuPy has,
+N = 3..16, chunked schedules, call after call; the late rank launched late; a rank whose kernel
+is never launched reported as a RankError naming it.  On CPU the same kernel source runs compiled
+for the host (test_runtime_device_kernel.py, test_runtime_device_loopback.py); this is the check
+to run on a machine with a GPU (benchmarks/gpu_check.sh)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+cupy = pytest.importorskip("cupy")
+try:
+    DEVICES = int(cupy.cuda.runtime.getDeviceCount())
+except Exception:  # no driver, no device
+    DEVICES = 0
+if DEVICES < 1:
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+from stragglar.runtime import RankError, allreduce, allreduce_local  # noqa: E402
+from stragglar.runtime.device import loopback  # noqa: E402
+from stragglar.synth import synthesize  # noqa: E402
+from stragglar.verify import prove  # noqa: E402
+
+DTYPES = ["float16", "float32", "float64", "int32", "int64"]  # CuPy has no bfloat16
+
+
+def draws(n: int, count: int, dtype: str, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    if dtype.startswith("int"):
+        return [rng.integers(-(2**20), 2**20, count).astype(dtype) for _ in range(n)]
+    return [rng.standard_normal(count).astype(dtype) for _ in range(n)]
+
+
+def same_as_interpreter(n: int, chunks: int | None, dtype: str, count: int, delay: float = 0.0) -> None:
+    proof = prove(synthesize("stragglar", n, chunks=chunks))
+    for call in range(2):
+        host = draws(n, count, dtype, seed=call + n)
+        want = [h.copy() for h in host]
+        allreduce_local(want, proof)
+        device = [cupy.asarray(h) for h in host]
+        allreduce_local(device, proof, delay, engine="device")
+        for rank, (w, d) in enumerate(zip(want, device, strict=True)):
+            assert w.tobytes() == cupy.asnumpy(d).tobytes(), (n, chunks, dtype, call, rank)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", range(3, 17))
+def test_the_device_engine_is_exact_on_the_gpu(dtype: str, n: int) -> None:
+    same_as_interpreter(n, None, dtype, 4099)
+
+
+@pytest.mark.parametrize(("n", "chunks"), [(8, 64), (5, 12), (16, 40)])
+def test_chunked_schedules_with_a_late_rank(n: int, chunks: int) -> None:
+    same_as_interpreter(n, chunks, "float32", 1 << 20, delay=0.01)
+
+
+def test_a_rank_never_launched_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    proof = prove(synthesize("stragglar", 4))
+    late = proof.schedule.late_rank
+    launch = loopback.DeviceLoopback.launch
+
+    def all_but_the_late(self: loopback.DeviceLoopback, rank: int, buffer: int, timeout_s: float) -> None:
+        if rank != late:
+            launch(self, rank, buffer, timeout_s)
+
+    monkeypatch.setattr(loopback.DeviceLoopback, "launch", all_but_the_late)
+    monkeypatch.setattr(loopback, "WAIT_TIMEOUT_S", 0.5)
+    with pytest.raises(RankError) as caught:
+        allreduce_local([cupy.zeros(1000, dtype=cupy.float32) for _ in range(4)], proof, engine="device")
+    assert caught.value.peer == late and caught.value.reason == "timed out"
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_torch_cuda_tensors_bfloat16_included(dtype: str) -> None:
+    """torch CUDA tensors, bfloat16 among them (CuPy has none), against the interpreter on torch
+    CPU tensors."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA")
+    proof = prove(synthesize("stragglar", 6, chunks=10))
+    generator = torch.Generator().manual_seed(6)
+    host = [torch.randn(3001, generator=generator).to(getattr(torch, dtype)) for _ in range(6)]
+    want = [h.clone() for h in host]
+    allreduce_local(want, proof)
+    device = [h.cuda() for h in host]
+    allreduce_local(device, proof, engine="device")
+    for rank, (w, d) in enumerate(zip(want, device, strict=True)):
+        assert torch.equal(
+            w.view(torch.int16 if w.element_size() == 2 else torch.int32),
+            d.cpu().view(torch.int16 if w.element_size() == 2 else torch.int32),
+        ), rank
+
+
+def device_rank(rank: int, world: int) -> bool:
+    """A rank of its own process on a torch NCCL group: the device engine, twice, exact."""
+    import torch
+
+    proof = prove(synthesize("stragglar", world, chunks=2 * world))
+    for call in range(2):
+        base = torch.arange(10_000, dtype=torch.float32, device="cuda") % 97
+        tensor = base * world + rank + call
+        allreduce(tensor, proof, timeout=60, engine="device")
+        want = base * world * world + world * (world - 1) // 2 + world * call
+        if not torch.equal(tensor, want):
+            raise AssertionError(f"rank {rank} call {call}: {int((tensor != want).sum())} wrong elements")
+    return True
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_processes_sharing_one_gpu_over_ipc_handles(world: int) -> None:
+    """Ranks as processes on one GPU (their kernels time-slice: a correctness check, not a timing)."""
+    pytest.importorskip("torch")
+    from stragglar.measure.launch import launch
+
+    assert launch(device_rank, world, (), timeout=90, backend="nccl", gpus=1) == [True] * world

@@ -1,0 +1,213 @@
+"""Device ranks on a group (stragglar/runtime/device/group.py), each rank a thread here with a
+CuPy stand-in whose IPC handles are addresses and whose kernels are the CUDA source compiled for
+the host: handles exchanged once and cached, sums bit for bit the interpreter's call after call,
+a rank whose kernel never runs named by every rank's error, and a rank that never comes to a
+call ends the others' calls with an error, not a hang."""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import shutil
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from fake_device import FakeCuda, host_library, installed
+
+from stragglar.runtime import RankError, allreduce_local
+from stragglar.runtime.device import group, program_for
+from stragglar.schedule import Schedule
+from stragglar.synth import synthesize
+from stragglar.verify import prove
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    if shutil.which("g++") is None:
+        pytest.skip("needs g++ to compile the CUDA source for the host")
+    return host_library(Path(tmp_path_factory.mktemp("device")))
+
+
+@pytest.fixture
+def cuda(monkeypatch: pytest.MonkeyPatch, host: ctypes.CDLL) -> Iterator[FakeCuda]:
+    monkeypatch.setattr(group, "CACHED", 32)  # every rank is in this process: keep each one's state
+    yield from installed(monkeypatch, host)
+
+
+class AllGather:
+    """An all-gather of integers among threads, bounded by ``timeout`` (a rank that never comes
+    breaks it: a TimeoutError, as a group's gather would fail)."""
+
+    def __init__(self, size: int, timeout: float = 10.0) -> None:
+        self.barrier = threading.Barrier(size, timeout=timeout)
+        self.values: list[Sequence[int]] = [()] * size
+        self.calls = 0
+
+    def of(self, rank: int) -> Callable[[Sequence[int]], list[tuple[int, ...]]]:
+        def gather(values: Sequence[int]) -> list[tuple[int, ...]]:
+            self.values[rank] = list(values)
+            try:
+                self.barrier.wait()
+                out = [tuple(v) for v in self.values]
+                self.barrier.wait()  # everyone has read before anyone writes again
+            except threading.BrokenBarrierError:
+                raise TimeoutError("a rank did not come to the gather") from None
+            if rank == 0:
+                self.calls += 1
+            return out
+
+        return gather
+
+
+def ranks_run(
+    schedule: Schedule,
+    data: list[Any],
+    gather: AllGather,
+    delay: float = 0.0,
+    absent: Sequence[int] = (),
+    timeout: float = 30.0,
+) -> list[Any]:
+    """Every rank but ``absent`` in a thread of its own; each rank's result or exception."""
+    import cupy
+
+    proof = prove(schedule)
+    program = program_for(proof)
+    results: list[Any] = [None] * schedule.num_ranks
+
+    def rank(r: int) -> None:
+        try:
+            results[r] = group.run_device_rank(
+                cupy,
+                "group",
+                program,
+                proof.schedule.fingerprint,
+                r,
+                int(data[r].data.ptr),
+                int(data[r].shape[0]),
+                str(data[r].dtype),
+                0,
+                delay,
+                schedule.late_rank,
+                timeout,
+                gather.of(r),
+            )
+        except Exception as e:  # noqa: BLE001: handed to the test
+            results[r] = e
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(schedule.num_ranks) if r not in absent]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+        assert not t.is_alive()
+    return results
+
+
+def fresh(n: int, count: int, dtype: str, seed: int) -> list[Any]:
+    import cupy
+
+    rng = np.random.default_rng(seed)
+    if dtype.startswith("int"):
+        return [cupy.asarray(rng.integers(-(2**20), 2**20, count).astype(dtype)) for _ in range(n)]
+    return [cupy.asarray(rng.standard_normal(count).astype(dtype)) for _ in range(n)]
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "n", "chunks", "dtype"),
+    [("stragglar", 4, None, "float32"), ("ring", 3, None, "int64"), ("stragglar", 5, 12, "float16")],
+)
+def test_ranks_on_a_group_sum_as_the_interpreter_and_exchange_handles_once(
+    cuda: FakeCuda, algorithm: str, n: int, chunks: int | None, dtype: str
+) -> None:
+    schedule = synthesize(algorithm, n, chunks=chunks)
+    gather = AllGather(n)
+    for call in range(3):
+        data = fresh(n, 61, dtype, seed=call)
+        want = [np.array(d).view(np.ndarray) for d in data]
+        allreduce_local(want, prove(schedule))
+        results = ranks_run(schedule, data, gather, delay=0.01 if call == 1 else 0.0)
+        assert not [r for r in results if isinstance(r, Exception)], results
+        for rank, (w, g) in enumerate(zip(want, data, strict=True)):
+            assert w.tobytes() == np.array(g).tobytes(), (call, rank)
+    assert gather.calls == 1 + 3  # the handles once, then each call's error words
+    assert len(cuda.opened) == 2 * n * (n - 1)  # each rank opened each peer's inbox and flags, once
+    group._ranks.clear()  # dropped: the peers' memory closed, its own freed
+    gc.collect()
+    assert sorted(cuda.closed) == sorted(cuda.opened) and not cuda.allocations
+    late = results[schedule.late_rank]
+    assert late.arrived >= late.start
+
+
+def test_a_rank_whose_kernel_never_runs_is_named_by_every_rank(
+    cuda: FakeCuda, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    schedule = synthesize("stragglar", 4)
+    late = schedule.late_rank
+    run = group.DeviceRank.run
+
+    def silent(
+        self: group.DeviceRank, buffer: int, delay: float, late_rank: int, timeout: float, gather: Any
+    ) -> Any:
+        if self.rank == late:
+            self.kernel = lambda grid, block, args: None  # joins the gathers, never launches
+        return run(self, buffer, delay, late_rank, timeout, gather)
+
+    monkeypatch.setattr(group.DeviceRank, "run", silent)
+    results = ranks_run(schedule, fresh(4, 40, "float32", 1), AllGather(4), timeout=0.3)
+    assert all(isinstance(r, RankError) for r in results), results
+    assert {(r.peer, r.reason) for r in results} == {(late, "timed out")}
+    assert len({str(r) for r in results}) == 1  # the same error on every rank
+
+
+def test_a_rank_that_never_comes_ends_the_others_calls(
+    cuda: FakeCuda, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    schedule = synthesize("ring", 3)
+    gather = AllGather(3, timeout=2.0)
+    assert not any(isinstance(r, Exception) for r in ranks_run(schedule, fresh(3, 30, "float32", 2), gather))
+    results = ranks_run(schedule, fresh(3, 30, "float32", 3), gather, absent=[2], timeout=0.3)
+    assert isinstance(results[0], TimeoutError) and isinstance(results[1], TimeoutError)
+
+
+def test_allreduce_with_engine_device_on_an_nccl_group(cuda: FakeCuda) -> None:
+    """``allreduce(..., engine="device")`` end to end on ranks in threads: the header checked and
+    the handles and error words gathered over an NcclGroup (a fake NCCL), the kernels the source
+    compiled for the host; twice, each on a group of its own (which exchanges its handles anew)."""
+    from test_runtime_cupy_nccl import run_ranks
+
+    from stragglar.runtime import allreduce
+
+    proof = prove(synthesize("stragglar", 4, chunks=6))
+    for call in range(2):
+        data = fresh(4, 50, "float32", seed=10 + call)
+        want = [np.array(d).view(np.ndarray) for d in data]
+        allreduce_local(want, proof)
+        *results, _, _ = run_ranks(
+            4, lambda r, g, data=data: allreduce(data[r], proof, group=g, timeout=10, engine="device")
+        )
+        assert not [x for x in results if isinstance(x, Exception)], results
+        assert all(w.tobytes() == np.array(d).tobytes() for w, d in zip(want, data, strict=True))
+    assert len(cuda.opened) == 2 * (2 * 4 * 3)  # per group: each rank its 3 peers' inbox and flags
+
+
+def test_options_of_the_rounds_engine_are_refused_on_the_device_engine(cuda: FakeCuda) -> None:
+    from stragglar.errors import InputError
+    from stragglar.runtime import NcclGroup, allreduce
+
+    proof = prove(synthesize("ring", 2))
+    data = fresh(1, 8, "float32", 0)[0]
+    group = NcclGroup(comm=None)
+    for option, reason in (
+        ({"graphs": False}, "graphs applies to the rounds engine"),
+        ({"rounds": (0, 1)}, "rounds applies to the rounds engine"),
+        ({"engine": "fast"}, "unknown engine 'fast'"),
+    ):
+        with pytest.raises(InputError, match=reason):
+            allreduce(data, proof, group=group, **{"engine": "device", **option})  # type: ignore[arg-type]
+    with pytest.raises(InputError, match="runs on CuPy arrays or torch CUDA tensors"):
+        allreduce(np.zeros(8, np.float32), proof, group=group, engine="device")
+    assert not cuda.launches

@@ -1,0 +1,187 @@
+"""The device executor's CUDA source without a GPU: compiled to PTX by NVRTC as CuPy compiles it,
+and for the host with g++ (tests/fake_device.py: a host thread per rank and block, flags as
+atomics), where it runs every schedule's proved program exactly as the interpreter does, bit for
+bit, call after call without a reset; a rank that never comes makes the others' waits time out
+with an error word naming the rank, the round and the peer; a program whose flag values are off
+makes it time out rather than sum wrongly."""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fake_device import HostRun, host_library
+from nvrtc import compile_ptx, library
+
+from stragglar.runtime.device.kernel import SOURCE, kernel_name
+from stragglar.runtime.device.lowering import lower
+from stragglar.runtime.device.table import WAIT, DeviceProgram
+from stragglar.runtime.kernels import SUMS
+from stragglar.runtime.local import run_local
+from stragglar.runtime.plans import plan_for
+from stragglar.runtime.program import compile_schedule
+from stragglar.schedule import Schedule
+from stragglar.synth import ALGORITHMS, synthesize
+from stragglar.verify import prove
+
+DTYPES = list(SUMS)
+EVERY_SCHEDULE = [(a, n) for a in ALGORITHMS for n in range(2, 18) if a != "rhd" or not n & (n - 1)]
+CHUNKED = [(4, 32), (5, 9), (8, 64), (16, 40)]
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    if shutil.which("g++") is None:
+        pytest.skip("needs g++ to compile the CUDA source for the host")
+    return host_library(Path(tmp_path_factory.mktemp("device")))
+
+
+def inputs(n: int, count: int, dtype: str, seed: int) -> list[np.ndarray]:
+    """Distinct values per rank and element whose sums round (floats from a normal draw), so a
+    change in the order of additions shows; integers over a wide range."""
+    rng = np.random.default_rng(seed)
+    if dtype.startswith("int"):
+        return [rng.integers(-(2**20), 2**20, count).astype(dtype) for _ in range(n)]
+    if dtype == "bfloat16":  # NumPy has none: float32 values rounded to bfloat16, held as float32
+        return [_as_bfloat16(rng.standard_normal(count).astype(np.float32)) for _ in range(n)]
+    return [rng.standard_normal(count).astype(dtype) for _ in range(n)]
+
+
+def _as_bfloat16(values: np.ndarray) -> np.ndarray:
+    torch = pytest.importorskip("torch")
+    rounded: np.ndarray = torch.from_numpy(values).to(torch.bfloat16).to(torch.float32).numpy()
+    return rounded
+
+
+def words(values: np.ndarray, dtype: str) -> np.ndarray:
+    """The elements as the kernel's words (bfloat16: the top half of each float32)."""
+    if dtype == "bfloat16":
+        top: np.ndarray = (values.view(np.uint32) >> np.uint32(16)).astype(np.uint16)
+        return top
+    held: np.ndarray = values.view(SUMS[dtype][1])
+    return held
+
+
+def interpreted(schedule: Schedule, data: list[np.ndarray], dtype: str) -> list[np.ndarray]:
+    """The interpreter's result, as words: NumPy arrays, torch tensors for bfloat16."""
+    proof = prove(schedule)
+    count = data[0].shape[0]
+    plans = [plan_for(proof, r, count) for r in range(schedule.num_ranks)]
+    if dtype == "bfloat16":
+        torch = pytest.importorskip("torch")
+        tensors = [torch.from_numpy(d.copy()).to(torch.bfloat16) for d in data]
+        run_local(tensors, plans)
+        return [t.view(torch.int16).numpy().view(np.uint16) for t in tensors]
+    copies = [d.copy() for d in data]
+    run_local(copies, plans)
+    return [words(c, dtype) for c in copies]
+
+
+def run_on_host(
+    host: ctypes.CDLL, program: DeviceProgram, data: list[np.ndarray], dtype: str, blocks: int, calls: int = 1
+) -> list[np.ndarray]:
+    """The program run ``calls`` times on fresh copies of ``data`` (the same inboxes and flags,
+    never reset); the last call's buffers, as words."""
+    run = HostRun(host, program, data[0].shape[0], dtype, blocks)
+    buffers: list[np.ndarray] = []
+    for call in range(1, calls + 1):
+        buffers = [words(d, dtype).copy() for d in data]
+        errors = run.call(buffers, call)
+        assert not errors[:, 0].any(), errors
+    return buffers
+
+
+def same(schedule: Schedule, host: ctypes.CDLL, dtype: str, count: int, blocks: int, calls: int = 1) -> None:
+    data = inputs(schedule.num_ranks, count, dtype, seed=count + schedule.num_ranks)
+    want = interpreted(schedule, data, dtype)
+    got = run_on_host(host, lower(compile_schedule(schedule)), data, dtype, blocks, calls)
+    for rank, (w, g) in enumerate(zip(want, got, strict=True)):
+        assert w.tobytes() == g.tobytes(), (
+            schedule.algorithm,
+            schedule.num_ranks,
+            dtype,
+            count,
+            blocks,
+            rank,
+        )
+
+
+@pytest.mark.parametrize(("index", "algorithm", "n"), [(i, *s) for i, s in enumerate(EVERY_SCHEDULE)])
+def test_every_schedule_runs_exactly_as_the_interpreter(
+    host: ctypes.CDLL, index: int, algorithm: str, n: int
+) -> None:
+    """Every algorithm at N = 2..17, the dtypes taken in turn; uneven chunks, 1..3 blocks."""
+    same(synthesize(algorithm, n), host, DTYPES[index % len(DTYPES)], count=5 * n + 3, blocks=1 + index % 3)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("n", "chunks"), CHUNKED)
+def test_chunked_schedules_in_every_dtype_are_exact(
+    host: ctypes.CDLL, dtype: str, n: int, chunks: int
+) -> None:
+    same(synthesize("stragglar", n, chunks=chunks), host, dtype, count=3 * chunks + 1, blocks=2)
+
+
+@pytest.mark.parametrize("count", [0, 1, 3, 7])
+def test_empty_chunks_and_more_blocks_than_elements(host: ctypes.CDLL, count: int) -> None:
+    same(synthesize("stragglar", 5, chunks=8), host, "float32", count, blocks=4)
+
+
+def test_repeated_calls_need_no_reset(host: ctypes.CDLL) -> None:
+    """Calls 1, 2, 3 on the same flags and inboxes: the flags' values carry the call number."""
+    same(synthesize("ring", 6), host, "float64", count=40, blocks=2, calls=3)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_schedule_in_every_dtype(host: ctypes.CDLL, dtype: str) -> None:
+    for algorithm, n in EVERY_SCHEDULE:
+        same(synthesize(algorithm, n), host, dtype, count=2 * n + 1, blocks=2)
+
+
+def test_a_rank_that_never_comes_times_out_the_others_naming_it(host: ctypes.CDLL) -> None:
+    schedule = synthesize("stragglar", 5)
+    program = lower(compile_schedule(schedule))
+    run = HostRun(host, program, 30, "float32", 2)
+    data = [words(d, "float32").copy() for d in inputs(5, 30, "float32", 1)]
+    errors = run.call(data, 1, timeout_s=0.3, absent=[4])
+    failed = [r for r in range(5) if errors[r, 0]]
+    assert failed and 4 not in failed
+    blamed = [r for r in failed if errors[r, 3] == 4]
+    assert blamed, errors
+    for rank in blamed:
+        row = int(errors[rank, 1])
+        assert program.rows[rank][row, 0] == WAIT and program.rows[rank][row, 2] == 4
+        assert errors[rank, 2] == program.rows[rank][row, 1]  # the row's round
+        assert errors[rank, 6] < errors[rank, 5]  # it saw less than it wanted
+
+
+def test_a_flag_value_off_by_one_times_out_instead_of_summing_wrongly(host: ctypes.CDLL) -> None:
+    program = lower(compile_schedule(synthesize("ring", 4)))
+    rows = [r.copy() for r in program.rows]
+    index = int(np.flatnonzero(rows[1][:, 0] == WAIT)[0])
+    rows[1][index, 6] = rows[1][index, 7] + 1  # one more than the peer's last value of the call
+    wrong = dataclasses.replace(program, rows=tuple(rows))
+    run = HostRun(host, wrong, 16, "int32", 1)
+    errors = run.call([words(d, "int32").copy() for d in inputs(4, 16, "int32", 2)], 1, timeout_s=0.3)
+    assert errors[1, 0] == 1 and errors[1, 1] == index and errors[1, 3] == program.rows[1][index, 2]
+
+
+def test_the_source_compiles_for_a_gpu_with_nvrtc() -> None:
+    nvrtc = library()
+    if nvrtc is None:
+        pytest.skip("needs the nvidia-cuda-nvrtc wheel")
+    names = [kernel_name(dtype) for dtype in DTYPES]
+    result = compile_ptx(nvrtc, SOURCE, names, ["--std=c++14", "-arch=compute_90"])
+    assert set(result.lowered) == set(names) and all(result.lowered.values())
+    for instruction in (
+        "ld.acquire.sys.u64",
+        "st.release.sys.u64",
+        "%globaltimer",
+        "atom.global.cas",
+    ):
+        assert instruction in result.ptx, instruction

@@ -1,0 +1,216 @@
+"""``allreduce_local(..., engine="device")`` with a CuPy stand-in that runs the kernel's own
+source compiled for the host (tests/fake_device.py): ranks' kernels in threads of their own,
+sums bit for bit the interpreter's call after call, the late rank launched after its delay, a
+launch the device could not hold refused before anything runs, a table the prover refuses never
+launched, a wait that times out raised as a RankError naming rank, round and peer, and options
+that do not apply refused."""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from fake_device import FakeCuda, host_library, installed
+
+from stragglar.errors import InputError
+from stragglar.runtime import RankError, allreduce_local
+from stragglar.runtime.device import loopback, programs
+from stragglar.runtime.device.lowering import lower
+from stragglar.runtime.device.prover import DeviceProgramError
+from stragglar.runtime.device.table import WAIT
+from stragglar.runtime.program import RankProgram, compile_schedule
+from stragglar.synth import synthesize
+from stragglar.verify import prove
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    if shutil.which("g++") is None:
+        pytest.skip("needs g++ to compile the CUDA source for the host")
+    return host_library(Path(tmp_path_factory.mktemp("device")))
+
+
+@pytest.fixture
+def cuda(monkeypatch: pytest.MonkeyPatch, host: ctypes.CDLL) -> Iterator[FakeCuda]:
+    monkeypatch.setattr(programs, "_programs", type(programs._programs)())
+    yield from installed(monkeypatch, host)
+
+
+def buffers(n: int, count: int, dtype: str, seed: int) -> list[Any]:
+    import cupy  # the stand-in
+
+    rng = np.random.default_rng(seed)
+    if dtype.startswith("int"):
+        return [cupy.asarray(rng.integers(-(2**20), 2**20, count).astype(dtype)) for _ in range(n)]
+    return [cupy.asarray(rng.standard_normal(count).astype(dtype)) for _ in range(n)]
+
+
+def interpreted(data: list[np.ndarray], proof: object) -> list[np.ndarray]:
+    reference = [np.array(d).view(np.ndarray) for d in data]
+    allreduce_local(reference, proof)  # type: ignore[arg-type]
+    return reference
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "n", "chunks", "dtype"),
+    [
+        ("stragglar", 5, None, "float16"),
+        ("stragglar", 8, 24, "float32"),
+        ("ring", 6, None, "int64"),
+        ("rhd", 8, None, "float64"),
+        ("direct", 3, None, "int32"),
+    ],
+)
+def test_the_device_engine_sums_as_the_interpreter_call_after_call(
+    cuda: FakeCuda, algorithm: str, n: int, chunks: int | None, dtype: str
+) -> None:
+    proof = prove(synthesize(algorithm, n, chunks=chunks))
+    for call in range(3):  # the same flags and inboxes: nothing reset between calls
+        data = buffers(n, 97, dtype, seed=call)
+        want = interpreted(data, proof)
+        timelines = allreduce_local(data, proof, engine="device")
+        assert [t.rank for t in timelines] == list(range(n))
+        for rank, (w, g) in enumerate(zip(want, data, strict=True)):
+            assert w.tobytes() == np.array(g).tobytes(), (call, rank)
+    assert len(cuda.launches) == 3 * n
+
+
+def test_the_late_rank_is_launched_after_its_delay(cuda: FakeCuda) -> None:
+    proof = prove(synthesize("stragglar", 4))
+    data = buffers(4, 40, "float32", seed=3)
+    want = interpreted(data, proof)
+    late = int(data[proof.schedule.late_rank].data.ptr)
+    timelines = allreduce_local(data, proof, 0.2, engine="device")
+    when = dict(cuda.launches)
+    first = min(when.values())
+    assert when[late] - first >= 0.2 and all(t - first < 0.1 for b, t in when.items() if b != late)
+    assert timelines[proof.schedule.late_rank].arrived - timelines[0].start >= 0.2
+    late_line = timelines[proof.schedule.late_rank]
+    assert late_line.phase_done[0] is None and late_line.phase_done[1] == late_line.done  # not in phase 0
+    assert timelines[0].phase_done == (timelines[0].done, timelines[0].done)
+    assert all(w.tobytes() == np.array(g).tobytes() for w, g in zip(want, data, strict=True))
+
+
+def test_a_launch_the_device_cannot_hold_at_once_is_refused_before_it_runs(
+    monkeypatch: pytest.MonkeyPatch, host: ctypes.CDLL
+) -> None:
+    """Blocks of 512 threads of 40 registers each: one multiprocessor's 65536 registers hold
+    three at once (its 2048 threads would hold four), so four ranks are refused, three run."""
+    small = {
+        "multiProcessorCount": 1,
+        "maxThreadsPerMultiProcessor": 2048,
+        "maxBlocksPerMultiProcessor": 32,
+        "regsPerMultiprocessor": 65536,
+        "sharedMemPerMultiprocessor": 49152,
+    }
+    fake = next(installed(monkeypatch, host, small))
+    proof = prove(synthesize("stragglar", 4))
+    data = buffers(4, 40, "float32", seed=4)
+    before = [np.array(d) for d in data]
+    with pytest.raises(InputError, match=r"holds 3 blocks .* fewer than the 4 ranks"):
+        allreduce_local(data, proof, engine="device")
+    assert not fake.launches and all((b == np.array(d)).all() for b, d in zip(before, data, strict=True))
+    three = buffers(3, 40, "float32", seed=4)
+    allreduce_local(three, prove(synthesize("stragglar", 3)), engine="device")  # one block each
+    assert len(fake.launches) == 3
+
+
+def test_a_program_the_prover_refuses_is_never_launched(
+    cuda: FakeCuda, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def without_a_wait(ranks: list[RankProgram]) -> object:
+        program = lower(ranks)
+        rows = [r.copy() for r in program.rows]
+        rows[0] = np.delete(rows[0], np.flatnonzero(rows[0][:, 0] == WAIT)[0], axis=0)
+        return dataclasses.replace(program, rows=tuple(rows))
+
+    monkeypatch.setattr(programs, "lower", without_a_wait)
+    data = buffers(4, 40, "float32", seed=5)
+    with pytest.raises(DeviceProgramError, match=r"rank 0 .* without waiting"):
+        allreduce_local(data, prove(synthesize("ring", 4)), engine="device")
+    assert not cuda.launches
+
+
+def test_a_rank_that_never_starts_is_reported_with_round_and_peer(
+    cuda: FakeCuda, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    proof = prove(synthesize("stragglar", 5))
+    late = proof.schedule.late_rank
+    launch = loopback.DeviceLoopback.launch
+
+    def all_but_the_late(self: loopback.DeviceLoopback, rank: int, buffer: int, timeout_s: float) -> None:
+        if rank != late:
+            launch(self, rank, buffer, timeout_s)
+
+    monkeypatch.setattr(loopback.DeviceLoopback, "launch", all_but_the_late)
+    monkeypatch.setattr(loopback, "WAIT_TIMEOUT_S", 0.3)
+    with pytest.raises(RankError) as caught:
+        allreduce_local(buffers(5, 40, "float32", seed=6), proof, engine="device")
+    error = caught.value
+    assert error.reason == "timed out" and error.peer == late and error.rank != late
+    assert error.round is not None and error.phase in [p.name for p in proof.schedule.phases]
+    assert f"waiting for rank {late}" in str(error)
+
+
+def test_options_that_do_not_apply_are_refused(cuda: FakeCuda) -> None:
+    proof = prove(synthesize("ring", 3))
+    with pytest.raises(InputError, match="runs on CuPy arrays or torch CUDA tensors"):
+        allreduce_local([np.zeros(4, np.float32) for _ in range(3)], proof, engine="device")
+    with pytest.raises(InputError, match="graphs applies to the rounds engine"):
+        allreduce_local(buffers(3, 4, "float32", 0), proof, engine="device", graphs=True)
+    with pytest.raises(InputError, match="unknown engine 'gpu'"):
+        allreduce_local(buffers(3, 4, "float32", 0), proof, engine="gpu")
+    assert not cuda.launches
+
+
+def test_blocks_a_rank_follow_the_device_and_the_chunks() -> None:
+    """On an H200 (132 multiprocessors, 4 blocks of 512 threads each at 32 registers): 528 blocks
+    at once, so 8 ranks get the most (16) on large chunks, one block on a chunk of few elements."""
+    from fake_device import H200
+
+    resident = loopback.resident_blocks(H200, registers=32, shared_bytes=4, threads=512)
+    assert resident == 132 * 4
+    program = lower(compile_schedule(synthesize("stragglar", 8)))
+    assert loopback.blocks_for(program, 7 * 2**20, resident) == loopback.MAX_BLOCKS
+    assert loopback.blocks_for(program, 7 * 100, resident) == 1
+    assert loopback.blocks_for(program, 7 * 2**20, 40) == 5  # 40 blocks shared by 8 ranks
+
+
+def test_torch_cpu_tensors_and_buffers_on_two_gpus_are_refused(cuda: FakeCuda) -> None:
+    import fake_device
+
+    torch = pytest.importorskip("torch")
+    proof = prove(synthesize("ring", 3))
+    with pytest.raises(InputError, match="runs on CuPy arrays or torch CUDA tensors"):
+        allreduce_local([torch.zeros(4) for _ in range(3)], proof, engine="device")
+
+    class OnSecondGpu(fake_device.DeviceArray):
+        @property
+        def device(self) -> Any:
+            return type("Device", (), {"id": 1})()
+
+    data = buffers(3, 4, "float32", 0)
+    data[2] = data[2].view(OnSecondGpu)
+    with pytest.raises(InputError, match=r"on one GPU, got buffers on GPUs \[0, 1\]"):
+        allreduce_local(data, proof, engine="device")
+    assert not cuda.launches
+
+
+def test_the_error_raised_names_the_rank_nobody_heard_from_not_those_waiting_on_waiters() -> None:
+    """Rank 1 waited for rank 0, which waited for rank 3 (absent, no error of its own): the
+    error is rank 0's, naming rank 3, and says rank 1 timed out too."""
+    program = lower(compile_schedule(synthesize("stragglar", 4)))
+    words = np.zeros((4, 8), dtype=np.uint64)
+    words[0] = [1, 2, 1, 3, 3, 5, 4, 0]  # claimed, row 2, round 1, peer 3, flag 3, wanted 5, saw 4, block 0
+    words[1] = [1, 7, 2, 0, 0, 6, 5, 1]
+    error = loopback.first_failure(program, words, [0, 1])
+    phase, number = program.phase_round(1)
+    assert (error.rank, error.peer, error.round, error.phase) == (0, 3, number, phase)
+    assert str(error).endswith("block 0 waited at row 2 for flag 3 >= 5, saw 4 (ranks [1] timed out too)")
+    assert loopback.first_failure(program, words, [1]).peer == 0  # alone, rank 1's own
