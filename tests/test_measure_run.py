@@ -534,11 +534,11 @@ def test_cli_device_without_cupy_or_cuda_is_one_line_before_any_work(monkeypatch
         "importlib",
         SimpleNamespace(util=SimpleNamespace(find_spec=lambda name: None if name == "cupy" else object())),
     )
-    line = one_error_line(run("run", "--backend", "device", "--gpus", "4"))
+    line = one_error(run("run", "--backend", "device", "--gpus", "4"), 2)
     assert line == f"Error: {run_module.HINTS['device']}"
     both_libraries_found(monkeypatch)
     gpus_seen(monkeypatch, 0)
-    assert one_error_line(run("run", "--backend", "device", "--gpus", "4")) == f"Error: {NO_CUDA}"
+    assert one_error(run("run", "--backend", "device", "--gpus", "4"), 2) == f"Error: {NO_CUDA}"
 
 
 def test_cli_run_device_asks_the_nccl_ranks_for_the_device_engine(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -554,6 +554,6 @@ def test_cli_run_device_asks_the_nccl_ranks_for_the_device_engine(monkeypatch: p
     nccl = run("run", "--backend", "nccl", "--gpus", "4", "--size", "4KiB", "--iters", "2")
     assert asked["on_device"] is False and "talk over NCCL's socket transport" in nccl.stdout
     refused = run("run", "--backend", "device", "--gpus", "4", "--no-graphs")
-    assert one_error_line(refused).endswith(
+    assert one_error(refused, 2).endswith(
         "--no-graphs does not apply: CUDA graphs replay the nccl and cupy backends' rounds, not device's"
     )
