@@ -1,7 +1,6 @@
 """The DDP communication hook and its state.  (No ``from __future__ import annotations`` here: DDP
 compares the hook's annotations with the classes.)"""
 
-import logging
 import os
 import weakref
 from dataclasses import dataclass, field
@@ -13,7 +12,7 @@ from torch.distributed import GradBucket  # type: ignore[attr-defined, unused-ig
 
 from stragglar.args import MAX_DELAY, as_flag, as_int, as_rank, as_seconds
 from stragglar.ddp.agreement import disagreement, encode
-from stragglar.ddp.metrics import change_line, prometheus_text
+from stragglar.ddp.metrics import report
 from stragglar.ddp.probe import LateRankProbe
 from stragglar.ddp.state_parts import Connection, Decision, Learned, ProofKey, Resources
 from stragglar.ddp.worker import (
@@ -27,7 +26,7 @@ from stragglar.ddp.worker import (
     dedicated_group,
 )
 from stragglar.errors import ArgumentError, InputError, described
-from stragglar.files import check_appendable, write_text
+from stragglar.files import check_appendable
 from stragglar.formats.traces import TraceWriter
 from stragglar.model import AUTO, Network
 from stragglar.model.detect import WINDOW, RankLateness, Rule, fresh, observe, recent_lateness
@@ -51,7 +50,6 @@ from stragglar.verify import Proof, prove
 __all__ = ["POLICIES", "StragglarState", "stragglar_hook"]
 
 HOST = HostOrder()
-LOG = logging.getLogger("stragglar")
 
 
 @dataclass(init=False)
@@ -105,12 +103,8 @@ class StragglarState:
     minus how long the rank waited for the last one; the figures of step s are written at step
     s + 2, when the probe has them).
 
-    *What it measures*, wherever the probe runs (``policy="auto"``, ``detect``, ``record`` or
-    ``metrics``): :meth:`late_ranks` gives each rank's share of recent steps last, its median and
-    90th-percentile lateness and the rule's verdict, :attr:`persistent_straggler` the rank the
-    rule names; rank 0 logs one line (logger ``stragglar``: a warning when a persistent straggler
-    appears or moves, info when it goes away) and, with ``metrics=PATH``, replaces ``PATH`` with
-    the figures in Prometheus's text format (:mod:`stragglar.ddp.metrics`).
+    *What it measures*, wherever the probe runs: :meth:`late_ranks` and :attr:`persistent_straggler`;
+    rank 0 logs each change of persistent straggler and writes ``metrics`` (:mod:`stragglar.ddp.metrics`).
 
     What it learns (:class:`~stragglar.ddp.state_parts.Learned`, in :attr:`learned`) reads as
     :attr:`steps`, :attr:`switches`, :attr:`decisions` and :attr:`outlook`; what it holds
@@ -369,11 +363,9 @@ class StragglarState:
         return None if detection is None else detection.named
 
     def late_ranks(self) -> tuple[RankLateness, ...]:
-        """Each rank's figures over the probe's recent window (``detect``, default 16 steps):
-        the share of the steps it arrived last, its lateness's median and 90th percentile
-        (seconds; negative: early), its evidence and the rule's verdict
-        (:class:`~stragglar.model.detect.RankLateness`); empty before the first figures (the
-        figures of step s arrive at step s + 2), or where the probe does not run."""
+        """Each rank's :class:`~stragglar.model.detect.RankLateness` over the probe's recent
+        window (``detect``, default 16 steps); empty before the first figures (those of step s
+        arrive at step s + 2), or where the probe does not run."""
         probe, detection = self.resources.probe, self.learned.detection
         if probe is None or detection is None:
             return ()
@@ -385,19 +377,10 @@ class StragglarState:
 
     def _report(self, before: int | None) -> None:
         """Rank 0: log a change of persistent straggler, and replace the metrics file."""
-        detection = self.learned.detection
-        if detection is None:
-            return
-        ranks = self.late_ranks()
-        step = self._figures_step()
-        if detection.named != before:
-            since = None if detection.since is None else step - (detection.steps - detection.since)
-            line = change_line(before, detection.named, since, step, ranks)
-            LOG.log(logging.INFO if detection.named is None else logging.WARNING, line)
-        if self.metrics is not None:
-            probe = self.resources.probe
-            window = probe.late.maxlen if probe is not None and probe.late.maxlen else WINDOW
-            write_text(self.metrics, prometheus_text(step, window, ranks))
+        probe, detection = self.resources.probe, self.learned.detection
+        if probe is not None and detection is not None:
+            window = probe.late.maxlen or WINDOW
+            report(before, detection, self.late_ranks, self._figures_step(), window, self.metrics)
 
     def _write_trace(self, probe: LateRankProbe, record: str | os.PathLike[str]) -> None:
         """Append the step's arrivals, as the probe measured them, to the trace (rank 0 only)."""

@@ -10,12 +10,17 @@ gives (:func:`change_line`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+import os
+from collections.abc import Callable, Sequence
 
-from stragglar.model.detect import RankLateness
+from stragglar.files import write_text
+from stragglar.model.detect import Detection, RankLateness
 from stragglar.units import format_seconds
 
-__all__ = ["change_line", "prometheus_text"]
+__all__ = ["LOG", "change_line", "prometheus_text", "report"]
+
+LOG = logging.getLogger("stragglar")
 
 _GAUGES = (
     ("stragglar_last_share", "Share of the recent steps at which the rank arrived last."),
@@ -26,6 +31,29 @@ _GAUGES = (
     ("stragglar_evidence", "The rank's score in the persistent-straggler test, as a share of its threshold."),
     ("stragglar_persistent", "1 where the test names the rank the persistent straggler, else 0."),
 )
+
+
+def report(
+    before: int | None,
+    detection: Detection,
+    figures: Callable[[], Sequence[RankLateness]],
+    step: int,
+    window: int,
+    metrics: str | os.PathLike[str] | None,
+) -> None:
+    """Rank 0's report at ``step`` (the step of the latest figures): a line through :data:`LOG`
+    where the rule's named rank changed from ``before`` (a warning where one appeared or moved,
+    info where it went away), and the ``metrics`` file replaced; ``figures`` (each rank's, over
+    the last ``window`` steps) taken only where needed."""
+    if detection.named == before and metrics is None:
+        return
+    ranks = figures()
+    if detection.named != before:
+        since = None if detection.since is None else step - (detection.steps - detection.since)
+        line = change_line(before, detection.named, since, step, ranks)
+        LOG.log(logging.INFO if detection.named is None else logging.WARNING, line)
+    if metrics is not None:
+        write_text(metrics, prometheus_text(step, window, ranks))
 
 
 def prometheus_text(step: int, window: int, ranks: Sequence[RankLateness]) -> str:
