@@ -241,19 +241,21 @@ def test_random_lateness_says_there_is_no_persistent_straggler_and_what_chance_g
 
 
 def test_a_real_straggler_is_the_headline_and_chance_finds_come_after(tmp_path: Path) -> None:
-    """Rank 6 persistently late for 30 steps, then rank 2 from step 60 on: the headline names rank
-    2 (the straggler at the end), dated from step 60, and rank 6's episode is listed after it."""
+    """Rank 6 persistently late for 45 steps, then rank 2 for 20 from step 80: the headline names
+    rank 2 (the straggler at the end, though named at fewer steps), dated from step 80, with its
+    own share of steps last, and rank 6's episode is listed after it."""
     lines = ["step,rank,time"]
     for step in range(100):
-        late = 6 if 10 <= step < 40 else 2 if step >= 60 else None
+        late = 6 if 5 <= step < 50 else 2 if step >= 80 else None
         lines += [f"{step},{rank},{1000 * step + (40 if rank == late else 0)}" for rank in range(8)]
     path = tmp_path / "moves.csv"
     path.write_text("\n".join(lines) + "\n")
     result = run(str(path), "--time-unit", "ms", "--json", "-")
     assert result.exit_code == 0, result.stderr
     out = result.stderr.splitlines()
-    assert out[5].startswith("  persistent straggler: rank 2, from step 60 (named at step 6"), out[5]
-    assert out[6].startswith("  named persistently late before: rank 6 from step 10 until step"), out[6]
+    assert out[5].startswith("  persistent straggler: rank 2, from step 80 (named at step 86)"), out[5]
+    assert out[6].startswith("  named persistently late before: rank 6 from step 5 until step"), out[6]
+    assert "it was last at 20 of 100 steps (20%); chance alone: 12.5%" in out[5]  # rank 2's share
     (group,) = json.loads(result.stdout)["groups"]
-    assert group["persistent_straggler"] == 2
-    assert [(e["rank"], e["since"]) for e in group["persistent_stragglers"]] == [(6, 10), (2, 60)]
+    assert group["persistent_straggler"] == group["straggler"] == 2
+    assert [(e["rank"], e["since"]) for e in group["persistent_stragglers"]] == [(6, 5), (2, 80)]

@@ -14,8 +14,8 @@ Each step of a group gives when each of its N ranks reached the gradient collect
   ``t_p + estimate(...).time``.  Ring (the engine's all_reduce) has no straggler: it starts when
   the last rank is in.  Priced: Ring, the paper's StragglAR and chunked StragglAR (``chunks=auto``
   at the straggler's median lateness when last, :func:`~stragglar.model.policy.chunk_count`), both
-  with the group's persistent straggler (the rank named at the most steps; else the rank last most
-  often) as straggler, and the ``auto`` policy.
+  with the group's persistent straggler (the rank named at the end, else the one named at the most
+  steps; else the rank last most often) as straggler, and the ``auto`` policy.
 * *What the auto policy would have chosen.*  Step by step, with the hook's own code
   (:class:`~stragglar.model.policy.AutoPolicy` and :func:`~stragglar.model.policy.choose`) on the
   given network, seeing what the hook's probe would have seen: the figures of step ``s`` from
@@ -116,9 +116,9 @@ class Episode:
 @dataclass(frozen=True)
 class GroupReplay:
     """A group's replay: ``episodes`` the persistent stragglers the rule named, in order;
-    ``straggler`` the rank the fixed StragglAR figures take as late (the rank named at the most
-    steps, else the rank last most often); ``chunks`` chunked StragglAR's count per bucket (None:
-    the paper's N-1); ``decisions`` as the hook records them
+    ``straggler`` the rank the fixed StragglAR figures take as late (the rank named at the end,
+    else the rank named at the most steps, else the rank last most often); ``chunks`` chunked
+    StragglAR's count per bucket (None: the paper's N-1); ``decisions`` as the hook records them
     (:attr:`~stragglar.ddp.StragglarState.decisions`)."""
 
     num_ranks: int
@@ -250,8 +250,11 @@ def _episodes(states: Sequence[Detection], steps: Sequence[int]) -> tuple[Episod
 
 
 def _straggler(episodes: Sequence[Episode], steps: Sequence[int], last: Sequence[int | None]) -> int:
-    """The rank the fixed figures take as late: named at the most steps (the later on a tie),
-    else last at the most steps (the lowest on a tie), else rank 0 (nobody was ever late)."""
+    """The rank the fixed figures take as late: the one named at the trace's end, else the one
+    named at the most steps (the later on a tie), else the one last at the most steps (the lowest
+    on a tie), else rank 0 (nobody was ever late)."""
+    if episodes and episodes[-1].until is None:
+        return episodes[-1].rank
     index = {step: i for i, step in enumerate(steps)}
     named: Counter[int] = Counter()
     for episode in episodes:
