@@ -63,8 +63,9 @@ WINDOW = 16  # recent steps the lateness figures (and the auto policy's confiden
 @dataclass(frozen=True, slots=True)
 class Rule:
     """The test's parameters: ``false_alarm`` (per step, in (0, 1)), ``share`` (in (0, 1); a rank
-    last more often is found sooner, one last less often later or never) and ``margin`` (seconds a
-    rank must be later than every other for its step to count; 0: any lateness)."""
+    last more often is found sooner, one last less often later or never; at or below chance, 1/N,
+    the test names nobody) and ``margin`` (seconds a rank must be later than every other for its
+    step to count; 0: any lateness)."""
 
     false_alarm: float = FALSE_ALARM
     share: float = SHARE
