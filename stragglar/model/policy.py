@@ -11,9 +11,10 @@ it were the straggler), negative for the others.
 
 *Who to bet on.*  The rank the persistent-straggler rule names (:mod:`stragglar.model.detect`: a
 sequential test with a stated false-alarm rate), or the straggler the user named; nobody
-otherwise, and then the engine's all_reduce.  How sure the bet is (the candidate's share of
-recent steps at which it was last) weighs the saving it is expected to bring (:func:`choose`),
-so a rank last at half the steps must be twice as late to be bet on as one last at all of them.
+otherwise, and then the engine's all_reduce.  The saving the bet is expected to bring is judged
+on the candidate's record (:func:`choose`): the time its lateness would have hidden over its
+recent steps, nothing at those where another rank was last, so a rank last at half the steps
+must be about twice as late to be bet on as one last at all of them.
 
 *Critical delay.*  The cost model (:mod:`stragglar.model.cost`) says above which delay StragglAR
 beats a Ring AllReduce of the same bucket by :data:`MARGIN` at least; below it the engine's
