@@ -259,3 +259,21 @@ def test_a_real_straggler_is_the_headline_and_chance_finds_come_after(tmp_path: 
     (group,) = json.loads(result.stdout)["groups"]
     assert group["persistent_straggler"] == group["straggler"] == 2
     assert [(e["rank"], e["since"]) for e in group["persistent_stragglers"]] == [(6, 5), (2, 80)]
+
+
+def test_a_straggler_that_went_away_is_listed_under_no_persistent_straggler_at_the_end(
+    tmp_path: Path,
+) -> None:
+    lines = ["step,rank,time"]
+    for step in range(60):
+        lines += [f"{step},{rank},{step + (0.04 if rank == 5 and step < 20 else 0)}" for rank in range(8)]
+    path = tmp_path / "gone.csv"
+    path.write_text("\n".join(lines) + "\n")
+    result = run(str(path))
+    assert result.exit_code == 0, result.output
+    out = result.output.splitlines()
+    # rank 5 last at steps 0-19, nobody after (ties): named at step 6, let go once its score is 0
+    said = "no persistent straggler at the trace's end: rank 5 was last at 20 of 60 steps (33%)"
+    assert out[5] == f"  {said}; chance alone: 12.5%"
+    before = r"  named persistently late before: rank 5 from step 0 until step \d+"
+    assert re.fullmatch(before, out[6]), out[6]

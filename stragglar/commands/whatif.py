@@ -253,7 +253,8 @@ def _verdict(group: Group, result: GroupReplay) -> str:
     if now is None:
         if result.times_last == 0:
             return "no persistent straggler: no rank was ever last alone"
-        return f"no persistent straggler: {_rank(group, result.straggler)} {last}; {chance}"
+        when = " at the trace's end" if result.episodes else ""  # the ranks named before follow
+        return f"no persistent straggler{when}: {_rank(group, result.straggler)} {last}; {chance}"
     episode = result.episodes[-1]
     return (
         f"persistent straggler: {_rank(group, now)}, from step {episode.since} (named at step "
@@ -262,7 +263,7 @@ def _verdict(group: Group, result: GroupReplay) -> str:
 
 
 def _episode(group: Group, episode: Episode) -> str:
-    """``rank 3 from step 4 to step 19``."""
+    """``rank 3 from step 4 until step 19``."""
     return f"{_rank(group, episode.rank)} from step {episode.since} until step {episode.until}"
 
 
