@@ -140,6 +140,8 @@ def test_steps_prints_a_line_per_step_and_plot_draws(tmp_path: Path) -> None:
         (["--share", "0"], "--share"),
         (["--share", "1"], "--share"),
         (["--false-alarm", "0"], "--false-alarm"),
+        (["--false-alarm", "nan"], "Invalid value for '--false-alarm': must be in (0, 1), got nan"),
+        (["--share", "nan"], "Invalid value for '--share': must be in (0, 1), got nan"),
         (["--margin", "-1ms"], "--margin"),
     ],
 )

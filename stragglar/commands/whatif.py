@@ -34,6 +34,15 @@ def _where(values: tuple[str, ...]) -> list[tuple[str, str]]:
     return pairs
 
 
+def _rule(false_alarm: float, share: float, margin: float) -> Rule:
+    """The persistent-straggler rule of the options; a value it has no meaning for (NaN: the
+    range check lets it through) is that option's error."""
+    for option, value in (("--false-alarm", false_alarm), ("--share", share)):
+        if not 0 < value < 1:
+            raise click.BadParameter(f"must be in (0, 1), got {value}", param_hint=f"'{option}'")
+    return Rule(false_alarm, share, margin)
+
+
 @click.command()
 @click.argument("trace", type=click.Path(path_type=Path, dir_okay=False))
 @click.option(
@@ -130,6 +139,7 @@ def whatif(
     if any(s <= 0 for s in sizes):
         raise click.BadParameter("a bucket must be more than 0 bytes", param_hint="'--size'")
     where = _where(where_values)
+    rule = _rule(false_alarm, share, margin)
     check_output(Path("-"), trace)  # the report to standard output must not append to the trace
     if json_file is not None:
         check_output(json_file, trace, option="--json")
@@ -143,9 +153,7 @@ def whatif(
             f"--plot draws at most {MAX_PLOT_GROUPS} groups and the trace has {len(groups)}: "
             "pick some with --where"
         )
-    setting = Setting(
-        Network(alpha, bandwidth), tuple(sizes), window, Rule(false_alarm, share, margin), chunks
-    )
+    setting = Setting(Network(alpha, bandwidth), tuple(sizes), window, rule, chunks)
     replays = [replay(g.times, g.steps, setting) for g in progress(groups, "replaying the groups")]
     err = json_file is not None and to_stdout(json_file)  # stdout carries the JSON document
     echo(
