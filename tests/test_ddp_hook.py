@@ -532,7 +532,8 @@ def test_the_hook_names_the_late_rank_in_its_log_its_figures_and_its_metrics(
     assert second["said"] == []  # rank 0 alone logs
     assert first["named"] == second["named"] == who
     assert first["figures"] == second["figures"] and len(first["figures"]) == 2  # every rank alike
-    assert not list(tmp_path.glob("*.tmp*")) and "# TYPE stragglar_last_share gauge" in first["metrics"]
+    assert [p.name for p in tmp_path.iterdir()] == ["stragglar.prom"]  # replaced whole, no temporary left
+    assert "# TYPE stragglar_last_share gauge" in first["metrics"]
     if who is None:
         assert first["said"] == []  # with nobody late, no line
         assert "stragglar_persistent_straggler -1" in first["metrics"]
