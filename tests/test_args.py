@@ -13,6 +13,7 @@ from stragglar.args import MAX_DELAY, MAX_TIMEOUT, as_seconds
 from stragglar.errors import InputError
 from stragglar.measure.launch import launch
 from stragglar.measure.run import run_benchmark
+from stragglar.model.detect import Rule
 from stragglar.runtime import ArgumentError, allreduce, allreduce_local, plan_for
 from stragglar.synth import synthesize
 from stragglar.verify import prove
@@ -135,8 +136,10 @@ def test_stragglar_state_checks_its_fields() -> None:
         StragglarState(timeout=0)
     with pytest.raises(ArgumentError, match=r"^StragglarState.detect must be an integer"):
         StragglarState(detect=2.5)  # type: ignore[arg-type]
-    with pytest.raises(InputError, match=r"^StragglarState.share must be in \(0, 1\]"):
-        StragglarState(share=1.5)
+    with pytest.raises(ArgumentError, match=r"^StragglarState.rule must be a stragglar.model.detect.Rule"):
+        StragglarState(rule=0.75)  # type: ignore[arg-type]
+    with pytest.raises(InputError, match=r"^Rule.share must be in \(0, 1\), got 1.5"):
+        StragglarState(rule=Rule(share=1.5))
     state = StragglarState(straggler=5)
     with pytest.raises(InputError, match=r"^StragglarState.straggler must be a rank in 0..3, got 5"):
         state.proof(4)

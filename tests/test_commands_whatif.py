@@ -4,6 +4,7 @@ saved; bad input one line and exit 2; it runs without torch."""
 from __future__ import annotations
 
 import json
+import random
 import re
 import subprocess
 import sys
@@ -38,7 +39,7 @@ def one_error(result: Result) -> str:
 def two_groups(tmp_path: Path) -> Path:
     """Group 'a': rank 1 late by 20 ms at every step; group 'b': rank 3 late by 30 ms (in us)."""
     lines = ["group,rank,step,time_us"]
-    for step in range(12):
+    for step in range(20):
         for group, late in (("a", 1), ("b", 3)):
             for rank in range(4):
                 delay = (20_000 if group == "a" else 30_000) if rank == late else 0
@@ -68,15 +69,23 @@ def test_two_groups_with_different_stragglers_are_replayed_apart(tmp_path: Path)
         str(out),
     )
     assert result.exit_code == 0, result.output
-    assert "group 'a': 4 ranks, 12 steps" in result.output and "group 'b': 4 ranks, 12 steps" in result.output
-    assert "persistent straggler: rank 1 from step 3" in result.output
-    assert "persistent straggler: rank 3 from step 3" in result.output
+    assert "group 'a': 4 ranks, 20 steps" in result.output and "group 'b': 4 ranks, 20 steps" in result.output
+    # N = 4: each step adds ln 3 to the late rank's score, which names it at ln(4 / 1e-4): the 10th
+    # step (step 9, counted from 0); the auto policy sees it two steps later
+    said = (
+        "persistent straggler: rank {}, from step 0 (named at step 9); it was last at 20 of 20 steps (100%)"
+    )
+    assert said.format(1) in result.output and said.format(3) in result.output
+    assert (
+        "rank 1 at the steps it was last: later than the next-latest rank by 20 ms (median)" in result.output
+    )
     document = json.loads(out.read_text())
     a, b = document["groups"]
-    assert (a["group"], a["straggler"], b["group"], b["straggler"]) == ("a", 1, "b", 3)
-    assert a["decisions"] == [[0, "allreduce", None, None], [5, "stragglar", 1, None]]
-    assert b["decisions"] == [[0, "allreduce", None, None], [5, "stragglar", 3, None]]
-    assert a["auto_stragglar_steps"] == 7 and len(a["per_step"]) == 12
+    assert (a["group"], a["persistent_straggler"], b["group"], b["persistent_straggler"]) == ("a", 1, "b", 3)
+    assert a["persistent_stragglers"] == [{"rank": 1, "since": 0, "named": 9, "until": None}]
+    assert a["decisions"] == [[0, "allreduce", None, None], [11, "stragglar", 1, None]]
+    assert b["decisions"] == [[0, "allreduce", None, None], [11, "stragglar", 3, None]]
+    assert a["auto_stragglar_steps"] == 9 and len(a["per_step"]) == 20
     assert a["per_step"][0]["lateness"][1] == pytest.approx(0.02)
     assert a["savings"]["auto"] > 0 and document["buckets"] == [12_000_000]
 
@@ -96,17 +105,17 @@ def test_the_readme_example_is_real_output(monkeypatch: pytest.MonkeyPatch) -> N
     result = CliRunner().invoke(cli, args[1:])
     assert result.exit_code == 0, result.output
     assert result.output == shown
-    assert "group '0': 4 ranks, 30 steps\n  persistent straggler: rank 2 from step 8;" in shown
-    assert "group '1': 4 ranks, 30 steps\n  persistent straggler: none;" in shown
+    assert "group '0': 4 ranks, 30 steps\n  persistent straggler: rank 2, from step 3" in shown
+    assert "group '1': 4 ranks, 30 steps\n  no persistent straggler: rank 0 was last at 9 of 30" in shown
 
 
 def test_json_to_standard_output_is_the_document_alone(tmp_path: Path) -> None:
     result = run(str(two_groups(tmp_path)), "--group-col", "group", "--time-col", "time_us", "--json", "-")
     assert result.exit_code == 0, result.stderr
-    assert [g["straggler"] for g in json.loads(result.stdout)["groups"]] == [1, 3]
+    assert [g["persistent_straggler"] for g in json.loads(result.stdout)["groups"]] == [1, 3]
     alone = run(str(two_groups(tmp_path)), "--time-col", "time_us", "--where", "group=a", "--json", "-")
     assert json.loads(alone.stdout)["groups"][0]["group"] is None  # no group column named
-    assert "persistent straggler: rank 1 from step 3" in result.stderr
+    assert "persistent straggler: rank 1, from step 0" in result.stderr
 
 
 def test_steps_prints_a_line_per_step_and_plot_draws(tmp_path: Path) -> None:
@@ -129,6 +138,11 @@ def test_steps_prints_a_line_per_step_and_plot_draws(tmp_path: Path) -> None:
         (["--size", "0"], "a bucket must be more than 0 bytes"),
         (["--time-unit", "min"], "'min' is not one of"),
         (["--share", "0"], "--share"),
+        (["--share", "1"], "--share"),
+        (["--false-alarm", "0"], "--false-alarm"),
+        (["--false-alarm", "nan"], "Invalid value for '--false-alarm': must be in (0, 1), got nan"),
+        (["--share", "nan"], "Invalid value for '--share': must be in (0, 1), got nan"),
+        (["--margin", "-1ms"], "--margin"),
     ],
 )
 def test_bad_options_are_one_line_and_exit_2(tmp_path: Path, args: list[str], words: str) -> None:
@@ -179,7 +193,7 @@ def test_whatif_runs_with_torch_hidden() -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    assert "persistent straggler: rank 2 from step 8" in done.stdout
+    assert "persistent straggler: rank 2, from step 3" in done.stdout
     assert done.stdout.splitlines()[-1] == "[]"
 
 
@@ -238,3 +252,71 @@ def test_where_values_are_stripped_as_cells_are(tmp_path: Path) -> None:
     result = run(str(trace), "--where", "op = allreduce ", "--json", "-")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["groups"][0]["steps"] == 6
+
+
+def random_lateness(tmp_path: Path) -> Path:
+    """8 ranks, 60 steps, a random rank 40 ms late at each (the issue's case), times in ms."""
+    gen = random.Random(8)
+    lines = ["step,rank,time"]
+    for step in range(60):
+        late = gen.randrange(8)
+        lines += [
+            f"{step},{rank},{1000 * step + (40 if rank == late else 0) + gen.random()}" for rank in range(8)
+        ]
+    path = tmp_path / "random.csv"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_random_lateness_says_there_is_no_persistent_straggler_and_what_chance_gives(tmp_path: Path) -> None:
+    result = run(str(random_lateness(tmp_path)), "--time-unit", "ms", "--json", str(tmp_path / "f.json"))
+    assert result.exit_code == 0, result.output
+    headline = result.output.splitlines()[5]
+    assert re.fullmatch(
+        r"  no persistent straggler: rank \d was last at \d+ of 60 steps \(\d+%\); chance alone: 12.5%",
+        headline,
+    ), headline
+    assert "later than the next-latest rank" not in result.output  # no lateness for a rank usually early
+    assert "the auto policy chose StragglAR at 0 of 60 steps" in result.output
+    (group,) = json.loads((tmp_path / "f.json").read_text())["groups"]
+    assert group["persistent_straggler"] is None and group["persistent_stragglers"] == []
+    assert group["auto_stragglar_steps"] == 0 and group["chance"] == 0.125
+
+
+def test_a_real_straggler_is_the_headline_and_chance_finds_come_after(tmp_path: Path) -> None:
+    """Rank 6 persistently late for 45 steps, then rank 2 for 20 from step 80: the headline names
+    rank 2 (the straggler at the end, though named at fewer steps), dated from step 80, with its
+    own share of steps last, and rank 6's episode is listed after it."""
+    lines = ["step,rank,time"]
+    for step in range(100):
+        late = 6 if 5 <= step < 50 else 2 if step >= 80 else None
+        lines += [f"{step},{rank},{1000 * step + (40 if rank == late else 0)}" for rank in range(8)]
+    path = tmp_path / "moves.csv"
+    path.write_text("\n".join(lines) + "\n")
+    result = run(str(path), "--time-unit", "ms", "--json", "-")
+    assert result.exit_code == 0, result.stderr
+    out = result.stderr.splitlines()
+    assert out[5].startswith("  persistent straggler: rank 2, from step 80 (named at step 86)"), out[5]
+    assert out[6].startswith("  named persistently late before: rank 6 from step 5 until step"), out[6]
+    assert "it was last at 20 of 100 steps (20%); chance alone: 12.5%" in out[5]  # rank 2's share
+    (group,) = json.loads(result.stdout)["groups"]
+    assert group["persistent_straggler"] == group["straggler"] == 2
+    assert [(e["rank"], e["since"]) for e in group["persistent_stragglers"]] == [(6, 5), (2, 80)]
+
+
+def test_a_straggler_that_went_away_is_listed_under_no_persistent_straggler_at_the_end(
+    tmp_path: Path,
+) -> None:
+    lines = ["step,rank,time"]
+    for step in range(60):
+        lines += [f"{step},{rank},{step + (0.04 if rank == 5 and step < 20 else 0)}" for rank in range(8)]
+    path = tmp_path / "gone.csv"
+    path.write_text("\n".join(lines) + "\n")
+    result = run(str(path))
+    assert result.exit_code == 0, result.output
+    out = result.output.splitlines()
+    # rank 5 last at steps 0-19, nobody after (ties): named at step 6, let go once its score is 0
+    said = "no persistent straggler at the trace's end: rank 5 was last at 20 of 60 steps (33%)"
+    assert out[5] == f"  {said}; chance alone: 12.5%"
+    before = r"  named persistently late before: rank 5 from step 0 until step \d+"
+    assert re.fullmatch(before, out[6]), out[6]

@@ -27,6 +27,7 @@ from stragglar.formats.traces import Columns, read_trace
 from stragglar.fsdp import use_stragglar
 from stragglar.measure.launch import LaunchError, launch
 from stragglar.model import Network
+from stragglar.model.detect import Rule
 from stragglar.model.policy import PROBE_LAG
 
 SLOW = Network(0.0, 500.0)  # bandwidth-bound: StragglAR never pays at 2 replicas
@@ -143,12 +144,18 @@ def test_the_gradients_and_parameters_are_native_hsdps(case: str) -> None:
     assert [(a, s, c) for _, a, s, c in decisions.pop()] == [decision]
 
 
+# The rule names a replica last at every step within 6 steps at 2 replicas and 4 at 4 with these settings
+# (h = ln(2 / 0.05), ln(0.95 * 2) a step; the default's 0.01% false alarms need 25 and 10), seen 2 steps late.
+QUICK = Rule(false_alarm=0.05, share=0.95, margin=0.02)
+DETECTING_STEPS = 10
+
+
 def auto_rank(rank: int, n: int, delay: float) -> tuple[float, list[Any]]:
     """4 replicas of 1 shard, judged over windows of 2 steps on a network of dear rounds.  (At 2
     replicas StragglAR saves a round for any lateness, or nothing: no delay is critical there.)"""
-    state = StragglarState(policy="auto", detect=2, network=DEAR, timeout=20)
+    state = StragglarState(policy="auto", detect=2, network=DEAR, timeout=20, rule=QUICK)
     native, ours = twins(state, replicas=4)
-    worst = train(rank, native, ours, 6, late_replica(rank, delay, replicas=4))
+    worst = train(rank, native, ours, DETECTING_STEPS, late_replica(rank, delay, replicas=4))
     return worst, list(state.decisions)
 
 
@@ -167,10 +174,10 @@ def test_auto_uses_the_engine_unless_a_replica_is_late(delay: float) -> None:
 def detecting_rank(rank: int, n: int, path: str) -> tuple[float, list[tuple[int, int]], list[Any]]:
     """Replica 0 (ranks 0 and 1) late by 0.1 s every step; ``detect`` over windows of 2 steps, the
     arrivals recorded."""
-    state = StragglarState(detect=2, record=path, timeout=20)
+    state = StragglarState(detect=2, record=path, timeout=20, rule=QUICK)
     native, ours = twins(state)
     pause = functools.partial(time.sleep, 0.1) if rank < 2 else None
-    worst = train(rank, native, ours, 6, pause)
+    worst = train(rank, native, ours, DETECTING_STEPS, pause)
     return worst, list(state.switches), list(state.decisions)
 
 
@@ -188,7 +195,7 @@ def test_detect_and_record_probe_the_replicas(tmp_path: Any) -> None:
         d[0] == (1, "stragglar", 1, None) and d[-1][1:] == ("stragglar", 0, None) for _, _, d in results
     )
     (group,) = read_trace(path, "jsonl", Columns(), ())
-    assert group.ranks == ("0", "1") and group.steps == tuple(range(1, 6 - PROBE_LAG + 1))
+    assert group.ranks == ("0", "1") and group.steps == tuple(range(1, DETECTING_STEPS - PROBE_LAG + 1))
     assert sum(row[0] > row[1] for row in group.times) >= 3  # replica 0 late
 
 

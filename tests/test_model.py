@@ -28,7 +28,7 @@ HIDDEN = HIDE_TORCH + textwrap.dedent(
     from stragglar.model import PAPER_NETWORK, compare_generated, resolve_chunks
     from stragglar.model.policy import Outlook, choose
 
-    late = Outlook(candidate=2, lateness=0.005, ring=PAPER_NETWORK, ours=PAPER_NETWORK)
+    late = Outlook(2, 0.005, 1.0, (0.005,), ring=PAPER_NETWORK, ours=PAPER_NETWORK)
     print(choose("stragglar", 8, 2**30, late, chunks="auto"))
     print(resolve_chunks("auto", 8, 2**30, 0.005, PAPER_NETWORK))
     print(round(compare_generated(8, 2**30, 0.01).speedup("stragglar"), 2))

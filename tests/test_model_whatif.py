@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import math
 import random
+from collections import Counter
 from fractions import Fraction
 
 import pytest
 
 from stragglar.model import Network
 from stragglar.model.policy import PROBE_LAG
-from stragglar.model.whatif import AUTO_POLICY, CHUNKED, Setting, replay
+from stragglar.model.whatif import AUTO_POLICY, CHUNKED, Episode, Setting, replay
 
 NET = Network(1e-4, 1e9)  # alpha 100 us, 1 GB/s
 SIZE = 12 * 10**6  # a multiple of 3 and 4: whole chunks for N = 4
@@ -23,10 +24,14 @@ def trace(rows: list[list[float]]) -> tuple[list[tuple[Fraction, ...]], list[int
 
 
 def test_a_persistent_straggler_is_found_and_the_saving_is_the_models() -> None:
-    delay, steps = 0.05, 12
+    delay, steps = 0.05, 16
     times, numbers = trace([[100.0 * s, 100.0 * s, 100.0 * s + delay, 100.0 * s] for s in range(steps)])
     result = replay(times, numbers, Setting(NET, (SIZE,)))
-    assert result.found == ((4, 2),) and result.straggler == 2 and result.last_share == 1.0
+    # by hand: N = 4, each step adds ln(0.75 * 4) = 1.10 to rank 2's score, which names it at
+    # ln(4 / 1e-4) = 10.6: at step 10, dated from step 1, and still named at the end
+    named = math.ceil(math.log(4 / 1e-4) / math.log(3))
+    assert result.episodes == (Episode(2, 1, named, None),) and result.persistent_straggler == 2
+    assert result.straggler == 2 and result.last_share == 1.0
     assert result.lateness(0.5) == pytest.approx(delay) and result.lateness(0.9) == pytest.approx(delay)
     # By hand, N = 4: a Ring starts when rank 2 is in and runs 6 rounds of a quarter; StragglAR runs
     # 2 rounds of a third while rank 2 is late (hidden), then 4 rounds of a third.
@@ -35,8 +40,8 @@ def test_a_persistent_straggler_is_found_and_the_saving_is_the_models() -> None:
     ours = max(delay, 2 * (alpha + SIZE / 3 * beta)) + 4 * (alpha + SIZE / 3 * beta)
     assert all(s.predicted["ring"] == pytest.approx(ring) for s in result.steps)
     assert all(s.predicted["stragglar"] == pytest.approx(ours) for s in result.steps)
-    # auto: the engine until the probe has a window of 4 steps, two steps after they happened
-    first = 4 + PROBE_LAG
+    # auto: the engine until the rule names rank 2, on figures the probe has two steps later
+    first = named + PROBE_LAG
     assert result.decisions == ((1, "allreduce", None, None), (first, "stragglar", 2, None))
     assert result.stragglar_steps == steps - first + 1
     saved = result.total("ring") - result.total(AUTO_POLICY)
@@ -44,28 +49,60 @@ def test_a_persistent_straggler_is_found_and_the_saving_is_the_models() -> None:
     assert result.total(CHUNKED) <= result.total("stragglar") + 1e-12  # the model's fastest count
 
 
-def test_a_randomly_late_rank_is_no_persistent_straggler_and_auto_stays_on_the_engine() -> None:
-    gen = random.Random(4)
-    order = [rank for _ in range(10) for rank in gen.sample(range(4), 4)]  # each late once in 4 steps
+@pytest.mark.parametrize(("n", "steps", "seed"), [(4, 40, 4), (8, 60, 1), (32, 43, 2)])
+def test_a_randomly_late_rank_is_no_persistent_straggler_and_auto_stays_on_the_engine(
+    n: int, steps: int, seed: int
+) -> None:
+    """The issue's cases: a random rank 40 ms late at each step (8 ranks, 60 steps; 32, 43)."""
+    gen = random.Random(seed)
     rows = []
-    for s, late in enumerate(order):
-        row = [10.0 * s] * 4
-        row[late] += 0.05
+    for s in range(steps):
+        row = [10.0 * s + gen.random() * 1e-3 for _ in range(n)]  # a millisecond of jitter
+        row[gen.randrange(n)] += 0.04
         rows.append(row)
     times, numbers = trace(rows)
     result = replay(times, numbers, Setting(NET, (SIZE,)))
-    assert result.found == ()
-    assert result.decisions == ((1, "allreduce", None, None),)  # the median lateness is never late
+    assert result.episodes == () and result.persistent_straggler is None
+    assert result.decisions == ((1, "allreduce", None, None),)
     assert result.stragglar_steps == 0
     assert result.total(AUTO_POLICY) == result.total("ring")
-    assert result.lateness(0.5) < 0  # the most often last rank is, in the median step, early
+    counts = Counter(step.last for step in result.steps)
+    assert result.chance == 1 / n and result.times_last == max(counts.values())  # the rank last most often
+    assert counts[result.straggler] == result.times_last
+
+
+def test_a_straggler_after_random_lateness_is_dated_from_its_first_late_step() -> None:
+    """Ranks 0-6 late at random for 30 steps, then rank 7 at every step: named, and dated from
+    step 31, the first at which it was ever late (the old rule dated such finds steps early)."""
+    gen = random.Random(5)
+    rows = []
+    for s in range(50):
+        row = [10.0 * s] * 8
+        row[gen.randrange(7) if s < 30 else 7] += 0.04
+        rows.append(row)
+    times, numbers = trace(rows)
+    result = replay(times, numbers, Setting(NET, (SIZE,)))
+    (episode,) = result.episodes
+    assert episode.rank == 7 and episode.since == 31 and episode.until is None
+    assert result.straggler == 7 and result.lateness(0.5) == pytest.approx(0.04)
+
+
+def test_a_straggler_that_moves_is_two_episodes_and_the_figures_take_the_longer() -> None:
+    rows = [[10.0 * s + (0.04 if r == (1 if s < 20 else 3) else 0.0) for r in range(4)] for s in range(60)]
+    times, numbers = trace(rows)
+    result = replay(times, numbers, Setting(NET, (SIZE,)))
+    first, second = result.episodes
+    assert (first.rank, first.since, second.rank, second.until) == (1, 1, 3, None)
+    assert first.until is not None and 20 < first.until <= second.named  # let go once rank 3 is named
+    assert second.since == 21 and result.persistent_straggler == 3 and result.straggler == 3
 
 
 def test_nobody_late_saves_nothing_and_stragglar_costs_more() -> None:
     times, numbers = trace([[float(s)] * 3 for s in range(10)])
     result = replay(times, numbers, Setting(NET, (SIZE,)))
-    assert result.found == () and result.stragglar_steps == 0
+    assert result.episodes == () and result.stragglar_steps == 0
     assert all(s.last is None for s in result.steps)  # a tie for last: nobody is late
+    assert result.times_last == 0 and result.lateness(0.5) is None
     assert all(late == 0.0 for s in result.steps for late in s.late)
     assert result.total("stragglar") > result.total("ring")  # its hidden rounds are not hidden
     assert result.total(AUTO_POLICY) == result.total("ring")
@@ -93,5 +130,5 @@ def test_a_clock_of_nanoseconds_since_1970_keeps_every_nanosecond() -> None:
 def test_the_fixed_stragglar_figures_take_the_rank_last_most_often_without_a_find() -> None:
     times, numbers = trace([[0.0, 0.01, 0.0], [0.0, 0.0, 0.01], [0.0, 0.01, 0.0]])
     result = replay(times, numbers, Setting(NET, (SIZE,), window=4))
-    assert result.found == () and result.straggler == 1
+    assert result.episodes == () and result.straggler == 1
     assert math.isclose(result.last_share, 2 / 3)

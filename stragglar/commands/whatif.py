@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -39,8 +38,9 @@ from stragglar.formats.traces import (
     trace_format_of,
 )
 from stragglar.model import Network
-from stragglar.model.policy import AUTO_WINDOW, SHARE, Choice
-from stragglar.model.whatif import AUTO_POLICY, CHUNKED, PRICED, GroupReplay, Setting, replay
+from stragglar.model.detect import FALSE_ALARM, SHARE, WINDOW, Rule
+from stragglar.model.policy import Choice
+from stragglar.model.whatif import AUTO_POLICY, CHUNKED, PRICED, Episode, GroupReplay, Setting, replay
 from stragglar.units import count_of, format_bytes, format_seconds, parse_size
 
 __all__ = ["MAX_PLOT_GROUPS", "whatif"]
@@ -61,11 +61,13 @@ def _where(values: tuple[str, ...]) -> list[tuple[str, str]]:
     return pairs
 
 
-def _share(ctx: click.Context, param: click.Parameter, value: float) -> float:
-    """``--share``: NaN passes a range check (no comparison holds for it), so it is refused here."""
-    if math.isnan(value):
-        raise click.BadParameter("nan is no share: give one above 0 and at most 1")
-    return value
+def _rule(false_alarm: float, share: float, margin: float) -> Rule:
+    """The persistent-straggler rule of the options; a value it has no meaning for (NaN: the
+    range check lets it through) is that option's error."""
+    for option, value in (("--false-alarm", false_alarm), ("--share", share)):
+        if not 0 < value < 1:
+            raise click.BadParameter(f"must be in (0, 1), got {value}", param_hint=f"'{option}'")
+    return Rule(false_alarm, share, margin)
 
 
 def _read(
@@ -146,17 +148,30 @@ def _check_outputs(json_file: Path | None, plot_file: Path | None, files: Sequen
 @click.option(
     "--window",
     type=click.IntRange(1, 10_000),
-    default=AUTO_WINDOW,
+    default=WINDOW,
     show_default=True,
-    help="Steps the persistent-straggler rule and the auto policy judge (the hook's detect=).",
+    help="Recent steps the auto policy judges a named straggler over (the hook's detect=).",
+)
+@click.option(
+    "--false-alarm",
+    type=click.FloatRange(0, 1, min_open=True, max_open=True),
+    default=FALSE_ALARM,
+    show_default=True,
+    help="The persistent-straggler test's false-alarm probability per step.",
 )
 @click.option(
     "--share",
-    type=click.FloatRange(0, 1, min_open=True),
-    callback=_share,
+    type=click.FloatRange(0, 1, min_open=True, max_open=True),
     default=SHARE,
     show_default=True,
-    help="Of a window a rank must be last in to be a persistent straggler.",
+    help="The share of steps a persistent straggler is last at that the test is tuned to find.",
+)
+@click.option(
+    "--margin",
+    type=DURATION,
+    default="0s",
+    show_default=True,
+    help="How much later than every other rank the last rank must be for its step to count.",
 )
 @chunks_option("per bucket, the cost model's fastest (the hook's chunks= under the auto policy)")
 @click.option("--steps", "per_step", is_flag=True, help="Also print a line per step.")
@@ -176,7 +191,9 @@ def whatif(
     alpha: float,
     bandwidth: float,
     window: int,
+    false_alarm: float,
     share: float,
+    margin: float,
     chunks: int | str | None,
     per_step: bool,
     json_file: Path | None,
@@ -196,6 +213,7 @@ def whatif(
     if given and any(s <= 0 for s in given):
         raise click.BadParameter("a bucket must be more than 0 bytes", param_hint="'--size'")
     where = _where(where_values)
+    rule = _rule(false_alarm, share, margin)
     files = trace_files(paths)
     _check_outputs(json_file, plot_file, files)
     fmt = trace_format_of(files[0], fmt)
@@ -213,7 +231,7 @@ def whatif(
             f"--plot draws at most {MAX_PLOT_GROUPS} groups and the trace has {len(groups)}: "
             "pick some with --where"
         )
-    setting = Setting(Network(alpha, bandwidth), tuple(sizes), window, share, chunks)
+    setting = Setting(Network(alpha, bandwidth), tuple(sizes), window, rule, chunks)
     replays = [
         replay(g.times, g.steps, dataclasses.replace(setting, buckets=chosen))
         for g, chosen in progress(list(zip(groups, per_group, strict=True)), "replaying the groups")
@@ -226,10 +244,10 @@ def whatif(
     )
     echo(
         f"model: {network_words(setting.network)}; "
-        f"{'bucket' if len(sizes) == 1 else 'buckets'} {', '.join(format_bytes(s) for s in sizes)}; "
-        f"persistent straggler: last in {share:.0%} of a window of {count_of(window, 'step')}",
+        f"{'bucket' if len(sizes) == 1 else 'buckets'} {', '.join(format_bytes(s) for s in sizes)}",
         err,
     )
+    echo(f"rule: {_rule_words(setting.rule)}", err)
     for group, result in zip(groups, replays, strict=True):
         echo("", err)
         for line in _group_lines(group, result, per_step):
@@ -260,59 +278,100 @@ def _saving(saved: float, ring: float) -> str:
     return f"costs {format_seconds(-saved)} more ({-saved / ring:.1%})"
 
 
+def _rule_words(rule: Rule) -> str:
+    """``a persistent straggler is last more often than chance (1/N) ...``: the rule, in words."""
+    margin = f" by more than {format_seconds(rule.margin)}" if rule.margin else ""
+    return (
+        f"a persistent straggler is last{margin} more often than chance (1/N), by a sequential "
+        f"test with false alarms at {_percent(rule.false_alarm)} of steps, tuned to a rank last at "
+        f"{rule.share:.0%}"
+    )
+
+
+def _percent(share: float) -> str:
+    """``12.5%``, ``0.01%``: a share with the digits it needs."""
+    return f"{share * 100:.3g}%"
+
+
 def _group_lines(group: Group, result: GroupReplay, per_step: bool) -> list[str]:
     steps = len(result.steps)
     title = "the trace" if group.name is None else f"group {quoted(group.name)}"
-    lines = [f"{title}: {result.num_ranks} ranks, {count_of(steps, 'step')}"]
-    last = sum(s.last == result.straggler for s in result.steps)
-    share = f"last at {last:,} of {steps:,} steps ({result.last_share:.0%})"
-    if result.found:
-        finds = ", ".join(f"{_rank(group, r)} from step {s}" for s, r in result.found[:4])
-        if len(result.found) > 4:
-            finds += f" and {len(result.found) - 4} more finds"
-        lines.append(f"  persistent straggler: {finds}; {_rank(group, result.straggler)} {share}")
-    else:
-        most = _rank(group, result.straggler)
-        lines.append(f"  persistent straggler: none; the most often last is {most}, {share}")
-    lines.append(
-        f"  its lateness behind the next-latest rank: median {_signed(result.lateness(0.5))}, "
-        f"90th percentile {_signed(result.lateness(0.9))}"
-    )
+    lines = [f"{title}: {result.num_ranks} ranks, {count_of(steps, 'step')}", f"  {_verdict(group, result)}"]
+    earlier = [e for e in result.episodes if e.until is not None]
+    if earlier:
+        named = ", ".join(_episode(group, e) for e in earlier)
+        lines.append(f"  named persistently late before: {named}")
+    straggler = _rank(group, result.straggler)
+    if result.episodes:
+        median, p90 = result.lateness(0.5), result.lateness(0.9)
+        assert median is not None and p90 is not None  # a named rank was last at some step
+        lines.append(
+            f"  {straggler} at the steps it was last: later than the next-latest rank by "
+            f"{format_seconds(median)} (median), {format_seconds(p90)} (90th percentile)"
+        )
     ring = result.total("ring")
     lines.append("  predicted from the first arrival, per step and in all, and the saving over ring:")
+    names = {algorithm: _algorithm_name(algorithm, group, result) for algorithm in PRICED}
+    width = max(map(len, names.values()))
     for algorithm in PRICED:
         total = result.total(algorithm)
         saved = ring - total
         saving = "" if algorithm == "ring" else f"   {_saving(saved, ring)}"
         lines.append(
-            f"    {_algorithm_name(algorithm, result):<34} {format_seconds(total / steps):>10} "
+            f"    {names[algorithm]:<{width}} {format_seconds(total / steps):>10} "
             f"{format_seconds(total):>10}{saving}"
         )
     lines.append(f"  the auto policy chose StragglAR at {result.stragglar_steps:,} of {steps:,} steps")
     if per_step:
-        names = "  ".join(f"{a:>16}" for a in PRICED)
-        lines.append(f"    step  last  lateness    {names}  auto chose")
+        columns = "  ".join(f"{a:>16}" for a in PRICED)
+        lines.append(f"    step  rank last  late by    {columns}  auto chose")
         for s in result.steps:
             chose = ", ".join(_choice(c) for c in dict.fromkeys(s.choices))
             figures = "  ".join(f"{format_seconds(s.predicted[a]):>16}" for a in PRICED)
             who = "-" if s.last is None else str(s.last)
-            lines.append(f"    {s.step:>4}  {who:>4}  {_signed(max(s.late)):>9}    {figures}  {chose}")
+            lines.append(f"    {s.step:>4}  {who:>9}  {_signed(max(s.late)):>7}    {figures}  {chose}")
     return lines
 
 
+def _verdict(group: Group, result: GroupReplay) -> str:
+    """The headline: the persistent straggler at the trace's end, or that there is none, with the
+    share of steps it (or the rank last most often) was last beside what chance gives."""
+    last = f"was last at {result.times_last:,} of {len(result.steps):,} steps ({result.last_share:.0%})"
+    chance = f"chance alone: {_percent(result.chance)}"
+    now = result.persistent_straggler
+    if now is None:
+        if result.times_last == 0:
+            return "no persistent straggler: no rank was ever last alone"
+        when = " at the trace's end" if result.episodes else ""  # the ranks named before follow
+        return f"no persistent straggler{when}: {_rank(group, result.straggler)} {last}; {chance}"
+    episode = result.episodes[-1]
+    return (
+        f"persistent straggler: {_rank(group, now)}, from step {episode.since} (named at step "
+        f"{episode.named}); it {last}; {chance}"
+    )
+
+
+def _episode(group: Group, episode: Episode) -> str:
+    """``rank 3 from step 4 until step 19``."""
+    return f"{_rank(group, episode.rank)} from step {episode.since} until step {episode.until}"
+
+
 def _choice(choice: Choice) -> str:
-    """``allreduce``, ``stragglar R=2`` or ``stragglar R=2 C=38``."""
+    """``allreduce``, ``stragglar, rank 2 late`` or ``stragglar, rank 2 late, 38 chunks``."""
     if choice.straggler is None:
         return choice.algorithm
-    return f"stragglar R={choice.straggler}" + (f" C={choice.chunks}" if choice.chunks else "")
+    return f"stragglar, rank {choice.straggler} late" + (f", {choice.chunks} chunks" if choice.chunks else "")
 
 
-def _algorithm_name(algorithm: str, result: GroupReplay) -> str:
+def _algorithm_name(algorithm: str, group: Group, result: GroupReplay) -> str:
+    """What each priced figure is, in words: the straggler it takes and why."""
+    role = "persistent straggler" if result.episodes else "last most often"
+    late = f"{_rank(group, result.straggler)} ({role}) late"
     if algorithm == "stragglar":
-        return f"stragglar (R={result.straggler})"
+        return f"stragglar, {late}"
     if algorithm == CHUNKED:
         counts = ", ".join(str(c) if c else f"{result.num_ranks - 1}" for c in result.chunks)
-        return f"stragglar chunks=auto (R={result.straggler}, C={counts})"
+        return f"stragglar in {counts} chunks, {late}"
     if algorithm == AUTO_POLICY:
         return "auto policy"
     return algorithm
@@ -328,7 +387,11 @@ def _document(
         "network": {"alpha": setting.network.alpha, "bandwidth": setting.network.bandwidth},
         "buckets": list(setting.buckets),
         "window": setting.window,
-        "share": setting.share,
+        "rule": {
+            "false_alarm": setting.rule.false_alarm,
+            "share": setting.rule.share,
+            "margin": setting.rule.margin,
+        },
         "chunks": setting.chunks,
         "groups": [_group_document(g, r) for g, r in zip(groups, replays, strict=True)],
     }
@@ -340,11 +403,15 @@ def _group_document(group: Group, result: GroupReplay) -> dict[str, Any]:
         "group": group.name,
         "ranks": list(group.ranks),
         "steps": len(result.steps),
-        "persistent_stragglers": [{"step": s, "rank": r} for s, r in result.found],
+        "persistent_straggler": result.persistent_straggler,
+        "persistent_stragglers": [
+            {"rank": e.rank, "since": e.since, "named": e.named, "until": e.until} for e in result.episodes
+        ],
         "straggler": result.straggler,
         "last_share": result.last_share,
-        "lateness_median": result.lateness(0.5),
-        "lateness_p90": result.lateness(0.9),
+        "chance": result.chance,
+        "lateness_when_last_median": result.lateness(0.5),
+        "lateness_when_last_p90": result.lateness(0.9),
         "chunks": [c or result.num_ranks - 1 for c in result.chunks],
         "totals": {a: result.total(a) for a in PRICED},
         "savings": {a: ring - result.total(a) for a in PRICED if a != "ring"},

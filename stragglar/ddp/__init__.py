@@ -16,11 +16,14 @@ and each bucket is reduced with StragglAR, that rank as straggler, only when the
 it beats a Ring all_reduce of that size at that lateness; otherwise with the engine's all_reduce
 (:mod:`stragglar.model.policy`).  Every rank decides from the same gathered figures, so all choose
 the same algorithm for the same bucket.  With ``detect=W`` (policy "stragglar") the hook always
-uses StragglAR and switches the straggler to a rank that is persistently last.
+uses StragglAR and switches the straggler to a rank that is persistently last.  Who is
+persistently last is decided by one rule with a stated false-alarm rate
+(:mod:`stragglar.model.detect`), the same that ``stragglar whatif`` replays; the hook reports it
+(:meth:`StragglarState.late_ranks`, a log line on rank 0, and ``metrics=`` for Prometheus).
 """
 
 from stragglar.ddp.hook import POLICIES, StragglarState, stragglar_hook
 from stragglar.ddp.probe import LateRankProbe
-from stragglar.model.policy import persistent_late_rank
+from stragglar.model.detect import RankLateness, Rule
 
-__all__ = ["POLICIES", "LateRankProbe", "StragglarState", "persistent_late_rank", "stragglar_hook"]
+__all__ = ["POLICIES", "LateRankProbe", "RankLateness", "Rule", "StragglarState", "stragglar_hook"]

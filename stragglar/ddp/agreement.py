@@ -4,13 +4,14 @@ The hook's reductions are ``lockstep`` calls of the runtime (:mod:`stragglar.run
 every rank must issue the same calls in the same order, which holds when every rank's state
 decides alike.  A rank with another policy, algorithm or straggler would issue other calls, one
 with another ``asynchronous`` would create another number of groups (a collective every rank must
-join), one with another ``detect`` (or ``record``) would probe where the others do not: the others
-would wait for it until the timeout, with no word on why.  So at its first step every rank all-gathers its
-settings on DDP's group, once, and every rank raises the same one-line
+join), one with another ``detect`` (or ``record``, or ``metrics``) would probe where the others
+do not: the others would wait for it until the timeout, with no word on why.  So at its first step
+every rank all-gathers its settings on DDP's group, once, and every rank raises the same one-line
 :class:`~stragglar.runtime.MismatchError` that names what differs.
 
 >>> mine = {"policy": "auto", "algorithm": "stragglar", "asynchronous": True, "detect": 0,
-...         "share": 0.75, "chunks": "auto", "network": None, "straggler": None, "record": False}
+...         "rule": Rule(), "chunks": "auto", "network": None, "straggler": None, "record": False,
+...         "metrics": False}
 >>> row = encode(mine)
 >>> decode(row) == mine
 True
@@ -31,6 +32,7 @@ from enum import IntEnum
 from typing import Any
 
 from stragglar.model import AUTO, Network
+from stragglar.model.detect import Rule
 from stragglar.model.policy import POLICIES
 from stragglar.runtime.header import ranks_in_words as rank_list
 from stragglar.schedule import ALGORITHMS
@@ -75,6 +77,14 @@ def _unnetwork(row: Sequence[int]) -> Network | None:
     return Network(_float(row[1]), _float(row[2])) if row[0] else None
 
 
+def _rule(value: Rule) -> list[int]:
+    return [_bits(value.false_alarm), _bits(value.share), _bits(value.margin)]
+
+
+def _unrule(row: Sequence[int]) -> Rule:
+    return Rule(_float(row[0]), _float(row[1]), _float(row[2]))
+
+
 # name -> (width, encode, decode): each setting as integers, and back
 Codec = tuple[int, Callable[[Any], list[int]], Callable[[Sequence[int]], Any]]
 FIELDS: dict[str, Codec] = {
@@ -82,11 +92,12 @@ FIELDS: dict[str, Codec] = {
     "algorithm": (1, lambda v: [ALGORITHMS.index(v)], lambda r: ALGORITHMS[r[0]]),
     "asynchronous": (1, lambda v: [int(v)], lambda r: bool(r[0])),
     "detect": (1, lambda v: [int(v)], lambda r: r[0]),
-    "share": (1, lambda v: [_bits(float(v))], lambda r: _float(r[0])),
+    "rule": (3, _rule, _unrule),
     "chunks": (1, _coded, _uncoded),
     "network": (3, _network, _unnetwork),
     "straggler": (1, _coded, _uncoded),
     "record": (1, lambda v: [int(v)], lambda r: bool(r[0])),  # a trace is recorded: the probe runs
+    "metrics": (1, lambda v: [int(v)], lambda r: bool(r[0])),  # metrics are written: the probe runs
 }
 
 

@@ -12,6 +12,7 @@ from torch.distributed import GradBucket  # type: ignore[attr-defined, unused-ig
 
 from stragglar.args import MAX_DELAY, as_flag, as_int, as_rank, as_seconds
 from stragglar.ddp.agreement import disagreement, encode
+from stragglar.ddp.metrics import report
 from stragglar.ddp.probe import LateRankProbe
 from stragglar.ddp.state_parts import Connection, Decision, Learned, ProofKey, Resources
 from stragglar.ddp.worker import (
@@ -28,19 +29,17 @@ from stragglar.errors import ArgumentError, InputError, described
 from stragglar.files import check_appendable
 from stragglar.formats.traces import TraceWriter
 from stragglar.model import AUTO, Network
+from stragglar.model.detect import WINDOW, RankLateness, Rule, fresh, observe, recent_lateness
 from stragglar.model.policy import (
     ALLREDUCE,
-    AUTO_WINDOW,
     POLICIES,
     PROBE_LAG,
-    SHARE,
     STRAGGLAR,
     AutoPolicy,
     Choice,
     Outlook,
     choose,
     chunk_count,
-    persistent_late_rank,
 )
 from stragglar.runtime import MismatchError, heartbeat, release_graphs
 from stragglar.runtime.teardown import before_destroy
@@ -66,8 +65,10 @@ class StragglarState:
     When StragglAR runs
         ``policy``: "stragglar" for every bucket, or "auto" for a bucket only where it pays.
         ``network``: the :class:`~stragglar.model.Network` the model prices on (None: fitted).
-        ``detect``: W steps: find the straggler over them ("stragglar"), or judge them ("auto", 4).
-        ``share``: of a window a rank must be last in to become the straggler (default 0.75).
+        ``detect``: W steps, the recent window the figures are taken over (default 16 under
+        "auto"); under "stragglar", any W > 0 also moves the straggler to the rank the rule names.
+        ``rule``: the persistent-straggler test's :class:`~stragglar.model.detect.Rule`
+        (false-alarm probability per step, the share it is tuned to, the margin in seconds).
         ``straggler_delay``: seconds the straggler is made late on purpose, for experiments.
     How it runs
         ``process_group``: DDP's group (None: the world); the replicas' under FSDP.
@@ -76,9 +77,12 @@ class StragglarState:
         ``graphs``: on CUDA over NCCL, replay the rounds from CUDA graphs (default True).
     What it records
         ``record``: a file to which rank 0 appends each step's arrivals (default None).
+        ``metrics``: a file rank 0 replaces each step with its figures for Prometheus (default None).
 
-    In full: ``policy="auto"`` reduces a bucket with the schedule only when the rank expected last
-    (``straggler`` if given) is expected later than the critical delay for the bucket's size, and
+    In full: ``policy="auto"`` reduces a bucket with the schedule only when there is a rank to bet
+    on (``straggler`` if given, else the rank the rule names persistently late:
+    :mod:`stragglar.model.detect`) and the saving it is expected to bring, weighed by how often
+    that rank was last of late, beats a Ring by the margin (:func:`~stragglar.model.policy.choose`);
     with the engine's all_reduce (on DDP's group, as DDP's default hook) otherwise.  The model is
     priced on ``network`` under both policies; None: on the engine's all_reduce timings, with
     StragglAR's own timings, once it has run, saying how much dearer its rounds are
@@ -101,6 +105,9 @@ class StragglarState:
     minus how long the rank waited for the last one; the figures of step s are written at step
     s + 2, when the probe has them).
 
+    *What it measures*, wherever the probe runs: :meth:`late_ranks` and :attr:`persistent_straggler`;
+    rank 0 logs each change of persistent straggler and writes ``metrics`` (:mod:`stragglar.ddp.metrics`).
+
     What it learns (:class:`~stragglar.ddp.state_parts.Learned`, in :attr:`learned`) reads as
     :attr:`steps`, :attr:`switches`, :attr:`decisions` and :attr:`outlook`; what it holds
     (:class:`~stragglar.ddp.state_parts.Resources`, in :attr:`resources`) as :attr:`proofs` and
@@ -117,13 +124,14 @@ class StragglarState:
     timeout: float
     straggler_delay: float
     detect: int
-    share: float
+    rule: Rule
     policy: str
     network: Network | None
     chunks: int | str | None
     asynchronous: bool
     graphs: bool
     record: str | os.PathLike[str] | None
+    metrics: str | os.PathLike[str] | None
     learned: Learned
     resources: Resources = field(repr=False)
 
@@ -135,13 +143,14 @@ class StragglarState:
         timeout: float = 300.0,
         straggler_delay: float = 0.0,
         detect: int = 0,
-        share: float = SHARE,
+        rule: Rule = Rule(),  # noqa: B008 (frozen: one default shared is fine)
         policy: str = "stragglar",
         network: Network | None = None,
         chunks: int | str | None = None,
         asynchronous: bool = True,
         graphs: bool = True,
         record: str | os.PathLike[str] | None = None,
+        metrics: str | os.PathLike[str] | None = None,
         proofs: dict[ProofKey, Proof] | None = None,
         switches: list[tuple[int, int]] | None = None,
         decisions: list[Decision] | None = None,
@@ -150,8 +159,9 @@ class StragglarState:
     ) -> None:
         self.algorithm, self.straggler, self.process_group = algorithm, straggler, process_group
         self.timeout, self.straggler_delay = timeout, straggler_delay
-        self.detect, self.share, self.policy, self.network = detect, share, policy, network
+        self.detect, self.rule, self.policy, self.network = detect, rule, policy, network
         self.chunks, self.asynchronous, self.graphs, self.record = chunks, asynchronous, graphs, record
+        self.metrics = metrics
         self._check_options()
         policy_memory = AutoPolicy(self.algorithm, self.network)
         switches, decisions = [] if switches is None else switches, [] if decisions is None else decisions
@@ -209,10 +219,10 @@ class StragglarState:
             self.straggler_delay, "StragglarState.straggler_delay", maximum=MAX_DELAY
         )
         self.detect = as_int(self.detect, "StragglarState.detect", minimum=0)
-        if isinstance(self.share, bool) or not isinstance(self.share, (int, float)):
-            raise ArgumentError(f"StragglarState.share must be a number, got {described(self.share)}")
-        if not 0 < self.share <= 1:
-            raise InputError(f"StragglarState.share must be in (0, 1], got {described(self.share)}")
+        if not isinstance(self.rule, Rule):
+            raise ArgumentError(
+                f"StragglarState.rule must be a stragglar.model.detect.Rule, got {described(self.rule)}"
+            )
         if self.network is not None and not isinstance(self.network, Network):
             raise ArgumentError(
                 f"StragglarState.network must be a stragglar.model.Network, got {described(self.network)}"
@@ -232,6 +242,14 @@ class StragglarState:
             )
         if self.record is not None:  # on every rank, now: rank 0 writes from step 3 on
             check_appendable(self.record, "traces")
+        if self.metrics is not None and (
+            not isinstance(self.metrics, (str, os.PathLike)) or not os.fspath(self.metrics)
+        ):
+            raise ArgumentError(
+                f"StragglarState.metrics must name a file (a str or path), got {described(self.metrics)}"
+            )
+        if self.metrics is not None:
+            check_appendable(self.metrics, "metrics")
         self._check_chunks()
         if self.policy == "auto" and self.straggler_delay:
             raise InputError(
@@ -287,11 +305,12 @@ class StragglarState:
             "algorithm": self.algorithm,
             "asynchronous": self.asynchronous,
             "detect": self.detect,
-            "share": self.share,
+            "rule": self.rule,
             "chunks": self.chunks,
             "network": self.network,
             "straggler": self.straggler,
             "record": self.record is not None,
+            "metrics": self.metrics is not None,
         }
         rank = dist.get_rank(self.process_group)
         rows = gather_headers(encode(settings), self.process_group, device, rank, self.timeout)
@@ -301,11 +320,13 @@ class StragglarState:
 
     @property
     def probes(self) -> bool:
-        """Whether each step runs the probe of arrivals: for ``detect``, policy "auto" or ``record``."""
-        return self.detect > 0 or self.policy == "auto" or self.record is not None
+        """Whether each step runs the probe of arrivals: for ``detect``, policy "auto", ``record``
+        or ``metrics``."""
+        return self.detect > 0 or self.policy == "auto" or self.record is not None or self.metrics is not None
 
     def new_step(self, world_size: int) -> None:
-        """Count the step, read the probe, and update the straggler (``detect``) or the outlook (auto).
+        """Count the step, read the probe, judge who is persistently late, and update the
+        straggler (``detect``) or the outlook (auto); report a change, and the figures.
 
         The probe runs on the ranks of ``process_group``; the trace is written by the world's
         rank 0, where it is one of them.  In a rank started by
@@ -319,27 +340,56 @@ class StragglarState:
             return
         probe = self.resources.probe
         if probe is None:
-            window = self.detect or AUTO_WINDOW
+            window = self.detect or WINDOW
             group = self.process_group
             ranks = None if group is None else dist.get_process_group_ranks(group)
             probe = self.resources.probe = LateRankProbe(world_size, window, self.timeout, ranks)
             before_destroy(self, (probe.group,), StragglarState.close)
-        arrived = probe.step()
-        if arrived and self.record is not None and dist.get_rank() == 0:
-            self._write_trace(probe, self.record)
+        if not probe.step():
+            return
+        before = learned.detection or fresh(world_size)
+        learned.detection = observe(self.rule, before, probe.late[-1])
+        if dist.get_rank() == 0:
+            self._report(before.named)
+            if self.record is not None:
+                self._write_trace(probe, self.record)
         if auto:
-            if arrived:
-                window = probe.late.maxlen or AUTO_WINDOW
-                fixed = self.late_rank(world_size)
-                learned.outlook = learned.policy.judge(world_size, probe.late, window, fixed, probe.samples)
+            fixed = self.late_rank(world_size)
+            learned.outlook = learned.policy.judge(
+                world_size, probe.late, self.rule, learned.detection, fixed, probe.samples
+            )
             return
-        if self.detect <= 0:
-            return
-        late_rank = persistent_late_rank(probe.history, self.detect, self.share)
-        if late_rank is not None and late_rank != self._expected_late_rank(world_size):
-            self.straggler = late_rank
-            learned.switches.append((learned.steps, late_rank))
-            probe.late.clear()  # a new full window before the next change
+        named = learned.detection.named
+        if self.detect > 0 and named is not None and named != self._expected_late_rank(world_size):
+            self.straggler = named
+            learned.switches.append((learned.steps, named))
+
+    @property
+    def persistent_straggler(self) -> int | None:
+        """The rank the rule names persistently late (:mod:`stragglar.model.detect`), from the
+        figures the probe has; None: nobody, or no figures yet."""
+        detection = self.learned.detection
+        return None if detection is None else detection.named
+
+    def late_ranks(self) -> tuple[RankLateness, ...]:
+        """Each rank's :class:`~stragglar.model.detect.RankLateness` over the probe's recent
+        window (``detect``, default 16 steps); empty before the first figures (those of step s
+        arrive at step s + 2), or where the probe does not run."""
+        probe, detection = self.resources.probe, self.learned.detection
+        if probe is None or detection is None:
+            return ()
+        return recent_lateness(self.rule, detection, probe.late)
+
+    def _figures_step(self) -> int:
+        """The step the probe's latest figures are from."""
+        return self.learned.steps - PROBE_LAG
+
+    def _report(self, before: int | None) -> None:
+        """Rank 0: log a change of persistent straggler, and replace the metrics file."""
+        probe, detection = self.resources.probe, self.learned.detection
+        if probe is not None and detection is not None:
+            window = probe.late.maxlen or WINDOW
+            report(before, detection, self.late_ranks, self._figures_step(), window, self.metrics)
 
     def _write_trace(self, probe: LateRankProbe, record: str | os.PathLike[str]) -> None:
         """Append the step's arrivals, as the probe measured them, to the trace (rank 0 only)."""
@@ -347,7 +397,7 @@ class StragglarState:
         if trace is None:
             trace = self.resources.trace = TraceWriter(record)
             weakref.finalize(self, trace.close)
-        trace.append(self.learned.steps - PROBE_LAG, [-wait for wait in probe.waits])
+        trace.append(self._figures_step(), [-wait for wait in probe.waits])
 
     def _expected_late_rank(self, world_size: int) -> int:
         """The rank the reductions now take for the late one: the straggler, else the schedule's
@@ -479,7 +529,8 @@ def stragglar_hook(state: StragglarState, bucket: GradBucket) -> torch.futures.F
     if bucket.index() == 0:
         if state.process_group is not None and state.probes and world > 1:
             raise InputError(
-                "straggler detection, policy='auto' and record= need the default (world) process group"
+                "straggler detection, policy='auto', record= and metrics= need the default (world) "
+                "process group"
             )
         if state.steps == 0 and world > 1:
             state.agree(world, buffer.device)

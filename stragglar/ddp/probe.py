@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from stragglar.model.policy import ALLREDUCE, STRAGGLAR, Timing, last_rank, latenesses
+from stragglar.model.policy import ALLREDUCE, STRAGGLAR, Timing, latenesses
 from stragglar.runtime import poll
 
 __all__ = ["KINDS", "SLOTS", "LateRankProbe", "Stopwatch", "decode", "encode"]
@@ -70,11 +70,6 @@ class LateRankProbe:
         self._timings: list[tuple[str, int, int, Stopwatch]] = []
         self._lock = threading.Lock()  # the worker's threads record while the caller may step
         self._pending: tuple[Any, list[torch.Tensor], float] | None = None
-
-    @property
-    def history(self) -> list[int | None]:
-        """The rank that arrived last at each recent step, oldest first (None: a tie)."""
-        return [last_rank(step) for step in self.late]
 
     def record(self, algorithm: str, size_bytes: int, chunks: int, watch: Stopwatch) -> None:
         """Note how long a bucket took to reduce with ``algorithm`` in ``chunks`` chunks (0: its

@@ -16,6 +16,7 @@ import torch
 from stragglar.ddp.probe import LateRankProbe
 from stragglar.ddp.worker import BucketWorker, Reducer, StreamOrder, Watch
 from stragglar.formats.traces import TraceWriter
+from stragglar.model.detect import Detection
 from stragglar.model.policy import AutoPolicy, Choice, Outlook
 from stragglar.verify import Proof
 
@@ -35,7 +36,9 @@ class Learned:
     bucket and each bucket whose choice differs from the one before.  ``outlook``: under "auto",
     the figures this step's choices were made from, None until a window of steps has been seen.
     ``last``: the last bucket's choice.  ``policy``: the auto policy's memory of what StragglAR's
-    rounds cost against the model (:class:`~stragglar.model.policy.AutoPolicy`).
+    rounds cost against the model (:class:`~stragglar.model.policy.AutoPolicy`).  ``detection``:
+    the persistent-straggler rule's state (:mod:`stragglar.model.detect`), None before the
+    probe's first figures.
     """
 
     policy: AutoPolicy = field(repr=False)
@@ -44,6 +47,7 @@ class Learned:
     decisions: list[Decision] = field(default_factory=list)
     outlook: Outlook | None = field(default=None, repr=False)
     last: Choice | None = field(default=None, repr=False)
+    detection: Detection | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)

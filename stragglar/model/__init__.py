@@ -8,6 +8,8 @@ hook and an offline replay of a training trace all price and decide with the sam
 * :mod:`~stragglar.model.predict`: its figures for the schedules this package generates;
 * :mod:`~stragglar.model.chunks`: the chunk count it prices fastest, and the one reading of a
   chunk option (a count or ``auto``);
+* :mod:`~stragglar.model.detect`: which rank is persistently late, by one sequential test with a
+  stated false-alarm rate (the DDP hook's and ``stragglar whatif``'s);
 * :mod:`~stragglar.model.policy`: when StragglAR pays, and for which late rank (the DDP hook's
   ``policy="auto"``), from the figures every rank gathers.
 """

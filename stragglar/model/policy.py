@@ -7,8 +7,14 @@ the same bucket; nothing here reads a clock or a rank's own state.
 rank's wait: how long it waited, from posting a tiny all_gather, for the last rank to post it.
 Rank ``r``'s lateness at that step is how much later it arrived than the latest of the others,
 ``min(wait of the others) - wait of r``: positive for the last rank (exactly the model's delay if
-it were the straggler), negative for the others.  Its *expected* lateness is the median over a
-full window of recent steps, so one slow step (a page fault, a collection) decides nothing.
+it were the straggler), negative for the others.
+
+*Who to bet on.*  The rank the persistent-straggler rule names (:mod:`stragglar.model.detect`: a
+sequential test with a stated false-alarm rate), or the straggler the user named; nobody
+otherwise, and then the engine's all_reduce.  The saving the bet is expected to bring is judged
+on the candidate's record (:func:`choose`): the time its lateness would have hidden over its
+recent steps, nothing at those where another rank was last, so a rank last at half the steps
+must be about twice as late to be bet on as one last at all of them.
 
 *Critical delay.*  The cost model (:mod:`stragglar.model.cost`) says above which delay StragglAR
 beats a Ring AllReduce of the same bucket by :data:`MARGIN` at least; below it the engine's
@@ -45,13 +51,12 @@ from typing import TypeVar
 
 from stragglar.model.chunks import AUTO, resolve_chunks
 from stragglar.model.cost import Network, critical_delay, estimate
+from stragglar.model.detect import Detection, Rule, event_rank
 from stragglar.model.predict import generated_profile
 
 __all__ = [
-    "AUTO_WINDOW",
     "POLICIES",
     "PROBE_LAG",
-    "SHARE",
     "AutoPolicy",
     "Choice",
     "Outlook",
@@ -61,11 +66,9 @@ __all__ = [
     "cost_ratio",
     "critical_delay_for",
     "fit_network",
-    "last_rank",
     "latenesses",
     "medians",
     "outlook",
-    "persistent_late_rank",
     "scaled",
 ]
 
@@ -74,8 +77,6 @@ ALLREDUCE = "allreduce"
 POLICIES = (STRAGGLAR, "auto")  # the DDP hook's: StragglAR for every bucket, or the cost model's choice
 RUNS = 3  # timings of one size before the fits trust it
 MARGIN = 0.05  # the share of a Ring's exposed time StragglAR must be expected to save
-AUTO_WINDOW = 4  # steps whose median lateness the auto policy judges, unless told otherwise
-SHARE = 0.75  # of a window of steps a rank must be last in to be a persistent straggler
 PROBE_LAG = 2  # the figures of step s are known at step s + 2 (:class:`~stragglar.ddp.probe.LateRankProbe`)
 _Time = TypeVar("_Time", float, Fraction)
 
@@ -100,44 +101,17 @@ ENGINE = Choice(ALLREDUCE)
 
 @dataclass(frozen=True, slots=True)
 class Outlook:
-    """One step's figures: the rank most likely to be last, how late it is expected (seconds), and
-    the networks that price the engine's all_reduce (``ring``) and the schedule (``ours``); None
-    where not known yet."""
+    """One step's figures: the rank bet on as late, how late it is when it is last (the median,
+    seconds), how often it was last (``confidence``, in (0, 1]), its lateness at each step judged
+    (``seen``: the bet's record), and the networks that price the engine's all_reduce (``ring``)
+    and the schedule (``ours``); None where not known yet."""
 
     candidate: int
     lateness: float
+    confidence: float
+    seen: tuple[float, ...]
     ring: Network | None
     ours: Network | None
-
-
-def persistent_late_rank(history: Sequence[int | None], window: int, share: float) -> int | None:
-    """The rank that arrived last in at least ``share`` of the last ``window`` steps, if any
-    (``history``: each step's :func:`last_rank`; a step with nobody last counts for no rank).
-
-    >>> persistent_late_rank([2, 2, 1, 2], window=4, share=0.75)
-    2
-    >>> persistent_late_rank([2, 2, 1], window=4, share=0.75) is None  # not a full window yet
-    True
-    """
-    recent = list(history)[-window:]
-    if len(recent) < window:
-        return None
-    times_last = collections.Counter(rank for rank in recent if rank is not None)
-    if not times_last:
-        return None
-    rank, times = times_last.most_common(1)[0]
-    return rank if times >= share * window else None
-
-
-def last_rank(late: Sequence[float]) -> int | None:
-    """The rank that arrived after every other at one step, from its :func:`latenesses`; None
-    where two or more tie for last (a trace's clock too coarse to tell them apart): nobody was late.
-
-    >>> last_rank([-0.03, 0.01, -0.02]), last_rank([0.0, -0.01, 0.0])
-    (1, None)
-    """
-    latest = max(range(len(late)), key=late.__getitem__)
-    return latest if late[latest] > 0 else None
 
 
 def latenesses(waits: Sequence[_Time]) -> tuple[_Time, ...]:
@@ -154,31 +128,44 @@ def latenesses(waits: Sequence[_Time]) -> tuple[_Time, ...]:
 
 
 def outlook(
-    history: Sequence[Sequence[float]],
-    window: int,
+    rule: Rule,
+    detection: Detection,
+    recent: Sequence[Sequence[float]],
     fixed: int | None,
     ring: Network | None,
     ours: Network | None,
 ) -> Outlook | None:
-    """The step's :class:`Outlook` from the latenesses of the last ``window`` steps (None until
-    there are that many).
+    """The step's :class:`Outlook` from the rule's state and the latenesses of recent steps
+    (``recent``, one row per step, the last row the step the rule saw last); None where there is
+    nobody to bet on.
 
-    The candidate is ``fixed`` (a straggler the user named), else the rank with the largest
-    expected lateness, the lowest such rank on a tie.
+    The candidate is ``fixed`` (a straggler the user named), judged over all of ``recent``; else
+    the rank the rule names (:mod:`stragglar.model.detect`), judged over the steps since its
+    evidence began; else nobody.  Its confidence is the share of those steps at which it had a
+    last event, its lateness the median of its lateness at those.
 
-    >>> steps = [(0.0, 0.03, -0.01), (-0.002, 0.028, -0.005), (0.001, -0.001, -0.003)]
-    >>> o = outlook(steps, 3, None, None, None)
-    >>> o.candidate, round(o.lateness, 3), outlook(steps, 4, None, None, None)
-    (1, 0.028, None)
-    >>> round(outlook(steps, 3, 2, None, None).lateness, 3)
-    -0.005
+    >>> from stragglar.model.detect import fresh, observe
+    >>> rule, rows = Rule(false_alarm=0.01), [(-0.01, 0.03, -0.02)] * 2 + [(-0.01, -0.02, 0.01)]
+    >>> state = fresh(3)
+    >>> for row in rows[:2]:
+    ...     state = observe(rule, state, row)
+    >>> outlook(rule, state, rows[:2], None, None, None) is None  # not named yet
+    True
+    >>> o = outlook(rule, state, rows, 1, None, None)
+    >>> o.candidate, o.lateness, round(o.confidence, 3)
+    (1, 0.03, 0.667)
     """
-    recent = list(history)[-window:]
-    if len(recent) < window:
+    candidate = fixed if fixed is not None else detection.named
+    if candidate is None:
         return None
-    expected = [statistics.median(column) for column in zip(*recent, strict=True)]
-    candidate = fixed if fixed is not None else max(range(len(expected)), key=expected.__getitem__)
-    return Outlook(candidate, expected[candidate], ring, ours)
+    judged = list(recent)
+    if fixed is None and detection.since is not None:
+        judged = judged[-(detection.steps - detection.since + 1) :]
+    when_last = [row[candidate] for row in judged if event_rank(rule, row) == candidate]
+    if not when_last:
+        return None
+    seen = tuple(row[candidate] for row in judged)
+    return Outlook(candidate, statistics.median(when_last), len(when_last) / len(judged), seen, ring, ours)
 
 
 @dataclass
@@ -189,40 +176,45 @@ class AutoPolicy:
     DDP hook each step, a replay of a recorded trace) judges with the same code.  A ``network``
     given prices both algorithms; without one, the Ring's is fitted to the engine's timings each
     step, and StragglAR's is that network scaled by its :func:`cost_ratio`, taken anew only when a
-    new StragglAR timing has arrived (``priced``: the last one taken).
+    new StragglAR timing has arrived (``priced``: the last one taken).  ``ring``: the Ring's
+    network at the last judgement, bet or no bet.
     """
 
     algorithm: str
     network: Network | None = None
     ratio: float = 1.0
     priced: Timing | None = None
+    ring: Network | None = None
 
     def judge(
         self,
         num_ranks: int,
-        late: Sequence[Sequence[float]],
-        window: int,
+        recent: Sequence[Sequence[float]],
+        rule: Rule,
+        detection: Detection,
         fixed: int | None,
         samples: Mapping[str, Sequence[Timing]],
     ) -> Outlook | None:
-        """The step's :class:`Outlook` from the latenesses of recent steps (``late``, one row per
-        step) and the gathered ``samples`` of each algorithm; None until a full ``window``.
+        """The step's :class:`Outlook` (:func:`outlook`) from the latenesses of recent steps
+        (``recent``, one row per step), the rule's state and the gathered ``samples`` of each
+        algorithm; None with nobody to bet on.
 
         >>> net = Network(0.0, 1e9)  # N = 4: a Ring exposes 6 rounds of a quarter, StragglAR 4 of a third
         >>> ring = [(4 * 10**6, 0, 6e-3)] * RUNS  # exactly the model's price on net
         >>> ours = [(3 * 10**6, 0, 8e-3)] * RUNS  # twice the model's 4 ms
+        >>> from stragglar.model.detect import fresh
         >>> policy, step = AutoPolicy("stragglar"), [(-0.01, 0.02, -0.02, -0.03)]
-        >>> o = policy.judge(4, step, 1, None, {"allreduce": ring, "stragglar": ours})
+        >>> o = policy.judge(4, step, Rule(), fresh(4), 1, {"allreduce": ring, "stragglar": ours})
         >>> o.candidate, o.ring == net, o.ours == scaled(net, 2.0), policy.ratio
         (1, True, True, 2.0)
         """
         ours = samples[STRAGGLAR]
-        ring = self.network or fit_network("ring", num_ranks, samples[ALLREDUCE])
+        ring = self.ring = self.network or fit_network("ring", num_ranks, samples[ALLREDUCE])
         if self.network is None and ring is not None and ours and ours[-1] != self.priced:
             self.priced = ours[-1]
             self.ratio = cost_ratio(self.algorithm, num_ranks, ours, ring) or self.ratio
         mine = None if ring is None else ring if self.network else scaled(ring, self.ratio)
-        return outlook(late, window, fixed, ring, mine)
+        return outlook(rule, detection, recent, fixed, ring, mine)
 
 
 def chunk_count(
@@ -280,28 +272,55 @@ def choose(
     step: Outlook | None,
     chunks: int | str | None = None,
 ) -> Choice:
-    """StragglAR with the candidate as straggler, in :func:`chunk_count`'s chunks, when its
-    expected lateness exceeds the critical delay for a bucket of ``size_bytes`` in those chunks;
-    otherwise (or with no figures yet) the engine's all_reduce.
+    """StragglAR with the candidate as straggler, in :func:`chunk_count`'s chunks, when the saving
+    it is expected to bring beats a Ring by the margin, judged on the candidate's record; otherwise
+    (or with nobody to bet on) the engine's all_reduce.
+
+    At a step where the candidate is last by ``d``, the schedule hides ``min(d, hidden)`` of its
+    first phase; where someone else is last, it hides nothing and runs whole after that rank
+    arrives, as the Ring does.  So the bet beats the Ring by the margin when the hidden time
+    expected over the candidate's recent steps (``seen``), ``mean(min(max(d, 0), hidden))``,
+    exceeds the critical delay ``d*`` (:func:`critical_delay_for`: the bet that is sure).  A rank
+    last at every step by ``d`` is bet on for ``d > d*``; one last at half the steps needs about
+    twice that; a rank last by a hair hides nothing.
 
     >>> net = Network(2e-4, 1e9)
-    >>> late = Outlook(candidate=1, lateness=0.030, ring=net, ours=net)
+    >>> late = Outlook(1, 0.030, 1.0, (0.030,) * 4, ring=net, ours=net)
     >>> choose("stragglar", 4, 4 * 2**20, late).straggler, choose("stragglar", 4, 64 * 2**20, late)
     (1, Choice(algorithm='allreduce', straggler=None, chunks=None))
+    >>> unsure = Outlook(1, 0.030, 0.25, (0.030, -0.03, -0.01, -0.02), ring=net, ours=net)
+    >>> choose("stragglar", 4, 4 * 2**20, unsure)  # last at one step in 4: no bet
+    Choice(algorithm='allreduce', straggler=None, chunks=None)
     >>> slow = Network(2e-4, 0.5e9)  # StragglAR's own rounds, measured: half the bandwidth
-    >>> choose("stragglar", 4, 4 * 2**20, Outlook(1, 0.030, ring=net, ours=slow))
+    >>> choose("stragglar", 4, 4 * 2**20, Outlook(1, 0.030, 1.0, (0.030,), ring=net, ours=slow))
     Choice(algorithm='allreduce', straggler=None, chunks=None)
     >>> nvlink = Network(3e-6, 450 * 2**30)
-    >>> choose("stragglar", 8, 2**30, Outlook(2, 0.005, ring=nvlink, ours=nvlink), chunks="auto")
+    >>> sure = Outlook(2, 0.005, 1.0, (0.005,), ring=nvlink, ours=nvlink)
+    >>> choose("stragglar", 8, 2**30, sure, chunks="auto")
     Choice(algorithm='stragglar', straggler=2, chunks=38)
     """
     if step is None or step.ring is None or step.ours is None or size_bytes <= 0:
         return ENGINE
     num_chunks = chunk_count(num_ranks, size_bytes, step.lateness, step.ours, chunks)
     critical = critical_delay_for(algorithm, num_ranks, size_bytes, step.ours, step.ring, num_chunks)
-    if critical is None or step.lateness <= critical:
+    if critical is None:
+        return ENGINE
+    hidden = hidden_for(algorithm, num_ranks, size_bytes, step.ours, num_chunks)
+    expected = sum(min(max(d, 0.0), hidden) for d in step.seen) / len(step.seen)
+    if critical > 0 and expected <= critical:  # 0: the schedule pays even with nothing hidden
         return ENGINE
     return Choice(STRAGGLAR, step.candidate, num_chunks)
+
+
+@lru_cache(maxsize=4096)
+def hidden_for(algorithm: str, num_ranks: int, size_bytes: int, ours: Network, chunks: int | None) -> float:
+    """The seconds of ``algorithm``'s schedule (in ``chunks`` chunks) that a late straggler can
+    hide, for ``size_bytes`` on ``ours``; cached as :func:`critical_delay_for` is.
+
+    >>> round(hidden_for("stragglar", 4, 3 * 10**6, Network(0.0, 1e9), None) * 1e3, 3)  # 2 rounds of 1 MB
+    2.0
+    """
+    return estimate(generated_profile(algorithm, num_ranks, chunks), size_bytes, 0.0, ours).hidden
 
 
 def fit_network(algorithm: str, num_ranks: int, samples: Iterable[Timing]) -> Network | None:

@@ -4,17 +4,18 @@ Each step of a group gives when each of its N ranks reached the gradient collect
 
 * *Who is late.*  A rank's lateness at a step is how much later it arrived than the latest of the
   others (:func:`~stragglar.model.policy.latenesses`, the probe's rule, computed exactly from the
-  trace's times).  A *persistent straggler* is what the DDP hook's ``detect=W`` finds: the rank
-  last in at least ``share`` of a window of W steps
-  (:func:`~stragglar.model.policy.persistent_late_rank`), a new window after each find.
+  trace's times).  A *persistent straggler* is what the DDP hook finds, with the one rule
+  (:mod:`stragglar.model.detect`: a sequential test on the steps at which each rank was last,
+  against chance 1/N, with a stated false-alarm probability per step); each time the rule names
+  a rank is an :class:`Episode`, from the first step of the evidence to the step it lets go.
 * *What each collective would cost.*  The alpha-beta model (:func:`~stragglar.model.cost.estimate`)
   prices each bucket from the moment the first rank arrived.  A schedule with straggler ``s``
   starts when every other rank is in (``t_p``) and has ``s`` arrive ``max(t_s - t_p, 0)`` later:
   ``t_p + estimate(...).time``.  Ring (the engine's all_reduce) has no straggler: it starts when
   the last rank is in.  Priced: Ring, the paper's StragglAR and chunked StragglAR (``chunks=auto``
-  at the straggler's median lateness, :func:`~stragglar.model.policy.chunk_count`), both with the
-  group's persistent straggler (else the rank last most often) as straggler, and the ``auto``
-  policy.
+  at the straggler's median lateness when last, :func:`~stragglar.model.policy.chunk_count`), both
+  with the group's persistent straggler (the rank named at the end, else the one named at the most
+  steps; else the rank last most often) as straggler, and the ``auto`` policy.
 * *What the auto policy would have chosen.*  Step by step, with the hook's own code
   (:class:`~stragglar.model.policy.AutoPolicy` and :func:`~stragglar.model.policy.choose`) on the
   given network, seeing what the hook's probe would have seen: the figures of step ``s`` from
@@ -28,32 +29,39 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 
 from stragglar.model.chunks import AUTO
 from stragglar.model.cost import Network, Profile, estimate
+from stragglar.model.detect import WINDOW, Detection, Rule, fresh, last_rank, observe, quantile
 from stragglar.model.policy import (
     ALLREDUCE,
-    AUTO_WINDOW,
     PROBE_LAG,
-    SHARE,
     STRAGGLAR,
     AutoPolicy,
     Choice,
+    Outlook,
     Timing,
     choose,
     chunk_count,
-    last_rank,
     latenesses,
-    outlook,
-    persistent_late_rank,
 )
 from stragglar.model.predict import generated_profile
 
-__all__ = ["AUTO_POLICY", "CHUNKED", "PRICED", "GroupReplay", "Setting", "StepReplay", "replay"]
+__all__ = [
+    "AUTO_POLICY",
+    "CHUNKED",
+    "PRICED",
+    "Episode",
+    "GroupReplay",
+    "Setting",
+    "StepReplay",
+    "priced",
+    "replay",
+]
 
 RING = "ring"
 CHUNKED = "stragglar C=auto"
@@ -64,14 +72,15 @@ Decision = tuple[int, str, int | None, int | None]
 
 @dataclass(frozen=True)
 class Setting:
-    """What a replay prices on: the ``network``, the buckets of each step (bytes), the window and
-    share of the persistent-straggler rule and the auto policy (the hook's ``detect`` and
-    ``share``), and the auto policy's ``chunks`` (the hook's: None for the paper's N-1)."""
+    """What a replay prices on: the ``network``, the buckets of each step (bytes), the
+    persistent-straggler ``rule`` and the ``window`` of recent steps the auto policy judges (the
+    hook's ``false_alarm``, ``share``, ``margin`` and ``detect``), and the auto policy's ``chunks``
+    (the hook's: None for the paper's N-1)."""
 
     network: Network
     buckets: tuple[int, ...]
-    window: int = AUTO_WINDOW
-    share: float = SHARE
+    window: int = WINDOW
+    rule: Rule = field(default_factory=Rule)
     chunks: int | str | None = None
 
 
@@ -93,29 +102,57 @@ class StepReplay:
 
 
 @dataclass(frozen=True)
+class Episode:
+    """A rank the rule named: ``since`` the first step of the evidence (a step at which it was
+    last), ``named`` the step the evidence sufficed, ``until`` the first step it was no longer
+    named (None: still named at the trace's end)."""
+
+    rank: int
+    since: int
+    named: int
+    until: int | None
+
+
+@dataclass(frozen=True)
 class GroupReplay:
-    """A group's replay: ``found`` the persistent-straggler rule's finds as (step, rank);
-    ``straggler`` the rank the fixed StragglAR figures take as late (the last find, else the rank
-    last most often); ``chunks`` chunked StragglAR's count per bucket (None: the paper's N-1);
-    ``decisions`` as the hook records them (:attr:`~stragglar.ddp.StragglarState.decisions`)."""
+    """A group's replay: ``episodes`` the persistent stragglers the rule named, in order;
+    ``straggler`` the rank the fixed StragglAR figures take as late (the rank named at the end,
+    else the rank named at the most steps, else the rank last most often); ``chunks`` chunked
+    StragglAR's count per bucket (None: the paper's N-1); ``decisions`` as the hook records them
+    (:attr:`~stragglar.ddp.StragglarState.decisions`)."""
 
     num_ranks: int
     steps: tuple[StepReplay, ...]
-    found: tuple[tuple[int, int], ...]
+    episodes: tuple[Episode, ...]
     straggler: int
     chunks: tuple[int | None, ...]
     decisions: tuple[Decision, ...]
 
     @property
+    def persistent_straggler(self) -> int | None:
+        """The rank the rule names at the trace's end (None: nobody)."""
+        return self.episodes[-1].rank if self.episodes and self.episodes[-1].until is None else None
+
+    @property
+    def times_last(self) -> int:
+        """The steps at which the straggler arrived last."""
+        return sum(s.last == self.straggler for s in self.steps)
+
+    @property
     def last_share(self) -> float:
         """The share of steps the straggler arrived last."""
-        return sum(s.last == self.straggler for s in self.steps) / len(self.steps)
+        return self.times_last / len(self.steps)
 
-    def lateness(self, quantile: float) -> float:
-        """The straggler's lateness behind the latest other rank at that quantile of the steps
-        (nearest rank: 0.5 the median, 0.9 the 90th percentile)."""
-        values = sorted(s.late[self.straggler] for s in self.steps)
-        return values[max(0, math.ceil(quantile * len(values)) - 1)]
+    @property
+    def chance(self) -> float:
+        """The share of steps a rank is last at by chance alone: 1/N."""
+        return 1 / self.num_ranks
+
+    def lateness(self, quantile_: float) -> float | None:
+        """The straggler's lateness behind the latest other rank at the steps it was last, at that
+        quantile (nearest rank: 0.5 the median, 0.9 the 90th percentile); None: never last."""
+        values = [s.late[self.straggler] for s in self.steps if s.last == self.straggler]
+        return quantile(values, quantile_) if values else None
 
     def total(self, algorithm: str) -> float:
         """``algorithm``'s predicted time summed over the steps."""
@@ -134,9 +171,11 @@ def replay(times: Sequence[Sequence[Fraction]], steps: Sequence[int], setting: S
     late = [_late(row) for row in times]
     last = [last_rank(step) for step in late]
     latest = [max(range(n), key=step.__getitem__) for step in late]  # a tie's first: for Ring's start
-    found = _found(last, steps, setting)
-    straggler = found[-1][1] if found else _most_often_last(last, late)
-    typical = statistics.median(step[straggler] for step in late)
+    states = _detections(setting.rule, late)
+    episodes = _episodes(states, steps)
+    straggler = _straggler(episodes, steps, last)
+    when_last = [step[straggler] for step in late if step[straggler] > 0]
+    typical = statistics.median(when_last) if when_last else 0.0
     network = setting.network
     chunks = tuple(chunk_count(n, size, typical, network, AUTO) for size in setting.buckets)
     ring = generated_profile(RING, n)
@@ -146,7 +185,7 @@ def replay(times: Sequence[Sequence[Fraction]], steps: Sequence[int], setting: S
     chunked = [generated_profile(STRAGGLAR, n, c) for c in chunks]
     policy = AutoPolicy(STRAGGLAR, network)
     samples: dict[str, list[Timing]] = {ALLREDUCE: [], STRAGGLAR: []}  # none: the network is given
-    outlook = None
+    outlook: Outlook | None = None
     decisions: list[Decision] = []
     previous: Choice | None = None
     replayed = []
@@ -154,7 +193,7 @@ def replay(times: Sequence[Sequence[Fraction]], steps: Sequence[int], setting: S
         arrived = i - PROBE_LAG + 1  # the steps whose figures the hook's probe has at this step
         if arrived > 0:
             recent = late[max(0, arrived - setting.window) : arrived]  # the probe's window
-            outlook = policy.judge(n, recent, setting.window, None, samples)
+            outlook = policy.judge(n, recent, setting.rule, states[arrived - 1], None, samples)
         first = min(row)
         seconds = [float(t - first) for t in row]
         choices = []
@@ -165,16 +204,16 @@ def replay(times: Sequence[Sequence[Fraction]], steps: Sequence[int], setting: S
                 previous = choice
                 decisions.append((step, choice.algorithm, choice.straggler, choice.chunks))
             choices.append(choice)
-            predicted[RING] += _priced(ring, seconds, latest[i], size, network)
-            predicted[STRAGGLAR] += _priced(paper, seconds, straggler, size, network)
-            predicted[CHUNKED] += _priced(chunked[b], seconds, straggler, size, network)
+            predicted[RING] += priced(ring, seconds, latest[i], size, network)
+            predicted[STRAGGLAR] += priced(paper, seconds, straggler, size, network)
+            predicted[CHUNKED] += priced(chunked[b], seconds, straggler, size, network)
             if choice.straggler is None:
-                predicted[AUTO_POLICY] += _priced(ring, seconds, latest[i], size, network)
+                predicted[AUTO_POLICY] += priced(ring, seconds, latest[i], size, network)
             else:
                 ours = generated_profile(STRAGGLAR, n, choice.chunks)
-                predicted[AUTO_POLICY] += _priced(ours, seconds, choice.straggler, size, network)
+                predicted[AUTO_POLICY] += priced(ours, seconds, choice.straggler, size, network)
         replayed.append(StepReplay(step, late[i], last[i], tuple(choices), predicted))
-    return GroupReplay(n, tuple(replayed), found, straggler, chunks, tuple(decisions))
+    return GroupReplay(n, tuple(replayed), episodes, straggler, chunks, tuple(decisions))
 
 
 def _late(times: Sequence[Fraction]) -> tuple[float, ...]:
@@ -185,32 +224,49 @@ def _late(times: Sequence[Fraction]) -> tuple[float, ...]:
     return tuple(float(x) for x in latenesses([latest - t for t in times]))
 
 
-def _most_often_last(last: Sequence[int | None], late: Sequence[Sequence[float]]) -> int:
-    """The rank last at the most steps (the lowest on a tie); where nobody ever was, the rank
-    the auto policy would expect last over the whole trace (:func:`~stragglar.model.policy.outlook`)."""
+def _detections(rule: Rule, late: Sequence[Sequence[float]]) -> list[Detection]:
+    """The rule's state after each step (the hook's, step by step)."""
+    states, state = [], fresh(len(late[0]))
+    for row in late:
+        state = observe(rule, state, row)
+        states.append(state)
+    return states
+
+
+def _episodes(states: Sequence[Detection], steps: Sequence[int]) -> tuple[Episode, ...]:
+    """Each rank the rule named, with the steps (the trace's numbers) it was named over."""
+    episodes: list[Episode] = []
+    named: int | None = None
+    for i, state in enumerate(states):
+        if state.named == named:
+            continue
+        if named is not None:
+            episodes[-1] = Episode(named, episodes[-1].since, episodes[-1].named, steps[i])
+        named = state.named
+        if named is not None:
+            assert state.since is not None  # a named rank has evidence that began somewhere
+            episodes.append(Episode(named, steps[state.since - 1], steps[i], None))
+    return tuple(episodes)
+
+
+def _straggler(episodes: Sequence[Episode], steps: Sequence[int], last: Sequence[int | None]) -> int:
+    """The rank the fixed figures take as late: the one named at the trace's end, else the one
+    named at the most steps (the later on a tie), else the one last at the most steps (the lowest
+    on a tie), else rank 0 (nobody was ever late)."""
+    if episodes and episodes[-1].until is None:
+        return episodes[-1].rank
+    index = {step: i for i, step in enumerate(steps)}
+    named: Counter[int] = Counter()
+    for episode in episodes:
+        end = len(steps) if episode.until is None else index[episode.until]
+        named[episode.rank] += end - index[episode.named]
+    if named:
+        return max(reversed([e.rank for e in episodes]), key=named.__getitem__)
     times_last = Counter(rank for rank in last if rank is not None)
-    if times_last:
-        return min(times_last, key=lambda rank: (-times_last[rank], rank))
-    whole = outlook(late, len(late), None, None, None)
-    assert whole is not None  # a window of every step is full
-    return whole.candidate
+    return min(times_last, key=lambda rank: (-times_last[rank], rank)) if times_last else 0
 
 
-def _found(last: Sequence[int | None], steps: Sequence[int], setting: Setting) -> tuple[tuple[int, int], ...]:
-    """The persistent stragglers the hook's ``detect`` rule finds, as (step, rank): at each step
-    the rule judges the last ranks since its last find, a new window after each."""
-    found: list[tuple[int, int]] = []
-    since: deque[int | None] = deque(maxlen=setting.window)  # as the probe keeps them
-    for step, rank in zip(steps, last, strict=True):
-        since.append(rank)
-        named = persistent_late_rank(since, setting.window, setting.share)
-        if named is not None and (not found or named != found[-1][1]):
-            found.append((step, named))
-            since.clear()
-    return tuple(found)
-
-
-def _priced(prof: Profile, seconds: Sequence[float], late_rank: int, size: int, network: Network) -> float:
+def priced(prof: Profile, seconds: Sequence[float], late_rank: int, size: int, network: Network) -> float:
     """``prof``'s time from the first arrival (``seconds``: each rank's arrival after the first),
     with ``late_rank`` as its straggler: it starts when the others are all in, and the straggler
     arrives ``max(its arrival - theirs, 0)`` later (the model's delay)."""

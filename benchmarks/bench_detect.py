@@ -1,0 +1,407 @@
+"""The persistent-straggler rule against the window rule it replaced, on simulated arrivals.
+
+    python benchmarks/bench_detect.py [--sizes 4 8 16 32 64] [--json out.json]
+
+Each step, every rank arrives after a heavy-tailed jitter (Pareto, tail index 1.5, from a hundredth
+of the critical delay up), and one rank is late by ``DELAY`` times the critical delay of a 25 MiB
+bucket on alpha 10 us, 25 GB/s (the delay above which StragglAR beats a Ring by the policy's
+margin).  The scenarios, seeds fixed:
+
+* *random*: a random rank is late at each step: there is no persistent straggler.  10,000 steps
+  for the auto policy; 200 traces of 100 steps for whatif's verdict.
+* *persistent*: 20 random steps, then one rank is the late one at 80% of the steps (a random other
+  rank at the rest) for 300 steps; 40 trials.
+* *moving*: 20 random steps, rank A persistent for 60 steps, then rank B for 60; 40 trials.
+* *comes and goes*: 20 random steps, then a straggler on for 40 steps and off (random lateness)
+  for 40, three times; 20 trials.
+
+Each rule is asked step by step what the DDP hook and ``stragglar whatif`` ask it: the rule is
+run on each step's figures as it comes (found after: steps from the straggler's start, or its move,
+to the step the rule names it, 1 = at its first step), and the auto policy decides with the
+figures two steps old (the probe's lag), priced by the alpha-beta model.  The old rule: a rank
+last in 75% of a window of 4 steps is persistent, and auto bets on the rank with the largest
+median lateness over the last 4 steps when that median exceeds the critical delay.  The new rule
+is :mod:`stragglar.model.detect` with its defaults and :func:`stragglar.model.policy.choose`.
+
+The oracle knows which rank is persistently late and over which steps, and bets on it over an
+episode when that pays over the episode (else it keeps the Ring); "saving kept" is the auto
+policy's saving over Ring across all steps as a share of the oracle's (n/a where betting on an
+80% straggler never pays: then neither should bet).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from results import save
+
+from stragglar.model import Network
+from stragglar.model.detect import FALSE_ALARM, WINDOW, Rule, fresh, last_rank, observe
+from stragglar.model.policy import (
+    PROBE_LAG,
+    STRAGGLAR,
+    AutoPolicy,
+    Choice,
+    Outlook,
+    choose,
+    critical_delay_for,
+)
+from stragglar.model.policy import latenesses as lateness_of
+from stragglar.model.predict import generated_profile
+from stragglar.model.whatif import priced
+
+NETWORK = Network(10e-6, 25e9)
+BUCKET = 25 * 2**20
+DELAY = 2.0  # the late rank's lateness, in critical delays
+SHARE_LATE = 0.8  # a persistent straggler is the late rank at this share of its steps
+LEAD = 20  # random steps before a straggler starts
+PERSISTENT = 300  # steps of a persistent straggler
+RANDOM_STEPS = 10_000  # steps of random lateness for the auto policy
+TRACES = 200  # traces of 100 steps of random lateness for whatif's verdict
+TRIALS = 40  # trials of the persistent and moving stragglers (half as many that come and go)
+OLD_WINDOW, OLD_SHARE = 4, 0.75  # the rule replaced
+SIZES = (4, 8, 16, 32, 64)
+
+Truth = list[int | None]  # per step: the persistent straggler, None outside its episodes
+
+
+@dataclass(frozen=True)
+class Run:
+    """What one rule did over one simulated trace: who it named at each step (on that step's
+    figures), when each name's evidence began, and the auto policy's and the Ring's time."""
+
+    named: list[int | None]
+    since: list[int | None]  # per step, for the named rank: the step (0-based) its evidence began
+    auto_steps: int
+    auto: float
+    ring: float
+    fixed: dict[int, list[float]]  # per rank: StragglAR with it as straggler, per step (oracle's)
+    late: list[tuple[float, ...]]
+
+
+@dataclass(frozen=True)
+class Row:
+    n: int
+    rule: str
+    random_auto_share: float
+    random_clean_traces: float
+    found_after: float | None
+    found_share: float
+    dated_early: float
+    dated_early_by: int
+    saving_kept: float | None
+    followed_after: float | None
+    returns_after: float | None
+    let_go_after: float | None
+    comes_goes_kept: float | None
+
+
+class Arrivals:
+    """Simulated arrival times: heavy-tailed jitter on every rank, one rank late."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        self.n = n
+        self.random = random.Random(seed)
+        critical = critical_delay_for(STRAGGLAR, n, BUCKET, NETWORK, NETWORK)
+        assert critical is not None and critical > 0
+        self.critical = critical
+        self.delay = DELAY * critical
+
+    def step(self, late: int | None) -> list[float]:
+        jitter = [self.critical / 100 * self.random.paretovariate(1.5) for _ in range(self.n)]
+        if late is not None:
+            jitter[late] += self.delay
+        return jitter
+
+    def random_rank(self, other_than: int | None = None) -> int:
+        rank = self.random.randrange(self.n - (other_than is not None))
+        return rank + (other_than is not None and rank >= other_than)
+
+    def trace(self, truth: Truth) -> list[list[float]]:
+        """One row per step: the persistent straggler is late at SHARE_LATE of its steps, a random
+        other rank at the rest; outside its episodes a random rank each step."""
+        rows = []
+        for who in truth:
+            if who is None:
+                rows.append(self.step(self.random_rank()))
+            else:
+                sure = self.random.random() < SHARE_LATE
+                rows.append(self.step(who if sure else self.random_rank(other_than=who)))
+        return rows
+
+
+def late_rows(rows: Sequence[Sequence[float]]) -> list[tuple[float, ...]]:
+    return [lateness_of([max(row) - t for t in row]) for row in rows]
+
+
+Judged = tuple[list[int | None], list[int | None], list[Outlook | None]]
+
+
+def new_rule(late: Sequence[Sequence[float]], n: int, rule: Rule) -> Judged:
+    """The rule and the auto policy's outlooks, as the hook and whatif run them."""
+    state, policy = fresh(n), AutoPolicy(STRAGGLAR, NETWORK)
+    named, since, states = [], [], []
+    for row in late:
+        state = observe(rule, state, row)
+        states.append(state)
+        named.append(state.named)
+        since.append(None if state.since is None else state.since - 1)
+    outlooks: list[Outlook | None] = []
+    none: dict[str, list[tuple[int, int, float]]] = {"allreduce": [], "stragglar": []}
+    for i in range(len(late)):
+        arrived = i - PROBE_LAG + 1
+        outlooks.append(
+            None
+            if arrived <= 0
+            else policy.judge(
+                n, late[max(0, arrived - WINDOW) : arrived], rule, states[arrived - 1], None, none
+            )
+        )
+    return named, since, outlooks
+
+
+def old_rule(late: Sequence[Sequence[float]], n: int, rule: Rule) -> Judged:
+    """The window rule it replaced: finds with a new window after each, and auto on the median."""
+    named: list[int | None] = []
+    since: list[int | None] = []
+    window: collections.deque[int | None] = collections.deque(maxlen=OLD_WINDOW)
+    current: int | None = None
+    for i, row in enumerate(late):
+        window.append(last_rank(row))
+        counts = collections.Counter(r for r in window if r is not None)
+        if len(window) == OLD_WINDOW and counts:
+            rank, times = counts.most_common(1)[0]
+            if times >= OLD_SHARE * OLD_WINDOW and rank != current:
+                current = rank
+                window.clear()
+        named.append(current)
+        since.append(None if current is None else i)
+    outlooks: list[Outlook | None] = []
+    for i in range(len(late)):
+        arrived = i - PROBE_LAG + 1
+        recent = late[max(0, arrived - OLD_WINDOW) : arrived] if arrived > 0 else []
+        if len(recent) < OLD_WINDOW:
+            outlooks.append(None)
+            continue
+        medians = [statistics.median(column) for column in zip(*recent, strict=True)]
+        rank = max(range(n), key=medians.__getitem__)
+        outlooks.append(Outlook(rank, medians[rank], 1.0, (medians[rank],), NETWORK, NETWORK))
+    return named, since, outlooks
+
+
+OLD = "window of 4 (old)"
+NEW = "sequential test (new)"
+RULES: dict[str, Callable[[Sequence[Sequence[float]], int, Rule], Judged]] = {OLD: old_rule, NEW: new_rule}
+
+
+def run(rule: str, rows: list[list[float]], n: int, oracle: bool, params: Rule) -> Run:
+    late = late_rows(rows)
+    named, since, outlooks = RULES[rule](late, n, params)
+    ring_prof, paper = generated_profile("ring", n), generated_profile(STRAGGLAR, n)
+    auto = ring = 0.0
+    auto_steps = 0
+    fixed: dict[int, list[float]] = {r: [] for r in range(n)} if oracle else {}
+    for row, outlook in zip(rows, outlooks, strict=True):
+        first = min(row)
+        seconds = [t - first for t in row]
+        latest = max(range(n), key=seconds.__getitem__)
+        ring_time = priced(ring_prof, seconds, latest, BUCKET, NETWORK)
+        choice: Choice = choose(STRAGGLAR, n, BUCKET, outlook)
+        ring += ring_time
+        if choice.straggler is None:
+            auto += ring_time
+        else:
+            auto_steps += 1
+            auto += priced(paper, seconds, choice.straggler, BUCKET, NETWORK)
+        for r in fixed:
+            fixed[r].append(ring_time - priced(paper, seconds, r, BUCKET, NETWORK))
+    return Run(named, since, auto_steps, auto, ring, fixed, late)
+
+
+def episodes(truth: Truth) -> list[tuple[int, int, int]]:
+    """(rank, first step, end step) of each stretch with a persistent straggler."""
+    found, start = [], 0
+    for i in range(1, len(truth) + 1):
+        if i == len(truth) or truth[i] != truth[start]:
+            rank = truth[start]
+            if rank is not None:
+                found.append((rank, start, i))
+            start = i
+    return found
+
+
+def oracle_saving(result: Run, truth: Truth, late: Sequence[Sequence[float]], n: int) -> float:
+    """What betting on the persistent straggler over each of its episodes saves where the policy's
+    own test (:func:`~stragglar.model.policy.choose`) says the bet pays on the episode's record."""
+    saved = 0.0
+    for rank, a, b in episodes(truth):
+        seen = tuple(row[rank] for row in late[a:b])
+        when_last = [d for d in seen if d > 0] or [0.0]
+        view = Outlook(rank, statistics.median(when_last), len(when_last) / len(seen), seen, NETWORK, NETWORK)
+        if choose(STRAGGLAR, n, BUCKET, view).straggler is not None:
+            saved += sum(result.fixed[rank][a:b])
+    return saved
+
+
+def found_after(result: Run, rank: int, start: int, end: int) -> int | None:
+    """Steps from ``start`` until the rule names ``rank`` (1: at once); None: not before ``end``."""
+    return next((i - start + 1 for i in range(start, end) if result.named[i] == rank), None)
+
+
+def let_go_after(result: Run, rank: int, end: int, stop: int) -> int | None:
+    return next((i - end + 1 for i in range(end, stop) if result.named[i] != rank), None)
+
+
+def median_or_none(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def kept(auto: float, oracle: float) -> float | None:
+    return auto / oracle if oracle > 0 else None
+
+
+def bench(n: int, rule: str, params: Rule) -> Row:
+    seed = 1000 * n
+    sim = Arrivals(n, seed)
+    long = run(rule, sim.trace([None] * RANDOM_STEPS), n, oracle=False, params=params)
+    traces = [run(rule, sim.trace([None] * 100), n, oracle=False, params=params) for _ in range(TRACES)]
+    clean = sum(all(x is None for x in t.named) for t in traces)
+    sim = Arrivals(n, seed + 1)
+    delays, early, early_by, auto_saved, oracle_saved = [], 0, 0, 0.0, 0.0
+    for _ in range(TRIALS):
+        who = sim.random_rank()
+        truth: Truth = [None] * LEAD + [who] * PERSISTENT
+        result = run(rule, sim.trace(truth), n, oracle=True, params=params)
+        after = found_after(result, who, LEAD, len(truth))
+        delays.append(after if after is not None else PERSISTENT + 1)
+        if after is not None:
+            since = result.since[LEAD + after - 1]
+            early_by = max(early_by, 0 if since is None else LEAD - since)
+            early += since is not None and since < LEAD
+        auto_saved += result.ring - result.auto
+        oracle_saved += oracle_saving(result, truth, result.late, n)
+    found = [d for d in delays if d <= PERSISTENT]
+    sim = Arrivals(n, seed + 2)
+    followed = []
+    for _ in range(TRIALS):
+        a = sim.random_rank()
+        b = sim.random_rank(other_than=a)
+        truth = [None] * LEAD + [a] * 60 + [b] * 60
+        result = run(rule, sim.trace(truth), n, oracle=False, params=params)
+        after = found_after(result, b, LEAD + 60, len(truth))
+        followed.append(after if after is not None else 61)
+    sim = Arrivals(n, seed + 3)
+    returns, gone, cg_auto, cg_oracle = [], [], 0.0, 0.0
+    for _ in range(TRIALS // 2):
+        who = sim.random_rank()
+        truth = [None] * LEAD + ([who] * 40 + [None] * 40) * 2 + [who] * 40
+        result = run(rule, sim.trace(truth), n, oracle=True, params=params)
+        for rank, a, b in episodes(truth):
+            after = found_after(result, rank, a, b)
+            returns.append(after if after is not None else 41)
+            if b < len(truth):
+                away = let_go_after(result, rank, b, b + 40)
+                gone.append(away if away is not None else 41)
+        cg_auto += result.ring - result.auto
+        cg_oracle += oracle_saving(result, truth, result.late, n)
+    return Row(
+        n,
+        rule,
+        long.auto_steps / RANDOM_STEPS,
+        clean / TRACES,
+        median_or_none(delays),
+        len(found) / TRIALS,
+        early / max(1, len(found)),
+        early_by,
+        kept(auto_saved, oracle_saved),
+        median_or_none(followed),
+        median_or_none(returns),
+        median_or_none(gone),
+        kept(cg_auto, cg_oracle),
+    )
+
+
+def _share(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.1%}"
+
+
+def _steps(x: float | None) -> str:
+    return "-" if x is None else f"{x:g}"
+
+
+HEADER = (
+    "N",
+    "rule",
+    "random: auto bets",
+    "random: clean 100-step traces",
+    "persistent: found after (median steps)",
+    "found",
+    "dated before its start (most steps)",
+    "auto keeps of the oracle's saving",
+    "moving: followed after",
+    "comes and goes: found after / let go after",
+    "auto keeps",
+)
+
+
+def table(rows: list[Row]) -> str:
+    lines = ["| " + " | ".join(HEADER) + " |", "|---:|---|" + "---:|" * (len(HEADER) - 2)]
+    for r in rows:
+        cells = (
+            str(r.n),
+            r.rule,
+            _share(r.random_auto_share),
+            _share(r.random_clean_traces),
+            _steps(r.found_after),
+            _share(r.found_share),
+            f"{_share(r.dated_early)} ({r.dated_early_by})",
+            _share(r.saving_kept),
+            _steps(r.followed_after),
+            f"{_steps(r.returns_after)} / {_steps(r.let_go_after)}",
+            _share(r.comes_goes_kept),
+        )
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", nargs="+", type=int, default=list(SIZES), help="world sizes N (>= 3)")
+    parser.add_argument(
+        "--false-alarm",
+        type=float,
+        default=FALSE_ALARM,
+        help="the new rule's false-alarm probability per step",
+    )
+    parser.add_argument("--json", type=Path, help="write the rows and the machine to this file")
+    args = parser.parse_args()
+    if any(n < 3 for n in args.sizes):
+        parser.error("--sizes: every N must be at least 3 (a moving straggler needs another rank)")
+    if not 0 < args.false_alarm < 1:
+        parser.error("--false-alarm must be in (0, 1)")
+    params = Rule(false_alarm=args.false_alarm)
+    start, rows = time.perf_counter(), []
+    for n in args.sizes:
+        for rule in RULES:
+            rows.append(bench(n, rule, params))
+            if sys.stderr.isatty():
+                print(f"N = {n}, {rule}: done", file=sys.stderr)
+    print(table(rows))
+    print(
+        f"\nthe new rule's false-alarm probability per step: {params.false_alarm:g}; "
+        f"{time.perf_counter() - start:.0f} s"
+    )
+    if args.json:
+        save(args.json, {"false_alarm": params.false_alarm, "rows": [asdict(r) for r in rows]})
+
+
+if __name__ == "__main__":
+    main()

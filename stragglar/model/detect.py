@@ -1,0 +1,232 @@
+"""Which rank is persistently late: one sequential test, with a stated false-alarm rate.
+
+Every decision taken for a user starts from this question: the DDP hook's ``policy="auto"`` and
+``detect=``, and ``stragglar whatif``, all ask :func:`observe`.  A rank that is merely last at
+some step proves nothing: with N ranks someone is last at every step, and a window of a few steps
+names a "persistent" straggler by chance all the time.  So the rule asks how much more often than
+chance a rank is last.
+
+*Events.*  At each step the rank last (:func:`~stragglar.model.policy.last_rank`) and later than
+every other by more than :attr:`Rule.margin` has a *last event*; the others have none.  If no rank
+is persistently late, each rank has one at most a 1/N share of the steps (chance, or less where
+nobody is late by the margin).
+
+*The test.*  Each rank keeps a CUSUM score of the log-likelihood ratio of its events between a
+rank last at :attr:`Rule.share` of the steps (a persistent straggler) and one last at chance
+1/N: ``+ln(share N)`` at a step with its event, ``+ln((1 - share) / (1 - 1/N))`` (negative) at a
+step without, never below 0.  A rank is *named* when its score reaches the threshold
+``h = ln(N / false_alarm)``.
+
+*The false-alarm rate.*  While no rank is last more often than chance, ``exp(score)`` is bounded
+by a nonnegative martingale of mean 1 started afresh at each of its zeros, so at any given step a
+rank's score is at ``h`` or above with probability at most ``exp(-h)`` (Ville's inequality), and
+some rank is with probability at most ``N exp(-h) = false_alarm``: the documented probability
+per step (:data:`FALSE_ALARM`) that the rule names a rank where none is persistently late.  Over
+S steps the expected number of steps with a false name is at most ``S * false_alarm``.
+
+*Change.*  Scores are capped at ``h``: a named rank that stops being late loses its score at the
+rate its events stop, and is no longer named when the score reaches 0 (the straggler went away),
+or as soon as another rank's score reaches ``h`` while its own is below (the straggler moved).
+The named rank is dated *since* the first step of the evidence that named it: the first last
+event after its score was last 0, a step at which it was late.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from stragglar.errors import ArgumentError, InputError, described
+
+__all__ = [
+    "FALSE_ALARM",
+    "SHARE",
+    "WINDOW",
+    "Detection",
+    "RankLateness",
+    "Rule",
+    "event_rank",
+    "fresh",
+    "last_rank",
+    "observe",
+    "quantile",
+    "recent_lateness",
+]
+
+FALSE_ALARM = 1e-4  # the probability per step that the rule names a rank where none is persistently late
+SHARE = 0.75  # the share of steps a persistent straggler is last at, that the test is tuned to find
+WINDOW = 16  # recent steps the lateness figures (and the auto policy's confidence) are taken over
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """The test's parameters: ``false_alarm`` (per step, in (0, 1)), ``share`` (in (0, 1); a rank
+    last more often is found sooner, one last less often later or never; at or below chance, 1/N,
+    the test names nobody) and ``margin`` (seconds a rank must be later than every other for its
+    step to count; 0: any lateness)."""
+
+    false_alarm: float = FALSE_ALARM
+    share: float = SHARE
+    margin: float = 0.0
+
+    def __post_init__(self) -> None:
+        """Refuse parameters the test has no meaning for (one line each).
+
+        >>> Rule(share=1.0)
+        Traceback (most recent call last):
+        ...
+        stragglar.errors.InputError: Rule.share must be in (0, 1), got 1.0
+        """
+        for name, value in (
+            ("false_alarm", self.false_alarm),
+            ("share", self.share),
+            ("margin", self.margin),
+        ):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ArgumentError(f"Rule.{name} must be a number, got {described(value)}")
+        for name, value in (("false_alarm", self.false_alarm), ("share", self.share)):
+            if not 0 < value < 1:
+                raise InputError(f"Rule.{name} must be in (0, 1), got {described(value)}")
+        if not 0 <= self.margin < math.inf:
+            raise InputError(f"Rule.margin must be seconds, 0 or more, got {described(self.margin)}")
+
+    def threshold(self, num_ranks: int) -> float:
+        """The score at which a rank is named: ``ln(N / false_alarm)``.
+
+        >>> round(Rule(false_alarm=1e-3).threshold(8), 3)
+        8.987
+        """
+        return math.log(num_ranks / self.false_alarm)
+
+    def evidence(self, num_ranks: int) -> tuple[float, float]:
+        """The score's change at a step with the rank's event and at one without.
+
+        >>> [round(x, 3) for x in Rule(share=0.75).evidence(4)]
+        [1.099, -1.099]
+        """
+        chance = 1 / num_ranks
+        return math.log(self.share / chance), math.log((1 - self.share) / (1 - chance))
+
+
+@dataclass(frozen=True, slots=True)
+class Detection:
+    """The rule's state after ``steps`` steps: each rank's score, the step each rank's current
+    evidence began (None: its score is 0), and the named rank with the step it is dated since
+    (both None: no persistent straggler)."""
+
+    scores: tuple[float, ...]
+    starts: tuple[int | None, ...]
+    named: int | None = None
+    since: int | None = None
+    steps: int = 0
+
+
+def fresh(num_ranks: int) -> Detection:
+    """The state before any step: no evidence, nobody named."""
+    return Detection((0.0,) * num_ranks, (None,) * num_ranks)
+
+
+def last_rank(late: Sequence[float]) -> int | None:
+    """The rank that arrived after every other at one step, from its latenesses; None where two
+    or more tie for last (a trace's clock too coarse to tell them apart): nobody was late.
+
+    >>> last_rank([-0.03, 0.01, -0.02]), last_rank([0.0, -0.01, 0.0])
+    (1, None)
+    """
+    latest = max(range(len(late)), key=late.__getitem__)
+    return latest if late[latest] > 0 else None
+
+
+def event_rank(rule: Rule, late: Sequence[float]) -> int | None:
+    """The rank with a last event at one step: last, and later than every other by more than the
+    margin (None: nobody)."""
+    last = last_rank(late)
+    return last if last is not None and late[last] > rule.margin else None
+
+
+def observe(rule: Rule, detection: Detection, late: Sequence[float]) -> Detection:
+    """The state after one more step, with each rank's lateness ``late`` at it.  Steps are
+    counted from 1 (:attr:`Detection.steps`, and the step numbers in ``starts`` and ``since``).
+
+    >>> rule, state = Rule(false_alarm=0.01), fresh(8)  # h = ln 800 = 6.68; +1.79 per event
+    >>> for s in range(1, 7):  # rank 0 last at steps 1-2, rank 7 from step 3
+    ...     state = observe(rule, state, [0.0] * 7 + [0.03] if s > 2 else [0.03] + [0.0] * 7)
+    ...     print(s, state.named, state.since)
+    1 None None
+    2 None None
+    3 None None
+    4 None None
+    5 None None
+    6 7 3
+    """
+    n = len(late)
+    up, down = rule.evidence(n)
+    h = rule.threshold(n)
+    event, step = event_rank(rule, late), detection.steps + 1
+    scores, starts = [], []
+    for rank, (score, start) in enumerate(zip(detection.scores, detection.starts, strict=True)):
+        new = min(h, max(0.0, score + (up if rank == event else down)))
+        scores.append(new)
+        starts.append(None if new == 0 else step if start is None else start)
+    named, since = detection.named, detection.since
+    if named is not None and scores[named] == 0:
+        named = since = None  # its events stopped: no persistent straggler any more
+    at_threshold = [rank for rank in range(n) if scores[rank] >= h]
+    if at_threshold and (named is None or scores[named] < h):
+        named = min(at_threshold, key=lambda rank: (-scores[rank], rank))
+        since = starts[named]
+    return Detection(tuple(scores), tuple(starts), named, since, step)
+
+
+@dataclass(frozen=True, slots=True)
+class RankLateness:
+    """One rank's figures over a recent window: the share of its steps at which the rank was last,
+    its lateness's median and 90th percentile (seconds, negative where it was early), its score as
+    a share of the threshold, and whether the rule names it the persistent straggler."""
+
+    rank: int
+    last_share: float
+    median: float
+    p90: float
+    evidence: float
+    persistent: bool
+
+
+def recent_lateness(
+    rule: Rule, detection: Detection, recent: Sequence[Sequence[float]]
+) -> tuple[RankLateness, ...]:
+    """Each rank's :class:`RankLateness` over the rows of ``recent`` (one per step; none: no figures).
+
+    >>> rows = [(-0.03, 0.03), (-0.02, 0.02), (0.01, -0.01)]
+    >>> figures = recent_lateness(Rule(), fresh(2), rows)
+    >>> [(r.rank, round(r.last_share, 2), r.median, r.persistent) for r in figures]
+    [(0, 0.33, -0.02, False), (1, 0.67, 0.02, False)]
+    """
+    if not recent:
+        return ()
+    n = len(recent[0])
+    h = rule.threshold(n)
+    lasts = [last_rank(row) for row in recent]
+    return tuple(
+        RankLateness(
+            rank,
+            sum(last == rank for last in lasts) / len(recent),
+            statistics.median(row[rank] for row in recent),
+            quantile([row[rank] for row in recent], 0.9),
+            detection.scores[rank] / h,
+            detection.named == rank,
+        )
+        for rank in range(n)
+    )
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """The nearest-rank quantile ``q`` of ``values`` (0.5 the median's lower, 0.9 the 90th percentile).
+
+    >>> quantile([3.0, 1.0, 2.0, 4.0], 0.9), quantile([3.0, 1.0, 2.0, 4.0], 0.5)
+    (4.0, 2.0)
+    """
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]

@@ -1,0 +1,119 @@
+"""The persistent-straggler rule, on cases where the truth is known: its stated false-alarm rate
+under chance, how many steps a rank last at every step takes to be named (worked out by hand from
+the test's definition), a straggler that moves or goes away, the margin, and the dating of a find."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from stragglar.errors import ArgumentError, InputError
+from stragglar.model.detect import FALSE_ALARM, Detection, Rule, fresh, observe, recent_lateness
+
+
+def last_is(rank: int | None, n: int, by: float = 0.03) -> tuple[float, ...]:
+    """One step's latenesses with ``rank`` last by ``by`` seconds (None: every rank ties)."""
+    if rank is None:
+        return (0.0,) * n
+    return tuple(by if r == rank else -by for r in range(n))
+
+
+def run(rule: Rule, steps: list[tuple[float, ...]]) -> list[Detection]:
+    states, state = [], fresh(len(steps[0]))
+    for step in steps:
+        state = observe(rule, state, step)
+        states.append(state)
+    return states
+
+
+@pytest.mark.parametrize("n", [2, 4, 8, 64])
+def test_a_rank_last_at_every_step_is_named_after_the_steps_its_evidence_needs(n: int) -> None:
+    # by hand: each step with its last event adds ln(share * N); the threshold is ln(N / false alarm)
+    share = 0.75
+    needed = math.ceil(math.log(n / FALSE_ALARM) / math.log(share * n))
+    states = run(Rule(), [last_is(n - 1, n)] * (needed + 3))
+    assert [s.named for s in states[: needed - 1]] == [None] * (needed - 1)
+    assert all(s.named == n - 1 and s.since == 1 for s in states[needed - 1 :])
+
+
+@pytest.mark.parametrize(("n", "false_alarm"), [(4, 0.02), (8, 0.01), (16, 0.01)])
+def test_under_chance_a_rank_is_named_at_no_more_than_the_stated_share_of_steps(
+    n: int, false_alarm: float
+) -> None:
+    """Chance: a random rank is last at each step.  The bound is on the share of steps at which
+    some rank's score is at the threshold; a name is then kept until the score falls back to 0,
+    which the second bound allows for (a few steps per false alarm)."""
+    gen = random.Random(n)
+    rule, steps = Rule(false_alarm=false_alarm), 20_000
+    states = run(rule, [last_is(gen.randrange(n), n) for _ in range(steps)])
+    at_threshold = sum(max(s.scores) >= rule.threshold(n) for s in states)
+    assert at_threshold / steps <= false_alarm
+    down = rule.evidence(n)[1]
+    named = sum(s.named is not None for s in states)
+    assert named / steps <= false_alarm * (1 + math.ceil(rule.threshold(n) / -down))
+
+
+def test_a_straggler_that_moves_is_followed_and_one_that_goes_away_is_let_go() -> None:
+    n, rule = 8, Rule(false_alarm=1e-3)
+    up, down = rule.evidence(n)
+    h = rule.threshold(n)
+    first = [last_is(2, n)] * 10
+    then = [last_is(5, n)] * 10
+    states = run(rule, first + then + [last_is(None, n)] * 12)
+    found = math.ceil(h / up)
+    assert states[found - 1].named == 2 and states[found - 2].named is None
+    # rank 5 reaches h after as many steps, while rank 2 falls from h: the name moves then
+    moved = 10 + found
+    assert states[moved - 2].named == 2 and states[moved - 1].named == 5 and states[moved - 1].since == 11
+    # nobody late from step 21: rank 5's score falls by -down a step from h, and at 0 it is let go
+    gone = 20 + math.ceil(h / -down)
+    assert states[gone - 2].named == 5 and states[gone - 1].named is None and states[gone - 1].since is None
+
+
+def test_only_a_rank_later_than_the_margin_counts() -> None:
+    n = 4
+    hair = [last_is(1, n, by=0.0005)] * 40  # last at every step, by half a millisecond
+    assert all(s.named is None for s in run(Rule(margin=0.001), hair))
+    assert run(Rule(), hair)[-1].named == 1  # no margin: it counts
+    assert all(s.named is None for s in run(Rule(), [last_is(None, n)] * 40))  # ties: nobody late
+
+
+def test_a_find_is_dated_from_the_first_step_of_its_evidence_never_before_it_was_late() -> None:
+    n, rule = 8, Rule()
+    gen = random.Random(3)
+    others = [last_is(gen.randrange(n - 1), n) for _ in range(30)]  # rank 7 never last before step 31
+    states = run(rule, others + [last_is(7, n)] * 20)
+    named = next(s for s in states if s.named is not None)
+    assert named.named == 7 and named.since == 31
+
+
+def test_the_recent_figures_are_each_ranks_over_the_window() -> None:
+    n = 4
+    rows = [last_is(3, n, 0.01), last_is(1, n, 0.02), last_is(1, n, 0.04), last_is(1, n, 0.06)]
+    states = run(Rule(false_alarm=0.3, share=0.9), rows)
+    figures = recent_lateness(Rule(false_alarm=0.3, share=0.9), states[-1], rows)
+    assert [f.last_share for f in figures] == [0.0, 0.75, 0.0, 0.25]  # rank 1 named at step 4
+    assert figures[1].median == pytest.approx(0.03) and figures[1].p90 == pytest.approx(0.06)
+    assert figures[3].median == pytest.approx(-0.03)  # early at three steps of four
+    assert [f.persistent for f in figures] == [False, True, False, False] and figures[1].evidence == 1.0
+    assert recent_lateness(Rule(), fresh(n), []) == ()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "words"),
+    [
+        ({"false_alarm": 0.0}, InputError, r"Rule.false_alarm must be in \(0, 1\), got 0.0"),
+        ({"share": 1.0}, InputError, r"Rule.share must be in \(0, 1\), got 1.0"),
+        ({"share": math.nan}, InputError, r"Rule.share must be in \(0, 1\), got nan"),
+        ({"margin": -0.001}, InputError, "Rule.margin must be seconds, 0 or more"),
+        ({"margin": math.inf}, InputError, "Rule.margin must be seconds, 0 or more"),
+        ({"share": True}, ArgumentError, "Rule.share must be a number"),
+    ],
+)
+def test_a_rule_refuses_parameters_the_test_has_no_meaning_for(
+    kwargs: dict[str, float], error: type, words: str
+) -> None:
+    with pytest.raises(error, match=words):
+        Rule(**kwargs)
