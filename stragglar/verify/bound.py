@@ -75,8 +75,9 @@ _PARTS = (0, 1)  # P (the punctual ranks' sum) and Q (the straggler's data)
 
 
 class Feasibility(NamedTuple):
-    """The solver's answer: "sat" with the phase-2 rounds found (straggler ``n-1``, after the
-    ReduceScatter that leaves chunk ``c`` at rank ``c mod (n-1)``), "unsat", or "unknown" when it
+    """The solver's answer: "sat" with the rounds found after the straggler ``n-1`` arrives (here
+    phase 2, after the ReduceScatter that leaves chunk ``c`` at rank ``c mod (n-1)``;
+    :mod:`stragglar.verify.shard_bound` says where its own start), "unsat", or "unknown" when it
     ran out of time."""
 
     status: str
