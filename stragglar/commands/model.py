@@ -28,6 +28,7 @@ from stragglar.schedule import MAX_RANKS
 from stragglar.synth import ALGORITHMS
 from stragglar.verify import VerificationError
 from stragglar.verify.bound import BOUND_MAX_RANKS, prove_lower_bound
+from stragglar.verify.shard_bound import COLLECTIVES, shard_bound
 
 __all__ = ["bound", "cost", "prove_all_command"]
 
@@ -96,9 +97,25 @@ def _chunk_line(comparison: Comparison, chunks: int, auto: bool) -> str:
 @click.command()
 @click.option("--gpus", "-n", "num_gpus", type=click.IntRange(min=2), required=True, metavar="N")
 @click.option(
-    "--chunks", "-c", type=click.IntRange(min=1), help="Chunks C >= N-1 (default N-1, the paper's)."
+    "--collective",
+    type=click.Choice(("allreduce", *COLLECTIVES)),
+    default="allreduce",
+    show_default=True,
+    help="The collective: StragglAR's AllReduce (phase 2's rounds), or a straggler-aware "
+    "ReduceScatter or AllGather (rounds and chunks through the straggler's port, beside Ring's).",
 )
-@click.option("--rounds", type=click.IntRange(min=0), help="Rounds to refute (default: one below the bound).")
+@click.option(
+    "--chunks",
+    "-c",
+    type=click.IntRange(min=1),
+    help="Chunks C >= N-1 (default N-1, the paper's); for reduce_scatter and all_gather a multiple "
+    "of N (default N).",
+)
+@click.option(
+    "--rounds",
+    type=click.IntRange(min=0),
+    help="Rounds to refute (default: one below the bound); allreduce only.",
+)
 @click.option(
     "--timeout",
     type=TIMEOUT,
@@ -107,13 +124,22 @@ def _chunk_line(comparison: Comparison, chunks: int, auto: bool) -> str:
     help="Give up on z3 after this long: a budget for the whole proof, model building included "
     "(run's and bench's --timeout, 60s, bounds one wait for a peer instead).",
 )
-def bound(num_gpus: int, chunks: int | None, rounds: int | None, timeout: float) -> None:
+def bound(num_gpus: int, collective: str, chunks: int | None, rounds: int | None, timeout: float) -> None:
     """Prove with z3 that no phase 2 for N GPUs and C chunks fits in C + ceil(log2 N) - 2 rounds
     (R*(N) - 1 for C = N-1), or in --rounds rounds.
 
+    With --collective reduce_scatter or all_gather: prove the fewest rounds after the straggler
+    arrives and the fewest chunks through its port, show a schedule that reaches both, and
+    compare them with Ring's.
+
     Exit 0 when proved, and when z3 fits --rounds at or above the bound (the expected answer);
-    1 if z3 fits fewer rounds than the bound (a finding to report); 3 if it ran out of time.
+    1 if z3 fits fewer rounds than the bound, or (reduce_scatter, all_gather) fewer port chunks,
+    or no schedule at both figures (a finding to report); 3 if it ran out of time.
     """
+    if collective != "allreduce":
+        refuse_given(["rounds"], "the ReduceScatter and AllGather bounds ask their own round counts")
+        _shard_bound(collective, num_gpus, chunks, timeout)
+        return
     if num_gpus > BOUND_MAX_RANKS:
         raise InputError(
             f"the z3 bound handles at most {BOUND_MAX_RANKS} GPUs (the model grows as N^4; 16 took 640 s)"
@@ -125,6 +151,19 @@ def bound(num_gpus: int, chunks: int | None, rounds: int | None, timeout: float)
     if not result.proved and result.exchange is None:
         raise ResourceError(result.summary)
     echo(result.summary)
+
+
+def _shard_bound(collective: str, num_gpus: int, chunks: int | None, timeout: float) -> None:
+    """``bound --collective reduce_scatter|all_gather``: three lines when proved (the proof,
+    Ring's figures, the verdict), one error line when z3 refutes the claim or runs out of time."""
+    with busy(f"asking z3 about a {COLLECTIVES[collective]} for {num_gpus} GPUs"):
+        result = shard_bound(collective, num_gpus, chunks, timeout)
+    if result.refuted:
+        raise IncorrectError(result.lines[0])
+    if not result.proved:
+        raise ResourceError(result.lines[0])
+    for line in result.lines:
+        echo(line)
 
 
 # What the bound at N GPUs (the paper's chunks) took on a 2-core machine (docs/smt.md, 2026-11-26;

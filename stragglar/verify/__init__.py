@@ -2,7 +2,8 @@
 
 Two provers that share only the IR and :mod:`stragglar.verify.report`: the symbolic simulator
 (:func:`prove`, :func:`find_violation`) and the z3 checker (:mod:`stragglar.verify.smt`); lower bounds on
-StragglAR's rounds are in :mod:`stragglar.verify.bound`.  A :class:`Proof` carries its schedule.
+StragglAR's rounds are in :mod:`stragglar.verify.bound`, those of a straggler-aware ReduceScatter
+and AllGather in :mod:`stragglar.verify.shard_bound`.  A :class:`Proof` carries its schedule.
 """
 
 from stragglar.verify.report import Kind, Proof, VerificationError, Violation, Where, require_proof

@@ -11,9 +11,9 @@ For a ring ReduceScatter this loses nothing: each of its leftovers of chunk ``c`
 ring's first contribution, so a correct sum holds exactly one of them, and only ``P`` has all
 the punctual contributions.
 
-Variables come from small named factories, SCCL-style: :func:`_has` (after ``t`` rounds rank
-``r``'s chunk ``c`` contains ``part``) and :func:`_send` (in round ``t`` rank ``s`` sends chunk
-``c`` to ``d``); z3 identifies variables by name, so nothing is created ahead of its use.
+Variables come from the small named factories of :mod:`stragglar.verify.one_port`, SCCL-style:
+``has`` (after ``t`` rounds rank ``r``'s chunk ``c`` contains ``part``) and ``send`` (in round
+``t`` rank ``s`` sends chunk ``c`` to ``d``).
 Per round each rank sends at most one chunk to one peer and receives at most one.  A receive
 may add the parts it carries; nothing is forced, and the schedule found need not follow the
 paper's exchange order: any copy or reduce, by any rank, of full or partial chunks is allowed.
@@ -46,6 +46,7 @@ is alike.
 
 from __future__ import annotations
 
+import functools
 import time
 import warnings
 from collections.abc import Iterator
@@ -55,7 +56,8 @@ from typing import NamedTuple
 import z3
 
 from stragglar.errors import InputError
-from stragglar.schedule import Op, Round, Transfer, round_lower_bound
+from stragglar.schedule import Round, round_lower_bound
+from stragglar.verify.one_port import decide, first_in_order, has, sends_found, spread, transfers
 
 __all__ = [
     "BOUND_MAX_CELLS",
@@ -73,8 +75,9 @@ _PARTS = (0, 1)  # P (the punctual ranks' sum) and Q (the straggler's data)
 
 
 class Feasibility(NamedTuple):
-    """The solver's answer: "sat" with the phase-2 rounds found (straggler ``n-1``, after the
-    ReduceScatter that leaves chunk ``c`` at rank ``c mod (n-1)``), "unsat", or "unknown" when it
+    """The solver's answer: "sat" with the rounds found after the straggler ``n-1`` arrives (here
+    phase 2, after the ReduceScatter that leaves chunk ``c`` at rank ``c mod (n-1)``;
+    :mod:`stragglar.verify.shard_bound` says where its own start), "unsat", or "unknown" when it
     ran out of time."""
 
     status: str
@@ -143,7 +146,7 @@ def prove_lower_bound(
     asked = bound - 1 if rounds is None else rounds
     _checked(num_ranks, chunks, asked)
     start = time.perf_counter()
-    relaxed = _decide(_straggler_data(num_ranks, chunks, asked), timeout_s)
+    relaxed = decide(_straggler_data(num_ranks, chunks, asked), timeout_s)
     if relaxed[0] == "unsat":
         return LowerBound(num_ranks, chunks, bound, asked, "unsat", relaxed[2], None, "the straggler's data")
     left = None if timeout_s is None else max(0.0, timeout_s - (time.perf_counter() - start))
@@ -166,13 +169,11 @@ def phase2_feasible(
     n = num_ranks
     c = n - 1 if num_chunks is None else num_chunks
     _checked(n, c, rounds)
-    status, model, seconds = _decide(_constraints(n, c, rounds), timeout_s)
+    status, model, seconds = decide(_constraints(n, c, rounds), timeout_s)
     if model is None:
         return Feasibility(status, None, seconds)
-    chosen = [
-        [(s, d, k) for s, d, k in _triples(n, c) if _true(model, _send(t, s, d, k))] for t in range(rounds)
-    ]
-    return Feasibility("sat", _exchange(n, c, chosen), seconds)
+    held = [[{p for p in _PARTS if _start(n, r, k, p)} for k in range(c)] for r in range(n)]
+    return Feasibility("sat", transfers(held, sends_found(model, n, c, rounds)), seconds)
 
 
 def _checked(n: int, c: int, rounds: int) -> None:
@@ -193,76 +194,34 @@ def _checked(n: int, c: int, rounds: int) -> None:
         )
 
 
-def _decide(
-    constraints: Iterator[z3.BoolRef], timeout_s: float | None
-) -> tuple[str, z3.ModelRef | None, float]:
-    """(status, model if sat, seconds): the constraints added one by one, so that ``timeout_s``
-    bounds the wall-clock time with building the model included."""
-    start = time.perf_counter()
-    deadline = None if timeout_s is None else start + timeout_s
-    solver = z3.Solver()
-    for constraint in constraints:
-        solver.add(constraint)
-        if deadline is not None and time.perf_counter() > deadline:
-            return "unknown", None, time.perf_counter() - start  # out of time while building
-    if deadline is not None:
-        solver.set("timeout", max(1, round((deadline - time.perf_counter()) * 1000)))
-    verdict = solver.check()
-    seconds = time.perf_counter() - start
-    if verdict == z3.sat:
-        return "sat", solver.model(), seconds
-    return ("unsat" if verdict == z3.unsat else "unknown"), None, seconds
-
-
 def _owner(n: int, chunk: int) -> int:
     """The punctual rank that holds ``chunk`` reduced after the ReduceScatter."""
     return chunk % (n - 1)
 
 
-def _triples(n: int, c: int) -> Iterator[tuple[int, int, int]]:
-    """Every (src, dst, chunk) a send may have."""
-    return ((s, d, k) for s in range(n) for d in range(n) if s != d for k in range(c))
-
-
-def _has(n: int, t: int, rank: int, chunk: int, part: int) -> z3.BoolRef:
-    """After ``t`` rounds ``rank``'s ``chunk`` contains ``part`` (P = 0, Q = 1); fixed at ``t = 0``."""
-    if t == 0:
-        return z3.BoolVal(rank == _owner(n, chunk) if part == 0 else rank == n - 1)
-    return z3.Bool(f"has_{t}_{rank}_{chunk}_{part}")
-
-
-def _send(t: int, src: int, dst: int, chunk: int) -> z3.BoolRef:
-    """In round ``t`` ``src`` sends ``chunk`` to ``dst``."""
-    return z3.Bool(f"send_{t}_{src}_{dst}_{chunk}")
+def _start(n: int, rank: int, chunk: int, part: int) -> bool:
+    """Who holds what after the ReduceScatter: ``P`` (0) at the chunk's owner, ``Q`` (1) at the
+    straggler."""
+    return rank == _owner(n, chunk) if part == 0 else rank == n - 1
 
 
 def _constraints(n: int, c: int, rounds: int, parts: tuple[int, ...] = _PARTS) -> Iterator[z3.BoolRef]:
     """Ports, how parts spread, every part everywhere at the end, and the symmetry breaking."""
-    yield from _spread(n, c, rounds, parts)
-    yield from _first_sends_in_order(n, rounds, _owner_pairs(n, c))
+    yield from _everywhere(n, c, rounds, parts)
+    yield from first_in_order(n, n - 1, rounds, _owner_pairs(n, c))
 
 
 def _straggler_data(n: int, c: int, rounds: int) -> Iterator[z3.BoolRef]:
     """The relaxed model: ``Q`` alone, every chunk alike, so all first sends in index order."""
-    yield from _spread(n, c, rounds, (1,))
-    yield from _first_sends_in_order(n, rounds, [(a, a + 1) for a in range(c - 1)])
+    yield from _everywhere(n, c, rounds, (1,))
+    yield from first_in_order(n, n - 1, rounds, [(a, a + 1) for a in range(c - 1)])
 
 
-def _spread(n: int, c: int, rounds: int, parts: tuple[int, ...]) -> Iterator[z3.BoolRef]:
-    chunks, peers = range(c), range(n)
-    for t in range(rounds):
-        for r in peers:  # one port each way, one chunk: at most one send and one receive per rank
-            yield z3.AtMost(*(_send(t, r, d, k) for d in peers if d != r for k in chunks), 1)
-            yield z3.AtMost(*(_send(t, s, r, k) for s in peers if s != r for k in chunks), 1)
-        for d in peers:
-            for k in chunks:
-                for p in parts:
-                    arrives = [z3.And(_send(t, s, d, k), _has(n, t, s, k, p)) for s in peers if s != d]
-                    yield z3.Implies(_has(n, t + 1, d, k, p), z3.Or(_has(n, t, d, k, p), *arrives))
-                    yield z3.Implies(_has(n, t, d, k, p), _has(n, t + 1, d, k, p))
-    for r in peers:
-        for k in chunks:
-            yield z3.And(*(_has(n, rounds, r, k, p) for p in parts))
+def _everywhere(n: int, c: int, rounds: int, parts: tuple[int, ...]) -> Iterator[z3.BoolRef]:
+    """The one-port rules, and every part of every chunk at every rank after ``rounds`` rounds."""
+    start = functools.partial(_start, n)
+    yield from spread(n, c, rounds, parts, start)
+    yield from (has(start, rounds, r, k, p) for r in range(n) for k in range(c) for p in parts)
 
 
 def _owner_pairs(n: int, c: int) -> list[tuple[int, int]]:
@@ -271,38 +230,3 @@ def _owner_pairs(n: int, c: int) -> list[tuple[int, int]]:
     share = [len(range(owner, c, late)) for owner in range(late)]  # chunks each punctual rank owns
     pairs = [(a, a + late) for a in range(c - late)]
     return pairs + [(a, b) for a, b in zip(range(late), range(1, late), strict=False) if share[a] == share[b]]
-
-
-def _first_sends_in_order(n: int, rounds: int, pairs: list[tuple[int, int]]) -> Iterator[z3.BoolRef]:
-    """The symmetry breaking of the module docstring, as "if the straggler has sent chunk b by
-    round t, it had sent chunk a by round t-1" for each ordered pair (a, b)."""
-    late = n - 1
-    chunks = 1 + max((b for _, b in pairs), default=0)
-    sent: list[z3.BoolRef] = [z3.BoolVal(False)] * chunks  # by the round before
-    for t in range(rounds):
-        now = [z3.Or(sent[k], *(_send(t, late, d, k) for d in range(late))) for k in range(chunks)]
-        yield from (z3.Implies(now[b], sent[a]) for a, b in pairs)
-        sent = now
-
-
-def _true(model: z3.ModelRef, var: z3.BoolRef) -> bool:
-    return bool(z3.is_true(model.eval(var, model_completion=True)))
-
-
-def _exchange(n: int, c: int, chosen: list[list[tuple[int, int, int]]]) -> tuple[Round, ...]:
-    """The solver's rounds with each send made a copy, a reduce or nothing.
-
-    The parts are followed exactly here (the model may lag behind them): a send that brings
-    nothing new is dropped, one that brings a superset is a copy (whatever the destination
-    held is overwritten), and one that brings the other part is a reduce.
-    """
-    late = n - 1
-    parts = [[{0} if r == _owner(n, k) else {1} if r == late else set() for k in range(c)] for r in range(n)]
-    exchange: list[Round] = []
-    for sends in chosen:
-        moves = [(s, d, k) for s, d, k in sends if not parts[s][k] <= parts[d][k]]
-        ops = [Op.COPY if parts[d][k] <= parts[s][k] else Op.REDUCE for s, d, k in moves]
-        exchange.append(tuple(Transfer(s, d, k, op) for (s, d, k), op in zip(moves, ops, strict=True)))
-        for d, k, after in [(d, k, parts[d][k] | parts[s][k]) for s, d, k in moves]:  # a synchronous round
-            parts[d][k] = after
-    return tuple(exchange)
