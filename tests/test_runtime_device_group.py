@@ -194,6 +194,29 @@ def test_allreduce_with_engine_device_on_an_nccl_group(cuda: FakeCuda) -> None:
     assert len(cuda.opened) == 2 * (2 * 4 * 3)  # per group: each rank its 3 peers' inbox and flags
 
 
+def test_ranks_on_different_engines_all_fail_alike_before_anything_runs(cuda: FakeCuda) -> None:
+    """One rank on the device engine, the others on the rounds engine: one would wait on flags,
+    the others on messages, each until its timeout; the header says which engine each rank runs,
+    so every rank raises the same MismatchError at once, and no kernel is launched."""
+    from test_runtime_cupy_nccl import run_ranks
+
+    from stragglar.runtime import MismatchError, allreduce
+
+    proof = prove(synthesize("stragglar", 3))
+    data = fresh(3, 30, "float32", seed=5)
+    *results, _, _ = run_ranks(
+        3,
+        lambda r, g: allreduce(data[r], proof, group=g, timeout=10, engine="device" if r == 1 else "rounds"),
+    )
+    assert all(isinstance(x, MismatchError) for x in results), results
+    said = {str(x) for x in results}
+    assert said == {
+        "ranks disagree on the allreduce: "
+        "engine: ranks 0, 2 run the rounds engine, rank 1 runs the device engine"
+    }
+    assert not cuda.launches
+
+
 def test_options_of_the_rounds_engine_are_refused_on_the_device_engine(cuda: FakeCuda) -> None:
     from stragglar.errors import InputError
     from stragglar.runtime import NcclGroup, allreduce

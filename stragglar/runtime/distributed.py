@@ -175,6 +175,7 @@ def allreduce(
     late_rank = late_rank_for(proof.schedule, late_rank, runner.size)
     with runner.stream:
         flat, header, problem = _inspect(data, proof, tag, late_rank, part, runner.sendable)
+        header = header._replace(on_device=int(on_device))
         # the header is all-gathered where the channel says so, and this rank's own problem raised
         # after the gather, so that its peers raise theirs rather than wait for it
         channel = runner.channel(tag)

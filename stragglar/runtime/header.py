@@ -85,6 +85,7 @@ class Header(NamedTuple):
     late_rank: int
     first: int  # the first round this call runs
     stop: int  # the round it stops before, -1: the end
+    on_device: int = 0  # 1: the device engine (one kernel a call), 0: rounds driven from the host
 
 
 def make_header(
@@ -158,6 +159,11 @@ _FIELDS: tuple[tuple[str, Callable[[Header], Any], Callable[[Header], str]], ...
     ("tag", lambda h: h.tag, lambda h: f"use tag {h.tag}"),
     ("late rank", lambda h: h.late_rank, lambda h: f"wait for rank {h.late_rank}"),
     ("rounds", lambda h: (h.first, h.stop), lambda h: f"run {_rounds(h)}"),
+    (  # a rank of one waits on flags in its peers' memory, a rank of the other on messages
+        "engine",
+        lambda h: h.on_device,
+        lambda h: "run the device engine" if h.on_device else "run the rounds engine",
+    ),
 )
 
 
