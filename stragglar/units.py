@@ -47,6 +47,8 @@ __all__ = [
 SIZE_UNITS = {
     "": 1,
     "b": 1,
+    "byte": 1,
+    "bytes": 1,
     "kb": 10**3,
     "mb": 10**6,
     "gb": 10**9,
@@ -77,7 +79,9 @@ MIN_BANDWIDTH = 1.0  # bytes/s: slower, an exbibyte's time overflows, and alpha 
 # Reading such an exponent as MAX_EXPONENT + 1 (or its negative) gives the same answer at once.
 MAX_QUANTITY_CHARS = 64
 MAX_EXPONENT = 400
-_QUANTITY = re.compile(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?|[0-9]+\.)\s*([A-Za-z/]*)\s*")
+_QUANTITY = re.compile(
+    r"\s*([0-9]{1,3}(?:,[0-9]{3})+|[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?|[0-9]+\.)\s*([A-Za-z/]*)\s*"
+)  # a whole number may group its digits in threes with commas, as reports print ``1,000,004 B``
 
 
 _BITS_SPELLING = re.compile(r"[KMGTPE]i?b")  # Gb, Mib: bits by the usual convention, not bytes
@@ -95,10 +99,13 @@ def _split(text: str, kind: str, example: str) -> tuple[Fraction, str]:
         )
     match = _QUANTITY.fullmatch(text) if isinstance(text, str) else None
     if match is None:
-        raise InputError(
-            f"expected {kind} like {example}, got {quoted(text)} (a number, no sign, and a unit)"
+        how = (
+            "commas only group a whole number's digits in threes, 1,000,004; a fraction takes a point"
+            if isinstance(text, str) and "," in text
+            else "a number, no sign, and a unit"
         )
-    number, unit = match.group(1), match.group(2)
+        raise InputError(f"expected {kind} like {example}, got {quoted(text)} ({how})")
+    number, unit = match.group(1).replace(",", ""), match.group(2)
     prefix = unit.split("/")[0]
     if _BITS_SPELLING.fullmatch(prefix):
         rest = unit[len(prefix) :]

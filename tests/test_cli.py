@@ -52,6 +52,8 @@ def test_python_dash_m_runs_the_same_command() -> None:
         (["synth", "--gpus", "1"], "need 2 to 2048 GPUs, got 1"),
         (["synth", "--gpus", "-4"], "need 2 to 2048 GPUs, got -4"),
         (["synth", "--gpus", "100000"], "need 2 to 2048 GPUs, got 100000"),
+        (["synth", "--gpus", "0", "-o", "x.xml"], "need 2 to 2048 GPUs, got 0"),  # was a ZeroDivisionError
+        (["synth", "--gpus", "0", "--format", "mscclpp", "-o", "p.json"], "need 2 to 2048 GPUs, got 0"),
         (["synth", "--gpus", "eight"], "'eight' is not a valid integer"),
         (["synth", "--gpus", "2.5"], "'2.5' is not a valid integer"),
         (["synth"], "Missing option '--gpus'"),

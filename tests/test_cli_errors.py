@@ -453,11 +453,13 @@ def test_an_empty_file_is_called_empty_whatever_its_name(tmp_path: Path) -> None
         "stragglar export in.json --format mscclpp >>in.json",
         "stragglar show in.json >>in.json",
         "stragglar verify in.json 1<>in.json",
+        "stragglar run --schedule in.json --size 4KiB --iters 1 >>in.json",
+        "stragglar run --schedule in.json --size 4KiB --iters 1 1<>in.json",
     ],
 )
 def test_an_output_descriptor_open_on_the_input_is_refused(tmp_path: Path, command: str) -> None:
     """The input was overwritten in place or appended to (exit 0): refused by name only before;
-    show and verify appended their report to the file they read."""
+    show, verify and run --schedule appended their report to the file they read."""
     schedule_json.write(synthesize("stragglar", 4), tmp_path / "in.json")
     before = (tmp_path / "in.json").read_bytes()
     done = shell(command, tmp_path)

@@ -8,8 +8,10 @@ work, not speed targets.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -90,3 +92,37 @@ def test_every_size_a_report_prints_is_one_a_user_may_type_back(size: int) -> No
 def test_a_bit_style_spelling_of_the_large_units_is_refused_too(text: str) -> None:
     with pytest.raises(InputError, match="reads as bits"):
         parse_size(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [
+        ("1,000,004 B", 1_000_004),
+        ("1,000,004B", 1_000_004),
+        ("67108864 bytes", 2**26),
+        ("1 byte", 1),
+        ("64,000KB", 64 * 10**6),
+    ],
+)
+def test_sizes_as_reports_print_them_are_read_back(text: str, size: int) -> None:
+    """Reports print ``1,000,004 B`` and a plan's ``67108864 bytes``: both were refused as input."""
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["1,5KiB", "12,34", "1,000.5MB", ",100", "1,00,000"])
+def test_a_comma_that_does_not_group_thousands_is_refused_with_what_commas_may_do(text: str) -> None:
+    with pytest.raises(InputError, match="commas only group a whole number's digits in threes"):
+        parse_size(text)
+
+
+def test_the_sizes_show_prints_for_a_plan_can_be_typed_back(tmp_path: Path) -> None:
+    from cli_results import run
+
+    plan = tmp_path / "p.json"
+    assert run("synth", "--gpus", "4", "--format", "mscclpp", "-o", str(plan)).exit_code == 0
+    shown = run("show", str(plan), "--size", "64MiB")
+    assert shown.exit_code == 0, shown.output
+    sizes = re.findall(r"(\d[\d,]*) bytes", shown.stdout)
+    assert sizes, shown.stdout
+    for text in sizes:
+        assert parse_size(f"{text} bytes") == int(text.replace(",", ""))

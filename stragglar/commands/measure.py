@@ -137,6 +137,7 @@ def run(
         check_link_rate(link_rate)
     if schedule_file is not None:
         refuse_given(["algorithm", "straggler", "chunks"], f"the schedule comes from {schedule_file}")
+        check_output(Path("-"), schedule_file)  # `run --schedule s.json >> s.json` would append to it
     elif num_gpus is None:
         raise click.UsageError("--gpus is required (or give a --schedule file)")
     network, where = _priced_network(chunks, link_rate, alpha)

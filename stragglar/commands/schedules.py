@@ -171,7 +171,7 @@ def synth(
         network,
         algorithm=algorithm,
         power_of_two=exporting is not None,
-        max_chunks=None if exporting is None else exporting.max_chunks(num_gpus, options),
+        max_chunks=None if ranks is None or exporting is None else exporting.max_chunks(num_gpus, options),
     )
     if num_chunks is not None and chunks == AUTO:
         pow2 = ", a power of two for executors" if exporting is not None else ""
