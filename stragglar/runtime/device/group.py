@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from stragglar.runtime.clock import Timeline
-from stragglar.runtime.device.kernel import ERROR_WORDS, SOURCE, THREADS, kernel_name
+from stragglar.runtime.device.kernel import ERROR_WORDS, SOURCE, THREADS, kernel_args, kernel_name
 from stragglar.runtime.device.loopback import blocks_for, first_failure, resident_blocks
 from stragglar.runtime.device.table import DeviceProgram
 from stragglar.runtime.kernels import SUMS
@@ -125,19 +125,17 @@ class DeviceRank:
             time.sleep(straggler_delay)
         arrived = time.perf_counter()
         self.stream.wait_event(self.cupy.cuda.get_current_stream().record())
-        args = (
+        pointers = (self.inbox_pointers, self.flag_pointers, self.errors)
+        args = kernel_args(
+            self.program,
+            self.rank,
             self.rows,
-            np.int32(len(self.program.rows[self.rank])),
-            np.int32(self.rank),
-            np.uint64(self.call),
-            np.int64(self.count),
-            np.int32(self.program.num_chunks),
-            np.int64(self.slot_size),
-            np.uint64(buffer),
-            self.inbox_pointers,
-            self.flag_pointers,
-            self.errors,
-            np.int64(int(timeout_s * 1e9)),
+            self.call,
+            self.count,
+            self.slot_size,
+            buffer,
+            pointers,
+            timeout_s,
         )
         with self.stream:
             self.kernel((self.blocks,), (THREADS,), args)

@@ -21,9 +21,14 @@ block, one thread a block), which is how the tests run this very source without 
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
+
+from stragglar.runtime.device.table import DeviceProgram
 from stragglar.runtime.kernels import SUM_SOURCE, SUMS
 
-__all__ = ["ERROR_WORDS", "SOURCE", "THREADS", "kernel_name"]
+__all__ = ["ERROR_WORDS", "SOURCE", "THREADS", "kernel_args", "kernel_name"]
 
 THREADS = 512  # threads a block: its part of a chunk is copied with a block-stride loop
 ERROR_WORDS = 8  # per rank: claimed, row, round, peer, flag, wanted, seen, block
@@ -125,3 +130,35 @@ def kernel_name(dtype: str) -> str:
     """The kernel of ``dtype`` (a key of :data:`~stragglar.runtime.kernels.SUMS`) as an NVRTC name
     expression."""
     return f"run_program<{SUMS[dtype][0]} >"
+
+
+def kernel_args(
+    program: DeviceProgram,
+    rank: int,
+    rows: Any,
+    call: int,
+    count: int,
+    slot_size: int,
+    buffer: int,
+    pointers: tuple[Any, Any, Any],
+    timeout_s: float,
+) -> tuple[Any, ...]:
+    """``run_program``'s arguments, in its order and C types, for rank ``rank``'s launch: ``rows``
+    its table on the device, ``pointers`` the device arrays of every rank's inbox and flag
+    addresses and of the error words.  One place for the kernel's signature, whoever launches it
+    (one process or a group)."""
+    inboxes, flags, errors = pointers
+    return (
+        rows,
+        np.int32(len(program.rows[rank])),
+        np.int32(rank),
+        np.uint64(call),
+        np.int64(count),
+        np.int32(program.num_chunks),
+        np.int64(slot_size),
+        np.uint64(buffer),
+        inboxes,
+        flags,
+        errors,
+        np.int64(int(timeout_s * 1e9)),
+    )

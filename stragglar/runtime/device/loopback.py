@@ -25,7 +25,7 @@ import numpy as np
 
 from stragglar.errors import InputError
 from stragglar.runtime.clock import Timeline, sleep_until
-from stragglar.runtime.device.kernel import ERROR_WORDS, SOURCE, THREADS, kernel_name
+from stragglar.runtime.device.kernel import ERROR_WORDS, SOURCE, THREADS, kernel_args, kernel_name
 from stragglar.runtime.device.table import DeviceProgram
 from stragglar.runtime.failures import RankError, failure_phrase
 from stragglar.runtime.kernels import SUMS
@@ -108,19 +108,17 @@ class DeviceLoopback:
         """Rank ``rank``'s kernel on its stream, after the caller's queued work."""
         stream = self.streams[rank]
         stream.wait_event(self.cupy.cuda.get_current_stream().record())
-        args = (
+        pointers = (self.inbox_pointers, self.flag_pointers, self.errors)
+        args = kernel_args(
+            self.program,
+            rank,
             self.rows[rank],
-            np.int32(len(self.program.rows[rank])),
-            np.int32(rank),
-            np.uint64(self.call),
-            np.int64(self.count),
-            np.int32(self.program.num_chunks),
-            np.int64(self.slot_size),
-            np.uint64(buffer),
-            self.inbox_pointers,
-            self.flag_pointers,
-            self.errors,
-            np.int64(int(timeout_s * 1e9)),
+            self.call,
+            self.count,
+            self.slot_size,
+            buffer,
+            pointers,
+            timeout_s,
         )
         with stream:
             self.kernel((self.blocks,), (THREADS,), args)
