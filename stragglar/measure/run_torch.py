@@ -132,6 +132,11 @@ def _rank(
     buf = source.clone()
     names = [schedule_name(p.schedule) for p in proofs]
     timelines: list[list[Timeline]] = [[] for _ in proofs]
+    engine_options: dict[str, Any] = (  # the device engine: one kernel launch, waited for before it returns
+        {"engine": "device"}
+        if on_device
+        else {"stream_ordered": on_gpu, "graphs": graphs if on_gpu else None}
+    )
     baseline: list[float] = []
     for it in range(runs):
         for entry in turn(it, len(proofs) + 1):
@@ -140,25 +145,14 @@ def _rank(
                 what = names[entry]
                 with _engine(rank, f"in the barrier before {what} in iteration {it}"):
                     dist.barrier()
-                if on_device:  # one kernel launch, waited for before it returns
-                    line = allreduce(
-                        buf,
-                        proofs[entry],
-                        straggler_delay=delay,
-                        timeout=timeout,
-                        late_rank=late_rank,
-                        engine="device",
-                    )
-                else:
-                    line = allreduce(
-                        buf,
-                        proofs[entry],
-                        straggler_delay=delay,
-                        timeout=timeout,
-                        late_rank=late_rank,
-                        stream_ordered=on_gpu,
-                        graphs=graphs if on_gpu else None,
-                    )
+                line = allreduce(
+                    buf,
+                    proofs[entry],
+                    straggler_delay=delay,
+                    timeout=timeout,
+                    late_rank=late_rank,
+                    **engine_options,
+                )
                 if on_gpu and not on_device:  # the rounds were queued: the rank is done when its stream is
                     done = _stream_done(rank, timeout + delay, f"running {what} in iteration {it}")
                     line = Timeline(line.rank, line.start, line.arrived, (None,) * len(line.phase_done), done)
