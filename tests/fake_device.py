@@ -11,6 +11,7 @@ whose attributes the test chooses (how many blocks it holds at once)."""
 from __future__ import annotations
 
 import ctypes
+import shutil
 import sys
 import threading
 import time
@@ -97,6 +98,19 @@ def host_library(folder: Path) -> ctypes.CDLL:
         entry.argtypes = ARGTYPES
         entry.restype = None
     return library
+
+
+_compiled: list[ctypes.CDLL] = []  # the one host build of a test session
+
+
+def host_or_skip(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    """:func:`host_library`, compiled once per test session (each test module used to compile its
+    own); the test skipped where there is no g++ to compile it."""
+    if shutil.which("g++") is None:
+        pytest.skip("needs g++ to compile the CUDA source for the host")
+    if not _compiled:
+        _compiled.append(host_library(tmp_path_factory.mktemp("device")))
+    return _compiled[0]
 
 
 def pointer(array: np.ndarray) -> int:

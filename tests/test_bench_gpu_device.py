@@ -6,14 +6,13 @@ need; and the targets' verdicts on rows whose truth is known."""
 from __future__ import annotations
 
 import ctypes
-import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-from fake_device import FakeCuda, host_library, installed
+from fake_device import FakeCuda, host_or_skip, installed
 
 from stragglar.synth import synthesize
 from stragglar.verify import prove
@@ -23,9 +22,7 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 @pytest.fixture(scope="module")
 def host(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    if shutil.which("g++") is None:
-        pytest.skip("needs g++ to compile the CUDA source for the host")
-    return host_library(Path(tmp_path_factory.mktemp("device")))
+    return host_or_skip(tmp_path_factory)
 
 
 @pytest.fixture

@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import ctypes
 import gc
-import shutil
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from fake_device import FakeCuda, host_library, installed
+from fake_device import FakeCuda, host_or_skip, installed
 
 from stragglar.runtime import RankError, allreduce_local
 from stragglar.runtime.device import group, program_for
@@ -27,9 +25,7 @@ from stragglar.verify import prove
 
 @pytest.fixture(scope="module")
 def host(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    if shutil.which("g++") is None:
-        pytest.skip("needs g++ to compile the CUDA source for the host")
-    return host_library(Path(tmp_path_factory.mktemp("device")))
+    return host_or_skip(tmp_path_factory)
 
 
 @pytest.fixture

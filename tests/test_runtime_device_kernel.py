@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
-from fake_device import HostRun, host_library
+from fake_device import HostRun, host_or_skip
 from nvrtc import compile_ptx, library
 
 from stragglar.runtime.device.kernel import SOURCE, kernel_name
@@ -35,9 +33,7 @@ CHUNKED = [(4, 32), (5, 9), (8, 64), (16, 40)]
 
 @pytest.fixture(scope="module")
 def host(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    if shutil.which("g++") is None:
-        pytest.skip("needs g++ to compile the CUDA source for the host")
-    return host_library(Path(tmp_path_factory.mktemp("device")))
+    return host_or_skip(tmp_path_factory)
 
 
 def inputs(n: int, count: int, dtype: str, seed: int) -> list[np.ndarray]:

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import shutil
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from fake_device import FakeCuda, host_library, installed
+from fake_device import FakeCuda, host_or_skip, installed
 
 from stragglar.errors import InputError
 from stragglar.runtime import RankError, allreduce_local
@@ -31,9 +29,7 @@ from stragglar.verify import prove
 
 @pytest.fixture(scope="module")
 def host(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    if shutil.which("g++") is None:
-        pytest.skip("needs g++ to compile the CUDA source for the host")
-    return host_library(Path(tmp_path_factory.mktemp("device")))
+    return host_or_skip(tmp_path_factory)
 
 
 @pytest.fixture
