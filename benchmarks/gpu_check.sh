@@ -5,8 +5,8 @@
 # the DDP example under torchrun, and `stragglar bench` on NCCL ranks; each step logged, and run
 # even when one before it failed.
 #
-#     bash benchmarks/gpu_check.sh                      # logs and gpu.json in /tmp/stragglar-gpu-check
-#     OUT=/data/gpu-check bash benchmarks/gpu_check.sh  # or in the folder OUT names
+#     bash benchmarks/gpu_check.sh                                # logs and gpu.json in /tmp/stragglar-gpu-check
+#     GPU_CHECK_DIR=/data/gpu-check bash benchmarks/gpu_check.sh  # or in the folder it names
 #
 # What it writes: device.txt (nvidia-smi's view of the GPUs), one log per step and gpu.json.
 # Each step has a time limit (9.3 minutes in all), so that a hung step (a rank waiting forever on
@@ -15,7 +15,7 @@
 # Exits 1 if any step failed, 2 if the wheels would not install.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-out="${OUT:-/tmp/stragglar-gpu-check}"
+out="${GPU_CHECK_DIR:-/tmp/stragglar-gpu-check}"
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"  # an NCCL failure says why in the logs

@@ -13,7 +13,7 @@ each (:mod:`~stragglar.commands.error_lines`) and whose z3 work stops on Ctrl-C
     stragglar run --backend local|torch|cupy --gpus N [--size 64MiB] [--dtype D] [--delay 20ms] ...
     stragglar bench [--backend torch] [--gpus 4,8] [--sizes 16MiB,64MiB] [--delays 0,50ms] [--json OUT]
     stragglar bound --gpus N         stragglar prove-all [FILES]
-    stragglar whatif TRACE [--rank-col C] [--where COL=V] [--time-unit ms] [--bucket 25MiB] [--json OUT]
+    stragglar whatif TRACE... [--rank-col C] [--where COL=V] [--time-unit ms] [--bucket 25MiB] [--json OUT]
 
 Every schedule is proved before it is printed, written or run.  ``synth`` sends the schedule
 (the text table, or the JSON document) to ``-o FILE`` if given, else (or for ``-o -``) to
