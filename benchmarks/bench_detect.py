@@ -10,10 +10,11 @@ margin).  The scenarios, seeds fixed:
 * *random*: a random rank is late at each step: there is no persistent straggler.  10,000 steps
   for the auto policy; 200 traces of 100 steps for whatif's verdict.
 * *persistent*: 20 random steps, then one rank is the late one at 80% of the steps (a random other
-  rank at the rest) for 300 steps; 40 trials.
-* *moving*: 20 random steps, rank A persistent for 60 steps, then rank B for 60; 40 trials.
+  rank at the rest) for 300 steps; 400 trials for the steps it takes to be named, 40 priced ones
+  for the saving kept.
+* *moving*: 20 random steps, rank A persistent for 60 steps, then rank B for 60; 400 trials.
 * *comes and goes*: 20 random steps, then a straggler on for 40 steps and off (random lateness)
-  for 40, three times; 20 trials.
+  for 40, three times; 200 trials for the steps to be named and let go, 20 priced ones.
 
 Each rule is asked step by step what the DDP hook and ``stragglar whatif`` ask it: the rule is
 run on each step's figures as it comes (found after: steps from the straggler's start, or its move,
@@ -27,12 +28,17 @@ The oracle knows which rank is persistently late and over which steps, and bets 
 episode when that pays over the episode (else it keeps the Ring); "saving kept" is the auto
 policy's saving over Ring across all steps as a share of the oracle's (n/a where betting on an
 80% straggler never pays: then neither should bet).
+
+*The floor.*  Beside each median the table gives the fewest steps any rule could need, half the
+time, while keeping 99% of the random 100-step traces clean (:func:`floor_steps`): where it is
+above a target, the target cannot be met together with the clean traces.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import math
 import random
 import statistics
 import sys
@@ -44,7 +50,7 @@ from pathlib import Path
 from results import save
 
 from stragglar.model import Network
-from stragglar.model.detect import FALSE_ALARM, WINDOW, Rule, fresh, last_rank, observe
+from stragglar.model.detect import FALSE_ALARM, WINDOW, Detection, Rule, fresh, last_rank, observe
 from stragglar.model.policy import (
     PROBE_LAG,
     STRAGGLAR,
@@ -66,8 +72,10 @@ LEAD = 20  # random steps before a straggler starts
 PERSISTENT = 300  # steps of a persistent straggler
 RANDOM_STEPS = 10_000  # steps of random lateness for the auto policy
 TRACES = 200  # traces of 100 steps of random lateness for whatif's verdict
-TRIALS = 40  # trials of the persistent and moving stragglers (half as many that come and go)
+TRIALS = 40  # priced trials of a persistent straggler, for the saving kept (half as many that come and go)
+NAMING_TRIALS = 400  # trials of each straggler for the steps to be named (a median of 40 moves by a step)
 OLD_WINDOW, OLD_SHARE = 4, 0.75  # the rule replaced
+WORTH = 0.01  # the oracle's least saving, as a share of Ring's time, for "auto keeps" to be shown
 SIZES = (4, 8, 16, 32, 64)
 
 Truth = list[int | None]  # per step: the persistent straggler, None outside its episodes
@@ -94,14 +102,17 @@ class Row:
     random_auto_share: float
     random_clean_traces: float
     found_after: float | None
+    found_floor: int
     found_share: float
     dated_early: float
     dated_early_by: int
     saving_kept: float | None
+    oracle_saving: float  # the oracle's saving over Ring, as a share of Ring's time
     followed_after: float | None
     returns_after: float | None
     let_go_after: float | None
     comes_goes_kept: float | None
+    comes_goes_oracle_saving: float
 
 
 class Arrivals:
@@ -138,24 +149,68 @@ class Arrivals:
         return rows
 
 
+def floor_steps(n: int, share: float = SHARE_LATE, steps: int = 100, clean: float = 0.99) -> int:
+    """The fewest steps ``d`` after which a rule could name, with probability 1/2, a rank that
+    becomes the late one at ``share`` of the steps, while naming nobody in a ``clean`` share of
+    ``steps``-step traces of random lateness.
+
+    Which rank was late is all a step tells here (the late rank's lateness is drawn alike in both
+    cases), so over ``d`` steps the most powerful test for one rank counts its late steps
+    (Neyman-Pearson, randomised at the boundary count to power exactly 1/2); no rule names that
+    rank in ``d`` random steps with a smaller probability.  Where the boundary count is more than
+    half of ``d`` two ranks cannot both pass, so the chance that some rank is named is N times it.
+    A rule that works from any start must have that power after every clean stretch, so each of the
+    ``steps // d`` disjoint runs of ``d`` random steps in a trace adds a fresh chance of a name:
+    a trace is clean with probability at most ``(1 - N level) ** (steps // d)``.
+
+    >>> floor_steps(4), floor_steps(8)
+    (10, 7)
+    """
+    chance = 1 / n
+    for d in range(1, steps + 1):
+        power = level = 0.0
+        for count in range(d, -1, -1):
+            p_late, p_chance = (
+                math.comb(d, count) * p**count * (1 - p) ** (d - count) for p in (share, chance)
+            )
+            if power + p_late >= 0.5:
+                level += (0.5 - power) / p_late * p_chance
+                break
+            power, level = power + p_late, level + p_chance
+        named = n * level if 2 * count > d else level
+        if (1 - named) ** (steps // d) >= clean:
+            return d
+    return steps + 1
+
+
 def late_rows(rows: Sequence[Sequence[float]]) -> list[tuple[float, ...]]:
     return [lateness_of([max(row) - t for t in row]) for row in rows]
 
 
-Judged = tuple[list[int | None], list[int | None], list[Outlook | None]]
+Named = tuple[list[int | None], list[int | None], list[Detection]]  # per step: name, its "since", state
 
 
-def new_rule(late: Sequence[Sequence[float]], n: int, rule: Rule) -> Judged:
-    """The rule and the auto policy's outlooks, as the hook and whatif run them."""
-    state, policy = fresh(n), AutoPolicy(STRAGGLAR, NETWORK)
-    named, since, states = [], [], []
+def new_names(late: Sequence[Sequence[float]], n: int, rule: Rule) -> Named:
+    """The rule, run on each step's figures as they come, as the hook and whatif run it."""
+    state = fresh(n)
+    named: list[int | None] = []
+    since: list[int | None] = []
+    states = []
     for row in late:
         state = observe(rule, state, row)
         states.append(state)
         named.append(state.named)
         since.append(None if state.since is None else state.since - 1)
-    outlooks: list[Outlook | None] = []
+    return named, since, states
+
+
+def new_outlooks(
+    late: Sequence[Sequence[float]], n: int, rule: Rule, states: list[Detection]
+) -> list[Outlook | None]:
+    """The auto policy's outlook at each step, on the rule's state two steps old (the probe's lag)."""
+    policy = AutoPolicy(STRAGGLAR, NETWORK)
     none: dict[str, list[tuple[int, int, float]]] = {"allreduce": [], "stragglar": []}
+    outlooks: list[Outlook | None] = []
     for i in range(len(late)):
         arrived = i - PROBE_LAG + 1
         outlooks.append(
@@ -165,11 +220,11 @@ def new_rule(late: Sequence[Sequence[float]], n: int, rule: Rule) -> Judged:
                 n, late[max(0, arrived - WINDOW) : arrived], rule, states[arrived - 1], None, none
             )
         )
-    return named, since, outlooks
+    return outlooks
 
 
-def old_rule(late: Sequence[Sequence[float]], n: int, rule: Rule) -> Judged:
-    """The window rule it replaced: finds with a new window after each, and auto on the median."""
+def old_names(late: Sequence[Sequence[float]], n: int, rule: Rule) -> Named:
+    """The window rule it replaced: finds with a new window after each."""
     named: list[int | None] = []
     since: list[int | None] = []
     window: collections.deque[int | None] = collections.deque(maxlen=OLD_WINDOW)
@@ -184,6 +239,13 @@ def old_rule(late: Sequence[Sequence[float]], n: int, rule: Rule) -> Judged:
                 window.clear()
         named.append(current)
         since.append(None if current is None else i)
+    return named, since, []
+
+
+def old_outlooks(
+    late: Sequence[Sequence[float]], n: int, rule: Rule, states: list[Detection]
+) -> list[Outlook | None]:
+    """The old auto policy: a bet on the rank with the largest median lateness over the last 4 steps."""
     outlooks: list[Outlook | None] = []
     for i in range(len(late)):
         arrived = i - PROBE_LAG + 1
@@ -194,17 +256,28 @@ def old_rule(late: Sequence[Sequence[float]], n: int, rule: Rule) -> Judged:
         medians = [statistics.median(column) for column in zip(*recent, strict=True)]
         rank = max(range(n), key=medians.__getitem__)
         outlooks.append(Outlook(rank, medians[rank], 1.0, (medians[rank],), NETWORK, NETWORK))
-    return named, since, outlooks
+    return outlooks
 
 
 OLD = "window of 4 (old)"
 NEW = "sequential test (new)"
-RULES: dict[str, Callable[[Sequence[Sequence[float]], int, Rule], Judged]] = {OLD: old_rule, NEW: new_rule}
+Namer = Callable[[Sequence[Sequence[float]], int, Rule], Named]
+Bettor = Callable[[Sequence[Sequence[float]], int, Rule, list[Detection]], list[Outlook | None]]
+RULES: dict[str, tuple[Namer, Bettor]] = {OLD: (old_names, old_outlooks), NEW: (new_names, new_outlooks)}
+
+
+def names(rule: str, rows: list[list[float]], n: int, params: Rule) -> Run:
+    """Who ``rule`` names at each step of ``rows``, with no bets priced (a :class:`Run` without times)."""
+    late = late_rows(rows)
+    named, since, _ = RULES[rule][0](late, n, params)
+    return Run(named, since, 0, 0.0, 0.0, {}, late)
 
 
 def run(rule: str, rows: list[list[float]], n: int, oracle: bool, params: Rule) -> Run:
     late = late_rows(rows)
-    named, since, outlooks = RULES[rule](late, n, params)
+    namer, bettor = RULES[rule]
+    named, since, states = namer(late, n, params)
+    outlooks = bettor(late, n, params, states)
     ring_prof, paper = generated_profile("ring", n), generated_profile(STRAGGLAR, n)
     auto = ring = 0.0
     auto_steps = 0
@@ -264,8 +337,10 @@ def median_or_none(values: Sequence[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def kept(auto: float, oracle: float) -> float | None:
-    return auto / oracle if oracle > 0 else None
+def kept(auto: float, oracle: float, ring: float) -> float | None:
+    """The auto policy's saving as a share of the oracle's; None where the oracle saves under
+    :data:`WORTH` of Ring's time (a share of almost nothing says nothing)."""
+    return auto / oracle if oracle >= WORTH * ring else None
 
 
 def bench(n: int, rule: str, params: Rule) -> Row:
@@ -275,41 +350,53 @@ def bench(n: int, rule: str, params: Rule) -> Row:
     traces = [run(rule, sim.trace([None] * 100), n, oracle=False, params=params) for _ in range(TRACES)]
     clean = sum(all(x is None for x in t.named) for t in traces)
     sim = Arrivals(n, seed + 1)
-    delays, early, early_by, auto_saved, oracle_saved = [], 0, 0, 0.0, 0.0
-    for _ in range(TRIALS):
+    delays, early, early_by = [], 0, 0
+    for _ in range(NAMING_TRIALS):
         who = sim.random_rank()
         truth: Truth = [None] * LEAD + [who] * PERSISTENT
-        result = run(rule, sim.trace(truth), n, oracle=True, params=params)
+        result = names(rule, sim.trace(truth), n, params)
         after = found_after(result, who, LEAD, len(truth))
         delays.append(after if after is not None else PERSISTENT + 1)
         if after is not None:
             since = result.since[LEAD + after - 1]
             early_by = max(early_by, 0 if since is None else LEAD - since)
             early += since is not None and since < LEAD
+    found = [d for d in delays if d <= PERSISTENT]
+    auto_saved, oracle_saved, ring = 0.0, 0.0, 0.0
+    for _ in range(TRIALS):
+        who = sim.random_rank()
+        truth = [None] * LEAD + [who] * PERSISTENT
+        result = run(rule, sim.trace(truth), n, oracle=True, params=params)
+        ring += result.ring
         auto_saved += result.ring - result.auto
         oracle_saved += oracle_saving(result, truth, result.late, n)
-    found = [d for d in delays if d <= PERSISTENT]
     sim = Arrivals(n, seed + 2)
     followed = []
-    for _ in range(TRIALS):
+    for _ in range(NAMING_TRIALS):
         a = sim.random_rank()
         b = sim.random_rank(other_than=a)
         truth = [None] * LEAD + [a] * 60 + [b] * 60
-        result = run(rule, sim.trace(truth), n, oracle=False, params=params)
+        result = names(rule, sim.trace(truth), n, params)
         after = found_after(result, b, LEAD + 60, len(truth))
         followed.append(after if after is not None else 61)
     sim = Arrivals(n, seed + 3)
-    returns, gone, cg_auto, cg_oracle = [], [], 0.0, 0.0
-    for _ in range(TRIALS // 2):
+    returns, gone, cg_auto, cg_oracle, cg_ring = [], [], 0.0, 0.0, 0.0
+    comes_goes = [None] * LEAD + ([0] * 40 + [None] * 40) * 2 + [0] * 40
+    for _ in range(NAMING_TRIALS // 2):
         who = sim.random_rank()
-        truth = [None] * LEAD + ([who] * 40 + [None] * 40) * 2 + [who] * 40
-        result = run(rule, sim.trace(truth), n, oracle=True, params=params)
+        truth = [None if w is None else who for w in comes_goes]
+        result = names(rule, sim.trace(truth), n, params)
         for rank, a, b in episodes(truth):
             after = found_after(result, rank, a, b)
             returns.append(after if after is not None else 41)
             if b < len(truth):
                 away = let_go_after(result, rank, b, b + 40)
                 gone.append(away if away is not None else 41)
+    for _ in range(TRIALS // 2):
+        who = sim.random_rank()
+        truth = [None if w is None else who for w in comes_goes]
+        result = run(rule, sim.trace(truth), n, oracle=True, params=params)
+        cg_ring += result.ring
         cg_auto += result.ring - result.auto
         cg_oracle += oracle_saving(result, truth, result.late, n)
     return Row(
@@ -318,19 +405,26 @@ def bench(n: int, rule: str, params: Rule) -> Row:
         long.auto_steps / RANDOM_STEPS,
         clean / TRACES,
         median_or_none(delays),
-        len(found) / TRIALS,
+        floor_steps(n),
+        len(found) / NAMING_TRIALS,
         early / max(1, len(found)),
         early_by,
-        kept(auto_saved, oracle_saved),
+        kept(auto_saved, oracle_saved, ring),
+        oracle_saved / ring,
         median_or_none(followed),
         median_or_none(returns),
         median_or_none(gone),
-        kept(cg_auto, cg_oracle),
+        kept(cg_auto, cg_oracle, cg_ring),
+        cg_oracle / cg_ring,
     )
 
 
 def _share(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.1%}"
+
+
+def _kept(x: float | None, oracle: float) -> str:
+    return f"n/a (the oracle saves {oracle:.1%})" if x is None else f"{x:.1%}"
 
 
 def _steps(x: float | None) -> str:
@@ -360,13 +454,13 @@ def table(rows: list[Row]) -> str:
             r.rule,
             _share(r.random_auto_share),
             _share(r.random_clean_traces),
-            _steps(r.found_after),
+            f"{_steps(r.found_after)} (floor {r.found_floor})",
             _share(r.found_share),
             f"{_share(r.dated_early)} ({r.dated_early_by})",
-            _share(r.saving_kept),
-            _steps(r.followed_after),
+            _kept(r.saving_kept, r.oracle_saving),
+            f"{_steps(r.followed_after)} (floor {r.found_floor})",
             f"{_steps(r.returns_after)} / {_steps(r.let_go_after)}",
-            _share(r.comes_goes_kept),
+            _kept(r.comes_goes_kept, r.comes_goes_oracle_saving),
         )
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -4,6 +4,7 @@ saved; bad input one line and exit 2; it runs without torch."""
 from __future__ import annotations
 
 import json
+import math
 import random
 import re
 import subprocess
@@ -16,6 +17,7 @@ from click.testing import CliRunner, Result
 from torch_hidden import HIDE_TORCH
 
 from stragglar.cli import cli
+from stragglar.model.detect import Rule
 
 EXAMPLE = Path(__file__).parents[1] / "examples" / "traces" / "two_stages.csv"
 EXAMPLE_OPTIONS = [
@@ -283,6 +285,22 @@ def test_random_lateness_says_there_is_no_persistent_straggler_and_what_chance_g
     assert group["auto_stragglar_steps"] == 0 and group["chance"] == 0.125
 
 
+def test_a_share_no_more_than_chance_says_nobody_can_be_named(tmp_path: Path) -> None:
+    """--share 20% among 4 ranks (chance 25%): being last is no evidence, so the headline says the
+    test can name nobody, not that rank 1 (last at every step) is no persistent straggler."""
+    lines = ["step,rank,time"] + [
+        f"{s},{r},{1000 * s + (40 if r == 1 else 0)}" for s in range(30) for r in range(4)
+    ]
+    path = tmp_path / "four.csv"
+    path.write_text("\n".join(lines) + "\n")
+    result = run(str(path), "--time-unit", "ms", "--share", "0.2")
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[5] == (
+        "  no persistent straggler can be named: --share 20% is no more than chance (25%) among 4 ranks"
+    )
+    assert "persistent straggler: rank 1, from step 0" in run(str(path), "--time-unit", "ms").output
+
+
 def test_a_real_straggler_is_the_headline_and_chance_finds_come_after(tmp_path: Path) -> None:
     """Rank 6 persistently late for 45 steps, then rank 2 for 20 from step 80: the headline names
     rank 2 (the straggler at the end, though named at fewer steps), dated from step 80, with its
@@ -296,7 +314,9 @@ def test_a_real_straggler_is_the_headline_and_chance_finds_come_after(tmp_path: 
     result = run(str(path), "--time-unit", "ms", "--json", "-")
     assert result.exit_code == 0, result.stderr
     out = result.stderr.splitlines()
-    assert out[5].startswith("  persistent straggler: rank 2, from step 80 (named at step 86)"), out[5]
+    rule = Rule()
+    named = 80 + math.ceil(rule.threshold(8) / rule.evidence(8)[0]) - 1  # a last event at every step from 80
+    assert out[5].startswith(f"  persistent straggler: rank 2, from step 80 (named at step {named})"), out[5]
     assert out[6].startswith("  named persistently late before: rank 6 from step 5 until step"), out[6]
     assert "it was last at 20 of 100 steps (20%); chance alone: 12.5%" in out[5]  # rank 2's share
     (group,) = json.loads(result.stdout)["groups"]

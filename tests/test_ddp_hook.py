@@ -38,8 +38,8 @@ Pause = Callable[[], None] | None  # called before the hooked model's backward
 FAST = Network(1e-3, 1e12)  # latency-bound: StragglAR pays for any real lateness at N <= 5
 SLOW = Network(0.0, 500.0)  # 500 B/s: the critical delay of every bucket here is >= 0.3 s
 # A rule that names a rank last at every step (by more than 20 ms) within 6 steps at 2 ranks and 4
-# at 4 (h = ln(N / 0.05), ln(0.95 N) a step), where the default's false alarms at 0.01% of steps
-# need 25 and 10: quick enough for tests of a few steps, and blind to the jitter of shared cores.
+# at 4 (h = 3.26 and 4.03 at false alarms of 5%, ln(0.95 N) a step), where the default needs 23
+# and 10: quick enough for tests of a few steps, and blind to the jitter of shared cores.
 QUICK = Rule(false_alarm=0.05, share=0.95, margin=0.02)
 
 

@@ -10,7 +10,7 @@ import random
 import pytest
 
 from stragglar.errors import ArgumentError, InputError
-from stragglar.model.detect import FALSE_ALARM, Detection, Rule, fresh, observe, recent_lateness
+from stragglar.model.detect import Detection, Rule, fresh, observe, recent_lateness
 
 
 def last_is(rank: int | None, n: int, by: float = 0.03) -> tuple[float, ...]:
@@ -30,10 +30,10 @@ def run(rule: Rule, steps: list[tuple[float, ...]]) -> list[Detection]:
 
 @pytest.mark.parametrize("n", [2, 4, 8, 64])
 def test_a_rank_last_at_every_step_is_named_after_the_steps_its_evidence_needs(n: int) -> None:
-    # by hand: each step with its last event adds ln(share * N); the threshold is ln(N / false alarm)
-    share = 0.75
-    needed = math.ceil(math.log(n / FALSE_ALARM) / math.log(share * n))
-    states = run(Rule(), [last_is(n - 1, n)] * (needed + 3))
+    # by hand: each step with its last event adds ln(share * N) until the score reaches the threshold
+    rule = Rule()
+    needed = math.ceil(rule.threshold(n) / math.log(rule.share * n))
+    states = run(rule, [last_is(n - 1, n)] * (needed + 3))
     assert [s.named for s in states[: needed - 1]] == [None] * (needed - 1)
     assert all(s.named == n - 1 and s.since == 1 for s in states[needed - 1 :])
 
@@ -117,3 +117,13 @@ def test_a_rule_refuses_parameters_the_test_has_no_meaning_for(
 ) -> None:
     with pytest.raises(error, match=words):
         Rule(**kwargs)
+
+
+def test_a_share_at_or_below_chance_names_nobody() -> None:
+    """Last at 20% of steps is no evidence among 4 ranks (chance: 25%): a rank's score would rise at
+    every step it is *not* last, and the ranks never last would be named."""
+    rule = Rule(share=0.2)
+    assert not rule.finds(4) and rule.finds(8)
+    states = run(rule, [last_is(0, 4)] * 400)
+    assert all(s.named is None for s in states) and states[-1].scores == (0.0,) * 4
+    assert run(rule, [last_is(0, 8)] * 40)[-1].named == 0  # among 8 it is evidence

@@ -33,9 +33,10 @@ def test_lateness_is_the_gap_to_the_latest_other_rank() -> None:
 
 
 def test_the_candidate_is_the_rank_the_rule_names_judged_since_its_evidence_began() -> None:
-    # N = 3, false alarms 5%: h = ln 60 = 4.09; a last event adds ln 2.25 = 0.81, a step without
-    # one takes ln(0.25 / (2/3)) = -0.98: six events in a row name a rank
+    # N = 3, false alarms 5%: h = 3.29; a last event adds ln 2.25 = 0.81, a step without one takes
+    # ln(0.25 / (2/3)) = -0.98: five events in a row name a rank
     rule = Rule(false_alarm=0.05)
+    assert rule.threshold(3) == 3.29
     early = [latenesses([0.0, 0.03, 0.03])] * 6  # steps 1-6: rank 0 last by 30 ms
     late = [latenesses([0.03, 0.0, 0.03]), latenesses([0.05, 0.0, 0.05])] * 4  # steps 7-14: rank 1
     late[3] = latenesses([0.0, 0.02, 0.02])  # ... but rank 0 last at step 10
@@ -43,11 +44,11 @@ def test_the_candidate_is_the_rank_the_rule_names_judged_since_its_evidence_bega
     for row in early + late:
         state = observe(rule, state, row)
         states.append(state)
-    # rank 0 named at step 6, let go at step 13: h + 0.81 - 5 * 0.98 = 0.001 after step 12, 0 at 13;
-    # rank 1 named at step 14
-    assert [s.named for s in states] == [None] * 5 + [0] * 7 + [None] + [1]
+    # rank 0 named at step 5, let go at step 12: h - 3 * 0.98 + 0.81 - 2 * 0.98 < 0; rank 1, at
+    # 3 * 0.81 - 0.98 + 2 * 0.81 = 3.07 after step 12, named at step 13
+    assert [s.named for s in states] == [None] * 4 + [0] * 7 + [None] + [1] * 2
     assert states[-1].since == 7
-    assert outlook(rule, states[4], early, None, None, None) is None  # nobody named yet
+    assert outlook(rule, states[3], early, None, None, None) is None  # nobody named yet
     view = outlook(rule, states[-1], early + late, None, None, None)
     # judged over the 8 steps since rank 1's evidence began: last at 7 of them
     assert view is not None and view.candidate == 1 and math.isclose(view.confidence, 7 / 8)

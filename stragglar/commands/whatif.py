@@ -250,7 +250,7 @@ def whatif(
     echo(f"rule: {_rule_words(setting.rule)}", err)
     for group, result in zip(groups, replays, strict=True):
         echo("", err)
-        for line in _group_lines(group, result, per_step):
+        for line in _group_lines(group, result, setting.rule, per_step):
             echo(line, err)
     if json_file is not None:
         dump_json(json_file, _document(trace, fmt, time_unit, setting, groups, replays))
@@ -293,10 +293,13 @@ def _percent(share: float) -> str:
     return f"{share * 100:.3g}%"
 
 
-def _group_lines(group: Group, result: GroupReplay, per_step: bool) -> list[str]:
+def _group_lines(group: Group, result: GroupReplay, rule: Rule, per_step: bool) -> list[str]:
     steps = len(result.steps)
     title = "the trace" if group.name is None else f"group {quoted(group.name)}"
-    lines = [f"{title}: {result.num_ranks} ranks, {count_of(steps, 'step')}", f"  {_verdict(group, result)}"]
+    lines = [
+        f"{title}: {result.num_ranks} ranks, {count_of(steps, 'step')}",
+        f"  {_verdict(group, result, rule)}",
+    ]
     earlier = [e for e in result.episodes if e.until is not None]
     if earlier:
         named = ", ".join(_episode(group, e) for e in earlier)
@@ -333,13 +336,18 @@ def _group_lines(group: Group, result: GroupReplay, per_step: bool) -> list[str]
     return lines
 
 
-def _verdict(group: Group, result: GroupReplay) -> str:
+def _verdict(group: Group, result: GroupReplay, rule: Rule) -> str:
     """The headline: the persistent straggler at the trace's end, or that there is none, with the
     share of steps it (or the rank last most often) was last beside what chance gives."""
     last = f"was last at {result.times_last:,} of {len(result.steps):,} steps ({result.last_share:.0%})"
     chance = f"chance alone: {_percent(result.chance)}"
     now = result.persistent_straggler
     if now is None:
+        if not rule.finds(result.num_ranks):
+            return (
+                f"no persistent straggler can be named: --share {_percent(rule.share)} is no more "
+                f"than chance ({_percent(result.chance)}) among {result.num_ranks} ranks"
+            )
         if result.times_last == 0:
             return "no persistent straggler: no rank was ever last alone"
         when = " at the trace's end" if result.episodes else ""  # the ranks named before follow

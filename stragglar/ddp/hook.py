@@ -65,7 +65,7 @@ class StragglarState:
     When StragglAR runs
         ``policy``: "stragglar" for every bucket, or "auto" for a bucket only where it pays.
         ``network``: the :class:`~stragglar.model.Network` the model prices on (None: fitted).
-        ``detect``: W steps, the recent window the figures are taken over (default 16 under
+        ``detect``: W steps, the recent window the figures are taken over (default 24 under
         "auto"); under "stragglar", any W > 0 also moves the straggler to the rank the rule names.
         ``rule``: the persistent-straggler test's :class:`~stragglar.model.detect.Rule`
         (false-alarm probability per step, the share it is tuned to, the margin in seconds).
@@ -373,7 +373,7 @@ class StragglarState:
 
     def late_ranks(self) -> tuple[RankLateness, ...]:
         """Each rank's :class:`~stragglar.model.detect.RankLateness` over the probe's recent
-        window (``detect``, default 16 steps); empty before the first figures (those of step s
+        window (``detect``, default 24 steps); empty before the first figures (those of step s
         arrive at step s + 2), or where the probe does not run."""
         probe, detection = self.resources.probe, self.learned.detection
         if probe is None or detection is None:

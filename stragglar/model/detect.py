@@ -14,15 +14,18 @@ nobody is late by the margin).
 *The test.*  Each rank keeps a CUSUM score of the log-likelihood ratio of its events between a
 rank last at :attr:`Rule.share` of the steps (a persistent straggler) and one last at chance
 1/N: ``+ln(share N)`` at a step with its event, ``+ln((1 - share) / (1 - 1/N))`` (negative) at a
-step without, never below 0.  A rank is *named* when its score reaches the threshold
-``h = ln(N / false_alarm)``.
+step without, never below 0.  A rank is *named* when its score reaches the threshold ``h``
+(:meth:`Rule.threshold`).  Where ``share`` is at or below chance the test has nothing to find and
+names nobody.
 
-*The false-alarm rate.*  While no rank is last more often than chance, ``exp(score)`` is bounded
-by a nonnegative martingale of mean 1 started afresh at each of its zeros, so at any given step a
-rank's score is at ``h`` or above with probability at most ``exp(-h)`` (Ville's inequality), and
-some rank is with probability at most ``N exp(-h) = false_alarm``: the documented probability
-per step (:data:`FALSE_ALARM`) that the rule names a rank where none is persistently late.  Over
-S steps the expected number of steps with a false name is at most ``S * false_alarm``.
+*The false-alarm rate.*  ``h`` is the lowest score (to a hundredth of a nat) at which, while no
+rank is last more often than chance, some rank's score is at ``h`` at any given step with
+probability at most ``false_alarm``: the documented probability per step (:data:`FALSE_ALARM`)
+that the rule names a rank where none is persistently late.  It is worked out from the chain the
+score follows (:mod:`stragglar.model.threshold`, a proved bound), and never exceeds Ville's
+``ln(N / false_alarm)``, which holds for any test of this kind but is about three times too
+cautious here.  Over S steps the expected number of steps with a rank at ``h`` by chance is at
+most ``S * false_alarm``.
 
 *Change.*  Scores are capped at ``h``: a named rank that stops being late loses its score at the
 rate its events stop, and is no longer named when the score reaches 0 (the straggler went away),
@@ -39,6 +42,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from stragglar.errors import ArgumentError, InputError, described
+from stragglar.model.threshold import lowest_threshold, ville
 
 __all__ = [
     "FALSE_ALARM",
@@ -57,7 +61,7 @@ __all__ = [
 
 FALSE_ALARM = 1e-4  # the probability per step that the rule names a rank where none is persistently late
 SHARE = 0.75  # the share of steps a persistent straggler is last at, that the test is tuned to find
-WINDOW = 16  # recent steps the lateness figures (and the auto policy's confidence) are taken over
+WINDOW = 24  # recent steps the lateness figures (and the auto policy's confidence) are taken over
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,12 +97,25 @@ class Rule:
             raise InputError(f"Rule.margin must be seconds, 0 or more, got {described(self.margin)}")
 
     def threshold(self, num_ranks: int) -> float:
-        """The score at which a rank is named: ``ln(N / false_alarm)``.
+        """The score at which a rank is named: the lowest with the stated false-alarm rate at
+        ``num_ranks`` ranks (Ville's ``ln(N / false_alarm)`` where the test names nobody anyway).
 
-        >>> round(Rule(false_alarm=1e-3).threshold(8), 3)
-        8.987
+        >>> Rule(false_alarm=1e-3).threshold(8), round(ville(8, 1e-3), 2)
+        (7.76, 8.99)
         """
-        return math.log(num_ranks / self.false_alarm)
+        up, down = self.evidence(num_ranks)
+        if not self.finds(num_ranks):
+            return ville(num_ranks, self.false_alarm)
+        return lowest_threshold(num_ranks, self.false_alarm, up, down)
+
+    def finds(self, num_ranks: int) -> bool:
+        """Whether the test can name anybody among ``num_ranks``: only where :attr:`share` is above
+        chance, 1/N (at or below it, being last is no evidence of being persistently late).
+
+        >>> Rule(share=0.2).finds(4), Rule(share=0.2).finds(8)
+        (False, True)
+        """
+        return self.share * num_ranks > 1
 
     def evidence(self, num_ranks: int) -> tuple[float, float]:
         """The score's change at a step with the rank's event and at one without.
@@ -150,7 +167,7 @@ def observe(rule: Rule, detection: Detection, late: Sequence[float]) -> Detectio
     """The state after one more step, with each rank's lateness ``late`` at it.  Steps are
     counted from 1 (:attr:`Detection.steps`, and the step numbers in ``starts`` and ``since``).
 
-    >>> rule, state = Rule(false_alarm=0.01), fresh(8)  # h = ln 800 = 6.68; +1.79 per event
+    >>> rule, state = Rule(false_alarm=0.01), fresh(8)  # h = 5.41 (Ville: ln 800 = 6.68); +1.79 an event
     >>> for s in range(1, 7):  # rank 0 last at steps 1-2, rank 7 from step 3
     ...     state = observe(rule, state, [0.0] * 7 + [0.03] if s > 2 else [0.03] + [0.0] * 7)
     ...     print(s, state.named, state.since)
@@ -162,9 +179,12 @@ def observe(rule: Rule, detection: Detection, late: Sequence[float]) -> Detectio
     6 7 3
     """
     n = len(late)
+    step = detection.steps + 1
+    if not rule.finds(n):
+        return Detection(detection.scores, detection.starts, None, None, step)
     up, down = rule.evidence(n)
     h = rule.threshold(n)
-    event, step = event_rank(rule, late), detection.steps + 1
+    event = event_rank(rule, late)
     scores, starts = [], []
     for rank, (score, start) in enumerate(zip(detection.scores, detection.starts, strict=True)):
         new = min(h, max(0.0, score + (up if rank == event else down)))

@@ -1,0 +1,115 @@
+"""The persistent-straggler test's threshold: the lowest score whose false-alarm rate is proved.
+
+Ville's inequality gives the test (:mod:`stragglar.model.detect`) a threshold ``ln(N / false_alarm)``
+that is always safe, but about three times too cautious: at N = 8 some rank's score sits at that
+threshold at a third of the promised share of steps under chance.  At a few nats of evidence a
+step, that caution costs a step or two before a real straggler is named, which is the difference
+between finding it within 8 steps at N = 8 and not.  So the threshold is worked out instead from
+the chain the score itself follows.
+
+*The chain.*  Under chance a rank has its last event at a step with probability at most 1/N,
+whatever happened before.  Its score then moves by ``up`` with that probability and by ``down``
+(negative) otherwise, kept within ``[0, h]``.  The update is monotone in the score and in the
+event, so a rank last with probability exactly 1/N at every step, independently, is the worst
+case: coupled on one uniform draw a step, its score is never below that of a rank last less
+often.
+
+*On a grid.*  The chain is run on multiples of :data:`GRID` nats with ``up`` rounded up and
+``down`` rounded towards 0, so the grid score is never below the real one: the probability that
+the grid score is at the cap bounds the probability that the real score reaches ``h``.
+
+*A proved bound, not an estimate.*  Started from 0 (every score's start), the probability that the
+score is at the cap grows step by step to the chain's stationary value; started at the cap, it
+falls to it.  The two runs are iterated side by side until they settle the question: a threshold
+passes when the run from the cap (an upper bound for every step) gives at most ``false_alarm /
+N`` per rank, and fails when the run from 0 (a lower bound) already gives more, or when neither
+has settled after :data:`MAX_ITERATIONS`.  The lowest passing multiple of the grid is found by
+bisection and never exceeds Ville's threshold, which is kept where the grid is too coarse to beat
+it.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+__all__ = ["GRID", "MAX_ITERATIONS", "lowest_threshold", "ville"]
+
+GRID = 0.01  # nats: the grid the score's chain is run on (finer: a threshold closer to exact, slower)
+MAX_ITERATIONS = 4000  # steps of the chain before an unsettled threshold counts as failing
+_SLACK = 1e-9  # grid steps added before rounding, so float error in ln() never rounds the wrong way
+
+
+def ville(num_ranks: int, false_alarm: float) -> float:
+    """Ville's threshold, ``ln(N / false_alarm)``: safe for any evidence per step.
+
+    >>> round(ville(8, 1e-3), 3)
+    8.987
+    """
+    return math.log(num_ranks / false_alarm)
+
+
+@functools.lru_cache(maxsize=256)
+def lowest_threshold(num_ranks: int, false_alarm: float, up: float, down: float) -> float:
+    """The lowest score ``h`` (a multiple of :data:`GRID`, or Ville's threshold) at which some rank
+    of ``num_ranks`` reaches ``h`` at a given step with probability at most ``false_alarm`` under
+    chance, for a score that moves by ``up`` (> 0) at a step with the rank's event and by ``down``
+    (< 0) at one without.
+
+    >>> up, down = math.log(0.75 * 8), math.log(0.25 / (1 - 1 / 8))
+    >>> ville(8, 1e-4) - lowest_threshold(8, 1e-4, up, down) > 0.5
+    True
+    """
+    if not (up > 0 > down):
+        raise ValueError(f"the score must rise at an event and fall without one, got {up}, {down}")
+    step_up = math.ceil(up / GRID + _SLACK)
+    step_down = math.ceil(down / GRID + _SLACK)  # towards 0: the grid score stays above the real one
+    per_rank = false_alarm / num_ranks
+    highest = math.ceil(ville(num_ranks, false_alarm) / GRID)
+    lo, hi = 0, highest + 1  # lo fails (a score at 0 is "at" a cap of 0), hi stands for Ville's
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if _passes(mid, step_up, step_down, 1 / num_ranks, per_rank):
+            hi = mid
+        else:
+            lo = mid
+    return ville(num_ranks, false_alarm) if hi > highest else hi * GRID
+
+
+def _passes(cap: int, step_up: int, step_down: int, chance: float, per_rank: float) -> bool:
+    """Whether the grid chain capped at ``cap`` is at the cap with probability at most ``per_rank``
+    at every step, settled by the runs from 0 and from the cap (undecided: False)."""
+    if cap == 0:
+        return False
+    low = np.zeros(cap + 1)
+    high = np.zeros(cap + 1)
+    low[0] = high[cap] = 1.0
+    for _ in range(MAX_ITERATIONS):
+        low, high = _step(low, step_up, step_down, chance), _step(high, step_up, step_down, chance)
+        if high[cap] <= per_rank:
+            return True
+        if low[cap] > per_rank:
+            return False
+    return False
+
+
+def _step(mass: np.ndarray, step_up: int, step_down: int, chance: float) -> np.ndarray:
+    """The score's distribution one step on: up by ``step_up`` (at most to the cap) with
+    probability ``chance``, else down by ``-step_down`` (at least to 0)."""
+    cap = len(mass) - 1
+    after = np.zeros_like(mass)
+    rise, fall = mass * chance, mass * (1 - chance)
+    if step_up >= cap:
+        after[cap] += rise.sum()
+    else:
+        after[step_up:cap] += rise[: cap - step_up]
+        after[cap] += rise[cap - step_up :].sum()
+    drop = -step_down
+    if drop > cap:
+        after[0] += fall.sum()
+    else:
+        after[0] += fall[: drop + 1].sum()
+        after[1 : cap + 1 - drop] += fall[drop + 1 :]
+    return after
