@@ -3,22 +3,36 @@
 A rank's kernel walks its rows in order, every thread block over its own share of every chunk
 (block ``b`` of ``B`` takes the ``b``-th of ``B`` near-equal parts of each chunk, on every rank
 alike), so the blocks of one rank never touch each other's elements and need no barrier between
-them.  Data moves by *push*: a rank writes a chunk of its buffer into a slot of a peer's *inbox*
-(memory of the peer's that only this one write fills in a call), then raises a flag in the peer's
-memory; the peer waits for the flag, then copies or adds the slot into its chunk.  A rank's own
-buffer is touched by itself only, so the synchronous rounds of a schedule (every transfer reads
-the state from before its round) need nothing more than the row order: a round's puts come before
-its landings.
+them.  A transfer moves one of two ways:
+
+* *staged*: the sender writes its chunk into a slot of the receiver's *inbox* (memory of the
+  receiver's that only this one write fills in a call), then raises a flag in the receiver's
+  memory; the receiver waits for the flag, then copies or adds the slot into its chunk.  The slot
+  keeps the value of the sender's round however late the receiver comes, so nothing orders the
+  sender's later writes after the receiver's read;
+* *direct*: no inbox.  A copy is *pushed* (the sender writes its chunk straight into the
+  receiver's chunk, then raises the flag; the receiver only waits), or a copy or a sum is
+  *pulled* (the sender raises the flag; the receiver waits, then reads the sender's chunk by
+  pointer and sets or adds it into its own).  It moves each element once instead of twice, but
+  it is safe only where the schedule's own messages already order the receiver's last use of its
+  chunk before a push, and the sender's next write of its chunk after a pull: the lowering
+  chooses direct transfers only there, and the prover checks every access to every chunk.
+
+The synchronous rounds of a schedule (every transfer reads the state from before its round) need
+nothing more than that and the row order: a round's puts and pushes come before its landings.
 
 Rows are eight integers (:data:`COLUMNS`):
 
 * ``put``: copy chunk ``chunk`` of this rank's buffer into slot ``slot`` of rank ``peer``'s inbox;
 * ``signal``: store :func:`flag_value` of (call, ``ordinal``, ``per_call``) into flag ``flag`` of
-  rank ``peer`` (a release: the puts before it are visible to whoever sees the value);
+  rank ``peer`` (a release: the writes and reads before it are done for whoever sees the value);
 * ``wait``: spin until this rank's flag ``flag`` holds at least that value (an acquire), a wait
   bounded by a clock; ``peer`` is the rank expected to set it (named if it never does);
 * ``copy`` / ``reduce``: set / add inbox slot ``slot`` into chunk ``chunk`` of this rank's buffer
-  (``buffer += received``: the interpreter's operands, so its bits).
+  (``buffer += received``: the interpreter's operands, so its bits);
+* ``push``: copy chunk ``chunk`` of this rank's buffer into chunk ``chunk`` of rank ``peer``'s;
+* ``pull`` / ``pull_reduce``: set / add chunk ``chunk`` of rank ``peer``'s buffer into chunk
+  ``chunk`` of this rank's (``buffer += received`` again).
 
 ``round`` is the schedule's round (across phases) a row belongs to, for error reports.  A flag
 is set ``per_call`` times a call, the ``ordinal``-th time to ``call * per_call + ordinal``
@@ -38,10 +52,25 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["COLUMNS", "COPY", "OPS", "PUT", "REDUCE", "SIGNAL", "WAIT", "DeviceProgram", "flag_value"]
+__all__ = [
+    "COLUMNS",
+    "COPY",
+    "DIRECT",
+    "OPS",
+    "PULL",
+    "PULL_REDUCE",
+    "PUSH",
+    "PUT",
+    "REDUCE",
+    "SIGNAL",
+    "WAIT",
+    "DeviceProgram",
+    "flag_value",
+]
 
-OPS = ("put", "signal", "wait", "copy", "reduce")
-PUT, SIGNAL, WAIT, COPY, REDUCE = range(len(OPS))
+OPS = ("put", "signal", "wait", "copy", "reduce", "push", "pull", "pull_reduce")
+PUT, SIGNAL, WAIT, COPY, REDUCE, PUSH, PULL, PULL_REDUCE = range(len(OPS))
+DIRECT = (PUSH, PULL, PULL_REDUCE)  # the ops that reach a peer's buffer
 COLUMNS = ("op", "round", "peer", "chunk", "slot", "flag", "ordinal", "per_call")
 
 
@@ -66,6 +95,11 @@ class DeviceProgram:
     rows: tuple[np.ndarray, ...]
     phases: tuple[str, ...]
     phase_starts: tuple[int, ...]
+
+    @property
+    def direct(self) -> bool:
+        """Whether any row reaches a peer's buffer (a launch must then give every rank's address)."""
+        return any(bool(np.isin(rows[:, 0], DIRECT).any()) for rows in self.rows if len(rows))
 
     def phase_ends(self, rank: int, done: float) -> tuple[float | None, ...]:
         """A rank's :attr:`~stragglar.runtime.clock.Timeline.phase_done` when its kernel ended at
