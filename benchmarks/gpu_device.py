@@ -4,12 +4,15 @@
 Rows, one per setting: ``n``, ``chunks``, ``size_bytes``, ``dtype``, ``round_us`` (the median
 call over the schedule's rounds), ``copy_efficiency`` (the bytes the schedule reads and writes,
 per second, over a plain device copy's: a chunk copied is read once and written once, a chunk
-reduced is read twice and written once; the engine's own staging through the inboxes is not
-counted, it is what the efficiency pays for), ``late_ratio`` where measured (the late rank
-launched 1 ms late at 64 MiB: the time from its launch to the end over the whole AllReduce with
-nobody late; the hidden phase stays hidden when it is well below 1), ``graph_round_us`` (the
-loopback with CUDA graphs, same setting, float32 only) and ``exact`` (every call's result checked
-on the device against the sum: values distinct per rank and element, exact in the dtype).
+reduced is read twice and written once; a transfer staged through an inbox moves its chunk twice,
+and that is not counted: it is what the efficiency pays for), ``late_ratio`` where measured (the
+late rank launched 1 ms late at 64 MiB: the time from its launch to the end over the whole
+AllReduce with nobody late; the hidden phase stays hidden when it is well below 1),
+``graph_round_us`` (the loopback with CUDA graphs, same setting, float32 only),
+``staged_round_us`` and ``staged_copy_efficiency`` (the same call with every transfer staged,
+``staged=True``, in the N = 8 float32 rows: what the direct transfers gain) and ``exact`` (every
+call's result checked on the device against the sum: values distinct per rank and element, exact
+in the dtype).
 
 Targets (issue 34): per round at N = 8, C = 64, 1 MiB <= 1.5 us; at N = 8, 64 MiB and 256 MiB
 (the paper's C and C = 64) a copy efficiency >= 0.7; exact for N = 3..16 and every dtype; the
@@ -46,6 +49,8 @@ class DeviceRow:
     copy_efficiency: float | None
     late_ratio: float | None
     graph_round_us: float | None
+    staged_round_us: float | None  # every transfer through the inboxes (staged=True), N = 8 float32 rows
+    staged_copy_efficiency: float | None
     exact: bool
 
 
@@ -117,10 +122,23 @@ def device_row(
         xp, sync, n, count, dtype, lambda b: allreduce_local(b, proof, engine="device"), iters
     )
     seconds = statistics.median(times)
-    efficiency = None
-    if size_bytes >= 64 << 20:
-        copy = copy_seconds(xp, sync, n * size_bytes, iters)
-        efficiency = (schedule_bytes(proof, count, itemsize) / seconds) / (2 * n * size_bytes / copy)
+    copy = copy_seconds(xp, sync, n * size_bytes, iters) if size_bytes >= 64 << 20 else None
+    efficiency = None if copy is None else efficiency_of(proof, count, itemsize, seconds, copy, size_bytes)
+    staged = staged_efficiency = None
+    if n == 8 and dtype == "float32":  # the headline rows: direct transfers against staged ones
+        staged_times, staged_exact = timed(
+            xp,
+            sync,
+            n,
+            count,
+            dtype,
+            lambda b: allreduce_local(b, proof, engine="device", staged=True),
+            iters,
+        )
+        exact &= staged_exact
+        staged = statistics.median(staged_times)
+        if copy is not None:
+            staged_efficiency = efficiency_of(proof, count, itemsize, staged, copy, size_bytes)
     late_ratio = None
     if late:
         lates: list[float] = []
@@ -140,9 +158,27 @@ def device_row(
         )
         exact &= graph_exact
         graph = statistics.median(graph_times) * 1e6 / proof.num_rounds
+    per_round = 1e6 / proof.num_rounds
     return DeviceRow(
-        n, c, size_bytes, dtype, seconds * 1e6 / proof.num_rounds, efficiency, late_ratio, graph, exact
+        n,
+        c,
+        size_bytes,
+        dtype,
+        seconds * per_round,
+        efficiency,
+        late_ratio,
+        graph,
+        None if staged is None else staged * per_round,
+        staged_efficiency,
+        exact,
     )
+
+
+def efficiency_of(
+    proof: Proof, count: int, itemsize: int, seconds: float, copy: float, size_bytes: int
+) -> float:
+    """The schedule's bytes a second over a plain copy's of every rank's buffer (read and written)."""
+    return (schedule_bytes(proof, count, itemsize) / seconds) / (2 * proof.num_ranks * size_bytes / copy)
 
 
 def settings(quick: bool) -> list[tuple[int, int | None, int, str, bool]]:
@@ -169,14 +205,15 @@ def device_executor(
 def device_table(rows: list[DeviceRow]) -> str:
     lines = [
         "| N | C | size | dtype | device/round (us) | graphs/round (us) | copy efficiency | late ratio "
-        "| exact |",
-        "|---:|---:|---:|---|---:|---:|---:|---:|---|",
+        "| staged/round (us) | staged copy efficiency | exact |",
+        "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r.n} | {r.chunks} | {r.size_bytes >> 10} KiB | {r.dtype} | {r.round_us:.2f} "
             f"| {_or_dash(r.graph_round_us)} | {_or_dash(r.copy_efficiency)} "
-            f"| {_or_dash(r.late_ratio)} | {'yes' if r.exact else 'NO'} |"
+            f"| {_or_dash(r.late_ratio)} | {_or_dash(r.staged_round_us)} "
+            f"| {_or_dash(r.staged_copy_efficiency)} | {'yes' if r.exact else 'NO'} |"
         )
     return "\n".join([*lines, "", *device_targets(rows)])
 

@@ -56,14 +56,15 @@ static void spin_pause() { std::this_thread::yield(); }
 _HOST_LAUNCH = """
 extern "C" void {entry}(const long long* rows, int row_count, int rank, unsigned long long call,
                         long long count, int num_chunks, long long slot_size, unsigned long long buffer,
-                        const unsigned long long* inboxes, const unsigned long long* flags,
-                        unsigned long long* errors, long long timeout_ns, unsigned blocks) {{
+                        const unsigned long long* buffers, const unsigned long long* inboxes,
+                        const unsigned long long* flags, unsigned long long* errors, long long timeout_ns,
+                        unsigned blocks) {{
     std::vector<std::thread> threads;
     for (unsigned b = 0; b < blocks; ++b)
         threads.emplace_back([=] {{
             gridDim.x = blocks; blockDim.x = 1; blockIdx.x = b; threadIdx.x = 0;
-            {name}(rows, row_count, rank, call, count, num_chunks, slot_size, buffer, inboxes, flags,
-                   errors, timeout_ns);
+            {name}(rows, row_count, rank, call, count, num_chunks, slot_size, buffer, buffers, inboxes,
+                   flags, errors, timeout_ns);
         }});
     for (auto& t : threads) t.join();
 }}
@@ -77,6 +78,7 @@ ARGTYPES = [
     ctypes.c_int,
     ctypes.c_longlong,
     ctypes.c_ulonglong,
+    ctypes.c_void_p,
     ctypes.c_void_p,
     ctypes.c_void_p,
     ctypes.c_void_p,
@@ -135,7 +137,8 @@ class HostRun:
         self.flag_pointers = np.array([pointer(f) for f in self.flags], dtype=np.uint64)
         self.rows = [np.ascontiguousarray(r) for r in program.rows]
 
-    def rank(self, rank: int, buffer: np.ndarray, call: int, timeout_s: float) -> None:
+    def rank(self, rank: int, buffers: np.ndarray, call: int, timeout_s: float) -> None:
+        """Rank ``rank``'s kernel on ``buffers`` (every rank's buffer address, in rank order)."""
         self.entry(
             pointer(self.rows[rank]),
             len(self.rows[rank]),
@@ -144,7 +147,8 @@ class HostRun:
             self.count,
             self.program.num_chunks,
             self.slot_size,
-            pointer(buffer),
+            int(buffers[rank]),
+            pointer(buffers),
             pointer(self.inbox_pointers),
             pointer(self.flag_pointers),
             pointer(self.errors),
@@ -158,8 +162,9 @@ class HostRun:
         """Every rank but ``absent`` runs call number ``call`` on its buffer (word views); the
         error words, one row per rank."""
         self.errors[:] = 0
+        addresses = np.array([pointer(b) for b in buffers], dtype=np.uint64)
         threads = [
-            threading.Thread(target=self.rank, args=(r, buffers[r], call, timeout_s))
+            threading.Thread(target=self.rank, args=(r, addresses, call, timeout_s))
             for r in range(self.program.num_ranks)
             if r not in absent
         ]

@@ -7,6 +7,8 @@ to run on a machine with a GPU (benchmarks/gpu_check.sh)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import pytest
 
@@ -61,9 +63,11 @@ def test_a_rank_never_launched_is_named(monkeypatch: pytest.MonkeyPatch) -> None
     late = proof.schedule.late_rank
     launch = loopback.DeviceLoopback.launch
 
-    def all_but_the_late(self: loopback.DeviceLoopback, rank: int, buffer: int, timeout_s: float) -> None:
+    def all_but_the_late(
+        self: loopback.DeviceLoopback, rank: int, buffers: Sequence[int], timeout_s: float
+    ) -> None:
         if rank != late:
-            launch(self, rank, buffer, timeout_s)
+            launch(self, rank, buffers, timeout_s)
 
     monkeypatch.setattr(loopback.DeviceLoopback, "launch", all_but_the_late)
     monkeypatch.setattr(loopback, "WAIT_TIMEOUT_S", 0.5)

@@ -71,7 +71,7 @@ def ranks_run(
     import cupy
 
     proof = prove(schedule)
-    program = program_for(proof)
+    program = program_for(proof, direct=False)
     results: list[Any] = [None] * schedule.num_ranks
 
     def rank(r: int) -> None:

@@ -1,9 +1,10 @@
 """The device executor's CUDA source without a GPU: compiled to PTX by NVRTC as CuPy compiles it,
 and for the host with g++ (tests/fake_device.py: a host thread per rank and block, flags as
 atomics), where it runs every schedule's proved program exactly as the interpreter does, bit for
-bit, call after call without a reset; a rank that never comes makes the others' waits time out
-with an error word naming the rank, the round and the peer; a program whose flag values are off
-makes it time out rather than sum wrongly."""
+bit, staged through the inboxes and with direct transfers, call after call without a reset; a
+rank that never comes makes the others' waits time out with an error word naming the rank, the
+round and the peer; a program whose flag values are off makes it time out rather than sum
+wrongly."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from nvrtc import compile_ptx, library
 
 from stragglar.runtime.device.kernel import SOURCE, kernel_name
 from stragglar.runtime.device.lowering import lower
+from stragglar.runtime.device.prover import check
 from stragglar.runtime.device.table import WAIT, DeviceProgram
 from stragglar.runtime.kernels import SUMS
 from stragglar.runtime.local import run_local
@@ -91,10 +93,20 @@ def run_on_host(
     return buffers
 
 
-def same(schedule: Schedule, host: ctypes.CDLL, dtype: str, count: int, blocks: int, calls: int = 1) -> None:
+def same(
+    schedule: Schedule,
+    host: ctypes.CDLL,
+    dtype: str,
+    count: int,
+    blocks: int,
+    calls: int = 1,
+    direct: bool = False,
+) -> None:
     data = inputs(schedule.num_ranks, count, dtype, seed=count + schedule.num_ranks)
     want = interpreted(schedule, data, dtype)
-    got = run_on_host(host, lower(compile_schedule(schedule)), data, dtype, blocks, calls)
+    program = lower(compile_schedule(schedule), direct)
+    check(program)
+    got = run_on_host(host, program, data, dtype, blocks, calls)
     for rank, (w, g) in enumerate(zip(want, got, strict=True)):
         assert w.tobytes() == g.tobytes(), (
             schedule.algorithm,
@@ -103,23 +115,29 @@ def same(schedule: Schedule, host: ctypes.CDLL, dtype: str, count: int, blocks: 
             count,
             blocks,
             rank,
+            direct,
         )
 
 
+@pytest.mark.parametrize("direct", [False, True], ids=["staged", "direct"])
 @pytest.mark.parametrize(("index", "algorithm", "n"), [(i, *s) for i, s in enumerate(EVERY_SCHEDULE)])
 def test_every_schedule_runs_exactly_as_the_interpreter(
-    host: ctypes.CDLL, index: int, algorithm: str, n: int
+    host: ctypes.CDLL, index: int, algorithm: str, n: int, direct: bool
 ) -> None:
     """Every algorithm at N = 2..17, the dtypes taken in turn; uneven chunks, 1..3 blocks."""
-    same(synthesize(algorithm, n), host, DTYPES[index % len(DTYPES)], count=5 * n + 3, blocks=1 + index % 3)
+    dtype = DTYPES[index % len(DTYPES)]
+    same(synthesize(algorithm, n), host, dtype, count=5 * n + 3, blocks=1 + index % 3, direct=direct)
 
 
+@pytest.mark.parametrize("direct", [False, True], ids=["staged", "direct"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("n", "chunks"), CHUNKED)
 def test_chunked_schedules_in_every_dtype_are_exact(
-    host: ctypes.CDLL, dtype: str, n: int, chunks: int
+    host: ctypes.CDLL, dtype: str, n: int, chunks: int, direct: bool
 ) -> None:
-    same(synthesize("stragglar", n, chunks=chunks), host, dtype, count=3 * chunks + 1, blocks=2)
+    same(
+        synthesize("stragglar", n, chunks=chunks), host, dtype, count=3 * chunks + 1, blocks=2, direct=direct
+    )
 
 
 @pytest.mark.parametrize("count", [0, 1, 3, 7])
@@ -127,16 +145,18 @@ def test_empty_chunks_and_more_blocks_than_elements(host: ctypes.CDLL, count: in
     same(synthesize("stragglar", 5, chunks=8), host, "float32", count, blocks=4)
 
 
-def test_repeated_calls_need_no_reset(host: ctypes.CDLL) -> None:
+@pytest.mark.parametrize("direct", [False, True], ids=["staged", "direct"])
+def test_repeated_calls_need_no_reset(host: ctypes.CDLL, direct: bool) -> None:
     """Calls 1, 2, 3 on the same flags and inboxes: the flags' values carry the call number."""
-    same(synthesize("ring", 6), host, "float64", count=40, blocks=2, calls=3)
+    same(synthesize("stragglar", 6), host, "float64", count=40, blocks=2, calls=3, direct=direct)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_every_schedule_in_every_dtype(host: ctypes.CDLL, dtype: str) -> None:
     for algorithm, n in EVERY_SCHEDULE:
-        same(synthesize(algorithm, n), host, dtype, count=2 * n + 1, blocks=2)
+        for direct in (False, True):
+            same(synthesize(algorithm, n), host, dtype, count=2 * n + 1, blocks=2, direct=direct)
 
 
 def test_a_rank_that_never_comes_times_out_the_others_naming_it(host: ctypes.CDLL) -> None:

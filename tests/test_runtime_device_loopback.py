@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import pytest
 from fake_device import FakeCuda, host_or_skip, installed
 
-from stragglar.errors import InputError
+from stragglar.errors import ArgumentError, InputError
 from stragglar.runtime import RankError, allreduce_local
 from stragglar.runtime.device import loopback, programs
 from stragglar.runtime.device.lowering import lower
@@ -63,18 +63,22 @@ def interpreted(data: list[np.ndarray], proof: object) -> list[np.ndarray]:
         ("direct", 3, None, "int32"),
     ],
 )
+@pytest.mark.parametrize("staged", [None, True])
 def test_the_device_engine_sums_as_the_interpreter_call_after_call(
-    cuda: FakeCuda, algorithm: str, n: int, chunks: int | None, dtype: str
+    cuda: FakeCuda, algorithm: str, n: int, chunks: int | None, dtype: str, staged: bool | None
 ) -> None:
+    """Direct transfers where safe (the default), and every transfer staged (``staged=True``)."""
     proof = prove(synthesize(algorithm, n, chunks=chunks))
     for call in range(3):  # the same flags and inboxes: nothing reset between calls
         data = buffers(n, 97, dtype, seed=call)
         want = interpreted(data, proof)
-        timelines = allreduce_local(data, proof, engine="device")
+        timelines = allreduce_local(data, proof, engine="device", staged=staged)
         assert [t.rank for t in timelines] == list(range(n))
         for rank, (w, g) in enumerate(zip(want, data, strict=True)):
             assert w.tobytes() == np.array(g).tobytes(), (call, rank)
     assert len(cuda.launches) == 3 * n
+    (program,) = programs._programs.values()  # the one program the calls ran
+    assert program.direct is (staged is None)
 
 
 def test_the_late_rank_is_launched_after_its_delay(cuda: FakeCuda) -> None:
@@ -140,9 +144,11 @@ def test_a_rank_that_never_starts_is_reported_with_round_and_peer(
     late = proof.schedule.late_rank
     launch = loopback.DeviceLoopback.launch
 
-    def all_but_the_late(self: loopback.DeviceLoopback, rank: int, buffer: int, timeout_s: float) -> None:
+    def all_but_the_late(
+        self: loopback.DeviceLoopback, rank: int, buffers: Sequence[int], timeout_s: float
+    ) -> None:
         if rank != late:
-            launch(self, rank, buffer, timeout_s)
+            launch(self, rank, buffers, timeout_s)
 
     monkeypatch.setattr(loopback.DeviceLoopback, "launch", all_but_the_late)
     monkeypatch.setattr(loopback, "WAIT_TIMEOUT_S", 0.3)
@@ -162,6 +168,10 @@ def test_options_that_do_not_apply_are_refused(cuda: FakeCuda) -> None:
         allreduce_local(buffers(3, 4, "float32", 0), proof, engine="device", graphs=True)
     with pytest.raises(InputError, match="unknown engine 'gpu'"):
         allreduce_local(buffers(3, 4, "float32", 0), proof, engine="gpu")
+    with pytest.raises(InputError, match="staged applies to the device engine"):
+        allreduce_local(buffers(3, 4, "float32", 0), proof, staged=True)
+    with pytest.raises(ArgumentError, match="staged must be True or False, got 1"):
+        allreduce_local(buffers(3, 4, "float32", 0), proof, engine="device", staged=1)  # type: ignore[arg-type]
     assert not cuda.launches
 
 

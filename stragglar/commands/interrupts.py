@@ -29,9 +29,10 @@ def ctrl_c_stops_z3() -> Iterator[None]:
     turned off: during ``check()`` it replaced Python's handler and let the signal go unanswered.
     A KeyboardInterrupt raised inside z3's Python glue comes out as another exception (ctypes'
     ArgumentError) or, inside a ``__del__``, not at all: after a Ctrl-C any exception is taken
-    as the interrupt, and the thread signals again while the command still runs.  Main thread
-    only (where signals arrive), never around a command that forks, and not where SIGINT is
-    ignored (a background job).
+    as the interrupt, and the thread signals again while the command still runs.  So is one raised
+    when z3 returns from the interrupt before the handler has run (z3's "unknown" reads as out of
+    time): the thread marks the interrupt before it stops z3.  Main thread only (where signals
+    arrive), never around a command that forks, and not where SIGINT is ignored (a background job).
     """
     if (
         threading.current_thread() is not threading.main_thread()
@@ -54,6 +55,7 @@ def ctrl_c_stops_z3() -> Iterator[None]:
         while not done.is_set():
             ready, _, _ = select.select([reader], [], [], 0.2)
             if ready and signal.SIGINT in reader.recv(64):
+                interrupted.set()  # before z3 stops: its check() may return before our handler runs
                 z3.main_ctx().interrupt()
             elif not ready and interrupted.is_set() and not done.is_set():
                 z3.main_ctx().interrupt()  # z3 was between two check() calls, or the interrupt was lost

@@ -287,7 +287,7 @@ def _run_on_device(
     from stragglar.runtime.device.group import run_device_rank
 
     cupy = launcher()
-    program = program_for(proof)  # proved before its first launch
+    program = program_for(proof, direct=False)  # proved before its first launch; peers' buffers unopened
     pointer, device = address_of(flat)
     queued_work_done(flat, device)
 

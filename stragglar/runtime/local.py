@@ -42,6 +42,7 @@ def allreduce_local(
     late_rank: int | None = None,
     graphs: bool | None = None,
     engine: str = "rounds",
+    staged: bool | None = None,
 ) -> list[Timeline]:
     """Sum ``buffers`` (one array per rank, all in this process) in place, following the schedule.
 
@@ -58,7 +59,10 @@ def allreduce_local(
     ``engine="device"`` runs the whole AllReduce on the GPU instead, one persistent kernel per
     rank (:mod:`~stragglar.runtime.device`), on CuPy arrays or torch CUDA tensors of one GPU
     (CuPy launches the kernels; torch's bfloat16 included); ``"rounds"`` (the default) drives the
-    rounds from the host as above.
+    rounds from the host as above.  The device engine moves a chunk straight between two ranks'
+    buffers where the schedule's own messages make that safe, through the receiver's inbox
+    elsewhere; ``staged=True`` stages every transfer (what ranks in separate processes do, whose
+    buffers are not opened to each other).  ``staged`` applies to the device engine only.
     """
     require_proof(proof)
     check_buffers(buffers)
@@ -70,7 +74,12 @@ def allreduce_local(
             raise InputError(
                 "graphs applies to the rounds engine: the device engine launches one kernel a rank"
             )
-        return _on_device(buffers, proof, delay, late_rank)
+        direct = staged is None or not as_flag(staged, "staged")
+        return _on_device(buffers, proof, delay, late_rank, direct)
+    if staged is not None:
+        raise InputError(
+            "staged applies to the device engine (engine='device'): the rounds engine has no inboxes"
+        )
     if graphs is not None:
         as_flag(graphs, "graphs")
         if not on_gpu:
@@ -90,8 +99,11 @@ def allreduce_local(
     return run_cupy_loopback(cupy, flats, plans, fingerprint, delay, late_rank, graphs is not False)
 
 
-def _on_device(buffers: Sequence[Any], proof: Proof, delay: float, late_rank: int) -> list[Timeline]:
-    """The device engine on ``buffers``: its program proved, then one kernel per rank."""
+def _on_device(
+    buffers: Sequence[Any], proof: Proof, delay: float, late_rank: int, direct: bool
+) -> list[Timeline]:
+    """The device engine on ``buffers``: its program proved (with direct transfers where safe when
+    ``direct``), then one kernel per rank."""
     from stragglar.runtime.device import program_for
     from stragglar.runtime.device.buffers import address_of, check_device_buffer, launcher, queued_work_done
     from stragglar.runtime.device.loopback import run_device_loopback
@@ -106,7 +118,7 @@ def _on_device(buffers: Sequence[Any], proof: Proof, delay: float, late_rank: in
     devices = sorted({device for _, device in addresses})
     if len(devices) > 1:
         raise InputError(f"the device engine runs every rank on one GPU, got buffers on GPUs {devices}")
-    program = program_for(proof)  # proved before its first launch
+    program = program_for(proof, direct)  # proved before its first launch
     queued_work_done(flats[0], devices[0])
     pointers = [pointer for pointer, _ in addresses]
     dtype, fingerprint = dtype_name(flats[0]), proof.schedule.fingerprint

@@ -64,6 +64,8 @@ class DeviceRank:
         device_id: int,
         gather: Gather,
     ) -> None:
+        if program.direct:
+            raise ValueError("a device program with direct rows needs its peers' buffers: lower it staged")
         self.cupy, self.program, self.rank, self.count = cupy, program, rank, count
         self.lock = threading.Lock()
         name = kernel_name(dtype)
@@ -110,7 +112,17 @@ class DeviceRank:
         self.inbox_pointers = cupy.asarray(np.array(inboxes, dtype=np.uint64))
         self.flag_pointers = cupy.asarray(np.array(flag_arrays, dtype=np.uint64))
         self.stream = cupy.cuda.Stream(non_blocking=True)
+        self.buffer_pointers: tuple[int, Any] = (0, None)  # the last buffer, and the kernel's array of it
         self.call = 0
+
+    def _own_buffer(self, buffer: int) -> Any:
+        """Every rank's buffer address as the kernel takes them: this rank's own, 0 for its peers
+        (their buffers are not opened here, so the program has no direct rows)."""
+        if self.buffer_pointers[0] != buffer:
+            addresses = np.zeros(self.program.num_ranks, dtype=np.uint64)
+            addresses[self.rank] = buffer
+            self.buffer_pointers = (buffer, self.cupy.asarray(addresses))
+        return self.buffer_pointers[1]
 
     def run(
         self, buffer: int, straggler_delay: float, late_rank: int, timeout_s: float, gather: Gather
@@ -125,7 +137,7 @@ class DeviceRank:
             time.sleep(straggler_delay)
         arrived = time.perf_counter()
         self.stream.wait_event(self.cupy.cuda.get_current_stream().record())
-        pointers = (self.inbox_pointers, self.flag_pointers, self.errors)
+        pointers = (self._own_buffer(buffer), self.inbox_pointers, self.flag_pointers, self.errors)
         args = kernel_args(
             self.program,
             self.rank,

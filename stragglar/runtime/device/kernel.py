@@ -2,10 +2,13 @@
 
 Every thread block walks all of its rank's rows (:mod:`~stragglar.runtime.device.table`) over its
 own part of each chunk: the ``b``-th of ``B`` near-equal parts, the same on every rank, so a
-block's puts, the flags it raises and the slots it lands concern its part only, and the blocks
-of a rank never wait for each other.  A ``signal`` is a block barrier (every thread's puts are
-done) and a release store by thread 0 into the peer's flag of this block; a ``wait`` is thread
-0 spinning on an acquire load, then a block barrier.  Every spin is bounded: past ``timeout_ns``
+block's puts and pushes, the flags it raises and the slots and chunks it lands concern its part
+only, and the blocks of a rank never wait for each other.  Peers are reached by pointer: their
+inboxes and flags, and for the direct rows their buffers (``buffers``, every rank's address; a
+launch that cannot reach a peer's buffer gives 0 there and runs a program without direct rows).
+A ``signal`` is a block barrier (every thread's puts and reads are done) and a release store by
+thread 0 into the peer's flag of this block; a ``wait`` is thread 0 spinning on an acquire load,
+then a block barrier.  Every spin is bounded: past ``timeout_ns``
 of the device's clock the block claims the rank's error word and writes where it stood (its row,
 the round, the peer it waited for, the value it wanted and the one it saw); the rank's other
 blocks see the claimed word and stop; the host turns the word into a
@@ -58,12 +61,13 @@ __device__ void spin_pause() { __nanosleep(64); }
 """
 
 _KERNEL = r"""
-enum { PUT = 0, SIGNAL = 1, WAIT = 2, COPY = 3, REDUCE = 4 };
+enum { PUT = 0, SIGNAL = 1, WAIT = 2, COPY = 3, REDUCE = 4, PUSH = 5, PULL = 6, PULL_REDUCE = 7 };
 
 template <typename Sum>
 __global__ void run_program(const long long* rows, int row_count, int rank, unsigned long long call,
                             long long count, int num_chunks, long long slot_size,
-                            unsigned long long buffer, const unsigned long long* inboxes,
+                            unsigned long long buffer, const unsigned long long* buffers,
+                            const unsigned long long* inboxes,
                             const unsigned long long* flags, unsigned long long* errors,
                             long long timeout_ns) {
     typedef typename Sum::Word Word;
@@ -113,12 +117,14 @@ __global__ void run_program(const long long* rows, int row_count, int rank, unsi
         const long long start = chunk * base + (chunk < extra ? chunk : extra);
         const long long lo = size * block / blocks, hi = size * (block + 1) / blocks;
         Word* part = mine + start;
-        Word* box = reinterpret_cast<Word*>(inboxes[op == PUT ? peer : rank]) + slot * slot_size;
-        for (long long e = lo + threadIdx.x; e < hi; e += blockDim.x) {
-            if (op == PUT) box[e] = part[e];
-            else if (op == COPY) part[e] = box[e];
-            else part[e] = Sum::add(part[e], box[e]);
-        }
+        Word* other = op >= PUSH
+            ? reinterpret_cast<Word*>(buffers[peer]) + start
+            : reinterpret_cast<Word*>(inboxes[op == PUT ? peer : rank]) + slot * slot_size;
+        Word* to = op == PUT || op == PUSH ? other : part;  // element e of the chunk's part, both
+        const Word* from = op == PUT || op == PUSH ? part : other;
+        const bool add = op == REDUCE || op == PULL_REDUCE;
+        for (long long e = lo + threadIdx.x; e < hi; e += blockDim.x)
+            to[e] = add ? Sum::add(to[e], from[e]) : from[e];
     }
 }
 """
@@ -140,14 +146,14 @@ def kernel_args(
     count: int,
     slot_size: int,
     buffer: int,
-    pointers: tuple[Any, Any, Any],
+    pointers: tuple[Any, Any, Any, Any],
     timeout_s: float,
 ) -> tuple[Any, ...]:
     """``run_program``'s arguments, in its order and C types, for rank ``rank``'s launch: ``rows``
-    its table on the device, ``pointers`` the device arrays of every rank's inbox and flag
-    addresses and of the error words.  One place for the kernel's signature, whoever launches it
-    (one process or a group)."""
-    inboxes, flags, errors = pointers
+    its table on the device, ``pointers`` the device arrays of every rank's buffer, inbox and
+    flag addresses and of the error words.  One place for the kernel's signature, whoever launches
+    it (one process or a group)."""
+    buffers, inboxes, flags, errors = pointers
     return (
         rows,
         np.int32(len(program.rows[rank])),
@@ -157,6 +163,7 @@ def kernel_args(
         np.int32(program.num_chunks),
         np.int64(slot_size),
         np.uint64(buffer),
+        buffers,
         inboxes,
         flags,
         errors,

@@ -102,13 +102,14 @@ class DeviceLoopback:
         self.inbox_pointers = cupy.asarray(np.array([b.data.ptr for b in self.inboxes], dtype=np.uint64))
         self.flag_pointers = cupy.asarray(np.array([f.data.ptr for f in self.flags], dtype=np.uint64))
         self.streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(n)]
+        self.buffer_pointers: tuple[tuple[int, ...], Any] = ((), None)  # the last buffers, on the device
         self.call = 0
 
-    def launch(self, rank: int, buffer: int, timeout_s: float) -> None:
+    def launch(self, rank: int, buffers: Sequence[int], timeout_s: float) -> None:
         """Rank ``rank``'s kernel on its stream, after the caller's queued work."""
         stream = self.streams[rank]
         stream.wait_event(self.cupy.cuda.get_current_stream().record())
-        pointers = (self.inbox_pointers, self.flag_pointers, self.errors)
+        pointers = (self._buffer_pointers(buffers), self.inbox_pointers, self.flag_pointers, self.errors)
         args = kernel_args(
             self.program,
             rank,
@@ -116,12 +117,19 @@ class DeviceLoopback:
             self.call,
             self.count,
             self.slot_size,
-            buffer,
+            buffers[rank],
             pointers,
             timeout_s,
         )
         with stream:
             self.kernel((self.blocks,), (THREADS,), args)
+
+    def _buffer_pointers(self, buffers: Sequence[int]) -> Any:
+        """Every rank's buffer address on the device, for the direct rows (made again only when
+        the caller's buffers change)."""
+        if self.buffer_pointers[0] != tuple(buffers):
+            self.buffer_pointers = (tuple(buffers), self.cupy.asarray(np.array(buffers, dtype=np.uint64)))
+        return self.buffer_pointers[1]
 
     def run(self, buffers: Sequence[int], straggler_delay: float, late_rank: int) -> list[Timeline]:
         """One call on the buffers at addresses ``buffers`` (one per rank): every rank's kernel,
@@ -130,11 +138,11 @@ class DeviceLoopback:
         self.errors.fill(0)
         timeout = WAIT_TIMEOUT_S + straggler_delay
         start = time.perf_counter()
-        for rank, buffer in enumerate(buffers):
+        for rank in range(len(buffers)):
             if rank != late_rank:
-                self.launch(rank, buffer, timeout)
+                self.launch(rank, buffers, timeout)
         arrived = sleep_until(start + straggler_delay)
-        self.launch(late_rank, buffers[late_rank], timeout)
+        self.launch(late_rank, buffers, timeout)
         for stream in self.streams:
             stream.synchronize()
         done = time.perf_counter()
@@ -191,7 +199,7 @@ def run_device_loopback(
     """AllReduce in place the ``count``-element ``dtype`` buffers at addresses ``buffers`` (one
     per rank, all on device ``device_id``) with ``program``, the proved program of the schedule
     whose fingerprint is ``fingerprint``."""
-    key = (fingerprint, count, dtype, device_id)
+    key = (fingerprint, program.direct, count, dtype, device_id)
     loopback = cached(_loopbacks, key, lambda: DeviceLoopback(cupy, program, count, dtype, device_id), CACHED)
     with loopback.lock:
         return loopback.run(buffers, straggler_delay, late_rank)
