@@ -7,10 +7,17 @@ wait sees does not depend on the call number.  Then the rows of one call are run
 chunk's value is the set of ranks whose contributions it holds; each rank carries a vector
 clock, and a ``wait`` joins the clock of the earliest ``signal`` whose value satisfies it (the
 weakest thing the hardware guarantees: an acquire synchronises with the release it reads).
-Refused, with the row that breaks it:
+Every access to a buffer chunk (a ``put``, ``push`` or ``pull`` reads its source, a landing,
+``push`` or ``pull`` writes its destination, a sum reads it too) is checked against the accesses
+before it (:mod:`~stragglar.runtime.device.prover.race`): a read must have the chunk's last write
+in its past, a write the last write and every read since.  That is what makes a direct transfer
+safe: no inbox holds the sender's value for it, so only happens-before decides what a pull reads
+and what a push overwrites; where it orders every conflicting pair, each chunk's value at each
+read is the one the symbolic run computes, whatever order the hardware takes.  Refused, with the
+row that breaks it:
 
 * a row out of range (an op, peer, chunk, slot or flag that does not exist, a rank sending to
-  itself, an ordinal outside 1..per_call);
+  itself or pushing to or pulling from itself, an ordinal outside 1..per_call);
 * a flag raised by two ranks, or out of its count (an ordinal not its place among its setter's
   raises, a ``per_call`` not the number of raises), or waited on with another count;
 * a ``wait`` nobody ever satisfies (a deadlock), or one naming a peer that is not the flag's
@@ -20,13 +27,19 @@ Refused, with the row that breaks it:
   (a read-after-write race), or landed into another chunk than the one written into it (the
   thread blocks of the two ranks would split the chunk differently: their flags would not
   order each other's elements);
+* a chunk read before its last write is in the reader's past (a read-after-write race: a pull
+  without its wait), or written before its last write (write after write: two unordered
+  pushes) or a read since (write after read: a push into a chunk its owner has yet to send, a
+  sender overwriting a chunk its peer has yet to pull) is in the writer's past;
 * a contribution added twice, or a rank that ends without every rank's contribution to every
   chunk exactly once.
 
-Calls are assumed apart: the host waits for every rank's kernel of a call before it launches
-the next call's (an inbox slot is rewritten by the next call, so that is what makes it safe).
-Thread blocks are lanes: every block runs every row over its own part of each chunk, with flags
-of its own, so a proof of the rows over whole chunks holds for each block's part.
+Calls are assumed apart: the host writes every rank's input before any kernel of a call starts,
+and waits for every rank's kernel of a call before it launches the next call's (the next call
+rewrites inbox slots and pushes into and pulls from chunks, so that is what makes it safe).
+Thread blocks are lanes: every block runs every row over its own part of each chunk (the same
+part on every rank, so a push or pull stays within the block's part), with flags of its own,
+so a proof of the rows over whole chunks holds for each block's part.
 """
 
 from __future__ import annotations
@@ -34,7 +47,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from stragglar.errors import IncorrectError
-from stragglar.runtime.device.table import COPY, OPS, PUT, REDUCE, SIGNAL, WAIT, DeviceProgram, flag_value
+from stragglar.runtime.device.prover.race import Access, ChunkAccesses
+from stragglar.runtime.device.table import (
+    COPY,
+    DIRECT,
+    OPS,
+    PULL,
+    PULL_REDUCE,
+    PUSH,
+    PUT,
+    REDUCE,
+    SIGNAL,
+    WAIT,
+    DeviceProgram,
+    flag_value,
+)
 
 __all__ = ["DeviceProgramError", "check", "refusal"]
 
@@ -103,19 +130,19 @@ def _check_ranges(program: DeviceProgram) -> None:
                 raise DeviceProgramError(f"device program refused: rank {rank} row {index} has op {op}")
             if rnd < 0:
                 raise _fail(program, rank, index, f"has round {rnd}")
-            if not 0 <= peer < n or (peer == rank and op in (PUT, SIGNAL, WAIT)):
+            if not 0 <= peer < n or (peer == rank and op in (PUT, SIGNAL, WAIT, *DIRECT)):
                 raise _fail(program, rank, index, f"names rank {peer} as its peer")
-            if op in (PUT, COPY, REDUCE):
-                owner = peer if op == PUT else rank
-                if not 0 <= chunk < c:
-                    raise _fail(program, rank, index, f"names chunk {chunk} of {c}")
-                if not 0 <= slot < program.inbox_slots[owner]:
-                    raise _fail(program, rank, index, f"names slot {slot} of rank {owner}'s inbox")
-            else:
+            if op in (SIGNAL, WAIT):
                 if not 0 <= flag < program.flags:
                     raise _fail(program, rank, index, f"names flag {flag} of {program.flags}")
                 if not 1 <= ordinal <= per_call:
                     raise _fail(program, rank, index, f"has ordinal {ordinal} outside 1..{per_call}")
+                continue
+            if not 0 <= chunk < c:
+                raise _fail(program, rank, index, f"names chunk {chunk} of {c}")
+            owner = peer if op == PUT else rank
+            if op in (PUT, COPY, REDUCE) and not 0 <= slot < program.inbox_slots[owner]:
+                raise _fail(program, rank, index, f"names slot {slot} of rank {owner}'s inbox")
 
 
 def _setters(program: DeviceProgram) -> dict[tuple[int, int], int]:
@@ -163,20 +190,31 @@ def _setters(program: DeviceProgram) -> dict[tuple[int, int], int]:
     return setters
 
 
+@dataclass
+class _Call:
+    """The state of one call's symbolic run: every rank, every flag's stores, every chunk's accesses."""
+
+    program: DeviceProgram
+    setters: dict[tuple[int, int], int]
+    ranks: list[_Rank]
+    # (holder, flag) -> the (value, clock) of each signal on it so far
+    stores: dict[tuple[int, int], list[tuple[int, list[int]]]] = field(default_factory=dict)
+    accesses: ChunkAccesses = field(default_factory=ChunkAccesses)
+
+
 def _run_call(program: DeviceProgram, setters: dict[tuple[int, int], int]) -> None:
     n, everyone = program.num_ranks, (1 << program.num_ranks) - 1
-    ranks = [_Rank(r, [0] * n, [1 << r] * program.num_chunks) for r in range(n)]
-    stores: dict[tuple[int, int], list[tuple[int, list[int]]]] = {}  # (holder, flag) -> (value, clock)
+    call = _Call(program, setters, [_Rank(r, [0] * n, [1 << r] * program.num_chunks) for r in range(n)])
     tables = [rows.tolist() for rows in program.rows]
     while True:
         moved = False
-        for state in ranks:
-            moved |= _advance(program, state, tables[state.rank], ranks, stores, setters)
-        if all(state.pc == len(tables[state.rank]) for state in ranks):
+        for state in call.ranks:
+            moved |= _advance(call, state, tables[state.rank])
+        if all(state.pc == len(tables[state.rank]) for state in call.ranks):
             break
         if not moved:
-            raise _deadlock(program, ranks, tables)
-    for state in ranks:
+            raise _deadlock(program, call.ranks, tables)
+    for state in call.ranks:
         for chunk, value in enumerate(state.buffer):
             if value != everyone:
                 have = [r for r in range(n) if value >> r & 1]
@@ -186,35 +224,29 @@ def _run_call(program: DeviceProgram, setters: dict[tuple[int, int], int]) -> No
                 )
 
 
-def _advance(
-    program: DeviceProgram,
-    state: _Rank,
-    rows: list[list[int]],
-    ranks: list[_Rank],
-    stores: dict[tuple[int, int], list[tuple[int, list[int]]]],
-    setters: dict[tuple[int, int], int],
-) -> bool:
+def _advance(call: _Call, state: _Rank, rows: list[list[int]]) -> bool:
     """Run ``state``'s rows until one waits for a flag not yet raised; whether any ran."""
-    me, start = state.rank, state.pc
+    program, me, start = call.program, state.rank, state.pc
     while state.pc < len(rows):
         index = state.pc
         op, _, peer, chunk, slot, flag, ordinal, per_call = rows[index]
         if op == WAIT:
             want = flag_value(CALL, ordinal, per_call)
-            if setters.get((me, flag)) != peer:
+            if call.setters.get((me, flag)) != peer:
                 raise _fail(
                     program,
                     me,
                     index,
                     f"waits for rank {peer} on flag {flag}, which rank {peer} never raises",
                 )
-            seen = next((clock for value, clock in stores.get((me, flag), ()) if value >= want), None)
+            seen = next((clock for value, clock in call.stores.get((me, flag), ()) if value >= want), None)
             if seen is None:
                 break
             state.clock = [max(a, b) for a, b in zip(state.clock, seen, strict=True)]
         state.clock[me] += 1
         if op == PUT:
-            target = ranks[peer].inbox
+            _access(call, state, index, me, chunk, writes=False)
+            target = call.ranks[peer].inbox
             if slot in target:
                 other = target[slot]
                 raise _fail(
@@ -226,16 +258,24 @@ def _advance(
                 )
             target[slot] = _Written(state.buffer[chunk], me, index, state.clock[me], chunk)
         elif op == SIGNAL:
-            stores.setdefault((peer, flag), []).append(
+            call.stores.setdefault((peer, flag), []).append(
                 (flag_value(CALL, ordinal, per_call), list(state.clock))
             )
         elif op in (COPY, REDUCE):
-            _land(program, state, index, op, chunk, slot)
+            _into(call, state, index, chunk, _landed(program, state, index, chunk, slot), op == REDUCE)
+        elif op == PUSH:
+            _access(call, state, index, me, chunk, writes=False)
+            _access(call, state, index, peer, chunk, writes=True)
+            call.ranks[peer].buffer[chunk] = state.buffer[chunk]
+        elif op in (PULL, PULL_REDUCE):
+            _access(call, state, index, peer, chunk, writes=False)
+            _into(call, state, index, chunk, call.ranks[peer].buffer[chunk], op == PULL_REDUCE)
         state.pc += 1
     return state.pc > start
 
 
-def _land(program: DeviceProgram, state: _Rank, index: int, op: int, chunk: int, slot: int) -> None:
+def _landed(program: DeviceProgram, state: _Rank, index: int, chunk: int, slot: int) -> int:
+    """The value a landing of ``slot`` into ``chunk`` reads, once its write is in the rank's past."""
     me = state.rank
     written = state.inbox.get(slot)
     if written is None or state.clock[written.writer] < written.time:
@@ -253,13 +293,41 @@ def _land(program: DeviceProgram, state: _Rank, index: int, op: int, chunk: int,
         raise _fail(
             program, me, index, f"lands slot {slot}, written from chunk {written.chunk}, into chunk {chunk}"
         )
-    if op == COPY:
-        state.buffer[chunk] = written.value
+    return written.value
+
+
+def _into(call: _Call, state: _Rank, index: int, chunk: int, value: int, adds: bool) -> None:
+    """Set (a copy, a pull) or add (a reduce, a pull_reduce) ``value`` into the rank's ``chunk``.
+    A sum reads the chunk too, but its write's check covers that read: the same last write must
+    be in the rank's past."""
+    _access(call, state, index, state.rank, chunk, writes=True)
+    if not adds:
+        state.buffer[chunk] = value
         return
-    if state.buffer[chunk] & written.value:
-        twice = [r for r in range(program.num_ranks) if state.buffer[chunk] & written.value >> r & 1]
-        raise _fail(program, me, index, f"adds the contributions of ranks {twice} to chunk {chunk} twice")
-    state.buffer[chunk] |= written.value
+    if state.buffer[chunk] & value:
+        twice = [r for r in range(call.program.num_ranks) if (state.buffer[chunk] & value) >> r & 1]
+        raise _fail(
+            call.program, state.rank, index, f"adds the contributions of ranks {twice} to chunk {chunk} twice"
+        )
+    state.buffer[chunk] |= value
+
+
+def _access(call: _Call, state: _Rank, index: int, owner: int, chunk: int, writes: bool) -> None:
+    """Record this row's read or write of ``owner``'s ``chunk``, refused if it races with one before."""
+    access = Access(state.rank, index, state.clock[state.rank])
+    record = call.accesses.write if writes else call.accesses.read
+    race = record(owner, chunk, access, state.clock)
+    if race is None:
+        return
+    mine, theirs = ("write" if writes else "read"), ("write" if race.earlier_writes else "read")
+    earlier = _where(call.program, race.earlier.rank, race.earlier.row)
+    raise _fail(
+        call.program,
+        state.rank,
+        index,
+        f"{mine}s chunk {chunk} of rank {owner}, which {earlier} {theirs}s, without waiting for a flag "
+        f"raised after that {theirs} (a {mine}-after-{theirs} race)",
+    )
 
 
 def _writer(program: DeviceProgram, holder: int, slot: int) -> tuple[int, int] | None:
