@@ -9,7 +9,7 @@
 #     GPU_CHECK_DIR=/data/gpu-check bash benchmarks/gpu_check.sh  # or in the folder it names
 #
 # What it writes: device.txt (nvidia-smi's view of the GPUs), one log per step and gpu.json.
-# Each step has a time limit (9.3 minutes in all), so that a hung step (a rank waiting forever on
+# Each step has a time limit (9.6 minutes in all), so that a hung step (a rank waiting forever on
 # a peer) cannot hold the machine and the steps after it still run. If the machine has no
 # network, put the wheels it lacks (z3-solver, ...) in .whl/ and they are installed from there.
 # Exits 1 if any step failed, 2 if the wheels would not install.
@@ -45,7 +45,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$out/devi
 step tests 35 python3 -m pytest -q -p no:cacheprovider tests/test_runtime_loopback_gpu_device.py tests/test_runtime_loopback_gpu_kernels.py
 step device-tests 100 python3 -m pytest -q -p no:cacheprovider tests/test_runtime_device_gpu.py
 step loopback 40 python3 benchmarks/bench_gpu.py --quick --iters 3 --parts loopback --json "$out/gpu.json"
-step device 60 python3 benchmarks/bench_gpu.py --quick --iters 3 --parts device_executor --json "$out/gpu.json"
+step device 75 python3 benchmarks/bench_gpu.py --quick --iters 3 --parts device_executor --json "$out/gpu.json"
 step bench-ranks 190 python3 benchmarks/bench_gpu.py --quick --iters 3 --parts p2p,ddp,cupy_nccl --json "$out/gpu.json"
 step run-nccl 40 python3 -m stragglar run --backend nccl --gpus 4 --size 16MiB --delay 20ms --chunks 6 --iters 3
 step ddp-example 50 torchrun --nproc-per-node=4 examples/ddp_torchrun.py --late-rank 3 --delay 50ms --steps 8

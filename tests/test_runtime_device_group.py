@@ -18,6 +18,8 @@ from fake_device import FakeCuda, host_or_skip, installed
 
 from stragglar.runtime import RankError, allreduce_local
 from stragglar.runtime.device import group, program_for
+from stragglar.runtime.device.lowering import lower
+from stragglar.runtime.program import compile_schedule
 from stragglar.schedule import Schedule
 from stragglar.synth import synthesize
 from stragglar.verify import prove
@@ -230,3 +232,11 @@ def test_options_of_the_rounds_engine_are_refused_on_the_device_engine(cuda: Fak
     with pytest.raises(InputError, match="runs on CuPy arrays or torch CUDA tensors"):
         allreduce(np.zeros(8, np.float32), proof, group=group, engine="device")
     assert not cuda.launches
+
+
+def test_a_rank_of_a_group_refuses_a_program_that_reaches_its_peers_buffers() -> None:
+    """A group opens its peers' inboxes and flags, not their buffers: direct rows would write
+    through a null pointer, so such a program is refused before anything is allocated."""
+    program = lower(compile_schedule(synthesize("ring", 3)), direct=True)
+    with pytest.raises(ValueError, match="needs its peers' buffers"):
+        group.DeviceRank(None, program, 0, 12, "float32", 0, lambda values: [])

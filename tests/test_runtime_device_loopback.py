@@ -124,10 +124,10 @@ def test_a_launch_the_device_cannot_hold_at_once_is_refused_before_it_runs(
 def test_a_program_the_prover_refuses_is_never_launched(
     cuda: FakeCuda, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def without_a_wait(ranks: list[RankProgram]) -> object:
-        program = lower(ranks)
+    def without_a_wait(ranks: list[RankProgram], direct: bool) -> object:
+        program = lower(ranks, direct)
         rows = [r.copy() for r in program.rows]
-        rows[0] = np.delete(rows[0], np.flatnonzero(rows[0][:, 0] == WAIT)[0], axis=0)
+        rows[0] = np.delete(rows[0], np.flatnonzero(rows[0][:, 0] == WAIT)[1], axis=0)  # before a partial sum
         return dataclasses.replace(program, rows=tuple(rows))
 
     monkeypatch.setattr(programs, "lower", without_a_wait)

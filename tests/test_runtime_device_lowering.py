@@ -71,3 +71,15 @@ def test_a_transfer_is_keyed_by_its_chunk_round_and_ranks() -> None:
     chosen = landings(compile_schedule(synthesize("stragglar", 4)))
     keys = Counter((t.sender, t.receiver, t.round, t.chunk) for t in chosen)
     assert max(keys.values()) == 1 and all(isinstance(t, Transfer) for t in chosen)
+
+
+@pytest.mark.parametrize("n", [4, 8, 16])
+def test_what_stays_staged_in_the_papers_schedule_is_its_swaps(n: int) -> None:
+    """The README's and docs' account: in the paper's schedule every transfer is direct but the
+    two sides of a swap (two ranks exchanging one chunk in one round), 84 of 98 at N = 8."""
+    chosen = landings(compile_schedule(synthesize("stragglar", n)))
+    moves = {(t.sender, t.receiver, t.round, t.chunk) for t in chosen}
+    staged = [t for t, how in chosen.items() if how is Landing.STAGED]
+    assert staged and all((t.receiver, t.sender, t.round, t.chunk) in moves for t in staged)
+    if n == 8:
+        assert (len(chosen) - len(staged), len(chosen)) == (84, 98)
