@@ -37,6 +37,7 @@ HOST_PRELUDE = r"""
 #define __device__
 #define __shared__
 struct Index { unsigned x, y, z; };
+struct alignas(16) uint4 { unsigned x, y, z, w; };
 static thread_local Index blockIdx, blockDim, gridDim, threadIdx;
 typedef unsigned long long Flag;
 static Flag load_acquire(const Flag* w) { return __atomic_load_n(w, __ATOMIC_ACQUIRE); }

@@ -80,17 +80,33 @@ def interpreted(schedule: Schedule, data: list[np.ndarray], dtype: str) -> list[
 
 
 def run_on_host(
-    host: ctypes.CDLL, program: DeviceProgram, data: list[np.ndarray], dtype: str, blocks: int, calls: int = 1
+    host: ctypes.CDLL,
+    program: DeviceProgram,
+    data: list[np.ndarray],
+    dtype: str,
+    blocks: int,
+    calls: int = 1,
+    offsets: bool = False,
 ) -> list[np.ndarray]:
     """The program run ``calls`` times on fresh copies of ``data`` (the same inboxes and flags,
-    never reset); the last call's buffers, as words."""
+    never reset); the last call's buffers, as words.  ``offsets``: rank r's buffer starts r % 3
+    elements into its memory, so that two ranks' chunks sit at different offsets within 16 bytes."""
     run = HostRun(host, program, data[0].shape[0], dtype, blocks)
     buffers: list[np.ndarray] = []
     for call in range(1, calls + 1):
-        buffers = [words(d, dtype).copy() for d in data]
+        buffers = [_placed(words(d, dtype), r % 3 if offsets else 0) for r, d in enumerate(data)]
         errors = run.call(buffers, call)
         assert not errors[:, 0].any(), errors
     return buffers
+
+
+def _placed(values: np.ndarray, offset: int) -> np.ndarray:
+    """A copy of ``values`` starting ``offset`` elements into memory aligned to 64 bytes."""
+    memory = np.empty(values.nbytes + (offset + 8) * values.itemsize + 64, dtype=np.uint8)
+    start = -memory.ctypes.data % 64 + offset * values.itemsize
+    placed: np.ndarray = memory[start : start + values.nbytes].view(values.dtype)
+    placed[:] = values
+    return placed
 
 
 def same(
@@ -101,12 +117,13 @@ def same(
     blocks: int,
     calls: int = 1,
     direct: bool = False,
+    offsets: bool = False,
 ) -> None:
     data = inputs(schedule.num_ranks, count, dtype, seed=count + schedule.num_ranks)
     want = interpreted(schedule, data, dtype)
     program = lower(compile_schedule(schedule), direct)
     check(program)
-    got = run_on_host(host, program, data, dtype, blocks, calls)
+    got = run_on_host(host, program, data, dtype, blocks, calls, offsets)
     for rank, (w, g) in enumerate(zip(want, got, strict=True)):
         assert w.tobytes() == g.tobytes(), (
             schedule.algorithm,
@@ -138,6 +155,17 @@ def test_chunked_schedules_in_every_dtype_are_exact(
     same(
         synthesize("stragglar", n, chunks=chunks), host, dtype, count=3 * chunks + 1, blocks=2, direct=direct
     )
+
+
+@pytest.mark.parametrize("direct", [False, True], ids=["staged", "direct"])
+@pytest.mark.parametrize("offsets", [False, True], ids=["aligned", "offset"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sixteen_byte_moves_and_the_elements_around_them(
+    host: ctypes.CDLL, dtype: str, offsets: bool, direct: bool
+) -> None:
+    """Parts long enough for the 16-byte moves, with heads and tails of single elements around
+    them; buffers at different offsets within 16 bytes, where chunks move an element at a time."""
+    same(synthesize("stragglar", 5, chunks=6), host, dtype, 6 * 203 + 5, blocks=3, direct=direct, offsets=offsets)
 
 
 @pytest.mark.parametrize("count", [0, 1, 3, 7])

@@ -60,6 +60,44 @@ __device__ void spin_pause() { __nanosleep(64); }
 #endif
 """
 
+_MOVE = r"""
+// Elements lo..hi-1 of from set (or added, Sum's add: to = to + from) into to by the block's
+// threads.  Where both sides are at the same offset within 16 bytes, the middle moves 16 bytes a
+// load and a store (one element a thread and step would leave most of the memory's width idle),
+// the ends an element at a time; elsewhere every element goes alone.
+template <typename Sum>
+__device__ void move(typename Sum::Word* to, const typename Sum::Word* from, long long lo, long long hi,
+                     bool add) {
+    typedef typename Sum::Word Word;
+    const long long width = 16 / sizeof(Word);
+    const unsigned long long at = (unsigned long long)(to + lo) % 16;
+    long long body = lo, vectors = 0;
+    if (width > 1 && at == (unsigned long long)(from + lo) % 16) {
+        body = lo + (long long)((16 - at) % 16 / sizeof(Word));
+        body = body < hi ? body : hi;
+        vectors = (hi - body) / width;
+    }
+    const long long tail = body + vectors * width;
+    for (long long e = lo + threadIdx.x; e < body; e += blockDim.x)
+        to[e] = add ? Sum::add(to[e], from[e]) : from[e];
+    uint4* to_vectors = reinterpret_cast<uint4*>(to + body);
+    const uint4* from_vectors = reinterpret_cast<const uint4*>(from + body);
+    for (long long v = threadIdx.x; v < vectors; v += blockDim.x) {
+        uint4 value = from_vectors[v];
+        if (add) {
+            uint4 sum = to_vectors[v];
+            Word* sums = reinterpret_cast<Word*>(&sum);
+            const Word* values = reinterpret_cast<const Word*>(&value);
+            for (long long k = 0; k < width; ++k) sums[k] = Sum::add(sums[k], values[k]);
+            value = sum;
+        }
+        to_vectors[v] = value;
+    }
+    for (long long e = tail + threadIdx.x; e < hi; e += blockDim.x)
+        to[e] = add ? Sum::add(to[e], from[e]) : from[e];
+}
+"""
+
 _KERNEL = r"""
 enum { PUT = 0, SIGNAL = 1, WAIT = 2, COPY = 3, REDUCE = 4, PUSH = 5, PULL = 6, PULL_REDUCE = 7 };
 
@@ -122,14 +160,12 @@ __global__ void run_program(const long long* rows, int row_count, int rank, unsi
             : reinterpret_cast<Word*>(inboxes[op == PUT ? peer : rank]) + slot * slot_size;
         Word* to = op == PUT || op == PUSH ? other : part;  // element e of the chunk's part, both
         const Word* from = op == PUT || op == PUSH ? part : other;
-        const bool add = op == REDUCE || op == PULL_REDUCE;
-        for (long long e = lo + threadIdx.x; e < hi; e += blockDim.x)
-            to[e] = add ? Sum::add(to[e], from[e]) : from[e];
+        move<Sum>(to, from, lo, hi, op == REDUCE || op == PULL_REDUCE);
     }
 }
 """
 
-SOURCE = SUM_SOURCE + _PRIMITIVES + _KERNEL
+SOURCE = SUM_SOURCE + _PRIMITIVES + _MOVE + _KERNEL
 
 
 def kernel_name(dtype: str) -> str:
