@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from fake_cupy import FakeArray, compiled
 
-from stragglar.runtime.device.kernel import ERROR_WORDS, SOURCE, kernel_name
+from stragglar.runtime.device.kernel import ERROR_WORDS, SOURCE, kernel_name, slot_size
 from stragglar.runtime.device.table import DeviceProgram
 from stragglar.runtime.kernels import SUMS
 
@@ -129,7 +129,7 @@ class HostRun:
     ) -> None:
         self.entry = getattr(library, entry_name(dtype))
         self.program, self.count, self.blocks = program, count, blocks
-        self.slot_size = -(-count // program.num_chunks)
+        self.slot_size = slot_size(count, program.num_chunks, dtype)
         word = SUMS[dtype][1]
         self.inboxes = [np.zeros(max(s * self.slot_size, 1), dtype=word) for s in program.inbox_slots]
         self.flags = [np.zeros(program.flags * blocks, dtype=np.uint64) for _ in program.rows]

@@ -165,7 +165,15 @@ def test_sixteen_byte_moves_and_the_elements_around_them(
 ) -> None:
     """Parts long enough for the 16-byte moves, with heads and tails of single elements around
     them; buffers at different offsets within 16 bytes, where chunks move an element at a time."""
-    same(synthesize("stragglar", 5, chunks=6), host, dtype, 6 * 203 + 5, blocks=3, direct=direct, offsets=offsets)
+    same(
+        synthesize("stragglar", 5, chunks=6),
+        host,
+        dtype,
+        6 * 203 + 5,
+        blocks=3,
+        direct=direct,
+        offsets=offsets,
+    )
 
 
 @pytest.mark.parametrize("count", [0, 1, 3, 7])

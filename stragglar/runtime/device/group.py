@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from stragglar.runtime.clock import Timeline
-from stragglar.runtime.device.kernel import ERROR_WORDS, SOURCE, THREADS, kernel_args, kernel_name
+from stragglar.runtime.device.kernel import ERROR_WORDS, SOURCE, THREADS, kernel_args, kernel_name, slot_size
 from stragglar.runtime.device.loopback import blocks_for, first_failure, resident_blocks
 from stragglar.runtime.device.table import DeviceProgram
 from stragglar.runtime.kernels import SUMS
@@ -75,7 +75,7 @@ class DeviceRank:
         properties = cupy.cuda.runtime.getDeviceProperties(device_id)
         resident = resident_blocks(properties, self.kernel.num_regs, self.kernel.shared_size_bytes, THREADS)
         mine = blocks_for(program, count, resident)
-        self.slot_size = -(-count // program.num_chunks)
+        self.slot_size = slot_size(count, program.num_chunks, dtype)
         self.rows = cupy.asarray(np.ascontiguousarray(program.rows[rank]))
         runtime = cupy.cuda.runtime
         # Inbox and flags come straight from cudaMalloc, not CuPy's pool: a handle names a whole

@@ -31,7 +31,7 @@ import numpy as np
 from stragglar.runtime.device.table import DeviceProgram
 from stragglar.runtime.kernels import SUM_SOURCE, SUMS
 
-__all__ = ["ERROR_WORDS", "SOURCE", "THREADS", "kernel_args", "kernel_name"]
+__all__ = ["ERROR_WORDS", "SOURCE", "THREADS", "kernel_args", "kernel_name", "slot_size"]
 
 THREADS = 512  # threads a block: its part of a chunk is copied with a block-stride loop
 ERROR_WORDS = 8  # per rank: claimed, row, round, peer, flag, wanted, seen, block
@@ -157,7 +157,8 @@ __global__ void run_program(const long long* rows, int row_count, int rank, unsi
         Word* part = mine + start;
         Word* other = op >= PUSH
             ? reinterpret_cast<Word*>(buffers[peer]) + start
-            : reinterpret_cast<Word*>(inboxes[op == PUT ? peer : rank]) + slot * slot_size;
+            : reinterpret_cast<Word*>(inboxes[op == PUT ? peer : rank]) + slot * slot_size
+                  + start % (16 / sizeof(Word));  // the chunk's own offset within 16 bytes
         Word* to = op == PUT || op == PUSH ? other : part;  // element e of the chunk's part, both
         const Word* from = op == PUT || op == PUSH ? part : other;
         move<Sum>(to, from, lo, hi, op == REDUCE || op == PULL_REDUCE);
@@ -166,6 +167,19 @@ __global__ void run_program(const long long* rows, int row_count, int rank, unsi
 """
 
 SOURCE = SUM_SOURCE + _PRIMITIVES + _MOVE + _KERNEL
+
+
+def slot_size(count: int, num_chunks: int, dtype: str) -> int:
+    """Elements of one inbox slot for ``count`` elements of ``dtype`` in ``num_chunks`` chunks: the
+    largest chunk, placed at its own offset within 16 bytes (as in the buffer, so that a staged
+    transfer moves 16 bytes at a time too), in whole 16 bytes.
+
+    >>> slot_size(10, 3, "float32"), slot_size(12, 3, "float32"), slot_size(0, 3, "float64")
+    (8, 8, 2)
+    """
+    width = 16 // int(np.dtype(SUMS[dtype][1]).itemsize)
+    largest = -(-count // num_chunks)
+    return -(-(largest + width - 1) // width) * width
 
 
 def kernel_name(dtype: str) -> str:

@@ -25,7 +25,7 @@ import numpy as np
 
 from stragglar.errors import InputError
 from stragglar.runtime.clock import Timeline, sleep_until
-from stragglar.runtime.device.kernel import ERROR_WORDS, SOURCE, THREADS, kernel_args, kernel_name
+from stragglar.runtime.device.kernel import ERROR_WORDS, SOURCE, THREADS, kernel_args, kernel_name, slot_size
 from stragglar.runtime.device.table import DeviceProgram
 from stragglar.runtime.failures import RankError, failure_phrase
 from stragglar.runtime.kernels import SUMS
@@ -90,7 +90,7 @@ class DeviceLoopback:
         )
         self.blocks = blocks_for(program, count, resident)
         self.count = count
-        self.slot_size = -(-count // program.num_chunks)
+        self.slot_size = slot_size(count, program.num_chunks, dtype)
         word = SUMS[dtype][1]
         n = program.num_ranks
         self.rows = [cupy.asarray(np.ascontiguousarray(r)) for r in program.rows]
