@@ -1,9 +1,10 @@
 """On a real GPU (skipped without CuPy and a CUDA device): the device engine, one persistent
 kernel per rank, bit for bit against the reference interpreter on NumPy for every dtype CuPy has,
-N = 3..16, chunked schedules, call after call; the late rank launched late; a rank whose kernel
-is never launched reported as a RankError naming it.  On CPU the same kernel source runs compiled
-for the host (test_runtime_device_kernel.py, test_runtime_device_loopback.py); this is the check
-to run on a machine with a GPU (benchmarks/gpu_check.sh)."""
+N = 3..16, chunked schedules with direct and with staged transfers, call after call; the late
+rank launched late; a rank whose kernel is never launched reported as a RankError naming it.
+On CPU the same kernel source runs compiled for the host (test_runtime_device_kernel.py,
+test_runtime_device_loopback.py); this is the check to run on a machine with a GPU
+(benchmarks/gpu_check.sh)."""
 
 from __future__ import annotations
 
@@ -35,16 +36,18 @@ def draws(n: int, count: int, dtype: str, seed: int) -> list[np.ndarray]:
     return [rng.standard_normal(count).astype(dtype) for _ in range(n)]
 
 
-def same_as_interpreter(n: int, chunks: int | None, dtype: str, count: int, delay: float = 0.0) -> None:
+def same_as_interpreter(
+    n: int, chunks: int | None, dtype: str, count: int, delay: float = 0.0, staged: bool | None = None
+) -> None:
     proof = prove(synthesize("stragglar", n, chunks=chunks))
     for call in range(2):
         host = draws(n, count, dtype, seed=call + n)
         want = [h.copy() for h in host]
         allreduce_local(want, proof)
         device = [cupy.asarray(h) for h in host]
-        allreduce_local(device, proof, delay, engine="device")
+        allreduce_local(device, proof, delay, engine="device", staged=staged)
         for rank, (w, d) in enumerate(zip(want, device, strict=True)):
-            assert w.tobytes() == cupy.asnumpy(d).tobytes(), (n, chunks, dtype, call, rank)
+            assert w.tobytes() == cupy.asnumpy(d).tobytes(), (n, chunks, dtype, call, rank, staged)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -53,9 +56,11 @@ def test_the_device_engine_is_exact_on_the_gpu(dtype: str, n: int) -> None:
     same_as_interpreter(n, None, dtype, 4099)
 
 
+@pytest.mark.parametrize("staged", [None, True], ids=["direct", "staged"])
 @pytest.mark.parametrize(("n", "chunks"), [(8, 64), (5, 12), (16, 40)])
-def test_chunked_schedules_with_a_late_rank(n: int, chunks: int) -> None:
-    same_as_interpreter(n, chunks, "float32", 1 << 20, delay=0.01)
+def test_chunked_schedules_with_a_late_rank(n: int, chunks: int, staged: bool | None) -> None:
+    """Direct transfers where safe (the default) and every transfer staged, a MiB of float32."""
+    same_as_interpreter(n, chunks, "float32", 1 << 20, delay=0.01, staged=staged)
 
 
 def test_a_rank_never_launched_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
