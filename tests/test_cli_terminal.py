@@ -206,24 +206,30 @@ def test_ctrl_c_ends_a_z3_command_in_one_line() -> None:
     assert child.returncode == 130 and err.strip() == "Aborted!" and out == "", (out, err)  # 128 + SIGINT
 
 
-def test_ctrl_c_interrupts_z3_inside_check(monkeypatch: pytest.MonkeyPatch) -> None:
-    """z3's check() is one long C call, in which Python cannot run its SIGINT handler."""
-    import threading
-
+def pigeons(timeout_ms: int) -> Any:
+    """A z3 solver of 13 pigeons in 12 holes: unsat, and minutes for z3 (11 in 10: 5 s)."""
     import z3
 
-    from stragglar.commands.interrupts import ctrl_c_stops_z3
-
-    holes = 12  # 13 pigeons in 12 holes: unsat, and minutes for z3 (11 in 10: 5 s)
+    holes = 12
     var = [[z3.Bool(f"p{i}_{h}") for h in range(holes)] for i in range(holes + 1)]
     solver = z3.Solver()
-    solver.set("timeout", 60_000)  # without the fix the test fails after a minute, never hangs
+    solver.set("timeout", timeout_ms)
     for row in var:
         solver.add(z3.Or(row))
     for h in range(holes):
         for i in range(holes + 1):
             for j in range(i):
                 solver.add(z3.Not(z3.And(var[i][h], var[j][h])))
+    return solver
+
+
+def test_ctrl_c_interrupts_z3_inside_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """z3's check() is one long C call, in which Python cannot run its SIGINT handler."""
+    import threading
+
+    from stragglar.commands.interrupts import ctrl_c_stops_z3
+
+    solver = pigeons(60_000)  # without the fix the test fails after a minute, never hangs
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
@@ -231,6 +237,26 @@ def test_ctrl_c_interrupts_z3_inside_check(monkeypatch: pytest.MonkeyPatch) -> N
         with pytest.raises(KeyboardInterrupt), ctrl_c_stops_z3():
             solver.check()
         assert time.perf_counter() - start < 5.0
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_an_ignored_ctrl_c_leaves_z3_alone() -> None:
+    """Where SIGINT is ignored (a background job), z3's own handler used to answer it anyway: the
+    call came back "unknown" and the command said z3 ran out of time (exit 3)."""
+    import threading
+
+    import z3
+
+    from stragglar.commands.interrupts import ctrl_c_stops_z3
+
+    solver = pigeons(2_000)
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+        with ctrl_c_stops_z3():
+            verdict = solver.check()
+        assert verdict == z3.unknown and solver.reason_unknown() == "timeout", solver.reason_unknown()
     finally:
         signal.signal(signal.SIGINT, previous)
 

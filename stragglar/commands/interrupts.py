@@ -26,7 +26,9 @@ def ctrl_c_stops_z3() -> Iterator[None]:
     last minutes: the handler would wait for it.  The signal also wakes a thread through
     :func:`signal.set_wakeup_fd`; that thread asks z3 to stop (``interrupt``, z3's own way),
     ``check()`` returns, and the KeyboardInterrupt follows at once.  z3's own Ctrl-C handling is
-    turned off: during ``check()`` it replaced Python's handler and let the signal go unanswered.
+    turned off, everywhere: during ``check()`` it replaced Python's handler and let the signal go
+    unanswered, and where SIGINT is ignored (a background job) it still cancelled the call, which
+    then read as out of time (exit 3).
     A KeyboardInterrupt raised inside z3's Python glue comes out as another exception (ctypes'
     ArgumentError) or, inside a ``__del__``, not at all: after a Ctrl-C any exception is taken
     as the interrupt, and the thread signals again while the command still runs.  So is one raised
@@ -34,15 +36,15 @@ def ctrl_c_stops_z3() -> Iterator[None]:
     time): the thread marks the interrupt before it stops z3.  Main thread only (where signals
     arrive), never around a command that forks, and not where SIGINT is ignored (a background job).
     """
+    import z3
+
+    z3.set_param("ctrl_c", False)  # always: where SIGINT is ignored, z3's handler would answer it
     if (
         threading.current_thread() is not threading.main_thread()
         or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
     ):
         yield
         return
-    import z3
-
-    z3.set_param("ctrl_c", False)
     interrupted = threading.Event()
     done = threading.Event()
 
