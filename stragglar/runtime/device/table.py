@@ -48,6 +48,7 @@ before a program is first launched; the lowering that writes it
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -96,9 +97,10 @@ class DeviceProgram:
     phases: tuple[str, ...]
     phase_starts: tuple[int, ...]
 
-    @property
+    @functools.cached_property
     def direct(self) -> bool:
-        """Whether any row reaches a peer's buffer (a launch must then give every rank's address)."""
+        """Whether any row reaches a peer's buffer (a launch must then give every rank's address);
+        worked out once, as launches ask it every call."""
         return any(bool(np.isin(rows[:, 0], DIRECT).any()) for rows in self.rows if len(rows))
 
     def phase_ends(self, rank: int, done: float) -> tuple[float | None, ...]:
