@@ -206,3 +206,14 @@ def test_a_tag_past_the_channels_is_refused_before_any_data_moves() -> None:
             allreduce(np.zeros(3), PROOF, tag=tag)
     with pytest.raises(ArgumentError, match="cannot allreduce a ndarray across processes"):
         allreduce(np.zeros(3), PROOF, tag=16383)
+
+
+def test_a_rule_that_could_name_nobody_is_refused_at_the_first_step() -> None:
+    """Last at 20% of steps is no evidence among 4 ranks (chance: 25%): the hook would measure
+    every step and never name anyone, so it says so instead."""
+    pytest.importorskip("torch")
+    from stragglar.ddp import StragglarState
+
+    state = StragglarState(policy="auto", rule=Rule(share=0.2))
+    with pytest.raises(InputError, match=r"a share of 0.2 is no more than chance \(1/4\) among 4 ranks"):
+        state.new_step(4)

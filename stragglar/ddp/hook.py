@@ -340,6 +340,11 @@ class StragglarState:
             return
         probe = self.resources.probe
         if probe is None:
+            if not self.rule.finds(world_size):
+                raise InputError(
+                    f"StragglarState.rule: a share of {self.rule.share:g} is no more than chance "
+                    f"(1/{world_size}) among {world_size} ranks: the test could name nobody"
+                )
             window = self.detect or WINDOW
             group = self.process_group
             ranks = None if group is None else dist.get_process_group_ranks(group)
