@@ -82,12 +82,18 @@ Truth = list[int | None]  # per step: the persistent straggler, None outside its
 
 
 @dataclass(frozen=True)
-class Run:
-    """What one rule did over one simulated trace: who it named at each step (on that step's
-    figures), when each name's evidence began, and the auto policy's and the Ring's time."""
+class Naming:
+    """Who one rule named at each step of one simulated trace (on that step's figures), and when
+    each name's evidence began."""
 
     named: list[int | None]
     since: list[int | None]  # per step, for the named rank: the step (0-based) its evidence began
+
+
+@dataclass(frozen=True)
+class Run:
+    """The auto policy's and the Ring's time over one simulated trace, and what the oracle needs."""
+
     auto_steps: int
     auto: float
     ring: float
@@ -266,17 +272,16 @@ Bettor = Callable[[Sequence[Sequence[float]], int, Rule, list[Detection]], list[
 RULES: dict[str, tuple[Namer, Bettor]] = {OLD: (old_names, old_outlooks), NEW: (new_names, new_outlooks)}
 
 
-def names(rule: str, rows: list[list[float]], n: int, params: Rule) -> Run:
-    """Who ``rule`` names at each step of ``rows``, with no bets priced (a :class:`Run` without times)."""
-    late = late_rows(rows)
-    named, since, _ = RULES[rule][0](late, n, params)
-    return Run(named, since, 0, 0.0, 0.0, {}, late)
+def names(rule: str, rows: list[list[float]], n: int, params: Rule) -> Naming:
+    """Who ``rule`` names at each step of ``rows``, no bet priced."""
+    named, since, _ = RULES[rule][0](late_rows(rows), n, params)
+    return Naming(named, since)
 
 
 def run(rule: str, rows: list[list[float]], n: int, oracle: bool, params: Rule) -> Run:
     late = late_rows(rows)
     namer, bettor = RULES[rule]
-    named, since, states = namer(late, n, params)
+    _, _, states = namer(late, n, params)
     outlooks = bettor(late, n, params, states)
     ring_prof, paper = generated_profile("ring", n), generated_profile(STRAGGLAR, n)
     auto = ring = 0.0
@@ -296,7 +301,7 @@ def run(rule: str, rows: list[list[float]], n: int, oracle: bool, params: Rule) 
             auto += priced(paper, seconds, choice.straggler, BUCKET, NETWORK)
         for r in fixed:
             fixed[r].append(ring_time - priced(paper, seconds, r, BUCKET, NETWORK))
-    return Run(named, since, auto_steps, auto, ring, fixed, late)
+    return Run(auto_steps, auto, ring, fixed, late)
 
 
 def episodes(truth: Truth) -> list[tuple[int, int, int]]:
@@ -324,12 +329,12 @@ def oracle_saving(result: Run, truth: Truth, late: Sequence[Sequence[float]], n:
     return saved
 
 
-def found_after(result: Run, rank: int, start: int, end: int) -> int | None:
+def found_after(result: Naming, rank: int, start: int, end: int) -> int | None:
     """Steps from ``start`` until the rule names ``rank`` (1: at once); None: not before ``end``."""
     return next((i - start + 1 for i in range(start, end) if result.named[i] == rank), None)
 
 
-def let_go_after(result: Run, rank: int, end: int, stop: int) -> int | None:
+def let_go_after(result: Naming, rank: int, end: int, stop: int) -> int | None:
     return next((i - end + 1 for i in range(end, stop) if result.named[i] != rank), None)
 
 
@@ -366,10 +371,10 @@ def bench(n: int, rule: str, params: Rule) -> Row:
     for _ in range(TRIALS):
         who = sim.random_rank()
         truth = [None] * LEAD + [who] * PERSISTENT
-        result = run(rule, sim.trace(truth), n, oracle=True, params=params)
-        ring += result.ring
-        auto_saved += result.ring - result.auto
-        oracle_saved += oracle_saving(result, truth, result.late, n)
+        times = run(rule, sim.trace(truth), n, oracle=True, params=params)
+        ring += times.ring
+        auto_saved += times.ring - times.auto
+        oracle_saved += oracle_saving(times, truth, times.late, n)
     sim = Arrivals(n, seed + 2)
     followed = []
     for _ in range(NAMING_TRIALS):
@@ -395,10 +400,10 @@ def bench(n: int, rule: str, params: Rule) -> Row:
     for _ in range(TRIALS // 2):
         who = sim.random_rank()
         truth = [None if w is None else who for w in comes_goes]
-        result = run(rule, sim.trace(truth), n, oracle=True, params=params)
-        cg_ring += result.ring
-        cg_auto += result.ring - result.auto
-        cg_oracle += oracle_saving(result, truth, result.late, n)
+        times = run(rule, sim.trace(truth), n, oracle=True, params=params)
+        cg_ring += times.ring
+        cg_auto += times.ring - times.auto
+        cg_oracle += oracle_saving(times, truth, times.late, n)
     return Row(
         n,
         rule,
