@@ -204,6 +204,21 @@ class FakeCuda:
             getDeviceProperties=lambda device: self.attributes,
         )
 
+    def base_of(self, address: int) -> int:
+        """The start of the allocation holding ``address`` (the driver's cuMemGetAddressRange)."""
+        for base, memory in self.allocations.items():
+            if base <= address < base + memory.nbytes:
+                return base
+        raise RuntimeError(f"CUDA_ERROR_NOT_FOUND: no allocation holds {address:#x}")
+
+    def buffer(self, values: np.ndarray, offset: int = 16) -> DeviceArray:
+        """A device buffer holding ``values``, ``offset`` bytes into an allocation of its own."""
+        base = self.malloc(values.nbytes + offset + 16)
+        memory = self.allocations[base][offset : offset + values.nbytes]
+        array: DeviceArray = memory.view(values.dtype).view(DeviceArray)
+        array[...] = values
+        return array
+
     def malloc(self, nbytes: int) -> int:
         memory = np.empty(nbytes, dtype=np.uint8)
         self.allocations[int(memory.ctypes.data)] = memory
@@ -312,11 +327,17 @@ H200 = {  # what a Hopper GPU says of itself (132 multiprocessors)
 def installed(
     monkeypatch: pytest.MonkeyPatch, library: ctypes.CDLL, attributes: dict[str, int] | None = None
 ) -> Iterator[FakeCuda]:
-    """The stand-in in ``sys.modules["cupy"]``, with empty caches of device loopbacks and ranks."""
-    from stragglar.runtime.device import group, loopback
+    """The stand-in in ``sys.modules["cupy"]``, with empty caches of device loopbacks, ranks and
+    registrations, and the driver's allocation lookup answered from the stand-in's allocations."""
+    from stragglar.runtime.device import group, ipc, loopback, shared
 
     fake = FakeCuda(dict(H200 if attributes is None else attributes))
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy(fake, library))
     monkeypatch.setattr(loopback, "_loopbacks", type(loopback._loopbacks)())
     monkeypatch.setattr(group, "_ranks", type(group._ranks)())
+    monkeypatch.setattr(shared, "_registry", {})
+    monkeypatch.setattr(shared, "_numbers", {})
+    monkeypatch.setattr(ipc, "OPENINGS", ipc.Openings())
+    monkeypatch.setattr(shared, "OPENINGS", ipc.OPENINGS)
+    monkeypatch.setattr(shared, "allocation_base", fake.base_of)
     yield fake

@@ -103,23 +103,29 @@ def test_torch_cuda_tensors_bfloat16_included(dtype: str) -> None:
 
 
 def device_rank(rank: int, world: int) -> bool:
-    """A rank of its own process on a torch NCCL group: the device engine, twice, exact."""
+    """A rank of its own process on a torch NCCL group: the device engine, twice on fresh tensors
+    (staged), then twice on a registered one (direct transfers), exact."""
     import torch
 
+    from stragglar.runtime import register_buffer
+
     proof = prove(synthesize("stragglar", world, chunks=2 * world))
-    for call in range(2):
-        base = torch.arange(10_000, dtype=torch.float32, device="cuda") % 97
-        tensor = base * world + rank + call
-        allreduce(tensor, proof, timeout=60, engine="device")
-        want = base * world * world + world * (world - 1) // 2 + world * call
-        if not torch.equal(tensor, want):
-            raise AssertionError(f"rank {rank} call {call}: {int((tensor != want).sum())} wrong elements")
+    base = torch.arange(10_000, dtype=torch.float32, device="cuda") % 97
+    kept = torch.empty_like(base)
+    with register_buffer(kept, timeout=60):
+        for call in range(4):
+            tensor = base * world + rank + call if call < 2 else kept.copy_(base * world + rank + call)
+            allreduce(tensor, proof, timeout=60, engine="device")
+            want = base * world * world + world * (world - 1) // 2 + world * call
+            if not torch.equal(tensor, want):
+                raise AssertionError(f"rank {rank} call {call}: {int((tensor != want).sum())} wrong elements")
     return True
 
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_processes_sharing_one_gpu_over_ipc_handles(world: int) -> None:
-    """Ranks as processes on one GPU (their kernels time-slice: a correctness check, not a timing)."""
+    """Ranks as processes on one GPU (their kernels time-slice: a correctness check, not a timing),
+    on their inboxes and on registered buffers."""
     pytest.importorskip("torch")
     from stragglar.measure.launch import launch
 

@@ -34,7 +34,16 @@ from stragglar.measure.launch import launch
 from stragglar.measure.links import pace_links
 from stragglar.measure.timing import Figures, Series, iteration_figures, turn
 from stragglar.model import schedule_name
-from stragglar.runtime import RankError, Timeline, allreduce, classify, first_line, heartbeat, poll
+from stragglar.runtime import (
+    RankError,
+    Timeline,
+    allreduce,
+    classify,
+    first_line,
+    heartbeat,
+    poll,
+    register_buffer,
+)
 from stragglar.verify import Proof
 
 __all__ = ["torch_figures"]
@@ -70,7 +79,9 @@ def torch_figures(
     ``engine``: ``"gloo"`` or ``"nccl"`` (ranks placed on ``gpus`` GPUs; ``graphs=False``: their
     stream-ordered rounds launched eagerly every call, not replayed from CUDA graphs).
     ``on_device`` (nccl): each rank's AllReduce one kernel launch (``engine="device"`` of
-    :func:`~stragglar.runtime.allreduce`), NCCL carrying only the headers and IPC handles."""
+    :func:`~stragglar.runtime.allreduce`) on a buffer registered once
+    (:func:`~stragglar.runtime.register_buffer`: direct transfers), NCCL carrying only the
+    headers and IPC handles."""
     want = expected(count, num_ranks, dtype)  # once, before the fork: the ranks share its pages
     args = (
         proofs,
@@ -138,33 +149,37 @@ def _rank(
         else {"stream_ordered": on_gpu, "graphs": graphs if on_gpu else None}
     )
     baseline: list[float] = []
-    for it in range(runs):
-        for entry in turn(it, len(proofs) + 1):
-            buf.copy_(source)
-            if entry < len(proofs):
-                what = names[entry]
-                with _engine(rank, f"in the barrier before {what} in iteration {it}"):
-                    dist.barrier()
-                line = allreduce(
-                    buf,
-                    proofs[entry],
-                    straggler_delay=delay,
-                    timeout=timeout,
-                    late_rank=late_rank,
-                    **engine_options,
-                )
-                if on_gpu and not on_device:  # the rounds were queued: the rank is done when its stream is
-                    done = _stream_done(rank, timeout + delay, f"running {what} in iteration {it}")
-                    line = Timeline(line.rank, line.start, line.arrived, (None,) * len(line.phase_done), done)
-                timelines[entry].append(line)
-            else:
-                what = f"{engine}'s all_reduce"
-                with _engine(rank, f"in the barrier before {what} of iteration {it}"):
-                    dist.barrier()
-                during = f"{what} of iteration {it}"
-                baseline.append(_all_reduce(rank, buf, delay, late_rank, during, timeout))
-            heartbeat()
-            check_result(buf, want, rank, what, _host)
+    # the device engine's buffer registered once: its calls then reach the peers' buffers directly
+    with register_buffer(buf, timeout=timeout) if on_device else contextlib.nullcontext():
+        for it in range(runs):
+            for entry in turn(it, len(proofs) + 1):
+                buf.copy_(source)
+                if entry < len(proofs):
+                    what = names[entry]
+                    with _engine(rank, f"in the barrier before {what} in iteration {it}"):
+                        dist.barrier()
+                    line = allreduce(
+                        buf,
+                        proofs[entry],
+                        straggler_delay=delay,
+                        timeout=timeout,
+                        late_rank=late_rank,
+                        **engine_options,
+                    )
+                    if on_gpu and not on_device:  # rounds queued: the rank is done when its stream is
+                        done = _stream_done(rank, timeout + delay, f"running {what} in iteration {it}")
+                        line = Timeline(
+                            line.rank, line.start, line.arrived, (None,) * len(line.phase_done), done
+                        )
+                    timelines[entry].append(line)
+                else:
+                    what = f"{engine}'s all_reduce"
+                    with _engine(rank, f"in the barrier before {what} of iteration {it}"):
+                        dist.barrier()
+                    during = f"{what} of iteration {it}"
+                    baseline.append(_all_reduce(rank, buf, delay, late_rank, during, timeout))
+                heartbeat()
+                check_result(buf, want, rank, what, _host)
     return timelines, baseline
 
 

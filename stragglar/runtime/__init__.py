@@ -29,7 +29,7 @@ from stragglar.runtime.arrays import DTYPES
 from stragglar.runtime.channels import MAX_TAG
 from stragglar.runtime.clock import Timeline, poll
 from stragglar.runtime.cupy_nccl import NcclGroup
-from stragglar.runtime.distributed import allreduce, release_graphs
+from stragglar.runtime.distributed import allreduce, register_buffer, release_graphs
 from stragglar.runtime.failures import RankError, classify, failure_phrase, first_line
 from stragglar.runtime.header import MismatchError, ranks_in_words
 from stragglar.runtime.layout import Layout
@@ -56,6 +56,7 @@ __all__ = [
     "plan_for",
     "poll",
     "ranks_in_words",
+    "register_buffer",
     "release_graphs",
     "rounds_without",
     "send_to_launcher",

@@ -38,6 +38,7 @@ from stragglar.runtime.device.buffers import (
     on_device,
     queued_work_done,
 )
+from stragglar.runtime.device.shared import Registration, register, registered
 from stragglar.runtime.graphs import Capturing, release, shared
 from stragglar.runtime.header import Header, MismatchError, Problem, make_header, mismatch
 from stragglar.runtime.interpreter import Packing, Transport, run_rank, run_rank_replayed
@@ -45,7 +46,7 @@ from stragglar.runtime.plans import late_rank_for, plan_for
 from stragglar.runtime.program import Plan
 from stragglar.verify import Proof, require_proof
 
-__all__ = ["Engine", "allreduce", "engine_for", "release_graphs"]
+__all__ = ["Engine", "allreduce", "engine_for", "register_buffer", "release_graphs"]
 
 _channels = Channels()
 
@@ -151,7 +152,9 @@ def allreduce(
 
     ``engine="device"`` runs this rank's whole part as one kernel launch on a CuPy array or a
     torch CUDA tensor, reaching the peers' memory through CUDA IPC handles exchanged once over
-    the group (:mod:`~stragglar.runtime.device.group`); ``stream_ordered``, ``rounds`` and
+    the group (:mod:`~stragglar.runtime.device.group`), with direct transfers between the ranks'
+    buffers where the buffer is registered (:func:`register_buffer`), else every transfer staged
+    through the receiver's inbox; ``stream_ordered``, ``rounds`` and
     ``graphs`` apply to the default engine, ``"rounds"``, only.
 
     ``rounds=(first, stop)`` runs only the schedule's rounds ``first`` to ``stop - 1`` (stop None:
@@ -175,7 +178,10 @@ def allreduce(
     late_rank = late_rank_for(proof.schedule, late_rank, runner.size)
     with runner.stream:
         flat, header, problem = _inspect(data, proof, tag, late_rank, part, runner.sendable)
-        header = header._replace(on_device=int(on_device))
+        registration = _registration(runner, flat) if on_device else None
+        header = header._replace(
+            on_device=int(on_device), registered=0 if registration is None else registration.number
+        )
         # the header is all-gathered where the channel says so, and this rank's own problem raised
         # after the gather, so that its peers raise theirs rather than wait for it
         channel = runner.channel(tag)
@@ -188,7 +194,7 @@ def allreduce(
             if problem is not None:
                 raise problem
             if on_device:
-                return _run_on_device(runner, flat, proof, late_rank, delay, wait, channel)
+                return _run_on_device(runner, flat, proof, late_rank, delay, wait, channel, registration)
             return _run_rounds(runner, flat, proof, tag, part, late_rank, delay, wait, graphs)
 
 
@@ -207,6 +213,40 @@ def engine_for(data: Any, group: Any, stream_ordered: bool, graphs: bool | None)
         f"cannot allreduce a {type(data).__name__} across processes: pass a torch tensor, or an array "
         "with an NcclGroup (allreduce_local takes one array per rank)"
     )
+
+
+def register_buffer(data: Any, group: Any = None, *, timeout: float | None = 300.0) -> Registration:
+    """Register this rank's device buffer ``data`` (a CuPy array with an :class:`NcclGroup`, or a
+    torch CUDA tensor on ``group``, default the world) for ``allreduce(data, ...,
+    engine="device")``: every rank calls it, in the same order, and each rank's buffer is opened in
+    every peer's process once (CUDA IPC), so that the calls on it move chunks straight between the
+    ranks' buffers wherever the schedule allows it, not through the receiver's inbox (a second
+    copy).  Returns the :class:`~stragglar.runtime.device.shared.Registration`: it keeps the buffer
+    alive until it is closed (``close()``, or ``with``), on every rank; a call on any other buffer
+    runs staged.  Every rank raises the same error if any rank cannot register (a buffer in memory
+    CUDA IPC cannot share: an expandable segment of torch's allocator, a stream-ordered pool), if
+    the ranks' buffers differ in dtype or element count, or if a peer does not answer within
+    ``timeout`` seconds."""
+    wait = None if timeout is None else as_seconds(timeout, "timeout", positive=True)
+    check_device_buffer(data)  # refused at once, as allreduce(..., engine="device") refuses it
+    runner = engine_for(data, group, False, None)
+    cupy = launcher()
+    flat, refusal = None, None
+    try:
+        flat = flat_view(data)
+    except (InputError, TypeError) as e:  # not contiguous, a dtype nothing here sums: said after the gather
+        refusal = str(e)
+
+    def gather(values: Sequence[int]) -> list[tuple[int, ...]]:
+        return runner.gather(values, data if flat is None else flat, wait, None)
+
+    with runner.stream:
+        return register(cupy, runner.owner, runner.rank, flat, gather, refusal)
+
+
+def _registration(runner: Engine, flat: Array | None) -> Registration | None:
+    """The open registration of the call's buffer on ``runner``'s group, if any."""
+    return None if flat is None else registered(runner.owner, flat)
 
 
 def release_graphs(group: Any = None) -> int:
@@ -280,14 +320,16 @@ def _run_on_device(
     delay: float,
     wait: float | None,
     channel: int | None,
+    registration: Registration | None,
 ) -> Timeline:
     """This rank's whole part as one kernel launch (:mod:`~stragglar.runtime.device.group`), the
-    IPC handles and each call's error words gathered over ``runner``'s group."""
+    IPC handles and each call's error words gathered over ``runner``'s group; with direct
+    transfers on a ``registration``'s buffer, staged through the inboxes on any other."""
     from stragglar.runtime.device import program_for
     from stragglar.runtime.device.group import run_device_rank
 
     cupy = launcher()
-    program = program_for(proof, direct=False)  # proved before its first launch; peers' buffers unopened
+    program = program_for(proof, direct=registration is not None)  # proved before its first launch
     pointer, device = address_of(flat)
     queued_work_done(flat, device)
 
@@ -310,6 +352,7 @@ def _run_on_device(
         late_rank,
         timeout,
         gather,
+        registration,
     )
 
 

@@ -86,6 +86,7 @@ class Header(NamedTuple):
     first: int  # the first round this call runs
     stop: int  # the round it stops before, -1: the end
     on_device: int = 0  # 1: the device engine (one kernel a call), 0: rounds driven from the host
+    registered: int = 0  # the buffer's registration number on the group, 0: not registered
 
 
 def make_header(
@@ -163,6 +164,11 @@ _FIELDS: tuple[tuple[str, Callable[[Header], Any], Callable[[Header], str]], ...
         "engine",
         lambda h: h.on_device,
         lambda h: "run the device engine" if h.on_device else "run the rounds engine",
+    ),
+    (  # a registered buffer's call reaches its peers' buffers, an unregistered one's their inboxes
+        "registered buffer",
+        lambda h: h.registered,
+        lambda h: f"use registration {h.registered}" if h.registered else "use a buffer not registered",
     ),
 )
 

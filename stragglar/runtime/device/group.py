@@ -12,6 +12,10 @@ rank raise the same :class:`~stragglar.runtime.failures.RankError` (the one whos
 fail itself).  A dead peer process leaves the others' waits to time out on the device, then their
 gather to fail.  Several ranks may share a GPU: their kernels then time-slice (correct, not fast).
 
+A call on a registered buffer (:mod:`~stragglar.runtime.device.shared`) has a state of its own,
+which knows every rank's buffer and so runs direct transfers; its end-of-call gather is also what
+keeps a peer from writing this rank's buffer once its call has returned.
+
 Every rank of a group makes the same calls (the header check sees to it), so the ranks make and
 drop their states together, least recently used first; a dropped state closes the peers' memory
 it opened and frees its own.
@@ -19,6 +23,7 @@ it opened and frees its own.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import weakref
@@ -28,31 +33,26 @@ from typing import Any
 
 import numpy as np
 
+from stragglar.errors import InputError
 from stragglar.runtime.clock import Timeline
+from stragglar.runtime.device.ipc import HANDLE_BYTES, handle_bytes, handle_words
 from stragglar.runtime.device.kernel import ERROR_WORDS, SOURCE, THREADS, kernel_args, kernel_name, slot_size
 from stragglar.runtime.device.loopback import blocks_for, first_failure, resident_blocks
+from stragglar.runtime.device.shared import Registration
 from stragglar.runtime.device.table import DeviceProgram
 from stragglar.runtime.kernels import SUMS
 from stragglar.runtime.plans import cached
 
-__all__ = ["HANDLE_BYTES", "DeviceRank", "Gather", "run_device_rank"]
+__all__ = ["DeviceRank", "Gather", "run_device_rank"]
 
-HANDLE_BYTES = 64  # a CUDA IPC memory handle
 Gather = Callable[[Sequence[int]], list[tuple[int, ...]]]  # every rank's integers, in rank order
-
-
-def handle_words(handle: bytes) -> list[int]:
-    """An IPC handle as signed 64-bit integers (what a header gather carries)."""
-    return [int(w) for w in np.frombuffer(handle, dtype=np.int64)]
-
-
-def handle_bytes(words: Sequence[int]) -> bytes:
-    return np.array(words, dtype=np.int64).tobytes()
 
 
 class DeviceRank:
     """One rank's device state on a group: its program's rows, its inbox, flags and error words,
-    its peers' inboxes and flags opened from their handles, and the number of its last call."""
+    its peers' inboxes and flags opened from their handles, every rank's buffer where the buffer
+    is registered (``addresses``; None: only this rank's, known per call), and the number of its
+    last call."""
 
     def __init__(
         self,
@@ -63,8 +63,9 @@ class DeviceRank:
         dtype: str,
         device_id: int,
         gather: Gather,
+        addresses: Sequence[int] | None = None,
     ) -> None:
-        if program.direct:
+        if program.direct and addresses is None:
             raise ValueError("a device program with direct rows needs its peers' buffers: lower it staged")
         self.cupy, self.program, self.rank, self.count = cupy, program, rank, count
         self.lock = threading.Lock()
@@ -113,12 +114,17 @@ class DeviceRank:
         self.flag_pointers = cupy.asarray(np.array(flag_arrays, dtype=np.uint64))
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.buffer_pointers: tuple[int, Any] = (0, None)  # the last buffer, and the kernel's array of it
+        if addresses is not None:
+            self.buffer_pointers = (addresses[rank], cupy.asarray(np.array(addresses, dtype=np.uint64)))
         self.call = 0
 
     def _own_buffer(self, buffer: int) -> Any:
-        """Every rank's buffer address as the kernel takes them: this rank's own, 0 for its peers
-        (their buffers are not opened here, so the program has no direct rows)."""
+        """Every rank's buffer address as the kernel takes them: a registered buffer's, else this
+        rank's own and 0 for its peers (their buffers are not opened here, so the program has no
+        direct rows)."""
         if self.buffer_pointers[0] != buffer:
+            if self.program.direct:
+                raise ValueError("a registered buffer's state runs on that buffer only")
             addresses = np.zeros(self.program.num_ranks, dtype=np.uint64)
             addresses[self.rank] = buffer
             self.buffer_pointers = (buffer, self.cupy.asarray(addresses))
@@ -191,13 +197,22 @@ def run_device_rank(
     late_rank: int,
     timeout_s: float,
     gather: Gather,
+    registration: Registration | None = None,
 ) -> Timeline:
     """AllReduce this rank's ``count``-element ``dtype`` buffer at address ``buffer`` over the
     group ``owner`` (``gather``: its all-gather of integers) with ``program``; a device wait gives
-    up after ``timeout_s`` (which includes the late rank's delay)."""
-    key = (owner, fingerprint, rank, count, dtype, device_id)
-    state = cached(
-        _ranks, key, lambda: DeviceRank(cupy, program, rank, count, dtype, device_id, gather), CACHED
-    )
-    with state.lock:
-        return state.run(buffer, straggler_delay, late_rank, timeout_s, gather)
+    up after ``timeout_s`` (which includes the late rank's delay).  ``registration``: the buffer's
+    on the group, whose peers' buffers a direct ``program`` reaches (None: ``program`` is staged)."""
+    number, addresses = (0, None) if registration is None else (registration.number, registration.addresses)
+    key = (owner, fingerprint, rank, count, dtype, device_id, number)
+    with contextlib.nullcontext() if registration is None else registration.lock:
+        if registration is not None and not registration.open:
+            raise InputError("the buffer's registration was closed as its call began")
+        state = cached(
+            _ranks,
+            key,
+            lambda: DeviceRank(cupy, program, rank, count, dtype, device_id, gather, addresses),
+            CACHED,
+        )
+        with state.lock:
+            return state.run(buffer, straggler_delay, late_rank, timeout_s, gather)
