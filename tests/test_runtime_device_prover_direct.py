@@ -174,9 +174,11 @@ def test_a_push_into_a_chunk_its_owner_still_sends_is_a_write_after_read_race() 
     assert "(push, round 1 of phase 'exchange-broadcast')" in message
 
 
-def test_a_push_before_the_wait_that_orders_it_races_with_the_receivers_put() -> None:
+def test_a_push_before_the_wait_that_orders_it_races_with_the_receivers_input() -> None:
     """A Ring at N = 3, copies pushed and sums staged: rank 0's first allgather push moved before
-    its last wait of the reduce-scatter may overwrite rank 1's chunk before rank 1 has put it."""
+    its last wait of the reduce-scatter may overwrite rank 1's chunk before rank 1 has put it, and
+    before anything tells rank 0 that rank 1's caller has even written it (across processes
+    rank 1 may not have started): refused as the earlier of the two, a write after that input."""
     program = lowered("ring", 3)
     made = direct(program, copies(program), set())
     rows = made.rows[0]
@@ -189,31 +191,36 @@ def test_a_push_before_the_wait_that_orders_it_races_with_the_receivers_put() ->
         check(replaced(made, 0, early))
     assert re.search(
         race(
-            "write-after-read",
+            "write-after-write",
             rf"rank 0 row {wait} \(push, round 0 of phase 'allgather'\)",
             "writes",
             chunk,
             receiver,
-            rf"rank {receiver} row {put} \(put, round \d of phase 'reduce-scatter'\)",
-            "reads",
+            rf"rank {receiver}'s caller",
+            "writes",
         ),
         str(caught.value),
     )
+    assert made.rows[receiver][put, 0] == PUT  # the read the push would also race
 
 
 def test_a_pull_whose_wait_is_removed_races() -> None:
-    """Every pull past the first round (the first reads the input, which needs no wait), its wait
-    removed: refused as a race; the last rank's last, run last, as the read-after-write it is."""
+    """Every pull, its wait removed: refused as a race.  A first round's pull reads the sender's
+    input, which its caller wrote before the sender's kernel started and nothing before its flag
+    says has happened (across processes it may not have); a later one reads a chunk the sender
+    is still summing into."""
     program = wholly_direct("ring", 4)
     pulls = [
         (r, int(i)) for r, rows in enumerate(program.rows) for i in np.flatnonzero(rows[:, 0] == PULL_REDUCE)
     ]
     assert all(program.rows[r][i - 1, 0] == WAIT for r, i in pulls)
-    later = [(r, i) for r, i in pulls if program.rows[r][i, 1] > 0]  # the first round's read the input
-    assert len(later) == 2 * 4  # the reduce-scatter's rounds after the first, a pull per rank
-    for rank, index in later:
-        assert "race)" in str(refusal(without_wait(program, rank, index)))
-    rank, index = max(later)
+    assert len(pulls) == 3 * 4  # the reduce-scatter's rounds, a pull per rank
+    for rank, index in pulls:
+        said = str(refusal(without_wait(program, rank, index)))
+        assert "race)" in said
+        if program.rows[rank][index, 1] == 0:
+            assert re.search(r"reads chunk \d+ of rank \d+, which rank \d+'s caller writes", said), said
+    rank, index = max(pulls)  # the last rank's last, run last: the read-after-write it is
     chunk, peer = (int(v) for v in program.rows[rank][index, [3, 2]])
     with pytest.raises(DeviceProgramError) as caught:
         check(without_wait(program, rank, index))

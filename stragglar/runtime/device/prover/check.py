@@ -34,9 +34,11 @@ row that breaks it:
 * a contribution added twice, or a rank that ends without every rank's contribution to every
   chunk exactly once.
 
-Calls are assumed apart: the host writes every rank's input before any kernel of a call starts,
-and waits for every rank's kernel of a call before it launches the next call's (the next call
-rewrites inbox slots and pushes into and pulls from chunks, so that is what makes it safe).
+A rank's input is assumed written before its own kernel starts, and nothing more: a peer may
+touch it only after a flag that rank raised in the call (across processes nothing else orders a
+rank's caller before its peers' kernels).  Calls are assumed apart: no rank's next call starts
+before every rank's kernel of this call has ended (the next call rewrites inbox slots and pushes
+into and pulls from chunks, so that is what makes it safe; the launches wait for it).
 Thread blocks are lanes: every block runs every row over its own part of each chunk (the same
 part on every rank, so a push or pull stays within the block's part), with flags of its own,
 so a proof of the rows over whole chunks holds for each block's part.
@@ -47,7 +49,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from stragglar.errors import IncorrectError
-from stragglar.runtime.device.prover.race import Access, ChunkAccesses
+from stragglar.runtime.device.prover.race import INPUT_ROW, Access, ChunkAccesses
 from stragglar.runtime.device.table import (
     COPY,
     DIRECT,
@@ -320,7 +322,11 @@ def _access(call: _Call, state: _Rank, index: int, owner: int, chunk: int, write
     if race is None:
         return
     mine, theirs = ("write" if writes else "read"), ("write" if race.earlier_writes else "read")
-    earlier = _where(call.program, race.earlier.rank, race.earlier.row)
+    earlier = (
+        f"rank {race.earlier.rank}'s caller"
+        if race.earlier.row == INPUT_ROW
+        else _where(call.program, race.earlier.rank, race.earlier.row)
+    )
     raise _fail(
         call.program,
         state.rank,

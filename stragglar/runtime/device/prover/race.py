@@ -6,8 +6,10 @@ rank's row order, joined by the flags' release/acquire chains: the vector clocks
 :mod:`~stragglar.runtime.device.prover.check`) orders every two accesses of which one is a
 write.  Where it does, the writes to a chunk are one chain and every read falls between two of
 them, so the order the rows are run in symbolically is one the hardware could take, and every
-other order it could take gives the same values.  The input is written by the host before any
-kernel starts, so it precedes everything.
+other order it could take gives the same values.  A rank's input is written before its own
+kernel starts, but nothing orders it before its peers' kernels (across processes, or the late
+rank's caller still computing it): it counts as a write at the owner's start, in the past of the
+owner's rows, and of a peer's only through a flag the owner raised in the call.
 
 Per chunk this keeps the last write and, per rank, the last read since that write: a rank's
 earlier reads are in the past of its later ones, so a writer that has the last in its past has
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["Access", "ChunkAccesses", "Race"]
+__all__ = ["INPUT_ROW", "Access", "ChunkAccesses", "Race", "input_write"]
 
 
 @dataclass(frozen=True)
@@ -42,9 +44,17 @@ class Race:
     earlier_writes: bool
 
 
+INPUT_ROW = -1  # the row of the write that is a rank's input
+
+
+def input_write(owner: int) -> Access:
+    """The write of ``owner``'s input: before its first row (time 1), after nothing."""
+    return Access(owner, INPUT_ROW, 1)
+
+
 @dataclass
 class _Chunk:
-    write: Access | None = None  # None: the input, written before any kernel starts
+    write: Access
     reads: dict[int, Access] = field(default_factory=dict)  # rank -> its last read since that write
 
 
@@ -56,8 +66,8 @@ class ChunkAccesses:
 
     def read(self, owner: int, chunk: int, access: Access, clock: list[int]) -> Race | None:
         """Record a read of ``owner``'s ``chunk``, or the write it races with (read after write)."""
-        state = self.chunks.setdefault((owner, chunk), _Chunk())
-        if state.write is not None and not state.write.before(clock):
+        state = self.chunks.setdefault((owner, chunk), _Chunk(input_write(owner)))
+        if not state.write.before(clock):
             return Race(state.write, earlier_writes=True)
         state.reads[access.rank] = access
         return None
@@ -65,8 +75,8 @@ class ChunkAccesses:
     def write(self, owner: int, chunk: int, access: Access, clock: list[int]) -> Race | None:
         """Record a write of ``owner``'s ``chunk``, or the write (write after write) or the read
         (write after read) it races with."""
-        state = self.chunks.setdefault((owner, chunk), _Chunk())
-        if state.write is not None and not state.write.before(clock):
+        state = self.chunks.setdefault((owner, chunk), _Chunk(input_write(owner)))
+        if not state.write.before(clock):
             return Race(state.write, earlier_writes=True)
         for read in sorted(state.reads.values(), key=lambda a: a.rank):
             if not read.before(clock):
