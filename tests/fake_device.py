@@ -11,6 +11,8 @@ whose attributes the test chooses (how many blocks it holds at once)."""
 from __future__ import annotations
 
 import ctypes
+import mmap
+import os
 import shutil
 import sys
 import threading
@@ -250,6 +252,45 @@ class FakeCuda:
         return types.SimpleNamespace(record=lambda: "event")
 
 
+class MappedCuda(FakeCuda):
+    """A stand-in for ranks in processes of their own: "device" memory is a file of ``folder``
+    mapped into memory, an IPC handle its name, and opening a handle maps the file afresh, at
+    another address than the owner's (as CUDA maps a peer's allocation), so a peer's address used
+    unconverted, or an offset dropped, reads and writes the wrong bytes.  Flags are atomics in
+    the shared pages, which GCC's atomics order across processes as they do across threads.  A
+    mapping lives as long as the process (a closed handle is only counted)."""
+
+    def __init__(self, attributes: dict[str, int], folder: Path) -> None:
+        super().__init__(attributes)
+        self.folder = folder
+        self.maps: list[mmap.mmap] = []  # every mapping this process made, kept mapped
+        self.names: dict[int, str] = {}  # an allocation's file, by its address here
+        self.runtime.free = self.allocations.pop
+
+    def mapped(self, name: str, nbytes: int) -> tuple[int, np.ndarray]:
+        with open(self.folder / name, "r+b") as file:
+            self.maps.append(mmap.mmap(file.fileno(), nbytes))
+        memory = np.frombuffer(self.maps[-1], dtype=np.uint8)
+        return int(memory.ctypes.data), memory
+
+    def malloc(self, nbytes: int) -> int:
+        name = f"m{os.getpid()}-{len(self.maps)}"
+        (self.folder / name).write_bytes(bytes(max(nbytes, 1)))
+        address, memory = self.mapped(name, max(nbytes, 1))
+        self.allocations[address], self.names[address] = memory, name
+        return address
+
+    def handle(self, address: int) -> bytes:
+        assert address in self.allocations, "a handle of an address that is no allocation's start"
+        return self.names[address].encode().ljust(64, b"\0")
+
+    def open(self, handle: bytes, flags: int = 1) -> int:
+        name = handle.rstrip(b"\0").decode()
+        address, _ = self.mapped(name, (self.folder / name).stat().st_size)
+        self.opened.append(address)
+        return address
+
+
 class FakeStream:
     def __init__(self, cuda: FakeCuda) -> None:
         self.cuda = cuda
@@ -325,13 +366,17 @@ H200 = {  # what a Hopper GPU says of itself (132 multiprocessors)
 
 
 def installed(
-    monkeypatch: pytest.MonkeyPatch, library: ctypes.CDLL, attributes: dict[str, int] | None = None
+    monkeypatch: pytest.MonkeyPatch,
+    library: ctypes.CDLL,
+    attributes: dict[str, int] | None = None,
+    cuda: FakeCuda | None = None,
 ) -> Iterator[FakeCuda]:
     """The stand-in in ``sys.modules["cupy"]``, with empty caches of device loopbacks, ranks and
-    registrations, and the driver's allocation lookup answered from the stand-in's allocations."""
+    registrations, and the driver's allocation lookup answered from the stand-in's allocations
+    (``cuda``: a stand-in of the caller's making, else one of a device with ``attributes``)."""
     from stragglar.runtime.device import group, ipc, loopback, shared
 
-    fake = FakeCuda(dict(H200 if attributes is None else attributes))
+    fake = FakeCuda(dict(H200 if attributes is None else attributes)) if cuda is None else cuda
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy(fake, library))
     monkeypatch.setattr(loopback, "_loopbacks", type(loopback._loopbacks)())
     monkeypatch.setattr(group, "_ranks", type(group._ranks)())
