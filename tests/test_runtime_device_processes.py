@@ -8,6 +8,7 @@ must be the interpreter's bit for bit, call after call."""
 from __future__ import annotations
 
 import multiprocessing
+import os
 import queue
 import threading
 import time
@@ -58,9 +59,13 @@ def rank_process(
     spec: tuple[str, int, int | None],
     inputs: list[list[np.ndarray]],
     out: Any,
+    dies: int = -1,
+    timeout: float = 20.0,
 ) -> None:
     """One rank: its buffer registered, a call on it per input (the late rank late in the
-    second), then one more call on an unregistered buffer (staged); puts what it ended with."""
+    second), then one more call on an unregistered buffer (staged); puts what it ended with.
+    Rank ``dies``'s process ends once its buffer is registered; a device wait gives up after
+    ``timeout`` seconds."""
     try:
         import cupy  # the stand-in, installed before the fork
 
@@ -71,6 +76,8 @@ def rank_process(
         buffer = cuda.buffer(inputs[0][rank], offset=16 * (rank + 1))
         results = []
         registration = shared.register(cupy, "group", rank, buffer, gather.of(rank))
+        if rank == dies:
+            os._exit(0)
         for call, arrays in enumerate([*inputs, inputs[0]]):
             on = buffer if call < len(inputs) else cuda.buffer(arrays[rank], offset=8)
             on[...] = arrays[rank]
@@ -86,7 +93,7 @@ def rank_process(
                 0,
                 0.02 if call == 1 else 0.0,
                 late,
-                20.0,
+                timeout,
                 gather.of(rank),
                 registration if call < len(inputs) else None,
             )
@@ -96,13 +103,16 @@ def rank_process(
         out.put((rank, repr(e), []))
 
 
-def answers(out: Any, ranks: list[Any], timeout: float) -> dict[int, tuple[Any, list[int]]]:
-    """Every rank's answer, by rank: the test fails once every rank's process has ended, or
-    ``timeout`` has passed, with an answer missing; the processes are ended either way."""
+def answers(
+    out: Any, ranks: list[Any], timeout: float, silent: Sequence[int] = ()
+) -> dict[int, tuple[Any, list[int]]]:
+    """Every rank's answer but the ``silent`` ones', by rank: the test fails once every rank's
+    process has ended, or ``timeout`` has passed, with an answer missing; the processes are ended
+    either way."""
     got: dict[int, tuple[Any, list[int]]] = {}
     deadline = time.monotonic() + timeout
     try:
-        while len(got) < len(ranks) and time.monotonic() < deadline:
+        while len(got) < len(ranks) - len(silent) and time.monotonic() < deadline:
             try:
                 rank, results, addresses = out.get(timeout=0.2)
             except queue.Empty:
@@ -115,9 +125,25 @@ def answers(out: Any, ranks: list[Any], timeout: float) -> dict[int, tuple[Any, 
             process.join(5)
             if process.is_alive():
                 process.kill()
-    missing = sorted(set(range(len(ranks))) - set(got))
+    missing = sorted(set(range(len(ranks))) - set(got) - set(silent))
     assert not missing, f"ranks {missing} gave no answer (exit codes {[p.exitcode for p in ranks]})"
     return got
+
+
+def run_ranks(
+    n: int, spec: tuple[str, int, int | None], inputs: list[list[np.ndarray]], **options: Any
+) -> dict[int, tuple[Any, list[int]]]:
+    """:func:`rank_process` in ``n`` forked processes (``options``: its keywords, and ``gather``,
+    the gather's timeout); their answers, by rank."""
+    context = multiprocessing.get_context("fork")
+    gather, out = ProcessGather(context, n, timeout=options.pop("gather", 30.0)), context.Queue()
+    ranks = [
+        context.Process(target=rank_process, args=(r, gather, spec, inputs, out), kwargs=options)
+        for r in range(n)
+    ]
+    for process in ranks:
+        process.start()
+    return answers(out, ranks, timeout=90.0, silent=[options["dies"]] if "dies" in options else [])
 
 
 @pytest.mark.parametrize(
@@ -139,13 +165,7 @@ def test_ranks_in_processes_of_their_own_sum_as_the_interpreter(
     proof = prove(synthesize(algorithm, n, chunks=chunks))
     rng = np.random.default_rng(n)
     inputs = [[(rng.permutation(41) % 251 + 300 * r).astype(dtype) for r in range(n)] for _ in range(3)]
-    context = multiprocessing.get_context("fork")
-    gather, out = ProcessGather(context, n, timeout=30.0), context.Queue()
-    spec = (algorithm, n, chunks)
-    ranks = [context.Process(target=rank_process, args=(r, gather, spec, inputs, out)) for r in range(n)]
-    for process in ranks:
-        process.start()
-    got = answers(out, ranks, timeout=90.0)
+    got = run_ranks(n, (algorithm, n, chunks), inputs)
     failed = {rank: results for rank, (results, _) in got.items() if isinstance(results, str)}
     assert not failed, failed
     for call, arrays in enumerate([*inputs, inputs[0]]):
@@ -156,3 +176,20 @@ def test_ranks_in_processes_of_their_own_sum_as_the_interpreter(
     # their owners have them
     own = [got[r][1][r] for r in range(n)]
     assert any(got[r][1][p] != own[p] for r in range(n) for p in range(n) if p != r)
+
+
+def test_a_rank_whose_process_dies_ends_its_peers_calls_with_an_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Rank 2's process ends after registering: its peers' kernels wait on its flags until their
+    clock says the timeout has passed, and their gather of the error words fails: an error on
+    every living rank, within seconds, not a hang."""
+    library = host_or_skip(tmp_path_factory)
+    for _ in installed(monkeypatch, library, cuda=MappedCuda(dict(H200), tmp_path)):
+        pass
+    inputs = [[np.arange(30, dtype=np.float32) + 100 * r for r in range(3)]]
+    started = time.monotonic()
+    got = run_ranks(3, ("stragglar", 3, None), inputs, dies=2, timeout=0.5, gather=3.0)
+    assert time.monotonic() - started < 30
+    assert sorted(got) == [0, 1]  # rank 2 answered nothing: its process ended
+    assert all("did not come to the gather" in got[r][0] for r in (0, 1)), got
