@@ -10,9 +10,10 @@ before the calls, as NCCL's user-buffer registration is: :func:`register` gather
 handle and offset once, opens the peers' ones (:data:`~stragglar.runtime.device.ipc.OPENINGS`)
 and keeps the buffer alive, and a call on a registered buffer runs direct transfers.
 
-A registration's *number* counts the group's registrations in this process; every rank registers
-in the same order, and the gather checks that the numbers agree.  A call names its buffer's
-number in its header (0: not registered), so ranks on different registrations, or one on a
+A registration's *number* is the highest any rank proposes, each proposing one more than the
+last number it knows on the group, so it is the same on every rank and new on every rank (even
+after a registration some rank gave up before its gather).  A call names its buffer's number in
+its header (0: not registered), so ranks on different registrations, or one on a
 registered buffer and one not, are refused like any other mismatch, never run as a wrong sum.
 """
 
@@ -120,7 +121,7 @@ def register(
     runtime = cupy.cuda.runtime
     key = (0, 0, "", 0) if flat is None else _key(flat)
     with _lock:
-        number = _numbers[owner] = _numbers.get(owner, 0) + 1
+        proposed = _numbers.get(owner, 0) + 1
         twice = key in _registry.get(owner, {})
     problem, reason, offset, handle = 0, "", 0, bytes(HANDLE_BYTES)
     if flat is None:
@@ -134,7 +135,10 @@ def register(
         except Exception as e:  # noqa: BLE001: any refusal (an expandable segment, a stream-ordered pool) is said
             problem, reason = _UNSHAREABLE, f"its memory cannot be shared over CUDA IPC ({_first_line(e)})"
     dtype = DTYPES.index(key[2]) if key[2] in DTYPES else -1
-    gathered = gather([number, problem, dtype, key[1], offset, *handle_words(handle)])
+    gathered = gather([proposed, problem, dtype, key[1], offset, *handle_words(handle)])
+    number = max(words[0] for words in gathered)
+    with _lock:
+        _numbers[owner] = max(_numbers.get(owner, 0), number)
     if problem:
         raise InputError(f"cannot register rank {rank}'s buffer: {reason}")
     _agree(gathered)
@@ -160,15 +164,14 @@ def register(
 
 
 def _agree(gathered: Sequence[Sequence[int]]) -> None:
-    """Raise the same error on every rank unless every rank could register, with the same
-    registration number, dtype and element count."""
+    """Raise the same error on every rank unless every rank could register, with the same dtype
+    and element count."""
     troubled = [r for r, words in enumerate(gathered) if words[1]]
     if troubled:
         raise InputError(
             f"cannot register the buffers: {ranks_in_words(troubled)} could not (the error there says why)"
         )
     for what, at, shown in (
-        ("registration number", 0, str),
         ("dtype", 2, lambda v: DTYPES[v]),
         ("element count", 3, str),
     ):
