@@ -81,7 +81,8 @@ class Registration:
         with self.lock:
             if self.buffer is None:
                 return
-            _registry.get(self.owner, {}).pop(self.key, None)
+            with _lock:
+                _registry.get(self.owner, {}).pop(self.key, None)
             self.buffer = None
             for handle in self.handles:
                 OPENINGS.close(self.runtime, handle)
