@@ -29,6 +29,7 @@ from stragglar.runtime.arrays import DTYPES
 from stragglar.runtime.channels import MAX_TAG
 from stragglar.runtime.clock import Timeline, poll
 from stragglar.runtime.cupy_nccl import NcclGroup
+from stragglar.runtime.device.shared import Registration
 from stragglar.runtime.distributed import allreduce, register_buffer, release_graphs
 from stragglar.runtime.failures import RankError, classify, failure_phrase, first_line
 from stragglar.runtime.header import MismatchError, ranks_in_words
@@ -45,6 +46,7 @@ __all__ = [
     "MismatchError",
     "NcclGroup",
     "RankError",
+    "Registration",
     "Timeline",
     "allreduce",
     "allreduce_local",

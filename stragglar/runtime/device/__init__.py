@@ -3,7 +3,11 @@
 A schedule is lowered to a flat table (:mod:`~stragglar.runtime.device.table`), proved from the
 table's own contents (:mod:`~stragglar.runtime.device.prover`), and run by a CUDA kernel
 (:mod:`~stragglar.runtime.device.kernel`) that reaches its peers' memory by pointer and waits for
-each transfer on a flag its peer raises, with every wait bounded by a clock.
+each transfer on a flag its peer raises, with every wait bounded by a clock.  Ranks in one process
+run from :mod:`~stragglar.runtime.device.loopback`, ranks in processes of their own from
+:mod:`~stragglar.runtime.device.group`, over CUDA IPC (:mod:`~stragglar.runtime.device.ipc`) and,
+for direct transfers between processes, buffers registered once
+(:mod:`~stragglar.runtime.device.shared`).
 """
 
 from stragglar.runtime.device.programs import program_for
