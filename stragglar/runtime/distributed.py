@@ -226,7 +226,7 @@ def register_buffer(data: Any, group: Any = None, *, timeout: float | None = 300
     runs staged.  Every rank raises the same error if any rank cannot register (a buffer in memory
     CUDA IPC cannot share: an expandable segment of torch's allocator, a stream-ordered pool), if
     the ranks' buffers differ in dtype or element count, or if a peer does not answer within
-    ``timeout`` seconds."""
+    ``timeout`` seconds.  Register while no call runs on the group, as with any collective."""
     wait = None if timeout is None else as_seconds(timeout, "timeout", positive=True)
     check_device_buffer(data)  # refused at once, as allreduce(..., engine="device") refuses it
     runner = engine_for(data, group, False, None)
@@ -238,7 +238,8 @@ def register_buffer(data: Any, group: Any = None, *, timeout: float | None = 300
         refusal = str(e)
 
     def gather(values: Sequence[int]) -> list[tuple[int, ...]]:
-        return runner.gather(values, data if flat is None else flat, wait, None)
+        # on gloo, tag 0's channel: messages on the host (gloo gathers no CUDA tensors)
+        return runner.gather(values, data if flat is None else flat, wait, runner.channel(0))
 
     with runner.stream:
         return register(cupy, runner.owner, runner.rank, flat, gather, refusal)
