@@ -109,3 +109,39 @@ def test_a_bare_destroy_process_group_ends_every_run_cleanly(tmp_path: Path, run
         if code != 0 or output.count("ended") != RANKS:
             failed.append((run, policy, code, output[-2000:]))
     assert not failed, f"{len(failed)} of {runs} runs failed; the first: {failed[0]}"
+
+
+REGISTERED = """
+import sys
+import torch
+import torch.distributed as dist
+from stragglar.runtime import distributed, register_buffer
+from stragglar.runtime.device.shared import Registration
+
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+group = dist.new_group([0])
+tensor = torch.zeros(4)
+# no GPU here: the registration is made by hand, and register_buffer's own steps run
+made = Registration(group, 1, (tensor.data_ptr(), 4, "float32", 0), (tensor.data_ptr(),), tensor, (), None)
+distributed.check_device_buffer = lambda data: None
+distributed.launcher = lambda: None
+distributed.register = lambda *args: made
+assert register_buffer(tensor, group) is made and made.open
+dist.destroy_process_group(group)
+print("closed" if not made.open else "open")
+dist.destroy_process_group()
+"""
+
+
+def test_a_registration_left_open_is_closed_before_torch_destroys_its_group(tmp_path: Path) -> None:
+    """A script that registers a buffer and never closes it: ``destroy_process_group(group)``
+    closes the registration first (its peers' memory let go, its buffer no longer held)."""
+    done = subprocess.run(
+        [sys.executable, "-c", REGISTERED, str(tmp_path / "store")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["closed"]

@@ -22,7 +22,7 @@ from test_runtime_cupy_nccl import run_ranks
 
 from stragglar.errors import InputError
 from stragglar.runtime import MismatchError, RankError, allreduce, allreduce_local, register_buffer
-from stragglar.runtime.device import group, program_for
+from stragglar.runtime.device import group, program_for, shared
 from stragglar.runtime.device.lowering import lower
 from stragglar.runtime.program import compile_schedule
 from stragglar.schedule import Schedule
@@ -365,6 +365,7 @@ def test_a_registration_closed_everywhere_runs_staged_and_one_closed_alone_fails
     *results, _, _ = run_ranks(3, rank)
     assert results == summed(proof, arrays)
     assert [s.program.direct for s in group._ranks.values()] == [True] * 3 + [False] * 3
+    assert not shared._registry and not shared._numbers  # every rank closed all it had: groups forgotten
     assert sorted(set(cuda.closed) & {cuda.base_of(b.data.ptr) for b in buffers}) == sorted(
         cuda.base_of(b.data.ptr) for b in buffers
     )

@@ -44,6 +44,7 @@ from stragglar.runtime.header import Header, MismatchError, Problem, make_header
 from stragglar.runtime.interpreter import Packing, Transport, run_rank, run_rank_replayed
 from stragglar.runtime.plans import late_rank_for, plan_for
 from stragglar.runtime.program import Plan
+from stragglar.runtime.teardown import before_destroy
 from stragglar.verify import Proof, require_proof
 
 __all__ = ["Engine", "allreduce", "engine_for", "register_buffer", "release_graphs"]
@@ -226,7 +227,8 @@ def register_buffer(data: Any, group: Any = None, *, timeout: float | None = 300
     runs staged.  Every rank raises the same error if any rank cannot register (a buffer in memory
     CUDA IPC cannot share: an expandable segment of torch's allocator, a stream-ordered pool), if
     the ranks' buffers differ in dtype or element count, or if a peer does not answer within
-    ``timeout`` seconds.  Register while no call runs on the group, as with any collective."""
+    ``timeout`` seconds.  Register while no call runs on the group, as with any collective.  On a
+    torch group ``destroy_process_group()`` closes what is still open on it first."""
     wait = None if timeout is None else as_seconds(timeout, "timeout", positive=True)
     check_device_buffer(data)  # refused at once, as allreduce(..., engine="device") refuses it
     runner = engine_for(data, group, False, None)
@@ -242,7 +244,10 @@ def register_buffer(data: Any, group: Any = None, *, timeout: float | None = 300
         return runner.gather(values, data if flat is None else flat, wait, runner.channel(0))
 
     with runner.stream:
-        return register(cupy, runner.owner, runner.rank, flat, gather, refusal)
+        registration = register(cupy, runner.owner, runner.rank, flat, gather, refusal)
+    if not isinstance(group, NcclGroup):  # a torch group: closed before torch destroys the group
+        before_destroy(registration, (runner.owner,), Registration.close)
+    return registration
 
 
 def _registration(runner: Engine, flat: Array | None) -> Registration | None:

@@ -12,7 +12,8 @@ and keeps the buffer alive, and a call on a registered buffer runs direct transf
 
 A registration's *number* is the highest any rank proposes, each proposing one more than the
 last number it knows on the group, so it is the same on every rank and new on every rank (even
-after a registration some rank gave up before its gather).  A call names its buffer's number in
+after a registration some rank gave up before its gather, or where a rank whose registrations on
+the group were all closed forgot the group and starts again from 1).  A call names its buffer's number in
 its header (0: not registered), so ranks on different registrations, or one on a
 registered buffer and one not, are refused like any other mismatch, never run as a wrong sum.
 """
@@ -82,7 +83,11 @@ class Registration:
             if self.buffer is None:
                 return
             with _lock:
-                _registry.get(self.owner, {}).pop(self.key, None)
+                mine = _registry.get(self.owner, {})
+                mine.pop(self.key, None)
+                if not mine:  # nothing left on the group here: forget it (the group may be going)
+                    _registry.pop(self.owner, None)
+                    _numbers.pop(self.owner, None)
             self.buffer = None
             for handle in self.handles:
                 OPENINGS.close(self.runtime, handle)
