@@ -104,8 +104,10 @@ def test_torch_cuda_tensors_bfloat16_included(dtype: str) -> None:
 
 def device_rank(rank: int, world: int) -> bool:
     """A rank of its own process on a torch NCCL group: the device engine, twice on fresh tensors
-    (staged), then twice on a registered one (direct transfers), exact."""
+    (staged), then twice on a registered one (direct transfers), exact; a registration left open
+    on a group is closed as the group is destroyed."""
     import torch
+    import torch.distributed as dist
 
     from stragglar.runtime import register_buffer
 
@@ -119,6 +121,11 @@ def device_rank(rank: int, world: int) -> bool:
             want = base * world * world + world * (world - 1) // 2 + world * call
             if not torch.equal(tensor, want):
                 raise AssertionError(f"rank {rank} call {call}: {int((tensor != want).sum())} wrong elements")
+    sub = dist.new_group(list(range(world)))
+    left = register_buffer(torch.empty_like(base), sub, timeout=60)  # never closed by the script
+    dist.destroy_process_group(sub)
+    if left.open:
+        raise AssertionError(f"rank {rank}: a registration left open outlived its group")
     return True
 
 
