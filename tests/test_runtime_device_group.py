@@ -348,6 +348,32 @@ def test_every_rank_refuses_a_registration_that_any_rank_cannot_make(cuda: FakeC
     assert "already registered on this group" in str(results[0])
 
 
+def test_a_peer_buffer_that_cannot_be_opened_leaves_no_rank_registered(
+    cuda: FakeCuda, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ranks 0 and 1 cannot open rank 2's buffer (as between GPUs without peer access): every rank
+    raises, rank 2 too (it opened its peers' fine), and nothing stays open or registered."""
+    buffers = [cuda.buffer(np.arange(12.0) + r) for r in range(3)]
+    refused = cuda.base_of(buffers[2].data.ptr)
+    opened = cuda.runtime.ipcOpenMemHandle
+
+    def open_handle(handle: bytes, flags: int = 1) -> int:
+        if int.from_bytes(handle, "little") == refused:
+            raise RuntimeError("cudaErrorPeerAccessUnsupported: peer access is not supported")
+        return int(opened(handle, flags))
+
+    monkeypatch.setattr(cuda.runtime, "ipcOpenMemHandle", open_handle)
+    *results, _, _ = run_ranks(3, lambda r, g: register_buffer(buffers[r], g, timeout=10))
+    assert [str(x) for x in results] == [
+        "cannot register rank 0's buffer: cannot open rank 2's buffer over CUDA IPC "
+        "(cudaErrorPeerAccessUnsupported: peer access is not supported)",
+        "cannot register rank 1's buffer: cannot open rank 2's buffer over CUDA IPC "
+        "(cudaErrorPeerAccessUnsupported: peer access is not supported)",
+        "cannot register the buffers: ranks 0, 1 could not open a peer's buffer (the error there says why)",
+    ]
+    assert sorted(cuda.closed) == sorted(cuda.opened) and not shared._registry
+
+
 def test_a_registration_closed_everywhere_runs_staged_and_one_closed_alone_fails(cuda: FakeCuda) -> None:
     proof = prove(synthesize("stragglar", 3))
     arrays = values(3, 25, "float32", 4)

@@ -149,24 +149,45 @@ def register(
         raise InputError(f"cannot register rank {rank}'s buffer: {reason}")
     _agree(gathered)
     assert flat is not None  # a rank without a buffer has a problem
-    addresses: list[int] = []
-    handles: list[bytes] = []  # the peers' handles opened so far
-    for peer, words in enumerate(gathered):
-        if peer == rank:
-            addresses.append(key[0])
-            continue
-        handle = handle_bytes(words[5 : 5 + _WIDTH])
-        try:
-            addresses.append(OPENINGS.open(runtime, handle) + words[4])
-        except Exception as e:  # noqa: BLE001: what was opened is let go, and the refusal said in one line
-            for opened in handles:
-                OPENINGS.close(runtime, opened)
-            raise InputError(f"cannot open rank {peer}'s buffer over CUDA IPC: {_first_line(e)}") from None
-        handles.append(handle)
+    addresses, handles, failure = _open_peers(runtime, rank, key[0], gathered)
+    # a second gather, so that a rank that could not open a peer's buffer (no peer access between
+    # the GPUs) leaves no rank registered
+    failed = [r for r, (code,) in enumerate(gather([int(failure is not None)])) if code]
+    if failed:
+        for handle in handles:
+            OPENINGS.close(runtime, handle)
+        if failure is not None:
+            raise InputError(f"cannot register rank {rank}'s buffer: {failure}")
+        raise InputError(
+            f"cannot register the buffers: {ranks_in_words(failed)} could not open a peer's buffer "
+            "(the error there says why)"
+        )
     registration = Registration(owner, number, key, tuple(addresses), flat, tuple(handles), runtime)
     with _lock:
         _registry.setdefault(owner, {})[key] = registration
     return registration
+
+
+def _open_peers(
+    runtime: Any, rank: int, own: int, gathered: Sequence[Sequence[int]]
+) -> tuple[list[int], list[bytes], str | None]:
+    """(every rank's buffer as this process reaches it, the peers' handles opened, why a peer's
+    could not be opened or None); on a failure what was opened is let go and no address is given."""
+    addresses: list[int] = []
+    handles: list[bytes] = []
+    for peer, words in enumerate(gathered):
+        if peer == rank:
+            addresses.append(own)
+            continue
+        handle = handle_bytes(words[5 : 5 + _WIDTH])
+        try:
+            addresses.append(OPENINGS.open(runtime, handle) + words[4])
+        except Exception as e:  # noqa: BLE001: any refusal is said in one line
+            for opened in handles:
+                OPENINGS.close(runtime, opened)
+            return [], [], f"cannot open rank {peer}'s buffer over CUDA IPC ({_first_line(e)})"
+        handles.append(handle)
+    return addresses, handles, None
 
 
 def _agree(gathered: Sequence[Sequence[int]]) -> None:
