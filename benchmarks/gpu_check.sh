@@ -9,7 +9,7 @@
 #     GPU_CHECK_DIR=/data/gpu-check bash benchmarks/gpu_check.sh  # or in the folder it names
 #
 # What it writes: device.txt (nvidia-smi's view of the GPUs), one log per step and gpu.json.
-# Each step has a time limit (9.6 minutes in all), so that a hung step (a rank waiting forever on
+# Each step has a time limit (9.8 minutes in all), so that a hung step (a rank waiting forever on
 # a peer) cannot hold the machine and the steps after it still run. If the machine has no
 # network, put the wheels it lacks (z3-solver, ...) in .whl/ and they are installed from there.
 # Exits 1 if any step failed, 2 if the wheels would not install.
@@ -43,7 +43,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$out/devi
 # their own, so that a failure in the ranks' parts cannot take them), then the ranks' parts into
 # the same JSON (bench_gpu keeps the loopback's figures there), then the commands a user types.
 step tests 35 python3 -m pytest -q -p no:cacheprovider tests/test_runtime_loopback_gpu_device.py tests/test_runtime_loopback_gpu_kernels.py
-step device-tests 100 python3 -m pytest -q -p no:cacheprovider tests/test_runtime_device_gpu.py
+step device-tests 115 python3 -m pytest -q -p no:cacheprovider tests/test_runtime_device_gpu.py
 step loopback 40 python3 benchmarks/bench_gpu.py --quick --iters 3 --parts loopback --json "$out/gpu.json"
 step device 75 python3 benchmarks/bench_gpu.py --quick --iters 3 --parts device_executor --json "$out/gpu.json"
 step bench-ranks 190 python3 benchmarks/bench_gpu.py --quick --iters 3 --parts p2p,ddp,cupy_nccl --json "$out/gpu.json"
