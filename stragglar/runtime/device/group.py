@@ -13,8 +13,10 @@ fail itself).  A dead peer process leaves the others' waits to time out on the d
 gather to fail.  Several ranks may share a GPU: their kernels then time-slice (correct, not fast).
 
 A call on a registered buffer (:mod:`~stragglar.runtime.device.shared`) has a state of its own,
-which knows every rank's buffer and so runs direct transfers; its end-of-call gather is also what
-keeps a peer from writing this rank's buffer once its call has returned.
+which knows every rank's buffer and so runs direct transfers, kept by the registration as long
+as it is open (a loop over many registered buffers does not make states anew each call); its
+end-of-call gather is also what keeps a peer from writing this rank's buffer once its call has
+returned.
 
 Every rank of a group makes the same calls (the header check sees to it), so the ranks make and
 drop their states together, least recently used first; a dropped state closes the peers' memory
@@ -23,7 +25,6 @@ it opened and frees its own.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 import weakref
@@ -203,16 +204,19 @@ def run_device_rank(
     group ``owner`` (``gather``: its all-gather of integers) with ``program``; a device wait gives
     up after ``timeout_s`` (which includes the late rank's delay).  ``registration``: the buffer's
     on the group, whose peers' buffers a direct ``program`` reaches (None: ``program`` is staged)."""
-    number, addresses = (0, None) if registration is None else (registration.number, registration.addresses)
-    key = (owner, fingerprint, rank, count, dtype, device_id, number)
-    with contextlib.nullcontext() if registration is None else registration.lock:
-        if registration is not None and not registration.open:
-            raise InputError("the buffer's registration was closed as its call began")
+    key = (owner, fingerprint, rank, count, dtype, device_id)
+    if registration is None:
         state = cached(
-            _ranks,
-            key,
-            lambda: DeviceRank(cupy, program, rank, count, dtype, device_id, gather, addresses),
-            CACHED,
+            _ranks, key, lambda: DeviceRank(cupy, program, rank, count, dtype, device_id, gather), CACHED
         )
         with state.lock:
             return state.run(buffer, straggler_delay, late_rank, timeout_s, gather)
+    with registration.lock:
+        if not registration.open:
+            raise InputError("the buffer's registration was closed as its call began")
+        if key not in registration.states:
+            made = DeviceRank(cupy, program, rank, count, dtype, device_id, gather, registration.addresses)
+            registration.states[key] = made
+        direct: DeviceRank = registration.states[key]
+        with direct.lock:
+            return direct.run(buffer, straggler_delay, late_rank, timeout_s, gather)

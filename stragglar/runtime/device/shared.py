@@ -51,8 +51,10 @@ class Registration:
     on every rank), ``key`` (this rank's buffer: address, element count, dtype, GPU).
     What a call uses: ``addresses``, every rank's buffer as this process reaches it, in rank
     order, and ``lock``, held by a call on it so that closing waits for the call.
-    What it holds: the buffer itself (so that its memory is not reused while peers may write it)
-    and the peers' handles it opened, let go on :meth:`close`.
+    What it holds: the buffer itself (so that its memory is not reused while peers may write it),
+    the peers' handles it opened, and ``states``, the device states of the calls on it (one per
+    schedule: kept as long as the registration, not in the staged calls' few), let go on
+    :meth:`close`.
     """
 
     def __init__(
@@ -70,6 +72,7 @@ class Registration:
         self.lock = threading.Lock()
         self.buffer: Array | None = buffer
         self.handles, self.runtime = handles, runtime
+        self.states: dict[Hashable, Any] = {}
 
     @property
     def open(self) -> bool:
@@ -89,6 +92,7 @@ class Registration:
                     _registry.pop(self.owner, None)
                     _numbers.pop(self.owner, None)
             self.buffer = None
+            self.states.clear()
             for handle in self.handles:
                 OPENINGS.close(self.runtime, handle)
 
