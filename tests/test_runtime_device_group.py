@@ -290,6 +290,41 @@ def test_calls_on_registered_buffers_run_direct_and_sum_as_the_interpreter(
     assert set(cuda.opened) >= bases and bases <= set(cuda.closed)  # opened once here, closed on close
 
 
+def test_a_loop_over_many_registered_buffers_makes_each_state_once(
+    cuda: FakeCuda, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Five registered buffers per rank, reduced in turn twice over, where the staged calls keep
+    a single state: each buffer's state is made on its first call only (a state made anew would
+    gather handles and allocate an inbox every call)."""
+    monkeypatch.setattr(group, "CACHED", 1)
+    made: list[int] = []
+    init = group.DeviceRank.__init__
+
+    def counted(self: group.DeviceRank, *args: Any, **kwargs: Any) -> None:
+        made.append(args[2])  # the rank
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(group.DeviceRank, "__init__", counted)
+    proof = prove(synthesize("stragglar", 3))
+    arrays = [values(3, 10 + k, "int32", k) for k in range(5)]
+    buffers = [[cuda.buffer(a[r]) for a in arrays] for r in range(3)]
+
+    def rank(r: int, g: Any) -> list[bytes]:
+        for b in buffers[r]:
+            register_buffer(b, g, timeout=10)
+        for _ in range(2):
+            for k, b in enumerate(buffers[r]):
+                b[...] = arrays[k][r]
+                allreduce(b, proof, g, timeout=10, engine="device")
+        return [np.array(b).tobytes() for b in buffers[r]]
+
+    *results, _, _ = run_ranks(3, rank)
+    assert not [x for x in results if isinstance(x, Exception)], results
+    for k, a in enumerate(arrays):
+        assert [got[k] for got in results] == summed(proof, a), k
+    assert sorted(made) == [0] * 5 + [1] * 5 + [2] * 5
+
+
 def test_a_registered_and_an_unregistered_buffer_are_refused_alike(cuda: FakeCuda) -> None:
     """One rank calls on a copy of its registered buffer: its peers would reach the registered
     one while it sums the copy, so every rank raises the same MismatchError before any launch."""
