@@ -21,7 +21,14 @@ from fake_device import FakeCuda, host_or_skip, installed
 from test_runtime_cupy_nccl import run_ranks
 
 from stragglar.errors import InputError
-from stragglar.runtime import MismatchError, RankError, allreduce, allreduce_local, register_buffer
+from stragglar.runtime import (
+    ArgumentError,
+    MismatchError,
+    RankError,
+    allreduce,
+    allreduce_local,
+    register_buffer,
+)
 from stragglar.runtime.device import group, program_for, shared
 from stragglar.runtime.device.lowering import lower
 from stragglar.runtime.program import compile_schedule
@@ -367,6 +374,8 @@ def test_every_rank_refuses_a_registration_that_any_rank_cannot_make(cuda: FakeC
     assert "rank 1 could not" in str(strided[0])
     with pytest.raises(InputError, match="runs on CuPy arrays or torch CUDA tensors"):
         register_buffer(np.zeros(4), None)
+    with pytest.raises(ArgumentError, match=r"^cannot register a DeviceArray across processes: pass a torch"):
+        register_buffer(cuda.buffer(np.zeros(4)), None)  # a CuPy array needs an NcclGroup
     counts = attempt(lambda r: cuda.buffer(np.arange(9.0 + (r == 0))))
     assert {str(x) for x in counts} == {
         "ranks disagree on the registration: element count: rank 0 10, ranks 1, 2 9"

@@ -199,10 +199,12 @@ def allreduce(
             return _run_rounds(runner, flat, proof, tag, part, late_rank, delay, wait, graphs)
 
 
-def engine_for(data: Any, group: Any, stream_ordered: bool, graphs: bool | None) -> Engine:
+def engine_for(
+    data: Any, group: Any, stream_ordered: bool, graphs: bool | None, action: str = "allreduce"
+) -> Engine:
     """The engine a call with ``data`` on ``group`` runs on, once its options fit it: an
-    :class:`NcclGroup`'s, else torch.distributed's for a torch tensor; an ArgumentError for
-    anything else."""
+    :class:`NcclGroup`'s, else torch.distributed's for a torch tensor; an ArgumentError, saying
+    what the caller could not do (``action``), for anything else."""
     if isinstance(group, NcclGroup):
         return NcclEngine(data, group, stream_ordered, graphs)
     torch = sys.modules.get("torch")  # never imported here: a torch tensor means it is loaded
@@ -211,7 +213,7 @@ def engine_for(data: Any, group: Any, stream_ordered: bool, graphs: bool | None)
 
         return TorchEngine(group, stream_ordered, graphs)
     raise ArgumentError(
-        f"cannot allreduce a {type(data).__name__} across processes: pass a torch tensor, or an array "
+        f"cannot {action} a {type(data).__name__} across processes: pass a torch tensor, or an array "
         "with an NcclGroup (allreduce_local takes one array per rank)"
     )
 
@@ -231,7 +233,7 @@ def register_buffer(data: Any, group: Any = None, *, timeout: float | None = 300
     torch group ``destroy_process_group()`` closes what is still open on it first."""
     wait = None if timeout is None else as_seconds(timeout, "timeout", positive=True)
     check_device_buffer(data)  # refused at once, as allreduce(..., engine="device") refuses it
-    runner = engine_for(data, group, False, None)
+    runner = engine_for(data, group, False, None, action="register")
     cupy = launcher()
     flat, refusal = None, None
     try:
