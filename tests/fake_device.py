@@ -265,7 +265,6 @@ class MappedCuda(FakeCuda):
         self.folder = folder
         self.maps: list[mmap.mmap] = []  # every mapping this process made, kept mapped
         self.names: dict[int, str] = {}  # an allocation's file, by its address here
-        self.runtime.free = self.allocations.pop
 
     def mapped(self, name: str, nbytes: int) -> tuple[int, np.ndarray]:
         with open(self.folder / name, "r+b") as file:

@@ -103,10 +103,9 @@ class Rule:
         >>> Rule(false_alarm=1e-3).threshold(8), round(ville(8, 1e-3), 2)
         (7.76, 8.99)
         """
-        up, down = self.evidence(num_ranks)
         if not self.finds(num_ranks):
             return ville(num_ranks, self.false_alarm)
-        return lowest_threshold(num_ranks, self.false_alarm, up, down)
+        return lowest_threshold(num_ranks, self.false_alarm, *self.evidence(num_ranks))
 
     def finds(self, num_ranks: int) -> bool:
         """Whether the test can name anybody among ``num_ranks``: only where :attr:`share` is above

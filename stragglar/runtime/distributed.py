@@ -179,7 +179,7 @@ def allreduce(
     late_rank = late_rank_for(proof.schedule, late_rank, runner.size)
     with runner.stream:
         flat, header, problem = _inspect(data, proof, tag, late_rank, part, runner.sendable)
-        registration = _registration(runner, flat) if on_device else None
+        registration = registered(runner.owner, flat) if on_device and flat is not None else None
         header = header._replace(
             on_device=int(on_device), registered=0 if registration is None else registration.number
         )
@@ -226,11 +226,12 @@ def register_buffer(data: Any, group: Any = None, *, timeout: float | None = 300
     ranks' buffers wherever the schedule allows it, not through the receiver's inbox (a second
     copy).  Returns the :class:`~stragglar.runtime.device.shared.Registration`: it keeps the buffer
     alive until it is closed (``close()``, or ``with``), on every rank; a call on any other buffer
-    runs staged.  Every rank raises the same error if any rank cannot register (a buffer in memory
-    CUDA IPC cannot share: an expandable segment of torch's allocator, a stream-ordered pool), if
-    the ranks' buffers differ in dtype or element count, or if a peer does not answer within
-    ``timeout`` seconds.  Register while no call runs on the group, as with any collective.  On a
-    torch group ``destroy_process_group()`` closes what is still open on it first."""
+    runs staged.  Every rank raises an error (the rank at fault says why) if any rank cannot
+    register (a buffer in memory CUDA IPC cannot share: an expandable segment of torch's
+    allocator, a stream-ordered pool; a peer's buffer it cannot open), if the ranks' buffers
+    differ in dtype or element count, or if a peer does not answer within ``timeout`` seconds.
+    Register while no call runs on the group, as with any collective.  On a torch group
+    ``destroy_process_group()`` closes what is still open on it first."""
     wait = None if timeout is None else as_seconds(timeout, "timeout", positive=True)
     check_device_buffer(data)  # refused at once, as allreduce(..., engine="device") refuses it
     runner = engine_for(data, group, False, None, action="register")
@@ -250,11 +251,6 @@ def register_buffer(data: Any, group: Any = None, *, timeout: float | None = 300
     if not isinstance(group, NcclGroup):  # a torch group: closed before torch destroys the group
         before_destroy(registration, (runner.owner,), Registration.close)
     return registration
-
-
-def _registration(runner: Engine, flat: Array | None) -> Registration | None:
-    """The open registration of the call's buffer on ``runner``'s group, if any."""
-    return None if flat is None else registered(runner.owner, flat)
 
 
 def release_graphs(group: Any = None) -> int:

@@ -61,8 +61,8 @@ def allreduce_local(
     (CuPy launches the kernels; torch's bfloat16 included); ``"rounds"`` (the default) drives the
     rounds from the host as above.  The device engine moves a chunk straight between two ranks'
     buffers where the schedule's own messages make that safe, through the receiver's inbox
-    elsewhere; ``staged=True`` stages every transfer (what ranks in separate processes do, whose
-    buffers are not opened to each other).  ``staged`` applies to the device engine only.
+    elsewhere; ``staged=True`` stages every transfer (what ranks in separate processes do on a
+    buffer that is not registered).  ``staged`` applies to the device engine only.
     """
     require_proof(proof)
     check_buffers(buffers)

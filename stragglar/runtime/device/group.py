@@ -204,19 +204,19 @@ def run_device_rank(
     group ``owner`` (``gather``: its all-gather of integers) with ``program``; a device wait gives
     up after ``timeout_s`` (which includes the late rank's delay).  ``registration``: the buffer's
     on the group, whose peers' buffers a direct ``program`` reaches (None: ``program`` is staged)."""
-    key = (owner, fingerprint, rank, count, dtype, device_id)
     if registration is None:
+        key = (owner, fingerprint, rank, count, dtype, device_id)
         state = cached(
             _ranks, key, lambda: DeviceRank(cupy, program, rank, count, dtype, device_id, gather), CACHED
         )
         with state.lock:
             return state.run(buffer, straggler_delay, late_rank, timeout_s, gather)
-    with registration.lock:
+    with registration.lock:  # the group, rank, buffer, count, dtype and GPU are the registration's
         if not registration.open:
             raise InputError("the buffer's registration was closed as its call began")
-        if key not in registration.states:
+        if fingerprint not in registration.states:
             made = DeviceRank(cupy, program, rank, count, dtype, device_id, gather, registration.addresses)
-            registration.states[key] = made
-        direct: DeviceRank = registration.states[key]
+            registration.states[fingerprint] = made
+        direct: DeviceRank = registration.states[fingerprint]
         with direct.lock:
             return direct.run(buffer, straggler_delay, late_rank, timeout_s, gather)

@@ -72,7 +72,7 @@ class Registration:
         self.lock = threading.Lock()
         self.buffer: Array | None = buffer
         self.handles, self.runtime = handles, runtime
-        self.states: dict[Hashable, Any] = {}
+        self.states: dict[str, Any] = {}  # by schedule fingerprint
 
     @property
     def open(self) -> bool:
