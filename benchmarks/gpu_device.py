@@ -2,7 +2,8 @@
 ``allreduce_local(..., engine="device")``) against the graphed loopback in the same run.
 
 Rows, one per setting: ``n``, ``chunks``, ``size_bytes``, ``dtype``, ``round_us`` (the median
-call over the schedule's rounds), ``copy_efficiency`` (the bytes the schedule reads and writes,
+call over the schedule's rounds; from the second call on, a call replays every rank's launch from
+one CUDA graph), ``copy_efficiency`` (the bytes the schedule reads and writes,
 per second, over a plain device copy's: a chunk copied is read once and written once, a chunk
 reduced is read twice and written once; a transfer staged through an inbox moves its chunk twice,
 and that is not counted: it is what the efficiency pays for), ``late_ratio`` where measured (the
@@ -10,7 +11,9 @@ late rank launched 1 ms late at 64 MiB: the time from its launch to the end over
 AllReduce with nobody late; the hidden phase stays hidden when it is well below 1),
 ``graph_round_us`` (the loopback with CUDA graphs, same setting, float32 only),
 ``staged_round_us`` and ``staged_copy_efficiency`` (the same call with every transfer staged,
-``staged=True``, in the N = 8 float32 rows: what the direct transfers gain) and ``exact`` (every
+``staged=True``, in the N = 8 float32 rows: what the direct transfers gain),
+``eager_round_us`` (the same call with ``graphs=False``, every rank's kernel launched by the host
+each call, in the N = 8 float32 rows: what the one graph launch saves) and ``exact`` (every
 call's result checked on the device against the sum: values distinct per rank and element, exact
 in the dtype).
 
@@ -51,6 +54,7 @@ class DeviceRow:
     graph_round_us: float | None
     staged_round_us: float | None  # every transfer through the inboxes (staged=True), N = 8 float32 rows
     staged_copy_efficiency: float | None
+    eager_round_us: float | None  # each rank's kernel launched by the host (graphs=False), N = 8 float32
     exact: bool
 
 
@@ -124,8 +128,8 @@ def device_row(
     seconds = statistics.median(times)
     copy = copy_seconds(xp, sync, n * size_bytes, iters) if size_bytes >= 64 << 20 else None
     efficiency = None if copy is None else efficiency_of(proof, count, itemsize, seconds, copy, size_bytes)
-    staged = staged_efficiency = None
-    if n == 8 and dtype == "float32":  # the headline rows: direct transfers against staged ones
+    staged = staged_efficiency = eager = None
+    if n == 8 and dtype == "float32":  # the headline rows: direct against staged, graphs against none
         staged_times, staged_exact = timed(
             xp,
             sync,
@@ -139,6 +143,17 @@ def device_row(
         staged = statistics.median(staged_times)
         if copy is not None:
             staged_efficiency = efficiency_of(proof, count, itemsize, staged, copy, size_bytes)
+        eager_times, eager_exact = timed(
+            xp,
+            sync,
+            n,
+            count,
+            dtype,
+            lambda b: allreduce_local(b, proof, engine="device", graphs=False),
+            iters,
+        )
+        exact &= eager_exact
+        eager = statistics.median(eager_times)
     late_ratio = None
     if late:
         lates: list[float] = []
@@ -170,6 +185,7 @@ def device_row(
         graph,
         None if staged is None else staged * per_round,
         staged_efficiency,
+        None if eager is None else eager * per_round,
         exact,
     )
 
@@ -204,14 +220,14 @@ def device_executor(
 
 def device_table(rows: list[DeviceRow]) -> str:
     lines = [
-        "| N | C | size | dtype | device/round (us) | graphs/round (us) | copy efficiency | late ratio "
-        "| staged/round (us) | staged copy efficiency | exact |",
-        "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|",
+        "| N | C | size | dtype | device/round (us) | device, eager/round (us) | rounds, graphs/round (us) "
+        "| copy efficiency | late ratio | staged/round (us) | staged copy efficiency | exact |",
+        "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r.n} | {r.chunks} | {r.size_bytes >> 10} KiB | {r.dtype} | {r.round_us:.2f} "
-            f"| {_or_dash(r.graph_round_us)} | {_or_dash(r.copy_efficiency)} "
+            f"| {_or_dash(r.eager_round_us)} | {_or_dash(r.graph_round_us)} | {_or_dash(r.copy_efficiency)} "
             f"| {_or_dash(r.late_ratio)} | {_or_dash(r.staged_round_us)} "
             f"| {_or_dash(r.staged_copy_efficiency)} | {'yes' if r.exact else 'NO'} |"
         )

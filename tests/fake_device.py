@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 from fake_cupy import FakeArray, compiled
 
-from stragglar.runtime.device.kernel import ERROR_WORDS, SOURCE, kernel_name, slot_size
+from stragglar.runtime.device.kernel import PROGRESS_WORDS, RANK_WORDS, SOURCE, kernel_name, slot_size
 from stragglar.runtime.device.table import DeviceProgram
 from stragglar.runtime.kernels import SUMS
 
@@ -45,29 +45,35 @@ typedef unsigned long long Flag;
 static Flag load_acquire(const Flag* w) { return __atomic_load_n(w, __ATOMIC_ACQUIRE); }
 static void store_release(Flag* w, Flag v) { __atomic_store_n(w, v, __ATOMIC_RELEASE); }
 static Flag load_relaxed(const Flag* w) { return __atomic_load_n(w, __ATOMIC_RELAXED); }
-static bool claim(unsigned long long* w) {
-    unsigned long long zero = 0;
-    return __atomic_compare_exchange_n(w, &zero, 1ull, false, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
+static bool claim(unsigned long long* w, unsigned long long call) {
+    unsigned long long seen = __atomic_load_n(w, __ATOMIC_RELAXED);
+    while (seen < call)
+        if (__atomic_compare_exchange_n(w, &seen, call, false, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+            return true;
+    return false;
+}
+static unsigned long long arrive(unsigned long long* w) {
+    return __atomic_fetch_add(w, 1ull, __ATOMIC_ACQ_REL);
 }
 static unsigned long long now_ns() {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(
         std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 static void block_barrier() {}
+static bool block_any(int value) { return value != 0; }
 static void spin_pause() { std::this_thread::yield(); }
 """
 _HOST_LAUNCH = """
-extern "C" void {entry}(const long long* rows, int row_count, int rank, unsigned long long call,
-                        long long count, int num_chunks, long long slot_size, unsigned long long buffer,
-                        const unsigned long long* buffers, const unsigned long long* inboxes,
-                        const unsigned long long* flags, unsigned long long* errors, long long timeout_ns,
-                        unsigned blocks) {{
+extern "C" void {entry}(const long long* rows, int row_count, int rank, long long count, int num_chunks,
+                        long long slot_size, const unsigned long long* buffers,
+                        const unsigned long long* inboxes, const unsigned long long* flags,
+                        unsigned long long* words, long long timeout_ns, unsigned blocks) {{
     std::vector<std::thread> threads;
     for (unsigned b = 0; b < blocks; ++b)
         threads.emplace_back([=] {{
             gridDim.x = blocks; blockDim.x = 1; blockIdx.x = b; threadIdx.x = 0;
-            {name}(rows, row_count, rank, call, count, num_chunks, slot_size, buffer, buffers, inboxes,
-                   flags, errors, timeout_ns);
+            {name}(rows, row_count, rank, count, num_chunks, slot_size, buffers, inboxes, flags, words,
+                   timeout_ns);
         }});
     for (auto& t : threads) t.join();
 }}
@@ -76,11 +82,9 @@ ARGTYPES = [
     ctypes.c_void_p,
     ctypes.c_int,
     ctypes.c_int,
-    ctypes.c_ulonglong,
     ctypes.c_longlong,
     ctypes.c_int,
     ctypes.c_longlong,
-    ctypes.c_ulonglong,
     ctypes.c_void_p,
     ctypes.c_void_p,
     ctypes.c_void_p,
@@ -123,8 +127,9 @@ def pointer(array: np.ndarray) -> int:
 
 
 class HostRun:
-    """A program's inboxes, flags and error words in host memory, run by host threads: one per
-    rank (a Python thread; ctypes lets go of the interpreter lock) and one per block."""
+    """A program's inboxes, flags and every rank's words in host memory, run by host threads: one
+    per rank (a Python thread; ctypes lets go of the interpreter lock) and one per block.  It
+    counts the calls as the host does, and checks that every rank that ran counted each one."""
 
     def __init__(
         self, library: ctypes.CDLL, program: DeviceProgram, count: int, dtype: str, blocks: int
@@ -135,39 +140,38 @@ class HostRun:
         word = SUMS[dtype][1]
         self.inboxes = [np.zeros(max(s * self.slot_size, 1), dtype=word) for s in program.inbox_slots]
         self.flags = [np.zeros(program.flags * blocks, dtype=np.uint64) for _ in program.rows]
-        self.errors = np.zeros(program.num_ranks * ERROR_WORDS, dtype=np.uint64)
+        self.words = np.zeros(program.num_ranks * RANK_WORDS, dtype=np.uint64)
         self.inbox_pointers = np.array([pointer(b) for b in self.inboxes], dtype=np.uint64)
         self.flag_pointers = np.array([pointer(f) for f in self.flags], dtype=np.uint64)
         self.rows = [np.ascontiguousarray(r) for r in program.rows]
+        self.calls = 0
 
-    def rank(self, rank: int, buffers: np.ndarray, call: int, timeout_s: float) -> None:
+    def rank(self, rank: int, buffers: np.ndarray, timeout_s: float) -> None:
         """Rank ``rank``'s kernel on ``buffers`` (every rank's buffer address, in rank order)."""
         self.entry(
             pointer(self.rows[rank]),
             len(self.rows[rank]),
             rank,
-            call,
             self.count,
             self.program.num_chunks,
             self.slot_size,
-            int(buffers[rank]),
             pointer(buffers),
             pointer(self.inbox_pointers),
             pointer(self.flag_pointers),
-            pointer(self.errors),
+            pointer(self.words),
             int(timeout_s * 1e9),
             self.blocks,
         )
 
     def call(
-        self, buffers: Sequence[np.ndarray], call: int, timeout_s: float = 20.0, absent: Sequence[int] = ()
+        self, buffers: Sequence[np.ndarray], timeout_s: float = 20.0, absent: Sequence[int] = ()
     ) -> np.ndarray:
-        """Every rank but ``absent`` runs call number ``call`` on its buffer (word views); the
-        error words, one row per rank."""
-        self.errors[:] = 0
+        """Every rank but ``absent`` runs the next call on its buffer (word views); the error
+        words, one row per rank (a row's first word: the number of the call that failed there)."""
+        self.calls += 1
         addresses = np.array([pointer(b) for b in buffers], dtype=np.uint64)
         threads = [
-            threading.Thread(target=self.rank, args=(r, addresses, call, timeout_s))
+            threading.Thread(target=self.rank, args=(r, addresses, timeout_s))
             for r in range(self.program.num_ranks)
             if r not in absent
         ]
@@ -176,8 +180,12 @@ class HostRun:
         for t in threads:
             t.join(timeout_s + 60)
             assert not t.is_alive(), "a rank's kernel outlived its own timeout"
-        words: np.ndarray = self.errors.reshape(-1, ERROR_WORDS).copy()
-        return words
+        words = self.words.reshape(-1, RANK_WORDS)
+        counted = [int(words[r, 0]) for r in range(self.program.num_ranks) if r not in absent]
+        assert counted == [self.calls] * len(counted), f"call {self.calls} counted as {counted}"
+        assert not words[:, 1].any(), "a rank's count of its ended blocks was not reset"
+        errors: np.ndarray = words[:, PROGRESS_WORDS:].copy()
+        return errors
 
 
 class DeviceArray(FakeArray):
@@ -196,6 +204,9 @@ class FakeCuda:
         self.opened: list[int] = []  # the addresses IPC handles were opened for
         self.closed: list[int] = []
         self.allocations: dict[int, np.ndarray] = {}  # what cudaMalloc gave, by address
+        self.capturing: list[FakeStream] = []  # the stream capturing, and those that joined it
+        self.captures = 0
+        self.refuse_capture: str | None = None  # set: begin_capture fails with it
         self.runtime = types.SimpleNamespace(
             ipcGetMemHandle=self.handle,
             ipcOpenMemHandle=self.open,
@@ -249,7 +260,7 @@ class FakeCuda:
         return FakeStream(self)
 
     def get_current_stream(self) -> Any:
-        return types.SimpleNamespace(record=lambda: "event")
+        return types.SimpleNamespace(record=lambda: FakeEvent([]))
 
 
 class MappedCuda(FakeCuda):
@@ -290,11 +301,49 @@ class MappedCuda(FakeCuda):
         return address
 
 
+class FakeEvent:
+    """What an event waits for: the work on its stream when it was recorded (threads that ran
+    or run it), and, recorded while capturing, the capture (a stream that waits on it joins)."""
+
+    def __init__(
+        self, work: list[threading.Thread], capture: FakeGraph | None = None, source: int = 0
+    ) -> None:
+        self.work = work
+        self.capture = capture
+        self.source = source  # the id of the stream it was recorded on
+
+
+class FakeGraph:
+    """Launches captured from a stream and the streams it forked to: each a branch whose launches
+    run in order; every branch runs at once when the graph is launched."""
+
+    def __init__(self) -> None:
+        self.branches: dict[int, list[Any]] = {}  # a stream's id: its launches, in order
+        self.forked: set[int] = set()  # the streams that joined the capture
+        self.joined: set[int] = set()  # those the capturing stream waited on afterwards
+
+    def launch(self, stream: FakeStream) -> None:
+        done: list[threading.Thread] = []
+        for launches in self.branches.values():
+            before = list(stream.work)
+            for target in launches:
+                thread = _started(target, before)
+                before = [thread]
+            done += before
+        stream.work = done
+
+
 class FakeStream:
+    """A stream as an order of work: a kernel's thread starts once the work before it on this
+    stream (and that it was made to wait for) has ended.  While capturing, launches are recorded
+    into a :class:`FakeGraph` instead, and the streams that wait on the capture's events join it;
+    a capture that ends with a joined stream not waited on again fails, as CUDA's does."""
+
     def __init__(self, cuda: FakeCuda) -> None:
         self.cuda = cuda
-        self.threads: list[threading.Thread] = []
+        self.work: list[threading.Thread] = []
         self.outer: FakeStream | None = None
+        self.capture: FakeGraph | None = None
 
     def __enter__(self) -> FakeStream:
         self.outer, self.cuda.current = self.cuda.current, self
@@ -303,14 +352,63 @@ class FakeStream:
     def __exit__(self, *exc: object) -> None:
         self.cuda.current = self.outer
 
-    def wait_event(self, event: object) -> None:
-        pass
+    def launch(self, target: Any) -> None:
+        if self.capture is not None:
+            self.capture.branches.setdefault(id(self), []).append(target)
+            return
+        self.work = [_started(target, self.work)]
+
+    def record(self) -> FakeEvent:
+        return FakeEvent(list(self.work), self.capture, id(self))
+
+    def wait_event(self, event: FakeEvent) -> None:
+        if event.capture is not None:
+            if self.capture is None:
+                self.capture = event.capture
+                event.capture.forked.add(id(self))
+                self.cuda.capturing.append(self)
+            else:
+                event.capture.joined.add(event.source)
+            return
+        self.work = self.work + event.work
+
+    def begin_capture(self) -> None:
+        if self.cuda.refuse_capture:
+            raise RuntimeError(self.cuda.refuse_capture)
+        self.capture = FakeGraph()
+        self.cuda.capturing.append(self)
+
+    def end_capture(self) -> FakeGraph:
+        graph, self.capture = self.capture, None
+        assert graph is not None
+        for stream in self.cuda.capturing:
+            stream.capture = None
+        self.cuda.capturing = []
+        self.cuda.captures += 1
+        unjoined = graph.forked - graph.joined
+        if unjoined:
+            raise RuntimeError("cudaErrorStreamCaptureUnjoined: a forked stream was not joined")
+        return graph
 
     def synchronize(self) -> None:
-        for t in self.threads:
+        assert self.capture is None, "cudaErrorStreamCaptureUnsupported: synchronized while capturing"
+        for t in self.work:
             t.join(120)
             assert not t.is_alive(), "a kernel outlived its own timeout"
-        self.threads = []
+        self.work = []
+
+
+def _started(target: Any, after: list[threading.Thread]) -> threading.Thread:
+    """``target`` in a thread of its own that starts once ``after`` have ended."""
+
+    def run() -> None:
+        for t in after:
+            t.join()
+        target()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
 
 
 def fake_cupy(cuda: FakeCuda, library: ctypes.CDLL) -> types.ModuleType:
@@ -328,10 +426,13 @@ def fake_cupy(cuda: FakeCuda, library: ctypes.CDLL) -> types.ModuleType:
             stream = cuda.current
             assert stream is not None, "every rank's kernel goes on a stream of its own"
             values = [int(a.ctypes.data) if isinstance(a, np.ndarray) and a.ndim else int(a) for a in args]
-            cuda.launches.append((values[7], time.perf_counter()))
-            thread = threading.Thread(target=entry, args=(*values, grid[0]), daemon=True)
-            thread.start()
-            stream.threads.append(thread)
+            own = args[6]  # every rank's buffer: its own is read when the kernel starts
+
+            def run() -> None:
+                cuda.launches.append((int(own[int(args[2])]), time.perf_counter()))
+                entry(*values, grid[0])
+
+            stream.launch(run)
 
         kernel_object = types.SimpleNamespace(num_regs=40, shared_size_bytes=4)
         return types.SimpleNamespace(get_function=lambda name: _Kernel(kernel, kernel_object))

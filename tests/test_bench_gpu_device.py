@@ -9,11 +9,13 @@ import ctypes
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from fake_device import FakeCuda, host_or_skip, installed
 
+from stragglar.runtime import allreduce_local
 from stragglar.synth import synthesize
 from stragglar.verify import prove
 
@@ -40,6 +42,29 @@ def test_a_row_times_the_device_engine_and_the_late_rank_and_checks_every_call(c
     assert row.round_us > 0 and row.late_ratio is not None and row.late_ratio > 0
     assert row.copy_efficiency is None and row.graph_round_us is None  # 4 KiB; float16
     assert len(cuda.launches) == 4 * 3 * 2  # (1 untimed + 2 timed calls) x (punctual, late) x 4 ranks
+
+
+def test_the_headline_rows_time_the_staged_and_the_eager_device_calls_too(
+    cuda: FakeCuda, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """N = 8 float32: besides the default call (graphs after the first), every transfer staged
+    and every launch from the host (``graphs=False``), each checked; and the rounds engine (here
+    on the stand-in's memory as NumPy arrays: the stand-in runs the device engine only)."""
+    import gpu_device
+
+    def rounds_on_numpy(bufs: list[Any], proof: Any, *args: Any, **options: Any) -> object:
+        if options.get("engine") == "device":
+            return allreduce_local(bufs, proof, *args, **options)
+        return allreduce_local([np.asarray(b).view(np.ndarray) for b in bufs], proof, *args, **options)
+
+    monkeypatch.setattr(gpu_device, "allreduce_local", rounds_on_numpy)
+    proof = prove(synthesize("stragglar", 8))
+    cupy = sys.modules["cupy"]
+    row = gpu_device.device_row(cupy, lambda: None, proof, 4096, "float32", iters=2, late=False)
+    assert row.exact and row.staged_round_us and row.eager_round_us and row.graph_round_us
+    assert len(cuda.launches) == 8 * 3 * 3  # (1 untimed + 2 timed calls) x (default, staged, eager) x 8
+    assert cuda.captures == 2  # the default and the staged calls' programs, one graph each
+    assert "| 8 | 7 | 4 KiB | float32 |" in gpu_device.device_table([row])
 
 
 def test_a_wrong_result_is_reported_not_timed_over(cuda: FakeCuda, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -79,13 +104,15 @@ def test_the_settings_cover_the_issue_s_targets_and_the_verdicts_are_right(
     assert [s for s in settings if s[4]] == [(8, None, 64 << 20, "float32", True)]
     assert {(s[0], s[3]) for s in settings} >= {(n, d) for n in range(3, 17) for d in gpu_device.DTYPES}
     row = gpu_device.DeviceRow
-    fast = row(8, 64, 1 << 20, "float32", 1.2, None, None, 6.8, 1.9, None, True)
-    slow = row(8, 64, 1 << 20, "float32", 2.0, None, None, 6.8, 2.4, None, True)
-    big = row(8, 7, 64 << 20, "float32", 90.0, 0.65, 0.5, 300.0, 140.0, 0.42, True)
+    fast = row(8, 64, 1 << 20, "float32", 1.2, None, None, 6.8, 1.9, None, 2.5, True)
+    slow = row(8, 64, 1 << 20, "float32", 2.0, None, None, 6.8, 2.4, None, 3.1, True)
+    big = row(8, 7, 64 << 20, "float32", 90.0, 0.65, 0.5, 300.0, 140.0, 0.42, 91.0, True)
     assert gpu_device.device_targets([fast])[0].endswith("(target <= 1.5 us: met)")
     assert gpu_device.device_targets([slow])[0].endswith("(target <= 1.5 us: MISSED)")
     efficiency, late, exact = gpu_device.device_targets([big])
     assert efficiency.endswith("0.65 (target >= 0.7: MISSED)") and late.endswith("0.50 (target <= 0.7: met)")
     assert exact == "exact in every row: yes"
     table = gpu_device.device_table([fast, big])
-    assert "| 8 | 7 | 65536 KiB | float32 | 90.00 | 300.00 | 0.65 | 0.50 | 140.00 | 0.42 | yes |" in table
+    assert "| 8 | 7 | 65536 KiB | float32 | 90.00 | 91.00 | 300.00 | 0.65 | 0.50 | 140.00 | 0.42 | yes |" in (
+        table
+    )

@@ -1,13 +1,15 @@
 """On a real GPU (skipped without CuPy and a CUDA device): the device engine, one persistent
 kernel per rank, bit for bit against the reference interpreter on NumPy for every dtype CuPy has,
-N = 3..16, chunked schedules with direct and with staged transfers, call after call; the late
-rank launched late; a rank whose kernel is never launched reported as a RankError naming it.
+N = 3..16, chunked schedules with direct and with staged transfers, call after call; punctual
+calls replayed from a CUDA graph; the late rank launched late; a rank whose kernel is never
+launched reported as a RankError naming it.
 On CPU the same kernel source runs compiled for the host (test_runtime_device_kernel.py,
 test_runtime_device_loopback.py); this is the check to run on a machine with a GPU
 (benchmarks/gpu_check.sh)."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -63,16 +65,35 @@ def test_chunked_schedules_with_a_late_rank(n: int, chunks: int, staged: bool | 
     same_as_interpreter(n, chunks, "float32", 1 << 20, delay=0.01, staged=staged)
 
 
+@pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "eager"])
+def test_punctual_calls_replay_from_a_graph_call_after_call(
+    graphs: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Six punctual calls on fresh buffers (other addresses each time): the first launches each
+    rank's kernel, the second captures them in a graph, the rest replay it; every call exact."""
+    monkeypatch.setattr(loopback, "_loopbacks", type(loopback._loopbacks)())
+    proof = prove(synthesize("stragglar", 8, chunks=64))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a capture that failed would warn
+        for call in range(6):
+            host = draws(8, 1 << 18, "float32", seed=call)
+            want = [h.copy() for h in host]
+            allreduce_local(want, proof)
+            device = [cupy.asarray(h) for h in host]
+            allreduce_local(device, proof, engine="device", graphs=graphs)
+            for rank, (w, d) in enumerate(zip(want, device, strict=True)):
+                assert w.tobytes() == cupy.asnumpy(d).tobytes(), (call, rank, graphs)
+    (state,) = loopback._loopbacks.values()
+    assert len(state.replayer.captured) == (1 if graphs else 0)
+
+
 def test_a_rank_never_launched_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     proof = prove(synthesize("stragglar", 4))
     late = proof.schedule.late_rank
     launch = loopback.DeviceLoopback.launch
 
-    def all_but_the_late(
-        self: loopback.DeviceLoopback, rank: int, buffers: Sequence[int], timeout_s: float
-    ) -> None:
-        if rank != late:
-            launch(self, rank, buffers, timeout_s)
+    def all_but_the_late(self: loopback.DeviceLoopback, ranks: Sequence[int], timeout_s: float) -> None:
+        launch(self, [r for r in ranks if r != late], timeout_s)
 
     monkeypatch.setattr(loopback.DeviceLoopback, "launch", all_but_the_late)
     monkeypatch.setattr(loopback, "WAIT_TIMEOUT_S", 0.5)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import time
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -19,6 +21,7 @@ from fake_device import FakeCuda, host_or_skip, installed
 from stragglar.errors import ArgumentError, InputError
 from stragglar.runtime import RankError, allreduce_local
 from stragglar.runtime.device import loopback, programs
+from stragglar.runtime.device.kernel import RANK_WORDS
 from stragglar.runtime.device.lowering import lower
 from stragglar.runtime.device.prover import DeviceProgramError
 from stragglar.runtime.device.table import WAIT
@@ -79,6 +82,115 @@ def test_the_device_engine_sums_as_the_interpreter_call_after_call(
     assert len(cuda.launches) == 3 * n
     (program,) = programs._programs.values()  # the one program the calls ran
     assert program.direct is (staged is None)
+
+
+def exact_calls(proof: Any, calls: int, **options: Any) -> None:
+    """``calls`` calls, each on fresh buffers (other addresses) with other values, each exact."""
+    n = proof.num_ranks
+    for call in range(calls):
+        data = buffers(n, 61 + 8 * call, "float32", seed=10 + call)[: n - 1] + buffers(1, 61, "float32", call)
+        data = [d[:61] for d in data]
+        want = interpreted(data, proof)
+        allreduce_local(data, proof, engine="device", **options)
+        assert all(w.tobytes() == np.array(g).tobytes() for w, g in zip(want, data, strict=True)), call
+
+
+@pytest.mark.parametrize("staged", [None, True], ids=["direct", "staged"])
+def test_punctual_calls_replay_one_graph_of_every_ranks_kernel(cuda: FakeCuda, staged: bool | None) -> None:
+    """The first call launches each rank's kernel, the second captures them (on a stream of the
+    call's that forks to the ranks' streams and joins them again: the stand-in fails a capture
+    that leaves one unjoined), the rest replay; the graph reads each call's buffers from the
+    device, so it runs on fresh ones, and the device counts the calls, so the replays need no
+    new arguments."""
+    proof = prove(synthesize("stragglar", 5, chunks=7))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a capture that failed would warn
+        exact_calls(proof, 5, staged=staged)
+    assert cuda.captures == 1 and len(cuda.launches) == 5 * 5
+
+
+def test_graphs_off_launches_every_rank_every_call_and_never_captures(cuda: FakeCuda) -> None:
+    proof = prove(synthesize("ring", 4))
+    exact_calls(proof, 3, graphs=False, staged=True)
+    assert cuda.captures == 0 and len(cuda.launches) == 3 * 4
+    exact_calls(proof, 2)  # on: the first call on it captures
+    assert cuda.captures == 1
+
+
+def test_a_capture_that_fails_warns_once_and_every_call_launches_eagerly(cuda: FakeCuda) -> None:
+    cuda.refuse_capture = "operation not permitted when stream is capturing"
+    proof = prove(synthesize("stragglar", 4))
+    with pytest.warns(RuntimeWarning, match="could not capture .* operation not permitted") as warned:
+        exact_calls(proof, 4)
+    assert len(warned) == 1 and cuda.captures == 0 and len(cuda.launches) == 4 * 4
+
+
+def test_a_late_rank_is_launched_by_itself_graphs_or_not(cuda: FakeCuda) -> None:
+    proof = prove(synthesize("stragglar", 4))
+    for _ in range(3):
+        allreduce_local(buffers(4, 40, "float32", seed=3), proof, 0.01, engine="device")
+    assert cuda.captures == 0 and len(cuda.launches) == 3 * 4
+
+
+def test_a_call_interrupted_in_the_late_ranks_delay_ends_at_once_and_the_next_is_exact(
+    cuda: FakeCuda, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Interrupted while the late rank's kernel waits for its delay: it is launched at once, so
+    the call's kernels all end (none writes the caller's buffers after it raised) long before
+    their timeout, and the calls after it are exact."""
+    proof = prove(synthesize("stragglar", 5))
+    monkeypatch.setattr(loopback, "WAIT_TIMEOUT_S", 5.0)
+    exact_calls(proof, 1)
+
+    def interrupted(until: float) -> float:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(loopback, "sleep_until", interrupted)
+        began = time.perf_counter()
+        with pytest.raises(KeyboardInterrupt):
+            allreduce_local(buffers(5, 61, "float32", seed=1), proof, 30.0, engine="device")
+        assert time.perf_counter() - began < 2.0 and len(cuda.launches) == 2 * 5
+    exact_calls(proof, 3)
+
+
+def test_a_launch_that_fails_waits_for_the_launched_kernels_and_the_next_call_is_exact(
+    cuda: FakeCuda, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The late rank's launch fails: the others' kernels give up waiting for it (the call
+    raises only once they have ended), and the device's counts part (the late rank's is one
+    behind); the next call sets them to the host's first, and is exact."""
+    proof = prove(synthesize("stragglar", 5))
+    late = proof.schedule.late_rank
+    monkeypatch.setattr(loopback, "WAIT_TIMEOUT_S", 0.2)
+    exact_calls(proof, 1)
+    launch = loopback.DeviceLoopback.launch
+
+    def failing(self: loopback.DeviceLoopback, ranks: Sequence[int], timeout_s: float) -> None:
+        if late in ranks:
+            raise RuntimeError("cudaErrorLaunchFailure")
+        launch(self, ranks, timeout_s)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(loopback.DeviceLoopback, "launch", failing)
+        with pytest.raises(RuntimeError, match="cudaErrorLaunchFailure"):
+            allreduce_local(buffers(5, 61, "float32", seed=1), proof, 0.01, engine="device")
+    (state,) = loopback._loopbacks.values()
+    progress = state.words.reshape(-1, RANK_WORDS)[:, 0]
+    assert progress[late] == 1 and all(progress[r] == 2 for r in range(5) if r != late)
+    exact_calls(proof, 3)
+
+
+def test_a_call_the_device_did_not_count_is_an_error_not_a_result(cuda: FakeCuda) -> None:
+    """Every rank's count set back by one after a call: the kernels agree with each other (so
+    nothing times out) but not with the host, which refuses the call it cannot account for."""
+    proof = prove(synthesize("ring", 3))
+    exact_calls(proof, 1)
+    (state,) = loopback._loopbacks.values()
+    state.words.reshape(-1, RANK_WORDS)[:, 0] -= 1
+    with pytest.raises(RankError, match="rank 0's kernel ended call 1, not call 2") as caught:
+        allreduce_local(buffers(3, 61, "float32", seed=1), proof, engine="device")
+    assert caught.value.rank == 0 and caught.value.reason == "failed"
 
 
 def test_the_late_rank_is_launched_after_its_delay(cuda: FakeCuda) -> None:
@@ -144,11 +256,8 @@ def test_a_rank_that_never_starts_is_reported_with_round_and_peer(
     late = proof.schedule.late_rank
     launch = loopback.DeviceLoopback.launch
 
-    def all_but_the_late(
-        self: loopback.DeviceLoopback, rank: int, buffers: Sequence[int], timeout_s: float
-    ) -> None:
-        if rank != late:
-            launch(self, rank, buffers, timeout_s)
+    def all_but_the_late(self: loopback.DeviceLoopback, ranks: Sequence[int], timeout_s: float) -> None:
+        launch(self, [r for r in ranks if r != late], timeout_s)
 
     monkeypatch.setattr(loopback.DeviceLoopback, "launch", all_but_the_late)
     monkeypatch.setattr(loopback, "WAIT_TIMEOUT_S", 0.3)
@@ -164,8 +273,8 @@ def test_options_that_do_not_apply_are_refused(cuda: FakeCuda) -> None:
     proof = prove(synthesize("ring", 3))
     with pytest.raises(InputError, match="runs on CuPy arrays or torch CUDA tensors"):
         allreduce_local([np.zeros(4, np.float32) for _ in range(3)], proof, engine="device")
-    with pytest.raises(InputError, match="graphs applies to the rounds engine"):
-        allreduce_local(buffers(3, 4, "float32", 0), proof, engine="device", graphs=True)
+    with pytest.raises(ArgumentError, match="graphs must be True or False, got 'yes'"):
+        allreduce_local(buffers(3, 4, "float32", 0), proof, engine="device", graphs="yes")  # type: ignore[arg-type]
     with pytest.raises(InputError, match="unknown engine 'gpu'"):
         allreduce_local(buffers(3, 4, "float32", 0), proof, engine="gpu")
     with pytest.raises(InputError, match="staged applies to the device engine"):

@@ -141,6 +141,21 @@ def test_graphs_off_never_captures() -> None:
     assert device.captures == 0 and device.replays == 0
 
 
+def test_graphs_turned_off_run_eagerly_even_where_a_graph_was_captured() -> None:
+    device = Recorder()
+    replayer = Replayer(device)
+    ran: list[int] = []
+    for call in range(3):
+        replayer("a", lambda call=call: ran.append(call))  # type: ignore[misc]
+    replayer.graphs = False
+    replayer("a", lambda: ran.append(3))
+    # call 1's work was captured, then replayed in calls 1 and 2; call 3 ran its own
+    assert ran == [0, 1, 1, 3] and device.captures == 1 and device.replays == 2
+    replayer.graphs = True
+    replayer("a", lambda: ran.append(4))
+    assert ran == [0, 1, 1, 3, 1] and device.replays == 3  # on again: the graph kept replays
+
+
 def test_a_failed_capture_warns_once_and_everything_runs_eagerly_after() -> None:
     device = Recorder(fail="capture not permitted")
     replayer = Replayer(device)

@@ -62,7 +62,7 @@ class Replayer:
         """Run ``work`` for ``key``; ``refusal`` says, when a capture is due, why none may be made
         (None: it may), asked then and not at every call."""
         with self.lock:
-            graph = self.captured.get(key)
+            graph = self.captured.get(key) if self.graphs else None  # off: no replay of an old one
             if graph is not None:
                 self.captured.move_to_end(key)
             eager = graph is None and (not self.graphs or self.failure is not None or key not in self.seen)

@@ -62,30 +62,27 @@ def allreduce_local(
     rounds from the host as above.  The device engine moves a chunk straight between two ranks'
     buffers where the schedule's own messages make that safe, through the receiver's inbox
     elsewhere; ``staged=True`` stages every transfer (what ranks in separate processes do on a
-    buffer that is not registered).  ``staged`` applies to the device engine only.
+    buffer that is not registered).  ``staged`` applies to the device engine only.  A device
+    call with nobody late (``straggler_delay`` 0) launches every rank's kernel from one CUDA
+    graph after its first call; ``graphs=False`` launches them one by one every call (a late
+    rank's kernel is always launched by itself, after its delay).
     """
     require_proof(proof)
     check_buffers(buffers)
     delay = as_seconds(straggler_delay, "straggler_delay", maximum=MAX_DELAY)
     late_rank = late_rank_for(proof.schedule, late_rank)
     on_gpu = bool(buffers) and library_of(buffers[0]) == "cupy"
+    if graphs is not None:
+        as_flag(graphs, "graphs")
     if on_device(engine):
-        if graphs is not None:
-            raise InputError(
-                "graphs applies to the rounds engine: the device engine launches one kernel a rank"
-            )
         direct = staged is None or not as_flag(staged, "staged")
-        return _on_device(buffers, proof, delay, late_rank, direct)
+        return _on_device(buffers, proof, delay, late_rank, direct, graphs is not False)
     if staged is not None:
         raise InputError(
             "staged applies to the device engine (engine='device'): the rounds engine has no inboxes"
         )
-    if graphs is not None:
-        as_flag(graphs, "graphs")
-        if not on_gpu:
-            raise InputError(
-                "graphs applies to CuPy arrays (the GPU loopback): these rounds have no CUDA graph"
-            )
+    if graphs is not None and not on_gpu:
+        raise InputError("graphs applies to CuPy arrays (the GPU loopback): these rounds have no CUDA graph")
     count = int(flat_view(buffers[0]).shape[0]) if buffers else 0
     plans = [plan_for(proof, r, count) for r in range(proof.num_ranks)]
     if not on_gpu:
@@ -100,10 +97,10 @@ def allreduce_local(
 
 
 def _on_device(
-    buffers: Sequence[Any], proof: Proof, delay: float, late_rank: int, direct: bool
+    buffers: Sequence[Any], proof: Proof, delay: float, late_rank: int, direct: bool, graphs: bool
 ) -> list[Timeline]:
     """The device engine on ``buffers``: its program proved (with direct transfers where safe when
-    ``direct``), then one kernel per rank."""
+    ``direct``), then one kernel per rank (from a graph when nobody is late, unless not ``graphs``)."""
     from stragglar.runtime.device import program_for
     from stragglar.runtime.device.buffers import address_of, check_device_buffer, launcher, queued_work_done
     from stragglar.runtime.device.loopback import run_device_loopback
@@ -123,7 +120,7 @@ def _on_device(
     pointers = [pointer for pointer, _ in addresses]
     dtype, fingerprint = dtype_name(flats[0]), proof.schedule.fingerprint
     return run_device_loopback(
-        cupy, pointers, count, dtype, devices[0], program, fingerprint, delay, late_rank
+        cupy, pointers, count, dtype, devices[0], program, fingerprint, delay, late_rank, graphs
     )
 
 

@@ -1,16 +1,17 @@
 """Ranks in processes of their own: each runs its device program as one kernel launch, reaching
 its peers' inboxes and flags through CUDA IPC handles exchanged once over the group.
 
-A rank allocates its inbox, its flags and its error words, and all-gathers, once per (group,
-schedule, element count, dtype), the IPC handles of its inbox and flags with the number of
-blocks its device holds for every rank at once; every rank then opens its peers' handles (cached
-with the rest) and launches with the fewest blocks any rank offered (the flags are per block, so
-the ranks must agree).  A call launches this rank's kernel (the late rank after its delay),
-waits for it, then all-gathers every rank's error words: that gather is also what keeps a rank
-from starting its next call while a peer still reads this call's inbox slots, and what lets every
-rank raise the same :class:`~stragglar.runtime.failures.RankError` (the one whose peer did not
-fail itself).  A dead peer process leaves the others' waits to time out on the device, then their
-gather to fail.  Several ranks may share a GPU: their kernels then time-slice (correct, not fast).
+A rank allocates its inbox, its flags and its words (its call count and error words), and
+all-gathers, once per (group, schedule, element count, dtype), the IPC handles of its inbox and
+flags with the number of blocks its device holds for every rank at once; every rank then opens
+its peers' handles (cached with the rest) and launches with the fewest blocks any rank offered
+(the flags are per block, so the ranks must agree).  A call launches this rank's kernel (the
+late rank after its delay), waits for it, then all-gathers every rank's words: that gather is
+also what keeps a rank from starting its next call while a peer still reads this call's inbox
+slots, and what lets every rank raise the same :class:`~stragglar.runtime.failures.RankError`
+(the one whose peer did not fail itself, or the rank whose kernel did not count the call).  A
+dead peer process leaves the others' waits to time out on the device, then their gather to
+fail.  Several ranks may share a GPU: their kernels then time-slice (correct, not fast).
 
 A call on a registered buffer (:mod:`~stragglar.runtime.device.shared`) has a state of its own,
 which knows every rank's buffer and so runs direct transfers, kept by the registration as long
@@ -37,8 +38,8 @@ import numpy as np
 from stragglar.errors import InputError
 from stragglar.runtime.clock import Timeline
 from stragglar.runtime.device.ipc import HANDLE_BYTES, handle_bytes, handle_words
-from stragglar.runtime.device.kernel import ERROR_WORDS, SOURCE, THREADS, kernel_args, kernel_name, slot_size
-from stragglar.runtime.device.loopback import blocks_for, first_failure, resident_blocks
+from stragglar.runtime.device.kernel import RANK_WORDS, SOURCE, THREADS, kernel_args, kernel_name, slot_size
+from stragglar.runtime.device.loopback import blocks_for, call_failure, resident_blocks
 from stragglar.runtime.device.shared import Registration
 from stragglar.runtime.device.table import DeviceProgram
 from stragglar.runtime.kernels import SUMS
@@ -50,7 +51,7 @@ Gather = Callable[[Sequence[int]], list[tuple[int, ...]]]  # every rank's intege
 
 
 class DeviceRank:
-    """One rank's device state on a group: its program's rows, its inbox, flags and error words,
+    """One rank's device state on a group: its program's rows, its inbox, flags and words,
     its peers' inboxes and flags opened from their handles, every rank's buffer where the buffer
     is registered (``addresses``; None: only this rank's, known per call), and the number of its
     last call."""
@@ -90,7 +91,7 @@ class DeviceRank:
         runtime.memset(flags, 0, flag_bytes)
         opened: list[int] = []  # the peers' memory this rank opens, closed when the state goes
         weakref.finalize(self, _release, runtime, opened, (inbox, flags))
-        self.errors = cupy.zeros(program.num_ranks * ERROR_WORDS, dtype=cupy.uint64)
+        self.words = cupy.zeros(program.num_ranks * RANK_WORDS, dtype=cupy.uint64)  # this rank's row only
         own = [
             mine,
             *handle_words(runtime.ipcGetMemHandle(inbox)),
@@ -118,6 +119,7 @@ class DeviceRank:
         if addresses is not None:
             self.buffer_pointers = (addresses[rank], cupy.asarray(np.array(addresses, dtype=np.uint64)))
         self.call = 0
+        self.counted = True  # False: a call's launch was cut short, the device's count is behind
 
     def _own_buffer(self, buffer: int) -> Any:
         """Every rank's buffer address as the kernel takes them: a registered buffer's, else this
@@ -136,35 +138,35 @@ class DeviceRank:
     ) -> Timeline:
         """One call on the buffer at address ``buffer``: this rank's kernel (after
         ``straggler_delay`` s if it is the late rank; each of its waits bounded by ``timeout_s``),
-        then every rank's error words gathered."""
+        then every rank's words gathered: every rank raises the same error if a wait timed out
+        anywhere, or a rank's kernel did not count the call."""
         self.call += 1
-        self.errors.fill(0)
+        if not self.counted:  # the device's count as the host's (and every peer's), once the
+            self.stream.synchronize()  # kernel of the call cut short has ended (or given up)
+            progress = self.words.reshape(-1, RANK_WORDS)[self.rank]
+            progress[0] = self.call - 1
+            progress[1] = 0
+        self.counted = False
         start = time.perf_counter()
         if self.rank == late_rank and straggler_delay > 0:
             time.sleep(straggler_delay)
         arrived = time.perf_counter()
         self.stream.wait_event(self.cupy.cuda.get_current_stream().record())
-        pointers = (self._own_buffer(buffer), self.inbox_pointers, self.flag_pointers, self.errors)
+        pointers = (self._own_buffer(buffer), self.inbox_pointers, self.flag_pointers, self.words)
         args = kernel_args(
-            self.program,
-            self.rank,
-            self.rows,
-            self.call,
-            self.count,
-            self.slot_size,
-            buffer,
-            pointers,
-            timeout_s,
+            self.program, self.rank, self.rows, self.count, self.slot_size, pointers, timeout_s
         )
         with self.stream:
             self.kernel((self.blocks,), (THREADS,), args)
+        self.counted = True
         self.stream.synchronize()
         done = time.perf_counter()
-        own = self.errors.get().reshape(-1, ERROR_WORDS)[self.rank]
-        words = np.array(gather([int(w) for w in own]), dtype=np.uint64)
-        failed = [r for r in range(len(words)) if words[r, 0]]
-        if failed:
-            raise first_failure(self.program, words, failed)
+        own = self.words.get().reshape(-1, RANK_WORDS)[self.rank]
+        failure = call_failure(
+            self.program, np.array(gather([int(w) for w in own]), dtype=np.uint64), self.call
+        )
+        if failure is not None:
+            raise failure
         return Timeline(self.rank, start, arrived, self.program.phase_ends(self.rank, done), done)
 
 

@@ -8,16 +8,22 @@ inboxes and flags, and for the direct rows their buffers (``buffers``, every ran
 launch that cannot reach a peer's buffer gives 0 there and runs a program without direct rows).
 A ``signal`` is a block barrier (every thread's puts and reads are done) and a release store by
 thread 0 into the peer's flag of this block; a ``wait`` is thread 0 spinning on an acquire load,
-then a block barrier.  Every spin is bounded: past ``timeout_ns``
-of the device's clock the block claims the rank's error word and writes where it stood (its row,
-the round, the peer it waited for, the value it wanted and the one it saw); the rank's other
-blocks see the claimed word and stop; the host turns the word into a
+then a block barrier.  Every spin is bounded: past ``timeout_ns`` of the device's clock the block
+claims the rank's error word for this call and writes where it stood (its row, the round, the
+peer it waited for, the value it wanted and the one it saw); the rank's other blocks see the
+claimed word and stop; the host turns the word into a
 :class:`~stragglar.runtime.failures.RankError`.  Sums use the loopback's sum types
 (:data:`~stragglar.runtime.kernels.SUM_SOURCE`), ``buffer += received`` in the dtype's own
 arithmetic, so the results are the interpreter's bits.
 
+The call number (what the flags' values and the error word carry) lives on the device, in the
+rank's *progress* words: a kernel's blocks read the last call's number and add one; the last of
+them to end (a block that gave up included) counts the call.  So the arguments of a launch never
+change, repeated launches and a CUDA graph's replays run call after call with no reset, and the
+host, which keeps the count too, can tell a call the device did not count.
+
 The memory-model primitives are the only CUDA-specific code (PTX acquire/release at system scope,
-the global timer, an atomic claim, the block barrier); compiled for the host with
+the global timer, atomic claims and counts, the block barriers); compiled for the host with
 ``STRAGGLAR_HOST`` defined, a prelude maps them to GCC atomics and threads (one host thread per
 block, one thread a block), which is how the tests run this very source without a GPU.
 """
@@ -31,10 +37,21 @@ import numpy as np
 from stragglar.runtime.device.table import DeviceProgram
 from stragglar.runtime.kernels import SUM_SOURCE, SUMS
 
-__all__ = ["ERROR_WORDS", "SOURCE", "THREADS", "kernel_args", "kernel_name", "slot_size"]
+__all__ = [
+    "ERROR_WORDS",
+    "PROGRESS_WORDS",
+    "RANK_WORDS",
+    "SOURCE",
+    "THREADS",
+    "kernel_args",
+    "kernel_name",
+    "slot_size",
+]
 
 THREADS = 512  # threads a block: its part of a chunk is copied with a block-stride loop
-ERROR_WORDS = 8  # per rank: claimed, row, round, peer, flag, wanted, seen, block
+PROGRESS_WORDS = 2  # per rank: the number of the last call its kernel ended, its blocks ended in this one
+ERROR_WORDS = 8  # per rank: the call that failed, row, round, peer, flag, wanted, seen, block
+RANK_WORDS = PROGRESS_WORDS + ERROR_WORDS  # a rank's words: its progress, then its error
 
 _PRIMITIVES = r"""
 #ifndef STRAGGLAR_HOST
@@ -49,13 +66,17 @@ __device__ void store_release(unsigned long long* word, unsigned long long value
 __device__ unsigned long long load_relaxed(const unsigned long long* word) {
     return *(const volatile unsigned long long*)word;
 }
-__device__ bool claim(unsigned long long* word) { return atomicCAS(word, 0ull, 1ull) == 0ull; }
+__device__ bool claim(unsigned long long* word, unsigned long long call) {
+    return atomicMax(word, call) < call;  // the first of this call's blocks to give up
+}
+__device__ unsigned long long arrive(unsigned long long* word) { return atomicAdd(word, 1ull); }
 __device__ unsigned long long now_ns() {
     unsigned long long now;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
     return now;
 }
 __device__ void block_barrier() { __syncthreads(); }
+__device__ bool block_any(int value) { return __syncthreads_or(value) != 0; }
 __device__ void spin_pause() { __nanosleep(64); }
 #endif
 """
@@ -102,20 +123,20 @@ _KERNEL = r"""
 enum { PUT = 0, SIGNAL = 1, WAIT = 2, COPY = 3, REDUCE = 4, PUSH = 5, PULL = 6, PULL_REDUCE = 7 };
 
 template <typename Sum>
-__global__ void run_program(const long long* rows, int row_count, int rank, unsigned long long call,
-                            long long count, int num_chunks, long long slot_size,
-                            unsigned long long buffer, const unsigned long long* buffers,
-                            const unsigned long long* inboxes,
-                            const unsigned long long* flags, unsigned long long* errors,
-                            long long timeout_ns) {
+__global__ void run_program(const long long* rows, int row_count, int rank, long long count, int num_chunks,
+                            long long slot_size, const unsigned long long* buffers,
+                            const unsigned long long* inboxes, const unsigned long long* flags,
+                            unsigned long long* words, long long timeout_ns) {
     typedef typename Sum::Word Word;
-    __shared__ int stop;
-    Word* mine = reinterpret_cast<Word*>(buffer);
-    unsigned long long* error = errors + 8 * rank;
+    __shared__ unsigned long long this_call;
+    Word* mine = reinterpret_cast<Word*>(buffers[rank]);
+    unsigned long long* progress = words + RANK_WORDS * rank;  // the last call ended, its blocks ended
+    unsigned long long* error = progress + PROGRESS_WORDS;
     const long long base = count / num_chunks, extra = count % num_chunks;
     const long long blocks = gridDim.x, block = blockIdx.x;
-    if (threadIdx.x == 0) stop = 0;  // set by thread 0 only, once a wait gives up
+    if (threadIdx.x == 0) this_call = load_relaxed(progress) + 1;  // counted by the last call's last block
     block_barrier();
+    const unsigned long long call = this_call;
     for (int i = 0; i < row_count; ++i) {
         const long long* row = rows + 8 * i;
         const long long op = row[0], peer = row[2], chunk = row[3], slot = row[4];
@@ -128,6 +149,7 @@ __global__ void run_program(const long long* rows, int row_count, int rank, unsi
             continue;
         }
         if (op == WAIT) {
+            int gave_up = 0;
             if (threadIdx.x == 0) {
                 const unsigned long long* flag = reinterpret_cast<const unsigned long long*>(flags[rank]);
                 flag += row[5] * blocks + block;
@@ -135,20 +157,21 @@ __global__ void run_program(const long long* rows, int row_count, int rank, unsi
                 const unsigned long long start = now_ns();
                 unsigned long long seen;
                 while ((seen = load_acquire(flag)) < wanted) {
-                    if (load_relaxed(error) != 0) { stop = 1; break; }  // another block gave up
+                    if (load_relaxed(error) == call) { gave_up = 1; break; }  // another block gave up
                     if ((long long)(now_ns() - start) > timeout_ns) {
-                        if (claim(error)) {
+                        if (claim(error, call)) {
                             error[1] = i; error[2] = row[1]; error[3] = peer; error[4] = row[5];
                             error[5] = wanted; error[6] = seen; error[7] = block;
                         }
-                        stop = 1;
+                        gave_up = 1;
                         break;
                     }
                     spin_pause();
                 }
             }
-            block_barrier();  // the acquire, then every thread may read what it made visible
-            if (stop) return;
+            // A barrier: after the acquire every thread may read what it made visible; and every
+            // thread leaves the rows together when thread 0 gave up.
+            if (block_any(gave_up)) break;
             continue;
         }
         const long long size = base + (chunk < extra ? 1 : 0);
@@ -163,10 +186,20 @@ __global__ void run_program(const long long* rows, int row_count, int rank, unsi
         const Word* from = op == PUT || op == PUSH ? part : other;
         move<Sum>(to, from, lo, hi, op == REDUCE || op == PULL_REDUCE);
     }
+    // The call is counted once every block has ended (a block that gave up included), by the last
+    // to end: the next launch on this rank's stream reads the count, so a launch needs no call
+    // number of the host's, and a graph of launches replays as call after call.
+    block_barrier();
+    if (threadIdx.x == 0 && arrive(progress + 1) == (unsigned long long)(blocks - 1)) {
+        progress[1] = 0;
+        progress[0] = call;
+    }
 }
 """
 
-SOURCE = SUM_SOURCE + _PRIMITIVES + _MOVE + _KERNEL
+_WORDS = f"#define PROGRESS_WORDS {PROGRESS_WORDS}\n#define RANK_WORDS {RANK_WORDS}\n"
+
+SOURCE = SUM_SOURCE + _PRIMITIVES + _MOVE + _WORDS + _KERNEL
 
 
 def slot_size(count: int, num_chunks: int, dtype: str) -> int:
@@ -192,30 +225,27 @@ def kernel_args(
     program: DeviceProgram,
     rank: int,
     rows: Any,
-    call: int,
     count: int,
     slot_size: int,
-    buffer: int,
     pointers: tuple[Any, Any, Any, Any],
     timeout_s: float,
 ) -> tuple[Any, ...]:
     """``run_program``'s arguments, in its order and C types, for rank ``rank``'s launch: ``rows``
     its table on the device, ``pointers`` the device arrays of every rank's buffer, inbox and
-    flag addresses and of the error words.  One place for the kernel's signature, whoever launches
-    it (one process or a group)."""
-    buffers, inboxes, flags, errors = pointers
+    flag addresses and of every rank's words (:data:`RANK_WORDS`).  Nothing in them changes from
+    call to call (the buffers' addresses are read from the device array), so a graph of launches
+    replays.  One place for the kernel's signature, whoever launches it (one process or a group)."""
+    buffers, inboxes, flags, words = pointers
     return (
         rows,
         np.int32(len(program.rows[rank])),
         np.int32(rank),
-        np.uint64(call),
         np.int64(count),
         np.int32(program.num_chunks),
         np.int64(slot_size),
-        np.uint64(buffer),
         buffers,
         inboxes,
         flags,
-        errors,
+        words,
         np.int64(int(timeout_s * 1e9)),
     )

@@ -7,10 +7,15 @@ hold together is refused before anything runs (:func:`resident_blocks`, from the
 multiprocessors and the kernel's registers, threads and shared memory).  A call waits for every
 rank's kernel before it returns, which is what lets the next call reuse the inboxes (see
 :mod:`~stragglar.runtime.device.table`); the flags are never reset (their values carry the call
-number).  A wait that times out on the device comes back as a
+number, which the device counts).  A wait that times out on the device comes back as a
 :class:`~stragglar.runtime.failures.RankError` naming the rank, the round and the peer.
 
-Inboxes, flags and the error words are kept per (schedule, element count, dtype, device), a few.
+A call with nobody late launches every rank's kernel at once: from its second call on, that is
+one CUDA graph's replay (:class:`~stragglar.runtime.graphs.Replayer`), which spares the host a
+launch per rank.  The graph reads the buffers through a device array of their addresses written
+before each call, so it replays on any buffers.
+
+Inboxes, flags and the words are kept per (schedule, element count, dtype, device), a few.
 """
 
 from __future__ import annotations
@@ -18,16 +23,26 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from stragglar.errors import InputError
 from stragglar.runtime.clock import Timeline, sleep_until
-from stragglar.runtime.device.kernel import ERROR_WORDS, SOURCE, THREADS, kernel_args, kernel_name, slot_size
+from stragglar.runtime.device.kernel import (
+    ERROR_WORDS,
+    PROGRESS_WORDS,
+    RANK_WORDS,
+    SOURCE,
+    THREADS,
+    kernel_args,
+    kernel_name,
+    slot_size,
+)
 from stragglar.runtime.device.table import DeviceProgram
 from stragglar.runtime.failures import RankError, failure_phrase
+from stragglar.runtime.graphs import Replayer
 from stragglar.runtime.kernels import SUMS
 from stragglar.runtime.plans import cached
 
@@ -35,6 +50,8 @@ __all__ = [
     "MAX_BLOCKS",
     "DeviceLoopback",
     "blocks_for",
+    "call_failure",
+    "first_failure",
     "rank_error",
     "resident_blocks",
     "run_device_loopback",
@@ -73,8 +90,10 @@ def blocks_for(program: DeviceProgram, count: int, resident: int) -> int:
 
 
 class DeviceLoopback:
-    """One program's device state: each rank's rows, inbox and flags, the error words, the
-    streams, and the number of the last call (the flags' values go on from it)."""
+    """One program's device state: each rank's rows, inbox, flags and words, every rank's buffer
+    address on the device (written before a call), the streams, the graphs of punctual calls, and
+    the number of calls made (the device counts them too: see
+    :mod:`~stragglar.runtime.device.kernel`)."""
 
     def __init__(self, cupy: Any, program: DeviceProgram, count: int, dtype: str, device_id: int) -> None:
         self.cupy = cupy
@@ -98,67 +117,132 @@ class DeviceLoopback:
             cupy.empty(max(s, 1) * max(self.slot_size, 1), dtype=word) for s in program.inbox_slots
         ]
         self.flags = [cupy.zeros(program.flags * self.blocks, dtype=cupy.uint64) for _ in range(n)]
-        self.errors = cupy.zeros(n * ERROR_WORDS, dtype=cupy.uint64)
+        self.words = cupy.zeros(n * RANK_WORDS, dtype=cupy.uint64)
         self.inbox_pointers = cupy.asarray(np.array([b.data.ptr for b in self.inboxes], dtype=np.uint64))
         self.flag_pointers = cupy.asarray(np.array([f.data.ptr for f in self.flags], dtype=np.uint64))
+        self.buffer_pointers = cupy.zeros(n, dtype=cupy.uint64)
+        self.bound: tuple[int, ...] = ()  # the addresses in buffer_pointers
+        self.origin = cupy.cuda.Stream(non_blocking=True)  # where a call starts and ends
         self.streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(n)]
-        self.buffer_pointers: tuple[tuple[int, ...], Any] = ((), None)  # the last buffers, on the device
+        self.replayer = Replayer(self, limit=1)  # the one graph: every rank's launch, nobody late
         self.call = 0
+        self.counted = True  # False: a call's launches were cut short, the device's counts are behind
 
-    def launch(self, rank: int, buffers: Sequence[int], timeout_s: float) -> None:
-        """Rank ``rank``'s kernel on its stream, after the caller's queued work."""
-        stream = self.streams[rank]
-        stream.wait_event(self.cupy.cuda.get_current_stream().record())
-        pointers = (self._buffer_pointers(buffers), self.inbox_pointers, self.flag_pointers, self.errors)
-        args = kernel_args(
-            self.program,
-            rank,
-            self.rows[rank],
-            self.call,
-            self.count,
-            self.slot_size,
-            buffers[rank],
-            pointers,
-            timeout_s,
-        )
-        with stream:
-            self.kernel((self.blocks,), (THREADS,), args)
-
-    def _buffer_pointers(self, buffers: Sequence[int]) -> Any:
-        """Every rank's buffer address on the device, for the direct rows (made again only when
-        the caller's buffers change)."""
-        if self.buffer_pointers[0] != tuple(buffers):
-            self.buffer_pointers = (tuple(buffers), self.cupy.asarray(np.array(buffers, dtype=np.uint64)))
-        return self.buffer_pointers[1]
-
-    def run(self, buffers: Sequence[int], straggler_delay: float, late_rank: int) -> list[Timeline]:
-        """One call on the buffers at addresses ``buffers`` (one per rank): every rank's kernel,
-        the late rank's ``straggler_delay`` s after the others."""
+    def start(self, buffers: Sequence[int]) -> None:
+        """Begin a call on the buffers at addresses ``buffers`` (one per rank): after the caller's
+        queued work, with the device's call counts set to the host's where a call was cut short."""
         self.call += 1
-        self.errors.fill(0)
-        timeout = WAIT_TIMEOUT_S + straggler_delay
-        start = time.perf_counter()
-        for rank in range(len(buffers)):
-            if rank != late_rank:
-                self.launch(rank, buffers, timeout)
-        arrived = sleep_until(start + straggler_delay)
-        self.launch(late_rank, buffers, timeout)
+        if not self.counted:  # once the kernels of the call cut short have ended (or given up)
+            self.join()
+            self.origin.synchronize()
+            progress = self.words.reshape(-1, RANK_WORDS)
+            progress[:, 0] = self.call - 1
+            progress[:, 1] = 0
+        self.origin.wait_event(self.cupy.cuda.get_current_stream().record())
+        with self.origin:
+            if self.bound != tuple(buffers):
+                self.buffer_pointers.set(np.array(buffers, dtype=np.uint64), stream=self.origin)
+                self.bound = tuple(buffers)
+        self.counted = False
+
+    def launch(self, ranks: Sequence[int], timeout_s: float) -> None:
+        """The kernels of ``ranks``, each on its rank's stream, after what ``origin`` holds."""
+        ready = self.origin.record()
+        pointers = (self.buffer_pointers, self.inbox_pointers, self.flag_pointers, self.words)
+        for rank in ranks:
+            args = kernel_args(
+                self.program, rank, self.rows[rank], self.count, self.slot_size, pointers, timeout_s
+            )
+            stream = self.streams[rank]
+            stream.wait_event(ready)
+            with stream:
+                self.kernel((self.blocks,), (THREADS,), args)
+
+    def join(self) -> None:
+        """``origin`` waits for every rank's kernel."""
         for stream in self.streams:
-            stream.synchronize()
+            self.origin.wait_event(stream.record())
+
+    def punctual(self) -> None:
+        """Every rank's kernel at once, then the join: the work a graph replays."""
+        self.launch(range(self.program.num_ranks), WAIT_TIMEOUT_S)
+        self.join()
+
+    def run(
+        self, buffers: Sequence[int], straggler_delay: float, late_rank: int, graphs: bool
+    ) -> list[Timeline]:
+        """One call on the buffers at addresses ``buffers`` (one per rank): every rank's kernel,
+        the late rank's ``straggler_delay`` s after the others; a punctual call from a CUDA graph
+        after the first unless ``graphs`` is False."""
+        self.start(buffers)
+        start = arrived = time.perf_counter()
+        try:
+            if straggler_delay == 0:
+                self.replayer.graphs = graphs
+                self.replayer("punctual", self.punctual)
+            else:
+                timeout = WAIT_TIMEOUT_S + straggler_delay
+                self.launch([r for r in range(len(buffers)) if r != late_rank], timeout)
+                try:
+                    arrived = sleep_until(start + straggler_delay)
+                finally:  # interrupted too: the call then ends at once, not at its timeout
+                    self.launch([late_rank], timeout)
+                self.join()
+        except BaseException:
+            self.join()  # no kernel a call launched outlives it (a wait gives up within its timeout)
+            self.origin.synchronize()
+            raise
+        self.counted = True
+        self.origin.synchronize()
         done = time.perf_counter()
-        words = self.errors.get().reshape(-1, ERROR_WORDS)
-        failed = [r for r in range(len(buffers)) if words[r, 0]]
-        if failed:
-            raise first_failure(self.program, words, failed)
+        failure = call_failure(self.program, self.words.get().reshape(-1, RANK_WORDS), self.call)
+        if failure is not None:
+            raise failure
         return [
             Timeline(r, start, arrived if r == late_rank else start, self.program.phase_ends(r, done), done)
             for r in range(len(buffers))
         ]
 
+    def capture(self, work: Callable[[], object]) -> Any:
+        self.origin.begin_capture()
+        try:
+            work()
+        finally:
+            graph = self.origin.end_capture()
+        return graph
+
+    def replay(self, graph: Any) -> None:
+        graph.launch(stream=self.origin)
+
+    def synchronize(self) -> None:
+        self.origin.synchronize()
+
+
+def call_failure(program: DeviceProgram, words: np.ndarray, call: int) -> RankError | None:
+    """What went wrong in call number ``call``, from every rank's words (one row each,
+    :data:`~stragglar.runtime.device.kernel.RANK_WORDS`), or None: a wait that timed out (see
+    :func:`first_failure`), else a rank whose kernel did not count the call (the device's count
+    and the host's part: a call of that rank's was cut short, or never ran)."""
+    errors = words[:, PROGRESS_WORDS:]
+    failed = [r for r in range(len(words)) if int(errors[r, 0]) == call]
+    if failed:
+        return first_failure(program, errors, failed)
+    for rank, ended in enumerate(int(w) for w in words[:, 0]):
+        if ended != call:
+            return RankError(
+                f"allreduce failed: rank {rank}'s kernel ended call {ended}, not call {call}: "
+                "it did not run this call to its end",
+                rank=rank,
+                reason="failed",
+                during="running its kernel",
+            )
+    return None
+
 
 def rank_error(program: DeviceProgram, rank: int, words: np.ndarray, also: Sequence[int] = ()) -> RankError:
-    """The :class:`RankError` of rank ``rank``'s error words (row, round, peer, flag, wanted, seen,
-    block): a wait on the device that timed out; ``also``: the other ranks that timed out."""
+    """The :class:`RankError` of rank ``rank``'s error words (the failed call, then row, round,
+    peer, flag, wanted, seen, block): a wait on the device that timed out; ``also``: the other
+    ranks that timed out."""
     row, rnd, peer, flag, wanted, seen, block = (int(w) for w in words[1:ERROR_WORDS])
     phase, number = program.phase_round(rnd)
     what = failure_phrase("timed out", number, phase, peer)
@@ -175,8 +259,9 @@ def rank_error(program: DeviceProgram, rank: int, words: np.ndarray, also: Seque
 
 
 def first_failure(program: DeviceProgram, words: np.ndarray, failed: Sequence[int]) -> RankError:
-    """The error to raise when ranks ``failed``: one whose peer did not fail itself (the rank that
-    never came, not those that waited for others that waited for it), else the first."""
+    """The error to raise when ranks ``failed`` (``words``: every rank's error words): one whose
+    peer did not fail itself (the rank that never came, not those that waited for others that
+    waited for it), else the first."""
     root = next((r for r in failed if int(words[r, 3]) not in failed), failed[0])
     return rank_error(program, root, words[root], [r for r in failed if r != root])
 
@@ -195,11 +280,13 @@ def run_device_loopback(
     fingerprint: str,
     straggler_delay: float,
     late_rank: int,
+    graphs: bool = True,
 ) -> list[Timeline]:
     """AllReduce in place the ``count``-element ``dtype`` buffers at addresses ``buffers`` (one
     per rank, all on device ``device_id``) with ``program``, the proved program of the schedule
-    whose fingerprint is ``fingerprint``."""
+    whose fingerprint is ``fingerprint``; a call with nobody late replays from a CUDA graph after
+    the first unless ``graphs`` is False."""
     key = (fingerprint, program.direct, count, dtype, device_id)
     loopback = cached(_loopbacks, key, lambda: DeviceLoopback(cupy, program, count, dtype, device_id), CACHED)
     with loopback.lock:
-        return loopback.run(buffers, straggler_delay, late_rank)
+        return loopback.run(buffers, straggler_delay, late_rank, graphs)
