@@ -183,6 +183,45 @@ def test_a_rank_that_never_comes_ends_the_others_calls(
     assert isinstance(results[0], TimeoutError) and isinstance(results[1], TimeoutError)
 
 
+def test_a_rank_whose_launch_failed_sets_its_count_right_and_the_next_call_is_exact(
+    cuda: FakeCuda, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Call 2: the late rank's launch fails (it raises before the gather), so its peers' kernels
+    time out and their gather ends; the late rank's device count is one behind its peers'.  Its
+    next call sets the count to the host's first, and every rank sums exactly again."""
+    schedule = synthesize("stragglar", 4)
+    late = schedule.late_rank
+    proof = prove(schedule)
+    assert not any(
+        isinstance(r, Exception) for r in ranks_run(schedule, fresh(4, 40, "float32", 1), AllGather(4))
+    )
+    run = group.DeviceRank.run
+
+    def failing(self: group.DeviceRank, *args: Any) -> Any:
+        if self.rank == late:
+            launch = self.kernel
+
+            def fail(grid: Any, block: Any, args: Any) -> None:
+                self.kernel = launch
+                raise RuntimeError("cudaErrorLaunchFailure")
+
+            self.kernel = fail
+        return run(self, *args)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(group.DeviceRank, "run", failing)
+        results = ranks_run(schedule, fresh(4, 40, "float32", 2), AllGather(4, timeout=2.0), timeout=0.3)
+    assert isinstance(results[late], RuntimeError) and "cudaErrorLaunchFailure" in str(results[late])
+    assert all(isinstance(r, TimeoutError) for i, r in enumerate(results) if i != late), results
+    for seed in (3, 4):
+        data = fresh(4, 40, "float32", seed)
+        want = [np.array(d).view(np.ndarray) for d in data]
+        allreduce_local(want, proof)
+        results = ranks_run(schedule, data, AllGather(4))
+        assert not [r for r in results if isinstance(r, Exception)], results
+        assert all(w.tobytes() == np.array(g).tobytes() for w, g in zip(want, data, strict=True)), seed
+
+
 def test_allreduce_with_engine_device_on_an_nccl_group(cuda: FakeCuda) -> None:
     """``allreduce(..., engine="device")`` end to end on ranks in threads: the header checked and
     the handles and error words gathered over an NcclGroup (a fake NCCL), the kernels the source
