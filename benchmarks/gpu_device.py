@@ -13,7 +13,9 @@ AllReduce with nobody late; the hidden phase stays hidden when it is well below 
 ``staged_round_us`` and ``staged_copy_efficiency`` (the same call with every transfer staged,
 ``staged=True``, in the N = 8 float32 rows: what the direct transfers gain),
 ``eager_round_us`` (the same call with ``graphs=False``, every rank's kernel launched by the host
-each call, in the N = 8 float32 rows: what the one graph launch saves) and ``exact`` (every
+each call, in the N = 8 float32 rows: what the one graph launch saves), ``system_round_us`` (the
+same call with its flags released and acquired at the system's scope, as ranks on several GPUs
+need, in the N = 8 float32 rows: what that scope costs over the GPU's) and ``exact`` (every
 call's result checked on the device against the sum: values distinct per rank and element, exact
 in the dtype).
 
@@ -31,6 +33,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from stragglar.runtime import allreduce_local
+from stragglar.runtime.device import program_for
+from stragglar.runtime.device.loopback import run_device_loopback
+from stragglar.runtime.plans import late_rank_for
 from stragglar.synth import synthesize
 from stragglar.verify import Proof, prove
 
@@ -55,6 +60,7 @@ class DeviceRow:
     staged_round_us: float | None  # every transfer through the inboxes (staged=True), N = 8 float32 rows
     staged_copy_efficiency: float | None
     eager_round_us: float | None  # each rank's kernel launched by the host (graphs=False), N = 8 float32
+    system_round_us: float | None  # flags at the system's scope (as across GPUs), N = 8 float32
     exact: bool
 
 
@@ -128,7 +134,7 @@ def device_row(
     seconds = statistics.median(times)
     copy = copy_seconds(xp, sync, n * size_bytes, iters) if size_bytes >= 64 << 20 else None
     efficiency = None if copy is None else efficiency_of(proof, count, itemsize, seconds, copy, size_bytes)
-    staged = staged_efficiency = eager = None
+    staged = staged_efficiency = eager = system = None
     if n == 8 and dtype == "float32":  # the headline rows: direct against staged, graphs against none
         staged_times, staged_exact = timed(
             xp,
@@ -154,6 +160,9 @@ def device_row(
         )
         exact &= eager_exact
         eager = statistics.median(eager_times)
+        system_times, system_exact = timed(xp, sync, n, count, dtype, system_scope(xp, proof), iters)
+        exact &= system_exact
+        system = statistics.median(system_times)
     late_ratio = None
     if late:
         lates: list[float] = []
@@ -186,8 +195,31 @@ def device_row(
         None if staged is None else staged * per_round,
         staged_efficiency,
         None if eager is None else eager * per_round,
+        None if system is None else system * per_round,
         exact,
     )
+
+
+def system_scope(xp: Any, proof: Proof) -> Callable[[list[Any]], object]:
+    """The device engine's call (direct transfers, graphs after the first) with its flags at the
+    system's scope, as ranks on several GPUs need, here on one."""
+    program = program_for(proof, direct=True)
+
+    def call(bufs: list[Any]) -> object:
+        return run_device_loopback(
+            xp,
+            [int(b.data.ptr) for b in bufs],
+            int(bufs[0].shape[0]),
+            str(bufs[0].dtype),
+            int(bufs[0].device.id),
+            program,
+            proof.schedule.fingerprint,
+            0.0,
+            late_rank_for(proof.schedule, None),
+            system=True,
+        )
+
+    return call
 
 
 def efficiency_of(
@@ -220,14 +252,16 @@ def device_executor(
 
 def device_table(rows: list[DeviceRow]) -> str:
     lines = [
-        "| N | C | size | dtype | device/round (us) | device, eager/round (us) | rounds, graphs/round (us) "
-        "| copy efficiency | late ratio | staged/round (us) | staged copy efficiency | exact |",
-        "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| N | C | size | dtype | device/round (us) | device, eager/round (us) | device, system scope/round "
+        "(us) | rounds, graphs/round (us) | copy efficiency | late ratio | staged/round (us) "
+        "| staged copy efficiency | exact |",
+        "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r.n} | {r.chunks} | {r.size_bytes >> 10} KiB | {r.dtype} | {r.round_us:.2f} "
-            f"| {_or_dash(r.eager_round_us)} | {_or_dash(r.graph_round_us)} | {_or_dash(r.copy_efficiency)} "
+            f"| {_or_dash(r.eager_round_us)} | {_or_dash(r.system_round_us)} | {_or_dash(r.graph_round_us)} "
+            f"| {_or_dash(r.copy_efficiency)} "
             f"| {_or_dash(r.late_ratio)} | {_or_dash(r.staged_round_us)} "
             f"| {_or_dash(r.staged_copy_efficiency)} | {'yes' if r.exact else 'NO'} |"
         )

@@ -42,8 +42,8 @@ struct Index { unsigned x, y, z; };
 struct alignas(16) uint4 { unsigned x, y, z, w; };
 static thread_local Index blockIdx, blockDim, gridDim, threadIdx;
 typedef unsigned long long Flag;
-static Flag load_acquire(const Flag* w) { return __atomic_load_n(w, __ATOMIC_ACQUIRE); }
-static void store_release(Flag* w, Flag v) { __atomic_store_n(w, v, __ATOMIC_RELEASE); }
+static Flag load_acquire(const Flag* w, bool) { return __atomic_load_n(w, __ATOMIC_ACQUIRE); }
+static void store_release(Flag* w, Flag v, bool) { __atomic_store_n(w, v, __ATOMIC_RELEASE); }
 static Flag load_relaxed(const Flag* w) { return __atomic_load_n(w, __ATOMIC_RELAXED); }
 static bool claim(unsigned long long* w, unsigned long long call) {
     unsigned long long seen = __atomic_load_n(w, __ATOMIC_RELAXED);
@@ -67,13 +67,13 @@ _HOST_LAUNCH = """
 extern "C" void {entry}(const long long* rows, int row_count, int rank, long long count, int num_chunks,
                         long long slot_size, const unsigned long long* buffers,
                         const unsigned long long* inboxes, const unsigned long long* flags,
-                        unsigned long long* words, long long timeout_ns, unsigned blocks) {{
+                        unsigned long long* words, long long timeout_ns, int system, unsigned blocks) {{
     std::vector<std::thread> threads;
     for (unsigned b = 0; b < blocks; ++b)
         threads.emplace_back([=] {{
             gridDim.x = blocks; blockDim.x = 1; blockIdx.x = b; threadIdx.x = 0;
             {name}(rows, row_count, rank, count, num_chunks, slot_size, buffers, inboxes, flags, words,
-                   timeout_ns);
+                   timeout_ns, system);
         }});
     for (auto& t : threads) t.join();
 }}
@@ -90,6 +90,7 @@ ARGTYPES = [
     ctypes.c_void_p,
     ctypes.c_void_p,
     ctypes.c_longlong,
+    ctypes.c_int,
     ctypes.c_uint,
 ]
 
@@ -160,6 +161,7 @@ class HostRun:
             pointer(self.flag_pointers),
             pointer(self.words),
             int(timeout_s * 1e9),
+            1,
             self.blocks,
         )
 
@@ -201,6 +203,7 @@ class FakeCuda:
         self.local = threading.local()  # each thread's current stream: ranks may be threads
         self.attributes = attributes
         self.launches: list[tuple[int, float]] = []  # (buffer address, when)
+        self.system: list[bool] = []  # per launch: whether its flags are at the system's scope
         self.opened: list[int] = []  # the addresses IPC handles were opened for
         self.closed: list[int] = []
         self.allocations: dict[int, np.ndarray] = {}  # what cudaMalloc gave, by address
@@ -430,6 +433,7 @@ def fake_cupy(cuda: FakeCuda, library: ctypes.CDLL) -> types.ModuleType:
 
             def run() -> None:
                 cuda.launches.append((int(own[int(args[2])]), time.perf_counter()))
+                cuda.system.append(bool(args[-1]))
                 entry(*values, grid[0])
 
             stream.launch(run)

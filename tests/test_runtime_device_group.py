@@ -145,6 +145,7 @@ def test_ranks_on_a_group_sum_as_the_interpreter_and_exchange_handles_once(
             assert w.tobytes() == np.array(g).tobytes(), (call, rank)
     assert gather.calls == 1 + 3  # the handles once, then each call's error words
     assert len(cuda.opened) == 2 * n * (n - 1)  # each rank opened each peer's inbox and flags, once
+    assert cuda.system == [True] * 3 * n  # a peer may be on another GPU: flags at the system's scope
     group._ranks.clear()  # dropped: the peers' memory closed, its own freed
     gc.collect()
     assert sorted(cuda.closed) == sorted(cuda.opened) and not cuda.allocations

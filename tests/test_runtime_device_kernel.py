@@ -233,6 +233,8 @@ def test_the_source_compiles_for_a_gpu_with_nvrtc() -> None:
     for instruction in (
         "ld.acquire.sys.u64",
         "st.release.sys.u64",
+        "ld.acquire.gpu.u64",
+        "st.release.gpu.u64",
         "%globaltimer",
         "atom.global.max.u64",
         "atom.global.add.u64",

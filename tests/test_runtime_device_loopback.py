@@ -79,7 +79,7 @@ def test_the_device_engine_sums_as_the_interpreter_call_after_call(
         assert [t.rank for t in timelines] == list(range(n))
         for rank, (w, g) in enumerate(zip(want, data, strict=True)):
             assert w.tobytes() == np.array(g).tobytes(), (call, rank)
-    assert len(cuda.launches) == 3 * n
+    assert len(cuda.launches) == 3 * n and cuda.system == [False] * 3 * n  # one GPU: flags at its scope
     (program,) = programs._programs.values()  # the one program the calls ran
     assert program.direct is (staged is None)
 

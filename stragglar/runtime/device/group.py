@@ -153,8 +153,8 @@ class DeviceRank:
         arrived = time.perf_counter()
         self.stream.wait_event(self.cupy.cuda.get_current_stream().record())
         pointers = (self._own_buffer(buffer), self.inbox_pointers, self.flag_pointers, self.words)
-        args = kernel_args(
-            self.program, self.rank, self.rows, self.count, self.slot_size, pointers, timeout_s
+        args = kernel_args(  # a peer may be on another GPU: flags at the system's scope
+            self.program, self.rank, self.rows, self.count, self.slot_size, pointers, timeout_s, True
         )
         with self.stream:
             self.kernel((self.blocks,), (THREADS,), args)

@@ -22,8 +22,9 @@ them to end (a block that gave up included) counts the call.  So the arguments o
 change, repeated launches and a CUDA graph's replays run call after call with no reset, and the
 host, which keeps the count too, can tell a call the device did not count.
 
-The memory-model primitives are the only CUDA-specific code (PTX acquire/release at system scope,
-the global timer, atomic claims and counts, the block barriers); compiled for the host with
+The memory-model primitives are the only CUDA-specific code (PTX acquire/release at the GPU's
+scope where every rank is on one GPU, at the system's where peers may be on others; the global
+timer, atomic claims and counts, the block barriers); compiled for the host with
 ``STRAGGLAR_HOST`` defined, a prelude maps them to GCC atomics and threads (one host thread per
 block, one thread a block), which is how the tests run this very source without a GPU.
 """
@@ -55,13 +56,22 @@ RANK_WORDS = PROGRESS_WORDS + ERROR_WORDS  # a rank's words: its progress, then 
 
 _PRIMITIVES = r"""
 #ifndef STRAGGLAR_HOST
-__device__ unsigned long long load_acquire(const unsigned long long* word) {
+// Flags at the scope of the ranks that share them: the GPU's (every rank on one GPU: the L2 orders
+// them) or the system's (peers on other GPUs, whose writes cross NVLink or PCIe), which costs a
+// fence of the whole system's memory at every release.
+__device__ unsigned long long load_acquire(const unsigned long long* word, bool system) {
     unsigned long long value;
-    asm volatile("ld.acquire.sys.u64 %0, [%1];" : "=l"(value) : "l"(word) : "memory");
+    if (system)
+        asm volatile("ld.acquire.sys.u64 %0, [%1];" : "=l"(value) : "l"(word) : "memory");
+    else
+        asm volatile("ld.acquire.gpu.u64 %0, [%1];" : "=l"(value) : "l"(word) : "memory");
     return value;
 }
-__device__ void store_release(unsigned long long* word, unsigned long long value) {
-    asm volatile("st.release.sys.u64 [%0], %1;" :: "l"(word), "l"(value) : "memory");
+__device__ void store_release(unsigned long long* word, unsigned long long value, bool system) {
+    if (system)
+        asm volatile("st.release.sys.u64 [%0], %1;" :: "l"(word), "l"(value) : "memory");
+    else
+        asm volatile("st.release.gpu.u64 [%0], %1;" :: "l"(word), "l"(value) : "memory");
 }
 __device__ unsigned long long load_relaxed(const unsigned long long* word) {
     return *(const volatile unsigned long long*)word;
@@ -126,7 +136,7 @@ template <typename Sum>
 __global__ void run_program(const long long* rows, int row_count, int rank, long long count, int num_chunks,
                             long long slot_size, const unsigned long long* buffers,
                             const unsigned long long* inboxes, const unsigned long long* flags,
-                            unsigned long long* words, long long timeout_ns) {
+                            unsigned long long* words, long long timeout_ns, int system) {
     typedef typename Sum::Word Word;
     __shared__ unsigned long long this_call;
     Word* mine = reinterpret_cast<Word*>(buffers[rank]);
@@ -144,7 +154,8 @@ __global__ void run_program(const long long* rows, int row_count, int rank, long
             block_barrier();  // every thread's puts are done before thread 0 releases them
             if (threadIdx.x == 0) {
                 unsigned long long* flag = reinterpret_cast<unsigned long long*>(flags[peer]);
-                store_release(flag + row[5] * blocks + block, call * (unsigned long long)row[7] + row[6]);
+                const unsigned long long value = call * (unsigned long long)row[7] + row[6];
+                store_release(flag + row[5] * blocks + block, value, system != 0);
             }
             continue;
         }
@@ -156,7 +167,7 @@ __global__ void run_program(const long long* rows, int row_count, int rank, long
                 const unsigned long long wanted = call * (unsigned long long)row[7] + row[6];
                 const unsigned long long start = now_ns();
                 unsigned long long seen;
-                while ((seen = load_acquire(flag)) < wanted) {
+                while ((seen = load_acquire(flag, system != 0)) < wanted) {
                     if (load_relaxed(error) == call) { gave_up = 1; break; }  // another block gave up
                     if ((long long)(now_ns() - start) > timeout_ns) {
                         if (claim(error, call)) {
@@ -229,12 +240,15 @@ def kernel_args(
     slot_size: int,
     pointers: tuple[Any, Any, Any, Any],
     timeout_s: float,
+    system: bool,
 ) -> tuple[Any, ...]:
     """``run_program``'s arguments, in its order and C types, for rank ``rank``'s launch: ``rows``
     its table on the device, ``pointers`` the device arrays of every rank's buffer, inbox and
-    flag addresses and of every rank's words (:data:`RANK_WORDS`).  Nothing in them changes from
-    call to call (the buffers' addresses are read from the device array), so a graph of launches
-    replays.  One place for the kernel's signature, whoever launches it (one process or a group)."""
+    flag addresses and of every rank's words (:data:`RANK_WORDS`); ``system``: whether the flags
+    are released and acquired at the system's scope (peers on other GPUs) or the GPU's.  Nothing
+    in them changes from call to call (the buffers' addresses are read from the device array), so
+    a graph of launches replays.  One place for the kernel's signature, whoever launches it (one
+    process or a group)."""
     buffers, inboxes, flags, words = pointers
     return (
         rows,
@@ -248,4 +262,5 @@ def kernel_args(
         flags,
         words,
         np.int64(int(timeout_s * 1e9)),
+        np.int32(system),
     )

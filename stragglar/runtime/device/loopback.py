@@ -95,9 +95,12 @@ class DeviceLoopback:
     the number of calls made (the device counts them too: see
     :mod:`~stragglar.runtime.device.kernel`)."""
 
-    def __init__(self, cupy: Any, program: DeviceProgram, count: int, dtype: str, device_id: int) -> None:
+    def __init__(
+        self, cupy: Any, program: DeviceProgram, count: int, dtype: str, device_id: int, system: bool
+    ) -> None:
         self.cupy = cupy
         self.program = program
+        self.system = system  # flags at the system's scope, as across GPUs (every rank is on one here)
         self.lock = threading.Lock()  # one call at a time: inboxes and flags are shared
         module = cupy.RawModule(code=SOURCE, options=("--std=c++14",), name_expressions=[kernel_name(dtype)])
         self.kernel = module.get_function(kernel_name(dtype))
@@ -151,7 +154,14 @@ class DeviceLoopback:
         pointers = (self.buffer_pointers, self.inbox_pointers, self.flag_pointers, self.words)
         for rank in ranks:
             args = kernel_args(
-                self.program, rank, self.rows[rank], self.count, self.slot_size, pointers, timeout_s
+                self.program,
+                rank,
+                self.rows[rank],
+                self.count,
+                self.slot_size,
+                pointers,
+                timeout_s,
+                self.system,
             )
             stream = self.streams[rank]
             stream.wait_event(ready)
@@ -281,12 +291,17 @@ def run_device_loopback(
     straggler_delay: float,
     late_rank: int,
     graphs: bool = True,
+    system: bool = False,
 ) -> list[Timeline]:
     """AllReduce in place the ``count``-element ``dtype`` buffers at addresses ``buffers`` (one
     per rank, all on device ``device_id``) with ``program``, the proved program of the schedule
     whose fingerprint is ``fingerprint``; a call with nobody late replays from a CUDA graph after
-    the first unless ``graphs`` is False."""
-    key = (fingerprint, program.direct, count, dtype, device_id)
-    loopback = cached(_loopbacks, key, lambda: DeviceLoopback(cupy, program, count, dtype, device_id), CACHED)
+    the first unless ``graphs`` is False.  Every rank is on one GPU, so the flags are released and
+    acquired at the GPU's scope; ``system`` puts them at the system's, as ranks on several GPUs
+    need (what that costs, measured on one: ``benchmarks/gpu_device.py``)."""
+    key = (fingerprint, program.direct, count, dtype, device_id, system)
+    loopback = cached(
+        _loopbacks, key, lambda: DeviceLoopback(cupy, program, count, dtype, device_id, system), CACHED
+    )
     with loopback.lock:
         return loopback.run(buffers, straggler_delay, late_rank, graphs)
