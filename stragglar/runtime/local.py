@@ -91,7 +91,7 @@ def allreduce_local(
 
     from stragglar.runtime.loopback_gpu import run_cupy_loopback
 
-    flats = check_loopback(buffers, plans)
+    flats = check_loopback(buffers, len(plans))
     fingerprint = proof.schedule.fingerprint
     return run_cupy_loopback(cupy, flats, plans, fingerprint, delay, late_rank, graphs is not False)
 
@@ -109,8 +109,8 @@ def _on_device(
         raise InputError("the device engine runs on CuPy arrays or torch CUDA tensors: got no buffers")
     check_device_buffer(buffers[0])
     cupy = launcher()
-    count = int(flat_view(buffers[0]).shape[0])
-    flats = check_loopback(buffers, [plan_for(proof, r, count) for r in range(proof.num_ranks)])
+    flats = check_loopback(buffers, proof.num_ranks)
+    count = int(flats[0].shape[0])
     addresses = [address_of(f) for f in flats]
     devices = sorted({device for _, device in addresses})
     if len(devices) > 1:
@@ -153,10 +153,11 @@ def check_own_memory(flats: Sequence[Array]) -> None:
             reach, owner = end, rank
 
 
-def check_loopback(buffers: Sequence[Array], plans: Sequence[Plan]) -> list[Array]:
-    """The buffers as 1-D views, once they are one per rank, of one dtype and size, each its own."""
-    if len(buffers) != len(plans):
-        raise InputError(f"schedule has {len(plans)} ranks, got {len(buffers)} buffers")
+def check_loopback(buffers: Sequence[Array], num_ranks: int) -> list[Array]:
+    """The buffers as 1-D views, once they are one per rank of ``num_ranks``, of one dtype and
+    size, each its own."""
+    if len(buffers) != num_ranks:
+        raise InputError(f"schedule has {num_ranks} ranks, got {len(buffers)} buffers")
     if len({dtype_name(b) for b in buffers}) > 1:
         raise InputError(f"every rank needs the same dtype, got {sorted({dtype_name(b) for b in buffers})}")
     flats = [flat_view(b) for b in buffers]
@@ -188,7 +189,7 @@ def run_local(
     on a network; rounds before it run at once.  ``sync`` waits for queued device work
     (``cupy.cuda.Device().synchronize``) before the clock is read at the end.
     """
-    flats = check_loopback(buffers, plans)
+    flats = check_loopback(buffers, len(plans))
     start = time.perf_counter()
     works = [empty_like(f, p.work_size) for f, p in zip(flats, plans, strict=True)]
     by_round: dict[int, dict[int, BoundStep]] = {}
