@@ -1,5 +1,6 @@
 """Replay a bound plan's rounds from CUDA graphs: launching a round's kernels from Python costs
-100-200 us of host time per round, a graph replay a few microseconds for all of them.
+100-200 us of host time per round, a graph replay a few microseconds for all of them.  (The
+device engine's loopback replays its launch of every rank's kernel the same way.)
 
 A :class:`Replayer` runs pieces of work (a plan's round range: the rounds before the late rank
 joins and the rest, its sleep on the host between two graphs), each named by a key.  The first
@@ -47,9 +48,12 @@ class Replayer:
     books are kept under a lock, but the work, a capture and a replay run outside it, since a
     rank's eager work can wait for a peer's, and the peer for this rank's other thread."""
 
-    def __init__(self, device: Capturing, graphs: bool = True, limit: int = 64) -> None:
+    def __init__(
+        self, device: Capturing, graphs: bool = True, limit: int = 64, work: str = "the rounds"
+    ) -> None:
         self.device = device
         self.graphs = graphs
+        self.work = work  # what the graphs hold, in the warning of a failed capture
         self.limit = limit  # graphs kept (each holds its own device memory), least recently used go
         self.seen: OrderedDict[Hashable, None] = OrderedDict()
         self.captured: OrderedDict[Hashable, Any] = OrderedDict()
@@ -114,7 +118,7 @@ class Replayer:
             first, self.failure = self.failure is None, self.failure or why
         if first:
             warnings.warn(
-                f"stragglar: could not capture the rounds in a CUDA graph ({why}); "
+                f"stragglar: could not capture {self.work} in a CUDA graph ({why}); "
                 "they run eagerly (slower, same results)",
                 RuntimeWarning,
                 stacklevel=3,

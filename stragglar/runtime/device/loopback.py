@@ -127,7 +127,7 @@ class DeviceLoopback:
         self.bound: tuple[int, ...] = ()  # the addresses in buffer_pointers
         self.origin = cupy.cuda.Stream(non_blocking=True)  # where a call starts and ends
         self.streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(n)]
-        self.replayer = Replayer(self, limit=1)  # the one graph: every rank's launch, nobody late
+        self.replayer = Replayer(self, limit=1, work="the ranks' kernel launches")  # nobody late
         self.call = 0
         self.counted = True  # False: a call's launches were cut short, the device's counts are behind
 
