@@ -128,41 +128,25 @@ def device_row(
     n, c = proof.num_ranks, proof.num_chunks
     itemsize = xp.dtype(dtype).itemsize
     count = size_bytes // itemsize
-    times, exact = timed(
-        xp, sync, n, count, dtype, lambda b: allreduce_local(b, proof, engine="device"), iters
-    )
-    seconds = statistics.median(times)
+    exact = True
+
+    def median(call: Callable[[list[Any]], object]) -> float:
+        """The median of ``call``'s timed calls (s); a wrong result makes the row inexact."""
+        nonlocal exact
+        times, right = timed(xp, sync, n, count, dtype, call, iters)
+        exact &= right
+        return statistics.median(times)
+
+    seconds = median(lambda b: allreduce_local(b, proof, engine="device"))
     copy = copy_seconds(xp, sync, n * size_bytes, iters) if size_bytes >= 64 << 20 else None
     efficiency = None if copy is None else efficiency_of(proof, count, itemsize, seconds, copy, size_bytes)
     staged = staged_efficiency = eager = system = None
     if n == 8 and dtype == "float32":  # the headline rows: direct against staged, graphs against none
-        staged_times, staged_exact = timed(
-            xp,
-            sync,
-            n,
-            count,
-            dtype,
-            lambda b: allreduce_local(b, proof, engine="device", staged=True),
-            iters,
-        )
-        exact &= staged_exact
-        staged = statistics.median(staged_times)
+        staged = median(lambda b: allreduce_local(b, proof, engine="device", staged=True))
         if copy is not None:
             staged_efficiency = efficiency_of(proof, count, itemsize, staged, copy, size_bytes)
-        eager_times, eager_exact = timed(
-            xp,
-            sync,
-            n,
-            count,
-            dtype,
-            lambda b: allreduce_local(b, proof, engine="device", graphs=False),
-            iters,
-        )
-        exact &= eager_exact
-        eager = statistics.median(eager_times)
-        system_times, system_exact = timed(xp, sync, n, count, dtype, system_scope(xp, proof), iters)
-        exact &= system_exact
-        system = statistics.median(system_times)
+        eager = median(lambda b: allreduce_local(b, proof, engine="device", graphs=False))
+        system = median(system_scope(xp, proof))
     late_ratio = None
     if late:
         lates: list[float] = []
@@ -172,17 +156,10 @@ def device_row(
             late_line = timelines[proof.schedule.late_rank]
             lates.append(late_line.done - late_line.arrived)
 
-        _, late_exact = timed(xp, sync, n, count, dtype, late_call, iters)
-        exact &= late_exact
+        median(late_call)
         late_ratio = statistics.median(lates[1:]) / seconds
-    graph = None
-    if dtype == "float32":
-        graph_times, graph_exact = timed(
-            xp, sync, n, count, dtype, lambda b: allreduce_local(b, proof), iters
-        )
-        exact &= graph_exact
-        graph = statistics.median(graph_times) * 1e6 / proof.num_rounds
     per_round = 1e6 / proof.num_rounds
+    graph = median(lambda b: allreduce_local(b, proof)) * per_round if dtype == "float32" else None
     return DeviceRow(
         n,
         c,

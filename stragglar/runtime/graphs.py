@@ -26,7 +26,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable
 from typing import Any, Protocol
 
-__all__ = ["Capturing", "Replayer", "nccl_uncapturable", "release", "shared"]
+__all__ = ["Capturing", "Replayer", "StreamGraphs", "nccl_uncapturable", "release", "shared"]
 
 
 class Capturing(Protocol):
@@ -39,6 +39,28 @@ class Capturing(Protocol):
     def replay(self, graph: Any) -> None: ...
 
     def synchronize(self) -> None: ...
+
+
+class StreamGraphs:
+    """:class:`Capturing` on one CuPy stream: work captured from it (and the streams it forks to),
+    graphs replayed on it."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def capture(self, work: Callable[[], object]) -> Any:
+        self.stream.begin_capture()
+        try:
+            work()
+        finally:
+            graph = self.stream.end_capture()
+        return graph
+
+    def replay(self, graph: Any) -> None:
+        graph.launch(stream=self.stream)
+
+    def synchronize(self) -> None:
+        self.stream.synchronize()
 
 
 class Replayer:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import numpy as np
@@ -27,7 +27,7 @@ import numpy as np
 from stragglar.runtime.arrays import Array, dtype_name
 from stragglar.runtime.batched import BatchedPlan, batched_plan, run_batched, run_rounds
 from stragglar.runtime.clock import Timeline
-from stragglar.runtime.graphs import Replayer
+from stragglar.runtime.graphs import Replayer, StreamGraphs
 from stragglar.runtime.kernels import SUMS, kernels, launch, upload
 from stragglar.runtime.plans import cached
 from stragglar.runtime.program import Plan
@@ -48,7 +48,7 @@ class CupyLoopback:
         self.pointers = cupy.zeros(plan.num_ranks, dtype=cupy.uint64)
         self.gathers = [upload(cupy, t.gather) for t in plan.rounds]
         self.lands = [upload(cupy, t.land) for t in plan.rounds]
-        self.replayer = Replayer(self)
+        self.replayer = Replayer(StreamGraphs(self.stream))
 
     def replayed(self, plan: BatchedPlan, first: int, stop: int) -> None:
         """Rounds ``first`` to ``stop - 1``, from a graph once one is captured."""
@@ -63,17 +63,6 @@ class CupyLoopback:
     def run(self, plan: BatchedPlan, first: int, stop: int) -> None:
         with self.stream:
             run_rounds(plan, first, stop, self)
-
-    def capture(self, work: Callable[[], object]) -> Any:
-        self.stream.begin_capture()
-        try:
-            work()
-        finally:
-            graph = self.stream.end_capture()
-        return graph
-
-    def replay(self, graph: Any) -> None:
-        graph.launch(stream=self.stream)
 
     def synchronize(self) -> None:
         self.stream.synchronize()

@@ -23,7 +23,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -42,7 +42,7 @@ from stragglar.runtime.device.kernel import (
 )
 from stragglar.runtime.device.table import DeviceProgram
 from stragglar.runtime.failures import RankError, failure_phrase
-from stragglar.runtime.graphs import Replayer
+from stragglar.runtime.graphs import Replayer, StreamGraphs
 from stragglar.runtime.kernels import SUMS
 from stragglar.runtime.plans import cached
 
@@ -127,7 +127,7 @@ class DeviceLoopback:
         self.bound: tuple[int, ...] = ()  # the addresses in buffer_pointers
         self.origin = cupy.cuda.Stream(non_blocking=True)  # where a call starts and ends
         self.streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(n)]
-        self.replayer = Replayer(self, limit=1, work="the ranks' kernel launches")  # nobody late
+        self.replayer = Replayer(StreamGraphs(self.origin), limit=1, work="the ranks' kernel launches")
         self.call = 0
         self.counted = True  # False: a call's launches were cut short, the device's counts are behind
 
@@ -212,20 +212,6 @@ class DeviceLoopback:
             Timeline(r, start, arrived if r == late_rank else start, self.program.phase_ends(r, done), done)
             for r in range(len(buffers))
         ]
-
-    def capture(self, work: Callable[[], object]) -> Any:
-        self.origin.begin_capture()
-        try:
-            work()
-        finally:
-            graph = self.origin.end_capture()
-        return graph
-
-    def replay(self, graph: Any) -> None:
-        graph.launch(stream=self.origin)
-
-    def synchronize(self) -> None:
-        self.origin.synchronize()
 
 
 def call_failure(program: DeviceProgram, words: np.ndarray, call: int) -> RankError | None:
