@@ -263,7 +263,10 @@ class FakeCuda:
         return FakeStream(self)
 
     def get_current_stream(self) -> Any:
-        return types.SimpleNamespace(record=lambda: FakeEvent([]))
+        return types.SimpleNamespace(record=lambda: FakeEvent())
+
+    def Event(self, disable_timing: bool = False) -> FakeEvent:
+        return FakeEvent()
 
 
 class MappedCuda(FakeCuda):
@@ -305,15 +308,19 @@ class MappedCuda(FakeCuda):
 
 
 class FakeEvent:
-    """What an event waits for: the work on its stream when it was recorded (threads that ran
-    or run it), and, recorded while capturing, the capture (a stream that waits on it joins)."""
+    """What an event waits for: the work on its stream when it was last recorded (threads that
+    ran or run it), and, recorded while capturing, the capture (a stream that waits on it joins)."""
 
     def __init__(
-        self, work: list[threading.Thread], capture: FakeGraph | None = None, source: int = 0
+        self, work: list[threading.Thread] | None = None, capture: FakeGraph | None = None, source: int = 0
     ) -> None:
-        self.work = work
+        self.work = work or []
         self.capture = capture
         self.source = source  # the id of the stream it was recorded on
+
+    def record(self, stream: Any) -> None:
+        recorded = stream.record()
+        self.work, self.capture, self.source = recorded.work, recorded.capture, recorded.source
 
 
 class FakeGraph:

@@ -127,6 +127,10 @@ class DeviceLoopback:
         self.bound: tuple[int, ...] = ()  # the addresses in buffer_pointers
         self.origin = cupy.cuda.Stream(non_blocking=True)  # where a call starts and ends
         self.streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(n)]
+        # Events made once and recorded again each call: the caller's queued work, origin's
+        # before the launches, each rank's end (a capture records them too, making none).
+        self.queued, self.ready = (cupy.cuda.Event(disable_timing=True) for _ in range(2))
+        self.ended = [cupy.cuda.Event(disable_timing=True) for _ in range(n)]
         self.replayer = Replayer(StreamGraphs(self.origin), limit=1, work="the ranks' kernel launches")
         self.call = 0
         self.counted = True  # False: a call's launches were cut short, the device's counts are behind
@@ -141,7 +145,8 @@ class DeviceLoopback:
             progress = self.words.reshape(-1, RANK_WORDS)
             progress[:, 0] = self.call - 1
             progress[:, 1] = 0
-        self.origin.wait_event(self.cupy.cuda.get_current_stream().record())
+        self.queued.record(self.cupy.cuda.get_current_stream())
+        self.origin.wait_event(self.queued)
         with self.origin:
             if self.bound != tuple(buffers):
                 self.buffer_pointers.set(np.array(buffers, dtype=np.uint64), stream=self.origin)
@@ -150,7 +155,7 @@ class DeviceLoopback:
 
     def launch(self, ranks: Sequence[int], timeout_s: float) -> None:
         """The kernels of ``ranks``, each on its rank's stream, after what ``origin`` holds."""
-        ready = self.origin.record()
+        self.ready.record(self.origin)
         pointers = (self.buffer_pointers, self.inbox_pointers, self.flag_pointers, self.words)
         for rank in ranks:
             args = kernel_args(
@@ -164,14 +169,15 @@ class DeviceLoopback:
                 self.system,
             )
             stream = self.streams[rank]
-            stream.wait_event(ready)
+            stream.wait_event(self.ready)
             with stream:
                 self.kernel((self.blocks,), (THREADS,), args)
 
     def join(self) -> None:
         """``origin`` waits for every rank's kernel."""
-        for stream in self.streams:
-            self.origin.wait_event(stream.record())
+        for stream, ended in zip(self.streams, self.ended, strict=True):
+            ended.record(stream)
+            self.origin.wait_event(ended)
 
     def punctual(self) -> None:
         """Every rank's kernel at once, then the join: the work a graph replays."""
