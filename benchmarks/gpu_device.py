@@ -15,7 +15,9 @@ AllReduce with nobody late; the hidden phase stays hidden when it is well below 
 ``eager_round_us`` (the same call with ``graphs=False``, every rank's kernel launched by the host
 each call, in the N = 8 float32 rows: what the one graph launch saves), ``system_round_us`` (the
 same call with its flags released and acquired at the system's scope, as ranks on several GPUs
-need, in the N = 8 float32 rows: what that scope costs over the GPU's) and ``exact`` (every
+need, in the N = 8 float32 rows: what that scope costs over the GPU's), ``exact`` and
+``capture_failure`` (why the default calls ran without their graph, from the warning the engine
+gave; None where they replayed it) (every
 call's result checked on the device against the sum: values distinct per rank and element, exact
 in the dtype).
 
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import statistics
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -62,6 +65,7 @@ class DeviceRow:
     eager_round_us: float | None  # each rank's kernel launched by the host (graphs=False), N = 8 float32
     system_round_us: float | None  # flags at the system's scope (as across GPUs), N = 8 float32
     exact: bool
+    capture_failure: str | None = None  # why the default calls ran without their graph
 
 
 def schedule_bytes(proof: Proof, count: int, itemsize: int) -> int:
@@ -137,7 +141,10 @@ def device_row(
         exact &= right
         return statistics.median(times)
 
-    seconds = median(lambda b: allreduce_local(b, proof, engine="device"))
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always", RuntimeWarning)
+        seconds = median(lambda b: allreduce_local(b, proof, engine="device"))
+    failures = [str(w.message) for w in warned if "could not capture" in str(w.message)]
     copy = copy_seconds(xp, sync, n * size_bytes, iters) if size_bytes >= 64 << 20 else None
     efficiency = None if copy is None else efficiency_of(proof, count, itemsize, seconds, copy, size_bytes)
     staged = staged_efficiency = eager = system = None
@@ -174,6 +181,7 @@ def device_row(
         None if eager is None else eager * per_round,
         None if system is None else system * per_round,
         exact,
+        failures[0] if failures else None,
     )
 
 
@@ -265,6 +273,12 @@ def device_targets(rows: list[DeviceRow]) -> list[str]:
             out.append(_line(f"late ratio at {where}: {r.late_ratio:.2f}", met, f"<= {LATE_TARGET:g}"))
     wrong = [f"N={r.n} {r.dtype} {r.size_bytes >> 10} KiB" for r in rows if not r.exact]
     out.append(f"exact in every row: {'yes' if not wrong else 'NO: ' + ', '.join(wrong)}")
+    eager = [r for r in rows if r.capture_failure is not None]
+    if eager:
+        where = ", ".join(f"N={r.n} {r.dtype} {r.size_bytes >> 10} KiB" for r in eager)
+        out.append(f"graphs NOT captured in {where}: {eager[0].capture_failure}")
+    else:
+        out.append("graphs: every row's calls after the first replayed one")
     return out
 
 

@@ -62,11 +62,26 @@ def test_the_headline_rows_time_the_staged_and_the_eager_device_calls_too(
     cupy = sys.modules["cupy"]
     row = gpu_device.device_row(cupy, lambda: None, proof, 4096, "float32", iters=2, late=False)
     assert row.exact and row.staged_round_us and row.eager_round_us and row.system_round_us
-    assert row.graph_round_us
+    assert row.graph_round_us and row.capture_failure is None
     assert len(cuda.launches) == 8 * 3 * 4  # (1 untimed + 2 timed) x (default, staged, eager, system) x 8
     assert cuda.captures == 3  # the default, the staged and the system scope's states, one graph each
     assert cuda.system == [False] * 8 * 3 * 3 + [True] * 8 * 3  # the system's scope in its calls only
     assert "| 8 | 7 | 4 KiB | float32 |" in gpu_device.device_table([row])
+
+
+def test_a_capture_that_failed_is_said_in_its_row_and_under_the_table(cuda: FakeCuda) -> None:
+    """The figures are then the eager launches': the row says so, and why."""
+    import gpu_device
+
+    cuda.refuse_capture = "operation not permitted when stream is capturing"
+    proof = prove(synthesize("ring", 3))
+    cupy = sys.modules["cupy"]
+    row = gpu_device.device_row(cupy, lambda: None, proof, 256, "int32", iters=2, late=False)
+    assert row.exact and row.capture_failure is not None and "operation not permitted" in row.capture_failure
+    assert cuda.captures == 0
+    assert gpu_device.device_targets([row])[-1].startswith(
+        "graphs NOT captured in N=3 int32 0 KiB: stragglar:"
+    )
 
 
 def test_a_wrong_result_is_reported_not_timed_over(cuda: FakeCuda, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -111,9 +126,12 @@ def test_the_settings_cover_the_issue_s_targets_and_the_verdicts_are_right(
     big = row(8, 7, 64 << 20, "float32", 90.0, 0.65, 0.5, 300.0, 140.0, 0.42, 91.0, 95.0, True)
     assert gpu_device.device_targets([fast])[0].endswith("(target <= 1.5 us: met)")
     assert gpu_device.device_targets([slow])[0].endswith("(target <= 1.5 us: MISSED)")
-    efficiency, late, exact = gpu_device.device_targets([big])
+    efficiency, late, exact, graphs = gpu_device.device_targets([big])
     assert efficiency.endswith("0.65 (target >= 0.7: MISSED)") and late.endswith("0.50 (target <= 0.7: met)")
-    assert exact == "exact in every row: yes"
+    assert (
+        exact == "exact in every row: yes"
+        and graphs == "graphs: every row's calls after the first replayed one"
+    )
     table = gpu_device.device_table([fast, big])
     row_text = (
         "| 8 | 7 | 65536 KiB | float32 | 90.00 | 91.00 | 95.00 | 300.00 | 0.65 | 0.50 | 140.00 | 0.42 | yes |"
