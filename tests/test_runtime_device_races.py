@@ -47,7 +47,8 @@ def race_free_and_exact(
 
 
 def usable(outcome: race_detector.Outcome) -> None:
-    """Skip where ThreadSanitizer itself cannot run (a kernel whose memory layout it refuses)."""
+    """Skip where ThreadSanitizer itself cannot run (an operating system whose memory layout it
+    refuses)."""
     if outcome.status != 0 and "FATAL: ThreadSanitizer" in outcome.report:
         pytest.skip(outcome.report.strip().splitlines()[0])
 
@@ -61,16 +62,12 @@ def usable(outcome: race_detector.Outcome) -> None:
 def test_proved_programs_run_without_a_data_race(
     binary: Path, tmp_path: Path, algorithm: str, n: int, chunks: int | None, direct: bool
 ) -> None:
-    """Parts long enough for 16-byte moves and the single elements around them, 1 to 3 blocks,
-    three calls on the same inboxes and flags."""
+    """A block's part of a chunk (1 to 3 blocks) long enough for 16-byte moves in every word size,
+    with single elements around them; three calls on the same inboxes and flags."""
+    schedule = synthesize(algorithm, n, chunks=chunks)
     for i, dtype in enumerate(race_detector.DTYPES):
-        schedule = synthesize(algorithm, n, chunks=chunks)
-        count = schedule_count(schedule) * 11 + 5
+        count = schedule.num_chunks * 50 + 5
         race_free_and_exact(binary, tmp_path, schedule, dtype, count, blocks=1 + (n + i) % 3, direct=direct)
-
-
-def schedule_count(schedule: Schedule) -> int:
-    return max(schedule.num_chunks, 1)
 
 
 @pytest.mark.slow
@@ -83,7 +80,7 @@ def test_every_schedule_and_every_chunked_one_runs_without_a_data_race(
     ]
     for index, schedule in enumerate(cases):
         dtype = race_detector.DTYPES[index % len(race_detector.DTYPES)]
-        race_free_and_exact(binary, tmp_path, schedule, dtype, 3 * schedule_count(schedule) + 2, 2, direct)
+        race_free_and_exact(binary, tmp_path, schedule, dtype, 3 * schedule.num_chunks + 2, 2, direct)
 
 
 def without_a_wait(program: DeviceProgram, rank: int) -> DeviceProgram:
