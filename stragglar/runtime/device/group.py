@@ -38,7 +38,15 @@ import numpy as np
 from stragglar.errors import InputError
 from stragglar.runtime.clock import Timeline
 from stragglar.runtime.device.ipc import HANDLE_BYTES, handle_bytes, handle_words
-from stragglar.runtime.device.kernel import RANK_WORDS, SOURCE, THREADS, kernel_args, kernel_name, slot_size
+from stragglar.runtime.device.kernel import (
+    RANK_WORDS,
+    SOURCE,
+    THREADS,
+    kernel_args,
+    kernel_name,
+    recount,
+    slot_size,
+)
 from stragglar.runtime.device.loopback import blocks_for, call_failure, resident_blocks
 from stragglar.runtime.device.shared import Registration
 from stragglar.runtime.device.table import DeviceProgram
@@ -143,9 +151,7 @@ class DeviceRank:
         self.call += 1
         if not self.counted:  # the device's count as the host's (and every peer's), once the
             self.stream.synchronize()  # kernel of the call cut short has ended (or given up)
-            progress = self.words.reshape(-1, RANK_WORDS)[self.rank]
-            progress[0] = self.call - 1
-            progress[1] = 0
+            recount(self.words.reshape(-1, RANK_WORDS)[self.rank], self.call - 1)
         self.counted = False
         start = time.perf_counter()
         if self.rank == late_rank and straggler_delay > 0:

@@ -46,6 +46,7 @@ __all__ = [
     "THREADS",
     "kernel_args",
     "kernel_name",
+    "recount",
     "slot_size",
 ]
 
@@ -230,6 +231,14 @@ def kernel_name(dtype: str) -> str:
     """The kernel of ``dtype`` (a key of :data:`~stragglar.runtime.kernels.SUMS`) as an NVRTC name
     expression."""
     return f"run_program<{SUMS[dtype][0]} >"
+
+
+def recount(progress: Any, last_call: int) -> None:
+    """Set progress words (one rank's row, or rows of them: each row's first
+    :data:`PROGRESS_WORDS`) as a kernel that ended call ``last_call`` leaves them: where a call
+    was cut short, the device's count is then the host's again."""
+    progress[..., 0] = last_call
+    progress[..., 1] = 0
 
 
 def kernel_args(

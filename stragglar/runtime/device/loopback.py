@@ -38,6 +38,7 @@ from stragglar.runtime.device.kernel import (
     THREADS,
     kernel_args,
     kernel_name,
+    recount,
     slot_size,
 )
 from stragglar.runtime.device.table import DeviceProgram
@@ -142,15 +143,12 @@ class DeviceLoopback:
         if not self.counted:  # once the kernels of the call cut short have ended (or given up)
             self.join()
             self.origin.synchronize()
-            progress = self.words.reshape(-1, RANK_WORDS)
-            progress[:, 0] = self.call - 1
-            progress[:, 1] = 0
+            recount(self.words.reshape(-1, RANK_WORDS), self.call - 1)
         self.queued.record(self.cupy.cuda.get_current_stream())
         self.origin.wait_event(self.queued)
-        with self.origin:
-            if self.bound != tuple(buffers):
-                self.buffer_pointers.set(np.array(buffers, dtype=np.uint64), stream=self.origin)
-                self.bound = tuple(buffers)
+        if self.bound != tuple(buffers):
+            self.buffer_pointers.set(np.array(buffers, dtype=np.uint64), stream=self.origin)
+            self.bound = tuple(buffers)
         self.counted = False
 
     def launch(self, ranks: Sequence[int], timeout_s: float) -> None:

@@ -13,8 +13,8 @@ and keeps the buffer alive, and a call on a registered buffer runs direct transf
 A registration's *number* is the highest any rank proposes, each proposing one more than the
 last number it knows on the group, so it is the same on every rank and new on every rank (even
 after a registration some rank gave up before its gather, or where a rank whose registrations on
-the group were all closed forgot the group and starts again from 1).  A call names its buffer's number in
-its header (0: not registered), so ranks on different registrations, or one on a
+the group were all closed forgot the group and starts again from 1).  A call names its buffer's
+number in its header (0: not registered), so ranks on different registrations, or one on a
 registered buffer and one not, are refused like any other mismatch, never run as a wrong sum.
 """
 
@@ -34,6 +34,7 @@ from stragglar.runtime.device.ipc import (
     handle_bytes,
     handle_words,
 )
+from stragglar.runtime.failures import first_line
 from stragglar.runtime.header import MismatchError, ranks_in_words
 
 __all__ = ["Registration", "register", "registered"]
@@ -143,7 +144,10 @@ def register(
             base = allocation_base(key[0])
             handle, offset = bytes(runtime.ipcGetMemHandle(base)), key[0] - base
         except Exception as e:  # noqa: BLE001: any refusal (an expandable segment, a stream-ordered pool) is said
-            problem, reason = _UNSHAREABLE, f"its memory cannot be shared over CUDA IPC ({_first_line(e)})"
+            problem, reason = (
+                _UNSHAREABLE,
+                f"its memory cannot be shared over CUDA IPC ({first_line(e) or type(e).__name__})",
+            )
     dtype = DTYPES.index(key[2]) if key[2] in DTYPES else -1
     gathered = gather([proposed, problem, dtype, key[1], offset, *handle_words(handle)])
     number = max(words[0] for words in gathered)
@@ -189,7 +193,11 @@ def _open_peers(
         except Exception as e:  # noqa: BLE001: any refusal is said in one line
             for opened in handles:
                 OPENINGS.close(runtime, opened)
-            return [], [], f"cannot open rank {peer}'s buffer over CUDA IPC ({_first_line(e)})"
+            return (
+                [],
+                [],
+                f"cannot open rank {peer}'s buffer over CUDA IPC ({first_line(e) or type(e).__name__})",
+            )
         handles.append(handle)
     return addresses, handles, None
 
@@ -213,7 +221,3 @@ def _agree(gathered: Sequence[Sequence[int]]) -> None:
                 for value in dict.fromkeys(values)
             ]
             raise MismatchError(f"ranks disagree on the registration: {what}: {', '.join(parts)}")
-
-
-def _first_line(error: Exception) -> str:
-    return (str(error).strip().splitlines() or [type(error).__name__])[0]

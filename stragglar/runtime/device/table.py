@@ -39,9 +39,8 @@ is set ``per_call`` times a call, the ``ordinal``-th time to ``call * per_call +
 (ordinals 1..per_call; ``call`` the number each rank's kernel counts on the device, the same on
 every rank as each runs every call): values only grow, call after call, so repeated calls and
 graph replays need no reset, and a wait of this call is never satisfied by a value an earlier
-call left.  The
-host waits for every rank's kernel of a call before it launches the next call's (an inbox slot
-is rewritten by the next call).
+call left.  The host waits for every rank's kernel of a call before it launches the next call's
+(an inbox slot is rewritten by the next call).
 
 The table's meaning is proved from its own contents by :mod:`~stragglar.runtime.device.prover`
 before a program is first launched; the lowering that writes it
