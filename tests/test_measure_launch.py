@@ -162,6 +162,9 @@ def test_run_benchmark_on_torch_is_bounded_per_wait_not_per_run(monkeypatch: pyt
 
 
 def raises_in_rank(rank: int, n: int) -> None:
+    import torch.distributed as dist
+
+    dist.barrier()  # every rank connected first: else a slow one, on a loaded box, loses it in setup
     if rank == 1:
         raise ValueError("boom\nsecond line")
     time.sleep(0.2)
