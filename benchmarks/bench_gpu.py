@@ -24,7 +24,9 @@ moves less).  Every call's result is checked exactly on the device against the s
 distinct per rank and element, exact in float32), and a wrong one stops the benchmark.
 
 (e) The device engine (one persistent kernel per rank, ``engine="device"``) against the graphed
-loopback, last as well: see gpu_device.py for its rows and targets (issue 34).
+loopback, last as well: see gpu_device.py for its rows and targets (issue 34).  (f) The device
+engine's kernel under other tunings (blocks a rank, vectors a thread) against its own: see
+gpu_tuning.py.
 
 Targets (issue 24): loopback with graphs <= 10 us per round at N = 8, C = 64, 1 MiB, and at N = 8,
 64 MiB C = 64 with graphs <= 1.3x the paper's C = 7 with graphs; a StragglAR round with graphs on
@@ -49,6 +51,7 @@ from typing import Any
 
 from gpu_device import device_executor, device_table
 from gpu_inputs import PERIOD, DDPConfig, P2PConfig, Wrong, slowest, total, value
+from gpu_tuning import device_tuning, tuning_table
 from results import save
 
 from stragglar.measure.gpus import gpu_count
@@ -318,7 +321,7 @@ def ddp_targets(runs: dict[str, dict[str, Any]]) -> list[str]:
     return out
 
 
-PARTS = ("p2p", "ddp", "cupy_nccl", "loopback", "device_executor")  # in the order they run: see main
+PARTS = ("p2p", "ddp", "cupy_nccl", "loopback", "device_executor", "device_tuning")  # in the order they run
 
 
 def kept_parts(path: Path | None, parts: tuple[str, ...]) -> tuple[str | None, dict[str, Any]]:
@@ -415,6 +418,21 @@ def run_device_executor(args: argparse.Namespace, gpus: int) -> list[dict[str, A
     return [asdict(r) for r in rows]
 
 
+def run_device_tuning(args: argparse.Namespace, gpus: int) -> list[dict[str, Any]] | str:
+    if importlib.util.find_spec("cupy") is None:
+        print("\ndevice tuning not measured: cupy is not installed")
+        return "not measured: cupy is not installed"
+    import cupy
+
+    def progress(line: str) -> None:
+        print(f"  {line}", file=sys.stderr, flush=True)
+
+    rows = device_tuning(cupy, cupy.cuda.Device().synchronize, args.iters, progress)
+    print("\n## Device engine: the kernel's tunings against its own (float32)\n")
+    print(tuning_table(rows), flush=True)
+    return [asdict(r) for r in rows]
+
+
 def device_name() -> str:
     """The first GPU's name, as torch says it (torch: only once the parts have run)."""
     import torch
@@ -428,6 +446,7 @@ RUNNERS: dict[str, Callable[[argparse.Namespace, int], Any]] = {
     "cupy_nccl": run_cupy_nccl,
     "loopback": run_loopback,
     "device_executor": run_device_executor,
+    "device_tuning": run_device_tuning,
 }
 
 

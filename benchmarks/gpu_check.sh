@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # The GPU check in one command, for a machine with CUDA GPUs, CuPy and torch: the GPU tests (the
 # loopback's kernels and graphs, bit for bit; the device engine's), bench_gpu.py --quick with its
-# JSON (the loopback, the device engine, then the ranks' parts), `stragglar run` on NCCL ranks,
-# the DDP example under torchrun, and `stragglar bench` on NCCL ranks; each step logged, and run
-# even when one before it failed.
+# JSON (the loopback, the device engine, its kernel's tunings, then the ranks' parts), `stragglar
+# run` on NCCL ranks, the DDP example under torchrun, and `stragglar bench` on NCCL ranks; each
+# step logged, and run even when one before it failed.
 #
 #     bash benchmarks/gpu_check.sh                                # logs and gpu.json in /tmp/stragglar-gpu-check
 #     GPU_CHECK_DIR=/data/gpu-check bash benchmarks/gpu_check.sh  # or in the folder it names
 #
 # What it writes: device.txt (nvidia-smi's view of the GPUs), one log per step and gpu.json.
-# Each step has a time limit (9.8 minutes in all), so that a hung step (a rank waiting forever on
+# Each step has a time limit (10 minutes in all), so that a hung step (a rank waiting forever on
 # a peer) cannot hold the machine and the steps after it still run. If the machine has no
 # network, put the wheels it lacks (z3-solver, ...) in .whl/ and they are installed from there.
 # Exits 1 if any step failed, 2 if the wheels would not install.
@@ -46,7 +46,8 @@ step tests 35 python3 -m pytest -q -p no:cacheprovider tests/test_runtime_loopba
 step device-tests 115 python3 -m pytest -q -p no:cacheprovider tests/test_runtime_device_gpu.py
 step loopback 40 python3 benchmarks/bench_gpu.py --quick --iters 3 --parts loopback --json "$out/gpu.json"
 step device 75 python3 benchmarks/bench_gpu.py --quick --iters 3 --parts device_executor --json "$out/gpu.json"
-step bench-ranks 190 python3 benchmarks/bench_gpu.py --quick --iters 3 --parts p2p,ddp,cupy_nccl --json "$out/gpu.json"
+step tuning 60 python3 benchmarks/bench_gpu.py --iters 3 --parts device_tuning --json "$out/gpu.json"
+step bench-ranks 140 python3 benchmarks/bench_gpu.py --quick --iters 3 --parts p2p,ddp,cupy_nccl --json "$out/gpu.json"
 step run-nccl 40 python3 -m stragglar run --backend nccl --gpus 4 --size 16MiB --delay 20ms --chunks 6 --iters 3
 step ddp-example 50 torchrun --nproc-per-node=4 examples/ddp_torchrun.py --late-rank 3 --delay 50ms --steps 8
 step bench-nccl 45 python3 -m stragglar bench --backend nccl --gpus 2,4 --sizes 1MiB --delays 0,20ms --iters 2

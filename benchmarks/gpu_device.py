@@ -37,6 +37,7 @@ from typing import Any
 
 from stragglar.runtime import allreduce_local
 from stragglar.runtime.device import program_for
+from stragglar.runtime.device.kernel import OWN_TUNING, Tuning
 from stragglar.runtime.device.loopback import run_device_loopback
 from stragglar.runtime.plans import late_rank_for
 from stragglar.synth import synthesize
@@ -153,7 +154,7 @@ def device_row(
         if copy is not None:
             staged_efficiency = efficiency_of(proof, count, itemsize, staged, copy, size_bytes)
         eager = median(lambda b: allreduce_local(b, proof, engine="device", graphs=False))
-        system = median(system_scope(xp, proof))
+        system = median(loopback_call(xp, proof, system=True))
     late_ratio = None
     if late:
         lates: list[float] = []
@@ -185,9 +186,12 @@ def device_row(
     )
 
 
-def system_scope(xp: Any, proof: Proof) -> Callable[[list[Any]], object]:
-    """The device engine's call (direct transfers, graphs after the first) with its flags at the
-    system's scope, as ranks on several GPUs need, here on one."""
+def loopback_call(
+    xp: Any, proof: Proof, system: bool = False, tuning: Tuning = OWN_TUNING
+) -> Callable[[list[Any]], object]:
+    """The device engine's call (direct transfers, nobody late, graphs after the first) with its
+    flags at the system's scope where ``system`` (as ranks on several GPUs need, here on one) and
+    the kernel's ``tuning``: what ``allreduce_local`` does not choose."""
     program = program_for(proof, direct=True)
 
     def call(bufs: list[Any]) -> object:
@@ -201,7 +205,8 @@ def system_scope(xp: Any, proof: Proof) -> Callable[[list[Any]], object]:
             proof.schedule.fingerprint,
             0.0,
             late_rank_for(proof.schedule, None),
-            system=True,
+            system=system,
+            tuning=tuning,
         )
 
     return call

@@ -26,7 +26,15 @@ import numpy as np
 import pytest
 from fake_cupy import FakeArray, compiled
 
-from stragglar.runtime.device.kernel import PROGRESS_WORDS, RANK_WORDS, SOURCE, kernel_name, slot_size
+from stragglar.runtime.device.kernel import (
+    OWN_TUNING,
+    PROGRESS_WORDS,
+    RANK_WORDS,
+    SOURCE,
+    VECTORS,
+    kernel_name,
+    slot_size,
+)
 from stragglar.runtime.device.table import DeviceProgram
 from stragglar.runtime.kernels import SUMS
 
@@ -62,6 +70,7 @@ static unsigned long long now_ns() {
 static void block_barrier() {}
 static bool block_any(int value) { return value != 0; }
 static void spin_pause() { std::this_thread::yield(); }
+#define UNROLLED
 """
 _HOST_LAUNCH = """
 extern "C" void {entry}(const long long* rows, int row_count, int rank, long long count, int num_chunks,
@@ -95,16 +104,18 @@ ARGTYPES = [
 ]
 
 
-def entry_name(dtype: str) -> str:
-    return f"host_run_{dtype}"
+def entry_name(dtype: str, vectors: int = OWN_TUNING.vectors) -> str:
+    return f"host_run_{dtype}_{vectors}"
 
 
 def host_library(folder: Path) -> ctypes.CDLL:
-    """The kernel of every dtype, compiled for the host, each with an entry that runs a rank's blocks."""
-    entries = "".join(_HOST_LAUNCH.format(entry=entry_name(dtype), name=kernel_name(dtype)) for dtype in SUMS)
+    """The kernel of every dtype and vector count, compiled for the host, each with an entry that
+    runs a rank's blocks."""
+    kernels = [(dtype, vectors) for dtype in SUMS for vectors in VECTORS]
+    entries = "".join(_HOST_LAUNCH.format(entry=entry_name(*k), name=kernel_name(*k)) for k in kernels)
     library = compiled(HOST_PRELUDE + SOURCE + entries, folder)
-    for dtype in SUMS:
-        entry = getattr(library, entry_name(dtype))
+    for kernel in kernels:
+        entry = getattr(library, entry_name(*kernel))
         entry.argtypes = ARGTYPES
         entry.restype = None
     return library
@@ -133,9 +144,15 @@ class HostRun:
     counts the calls as the host does, and checks that every rank that ran counted each one."""
 
     def __init__(
-        self, library: ctypes.CDLL, program: DeviceProgram, count: int, dtype: str, blocks: int
+        self,
+        library: ctypes.CDLL,
+        program: DeviceProgram,
+        count: int,
+        dtype: str,
+        blocks: int,
+        vectors: int = OWN_TUNING.vectors,
     ) -> None:
-        self.entry = getattr(library, entry_name(dtype))
+        self.entry = getattr(library, entry_name(dtype, vectors))
         self.program, self.count, self.blocks = program, count, blocks
         self.slot_size = slot_size(count, program.num_chunks, dtype)
         word = SUMS[dtype][1]
@@ -204,6 +221,7 @@ class FakeCuda:
         self.attributes = attributes
         self.launches: list[tuple[int, float]] = []  # (buffer address, when)
         self.system: list[bool] = []  # per launch: whether its flags are at the system's scope
+        self.shapes: list[tuple[str, int]] = []  # per launch: the kernel's name expression, its blocks
         self.opened: list[int] = []  # the addresses IPC handles were opened for
         self.closed: list[int] = []
         self.allocations: dict[int, np.ndarray] = {}  # what cudaMalloc gave, by address
@@ -219,6 +237,10 @@ class FakeCuda:
             ipcCloseMemHandle=self.closed.append,
             getDeviceProperties=lambda device: self.attributes,
         )
+
+    def Device(self) -> Any:  # noqa: N802: CuPy's name
+        """The current device: the one there is."""
+        return types.SimpleNamespace(id=0, synchronize=lambda: None)
 
     def base_of(self, address: int) -> int:
         """The start of the allocation holding ``address`` (the driver's cuMemGetAddressRange)."""
@@ -429,8 +451,8 @@ def fake_cupy(cuda: FakeCuda, library: ctypes.CDLL) -> types.ModuleType:
 
     def raw_module(code: str, options: tuple[str, ...], name_expressions: list[str]) -> Any:
         assert code == SOURCE and options == ("--std=c++14",) and len(name_expressions) == 1
-        dtype = next(d for d in SUMS if kernel_name(d) == name_expressions[0])
-        entry = getattr(library, entry_name(dtype))
+        kernel_of = next((d, v) for d in SUMS for v in VECTORS if kernel_name(d, v) == name_expressions[0])
+        entry = getattr(library, entry_name(*kernel_of))
 
         def kernel(grid: tuple[int], block: tuple[int], args: tuple[Any, ...]) -> None:
             stream = cuda.current
@@ -441,6 +463,7 @@ def fake_cupy(cuda: FakeCuda, library: ctypes.CDLL) -> types.ModuleType:
             def run() -> None:
                 cuda.launches.append((int(own[int(args[2])]), time.perf_counter()))
                 cuda.system.append(bool(args[-1]))
+                cuda.shapes.append((name_expressions[0], grid[0]))
                 entry(*values, grid[0])
 
             stream.launch(run)

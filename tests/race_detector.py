@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 from fake_device import HOST_PRELUDE
 
-from stragglar.runtime.device.kernel import SOURCE, slot_size
+from stragglar.runtime.device.kernel import OWN_TUNING, SOURCE, VECTORS, slot_size
 from stragglar.runtime.device.table import DeviceProgram
 from stragglar.runtime.kernels import SUMS
 
@@ -38,7 +38,7 @@ static long long next_word(FILE* in) {
     if (fread(&value, 8, 1, in) != 1) { fprintf(stderr, "the case ends early\n"); exit(3); }
     return value;
 }
-template <typename Sum>
+template <typename Sum, int VECTORS>
 static int run_case(FILE* in, FILE* out, long long n, long long num_chunks, long long count, long long blocks,
                     long long slot, long long flag_count, long long calls) {
     typedef typename Sum::Word Word;
@@ -74,9 +74,9 @@ static int run_case(FILE* in, FILE* out, long long n, long long num_chunks, long
                     parts.emplace_back([&, r, b] {
                         gridDim.x = (unsigned)blocks; blockDim.x = 1;
                         blockIdx.x = (unsigned)b; threadIdx.x = 0;
-                        run_program<Sum>(rows[r].data(), (int)(rows[r].size() / 8), (int)r, count,
-                                         (int)num_chunks, slot, buffer_at.data(), inbox_at.data(),
-                                         flag_at.data(), words.data(), 20000000000LL, 1);
+                        run_program<Sum, VECTORS>(rows[r].data(), (int)(rows[r].size() / 8), (int)r, count,
+                                                  (int)num_chunks, slot, buffer_at.data(), inbox_at.data(),
+                                                  flag_at.data(), words.data(), 20000000000LL, 1);
                     });
                 for (auto& p : parts) p.join();
             });
@@ -100,9 +100,9 @@ int main(int argc, char** argv) {
     if (!in || !out) return 2;
     long long header[8];
     for (auto& h : header) h = next_word(in);
-    const long long dtype = header[0];
+    const long long kernel = header[0];  // the dtype's index, times 16, plus the vectors
     int status = 2;
-    switch (dtype) {
+    switch (kernel) {
 CASES
     }
     fclose(out);
@@ -115,7 +115,9 @@ def driver_source() -> str:
     """The driver: the host prelude, the kernel's own source, and a ``main`` that runs a case."""
     arguments = "in, out, header[1], header[2], header[3], header[4], header[5], header[6], header[7]"
     cases = "".join(
-        f"    case {i}: status = run_case<{SUMS[d][0]} >({arguments}); break;\n" for i, d in enumerate(DTYPES)
+        f"    case {16 * i + v}: status = run_case<{SUMS[d][0]}, {v}>({arguments}); break;\n"
+        for i, d in enumerate(DTYPES)
+        for v in VECTORS
     )
     return HOST_PRELUDE + SOURCE + _DRIVER.replace("CASES", cases)
 
@@ -156,11 +158,13 @@ def run(
     dtype: str,
     blocks: int,
     calls: int,
+    vectors: int = OWN_TUNING.vectors,
 ) -> Outcome:
     """``program`` on ``data`` (every rank's input, as words of ``dtype``) with ``blocks`` blocks a
-    rank, ``calls`` calls on the same inboxes and flags, under the race detector."""
+    rank moving ``vectors`` 16-byte vectors a thread at once, ``calls`` calls on the same inboxes
+    and flags, under the race detector."""
     count = int(data[0].shape[0])
-    header = [DTYPES.index(dtype), program.num_ranks, program.num_chunks, count, blocks]
+    header = [16 * DTYPES.index(dtype) + vectors, program.num_ranks, program.num_chunks, count, blocks]
     header += [slot_size(count, program.num_chunks, dtype), program.flags, calls]
     parts = [np.array(header, dtype=np.int64).tobytes()]
     for rows in program.rows:

@@ -1,8 +1,8 @@
 """On a real GPU (skipped without CuPy and a CUDA device): the device engine, one persistent
 kernel per rank, bit for bit against the reference interpreter on NumPy for every dtype CuPy has,
 N = 3..16, chunked schedules with direct and with staged transfers, call after call; punctual
-calls replayed from a CUDA graph; the late rank launched late; a rank whose kernel is never
-launched reported as a RankError naming it.
+calls replayed from a CUDA graph; every tuning of the kernel (blocks, vectors) the same bits; the
+late rank launched late; a rank whose kernel is never launched reported as a RankError naming it.
 On CPU the same kernel source runs compiled for the host (test_runtime_device_kernel.py,
 test_runtime_device_loopback.py); this is the check to run on a machine with a GPU
 (benchmarks/gpu_check.sh)."""
@@ -24,7 +24,8 @@ if DEVICES < 1:
     pytest.skip("no CUDA device", allow_module_level=True)
 
 from stragglar.runtime import RankError, allreduce, allreduce_local  # noqa: E402
-from stragglar.runtime.device import loopback  # noqa: E402
+from stragglar.runtime.device import loopback, programs  # noqa: E402
+from stragglar.runtime.device.kernel import VECTORS, Tuning  # noqa: E402
 from stragglar.synth import synthesize  # noqa: E402
 from stragglar.verify import prove  # noqa: E402
 
@@ -85,6 +86,35 @@ def test_punctual_calls_replay_from_a_graph_call_after_call(
                 assert w.tobytes() == cupy.asnumpy(d).tobytes(), (call, rank, graphs)
     (state,) = loopback._loopbacks.values()
     assert len(state.replayer.captured) == (1 if graphs else 0)
+
+
+@pytest.mark.parametrize("vectors", VECTORS)
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_every_tuning_gives_the_same_bits(dtype: str, vectors: int) -> None:
+    """The kernel of each vector count, with few blocks and with many, on a chunked schedule
+    whose blocks' parts are no whole number of a thread's groups of vectors."""
+    proof = prove(synthesize("stragglar", 6, chunks=10))
+    program = programs.program_for(proof, direct=True)
+    count = 10 * 4099 * 3
+    for call, max_blocks in enumerate((2, 64)):
+        host = draws(6, count, dtype, seed=call + vectors)
+        want = [h.copy() for h in host]
+        allreduce_local(want, proof)
+        device = [cupy.asarray(h) for h in host]
+        loopback.run_device_loopback(
+            cupy,
+            [int(d.data.ptr) for d in device],
+            count,
+            dtype,
+            int(device[0].device.id),
+            program,
+            proof.schedule.fingerprint,
+            0.0,
+            proof.schedule.late_rank,
+            tuning=Tuning(max_blocks=max_blocks, vectors=vectors),
+        )
+        for rank, (w, d) in enumerate(zip(want, device, strict=True)):
+            assert w.tobytes() == cupy.asnumpy(d).tobytes(), (dtype, vectors, max_blocks, rank)
 
 
 def test_a_rank_never_launched_is_named(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -16,7 +16,7 @@ import pytest
 from fake_device import HostRun, host_or_skip
 from nvrtc import compile_ptx, library
 
-from stragglar.runtime.device.kernel import SOURCE, kernel_name
+from stragglar.runtime.device.kernel import OWN_TUNING, SOURCE, VECTORS, kernel_name
 from stragglar.runtime.device.lowering import lower
 from stragglar.runtime.device.prover import check
 from stragglar.runtime.device.table import WAIT, DeviceProgram
@@ -87,11 +87,13 @@ def run_on_host(
     blocks: int,
     calls: int = 1,
     offsets: bool = False,
+    vectors: int = OWN_TUNING.vectors,
 ) -> list[np.ndarray]:
     """The program run ``calls`` times on fresh copies of ``data`` (the same inboxes and flags,
     never reset); the last call's buffers, as words.  ``offsets``: rank r's buffer starts r % 3
-    elements into its memory, so that two ranks' chunks sit at different offsets within 16 bytes."""
-    run = HostRun(host, program, data[0].shape[0], dtype, blocks)
+    elements into its memory, so that two ranks' chunks sit at different offsets within 16 bytes;
+    ``vectors``: the kernel's 16-byte vectors a thread at once."""
+    run = HostRun(host, program, data[0].shape[0], dtype, blocks, vectors)
     buffers: list[np.ndarray] = []
     for _ in range(calls):
         buffers = [_placed(words(d, dtype), r % 3 if offsets else 0) for r, d in enumerate(data)]
@@ -118,12 +120,13 @@ def same(
     calls: int = 1,
     direct: bool = False,
     offsets: bool = False,
+    vectors: int = OWN_TUNING.vectors,
 ) -> None:
     data = inputs(schedule.num_ranks, count, dtype, seed=count + schedule.num_ranks)
     want = interpreted(schedule, data, dtype)
     program = lower(compile_schedule(schedule), direct)
     check(program)
-    got = run_on_host(host, program, data, dtype, blocks, calls, offsets)
+    got = run_on_host(host, program, data, dtype, blocks, calls, offsets, vectors)
     for rank, (w, g) in enumerate(zip(want, got, strict=True)):
         assert w.tobytes() == g.tobytes(), (
             schedule.algorithm,
@@ -133,6 +136,7 @@ def same(
             blocks,
             rank,
             direct,
+            vectors,
         )
 
 
@@ -141,9 +145,12 @@ def same(
 def test_every_schedule_runs_exactly_as_the_interpreter(
     host: ctypes.CDLL, index: int, algorithm: str, n: int, direct: bool
 ) -> None:
-    """Every algorithm at N = 2..17, the dtypes taken in turn; uneven chunks, 1..3 blocks."""
+    """Every algorithm at N = 2..17, the dtypes and the kernel's vector counts taken in turn;
+    uneven chunks, 1..3 blocks."""
     dtype = DTYPES[index % len(DTYPES)]
-    same(synthesize(algorithm, n), host, dtype, count=5 * n + 3, blocks=1 + index % 3, direct=direct)
+    vectors = VECTORS[index % len(VECTORS)]
+    count = 5 * n + 3
+    same(synthesize(algorithm, n), host, dtype, count, blocks=1 + index % 3, direct=direct, vectors=vectors)
 
 
 @pytest.mark.parametrize("direct", [False, True], ids=["staged", "direct"])
@@ -157,14 +164,17 @@ def test_chunked_schedules_in_every_dtype_are_exact(
     )
 
 
+@pytest.mark.parametrize("vectors", VECTORS)
 @pytest.mark.parametrize("direct", [False, True], ids=["staged", "direct"])
 @pytest.mark.parametrize("offsets", [False, True], ids=["aligned", "offset"])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_sixteen_byte_moves_and_the_elements_around_them(
-    host: ctypes.CDLL, dtype: str, offsets: bool, direct: bool
+    host: ctypes.CDLL, dtype: str, offsets: bool, direct: bool, vectors: int
 ) -> None:
     """Parts long enough for the 16-byte moves, with heads and tails of single elements around
-    them; buffers at different offsets within 16 bytes, where chunks move an element at a time."""
+    them; buffers at different offsets within 16 bytes, where chunks move an element at a time;
+    each of the kernel's vector counts (a block's 16-byte vectors are no whole number of a
+    thread's groups of them, so the last group is cut short)."""
     same(
         synthesize("stragglar", 5, chunks=6),
         host,
@@ -173,6 +183,7 @@ def test_sixteen_byte_moves_and_the_elements_around_them(
         blocks=3,
         direct=direct,
         offsets=offsets,
+        vectors=vectors,
     )
 
 
@@ -227,7 +238,7 @@ def test_the_source_compiles_for_a_gpu_with_nvrtc() -> None:
     nvrtc = library()
     if nvrtc is None:
         pytest.skip("needs the nvidia-cuda-nvrtc wheel")
-    names = [kernel_name(dtype) for dtype in DTYPES]
+    names = [kernel_name(dtype, vectors) for dtype in DTYPES for vectors in VECTORS]
     result = compile_ptx(nvrtc, SOURCE, names, ["--std=c++14", "-arch=compute_90"])
     assert set(result.lowered) == set(names) and all(result.lowered.values())
     for instruction in (
@@ -241,3 +252,19 @@ def test_the_source_compiles_for_a_gpu_with_nvrtc() -> None:
         "bar.red.or",
     ):
         assert instruction in result.ptx, instruction
+
+
+def test_a_thread_issues_all_its_vectors_loads_before_its_first_store() -> None:
+    """What ``vectors`` is for: in the PTX of each vector count, a thread's group of 16-byte moves
+    is ``vectors`` loads of the source and as many of the target (a reduction's), all before the
+    group's first store, so that they are in flight together."""
+    nvrtc = library()
+    if nvrtc is None:
+        pytest.skip("needs the nvidia-cuda-nvrtc wheel")
+    for vectors in VECTORS:
+        name = kernel_name("float32", vectors)
+        ptx = compile_ptx(nvrtc, SOURCE, [name], ["--std=c++14", "-arch=compute_90"]).ptx
+        moves = [
+            line.split()[0][:5] for line in ptx.splitlines() if line.strip().startswith(("ld.v4", "st.v4"))
+        ]
+        assert moves == ["ld.v4"] * (2 * vectors) + ["st.v4"] * vectors, moves

@@ -14,6 +14,7 @@ import pytest
 import race_detector
 from test_runtime_device_kernel import CHUNKED, EVERY_SCHEDULE, inputs, interpreted, words
 
+from stragglar.runtime.device.kernel import OWN_TUNING, VECTORS
 from stragglar.runtime.device.lowering import lower
 from stragglar.runtime.device.prover import check
 from stragglar.runtime.device.table import WAIT, DeviceProgram
@@ -31,12 +32,20 @@ def binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def race_free_and_exact(
-    binary: Path, folder: Path, schedule: Schedule, dtype: str, count: int, blocks: int, direct: bool
+    binary: Path,
+    folder: Path,
+    schedule: Schedule,
+    dtype: str,
+    count: int,
+    blocks: int,
+    direct: bool,
+    vectors: int = OWN_TUNING.vectors,
 ) -> None:
     data = inputs(schedule.num_ranks, count, dtype, seed=count + schedule.num_ranks)
     program = lower(compile_schedule(schedule), direct)
     check(program)
-    outcome = race_detector.run(binary, folder, program, [words(d, dtype) for d in data], dtype, blocks, 3)
+    data_words = [words(d, dtype) for d in data]
+    outcome = race_detector.run(binary, folder, program, data_words, dtype, blocks, 3, vectors)
     usable(outcome)
     assert outcome.status == 0, outcome.report
     assert "WARNING: ThreadSanitizer" not in outcome.report, outcome.report
@@ -63,11 +72,14 @@ def test_proved_programs_run_without_a_data_race(
     binary: Path, tmp_path: Path, algorithm: str, n: int, chunks: int | None, direct: bool
 ) -> None:
     """A block's part of a chunk (1 to 3 blocks) long enough for 16-byte moves in every word size,
-    with single elements around them; three calls on the same inboxes and flags."""
+    with single elements around them, the kernel's vector counts taken in turn; three calls on the
+    same inboxes and flags."""
     schedule = synthesize(algorithm, n, chunks=chunks)
     for i, dtype in enumerate(race_detector.DTYPES):
         count = schedule.num_chunks * 50 + 5
-        race_free_and_exact(binary, tmp_path, schedule, dtype, count, blocks=1 + (n + i) % 3, direct=direct)
+        vectors = VECTORS[(n + i) % len(VECTORS)]
+        blocks = 1 + (n + i) % 3
+        race_free_and_exact(binary, tmp_path, schedule, dtype, count, blocks, direct, vectors)
 
 
 @pytest.mark.slow
@@ -80,7 +92,10 @@ def test_every_schedule_and_every_chunked_one_runs_without_a_data_race(
     ]
     for index, schedule in enumerate(cases):
         dtype = race_detector.DTYPES[index % len(race_detector.DTYPES)]
-        race_free_and_exact(binary, tmp_path, schedule, dtype, 3 * schedule.num_chunks + 2, 2, direct)
+        vectors = VECTORS[index % len(VECTORS)]
+        race_free_and_exact(
+            binary, tmp_path, schedule, dtype, 3 * schedule.num_chunks + 2, 2, direct, vectors
+        )
 
 
 def without_a_wait(program: DeviceProgram, rank: int) -> DeviceProgram:

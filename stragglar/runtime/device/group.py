@@ -39,6 +39,7 @@ from stragglar.errors import InputError
 from stragglar.runtime.clock import Timeline
 from stragglar.runtime.device.ipc import HANDLE_BYTES, handle_bytes, handle_words
 from stragglar.runtime.device.kernel import (
+    OWN_TUNING,
     RANK_WORDS,
     SOURCE,
     THREADS,
@@ -85,7 +86,7 @@ class DeviceRank:
         ).get_function(name)
         properties = cupy.cuda.runtime.getDeviceProperties(device_id)
         resident = resident_blocks(properties, self.kernel.num_regs, self.kernel.shared_size_bytes, THREADS)
-        mine = blocks_for(program, count, resident)
+        mine = blocks_for(program, count, resident, OWN_TUNING.max_blocks)  # the engine's own tuning
         self.slot_size = slot_size(count, program.num_chunks, dtype)
         self.rows = cupy.asarray(np.ascontiguousarray(program.rows[rank]))
         runtime = cupy.cuda.runtime

@@ -31,6 +31,7 @@ block, one thread a block), which is how the tests run this very source without 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -40,10 +41,13 @@ from stragglar.runtime.kernels import SUM_SOURCE, SUMS
 
 __all__ = [
     "ERROR_WORDS",
+    "OWN_TUNING",
     "PROGRESS_WORDS",
     "RANK_WORDS",
     "SOURCE",
     "THREADS",
+    "VECTORS",
+    "Tuning",
     "kernel_args",
     "kernel_name",
     "recount",
@@ -54,6 +58,32 @@ THREADS = 512  # threads a block: its part of a chunk is copied with a block-str
 PROGRESS_WORDS = 2  # per rank: the number of the last call its kernel ended, its blocks ended in this one
 ERROR_WORDS = 8  # per rank: the call that failed, row, round, peer, flag, wanted, seen, block
 RANK_WORDS = PROGRESS_WORDS + ERROR_WORDS  # a rank's words: its progress, then its error
+VECTORS = (1, 2, 4, 8)  # the 16-byte vectors a thread may keep in flight (a template argument each)
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """How a rank's kernel spreads its work over the device: what the engine's speed depends on
+    beside the schedule, and nothing its results do (every setting runs the same program to the
+    same bits).  ``max_blocks``: thread blocks a rank at most (fewer where the device could not
+    hold that many for every rank at once, or where a chunk is too small to share); more blocks
+    move more of a round's data at once, and each waits on a flag of its own.  ``vectors``: the
+    16-byte vectors a thread loads before it stores them (one of :data:`VECTORS`); more hide more
+    of the memory's latency, for more registers.  The defaults are the engine's; the others are
+    there to be measured against them (``benchmarks/gpu_tuning.py``)."""
+
+    max_blocks: int = 16
+    vectors: int = 1
+
+    def __post_init__(self) -> None:
+        if self.max_blocks < 1:
+            raise ValueError(f"max_blocks must be at least 1, not {self.max_blocks}")
+        if self.vectors not in VECTORS:
+            raise ValueError(f"vectors must be one of {VECTORS}, not {self.vectors}")
+
+
+OWN_TUNING = Tuning()  # the engine's own: what every call uses unless a benchmark measures another
+
 
 _PRIMITIVES = r"""
 #ifndef STRAGGLAR_HOST
@@ -89,6 +119,7 @@ __device__ unsigned long long now_ns() {
 __device__ void block_barrier() { __syncthreads(); }
 __device__ bool block_any(int value) { return __syncthreads_or(value) != 0; }
 __device__ void spin_pause() { __nanosleep(64); }
+#define UNROLLED _Pragma("unroll")
 #endif
 """
 
@@ -96,8 +127,10 @@ _MOVE = r"""
 // Elements lo..hi-1 of from set (or added, Sum's add: to = to + from) into to by the block's
 // threads.  Where both sides are at the same offset within 16 bytes, the middle moves 16 bytes a
 // load and a store (one element a thread and step would leave most of the memory's width idle),
-// the ends an element at a time; elsewhere every element goes alone.
-template <typename Sum>
+// VECTORS of them a thread at once: every load is issued before the first store, so that many
+// loads are in flight and the memory's latency is paid once for them; the ends go an element at a
+// time, and so does every element where the offsets differ.
+template <typename Sum, int VECTORS>
 __device__ void move(typename Sum::Word* to, const typename Sum::Word* from, long long lo, long long hi,
                      bool add) {
     typedef typename Sum::Word Word;
@@ -114,16 +147,29 @@ __device__ void move(typename Sum::Word* to, const typename Sum::Word* from, lon
         to[e] = add ? Sum::add(to[e], from[e]) : from[e];
     uint4* to_vectors = reinterpret_cast<uint4*>(to + body);
     const uint4* from_vectors = reinterpret_cast<const uint4*>(from + body);
-    for (long long v = threadIdx.x; v < vectors; v += blockDim.x) {
-        uint4 value = from_vectors[v];
-        if (add) {
-            uint4 sum = to_vectors[v];
-            Word* sums = reinterpret_cast<Word*>(&sum);
-            const Word* values = reinterpret_cast<const Word*>(&value);
-            for (long long k = 0; k < width; ++k) sums[k] = Sum::add(sums[k], values[k]);
-            value = sum;
+    const long long stride = blockDim.x;
+    for (long long first = threadIdx.x; first < vectors; first += stride * VECTORS) {
+        uint4 values[VECTORS], sums[VECTORS];
+        UNROLLED
+        for (int k = 0; k < VECTORS; ++k) {
+            const long long v = first + k * stride;
+            if (v < vectors) {
+                values[k] = from_vectors[v];
+                if (add) sums[k] = to_vectors[v];
+            }
         }
-        to_vectors[v] = value;
+        UNROLLED
+        for (int k = 0; k < VECTORS; ++k) {
+            const long long v = first + k * stride;
+            if (v >= vectors) break;
+            if (add) {
+                Word* words = reinterpret_cast<Word*>(&sums[k]);
+                const Word* addends = reinterpret_cast<const Word*>(&values[k]);
+                for (long long w = 0; w < width; ++w) words[w] = Sum::add(words[w], addends[w]);
+                values[k] = sums[k];
+            }
+            to_vectors[v] = values[k];
+        }
     }
     for (long long e = tail + threadIdx.x; e < hi; e += blockDim.x)
         to[e] = add ? Sum::add(to[e], from[e]) : from[e];
@@ -133,7 +179,7 @@ __device__ void move(typename Sum::Word* to, const typename Sum::Word* from, lon
 _KERNEL = r"""
 enum { PUT = 0, SIGNAL = 1, WAIT = 2, COPY = 3, REDUCE = 4, PUSH = 5, PULL = 6, PULL_REDUCE = 7 };
 
-template <typename Sum>
+template <typename Sum, int VECTORS>
 __global__ void run_program(const long long* rows, int row_count, int rank, long long count, int num_chunks,
                             long long slot_size, const unsigned long long* buffers,
                             const unsigned long long* inboxes, const unsigned long long* flags,
@@ -196,7 +242,7 @@ __global__ void run_program(const long long* rows, int row_count, int rank, long
                   + start % (16 / sizeof(Word));  // the chunk's own offset within 16 bytes
         Word* to = op == PUT || op == PUSH ? other : part;  // element e of the chunk's part, both
         const Word* from = op == PUT || op == PUSH ? part : other;
-        move<Sum>(to, from, lo, hi, op == REDUCE || op == PULL_REDUCE);
+        move<Sum, VECTORS>(to, from, lo, hi, op == REDUCE || op == PULL_REDUCE);
     }
     // The call is counted once every block has ended (a block that gave up included), by the last
     // to end: the next launch on this rank's stream reads the count, so a launch needs no call
@@ -227,10 +273,10 @@ def slot_size(count: int, num_chunks: int, dtype: str) -> int:
     return -(-(largest + width - 1) // width) * width
 
 
-def kernel_name(dtype: str) -> str:
-    """The kernel of ``dtype`` (a key of :data:`~stragglar.runtime.kernels.SUMS`) as an NVRTC name
-    expression."""
-    return f"run_program<{SUMS[dtype][0]} >"
+def kernel_name(dtype: str, vectors: int = OWN_TUNING.vectors) -> str:
+    """The kernel of ``dtype`` (a key of :data:`~stragglar.runtime.kernels.SUMS`) moving
+    ``vectors`` 16-byte vectors a thread at once, as an NVRTC name expression."""
+    return f"run_program<{SUMS[dtype][0]}, {vectors}>"
 
 
 def recount(progress: Any, last_call: int) -> None:

@@ -32,10 +32,12 @@ from stragglar.errors import InputError
 from stragglar.runtime.clock import Timeline, sleep_until
 from stragglar.runtime.device.kernel import (
     ERROR_WORDS,
+    OWN_TUNING,
     PROGRESS_WORDS,
     RANK_WORDS,
     SOURCE,
     THREADS,
+    Tuning,
     kernel_args,
     kernel_name,
     recount,
@@ -48,17 +50,16 @@ from stragglar.runtime.kernels import SUMS
 from stragglar.runtime.plans import cached
 
 __all__ = [
-    "MAX_BLOCKS",
     "DeviceLoopback",
     "blocks_for",
     "call_failure",
+    "device_loopback",
     "first_failure",
     "rank_error",
     "resident_blocks",
     "run_device_loopback",
 ]
 
-MAX_BLOCKS = 16  # thread blocks a rank at most: enough to keep a GPU's copy engines busy
 WAIT_TIMEOUT_S = 30.0  # how long a device wait spins, beyond the late rank's delay, before it gives up
 _DEFAULT_BLOCKS_PER_SM = 16  # where a device does not say how many blocks a multiprocessor holds
 
@@ -76,9 +77,9 @@ def resident_blocks(properties: Mapping[str, int], registers: int, shared_bytes:
     return int(properties["multiProcessorCount"]) * max(per_sm, 0)
 
 
-def blocks_for(program: DeviceProgram, count: int, resident: int) -> int:
+def blocks_for(program: DeviceProgram, count: int, resident: int, max_blocks: int) -> int:
     """Blocks a rank: as many as the device holds for every rank at once (at most
-    :data:`MAX_BLOCKS`), fewer when a chunk has too few elements to share; refused when not even
+    ``max_blocks``), fewer when a chunk has too few elements to share; refused when not even
     one block a rank fits (the ranks' spin-waits would deadlock)."""
     n = program.num_ranks
     if resident < n:
@@ -87,31 +88,40 @@ def blocks_for(program: DeviceProgram, count: int, resident: int) -> int:
             "their kernels could not all run together"
         )
     largest = -(-count // program.num_chunks)
-    return max(1, min(MAX_BLOCKS, resident // n, -(-largest // THREADS)))
+    return max(1, min(max_blocks, resident // n, -(-largest // THREADS)))
 
 
 class DeviceLoopback:
     """One program's device state: each rank's rows, inbox, flags and words, every rank's buffer
     address on the device (written before a call), the streams, the graphs of punctual calls, and
     the number of calls made (the device counts them too: see
-    :mod:`~stragglar.runtime.device.kernel`)."""
+    :mod:`~stragglar.runtime.device.kernel`).  ``tuning``: the kernel's blocks and vectors."""
 
     def __init__(
-        self, cupy: Any, program: DeviceProgram, count: int, dtype: str, device_id: int, system: bool
+        self,
+        cupy: Any,
+        program: DeviceProgram,
+        count: int,
+        dtype: str,
+        device_id: int,
+        system: bool,
+        tuning: Tuning = OWN_TUNING,
     ) -> None:
         self.cupy = cupy
         self.program = program
         self.system = system  # flags at the system's scope, as across GPUs (every rank is on one here)
         self.lock = threading.Lock()  # one call at a time: inboxes and flags are shared
-        module = cupy.RawModule(code=SOURCE, options=("--std=c++14",), name_expressions=[kernel_name(dtype)])
-        self.kernel = module.get_function(kernel_name(dtype))
+        name = kernel_name(dtype, tuning.vectors)
+        self.kernel = cupy.RawModule(
+            code=SOURCE, options=("--std=c++14",), name_expressions=[name]
+        ).get_function(name)
         resident = resident_blocks(
             cupy.cuda.runtime.getDeviceProperties(device_id),
             self.kernel.num_regs,
             self.kernel.shared_size_bytes,
             THREADS,
         )
-        self.blocks = blocks_for(program, count, resident)
+        self.blocks = blocks_for(program, count, resident, tuning.max_blocks)
         self.count = count
         self.slot_size = slot_size(count, program.num_chunks, dtype)
         word = SUMS[dtype][1]
@@ -270,6 +280,29 @@ _loopbacks: OrderedDict[Hashable, DeviceLoopback] = OrderedDict()
 CACHED = 4  # loopbacks kept: each holds inboxes about the size of the buffers
 
 
+def device_loopback(
+    cupy: Any,
+    count: int,
+    dtype: str,
+    device_id: int,
+    program: DeviceProgram,
+    fingerprint: str,
+    system: bool = False,
+    tuning: Tuning = OWN_TUNING,
+) -> DeviceLoopback:
+    """The device state of ``program`` (the proved program of the schedule whose fingerprint is
+    ``fingerprint``) for ``count``-element ``dtype`` buffers on device ``device_id``, made once and
+    kept among the last few; ``system`` and ``tuning`` as :func:`run_device_loopback` takes them.
+    A call on it holds its ``lock``."""
+    key = (fingerprint, program.direct, count, dtype, device_id, system, tuning)
+    return cached(
+        _loopbacks,
+        key,
+        lambda: DeviceLoopback(cupy, program, count, dtype, device_id, system, tuning),
+        CACHED,
+    )
+
+
 def run_device_loopback(
     cupy: Any,
     buffers: Sequence[int],
@@ -282,16 +315,16 @@ def run_device_loopback(
     late_rank: int,
     graphs: bool = True,
     system: bool = False,
+    tuning: Tuning = OWN_TUNING,
 ) -> list[Timeline]:
     """AllReduce in place the ``count``-element ``dtype`` buffers at addresses ``buffers`` (one
     per rank, all on device ``device_id``) with ``program``, the proved program of the schedule
     whose fingerprint is ``fingerprint``; a call with nobody late replays from a CUDA graph after
     the first unless ``graphs`` is False.  Every rank is on one GPU, so the flags are released and
     acquired at the GPU's scope; ``system`` puts them at the system's, as ranks on several GPUs
-    need (what that costs, measured on one: ``benchmarks/gpu_device.py``)."""
-    key = (fingerprint, program.direct, count, dtype, device_id, system)
-    loopback = cached(
-        _loopbacks, key, lambda: DeviceLoopback(cupy, program, count, dtype, device_id, system), CACHED
-    )
+    need (what that costs, measured on one: ``benchmarks/gpu_device.py``); ``tuning``: the
+    kernel's blocks and vectors (the engine's own unless measuring others:
+    ``benchmarks/gpu_tuning.py``)."""
+    loopback = device_loopback(cupy, count, dtype, device_id, program, fingerprint, system, tuning)
     with loopback.lock:
         return loopback.run(buffers, straggler_delay, late_rank, graphs)
