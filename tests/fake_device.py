@@ -285,7 +285,11 @@ class FakeCuda:
         return FakeStream(self)
 
     def get_current_stream(self) -> Any:
-        return types.SimpleNamespace(record=lambda: FakeEvent())
+        """The stream the caller made current (``with stream:``), else the default, which holds no
+        work of the stand-in's and never captures."""
+        if self.current is not None:
+            return self.current
+        return types.SimpleNamespace(record=lambda: FakeEvent(), is_capturing=lambda: False)
 
     def Event(self, disable_timing: bool = False) -> FakeEvent:
         return FakeEvent()
@@ -403,6 +407,9 @@ class FakeStream:
                 event.capture.joined.add(event.source)
             return
         self.work = self.work + event.work
+
+    def is_capturing(self) -> bool:
+        return self.capture is not None
 
     def begin_capture(self) -> None:
         if self.cuda.refuse_capture:

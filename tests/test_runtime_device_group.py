@@ -277,6 +277,31 @@ def test_options_of_the_rounds_engine_are_refused_on_the_device_engine(cuda: Fak
     assert not cuda.launches
 
 
+def test_a_call_or_a_registration_inside_a_graph_capture_is_refused_before_anything_is_gathered(
+    cuda: FakeCuda,
+) -> None:
+    """Every rank captures (as a training step captured whole would): each refuses at once, in
+    one line, with nothing gathered, opened or launched."""
+    import cupy  # the stand-in
+
+    from stragglar.runtime import NcclGroup, register_buffer
+
+    proof = prove(synthesize("ring", 2))
+    data = fresh(1, 8, "float32", 0)[0]
+    group = NcclGroup(comm=None)  # a gather on it would fail: nothing is gathered
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        for attempt in (
+            lambda: allreduce(data, proof, group=group, engine="device"),
+            lambda: register_buffer(data, group),
+        ):
+            with pytest.raises(InputError, match="cannot run while the current stream is capturing"):
+                attempt()
+        graph = stream.end_capture()
+    assert not graph.branches and not cuda.launches and not cuda.opened
+
+
 def test_a_rank_of_a_group_refuses_a_program_that_reaches_its_peers_buffers() -> None:
     """A group opens its peers' inboxes and flags, not their buffers: direct rows would write
     through a null pointer, so such a program is refused before anything is allocated."""

@@ -350,6 +350,42 @@ def test_torch_cpu_tensors_and_buffers_on_two_gpus_are_refused(cuda: FakeCuda) -
     assert not cuda.launches
 
 
+def test_a_call_inside_the_caller_s_graph_capture_is_refused_before_it_touches_the_capture(
+    cuda: FakeCuda,
+) -> None:
+    """The call would wait on the host for its kernels, which a capture forbids: one line, no
+    work recorded into the caller's graph, and the capture still ends cleanly."""
+    import cupy  # the stand-in
+
+    proof = prove(synthesize("ring", 3))
+    data = buffers(3, 40, "float32", 0)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        with pytest.raises(InputError, match="cannot run while the current stream is capturing a CUDA graph"):
+            allreduce_local(data, proof, engine="device")
+        graph = stream.end_capture()
+    assert not graph.branches and not cuda.launches
+    want = interpreted(data, proof)
+    allreduce_local(data, proof, engine="device")  # outside the capture: runs
+    assert all(w.tobytes() == np.array(g).tobytes() for w, g in zip(want, data, strict=True))
+
+
+def test_a_torch_tensor_is_refused_while_torch_s_current_stream_captures(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torch's current stream is the one a torch caller captures on (CuPy's is not asked)."""
+    torch = pytest.importorskip("torch")
+    from stragglar.runtime.device import buffers as device_buffers
+
+    tensor = torch.zeros(4)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(InputError, match="capturing a CUDA graph"):
+        device_buffers.check_not_capturing(tensor)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    device_buffers.check_not_capturing(tensor)
+
+
 def test_the_error_raised_names_the_rank_nobody_heard_from_not_those_waiting_on_waiters() -> None:
     """Rank 1 waited for rank 0, which waited for rank 3 (absent, no error of its own): the
     error is rank 0's, naming rank 3, and says rank 1 timed out too."""

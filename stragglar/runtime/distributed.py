@@ -34,6 +34,7 @@ from stragglar.runtime.cupy_nccl import NcclEngine, NcclGroup
 from stragglar.runtime.device.buffers import (
     address_of,
     check_device_buffer,
+    check_not_capturing,
     launcher,
     on_device,
     queued_work_done,
@@ -234,6 +235,7 @@ def register_buffer(data: Any, group: Any = None, *, timeout: float | None = 300
     ``destroy_process_group()`` closes what is still open on it first."""
     wait = None if timeout is None else as_seconds(timeout, "timeout", positive=True)
     check_device_buffer(data)  # refused at once, as allreduce(..., engine="device") refuses it
+    check_not_capturing(data)
     runner = engine_for(data, group, False, None, action="register")
     cupy = launcher()
     flat, refusal = None, None
@@ -313,6 +315,7 @@ def _check_engine(engine: Any, data: Any, stream_ordered: bool, rounds: Any, gra
             f"{given[0]} applies to the rounds engine, not to engine 'device' (one kernel launch a call)"
         )
     check_device_buffer(data)
+    check_not_capturing(data)
     return True
 
 

@@ -102,12 +102,19 @@ def _on_device(
     """The device engine on ``buffers``: its program proved (with direct transfers where safe when
     ``direct``), then one kernel per rank (from a graph when nobody is late, unless not ``graphs``)."""
     from stragglar.runtime.device import program_for
-    from stragglar.runtime.device.buffers import address_of, check_device_buffer, launcher, queued_work_done
+    from stragglar.runtime.device.buffers import (
+        address_of,
+        check_device_buffer,
+        check_not_capturing,
+        launcher,
+        queued_work_done,
+    )
     from stragglar.runtime.device.loopback import run_device_loopback
 
     if not buffers:
         raise InputError("the device engine runs on CuPy arrays or torch CUDA tensors: got no buffers")
     check_device_buffer(buffers[0])
+    check_not_capturing(buffers[0])
     cupy = launcher()
     flats = check_loopback(buffers, proof.num_ranks)
     count = int(flats[0].shape[0])

@@ -1,7 +1,7 @@
 """Which engine a call runs on (:data:`ENGINES`), and what the device engine asks of a buffer, the
 same in one process and across processes: its address and GPU (a CuPy array, or a torch CUDA
-tensor: bfloat16 included, which CuPy lacks), the caller's queued work on it done first, and CuPy
-to launch the kernels."""
+tensor: bfloat16 included, which CuPy lacks), the caller's queued work on it done first, no CUDA
+graph being captured on the caller's stream, and CuPy to launch the kernels."""
 
 from __future__ import annotations
 
@@ -11,7 +11,15 @@ from typing import Any
 from stragglar.errors import InputError, described
 from stragglar.runtime.arrays import Array, library_of
 
-__all__ = ["ENGINES", "address_of", "check_device_buffer", "launcher", "on_device", "queued_work_done"]
+__all__ = [
+    "ENGINES",
+    "address_of",
+    "check_device_buffer",
+    "check_not_capturing",
+    "launcher",
+    "on_device",
+    "queued_work_done",
+]
 
 ENGINES = ("rounds", "device")  # the rounds driven from the host; each rank's whole part in one kernel
 
@@ -29,6 +37,28 @@ def check_device_buffer(data: Any) -> None:
     if library == "cupy" or (library == "torch" and bool(data.is_cuda)):
         return
     raise InputError("the device engine runs on CuPy arrays or torch CUDA tensors: these buffers are not")
+
+
+def check_not_capturing(data: Any) -> None:
+    """Refuse a call (or a registration) made while the caller's current stream (torch's for a
+    torch tensor, CuPy's for a CuPy array) is capturing a CUDA graph, before anything is gathered,
+    waited for or launched: a device call waits on the host for its kernels, to read their error
+    words, and a registration for its peers, which a capture forbids; an operation refused
+    halfway would also spoil the caller's capture.
+    Where the stream cannot say (CuPy's default stream while another stream captures), the call
+    goes on: its streams are its own."""
+    if library_of(data) == "torch":
+        capturing = bool(sys.modules["torch"].cuda.is_current_stream_capturing())
+    else:
+        try:
+            capturing = bool(launcher().cuda.get_current_stream().is_capturing())
+        except RuntimeError:  # cudaErrorStreamCaptureImplicit: another stream captures, not this one
+            capturing = False
+    if capturing:
+        raise InputError(
+            "the device engine cannot run while the current stream is capturing a CUDA graph: it "
+            "waits on the host for its kernels (to read their error words) and for its peers"
+        )
 
 
 def address_of(flat: Array) -> tuple[int, int]:
