@@ -1,4 +1,5 @@
-"""Time what a call of the runtime pays before any data moves: the plan lookup and the channel.
+"""Time what a call of the runtime pays beside moving data: the plan lookup, the channel, and a
+device call's bookkeeping.
 
     python benchmarks/bench_runtime.py [--sizes 8 64 256] [--calls 2000] [--json out.json]
 
@@ -9,6 +10,13 @@ pays), beside the cost of hashing the whole schedule, which is what a cache keye
 a call's header and channel bookkeeping when its channel repeats its setup (no check: the common
 case, :mod:`stragglar.runtime.channels`).  Targets: a cached lookup at N = 64 within 50 us, the
 header and channel within 10 us.
+
+And the device engine's (``engine="device"``) host bookkeeping of a call in one process, at N = 8
+with C = 64 and at N = 16 with the paper's chunks: every rank's timeline (the phases it has rows
+in) and the check of every rank's words for a failure, beside the same with each rank's phases
+found by scanning its rows, as every call did before they were worked out once per program.
+Target: within 10.8 us at N = 8, C = 64, a tenth of the 108 us that a call of its 72 rounds has
+at the device engine's 1.5 us a round.
 """
 
 from __future__ import annotations
@@ -16,13 +24,20 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 from results import save
 
 from stragglar.runtime import plan_for
 from stragglar.runtime.channels import Channels
+from stragglar.runtime.clock import Timeline
+from stragglar.runtime.device import program_for
+from stragglar.runtime.device.kernel import RANK_WORDS
+from stragglar.runtime.device.loopback import call_failure
+from stragglar.runtime.device.table import DeviceProgram
 from stragglar.runtime.header import make_header
 from stragglar.synth import synthesize
 from stragglar.verify import prove
@@ -30,6 +45,8 @@ from stragglar.verify import prove
 COUNT = 1 << 20  # elements of the bucket the plan is bound to
 TARGET_US = 50.0  # the cached lookup at N = 64
 CHANNEL_TARGET_US = 10.0  # a call's header and channel, when the channel repeats its setup
+DEVICE_SETTINGS = ((8, 64), (16, None))  # (N, chunks: None for the paper's)
+DEVICE_TARGET_US = 10.8  # N = 8, C = 64: a tenth of 72 rounds at 1.5 us
 
 
 class Group:
@@ -81,6 +98,63 @@ def bench(n: int, calls: int) -> Result:
     )
 
 
+@dataclass(frozen=True)
+class DeviceResult:
+    n: int
+    chunks: int
+    bookkeeping_us: float  # median: every rank's timeline and the failure check of a call
+    scanning_us: float  # the same, each rank's phases found by scanning its rows
+
+
+def scanned_phase_ends(program: DeviceProgram, rank: int, done: float) -> tuple[float | None, ...]:
+    """A rank's phase ends as every call worked them out before: its rows' rounds, each mapped to
+    its phase among the phase starts (the comparison the device rows are timed against)."""
+    rounds = {int(r) for r in program.rows[rank][:, 1]}
+    ends = {max(i for i, start in enumerate(program.phase_starts) if start <= r) for r in rounds}
+    return tuple(done if phase in ends else None for phase in range(len(program.phases)))
+
+
+def device_bench(n: int, chunks: int | None, calls: int) -> DeviceResult:
+    """A device call's host bookkeeping, the way it is done and with the rows scanned."""
+    proof = prove(synthesize("stragglar", n, chunks=chunks))
+    program = program_for(proof, direct=True)
+    words = np.zeros((n, RANK_WORDS), dtype=np.uint64)
+    words[:, 0] = 1  # every rank's kernel ended call 1, none failed
+
+    def bookkeeping(phase_ends: Callable[[DeviceProgram, int, float], tuple[float | None, ...]]) -> float:
+        times = []
+        for _ in range(calls):
+            start = time.perf_counter()
+            lines = [Timeline(r, start, start, phase_ends(program, r, start), start) for r in range(n)]
+            failure = call_failure(program, words, 1)
+            times.append(time.perf_counter() - start)
+            assert failure is None and len(lines) == n
+        return statistics.median(times) * 1e6
+
+    for r in range(n):  # both ways give every rank the same phases
+        assert program.phase_ends(r, 1.0) == scanned_phase_ends(program, r, 1.0)
+    return DeviceResult(
+        n, proof.num_chunks, bookkeeping(DeviceProgram.phase_ends), bookkeeping(scanned_phase_ends)
+    )
+
+
+def device_table(results: list[DeviceResult]) -> str:
+    lines = [
+        "| N | C | device call's bookkeeping (us) | with the rows scanned (us) |",
+        "|---:|---:|---:|---:|",
+        *(f"| {r.n} | {r.chunks} | {r.bookkeeping_us:.2f} | {r.scanning_us:.2f} |" for r in results),
+    ]
+    headline = [r for r in results if (r.n, r.chunks) == (8, 64)]
+    if headline:
+        us = headline[0].bookkeeping_us
+        verdict = "met" if us <= DEVICE_TARGET_US else "MISSED"
+        lines.append(
+            f"\ndevice call's bookkeeping at N=8 C=64: {us:.2f} us (target <= {DEVICE_TARGET_US:g} us: "
+            f"{verdict}), {headline[0].scanning_us / us:.0f}x less than with the rows scanned"
+        )
+    return "\n".join(lines)
+
+
 def table(results: list[Result]) -> str:
     lines = [
         "| N | transfers | first lookup (ms) | cached lookup (us) | hashing the schedule (us) "
@@ -114,8 +188,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     results = [bench(n, args.calls) for n in args.sizes]
     print(table(results))
+    device = [device_bench(n, chunks, args.calls) for n, chunks in DEVICE_SETTINGS]
+    print()
+    print(device_table(device))
     if args.json:
-        save(args.json, {"results": [asdict(r) for r in results]})
+        save(args.json, {"results": [asdict(r) for r in results], "device": [asdict(r) for r in device]})
 
 
 if __name__ == "__main__":

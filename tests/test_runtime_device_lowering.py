@@ -83,3 +83,22 @@ def test_what_stays_staged_in_the_papers_schedule_is_its_swaps(n: int) -> None:
     assert staged and all((t.receiver, t.sender, t.round, t.chunk) in moves for t in staged)
     if n == 8:
         assert (len(chosen) - len(staged), len(chosen)) == (84, 98)
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "n", "chunks"),
+    [("stragglar", 8, None), ("stragglar", 5, 12), ("ring", 4, None), ("rhd", 8, None)],
+)
+def test_each_rank_s_phases_are_those_of_its_rows_rounds(algorithm: str, n: int, chunks: int | None) -> None:
+    """The phases a call's timeline marks done for a rank (worked out once per program) against
+    each of its rows' rounds named by phase: the late rank of StragglAR has none in the first."""
+    schedule = synthesize(algorithm, n, chunks=chunks)
+    for program in (lower(compile_schedule(schedule)), lower(compile_schedule(schedule), True)):
+        for rank, rows in enumerate(program.rows):
+            named = {program.phases.index(program.phase_round(int(r))[0]) for r in rows[:, 1]}
+            assert program.rank_phases[rank] == named
+            assert program.phase_ends(rank, 2.5) == tuple(
+                2.5 if phase in named else None for phase in range(len(program.phases))
+            )
+        if algorithm == "stragglar":
+            assert 0 not in program.rank_phases[schedule.late_rank]

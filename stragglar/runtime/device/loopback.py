@@ -234,19 +234,20 @@ def call_failure(program: DeviceProgram, words: np.ndarray, call: int) -> RankEr
     :func:`first_failure`), else a rank whose kernel did not count the call (the device's count
     and the host's part: a call of that rank's was cut short, or never ran)."""
     errors = words[:, PROGRESS_WORDS:]
-    failed = [r for r in range(len(words)) if int(errors[r, 0]) == call]
+    failed = [int(r) for r in np.flatnonzero(errors[:, 0] == call)]  # whole arrays: a call asks every time
     if failed:
         return first_failure(program, errors, failed)
-    for rank, ended in enumerate(int(w) for w in words[:, 0]):
-        if ended != call:
-            return RankError(
-                f"allreduce failed: rank {rank}'s kernel ended call {ended}, not call {call}: "
-                "it did not run this call to its end",
-                rank=rank,
-                reason="failed",
-                during="running its kernel",
-            )
-    return None
+    behind = np.flatnonzero(words[:, 0] != call)
+    if not len(behind):
+        return None
+    rank, ended = int(behind[0]), int(words[behind[0], 0])
+    return RankError(
+        f"allreduce failed: rank {rank}'s kernel ended call {ended}, not call {call}: "
+        "it did not run this call to its end",
+        rank=rank,
+        reason="failed",
+        during="running its kernel",
+    )
 
 
 def rank_error(program: DeviceProgram, rank: int, words: np.ndarray, also: Sequence[int] = ()) -> RankError:
