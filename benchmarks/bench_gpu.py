@@ -391,45 +391,54 @@ def run_cupy_nccl(args: argparse.Namespace, gpus: int) -> dict[str, float] | str
 
 
 def run_loopback(args: argparse.Namespace, gpus: int) -> list[dict[str, Any]] | str:
-    if importlib.util.find_spec("cupy") is None:
-        print("\nloopback not measured: cupy is not installed")
-        return "not measured: cupy is not installed"
-    import cupy
-
     ns, sizes = ((8,), QUICK_SIZES) if args.quick else ((4, 8, 16), SIZES)
-    rows = loopback(cupy, cupy.cuda.Device().synchronize, ns, sizes, args.iters)
-    print("\n## Loopback (one process, float32), eager against CUDA graphs\n")
-    print(loopback_table(rows), flush=True)
-    return [asdict(r) for r in rows]
+    return _on_cupy(
+        "loopback",
+        "Loopback (one process, float32), eager against CUDA graphs",
+        lambda cupy, progress: loopback(cupy, cupy.cuda.Device().synchronize, ns, sizes, args.iters),
+        loopback_table,
+    )
 
 
 def run_device_executor(args: argparse.Namespace, gpus: int) -> list[dict[str, Any]] | str:
-    if importlib.util.find_spec("cupy") is None:
-        print("\ndevice executor not measured: cupy is not installed")
-        return "not measured: cupy is not installed"
-    import cupy
-
-    def progress(line: str) -> None:
-        print(f"  {line}", file=sys.stderr, flush=True)
-
-    rows = device_executor(cupy, cupy.cuda.Device().synchronize, args.quick, args.iters, progress)
-    print("\n## Device engine (one kernel per rank) against the loopback with graphs\n")
-    print(device_table(rows), flush=True)
-    return [asdict(r) for r in rows]
+    return _on_cupy(
+        "device executor",
+        "Device engine (one kernel per rank) against the loopback with graphs",
+        lambda cupy, progress: device_executor(
+            cupy, cupy.cuda.Device().synchronize, args.quick, args.iters, progress
+        ),
+        device_table,
+    )
 
 
 def run_device_tuning(args: argparse.Namespace, gpus: int) -> list[dict[str, Any]] | str:
+    return _on_cupy(
+        "device tuning",
+        "Device engine: the kernel's tunings against its own (float32)",
+        lambda cupy, progress: device_tuning(cupy, cupy.cuda.Device().synchronize, args.iters, progress),
+        tuning_table,
+    )
+
+
+def _on_cupy(
+    what: str,
+    title: str,
+    measure: Callable[[Any, Callable[[str], None]], list[Any]],
+    table: Callable[[list[Any]], str],
+) -> list[dict[str, Any]] | str:
+    """A part measured through CuPy in this process (``measure(cupy, progress)``: its rows),
+    printed under ``title``; or why it was not measured."""
     if importlib.util.find_spec("cupy") is None:
-        print("\ndevice tuning not measured: cupy is not installed")
+        print(f"\n{what} not measured: cupy is not installed")
         return "not measured: cupy is not installed"
     import cupy
 
     def progress(line: str) -> None:
         print(f"  {line}", file=sys.stderr, flush=True)
 
-    rows = device_tuning(cupy, cupy.cuda.Device().synchronize, args.iters, progress)
-    print("\n## Device engine: the kernel's tunings against its own (float32)\n")
-    print(tuning_table(rows), flush=True)
+    rows = measure(cupy, progress)
+    print(f"\n## {title}\n")
+    print(table(rows), flush=True)
     return [asdict(r) for r in rows]
 
 
