@@ -374,11 +374,18 @@ def test_a_call_inside_the_caller_s_graph_capture_is_refused_before_it_touches_t
 def test_a_torch_tensor_is_refused_while_torch_s_current_stream_captures(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """torch's current stream is the one a torch caller captures on (CuPy's is not asked)."""
+    """torch's current stream is the one a torch caller captures on (CuPy's is not asked); a
+    tensor off the GPU never asks it (a torch without CUDA cannot)."""
     torch = pytest.importorskip("torch")
     from stragglar.runtime.device import buffers as device_buffers
 
-    tensor = torch.zeros(4)
+    class OnGpu(torch.Tensor):  # type: ignore[misc,name-defined]
+        @property
+        def is_cuda(self) -> bool:
+            return True
+
+    tensor = torch.zeros(4).as_subclass(OnGpu)
+    device_buffers.check_not_capturing(torch.zeros(4))  # on the CPU: torch's CUDA is not asked
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     with pytest.raises(InputError, match="capturing a CUDA graph"):
         device_buffers.check_not_capturing(tensor)

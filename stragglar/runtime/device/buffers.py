@@ -47,8 +47,8 @@ def check_not_capturing(data: Any) -> None:
     halfway would also spoil the caller's capture.
     Where the stream cannot say (CuPy's default stream while another stream captures), the call
     goes on: its streams are its own."""
-    if library_of(data) == "torch":
-        capturing = bool(sys.modules["torch"].cuda.is_current_stream_capturing())
+    if library_of(data) == "torch":  # a tensor off the GPU is refused elsewhere; torch may have no CUDA
+        capturing = bool(data.is_cuda) and bool(sys.modules["torch"].cuda.is_current_stream_capturing())
     else:
         try:
             capturing = bool(launcher().cuda.get_current_stream().is_capturing())
