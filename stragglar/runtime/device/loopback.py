@@ -233,14 +233,14 @@ def call_failure(program: DeviceProgram, words: np.ndarray, call: int) -> RankEr
     :data:`~stragglar.runtime.device.kernel.RANK_WORDS`), or None: a wait that timed out (see
     :func:`first_failure`), else a rank whose kernel did not count the call (the device's count
     and the host's part: a call of that rank's was cut short, or never ran)."""
-    errors = words[:, PROGRESS_WORDS:]
-    failed = [int(r) for r in np.flatnonzero(errors[:, 0] == call)]  # whole arrays: a call asks every time
+    rows = words.tolist()  # Python integers at once: a call asks this every time
+    failed = [rank for rank, row in enumerate(rows) if row[PROGRESS_WORDS] == call]
     if failed:
-        return first_failure(program, errors, failed)
-    behind = np.flatnonzero(words[:, 0] != call)
-    if not len(behind):
+        return first_failure(program, words[:, PROGRESS_WORDS:], failed)
+    rank = next((rank for rank, row in enumerate(rows) if row[0] != call), None)
+    if rank is None:
         return None
-    rank, ended = int(behind[0]), int(words[behind[0], 0])
+    ended = rows[rank][0]
     return RankError(
         f"allreduce failed: rank {rank}'s kernel ended call {ended}, not call {call}: "
         "it did not run this call to its end",

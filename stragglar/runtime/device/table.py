@@ -105,22 +105,18 @@ class DeviceProgram:
         return any(bool(np.isin(rows[:, 0], DIRECT).any()) for rows in self.rows if len(rows))
 
     @functools.cached_property
-    def rank_phases(self) -> tuple[frozenset[int], ...]:
-        """The phases each rank has rows in: worked out once, as every call's timelines ask it
-        (scanning the rows each call cost hundreds of microseconds a call at N = 8, C = 64)."""
+    def rank_phases(self) -> tuple[tuple[bool, ...], ...]:
+        """Whether each rank has rows in each phase: worked out once, as every call's timelines
+        ask it (scanning the rows each call cost hundreds of microseconds a call at N = 8, C = 64)."""
         starts = np.asarray(self.phase_starts)
-        return tuple(
-            frozenset(
-                int(p) for p in np.unique(np.searchsorted(starts, rows[:, 1], side="right") - 1).clip(0)
-            )
-            for rows in self.rows
-        )
+        phases = range(len(self.phases))
+        rows_in = [set(np.searchsorted(starts, rows[:, 1], side="right").tolist()) for rows in self.rows]
+        return tuple(tuple(phase + 1 in ranks for phase in phases) for ranks in rows_in)
 
     def phase_ends(self, rank: int, done: float) -> tuple[float | None, ...]:
         """A rank's :attr:`~stragglar.runtime.clock.Timeline.phase_done` when its kernel ended at
         ``done``: that time for every phase it has rows in, None for the others."""
-        mine = self.rank_phases[rank]
-        return tuple(done if phase in mine else None for phase in range(len(self.phases)))
+        return tuple([done if has else None for has in self.rank_phases[rank]])
 
     def phase_round(self, round_index: int) -> tuple[str, int]:
         """A round across phases as (its phase's name, its number within the phase)."""
