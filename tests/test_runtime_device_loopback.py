@@ -330,6 +330,18 @@ def test_a_tuning_out_of_range_is_refused() -> None:
         Tuning(max_blocks=0)
 
 
+def test_cupy_buffers_that_share_memory_are_refused_before_any_kernel(cuda: FakeCuda) -> None:
+    """The buffers' extents come from CuPy's own addresses: views of one array that overlap."""
+    import cupy  # the stand-in
+
+    whole = cupy.asarray(np.arange(24, dtype=np.float32))
+    proof = prove(synthesize("ring", 3))
+    with pytest.raises(InputError, match="the buffers of ranks 1 and 2 overlap"):
+        allreduce_local([whole[0:8], whole[8:16], whole[12:20]], proof, engine="device")
+    allreduce_local([whole[0:8], whole[8:16], whole[16:24]], proof, engine="device")  # apart: runs
+    assert len(cuda.launches) == 3
+
+
 def test_torch_cpu_tensors_and_buffers_on_two_gpus_are_refused(cuda: FakeCuda) -> None:
     import fake_device
 
