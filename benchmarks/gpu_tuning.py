@@ -4,8 +4,9 @@ in the same run, at the settings of the device engine's speed targets.
 
 The results are the same bits under every tuning (tests/test_runtime_device_kernel.py); what a
 tuning changes is how much of the device's memory bandwidth and latency a round uses.  At 1 MiB a
-round is a few kilobytes a block, so the flags' latency rules; at 64 MiB the copies do, and the
-loads a thread has in flight decide how close they come to a plain copy.
+round is a few kilobytes a block, so the flags' latency rules (fewer blocks wait on fewer flags,
+and each moves more); at 64 MiB the copies do, and the blocks and the loads a thread has in
+flight decide how close they come to a plain copy.
 
 Rows, one per tuning and setting (a tuning that gives the same blocks and vectors as one already
 measured in the setting is not measured again): ``n``, ``chunks``, ``size_bytes``, ``dtype``
@@ -32,7 +33,7 @@ from stragglar.runtime.device.loopback import device_loopback
 from stragglar.synth import synthesize
 from stragglar.verify import Proof, prove
 
-MAX_BLOCKS = (8, 16, 32, 64)  # the blocks a rank at most, swept
+MAX_BLOCKS = (1, 2, 4, 8, 16, 32, 64)  # the blocks a rank at most, swept: fewer flags, or more copies at once
 SETTINGS = ((8, 64, 1 << 20), (8, None, 64 << 20))  # (n, chunks (None: the paper's), bytes a rank)
 NOISE = 0.05  # a tuning less than this much faster than the engine's own is not called faster
 DTYPE = "float32"
