@@ -3,7 +3,7 @@
 # loopback's kernels and graphs, bit for bit; the device engine's), bench_gpu.py --quick with its
 # JSON (the loopback, the device engine, its kernel's tunings, then the ranks' parts), `stragglar
 # run` on NCCL ranks, the DDP example under torchrun, and `stragglar bench` on NCCL ranks; each
-# step logged, and run even when one before it failed.
+# step logged, and run even when one before it failed; a summary at the end.
 #
 #     bash benchmarks/gpu_check.sh                                # logs and gpu.json in /tmp/stragglar-gpu-check
 #     GPU_CHECK_DIR=/data/gpu-check bash benchmarks/gpu_check.sh  # or in the folder it names
@@ -28,13 +28,15 @@ else
 fi
 
 failed=0
+ran=()  # "name: exit rc (seconds)" per step, for the summary at the end
 step() {  # step NAME SECONDS COMMAND...: run it with a limit, log it, note a failure, go on
-    local name=$1 limit=$2
+    local name=$1 limit=$2 began=$SECONDS
     shift 2
     echo "===== $name (at most ${limit} s): $*"
     timeout --kill-after=10 "$limit" "$@" 2>&1 | tee "$out/$name.log"
     local rc=${PIPESTATUS[0]}
     echo "===== $name: exit $rc"
+    ran+=("$name: exit $rc ($((SECONDS - began)) s)")
     [ "$rc" -eq 0 ] || failed=1
 }
 
@@ -51,4 +53,10 @@ step bench-ranks 130 python3 benchmarks/bench_gpu.py --quick --iters 3 --parts p
 step run-nccl 40 python3 -m stragglar run --backend nccl --gpus 4 --size 16MiB --delay 20ms --chunks 6 --iters 3
 step ddp-example 50 torchrun --nproc-per-node=4 examples/ddp_torchrun.py --late-rank 3 --delay 50ms --steps 8
 step bench-nccl 45 python3 -m stragglar bench --backend nccl --gpus 2,4 --sizes 1MiB --delays 0,20ms --iters 2
+# The end of the output is what a short look sees: each step's exit and time, then the verdicts
+# the device engine's parts printed (its targets, exactness, graphs, the fastest tuning).
+echo "===== summary (logs and gpu.json in $out)"
+printf '  %s\n' "${ran[@]}"
+grep -h -E "\(target |exact in every row|^graphs|fastest at|as fast as any|NOT exact|no comparison" \
+    "$out/device.log" "$out/tuning.log" 2>/dev/null
 exit "$failed"
