@@ -2,8 +2,9 @@
 ``allreduce_local(..., engine="device")``) against the graphed loopback in the same run.
 
 Rows, one per setting: ``n``, ``chunks``, ``size_bytes``, ``dtype``, ``round_us`` (the median
-call over the schedule's rounds; from the second call on, a call replays every rank's launch from
-one CUDA graph), ``copy_efficiency`` (the bytes the schedule reads and writes,
+call over the schedule's rounds, every call on the same buffers refilled before it, as a training
+loop reuses its buckets; from the second call on, a call replays every rank's launch from one
+CUDA graph), ``copy_efficiency`` (the bytes the schedule reads and writes,
 per second, over a plain device copy's: a chunk copied is read once and written once, a chunk
 reduced is read twice and written once; a transfer staged through an inbox moves its chunk twice,
 and that is not counted: it is what the efficiency pays for), ``late_ratio`` where measured (the
@@ -100,11 +101,15 @@ def timed(
     call: Callable[[list[Any]], object],
     iters: int,
 ) -> tuple[list[float], bool]:
-    """``iters`` timed calls after one untimed, each on fresh inputs and checked: the times (s) and
-    whether every result was exact."""
+    """``iters`` timed calls after one untimed, each on fresh inputs written into the same buffers
+    (as a training loop reuses its buckets, and as the loopback part's rows are timed) and checked:
+    the times (s) and whether every result was exact."""
+    fresh, want = inputs(xp, n, count, dtype)
+    bufs = [xp.empty(count, dtype=dtype) for _ in range(n)]
     times, exact = [], True
     for i in range(iters + 1):
-        bufs, want = inputs(xp, n, count, dtype)
+        for buf, values in zip(bufs, fresh, strict=True):
+            xp.copyto(buf, values)
         sync()
         start = time.perf_counter()
         call(bufs)

@@ -44,6 +44,8 @@ def test_a_row_times_the_device_engine_and_the_late_rank_and_checks_every_call(c
     assert row.round_us > 0 and row.late_ratio is not None and row.late_ratio > 0
     assert row.copy_efficiency is None and row.graph_round_us is None  # 4 KiB; float16
     assert len(cuda.launches) == 4 * 3 * 2  # (1 untimed + 2 timed calls) x (punctual, late) x 4 ranks
+    for timing in (cuda.launches[:12], cuda.launches[12:]):  # each timing's calls reuse its 4 buffers
+        assert len({address for address, _ in timing}) == 4
 
 
 def test_the_headline_rows_time_the_staged_and_the_eager_device_calls_too(
