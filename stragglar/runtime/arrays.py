@@ -26,6 +26,7 @@ __all__ = [
     "check_buffers",
     "check_sizes",
     "check_summable",
+    "data_address",
     "dtype_name",
     "empty_like",
     "flat_view",
@@ -159,6 +160,20 @@ def library_of(value: object) -> str | None:
         if module is not None and isinstance(value, getattr(module, kind)):
             return name
     return "numpy" if isinstance(value, np.ndarray) else None
+
+
+def data_address(array: Array) -> int:
+    """The address of an array's first element (a device address for CuPy arrays and CUDA
+    tensors), read from each library's own attribute (NumPy's array interface, torch's
+    ``data_ptr``, CuPy's ``data.ptr``) rather than a CUDA array interface: calls ask it for every
+    buffer, and that interface is a dictionary made anew each time (torch's in Python)."""
+    if type(array) is not np.ndarray:
+        library = library_of(array)
+        if library == "torch":
+            return int(array.data_ptr())
+        if library == "cupy":
+            return int(array.data.ptr)
+    return int(array.__array_interface__["data"][0])
 
 
 def check_array(array: object, what: str) -> None:

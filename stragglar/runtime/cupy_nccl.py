@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from stragglar.errors import InputError
-from stragglar.runtime.arrays import Array, dtype_name, library_of
+from stragglar.runtime.arrays import Array, data_address, dtype_name, library_of
 from stragglar.runtime.clock import poll
 from stragglar.runtime.failures import RankError, checking_error, first_line, step_error
 from stragglar.runtime.graphs import nccl_uncapturable
@@ -50,7 +50,6 @@ __all__ = [
     "fused_packing",
     "gather_headers",
     "nccl_dtype",
-    "pointer",
     "uncapturable",
 ]
 
@@ -169,7 +168,7 @@ class FusedPacking:
         }
         if self.rows:  # else nothing to compile: a schedule of one chunk per message
             self.kernels = kernels(cupy, dtype_name(flat))
-            self.pointers = cupy.asarray(np.array([pointer(flat)], dtype=np.uint64))
+            self.pointers = cupy.asarray(np.array([data_address(flat)], dtype=np.uint64))
 
     def _rows_for(self, m: BoundMessage) -> Rows | None:
         """The rows one kernel packs or lands ``m`` with (None: the interpreter's slices do).  A
@@ -215,12 +214,6 @@ def uncapturable(group: NcclGroup) -> str | None:
     return nccl_uncapturable((code // 1000, code // 100 % 10, code % 100))  # before 2.9
 
 
-def pointer(view: Array) -> int:
-    """Address of a view's first element: CuPy ``data.ptr``, NumPy ``ctypes.data``."""
-    ptr = getattr(view.data, "ptr", None)
-    return int(ptr) if ptr is not None else int(view.ctypes.data)
-
-
 def nccl_dtype(group: NcclGroup, dtype: str) -> Any:
     """NCCL's code for ``dtype``; TypeError when this NCCL build has none."""
     name = f"NCCL_{dtype.upper()}"
@@ -257,9 +250,9 @@ class NcclTransport:
         nccl.groupStart()
         try:
             for m, view in zip(step.recvs, recvs, strict=True):
-                comm.recv(pointer(view), m.size, self.dtype, m.peer, stream)
+                comm.recv(data_address(view), m.size, self.dtype, m.peer, stream)
             for m, view in zip(step.sends, sends, strict=True):
-                comm.send(pointer(view), m.size, self.dtype, m.peer, stream)
+                comm.send(data_address(view), m.size, self.dtype, m.peer, stream)
         finally:
             nccl.groupEnd()
         self.last = step
@@ -292,7 +285,7 @@ def gather_headers(
 
     try:
         group.comm.allGather(
-            pointer(send), pointer(recv), width, nccl_dtype(group, "int64"), group.stream.ptr
+            data_address(send), data_address(recv), width, nccl_dtype(group, "int64"), group.stream.ptr
         )
     except Exception as e:
         raise checking_error(rank, "failed", first_line(e)) from e
@@ -349,7 +342,7 @@ class NcclEngine:
     def buffer(self, flat: Array, plan: Plan) -> Hashable | None:
         if not self.on_gpu:
             return None
-        return (pointer(flat), plan.layout.count, dtype_name(flat), int(flat.device.id))
+        return (data_address(flat), plan.layout.count, dtype_name(flat), int(flat.device.id))
 
     def packing(self, plan: Plan, flat: Array, tables: Hashable) -> Packing:
         return fused_packing(plan, flat, tables)

@@ -13,14 +13,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
-
 from stragglar.args import MAX_DELAY, as_flag, as_seconds
 from stragglar.errors import InputError
 from stragglar.runtime.arrays import (
     Array,
     check_buffers,
     check_sizes,
+    data_address,
     dtype_name,
     empty_like,
     flat_view,
@@ -177,15 +176,8 @@ def check_loopback(buffers: Sequence[Array], num_ranks: int) -> list[Array]:
 
 def _extent(flat: Array) -> tuple[int, int]:
     """The bytes a contiguous 1-D buffer covers: NumPy, CuPy (device pointers are unique across a
-    process's devices) or torch.  Each library's own address, not an array interface: every call
-    asks it for each buffer, and an interface is a dictionary made anew (torch's in Python)."""
-    library = "numpy" if type(flat) is np.ndarray else library_of(flat)
-    if library == "torch":
-        start = int(flat.data_ptr())
-    elif library == "cupy":
-        start = int(flat.data.ptr)
-    else:
-        start = int(flat.__array_interface__["data"][0])
+    process's devices) or torch."""
+    start = data_address(flat)
     return start, start + int(flat.shape[0]) * int(flat.dtype.itemsize)
 
 

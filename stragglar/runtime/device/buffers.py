@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 from stragglar.errors import InputError, described
-from stragglar.runtime.arrays import Array, library_of
+from stragglar.runtime.arrays import Array, data_address, library_of
 
 __all__ = [
     "ENGINES",
@@ -64,9 +64,8 @@ def check_not_capturing(data: Any) -> None:
 def address_of(flat: Array) -> tuple[int, int]:
     """(the device address, the GPU's index) of a 1-D CuPy array or torch CUDA tensor."""
     check_device_buffer(flat)
-    if library_of(flat) == "torch":
-        return int(flat.data_ptr()), int(flat.device.index)
-    return int(flat.data.ptr), int(flat.device.id)
+    device = flat.device.index if library_of(flat) == "torch" else flat.device.id
+    return data_address(flat), int(device)
 
 
 def queued_work_done(flat: Array, device: int) -> None:
