@@ -9,11 +9,13 @@ peer fails the step quickly and clearly.
 import dataclasses
 import functools
 import gc
+import importlib.util
 import itertools
 import logging
 import os
 import threading
 import time
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -292,6 +294,7 @@ def disagreeing_rank(rank: int, n: int, settings: dict[str, Any]) -> str:
         ({"algorithm": "ring"}, "algorithm: ranks 0, 2 have 'stragglar', rank 1 has 'ring'"),
         ({"asynchronous": False}, "asynchronous: ranks 0, 2 have True, rank 1 has False"),
         ({"detect": 4}, "detect: ranks 0, 2 have 0, rank 1 has 4"),
+        ({"engine": "device"}, "engine: ranks 0, 2 have 'rounds', rank 1 has 'device'"),
         (
             {"straggler": 0, "chunks": 4},
             "chunks: ranks 0, 2 have None, rank 1 has 4; straggler: ranks 0, 2 have",
@@ -339,6 +342,8 @@ def test_detect_finds_the_persistent_straggler_and_keeps_the_gradients() -> None
         ({"chunks": 2.5}, ArgumentError, "chunks must be an integer"),
         ({"chunks": 8, "algorithm": "ring"}, InputError, "chunks shapes StragglAR, not ring"),
         ({"chunks": "auto"}, InputError, "chunks='auto' prices chunk counts on a network"),
+        ({"engine": "kernels"}, InputError, "engine must be one of rounds, device, got 'kernels'"),
+        ({"engine": "device", "graphs": False}, InputError, "graphs applies to the rounds engine, not"),
     ],
 )
 def test_the_state_checks_its_new_arguments(kwargs: dict[str, Any], error: type, words: str) -> None:
@@ -415,7 +420,7 @@ def test_the_state_keeps_its_options_what_it_learns_and_what_it_holds_apart() ->
     state = StragglarState(
         straggler=2, chunks=12, proofs=proofs, switches=switches, decisions=decisions, steps=3
     )
-    assert len(dataclasses.fields(state)) <= 16
+    assert len(dataclasses.fields(state)) <= 17  # 15 options, then learned and resources
     assert [f.name for f in dataclasses.fields(state)][-2:] == ["learned", "resources"]
     assert state.proofs is proofs is state.resources.proofs and state.probe is None
     assert state.switches is switches and state.decisions is decisions and state.steps == 3
@@ -547,3 +552,72 @@ def test_the_hook_names_the_late_rank_in_its_log_its_figures_and_its_metrics(
     assert first["figures"][0].median < -0.15 and not first["figures"][0].persistent
     assert "stragglar_persistent_straggler 1" in first["metrics"]
     assert 'stragglar_persistent{rank="1"} 1' in first["metrics"]
+
+
+def device_path_rank(rank: int, n: int, asynchronous: bool, steps: int) -> list[tuple[str, int, int, bool]]:
+    """The hook with ``engine="device"`` in real DDP on gloo, the device engine stood in by the
+    rounds engine (its kernels need a GPU; they are tested on their own): the gradients are the
+    default hook's, and each call and registration is noted as (what, step, bucket size, whether
+    an open registration holds the bucket's tensor)."""
+    from stragglar.ddp import hook, worker
+
+    state = StragglarState(engine="device", asynchronous=asynchronous, timeout=20)
+    held: list[Any] = []
+    events: list[tuple[str, int, int, bool]] = []
+    rounds = worker.allreduce
+
+    def holds(data: torch.Tensor) -> bool:
+        return any(r.holds(data) for r in held)
+
+    def register_buffer(data: torch.Tensor, group: Any, *, timeout: float) -> Any:
+        from test_ddp_worker import Held
+
+        events.append(("register", state.steps, data.numel(), holds(data)))
+        held.append(Held(data))
+        return held[-1]
+
+    def allreduce(data: torch.Tensor, proof: Any, **kwargs: Any) -> Any:
+        assert kwargs.pop("engine") == "device"
+        events.append(("call", state.steps, data.numel(), holds(data)))
+        return rounds(data, proof, **kwargs)
+
+    hook.check_device_bucket = lambda buffer: None  # type: ignore[assignment]  # CPU buckets here
+    worker.allreduce, worker.register_buffer = allreduce, register_buffer  # type: ignore[assignment]
+    plain, hooked = twins(state)
+    for i in range(steps):
+        step(rank, i, plain, hooked, late(rank, n - 1, 0.02))
+    state.close()
+    assert all(r.closed for r in held)
+    return events
+
+
+@pytest.mark.parametrize("asynchronous", [True, False])
+def test_the_device_engine_registers_each_ddp_bucket_once_its_tensor_stays(asynchronous: bool) -> None:
+    """DDP rebuilds its buckets once, before the second step; from then on every bucket's tensor is
+    the same at every step, so the registration made at the second step holds every later call's
+    bucket, on every rank alike."""
+    steps = 5
+    results = launch(device_path_rank, 3, (asynchronous, steps), timeout=60)
+    assert results[1] == results[0] == results[2]
+    events = results[0]
+    sizes = (1339, 1640, 560)  # DDP's buckets from the second step on (see small_model)
+    assert [e for e in events if e[1] == 1] == [("call", 1, sum(sizes), False)]  # before the rebuild
+    assert [e for e in events if e[0] == "register"] == [("register", 2, size, False) for size in sizes]
+    later = [e for e in events if e[0] == "call" and e[1] >= 2]
+    assert later == [("call", step, size, True) for step in range(2, steps + 1) for size in sizes]
+
+
+def test_the_device_engine_refuses_a_cpu_bucket_and_a_machine_without_cupy() -> None:
+    """In the hook, in one line, before any group is made or anything is gathered."""
+    from stragglar.ddp.hook import check_device_bucket
+
+    state = StragglarState(engine="device")
+    with pytest.raises(
+        InputError, match=r"StragglarState\(engine='device'\) reduces CUDA buckets, got one on cpu$"
+    ):
+        state.reduce(torch.zeros(4), 0, 2)
+    assert state.resources.connection is None
+    if importlib.util.find_spec("cupy") is None:
+        on_gpu = types.SimpleNamespace(is_cuda=True, device="cuda:0")
+        with pytest.raises(InputError, match="launches its kernels with CuPy, which is not installed"):
+            check_device_bucket(on_gpu)  # type: ignore[arg-type]

@@ -23,6 +23,7 @@ torch = pytest.importorskip("torch")
 
 from stragglar.ddp.worker import (  # noqa: E402
     BucketWorker,
+    HostOrder,
     HostWatch,
     Job,
     Reducer,
@@ -315,3 +316,120 @@ def test_close_gives_up_on_a_thread_stuck_past_its_wait() -> None:
     release.set()
     for thread in worker.threads:
         thread.join(5)
+
+
+class Held:
+    """A stand-in registration: open until closed, holding the tensor it was given."""
+
+    def __init__(self, buffer: Any) -> None:
+        self.buffer, self.closed = buffer, False
+
+    def holds(self, data: Any) -> bool:
+        same = data.data_ptr() == self.buffer.data_ptr() and data.numel() == self.buffer.numel()
+        return not self.closed and same
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class DeviceStandIn:
+    """The runtime's ``allreduce`` and ``register_buffer`` as the device path calls them: each
+    call noted, a call's sum that of three ranks holding the same values, a registration a
+    :class:`Held` (or refused, with ``refusal``)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, refusal: str | None = None) -> None:
+        from stragglar.ddp import worker
+
+        self.calls: list[dict[str, Any]] = []
+        self.registered: list[tuple[Any, Held]] = []
+        self.refusal = refusal
+        monkeypatch.setattr(worker, "allreduce", self.allreduce)
+        monkeypatch.setattr(worker, "register_buffer", self.register_buffer)
+        monkeypatch.setattr(worker.dist, "get_rank", lambda *_: 0)
+
+    def allreduce(self, data: Any, proof: Proof, **kwargs: Any) -> None:
+        self.calls.append(kwargs)
+        data.mul_(3)
+
+    def register_buffer(self, data: Any, group: Any, *, timeout: float) -> Held:
+        from stragglar.errors import InputError
+
+        if self.refusal is not None:
+            raise InputError(self.refusal)
+        held = Held(data)
+        self.registered.append((group, held))
+        return held
+
+
+def device_job(proof: Proof, buffer: Any, kept: bool, bucket: int = 0) -> Job:
+    host = HostOrder()
+    return Job(buffer, bucket, proof, 2, 0, host, None, host.future(), None, kept)
+
+
+def test_the_device_engine_reduces_a_bucket_in_one_call_on_the_first_group(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from stragglar.ddp.worker import _queued
+
+    stand_in = DeviceStandIn(monkeypatch)
+    recorded: list[tuple[Any, ...]] = []
+    reducer = Reducer(("early", "late"), 3, 20.0, 0.01, lambda *a: recorded.append(a[:3]), engine="device")
+    job = device_job(prove(synthesize("stragglar", 3)), torch.arange(4.0), kept=False)
+    first, second = reducer.stages(job)
+    assert second is _queued  # the whole call on the first thread: nothing to split
+    first(None)
+    assert job.future.value().tolist() == [0.0, 1.0, 2.0, 3.0]  # three ranks' sum, averaged
+    assert stand_in.calls == [
+        {
+            "group": "early",
+            "straggler_delay": 0.01,
+            "timeout": 20.0,
+            "tag": 0,
+            "late_rank": 2,
+            "lockstep": True,
+            "engine": "device",
+        }
+    ]
+    assert stand_in.registered == [] and reducer.registrations == {}  # not kept: staged
+    assert recorded == [("stragglar", 16, 0)]
+
+
+def test_a_kept_bucket_is_registered_once_and_let_go_when_it_moves(monkeypatch: pytest.MonkeyPatch) -> None:
+    stand_in = DeviceStandIn(monkeypatch)
+    reducer = Reducer(("early", "late"), 3, 20.0, engine="device")
+    proof = prove(synthesize("stragglar", 3))
+    bucket, other, moved = torch.arange(4.0), torch.arange(6.0), torch.arange(4.0)
+    for buffer, number in ((bucket, 0), (bucket, 0), (other, 1), (bucket, 0)):
+        reducer(device_job(proof, buffer, kept=True, bucket=number))
+    assert [(group, held.buffer) for group, held in stand_in.registered] == [
+        ("early", bucket),
+        ("early", other),
+    ]
+    held = reducer.registrations[0]
+    assert held is not None and held.holds(bucket)
+    reducer(device_job(proof, moved, kept=True))  # bucket 0's tensor is another now
+    assert held.closed and reducer.registrations[0] is None
+    reducer(device_job(proof, moved, kept=True))
+    assert len(stand_in.registered) == 2 and reducer.registrations[0] is None  # staged from now on
+    assert len(stand_in.calls) == 6
+    reducer.close()
+    assert stand_in.registered[1][1].closed and reducer.registrations == {}
+
+
+def test_a_bucket_that_cannot_be_registered_runs_staged_and_says_so_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    refusal = "cannot register the buffers: rank 1 could not (the error there says why)"
+    stand_in = DeviceStandIn(monkeypatch, refusal)
+    reducer = Reducer(("early", "late"), 3, 20.0, engine="device")
+    proof = prove(synthesize("stragglar", 3))
+    bucket = torch.arange(4.0)
+    with caplog.at_level("WARNING", logger="stragglar"):
+        for _ in range(3):
+            job = device_job(proof, bucket, kept=True)
+            reducer(job)
+            assert job.future.value() is bucket
+    assert reducer.registrations == {0: None} and len(stand_in.calls) == 3
+    assert [r.getMessage() for r in caplog.records] == [
+        f"device engine: bucket 0 runs staged (through the inboxes): {refusal}"
+    ]

@@ -4,14 +4,15 @@ The hook's reductions are ``lockstep`` calls of the runtime (:mod:`stragglar.run
 every rank must issue the same calls in the same order, which holds when every rank's state
 decides alike.  A rank with another policy, algorithm or straggler would issue other calls, one
 with another ``asynchronous`` would create another number of groups (a collective every rank must
-join), one with another ``detect`` (or ``record``, or ``metrics``) would probe where the others
-do not: the others would wait for it until the timeout, with no word on why.  So at its first step
-every rank all-gathers its settings on DDP's group, once, and every rank raises the same one-line
+join), one with another ``engine`` would gather other things at other times, one with another
+``detect`` (or ``record``, or ``metrics``) would probe where the others do not: the others would
+wait for it until the timeout, with no word on why.  So at its first step every rank all-gathers
+its settings on DDP's group, once, and every rank raises the same one-line
 :class:`~stragglar.runtime.MismatchError` that names what differs.
 
->>> mine = {"policy": "auto", "algorithm": "stragglar", "asynchronous": True, "detect": 0,
-...         "rule": Rule(), "chunks": "auto", "network": None, "straggler": None, "record": False,
-...         "metrics": False}
+>>> mine = {"policy": "auto", "algorithm": "stragglar", "asynchronous": True, "engine": "rounds",
+...         "detect": 0, "rule": Rule(), "chunks": "auto", "network": None, "straggler": None,
+...         "record": False, "metrics": False}
 >>> row = encode(mine)
 >>> decode(row) == mine
 True
@@ -34,6 +35,7 @@ from typing import Any
 from stragglar.model import AUTO, Network
 from stragglar.model.detect import Rule
 from stragglar.model.policy import POLICIES
+from stragglar.runtime import ENGINES
 from stragglar.runtime.header import ranks_in_words as rank_list
 from stragglar.schedule import ALGORITHMS
 
@@ -91,6 +93,7 @@ FIELDS: dict[str, Codec] = {
     "policy": (1, lambda v: [POLICIES.index(v)], lambda r: POLICIES[r[0]]),
     "algorithm": (1, lambda v: [ALGORITHMS.index(v)], lambda r: ALGORITHMS[r[0]]),
     "asynchronous": (1, lambda v: [int(v)], lambda r: bool(r[0])),
+    "engine": (1, lambda v: [ENGINES.index(v)], lambda r: ENGINES[r[0]]),  # the device engine's calls differ
     "detect": (1, lambda v: [int(v)], lambda r: r[0]),
     "rule": (3, _rule, _unrule),
     "chunks": (1, _coded, _uncoded),

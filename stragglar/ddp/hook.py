@@ -1,6 +1,7 @@
 """The DDP communication hook and its state.  (No ``from __future__ import annotations`` here: DDP
 compares the hook's annotations with the classes.)"""
 
+import importlib.util
 import os
 import weakref
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from stragglar.ddp.probe import LateRankProbe
 from stragglar.ddp.state_parts import Connection, Decision, Learned, ProofKey, Resources
 from stragglar.ddp.worker import (
     CLOSE_WAIT,
+    DEVICE,
     BucketWorker,
     HostOrder,
     Job,
@@ -41,7 +43,7 @@ from stragglar.model.policy import (
     choose,
     chunk_count,
 )
-from stragglar.runtime import MismatchError, heartbeat, release_graphs
+from stragglar.runtime import ENGINES, MismatchError, heartbeat, release_graphs
 from stragglar.runtime.teardown import before_destroy
 from stragglar.runtime.torch_dist import gather_headers
 from stragglar.synth import ALGORITHMS, synthesize
@@ -75,6 +77,8 @@ class StragglarState:
         ``timeout``: seconds before a silent peer fails the step (default 300).
         ``asynchronous``: return at once, worker threads running the rounds (default True).
         ``graphs``: on CUDA over NCCL, replay the rounds from CUDA graphs (default True).
+        ``engine``: "rounds" (default) drives StragglAR's rounds from the host; "device" runs a
+        bucket's whole AllReduce as one kernel launch on each rank (CUDA buckets, with CuPy).
     What it records
         ``record``: a file to which rank 0 appends each step's arrivals (default None).
         ``metrics``: a file rank 0 replaces each step with its figures for Prometheus (default None).
@@ -99,6 +103,12 @@ class StragglarState:
     stage's rounds replay from a CUDA graph after their first step
     (:func:`~stragglar.runtime.allreduce`); such a graph holds its NCCL group, which NCCL will then
     not destroy: :meth:`close` releases them, by itself before ``destroy_process_group()``.
+    ``engine="device"`` (:mod:`stragglar.runtime.device`): the punctual ranks' kernels run the
+    hidden phase while the late rank's is not launched yet; DDP's buckets, the same tensors from
+    the second step on, are registered then (:func:`~stragglar.runtime.register_buffer`), so their
+    chunks move straight between the ranks' buckets; FSDP's shards, new at each step, and a bucket
+    that cannot be registered run staged, through the receivers' inboxes.  On the worker thread a
+    bucket's call waits for the late rank, so the next bucket's kernel starts after it.
     ``record=PATH`` is given on every rank, with any policy (every rank runs the probe): the trace
     ``stragglar whatif`` replays
     (:class:`~stragglar.formats.traces.TraceWriter`: JSON Lines of step, rank and time, the time
@@ -130,6 +140,7 @@ class StragglarState:
     chunks: int | str | None
     asynchronous: bool
     graphs: bool
+    engine: str
     record: str | os.PathLike[str] | None
     metrics: str | os.PathLike[str] | None
     learned: Learned
@@ -149,6 +160,7 @@ class StragglarState:
         chunks: int | str | None = None,
         asynchronous: bool = True,
         graphs: bool = True,
+        engine: str = "rounds",
         record: str | os.PathLike[str] | None = None,
         metrics: str | os.PathLike[str] | None = None,
         proofs: dict[ProofKey, Proof] | None = None,
@@ -161,7 +173,7 @@ class StragglarState:
         self.timeout, self.straggler_delay = timeout, straggler_delay
         self.detect, self.rule, self.policy, self.network = detect, rule, policy, network
         self.chunks, self.asynchronous, self.graphs, self.record = chunks, asynchronous, graphs, record
-        self.metrics = metrics
+        self.metrics, self.engine = metrics, engine
         self._check_options()
         policy_memory = AutoPolicy(self.algorithm, self.network)
         switches, decisions = [] if switches is None else switches, [] if decisions is None else decisions
@@ -234,6 +246,15 @@ class StragglarState:
                 f"got {described(self.process_group)} ({type(self.process_group).__name__})"
             )
         as_flag(self.graphs, "StragglarState.graphs")
+        if self.engine not in ENGINES:
+            raise InputError(
+                f"StragglarState.engine must be one of {', '.join(ENGINES)}, got {described(self.engine)}"
+            )
+        if self.engine == DEVICE and not self.graphs:
+            raise InputError(
+                "StragglarState.graphs applies to the rounds engine, not to engine 'device' "
+                "(one kernel launch a bucket)"
+            )
         if self.record is not None and (
             not isinstance(self.record, (str, os.PathLike)) or not os.fspath(self.record)
         ):
@@ -304,6 +325,7 @@ class StragglarState:
             "policy": self.policy,
             "algorithm": self.algorithm,
             "asynchronous": self.asynchronous,
+            "engine": self.engine,
             "detect": self.detect,
             "rule": self.rule,
             "chunks": self.chunks,
@@ -432,13 +454,18 @@ class StragglarState:
         *,
         divisor: int | None = None,
         in_call: bool = False,
+        kept: bool = False,
     ) -> torch.futures.Future[torch.Tensor]:
         """Average ``buffer`` (bucket number ``bucket``) over the ranks: a Future of the result.
 
         ``divisor``: what the sum is divided by (None: ``world_size``, to average; 1: the sum).
         ``in_call``: the state's reductions run in the call, never on worker threads, for a caller
         that needs the result when the call returns (the Future is then done, or ordered on the
-        engine's stream)."""
+        engine's stream).  ``kept``: the caller hands the same tensor for this bucket at every
+        later step, on every rank (DDP's buckets once DDP rebuilt them): the device engine
+        registers it."""
+        if self.engine == DEVICE:
+            check_device_bucket(buffer)
         threads = self.asynchronous and not in_call
         comm = self.resources.connection or self._connect(world_size, threads)
         order: Order = HOST
@@ -452,11 +479,22 @@ class StragglarState:
         proof = self.proof(world_size, choice.straggler, choice.chunks)
         chunks = choice.chunks or 0
         if comm.worker is None:
-            job = Job(buffer, bucket, proof, choice.straggler, chunks, HOST, None, HOST.future(), divisor)
+            job = Job(
+                buffer, bucket, proof, choice.straggler, chunks, HOST, None, HOST.future(), divisor, kept
+            )
             comm.reduce(job)  # on the caller's thread, its errors raised in the hook
             return job.future
         job = Job(
-            buffer, bucket, proof, choice.straggler, chunks, order, order.ready(), order.future(), divisor
+            buffer,
+            bucket,
+            proof,
+            choice.straggler,
+            chunks,
+            order,
+            order.ready(),
+            order.future(),
+            divisor,
+            kept,
         )
         comm.worker.submit(job.future, *comm.reduce.stages(job))
         # DDP reads a failed Future's value as its result ("Unable to cast ... to Tensor"); an error
@@ -489,7 +527,9 @@ class StragglarState:
         groups = (early, group)
         probe = self.resources.probe
         record = probe.record if probe is not None and self.policy == "auto" else None
-        reduce = Reducer(groups, world_size, self.timeout, self.straggler_delay, record, self.graphs)
+        reduce = Reducer(
+            groups, world_size, self.timeout, self.straggler_delay, record, self.graphs, self.engine
+        )
         worker = None
         if threads:
             worker = BucketWorker(f"stragglar-ddp-{dist.get_rank()}")
@@ -501,8 +541,8 @@ class StragglarState:
     def close(self) -> None:
         """End what the hook holds on this rank, in order: its worker threads (after the buckets
         handed to them), the CUDA graphs of its rounds (NCCL will not destroy a group that a live
-        graph holds), the probe's last gather (gloo aborts the process when a group goes with work
-        in flight) and the trace file.
+        graph holds), the device engine's registrations of its buckets, the probe's last gather
+        (gloo aborts the process when a group goes with work in flight) and the trace file.
 
         It runs by itself when ``torch.distributed.destroy_process_group()`` destroys the groups
         (:mod:`stragglar.runtime.teardown`), so a script that ends as PyTorch's documentation
@@ -515,11 +555,24 @@ class StragglarState:
                 connection.worker.close()
             for group in set(connection.reduce.groups):
                 release_graphs(group)
+            connection.reduce.close()
         if resources.probe is not None:
             resources.probe.close(CLOSE_WAIT)
         trace, resources.trace = resources.trace, None
         if trace is not None:
             trace.close()
+
+
+def check_device_bucket(buffer: torch.Tensor) -> None:
+    """Refuse, in the hook, a bucket the device engine cannot reduce: one on the CPU, or any
+    where CuPy, which launches the kernels, is not installed."""
+    if not buffer.is_cuda:
+        raise InputError(f"StragglarState(engine='device') reduces CUDA buckets, got one on {buffer.device}")
+    if importlib.util.find_spec("cupy") is None:
+        raise InputError(
+            "StragglarState(engine='device') launches its kernels with CuPy, which is not installed "
+            "(the cuda12 or cuda13 extra)"
+        )
 
 
 def _value(future: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
@@ -540,8 +593,8 @@ def stragglar_hook(state: StragglarState, bucket: GradBucket) -> torch.futures.F
         if state.steps == 0 and world > 1:
             state.agree(world, buffer.device)
         state.new_step(world)
-    if world > 1:
-        return state.reduce(buffer, bucket.index(), world)
+    if world > 1:  # DDP's bucket tensors stay the same once it rebuilt its buckets, before step 2
+        return state.reduce(buffer, bucket.index(), world, kept=state.steps >= 2)
     state.late_rank(world)  # a straggler that is no rank of this group is still an error
     future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     future.set_result(buffer)  # one rank: its gradients are the average already

@@ -38,11 +38,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import queue
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Protocol
 
@@ -50,8 +51,9 @@ import torch
 import torch.distributed as dist
 
 from stragglar.ddp.probe import Stopwatch
+from stragglar.errors import InputError
 from stragglar.model.policy import STRAGGLAR
-from stragglar.runtime import MAX_TAG, allreduce, rounds_without
+from stragglar.runtime import MAX_TAG, Registration, allreduce, register_buffer, rounds_without
 from stragglar.verify import Proof
 
 __all__ = [
@@ -66,6 +68,9 @@ __all__ = [
     "Watch",
     "dedicated_group",
 ]
+
+DEVICE = "device"  # the engine that runs a bucket's whole AllReduce as one kernel launch a rank
+LOG = logging.getLogger("stragglar")
 
 
 class Watch(Stopwatch, Protocol):
@@ -203,6 +208,7 @@ class Job:
     ready: Any  # the event after the gradients (CUDA), None on CPU
     future: torch.futures.Future[torch.Tensor]
     divisor: int | None = None  # what the sum is divided by (None: the world size, to average)
+    kept: bool = False  # the caller keeps this buffer from step to step: the device engine registers it
 
     def split(self) -> int:
         """The first stage's rounds: those the late rank takes no part in (0 for Ring)."""
@@ -213,11 +219,23 @@ class Job:
 class Reducer:
     """Averages a job's bucket with its schedule in two stages, then completes its Future.
 
-    :meth:`early` runs the rounds the late rank takes no part in on ``groups[0]`` and returns
-    what the second stage waits for; :meth:`late` runs the rest on ``groups[1]`` (the same group
-    twice where one thread runs both).  ``record`` receives how long each bucket's second stage
-    took (algorithm, bytes, chunks, stopwatch), for the policy: the part after the late rank
-    arrived, the part that the cost model prices against the engine's AllReduce.
+    On the rounds engine, :meth:`early` runs the rounds the late rank takes no part in on
+    ``groups[0]`` and returns what the second stage waits for; :meth:`late` runs the rest on
+    ``groups[1]`` (the same group twice where one thread runs both).  ``record`` receives how long
+    each bucket's second stage took (algorithm, bytes, chunks, stopwatch), for the policy: the part
+    after the late rank arrived, the part that the cost model prices against the engine's
+    AllReduce.
+
+    On the device engine (``engine="device"``) a bucket is one call, one kernel launch on each
+    rank, on ``groups[0]``: the punctual ranks' kernels run the hidden phase while the late rank's
+    is not launched yet, so there is nothing to split, and ``record`` receives the whole call's
+    time (the late rank's, from its arrival, is the fastest, the one the policy reads).  A job's
+    buffer that the caller keeps (``Job.kept``: DDP's buckets) is registered on its first call
+    (:func:`~stragglar.runtime.register_buffer`), so that its later calls move chunks straight
+    between the ranks' buckets; ``registrations`` holds them by bucket number, None where the
+    buffer could not be registered (its calls run staged, through the receivers' inboxes) or has
+    moved.  Every rank makes the same jobs in the same order, so every rank registers, or fails
+    to, at the same call.
     """
 
     groups: tuple[Any, Any]
@@ -226,15 +244,21 @@ class Reducer:
     straggler_delay: float = 0.0
     record: Callable[[str, int, int, Stopwatch], None] | None = None
     graphs: bool = True
+    engine: str = "rounds"
+    registrations: dict[int, Registration | None] = field(default_factory=dict)
 
     def __call__(self, job: Job) -> None:
         """Both stages, one after the other, on the caller's thread."""
-        self.late(job, self.early(job))
+        if self.engine == DEVICE:
+            self._on_device(job)
+        else:
+            self.late(job, self.early(job))
 
     def stages(self, job: Job) -> tuple[Callable[[Any], Any], Callable[[Any], None]]:
         """The two stages as a :class:`BucketWorker` runs them: on the host each on its own
-        thread; stream-ordered, both on the first thread, in turn (see the module's notes)."""
-        if job.order.stream_ordered:
+        thread; stream-ordered, or one kernel launch a bucket, both on the first thread, in turn
+        (see the module's notes)."""
+        if job.order.stream_ordered or self.engine == DEVICE:
             return (lambda _: self(job)), _queued
         return (lambda _: self.early(job)), functools.partial(self.late, job)
 
@@ -249,13 +273,59 @@ class Reducer:
         with job.order.running(ready, 1):
             watch = job.order.clock()
             self._rounds(job, 1, (job.split(), None))
-            watch.stop()
-            if self.record is not None:
-                self.record(STRAGGLAR, job.buffer.numel() * job.buffer.element_size(), job.chunks, watch)
-            divisor = self.world if job.divisor is None else job.divisor
-            if divisor != 1:
-                job.buffer.div_(divisor)
-            job.future.set_result(job.buffer)
+            self._done(job, watch)
+
+    def close(self) -> None:
+        """Let go of the buckets' registrations (on every rank, as the state closes)."""
+        for registration in self.registrations.values():
+            if registration is not None:
+                registration.close()
+        self.registrations.clear()
+
+    def _done(self, job: Job, watch: Watch) -> None:
+        """The bucket is summed: stop its watch, record it, divide, complete the Future."""
+        watch.stop()
+        if self.record is not None:
+            self.record(STRAGGLAR, job.buffer.numel() * job.buffer.element_size(), job.chunks, watch)
+        divisor = self.world if job.divisor is None else job.divisor
+        if divisor != 1:
+            job.buffer.div_(divisor)
+        job.future.set_result(job.buffer)
+
+    def _on_device(self, job: Job) -> None:
+        with job.order.running(job.ready, 0):
+            if job.kept:
+                self._register(job)
+            watch = job.order.clock()
+            allreduce(
+                job.buffer,
+                job.proof,
+                group=self.groups[0],
+                straggler_delay=self.straggler_delay,
+                timeout=self.timeout,
+                tag=job.bucket % (MAX_TAG + 1),
+                late_rank=job.late_rank,
+                lockstep=True,
+                engine=DEVICE,
+            )
+            self._done(job, watch)
+
+    def _register(self, job: Job) -> None:
+        """Register a kept bucket's buffer on its first call; let go of a registration whose
+        bucket has moved (its calls then run staged: where a peer's has not moved, every rank's
+        call fails with a MismatchError, never a wrong sum)."""
+        if job.bucket in self.registrations:
+            held = self.registrations[job.bucket]
+            if held is not None and not held.holds(job.buffer):
+                held.close()
+                self.registrations[job.bucket] = None
+            return
+        try:
+            self.registrations[job.bucket] = register_buffer(job.buffer, self.groups[0], timeout=self.timeout)
+        except InputError as e:  # raised alike on every rank: every rank runs this bucket staged
+            self.registrations[job.bucket] = None
+            if dist.get_rank() == 0:
+                LOG.warning("device engine: bucket %d runs staged (through the inboxes): %s", job.bucket, e)
 
     def _rounds(self, job: Job, stage: int, rounds: tuple[int, int | None]) -> None:
         # gloo has no streams: its CUDA buffers are waited on the host, stage by stage

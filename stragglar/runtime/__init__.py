@@ -29,6 +29,7 @@ from stragglar.runtime.arrays import DTYPES
 from stragglar.runtime.channels import MAX_TAG
 from stragglar.runtime.clock import Timeline, poll
 from stragglar.runtime.cupy_nccl import NcclGroup
+from stragglar.runtime.device.buffers import ENGINES
 from stragglar.runtime.device.shared import Registration
 from stragglar.runtime.distributed import allreduce, register_buffer, release_graphs
 from stragglar.runtime.failures import RankError, classify, failure_phrase, first_line
@@ -40,6 +41,7 @@ from stragglar.runtime.plans import plan_for, rounds_without
 
 __all__ = [
     "DTYPES",
+    "ENGINES",
     "MAX_TAG",
     "ArgumentError",
     "Layout",

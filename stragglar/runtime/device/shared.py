@@ -79,6 +79,12 @@ class Registration:
     def open(self) -> bool:
         return self.buffer is not None
 
+    def holds(self, data: Array) -> bool:
+        """Whether ``data`` (a 1-D buffer) is the buffer this open registration keeps: same address,
+        element count, dtype and GPU.  A caller that registers a buffer it expects to keep (the
+        DDP hook, a bucket's) asks before each call whether it moved."""
+        return self.buffer is not None and _key(data) == self.key
+
     def close(self) -> None:
         """Let go of the peers' buffers and this one's; later calls on the buffer run staged.
         Close on every rank (a rank still registered meets its peers' unregistered calls with a
