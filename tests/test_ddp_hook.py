@@ -559,19 +559,21 @@ def device_path_rank(rank: int, n: int, asynchronous: bool, steps: int) -> list[
     rounds engine (its kernels need a GPU; they are tested on their own): the gradients are the
     default hook's, and each call and registration is noted as (what, step, bucket size, whether
     an open registration holds the bucket's tensor)."""
+    from unittest import mock
+
+    from test_ddp_worker import Held
+
     from stragglar.ddp import hook, worker
+    from stragglar.runtime import allreduce as rounds
 
     state = StragglarState(engine="device", asynchronous=asynchronous, timeout=20)
-    held: list[Any] = []
+    held: list[Held] = []
     events: list[tuple[str, int, int, bool]] = []
-    rounds = worker.allreduce
 
     def holds(data: torch.Tensor) -> bool:
         return any(r.holds(data) for r in held)
 
-    def register_buffer(data: torch.Tensor, group: Any, *, timeout: float) -> Any:
-        from test_ddp_worker import Held
-
+    def register_buffer(data: torch.Tensor, group: Any, *, timeout: float) -> Held:
         events.append(("register", state.steps, data.numel(), holds(data)))
         held.append(Held(data))
         return held[-1]
@@ -581,12 +583,15 @@ def device_path_rank(rank: int, n: int, asynchronous: bool, steps: int) -> list[
         events.append(("call", state.steps, data.numel(), holds(data)))
         return rounds(data, proof, **kwargs)
 
-    hook.check_device_bucket = lambda buffer: None  # type: ignore[assignment]  # CPU buckets here
-    worker.allreduce, worker.register_buffer = allreduce, register_buffer  # type: ignore[assignment]
-    plain, hooked = twins(state)
-    for i in range(steps):
-        step(rank, i, plain, hooked, late(rank, n - 1, 0.02))
-    state.close()
+    with (
+        mock.patch.object(hook, "check_device_bucket", lambda buffer: None),  # CPU buckets here
+        mock.patch.object(worker, "allreduce", allreduce),
+        mock.patch.object(worker, "register_buffer", register_buffer),
+    ):
+        plain, hooked = twins(state)
+        for i in range(steps):
+            step(rank, i, plain, hooked, late(rank, n - 1, 0.02))
+        state.close()
     assert all(r.closed for r in held)
     return events
 

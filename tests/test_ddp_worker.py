@@ -345,7 +345,7 @@ class DeviceStandIn:
         self.refusal = refusal
         monkeypatch.setattr(worker, "allreduce", self.allreduce)
         monkeypatch.setattr(worker, "register_buffer", self.register_buffer)
-        monkeypatch.setattr(worker.dist, "get_rank", lambda *_: 0)
+        monkeypatch.setattr("torch.distributed.get_rank", lambda *_: 0)
 
     def allreduce(self, data: Any, proof: Proof, **kwargs: Any) -> None:
         self.calls.append(kwargs)
@@ -406,7 +406,7 @@ def test_a_kept_bucket_is_registered_once_and_let_go_when_it_moves(monkeypatch: 
         ("early", other),
     ]
     held = reducer.registrations[0]
-    assert held is not None and held.holds(bucket)
+    assert isinstance(held, Held) and held.holds(bucket)
     reducer(device_job(proof, moved, kept=True))  # bucket 0's tensor is another now
     assert held.closed and reducer.registrations[0] is None
     reducer(device_job(proof, moved, kept=True))
