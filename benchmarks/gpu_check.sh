@@ -2,8 +2,9 @@
 # The GPU check in one command, for a machine with CUDA GPUs, CuPy and torch: the GPU tests (the
 # loopback's kernels and graphs, bit for bit; the device engine's), bench_gpu.py --quick with its
 # JSON (the loopback, the device engine, its kernel's tunings, then the ranks' parts), `stragglar
-# run` on NCCL ranks, the DDP example under torchrun, and `stragglar bench` on NCCL ranks; each
-# step logged, and run even when one before it failed; a summary at the end.
+# run` on NCCL ranks, the DDP example under torchrun on the device engine (the hook's rounds
+# engine runs in bench-ranks), and `stragglar bench` on NCCL ranks; each step logged, and run even
+# when one before it failed; a summary at the end.
 #
 #     bash benchmarks/gpu_check.sh                                # logs and gpu.json in /tmp/stragglar-gpu-check
 #     GPU_CHECK_DIR=/data/gpu-check bash benchmarks/gpu_check.sh  # or in the folder it names
@@ -51,7 +52,7 @@ step device 75 python3 benchmarks/bench_gpu.py --quick --iters 3 --parts device_
 step tuning 60 python3 benchmarks/bench_gpu.py --iters 3 --parts device_tuning --json "$out/gpu.json"
 step bench-ranks 130 python3 benchmarks/bench_gpu.py --quick --iters 3 --parts p2p,ddp,cupy_nccl --json "$out/gpu.json"
 step run-nccl 40 python3 -m stragglar run --backend nccl --gpus 4 --size 16MiB --delay 20ms --chunks 6 --iters 3
-step ddp-example 50 torchrun --nproc-per-node=4 examples/ddp_torchrun.py --late-rank 3 --delay 50ms --steps 8
+step ddp-device 50 torchrun --nproc-per-node=4 examples/ddp_torchrun.py --late-rank 3 --delay 50ms --steps 8 --policy stragglar --engine device
 step bench-nccl 45 python3 -m stragglar bench --backend nccl --gpus 2,4 --sizes 1MiB --delays 0,20ms --iters 2
 # The end of the output is what a short look sees: each step's exit and time, then the verdicts
 # the device engine's parts printed (its targets, exactness, graphs, the fastest tuning).

@@ -97,13 +97,21 @@ def test_the_ddp_example_trains_both_copies_alike_and_prints_the_decisions(
     for _, t_default, t_ours, loss_default, loss_ours in rows:
         assert float(t_default) > 0 and float(t_ours) > 0
         assert float(loss_ours) == pytest.approx(float(loss_default), rel=1e-5, abs=1e-6)
-    worst = re.search(r"parameters: (\S+)$", out, re.MULTILINE)
-    assert worst is not None and float(worst.group(1)) < 1e-5, out
+    worst = re.search(r"parameters: (\S+) \(at most 1e-06\)$", out, re.MULTILINE)
+    assert worst is not None and float(worst.group(1)) < 1e-6, out  # else the example exits 1
     verdict = VERDICT.search(out)
     assert verdict is not None and verdict.group(1) == policy, out
     every, steps_, some, done, total = (int(g or 0) for g in verdict.group(2, 3, 4, 5, 6))
     assert (every, steps_, some) == (share * steps, steps, 0), out
     assert total >= steps and done == share * total, out  # one bucket or more a step
+
+
+def test_the_ddp_example_refuses_the_device_engine_off_nccl_in_one_line() -> None:
+    """Before it joins a job: gloo buckets are on the CPU, where the device engine does not run."""
+    args = [sys.executable, str(EXAMPLE), "--backend", "gloo", "--engine", "device"]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=LIMIT, check=False)
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr == "--engine device reduces CUDA buckets: it runs on NCCL, with CUDA GPUs\n"
 
 
 @pytest.mark.slow
