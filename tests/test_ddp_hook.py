@@ -614,7 +614,7 @@ def test_the_device_engine_registers_each_ddp_bucket_once_its_tensor_stays(async
 
 def test_the_device_engine_refuses_a_cpu_bucket_and_a_machine_without_cupy() -> None:
     """In the hook, in one line, before any group is made or anything is gathered."""
-    from stragglar.ddp.hook import check_device_bucket
+    from stragglar.ddp.options import check_device_bucket
 
     state = StragglarState(engine="device")
     with pytest.raises(

@@ -1,7 +1,6 @@
 """The DDP communication hook and its state.  (No ``from __future__ import annotations`` here: DDP
 compares the hook's annotations with the classes.)"""
 
-import importlib.util
 import os
 import weakref
 from dataclasses import dataclass, field
@@ -11,9 +10,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed import GradBucket  # type: ignore[attr-defined, unused-ignore]
 
-from stragglar.args import MAX_DELAY, as_flag, as_int, as_rank, as_seconds
+from stragglar.args import as_rank
 from stragglar.ddp.agreement import disagreement, encode
 from stragglar.ddp.metrics import report
+from stragglar.ddp.options import check_device_bucket, check_options
 from stragglar.ddp.probe import LateRankProbe
 from stragglar.ddp.state_parts import Connection, Decision, Learned, ProofKey, Resources
 from stragglar.ddp.worker import (
@@ -27,10 +27,9 @@ from stragglar.ddp.worker import (
     StreamOrder,
     dedicated_group,
 )
-from stragglar.errors import ArgumentError, InputError, described
-from stragglar.files import check_appendable
+from stragglar.errors import InputError
 from stragglar.formats.traces import TraceWriter
-from stragglar.model import AUTO, Network
+from stragglar.model import Network
 from stragglar.model.detect import WINDOW, RankLateness, Rule, fresh, observe, recent_lateness
 from stragglar.model.policy import (
     ALLREDUCE,
@@ -43,10 +42,10 @@ from stragglar.model.policy import (
     choose,
     chunk_count,
 )
-from stragglar.runtime import ENGINES, MismatchError, heartbeat, release_graphs
+from stragglar.runtime import MismatchError, heartbeat, release_graphs
 from stragglar.runtime.teardown import before_destroy
 from stragglar.runtime.torch_dist import gather_headers
-from stragglar.synth import ALGORITHMS, synthesize
+from stragglar.synth import synthesize
 from stragglar.verify import Proof, prove
 
 __all__ = ["POLICIES", "StragglarState", "stragglar_hook"]
@@ -174,7 +173,7 @@ class StragglarState:
         self.detect, self.rule, self.policy, self.network = detect, rule, policy, network
         self.chunks, self.asynchronous, self.graphs, self.record = chunks, asynchronous, graphs, record
         self.metrics, self.engine = metrics, engine
-        self._check_options()
+        check_options(self)
         policy_memory = AutoPolicy(self.algorithm, self.network)
         switches, decisions = [] if switches is None else switches, [] if decisions is None else decisions
         self.learned = Learned(policy_memory, steps, switches, decisions)
@@ -213,87 +212,6 @@ class StragglarState:
     def probe(self) -> LateRankProbe | None:
         """The probe of arrivals, made at the first step that needs it."""
         return self.resources.probe
-
-    def _check_options(self) -> None:
-        if not isinstance(self.algorithm, str) or self.algorithm not in ALGORITHMS:
-            raise InputError(
-                f"StragglarState.algorithm must be one of {', '.join(ALGORITHMS)}, "
-                f"got {described(self.algorithm)}"
-            )
-        if not isinstance(self.policy, str) or self.policy not in POLICIES:
-            raise InputError(
-                f"StragglarState.policy must be one of {', '.join(POLICIES)}, got {described(self.policy)}"
-            )
-        if self.straggler is not None:
-            self.straggler = as_int(self.straggler, "StragglarState.straggler", minimum=0)
-        self.timeout = as_seconds(self.timeout, "StragglarState.timeout", positive=True)
-        self.straggler_delay = as_seconds(
-            self.straggler_delay, "StragglarState.straggler_delay", maximum=MAX_DELAY
-        )
-        self.detect = as_int(self.detect, "StragglarState.detect", minimum=0)
-        if not isinstance(self.rule, Rule):
-            raise ArgumentError(
-                f"StragglarState.rule must be a stragglar.model.detect.Rule, got {described(self.rule)}"
-            )
-        if self.network is not None and not isinstance(self.network, Network):
-            raise ArgumentError(
-                f"StragglarState.network must be a stragglar.model.Network, got {described(self.network)}"
-            )
-        as_flag(self.asynchronous, "StragglarState.asynchronous")
-        if self.process_group is not None and not isinstance(self.process_group, dist.ProcessGroup):
-            raise ArgumentError(
-                "StragglarState.process_group must be a torch process group or None (the world), "
-                f"got {described(self.process_group)} ({type(self.process_group).__name__})"
-            )
-        as_flag(self.graphs, "StragglarState.graphs")
-        if self.engine not in ENGINES:
-            raise InputError(
-                f"StragglarState.engine must be one of {', '.join(ENGINES)}, got {described(self.engine)}"
-            )
-        if self.engine == DEVICE and not self.graphs:
-            raise InputError(
-                "StragglarState.graphs applies to the rounds engine, not to engine 'device' "
-                "(one kernel launch a bucket)"
-            )
-        if self.record is not None and (
-            not isinstance(self.record, (str, os.PathLike)) or not os.fspath(self.record)
-        ):
-            raise ArgumentError(
-                f"StragglarState.record must name a file (a str or path), got {described(self.record)}"
-            )
-        if self.record is not None:  # on every rank, now: rank 0 writes from step 3 on
-            check_appendable(self.record, "traces")
-        if self.metrics is not None and (
-            not isinstance(self.metrics, (str, os.PathLike)) or not os.fspath(self.metrics)
-        ):
-            raise ArgumentError(
-                f"StragglarState.metrics must name a file (a str or path), got {described(self.metrics)}"
-            )
-        if self.metrics is not None:
-            check_appendable(self.metrics, "metrics")
-        self._check_chunks()
-        if self.policy == "auto" and self.straggler_delay:
-            raise InputError(
-                "StragglarState.straggler_delay is for experiments with policy='stragglar': the auto "
-                "policy judges how late ranks really arrive, and a delay inside the reduction is not seen"
-            )
-
-    def _check_chunks(self) -> None:
-        if self.chunks is None:
-            return
-        if self.algorithm != STRAGGLAR:
-            raise InputError(f"StragglarState.chunks shapes StragglAR, not {self.algorithm}")
-        if self.chunks != AUTO:
-            if isinstance(self.chunks, str):
-                raise InputError(
-                    f"StragglarState.chunks must be a chunk count or 'auto', got {described(self.chunks)}"
-                )
-            self.chunks = as_int(self.chunks, "StragglarState.chunks", minimum=1)
-        elif self.policy != "auto" and self.network is None:
-            raise InputError(
-                "StragglarState.chunks='auto' prices chunk counts on a network: give network= "
-                "(a stragglar.model.Network) or use policy='auto', which fits one"
-            )
 
     def late_rank(self, world_size: int) -> int | None:
         """The straggler, checked against ``world_size`` (None: the schedule's default)."""
@@ -561,18 +479,6 @@ class StragglarState:
         trace, resources.trace = resources.trace, None
         if trace is not None:
             trace.close()
-
-
-def check_device_bucket(buffer: torch.Tensor) -> None:
-    """Refuse, in the hook, a bucket the device engine cannot reduce: one on the CPU, or any
-    where CuPy, which launches the kernels, is not installed."""
-    if not buffer.is_cuda:
-        raise InputError(f"StragglarState(engine='device') reduces CUDA buckets, got one on {buffer.device}")
-    if importlib.util.find_spec("cupy") is None:
-        raise InputError(
-            "StragglarState(engine='device') launches its kernels with CuPy, which is not installed "
-            "(the cuda12 or cuda13 extra)"
-        )
 
 
 def _value(future: torch.futures.Future[torch.Tensor]) -> torch.Tensor:

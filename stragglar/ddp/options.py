@@ -1,0 +1,127 @@
+"""The checks a :class:`~stragglar.ddp.StragglarState`'s options pass when it is made, and the one
+its first bucket passes on the device engine.
+
+Each option is checked in the terms a user gave it (``straggler=1.5`` or ``True`` is an
+:class:`~stragglar.runtime.ArgumentError`, a NumPy integer is a fine rank), and normalized on the
+state; an option that does not apply to the others given is an error in one line, never ignored.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+
+from stragglar.args import MAX_DELAY, as_flag, as_int, as_seconds
+from stragglar.ddp.worker import DEVICE
+from stragglar.errors import ArgumentError, InputError, described
+from stragglar.files import check_appendable
+from stragglar.model import AUTO, Network
+from stragglar.model.detect import Rule
+from stragglar.model.policy import POLICIES, STRAGGLAR
+from stragglar.runtime import ENGINES
+from stragglar.synth import ALGORITHMS
+
+if TYPE_CHECKING:
+    from stragglar.ddp.hook import StragglarState
+
+__all__ = ["check_device_bucket", "check_options"]
+
+
+def check_options(state: StragglarState) -> None:
+    """Check and normalize ``state``'s options, as its constructor was given them."""
+    if not isinstance(state.algorithm, str) or state.algorithm not in ALGORITHMS:
+        raise InputError(
+            f"StragglarState.algorithm must be one of {', '.join(ALGORITHMS)}, "
+            f"got {described(state.algorithm)}"
+        )
+    if not isinstance(state.policy, str) or state.policy not in POLICIES:
+        raise InputError(
+            f"StragglarState.policy must be one of {', '.join(POLICIES)}, got {described(state.policy)}"
+        )
+    if state.straggler is not None:
+        state.straggler = as_int(state.straggler, "StragglarState.straggler", minimum=0)
+    state.timeout = as_seconds(state.timeout, "StragglarState.timeout", positive=True)
+    state.straggler_delay = as_seconds(
+        state.straggler_delay, "StragglarState.straggler_delay", maximum=MAX_DELAY
+    )
+    state.detect = as_int(state.detect, "StragglarState.detect", minimum=0)
+    if not isinstance(state.rule, Rule):
+        raise ArgumentError(
+            f"StragglarState.rule must be a stragglar.model.detect.Rule, got {described(state.rule)}"
+        )
+    if state.network is not None and not isinstance(state.network, Network):
+        raise ArgumentError(
+            f"StragglarState.network must be a stragglar.model.Network, got {described(state.network)}"
+        )
+    as_flag(state.asynchronous, "StragglarState.asynchronous")
+    if state.process_group is not None and not isinstance(state.process_group, dist.ProcessGroup):
+        raise ArgumentError(
+            "StragglarState.process_group must be a torch process group or None (the world), "
+            f"got {described(state.process_group)} ({type(state.process_group).__name__})"
+        )
+    as_flag(state.graphs, "StragglarState.graphs")
+    if state.engine not in ENGINES:
+        raise InputError(
+            f"StragglarState.engine must be one of {', '.join(ENGINES)}, got {described(state.engine)}"
+        )
+    if state.engine == DEVICE and not state.graphs:
+        raise InputError(
+            "StragglarState.graphs applies to the rounds engine, not to engine 'device' "
+            "(one kernel launch a bucket)"
+        )
+    if state.record is not None and (
+        not isinstance(state.record, (str, os.PathLike)) or not os.fspath(state.record)
+    ):
+        raise ArgumentError(
+            f"StragglarState.record must name a file (a str or path), got {described(state.record)}"
+        )
+    if state.record is not None:  # on every rank, now: rank 0 writes from step 3 on
+        check_appendable(state.record, "traces")
+    if state.metrics is not None and (
+        not isinstance(state.metrics, (str, os.PathLike)) or not os.fspath(state.metrics)
+    ):
+        raise ArgumentError(
+            f"StragglarState.metrics must name a file (a str or path), got {described(state.metrics)}"
+        )
+    if state.metrics is not None:
+        check_appendable(state.metrics, "metrics")
+    _check_chunks(state)
+    if state.policy == "auto" and state.straggler_delay:
+        raise InputError(
+            "StragglarState.straggler_delay is for experiments with policy='stragglar': the auto "
+            "policy judges how late ranks really arrive, and a delay inside the reduction is not seen"
+        )
+
+
+def _check_chunks(state: StragglarState) -> None:
+    if state.chunks is None:
+        return
+    if state.algorithm != STRAGGLAR:
+        raise InputError(f"StragglarState.chunks shapes StragglAR, not {state.algorithm}")
+    if state.chunks != AUTO:
+        if isinstance(state.chunks, str):
+            raise InputError(
+                f"StragglarState.chunks must be a chunk count or 'auto', got {described(state.chunks)}"
+            )
+        state.chunks = as_int(state.chunks, "StragglarState.chunks", minimum=1)
+    elif state.policy != "auto" and state.network is None:
+        raise InputError(
+            "StragglarState.chunks='auto' prices chunk counts on a network: give network= "
+            "(a stragglar.model.Network) or use policy='auto', which fits one"
+        )
+
+
+def check_device_bucket(buffer: torch.Tensor) -> None:
+    """Refuse, in the hook, a bucket the device engine cannot reduce: one on the CPU, or any
+    where CuPy, which launches the kernels, is not installed."""
+    if not buffer.is_cuda:
+        raise InputError(f"StragglarState(engine='device') reduces CUDA buckets, got one on {buffer.device}")
+    if importlib.util.find_spec("cupy") is None:
+        raise InputError(
+            "StragglarState(engine='device') launches its kernels with CuPy, which is not installed "
+            "(the cuda12 or cuda13 extra)"
+        )
