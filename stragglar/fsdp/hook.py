@@ -16,7 +16,9 @@ FSDP reads the shard as soon as the hook returns (it divides it, casts it, views
 gradients), so the reduction runs in the call: on CPU it blocks, as FSDP's own all-reduce does
 there; on CUDA FSDP calls the hook on its all-reduce stream, and the rounds block the host too
 (the DDP hook's synchronous path).  So ``asynchronous`` (the DDP hook's worker threads) and
-``graphs`` (replaying stream-ordered rounds) have nothing to choose here.
+``graphs`` (replaying stream-ordered rounds) have nothing to choose here.  With
+``engine="device"`` a shard is one kernel launch a replica, staged through the receivers' inboxes:
+FSDP hands a new shard tensor at each step, which registering would not serve.
 
 FSDP keeps no public count of a module's parameter groups nor their meshes: the checks read
 them where ``set_all_reduce_hook`` does, in the module's FSDP state.
