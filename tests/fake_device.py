@@ -208,9 +208,32 @@ class HostRun:
 
 
 class DeviceArray(FakeArray):
+    gpu = 0  # the GPU it is on (a test may set another on a buffer of its own)
+
+    @property
+    def device(self) -> Any:
+        return types.SimpleNamespace(id=self.gpu)
+
     def get(self) -> np.ndarray:
         host: np.ndarray = np.array(self).view(np.ndarray)
         return host
+
+
+class FakeDevice:
+    """``cupy.cuda.Device``: a GPU, made the calling thread's current one inside ``with``."""
+
+    def __init__(self, cuda: FakeCuda, gpu: int) -> None:
+        self.cuda, self.id, self.outer = cuda, gpu, 0
+
+    def synchronize(self) -> None:
+        pass
+
+    def __enter__(self) -> FakeDevice:
+        self.outer, self.cuda.local.device = self.cuda.device, self.id
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.cuda.local.device = self.outer
 
 
 class FakeCuda:
@@ -228,19 +251,34 @@ class FakeCuda:
         self.capturing: list[FakeStream] = []  # the stream capturing, and those that joined it
         self.captures = 0
         self.refuse_capture: str | None = None  # set: begin_capture fails with it
+        self.current_devices: set[int] = set()  # the caller's GPU at each launch, allocation, IPC call
         self.runtime = types.SimpleNamespace(
-            ipcGetMemHandle=self.handle,
-            ipcOpenMemHandle=self.open,
-            malloc=self.malloc,
+            ipcGetMemHandle=self._noted(self.handle),
+            ipcOpenMemHandle=self._noted(self.open),
+            malloc=self._noted(self.malloc),
             free=self.allocations.pop,
             memset=lambda address, value, nbytes: ctypes.memset(address, value, nbytes),
             ipcCloseMemHandle=self.closed.append,
             getDeviceProperties=lambda device: self.attributes,
         )
 
-    def Device(self) -> Any:  # noqa: N802: CuPy's name
-        """The current device: the one there is."""
-        return types.SimpleNamespace(id=0, synchronize=lambda: None)
+    def Device(self, gpu: int | None = None) -> FakeDevice:  # noqa: N802: CuPy's name
+        """A GPU (None: the calling thread's current one), current inside ``with``."""
+        return FakeDevice(self, self.device if gpu is None else gpu)
+
+    @property
+    def device(self) -> int:
+        """The calling thread's current GPU (0 until it makes another current)."""
+        return int(getattr(self.local, "device", 0))
+
+    def _noted(self, call: Any) -> Any:
+        """``call``, noting the caller's current GPU (CUDA runs it on that GPU)."""
+
+        def noted(*args: Any) -> Any:
+            self.current_devices.add(self.device)
+            return call(*args)
+
+        return noted
 
     def base_of(self, address: int) -> int:
         """The start of the allocation holding ``address`` (the driver's cuMemGetAddressRange)."""
@@ -464,6 +502,7 @@ def fake_cupy(cuda: FakeCuda, library: ctypes.CDLL) -> types.ModuleType:
         def kernel(grid: tuple[int], block: tuple[int], args: tuple[Any, ...]) -> None:
             stream = cuda.current
             assert stream is not None, "every rank's kernel goes on a stream of its own"
+            cuda.current_devices.add(cuda.device)
             values = [int(a.ctypes.data) if isinstance(a, np.ndarray) and a.ndim else int(a) for a in args]
             own = args[6]  # every rank's buffer: its own is read when the kernel starts
 

@@ -518,3 +518,28 @@ def test_a_registration_closed_everywhere_runs_staged_and_one_closed_alone_fails
     *results, _, _ = run_ranks(3, alone)
     assert all(isinstance(x, Exception) for x in results), results
     assert all(isinstance(x, RankError) for x in results[1:]), results  # they waited on rank 0's flags
+
+
+def test_every_launch_allocation_and_handle_is_made_on_the_buffer_s_gpu(cuda: FakeCuda) -> None:
+    """The ranks' buffers on GPU 1, every thread's current GPU 0 (as a thread of the DDP hook's
+    worker finds it): a registration, a direct call and a staged call each make the buffer's GPU
+    current for their allocations, IPC handles and launches, and give the caller's back."""
+    n = 3
+    proof = prove(synthesize("stragglar", n))
+    inputs = values(n, 29, "float32", 5)
+    kept = [cuda.buffer(inputs[r], offset=16 * (r + 1)) for r in range(n)]
+    other = [cuda.buffer(inputs[r]) for r in range(n)]
+    for buffer in (*kept, *other):
+        buffer.gpu = 1
+
+    def rank(r: int, g: Any) -> list[bytes]:
+        with register_buffer(kept[r], g, timeout=10):
+            allreduce(kept[r], proof, g, timeout=10, engine="device")  # direct
+        allreduce(other[r], proof, g, timeout=10, engine="device")  # staged
+        assert cuda.device == 0
+        return [np.array(kept[r]).tobytes(), np.array(other[r]).tobytes()]
+
+    *results, _, _ = run_ranks(n, rank)
+    assert not [x for x in results if isinstance(x, Exception)], results
+    assert [got[0] for got in results] == [got[1] for got in results] == summed(proof, inputs)
+    assert cuda.current_devices == {1}

@@ -417,3 +417,16 @@ def test_the_error_raised_names_the_rank_nobody_heard_from_not_those_waiting_on_
     assert (error.rank, error.peer, error.round, error.phase) == (0, 3, number, phase)
     assert str(error).endswith("block 0 waited at row 2 for flag 3 >= 5, saw 4 (ranks [1] timed out too)")
     assert loopback.first_failure(program, words, [1]).peer == 0  # alone, rank 1's own
+
+
+def test_the_kernels_and_their_memory_go_on_the_buffers_gpu(cuda: FakeCuda) -> None:
+    """Buffers on GPU 1 while the caller's current GPU is 0: the engine makes theirs current for
+    its allocations and launches, and gives the caller's back."""
+    proof = prove(synthesize("stragglar", 4))
+    data = buffers(4, 33, "float32", seed=3)
+    for buffer in data:
+        buffer.gpu = 1
+    want = interpreted(data, proof)
+    allreduce_local(data, proof, engine="device")
+    assert all(w.tobytes() == np.array(g).tobytes() for w, g in zip(want, data, strict=True))
+    assert cuda.current_devices == {1} and cuda.device == 0
