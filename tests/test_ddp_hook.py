@@ -61,13 +61,14 @@ def small_model() -> torch.nn.Module:
     return torch.nn.Sequential(*layers[:-1])
 
 
-def twins(state: Any, hook: Any = stragglar_hook) -> tuple[DDP, DDP]:
-    """The same small model twice: with DDP's default hook, and with ``hook``."""
+def twins(state: Any, hook: Any = stragglar_hook, **ddp: Any) -> tuple[DDP, DDP]:
+    """The same small model twice: with DDP's default hook, and with ``hook`` (and DDP's
+    options ``ddp``)."""
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model, twin = small_model(), small_model()
     twin.load_state_dict(model.state_dict())
-    plain, hooked = DDP(model, bucket_cap_mb=0.001), DDP(twin, bucket_cap_mb=0.001)
+    plain, hooked = DDP(model, bucket_cap_mb=0.001), DDP(twin, bucket_cap_mb=0.001, **ddp)
     hooked.register_comm_hook(state, hook)
     return plain, hooked
 
@@ -554,7 +555,9 @@ def test_the_hook_names_the_late_rank_in_its_log_its_figures_and_its_metrics(
     assert 'stragglar_persistent{rank="1"} 1' in first["metrics"]
 
 
-def device_path_rank(rank: int, n: int, asynchronous: bool, steps: int) -> list[tuple[str, int, int, bool]]:
+def device_path_rank(
+    rank: int, n: int, asynchronous: bool, view: bool, steps: int
+) -> list[tuple[str, int, int, bool]]:
     """The hook with ``engine="device"`` in real DDP on gloo, the device engine stood in by the
     rounds engine (its kernels need a GPU; they are tested on their own): the gradients are the
     default hook's, and each call and registration is noted as (what, step, bucket size, whether
@@ -588,7 +591,7 @@ def device_path_rank(rank: int, n: int, asynchronous: bool, steps: int) -> list[
         mock.patch.object(worker, "allreduce", allreduce),
         mock.patch.object(worker, "register_buffer", register_buffer),
     ):
-        plain, hooked = twins(state)
+        plain, hooked = twins(state, gradient_as_bucket_view=view)
         for i in range(steps):
             step(rank, i, plain, hooked, late(rank, n - 1, 0.02))
         state.close()
@@ -596,13 +599,15 @@ def device_path_rank(rank: int, n: int, asynchronous: bool, steps: int) -> list[
     return events
 
 
-@pytest.mark.parametrize("asynchronous", [True, False])
-def test_the_device_engine_registers_each_ddp_bucket_once_its_tensor_stays(asynchronous: bool) -> None:
+@pytest.mark.parametrize(("asynchronous", "view"), [(True, False), (False, False), (True, True)])
+def test_the_device_engine_registers_each_ddp_bucket_once_its_tensor_stays(
+    asynchronous: bool, view: bool
+) -> None:
     """DDP rebuilds its buckets once, before the second step; from then on every bucket's tensor is
-    the same at every step, so the registration made at the second step holds every later call's
-    bucket, on every rank alike."""
+    the same at every step (also where the gradients are views of it: ``view``), so the
+    registration made at the second step holds every later call's bucket, on every rank alike."""
     steps = 5
-    results = launch(device_path_rank, 3, (asynchronous, steps), timeout=60)
+    results = launch(device_path_rank, 3, (asynchronous, view, steps), timeout=60)
     assert results[1] == results[0] == results[2]
     events = results[0]
     sizes = (1339, 1640, 560)  # DDP's buckets from the second step on (see small_model)
