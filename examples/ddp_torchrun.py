@@ -53,18 +53,27 @@ def options() -> argparse.Namespace:
     parser.add_argument("--depth", type=int, default=6, help="the MLP's linear layers")
     parser.add_argument("--late-rank", type=int, help="the rank that arrives late to every step")
     parser.add_argument("--delay", type=parse_duration, default=0.0, help="how late, e.g. 50ms")
+    engine_option(parser)
+    return parser.parse_args()
+
+
+def engine_option(parser: argparse.ArgumentParser) -> None:
+    """``--engine``: StragglAR's rounds driven from the host, or each reduction in one kernel
+    launch a rank (the device engine: NCCL ranks on CUDA GPUs, with CuPy; :func:`start` checks)."""
     parser.add_argument(
         "--engine",
         choices=ENGINES,
         default="rounds",
-        help="StragglAR's rounds driven from the host, or each bucket in one kernel launch a rank "
+        help="StragglAR's rounds driven from the host, or each reduction in one kernel launch a rank "
         "(device: CUDA GPUs and CuPy)",
     )
-    return parser.parse_args()
 
 
-def start(backend: str) -> torch.device:
-    """Join the job torchrun started; on NCCL, bind this rank to its GPU on its node."""
+def start(backend: str, engine: str = "rounds") -> torch.device:
+    """Join the job torchrun started; on NCCL, bind this rank to its GPU on its node.  The device
+    engine (``engine``) is refused before, off NCCL: gloo's tensors are on the CPU."""
+    if engine == "device" and backend != "nccl":
+        raise SystemExit("--engine device reduces CUDA tensors: it runs on NCCL, with CUDA GPUs")
     if backend == "gloo":
         dist.init_process_group("gloo")
         return torch.device("cpu")
@@ -88,10 +97,7 @@ def mlp(width: int, depth: int) -> torch.nn.Sequential:
 
 def main() -> None:
     args = options()
-    backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
-    if args.engine == "device" and backend != "nccl":
-        raise SystemExit("--engine device reduces CUDA buckets: it runs on NCCL, with CUDA GPUs")
-    device = start(backend)
+    device = start(args.backend or ("nccl" if torch.cuda.is_available() else "gloo"), args.engine)
     rank, world = dist.get_rank(), dist.get_world_size()
     if args.late_rank is not None:
         try:

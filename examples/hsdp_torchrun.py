@@ -13,7 +13,9 @@ says it pays, the engine's all_reduce otherwise (``--policy stragglar``: Straggl
 ``--late-rank`` sleeps ``--delay`` before each forward pass, as a straggler would; its replica is
 then the late one.  At the end rank 0 prints the policy's decisions, per step both copies' times
 and losses, and whether the losses match (the same sums, added in another order: equal but for
-rounding); a rank whose losses differ exits with status 1.
+rounding); a rank whose losses differ exits with status 1.  ``--engine device`` reduces the
+shards StragglAR gets with the device engine (one kernel launch a shard and replica, staged through
+the inboxes; CUDA and CuPy).
 """
 
 import argparse
@@ -23,7 +25,7 @@ import time
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from ddp_torchrun import start  # the sibling example: joins torchrun's job, on its GPU under NCCL
+from ddp_torchrun import engine_option, start  # the sibling example: joins torchrun's job, on its GPU
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
@@ -46,6 +48,7 @@ def options() -> argparse.Namespace:
     parser.add_argument("--depth", type=int, default=4, help="the model's blocks")
     parser.add_argument("--late-rank", type=int, help="the rank that arrives late to every step")
     parser.add_argument("--delay", type=parse_duration, default=0.0, help="how late, e.g. 50ms")
+    engine_option(parser)
     return parser.parse_args()
 
 
@@ -86,7 +89,7 @@ def sharded(model: torch.nn.Sequential, mesh: DeviceMesh) -> torch.nn.Sequential
 
 def main() -> None:
     args = options()
-    device = start(args.backend or ("nccl" if torch.cuda.is_available() else "gloo"))
+    device = start(args.backend or ("nccl" if torch.cuda.is_available() else "gloo"), args.engine)
     rank, world = dist.get_rank(), dist.get_world_size()
     if args.replicas < 1 or world % args.replicas:
         raise SystemExit(f"--replicas must divide the {world} ranks, got {args.replicas}")
@@ -100,7 +103,7 @@ def main() -> None:
     mesh = init_device_mesh(device.type, (args.replicas, shards), mesh_dim_names=("replicate", "shard"))
     native = sharded(transformer(args.width, args.depth, device), mesh)
     ours = sharded(transformer(args.width, args.depth, device), mesh["shard"])
-    state = StragglarState(policy=args.policy, straggler=late_replica)
+    state = StragglarState(policy=args.policy, straggler=late_replica, engine=args.engine)
     use_stragglar(ours, state, replicate_group=mesh["replicate"].get_group())
     optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (native, ours)]
 

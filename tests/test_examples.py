@@ -111,7 +111,7 @@ def test_the_ddp_example_refuses_the_device_engine_off_nccl_in_one_line() -> Non
     args = [sys.executable, str(EXAMPLE), "--backend", "gloo", "--engine", "device"]
     done = subprocess.run(args, capture_output=True, text=True, timeout=LIMIT, check=False)
     assert done.returncode == 1 and done.stdout == ""
-    assert done.stderr == "--engine device reduces CUDA buckets: it runs on NCCL, with CUDA GPUs\n"
+    assert done.stderr == "--engine device reduces CUDA tensors: it runs on NCCL, with CUDA GPUs\n"
 
 
 @pytest.mark.slow
