@@ -144,6 +144,41 @@ def test_the_gradients_and_parameters_are_native_hsdps(case: str) -> None:
     assert [(a, s, c) for _, a, s, c in decisions.pop()] == [decision]
 
 
+def device_rank(rank: int, n: int) -> tuple[float, list[Any], list[bool]]:
+    """``engine="device"`` with the device engine stood in by the rounds engine (its kernels need
+    a GPU; they are tested on their own): each shard one call, never registered (FSDP hands a new
+    shard each step), and the gradients native HSDP's."""
+    from unittest import mock
+
+    from stragglar.ddp import hook, worker
+    from stragglar.runtime import allreduce as rounds
+
+    engines: list[bool] = []
+
+    def allreduce(data: torch.Tensor, proof: Any, **kwargs: Any) -> Any:
+        engines.append(kwargs.pop("engine") == "device")
+        return rounds(data, proof, **kwargs)
+
+    def register_buffer(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("FSDP's shards are not kept: nothing registers them")
+
+    with (
+        mock.patch.object(hook, "check_device_bucket", lambda buffer: None),  # CPU shards here
+        mock.patch.object(worker, "allreduce", allreduce),
+        mock.patch.object(worker, "register_buffer", register_buffer),
+    ):
+        worst, decisions = hsdp_rank(rank, n, {"engine": "device", "straggler": 1}, 0.02, None)
+    return worst, decisions, engines
+
+
+def test_the_device_engine_reduces_each_shard_in_one_call_staged() -> None:
+    results = launch(device_rank, 4, (), timeout=60)
+    assert max(worst for worst, _, _ in results) < 1e-5
+    calls = {len(engines) for _, _, engines in results}
+    assert all(all(engines) for _, _, engines in results) and calls == {6 * 3}  # 6 steps, 3 groups
+    assert {tuple(map(tuple, d)) for _, d, _ in results} == {((1, "stragglar", 1, None),)}
+
+
 # The rule names a replica last at every step within 6 steps at 2 replicas and 4 at 4 with these settings
 # (h = ln(2 / 0.05), ln(0.95 * 2) a step; the default's 0.01% false alarms need 25 and 10), seen 2 steps late.
 QUICK = Rule(false_alarm=0.05, share=0.95, margin=0.02)
