@@ -256,9 +256,9 @@ class FakeCuda:
             ipcGetMemHandle=self._noted(self.handle),
             ipcOpenMemHandle=self._noted(self.open),
             malloc=self._noted(self.malloc),
-            free=self.allocations.pop,
+            free=self._noted(self.allocations.pop),
             memset=lambda address, value, nbytes: ctypes.memset(address, value, nbytes),
-            ipcCloseMemHandle=self.closed.append,
+            ipcCloseMemHandle=self._noted(self.closed.append),
             getDeviceProperties=lambda device: self.attributes,
         )
 

@@ -542,4 +542,7 @@ def test_every_launch_allocation_and_handle_is_made_on_the_buffer_s_gpu(cuda: Fa
     *results, _, _ = run_ranks(n, rank)
     assert not [x for x in results if isinstance(x, Exception)], results
     assert [got[0] for got in results] == [got[1] for got in results] == summed(proof, inputs)
-    assert cuda.current_devices == {1}
+    group._ranks.clear()  # the staged states go here, in this thread, on GPU 0
+    gc.collect()
+    assert cuda.closed and not set(cuda.allocations) - {cuda.base_of(b.data.ptr) for b in (*kept, *other)}
+    assert cuda.current_devices == {1}  # the registrations closed and the states freed on GPU 1 too

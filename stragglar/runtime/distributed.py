@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable, Hashable, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from stragglar.args import MAX_DELAY, MAX_TIMEOUT, as_flag, as_int, as_seconds
@@ -248,9 +248,7 @@ def register_buffer(data: Any, group: Any = None, *, timeout: float | None = 300
         # on gloo, tag 0's channel: messages on the host (gloo gathers no CUDA tensors)
         return runner.gather(values, data if flat is None else flat, wait, runner.channel(0))
 
-    # the buffer's GPU current, whichever the calling thread has (a peer's buffer opens on it)
-    on_gpu = nullcontext() if flat is None else cupy.cuda.Device(address_of(flat)[1])
-    with runner.stream, on_gpu:
+    with runner.stream:
         registration = register(cupy, runner.owner, runner.rank, flat, gather, refusal)
     if not isinstance(group, NcclGroup):  # a torch group: closed before torch destroys the group
         before_destroy(registration, (runner.owner,), Registration.close)

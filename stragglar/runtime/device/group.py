@@ -99,7 +99,7 @@ class DeviceRank:
         flags = _allocation(runtime, flag_bytes)
         runtime.memset(flags, 0, flag_bytes)
         opened: list[int] = []  # the peers' memory this rank opens, closed when the state goes
-        weakref.finalize(self, _release, runtime, opened, (inbox, flags))
+        weakref.finalize(self, _release, cupy, device_id, opened, (inbox, flags))
         self.words = cupy.zeros(program.num_ranks * RANK_WORDS, dtype=cupy.uint64)  # this rank's row only
         own = [
             mine,
@@ -181,12 +181,15 @@ def _allocation(runtime: Any, nbytes: int) -> int:
     return int(runtime.malloc(nbytes))
 
 
-def _release(runtime: Any, opened: Sequence[int], own: Sequence[int]) -> None:
-    """Close the peers' memory this rank opened, then free its own."""
-    for pointer in opened:
-        runtime.ipcCloseMemHandle(pointer)
-    for pointer in own:
-        runtime.free(pointer)
+def _release(cupy: Any, device_id: int, opened: Sequence[int], own: Sequence[int]) -> None:
+    """Close the peers' memory this rank opened, then free its own, on its GPU (a state may go in
+    any thread, whichever GPU that thread has current)."""
+    runtime = cupy.cuda.runtime
+    with cupy.cuda.Device(device_id):
+        for pointer in opened:
+            runtime.ipcCloseMemHandle(pointer)
+        for pointer in own:
+            runtime.free(pointer)
 
 
 _ranks: OrderedDict[Hashable, DeviceRank] = OrderedDict()

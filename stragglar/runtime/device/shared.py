@@ -20,6 +20,7 @@ registered buffer and one not, are refused like any other mismatch, never run as
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
@@ -66,13 +67,13 @@ class Registration:
         addresses: tuple[int, ...],
         buffer: Array,
         handles: tuple[bytes, ...],
-        runtime: Any,
+        cupy: Any,
     ) -> None:
         self.owner, self.number, self.key = owner, number, key
         self.addresses = addresses
         self.lock = threading.Lock()
         self.buffer: Array | None = buffer
-        self.handles, self.runtime = handles, runtime
+        self.handles, self.cupy = handles, cupy
         self.states: dict[str, Any] = {}  # by schedule fingerprint
 
     @property
@@ -100,8 +101,10 @@ class Registration:
                     _numbers.pop(self.owner, None)
             self.buffer = None
             self.states.clear()
-            for handle in self.handles:
-                OPENINGS.close(self.runtime, handle)
+            if self.handles:  # on the buffer's GPU, whichever the closing thread has current
+                with self.cupy.cuda.Device(self.key[3]):
+                    for handle in self.handles:
+                        OPENINGS.close(self.cupy.cuda.runtime, handle)
 
     def __enter__(self) -> Registration:
         return self
@@ -134,7 +137,16 @@ def register(
 ) -> Registration:
     """Register this rank's 1-D device buffer ``flat`` on the group ``owner``; every rank of the
     group calls it, in the same order, and every rank raises an error if any cannot (this rank's
-    ``refusal``, with ``flat`` None: why its buffer cannot be registered at all)."""
+    ``refusal``, with ``flat`` None: why its buffer cannot be registered at all).  The buffer's
+    GPU is made current meanwhile, whichever the calling thread has: a peer's buffer opens there."""
+    on_gpu = contextlib.nullcontext() if flat is None else cupy.cuda.Device(address_of(flat)[1])
+    with on_gpu:
+        return _register(cupy, owner, rank, flat, gather, refusal)
+
+
+def _register(
+    cupy: Any, owner: Hashable, rank: int, flat: Array | None, gather: Gather, refusal: str | None
+) -> Registration:
     runtime = cupy.cuda.runtime
     key = (0, 0, "", 0) if flat is None else _key(flat)
     with _lock:
@@ -176,7 +188,7 @@ def register(
             f"cannot register the buffers: {ranks_in_words(failed)} could not open a peer's buffer "
             "(the error there says why)"
         )
-    registration = Registration(owner, number, key, tuple(addresses), flat, tuple(handles), runtime)
+    registration = Registration(owner, number, key, tuple(addresses), flat, tuple(handles), cupy)
     with _lock:
         _registry.setdefault(owner, {})[key] = registration
     return registration
