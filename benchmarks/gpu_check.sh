@@ -55,9 +55,11 @@ step run-nccl 40 python3 -m stragglar run --backend nccl --gpus 4 --size 16MiB -
 step ddp-device 50 torchrun --nproc-per-node=4 examples/ddp_torchrun.py --late-rank 3 --delay 50ms --steps 8 --policy stragglar --engine device
 step bench-nccl 45 python3 -m stragglar bench --backend nccl --gpus 2,4 --sizes 1MiB --delays 0,20ms --iters 2
 # The end of the output is what a short look sees: each step's exit and time, then the verdicts
-# the device engine's parts printed (its targets, exactness, graphs, the fastest tuning).
+# the device engine's parts printed (its targets, exactness, graphs, the fastest tuning) and the
+# DDP example's on it (StragglAR's share, step times, the copies' largest difference).
 echo "===== summary (logs and gpu.json in $out)"
 printf '  %s\n' "${ran[@]}"
 grep -h -E "\(target |exact in every row|^graphs|fastest at|as fast as any|NOT exact|no comparison" \
     "$out/device.log" "$out/tuning.log" 2>/dev/null
+grep -h -E "^policy |largest difference|DIFFER|median step" "$out/ddp-device.log" 2>/dev/null
 exit "$failed"
