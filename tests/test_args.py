@@ -110,7 +110,7 @@ def test_times_refuse_bools_and_strings() -> None:
     with pytest.raises(ArgumentError, match=r"^straggler_delay must be a number of seconds, got True"):
         allreduce_local(fresh(), PROOF, True)
     with pytest.raises(ArgumentError, match=r"^timeout must be a number of seconds, got '5s'"):
-        allreduce(np.zeros(3), PROOF, timeout="5s")  # type: ignore[arg-type]
+        allreduce(np.zeros(3), PROOF, timeout="5s")  # type: ignore[call-overload]
 
 
 def test_stragglar_state_checks_its_fields() -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -90,7 +91,7 @@ def ranks_run(
 
     def rank(r: int) -> None:
         try:
-            results[r] = group.run_device_rank(
+            results[r] = group.DeviceCall(
                 cupy,
                 "group",
                 program,
@@ -104,7 +105,7 @@ def ranks_run(
                 schedule.late_rank,
                 timeout,
                 gather.of(r),
-            )
+            ).run()
         except Exception as e:  # noqa: BLE001: handed to the test
             results[r] = e
 
@@ -271,7 +272,7 @@ def test_options_of_the_rounds_engine_are_refused_on_the_device_engine(cuda: Fak
         ({"engine": "fast"}, "unknown engine 'fast'"),
     ):
         with pytest.raises(InputError, match=reason):
-            allreduce(data, proof, group=group, **{"engine": "device", **option})  # type: ignore[arg-type]
+            allreduce(data, proof, group=group, **{"engine": "device", **option})  # type: ignore[call-overload]
     with pytest.raises(InputError, match="runs on CuPy arrays or torch CUDA tensors"):
         allreduce(np.zeros(8, np.float32), proof, group=group, engine="device")
     assert not cuda.launches
@@ -546,3 +547,103 @@ def test_every_launch_allocation_and_handle_is_made_on_the_buffer_s_gpu(cuda: Fa
     gc.collect()
     assert cuda.closed and not set(cuda.allocations) - {cuda.base_of(b.data.ptr) for b in (*kept, *other)}
     assert cuda.current_devices == {1}  # the registrations closed and the states freed on GPU 1 too
+
+
+def run_ranks_on_two_groups(n: int, body: Callable[[int, Any, Any], Any]) -> list[Any]:
+    """``body(rank, group, other)`` in n threads, ``other`` a second group of the same ranks."""
+    from test_runtime_cupy_nccl import FakeComm, FakeNccl, FakeStream
+
+    from stragglar.runtime import NcclGroup
+
+    def groups() -> list[NcclGroup]:
+        nccl = FakeNccl(n)
+        return [
+            NcclGroup(FakeComm(nccl, r, n, s), nccl, s) for r, s in enumerate(FakeStream() for _ in range(n))
+        ]
+
+    first, second = groups(), groups()
+    *results, _, _ = run_ranks(n, lambda r, g: body(r, g, second[r]))
+    del first
+    return results
+
+
+def test_async_calls_on_several_buffers_launch_at_once_and_each_wait_sums_exactly(cuda: FakeCuda) -> None:
+    """Three registered buffers, two steps of a loop (lockstep calls, as the DDP hook makes): at
+    the second, once every setup was checked and every state made, every punctual rank launches
+    its three kernels before the late rank has launched any, so their hidden phases all run
+    while it is away; each wait, on a second group while the first takes the next launches,
+    gives the interpreter's sums."""
+    n, buffers_a_rank, steps = 4, 3, 2
+    proof = prove(synthesize("stragglar", n))
+    late = proof.schedule.late_rank
+    inputs = [
+        [values(n, 41, "float32", 10 * step + b) for b in range(buffers_a_rank)] for step in range(steps)
+    ]
+    mine = [
+        [cuda.buffer(inputs[0][b][r], offset=16 * (r + 1)) for b in range(buffers_a_rank)] for r in range(n)
+    ]
+    launched_at: dict[int, float] = {}
+
+    def rank(r: int, g: Any, other: Any) -> list[list[bytes]]:
+        registrations = [register_buffer(buffer, g, timeout=10) for buffer in mine[r]]
+        got = []
+        for step in range(steps):
+            for b, buffer in enumerate(mine[r]):
+                buffer[...] = inputs[step][b][r]
+            works = [
+                allreduce(buffer, proof, g, 0.05, timeout=10, lockstep=True, engine="device", async_op=True)
+                for buffer in mine[r]
+            ]
+            launched_at[r] = time.perf_counter()
+            for work in works:
+                work.wait(other)
+            got.append([np.array(buffer).tobytes() for buffer in mine[r]])
+        for registration in registrations:
+            registration.close()
+        return got
+
+    results = run_ranks_on_two_groups(n, rank)
+    assert not [x for x in results if isinstance(x, Exception)], results
+    for step in range(steps):
+        for b in range(buffers_a_rank):
+            assert [got[step][b] for got in results] == summed(proof, inputs[step][b]), (step, b)
+    late_buffers = {buffer.data.ptr for buffer in mine[late]}
+    late_launches = sorted(at for address, at in cuda.launches if address in late_buffers)
+    assert len(late_launches) == steps * buffers_a_rank
+    assert all(launched_at[r] < late_launches[buffers_a_rank] for r in range(n) if r != late)
+
+
+def test_an_async_call_is_waited_for_once_and_its_buffer_not_launched_on_before(cuda: FakeCuda) -> None:
+    n = 3
+    proof = prove(synthesize("ring", n))
+    inputs = values(n, 20, "int64", 4)
+    kept = [cuda.buffer(inputs[r]) for r in range(n)]
+
+    def rank(r: int, g: Any) -> list[str]:
+        errors = []
+        with register_buffer(kept[r], g, timeout=10):
+            work = allreduce(kept[r], proof, g, timeout=10, engine="device", async_op=True)
+            try:
+                allreduce(kept[r], proof, g, timeout=10, engine="device")
+            except InputError as e:
+                errors.append(str(e))
+            work.wait()
+            try:
+                work.wait()
+            except InputError as e:
+                errors.append(str(e))
+        return errors
+
+    *results, _, _ = run_ranks(n, rank)
+    refusals = [
+        "the device engine's last call on this buffer was launched and not waited for: wait() for it first",
+        "this device call was waited for already",
+    ]
+    assert results == [refusals] * n, results
+    assert [np.array(k).tobytes() for k in kept] == summed(proof, inputs)
+
+
+def test_async_op_applies_to_the_device_engine_only(cuda: FakeCuda) -> None:
+    proof = prove(synthesize("ring", 2))
+    with pytest.raises(InputError, match=r"^async_op applies to engine 'device'"):
+        allreduce(np.zeros(4), proof, async_op=True)

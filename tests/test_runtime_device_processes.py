@@ -83,7 +83,7 @@ def rank_process(
         for call, arrays in enumerate([*inputs, inputs[0]]):
             on = buffer if call < len(inputs) else cuda.buffer(arrays[rank], offset=8)
             on[...] = arrays[rank]
-            group.run_device_rank(
+            group.DeviceCall(
                 cupy,
                 "group",
                 program_for(proof, direct=call < len(inputs)),
@@ -98,7 +98,7 @@ def rank_process(
                 timeout,
                 gather.of(rank),
                 registration if call < len(inputs) else None,
-            )
+            ).run()
             results.append(np.array(on).tobytes())
         out.put((rank, results, [registration.number, *registration.addresses]))
     except Exception as e:  # noqa: BLE001: handed to the test

@@ -167,17 +167,17 @@ def test_arguments_that_do_not_apply_are_refused_before_the_group_is_touched() -
     ):
         allreduce(torch.zeros(4), proof, group="world")
     with pytest.raises(ArgumentError, match=r"^stream_ordered must be True or False, got 'yes'$"):
-        allreduce(torch.zeros(4), proof, stream_ordered="yes")  # type: ignore[arg-type]
+        allreduce(torch.zeros(4), proof, stream_ordered="yes")  # type: ignore[call-overload]
     with pytest.raises(InputError, match=r"^allreduce cannot honour a mask"):
         allreduce(np.ma.masked_array(np.zeros(4)), proof)
     with pytest.raises(InputError, match=r"^allreduce needs a process group: call torch.distributed.init"):
         allreduce(torch.zeros(4), proof)  # was torch's raw ValueError
     with pytest.raises(ArgumentError, match=r"^expected a Proof, got Schedule: prove the schedule first"):
-        allreduce(torch.zeros(4), proof.schedule)  # type: ignore[arg-type]
+        allreduce(torch.zeros(4), proof.schedule)  # type: ignore[call-overload]
     with pytest.raises(InputError, match=r"^graphs applies to stream-ordered rounds"):
         allreduce(torch.zeros(4), proof, graphs=False)
     with pytest.raises(ArgumentError, match=r"^graphs must be True or False, got 1$"):
-        allreduce(torch.zeros(4), proof, stream_ordered=True, graphs=1)  # type: ignore[arg-type]
+        allreduce(torch.zeros(4), proof, stream_ordered=True, graphs=1)  # type: ignore[call-overload]
 
 
 def stream_ordered_rank(rank: int, n: int, proof: Proof) -> str:

@@ -224,7 +224,7 @@ def test_rounds_out_of_the_schedule_are_refused(rounds: object, error: str, word
     from stragglar.runtime import allreduce
 
     with pytest.raises(getattr(errors, error), match=words):
-        allreduce(torch.zeros(4), prove(synthesize("stragglar", 4)), rounds=rounds)  # type: ignore[arg-type]
+        allreduce(torch.zeros(4), prove(synthesize("stragglar", 4)), rounds=rounds)  # type: ignore[call-overload]
 
 
 def delayed_rank(rank: int, n: int, s: Proof, delay: float) -> object:

@@ -30,6 +30,7 @@ from stragglar.runtime.channels import MAX_TAG
 from stragglar.runtime.clock import Timeline, poll
 from stragglar.runtime.cupy_nccl import NcclGroup
 from stragglar.runtime.device.buffers import ENGINES
+from stragglar.runtime.device.group import DeviceWork
 from stragglar.runtime.device.shared import Registration
 from stragglar.runtime.distributed import allreduce, register_buffer, release_graphs
 from stragglar.runtime.failures import RankError, classify, failure_phrase, first_line
@@ -44,6 +45,7 @@ __all__ = [
     "ENGINES",
     "MAX_TAG",
     "ArgumentError",
+    "DeviceWork",
     "Layout",
     "MismatchError",
     "NcclGroup",

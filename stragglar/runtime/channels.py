@@ -126,11 +126,7 @@ class Channels:
         another call of this process holds it.  A call that raises leaves its channel unknown, so
         the next call on it checks again (every rank failed it: the check, or a peer, saw to it)."""
         with self._lock:
-            state = self._state(group)
-            if channel in state.busy:
-                state.spoiled.add(channel)  # the running call fails too: see the module's docstring
-                raise InputError(_busy(channel))
-            state.busy.add(channel)
+            state = self._take(group, channel)
             must_check = header not in state.checked if lockstep else state.last.get(channel) != header
         done = False
 
@@ -148,14 +144,45 @@ class Channels:
             done = True
         finally:
             with self._lock:
-                state.busy.discard(channel)
-                spoiled = channel in state.spoiled
-                state.spoiled.discard(channel)
+                spoiled = self._give(state, channel)
                 if spoiled or not done:
                     state.last.pop(channel, None)
                     state.checked.pop(header, None)
         if spoiled and done:  # a call that failed keeps its own error
             raise InputError(_spoiled(channel))
+
+    @contextlib.contextmanager
+    def hold(self, group: Any, channel: Hashable) -> Iterator[None]:
+        """Hold ``channel`` of ``group`` for a gather that is part of a call already entered and
+        left (a device call's wait): refused while another call holds the channel, and failed
+        where one tried to take it meanwhile, as :meth:`enter` is.  No header is checked."""
+        with self._lock:
+            state = self._take(group, channel)
+        done = False
+        try:
+            yield
+            done = True
+        finally:
+            with self._lock:
+                spoiled = self._give(state, channel)
+        if spoiled and done:
+            raise InputError(_spoiled(channel))
+
+    def _take(self, group: Any, channel: Hashable) -> _Group:
+        """Mark ``channel`` busy (under the lock); refuse it, and spoil its holder, where busy."""
+        state = self._state(group)
+        if channel in state.busy:
+            state.spoiled.add(channel)  # the running call fails too: see the module's docstring
+            raise InputError(_busy(channel))
+        state.busy.add(channel)
+        return state
+
+    def _give(self, state: _Group, channel: Hashable) -> bool:
+        """Free ``channel`` (under the lock); whether another call tried to take it meanwhile."""
+        state.busy.discard(channel)
+        spoiled = channel in state.spoiled
+        state.spoiled.discard(channel)
+        return spoiled
 
     def _state(self, group: Any) -> _Group:
         """``group``'s channels (under the lock); a group that is gone is never taken for a new one

@@ -23,7 +23,7 @@ import functools
 import sys
 from collections.abc import Callable, Hashable, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, overload
 
 from stragglar.args import MAX_DELAY, MAX_TIMEOUT, as_flag, as_int, as_seconds
 from stragglar.errors import ArgumentError, InputError, described
@@ -39,6 +39,7 @@ from stragglar.runtime.device.buffers import (
     on_device,
     queued_work_done,
 )
+from stragglar.runtime.device.group import DeviceCall, DeviceWork, Gather
 from stragglar.runtime.device.shared import Registration, register, registered
 from stragglar.runtime.graphs import Capturing, release, shared
 from stragglar.runtime.header import Header, MismatchError, Problem, make_header, mismatch
@@ -104,6 +105,41 @@ class Engine(Protocol):
     def uncapturable(self) -> str | None: ...
 
 
+@overload
+def allreduce(
+    data: Any,
+    proof: Proof,
+    group: Any = ...,
+    straggler_delay: float = ...,
+    *,
+    timeout: float | None = ...,
+    tag: int = ...,
+    late_rank: int | None = ...,
+    stream_ordered: bool = ...,
+    rounds: tuple[int, int | None] | None = ...,
+    lockstep: bool = ...,
+    graphs: bool | None = ...,
+    engine: str = ...,
+    async_op: Literal[False] = ...,
+) -> Timeline: ...
+
+
+@overload
+def allreduce(
+    data: Any,
+    proof: Proof,
+    group: Any = ...,
+    straggler_delay: float = ...,
+    *,
+    timeout: float | None = ...,
+    tag: int = ...,
+    late_rank: int | None = ...,
+    lockstep: bool = ...,
+    engine: str = ...,
+    async_op: Literal[True],
+) -> DeviceWork: ...
+
+
 def allreduce(
     data: Any,
     proof: Proof,
@@ -118,7 +154,8 @@ def allreduce(
     lockstep: bool = False,
     graphs: bool | None = None,
     engine: str = "rounds",
-) -> Timeline:
+    async_op: bool = False,
+) -> Timeline | DeviceWork:
     """Sum this rank's ``data`` over the ranks in place, following the proved schedule.
 
     ``data`` is a torch tensor (``group``: a torch process group, default the world) or a
@@ -157,7 +194,12 @@ def allreduce(
     the group (:mod:`~stragglar.runtime.device.group`), with direct transfers between the ranks'
     buffers where the buffer is registered (:func:`register_buffer`), else every transfer staged
     through the receiver's inbox; ``stream_ordered``, ``rounds`` and
-    ``graphs`` apply to the default engine, ``"rounds"``, only.
+    ``graphs`` apply to the default engine, ``"rounds"``, only.  ``async_op=True`` (the device
+    engine only) returns once this rank's kernel is launched, with a
+    :class:`~stragglar.runtime.device.group.DeviceWork` whose ``wait()`` waits for it and checks
+    every rank's words: the buffer holds the sum only after it, and every rank must wait for
+    every work, in the same order.  So calls on several buffers can run at once (each its own
+    buffer; a second call on the same buffer and setup before the first's wait is refused).
 
     ``rounds=(first, stop)`` runs only the schedule's rounds ``first`` to ``stop - 1`` (stop None:
     to the end), on every rank; the buffer holds a partial result in between.  Calls over
@@ -175,7 +217,8 @@ def allreduce(
     if graphs is not None:
         as_flag(graphs, "graphs")
     part = _check_rounds(rounds, proof)
-    on_device = _check_engine(engine, data, stream_ordered, rounds, graphs)
+    as_flag(async_op, "async_op")
+    on_device = _check_engine(engine, data, stream_ordered, rounds, graphs, async_op)
     runner = engine_for(data, group, stream_ordered, graphs)
     late_rank = late_rank_for(proof.schedule, late_rank, runner.size)
     with runner.stream:
@@ -196,7 +239,10 @@ def allreduce(
             if problem is not None:
                 raise problem
             if on_device:
-                return _run_on_device(runner, flat, proof, late_rank, delay, wait, channel, registration)
+                device = _device_call(runner, flat, proof, late_rank, delay, wait, channel, registration)
+                if async_op:
+                    return device.launch(_gather_on(runner, flat, tag, _plus(wait, delay)))
+                return device.run()
             return _run_rounds(runner, flat, proof, tag, part, late_rank, delay, wait, graphs)
 
 
@@ -296,10 +342,17 @@ def _run_rounds(
     return run_rank_replayed(flat, plan, transport, replay, key, delay, late_rank, part, packing)
 
 
-def _check_engine(engine: Any, data: Any, stream_ordered: bool, rounds: Any, graphs: bool | None) -> bool:
+def _check_engine(
+    engine: Any, data: Any, stream_ordered: bool, rounds: Any, graphs: bool | None, async_op: bool
+) -> bool:
     """Whether the call runs on the device engine, once its options fit it (every rank refuses
     the same call before anything is gathered)."""
     if not on_device(engine):
+        if async_op:
+            raise InputError(
+                "async_op applies to engine 'device' (the rounds engine's calls return when done, "
+                "or with stream_ordered once queued)"
+            )
         return False
     given = [
         name
@@ -319,7 +372,7 @@ def _check_engine(engine: Any, data: Any, stream_ordered: bool, rounds: Any, gra
     return True
 
 
-def _run_on_device(
+def _device_call(
     runner: Engine,
     flat: Array,
     proof: Proof,
@@ -328,12 +381,12 @@ def _run_on_device(
     wait: float | None,
     channel: int | None,
     registration: Registration | None,
-) -> Timeline:
+) -> DeviceCall:
     """This rank's whole part as one kernel launch (:mod:`~stragglar.runtime.device.group`), the
     IPC handles and each call's error words gathered over ``runner``'s group; with direct
-    transfers on a ``registration``'s buffer, staged through the inboxes on any other."""
+    transfers on a ``registration``'s buffer, staged through the inboxes on any other.  It runs
+    on the buffer's GPU, whichever GPU the calling thread has current."""
     from stragglar.runtime.device import program_for
-    from stragglar.runtime.device.group import run_device_rank
 
     cupy = launcher()
     program = program_for(proof, direct=registration is not None)  # proved before its first launch
@@ -345,23 +398,45 @@ def _run_on_device(
 
     count, dtype, fingerprint = int(flat.shape[0]), dtype_name(flat), proof.schedule.fingerprint
     timeout = MAX_TIMEOUT + delay if wait is None else wait + delay  # a device wait is always bounded
-    with cupy.cuda.Device(device):  # the buffer's GPU, whichever the calling thread has current
-        return run_device_rank(
-            cupy,
-            runner.owner,
-            program,
-            fingerprint,
-            runner.rank,
-            pointer,
-            count,
-            dtype,
-            device,
-            delay,
-            late_rank,
-            timeout,
-            gather,
-            registration,
-        )
+    return DeviceCall(
+        cupy,
+        runner.owner,
+        program,
+        fingerprint,
+        runner.rank,
+        pointer,
+        count,
+        dtype,
+        device,
+        delay,
+        late_rank,
+        timeout,
+        gather,
+        registration,
+    )
+
+
+def _gather_on(runner: Engine, flat: Array, tag: int, timeout: float | None) -> Callable[[Any], Gather]:
+    """A device call's wait's all-gather over a group: the call's own (None), or another of the
+    same ranks (a torch group, or an :class:`NcclGroup`), on the call's channel there, held while
+    it runs (a call that tries to take it meanwhile fails, as concurrent calls on a channel do)."""
+
+    def gather_on(group: Any) -> Gather:
+        target = runner if group is None else engine_for(flat, group, False, None, action="wait on")
+        if (target.size, target.rank) != (runner.size, runner.rank):
+            raise InputError(
+                f"a device call's wait gathers over its own ranks: this group has {target.size} "
+                f"ranks (this one rank {target.rank}), the call's {runner.size} (rank {runner.rank})"
+            )
+        channel = target.channel(tag)
+
+        def gather(values: Sequence[int]) -> list[tuple[int, ...]]:
+            with target.stream, _channels.hold(target.owner, channel):
+                return target.gather(values, flat, timeout, channel)
+
+        return gather
+
+    return gather_on
 
 
 def _check_rounds(rounds: Any, proof: Proof) -> tuple[int, int | None]:

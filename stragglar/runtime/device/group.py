@@ -31,7 +31,8 @@ import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -54,9 +55,10 @@ from stragglar.runtime.device.table import DeviceProgram
 from stragglar.runtime.kernels import SUMS
 from stragglar.runtime.plans import cached
 
-__all__ = ["DeviceRank", "Gather", "run_device_rank"]
+__all__ = ["DeviceCall", "DeviceRank", "DeviceWork", "Gather", "Launched"]
 
 Gather = Callable[[Sequence[int]], list[tuple[int, ...]]]  # every rank's integers, in rank order
+_T = TypeVar("_T")
 
 
 class DeviceRank:
@@ -99,7 +101,8 @@ class DeviceRank:
         flags = _allocation(runtime, flag_bytes)
         runtime.memset(flags, 0, flag_bytes)
         opened: list[int] = []  # the peers' memory this rank opens, closed when the state goes
-        weakref.finalize(self, _release, cupy, device_id, opened, (inbox, flags))
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        weakref.finalize(self, _release, cupy, device_id, self.stream, opened, (inbox, flags))
         self.words = cupy.zeros(program.num_ranks * RANK_WORDS, dtype=cupy.uint64)  # this rank's row only
         own = [
             mine,
@@ -123,12 +126,12 @@ class DeviceRank:
                 opened.append(into[-1])
         self.inbox_pointers = cupy.asarray(np.array(inboxes, dtype=np.uint64))
         self.flag_pointers = cupy.asarray(np.array(flag_arrays, dtype=np.uint64))
-        self.stream = cupy.cuda.Stream(non_blocking=True)
         self.buffer_pointers: tuple[int, Any] = (0, None)  # the last buffer, and the kernel's array of it
         if addresses is not None:
             self.buffer_pointers = (addresses[rank], cupy.asarray(np.array(addresses, dtype=np.uint64)))
         self.call = 0
         self.counted = True  # False: a call's launch was cut short, the device's count is behind
+        self.in_flight: Launched | None = None  # a call launched and not yet finished
 
     def _own_buffer(self, buffer: int) -> Any:
         """Every rank's buffer address as the kernel takes them: a registered buffer's, else this
@@ -145,10 +148,19 @@ class DeviceRank:
     def run(
         self, buffer: int, straggler_delay: float, late_rank: int, timeout_s: float, gather: Gather
     ) -> Timeline:
-        """One call on the buffer at address ``buffer``: this rank's kernel (after
+        """One call on the buffer at address ``buffer``: :meth:`launch`, then :meth:`finish`."""
+        return self.finish(self.launch(buffer, straggler_delay, late_rank, timeout_s), gather)
+
+    def launch(self, buffer: int, straggler_delay: float, late_rank: int, timeout_s: float) -> Launched:
+        """Launch this rank's kernel of the next call on the buffer at address ``buffer`` (after
         ``straggler_delay`` s if it is the late rank; each of its waits bounded by ``timeout_s``),
-        then every rank's words gathered: every rank raises the same error if a wait timed out
-        anywhere, or a rank's kernel did not count the call."""
+        without waiting for it.  Refused while this state's last call is launched and not yet
+        finished: its inbox and flags are that call's until every rank's words say it ended."""
+        if self.in_flight is not None:
+            raise InputError(
+                "the device engine's last call on this buffer was launched and not waited for: "
+                "wait() for it first"
+            )
         self.call += 1
         if not self.counted:  # the device's count as the host's (and every peer's), once the
             self.stream.synchronize()  # kernel of the call cut short has ended (or given up)
@@ -166,26 +178,52 @@ class DeviceRank:
         with self.stream:
             self.kernel((self.blocks,), (THREADS,), args)
         self.counted = True
-        self.stream.synchronize()
-        done = time.perf_counter()
-        own = self.words.get().reshape(-1, RANK_WORDS)[self.rank]
-        failure = call_failure(
-            self.program, np.array(gather([int(w) for w in own]), dtype=np.uint64), self.call
-        )
+        self.in_flight = Launched(self.call, start, arrived)
+        return self.in_flight
+
+    def finish(self, launched: Launched, gather: Gather) -> Timeline:
+        """Wait for the ``launched`` call's kernel, then gather every rank's words: every rank
+        raises the same error if a wait timed out anywhere, or a rank's kernel did not count the
+        call.  The gather is also what keeps a rank from launching its next call on this state
+        while a peer still reads this call's inbox slots, so the state is free only after it."""
+        if self.in_flight is not launched:
+            raise InputError("this device call was waited for already")
+        try:
+            self.stream.synchronize()
+            done = time.perf_counter()
+            own = self.words.get().reshape(-1, RANK_WORDS)[self.rank]
+            gathered = gather([int(w) for w in own])
+        finally:
+            self.in_flight = None
+        failure = call_failure(self.program, np.array(gathered, dtype=np.uint64), launched.call)
         if failure is not None:
             raise failure
-        return Timeline(self.rank, start, arrived, self.program.phase_ends(self.rank, done), done)
+        return Timeline(
+            self.rank, launched.start, launched.arrived, self.program.phase_ends(self.rank, done), done
+        )
+
+
+@dataclass(frozen=True)
+class Launched:
+    """A call whose kernel :meth:`DeviceRank.launch` launched: its number (the device counts it
+    too), when it began and when this rank arrived (after a late rank's delay)."""
+
+    call: int
+    start: float
+    arrived: float
 
 
 def _allocation(runtime: Any, nbytes: int) -> int:
     return int(runtime.malloc(nbytes))
 
 
-def _release(cupy: Any, device_id: int, opened: Sequence[int], own: Sequence[int]) -> None:
+def _release(cupy: Any, device_id: int, stream: Any, opened: Sequence[int], own: Sequence[int]) -> None:
     """Close the peers' memory this rank opened, then free its own, on its GPU (a state may go in
-    any thread, whichever GPU that thread has current)."""
+    any thread, whichever GPU that thread has current), once its last kernel has ended (a call
+    launched and never waited for; each of its waits is bounded)."""
     runtime = cupy.cuda.runtime
     with cupy.cuda.Device(device_id):
+        stream.synchronize()
         for pointer in opened:
             runtime.ipcCloseMemHandle(pointer)
         for pointer in own:
@@ -196,39 +234,103 @@ _ranks: OrderedDict[Hashable, DeviceRank] = OrderedDict()
 CACHED = 4  # kept per process: each holds an inbox about the size of the buffer
 
 
-def run_device_rank(
-    cupy: Any,
-    owner: Hashable,
-    program: DeviceProgram,
-    fingerprint: str,
-    rank: int,
-    buffer: int,
-    count: int,
-    dtype: str,
-    device_id: int,
-    straggler_delay: float,
-    late_rank: int,
-    timeout_s: float,
-    gather: Gather,
-    registration: Registration | None = None,
-) -> Timeline:
-    """AllReduce this rank's ``count``-element ``dtype`` buffer at address ``buffer`` over the
-    group ``owner`` (``gather``: its all-gather of integers) with ``program``; a device wait gives
-    up after ``timeout_s`` (which includes the late rank's delay).  ``registration``: the buffer's
-    on the group, whose peers' buffers a direct ``program`` reaches (None: ``program`` is staged)."""
-    if registration is None:
-        key = (owner, fingerprint, rank, count, dtype, device_id)
-        state = cached(
-            _ranks, key, lambda: DeviceRank(cupy, program, rank, count, dtype, device_id, gather), CACHED
+@dataclass(frozen=True)
+class DeviceCall:
+    """One rank's call on a group: AllReduce this rank's ``count``-element ``dtype`` buffer at
+    address ``buffer`` on GPU ``device_id`` over the group ``owner`` (``gather``: its all-gather of
+    integers, which makes the state's IPC handles known) with ``program`` (whose schedule's
+    fingerprint is ``fingerprint``); a device wait gives up after ``timeout_s`` (which includes the
+    late rank's delay).  ``registration``: the buffer's on the group, whose peers' buffers a
+    direct ``program`` reaches (None: ``program`` is staged).  It runs on the buffer's GPU,
+    whichever GPU the calling thread has current."""
+
+    cupy: Any
+    owner: Hashable
+    program: DeviceProgram
+    fingerprint: str
+    rank: int
+    buffer: int
+    count: int
+    dtype: str
+    device_id: int
+    straggler_delay: float
+    late_rank: int
+    timeout_s: float
+    gather: Gather
+    registration: Registration | None = None
+
+    def run(self) -> Timeline:
+        """The whole call: launched, waited for, every rank's words gathered over ``gather``."""
+        return self._on_state(
+            lambda state: state.run(
+                self.buffer, self.straggler_delay, self.late_rank, self.timeout_s, self.gather
+            )
         )
-        with state.lock:
-            return state.run(buffer, straggler_delay, late_rank, timeout_s, gather)
-    with registration.lock:  # the group, rank, buffer, count, dtype and GPU are the registration's
-        if not registration.open:
-            raise InputError("the buffer's registration was closed as its call began")
-        if fingerprint not in registration.states:
-            made = DeviceRank(cupy, program, rank, count, dtype, device_id, gather, registration.addresses)
-            registration.states[fingerprint] = made
-        direct: DeviceRank = registration.states[fingerprint]
-        with direct.lock:
-            return direct.run(buffer, straggler_delay, late_rank, timeout_s, gather)
+
+    def launch(self, gather_on: Callable[[Any], Gather]) -> DeviceWork:
+        """The call launched: :meth:`DeviceWork.wait` finishes it, gathering over
+        ``gather_on(group)``."""
+        return self._on_state(
+            lambda state: DeviceWork(
+                self.cupy,
+                self.device_id,
+                state,
+                state.launch(self.buffer, self.straggler_delay, self.late_rank, self.timeout_s),
+                gather_on,
+            )
+        )
+
+    def _on_state(self, act: Callable[[DeviceRank], _T]) -> _T:
+        """``act`` on the call's state, made on first use, under its lock (and the registration's:
+        closing it waits for the call), with the buffer's GPU current."""
+        registration = self.registration
+        with self.cupy.cuda.Device(self.device_id):
+            if registration is None:
+                key = (self.owner, self.fingerprint, self.rank, self.count, self.dtype, self.device_id)
+                state = cached(_ranks, key, lambda: self._made(None), CACHED)
+                with state.lock:
+                    return act(state)
+            with registration.lock:  # the group, rank, buffer, count, dtype and GPU are its own
+                if not registration.open:
+                    raise InputError("the buffer's registration was closed as its call began")
+                if self.fingerprint not in registration.states:
+                    registration.states[self.fingerprint] = self._made(registration.addresses)
+                direct: DeviceRank = registration.states[self.fingerprint]
+                with direct.lock:
+                    return act(direct)
+
+    def _made(self, addresses: Sequence[int] | None) -> DeviceRank:
+        return DeviceRank(
+            self.cupy, self.program, self.rank, self.count, self.dtype, self.device_id, self.gather, addresses
+        )
+
+
+class DeviceWork:
+    """A device call launched and not yet waited for: what ``allreduce(..., engine="device",
+    async_op=True)`` returns.  Its buffer holds the sum once :meth:`wait` has returned.
+
+    :meth:`wait` is a collective: every rank waits for every work it launched, in the same order.
+    Until then the call's state (its inbox and flags) is the call's, so a call launched on the
+    same buffer and setup before the wait is refused.
+    """
+
+    def __init__(
+        self,
+        cupy: Any,
+        device_id: int,
+        state: DeviceRank,
+        launched: Launched,
+        gather_on: Callable[[Any], Gather],
+    ) -> None:
+        self._cupy, self._device_id, self._state, self._launched = cupy, device_id, state, launched
+        self._gather_on = gather_on
+
+    def wait(self, group: Any = None) -> Timeline:
+        """Wait for this rank's kernel, then all-gather every rank's words over ``group`` (None:
+        the call's own; or another group of the same ranks in the same order, for a caller that
+        makes other calls on the call's group meanwhile, from another thread): every rank raises
+        the same :class:`~stragglar.runtime.RankError` where a wait timed out anywhere.  Returns
+        this rank's timeline.  Once only."""
+        gather = self._gather_on(group)
+        with self._cupy.cuda.Device(self._device_id), self._state.lock:
+            return self._state.finish(self._launched, gather)

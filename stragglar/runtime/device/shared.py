@@ -89,7 +89,9 @@ class Registration:
     def close(self) -> None:
         """Let go of the peers' buffers and this one's; later calls on the buffer run staged.
         Close on every rank (a rank still registered meets its peers' unregistered calls with a
-        MismatchError, or a timeout where its setup had not changed)."""
+        MismatchError, or a timeout where its setup had not changed).  A call running on it ends
+        first; one launched and not yet waited for (``async_op``) ends on the device first, and
+        its wait still checks every rank's words."""
         with self.lock:
             if self.buffer is None:
                 return
@@ -100,9 +102,11 @@ class Registration:
                     _registry.pop(self.owner, None)
                     _numbers.pop(self.owner, None)
             self.buffer = None
-            self.states.clear()
+            states, self.states = list(self.states.values()), {}
             if self.handles:  # on the buffer's GPU, whichever the closing thread has current
                 with self.cupy.cuda.Device(self.key[3]):
+                    for state in states:  # a call launched and not waited for ends first: it
+                        state.stream.synchronize()  # reads the peers' buffers (its waits are bounded)
                     for handle in self.handles:
                         OPENINGS.close(self.cupy.cuda.runtime, handle)
 
