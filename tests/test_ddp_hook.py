@@ -560,8 +560,9 @@ def device_path_rank(
 ) -> list[tuple[str, int, int, bool]]:
     """The hook with ``engine="device"`` in real DDP on gloo, the device engine stood in by the
     rounds engine (its kernels need a GPU; they are tested on their own): the gradients are the
-    default hook's, and each call and registration is noted as (what, step, bucket size, whether
-    an open registration holds the bucket's tensor)."""
+    default hook's, and each call (whole, or launched for the second thread to wait for) and
+    registration is noted as (what, step, bucket size, whether an open registration holds the
+    bucket's tensor), then the groups the launched calls were waited on."""
     from unittest import mock
 
     from test_ddp_worker import Held
@@ -581,10 +582,18 @@ def device_path_rank(
         held.append(Held(data))
         return held[-1]
 
+    waited: list[Any] = []
+
+    class Launched:
+        def wait(self, group: Any = None) -> None:
+            waited.append(group)
+
     def allreduce(data: torch.Tensor, proof: Any, **kwargs: Any) -> Any:
         assert kwargs.pop("engine") == "device"
-        events.append(("call", state.steps, data.numel(), holds(data)))
-        return rounds(data, proof, **kwargs)
+        launched = kwargs.pop("async_op")
+        events.append(("launch" if launched else "call", state.steps, data.numel(), holds(data)))
+        rounds(data, proof, **kwargs)  # whole, at the launch: the wait has nothing left to do
+        return Launched() if launched else None
 
     with (
         mock.patch.object(hook, "check_device_bucket", lambda buffer: None),  # CPU buckets here
@@ -594,9 +603,13 @@ def device_path_rank(
         plain, hooked = twins(state, gradient_as_bucket_view=view)
         for i in range(steps):
             step(rank, i, plain, hooked, late(rank, n - 1, 0.02))
+        connection = state.resources.connection
+        assert connection is not None
+        second = connection.reduce.groups[1]
         state.close()
     assert all(r.closed for r in held)
-    return events
+    assert all(group is second for group in waited), waited
+    return [*events, ("waits", 0, len(waited), False)]
 
 
 @pytest.mark.parametrize(("asynchronous", "view"), [(True, False), (False, False), (True, True)])
@@ -605,16 +618,23 @@ def test_the_device_engine_registers_each_ddp_bucket_once_its_tensor_stays(
 ) -> None:
     """DDP rebuilds its buckets once, before the second step; from then on every bucket's tensor is
     the same at every step (also where the gradients are views of it: ``view``), so the
-    registration made at the second step holds every later call's bucket, on every rank alike."""
+    registration made at the second step holds every later call's bucket, on every rank alike.
+    With the worker's threads, each bucket's second call on is launched by the first thread and
+    waited for by the second, on the second group; in the call, every call is whole."""
     steps = 5
     results = launch(device_path_rank, 3, (asynchronous, view, steps), timeout=60)
     assert results[1] == results[0] == results[2]
-    events = results[0]
+    *events, (_, _, waits, _) = results[0]
     sizes = (1339, 1640, 560)  # DDP's buckets from the second step on (see small_model)
     assert [e for e in events if e[1] == 1] == [("call", 1, sum(sizes), False)]  # before the rebuild
     assert [e for e in events if e[0] == "register"] == [("register", 2, size, False) for size in sizes]
-    later = [e for e in events if e[0] == "call" and e[1] >= 2]
-    assert later == [("call", step, size, True) for step in range(2, steps + 1) for size in sizes]
+    later = [e[:3] for e in events if e[0] != "register" and e[1] >= 2]
+    settled = "launch" if asynchronous else "call"
+    assert later == [
+        ("call" if step == 2 else settled, step, size) for step in range(2, steps + 1) for size in sizes
+    ]
+    assert all(e[3] for e in events if e[0] != "register" and e[1] >= 2)  # the registration holds
+    assert waits == (len(sizes) * (steps - 2) if asynchronous else 0)
 
 
 def test_the_device_engine_refuses_a_cpu_bucket_and_a_machine_without_cupy() -> None:

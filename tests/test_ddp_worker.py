@@ -321,8 +321,12 @@ def test_close_gives_up_on_a_thread_stuck_past_its_wait() -> None:
 class Held:
     """A stand-in registration: open until closed, holding the tensor it was given."""
 
+    made = 0
+
     def __init__(self, buffer: Any) -> None:
         self.buffer, self.closed = buffer, False
+        Held.made += 1
+        self.number = Held.made  # as a group's registrations are numbered
 
     def holds(self, data: Any) -> bool:
         same = data.data_ptr() == self.buffer.data_ptr() and data.numel() == self.buffer.numel()
@@ -341,15 +345,17 @@ class DeviceStandIn:
         from stragglar.ddp import worker
 
         self.calls: list[dict[str, Any]] = []
+        self.waits: list[tuple[int, Any]] = []  # (the call's index, the group waited on)
         self.registered: list[tuple[Any, Held]] = []
         self.refusal = refusal
         monkeypatch.setattr(worker, "allreduce", self.allreduce)
         monkeypatch.setattr(worker, "register_buffer", self.register_buffer)
         monkeypatch.setattr("torch.distributed.get_rank", lambda *_: 0)
 
-    def allreduce(self, data: Any, proof: Proof, **kwargs: Any) -> None:
+    def allreduce(self, data: Any, proof: Proof, **kwargs: Any) -> StandInWork | None:
         self.calls.append(kwargs)
         data.mul_(3)
+        return StandInWork(self.waits, len(self.calls) - 1) if kwargs["async_op"] else None
 
     def register_buffer(self, data: Any, group: Any, *, timeout: float) -> Held:
         from stragglar.errors import InputError
@@ -361,6 +367,16 @@ class DeviceStandIn:
         return held
 
 
+class StandInWork:
+    """What an ``async_op`` call returns: its wait noted."""
+
+    def __init__(self, waits: list[tuple[int, Any]], call: int) -> None:
+        self.waits, self.call = waits, call
+
+    def wait(self, group: Any = None) -> None:
+        self.waits.append((self.call, group))
+
+
 def device_job(proof: Proof, buffer: Any, kept: bool, bucket: int = 0) -> Job:
     host = HostOrder()
     return Job(buffer, bucket, proof, 2, 0, host, None, host.future(), None, kept)
@@ -369,15 +385,12 @@ def device_job(proof: Proof, buffer: Any, kept: bool, bucket: int = 0) -> Job:
 def test_the_device_engine_reduces_a_bucket_in_one_call_on_the_first_group(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from stragglar.ddp.worker import _queued
-
     stand_in = DeviceStandIn(monkeypatch)
     recorded: list[tuple[Any, ...]] = []
     reducer = Reducer(("early", "late"), 3, 20.0, 0.01, lambda *a: recorded.append(a[:3]), engine="device")
     job = device_job(prove(synthesize("stragglar", 3)), torch.arange(4.0), kept=False)
     first, second = reducer.stages(job)
-    assert second is _queued  # the whole call on the first thread: nothing to split
-    first(None)
+    second(first(None))  # staged: the whole call on the first thread, nothing for the second
     assert job.future.value().tolist() == [0.0, 1.0, 2.0, 3.0]  # three ranks' sum, averaged
     assert stand_in.calls == [
         {
@@ -388,8 +401,10 @@ def test_the_device_engine_reduces_a_bucket_in_one_call_on_the_first_group(
             "late_rank": 2,
             "lockstep": True,
             "engine": "device",
+            "async_op": False,
         }
     ]
+    assert stand_in.waits == [] and reducer.in_flight.count == 0
     assert stand_in.registered == [] and reducer.registrations == {}  # not kept: staged
     assert recorded == [("stragglar", 16, 0)]
 
@@ -433,3 +448,56 @@ def test_a_bucket_that_cannot_be_registered_runs_staged_and_says_so_once(
     assert [r.getMessage() for r in caplog.records] == [
         f"device engine: bucket 0 runs staged (through the inboxes): {refusal}"
     ]
+
+
+def test_a_settled_bucket_is_launched_on_the_first_thread_and_waited_for_on_the_second(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A kept bucket's first call runs whole on the first thread (it registers and checks its
+    setup over the first group); from its second, the first thread launches and the second waits
+    (over the second group).  A call that may gather over the first group waits first until the
+    second thread has waited for every work before it, so that every rank issues its collectives
+    on the two groups in one order."""
+    stand_in = DeviceStandIn(monkeypatch)
+    reducer = Reducer(("early", "late"), 3, 20.0, engine="device")
+    proof = prove(synthesize("stragglar", 3))
+    bucket = torch.arange(4.0)
+
+    def stages(buffer: Any, kept: bool, number: int = 0) -> tuple[Job, Any, Any]:
+        job = device_job(proof, buffer, kept, number)
+        return (job, *reducer.stages(job))
+
+    job, first, second = stages(bucket, kept=True)
+    handed = first(None)
+    assert handed is None and job.future.done()  # the first call: registered, whole
+    assert [c["async_op"] for c in stand_in.calls] == [False] and len(stand_in.registered) == 1
+    job, first, second = stages(bucket, kept=True)
+    handed = first(None)
+    assert handed is not None and not job.future.done() and reducer.in_flight.count == 1
+    second(handed)
+    assert job.future.value().tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert stand_in.waits == [(1, "late")] and reducer.in_flight.count == 0
+    # launched and not waited for, then a bucket never seen: its call waits for that wait
+    job, first, second = stages(bucket, kept=True)
+    handed = first(None)
+    other, other_first, other_second = stages(torch.arange(6.0), kept=True, number=1)
+    thread = threading.Thread(target=lambda: other_second(other_first(None)))
+    thread.start()
+    time.sleep(0.2)
+    assert len(stand_in.calls) == 3 and thread.is_alive()  # waiting for the second thread
+    second(handed)
+    thread.join(5)
+    assert not thread.is_alive() and other.future.done() and len(stand_in.calls) == 4
+    assert [c["async_op"] for c in stand_in.calls] == [False, True, True, False]
+    assert stand_in.waits == [(1, "late"), (2, "late")]
+
+
+def test_a_drain_that_never_ends_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    DeviceStandIn(monkeypatch)
+    reducer = Reducer(("early", "late"), 3, 0.2, engine="device")
+    reducer.in_flight.add()  # a work the second thread never waits for
+    job = device_job(prove(synthesize("stragglar", 3)), torch.arange(4.0), kept=False)
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"the device calls in flight did not end within 0\.2 s$"):
+        reducer.stages(job)[0](None)
+    assert time.monotonic() - start < 2

@@ -42,7 +42,8 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Protocol
@@ -246,6 +247,8 @@ class Reducer:
     graphs: bool = True
     engine: str = "rounds"
     registrations: dict[int, Registration | None] = field(default_factory=dict)
+    settled: OrderedDict[Hashable, None] = field(default_factory=OrderedDict)
+    in_flight: InFlight = field(default_factory=lambda: InFlight())
 
     def __call__(self, job: Job) -> None:
         """Both stages, one after the other, on the caller's thread."""
@@ -256,9 +259,11 @@ class Reducer:
 
     def stages(self, job: Job) -> tuple[Callable[[Any], Any], Callable[[Any], None]]:
         """The two stages as a :class:`BucketWorker` runs them: on the host each on its own
-        thread; stream-ordered, or one kernel launch a bucket, both on the first thread, in turn
-        (see the module's notes)."""
-        if job.order.stream_ordered or self.engine == DEVICE:
+        thread; stream-ordered, both on the first thread, in turn (see the module's notes); on
+        the device engine, the launch on the first and the wait on the second."""
+        if self.engine == DEVICE:
+            return (lambda _: self._launch(job)), functools.partial(self._wait, job)
+        if job.order.stream_ordered:
             return (lambda _: self(job)), _queued
         return (lambda _: self.early(job)), functools.partial(self.late, job)
 
@@ -293,22 +298,71 @@ class Reducer:
         job.future.set_result(job.buffer)
 
     def _on_device(self, job: Job) -> None:
+        """A bucket's whole device call, on the caller's thread (or the first worker thread, where
+        the call may gather over ``groups[0]``: see :meth:`_launch`)."""
         with job.order.running(job.ready, 0):
             if job.kept:
                 self._register(job)
             watch = job.order.clock()
-            allreduce(
-                job.buffer,
-                job.proof,
-                group=self.groups[0],
-                straggler_delay=self.straggler_delay,
-                timeout=self.timeout,
-                tag=job.bucket % (MAX_TAG + 1),
-                late_rank=job.late_rank,
-                lockstep=True,
-                engine=DEVICE,
-            )
+            self._device_call(job, False)
             self._done(job, watch)
+            held = self.registrations.get(job.bucket)
+            if held is not None:
+                self.settled[self._setup(job, held)] = None
+                while len(self.settled) > SETTLED:
+                    self.settled.popitem(last=False)
+
+    def _launch(self, job: Job) -> Any:
+        """The first worker thread's stage: launch the bucket's kernel, and hand the work to the
+        second thread to wait for (on ``groups[1]``), so that the next bucket's kernel is
+        launched while this one waits for the late rank.  A call that may gather over
+        ``groups[0]`` (a registration, a setup's first call, a staged call, whose state may be
+        made anew) runs whole here instead, once the second thread has waited for every work
+        before it: then every rank issues its collectives on the two groups in one order."""
+        held = self.registrations.get(job.bucket)
+        settled = job.kept and held is not None and held.holds(job.buffer)
+        if not (settled and self._setup(job, held) in self.settled):
+            self.in_flight.drain(self.timeout)
+            self._on_device(job)
+            return None
+        with job.order.running(job.ready, 0):
+            watch = job.order.clock()
+            work = self._device_call(job, True)
+            self.in_flight.add()
+            return work, watch, job.order.ready()
+
+    def _wait(self, job: Job, handed: Any) -> None:
+        """The second worker thread's stage: wait for the work :meth:`_launch` handed over (None:
+        the call ran whole there), then divide and complete the Future."""
+        if handed is None:
+            return
+        work, watch, ready = handed
+        try:
+            with job.order.running(ready, 1):
+                work.wait(self.groups[1])
+                self._done(job, watch)
+        finally:
+            self.in_flight.done()
+
+    def _device_call(self, job: Job, launch_only: bool) -> Any:
+        return allreduce(
+            job.buffer,
+            job.proof,
+            group=self.groups[0],
+            straggler_delay=self.straggler_delay,
+            timeout=self.timeout,
+            tag=job.bucket % (MAX_TAG + 1),
+            late_rank=job.late_rank,
+            lockstep=True,
+            engine=DEVICE,
+            async_op=launch_only,
+        )
+
+    @staticmethod
+    def _setup(job: Job, held: Registration | None) -> Hashable:
+        """What a call's header check and device state depend on, besides its buffer."""
+        number = None if held is None else held.number
+        return (job.bucket, job.proof.schedule.fingerprint, job.late_rank, number)
 
     def _register(self, job: Job) -> None:
         """Register a kept bucket's buffer on its first call; let go of a registration whose
@@ -343,6 +397,32 @@ class Reducer:
             rounds=rounds,
             lockstep=True,
         )
+
+
+class InFlight:
+    """How many device calls the first worker thread launched that the second has not waited
+    for yet; :meth:`drain` waits, bounded, until there are none."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.changed = threading.Condition()
+
+    def add(self) -> None:
+        with self.changed:
+            self.count += 1
+
+    def done(self) -> None:
+        with self.changed:
+            self.count -= 1
+            self.changed.notify_all()
+
+    def drain(self, timeout: float) -> None:
+        with self.changed:
+            if not self.changed.wait_for(lambda: self.count == 0, timeout):
+                raise TimeoutError(f"the device calls in flight did not end within {timeout:g} s")
+
+
+SETTLED = 512  # setups remembered as checked: fewer than the runtime's lockstep checks remember
 
 
 def _queued(_: Any) -> None:
