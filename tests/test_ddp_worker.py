@@ -21,15 +21,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from stragglar.ddp.worker import (  # noqa: E402
-    BucketWorker,
-    HostOrder,
-    HostWatch,
-    Job,
-    Reducer,
-    StreamOrder,
-    dedicated_group,
-)
+from stragglar.ddp.orders import HostOrder, HostWatch, StreamOrder  # noqa: E402
+from stragglar.ddp.worker import BucketWorker, Job, Reducer, dedicated_group  # noqa: E402
 from stragglar.measure.data import expected, payload  # noqa: E402
 from stragglar.measure.launch import launch  # noqa: E402
 from stragglar.runtime import plan_for, rounds_without  # noqa: E402

@@ -14,19 +14,10 @@ from stragglar.args import as_rank
 from stragglar.ddp.agreement import disagreement, encode
 from stragglar.ddp.metrics import report
 from stragglar.ddp.options import check_device_bucket, check_options
+from stragglar.ddp.orders import HostOrder, Order, StreamOrder
 from stragglar.ddp.probe import LateRankProbe
 from stragglar.ddp.state_parts import Connection, Decision, Learned, ProofKey, Resources
-from stragglar.ddp.worker import (
-    CLOSE_WAIT,
-    DEVICE,
-    BucketWorker,
-    HostOrder,
-    Job,
-    Order,
-    Reducer,
-    StreamOrder,
-    dedicated_group,
-)
+from stragglar.ddp.worker import CLOSE_WAIT, DEVICE, BucketWorker, Job, Reducer, dedicated_group
 from stragglar.errors import InputError
 from stragglar.formats.traces import TraceWriter
 from stragglar.model import Network
@@ -106,8 +97,9 @@ class StragglarState:
     hidden phase while the late rank's is not launched yet; DDP's buckets, the same tensors from
     the second step on, are registered then (:func:`~stragglar.runtime.register_buffer`), so their
     chunks move straight between the ranks' buckets; FSDP's shards, new at each step, and a bucket
-    that cannot be registered run staged, through the receivers' inboxes.  On the worker thread a
-    bucket's call waits for the late rank, so the next bucket's kernel starts after it.
+    that cannot be registered run staged, through the receivers' inboxes.  With ``asynchronous``,
+    the first worker thread launches a bucket's kernel and the second waits for it, so every
+    bucket's hidden phase starts as soon as its gradients are ready (:mod:`stragglar.ddp.worker`).
     ``record=PATH`` is given on every rank, with any policy (every rank runs the probe): the trace
     ``stragglar whatif`` replays
     (:class:`~stragglar.formats.traces.TraceWriter`: JSON Lines of step, rank and time, the time

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from stragglar.ddp.orders import StreamOrder, Watch
 from stragglar.ddp.probe import LateRankProbe
-from stragglar.ddp.worker import BucketWorker, Reducer, StreamOrder, Watch
+from stragglar.ddp.worker import BucketWorker, Reducer
 from stragglar.formats.traces import TraceWriter
 from stragglar.model.detect import Detection
 from stragglar.model.policy import AutoPolicy, Choice, Outlook

@@ -22,178 +22,53 @@ AllReduce overlaps the rest of backward.  So the hook only hands the bucket to a
 * Buckets the policy gives to the engine's all_reduce do not come here: the hook issues them on
   DDP's own group, asynchronously, as DDP's default hook does (the engine runs them on its own
   threads or streams; a Python thread in between only adds latency).
-* On CUDA (:class:`StreamOrder`) each stage runs on a side stream of its own: the first after an
-  event the caller recorded on its stream when the gradients were ready, the second after an
-  event the first recorded after its rounds.  No round waits on the host
+* On CUDA (:class:`~stragglar.ddp.orders.StreamOrder`) each stage runs on a side stream of its
+  own: the first after an event the caller recorded on its stream when the gradients were ready,
+  the second after an event the first recorded after its rounds.  No round waits on the host
   (:func:`~stragglar.runtime.allreduce` with ``stream_ordered``), and the Future is a CUDA Future
   completed with the second side stream current: DDP's stream waits for it only when it reads the
   result.  One thread queues both stages of each bucket in turn: NCCL asks that operations on
   different communicators be issued in the same order on every rank (two threads would interleave
   them by timing), and since queuing does not wait, a later bucket's first stage still runs on
   the device while an earlier bucket's second stage waits for the straggler.  On CPU
-  (:class:`HostOrder`) the rounds block, so there each stage has its thread.
+  (:class:`~stragglar.ddp.orders.HostOrder`) the rounds block, so there each stage has its
+  thread.  (How stages are ordered and timed: :mod:`stragglar.ddp.orders`.)
+* On the device engine a bucket is one kernel launch a rank.  The first thread launches it, the
+  second waits for it (the engine gathers every rank's words over the second group), so while
+  one bucket's kernels wait for the straggler the next bucket's are launched and run their hidden
+  phase.  A call that may gather over the first group (a bucket's registration, a setup's first
+  call, a staged call) runs whole on the first thread, once the second has waited for every
+  call before it: every rank then issues its collectives on the two groups in one order, as
+  NCCL asks.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import queue
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from stragglar.ddp.orders import Order, Watch
 from stragglar.ddp.probe import Stopwatch
 from stragglar.errors import InputError
 from stragglar.model.policy import STRAGGLAR
 from stragglar.runtime import MAX_TAG, Registration, allreduce, register_buffer, rounds_without
 from stragglar.verify import Proof
 
-__all__ = [
-    "BucketWorker",
-    "EventWatch",
-    "HostOrder",
-    "HostWatch",
-    "Job",
-    "Order",
-    "Reducer",
-    "StreamOrder",
-    "Watch",
-    "dedicated_group",
-]
+__all__ = ["BucketWorker", "InFlight", "Job", "Reducer", "dedicated_group"]
 
 DEVICE = "device"  # the engine that runs a bucket's whole AllReduce as one kernel launch a rank
 LOG = logging.getLogger("stragglar")
-
-
-class Watch(Stopwatch, Protocol):
-    """A stopwatch started when made; :meth:`stop` marks the end (on the host, or on the current
-    stream).  Made with ``after`` (the watch of the operation queued before it on the same
-    queue), it counts from the later of its start and that one's end: the time the operation
-    itself took, not the time it waited in the queue."""
-
-    def stop(self) -> None: ...
-
-
-class Order(Protocol):
-    """How a bucket's work is ordered after the gradients that fill it, and how it is timed."""
-
-    stream_ordered: bool
-
-    def ready(self) -> Any: ...
-
-    def running(self, ready: Any, stage: int) -> contextlib.AbstractContextManager[None]: ...
-
-    def future(self) -> torch.futures.Future[torch.Tensor]: ...
-
-    def clock(self, after: Any = None) -> Watch: ...
-
-
-class HostWatch:
-    """A :class:`Watch` on the host clock."""
-
-    def __init__(self, after: HostWatch | None = None) -> None:
-        self.start = time.perf_counter()
-        self.end: float | None = None
-        self._after = after
-
-    def stop(self) -> None:
-        self.end = time.perf_counter()
-        if self._after is not None and self._after.end is not None:
-            self.start = max(self.start, self._after.end)
-        self._after = None  # no chain of watches
-
-    def seconds(self) -> float | None:
-        return None if self.end is None else self.end - self.start
-
-
-class HostOrder:
-    """CPU buffers: the gradients are ready when the hook is called, a stage's rounds are done when
-    it returns; the worker's threads block on each round."""
-
-    stream_ordered = False
-
-    def ready(self) -> None:
-        return None
-
-    def running(self, ready: Any, stage: int) -> contextlib.AbstractContextManager[None]:
-        return contextlib.nullcontext()
-
-    def future(self) -> torch.futures.Future[torch.Tensor]:
-        return torch.futures.Future()
-
-    def clock(self, after: Any = None) -> HostWatch:
-        return HostWatch(after)
-
-
-class EventWatch:
-    """A :class:`Watch` of CUDA events on the current streams, read once the device has passed
-    its end (never waited for: a timing not known yet is left out)."""
-
-    def __init__(self, cuda: Any, device: torch.device, after: EventWatch | None = None) -> None:
-        self.cuda, self.device = cuda, device
-        self.start = cuda.Event(enable_timing=True)
-        self.end = cuda.Event(enable_timing=True)
-        self.start.record(cuda.current_stream(device))
-        self._after = None if after is None else after.end  # an event, not the watch: no chain
-
-    def stop(self) -> None:
-        self.end.record(self.cuda.current_stream(self.device))
-
-    def seconds(self) -> float | None:
-        if not self.end.query():
-            return None
-        took = float(self.start.elapsed_time(self.end))
-        if self._after is not None and self._after.query():
-            since = float(self._after.elapsed_time(self.end))
-            took = since if 0 <= since < took else took
-        return took / 1e3
-
-
-class StreamOrder:
-    """CUDA buffers: each stage of a bucket's work runs on a side stream of its own, after the
-    event before it (the gradients', then the first stage's).
-
-    ``cuda`` is :mod:`torch.cuda` (tests pass a fake with the same ``Stream``, ``Event``,
-    ``current_stream``, ``stream`` and ``device``).
-    """
-
-    stream_ordered = True
-
-    def __init__(self, device: torch.device, cuda: Any = None) -> None:
-        self.cuda = torch.cuda if cuda is None else cuda
-        self.device = device
-        self.sides = (self.cuda.Stream(device=device), self.cuda.Stream(device=device))
-
-    def ready(self) -> Any:
-        """An event on the current stream: on the caller's, after the bucket's gradients; on the
-        first stage's side stream, after its rounds."""
-        event = self.cuda.Event()
-        event.record(self.cuda.current_stream(self.device))
-        return event
-
-    @contextlib.contextmanager
-    def running(self, ready: Any, stage: int) -> Iterator[None]:
-        """On the worker: ``stage``'s side stream current, waiting (on the device) for ``ready``."""
-        side = self.sides[stage]
-        with self.cuda.device(self.device), self.cuda.stream(side):
-            side.wait_event(ready)
-            yield
-
-    def future(self) -> torch.futures.Future[torch.Tensor]:
-        """A CUDA Future: completed on the side stream, it makes its reader's stream wait for it."""
-        return torch.futures.Future(devices=[self.device])
-
-    def clock(self, after: Any = None) -> EventWatch:
-        return EventWatch(self.cuda, self.device, after)
 
 
 @dataclass(frozen=True, slots=True)
