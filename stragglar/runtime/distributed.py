@@ -27,7 +27,7 @@ from typing import Any, Literal, Protocol, overload
 
 from stragglar.args import MAX_DELAY, MAX_TIMEOUT, as_flag, as_int, as_seconds
 from stragglar.errors import ArgumentError, InputError, described
-from stragglar.runtime.arrays import Array, check_summable, dtype_name, flat_view, in_place_refusal
+from stragglar.runtime.arrays import Array, check_summable, dtype_name, flat_view
 from stragglar.runtime.channels import ROUNDS_PER_TAG, Channels, as_tag
 from stragglar.runtime.clock import Timeline
 from stragglar.runtime.cupy_nccl import NcclEngine, NcclGroup
@@ -42,7 +42,7 @@ from stragglar.runtime.device.buffers import (
 from stragglar.runtime.device.group import DeviceCall, DeviceWork, Gather
 from stragglar.runtime.device.shared import Registration, register, registered
 from stragglar.runtime.graphs import Capturing, release, shared
-from stragglar.runtime.header import Header, MismatchError, Problem, make_header, mismatch
+from stragglar.runtime.header import agree, inspect_call
 from stragglar.runtime.interpreter import Packing, Transport, run_rank, run_rank_replayed
 from stragglar.runtime.plans import late_rank_for, plan_for
 from stragglar.runtime.program import Plan
@@ -238,7 +238,7 @@ def allreduce(
     runner = engine_for(data, group, stream_ordered, graphs)
     late_rank = late_rank_for(proof.schedule, late_rank, runner.size)
     with runner.stream:
-        flat, header, problem = _inspect(data, proof, tag, late_rank, part, runner.sendable)
+        flat, header, problem = inspect_call(data, proof, tag, late_rank, part, runner.sendable)
         registration = registered(runner.owner, flat) if on_device and flat is not None else None
         header = header._replace(
             on_device=int(on_device), registered=0 if registration is None else registration.number
@@ -249,7 +249,7 @@ def allreduce(
         with _channels.enter(runner.owner, channel, header, lockstep=lockstep) as call:
             if call.must_check:
                 gathered = runner.gather(header, data if flat is None else flat, wait, channel)
-                _agree(header, gathered, runner.size)
+                agree(header, gathered, runner.size)
                 if problem is None:
                     call.agreed()
             if problem is not None:
@@ -471,40 +471,3 @@ def _check_rounds(rounds: Any, proof: Proof) -> tuple[int, int | None]:
 
 def _plus(timeout: float | None, delay: float) -> float | None:
     return None if timeout is None else timeout + delay
-
-
-def _inspect(
-    data: Any,
-    proof: Proof,
-    tag: int,
-    late_rank: int,
-    rounds: tuple[int, int | None],
-    sendable: Callable[[str], object],
-) -> tuple[Any, Header, Exception | None]:
-    """(the flat view or None, this rank's header, the error this rank must raise or None)."""
-    refusal = in_place_refusal(data)
-    if refusal is not None:
-        header = make_header(proof, None, None, tag, late_rank, Problem.NOT_WRITABLE, rounds)
-        return None, header, InputError(refusal)
-    try:
-        flat = flat_view(data)
-    except TypeError as e:  # a dtype nothing here supports
-        return None, make_header(proof, None, None, tag, late_rank, Problem.DTYPE, rounds), e
-    except InputError as e:  # not contiguous
-        return None, make_header(proof, None, None, tag, late_rank, Problem.NOT_CONTIGUOUS, rounds), e
-    dtype = dtype_name(flat)
-    try:
-        sendable(dtype)
-    except TypeError as e:  # e.g. an NCCL build without bfloat16
-        return None, make_header(proof, dtype, None, tag, late_rank, Problem.UNSENDABLE, rounds), e
-    return flat, make_header(proof, dtype, int(flat.shape[0]), tag, late_rank, rounds=rounds), None
-
-
-def _agree(mine: Header, gathered: Sequence[Sequence[int]], size: int) -> None:
-    """Raise the same MismatchError on every rank unless every header equals this rank's.
-
-    A rank with a problem of its own raises its own error after the gather instead."""
-    headers = [Header(*h) for h in gathered]
-    reason = mismatch(headers, size)
-    if reason is not None and not mine.problem:
-        raise MismatchError(reason)

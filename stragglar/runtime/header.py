@@ -25,7 +25,7 @@ from enum import IntEnum
 from typing import Any, NamedTuple
 
 from stragglar.errors import InputError
-from stragglar.runtime.arrays import DTYPES
+from stragglar.runtime.arrays import DTYPES, dtype_name, flat_view, in_place_refusal
 from stragglar.schedule import ALGORITHMS
 from stragglar.verify import Proof
 
@@ -35,6 +35,8 @@ __all__ = [
     "Header",
     "MismatchError",
     "Problem",
+    "agree",
+    "inspect_call",
     "make_header",
     "mismatch",
     "ranks_in_words",
@@ -218,3 +220,41 @@ def _plural(verb_phrase: str, n: int) -> str:
     verb, _, rest = verb_phrase.partition(" ")
     verb = {"have": "has"}.get(verb, verb + "s")
     return f"{verb} {rest}"
+
+
+def inspect_call(
+    data: Any,
+    proof: Proof,
+    tag: int,
+    late_rank: int,
+    rounds: tuple[int, int | None],
+    sendable: Callable[[str], object],
+) -> tuple[Any, Header, Exception | None]:
+    """A call's ``data`` as its engine sends it: (the flat view or None, this rank's header, the
+    error this rank must raise after the header's gather or None)."""
+    refusal = in_place_refusal(data)
+    if refusal is not None:
+        header = make_header(proof, None, None, tag, late_rank, Problem.NOT_WRITABLE, rounds)
+        return None, header, InputError(refusal)
+    try:
+        flat = flat_view(data)
+    except TypeError as e:  # a dtype nothing here supports
+        return None, make_header(proof, None, None, tag, late_rank, Problem.DTYPE, rounds), e
+    except InputError as e:  # not contiguous
+        return None, make_header(proof, None, None, tag, late_rank, Problem.NOT_CONTIGUOUS, rounds), e
+    dtype = dtype_name(flat)
+    try:
+        sendable(dtype)
+    except TypeError as e:  # e.g. an NCCL build without bfloat16
+        return None, make_header(proof, dtype, None, tag, late_rank, Problem.UNSENDABLE, rounds), e
+    return flat, make_header(proof, dtype, int(flat.shape[0]), tag, late_rank, rounds=rounds), None
+
+
+def agree(mine: Header, gathered: Sequence[Sequence[int]], size: int) -> None:
+    """Raise the same MismatchError on every rank unless every header equals this rank's.
+
+    A rank with a problem of its own raises its own error after the gather instead."""
+    headers = [Header(*h) for h in gathered]
+    reason = mismatch(headers, size)
+    if reason is not None and not mine.problem:
+        raise MismatchError(reason)
