@@ -19,9 +19,14 @@ as it is open (a loop over many registered buffers does not make states anew eac
 end-of-call gather is also what keeps a peer from writing this rank's buffer once its call has
 returned.
 
+A call comes in two halves (:class:`DeviceCall`): the launch, and the wait with its gather
+(:class:`DeviceWork`).  A caller may launch calls on several buffers before it waits for the
+first (``async_op``), so that each one's hidden phase runs while the late rank is away; a state
+is its call's until that call's gather, so a second launch on it before then is refused.
+
 Every rank of a group makes the same calls (the header check sees to it), so the ranks make and
 drop their states together, least recently used first; a dropped state closes the peers' memory
-it opened and frees its own.
+it opened and frees its own, once its last kernel has ended.
 """
 
 from __future__ import annotations
