@@ -155,8 +155,9 @@ def test_torch_cuda_tensors_bfloat16_included(dtype: str) -> None:
 
 def device_rank(rank: int, world: int) -> bool:
     """A rank of its own process on a torch NCCL group: the device engine, twice on fresh tensors
-    (staged), then twice on a registered one (direct transfers), exact; a registration left open
-    on a group is closed as the group is destroyed."""
+    (staged), then twice on a registered one (direct transfers), then three registered ones at
+    once (``async_op``), exact; a registration left open on a group is closed as the group is
+    destroyed."""
     import torch
     import torch.distributed as dist
 
@@ -172,6 +173,27 @@ def device_rank(rank: int, world: int) -> bool:
             want = base * world * world + world * (world - 1) // 2 + world * call
             if not torch.equal(tensor, want):
                 raise AssertionError(f"rank {rank} call {call}: {int((tensor != want).sum())} wrong elements")
+    # three registered tensors at once (async_op), each waited for over a second group, as the DDP
+    # hook's second thread waits; the second step is launched with every setup checked already
+    other = dist.new_group(list(range(world)))
+    several = [torch.empty_like(base) for _ in range(3)]
+    registrations = [register_buffer(t, timeout=60) for t in several]
+    for step in range(2):
+        for k, t in enumerate(several):
+            t.copy_(base * world + rank + 10 * k + step)
+        works = [
+            allreduce(t, proof, timeout=60, lockstep=True, engine="device", async_op=True) for t in several
+        ]
+        for work in works:
+            work.wait(other)
+        for k, t in enumerate(several):
+            want = base * world * world + world * (world - 1) // 2 + world * (10 * k + step)
+            if not torch.equal(t, want):
+                raise AssertionError(
+                    f"rank {rank} async step {step} tensor {k}: {int((t != want).sum())} wrong"
+                )
+    for registration in registrations:
+        registration.close()
     sub = dist.new_group(list(range(world)))
     left = register_buffer(torch.empty_like(base), sub, timeout=60)  # never closed by the script
     dist.destroy_process_group(sub)
