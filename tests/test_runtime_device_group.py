@@ -636,7 +636,9 @@ def test_an_async_call_is_waited_for_once_and_its_buffer_not_launched_on_before(
 
     *results, _, _ = run_ranks(n, rank)
     refusals = [
-        "the device engine's last call on this buffer was launched and not waited for: wait() for it first",
+        "a device call with this setup (group, schedule, element count and dtype, or its registered "
+        "buffer) was launched and not waited for: wait() for it first (each registered buffer has a "
+        "setup of its own)",
         "this device call was waited for already",
     ]
     assert results == [refusals] * n, results

@@ -163,8 +163,9 @@ class DeviceRank:
         finished: its inbox and flags are that call's until every rank's words say it ended."""
         if self.in_flight is not None:
             raise InputError(
-                "the device engine's last call on this buffer was launched and not waited for: "
-                "wait() for it first"
+                "a device call with this setup (group, schedule, element count and dtype, or its "
+                "registered buffer) was launched and not waited for: wait() for it first (each "
+                "registered buffer has a setup of its own)"
             )
         self.call += 1
         if not self.counted:  # the device's count as the host's (and every peer's), once the
