@@ -104,14 +104,20 @@ class Reducer:
 
     On the device engine (``engine="device"``) a bucket is one call, one kernel launch on each
     rank, on ``groups[0]``: the punctual ranks' kernels run the hidden phase while the late rank's
-    is not launched yet, so there is nothing to split, and ``record`` receives the whole call's
-    time (the late rank's, from its arrival, is the fastest, the one the policy reads).  A job's
-    buffer that the caller keeps (``Job.kept``: DDP's buckets) is registered on its first call
+    is not launched yet.  The first stage launches it and the second waits for it (gathering every
+    rank's words over ``groups[1]``); ``record`` receives the whole call's time (the late rank's,
+    from its arrival, is the fastest, the one the policy reads).  A job's buffer that the caller
+    keeps (``Job.kept``: DDP's buckets) is registered on its first call
     (:func:`~stragglar.runtime.register_buffer`), so that its later calls move chunks straight
-    between the ranks' buckets; ``registrations`` holds them by bucket number, None where the
-    buffer could not be registered (its calls run staged, through the receivers' inboxes) or has
-    moved.  Every rank makes the same jobs in the same order, so every rank registers, or fails
-    to, at the same call.
+    between the ranks' buckets.  Every rank makes the same jobs in the same order, so every rank
+    registers, or fails to, at the same call.  What the device engine keeps, by role:
+
+    * ``registrations``: the buckets' registrations by bucket number, None where the buffer could
+      not be registered (its calls run staged, through the receivers' inboxes) or has moved;
+    * ``settled``: the setups (:meth:`_setup`) whose first call ran whole, its header checked and
+      its state made, so that their later calls gather nothing over ``groups[0]`` and may be
+      launched and waited for on two threads (the :data:`SETTLED` most recent);
+    * ``in_flight``: the calls the first stage launched that the second has not waited for yet.
     """
 
     groups: tuple[Any, Any]
