@@ -590,7 +590,7 @@ def device_path_rank(
 
     def allreduce(data: torch.Tensor, proof: Any, **kwargs: Any) -> Any:
         assert kwargs.pop("engine") == "device"
-        launched = kwargs.pop("async_op")
+        launched = kwargs.pop("async_op", False)
         events.append(("launch" if launched else "call", state.steps, data.numel(), holds(data)))
         rounds(data, proof, **kwargs)  # whole, at the launch: the wait has nothing left to do
         return Launched() if launched else None

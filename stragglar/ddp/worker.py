@@ -226,18 +226,19 @@ class Reducer:
             self.in_flight.done()
 
     def _device_call(self, job: Job, launch_only: bool) -> Any:
-        return allreduce(
-            job.buffer,
-            job.proof,
-            group=self.groups[0],
-            straggler_delay=self.straggler_delay,
-            timeout=self.timeout,
-            tag=job.bucket % (MAX_TAG + 1),
-            late_rank=job.late_rank,
-            lockstep=True,
-            engine=DEVICE,
-            async_op=launch_only,
-        )
+        """The bucket's device call on ``groups[0]``: whole, or only launched (a work to wait for)."""
+        options: dict[str, Any] = {
+            "group": self.groups[0],
+            "straggler_delay": self.straggler_delay,
+            "timeout": self.timeout,
+            "tag": job.bucket % (MAX_TAG + 1),
+            "late_rank": job.late_rank,
+            "lockstep": True,
+            "engine": DEVICE,
+        }
+        if launch_only:
+            return allreduce(job.buffer, job.proof, async_op=True, **options)
+        return allreduce(job.buffer, job.proof, **options)
 
     @staticmethod
     def _setup(job: Job, held: Registration | None) -> Hashable:

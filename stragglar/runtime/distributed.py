@@ -140,22 +140,6 @@ def allreduce(
 ) -> DeviceWork: ...
 
 
-@overload
-def allreduce(
-    data: Any,
-    proof: Proof,
-    group: Any = ...,
-    straggler_delay: float = ...,
-    *,
-    timeout: float | None = ...,
-    tag: int = ...,
-    late_rank: int | None = ...,
-    lockstep: bool = ...,
-    engine: str = ...,
-    async_op: bool,
-) -> Timeline | DeviceWork: ...
-
-
 def allreduce(
     data: Any,
     proof: Proof,
