@@ -555,14 +555,18 @@ def test_the_hook_names_the_late_rank_in_its_log_its_figures_and_its_metrics(
     assert 'stragglar_persistent{rank="1"} 1' in first["metrics"]
 
 
+Event = tuple[str, int, int, bool]  # what, step, bucket size, whether a registration holds the bucket
+
+
 def device_path_rank(
     rank: int, n: int, asynchronous: bool, view: bool, steps: int
-) -> list[tuple[str, int, int, bool]]:
+) -> tuple[list[Event], int, list[tuple[int, float]]]:
     """The hook with ``engine="device"`` in real DDP on gloo, the device engine stood in by the
-    rounds engine (its kernels need a GPU; they are tested on their own): the gradients are the
-    default hook's, and each call (whole, or launched for the second thread to wait for) and
-    registration is noted as (what, step, bucket size, whether an open registration holds the
-    bucket's tensor), then the groups the launched calls were waited on."""
+    rounds engine (its kernels need a GPU; they are tested on their own), rank n - 1 late by
+    0.2 s at every step: a launched call runs the rounds in a thread of its own (each bucket's on
+    its own tag), which its wait joins.  The gradients are the default hook's.  Returns each call
+    (whole, or launched for the second thread to wait for) and registration, how many works were
+    waited for (each on the hook's second group), and when each launch was made, by step."""
     from unittest import mock
 
     from test_ddp_worker import Held
@@ -572,7 +576,9 @@ def device_path_rank(
 
     state = StragglarState(engine="device", asynchronous=asynchronous, timeout=20)
     held: list[Held] = []
-    events: list[tuple[str, int, int, bool]] = []
+    events: list[Event] = []
+    launches: list[tuple[int, float]] = []
+    waited: list[Any] = []
 
     def holds(data: torch.Tensor) -> bool:
         return any(r.holds(data) for r in held)
@@ -582,18 +588,35 @@ def device_path_rank(
         held.append(Held(data))
         return held[-1]
 
-    waited: list[Any] = []
-
     class Launched:
+        """The rounds in a thread, as a kernel runs on its own; the wait joins it."""
+
+        def __init__(self, data: torch.Tensor, proof: Any, options: dict[str, Any]) -> None:
+            self.error: Exception | None = None
+            self.thread = threading.Thread(target=self.run, args=(data, proof, options))
+            self.thread.start()
+
+        def run(self, data: torch.Tensor, proof: Any, options: dict[str, Any]) -> None:
+            try:
+                rounds(data, proof, **options)
+            except Exception as e:  # noqa: BLE001: raised by the wait
+                self.error = e
+
         def wait(self, group: Any = None) -> None:
             waited.append(group)
+            self.thread.join(30)
+            assert not self.thread.is_alive()
+            if self.error is not None:
+                raise self.error
 
-    def allreduce(data: torch.Tensor, proof: Any, **kwargs: Any) -> Any:
-        assert kwargs.pop("engine") == "device"
-        launched = kwargs.pop("async_op", False)
+    def allreduce(data: torch.Tensor, proof: Any, **options: Any) -> Any:
+        assert options.pop("engine") == "device"
+        launched = options.pop("async_op", False)
         events.append(("launch" if launched else "call", state.steps, data.numel(), holds(data)))
-        rounds(data, proof, **kwargs)  # whole, at the launch: the wait has nothing left to do
-        return Launched() if launched else None
+        if launched:
+            launches.append((state.steps, time.perf_counter()))
+            return Launched(data, proof, options)
+        return rounds(data, proof, **options)
 
     with (
         mock.patch.object(hook, "check_device_bucket", lambda buffer: None),  # CPU buckets here
@@ -602,14 +625,14 @@ def device_path_rank(
     ):
         plain, hooked = twins(state, gradient_as_bucket_view=view)
         for i in range(steps):
-            step(rank, i, plain, hooked, late(rank, n - 1, 0.02))
+            step(rank, i, plain, hooked, late(rank, n - 1, 0.2))
         connection = state.resources.connection
         assert connection is not None
         second = connection.reduce.groups[1]
         state.close()
     assert all(r.closed for r in held)
     assert all(group is second for group in waited), waited
-    return [*events, ("waits", 0, len(waited), False)]
+    return events, len(waited), launches
 
 
 @pytest.mark.parametrize(("asynchronous", "view"), [(True, False), (False, False), (True, True)])
@@ -620,11 +643,13 @@ def test_the_device_engine_registers_each_ddp_bucket_once_its_tensor_stays(
     the same at every step (also where the gradients are views of it: ``view``), so the
     registration made at the second step holds every later call's bucket, on every rank alike.
     With the worker's threads, each bucket's second call on is launched by the first thread and
-    waited for by the second, on the second group; in the call, every call is whole."""
-    steps = 5
-    results = launch(device_path_rank, 3, (asynchronous, view, steps), timeout=60)
-    assert results[1] == results[0] == results[2]
-    *events, (_, _, waits, _) = results[0]
+    waited for by the second, on the second group, and every punctual rank launches every bucket
+    of a step before the late rank launches its first (their hidden phases run while it is away);
+    in the call, every call is whole."""
+    steps, n = 5, 3
+    results = launch(device_path_rank, n, (asynchronous, view, steps), timeout=60)
+    assert results[1][:2] == results[0][:2] == results[2][:2]
+    events, waits, _ = results[0]
     sizes = (1339, 1640, 560)  # DDP's buckets from the second step on (see small_model)
     assert [e for e in events if e[1] == 1] == [("call", 1, sum(sizes), False)]  # before the rebuild
     assert [e for e in events if e[0] == "register"] == [("register", 2, size, False) for size in sizes]
@@ -635,6 +660,9 @@ def test_the_device_engine_registers_each_ddp_bucket_once_its_tensor_stays(
     ]
     assert all(e[3] for e in events if e[0] != "register" and e[1] >= 2)  # the registration holds
     assert waits == (len(sizes) * (steps - 2) if asynchronous else 0)
+    for step in range(3, steps + 1) if asynchronous else ():
+        punctual = max(at for rank in range(n - 1) for s, at in results[rank][2] if s == step)
+        assert punctual < min(at for s, at in results[n - 1][2] if s == step), step
 
 
 def test_the_device_engine_refuses_a_cpu_bucket_and_a_machine_without_cupy() -> None:
