@@ -262,7 +262,7 @@ class FakeCuda:
             getDeviceProperties=lambda device: self.attributes,
         )
 
-    def Device(self, gpu: int | None = None) -> FakeDevice:  # noqa: N802: CuPy's name
+    def Device(self, gpu: int | None = None) -> FakeDevice:  # CuPy's name
         """A GPU (None: the calling thread's current one), current inside ``with``."""
         return FakeDevice(self, self.device if gpu is None else gpu)
 

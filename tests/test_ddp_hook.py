@@ -599,7 +599,7 @@ def device_path_rank(
         def run(self, data: torch.Tensor, proof: Any, options: dict[str, Any]) -> None:
             try:
                 rounds(data, proof, **options)
-            except Exception as e:  # noqa: BLE001: raised by the wait
+            except Exception as e:  # raised by the wait
                 self.error = e
 
         def wait(self, group: Any = None) -> None:

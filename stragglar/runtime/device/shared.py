@@ -165,7 +165,7 @@ def _register(
         try:
             base = allocation_base(key[0])
             handle, offset = bytes(runtime.ipcGetMemHandle(base)), key[0] - base
-        except Exception as e:  # noqa: BLE001: any refusal (an expandable segment, a stream-ordered pool) is said
+        except Exception as e:  # any refusal (an expandable segment, a stream-ordered pool) is said
             problem, reason = (
                 _UNSHAREABLE,
                 f"its memory cannot be shared over CUDA IPC ({first_line(e) or type(e).__name__})",
@@ -212,7 +212,7 @@ def _open_peers(
         handle = handle_bytes(words[5 : 5 + _WIDTH])
         try:
             addresses.append(OPENINGS.open(runtime, handle) + words[4])
-        except Exception as e:  # noqa: BLE001: any refusal is said in one line
+        except Exception as e:  # any refusal is said in one line
             for opened in handles:
                 OPENINGS.close(runtime, opened)
             return (
