@@ -127,10 +127,9 @@ def _on_device(
     queued_work_done(flats[0], devices[0])
     pointers = [pointer for pointer, _ in addresses]
     dtype, fingerprint = dtype_name(flats[0]), proof.schedule.fingerprint
-    with cupy.cuda.Device(devices[0]):  # the buffers' GPU, whichever the calling thread has current
-        return run_device_loopback(
-            cupy, pointers, count, dtype, devices[0], program, fingerprint, delay, late_rank, graphs
-        )
+    return run_device_loopback(
+        cupy, pointers, count, dtype, devices[0], program, fingerprint, delay, late_rank, graphs
+    )
 
 
 def check_own_memory(flats: Sequence[Array]) -> None:

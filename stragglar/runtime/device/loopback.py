@@ -325,7 +325,9 @@ def run_device_loopback(
     acquired at the GPU's scope; ``system`` puts them at the system's, as ranks on several GPUs
     need (what that costs, measured on one: ``benchmarks/gpu_device.py``); ``tuning``: the
     kernel's blocks and vectors (the engine's own unless measuring others:
-    ``benchmarks/gpu_tuning.py``)."""
-    loopback = device_loopback(cupy, count, dtype, device_id, program, fingerprint, system, tuning)
-    with loopback.lock:
-        return loopback.run(buffers, straggler_delay, late_rank, graphs)
+    ``benchmarks/gpu_tuning.py``).  It runs on device ``device_id``, whichever GPU the calling
+    thread has current."""
+    with cupy.cuda.Device(device_id):
+        loopback = device_loopback(cupy, count, dtype, device_id, program, fingerprint, system, tuning)
+        with loopback.lock:
+            return loopback.run(buffers, straggler_delay, late_rank, graphs)
