@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from cupy_surface import Surface, watched
 
 
 class FakeArray(np.ndarray):
@@ -30,8 +31,8 @@ class FakeArray(np.ndarray):
     def device(self) -> Any:
         return types.SimpleNamespace(id=0)
 
-    def set(self, host: np.ndarray, stream: Any = None) -> None:
-        self[...] = host
+    def set(self, arr: np.ndarray, stream: Any = None) -> None:  # CuPy's names
+        self[...] = arr
 
 
 class FakeCuda:
@@ -265,8 +266,9 @@ def installed(monkeypatch: pytest.MonkeyPatch, compile_in: Path | None = None) -
     (``compile_in``: see :func:`fake_cupy`)."""
     from stragglar.runtime import kernels, loopback_gpu
 
-    fake = FakeCuda()
-    monkeypatch.setitem(sys.modules, "cupy", fake_cupy(fake, compile_in))
+    fake, surface = FakeCuda(), Surface()
+    monkeypatch.setitem(sys.modules, "cupy", watched(fake_cupy(fake, compile_in), surface))
     monkeypatch.setattr(kernels, "_modules", {})
     monkeypatch.setattr(loopback_gpu, "_loopbacks", type(loopback_gpu._loopbacks)())
     yield fake
+    surface.check()

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from cupy_surface import Surface, watched
 from fake_cupy import FakeArray, compiled
 
 from stragglar.runtime.device.kernel import (
@@ -557,7 +558,8 @@ def installed(
     from stragglar.runtime.device import group, ipc, loopback, shared
 
     fake = FakeCuda(dict(H200 if attributes is None else attributes)) if cuda is None else cuda
-    monkeypatch.setitem(sys.modules, "cupy", fake_cupy(fake, library))
+    surface = Surface()
+    monkeypatch.setitem(sys.modules, "cupy", watched(fake_cupy(fake, library), surface))
     monkeypatch.setattr(loopback, "_loopbacks", type(loopback._loopbacks)())
     monkeypatch.setattr(group, "_ranks", type(group._ranks)())
     monkeypatch.setattr(shared, "_registry", {})
@@ -566,3 +568,4 @@ def installed(
     monkeypatch.setattr(shared, "OPENINGS", ipc.OPENINGS)
     monkeypatch.setattr(shared, "allocation_base", fake.base_of)
     yield fake
+    surface.check()

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from cupy_surface import bare
 from fake_device import H200, MappedCuda, host_or_skip, installed
 
 from stragglar.runtime import allreduce_local
@@ -69,7 +70,7 @@ def rank_process(
     try:
         import cupy  # the stand-in, installed before the fork
 
-        cuda: MappedCuda = cupy.cuda
+        cuda: MappedCuda = bare(cupy.cuda)  # the stand-in's own, with its test helpers
         algorithm, n, chunks = spec
         proof = prove(synthesize(algorithm, n, chunks=chunks))
         late = proof.schedule.late_rank
