@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pytest
-from fake_device import HostRun, host_or_skip
-from nvrtc import compile_ptx, library
+from fake_device import H200, HostRun, host_or_skip
+from nvrtc import assemble, compile_ptx, library, ptxas
 
-from stragglar.runtime.device.kernel import OWN_TUNING, SOURCE, VECTORS, kernel_name
+from stragglar.runtime.device.kernel import OWN_TUNING, SOURCE, THREADS, VECTORS, kernel_name
+from stragglar.runtime.device.loopback import resident_blocks
 from stragglar.runtime.device.lowering import lower
 from stragglar.runtime.device.prover import check
 from stragglar.runtime.device.table import WAIT, DeviceProgram
@@ -268,3 +270,26 @@ def test_a_thread_issues_all_its_vectors_loads_before_its_first_store() -> None:
             line.split()[0][:5] for line in ptx.splitlines() if line.strip().startswith(("ld.v4", "st.v4"))
         ]
         assert moves == ["ld.v4"] * (2 * vectors) + ["st.v4"] * vectors, moves
+
+
+def test_every_kernel_fits_a_block_of_threads_on_hopper_without_spilling(tmp_path: Path) -> None:
+    """A block launches only where its threads' registers fit a multiprocessor's 64K (the engine
+    refuses, before launch, a launch the GPU cannot hold): each kernel, every dtype and vector
+    count, assembled by ptxas for Hopper (sm_90), fits :data:`THREADS` threads without spilling
+    registers to memory (which would slow every move); and with its registers the engine's own
+    tuning (16 blocks a rank) leaves room on an H200 for 16 ranks at once."""
+    nvrtc, assembler = library(), ptxas()
+    if nvrtc is None or assembler is None:
+        pytest.skip("needs the nvidia-cuda-nvrtc and nvidia-cuda-nvcc wheels")
+    names = [kernel_name(dtype, vectors) for dtype in DTYPES for vectors in VECTORS]
+    compiled = compile_ptx(nvrtc, SOURCE, names, ["--std=c++14", "-arch=compute_90"])
+    assembled = assemble(assembler, compiled.ptx, "sm_90", tmp_path)
+    for name in names:
+        kernel = assembled[compiled.lowered[name]]
+        assert kernel.registers * THREADS <= H200["regsPerMultiprocessor"] and kernel.spilled == 0, (
+            name,
+            kernel,
+        )
+    own = assembled[compiled.lowered[kernel_name("float32")]]
+    resident = resident_blocks(H200, own.registers, own.shared, THREADS)
+    assert resident >= 16 * OWN_TUNING.max_blocks, (own, resident)
