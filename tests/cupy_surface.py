@@ -1,12 +1,15 @@
-"""The CuPy stand-ins held to the real CuPy's names and signatures.
+"""The CuPy stand-ins held to the real CuPy's names and signatures, and kernel launches to their C types.
 
 The GPU engines are tested on CPU against stand-ins of CuPy (:mod:`fake_cupy`,
 :mod:`fake_device`), which answer whatever they are asked: a misspelt name, a keyword CuPy does
 not take or a method of the wrong object would pass every CPU test and fail at the first call on
 a GPU.  CuPy itself imports without a GPU (only its calls need one), so where it is installed
 :func:`watched` wraps a stand-in: every name the code reads on it must exist on the real object
-in the same place, and every call must bind to the real callable's signature (read from
-``inspect`` or from the first line of the docstring Cython writes).  A breach fails the test at
+in the same place, every call must bind to the real callable's signature (read from
+``inspect`` or from the first line of the docstring Cython writes), and every kernel launch's
+arguments must have the C types of the kernel's parameters in the module's source (the stand-ins
+convert whatever they are given; CuPy passes each argument at its own width, so one of the wrong
+width would shift every argument after it).  A breach fails the test at
 once, with ``pytest.fail``, which no ``except Exception`` in the code under test can swallow; it
 is also kept, so that one made in a thread of the stand-in's fails the test at its teardown
 (:meth:`Surface.check`).  Where CuPy is not installed, :func:`watched` gives the stand-in back
@@ -19,12 +22,22 @@ import inspect
 import re
 import threading
 import types
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import pytest
 
-__all__ = ["REAL", "RETURNS", "Surface", "bare", "resolve", "signature", "watched"]
+__all__ = [
+    "REAL",
+    "RETURNS",
+    "Surface",
+    "argument_breach",
+    "bare",
+    "kernel_parameters",
+    "resolve",
+    "signature",
+    "watched",
+]
 
 
 def _real_cupy() -> types.ModuleType | None:
@@ -75,9 +88,12 @@ class Surface:
     def __init__(self) -> None:
         self.breaches: list[str] = []
         self.own: set[str] = set()  # names a test set on the stand-in that CuPy has not: the test's own
+        self.device_array: type = (
+            np.ndarray
+        )  # the stand-in's ``cupy.ndarray``: what a pointer argument must be
         self.lock = threading.Lock()
 
-    def breach(self, line: str) -> None:
+    def breach(self, line: str) -> NoReturn:
         with self.lock:
             self.breaches.append(line)
         pytest.fail(f"real CuPy: {line}", pytrace=False)
@@ -93,7 +109,55 @@ def watched(stand_in: Any, surface: Surface) -> Any:
     ``stand_in`` itself where CuPy is not installed."""
     if REAL is None:
         return stand_in
+    surface.device_array = stand_in.ndarray
     return _Watched(stand_in, REAL, "cupy", surface, key="cupy")
+
+
+# A kernel's C parameter types, and the NumPy scalar CuPy must be given for each: CuPy passes a
+# scalar argument with its own width (a Python int as 64 bits, a float as a double), so an
+# argument of another width shifts every argument after it; a pointer takes a device array.
+_SCALARS: dict[str, type] = {
+    "int": np.int32,
+    "unsigned int": np.uint32,
+    "unsigned": np.uint32,
+    "long long": np.int64,
+    "unsigned long long": np.uint64,
+    "float": np.float32,
+    "double": np.float64,
+    "bool": np.bool_,
+}
+
+
+def kernel_parameters(code: str, name: str) -> list[str] | None:
+    """The C types of the parameters of the kernel ``name`` (a name expression, such as
+    ``run_program<FloatSum, 1>``) in ``code``; None where ``code`` defines no such kernel."""
+    base = re.escape(name.split("<", 1)[0].strip())
+    found = re.search(rf"__global__\s+void\s+{base}\s*\(([^)]*)\)", code)
+    if found is None:
+        return None
+    types = []
+    for parameter in found.group(1).split(","):
+        words = [w for w in parameter.replace("*", " * ").split()[:-1] if w not in ("const", "__restrict__")]
+        types.append(" ".join(words))
+    return types
+
+
+def argument_breach(types: list[str], arguments: tuple[Any, ...], device_array: type) -> str | None:
+    """Why CuPy would pass ``arguments`` wrongly to a kernel whose parameters are of ``types``;
+    None where each is what its parameter takes."""
+    if len(arguments) != len(types):
+        return f"{len(arguments)} arguments for {len(types)} parameters"
+    for i, (ctype, value) in enumerate(zip(types, arguments, strict=True)):
+        if ctype.endswith("*"):
+            if not isinstance(value, device_array):
+                return f"argument {i} ({ctype}) is a {type(value).__name__}, not a device array"
+            continue
+        want = _SCALARS.get(ctype)
+        if want is None:
+            return f"argument {i}: no rule for the C type {ctype!r}"
+        if not (isinstance(value, np.generic) and value.dtype == np.dtype(want)):
+            return f"argument {i} ({ctype}) is a {type(value).__name__}, not a numpy.{np.dtype(want).name}"
+    return None
 
 
 def _place(real: Any) -> str:
@@ -194,7 +258,15 @@ class _Watched:
     :data:`RETURNS` names what a call of it gives.  ``bound``: a method read on an instance,
     whose real counterpart takes ``self`` first."""
 
-    __slots__ = ("_bound", "_inner", "_instance", "_key", "_path", "_real", "_surface")
+    __slots__ = ("_bound", "_context", "_inner", "_instance", "_key", "_path", "_real", "_surface")
+    _bound: bool
+    _context: Any
+    _inner: Any
+    _instance: bool
+    _key: str
+    _path: str
+    _real: Any
+    _surface: Surface
 
     def __init__(
         self,
@@ -206,8 +278,10 @@ class _Watched:
         key: str = "",
         instance: bool = False,
         bound: bool = False,
+        context: Any = None,
     ) -> None:
         for name, value in (
+            ("_context", context),
             ("_inner", inner),
             ("_real", real),
             ("_path", path),
@@ -237,6 +311,7 @@ class _Watched:
             self._surface,
             key=f"{place}.{name}" if place else "",
             bound=self._instance and callable(real) and not isinstance(real, type),
+            context=self._context,
         )
 
     def _known(self) -> None:
@@ -259,21 +334,39 @@ class _Watched:
         shape = signature(real)
         if shape is None:
             self._surface.breach(f"no signature to check {self._path}(...) against")
-        else:
-            try:
-                shape.bind(*((None,) if bound else ()), *args, **kwargs)
-            except TypeError as refused:
-                self._surface.breach(f"{self._path}{shape} refuses {_call(args, kwargs)}: {refused}")
+        try:
+            given = shape.bind(*((None,) if bound else ()), *args, **kwargs).arguments
+        except TypeError as refused:
+            self._surface.breach(f"{self._path}{shape} refuses {_call(args, kwargs)}: {refused}")
+        context = self._kernels(given)
         result = self._inner(*args, **kwargs)
         if _data(result):
             return result
         if isinstance(self._real, type) and not self._instance:
-            return _Watched(result, self._real, f"{self._path}()", self._surface, instance=True)
+            return _Watched(
+                result, self._real, f"{self._path}()", self._surface, instance=True, context=context
+            )
         place = RETURNS.get(self._key)
         if place == "":
             return result
         real = resolve(place) if place else _Unknown(f"what {self._key or self._path}() returns")
-        return _Watched(result, real, f"{self._path}()", self._surface, instance=True)
+        return _Watched(result, real, f"{self._path}()", self._surface, instance=True, context=context)
+
+    def _kernels(self, given: dict[str, Any]) -> Any:
+        """What a module's kernels carry from call to call (a module's code, then a kernel's C
+        parameter types), and the check of a kernel's arguments against its parameters."""
+        if self._key == "cupy.RawModule":
+            return given.get("code")
+        if self._key == "cupy.RawModule.get_function":
+            types = kernel_parameters(self._context or "", given["name"])
+            if types is None:
+                self._surface.breach(f"the module's code defines no kernel {given['name']!r}")
+            return types
+        if self._instance and self._real is REAL.RawKernel:
+            why = argument_breach(self._context, tuple(given["args"]), self._surface.device_array)
+            if why is not None:
+                self._surface.breach(f"a kernel launch ({self._path}): {why}")
+        return None
 
     def __enter__(self) -> Any:
         self._known()

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from cupy_surface import REAL, RETURNS, Surface, bare, resolve, signature, watched
+from cupy_surface import REAL, RETURNS, Surface, bare, kernel_parameters, resolve, signature, watched
 from fake_cupy import FakeArray
 from fake_device import DeviceArray
 
@@ -40,18 +40,22 @@ class Permissive:
         pass
 
 
+def stand_in() -> Permissive:
+    return Permissive(ndarray=FakeArray)
+
+
 def breach(use: Any) -> str:
     """The line the watcher fails ``use`` with (it must fail)."""
     surface = Surface()
     with pytest.raises(pytest.fail.Exception) as failed:
-        use(watched(Permissive(), surface))
+        use(watched(stand_in(), surface))
     assert surface.breaches, "failed, but not by the watcher"
     return str(failed.value)
 
 
 def passes(use: Any) -> Surface:
     surface = Surface()
-    use(watched(Permissive(), surface))
+    use(watched(stand_in(), surface))
     surface.check()
     return surface
 
@@ -71,10 +75,48 @@ def test_a_call_the_real_signature_refuses_fails() -> None:
     # a method's keyword, on an instance (the real method takes self first)
     assert "refuses" in breach(lambda cupy: cupy.cuda.Stream().record(stream=None))
     # a kernel called without all of its arguments (calling an instance: its class's __call__)
-    assert "refuses" in breach(lambda cupy: cupy.RawModule(code="").get_function("k")(1, 2))
+    assert "refuses" in breach(lambda cupy: kernel(cupy)(1, 2))
+
+
+KERNEL = (
+    "template <typename T>\n"
+    "__global__ void k(int n, const long long* rows, typename T::Word *out, double x) {}"
+)
+
+
+def kernel(cupy: Any) -> Any:
+    return cupy.RawModule(code=KERNEL, name_expressions=["k<Sum>"]).get_function("k<Sum>")
+
+
+def test_kernel_arguments_must_have_their_parameters_c_types() -> None:
+    device = np.zeros(2, dtype=np.int64).view(FakeArray)
+    right = (np.int32(3), device, device, np.float64(0.5))
+    passes(lambda cupy: kernel(cupy)((1,), (32,), right))
+    wrong = {
+        "argument 0 (int) is a int, not a numpy.int32": (3, device, device, np.float64(0.5)),
+        "argument 0 (int) is a int64, not a numpy.int32": (np.int64(3), device, device, np.float64(0.5)),
+        "argument 1 (long long *) is a ndarray, not a device array": (np.int32(3), np.zeros(2), device, 0.5),
+        "argument 2 (typename T::Word *) is a int, not a device array": (np.int32(3), device, 7, 0.5),
+        "argument 3 (double) is a float, not a numpy.float64": (np.int32(3), device, device, 0.5),
+        "3 arguments for 4 parameters": right[:3],
+    }
+    for line, arguments in wrong.items():
+        assert line in breach(lambda cupy, a=arguments: kernel(cupy)((1,), (32,), a)), line
+    assert "defines no kernel 'j'" in breach(lambda cupy: cupy.RawModule(code=KERNEL).get_function("j"))
+
+
+def test_kernel_parameters_are_read_from_the_source() -> None:
+    assert kernel_parameters(KERNEL, "k<Sum>") == ["int", "long long *", "typename T::Word *", "double"]
+    assert kernel_parameters(KERNEL, "j") is None
+    from stragglar.runtime.device.kernel import SOURCE, kernel_name
+
+    types = kernel_parameters(SOURCE, kernel_name("float32"))
+    assert types is not None and types[:3] == ["long long *", "int", "int"] and types[-1] == "int"
 
 
 def test_what_the_real_cupy_takes_passes() -> None:
+    device = np.zeros(2, dtype=np.int64).view(FakeArray)
+
     def use(cupy: Any) -> None:
         stream = cupy.cuda.Stream(non_blocking=True)
         with stream:
@@ -82,8 +124,8 @@ def test_what_the_real_cupy_takes_passes() -> None:
             stream.end_capture().launch(stream)
         stream.wait_event(cupy.cuda.get_current_stream().record())
         cupy.cuda.Event(disable_timing=True).record(stream)
-        kernel = cupy.RawModule(code="", options=("--std=c++14",), name_expressions=["k"]).get_function("k")
-        kernel((1,), (64,), (1, 2))
+        launched = cupy.RawModule(code=KERNEL, options=("--std=c++14",), name_expressions=["k<S>"])
+        launched.get_function("k<S>")((1,), (64,), (np.int32(1), device, device, np.float64(2)))
         with cupy.cuda.Device(0):
             cupy.cuda.runtime.ipcOpenMemHandle(b"h", 1)
             cupy.cuda.runtime.memset(0, 0, 8)
