@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import operator
 import re
 import threading
 import types
@@ -30,9 +31,11 @@ import pytest
 __all__ = [
     "REAL",
     "RETURNS",
+    "Declared",
     "Surface",
     "argument_breach",
     "bare",
+    "declared_breach",
     "kernel_parameters",
     "resolve",
     "signature",
@@ -210,10 +213,54 @@ def signature(real: Any) -> inspect.Signature | None:
             parameters.append(inspect.Parameter(name[1:], inspect.Parameter.VAR_POSITIONAL))
             kind = inspect.Parameter.KEYWORD_ONLY
         else:
+            declared = Declared(" ".join(left.split()[:-1]))
+            empty = inspect.Parameter.empty
             parameters.append(
-                inspect.Parameter(name, kind, default=None if default else inspect.Parameter.empty)
+                inspect.Parameter(
+                    name, kind, default=None if default else empty, annotation=declared or empty
+                )
             )
     return inspect.Signature(parameters)
+
+
+class Declared(str):
+    """A parameter's type as a Cython docstring declares it (``bytes``, ``size_t``): Cython
+    checks it at the call, raising a TypeError that a stand-in would never raise."""
+
+
+_OBJECTS: dict[str, type] = {"str": str, "bytes": bytes, "tuple": tuple, "list": list, "dict": dict}
+_INTEGERS = {
+    "int",
+    "unsigned int",
+    "long",
+    "unsigned long",
+    "long long",
+    "unsigned long long",
+    "size_t",
+    "ssize_t",
+    "Py_ssize_t",
+    "intptr_t",
+    "uintptr_t",
+}
+
+
+def declared_breach(shape: inspect.Signature, arguments: dict[str, Any]) -> str | None:
+    """Why Cython would refuse ``arguments`` (bound to ``shape``) for their declared types; None
+    where it takes them.  An object type takes None too; a C integer takes what has an
+    ``__index__`` (a Python or NumPy integer, not a float)."""
+    for name, value in arguments.items():
+        declared = shape.parameters[name].annotation
+        if not isinstance(declared, Declared):
+            continue
+        kind = _OBJECTS.get(declared)
+        if kind is not None and value is not None and not isinstance(value, kind):
+            return f"{name} is a {type(value).__name__}, where CuPy declares {declared}"
+        if declared in _INTEGERS:
+            try:
+                operator.index(value)
+            except TypeError:
+                return f"{name} is a {type(value).__name__}, where CuPy declares the C integer {declared}"
+    return None
 
 
 def _split(parameters: str) -> list[str]:
@@ -338,6 +385,9 @@ class _Watched:
             given = shape.bind(*((None,) if bound else ()), *args, **kwargs).arguments
         except TypeError as refused:
             self._surface.breach(f"{self._path}{shape} refuses {_call(args, kwargs)}: {refused}")
+        why = declared_breach(shape, given)
+        if why is not None:
+            self._surface.breach(f"{self._path}(...): {why}")
         context = self._kernels(given)
         result = self._inner(*args, **kwargs)
         if _data(result):

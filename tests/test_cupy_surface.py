@@ -114,6 +114,19 @@ def test_kernel_parameters_are_read_from_the_source() -> None:
     assert types is not None and types[:3] == ["long long *", "int", "int"] and types[-1] == "int"
 
 
+def test_an_argument_of_a_type_cython_refuses_fails() -> None:
+    assert "options is a list, where CuPy declares tuple" in breach(
+        lambda cupy: cupy.RawModule(code=KERNEL, options=["--std=c++14"])
+    )
+    assert "handle is a str, where CuPy declares bytes" in breach(
+        lambda cupy: cupy.cuda.runtime.ipcOpenMemHandle("handle")
+    )
+    assert "size is a float, where CuPy declares the C integer size_t" in breach(
+        lambda cupy: cupy.cuda.runtime.malloc(1.5)
+    )
+    passes(lambda cupy: (cupy.cuda.runtime.malloc(np.uint64(8)), cupy.RawModule(code=KERNEL, options=())))
+
+
 def test_what_the_real_cupy_takes_passes() -> None:
     device = np.zeros(2, dtype=np.int64).view(FakeArray)
 
@@ -217,6 +230,7 @@ def test_signatures_are_read_from_cython_docstrings() -> None:
     assert signature(types.SimpleNamespace(__doc__="Not a signature.")) is None
     shape = signature(REAL.cuda.runtime.ipcOpenMemHandle)
     assert shape is not None and list(shape.parameters) == ["handle", "flags"]
+    assert [p.annotation for p in shape.parameters.values()] == ["bytes", "unsigned int"]
 
 
 # The members the stand-ins' arrays add to NumPy's, with the real class of what a property gives
