@@ -261,6 +261,7 @@ class FakeCuda:
             memset=lambda address, value, nbytes: ctypes.memset(address, value, nbytes),
             ipcCloseMemHandle=self._noted(self.closed.append),
             getDeviceProperties=lambda device: self.attributes,
+            getDeviceCount=lambda: 1,
         )
 
     def Device(self, gpu: int | None = None) -> FakeDevice:  # CuPy's name
@@ -524,6 +525,7 @@ def fake_cupy(cuda: FakeCuda, library: ctypes.CDLL) -> types.ModuleType:
     module.empty = lambda n, dtype: np.empty(n, dtype).view(DeviceArray)  # type: ignore[attr-defined]
     module.zeros = lambda n, dtype: np.zeros(n, dtype).view(DeviceArray)  # type: ignore[attr-defined]
     module.arange = lambda *a, **k: np.arange(*a, **k).view(DeviceArray)  # type: ignore[attr-defined]
+    module.asnumpy = lambda a: np.array(a).view(np.ndarray)  # type: ignore[attr-defined]
     return module
 
 
