@@ -32,8 +32,9 @@ Targets (issue 24): loopback with graphs <= 10 us per round at N = 8, C = 64, 1 
 64 MiB C = 64 with graphs <= 1.3x the paper's C = 7 with graphs; a StragglAR round with graphs on
 4 NCCL ranks, 4 KiB, <= 1.5x the bare pair; DDP with ``chunks="auto"`` no slower than the paper's
 chunks and ``policy="auto"`` with nobody late <= 1.03x the default hook.  Without a GPU it prints
-one line "no GPU: ..." and exits 0.  ``--quick`` runs the loopback at N = 8 only, up to 64 MiB, and
-fewer DDP steps.
+one line "no GPU: ..." and exits 0.  ``--quick`` runs the loopback at N = 8 only, up to 64 MiB, the
+device engine's 1 MiB rows at N = 3, 8 and 16 only (its targets' rows, 256 MiB among them, in
+both), and fewer DDP steps.
 """
 
 from __future__ import annotations

@@ -91,9 +91,8 @@ class Surface:
     def __init__(self) -> None:
         self.breaches: list[str] = []
         self.own: set[str] = set()  # names a test set on the stand-in that CuPy has not: the test's own
-        self.device_array: type = (
-            np.ndarray
-        )  # the stand-in's ``cupy.ndarray``: what a pointer argument must be
+        # the stand-in's ``cupy.ndarray``: what a kernel's pointer argument must be
+        self.device_array: type = np.ndarray
         self.lock = threading.Lock()
 
     def breach(self, line: str) -> NoReturn:

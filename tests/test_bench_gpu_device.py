@@ -115,15 +115,18 @@ def test_the_settings_cover_the_issue_s_targets_and_the_verdicts_are_right(
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     import gpu_device
 
-    settings = gpu_device.settings(quick=False)
-    assert (8, 64, 1 << 20, "float32", False) in settings
-    assert {(s[0], s[1], s[2]) for s in settings} >= {
-        (8, None, 64 << 20),
-        (8, 64, 256 << 20),
-        (8, None, 256 << 20),
-    }
-    assert [s for s in settings if s[4]] == [(8, None, 64 << 20, "float32", True)]
-    assert {(s[0], s[3]) for s in settings} >= {(n, d) for n in range(3, 17) for d in gpu_device.DTYPES}
+    for quick in (False, True):  # every target is measured in a quick run too
+        settings = gpu_device.settings(quick)
+        assert (8, 64, 1 << 20, "float32", False) in settings
+        assert {(s[0], s[1], s[2], s[3]) for s in settings} >= {
+            (8, None, 64 << 20, "float32"),
+            (8, 64, 64 << 20, "float32"),
+            (8, None, 256 << 20, "float32"),
+            (8, 64, 256 << 20, "float32"),
+        }
+        assert [s for s in settings if s[4]] == [(8, None, 64 << 20, "float32", True)]
+    full = gpu_device.settings(quick=False)
+    assert {(s[0], s[3]) for s in full} >= {(n, d) for n in range(3, 17) for d in gpu_device.DTYPES}
     row = gpu_device.DeviceRow
     fast = row(8, 64, 1 << 20, "float32", 1.2, None, None, 6.8, 1.9, None, 2.5, 2.2, True)
     slow = row(8, 64, 1 << 20, "float32", 2.0, None, None, 6.8, 2.4, None, 3.1, 2.9, True)
