@@ -243,8 +243,18 @@ def device_executor(
     for n, chunks, size, dtype, late in settings(quick):
         proof = prove(synthesize("stragglar", n, chunks=chunks))
         rows.append(device_row(xp, sync, proof, size, dtype, iters, late))
-        progress(f"device N={n} C={proof.num_chunks} {size >> 10} KiB {dtype} done")
+        progress(row_line(rows[-1]))
     return rows
+
+
+def row_line(r: DeviceRow) -> str:
+    """A row's main figures in a line, printed as soon as it is measured: a run cut short by its
+    time limit still shows the rows it measured."""
+    return (
+        f"device N={r.n} C={r.chunks} {r.size_bytes >> 10} KiB {r.dtype}: {r.round_us:.2f} us a round, "
+        f"copy efficiency {_or_dash(r.copy_efficiency)}, late ratio {_or_dash(r.late_ratio)}, "
+        f"{'exact' if r.exact else 'NOT exact'}"
+    )
 
 
 def device_table(rows: list[DeviceRow]) -> str:

@@ -113,9 +113,22 @@ def device_tuning(
     rows: list[TuningRow] = []
     for n, chunks, size in SETTINGS:
         proof = prove(synthesize("stragglar", n, chunks=chunks))
-        rows += setting_rows(xp, sync, proof, size, iters)
-        progress(f"tuning N={n} C={proof.num_chunks} {size >> 10} KiB done")
+        measured = setting_rows(xp, sync, proof, size, iters)
+        rows += measured
+        progress(setting_line(measured))
     return rows
+
+
+def setting_line(rows: list[TuningRow]) -> str:
+    """One setting's rows in a line, printed as soon as they are measured: a run cut short by its
+    time limit still shows the settings it measured."""
+    own = next(r for r in rows if r.own)
+    best = min((r for r in rows if r.exact), key=lambda r: r.round_us, default=own)
+    return (
+        f"tuning N={own.n} C={own.chunks} {own.size_bytes >> 10} KiB: own {own.round_us:.2f} us a round, "
+        f"fastest {best.round_us:.2f} (max blocks {best.max_blocks}, vectors {best.vectors})"
+        + ("" if all(r.exact for r in rows) else ", some NOT exact")
+    )
 
 
 def tuning_table(rows: list[TuningRow]) -> str:

@@ -203,6 +203,30 @@ def test_an_inexact_row_is_named_and_never_the_fastest(monkeypatch: pytest.Monke
     assert verdict == "no comparison at N=8 C=7 65536 KiB: the engine's own tuning has no exact row"
 
 
+def test_each_setting_and_row_is_printed_with_its_figures_as_soon_as_measured(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """So that a run cut short by its time limit still shows what it measured."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import gpu_device
+    import gpu_tuning
+
+    rows = [row(16, 1, 10.0, own=True), row(64, 4, 6.0), row(64, 8, 2.0, exact=False)]
+    assert gpu_tuning.setting_line(rows) == (
+        "tuning N=8 C=7 65536 KiB: own 10.00 us a round, fastest 6.00 (max blocks 64, vectors 4), "
+        "some NOT exact"
+    )
+    assert gpu_tuning.setting_line(rows[:1]).endswith("fastest 10.00 (max blocks 16, vectors 1)")
+    big = gpu_device.DeviceRow(
+        8, 7, 64 << 20, "float32", 90.0, 0.65, 0.5, 300.0, 140.0, 0.42, 91.0, 95.0, True
+    )
+    assert gpu_device.row_line(big) == (
+        "device N=8 C=7 65536 KiB float32: 90.00 us a round, copy efficiency 0.65, late ratio 0.50, exact"
+    )
+    wrong = gpu_device.DeviceRow(3, 2, 1 << 20, "int32", 1.5, None, None, None, None, None, None, None, False)
+    assert gpu_device.row_line(wrong).endswith("copy efficiency -, late ratio -, NOT exact")
+
+
 def test_the_sweep_starts_with_the_engine_s_own_tuning_and_holds_each_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
