@@ -306,24 +306,38 @@ def test_a_direct_row_to_itself_or_of_a_chunk_out_of_range_is_refused(op: int) -
             check(replaced(program, rank, rows))
 
 
-def interleaved(program: DeviceProgram, seed: int) -> list[list[int]]:
-    """The buffers after running the rows with numbers, a row at a time of a rank drawn at random
-    among those not waiting (each row atomic: an order the hardware could take, not every one);
-    rank r's input is BASE**r in every chunk, so a sum says how often it holds each rank's."""
+def interleaved(program: DeviceProgram, seed: int, calls: int = 1) -> list[list[list[int]]]:
+    """The buffers after each of ``calls`` calls, running the rows with numbers, a row at a time
+    of a rank drawn at random among those not waiting (each row atomic: an order the hardware
+    could take, not every one); inboxes and flags are kept from call to call, as the device keeps
+    them, and a call begins once every rank ended the one before (as the host sees to).  Rank
+    r's input is BASE**r in every chunk, so a sum says how often it holds each rank's."""
     rng = random.Random(seed)
-    buffers = [[BASE**r] * program.num_chunks for r in range(program.num_ranks)]
     inbox: dict[tuple[int, int], int] = {}
     flags: dict[tuple[int, int], int] = {}
-    pcs = [0] * program.num_ranks
     tables = [rows.tolist() for rows in program.rows]
+    return [_call(tables, program.num_chunks, call, inbox, flags, rng) for call in range(1, calls + 1)]
+
+
+def _call(
+    tables: list[list[list[int]]],
+    num_chunks: int,
+    call: int,
+    inbox: dict[tuple[int, int], int],
+    flags: dict[tuple[int, int], int],
+    rng: random.Random,
+) -> list[list[int]]:
+    """One call of :func:`interleaved`: every rank's buffers at its end."""
+    buffers = [[BASE**r] * num_chunks for r in range(len(tables))]
+    pcs = [0] * len(tables)
 
     def ready(rank: int) -> bool:
         if pcs[rank] == len(tables[rank]):
             return False
         op, _, _, _, _, flag, ordinal, per_call = tables[rank][pcs[rank]]
-        return op != WAIT or flags.get((rank, flag), 0) >= flag_value(1, ordinal, per_call)
+        return op != WAIT or flags.get((rank, flag), 0) >= flag_value(call, ordinal, per_call)
 
-    while movable := [r for r in range(program.num_ranks) if ready(r)]:
+    while movable := [r for r in range(len(tables)) if ready(r)]:
         me = rng.choice(movable)
         op, _, peer, chunk, slot, flag, ordinal, per_call = tables[me][pcs[me]]
         pcs[me] += 1
@@ -331,20 +345,23 @@ def interleaved(program: DeviceProgram, seed: int) -> list[list[int]]:
         if op == PUT:
             inbox[(peer, slot)] = mine[chunk]
         elif op == SIGNAL:
-            flags[(peer, flag)] = flag_value(1, ordinal, per_call)
+            flags[(peer, flag)] = flag_value(call, ordinal, per_call)
         elif op in (COPY, PULL):
             mine[chunk] = inbox[(me, slot)] if op == COPY else buffers[peer][chunk]
         elif op in (REDUCE, PULL_REDUCE):
             mine[chunk] += inbox[(me, slot)] if op == REDUCE else buffers[peer][chunk]
         elif op == PUSH:
             buffers[peer][chunk] = mine[chunk]
-    assert pcs == [len(t) for t in tables], "deadlocked"
+    assert pcs == [len(t) for t in tables], f"deadlocked in call {call}"
     return buffers
 
 
-def sums_right(program: DeviceProgram, seed: int) -> bool:
+def sums_right(program: DeviceProgram, seed: int, calls: int = 1) -> bool:
+    """Whether every rank ends every call with every chunk the sum of every rank's input."""
     total = sum(BASE**r for r in range(program.num_ranks))
-    return all(value == total for chunks in interleaved(program, seed) for value in chunks)
+    return all(
+        v == total for buffers in interleaved(program, seed, calls) for chunks in buffers for v in chunks
+    )
 
 
 ORDERS = 60
