@@ -17,20 +17,22 @@ from pathlib import Path
 import pytest
 from fake_device import H200, FakeCuda, host_library, installed
 
-_session: list[tuple[pytest.MonkeyPatch, Iterator[FakeCuda]]] = []
+_session: list[tuple[pytest.MonkeyPatch, Iterator[FakeCuda], tempfile.TemporaryDirectory[str]]] = []
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    library = host_library(Path(tempfile.mkdtemp(prefix="stragglar-gpu-stand-in-")))
+    folder = tempfile.TemporaryDirectory(prefix="stragglar-gpu-stand-in-")
+    library = host_library(Path(folder.name))
     patch = pytest.MonkeyPatch()
-    cuda = FakeCuda(dict(H200))
-    stand_in = installed(patch, library, cuda=cuda)
+    stand_in = installed(patch, library, cuda=FakeCuda(dict(H200)))
     next(stand_in)
-    _session.append((patch, stand_in))
+    _session.append((patch, stand_in, folder))
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    patch, stand_in = _session.pop()
+    if not _session:
+        return
+    patch, stand_in, folder = _session.pop()
     try:
         next(stand_in, None)  # the stand-in's teardown: fails if the watcher saw a breach
     except pytest.fail.Exception as breach:
@@ -38,3 +40,4 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     finally:
         patch.undo()
+        folder.cleanup()
