@@ -9,8 +9,12 @@ test_runtime_device_loopback.py); this is the check to run on a machine with a G
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,13 +27,14 @@ except Exception:  # no driver, no device
 if DEVICES < 1:
     pytest.skip("no CUDA device", allow_module_level=True)
 
-from stragglar.runtime import RankError, allreduce, allreduce_local  # noqa: E402
+from stragglar.runtime import RankError, allreduce_local  # noqa: E402
 from stragglar.runtime.device import loopback, programs  # noqa: E402
 from stragglar.runtime.device.kernel import VECTORS, Tuning  # noqa: E402
 from stragglar.synth import synthesize  # noqa: E402
 from stragglar.verify import prove  # noqa: E402
 
 DTYPES = ["float16", "float32", "float64", "int32", "int64"]  # CuPy has no bfloat16
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def draws(n: int, count: int, dtype: str, seed: int) -> list[np.ndarray]:
@@ -153,62 +158,21 @@ def test_torch_cuda_tensors_bfloat16_included(dtype: str) -> None:
         ), rank
 
 
-def device_rank(rank: int, world: int) -> bool:
-    """A rank of its own process on a torch NCCL group: the device engine, twice on fresh tensors
-    (staged), then twice on a registered one (direct transfers), then three registered ones at
-    once (``async_op``), exact; a registration left open on a group is closed as the group is
-    destroyed."""
-    import torch
-    import torch.distributed as dist
-
-    from stragglar.runtime import register_buffer
-
-    proof = prove(synthesize("stragglar", world, chunks=2 * world))
-    base = torch.arange(10_000, dtype=torch.float32, device="cuda") % 97
-    kept = torch.empty_like(base)
-    with register_buffer(kept, timeout=60):
-        for call in range(4):
-            tensor = base * world + rank + call if call < 2 else kept.copy_(base * world + rank + call)
-            allreduce(tensor, proof, timeout=60, engine="device")
-            want = base * world * world + world * (world - 1) // 2 + world * call
-            if not torch.equal(tensor, want):
-                raise AssertionError(f"rank {rank} call {call}: {int((tensor != want).sum())} wrong elements")
-    # three registered tensors at once (async_op), each waited for over a second group, as the DDP
-    # hook's second thread waits; the second step is launched with every setup checked already
-    other = dist.new_group(list(range(world)))
-    several = [torch.empty_like(base) for _ in range(3)]
-    registrations = [register_buffer(t, timeout=60) for t in several]
-    for step in range(2):
-        for k, t in enumerate(several):
-            t.copy_(base * world + rank + 10 * k + step)
-        works = [
-            allreduce(t, proof, timeout=60, lockstep=True, engine="device", async_op=True) for t in several
-        ]
-        for work in works:
-            work.wait(other)
-        for k, t in enumerate(several):
-            want = base * world * world + world * (world - 1) // 2 + world * (10 * k + step)
-            if not torch.equal(t, want):
-                raise AssertionError(
-                    f"rank {rank} async step {step} tensor {k}: {int((t != want).sum())} wrong"
-                )
-    for registration in registrations:
-        registration.close()
-    sub = dist.new_group(list(range(world)))
-    left = register_buffer(torch.empty_like(base), sub, timeout=60)  # never closed by the script
-    dist.destroy_process_group(sub)
-    if left.open:
-        raise AssertionError(f"rank {rank}: a registration left open outlived its group")
-    return True
-
-
 @pytest.mark.parametrize("world", [2, 4])
 def test_processes_sharing_one_gpu_over_ipc_handles(world: int) -> None:
     """Ranks as processes on one GPU (their kernels time-slice: a correctness check, not a timing),
-    on their inboxes and on registered buffers."""
+    on their inboxes and on registered buffers (tests/device_ranks.py).  Launched from a fresh
+    process: this one has made a CUDA context, which a forked rank could not use."""
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("torch has no CUDA")
-    from stragglar.measure.launch import launch
-
-    assert launch(device_rank, world, (), timeout=90, backend="nccl", gpus=1) == [True] * world
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "device_ranks.py"), str(world)],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        env={**os.environ, "PYTHONPATH": path},
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stdout.strip() == f"{world} ranks exact", done.stdout[-3000:]

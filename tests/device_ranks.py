@@ -1,0 +1,81 @@
+"""The device engine across processes on one GPU, for test_runtime_device_gpu.py: ranks as
+processes of their own on a torch NCCL group, their kernels reaching each other's buffers through
+CUDA IPC handles.  Run as a script (``python tests/device_ranks.py WORLD``) in a process that has
+made no CUDA context: the launcher forks its ranks, and a context made before a fork is unusable
+in the children (the test's own process has run the engine already).  Prints ``WORLD ranks
+exact`` and exits 0, or exits 1 with what failed."""
+
+from __future__ import annotations
+
+import sys
+
+from stragglar.measure.launch import LaunchError, launch
+from stragglar.runtime import allreduce
+from stragglar.synth import synthesize
+from stragglar.verify import prove
+
+
+def device_rank(rank: int, world: int) -> bool:
+    """A rank of its own process on a torch NCCL group: the device engine, twice on fresh tensors
+    (staged), then twice on a registered one (direct transfers), then three registered ones at
+    once (``async_op``), exact; a registration left open on a group is closed as the group is
+    destroyed."""
+    import torch
+    import torch.distributed as dist
+
+    from stragglar.runtime import register_buffer
+
+    proof = prove(synthesize("stragglar", world, chunks=2 * world))
+    base = torch.arange(10_000, dtype=torch.float32, device="cuda") % 97
+    kept = torch.empty_like(base)
+    with register_buffer(kept, timeout=60):
+        for call in range(4):
+            tensor = base * world + rank + call if call < 2 else kept.copy_(base * world + rank + call)
+            allreduce(tensor, proof, timeout=60, engine="device")
+            want = base * world * world + world * (world - 1) // 2 + world * call
+            if not torch.equal(tensor, want):
+                raise AssertionError(f"rank {rank} call {call}: {int((tensor != want).sum())} wrong elements")
+    # three registered tensors at once (async_op), each waited for over a second group, as the DDP
+    # hook's second thread waits; the second step is launched with every setup checked already
+    other = dist.new_group(list(range(world)))
+    several = [torch.empty_like(base) for _ in range(3)]
+    registrations = [register_buffer(t, timeout=60) for t in several]
+    for step in range(2):
+        for k, t in enumerate(several):
+            t.copy_(base * world + rank + 10 * k + step)
+        works = [
+            allreduce(t, proof, timeout=60, lockstep=True, engine="device", async_op=True) for t in several
+        ]
+        for work in works:
+            work.wait(other)
+        for k, t in enumerate(several):
+            want = base * world * world + world * (world - 1) // 2 + world * (10 * k + step)
+            if not torch.equal(t, want):
+                raise AssertionError(
+                    f"rank {rank} async step {step} tensor {k}: {int((t != want).sum())} wrong"
+                )
+    for registration in registrations:
+        registration.close()
+    sub = dist.new_group(list(range(world)))
+    left = register_buffer(torch.empty_like(base), sub, timeout=60)  # never closed by the script
+    dist.destroy_process_group(sub)
+    if left.open:
+        raise AssertionError(f"rank {rank}: a registration left open outlived its group")
+    return True
+
+
+def main(world: int) -> int:
+    try:
+        results = launch(device_rank, world, (), timeout=90, backend="nccl", gpus=1)
+    except LaunchError as failed:
+        print(failed, file=sys.stderr)
+        return 1
+    if results != [True] * world:
+        print(f"ranks returned {results}", file=sys.stderr)
+        return 1
+    print(f"{world} ranks exact")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(int(sys.argv[1])))
