@@ -7,6 +7,8 @@ exact`` and exits 0, or exits 1 with what failed."""
 
 from __future__ import annotations
 
+import ctypes
+import signal
 import sys
 
 from stragglar.measure.launch import LaunchError, launch
@@ -65,6 +67,8 @@ def device_rank(rank: int, world: int) -> bool:
 
 
 def main(world: int) -> int:
+    if sys.platform.startswith("linux"):  # die with the test that started this (its ranks die with this)
+        ctypes.CDLL(None).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
     try:
         results = launch(device_rank, world, (), timeout=90, backend="nccl", gpus=1)
     except LaunchError as failed:
