@@ -274,7 +274,7 @@ def test_options_of_the_rounds_engine_are_refused_on_the_device_engine(cuda: Fak
     ):
         with pytest.raises(InputError, match=reason):
             allreduce(data, proof, group=group, **{"engine": "device", **option})  # type: ignore[call-overload]
-    with pytest.raises(InputError, match="runs on CuPy arrays or torch CUDA tensors"):
+    with pytest.raises(InputError, match=r"runs on CuPy arrays or torch CUDA tensors, not NumPy arrays$"):
         allreduce(np.zeros(8, np.float32), proof, group=group, engine="device")
     assert not cuda.launches
 
@@ -439,8 +439,10 @@ def test_every_rank_refuses_a_registration_that_any_rank_cannot_make(cuda: FakeC
     strided = attempt(lambda r: cuda.buffer(np.arange(18.0))[:: 1 + (r == 1)])
     assert str(strided[1]).startswith("cannot register rank 1's buffer: ") and "contiguous" in str(strided[1])
     assert "rank 1 could not" in str(strided[0])
-    with pytest.raises(InputError, match="runs on CuPy arrays or torch CUDA tensors"):
+    with pytest.raises(InputError, match=r"runs on CuPy arrays or torch CUDA tensors, not NumPy arrays$"):
         register_buffer(np.zeros(4), None)
+    with pytest.raises(InputError, match=r"runs on CuPy arrays or torch CUDA tensors, not list$"):
+        register_buffer([0.0] * 4, None)
     with pytest.raises(ArgumentError, match=r"^cannot register a DeviceArray across processes: pass a torch"):
         register_buffer(cuda.buffer(np.zeros(4)), None)  # a CuPy array needs an NcclGroup
     counts = attempt(lambda r: cuda.buffer(np.arange(9.0 + (r == 0))))

@@ -36,7 +36,8 @@ def check_device_buffer(data: Any) -> None:
     library = library_of(data)
     if library == "cupy" or (library == "torch" and bool(data.is_cuda)):
         return
-    raise InputError("the device engine runs on CuPy arrays or torch CUDA tensors: these buffers are not")
+    got = {"numpy": "NumPy arrays", "torch": "torch CPU tensors"}.get(library or "", type(data).__name__)
+    raise InputError(f"the device engine runs on CuPy arrays or torch CUDA tensors, not {got}")
 
 
 def check_not_capturing(data: Any) -> None:
