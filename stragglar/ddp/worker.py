@@ -91,6 +91,32 @@ class Job:
         return rounds_without(self.proof, self.late_rank)
 
 
+class InFlight:
+    """How many device calls the first worker thread launched that the second has not waited
+    for yet; :meth:`drain` waits, bounded, until there are none."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.changed = threading.Condition()
+
+    def add(self) -> None:
+        with self.changed:
+            self.count += 1
+
+    def done(self) -> None:
+        with self.changed:
+            self.count -= 1
+            self.changed.notify_all()
+
+    def drain(self, timeout: float) -> None:
+        with self.changed:
+            if not self.changed.wait_for(lambda: self.count == 0, timeout):
+                raise TimeoutError(f"the device calls in flight did not end within {timeout:g} s")
+
+
+SETTLED = 512  # setups remembered as checked: fewer than the runtime's lockstep checks remember
+
+
 @dataclass(frozen=True)
 class Reducer:
     """Averages a job's bucket with its schedule in two stages, then completes its Future.
@@ -129,7 +155,7 @@ class Reducer:
     engine: str = "rounds"
     registrations: dict[int, Registration | None] = field(default_factory=dict)
     settled: OrderedDict[Hashable, None] = field(default_factory=OrderedDict)
-    in_flight: InFlight = field(default_factory=lambda: InFlight())
+    in_flight: InFlight = field(default_factory=InFlight)
 
     def __call__(self, job: Job) -> None:
         """Both stages, one after the other, on the caller's thread."""
@@ -201,8 +227,13 @@ class Reducer:
         made anew) runs whole here instead, once the second thread has waited for every work
         before it: then every rank issues its collectives on the two groups in one order."""
         held = self.registrations.get(job.bucket)
-        settled = job.kept and held is not None and held.holds(job.buffer)
-        if not (settled and self._setup(job, held) in self.settled):
+        settled = (
+            job.kept
+            and held is not None
+            and held.holds(job.buffer)
+            and self._setup(job, held) in self.settled
+        )
+        if not settled:
             self.in_flight.drain(self.timeout)
             self._on_device(job)
             return None
@@ -241,10 +272,9 @@ class Reducer:
         return allreduce(job.buffer, job.proof, **options)
 
     @staticmethod
-    def _setup(job: Job, held: Registration | None) -> Hashable:
+    def _setup(job: Job, held: Registration) -> Hashable:
         """What a call's header check and device state depend on, besides its buffer."""
-        number = None if held is None else held.number
-        return (job.bucket, job.proof.schedule.fingerprint, job.late_rank, number)
+        return (job.bucket, job.proof.schedule.fingerprint, job.late_rank, held.number)
 
     def _register(self, job: Job) -> None:
         """Register a kept bucket's buffer on its first call; let go of a registration whose
@@ -279,32 +309,6 @@ class Reducer:
             rounds=rounds,
             lockstep=True,
         )
-
-
-class InFlight:
-    """How many device calls the first worker thread launched that the second has not waited
-    for yet; :meth:`drain` waits, bounded, until there are none."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.changed = threading.Condition()
-
-    def add(self) -> None:
-        with self.changed:
-            self.count += 1
-
-    def done(self) -> None:
-        with self.changed:
-            self.count -= 1
-            self.changed.notify_all()
-
-    def drain(self, timeout: float) -> None:
-        with self.changed:
-            if not self.changed.wait_for(lambda: self.count == 0, timeout):
-                raise TimeoutError(f"the device calls in flight did not end within {timeout:g} s")
-
-
-SETTLED = 512  # setups remembered as checked: fewer than the runtime's lockstep checks remember
 
 
 def _queued(_: Any) -> None:
