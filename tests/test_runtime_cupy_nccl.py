@@ -132,13 +132,22 @@ class FakeComm:
         self.aborted = True
 
 
+def nccl_groups(
+    n: int, fake: type[FakeNccl] = FakeNccl, stream: Callable[[], Any] = FakeStream
+) -> tuple[FakeNccl, list[NcclGroup]]:
+    """A fake NCCL of ``n`` ranks and each rank's group on it, on a ``stream()`` of its own."""
+    nccl = fake(n)
+    return nccl, [
+        NcclGroup(FakeComm(nccl, r, n, s), nccl, s) for r, s in enumerate(stream() for _ in range(n))
+    ]
+
+
 def run_ranks(
     n: int, body: Any, fake: type[FakeNccl] = FakeNccl, stream: Callable[[], Any] = FakeStream
 ) -> list[Any]:
     """Run ``body(rank, group)`` in n threads, each rank's group on a ``stream()`` of its own;
     return results or raised exceptions, the fake NCCL and the groups."""
-    nccl = fake(n)
-    groups = [NcclGroup(FakeComm(nccl, r, n, s), nccl, s) for r, s in enumerate(stream() for _ in range(n))]
+    nccl, groups = nccl_groups(n, fake, stream)
     out: list[Any] = [None] * n
 
     def target(r: int) -> None:

@@ -554,19 +554,10 @@ def test_every_launch_allocation_and_handle_is_made_on_the_buffer_s_gpu(cuda: Fa
 
 def run_ranks_on_two_groups(n: int, body: Callable[[int, Any, Any], Any]) -> list[Any]:
     """``body(rank, group, other)`` in n threads, ``other`` a second group of the same ranks."""
-    from test_runtime_cupy_nccl import FakeComm, FakeNccl, FakeStream
+    from test_runtime_cupy_nccl import nccl_groups
 
-    from stragglar.runtime import NcclGroup
-
-    def groups() -> list[NcclGroup]:
-        nccl = FakeNccl(n)
-        return [
-            NcclGroup(FakeComm(nccl, r, n, s), nccl, s) for r, s in enumerate(FakeStream() for _ in range(n))
-        ]
-
-    first, second = groups(), groups()
+    _, second = nccl_groups(n)
     *results, _, _ = run_ranks(n, lambda r, g: body(r, g, second[r]))
-    del first
     return results
 
 
