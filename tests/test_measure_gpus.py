@@ -40,15 +40,18 @@ def test_there_is_no_placement_outside_the_ranks_or_without_gpus(rank: int, worl
         placement(rank, world, gpus)
 
 
-def test_without_cuda_the_nccl_backend_is_refused_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("backend", ["nccl", "device"])
+def test_without_cuda_a_gpu_backend_is_refused_in_one_line_naming_it(
+    monkeypatch: pytest.MonkeyPatch, backend: str
+) -> None:
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     with pytest.raises(InputError) as info:
-        check_cuda()
+        check_cuda(backend)
     assert str(info.value) == (
-        "the nccl backend needs CUDA GPUs: torch sees none (torch.cuda.device_count() is 0)"
+        f"the {backend} backend needs CUDA GPUs: torch sees none (torch.cuda.device_count() is 0)"
     )
 
 
 def test_with_cuda_the_nccl_backend_gets_the_gpu_count(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
-    assert check_cuda() == 3
+    assert check_cuda("nccl") == 3

@@ -369,7 +369,7 @@ def test_a_sweep_refuses_a_delay_past_an_hour_before_the_first_runs(monkeypatch:
 
 # ---------------------------------------------------------------------------- the nccl backend
 
-NO_CUDA = "the nccl backend needs CUDA GPUs: torch sees none (torch.cuda.device_count() is 0)"
+NO_CUDA = "the {} backend needs CUDA GPUs: torch sees none (torch.cuda.device_count() is 0)"
 
 
 def gpus_seen(monkeypatch: pytest.MonkeyPatch, count: int) -> None:
@@ -392,7 +392,7 @@ def test_cli_nccl_without_cuda_is_one_line_before_any_work(
     gpus_seen(monkeypatch, 0)
     monkeypatch.setattr("stragglar.measure.run.synthesize", never)
     monkeypatch.setattr("stragglar.measure.sweep.check_request", never)
-    assert one_error(run(*args), 2) == f"Error: {NO_CUDA}"
+    assert one_error(run(*args), 2) == f"Error: {NO_CUDA.format('nccl')}"
 
 
 def test_run_benchmark_and_sweep_on_nccl_without_cuda_raise_before_any_work(
@@ -403,10 +403,10 @@ def test_run_benchmark_and_sweep_on_nccl_without_cuda_raise_before_any_work(
     monkeypatch.setattr("stragglar.measure.sweep.check_request", never)
     with pytest.raises(InputError) as info:
         run_benchmark("nccl", 4, 2**12)
-    assert str(info.value) == NO_CUDA
+    assert str(info.value) == NO_CUDA.format("nccl")
     with pytest.raises(InputError) as info:
         sweep("nccl", [4], [2**12], [0.0])
-    assert str(info.value) == NO_CUDA
+    assert str(info.value) == NO_CUDA.format("nccl")
 
 
 @pytest.mark.parametrize(
@@ -538,7 +538,8 @@ def test_cli_device_without_cupy_or_cuda_is_one_line_before_any_work(monkeypatch
     assert line == f"Error: {run_module.HINTS['device']}"
     both_libraries_found(monkeypatch)
     gpus_seen(monkeypatch, 0)
-    assert one_error(run("run", "--backend", "device", "--gpus", "4"), 2) == f"Error: {NO_CUDA}"
+    line = one_error(run("run", "--backend", "device", "--gpus", "4"), 2)
+    assert line == f"Error: {NO_CUDA.format('device')}"  # the backend asked for, not the engine under it
 
 
 def test_cli_run_device_asks_the_nccl_ranks_for_the_device_engine(monkeypatch: pytest.MonkeyPatch) -> None:

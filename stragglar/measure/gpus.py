@@ -74,9 +74,12 @@ def gpu_count() -> int:
     return int(torch.cuda.device_count())
 
 
-def check_cuda() -> int:
-    """The GPU count for the ``nccl`` backend; an InputError, before any work, where there is none."""
+def check_cuda(backend: str) -> int:
+    """The GPU count for ``backend`` (``nccl`` or ``device``, whose ranks are CUDA processes); an
+    InputError naming it, before any work, where there is none."""
     count = gpu_count()
     if count < 1:
-        raise InputError("the nccl backend needs CUDA GPUs: torch sees none (torch.cuda.device_count() is 0)")
+        raise InputError(
+            f"the {backend} backend needs CUDA GPUs: torch sees none (torch.cuda.device_count() is 0)"
+        )
     return count

@@ -351,12 +351,12 @@ def check_graphs(backend: str, graphs: bool | None) -> None:
 
 def check_backend(backend: str) -> int | None:
     """Refuse, before any work, a backend that cannot run here: an unknown one, one whose library
-    is missing (with how to install it), or ``nccl`` without CUDA GPUs.  Returns the GPU count
-    for ``nccl`` (None for the others)."""
+    is missing (with how to install it), or ``nccl`` or ``device`` without CUDA GPUs.  Returns
+    the GPU count for those two (None for the others)."""
     if backend not in BACKENDS:
         raise InputError(f"unknown backend {described(backend)} (choose from {', '.join(BACKENDS)})")
     _require(backend)
-    return check_cuda() if _ENGINES.get(backend) == "nccl" else None
+    return check_cuda(backend) if _ENGINES.get(backend) == "nccl" else None
 
 
 def check_run_size(num_ranks: int, num_chunks: int) -> None:
