@@ -293,6 +293,38 @@ def test_sizes_take_units_everywhere(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        (
+            "--sizes",
+            "4,096",
+            "'4,096': a comma separates the sizes here, so this would be 4 and 096: write 4096",
+        ),
+        ("--sizes", "1KiB,1,000,004", "so this would be 1, 000 and 004: write 1000004 for one"),
+        ("--sizes", "2,048KiB", "so this would be 2 and 048KiB: write 2048KiB for one"),
+        ("--delays", "1,500ms", "'1,500ms': a comma separates the durations here"),
+    ],
+)
+def test_digits_grouped_with_commas_in_a_list_are_refused_not_read_as_two(
+    option: str, value: str, message: str
+) -> None:
+    """A list's commas separate its items, where ``1,000,004 B`` (as reports print a size) groups
+    digits: ``--sizes 4,096`` ran two settings, 4 B and 96 B."""
+    args = {"--sizes": "1KiB", "--delays": "0ms", option: value}
+    line = one_error(
+        run("bench", "--backend", "local", "-n", "2", *(x for kv in args.items() for x in kv)), 2
+    )
+    assert line.startswith(f"Error: Invalid value for '{option}': ") and message in line
+
+
+def test_a_list_of_small_sizes_is_still_a_list() -> None:
+    ran = run("bench", "--backend", "local", "-n", "2", "--sizes", "16,64", "--delays", "0ms", "--iters", "1")
+    assert ran.exit_code == 0, ran.output
+    sizes = [line.split("|")[2].strip() for line in ran.stdout.splitlines() if line.startswith("| 2 |")]
+    assert sizes == ["16 B", "64 B"]
+
+
+@pytest.mark.parametrize(
     ("size", "shown"),
     [
         ("64MB", "64 MB"),

@@ -92,6 +92,18 @@ def test_cost_prints_the_chunked_row_beside_the_papers() -> None:
         "chunks: C = 38 (auto: the model's fastest) against the paper's C = N-1 = 7: "
         "1.17x faster after the straggler arrives"
     )
+    slower = run("cost", "--gpus", "4", "--size", "4KiB", "--chunks", "30")
+    exposed = {  # the rows' exposed times in us, by their first two words
+        " ".join(words[:2]): float(words[-3]) for words in map(str.split, slower.stdout.splitlines()[2:7])
+    }
+    ours, theirs = exposed["stragglar C=30"], exposed["stragglar 4"]
+    said = re.fullmatch(
+        r"chunks: C = 30 against the paper's C = N-1 = 3: ([0-9.]+)x slower after the straggler arrives",
+        slower.stdout.splitlines()[-1],
+    )
+    assert said is not None, slower.stdout
+    assert float(said[1]) == pytest.approx(ours / theirs, rel=0.01)  # the larger over the smaller
+    assert ours / theirs > 5  # 31 rounds of alpha against 4
     paper = run("cost", "--gpus", "8", "--chunks", "7")
     assert paper.stdout.splitlines()[-1] == "chunks: C = 7, the paper's C = N-1"
     assert "stragglar C=" not in paper.stdout

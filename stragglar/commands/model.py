@@ -88,10 +88,11 @@ def _chunk_line(comparison: Comparison, chunks: int, auto: bool) -> str:
         return f"chunks: C = {chunks}{how}, the paper's C = N-1"
     ours = comparison.get(f"stragglar C={chunks}").exposed
     paper = comparison.get("stragglar").exposed
-    return (
-        f"chunks: C = {chunks}{how} against the paper's C = N-1 = {n - 1}: "
-        f"{paper / ours:.2f}x {'faster' if ours <= paper else 'slower'} after the straggler arrives"
-    )
+    if ours == paper:
+        than = "as fast"
+    else:  # the larger time over the smaller, so that "2x slower" takes twice as long
+        than = f"{paper / ours:.2f}x faster" if ours < paper else f"{ours / paper:.2f}x slower"
+    return f"chunks: C = {chunks}{how} against the paper's C = N-1 = {n - 1}: {than} after the straggler arrives"
 
 
 @click.command()

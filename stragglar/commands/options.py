@@ -4,6 +4,7 @@ algorithm, output files, the export options, and the refusal of an option that d
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -65,9 +66,38 @@ class Quantity(click.ParamType):  # type: ignore[type-arg, unused-ignore]
             items = [x.strip() for x in value.split(",")]
             if not all(items):
                 raise InputError(f"expected a comma-separated list, got {quoted(value)}")
+            _refuse_grouped_digits(items, self.name)
             return [self.parse(x) for x in items]
         except InputError as e:
             self.fail(str(e), param, ctx)
+
+
+def _refuse_grouped_digits(items: list[str], name: str) -> None:
+    """A list's items come between commas, yet a single quantity may group its digits with them
+    (``1,000,004 B``, as reports print it): ``4,096`` would be read as 4 and 96.  A bare number
+    followed by an item that starts with three digits is taken for such a grouping, and refused,
+    not read as two.
+
+    >>> _refuse_grouped_digits(["16MiB", "64MiB", "1000"], "sizes")
+    >>> _refuse_grouped_digits(["4", "096KiB"], "sizes")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    stragglar.errors.InputError: '4,096KiB': a comma separates ... be 4 and 096KiB: write 4096KiB for one
+    """
+    for i, first in enumerate(items[:-1]):
+        if not (first.isascii() and first.isdigit() and _THREE_DIGITS.match(items[i + 1])):
+            continue
+        group = [first, items[i + 1]]
+        while (
+            group[-1].isdigit() and i + len(group) < len(items) and _THREE_DIGITS.match(items[i + len(group)])
+        ):
+            group.append(items[i + len(group)])
+        raise InputError(
+            f"{quoted(','.join(group))}: a comma separates the {name} here, so this would be "
+            f"{', '.join(group[:-1])} and {group[-1]}: write {''.join(group)} for one"
+        )
+
+
+_THREE_DIGITS = re.compile(r"[0-9]{3}(?![0-9.])")
 
 
 def _timeout(text: str) -> float:
