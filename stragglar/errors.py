@@ -62,9 +62,13 @@ def shown(text: object, limit: int = SHOWN_CHARACTERS) -> str:
     >>> shown("late\n\x07"), shown("x" * 100_000, limit=3)
     ('late\\n\\x07', 'xxx... (100,000 characters)')
     """
-    whole = str(text)
+    return _cut(str(text), limit, len(str(text)))
+
+
+def _cut(whole: str, limit: int, length: int) -> str:
+    """``whole`` escaped and cut at ``limit`` characters, the value's ``length`` counted after it."""
     head = _escaped(whole[:limit])
-    return head if len(whole) <= limit else f"{head}... ({len(whole):,} characters)"
+    return head if len(whole) <= limit else f"{head}... ({length:,} characters)"
 
 
 def quoted(text: object, limit: int = SHOWN_CHARACTERS) -> str:
@@ -77,14 +81,16 @@ def described(value: object, limit: int = SHOWN_CHARACTERS) -> str:
     :func:`shown` cuts, and an integer too long to print (Python refuses more than 4,300 digits)
     by its size.
 
+    A string's count is of its own characters, not of its ``repr``'s quotes.
+
     >>> described("ab"), described(10**5000), described("x" * 100, limit=3)
-    ("'ab'", 'an integer of 16,610 bits', "'xx... (102 characters)")
+    ("'ab'", 'an integer of 16,610 bits', "'xx... (100 characters)")
     """
     try:
         text = repr(value)
     except ValueError:  # an int past Python's limit on digits
         return f"an integer of {int(value).bit_length():,} bits"  # type: ignore[call-overload]
-    return shown(text, limit)
+    return _cut(text, limit, len(value) if isinstance(value, str) else len(text))
 
 
 def _escaped(text: str) -> str:

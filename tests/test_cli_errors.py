@@ -431,6 +431,7 @@ def test_the_plot_is_written_where_it_says(tmp_path: Path) -> None:
         (["show", "{xml}", "--plot", "x.png"], "--plot does not apply"),
         (["run", "--schedule", "{json}", "--algorithm", "ring"], "--algorithm does not apply"),
         (["run", "--schedule", "{json}", "--straggler", "1"], "--straggler does not apply"),
+        (["run", "-n", "4", "-a", "ring", "--straggler", "1"], "ring has no straggler and with --delay 0 no"),
         (["run", "--schedule", "{xml}"], "is MSCCL XML: run takes a JSON schedule"),
         (["export", "{xml}"], "is MSCCL XML: export takes a JSON schedule"),
         (["run"], "--gpus is required"),

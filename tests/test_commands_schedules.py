@@ -368,7 +368,11 @@ def test_verify_warns_of_a_max_bytes_only_one_executor_reads_as_no_limit(tmp_pat
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["synth", "--gpus", "200", "--format", "msccl"], "ids <= 127"),
+        (
+            ["synth", "--gpus", "200", "--format", "msccl"],
+            "200 GPUs: stragglar writes MSCCL XML for at most 128",
+        ),
+        (["synth", "--gpus", "100", "--format", "msccl", "--instances", "2"], "ids <= 127"),
         (["synth", "--gpus", "4", "--format", "msccl", "--proto", "LL64"], "--proto"),
         (["synth", "--gpus", "4", "--format", "msccl", "--instances", "0"], "--instances"),
         (["verify", "missing.xml"], "file not found: missing.xml"),

@@ -137,7 +137,11 @@ def test_steps_prints_a_line_per_step_and_plot_draws(tmp_path: Path) -> None:
         (["--time-col", "when"], "has no column 'when'"),
         (["--size", "1MB", "--bucket", "2MB"], "--size and --bucket both give the buckets"),
         (["--where", "op"], "expected COLUMN=VALUE, got 'op'"),
-        (["--size", "0"], "a bucket must be more than 0 bytes"),
+        (["--size", "0"], "Invalid value for '--size': a bucket must be more than 0 bytes"),
+        (
+            ["--bucket", "1MB", "--bucket", "0"],
+            "Invalid value for '--bucket': a bucket must be more than 0 bytes",
+        ),
         (["--time-unit", "min"], "'min' is not one of"),
         (["--share", "0"], "--share"),
         (["--share", "1"], "--share"),

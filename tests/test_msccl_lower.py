@@ -190,7 +190,7 @@ def test_write_msccl(tmp_path: Path) -> None:
         ({"name": 'a"b'}, "name 'a\"b': use 1-128 characters"),
         (
             {"min_bytes": 10, "max_bytes": 5},
-            "minBytes 10 / maxBytes 5: no message size selects the algorithm: give min_bytes < max_bytes",
+            "minBytes 10 / maxBytes 5: no message size selects the algorithm: give a smallest message",
         ),
         (
             {"min_bytes": 5, "max_bytes": 5},
@@ -199,7 +199,7 @@ def test_write_msccl(tmp_path: Path) -> None:
         (
             {"max_bytes": 0},
             "maxBytes 0 is no limit to the Azure executor, never selected by microsoft/msccl (minBytes <= "
-            "size < maxBytes): give min_bytes < max_bytes, the largest message (default 1 TiB)",
+            "size < maxBytes): give a smallest message size below the largest (default 1 TiB)",
         ),
         ({"max_bytes": -1}, "max_bytes must be an integer in [0, 2**63), got -1"),
         ({"proto": None}, "proto None: choose from Simple, LL, LL128"),  # was a raw AttributeError

@@ -276,11 +276,20 @@ def test_too_many_thread_blocks_is_refused_with_the_limit_and_the_way_out() -> N
         (PlanOptions(num_threads_per_block=2048), "num_threads_per_block must be at most 1024"),
         (
             PlanOptions(min_message_size=10, max_message_size=5),
-            "need 0 <= min_message_size <= max_message_size",
+            "the smallest message size, 10 B, is above the largest, 5 B",
+        ),
+        (
+            PlanOptions(min_message_size=1 << 60),
+            "the smallest message size, 1,152,921,504,606,846,976 B, is above the largest, 2,312,674,672 B "
+            "(by default, what 32-bit chunk offsets fit)",
+        ),
+        (
+            PlanOptions(min_message_size=-1, max_message_size=0),
+            "a message size cannot be negative, got -1 and 0",
         ),
         (
             PlanOptions(max_message_size=1 << 40),
-            "max_message_size 1099511627776 overflows the executor's 32-bit",
+            "a largest message size of 1,099,511,627,776 B overflows the executor's 32-bit",
         ),
         (
             PlanOptions(min_message_size=0, max_message_size=100),

@@ -36,6 +36,7 @@ from stragglar.measure.run import (
     check_backend,
     check_dtype,
     check_run_size,
+    has_straggler,
     run_benchmark,
 )
 from stragglar.measure.sweep import sweep
@@ -153,6 +154,8 @@ def run(
     else:  # before a chunk count is priced (the run checks the count it gets)
         assert num_gpus is not None  # refused above otherwise
         check_run_size(num_gpus, check_ranks(algorithm, num_gpus).num_chunks)
+        if delay == 0 and not has_straggler(algorithm):  # --straggler names the late rank: there is none
+            refuse_given(["straggler"], f"{algorithm} has no straggler and with --delay 0 no rank is late")
     num_chunks = chosen_chunks(chunks, num_gpus, size, delay, network, algorithm=algorithm)
     if num_chunks is not None and chunks == AUTO:
         echo(auto_note(num_chunks, size, delay, network, where), err=True)

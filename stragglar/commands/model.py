@@ -92,7 +92,9 @@ def _chunk_line(comparison: Comparison, chunks: int, auto: bool) -> str:
         than = "as fast"
     else:  # the larger time over the smaller, so that "2x slower" takes twice as long
         than = f"{paper / ours:.2f}x faster" if ours < paper else f"{ours / paper:.2f}x slower"
-    return f"chunks: C = {chunks}{how} against the paper's C = N-1 = {n - 1}: {than} after the straggler arrives"
+    return (
+        f"chunks: C = {chunks}{how} against the paper's C = N-1 = {n - 1}: {than} after the straggler arrives"
+    )
 
 
 @click.command()

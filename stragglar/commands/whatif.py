@@ -211,7 +211,8 @@ def whatif(
         raise click.UsageError("--size and --bucket both give the buckets: use one")
     given = buckets or ((size,) if size is not None else None)
     if given and any(s <= 0 for s in given):
-        raise click.BadParameter("a bucket must be more than 0 bytes", param_hint="'--size'")
+        option = "'--bucket'" if buckets else "'--size'"
+        raise click.BadParameter("a bucket must be more than 0 bytes", param_hint=option)
     where = _where(where_values)
     rule = _rule(false_alarm, share, margin)
     files = trace_files(paths)

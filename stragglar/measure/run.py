@@ -45,6 +45,7 @@ __all__ = [
     "check_dtype",
     "check_graphs",
     "check_run_size",
+    "has_straggler",
     "run_benchmark",
 ]
 
@@ -271,7 +272,7 @@ def run_benchmark(
             raise InputError(f"link_rate paces gloo's sockets: the torch backend only, not {backend}")
         link_rate = check_link_rate(link_rate)
     if proof is None:
-        aware = late_rank is not None and _has_straggler(algorithm)
+        aware = late_rank is not None and has_straggler(algorithm)
         c = None if chunks is None else as_int(chunks, "chunks")
         counts = (c,) if c in (None, num_ranks - 1) else (c, None)
         for k in counts:
@@ -376,7 +377,7 @@ def check_run_size(num_ranks: int, num_chunks: int) -> None:
 
 
 @cache
-def _has_straggler(algorithm: str) -> bool:
+def has_straggler(algorithm: str) -> bool:
     """Whether ``algorithm``'s schedules have a straggler (its smallest schedule tells)."""
     return synthesize(algorithm, 2).straggler is not None
 

@@ -151,18 +151,18 @@ def check_request(num_ranks: int, num_chunks: int, instances: int = 1, algorithm
 thread blocks that others wait on, but dependency targets must have ids <= 127: MSCCL XML takes \
 StragglAR up to N = 128 with one instance (N x instances <= 128)
     """
-    waited_on = (num_ranks - 1) * instances
+    if num_ranks > MAX_XML_RANKS:
+        raise MscclExportError(
+            f"{num_ranks} GPUs: stragglar writes MSCCL XML for at most {MAX_XML_RANKS} (StragglAR stops "
+            "there, and a file's lowering and proof grow as N^3)"
+        )
+    waited_on = (num_ranks - 1) * instances  # within N <= 128, the instances can pass the limit
     if algorithm == "stragglar" and waited_on > MAX_DEPENDENCY_TB + 1:
         raise MscclExportError(
             f"StragglAR over {num_ranks} GPUs with {count_of(instances, 'instance')} needs at least "
             f"{waited_on} thread blocks that others wait on, but dependency targets must have ids <= "
             f"{MAX_DEPENDENCY_TB}: MSCCL XML takes StragglAR up to N = {MAX_DEPENDENCY_TB + 1} with one "
             f"instance (N x instances <= {MAX_DEPENDENCY_TB + 1})"
-        )
-    if num_ranks > MAX_XML_RANKS:
-        raise MscclExportError(
-            f"{num_ranks} GPUs: stragglar writes MSCCL XML for at most {MAX_XML_RANKS} (StragglAR stops "
-            "there, and a file's lowering and proof grow as N^3)"
         )
     cells = num_ranks * num_chunks * instances
     if cells > MAX_XML_CELLS:
@@ -261,4 +261,4 @@ def _check_options(options: XmlOptions) -> None:
     window = size_window(options.min_bytes, options.max_bytes)
     problem = window.never or window.partial
     if problem is not None:  # a choice: we write files that every executor selects
-        raise MscclExportError(f"{problem}: give min_bytes < max_bytes, the largest message (default 1 TiB)")
+        raise MscclExportError(f"{problem}: give a smallest message size below the largest (default 1 TiB)")

@@ -41,7 +41,7 @@ from stragglar.mscclpp.lowering.emit import Header, plan_dict, plan_text
 from stragglar.mscclpp.lowering.rounds import build_programs
 from stragglar.mscclpp.lowering.threadblocks import BlockError, cut_segments, place_blocks
 from stragglar.mscclpp.sizes import SizeRule, offset_limit
-from stragglar.mscclpp.vocabulary import UINT64_MAX, alignment_problem
+from stragglar.mscclpp.vocabulary import alignment_problem
 from stragglar.schedule import Schedule, base_name
 from stragglar.units import count_of
 from stragglar.verify import Proof, require_proof
@@ -221,11 +221,18 @@ def _rule(schedule: Schedule, scratch: tuple[int, ...], options: PlanOptions) ->
     safe = offset_limit(options.buffer_alignment, chunks, max_scratch)
     low = options.buffer_alignment * chunks if options.min_message_size is None else options.min_message_size
     high = safe if options.max_message_size is None else options.max_message_size
-    if not 0 <= low <= high <= UINT64_MAX:
-        raise MscclppExportError(f"need 0 <= min_message_size <= max_message_size, got {low} and {high}")
+    if min(low, high) < 0:
+        raise MscclppExportError(f"a message size cannot be negative, got {low} and {high}")
+    if low > high:  # said in words: the command line calls them --min-bytes and --max-bytes
+        default = (
+            "" if options.max_message_size is not None else " (by default, what 32-bit chunk offsets fit)"
+        )
+        raise MscclppExportError(
+            f"the smallest message size, {low:,} B, is above the largest, {high:,} B{default}"
+        )
     if high > safe:
         raise MscclppExportError(
-            f"max_message_size {high} overflows the executor's 32-bit chunk offsets "
+            f"a largest message size of {high:,} B overflows the executor's 32-bit chunk offsets "
             f"({max(chunks, max_scratch)} chunks per buffer); use at most {safe}"
         )
     rule = SizeRule(options.buffer_alignment, chunks, low, high, max_scratch)
