@@ -211,6 +211,15 @@ def test_the_bound_honours_its_timeout_while_building_the_model() -> None:
     assert time.perf_counter() - start < 5 and "z3 gave no answer" in line
 
 
+def test_verify_smt_honours_its_timeout(tmp_path: Path) -> None:
+    """64 ranks in 4,000 chunks: z3's proof ran for minutes, with no way to bound it (1,000 here: seconds)."""
+    schedule_json.write(synthesize("stragglar", 64, chunks=1000), tmp_path / "c.json")
+    start = time.perf_counter()
+    line = one_error(run("verify", "--smt", "--timeout", "500ms", str(tmp_path / "c.json")), 3)
+    assert time.perf_counter() - start < 20, "reading the file takes a few seconds, z3 half of one"
+    assert line.startswith("Error: z3 did not finish the proof within 500 ms ("), line
+
+
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
 def test_only_regular_files_are_read(tmp_path: Path) -> None:
     fifo = tmp_path / "pipe.json"
@@ -428,6 +437,7 @@ def test_the_plot_is_written_where_it_says(tmp_path: Path) -> None:
         (["synth", "--gpus", "4", "--format", "json", "--instances", "2"], "--instances does not apply"),
         (["synth", "--gpus", "4", "--timeout", "5s"], "--timeout does not apply"),
         (["verify", "--smt", "{xml}"], "--smt does not apply"),
+        (["verify", "--timeout", "5s", "{json}"], "--timeout does not apply: it bounds z3's proof (--smt)"),
         (["show", "{xml}", "--plot", "x.png"], "--plot does not apply"),
         (["run", "--schedule", "{json}", "--algorithm", "ring"], "--algorithm does not apply"),
         (["run", "--schedule", "{json}", "--straggler", "1"], "--straggler does not apply"),

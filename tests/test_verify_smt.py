@@ -13,7 +13,7 @@ from typing import cast
 
 import pytest
 
-from stragglar.errors import InputError
+from stragglar.errors import InputError, ResourceError
 from stragglar.schedule import Op, Phase, Round, Schedule, Transfer, move_straggler
 from stragglar.synth import ALGORITHMS, synthesize
 from stragglar.verify import VerificationError, Violation, find_violation, prove, smt
@@ -203,3 +203,47 @@ def test_a_schedule_of_many_ranks_and_chunks_is_refused_however_few_its_transfer
         InputError, match=r"^z3 proves schedules of at most 262,144 ranks x chunks .* has 4,194,304"
     ):
         smt_find_violation(declared)
+
+
+class Ticks:
+    """``time.monotonic`` that advances a second at every reading: a proof's clock, made exact."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+def test_a_proof_past_its_timeout_is_given_up_not_decided(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Read once at the start, once before the structure's one batch and once before each chunk:
+    with 4 s the third chunk finds the time spent."""
+    monkeypatch.setattr("stragglar.verify.smt.time.monotonic", Ticks())
+    with pytest.raises(ResourceError, match=r"^z3 did not finish the proof within 4 s \(at chunk 2 of 7\)$"):
+        smt_prove(synthesize("stragglar", 8), timeout_s=4.0)
+    wrong = one_phase(2, 1, (T(0, 1, 0, R), T(1, 0, 0, R)), (T(0, 1, 0, R), T(1, 0, 0, R)))
+    monkeypatch.setattr("stragglar.verify.smt.time.monotonic", Ticks())
+    with pytest.raises(ResourceError, match=r"within 2 s \(at chunk 0 of 1\)$"):  # not proved, not refuted
+        smt_find_violation(wrong, timeout_s=2.0)
+    monkeypatch.setattr("stragglar.verify.smt.time.monotonic", Ticks())
+    violation = smt_find_violation(wrong, timeout_s=3.0)
+    assert violation is not None and str(violation.kind) == "duplicate"
+
+
+def test_z3_out_of_time_in_a_query_is_the_same_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A query the time left cuts short answers unknown: that is the timeout's error too, and
+    without a timeout an unknown structure query is still located, as before."""
+    monkeypatch.setattr(smt, "_rounds_hold", lambda solver, batch: None)
+    with pytest.raises(ResourceError, match=r"\(in the rounds' structure\)$"):
+        smt_find_violation(synthesize("stragglar", 4), timeout_s=60.0)
+    with pytest.raises(RuntimeError, match="rejected the rules of the whole schedule but of no prefix"):
+        smt_find_violation(synthesize("stragglar", 4))
+
+
+def test_a_generous_timeout_changes_no_verdict() -> None:
+    assert smt_prove(synthesize("stragglar", 8), timeout_s=600.0).by == "z3"
+    wrong = one_phase(2, 1, (T(0, 1, 0, R), T(1, 0, 0, R)), (T(0, 1, 0, R), T(1, 0, 0, R)))
+    assert smt_find_violation(wrong, timeout_s=600.0) == smt_find_violation(wrong)
+    with pytest.raises(InputError, match="timeout_s must be"):
+        smt_prove(synthesize("stragglar", 4), timeout_s=0.0)

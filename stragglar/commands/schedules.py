@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -261,8 +262,13 @@ def export(
 @click.command()
 @click.argument("file", type=click.Path(path_type=Path))
 @click.option("--smt", is_flag=True, help="Prove a JSON schedule with z3 instead of the simulator.")
+@click.option(
+    "--timeout",
+    type=TIMEOUT,
+    help="With --smt: give up on z3 after this long (exit 3), the whole proof's budget [default: none].",
+)
 @VERBOSE
-def verify(file: Path, smt: bool, verbose: bool) -> None:
+def verify(file: Path, smt: bool, timeout: float | None, verbose: bool) -> None:
     """Prove FILE correct, or name its first violation: a JSON schedule, MSCCL XML or an MSCCL++ plan,
     told apart by content.
 
@@ -270,6 +276,10 @@ def verify(file: Path, smt: bool, verbose: bool) -> None:
     valid file of any of these kinds.  An artifact is proved as its executor runs it.
     """
     check_output(Path("-"), file)  # `verify in.json >> in.json` would append to its own input
+    if not smt:
+        refuse_given(
+            ["timeout"], "it bounds z3's proof (--smt); the simulator's is bounded by the file's size"
+        )
     found = read_input(file)
     if found.format is not None:
         refuse_given(["smt"], f"{file} is {found.format.title_with_article}; --smt proves JSON schedules")
@@ -278,7 +288,9 @@ def verify(file: Path, smt: bool, verbose: bool) -> None:
         _warn(file, artifact)
     else:
         assert found.schedule is not None  # a file of no artifact format is a schedule
-        proof = proved(found.schedule, str(file), smt_prove if smt else prove)
+        proof = proved(
+            found.schedule, str(file), functools.partial(smt_prove, timeout_s=timeout) if smt else prove
+        )
         summary, details = proof.summary, proof.headline
     echo(f"{file}: {summary}")
     if verbose:

@@ -43,8 +43,10 @@ from fractions import Fraction
 
 import z3
 
-from stragglar.errors import InputError
+from stragglar.args import as_seconds
+from stragglar.errors import InputError, ResourceError
 from stragglar.schedule import Op, Phase, Round, Schedule, Transfer
+from stragglar.units import format_seconds
 from stragglar.verify.report import (
     CounterExample,
     Kind,
@@ -75,21 +77,26 @@ SMT_MAX_CELLS = 512 * 512  # ranks x chunks: z3 gets a term per rank for every c
 _PAIRWISE = ("send-port", "receive-port", "double-write")  # rules two transfers break together
 
 
-def smt_prove(schedule: Schedule) -> Proof:
-    """Prove ``schedule`` a correct AllReduce with z3; raises :class:`VerificationError` if it is not."""
+def smt_prove(schedule: Schedule, timeout_s: float | None = None) -> Proof:
+    """Prove ``schedule`` a correct AllReduce with z3; raises :class:`VerificationError` if it is not
+    (and :class:`~stragglar.errors.ResourceError` past ``timeout_s``: see :func:`smt_find_violation`)."""
     start = time.perf_counter()
-    violation = smt_find_violation(schedule)
+    violation = smt_find_violation(schedule, timeout_s)
     if violation is not None:
         raise VerificationError(violation)
     return issue_proof(schedule, "z3", time.perf_counter() - start)
 
 
-def smt_find_violation(schedule: Schedule) -> Violation | None:
+def smt_find_violation(schedule: Schedule, timeout_s: float | None = None) -> Violation | None:
     """Return why ``schedule`` is not a correct AllReduce, or None once z3 has proved that it is.
 
     A structural violation is reported before any wrong value, since values are only
-    meaningful for a well-formed schedule.
+    meaningful for a well-formed schedule.  ``timeout_s`` bounds the whole proof: z3's queries
+    and the symbolic runs between them (most of the time on many chunks: 64 ranks with 4,000
+    chunks ran for minutes); past it, a :class:`~stragglar.errors.ResourceError` says that
+    nothing was decided, rather than a proof or a violation.
     """
+    clock = _Clock(None if timeout_s is None else as_seconds(timeout_s, "timeout_s", positive=True))
     if schedule.collective != "allreduce":
         raise InputError(f"can only verify allreduce schedules, not {schedule.collective!r}")
     cells = schedule.num_ranks * schedule.num_chunks
@@ -104,16 +111,41 @@ def smt_find_violation(schedule: Schedule) -> Violation | None:
             f"this one has {schedule.num_transfers:,}: the simulator (verify without --smt) proves it"
         )
     rounds = _rounds(schedule)
-    violation = _structure_violation(schedule, rounds)
+    violation = _structure_violation(schedule, rounds, clock)
     if violation is not None:
         return violation
     steps = _steps_by_chunk(rounds)
     solver = z3.Solver()  # one for all chunks, each in its own scope: creating solvers costs more
     for chunk in range(schedule.num_chunks):
-        violation = _chunk_violation(solver, schedule.num_ranks, chunk, steps[chunk])
+        clock.check(solver, f"at chunk {chunk:,} of {schedule.num_chunks:,}")
+        violation = _chunk_violation(solver, schedule.num_ranks, chunk, steps[chunk], clock)
         if violation is not None:
             return violation
     return None
+
+
+class _Clock:
+    """The time left to a proof of at most ``timeout_s`` seconds (None: no limit).
+
+    :meth:`check` is called before each step of work: it raises once the time is spent, and
+    otherwise gives z3 what is left, so that no single query outlasts the limit either (z3 then
+    answers unknown, which :meth:`spent` turns into the same error)."""
+
+    def __init__(self, timeout_s: float | None) -> None:
+        self.timeout_s = timeout_s
+        self.deadline = None if timeout_s is None else time.monotonic() + timeout_s
+
+    def check(self, solver: z3.Solver, where: str) -> None:
+        if self.deadline is None:
+            return
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise self.spent(where)
+        solver.set("timeout", max(1, int(left * 1000)))
+
+    def spent(self, where: str) -> ResourceError:
+        assert self.timeout_s is not None
+        return ResourceError(f"z3 did not finish the proof within {format_seconds(self.timeout_s)} ({where})")
 
 
 smt_check = smt_find_violation  # its former name, deprecated
@@ -131,13 +163,20 @@ _RULES = ("range", "self", "op", "membership", "send-port", "receive-port", "dou
 _PARSED_LINES = 20_000  # lines of rules z3 parses in one call: ~0.1 s, the longest a Ctrl-C waits here
 
 
-def _structure_violation(schedule: Schedule, rounds: list[tuple[Where, Phase, Round]]) -> Violation | None:
+def _structure_violation(
+    schedule: Schedule, rounds: list[tuple[Where, Phase, Round]], clock: _Clock
+) -> Violation | None:
     """The first round whose transfers break the rules, located by an unsat core, or None."""
     n, c = schedule.num_ranks, schedule.num_chunks
     solver = z3.Solver()
     solver.from_string("\n".join(_preamble(n, c, schedule.phases)))
-    if not all(_rounds_hold(solver, batch) for batch in _batches(n, rounds)):
-        return _located_structure_violation(schedule, rounds)
+    for batch in _batches(n, rounds):
+        clock.check(solver, "in the rounds' structure")
+        holds = _rounds_hold(solver, batch)
+        if holds is None and clock.deadline is not None:
+            raise clock.spent("in the rounds' structure")
+        if not holds:
+            return _located_structure_violation(schedule, rounds, clock)
     return None
 
 
@@ -153,7 +192,7 @@ def _batches(n: int, rounds: list[tuple[Where, Phase, Round]]) -> Iterator[list[
         yield batch
 
 
-def _rounds_hold(solver: z3.Solver, batch: list[str]) -> bool:
+def _rounds_hold(solver: z3.Solver, batch: list[str]) -> bool | None:
     """Whether one batch of rounds keeps the rules, checked in a scope of its own.
 
     Rounds share nothing but the preamble, so the schedule holds iff every batch does, and the
@@ -163,20 +202,27 @@ def _rounds_hold(solver: z3.Solver, batch: list[str]) -> bool:
     solver.push()
     try:
         solver.from_string("\n".join(batch))
-        return bool(solver.check() == z3.sat)
+        verdict = solver.check()
+        return None if verdict == z3.unknown else verdict == z3.sat  # unknown: out of time
     finally:
         solver.pop()
 
 
-def _located_structure_violation(schedule: Schedule, rounds: list[tuple[Where, Phase, Round]]) -> Violation:
+def _located_structure_violation(
+    schedule: Schedule, rounds: list[tuple[Where, Phase, Round]], clock: _Clock
+) -> Violation:
     """The first round that breaks the rules, named by an unsat core: only for a schedule that does."""
     n, c = schedule.num_ranks, schedule.num_chunks
     tracked = z3.Solver()
     options = ["(set-option :produce-unsat-cores true)", "(set-option :smt.core.minimize true)"]
     tracked.from_string("\n".join(options + _preamble(n, c, schedule.phases)))
     for where, phase, rnd in rounds:
+        clock.check(tracked, f"locating the rule broken, at {where}")
         tracked.from_string("\n".join(_round_rules(n, where, phase, rnd, named=True)))
-        if tracked.check() == z3.unsat:  # earlier rounds hold, so this round's labels are unsat alone
+        verdict = tracked.check()
+        if verdict == z3.unknown and clock.deadline is not None:
+            raise clock.spent(f"locating the rule broken, at {where}")
+        if verdict == z3.unsat:  # earlier rounds hold, so this round's labels are unsat alone
             core = [_label(str(name)) for name in tracked.unsat_core()]
             here = sorted(
                 ((kind, i) for kind, at, i in core if at == (where.phase, where.round)), key=_second
@@ -287,7 +333,9 @@ def _steps_by_chunk(rounds: Sequence[tuple[Where, Phase, Round]]) -> defaultdict
     return steps
 
 
-def _chunk_violation(solver: z3.Solver, n: int, chunk: int, steps: list[_Step]) -> Violation | None:
+def _chunk_violation(
+    solver: z3.Solver, n: int, chunk: int, steps: list[_Step], clock: _Clock
+) -> Violation | None:
     """Run ``chunk`` symbolically and ask z3 for inputs that make some rank's final value wrong.
 
     One query covers all ranks; only if it is satisfiable are the ranks asked one by one, so
@@ -303,10 +351,10 @@ def _chunk_violation(solver: z3.Solver, n: int, chunk: int, steps: list[_Step]) 
             last[t.dst] = (where, t)
     total = z3.Sum(inputs)
     distinct = {term.get_id(): term for term in value}  # copies share terms: ask once per term
-    if _model(solver, z3.Or([term != total for term in distinct.values()]), chunk) is None:
+    if _model(solver, z3.Or([term != total for term in distinct.values()]), chunk, clock) is None:
         return None
     for rank, term in enumerate(value):
-        model = _model(solver, term != total, chunk)
+        model = _model(solver, term != total, chunk, clock)
         if model is not None:
             numbers = tuple(_number(model, x) for x in inputs)
             example = CounterExample(chunk, numbers, rank, _number(model, total), _number(model, term))
@@ -314,7 +362,7 @@ def _chunk_violation(solver: z3.Solver, n: int, chunk: int, steps: list[_Step]) 
     raise RuntimeError(f"z3 found chunk {chunk} wrong at some rank but at none alone")
 
 
-def _model(solver: z3.Solver, claim: z3.BoolRef, chunk: int) -> z3.ModelRef | None:
+def _model(solver: z3.Solver, claim: z3.BoolRef, chunk: int, clock: _Clock) -> z3.ModelRef | None:
     """A model of ``claim`` or None when it is unsatisfiable, leaving ``solver`` as it was."""
     solver.push()
     solver.add(claim)
@@ -322,6 +370,8 @@ def _model(solver: z3.Solver, claim: z3.BoolRef, chunk: int) -> z3.ModelRef | No
     model = solver.model() if verdict == z3.sat else None
     solver.pop()
     if verdict == z3.unknown:
+        if clock.deadline is not None and solver.reason_unknown() in ("timeout", "canceled"):
+            raise clock.spent(f"at chunk {chunk:,}")
         raise RuntimeError(f"z3 could not decide chunk {chunk}: {solver.reason_unknown()}")
     return model
 
