@@ -198,9 +198,10 @@ def _plan_file(schedule: Schedule, options: ExportOptions) -> str:
 
 
 def _is_plan(text: str, document: Callable[[], object]) -> bool:
-    """A JSON object with ``gpus`` that does not say it is a stragglar schedule (``format``)."""
+    """A JSON object with a ``gpus`` list that does not say it is a stragglar schedule (``format``);
+    other JSON may have a ``gpus`` key (``bench --json``: the GPUs of the machine, or null)."""
     root = document()
-    return isinstance(root, dict) and "format" not in root and "gpus" in root
+    return isinstance(root, dict) and "format" not in root and isinstance(root.get("gpus"), list)
 
 
 MSCCLPP: ArtifactFormat[PlanDocument] = ArtifactFormat(

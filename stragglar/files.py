@@ -45,6 +45,7 @@ __all__ = [
     "open_regular",
     "own_descriptor",
     "read_text",
+    "refuse_standard_input",
     "same_file",
     "write_bytes",
     "write_text",
@@ -78,6 +79,10 @@ def open_regular(path: str | os.PathLike[str], kind: str, limit: int | None = No
     :class:`InputError` naming the file otherwise: a FIFO would block forever and ``/dev/zero``
     never ends.  ``kind`` says what stragglar reads from it (``schedules``, ``traces``)."""
     name = shown(os.fspath(path))
+    if os.fspath(path) == "-":  # where other tools read standard input: say so, not "file not found"
+        raise InputError(
+            f"stragglar reads {kind} from files, not standard input ('-'; a file of that name: ./-)"
+        )
     try:
         info = os.stat(path)
     except FileNotFoundError:
@@ -92,6 +97,15 @@ def open_regular(path: str | os.PathLike[str], kind: str, limit: int | None = No
         return open(path, "rb")
     except OSError as e:
         raise InputError(f"cannot read {name}: {e.strerror or e}") from None
+
+
+def refuse_standard_input(path: str | os.PathLike[str], kind: str) -> None:
+    """``-``, where other tools read standard input, is refused as such, not as a missing file:
+    stragglar reads ``kind`` from files, whose size it knows before it reads (a pipe may not end)."""
+    if os.fspath(path) == "-":
+        raise InputError(
+            f"stragglar reads {kind} from files, not standard input ('-'; a file of that name: ./-)"
+        )
 
 
 def check_appendable(path: str | os.PathLike[str], kind: str) -> None:

@@ -201,15 +201,23 @@ def parse_bandwidth(text: str) -> float:
 
 
 def format_seconds(seconds: float) -> str:
-    """A duration with a unit people read at a glance: ``0.002884`` -> ``'2.884 ms'``.
+    """A duration with a unit people read at a glance: ``0.002884`` -> ``'2.884 ms'``; whole
+    seconds grouped in threes past 9,999 s, where four digits would need an exponent, and
+    nanoseconds below a microsecond.
 
     >>> format_seconds(0.002884), format_seconds(3e-6), format_seconds(1.5)
     ('2.884 ms', '3 us', '1.5 s')
+    >>> format_seconds(604800.0), format_seconds(1e-13), format_seconds(0.0)
+    ('604,800 s', '0.0001 ns', '0 s')
     """
-    for unit, factor in (("s", 1.0), ("ms", 1e-3)):
+    if seconds >= 1e4:
+        return f"{seconds:,.0f} s"
+    if seconds == 0:
+        return "0 s"
+    for unit, factor in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
         if seconds >= factor:
             return f"{seconds / factor:.4g} {unit}"
-    return f"{seconds / 1e-6:.4g} us"
+    return f"{seconds / 1e-9:.4g} ns"
 
 
 _BINARY = (("EiB", 2**60), ("PiB", 2**50), ("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))

@@ -220,6 +220,29 @@ def test_verify_smt_honours_its_timeout(tmp_path: Path) -> None:
     assert line.startswith("Error: z3 did not finish the proof within 500 ms ("), line
 
 
+@pytest.mark.parametrize(
+    ("args", "kind"),
+    [
+        (["verify", "-"], "schedules"),
+        (["show", "-"], "schedules"),
+        (["export", "-", "-o", "x.xml"], "schedules"),
+        (["run", "--schedule", "-"], "schedules"),
+        (["whatif", "-"], "traces"),
+        (["whatif", "-", "--format", "csv"], "traces"),
+    ],
+)
+def test_standard_input_is_refused_as_such_not_as_a_missing_file(
+    tmp_path: Path, args: list[str], kind: str
+) -> None:
+    """``verify - < s.json`` said "file not found: -"; ``whatif -`` could not tell the format of -."""
+    os.chdir(tmp_path)
+    line = one_error(run(*args), 2)
+    assert (
+        line
+        == f"Error: stragglar reads {kind} from files, not standard input ('-'; a file of that name: ./-)"
+    )
+
+
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
 def test_only_regular_files_are_read(tmp_path: Path) -> None:
     fifo = tmp_path / "pipe.json"
@@ -474,6 +497,24 @@ def test_files_are_told_apart_by_content_and_run_takes_n_from_the_file(tmp_path:
     )
     ran = run("run", "--schedule", str(tmp_path / "five.xml"), "--size", "4KiB", "--iters", "1")
     assert ran.exit_code == 0 and ran.output.startswith("stragglar against sum of buffers on local: 5 ranks")
+
+
+@pytest.mark.parametrize(
+    ("document", "message"),
+    [
+        ({}, "is JSON, but not a stragglar schedule (no 'format' key) nor an MSCCL++ plan (no 'gpus' list)"),
+        ({"backend": "local", "gpus": None, "settings": []}, "is JSON, but not a stragglar schedule"),
+        ({"name": "p", "collective": "allreduce"}, "nor an MSCCL++ plan (no 'gpus' list)"),
+        ({"trace": "t.csv", "format": "csv"}, 'format: expected "stragglar-schedule", got "csv"'),
+    ],
+)
+def test_other_json_is_named_as_what_it_is_not(tmp_path: Path, document: object, message: str) -> None:
+    """``bench --json``'s output (a ``gpus`` key, null) was read as an MSCCL++ plan, ``{}`` got
+    "format: missing required key", and ``whatif --json``'s a complaint about a version."""
+    path = tmp_path / "other.json"
+    path.write_text(json.dumps(document))
+    for command in ("verify", "show"):
+        assert message in one_error(run(command, str(path)), 2)
 
 
 # ---------------------------------------------------------------------------- empty files, descriptors

@@ -42,7 +42,13 @@ def read_input(path: Path) -> Input:
             fmt = format_of(text, document)
             if fmt is not None:
                 return Input(path, fmt, text, None)
-            return Input(path, None, text, schedule_json.from_document(document()))
+            root = document()
+            if isinstance(root, dict) and "format" not in root:  # some other JSON: say what it is not
+                raise InputError(
+                    f"{path} is JSON, but not a stragglar schedule (no 'format' key) "
+                    "nor an MSCCL++ plan (no 'gpus' list)"
+                )
+            return Input(path, None, text, schedule_json.from_document(root))
         except schedule_json.ScheduleFormatError as e:
             raise schedule_json.ScheduleFormatError(f"{path}: {e}") from None
 

@@ -283,10 +283,11 @@ def _check_header(doc: object) -> dict[str, Any]:
     """Check the format tag and version before anything else, then the top-level keys."""
     if not isinstance(doc, dict):
         _fail("", f"expected an object, got {_show(doc)}")
-    for key in ("format", "version"):
-        if key not in doc:
-            _fail(key, "missing required key")
-    _const(doc["format"], "format", FORMAT)
+    if "format" not in doc:
+        _fail("format", "missing required key")
+    _const(doc["format"], "format", FORMAT)  # first: another program's JSON is told by its tag alone
+    if "version" not in doc:
+        _fail("version", "missing required key")
     version = doc["version"]
     if type(version) is not int:
         _fail("version", f"expected an integer, got {_show(version)}")

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from stragglar.errors import InputError, ResourceError, quoted, ran_out, shown
-from stragglar.files import json_complaint, open_appending, open_regular
+from stragglar.files import json_complaint, open_appending, open_regular, refuse_standard_input
 
 __all__ = [
     "FLIGHT_RECORDER",
@@ -125,6 +125,7 @@ def trace_files(paths: Sequence[Path], max_files: int = MAX_FILES) -> list[Path]
     one folder.  A folder with no file is an error; so are more than ``max_files`` files."""
     files: list[Path] = []
     for path in paths:
+        refuse_standard_input(path, "traces")
         if not path.is_dir():
             files.append(path)
             continue
