@@ -382,6 +382,27 @@ def test_export_bad_input(args: list[str], message: str) -> None:
     assert message in one_error(run(*args), 2)
 
 
+@pytest.mark.parametrize(
+    ("fmt", "message"),
+    [
+        ("msccl", "200 GPUs: stragglar writes MSCCL XML for at most 128"),
+        ("mscclpp", "200 GPUs: stragglar writes MSCCL++ plans for at most 192"),
+    ],
+)
+def test_export_refuses_a_schedule_too_large_before_proving_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fmt: str, message: str
+) -> None:
+    """A 2048-GPU file was read, then proved (half a minute), and only then refused."""
+    schedule_json.write(synthesize("stragglar", 200), tmp_path / "big.json")
+
+    def never(*args: object) -> None:
+        raise AssertionError("proved before the refusal")
+
+    monkeypatch.setattr(schedules, "proved", never)
+    line = one_error(run("export", str(tmp_path / "big.json"), "--format", fmt, "-o", str(tmp_path / "x")), 2)
+    assert line.startswith(f"Error: {message}")
+
+
 def test_export_refuses_a_chunk_count_and_names_the_command_that_makes_one(tmp_path: Path) -> None:
     path = tmp_path / "s.json"
     assert run("synth", "--gpus", "4", "-o", str(path)).exit_code == 0

@@ -35,7 +35,7 @@ from stragglar.errors import IncorrectError, StragglarError, shown
 from stragglar.formats import schedule_json
 from stragglar.formats.text import render
 from stragglar.model import AUTO, Network
-from stragglar.synth import METHODS, check_ranks, check_request, generate
+from stragglar.synth import METHODS, Request, check_ranks, check_request, generate
 from stragglar.verify import Proof, prove
 from stragglar.verify.report import ArtifactProof
 from stragglar.verify.smt import smt_prove
@@ -241,7 +241,13 @@ def export(
     output, fmt = destination(output, fmt, "msccl", ("json", *FORMATS))
     check_output(Path("-") if output is None else output, file)  # stdout too: `1<>FILE`, `>>FILE`
     refuse_other_formats(fmt)
-    proof = proved(load_schedule(file, "export"), str(file))
+    schedule = load_schedule(file, "export")
+    if (
+        fmt in FORMATS
+    ):  # before the proof, what N and C alone refuse (a file's schedule: no algorithm's rules)
+        request = Request("", schedule.num_ranks, schedule.straggler, schedule.num_chunks, "construct")
+        FORMATS[fmt].check_request(request, ExportOptions(**artifact))
+    proof = proved(schedule, str(file))
     if fmt in FORMATS:
         exported = export_artifact(proof, FORMATS[fmt], ExportOptions(**artifact))
         text, summary = exported.text, exported.proof.summary
