@@ -221,6 +221,27 @@ def test_verify_smt_honours_its_timeout(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (["synth", "--gpus", "9" * 20], "'--gpus' / '-n'"),
+        (["cost", "--gpus", "9" * 20], "'--gpus' / '-n'"),
+        (["bound", "--gpus", "9" * 20], "'--gpus' / '-n'"),
+        (["run", "--gpus", "9" * 20], "'--gpus' / '-n'"),
+        (["run", "--gpus", "4", "--straggler", "9" * 20, "--delay", "1ms"], "'--straggler'"),
+        (["synth", "--gpus", "4", "--format", "msccl", "--instances", "9" * 20], "'--instances'"),
+        (
+            ["synth", "--gpus", "4", "--format", "mscclpp", "--max-threadblocks", "9" * 20],
+            "'--max-threadblocks'",
+        ),
+    ],
+)
+def test_a_number_past_64_bits_is_refused_by_its_option(args: list[str], option: str) -> None:
+    """It was refused by the API's parameter: "num_ranks must fit in 64 bits", a name never typed."""
+    line = one_error(run(*args), 2)
+    assert line.startswith(f"Error: Invalid value for {option}: {'9' * 20} is not in the range"), line
+
+
+@pytest.mark.parametrize(
     ("args", "kind"),
     [
         (["verify", "-"], "schedules"),

@@ -16,6 +16,7 @@ from stragglar.commands.options import (
     SIZE,
     STRAGGLER,
     TIMEOUT,
+    WHOLE,
     Quantity,
     auto_note,
     chosen_chunks,
@@ -89,7 +90,7 @@ PEER_TIMEOUT = click.option(
     "--gpus",
     "-n",
     "num_gpus",
-    type=int,
+    type=WHOLE,
     metavar="N",
     help="Number of ranks (with --schedule: from the file).",
 )

@@ -13,6 +13,7 @@ from stragglar.commands.options import (
     PLOT,
     TIMEOUT,
     VERBOSE,
+    WHOLE_MAX,
     chosen_chunks,
     model_options,
     refuse_given,
@@ -98,7 +99,9 @@ def _chunk_line(comparison: Comparison, chunks: int, auto: bool) -> str:
 
 
 @click.command()
-@click.option("--gpus", "-n", "num_gpus", type=click.IntRange(min=2), required=True, metavar="N")
+@click.option(
+    "--gpus", "-n", "num_gpus", type=click.IntRange(min=2, max=WHOLE_MAX), required=True, metavar="N"
+)
 @click.option(
     "--collective",
     type=click.Choice(("allreduce", *COLLECTIVES)),
@@ -110,13 +113,13 @@ def _chunk_line(comparison: Comparison, chunks: int, auto: bool) -> str:
 @click.option(
     "--chunks",
     "-c",
-    type=click.IntRange(min=1),
+    type=click.IntRange(min=1, max=WHOLE_MAX),
     help="Chunks C >= N-1 (default N-1, the paper's); for reduce_scatter and all_gather a multiple "
     "of N (default N).",
 )
 @click.option(
     "--rounds",
-    type=click.IntRange(min=0),
+    type=click.IntRange(min=0, max=WHOLE_MAX),
     help="Rounds to refute (default: one below the bound); allreduce only.",
 )
 @click.option(

@@ -34,6 +34,8 @@ __all__ = [
     "STRAGGLER",
     "TIMEOUT",
     "VERBOSE",
+    "WHOLE",
+    "WHOLE_MAX",
     "Quantity",
     "artifact_options",
     "auto_note",
@@ -109,6 +111,10 @@ def _timeout(text: str) -> float:
     return seconds
 
 
+# A whole-number option past 64 bits is refused by click, naming the option: the API would name
+# its parameter (``num_ranks must fit in 64 bits``), which the user never typed.
+WHOLE_MAX = 2**63 - 1
+WHOLE = click.IntRange(max=WHOLE_MAX)
 SIZE = Quantity("size", parse_size)
 DURATION = Quantity("duration", parse_duration)
 TIMEOUT = Quantity("duration", _timeout)
@@ -218,9 +224,9 @@ def chosen_chunks(
 
 
 GPUS = click.option(
-    "--gpus", "-n", "num_gpus", type=int, required=True, metavar="N", help="Number of GPUs, >= 2."
+    "--gpus", "-n", "num_gpus", type=WHOLE, required=True, metavar="N", help="Number of GPUs, >= 2."
 )
-STRAGGLER = click.option("--straggler", type=int, metavar="R", help="The straggler's rank (default N-1).")
+STRAGGLER = click.option("--straggler", type=WHOLE, metavar="R", help="The straggler's rank (default N-1).")
 ALGORITHM = click.option(
     "--algorithm", "-a", type=click.Choice(ALGORITHMS), default="stragglar", show_default=True
 )
@@ -265,7 +271,7 @@ def artifact_options(command: Callable[..., None]) -> Callable[..., None]:
         ),
         click.option(
             "--instances",
-            type=click.IntRange(min=1),
+            type=click.IntRange(min=1, max=WHOLE_MAX),
             default=defaults.instances,
             show_default=True,
             help="Copies per loop.",
@@ -275,7 +281,7 @@ def artifact_options(command: Callable[..., None]) -> Callable[..., None]:
         click.option("--name", help="The algo's or plan's name (default: from the schedule)."),
         click.option(
             "--max-threadblocks",
-            type=click.IntRange(min=1),
+            type=click.IntRange(min=1, max=WHOLE_MAX),
             default=defaults.max_threadblocks,
             show_default=True,
             help="MSCCL++: thread blocks one GPU runs at once (A100: 108, H100 SXM: 132).",
