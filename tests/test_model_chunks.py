@@ -190,3 +190,17 @@ def test_an_output_can_cap_the_candidates() -> None:
     assert max(chunk_candidates(8, 2**30)) == 128 and max(chunk_candidates(8, 2**30, max_chunks=40)) <= 40
     with pytest.raises(InputError, match="no power-of-two chunk count from 189 to 194 for 190 GPUs"):
         chunk_candidates(190, 2**30, power_of_two=True, max_chunks=194)
+
+
+@pytest.mark.parametrize("limit", [0, 1, 6, -5])
+def test_a_chunk_limit_below_n_minus_1_is_refused_not_passed_over(limit: int) -> None:
+    """``best_chunks(8, ..., max_chunks=2)`` returned 7, past the limit it was given."""
+    with pytest.raises(InputError, match=rf"^max_chunks must be at least N - 1 = 7, .* got {limit}$"):
+        best_chunks(8, GIB, 5e-3, max_chunks=limit)
+
+
+def test_every_candidate_keeps_within_the_limit() -> None:
+    for limit in (7, 8, 20, 100):
+        candidates = chunk_candidates(8, GIB, max_chunks=limit)
+        assert max(candidates) <= limit and 7 in candidates
+        assert best_chunks(8, GIB, 5e-3, max_chunks=limit) <= limit

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import pytest
 
+from stragglar.errors import ArgumentError, InputError
 from stragglar.schedule import Op, Phase, Round, Schedule, Transfer
 from stragglar.verify import VerificationError, Violation, find_violation, prove
+from stragglar.verify.smt import smt_prove
 
 R, C = Op.REDUCE, Op.COPY
 
@@ -218,3 +221,28 @@ def test_the_former_names_still_find_violations() -> None:
     from stragglar.verify import smt
 
     assert verify.check is find_violation and smt.smt_check is smt.smt_find_violation
+
+
+@pytest.mark.parametrize("prover", [prove, smt_prove])
+@pytest.mark.parametrize(
+    ("schedule", "message"),
+    [
+        (Schedule("x", 2, 1, 7, ()), r"^straggler must be a rank in 0\.\.1, got 7$"),
+        (Schedule("x", 0, 1, None, ()), r"^num_ranks must be at least 1, got 0$"),
+        (Schedule("x", 2, 0, None, ()), r"^num_chunks must be at least 1, got 0$"),
+        (
+            Schedule("x", 2, 1, None, (Phase("p", (0, 5), ()),)),
+            r"^phase 0 'p': a rank must be a rank in 0\.\.1",
+        ),
+        (Schedule("x", 2, 1, None, (Phase("p", (1, 1), ()),)), r"^phase 0 'p' lists a rank twice: \[1, 1\]$"),
+    ],
+)
+def test_both_provers_refuse_a_header_that_makes_no_sense(
+    prover: Callable[[Schedule], object], schedule: Schedule, message: str
+) -> None:
+    """A schedule made in Python with a straggler of 7 out of 2 ranks was proved, and a run then
+    blamed a ``late_rank`` the user never passed."""
+    with pytest.raises(InputError, match=message):
+        prover(schedule)
+    with pytest.raises(ArgumentError, match=r"^expected a Schedule, got NoneType$"):
+        prover(None)  # type: ignore[arg-type]

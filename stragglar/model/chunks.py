@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 
+from stragglar.args import as_int
 from stragglar.errors import InputError
 from stragglar.model.cost import PAPER_NETWORK, Network, estimate
 from stragglar.model.predict import generated_profile
@@ -65,8 +66,8 @@ def chunk_candidates(
 
     >>> chunk_candidates(8, 2**30)
     [7, 16, 32, 35, 38, 39, 42, 64, 128]
-    >>> chunk_candidates(8, 2**30, power_of_two=True)
-    [16, 32, 64, 128]
+    >>> chunk_candidates(8, 2**30, power_of_two=True), chunk_candidates(8, 2**30, max_chunks=20)
+    ([16, 32, 64, 128], [7, 8, 14, 16, 20])
     """
     n = num_ranks
     if n < 2:
@@ -74,6 +75,10 @@ def chunk_candidates(
     if not size_bytes > 0:
         raise InputError(f"the buffer size must be > 0 bytes, got {size_bytes}")
     low = n - 1
+    if max_chunks is not None and as_int(max_chunks, "max_chunks") < low:  # not silently N - 1
+        raise InputError(
+            f"max_chunks must be at least N - 1 = {low}, the fewest StragglAR takes, got {max_chunks}"
+        )
     limits = (MAX_AUTO_CHUNKS, MAX_CHUNKS, MAX_CELLS // n, int(size_bytes // MIN_CHUNK_BYTES))
     high = max(low, min(*limits, MAX_CHUNKS if max_chunks is None else max_chunks))
     doublings = max(1, (n - 1).bit_length()) - 1

@@ -28,7 +28,8 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from stragglar.errors import ArgumentError, IncorrectError
+from stragglar.args import as_int, as_rank
+from stragglar.errors import ArgumentError, IncorrectError, InputError
 from stragglar.schedule import Op, Schedule, Transfer, round_lower_bound
 from stragglar.units import count_of
 
@@ -41,6 +42,7 @@ __all__ = [
     "Violation",
     "Where",
     "bit_list",
+    "check_header",
     "chunk_range_violation",
     "double_write_violation",
     "duplicate_at",
@@ -56,6 +58,31 @@ __all__ = [
 ]
 
 SHOWN_RANKS = 8  # ranks named in a message before it says "... (k more)"
+
+
+def check_header(schedule: object) -> Schedule:
+    """``schedule`` if it is a :class:`~stragglar.schedule.Schedule` whose header makes sense: at
+    least one rank and one chunk, a straggler that is one of its ranks, phases of distinct ranks
+    in range.  Every prover asks this first: a schedule made in Python, not read from a file,
+    was proved with a straggler of 7 out of 2 ranks, and a run then blamed its ``late_rank``.
+
+    >>> from stragglar.schedule import Schedule
+    >>> check_header(Schedule("x", 2, 1, 7, ()))
+    Traceback (most recent call last):
+    ...
+    stragglar.errors.InputError: straggler must be a rank in 0..1, got 7
+    """
+    if not isinstance(schedule, Schedule):
+        raise ArgumentError(f"expected a Schedule, got {type(schedule).__name__}")
+    n = as_int(schedule.num_ranks, "num_ranks", minimum=1)
+    as_int(schedule.num_chunks, "num_chunks", minimum=1)
+    if schedule.straggler is not None:
+        as_rank(schedule.straggler, "straggler", n)
+    for i, phase in enumerate(schedule.phases):
+        ranks = [as_rank(r, f"phase {i} {phase.name!r}: a rank", n) for r in phase.ranks]
+        if len(set(ranks)) != len(ranks):
+            raise InputError(f"phase {i} {phase.name!r} lists a rank twice: {sorted(ranks)}")
+    return schedule
 
 
 class Kind(str, enum.Enum):

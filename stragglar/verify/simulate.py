@@ -39,6 +39,7 @@ from stragglar.verify.report import (
     Violation,
     Where,
     bit_list,
+    check_header,
     chunk_range_violation,
     double_write_violation,
     duplicate_at,
@@ -74,7 +75,7 @@ def find_violation(schedule: Schedule) -> Violation | None:
     Within a round the structural rules are checked before any data moves, so a
     round breaking both reports the structural violation.
     """
-    if schedule.collective != "allreduce":
+    if check_header(schedule).collective != "allreduce":
         raise InputError(f"can only verify allreduce schedules, not {schedule.collective!r}")
     n, c = schedule.num_ranks, schedule.num_chunks
     masks = _initial_masks(n, c)

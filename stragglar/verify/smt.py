@@ -54,6 +54,7 @@ from stragglar.verify.report import (
     VerificationError,
     Violation,
     Where,
+    check_header,
     chunk_range_violation,
     double_write_violation,
     issue_proof,
@@ -97,7 +98,7 @@ def smt_find_violation(schedule: Schedule, timeout_s: float | None = None) -> Vi
     nothing was decided, rather than a proof or a violation.
     """
     clock = _Clock(None if timeout_s is None else as_seconds(timeout_s, "timeout_s", positive=True))
-    if schedule.collective != "allreduce":
+    if check_header(schedule).collective != "allreduce":
         raise InputError(f"can only verify allreduce schedules, not {schedule.collective!r}")
     cells = schedule.num_ranks * schedule.num_chunks
     if cells > SMT_MAX_CELLS:
