@@ -34,12 +34,12 @@ import operator
 import re
 from array import array
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from stragglar.args import as_rank
-from stragglar.errors import InputError
+from stragglar.args import as_int, as_rank
+from stragglar.errors import ArgumentError, InputError
 
 __all__ = [
     "ALGORITHMS",
@@ -347,9 +347,12 @@ def relabel_ranks(schedule: Schedule, mapping: Sequence[int]) -> Schedule:
     >>> relabel_ranks(s, [1, 0]).phases[0].rounds[0][0]
     Transfer(src=1, dst=0, chunk=0, op=<Op.COPY: 'copy'>)
     """
-    if sorted(mapping) != list(range(schedule.num_ranks)):
+    if not isinstance(mapping, Iterable) or isinstance(mapping, (str, bytes)):
+        raise ArgumentError(f"mapping must be a sequence of ranks, got {type(mapping).__name__}")
+    # plain ints: NumPy's would give another fingerprint, and True a rank that no file can hold
+    m = [as_int(r, "a rank of mapping") for r in mapping]
+    if sorted(m) != list(range(schedule.num_ranks)):
         raise InputError(f"mapping must be a permutation of 0..{schedule.num_ranks - 1}")
-    m = list(mapping)
     phases = tuple(
         Phase(
             p.name,

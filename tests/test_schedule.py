@@ -10,8 +10,9 @@ from dataclasses import replace
 
 import pytest
 
-from stragglar.errors import InputError
-from stragglar.schedule import Op, Phase, Schedule, Transfer, round_lower_bound
+from stragglar.errors import ArgumentError, InputError
+from stragglar.formats import schedule_json
+from stragglar.schedule import Op, Phase, Schedule, Transfer, relabel_ranks, round_lower_bound
 from stragglar.synth import ALGORITHMS, synthesize
 
 
@@ -66,3 +67,30 @@ def test_fingerprint_of_a_malformed_schedule_still_tells_transfers_apart() -> No
     huge = Schedule("x", 2, 1, None, (Phase("p", (0, 1), ((Transfer(0, 1 << 70, 0),),)),))
     other = Schedule("x", 2, 1, None, (Phase("p", (0, 1), ((Transfer(0, 1 << 71, 0),),)),))
     assert huge.fingerprint != other.fingerprint
+
+
+def test_a_relabelling_holds_plain_ints_whatever_the_mapping_was_made_of() -> None:
+    """A NumPy mapping gave the same schedule another fingerprint (ranks that built the mapping
+    differently failed as mismatched), and ``dumps`` refused its ranks."""
+    np = pytest.importorskip("numpy")
+    schedule = synthesize("stragglar", 4)
+    plain, numpy = relabel_ranks(schedule, [1, 0, 2, 3]), relabel_ranks(schedule, np.array([1, 0, 2, 3]))
+    assert numpy == plain and numpy.fingerprint == plain.fingerprint
+    assert schedule_json.dumps(numpy) == schedule_json.dumps(plain)
+
+
+@pytest.mark.parametrize(
+    ("mapping", "error", "message"),
+    [
+        ([True, False, 2, 3], ArgumentError, r"^a rank of mapping must be an integer, got True \(bool\)$"),
+        ([1.0, 0, 2, 3], ArgumentError, r"^a rank of mapping must be an integer, got 1\.0 \(float\)$"),
+        (None, ArgumentError, r"^mapping must be a sequence of ranks, got NoneType$"),
+        ("0123", ArgumentError, r"^mapping must be a sequence of ranks, got str$"),
+        ([0, 0, 1, 2], InputError, r"^mapping must be a permutation of 0\.\.3$"),
+    ],
+)
+def test_a_relabelling_refuses_what_is_not_a_permutation_of_ranks(
+    mapping: object, error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        relabel_ranks(synthesize("stragglar", 4), mapping)  # type: ignore[arg-type]
