@@ -269,7 +269,10 @@ def write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         return
     check_replaceable(path)
     target = Path(os.path.realpath(path))
-    fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    except OSError as e:  # a missing folder, no permission: named by the file asked for, not the temporary
+        raise type(e)(e.errno, e.strerror, os.fspath(path)) from None
     try:
         with os.fdopen(fd, "wb") as out:
             out.write(data)
@@ -278,6 +281,9 @@ def write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         mode = target.stat().st_mode & 0o777 if target.exists() else 0o666 & ~_umask()
         os.chmod(temporary, mode)
         os.replace(temporary, target)
+    except OSError as e:  # a full disk: the same, and the old file untouched
+        Path(temporary).unlink(missing_ok=True)
+        raise type(e)(e.errno, e.strerror, os.fspath(path)) from None
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise

@@ -3,6 +3,7 @@ one of our own descriptors (``-o /dev/stdout >> log``) is written as it is, neve
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shlex
@@ -184,3 +185,25 @@ def test_a_command_started_with_a_stream_closed_never_tracebacks(
         assert done.stderr == "Error: cannot write the output: standard output is closed\n"
     if where == "stdout":
         assert done.stdout.splitlines()[-1].startswith("stragglar: 4 GPUs (straggler 3)")
+
+
+def test_a_write_that_fails_names_the_file_asked_for_not_its_temporary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A missing folder gave ``FileNotFoundError: '.../nodir/.x.json.itnoavnk.tmp'``, a name the
+    caller never gave; a full disk named the temporary too."""
+    missing = tmp_path / "nodir" / "x.json"
+    with pytest.raises(FileNotFoundError) as info:
+        write_text(missing, "{}")
+    assert info.value.filename == str(missing) and ".tmp" not in str(info.value)
+    old = tmp_path / "old.json"
+    old.write_text("old")
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError) as full_disk:
+        write_text(old, "new")
+    assert full_disk.value.errno == errno.ENOSPC and full_disk.value.filename == str(old)
+    assert old.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["old.json"]
