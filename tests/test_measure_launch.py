@@ -15,6 +15,7 @@ import pytest
 
 pytest.importorskip("torch")
 
+from stragglar.errors import InputError
 from stragglar.measure import launch as launcher
 from stragglar.measure.launch import LaunchError, RankFailure, launch, summary
 from stragglar.measure.run import run_benchmark
@@ -161,12 +162,12 @@ def test_run_benchmark_on_torch_is_bounded_per_wait_not_per_run(monkeypatch: pyt
     assert min(r.times) >= 1.3  # a wait for a late rank may last its delay plus the timeout
 
 
-def raises_in_rank(rank: int, n: int) -> None:
+def raises_in_rank(rank: int, n: int, error: Exception | None = None) -> None:
     import torch.distributed as dist
 
     dist.barrier()  # every rank connected first: else a slow one, on a loaded box, loses it in setup
     if rank == 1:
-        raise ValueError("boom\nsecond line")
+        raise ValueError("boom\nsecond line") if error is None else error
     time.sleep(0.2)
 
 
@@ -203,6 +204,16 @@ def test_a_rank_that_raises_is_named_with_its_error() -> None:
     )
     assert "second line" in info.value.errors[1]
     assert info.value.exit_code == 1  # a failed run
+
+
+def test_a_refusal_that_mentions_a_timeout_is_the_cause_not_a_timeout() -> None:
+    """A rank whose own call was refused ("timeout must be ... > 0") was summed up as "timed out",
+    among the consequences, not named as the cause."""
+    refused = InputError("timeout must be a finite number of seconds > 0, got -1")
+    with pytest.raises(LaunchError) as info:
+        launch(raises_in_rank, 2, (refused,), timeout=10)
+    first = str(info.value).splitlines()[0]
+    assert first.startswith(f"2 of 2 ranks failed: rank 1 raised InputError: {refused}"), first
 
 
 class OutOfMemoryError(RuntimeError):

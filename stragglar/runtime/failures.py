@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from stragglar.errors import RunError
+from stragglar.errors import InputError, RunError
 from stragglar.runtime.program import BoundStep, Plan
 
 __all__ = [
@@ -96,7 +96,11 @@ def failure_phrase(
 
 
 def classify(error: BaseException) -> str:
-    """``timed out``, ``lost the connection`` or ``failed``: what an engine's exception means."""
+    """``timed out``, ``lost the connection`` or ``failed``: what an engine's exception means.
+    stragglar's own refusals (an :class:`InputError`) are failures whatever they say: ``timeout
+    must be ... > 0`` is a cause, not a rank that timed out."""
+    if isinstance(error, InputError):
+        return "failed"
     text = str(error).lower()
     if isinstance(error, TimeoutError) or "timed out" in text or "timeout" in text:
         return "timed out"
