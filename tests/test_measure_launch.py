@@ -10,12 +10,13 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 pytest.importorskip("torch")
 
-from stragglar.errors import InputError
+from stragglar.errors import ArgumentError, InputError
 from stragglar.measure import launch as launcher
 from stragglar.measure.launch import LaunchError, RankFailure, launch, summary
 from stragglar.measure.run import run_benchmark
@@ -361,6 +362,7 @@ def test_nccl_ranks_are_bound_to_gpu_r_mod_the_count_with_a_host_each_where_they
     monkeypatch.setattr(dist, "init_process_group", fake_init)
     monkeypatch.setattr(torch.cuda, "set_device", lambda d: current.update(device=d))
     monkeypatch.setattr(torch.cuda, "current_device", lambda: current["device"])
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     for name in ("NCCL_HOSTID", "NCCL_SOCKET_IFNAME"):
         monkeypatch.delenv(name, raising=False)
     shared = launch(placed, 3, timeout=10.0, backend="nccl", gpus=2)
@@ -372,3 +374,29 @@ def test_nccl_ranks_are_bound_to_gpu_r_mod_the_count_with_a_host_each_where_they
 def test_an_nccl_launch_needs_a_gpu_count() -> None:
     with pytest.raises(ValueError, match="gpus must be at least 1, got 0"):
         launch(placed, 2, backend="nccl")
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"backend": "foo"}, InputError, r"^backend must be 'gloo' or 'nccl', got 'foo'$"),
+        ({"backend": "nccl", "gpus": 1}, InputError, r"^gpus=1, but torch sees 0 CUDA GPUs here$"),
+        ({"gpus": 2}, InputError, r"^gpus places backend='nccl' ranks on GPUs; gloo's take none, got 2$"),
+        ({"tick": 5}, ArgumentError, r"^tick must be a function of no arguments, got 5$"),
+    ],
+)
+def test_a_launch_refuses_options_before_any_rank_is_forked(
+    monkeypatch: pytest.MonkeyPatch, options: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    """Each was forked first: an unknown backend failed in every rank on an assertion, nccl
+    without CUDA on an AttributeError; ``gpus`` with gloo was ignored."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    monkeypatch.setattr(launcher.multiprocessing, "get_context", never_forked)
+    with pytest.raises(error, match=message):
+        launch(placed, 2, **options)
+
+
+def never_forked(method: str) -> None:
+    raise AssertionError("a rank was forked before the options were checked")

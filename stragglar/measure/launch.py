@@ -48,8 +48,8 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from stragglar.args import as_int, as_seconds
-from stragglar.errors import ResourceError, RunError
-from stragglar.measure.gpus import placement
+from stragglar.errors import ArgumentError, InputError, ResourceError, RunError, described
+from stragglar.measure.gpus import gpu_count, placement
 from stragglar.runtime import (
     RankError,
     classify,
@@ -61,6 +61,7 @@ from stragglar.runtime import (
     release_graphs,
     send_to_launcher,
 )
+from stragglar.units import count_of
 
 __all__ = ["SLACK", "LaunchError", "RankFailure", "Stopped", "launch", "summary"]
 
@@ -195,8 +196,16 @@ def launch(
     world_size = as_int(world_size, "world_size", minimum=1)
     timeout = as_seconds(timeout, "timeout", positive=True)
     slack = as_seconds(slack, "slack")
+    if tick is not None and not callable(tick):
+        raise ArgumentError(f"tick must be a function of no arguments, got {described(tick)}")
+    if backend not in ("gloo", "nccl"):  # checked before any rank is forked, not in each of them
+        raise InputError(f"backend must be 'gloo' or 'nccl', got {described(backend)}")
     if backend == "nccl":
         gpus = as_int(gpus, "gpus", minimum=1)
+        if gpus > (seen := gpu_count()):
+            raise InputError(f"gpus={gpus}, but torch sees {count_of(seen, 'CUDA GPU')} here")
+    elif gpus != 0:
+        raise InputError(f"gpus places backend='nccl' ranks on GPUs; gloo's take none, got {described(gpus)}")
     import torch.distributed  # noqa: F401 - once here: every forked rank shares it, none imports it
 
     ctx = multiprocessing.get_context("fork")
