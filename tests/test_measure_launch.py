@@ -393,7 +393,7 @@ def test_a_launch_refuses_options_before_any_rank_is_forked(
     import torch
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
-    monkeypatch.setattr(launcher.multiprocessing, "get_context", never_forked)
+    monkeypatch.setattr("stragglar.measure.launch.multiprocessing.get_context", never_forked)
     with pytest.raises(error, match=message):
         launch(placed, 2, **options)
 
