@@ -345,6 +345,16 @@ def test_detect_finds_the_persistent_straggler_and_keeps_the_gradients() -> None
         ({"chunks": "auto"}, InputError, "chunks='auto' prices chunk counts on a network"),
         ({"engine": "kernels"}, InputError, "engine must be one of rounds, device, got 'kernels'"),
         ({"engine": "device", "graphs": False}, InputError, "graphs applies to the rounds engine, not"),
+        (
+            {"proofs": [1]},
+            ArgumentError,
+            r"^StragglarState.proofs must be a dict of proofs or None, got \[1\]$",
+        ),
+        ({"decisions": 5}, ArgumentError, "decisions must be a list of decisions or None, got 5"),
+        ({"switches": "x"}, ArgumentError, "switches must be a list of .* or None, got 'x'"),
+        ({"probe": "x"}, ArgumentError, "probe must be a stragglar.ddp.probe.LateRankProbe or None"),
+        ({"steps": -5}, InputError, "steps must be at least 0, got -5"),
+        ({"steps": True}, ArgumentError, "steps must be an integer, got True"),
     ],
 )
 def test_the_state_checks_its_new_arguments(kwargs: dict[str, Any], error: type, words: str) -> None:

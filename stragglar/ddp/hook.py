@@ -13,7 +13,7 @@ from torch.distributed import GradBucket  # type: ignore[attr-defined, unused-ig
 from stragglar.args import as_rank
 from stragglar.ddp.agreement import disagreement, encode
 from stragglar.ddp.metrics import report
-from stragglar.ddp.options import check_device_bucket, check_options
+from stragglar.ddp.options import check_device_bucket, check_learned, check_options
 from stragglar.ddp.orders import HostOrder, Order, StreamOrder
 from stragglar.ddp.probe import LateRankProbe
 from stragglar.ddp.state_parts import Connection, Decision, Learned, ProofKey, Resources
@@ -166,6 +166,7 @@ class StragglarState:
         self.chunks, self.asynchronous, self.graphs, self.record = chunks, asynchronous, graphs, record
         self.metrics, self.engine = metrics, engine
         check_options(self)
+        steps = check_learned(proofs, switches, decisions, steps, probe)
         policy_memory = AutoPolicy(self.algorithm, self.network)
         switches, decisions = [] if switches is None else switches, [] if decisions is None else decisions
         self.learned = Learned(policy_memory, steps, switches, decisions)

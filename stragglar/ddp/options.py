@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from stragglar.args import MAX_DELAY, as_flag, as_int, as_seconds
+from stragglar.ddp.probe import LateRankProbe
 from stragglar.ddp.worker import DEVICE
 from stragglar.errors import ArgumentError, InputError, described
 from stragglar.files import check_appendable
@@ -28,7 +29,7 @@ from stragglar.synth import ALGORITHMS
 if TYPE_CHECKING:
     from stragglar.ddp.hook import StragglarState
 
-__all__ = ["check_device_bucket", "check_options"]
+__all__ = ["check_device_bucket", "check_learned", "check_options"]
 
 
 def check_options(state: StragglarState) -> None:
@@ -95,6 +96,21 @@ def check_options(state: StragglarState) -> None:
             "StragglarState.straggler_delay is for experiments with policy='stragglar': the auto "
             "policy judges how late ranks really arrive, and a delay inside the reduction is not seen"
         )
+
+
+def check_learned(proofs: object, switches: object, decisions: object, steps: object, probe: object) -> int:
+    """Check what a state is given of another's learning (its proofs, switches, decisions, steps
+    and probe), each of its type: a wrong one failed only inside the hook, at the first bucket
+    (``proofs=[1]``: "list indices must be integers").  Returns ``steps`` as an int."""
+    for name, value, kind, what in (
+        ("proofs", proofs, dict, "a dict of proofs"),
+        ("switches", switches, list, "a list of (step, rank) pairs"),
+        ("decisions", decisions, list, "a list of decisions"),
+        ("probe", probe, LateRankProbe, "a stragglar.ddp.probe.LateRankProbe"),
+    ):
+        if value is not None and not isinstance(value, kind):
+            raise ArgumentError(f"StragglarState.{name} must be {what} or None, got {described(value)}")
+    return as_int(steps, "StragglarState.steps", minimum=0)
 
 
 def _check_chunks(state: StragglarState) -> None:
