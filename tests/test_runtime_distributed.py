@@ -17,7 +17,7 @@ from stragglar.runtime import Timeline, allreduce  # noqa: E402
 from stragglar.synth import synthesize  # noqa: E402
 from stragglar.verify import Proof, prove  # noqa: E402
 
-CASES = ("dtype", "count", "straggler", "complex", "strided", "grad", "inference", "size", "ok")
+CASES = ("dtype", "count", "straggler", "complex", "strided", "grad", "inference", "sparse", "size", "ok")
 
 
 def disagreeing_rank(rank: int, n: int, proofs: dict[str, Proof]) -> dict[str, tuple[str, str, bool]]:
@@ -42,6 +42,8 @@ def disagreeing_rank(rank: int, n: int, proofs: dict[str, Proof]) -> dict[str, t
             elif case == "inference":
                 with torch.inference_mode():
                     data = data.clone()
+            elif case == "sparse":  # torch raised from deep inside, and the others lost the connection
+                data = data.to_sparse()
         if case == "size":
             proof = proofs["small"]
         before = data.detach().clone()
@@ -49,7 +51,8 @@ def disagreeing_rank(rank: int, n: int, proofs: dict[str, Proof]) -> dict[str, t
             allreduce(data, proof, timeout=10)
             out[case] = ("", "", True)
         except Exception as e:
-            out[case] = (type(e).__name__, str(e), bool(torch.equal(data.detach(), before)))
+            untouched = torch.equal(data.detach().to_dense(), before.to_dense())  # to_dense: sparse too
+            out[case] = (type(e).__name__, str(e), bool(untouched))
     buf = torch.from_numpy(payload(rank, 40, n, "float32")).float()
     allreduce(buf, proofs["main"], timeout=10)  # the group still works afterwards
     assert np.array_equal(buf.double().numpy(), expected(40, n, "float32"))
@@ -79,13 +82,17 @@ def test_every_rank_raises_the_same_clear_error_when_ranks_disagree() -> None:
     assert results[1]["strided"][0] == "InputError" and "contiguous" in results[1]["strided"][1]
     assert results[1]["grad"][0] == "InputError" and "does not require grad" in results[1]["grad"][1]
     assert results[1]["inference"][0] == "InputError" and "inference_mode" in results[1]["inference"][1]
+    assert results[1]["sparse"][:2] == (
+        "InputError",
+        "allreduce writes a dense tensor in place, got a sparse_coo one: pass tensor.to_dense()",
+    )
     assert results[1]["grad"][2] and results[1]["inference"][2]  # refused before anything was written
     for r in (0, 2):
-        for case in ("grad", "inference"):
+        for case in ("grad", "inference", "sparse"):
             assert results[r][case] == (
                 "MismatchError",
                 "cannot allreduce: rank 1 has a buffer it cannot write in place (it requires grad, or is "
-                "an inference tensor)",
+                "an inference tensor, read-only memory or sparse)",
                 True,
             )
         assert results[r]["complex"][:2] == (

@@ -288,6 +288,12 @@ def test_what_is_not_one_array_per_rank_is_refused_before_any_data_moves() -> No
             InputError,
             "rank 1's buffer: allreduce writes in place: pass a buffer that does not require grad",
         ),
+        (  # torch raised "Cannot access storage of SparseTensorImpl" from deep inside
+            [torch.ones(4), torch.ones(4).to_sparse()],
+            InputError,
+            "rank 1's buffer: allreduce writes a dense tensor in place, got a sparse_coo one: pass "
+            "tensor.to_dense()",
+        ),
         (
             [host, torch.ones(4)],
             InputError,

@@ -76,7 +76,12 @@ def in_place_refusal(array: Array) -> str | None:
     """Why the AllReduce cannot write ``array`` in place, or None: torch refuses in-place writes to
     a tensor that requires grad (a view of a leaf) or to an inference tensor outside inference
     mode, and would do so in the middle of the rounds, with the buffer half written and the peers
-    waiting for data that never comes.  So the rank says so in its header, before any data moves."""
+    waiting for data that never comes.  So the rank says so in its header, before any data moves.
+    A sparse tensor has no dense memory to write at all (torch raises from deep inside)."""
+    layout = getattr(array, "layout", None)
+    if layout is not None and str(layout) != "torch.strided":
+        kind = str(layout).removeprefix("torch.")
+        return f"allreduce writes a dense tensor in place, got a {kind} one: pass tensor.to_dense()"
     if getattr(array, "requires_grad", False):
         return "allreduce writes in place: pass a buffer that does not require grad (tensor.detach())"
     inference = getattr(array, "is_inference", None)

@@ -52,7 +52,7 @@ class Problem(IntEnum):
     DTYPE = 1  # a dtype nothing here supports
     NOT_CONTIGUOUS = 2
     UNSENDABLE = 3  # a dtype its engine cannot send (an NCCL build without bfloat16)
-    NOT_WRITABLE = 4  # requires grad, or an inference tensor outside inference mode
+    NOT_WRITABLE = 4  # requires grad, an inference tensor outside inference mode, read-only, sparse
 
 
 PROBLEMS: dict[int, str] = {  # what a rank with a problem has, in words
@@ -60,7 +60,8 @@ PROBLEMS: dict[int, str] = {  # what a rank with a problem has, in words
     Problem.NOT_CONTIGUOUS: "has a buffer that is not contiguous",
     Problem.UNSENDABLE: "has a dtype its engine cannot send",
     Problem.NOT_WRITABLE: (
-        "has a buffer it cannot write in place (it requires grad, or is an inference tensor)"
+        "has a buffer it cannot write in place (it requires grad, or is an inference tensor, "
+        "read-only memory or sparse)"
     ),
 }
 
