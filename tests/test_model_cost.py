@@ -144,6 +144,9 @@ def test_bad_settings_are_refused(kwargs: dict[str, float], message: str) -> Non
         (3e-6, math.inf, "bandwidth must be at least 1 byte/s and finite"),
         (math.inf, 1e9, "alpha must be a finite number"),
         (-1e-6, 1e9, "alpha must be a finite number of seconds >= 0"),
+        ("3us", 1e9, r"^alpha must be a number, got '3us' \(str\)$"),  # a raw TypeError on '<='
+        (True, 1e9, r"^alpha must be a number, got True \(bool\)$"),
+        (3e-6, None, r"^bandwidth must be a number, got None \(NoneType\)$"),
     ],
 )
 def test_network_is_checked(alpha: float, bandwidth: float, message: str) -> None:

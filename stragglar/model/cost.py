@@ -39,11 +39,12 @@ The paper's simulation (alpha 3 us, 450 GiB/s, 1 GiB, delay long enough to hide 
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
-from stragglar.errors import InputError
+from stragglar.errors import ArgumentError, InputError, described
 from stragglar.schedule import Schedule, round_load
 from stragglar.units import MIN_BANDWIDTH, format_bytes, format_seconds
 
@@ -68,6 +69,11 @@ class Network:
     bandwidth: float
 
     def __post_init__(self) -> None:
+        for name, value in (("alpha", self.alpha), ("bandwidth", self.bandwidth)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):  # "3us": a raw TypeError
+                raise ArgumentError(
+                    f"{name} must be a number, got {described(value)} ({type(value).__name__})"
+                )
         if not 0 <= self.alpha < math.inf:
             raise InputError(f"alpha must be a finite number of seconds >= 0, got {self.alpha}")
         if not MIN_BANDWIDTH <= self.bandwidth < math.inf:  # below it, times overflow to inf and nan
