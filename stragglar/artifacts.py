@@ -44,7 +44,8 @@ from types import MappingProxyType
 from typing import Any, Generic, TypeVar
 
 from stragglar import msccl, mscclpp
-from stragglar.errors import InputError
+from stragglar.args import as_int
+from stragglar.errors import ArgumentError, InputError, described
 from stragglar.msccl import XmlDocument, XmlOptions
 from stragglar.mscclpp import DEFAULT_MAX_THREADBLOCKS, PlanDocument, PlanOptions, SizeRule
 from stragglar.schedule import Schedule
@@ -107,12 +108,19 @@ class ArtifactFormat(Generic[D]):
 
     def max_chunks(self, num_ranks: int, options: ExportOptions) -> int:
         """The most chunks a file of ``num_ranks`` GPUs may have (what ``--chunks auto`` picks from)."""
-        return self.max_cells // (num_ranks * options.instances)
+        per_chunk = as_int(num_ranks, "num_ranks", minimum=1) * as_int(
+            options.instances, "instances", minimum=1
+        )
+        return self.max_cells // per_chunk
 
     def lower(self, proof: Proof, options: ExportOptions | None = None) -> str:
         """The text of ``proof`` in this format; an option that does not shape it, set to anything
         but its default, is an :class:`~stragglar.errors.InputError`, not silently ignored."""
-        options = options or ExportOptions()
+        options = ExportOptions() if options is None else options
+        if not isinstance(options, ExportOptions):  # a dict's keys were read as attributes: AttributeError
+            raise ArgumentError(
+                f"options must be a stragglar.artifacts.ExportOptions, got {described(options)}"
+            )
         for option in dataclasses.fields(ExportOptions):
             if option.name not in self.options and getattr(options, option.name) != option.default:
                 shaped = " and ".join(f.plural for f in FORMATS.values() if option.name in f.options)

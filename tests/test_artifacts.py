@@ -20,7 +20,7 @@ from stragglar.artifacts import FORMATS, MSCCL, MSCCLPP, ArtifactFormat, ExportO
 from stragglar.cli import cli
 from stragglar.commands.proofs import proved_artifact, read_artifact
 from stragglar.commands.schedules import SUFFIXES, output_format
-from stragglar.errors import IncorrectError, InputError
+from stragglar.errors import ArgumentError, IncorrectError, InputError
 from stragglar.formats import schedule_json as json_format
 from stragglar.proof_tier import ProofRow, format_row
 from stragglar.synth import synthesize
@@ -309,3 +309,14 @@ def test_chunks_auto_picks_a_count_the_format_takes(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr("stragglar.commands.schedules.generate", never)  # the choice is all we need
     result = CliRunner().invoke(cli, ["synth", "--gpus", "100", "--chunks", "auto", "-o", "x.xml"])
     assert result.stderr.startswith("--chunks auto: C = 128, the cost model's fastest for 1 GiB")
+
+
+@pytest.mark.parametrize("fmt", [MSCCL, MSCCLPP])
+def test_a_format_refuses_what_is_not_its_options_or_a_rank_count(fmt: ArtifactFormat[Any]) -> None:
+    """A dict of options raised an AttributeError from inside (MSCCL XML's); 0 GPUs divided by zero."""
+    proof = prove(synthesize("stragglar", 4))
+    with pytest.raises(ArgumentError, match=r"^options must be a stragglar.artifacts.ExportOptions, got \{"):
+        fmt.lower(proof, {"instances": 2})  # type: ignore[arg-type]
+    with pytest.raises(InputError, match=r"^num_ranks must be at least 1, got 0$"):
+        fmt.max_chunks(0, ExportOptions())
+    assert fmt.max_chunks(4, ExportOptions()) == fmt.max_cells // 4
