@@ -292,3 +292,13 @@ def test_the_deprecated_module_name_still_imports_the_format() -> None:
     from stragglar.formats import schedule_json
 
     assert old is schedule_json and old.write is write
+
+
+def test_bytes_are_read_as_utf8_as_json_loads_reads_them() -> None:
+    """``loads(b"...")`` raised "cannot use a string pattern on a bytes-like object"."""
+    schedule = synthesize("stragglar", 5)
+    text = dumps(schedule)
+    assert loads(text.encode()) == schedule
+    assert loads(b"\xef\xbb\xbf" + text.encode()) == schedule  # a byte order mark
+    with pytest.raises(ScheduleFormatError, match=r"^not UTF-8 text: byte 1$"):
+        loads(b"[\xff]")

@@ -405,14 +405,22 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> Any:
     return value
 
 
-def parse(text: str) -> Any:
+def parse(text: str | bytes) -> Any:
     """The JSON document in ``text``, strictly: no NaN or Infinity, no key twice in one object.
+    Bytes are read as UTF-8, as :func:`json.loads` reads them (a file's bytes, given whole).
 
     >>> parse("[1, 2")
     Traceback (most recent call last):
     ...
     stragglar.formats.schedule_json.ScheduleFormatError: not JSON: Expecting ',' delimiter at line 1 column 6
+    >>> parse(b"[1, 2]")
+    [1, 2]
     """
+    if isinstance(text, (bytes, bytearray)):
+        try:
+            text = bytes(text).decode("utf-8-sig")
+        except UnicodeDecodeError as e:
+            raise ScheduleFormatError(f"not UTF-8 text: byte {e.start}") from None
     try:
         with gc_paused():  # millions of compact transfers, all alive: collecting them is wasted work
             document = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
@@ -426,7 +434,7 @@ def parse(text: str) -> Any:
     return document
 
 
-def loads(text: str) -> Schedule:
+def loads(text: str | bytes) -> Schedule:
     """The :class:`Schedule` in JSON ``text``; :class:`ScheduleFormatError` if it is bad."""
     return from_document(parse(text))
 
