@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import pytest
 from cli_results import run
 
-from stragglar.errors import InputError
+from stragglar.errors import ArgumentError, InputError
 from stragglar.formats import schedule_json
 from stragglar.model import (
     AUTO,
@@ -204,3 +204,30 @@ def test_every_candidate_keeps_within_the_limit() -> None:
         candidates = chunk_candidates(8, GIB, max_chunks=limit)
         assert max(candidates) <= limit and 7 in candidates
         assert best_chunks(8, GIB, 5e-3, max_chunks=limit) <= limit
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"),
+    [
+        (
+            lambda: resolve_chunks("x", 8, GIB, 0.0, PAPER_NETWORK),
+            InputError,
+            "chunks must be a chunk count, None",
+        ),
+        (lambda: resolve_chunks(0, 8, GIB, 0.0, None), InputError, r"^chunks must be at least 1, got 0$"),
+        (
+            lambda: best_chunks(2.5, GIB, 0.0),  # type: ignore[arg-type]
+            ArgumentError,
+            r"^num_ranks must be an integer, got 2\.5",
+        ),
+        (
+            lambda: compare_generated(4, 1024, 0.0, algorithms="ring"),
+            ArgumentError,
+            r"^algorithms must be a list of names, got 'ring': pass \['ring'\]$",
+        ),
+    ],
+)
+def test_the_model_refuses_in_its_own_words(call: Any, error: type[Exception], message: str) -> None:
+    """Each raised from inside: int('x'), 2.5.bit_length(), and 'ring' read as four names ('g')."""
+    with pytest.raises(error, match=message):
+        call()

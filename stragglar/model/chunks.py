@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 
 from stragglar.args import as_int
-from stragglar.errors import InputError
+from stragglar.errors import InputError, described
 from stragglar.model.cost import PAPER_NETWORK, Network, estimate
 from stragglar.model.predict import generated_profile
 from stragglar.schedule import MAX_CELLS, MAX_CHUNKS
@@ -69,7 +69,7 @@ def chunk_candidates(
     >>> chunk_candidates(8, 2**30, power_of_two=True), chunk_candidates(8, 2**30, max_chunks=20)
     ([16, 32, 64, 128], [7, 8, 14, 16, 20])
     """
-    n = num_ranks
+    n = as_int(num_ranks, "num_ranks")
     if n < 2:
         raise InputError(f"StragglAR needs at least 2 GPUs, got {n}")
     if not size_bytes > 0:
@@ -147,7 +147,9 @@ def resolve_chunks(
     if chunks is None:
         return None
     if chunks != AUTO:
-        return int(chunks)
+        if isinstance(chunks, str):  # int("x") raised a bare ValueError
+            raise InputError(f"chunks must be a chunk count, None or {AUTO!r}, got {described(chunks)}")
+        return as_int(chunks, "chunks", minimum=1)
     if network is None:
         raise InputError("chunks='auto' prices chunk counts on a network, and none is known")
     return best_chunks(

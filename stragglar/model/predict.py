@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Sequence
 from functools import lru_cache
 
-from stragglar.errors import InputError, described
+from stragglar.errors import ArgumentError, InputError, described
 from stragglar.model.cost import PAPER_NETWORK, Comparison, Network, Profile, compare, profile
 from stragglar.schedule import Schedule
 from stragglar.synth import ALGORITHMS, check_request, synthesize
@@ -58,6 +58,10 @@ def compare_generated(
     ``stragglar C=<chunks>``, beside the paper's.  A request any schedule would refuse is refused
     before the first is made (at N = 2048 each takes seconds).
     """
+    if isinstance(algorithms, str):  # its letters were taken for names: "unknown algorithm 'g'"
+        raise ArgumentError(
+            f"algorithms must be a list of names, got {described(algorithms)}: pass [{algorithms!r}]"
+        )
     unknown = set(algorithms) - set(ALGORITHMS)
     if unknown:
         raise InputError(
