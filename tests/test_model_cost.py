@@ -12,6 +12,7 @@ from typing import Any, cast
 import pytest
 from cli_results import run
 
+from stragglar.errors import InputError
 from stragglar.formats import schedule_json
 from stragglar.model import (
     PAPER_NETWORK,
@@ -20,6 +21,7 @@ from stragglar.model import (
     compare_generated,
     critical_delay,
     estimate,
+    generated_profile,
     profile,
 )
 from stragglar.schedule import round_lower_bound
@@ -365,3 +367,13 @@ def test_the_whatif_chart_labels_every_panel_and_keeps_ring_visible_under_auto()
     lines = {line.get_label(): line for line in bottom.get_lines()}
     ring, auto = lines["ring"], lines["auto"]
     assert ring.get_linewidth() > auto.get_linewidth() and auto.get_linestyle() != ring.get_linestyle()
+
+
+def test_a_critical_delay_of_two_settings_is_refused() -> None:
+    """It answered 0.0 for StragglAR at 4 GPUs against Ring at 8."""
+    four = estimate(generated_profile("stragglar", 4), 2**20, 0.0, PAPER_NETWORK)
+    eight = estimate(generated_profile("ring", 8), 2**20, 0.0, PAPER_NETWORK)
+    with pytest.raises(
+        InputError, match=r"^critical_delay compares two algorithms on one setting, got 4 GPUs"
+    ):
+        critical_delay(four, eight)

@@ -185,6 +185,11 @@ def critical_delay(candidate: Estimate, baseline: Estimate) -> float | None:
     >>> critical_delay(e(5.0, 2.0), e(0.0, 4.0)), critical_delay(e(5.0, 4.0), e(0.0, 4.0))
     (3.0, None)
     """
+    if candidate.num_ranks != baseline.num_ranks:  # a crossing of two settings means nothing
+        raise InputError(
+            f"critical_delay compares two algorithms on one setting, got {candidate.num_ranks} GPUs "
+            f"against {baseline.num_ranks}"
+        )
 
     def gap(d: float) -> float:
         ours = max(candidate.hidden - d, 0.0) + candidate.tail
