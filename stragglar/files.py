@@ -79,10 +79,7 @@ def open_regular(path: str | os.PathLike[str], kind: str, limit: int | None = No
     :class:`InputError` naming the file otherwise: a FIFO would block forever and ``/dev/zero``
     never ends.  ``kind`` says what stragglar reads from it (``schedules``, ``traces``)."""
     name = shown(os.fspath(path))
-    if os.fspath(path) == "-":  # where other tools read standard input: say so, not "file not found"
-        raise InputError(
-            f"stragglar reads {kind} from files, not standard input ('-'; a file of that name: ./-)"
-        )
+    refuse_standard_input(path, kind)
     try:
         info = os.stat(path)
     except FileNotFoundError:

@@ -207,9 +207,11 @@ def format_seconds(seconds: float) -> str:
 
     >>> format_seconds(0.002884), format_seconds(3e-6), format_seconds(1.5)
     ('2.884 ms', '3 us', '1.5 s')
-    >>> format_seconds(604800.0), format_seconds(1e-13), format_seconds(0.0)
-    ('604,800 s', '0.0001 ns', '0 s')
+    >>> format_seconds(604800.0), format_seconds(1e-13), format_seconds(0.0), format_seconds(-0.002)
+    ('604,800 s', '0.0001 ns', '0 s', '-2 ms')
     """
+    if seconds < 0:
+        return f"-{format_seconds(-seconds)}"
     if seconds >= 1e4:
         return f"{seconds:,.0f} s"
     if seconds == 0:

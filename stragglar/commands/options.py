@@ -88,11 +88,9 @@ def _refuse_grouped_digits(items: list[str], name: str) -> None:
     for i, first in enumerate(items[:-1]):
         if not (first.isascii() and first.isdigit() and _THREE_DIGITS.match(items[i + 1])):
             continue
-        group = [first, items[i + 1]]
-        while (
-            group[-1].isdigit() and i + len(group) < len(items) and _THREE_DIGITS.match(items[i + len(group)])
-        ):
-            group.append(items[i + len(group)])
+        group, rest = [first, items[i + 1]], items[i + 2 :]
+        while group[-1].isdigit() and rest and _THREE_DIGITS.match(rest[0]):  # 1,000,004: one group
+            group.append(rest.pop(0))
         raise InputError(
             f"{quoted(','.join(group))}: a comma separates the {name} here, so this would be "
             f"{', '.join(group[:-1])} and {group[-1]}: write {''.join(group)} for one"

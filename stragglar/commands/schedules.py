@@ -242,9 +242,8 @@ def export(
     check_output(Path("-") if output is None else output, file)  # stdout too: `1<>FILE`, `>>FILE`
     refuse_other_formats(fmt)
     schedule = load_schedule(file, "export")
-    if (
-        fmt in FORMATS
-    ):  # before the proof, what N and C alone refuse (a file's schedule: no algorithm's rules)
+    # Before the proof, what N and C alone refuse (a file's schedule: no algorithm's own rules).
+    if fmt in FORMATS:
         request = Request("", schedule.num_ranks, schedule.straggler, schedule.num_chunks, "construct")
         FORMATS[fmt].check_request(request, ExportOptions(**artifact))
     proof = proved(schedule, str(file))
