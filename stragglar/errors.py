@@ -62,7 +62,8 @@ def shown(text: object, limit: int = SHOWN_CHARACTERS) -> str:
     >>> shown("late\n\x07"), shown("x" * 100_000, limit=3)
     ('late\\n\\x07', 'xxx... (100,000 characters)')
     """
-    return _cut(str(text), limit, len(str(text)))
+    whole = str(text)
+    return _cut(whole, limit, len(whole))
 
 
 def _cut(whole: str, limit: int, length: int) -> str:

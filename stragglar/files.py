@@ -268,8 +268,8 @@ def write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     target = Path(os.path.realpath(path))
     try:
         fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    except OSError as e:  # a missing folder, no permission: named by the file asked for, not the temporary
-        raise type(e)(e.errno, e.strerror, os.fspath(path)) from None
+    except OSError as e:  # a missing folder, no permission
+        raise _as_written(e, path) from None
     try:
         with os.fdopen(fd, "wb") as out:
             out.write(data)
@@ -278,12 +278,17 @@ def write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         mode = target.stat().st_mode & 0o777 if target.exists() else 0o666 & ~_umask()
         os.chmod(temporary, mode)
         os.replace(temporary, target)
-    except OSError as e:  # a full disk: the same, and the old file untouched
+    except BaseException as e:  # the old file untouched, the temporary gone
         Path(temporary).unlink(missing_ok=True)
-        raise type(e)(e.errno, e.strerror, os.fspath(path)) from None
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
+        if isinstance(e, OSError):  # a full disk
+            raise _as_written(e, path) from None
         raise
+
+
+def _as_written(error: OSError, path: str | os.PathLike[str]) -> OSError:
+    """``error`` of a write, named by the file asked for rather than its temporary, its type and
+    errno kept (a full disk is still one: exit 3)."""
+    return type(error)(error.errno, error.strerror, os.fspath(path))
 
 
 def _write_descriptor(descriptor: int, data: bytes) -> None:

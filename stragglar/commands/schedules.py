@@ -241,14 +241,14 @@ def export(
     output, fmt = destination(output, fmt, "msccl", ("json", *FORMATS))
     check_output(Path("-") if output is None else output, file)  # stdout too: `1<>FILE`, `>>FILE`
     refuse_other_formats(fmt)
-    schedule = load_schedule(file, "export")
+    schedule, options = load_schedule(file, "export"), ExportOptions(**artifact)
     # Before the proof, what N and C alone refuse (a file's schedule: no algorithm's own rules).
     if fmt in FORMATS:
         request = Request("", schedule.num_ranks, schedule.straggler, schedule.num_chunks, "construct")
-        FORMATS[fmt].check_request(request, ExportOptions(**artifact))
+        FORMATS[fmt].check_request(request, options)
     proof = proved(schedule, str(file))
     if fmt in FORMATS:
-        exported = export_artifact(proof, FORMATS[fmt], ExportOptions(**artifact))
+        exported = export_artifact(proof, FORMATS[fmt], options)
         text, summary = exported.text, exported.proof.summary
         details = f"{exported.proof.details}\n{proof.summary}"
     else:
