@@ -331,6 +331,32 @@ def test_a_rank_that_changes_its_count_after_the_check_fails_every_rank_never_su
     assert all(isinstance(e, RankError) and e.reason == "timed out" for e in results), results
 
 
+@pytest.mark.parametrize(
+    ("comm", "named"),
+    [(None, "NoneType"), ("comm", "str"), (object(), "object")],
+)
+def test_a_group_on_something_other_than_a_communicator_is_refused_as_it_is_made(
+    comm: object, named: str
+) -> None:
+    """A torch process group or a placeholder passed as ``comm`` would fail deep inside the
+    first call with Python's own AttributeError; the group says at once what it needs."""
+    with pytest.raises(
+        InputError,
+        match=rf"NcclGroup needs an NCCL communicator .*, got {named}, "
+        r"which has no rank_id, size, send, recv, allGather, check_async_error, abort$",
+    ):
+        NcclGroup(comm)
+
+
+def test_a_communicator_missing_one_call_is_refused_naming_it() -> None:
+    class Partial(FakeComm):
+        abort = None  # type: ignore[assignment]
+
+    nccl = FakeNccl(2)
+    with pytest.raises(InputError, match=r"got Partial, which has no abort$"):
+        NcclGroup(Partial(nccl, 0, 2, FakeStream()), nccl, FakeStream())
+
+
 class PatientNccl(FakeNccl):
     """A fake NCCL whose operations wait long enough for a late rank that sleeps a second."""
 

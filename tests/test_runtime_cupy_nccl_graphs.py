@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from fake_cupy import FakeArray, installed
 from test_runtime_cupy_nccl import FakeNccl, run_ranks
+from unused_comm import UnusedComm
 
 from stragglar.errors import InputError
 from stragglar.measure.data import expected, payload
@@ -298,7 +299,7 @@ def test_an_nccl_older_than_2_9_6_is_never_captured(cupy: types.ModuleType) -> N
 )
 def test_which_nccl_versions_can_be_captured(code: int, why: str | None) -> None:
     nccl = types.SimpleNamespace(get_version=lambda: code)
-    assert uncapturable(NcclGroup(comm=object(), nccl=nccl, stream=object())) == why
+    assert uncapturable(NcclGroup(comm=UnusedComm(), nccl=nccl, stream=object())) == why
 
 
 def test_a_rank_gone_during_a_replay_times_the_others_out_on_the_host(cupy: types.ModuleType) -> None:
@@ -324,7 +325,7 @@ def test_a_rank_gone_during_a_replay_times_the_others_out_on_the_host(cupy: type
 
 def test_graphs_applies_to_cupy_arrays_on_an_ncclgroup() -> None:
     proof = prove(synthesize("ring", 2))
-    group = NcclGroup(comm=object(), nccl=object(), stream=object())
+    group = NcclGroup(comm=UnusedComm(), nccl=object(), stream=object())
     with pytest.raises(InputError, match="graphs applies to CuPy arrays on an NcclGroup"):
         allreduce(np.zeros(4, np.float32), proof, group=group, graphs=True)
 
@@ -378,10 +379,11 @@ def test_a_group_without_a_stream_runs_on_its_own_after_the_callers_work(
     fake.cuda = cuda  # type: ignore[attr-defined]
     monkeypatch.setitem(__import__("sys").modules, "cupy", fake)
     monkeypatch.setitem(__import__("sys").modules, "cupy.cuda", cuda)
-    first = NcclGroup(comm="comm").resolved()
-    again = NcclGroup(comm="comm").resolved()
+    comm = UnusedComm()
+    first = NcclGroup(comm).resolved()
+    again = NcclGroup(comm).resolved()
     other: list[Any] = []
-    thread = threading.Thread(target=lambda: other.append(NcclGroup(comm="comm").resolved()))
+    thread = threading.Thread(target=lambda: other.append(NcclGroup(comm).resolved()))
     thread.start()
     thread.join(10)
     assert first.stream is again.stream is made[0] and other[0].stream is made[1]

@@ -21,6 +21,7 @@ import pytest
 from cupy_surface import bare
 from fake_device import FakeCuda, host_or_skip, installed
 from test_runtime_cupy_nccl import run_ranks
+from unused_comm import UnusedComm
 
 from stragglar.errors import InputError
 from stragglar.runtime import (
@@ -266,7 +267,7 @@ def test_options_of_the_rounds_engine_are_refused_on_the_device_engine(cuda: Fak
 
     proof = prove(synthesize("ring", 2))
     data = fresh(1, 8, "float32", 0)[0]
-    group = NcclGroup(comm=None)
+    group = NcclGroup(comm=UnusedComm())
     for option, reason in (
         ({"graphs": False}, "graphs applies to the rounds engine"),
         ({"rounds": (0, 1)}, "rounds applies to the rounds engine"),
@@ -290,7 +291,7 @@ def test_a_call_or_a_registration_inside_a_graph_capture_is_refused_before_anyth
 
     proof = prove(synthesize("ring", 2))
     data = fresh(1, 8, "float32", 0)[0]
-    group = NcclGroup(comm=None)  # a gather on it would fail: nothing is gathered
+    group = NcclGroup(comm=UnusedComm())  # a gather on it would fail: nothing is gathered
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
         stream.begin_capture()

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 import pytest
+from unused_comm import UnusedComm
 
 from stragglar.runtime import plan_for, rounds_without
 from stragglar.runtime.clock import Timeline
@@ -360,7 +361,7 @@ def test_release_graphs_finds_an_ncclgroups_communicator_in_the_shared_replayers
     device = Recorder()
     replayer = Replayer(device)
     monkeypatch.setattr(graphs_module, "_shared", {Recorder: replayer})
-    comm, other = object(), object()
+    comm, other = UnusedComm(), UnusedComm()
     for _ in range(2):
         replayer((comm, "rounds"), lambda: None)
         replayer((other, "rounds"), lambda: None)

@@ -54,6 +54,10 @@ __all__ = [
 ]
 
 
+# The calls the transport makes on a communicator: what NcclGroup checks its comm has.
+_COMMUNICATOR = ("rank_id", "size", "send", "recv", "allGather", "check_async_error", "abort")
+
+
 @dataclass
 class NcclGroup:
     """An NCCL communicator with what runs it: ``nccl`` (default ``cupy.cuda.nccl``) and
@@ -64,6 +68,16 @@ class NcclGroup:
     comm: Any
     nccl: Any = None
     stream: Any = None
+
+    def __post_init__(self) -> None:
+        # A wrong comm (a torch group, None) would otherwise fail deep in the first call, with
+        # Python's own AttributeError; what the transport calls on it is what is checked.
+        lacking = [name for name in _COMMUNICATOR if not callable(getattr(self.comm, name, None))]
+        if lacking:
+            raise InputError(
+                f"NcclGroup needs an NCCL communicator (cupy.cuda.nccl.NcclCommunicator), got "
+                f"{type(self.comm).__name__}, which has no {', '.join(lacking)}"
+            )
 
     def resolved(self) -> NcclGroup:
         if self.nccl is not None and self.stream is not None:
