@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import gc
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 from schedule_documents import SCHEDULES, SCHEMA, VALIDATOR, at, ring2, same, stragglar4, valid_doc
 
 import stragglar.formats
+from stragglar.errors import ArgumentError
 from stragglar.formats.schedule_json import (
     ScheduleFormatError,
     dumps,
@@ -95,6 +97,22 @@ def test_dumps_is_compact_by_default_and_indents_on_request() -> None:
     pretty = dumps(ring2(), indent=2)
     assert pretty.startswith('{\n  "format": "stragglar-schedule",\n')
     assert json.loads(pretty) == json.loads(compact)
+
+
+@pytest.mark.parametrize(("indent", "said"), [(True, "True"), (-1, "-1"), ("  ", "'  '"), (1.5, "1.5")])
+def test_dumps_refuses_an_indent_that_is_not_a_count_of_spaces(indent: object, said: str) -> None:
+    """json.dumps would indent by 1 for True and by the string itself for a string."""
+    with pytest.raises(
+        ArgumentError, match=rf"^indent must be None or a count of spaces >= 0, got {re.escape(said)}$"
+    ):
+        dumps(ring2(), indent=indent)  # type: ignore[arg-type]
+    assert dumps(ring2(), indent=0).startswith('{\n"format": "stragglar-schedule",\n')
+
+
+@pytest.mark.parametrize("path", [None, 3, b"s.json"])
+def test_read_refuses_what_is_not_a_path(path: object) -> None:
+    with pytest.raises(ArgumentError, match=rf"^read needs a file's path, got {type(path).__name__}$"):
+        read(path)  # type: ignore[arg-type]
 
 
 def test_dumps_is_deterministic() -> None:

@@ -30,7 +30,7 @@ import os
 import re
 from typing import Any, NoReturn
 
-from stragglar.errors import SHOWN_CHARACTERS, InputError, described, shown
+from stragglar.errors import SHOWN_CHARACTERS, ArgumentError, InputError, described, shown
 from stragglar.files import json_complaint, lone_surrogate, read_text, write_text
 from stragglar.schedule import MAX_RANKS, Op, Phase, Round, Schedule, Transfer, check_size, gc_paused
 
@@ -361,7 +361,11 @@ def to_document(schedule: Schedule) -> dict[str, Any]:
 
 
 def dumps(schedule: Schedule, *, indent: int | None = None) -> str:
-    """The JSON text of ``schedule``: deterministic, compact unless ``indent`` is given."""
+    """The JSON text of ``schedule``: deterministic, compact unless ``indent`` (spaces a level) is
+    given."""
+    if indent is not None and (isinstance(indent, bool) or not isinstance(indent, int) or indent < 0):
+        # json.dumps would take True as 1 and a string as the indent's text
+        raise ArgumentError(f"indent must be None or a count of spaces >= 0, got {described(indent)}")
     separators = (",", ":") if indent is None else (",", ": ")
     return json.dumps(
         to_document(schedule), indent=indent, separators=separators, ensure_ascii=False, allow_nan=False
@@ -446,6 +450,8 @@ def write(schedule: Schedule, path: str | os.PathLike[str]) -> None:
 
 def read(path: str | os.PathLike[str]) -> Schedule:
     """The schedule in the regular file ``path``; errors about its content start with the file name."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise ArgumentError(f"read needs a file's path, got {type(path).__name__}")
     name = os.fspath(path)
     try:
         text = read_text(path)
