@@ -126,10 +126,31 @@ def test_the_header_check_honours_the_timeout() -> None:
     for rank in (0, 1):
         failure = info.value.failures[rank]
         assert failure.reason == "timed out", failure
-        assert failure.what == "timed out checking that every rank runs the same allreduce"
+        # gloo's header goes peer to peer, so the rank that never sent its own is named
+        assert failure.what == "timed out checking that every rank runs the same allreduce waiting for rank 2"
+        assert failure.peer == 2 and failure.detail.rstrip().endswith(
+            "waiting for rank 2: no answer within 0.5 s"
+        ), failure
     first = str(info.value).splitlines()[0]
     assert first.startswith("3 of 3 ranks failed: rank 2 raised RuntimeError: rank 2 gave up; "), first
-    assert "ranks 0, 1 timed out checking that every rank runs the same allreduce" in first
+    assert "ranks 0, 1 timed out checking that every rank runs the same allreduce waiting for rank 2" in first
+
+
+def two_silent_at_the_header(rank: int, n: int, proof: Proof) -> None:
+    if rank >= 2:
+        time.sleep(2.0)
+        raise RuntimeError(f"rank {rank} gave up")
+    allreduce(torch.ones(8), proof, timeout=0.5)
+
+
+def test_a_header_check_that_times_out_names_every_rank_that_never_answered() -> None:
+    with pytest.raises(LaunchError) as info:
+        launch(two_silent_at_the_header, 4, (prove(synthesize("ring", 4)),), timeout=20)
+    for rank in (0, 1):
+        failure = info.value.failures[rank]
+        assert failure.reason == "timed out" and failure.peer == 2, failure
+        said = "waiting for rank 2: no answer from ranks 2, 3 within 0.5 s"
+        assert failure.detail.rstrip().endswith(said), failure
 
 
 def late_timelines(rank: int, n: int, proofs: list[Proof], delay: float) -> list[Timeline]:

@@ -147,18 +147,21 @@ def gather_headers(
     mine = torch.tensor(list(header), dtype=torch.int64, device=on)
     gathered = [torch.empty_like(mine) for _ in range(size)]
     deadline = None if timeout is None else time.monotonic() + timeout
+    works: list[tuple[int | None, Any]] = []  # (the peer whose header it receives, or None; work)
+    at = 0  # the work waited on
     try:
         if channel is None:
-            works = [dist.all_gather(gathered, mine, group=group, async_op=True)]
+            works = [(None, dist.all_gather(gathered, mine, group=group, async_op=True))]
         else:
             gathered[rank] = mine
             wire = channel * ROUNDS_PER_TAG + HEADER_TAG
             ranks = dist.get_process_group_ranks(group) if group is not None else list(range(size))
             peers = [r for r in range(size) if r != rank]
-            works = [dist.irecv(gathered[r], ranks[r], group, wire) for r in peers]
-            works += [dist.isend(mine, ranks[r], group, wire) for r in peers]
+            works = [(r, dist.irecv(gathered[r], ranks[r], group, wire)) for r in peers]
+            works += [(None, dist.isend(mine, ranks[r], group, wire)) for r in peers]
         nccl = dist.get_backend(group) == "nccl"
-        for work in works:
+        for index, (_, work) in enumerate(works):
+            at = index
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             if nccl:
                 if not poll(work.is_completed, left):
@@ -170,8 +173,23 @@ def gather_headers(
             else:
                 work.wait()
     except Exception as e:
-        raise checking_error(rank, classify(e), first_line(e)) from e
+        reason = classify(e)
+        silent = _silent(works, at) if reason == "timed out" else []
+        if silent:
+            others = f" from ranks {', '.join(map(str, silent))}" if len(silent) > 1 else ""
+            detail = f"no answer{others} within {timeout:g} s"
+            raise checking_error(rank, reason, detail, silent[0]) from e
+        raise checking_error(rank, reason, first_line(e)) from e
     return [tuple(int(x) for x in t.tolist()) for t in gathered]
+
+
+def _silent(works: list[tuple[int | None, Any]], at: int) -> list[int]:
+    """The peers whose header had not come when the wait on ``works[at]`` timed out: its own peer
+    (gloo marks a timed-out work completed) and every later one not completed yet."""
+    peer = works[at][0] if at < len(works) else None
+    if peer is None:
+        return []
+    return [peer, *(r for r, work in works[at + 1 :] if r is not None and not work.is_completed())]
 
 
 _NO_STREAM = contextlib.nullcontext()  # torch's calls run on the current stream: nothing to enter
