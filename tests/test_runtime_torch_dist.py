@@ -69,7 +69,7 @@ def parts_rank(rank: int, n: int, proofs: list[Proof], delay: float) -> list[tup
 
 
 def test_a_schedule_run_in_parts_gives_the_sum_and_the_late_rank_waits_in_its_first() -> None:
-    n, delay = 5, 0.2
+    n, delay = 5, 1.0  # margins a loaded machine keeps: the punctual ranks finish part 1 in delay / 2
     proofs = [prove(synthesize("stragglar", n)), prove(synthesize("stragglar", n, chunks=9))]
     per_rank = launch(parts_rank, n, (proofs, delay), timeout=60)
     for rank, slept in enumerate(per_rank):
