@@ -6,8 +6,9 @@
 On NCCL where torch sees CUDA GPUs (rank r on GPU r mod their count), on gloo otherwise; ``--backend``
 chooses.  Every step trains two copies of one model on the same data: one with DDP's default hook,
 one with ``StragglarState(policy="auto")``, which reduces a bucket with StragglAR only when some
-rank is late enough for it to pay and with the engine's all_reduce otherwise (the model never
-prefers it below 4 ranks; ``--policy stragglar`` uses it for every bucket).  ``--late-rank``
+rank is late enough for it to pay and with the engine's all_reduce otherwise (below 4 ranks it
+has little to hide, and on these 1 MB buckets over gloo the model has not preferred it there;
+``--policy stragglar`` uses it for every bucket).  ``--late-rank``
 sleeps ``--delay`` before each forward pass, as a straggler would.  At the end rank 0 prints the
 policy's decisions (the first bucket's choice and each change), per step both copies' times and
 losses (equal but for rounding: the same sums, added in another order), and a verdict:

@@ -13,7 +13,7 @@ from stragglar.commands.options import (
     PLOT,
     TIMEOUT,
     VERBOSE,
-    WHOLE_MAX,
+    Whole,
     chosen_chunks,
     model_options,
     refuse_given,
@@ -99,9 +99,7 @@ def _chunk_line(comparison: Comparison, chunks: int, auto: bool) -> str:
 
 
 @click.command()
-@click.option(
-    "--gpus", "-n", "num_gpus", type=click.IntRange(min=2, max=WHOLE_MAX), required=True, metavar="N"
-)
+@click.option("--gpus", "-n", "num_gpus", type=Whole(2), required=True, metavar="N")
 @click.option(
     "--collective",
     type=click.Choice(("allreduce", *COLLECTIVES)),
@@ -113,13 +111,13 @@ def _chunk_line(comparison: Comparison, chunks: int, auto: bool) -> str:
 @click.option(
     "--chunks",
     "-c",
-    type=click.IntRange(min=1, max=WHOLE_MAX),
+    type=Whole(1),
     help="Chunks C >= N-1 (default N-1, the paper's); for reduce_scatter and all_gather a multiple "
     "of N (default N).",
 )
 @click.option(
     "--rounds",
-    type=click.IntRange(min=0, max=WHOLE_MAX),
+    type=Whole(0),
     help="Rounds to refute (default: one below the bound); allreduce only.",
 )
 @click.option(
@@ -148,7 +146,8 @@ def bound(num_gpus: int, collective: str, chunks: int | None, rounds: int | None
         return
     if num_gpus > BOUND_MAX_RANKS:
         raise InputError(
-            f"the z3 bound handles at most {BOUND_MAX_RANKS} GPUs (the model grows as N^4; 16 took 640 s)"
+            f"the z3 bound handles at most {BOUND_MAX_RANKS} GPUs (the model grows as N^4; "
+            f"N = {_LARGEST} took {BOUND_SECONDS[_LARGEST]} s on 2 cores)"
         )
     with busy(f"asking z3 about {num_gpus} GPUs{_expected(num_gpus, chunks)}"):
         result = prove_lower_bound(num_gpus, timeout, chunks, rounds)
@@ -175,6 +174,7 @@ def _shard_bound(collective: str, num_gpus: int, chunks: int | None, timeout: fl
 # What the bound at N GPUs (the paper's chunks) took on a 2-core machine (docs/smt.md, 2026-11-26;
 # N = 16 2026-11-25): the busy line says so, so that a long wait is expected, not a surprise.
 BOUND_SECONDS = {13: 14, 14: 26, 15: 107, 16: 495}
+_LARGEST = max(BOUND_SECONDS)
 
 
 def _expected(num_gpus: int, chunks: int | None) -> str:
@@ -188,8 +188,9 @@ def _expected(num_gpus: int, chunks: int | None) -> str:
     """
     if chunks is not None and chunks != num_gpus - 1:
         return ""
-    if num_gpus > max(BOUND_SECONDS):
-        return f" (z3 has not finished N > {max(BOUND_SECONDS)}: hours; N = 16 took 495 s on 2 cores)"
+    if num_gpus > _LARGEST:
+        took = BOUND_SECONDS[_LARGEST]
+        return f" (z3 has not finished N > {_LARGEST}: hours; N = {_LARGEST} took {took} s on 2 cores)"
     seconds = BOUND_SECONDS.get(num_gpus)
     return "" if seconds is None else f" (N = {num_gpus} took {seconds} s on 2 cores)"
 

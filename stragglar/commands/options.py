@@ -37,6 +37,7 @@ __all__ = [
     "WHOLE",
     "WHOLE_MAX",
     "Quantity",
+    "Whole",
     "artifact_options",
     "auto_note",
     "chosen_chunks",
@@ -112,7 +113,29 @@ def _timeout(text: str) -> float:
 # A whole-number option past 64 bits is refused by click, naming the option: the API would name
 # its parameter (``num_ranks must fit in 64 bits``), which the user never typed.
 WHOLE_MAX = 2**63 - 1
-WHOLE = click.IntRange(max=WHOLE_MAX)
+
+
+class Whole(click.IntRange):
+    """A whole number from ``min`` up to 64 bits.  Its help shows the lower bound only: the cap is
+    a guard, not a limit anyone means, and the option's real limit (2048 GPUs) is the command's
+    to say, in its help text and its error."""
+
+    name = "integer"  # "'x' is not a valid integer", not "... integer range"
+
+    def __init__(self, min: int | None = None) -> None:
+        super().__init__(min=min, max=WHOLE_MAX)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = click.INT.convert(value, param, ctx)
+        if number > WHOLE_MAX:
+            self.fail(f"{number} does not fit in 64 bits", param, ctx)
+        return super().convert(number, param, ctx)
+
+    def _describe_range(self) -> str:  # the help's [x>=2], and a refusal's "not in the range x>=2"
+        return "" if self.min is None else f"x>={self.min}"
+
+
+WHOLE = Whole()
 SIZE = Quantity("size", parse_size)
 DURATION = Quantity("duration", parse_duration)
 TIMEOUT = Quantity("duration", _timeout)
@@ -269,7 +292,7 @@ def artifact_options(command: Callable[..., None]) -> Callable[..., None]:
         ),
         click.option(
             "--instances",
-            type=click.IntRange(min=1, max=WHOLE_MAX),
+            type=Whole(1),
             default=defaults.instances,
             show_default=True,
             help="Copies per loop.",
@@ -279,7 +302,7 @@ def artifact_options(command: Callable[..., None]) -> Callable[..., None]:
         click.option("--name", help="The algo's or plan's name (default: from the schedule)."),
         click.option(
             "--max-threadblocks",
-            type=click.IntRange(min=1, max=WHOLE_MAX),
+            type=Whole(1),
             default=defaults.max_threadblocks,
             show_default=True,
             help="MSCCL++: thread blocks one GPU runs at once (A100: 108, H100 SXM: 132).",

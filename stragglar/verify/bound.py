@@ -68,7 +68,7 @@ __all__ = [
     "prove_lower_bound",
 ]
 
-BOUND_MAX_RANKS = 24  # the model grows as N^4: N = 16 took 640 s, N = 40 needed 7 GB to build
+BOUND_MAX_RANKS = 24  # the model grows as N^4: N = 16 took 495 s, N = 40 needed 7 GB to build
 BOUND_MAX_CELLS = 24 * 23  # ranks x chunks: the model grows with N^2 x C x rounds
 
 _PARTS = (0, 1)  # P (the punctual ranks' sum) and Q (the straggler's data)
