@@ -250,6 +250,8 @@ def check_replaceable(path: str | os.PathLike[str]) -> None:
     if own_descriptor(path) is not None:
         return
     target = Path(path)
+    if target.is_dir():
+        raise InputError(f"{shown(target)} is a folder: name a file in it")
     if target.exists() and not target.is_file():
         raise InputError(f"{shown(target)} is not a regular file (a device, fifo or socket): write to a file")
     if target.is_symlink() and not target.exists():

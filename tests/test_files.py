@@ -54,6 +54,15 @@ def test_write_text_through_a_link_replaces_its_target_and_keeps_the_link(tmp_pa
     assert dangling.is_symlink() and not (tmp_path / "missing").exists()
 
 
+def test_a_folder_given_as_the_file_to_write_is_refused_as_a_folder(tmp_path: Path) -> None:
+    """It was called "not a regular file (a device, fifo or socket)"."""
+    (tmp_path / "through").symlink_to(tmp_path)
+    for folder in (tmp_path, tmp_path / "through"):
+        with pytest.raises(InputError, match=f"^{folder} is a folder: name a file in it$"):
+            write_text(folder, "lost\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["through"]
+
+
 def test_own_descriptors_are_told_from_files_and_from_other_processes(tmp_path: Path) -> None:
     (tmp_path / "out.json").symlink_to("/dev/stdout")
     (tmp_path / "again.json").symlink_to(tmp_path / "out.json")
