@@ -39,16 +39,15 @@ import argparse
 import math
 import statistics
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
-from options import link_rate
+from options import as_command, byte_size, duration, json_output, link_rate, positive_number, whole
 from results import save
 
 from stragglar.measure.links import paced_to
 from stragglar.measure.run import BenchmarkResult, run_benchmark
 from stragglar.measure.sweep import fit_line, fit_ring
 from stragglar.model import Network, best_chunks, compare_generated
-from stragglar.units import format_bytes, parse_size
+from stragglar.units import format_bytes
 
 
 @dataclass(frozen=True)
@@ -198,23 +197,34 @@ def table(rows: list[Row], fits: dict[int, Network], link_rate: float | None) ->
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--gpus", type=int, nargs="+", default=[4, 8])
-    parser.add_argument("--sizes", type=parse_size, nargs="+", default=[64 * 2**20, 256 * 2**20])
+    parser.add_argument(
+        "--gpus", type=whole(2, 64), nargs="+", default=[4, 8], help="gloo ranks on this host"
+    )
+    parser.add_argument("--sizes", type=byte_size, nargs="+", default=[64 * 2**20, 256 * 2**20])
     parser.add_argument(
         "--fit-sizes",
-        type=parse_size,
+        type=byte_size,
         nargs="+",
         default=[2**20, 4 * 2**20, 16 * 2**20, 64 * 2**20],
         help="the sizes gloo's times are fitted at",
     )
-    parser.add_argument("--delay-factor", type=float, default=1.5, help="delay / the ReduceScatter time")
-    parser.add_argument("--iters", type=int, default=5)
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds a rank waits for a silent peer")
+    parser.add_argument(
+        "--delay-factor", type=positive_number, default=1.5, help="delay / the ReduceScatter time"
+    )
+    parser.add_argument("--iters", type=whole(1, 10**4), default=5)
+    parser.add_argument(
+        "--timeout",
+        type=duration(positive=True),
+        default=300.0,
+        help="a rank's wait for a silent peer",
+    )
     parser.add_argument(
         "--link-rate", type=link_rate, help="pace every rank's sockets to this bandwidth (e.g. 200MB/s)"
     )
-    parser.add_argument("--json", type=Path, help="write the rows and the machine to this file")
+    parser.add_argument("--json", type=json_output, help="write the rows and the machine to this file")
     args = parser.parse_args()
+    if len(set(args.fit_sizes)) < 2:
+        parser.error("--fit-sizes: the Ring model's two figures need two sizes or more")
     rows: list[Row] = []
     fits: dict[int, Network] = {}
     for n in args.gpus:
@@ -247,4 +257,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    as_command(main)

@@ -1,11 +1,11 @@
 """DDP training steps on gloo: the default hook against synchronous, asynchronous and auto StragglAR.
 
-    python benchmarks/bench_ddp.py [--gpus 4] [--late 1] [--delay 30] [--steps 36]
+    python benchmarks/bench_ddp.py [--gpus 4] [--late 1] [--delay 30ms] [--steps 36]
         [--link-rate 200MB/s] [--json out.json]
 
 A deep MLP (``--depth`` layers of ``--width`` x ``--width``; a DDP bucket per layer from the
 second step on, once DDP has rebuilt its buckets) trains on fork-started gloo ranks, twice: once
-with no late rank and once with rank ``--late`` late by ``--delay`` ms of its own compute (matrix
+with no late rank and once with rank ``--late`` late by ``--delay`` of its own compute (matrix
 products before its forward pass, not a sleep inside the collective).  Each run builds five DDP
 copies of the model from one seed and alternates them step by step, so all four see the same
 machine state (each takes each place in the order equally often): DDP's default hook (gloo's
@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from options import link_rate
+from options import as_command, duration, json_output, link_rate, whole
 from results import save
 from torch.distributed import GradBucket  # type: ignore[attr-defined, unused-ignore]
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -259,28 +259,46 @@ def table(rows: list[Row]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--gpus", type=int, default=4, help="gloo ranks")
-    parser.add_argument("--late", type=int, default=1, help="the late rank in the second run")
-    parser.add_argument("--delay", type=float, default=30.0, help="ms of extra compute on the late rank")
-    parser.add_argument("--width", type=int, default=768)
-    parser.add_argument("--depth", type=int, default=10)
-    parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--steps", type=int, default=36, help="steps per variant, warm-up included")
-    parser.add_argument("--warmup", type=int, default=6, help="first steps left out of the figures")
+    parser.add_argument("--gpus", type=whole(2, 64), default=4, help="gloo ranks (processes on this host)")
+    parser.add_argument("--late", type=whole(0), default=1, help="the late rank in the second run")
+    parser.add_argument(
+        "--delay",
+        type=duration(positive=True),
+        default=0.03,
+        help="the late rank's extra compute (30ms)",
+    )
+    parser.add_argument("--width", type=whole(1, 2**14), default=768)
+    parser.add_argument("--depth", type=whole(1, 1000), default=10)
+    parser.add_argument("--batch", type=whole(1, 2**16), default=64)
+    parser.add_argument(
+        "--steps", type=whole(2, 10**5), default=36, help="steps per variant, warm-up included"
+    )
+    parser.add_argument("--warmup", type=whole(0), default=6, help="first steps left out of the figures")
     parser.add_argument(
         "--idle", action="store_true", help="the late rank sleeps (waits on I/O) instead of computing"
     )
     parser.add_argument(
         "--link-rate", type=link_rate, help="pace every rank's sockets to this bandwidth (e.g. 200MB/s)"
     )
-    parser.add_argument("--chunks", type=int, help="StragglAR's chunk count, >= N-1 (default: N-1)")
-    parser.add_argument("--json", type=Path, help="also save the figures here")
+    parser.add_argument("--chunks", type=whole(1), help="StragglAR's chunk count, >= N-1 (default: N-1)")
+    parser.add_argument("--json", type=json_output, help="also save the figures here")
     args = parser.parse_args()
+    # checked before the ranks start: a late rank outside the world was never late, yet judged
+    if args.late >= args.gpus:
+        parser.error(f"--late {args.late}: the ranks are 0 to {args.gpus - 1}")
+    if args.steps - args.warmup < 2:
+        parser.error(f"--steps {args.steps} leaves {args.steps - args.warmup} after --warmup: need 2 or more")
+    if args.chunks is not None and args.chunks < args.gpus - 1:
+        parser.error(
+            f"--chunks {args.chunks}: StragglAR over {args.gpus} ranks needs at least {args.gpus - 1}"
+        )
     import torch._dynamo  # noqa: F401 - DDP's first construction imports it: once, before the fork
 
-    figures: dict[str, object] = {"args": {k: str(v) for k, v in vars(args).items()}}
+    figures: dict[str, object] = {
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    }
     failed = []
-    for run, delay in (("punctual", 0.0), ("late", args.delay / 1e3)):
+    for kind, delay in (("punctual", 0.0), ("late", args.delay)):
         config = Config(
             args.width,
             args.depth,
@@ -296,7 +314,7 @@ def main() -> None:
         per_rank = launch(train, args.gpus, (config,), timeout=120)
         rows, auto = summarise(per_rank, config), per_rank[0]["auto"]
         how = "sleeping" if args.idle else "its own compute"
-        who = f"rank {args.late} {args.delay:g} ms late by {how}" if delay else "no late rank"
+        who = f"rank {args.late} {args.delay * 1e3:g} ms late by {how}" if delay else "no late rank"
         gradients = args.width * (args.width + 1) * args.depth * 4 / 2**20
         links = "" if args.link_rate is None else f", {paced_to(args.link_rate)}"
         print(
@@ -315,13 +333,13 @@ def main() -> None:
             )
         )
         ratio = next(r.ratio for r in rows if r.variant == "auto")
-        verdict = "met" if ratio <= TARGETS[run] else "NOT met"
-        print(f"target auto <= {TARGETS[run]:.2f}x the default hook: {verdict} ({ratio:.2f}x)")
+        verdict = "met" if ratio <= TARGETS[kind] else "NOT met"
+        print(f"target auto <= {TARGETS[kind]:.2f}x the default hook: {verdict} ({ratio:.2f}x)")
         agree = max(r.loss_deviation for r in rows) <= LOSS_RTOL
         print(f"losses agree with the default hook's within {LOSS_RTOL:g}: {'yes' if agree else 'NO'}")
         if not agree:
-            failed.append(run)
-        figures[run] = {"rows": [asdict(r) for r in rows], "auto": auto}
+            failed.append(kind)
+        figures[kind] = {"rows": [asdict(r) for r in rows], "auto": auto}
     if args.json:
         save(args.json, figures)
     if failed:
@@ -329,4 +347,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    as_command(main)

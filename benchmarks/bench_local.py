@@ -21,10 +21,10 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
+from options import as_command, json_output, whole
 from results import save
 
 from stragglar.runtime import allreduce_local
@@ -147,11 +147,11 @@ def table(rows: list[Row]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Time allreduce_local on the host (NumPy, torch CPU).")
-    parser.add_argument("--calls", type=int, default=200, help="timed calls per small case (median)")
-    parser.add_argument("--json", type=Path, metavar="FILE", help="also save the results as JSON")
+    parser.add_argument(
+        "--calls", type=whole(1, 10**5), default=200, help="timed calls per small case (median)"
+    )
+    parser.add_argument("--json", type=json_output, metavar="FILE", help="also save the results as JSON")
     args = parser.parse_args(argv)
-    if args.calls < 1:
-        parser.error("--calls must be at least 1")
     libraries = ["numpy"] + (["torch"] if importlib.util.find_spec("torch") else [])
     rows = [
         bench(library, n, chunks, count, max(1, args.calls // 10) if count >= LARGE else args.calls)
@@ -165,4 +165,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    as_command(main)

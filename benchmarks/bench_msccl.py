@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from options import as_command, ranks, whole
+
 from stragglar import msccl
 from stragglar.msccl import PROTOCOLS, MscclProof, XmlOptions
 from stragglar.synth import ALGORITHMS, synthesize
@@ -38,11 +40,11 @@ def best_of(repeats: int, run: Callable[[], T]) -> tuple[float, T]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[8, 16, 32, 64])
+    parser.add_argument("--sizes", type=ranks, nargs="+", default=[8, 16, 32, 64])
     parser.add_argument("--algorithm", choices=ALGORITHMS, default="stragglar")
     parser.add_argument("--proto", choices=PROTOCOLS, default="Simple")
-    parser.add_argument("--instances", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--instances", type=whole(1), default=1)
+    parser.add_argument("--repeats", type=whole(1, 1000), default=3)
     args = parser.parse_args()
     python = platform.python_version()
     print(f"{args.algorithm}, proto {args.proto}, {args.instances} instance(s); Python {python}")
@@ -60,4 +62,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    as_command(main)

@@ -13,14 +13,14 @@ The target is export + prove of N = 64 in under 5 s.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
-import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, TypeVar
+
+from options import as_command, json_output, ranks, whole
+from results import save
 
 from stragglar import mscclpp
 from stragglar.mscclpp import DEFAULT_INTERLEAVINGS, PlanOptions
@@ -61,28 +61,14 @@ def measure(algorithm: str, n: int, instances: int, interleavings: int, repeats:
     }
 
 
-def write_json(path: str, payload: dict[str, Any]) -> None:
-    """Write atomically: a temporary file next to the target, then ``os.replace``."""
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(payload, handle, indent=2)
-            handle.write("\n")
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[8, 16, 32, 64, 72])
+    parser.add_argument("--sizes", type=ranks, nargs="+", default=[8, 16, 32, 64, 72])
     parser.add_argument("--algorithm", choices=ALGORITHMS, default="stragglar")
-    parser.add_argument("--instances", type=int, default=1)
-    parser.add_argument("--interleavings", type=int, default=DEFAULT_INTERLEAVINGS)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--json", metavar="FILE", help="also write the rows to FILE")
+    parser.add_argument("--instances", type=whole(1), default=1)
+    parser.add_argument("--interleavings", type=whole(1, 1000), default=DEFAULT_INTERLEAVINGS)
+    parser.add_argument("--repeats", type=whole(1, 1000), default=3)
+    parser.add_argument("--json", type=json_output, metavar="FILE", help="also write the rows to FILE")
     args = parser.parse_args()
     python = platform.python_version()
     print(
@@ -105,7 +91,7 @@ def main() -> None:
         total = target["total_s"]
         print(f"target: export + prove of N={TARGET_N} under {TARGET_S:.0f} s: {verdict} ({total:.2f} s)")
     if args.json:
-        write_json(
+        save(
             args.json,
             {
                 "benchmark": "bench_mscclpp",
@@ -121,4 +107,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    as_command(main)

@@ -26,9 +26,9 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import numpy as np
+from options import as_command, json_output, ranks, whole
 from results import save
 
 from stragglar.runtime import plan_for
@@ -182,9 +182,9 @@ def table(results: list[Result]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Time the runtime's plan lookup per N.")
-    parser.add_argument("--sizes", type=int, nargs="+", default=[8, 64, 256], metavar="N")
-    parser.add_argument("--calls", type=int, default=2000)
-    parser.add_argument("--json", type=Path, metavar="FILE", help="also save the results as JSON")
+    parser.add_argument("--sizes", type=ranks, nargs="+", default=[8, 64, 256], metavar="N")
+    parser.add_argument("--calls", type=whole(1, 10**6), default=2000, help="timed calls per N (median)")
+    parser.add_argument("--json", type=json_output, metavar="FILE", help="also save the results as JSON")
     args = parser.parse_args(argv)
     results = [bench(n, args.calls) for n in args.sizes]
     print(table(results))
@@ -196,4 +196,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    as_command(main)

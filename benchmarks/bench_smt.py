@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/bench_smt.py --sizes 8 64 --bound-max 8
 
 The lower bounds go up from N = 2 until ``--bound-max`` or the first query z3 does not decide
-within ``--bound-timeout`` seconds; ``synthesize(..., method="smt")`` (z3 finds the copies of
+within ``--bound-timeout`` (600s); ``synthesize(..., method="smt")`` (z3 finds the copies of
 phase 2 in the paper's exchange order; each schedule then proved by both checkers) runs for
 N = 2..``--synth-max``.
 """
@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import time
+
+from options import as_command, duration, ranks, whole
 
 from stragglar.schedule import Phase, Schedule, round_lower_bound
 from stragglar.synth import synthesize
@@ -68,10 +70,15 @@ def synthesis_table(up_to: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=int, nargs="*", default=[8, 16, 32, 64, 128, 256])
-    parser.add_argument("--bound-max", type=int, default=15)
-    parser.add_argument("--bound-timeout", type=float, default=600.0)
-    parser.add_argument("--synth-max", type=int, default=12)
+    parser.add_argument("--sizes", type=ranks, nargs="*", default=[8, 16, 32, 64, 128, 256])
+    parser.add_argument("--bound-max", type=whole(2, 24), default=15)
+    parser.add_argument(
+        "--bound-timeout",
+        type=duration(positive=True),
+        default=600.0,
+        help="z3's time per bound (default 600s)",
+    )
+    parser.add_argument("--synth-max", type=whole(2, 16), default=12)
     args = parser.parse_args()
     checker_table(args.sizes)
     print()
@@ -81,4 +88,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    as_command(main)

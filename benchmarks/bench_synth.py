@@ -15,9 +15,9 @@ import time
 import tracemalloc
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import TypeVar
 
+from options import as_command, json_output, ranks
 from results import save
 
 from stragglar.formats.schedule_json import dumps, loads
@@ -91,9 +91,9 @@ def table(results: list[Result]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Time synth, prove and JSON dump+load per N.")
-    parser.add_argument("--sizes", type=int, nargs="+", default=[64, 256, 1024], metavar="N")
+    parser.add_argument("--sizes", type=ranks, nargs="+", default=[64, 256, 1024], metavar="N")
     parser.add_argument("--algorithm", choices=ALGORITHMS, default="stragglar")
-    parser.add_argument("--json", type=Path, metavar="FILE", help="also save the results as JSON")
+    parser.add_argument("--json", type=json_output, metavar="FILE", help="also save the results as JSON")
     args = parser.parse_args(argv)
     results = [bench(args.algorithm, n) for n in args.sizes]
     print(table(results))
@@ -102,4 +102,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    as_command(main)

@@ -1,13 +1,13 @@
 """How synthesis and the two provers scale with N: time, peak memory, and the fitted exponent.
 
-    python benchmarks/bench_tooling.py [--sizes 8 64 256 1024 2048] [--budget 120] [--json out.json]
+    python benchmarks/bench_tooling.py [--sizes 8 64 256 1024 2048] [--budget 120s] [--json out.json]
 
 Steps: ``synth`` (``synthesize("stragglar", N)``), ``prove`` (the symbolic simulator,
 ``stragglar.verify.prove``) and ``smt`` (the z3 checker, ``stragglar.verify.smt.smt_prove``).
 Each step is timed once (wall clock), then run again under ``tracemalloc`` for its peak of
 Python allocations above what it started with (native memory, such as z3's C++ heap, is not
 seen).  A step is skipped at the next N when the exponent fitted so
-far predicts it would exceed ``--budget`` seconds.  The growth exponent k of ``time ~ N^k`` and
+far predicts it would exceed ``--budget``.  The growth exponent k of ``time ~ N^k`` and
 ``memory ~ N^k`` is the least-squares slope in log-log over the N >= 64 measured (N = 8 is
 dominated by fixed costs).
 """
@@ -19,9 +19,9 @@ import math
 import time
 import tracemalloc
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
+from options import as_command, duration, json_output, ranks
 from results import save
 
 from stragglar.schedule import MAX_RANKS, Schedule
@@ -82,12 +82,12 @@ def predicted(points: list[tuple[int, float]], n: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[8, 64, 256, 1024, MAX_RANKS])
-    parser.add_argument("--budget", type=float, default=120.0, help="seconds per step and N")
-    parser.add_argument("--json", type=Path)
+    parser.add_argument("--sizes", type=ranks, nargs="+", default=[8, 64, 256, 1024, MAX_RANKS])
+    parser.add_argument(
+        "--budget", type=duration(positive=True), default=120.0, help="time per step and N (default 120s)"
+    )
+    parser.add_argument("--json", type=json_output)
     args = parser.parse_args()
-    if not all(2 <= n <= MAX_RANKS for n in args.sizes):
-        parser.error(f"--sizes: each N must be 2..{MAX_RANKS} (the largest schedule stragglar makes)")
 
     todo = STEPS
     times: dict[str, list[tuple[int, float]]] = {name: [] for name in todo}
@@ -133,4 +133,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    as_command(main)

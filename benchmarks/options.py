@@ -1,12 +1,38 @@
-"""Command-line types the benchmarks share: argparse prints their reason in one line, exit 2."""
+"""What the benchmarks share on their command lines: argparse types that say their reason in one
+line (argparse adds the usage and exits 2), the checks of ``--json`` before any work, and
+:func:`as_command`, which ends a benchmark as ``stragglar`` ends a command: one line, an exit code.
+
+The units are the command line's: sizes as ``1MiB``, durations as ``20ms`` or ``1.5s`` (a bare
+number is refused, as ``stragglar`` refuses it: ``5`` could be seconds or milliseconds).
+"""
 
 from __future__ import annotations
 
 import argparse
+import math
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import NoReturn
 
-from stragglar.errors import InputError
+import click
+
+from stragglar.commands.outputs import check_output, to_stdout
+from stragglar.errors import InputError, StragglarError
 from stragglar.measure.links import check_link_rate
-from stragglar.units import parse_bandwidth
+from stragglar.schedule import MAX_RANKS
+from stragglar.units import parse_bandwidth, parse_duration, parse_size
+
+__all__ = [
+    "as_command",
+    "byte_size",
+    "duration",
+    "json_output",
+    "link_rate",
+    "positive_number",
+    "ranks",
+    "whole",
+]
 
 
 def link_rate(text: str) -> float:
@@ -15,3 +41,93 @@ def link_rate(text: str) -> float:
         return check_link_rate(parse_bandwidth(text))
     except InputError as e:  # argparse shows an ArgumentTypeError's own words
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def whole(least: int, most: int | None = None) -> Callable[[str], int]:
+    """An argparse type: a whole number from ``least`` (to ``most``).  A count of 0 calls or
+    repeats failed after the table's header with Python's own error; a huge one ran for hours."""
+
+    def convert(text: str) -> int:
+        try:
+            number = int(text if text.isascii() else "x", 10)  # int() takes Arabic-Indic digits too
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if number < least or (most is not None and number > most):
+            span = f"from {least:,} to {most:,}" if most is not None else f"of {least:,} or more"
+            raise argparse.ArgumentTypeError(f"{text!r}: need a whole number {span}")
+        return number
+
+    return convert
+
+
+ranks = whole(2, MAX_RANKS)  # a world size N, as `stragglar --gpus` takes it
+
+
+def duration(least: float = 0.0, *, positive: bool = False) -> Callable[[str], float]:
+    """An argparse type: a duration with its unit (``30ms``), in seconds, at least ``least``
+    (more than 0 with ``positive``: a timeout or a budget of 0 would skip every step)."""
+
+    def convert(text: str) -> float:
+        try:
+            seconds = parse_duration(text)
+        except InputError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        if not math.isfinite(seconds) or seconds < least or (positive and seconds <= 0):
+            bound = "more than 0" if positive and least <= 0 else f"at least {least:g} s"
+            raise argparse.ArgumentTypeError(f"{text!r}: need a duration {bound}")
+        return seconds
+
+    return convert
+
+
+def byte_size(text: str) -> int:
+    """A buffer size with its unit (``64MiB``), in bytes, at least one."""
+    try:
+        count = parse_size(text)
+    except InputError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: need a size of 1 byte or more")
+    return count
+
+
+def positive_number(text: str) -> float:
+    """A finite number above 0 (a factor: ``--delay-factor 1.5``)."""
+    try:
+        number = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (math.isfinite(number) and number > 0):
+        raise argparse.ArgumentTypeError(f"{text!r}: need a number above 0")
+    return number
+
+
+def json_output(text: str) -> Path:
+    """``--json FILE``, checked before any work: a folder, a device or a missing folder used to
+    fail after the whole run, its figures lost.  Standard output carries the table, so '-' and
+    ``/dev/stdout`` are refused."""
+    path = Path(text)
+    if to_stdout(path):
+        raise argparse.ArgumentTypeError(f"{text!r} is standard output, which carries the table: name a file")
+    try:
+        check_output(path, option="--json")
+    except click.BadParameter as e:
+        raise argparse.ArgumentTypeError(e.message) from None
+    except InputError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return path
+
+
+def as_command(main: Callable[[], object]) -> NoReturn:
+    """Run a benchmark's ``main`` as ``stragglar`` runs a command: a stragglar error (a value
+    argparse could not judge alone, a failed rank, SIGTERM) ends it with ``Error: ...`` and the
+    error's exit code; Ctrl-C with ``Aborted!`` and 130.  Anything else is a bug: its traceback."""
+    try:
+        main()
+    except StragglarError as e:
+        print(f"Error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        print("Aborted!", file=sys.stderr)
+        sys.exit(130)
+    sys.exit(0)

@@ -66,7 +66,7 @@ def check_output(output: Path, *inputs: Path, option: str = "-o") -> None:
             if same_file(source, output):
                 raise InputError(f"{shown(output)} is the input file: write the output somewhere else")
         if output.is_dir():
-            raise InputError(f"{shown(output)} is a directory")
+            raise InputError(f"{shown(output)} is a folder: name a file in it")
         check_replaceable(output)
         folder = output.parent.resolve()
         if not folder.is_dir():

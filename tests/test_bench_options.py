@@ -1,0 +1,129 @@
+"""benchmarks/options.py: the benchmarks' command lines refuse bad values in one line, exit 2,
+before any work (a count of 0, a duration without its unit, a --json that cannot be written),
+and end on a stragglar error or Ctrl-C as ``stragglar`` ends a command."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from stragglar.errors import IncorrectError, InputError
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+import options  # noqa: E402 - a benchmark's module, found as the benchmarks find it
+
+
+def refusal(convert: Callable[[str], object], text: str) -> str:
+    with pytest.raises(argparse.ArgumentTypeError) as info:
+        convert(text)
+    return str(info.value)
+
+
+def test_whole_numbers_are_held_to_their_range_and_to_ascii_digits() -> None:
+    calls = options.whole(1, 10**6)
+    assert calls("2000") == 2000 and calls("1_000") == 1000 and calls("1") == 1
+    assert refusal(calls, "0") == "'0': need a whole number from 1 to 1,000,000"
+    assert refusal(calls, "1000001") == "'1000001': need a whole number from 1 to 1,000,000"
+    assert refusal(options.whole(0), "-1") == "'-1': need a whole number of 0 or more"
+    for text in ("1.5", "x", "", "\u0663"):  # Arabic-Indic 3: int() would take it
+        assert refusal(calls, text) == f"{text!r} is not a whole number"
+    assert options.ranks("2048") == 2048 and "from 2 to 2,048" in refusal(options.ranks, "2049")
+
+
+def test_durations_need_their_unit_and_a_timeout_more_than_nothing() -> None:
+    timeout = options.duration(positive=True)
+    assert timeout("30ms") == pytest.approx(0.03) and timeout("1.5s") == 1.5
+    assert refusal(timeout, "5") == "'5' needs a unit: write 5ms or 5s (or us)"
+    assert refusal(timeout, "0s") == "'0s': need a duration more than 0"
+    assert "expected a duration" in refusal(timeout, "nan")
+    assert options.duration()("0s") == 0.0
+
+
+def test_sizes_and_factors() -> None:
+    assert options.byte_size("64MiB") == 64 * 2**20
+    assert refusal(options.byte_size, "0B") == "'0B': need a size of 1 byte or more"
+    assert options.positive_number("1.5") == 1.5
+    for text in ("0", "-1", "inf", "nan"):
+        assert refusal(options.positive_number, text) == f"{text!r}: need a number above 0"
+
+
+def test_json_is_checked_before_the_work(tmp_path: Path) -> None:
+    assert options.json_output(str(tmp_path / "out.json")) == tmp_path / "out.json"
+    assert refusal(options.json_output, str(tmp_path)) == f"{tmp_path} is a folder: name a file in it"
+    missing = tmp_path / "no" / "out.json"
+    assert refusal(options.json_output, str(missing)) == f"{missing}: folder {missing.parent} does not exist"
+    for stdout in ("-", "/dev/stdout"):
+        assert "is standard output, which carries the table" in refusal(options.json_output, stdout)
+    os.mkfifo(tmp_path / "fifo")
+    assert "is not a regular file" in refusal(options.json_output, str(tmp_path / "fifo"))
+
+
+@pytest.mark.parametrize(
+    ("raised", "said", "code"),
+    [
+        (InputError("need 2 to 2048 GPUs, got 1"), "Error: need 2 to 2048 GPUs, got 1\n", 2),
+        (IncorrectError("the sums differ"), "Error: the sums differ\n", 1),
+        (KeyboardInterrupt(), "Aborted!\n", 130),
+    ],
+)
+def test_a_benchmark_ends_on_an_error_as_a_command_does(
+    raised: BaseException, said: str, code: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def main() -> None:
+        raise raised
+
+    with pytest.raises(SystemExit) as info:
+        options.as_command(main)
+    assert info.value.code == code and capsys.readouterr().err == said
+
+
+def test_a_bug_keeps_its_traceback() -> None:
+    def main() -> None:
+        raise ZeroDivisionError("a bug")
+
+    with pytest.raises(ZeroDivisionError):
+        options.as_command(main)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["bench_synth.py", "--sizes", "0"],
+        ["bench_runtime.py", "--calls", "0"],
+        ["bench_msccl.py", "--repeats", "0"],
+        ["bench_mscclpp.py", "--json", "/"],
+        ["bench_smt.py", "--bound-timeout", "600"],
+        ["bench_tooling.py", "--budget", "0s"],
+        ["bench_detect.py", "--sizes", "3"],
+        ["bench_chunked.py", "--every", "5", "3"],
+        ["bench_local.py", "--calls", "0"],
+        ["bench_chunked_gloo.py", "--fit-sizes", "1MiB"],
+    ],
+)
+def test_every_benchmark_refuses_a_bad_value_in_one_line_before_any_work(args: list[str]) -> None:
+    """Each used to fail with a traceback, some after minutes of work."""
+    refused_at_once(args)
+
+
+def refused_at_once(args: list[str]) -> str:
+    """The last line ``bench_x.py`` printed when run with ``args``: argparse's one-line error,
+    exit 2, nothing on stdout, no traceback."""
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / args[0]), *args[1:]],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(BENCHMARKS.parent)},
+    )
+    assert done.returncode == 2 and done.stdout == "", (done.stdout, done.stderr)
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"{args[0]}: error: ") and "Traceback" not in done.stderr, done.stderr
+    return last
