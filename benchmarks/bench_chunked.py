@@ -23,7 +23,7 @@ import time
 from dataclasses import asdict, dataclass
 
 import z3
-from options import as_command, duration, json_output, ranks
+from options import as_command, duration, each, json_output, ranks
 from results import save
 
 from stragglar.synth import synthesize
@@ -167,7 +167,7 @@ def main() -> None:
     if args.limit is not None:
         parser.error("--limit applies to --every only")
     print(f"z3 {z3.get_version_string()} (imported before timing)")
-    rows = [measure(n, c, args.prove) for n, c in CASES]
+    rows = [measure(n, c, args.prove) for n, c in each(CASES, lambda case: f"N = {case[0]}, C = {case[1]}")]
     print(table(rows))
     if args.json:
         save(args.json, {"z3": z3.get_version_string(), "rows": [asdict(r) for r in rows]})

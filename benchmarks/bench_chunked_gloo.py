@@ -40,9 +40,20 @@ import math
 import statistics
 from dataclasses import asdict, dataclass
 
-from options import as_command, byte_size, duration, json_output, link_rate, positive_number, whole
+from options import (
+    as_command,
+    byte_size,
+    duration,
+    each,
+    json_output,
+    link_rate,
+    note,
+    positive_number,
+    whole,
+)
 from results import save
 
+from stragglar.commands.terminal import busy
 from stragglar.measure.links import paced_to
 from stragglar.measure.run import BenchmarkResult, run_benchmark
 from stragglar.measure.sweep import fit_line, fit_ring
@@ -86,10 +97,10 @@ def calibrate(
     time at each of ``sizes``."""
     runs = {
         s: run_benchmark("torch", n, s, iters=iters, timeout=timeout, link_rate=link_rate)
-        for s in sorted({*sizes, *fit_sizes})
+        for s in each(sorted({*sizes, *fit_sizes}), lambda s: f"calibrating N = {n}, {format_bytes(s)}")
     }
     for s, r in runs.items():
-        print(
+        note(
             f"  calibration N={n} {format_bytes(s)}: gloo {r.baseline_time * 1e3:.1f} ms, "
             f"StragglAR {r.time * 1e3:.1f} ms, its ReduceScatter {statistics.median(r.hidden) * 1e3:.1f} ms"
         )
@@ -112,9 +123,10 @@ def measure(
 ) -> Row:
     delay = math.ceil(factor * rs * 1e3) / 1e3  # whole milliseconds
     c = best_chunks(n, size, delay, net)
-    r: BenchmarkResult = run_benchmark(
-        "torch", n, size, delay=delay, chunks=c, iters=iters, timeout=timeout, link_rate=link_rate
-    )
+    with busy(f"N = {n}, {format_bytes(size)}: C = {c} against N-1 and gloo"):
+        r: BenchmarkResult = run_benchmark(
+            "torch", n, size, delay=delay, chunks=c, iters=iters, timeout=timeout, link_rate=link_rate
+        )
     chunked, paper = r.variants[0], r.variants[-1]
     model = compare_generated(n, size, delay, net, ("stragglar",), chunks=c)
     ours, theirs = model.get(chunked.name), model.get("stragglar")
@@ -240,7 +252,7 @@ def main() -> None:
             rows.append(
                 measure(n, size, rs[size], net, args.delay_factor, args.iters, args.timeout, args.link_rate)
             )
-            print(f"  N={n} {format_bytes(size)}: C = {rows[-1].chunks}, N-1 / C {spread(rows[-1].gain)}")
+            note(f"  N={n} {format_bytes(size)}: C = {rows[-1].chunks}, N-1 / C {spread(rows[-1].gain)}")
     print(table(rows, fits, args.link_rate))
     if args.json:
         doc = {"fits": {str(n): asdict(net) for n, net in fits.items()}, "rows": [asdict(r) for r in rows]}

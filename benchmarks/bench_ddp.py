@@ -44,6 +44,7 @@ from torch.distributed import GradBucket  # type: ignore[attr-defined, unused-ig
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from stragglar.commands.terminal import busy
 from stragglar.ddp import StragglarState, stragglar_hook
 from stragglar.measure.launch import launch
 from stragglar.measure.links import pace_links, paced_to
@@ -311,7 +312,8 @@ def main() -> None:
             args.link_rate,
             args.chunks,
         )
-        per_rank = launch(train, args.gpus, (config,), timeout=120)
+        with busy(f"{kind} run: {args.gpus} ranks train {args.steps} steps of 5 variants"):
+            per_rank = launch(train, args.gpus, (config,), timeout=120)
         rows, auto = summarise(per_rank, config), per_rank[0]["auto"]
         how = "sleeping" if args.idle else "its own compute"
         who = f"rank {args.late} {args.delay * 1e3:g} ms late by {how}" if delay else "no late rank"

@@ -41,12 +41,11 @@ import collections
 import math
 import random
 import statistics
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
-from options import as_command, json_output, whole
+from options import as_command, json_output, note, whole
 from results import save
 
 from stragglar.model import Network
@@ -493,8 +492,7 @@ def main() -> None:
     for n in args.sizes:
         for rule in RULES:
             rows.append(bench(n, rule, params))
-            if sys.stderr.isatty():
-                print(f"N = {n}, {rule}: done", file=sys.stderr)
+            note(f"N = {n}, {rule}: done")
     print(table(rows))
     print(
         f"\nthe new rule's false-alarm probability per step: {params.false_alarm:g}; "

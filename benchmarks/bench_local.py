@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
-from options import as_command, json_output, whole
+from options import as_command, each, json_output, whole
 from results import save
 
 from stragglar.runtime import allreduce_local
@@ -153,12 +153,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", type=json_output, metavar="FILE", help="also save the results as JSON")
     args = parser.parse_args(argv)
     libraries = ["numpy"] + (["torch"] if importlib.util.find_spec("torch") else [])
+    cases = [(library, *case) for library in libraries for case in CASES]
     rows = [
         bench(library, n, chunks, count, max(1, args.calls // 10) if count >= LARGE else args.calls)
-        for library in libraries
-        for n, chunks, count in CASES
+        for library, n, chunks, count in each(cases, lambda case: f"{case[0]}, N = {case[1]}")
     ]
-    rows += [bench_rank(n, chunks, 1 << 10, args.calls) for n, chunks in RANK_CASES]
+    rows += [
+        bench_rank(n, chunks, 1 << 10, args.calls) for n, chunks in each(RANK_CASES, lambda c: "run_rank")
+    ]
     print(table(rows))
     if args.json:
         save(args.json, {"rows": [asdict(r) for r in rows]})

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import numpy as np
-from options import as_command, json_output, ranks, whole
+from options import as_command, each, json_output, ranks, whole
 from results import save
 
 from stragglar.runtime import plan_for
@@ -186,9 +186,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--calls", type=whole(1, 10**6), default=2000, help="timed calls per N (median)")
     parser.add_argument("--json", type=json_output, metavar="FILE", help="also save the results as JSON")
     args = parser.parse_args(argv)
-    results = [bench(n, args.calls) for n in args.sizes]
+    results = [bench(n, args.calls) for n in each(args.sizes, lambda n: f"N = {n}")]
     print(table(results))
-    device = [device_bench(n, chunks, args.calls) for n, chunks in DEVICE_SETTINGS]
+    device = [
+        device_bench(n, c, args.calls) for n, c in each(DEVICE_SETTINGS, lambda s: f"device, N = {s[0]}")
+    ]
     print()
     print(device_table(device))
     if args.json:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from options import as_command, duration, ranks, whole
+from options import as_command, duration, each, ranks, whole
 
 from stragglar.schedule import Phase, Schedule, round_lower_bound
 from stragglar.synth import synthesize
@@ -26,7 +26,7 @@ from stragglar.verify.smt import smt_prove
 
 def checker_table(sizes: list[int]) -> None:
     print(f"{'N':>4} {'transfers':>9} {'z3 proof s':>10} {'simulator s':>11}")
-    for n in sizes:
+    for n in each(sizes, lambda n: f"z3 proof, N = {n}"):
         schedule = synthesize("stragglar", n)
         seconds = smt_prove(schedule).seconds
         start = time.perf_counter()
@@ -37,7 +37,7 @@ def checker_table(sizes: list[int]) -> None:
 
 def bound_table(up_to: int, timeout_s: float) -> None:
     print(f"{'N':>4} {'R*(N)':>5} {'R*(N)-1 rounds':>14} {'solver s':>9}")
-    for n in range(2, up_to + 1):
+    for n in each(range(2, up_to + 1), lambda n: f"bound, N = {n}"):
         bound = prove_lower_bound(n, timeout_s)
         print(f"{n:>4} {bound.bound:>5} {bound.status:>14} {bound.seconds:>9.2f}", flush=True)
         if bound.exchange is not None:  # R*(N) refuted in our model: check the schedule, then say so
@@ -59,7 +59,7 @@ def bound_table(up_to: int, timeout_s: float) -> None:
 
 def synthesis_table(up_to: int) -> None:
     print(f"{'N':>4} {'rounds':>6} {'R*(N)':>5} {'seconds':>8}")
-    for n in range(2, up_to + 1):
+    for n in each(range(2, up_to + 1), lambda n: f"synthesis, N = {n}"):
         start = time.perf_counter()
         schedule = synthesize("stragglar", n, method="smt")
         seconds = time.perf_counter() - start

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TypeVar
 
-from options import as_command, json_output, ranks
+from options import as_command, each, json_output, ranks
 from results import save
 
 from stragglar.formats.schedule_json import dumps, loads
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--algorithm", choices=ALGORITHMS, default="stragglar")
     parser.add_argument("--json", type=json_output, metavar="FILE", help="also save the results as JSON")
     args = parser.parse_args(argv)
-    results = [bench(args.algorithm, n) for n in args.sizes]
+    results = [bench(args.algorithm, n) for n in each(args.sizes, lambda n: f"N = {n}")]
     print(table(results))
     if args.json:
         save(args.json, {"results": [asdict(r) for r in results]})

@@ -21,7 +21,7 @@ import tracemalloc
 from collections.abc import Callable
 from typing import Any
 
-from options import as_command, duration, json_output, ranks
+from options import as_command, duration, json_output, note, ranks
 from results import save
 
 from stragglar.schedule import MAX_RANKS, Schedule
@@ -108,7 +108,7 @@ def main() -> None:
                 schedule = value
                 transfers[n] = value.num_transfers
             peaks[name].append((n, peak_mib(step, n, schedule)))
-            print(f"  N={n} {name}: {seconds:.3f} s, {peaks[name][-1][1]:.1f} MiB", flush=True)
+            note(f"  N={n} {name}: {seconds:.3f} s, {peaks[name][-1][1]:.1f} MiB")
         del schedule
 
     print()

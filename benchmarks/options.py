@@ -2,8 +2,9 @@
 line (argparse adds the usage and exits 2), the checks of ``--json`` before any work, and
 :func:`as_command`, which ends a benchmark as ``stragglar`` ends a command: one line, an exit code.
 
-The units are the command line's: sizes as ``1MiB``, durations as ``20ms`` or ``1.5s`` (a bare
-number is refused, as ``stragglar`` refuses it: ``5`` could be seconds or milliseconds).
+Progress shows on a terminal only (:func:`each`, :func:`note`).  The units are the command line's:
+sizes as ``1MiB``, durations as ``20ms`` or ``1.5s`` (a bare number is refused, as ``stragglar``
+refuses it: ``5`` could be seconds or milliseconds).
 """
 
 from __future__ import annotations
@@ -11,13 +12,14 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, TypeVar
 
 import click
 
 from stragglar.commands.outputs import check_output, to_stdout
+from stragglar.commands.terminal import busy
 from stragglar.errors import InputError, StragglarError
 from stragglar.measure.links import check_link_rate
 from stragglar.schedule import MAX_RANKS
@@ -27,12 +29,32 @@ __all__ = [
     "as_command",
     "byte_size",
     "duration",
+    "each",
     "json_output",
     "link_rate",
+    "note",
     "positive_number",
     "ranks",
     "whole",
 ]
+
+
+_T = TypeVar("_T")
+
+
+def each(items: Sequence[_T], label: Callable[[_T], str]) -> Iterator[_T]:
+    """``items``, each with ``label(item)``, its place and the time spent on it shown on stderr
+    from its first second, on a terminal only: a benchmark's settings take seconds to minutes
+    each, and a pipe gets the table alone."""
+    for place, item in enumerate(items, 1):
+        with busy(f"{label(item)} ({place} of {len(items)})"):
+            yield item
+
+
+def note(text: str) -> None:
+    """A line of progress (a calibration's figures) on stderr, on a terminal only."""
+    if sys.stderr is not None and sys.stderr.isatty():
+        print(text, file=sys.stderr, flush=True)
 
 
 def link_rate(text: str) -> float:
