@@ -43,6 +43,7 @@ import argparse
 import importlib.util
 import json
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -340,12 +341,12 @@ def kept_parts(path: Path | None, parts: tuple[str, ...]) -> tuple[str | None, d
     return doc.get("device"), {part: doc[part] for part in PARTS if part in doc and part not in parts}
 
 
-def _save_so_far(path: Path | None, figures: dict[str, Any]) -> None:
-    """The parts measured so far, so that a run cut short (a timeout, Ctrl-C) keeps them.
-    The device is named at the end: asking CUDA for its name here would make a CUDA context in
-    this process before the next part forks its ranks."""
+def _save_so_far(path: Path | None, figures: dict[str, Any], device: str | None) -> None:
+    """The parts measured so far, so that a run cut short (a timeout, Ctrl-C) keeps them, with
+    the device as its driver names it (:func:`driver_device_name`: a later ``--parts`` run keeps
+    them only where its device is the same; None where the driver cannot say)."""
     if path is not None:
-        save(path, {"device": None, "complete": False, **figures})
+        save(path, {"device": device, "complete": False, **figures})
 
 
 def _failed(part: str, error: LaunchError) -> str:
@@ -443,8 +444,27 @@ def _on_cupy(
     return [asdict(r) for r in rows]
 
 
-def device_name() -> str:
-    """The first GPU's name, as torch says it (torch: only once the parts have run)."""
+def driver_device_name() -> str | None:
+    """The first GPU's name as its driver says it (``nvidia-smi``: no CUDA context in this process,
+    which the ranks of a later part, forked from it, could not use); None where it cannot say."""
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", "0"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = done.stdout.strip().splitlines() if done.returncode == 0 else []
+    return lines[0].strip() or None if lines else None
+
+
+def device_name(named: str | None) -> str:
+    """The first GPU's name: the driver's (``named``) where it said one, else torch's (torch
+    only once the parts have run, for the same reason)."""
+    if named is not None:
+        return named
     import torch
 
     return str(torch.cuda.get_device_name(0))
@@ -480,6 +500,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"no GPU: {'torch sees no CUDA device' if importlib.util.find_spec('torch') else 'no torch'}")
         return
     kept_device, kept = kept_parts(args.json, args.parts)
+    named = driver_device_name()
     figures = dict(kept)
     failed = False
     # The loopback and the device engine run last: they make a CUDA context in this process, which
@@ -490,8 +511,8 @@ def main(argv: list[str] | None = None) -> None:
         except LaunchError as e:  # a rank failed or hung (a wrong result included): say so, go on
             figures[part] = _failed(part, e)
         failed |= isinstance(figures[part], str) and figures[part].startswith("FAILED")
-        _save_so_far(args.json, figures)
-    device = device_name()
+        _save_so_far(args.json, figures, named)
+    device = device_name(named)
     print(f"\ndevice: {device}")
     if kept and kept_device != device:
         print(f"not kept from {args.json}: {', '.join(sorted(kept))} (measured on {kept_device})")

@@ -151,7 +151,7 @@ def bench(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         return run
 
     monkeypatch.setattr(bench_gpu, "gpu_count", lambda: 1)
-    monkeypatch.setattr(bench_gpu, "device_name", lambda: "Test GPU")
+    monkeypatch.setattr(bench_gpu, "driver_device_name", lambda: "Test GPU")
     monkeypatch.setattr(bench_gpu, "RUNNERS", {p: runner(p) for p in bench_gpu.PARTS})
     monkeypatch.setattr(bench_gpu, "ran", ran, raising=False)
     monkeypatch.setattr(bench_gpu, "failing", failing, raising=False)
@@ -246,8 +246,60 @@ def test_the_json_is_saved_after_each_part(monkeypatch: pytest.MonkeyPatch, tmp_
     import bench_gpu
 
     path = tmp_path / "gpu.json"
-    bench_gpu._save_so_far(None, {"p2p": {"pair": 1e-5}})
+    bench_gpu._save_so_far(None, {"p2p": {"pair": 1e-5}}, "Test GPU")
     assert not path.exists()
-    bench_gpu._save_so_far(path, {"p2p": {"pair": 1e-5}})
+    bench_gpu._save_so_far(path, {"p2p": {"pair": 1e-5}}, "Test GPU")
     doc = json.loads(path.read_text(encoding="utf-8"))
-    assert doc["complete"] is False and doc["device"] is None and doc["p2p"] == {"pair": 1e-5}
+    assert doc["complete"] is False and doc["device"] == "Test GPU" and doc["p2p"] == {"pair": 1e-5}
+
+
+def test_a_run_cut_short_keeps_its_parts_for_the_next_run_on_the_same_device(
+    bench: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A step of the GPU check killed by its time limit in its second part left "device": null,
+    and the next step's --parts run dropped every part before it as another device's."""
+    import json
+
+    path = tmp_path / "gpu.json"
+
+    def cut_short(args: Any, gpus: int) -> Any:
+        raise KeyboardInterrupt  # as a time limit's signal would, after loopback was saved
+
+    bench.RUNNERS["device_executor"] = cut_short
+    with pytest.raises(KeyboardInterrupt):
+        bench.main(["--parts", "loopback,device_executor", "--json", str(path)])
+    cut = json.loads(path.read_text(encoding="utf-8"))
+    assert cut["device"] == "Test GPU" and cut["complete"] is False and "loopback" in cut
+    bench.main(["--parts", "device_tuning", "--json", str(path)])
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    assert doc["loopback"] == cut["loopback"] and doc["device_tuning"] == {"figure": "device_tuning on 1"}
+    assert "not kept from" not in capsys.readouterr().out
+
+
+def test_the_driver_names_the_device_without_cuda_in_this_process(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import subprocess
+
+    import bench_gpu
+
+    said: dict[str, Any] = {}
+
+    def smi(command: list[str], **kwargs: Any) -> Any:
+        said["command"] = command
+        return subprocess.CompletedProcess(command, said.get("rc", 0), said.get("out", "NVIDIA H200\n"), "")
+
+    monkeypatch.setattr(subprocess, "run", smi)
+    assert bench_gpu.driver_device_name() == "NVIDIA H200" and said["command"][0] == "nvidia-smi"
+    assert bench_gpu.device_name("NVIDIA H200") == "NVIDIA H200"
+    said["rc"] = 9
+    assert bench_gpu.driver_device_name() is None
+    said.update(rc=0, out="\n")
+    assert bench_gpu.driver_device_name() is None
+
+    def missing(command: list[str], **kwargs: Any) -> Any:
+        raise FileNotFoundError("nvidia-smi")
+
+    monkeypatch.setattr(subprocess, "run", missing)
+    assert bench_gpu.driver_device_name() is None
