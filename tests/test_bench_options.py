@@ -127,3 +127,18 @@ def refused_at_once(args: list[str]) -> str:
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith(f"{args[0]}: error: ") and "Traceback" not in done.stderr, done.stderr
     return last
+
+
+def test_bench_gloo_says_what_it_runs_and_keeps_its_backend() -> None:
+    """Its --help was `stragglar bench`'s, with that command's defaults, not the grid's; a
+    --backend of another engine failed on an option the user never gave (the grid's --timeout)."""
+    env = {**os.environ, "PYTHONPATH": str(BENCHMARKS.parent)}
+    script = [sys.executable, str(BENCHMARKS / "bench_gloo.py")]
+    shown = subprocess.run([*script, "--help"], capture_output=True, text=True, timeout=60, env=env)
+    assert shown.returncode == 0 and "--sizes 16MiB,64MiB,256MiB" in shown.stdout.replace("\n", " ")
+    refused = subprocess.run(
+        [*script, "--backend", "local"], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert refused.returncode == 2 and refused.stderr == (
+        "bench_gloo.py: error: --backend: this grid is gloo's; use stragglar bench\n"
+    )
