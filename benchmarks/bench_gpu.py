@@ -54,6 +54,7 @@ from typing import Any
 from gpu_device import device_executor, device_table
 from gpu_inputs import PERIOD, DDPConfig, P2PConfig, Wrong, slowest, total, value
 from gpu_tuning import device_tuning, tuning_table
+from options import as_command, json_output, whole
 from results import save
 
 from stragglar.measure.gpus import gpu_count
@@ -483,7 +484,7 @@ RUNNERS: dict[str, Callable[[argparse.Namespace, int], Any]] = {
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="StragglAR on a GPU: loopback, NCCL ranks and DDP.")
     parser.add_argument("--quick", action="store_true", help="fewer settings: N = 8 only, up to 64 MiB")
-    parser.add_argument("--iters", type=int, default=5, help="timed calls per setting (median)")
+    parser.add_argument("--iters", type=whole(1, 10**4), default=5, help="timed calls per setting (median)")
     parser.add_argument(
         "--parts",
         type=_parts,
@@ -491,10 +492,8 @@ def main(argv: list[str] | None = None) -> None:
         help=f"which parts to run, comma-separated (default: all; they run in the order {','.join(PARTS)}); "
         "with --json, the file's figures of the other parts are kept if they are of the same device",
     )
-    parser.add_argument("--json", type=Path, metavar="FILE", help="also save the results as JSON")
+    parser.add_argument("--json", type=json_output, metavar="FILE", help="also save the results as JSON")
     args = parser.parse_args(argv)
-    if args.iters < 1:
-        parser.error("--iters must be at least 1")
     gpus = gpu_count()  # through NVML: no CUDA context here before the ranks are forked
     if gpus < 1:
         print(f"no GPU: {'torch sees no CUDA device' if importlib.util.find_spec('torch') else 'no torch'}")
@@ -525,4 +524,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    as_command(main)

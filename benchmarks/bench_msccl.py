@@ -1,7 +1,7 @@
 """Time the MSCCL XML export and the proof of the exported file, and print a table.
 
     python benchmarks/bench_msccl.py [--sizes 8 16 32 64] [--algorithm stragglar] [--proto Simple]
-                                     [--instances 1] [--repeats 3]
+                                     [--instances 1] [--repeats 3] [--json out.json]
 
 Times are wall-clock (``time.perf_counter``), best of ``--repeats``; synthesis is not timed.
 The proof reads the XML text (the executor's parser rules) and runs it twice under the
@@ -17,7 +17,8 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from options import as_command, ranks, whole
+from options import as_command, json_output, ranks, whole
+from results import save
 
 from stragglar import msccl
 from stragglar.msccl import PROTOCOLS, MscclProof, XmlOptions
@@ -45,10 +46,12 @@ def main() -> None:
     parser.add_argument("--proto", choices=PROTOCOLS, default="Simple")
     parser.add_argument("--instances", type=whole(1), default=1)
     parser.add_argument("--repeats", type=whole(1, 1000), default=3)
+    parser.add_argument("--json", type=json_output, metavar="FILE", help="also save the rows as JSON")
     args = parser.parse_args()
     python = platform.python_version()
     print(f"{args.algorithm}, proto {args.proto}, {args.instances} instance(s); Python {python}")
     print(f"{'N':>4} {'TBs':>6} {'steps':>7} {'chan':>4} {'KiB':>7} {'export s':>9} {'prove s':>8}")
+    rows = []
     for n in args.sizes:
         schedule = synthesize(args.algorithm, n)
         options = XmlOptions(proto=args.proto, instances=args.instances)
@@ -59,6 +62,20 @@ def main() -> None:
             f"{n:>4} {proof.threadblocks:>6} {proof.steps:>7} {proof.channels:>4} "
             f"{len(xml) / 1024:>7.0f} {export_s:>9.3f} {prove_s:>8.3f}"
         )
+        rows.append(
+            {
+                "n": n,
+                "threadblocks": proof.threadblocks,
+                "steps": proof.steps,
+                "channels": proof.channels,
+                "kib": len(xml) / 1024,
+                "export_s": export_s,
+                "prove_s": prove_s,
+            }
+        )
+    if args.json:
+        given = {"algorithm": args.algorithm, "proto": args.proto, "instances": args.instances}
+        save(args.json, {**given, "repeats": args.repeats, "rows": rows})
 
 
 if __name__ == "__main__":

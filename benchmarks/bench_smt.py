@@ -14,7 +14,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from options import as_command, duration, each, ranks, whole
+from options import as_command, duration, each, json_output, ranks, whole
+from results import save
 
 from stragglar.schedule import Phase, Schedule, round_lower_bound
 from stragglar.synth import synthesize
@@ -23,8 +24,11 @@ from stragglar.verify import prove
 from stragglar.verify.bound import prove_lower_bound
 from stragglar.verify.smt import smt_prove
 
+Row = dict[str, object]  # one table row, as the JSON keeps it
 
-def checker_table(sizes: list[int]) -> None:
+
+def checker_table(sizes: list[int]) -> list[Row]:
+    rows: list[Row] = []
     print(f"{'N':>4} {'transfers':>9} {'z3 proof s':>10} {'simulator s':>11}")
     for n in each(sizes, lambda n: f"z3 proof, N = {n}"):
         schedule = synthesize("stragglar", n)
@@ -33,13 +37,17 @@ def checker_table(sizes: list[int]) -> None:
         prove(schedule)
         simulated = time.perf_counter() - start
         print(f"{n:>4} {schedule.num_transfers:>9} {seconds:>10.2f} {simulated:>11.3f}", flush=True)
+        rows.append({"n": n, "transfers": schedule.num_transfers, "z3_s": seconds, "simulator_s": simulated})
+    return rows
 
 
-def bound_table(up_to: int, timeout_s: float) -> None:
+def bound_table(up_to: int, timeout_s: float) -> list[Row]:
+    rows: list[Row] = []
     print(f"{'N':>4} {'R*(N)':>5} {'R*(N)-1 rounds':>14} {'solver s':>9}")
     for n in each(range(2, up_to + 1), lambda n: f"bound, N = {n}"):
         bound = prove_lower_bound(n, timeout_s)
         print(f"{n:>4} {bound.bound:>5} {bound.status:>14} {bound.seconds:>9.2f}", flush=True)
+        rows.append({"n": n, "bound": bound.bound, "status": bound.status, "seconds": bound.seconds})
         if bound.exchange is not None:  # R*(N) refuted in our model: check the schedule, then say so
             others = tuple(range(n - 1))
             reduce_scatter = Phase("reduce-scatter", others, ring_reduce_scatter(others, others))
@@ -55,9 +63,11 @@ def bound_table(up_to: int, timeout_s: float) -> None:
             print(f"!!! N={n}: z3 found a phase 2 of {bound.bound - 1} rounds, proved correct twice")
         if bound.status == "unknown":
             break
+    return rows
 
 
-def synthesis_table(up_to: int) -> None:
+def synthesis_table(up_to: int) -> list[Row]:
+    rows: list[Row] = []
     print(f"{'N':>4} {'rounds':>6} {'R*(N)':>5} {'seconds':>8}")
     for n in each(range(2, up_to + 1), lambda n: f"synthesis, N = {n}"):
         start = time.perf_counter()
@@ -66,6 +76,10 @@ def synthesis_table(up_to: int) -> None:
         prove(schedule)
         smt_prove(schedule)
         print(f"{n:>4} {schedule.exposed_rounds:>6} {round_lower_bound(n):>5} {seconds:>8.2f}", flush=True)
+        rows.append(
+            {"n": n, "rounds": schedule.exposed_rounds, "bound": round_lower_bound(n), "seconds": seconds}
+        )
+    return rows
 
 
 def main() -> None:
@@ -79,12 +93,16 @@ def main() -> None:
         help="z3's time per bound (default 600s)",
     )
     parser.add_argument("--synth-max", type=whole(2, 16), default=12)
+    parser.add_argument("--json", type=json_output, metavar="FILE", help="also save the tables as JSON")
     args = parser.parse_args()
-    checker_table(args.sizes)
+    checker = checker_table(args.sizes)
     print()
-    bound_table(args.bound_max, args.bound_timeout)
+    bounds = bound_table(args.bound_max, args.bound_timeout)
     print()
-    synthesis_table(args.synth_max)
+    synthesis = synthesis_table(args.synth_max)
+    if args.json:
+        tables = {"checker": checker, "bounds": bounds, "synthesis": synthesis}
+        save(args.json, {"bound_timeout_s": args.bound_timeout, **tables})
 
 
 if __name__ == "__main__":
