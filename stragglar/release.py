@@ -14,8 +14,8 @@ Each format lives in a folder of its own: the MSCCL executor parses every file o
 
 from __future__ import annotations
 
+import argparse
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -163,6 +163,22 @@ def _readme(bundles: list[ScheduleFiles]) -> str:
     )
 
 
-if __name__ == "__main__":
-    for written in write_release(sys.argv[1] if len(sys.argv) > 1 else "schedules"):
+def main(argv: list[str] | None = None) -> None:
+    """``python -m stragglar.release [FOLDER]``: write the release into FOLDER (default
+    ``schedules``) and name each file written.  ``--help`` says so; it used to be taken for the
+    folder's name, and the release written into ``./--help``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m stragglar.release",
+        description="Write the downloadable schedules (JSON, MSCCL XML, MSCCL++ plans, each proved) "
+        "and their README table into FOLDER.",
+    )
+    parser.add_argument("folder", nargs="?", default="schedules", metavar="FOLDER", help="default: schedules")
+    folder = Path(parser.parse_args(argv).folder)
+    if folder.exists() and not folder.is_dir():
+        parser.error(f"{folder} is not a folder")
+    for written in write_release(folder):
         print(written)
+
+
+if __name__ == "__main__":
+    main()

@@ -76,3 +76,23 @@ def test_every_shipped_plan_verifies_with_the_command() -> None:
 def test_the_xml_folder_holds_only_xml() -> None:
     """The MSCCL executor parses every file of MSCCL_ALGO_DIR: nothing else may live there."""
     assert {p.suffix for p in (SHIPPED / "msccl").iterdir()} == {".xml"}
+
+
+def test_the_module_says_its_usage_and_writes_nothing_for_an_option(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``python -m stragglar.release --help`` wrote the whole release into a folder named --help."""
+    from stragglar.release import main
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert (
+        done.value.code == 0 and "usage: python -m stragglar.release [-h] [FOLDER]" in capsys.readouterr().out
+    )
+    (tmp_path / "taken").write_text("a file\n")
+    for argv, said in ((["-x"], "unrecognized arguments: -x"), (["taken"], "taken is not a folder")):
+        with pytest.raises(SystemExit) as done:
+            main(argv)
+        assert done.value.code == 2 and said in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
