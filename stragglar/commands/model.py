@@ -218,7 +218,7 @@ PROVE_ALL_MAX_Z3 = 64  # z3's work grows fast with N: a bound, so a typo cannot 
 def prove_all_command(max_gpus: int, max_simulated: int, files: tuple[Path, ...], verbose: bool) -> None:
     """Prove every schedule we ship: StragglAR by z3 up to --max-gpus (baselines up to 16), all
     algorithms by the simulator up to --max-simulated; or the given FILES (JSON schedules, by both
-    provers, and MSCCL XML), every one of them, naming each that fails."""
+    provers, MSCCL XML and MSCCL++ plans), every one of them, naming each that fails."""
     if files:
         refuse_given(["max_gpus", "max_simulated"], "FILES are proved whatever their N")
         _prove_files(files, verbose)
