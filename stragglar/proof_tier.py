@@ -28,6 +28,8 @@ from stragglar.verify.report import ArtifactProof
 from stragglar.verify.smt import smt_prove
 
 __all__ = [
+    "ALGORITHM_MAX_WIDTH",
+    "ALGORITHM_WIDTH",
     "TABLE_HEADER",
     "ProofRow",
     "format_row",
@@ -35,9 +37,19 @@ __all__ = [
     "prove_all",
     "prove_files",
     "prove_schedule_file",
+    "table_header",
 ]
 
-TABLE_HEADER = f"{'algorithm':<10} {'N':>4} {'rounds':>7} {'bound':>6}  {'method':<9} {'seconds':>7}  source"
+ALGORITHM_WIDTH = 10  # the algorithm column's least width: every synthesized algorithm's name fits
+ALGORITHM_MAX_WIDTH = 40  # and its most, for an artifact's name (what its file says)
+
+
+def table_header(width: int = ALGORITHM_WIDTH) -> str:
+    """The table's header, its algorithm column ``width`` wide (an artifact's name may be longer)."""
+    return f"{'algorithm':<{width}} {'N':>4} {'rounds':>7} {'bound':>6}  {'method':<9} {'seconds':>7}  source"
+
+
+TABLE_HEADER = table_header()
 
 
 @dataclass(frozen=True)
@@ -103,10 +115,13 @@ def _proved(schedule: Schedule, method: str, prover: Callable[[Schedule], object
     return ProofRow(schedule.algorithm, n, rounds, bound, method, seconds, source)
 
 
-def format_row(row: ProofRow) -> str:
+def format_row(row: ProofRow, width: int = ALGORITHM_WIDTH) -> str:
+    """The row, its algorithm ``width`` wide: a name longer than that (an artifact's, from its
+    file) cut to it, ending in ``...``, where the column is at least as wide as that mark."""
     bound = "-" if row.lower_bound is None else str(row.lower_bound)
     rounds = "-" if row.method in FORMATS else str(row.rounds)
-    cells = f"{row.algorithm:<10} {row.num_ranks:>4} {rounds:>7} {bound:>6}"
+    name = row.algorithm if len(row.algorithm) <= width or width < 4 else row.algorithm[: width - 3] + "..."
+    cells = f"{name:<{width}} {row.num_ranks:>4} {rounds:>7} {bound:>6}"
     return f"{cells}  {row.method:<9} {row.seconds:>7.3f}  {row.source}"
 
 

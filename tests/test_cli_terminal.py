@@ -114,6 +114,23 @@ def test_prove_all_names_each_failing_file_and_ends_with_a_summary(tmp_path: Pat
     assert f"FAILED {names[3]}: " in verbose, verbose
 
 
+def test_prove_all_of_artifacts_keeps_its_columns_under_their_header(tmp_path: Path) -> None:
+    """An artifact's name is its algorithm, and a long one pushed the rest of its row right."""
+    from stragglar.release import schedule_files, write_schedule_files
+
+    paths = write_schedule_files(tmp_path, schedule_files("stragglar", 8, chunks=32, msccl=True))
+    long = schedule_json.to_document(synthesize("ring", 4))
+    long["algorithm"] = "a-ring-named-at-great-length-by-whoever-wrote-this-file"
+    (tmp_path / "long.json").write_text(json.dumps(long))
+    result = run("prove-all", *map(str, paths), str(tmp_path / "long.json"))
+    assert result.exit_code == 0, result.output
+    header, *rows, summary = result.stdout.splitlines()
+    column = header.index("method")
+    assert {row[column:].split()[0] for row in rows} == {"smt", "simulate", "msccl", "mscclpp"}, rows
+    assert summary == "proved all 4 files" and header[40:45] == "    N"  # the widest name, cut to 40
+    assert rows[-1].startswith("a-ring-named-at-great-length-by-whoe... "), rows[-1]
+
+
 # ---------------------------------------------------------------------------- 23. resources
 
 

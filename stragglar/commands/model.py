@@ -24,7 +24,16 @@ from stragglar.commands.terminal import busy, echo, progress
 from stragglar.errors import IncorrectError, InputError, ResourceError, StragglarError
 from stragglar.model import AUTO, Comparison, Network, compare_generated, generated_profile
 from stragglar.plot import chunk_sweep, sweep_sizes
-from stragglar.proof_tier import TABLE_HEADER, ProofRow, format_row, prove_all, prove_schedule_file
+from stragglar.proof_tier import (
+    ALGORITHM_MAX_WIDTH,
+    ALGORITHM_WIDTH,
+    TABLE_HEADER,
+    ProofRow,
+    format_row,
+    prove_all,
+    prove_schedule_file,
+    table_header,
+)
 from stragglar.schedule import MAX_RANKS
 from stragglar.synth import ALGORITHMS
 from stragglar.verify import VerificationError
@@ -242,16 +251,22 @@ def _proved_all(rows: list[ProofRow]) -> str:
 
 
 def _prove_files(files: tuple[Path, ...], verbose: bool) -> None:
-    """Each file proved on its own; a summary line; exit 1 if any is wrong, 2 if any is unreadable."""
-    echo(TABLE_HEADER)
+    """Each file proved on its own; the table once all are (an artifact's name, its algorithm,
+    may be wider than the column: the column is as wide as the widest, up to 40); a summary line;
+    exit 1 if any is wrong, 2 if any is unreadable."""
+    lines: list[ProofRow | str] = []
     failed: list[tuple[Path, StragglarError]] = []
     for path in progress(files, "proving files"):
         try:
-            for row in _file_rows(path):
-                echo(format_row(row))
+            lines += _file_rows(path)
         except StragglarError as e:
             failed.append((path, e))
-            echo(f"FAILED {path}: {str(e).splitlines()[0]}" if verbose else f"FAILED {path}")
+            lines.append(f"FAILED {path}: {str(e).splitlines()[0]}" if verbose else f"FAILED {path}")
+    widths = [len(line.algorithm) for line in lines if isinstance(line, ProofRow)]
+    width = min(ALGORITHM_MAX_WIDTH, max([ALGORITHM_WIDTH, *widths]))
+    echo(table_header(width))
+    for line in lines:
+        echo(format_row(line, width) if isinstance(line, ProofRow) else line)
     if not failed:
         echo(f"proved all {len(files)} file{'s' * (len(files) != 1)}")
         return
