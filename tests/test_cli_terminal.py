@@ -128,7 +128,7 @@ def test_prove_all_of_artifacts_keeps_its_columns_under_their_header(tmp_path: P
     column = header.index("method")
     assert {row[column:].split()[0] for row in rows} == {"smt", "simulate", "msccl", "mscclpp"}, rows
     assert summary == "proved all 4 files" and header[40:45] == "    N"  # the widest name, cut to 40
-    assert rows[-1].startswith("a-ring-named-at-great-length-by-whoe... "), rows[-1]
+    assert rows[-1].startswith("a-ring-named-at-great-length-by-whoev... "), rows[-1]
 
 
 # ---------------------------------------------------------------------------- 23. resources
