@@ -260,8 +260,10 @@ def dying_rank(rank: int, n: int, kwargs: dict[str, Any], silent: bool) -> None:
         ({}, False),
         pytest.param({}, True, marks=pytest.mark.slow),  # 1.5 s timeout + the launcher's 5 s grace
         ({"policy": "auto", "detect": 1, "network": SLOW}, False),
+        # gloo's all_reduce waited for the process group's 30 minutes, not the state's timeout
+        pytest.param({"policy": "auto", "detect": 1, "network": SLOW}, True, marks=pytest.mark.slow),
     ],
-    ids=["stragglar-dead", "stragglar-silent", "engine-dead"],
+    ids=["stragglar-dead", "stragglar-silent", "engine-dead", "engine-silent"],
 )
 def test_a_dead_or_silent_peer_fails_the_step_quickly(kwargs: dict[str, Any], silent: bool) -> None:
     start = time.monotonic()
@@ -274,6 +276,9 @@ def test_a_dead_or_silent_peer_fails_the_step_quickly(kwargs: dict[str, Any], si
     assert f"ranks 0, 1, 3 {'timed out' if silent else 'lost the connection'}" in line, line
     if not kwargs:  # StragglAR's rounds say where; the engine's all_reduce fails as with DDP's hook
         assert all(f"allreduce failed: rank {rank} " in errors[rank] for rank in (0, 1, 3)), errors
+    elif silent:  # unless the peer is silent: then the state's timeout ends it, and says so
+        said = "timed out in the engine's all_reduce: no answer within 1.5 s (the state's timeout)"
+        assert all(f"allreduce failed: rank {rank} {said}" in errors[rank] for rank in (0, 1, 3)), errors
 
 
 def disagreeing_rank(rank: int, n: int, settings: dict[str, Any]) -> str:

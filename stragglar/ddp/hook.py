@@ -11,6 +11,7 @@ import torch.distributed as dist
 from torch.distributed import GradBucket  # type: ignore[attr-defined, unused-ignore]
 
 from stragglar.args import as_rank
+from stragglar.ddp import deadlines
 from stragglar.ddp.agreement import disagreement, encode
 from stragglar.ddp.metrics import report
 from stragglar.ddp.options import check_device_bucket, check_learned, check_options
@@ -33,7 +34,7 @@ from stragglar.model.policy import (
     choose,
     chunk_count,
 )
-from stragglar.runtime import MismatchError, heartbeat, release_graphs
+from stragglar.runtime import MismatchError, RankError, heartbeat, release_graphs
 from stragglar.runtime.teardown import before_destroy
 from stragglar.runtime.torch_dist import gather_headers
 from stragglar.synth import synthesize
@@ -430,7 +431,22 @@ class StragglarState:
 
         work = dist.all_reduce(buffer, group=self.process_group, async_op=True)
         engine: torch.futures.Future[list[torch.Tensor]] = work.get_future()
-        return engine.then(averaged)
+        if buffer.is_cuda:  # ordered on CUDA streams; NCCL's watchdog bounds it (deadlines.py)
+            return engine.then(averaged)
+        outcome = deadlines.Settled()
+
+        def settled(future: torch.futures.Future[list[torch.Tensor]]) -> None:
+            try:
+                value = averaged(future)
+            except Exception as e:  # a peer lost: the engine's own error
+                outcome.settle(error=e)
+                return
+            outcome.settle(value)
+
+        rank, seconds = dist.get_rank(self.process_group), self.timeout + self.straggler_delay
+        engine.add_done_callback(settled)
+        deadlines.watch(outcome, seconds, lambda: _silent_engine(rank, seconds))
+        return outcome.future.then(_value)  # a failed Future reaches DDP as an error (_value)
 
     def _connect(self, world_size: int, threads: bool) -> Connection:
         group = dedicated_group(self.process_group, self.timeout)
@@ -476,6 +492,16 @@ class StragglarState:
 
 def _value(future: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
     return future.value()
+
+
+def _silent_engine(rank: int, seconds: float) -> RankError:
+    return RankError(
+        f"allreduce failed: rank {rank} timed out in the engine's all_reduce: "
+        f"no answer within {seconds:g} s (the state's timeout)",
+        rank=rank,
+        reason="timed out",
+        during="in the engine's all_reduce",
+    )
 
 
 def stragglar_hook(state: StragglarState, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
