@@ -281,6 +281,34 @@ def test_a_dead_or_silent_peer_fails_the_step_quickly(kwargs: dict[str, Any], si
         assert all(f"allreduce failed: rank {rank} {said}" in errors[rank] for rank in (0, 1, 3)), errors
 
 
+def first_failing_step(rank: int, n: int, settings: dict[str, Any]) -> tuple[int, str]:
+    plain, hooked = twins(StragglarState(timeout=20, **settings))
+    for i in range(6):
+        try:
+            step(rank, i, plain, hooked)
+        except Exception as e:  # DDP wraps the hook's error
+            return i, str(e)
+    return -1, "no error"
+
+
+@pytest.mark.parametrize(
+    ("settings", "words"),
+    [
+        ({"chunks": 2}, "needs at least N - 1 = 3 chunks, got 2"),
+        ({"straggler": 7}, "StragglarState.straggler"),
+        ({"algorithm": "rhd", "straggler": None}, "power-of-two"),
+    ],
+    ids=["chunks", "straggler", "rhd"],
+)
+def test_auto_refuses_options_the_world_size_rules_out_at_the_first_step(
+    settings: dict[str, Any], words: str
+) -> None:
+    """They were refused when auto first bet on StragglAR, steps into training."""
+    n = 3 if settings.get("algorithm") == "rhd" else 4
+    results = launch(first_failing_step, n, ({"policy": "auto", **settings},), timeout=60)
+    assert all(failed == 0 and words in said for failed, said in results), results
+
+
 def disagreeing_rank(rank: int, n: int, settings: dict[str, Any]) -> str:
     """Rank 1 runs the hook with ``settings``, the others with the defaults: the first step fails
     on every rank with the same error, and at once, not after the header check's timeout."""

@@ -279,6 +279,8 @@ class StragglarState:
                     f"StragglarState.rule: a share of {self.rule.share:g} is no more than chance "
                     f"(1/{world_size}) among {world_size} ranks: the test could name nobody"
                 )
+            if auto:  # what the first bet on StragglAR would refuse, refused at the first step
+                self.proof(world_size, None, self.chunks if isinstance(self.chunks, int) else None)
             window = self.detect or WINDOW
             group = self.process_group
             ranks = None if group is None else dist.get_process_group_ranks(group)
