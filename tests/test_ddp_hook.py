@@ -25,6 +25,7 @@ pytest.importorskip("torch")
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch.distributed import GradBucket  # type: ignore[attr-defined, unused-ignore]
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -307,6 +308,24 @@ def test_auto_refuses_options_the_world_size_rules_out_at_the_first_step(
     n = 3 if settings.get("algorithm") == "rhd" else 4
     results = launch(first_failing_step, n, ({"policy": "auto", **settings},), timeout=60)
     assert all(failed == 0 and words in said for failed, said in results), results
+
+
+def on_group_rank(rank: int, n: int, world_object: bool) -> tuple[int, str]:
+    group = dist.group.WORLD if world_object else dist.new_group(list(range(n)))
+    plain, hooked = twins(StragglarState(timeout=20, policy="auto", process_group=group), process_group=group)
+    for i in range(3):
+        try:
+            step(rank, i, plain, hooked)
+        except Exception as e:
+            return i, str(e)
+    return -1, "no error"
+
+
+def test_auto_runs_on_the_world_group_given_by_name_and_refuses_another() -> None:
+    """dist.group.WORLD was refused as not "the default (world) process group"."""
+    assert launch(on_group_rank, 3, (True,), timeout=60) == [(-1, "no error")] * 3
+    refused = launch(on_group_rank, 3, (False,), timeout=60)
+    assert all(i == 0 and "need the default (world) process group" in said for i, said in refused), refused
 
 
 def disagreeing_rank(rank: int, n: int, settings: dict[str, Any]) -> str:

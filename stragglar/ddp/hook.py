@@ -512,7 +512,8 @@ def stragglar_hook(state: StragglarState, bucket: GradBucket) -> torch.futures.F
     buffer = bucket.buffer()
     world = dist.get_world_size(state.process_group)
     if bucket.index() == 0:
-        if state.process_group is not None and state.probes and world > 1:
+        on_world = state.process_group is None or state.process_group is dist.group.WORLD
+        if not on_world and state.probes and world > 1:
             raise InputError(
                 "straggler detection, policy='auto', record= and metrics= need the default (world) "
                 "process group"
