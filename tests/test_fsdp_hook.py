@@ -310,3 +310,23 @@ def test_a_group_across_shards_fails_every_rank_alike_at_the_first_step() -> Non
     assert str(caught.value).splitlines()[1:] == [f"  rank {r}: {said}: {held[r]}" for r in range(4)], (
         caught.value
     )
+
+
+def metrics_rank(rank: int, n: int, path: str) -> int | None:
+    rule = Rule(false_alarm=0.05, share=0.95, margin=0.02)
+    state = StragglarState(timeout=20, detect=6, rule=rule, metrics=path)
+    native, ours = twins(state)
+    train(rank, native, ours, 12, late_replica(rank, 0.1))
+    return state.persistent_straggler
+
+
+def test_the_report_names_a_late_replica_by_its_global_rank(tmp_path: Any) -> None:
+    """Global rank 0 probes its replicate group, ranks 0 and 2, and the late one is 2 there; the
+    log and the metrics called it rank 1, its index in the group (a punctual rank)."""
+    path = tmp_path / "stragglar.prom"
+    named = launch(metrics_rank, 4, (str(path),), timeout=90)
+    assert named == [1, 1, 1, 1]  # the state's own answer stays the group's index
+    text = path.read_text(encoding="utf-8")
+    assert "stragglar_persistent_straggler 2\n" in text, text
+    assert 'stragglar_persistent{rank="2"} 1' in text and 'stragglar_persistent{rank="0"} 0' in text, text
+    assert 'rank="1"' not in text and 'rank="3"' not in text, text

@@ -330,7 +330,11 @@ class StragglarState:
         probe, detection = self.resources.probe, self.learned.detection
         if probe is not None and detection is not None:
             window = probe.late.maxlen or WINDOW
-            report(before, detection, self.late_ranks, self._figures_step(), window, self.metrics)
+            group = self.process_group  # HSDP's replicate group: its ranks named by their global ones
+            members = (
+                None if group is None or group is dist.group.WORLD else dist.get_process_group_ranks(group)
+            )
+            report(before, detection, self.late_ranks, self._figures_step(), window, self.metrics, members)
 
     def _write_trace(self, probe: LateRankProbe, record: str | os.PathLike[str]) -> None:
         """Append the step's arrivals, as the probe measured them, to the trace (rank 0 only)."""

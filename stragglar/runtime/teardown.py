@@ -15,13 +15,15 @@ these, :func:`install` wraps ``torch.distributed.destroy_process_group``: the wr
 what was registered for the group being destroyed (:func:`before_destroy`; every group when it is
 given none), each bounded and none able to stop the destroy, and drops this process's CUDA graphs
 on it, then calls torch's own.  A script written the way PyTorch's documentation shows (train,
-then ``destroy_process_group()``, no barrier and no release) so ends cleanly; the explicit calls
+then ``destroy_process_group()``, no barrier and no release) so ends cleanly, and so does one that
+never destroys its groups (the same work runs as the interpreter exits); the explicit calls
 (:func:`~stragglar.runtime.release_graphs`, ``StragglarState.close()``) stay for a program that
 wants the order in its own hands.
 """
 
 from __future__ import annotations
 
+import atexit
 import functools
 import threading
 import warnings
@@ -105,3 +107,14 @@ def install() -> None:
         c10d.destroy_process_group = destroy_process_group
         if getattr(dist, "destroy_process_group", None) is original:
             dist.destroy_process_group = destroy_process_group
+        atexit.register(_at_exit)
+
+
+def _at_exit() -> None:
+    """A script that never destroys its groups: what was registered runs as the interpreter
+    exits, before torch's groups go with it (the probe's last gather in flight aborted such a
+    script now and then)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        finish()
