@@ -328,10 +328,13 @@ def test_auto_runs_on_the_world_group_given_by_name_and_refuses_another() -> Non
     assert all(i == 0 and "need the default (world) process group" in said for i, said in refused), refused
 
 
-def disagreeing_rank(rank: int, n: int, settings: dict[str, Any]) -> str:
-    """Rank 1 runs the hook with ``settings``, the others with the defaults: the first step fails
-    on every rank with the same error, and at once, not after the header check's timeout."""
-    state = StragglarState(timeout=20, **(settings if rank == 1 else {}))
+def disagreeing_rank(
+    rank: int, n: int, settings: dict[str, Any], common: dict[str, Any] | None = None
+) -> str:
+    """Rank 1 runs the hook with ``settings``, the others with the defaults (all with ``common``):
+    the first step fails on every rank with the same error, and at once, not after the header
+    check's timeout."""
+    state = StragglarState(timeout=20, **(common or {}), **(settings if rank == 1 else {}))
     plain, hooked = twins(state)
     try:
         step(rank, 0, plain, hooked)
@@ -363,6 +366,14 @@ def test_ranks_whose_hooks_run_with_other_settings_fail_alike_and_at_once(
     reasons = {e[e.index("DDP ranks run the hook") :].splitlines()[0] for e in errors}
     assert len(reasons) == 1, errors
     assert words in reasons.pop()
+
+
+def test_a_resumed_state_still_checks_the_settings_at_its_first_step() -> None:
+    """A state built with steps=5 (a run resumed) skipped the check: every rank timed out, or
+    one met torch's own store error, without a word about the setting."""
+    errors = launch(disagreeing_rank, 3, ({"algorithm": "ring"}, {"steps": 5}), timeout=30)
+    reasons = {e[e.index("DDP ranks run the hook") :].splitlines()[0] for e in errors}
+    assert len(reasons) == 1 and "algorithm: ranks 0, 2 have 'stragglar', rank 1 has 'ring'" in reasons.pop()
 
 
 def detecting_rank(rank: int, n: int, steps: int, who: int) -> tuple[list[tuple[int, int]], float]:

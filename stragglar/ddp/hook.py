@@ -268,6 +268,7 @@ class StragglarState:
         run is not taken for a silent one."""
         learned = self.learned
         learned.steps += 1
+        self.resources.steps_run += 1
         heartbeat()
         auto = self.policy == "auto"
         if not self.probes or world_size < 2:
@@ -522,11 +523,11 @@ def stragglar_hook(state: StragglarState, bucket: GradBucket) -> torch.futures.F
                 "straggler detection, policy='auto', record= and metrics= need the default (world) "
                 "process group"
             )
-        if state.steps == 0 and world > 1:
+        if state.resources.steps_run == 0 and world > 1:  # this process's first step, resumed too
             state.agree(world, buffer.device)
         state.new_step(world)
     if world > 1:  # DDP's bucket tensors stay the same once it rebuilt its buckets, before step 2
-        return state.reduce(buffer, bucket.index(), world, kept=state.steps >= 2)
+        return state.reduce(buffer, bucket.index(), world, kept=state.resources.steps_run >= 2)
     state.late_rank(world)  # a straggler that is no rank of this group is still an error
     future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     future.set_result(buffer)  # one rank: its gradients are the average already

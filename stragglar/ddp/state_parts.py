@@ -65,11 +65,13 @@ class Connection:
 class Resources:
     """What a state holds to run: proved schedules by (world size, straggler, chunks), the probe
     of arrivals (made at the first step that needs it), the :class:`Connection`, the trace writer
-    (rank 0, with ``record``) and the watch of the engine's last all_reduce (the next one counts
-    from its end)."""
+    (rank 0, with ``record``), the watch of the engine's last all_reduce (the next one counts
+    from its end), and the steps this process has run (a resumed state's ``steps`` counts those of
+    the run before, whose buckets and settings this process has not seen)."""
 
     proofs: dict[ProofKey, Proof] = field(default_factory=dict)
     probe: LateRankProbe | None = None
     connection: Connection | None = None
     trace: TraceWriter | None = None
     engine_watch: Watch | None = None
+    steps_run: int = 0

@@ -79,7 +79,7 @@ class ReplicaReduction:
         state = self.state
         replicas = dist.get_world_size(state.process_group)
         if self.mark.take():
-            if state.steps == 0 and replicas > 1:
+            if state.resources.steps_run == 0 and replicas > 1:  # this process's first, resumed too
                 _check_replicas(self.shard, state.process_group, reduce_output.device, state.timeout)
                 state.agree(replicas, reduce_output.device, "HSDP replicas", "the replicate group")
             state.new_step(replicas)
