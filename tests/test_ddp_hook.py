@@ -566,6 +566,22 @@ def test_a_record_path_that_cannot_be_written_is_refused_when_the_state_is_built
             StragglarState(record=path)
 
 
+def test_auto_refuses_ring_which_it_would_never_choose() -> None:
+    """It prices the engine's all_reduce as a Ring: Ring never beats it, so it never ran."""
+    with pytest.raises(InputError, match=r"algorithm='ring' would never run: use policy='stragglar'$"):
+        StragglarState(policy="auto", algorithm="ring")
+    assert StragglarState(policy="stragglar", algorithm="ring").algorithm == "ring"
+
+
+@pytest.mark.parametrize("wrong", [None, "a group"])
+def test_the_hook_given_another_state_says_what_it_needs(wrong: object) -> None:
+    """A ProcessGroup there, as torch's own hooks take, failed inside backward with AttributeError."""
+    with pytest.raises(
+        ArgumentError, match=f"state must be a stragglar.ddp.StragglarState .*got {type(wrong).__name__}$"
+    ):
+        stragglar_hook(wrong, None)  # type: ignore[arg-type]
+
+
 def test_record_needs_a_file_name() -> None:
     with pytest.raises(ArgumentError, match="record must name a file"):
         StragglarState(record=3)  # type: ignore[arg-type]

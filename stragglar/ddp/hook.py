@@ -19,7 +19,7 @@ from stragglar.ddp.orders import HostOrder, Order, StreamOrder
 from stragglar.ddp.probe import LateRankProbe
 from stragglar.ddp.state_parts import Connection, Decision, Learned, ProofKey, Resources
 from stragglar.ddp.worker import CLOSE_WAIT, DEVICE, BucketWorker, Job, Reducer, dedicated_group
-from stragglar.errors import InputError
+from stragglar.errors import ArgumentError, InputError
 from stragglar.formats.traces import TraceWriter
 from stragglar.model import Network
 from stragglar.model.detect import WINDOW, RankLateness, Rule, fresh, observe, recent_lateness
@@ -514,6 +514,11 @@ def _silent_engine(rank: int, seconds: float) -> RankError:
 def stragglar_hook(state: StragglarState, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Average ``bucket``'s gradients over the ranks as ``state`` says; returns at once when
     ``state.asynchronous``, with a Future that completes when the bucket is averaged."""
+    if not isinstance(state, StragglarState):  # torch's own hooks take a process group there
+        raise ArgumentError(
+            "stragglar_hook's state must be a stragglar.ddp.StragglarState "
+            f"(register_comm_hook(StragglarState(...), stragglar_hook)), got {type(state).__name__}"
+        )
     buffer = bucket.buffer()
     world = dist.get_world_size(state.process_group)
     if bucket.index() == 0:

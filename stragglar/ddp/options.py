@@ -43,6 +43,11 @@ def check_options(state: StragglarState) -> None:
         raise InputError(
             f"StragglarState.policy must be one of {', '.join(POLICIES)}, got {described(state.policy)}"
         )
+    if state.policy == "auto" and state.algorithm == "ring":  # the model prices the engine as a Ring
+        raise InputError(
+            "StragglarState: policy='auto' bets on the algorithm where it beats the engine's own "
+            "all_reduce, priced as a Ring, so algorithm='ring' would never run: use policy='stragglar'"
+        )
     if state.straggler is not None:
         state.straggler = as_int(state.straggler, "StragglarState.straggler", minimum=0)
     state.timeout = as_seconds(state.timeout, "StragglarState.timeout", positive=True)
