@@ -145,3 +145,33 @@ def test_a_registration_left_open_is_closed_before_torch_destroys_its_group(tmp_
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["closed"]
+
+
+NEVER_DESTROYED = """
+import sys
+import torch.distributed as dist
+from stragglar.runtime.teardown import before_destroy
+
+class Owner:
+    pass
+
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+owner = Owner()
+before_destroy(owner, (dist.new_group([0]),), lambda _: print("finished", flush=True))
+print("trained", flush=True)
+"""
+
+
+def test_what_waits_for_a_group_to_go_runs_at_exit_where_no_group_is_destroyed(tmp_path: Path) -> None:
+    """A script that never calls destroy_process_group(): the work registered (the probe's last
+    gather, the hook's threads) runs as the interpreter exits, before torch's groups go with it
+    (a run in a dozen or so of the auto policy aborted at exit without it)."""
+    done = subprocess.run(
+        [sys.executable, "-c", NEVER_DESTROYED, str(tmp_path / "store")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["trained", "finished"]
