@@ -13,6 +13,7 @@ import importlib.util
 import itertools
 import logging
 import os
+import re
 import threading
 import time
 import types
@@ -334,7 +335,7 @@ def disagreeing_rank(
     """Rank 1 runs the hook with ``settings``, the others with the defaults (all with ``common``):
     the first step fails on every rank with the same error, and at once, not after the header
     check's timeout."""
-    state = StragglarState(timeout=20, **(common or {}), **(settings if rank == 1 else {}))
+    state = StragglarState(**{"timeout": 20, **(common or {}), **(settings if rank == 1 else {})})
     plain, hooked = twins(state)
     try:
         step(rank, 0, plain, hooked)
@@ -366,6 +367,27 @@ def test_ranks_whose_hooks_run_with_other_settings_fail_alike_and_at_once(
     reasons = {e[e.index("DDP ranks run the hook") :].splitlines()[0] for e in errors}
     assert len(reasons) == 1, errors
     assert words in reasons.pop()
+
+
+def hookless_rank(rank: int, n: int) -> None:
+    """Rank 1 builds the same DDP models but never registers the hook, nor trains: silent."""
+    if rank == 1:  # DDP's default hook on the plain copy, as the others run it; then silent
+        torch.set_num_threads(1)
+        plain, _ = DDP(small_model(), bucket_cap_mb=0.001), DDP(small_model(), bucket_cap_mb=0.001)
+        (plain(torch.randn(8, 13)) - torch.randn(8, 5)).square().mean().backward()
+        time.sleep(4)
+        raise RuntimeError("rank 1 never ran the hook")
+    raise RuntimeError(disagreeing_rank(rank, n, {}, {"timeout": 1.5}))
+
+
+def test_a_rank_that_never_runs_the_hook_is_named_by_those_that_wait_for_it() -> None:
+    """They said they timed out "checking that every rank runs the same allreduce", naming nobody."""
+    with pytest.raises(LaunchError) as info:
+        launch(hookless_rank, 3, (), timeout=30)
+    check = "checking that the DDP ranks run the hook with the same settings waiting for rank 1"
+    for rank in (0, 2):  # the first to time out closes its pairs, which may end the other's wait
+        said = info.value.errors[rank]
+        assert re.search(f"rank {rank} (timed out|lost the connection) {check}: ", said), said
 
 
 def test_a_resumed_state_still_checks_the_settings_at_its_first_step() -> None:

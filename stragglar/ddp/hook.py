@@ -246,8 +246,12 @@ class StragglarState:
             "record": self.record is not None,
             "metrics": self.metrics is not None,
         }
-        rank = dist.get_rank(self.process_group)
-        rows = gather_headers(encode(settings), self.process_group, device, rank, self.timeout)
+        rank, group_of = dist.get_rank(self.process_group), self.process_group
+        # on gloo, a message to and from each peer (channel 0): a silent rank is named by the
+        # ranks that waited for it; NCCL gathers in one collective, which cannot tell
+        channel = 0 if dist.get_backend(group_of) == "gloo" else None
+        during = f"checking that the {ranks} run the hook with the same settings"
+        rows = gather_headers(encode(settings), group_of, device, rank, self.timeout, channel, during)
         reason = disagreement(rows, ranks, group)
         if reason is not None:
             raise MismatchError(reason)

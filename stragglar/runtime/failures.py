@@ -116,17 +116,20 @@ def first_line(text: object, limit: int = 200) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
-def checking_error(rank: int, reason: str, detail: str, peer: int | None = None) -> RankError:
+def checking_error(
+    rank: int, reason: str, detail: str, peer: int | None = None, during: str = CHECKING
+) -> RankError:
     """A :class:`RankError` for a header check that did not complete on ``rank``: ``reason`` as
     :func:`classify` says it, ``detail`` the engine's first line, ``peer`` the (first) rank that
-    never answered, where the engine can tell (a collective cannot: it completes or not)."""
-    what = failure_phrase(reason, peer=peer, during=CHECKING)
+    never answered, where the engine can tell (a collective cannot: it completes or not);
+    ``during``: what the check was checking (a call's setup, or a hook's settings)."""
+    what = failure_phrase(reason, peer=peer, during=during)
     return RankError(
         f"allreduce failed: rank {rank} {what}: {detail}",
         rank=rank,
         reason=reason,
         peer=peer,
-        during=CHECKING,
+        during=during,
     )
 
 

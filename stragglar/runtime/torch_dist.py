@@ -36,7 +36,7 @@ from stragglar.errors import ArgumentError, InputError, described
 from stragglar.runtime.arrays import Array
 from stragglar.runtime.channels import HEADER_TAG, ROUNDS_PER_TAG
 from stragglar.runtime.clock import poll
-from stragglar.runtime.failures import checking_error, classify, first_line, step_error
+from stragglar.runtime.failures import CHECKING, checking_error, classify, first_line, step_error
 from stragglar.runtime.graphs import nccl_uncapturable
 from stragglar.runtime.interpreter import SLICE_PACKING, Packing
 from stragglar.runtime.program import BoundStep, Plan
@@ -133,8 +133,10 @@ def gather_headers(
     rank: int,
     timeout: float | None,
     channel: int | None = None,
+    during: str = CHECKING,
 ) -> list[tuple[int, ...]]:
-    """Every rank's ``header``, in rank order, bounded by ``timeout``: one all_gather on ``group``,
+    """Every rank's ``header``, in rank order, bounded by ``timeout`` (a failure says it happened
+    ``during`` that check): one all_gather on ``group``,
     or, on a ``channel`` (gloo, whose messages carry tags), a message to and from every peer with
     the channel's header tag, so that calls on other channels of the group, running beside it in
     other threads, never pair with it (an all_gather is matched by its order on the group, and
@@ -173,18 +175,20 @@ def gather_headers(
             else:
                 work.wait()
     except Exception as e:
-        reason = classify(e)
-        silent = _silent(works, at) if reason == "timed out" else []
-        if silent:
+        reason, silent = classify(e), _silent(works, at)
+        if silent and reason == "timed out":
             others = f" from ranks {', '.join(map(str, silent))}" if len(silent) > 1 else ""
             detail = f"no answer{others} within {timeout:g} s"
-            raise checking_error(rank, reason, detail, silent[0]) from e
-        raise checking_error(rank, reason, first_line(e)) from e
+            raise checking_error(rank, reason, detail, silent[0], during) from e
+        # another peer's failure may end the wait first (gloo closes a pair that timed out):
+        # the rank waited for is named all the same
+        peer = silent[0] if silent else None
+        raise checking_error(rank, reason, first_line(e), peer, during) from e
     return [tuple(int(x) for x in t.tolist()) for t in gathered]
 
 
 def _silent(works: list[tuple[int | None, Any]], at: int) -> list[int]:
-    """The peers whose header had not come when the wait on ``works[at]`` timed out: its own peer
+    """The peers whose header had not come when the wait on ``works[at]`` ended: its own peer
     (gloo marks a timed-out work completed) and every later one not completed yet."""
     peer = works[at][0] if at < len(works) else None
     if peer is None:
