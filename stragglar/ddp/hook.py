@@ -65,7 +65,9 @@ class StragglarState:
         ``straggler_delay``: seconds the straggler is made late on purpose, for experiments.
     How it runs
         ``process_group``: DDP's group (None: the world); the replicas' under FSDP.
-        ``timeout``: seconds before a silent peer fails the step (default 300).
+        ``timeout``: seconds before a silent peer fails the step (default 300), in StragglAR's
+        rounds and in the engine's all_reduce on the host alike (on CUDA, NCCL's own watchdog
+        ends that one at the process group's timeout).
         ``asynchronous``: return at once, worker threads running the rounds (default True).
         ``graphs``: on CUDA over NCCL, replay the rounds from CUDA graphs (default True).
         ``engine``: "rounds" (default) drives StragglAR's rounds from the host; "device" runs a
