@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Settled", "watch"]
+__all__ = ["Settled", "bounded", "watch"]
 
 
 class Settled:
@@ -84,3 +84,26 @@ _WATCHER = _Watcher()
 def watch(outcome: Settled, seconds: float, error: Callable[[], BaseException]) -> None:
     """Fail ``outcome`` with ``error()`` if it is not settled within ``seconds``."""
     _WATCHER.watch(outcome, seconds, error)
+
+
+def bounded(
+    engine: torch.futures.Future[Any],
+    result: Callable[[torch.futures.Future[Any]], Any],
+    seconds: float,
+    error: Callable[[], BaseException],
+) -> torch.futures.Future[Any]:
+    """A Future of ``result(engine)`` once ``engine`` completes (its error if ``result`` raises),
+    or of ``error()`` if that takes more than ``seconds``."""
+    outcome = Settled()
+
+    def settled(future: torch.futures.Future[Any]) -> None:
+        try:
+            value = result(future)
+        except Exception as e:  # a peer lost: the engine's own error
+            outcome.settle(error=e)
+            return
+        outcome.settle(value)
+
+    engine.add_done_callback(settled)
+    watch(outcome, seconds, error)
+    return outcome.future

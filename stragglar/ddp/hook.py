@@ -446,20 +446,9 @@ class StragglarState:
         engine: torch.futures.Future[list[torch.Tensor]] = work.get_future()
         if buffer.is_cuda:  # ordered on CUDA streams; NCCL's watchdog bounds it (deadlines.py)
             return engine.then(averaged)
-        outcome = deadlines.Settled()
-
-        def settled(future: torch.futures.Future[list[torch.Tensor]]) -> None:
-            try:
-                value = averaged(future)
-            except Exception as e:  # a peer lost: the engine's own error
-                outcome.settle(error=e)
-                return
-            outcome.settle(value)
-
         rank, seconds = dist.get_rank(self.process_group), self.timeout + self.straggler_delay
-        engine.add_done_callback(settled)
-        deadlines.watch(outcome, seconds, lambda: _silent_engine(rank, seconds))
-        return outcome.future.then(_value)  # a failed Future reaches DDP as an error (_value)
+        outcome = deadlines.bounded(engine, averaged, seconds, lambda: _silent_engine(rank, seconds))
+        return outcome.then(_value)  # a failed Future reaches DDP as an error (_value)
 
     def _connect(self, world_size: int, threads: bool) -> Connection:
         group = dedicated_group(self.process_group, self.timeout)
