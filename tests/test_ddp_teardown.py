@@ -136,15 +136,7 @@ dist.destroy_process_group()
 def test_a_registration_left_open_is_closed_before_torch_destroys_its_group(tmp_path: Path) -> None:
     """A script that registers a buffer and never closes it: ``destroy_process_group(group)``
     closes the registration first (its peers' memory let go, its buffer no longer held)."""
-    done = subprocess.run(
-        [sys.executable, "-c", REGISTERED, str(tmp_path / "store")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["closed"]
+    assert one_process(REGISTERED, tmp_path) == ["closed"]
 
 
 NEVER_DESTROYED = """
@@ -166,12 +158,18 @@ def test_what_waits_for_a_group_to_go_runs_at_exit_where_no_group_is_destroyed(t
     """A script that never calls destroy_process_group(): the work registered (the probe's last
     gather, the hook's threads) runs as the interpreter exits, before torch's groups go with it
     (a run in a dozen or so of the auto policy aborted at exit without it)."""
+    assert one_process(NEVER_DESTROYED, tmp_path) == ["trained", "finished"]
+
+
+def one_process(script: str, tmp_path: Path) -> list[str]:
+    """The words ``script`` printed, run as a world of one gloo rank (its store in ``tmp_path``);
+    it must exit 0."""
     done = subprocess.run(
-        [sys.executable, "-c", NEVER_DESTROYED, str(tmp_path / "store")],
+        [sys.executable, "-c", script, str(tmp_path / "store")],
         capture_output=True,
         text=True,
         timeout=120,
         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["trained", "finished"]
+    return done.stdout.split()
