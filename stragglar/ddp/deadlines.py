@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -45,8 +46,10 @@ class Settled:
 
 class _Watcher:
     """The thread: it sleeps until the earliest deadline, then fails what is still unsettled.
-    Entries are forgotten as they settle (a settled one's Future is done), so a long timeout
-    keeps nothing alive beyond the calls in flight but a heap entry of three fields."""
+    Settled entries leave the top of the heap whenever it wakes (at each new entry), so with one
+    timeout, whose deadlines come in the order the calls were made, it holds about the calls in
+    flight, not every call of the last ``timeout`` seconds.  A forked child starts afresh: the
+    parent's thread is not in it."""
 
     def __init__(self) -> None:
         self._heap: list[tuple[float, int, Settled, Callable[[], BaseException]]] = []
@@ -79,6 +82,14 @@ class _Watcher:
 
 
 _WATCHER = _Watcher()
+
+
+def _forked() -> None:
+    global _WATCHER
+    _WATCHER = _Watcher()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def watch(outcome: Settled, seconds: float, error: Callable[[], BaseException]) -> None:

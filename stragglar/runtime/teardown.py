@@ -15,8 +15,9 @@ these, :func:`install` wraps ``torch.distributed.destroy_process_group``: the wr
 what was registered for the group being destroyed (:func:`before_destroy`; every group when it is
 given none), each bounded and none able to stop the destroy, and drops this process's CUDA graphs
 on it, then calls torch's own.  A script written the way PyTorch's documentation shows (train,
-then ``destroy_process_group()``, no barrier and no release) so ends cleanly, and so does one that
-never destroys its groups (the same work runs as the interpreter exits); the explicit calls
+then ``destroy_process_group()``, no barrier and no release) so ends cleanly.  One that never
+destroys its groups gets the same work as the interpreter exits, which makes its aborts at exit
+rarer, not gone (the README says how rare); the explicit calls
 (:func:`~stragglar.runtime.release_graphs`, ``StragglarState.close()``) stay for a program that
 wants the order in its own hands.
 """

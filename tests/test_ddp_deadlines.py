@@ -1,0 +1,76 @@
+"""stragglar/ddp/deadlines.py: a Future settled once, by its work or by its deadline, whichever
+comes first; the watching thread starts afresh in a forked child."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+pytest.importorskip("torch")
+
+import torch
+
+from stragglar.ddp import deadlines
+
+
+def late(seconds: float = 0.2) -> RuntimeError:
+    return RuntimeError(f"no answer within {seconds} s")
+
+
+def test_the_work_settles_it_when_it_comes_first_and_the_deadline_then_changes_nothing() -> None:
+    engine: torch.futures.Future[int] = torch.futures.Future()
+    outcome = deadlines.bounded(engine, lambda f: f.value() * 2, 0.2, late)
+    engine.set_result(21)
+    time.sleep(0.4)  # past the deadline: already settled, it stays so
+    assert outcome.wait() == 42
+
+
+def test_the_deadline_fails_it_when_the_work_never_comes_and_the_work_then_changes_nothing() -> None:
+    engine: torch.futures.Future[int] = torch.futures.Future()
+    start = time.monotonic()
+    outcome = deadlines.bounded(engine, lambda f: f.value(), 0.2, late)
+    with pytest.raises(RuntimeError, match=r"no answer within 0\.2 s"):
+        outcome.wait()
+    assert 0.15 < time.monotonic() - start < 5
+    engine.set_result(1)  # too late: no second outcome, no error from setting one
+    with pytest.raises(RuntimeError, match="no answer"):
+        outcome.value()
+
+
+def test_an_error_of_the_work_is_its_outcome() -> None:
+    engine: torch.futures.Future[int] = torch.futures.Future()
+    outcome = deadlines.bounded(engine, lambda f: f.value(), 30.0, late)
+    engine.set_exception(ConnectionError("closed by peer"))  # type: ignore[arg-type]  # torch types it as T
+    with pytest.raises(ConnectionError, match="closed by peer"):
+        outcome.wait()
+
+
+def test_settled_takes_the_first_outcome_only() -> None:
+    once = deadlines.Settled()
+    assert once.settle(1) and not once.settle(error=late()) and not once.settle(2)
+    assert once.future.wait() == 1
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+def test_a_forked_child_has_a_watching_thread_of_its_own() -> None:
+    """The parent's thread is not in a forked child: a deadline there would never fire."""
+    deadlines.bounded(torch.futures.Future(), lambda f: f.value(), 30.0, late)  # the parent's thread
+    pid = os.fork()
+    if pid == 0:  # the child: its deadline must fire
+        code = 1
+        try:
+            deadlines.bounded(torch.futures.Future(), lambda f: f.value(), 0.1, late).wait()
+        except RuntimeError:
+            code = 0
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 20
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:  # the child's deadline never fired: end it, and fail
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    assert done[0] == pid and os.waitstatus_to_exitcode(done[1]) == 0
