@@ -588,6 +588,18 @@ def test_a_record_path_that_cannot_be_written_is_refused_when_the_state_is_built
             StragglarState(record=path)
 
 
+def test_a_record_file_that_holds_a_trace_is_refused_for_a_run_from_step_one(tmp_path: Any) -> None:
+    """The second run appended its steps 1, 2, ... after the first's, and whatif then refused the
+    file ("rank 0 at step 1 is there twice"), after training."""
+    path = tmp_path / "trace.jsonl"
+    path.write_text("")
+    assert StragglarState(record=path).record == path  # empty: nothing to repeat
+    path.write_text('{"step": 1, "rank": 0, "time": 0.0}\n')
+    with pytest.raises(InputError, match="holds a trace already, whose steps a run from step 1 would repeat"):
+        StragglarState(record=path)
+    assert StragglarState(record=path, steps=5).steps == 5  # a run resumed appends after them
+
+
 def test_auto_refuses_ring_which_it_would_never_choose() -> None:
     """It prices the engine's all_reduce as a Ring: Ring never beats it, so it never ran."""
     with pytest.raises(InputError, match=r"algorithm='ring' would never run: use policy='stragglar'$"):

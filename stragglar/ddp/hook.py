@@ -14,7 +14,7 @@ from stragglar.args import as_rank
 from stragglar.ddp import deadlines
 from stragglar.ddp.agreement import disagreement, encode
 from stragglar.ddp.metrics import report
-from stragglar.ddp.options import check_device_bucket, check_learned, check_options
+from stragglar.ddp.options import check_device_bucket, check_fresh_trace, check_learned, check_options
 from stragglar.ddp.orders import HostOrder, Order, StreamOrder
 from stragglar.ddp.probe import LateRankProbe
 from stragglar.ddp.state_parts import Connection, Decision, Learned, ProofKey, Resources
@@ -170,6 +170,7 @@ class StragglarState:
         self.metrics, self.engine = metrics, engine
         check_options(self)
         steps = check_learned(proofs, switches, decisions, steps, probe)
+        check_fresh_trace(self.record, steps)
         policy_memory = AutoPolicy(self.algorithm, self.network)
         switches, decisions = [] if switches is None else switches, [] if decisions is None else decisions
         self.learned = Learned(policy_memory, steps, switches, decisions)

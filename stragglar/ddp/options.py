@@ -18,7 +18,7 @@ import torch.distributed as dist
 from stragglar.args import MAX_DELAY, as_flag, as_int, as_seconds
 from stragglar.ddp.probe import LateRankProbe
 from stragglar.ddp.worker import DEVICE
-from stragglar.errors import ArgumentError, InputError, described
+from stragglar.errors import ArgumentError, InputError, described, shown
 from stragglar.files import check_appendable
 from stragglar.model import AUTO, Network
 from stragglar.model.detect import Rule
@@ -29,7 +29,7 @@ from stragglar.synth import ALGORITHMS
 if TYPE_CHECKING:
     from stragglar.ddp.hook import StragglarState
 
-__all__ = ["check_device_bucket", "check_learned", "check_options"]
+__all__ = ["check_device_bucket", "check_fresh_trace", "check_learned", "check_options"]
 
 
 def check_options(state: StragglarState) -> None:
@@ -145,4 +145,22 @@ def check_device_bucket(buffer: torch.Tensor) -> None:
         raise InputError(
             "StragglarState(engine='device') launches its kernels with CuPy, which is not installed "
             "(the cuda12 or cuda13 extra)"
+        )
+
+
+def check_fresh_trace(record: str | os.PathLike[str] | None, steps: int) -> None:
+    """Refuse a ``record`` file that holds a trace already, for a run from step 1 (``steps`` 0):
+    its rows would repeat the steps there, and a reader (``stragglar whatif``) refuses such a
+    file; found when the state is built, not after training.  A resumed run (``steps`` > 0)
+    appends after them."""
+    if record is None or steps > 0:
+        return
+    try:
+        size = os.stat(record).st_size
+    except OSError:  # missing: the first run into it
+        return
+    if size > 0:
+        raise InputError(
+            f"StragglarState.record: {shown(os.fspath(record))} holds a trace already, whose steps a "
+            "run from step 1 would repeat: name a new file, or give steps= to resume after them"
         )

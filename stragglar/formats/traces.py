@@ -477,7 +477,8 @@ def trace_lines(step: int, times: Sequence[float]) -> bytes:
 class TraceWriter:
     """Appends steps to a trace file, each step's lines whole in one write (``O_APPEND``): a
     reader, or a job that dies, never leaves half a line.  Rows are added after any already
-    there; a second run into the same file repeats its steps, which a reader refuses."""
+    there (a resumed run's); a second run from step 1 would repeat their steps, which a reader
+    refuses, and the DDP hook refuses such a file as its state is built."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
