@@ -65,9 +65,7 @@ def check_output(output: Path, *inputs: Path, option: str = "-o") -> None:
         for source in inputs:
             if same_file(source, output):
                 raise InputError(f"{shown(output)} is the input file: write the output somewhere else")
-        if output.is_dir():
-            raise InputError(f"{shown(output)} is a folder: name a file in it")
-        check_replaceable(output)
+        check_replaceable(output)  # a folder, a device, a fifo, a socket, a link to nothing
         folder = output.parent.resolve()
         if not folder.is_dir():
             why = f"{shown(output)}: folder {shown(output.parent)} does not exist"

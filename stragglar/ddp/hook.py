@@ -249,12 +249,12 @@ class StragglarState:
             "record": self.record is not None,
             "metrics": self.metrics is not None,
         }
-        rank, group_of = dist.get_rank(self.process_group), self.process_group
+        on = self.process_group
         # on gloo, a message to and from each peer (channel 0): a silent rank is named by the
         # ranks that waited for it; NCCL gathers in one collective, which cannot tell
-        channel = 0 if dist.get_backend(group_of) == "gloo" else None
+        channel = 0 if dist.get_backend(on) == "gloo" else None
         during = f"checking that the {ranks} run the hook with the same settings"
-        rows = gather_headers(encode(settings), group_of, device, rank, self.timeout, channel, during)
+        rows = gather_headers(encode(settings), on, device, dist.get_rank(on), self.timeout, channel, during)
         reason = disagreement(rows, ranks, group)
         if reason is not None:
             raise MismatchError(reason)
@@ -339,9 +339,7 @@ class StragglarState:
         if probe is not None and detection is not None:
             window = probe.late.maxlen or WINDOW
             group = self.process_group  # HSDP's replicate group: its ranks named by their global ones
-            members = (
-                None if group is None or group is dist.group.WORLD else dist.get_process_group_ranks(group)
-            )
+            members = None if _is_world(group) else dist.get_process_group_ranks(group)
             report(before, detection, self.late_ranks, self._figures_step(), window, self.metrics, members)
 
     def _write_trace(self, probe: LateRankProbe, record: str | os.PathLike[str]) -> None:
@@ -497,6 +495,11 @@ def _value(future: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
     return future.value()
 
 
+def _is_world(group: Any) -> bool:
+    """Whether ``group`` is the world: None, or ``dist.group.WORLD`` given by name."""
+    return group is None or group is dist.group.WORLD
+
+
 def _silent_engine(rank: int, seconds: float) -> RankError:
     return RankError(
         f"allreduce failed: rank {rank} timed out in the engine's all_reduce: "
@@ -518,8 +521,7 @@ def stragglar_hook(state: StragglarState, bucket: GradBucket) -> torch.futures.F
     buffer = bucket.buffer()
     world = dist.get_world_size(state.process_group)
     if bucket.index() == 0:
-        on_world = state.process_group is None or state.process_group is dist.group.WORLD
-        if not on_world and state.probes and world > 1:
+        if not _is_world(state.process_group) and state.probes and world > 1:
             raise InputError(
                 "straggler detection, policy='auto', record= and metrics= need the default (world) "
                 "process group"
