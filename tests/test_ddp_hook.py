@@ -352,6 +352,7 @@ def disagreeing_rank(
         ({"asynchronous": False}, "asynchronous: ranks 0, 2 have True, rank 1 has False"),
         ({"detect": 4}, "detect: ranks 0, 2 have 0, rank 1 has 4"),
         ({"engine": "device"}, "engine: ranks 0, 2 have 'rounds', rank 1 has 'device'"),
+        ({"straggler_delay": 0.25}, "straggler_delay: ranks 0, 2 have 0.0, rank 1 has 0.25"),
         (
             {"straggler": 0, "chunks": 4},
             "chunks: ranks 0, 2 have None, rank 1 has 4; straggler: ranks 0, 2 have",
@@ -428,8 +429,19 @@ def test_detect_finds_the_persistent_straggler_and_keeps_the_gradients() -> None
         ({"chunks": 2.5}, ArgumentError, "chunks must be an integer"),
         ({"chunks": 8, "algorithm": "ring"}, InputError, "chunks shapes StragglAR, not ring"),
         ({"chunks": "auto"}, InputError, "chunks='auto' prices chunk counts on a network"),
+        (
+            {"network": Network(3e-6, 2**30)},
+            InputError,
+            "under policy='stragglar' with chunks=None it prices nothing: give chunks='auto' or leave",
+        ),
+        ({"network": Network(3e-6, 2**30), "chunks": 12}, InputError, "with chunks=12 it prices nothing"),
         ({"engine": "kernels"}, InputError, "engine must be one of rounds, device, got 'kernels'"),
         ({"engine": "device", "graphs": False}, InputError, "graphs applies to the rounds engine, not"),
+        (
+            {"asynchronous": False, "graphs": False},
+            InputError,
+            "graphs applies to the worker threads' rounds, ordered on CUDA streams, not to asynch",
+        ),
         (
             {"proofs": [1]},
             ArgumentError,
@@ -504,6 +516,14 @@ def test_the_stragglar_policy_cuts_each_bucket_by_the_given_network() -> None:
         None if c == 7 else c for c in (best_chunks(8, 2**20, 0.0, nvlink), best)
     ]
     assert StragglarState(chunks=12, straggler=2).choose(8, 2**20) == Choice("stragglar", 2, 12)
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "rhd", "direct"])
+def test_the_decisions_name_the_algorithm_that_ran(algorithm: str) -> None:
+    """They said 'stragglar' (the policy's word for "the state's schedule") for any algorithm."""
+    state = StragglarState(algorithm=algorithm, straggler=2)
+    assert state.choose(8, 2**20) == Choice("stragglar", 2, None)
+    assert state.decisions == [(0, algorithm, 2, None)]
     assert StragglarState(chunks=12, straggler=2).proof(8, 2, 12).schedule.num_chunks == 12
 
 
@@ -742,7 +762,7 @@ def device_path_rank(
         return rounds(data, proof, **options)
 
     with (
-        mock.patch.object(hook, "check_device_bucket", lambda buffer: None),  # CPU buckets here
+        mock.patch.object(hook, "check_bucket", lambda state, buffer, in_call: None),  # CPU buckets here
         mock.patch.object(worker, "allreduce", allreduce),
         mock.patch.object(worker, "register_buffer", register_buffer),
     ):
@@ -790,7 +810,9 @@ def test_the_device_engine_registers_each_ddp_bucket_once_its_tensor_stays(
 
 def test_the_device_engine_refuses_a_cpu_bucket_and_a_machine_without_cupy() -> None:
     """In the hook, in one line, before any group is made or anything is gathered."""
-    from stragglar.ddp.options import check_device_bucket
+    from unittest import mock
+
+    from stragglar.ddp.options import check_bucket
 
     state = StragglarState(engine="device")
     with pytest.raises(
@@ -798,7 +820,32 @@ def test_the_device_engine_refuses_a_cpu_bucket_and_a_machine_without_cupy() -> 
     ):
         state.reduce(torch.zeros(4), 0, 2)
     assert state.resources.connection is None
-    if importlib.util.find_spec("cupy") is None:
-        on_gpu = types.SimpleNamespace(is_cuda=True, device="cuda:0")
-        with pytest.raises(InputError, match="launches its kernels with CuPy, which is not installed"):
-            check_device_bucket(on_gpu)  # type: ignore[arg-type]
+    on_gpu = types.SimpleNamespace(is_cuda=True, device="cuda:0")
+    with (
+        mock.patch.object(importlib.util, "find_spec", lambda name: None),
+        pytest.raises(InputError, match="launches its kernels with CuPy, which is not installed"),
+    ):
+        check_bucket(state, on_gpu, False)  # type: ignore[arg-type]
+
+
+def test_graphs_off_is_refused_where_no_round_replays_from_a_graph() -> None:
+    """graphs=False on CPU buckets over gloo was accepted, and meant nothing: every rank now
+    refuses it at its first bucket, alike."""
+    errors = launch(disagreeing_rank, 2, ({}, {"graphs": False}), timeout=30)
+    words = "graphs applies to CUDA buckets on an NCCL group, whose rounds replay from CUDA graphs, "
+    assert all(words + "not to a bucket on cpu over gloo" in e for e in errors), errors
+
+
+def test_graphs_off_is_refused_on_fsdp_s_shards_whose_rounds_run_in_the_call() -> None:
+    """FSDP's hook (``in_call``) waits for the rounds on the host: no graph replays them, even for
+    a CUDA shard on an NCCL group; the DDP hook's worker threads do replay them."""
+    from unittest import mock
+
+    from stragglar.ddp.options import check_bucket
+
+    on_gpu = types.SimpleNamespace(is_cuda=True, device="cuda:0")
+    state = StragglarState(graphs=False)
+    with mock.patch.object(dist, "get_backend", lambda group: "nccl"):
+        check_bucket(state, on_gpu, False)  # type: ignore[arg-type]
+        with pytest.raises(InputError, match="graphs applies to the DDP hook's worker threads, not to FSDP"):
+            check_bucket(state, on_gpu, True)  # type: ignore[arg-type]

@@ -5,14 +5,15 @@ every rank must issue the same calls in the same order, which holds when every r
 decides alike.  A rank with another policy, algorithm or straggler would issue other calls, one
 with another ``asynchronous`` would create another number of groups (a collective every rank must
 join), one with another ``engine`` would gather other things at other times, one with another
-``detect`` (or ``record``, or ``metrics``) would probe where the others do not: the others would
-wait for it until the timeout, with no word on why.  So at its first step every rank all-gathers
-its settings on DDP's group, once, and every rank raises the same one-line
+``detect`` (or ``record``, or ``metrics``) would probe where the others do not, one with another
+``straggler_delay`` would price other chunk counts under ``chunks="auto"``: the others would wait
+for it until the timeout, with no word on why.  So at its first step every rank all-gathers its
+settings on DDP's group, once, and every rank raises the same one-line
 :class:`~stragglar.runtime.MismatchError` that names what differs.
 
 >>> mine = {"policy": "auto", "algorithm": "stragglar", "asynchronous": True, "engine": "rounds",
 ...         "detect": 0, "rule": Rule(), "chunks": "auto", "network": None, "straggler": None,
-...         "record": False, "metrics": False}
+...         "straggler_delay": 0.0, "record": False, "metrics": False}
 >>> row = encode(mine)
 >>> decode(row) == mine
 True
@@ -99,6 +100,7 @@ FIELDS: dict[str, Codec] = {
     "chunks": (1, _coded, _uncoded),
     "network": (3, _network, _unnetwork),
     "straggler": (1, _coded, _uncoded),
+    "straggler_delay": (1, lambda v: [_bits(v)], lambda r: _float(r[0])),
     "record": (1, lambda v: [int(v)], lambda r: bool(r[0])),  # a trace is recorded: the probe runs
     "metrics": (1, lambda v: [int(v)], lambda r: bool(r[0])),  # metrics are written: the probe runs
 }

@@ -14,11 +14,11 @@ from stragglar.args import as_rank
 from stragglar.ddp import deadlines
 from stragglar.ddp.agreement import disagreement, encode
 from stragglar.ddp.metrics import report
-from stragglar.ddp.options import check_device_bucket, check_fresh_trace, check_learned, check_options
+from stragglar.ddp.options import check_bucket, check_fresh_trace, check_learned, check_options
 from stragglar.ddp.orders import HostOrder, Order, StreamOrder
 from stragglar.ddp.probe import LateRankProbe
 from stragglar.ddp.state_parts import Connection, Decision, Learned, ProofKey, Resources
-from stragglar.ddp.worker import CLOSE_WAIT, DEVICE, BucketWorker, Job, Reducer, dedicated_group
+from stragglar.ddp.worker import CLOSE_WAIT, BucketWorker, Job, Reducer, dedicated_group
 from stragglar.errors import ArgumentError, InputError
 from stragglar.formats.traces import TraceWriter
 from stragglar.model import Network
@@ -69,7 +69,8 @@ class StragglarState:
         rounds and in the engine's all_reduce on the host alike (on CUDA, NCCL's own watchdog
         ends that one at the process group's timeout).
         ``asynchronous``: return at once, worker threads running the rounds (default True).
-        ``graphs``: on CUDA over NCCL, replay the rounds from CUDA graphs (default True).
+        ``graphs``: on CUDA over NCCL, the worker threads replay the rounds from CUDA graphs
+        (default True; False is refused where no round would replay from a graph).
         ``engine``: "rounds" (default) drives StragglAR's rounds from the host; "device" runs a
         bucket's whole AllReduce as one kernel launch on each rank (CUDA buckets, with CuPy).
     What it records
@@ -246,6 +247,7 @@ class StragglarState:
             "chunks": self.chunks,
             "network": self.network,
             "straggler": self.straggler,
+            "straggler_delay": self.straggler_delay,
             "record": self.record is not None,
             "metrics": self.metrics is not None,
         }
@@ -367,7 +369,8 @@ class StragglarState:
         learned = self.learned
         if choice != learned.last:
             learned.last = choice
-            learned.decisions.append((learned.steps, choice.algorithm, choice.straggler, choice.chunks))
+            ran = self.algorithm if choice.algorithm == STRAGGLAR else choice.algorithm
+            learned.decisions.append((learned.steps, ran, choice.straggler, choice.chunks))
         return choice
 
     def reduce(
@@ -388,8 +391,7 @@ class StragglarState:
         engine's stream).  ``kept``: the caller hands the same tensor for this bucket at every
         later step, on every rank (DDP's buckets once DDP rebuilt them): the device engine
         registers it."""
-        if self.engine == DEVICE:
-            check_device_bucket(buffer)
+        check_bucket(self, buffer, in_call)
         threads = self.asynchronous and not in_call
         comm = self.resources.connection or self._connect(world_size, threads)
         order: Order = HOST

@@ -29,7 +29,7 @@ from stragglar.synth import ALGORITHMS
 if TYPE_CHECKING:
     from stragglar.ddp.hook import StragglarState
 
-__all__ = ["check_device_bucket", "check_fresh_trace", "check_learned", "check_options"]
+__all__ = ["check_bucket", "check_fresh_trace", "check_learned", "check_options"]
 
 
 def check_options(state: StragglarState) -> None:
@@ -79,6 +79,11 @@ def check_options(state: StragglarState) -> None:
             "StragglarState.graphs applies to the rounds engine, not to engine 'device' "
             "(one kernel launch a bucket)"
         )
+    if not state.asynchronous and not state.graphs:
+        raise InputError(
+            "StragglarState.graphs applies to the worker threads' rounds, ordered on CUDA streams, "
+            "not to asynchronous=False, whose rounds the host waits for one by one"
+        )
     if state.record is not None and (
         not isinstance(state.record, (str, os.PathLike)) or not os.fspath(state.record)
     ):
@@ -96,6 +101,7 @@ def check_options(state: StragglarState) -> None:
     if state.metrics is not None:
         check_appendable(state.metrics, "metrics")
     _check_chunks(state)
+    _check_network(state)
     if state.policy == "auto" and state.straggler_delay:
         raise InputError(
             "StragglarState.straggler_delay is for experiments with policy='stragglar': the auto "
@@ -136,16 +142,45 @@ def _check_chunks(state: StragglarState) -> None:
         )
 
 
-def check_device_bucket(buffer: torch.Tensor) -> None:
-    """Refuse, in the hook, a bucket the device engine cannot reduce: one on the CPU, or any
-    where CuPy, which launches the kernels, is not installed."""
-    if not buffer.is_cuda:
-        raise InputError(f"StragglarState(engine='device') reduces CUDA buckets, got one on {buffer.device}")
-    if importlib.util.find_spec("cupy") is None:
+def _check_network(state: StragglarState) -> None:
+    """Under policy "stragglar" a network prices nothing but ``chunks="auto"``'s counts: given
+    without it, it would be ignored."""
+    if state.network is not None and state.policy != "auto" and state.chunks != AUTO:
         raise InputError(
-            "StragglarState(engine='device') launches its kernels with CuPy, which is not installed "
-            "(the cuda12 or cuda13 extra)"
+            "StragglarState.network prices the auto policy's choices and chunks='auto''s counts; "
+            "under policy='stragglar' with chunks="
+            f"{described(state.chunks)} it prices nothing: give chunks='auto' or leave network out"
         )
+
+
+def check_bucket(state: StragglarState, buffer: torch.Tensor, in_call: bool) -> None:
+    """Refuse, in the hook, a bucket the state's options do not fit: on the device engine, one on
+    the CPU, or any where CuPy, which launches the kernels, is not installed; with
+    ``graphs=False``, one whose rounds never replay from CUDA graphs (only a CUDA bucket on an
+    NCCL group does, on the worker threads: not ``in_call``), where the option would be ignored.
+    The backend is known only here."""
+    if state.engine == DEVICE:
+        if not buffer.is_cuda:
+            raise InputError(
+                f"StragglarState(engine='device') reduces CUDA buckets, got one on {buffer.device}"
+            )
+        if importlib.util.find_spec("cupy") is None:
+            raise InputError(
+                "StragglarState(engine='device') launches its kernels with CuPy, which is not "
+                "installed (the cuda12 or cuda13 extra)"
+            )
+    if not state.graphs:
+        backend = dist.get_backend(state.process_group)
+        if not buffer.is_cuda or backend != "nccl":
+            raise InputError(
+                "StragglarState.graphs applies to CUDA buckets on an NCCL group, whose rounds "
+                f"replay from CUDA graphs, not to a bucket on {buffer.device} over {backend}"
+            )
+        if in_call:
+            raise InputError(
+                "StragglarState.graphs applies to the DDP hook's worker threads, not to FSDP's "
+                "hook, whose rounds the host waits for in the call"
+            )
 
 
 def check_fresh_trace(record: str | os.PathLike[str] | None, steps: int) -> None:

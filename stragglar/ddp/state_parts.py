@@ -34,7 +34,8 @@ class Learned:
 
     ``steps``: the steps begun (counted from 1).  ``switches``: each change of straggler under
     ``detect``, as (step, rank).  ``decisions``: (step, algorithm, straggler, chunks) for the first
-    bucket and each bucket whose choice differs from the one before.  ``outlook``: under "auto",
+    bucket and each bucket whose choice differs from the one before; the algorithm is the state's
+    where its schedule ran, "allreduce" where the engine's own did.  ``outlook``: under "auto",
     the figures this step's choices were made from, None until a window of steps has been seen.
     ``last``: the last bucket's choice.  ``policy``: the auto policy's memory of what StragglAR's
     rounds cost against the model (:class:`~stragglar.model.policy.AutoPolicy`).  ``detection``:

@@ -15,8 +15,8 @@ factor set it sums: either way the gradients are native HSDP's with the same set
 FSDP reads the shard as soon as the hook returns (it divides it, casts it, views it as the
 gradients), so the reduction runs in the call: on CPU it blocks, as FSDP's own all-reduce does
 there; on CUDA FSDP calls the hook on its all-reduce stream, and the rounds block the host too
-(the DDP hook's synchronous path).  So ``asynchronous`` (the DDP hook's worker threads) and
-``graphs`` (replaying stream-ordered rounds) have nothing to choose here.  With
+(the DDP hook's synchronous path).  So ``asynchronous`` (the DDP hook's worker threads) has
+nothing to choose here, and ``graphs=False`` (no replays of stream-ordered rounds) is refused.  With
 ``engine="device"`` a shard is one kernel launch a replica, staged through the receivers' inboxes:
 FSDP hands a new shard tensor at each step, which registering would not serve.
 
