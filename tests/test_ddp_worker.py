@@ -22,10 +22,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from stragglar.ddp.orders import HostOrder, HostWatch, StreamOrder  # noqa: E402
-from stragglar.ddp.worker import BucketWorker, Job, Reducer, dedicated_group  # noqa: E402
+from stragglar.ddp.worker import BucketWorker, Job, Reducer, dedicated_group, global_ranks  # noqa: E402
 from stragglar.measure.data import expected, payload  # noqa: E402
 from stragglar.measure.launch import launch  # noqa: E402
-from stragglar.runtime import plan_for, rounds_without  # noqa: E402
+from stragglar.runtime import RankError, plan_for, rounds_without  # noqa: E402
 from stragglar.runtime.interpreter import run_rank  # noqa: E402
 from stragglar.synth import synthesize  # noqa: E402
 from stragglar.verify import Proof, prove  # noqa: E402
@@ -493,3 +493,33 @@ def test_a_drain_that_never_ends_is_bounded(monkeypatch: pytest.MonkeyPatch) -> 
     with pytest.raises(TimeoutError, match=r"the device calls in flight did not end within 0\.2 s$"):
         reducer.stages(job)[0](None)
     assert time.monotonic() - start < 2
+
+
+@pytest.mark.parametrize(
+    ("members", "suffix"),
+    [
+        ([1, 3], " (ranks of the hook's group: rank 1 is global rank 3, rank 0 is global rank 1)"),
+        ([0, 1], ""),  # the world's ranks, or the first of them: nothing to say
+    ],
+)
+def test_a_group_s_failure_names_its_ranks_by_their_global_ranks_too(
+    monkeypatch: pytest.MonkeyPatch, members: list[int], suffix: str
+) -> None:
+    """The runtime numbers a group's ranks from 0; under HSDP a user read "rank 1" where global
+    rank 3 was meant.  The fields stay the group's, for the launcher's summary."""
+    import torch.distributed as dist
+
+    monkeypatch.setattr(dist, "get_process_group_ranks", lambda group: members)
+    said = "allreduce failed: rank 1 lost the connection in round 1 (phase 'x') with rank 0: closed"
+    with pytest.raises(RankError) as info, global_ranks(object()):
+        raise RankError(said, rank=1, reason="lost the connection", round=1, phase="x", peer=0)
+    assert str(info.value) == said + suffix
+    assert info.value.fields() == {
+        "rank": 1,
+        "reason": "lost the connection",
+        "round": 1,
+        "phase": "x",
+        "peer": 0,
+        "waiting": "waiting for",
+        "during": None,
+    }

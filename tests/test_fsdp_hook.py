@@ -6,6 +6,7 @@ for a late replica; what the hook cannot serve is refused in one sentence."""
 from __future__ import annotations
 
 import functools
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -330,3 +331,25 @@ def test_the_report_names_a_late_replica_by_its_global_rank(tmp_path: Any) -> No
     assert "stragglar_persistent_straggler 2\n" in text, text
     assert 'stragglar_persistent{rank="2"} 1' in text and 'stragglar_persistent{rank="0"} 0' in text, text
     assert 'rank="1"' not in text and 'rank="3"' not in text, text
+
+
+def dying_replica_rank(rank: int, n: int) -> None:
+    """Global rank 3 (replica 1's shard 1) dies at the third step, before its backward."""
+    native, ours = twins(StragglarState(timeout=20))
+
+    def die() -> None:
+        os._exit(3)
+
+    for i in range(3):
+        train(rank, native, ours, 1, die if i == 2 and rank == 3 else None)
+
+
+def test_a_failure_in_the_replicas_rounds_names_global_ranks_too() -> None:
+    """The runtime numbers the replicate group's ranks from 0: rank 1 (global 1) said it lost the
+    connection "with rank 1", its group's index of global rank 3, the one that died."""
+    with pytest.raises(LaunchError) as info:
+        launch(dying_replica_rank, 4, timeout=60)
+    said = info.value.errors[1].splitlines()[-1]  # the error's line, after its traceback
+    assert "RankError: allreduce failed: rank 0 lost the connection " in said, said
+    names = "(ranks of the hook's group: rank 0 is global rank 1, rank 1 is global rank 3)"
+    assert said.endswith(names), said

@@ -447,7 +447,7 @@ class StragglarState:
         engine: torch.futures.Future[list[torch.Tensor]] = work.get_future()
         if buffer.is_cuda:  # ordered on CUDA streams; NCCL's watchdog bounds it (deadlines.py)
             return engine.then(averaged)
-        rank, seconds = dist.get_rank(self.process_group), self.timeout + self.straggler_delay
+        rank, seconds = dist.get_rank(), self.timeout + self.straggler_delay  # global: no schedule's
         outcome = deadlines.bounded(engine, averaged, seconds, lambda: _silent_engine(rank, seconds))
         return outcome.then(_value)  # a failed Future reaches DDP as an error (_value)
 

@@ -50,7 +50,8 @@ import queue
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -62,10 +63,10 @@ from stragglar.ddp.orders import Order, Watch
 from stragglar.ddp.probe import Stopwatch
 from stragglar.errors import InputError
 from stragglar.model.policy import STRAGGLAR
-from stragglar.runtime import MAX_TAG, Registration, allreduce, register_buffer, rounds_without
+from stragglar.runtime import MAX_TAG, RankError, Registration, allreduce, register_buffer, rounds_without
 from stragglar.verify import Proof
 
-__all__ = ["BucketWorker", "InFlight", "Job", "Reducer", "dedicated_group"]
+__all__ = ["BucketWorker", "InFlight", "Job", "Reducer", "dedicated_group", "global_ranks"]
 
 DEVICE = "device"  # the engine that runs a bucket's whole AllReduce as one kernel launch a rank
 LOG = logging.getLogger("stragglar")
@@ -250,7 +251,7 @@ class Reducer:
             return
         work, watch, ready = handed
         try:
-            with job.order.running(ready, 1):
+            with job.order.running(ready, 1), global_ranks(self.groups[1]):
                 work.wait(self.groups[1])
                 self._done(job, watch)
         finally:
@@ -267,9 +268,10 @@ class Reducer:
             "lockstep": True,
             "engine": DEVICE,
         }
-        if launch_only:
-            return allreduce(job.buffer, job.proof, async_op=True, **options)
-        return allreduce(job.buffer, job.proof, **options)
+        with global_ranks(self.groups[0]):
+            if launch_only:
+                return allreduce(job.buffer, job.proof, async_op=True, **options)
+            return allreduce(job.buffer, job.proof, **options)
 
     @staticmethod
     def _setup(job: Job, held: Registration) -> Hashable:
@@ -296,19 +298,20 @@ class Reducer:
     def _rounds(self, job: Job, stage: int, rounds: tuple[int, int | None]) -> None:
         # gloo has no streams: its CUDA buffers are waited on the host, stage by stage
         ordered = job.order.stream_ordered and dist.get_backend(self.groups[stage]) == "nccl"
-        allreduce(
-            job.buffer,
-            job.proof,
-            group=self.groups[stage],
-            straggler_delay=self.straggler_delay,
-            timeout=self.timeout,
-            tag=job.bucket % (MAX_TAG + 1),
-            late_rank=job.late_rank,
-            stream_ordered=ordered,
-            graphs=False if ordered and not self.graphs else None,
-            rounds=rounds,
-            lockstep=True,
-        )
+        with global_ranks(self.groups[stage]):
+            allreduce(
+                job.buffer,
+                job.proof,
+                group=self.groups[stage],
+                straggler_delay=self.straggler_delay,
+                timeout=self.timeout,
+                tag=job.bucket % (MAX_TAG + 1),
+                late_rank=job.late_rank,
+                stream_ordered=ordered,
+                graphs=False if ordered and not self.graphs else None,
+                rounds=rounds,
+                lockstep=True,
+            )
 
 
 def _queued(_: Any) -> None:
@@ -391,3 +394,20 @@ def dedicated_group(process_group: Any, timeout: float) -> Any:
         backend=dist.get_backend(process_group),
         use_local_synchronization=process_group is not None,
     )
+
+
+@contextmanager
+def global_ranks(group: Any) -> Iterator[None]:
+    """Name, in a :class:`~stragglar.runtime.RankError` raised inside, its rank and peer by their
+    global ranks too, where ``group``'s ranks are not the world's (HSDP's replicate group, a DDP
+    subgroup): the runtime numbers a group's ranks from 0, as its schedule does, but a user reads
+    global ranks in the launcher's logs.  The error's fields stay the group's."""
+    try:
+        yield
+    except RankError as e:
+        members = dist.get_process_group_ranks(group)
+        named = [r for r in dict.fromkeys((e.rank, e.peer)) if r is not None and 0 <= r < len(members)]
+        if all(members[r] == r for r in named):
+            raise
+        said = ", ".join(f"rank {r} is global rank {members[r]}" for r in named)
+        raise RankError(f"{e} (ranks of the hook's group: {said})", **e.fields()) from e
