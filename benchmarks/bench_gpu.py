@@ -54,7 +54,7 @@ from typing import Any
 from gpu_device import device_executor, device_table
 from gpu_inputs import PERIOD, DDPConfig, P2PConfig, Wrong, slowest, total, value
 from gpu_tuning import device_tuning, tuning_table
-from options import as_command, json_output, whole
+from options import as_command, json_output, note, whole
 from results import save
 
 from stragglar.measure.gpus import gpu_count
@@ -147,7 +147,12 @@ def loopback_row(xp: Any, sync: Callable[[], None], proof: Proof, size_bytes: in
 
 
 def loopback(
-    xp: Any, sync: Callable[[], None], ns: tuple[int, ...], sizes: tuple[int, ...], iters: int
+    xp: Any,
+    sync: Callable[[], None],
+    ns: tuple[int, ...],
+    sizes: tuple[int, ...],
+    iters: int,
+    progress: Callable[[str], None],
 ) -> list[LoopbackRow]:
     rows = []
     for n in ns:
@@ -155,7 +160,7 @@ def loopback(
             proof = prove(synthesize("stragglar", n, chunks=chunks))
             for size in sizes:
                 rows.append(loopback_row(xp, sync, proof, size, iters))
-                print(f"  loopback N={n} C={chunks} {size >> 10} KiB done", file=sys.stderr, flush=True)
+                progress(f"loopback N={n} C={chunks} {size >> 10} KiB done")
     return rows
 
 
@@ -360,14 +365,6 @@ def _failed(part: str, error: LaunchError) -> str:
     return f"FAILED: {line}"
 
 
-def _parts(text: str) -> tuple[str, ...]:
-    chosen = tuple(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
-    unknown = [p for p in chosen if p not in PARTS]
-    if unknown or not chosen:
-        raise argparse.ArgumentTypeError(f"parts are {', '.join(PARTS)} (comma-separated), not {text!r}")
-    return chosen
-
-
 def run_p2p(args: argparse.Namespace, gpus: int) -> dict[str, float]:
     shared = " (sharing GPUs: NCCL's socket transport, ratios indicative)" if gpus < RANKS else ""
     times = p2p(P2PConfig("nccl", (4 << 10, 64 << 20), (0.0, 0.02, 0.1), args.iters), RANKS, gpus)
@@ -396,15 +393,19 @@ def run_cupy_nccl(args: argparse.Namespace, gpus: int) -> dict[str, float] | str
 def run_loopback(args: argparse.Namespace, gpus: int) -> list[dict[str, Any]] | str:
     ns, sizes = ((8,), QUICK_SIZES) if args.quick else ((4, 8, 16), SIZES)
     return _on_cupy(
+        args,
         "loopback",
         "Loopback (one process, float32), eager against CUDA graphs",
-        lambda cupy, progress: loopback(cupy, cupy.cuda.Device().synchronize, ns, sizes, args.iters),
+        lambda cupy, progress: loopback(
+            cupy, cupy.cuda.Device().synchronize, ns, sizes, args.iters, progress
+        ),
         loopback_table,
     )
 
 
 def run_device_executor(args: argparse.Namespace, gpus: int) -> list[dict[str, Any]] | str:
     return _on_cupy(
+        args,
         "device executor",
         "Device engine (one kernel per rank) against the loopback with graphs",
         lambda cupy, progress: device_executor(
@@ -416,6 +417,7 @@ def run_device_executor(args: argparse.Namespace, gpus: int) -> list[dict[str, A
 
 def run_device_tuning(args: argparse.Namespace, gpus: int) -> list[dict[str, Any]] | str:
     return _on_cupy(
+        args,
         "device tuning",
         "Device engine: the kernel's tunings against its own (float32)",
         lambda cupy, progress: device_tuning(cupy, cupy.cuda.Device().synchronize, args.iters, progress),
@@ -424,20 +426,25 @@ def run_device_tuning(args: argparse.Namespace, gpus: int) -> list[dict[str, Any
 
 
 def _on_cupy(
+    args: argparse.Namespace,
     what: str,
     title: str,
     measure: Callable[[Any, Callable[[str], None]], list[Any]],
     table: Callable[[list[Any]], str],
 ) -> list[dict[str, Any]] | str:
     """A part measured through CuPy in this process (``measure(cupy, progress)``: its rows),
-    printed under ``title``; or why it was not measured."""
+    printed under ``title``; or why it was not measured.  Its progress lines go to stderr on a
+    terminal, or with ``--progress`` (a log, where they say how far a run cut short got)."""
     if importlib.util.find_spec("cupy") is None:
         print(f"\n{what} not measured: cupy is not installed")
         return "not measured: cupy is not installed"
     import cupy
 
     def progress(line: str) -> None:
-        print(f"  {line}", file=sys.stderr, flush=True)
+        if args.progress:
+            print(f"  {line}", file=sys.stderr, flush=True)
+        else:
+            note(f"  {line}")
 
     rows = measure(cupy, progress)
     print(f"\n## {title}\n")
@@ -487,13 +494,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--iters", type=whole(1, 10**4), default=5, help="timed calls per setting (median)")
     parser.add_argument(
         "--parts",
-        type=_parts,
-        default=PARTS,
-        help=f"which parts to run, comma-separated (default: all; they run in the order {','.join(PARTS)}); "
+        nargs="+",
+        choices=PARTS,
+        default=list(PARTS),
+        metavar="PART",
+        help=f"which parts to run (default: all; they run in the order {' '.join(PARTS)}); "
         "with --json, the file's figures of the other parts are kept if they are of the same device",
+    )
+    parser.add_argument(
+        "--progress",
+        action="store_true",
+        help="progress lines on stderr even where it is no terminal (a log)",
     )
     parser.add_argument("--json", type=json_output, metavar="FILE", help="also save the results as JSON")
     args = parser.parse_args(argv)
+    args.parts = tuple(dict.fromkeys(args.parts))
     gpus = gpu_count()  # through NVML: no CUDA context here before the ranks are forked
     if gpus < 1:
         print(f"no GPU: {'torch sees no CUDA device' if importlib.util.find_spec('torch') else 'no torch'}")

@@ -3,9 +3,11 @@ stand-in (:mod:`fake_cupy`), which runs the same batched rounds and graphs, chec
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import subprocess
 import sys
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,7 +36,7 @@ def test_without_a_gpu_it_says_so_in_one_line_and_exits_0() -> None:
 def test_the_loopback_part_times_eager_and_graph_calls_and_checks_each(cuda: FakeCuda) -> None:
     import bench_gpu
 
-    rows = bench_gpu.loopback(sys.modules["cupy"], lambda: None, (4,), (4 << 10,), iters=2)
+    rows = bench_gpu.loopback(sys.modules["cupy"], lambda: None, (4,), (4 << 10,), iters=2, progress=print)
     assert [(r.n, r.chunks, r.size_bytes) for r in rows] == [(4, 3, 4096), (4, 32, 4096)]
     assert all(r.eager_ms > 0 and r.graph_ms > 0 and r.rounds > 0 for r in rows)
     # 2 ranges x 2 schedules: captured on the first graph call (the eager calls compiled the
@@ -185,7 +187,7 @@ def test_parts_rerun_some_and_keep_the_others_of_the_same_device(
     bench.main(["--parts", "loopback", "--json", str(path)])
     first = json.loads(path.read_text(encoding="utf-8"))
     assert first["complete"] is False and first["device"] == "Test GPU" and "p2p" not in first
-    bench.main(["--parts", "ddp,p2p", "--json", str(path)])
+    bench.main(["--parts", "ddp", "p2p", "--json", str(path)])
     assert bench.ran == ["loopback", "p2p", "ddp"]  # in the parts' order, not the option's
     doc = json.loads(path.read_text(encoding="utf-8"))
     assert doc["loopback"] == first["loopback"] and doc["ddp"] == {"figure": "ddp on 1"}
@@ -198,15 +200,38 @@ def test_parts_rerun_some_and_keep_the_others_of_the_same_device(
     assert "not kept from" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("parts", ["", "p2p,gpu", "loopback,,"])
-def test_parts_must_be_known(bench: Any, parts: str, capsys: pytest.CaptureFixture[str]) -> None:
-    if parts == "loopback,,":
-        bench.main(["--parts", parts])
-        assert bench.ran == ["loopback"]
-        return
+@pytest.mark.parametrize("parts", [[], ["p2p", "gpu"], ["p2p,ddp"]])
+def test_parts_must_be_known(bench: Any, parts: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as done:
-        bench.main(["--parts", parts])
-    assert done.value.code == 2 and "parts are p2p, ddp, cupy_nccl, loopback" in capsys.readouterr().err
+        bench.main(["--parts", *parts])
+    said = capsys.readouterr().err
+    assert done.value.code == 2 and "--parts" in said and not bench.ran, said
+
+
+def test_parts_given_twice_run_once(bench: Any) -> None:
+    bench.main(["--parts", "loopback", "loopback"])
+    assert bench.ran == ["loopback"]
+
+
+@pytest.mark.parametrize("option", [[], ["--progress"]])
+def test_progress_goes_to_a_terminal_or_a_log_when_asked(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], option: list[str]
+) -> None:
+    """It went to stderr always: into a pipe too, which gets the tables alone."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import bench_gpu
+
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace())
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
+
+    def measure(cupy: Any, progress: Any) -> list[Any]:
+        progress("setting 1 done")
+        return []
+
+    args = argparse.Namespace(progress=bool(option))
+    assert bench_gpu._on_cupy(args, "part", "Part", measure, lambda rows: "table") == []
+    captured = capsys.readouterr()  # stderr is no terminal here
+    assert captured.err == ("  setting 1 done\n" if option else "") and "table" in captured.out
 
 
 def test_a_table_without_a_bare_pair_prints_no_pair_line(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -267,7 +292,7 @@ def test_a_run_cut_short_keeps_its_parts_for_the_next_run_on_the_same_device(
 
     bench.RUNNERS["device_executor"] = cut_short
     with pytest.raises(KeyboardInterrupt):
-        bench.main(["--parts", "loopback,device_executor", "--json", str(path)])
+        bench.main(["--parts", "loopback", "device_executor", "--json", str(path)])
     cut = json.loads(path.read_text(encoding="utf-8"))
     assert cut["device"] == "Test GPU" and cut["complete"] is False and "loopback" in cut
     bench.main(["--parts", "device_tuning", "--json", str(path)])
