@@ -1,6 +1,7 @@
 """StragglAR on a GPU: NCCL ranks against all_reduce, DDP, and the loopback eager against graphs.
 
-    python benchmarks/bench_gpu.py [--quick] [--iters 5] [--json docs/perf/gpu.json]
+    python benchmarks/bench_gpu.py [--quick] [--iters 5] [--parts PART ...] [--progress]
+                                   [--json docs/perf/gpu.json]
 
 (b) 4 NCCL ranks (on one GPU: each its own ``NCCL_HOSTID``, NCCL's socket transport, so ratios are
 indicative), 4 KiB and 64 MiB float32: StragglAR (the paper's chunks and C = 8N; eager and from
@@ -13,23 +14,17 @@ through CuPy's NCCL (``NcclGroup``): the paper's schedule eager and from graphs 
 NCCL allReduce, nobody late and the last rank 100 ms late (where CuPy is installed).  A part
 whose ranks fail is reported in one line and the run goes on, then exits 1; ``--parts`` runs
 some of them (``--json`` then keeps the file's other parts where they are of the same device).
-(a), last (it makes a CUDA context in this process, which forked ranks could not use):
-
-Loopback (every rank's CuPy array on one GPU, the device copying for the links), for N in
-{4, 8, 16}, the paper's C = N - 1 chunks and C = 8N, and buffers of 4 KiB to 256 MiB per rank
-(float32): the median time of one AllReduce launched eagerly (batched rounds, a few kernels a
-round) and replayed from CUDA graphs (captured on the first call after the eager ones), the time per round
-of each, and the device copy floor (one copy of every rank's buffer: no loopback AllReduce
-moves less).  Every call's result is checked exactly on the device against the sum (values
-distinct per rank and element, exact in float32), and a wrong one stops the benchmark.
+(a), last (it makes a CUDA context in this process, which forked ranks could not use): the
+loopback, every rank's CuPy array on one GPU, eager against CUDA graphs, for N in {4, 8, 16}, the
+paper's C = N - 1 chunks and C = 8N, and buffers of 4 KiB to 256 MiB per rank (float32), every
+call checked exactly: see gpu_loopback.py for its rows and targets.
 
 (e) The device engine (one persistent kernel per rank, ``engine="device"``) against the graphed
 loopback, last as well: see gpu_device.py for its rows and targets (issue 34).  (f) The device
 engine's kernel under other tunings (blocks a rank, vectors a thread) against its own: see
 gpu_tuning.py.
 
-Targets (issue 24): loopback with graphs <= 10 us per round at N = 8, C = 64, 1 MiB, and at N = 8,
-64 MiB C = 64 with graphs <= 1.3x the paper's C = 7 with graphs; a StragglAR round with graphs on
+Targets (issue 24), besides the loopback's: a StragglAR round with graphs on
 4 NCCL ranks, 4 KiB, <= 1.5x the bare pair; DDP with ``chunks="auto"`` no slower than the paper's
 chunks and ``policy="auto"`` with nobody late <= 1.03x the default hook.  Without a GPU it prints
 one line "no GPU: ..." and exits 0.  ``--quick`` runs the loopback at N = 8 only, up to 64 MiB, the
@@ -45,165 +40,29 @@ import json
 import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from gpu_device import device_executor, device_table
-from gpu_inputs import PERIOD, DDPConfig, P2PConfig, Wrong, slowest, total, value
+from gpu_inputs import DDPConfig, P2PConfig, size_text, slowest
+from gpu_loopback import loopback, loopback_table
 from gpu_tuning import device_tuning, tuning_table
 from options import as_command, json_output, note, whole
 from results import save
 
 from stragglar.measure.gpus import gpu_count
 from stragglar.measure.launch import LaunchError, launch
-from stragglar.runtime import allreduce_local
 from stragglar.synth import synthesize
-from stragglar.verify import Proof, prove
+from stragglar.verify import prove
 
 SIZES = (4 << 10, 1 << 20, 64 << 20, 256 << 20)  # bytes per rank
 QUICK_SIZES = (4 << 10, 1 << 20, 64 << 20)
-ROUND_TARGET_US = 10.0  # graphs, N = 8, C = 64, 1 MiB
-CHUNKED_TARGET = 1.3  # graphs, N = 8, 64 MiB: C = 64 over C = 7
 ROUND_PAIR_TARGET = 1.5  # 4 NCCL ranks, 4 KiB: a StragglAR round with graphs over a bare send/recv pair
 DDP_VARIANTS = ("default hook", "stragglar (paper)", "stragglar (chunks auto)", "auto")
 AUTO_TARGET = 1.03  # DDP, nobody late: auto over the default hook
 RANKS = 4
-
-
-@dataclass(frozen=True)
-class LoopbackRow:
-    n: int
-    chunks: int
-    size_bytes: int
-    rounds: int
-    eager_ms: float
-    graph_ms: float
-    eager_round_us: float
-    graph_round_us: float
-    floor_ms: float
-
-
-def fill(xp: Any, bufs: list[Any]) -> None:
-    """Every rank's input (:func:`gpu_ranks.value`), made on the device: NumPy's exact payloads
-    (``stragglar.measure.data``) would be made on the host, seconds per rank at 256 MiB."""
-    base = xp.arange(bufs[0].shape[0], dtype=xp.float32) % PERIOD
-    for rank, buf in enumerate(bufs):
-        buf[...] = value(base, rank, len(bufs))
-
-
-def verify(xp: Any, bufs: list[Any], what: str) -> None:
-    want = total(xp.arange(bufs[0].shape[0], dtype=xp.float32) % PERIOD, len(bufs))
-    for rank, buf in enumerate(bufs):
-        if not bool(xp.array_equal(buf, want)):
-            wrong = int((buf != want).sum())
-            raise Wrong(f"{what}: rank {rank} has {wrong} wrong elements of {buf.shape[0]}")
-
-
-def median_ms(
-    xp: Any, sync: Callable[[], None], bufs: list[Any], call: Callable[[], object], iters: int, what: str
-) -> float:
-    """The median over ``iters`` calls (after one untimed call), each on fresh data and checked."""
-    times = []
-    for i in range(iters + 1):
-        fill(xp, bufs)
-        sync()
-        start = time.perf_counter()
-        call()
-        sync()
-        if i:
-            times.append(time.perf_counter() - start)
-        verify(xp, bufs, what)
-    return statistics.median(times) * 1e3
-
-
-def copy_floor_ms(xp: Any, sync: Callable[[], None], count: int, iters: int) -> float:
-    """The median time of one device copy of ``count`` float32 elements."""
-    source, target = xp.zeros(count, dtype=xp.float32), xp.empty(count, dtype=xp.float32)
-    times = []
-    for _ in range(iters + 1):
-        sync()
-        start = time.perf_counter()
-        xp.copyto(target, source)
-        sync()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times[1:]) * 1e3
-
-
-def loopback_row(xp: Any, sync: Callable[[], None], proof: Proof, size_bytes: int, iters: int) -> LoopbackRow:
-    n, c = proof.num_ranks, proof.num_chunks
-    count = size_bytes // 4
-    bufs = [xp.empty(count, dtype=xp.float32) for _ in range(n)]
-    what = f"N={n} C={c} {size_bytes} B"
-    eager = median_ms(xp, sync, bufs, lambda: allreduce_local(bufs, proof, graphs=False), iters, what)
-    graph = median_ms(xp, sync, bufs, lambda: allreduce_local(bufs, proof), iters, what)
-    floor = copy_floor_ms(xp, sync, n * count, iters)
-    rounds = proof.num_rounds
-    return LoopbackRow(
-        n, c, size_bytes, rounds, eager, graph, eager * 1e3 / rounds, graph * 1e3 / rounds, floor
-    )
-
-
-def loopback(
-    xp: Any,
-    sync: Callable[[], None],
-    ns: tuple[int, ...],
-    sizes: tuple[int, ...],
-    iters: int,
-    progress: Callable[[str], None],
-) -> list[LoopbackRow]:
-    rows = []
-    for n in ns:
-        for chunks in (n - 1, 8 * n):
-            proof = prove(synthesize("stragglar", n, chunks=chunks))
-            for size in sizes:
-                rows.append(loopback_row(xp, sync, proof, size, iters))
-                progress(f"loopback N={n} C={chunks} {size >> 10} KiB done")
-    return rows
-
-
-def loopback_table(rows: list[LoopbackRow]) -> str:
-    lines = [
-        "| N | C | size | rounds | eager (ms) | graph (ms) | eager/round (us) | graph/round (us) "
-        "| copy floor (ms) | eager/graph |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r.n} | {r.chunks} | {_size(r.size_bytes)} | {r.rounds} | {r.eager_ms:.3f} "
-            f"| {r.graph_ms:.3f} | {r.eager_round_us:.1f} | {r.graph_round_us:.1f} | {r.floor_ms:.3f} "
-            f"| {r.eager_ms / r.graph_ms:.1f}x |"
-        )
-    targets = loopback_targets(rows)
-    return "\n".join([*lines, "", *targets] if targets else lines)
-
-
-def loopback_targets(rows: list[LoopbackRow]) -> list[str]:
-    """The issue's two loopback targets, where the rows include their settings."""
-    out = []
-    at = {(r.n, r.chunks, r.size_bytes): r for r in rows}
-    small = at.get((8, 64, 1 << 20))
-    if small is not None:
-        verdict = "met" if small.graph_round_us <= ROUND_TARGET_US else "MISSED"
-        out.append(
-            f"graphs at N=8 C=64 1 MiB: {small.graph_round_us:.1f} us per round "
-            f"(target <= {ROUND_TARGET_US:g} us: {verdict})"
-        )
-    chunked, paper = at.get((8, 64, 64 << 20)), at.get((8, 7, 64 << 20))
-    if chunked is not None and paper is not None:
-        ratio = chunked.graph_ms / paper.graph_ms
-        verdict = "met" if ratio <= CHUNKED_TARGET else "MISSED"
-        out.append(
-            f"graphs at N=8 64 MiB: C=64 takes {ratio:.2f}x the paper's C=7 "
-            f"(target <= {CHUNKED_TARGET:g}x: {verdict})"
-        )
-    return out
-
-
-def _size(size_bytes: int) -> str:
-    return f"{size_bytes >> 20} MiB" if size_bytes >= 1 << 20 else f"{size_bytes >> 10} KiB"
 
 
 def p2p(cfg: P2PConfig, world: int, gpus: int) -> dict[str, float]:
@@ -236,10 +95,10 @@ def p2p_table(times: dict[str, float], world: int) -> str:
             best_round = per_round if best_round is None else min(best_round, per_round)
         shown = f"{per_round:.1f}" if per_round is not None else ""
         lines.append(
-            f"| {_size(int(size))} | {float(delay) * 1e3:g} | {variant} | {seconds * 1e3:.3f} | {shown} |"
+            f"| {size_text(int(size))} | {float(delay) * 1e3:g} | {variant} | {seconds * 1e3:.3f} | {shown} |"
         )
     if "pair" in times:
-        lines.append(f"\nbare send/recv pair, {_size(min(_sizes(times)))}: {pair * 1e6:.1f} us")
+        lines.append(f"\nbare send/recv pair, {size_text(min(_sizes(times)))}: {pair * 1e6:.1f} us")
     if best_round is not None and pair > 0:
         ratio = best_round / (pair * 1e6)  # both in microseconds
         verdict = "met" if ratio <= ROUND_PAIR_TARGET else "MISSED"

@@ -57,3 +57,8 @@ def slowest(per_rank: Sequence[dict[str, list[float]]]) -> dict[str, float]:
         calls = [r[name] for r in per_rank if r[name]]
         out[name] = statistics.median(max(c) for c in zip(*calls, strict=True)) if calls else 0.0
     return out
+
+
+def size_text(size_bytes: int) -> str:
+    """A buffer's size as the tables show it: whole MiB, else whole KiB."""
+    return f"{size_bytes >> 20} MiB" if size_bytes >= 1 << 20 else f"{size_bytes >> 10} KiB"

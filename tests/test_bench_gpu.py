@@ -34,28 +34,28 @@ def test_without_a_gpu_it_says_so_in_one_line_and_exits_0() -> None:
 
 
 def test_the_loopback_part_times_eager_and_graph_calls_and_checks_each(cuda: FakeCuda) -> None:
-    import bench_gpu
+    import gpu_loopback
 
-    rows = bench_gpu.loopback(sys.modules["cupy"], lambda: None, (4,), (4 << 10,), iters=2, progress=print)
+    rows = gpu_loopback.loopback(sys.modules["cupy"], lambda: None, (4,), (4 << 10,), iters=2, progress=print)
     assert [(r.n, r.chunks, r.size_bytes) for r in rows] == [(4, 3, 4096), (4, 32, 4096)]
     assert all(r.eager_ms > 0 and r.graph_ms > 0 and r.rounds > 0 for r in rows)
     # 2 ranges x 2 schedules: captured on the first graph call (the eager calls compiled the
     # kernels) and replayed in each of the 3 graph calls
     assert cuda.captures == 4 and cuda.replays == 2 * 2 * 3
-    table = bench_gpu.loopback_table(rows)
+    table = gpu_loopback.loopback_table(rows)
     assert "| 4 | 32 | 4 KiB |" in table and table.count("\n") == 3
 
 
 def test_a_wrong_result_stops_the_benchmark(cuda: FakeCuda) -> None:
-    import bench_gpu
+    import gpu_loopback
 
     bufs = [np.zeros(10, np.float32) for _ in range(3)]
-    bench_gpu.fill(np, bufs)
+    gpu_loopback.fill(np, bufs)
     bufs[1][7] += 1  # as if a round had lost or misplaced a piece
     from gpu_inputs import Wrong
 
     with pytest.raises(Wrong, match="rank 0 has 10 wrong elements of 10"):
-        bench_gpu.verify(np, bufs, "N=3")
+        gpu_loopback.verify(np, bufs, "N=3")
 
 
 def test_the_rank_parts_run_on_gloo_and_check_every_call(monkeypatch: pytest.MonkeyPatch) -> None:
