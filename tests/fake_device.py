@@ -1,9 +1,9 @@
 """The device executor's CUDA source compiled for the host, and a CuPy stand-in that runs it.
 
 The kernel's memory-model primitives become GCC atomics (acquire loads, release stores, a
-compare-and-swap claim), its clock the host's steady clock, and each thread block a host thread
-of one thread (so a block barrier is nothing); a rank's launch runs its blocks' threads and joins
-them.  The stand-in (:func:`installed`) gives ``allreduce_local(..., engine="device")`` what it
+compare-and-swap claim), its clock the host's steady clock, and each thread of a block a host
+thread, with a real barrier per block (one thread a block where a test asks for no more, as the
+stand-in does); a rank's launch runs its blocks' threads and joins them.  The stand-in (:func:`installed`) gives ``allreduce_local(..., engine="device")`` what it
 asks of CuPy: streams whose launches run in threads of their own (so the ranks' kernels run at
 once and spin on each other's flags, as on a GPU), device arrays in host memory, and a device
 whose attributes the test chooses (how many blocks it holds at once)."""
@@ -41,12 +41,18 @@ from stragglar.runtime.kernels import SUMS
 
 HOST_PRELUDE = r"""
 #define STRAGGLAR_HOST
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 #define __global__
 #define __device__
-#define __shared__
+// Each host thread's own: the kernel's one shared variable, the call number, is read by thread 0
+// alone past the barrier that follows its store.
+#define __shared__ static thread_local
 struct Index { unsigned x, y, z; };
 struct alignas(16) uint4 { unsigned x, y, z, w; };
 static thread_local Index blockIdx, blockDim, gridDim, threadIdx;
@@ -68,8 +74,36 @@ static unsigned long long now_ns() {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(
         std::chrono::steady_clock::now().time_since_epoch()).count();
 }
-static void block_barrier() {}
-static bool block_any(int value) { return value != 0; }
+// A block's threads: a barrier (a generation count under a lock) and the word block_any ORs into.
+struct Block {
+    std::mutex lock;
+    std::condition_variable turned;
+    unsigned size, waiting = 0, generation = 0;
+    std::atomic<int> any{0};
+    explicit Block(unsigned threads) : size(threads) {}
+    void barrier() {
+        std::unique_lock<std::mutex> held(lock);
+        const unsigned mine = generation;
+        if (++waiting == size) {
+            waiting = 0;
+            ++generation;
+            turned.notify_all();
+        } else {
+            turned.wait(held, [&] { return generation != mine; });
+        }
+    }
+};
+static thread_local Block* this_block;
+static void block_barrier() { this_block->barrier(); }
+static bool block_any(int value) {
+    if (value) this_block->any.store(1);
+    this_block->barrier();
+    const bool seen = this_block->any.load() != 0;
+    this_block->barrier();  // every thread has read it before it is cleared for the next
+    if (threadIdx.x == 0) this_block->any.store(0);
+    this_block->barrier();
+    return seen;
+}
 static void spin_pause() { std::this_thread::yield(); }
 #define UNROLLED
 """
@@ -77,14 +111,21 @@ _HOST_LAUNCH = """
 extern "C" void {entry}(const long long* rows, int row_count, int rank, long long count, int num_chunks,
                         long long slot_size, const unsigned long long* buffers,
                         const unsigned long long* inboxes, const unsigned long long* flags,
-                        unsigned long long* words, long long timeout_ns, int system, unsigned blocks) {{
+                        unsigned long long* words, long long timeout_ns, int system, unsigned blocks,
+                        unsigned block_threads) {{
+    std::vector<std::unique_ptr<Block>> held;
     std::vector<std::thread> threads;
-    for (unsigned b = 0; b < blocks; ++b)
-        threads.emplace_back([=] {{
-            gridDim.x = blocks; blockDim.x = 1; blockIdx.x = b; threadIdx.x = 0;
-            {name}(rows, row_count, rank, count, num_chunks, slot_size, buffers, inboxes, flags, words,
-                   timeout_ns, system);
-        }});
+    for (unsigned b = 0; b < blocks; ++b) {{
+        held.emplace_back(new Block(block_threads));
+        Block* block = held.back().get();
+        for (unsigned t = 0; t < block_threads; ++t)
+            threads.emplace_back([=] {{
+                this_block = block;
+                gridDim.x = blocks; blockDim.x = block_threads; blockIdx.x = b; threadIdx.x = t;
+                {name}(rows, row_count, rank, count, num_chunks, slot_size, buffers, inboxes, flags,
+                       words, timeout_ns, system);
+            }});
+    }}
     for (auto& t : threads) t.join();
 }}
 """
@@ -101,6 +142,7 @@ ARGTYPES = [
     ctypes.c_void_p,
     ctypes.c_longlong,
     ctypes.c_int,
+    ctypes.c_uint,
     ctypes.c_uint,
 ]
 
@@ -141,8 +183,9 @@ def pointer(array: np.ndarray) -> int:
 
 class HostRun:
     """A program's inboxes, flags and every rank's words in host memory, run by host threads: one
-    per rank (a Python thread; ctypes lets go of the interpreter lock) and one per block.  It
-    counts the calls as the host does, and checks that every rank that ran counted each one."""
+    per rank (a Python thread; ctypes lets go of the interpreter lock) and ``threads`` per block,
+    with a real barrier among them.  It counts the calls as the host does, and checks that every
+    rank that ran counted each one."""
 
     def __init__(
         self,
@@ -152,9 +195,10 @@ class HostRun:
         dtype: str,
         blocks: int,
         vectors: int = OWN_TUNING.vectors,
+        threads: int = 1,
     ) -> None:
         self.entry = getattr(library, entry_name(dtype, vectors))
-        self.program, self.count, self.blocks = program, count, blocks
+        self.program, self.count, self.blocks, self.threads = program, count, blocks, threads
         self.slot_size = slot_size(count, program.num_chunks, dtype)
         word = SUMS[dtype][1]
         self.inboxes = [np.zeros(max(s * self.slot_size, 1), dtype=word) for s in program.inbox_slots]
@@ -181,6 +225,7 @@ class HostRun:
             int(timeout_s * 1e9),
             1,
             self.blocks,
+            self.threads,
         )
 
     def call(
@@ -259,6 +304,7 @@ class FakeCuda:
             malloc=self._noted(self.malloc),
             free=self._noted(self.allocations.pop),
             memset=lambda address, value, nbytes: ctypes.memset(address, value, nbytes),
+            deviceSynchronize=self._noted(lambda: None),  # the memset above is done when it returns
             ipcCloseMemHandle=self._noted(self.closed.append),
             getDeviceProperties=lambda device: self.attributes,
             getDeviceCount=lambda: 1,
@@ -512,7 +558,7 @@ def fake_cupy(cuda: FakeCuda, library: ctypes.CDLL) -> types.ModuleType:
                 cuda.launches.append((int(own[int(args[2])]), time.perf_counter()))
                 cuda.system.append(bool(args[-1]))
                 cuda.shapes.append((name_expressions[0], grid[0]))
-                entry(*values, grid[0])
+                entry(*values, grid[0], 1)  # one thread a block: the kernel tests run more
 
             stream.launch(run)
 

@@ -90,12 +90,13 @@ def run_on_host(
     calls: int = 1,
     offsets: bool = False,
     vectors: int = OWN_TUNING.vectors,
+    threads: int = 1,
 ) -> list[np.ndarray]:
     """The program run ``calls`` times on fresh copies of ``data`` (the same inboxes and flags,
     never reset); the last call's buffers, as words.  ``offsets``: rank r's buffer starts r % 3
     elements into its memory, so that two ranks' chunks sit at different offsets within 16 bytes;
-    ``vectors``: the kernel's 16-byte vectors a thread at once."""
-    run = HostRun(host, program, data[0].shape[0], dtype, blocks, vectors)
+    ``vectors``: the kernel's 16-byte vectors a thread at once; ``threads``: a block's."""
+    run = HostRun(host, program, data[0].shape[0], dtype, blocks, vectors, threads)
     buffers: list[np.ndarray] = []
     for _ in range(calls):
         buffers = [_placed(words(d, dtype), r % 3 if offsets else 0) for r, d in enumerate(data)]
@@ -123,12 +124,13 @@ def same(
     direct: bool = False,
     offsets: bool = False,
     vectors: int = OWN_TUNING.vectors,
+    threads: int = 1,
 ) -> None:
     data = inputs(schedule.num_ranks, count, dtype, seed=count + schedule.num_ranks)
     want = interpreted(schedule, data, dtype)
     program = lower(compile_schedule(schedule), direct)
     check(program)
-    got = run_on_host(host, program, data, dtype, blocks, calls, offsets, vectors)
+    got = run_on_host(host, program, data, dtype, blocks, calls, offsets, vectors, threads)
     for rank, (w, g) in enumerate(zip(want, got, strict=True)):
         assert w.tobytes() == g.tobytes(), (
             schedule.algorithm,
@@ -186,6 +188,27 @@ def test_sixteen_byte_moves_and_the_elements_around_them(
         direct=direct,
         offsets=offsets,
         vectors=vectors,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_a_block_s_threads_keep_the_rows_order_where_buffers_sit_at_other_offsets(
+    host: ctypes.CDLL, dtype: str
+) -> None:
+    """Several threads a block: a landing from the inbox moves 16-byte vectors, a push of the same
+    chunk to a peer's buffer at another offset within 16 bytes moves single elements, which go to
+    other threads.  Without a barrier between the two rows a thread sent elements another had not
+    landed yet: on a GPU, most ranks ended with wrong sums (and so did this test, 4 threads a
+    block, before the kernel had that barrier)."""
+    same(
+        synthesize("stragglar", 8, chunks=16),
+        host,
+        dtype,
+        16 * 1001 + 3,
+        blocks=2,
+        direct=True,
+        offsets=True,
+        threads=4,
     )
 
 

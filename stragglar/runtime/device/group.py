@@ -105,6 +105,10 @@ class DeviceRank:
         flag_bytes = program.flags * mine * 8
         flags = _allocation(runtime, flag_bytes)
         runtime.memset(flags, 0, flag_bytes)
+        # cudaMemset is queued on the legacy stream, which this state's non-blocking stream does
+        # not follow; a peer's kernel may signal into these flags once the handles below are out,
+        # and a zeroing that ran after its signal would wipe it (the wait then times out)
+        runtime.deviceSynchronize()
         opened: list[int] = []  # the peers' memory this rank opens, closed when the state goes
         self.stream = cupy.cuda.Stream(non_blocking=True)
         weakref.finalize(self, _release, cupy, device_id, self.stream, opened, (inbox, flags))
@@ -176,8 +180,10 @@ class DeviceRank:
         if self.rank == late_rank and straggler_delay > 0:
             time.sleep(straggler_delay)
         arrived = time.perf_counter()
-        self.stream.wait_event(self.cupy.cuda.get_current_stream().record())
+        # the buffers' array first: a new one is copied on the current stream, which the kernel's
+        # stream then waits for (after the event, the kernel could read it before it lands)
         pointers = (self._own_buffer(buffer), self.inbox_pointers, self.flag_pointers, self.words)
+        self.stream.wait_event(self.cupy.cuda.get_current_stream().record())
         args = kernel_args(  # a peer may be on another GPU: flags at the system's scope
             self.program, self.rank, self.rows, self.count, self.slot_size, pointers, timeout_s, True
         )

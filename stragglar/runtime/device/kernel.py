@@ -8,7 +8,8 @@ inboxes and flags, and for the direct rows their buffers (``buffers``, every ran
 launch that cannot reach a peer's buffer gives 0 there and runs a program without direct rows).
 A ``signal`` is a block barrier (every thread's puts and reads are done) and a release store by
 thread 0 into the peer's flag of this block; a ``wait`` is thread 0 spinning on an acquire load,
-then a block barrier.  Every spin is bounded: past ``timeout_ns`` of the device's clock the block
+then a block barrier; two data rows in a row have a block barrier between them (their
+elements may go to the block's threads differently).  Every spin is bounded: past ``timeout_ns`` of the device's clock the block
 claims the rank's error word for this call and writes where it stood (its row, the round, the
 peer it waited for, the value it wanted and the one it saw); the rank's other blocks see the
 claimed word and stop; the host turns the word into a
@@ -26,7 +27,8 @@ The memory-model primitives are the only CUDA-specific code (PTX acquire/release
 scope where every rank is on one GPU, at the system's where peers may be on others; the global
 timer, atomic claims and counts, the block barriers); compiled for the host with
 ``STRAGGLAR_HOST`` defined, a prelude maps them to GCC atomics and threads (one host thread per
-block, one thread a block), which is how the tests run this very source without a GPU.
+thread of a block, a real barrier per block), which is how the tests run this very source without
+a GPU.
 """
 
 from __future__ import annotations
@@ -194,11 +196,13 @@ __global__ void run_program(const long long* rows, int row_count, int rank, long
     if (threadIdx.x == 0) this_call = load_relaxed(progress) + 1;  // counted by the last call's last block
     block_barrier();
     const unsigned long long call = this_call;
+    bool moved = false;  // a data row since the block's last barrier
     for (int i = 0; i < row_count; ++i) {
         const long long* row = rows + 8 * i;
         const long long op = row[0], peer = row[2], chunk = row[3], slot = row[4];
         if (op == SIGNAL) {
             block_barrier();  // every thread's puts are done before thread 0 releases them
+            moved = false;
             if (threadIdx.x == 0) {
                 unsigned long long* flag = reinterpret_cast<unsigned long long*>(flags[peer]);
                 const unsigned long long value = call * (unsigned long long)row[7] + row[6];
@@ -230,8 +234,16 @@ __global__ void run_program(const long long* rows, int row_count, int rank, long
             // A barrier: after the acquire every thread may read what it made visible; and every
             // thread leaves the rows together when thread 0 gave up.
             if (block_any(gave_up)) break;
+            moved = false;
             continue;
         }
+        // Two data rows in a row may give a chunk's elements to the block's threads differently
+        // (16-byte vectors where both sides share an offset within 16 bytes, single elements where
+        // not: a landing from the inbox, then a push to a peer's buffer at another offset), so a
+        // thread could read an element another has not written yet: the barrier makes the rows'
+        // order every thread's order, as the prover takes it to be.
+        if (moved) block_barrier();
+        moved = true;
         const long long size = base + (chunk < extra ? 1 : 0);
         const long long start = chunk * base + (chunk < extra ? chunk : extra);
         const long long lo = size * block / blocks, hi = size * (block + 1) / blocks;
