@@ -3,10 +3,11 @@
 The kernel's memory-model primitives become GCC atomics (acquire loads, release stores, a
 compare-and-swap claim), its clock the host's steady clock, and each thread of a block a host
 thread, with a real barrier per block (one thread a block where a test asks for no more, as the
-stand-in does); a rank's launch runs its blocks' threads and joins them.  The stand-in (:func:`installed`) gives ``allreduce_local(..., engine="device")`` what it
-asks of CuPy: streams whose launches run in threads of their own (so the ranks' kernels run at
-once and spin on each other's flags, as on a GPU), device arrays in host memory, and a device
-whose attributes the test chooses (how many blocks it holds at once)."""
+stand-in does); a rank's launch runs its blocks' threads and joins them. The stand-in
+(:func:`installed`) gives ``allreduce_local(..., engine="device")`` what it asks of CuPy: streams
+whose launches run in threads of their own (so the ranks' kernels run at once and spin on each
+other's flags, as on a GPU), device arrays in host memory, and a device whose attributes the test
+chooses (how many blocks it holds at once)."""
 
 from __future__ import annotations
 

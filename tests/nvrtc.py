@@ -13,7 +13,11 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Assembled", "Compiled", "NvrtcError", "assemble", "compile_ptx", "library", "ptxas"]
+__all__ = ["CUPY_ADDS", "Assembled", "Compiled", "NvrtcError", "assemble", "compile_ptx", "library", "ptxas"]
+
+# What CuPy appends to every NVRTC compile's options (cupy/cuda/compiler.py), after the caller's:
+# so a kernel is compiled here as it will be on the GPU's machine.
+CUPY_ADDS = ("-ftz=true",)
 
 
 class NvrtcError(Exception):

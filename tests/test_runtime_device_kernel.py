@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 from fake_device import H200, HostRun, host_or_skip
-from nvrtc import assemble, compile_ptx, library, ptxas
+from nvrtc import CUPY_ADDS, assemble, compile_ptx, library, ptxas
 
 from stragglar.runtime.device.kernel import OWN_TUNING, SOURCE, THREADS, VECTORS, kernel_name
 from stragglar.runtime.device.loopback import resident_blocks
@@ -264,7 +265,7 @@ def test_the_source_compiles_for_a_gpu_with_nvrtc() -> None:
     if nvrtc is None:
         pytest.skip("needs the nvidia-cuda-nvrtc wheel")
     names = [kernel_name(dtype, vectors) for dtype in DTYPES for vectors in VECTORS]
-    result = compile_ptx(nvrtc, SOURCE, names, ["--std=c++14", "-arch=compute_90"])
+    result = compile_ptx(nvrtc, SOURCE, names, ["--std=c++14", "-arch=compute_90", *CUPY_ADDS])
     assert set(result.lowered) == set(names) and all(result.lowered.values())
     for instruction in (
         "ld.acquire.sys.u64",
@@ -277,6 +278,8 @@ def test_the_source_compiles_for_a_gpu_with_nvrtc() -> None:
         "bar.red.or",
     ):
         assert instruction in result.ptx, instruction
+    adds = re.findall(r"\badd(?:\.[a-z0-9]+)*\.f32\b", result.ptx)
+    assert adds and not [a for a in adds if ".ftz" in a], adds  # CuPy's -ftz=true flushes no sum
 
 
 def test_a_thread_issues_all_its_vectors_loads_before_its_first_store() -> None:
@@ -288,7 +291,7 @@ def test_a_thread_issues_all_its_vectors_loads_before_its_first_store() -> None:
         pytest.skip("needs the nvidia-cuda-nvrtc wheel")
     for vectors in VECTORS:
         name = kernel_name("float32", vectors)
-        ptx = compile_ptx(nvrtc, SOURCE, [name], ["--std=c++14", "-arch=compute_90"]).ptx
+        ptx = compile_ptx(nvrtc, SOURCE, [name], ["--std=c++14", "-arch=compute_90", *CUPY_ADDS]).ptx
         moves = [
             line.split()[0][:5] for line in ptx.splitlines() if line.strip().startswith(("ld.v4", "st.v4"))
         ]
@@ -305,7 +308,7 @@ def test_every_kernel_fits_a_block_of_threads_on_hopper_without_spilling(tmp_pat
     if nvrtc is None or assembler is None:
         pytest.skip("needs the nvidia-cuda-nvrtc and nvidia-cuda-nvcc wheels")
     names = [kernel_name(dtype, vectors) for dtype in DTYPES for vectors in VECTORS]
-    compiled = compile_ptx(nvrtc, SOURCE, names, ["--std=c++14", "-arch=compute_90"])
+    compiled = compile_ptx(nvrtc, SOURCE, names, ["--std=c++14", "-arch=compute_90", *CUPY_ADDS])
     assembled = assemble(assembler, compiled.ptx, "sm_90", tmp_path)
     for name in names:
         kernel = assembled[compiled.lowered[name]]

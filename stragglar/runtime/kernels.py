@@ -11,7 +11,8 @@ add per chunk.
 The gather moves elements as unsigned integers of the dtype's width (it never looks at a value);
 the landing adds in the dtype's own arithmetic, written out here so that it is the interpreter's
 ``buffer += received`` bit for bit: IEEE addition for float32 and float64, wrapping addition for
-the integers, and for float16 and bfloat16 the sum of the two values as float32, rounded to
+the integers (float32's in PTX: CuPy compiles with ``-ftz=true``, which would flush subnormals
+to zero), and for float16 and bfloat16 the sum of the two values as float32, rounded to
 nearest even (what NumPy and ml_dtypes compute; float32 carries more than twice their precision
 plus two bits, so rounding twice equals rounding once, and a native half-precision add gives the
 same bits).  The conversions are plain integer code, so the source needs no CUDA header and the
@@ -51,6 +52,18 @@ MAX_BLOCKS = 8192  # a grid-stride loop covers the rest
 # executor's kernel adds with them too: :mod:`stragglar.runtime.device.kernel`).
 SUM_SOURCE = r"""
 union Bits32 { float value; unsigned int word; };
+
+// CuPy compiles every kernel with -ftz=true, under which a float add flushes subnormal operands
+// and sums to zero; NumPy's (the interpreter's) does not, so each float add is IEEE's, in PTX.
+__device__ float ieee_add(float a, float b) {
+#ifdef __CUDA_ARCH__
+    float sum;
+    asm("add.rn.f32 %0, %1, %2;" : "=f"(sum) : "f"(a), "f"(b));
+    return sum;
+#else
+    return a + b;
+#endif
+}
 
 __device__ float float_of_half(unsigned short h) {
     Bits32 b;
@@ -95,7 +108,9 @@ __device__ unsigned short bfloat_of_float(float value) {
 
 struct HalfSum {
     typedef unsigned short Word;
-    __device__ static Word add(Word a, Word b) { return half_of_float(float_of_half(a) + float_of_half(b)); }
+    __device__ static Word add(Word a, Word b) {
+        return half_of_float(ieee_add(float_of_half(a), float_of_half(b)));
+    }
 };
 
 struct BfloatSum {
@@ -104,7 +119,7 @@ struct BfloatSum {
         Bits32 x, y;
         x.word = (unsigned int)a << 16;
         y.word = (unsigned int)b << 16;
-        return bfloat_of_float(x.value + y.value);
+        return bfloat_of_float(ieee_add(x.value, y.value));
     }
 };
 
@@ -114,7 +129,7 @@ struct FloatSum {
         Bits32 x, y;
         x.word = a;
         y.word = b;
-        x.value = x.value + y.value;
+        x.value = ieee_add(x.value, y.value);
         return x.word;
     }
 };
@@ -125,7 +140,7 @@ struct DoubleSum {
         union { double value; Word word; } x, y;
         x.word = a;
         y.word = b;
-        x.value = x.value + y.value;
+        x.value = x.value + y.value;  // -ftz=true leaves doubles alone
         return x.word;
     }
 };

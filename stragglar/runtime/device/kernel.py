@@ -3,17 +3,17 @@
 Every thread block walks all of its rank's rows (:mod:`~stragglar.runtime.device.table`) over its
 own part of each chunk: the ``b``-th of ``B`` near-equal parts, the same on every rank, so a
 block's puts and pushes, the flags it raises and the slots and chunks it lands concern its part
-only, and the blocks of a rank never wait for each other.  Peers are reached by pointer: their
+only, and the blocks of a rank never wait for each other. Peers are reached by pointer: their
 inboxes and flags, and for the direct rows their buffers (``buffers``, every rank's address; a
-launch that cannot reach a peer's buffer gives 0 there and runs a program without direct rows).
-A ``signal`` is a block barrier (every thread's puts and reads are done) and a release store by
+launch that cannot reach a peer's buffer gives 0 there and runs a program without direct rows). A
+``signal`` is a block barrier (every thread's puts and reads are done) and a release store by
 thread 0 into the peer's flag of this block; a ``wait`` is thread 0 spinning on an acquire load,
-then a block barrier; two data rows in a row have a block barrier between them (their
-elements may go to the block's threads differently).  Every spin is bounded: past ``timeout_ns`` of the device's clock the block
-claims the rank's error word for this call and writes where it stood (its row, the round, the
-peer it waited for, the value it wanted and the one it saw); the rank's other blocks see the
-claimed word and stop; the host turns the word into a
-:class:`~stragglar.runtime.failures.RankError`.  Sums use the loopback's sum types
+then a block barrier; two data rows in a row have a block barrier between them (their elements may
+go to the block's threads differently). Every spin is bounded: past ``timeout_ns`` of the device's
+clock the block claims the rank's error word for this call and writes where it stood (its row, the
+round, the peer it waited for, the value it wanted and the one it saw); the rank's other blocks see
+the claimed word and stop; the host turns the word into a
+:class:`~stragglar.runtime.failures.RankError`. Sums use the loopback's sum types
 (:data:`~stragglar.runtime.kernels.SUM_SOURCE`), ``buffer += received`` in the dtype's own
 arithmetic, so the results are the interpreter's bits.
 
