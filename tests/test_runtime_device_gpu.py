@@ -1,6 +1,7 @@
 """On a real GPU (skipped without CuPy and a CUDA device): the device engine, one persistent
 kernel per rank, bit for bit against the reference interpreter on NumPy for every dtype CuPy has,
-N = 3..16, chunked schedules with direct and with staged transfers, call after call; punctual
+N = 3..16, chunked schedules with direct and with staged transfers, call after call, buffers at
+other offsets of one allocation, float32 subnormals; punctual
 calls replayed from a CUDA graph; every tuning of the kernel (blocks, vectors) the same bits; the
 late rank launched late; a rank whose kernel is never launched reported as a RankError naming it.
 On CPU the same kernel source runs compiled for the host (test_runtime_device_kernel.py,
@@ -70,6 +71,42 @@ def test_the_device_engine_is_exact_on_the_gpu(dtype: str, n: int) -> None:
 def test_chunked_schedules_with_a_late_rank(n: int, chunks: int, staged: bool | None) -> None:
     """Direct transfers where safe (the default) and every transfer staged, a MiB of float32."""
     same_as_interpreter(n, chunks, "float32", 1 << 20, delay=0.01, staged=staged)
+
+
+def test_buffers_at_other_offsets_of_one_allocation_are_exact() -> None:
+    """Every rank's buffer a view of one allocation, at r % 3 elements past a 16-byte boundary
+    (as ``big.chunk(n)`` gives): a landing moves 16-byte vectors and the next push of the chunk,
+    to a peer's buffer at another offset, single elements on other threads; without a barrier
+    between the two rows, ranks sent sums they had not finished."""
+    n, count = 8, 100_001
+    proof = prove(synthesize("stragglar", n, chunks=64))
+    host = draws(n, count, "float32", seed=5)
+    want = [h.copy() for h in host]
+    allreduce_local(want, proof)
+    stride = count + 8
+    whole = cupy.zeros(n * stride, dtype="float32")
+    views = [whole[r * stride + r % 3 : r * stride + r % 3 + count] for r in range(n)]
+    for view, values in zip(views, host, strict=True):
+        view[...] = cupy.asarray(values)
+    allreduce_local(views, proof, engine="device")
+    for rank, (w, d) in enumerate(zip(want, views, strict=True)):
+        assert w.tobytes() == cupy.asnumpy(d).tobytes(), rank
+
+
+def test_float32_subnormals_are_added_as_numpy_adds_them() -> None:
+    """CuPy compiles kernels with -ftz=true: a plain float add flushed subnormal operands and
+    sums to zero, where NumPy, the reference, keeps them."""
+    n, count = 5, 4099
+    proof = prove(synthesize("stragglar", n))
+    rng = np.random.default_rng(7)
+    host = [(rng.standard_normal(count) * 1e-39).astype("float32") for _ in range(n)]
+    assert all((np.abs(h) < np.finfo("float32").tiny).any() for h in host)  # subnormals among them
+    want = [h.copy() for h in host]
+    allreduce_local(want, proof)
+    device = [cupy.asarray(h) for h in host]
+    allreduce_local(device, proof, engine="device")
+    for rank, (w, d) in enumerate(zip(want, device, strict=True)):
+        assert w.tobytes() == cupy.asnumpy(d).tobytes(), rank
 
 
 @pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "eager"])

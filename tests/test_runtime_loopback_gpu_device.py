@@ -70,6 +70,19 @@ def test_the_loopback_is_exact_on_the_gpu(dtype: str, n: int, chunks: int | None
         assert all(a.tobytes() == b.tobytes() for a, b in zip(want, got, strict=True)), call
 
 
+def test_float32_subnormals_are_added_as_numpy_adds_them() -> None:
+    """CuPy compiles kernels with -ftz=true: a plain float add flushed subnormal operands and
+    sums to zero, where NumPy, the reference, keeps them."""
+    proof = prove(synthesize("stragglar", 5))
+    rng = np.random.default_rng(7)
+    data = [(rng.standard_normal(4099) * 1e-39).astype("float32") for _ in range(5)]
+    assert all((np.abs(a) < np.finfo("float32").tiny).any() for a in data)  # subnormals among them
+    buffers = [cupy.asarray(a) for a in data]
+    allreduce_local(buffers, proof)
+    want = reference(data, proof)
+    assert all(a.tobytes() == b.get().tobytes() for a, b in zip(want, buffers, strict=True))
+
+
 def test_a_late_rank_and_a_large_buffer_are_exact_on_the_gpu() -> None:
     proof = prove(synthesize("stragglar", 8, chunks=64))
     for call in range(3):
