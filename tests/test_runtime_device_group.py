@@ -13,6 +13,7 @@ import ctypes
 import gc
 import threading
 import time
+import types
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -644,3 +645,65 @@ def test_async_op_applies_to_the_device_engine_only(cuda: FakeCuda) -> None:
     proof = prove(synthesize("ring", 2))
     with pytest.raises(InputError, match=r"^async_op applies to engine 'device'"):
         allreduce(np.zeros(4), proof, async_op=True)
+
+
+def test_a_new_buffer_s_address_is_on_the_device_before_the_kernel_s_stream_waits(
+    cuda: FakeCuda, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call on a buffer at a new address copies the buffers' array on the current stream; the
+    kernel's stream waits for an event recorded there.  The event was recorded before the copy,
+    so the kernel could read the array before it landed (an old address, or garbage)."""
+    said: dict[int, list[str]] = {}  # by rank thread
+    made = group.DeviceRank._own_buffer
+
+    def own_buffer(self: Any, buffer: int) -> Any:
+        said.setdefault(threading.get_ident(), []).append("array")
+        return made(self, buffer)
+
+    current = cuda.get_current_stream
+
+    def get_current_stream() -> Any:
+        stream = current()
+        record = stream.record
+
+        def recorded() -> Any:
+            said.setdefault(threading.get_ident(), []).append("event")
+            return record()
+
+        return types.SimpleNamespace(record=recorded)
+
+    monkeypatch.setattr(group.DeviceRank, "_own_buffer", own_buffer)
+    monkeypatch.setattr(cuda, "get_current_stream", get_current_stream)
+    schedule = synthesize("stragglar", 3)
+    gather = AllGather(3)
+    for call in range(2):  # new buffers each call: new addresses
+        results = ranks_run(schedule, fresh(3, 61, "float32", seed=call), gather)
+        assert not [r for r in results if isinstance(r, Exception)], results
+    assert sum(map(len, said.values())) == 2 * 6, said  # 3 ranks, 2 calls
+    assert all(steps == ["array", "event"] * (len(steps) // 2) for steps in said.values()), said
+
+
+def test_the_flags_are_zero_before_their_handles_go_to_the_peers(
+    cuda: FakeCuda, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """cudaMemset is queued on the legacy stream, which the rank's non-blocking stream does not
+    follow: a zeroing still queued when a peer's kernel signals into the flags would wipe the
+    signal.  The device is synchronized after it, before the handles are gathered."""
+    said: dict[int, list[str]] = {}
+
+    def noted(word: str, call: Callable[..., Any]) -> Callable[..., Any]:
+        def note(*args: Any) -> Any:
+            said.setdefault(threading.get_ident(), []).append(word)
+            return call(*args)
+
+        return note
+
+    monkeypatch.setattr(cuda.runtime, "memset", noted("zero", cuda.runtime.memset))
+    monkeypatch.setattr(
+        cuda.runtime, "deviceSynchronize", noted("synchronize", cuda.runtime.deviceSynchronize)
+    )
+    gather = AllGather(3)
+    monkeypatch.setattr(gather, "of", lambda rank, of=gather.of: noted("gather", of(rank)))
+    results = ranks_run(synthesize("stragglar", 3), fresh(3, 61, "float32", seed=0), gather)
+    assert not [r for r in results if isinstance(r, Exception)], results
+    assert sorted(steps[:3] for steps in said.values()) == [["zero", "synchronize", "gather"]] * 3, said
