@@ -94,9 +94,12 @@ struct Block {
         }
     }
 };
-static thread_local Block* this_block;
-static void block_barrier() { this_block->barrier(); }
+static thread_local Block* this_block;  // none: a block of one thread (the race detector's driver)
+static void block_barrier() {
+    if (this_block) this_block->barrier();
+}
 static bool block_any(int value) {
+    if (!this_block) return value != 0;
     if (value) this_block->any.store(1);
     this_block->barrier();
     const bool seen = this_block->any.load() != 0;
@@ -435,6 +438,11 @@ class FakeEvent:
         recorded = stream.record()
         self.work, self.capture, self.source = recorded.work, recorded.capture, recorded.source
 
+    @property
+    def done(self) -> bool:
+        """Whether the work it waits for has ended (CuPy's ``Event.done``)."""
+        return not any(thread.is_alive() for thread in self.work)
+
 
 class FakeGraph:
     """Launches captured from a stream and the streams it forked to: each a branch whose launches
@@ -602,11 +610,15 @@ def installed(
     cuda: FakeCuda | None = None,
 ) -> Iterator[FakeCuda]:
     """The stand-in in ``sys.modules["cupy"]``, with empty caches of device loopbacks, ranks and
-    registrations, and the driver's allocation lookup answered from the stand-in's allocations
-    (``cuda``: a stand-in of the caller's making, else one of a device with ``attributes``)."""
-    from stragglar.runtime.device import group, ipc, loopback, shared
+    registrations, no blocks held on any GPU, and the driver's allocation lookup answered from
+    the stand-in's allocations (``cuda``: a stand-in of the caller's making, else one of a device
+    with ``attributes``)."""
+    from stragglar.runtime.device import group, ipc, loopback, residency, shared
 
     fake = FakeCuda(dict(H200 if attributes is None else attributes)) if cuda is None else cuda
+    resident = residency.Residency()  # no test's holds in another's
+    monkeypatch.setattr(group, "RESIDENT", resident)
+    monkeypatch.setattr(loopback, "RESIDENT", resident)
     surface = Surface()
     monkeypatch.setitem(sys.modules, "cupy", watched(fake_cupy(fake, library), surface))
     monkeypatch.setattr(loopback, "_loopbacks", type(loopback._loopbacks)())

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 from cupy_surface import bare
-from fake_device import FakeCuda, host_or_skip, installed
+from fake_device import H200, FakeCuda, host_or_skip, installed
 from test_runtime_cupy_nccl import run_ranks
 from unused_comm import UnusedComm
 
@@ -707,3 +707,63 @@ def test_the_flags_are_zero_before_their_handles_go_to_the_peers(
     results = ranks_run(synthesize("stragglar", 3), fresh(3, 61, "float32", seed=0), gather)
     assert not [r for r in results if isinstance(r, Exception)], results
     assert sorted(steps[:3] for steps in said.values()) == [["zero", "synchronize", "gather"]] * 3, said
+
+
+@pytest.fixture
+def small(monkeypatch: pytest.MonkeyPatch, host: ctypes.CDLL) -> Iterator[FakeCuda]:
+    """GPUs of 4 multiprocessors, each holding 3 blocks of the kernel: 12 at once."""
+    yield from installed(monkeypatch, host, {**H200, "multiProcessorCount": 4})
+
+
+def test_async_calls_past_a_gpu_s_room_wait_for_the_kernels_before_them_not_for_their_waits(
+    small: FakeCuda, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each rank on a GPU of its own that holds 12 blocks of the kernel, each call 3 of them: a
+    rank launches five calls (on registered buffers: a state each, its setup checked at a first
+    step), then waits for them, the late rank 0.1 s late to each.  A punctual rank's fifth launch
+    has no room until its first kernel has ended, which it does once the late rank launched its
+    first, without its wait (which comes after the launches; a hold kept until then never let the
+    fifth launch go): every sum exact, and no GPU ever held more than it runs at once, the
+    punctual ranks' all it runs."""
+    from stragglar.runtime.device import residency
+
+    cuda, resident = small, residency.Residency()
+    monkeypatch.setattr(group, "RESIDENT", resident)
+    most: dict[int, int] = {}
+    hold = resident.hold
+
+    def counted(device: int, blocks: int, *args: Any) -> residency.Held:
+        held = hold(device, blocks, *args)
+        most[device] = max(most.get(device, 0), resident.held(device))
+        return held
+
+    monkeypatch.setattr(resident, "hold", counted)
+    n, calls, count = 4, 5, 6000
+    proof = prove(synthesize("stragglar", n))
+    inputs = [values(n, count, "float32", c) for c in range(calls)]
+    mine = [[cuda.buffer(inputs[c][r]) for c in range(calls)] for r in range(n)]
+    for r in range(n):
+        for buffer in mine[r]:
+            buffer.gpu = r
+
+    def rank(r: int, g: Any, other: Any) -> list[bytes]:
+        registrations = [register_buffer(buffer, g, timeout=10) for buffer in mine[r]]  # a state each
+        for _ in range(2):  # the first step checks each setup (a gather each launch), the second not
+            for c, buffer in enumerate(mine[r]):
+                buffer[...] = inputs[c][r]
+            works = [
+                allreduce(buffer, proof, g, 0.1, timeout=10, lockstep=True, engine="device", async_op=True)
+                for buffer in mine[r]
+            ]
+            for work in works:
+                work.wait(other)
+        for registration in registrations:
+            registration.close()
+        return [np.array(buffer).tobytes() for buffer in mine[r]]
+
+    results = run_ranks_on_two_groups(n, rank)
+    assert not [x for x in results if isinstance(x, Exception)], results
+    for c in range(calls):
+        assert [got[c] for got in results] == summed(proof, inputs[c]), c
+    late = proof.schedule.late_rank  # its kernels end soon after it launches each, 0.1 s late
+    assert most == {r: 12 if r != late else most[late] for r in range(n)} and most[late] <= 12, most

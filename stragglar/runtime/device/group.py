@@ -22,7 +22,10 @@ returned.
 A call comes in two halves (:class:`DeviceCall`): the launch, and the wait with its gather
 (:class:`DeviceWork`).  A caller may launch calls on several buffers before it waits for the
 first (``async_op``), so that each one's hidden phase runs while the late rank is away; a state
-is its call's until that call's gather, so a second launch on it before then is refused.
+is its call's until that call's gather, so a second launch on it before then is refused.  A
+launch holds its kernel's blocks on the GPU until the kernel ends
+(:mod:`~stragglar.runtime.device.residency`): one that would not fit beside the kernels still
+running waits for them, so that every kernel launched can be resident whole.
 
 Every rank of a group makes the same calls (the header check sees to it), so the ranks make and
 drop their states together, least recently used first; a dropped state closes the peers' memory
@@ -55,6 +58,7 @@ from stragglar.runtime.device.kernel import (
     slot_size,
 )
 from stragglar.runtime.device.loopback import blocks_for, call_failure, resident_blocks
+from stragglar.runtime.device.residency import RESIDENT, Held
 from stragglar.runtime.device.shared import Registration
 from stragglar.runtime.device.table import DeviceProgram
 from stragglar.runtime.kernels import SUMS
@@ -94,6 +98,8 @@ class DeviceRank:
         properties = cupy.cuda.runtime.getDeviceProperties(device_id)
         resident = resident_blocks(properties, self.kernel.num_regs, self.kernel.shared_size_bytes, THREADS)
         mine = blocks_for(program, count, resident, OWN_TUNING.max_blocks)  # the engine's own tuning
+        self.device_id, self.resident = device_id, resident
+        self.holding = Held(0)  # the blocks of the last call's kernel (residency.py)
         self.slot_size = slot_size(count, program.num_chunks, dtype)
         self.rows = cupy.asarray(np.ascontiguousarray(program.rows[rank]))
         runtime = cupy.cuda.runtime
@@ -187,8 +193,16 @@ class DeviceRank:
         args = kernel_args(  # a peer may be on another GPU: flags at the system's scope
             self.program, self.rank, self.rows, self.count, self.slot_size, pointers, timeout_s, True
         )
-        with self.stream:
-            self.kernel((self.blocks,), (THREADS,), args)
+        held = self.holding = RESIDENT.hold(self.device_id, self.blocks, self.resident, timeout_s, self.rank)
+        try:
+            with self.stream:
+                self.kernel((self.blocks,), (THREADS,), args)
+            ended = self.cupy.cuda.Event(disable_timing=True)
+            ended.record(self.stream)
+        except BaseException:
+            RESIDENT.release(self.device_id, held)
+            raise
+        held.ended = lambda: bool(ended.done)  # the blocks are free once the kernel has ended
         self.counted = True
         self.in_flight = Launched(self.call, start, arrived)
         return self.in_flight
@@ -201,7 +215,10 @@ class DeviceRank:
         if self.in_flight is not launched:
             raise InputError("this device call was waited for already")
         try:
-            self.stream.synchronize()
+            try:
+                self.stream.synchronize()
+            finally:  # the kernel has ended (each of its waits is bounded): its blocks are free
+                RESIDENT.release(self.device_id, self.holding)
             done = time.perf_counter()
             own = self.words.get().reshape(-1, RANK_WORDS)[self.rank]
             gathered = gather([int(w) for w in own])

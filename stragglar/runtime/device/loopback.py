@@ -43,6 +43,7 @@ from stragglar.runtime.device.kernel import (
     recount,
     slot_size,
 )
+from stragglar.runtime.device.residency import RESIDENT
 from stragglar.runtime.device.table import DeviceProgram
 from stragglar.runtime.failures import RankError, failure_phrase
 from stragglar.runtime.graphs import Replayer, StreamGraphs
@@ -122,6 +123,7 @@ class DeviceLoopback:
             THREADS,
         )
         self.blocks = blocks_for(program, count, resident, tuning.max_blocks)
+        self.device_id, self.resident = device_id, resident
         self.count = count
         self.slot_size = slot_size(count, program.num_chunks, dtype)
         word = SUMS[dtype][1]
@@ -199,25 +201,31 @@ class DeviceLoopback:
         the late rank's ``straggler_delay`` s after the others; a punctual call from a CUDA graph
         after the first unless ``graphs`` is False."""
         self.start(buffers)
-        start = arrived = time.perf_counter()
+        held = RESIDENT.hold(
+            self.device_id, self.blocks * len(buffers), self.resident, WAIT_TIMEOUT_S + straggler_delay
+        )
         try:
-            if straggler_delay == 0:
-                self.replayer.graphs = graphs
-                self.replayer("punctual", self.punctual)
-            else:
-                timeout = WAIT_TIMEOUT_S + straggler_delay
-                self.launch([r for r in range(len(buffers)) if r != late_rank], timeout)
-                try:
-                    arrived = sleep_until(start + straggler_delay)
-                finally:  # interrupted too: the call then ends at once, not at its timeout
-                    self.launch([late_rank], timeout)
-                self.join()
-        except BaseException:
-            self.join()  # no kernel a call launched outlives it (a wait gives up within its timeout)
+            start = arrived = time.perf_counter()
+            try:
+                if straggler_delay == 0:
+                    self.replayer.graphs = graphs
+                    self.replayer("punctual", self.punctual)
+                else:
+                    timeout = WAIT_TIMEOUT_S + straggler_delay
+                    self.launch([r for r in range(len(buffers)) if r != late_rank], timeout)
+                    try:
+                        arrived = sleep_until(start + straggler_delay)
+                    finally:  # interrupted too: the call then ends at once, not at its timeout
+                        self.launch([late_rank], timeout)
+                    self.join()
+            except BaseException:
+                self.join()  # no kernel a call launched outlives it (a wait gives up within its timeout)
+                self.origin.synchronize()
+                raise
+            self.counted = True
             self.origin.synchronize()
-            raise
-        self.counted = True
-        self.origin.synchronize()
+        finally:  # every kernel of the call has ended: its blocks are free
+            RESIDENT.release(self.device_id, held)
         done = time.perf_counter()
         failure = call_failure(self.program, self.words.get().reshape(-1, RANK_WORDS), self.call)
         if failure is not None:
