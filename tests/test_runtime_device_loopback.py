@@ -236,6 +236,15 @@ def test_a_launch_the_device_cannot_hold_at_once_is_refused_before_it_runs(
     assert len(fake.launches) == 3
 
 
+def test_more_ranks_than_a_gpu_runs_kernels_at_once_are_refused_before_launch(cuda: FakeCuda) -> None:
+    """A GPU runs at most 128 kernels at once: the 129th rank's would wait for a slot that the
+    spinning others never give up."""
+    data = buffers(129, 129, "float32", seed=1)
+    with pytest.raises(InputError, match=r"runs at most 128 kernels at once, not 129$"):
+        allreduce_local(data, prove(synthesize("ring", 129)), engine="device")
+    assert not cuda.launches
+
+
 def test_a_program_the_prover_refuses_is_never_launched(
     cuda: FakeCuda, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -62,6 +62,9 @@ __all__ = [
 ]
 
 WAIT_TIMEOUT_S = 30.0  # how long a device wait spins, beyond the late rank's delay, before it gives up
+# CUDA runs at most 128 kernels at once on a device (compute capability 7.0 and later): past that,
+# ranks' kernels would queue behind ranks that spin waiting for them
+MAX_KERNELS = 128
 _DEFAULT_BLOCKS_PER_SM = 16  # where a device does not say how many blocks a multiprocessor holds
 
 
@@ -108,6 +111,11 @@ class DeviceLoopback:
         system: bool,
         tuning: Tuning = OWN_TUNING,
     ) -> None:
+        if program.num_ranks > MAX_KERNELS:
+            raise InputError(
+                f"the device engine runs every rank's kernel at once on one GPU, which runs at most "
+                f"{MAX_KERNELS} kernels at once, not {program.num_ranks}"
+            )
         self.cupy = cupy
         self.program = program
         self.system = system  # flags at the system's scope, as across GPUs (every rank is on one here)
