@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, Protocol
@@ -69,7 +70,9 @@ class LateRankProbe:
         self._wait: float | None = None  # this rank's wait at the last step whose gather completed
         self._timings: list[tuple[str, int, int, Stopwatch]] = []
         self._lock = threading.Lock()  # the worker's threads record while the caller may step
-        self._pending: tuple[Any, list[torch.Tensor], float] | None = None
+        # the posted gather: its Future (of when it completed), its outputs, when it was posted,
+        # and weak references to what else of Python's gloo's thread holds (its row, its callback)
+        self._pending: tuple[Any, list[torch.Tensor], float, tuple[weakref.ref[Any], ...]] | None = None
 
     def record(self, algorithm: str, size_bytes: int, chunks: int, watch: Stopwatch) -> None:
         """Note how long a bucket took to reduce with ``algorithm`` in ``chunks`` chunks (0: its
@@ -81,14 +84,19 @@ class LateRankProbe:
         """Call once per step, first thing; True when an earlier step's figures arrived."""
         arrived = False
         if self._pending is not None:
-            done, gathered, posted = self._pending
+            done, gathered, posted, _ = self._pending
             self._wait = done.wait() - posted
             arrived = self._read([t.tolist() for t in gathered])
         gathered = [torch.zeros(ROW, dtype=torch.float64) for _ in range(self.world_size)]
         row = torch.tensor(self._row(), dtype=torch.float64)
+
+        def completed(_: Any) -> float:
+            return time.perf_counter()
+
         posted = time.perf_counter()
         work = dist.all_gather(gathered, row, group=self.group, async_op=True)
-        self._pending = (work.get_future().then(lambda _: time.perf_counter()), gathered, posted)
+        held = (weakref.ref(row), weakref.ref(completed))  # from here on, gloo's thread holds them
+        self._pending = (work.get_future().then(completed), gathered, posted, held)
         return arrived
 
     @property
@@ -97,13 +105,28 @@ class LateRankProbe:
         return self._pending is not None
 
     def close(self, wait: float) -> None:
-        """Let the last posted gather complete, up to ``wait`` seconds, and drop it.  Training ends
-        with one in flight (each step's is read a step later), and gloo aborts the process when a
-        group is destroyed with work in flight; every rank posted it already, so it completes at
-        once unless a peer died."""
-        if self._pending is not None:
-            poll(self._pending[0].done, wait)
-            self._pending = None
+        """Let the last posted gather complete, up to ``wait`` seconds, and drop it once gloo's
+        thread has let go of it.  Training ends with one in flight (each step's is read a step
+        later), and gloo aborts the process when a group is destroyed with work in flight; every
+        rank posted it already, so it completes at once unless a peer died.
+
+        The Future completes before gloo's thread is done with the gather: after it, that thread
+        still lets go of the callback and of the gather's tensors, taking the GIL for each.  Run
+        as the interpreter exits (a script that never destroys its groups:
+        :mod:`stragglar.runtime.teardown`), a thread still waiting for the GIL when finalization
+        begins is ended inside a C++ destructor, and the process aborts ("terminate called
+        without an active exception").  So this also waits, within the same ``wait``, until those
+        objects are gone (weak references tell); the Future goes last, so gloo's thread never
+        frees it either."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        done, gathered, _, held = pending
+        held += tuple(weakref.ref(tensor) for tensor in gathered)
+        del pending, gathered  # this rank's own references: gloo's thread holds what stays
+        begun = time.monotonic()
+        if poll(done.done, wait):
+            poll(lambda: all(ref() is None for ref in held), max(0.0, wait - (time.monotonic() - begun)))
 
     def _row(self) -> list[float]:
         with self._lock:
