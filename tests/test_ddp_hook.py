@@ -243,6 +243,31 @@ def test_auto_uses_the_engine_when_nobody_is_late_enough(network: Network | None
         assert all(r["samples"] > 0 and r["decisions"][0] == (1, "allreduce", None, None) for r in results)
 
 
+def closing_engine_rank(rank: int, n: int) -> tuple[int, bool, bool, bool]:
+    """Three steps on the engine's all_reduce (auto, nobody late), then ``close``: the last step's
+    works, whether each is complete, whether gloo's thread let go of each callback, and whether
+    the works are still held (they end with the state, in this thread)."""
+    state = StragglarState(policy="auto", network=SLOW, timeout=20)
+    plain, hooked = twins(state)
+    for i in range(3):
+        step(rank, i, plain, hooked)
+    calls = list(state.resources.engine_calls)
+    state.close()
+    return (
+        len(calls),
+        all(work.is_completed() for work, _ in calls),
+        all(callback() is None for _, callback in calls),
+        state.resources.engine_calls == calls,
+    )
+
+
+def test_close_waits_until_gloo_s_thread_let_go_of_the_engine_s_last_all_reduces() -> None:
+    """At exit (a script that never destroys its groups) a gloo thread still waiting for the GIL to
+    let go of an all_reduce's callback, or of its work, aborted the process now and then."""
+    for count, completed, released, kept in launch(closing_engine_rank, 2, timeout=60):
+        assert count == 3 and completed and released and kept  # small_model's three buckets
+
+
 def dying_rank(rank: int, n: int, kwargs: dict[str, Any], silent: bool) -> None:
     state = StragglarState(timeout=1.5, **kwargs)
     plain, hooked = twins(state)

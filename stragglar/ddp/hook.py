@@ -34,7 +34,7 @@ from stragglar.model.policy import (
     choose,
     chunk_count,
 )
-from stragglar.runtime import MismatchError, RankError, heartbeat, release_graphs
+from stragglar.runtime import MismatchError, RankError, heartbeat, poll, release_graphs
 from stragglar.runtime.teardown import before_destroy
 from stragglar.runtime.torch_dist import gather_headers
 from stragglar.synth import synthesize
@@ -278,6 +278,7 @@ class StragglarState:
         learned = self.learned
         learned.steps += 1
         self.resources.steps_run += 1
+        self.resources.engine_calls.clear()  # the last step's: DDP has waited for them
         heartbeat()
         auto = self.policy == "auto"
         if not self.probes or world_size < 2:
@@ -447,6 +448,7 @@ class StragglarState:
         engine: torch.futures.Future[list[torch.Tensor]] = work.get_future()
         if buffer.is_cuda:  # ordered on CUDA streams; NCCL's watchdog bounds it (deadlines.py)
             return engine.then(averaged)
+        self.resources.engine_calls.append((work, weakref.ref(averaged)))  # see Resources
         rank, seconds = dist.get_rank(), self.timeout + self.straggler_delay  # global: no schedule's
         outcome = deadlines.bounded(engine, averaged, seconds, lambda: _silent_engine(rank, seconds))
         return outcome.then(_value)  # a failed Future reaches DDP as an error (_value)
@@ -472,7 +474,9 @@ class StragglarState:
         """End what the hook holds on this rank, in order: its worker threads (after the buckets
         handed to them), the CUDA graphs of its rounds (NCCL will not destroy a group that a live
         graph holds), the device engine's registrations of its buckets, the probe's last gather
-        (gloo aborts the process when a group goes with work in flight) and the trace file.
+        (gloo aborts the process when a group goes with work in flight), the engine's last
+        all_reduces on the host (until gloo's thread has let go of their callbacks:
+        :class:`~stragglar.ddp.state_parts.Resources`) and the trace file.
 
         It runs by itself when ``torch.distributed.destroy_process_group()`` destroys the groups
         (:mod:`stragglar.runtime.teardown`), so a script that ends as PyTorch's documentation
@@ -488,6 +492,8 @@ class StragglarState:
             connection.reduce.close()
         if resources.probe is not None:
             resources.probe.close(CLOSE_WAIT)
+        calls = resources.engine_calls  # kept: their works end in this thread, when the state does
+        poll(lambda: all(work.is_completed() and callback() is None for work, callback in calls), CLOSE_WAIT)
         trace, resources.trace = resources.trace, None
         if trace is not None:
             trace.close()

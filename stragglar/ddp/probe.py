@@ -71,8 +71,10 @@ class LateRankProbe:
         self._timings: list[tuple[str, int, int, Stopwatch]] = []
         self._lock = threading.Lock()  # the worker's threads record while the caller may step
         # the posted gather: its Future (of when it completed), its outputs, when it was posted,
-        # and weak references to what else of Python's gloo's thread holds (its row, its callback)
-        self._pending: tuple[Any, list[torch.Tensor], float, tuple[weakref.ref[Any], ...]] | None = None
+        # a weak reference to its callback (gloo's thread lets go of it), and gloo's work (held,
+        # so that the work and its tensors end in a thread of Python's: see close)
+        self._pending: tuple[Any, list[torch.Tensor], float, weakref.ref[Any], Any] | None = None
+        self._closed: Any = None  # the last gather's work, once closed: it ends with the probe
 
     def record(self, algorithm: str, size_bytes: int, chunks: int, watch: Stopwatch) -> None:
         """Note how long a bucket took to reduce with ``algorithm`` in ``chunks`` chunks (0: its
@@ -84,7 +86,7 @@ class LateRankProbe:
         """Call once per step, first thing; True when an earlier step's figures arrived."""
         arrived = False
         if self._pending is not None:
-            done, gathered, posted, _ = self._pending
+            done, gathered, posted, _, _ = self._pending
             self._wait = done.wait() - posted
             arrived = self._read([t.tolist() for t in gathered])
         gathered = [torch.zeros(ROW, dtype=torch.float64) for _ in range(self.world_size)]
@@ -95,8 +97,8 @@ class LateRankProbe:
 
         posted = time.perf_counter()
         work = dist.all_gather(gathered, row, group=self.group, async_op=True)
-        held = (weakref.ref(row), weakref.ref(completed))  # from here on, gloo's thread holds them
-        self._pending = (work.get_future().then(completed), gathered, posted, held)
+        callback = weakref.ref(completed)  # from here on, only gloo's thread holds it
+        self._pending = (work.get_future().then(completed), gathered, posted, callback, work)
         return arrived
 
     @property
@@ -111,22 +113,22 @@ class LateRankProbe:
         rank posted it already, so it completes at once unless a peer died.
 
         The Future completes before gloo's thread is done with the gather: after it, that thread
-        still lets go of the callback and of the gather's tensors, taking the GIL for each.  Run
-        as the interpreter exits (a script that never destroys its groups:
+        still lets go of the callback, and of its work (the gather's tensors, its copy of the
+        caller's thread-local state: Python objects), taking the GIL for each.  Run as the
+        interpreter exits (a script that never destroys its groups:
         :mod:`stragglar.runtime.teardown`), a thread still waiting for the GIL when finalization
         begins is ended inside a C++ destructor, and the process aborts ("terminate called
-        without an active exception").  So this also waits, within the same ``wait``, until those
-        objects are gone (weak references tell); the Future goes last, so gloo's thread never
-        frees it either."""
+        without an active exception").  So this also waits, within the same ``wait``, until the
+        callback is gone (a weak reference tells), and keeps the work until the probe goes, so
+        that gloo's thread never ends it."""
         pending, self._pending = self._pending, None
         if pending is None:
             return
-        done, gathered, _, held = pending
-        held += tuple(weakref.ref(tensor) for tensor in gathered)
-        del pending, gathered  # this rank's own references: gloo's thread holds what stays
+        done, _, _, callback, self._closed = pending
+        del pending  # the callback's last reference is gloo's thread's
         begun = time.monotonic()
         if poll(done.done, wait):
-            poll(lambda: all(ref() is None for ref in held), max(0.0, wait - (time.monotonic() - begun)))
+            poll(lambda: callback() is None, max(0.0, wait - (time.monotonic() - begun)))
 
     def _row(self) -> list[float]:
         with self._lock:

@@ -9,7 +9,9 @@ decides from are all in :class:`Learned`, and nothing there needs a process grou
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -68,11 +70,19 @@ class Resources:
     of arrivals (made at the first step that needs it), the :class:`Connection`, the trace writer
     (rank 0, with ``record``), the watch of the engine's last all_reduce (the next one counts
     from its end), and the steps this process has run (a resumed state's ``steps`` counts those of
-    the run before, whose buckets and settings this process has not seen)."""
+    the run before, whose buckets and settings this process has not seen).
+
+    ``engine_calls``: this step's all_reduces of the engine on the host, each gloo's work and a
+    weak reference to its callback.  gloo's thread completes a work's Future, then lets go of the
+    callback and of the work (whose copy of the caller's thread-local state is a Python object),
+    taking the GIL for each; at exit, a thread still waiting for it when the interpreter
+    finalizes aborts the process.  Holding the works keeps their end in this thread, and
+    :meth:`~stragglar.ddp.StragglarState.close` waits until the callbacks are gone."""
 
     proofs: dict[ProofKey, Proof] = field(default_factory=dict)
     probe: LateRankProbe | None = None
     connection: Connection | None = None
     trace: TraceWriter | None = None
     engine_watch: Watch | None = None
+    engine_calls: list[tuple[Any, weakref.ref[Any]]] = field(default_factory=list)
     steps_run: int = 0
