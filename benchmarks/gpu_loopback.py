@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gpu_device import copy_seconds
 from gpu_inputs import PERIOD, Wrong, size_text, total, value
 
 from stragglar.runtime import allreduce_local
@@ -73,19 +74,6 @@ def median_ms(
     return statistics.median(times) * 1e3
 
 
-def copy_floor_ms(xp: Any, sync: Callable[[], None], count: int, iters: int) -> float:
-    """The median time of one device copy of ``count`` float32 elements."""
-    source, target = xp.zeros(count, dtype=xp.float32), xp.empty(count, dtype=xp.float32)
-    times = []
-    for _ in range(iters + 1):
-        sync()
-        start = time.perf_counter()
-        xp.copyto(target, source)
-        sync()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times[1:]) * 1e3
-
-
 def loopback_row(xp: Any, sync: Callable[[], None], proof: Proof, size_bytes: int, iters: int) -> LoopbackRow:
     n, c = proof.num_ranks, proof.num_chunks
     count = size_bytes // 4
@@ -93,7 +81,7 @@ def loopback_row(xp: Any, sync: Callable[[], None], proof: Proof, size_bytes: in
     what = f"N={n} C={c} {size_bytes} B"
     eager = median_ms(xp, sync, bufs, lambda: allreduce_local(bufs, proof, graphs=False), iters, what)
     graph = median_ms(xp, sync, bufs, lambda: allreduce_local(bufs, proof), iters, what)
-    floor = copy_floor_ms(xp, sync, n * count, iters)
+    floor = copy_seconds(xp, sync, n * count * 4, iters) * 1e3  # every rank's buffer, once
     rounds = proof.num_rounds
     return LoopbackRow(
         n, c, size_bytes, rounds, eager, graph, eager * 1e3 / rounds, graph * 1e3 / rounds, floor
