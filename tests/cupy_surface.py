@@ -66,6 +66,10 @@ RETURNS: dict[str, str] = {
     "cupy.RawModule.get_function": "cupy.RawKernel",
 }
 
+# Attributes CuPy sets on an instance as it is made, which its class does not show: by the class's
+# place (documented in the class's docstring, set in its ``__init__``: cupy/cuda/stream.pyx).
+FIELDS: dict[str, frozenset[str]] = {"cupy.cuda.Stream": frozenset({"ptr", "device_id"})}
+
 # Results that are data, not CuPy objects: passed on unwatched (an array's own members are
 # checked by test_cupy_surface.py against cupy.ndarray's).
 _DATA = (
@@ -345,6 +349,8 @@ class _Watched:
         if path in self._surface.own:
             return inner
         real = getattr(self._real, name, _MISSING)
+        if real is _MISSING and self._instance and name in FIELDS.get(_place(self._real) or "", ()):
+            return inner  # an instance's own field: data
         if real is _MISSING:
             self._surface.breach(f"{_place(self._real) or self._real!r} has no {name!r} (read as {path})")
         if _data(inner):

@@ -307,8 +307,7 @@ class FakeCuda:
             ipcOpenMemHandle=self._noted(self.open),
             malloc=self._noted(self.malloc),
             free=self._noted(self.allocations.pop),
-            memset=lambda address, value, nbytes: ctypes.memset(address, value, nbytes),
-            deviceSynchronize=self._noted(lambda: None),  # the memset above is done when it returns
+            memsetAsync=lambda address, value, nbytes, stream: ctypes.memset(address, value, nbytes),
             ipcCloseMemHandle=self._noted(self.closed.append),
             getDeviceProperties=lambda device: self.attributes,
             getDeviceCount=lambda: 1,
@@ -472,6 +471,7 @@ class FakeStream:
 
     def __init__(self, cuda: FakeCuda) -> None:
         self.cuda = cuda
+        self.ptr = id(self)  # CuPy's handle of the stream, as the runtime's calls take it
         self.work: list[threading.Thread] = []
         self.outer: FakeStream | None = None
         self.capture: FakeGraph | None = None

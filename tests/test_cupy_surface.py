@@ -13,7 +13,17 @@ from typing import Any
 
 import numpy as np
 import pytest
-from cupy_surface import REAL, RETURNS, Surface, bare, kernel_parameters, resolve, signature, watched
+from cupy_surface import (
+    FIELDS,
+    REAL,
+    RETURNS,
+    Surface,
+    bare,
+    kernel_parameters,
+    resolve,
+    signature,
+    watched,
+)
 from fake_cupy import FakeArray
 from fake_device import DeviceArray
 
@@ -154,6 +164,20 @@ def test_every_return_named_is_a_real_callable_s_and_a_real_class() -> None:
     for callable_place, returned in RETURNS.items():
         assert callable(resolve(callable_place)), callable_place
         assert returned == "" or isinstance(resolve(returned), type), returned
+
+
+def test_an_instance_s_own_fields_are_the_ones_cupy_documents_and_only_on_instances() -> None:
+    """``Stream().ptr`` is set as a stream is made, so its class does not show it: the watcher
+    takes such a field from :data:`cupy_surface.FIELDS`, each one the class (or a base) documents
+    as an attribute, and only on an instance."""
+    for place, names in FIELDS.items():
+        real = resolve(place)
+        documented = "".join(cls.__doc__ or "" for cls in real.__mro__)
+        short = place.rsplit(".", 1)[1]
+        assert all(f"~{short}.{name}" in documented for name in names), (place, names)
+    passes(lambda cupy: cupy.cuda.Stream().ptr)
+    assert "'cupy.cuda.Stream' has no 'ptr'" in breach(lambda cupy: cupy.cuda.Stream.ptr)
+    assert "has no 'handle'" in breach(lambda cupy: cupy.cuda.Stream().handle)
 
 
 def test_a_name_a_test_sets_on_the_stand_in_is_its_own() -> None:

@@ -688,7 +688,11 @@ def test_the_flags_are_zero_before_their_handles_go_to_the_peers(
 ) -> None:
     """cudaMemset is queued on the legacy stream, which the rank's non-blocking stream does not
     follow: a zeroing still queued when a peer's kernel signals into the flags would wipe the
-    signal.  The device is synchronized after it, before the handles are gathered."""
+    signal.  The flags are zeroed on the state's stream, which is synchronized (that stream, not
+    the whole device, where the rank's earlier kernels may spin until the late rank comes)
+    before the handles are gathered."""
+    from fake_device import FakeStream
+
     said: dict[int, list[str]] = {}
 
     def noted(word: str, call: Callable[..., Any]) -> Callable[..., Any]:
@@ -698,15 +702,28 @@ def test_the_flags_are_zero_before_their_handles_go_to_the_peers(
 
         return note
 
-    monkeypatch.setattr(cuda.runtime, "memset", noted("zero", cuda.runtime.memset))
-    monkeypatch.setattr(
-        cuda.runtime, "deviceSynchronize", noted("synchronize", cuda.runtime.deviceSynchronize)
-    )
+    zeroed_on: list[int] = []  # the streams the zeroing was queued on
+    zero = cuda.runtime.memsetAsync
+
+    def memset_async(address: int, value: int, nbytes: int, stream: int) -> Any:
+        zeroed_on.append(stream)
+        return noted("zero", zero)(address, value, nbytes, stream)
+
+    synchronized: list[int] = []
+    synchronize = FakeStream.synchronize
+
+    def synchronize_stream(stream: FakeStream) -> Any:
+        synchronized.append(stream.ptr)
+        return noted("synchronize", synchronize)(stream)
+
+    monkeypatch.setattr(cuda.runtime, "memsetAsync", memset_async)
+    monkeypatch.setattr(FakeStream, "synchronize", synchronize_stream)
     gather = AllGather(3)
     monkeypatch.setattr(gather, "of", lambda rank, of=gather.of: noted("gather", of(rank)))
     results = ranks_run(synthesize("stragglar", 3), fresh(3, 61, "float32", seed=0), gather)
     assert not [r for r in results if isinstance(r, Exception)], results
     assert sorted(steps[:3] for steps in said.values()) == [["zero", "synchronize", "gather"]] * 3, said
+    assert len(zeroed_on) == 3 and 0 not in zeroed_on and set(zeroed_on) <= set(synchronized)
 
 
 @pytest.fixture
@@ -734,7 +751,7 @@ def test_async_calls_past_a_gpu_s_room_wait_for_the_kernels_before_them_not_for_
 
     def counted(device: int, blocks: int, *args: Any) -> residency.Held:
         held = hold(device, blocks, *args)
-        most[device] = max(most.get(device, 0), resident.held(device))
+        most[device] = max(most.get(device, 0), int(resident.held(device) * 12))  # in blocks
         return held
 
     monkeypatch.setattr(resident, "hold", counted)

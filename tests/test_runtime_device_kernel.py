@@ -199,8 +199,8 @@ def test_a_block_s_threads_keep_the_rows_order_where_buffers_sit_at_other_offset
     """Several threads a block: a landing from the inbox moves 16-byte vectors, a push of the same
     chunk to a peer's buffer at another offset within 16 bytes moves single elements, which go to
     other threads.  Without a barrier between the two rows a thread sent elements another had not
-    landed yet: on a GPU, most ranks ended with wrong sums (and so did this test, 4 threads a
-    block, before the kernel had that barrier)."""
+    landed yet, and most ranks ended with wrong sums: this test, 4 threads a block, failed so
+    before the kernel had that barrier (found by reading the kernel, not yet run on a GPU)."""
     same(
         synthesize("stragglar", 8, chunks=16),
         host,

@@ -14,10 +14,11 @@ PyTorch offers no callback before a group is destroyed, so the first time stragg
 these, :func:`install` wraps ``torch.distributed.destroy_process_group``: the wrapper first runs
 what was registered for the group being destroyed (:func:`before_destroy`; every group when it is
 given none), each bounded and none able to stop the destroy, and drops this process's CUDA graphs
-on it, then calls torch's own.  A script written the way PyTorch's documentation shows (train,
-then ``destroy_process_group()``, no barrier and no release) so ends cleanly.  One that never
-destroys its groups gets the same work as the interpreter exits, which makes its aborts at exit
-rarer, not gone (the README says how rare); the explicit calls
+on it, then calls torch's own. A script written the way PyTorch's documentation shows (train, then
+``destroy_process_group()``, no barrier and no release) so ends cleanly. One that never destroys
+its groups gets the same work as the interpreter exits, where the hook's own gloo operations are
+kept and waited for until gloo's threads let go of them (a gloo thread that takes the GIL as the
+interpreter finalizes aborts the process: ``StragglarState.close``); the explicit calls
 (:func:`~stragglar.runtime.release_graphs`, ``StragglarState.close()``) stay for a program that
 wants the order in its own hands.
 """

@@ -40,6 +40,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any, TypeVar
 
 import numpy as np
@@ -99,7 +100,7 @@ class DeviceRank:
         resident = resident_blocks(properties, self.kernel.num_regs, self.kernel.shared_size_bytes, THREADS)
         mine = blocks_for(program, count, resident, OWN_TUNING.max_blocks)  # the engine's own tuning
         self.device_id, self.resident = device_id, resident
-        self.holding = Held(0)  # the blocks of the last call's kernel (residency.py)
+        self.holding = Held(Fraction(0))  # the last call's share of the GPU (residency.py)
         self.slot_size = slot_size(count, program.num_chunks, dtype)
         self.rows = cupy.asarray(np.ascontiguousarray(program.rows[rank]))
         runtime = cupy.cuda.runtime
@@ -110,13 +111,14 @@ class DeviceRank:
         inbox = _allocation(runtime, max(program.inbox_slots[rank] * self.slot_size, 1) * itemsize)
         flag_bytes = program.flags * mine * 8
         flags = _allocation(runtime, flag_bytes)
-        runtime.memset(flags, 0, flag_bytes)
-        # cudaMemset is queued on the legacy stream, which this state's non-blocking stream does
-        # not follow; a peer's kernel may signal into these flags once the handles below are out,
-        # and a zeroing that ran after its signal would wipe it (the wait then times out)
-        runtime.deviceSynchronize()
         opened: list[int] = []  # the peers' memory this rank opens, closed when the state goes
         self.stream = cupy.cuda.Stream(non_blocking=True)
+        # zeroed on the state's own stream, and done before the handles below go out: a peer's
+        # kernel may signal into these flags from then on, and a zeroing still queued would wipe
+        # its signal (the wait then times out); the wait is this stream's alone, not the device's,
+        # where the rank's earlier kernels may spin until the late rank comes
+        runtime.memsetAsync(flags, 0, flag_bytes, self.stream.ptr)
+        self.stream.synchronize()
         weakref.finalize(self, _release, cupy, device_id, self.stream, opened, (inbox, flags))
         self.words = cupy.zeros(program.num_ranks * RANK_WORDS, dtype=cupy.uint64)  # this rank's row only
         own = [

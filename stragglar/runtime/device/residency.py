@@ -1,4 +1,4 @@
-"""The blocks of a GPU that this process's device kernels hold at once.
+"""The share of a GPU that this process's device kernels hold at once.
 
 Every block of a rank's kernel spins on its peers' flags, so a call runs only if all of its
 blocks are resident at once, with its peers'.  A call's blocks are sized so that it fits the
@@ -10,6 +10,10 @@ holds its blocks in :data:`RESIDENT` from its launch until its kernel has ended 
 event recorded after it, not through the caller's wait, which may come after the next launch),
 and a launch with no room waits, bounded, for kernels before it to end.
 
+Kernels of other dtypes and tunings take other shares of the device (their registers decide how
+many of their blocks fit), so a hold is the share of the device its blocks take: ``blocks`` of
+the ``resident`` of that kernel it runs at once.  The shares held at once add up to 1 at most.
+
 Only this process's calls are counted.  Ranks in other processes that share the GPU time-slice
 with these (their kernels take turns), as the group's ranks do when several share one GPU.
 """
@@ -20,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from fractions import Fraction
 
 from stragglar.runtime.failures import RankError
 
@@ -30,10 +35,11 @@ POLL_S = 0.001  # how often a launch with no room looks again whether a kernel b
 
 @dataclass(eq=False)
 class Held:
-    """A call's blocks on a GPU: ``ended`` says whether its kernel has ended (None: not launched
-    yet, or only its caller's release ends the hold)."""
+    """A call's share of a GPU (its blocks over the blocks of its kernel the GPU runs at once):
+    ``ended`` says whether its kernel has ended (None: not launched yet, or only its caller's
+    release ends the hold)."""
 
-    blocks: int
+    share: Fraction
     ended: Callable[[], bool] | None = None
 
     def running(self) -> bool:
@@ -41,40 +47,43 @@ class Held:
 
 
 class Residency:
-    """The blocks each GPU's kernels of this process hold, by device number."""
+    """The shares of each GPU its kernels of this process hold, by device number."""
 
     def __init__(self) -> None:
         self._changed = threading.Condition()
         self._held: dict[int, list[Held]] = {}
 
-    def held(self, device: int) -> int:
-        """The blocks held on ``device`` now, by kernels that have not ended."""
+    def held(self, device: int) -> Fraction:
+        """The share of ``device`` held now, by kernels that have not ended."""
         with self._changed:
-            return sum(h.blocks for h in self._running(device))
+            return self._share(device)
 
     def hold(self, device: int, blocks: int, resident: int, timeout: float, rank: int | None = None) -> Held:
-        """Hold ``blocks`` of the ``resident`` blocks ``device`` runs at once for a call (rank
-        ``rank``'s; None: every rank's, in one process), once the kernels before it leave room,
-        waiting at most ``timeout`` seconds: past it, a
+        """Hold ``blocks`` of the ``resident`` blocks of its kernel ``device`` runs at once for a
+        call (rank ``rank``'s; None: every rank's, in one process), once the kernels before it
+        leave room, waiting at most ``timeout`` seconds: past it, a
         :class:`~stragglar.runtime.failures.RankError`.  The caller sets the hold's ``ended`` once
         it has launched, or releases it."""
+        share = Fraction(blocks, resident)
+        if share > 1:
+            raise ValueError(f"a call of {blocks} blocks on a GPU that runs {resident} at once")
         deadline = time.monotonic() + timeout
         with self._changed:
-            while sum(h.blocks for h in self._running(device)) + blocks > resident:
+            while self._share(device) + share > 1:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    held = sum(h.blocks for h in self._running(device))
+                    taken = self._share(device) * resident
                     who = "the call" if rank is None else f"rank {rank}"
                     raise RankError(
                         f"allreduce failed: {who} timed out waiting for room on GPU {device}: the "
-                        f"device calls in flight hold {held} of the {resident} blocks it runs at "
-                        f"once, and this call needs {blocks}",
+                        f"device calls in flight take {float(taken):g} of the {resident} blocks of "
+                        f"this kernel it runs at once, and this call needs {blocks}",
                         rank=rank,
                         reason="timed out",
                         during="waiting for room on the GPU",
                     )
                 self._changed.wait(min(left, POLL_S))  # a kernel's end is seen by polling
-            mine = Held(blocks)
+            mine = Held(share)
             self._held.setdefault(device, []).append(mine)
             return mine
 
@@ -86,11 +95,11 @@ class Residency:
                 holds.remove(held)
             self._changed.notify_all()
 
-    def _running(self, device: int) -> list[Held]:
-        """The holds on ``device`` whose kernels have not ended (the others are let go)."""
+    def _share(self, device: int) -> Fraction:
+        """The share of ``device`` that kernels which have not ended hold (the others are let go)."""
         holds = self._held.setdefault(device, [])
         holds[:] = [h for h in holds if h.running()]
-        return holds
+        return sum((h.share for h in holds), Fraction(0))
 
 
 RESIDENT = Residency()  # this process's
