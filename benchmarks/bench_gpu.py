@@ -337,6 +337,7 @@ def device_name(named: str | None) -> str:
     return str(torch.cuda.get_device_name(0))
 
 
+RUNS_ON_CUPY = ("loopback", "device_executor", "device_tuning")  # in this process: with progress lines
 RUNNERS: dict[str, Callable[[argparse.Namespace, int], Any]] = {
     "p2p": run_p2p,
     "ddp": run_ddp,
@@ -363,11 +364,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--progress",
         action="store_true",
-        help="progress lines on stderr even where it is no terminal (a log)",
+        help="progress lines on stderr even where it is no terminal (a log); the loopback and the "
+        "device engine's parts print them",
     )
     parser.add_argument("--json", type=json_output, metavar="FILE", help="also save the results as JSON")
     args = parser.parse_args(argv)
     args.parts = tuple(dict.fromkeys(args.parts))
+    if args.progress and not set(args.parts) & set(RUNS_ON_CUPY):
+        parser.error(f"--progress applies to the parts {', '.join(RUNS_ON_CUPY)} (the others print none)")
     gpus = gpu_count()  # through NVML: no CUDA context here before the ranks are forked
     if gpus < 1:
         print(f"no GPU: {'torch sees no CUDA device' if importlib.util.find_spec('torch') else 'no torch'}")

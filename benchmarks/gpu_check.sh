@@ -50,7 +50,7 @@ step device-tests 125 python3 -m pytest -q -p no:cacheprovider tests/test_runtim
 step loopback 40 python3 benchmarks/bench_gpu.py --quick --iters 3 --progress --parts loopback --json "$out/gpu.json"
 step device 75 python3 benchmarks/bench_gpu.py --quick --iters 3 --progress --parts device_executor --json "$out/gpu.json"
 step tuning 60 python3 benchmarks/bench_gpu.py --iters 3 --progress --parts device_tuning --json "$out/gpu.json"
-step bench-ranks 130 python3 benchmarks/bench_gpu.py --quick --iters 3 --progress --parts p2p ddp cupy_nccl --json "$out/gpu.json"
+step bench-ranks 130 python3 benchmarks/bench_gpu.py --quick --iters 3 --parts p2p ddp cupy_nccl --json "$out/gpu.json"
 step run-nccl 40 python3 -m stragglar run --backend nccl --gpus 4 --size 16MiB --delay 20ms --chunks 6 --iters 3
 step ddp-device 50 torchrun --nproc-per-node=4 examples/ddp_torchrun.py --late-rank 3 --delay 50ms --steps 8 --policy stragglar --engine device
 step bench-nccl 45 python3 -m stragglar bench --backend nccl --gpus 2,4 --sizes 1MiB --delays 0,20ms --iters 2

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-PERIOD = 4093  # as bench_gpu's loopback: values repeat with a prime period
+PERIOD = 4093  # values repeat with a prime period (the loopback's and the ranks' inputs: value)
 
 
 @dataclass(frozen=True)

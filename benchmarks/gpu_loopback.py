@@ -42,7 +42,7 @@ class LoopbackRow:
 
 
 def fill(xp: Any, bufs: list[Any]) -> None:
-    """Every rank's input (:func:`gpu_ranks.value`), made on the device: NumPy's exact payloads
+    """Every rank's input (:func:`gpu_inputs.value`), made on the device: NumPy's exact payloads
     (``stragglar.measure.data``) would be made on the host, seconds per rank at 256 MiB."""
     base = xp.arange(bufs[0].shape[0], dtype=xp.float32) % PERIOD
     for rank, buf in enumerate(bufs):
@@ -102,7 +102,7 @@ def loopback(
             proof = prove(synthesize("stragglar", n, chunks=chunks))
             for size in sizes:
                 rows.append(loopback_row(xp, sync, proof, size, iters))
-                progress(f"loopback N={n} C={chunks} {size >> 10} KiB done")
+                progress(f"loopback N={n} C={chunks} {size_text(size)} done")
     return rows
 
 

@@ -51,8 +51,9 @@ HOST_PRELUDE = r"""
 #include <vector>
 #define __global__
 #define __device__
-// Each host thread's own: the kernel's one shared variable, the call number, is read by thread 0
-// alone past the barrier that follows its store.
+// Each host thread's own copy, not the block's: the kernel's one shared variable, the call number,
+// is set by thread 0 and used by thread 0 alone (its signals, waits and error words); the other
+// threads' copies stay 0.
 #define __shared__ static thread_local
 struct Index { unsigned x, y, z; };
 struct alignas(16) uint4 { unsigned x, y, z, w; };

@@ -244,13 +244,26 @@ def test_auto_uses_the_engine_when_nobody_is_late_enough(network: Network | None
 
 
 def closing_engine_rank(rank: int, n: int) -> tuple[int, bool, bool, bool]:
-    """Three steps on the engine's all_reduce (auto, nobody late), then ``close``: the last step's
-    works, whether each is complete, whether gloo's thread let go of each callback, and whether
-    the works are still held (they end with the state, in this thread)."""
+    """Three steps on the engine's all_reduce (auto, nobody late to it but rank 1, 0.2 s late at
+    the last), then ``close``.  At the last step rank 0 adds a callback to each all_reduce that
+    keeps gloo's thread 0.3 s on it after DDP has the bucket (a thread descheduled there).
+    Returns the last step's works, whether each is complete, whether gloo's thread let go of
+    each callback by the end of ``close``, and whether the works are still held (they end with
+    the state, in this thread)."""
     state = StragglarState(policy="auto", network=SLOW, timeout=20)
     plain, hooked = twins(state)
+    engine = state._engine
+
+    def slowed(buffer: torch.Tensor, divisor: int, order: Any) -> torch.futures.Future[torch.Tensor]:
+        future = engine(buffer, divisor, order)
+        if rank == 0 and state.learned.steps == 3:  # in flight: rank 1 is late
+            work, _ = state.resources.engine_calls[-1]
+            work.get_future().add_done_callback(lambda _: time.sleep(0.3))
+        return future
+
+    state._engine = slowed  # type: ignore[method-assign]
     for i in range(3):
-        step(rank, i, plain, hooked)
+        step(rank, i, plain, hooked, late(rank, 1, 0.2 if i == 2 else 0.0))
     calls = list(state.resources.engine_calls)
     state.close()
     return (
@@ -263,7 +276,8 @@ def closing_engine_rank(rank: int, n: int) -> tuple[int, bool, bool, bool]:
 
 def test_close_waits_until_gloo_s_thread_let_go_of_the_engine_s_last_all_reduces() -> None:
     """At exit (a script that never destroys its groups) a gloo thread still waiting for the GIL to
-    let go of an all_reduce's callback, or of its work, aborted the process now and then."""
+    let go of an all_reduce's callback, or of its work, aborted the process now and then: close
+    returned with the callbacks still held."""
     for count, completed, released, kept in launch(closing_engine_rank, 2, timeout=60):
         assert count == 3 and completed and released and kept  # small_model's three buckets
 
@@ -378,6 +392,7 @@ def disagreeing_rank(
         ({"detect": 4}, "detect: ranks 0, 2 have 0, rank 1 has 4"),
         ({"engine": "device"}, "engine: ranks 0, 2 have 'rounds', rank 1 has 'device'"),
         ({"straggler_delay": 0.25}, "straggler_delay: ranks 0, 2 have 0.0, rank 1 has 0.25"),
+        ({"graphs": False}, "graphs: ranks 0, 2 have True, rank 1 has False"),
         (
             {"straggler": 0, "chunks": 4},
             "chunks: ranks 0, 2 have None, rank 1 has 4; straggler: ranks 0, 2 have",
@@ -457,9 +472,14 @@ def test_detect_finds_the_persistent_straggler_and_keeps_the_gradients() -> None
         (
             {"network": Network(3e-6, 2**30)},
             InputError,
-            "under policy='stragglar' with chunks=None it prices nothing: give chunks='auto' or leave",
+            "algorithm='stragglar' and chunks=None it prices nothing: give chunks='auto' or leave",
         ),
-        ({"network": Network(3e-6, 2**30), "chunks": 12}, InputError, "with chunks=12 it prices nothing"),
+        ({"network": Network(3e-6, 2**30), "chunks": 12}, InputError, "and chunks=12 it prices nothing"),
+        (
+            {"network": Network(3e-6, 2**30), "algorithm": "ring"},
+            InputError,
+            r"algorithm='ring' and chunks=None it prices nothing: leave it out$",
+        ),
         ({"engine": "kernels"}, InputError, "engine must be one of rounds, device, got 'kernels'"),
         ({"engine": "device", "graphs": False}, InputError, "graphs applies to the rounds engine, not"),
         (
@@ -541,6 +561,7 @@ def test_the_stragglar_policy_cuts_each_bucket_by_the_given_network() -> None:
         None if c == 7 else c for c in (best_chunks(8, 2**20, 0.0, nvlink), best)
     ]
     assert StragglarState(chunks=12, straggler=2).choose(8, 2**20) == Choice("stragglar", 2, 12)
+    assert StragglarState(chunks=12, straggler=2).proof(8, 2, 12).schedule.num_chunks == 12
 
 
 @pytest.mark.parametrize("algorithm", ["ring", "rhd", "direct"])
@@ -549,7 +570,6 @@ def test_the_decisions_name_the_algorithm_that_ran(algorithm: str) -> None:
     state = StragglarState(algorithm=algorithm, straggler=2)
     assert state.choose(8, 2**20) == Choice("stragglar", 2, None)
     assert state.decisions == [(0, algorithm, 2, None)]
-    assert StragglarState(chunks=12, straggler=2).proof(8, 2, 12).schedule.num_chunks == 12
 
 
 def test_the_state_keeps_its_options_what_it_learns_and_what_it_holds_apart() -> None:

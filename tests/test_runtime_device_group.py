@@ -737,15 +737,18 @@ def test_async_calls_past_a_gpu_s_room_wait_for_the_kernels_before_them_not_for_
 ) -> None:
     """Each rank on a GPU of its own that holds 12 blocks of the kernel, each call 3 of them: a
     rank launches five calls (on registered buffers: a state each, its setup checked at a first
-    step), then waits for them, the late rank 0.1 s late to each.  A punctual rank's fifth launch
+    step), then waits for them, the late rank 0.3 s late to each.  A punctual rank's fifth launch
     has no room until its first kernel has ended, which it does once the late rank launched its
     first, without its wait (which comes after the launches; a hold kept until then never let the
     fifth launch go): every sum exact, and no GPU ever held more than it runs at once, the
     punctual ranks' all it runs."""
+    from test_runtime_cupy_nccl import FakeNccl
+
     from stragglar.runtime.device import residency
 
     cuda, resident = small, residency.Residency()
     monkeypatch.setattr(group, "RESIDENT", resident)
+    monkeypatch.setattr(FakeNccl, "patience", 10.0)  # the punctual ranks wait 1.5 s for the late one
     most: dict[int, int] = {}
     hold = resident.hold
 
@@ -769,7 +772,7 @@ def test_async_calls_past_a_gpu_s_room_wait_for_the_kernels_before_them_not_for_
             for c, buffer in enumerate(mine[r]):
                 buffer[...] = inputs[c][r]
             works = [
-                allreduce(buffer, proof, g, 0.1, timeout=10, lockstep=True, engine="device", async_op=True)
+                allreduce(buffer, proof, g, 0.3, timeout=10, lockstep=True, engine="device", async_op=True)
                 for buffer in mine[r]
             ]
             for work in works:
@@ -782,5 +785,5 @@ def test_async_calls_past_a_gpu_s_room_wait_for_the_kernels_before_them_not_for_
     assert not [x for x in results if isinstance(x, Exception)], results
     for c in range(calls):
         assert [got[c] for got in results] == summed(proof, inputs[c]), c
-    late = proof.schedule.late_rank  # its kernels end soon after it launches each, 0.1 s late
+    late = proof.schedule.late_rank  # its kernels end soon after it launches each, 0.3 s late
     assert most == {r: 12 if r != late else most[late] for r in range(n)} and most[late] <= 12, most

@@ -13,7 +13,7 @@ settings on DDP's group, once, and every rank raises the same one-line
 
 >>> mine = {"policy": "auto", "algorithm": "stragglar", "asynchronous": True, "engine": "rounds",
 ...         "detect": 0, "rule": Rule(), "chunks": "auto", "network": None, "straggler": None,
-...         "straggler_delay": 0.0, "record": False, "metrics": False}
+...         "straggler_delay": 0.0, "graphs": True, "record": False, "metrics": False}
 >>> row = encode(mine)
 >>> decode(row) == mine
 True
@@ -33,14 +33,18 @@ from collections.abc import Callable, Mapping, Sequence
 from enum import IntEnum
 from typing import Any
 
+import torch
+import torch.distributed as dist
+
 from stragglar.model import AUTO, Network
 from stragglar.model.detect import Rule
 from stragglar.model.policy import POLICIES
-from stragglar.runtime import ENGINES
+from stragglar.runtime import ENGINES, MismatchError
 from stragglar.runtime.header import ranks_in_words as rank_list
+from stragglar.runtime.torch_dist import gather_headers
 from stragglar.schedule import ALGORITHMS
 
-__all__ = ["FIELDS", "decode", "disagreement", "encode"]
+__all__ = ["FIELDS", "agree", "decode", "disagreement", "encode", "settings_of"]
 
 MAGIC = 0x53_54_44_44_50  # "STDDP": a row from anything else is not this check's
 
@@ -101,6 +105,7 @@ FIELDS: dict[str, Codec] = {
     "network": (3, _network, _unnetwork),
     "straggler": (1, _coded, _uncoded),
     "straggler_delay": (1, lambda v: [_bits(v)], lambda r: _float(r[0])),
+    "graphs": (1, lambda v: [int(v)], lambda r: bool(r[0])),  # refused alike where it does not apply
     "record": (1, lambda v: [int(v)], lambda r: bool(r[0])),  # a trace is recorded: the probe runs
     "metrics": (1, lambda v: [int(v)], lambda r: bool(r[0])),  # metrics are written: the probe runs
 }
@@ -146,3 +151,27 @@ def disagreement(
             more = f", {len(words) - 4} more" if len(words) > 4 else ""
             parts.append(f"{name}: " + ", ".join(words[:4]) + more)
     return f"{ranks} run the hook with other settings: " + "; ".join(parts) if parts else None
+
+
+def settings_of(state: Any) -> dict[str, Any]:
+    """A state's settings as :func:`encode` takes them: its options of :data:`FIELDS`' names,
+    ``record`` and ``metrics`` as whether they are given (each rank names its own file)."""
+    settings = {name: getattr(state, name) for name in FIELDS}
+    settings["record"], settings["metrics"] = state.record is not None, state.metrics is not None
+    return settings
+
+
+def agree(
+    settings: Mapping[str, Any], on: Any, device: torch.device, timeout: float, ranks: str, group: str
+) -> None:
+    """Raise the same :class:`~stragglar.runtime.MismatchError` on every rank of the process group
+    ``on`` unless every rank gives the same ``settings``, gathered with a timeout of ``timeout``
+    seconds on ``device``; ``ranks`` and ``group`` name them in the error."""
+    # on gloo, a message to and from each peer (channel 0): a silent rank is named by the ranks
+    # that waited for it; NCCL gathers in one collective, which cannot tell
+    channel = 0 if dist.get_backend(on) == "gloo" else None
+    during = f"checking that the {ranks} run the hook with the same settings"
+    rows = gather_headers(encode(settings), on, device, dist.get_rank(on), timeout, channel, during)
+    reason = disagreement(rows, ranks, group)
+    if reason is not None:
+        raise MismatchError(reason)

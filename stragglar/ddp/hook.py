@@ -12,13 +12,13 @@ from torch.distributed import GradBucket  # type: ignore[attr-defined, unused-ig
 
 from stragglar.args import as_rank
 from stragglar.ddp import deadlines
-from stragglar.ddp.agreement import disagreement, encode
+from stragglar.ddp.agreement import agree, settings_of
 from stragglar.ddp.metrics import report
 from stragglar.ddp.options import check_bucket, check_fresh_trace, check_learned, check_options
 from stragglar.ddp.orders import HostOrder, Order, StreamOrder
 from stragglar.ddp.probe import LateRankProbe
 from stragglar.ddp.state_parts import Connection, Decision, Learned, ProofKey, Resources
-from stragglar.ddp.worker import CLOSE_WAIT, BucketWorker, Job, Reducer, dedicated_group
+from stragglar.ddp.worker import CLOSE_WAIT, BucketWorker, Job, Reducer, dedicated_group, named_globally
 from stragglar.errors import ArgumentError, InputError
 from stragglar.formats.traces import TraceWriter
 from stragglar.model import Network
@@ -34,9 +34,8 @@ from stragglar.model.policy import (
     choose,
     chunk_count,
 )
-from stragglar.runtime import MismatchError, RankError, heartbeat, poll, release_graphs
+from stragglar.runtime import RankError, heartbeat, poll, release_graphs
 from stragglar.runtime.teardown import before_destroy
-from stragglar.runtime.torch_dist import gather_headers
 from stragglar.synth import synthesize
 from stragglar.verify import Proof, prove
 
@@ -237,29 +236,7 @@ class StragglarState:
         """Raise the same :class:`~stragglar.runtime.MismatchError` on every rank unless every rank's
         hook runs with these settings (:mod:`stragglar.ddp.agreement`); once, at the first step,
         before any group of the hook's own exists.  ``ranks`` and ``group`` name them in the error."""
-        settings = {
-            "policy": self.policy,
-            "algorithm": self.algorithm,
-            "asynchronous": self.asynchronous,
-            "engine": self.engine,
-            "detect": self.detect,
-            "rule": self.rule,
-            "chunks": self.chunks,
-            "network": self.network,
-            "straggler": self.straggler,
-            "straggler_delay": self.straggler_delay,
-            "record": self.record is not None,
-            "metrics": self.metrics is not None,
-        }
-        on = self.process_group
-        # on gloo, a message to and from each peer (channel 0): a silent rank is named by the
-        # ranks that waited for it; NCCL gathers in one collective, which cannot tell
-        channel = 0 if dist.get_backend(on) == "gloo" else None
-        during = f"checking that the {ranks} run the hook with the same settings"
-        rows = gather_headers(encode(settings), on, device, dist.get_rank(on), self.timeout, channel, during)
-        reason = disagreement(rows, ranks, group)
-        if reason is not None:
-            raise MismatchError(reason)
+        agree(settings_of(self), self.process_group, device, self.timeout, ranks, group)
 
     @property
     def probes(self) -> bool:
@@ -449,8 +426,11 @@ class StragglarState:
         if buffer.is_cuda:  # ordered on CUDA streams; NCCL's watchdog bounds it (deadlines.py)
             return engine.then(averaged)
         self.resources.engine_calls.append((work, weakref.ref(averaged)))  # see Resources
-        rank, seconds = dist.get_rank(), self.timeout + self.straggler_delay  # global: no schedule's
-        outcome = deadlines.bounded(engine, averaged, seconds, lambda: _silent_engine(rank, seconds))
+        group, seconds = self.process_group, self.timeout + self.straggler_delay
+        rank = dist.get_rank(group)
+        outcome = deadlines.bounded(
+            engine, averaged, seconds, lambda: named_globally(_silent_engine(rank, seconds), group)
+        )
         return outcome.then(_value)  # a failed Future reaches DDP as an error (_value)
 
     def _connect(self, world_size: int, threads: bool) -> Connection:

@@ -146,10 +146,11 @@ def _check_network(state: StragglarState) -> None:
     """Under policy "stragglar" a network prices nothing but ``chunks="auto"``'s counts: given
     without it, it would be ignored."""
     if state.network is not None and state.policy != "auto" and state.chunks != AUTO:
+        advice = "give chunks='auto' or leave network out" if state.algorithm == STRAGGLAR else "leave it out"
         raise InputError(
             "StragglarState.network prices the auto policy's choices and chunks='auto''s counts; "
-            "under policy='stragglar' with chunks="
-            f"{described(state.chunks)} it prices nothing: give chunks='auto' or leave network out"
+            f"under policy='stragglar' with algorithm={state.algorithm!r} and chunks="
+            f"{described(state.chunks)} it prices nothing: {advice}"
         )
 
 

@@ -66,7 +66,7 @@ from stragglar.model.policy import STRAGGLAR
 from stragglar.runtime import MAX_TAG, RankError, Registration, allreduce, register_buffer, rounds_without
 from stragglar.verify import Proof
 
-__all__ = ["BucketWorker", "InFlight", "Job", "Reducer", "dedicated_group", "global_ranks"]
+__all__ = ["BucketWorker", "InFlight", "Job", "Reducer", "dedicated_group", "global_ranks", "named_globally"]
 
 DEVICE = "device"  # the engine that runs a bucket's whole AllReduce as one kernel launch a rank
 LOG = logging.getLogger("stragglar")
@@ -396,18 +396,28 @@ def dedicated_group(process_group: Any, timeout: float) -> Any:
     )
 
 
+def named_globally(error: RankError, group: Any) -> RankError:
+    """``error`` with its rank and peer named by their global ranks too, where ``group``'s ranks
+    (None: the world's) are not the world's (HSDP's replicate group, a DDP subgroup): the runtime
+    numbers a group's ranks from 0, as its schedule does, but a user reads global ranks in the
+    launcher's logs.  The error's fields stay the group's."""
+    if group is None:
+        return error
+    members = dist.get_process_group_ranks(group)
+    named = [r for r in dict.fromkeys((error.rank, error.peer)) if r is not None and 0 <= r < len(members)]
+    if all(members[r] == r for r in named):
+        return error
+    said = ", ".join(f"rank {r} is global rank {members[r]}" for r in named)
+    return RankError(f"{error} (ranks of the hook's group: {said})", **error.fields())
+
+
 @contextmanager
 def global_ranks(group: Any) -> Iterator[None]:
-    """Name, in a :class:`~stragglar.runtime.RankError` raised inside, its rank and peer by their
-    global ranks too, where ``group``'s ranks are not the world's (HSDP's replicate group, a DDP
-    subgroup): the runtime numbers a group's ranks from 0, as its schedule does, but a user reads
-    global ranks in the launcher's logs.  The error's fields stay the group's."""
+    """A :class:`~stragglar.runtime.RankError` raised inside, :func:`named_globally` on ``group``."""
     try:
         yield
     except RankError as e:
-        members = dist.get_process_group_ranks(group)
-        named = [r for r in dict.fromkeys((e.rank, e.peer)) if r is not None and 0 <= r < len(members)]
-        if all(members[r] == r for r in named):
+        named = named_globally(e, group)
+        if named is e:
             raise
-        said = ", ".join(f"rank {r} is global rank {members[r]}" for r in named)
-        raise RankError(f"{e} (ranks of the hook's group: {said})", **e.fields()) from e
+        raise named from e

@@ -11,11 +11,12 @@ add per chunk.
 The gather moves elements as unsigned integers of the dtype's width (it never looks at a value);
 the landing adds in the dtype's own arithmetic, written out here so that it is the interpreter's
 ``buffer += received`` bit for bit: IEEE addition for float32 and float64, wrapping addition for
-the integers (float32's in PTX: CuPy compiles with ``-ftz=true``, which would flush subnormals
-to zero), and for float16 and bfloat16 the sum of the two values as float32, rounded to
+the integers, and for float16 and bfloat16 the sum of the two values as float32, rounded to
 nearest even (what NumPy and ml_dtypes compute; float32 carries more than twice their precision
 plus two bits, so rounding twice equals rounding once, and a native half-precision add gives the
-same bits).  The conversions are plain integer code, so the source needs no CUDA header and the
+same bits).  Every float32 add (of float32, bfloat16 and float16 alike) is IEEE's written in PTX:
+CuPy compiles with ``-ftz=true``, under which a plain ``+`` flushes subnormals (bfloat16's are
+float32's) to zero.  The conversions are plain integer code, so the source needs no CUDA header and the
 tests compile it for the host with g++ (tests/fake_cupy.py) and to PTX with NVRTC (tests/nvrtc.py).
 
 Buffers are reached through a device array of pointers, so a kernel captured in a CUDA graph
