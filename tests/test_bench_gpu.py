@@ -208,6 +208,20 @@ def test_parts_must_be_known(bench: Any, parts: list[str], capsys: pytest.Captur
     assert done.value.code == 2 and "--parts" in said and not bench.ran, said
 
 
+def test_progress_is_refused_where_no_chosen_part_prints_any(
+    bench: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as done:
+        bench.main(["--progress", "--parts", "p2p", "ddp"])
+    said = capsys.readouterr().err.splitlines()[-1]
+    assert done.value.code == 2 and not bench.ran
+    assert said.endswith(
+        "--progress applies to the parts loopback, device_executor, device_tuning (the others print none)"
+    )
+    bench.main(["--progress", "--parts", "p2p", "loopback"])
+    assert bench.ran == ["p2p", "loopback"]
+
+
 def test_parts_given_twice_run_once(bench: Any) -> None:
     bench.main(["--parts", "loopback", "loopback"])
     assert bench.ran == ["loopback"]
