@@ -49,7 +49,7 @@ def closing_rank(rank: int, n: int) -> tuple[float, bool, bool]:
     for _ in range(3):
         probe.step()
     assert probe._pending is not None
-    done, _, _, callback, work = probe._pending
+    done, _, _, (work, callback) = probe._pending
     done.add_done_callback(lambda _: time.sleep(0.3))
     done.wait()
     begun = time.monotonic()

@@ -16,7 +16,7 @@ from stragglar.ddp.agreement import agree, settings_of
 from stragglar.ddp.metrics import report
 from stragglar.ddp.options import check_bucket, check_fresh_trace, check_learned, check_options
 from stragglar.ddp.orders import HostOrder, Order, StreamOrder
-from stragglar.ddp.probe import LateRankProbe
+from stragglar.ddp.probe import LateRankProbe, let_go
 from stragglar.ddp.state_parts import Connection, Decision, Learned, ProofKey, Resources
 from stragglar.ddp.worker import CLOSE_WAIT, BucketWorker, Job, Reducer, dedicated_group, named_globally
 from stragglar.errors import ArgumentError, InputError
@@ -34,7 +34,7 @@ from stragglar.model.policy import (
     choose,
     chunk_count,
 )
-from stragglar.runtime import RankError, heartbeat, poll, release_graphs
+from stragglar.runtime import RankError, heartbeat, release_graphs
 from stragglar.runtime.teardown import before_destroy
 from stragglar.synth import synthesize
 from stragglar.verify import Proof, prove
@@ -455,8 +455,8 @@ class StragglarState:
         handed to them), the CUDA graphs of its rounds (NCCL will not destroy a group that a live
         graph holds), the device engine's registrations of its buckets, the probe's last gather
         (gloo aborts the process when a group goes with work in flight), the engine's last
-        all_reduces on the host (until gloo's thread has let go of their callbacks:
-        :class:`~stragglar.ddp.state_parts.Resources`) and the trace file.
+        all_reduces on the host (until gloo's thread has let go of them:
+        :func:`~stragglar.ddp.probe.let_go`) and the trace file.
 
         It runs by itself when ``torch.distributed.destroy_process_group()`` destroys the groups
         (:mod:`stragglar.runtime.teardown`), so a script that ends as PyTorch's documentation
@@ -472,8 +472,7 @@ class StragglarState:
             connection.reduce.close()
         if resources.probe is not None:
             resources.probe.close(CLOSE_WAIT)
-        calls = resources.engine_calls  # kept: their works end in this thread, when the state does
-        poll(lambda: all(work.is_completed() and callback() is None for work, callback in calls), CLOSE_WAIT)
+        let_go(resources.engine_calls, CLOSE_WAIT)  # kept: their works end with the state
         trace, resources.trace = resources.trace, None
         if trace is not None:
             trace.close()

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from stragglar.model.policy import ALLREDUCE, STRAGGLAR, Timing, latenesses
 from stragglar.runtime import poll
 
-__all__ = ["KINDS", "SLOTS", "LateRankProbe", "Stopwatch", "decode", "encode"]
+__all__ = ["KINDS", "SLOTS", "GlooCall", "LateRankProbe", "Stopwatch", "decode", "encode", "let_go"]
 
 SLOTS = 8  # bucket timings a rank shares per step: enough sizes to fit alpha and bandwidth
 SAMPLES = 2 * SLOTS  # gathered timings kept per algorithm: its last two steps, so the fits follow
@@ -33,6 +33,24 @@ SAMPLES = 2 * SLOTS  # gathered timings kept per algorithm: its last two steps, 
 KINDS = ("", ALLREDUCE, STRAGGLAR)
 FIELDS = 4  # per slot: kind, bytes, chunks, seconds
 ROW = 2 + FIELDS * SLOTS
+
+
+GlooCall = tuple[Any, "weakref.ref[Any]"]  # gloo's work, and a weak reference to its Future's callback
+
+
+def let_go(calls: Sequence[GlooCall], wait: float) -> bool:
+    """Wait up to ``wait`` seconds until gloo's thread is done with ``calls``: each work complete
+    and its callback gone (a weak reference tells); whether it was.
+
+    A work's Future completes before gloo's thread is done with it: after it, that thread still
+    lets go of the callback, and of the work (its tensors, its copy of the caller's thread-local
+    state: Python objects), taking the GIL for each.  Run as the interpreter exits (a script that
+    never destroys its groups: :mod:`stragglar.runtime.teardown`), a thread still waiting for the
+    GIL when finalization begins is ended inside a C++ destructor, and the process aborts
+    ("terminate called without an active exception").  So the callers wait for the callbacks here,
+    and keep the works themselves, so that their end comes in a thread of Python's, never in
+    gloo's."""
+    return poll(lambda: all(work.is_completed() and callback() is None for work, callback in calls), wait)
 
 
 class Stopwatch(Protocol):
@@ -71,9 +89,8 @@ class LateRankProbe:
         self._timings: list[tuple[str, int, int, Stopwatch]] = []
         self._lock = threading.Lock()  # the worker's threads record while the caller may step
         # the posted gather: its Future (of when it completed), its outputs, when it was posted,
-        # a weak reference to its callback (gloo's thread lets go of it), and gloo's work (held,
-        # so that the work and its tensors end in a thread of Python's: see close)
-        self._pending: tuple[Any, list[torch.Tensor], float, weakref.ref[Any], Any] | None = None
+        # and its gloo call (the work, held: see let_go)
+        self._pending: tuple[Any, list[torch.Tensor], float, GlooCall] | None = None
         self._closed: Any = None  # the last gather's work, once closed: it ends with the probe
 
     def record(self, algorithm: str, size_bytes: int, chunks: int, watch: Stopwatch) -> None:
@@ -86,7 +103,7 @@ class LateRankProbe:
         """Call once per step, first thing; True when an earlier step's figures arrived."""
         arrived = False
         if self._pending is not None:
-            done, gathered, posted, _, _ = self._pending
+            done, gathered, posted, _ = self._pending
             self._wait = done.wait() - posted
             arrived = self._read([t.tolist() for t in gathered])
         gathered = [torch.zeros(ROW, dtype=torch.float64) for _ in range(self.world_size)]
@@ -97,8 +114,8 @@ class LateRankProbe:
 
         posted = time.perf_counter()
         work = dist.all_gather(gathered, row, group=self.group, async_op=True)
-        callback = weakref.ref(completed)  # from here on, only gloo's thread holds it
-        self._pending = (work.get_future().then(completed), gathered, posted, callback, work)
+        call = (work, weakref.ref(completed))  # from here on, only gloo's thread holds the callback
+        self._pending = (work.get_future().then(completed), gathered, posted, call)
         return arrived
 
     @property
@@ -108,27 +125,17 @@ class LateRankProbe:
 
     def close(self, wait: float) -> None:
         """Let the last posted gather complete, up to ``wait`` seconds, and drop it once gloo's
-        thread has let go of it.  Training ends with one in flight (each step's is read a step
-        later), and gloo aborts the process when a group is destroyed with work in flight; every
-        rank posted it already, so it completes at once unless a peer died.
-
-        The Future completes before gloo's thread is done with the gather: after it, that thread
-        still lets go of the callback, and of its work (the gather's tensors, its copy of the
-        caller's thread-local state: Python objects), taking the GIL for each.  Run as the
-        interpreter exits (a script that never destroys its groups:
-        :mod:`stragglar.runtime.teardown`), a thread still waiting for the GIL when finalization
-        begins is ended inside a C++ destructor, and the process aborts ("terminate called
-        without an active exception").  So this also waits, within the same ``wait``, until the
-        callback is gone (a weak reference tells), and keeps the work until the probe goes, so
-        that gloo's thread never ends it."""
+        thread has let go of it (:func:`let_go`; the work is kept until the probe goes).  Training
+        ends with one in flight (each step's is read a step later), and gloo aborts the process
+        when a group is destroyed with work in flight; every rank posted it already, so it
+        completes at once unless a peer died."""
         pending, self._pending = self._pending, None
         if pending is None:
             return
-        done, _, _, callback, self._closed = pending
+        call = pending[3]
+        self._closed = call[0]
         del pending  # the callback's last reference is gloo's thread's
-        begun = time.monotonic()
-        if poll(done.done, wait):
-            poll(lambda: callback() is None, max(0.0, wait - (time.monotonic() - begun)))
+        let_go([call], wait)
 
     def _row(self) -> list[float]:
         with self._lock:

@@ -9,14 +9,12 @@ decides from are all in :class:`Learned`, and nothing there needs a process grou
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
 from stragglar.ddp.orders import StreamOrder, Watch
-from stragglar.ddp.probe import LateRankProbe
+from stragglar.ddp.probe import GlooCall, LateRankProbe
 from stragglar.ddp.worker import BucketWorker, Reducer
 from stragglar.formats.traces import TraceWriter
 from stragglar.model.detect import Detection
@@ -72,17 +70,14 @@ class Resources:
     from its end), and the steps this process has run (a resumed state's ``steps`` counts those of
     the run before, whose buckets and settings this process has not seen).
 
-    ``engine_calls``: this step's all_reduces of the engine on the host, each gloo's work and a
-    weak reference to its callback.  gloo's thread completes a work's Future, then lets go of the
-    callback and of the work (whose copy of the caller's thread-local state is a Python object),
-    taking the GIL for each; at exit, a thread still waiting for it when the interpreter
-    finalizes aborts the process.  Holding the works keeps their end in this thread, and
-    :meth:`~stragglar.ddp.StragglarState.close` waits until the callbacks are gone."""
+    ``engine_calls``: this step's all_reduces of the engine on the host, as gloo calls, held so
+    that their works end in a thread of Python's, and waited for at
+    :meth:`~stragglar.ddp.StragglarState.close` (:func:`~stragglar.ddp.probe.let_go`)."""
 
     proofs: dict[ProofKey, Proof] = field(default_factory=dict)
     probe: LateRankProbe | None = None
     connection: Connection | None = None
     trace: TraceWriter | None = None
     engine_watch: Watch | None = None
-    engine_calls: list[tuple[Any, weakref.ref[Any]]] = field(default_factory=list)
+    engine_calls: list[GlooCall] = field(default_factory=list)
     steps_run: int = 0

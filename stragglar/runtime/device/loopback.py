@@ -209,17 +209,15 @@ class DeviceLoopback:
         the late rank's ``straggler_delay`` s after the others; a punctual call from a CUDA graph
         after the first unless ``graphs`` is False."""
         self.start(buffers)
-        held = RESIDENT.hold(
-            self.device_id, self.blocks * len(buffers), self.resident, WAIT_TIMEOUT_S + straggler_delay
-        )
-        try:
+        timeout = WAIT_TIMEOUT_S + straggler_delay
+        # every kernel of the call has ended when the block is left: its blocks are free
+        with RESIDENT.holding(self.device_id, self.blocks * len(buffers), self.resident, timeout):
             start = arrived = time.perf_counter()
             try:
                 if straggler_delay == 0:
                     self.replayer.graphs = graphs
                     self.replayer("punctual", self.punctual)
                 else:
-                    timeout = WAIT_TIMEOUT_S + straggler_delay
                     self.launch([r for r in range(len(buffers)) if r != late_rank], timeout)
                     try:
                         arrived = sleep_until(start + straggler_delay)
@@ -232,8 +230,6 @@ class DeviceLoopback:
                 raise
             self.counted = True
             self.origin.synchronize()
-        finally:  # every kernel of the call has ended: its blocks are free
-            RESIDENT.release(self.device_id, held)
         done = time.perf_counter()
         failure = call_failure(self.program, self.words.get().reshape(-1, RANK_WORDS), self.call)
         if failure is not None:

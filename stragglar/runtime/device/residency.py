@@ -22,15 +22,15 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from fractions import Fraction
 
+from stragglar.runtime.clock import POLL
 from stragglar.runtime.failures import RankError
 
-__all__ = ["POLL_S", "RESIDENT", "Held", "Residency"]
-
-POLL_S = 0.001  # how often a launch with no room looks again whether a kernel before it ended
+__all__ = ["RESIDENT", "Held", "Residency"]
 
 
 @dataclass(eq=False)
@@ -82,10 +82,20 @@ class Residency:
                         reason="timed out",
                         during="waiting for room on the GPU",
                     )
-                self._changed.wait(min(left, POLL_S))  # a kernel's end is seen by polling
+                self._changed.wait(min(left, POLL))  # a kernel's end is seen by polling its event
             mine = Held(share)
             self._held.setdefault(device, []).append(mine)
             return mine
+
+    @contextmanager
+    def holding(self, device: int, blocks: int, resident: int, timeout: float) -> Iterator[None]:
+        """:meth:`hold` for a call whose kernels all end inside the block (every rank's, in one
+        process), released as it is left."""
+        held = self.hold(device, blocks, resident, timeout)
+        try:
+            yield
+        finally:
+            self.release(device, held)
 
     def release(self, device: int, held: Held) -> None:
         """End ``held`` on ``device`` (its kernel has ended, or was never launched)."""
