@@ -49,6 +49,7 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
 @pytest.fixture
 def cuda(monkeypatch: pytest.MonkeyPatch, host: ctypes.CDLL) -> Iterator[FakeCuda]:
     monkeypatch.setattr(group, "CACHED", 32)  # every rank is in this process: keep each one's state
+    monkeypatch.setattr(group, "_UNSETTLED", [])  # the test's own, let go after it
     yield from installed(monkeypatch, host)
 
 
@@ -84,8 +85,10 @@ def ranks_run(
     delay: float = 0.0,
     absent: Sequence[int] = (),
     timeout: float = 30.0,
+    owner: str = "group",
 ) -> list[Any]:
-    """Every rank but ``absent`` in a thread of its own; each rank's result or exception."""
+    """Every rank but ``absent`` in a thread of its own, on the group ``owner``; each rank's result
+    or exception."""
     import cupy
 
     proof = prove(schedule)
@@ -96,7 +99,7 @@ def ranks_run(
         try:
             results[r] = group.DeviceCall(
                 cupy,
-                "group",
+                owner,
                 program,
                 proof.schedule.fingerprint,
                 r,
@@ -178,6 +181,25 @@ def test_a_rank_whose_kernel_never_runs_is_named_by_every_rank(
     assert len({str(r) for r in results}) == 1  # the same error on every rank
 
 
+def test_after_waits_that_timed_out_on_the_device_the_next_call_is_exact(cuda: FakeCuda) -> None:
+    """The late rank comes 0.6 s late to waits bounded at 0.3 s: every rank's waits give up, every
+    kernel ends and every rank's words are gathered, so every rank raises the same RankError and
+    its state stays settled: the next calls, nobody late, sum exactly."""
+    schedule = synthesize("stragglar", 4)
+    proof = prove(schedule)
+    gather = AllGather(4)
+    results = ranks_run(schedule, fresh(4, 40, "float32", 5), gather, delay=0.6, timeout=0.3)
+    assert all(isinstance(r, RankError) and r.reason == "timed out" for r in results), results
+    assert len({str(r) for r in results}) == 1 and not group._UNSETTLED
+    for seed in (6, 7):
+        data = fresh(4, 40, "float32", seed)
+        want = [np.array(d).view(np.ndarray) for d in data]
+        allreduce_local(want, proof)
+        results = ranks_run(schedule, data, gather)
+        assert not [r for r in results if isinstance(r, Exception)], results
+        assert all(w.tobytes() == np.array(g).tobytes() for w, g in zip(want, data, strict=True)), seed
+
+
 def test_a_rank_that_never_comes_ends_the_others_calls(
     cuda: FakeCuda, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -188,12 +210,14 @@ def test_a_rank_that_never_comes_ends_the_others_calls(
     assert isinstance(results[0], TimeoutError) and isinstance(results[1], TimeoutError)
 
 
-def test_a_rank_whose_launch_failed_sets_its_count_right_and_the_next_call_is_exact(
+def test_a_setup_whose_call_failed_before_every_rank_s_words_runs_no_call_again(
     cuda: FakeCuda, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Call 2: the late rank's launch fails (it raises before the gather), so its peers' kernels
-    time out and their gather ends; the late rank's device count is one behind its peers'.  Its
-    next call sets the count to the host's first, and every rank sums exactly again."""
+    time out and their gather fails.  None of them can know that every peer's kernel of the call
+    has ended (a peer's could still write their inboxes), so the next call on the setup is refused
+    at once on every rank, naming what failed, and the states' memory is never freed; a new group
+    sums exactly."""
     schedule = synthesize("stragglar", 4)
     late = schedule.late_rank
     proof = prove(schedule)
@@ -218,13 +242,30 @@ def test_a_rank_whose_launch_failed_sets_its_count_right_and_the_next_call_is_ex
         results = ranks_run(schedule, fresh(4, 40, "float32", 2), AllGather(4, timeout=2.0), timeout=0.3)
     assert isinstance(results[late], RuntimeError) and "cudaErrorLaunchFailure" in str(results[late])
     assert all(isinstance(r, TimeoutError) for i, r in enumerate(results) if i != late), results
-    for seed in (3, 4):
-        data = fresh(4, 40, "float32", seed)
-        want = [np.array(d).view(np.ndarray) for d in data]
-        allreduce_local(want, proof)
-        results = ranks_run(schedule, data, AllGather(4))
-        assert not [r for r in results if isinstance(r, Exception)], results
-        assert all(w.tobytes() == np.array(g).tobytes() for w, g in zip(want, data, strict=True)), seed
+    launches = len(cuda.launches)
+    began = time.perf_counter()
+    results = ranks_run(schedule, fresh(4, 40, "float32", 3), AllGather(4), timeout=10)
+    assert time.perf_counter() - began < 5 and len(cuda.launches) == launches  # refused before launch
+    assert all(isinstance(r, RankError) for r in results), results
+    for rank, error in enumerate(results):
+        why = "cudaErrorLaunchFailure" if rank == late else "a rank did not come to the gather"
+        assert str(error) == (
+            f"allreduce failed: rank {rank} cannot run a device call with this setup: an earlier one "
+            f"failed before every rank was known to have ended it ({why}), and a peer still in it "
+            "may write this setup's memory: make the group anew"
+        )
+        assert (error.rank, error.reason, error.during) == (rank, "failed", "after a device call that failed")
+    kept = {id(state) for state in group._UNSETTLED}
+    assert kept == {id(state) for state in group._ranks.values()} and len(kept) == 4
+    group._ranks.clear()
+    gc.collect()
+    assert len(cuda.allocations) >= 4 * 2  # every rank's inbox and flags are still there
+    data = fresh(4, 40, "float32", 4)
+    want = [np.array(d).view(np.ndarray) for d in data]
+    allreduce_local(want, proof)
+    results = ranks_run(schedule, data, AllGather(4), owner="a new group")
+    assert not [r for r in results if isinstance(r, Exception)], results
+    assert all(w.tobytes() == np.array(g).tobytes() for w, g in zip(want, data, strict=True))
 
 
 def test_allreduce_with_engine_device_on_an_nccl_group(cuda: FakeCuda) -> None:
@@ -524,6 +565,53 @@ def test_a_registration_closed_everywhere_runs_staged_and_one_closed_alone_fails
     *results, _, _ = run_ranks(3, alone)
     assert all(isinstance(x, Exception) for x in results), results
     assert all(isinstance(x, RankError) for x in results[1:]), results  # they waited on rank 0's flags
+
+
+def test_a_registered_buffer_whose_call_failed_runs_no_call_again_and_stays_allocated(
+    cuda: FakeCuda, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 2's launch fails on a registered buffer: its peers' kernels give up and their gather
+    fails.  A peer's kernel of a direct call writes this rank's buffer itself, so every later call
+    on the registration is refused, another schedule's too, and the failed state keeps the buffer
+    after the registration is closed (memory reused elsewhere must not take a late write)."""
+    proof, other = prove(synthesize("stragglar", 3)), prove(synthesize("ring", 3))
+    buffers = [cuda.buffer(v) for v in values(3, 24, "float32", 6)]
+    run = group.DeviceRank.run
+
+    def failing(self: group.DeviceRank, *args: Any) -> Any:
+        if self.rank == 2:
+            self.kernel = lambda grid, block, args: (_ for _ in ()).throw(RuntimeError("launch failed"))
+        return run(self, *args)
+
+    monkeypatch.setattr(group.DeviceRank, "run", failing)
+
+    def rank(r: int, g: Any) -> tuple[Exception, Exception, Any]:
+        registration = register_buffer(buffers[r], g, timeout=10)
+        try:
+            allreduce(buffers[r], proof, g, timeout=0.3, engine="device")
+        except Exception as e:
+            failed = e
+        try:
+            allreduce(buffers[r], other, g, timeout=10, engine="device")
+        except Exception as e:
+            refused = e
+        registration.close()
+        return failed, refused, registration
+
+    *results, _, _ = run_ranks(3, rank)
+    assert [type(x) for x in results] == [tuple] * 3, results
+    assert str(results[2][0]) == "launch failed"
+    assert all(isinstance(failed, RankError) for failed, _, _ in results[:2]), results
+    for r, (_, refused, registration) in enumerate(results):
+        assert isinstance(refused, RankError) and str(refused).startswith(
+            f"allreduce failed: rank {r} cannot run a device call with this setup: an earlier one failed"
+        ), refused
+        assert not registration.open
+    kept = sorted(state.rank for state in group._UNSETTLED)
+    assert kept == [0, 1, 2] and all(state.registered is not None for state in group._UNSETTLED)
+    assert sorted(int(state.registered.data.ptr) for state in group._UNSETTLED) == sorted(
+        int(b.data.ptr) for b in buffers
+    )
 
 
 def test_every_launch_allocation_and_handle_is_made_on_the_buffer_s_gpu(cuda: FakeCuda) -> None:

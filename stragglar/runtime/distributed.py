@@ -39,7 +39,7 @@ from stragglar.runtime.device.buffers import (
     on_device,
     queued_work_done,
 )
-from stragglar.runtime.device.group import DeviceCall, DeviceWork, Gather
+from stragglar.runtime.device.group import DeviceCall, DeviceWork, Gather, unsettled_refusal
 from stragglar.runtime.device.shared import Registration, register, registered
 from stragglar.runtime.graphs import Capturing, release, shared
 from stragglar.runtime.header import agree, inspect_call
@@ -227,6 +227,8 @@ def allreduce(
         header = header._replace(
             on_device=int(on_device), registered=0 if registration is None else registration.number
         )
+        if on_device and flat is not None:  # a setup whose call failed is refused before the gather
+            _refuse_unsettled(runner, flat, proof, registration)
         # the header is all-gathered where the channel says so, and this rank's own problem raised
         # after the gather, so that its peers raise theirs rather than wait for it
         channel = runner.channel(tag)
@@ -414,6 +416,22 @@ def _device_call(
         gather,
         registration,
     )
+
+
+def _refuse_unsettled(runner: Engine, flat: Array, proof: Proof, registration: Registration | None) -> None:
+    """Raise the refusal of a device call whose setup is unsettled
+    (:func:`~stragglar.runtime.device.group.unsettled_refusal`), before its header is gathered."""
+    refusal = unsettled_refusal(
+        runner.owner,
+        proof.schedule.fingerprint,
+        runner.rank,
+        int(flat.shape[0]),
+        dtype_name(flat),
+        address_of(flat)[1],
+        registration,
+    )
+    if refusal is not None:
+        raise refusal
 
 
 def _gather_on(runner: Engine, flat: Array, tag: int, timeout: float | None) -> Callable[[Any], Gather]:

@@ -13,6 +13,15 @@ slots, and what lets every rank raise the same :class:`~stragglar.runtime.failur
 dead peer process leaves the others' waits to time out on the device, then their gather to
 fail.  Several ranks may share a GPU: their kernels then time-slice (correct, not fast).
 
+A call whose gather failed, or whose launch was cut short, leaves its state *unsettled*: this
+rank cannot know that its peers' kernels of that call have ended (they wait for every rank's
+signals), and one still running may write this state's inbox and flags (and a registered buffer)
+until its own waits give up, where a next call on the state would take its data for the next
+call's.  So no call runs on an unsettled state again (each is refused, naming the failure), and
+its memory is never freed (nor a registered buffer let go): memory reused elsewhere must not take
+a peer's late writes.  A group whose collective failed is one to make anew, as NCCL's
+communicators are after an error.
+
 A call on a registered buffer (:mod:`~stragglar.runtime.device.shared`) has a state of its own,
 which knows every rank's buffer and so runs direct transfers, kept by the registration as long
 as it is open (a loop over many registered buffers does not make states anew each call); its
@@ -38,7 +47,7 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, TypeVar
@@ -55,17 +64,17 @@ from stragglar.runtime.device.kernel import (
     THREADS,
     kernel_args,
     kernel_name,
-    recount,
     slot_size,
 )
 from stragglar.runtime.device.loopback import blocks_for, call_failure, resident_blocks
 from stragglar.runtime.device.residency import RESIDENT, Held
 from stragglar.runtime.device.shared import Registration
 from stragglar.runtime.device.table import DeviceProgram
+from stragglar.runtime.failures import RankError, first_line
 from stragglar.runtime.kernels import SUMS
 from stragglar.runtime.plans import cached
 
-__all__ = ["DeviceCall", "DeviceRank", "DeviceWork", "Gather", "Launched"]
+__all__ = ["DeviceCall", "DeviceRank", "DeviceWork", "Gather", "Launched", "unsettled_refusal"]
 
 Gather = Callable[[Sequence[int]], list[tuple[int, ...]]]  # every rank's integers, in rank order
 _T = TypeVar("_T")
@@ -74,8 +83,9 @@ _T = TypeVar("_T")
 class DeviceRank:
     """One rank's device state on a group: its program's rows, its inbox, flags and words,
     its peers' inboxes and flags opened from their handles, every rank's buffer where the buffer
-    is registered (``addresses``; None: only this rank's, known per call), and the number of its
-    last call."""
+    is registered (``addresses``; None: only this rank's, known per call; ``registered``: the
+    buffer itself, kept with the state if it is ever unsettled), and the number of its last
+    call."""
 
     def __init__(
         self,
@@ -87,6 +97,7 @@ class DeviceRank:
         device_id: int,
         gather: Gather,
         addresses: Sequence[int] | None = None,
+        registered: Any = None,
     ) -> None:
         if program.direct and addresses is None:
             raise ValueError("a device program with direct rows needs its peers' buffers: lower it staged")
@@ -147,8 +158,9 @@ class DeviceRank:
         if addresses is not None:
             self.buffer_pointers = (addresses[rank], cupy.asarray(np.array(addresses, dtype=np.uint64)))
         self.call = 0
-        self.counted = True  # False: a call's launch was cut short, the device's count is behind
         self.in_flight: Launched | None = None  # a call launched and not yet finished
+        self.registered = registered
+        self.unsettled: str | None = None  # why a call on it failed unsettled; then none runs on it
 
     def _own_buffer(self, buffer: int) -> Any:
         """Every rank's buffer address as the kernel takes them: a registered buffer's, else this
@@ -172,18 +184,28 @@ class DeviceRank:
         """Launch this rank's kernel of the next call on the buffer at address ``buffer`` (after
         ``straggler_delay`` s if it is the late rank; each of its waits bounded by ``timeout_s``),
         without waiting for it.  Refused while this state's last call is launched and not yet
-        finished: its inbox and flags are that call's until every rank's words say it ended."""
+        finished (its inbox and flags are that call's until every rank's words say it ended), and
+        on an unsettled state.  A launch cut short unsettles the state: the peers' kernels of the
+        call wait for this rank's signals, and write into its inbox, until their waits give up."""
         if self.in_flight is not None:
             raise InputError(
                 "a device call with this setup (group, schedule, element count and dtype, or its "
                 "registered buffer) was launched and not waited for: wait() for it first (each "
                 "registered buffer has a setup of its own)"
             )
+        refusal = _refusal_of(self.rank, [self])
+        if refusal is not None:
+            raise refusal
         self.call += 1
-        if not self.counted:  # the device's count as the host's (and every peer's), once the
-            self.stream.synchronize()  # kernel of the call cut short has ended (or given up)
-            recount(self.words.reshape(-1, RANK_WORDS)[self.rank], self.call - 1)
-        self.counted = False
+        try:
+            launched = self._launched(buffer, straggler_delay, late_rank, timeout_s)
+        except BaseException as e:
+            self._unsettle(e)
+            raise
+        self.in_flight = launched
+        return launched
+
+    def _launched(self, buffer: int, straggler_delay: float, late_rank: int, timeout_s: float) -> Launched:
         start = time.perf_counter()
         if self.rank == late_rank and straggler_delay > 0:
             time.sleep(straggler_delay)
@@ -205,15 +227,14 @@ class DeviceRank:
             RESIDENT.release(self.device_id, held)
             raise
         held.ended = lambda: bool(ended.done)  # the blocks are free once the kernel has ended
-        self.counted = True
-        self.in_flight = Launched(self.call, start, arrived)
-        return self.in_flight
+        return Launched(self.call, start, arrived)
 
     def finish(self, launched: Launched, gather: Gather) -> Timeline:
         """Wait for the ``launched`` call's kernel, then gather every rank's words: every rank
         raises the same error if a wait timed out anywhere, or a rank's kernel did not count the
         call.  The gather is also what keeps a rank from launching its next call on this state
-        while a peer still reads this call's inbox slots, so the state is free only after it."""
+        while a peer still reads this call's inbox slots, so the state is free only after it; a
+        gather that fails unsettles the state."""
         if self.in_flight is not launched:
             raise InputError("this device call was waited for already")
         try:
@@ -223,7 +244,11 @@ class DeviceRank:
                 RESIDENT.release(self.device_id, self.holding)
             done = time.perf_counter()
             own = self.words.get().reshape(-1, RANK_WORDS)[self.rank]
-            gathered = gather([int(w) for w in own])
+            try:
+                gathered = gather([int(w) for w in own])
+            except BaseException as e:
+                self._unsettle(e)
+                raise
         finally:
             self.in_flight = None
         failure = call_failure(self.program, np.array(gathered, dtype=np.uint64), launched.call)
@@ -232,6 +257,22 @@ class DeviceRank:
         return Timeline(
             self.rank, launched.start, launched.arrived, self.program.phase_ends(self.rank, done), done
         )
+
+    def _unsettle(self, error: BaseException) -> None:
+        self.unsettled = first_line(error) or type(error).__name__
+        _UNSETTLED.append(self)  # a peer's kernel may still write its memory: never freed
+
+
+def _unsettled_error(rank: int, why: str) -> RankError:
+    """The refusal of a call on an unsettled state (or on a registered buffer one of whose
+    states is): ``why`` its call failed (a launch cut short, a gather that failed)."""
+    return RankError(
+        f"allreduce failed: rank {rank} cannot run a device call with this setup: an earlier one "
+        f"failed before every rank was known to have ended it ({why}), and a peer still in it may "
+        "write this setup's memory: make the group anew",
+        rank=rank,
+        during="after a device call that failed",
+    )
 
 
 @dataclass(frozen=True)
@@ -263,6 +304,7 @@ def _release(cupy: Any, device_id: int, stream: Any, opened: Sequence[int], own:
 
 _ranks: OrderedDict[Hashable, DeviceRank] = OrderedDict()
 CACHED = 4  # kept per process: each holds an inbox about the size of the buffer
+_UNSETTLED: list[DeviceRank] = []  # states whose call's gather failed, kept for the process's life
 
 
 @dataclass(frozen=True)
@@ -317,23 +359,64 @@ class DeviceCall:
         registration = self.registration
         with self.cupy.cuda.Device(self.device_id):
             if registration is None:
-                key = (self.owner, self.fingerprint, self.rank, self.count, self.dtype, self.device_id)
+                key = _key(self.owner, self.fingerprint, self.rank, self.count, self.dtype, self.device_id)
                 state = cached(_ranks, key, lambda: self._made(None), CACHED)
                 with state.lock:
                     return act(state)
             with registration.lock:  # the group, rank, buffer, count, dtype and GPU are its own
                 if not registration.open:
                     raise InputError("the buffer's registration was closed as its call began")
+                refusal = _refusal_of(self.rank, registration.states.values())
+                if refusal is not None:  # a peer may write the buffer itself
+                    raise refusal
                 if self.fingerprint not in registration.states:
-                    registration.states[self.fingerprint] = self._made(registration.addresses)
+                    registration.states[self.fingerprint] = self._made(
+                        registration.addresses, registration.buffer
+                    )
                 direct: DeviceRank = registration.states[self.fingerprint]
                 with direct.lock:
                     return act(direct)
 
-    def _made(self, addresses: Sequence[int] | None) -> DeviceRank:
+    def _made(self, addresses: Sequence[int] | None, registered: Any = None) -> DeviceRank:
         return DeviceRank(
-            self.cupy, self.program, self.rank, self.count, self.dtype, self.device_id, self.gather, addresses
+            self.cupy,
+            self.program,
+            self.rank,
+            self.count,
+            self.dtype,
+            self.device_id,
+            self.gather,
+            addresses,
+            registered,
         )
+
+
+def unsettled_refusal(
+    owner: Hashable,
+    fingerprint: str,
+    rank: int,
+    count: int,
+    dtype: str,
+    device_id: int,
+    registration: Registration | None,
+) -> RankError | None:
+    """The refusal of a call with this setup (as :class:`DeviceCall` names it) whose state is
+    unsettled (on a ``registration``: any of its states), or None: a caller raises it before its
+    peers are asked anything, as it would be raised at the launch (a group with a collective that
+    failed may not answer them)."""
+    if registration is not None:
+        return _refusal_of(rank, list(registration.states.values()))
+    state = _ranks.get(_key(owner, fingerprint, rank, count, dtype, device_id))
+    return _refusal_of(rank, [] if state is None else [state])
+
+
+def _refusal_of(rank: int, states: Iterable[DeviceRank]) -> RankError | None:
+    why = next((state.unsettled for state in states if state.unsettled is not None), None)
+    return None if why is None else _unsettled_error(rank, why)
+
+
+def _key(owner: Hashable, fingerprint: str, rank: int, count: int, dtype: str, device_id: int) -> Hashable:
+    return owner, fingerprint, rank, count, dtype, device_id
 
 
 class DeviceWork:
