@@ -304,7 +304,7 @@ def _release(cupy: Any, device_id: int, stream: Any, opened: Sequence[int], own:
 
 _ranks: OrderedDict[Hashable, DeviceRank] = OrderedDict()
 CACHED = 4  # kept per process: each holds an inbox about the size of the buffer
-_UNSETTLED: list[DeviceRank] = []  # states whose call's gather failed, kept for the process's life
+_UNSETTLED: list[DeviceRank] = []  # unsettled states, kept for the process's life
 
 
 @dataclass(frozen=True)
@@ -405,7 +405,7 @@ def unsettled_refusal(
     peers are asked anything, as it would be raised at the launch (a group with a collective that
     failed may not answer them)."""
     if registration is not None:
-        return _refusal_of(rank, list(registration.states.values()))
+        return _refusal_of(rank, list(registration.states.values()))  # a snapshot: no lock held
     state = _ranks.get(_key(owner, fingerprint, rank, count, dtype, device_id))
     return _refusal_of(rank, [] if state is None else [state])
 
