@@ -49,7 +49,7 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
 @pytest.fixture
 def cuda(monkeypatch: pytest.MonkeyPatch, host: ctypes.CDLL) -> Iterator[FakeCuda]:
     monkeypatch.setattr(group, "CACHED", 32)  # every rank is in this process: keep each one's state
-    monkeypatch.setattr(group, "_UNSETTLED", [])  # the test's own, let go after it
+    monkeypatch.setattr(group, "_BROKEN", [])  # the test's own, let go after it
     yield from installed(monkeypatch, host)
 
 
@@ -184,13 +184,13 @@ def test_a_rank_whose_kernel_never_runs_is_named_by_every_rank(
 def test_after_waits_that_timed_out_on_the_device_the_next_call_is_exact(cuda: FakeCuda) -> None:
     """The late rank comes 0.6 s late to waits bounded at 0.3 s: every rank's waits give up, every
     kernel ends and every rank's words are gathered, so every rank raises the same RankError and
-    its state stays settled: the next calls, nobody late, sum exactly."""
+    its state is not broken: the next calls, nobody late, sum exactly."""
     schedule = synthesize("stragglar", 4)
     proof = prove(schedule)
     gather = AllGather(4)
     results = ranks_run(schedule, fresh(4, 40, "float32", 5), gather, delay=0.6, timeout=0.3)
     assert all(isinstance(r, RankError) and r.reason == "timed out" for r in results), results
-    assert len({str(r) for r in results}) == 1 and not group._UNSETTLED
+    assert len({str(r) for r in results}) == 1 and not group._BROKEN
     for seed in (6, 7):
         data = fresh(4, 40, "float32", seed)
         want = [np.array(d).view(np.ndarray) for d in data]
@@ -255,7 +255,7 @@ def test_a_setup_whose_call_failed_before_every_rank_s_words_runs_no_call_again(
             "may write this setup's memory: make the group anew"
         )
         assert (error.rank, error.reason, error.during) == (rank, "failed", "after a device call that failed")
-    kept = {id(state) for state in group._UNSETTLED}
+    kept = {id(state) for state in group._BROKEN}
     assert kept == {id(state) for state in group._ranks.values()} and len(kept) == 4
     group._ranks.clear()
     gc.collect()
@@ -607,9 +607,9 @@ def test_a_registered_buffer_whose_call_failed_runs_no_call_again_and_stays_allo
             f"allreduce failed: rank {r} cannot run a device call with this setup: an earlier one failed"
         ), refused
         assert not registration.open
-    kept = sorted(state.rank for state in group._UNSETTLED)
-    assert kept == [0, 1, 2] and all(state.registered is not None for state in group._UNSETTLED)
-    assert sorted(int(state.registered.data.ptr) for state in group._UNSETTLED) == sorted(
+    kept = sorted(state.rank for state in group._BROKEN)
+    assert kept == [0, 1, 2] and all(state.registered is not None for state in group._BROKEN)
+    assert sorted(int(state.registered.data.ptr) for state in group._BROKEN) == sorted(
         int(b.data.ptr) for b in buffers
     )
 

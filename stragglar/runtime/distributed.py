@@ -39,7 +39,7 @@ from stragglar.runtime.device.buffers import (
     on_device,
     queued_work_done,
 )
-from stragglar.runtime.device.group import DeviceCall, DeviceWork, Gather, unsettled_refusal
+from stragglar.runtime.device.group import DeviceCall, DeviceWork, Gather, broken_refusal
 from stragglar.runtime.device.shared import Registration, register, registered
 from stragglar.runtime.graphs import Capturing, release, shared
 from stragglar.runtime.header import agree, inspect_call
@@ -228,7 +228,7 @@ def allreduce(
             on_device=int(on_device), registered=0 if registration is None else registration.number
         )
         if on_device and flat is not None:  # a setup whose call failed is refused before the gather
-            _refuse_unsettled(runner, flat, proof, registration)
+            _refuse_broken(runner, flat, proof, registration)
         # the header is all-gathered where the channel says so, and this rank's own problem raised
         # after the gather, so that its peers raise theirs rather than wait for it
         channel = runner.channel(tag)
@@ -418,10 +418,10 @@ def _device_call(
     )
 
 
-def _refuse_unsettled(runner: Engine, flat: Array, proof: Proof, registration: Registration | None) -> None:
-    """Raise the refusal of a device call whose setup is unsettled
-    (:func:`~stragglar.runtime.device.group.unsettled_refusal`), before its header is gathered."""
-    refusal = unsettled_refusal(
+def _refuse_broken(runner: Engine, flat: Array, proof: Proof, registration: Registration | None) -> None:
+    """Raise the refusal of a device call whose setup is broken
+    (:func:`~stragglar.runtime.device.group.broken_refusal`), before its header is gathered."""
+    refusal = broken_refusal(
         runner.owner,
         proof.schedule.fingerprint,
         runner.rank,

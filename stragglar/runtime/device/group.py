@@ -13,11 +13,11 @@ slots, and what lets every rank raise the same :class:`~stragglar.runtime.failur
 dead peer process leaves the others' waits to time out on the device, then their gather to
 fail.  Several ranks may share a GPU: their kernels then time-slice (correct, not fast).
 
-A call whose gather failed, or whose launch was cut short, leaves its state *unsettled*: this
+A call whose gather failed, or whose launch was cut short, leaves its state *broken*: this
 rank cannot know that its peers' kernels of that call have ended (they wait for every rank's
 signals), and one still running may write this state's inbox and flags (and a registered buffer)
 until its own waits give up, where a next call on the state would take its data for the next
-call's.  So no call runs on an unsettled state again (each is refused, naming the failure), and
+call's.  So no call runs on a broken state again (each is refused, naming the failure), and
 its memory is never freed (nor a registered buffer let go): memory reused elsewhere must not take
 a peer's late writes.  A group whose collective failed is one to make anew, as NCCL's
 communicators are after an error.
@@ -74,7 +74,7 @@ from stragglar.runtime.failures import RankError, first_line
 from stragglar.runtime.kernels import SUMS
 from stragglar.runtime.plans import cached
 
-__all__ = ["DeviceCall", "DeviceRank", "DeviceWork", "Gather", "Launched", "unsettled_refusal"]
+__all__ = ["DeviceCall", "DeviceRank", "DeviceWork", "Gather", "Launched", "broken_refusal"]
 
 Gather = Callable[[Sequence[int]], list[tuple[int, ...]]]  # every rank's integers, in rank order
 _T = TypeVar("_T")
@@ -84,7 +84,7 @@ class DeviceRank:
     """One rank's device state on a group: its program's rows, its inbox, flags and words,
     its peers' inboxes and flags opened from their handles, every rank's buffer where the buffer
     is registered (``addresses``; None: only this rank's, known per call; ``registered``: the
-    buffer itself, kept with the state if it is ever unsettled), and the number of its last
+    buffer itself, kept with the state if it is ever broken), and the number of its last
     call."""
 
     def __init__(
@@ -160,7 +160,7 @@ class DeviceRank:
         self.call = 0
         self.in_flight: Launched | None = None  # a call launched and not yet finished
         self.registered = registered
-        self.unsettled: str | None = None  # why a call on it failed unsettled; then none runs on it
+        self.broken: str | None = None  # why a call on it broke it; then none runs on it
 
     def _own_buffer(self, buffer: int) -> Any:
         """Every rank's buffer address as the kernel takes them: a registered buffer's, else this
@@ -185,7 +185,7 @@ class DeviceRank:
         ``straggler_delay`` s if it is the late rank; each of its waits bounded by ``timeout_s``),
         without waiting for it.  Refused while this state's last call is launched and not yet
         finished (its inbox and flags are that call's until every rank's words say it ended), and
-        on an unsettled state.  A launch cut short unsettles the state: the peers' kernels of the
+        on a broken state.  A launch cut short breaks the state: the peers' kernels of the
         call wait for this rank's signals, and write into its inbox, until their waits give up."""
         if self.in_flight is not None:
             raise InputError(
@@ -200,7 +200,7 @@ class DeviceRank:
         try:
             launched = self._launched(buffer, straggler_delay, late_rank, timeout_s)
         except BaseException as e:
-            self._unsettle(e)
+            self._break(e)
             raise
         self.in_flight = launched
         return launched
@@ -234,7 +234,7 @@ class DeviceRank:
         raises the same error if a wait timed out anywhere, or a rank's kernel did not count the
         call.  The gather is also what keeps a rank from launching its next call on this state
         while a peer still reads this call's inbox slots, so the state is free only after it; a
-        gather that fails unsettles the state."""
+        gather that fails breaks the state."""
         if self.in_flight is not launched:
             raise InputError("this device call was waited for already")
         try:
@@ -247,7 +247,7 @@ class DeviceRank:
             try:
                 gathered = gather([int(w) for w in own])
             except BaseException as e:
-                self._unsettle(e)
+                self._break(e)
                 raise
         finally:
             self.in_flight = None
@@ -258,13 +258,13 @@ class DeviceRank:
             self.rank, launched.start, launched.arrived, self.program.phase_ends(self.rank, done), done
         )
 
-    def _unsettle(self, error: BaseException) -> None:
-        self.unsettled = first_line(error) or type(error).__name__
-        _UNSETTLED.append(self)  # a peer's kernel may still write its memory: never freed
+    def _break(self, error: BaseException) -> None:
+        self.broken = first_line(error) or type(error).__name__
+        _BROKEN.append(self)  # a peer's kernel may still write its memory: never freed
 
 
-def _unsettled_error(rank: int, why: str) -> RankError:
-    """The refusal of a call on an unsettled state (or on a registered buffer one of whose
+def _broken_error(rank: int, why: str) -> RankError:
+    """The refusal of a call on a broken state (or on a registered buffer one of whose
     states is): ``why`` its call failed (a launch cut short, a gather that failed)."""
     return RankError(
         f"allreduce failed: rank {rank} cannot run a device call with this setup: an earlier one "
@@ -304,7 +304,7 @@ def _release(cupy: Any, device_id: int, stream: Any, opened: Sequence[int], own:
 
 _ranks: OrderedDict[Hashable, DeviceRank] = OrderedDict()
 CACHED = 4  # kept per process: each holds an inbox about the size of the buffer
-_UNSETTLED: list[DeviceRank] = []  # unsettled states, kept for the process's life
+_BROKEN: list[DeviceRank] = []  # broken states, kept for the process's life
 
 
 @dataclass(frozen=True)
@@ -391,7 +391,7 @@ class DeviceCall:
         )
 
 
-def unsettled_refusal(
+def broken_refusal(
     owner: Hashable,
     fingerprint: str,
     rank: int,
@@ -401,7 +401,7 @@ def unsettled_refusal(
     registration: Registration | None,
 ) -> RankError | None:
     """The refusal of a call with this setup (as :class:`DeviceCall` names it) whose state is
-    unsettled (on a ``registration``: any of its states), or None: a caller raises it before its
+    broken (on a ``registration``: any of its states), or None: a caller raises it before its
     peers are asked anything, as it would be raised at the launch (a group with a collective that
     failed may not answer them)."""
     if registration is not None:
@@ -411,8 +411,8 @@ def unsettled_refusal(
 
 
 def _refusal_of(rank: int, states: Iterable[DeviceRank]) -> RankError | None:
-    why = next((state.unsettled for state in states if state.unsettled is not None), None)
-    return None if why is None else _unsettled_error(rank, why)
+    why = next((state.broken for state in states if state.broken is not None), None)
+    return None if why is None else _broken_error(rank, why)
 
 
 def _key(owner: Hashable, fingerprint: str, rank: int, count: int, dtype: str, device_id: int) -> Hashable:
