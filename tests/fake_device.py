@@ -614,7 +614,7 @@ def installed(
     registrations, no blocks held on any GPU, and the driver's allocation lookup answered from
     the stand-in's allocations (``cuda``: a stand-in of the caller's making, else one of a device
     with ``attributes``)."""
-    from stragglar.runtime.device import group, ipc, loopback, residency, shared
+    from stragglar.runtime.device import group, ipc, loopback, residency, shared, states
 
     fake = FakeCuda(dict(H200 if attributes is None else attributes)) if cuda is None else cuda
     resident = residency.Residency()  # no test's holds in another's
@@ -623,7 +623,9 @@ def installed(
     surface = Surface()
     monkeypatch.setitem(sys.modules, "cupy", watched(fake_cupy(fake, library), surface))
     monkeypatch.setattr(loopback, "_loopbacks", type(loopback._loopbacks)())
-    monkeypatch.setattr(group, "_ranks", type(group._ranks)())
+    monkeypatch.setattr(states, "_kept", {})
+    monkeypatch.setattr(states, "_broken", [])  # the test's own broken states, let go after it
+    monkeypatch.setattr(states, "_broken_buffers", {})
     monkeypatch.setattr(shared, "_registry", {})
     monkeypatch.setattr(shared, "_numbers", {})
     monkeypatch.setattr(ipc, "OPENINGS", ipc.Openings())

@@ -33,7 +33,8 @@ from stragglar.runtime import (
     allreduce_local,
     register_buffer,
 )
-from stragglar.runtime.device import group, program_for, shared
+from stragglar.runtime.device import group, program_for, shared, states
+from stragglar.runtime.device.kernel import RANK_WORDS
 from stragglar.runtime.device.lowering import lower
 from stragglar.runtime.program import compile_schedule
 from stragglar.schedule import Schedule
@@ -49,7 +50,6 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
 @pytest.fixture
 def cuda(monkeypatch: pytest.MonkeyPatch, host: ctypes.CDLL) -> Iterator[FakeCuda]:
     monkeypatch.setattr(group, "CACHED", 32)  # every rank is in this process: keep each one's state
-    monkeypatch.setattr(group, "_BROKEN", [])  # the test's own, let go after it
     yield from installed(monkeypatch, host)
 
 
@@ -86,9 +86,11 @@ def ranks_run(
     absent: Sequence[int] = (),
     timeout: float = 30.0,
     owner: str = "group",
+    channel: int | None = None,
+    start: Callable[[int], float] = lambda rank: 0.0,
 ) -> list[Any]:
-    """Every rank but ``absent`` in a thread of its own, on the group ``owner``; each rank's result
-    or exception."""
+    """Every rank but ``absent`` in a thread of its own, on ``channel`` of the group ``owner``, each
+    beginning its call ``start(rank)`` s after its thread; each rank's result or exception."""
     import cupy
 
     proof = prove(schedule)
@@ -96,10 +98,11 @@ def ranks_run(
     results: list[Any] = [None] * schedule.num_ranks
 
     def rank(r: int) -> None:
+        time.sleep(start(r))
         try:
             results[r] = group.DeviceCall(
                 cupy,
-                owner,
+                states.states_for(owner, channel)[0],
                 program,
                 proof.schedule.fingerprint,
                 r,
@@ -122,6 +125,18 @@ def ranks_run(
         t.join(60)
         assert not t.is_alive()
     return results
+
+
+def kept_states() -> list[group.DeviceRank]:
+    """Every staged call's state this process keeps, on every group and channel."""
+    return [state for kept in states._kept.values() for state in kept.values()]
+
+
+def drop_states() -> None:
+    """Let go of every group's staged states, as torch's destroy of each group would."""
+    for kept in list(states._kept.values()):
+        states.forget(kept)
+    gc.collect()
 
 
 def fresh(n: int, count: int, dtype: str, seed: int) -> list[Any]:
@@ -153,7 +168,7 @@ def test_ranks_on_a_group_sum_as_the_interpreter_and_exchange_handles_once(
     assert gather.calls == 1 + 3  # the handles once, then each call's error words
     assert len(cuda.opened) == 2 * n * (n - 1)  # each rank opened each peer's inbox and flags, once
     assert cuda.system == [True] * 3 * n  # a peer may be on another GPU: flags at the system's scope
-    group._ranks.clear()  # dropped: the peers' memory closed, its own freed
+    drop_states()  # the peers' memory closed, its own freed
     gc.collect()
     assert sorted(cuda.closed) == sorted(cuda.opened) and not cuda.allocations
     late = results[schedule.late_rank]
@@ -190,7 +205,7 @@ def test_after_waits_that_timed_out_on_the_device_the_next_call_is_exact(cuda: F
     gather = AllGather(4)
     results = ranks_run(schedule, fresh(4, 40, "float32", 5), gather, delay=0.6, timeout=0.3)
     assert all(isinstance(r, RankError) and r.reason == "timed out" for r in results), results
-    assert len({str(r) for r in results}) == 1 and not group._BROKEN
+    assert len({str(r) for r in results}) == 1 and not states._broken
     for seed in (6, 7):
         data = fresh(4, 40, "float32", seed)
         want = [np.array(d).view(np.ndarray) for d in data]
@@ -198,6 +213,110 @@ def test_after_waits_that_timed_out_on_the_device_the_next_call_is_exact(cuda: F
         results = ranks_run(schedule, data, gather)
         assert not [r for r in results if isinstance(r, Exception)], results
         assert all(w.tobytes() == np.array(g).tobytes() for w, g in zip(want, data, strict=True)), seed
+
+
+def exact(schedule: Schedule, seed: int, **options: Any) -> bool:
+    """Whether every rank of a call on fresh data (``options``: :func:`ranks_run`'s) sums exactly."""
+    data = fresh(schedule.num_ranks, 40, "float32", seed)
+    want = [np.array(d).view(np.ndarray) for d in data]
+    allreduce_local(want, prove(schedule))
+    results = ranks_run(schedule, data, **options)
+    assert not [r for r in results if isinstance(r, Exception)], results
+    return all(w.tobytes() == np.array(g).tobytes() for w, g in zip(want, data, strict=True))
+
+
+def test_calls_on_two_channels_of_a_group_at_once_each_run_on_states_of_their_own(cuda: FakeCuda) -> None:
+    """Two calls of one setup at once on two channels (tags on gloo), begun in opposite orders by
+    the even and the odd ranks: each channel keeps states of its own, so each sums exactly (on one
+    state, a rank's kernel of one call would meet a peer's of the other, and mix their data)."""
+    schedule = synthesize("ring", 4)
+    outcomes: dict[int, bool] = {}
+
+    def channel(tag: int) -> None:
+        later = (lambda r: 0.1 * (r % 2)) if tag == 1 else (lambda r: 0.1 * (1 - r % 2))
+        outcomes[tag] = exact(schedule, tag, gather=AllGather(4), channel=tag, start=later)
+
+    threads = [threading.Thread(target=channel, args=(tag,)) for tag in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert outcomes == {1: True, 2: True}
+    assert set(states._kept) == {("group", 1), ("group", 2)}
+
+
+def test_calls_on_another_group_keep_this_group_s_states(
+    cuda: FakeCuda, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each group keeps its own few states: the calls of another group in between (which, in one
+    cache for the whole process, would push this group's out) leave them, so this group's next
+    call gathers no handles."""
+    monkeypatch.setattr(group, "CACHED", 4)  # one setup's 4 ranks, all in this process
+    schedule = synthesize("stragglar", 4)
+    here, there = AllGather(4), AllGather(4)
+    assert exact(schedule, 1, gather=here)
+    assert exact(schedule, 2, gather=there, owner="another group")
+    assert exact(schedule, 3, gather=here)
+    assert here.calls == 1 + 2  # the handles once, then each call's words
+
+
+class OddWords(AllGather):
+    """An all-gather where rank ``odd`` sends one integer too many with a call's words (as a peer in
+    another call, whose states differ, would send its handles instead)."""
+
+    def __init__(self, size: int, odd: int) -> None:
+        super().__init__(size)
+        self.odd = odd
+
+    def of(self, rank: int) -> Callable[[Sequence[int]], list[tuple[int, ...]]]:
+        gather = super().of(rank)
+        if rank != self.odd:
+            return gather
+        return lambda values: gather([*values, 0] if len(values) == RANK_WORDS else values)
+
+
+def test_a_peer_that_answers_with_other_words_fails_every_rank_and_breaks_its_state(cuda: FakeCuda) -> None:
+    schedule = synthesize("stragglar", 3)
+    results = ranks_run(schedule, fresh(3, 30, "float32", 4), OddWords(3, odd=2))
+    assert all(isinstance(r, RankError) for r in results), results
+    assert [str(r) for r in results] == [
+        f"allreduce failed: rank {rank} gathered its call's words, and rank 2 answered with "
+        f"{RANK_WORDS + 1} integers where {RANK_WORDS} were due: it is in another call"
+        for rank in range(3)
+    ]
+    assert [(r.rank, r.peer) for r in results] == [(0, 2), (1, 2), (2, 2)]
+    assert len(states._broken) == 3
+
+
+def test_a_failure_between_the_kernel_s_end_and_the_gather_breaks_the_state(
+    cuda: FakeCuda, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 0's wait for its own kernel raises (a CUDA error, or an interrupt as it returns): it
+    never reaches the gather, so its peers' gathers fail, and every rank's state is broken alike,
+    rank 0's too: the next call is refused on every rank at once."""
+    schedule = synthesize("stragglar", 3)
+    run = group.DeviceRank.run
+
+    def failing(self: group.DeviceRank, *args: Any) -> Any:
+        if self.rank == 0:
+            synchronize = self.stream.synchronize
+
+            def fails() -> None:
+                synchronize()
+                self.stream.synchronize = synchronize  # once: the state's release waits again
+                raise RuntimeError("cudaErrorIllegalAddress: an illegal memory access")
+
+            self.stream.synchronize = fails
+        return run(self, *args)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(group.DeviceRank, "run", failing)
+        results = ranks_run(schedule, fresh(3, 30, "float32", 5), AllGather(3, timeout=2.0))
+    assert "cudaErrorIllegalAddress" in str(results[0])
+    assert all(isinstance(r, TimeoutError) for r in results[1:]), results
+    assert sorted(state.rank for state in states._broken) == [0, 1, 2]
+    results = ranks_run(schedule, fresh(3, 30, "float32", 6), AllGather(3))
+    assert all(isinstance(r, RankError) and "cannot run this device call" in str(r) for r in results)
 
 
 def test_a_rank_that_never_comes_ends_the_others_calls(
@@ -250,14 +369,14 @@ def test_a_setup_whose_call_failed_before_every_rank_s_words_runs_no_call_again(
     for rank, error in enumerate(results):
         why = "cudaErrorLaunchFailure" if rank == late else "a rank did not come to the gather"
         assert str(error) == (
-            f"allreduce failed: rank {rank} cannot run a device call with this setup: an earlier one "
-            f"failed before every rank was known to have ended it ({why}), and a peer still in it "
-            "may write this setup's memory: make the group anew"
+            f"allreduce failed: rank {rank} cannot run this device call: an earlier call on its setup "
+            f"or buffer failed before every rank was known to have ended it ({why}), so a peer's "
+            "kernel may still write there: make the group anew"
         )
         assert (error.rank, error.reason, error.during) == (rank, "failed", "after a device call that failed")
-    kept = {id(state) for state in group._BROKEN}
-    assert kept == {id(state) for state in group._ranks.values()} and len(kept) == 4
-    group._ranks.clear()
+    kept = {id(state) for state in states._broken}
+    assert kept == {id(state) for state in kept_states()} and len(kept) == 4
+    drop_states()
     gc.collect()
     assert len(cuda.allocations) >= 4 * 2  # every rank's inbox and flags are still there
     data = fresh(4, 40, "float32", 4)
@@ -400,7 +519,7 @@ def test_calls_on_registered_buffers_run_direct_and_sum_as_the_interpreter(
         assert [got[call] for got, _ in results] == summed(proof, arrays), call
     states = [state for _, kept in results for state in kept]
     assert len(states) == n and all(s.program.direct for s in states)  # one state per rank, direct
-    assert not group._ranks  # none among the staged calls' states
+    assert not kept_states()  # none among the staged calls' states
     every = np.array([b.data.ptr for b in buffers], dtype=np.uint64)
     assert all(np.array_equal(s.buffer_pointers[1], every) for s in states)  # each reaches every buffer
     bases = {cuda.base_of(b.data.ptr) for b in buffers}
@@ -549,7 +668,7 @@ def test_a_registration_closed_everywhere_runs_staged_and_one_closed_alone_fails
 
     *results, _, _ = run_ranks(3, rank)
     assert results == summed(proof, arrays)
-    assert [s.program.direct for s in group._ranks.values()] == [False] * 3  # the registered ones went
+    assert [s.program.direct for s in kept_states()] == [False] * 3  # the registered ones went
     assert not shared._registry and not shared._numbers  # every rank closed all it had: groups forgotten
     assert sorted(set(cuda.closed) & {cuda.base_of(b.data.ptr) for b in buffers}) == sorted(
         cuda.base_of(b.data.ptr) for b in buffers
@@ -573,7 +692,8 @@ def test_a_registered_buffer_whose_call_failed_runs_no_call_again_and_stays_allo
     """Rank 2's launch fails on a registered buffer: its peers' kernels give up and their gather
     fails.  A peer's kernel of a direct call writes this rank's buffer itself, so every later call
     on the registration is refused, another schedule's too, and the failed state keeps the buffer
-    after the registration is closed (memory reused elsewhere must not take a late write)."""
+    after the registration is closed (memory reused elsewhere must not take a late write), and a
+    staged call on that buffer is refused as well."""
     proof, other = prove(synthesize("stragglar", 3)), prove(synthesize("ring", 3))
     buffers = [cuda.buffer(v) for v in values(3, 24, "float32", 6)]
     run = group.DeviceRank.run
@@ -585,7 +705,7 @@ def test_a_registered_buffer_whose_call_failed_runs_no_call_again_and_stays_allo
 
     monkeypatch.setattr(group.DeviceRank, "run", failing)
 
-    def rank(r: int, g: Any) -> tuple[Exception, Exception, Any]:
+    def rank(r: int, g: Any) -> tuple[Exception, Exception, Exception, Any]:
         registration = register_buffer(buffers[r], g, timeout=10)
         try:
             allreduce(buffers[r], proof, g, timeout=0.3, engine="device")
@@ -596,20 +716,25 @@ def test_a_registered_buffer_whose_call_failed_runs_no_call_again_and_stays_allo
         except Exception as e:
             refused = e
         registration.close()
-        return failed, refused, registration
+        try:  # staged now, on the buffer a peer's kernel of the failed call may still write
+            allreduce(buffers[r], proof, g, timeout=10, engine="device")
+        except Exception as e:
+            staged = e
+        return failed, refused, staged, registration
 
     *results, _, _ = run_ranks(3, rank)
     assert [type(x) for x in results] == [tuple] * 3, results
     assert str(results[2][0]) == "launch failed"
-    assert all(isinstance(failed, RankError) for failed, _, _ in results[:2]), results
-    for r, (_, refused, registration) in enumerate(results):
-        assert isinstance(refused, RankError) and str(refused).startswith(
-            f"allreduce failed: rank {r} cannot run a device call with this setup: an earlier one failed"
-        ), refused
+    assert all(isinstance(failed, RankError) for failed, *_ in results[:2]), results
+    for r, (_, refused, staged, registration) in enumerate(results):
+        for error in (refused, staged):
+            assert isinstance(error, RankError) and str(error).startswith(
+                f"allreduce failed: rank {r} cannot run this device call: an earlier call on its setup"
+            ), error
         assert not registration.open
-    kept = sorted(state.rank for state in group._BROKEN)
-    assert kept == [0, 1, 2] and all(state.registered is not None for state in group._BROKEN)
-    assert sorted(int(state.registered.data.ptr) for state in group._BROKEN) == sorted(
+    kept = sorted(state.rank for state in states._broken)
+    assert kept == [0, 1, 2] and all(state.registered is not None for state in states._broken)
+    assert sorted(int(state.registered.data.ptr) for state in states._broken) == sorted(
         int(b.data.ptr) for b in buffers
     )
 
@@ -636,8 +761,7 @@ def test_every_launch_allocation_and_handle_is_made_on_the_buffer_s_gpu(cuda: Fa
     *results, _, _ = run_ranks(n, rank)
     assert not [x for x in results if isinstance(x, Exception)], results
     assert [got[0] for got in results] == [got[1] for got in results] == summed(proof, inputs)
-    group._ranks.clear()  # the staged states go here, in this thread, on GPU 0
-    gc.collect()
+    drop_states()  # the staged states go here, in this thread, on GPU 0
     assert cuda.closed and not set(cuda.allocations) - {cuda.base_of(b.data.ptr) for b in (*kept, *other)}
     assert cuda.current_devices == {1}  # the registrations closed and the states freed on GPU 1 too
 
@@ -727,6 +851,31 @@ def test_an_async_call_is_waited_for_once_and_its_buffer_not_launched_on_before(
     ]
     assert results == [refusals] * n, results
     assert [np.array(k).tobytes() for k in kept] == summed(proof, inputs)
+
+
+def test_a_work_dropped_without_its_wait_breaks_its_state_and_keeps_its_memory(cuda: FakeCuda) -> None:
+    """Every rank launches a call and drops its work unwaited: nothing says the peers' kernels have
+    ended, so the state is broken and kept (not freed when the cache lets it go), and the next
+    call with that setup is refused, naming why."""
+    proof = prove(synthesize("stragglar", 3))
+    buffers = [cuda.buffer(v) for v in values(3, 20, "float32", 7)]
+
+    def rank(r: int, g: Any) -> Exception:
+        work = allreduce(buffers[r], proof, g, timeout=10, engine="device", async_op=True)
+        del work  # never waited for
+        try:
+            allreduce(buffers[r], proof, g, timeout=10, engine="device")
+        except Exception as e:
+            return e
+        raise AssertionError("the call after a dropped work ran")
+
+    *results, _, _ = run_ranks(3, rank)
+    assert [type(x) for x in results] == [RankError] * 3, results
+    assert all("(a device call launched and never waited for)" in str(x) for x in results)
+    broken = list(states._broken)
+    assert sorted(state.rank for state in broken) == [0, 1, 2]
+    drop_states()
+    assert all(s.inbox_pointers is not None for s in broken)  # still here: kept for the process's life
 
 
 def test_async_op_applies_to_the_device_engine_only(cuda: FakeCuda) -> None:

@@ -22,7 +22,7 @@ from cupy_surface import bare
 from fake_device import H200, MappedCuda, host_or_skip, installed
 
 from stragglar.runtime import allreduce_local
-from stragglar.runtime.device import group, program_for, shared
+from stragglar.runtime.device import group, program_for, shared, states
 from stragglar.synth import synthesize
 from stragglar.verify import prove
 
@@ -86,7 +86,7 @@ def rank_process(
             on[...] = arrays[rank]
             group.DeviceCall(
                 cupy,
-                "group",
+                states.states_for("group", None)[0],
                 program_for(proof, direct=call < len(inputs)),
                 proof.schedule.fingerprint,
                 rank,

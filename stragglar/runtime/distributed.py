@@ -39,8 +39,9 @@ from stragglar.runtime.device.buffers import (
     on_device,
     queued_work_done,
 )
-from stragglar.runtime.device.group import DeviceCall, DeviceWork, Gather, broken_refusal
+from stragglar.runtime.device.group import DeviceCall, DeviceWork, Gather
 from stragglar.runtime.device.shared import Registration, register, registered
+from stragglar.runtime.device.states import States, forget, states_for
 from stragglar.runtime.graphs import Capturing, release, shared
 from stragglar.runtime.header import agree, inspect_call
 from stragglar.runtime.interpreter import Packing, Transport, run_rank, run_rank_replayed
@@ -227,11 +228,19 @@ def allreduce(
         header = header._replace(
             on_device=int(on_device), registered=0 if registration is None else registration.number
         )
-        if on_device and flat is not None:  # a setup whose call failed is refused before the gather
-            _refuse_broken(runner, flat, proof, registration)
+        channel = runner.channel(tag)
+        device = None
+        if on_device and flat is not None and problem is None:
+            try:
+                device = _device_call(runner, flat, proof, late_rank, delay, wait, channel, registration)
+            except InputError as e:  # no CuPy: said after the gather, as any problem of this rank
+                problem = e
+            else:
+                refusal = device.refusal()  # a broken setup or buffer: refused before the gather
+                if refusal is not None:
+                    raise refusal
         # the header is all-gathered where the channel says so, and this rank's own problem raised
         # after the gather, so that its peers raise theirs rather than wait for it
-        channel = runner.channel(tag)
         with _channels.enter(runner.owner, channel, header, lockstep=lockstep) as call:
             if call.must_check:
                 gathered = runner.gather(header, data if flat is None else flat, wait, channel)
@@ -240,8 +249,7 @@ def allreduce(
                     call.agreed()
             if problem is not None:
                 raise problem
-            if on_device:
-                device = _device_call(runner, flat, proof, late_rank, delay, wait, channel, registration)
+            if device is not None:
                 if async_op:
                     return device.launch(_gather_on(runner, flat, tag, _plus(wait, delay)))
                 return device.run()
@@ -402,7 +410,7 @@ def _device_call(
     timeout = MAX_TIMEOUT + delay if wait is None else wait + delay  # a device wait is always bounded
     return DeviceCall(
         cupy,
-        runner.owner,
+        _device_states(runner, channel),
         program,
         fingerprint,
         runner.rank,
@@ -418,20 +426,13 @@ def _device_call(
     )
 
 
-def _refuse_broken(runner: Engine, flat: Array, proof: Proof, registration: Registration | None) -> None:
-    """Raise the refusal of a device call whose setup is broken
-    (:func:`~stragglar.runtime.device.group.broken_refusal`), before its header is gathered."""
-    refusal = broken_refusal(
-        runner.owner,
-        proof.schedule.fingerprint,
-        runner.rank,
-        int(flat.shape[0]),
-        dtype_name(flat),
-        address_of(flat)[1],
-        registration,
-    )
-    if refusal is not None:
-        raise refusal
+def _device_states(runner: Engine, channel: int | None) -> States:
+    """The device engine's states on ``channel`` of ``runner``'s group
+    (:mod:`~stragglar.runtime.device.states`); a torch group's go before torch destroys it."""
+    states, made = states_for(runner.owner, channel)
+    if made and not isinstance(runner, NcclEngine):
+        before_destroy(states, (runner.owner,), forget)
+    return states
 
 
 def _gather_on(runner: Engine, flat: Array, tag: int, timeout: float | None) -> Callable[[Any], Gather]:

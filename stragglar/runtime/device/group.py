@@ -13,15 +13,6 @@ slots, and what lets every rank raise the same :class:`~stragglar.runtime.failur
 dead peer process leaves the others' waits to time out on the device, then their gather to
 fail.  Several ranks may share a GPU: their kernels then time-slice (correct, not fast).
 
-A call whose gather failed, or whose launch was cut short, leaves its state *broken*: this
-rank cannot know that its peers' kernels of that call have ended (they wait for every rank's
-signals), and one still running may write this state's inbox and flags (and a registered buffer)
-until its own waits give up, where a next call on the state would take its data for the next
-call's.  So no call runs on a broken state again (each is refused, naming the failure), and
-its memory is never freed (nor a registered buffer let go): memory reused elsewhere must not take
-a peer's late writes.  A group whose collective failed is one to make anew, as NCCL's
-communicators are after an error.
-
 A call on a registered buffer (:mod:`~stragglar.runtime.device.shared`) has a state of its own,
 which knows every rank's buffer and so runs direct transfers, kept by the registration as long
 as it is open (a loop over many registered buffers does not make states anew each call); its
@@ -36,9 +27,10 @@ launch holds its kernel's blocks on the GPU until the kernel ends
 (:mod:`~stragglar.runtime.device.residency`): one that would not fit beside the kernels still
 running waits for them, so that every kernel launched can be resident whole.
 
-Every rank of a group makes the same calls (the header check sees to it), so the ranks make and
-drop their states together, least recently used first; a dropped state closes the peers' memory
-it opened and frees its own, once its last kernel has ended.
+The states are kept per group and channel, so that the ranks make and drop them together, and a
+call that failed before every rank's words leaves its state broken, never used nor freed again
+(:mod:`~stragglar.runtime.device.states`); a dropped state closes the peers' memory it opened and
+frees its own, once its last kernel has ended.
 """
 
 from __future__ import annotations
@@ -46,8 +38,7 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, TypeVar
@@ -69,12 +60,19 @@ from stragglar.runtime.device.kernel import (
 from stragglar.runtime.device.loopback import blocks_for, call_failure, resident_blocks
 from stragglar.runtime.device.residency import RESIDENT, Held
 from stragglar.runtime.device.shared import Registration
+from stragglar.runtime.device.states import (
+    CACHED,
+    States,
+    broken_buffer,
+    broken_error,
+    keep_broken,
+)
 from stragglar.runtime.device.table import DeviceProgram
 from stragglar.runtime.failures import RankError, first_line
 from stragglar.runtime.kernels import SUMS
 from stragglar.runtime.plans import cached
 
-__all__ = ["DeviceCall", "DeviceRank", "DeviceWork", "Gather", "Launched", "broken_refusal"]
+__all__ = ["DeviceCall", "DeviceRank", "DeviceWork", "Gather", "Launched"]
 
 Gather = Callable[[Sequence[int]], list[tuple[int, ...]]]  # every rank's integers, in rank order
 _T = TypeVar("_T")
@@ -137,9 +135,13 @@ class DeviceRank:
             *handle_words(runtime.ipcGetMemHandle(inbox)),
             *handle_words(runtime.ipcGetMemHandle(flags)),
         ]
-        gathered = gather(own)
-        self.blocks = min(words[0] for words in gathered)
         width = HANDLE_BYTES // 8
+        try:
+            gathered = _rows(gather(own), 1 + 2 * width, rank, "its device state's handles")
+        except BaseException as e:  # a peer that had the handles may write this memory: kept
+            keep_broken(self, None, first_line(e) or type(e).__name__)
+            raise
+        self.blocks = min(words[0] for words in gathered)
         inboxes, flag_arrays = [], []
         for peer, words in enumerate(gathered):
             if peer == rank:
@@ -187,20 +189,19 @@ class DeviceRank:
         finished (its inbox and flags are that call's until every rank's words say it ended), and
         on a broken state.  A launch cut short breaks the state: the peers' kernels of the
         call wait for this rank's signals, and write into its inbox, until their waits give up."""
+        if self.broken is not None:
+            raise broken_error(self.rank, self.broken)
         if self.in_flight is not None:
             raise InputError(
                 "a device call with this setup (group, schedule, element count and dtype, or its "
                 "registered buffer) was launched and not waited for: wait() for it first (each "
                 "registered buffer has a setup of its own)"
             )
-        refusal = _refusal_of(self.rank, [self])
-        if refusal is not None:
-            raise refusal
         self.call += 1
         try:
             launched = self._launched(buffer, straggler_delay, late_rank, timeout_s)
         except BaseException as e:
-            self._break(e)
+            self.breaks(first_line(e) or type(e).__name__)
             raise
         self.in_flight = launched
         return launched
@@ -234,7 +235,8 @@ class DeviceRank:
         raises the same error if a wait timed out anywhere, or a rank's kernel did not count the
         call.  The gather is also what keeps a rank from launching its next call on this state
         while a peer still reads this call's inbox slots, so the state is free only after it; a
-        gather that fails breaks the state."""
+        wait that does not reach every rank's words (anything raised here, an interrupt too)
+        breaks the state."""
         if self.in_flight is not launched:
             raise InputError("this device call was waited for already")
         try:
@@ -244,11 +246,10 @@ class DeviceRank:
                 RESIDENT.release(self.device_id, self.holding)
             done = time.perf_counter()
             own = self.words.get().reshape(-1, RANK_WORDS)[self.rank]
-            try:
-                gathered = gather([int(w) for w in own])
-            except BaseException as e:
-                self._break(e)
-                raise
+            gathered = _rows(gather([int(w) for w in own]), RANK_WORDS, self.rank, "its call's words")
+        except BaseException as e:
+            self.breaks(first_line(e) or type(e).__name__)
+            raise
         finally:
             self.in_flight = None
         failure = call_failure(self.program, np.array(gathered, dtype=np.uint64), launched.call)
@@ -258,21 +259,28 @@ class DeviceRank:
             self.rank, launched.start, launched.arrived, self.program.phase_ends(self.rank, done), done
         )
 
-    def _break(self, error: BaseException) -> None:
-        self.broken = first_line(error) or type(error).__name__
-        _BROKEN.append(self)  # a peer's kernel may still write its memory: never freed
+    def breaks(self, why: str) -> None:
+        """The state is broken (``why``: what failed): no call runs on it, nor on its registered
+        buffer, again, and both are kept while the process lives (:mod:`~.states`)."""
+        if self.broken is None:
+            self.broken = why
+            registered = None if self.registered is None else (self.device_id, self.buffer_pointers[0])
+            keep_broken(self, registered, why)
 
 
-def _broken_error(rank: int, why: str) -> RankError:
-    """The refusal of a call on a broken state (or on a registered buffer one of whose
-    states is): ``why`` its call failed (a launch cut short, a gather that failed)."""
-    return RankError(
-        f"allreduce failed: rank {rank} cannot run a device call with this setup: an earlier one "
-        f"failed before every rank was known to have ended it ({why}), and a peer still in it may "
-        "write this setup's memory: make the group anew",
-        rank=rank,
-        during="after a device call that failed",
-    )
+def _rows(gathered: list[tuple[int, ...]], width: int, rank: int, what: str) -> list[tuple[int, ...]]:
+    """``gathered``, where every rank sent ``width`` integers; else a peer is in another call (its
+    states differ from this rank's), and every rank of this call fails."""
+    odd = [peer for peer, row in enumerate(gathered) if len(row) != width]
+    if odd:
+        raise RankError(
+            f"allreduce failed: rank {rank} gathered {what}, and rank {odd[0]} answered with "
+            f"{len(gathered[odd[0]])} integers where {width} were due: it is in another call",
+            rank=rank,
+            peer=odd[0],
+            during=f"gathering {what}",
+        )
+    return gathered
 
 
 @dataclass(frozen=True)
@@ -302,23 +310,19 @@ def _release(cupy: Any, device_id: int, stream: Any, opened: Sequence[int], own:
             runtime.free(pointer)
 
 
-_ranks: OrderedDict[Hashable, DeviceRank] = OrderedDict()
-CACHED = 4  # kept per process: each holds an inbox about the size of the buffer
-_BROKEN: list[DeviceRank] = []  # broken states, kept for the process's life
-
-
 @dataclass(frozen=True)
 class DeviceCall:
     """One rank's call on a group: AllReduce this rank's ``count``-element ``dtype`` buffer at
-    address ``buffer`` on GPU ``device_id`` over the group ``owner`` (``gather``: its all-gather of
-    integers, which makes the state's IPC handles known) with ``program`` (whose schedule's
+    address ``buffer`` on GPU ``device_id`` over a channel of a group whose states are ``states``
+    (:func:`~stragglar.runtime.device.states.states_for`; ``gather``: its all-gather of integers,
+    which makes the state's IPC handles known) with ``program`` (whose schedule's
     fingerprint is ``fingerprint``); a device wait gives up after ``timeout_s`` (which includes the
     late rank's delay).  ``registration``: the buffer's on the group, whose peers' buffers a
     direct ``program`` reaches (None: ``program`` is staged).  It runs on the buffer's GPU,
     whichever GPU the calling thread has current."""
 
     cupy: Any
-    owner: Hashable
+    states: States
     program: DeviceProgram
     fingerprint: str
     rank: int
@@ -359,14 +363,17 @@ class DeviceCall:
         registration = self.registration
         with self.cupy.cuda.Device(self.device_id):
             if registration is None:
-                key = _key(self.owner, self.fingerprint, self.rank, self.count, self.dtype, self.device_id)
-                state = cached(_ranks, key, lambda: self._made(None), CACHED)
+                refusal = self.refusal()
+                if refusal is not None:
+                    raise refusal
+                key = _key(self.fingerprint, self.rank, self.count, self.dtype, self.device_id)
+                state = cached(self.states, key, lambda: self._made(None), CACHED)
                 with state.lock:
                     return act(state)
             with registration.lock:  # the group, rank, buffer, count, dtype and GPU are its own
                 if not registration.open:
                     raise InputError("the buffer's registration was closed as its call began")
-                refusal = _refusal_of(self.rank, registration.states.values())
+                refusal = self.refusal()
                 if refusal is not None:  # a peer may write the buffer itself
                     raise refusal
                 if self.fingerprint not in registration.states:
@@ -376,6 +383,21 @@ class DeviceCall:
                 direct: DeviceRank = registration.states[self.fingerprint]
                 with direct.lock:
                     return act(direct)
+
+    def refusal(self) -> RankError | None:
+        """The refusal this call meets where its state (on a registration: any of the
+        registration's), or its buffer, is broken, or None.  A caller raises it before its peers
+        are asked anything (a group with a collective that failed may not answer them), as the
+        launch would."""
+        registration = self.registration
+        if registration is not None:
+            states = list(registration.states.values())  # a snapshot: no lock held
+        else:
+            state = self.states.get(_key(self.fingerprint, self.rank, self.count, self.dtype, self.device_id))
+            states = [] if state is None else [state]
+        why = next((state.broken for state in states if state.broken is not None), None)
+        why = why or broken_buffer(self.device_id, self.buffer)
+        return None if why is None else broken_error(self.rank, why)
 
     def _made(self, addresses: Sequence[int] | None, registered: Any = None) -> DeviceRank:
         return DeviceRank(
@@ -391,32 +413,15 @@ class DeviceCall:
         )
 
 
-def broken_refusal(
-    owner: Hashable,
-    fingerprint: str,
-    rank: int,
-    count: int,
-    dtype: str,
-    device_id: int,
-    registration: Registration | None,
-) -> RankError | None:
-    """The refusal of a call with this setup (as :class:`DeviceCall` names it) whose state is
-    broken (on a ``registration``: any of its states), or None: a caller raises it before its
-    peers are asked anything, as it would be raised at the launch (a group with a collective that
-    failed may not answer them)."""
-    if registration is not None:
-        return _refusal_of(rank, list(registration.states.values()))  # a snapshot: no lock held
-    state = _ranks.get(_key(owner, fingerprint, rank, count, dtype, device_id))
-    return _refusal_of(rank, [] if state is None else [state])
+def _key(fingerprint: str, rank: int, count: int, dtype: str, device_id: int) -> Hashable:
+    return fingerprint, rank, count, dtype, device_id
 
 
-def _refusal_of(rank: int, states: Iterable[DeviceRank]) -> RankError | None:
-    why = next((state.broken for state in states if state.broken is not None), None)
-    return None if why is None else _broken_error(rank, why)
-
-
-def _key(owner: Hashable, fingerprint: str, rank: int, count: int, dtype: str, device_id: int) -> Hashable:
-    return owner, fingerprint, rank, count, dtype, device_id
+def _abandoned(state: DeviceRank, launched: Launched) -> None:
+    """A work dropped without its wait: its call never reached every rank's words."""
+    if state.in_flight is launched:
+        state.in_flight = None
+        state.breaks("a device call launched and never waited for")
 
 
 class DeviceWork:
@@ -438,6 +443,7 @@ class DeviceWork:
     ) -> None:
         self._cupy, self._device_id, self._state, self._launched = cupy, device_id, state, launched
         self._gather_on = gather_on
+        weakref.finalize(self, _abandoned, state, launched)  # dropped unwaited: the state breaks
 
     def wait(self, group: Any = None) -> Timeline:
         """Wait for this rank's kernel, then all-gather every rank's words over ``group`` (None:
