@@ -173,3 +173,31 @@ def one_process(script: str, tmp_path: Path) -> list[str]:
     )
     assert done.returncode == 0, done.stderr
     return done.stdout.split()
+
+
+STATES = """
+import sys
+import torch.distributed as dist
+from stragglar.runtime import distributed
+from stragglar.runtime.device import states
+from stragglar.runtime.torch_dist import TorchEngine
+
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+group = dist.new_group([0])
+kept = distributed._device_states(TorchEngine(group, False, None), None)
+kept["a setup"] = object()  # a state, as a call on the group keeps it
+again = distributed._device_states(TorchEngine(group, False, None), None)
+world = distributed._device_states(TorchEngine(None, False, None), None)
+world["a setup"] = object()
+dist.destroy_process_group(group)
+print(again is kept, len(kept), (group, None) in states._kept, len(world))
+dist.destroy_process_group()
+print(len(world), len(states._kept))
+"""
+
+
+def test_a_torch_group_s_device_states_go_before_torch_destroys_it(tmp_path: Path) -> None:
+    """The device engine's states on a torch group (each holds an inbox about its buffer's size,
+    and the peers' memory it opened) are let go as torch destroys the group, the world's as it
+    destroys the world; a group's others stay."""
+    assert one_process(STATES, tmp_path) == ["True", "0", "False", "1", "0", "0"]

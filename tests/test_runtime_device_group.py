@@ -258,6 +258,7 @@ def test_calls_on_another_group_keep_this_group_s_states(
     assert exact(schedule, 2, gather=there, owner="another group")
     assert exact(schedule, 3, gather=here)
     assert here.calls == 1 + 2  # the handles once, then each call's words
+    assert there.calls == 1 + 1  # the other group's states are its own
 
 
 class OddWords(AllGather):
