@@ -26,6 +26,7 @@ def device_rank(rank: int, world: int) -> bool:
     import torch.distributed as dist
 
     from stragglar.runtime import register_buffer
+    from stragglar.runtime.device import states
 
     proof = prove(synthesize("stragglar", world, chunks=2 * world))
     base = torch.arange(10_000, dtype=torch.float32, device="cuda") % 97
@@ -59,10 +60,16 @@ def device_rank(rank: int, world: int) -> bool:
     for registration in registrations:
         registration.close()
     sub = dist.new_group(list(range(world)))
+    staged = base * world + rank
+    allreduce(staged, proof, sub, timeout=60, engine="device")  # a state kept on the group
+    if not torch.equal(staged, base * world * world + world * (world - 1) // 2):
+        raise AssertionError(f"rank {rank}: a staged call on a subgroup was not exact")
     left = register_buffer(torch.empty_like(base), sub, timeout=60)  # never closed by the script
     dist.destroy_process_group(sub)
     if left.open:
         raise AssertionError(f"rank {rank}: a registration left open outlived its group")
+    if any(owner is sub for owner, _ in states._kept):
+        raise AssertionError(f"rank {rank}: the device states of a group outlived it")
     return True
 
 

@@ -430,7 +430,8 @@ class DeviceWork:
 
     :meth:`wait` is a collective: every rank waits for every work it launched, in the same order.
     Until then the call's state (its inbox and flags) is the call's, so a call launched on the
-    same buffer and setup before the wait is refused.
+    same buffer and setup before the wait is refused; a work dropped without its wait breaks the
+    state (:mod:`~stragglar.runtime.device.states`).
     """
 
     def __init__(
