@@ -52,7 +52,7 @@ class States(OrderedDict[Hashable, Any]):
 
 
 _lock = threading.Lock()
-_kept: dict[Hashable, States] = {}  # by (group, channel)
+_kept: dict[tuple[Hashable, Hashable], States] = {}  # by (group, channel)
 _broken: list[Any] = []  # broken states, kept for the process's life
 _broken_buffers: dict[tuple[int, int], str] = {}  # (GPU, address) of a registered buffer: why
 
