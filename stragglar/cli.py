@@ -37,7 +37,7 @@ from typing import Any
 
 import click
 
-from stragglar.commands.error_lines import PIPE_CLOSED, one_line_errors, quiet_stdout
+from stragglar.commands.error_lines import PIPE_CLOSED, one_line_errors, quiet_stdout, whole_writes
 from stragglar.commands.interrupts import stopping_z3
 from stragglar.commands.measure import bench, run
 from stragglar.commands.model import bound, cost, prove_all_command
@@ -105,6 +105,7 @@ def main() -> None:
             sys.stderr.write("Error: cannot write the output: standard output is closed\n")
             sys.stderr.flush()
         os._exit(InputError.exit_code)
+    sys.stdout = whole_writes(sys.stdout)  # a document cut short by its reader is never exit 0
     try:
         try:
             cli.main(prog_name="stragglar")

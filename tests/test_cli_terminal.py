@@ -459,6 +459,24 @@ def test_a_reader_that_went_away_ends_the_command_quietly_with_141(
     assert done.returncode == 141 and done.stderr == "", done.stderr
 
 
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_a_reader_that_leaves_in_the_middle_of_a_document_ends_the_command_with_141(
+    tmp_path: Path, fmt: str
+) -> None:
+    """The reader takes 10 bytes of 1.3 MB and leaves: the pipe takes part of the write, and
+    Python's buffered writer dropped the rest without an error, so the command ended 0 as if the
+    document had been read whole.  A reader that took it all (a small one fits in the pipe) is 0."""
+    cut = shell(
+        f"stragglar synth --gpus 200 --format {fmt} | head -c 10 >/dev/null; echo ${{PIPESTATUS[0]}}",
+        tmp_path,
+    )
+    assert cut.stdout.strip() == "141" and cut.stderr == "", cut.stderr
+    whole = shell(
+        f"stragglar synth --gpus 4 --format {fmt} | head -c 10 >/dev/null; echo ${{PIPESTATUS[0]}}", tmp_path
+    )
+    assert whole.stdout.strip() == "0", whole.stderr
+
+
 def test_a_terminal_that_reports_no_size_still_gets_a_bar(monkeypatch: pytest.MonkeyPatch) -> None:
     """A terminal of size 0 x 0 gave tqdm no room, and the bar never drew: it gets 80 x 24."""
     import io

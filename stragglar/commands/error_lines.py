@@ -10,10 +10,12 @@ from __future__ import annotations
 import ast
 import contextlib
 import functools
+import io
 import os
 import re
 import sys
 from collections.abc import Iterator
+from typing import TYPE_CHECKING, TextIO
 
 import click
 
@@ -26,11 +28,65 @@ from stragglar.errors import (
     shown,
 )
 
-__all__ = ["INTERRUPTED", "MAX_ERROR_LINE", "PIPE_CLOSED", "one_line_errors", "quiet_stdout"]
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
+__all__ = [
+    "INTERRUPTED",
+    "MAX_ERROR_LINE",
+    "PIPE_CLOSED",
+    "one_line_errors",
+    "quiet_stdout",
+    "whole_writes",
+]
 
 
 INTERRUPTED = 130  # the shell's code for a command ended by Ctrl-C (128 + SIGINT)
 PIPE_CLOSED = 141  # the shell's code for a command whose reader went away (128 + SIGPIPE): `| head`
+
+
+class _WholeWrites(io.RawIOBase):
+    """A file descriptor that takes each write whole, or raises.  A pipe whose reader leaves in the
+    middle of a large write takes part of it, and Python's buffered writer then returns without
+    the rest and without an error: a document cut short would end with exit 0, as if the reader
+    had read it all.  Writing the rest meets the closed pipe, and its BrokenPipeError ends the
+    command with :data:`PIPE_CLOSED`.  The descriptor stays open: the interpreter's stream owns it."""
+
+    def __init__(self, descriptor: int) -> None:
+        super().__init__()
+        self._descriptor = descriptor
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._descriptor
+
+    def isatty(self) -> bool:
+        return os.isatty(self._descriptor)
+
+    def write(self, data: Buffer) -> int:
+        view = memoryview(data).cast("B")
+        written = 0
+        while written < len(view):
+            written += os.write(self._descriptor, view[written:])
+        return written
+
+
+def whole_writes(stream: TextIO) -> TextIO:
+    """``stream`` (standard output) writing each piece whole or raising (:class:`_WholeWrites`),
+    with its encoding and line buffering; ``stream`` itself where it has no file descriptor."""
+    try:
+        descriptor = stream.fileno()
+    except (OSError, ValueError, AttributeError):  # not a file: nothing cuts its writes short
+        return stream
+    stream.flush()
+    return io.TextIOWrapper(
+        io.BufferedWriter(_WholeWrites(descriptor)),
+        encoding=stream.encoding,
+        errors=stream.errors,
+        line_buffering=bool(stream.line_buffering),
+    )
 
 
 def quiet_stdout() -> None:
