@@ -18,6 +18,7 @@ import threading
 import time
 import types
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -686,6 +687,19 @@ def test_record_needs_a_file_name() -> None:
         StragglarState(record=3)  # type: ignore[arg-type]
     with pytest.raises(ArgumentError, match="record must name a file"):
         StragglarState(record="")
+
+
+def test_record_and_metrics_in_one_file_are_refused(tmp_path: Path) -> None:
+    """The metrics, replaced at every step, wiped the trace, and the run ended 0 with a file that
+    ``stragglar whatif`` then refused: the same file by another name (a link) is refused too."""
+    trace = tmp_path / "run.jsonl"
+    (tmp_path / "also.jsonl").symlink_to(trace)
+    for metrics in (trace, str(trace), tmp_path / "also.jsonl", tmp_path / "." / "run.jsonl"):
+        with pytest.raises(
+            InputError, match=r"record and metrics name one file .*give each a file of its own$"
+        ):
+            StragglarState(record=trace, metrics=metrics)
+    assert StragglarState(record=trace, metrics=tmp_path / "run.prom").metrics == tmp_path / "run.prom"
 
 
 def reporting_rank(rank: int, n: int, who: int | None, path: str) -> dict[str, Any]:

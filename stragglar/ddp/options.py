@@ -19,7 +19,7 @@ from stragglar.args import MAX_DELAY, as_flag, as_int, as_seconds
 from stragglar.ddp.probe import LateRankProbe
 from stragglar.ddp.worker import DEVICE
 from stragglar.errors import ArgumentError, InputError, described, shown
-from stragglar.files import check_appendable
+from stragglar.files import check_appendable, same_file
 from stragglar.model import AUTO, Network
 from stragglar.model.detect import Rule
 from stragglar.model.policy import POLICIES, STRAGGLAR
@@ -100,6 +100,11 @@ def check_options(state: StragglarState) -> None:
         )
     if state.metrics is not None:
         check_appendable(state.metrics, "metrics")
+    if state.record is not None and state.metrics is not None and same_file(state.record, state.metrics):
+        raise InputError(
+            f"StragglarState.record and metrics name one file ({shown(os.fspath(state.metrics))}): "
+            "the metrics, replaced at every step, would wipe the trace; give each a file of its own"
+        )
     _check_chunks(state)
     _check_network(state)
     if state.policy == "auto" and state.straggler_delay:
