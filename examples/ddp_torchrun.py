@@ -49,13 +49,46 @@ def options() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", choices=("nccl", "gloo"), help="default: nccl where CUDA is, else gloo")
     parser.add_argument("--policy", choices=("auto", "stragglar"), default="auto")
-    parser.add_argument("--steps", type=int, default=24)
-    parser.add_argument("--width", type=int, default=512, help="the MLP's hidden width")
-    parser.add_argument("--depth", type=int, default=6, help="the MLP's linear layers")
-    parser.add_argument("--late-rank", type=int, help="the rank that arrives late to every step")
-    parser.add_argument("--delay", type=parse_duration, default=0.0, help="how late, e.g. 50ms")
+    parser.add_argument("--steps", type=positive, default=24)
+    parser.add_argument("--width", type=positive, default=512, help="the MLP's hidden width")
+    parser.add_argument("--depth", type=positive, default=6, help="the MLP's linear layers")
+    lateness_options(parser)
     engine_option(parser)
-    return parser.parse_args()
+    return checked(parser)
+
+
+def positive(text: str) -> int:
+    """An option's whole number, at least 1 (a run of 0 steps has no step to time)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def duration(text: str) -> float:
+    """A duration with its unit (``50ms``), in seconds: the words of the ``stragglar`` command."""
+    try:
+        return parse_duration(text)
+    except InputError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def lateness_options(parser: argparse.ArgumentParser) -> None:
+    """``--late-rank`` and ``--delay``: which rank sleeps how long before each step."""
+    parser.add_argument("--late-rank", type=int, help="the rank that arrives late to every step")
+    parser.add_argument("--delay", type=duration, default=0.0, help="how late, e.g. 50ms (with --late-rank)")
+
+
+def checked(parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """The options, where ``--late-rank`` and ``--delay`` come together: one alone would make
+    nobody late."""
+    args = parser.parse_args()
+    if (args.late_rank is None) != (args.delay == 0):
+        parser.error("--late-rank and --delay go together: the rank named sleeps that long before each step")
+    return args
 
 
 def engine_option(parser: argparse.ArgumentParser) -> None:
@@ -75,6 +108,10 @@ def start(backend: str, engine: str = "rounds") -> torch.device:
     engine (``engine``) is refused before, off NCCL: gloo's tensors are on the CPU."""
     if engine == "device" and backend != "nccl":
         raise SystemExit("--engine device reduces CUDA tensors: it runs on NCCL, with CUDA GPUs")
+    if not {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"} <= set(os.environ):
+        raise SystemExit(
+            "start it with torchrun, which starts its ranks: torchrun --nproc-per-node=N <script>"
+        )
     if backend == "gloo":
         dist.init_process_group("gloo")
         return torch.device("cpu")

@@ -25,7 +25,13 @@ import time
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from ddp_torchrun import engine_option, start  # the sibling example: joins torchrun's job, on its GPU
+from ddp_torchrun import (  # the sibling example: its options, and joining torchrun's job on its GPU
+    checked,
+    engine_option,
+    lateness_options,
+    positive,
+    start,
+)
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
@@ -33,31 +39,33 @@ from stragglar.args import as_rank
 from stragglar.ddp import StragglarState
 from stragglar.errors import InputError
 from stragglar.fsdp import use_stragglar
-from stragglar.units import parse_duration
 
 TOLERANCE = 1e-5  # relative: float32 sums of the same gradients in another order
+HEADS = 4  # attention heads a block
 
 
 def options() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", choices=("nccl", "gloo"), help="default: nccl where CUDA is, else gloo")
     parser.add_argument("--policy", choices=("auto", "stragglar"), default="auto")
-    parser.add_argument("--replicas", type=int, default=2, help="the mesh's replicas (default 2)")
-    parser.add_argument("--steps", type=int, default=12)
-    parser.add_argument("--width", type=int, default=128, help="the model's width")
-    parser.add_argument("--depth", type=int, default=4, help="the model's blocks")
-    parser.add_argument("--late-rank", type=int, help="the rank that arrives late to every step")
-    parser.add_argument("--delay", type=parse_duration, default=0.0, help="how late, e.g. 50ms")
+    parser.add_argument("--replicas", type=positive, default=2, help="the mesh's replicas (default 2)")
+    parser.add_argument("--steps", type=positive, default=12)
+    parser.add_argument("--width", type=positive, default=128, help="the model's width")
+    parser.add_argument("--depth", type=positive, default=4, help="the model's blocks")
+    lateness_options(parser)
     engine_option(parser)
-    return parser.parse_args()
+    args = checked(parser)
+    if args.width % HEADS:
+        parser.error(f"--width must be a multiple of the {HEADS} attention heads, got {args.width}")
+    return args
 
 
 class Block(torch.nn.Module):
-    """A pre-norm transformer block: 4 heads of self-attention, then a 4x MLP."""
+    """A pre-norm transformer block: :data:`HEADS` heads of self-attention, then a 4x MLP."""
 
     def __init__(self, width: int) -> None:
         super().__init__()
-        self.heads = 4
+        self.heads = HEADS
         self.norm1, self.norm2 = torch.nn.LayerNorm(width), torch.nn.LayerNorm(width)
         self.qkv, self.out = torch.nn.Linear(width, 3 * width), torch.nn.Linear(width, width)
         self.up, self.down = torch.nn.Linear(width, 4 * width), torch.nn.Linear(4 * width, width)

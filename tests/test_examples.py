@@ -19,6 +19,7 @@ pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "ddp_torchrun.py"
+HSDP_EXAMPLE = ROOT / "examples" / "hsdp_torchrun.py"
 ROW = re.compile(r"^\s*(\d+)\s+([\d.]+)\s+([\d.]+)\s+(-?[\d.]+)\s+(-?[\d.]+)$")
 VERDICT = re.compile(
     r"^policy (\w+): StragglAR at (\d+) of (\d+) steps(?:, (\d+) more in part)? "
@@ -114,6 +115,40 @@ def test_the_ddp_example_refuses_the_device_engine_off_nccl_in_one_line() -> Non
     assert done.stderr == "--engine device reduces CUDA tensors: it runs on NCCL, with CUDA GPUs\n"
 
 
+@pytest.mark.parametrize(
+    ("example", "args", "said"),
+    [
+        (EXAMPLE, ["--steps", "0"], "argument --steps: must be at least 1, got 0"),
+        (EXAMPLE, ["--width", "x"], "argument --width: 'x' is not a whole number"),
+        (EXAMPLE, ["--delay", "50"], "argument --delay: '50' needs a unit: write 50ms or 50s (or us)"),
+        (EXAMPLE, ["--late-rank", "1"], "--late-rank and --delay go together"),
+        (EXAMPLE, ["--delay", "5ms"], "--late-rank and --delay go together"),
+        (HSDP_EXAMPLE, ["--replicas", "0"], "argument --replicas: must be at least 1, got 0"),
+        (HSDP_EXAMPLE, ["--width", "6"], "--width must be a multiple of the 4 attention heads, got 6"),
+    ],
+)
+def test_an_example_refuses_a_bad_option_in_one_line_before_it_joins_a_job(
+    example: Path, args: list[str], said: str
+) -> None:
+    """Each ended in a traceback on every rank (no median of 0 steps; a zero-width layer), or ran
+    with an option that did nothing (a late rank 0 ms late)."""
+    done = subprocess.run(
+        [sys.executable, str(example), *args], capture_output=True, text=True, timeout=LIMIT
+    )
+    lines = done.stderr.splitlines()
+    assert done.returncode == 2 and done.stdout == "" and "Traceback" not in done.stderr, done.stderr
+    assert lines[-1].startswith(f"{example.name}: error: {said}"), lines[-1]
+
+
+def test_an_example_started_without_torchrun_says_so_in_one_line() -> None:
+    done = subprocess.run([sys.executable, str(EXAMPLE)], capture_output=True, text=True, timeout=LIMIT)
+    assert done.returncode == 1 and done.stdout == ""
+    assert (
+        done.stderr
+        == "start it with torchrun, which starts its ranks: torchrun --nproc-per-node=N <script>\n"
+    )
+
+
 @pytest.mark.slow
 def test_the_ddp_example_runs_on_two_nodes_met_at_a_c10d_rendezvous() -> None:
     """As on a cluster (the README's command), but both "nodes" on 127.0.0.1, 2 gloo ranks each."""
@@ -137,7 +172,6 @@ def test_the_ddp_example_runs_on_two_nodes_met_at_a_c10d_rendezvous() -> None:
     assert verdict is not None and verdict.group(1, 3) == ("auto", "6"), out
 
 
-HSDP_EXAMPLE = ROOT / "examples" / "hsdp_torchrun.py"
 HSDP_ROW = re.compile(r"^\s*(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$")
 
 
