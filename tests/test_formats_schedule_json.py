@@ -320,3 +320,20 @@ def test_bytes_are_read_as_utf8_as_json_loads_reads_them() -> None:
     assert loads(b"\xef\xbb\xbf" + text.encode()) == schedule  # a byte order mark
     with pytest.raises(ScheduleFormatError, match=r"^not UTF-8 text: byte 1$"):
         loads(b"[\xff]")
+
+
+@pytest.mark.parametrize(
+    ("op", "said"),
+    [
+        ("y" * 100_000, 'got "' + "y" * 80 + '..." (100,000 characters)'),
+        ("y" * 80, 'got "' + "y" * 80 + '"'),
+        (10**100, "got " + "1" + "0" * 79 + "... (101 characters)"),
+    ],
+)
+def test_a_long_bad_value_is_quoted_to_80_characters_and_the_rest_counted(op: object, said: str) -> None:
+    """As every message echoes what a file holds: it was cut at 37 characters, uncounted."""
+    doc = valid_doc()
+    doc["phases"][0]["rounds"][0][0]["op"] = op
+    with pytest.raises(ScheduleFormatError) as caught:
+        loads(json.dumps(doc))
+    assert str(caught.value).endswith(said), str(caught.value)

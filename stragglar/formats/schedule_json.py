@@ -102,9 +102,11 @@ def _show(value: object) -> str:
         return "an object"
     if isinstance(value, list):
         return "an array"
-    if value is None or isinstance(value, (str, int)) or (isinstance(value, float) and math.isfinite(value)):
-        text = json.dumps(value, ensure_ascii=False)
-        return text if len(text) <= 40 else text[:37] + "..."
+    if isinstance(value, str):  # at most SHOWN_CHARACTERS of it, the rest counted, as messages do
+        head = json.dumps(value[:SHOWN_CHARACTERS], ensure_ascii=False)
+        return head if len(value) <= SHOWN_CHARACTERS else f'{head[:-1]}..." ({len(value):,} characters)'
+    if value is None or isinstance(value, int) or (isinstance(value, float) and math.isfinite(value)):
+        return shown(json.dumps(value))
     return repr(value) if isinstance(value, float) else f"a Python {type(value).__name__}"
 
 
