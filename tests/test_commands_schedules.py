@@ -300,6 +300,8 @@ def test_synth_to_xml_then_verify_the_xml(tmp_path: Path) -> None:
     assert verified.exit_code == 0
     assert verified.output.startswith(f"{path}: proved: stragglar-n8-s7-simple: in-place allreduce over 8")
     assert "no deadlock" in run("verify", "-v", str(path)).output
+    shown = run("show", str(path))
+    assert shown.output.startswith("stragglar-n8-s7-simple: 8 GPUs, 7 chunks per loop, 1 channel, Simple\n")
 
 
 def test_export_a_json_schedule_with_options(tmp_path: Path) -> None:

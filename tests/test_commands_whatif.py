@@ -344,3 +344,13 @@ def test_a_straggler_that_went_away_is_listed_under_no_persistent_straggler_at_t
     assert out[5] == f"  {said}; chance alone: 12.5%"
     before = r"  named persistently late before: rank 5 from step 0 until step \d+"
     assert re.fullmatch(before, out[6]), out[6]
+
+
+def test_a_trace_of_one_step_of_two_ranks_is_counted_in_the_singular(tmp_path: Path) -> None:
+    """``1 group, 1 steps`` and ``stragglar in 1 chunks`` before."""
+    trace = tmp_path / "one.jsonl"
+    trace.write_text('{"step": 1, "rank": 0, "time": 0.0}\n{"step": 1, "rank": 1, "time": 0.01}\n')
+    result = run(str(trace))
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[0] == f"trace {trace}: 1 group, 1 step, times in s"
+    assert "stragglar in 1 chunk, " in result.stdout, result.stdout

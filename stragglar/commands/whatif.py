@@ -239,7 +239,7 @@ def whatif(
     ]
     err = json_file is not None and to_stdout(json_file)  # stdout carries the JSON document
     echo(
-        f"trace {trace}: {count_of(len(groups), 'group')}, {sum(len(g.steps) for g in groups):,} steps, "
+        f"trace {trace}: {count_of(len(groups), 'group')}, {_steps(sum(len(g.steps) for g in groups))}, "
         f"times in {time_unit}",
         err,
     )
@@ -372,6 +372,11 @@ def _choice(choice: Choice) -> str:
     return f"stragglar, rank {choice.straggler} late" + (f", {choice.chunks} chunks" if choice.chunks else "")
 
 
+def _steps(count: int) -> str:
+    """``1 step``, ``12,345 steps``: a trace's steps, in thousands where many."""
+    return f"{count:,} {'step' if count == 1 else 'steps'}"
+
+
 def _algorithm_name(algorithm: str, group: Group, result: GroupReplay) -> str:
     """What each priced figure is, in words: the straggler it takes and why."""
     role = "persistent straggler" if result.episodes else "last most often"
@@ -380,7 +385,7 @@ def _algorithm_name(algorithm: str, group: Group, result: GroupReplay) -> str:
         return f"stragglar, {late}"
     if algorithm == CHUNKED:
         counts = ", ".join(str(c) if c else f"{result.num_ranks - 1}" for c in result.chunks)
-        return f"stragglar in {counts} chunks, {late}"
+        return f"stragglar in {counts} {'chunk' if counts == '1' else 'chunks'}, {late}"
     if algorithm == AUTO_POLICY:
         return "auto policy"
     return algorithm

@@ -12,6 +12,7 @@ from __future__ import annotations
 from stragglar.errors import shown
 from stragglar.msccl.prover.parsed import XmlSource
 from stragglar.msccl.prover.read import read
+from stragglar.units import count_of
 
 __all__ = ["describe"]
 
@@ -25,7 +26,7 @@ def describe(source: XmlSource) -> str:
         return f"not readable: {document.violations[0].message}"
     lines = [
         f"{shown(algo.name)}: {algo.ngpus} GPUs, {algo.nchunks} chunks per loop, "
-        f"{algo.nchannels} channel(s), {algo.proto}"
+        f"{count_of(algo.nchannels, 'channel')}, {algo.proto}"
     ]
     for gpu in algo.gpus:
         steps = sum(len(tb.tx_at) for tb in gpu.tbs)
