@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -250,12 +251,19 @@ def test_help_shows_a_whole_number_option_without_its_64_bit_guard(command: str)
 
 
 def test_a_whole_number_below_its_least_is_refused_with_the_range_and_garbage_as_no_integer() -> None:
-    assert one_error(run("bound", "--gpus", "1"), 2) == (
-        "Error: Invalid value for '--gpus' / '-n': 1 is not in the range x>=2."
+    assert one_error(run("synth", "--gpus", "4", "--format", "msccl", "--instances", "0"), 2) == (
+        "Error: Invalid value for '--instances': 0 is not in the range x>=1."
     )
     assert one_error(run("synth", "--gpus", "x"), 2) == (
         "Error: Invalid value for '--gpus' / '-n': 'x' is not a valid integer."
     )
+
+
+@pytest.mark.parametrize("command", ["synth", "cost", "bound"])
+def test_too_few_gpus_are_refused_in_the_same_words_by_every_command(command: str) -> None:
+    """``bound`` said ``1 is not in the range x>=2`` where the others say how many they take."""
+    line = one_error(run(command, "--gpus", "1"), 2)
+    assert re.fullmatch(r"Error: need 2 to (2048|24) GPUs, got 1", line), line
 
 
 @pytest.mark.parametrize(

@@ -113,8 +113,8 @@ def test_bench_local_prints_one_row_per_setting_and_saves_json(tmp_path: Path) -
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--gpus", "4,,8"], "--gpus: expected rank counts like 4,8"),
-        (["--gpus", "four"], "--gpus: expected rank counts like 4,8"),
+        (["--gpus", "4,,8"], "'--gpus': expected rank counts like 4,8"),
+        (["--gpus", "four"], "'--gpus': expected rank counts like 4,8"),
         (["--gpus", "1"], "need 2 to 2048 GPUs"),
         (["--sizes", "1KiB,9ZB"], "'--sizes': unknown size unit 'zb'"),
         (["--sizes", "1KiB,,2KiB"], "'--sizes': expected a comma-separated list"),

@@ -321,8 +321,8 @@ def _rank_counts(text: str) -> list[int]:
         counts = [int(x) for x in text.split(",")]
     except ValueError:
         raise click.BadParameter(
-            f"expected rank counts like 4,8, got {quoted(text)}", param_hint="--gpus"
+            f"expected rank counts like 4,8, got {quoted(text)}", param_hint="'--gpus'"
         ) from None
     if not counts:
-        raise click.BadParameter("expected at least one rank count", param_hint="--gpus")
+        raise click.BadParameter("expected at least one rank count", param_hint="'--gpus'")
     return counts

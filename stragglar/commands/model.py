@@ -108,7 +108,15 @@ def _chunk_line(comparison: Comparison, chunks: int, auto: bool) -> str:
 
 
 @click.command()
-@click.option("--gpus", "-n", "num_gpus", type=Whole(2), required=True, metavar="N")
+@click.option(
+    "--gpus",
+    "-n",
+    "num_gpus",
+    type=Whole(),
+    required=True,
+    metavar="N",
+    help=f"Number of GPUs, 2 to {BOUND_MAX_RANKS}.",
+)
 @click.option(
     "--collective",
     type=click.Choice(("allreduce", *COLLECTIVES)),
@@ -149,6 +157,8 @@ def bound(num_gpus: int, collective: str, chunks: int | None, rounds: int | None
     1 if z3 fits fewer rounds than the bound, or (reduce_scatter, all_gather) fewer port chunks,
     or no schedule at both figures (a finding to report); 3 if it ran out of time.
     """
+    if num_gpus < 2:  # in the words of every command's GPU count
+        raise InputError(f"need 2 to {BOUND_MAX_RANKS} GPUs, got {num_gpus}")
     if collective != "allreduce":
         refuse_given(["rounds"], "the ReduceScatter and AllGather bounds ask their own round counts")
         _shard_bound(collective, num_gpus, chunks, timeout)
