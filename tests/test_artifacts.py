@@ -113,9 +113,23 @@ def test_both_packages_offer_the_same_verbs_in_the_same_shape(package: ModuleTyp
     assert fmt.lower(PROOF) == text
 
 
-def test_the_older_names_are_the_verbs() -> None:
-    assert (msccl.prove_msccl, msccl.describe_msccl) == (msccl.prove, msccl.describe)
-    assert (mscclpp.prove_plan, mscclpp.plan_document) == (mscclpp.prove, mscclpp.read)
+def warned(old: str, new: str) -> Any:
+    """The warning an old name gives when called: stragglar's ``old`` deprecated, ``new`` to use."""
+    return pytest.warns(
+        DeprecationWarning, match=rf"^stragglar\.{re.escape(old)} is deprecated: use stragglar\.{new}$"
+    )
+
+
+def test_the_older_names_do_what_the_verbs_do_and_warn_naming_them() -> None:
+    xml, plan = msccl.lower(PROOF), mscclpp.lower(PROOF).text
+    with warned("msccl.prove_msccl", r"msccl\.prove"):
+        assert msccl.prove_msccl(xml).summary == msccl.prove(xml).summary
+    with warned("msccl.describe_msccl", r"msccl\.describe"):
+        assert msccl.describe_msccl(xml) == msccl.describe(xml)
+    with warned("mscclpp.prove_plan", r"mscclpp\.prove"):
+        assert mscclpp.prove_plan(plan).summary == mscclpp.prove(plan).summary
+    with warned("mscclpp.plan_document", r"mscclpp\.read"):
+        assert mscclpp.plan_document(plan).root == mscclpp.read(plan).root
     options: dict[str, Any] = {
         "name": "x",
         "proto": "LL",
@@ -123,7 +137,8 @@ def test_the_older_names_are_the_verbs() -> None:
         "min_bytes": 16,
         "max_bytes": 1 << 20,
     }
-    assert msccl.to_msccl_xml(PROOF, **options) == msccl.lower(PROOF, msccl.XmlOptions(**options))
+    with warned("msccl.to_msccl_xml", r"msccl\.lower\(proof, XmlOptions\(\*\*options\)\)"):
+        assert msccl.to_msccl_xml(PROOF, **options) == msccl.lower(PROOF, msccl.XmlOptions(**options))
 
 
 def test_a_json_schedule_is_no_artifact_and_xml_is_not_parsed_as_json() -> None:

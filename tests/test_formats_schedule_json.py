@@ -302,14 +302,17 @@ def test_transfer_objects_in_any_key_order_read_alike() -> None:
         loads(json.dumps(doc))
 
 
-def test_the_deprecated_module_name_still_imports_the_format() -> None:
+def test_the_deprecated_module_name_still_imports_the_format_and_warns() -> None:
     """``stragglar.formats.json`` was this module's name (a standard library's, imported beside it):
-    code written against it still runs."""
+    code written against it still runs, and each name it takes from it says what to import."""
     import stragglar.formats.json as old  # type: ignore[import-not-found, unused-ignore]
 
-    from stragglar.formats import schedule_json
-
-    assert old is schedule_json and old.write is write
+    said = r"^stragglar\.formats\.json\.write is deprecated: use stragglar\.formats\.schedule_json\.write$"
+    with pytest.warns(DeprecationWarning, match=said):
+        assert old.write is write
+    with pytest.warns(DeprecationWarning):
+        from stragglar.formats.json import read as old_read  # type: ignore[import-not-found, unused-ignore]
+    assert old_read is read
 
 
 def test_bytes_are_read_as_utf8_as_json_loads_reads_them() -> None:

@@ -8,8 +8,8 @@ import pytest
 
 from stragglar.formats import schedule_json
 from stragglar.model import best_chunks
-from stragglar.msccl import prove_msccl
-from stragglar.mscclpp import prove_plan
+from stragglar.msccl import prove as prove_msccl
+from stragglar.mscclpp import prove as prove_plan
 from stragglar.release import CHUNKED_RELEASES, MSCCL_SIZES, RELEASED_SIZES, write_release
 from stragglar.schedule import round_lower_bound
 from stragglar.verify import prove

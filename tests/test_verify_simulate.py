@@ -214,13 +214,22 @@ def test_unknown_op() -> None:
     assert "'add'" in v.message
 
 
-def test_the_former_names_still_find_violations() -> None:
+def test_the_former_names_still_find_violations_and_warn() -> None:
     """``check`` and ``smt_check`` were the provers' names for :func:`find_violation`: code
-    written against them still runs."""
+    written against them still runs, and each call says what to use instead."""
     from stragglar import verify
     from stragglar.verify import smt
 
-    assert verify.check is find_violation and smt.smt_check is smt.smt_find_violation
+    wrong = one_phase(2, 1, (Transfer(0, 1, 0, "add"),))  # type: ignore[arg-type]
+    with pytest.warns(
+        DeprecationWarning,
+        match=r"^stragglar\.verify\.check is deprecated: use stragglar\.verify\.find_violation$",
+    ):
+        assert verify.check(wrong) == find_violation(wrong)
+    with pytest.warns(
+        DeprecationWarning, match=r"smt_check is deprecated: use stragglar\.verify\.smt\.smt_find_violation$"
+    ):
+        assert smt.smt_check(wrong) == smt.smt_find_violation(wrong)
 
 
 @pytest.mark.parametrize("prover", [prove, smt_prove])

@@ -11,8 +11,10 @@
   would not write or the executor not take.
 
 ``to_msccl_xml``, ``prove_msccl`` and ``describe_msccl`` are the older names of :func:`lower`
-(with keyword options), :func:`prove` and :func:`describe`.
+(with keyword options), :func:`prove` and :func:`describe`: deprecated, each call warns.
 """
+
+from typing import Any
 
 from stragglar.msccl.errors import MscclExportError, MscclFormatError, MscclVerificationError, MscclViolation
 from stragglar.msccl.lowering.lower import (
@@ -24,7 +26,6 @@ from stragglar.msccl.lowering.lower import (
     check_request,
     default_name,
     lower,
-    to_msccl_xml,
     write_msccl,
 )
 from stragglar.msccl.prover.parsed import XmlDocument, XmlSource
@@ -33,9 +34,19 @@ from stragglar.msccl.prover.prove import check as check_msccl
 from stragglar.msccl.prover.read import read
 from stragglar.msccl.summary import describe
 from stragglar.msccl.vocabulary import PROTOCOLS
+from stragglar.renamed import renamed
+from stragglar.verify import Proof, require_proof
 
-prove_msccl = prove  # the older name
-describe_msccl = describe  # the older name
+
+def _to_msccl_xml(proof: Proof, **options: Any) -> str:
+    return lower(require_proof(proof), XmlOptions(**options))
+
+
+to_msccl_xml = renamed(
+    "stragglar.msccl.to_msccl_xml", "stragglar.msccl.lower(proof, XmlOptions(**options))", _to_msccl_xml
+)
+prove_msccl = renamed("stragglar.msccl.prove_msccl", "stragglar.msccl.prove", prove)
+describe_msccl = renamed("stragglar.msccl.describe_msccl", "stragglar.msccl.describe", describe)
 
 __all__ = [
     "DEFAULT_MAX_BYTES",

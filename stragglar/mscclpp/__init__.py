@@ -15,7 +15,8 @@
   would not write or the executor not take.
 * :mod:`stragglar.mscclpp.register` registers a plan with MSCCL++ (import-guarded).
 
-``plan_document`` and ``prove_plan`` are the older names of :func:`read` and :func:`prove`.
+``plan_document`` and ``prove_plan`` are the older names of :func:`read` and :func:`prove`:
+deprecated, each call warns.
 """
 
 from stragglar.mscclpp.document import PlanDocument, PlanSource, plan_document
@@ -42,9 +43,11 @@ from stragglar.mscclpp.prover.prove import DEFAULT_INTERLEAVINGS, PlanProof, pro
 from stragglar.mscclpp.prover.prove import check as check_plan
 from stragglar.mscclpp.sizes import SizeDecision, SizeRule, size_rule, will_use
 from stragglar.mscclpp.summary import PlanSummary, describe, summarize
+from stragglar.renamed import renamed
 
 read = plan_document  # the verb both formats share
-prove_plan = prove  # the older name
+prove_plan = renamed("stragglar.mscclpp.prove_plan", "stragglar.mscclpp.prove", prove)
+plan_document = renamed("stragglar.mscclpp.plan_document", "stragglar.mscclpp.read", read)
 
 __all__ = [
     "DEFAULT_INTERLEAVINGS",

@@ -6,10 +6,11 @@ StragglAR's rounds are in :mod:`stragglar.verify.bound`, those of a straggler-aw
 and AllGather in :mod:`stragglar.verify.shard_bound`.  A :class:`Proof` carries its schedule.
 """
 
+from stragglar.renamed import renamed
 from stragglar.verify.report import Kind, Proof, VerificationError, Violation, Where, require_proof
 from stragglar.verify.simulate import find_violation, prove
 
-check = find_violation  # its former name, deprecated
+check = renamed("stragglar.verify.check", "stragglar.verify.find_violation", find_violation)
 
 __all__ = [
     "Kind",

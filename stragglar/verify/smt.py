@@ -45,6 +45,7 @@ import z3
 
 from stragglar.args import as_seconds
 from stragglar.errors import InputError, ResourceError
+from stragglar.renamed import renamed
 from stragglar.schedule import Op, Phase, Round, Schedule, Transfer
 from stragglar.units import format_seconds
 from stragglar.verify.report import (
@@ -149,7 +150,9 @@ class _Clock:
         return ResourceError(f"z3 did not finish the proof within {format_seconds(self.timeout_s)} ({where})")
 
 
-smt_check = smt_find_violation  # its former name, deprecated
+smt_check = renamed(
+    "stragglar.verify.smt.smt_check", "stragglar.verify.smt.smt_find_violation", smt_find_violation
+)
 
 
 def _rounds(schedule: Schedule) -> list[tuple[Where, Phase, Round]]:

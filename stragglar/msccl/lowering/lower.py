@@ -63,7 +63,6 @@ __all__ = [
     "check_request",
     "default_name",
     "lower",
-    "to_msccl_xml",
     "write_msccl",
 ]
 
@@ -123,12 +122,6 @@ def lower(proof: Proof, options: XmlOptions | None = None) -> str:
     chunks = proof.num_chunks * instances
     header = Header(name, options.proto, 0, chunks, proof.num_ranks, options.min_bytes, options.max_bytes)
     return _stages(proof, header)
-
-
-def to_msccl_xml(proof: Proof, **options: Any) -> str:
-    """:func:`lower` with the fields of :class:`XmlOptions` as keywords (``name``, ``proto``,
-    ``instances``, ``min_bytes``, ``max_bytes``)."""
-    return lower(require_proof(proof), XmlOptions(**options))
 
 
 def check_request(num_ranks: int, num_chunks: int, instances: int = 1, algorithm: str | None = None) -> None:
@@ -199,8 +192,10 @@ def check_export_size(proof: Proof, instances: int = 1) -> None:
 
 
 def write_msccl(proof: Proof, path: str | os.PathLike[str], **options: Any) -> None:
-    """Write :func:`to_msccl_xml` of ``proof`` (same keyword options) to the file ``path``."""
-    write_text(path, to_msccl_xml(proof, **options))
+    """Write :func:`lower` of ``proof`` to the file ``path``, with the fields of
+    :class:`XmlOptions` as keywords (``name``, ``proto``, ``instances``, ``min_bytes``,
+    ``max_bytes``)."""
+    write_text(path, lower(require_proof(proof), XmlOptions(**options)))
 
 
 def _stages(proof: Proof, header: Header) -> str:
