@@ -287,7 +287,22 @@ def test_show_size_names_only_sizes_the_plan_is_used_for(tmp_path: Path) -> None
     assert result.exit_code == 0, result.output
     last = result.stdout.splitlines()[-1]
     assert last.endswith("nearest usable: 1104")
-    assert run("show", str(path), "--size", "1104").stdout.splitlines()[-1].startswith("1104 bytes: used")
+    assert last.startswith(
+        "1 KiB: not used: 1024 bytes is not a multiple of 48"
+    )  # the size as given, then exact
+    assert (
+        run("show", str(path), "--size", "1104")
+        .stdout.splitlines()[-1]
+        .startswith("1.104 KB: used: 1104 bytes")
+    )
+
+
+def test_show_size_past_every_usable_size_says_so_first(tmp_path: Path) -> None:
+    """1 EiB is no multiple of the step either, but "nearest usable: <the largest>" hid why."""
+    path = tmp_path / "plan.json"
+    assert run("synth", "--gpus", "8", "--format", "mscclpp", "-o", str(path)).exit_code == 0
+    last = run("show", str(path), "--size", "1EiB").stdout.splitlines()[-1]
+    assert last.startswith("1 EiB: not used: 1152921504606846976 bytes is above max_message_size "), last
 
 
 def test_synth_to_xml_then_verify_the_xml(tmp_path: Path) -> None:

@@ -36,6 +36,7 @@ from stragglar.formats import schedule_json
 from stragglar.formats.text import render
 from stragglar.model import AUTO, Network
 from stragglar.synth import METHODS, Request, check_ranks, check_request, generate
+from stragglar.units import format_bytes
 from stragglar.verify import Proof, prove
 from stragglar.verify.report import ArtifactProof
 from stragglar.verify.smt import smt_prove
@@ -358,6 +359,6 @@ def _show_artifact(fmt: ArtifactFormat[_D], text: str, file: Path, size: int | N
     echo(proof.summary)
     _warn(file, proof)
     if size is not None and fmt.size_rule is not None:
-        echo(f"{size} bytes: {fmt.size_rule(document).decide(size).reason}")
+        echo(f"{format_bytes(size)}: {fmt.size_rule(document).decide(size).reason}")  # as the user gave it
     if verbose:
         echo(proof.details)

@@ -83,20 +83,12 @@ class SizeRule:
         )
 
     def decide(self, nbytes: int) -> SizeDecision:
-        """Would the executor run this plan on a buffer of ``nbytes`` bytes?"""
+        """Would the executor run this plan on a buffer of ``nbytes`` bytes?  The first reason it
+        would not, the window's top before the step (a size past it is past every usable one)."""
         step = self.step
         if nbytes <= 0:
             return SizeDecision(False, f"not used: {nbytes} bytes is not a positive size")
-        if nbytes % step:
-            return SizeDecision(
-                False,
-                f"not used: {nbytes} bytes is not a multiple of {step} "
-                f"({self.buffer_alignment}-byte alignment x {self.chunks} chunks); {self._nearest(nbytes)}",
-            )
-        if nbytes < self.min_message_size:
-            return SizeDecision(
-                False, f"not used: {nbytes} bytes is below min_message_size {self.min_message_size}"
-            )
+        # too large first: no multiple of the step near it is usable, so none would be named
         if nbytes > self.max_message_size:
             return SizeDecision(
                 False, f"not used: {nbytes} bytes is above max_message_size {self.max_message_size}"
@@ -108,6 +100,16 @@ class SizeRule:
                 f"not used: {nbytes} bytes overflows the executor's 32-bit chunk offsets "
                 f"({max(self.chunks, self.max_scratch_chunks)} chunks of {nbytes // self.chunks} bytes); "
                 f"at most {safe}",
+            )
+        if nbytes % step:
+            return SizeDecision(
+                False,
+                f"not used: {nbytes} bytes is not a multiple of {step} "
+                f"({self.buffer_alignment}-byte alignment x {self.chunks} chunks); {self._nearest(nbytes)}",
+            )
+        if nbytes < self.min_message_size:
+            return SizeDecision(
+                False, f"not used: {nbytes} bytes is below min_message_size {self.min_message_size}"
             )
         return SizeDecision(
             True,
