@@ -11,11 +11,12 @@ from __future__ import annotations
 import importlib.util
 import io
 import math
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from stragglar.errors import InputError
+from stragglar.errors import InputError, shown
 from stragglar.files import write_bytes
 from stragglar.formats.text import compact_ranges
 from stragglar.model import Network, chunk_candidates, compare_generated
@@ -51,6 +52,8 @@ MAX_WIDTH = 20.0
 MAX_PANELS = 8
 """Rows of panels past which the chart stops naming its cells (colours only), so it stays a picture."""
 TICK_SPACING = 0.35  # inches between two round numbers on the x axis, so that they never touch
+PHASE_NAME = 24  # characters of a phase's name above its rounds; the rest counted
+TITLE_NAME = 40  # characters of an algorithm's or a group's name in a title
 
 
 class PlotUnavailable(InputError):
@@ -221,7 +224,8 @@ def schedule_figure(schedule: Schedule) -> Figure:
         key = f"each cell a send, coloured by its chunk ({len(columns)} rounds: too many to name)"
     wrapped = f", wrapped onto {panels} rows" if panels > 1 else ""
     axes[0].set_title(
-        f"{schedule.algorithm}: {n} ranks, {schedule.num_chunks} chunks, {schedule.num_rounds} rounds"
+        f"{_label(schedule.algorithm, TITLE_NAME)}: {n} ranks, {schedule.num_chunks} chunks, "
+        f"{schedule.num_rounds} rounds"
         f"{wrapped}\n{key}",
         fontsize=9,
     )
@@ -268,7 +272,7 @@ def _schedule_panel(
             if end <= last:
                 ax.axvline(end - 0.5, color="black", linewidth=1)
             middles.append((lo + hi - 1) / 2)
-            names.append(phase.name)
+            names.append(_label(phase.name, PHASE_NAME))
         start = end
     phases = ax.secondary_xaxis("top")  # phase names above the chart, the title above them
     phases.set_xticks(middles, names, fontsize=8)
@@ -349,7 +353,7 @@ def whatif_figure(groups: Sequence[tuple[str, GroupReplay]]) -> Figure:
             late.scatter(xs, ys, color=_algorithm_colour("stragglar"), s=12, label="auto chose StragglAR")
         late.set_xlabel("step")
         late.set_ylabel("lateness behind the next rank (ms)")
-        late.set_title(f"group {name}" if name else f"{result.num_ranks} ranks")
+        late.set_title(f"group {_label(name, TITLE_NAME)}" if name else f"{result.num_ranks} ranks")
         _legend_below(late)
         for algorithm in PRICED:  # auto follows ring or stragglar step by step: dashed, so both show
             times = [s.predicted[algorithm] * 1e3 for s in result.steps]
@@ -364,10 +368,21 @@ def whatif_figure(groups: Sequence[tuple[str, GroupReplay]]) -> Figure:
     return fig
 
 
+def _label(name: str, limit: int) -> str:
+    """A name read from a file as a chart shows it: escaped as messages escape it (a control
+    character is no glyph of any font) and cut to ``limit`` characters (a long one took the
+    chart's whole width), the rest counted."""
+    return shown(name, limit)
+
+
 def render(fig: Figure, fmt: str = "png") -> bytes:
-    """``fig`` as the bytes of a ``png``, ``svg`` or ``pdf`` file (written by the caller, atomically)."""
+    """``fig`` as the bytes of a ``png``, ``svg`` or ``pdf`` file (written by the caller, atomically).
+    Matplotlib's layout warnings (a crowded chart laid out as well as it goes) are its own, not
+    the command's: they would reach the user's terminal as Python warnings."""
     out = io.BytesIO()
-    fig.savefig(out, format=fmt, dpi=110)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        fig.savefig(out, format=fmt, dpi=110)
     return out.getvalue()
 
 

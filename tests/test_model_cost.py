@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import struct
 import sys
+import warnings
 from itertools import pairwise
 from pathlib import Path
 from typing import Any, cast
@@ -377,3 +379,22 @@ def test_a_critical_delay_of_two_settings_is_refused() -> None:
         InputError, match=r"^critical_delay compares two algorithms on one setting, got 4 GPUs"
     ):
         critical_delay(four, eight)
+
+
+def test_a_chart_shows_names_from_a_file_escaped_and_cut_with_no_warning(tmp_path: Path) -> None:
+    """A phase named ESC [2J and 200 letters: drawn raw (no glyph for ESC), the whole width of the
+    chart, and matplotlib's two warnings reached the terminal."""
+    pytest.importorskip("matplotlib")
+    schedule = synthesize("stragglar", 3)
+    named = dataclasses.replace(schedule.phases[0], name="\x1b[2J" + "z" * 200)
+    path, out = tmp_path / "named.json", tmp_path / "named.png"
+    schedule_json.write(dataclasses.replace(schedule, phases=(named, *schedule.phases[1:])), path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        result = run("show", str(path), "--plot", str(out))
+    assert result.exit_code == 0 and result.stderr == "", result.stderr
+    from stragglar.plot import PHASE_NAME, schedule_figure
+
+    (ax,) = schedule_figure(schedule_json.read(path)).axes
+    shown_names = [t.get_text() for extra in ax.child_axes for t in extra.get_xticklabels()]
+    assert shown_names[0] == "\\x1b[2J" + "z" * (PHASE_NAME - 4) + "... (204 characters)", shown_names
