@@ -370,9 +370,10 @@ def whatif_figure(groups: Sequence[tuple[str, GroupReplay]]) -> Figure:
 
 def _label(name: str, limit: int) -> str:
     """A name read from a file as a chart shows it: escaped as messages escape it (a control
-    character is no glyph of any font) and cut to ``limit`` characters (a long one took the
-    chart's whole width), the rest counted."""
-    return shown(name, limit)
+    character is no glyph of any font), its dollar signs too (matplotlib reads ``$...$`` as
+    math, and a malformed formula failed the drawing), and cut to ``limit`` characters (a long
+    one took the chart's whole width), the rest counted."""
+    return shown(name, limit).replace("$", r"\$")
 
 
 def render(fig: Figure, fmt: str = "png") -> bytes:

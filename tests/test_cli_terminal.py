@@ -477,6 +477,43 @@ def test_a_reader_that_leaves_in_the_middle_of_a_document_ends_the_command_with_
     assert whole.stdout.strip() == "0", whole.stderr
 
 
+def test_a_non_blocking_standard_output_with_a_slow_reader_gets_the_whole_document(tmp_path: Path) -> None:
+    """A full non-blocking pipe refuses a write for the moment (EAGAIN): the command waits for
+    room, where Python's own writer gave the first 64 KiB and dropped the rest, exit 0."""
+    import fcntl
+
+    reader, writer = os.pipe()
+    fcntl.fcntl(writer, fcntl.F_SETFL, fcntl.fcntl(writer, fcntl.F_GETFL) | os.O_NONBLOCK)
+    try:
+        command = [sys.executable, "-m", "stragglar", "synth", "--gpus", "64"]
+        done = subprocess.Popen(command, stdout=writer, stderr=subprocess.PIPE)
+    finally:
+        os.close(writer)
+    time.sleep(1.0)  # the pipe fills while nobody reads
+    got = b""
+    while chunk := os.read(reader, 1 << 16):
+        got += chunk
+    os.close(reader)
+    assert done.wait(120) == 0, done.stderr.read() if done.stderr else ""
+    want = subprocess.run(command, capture_output=True, timeout=120).stdout
+    assert len(want) > 1 << 16 and got == want
+
+
+def test_standard_output_keeps_python_s_unbuffered_mode() -> None:
+    """``python -u`` (or PYTHONUNBUFFERED) writes each piece through: the stream that takes writes
+    whole keeps that, so output still streams."""
+    code = (
+        "import sys; from stragglar.commands.error_lines import whole_writes as w; "
+        "print(w(sys.stdout).write_through)"
+    )
+    for flags, want in ((["-u"], "True"), ([], "False")):
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+        done = subprocess.run(
+            [sys.executable, *flags, "-c", code], capture_output=True, text=True, env=env, timeout=60
+        )
+        assert done.stdout.strip() == want, (flags, done.stderr)
+
+
 def test_a_terminal_that_reports_no_size_still_gets_a_bar(monkeypatch: pytest.MonkeyPatch) -> None:
     """A terminal of size 0 x 0 gave tqdm no room, and the bar never drew: it gets 80 x 24."""
     import io

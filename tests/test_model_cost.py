@@ -398,3 +398,15 @@ def test_a_chart_shows_names_from_a_file_escaped_and_cut_with_no_warning(tmp_pat
     (ax,) = schedule_figure(schedule_json.read(path)).axes
     shown_names = [t.get_text() for extra in ax.child_axes for t in extra.get_xticklabels()]
     assert shown_names[0] == "\\x1b[2J" + "z" * (PHASE_NAME - 4) + "... (204 characters)", shown_names
+
+
+def test_a_name_with_dollar_signs_is_drawn_as_text_not_read_as_math(tmp_path: Path) -> None:
+    """A phase named ``$\\frac$`` failed the drawing with matplotlib's ParseSyntaxException."""
+    pytest.importorskip("matplotlib")
+    schedule = synthesize("stragglar", 3)
+    named = dataclasses.replace(schedule.phases[0], name="$\\frac$")
+    path, out = tmp_path / "math.json", tmp_path / "math.png"
+    schedule_json.write(dataclasses.replace(schedule, phases=(named, *schedule.phases[1:])), path)
+    result = run("show", str(path), "--plot", str(out))
+    assert result.exit_code == 0 and result.stderr == "", result.output
+    assert out.stat().st_size > 0

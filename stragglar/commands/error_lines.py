@@ -13,6 +13,7 @@ import functools
 import io
 import os
 import re
+import select
 import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, TextIO
@@ -69,7 +70,10 @@ class _WholeWrites(io.RawIOBase):
         view = memoryview(data).cast("B")
         written = 0
         while written < len(view):
-            written += os.write(self._descriptor, view[written:])
+            try:
+                written += os.write(self._descriptor, view[written:])
+            except BlockingIOError:  # a non-blocking descriptor whose pipe is full: wait for room
+                select.select([], [self._descriptor], [])
         return written
 
 
@@ -86,6 +90,7 @@ def whole_writes(stream: TextIO) -> TextIO:
         encoding=stream.encoding,
         errors=stream.errors,
         line_buffering=bool(stream.line_buffering),
+        write_through=bool(getattr(stream, "write_through", False)),  # python -u, PYTHONUNBUFFERED
     )
 
 

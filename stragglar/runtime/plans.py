@@ -19,12 +19,22 @@ from stragglar.runtime.program import Plan, RankProgram, bind, compile_schedule
 from stragglar.schedule import Schedule
 from stragglar.verify import Proof, require_proof
 
-__all__ = ["cached", "late_rank_for", "plan_for", "rounds_without"]
+__all__ = ["cached", "emptied", "late_rank_for", "plan_for", "rounds_without"]
 
 _V = TypeVar("_V")
 _lock = threading.Lock()
 _programs: OrderedDict[Hashable, tuple[RankProgram, ...]] = OrderedDict()
 _plans: OrderedDict[Hashable, Plan] = OrderedDict()
+
+
+def emptied(cache: OrderedDict[Hashable, _V]) -> None:
+    """Empty ``cache`` under the lock :func:`cached` takes (a lookup beside it must never see its
+    entry go between finding and moving it); what goes is let go after the lock, where letting go
+    waits (a device state's last kernel)."""
+    with _lock:
+        gone = list(cache.values())
+        cache.clear()
+    del gone
 
 
 def cached(cache: OrderedDict[Hashable, _V], key: Hashable, make: Callable[[], _V], limit: int) -> _V:

@@ -32,6 +32,7 @@ from collections.abc import Hashable
 from typing import Any
 
 from stragglar.runtime.failures import RankError
+from stragglar.runtime.plans import emptied
 
 __all__ = [
     "CACHED",
@@ -51,7 +52,7 @@ class States(OrderedDict[Hashable, Any]):
     :data:`CACHED`): see the module's notes."""
 
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # re-entered where a dropped work breaks its state in a collection
 _kept: dict[tuple[Hashable, Hashable], States] = {}  # by (group, channel)
 _broken: list[Any] = []  # broken states, kept for the process's life
 _broken_buffers: dict[tuple[int, int], str] = {}  # (GPU, address) of a registered buffer: why
@@ -74,7 +75,7 @@ def forget(states: States) -> None:
     with _lock:
         for key in [key for key, kept in _kept.items() if kept is states]:
             del _kept[key]
-    states.clear()
+    emptied(states)  # beside a call that looks its state up
 
 
 def keep_broken(state: Any, buffer: tuple[int, int] | None, why: str) -> None:
