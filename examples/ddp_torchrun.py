@@ -26,7 +26,9 @@ StragglAR's buckets with the device engine (one kernel launch a bucket and rank;
 import argparse
 import os
 import statistics
+import sys
 import time
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -103,20 +105,24 @@ def engine_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def refuse(line: str) -> NoReturn:
+    """End with ``line`` on stderr and exit 2: bad input, as an option's error ends argparse."""
+    print(line, file=sys.stderr)
+    raise SystemExit(2)
+
+
 def start(backend: str, engine: str = "rounds") -> torch.device:
     """Join the job torchrun started; on NCCL, bind this rank to its GPU on its node.  The device
     engine (``engine``) is refused before, off NCCL: gloo's tensors are on the CPU."""
     if engine == "device" and backend != "nccl":
-        raise SystemExit("--engine device reduces CUDA tensors: it runs on NCCL, with CUDA GPUs")
+        refuse("--engine device reduces CUDA tensors: it runs on NCCL, with CUDA GPUs")
     if not {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"} <= set(os.environ):
-        raise SystemExit(
-            "start it with torchrun, which starts its ranks: torchrun --nproc-per-node=N <script>"
-        )
+        refuse("start it with torchrun, which starts its ranks: torchrun --nproc-per-node=N <script>")
     if backend == "gloo":
         dist.init_process_group("gloo")
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise SystemExit("--backend nccl needs CUDA GPUs: torch sees none")
+        refuse("--backend nccl needs CUDA GPUs: torch sees none")
     local_rank, local_world = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
     place = placement(local_rank, local_world, torch.cuda.device_count())
     os.environ.update(place.env)  # more ranks than GPUs (one node): an NCCL host each, see the README
@@ -141,7 +147,7 @@ def main() -> None:
         try:
             as_rank(args.late_rank, "--late-rank", world)
         except InputError as e:
-            raise SystemExit(str(e)) from None
+            refuse(str(e))
     torch.manual_seed(0)  # the same initial weights on every rank, and in both copies
     plain = mlp(args.width, args.depth).to(device)
     twin = mlp(args.width, args.depth).to(device)

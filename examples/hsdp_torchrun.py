@@ -30,6 +30,7 @@ from ddp_torchrun import (  # the sibling example: its options, and joining torc
     engine_option,
     lateness_options,
     positive,
+    refuse,
     start,
 )
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
@@ -100,14 +101,14 @@ def main() -> None:
     device = start(args.backend or ("nccl" if torch.cuda.is_available() else "gloo"), args.engine)
     rank, world = dist.get_rank(), dist.get_world_size()
     if args.replicas < 1 or world % args.replicas:
-        raise SystemExit(f"--replicas must divide the {world} ranks, got {args.replicas}")
+        refuse(f"--replicas must divide the {world} ranks, got {args.replicas}")
     shards = world // args.replicas
     late_replica = None
     if args.late_rank is not None:
         try:
             late_replica = as_rank(args.late_rank, "--late-rank", world) // shards
         except InputError as e:
-            raise SystemExit(str(e)) from None
+            refuse(str(e))
     mesh = init_device_mesh(device.type, (args.replicas, shards), mesh_dim_names=("replicate", "shard"))
     native = sharded(transformer(args.width, args.depth, device), mesh)
     ours = sharded(transformer(args.width, args.depth, device), mesh["shard"])

@@ -27,6 +27,8 @@ def renamed(old: str, new: str, function: _F) -> _F:
         _warn(old, new)
         return function(*args, **kwargs)
 
+    # where it is found, so that pickle finds this very function there (wraps took the new one's)
+    old_name.__module__, _, old_name.__qualname__ = old.rpartition(".")
     return old_name  # type: ignore[return-value]
 
 
@@ -37,9 +39,15 @@ class RenamedModule(types.ModuleType):
     def __init__(self, old: str, module: types.ModuleType) -> None:
         super().__init__(old, module.__doc__)
         self._module = module
+        # what the import system reads of a module is the module's own (ModuleType set them None)
+        self.__spec__, self.__loader__ = module.__spec__, module.__loader__
+        self.__package__ = module.__package__
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):  # what the import system asks of any module (its spec, path)
+        if name.startswith("__"):  # a module's own dunders (its file, path): no name of the API
             return getattr(self._module, name)
         _warn(f"{self.__name__}.{name}", f"{self._module.__name__}.{name}")
         return getattr(self._module, name)
+
+    def __dir__(self) -> list[str]:
+        return dir(self._module)

@@ -111,7 +111,7 @@ def test_the_ddp_example_refuses_the_device_engine_off_nccl_in_one_line() -> Non
     """Before it joins a job: gloo buckets are on the CPU, where the device engine does not run."""
     args = [sys.executable, str(EXAMPLE), "--backend", "gloo", "--engine", "device"]
     done = subprocess.run(args, capture_output=True, text=True, timeout=LIMIT, check=False)
-    assert done.returncode == 1 and done.stdout == ""
+    assert done.returncode == 2 and done.stdout == ""
     assert done.stderr == "--engine device reduces CUDA tensors: it runs on NCCL, with CUDA GPUs\n"
 
 
@@ -142,7 +142,7 @@ def test_an_example_refuses_a_bad_option_in_one_line_before_it_joins_a_job(
 
 def test_an_example_started_without_torchrun_says_so_in_one_line() -> None:
     done = subprocess.run([sys.executable, str(EXAMPLE)], capture_output=True, text=True, timeout=LIMIT)
-    assert done.returncode == 1 and done.stdout == ""
+    assert done.returncode == 2 and done.stdout == ""
     assert (
         done.stderr
         == "start it with torchrun, which starts its ranks: torchrun --nproc-per-node=N <script>\n"

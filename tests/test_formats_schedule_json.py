@@ -313,6 +313,9 @@ def test_the_deprecated_module_name_still_imports_the_format_and_warns() -> None
     with pytest.warns(DeprecationWarning):
         from stragglar.formats.json import read as old_read  # type: ignore[import-not-found, unused-ignore]
     assert old_read is read
+    from stragglar.formats import schedule_json
+
+    assert old.__spec__ is schedule_json.__spec__ and "read" in dir(old)  # as the import system asks
 
 
 def test_bytes_are_read_as_utf8_as_json_loads_reads_them() -> None:

@@ -165,8 +165,8 @@ def bound(num_gpus: int, collective: str, chunks: int | None, rounds: int | None
         return
     if num_gpus > BOUND_MAX_RANKS:
         raise InputError(
-            f"the z3 bound handles at most {BOUND_MAX_RANKS} GPUs (the model grows as N^4; "
-            f"N = {_LARGEST} took {BOUND_SECONDS[_LARGEST]} s on 2 cores)"
+            f"need 2 to {BOUND_MAX_RANKS} GPUs, got {num_gpus}: the z3 model grows as N^4 "
+            f"(N = {_LARGEST} took {BOUND_SECONDS[_LARGEST]} s on 2 cores)"
         )
     with busy(f"asking z3 about {num_gpus} GPUs{_expected(num_gpus, chunks)}"):
         result = prove_lower_bound(num_gpus, timeout, chunks, rounds)

@@ -359,6 +359,6 @@ def _show_artifact(fmt: ArtifactFormat[_D], text: str, file: Path, size: int | N
     echo(proof.summary)
     _warn(file, proof)
     if size is not None and fmt.size_rule is not None:
-        echo(f"{format_bytes(size)}: {fmt.size_rule(document).decide(size).reason}")  # as the user gave it
+        echo(f"{format_bytes(size)}: {fmt.size_rule(document).decide(size).reason}")  # as people read sizes
     if verbose:
         echo(proof.details)
