@@ -32,6 +32,7 @@ from stragglar.runtime import (
     allreduce,
     allreduce_local,
     register_buffer,
+    release_graphs,
 )
 from stragglar.runtime.device import group, program_for, shared, states
 from stragglar.runtime.device.kernel import RANK_WORDS
@@ -738,6 +739,25 @@ def test_a_registered_buffer_whose_call_failed_runs_no_call_again_and_stays_allo
     assert sorted(int(state.registered.data.ptr) for state in states._broken) == sorted(
         int(b.data.ptr) for b in buffers
     )
+
+
+def test_an_nccl_group_s_device_states_go_as_its_graphs_are_released(cuda: FakeCuda) -> None:
+    """An NcclGroup's communicator is destroyed by its caller, after ``release_graphs``: the
+    device engine's states on it (an inbox about each buffer's size) go there too, where before
+    they stayed while the process ran."""
+    proof = prove(synthesize("stragglar", 3))
+    buffers = [cuda.buffer(v) for v in values(3, 20, "float32", 8)]
+
+    def rank(r: int, g: Any) -> Any:
+        allreduce(buffers[r], proof, g, timeout=10, engine="device")
+        kept = (g.comm, None) in states._kept
+        release_graphs(g)
+        return kept, (g.comm, None) in states._kept
+
+    *results, _, _ = run_ranks(3, rank)
+    assert results == [(True, False)] * 3, results
+    gc.collect()
+    assert not set(cuda.allocations) - {cuda.base_of(b.data.ptr) for b in buffers}  # inboxes, flags freed
 
 
 def test_every_launch_allocation_and_handle_is_made_on_the_buffer_s_gpu(cuda: FakeCuda) -> None:

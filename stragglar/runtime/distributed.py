@@ -41,7 +41,7 @@ from stragglar.runtime.device.buffers import (
 )
 from stragglar.runtime.device.group import DeviceCall, DeviceWork, Gather
 from stragglar.runtime.device.shared import Registration, register, registered
-from stragglar.runtime.device.states import States, forget, states_for
+from stragglar.runtime.device.states import States, forget, forget_group, states_for
 from stragglar.runtime.graphs import Capturing, release, shared
 from stragglar.runtime.header import agree, inspect_call
 from stragglar.runtime.interpreter import Packing, Transport, run_rank, run_rank_replayed
@@ -313,7 +313,9 @@ def register_buffer(data: Any, group: Any = None, *, timeout: float | None = 300
 
 def release_graphs(group: Any = None) -> int:
     """Drop the CUDA graphs of NCCL rounds this process captured: those on ``group`` (a torch
-    process group or an :class:`NcclGroup`), or all of them (None); returns how many went.
+    process group or an :class:`NcclGroup`), or all of them (None); returns how many went.  The
+    device engine's states on the group (an inbox about each buffer's size, and the peers' memory
+    opened) go too.
 
     NCCL will not destroy a communicator while a CUDA graph that captured its calls lives, so a
     CuPy communicator's ``destroy`` after graphed calls would wait forever: call this first, on
@@ -322,7 +324,9 @@ def release_graphs(group: Any = None) -> int:
     launched, which need every peer's too, so call it where every rank has made the same calls
     (the end of a run).  Later calls on the group run eagerly once, then capture again.
     """
-    return release(group.comm if isinstance(group, NcclGroup) else group)
+    owner = group.comm if isinstance(group, NcclGroup) else group
+    forget_group(owner)  # None: every group's
+    return release(owner)
 
 
 def _run_rounds(

@@ -11,8 +11,9 @@ recent states, least recently used first, the ranks make and drop them together.
 calls on another group, or on another channel of this one (tags on gloo, in other threads), move
 nothing here; one cache for the whole process would let ranks whose other calls differ drop
 different states.  A torch group's states go before torch destroys the group (the caller
-registers :func:`forget`); an :class:`~stragglar.runtime.NcclGroup`'s stay while the process
-does.
+registers :func:`forget`), an :class:`~stragglar.runtime.NcclGroup`'s as
+:func:`~stragglar.runtime.release_graphs` releases the group (:func:`forget_group`), which
+comes before destroying its communicator.
 
 *Broken* (:func:`keep_broken`).  A call whose launch was cut short, whose wait did not reach
 every rank's words, or that was never waited for, leaves its state broken: this rank cannot know
@@ -40,6 +41,7 @@ __all__ = [
     "broken_buffer",
     "broken_error",
     "forget",
+    "forget_group",
     "keep_broken",
     "states_for",
 ]
@@ -76,6 +78,14 @@ def forget(states: States) -> None:
         for key in [key for key, kept in _kept.items() if kept is states]:
             del _kept[key]
     emptied(states)  # beside a call that looks its state up
+
+
+def forget_group(owner: Hashable | None) -> None:
+    """Let go of the states of every channel of the group ``owner`` (None: of every group)."""
+    with _lock:
+        going = [states for (group, _), states in _kept.items() if owner is None or group is owner]
+    for states in going:
+        forget(states)
 
 
 def keep_broken(state: Any, buffer: tuple[int, int] | None, why: str) -> None:
