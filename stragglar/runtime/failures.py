@@ -18,6 +18,7 @@ __all__ = [
     "RankError",
     "checking_error",
     "classify",
+    "error_line",
     "failure_phrase",
     "first_line",
     "step_error",
@@ -114,6 +115,12 @@ def first_line(text: object, limit: int = 200) -> str:
     """The first non-empty line of ``text``, cut to ``limit`` characters."""
     line = next((x.strip() for x in str(text).splitlines() if x.strip()), "")
     return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def error_line(error: BaseException) -> str:
+    """``error`` in one line: its message's first line, or its type's name where it says nothing
+    (a KeyboardInterrupt, a bare RuntimeError)."""
+    return first_line(error) or type(error).__name__
 
 
 def checking_error(

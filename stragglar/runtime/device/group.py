@@ -68,7 +68,7 @@ from stragglar.runtime.device.states import (
     keep_broken,
 )
 from stragglar.runtime.device.table import DeviceProgram
-from stragglar.runtime.failures import RankError, first_line
+from stragglar.runtime.failures import RankError, error_line
 from stragglar.runtime.kernels import SUMS
 from stragglar.runtime.plans import cached
 
@@ -139,7 +139,7 @@ class DeviceRank:
         try:
             gathered = _rows(gather(own), 1 + 2 * width, rank, "its device state's handles")
         except BaseException as e:  # a peer that had the handles may write this memory: kept
-            keep_broken(self, None, first_line(e) or type(e).__name__)
+            keep_broken(self, None, error_line(e))
             raise
         self.blocks = min(words[0] for words in gathered)
         inboxes, flag_arrays = [], []
@@ -201,7 +201,7 @@ class DeviceRank:
         try:
             launched = self._launched(buffer, straggler_delay, late_rank, timeout_s)
         except BaseException as e:
-            self.breaks(first_line(e) or type(e).__name__)
+            self.breaks(error_line(e))
             raise
         self.in_flight = launched
         return launched
@@ -248,7 +248,7 @@ class DeviceRank:
             own = self.words.get().reshape(-1, RANK_WORDS)[self.rank]
             gathered = _rows(gather([int(w) for w in own]), RANK_WORDS, self.rank, "its call's words")
         except BaseException as e:
-            self.breaks(first_line(e) or type(e).__name__)
+            self.breaks(error_line(e))
             raise
         finally:
             self.in_flight = None

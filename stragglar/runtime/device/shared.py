@@ -35,7 +35,7 @@ from stragglar.runtime.device.ipc import (
     handle_bytes,
     handle_words,
 )
-from stragglar.runtime.failures import first_line
+from stragglar.runtime.failures import error_line
 from stragglar.runtime.header import MismatchError, ranks_in_words
 
 __all__ = ["Registration", "register", "registered"]
@@ -168,7 +168,7 @@ def _register(
         except Exception as e:  # any refusal (an expandable segment, a stream-ordered pool) is said
             problem, reason = (
                 _UNSHAREABLE,
-                f"its memory cannot be shared over CUDA IPC ({first_line(e) or type(e).__name__})",
+                f"its memory cannot be shared over CUDA IPC ({error_line(e)})",
             )
     dtype = DTYPES.index(key[2]) if key[2] in DTYPES else -1
     gathered = gather([proposed, problem, dtype, key[1], offset, *handle_words(handle)])
@@ -218,7 +218,7 @@ def _open_peers(
             return (
                 [],
                 [],
-                f"cannot open rank {peer}'s buffer over CUDA IPC ({first_line(e) or type(e).__name__})",
+                f"cannot open rank {peer}'s buffer over CUDA IPC ({error_line(e)})",
             )
         handles.append(handle)
     return addresses, handles, None
