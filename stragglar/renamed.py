@@ -1,6 +1,7 @@
-"""Old names that still work: each use warns (a :class:`DeprecationWarning`, shown once per place
-that uses it, as Python shows them) and says what to use instead, so that a program built on an
-old name learns of it before the name goes (the README's "Renamed names" lists them)."""
+"""Old names that still work: each use warns (a :class:`DeprecationWarning`, shown where Python's
+filters show deprecations: in a script's own code and under pytest) and says what to use
+instead, so that a program built on an old name learns of it before the name goes (the README's
+"Renamed names" lists them)."""
 
 from __future__ import annotations
 

@@ -14,8 +14,6 @@
 (with keyword options), :func:`prove` and :func:`describe`: deprecated, each call warns.
 """
 
-from typing import Any
-
 from stragglar.msccl.errors import MscclExportError, MscclFormatError, MscclVerificationError, MscclViolation
 from stragglar.msccl.lowering.lower import (
     DEFAULT_MAX_BYTES,
@@ -26,6 +24,7 @@ from stragglar.msccl.lowering.lower import (
     check_request,
     default_name,
     lower,
+    lower_with,
     write_msccl,
 )
 from stragglar.msccl.prover.parsed import XmlDocument, XmlSource
@@ -35,15 +34,9 @@ from stragglar.msccl.prover.read import read
 from stragglar.msccl.summary import describe
 from stragglar.msccl.vocabulary import PROTOCOLS
 from stragglar.renamed import renamed
-from stragglar.verify import Proof, require_proof
-
-
-def _to_msccl_xml(proof: Proof, **options: Any) -> str:
-    return lower(require_proof(proof), XmlOptions(**options))
-
 
 to_msccl_xml = renamed(
-    "stragglar.msccl.to_msccl_xml", "stragglar.msccl.lower(proof, XmlOptions(**options))", _to_msccl_xml
+    "stragglar.msccl.to_msccl_xml", "stragglar.msccl.lower(proof, XmlOptions(**options))", lower_with
 )
 prove_msccl = renamed("stragglar.msccl.prove_msccl", "stragglar.msccl.prove", prove)
 describe_msccl = renamed("stragglar.msccl.describe_msccl", "stragglar.msccl.describe", describe)

@@ -63,6 +63,7 @@ __all__ = [
     "check_request",
     "default_name",
     "lower",
+    "lower_with",
     "write_msccl",
 ]
 
@@ -191,11 +192,15 @@ def check_export_size(proof: Proof, instances: int = 1) -> None:
             )
 
 
+def lower_with(proof: Proof, **options: Any) -> str:
+    """:func:`lower` with the fields of :class:`XmlOptions` as keywords (``name``, ``proto``,
+    ``instances``, ``min_bytes``, ``max_bytes``)."""
+    return lower(require_proof(proof), XmlOptions(**options))
+
+
 def write_msccl(proof: Proof, path: str | os.PathLike[str], **options: Any) -> None:
-    """Write :func:`lower` of ``proof`` to the file ``path``, with the fields of
-    :class:`XmlOptions` as keywords (``name``, ``proto``, ``instances``, ``min_bytes``,
-    ``max_bytes``)."""
-    write_text(path, lower(require_proof(proof), XmlOptions(**options)))
+    """Write :func:`lower_with` of ``proof`` (same keyword options) to the file ``path``."""
+    write_text(path, lower_with(proof, **options))
 
 
 def _stages(proof: Proof, header: Header) -> str:
