@@ -128,6 +128,16 @@ def ranks_run(
     return results
 
 
+def exact(schedule: Schedule, seed: int, **options: Any) -> bool:
+    """Whether every rank of a call on fresh data (``options``: :func:`ranks_run`'s) sums exactly."""
+    data = fresh(schedule.num_ranks, 40, "float32", seed)
+    want = [np.array(d).view(np.ndarray) for d in data]
+    allreduce_local(want, prove(schedule))
+    results = ranks_run(schedule, data, **options)
+    assert not [r for r in results if isinstance(r, Exception)], results
+    return all(w.tobytes() == np.array(g).tobytes() for w, g in zip(want, data, strict=True))
+
+
 def kept_states() -> list[group.DeviceRank]:
     """Every staged call's state this process keeps, on every group and channel."""
     return [state for kept in states._kept.values() for state in kept.values()]
@@ -202,28 +212,12 @@ def test_after_waits_that_timed_out_on_the_device_the_next_call_is_exact(cuda: F
     kernel ends and every rank's words are gathered, so every rank raises the same RankError and
     its state is not broken: the next calls, nobody late, sum exactly."""
     schedule = synthesize("stragglar", 4)
-    proof = prove(schedule)
     gather = AllGather(4)
     results = ranks_run(schedule, fresh(4, 40, "float32", 5), gather, delay=0.6, timeout=0.3)
     assert all(isinstance(r, RankError) and r.reason == "timed out" for r in results), results
     assert len({str(r) for r in results}) == 1 and not states._broken
     for seed in (6, 7):
-        data = fresh(4, 40, "float32", seed)
-        want = [np.array(d).view(np.ndarray) for d in data]
-        allreduce_local(want, proof)
-        results = ranks_run(schedule, data, gather)
-        assert not [r for r in results if isinstance(r, Exception)], results
-        assert all(w.tobytes() == np.array(g).tobytes() for w, g in zip(want, data, strict=True)), seed
-
-
-def exact(schedule: Schedule, seed: int, **options: Any) -> bool:
-    """Whether every rank of a call on fresh data (``options``: :func:`ranks_run`'s) sums exactly."""
-    data = fresh(schedule.num_ranks, 40, "float32", seed)
-    want = [np.array(d).view(np.ndarray) for d in data]
-    allreduce_local(want, prove(schedule))
-    results = ranks_run(schedule, data, **options)
-    assert not [r for r in results if isinstance(r, Exception)], results
-    return all(w.tobytes() == np.array(g).tobytes() for w, g in zip(want, data, strict=True))
+        assert exact(schedule, seed, gather=gather), seed
 
 
 def test_calls_on_two_channels_of_a_group_at_once_each_run_on_states_of_their_own(cuda: FakeCuda) -> None:
@@ -341,7 +335,6 @@ def test_a_setup_whose_call_failed_before_every_rank_s_words_runs_no_call_again(
     sums exactly."""
     schedule = synthesize("stragglar", 4)
     late = schedule.late_rank
-    proof = prove(schedule)
     assert not any(
         isinstance(r, Exception) for r in ranks_run(schedule, fresh(4, 40, "float32", 1), AllGather(4))
     )
@@ -381,12 +374,7 @@ def test_a_setup_whose_call_failed_before_every_rank_s_words_runs_no_call_again(
     drop_states()
     gc.collect()
     assert len(cuda.allocations) >= 4 * 2  # every rank's inbox and flags are still there
-    data = fresh(4, 40, "float32", 4)
-    want = [np.array(d).view(np.ndarray) for d in data]
-    allreduce_local(want, proof)
-    results = ranks_run(schedule, data, AllGather(4), owner="a new group")
-    assert not [r for r in results if isinstance(r, Exception)], results
-    assert all(w.tobytes() == np.array(g).tobytes() for w, g in zip(want, data, strict=True))
+    assert exact(schedule, 4, gather=AllGather(4), owner="a new group")
 
 
 def test_allreduce_with_engine_device_on_an_nccl_group(cuda: FakeCuda) -> None:
