@@ -8,14 +8,20 @@
 #
 #     bash benchmarks/gpu_check.sh                                # logs and gpu.json in /tmp/stragglar-gpu-check
 #     GPU_CHECK_DIR=/data/gpu-check bash benchmarks/gpu_check.sh  # or in the folder it names
+#     bash benchmarks/gpu_check.sh device tuning                  # only the steps it names
 #
 # What it writes: device.txt (nvidia-smi's view of the GPUs), one log per step and gpu.json.
 # Each step has a time limit (10 minutes in all), so that a hung step (a rank waiting forever on
 # a peer) cannot hold the machine and the steps after it still run. If the machine has no
 # network, put the wheels it lacks (z3-solver, ...) in .whl/ and they are installed from there.
-# Exits 1 if any step failed, 2 if the wheels would not install.
+# Exits 1 if any step failed, 2 if a step named is not one or the wheels would not install.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+steps=("tests" "device-tests" "loopback" "device" "tuning" "bench-ranks" "run-nccl" "ddp-device" "bench-nccl")
+for name in "$@"; do  # a step named wrong would be skipped without a word: refuse it instead
+    [[ " ${steps[*]} " == *" $name "* ]] || { echo "gpu_check.sh: no step '$name' (steps: ${steps[*]})" >&2; exit 2; }
+done
+only=" $* "
 out="${GPU_CHECK_DIR:-/tmp/stragglar-gpu-check}"
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -33,6 +39,7 @@ ran=()  # "name: exit rc (seconds)" per step, for the summary at the end
 step() {  # step NAME SECONDS COMMAND...: run it with a limit, log it, note a failure, go on
     local name=$1 limit=$2 began=$SECONDS
     shift 2
+    [ "$only" = "  " ] || [[ "$only" == *" $name "* ]] || return 0
     echo "===== $name (at most ${limit} s): $*"
     timeout --kill-after=10 "$limit" "$@" 2>&1 | tee "$out/$name.log"
     local rc=${PIPESTATUS[0]}
