@@ -52,15 +52,15 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$out/devi
 # The most telling first: the kernels bit for bit, then the loopback's figures (in a process of
 # their own, so that a failure in the ranks' parts cannot take them), then the ranks' parts into
 # the same JSON (bench_gpu keeps the loopback's figures there), then the commands a user types.
-step tests 35 python3 -m pytest -q -p no:cacheprovider tests/test_runtime_loopback_gpu_device.py tests/test_runtime_loopback_gpu_kernels.py
-step device-tests 125 python3 -m pytest -q -p no:cacheprovider tests/test_runtime_device_gpu.py
-step loopback 40 python3 benchmarks/bench_gpu.py --quick --iters 3 --progress --parts loopback --json "$out/gpu.json"
-step device 75 python3 benchmarks/bench_gpu.py --quick --iters 3 --progress --parts device_executor --json "$out/gpu.json"
-step tuning 60 python3 benchmarks/bench_gpu.py --iters 3 --progress --parts device_tuning --json "$out/gpu.json"
-step bench-ranks 130 python3 benchmarks/bench_gpu.py --quick --iters 3 --parts p2p ddp cupy_nccl --json "$out/gpu.json"
-step run-nccl 40 python3 -m stragglar run --backend nccl --gpus 4 --size 16MiB --delay 20ms --chunks 6 --iters 3
-step ddp-device 50 torchrun --nproc-per-node=4 examples/ddp_torchrun.py --late-rank 3 --delay 50ms --steps 8 --policy stragglar --engine device
-step bench-nccl 45 python3 -m stragglar bench --backend nccl --gpus 2,4 --sizes 1MiB --delays 0,20ms --iters 2
+step tests 30 python3 -m pytest -q -p no:cacheprovider tests/test_runtime_loopback_gpu_device.py tests/test_runtime_loopback_gpu_kernels.py
+step device-tests 80 python3 -m pytest -q -p no:cacheprovider tests/test_runtime_device_gpu.py
+step loopback 30 python3 benchmarks/bench_gpu.py --quick --iters 3 --progress --parts loopback --json "$out/gpu.json"
+step device 60 python3 benchmarks/bench_gpu.py --quick --iters 3 --progress --parts device_executor --json "$out/gpu.json"
+step tuning 120 python3 benchmarks/bench_gpu.py --iters 3 --progress --parts device_tuning --json "$out/gpu.json"
+step bench-ranks 180 python3 benchmarks/bench_gpu.py --quick --iters 3 --parts p2p ddp cupy_nccl --json "$out/gpu.json"
+step run-nccl 30 python3 -m stragglar run --backend nccl --gpus 4 --size 16MiB --delay 20ms --chunks 6 --iters 3
+step ddp-device 40 torchrun --nproc-per-node=4 examples/ddp_torchrun.py --late-rank 3 --delay 50ms --steps 8 --policy stragglar --engine device
+step bench-nccl 30 python3 -m stragglar bench --backend nccl --gpus 2,4 --sizes 1MiB --delays 0,20ms --iters 2
 # The end of the output is what a short look sees: each step's exit and time, then the verdicts
 # the device engine's parts printed (its targets, exactness, graphs, the fastest tuning) and the
 # DDP example's on it (StragglAR's share, step times, the copies' largest difference).

@@ -81,7 +81,7 @@ def loopback_row(xp: Any, sync: Callable[[], None], proof: Proof, size_bytes: in
     what = f"N={n} C={c} {size_bytes} B"
     eager = median_ms(xp, sync, bufs, lambda: allreduce_local(bufs, proof, graphs=False), iters, what)
     graph = median_ms(xp, sync, bufs, lambda: allreduce_local(bufs, proof), iters, what)
-    floor = copy_seconds(xp, sync, n * count * 4, iters) * 1e3  # every rank's buffer, once
+    floor = copy_seconds(xp, sync, n * count * 4, iters)[0] * 1e3  # every rank's buffer, once, by the host
     rounds = proof.num_rounds
     return LoopbackRow(
         n, c, size_bytes, rounds, eager, graph, eager * 1e3 / rounds, graph * 1e3 / rounds, floor

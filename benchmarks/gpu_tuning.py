@@ -1,6 +1,7 @@
 """bench_gpu.py's ``device_tuning`` part: the device engine's kernel under other tunings (the
-blocks a rank at most, the 16-byte vectors a thread keeps in flight) against the engine's own,
-in the same run, at the settings of the device engine's speed targets.
+blocks a rank at most, the 16-byte vectors a thread keeps in flight, a block's threads, the sleep
+between two looks at a flag) against the engine's own, in the same run, at the settings of the
+device engine's speed targets.
 
 The results are the same bits under every tuning (tests/test_runtime_device_kernel.py); what a
 tuning changes is how much of the device's memory bandwidth and latency a round uses.  At 1 MiB a
@@ -8,14 +9,17 @@ round is a few kilobytes a block, so the flags' latency rules (fewer blocks wait
 and each moves more); at 64 MiB the copies do, and the blocks and the loads a thread has in
 flight decide how close they come to a plain copy.
 
-Rows, one per tuning and setting (a tuning that gives the same blocks and vectors as one already
-measured in the setting is not measured again): ``n``, ``chunks``, ``size_bytes``, ``dtype``
-(float32), ``max_blocks`` and ``vectors`` (the tuning), ``blocks`` (what the device gave a rank),
-``round_us`` (the median call over the rounds; punctual calls, replayed from one CUDA graph after
-the first), ``copy_efficiency`` (at 64 MiB: as in gpu_device.py), ``exact`` (every call checked on
-the device) and ``own`` (the engine's own tuning).  Under the table, per setting, the fastest
-exact tuning and its time over the engine's own; within :data:`NOISE` of it, the engine's own is
-said to be as fast.
+Rows, one per tuning and setting (a tuning that gives the same launch as one already measured in
+the setting is not measured again): ``n``, ``chunks``, ``size_bytes``, ``dtype`` (float32),
+``max_blocks``, ``vectors``, ``threads`` and ``pause_ns`` (the tuning), ``blocks`` (what the
+device gave a rank), ``round_us`` (the median call over the rounds, timed by the host; punctual
+calls, replayed from one CUDA graph after the first), ``gpu_round_us`` (the same calls on the
+GPU's clock: what the tunings are compared by, the host's part being the same for all),
+``copy_efficiency`` (at 64 MiB: as in gpu_device.py, on the GPU's times), ``exact`` (every call
+checked on the device) and ``own`` (the engine's own tuning).  The table holds the engine's own
+and the :data:`SHOWN` fastest of each setting (the JSON every row).  Under the table, per
+setting, the fastest exact tuning and its time over the engine's own; within :data:`NOISE` of it,
+the engine's own is said to be as fast.
 """
 
 from __future__ import annotations
@@ -25,17 +29,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gpu_device import copy_seconds, efficiency_of, loopback_call, timed
+from gpu_device import copy_seconds, efficiency_of, loopback_call, state_of, timed
 
-from stragglar.runtime.device import program_for
-from stragglar.runtime.device.kernel import OWN_TUNING, VECTORS, Tuning
-from stragglar.runtime.device.loopback import device_loopback
+from stragglar.runtime.device.kernel import OWN_TUNING, PAUSES_NS, THREADS, VECTORS, Tuning
 from stragglar.synth import synthesize
 from stragglar.verify import Proof, prove
 
 MAX_BLOCKS = (1, 2, 4, 8, 16, 32, 64)  # the blocks a rank at most, swept: fewer flags, or more copies at once
 SETTINGS = ((8, 64, 1 << 20), (8, None, 64 << 20))  # (n, chunks (None: the paper's), bytes a rank)
 NOISE = 0.05  # a tuning less than this much faster than the engine's own is not called faster
+SHOWN = 12  # the fastest tunings of a setting the printed table holds (beside the engine's own)
 DTYPE = "float32"
 
 
@@ -47,8 +50,11 @@ class TuningRow:
     dtype: str
     max_blocks: int
     vectors: int
+    threads: int
+    pause_ns: int
     blocks: int
     round_us: float
+    gpu_round_us: float
     copy_efficiency: float | None
     exact: bool
     own: bool
@@ -57,16 +63,14 @@ class TuningRow:
 def tunings() -> list[Tuning]:
     """The engine's own tuning first, then every other one swept."""
     own = OWN_TUNING
-    swept = [Tuning(max_blocks=b, vectors=v) for b in MAX_BLOCKS for v in VECTORS]
+    swept = [
+        Tuning(max_blocks=b, vectors=v, threads=t, pause_ns=p)
+        for b in MAX_BLOCKS
+        for v in VECTORS
+        for t in THREADS
+        for p in PAUSES_NS
+    ]
     return [own, *(t for t in swept if t != own)]
-
-
-def blocks_of(xp: Any, proof: Proof, count: int, tuning: Tuning) -> int:
-    """The blocks a rank the device gives ``tuning`` (the state the calls will use, made now)."""
-    program = program_for(proof, direct=True)
-    device = int(xp.cuda.Device().id)
-    fingerprint = proof.schedule.fingerprint
-    return device_loopback(xp, count, DTYPE, device, program, fingerprint, tuning=tuning).blocks
 
 
 def setting_rows(
@@ -76,18 +80,19 @@ def setting_rows(
     n = proof.num_ranks
     itemsize = xp.dtype(DTYPE).itemsize
     count = size_bytes // itemsize
-    copy = copy_seconds(xp, sync, n * size_bytes, iters) if size_bytes >= 64 << 20 else None
+    copy = copy_seconds(xp, sync, n * size_bytes, iters)[1] if size_bytes >= 64 << 20 else None
     rows: list[TuningRow] = []
-    seen: set[tuple[int, int]] = set()
+    seen: set[tuple[int, int, int, int]] = set()
     for tuning in tunings():
-        blocks = blocks_of(xp, proof, count, tuning)
-        if (blocks, tuning.vectors) in seen:
+        state = state_of(xp, proof, count, DTYPE, tuning)  # made now: it says the blocks it got
+        launch = (state.blocks, tuning.vectors, tuning.threads, tuning.pause_ns)
+        if launch in seen:
             continue
-        seen.add((blocks, tuning.vectors))
-        times, exact = timed(xp, sync, n, count, DTYPE, loopback_call(xp, proof, tuning=tuning), iters)
-        seconds = statistics.median(times)
+        seen.add(launch)
+        calls = timed(xp, sync, n, count, DTYPE, loopback_call(xp, proof, tuning=tuning), iters, state)
+        gpu_seconds = statistics.median(calls.gpu)
         efficiency = (
-            None if copy is None else efficiency_of(proof, count, itemsize, seconds, copy, size_bytes)
+            None if copy is None else efficiency_of(proof, count, itemsize, gpu_seconds, copy, size_bytes)
         )
         rows.append(
             TuningRow(
@@ -97,10 +102,13 @@ def setting_rows(
                 DTYPE,
                 tuning.max_blocks,
                 tuning.vectors,
-                blocks,
-                seconds * 1e6 / proof.num_rounds,
+                tuning.threads,
+                tuning.pause_ns,
+                state.blocks,
+                statistics.median(calls.host) * 1e6 / proof.num_rounds,
+                gpu_seconds * 1e6 / proof.num_rounds,
                 efficiency,
-                exact,
+                calls.exact,
                 tuning == OWN_TUNING,
             )
         )
@@ -123,55 +131,75 @@ def setting_line(rows: list[TuningRow]) -> str:
     """One setting's rows in a line, printed as soon as they are measured: a run cut short by its
     time limit still shows the settings it measured."""
     own = next(r for r in rows if r.own)
-    best = min((r for r in rows if r.exact), key=lambda r: r.round_us, default=own)
+    best = min((r for r in rows if r.exact), key=lambda r: r.gpu_round_us, default=own)
     return (
-        f"tuning N={own.n} C={own.chunks} {own.size_bytes >> 10} KiB: own {own.round_us:.2f} us a round, "
-        f"fastest {best.round_us:.2f} (max blocks {best.max_blocks}, vectors {best.vectors})"
+        f"tuning N={own.n} C={own.chunks} {own.size_bytes >> 10} KiB: own {own.gpu_round_us:.2f} us a round "
+        f"on the GPU, fastest {best.gpu_round_us:.2f} ({described(best)})"
         + ("" if all(r.exact for r in rows) else ", some NOT exact")
     )
 
 
+def described(r: TuningRow) -> str:
+    """A row's tuning and the blocks it got, in words."""
+    return (
+        f"max blocks {r.max_blocks} (blocks {r.blocks}), vectors {r.vectors}, {r.threads} threads, "
+        f"pause {r.pause_ns} ns"
+    )
+
+
 def tuning_table(rows: list[TuningRow]) -> str:
+    """Per setting, the engine's own tuning and the :data:`SHOWN` fastest exact ones (an inexact
+    row always), then the verdicts."""
     lines = [
-        "| N | C | size | max blocks | vectors | blocks | device/round (us) | copy efficiency | exact |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| N | C | size | max blocks | vectors | threads | pause (ns) | blocks | device/round (us) "
+        "| on the GPU/round (us) | copy efficiency | exact |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
-    for r in rows:
-        efficiency = "-" if r.copy_efficiency is None else f"{r.copy_efficiency:.2f}"
-        tuning = f"{r.max_blocks}{' (own)' if r.own else ''} | {r.vectors} | {r.blocks}"
-        lines.append(
-            f"| {r.n} | {r.chunks} | {r.size_bytes >> 10} KiB | {tuning} | {r.round_us:.2f} | {efficiency} "
-            f"| {'yes' if r.exact else 'NO'} |"
-        )
+    for setting in _settings(rows):
+        ranked = sorted((r for r in setting if r.exact), key=lambda r: r.gpu_round_us)
+        shown = {id(r) for r in ranked[:SHOWN]} | {id(r) for r in setting if r.own or not r.exact}
+        for r in setting:
+            if id(r) not in shown:
+                continue
+            efficiency = "-" if r.copy_efficiency is None else f"{r.copy_efficiency:.2f}"
+            tuning = f"{r.max_blocks}{' (own)' if r.own else ''} | {r.vectors} | {r.threads} | {r.pause_ns}"
+            lines.append(
+                f"| {r.n} | {r.chunks} | {r.size_bytes >> 10} KiB | {tuning} | {r.blocks} | {r.round_us:.2f} "
+                f"| {r.gpu_round_us:.2f} | {efficiency} | {'yes' if r.exact else 'NO'} |"
+            )
     return "\n".join([*lines, "", *fastest(rows)])
 
 
+def _settings(rows: list[TuningRow]) -> list[list[TuningRow]]:
+    """The rows of each setting, in the order measured."""
+    keys = dict.fromkeys((r.n, r.chunks, r.size_bytes) for r in rows)
+    return [[r for r in rows if (r.n, r.chunks, r.size_bytes) == key] for key in keys]
+
+
 def fastest(rows: list[TuningRow]) -> list[str]:
-    """Per setting, the fastest exact tuning against the engine's own; an inexact row named."""
+    """Per setting, the fastest exact tuning on the GPU against the engine's own; an inexact row
+    named."""
     out = []
-    for setting in dict.fromkeys((r.n, r.chunks, r.size_bytes) for r in rows):
-        mine = [r for r in rows if (r.n, r.chunks, r.size_bytes) == setting]
-        where = f"N={setting[0]} C={setting[1]} {setting[2] >> 10} KiB"
+    for mine in _settings(rows):
+        where = f"N={mine[0].n} C={mine[0].chunks} {mine[0].size_bytes >> 10} KiB"
         wrong = [r for r in mine if not r.exact]
         if wrong:
-            tried = ", ".join(f"max blocks {r.max_blocks} vectors {r.vectors}" for r in wrong)
-            out.append(f"NOT exact at {where}: {tried}")
+            out.append(f"NOT exact at {where}: " + "; ".join(described(r) for r in wrong))
         own = next((r for r in mine if r.own), None)
         exact = [r for r in mine if r.exact]
         if own is None or not own.exact or not exact:
             out.append(f"no comparison at {where}: the engine's own tuning has no exact row")
             continue
-        best = min(exact, key=lambda r: r.round_us)
-        ratio = best.round_us / own.round_us
+        best = min(exact, key=lambda r: r.gpu_round_us)
+        ratio = best.gpu_round_us / own.gpu_round_us
         if best is own or ratio > 1 - NOISE:
             out.append(
-                f"at {where} the engine's own tuning (blocks {own.blocks}, vectors {own.vectors}) is as fast "
-                f"as any: {own.round_us:.2f} us a round, the fastest {best.round_us:.2f}"
+                f"at {where} the engine's own tuning ({described(own)}) is as fast as any: "
+                f"{own.gpu_round_us:.2f} us a round on the GPU, the fastest {best.gpu_round_us:.2f}"
             )
         else:
             out.append(
-                f"fastest at {where}: max blocks {best.max_blocks} (blocks {best.blocks}), vectors "
-                f"{best.vectors}: {best.round_us:.2f} us a round, {ratio:.2f}x the engine's own "
-                f"(blocks {own.blocks}, vectors {own.vectors}: {own.round_us:.2f} us)"
+                f"fastest at {where}: {described(best)}: {best.gpu_round_us:.2f} us a round on the GPU, "
+                f"{ratio:.2f}x the engine's own ({described(own)}: {own.gpu_round_us:.2f} us)"
             )
     return out

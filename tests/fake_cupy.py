@@ -10,6 +10,7 @@ import ctypes
 import hashlib
 import subprocess
 import sys
+import time
 import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -51,6 +52,13 @@ class FakeCuda:
     def get_current_stream(self) -> Any:
         return types.SimpleNamespace(record=lambda: "event")
 
+    def Event(self, disable_timing: bool = False) -> FakeEvent:
+        return FakeEvent()
+
+    def get_elapsed_time(self, start: FakeEvent, end: FakeEvent) -> float:
+        """Milliseconds between the events' records: the stand-in runs work as it is launched."""
+        return (end.at - start.at) * 1e3
+
     def recording(self) -> list[Callable[[], None]] | None:
         """Where a launch is recorded: the current stream's capture (None: it runs now)."""
         return self.current.recording if self.current is not None else None
@@ -62,6 +70,16 @@ class FakeCuda:
         else:
             self.launched += 1
             work()
+
+
+class FakeEvent:
+    """An event that keeps when it was last recorded."""
+
+    def __init__(self) -> None:
+        self.at = time.perf_counter()
+
+    def record(self, stream: Any = None) -> None:
+        self.at = time.perf_counter()
 
 
 class FakeStream:

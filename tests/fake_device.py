@@ -30,6 +30,7 @@ from fake_cupy import FakeArray, compiled
 
 from stragglar.runtime.device.kernel import (
     OWN_TUNING,
+    PAUSES_NS,
     PROGRESS_WORDS,
     RANK_WORDS,
     SOURCE,
@@ -295,7 +296,8 @@ class FakeCuda:
         self.attributes = attributes
         self.launches: list[tuple[int, float]] = []  # (buffer address, when)
         self.system: list[bool] = []  # per launch: whether its flags are at the system's scope
-        self.shapes: list[tuple[str, int]] = []  # per launch: the kernel's name expression, its blocks
+        # per launch: the kernel's name expression, its spin's pause (ns), its blocks and threads
+        self.shapes: list[tuple[str, int, int, int]] = []
         self.opened: list[int] = []  # the addresses IPC handles were opened for
         self.closed: list[int] = []
         self.allocations: dict[int, np.ndarray] = {}  # what cudaMalloc gave, by address
@@ -384,6 +386,11 @@ class FakeCuda:
     def Event(self, disable_timing: bool = False) -> FakeEvent:
         return FakeEvent()
 
+    def get_elapsed_time(self, start: FakeEvent, end: FakeEvent) -> float:
+        """Milliseconds between the two events' records (the stand-in's streams run on the host:
+        a time on the host's clock, not the kernels' own)."""
+        return (end.at - start.at) * 1e3
+
 
 class MappedCuda(FakeCuda):
     """A stand-in for ranks in processes of their own: "device" memory is a file of ``folder``
@@ -433,10 +440,12 @@ class FakeEvent:
         self.work = work or []
         self.capture = capture
         self.source = source  # the id of the stream it was recorded on
+        self.at = time.perf_counter()  # when it was last recorded
 
     def record(self, stream: Any) -> None:
         recorded = stream.record()
         self.work, self.capture, self.source = recorded.work, recorded.capture, recorded.source
+        self.at = time.perf_counter()
 
     @property
     def done(self) -> bool:
@@ -553,7 +562,10 @@ def fake_cupy(cuda: FakeCuda, library: ctypes.CDLL) -> types.ModuleType:
     module.uint64 = np.uint64  # type: ignore[attr-defined]
 
     def raw_module(code: str, options: tuple[str, ...], name_expressions: list[str]) -> Any:
-        assert code == SOURCE and options == ("--std=c++14",) and len(name_expressions) == 1
+        assert code == SOURCE and len(name_expressions) == 1
+        assert options[0] == "--std=c++14" and options[1].startswith("-DSTRAGGLAR_PAUSE_NS=")
+        pause_ns = int(options[1].partition("=")[2])
+        assert len(options) == 2 and pause_ns in PAUSES_NS, options
         kernel_of = next((d, v) for d in SUMS for v in VECTORS if kernel_name(d, v) == name_expressions[0])
         entry = getattr(library, entry_name(*kernel_of))
 
@@ -567,7 +579,7 @@ def fake_cupy(cuda: FakeCuda, library: ctypes.CDLL) -> types.ModuleType:
             def run() -> None:
                 cuda.launches.append((int(own[int(args[2])]), time.perf_counter()))
                 cuda.system.append(bool(args[-1]))
-                cuda.shapes.append((name_expressions[0], grid[0]))
+                cuda.shapes.append((name_expressions[0], pause_ns, grid[0], block[0]))
                 entry(*values, grid[0], 1)  # one thread a block: the kernel tests run more
 
             stream.launch(run)

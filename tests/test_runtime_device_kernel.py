@@ -18,7 +18,7 @@ import pytest
 from fake_device import H200, HostRun, host_or_skip
 from nvrtc import CUPY_ADDS, assemble, compile_ptx, library, ptxas
 
-from stragglar.runtime.device.kernel import OWN_TUNING, SOURCE, THREADS, VECTORS, kernel_name
+from stragglar.runtime.device.kernel import OWN_TUNING, PAUSES_NS, SOURCE, THREADS, VECTORS, kernel_name
 from stragglar.runtime.device.loopback import resident_blocks
 from stragglar.runtime.device.lowering import lower
 from stragglar.runtime.device.prover import check
@@ -298,10 +298,23 @@ def test_a_thread_issues_all_its_vectors_loads_before_its_first_store() -> None:
         assert moves == ["ld.v4"] * (2 * vectors) + ["st.v4"] * vectors, moves
 
 
+@pytest.mark.parametrize("pause_ns", PAUSES_NS)
+def test_a_waiting_thread_sleeps_between_looks_only_where_its_tuning_pauses(pause_ns: int) -> None:
+    """The pause is the compile option the engine passes (``compile_kernel``): at 0 the spin loop
+    holds no sleep, else one."""
+    nvrtc = library()
+    if nvrtc is None:
+        pytest.skip("needs the nvidia-cuda-nvrtc wheel")
+    name = kernel_name("float32")
+    options = ["--std=c++14", "-arch=compute_90", f"-DSTRAGGLAR_PAUSE_NS={pause_ns}", *CUPY_ADDS]
+    ptx = compile_ptx(nvrtc, SOURCE, [name], options).ptx
+    assert ptx.count("nanosleep.u32") == (0 if pause_ns == 0 else 1)
+
+
 def test_every_kernel_fits_a_block_of_threads_on_hopper_without_spilling(tmp_path: Path) -> None:
     """A block launches only where its threads' registers fit a multiprocessor's 64K (the engine
     refuses, before launch, a launch the GPU cannot hold): each kernel, every dtype and vector
-    count, assembled by ptxas for Hopper (sm_90), fits :data:`THREADS` threads without spilling
+    count, assembled by ptxas for Hopper (sm_90), fits the most :data:`THREADS` without spilling
     registers to memory (which would slow every move); and with its registers the engine's own
     tuning (16 blocks a rank) leaves room on an H200 for 16 ranks at once."""
     nvrtc, assembler = library(), ptxas()
@@ -312,10 +325,10 @@ def test_every_kernel_fits_a_block_of_threads_on_hopper_without_spilling(tmp_pat
     assembled = assemble(assembler, compiled.ptx, "sm_90", tmp_path)
     for name in names:
         kernel = assembled[compiled.lowered[name]]
-        assert kernel.registers * THREADS <= H200["regsPerMultiprocessor"] and kernel.spilled == 0, (
+        assert kernel.registers * max(THREADS) <= H200["regsPerMultiprocessor"] and kernel.spilled == 0, (
             name,
             kernel,
         )
     own = assembled[compiled.lowered[kernel_name("float32")]]
-    resident = resident_blocks(H200, own.registers, own.shared, THREADS)
+    resident = resident_blocks(H200, own.registers, own.shared, OWN_TUNING.threads)
     assert resident >= 16 * OWN_TUNING.max_blocks, (own, resident)

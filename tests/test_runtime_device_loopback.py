@@ -22,7 +22,7 @@ from fake_device import FakeCuda, host_or_skip, installed
 from stragglar.errors import ArgumentError, InputError
 from stragglar.runtime import RankError, allreduce_local
 from stragglar.runtime.device import loopback, programs
-from stragglar.runtime.device.kernel import OWN_TUNING, RANK_WORDS, Tuning, kernel_name
+from stragglar.runtime.device.kernel import RANK_WORDS, Tuning, kernel_name
 from stragglar.runtime.device.lowering import lower
 from stragglar.runtime.device.prover import DeviceProgramError
 from stragglar.runtime.device.table import WAIT
@@ -304,22 +304,38 @@ def test_blocks_a_rank_follow_the_device_and_the_chunks() -> None:
     resident = loopback.resident_blocks(H200, registers=32, shared_bytes=4, threads=512)
     assert resident == 132 * 4
     program = lower(compile_schedule(synthesize("stragglar", 8)))
-    assert loopback.blocks_for(program, 7 * 2**20, resident, OWN_TUNING.max_blocks) == 16
-    assert loopback.blocks_for(program, 7 * 2**20, resident, 100) == 528 // 8  # as many as fit
-    assert loopback.blocks_for(program, 7 * 100, resident, 16) == 1
-    assert loopback.blocks_for(program, 7 * 2**20, 40, 16) == 5  # 40 blocks shared by 8 ranks
+    assert loopback.blocks_for(program, 7 * 2**20, resident, Tuning()) == 16
+    assert (
+        loopback.blocks_for(program, 7 * 2**20, resident, Tuning(max_blocks=100)) == 528 // 8
+    )  # as many as fit
+    assert loopback.blocks_for(program, 7 * 100, resident, Tuning(threads=512)) == 1
+    assert (
+        loopback.blocks_for(program, 7 * 100, resident, Tuning(threads=128)) == 1
+    )  # 100 elements: one block
+    assert (
+        loopback.blocks_for(program, 7 * 1000, resident, Tuning(threads=128)) == 8
+    )  # 1000: 8 of 128 threads
+    assert loopback.blocks_for(program, 7 * 2**20, 40, Tuning()) == 5  # 40 blocks shared by 8 ranks
 
 
-def test_a_tuning_sets_the_kernels_blocks_and_vectors_and_every_call_stays_exact(cuda: FakeCuda) -> None:
+def test_a_tuning_sets_the_kernels_blocks_threads_vectors_and_pause_and_every_call_stays_exact(
+    cuda: FakeCuda,
+) -> None:
     """What a benchmark measures against the engine's own tuning: the blocks a rank (at most
-    ``max_blocks``; a chunk of 1600 elements shares among at most 4 of 512 threads) and the
-    kernel of ``vectors``, each call on fresh buffers exact."""
+    ``max_blocks``; a chunk of 1600 elements shares among at most 4 blocks of 512 threads, 13 of
+    128), a block's threads, and the kernel of ``vectors`` and ``pause_ns``, each call on fresh
+    buffers exact."""
     import cupy  # the stand-in
 
     proof = prove(synthesize("stragglar", 4, chunks=6))
     program = programs.program_for(proof, direct=True)
     count = 6 * 1600
-    tunings = [Tuning(max_blocks=2, vectors=8), Tuning(max_blocks=3, vectors=2), Tuning(max_blocks=64)]
+    tunings = [
+        Tuning(max_blocks=2, vectors=8),
+        Tuning(max_blocks=3, vectors=2),
+        Tuning(max_blocks=64),
+        Tuning(max_blocks=64, threads=128, pause_ns=0),  # 1600 elements: 13 blocks of 128 threads
+    ]
     for call, tuning in enumerate(tunings):
         data = buffers(4, count, "float32", seed=call)
         want = interpreted(data, proof)
@@ -329,7 +345,12 @@ def test_a_tuning_sets_the_kernels_blocks_and_vectors_and_every_call_stays_exact
             cupy, addresses, count, "float32", 0, program, fingerprint, 0.0, 3, tuning=tuning
         )
         assert all(w.tobytes() == np.array(g).tobytes() for w, g in zip(want, data, strict=True)), tuning
-    shapes = [(kernel_name("float32", 8), 2), (kernel_name("float32", 2), 3), (kernel_name("float32", 1), 4)]
+    shapes = [
+        (kernel_name("float32", 8), 64, 2, 512),
+        (kernel_name("float32", 2), 64, 3, 512),
+        (kernel_name("float32", 1), 64, 4, 512),
+        (kernel_name("float32", 1), 0, 13, 128),
+    ]
     assert cuda.shapes == [shape for shape in shapes for _ in range(4)]
 
 
@@ -338,6 +359,10 @@ def test_a_tuning_out_of_range_is_refused() -> None:
         Tuning(vectors=3)
     with pytest.raises(ValueError, match="max_blocks must be at least 1"):
         Tuning(max_blocks=0)
+    with pytest.raises(ValueError, match="threads must be one of"):
+        Tuning(threads=1024)
+    with pytest.raises(ValueError, match="pause_ns must be one of"):
+        Tuning(pause_ns=1)
 
 
 def test_cupy_buffers_that_share_memory_are_refused_before_any_kernel(cuda: FakeCuda) -> None:

@@ -51,10 +51,8 @@ from stragglar.runtime.device.ipc import HANDLE_BYTES, handle_bytes, handle_word
 from stragglar.runtime.device.kernel import (
     OWN_TUNING,
     RANK_WORDS,
-    SOURCE,
-    THREADS,
+    compile_kernel,
     kernel_args,
-    kernel_name,
     slot_size,
 )
 from stragglar.runtime.device.loopback import blocks_for, call_failure, resident_blocks
@@ -101,13 +99,11 @@ class DeviceRank:
             raise ValueError("a device program with direct rows needs its peers' buffers: lower it staged")
         self.cupy, self.program, self.rank, self.count = cupy, program, rank, count
         self.lock = threading.Lock()
-        name = kernel_name(dtype)
-        self.kernel = cupy.RawModule(
-            code=SOURCE, options=("--std=c++14",), name_expressions=[name]
-        ).get_function(name)
+        self.kernel = compile_kernel(cupy, dtype)  # the engine's own tuning
         properties = cupy.cuda.runtime.getDeviceProperties(device_id)
-        resident = resident_blocks(properties, self.kernel.num_regs, self.kernel.shared_size_bytes, THREADS)
-        mine = blocks_for(program, count, resident, OWN_TUNING.max_blocks)  # the engine's own tuning
+        threads = OWN_TUNING.threads
+        resident = resident_blocks(properties, self.kernel.num_regs, self.kernel.shared_size_bytes, threads)
+        mine = blocks_for(program, count, resident, OWN_TUNING)
         self.device_id, self.resident = device_id, resident
         self.holding = Held(Fraction(0))  # the last call's share of the GPU (residency.py)
         self.slot_size = slot_size(count, program.num_chunks, dtype)
@@ -221,7 +217,7 @@ class DeviceRank:
         held = self.holding = RESIDENT.hold(self.device_id, self.blocks, self.resident, timeout_s, self.rank)
         try:
             with self.stream:
-                self.kernel((self.blocks,), (THREADS,), args)
+                self.kernel((self.blocks,), (OWN_TUNING.threads,), args)
             ended = self.cupy.cuda.Event(disable_timing=True)
             ended.record(self.stream)
         except BaseException:

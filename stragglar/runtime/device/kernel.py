@@ -44,23 +44,26 @@ from stragglar.runtime.kernels import SUM_SOURCE, SUMS
 __all__ = [
     "ERROR_WORDS",
     "OWN_TUNING",
+    "PAUSES_NS",
     "PROGRESS_WORDS",
     "RANK_WORDS",
     "SOURCE",
     "THREADS",
     "VECTORS",
     "Tuning",
+    "compile_kernel",
     "kernel_args",
     "kernel_name",
     "recount",
     "slot_size",
 ]
 
-THREADS = 512  # threads a block: its part of a chunk is copied with a block-stride loop
+THREADS = (128, 256, 512)  # threads a block may have: its part of a chunk is copied with a block-stride loop
 PROGRESS_WORDS = 2  # per rank: the number of the last call its kernel ended, its blocks ended in this one
 ERROR_WORDS = 8  # per rank: the call that failed, row, round, peer, flag, wanted, seen, block
 RANK_WORDS = PROGRESS_WORDS + ERROR_WORDS  # a rank's words: its progress, then its error
 VECTORS = (1, 2, 4, 8)  # the 16-byte vectors a thread may keep in flight (a template argument each)
+PAUSES_NS = (0, 64)  # how long a spinning thread sleeps between two looks at a flag (0: it does not)
 
 
 @dataclass(frozen=True)
@@ -71,17 +74,27 @@ class Tuning:
     hold that many for every rank at once, or where a chunk is too small to share); more blocks
     move more of a round's data at once, and each waits on a flag of its own.  ``vectors``: the
     16-byte vectors a thread loads before it stores them (one of :data:`VECTORS`); more hide more
-    of the memory's latency, for more registers.  The defaults are the engine's; the others are
-    there to be measured against them (``benchmarks/gpu_tuning.py``)."""
+    of the memory's latency, for more registers.  ``threads``: a block's (one of :data:`THREADS`);
+    fewer a block let the device hold more blocks at once, and a block's barriers cost less.
+    ``pause_ns``: how long a thread waiting on a flag sleeps between looks (one of
+    :data:`PAUSES_NS`): a sleep leaves the memory to the blocks that move data, and may see the
+    flag later.  The defaults are the engine's; the others are there to be measured against them
+    (``benchmarks/gpu_tuning.py``)."""
 
     max_blocks: int = 16
     vectors: int = 1
+    threads: int = 512
+    pause_ns: int = 64
 
     def __post_init__(self) -> None:
         if self.max_blocks < 1:
             raise ValueError(f"max_blocks must be at least 1, not {self.max_blocks}")
         if self.vectors not in VECTORS:
             raise ValueError(f"vectors must be one of {VECTORS}, not {self.vectors}")
+        if self.threads not in THREADS:
+            raise ValueError(f"threads must be one of {THREADS}, not {self.threads}")
+        if self.pause_ns not in PAUSES_NS:
+            raise ValueError(f"pause_ns must be one of {PAUSES_NS}, not {self.pause_ns}")
 
 
 OWN_TUNING = Tuning()  # the engine's own: what every call uses unless a benchmark measures another
@@ -120,7 +133,12 @@ __device__ unsigned long long now_ns() {
 }
 __device__ void block_barrier() { __syncthreads(); }
 __device__ bool block_any(int value) { return __syncthreads_or(value) != 0; }
-__device__ void spin_pause() { __nanosleep(64); }
+#ifndef STRAGGLAR_PAUSE_NS
+#define STRAGGLAR_PAUSE_NS 64
+#endif
+__device__ void spin_pause() {
+    if (STRAGGLAR_PAUSE_NS > 0) __nanosleep(STRAGGLAR_PAUSE_NS);
+}
 #define UNROLLED _Pragma("unroll")
 #endif
 """
@@ -289,6 +307,14 @@ def kernel_name(dtype: str, vectors: int = OWN_TUNING.vectors) -> str:
     """The kernel of ``dtype`` (a key of :data:`~stragglar.runtime.kernels.SUMS`) moving
     ``vectors`` 16-byte vectors a thread at once, as an NVRTC name expression."""
     return f"run_program<{SUMS[dtype][0]}, {vectors}>"
+
+
+def compile_kernel(cupy: Any, dtype: str, tuning: Tuning = OWN_TUNING) -> Any:
+    """``run_program`` for ``dtype`` under ``tuning`` (its vectors and pause; its blocks and
+    threads are the launch's), compiled by CuPy's NVRTC (which keeps what it compiled on disk)."""
+    name = kernel_name(dtype, tuning.vectors)
+    options = ("--std=c++14", f"-DSTRAGGLAR_PAUSE_NS={tuning.pause_ns}")
+    return cupy.RawModule(code=SOURCE, options=options, name_expressions=[name]).get_function(name)
 
 
 def recount(progress: Any, last_call: int) -> None:

@@ -35,11 +35,9 @@ from stragglar.runtime.device.kernel import (
     OWN_TUNING,
     PROGRESS_WORDS,
     RANK_WORDS,
-    SOURCE,
-    THREADS,
     Tuning,
+    compile_kernel,
     kernel_args,
-    kernel_name,
     recount,
     slot_size,
 )
@@ -81,10 +79,11 @@ def resident_blocks(properties: Mapping[str, int], registers: int, shared_bytes:
     return int(properties["multiProcessorCount"]) * max(per_sm, 0)
 
 
-def blocks_for(program: DeviceProgram, count: int, resident: int, max_blocks: int) -> int:
+def blocks_for(program: DeviceProgram, count: int, resident: int, tuning: Tuning) -> int:
     """Blocks a rank: as many as the device holds for every rank at once (at most
-    ``max_blocks``), fewer when a chunk has too few elements to share; refused when not even
-    one block a rank fits (the ranks' spin-waits would deadlock)."""
+    ``tuning.max_blocks``), fewer when a chunk has too few elements to share among blocks of
+    ``tuning.threads``; refused when not even one block a rank fits (the ranks' spin-waits would
+    deadlock)."""
     n = program.num_ranks
     if resident < n:
         raise InputError(
@@ -92,7 +91,7 @@ def blocks_for(program: DeviceProgram, count: int, resident: int, max_blocks: in
             "their kernels could not all run together"
         )
     largest = -(-count // program.num_chunks)
-    return max(1, min(max_blocks, resident // n, -(-largest // THREADS)))
+    return max(1, min(tuning.max_blocks, resident // n, -(-largest // tuning.threads)))
 
 
 class DeviceLoopback:
@@ -120,17 +119,15 @@ class DeviceLoopback:
         self.program = program
         self.system = system  # flags at the system's scope, as across GPUs (every rank is on one here)
         self.lock = threading.Lock()  # one call at a time: inboxes and flags are shared
-        name = kernel_name(dtype, tuning.vectors)
-        self.kernel = cupy.RawModule(
-            code=SOURCE, options=("--std=c++14",), name_expressions=[name]
-        ).get_function(name)
+        self.kernel = compile_kernel(cupy, dtype, tuning)
+        self.threads = tuning.threads
         resident = resident_blocks(
             cupy.cuda.runtime.getDeviceProperties(device_id),
             self.kernel.num_regs,
             self.kernel.shared_size_bytes,
-            THREADS,
+            self.threads,
         )
-        self.blocks = blocks_for(program, count, resident, tuning.max_blocks)
+        self.blocks = blocks_for(program, count, resident, tuning)
         self.device_id, self.resident = device_id, resident
         self.count = count
         self.slot_size = slot_size(count, program.num_chunks, dtype)
@@ -152,6 +149,9 @@ class DeviceLoopback:
         # before the launches, each rank's end (a capture records them too, making none).
         self.queued, self.ready = (cupy.cuda.Event(disable_timing=True) for _ in range(2))
         self.ended = [cupy.cuda.Event(disable_timing=True) for _ in range(n)]
+        # and origin's before a call's launches and after its kernels, timed: what the call took on
+        # the GPU, without the host's part (elapsed_s)
+        self.began, self.finished = cupy.cuda.Event(), cupy.cuda.Event()
         self.replayer = Replayer(StreamGraphs(self.origin), limit=1, work="the ranks' kernel launches")
         self.call = 0
         self.counted = True  # False: a call's launches were cut short, the device's counts are behind
@@ -189,7 +189,7 @@ class DeviceLoopback:
             stream = self.streams[rank]
             stream.wait_event(self.ready)
             with stream:
-                self.kernel((self.blocks,), (THREADS,), args)
+                self.kernel((self.blocks,), (self.threads,), args)
 
     def join(self) -> None:
         """``origin`` waits for every rank's kernel."""
@@ -209,6 +209,7 @@ class DeviceLoopback:
         the late rank's ``straggler_delay`` s after the others; a punctual call from a CUDA graph
         after the first unless ``graphs`` is False."""
         self.start(buffers)
+        self.began.record(self.origin)
         timeout = WAIT_TIMEOUT_S + straggler_delay
         # every kernel of the call has ended when the block is left: its blocks are free
         with RESIDENT.holding(self.device_id, self.blocks * len(buffers), self.resident, timeout):
@@ -229,6 +230,7 @@ class DeviceLoopback:
                 self.origin.synchronize()
                 raise
             self.counted = True
+            self.finished.record(self.origin)
             self.origin.synchronize()
         done = time.perf_counter()
         failure = call_failure(self.program, self.words.get().reshape(-1, RANK_WORDS), self.call)
@@ -238,6 +240,12 @@ class DeviceLoopback:
             Timeline(r, start, arrived if r == late_rank else start, self.program.phase_ends(r, done), done)
             for r in range(len(buffers))
         ]
+
+    def elapsed_s(self) -> float:
+        """The last call's time on the GPU (s): from before its first launch to the end of its
+        last rank's kernel, a late rank's delay included; the host's checks before and after it
+        are not (a benchmark's measure of the kernels themselves)."""
+        return float(self.cupy.cuda.get_elapsed_time(self.began, self.finished)) / 1e3
 
 
 def call_failure(program: DeviceProgram, words: np.ndarray, call: int) -> RankError | None:
