@@ -166,10 +166,14 @@ def test_a_setting_times_each_tuning_once_with_its_own_kernel_blocks_and_threads
     """N = 4, 6 chunks of 1600 elements: at most 4 blocks of 512 threads a rank share a chunk, 13
     of 128.  On a smaller sweep (max blocks 2, 4, 16; vectors 1, 8; 128 and 512 threads; pauses 0
     and 64 ns), a tuning whose launch one measured before it gives (max blocks 16 of 512 threads
-    gives 4 blocks, as 4 did) is not measured again; the engine's own tuning first; each row's
-    launches are its kernel, pause, blocks and threads, its GPU time read from its state."""
+    gives 4 blocks, as 4 did) is not measured again; the engine's own tuning (set here to 16
+    blocks at most of 512 threads, vectors 1, pause 64 ns) first; each row's launches are its
+    kernel, pause, blocks and threads, its GPU time read from its state."""
     import gpu_tuning
 
+    from stragglar.runtime.device.kernel import Tuning
+
+    monkeypatch.setattr(gpu_tuning, "OWN_TUNING", Tuning(max_blocks=16, vectors=1, threads=512, pause_ns=64))
     monkeypatch.setattr(gpu_tuning, "MAX_BLOCKS", (2, 4, 16))
     monkeypatch.setattr(gpu_tuning, "VECTORS", (1, 8))
     monkeypatch.setattr(gpu_tuning, "THREADS", (128, 512))

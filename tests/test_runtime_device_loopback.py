@@ -22,7 +22,7 @@ from fake_device import FakeCuda, host_or_skip, installed
 from stragglar.errors import ArgumentError, InputError
 from stragglar.runtime import RankError, allreduce_local
 from stragglar.runtime.device import loopback, programs
-from stragglar.runtime.device.kernel import RANK_WORDS, Tuning, kernel_name
+from stragglar.runtime.device.kernel import OWN_TUNING, RANK_WORDS, Tuning, kernel_name
 from stragglar.runtime.device.lowering import lower
 from stragglar.runtime.device.prover import DeviceProgramError
 from stragglar.runtime.device.table import WAIT
@@ -215,13 +215,14 @@ def test_the_late_rank_is_launched_after_its_delay(cuda: FakeCuda) -> None:
 def test_a_launch_the_device_cannot_hold_at_once_is_refused_before_it_runs(
     monkeypatch: pytest.MonkeyPatch, host: ctypes.CDLL
 ) -> None:
-    """Blocks of 512 threads of 40 registers each: one multiprocessor's 65536 registers hold
-    three at once (its 2048 threads would hold four), so four ranks are refused, three run."""
+    """Blocks of the engine's threads, 40 registers each: one multiprocessor whose registers hold
+    three at once (its 2048 threads would hold four or more), so four ranks are refused, three
+    run."""
     small = {
         "multiProcessorCount": 1,
         "maxThreadsPerMultiProcessor": 2048,
         "maxBlocksPerMultiProcessor": 32,
-        "regsPerMultiprocessor": 65536,
+        "regsPerMultiprocessor": 3 * 40 * OWN_TUNING.threads + 100,
         "sharedMemPerMultiprocessor": 49152,
     }
     fake = next(installed(monkeypatch, host, small))
@@ -304,7 +305,7 @@ def test_blocks_a_rank_follow_the_device_and_the_chunks() -> None:
     resident = loopback.resident_blocks(H200, registers=32, shared_bytes=4, threads=512)
     assert resident == 132 * 4
     program = lower(compile_schedule(synthesize("stragglar", 8)))
-    assert loopback.blocks_for(program, 7 * 2**20, resident, Tuning()) == 16
+    assert loopback.blocks_for(program, 7 * 2**20, resident, Tuning(max_blocks=16)) == 16
     assert (
         loopback.blocks_for(program, 7 * 2**20, resident, Tuning(max_blocks=100)) == 528 // 8
     )  # as many as fit
@@ -315,7 +316,7 @@ def test_blocks_a_rank_follow_the_device_and_the_chunks() -> None:
     assert (
         loopback.blocks_for(program, 7 * 1000, resident, Tuning(threads=128)) == 8
     )  # 1000: 8 of 128 threads
-    assert loopback.blocks_for(program, 7 * 2**20, 40, Tuning()) == 5  # 40 blocks shared by 8 ranks
+    assert loopback.blocks_for(program, 7 * 2**20, 40, Tuning(max_blocks=16)) == 5  # 40 shared by 8 ranks
 
 
 def test_a_tuning_sets_the_kernels_blocks_threads_vectors_and_pause_and_every_call_stays_exact(
@@ -331,10 +332,10 @@ def test_a_tuning_sets_the_kernels_blocks_threads_vectors_and_pause_and_every_ca
     program = programs.program_for(proof, direct=True)
     count = 6 * 1600
     tunings = [
-        Tuning(max_blocks=2, vectors=8),
-        Tuning(max_blocks=3, vectors=2),
-        Tuning(max_blocks=64),
-        Tuning(max_blocks=64, threads=128, pause_ns=0),  # 1600 elements: 13 blocks of 128 threads
+        Tuning(max_blocks=2, vectors=8, threads=512),
+        Tuning(max_blocks=3, vectors=2, threads=512),
+        Tuning(max_blocks=64, vectors=1, threads=512),
+        Tuning(max_blocks=64, vectors=1, threads=128, pause_ns=0),  # 1600 elements: 13 blocks of 128
     ]
     for call, tuning in enumerate(tunings):
         data = buffers(4, count, "float32", seed=call)
