@@ -1,7 +1,7 @@
 """bench_gpu.py's ``device_tuning`` part: the device engine's kernel under other tunings (the
 blocks a rank at most, the 16-byte vectors a thread keeps in flight, a block's threads, the sleep
-between two looks at a flag, the looks between two checks of the clock) against the engine's
-own, in the same run, at the settings of the device engine's speed targets.
+between two looks at a flag) against the engine's own, in the same run, at the settings of the
+device engine's speed targets.
 
 The results are the same bits under every tuning (tests/test_runtime_device_kernel.py); what a
 tuning changes is how much of the device's memory bandwidth and latency a round uses.  At 1 MiB a
@@ -11,7 +11,7 @@ flight decide how close they come to a plain copy.
 
 Rows, one per tuning and setting (a tuning that gives the same launch as one already measured in
 the setting is not measured again): ``n``, ``chunks``, ``size_bytes``, ``dtype`` (float32),
-``max_blocks``, ``vectors``, ``threads``, ``pause_ns`` and ``check_every`` (the tuning), ``blocks`` (what the
+``max_blocks``, ``vectors``, ``threads`` and ``pause_ns`` (the tuning), ``blocks`` (what the
 device gave a rank), ``round_us`` (the median call over the rounds, timed by the host; punctual
 calls, replayed from one CUDA graph after the first), ``gpu_round_us`` (the same calls on the
 GPU's clock: what the tunings are compared by, the host's part being the same for all),
@@ -31,7 +31,7 @@ from typing import Any
 
 from gpu_device import copy_seconds, efficiency_of, loopback_call, state_of, timed
 
-from stragglar.runtime.device.kernel import CHECKS_EVERY, OWN_TUNING, PAUSES_NS, THREADS, VECTORS, Tuning
+from stragglar.runtime.device.kernel import OWN_TUNING, PAUSES_NS, THREADS, VECTORS, Tuning
 from stragglar.synth import synthesize
 from stragglar.verify import Proof, prove
 
@@ -52,7 +52,6 @@ class TuningRow:
     vectors: int
     threads: int
     pause_ns: int
-    check_every: int
     blocks: int
     round_us: float
     gpu_round_us: float
@@ -65,12 +64,11 @@ def tunings() -> list[Tuning]:
     """The engine's own tuning first, then every other one swept."""
     own = OWN_TUNING
     swept = [
-        Tuning(max_blocks=b, vectors=v, threads=t, pause_ns=p, check_every=c)
+        Tuning(max_blocks=b, vectors=v, threads=t, pause_ns=p)
         for b in MAX_BLOCKS
         for v in VECTORS
         for t in THREADS
         for p in PAUSES_NS
-        for c in CHECKS_EVERY
     ]
     return [own, *(t for t in swept if t != own)]
 
@@ -84,10 +82,10 @@ def setting_rows(
     count = size_bytes // itemsize
     copy = copy_seconds(xp, sync, n * size_bytes, iters)[1] if size_bytes >= 64 << 20 else None
     rows: list[TuningRow] = []
-    seen: set[tuple[int, int, int, int, int]] = set()
+    seen: set[tuple[int, int, int, int]] = set()
     for tuning in tunings():
         state = state_of(xp, proof, count, DTYPE, tuning)  # made now: it says the blocks it got
-        launch = (state.blocks, tuning.vectors, tuning.threads, tuning.pause_ns, tuning.check_every)
+        launch = (state.blocks, tuning.vectors, tuning.threads, tuning.pause_ns)
         if launch in seen:
             continue
         seen.add(launch)
@@ -106,7 +104,6 @@ def setting_rows(
                 tuning.vectors,
                 tuning.threads,
                 tuning.pause_ns,
-                tuning.check_every,
                 state.blocks,
                 statistics.median(calls.host) * 1e6 / proof.num_rounds,
                 gpu_seconds * 1e6 / proof.num_rounds,
@@ -146,7 +143,7 @@ def described(r: TuningRow) -> str:
     """A row's tuning and the blocks it got, in words."""
     return (
         f"max blocks {r.max_blocks} (blocks {r.blocks}), vectors {r.vectors}, {r.threads} threads, "
-        f"pause {r.pause_ns} ns, a check every {'look' if r.check_every == 1 else f'{r.check_every} looks'}"
+        f"pause {r.pause_ns} ns"
     )
 
 
@@ -154,9 +151,9 @@ def tuning_table(rows: list[TuningRow]) -> str:
     """Per setting, the engine's own tuning and the :data:`SHOWN` fastest exact ones (an inexact
     row always), then the verdicts."""
     lines = [
-        "| N | C | size | max blocks | vectors | threads | pause (ns) | checks every | blocks "
-        "| device/round (us) | on the GPU/round (us) | copy efficiency | exact |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| N | C | size | max blocks | vectors | threads | pause (ns) | blocks | device/round (us) "
+        "| on the GPU/round (us) | copy efficiency | exact |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for setting in _settings(rows):
         ranked = sorted((r for r in setting if r.exact), key=lambda r: r.gpu_round_us)
@@ -165,10 +162,7 @@ def tuning_table(rows: list[TuningRow]) -> str:
             if id(r) not in shown:
                 continue
             efficiency = "-" if r.copy_efficiency is None else f"{r.copy_efficiency:.2f}"
-            tuning = (
-                f"{r.max_blocks}{' (own)' if r.own else ''} | {r.vectors} | {r.threads} | {r.pause_ns} "
-                f"| {r.check_every}"
-            )
+            tuning = f"{r.max_blocks}{' (own)' if r.own else ''} | {r.vectors} | {r.threads} | {r.pause_ns}"
             lines.append(
                 f"| {r.n} | {r.chunks} | {r.size_bytes >> 10} KiB | {tuning} | {r.blocks} | {r.round_us:.2f} "
                 f"| {r.gpu_round_us:.2f} | {efficiency} | {'yes' if r.exact else 'NO'} |"

@@ -29,7 +29,6 @@ from cupy_surface import Surface, watched
 from fake_cupy import FakeArray, compiled
 
 from stragglar.runtime.device.kernel import (
-    CHECKS_EVERY,
     OWN_TUNING,
     PAUSES_NS,
     PROGRESS_WORDS,
@@ -158,14 +157,12 @@ def entry_name(dtype: str, vectors: int = OWN_TUNING.vectors) -> str:
     return f"host_run_{dtype}_{vectors}"
 
 
-def host_library(folder: Path, check_every: int = 1) -> ctypes.CDLL:
+def host_library(folder: Path) -> ctypes.CDLL:
     """The kernel of every dtype and vector count, compiled for the host, each with an entry that
-    runs a rank's blocks; ``check_every``: the looks at a flag between the wait's checks of the
-    clock and the error word (the tuning's compile option)."""
+    runs a rank's blocks."""
     kernels = [(dtype, vectors) for dtype in SUMS for vectors in VECTORS]
     entries = "".join(_HOST_LAUNCH.format(entry=entry_name(*k), name=kernel_name(*k)) for k in kernels)
-    checks = f"#define STRAGGLAR_CHECK_EVERY {check_every}\n"
-    library = compiled(checks + HOST_PRELUDE + SOURCE + entries, folder)
+    library = compiled(HOST_PRELUDE + SOURCE + entries, folder)
     for kernel in kernels:
         entry = getattr(library, entry_name(*kernel))
         entry.argtypes = ARGTYPES
@@ -299,9 +296,8 @@ class FakeCuda:
         self.attributes = attributes
         self.launches: list[tuple[int, float]] = []  # (buffer address, when)
         self.system: list[bool] = []  # per launch: whether its flags are at the system's scope
-        # per launch: the kernel's name expression, its spin's pause (ns) and looks a check, its
-        # blocks and threads
-        self.shapes: list[tuple[str, int, int, int, int]] = []
+        # per launch: the kernel's name expression, its spin's pause (ns), its blocks and threads
+        self.shapes: list[tuple[str, int, int, int]] = []
         self.opened: list[int] = []  # the addresses IPC handles were opened for
         self.closed: list[int] = []
         self.allocations: dict[int, np.ndarray] = {}  # what cudaMalloc gave, by address
@@ -568,9 +564,8 @@ def fake_cupy(cuda: FakeCuda, library: ctypes.CDLL) -> types.ModuleType:
     def raw_module(code: str, options: tuple[str, ...], name_expressions: list[str]) -> Any:
         assert code == SOURCE and len(name_expressions) == 1
         assert options[0] == "--std=c++14" and options[1].startswith("-DSTRAGGLAR_PAUSE_NS=")
-        assert options[2].startswith("-DSTRAGGLAR_CHECK_EVERY=")
-        pause_ns, check_every = (int(o.partition("=")[2]) for o in options[1:])
-        assert len(options) == 3 and pause_ns in PAUSES_NS and check_every in CHECKS_EVERY, options
+        pause_ns = int(options[1].partition("=")[2])
+        assert len(options) == 2 and pause_ns in PAUSES_NS, options
         kernel_of = next((d, v) for d in SUMS for v in VECTORS if kernel_name(d, v) == name_expressions[0])
         entry = getattr(library, entry_name(*kernel_of))
 
@@ -584,7 +579,7 @@ def fake_cupy(cuda: FakeCuda, library: ctypes.CDLL) -> types.ModuleType:
             def run() -> None:
                 cuda.launches.append((int(own[int(args[2])]), time.perf_counter()))
                 cuda.system.append(bool(args[-1]))
-                cuda.shapes.append((name_expressions[0], pause_ns, check_every, grid[0], block[0]))
+                cuda.shapes.append((name_expressions[0], pause_ns, grid[0], block[0]))
                 entry(*values, grid[0], 1)  # one thread a block: the kernel tests run more
 
             stream.launch(run)

@@ -167,8 +167,8 @@ def test_a_setting_times_each_tuning_once_with_its_own_kernel_blocks_and_threads
     of 128.  On a smaller sweep (max blocks 2, 4, 16; vectors 1, 8; 128 and 512 threads; pauses 0
     and 64 ns), a tuning whose launch one measured before it gives (max blocks 16 of 512 threads
     gives 4 blocks, as 4 did) is not measured again; the engine's own tuning (set here to 16
-    blocks at most of 512 threads, vectors 1, pause 64 ns, a check every look) first; each row's
-    launches are its kernel, pause, checks, blocks and threads, its GPU time read from its state."""
+    blocks at most of 512 threads, vectors 1, pause 64 ns) first; each row's launches are its
+    kernel, pause, blocks and threads, its GPU time read from its state."""
     import gpu_tuning
 
     from stragglar.runtime.device.kernel import Tuning
@@ -177,7 +177,6 @@ def test_a_setting_times_each_tuning_once_with_its_own_kernel_blocks_and_threads
     monkeypatch.setattr(gpu_tuning, "MAX_BLOCKS", (2, 4, 16))
     monkeypatch.setattr(gpu_tuning, "VECTORS", (1, 8))
     monkeypatch.setattr(gpu_tuning, "THREADS", (128, 512))
-    monkeypatch.setattr(gpu_tuning, "CHECKS_EVERY", (1,))
     proof = prove(synthesize("stragglar", 4, chunks=6))
     rows = gpu_tuning.setting_rows(sys.modules["cupy"], lambda: None, proof, 6 * 1600 * 4, iters=1)
     swept = [(v, t, p) for v in (1, 8) for t in (128, 512) for p in (0, 64)]
@@ -192,13 +191,13 @@ def test_a_setting_times_each_tuning_once_with_its_own_kernel_blocks_and_threads
     assert all(r.exact and r.round_us > 0 and r.gpu_round_us > 0 and r.copy_efficiency is None for r in rows)
     calls = 2  # one untimed, one timed
     launched = [
-        (kernel_name("float32", r.vectors), r.pause_ns, r.check_every, r.blocks, r.threads)
+        (kernel_name("float32", r.vectors), r.pause_ns, r.blocks, r.threads)
         for r in rows
         for _ in range(calls * 4)
     ]
     assert cuda.shapes == launched
     table = gpu_tuning.tuning_table(rows)
-    assert "| 4 | 6 | 37 KiB | 16 (own) | 1 | 512 | 64 | 1 | 4 |" in table
+    assert "| 4 | 6 | 37 KiB | 16 (own) | 1 | 512 | 64 | 4 |" in table
     fastest = sorted(rows, key=lambda r: r.gpu_round_us)[: gpu_tuning.SHOWN]
     shown = gpu_tuning.SHOWN + (not any(r.own for r in fastest))  # the engine's own always
     assert len([line for line in table.splitlines() if "| 37 KiB |" in line]) == shown
@@ -219,7 +218,6 @@ def row(max_blocks: int, vectors: int, gpu_round_us: float, own: bool = False, e
         vectors,
         512,
         64,
-        1,
         blocks,
         host_us,
         gpu_round_us,
@@ -237,9 +235,9 @@ def test_the_verdict_names_a_faster_tuning_only_beyond_the_noise(monkeypatch: py
     own = row(16, 1, 10.0, own=True)
     (faster,) = gpu_tuning.fastest([own, row(64, 4, 6.0), row(32, 4, 7.0)])
     assert faster == (
-        "fastest at N=8 C=7 65536 KiB: max blocks 64 (blocks 64), vectors 4, 512 threads, pause 64 ns, "
-        "a check every look: 6.00 us a round on the GPU, 0.60x the engine's own (max blocks 16 (blocks "
-        "16), vectors 1, 512 threads, pause 64 ns, a check every look: 10.00 us)"
+        "fastest at N=8 C=7 65536 KiB: max blocks 64 (blocks 64), vectors 4, 512 threads, pause 64 ns: "
+        "6.00 us a round on the GPU, 0.60x the engine's own (max blocks 16 (blocks 16), vectors 1, 512 "
+        "threads, pause 64 ns: 10.00 us)"
     )
     (close,) = gpu_tuning.fastest([own, row(64, 4, 9.7)])  # 3% faster: within the noise
     assert close.startswith(
@@ -256,8 +254,7 @@ def test_an_inexact_row_is_named_and_never_the_fastest(monkeypatch: pytest.Monke
     own = row(16, 1, 10.0, own=True)
     wrong, verdict = gpu_tuning.fastest([own, row(64, 8, 2.0, exact=False)])
     assert wrong == (
-        "NOT exact at N=8 C=7 65536 KiB: max blocks 64 (blocks 64), vectors 8, 512 threads, pause 64 ns, "
-        "a check every look"
+        "NOT exact at N=8 C=7 65536 KiB: max blocks 64 (blocks 64), vectors 8, 512 threads, pause 64 ns"
     )
     assert "engine's own tuning" in verdict and "is as fast as any" in verdict
     wrong, verdict = gpu_tuning.fastest([row(16, 1, 10.0, own=True, exact=False), row(64, 4, 6.0)])
@@ -275,12 +272,10 @@ def test_each_setting_and_row_is_printed_with_its_figures_as_soon_as_measured(
     rows = [row(16, 1, 10.0, own=True), row(64, 4, 6.0), row(64, 8, 2.0, exact=False)]
     assert gpu_tuning.setting_line(rows) == (
         "tuning N=8 C=7 65536 KiB: own 10.00 us a round on the GPU, fastest 6.00 (max blocks 64 "
-        "(blocks 64), vectors 4, 512 threads, pause 64 ns, a check every look), some NOT exact"
+        "(blocks 64), vectors 4, 512 threads, pause 64 ns), some NOT exact"
     )
     own_only = gpu_tuning.setting_line(rows[:1])
-    assert own_only.endswith(
-        "fastest 10.00 (max blocks 16 (blocks 16), vectors 1, 512 threads, pause 64 ns, a check every look)"
-    )
+    assert own_only.endswith("fastest 10.00 (max blocks 16 (blocks 16), vectors 1, 512 threads, pause 64 ns)")
     big = gpu_device.DeviceRow(
         8, 7, 64 << 20, "float32", 90.0, 80.0, 0.65, 0.72, 0.5, 300.0, 140.0, 0.42, 91.0, 95.0, True
     )
@@ -303,5 +298,5 @@ def test_the_sweep_starts_with_the_engine_s_own_tuning_and_holds_each_once(
     from stragglar.runtime.device.kernel import OWN_TUNING
 
     tunings = gpu_tuning.tunings()
-    assert tunings[0] == OWN_TUNING and len(set(tunings)) == len(tunings) == 7 * 4 * 3 * 2 * 2
+    assert tunings[0] == OWN_TUNING and len(set(tunings)) == len(tunings) == 7 * 4 * 3 * 2
     assert {(8, 64, 1 << 20), (8, None, 64 << 20)} == set(gpu_tuning.SETTINGS)

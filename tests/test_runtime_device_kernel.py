@@ -15,18 +15,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fake_device import H200, HostRun, host_library, host_or_skip
+from fake_device import H200, HostRun, host_or_skip
 from nvrtc import CUPY_ADDS, assemble, compile_ptx, library, ptxas
 
-from stragglar.runtime.device.kernel import (
-    CHECKS_EVERY,
-    OWN_TUNING,
-    PAUSES_NS,
-    SOURCE,
-    THREADS,
-    VECTORS,
-    kernel_name,
-)
+from stragglar.runtime.device.kernel import OWN_TUNING, PAUSES_NS, SOURCE, THREADS, VECTORS, kernel_name
 from stragglar.runtime.device.loopback import resident_blocks
 from stragglar.runtime.device.lowering import lower
 from stragglar.runtime.device.prover import check
@@ -47,16 +39,6 @@ CHUNKED = [(4, 32), (5, 9), (8, 64), (16, 40)]
 @pytest.fixture(scope="module")
 def host(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     return host_or_skip(tmp_path_factory)
-
-
-@pytest.fixture(scope="module", params=CHECKS_EVERY, ids=lambda n: f"check-every-{n}")
-def checking(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    """The host build whose waits check the clock and the error word every ``n`` looks at a flag
-    (each of :data:`CHECKS_EVERY`)."""
-    if request.param == 1:
-        return host_or_skip(tmp_path_factory)
-    host_or_skip(tmp_path_factory)  # skipped where there is no g++
-    return host_library(tmp_path_factory.mktemp("checking"), check_every=request.param)
 
 
 def inputs(n: int, count: int, dtype: str, seed: int) -> list[np.ndarray]:
@@ -237,9 +219,9 @@ def test_empty_chunks_and_more_blocks_than_elements(host: ctypes.CDLL, count: in
 
 
 @pytest.mark.parametrize("direct", [False, True], ids=["staged", "direct"])
-def test_repeated_calls_need_no_reset(checking: ctypes.CDLL, direct: bool) -> None:
+def test_repeated_calls_need_no_reset(host: ctypes.CDLL, direct: bool) -> None:
     """Calls 1, 2, 3 on the same flags and inboxes: the flags' values carry the call number."""
-    same(synthesize("stragglar", 6), checking, "float64", count=40, blocks=2, calls=3, direct=direct)
+    same(synthesize("stragglar", 6), host, "float64", count=40, blocks=2, calls=3, direct=direct)
 
 
 @pytest.mark.slow
@@ -250,10 +232,10 @@ def test_every_schedule_in_every_dtype(host: ctypes.CDLL, dtype: str) -> None:
             same(synthesize(algorithm, n), host, dtype, count=2 * n + 1, blocks=2, direct=direct)
 
 
-def test_a_rank_that_never_comes_times_out_the_others_naming_it(checking: ctypes.CDLL) -> None:
+def test_a_rank_that_never_comes_times_out_the_others_naming_it(host: ctypes.CDLL) -> None:
     schedule = synthesize("stragglar", 5)
     program = lower(compile_schedule(schedule))
-    run = HostRun(checking, program, 30, "float32", 2)
+    run = HostRun(host, program, 30, "float32", 2)
     data = [words(d, "float32").copy() for d in inputs(5, 30, "float32", 1)]
     errors = run.call(data, timeout_s=0.3, absent=[4])
     failed = [r for r in range(5) if errors[r, 0]]

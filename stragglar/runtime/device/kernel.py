@@ -42,7 +42,6 @@ from stragglar.runtime.device.table import DeviceProgram
 from stragglar.runtime.kernels import SUM_SOURCE, SUMS
 
 __all__ = [
-    "CHECKS_EVERY",
     "ERROR_WORDS",
     "OWN_TUNING",
     "PAUSES_NS",
@@ -65,7 +64,6 @@ ERROR_WORDS = 8  # per rank: the call that failed, row, round, peer, flag, wante
 RANK_WORDS = PROGRESS_WORDS + ERROR_WORDS  # a rank's words: its progress, then its error
 VECTORS = (1, 2, 4, 8)  # the 16-byte vectors a thread may keep in flight (a template argument each)
 PAUSES_NS = (0, 64)  # how long a spinning thread sleeps between two looks at a flag (0: it does not)
-CHECKS_EVERY = (1, 32)  # the looks at a flag between two checks of the clock and the error word
 
 
 @dataclass(frozen=True)
@@ -80,10 +78,8 @@ class Tuning:
     fewer a block let the device hold more blocks at once, and a block's barriers cost less.
     ``pause_ns``: how long a thread waiting on a flag sleeps between looks (one of
     :data:`PAUSES_NS`): a sleep leaves the memory to the blocks that move data, and may see the
-    flag later.  ``check_every``: the looks at a flag between two checks of the clock and of the
-    rank's error word (one of :data:`CHECKS_EVERY`): each check is two more reads between looks,
-    and a wait gives up at most that many looks past its timeout.  The defaults are the engine's;
-    the others are there to be measured against them (``benchmarks/gpu_tuning.py``)."""
+    flag later.  The defaults are the engine's; the others are there to be measured against them
+    (``benchmarks/gpu_tuning.py``)."""
 
     # The engine's own, the fastest on the GPU within 7% at both of the speed targets' settings on
     # an H200 (N = 8: C = 64 at 1 MiB, the paper's C at 64 MiB; benchmarks/gpu_tuning.py, in
@@ -93,7 +89,6 @@ class Tuning:
     vectors: int = 8
     threads: int = 256
     pause_ns: int = 64
-    check_every: int = 1
 
     def __post_init__(self) -> None:
         if self.max_blocks < 1:
@@ -104,8 +99,6 @@ class Tuning:
             raise ValueError(f"threads must be one of {THREADS}, not {self.threads}")
         if self.pause_ns not in PAUSES_NS:
             raise ValueError(f"pause_ns must be one of {PAUSES_NS}, not {self.pause_ns}")
-        if self.check_every not in CHECKS_EVERY:
-            raise ValueError(f"check_every must be one of {CHECKS_EVERY}, not {self.check_every}")
 
 
 OWN_TUNING = Tuning()  # the engine's own: what every call uses unless a benchmark measures another
@@ -247,10 +240,7 @@ __global__ void run_program(const long long* rows, int row_count, int rank, long
                 const unsigned long long wanted = call * (unsigned long long)row[7] + row[6];
                 const unsigned long long start = now_ns();
                 unsigned long long seen;
-                unsigned looks = 0;
                 while ((seen = load_acquire(flag, system != 0)) < wanted) {
-                    // the error word and the clock are two more reads a look: every CHECK_EVERY looks
-                    if (++looks % STRAGGLAR_CHECK_EVERY != 0) { spin_pause(); continue; }
                     if (load_relaxed(error) == call) { gave_up = 1; break; }  // another block gave up
                     if ((long long)(now_ns() - start) > timeout_ns) {
                         if (claim(error, call)) {
@@ -299,10 +289,7 @@ __global__ void run_program(const long long* rows, int row_count, int rank, long
 }
 """
 
-_WORDS = (
-    f"#define PROGRESS_WORDS {PROGRESS_WORDS}\n#define RANK_WORDS {RANK_WORDS}\n"
-    "#ifndef STRAGGLAR_CHECK_EVERY\n#define STRAGGLAR_CHECK_EVERY 1\n#endif\n"
-)
+_WORDS = f"#define PROGRESS_WORDS {PROGRESS_WORDS}\n#define RANK_WORDS {RANK_WORDS}\n"
 
 SOURCE = SUM_SOURCE + _PRIMITIVES + _MOVE + _WORDS + _KERNEL
 
@@ -327,15 +314,10 @@ def kernel_name(dtype: str, vectors: int = OWN_TUNING.vectors) -> str:
 
 
 def compile_kernel(cupy: Any, dtype: str, tuning: Tuning = OWN_TUNING) -> Any:
-    """``run_program`` for ``dtype`` under ``tuning`` (its vectors, pause and checks; its blocks
-    and threads are the launch's), compiled by CuPy's NVRTC (which keeps what it compiled on
-    disk)."""
+    """``run_program`` for ``dtype`` under ``tuning`` (its vectors and pause; its blocks and
+    threads are the launch's), compiled by CuPy's NVRTC (which keeps what it compiled on disk)."""
     name = kernel_name(dtype, tuning.vectors)
-    options = (
-        "--std=c++14",
-        f"-DSTRAGGLAR_PAUSE_NS={tuning.pause_ns}",
-        f"-DSTRAGGLAR_CHECK_EVERY={tuning.check_every}",
-    )
+    options = ("--std=c++14", f"-DSTRAGGLAR_PAUSE_NS={tuning.pause_ns}")
     return cupy.RawModule(code=SOURCE, options=options, name_expressions=[name]).get_function(name)
 
 
