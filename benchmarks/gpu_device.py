@@ -19,7 +19,9 @@ AllReduce with nobody late; the hidden phase stays hidden when it is well below 
 ``eager_round_us`` (the same call with ``graphs=False``, every rank's kernel launched by the host
 each call, in the N = 8 float32 rows: what the one graph launch saves), ``system_round_us`` (the
 same call with its flags released and acquired at the system's scope, as ranks on several GPUs
-need, in the N = 8 float32 rows: what that scope costs over the GPU's), ``exact`` and
+need, in the N = 8 float32 rows: what that scope costs over the GPU's; timed through the engine's
+inner call, without ``allreduce_local``'s checks, so set ``system_gpu_round_us``, the same calls
+on the GPU's clock, beside ``gpu_round_us``), ``exact`` and
 ``capture_failure`` (why the default calls ran without their graph, from the warning the engine
 gave; None where they replayed it) (every
 call's result checked on the device against the sum: values distinct per rank and element, exact
@@ -71,6 +73,7 @@ class DeviceRow:
     staged_copy_efficiency: float | None
     eager_round_us: float | None  # each rank's kernel launched by the host (graphs=False), N = 8 float32
     system_round_us: float | None  # flags at the system's scope (as across GPUs), N = 8 float32
+    system_gpu_round_us: float | None  # the same calls on the GPU's clock, to set beside gpu_round_us
     exact: bool
     capture_failure: str | None = None  # why the default calls ran without their graph
 
@@ -158,12 +161,15 @@ def copy_seconds(xp: Any, sync: Callable[[], None], nbytes: int, iters: int) -> 
     return statistics.median(host[1:]), statistics.median(gpu[1:])
 
 
-def state_of(xp: Any, proof: Proof, count: int, dtype: str, tuning: Tuning = OWN_TUNING) -> DeviceLoopback:
+def state_of(
+    xp: Any, proof: Proof, count: int, dtype: str, tuning: Tuning = OWN_TUNING, system: bool = False
+) -> DeviceLoopback:
     """The device engine's state a punctual call of ``proof`` with direct transfers runs on (made
-    now if it is not yet)."""
+    now if it is not yet), with its flags at the system's scope where ``system``."""
     program = program_for(proof, direct=True)
     device = int(xp.cuda.Device().id)
-    return device_loopback(xp, count, dtype, device, program, proof.schedule.fingerprint, tuning=tuning)
+    fingerprint = proof.schedule.fingerprint
+    return device_loopback(xp, count, dtype, device, program, fingerprint, system, tuning)
 
 
 def device_row(
@@ -174,11 +180,11 @@ def device_row(
     count = size_bytes // itemsize
     exact = True
 
-    def measured(call: Callable[[list[Any]], object], state: bool = False) -> Timed:
-        """``call``'s timed calls (with their GPU times where ``state``: the default calls'); a
-        wrong result makes the row inexact."""
+    def measured(call: Callable[[list[Any]], object], state: DeviceLoopback | None = None) -> Timed:
+        """``call``'s timed calls (with their GPU times where ``state``, the state they run on,
+        is given); a wrong result makes the row inexact."""
         nonlocal exact
-        calls = timed(xp, sync, n, count, dtype, call, iters, own if state else None)
+        calls = timed(xp, sync, n, count, dtype, call, iters, state)
         exact &= calls.exact
         return calls
 
@@ -188,7 +194,7 @@ def device_row(
     own = state_of(xp, proof, count, dtype)  # the state allreduce_local's default calls run on
     with warnings.catch_warnings(record=True) as warned:
         warnings.simplefilter("always", RuntimeWarning)
-        default = measured(lambda b: allreduce_local(b, proof, engine="device"), state=True)
+        default = measured(lambda b: allreduce_local(b, proof, engine="device"), own)
     seconds, gpu_seconds = statistics.median(default.host), statistics.median(default.gpu)
     failures = [str(w.message) for w in warned if "could not capture" in str(w.message)]
     copy = copy_seconds(xp, sync, n * size_bytes, iters) if size_bytes >= 64 << 20 else None
@@ -196,13 +202,15 @@ def device_row(
     if copy is not None:
         efficiency = efficiency_of(proof, count, itemsize, seconds, copy[0], size_bytes)
         gpu_efficiency = efficiency_of(proof, count, itemsize, gpu_seconds, copy[1], size_bytes)
-    staged = staged_efficiency = eager = system = None
+    staged = staged_efficiency = eager = system = system_gpu = None
     if n == 8 and dtype == "float32":  # the headline rows: direct against staged, graphs against none
         staged = median(lambda b: allreduce_local(b, proof, engine="device", staged=True))
         if copy is not None:
             staged_efficiency = efficiency_of(proof, count, itemsize, staged, copy[0], size_bytes)
         eager = median(lambda b: allreduce_local(b, proof, engine="device", graphs=False))
-        system = median(loopback_call(xp, proof, system=True))
+        scope = state_of(xp, proof, count, dtype, system=True)
+        scoped = measured(loopback_call(xp, proof, system=True), scope)
+        system, system_gpu = statistics.median(scoped.host), statistics.median(scoped.gpu)
     late_ratio = None
     if late:
         lates: list[float] = []
@@ -231,6 +239,7 @@ def device_row(
         staged_efficiency,
         None if eager is None else eager * per_round,
         None if system is None else system * per_round,
+        None if system_gpu is None else system_gpu * per_round,
         exact,
         failures[0] if failures else None,
     )
@@ -306,14 +315,14 @@ def row_line(r: DeviceRow) -> str:
 def device_table(rows: list[DeviceRow]) -> str:
     lines = [
         "| N | C | size | dtype | device/round (us) | on the GPU/round (us) | device, eager/round (us) "
-        "| device, system scope/round (us) | rounds, graphs/round (us) | copy efficiency "
+        "| system scope on the GPU/round (us) | rounds, graphs/round (us) | copy efficiency "
         "| on the GPU | late ratio | staged/round (us) | staged copy efficiency | exact |",
         "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r.n} | {r.chunks} | {r.size_bytes >> 10} KiB | {r.dtype} | {r.round_us:.2f} "
-            f"| {r.gpu_round_us:.2f} | {_or_dash(r.eager_round_us)} | {_or_dash(r.system_round_us)} "
+            f"| {r.gpu_round_us:.2f} | {_or_dash(r.eager_round_us)} | {_or_dash(r.system_gpu_round_us)} "
             f"| {_or_dash(r.graph_round_us)} | {_or_dash(r.copy_efficiency)} "
             f"| {_or_dash(r.gpu_copy_efficiency)} | {_or_dash(r.late_ratio)} | {_or_dash(r.staged_round_us)} "
             f"| {_or_dash(r.staged_copy_efficiency)} | {'yes' if r.exact else 'NO'} |"
