@@ -2,9 +2,9 @@
 # The GPU check in one command, for a machine with CUDA GPUs, CuPy and torch: the GPU tests (the
 # loopback's kernels and graphs, bit for bit; the device engine's), bench_gpu.py --quick with its
 # JSON (the loopback, the device engine, its kernel's tunings, then the ranks' parts), `stragglar
-# run` on NCCL ranks, the DDP example under torchrun on the device engine (the hook's rounds
-# engine runs in bench-ranks), and `stragglar bench` on NCCL ranks; each step logged, and run even
-# when one before it failed; a summary at the end.
+# run` on NCCL ranks and on the device engine, the DDP example under torchrun on the device engine
+# (the hook's rounds engine runs in bench-ranks), and `stragglar bench` on NCCL ranks; each step
+# logged, and run even when one before it failed; a summary at the end.
 #
 #     bash benchmarks/gpu_check.sh                                # logs and gpu.json in /tmp/stragglar-gpu-check
 #     GPU_CHECK_DIR=/data/gpu-check bash benchmarks/gpu_check.sh  # or in the folder it names
@@ -17,7 +17,8 @@
 # Exits 1 if any step failed, 2 if a step named is not one or the wheels would not install.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-steps=("tests" "device-tests" "loopback" "device" "tuning" "bench-ranks" "run-nccl" "ddp-device" "bench-nccl")
+steps=("tests" "device-tests" "loopback" "device" "tuning" "bench-ranks" "run-nccl" "run-device" "ddp-device"
+    "bench-nccl")
 for name in "$@"; do  # a step named wrong would be skipped without a word: refuse it instead
     [[ " ${steps[*]} " == *" $name "* ]] || { echo "gpu_check.sh: no step '$name' (steps: ${steps[*]})" >&2; exit 2; }
 done
@@ -56,9 +57,10 @@ step tests 30 python3 -m pytest -q -p no:cacheprovider tests/test_runtime_loopba
 step device-tests 80 python3 -m pytest -q -p no:cacheprovider tests/test_runtime_device_gpu.py
 step loopback 30 python3 benchmarks/bench_gpu.py --quick --iters 3 --progress --parts loopback --json "$out/gpu.json"
 step device 60 python3 benchmarks/bench_gpu.py --quick --iters 3 --progress --parts device_executor --json "$out/gpu.json"
-step tuning 120 python3 benchmarks/bench_gpu.py --iters 3 --progress --parts device_tuning --json "$out/gpu.json"
+step tuning 60 python3 benchmarks/bench_gpu.py --iters 3 --progress --parts device_tuning --json "$out/gpu.json"
 step bench-ranks 180 python3 benchmarks/bench_gpu.py --quick --iters 3 --parts p2p ddp cupy_nccl --json "$out/gpu.json"
 step run-nccl 30 python3 -m stragglar run --backend nccl --gpus 4 --size 16MiB --delay 20ms --chunks 6 --iters 3
+step run-device 30 python3 -m stragglar run --backend device --gpus 4 --size 16MiB --delay 20ms --iters 3
 step ddp-device 40 torchrun --nproc-per-node=4 examples/ddp_torchrun.py --late-rank 3 --delay 50ms --steps 8 --policy stragglar --engine device
 step bench-nccl 30 python3 -m stragglar bench --backend nccl --gpus 2,4 --sizes 1MiB --delays 0,20ms --iters 2
 # The end of the output is what a short look sees: each step's exit and time, then the verdicts

@@ -342,3 +342,18 @@ def test_the_driver_names_the_device_without_cuda_in_this_process(
 
     monkeypatch.setattr(subprocess, "run", missing)
     assert bench_gpu.driver_device_name() is None
+
+
+def test_the_gpu_check_refuses_a_step_it_does_not_have_before_it_runs_anything(tmp_path: Path) -> None:
+    """A step named wrong would otherwise be skipped without a word, and the check pass."""
+    script = BENCHMARKS / "gpu_check.sh"
+    done = subprocess.run(
+        ["bash", str(script), "device", "tunings"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={"PATH": "/usr/bin:/bin", "GPU_CHECK_DIR": str(tmp_path / "out")},
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith("gpu_check.sh: no step 'tunings' (steps: tests device-tests loopback")
+    assert not (tmp_path / "out").exists()  # nothing written, nothing run
