@@ -11,9 +11,10 @@
 #     bash benchmarks/gpu_check.sh device tuning                  # only the steps it names
 #
 # What it writes: device.txt (nvidia-smi's view of the GPUs), one log per step and gpu.json.
-# Each step has a time limit (10 minutes in all), so that a hung step (a rank waiting forever on
-# a peer) cannot hold the machine and the steps after it still run. If the machine has no
-# network, put the wheels it lacks (z3-solver, ...) in .whl/ and they are installed from there.
+# Each step has a time limit (under 10 minutes in all, and 10 s more a step to kill one that
+# overran), so that a hung step (a rank waiting forever on a peer) cannot hold the machine and the
+# steps after it still run. If the machine has no network, put the wheels it lacks (z3-solver,
+# ...) in .whl/ and they are installed from there.
 # Exits 1 if any step failed, 2 if a step named is not one or the wheels would not install.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -37,6 +38,7 @@ fi
 
 failed=0
 ran=()  # "name: exit rc (seconds)" per step, for the summary at the end
+done_steps=" "  # the names of the steps this run ran: only their logs are summed up
 step() {  # step NAME SECONDS COMMAND...: run it with a limit, log it, note a failure, go on
     local name=$1 limit=$2 began=$SECONDS
     shift 2
@@ -46,6 +48,7 @@ step() {  # step NAME SECONDS COMMAND...: run it with a limit, log it, note a fa
     local rc=${PIPESTATUS[0]}
     echo "===== $name: exit $rc"
     ran+=("$name: exit $rc ($((SECONDS - began)) s)")
+    done_steps+="$name "
     [ "$rc" -eq 0 ] || failed=1
 }
 
@@ -68,7 +71,10 @@ step bench-nccl 30 python3 -m stragglar bench --backend nccl --gpus 2,4 --sizes 
 # DDP example's on it (StragglAR's share, step times, the copies' largest difference).
 echo "===== summary (logs and gpu.json in $out)"
 printf '  %s\n' "${ran[@]}"
-grep -h -E "\(target |exact in every row|^graphs|fastest at|as fast as any|NOT exact|no comparison" \
-    "$out/device.log" "$out/tuning.log" 2>/dev/null
-grep -h -E "^policy |largest difference|DIFFER|median step" "$out/ddp-device.log" 2>/dev/null
+ran_here() { [[ "$done_steps" == *" $1 "* ]]; }  # a log left by an earlier run is not this one's
+for name in device tuning; do
+    ran_here "$name" && grep -h -E \
+        "\(target |exact in every row|^graphs|fastest at|as fast as any|NOT exact|no comparison" "$out/$name.log"
+done
+ran_here ddp-device && grep -h -E "^policy |largest difference|DIFFER|median step" "$out/ddp-device.log"
 exit "$failed"

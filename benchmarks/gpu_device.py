@@ -29,7 +29,9 @@ in the dtype).
 
 Targets (issue 34), on the GPU's times: per round at N = 8, C = 64, 1 MiB <= 1.5 us; at N = 8,
 64 MiB and 256 MiB (the paper's C and C = 64) a copy efficiency >= 0.7; exact for N = 3..16 and
-every dtype; the late ratio at 64 MiB <= 0.7.  Each verdict line gives the host's figure beside.
+every dtype; and, on the host's (the late rank's timeline against a punctual call's), the late
+ratio at 64 MiB <= 0.7.  The round's and the efficiency's verdict lines give the host's figure
+beside.
 """
 
 from __future__ import annotations
@@ -332,7 +334,7 @@ def device_table(rows: list[DeviceRow]) -> str:
 
 def device_targets(rows: list[DeviceRow]) -> list[str]:
     """The issue's targets, for the rows of their settings: judged on the GPU's times, the host's
-    figure beside."""
+    figure beside (the late ratio on the host's)."""
     out = []
     for r in rows:
         where = f"N={r.n} C={r.chunks} {r.size_bytes >> 20} MiB"

@@ -15,7 +15,7 @@ the setting is not measured again): ``n``, ``chunks``, ``size_bytes``, ``dtype``
 device gave a rank), ``round_us`` (the median call over the rounds, timed by the host; punctual
 calls, replayed from one CUDA graph after the first), ``gpu_round_us`` (the same calls on the
 GPU's clock: what the tunings are compared by, the host's part being the same for all),
-``copy_efficiency`` (at 64 MiB: as in gpu_device.py, on the GPU's times), ``exact`` (every call
+``gpu_copy_efficiency`` (at 64 MiB: as in gpu_device.py, on the GPU's times), ``exact`` (every call
 checked on the device) and ``own`` (the engine's own tuning).  The table holds the engine's own
 and the :data:`SHOWN` fastest of each setting (the JSON every row).  Under the table, per
 setting, the fastest exact tuning and its time over the engine's own; within :data:`NOISE` of it,
@@ -55,7 +55,7 @@ class TuningRow:
     blocks: int
     round_us: float
     gpu_round_us: float
-    copy_efficiency: float | None
+    gpu_copy_efficiency: float | None
     exact: bool
     own: bool
 
@@ -152,7 +152,7 @@ def tuning_table(rows: list[TuningRow]) -> str:
     row always), then the verdicts."""
     lines = [
         "| N | C | size | max blocks | vectors | threads | pause (ns) | blocks | device/round (us) "
-        "| on the GPU/round (us) | copy efficiency | exact |",
+        "| on the GPU/round (us) | copy efficiency on the GPU | exact |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for setting in _settings(rows):
@@ -161,7 +161,7 @@ def tuning_table(rows: list[TuningRow]) -> str:
         for r in setting:
             if id(r) not in shown:
                 continue
-            efficiency = "-" if r.copy_efficiency is None else f"{r.copy_efficiency:.2f}"
+            efficiency = "-" if r.gpu_copy_efficiency is None else f"{r.gpu_copy_efficiency:.2f}"
             tuning = f"{r.max_blocks}{' (own)' if r.own else ''} | {r.vectors} | {r.threads} | {r.pause_ns}"
             lines.append(
                 f"| {r.n} | {r.chunks} | {r.size_bytes >> 10} KiB | {tuning} | {r.blocks} | {r.round_us:.2f} "

@@ -1,6 +1,7 @@
 """The CUDA path without a GPU: a fake ``torch.cuda`` (streams, events) and a fake NCCL.
 
-No GPU has been available to this project, so these check the protocol, not a device: on NCCL a
+These run on any machine (the CUDA path itself has run on an H200: benchmarks/gpu_check.sh), so
+they check the protocol, not a device: on NCCL a
 stream-ordered round is waited on the stream, never the host; a bucket's two stages run with their
 side streams current, each after the event recorded before it; nothing synchronises the host; the
 Future completes while the second side stream is current (so a real CUDA Future records its completion there);

@@ -162,7 +162,8 @@ def test_a_launch_that_fails_waits_for_the_launched_kernels_and_the_next_call_is
 ) -> None:
     """The late rank's launch fails: the others' kernels give up waiting for it (the call
     raises only once they have ended), and the device's counts part (the late rank's is one
-    behind); the next call sets them to the host's first, and is exact."""
+    behind); the next call sets them to the host's first, and is exact.  The call cut short has
+    no time on the GPU to give a benchmark."""
     proof = prove(synthesize("stragglar", 5))
     late = proof.schedule.late_rank
     monkeypatch.setattr(loopback, "WAIT_TIMEOUT_S", 0.2)
@@ -181,7 +182,10 @@ def test_a_launch_that_fails_waits_for_the_launched_kernels_and_the_next_call_is
     (state,) = loopback._loopbacks.values()
     progress = state.words.reshape(-1, RANK_WORDS)[:, 0]
     assert progress[late] == 1 and all(progress[r] == 2 for r in range(5) if r != late)
+    with pytest.raises(RuntimeError, match="did not end: it has no time on the GPU"):
+        state.elapsed_s()  # the call cut short has no time, not the call before's
     exact_calls(proof, 3)
+    assert state.elapsed_s() >= 0  # a call that ended has
 
 
 def test_a_call_the_device_did_not_count_is_an_error_not_a_result(cuda: FakeCuda) -> None:

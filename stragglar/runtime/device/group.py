@@ -101,8 +101,10 @@ class DeviceRank:
         self.lock = threading.Lock()
         self.kernel = compile_kernel(cupy, dtype)  # the engine's own tuning
         properties = cupy.cuda.runtime.getDeviceProperties(device_id)
-        threads = OWN_TUNING.threads
-        resident = resident_blocks(properties, self.kernel.num_regs, self.kernel.shared_size_bytes, threads)
+        self.threads = OWN_TUNING.threads
+        resident = resident_blocks(
+            properties, self.kernel.num_regs, self.kernel.shared_size_bytes, self.threads
+        )
         mine = blocks_for(program, count, resident, OWN_TUNING)
         self.device_id, self.resident = device_id, resident
         self.holding = Held(Fraction(0))  # the last call's share of the GPU (residency.py)
@@ -217,7 +219,7 @@ class DeviceRank:
         held = self.holding = RESIDENT.hold(self.device_id, self.blocks, self.resident, timeout_s, self.rank)
         try:
             with self.stream:
-                self.kernel((self.blocks,), (OWN_TUNING.threads,), args)
+                self.kernel((self.blocks,), (self.threads,), args)
             ended = self.cupy.cuda.Event(disable_timing=True)
             ended.record(self.stream)
         except BaseException:

@@ -81,10 +81,11 @@ class Tuning:
     flag later.  The defaults are the engine's; the others are there to be measured against them
     (``benchmarks/gpu_tuning.py``)."""
 
-    # The engine's own, the fastest on the GPU within 7% at both of the speed targets' settings on
-    # an H200 (N = 8: C = 64 at 1 MiB, the paper's C at 64 MiB; benchmarks/gpu_tuning.py, in
-    # docs/perf/gpu.json): 8 vectors in flight a thread take a copy near the memory's speed, and
-    # blocks of 256 threads let the device hold twice as many of them at once as of 512.
+    # The engine's own, from a sweep on an H200 at the speed targets' settings (N = 8: the paper's
+    # C at 64 MiB, where it was the fastest; C = 64 at 1 MiB, 7% behind the fastest;
+    # benchmarks/gpu_tuning.py, docs/perf/gpu-tuning-sweep-h200.json): 8 vectors in flight a thread
+    # take a copy near the memory's speed, and blocks of 256 threads let the device hold twice as
+    # many of them at once as of 512.
     max_blocks: int = 64
     vectors: int = 8
     threads: int = 256

@@ -98,7 +98,7 @@ class DeviceLoopback:
     """One program's device state: each rank's rows, inbox, flags and words, every rank's buffer
     address on the device (written before a call), the streams, the graphs of punctual calls, and
     the number of calls made (the device counts them too: see
-    :mod:`~stragglar.runtime.device.kernel`).  ``tuning``: the kernel's blocks and vectors."""
+    :mod:`~stragglar.runtime.device.kernel`).  ``tuning``: the kernel's blocks, threads, vectors and pause."""
 
     def __init__(
         self,
@@ -152,6 +152,7 @@ class DeviceLoopback:
         # and origin's before a call's launches and after its kernels, timed: what the call took on
         # the GPU, without the host's part (elapsed_s)
         self.began, self.finished = cupy.cuda.Event(), cupy.cuda.Event()
+        self.timed = False  # whether the last call ended with both recorded
         self.replayer = Replayer(StreamGraphs(self.origin), limit=1, work="the ranks' kernel launches")
         self.call = 0
         self.counted = True  # False: a call's launches were cut short, the device's counts are behind
@@ -209,6 +210,7 @@ class DeviceLoopback:
         the late rank's ``straggler_delay`` s after the others; a punctual call from a CUDA graph
         after the first unless ``graphs`` is False."""
         self.start(buffers)
+        self.timed = False
         self.began.record(self.origin)
         timeout = WAIT_TIMEOUT_S + straggler_delay
         # every kernel of the call has ended when the block is left: its blocks are free
@@ -232,6 +234,7 @@ class DeviceLoopback:
             self.counted = True
             self.finished.record(self.origin)
             self.origin.synchronize()
+            self.timed = True
         done = time.perf_counter()
         failure = call_failure(self.program, self.words.get().reshape(-1, RANK_WORDS), self.call)
         if failure is not None:
@@ -244,7 +247,9 @@ class DeviceLoopback:
     def elapsed_s(self) -> float:
         """The last call's time on the GPU (s): from before its first launch to the end of its
         last rank's kernel, a late rank's delay included; the host's checks before and after it
-        are not (a benchmark's measure of the kernels themselves)."""
+        are not (a benchmark's measure of the kernels themselves).  A call cut short has none."""
+        if not self.timed:
+            raise RuntimeError("the last call on this state did not end: it has no time on the GPU")
         return float(self.cupy.cuda.get_elapsed_time(self.began, self.finished)) / 1e3
 
 
@@ -344,7 +349,7 @@ def run_device_loopback(
     the first unless ``graphs`` is False.  Every rank is on one GPU, so the flags are released and
     acquired at the GPU's scope; ``system`` puts them at the system's, as ranks on several GPUs
     need (what that costs, measured on one: ``benchmarks/gpu_device.py``); ``tuning``: the
-    kernel's blocks and vectors (the engine's own unless measuring others:
+    kernel's blocks, threads, vectors and pause (the engine's own unless measuring others:
     ``benchmarks/gpu_tuning.py``).  It runs on device ``device_id``, whichever GPU the calling
     thread has current."""
     with cupy.cuda.Device(device_id):
