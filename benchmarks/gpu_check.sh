@@ -69,8 +69,9 @@ step ddp-device 40 torchrun --nproc-per-node=4 examples/ddp_torchrun.py --late-r
 step hsdp 60 torchrun --nproc-per-node=4 examples/hsdp_torchrun.py --late-rank 3 --delay 50ms --steps 8 --policy stragglar
 step bench-nccl 30 python3 -m stragglar bench --backend nccl --gpus 2,4 --sizes 1MiB --delays 0,20ms --iters 2
 # The end of the output is what a short look sees: each step's exit and time, then the verdicts
-# the device engine's parts printed (its targets, exactness, graphs, the fastest tuning) and the
-# DDP example's on it (StragglAR's share, step times, the copies' largest difference).
+# the device engine's parts printed (its targets, exactness, graphs, the fastest tuning), the
+# DDP example's on it (StragglAR's share, step times, the copies' largest difference) and the
+# HSDP example's (whether the losses match, step times), of the steps this run ran.
 echo "===== summary (logs and gpu.json in $out)"
 printf '  %s\n' "${ran[@]}"
 ran_here() { [[ "$done_steps" == *" $1 "* ]]; }  # a log left by an earlier run is not this one's

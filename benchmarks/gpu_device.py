@@ -308,8 +308,8 @@ def row_line(r: DeviceRow) -> str:
     time limit still shows the rows it measured."""
     return (
         f"device N={r.n} C={r.chunks} {r.size_bytes >> 10} KiB {r.dtype}: {r.round_us:.2f} us a round "
-        f"({r.gpu_round_us:.2f} on the GPU), copy efficiency {_or_dash(r.copy_efficiency)} "
-        f"({_or_dash(r.gpu_copy_efficiency)} on the GPU), late ratio {_or_dash(r.late_ratio)}, "
+        f"({r.gpu_round_us:.2f} on the GPU), copy efficiency {or_dash(r.copy_efficiency)} "
+        f"({or_dash(r.gpu_copy_efficiency)} on the GPU), late ratio {or_dash(r.late_ratio)}, "
         f"{'exact' if r.exact else 'NOT exact'}"
     )
 
@@ -324,10 +324,10 @@ def device_table(rows: list[DeviceRow]) -> str:
     for r in rows:
         lines.append(
             f"| {r.n} | {r.chunks} | {r.size_bytes >> 10} KiB | {r.dtype} | {r.round_us:.2f} "
-            f"| {r.gpu_round_us:.2f} | {_or_dash(r.eager_round_us)} | {_or_dash(r.system_gpu_round_us)} "
-            f"| {_or_dash(r.graph_round_us)} | {_or_dash(r.copy_efficiency)} "
-            f"| {_or_dash(r.gpu_copy_efficiency)} | {_or_dash(r.late_ratio)} | {_or_dash(r.staged_round_us)} "
-            f"| {_or_dash(r.staged_copy_efficiency)} | {'yes' if r.exact else 'NO'} |"
+            f"| {r.gpu_round_us:.2f} | {or_dash(r.eager_round_us)} | {or_dash(r.system_gpu_round_us)} "
+            f"| {or_dash(r.graph_round_us)} | {or_dash(r.copy_efficiency)} "
+            f"| {or_dash(r.gpu_copy_efficiency)} | {or_dash(r.late_ratio)} | {or_dash(r.staged_round_us)} "
+            f"| {or_dash(r.staged_copy_efficiency)} | {'yes' if r.exact else 'NO'} |"
         )
     return "\n".join([*lines, "", *device_targets(rows)])
 
@@ -346,7 +346,7 @@ def device_targets(rows: list[DeviceRow]) -> list[str]:
             met = r.gpu_copy_efficiency >= EFFICIENCY_TARGET
             what = (
                 f"copy efficiency at {where}: {r.gpu_copy_efficiency:.2f} on the GPU, "
-                f"{_or_dash(r.copy_efficiency)} a call"
+                f"{or_dash(r.copy_efficiency)} a call"
             )
             out.append(_line(what, met, f">= {EFFICIENCY_TARGET:g}"))
         if r.late_ratio is not None:
@@ -367,5 +367,6 @@ def _line(what: str, met: bool, target: str) -> str:
     return f"{what} (target {target}: {'met' if met else 'MISSED'})"
 
 
-def _or_dash(value: float | None) -> str:
+def or_dash(value: float | None) -> str:
+    """A figure of a table, two decimals, or a dash where it was not measured."""
     return "-" if value is None else f"{value:.2f}"

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gpu_device import copy_seconds, efficiency_of, loopback_call, state_of, timed
+from gpu_device import copy_seconds, efficiency_of, loopback_call, or_dash, state_of, timed
 
 from stragglar.runtime.device.kernel import OWN_TUNING, PAUSES_NS, THREADS, VECTORS, Tuning
 from stragglar.synth import synthesize
@@ -161,11 +161,10 @@ def tuning_table(rows: list[TuningRow]) -> str:
         for r in setting:
             if id(r) not in shown:
                 continue
-            efficiency = "-" if r.gpu_copy_efficiency is None else f"{r.gpu_copy_efficiency:.2f}"
             tuning = f"{r.max_blocks}{' (own)' if r.own else ''} | {r.vectors} | {r.threads} | {r.pause_ns}"
             lines.append(
                 f"| {r.n} | {r.chunks} | {r.size_bytes >> 10} KiB | {tuning} | {r.blocks} | {r.round_us:.2f} "
-                f"| {r.gpu_round_us:.2f} | {efficiency} | {'yes' if r.exact else 'NO'} |"
+                f"| {r.gpu_round_us:.2f} | {or_dash(r.gpu_copy_efficiency)} | {'yes' if r.exact else 'NO'} |"
             )
     return "\n".join([*lines, "", *fastest(rows)])
 
