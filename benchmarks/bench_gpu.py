@@ -22,7 +22,7 @@ call checked exactly: see gpu_loopback.py for its rows and targets.
 (e) The device engine (one persistent kernel per rank, ``engine="device"``) against the graphed
 loopback, last as well: see gpu_device.py for its rows and targets (issue 34).  (f) The device
 engine's kernel under other tunings (blocks a rank, vectors a thread) against its own: see
-gpu_tuning.py.
+gpu_tuning.py.  (g) Where the host's part of a device call goes, by cProfile: see gpu_profile.py.
 
 Targets (issue 24), besides the loopback's: a StragglAR round with graphs on
 4 NCCL ranks, 4 KiB, <= 1.5x the bare pair; DDP with ``chunks="auto"`` no slower than the paper's
@@ -48,6 +48,7 @@ from typing import Any
 from gpu_device import device_executor, device_table
 from gpu_inputs import DDPConfig, P2PConfig, size_text, slowest
 from gpu_loopback import loopback, loopback_table
+from gpu_profile import device_profile, profile_table
 from gpu_tuning import device_tuning, tuning_table
 from options import as_command, json_output, note, whole
 from results import save
@@ -188,7 +189,8 @@ def ddp_targets(runs: dict[str, dict[str, Any]]) -> list[str]:
     return out
 
 
-PARTS = ("p2p", "ddp", "cupy_nccl", "loopback", "device_executor", "device_tuning")  # in the order they run
+# in the order they run
+PARTS = ("p2p", "ddp", "cupy_nccl", "loopback", "device_executor", "device_tuning", "device_profile")
 
 
 def kept_parts(path: Path | None, parts: tuple[str, ...]) -> tuple[str | None, dict[str, Any]]:
@@ -284,6 +286,16 @@ def run_device_tuning(args: argparse.Namespace, gpus: int) -> list[dict[str, Any
     )
 
 
+def run_device_profile(args: argparse.Namespace, gpus: int) -> list[dict[str, Any]] | str:
+    return _on_cupy(
+        args,
+        "device profile",
+        "Device engine: where the host's part of a call goes (cProfile)",
+        lambda cupy, progress: device_profile(cupy, cupy.cuda.Device().synchronize, args.iters, progress),
+        profile_table,
+    )
+
+
 def _on_cupy(
     args: argparse.Namespace,
     what: str,
@@ -337,7 +349,8 @@ def device_name(named: str | None) -> str:
     return str(torch.cuda.get_device_name(0))
 
 
-RUNS_ON_CUPY = ("loopback", "device_executor", "device_tuning")  # in this process: with progress lines
+# in this process: with progress lines
+RUNS_ON_CUPY = ("loopback", "device_executor", "device_tuning", "device_profile")
 RUNNERS: dict[str, Callable[[argparse.Namespace, int], Any]] = {
     "p2p": run_p2p,
     "ddp": run_ddp,
@@ -345,6 +358,7 @@ RUNNERS: dict[str, Callable[[argparse.Namespace, int], Any]] = {
     "loopback": run_loopback,
     "device_executor": run_device_executor,
     "device_tuning": run_device_tuning,
+    "device_profile": run_device_profile,
 }
 
 

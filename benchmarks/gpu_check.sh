@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The GPU check in one command, for a machine with CUDA GPUs, CuPy and torch: the GPU tests (the
 # loopback's kernels and graphs, bit for bit; the device engine's), bench_gpu.py --quick with its
-# JSON (the loopback, the device engine, its kernel's tunings, then the ranks' parts), `stragglar
-# run` on NCCL ranks and on the device engine, the DDP example under torchrun on the device engine
-# (the hook's rounds engine runs in bench-ranks), the HSDP example on NCCL (FSDP2's all-reduce
-# hook), and `stragglar bench` on NCCL ranks; each step logged, and run even when one before it
-# failed; a summary at the end.
+# JSON (the loopback, the device engine, its kernel's tunings, a profile of a device call's host
+# part, then the ranks' parts), `stragglar run` on NCCL ranks and on the device engine, the DDP
+# example under torchrun on the device engine (the hook's rounds engine runs in bench-ranks), the
+# HSDP example on NCCL (FSDP2's all-reduce hook), and `stragglar bench` on NCCL ranks; each step
+# logged, and run even when one before it failed; a summary at the end.
 #
 #     bash benchmarks/gpu_check.sh                                # logs and gpu.json in /tmp/stragglar-gpu-check
 #     GPU_CHECK_DIR=/data/gpu-check bash benchmarks/gpu_check.sh  # or in the folder it names
@@ -19,7 +19,7 @@
 # Exits 1 if any step failed, 2 if a step named is not one or the wheels would not install.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-steps=("tests" "device-tests" "loopback" "device" "tuning" "bench-ranks" "run-nccl" "run-device" "ddp-device"
+steps=("tests" "device-tests" "loopback" "device" "tuning" "profile" "bench-ranks" "run-nccl" "run-device" "ddp-device"
     "hsdp" "bench-nccl")
 for name in "$@"; do  # a step named wrong would be skipped without a word: refuse it instead
     [[ " ${steps[*]} " == *" $name "* ]] || { echo "gpu_check.sh: no step '$name' (steps: ${steps[*]})" >&2; exit 2; }
@@ -58,18 +58,20 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$out/devi
 # their own, so that a failure in the ranks' parts cannot take them), then the ranks' parts into
 # the same JSON (bench_gpu keeps the loopback's figures there), then the commands a user types.
 step tests 25 python3 -m pytest -q -p no:cacheprovider tests/test_runtime_loopback_gpu_device.py tests/test_runtime_loopback_gpu_kernels.py
-step device-tests 60 python3 -m pytest -q -p no:cacheprovider tests/test_runtime_device_gpu.py
+step device-tests 70 python3 -m pytest -q -p no:cacheprovider tests/test_runtime_device_gpu.py
 step loopback 30 python3 benchmarks/bench_gpu.py --quick --iters 3 --progress --parts loopback --json "$out/gpu.json"
-step device 45 python3 benchmarks/bench_gpu.py --quick --iters 3 --progress --parts device_executor --json "$out/gpu.json"
+step device 60 python3 benchmarks/bench_gpu.py --quick --iters 3 --progress --parts device_executor --json "$out/gpu.json"
 step tuning 45 python3 benchmarks/bench_gpu.py --iters 3 --progress --parts device_tuning --json "$out/gpu.json"
-step bench-ranks 180 python3 benchmarks/bench_gpu.py --quick --iters 3 --parts p2p ddp cupy_nccl --json "$out/gpu.json"
+step profile 20 python3 benchmarks/bench_gpu.py --iters 3 --progress --parts device_profile --json "$out/gpu.json"
+step bench-ranks 155 python3 benchmarks/bench_gpu.py --quick --iters 3 --parts p2p ddp cupy_nccl --json "$out/gpu.json"
 step run-nccl 30 python3 -m stragglar run --backend nccl --gpus 4 --size 16MiB --delay 20ms --chunks 6 --iters 3
 step run-device 30 python3 -m stragglar run --backend device --gpus 4 --size 16MiB --delay 20ms --iters 3
 step ddp-device 40 torchrun --nproc-per-node=4 examples/ddp_torchrun.py --late-rank 3 --delay 50ms --steps 8 --policy stragglar --engine device
 step hsdp 60 torchrun --nproc-per-node=4 examples/hsdp_torchrun.py --late-rank 3 --delay 50ms --steps 8 --policy stragglar
 step bench-nccl 30 python3 -m stragglar bench --backend nccl --gpus 2,4 --sizes 1MiB --delays 0,20ms --iters 2
 # The end of the output is what a short look sees: each step's exit and time, then the verdicts
-# the device engine's parts printed (its targets, exactness, graphs, the fastest tuning), the
+# the device engine's parts printed (its targets, exactness, graphs, the fastest tuning, the
+# functions the host's part of a call spends most in), the
 # DDP example's on it (StragglAR's share, step times, the copies' largest difference) and the
 # HSDP example's (whether the losses match, step times), of the steps this run ran.
 echo "===== summary (logs and gpu.json in $out)"
@@ -81,4 +83,5 @@ for name in device tuning; do
 done
 ran_here ddp-device && grep -h -E "^policy |largest difference|DIFFER|median step" "$out/ddp-device.log"
 ran_here hsdp && grep -h -E "losses match|losses DIFFER|median step" "$out/hsdp.log"
+ran_here profile && grep -h -A5 "^| a whole call" "$out/profile.log"  # the call, then where most goes
 exit "$failed"

@@ -21,7 +21,10 @@ each call, in the N = 8 float32 rows: what the one graph launch saves), ``system
 same call with its flags released and acquired at the system's scope, as ranks on several GPUs
 need, in the N = 8 float32 rows: what that scope costs over the GPU's; timed through the engine's
 inner call, without ``allreduce_local``'s checks, so set ``system_gpu_round_us``, the same calls
-on the GPU's clock, beside ``gpu_round_us``), ``exact`` and
+on the GPU's clock, beside ``gpu_round_us``), ``flags_gpu_round_us`` and ``packets_gpu_round_us``
+(the same inner calls on the GPU's clock with every transfer waiting on flags, and with every
+transfer moved as packets, in the N = 8 float32 rows: the default is one of them, chosen by chunk
+size, and this is what the choice gains or loses), ``exact`` and
 ``capture_failure`` (why the default calls ran without their graph, from the warning the engine
 gave; None where they replayed it) (every
 call's result checked on the device against the sum: values distinct per rank and element, exact
@@ -56,6 +59,8 @@ EFFICIENCY_TARGET = 0.7  # N = 8, 64 and 256 MiB
 LATE_TARGET = 0.7  # 64 MiB, the late rank 1 ms late
 LATE_DELAY_S = 1e-3
 DTYPES = ("float16", "float32", "float64", "int32", "int64")  # CuPy has no bfloat16
+FLAGS = Tuning(packet_bytes=0)  # the engine's own, but no chunk moves as packets
+PACKETS = Tuning(packet_bytes=1 << 62)  # the engine's own, but every chunk moves as packets
 PERIOD = 7  # inputs repeat with this period: every partial sum is a small integer, exact in float16
 
 
@@ -76,6 +81,8 @@ class DeviceRow:
     eager_round_us: float | None  # each rank's kernel launched by the host (graphs=False), N = 8 float32
     system_round_us: float | None  # flags at the system's scope (as across GPUs), N = 8 float32
     system_gpu_round_us: float | None  # the same calls on the GPU's clock, to set beside gpu_round_us
+    flags_gpu_round_us: float | None  # every transfer waiting on flags, on the GPU's clock, N = 8 float32
+    packets_gpu_round_us: float | None  # every transfer as packets, on the GPU's clock, N = 8 float32
     exact: bool
     capture_failure: str | None = None  # why the default calls ran without their graph
 
@@ -166,9 +173,10 @@ def copy_seconds(xp: Any, sync: Callable[[], None], nbytes: int, iters: int) -> 
 def state_of(
     xp: Any, proof: Proof, count: int, dtype: str, tuning: Tuning = OWN_TUNING, system: bool = False
 ) -> DeviceLoopback:
-    """The device engine's state a punctual call of ``proof`` with direct transfers runs on (made
-    now if it is not yet), with its flags at the system's scope where ``system``."""
-    program = program_for(proof, direct=True)
+    """The device engine's state a punctual call of ``proof`` with direct transfers (or packets,
+    where ``tuning`` moves this call's chunks so) runs on (made now if it is not yet), with its
+    flags at the system's scope where ``system``."""
+    program = program_of(proof, count, dtype, tuning)
     device = int(xp.cuda.Device().id)
     fingerprint = proof.schedule.fingerprint
     return device_loopback(xp, count, dtype, device, program, fingerprint, system, tuning)
@@ -204,7 +212,7 @@ def device_row(
     if copy is not None:
         efficiency = efficiency_of(proof, count, itemsize, seconds, copy[0], size_bytes)
         gpu_efficiency = efficiency_of(proof, count, itemsize, gpu_seconds, copy[1], size_bytes)
-    staged = staged_efficiency = eager = system = system_gpu = None
+    staged = staged_efficiency = eager = system = system_gpu = flags_gpu = packets_gpu = None
     if n == 8 and dtype == "float32":  # the headline rows: direct against staged, graphs against none
         staged = median(lambda b: allreduce_local(b, proof, engine="device", staged=True))
         if copy is not None:
@@ -213,6 +221,12 @@ def device_row(
         scope = state_of(xp, proof, count, dtype, system=True)
         scoped = measured(loopback_call(xp, proof, system=True), scope)
         system, system_gpu = statistics.median(scoped.host), statistics.median(scoped.gpu)
+        flags_gpu, packets_gpu = (
+            statistics.median(
+                measured(loopback_call(xp, proof, tuning=t), state_of(xp, proof, count, dtype, t)).gpu
+            )
+            for t in (FLAGS, PACKETS)
+        )
     late_ratio = None
     if late:
         lates: list[float] = []
@@ -242,6 +256,8 @@ def device_row(
         None if eager is None else eager * per_round,
         None if system is None else system * per_round,
         None if system_gpu is None else system_gpu * per_round,
+        None if flags_gpu is None else flags_gpu * per_round,
+        None if packets_gpu is None else packets_gpu * per_round,
         exact,
         failures[0] if failures else None,
     )
@@ -250,19 +266,20 @@ def device_row(
 def loopback_call(
     xp: Any, proof: Proof, system: bool = False, tuning: Tuning = OWN_TUNING
 ) -> Callable[[list[Any]], object]:
-    """The device engine's call (direct transfers, nobody late, graphs after the first) with its
-    flags at the system's scope where ``system`` (as ranks on several GPUs need, here on one) and
-    the kernel's ``tuning``: what ``allreduce_local`` does not choose."""
-    program = program_for(proof, direct=True)
+    """The device engine's call (direct transfers, or packets where ``tuning`` moves the call's
+    chunks so; nobody late, graphs after the first) with its flags at the system's scope where
+    ``system`` (as ranks on several GPUs need, here on one) and the kernel's ``tuning``: what
+    ``allreduce_local`` does not choose."""
 
     def call(bufs: list[Any]) -> object:
+        count, dtype = int(bufs[0].shape[0]), str(bufs[0].dtype)
         return run_device_loopback(
             xp,
             [int(b.data.ptr) for b in bufs],
-            int(bufs[0].shape[0]),
-            str(bufs[0].dtype),
+            count,
+            dtype,
             int(bufs[0].device.id),
-            program,
+            program_of(proof, count, dtype, tuning),
             proof.schedule.fingerprint,
             0.0,
             late_rank_for(proof.schedule, None),
@@ -271,6 +288,13 @@ def loopback_call(
         )
 
     return call
+
+
+def program_of(proof: Proof, count: int, dtype: str, tuning: Tuning) -> Any:
+    """The proved program a punctual call on ``count`` elements of ``dtype`` runs under ``tuning``:
+    packets where its chunks are small enough for them, else direct transfers where safe (what
+    ``allreduce_local`` runs under the engine's own)."""
+    return program_for(proof, True, tuning.moves_packets(count, proof.num_chunks, dtype))
 
 
 def efficiency_of(
@@ -285,6 +309,7 @@ def settings(quick: bool) -> list[tuple[int, int | None, int, str, bool]]:
     setting in both, and with ``quick`` the 1 MiB rows of N = 3, 8 and 16 only (the GPU tests
     check every N's sums)."""
     rows: list[tuple[int, int | None, int, str, bool]] = [(8, 64, 1 << 20, "float32", False)]
+    rows += [(8, 64, 4 << 20, "float32", False)]  # 64 KiB chunks: the largest the engine moves as packets
     for size in (64 << 20, 256 << 20):
         rows += [(8, None, size, "float32", size == 64 << 20), (8, 64, size, "float32", False)]
     for n in (3, 8, 16) if quick else range(3, 17):
@@ -317,14 +342,16 @@ def row_line(r: DeviceRow) -> str:
 def device_table(rows: list[DeviceRow]) -> str:
     lines = [
         "| N | C | size | dtype | device/round (us) | on the GPU/round (us) | device, eager/round (us) "
-        "| system scope on the GPU/round (us) | rounds, graphs/round (us) | copy efficiency "
+        "| system scope on the GPU/round (us) | flags on the GPU/round (us) | packets on the GPU/round (us) "
+        "| rounds, graphs/round (us) | copy efficiency "
         "| on the GPU | late ratio | staged/round (us) | staged copy efficiency | exact |",
-        "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r.n} | {r.chunks} | {r.size_bytes >> 10} KiB | {r.dtype} | {r.round_us:.2f} "
             f"| {r.gpu_round_us:.2f} | {or_dash(r.eager_round_us)} | {or_dash(r.system_gpu_round_us)} "
+            f"| {or_dash(r.flags_gpu_round_us)} | {or_dash(r.packets_gpu_round_us)} "
             f"| {or_dash(r.graph_round_us)} | {or_dash(r.copy_efficiency)} "
             f"| {or_dash(r.gpu_copy_efficiency)} | {or_dash(r.late_ratio)} | {or_dash(r.staged_round_us)} "
             f"| {or_dash(r.staged_copy_efficiency)} | {'yes' if r.exact else 'NO'} |"

@@ -52,10 +52,6 @@ HOST_PRELUDE = r"""
 #include <vector>
 #define __global__
 #define __device__
-// Each host thread's own copy, not the block's: the kernel's one shared variable, the call number,
-// is set by thread 0 and used by thread 0 alone (its signals, waits and error words); the other
-// threads' copies stay 0.
-#define __shared__ static thread_local
 struct Index { unsigned x, y, z; };
 struct alignas(16) uint4 { unsigned x, y, z, w; };
 static thread_local Index blockIdx, blockDim, gridDim, threadIdx;
@@ -63,6 +59,8 @@ typedef unsigned long long Flag;
 static Flag load_acquire(const Flag* w, bool) { return __atomic_load_n(w, __ATOMIC_ACQUIRE); }
 static void store_release(Flag* w, Flag v, bool) { __atomic_store_n(w, v, __ATOMIC_RELEASE); }
 static Flag load_relaxed(const Flag* w) { return __atomic_load_n(w, __ATOMIC_RELAXED); }
+static void store_packet(Flag* w, Flag v, bool) { __atomic_store_n(w, v, __ATOMIC_RELAXED); }
+static Flag load_packet(const Flag* w, bool) { return __atomic_load_n(w, __ATOMIC_RELAXED); }
 static bool claim(unsigned long long* w, unsigned long long call) {
     unsigned long long seen = __atomic_load_n(w, __ATOMIC_RELAXED);
     while (seen < call)
@@ -77,12 +75,14 @@ static unsigned long long now_ns() {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(
         std::chrono::steady_clock::now().time_since_epoch()).count();
 }
-// A block's threads: a barrier (a generation count under a lock) and the word block_any ORs into.
+// A block's threads: a barrier (a generation count under a lock), the word block_any ORs into, and
+// the block's shared call number.
 struct Block {
     std::mutex lock;
     std::condition_variable turned;
     unsigned size, waiting = 0, generation = 0;
     std::atomic<int> any{0};
+    unsigned long long call = 0;
     explicit Block(unsigned threads) : size(threads) {}
     void barrier() {
         std::unique_lock<std::mutex> held(lock);
@@ -109,6 +109,12 @@ static bool block_any(int value) {
     if (threadIdx.x == 0) this_block->any.store(0);
     this_block->barrier();
     return seen;
+}
+static unsigned long long block_call(const unsigned long long* progress) {
+    if (!this_block) return load_relaxed(progress) + 1;
+    if (threadIdx.x == 0) this_block->call = load_relaxed(progress) + 1;
+    this_block->barrier();  // its lock orders thread 0's write before the others' reads
+    return this_block->call;
 }
 static void spin_pause() { std::this_thread::yield(); }
 #define UNROLLED
@@ -205,7 +211,7 @@ class HostRun:
     ) -> None:
         self.entry = getattr(library, entry_name(dtype, vectors))
         self.program, self.count, self.blocks, self.threads = program, count, blocks, threads
-        self.slot_size = slot_size(count, program.num_chunks, dtype)
+        self.slot_size = slot_size(count, program.num_chunks, dtype, program.packets)
         word = SUMS[dtype][1]
         self.inboxes = [np.zeros(max(s * self.slot_size, 1), dtype=word) for s in program.inbox_slots]
         self.flags = [np.zeros(program.flags * blocks, dtype=np.uint64) for _ in program.rows]

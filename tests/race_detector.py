@@ -1,6 +1,7 @@
 """The device executor's CUDA source run under ThreadSanitizer: a race detector that watches every
 load and store of the kernel's own code, compiled for the host (tests/fake_device.py's prelude: a
-thread per rank and block, flags as GCC atomics, whose acquire and release it understands).
+thread per rank and block, or per thread of a block with a real barrier among them, flags and
+packets as GCC atomics, whose acquire and release it understands).
 
 The prover checks a device program from its rows; this checks what the kernel does with them: a
 read of a peer's chunk or an inbox slot, or a write of one, that no flag orders after the access
@@ -40,7 +41,7 @@ static long long next_word(FILE* in) {
 }
 template <typename Sum, int VECTORS>
 static int run_case(FILE* in, FILE* out, long long n, long long num_chunks, long long count, long long blocks,
-                    long long slot, long long flag_count, long long calls) {
+                    long long slot, long long flag_count, long long calls, long long threads) {
     typedef typename Sum::Word Word;
     std::vector<std::vector<long long>> rows(n);
     for (auto& r : rows) {
@@ -70,14 +71,21 @@ static int run_case(FILE* in, FILE* out, long long n, long long num_chunks, long
                 // of its own would: only the rank's own flags tell its peers that it has.
                 std::copy(inputs[r].begin(), inputs[r].end(), buffers[r].begin());
                 std::vector<std::thread> parts;
-                for (long long b = 0; b < blocks; ++b)
-                    parts.emplace_back([&, r, b] {
-                        gridDim.x = (unsigned)blocks; blockDim.x = 1;
-                        blockIdx.x = (unsigned)b; threadIdx.x = 0;
-                        run_program<Sum, VECTORS>(rows[r].data(), (int)(rows[r].size() / 8), (int)r, count,
-                                                  (int)num_chunks, slot, buffer_at.data(), inbox_at.data(),
-                                                  flag_at.data(), words.data(), 20000000000LL, 1);
-                    });
+                std::vector<std::unique_ptr<Block>> held;  // a block of several threads: its barrier
+                for (long long b = 0; b < blocks; ++b) {
+                    held.emplace_back(new Block((unsigned)threads));
+                    Block* block = threads > 1 ? held.back().get() : nullptr;
+                    for (long long t = 0; t < threads; ++t)
+                        parts.emplace_back([&, r, b, t, block] {
+                            this_block = block;
+                            gridDim.x = (unsigned)blocks; blockDim.x = (unsigned)threads;
+                            blockIdx.x = (unsigned)b; threadIdx.x = (unsigned)t;
+                            run_program<Sum, VECTORS>(rows[r].data(), (int)(rows[r].size() / 8), (int)r,
+                                                      count, (int)num_chunks, slot, buffer_at.data(),
+                                                      inbox_at.data(), flag_at.data(), words.data(),
+                                                      20000000000LL, 1);
+                        });
+                }
                 for (auto& p : parts) p.join();
             });
         for (auto& t : ranks) t.join();
@@ -98,7 +106,7 @@ int main(int argc, char** argv) {
     FILE* in = fopen(argv[1], "rb");
     FILE* out = fopen(argv[2], "wb");
     if (!in || !out) return 2;
-    long long header[8];
+    long long header[9];
     for (auto& h : header) h = next_word(in);
     const long long kernel = header[0];  // the dtype's index, times 16, plus the vectors
     int status = 2;
@@ -111,26 +119,30 @@ CASES
 """
 
 
-def driver_source() -> str:
-    """The driver: the host prelude, the kernel's own source, and a ``main`` that runs a case."""
-    arguments = "in, out, header[1], header[2], header[3], header[4], header[5], header[6], header[7]"
+def driver_source(source: str = SOURCE) -> str:
+    """The driver: the host prelude, the kernel's own source (or ``source``, a changed one), and a
+    ``main`` that runs a case."""
+    arguments = (
+        "in, out, header[1], header[2], header[3], header[4], header[5], header[6], header[7], header[8]"
+    )
     cases = "".join(
         f"    case {16 * i + v}: status = run_case<{SUMS[d][0]}, {v}>({arguments}); break;\n"
         for i, d in enumerate(DTYPES)
         for v in VECTORS
     )
-    return HOST_PRELUDE + SOURCE + _DRIVER.replace("CASES", cases)
+    return HOST_PRELUDE + source + _DRIVER.replace("CASES", cases)
 
 
-def build(folder: Path) -> Path | str:
-    """The driver compiled with ThreadSanitizer in ``folder``, or why it could not be."""
+def build(folder: Path, source: str = SOURCE) -> Path | str:
+    """The driver compiled with ThreadSanitizer in ``folder`` (of the kernel's own source, or
+    ``source``), or why it could not be."""
     if shutil.which("g++") is None:
         return "needs g++"
-    source = folder / "race_driver.cpp"
-    source.write_text(driver_source())
+    path = folder / "race_driver.cpp"
+    path.write_text(driver_source(source))
     binary = folder / "race_driver"
     built = subprocess.run(
-        ["g++", "-std=c++14", "-O1", "-g", "-fsanitize=thread", "-pthread", "-o", str(binary), str(source)],
+        ["g++", "-std=c++14", "-O1", "-g", "-fsanitize=thread", "-pthread", "-o", str(binary), str(path)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -159,13 +171,15 @@ def run(
     blocks: int,
     calls: int,
     vectors: int = OWN_TUNING.vectors,
+    threads: int = 1,
 ) -> Outcome:
-    """``program`` on ``data`` (every rank's input, as words of ``dtype``) with ``blocks`` blocks a
-    rank moving ``vectors`` 16-byte vectors a thread at once, ``calls`` calls on the same inboxes
-    and flags, under the race detector."""
+    """``program`` on ``data`` (every rank's input, as words of ``dtype``) with ``blocks`` blocks of
+    ``threads`` threads a rank (with a real barrier among a block's threads where more than one)
+    moving ``vectors`` 16-byte vectors a thread at once, ``calls`` calls on the same inboxes and
+    flags, under the race detector."""
     count = int(data[0].shape[0])
     header = [16 * DTYPES.index(dtype) + vectors, program.num_ranks, program.num_chunks, count, blocks]
-    header += [slot_size(count, program.num_chunks, dtype), program.flags, calls]
+    header += [slot_size(count, program.num_chunks, dtype, program.packets), program.flags, calls, threads]
     parts = [np.array(header, dtype=np.int64).tobytes()]
     for rows in program.rows:
         parts += [np.int64(len(rows)).tobytes(), np.ascontiguousarray(rows, dtype=np.int64).tobytes()]

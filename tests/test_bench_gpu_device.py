@@ -18,7 +18,7 @@ import pytest
 from fake_device import FakeCuda, host_or_skip, installed
 
 from stragglar.runtime import allreduce_local
-from stragglar.runtime.device.kernel import kernel_name
+from stragglar.runtime.device.kernel import Tuning, kernel_name
 from stragglar.synth import synthesize
 from stragglar.verify import prove
 
@@ -52,9 +52,11 @@ def test_a_row_times_the_device_engine_and_the_late_rank_and_checks_every_call(c
 def test_the_headline_rows_time_the_staged_and_the_eager_device_calls_too(
     cuda: FakeCuda, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """N = 8 float32: besides the default call (graphs after the first), every transfer staged
-    and every launch from the host (``graphs=False``), each checked; and the rounds engine (here
-    on the stand-in's memory as NumPy arrays: the stand-in runs the device engine only)."""
+    """N = 8 float32: besides the default call (graphs after the first), every transfer staged,
+    every launch from the host (``graphs=False``), the system's scope, every transfer on flags and
+    every transfer as packets, each checked; and the rounds engine (here on the stand-in's memory
+    as NumPy arrays: the stand-in runs the device engine only).  At 4 KiB the default moves
+    packets, and so does ``staged=True`` (packets go through the inboxes): one state for both."""
     import gpu_device
 
     def rounds_on_numpy(bufs: list[Any], proof: Any, *args: Any, **options: Any) -> object:
@@ -72,11 +74,18 @@ def test_the_headline_rows_time_the_staged_and_the_eager_device_calls_too(
         and row.eager_round_us
         and row.system_round_us
         and row.system_gpu_round_us
+        and row.flags_gpu_round_us
+        and row.packets_gpu_round_us
     )
     assert row.graph_round_us and row.capture_failure is None
-    assert len(cuda.launches) == 8 * 3 * 4  # (1 untimed + 2 timed) x (default, staged, eager, system) x 8
-    assert cuda.captures == 3  # the default, the staged and the system scope's states, one graph each
-    assert cuda.system == [False] * 8 * 3 * 3 + [True] * 8 * 3  # the system's scope in its calls only
+    # (1 untimed + 2 timed) x (default, staged, eager, system, flags, packets) x 8 ranks
+    assert len(cuda.launches) == 8 * 3 * 6
+    assert cuda.captures == 4  # the default's (the staged calls' too), the system's, flags', packets'
+    assert cuda.system == [False] * 8 * 3 * 3 + [True] * 8 * 3 + [False] * 8 * 3 * 2  # in its calls only
+    assert gpu_device.program_of(proof, 1024, "float32", Tuning()).packets
+    assert not gpu_device.program_of(proof, 1024, "float32", gpu_device.FLAGS).packets
+    assert gpu_device.program_of(proof, 1 << 27, "float32", gpu_device.PACKETS).packets
+    assert not gpu_device.program_of(proof, 1 << 27, "float32", Tuning()).packets
     assert "| 8 | 7 | 4 KiB | float32 |" in gpu_device.device_table([row])
 
 
@@ -126,6 +135,7 @@ def test_the_settings_cover_the_issue_s_targets_and_the_verdicts_are_right(
     for quick in (False, True):  # every target is measured in a quick run too
         settings = gpu_device.settings(quick)
         assert (8, 64, 1 << 20, "float32", False) in settings
+        assert (8, 64, 4 << 20, "float32", False) in settings  # the largest chunks moved as packets
         assert {(s[0], s[1], s[2], s[3]) for s in settings} >= {
             (8, None, 64 << 20, "float32"),
             (8, 64, 64 << 20, "float32"),
@@ -137,10 +147,31 @@ def test_the_settings_cover_the_issue_s_targets_and_the_verdicts_are_right(
     assert {(s[0], s[3]) for s in full} >= {(n, d) for n in range(3, 17) for d in gpu_device.DTYPES}
     row = gpu_device.DeviceRow
     # judged on the GPU's times: 1.2 us a round there meets the target though a call takes 2.0
-    fast = row(8, 64, 1 << 20, "float32", 2.0, 1.2, None, None, None, 6.8, 1.9, None, 2.5, 2.2, 1.5, True)
-    slow = row(8, 64, 1 << 20, "float32", 2.0, 1.6, None, None, None, 6.8, 2.4, None, 3.1, 2.9, 2.0, True)
+    fast = row(
+        8, 64, 1 << 20, "float32", 2.0, 1.2, None, None, None, 6.8, 1.9, None, 2.5, 2.2, 1.5, 4.4, 1.2, True
+    )
+    slow = row(
+        8, 64, 1 << 20, "float32", 2.0, 1.6, None, None, None, 6.8, 2.4, None, 3.1, 2.9, 2.0, 4.4, 1.6, True
+    )
     big = row(
-        8, 7, 64 << 20, "float32", 90.0, 85.0, 0.65, 0.68, 0.5, 300.0, 140.0, 0.42, 91.0, 95.0, 88.0, True
+        8,
+        7,
+        64 << 20,
+        "float32",
+        90.0,
+        85.0,
+        0.65,
+        0.68,
+        0.5,
+        300.0,
+        140.0,
+        0.42,
+        91.0,
+        95.0,
+        88.0,
+        85.0,
+        120.0,
+        True,
     )
     bigger = dataclasses.replace(big, copy_efficiency=0.6, gpu_copy_efficiency=0.75)
     assert gpu_device.device_targets([fast])[0] == (
@@ -163,8 +194,8 @@ def test_the_settings_cover_the_issue_s_targets_and_the_verdicts_are_right(
     )
     table = gpu_device.device_table([fast, big])
     row_text = (
-        "| 8 | 7 | 65536 KiB | float32 | 90.00 | 85.00 | 91.00 | 88.00 | 300.00 | 0.65 | 0.68 | 0.50 "
-        "| 140.00 | 0.42 | yes |"
+        "| 8 | 7 | 65536 KiB | float32 | 90.00 | 85.00 | 91.00 | 88.00 | 85.00 | 120.00 | 300.00 | 0.65 "
+        "| 0.68 | 0.50 | 140.00 | 0.42 | yes |"
     )
     assert row_text in table
 
@@ -288,14 +319,48 @@ def test_each_setting_and_row_is_printed_with_its_figures_as_soon_as_measured(
     own_only = gpu_tuning.setting_line(rows[:1])
     assert own_only.endswith("fastest 10.00 (max blocks 16 (blocks 16), vectors 1, 512 threads, pause 64 ns)")
     big = gpu_device.DeviceRow(
-        8, 7, 64 << 20, "float32", 90.0, 80.0, 0.65, 0.72, 0.5, 300.0, 140.0, 0.42, 91.0, 95.0, 83.0, True
+        8,
+        7,
+        64 << 20,
+        "float32",
+        90.0,
+        80.0,
+        0.65,
+        0.72,
+        0.5,
+        300.0,
+        140.0,
+        0.42,
+        91.0,
+        95.0,
+        83.0,
+        80.0,
+        99.0,
+        True,
     )
     assert gpu_device.row_line(big) == (
         "device N=8 C=7 65536 KiB float32: 90.00 us a round (80.00 on the GPU), copy efficiency 0.65 "
         "(0.72 on the GPU), late ratio 0.50, exact"
     )
     wrong = gpu_device.DeviceRow(
-        3, 2, 1 << 20, "int32", 1.5, 1.2, None, None, None, None, None, None, None, None, None, False
+        3,
+        2,
+        1 << 20,
+        "int32",
+        1.5,
+        1.2,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        False,
     )
     assert gpu_device.row_line(wrong).endswith("copy efficiency - (- on the GPU), late ratio -, NOT exact")
 
@@ -311,3 +376,39 @@ def test_the_sweep_starts_with_the_engine_s_own_tuning_and_holds_each_once(
     tunings = gpu_tuning.tunings()
     assert tunings[0] == OWN_TUNING and len(set(tunings)) == len(tunings) == 7 * 4 * 3 * 2
     assert {(8, 64, 1 << 20), (8, None, 64 << 20)} == set(gpu_tuning.SETTINGS)
+
+
+def test_the_profile_part_times_a_call_and_ranks_the_functions_of_its_host_part(cuda: FakeCuda) -> None:
+    """On the stand-in: the unprofiled call first (its host time, its kernels' GPU time), then the
+    functions by their own time a call, the device engine's own among them, every call exact; the
+    table prints every row."""
+    import gpu_profile
+
+    lines: list[str] = []
+    rows = gpu_profile.device_profile(sys.modules["cupy"], lambda: None, 1, lines.append)
+    whole, *functions = rows
+    assert whole.function == gpu_profile.UNPROFILED and whole.own_us > 0 and whole.cumulative_us
+    assert len(functions) == gpu_profile.TOP
+    assert [r.own_us for r in functions] == sorted((r.own_us for r in functions), reverse=True)
+    calls = gpu_profile.CALLS_PER_ITER
+    assert len(cuda.launches) == 8 * (
+        3 + calls
+    )  # 3 unprofiled calls (the first two untimed) and the profiled
+    assert len(lines) == 1 and lines[0].startswith("device profile N=8 C=64 1024 KiB: a call")
+    table = gpu_profile.profile_table(rows)
+    assert table.count("\n| ") == 1 + len(rows)  # the header's, then a line a row
+    stats = pstats_of_one_call()
+    assert (
+        gpu_profile._named(("~", 0, "<built-in method time.perf_counter>"))
+        == "<built-in method time.perf_counter>"
+    )
+    assert gpu_profile._named(stats).startswith("stragglar/runtime/local.py:")
+
+
+def pstats_of_one_call() -> tuple[str, int, str]:
+    """Where ``allreduce_local`` is, as cProfile names a function."""
+    import inspect
+
+    source = inspect.getsourcefile(allreduce_local)
+    assert source is not None
+    return source, inspect.getsourcelines(allreduce_local)[1], "allreduce_local"

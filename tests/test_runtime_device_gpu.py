@@ -1,6 +1,7 @@
 """On a real GPU (skipped without CuPy and a CUDA device): the device engine, one persistent
 kernel per rank, bit for bit against the reference interpreter on NumPy for every dtype CuPy has,
-N = 3..16, chunked schedules with direct and with staged transfers, call after call, buffers at
+N = 3..16 with small chunks as packets (the default) and on flags, chunked schedules with direct
+and with staged transfers and as packets, call after call, buffers at
 other offsets of one allocation, float32 subnormals; punctual
 calls replayed from a CUDA graph; every tuning of the kernel (blocks, vectors) the same bits; the
 late rank launched late; a rank whose kernel is never launched reported as a RankError naming it.
@@ -60,9 +61,16 @@ def same_as_interpreter(
             assert w.tobytes() == cupy.asnumpy(d).tobytes(), (n, chunks, dtype, call, rank, staged)
 
 
+@pytest.mark.parametrize("packets", [True, False], ids=["packets", "flags"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", range(3, 17))
-def test_the_device_engine_is_exact_on_the_gpu(dtype: str, n: int) -> None:
+def test_the_device_engine_is_exact_on_the_gpu(
+    dtype: str, n: int, packets: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chunks of a few KiB: the engine moves them as packets; and the same on flags (no chunk as
+    packets), the engine's own tuning otherwise."""
+    if not packets:
+        monkeypatch.setattr(programs, "OWN_TUNING", Tuning(packet_bytes=0))
     same_as_interpreter(n, None, dtype, 4099)
 
 
@@ -136,12 +144,16 @@ def test_punctual_calls_replay_from_a_graph_call_after_call(
 def test_every_tuning_gives_the_same_bits(dtype: str, vectors: int) -> None:
     """The kernel of each vector count, with few blocks and with many, of each block size, spinning
     with and without a pause, on a chunked schedule whose blocks' parts are no whole number of a
-    thread's groups of vectors."""
+    thread's groups of vectors; its transfers direct where safe, and as packets."""
     proof = prove(synthesize("stragglar", 6, chunks=10))
-    program = programs.program_for(proof, direct=True)
     count = 10 * 4099 * 3
     shapes = [(2, 512, 64), (64, 512, 0), (64, 128, 64), (16, 256, 0)]  # max blocks, threads, pause
-    for call, (max_blocks, threads, pause_ns) in enumerate(shapes):
+    every = [
+        (s, program)
+        for s in shapes
+        for program in (programs.program_for(proof, True, p) for p in (False, True))
+    ]
+    for call, ((max_blocks, threads, pause_ns), program) in enumerate(every):
         host = draws(6, count, dtype, seed=call + vectors)
         want = [h.copy() for h in host]
         allreduce_local(want, proof)
@@ -165,6 +177,7 @@ def test_every_tuning_gives_the_same_bits(dtype: str, vectors: int) -> None:
                 max_blocks,
                 threads,
                 pause_ns,
+                program.packets,
                 rank,
             )
 

@@ -34,8 +34,8 @@ from stragglar.runtime import (
     register_buffer,
     release_graphs,
 )
-from stragglar.runtime.device import group, program_for, shared, states
-from stragglar.runtime.device.kernel import RANK_WORDS
+from stragglar.runtime.device import group, program_for, programs, shared, states
+from stragglar.runtime.device.kernel import RANK_WORDS, Tuning
 from stragglar.runtime.device.lowering import lower
 from stragglar.runtime.program import compile_schedule
 from stragglar.schedule import Schedule
@@ -480,13 +480,24 @@ def summed(proof: Any, arrays: list[np.ndarray]) -> list[bytes]:
     return [w.tobytes() for w in want]
 
 
+@pytest.mark.parametrize("packets", [False, True], ids=["flags", "packets"])
 @pytest.mark.parametrize(
     ("algorithm", "n", "chunks", "dtype"),
     [("stragglar", 4, 6, "float32"), ("ring", 5, None, "int64"), ("stragglar", 3, None, "float16")],
 )
 def test_calls_on_registered_buffers_run_direct_and_sum_as_the_interpreter(
-    cuda: FakeCuda, algorithm: str, n: int, chunks: int | None, dtype: str
+    cuda: FakeCuda,
+    monkeypatch: pytest.MonkeyPatch,
+    algorithm: str,
+    n: int,
+    chunks: int | None,
+    dtype: str,
+    packets: bool,
 ) -> None:
+    """On flags, direct transfers between the registered buffers; chunks this small move as
+    packets by default, through the inboxes even on a registered buffer."""
+    if not packets:
+        monkeypatch.setattr(programs, "OWN_TUNING", Tuning(packet_bytes=0))
     proof = prove(synthesize(algorithm, n, chunks=chunks))
     inputs = [values(n, 37, dtype, seed) for seed in range(3)]
     buffers = [cuda.buffer(inputs[0][r], offset=16 * (r + 1)) for r in range(n)]
@@ -508,7 +519,8 @@ def test_calls_on_registered_buffers_run_direct_and_sum_as_the_interpreter(
     for call, arrays in enumerate(inputs):
         assert [got[call] for got, _ in results] == summed(proof, arrays), call
     states = [state for _, kept in results for state in kept]
-    assert len(states) == n and all(s.program.direct for s in states)  # one state per rank, direct
+    assert len(states) == n  # one state per rank
+    assert all((s.program.direct, s.program.packets) == (not packets, packets) for s in states)
     assert not kept_states()  # none among the staged calls' states
     every = np.array([b.data.ptr for b in buffers], dtype=np.uint64)
     assert all(np.array_equal(s.buffer_pointers[1], every) for s in states)  # each reaches every buffer
@@ -933,14 +945,14 @@ def test_a_new_buffer_s_address_is_on_the_device_before_the_kernel_s_stream_wait
     assert all(steps == ["array", "event"] * (len(steps) // 2) for steps in said.values()), said
 
 
-def test_the_flags_are_zero_before_their_handles_go_to_the_peers(
+def test_the_flags_and_inbox_are_zero_before_their_handles_go_to_the_peers(
     cuda: FakeCuda, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """cudaMemset is queued on the legacy stream, which the rank's non-blocking stream does not
-    follow: a zeroing still queued when a peer's kernel signals into the flags would wipe the
-    signal.  The flags are zeroed on the state's stream, which is synchronized (that stream, not
-    the whole device, where the rank's earlier kernels may spin until the late rank comes)
-    before the handles are gathered."""
+    follow: a zeroing still queued when a peer's kernel signals into the flags (or writes packets
+    into the inbox) would wipe the signal.  The flags and the inbox are zeroed on the state's
+    stream, which is synchronized (that stream, not the whole device, where the rank's earlier
+    kernels may spin until the late rank comes) before the handles are gathered."""
     from fake_device import FakeStream
 
     said: dict[int, list[str]] = {}
@@ -953,10 +965,13 @@ def test_the_flags_are_zero_before_their_handles_go_to_the_peers(
         return note
 
     zeroed_on: list[int] = []  # the streams the zeroing was queued on
+    zeroed: set[int] = set()  # the allocations zeroed whole
     zero = cuda.runtime.memsetAsync
 
     def memset_async(address: int, value: int, nbytes: int, stream: int) -> Any:
         zeroed_on.append(stream)
+        if nbytes == cuda.allocations[address].nbytes:
+            zeroed.add(address)
         return noted("zero", zero)(address, value, nbytes, stream)
 
     synchronized: list[int] = []
@@ -972,8 +987,10 @@ def test_the_flags_are_zero_before_their_handles_go_to_the_peers(
     monkeypatch.setattr(gather, "of", lambda rank, of=gather.of: noted("gather", of(rank)))
     results = ranks_run(synthesize("stragglar", 3), fresh(3, 61, "float32", seed=0), gather)
     assert not [r for r in results if isinstance(r, Exception)], results
-    assert sorted(steps[:3] for steps in said.values()) == [["zero", "synchronize", "gather"]] * 3, said
-    assert len(zeroed_on) == 3 and 0 not in zeroed_on and set(zeroed_on) <= set(synchronized)
+    first = [["zero", "zero", "synchronize", "gather"]] * 3  # the flags and the inbox, then the handles
+    assert sorted(steps[:4] for steps in said.values()) == first, said
+    assert len(zeroed_on) == 6 and 0 not in zeroed_on and set(zeroed_on) <= set(synchronized)
+    assert zeroed == set(cuda.allocations), "every rank's inbox and flags, whole"
 
 
 @pytest.fixture

@@ -126,10 +126,11 @@ def same(
     offsets: bool = False,
     vectors: int = OWN_TUNING.vectors,
     threads: int = 1,
+    packets: bool = False,
 ) -> None:
     data = inputs(schedule.num_ranks, count, dtype, seed=count + schedule.num_ranks)
     want = interpreted(schedule, data, dtype)
-    program = lower(compile_schedule(schedule), direct)
+    program = lower(compile_schedule(schedule), direct, packets)
     check(program)
     got = run_on_host(host, program, data, dtype, blocks, calls, offsets, vectors, threads)
     for rank, (w, g) in enumerate(zip(want, got, strict=True)):
@@ -142,6 +143,7 @@ def same(
             rank,
             direct,
             vectors,
+            packets,
         )
 
 
@@ -272,6 +274,10 @@ def test_the_source_compiles_for_a_gpu_with_nvrtc() -> None:
         "st.release.sys.u64",
         "ld.acquire.gpu.u64",
         "st.release.gpu.u64",
+        "ld.relaxed.sys.u64",
+        "st.relaxed.sys.u64",
+        "ld.relaxed.gpu.u64",
+        "st.relaxed.gpu.u64",
         "%globaltimer",
         "atom.global.max.u64",
         "atom.global.add.u64",
@@ -300,15 +306,15 @@ def test_a_thread_issues_all_its_vectors_loads_before_its_first_store() -> None:
 
 @pytest.mark.parametrize("pause_ns", PAUSES_NS)
 def test_a_waiting_thread_sleeps_between_looks_only_where_its_tuning_pauses(pause_ns: int) -> None:
-    """The pause is the compile option the engine passes (``compile_kernel``): at 0 the spin loop
-    holds no sleep, else one."""
+    """The pause is the compile option the engine passes (``compile_kernel``): at 0 the spin loops
+    hold no sleep, else one each (a flag's and a packet's)."""
     nvrtc = library()
     if nvrtc is None:
         pytest.skip("needs the nvidia-cuda-nvrtc wheel")
     name = kernel_name("float32")
     options = ["--std=c++14", "-arch=compute_90", f"-DSTRAGGLAR_PAUSE_NS={pause_ns}", *CUPY_ADDS]
     ptx = compile_ptx(nvrtc, SOURCE, [name], options).ptx
-    assert ptx.count("nanosleep.u32") == (0 if pause_ns == 0 else 1)
+    assert ptx.count("nanosleep.u32") == (0 if pause_ns == 0 else 2)
 
 
 def test_every_kernel_fits_a_block_of_threads_on_hopper_without_spilling(tmp_path: Path) -> None:

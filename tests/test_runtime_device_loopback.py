@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import re
 import time
 import warnings
 from collections.abc import Iterator, Sequence
@@ -25,7 +26,7 @@ from stragglar.runtime.device import loopback, programs
 from stragglar.runtime.device.kernel import OWN_TUNING, RANK_WORDS, Tuning, kernel_name
 from stragglar.runtime.device.lowering import lower
 from stragglar.runtime.device.prover import DeviceProgramError
-from stragglar.runtime.device.table import WAIT
+from stragglar.runtime.device.table import PUT_PACKETS, WAIT
 from stragglar.runtime.program import RankProgram, compile_schedule
 from stragglar.synth import synthesize
 from stragglar.verify import prove
@@ -67,11 +68,21 @@ def interpreted(data: list[np.ndarray], proof: object) -> list[np.ndarray]:
         ("direct", 3, None, "int32"),
     ],
 )
-@pytest.mark.parametrize("staged", [None, True])
+@pytest.mark.parametrize("way", ["packets", "direct", "staged"])
 def test_the_device_engine_sums_as_the_interpreter_call_after_call(
-    cuda: FakeCuda, algorithm: str, n: int, chunks: int | None, dtype: str, staged: bool | None
+    cuda: FakeCuda,
+    monkeypatch: pytest.MonkeyPatch,
+    algorithm: str,
+    n: int,
+    chunks: int | None,
+    dtype: str,
+    way: str,
 ) -> None:
-    """Direct transfers where safe (the default), and every transfer staged (``staged=True``)."""
+    """Chunks this small move as packets (the default); on flags (no chunk as packets), direct
+    transfers where safe, and every transfer staged (``staged=True``)."""
+    if way != "packets":
+        monkeypatch.setattr(programs, "OWN_TUNING", Tuning(packet_bytes=0))
+    staged = True if way == "staged" else None
     proof = prove(synthesize(algorithm, n, chunks=chunks))
     for call in range(3):  # the same flags and inboxes: nothing reset between calls
         data = buffers(n, 97, dtype, seed=call)
@@ -82,7 +93,7 @@ def test_the_device_engine_sums_as_the_interpreter_call_after_call(
             assert w.tobytes() == np.array(g).tobytes(), (call, rank)
     assert len(cuda.launches) == 3 * n and cuda.system == [False] * 3 * n  # one GPU: flags at its scope
     (program,) = programs._programs.values()  # the one program the calls ran
-    assert program.direct is (staged is None)
+    assert (program.packets, program.direct) == (way == "packets", way == "direct")
 
 
 def exact_calls(proof: Any, calls: int, **options: Any) -> None:
@@ -250,25 +261,39 @@ def test_more_ranks_than_a_gpu_runs_kernels_at_once_are_refused_before_launch(cu
     assert not cuda.launches
 
 
+@pytest.mark.parametrize("packets", [False, True], ids=["flags", "packets"])
 def test_a_program_the_prover_refuses_is_never_launched(
-    cuda: FakeCuda, monkeypatch: pytest.MonkeyPatch
+    cuda: FakeCuda, monkeypatch: pytest.MonkeyPatch, packets: bool
 ) -> None:
-    def without_a_wait(ranks: list[RankProgram], direct: bool) -> object:
-        program = lower(ranks, direct)
+    """On flags a wait taken out before a partial sum; as packets, the second put of rank 0's
+    peer taken out (its landing would wait for ever)."""
+
+    def broken(ranks: list[RankProgram], direct: bool, packets: bool) -> object:
+        program = lower(ranks, direct, packets)
         rows = [r.copy() for r in program.rows]
-        rows[0] = np.delete(rows[0], np.flatnonzero(rows[0][:, 0] == WAIT)[1], axis=0)  # before a partial sum
+        if packets:
+            rows[1] = np.delete(rows[1], np.flatnonzero(rows[1][:, 0] == PUT_PACKETS)[1], axis=0)
+        else:
+            rows[0] = np.delete(rows[0], np.flatnonzero(rows[0][:, 0] == WAIT)[1], axis=0)
         return dataclasses.replace(program, rows=tuple(rows))
 
-    monkeypatch.setattr(programs, "lower", without_a_wait)
+    if not packets:
+        monkeypatch.setattr(programs, "OWN_TUNING", Tuning(packet_bytes=0))
+    monkeypatch.setattr(programs, "lower", broken)
     data = buffers(4, 40, "float32", seed=5)
-    with pytest.raises(DeviceProgramError, match=r"rank 0 .* without waiting"):
+    with pytest.raises(DeviceProgramError, match=r"slot" if packets else r"rank 0 .* without waiting"):
         allreduce_local(data, prove(synthesize("ring", 4)), engine="device")
     assert not cuda.launches
 
 
+@pytest.mark.parametrize("packets", [False, True], ids=["flags", "packets"])
 def test_a_rank_that_never_starts_is_reported_with_round_and_peer(
-    cuda: FakeCuda, monkeypatch: pytest.MonkeyPatch
+    cuda: FakeCuda, monkeypatch: pytest.MonkeyPatch, packets: bool
 ) -> None:
+    """The wait that timed out named: a flag and the value wanted, or a packet's inbox slot and
+    the call's mark wanted (1: the first call) against the mark seen (0: a fresh inbox)."""
+    if not packets:
+        monkeypatch.setattr(programs, "OWN_TUNING", Tuning(packet_bytes=0))
     proof = prove(synthesize("stragglar", 5))
     late = proof.schedule.late_rank
     launch = loopback.DeviceLoopback.launch
@@ -284,6 +309,10 @@ def test_a_rank_that_never_starts_is_reported_with_round_and_peer(
     assert error.reason == "timed out" and error.peer == late and error.rank != late
     assert error.round is not None and error.phase in [p.name for p in proof.schedule.phases]
     assert f"waiting for rank {late}" in str(error)
+    waited = (
+        r"for a packet of inbox slot \d+ marked 1, saw mark 0" if packets else r"for flag \d+ >= \d+, saw \d+"
+    )
+    assert re.search(waited, str(error)), str(error)
 
 
 def test_options_that_do_not_apply_are_refused(cuda: FakeCuda) -> None:

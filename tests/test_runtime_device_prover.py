@@ -200,7 +200,7 @@ def test_two_setters_of_a_flag_and_a_wait_naming_another_setter_are_refused() ->
 
 @pytest.mark.parametrize(
     ("column", "value", "reason"),
-    [(0, 9, "has op 9"), (2, 7, "names rank 7"), (3, 99, "names chunk 99"), (5, 50, "names flag 50")],
+    [(0, 11, "has op 11"), (2, 7, "names rank 7"), (3, 99, "names chunk 99"), (5, 50, "names flag 50")],
 )
 def test_rows_out_of_range_are_refused(column: int, value: int, reason: str) -> None:
     program = lowered("ring", 3)

@@ -400,17 +400,18 @@ def _device_call(
     IPC handles and each call's error words gathered over ``runner``'s group; with direct
     transfers on a ``registration``'s buffer, staged through the inboxes on any other.  It runs
     on the buffer's GPU, whichever GPU the calling thread has current."""
-    from stragglar.runtime.device import program_for
+    from stragglar.runtime.device import program_for_call
 
     cupy = launcher()
-    program = program_for(proof, direct=registration is not None)  # proved before its first launch
+    count, dtype, fingerprint = int(flat.shape[0]), dtype_name(flat), proof.schedule.fingerprint
+    # proved before its first launch
+    program = program_for_call(proof, registration is not None, count, dtype)
     pointer, device = address_of(flat)
     queued_work_done(flat, device)
 
     def gather(values: Sequence[int]) -> list[tuple[int, ...]]:
         return runner.gather(values, flat, _plus(wait, delay), channel)
 
-    count, dtype, fingerprint = int(flat.shape[0]), dtype_name(flat), proof.schedule.fingerprint
     timeout = MAX_TIMEOUT + delay if wait is None else wait + delay  # a device wait is always bounded
     return DeviceCall(
         cupy,

@@ -102,7 +102,7 @@ def _on_device(
 ) -> list[Timeline]:
     """The device engine on ``buffers``: its program proved (with direct transfers where safe when
     ``direct``), then one kernel per rank (from a graph when nobody is late, unless not ``graphs``)."""
-    from stragglar.runtime.device import program_for
+    from stragglar.runtime.device import program_for_call
     from stragglar.runtime.device.buffers import (
         address_of,
         check_device_buffer,
@@ -123,10 +123,10 @@ def _on_device(
     devices = sorted({device for _, device in addresses})
     if len(devices) > 1:
         raise InputError(f"the device engine runs every rank on one GPU, got buffers on GPUs {devices}")
-    program = program_for(proof, direct)  # proved before its first launch
+    dtype, fingerprint = dtype_name(flats[0]), proof.schedule.fingerprint
+    program = program_for_call(proof, direct, count, dtype)  # proved before its first launch
     queued_work_done(flats[0], devices[0])
     pointers = [pointer for pointer, _ in addresses]
-    dtype, fingerprint = dtype_name(flats[0]), proof.schedule.fingerprint
     return run_device_loopback(
         cupy, pointers, count, dtype, devices[0], program, fingerprint, delay, late_rank, graphs
     )

@@ -108,23 +108,26 @@ class DeviceRank:
         mine = blocks_for(program, count, resident, OWN_TUNING)
         self.device_id, self.resident = device_id, resident
         self.holding = Held(Fraction(0))  # the last call's share of the GPU (residency.py)
-        self.slot_size = slot_size(count, program.num_chunks, dtype)
+        self.slot_size = slot_size(count, program.num_chunks, dtype, program.packets)
         self.rows = cupy.asarray(np.ascontiguousarray(program.rows[rank]))
         runtime = cupy.cuda.runtime
         # Inbox and flags come straight from cudaMalloc, not CuPy's pool: a handle names a whole
         # allocation, and a peer opening it gets the allocation's start, which a pooled array's
         # address need not be.
         itemsize = np.dtype(SUMS[dtype][1]).itemsize
-        inbox = _allocation(runtime, max(program.inbox_slots[rank] * self.slot_size, 1) * itemsize)
+        inbox_bytes = max(program.inbox_slots[rank] * self.slot_size, 1) * itemsize
+        inbox = _allocation(runtime, inbox_bytes)
         flag_bytes = program.flags * mine * 8
         flags = _allocation(runtime, flag_bytes)
         opened: list[int] = []  # the peers' memory this rank opens, closed when the state goes
         self.stream = cupy.cuda.Stream(non_blocking=True)
         # zeroed on the state's own stream, and done before the handles below go out: a peer's
-        # kernel may signal into these flags from then on, and a zeroing still queued would wipe
-        # its signal (the wait then times out); the wait is this stream's alone, not the device's,
-        # where the rank's earlier kernels may spin until the late rank comes
+        # kernel may signal into these flags (or write packets into this inbox) from then on, and a
+        # zeroing still queued would wipe its signal (the wait then times out); the wait is this
+        # stream's alone, not the device's, where the rank's earlier kernels may spin until the
+        # late rank comes.  The inbox too: a slot of packets must hold no mark before its first write.
         runtime.memsetAsync(flags, 0, flag_bytes, self.stream.ptr)
+        runtime.memsetAsync(inbox, 0, inbox_bytes, self.stream.ptr)
         self.stream.synchronize()
         weakref.finalize(self, _release, cupy, device_id, self.stream, opened, (inbox, flags))
         self.words = cupy.zeros(program.num_ranks * RANK_WORDS, dtype=cupy.uint64)  # this rank's row only

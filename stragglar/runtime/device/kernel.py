@@ -60,7 +60,8 @@ __all__ = [
 
 THREADS = (128, 256, 512)  # threads a block may have: its part of a chunk is copied with a block-stride loop
 PROGRESS_WORDS = 2  # per rank: the number of the last call its kernel ended, its blocks ended in this one
-ERROR_WORDS = 8  # per rank: the call that failed, row, round, peer, flag, wanted, seen, block
+# per rank: the call that failed, row, round, peer, flag (a packet's: its slot), wanted, seen, block
+ERROR_WORDS = 8
 RANK_WORDS = PROGRESS_WORDS + ERROR_WORDS  # a rank's words: its progress, then its error
 VECTORS = (1, 2, 4, 8)  # the 16-byte vectors a thread may keep in flight (a template argument each)
 PAUSES_NS = (0, 64)  # how long a spinning thread sleeps between two looks at a flag (0: it does not)
@@ -78,7 +79,10 @@ class Tuning:
     fewer a block let the device hold more blocks at once, and a block's barriers cost less.
     ``pause_ns``: how long a thread waiting on a flag sleeps between looks (one of
     :data:`PAUSES_NS`): a sleep leaves the memory to the blocks that move data, and may see the
-    flag later.  The defaults are the engine's; the others are there to be measured against them
+    flag later.  ``packet_bytes``: the largest chunk (in bytes) whose transfers move as packets
+    (:mod:`~stragglar.runtime.device.table`; 0: none do): a packet carries its own mark, so a
+    round costs one trip through memory rather than the data's and a flag's, for twice the
+    bytes.  The defaults are the engine's; the others are there to be measured against them
     (``benchmarks/gpu_tuning.py``)."""
 
     # The engine's own, from a sweep on an H200 at the speed targets' settings (N = 8: the paper's
@@ -90,6 +94,9 @@ class Tuning:
     vectors: int = 8
     threads: int = 256
     pause_ns: int = 64
+    # Not from a measurement yet: chunks up to 64 KiB, where a round at N = 8 waited on latency
+    # (4.5 us a round with flags at 16 KiB chunks) and twice the bytes are still few.
+    packet_bytes: int = 64 * 1024
 
     def __post_init__(self) -> None:
         if self.max_blocks < 1:
@@ -100,6 +107,20 @@ class Tuning:
             raise ValueError(f"threads must be one of {THREADS}, not {self.threads}")
         if self.pause_ns not in PAUSES_NS:
             raise ValueError(f"pause_ns must be one of {PAUSES_NS}, not {self.pause_ns}")
+        if self.packet_bytes < 0:
+            raise ValueError(f"packet_bytes must be at least 0, not {self.packet_bytes}")
+
+    def moves_packets(self, count: int, num_chunks: int, dtype: str) -> bool:
+        """Whether a call on ``count`` elements of ``dtype`` in ``num_chunks`` chunks moves its
+        chunks as packets: its largest chunk is at most :attr:`packet_bytes`.
+
+        >>> Tuning().moves_packets(2**18, 64, "float32"), Tuning().moves_packets(2**24, 64, "float32")
+        (True, False)
+        >>> Tuning(packet_bytes=0).moves_packets(2**18, 64, "float32")
+        False
+        """
+        largest = -(-count // num_chunks) * int(np.dtype(SUMS[dtype][1]).itemsize)
+        return 0 < largest <= self.packet_bytes
 
 
 OWN_TUNING = Tuning()  # the engine's own: what every call uses unless a benchmark measures another
@@ -126,6 +147,31 @@ __device__ void store_release(unsigned long long* word, unsigned long long value
 }
 __device__ unsigned long long load_relaxed(const unsigned long long* word) {
     return *(const volatile unsigned long long*)word;
+}
+// A packet: one 64-bit store and load, which the hardware never splits (data and mark together),
+// strong (relaxed, not weak) so that a spinning load sees the store in the end, and ordering
+// nothing else, which is what makes it cheaper than a release and an acquire.
+__device__ void store_packet(unsigned long long* word, unsigned long long value, bool system) {
+    if (system)
+        asm volatile("st.relaxed.sys.u64 [%0], %1;" :: "l"(word), "l"(value) : "memory");
+    else
+        asm volatile("st.relaxed.gpu.u64 [%0], %1;" :: "l"(word), "l"(value) : "memory");
+}
+__device__ unsigned long long load_packet(const unsigned long long* word, bool system) {
+    unsigned long long value;
+    if (system)
+        asm volatile("ld.relaxed.sys.u64 %0, [%1];" : "=l"(value) : "l"(word) : "memory");
+    else
+        asm volatile("ld.relaxed.gpu.u64 %0, [%1];" : "=l"(value) : "l"(word) : "memory");
+    return value;
+}
+// The call number every thread of the block works for: read by thread 0 from the rank's progress
+// word (counted by the last call's last block), shared through the block's memory.
+__device__ unsigned long long block_call(const unsigned long long* progress) {
+    __shared__ unsigned long long call;
+    if (threadIdx.x == 0) call = load_relaxed(progress) + 1;
+    __syncthreads();
+    return call;
 }
 __device__ bool claim(unsigned long long* word, unsigned long long call) {
     return atomicMax(word, call) < call;  // the first of this call's blocks to give up
@@ -201,8 +247,102 @@ __device__ void move(typename Sum::Word* to, const typename Sum::Word* from, lon
 }
 """
 
+_PACKETS = r"""
+// Packets (table.py): 8 bytes each, the low 4 data and the high 4 the call's mark (the low 32
+// bits of its number).  A thread moves a *unit* at a time: one packet of PER elements (a Word of 4
+// bytes or less: a float16's two, a float32's one), or the two packets of one 8-byte element, so
+// that the thread that lands an element is the one that sends it on, whatever the row: two packet
+// rows in a row need no barrier between them, and a thread forwards what it has landed while the
+// block's other threads still wait for theirs.  Unit u of a chunk holds its elements u*PER up to
+// (u+1)*PER (a part of a chunk starts at a whole unit, see part_of), at packets u*PACKETS on.
+template <typename Word>
+struct Packing {
+    enum { PER = sizeof(Word) >= 4 ? 1 : 4 / sizeof(Word), PACKETS = sizeof(Word) > 4 ? 2 : 1 };
+    union Unit { Word elements[PER]; unsigned int data[PACKETS]; };
+};
+
+// Elements lo..hi-1 of a chunk (from: its first element) written as packets marked mark into a slot.
+template <typename Word>
+__device__ void put_packets(unsigned long long* slot, const Word* from, long long lo, long long hi,
+                            unsigned long long mark, bool system) {
+    typedef Packing<Word> P;
+    for (long long u = lo / P::PER + threadIdx.x; u * P::PER < hi; u += blockDim.x) {
+        typename P::Unit unit;
+        UNROLLED
+        for (int k = 0; k < P::PER; ++k) {
+            const long long e = u * P::PER + k;
+            unit.elements[k] = e < hi ? from[e] : (Word)0;
+        }
+        UNROLLED
+        for (int k = 0; k < P::PACKETS; ++k)
+            store_packet(slot + u * P::PACKETS + k, mark << 32 | unit.data[k], system);
+    }
+}
+
+// Whether the thread saw packet's mark before its time ran out (or another of the rank's blocks
+// gave up: the error word holds this call's number); its data in data.  A thread that gives up
+// first claims the rank's error word and writes where it stood.
+__device__ bool await_packet(const unsigned long long* packet, unsigned long long mark, unsigned int* data,
+                             unsigned long long* error, unsigned long long call, long long timeout_ns,
+                             bool system, int row, const long long* columns) {
+    unsigned long long seen = load_packet(packet, system);
+    if (seen >> 32 == mark) {
+        *data = (unsigned int)seen;
+        return true;
+    }
+    const unsigned long long start = now_ns();
+    while ((seen = load_packet(packet, system)) >> 32 != mark) {
+        if (load_relaxed(error) == call) return false;
+        if ((long long)(now_ns() - start) > timeout_ns) {
+            if (claim(error, call)) {
+                error[1] = row; error[2] = columns[1]; error[3] = columns[2]; error[4] = columns[4];
+                error[5] = mark; error[6] = seen >> 32; error[7] = blockIdx.x;
+            }
+            return false;
+        }
+        spin_pause();
+    }
+    *data = (unsigned int)seen;
+    return true;
+}
+
+// Elements lo..hi-1 of a chunk (to: its first element) set (or added, Sum's add) from a slot's
+// packets once each carries mark; false when the thread gave up waiting.
+template <typename Sum>
+__device__ bool land_packets(typename Sum::Word* to, const unsigned long long* slot, long long lo,
+                             long long hi, bool add, unsigned long long mark, unsigned long long* error,
+                             unsigned long long call, long long timeout_ns, bool system, int row,
+                             const long long* columns) {
+    typedef typename Sum::Word Word;
+    typedef Packing<Word> P;
+    for (long long u = lo / P::PER + threadIdx.x; u * P::PER < hi; u += blockDim.x) {
+        typename P::Unit unit;
+        for (int k = 0; k < P::PACKETS; ++k)
+            if (!await_packet(slot + u * P::PACKETS + k, mark, &unit.data[k], error, call, timeout_ns, system,
+                              row, columns))
+                return false;
+        UNROLLED
+        for (int k = 0; k < P::PER; ++k) {
+            const long long e = u * P::PER + k;
+            if (e < hi) to[e] = add ? Sum::add(to[e], unit.elements[k]) : unit.elements[k];
+        }
+    }
+    return true;
+}
+
+// A block's part of a chunk of size elements: the block-th of blocks near-equal parts, each
+// starting at a whole packet unit, the same on every rank whatever the row.
+template <typename Word>
+__device__ void part_of(long long size, long long block, long long blocks, long long* lo, long long* hi) {
+    const long long per = Packing<Word>::PER;
+    *lo = size * block / blocks / per * per;
+    *hi = block + 1 == blocks ? size : size * (block + 1) / blocks / per * per;
+}
+"""
+
 _KERNEL = r"""
-enum { PUT = 0, SIGNAL = 1, WAIT = 2, COPY = 3, REDUCE = 4, PUSH = 5, PULL = 6, PULL_REDUCE = 7 };
+enum { PUT = 0, SIGNAL = 1, WAIT = 2, COPY = 3, REDUCE = 4, PUSH = 5, PULL = 6, PULL_REDUCE = 7,
+       PUT_PACKETS = 8, COPY_PACKETS = 9, REDUCE_PACKETS = 10 };
 
 template <typename Sum, int VECTORS>
 __global__ void run_program(const long long* rows, int row_count, int rank, long long count, int num_chunks,
@@ -210,22 +350,21 @@ __global__ void run_program(const long long* rows, int row_count, int rank, long
                             const unsigned long long* inboxes, const unsigned long long* flags,
                             unsigned long long* words, long long timeout_ns, int system) {
     typedef typename Sum::Word Word;
-    __shared__ unsigned long long this_call;
     Word* mine = reinterpret_cast<Word*>(buffers[rank]);
     unsigned long long* progress = words + RANK_WORDS * rank;  // the last call ended, its blocks ended
     unsigned long long* error = progress + PROGRESS_WORDS;
     const long long base = count / num_chunks, extra = count % num_chunks;
     const long long blocks = gridDim.x, block = blockIdx.x;
-    if (threadIdx.x == 0) this_call = load_relaxed(progress) + 1;  // counted by the last call's last block
-    block_barrier();
-    const unsigned long long call = this_call;
-    bool moved = false;  // a data row since the block's last barrier
+    const unsigned long long call = block_call(progress);
+    const unsigned long long mark = call & 0xffffffffull;  // a packet's mark: the call's low 32 bits
+    int moved = 0;  // the last row since the block's last barrier: 0 none, 1 data, 2 packets
+    bool gave_up = false;  // this thread stopped waiting for a packet: it moves nothing more
     for (int i = 0; i < row_count; ++i) {
         const long long* row = rows + 8 * i;
         const long long op = row[0], peer = row[2], chunk = row[3], slot = row[4];
         if (op == SIGNAL) {
             block_barrier();  // every thread's puts are done before thread 0 releases them
-            moved = false;
+            moved = 0;
             if (threadIdx.x == 0) {
                 unsigned long long* flag = reinterpret_cast<unsigned long long*>(flags[peer]);
                 const unsigned long long value = call * (unsigned long long)row[7] + row[6];
@@ -234,43 +373,58 @@ __global__ void run_program(const long long* rows, int row_count, int rank, long
             continue;
         }
         if (op == WAIT) {
-            int gave_up = 0;
-            if (threadIdx.x == 0) {
+            int stop = gave_up;
+            if (threadIdx.x == 0 && !stop) {
                 const unsigned long long* flag = reinterpret_cast<const unsigned long long*>(flags[rank]);
                 flag += row[5] * blocks + block;
                 const unsigned long long wanted = call * (unsigned long long)row[7] + row[6];
                 const unsigned long long start = now_ns();
                 unsigned long long seen;
                 while ((seen = load_acquire(flag, system != 0)) < wanted) {
-                    if (load_relaxed(error) == call) { gave_up = 1; break; }  // another block gave up
+                    if (load_relaxed(error) == call) { stop = 1; break; }  // another block gave up
                     if ((long long)(now_ns() - start) > timeout_ns) {
                         if (claim(error, call)) {
                             error[1] = i; error[2] = row[1]; error[3] = peer; error[4] = row[5];
                             error[5] = wanted; error[6] = seen; error[7] = block;
                         }
-                        gave_up = 1;
+                        stop = 1;
                         break;
                     }
                     spin_pause();
                 }
             }
             // A barrier: after the acquire every thread may read what it made visible; and every
-            // thread leaves the rows together when thread 0 gave up.
-            if (block_any(gave_up)) break;
-            moved = false;
+            // thread leaves the rows together when thread 0 (or one that waited for a packet) gave up.
+            if (block_any(stop)) break;
+            moved = 0;
             continue;
         }
         // Two data rows in a row may give a chunk's elements to the block's threads differently
         // (16-byte vectors where both sides share an offset within 16 bytes, single elements where
         // not: a landing from the inbox, then a push to a peer's buffer at another offset), so a
         // thread could read an element another has not written yet: the barrier makes the rows'
-        // order every thread's order, as the prover takes it to be.
-        if (moved) block_barrier();
-        moved = true;
+        // order every thread's order, as the prover takes it to be.  Packet rows give every element
+        // to the same thread (its unit's), so two of them in a row need none.
+        const bool packets = op >= PUT_PACKETS;
+        if (moved == 1 || (moved == 2 && !packets)) block_barrier();
+        moved = packets ? 2 : 1;
+        if (gave_up) continue;  // the thread's own barriers still come: every thread meets them all
         const long long size = base + (chunk < extra ? 1 : 0);
         const long long start = chunk * base + (chunk < extra ? chunk : extra);
-        const long long lo = size * block / blocks, hi = size * (block + 1) / blocks;
+        long long lo, hi;
+        part_of<Word>(size, block, blocks, &lo, &hi);
         Word* part = mine + start;
+        if (packets) {
+            const unsigned long long inbox = inboxes[op == PUT_PACKETS ? peer : rank];
+            unsigned long long* packet_slot = reinterpret_cast<unsigned long long*>(inbox)
+                + slot * (slot_size * (long long)sizeof(Word) / 8);
+            if (op == PUT_PACKETS)
+                put_packets<Word>(packet_slot, part, lo, hi, mark, system != 0);
+            else
+                gave_up = !land_packets<Sum>(part, packet_slot, lo, hi, op == REDUCE_PACKETS, mark, error,
+                                             call, timeout_ns, system != 0, i, row);
+            continue;
+        }
         Word* other = op >= PUSH
             ? reinterpret_cast<Word*>(buffers[peer]) + start
             : reinterpret_cast<Word*>(inboxes[op == PUT ? peer : rank]) + slot * slot_size
@@ -292,20 +446,30 @@ __global__ void run_program(const long long* rows, int row_count, int rank, long
 
 _WORDS = f"#define PROGRESS_WORDS {PROGRESS_WORDS}\n#define RANK_WORDS {RANK_WORDS}\n"
 
-SOURCE = SUM_SOURCE + _PRIMITIVES + _MOVE + _WORDS + _KERNEL
+SOURCE = SUM_SOURCE + _PRIMITIVES + _MOVE + _PACKETS + _WORDS + _KERNEL
 
 
-def slot_size(count: int, num_chunks: int, dtype: str) -> int:
+def slot_size(count: int, num_chunks: int, dtype: str, packets: bool = False) -> int:
     """Elements of one inbox slot for ``count`` elements of ``dtype`` in ``num_chunks`` chunks: the
     largest chunk, placed at its own offset within 16 bytes (as in the buffer, so that a staged
-    transfer moves 16 bytes at a time too), in whole 16 bytes.
+    transfer moves 16 bytes at a time too), in whole 16 bytes; with ``packets`` (a program that
+    moves any: :attr:`~stragglar.runtime.device.table.DeviceProgram.packets`), room for the
+    largest chunk's packets if that is more (8 bytes for every 4 of data, rounded up to whole
+    elements for a dtype of 2 bytes).
 
     >>> slot_size(10, 3, "float32"), slot_size(12, 3, "float32"), slot_size(0, 3, "float64")
     (8, 8, 2)
+    >>> slot_size(12, 3, "float32", packets=True), slot_size(5, 1, "float16", packets=True)
+    (8, 16)
     """
-    width = 16 // int(np.dtype(SUMS[dtype][1]).itemsize)
+    itemsize = int(np.dtype(SUMS[dtype][1]).itemsize)
+    width = 16 // itemsize
     largest = -(-count // num_chunks)
-    return -(-(largest + width - 1) // width) * width
+    elements = largest + width - 1
+    if packets:
+        per = max(1, 4 // itemsize)  # elements a packet carries (an 8-byte one: half of one)
+        elements = max(elements, -(-largest // per) * 8 * max(1, itemsize // 4) // itemsize)
+    return -(-elements // width) * width
 
 
 def kernel_name(dtype: str, vectors: int = OWN_TUNING.vectors) -> str:

@@ -42,7 +42,7 @@ from stragglar.runtime.device.kernel import (
     slot_size,
 )
 from stragglar.runtime.device.residency import RESIDENT
-from stragglar.runtime.device.table import DeviceProgram
+from stragglar.runtime.device.table import PACKETS, DeviceProgram
 from stragglar.runtime.failures import RankError, failure_phrase
 from stragglar.runtime.graphs import Replayer, StreamGraphs
 from stragglar.runtime.kernels import SUMS
@@ -130,12 +130,13 @@ class DeviceLoopback:
         self.blocks = blocks_for(program, count, resident, tuning)
         self.device_id, self.resident = device_id, resident
         self.count = count
-        self.slot_size = slot_size(count, program.num_chunks, dtype)
+        self.slot_size = slot_size(count, program.num_chunks, dtype, program.packets)
         word = SUMS[dtype][1]
         n = program.num_ranks
         self.rows = [cupy.asarray(np.ascontiguousarray(r)) for r in program.rows]
+        # zeroed: a slot of packets must hold no mark of a call before its first write
         self.inboxes = [
-            cupy.empty(max(s, 1) * max(self.slot_size, 1), dtype=word) for s in program.inbox_slots
+            cupy.zeros(max(s, 1) * max(self.slot_size, 1), dtype=word) for s in program.inbox_slots
         ]
         self.flags = [cupy.zeros(program.flags * self.blocks, dtype=cupy.uint64) for _ in range(n)]
         self.words = cupy.zeros(n * RANK_WORDS, dtype=cupy.uint64)
@@ -277,15 +278,20 @@ def call_failure(program: DeviceProgram, words: np.ndarray, call: int) -> RankEr
 
 def rank_error(program: DeviceProgram, rank: int, words: np.ndarray, also: Sequence[int] = ()) -> RankError:
     """The :class:`RankError` of rank ``rank``'s error words (the failed call, then row, round,
-    peer, flag, wanted, seen, block): a wait on the device that timed out; ``also``: the other
-    ranks that timed out."""
+    peer, flag or a packet's slot, wanted, seen, block): a wait on the device that timed out;
+    ``also``: the other ranks that timed out."""
     row, rnd, peer, flag, wanted, seen, block = (int(w) for w in words[1:ERROR_WORDS])
     phase, number = program.phase_round(rnd)
     what = failure_phrase("timed out", number, phase, peer)
     others = f" (ranks {list(also)} timed out too)" if also else ""
+    rows = program.rows[rank]
+    waited = (
+        f"a packet of inbox slot {flag} marked {wanted}, saw mark {seen}"
+        if 0 <= row < len(rows) and int(rows[row, 0]) in PACKETS
+        else f"flag {flag} >= {wanted}, saw {seen}"
+    )
     return RankError(
-        f"allreduce failed: rank {rank} {what}: block {block} waited at row {row} for flag {flag} "
-        f">= {wanted}, saw {seen}{others}",
+        f"allreduce failed: rank {rank} {what}: block {block} waited at row {row} for {waited}{others}",
         rank=rank,
         reason="timed out",
         round=number,
@@ -320,7 +326,7 @@ def device_loopback(
     ``fingerprint``) for ``count``-element ``dtype`` buffers on device ``device_id``, made once and
     kept among the last few; ``system`` and ``tuning`` as :func:`run_device_loopback` takes them.
     A call on it holds its ``lock``."""
-    key = (fingerprint, program.direct, count, dtype, device_id, system, tuning)
+    key = (fingerprint, program.direct, program.packets, count, dtype, device_id, system, tuning)
     return cached(
         _loopbacks,
         key,

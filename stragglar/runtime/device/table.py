@@ -3,7 +3,7 @@
 A rank's kernel walks its rows in order, every thread block over its own share of every chunk
 (block ``b`` of ``B`` takes the ``b``-th of ``B`` near-equal parts of each chunk, on every rank
 alike), so the blocks of one rank never touch each other's elements and need no barrier between
-them.  A transfer moves one of two ways:
+them.  A transfer moves one of three ways:
 
 * *staged*: the sender writes its chunk into a slot of the receiver's *inbox* (memory of the
   receiver's that only this one write fills in a call), then raises a flag in the receiver's
@@ -16,7 +16,15 @@ them.  A transfer moves one of two ways:
   pointer and sets or adds it into its own).  It moves each element once instead of twice, but
   it is safe only where the schedule's own messages already order the receiver's last use of its
   chunk before a push, and the sender's next write of its chunk after a pull: the lowering
-  chooses direct transfers only there, and the prover checks every access to every chunk.
+  chooses direct transfers only there, and the prover checks every access to every chunk;
+* *packets*: the sender writes its chunk into a slot of the receiver's inbox as 8-byte packets,
+  each 4 bytes of data and 4 of the call's number, in one store the hardware never splits; the
+  receiver polls each packet until it carries this call's number, then copies or adds its data.
+  No flag, no release and no acquire: a round costs one trip through memory instead of the
+  data's, then the flag's, which is what small chunks wait for; it moves twice the bytes, so the
+  lowering picks it only for small chunks.  A packet orders nothing but its own 4 bytes: it
+  tells the receiver nothing of the sender's other writes, so a transfer that must be ordered
+  after another access (a direct one's) cannot lean on packets.
 
 The synchronous rounds of a schedule (every transfer reads the state from before its round) need
 nothing more than that and the row order: a round's puts and pushes come before its landings.
@@ -32,7 +40,18 @@ Rows are eight integers (:data:`COLUMNS`):
   (``buffer += received``: the interpreter's operands, so its bits);
 * ``push``: copy chunk ``chunk`` of this rank's buffer into chunk ``chunk`` of rank ``peer``'s;
 * ``pull`` / ``pull_reduce``: set / add chunk ``chunk`` of rank ``peer``'s buffer into chunk
-  ``chunk`` of this rank's (``buffer += received`` again).
+  ``chunk`` of this rank's (``buffer += received`` again);
+* ``put_packets``: write chunk ``chunk`` of this rank's buffer into slot ``slot`` of rank
+  ``peer``'s inbox as packets marked with the call's number;
+* ``copy_packets`` / ``reduce_packets``: wait for every packet of inbox slot ``slot`` to carry
+  this call's number (each wait bounded by a clock; ``peer`` is the rank expected to write the
+  slot, named if it never does), then set / add its data into chunk ``chunk``.
+
+A slot holds packets or plain elements, never both in a call: the kernel sizes every slot for
+packets where a program has any (:attr:`DeviceProgram.packets`).  A packet's mark is the low 32
+bits of the call number: a slot is written once a call, so before this call's write it holds an
+earlier call's mark (or zeros: a fresh inbox is zeroed), which differs from this call's for the
+next 2**32 calls.
 
 ``round`` is the schedule's round (across phases) a row belongs to, for error reports.  A flag
 is set ``per_call`` times a call, the ``ordinal``-th time to ``call * per_call + ordinal``
@@ -57,22 +76,41 @@ import numpy as np
 __all__ = [
     "COLUMNS",
     "COPY",
+    "COPY_PACKETS",
     "DIRECT",
     "OPS",
+    "PACKETS",
     "PULL",
     "PULL_REDUCE",
     "PUSH",
     "PUT",
+    "PUT_PACKETS",
     "REDUCE",
+    "REDUCE_PACKETS",
     "SIGNAL",
     "WAIT",
     "DeviceProgram",
     "flag_value",
 ]
 
-OPS = ("put", "signal", "wait", "copy", "reduce", "push", "pull", "pull_reduce")
-PUT, SIGNAL, WAIT, COPY, REDUCE, PUSH, PULL, PULL_REDUCE = range(len(OPS))
+OPS = (
+    "put",
+    "signal",
+    "wait",
+    "copy",
+    "reduce",
+    "push",
+    "pull",
+    "pull_reduce",
+    "put_packets",
+    "copy_packets",
+    "reduce_packets",
+)
+PUT, SIGNAL, WAIT, COPY, REDUCE, PUSH, PULL, PULL_REDUCE, PUT_PACKETS, COPY_PACKETS, REDUCE_PACKETS = range(
+    len(OPS)
+)
 DIRECT = (PUSH, PULL, PULL_REDUCE)  # the ops that reach a peer's buffer
+PACKETS = (PUT_PACKETS, COPY_PACKETS, REDUCE_PACKETS)  # the ops that move packets
 COLUMNS = ("op", "round", "peer", "chunk", "slot", "flag", "ordinal", "per_call")
 
 
@@ -103,6 +141,11 @@ class DeviceProgram:
         """Whether any row reaches a peer's buffer (a launch must then give every rank's address);
         worked out once, as launches ask it every call."""
         return any(bool(np.isin(rows[:, 0], DIRECT).any()) for rows in self.rows if len(rows))
+
+    @functools.cached_property
+    def packets(self) -> bool:
+        """Whether any row moves packets (every inbox slot is then sized for them)."""
+        return any(bool(np.isin(rows[:, 0], PACKETS).any()) for rows in self.rows if len(rows))
 
     @functools.cached_property
     def rank_phases(self) -> tuple[tuple[bool, ...], ...]:

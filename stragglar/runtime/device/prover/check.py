@@ -13,20 +13,30 @@ before it (:mod:`~stragglar.runtime.device.prover.race`): a read must have the c
 in its past, a write the last write and every read since.  That is what makes a direct transfer
 safe: no inbox holds the sender's value for it, so only happens-before decides what a pull reads
 and what a push overwrites; where it orders every conflicting pair, each chunk's value at each
-read is the one the symbolic run computes, whatever order the hardware takes.  Refused, with the
-row that breaks it:
+read is the one the symbolic run computes, whatever order the hardware takes.
+
+A packet landing (``copy_packets``, ``reduce_packets``) waits, in the symbolic run, for its slot
+to be written by a ``put_packets`` of the call, and joins nothing: each packet carries its own
+data and the call's mark in one store, and the reader learns those bytes and nothing else (no
+release, no acquire), so the writer's other accesses are not in the reader's past.  The slot's
+value needs no more (it is the put's value, written once a call); anything else a packet seems
+to order (a pull of the writer's chunk, a push into a chunk the writer read) is left to the race
+checks, which refuse it.  Refused, with the row that breaks it:
 
 * a row out of range (an op, peer, chunk, slot or flag that does not exist, a rank sending to
-  itself or pushing to or pulling from itself, an ordinal outside 1..per_call);
+  itself, pushing to, pulling from or naming itself as a packet's writer, an ordinal outside
+  1..per_call);
 * a flag raised by two ranks, or out of its count (an ordinal not its place among its setter's
   raises, a ``per_call`` not the number of raises), or waited on with another count;
-* a ``wait`` nobody ever satisfies (a deadlock), or one naming a peer that is not the flag's
-  setter;
+* a ``wait`` nobody ever satisfies, or a packet landing whose slot's writer never runs (a
+  deadlock), or either naming a peer that is not the flag's setter or the slot's writer;
 * an inbox slot written twice in a call (two writers of one element), or landed before any
   rank wrote it, or landed without a ``wait`` on a flag its writer raised after writing it
   (a read-after-write race), or landed into another chunk than the one written into it (the
   thread blocks of the two ranks would split the chunk differently: their flags would not
-  order each other's elements);
+  order each other's elements), or landed as packets where it is written as plain elements (the
+  marks polled for never come) or as plain elements where it is written as packets (the marks
+  would be read as data);
 * a chunk read before its last write is in the reader's past (a read-after-write race: a pull
   without its wait), or written before its last write (write after write: two unordered
   pushes) or a read since (write after read: a push into a chunk its owner has yet to send, a
@@ -52,13 +62,17 @@ from stragglar.errors import IncorrectError
 from stragglar.runtime.device.prover.race import INPUT_ROW, Access, ChunkAccesses
 from stragglar.runtime.device.table import (
     COPY,
+    COPY_PACKETS,
     DIRECT,
     OPS,
+    PACKETS,
     PULL,
     PULL_REDUCE,
     PUSH,
     PUT,
+    PUT_PACKETS,
     REDUCE,
+    REDUCE_PACKETS,
     SIGNAL,
     WAIT,
     DeviceProgram,
@@ -68,6 +82,9 @@ from stragglar.runtime.device.table import (
 __all__ = ["DeviceProgramError", "check", "refusal"]
 
 CALL = 1  # the call number the rows are run for: with the counts checked, any call is the same
+PUTS = (PUT, PUT_PACKETS)  # the ops that write a peer's inbox slot
+LANDINGS = (COPY, REDUCE, COPY_PACKETS, REDUCE_PACKETS)  # the ops that read their own inbox slot
+PACKET_LANDINGS = (COPY_PACKETS, REDUCE_PACKETS)
 
 
 class DeviceProgramError(IncorrectError):
@@ -76,13 +93,15 @@ class DeviceProgramError(IncorrectError):
 
 @dataclass
 class _Written:
-    """An inbox slot's content in this call: whose, written by which row, when, for which chunk."""
+    """An inbox slot's content in this call: whose, written by which row, when, for which chunk,
+    and whether as packets."""
 
     value: int
     writer: int
     row: int
     time: int
     chunk: int
+    packets: bool
 
 
 @dataclass
@@ -132,7 +151,7 @@ def _check_ranges(program: DeviceProgram) -> None:
                 raise DeviceProgramError(f"device program refused: rank {rank} row {index} has op {op}")
             if rnd < 0:
                 raise _fail(program, rank, index, f"has round {rnd}")
-            if not 0 <= peer < n or (peer == rank and op in (PUT, SIGNAL, WAIT, *DIRECT)):
+            if not 0 <= peer < n or (peer == rank and op in (PUT, SIGNAL, WAIT, *DIRECT, *PACKETS)):
                 raise _fail(program, rank, index, f"names rank {peer} as its peer")
             if op in (SIGNAL, WAIT):
                 if not 0 <= flag < program.flags:
@@ -142,8 +161,8 @@ def _check_ranges(program: DeviceProgram) -> None:
                 continue
             if not 0 <= chunk < c:
                 raise _fail(program, rank, index, f"names chunk {chunk} of {c}")
-            owner = peer if op == PUT else rank
-            if op in (PUT, COPY, REDUCE) and not 0 <= slot < program.inbox_slots[owner]:
+            owner = peer if op in PUTS else rank
+            if op in (*PUTS, *LANDINGS) and not 0 <= slot < program.inbox_slots[owner]:
                 raise _fail(program, rank, index, f"names slot {slot} of rank {owner}'s inbox")
 
 
@@ -202,12 +221,15 @@ class _Call:
     # (holder, flag) -> the (value, clock) of each signal on it so far
     stores: dict[tuple[int, int], list[tuple[int, list[int]]]] = field(default_factory=dict)
     accesses: ChunkAccesses = field(default_factory=ChunkAccesses)
+    # (holder, slot) -> the first (rank, row) whose put or put_packets writes it, from the rows
+    writers: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
 
 
 def _run_call(program: DeviceProgram, setters: dict[tuple[int, int], int]) -> None:
     n, everyone = program.num_ranks, (1 << program.num_ranks) - 1
-    call = _Call(program, setters, [_Rank(r, [0] * n, [1 << r] * program.num_chunks) for r in range(n)])
+    ranks = [_Rank(r, [0] * n, [1 << r] * program.num_chunks) for r in range(n)]
     tables = [rows.tolist() for rows in program.rows]
+    call = _Call(program, setters, ranks, writers=_writers(tables))
     while True:
         moved = False
         for state in call.ranks:
@@ -215,7 +237,7 @@ def _run_call(program: DeviceProgram, setters: dict[tuple[int, int], int]) -> No
         if all(state.pc == len(tables[state.rank]) for state in call.ranks):
             break
         if not moved:
-            raise _deadlock(program, call.ranks, tables)
+            raise _deadlock(call, tables)
     for state in call.ranks:
         for chunk, value in enumerate(state.buffer):
             if value != everyone:
@@ -227,7 +249,8 @@ def _run_call(program: DeviceProgram, setters: dict[tuple[int, int], int]) -> No
 
 
 def _advance(call: _Call, state: _Rank, rows: list[list[int]]) -> bool:
-    """Run ``state``'s rows until one waits for a flag not yet raised; whether any ran."""
+    """Run ``state``'s rows until one waits for a flag not yet raised or packets not yet written;
+    whether any ran."""
     program, me, start = call.program, state.rank, state.pc
     while state.pc < len(rows):
         index = state.pc
@@ -245,8 +268,10 @@ def _advance(call: _Call, state: _Rank, rows: list[list[int]]) -> bool:
             if seen is None:
                 break
             state.clock = [max(a, b) for a, b in zip(state.clock, seen, strict=True)]
+        elif op in PACKET_LANDINGS and _slot(call, state, index, True, peer, slot) is None:
+            break  # its packets are not written yet; landing them joins no clock
         state.clock[me] += 1
-        if op == PUT:
+        if op in PUTS:
             _access(call, state, index, me, chunk, writes=False)
             target = call.ranks[peer].inbox
             if slot in target:
@@ -258,13 +283,14 @@ def _advance(call: _Call, state: _Rank, rows: list[list[int]]) -> bool:
                     f"writes slot {slot} of rank {peer}'s inbox, which "
                     f"{_where(program, other.writer, other.row)} writes too",
                 )
-            target[slot] = _Written(state.buffer[chunk], me, index, state.clock[me], chunk)
+            target[slot] = _Written(state.buffer[chunk], me, index, state.clock[me], chunk, op == PUT_PACKETS)
         elif op == SIGNAL:
             call.stores.setdefault((peer, flag), []).append(
                 (flag_value(CALL, ordinal, per_call), list(state.clock))
             )
-        elif op in (COPY, REDUCE):
-            _into(call, state, index, chunk, _landed(program, state, index, chunk, slot), op == REDUCE)
+        elif op in LANDINGS:
+            value = _landed(call, state, index, op in PACKET_LANDINGS, peer, chunk, slot)
+            _into(call, state, index, chunk, value, op in (REDUCE, REDUCE_PACKETS))
         elif op == PUSH:
             _access(call, state, index, me, chunk, writes=False)
             _access(call, state, index, peer, chunk, writes=True)
@@ -276,14 +302,49 @@ def _advance(call: _Call, state: _Rank, rows: list[list[int]]) -> bool:
     return state.pc > start
 
 
-def _landed(program: DeviceProgram, state: _Rank, index: int, chunk: int, slot: int) -> int:
-    """The value a landing of ``slot`` into ``chunk`` reads, once its write is in the rank's past."""
-    me = state.rank
+def _slot(call: _Call, state: _Rank, index: int, packets: bool, peer: int, slot: int) -> _Written | None:
+    """What the landing at ``index`` (of ``packets`` or plain elements) reads of ``slot`` of the
+    rank's inbox: the write there so far (None if none yet), refused where the slot is written
+    the other way (the rows say which, before it is written), by no rank, or, for packets, by
+    another rank than the row's ``peer``."""
+    program, me = call.program, state.rank
     written = state.inbox.get(slot)
-    if written is None or state.clock[written.writer] < written.time:
-        writer = _writer(program, me, slot) if written is None else (written.writer, written.row)
-        if writer is None:
-            raise _fail(program, me, index, f"lands slot {slot} of its inbox, which no rank writes")
+    writer = (written.writer, written.row) if written is not None else call.writers.get((me, slot))
+    if writer is None:
+        raise _fail(program, me, index, f"lands slot {slot} of its inbox, which no rank writes")
+    by_packets = (
+        written.packets if written is not None else int(program.rows[writer[0]][writer[1], 0]) == PUT_PACKETS
+    )
+    if by_packets and not packets:
+        raise _fail(
+            program,
+            me,
+            index,
+            f"reads slot {slot} as plain elements, which {_where(program, *writer)} writes as packets "
+            "(it would read their marks as data)",
+        )
+    if packets and not by_packets:
+        raise _fail(
+            program,
+            me,
+            index,
+            f"polls slot {slot} for packets, which {_where(program, *writer)} writes as plain elements "
+            "(the marks it polls for never come)",
+        )
+    if packets and writer[0] != peer:
+        raise _fail(
+            program, me, index, f"lands slot {slot} as rank {peer}'s, which {_where(program, *writer)} writes"
+        )
+    return written
+
+
+def _landed(call: _Call, state: _Rank, index: int, packets: bool, peer: int, chunk: int, slot: int) -> int:
+    """The value a landing of ``slot`` into ``chunk`` reads, once its write is in the rank's past
+    (plain elements: through a flag) or done (packets: each carries its own data)."""
+    program, me = call.program, state.rank
+    written = _slot(call, state, index, packets, peer, slot)
+    if written is None or (not written.packets and state.clock[written.writer] < written.time):
+        writer = call.writers[(me, slot)] if written is None else (written.writer, written.row)
         raise _fail(
             program,
             me,
@@ -336,21 +397,31 @@ def _access(call: _Call, state: _Rank, index: int, owner: int, chunk: int, write
     )
 
 
-def _writer(program: DeviceProgram, holder: int, slot: int) -> tuple[int, int] | None:
-    """The first (rank, row) that puts into ``slot`` of ``holder``'s inbox, if any does."""
-    for rank, rows in enumerate(program.rows):
-        for index, row in enumerate(rows.tolist()):
-            if row[0] == PUT and row[2] == holder and row[4] == slot:
-                return rank, index
-    return None
+def _writers(tables: list[list[list[int]]]) -> dict[tuple[int, int], tuple[int, int]]:
+    """(holder, slot) -> the first (rank, row) that puts or puts packets into it, for every slot
+    any row writes (a second writer is refused when it runs)."""
+    writers: dict[tuple[int, int], tuple[int, int]] = {}
+    for rank, rows in enumerate(tables):
+        for index, row in enumerate(rows):
+            if row[0] in PUTS:
+                writers.setdefault((row[2], row[4]), (rank, index))
+    return writers
 
 
-def _deadlock(
-    program: DeviceProgram, ranks: list[_Rank], tables: list[list[list[int]]]
-) -> DeviceProgramError:
-    """The first rank stuck on a wait, as an error."""
-    state = next(s for s in ranks if s.pc < len(tables[s.rank]))
-    _, _, peer, _, _, flag, ordinal, per_call = tables[state.rank][state.pc]
+def _deadlock(call: _Call, tables: list[list[list[int]]]) -> DeviceProgramError:
+    """The first rank stuck on a wait or a packet landing, as an error."""
+    program = call.program
+    state = next(s for s in call.ranks if s.pc < len(tables[s.rank]))
+    op, _, peer, _, slot, flag, ordinal, per_call = tables[state.rank][state.pc]
+    if op in PACKET_LANDINGS:
+        writer = _where(program, *call.writers[(state.rank, slot)])
+        return _fail(
+            program,
+            state.rank,
+            state.pc,
+            f"waits for the packets of slot {slot} of its inbox, which {writer} writes, but that row "
+            "never runs (a deadlock)",
+        )
     want = flag_value(CALL, ordinal, per_call)
     return _fail(
         program,
