@@ -397,6 +397,20 @@ def test_a_tuning_out_of_range_is_refused() -> None:
         Tuning(threads=1024)
     with pytest.raises(ValueError, match="pause_ns must be one of"):
         Tuning(pause_ns=1)
+    with pytest.raises(ValueError, match="packet_bytes must be at least 0"):
+        Tuning(packet_bytes=-1)
+
+
+def test_packets_are_chosen_by_the_largest_chunk_s_bytes() -> None:
+    """The engine's own threshold, 64 KiB a chunk: at N = 8, C = 64 a float32 buffer of 4 MiB has
+    chunks of exactly 64 KiB (packets), one more element makes the largest chunk 4 bytes more
+    (flags); bytes, not elements (float16 twice the elements for the same bytes); none at 0."""
+    own = Tuning()
+    assert own.packet_bytes == 64 * 1024
+    assert own.moves_packets(2**20, 64, "float32") and not own.moves_packets(2**20 + 1, 64, "float32")
+    assert own.moves_packets(2**21, 64, "float16") and not own.moves_packets(2**21, 64, "float64")
+    assert not Tuning(packet_bytes=0).moves_packets(64, 64, "float32")
+    assert not own.moves_packets(0, 64, "float32")  # no chunk holds anything: no packet to send
 
 
 def test_cupy_buffers_that_share_memory_are_refused_before_any_kernel(cuda: FakeCuda) -> None:
