@@ -17,7 +17,7 @@ import pytest
 import race_detector
 from fake_device import HostRun
 from test_runtime_device_kernel import EVERY_SCHEDULE, host, inputs, interpreted, same, words
-from test_runtime_device_races import usable
+from test_runtime_device_races import binary, usable
 
 from stragglar.runtime.device.kernel import SOURCE, VECTORS, slot_size
 from stragglar.runtime.device.lowering import lower
@@ -35,7 +35,7 @@ from stragglar.runtime.kernels import SUMS
 from stragglar.runtime.program import compile_schedule
 from stragglar.synth import synthesize
 
-__all__ = ["host"]  # the fixture, shared with the kernel's tests
+__all__ = ["binary", "host"]  # the fixtures, shared with the kernel's and the race detector's tests
 
 DTYPES = list(SUMS)
 
@@ -155,14 +155,6 @@ def test_a_put_sending_another_chunk_is_caught_by_the_prover_and_sums_wrong_on_t
     run.call(buffers, timeout_s=2.0)
     want = interpreted(synthesize("ring", 4), data, "int32")
     assert any(w.tobytes() != b.tobytes() for w, b in zip(want, buffers, strict=True))
-
-
-@pytest.fixture(scope="module")
-def binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    built = race_detector.build(tmp_path_factory.mktemp("races"))
-    if isinstance(built, str):
-        pytest.skip(built)
-    return built
 
 
 @pytest.mark.parametrize(
