@@ -18,7 +18,7 @@ import pytest
 from fake_device import FakeCuda, host_or_skip, installed
 
 from stragglar.runtime import allreduce_local
-from stragglar.runtime.device.kernel import Tuning, kernel_name
+from stragglar.runtime.device.kernel import PACKET_BYTES, Tuning, kernel_name
 from stragglar.synth import synthesize
 from stragglar.verify import prove
 
@@ -55,8 +55,8 @@ def test_the_headline_rows_time_the_staged_and_the_eager_device_calls_too(
     """N = 8 float32: besides the default call (graphs after the first), every transfer staged,
     every launch from the host (``graphs=False``), the system's scope, every transfer on flags and
     every transfer as packets, each checked; and the rounds engine (here on the stand-in's memory
-    as NumPy arrays: the stand-in runs the device engine only).  At 4 KiB the default moves
-    packets, and so does ``staged=True`` (packets go through the inboxes): one state for both."""
+    as NumPy arrays: the stand-in runs the device engine only).  The default is on flags (the
+    engine's own has packets off), so the flags calls run on the default's state."""
     import gpu_device
 
     def rounds_on_numpy(bufs: list[Any], proof: Any, *args: Any, **options: Any) -> object:
@@ -80,9 +80,9 @@ def test_the_headline_rows_time_the_staged_and_the_eager_device_calls_too(
     assert row.graph_round_us and row.capture_failure is None
     # (1 untimed + 2 timed) x (default, staged, eager, system, flags, packets) x 8 ranks
     assert len(cuda.launches) == 8 * 3 * 6
-    assert cuda.captures == 4  # the default's (the staged calls' too), the system's, flags', packets'
+    assert cuda.captures == 4  # the default's (the flags calls' too), the staged, the system's, packets'
     assert cuda.system == [False] * 8 * 3 * 3 + [True] * 8 * 3 + [False] * 8 * 3 * 2  # in its calls only
-    assert gpu_device.program_of(proof, 1024, "float32", Tuning()).packets
+    assert gpu_device.program_of(proof, 1024, "float32", Tuning(packet_bytes=PACKET_BYTES)).packets
     assert not gpu_device.program_of(proof, 1024, "float32", gpu_device.FLAGS).packets
     assert gpu_device.program_of(proof, 1 << 27, "float32", gpu_device.PACKETS).packets
     assert not gpu_device.program_of(proof, 1 << 27, "float32", Tuning()).packets
@@ -135,7 +135,7 @@ def test_the_settings_cover_the_issue_s_targets_and_the_verdicts_are_right(
     for quick in (False, True):  # every target is measured in a quick run too
         settings = gpu_device.settings(quick)
         assert (8, 64, 1 << 20, "float32", False) in settings
-        assert (8, 64, 4 << 20, "float32", False) in settings  # the largest chunks moved as packets
+        assert (8, 64, 4 << 20, "float32", False) in settings  # chunks of PACKET_BYTES: packets' edge
         assert {(s[0], s[1], s[2], s[3]) for s in settings} >= {
             (8, None, 64 << 20, "float32"),
             (8, 64, 64 << 20, "float32"),
@@ -179,6 +179,15 @@ def test_the_settings_cover_the_issue_s_targets_and_the_verdicts_are_right(
     )
     assert gpu_device.device_targets([slow])[0].endswith(
         "1.60 us on the GPU, 2.00 a call (target <= 1.5 us: MISSED)"
+    )
+    # the engine's own on flags misses it, packets would meet it: both said, each judged
+    on_flags = dataclasses.replace(slow, gpu_round_us=4.4, packets_gpu_round_us=1.2)
+    assert gpu_device.device_targets([on_flags])[:2] == [
+        "per round at N=8 C=64 1 MiB: 4.40 us on the GPU, 2.00 a call (target <= 1.5 us: MISSED)",
+        "per round at N=8 C=64 1 MiB as packets: 1.20 us on the GPU (target <= 1.5 us: met)",
+    ]
+    assert gpu_device.device_targets([slow])[1].endswith(
+        "as packets: 1.60 us on the GPU (target <= 1.5 us: MISSED)"
     )
     efficiency, late, exact, graphs = gpu_device.device_targets([big])
     assert efficiency == (

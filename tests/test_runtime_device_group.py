@@ -35,7 +35,7 @@ from stragglar.runtime import (
     release_graphs,
 )
 from stragglar.runtime.device import group, program_for, programs, shared, states
-from stragglar.runtime.device.kernel import RANK_WORDS, Tuning
+from stragglar.runtime.device.kernel import PACKET_BYTES, RANK_WORDS, Tuning
 from stragglar.runtime.device.lowering import lower
 from stragglar.runtime.program import compile_schedule
 from stragglar.schedule import Schedule
@@ -494,10 +494,10 @@ def test_calls_on_registered_buffers_run_direct_and_sum_as_the_interpreter(
     dtype: str,
     packets: bool,
 ) -> None:
-    """On flags, direct transfers between the registered buffers; chunks this small move as
-    packets by default, through the inboxes even on a registered buffer."""
-    if not packets:
-        monkeypatch.setattr(programs, "OWN_TUNING", Tuning(packet_bytes=0))
+    """On flags (the engine's own), direct transfers between the registered buffers; with packets
+    on, chunks this small move as packets, through the inboxes even on a registered buffer."""
+    if packets:
+        monkeypatch.setattr(programs, "OWN_TUNING", Tuning(packet_bytes=PACKET_BYTES))
     proof = prove(synthesize(algorithm, n, chunks=chunks))
     inputs = [values(n, 37, dtype, seed) for seed in range(3)]
     buffers = [cuda.buffer(inputs[0][r], offset=16 * (r + 1)) for r in range(n)]

@@ -23,7 +23,7 @@ from fake_device import FakeCuda, host_or_skip, installed
 from stragglar.errors import ArgumentError, InputError
 from stragglar.runtime import RankError, allreduce_local
 from stragglar.runtime.device import loopback, programs
-from stragglar.runtime.device.kernel import OWN_TUNING, RANK_WORDS, Tuning, kernel_name
+from stragglar.runtime.device.kernel import OWN_TUNING, PACKET_BYTES, RANK_WORDS, Tuning, kernel_name
 from stragglar.runtime.device.lowering import lower
 from stragglar.runtime.device.prover import DeviceProgramError
 from stragglar.runtime.device.table import PUT_PACKETS, WAIT
@@ -78,10 +78,10 @@ def test_the_device_engine_sums_as_the_interpreter_call_after_call(
     dtype: str,
     way: str,
 ) -> None:
-    """Chunks this small move as packets (the default); on flags (no chunk as packets), direct
-    transfers where safe, and every transfer staged (``staged=True``)."""
-    if way != "packets":
-        monkeypatch.setattr(programs, "OWN_TUNING", Tuning(packet_bytes=0))
+    """On flags (the engine's own), direct transfers where safe and every transfer staged
+    (``staged=True``); with packets on, chunks this small move as packets."""
+    if way == "packets":
+        monkeypatch.setattr(programs, "OWN_TUNING", Tuning(packet_bytes=PACKET_BYTES))
     staged = True if way == "staged" else None
     proof = prove(synthesize(algorithm, n, chunks=chunks))
     for call in range(3):  # the same flags and inboxes: nothing reset between calls
@@ -277,8 +277,8 @@ def test_a_program_the_prover_refuses_is_never_launched(
             rows[0] = np.delete(rows[0], np.flatnonzero(rows[0][:, 0] == WAIT)[1], axis=0)
         return dataclasses.replace(program, rows=tuple(rows))
 
-    if not packets:
-        monkeypatch.setattr(programs, "OWN_TUNING", Tuning(packet_bytes=0))
+    if packets:
+        monkeypatch.setattr(programs, "OWN_TUNING", Tuning(packet_bytes=PACKET_BYTES))
     monkeypatch.setattr(programs, "lower", broken)
     data = buffers(4, 40, "float32", seed=5)
     with pytest.raises(DeviceProgramError, match=r"slot" if packets else r"rank 0 .* without waiting"):
@@ -292,8 +292,8 @@ def test_a_rank_that_never_starts_is_reported_with_round_and_peer(
 ) -> None:
     """The wait that timed out named: a flag and the value wanted, or a packet's inbox slot and
     the call's mark wanted (1: the first call) against the mark seen (0: a fresh inbox)."""
-    if not packets:
-        monkeypatch.setattr(programs, "OWN_TUNING", Tuning(packet_bytes=0))
+    if packets:
+        monkeypatch.setattr(programs, "OWN_TUNING", Tuning(packet_bytes=PACKET_BYTES))
     proof = prove(synthesize("stragglar", 5))
     late = proof.schedule.late_rank
     launch = loopback.DeviceLoopback.launch
@@ -402,15 +402,16 @@ def test_a_tuning_out_of_range_is_refused() -> None:
 
 
 def test_packets_are_chosen_by_the_largest_chunk_s_bytes() -> None:
-    """The engine's own threshold, 64 KiB a chunk: at N = 8, C = 64 a float32 buffer of 4 MiB has
-    chunks of exactly 64 KiB (packets), one more element makes the largest chunk 4 bytes more
-    (flags); bytes, not elements (float16 twice the elements for the same bytes); none at 0."""
-    own = Tuning()
-    assert own.packet_bytes == 64 * 1024
-    assert own.moves_packets(2**20, 64, "float32") and not own.moves_packets(2**20 + 1, 64, "float32")
-    assert own.moves_packets(2**21, 64, "float16") and not own.moves_packets(2**21, 64, "float64")
-    assert not Tuning(packet_bytes=0).moves_packets(64, 64, "float32")
-    assert not own.moves_packets(0, 64, "float32")  # no chunk holds anything: no packet to send
+    """The threshold the benchmarks time packets at, 64 KiB a chunk: at N = 8, C = 64 a float32
+    buffer of 4 MiB has chunks of exactly 64 KiB (packets), one more element makes the largest
+    chunk 4 bytes more (flags); bytes, not elements (float16 twice the elements for the same
+    bytes); none at 0, the engine's own until a GPU has timed them."""
+    on = Tuning(packet_bytes=PACKET_BYTES)
+    assert PACKET_BYTES == 64 * 1024
+    assert on.moves_packets(2**20, 64, "float32") and not on.moves_packets(2**20 + 1, 64, "float32")
+    assert on.moves_packets(2**21, 64, "float16") and not on.moves_packets(2**21, 64, "float64")
+    assert not Tuning().moves_packets(64, 64, "float32") and OWN_TUNING.packet_bytes == 0
+    assert not on.moves_packets(0, 64, "float32")  # no chunk holds anything: no packet to send
 
 
 def test_cupy_buffers_that_share_memory_are_refused_before_any_kernel(cuda: FakeCuda) -> None:

@@ -194,8 +194,7 @@ def allreduce(
     torch CUDA tensor, reaching the peers' memory through CUDA IPC handles exchanged once over
     the group (:mod:`~stragglar.runtime.device.group`), with direct transfers between the ranks'
     buffers where the buffer is registered (:func:`register_buffer`), else every transfer staged
-    through the receiver's inbox (chunks of at most 64 KiB move as packets through the inboxes
-    either way: each carries the call's number with its data); ``stream_ordered``, ``rounds`` and
+    through the receiver's inbox; ``stream_ordered``, ``rounds`` and
     ``graphs`` apply to the default engine, ``"rounds"``, only.  ``async_op=True`` (the device
     engine only) returns once this rank's kernel is launched, with a
     :class:`~stragglar.runtime.device.group.DeviceWork` whose ``wait()`` waits for it and checks

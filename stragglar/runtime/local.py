@@ -63,9 +63,7 @@ def allreduce_local(
     rounds from the host as above.  The device engine moves a chunk straight between two ranks'
     buffers where the schedule's own messages make that safe, through the receiver's inbox
     elsewhere; ``staged=True`` stages every transfer (what ranks in separate processes do on a
-    buffer that is not registered).  Chunks of at most 64 KiB move as packets through the inboxes
-    either way (each carries the call's number with its data: no flag to wait for).  ``staged``
-    applies to the device engine only.  A device
+    buffer that is not registered).  ``staged`` applies to the device engine only.  A device
     call with nobody late (``straggler_delay`` 0) launches every rank's kernel from one CUDA
     graph after its first call; ``graphs=False`` launches them one by one every call (a late
     rank's kernel is always launched by itself, after its delay).

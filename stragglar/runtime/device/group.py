@@ -14,7 +14,8 @@ dead peer process leaves the others' waits to time out on the device, then their
 fail.  Several ranks may share a GPU: their kernels then time-slice (correct, not fast).
 
 A call on a registered buffer (:mod:`~stragglar.runtime.device.shared`) has a state of its own,
-which knows every rank's buffer and so runs direct transfers, kept by the registration as long
+which knows every rank's buffer and so runs direct transfers (where its chunks do not move as
+packets, which go through the inboxes), kept by the registration as long
 as it is open (a loop over many registered buffers does not make states anew each call); its
 end-of-call gather is also what keeps a peer from writing this rank's buffer once its call has
 returned.
@@ -367,7 +368,7 @@ class DeviceCall:
                 refusal = self.refusal()
                 if refusal is not None:
                     raise refusal
-                key = _key(self.fingerprint, self.rank, self.count, self.dtype, self.device_id)
+                key = self._key()
                 state = cached(self.states, key, lambda: self._made(None), CACHED)
                 with state.lock:
                     return act(state)
@@ -377,11 +378,10 @@ class DeviceCall:
                 refusal = self.refusal()
                 if refusal is not None:  # a peer may write the buffer itself
                     raise refusal
-                if self.fingerprint not in registration.states:
-                    registration.states[self.fingerprint] = self._made(
-                        registration.addresses, registration.buffer
-                    )
-                direct: DeviceRank = registration.states[self.fingerprint]
+                held = (self.fingerprint, self.program.packets)
+                if held not in registration.states:
+                    registration.states[held] = self._made(registration.addresses, registration.buffer)
+                direct: DeviceRank = registration.states[held]
                 with direct.lock:
                     return act(direct)
 
@@ -394,11 +394,16 @@ class DeviceCall:
         if registration is not None:
             states = list(registration.states.values())  # a snapshot: no lock held
         else:
-            state = self.states.get(_key(self.fingerprint, self.rank, self.count, self.dtype, self.device_id))
+            state = self.states.get(self._key())
             states = [] if state is None else [state]
         why = next((state.broken for state in states if state.broken is not None), None)
         why = why or broken_buffer(self.device_id, self.buffer)
         return None if why is None else broken_error(self.rank, why)
+
+    def _key(self) -> Hashable:
+        """The state's key among the group's: its program's (a schedule moves packets or not), this
+        rank's, and its buffers' (count, dtype, GPU)."""
+        return self.fingerprint, self.program.packets, self.rank, self.count, self.dtype, self.device_id
 
     def _made(self, addresses: Sequence[int] | None, registered: Any = None) -> DeviceRank:
         return DeviceRank(
@@ -412,10 +417,6 @@ class DeviceCall:
             addresses,
             registered,
         )
-
-
-def _key(fingerprint: str, rank: int, count: int, dtype: str, device_id: int) -> Hashable:
-    return fingerprint, rank, count, dtype, device_id
 
 
 def _abandoned(state: DeviceRank, launched: Launched) -> None:

@@ -44,6 +44,7 @@ from stragglar.runtime.kernels import SUM_SOURCE, SUMS
 __all__ = [
     "ERROR_WORDS",
     "OWN_TUNING",
+    "PACKET_BYTES",
     "PAUSES_NS",
     "PROGRESS_WORDS",
     "RANK_WORDS",
@@ -65,6 +66,10 @@ ERROR_WORDS = 8
 RANK_WORDS = PROGRESS_WORDS + ERROR_WORDS  # a rank's words: its progress, then its error
 VECTORS = (1, 2, 4, 8)  # the 16-byte vectors a thread may keep in flight (a template argument each)
 PAUSES_NS = (0, 64)  # how long a spinning thread sleeps between two looks at a flag (0: it does not)
+# The largest chunk that we expect packets to move faster than flags (a round at N = 8 waited on
+# latency at 16 KiB chunks, and twice the bytes are still few at 64 KiB): what the benchmarks
+# time packets at, not yet the engine's own (Tuning.packet_bytes)
+PACKET_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -94,9 +99,10 @@ class Tuning:
     vectors: int = 8
     threads: int = 256
     pause_ns: int = 64
-    # Not from a measurement yet: chunks up to 64 KiB, where a round at N = 8 waited on latency
-    # (4.5 us a round with flags at 16 KiB chunks) and twice the bytes are still few.
-    packet_bytes: int = 64 * 1024
+    # The sweep above ran on flags alone.  Packets are off until a GPU has timed them against
+    # flags (benchmarks/gpu_device.py does, with PACKET_BYTES): built, proved and run on the host
+    # only, they are not yet known to be faster anywhere.
+    packet_bytes: int = 0
 
     def __post_init__(self) -> None:
         if self.max_blocks < 1:
@@ -114,9 +120,10 @@ class Tuning:
         """Whether a call on ``count`` elements of ``dtype`` in ``num_chunks`` chunks moves its
         chunks as packets: its largest chunk is at most :attr:`packet_bytes`.
 
-        >>> Tuning().moves_packets(2**18, 64, "float32"), Tuning().moves_packets(2**24, 64, "float32")
+        >>> on = Tuning(packet_bytes=PACKET_BYTES)
+        >>> on.moves_packets(2**18, 64, "float32"), on.moves_packets(2**24, 64, "float32")
         (True, False)
-        >>> Tuning(packet_bytes=0).moves_packets(2**18, 64, "float32")
+        >>> Tuning().moves_packets(2**18, 64, "float32")  # the engine's own: none yet
         False
         """
         largest = -(-count // num_chunks) * int(np.dtype(SUMS[dtype][1]).itemsize)
@@ -281,7 +288,9 @@ __device__ void put_packets(unsigned long long* slot, const Word* from, long lon
 
 // Whether the thread saw packet's mark before its time ran out (or another of the rank's blocks
 // gave up: the error word holds this call's number); its data in data.  A thread that gives up
-// first claims the rank's error word and writes where it stood.
+// first claims the rank's error word and writes where it stood.  Every thread of a block may poll
+// at once (a flag has one poller a block), so the error word and the clock are read every
+// eighth look only: they would otherwise double the loads the polls add to the memory's.
 __device__ bool await_packet(const unsigned long long* packet, unsigned long long mark, unsigned int* data,
                              unsigned long long* error, unsigned long long call, long long timeout_ns,
                              bool system, int row, const long long* columns) {
@@ -291,14 +300,16 @@ __device__ bool await_packet(const unsigned long long* packet, unsigned long lon
         return true;
     }
     const unsigned long long start = now_ns();
-    while ((seen = load_packet(packet, system)) >> 32 != mark) {
-        if (load_relaxed(error) == call) return false;
-        if ((long long)(now_ns() - start) > timeout_ns) {
-            if (claim(error, call)) {
-                error[1] = row; error[2] = columns[1]; error[3] = columns[2]; error[4] = columns[4];
-                error[5] = mark; error[6] = seen >> 32; error[7] = blockIdx.x;
+    for (unsigned looks = 1; (seen = load_packet(packet, system)) >> 32 != mark; ++looks) {
+        if (looks % 8 == 0) {
+            if (load_relaxed(error) == call) return false;
+            if ((long long)(now_ns() - start) > timeout_ns) {
+                if (claim(error, call)) {
+                    error[1] = row; error[2] = columns[1]; error[3] = columns[2]; error[4] = columns[4];
+                    error[5] = mark; error[6] = seen >> 32; error[7] = blockIdx.x;
+                }
+                return false;
             }
-            return false;
         }
         spin_pause();
     }
@@ -363,7 +374,9 @@ __global__ void run_program(const long long* rows, int row_count, int rank, long
         const long long* row = rows + 8 * i;
         const long long op = row[0], peer = row[2], chunk = row[3], slot = row[4];
         if (op == SIGNAL) {
-            block_barrier();  // every thread's puts are done before thread 0 releases them
+            // Every thread's puts are done before thread 0 releases them; and a block one of whose
+            // threads gave up waiting for a packet (its elements never landed) raises nothing more.
+            if (block_any(gave_up)) break;
             moved = 0;
             if (threadIdx.x == 0) {
                 unsigned long long* flag = reinterpret_cast<unsigned long long*>(flags[peer]);

@@ -32,9 +32,9 @@ def program_for(proof: Proof, direct: bool, packets: bool = False) -> DeviceProg
 
 def program_for_call(proof: Proof, direct: bool, count: int, dtype: str) -> DeviceProgram:
     """The program a call on ``count`` elements of ``dtype`` runs: every transfer as packets where
-    its chunks are small enough (the engine's :attr:`~.kernel.Tuning.packet_bytes`), else
-    :func:`program_for`'s with ``direct``.  Every rank of a call computes the same from the same
-    schedule, count and dtype, so they all run one program."""
+    its chunks are small enough (the engine's :attr:`~.kernel.Tuning.packet_bytes`: none until a
+    GPU has timed them), else :func:`program_for`'s with ``direct``.  Every rank of a call
+    computes the same from the same schedule, count and dtype, so they all run one program."""
     packets = OWN_TUNING.moves_packets(count, proof.schedule.num_chunks, dtype)
     return program_for(proof, direct, packets)
 

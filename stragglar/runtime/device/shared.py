@@ -74,7 +74,7 @@ class Registration:
         self.lock = threading.Lock()
         self.buffer: Array | None = buffer
         self.handles, self.cupy = handles, cupy
-        self.states: dict[str, Any] = {}  # by schedule fingerprint
+        self.states: dict[tuple[str, bool], Any] = {}  # by schedule fingerprint, and packets or not
 
     @property
     def open(self) -> bool:

@@ -2,8 +2,9 @@
 
 A rank's kernel walks its rows in order, every thread block over its own share of every chunk
 (block ``b`` of ``B`` takes the ``b``-th of ``B`` near-equal parts of each chunk, on every rank
-alike), so the blocks of one rank never touch each other's elements and need no barrier between
-them.  A transfer moves one of three ways:
+alike, each starting at a whole packet's elements: a float16 part at an even element), so the
+blocks of one rank never touch each other's elements and need no barrier between them.  A
+transfer moves one of three ways:
 
 * *staged*: the sender writes its chunk into a slot of the receiver's *inbox* (memory of the
   receiver's that only this one write fills in a call), then raises a flag in the receiver's
