@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import signal
 import sys
+from typing import Any
 
 from stragglar.measure.launch import LaunchError, launch
 from stragglar.runtime import allreduce
@@ -21,7 +22,7 @@ def device_rank(rank: int, world: int) -> bool:
     """A rank of its own process on a torch NCCL group: the device engine, twice on fresh tensors
     (staged), then twice on a registered one (direct transfers), then three registered ones at
     once (``async_op``), exact; a registration left open on a group is closed as the group is
-    destroyed."""
+    destroyed; then with packets on, on fresh tensors and on a registered one, exact."""
     import torch
     import torch.distributed as dist
 
@@ -70,7 +71,30 @@ def device_rank(rank: int, world: int) -> bool:
         raise AssertionError(f"rank {rank}: a registration left open outlived its group")
     if any(owner is sub for owner, _ in states._kept):
         raise AssertionError(f"rank {rank}: the device states of a group outlived it")
+    packets(rank, world, proof, base)
     return True
+
+
+def packets(rank: int, world: int, proof: Any, base: Any) -> None:
+    """Calls with packets on (the engine's own tuning, packets up to the chunks the benchmarks
+    time them at: these chunks of 5 KB move as packets), on fresh tensors and on a registered one."""
+    import pytest
+    import torch
+
+    from stragglar.runtime import register_buffer
+    from stragglar.runtime.device import programs
+    from stragglar.runtime.device.kernel import PACKET_BYTES, Tuning
+
+    pytest.MonkeyPatch().setattr(programs, "OWN_TUNING", Tuning(packet_bytes=PACKET_BYTES))  # this process's
+    kept = torch.empty_like(base)
+    with register_buffer(kept, timeout=60):
+        for call in range(3):
+            tensor = base * world + rank + call if call < 2 else kept.copy_(base * world + rank + call)
+            allreduce(tensor, proof, timeout=60, engine="device")
+            want = base * world * world + world * (world - 1) // 2 + world * call
+            if not torch.equal(tensor, want):
+                wrong = int((tensor != want).sum())
+                raise AssertionError(f"rank {rank} call {call} as packets: {wrong} wrong elements")
 
 
 def main(world: int) -> int:

@@ -221,7 +221,8 @@ def test_torch_cuda_tensors_bfloat16_included(dtype: str) -> None:
 @pytest.mark.parametrize("world", [2, 4])
 def test_processes_sharing_one_gpu_over_ipc_handles(world: int) -> None:
     """Ranks as processes on one GPU (their kernels time-slice: a correctness check, not a timing),
-    on their inboxes and on registered buffers (tests/device_ranks.py).  Launched from a fresh
+    on their inboxes and on registered buffers, on flags and as packets (tests/device_ranks.py),
+    the packets' marks at the system's scope.  Launched from a fresh
     process: this one has made a CUDA context, which a forked rank could not use."""
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
