@@ -12,7 +12,6 @@ or a pull, though the same message made packets in the staged program is accepte
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import re
 from collections.abc import Callable
 
@@ -124,14 +123,9 @@ def test_every_message_made_packets_is_every_transfer_made_packets() -> None:
     assert all(np.array_equal(a, b) for a, b in zip(rewritten.rows, as_packets(program).rows, strict=True))
 
 
-LOWERS_PACKETS = "packets" in inspect.signature(lower).parameters
-
-
-@pytest.mark.skipif(not LOWERS_PACKETS, reason="lower() has no packets keyword yet")
 @pytest.mark.parametrize(("algorithm", "n"), EVERY_SCHEDULE)
 def test_the_lowerings_packet_programs_are_accepted_and_are_these(algorithm: str, n: int) -> None:
-    options = {"packets": True}  # through a dict: lower() may not have the keyword yet
-    program = lower(compile_schedule(synthesize(algorithm, n)), **options)
+    program = lower(compile_schedule(synthesize(algorithm, n)), packets=True)
     assert refusal(program) is None
     expected = packets(algorithm, n)
     assert program.inbox_slots == expected.inbox_slots
