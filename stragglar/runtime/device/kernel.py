@@ -9,7 +9,9 @@ launch that cannot reach a peer's buffer gives 0 there and runs a program withou
 ``signal`` is a block barrier (every thread's puts and reads are done) and a release store by
 thread 0 into the peer's flag of this block; a ``wait`` is thread 0 spinning on an acquire load,
 then a block barrier; two data rows in a row have a block barrier between them (their elements may
-go to the block's threads differently). Every spin is bounded: past ``timeout_ns`` of the device's
+go to the block's threads differently; two packet rows need none: a thread lands and forwards the
+same elements, and each of its packets says itself whether it has come, which each thread polls
+for its own). Every spin is bounded: past ``timeout_ns`` of the device's
 clock the block claims the rank's error word for this call and writes where it stood (its row, the
 round, the peer it waited for, the value it wanted and the one it saw); the rank's other blocks see
 the claimed word and stop; the host turns the word into a
