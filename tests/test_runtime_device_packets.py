@@ -19,7 +19,8 @@ from fake_device import HostRun
 from test_runtime_device_kernel import EVERY_SCHEDULE, host, inputs, interpreted, same, words
 from test_runtime_device_races import binary, usable
 
-from stragglar.runtime.device.kernel import SOURCE, VECTORS, slot_size
+from stragglar.runtime.device.kernel import RANK_WORDS, SOURCE, VECTORS, slot_size
+from stragglar.runtime.device.loopback import call_failure
 from stragglar.runtime.device.lowering import lower
 from stragglar.runtime.device.prover import DeviceProgramError, check
 from stragglar.runtime.device.table import (
@@ -38,6 +39,7 @@ from stragglar.synth import synthesize
 __all__ = ["binary", "host"]  # the fixtures, shared with the kernel's and the race detector's tests
 
 DTYPES = list(SUMS)
+LANDINGS = (COPY_PACKETS, REDUCE_PACKETS)
 
 
 def packet_program(algorithm: str, n: int, chunks: int | None = None) -> DeviceProgram:
@@ -104,37 +106,55 @@ def test_chunked_schedules_as_packets_in_every_dtype_are_exact(
     )
 
 
+def waiting_for(program: DeviceProgram, peer: int) -> list[int]:
+    """The ranks that land packets of ``peer``'s."""
+    return [
+        r
+        for r, rows in enumerate(program.rows)
+        if ((np.isin(rows[:, 0], LANDINGS)) & (rows[:, 2] == peer)).any()
+    ]
+
+
 def test_a_packet_an_earlier_call_left_is_not_taken_for_this_call_s(host: ctypes.CDLL) -> None:
-    """Call 1 runs whole; in call 2 rank 3 never comes: the slots it would write still hold call
-    1's packets, data and all, and the ranks waiting on them time out instead of landing them."""
+    """Call 1 runs whole; in call 2 rank 3 never comes: the slots it writes still hold call 1's
+    packets, data and all, and every rank that lands them times out instead (had it taken them,
+    it would have ended the call).  A rank's threads give up each on its own, so a rank may name
+    another wait than the one on rank 3; one that names rank 3 saw call 1's mark."""
     program = packet_program("stragglar", 4)
     run = HostRun(host, program, 24, "int32", 2, threads=2)
     data = [words(d, "int32").copy() for d in inputs(4, 24, "int32", 3)]
     assert not run.call([d.copy() for d in data])[:, 0].any()
     errors = run.call([d.copy() for d in data], timeout_s=0.3, absent=[3])
-    failed = [r for r in range(4) if errors[r, 0] == 2]
-    blamed = [r for r in failed if errors[r, 3] == 3]
-    assert blamed and 3 not in failed, errors
-    for rank in blamed:
+    assert waiting_for(program, 3) and all(errors[r, 0] == 2 for r in waiting_for(program, 3)), errors
+    per_slot = run.slot_size * np.dtype(SUMS["int32"][1]).itemsize // 8
+    for row in program.rows[3][program.rows[3][:, 0] == PUT_PACKETS]:
+        first = run.inboxes[int(row[2])].view(np.uint64)[int(row[4]) * per_slot]
+        assert first >> np.uint64(32) == 1  # call 1's mark, left in the slot
+    for rank in (r for r in range(3) if errors[r, 3] == 3):
         row = program.rows[rank][int(errors[rank, 1])]
-        assert row[0] in (COPY_PACKETS, REDUCE_PACKETS) and row[2] == 3
-        assert errors[rank, 4] == row[4]  # the slot
+        assert row[0] in LANDINGS and row[2] == 3 and errors[rank, 4] == row[4]  # the slot
         assert (errors[rank, 5], errors[rank, 6]) == (2, 1)  # wanted call 2's mark, saw call 1's
 
 
-def test_a_rank_that_never_comes_times_out_the_others_naming_it(host: ctypes.CDLL) -> None:
+@pytest.mark.parametrize("seed", range(3))
+def test_a_rank_that_never_comes_times_out_the_others_and_the_error_names_it(
+    host: ctypes.CDLL, seed: int
+) -> None:
+    """The ranks' error words may name each other in a ring (each thread gives up on its own, so
+    a rank's first to give up may wait at a later row than its first stuck one; seen here), but
+    the error raised names the rank that never came, from its count of calls, at the first wait
+    for it; a rank whose word names it saw no mark in its fresh inbox."""
     program = packet_program("stragglar", 5)
     run = HostRun(host, program, 30, "float16", 2, threads=3)
-    data = [words(d, "float16").copy() for d in inputs(5, 30, "float16", 1)]
+    data = [words(d, "float16").copy() for d in inputs(5, 30, "float16", seed)]
     errors = run.call(data, timeout_s=0.3, absent=[4])
-    failed = [r for r in range(5) if errors[r, 0]]
-    blamed = [r for r in failed if errors[r, 3] == 4]
-    assert blamed and 4 not in failed, errors
-    for rank in blamed:
-        index = int(errors[rank, 1])
-        row = program.rows[rank][index]
-        assert row[0] in (COPY_PACKETS, REDUCE_PACKETS) and row[2] == 4
-        assert errors[rank, 2] == row[1]  # the row's round
+    assert all(errors[r, 0] == 1 for r in waiting_for(program, 4)) and not errors[4, 0], errors
+    error = call_failure(program, run.words.reshape(-1, RANK_WORDS), 1)
+    assert error is not None and (error.peer, error.reason) == (4, "timed out") and error.rank != 4
+    assert "waiting for rank 4" in str(error) and error.round is not None, str(error)
+    for rank in (r for r in range(4) if errors[r, 3] == 4):
+        row = program.rows[rank][int(errors[rank, 1])]
+        assert row[0] in LANDINGS and row[2] == 4 and errors[rank, 2] == row[1]  # the row's round
         assert errors[rank, 6] == 0 and errors[rank, 5] == 1  # a fresh inbox: no mark yet
 
 
@@ -207,3 +227,27 @@ def test_the_detector_sees_a_block_s_threads_race_where_packet_rows_share_out_el
     )
     usable(outcome)
     assert outcome.status == race_detector.RACE and "WARNING: ThreadSanitizer: data race" in outcome.report
+
+
+def test_error_words_that_name_each_other_in_a_ring_are_traced_to_the_rank_that_never_ran() -> None:
+    """Words made by hand: ranks 0 and 2 name each other, 1 and 3 name 0 and 2, rank 4 ended
+    call 6 and never ran call 7: the error names rank 4, at the round of the first failed rank's
+    first wait for it, and the others as timed out too.  Where no rank is missing the first
+    failed rank's own word is the error, as before."""
+    program = packet_program("stragglar", 5)
+    words_of = np.zeros((5, RANK_WORDS), dtype=np.uint64)
+    words_of[:4, 0] = 7  # ranks 0..3 ended call 7 (a kernel counts a call it gave up in)
+    words_of[4, 0] = 6
+    for rank, peer in ((0, 2), (1, 0), (2, 0), (3, 2)):
+        index = int(np.flatnonzero(np.isin(program.rows[rank][:, 0], LANDINGS))[-1])
+        words_of[rank, 2:] = (7, index, program.rows[rank][index, 1], peer, 0, 7, 6, 0)
+    error = call_failure(program, words_of, 7)
+    assert error is not None and (error.rank, error.peer, error.reason) == (0, 4, "timed out"), error
+    first = program.rows[0][np.isin(program.rows[0][:, 0], LANDINGS) & (program.rows[0][:, 2] == 4)][0]
+    assert (error.phase, error.round) == program.phase_round(int(first[1]))
+    assert str(error).endswith(
+        "rank 4's kernel did not run this call (it ended call 6) (ranks [1, 2, 3] timed out too)"
+    )
+    words_of[4, 0] = 7  # rank 4 ran it too, and did not give up: no rank is missing
+    error = call_failure(program, words_of, 7)
+    assert error is not None and (error.rank, error.peer) == (0, 2), error

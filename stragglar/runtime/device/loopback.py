@@ -42,7 +42,7 @@ from stragglar.runtime.device.kernel import (
     slot_size,
 )
 from stragglar.runtime.device.residency import RESIDENT
-from stragglar.runtime.device.table import PACKETS, DeviceProgram
+from stragglar.runtime.device.table import COPY_PACKETS, PACKETS, REDUCE_PACKETS, WAIT, DeviceProgram
 from stragglar.runtime.failures import RankError, failure_phrase
 from stragglar.runtime.graphs import Replayer, StreamGraphs
 from stragglar.runtime.kernels import SUMS
@@ -262,7 +262,8 @@ def call_failure(program: DeviceProgram, words: np.ndarray, call: int) -> RankEr
     rows = words.tolist()  # Python integers at once: a call asks this every time
     failed = [rank for rank, row in enumerate(rows) if row[PROGRESS_WORDS] == call]
     if failed:
-        return first_failure(program, words[:, PROGRESS_WORDS:], failed)
+        absent = {rank: row[0] for rank, row in enumerate(rows) if row[0] != call and rank not in failed}
+        return first_failure(program, words[:, PROGRESS_WORDS:], failed, absent)
     rank = next((rank for rank, row in enumerate(rows) if row[0] != call), None)
     if rank is None:
         return None
@@ -300,12 +301,44 @@ def rank_error(program: DeviceProgram, rank: int, words: np.ndarray, also: Seque
     )
 
 
-def first_failure(program: DeviceProgram, words: np.ndarray, failed: Sequence[int]) -> RankError:
+def first_failure(
+    program: DeviceProgram, words: np.ndarray, failed: Sequence[int], absent: Mapping[int, int] | None = None
+) -> RankError:
     """The error to raise when ranks ``failed`` (``words``: every rank's error words): one whose
     peer did not fail itself (the rank that never came, not those that waited for others that
-    waited for it), else the first."""
-    root = next((r for r in failed if int(words[r, 3]) not in failed), failed[0])
-    return rank_error(program, root, words[root], [r for r in failed if r != root])
+    waited for it).  Where every failed rank names another failed rank (the threads waiting on
+    packets give up each on its own, so a rank may name a wait of a later row than its first
+    stuck one, and the ranks then name each other in a ring), a rank whose kernel did not run
+    the call (``absent``: each with the last call it ended) is the cause: named with the first
+    failed rank that waits for it, at that rank's first wait for it.  Else the first."""
+    root = next((r for r in failed if int(words[r, 3]) not in failed), None)
+    if root is not None:
+        return rank_error(program, root, words[root], [r for r in failed if r != root])
+    for rank in failed:
+        for missing, ended in (absent or {}).items():
+            round_index = _first_wait_for(program, rank, missing)
+            if round_index is None:
+                continue
+            phase, number = program.phase_round(round_index)
+            what = failure_phrase("timed out", number, phase, missing)
+            also = [r for r in failed if r != rank]
+            return RankError(
+                f"allreduce failed: rank {rank} {what}: rank {missing}'s kernel did not run this call "
+                f"(it ended call {ended})" + (f" (ranks {also} timed out too)" if also else ""),
+                rank=rank,
+                reason="timed out",
+                round=number,
+                phase=phase,
+                peer=missing,
+            )
+    return rank_error(program, failed[0], words[failed[0]], failed[1:])
+
+
+def _first_wait_for(program: DeviceProgram, rank: int, peer: int) -> int | None:
+    """The round of rank ``rank``'s first wait for rank ``peer`` (on a flag or on packets), if any."""
+    rows = program.rows[rank]
+    waits = rows[np.isin(rows[:, 0], (WAIT, COPY_PACKETS, REDUCE_PACKETS)) & (rows[:, 2] == peer)]
+    return int(waits[0, 1]) if len(waits) else None
 
 
 _loopbacks: OrderedDict[Hashable, DeviceLoopback] = OrderedDict()
