@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stragglar.runtime import allreduce_local
-from stragglar.runtime.device import program_for
+from stragglar.runtime.device import DeviceProgram, program_for
 from stragglar.runtime.device.kernel import OWN_TUNING, Tuning
 from stragglar.runtime.device.loopback import DeviceLoopback, device_loopback, run_device_loopback
 from stragglar.runtime.plans import late_rank_for
@@ -292,7 +292,7 @@ def loopback_call(
     return call
 
 
-def program_of(proof: Proof, count: int, dtype: str, tuning: Tuning) -> Any:
+def program_of(proof: Proof, count: int, dtype: str, tuning: Tuning) -> DeviceProgram:
     """The proved program a punctual call on ``count`` elements of ``dtype`` runs under ``tuning``:
     packets where its chunks are small enough for them, else direct transfers where safe (what
     ``allreduce_local`` runs under the engine's own)."""

@@ -2,9 +2,9 @@
 
 At N = 8, C = 64, 1 MiB a device call took 0.63 ms on an H200 by the host's clock, about 0.3 ms of
 it the host's own work around the kernels (the buffers' checks, the graph's replay, the wait,
-every rank's words read back and checked).  This profiles
-that call with :mod:`cProfile` (whose own cost inflates every figure, the small functions' most:
-read the figures as shares, not as times) and prints the functions that take the most of it.
+every rank's words read back and checked).  This profiles that call with :mod:`cProfile` (whose
+own cost inflates every figure, the small functions' most: read the figures as shares, not as
+times) and prints the functions that take the most of it.
 
 Rows: first the call as a user waits for it, unprofiled (``own_us``: the host's time of a call,
 ``cumulative_us``: its kernels' time on the GPU, both medians), then the ``TOP`` functions by

@@ -31,14 +31,7 @@ def device_rank(rank: int, world: int) -> bool:
 
     proof = prove(synthesize("stragglar", world, chunks=2 * world))
     base = torch.arange(10_000, dtype=torch.float32, device="cuda") % 97
-    kept = torch.empty_like(base)
-    with register_buffer(kept, timeout=60):
-        for call in range(4):
-            tensor = base * world + rank + call if call < 2 else kept.copy_(base * world + rank + call)
-            allreduce(tensor, proof, timeout=60, engine="device")
-            want = base * world * world + world * (world - 1) // 2 + world * call
-            if not torch.equal(tensor, want):
-                raise AssertionError(f"rank {rank} call {call}: {int((tensor != want).sum())} wrong elements")
+    fresh_then_registered(rank, world, proof, base, 4, "")
     # three registered tensors at once (async_op), each waited for over a second group, as the DDP
     # hook's second thread waits; the second step is launched with every setup checked already
     other = dist.new_group(list(range(world)))
@@ -79,22 +72,30 @@ def packets(rank: int, world: int, proof: Any, base: Any) -> None:
     """Calls with packets on (the engine's own tuning, packets up to the chunks the benchmarks
     time them at: these chunks of 5 KB move as packets), on fresh tensors and on a registered one."""
     import pytest
-    import torch
 
-    from stragglar.runtime import register_buffer
     from stragglar.runtime.device import programs
     from stragglar.runtime.device.kernel import PACKET_BYTES, Tuning
 
     pytest.MonkeyPatch().setattr(programs, "OWN_TUNING", Tuning(packet_bytes=PACKET_BYTES))  # this process's
+    fresh_then_registered(rank, world, proof, base, 3, " as packets")
+
+
+def fresh_then_registered(rank: int, world: int, proof: Any, base: Any, calls: int, how: str) -> None:
+    """``calls`` calls, the first two on fresh tensors and the others on one registered tensor,
+    each exact (``how``: said after the call's number where one is not)."""
+    import torch
+
+    from stragglar.runtime import register_buffer
+
     kept = torch.empty_like(base)
     with register_buffer(kept, timeout=60):
-        for call in range(3):
+        for call in range(calls):
             tensor = base * world + rank + call if call < 2 else kept.copy_(base * world + rank + call)
             allreduce(tensor, proof, timeout=60, engine="device")
             want = base * world * world + world * (world - 1) // 2 + world * call
             if not torch.equal(tensor, want):
                 wrong = int((tensor != want).sum())
-                raise AssertionError(f"rank {rank} call {call} as packets: {wrong} wrong elements")
+                raise AssertionError(f"rank {rank} call {call}{how}: {wrong} wrong elements")
 
 
 def main(world: int) -> int:

@@ -498,11 +498,11 @@ def test_the_error_raised_names_the_rank_nobody_heard_from_not_those_waiting_on_
     words = np.zeros((4, 8), dtype=np.uint64)
     words[0] = [1, 2, 1, 3, 3, 5, 4, 0]  # claimed, row 2, round 1, peer 3, flag 3, wanted 5, saw 4, block 0
     words[1] = [1, 7, 2, 0, 0, 6, 5, 1]
-    error = loopback.first_failure(program, words, [0, 1])
+    error = loopback.first_failure(program, words, [0, 1], {})
     phase, number = program.phase_round(1)
     assert (error.rank, error.peer, error.round, error.phase) == (0, 3, number, phase)
     assert str(error).endswith("block 0 waited at row 2 for flag 3 >= 5, saw 4 (ranks [1] timed out too)")
-    assert loopback.first_failure(program, words, [1]).peer == 0  # alone, rank 1's own
+    assert loopback.first_failure(program, words, [1], {}).peer == 0  # alone, rank 1's own
 
 
 def test_the_kernels_and_their_memory_go_on_the_buffers_gpu(cuda: FakeCuda) -> None:

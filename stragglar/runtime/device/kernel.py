@@ -69,8 +69,9 @@ RANK_WORDS = PROGRESS_WORDS + ERROR_WORDS  # a rank's words: its progress, then 
 VECTORS = (1, 2, 4, 8)  # the 16-byte vectors a thread may keep in flight (a template argument each)
 PAUSES_NS = (0, 64)  # how long a spinning thread sleeps between two looks at a flag (0: it does not)
 # The largest chunk that we expect packets to move faster than flags (a round at N = 8 waited on
-# latency at 16 KiB chunks, and twice the bytes are still few at 64 KiB): what the benchmarks
-# time packets at, not yet the engine's own (Tuning.packet_bytes)
+# latency at 16 KiB chunks, and twice the bytes are still few at 64 KiB): what the tests turn
+# packets on at, and the chunk size of the benchmark's 4 MiB row; not yet the engine's own
+# (Tuning.packet_bytes)
 PACKET_BYTES = 64 * 1024
 
 
@@ -102,8 +103,8 @@ class Tuning:
     threads: int = 256
     pause_ns: int = 64
     # The sweep above ran on flags alone.  Packets are off until a GPU has timed them against
-    # flags (benchmarks/gpu_device.py does, with PACKET_BYTES): built, proved and run on the host
-    # only, they are not yet known to be faster anywhere.
+    # flags (benchmarks/gpu_device.py times every chunk both ways): built, proved and run on the
+    # host only, they are not yet known to be faster anywhere.
     packet_bytes: int = 0
 
     def __post_init__(self) -> None:

@@ -302,7 +302,7 @@ def rank_error(program: DeviceProgram, rank: int, words: np.ndarray, also: Seque
 
 
 def first_failure(
-    program: DeviceProgram, words: np.ndarray, failed: Sequence[int], absent: Mapping[int, int] | None = None
+    program: DeviceProgram, words: np.ndarray, failed: Sequence[int], absent: Mapping[int, int]
 ) -> RankError:
     """The error to raise when ranks ``failed`` (``words``: every rank's error words): one whose
     peer did not fail itself (the rank that never came, not those that waited for others that
@@ -315,7 +315,7 @@ def first_failure(
     if root is not None:
         return rank_error(program, root, words[root], [r for r in failed if r != root])
     for rank in failed:
-        for missing, ended in (absent or {}).items():
+        for missing, ended in absent.items():
             round_index = _first_wait_for(program, rank, missing)
             if round_index is None:
                 continue

@@ -102,9 +102,10 @@ def _rows(
                     rows.append((put, r, m.peer, c, slot, 0, 0, 0))
                 elif chosen[(me, m.peer, r, c)] is Landing.PUSH:
                     rows.append((PUSH, r, m.peer, c, 0, 0, 0, 0))
-        for m in step.sends if not packets else ():
-            sent[m.peer] += 1
-            rows.append((SIGNAL, r, m.peer, 0, 0, me, sent[m.peer], per_call[(me, m.peer)]))
+        if not packets:  # a packet carries its own mark: no flag is raised for it
+            for m in step.sends:
+                sent[m.peer] += 1
+                rows.append((SIGNAL, r, m.peer, 0, 0, me, sent[m.peer], per_call[(me, m.peer)]))
         for m in step.recvs:
             if not packets:
                 heard[m.peer] += 1
