@@ -23,6 +23,8 @@ call checked exactly: see gpu_loopback.py for its rows and targets.
 loopback, last as well: see gpu_device.py for its rows and targets (issue 34).  (f) The device
 engine's kernel under other tunings (blocks a rank, vectors a thread) against its own: see
 gpu_tuning.py.  (g) Where the host's part of a device call goes, by cProfile: see gpu_profile.py.
+(h) Packets against flags by chunk size, what the engine's ``packet_bytes`` is set from: see
+gpu_packets.py.
 
 Targets (issue 24), besides the loopback's: a StragglAR round with graphs on
 4 NCCL ranks, 4 KiB, <= 1.5x the bare pair; DDP with ``chunks="auto"`` no slower than the paper's
@@ -48,6 +50,7 @@ from typing import Any
 from gpu_device import device_executor, device_table
 from gpu_inputs import DDPConfig, P2PConfig, size_text, slowest
 from gpu_loopback import loopback, loopback_table
+from gpu_packets import device_packets, packets_table
 from gpu_profile import device_profile, profile_table
 from gpu_tuning import device_tuning, tuning_table
 from options import as_command, json_output, note, whole
@@ -190,7 +193,16 @@ def ddp_targets(runs: dict[str, dict[str, Any]]) -> list[str]:
 
 
 # in the order they run
-PARTS = ("p2p", "ddp", "cupy_nccl", "loopback", "device_executor", "device_tuning", "device_profile")
+PARTS = (
+    "p2p",
+    "ddp",
+    "cupy_nccl",
+    "loopback",
+    "device_executor",
+    "device_packets",
+    "device_tuning",
+    "device_profile",
+)
 
 
 def kept_parts(path: Path | None, parts: tuple[str, ...]) -> tuple[str | None, dict[str, Any]]:
@@ -276,6 +288,16 @@ def run_device_executor(args: argparse.Namespace, gpus: int) -> list[dict[str, A
     )
 
 
+def run_device_packets(args: argparse.Namespace, gpus: int) -> list[dict[str, Any]] | str:
+    return _on_cupy(
+        args,
+        "device packets",
+        "Device engine: packets against flags, by chunk size (N = 8, C = 64, float32)",
+        lambda cupy, progress: device_packets(cupy, cupy.cuda.Device().synchronize, args.iters, progress),
+        packets_table,
+    )
+
+
 def run_device_tuning(args: argparse.Namespace, gpus: int) -> list[dict[str, Any]] | str:
     return _on_cupy(
         args,
@@ -350,13 +372,14 @@ def device_name(named: str | None) -> str:
 
 
 # in this process: with progress lines
-RUNS_ON_CUPY = ("loopback", "device_executor", "device_tuning", "device_profile")
+RUNS_ON_CUPY = ("loopback", "device_executor", "device_packets", "device_tuning", "device_profile")
 RUNNERS: dict[str, Callable[[argparse.Namespace, int], Any]] = {
     "p2p": run_p2p,
     "ddp": run_ddp,
     "cupy_nccl": run_cupy_nccl,
     "loopback": run_loopback,
     "device_executor": run_device_executor,
+    "device_packets": run_device_packets,
     "device_tuning": run_device_tuning,
     "device_profile": run_device_profile,
 }

@@ -1,25 +1,30 @@
 #!/usr/bin/env bash
 # The GPU check in one command, for a machine with CUDA GPUs, CuPy and torch: the GPU tests (the
 # loopback's kernels and graphs, bit for bit; the device engine's), bench_gpu.py --quick with its
-# JSON (the loopback, the device engine, its kernel's tunings, a profile of a device call's host
-# part, then the ranks' parts), `stragglar run` on NCCL ranks and on the device engine, the DDP
-# example under torchrun on the device engine (the hook's rounds engine runs in bench-ranks), the
-# HSDP example on NCCL (FSDP2's all-reduce hook), and `stragglar bench` on NCCL ranks; each step
-# logged, and run even when one before it failed; a summary at the end.
+# JSON (the loopback, the device engine, packets against flags by chunk size, its kernel's
+# tunings, a profile of a device call's host part, then the ranks' parts), `stragglar run` on
+# NCCL ranks and on the device engine, the DDP example under torchrun on the device engine (the
+# hook's rounds engine runs in bench-ranks), the HSDP example on NCCL (FSDP2's all-reduce hook),
+# and `stragglar bench` on NCCL ranks; each step logged, and run even when one before it failed;
+# a summary at the end.
 #
 #     bash benchmarks/gpu_check.sh                                # logs and gpu.json in /tmp/stragglar-gpu-check
 #     GPU_CHECK_DIR=/data/gpu-check bash benchmarks/gpu_check.sh  # or in the folder it names
 #     bash benchmarks/gpu_check.sh device tuning                  # only the steps it names
 #
+# The limits add up to about 11 minutes: where one command may run 10 minutes at most, run it in
+# two, "tests device-tests device packets tuning profile" (the device engine's, under 5 minutes)
+# and then the others.
+#
 # What it writes: device.txt (nvidia-smi's view of the GPUs), one log per step and gpu.json.
-# Each step has a time limit (under 10 minutes in all, and 10 s more a step to kill one that
-# overran), so that a hung step (a rank waiting forever on a peer) cannot hold the machine and the
-# steps after it still run. If the machine has no network, put the wheels it lacks (z3-solver,
+# Each step has a time limit (and 10 s more a step to kill one that overran), so that a hung
+# step (a rank waiting forever on a peer) cannot hold the machine and the steps after it still
+# run. If the machine has no network, put the wheels it lacks (z3-solver,
 # ...) in .whl/ and they are installed from there.
 # Exits 1 if any step failed, 2 if a step named is not one or the wheels would not install.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-steps=("tests" "device-tests" "loopback" "device" "tuning" "profile" "bench-ranks" "run-nccl" "run-device" "ddp-device"
+steps=("tests" "device-tests" "loopback" "device" "packets" "tuning" "profile" "bench-ranks" "run-nccl" "run-device" "ddp-device"
     "hsdp" "bench-nccl")
 for name in "$@"; do  # a step named wrong would be skipped without a word: refuse it instead
     [[ " ${steps[*]} " == *" $name "* ]] || { echo "gpu_check.sh: no step '$name' (steps: ${steps[*]})" >&2; exit 2; }
@@ -61,7 +66,8 @@ step tests 25 python3 -m pytest -q -p no:cacheprovider tests/test_runtime_loopba
 step device-tests 70 python3 -m pytest -q -p no:cacheprovider tests/test_runtime_device_gpu.py
 step loopback 30 python3 benchmarks/bench_gpu.py --quick --iters 3 --progress --parts loopback --json "$out/gpu.json"
 step device 60 python3 benchmarks/bench_gpu.py --quick --iters 3 --progress --parts device_executor --json "$out/gpu.json"
-step tuning 45 python3 benchmarks/bench_gpu.py --iters 3 --progress --parts device_tuning --json "$out/gpu.json"
+step packets 40 python3 benchmarks/bench_gpu.py --iters 3 --progress --parts device_packets --json "$out/gpu.json"
+step tuning 55 python3 benchmarks/bench_gpu.py --iters 3 --progress --parts device_tuning --json "$out/gpu.json"
 step profile 20 python3 benchmarks/bench_gpu.py --iters 3 --progress --parts device_profile --json "$out/gpu.json"
 step bench-ranks 155 python3 benchmarks/bench_gpu.py --quick --iters 3 --parts p2p ddp cupy_nccl --json "$out/gpu.json"
 step run-nccl 30 python3 -m stragglar run --backend nccl --gpus 4 --size 16MiB --delay 20ms --chunks 6 --iters 3
@@ -70,16 +76,18 @@ step ddp-device 40 torchrun --nproc-per-node=4 examples/ddp_torchrun.py --late-r
 step hsdp 60 torchrun --nproc-per-node=4 examples/hsdp_torchrun.py --late-rank 3 --delay 50ms --steps 8 --policy stragglar
 step bench-nccl 30 python3 -m stragglar bench --backend nccl --gpus 2,4 --sizes 1MiB --delays 0,20ms --iters 2
 # The end of the output is what a short look sees: each step's exit and time, then the verdicts
-# the device engine's parts printed (its targets, exactness, graphs, the fastest tuning, the
+# the device engine's parts printed (its targets, exactness, graphs, up to which chunk packets
+# beat flags, the fastest tuning, the
 # functions the host's part of a call spends most in), the
 # DDP example's on it (StragglAR's share, step times, the copies' largest difference) and the
 # HSDP example's (whether the losses match, step times), of the steps this run ran.
 echo "===== summary (logs and gpu.json in $out)"
 printf '  %s\n' "${ran[@]}"
 ran_here() { [[ "$done_steps" == *" $1 "* ]]; }  # a log left by an earlier run is not this one's
-for name in device tuning; do
+for name in device packets tuning; do
     ran_here "$name" && grep -h -E \
-        "\(target |exact in every row|^graphs|fastest at|as fast as any|NOT exact|no comparison" "$out/$name.log"
+        "\(target |exact in every row|^graphs|fastest at|as fast as any|NOT exact|no comparison|packet_bytes|not taken" \
+        "$out/$name.log"
 done
 ran_here ddp-device && grep -h -E "^policy |largest difference|DIFFER|median step" "$out/ddp-device.log"
 ran_here hsdp && grep -h -E "losses match|losses DIFFER|median step" "$out/hsdp.log"

@@ -7,7 +7,10 @@ The results are the same bits under every tuning (tests/test_runtime_device_kern
 tuning changes is how much of the device's memory bandwidth and latency a round uses.  At 1 MiB a
 round is a few kilobytes a block, so the flags' latency rules (fewer blocks wait on fewer flags,
 and each moves more); at 64 MiB the copies do, and the blocks and the loads a thread has in
-flight decide how close they come to a plain copy.
+flight decide how close they come to a plain copy.  Where a setting's chunks are small enough for
+packets (at most :data:`~stragglar.runtime.device.kernel.PACKET_BYTES`: the 1 MiB setting), its
+blocks, threads and pauses are swept with every transfer as packets too, whose best tuning need
+not be the flags'.
 
 Rows, one per tuning and setting (a tuning that gives the same launch as one already measured in
 the setting is not measured again): ``n``, ``chunks``, ``size_bytes``, ``dtype`` (float32),
@@ -16,7 +19,8 @@ device gave a rank), ``round_us`` (the median call over the rounds, timed by the
 calls, replayed from one CUDA graph after the first), ``gpu_round_us`` (the same calls on the
 GPU's clock: what the tunings are compared by, the host's part being the same for all),
 ``gpu_copy_efficiency`` (at 64 MiB: as in gpu_device.py, on the GPU's times), ``exact`` (every call
-checked on the device) and ``own`` (the engine's own tuning).  The table holds the engine's own
+checked on the device), ``own`` (the engine's own tuning) and ``packets`` (every transfer moved
+as packets, else on flags).  The table holds the engine's own
 and the :data:`SHOWN` fastest of each setting (the JSON every row).  Under the table, per
 setting, the fastest exact tuning and its time over the engine's own; within :data:`NOISE` of it,
 the engine's own is said to be as fast.
@@ -29,9 +33,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gpu_device import copy_seconds, efficiency_of, loopback_call, or_dash, state_of, timed
+from gpu_device import FLAGS, PACKETS, copy_seconds, efficiency_of, loopback_call, or_dash, state_of, timed
 
-from stragglar.runtime.device.kernel import OWN_TUNING, PAUSES_NS, THREADS, VECTORS, Tuning
+from stragglar.runtime.device.kernel import OWN_TUNING, PACKET_BYTES, PAUSES_NS, THREADS, VECTORS, Tuning
 from stragglar.synth import synthesize
 from stragglar.verify import Proof, prove
 
@@ -58,18 +62,30 @@ class TuningRow:
     gpu_copy_efficiency: float | None
     exact: bool
     own: bool
+    packets: bool  # every transfer moved as packets (else on flags)
 
 
-def tunings() -> list[Tuning]:
-    """The engine's own tuning first, then every other one swept."""
+def tunings(packets: bool) -> list[Tuning]:
+    """The engine's own tuning first, then every other one swept on flags, and with ``packets``
+    (a setting of small chunks) as packets too: their blocks, threads and pauses (a packet row
+    moves no 16-byte vectors, so the vectors stay the engine's own)."""
     own = OWN_TUNING
     swept = [
-        Tuning(max_blocks=b, vectors=v, threads=t, pause_ns=p)
+        Tuning(max_blocks=b, vectors=v, threads=t, pause_ns=p, packet_bytes=FLAGS.packet_bytes)
         for b in MAX_BLOCKS
         for v in VECTORS
         for t in THREADS
         for p in PAUSES_NS
     ]
+    if packets:
+        swept += [
+            Tuning(
+                max_blocks=b, vectors=own.vectors, threads=t, pause_ns=p, packet_bytes=PACKETS.packet_bytes
+            )
+            for b in MAX_BLOCKS
+            for t in THREADS
+            for p in PAUSES_NS
+        ]
     return [own, *(t for t in swept if t != own)]
 
 
@@ -82,10 +98,12 @@ def setting_rows(
     count = size_bytes // itemsize
     copy = copy_seconds(xp, sync, n * size_bytes, iters)[1] if size_bytes >= 64 << 20 else None
     rows: list[TuningRow] = []
-    seen: set[tuple[int, int, int, int]] = set()
-    for tuning in tunings():
+    seen: set[tuple[bool, int, int, int, int]] = set()
+    small = Tuning(packet_bytes=PACKET_BYTES).moves_packets(count, proof.num_chunks, DTYPE)
+    for tuning in tunings(packets=small):
         state = state_of(xp, proof, count, DTYPE, tuning)  # made now: it says the blocks it got
-        launch = (state.blocks, tuning.vectors, tuning.threads, tuning.pause_ns)
+        packets = state.program.packets
+        launch = (packets, state.blocks, 0 if packets else tuning.vectors, tuning.threads, tuning.pause_ns)
         if launch in seen:
             continue
         seen.add(launch)
@@ -110,6 +128,7 @@ def setting_rows(
                 efficiency,
                 calls.exact,
                 tuning == OWN_TUNING,
+                packets,
             )
         )
     return rows
@@ -142,8 +161,8 @@ def setting_line(rows: list[TuningRow]) -> str:
 def described(r: TuningRow) -> str:
     """A row's tuning and the blocks it got, in words."""
     return (
-        f"max blocks {r.max_blocks} (blocks {r.blocks}), vectors {r.vectors}, {r.threads} threads, "
-        f"pause {r.pause_ns} ns"
+        f"{'packets, ' if r.packets else ''}max blocks {r.max_blocks} (blocks {r.blocks}), vectors "
+        f"{r.vectors}, {r.threads} threads, pause {r.pause_ns} ns"
     )
 
 
@@ -151,9 +170,9 @@ def tuning_table(rows: list[TuningRow]) -> str:
     """Per setting, the engine's own tuning and the :data:`SHOWN` fastest exact ones (an inexact
     row always), then the verdicts."""
     lines = [
-        "| N | C | size | max blocks | vectors | threads | pause (ns) | blocks | device/round (us) "
+        "| N | C | size | moves | max blocks | vectors | threads | pause (ns) | blocks | device/round (us) "
         "| on the GPU/round (us) | copy efficiency on the GPU | exact |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for setting in _settings(rows):
         ranked = sorted((r for r in setting if r.exact), key=lambda r: r.gpu_round_us)
@@ -161,7 +180,9 @@ def tuning_table(rows: list[TuningRow]) -> str:
         for r in setting:
             if id(r) not in shown:
                 continue
-            tuning = f"{r.max_blocks}{' (own)' if r.own else ''} | {r.vectors} | {r.threads} | {r.pause_ns}"
+            moves = "packets" if r.packets else "flags"
+            own = " (own)" if r.own else ""
+            tuning = f"{moves} | {r.max_blocks}{own} | {r.vectors} | {r.threads} | {r.pause_ns}"
             lines.append(
                 f"| {r.n} | {r.chunks} | {r.size_bytes >> 10} KiB | {tuning} | {r.blocks} | {r.round_us:.2f} "
                 f"| {r.gpu_round_us:.2f} | {or_dash(r.gpu_copy_efficiency)} | {'yes' if r.exact else 'NO'} |"

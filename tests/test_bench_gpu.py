@@ -216,7 +216,8 @@ def test_progress_is_refused_where_no_chosen_part_prints_any(
     said = capsys.readouterr().err.splitlines()[-1]
     assert done.value.code == 2 and not bench.ran
     assert said.endswith(
-        "--progress applies to the parts loopback, device_executor, device_tuning, device_profile "
+        "--progress applies to the parts loopback, device_executor, device_packets, device_tuning, "
+        "device_profile "
         "(the others print none)"
     )
     bench.main(["--progress", "--parts", "p2p", "loopback"])

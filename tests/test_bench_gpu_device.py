@@ -216,8 +216,9 @@ def test_a_setting_times_each_tuning_once_with_its_own_kernel_blocks_and_threads
     of 128.  On a smaller sweep (max blocks 2, 4, 16; vectors 1, 8; 128 and 512 threads; pauses 0
     and 64 ns), a tuning whose launch one measured before it gives (max blocks 16 of 512 threads
     gives 4 blocks, as 4 did) is not measured again; the engine's own tuning (set here to 16
-    blocks at most of 512 threads, vectors 1, pause 64 ns) first; each row's launches are its
-    kernel, pause, blocks and threads, its GPU time read from its state."""
+    blocks at most of 512 threads, vectors 1, pause 64 ns) first; then, the chunks being small
+    (6400 bytes), the blocks, threads and pauses as packets, with the engine's vectors; each row's
+    launches are its kernel, pause, blocks and threads, its GPU time read from its state."""
     import gpu_tuning
 
     from stragglar.runtime.device.kernel import Tuning
@@ -235,8 +236,13 @@ def test_a_setting_times_each_tuning_once_with_its_own_kernel_blocks_and_threads
         *((4, v, t, p, 4, False) for v, t, p in swept if (v, t, p) != (1, 512, 64)),
         *((16, v, 128, p, 13, False) for v in (1, 8) for p in (0, 64)),
     ]
+    as_packets = [
+        *((b, 1, t, p, b, False) for b in (2, 4) for t in (128, 512) for p in (0, 64)),
+        *((16, 1, 128, p, 13, False) for p in (0, 64)),
+    ]
     got = [(r.max_blocks, r.vectors, r.threads, r.pause_ns, r.blocks, r.own) for r in rows]
-    assert got == want
+    assert got == want + as_packets
+    assert [r.packets for r in rows] == [False] * len(want) + [True] * len(as_packets)
     assert all(
         r.exact and r.round_us > 0 and r.gpu_round_us > 0 and r.gpu_copy_efficiency is None for r in rows
     )
@@ -248,7 +254,7 @@ def test_a_setting_times_each_tuning_once_with_its_own_kernel_blocks_and_threads
     ]
     assert cuda.shapes == launched
     table = gpu_tuning.tuning_table(rows)
-    assert "| 4 | 6 | 37 KiB | 16 (own) | 1 | 512 | 64 | 4 |" in table
+    assert "| 4 | 6 | 37 KiB | flags | 16 (own) | 1 | 512 | 64 | 4 |" in table
     fastest = sorted(rows, key=lambda r: r.gpu_round_us)[: gpu_tuning.SHOWN]
     shown = gpu_tuning.SHOWN + (not any(r.own for r in fastest))  # the engine's own always
     assert len([line for line in table.splitlines() if "| 37 KiB |" in line]) == shown
@@ -275,6 +281,7 @@ def row(max_blocks: int, vectors: int, gpu_round_us: float, own: bool = False, e
         None,
         exact,
         own,
+        False,
     )
 
 
@@ -382,8 +389,12 @@ def test_the_sweep_starts_with_the_engine_s_own_tuning_and_holds_each_once(
 
     from stragglar.runtime.device.kernel import OWN_TUNING
 
-    tunings = gpu_tuning.tunings()
-    assert tunings[0] == OWN_TUNING and len(set(tunings)) == len(tunings) == 7 * 4 * 3 * 2
+    flags = gpu_tuning.tunings(packets=False)
+    assert flags[0] == OWN_TUNING and len(set(flags)) == len(flags) == 7 * 4 * 3 * 2
+    assert not any(t.moves_packets(2**18, 64, "float32") for t in flags)
+    both = gpu_tuning.tunings(packets=True)
+    assert both[: len(flags)] == flags and len(set(both)) == len(both) == len(flags) + 7 * 3 * 2
+    assert all(t.moves_packets(2**18, 64, "float32") for t in both[len(flags) :])
     assert {(8, 64, 1 << 20), (8, None, 64 << 20)} == set(gpu_tuning.SETTINGS)
 
 

@@ -338,18 +338,33 @@ def test_blocks_a_rank_follow_the_device_and_the_chunks() -> None:
     resident = loopback.resident_blocks(H200, registers=32, shared_bytes=4, threads=512)
     assert resident == 132 * 4
     program = lower(compile_schedule(synthesize("stragglar", 8)))
-    assert loopback.blocks_for(program, 7 * 2**20, resident, Tuning(max_blocks=16)) == 16
+    assert loopback.blocks_for(program, 7 * 2**20, "float32", resident, Tuning(max_blocks=16)) == 16
     assert (
-        loopback.blocks_for(program, 7 * 2**20, resident, Tuning(max_blocks=100)) == 528 // 8
+        loopback.blocks_for(program, 7 * 2**20, "float32", resident, Tuning(max_blocks=100)) == 528 // 8
     )  # as many as fit
-    assert loopback.blocks_for(program, 7 * 100, resident, Tuning(threads=512)) == 1
+    assert loopback.blocks_for(program, 7 * 100, "float32", resident, Tuning(threads=512)) == 1
     assert (
-        loopback.blocks_for(program, 7 * 100, resident, Tuning(threads=128)) == 1
+        loopback.blocks_for(program, 7 * 100, "float32", resident, Tuning(threads=128)) == 1
     )  # 100 elements: one block
     assert (
-        loopback.blocks_for(program, 7 * 1000, resident, Tuning(threads=128)) == 8
+        loopback.blocks_for(program, 7 * 1000, "float32", resident, Tuning(threads=128)) == 8
     )  # 1000: 8 of 128 threads
-    assert loopback.blocks_for(program, 7 * 2**20, 40, Tuning(max_blocks=16)) == 5  # 40 shared by 8 ranks
+    assert (
+        loopback.blocks_for(program, 7 * 2**20, "float32", 40, Tuning(max_blocks=16)) == 5
+    )  # 40 shared by 8 ranks
+
+
+def test_a_program_of_packets_shares_its_units_among_the_blocks_not_its_elements() -> None:
+    """A thread lands a whole packet unit (two float16 elements, one float32 or float64), so a
+    chunk of 1024 float16 elements, 512 units, fills 4 blocks of 128 threads, not 8 half-idle."""
+    program = lower(compile_schedule(synthesize("stragglar", 8)), packets=True)
+    staged = lower(compile_schedule(synthesize("stragglar", 8)))
+    tuning = Tuning(threads=128)
+    assert loopback.blocks_for(program, 7 * 1024, "float16", 528, tuning) == 4
+    assert loopback.blocks_for(staged, 7 * 1024, "float16", 528, tuning) == 8
+    assert loopback.blocks_for(program, 7 * 1024, "float32", 528, tuning) == 8
+    assert loopback.blocks_for(program, 7 * 1024, "float64", 528, tuning) == 8
+    assert loopback.blocks_for(program, 7 * 1025, "float16", 528, tuning) == 5  # 513 units
 
 
 def test_a_tuning_sets_the_kernels_blocks_threads_vectors_and_pause_and_every_call_stays_exact(

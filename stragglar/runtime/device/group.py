@@ -106,7 +106,7 @@ class DeviceRank:
         resident = resident_blocks(
             properties, self.kernel.num_regs, self.kernel.shared_size_bytes, self.threads
         )
-        mine = blocks_for(program, count, resident, OWN_TUNING)
+        mine = blocks_for(program, count, dtype, resident, OWN_TUNING)
         self.device_id, self.resident = device_id, resident
         self.holding = Held(Fraction(0))  # the last call's share of the GPU (residency.py)
         self.slot_size = slot_size(count, program.num_chunks, dtype, program.packets)

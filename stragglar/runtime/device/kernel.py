@@ -57,6 +57,7 @@ __all__ = [
     "compile_kernel",
     "kernel_args",
     "kernel_name",
+    "packet_unit",
     "recount",
     "slot_size",
 ]
@@ -482,10 +483,20 @@ def slot_size(count: int, num_chunks: int, dtype: str, packets: bool = False) ->
     width = 16 // itemsize
     largest = -(-count // num_chunks)
     elements = largest + width - 1
-    if packets:
-        per = max(1, 4 // itemsize)  # elements a packet carries (an 8-byte one: half of one)
+    if packets:  # a unit's packets: 8 bytes for every 4 of data (an 8-byte element: two)
+        per = packet_unit(dtype)
         elements = max(elements, -(-largest // per) * 8 * max(1, itemsize // 4) // itemsize)
     return -(-elements // width) * width
+
+
+def packet_unit(dtype: str) -> int:
+    """The elements of ``dtype`` in one packet unit, which one thread lands and forwards
+    (``Packing<Word>::PER``): a packet's 4 bytes of data, or one 8-byte element (two packets).
+
+    >>> packet_unit("float16"), packet_unit("float32"), packet_unit("int64")
+    (2, 1, 1)
+    """
+    return max(1, 4 // int(np.dtype(SUMS[dtype][1]).itemsize))
 
 
 def kernel_name(dtype: str, vectors: int = OWN_TUNING.vectors) -> str:

@@ -38,6 +38,7 @@ from stragglar.runtime.device.kernel import (
     Tuning,
     compile_kernel,
     kernel_args,
+    packet_unit,
     recount,
     slot_size,
 )
@@ -79,11 +80,12 @@ def resident_blocks(properties: Mapping[str, int], registers: int, shared_bytes:
     return int(properties["multiProcessorCount"]) * max(per_sm, 0)
 
 
-def blocks_for(program: DeviceProgram, count: int, resident: int, tuning: Tuning) -> int:
+def blocks_for(program: DeviceProgram, count: int, dtype: str, resident: int, tuning: Tuning) -> int:
     """Blocks a rank: as many as the device holds for every rank at once (at most
-    ``tuning.max_blocks``), fewer when a chunk has too few elements to share among blocks of
-    ``tuning.threads``; refused when not even one block a rank fits (the ranks' spin-waits would
-    deadlock)."""
+    ``tuning.max_blocks``), fewer when a chunk of ``count`` elements of ``dtype`` has too few to
+    share among blocks of ``tuning.threads`` (a program of packets: too few packet units, which
+    a thread moves whole, so that no thread of a block idles for want of one); refused when not
+    even one block a rank fits (the ranks' spin-waits would deadlock)."""
     n = program.num_ranks
     if resident < n:
         raise InputError(
@@ -91,6 +93,8 @@ def blocks_for(program: DeviceProgram, count: int, resident: int, tuning: Tuning
             "their kernels could not all run together"
         )
     largest = -(-count // program.num_chunks)
+    if program.packets:
+        largest = -(-largest // packet_unit(dtype))
     return max(1, min(tuning.max_blocks, resident // n, -(-largest // tuning.threads)))
 
 
@@ -127,7 +131,7 @@ class DeviceLoopback:
             self.kernel.shared_size_bytes,
             self.threads,
         )
-        self.blocks = blocks_for(program, count, resident, tuning)
+        self.blocks = blocks_for(program, count, dtype, resident, tuning)
         self.device_id, self.resident = device_id, resident
         self.count = count
         self.slot_size = slot_size(count, program.num_chunks, dtype, program.packets)
