@@ -486,11 +486,6 @@ def test_detect_finds_the_persistent_straggler_and_keeps_the_gradients() -> None
         ({"engine": "kernels"}, InputError, "engine must be one of rounds, device, got 'kernels'"),
         ({"engine": "device", "graphs": False}, InputError, "graphs applies to the rounds engine, not"),
         (
-            {"asynchronous": False, "graphs": False},
-            InputError,
-            "graphs applies to the worker threads' rounds, ordered on CUDA streams, not to asynch",
-        ),
-        (
             {"proofs": [1]},
             ArgumentError,
             r"^StragglarState.proofs must be a dict of proofs or None, got \[1\]$",
@@ -823,7 +818,7 @@ def device_path_rank(
         return rounds(data, proof, **options)
 
     with (
-        mock.patch.object(hook, "check_bucket", lambda state, buffer, in_call: None),  # CPU buckets here
+        mock.patch.object(hook, "check_bucket", lambda state, buffer: None),  # CPU buckets here
         mock.patch.object(worker, "allreduce", allreduce),
         mock.patch.object(worker, "register_buffer", register_buffer),
     ):
@@ -886,7 +881,7 @@ def test_the_device_engine_refuses_a_cpu_bucket_and_a_machine_without_cupy() -> 
         mock.patch.object(importlib.util, "find_spec", lambda name: None),
         pytest.raises(InputError, match="launches its kernels with CuPy, which is not installed"),
     ):
-        check_bucket(state, on_gpu, False)  # type: ignore[arg-type]
+        check_bucket(state, on_gpu)  # type: ignore[arg-type]
 
 
 def test_graphs_off_is_refused_where_no_round_replays_from_a_graph() -> None:
@@ -897,16 +892,53 @@ def test_graphs_off_is_refused_where_no_round_replays_from_a_graph() -> None:
     assert all(words + "not to a bucket on cpu over gloo" in e for e in errors), errors
 
 
-def test_graphs_off_is_refused_on_fsdp_s_shards_whose_rounds_run_in_the_call() -> None:
-    """FSDP's hook (``in_call``) waits for the rounds on the host: no graph replays them, even for
-    a CUDA shard on an NCCL group; the DDP hook's worker threads do replay them."""
+def test_graphs_off_applies_to_cuda_buckets_over_nccl_whoever_queues_their_rounds() -> None:
+    """The worker threads, FSDP's hook and ``asynchronous=False`` all queue a CUDA bucket's rounds
+    on the side streams over NCCL, where graphs replay them: graphs=False is taken there, and
+    refused on a CPU bucket or over gloo."""
     from unittest import mock
 
     from stragglar.ddp.options import check_bucket
 
     on_gpu = types.SimpleNamespace(is_cuda=True, device="cuda:0")
-    state = StragglarState(graphs=False)
-    with mock.patch.object(dist, "get_backend", lambda group: "nccl"):
-        check_bucket(state, on_gpu, False)  # type: ignore[arg-type]
-        with pytest.raises(InputError, match="graphs applies to the DDP hook's worker threads, not to FSDP"):
-            check_bucket(state, on_gpu, True)  # type: ignore[arg-type]
+    for state in (StragglarState(graphs=False), StragglarState(graphs=False, asynchronous=False)):
+        with mock.patch.object(dist, "get_backend", lambda group: "nccl"):
+            check_bucket(state, on_gpu)  # type: ignore[arg-type]
+        with (
+            mock.patch.object(dist, "get_backend", lambda group: "gloo"),
+            pytest.raises(InputError, match=r"not to a bucket on cuda:0 over gloo$"),
+        ):
+            check_bucket(state, on_gpu)  # type: ignore[arg-type]
+
+
+def test_a_cuda_bucket_reduced_in_the_call_is_ordered_on_its_device_s_streams() -> None:
+    """FSDP's hook (``in_call``) and ``asynchronous=False`` run a bucket on the caller's thread; a
+    CUDA bucket's job then carries its device's stream order (side streams after the event the
+    gradients are ready at, a CUDA Future), not the host's, and the Future is the job's, done when
+    the call returns.  (How a stream-ordered job's stages run: tests/test_ddp_worker.py.)"""
+    from stragglar.ddp.state_parts import Connection
+
+    class Order:  # the stand-in of a device's StreamOrder
+        stream_ordered = True
+
+        def ready(self) -> str:
+            return "the gradients' event"
+
+        def future(self) -> torch.futures.Future[torch.Tensor]:
+            return torch.futures.Future()
+
+    jobs: list[Any] = []
+
+    def reduce(job: Any) -> None:
+        jobs.append(job)
+        job.future.set_result(job.buffer)
+
+    device, order = torch.device("cuda", 0), Order()
+    bucket = types.SimpleNamespace(is_cuda=True, device=device, numel=lambda: 8, element_size=lambda: 4)
+    for asynchronous in (True, False):  # FSDP's hook, then the DDP hook's synchronous path
+        state = StragglarState(asynchronous=asynchronous)
+        state.resources.connection = Connection(reduce, None, {device: order})  # type: ignore[arg-type, dict-item]
+        future = state.reduce(bucket, 0, 4, in_call=asynchronous)  # type: ignore[arg-type]
+        job = jobs.pop()
+        assert job.order is order and job.ready == "the gradients' event" and job.buffer is bucket
+        assert future is job.future and future.done()

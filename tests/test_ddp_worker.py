@@ -112,6 +112,10 @@ class FakeStreamOrder(StreamOrder):
     def future(self) -> Any:
         return torch.futures.Future()
 
+    def keep(self, buffer: Any, side: Any) -> None:
+        """Logged: a CPU tensor has no ``record_stream``."""
+        self.cuda.log.append(f"bucket of {buffer.numel()} kept for {side.name}")
+
 
 class FakeWork:
     def __init__(self, waits: list[tuple[Any, ...]]) -> None:
@@ -213,6 +217,49 @@ def test_bucket_rounds_run_on_the_side_streams_and_complete_the_future_there() -
                 assert log.index(f"{after} waits for {event}") > log.index(f"{event} recorded on {before}")
         if rank != 2:
             assert r["done"] == [False] * 3  # the peer was late: nothing was done at submission
+
+
+def in_call_rank(rank: int, n: int, proof: Proof) -> dict[str, Any]:
+    """A stream-ordered bucket reduced on the caller's thread, as FSDP's hook and
+    ``asynchronous=False`` run it (no worker: the reducer called directly)."""
+    from stragglar.runtime import torch_dist
+
+    cuda = FakeCuda()
+    order = FakeStreamOrder(torch.device("cpu", 0), cuda=cuda)
+    issued: list[str] = []
+    exchange = torch_dist.TorchTransport.exchange
+
+    def logged(self: Any, step: Any, sends: Any, recvs: Any) -> None:
+        issued.append(cuda.current_stream().name)
+        exchange(self, step, sends, recvs)
+
+    torch_dist.TorchTransport.exchange = logged  # type: ignore[method-assign]
+    group = dedicated_group(None, 20.0)
+    reduce = Reducer((group, group), n, 20.0)
+    buffer = torch.from_numpy(payload(rank, 40, n, "float64")).double()
+    future = order.future()
+    completed_on: list[str] = []
+    future.add_done_callback(lambda _: completed_on.append(cuda.current_stream().name))
+    reduce(Job(buffer, 0, proof, None, 0, order, order.ready(), future))
+    assert future.done()  # completed in the call
+    assert np.allclose(buffer.numpy() * n, expected(40, n, "float64"))
+    return {"log": cuda.log, "issued": issued, "completed_on": completed_on}
+
+
+def test_a_bucket_reduced_in_the_call_runs_on_the_side_streams_and_keeps_its_buffer() -> None:
+    """FSDP's hook reduces each shard in its call, and FSDP frees the shard at each step: the
+    stages run on the side streams, each after the event before it, the buffer is kept from the
+    allocator on both, and the Future completes on the second before the call returns."""
+    proof = prove(synthesize("stragglar", 3))
+    for rank, r in enumerate(launch(in_call_rank, 3, (proof,), timeout=30)):
+        log = r["log"]
+        assert r["completed_on"] == ["side 2"], r
+        assert set(r["issued"]) == ({"side 2"} if rank == 2 else {"side 1", "side 2"}), r
+        (ready_1,) = (e.removesuffix(" recorded on compute") for e in log if e.endswith(" on compute"))
+        (ready_2,) = (e.removesuffix(" recorded on side 1") for e in log if e.endswith(" on side 1"))
+        assert log.index("side 1 waits for " + ready_1) < log.index("bucket of 40 kept for side 1")
+        assert log.index(ready_2 + " recorded on side 1") < log.index("side 2 waits for " + ready_2)
+        assert "bucket of 40 kept for side 2" in log, log
 
 
 def test_event_timings_leave_out_the_queue() -> None:

@@ -68,8 +68,8 @@ class StragglarState:
         rounds and in the engine's all_reduce on the host alike (on CUDA, NCCL's own watchdog
         ends that one at the process group's timeout).
         ``asynchronous``: return at once, worker threads running the rounds (default True).
-        ``graphs``: on CUDA over NCCL, the worker threads replay the rounds from CUDA graphs
-        (default True; False is refused where no round would replay from a graph).
+        ``graphs``: on CUDA over NCCL, the rounds replay from CUDA graphs (default True; False
+        is refused where no round would replay from a graph).
         ``engine``: "rounds" (default) drives StragglAR's rounds from the host; "device" runs a
         bucket's whole AllReduce as one kernel launch on each rank (CUDA buckets, with CuPy).
     What it records
@@ -92,7 +92,8 @@ class StragglarState:
     the rank made late.  ``asynchronous``: two worker threads (on CUDA, two side streams) run
     StragglAR's rounds, the first those the late rank takes no part in, for every bucket as soon
     as it is ready (:mod:`stragglar.ddp.worker`); False runs them in the hook, as FSDP's hook
-    always does.  ``graphs``: each bucket
+    always does (on CUDA, queued there on the same side streams: over NCCL the host waits for no
+    round).  ``graphs``: each bucket
     stage's rounds replay from a CUDA graph after their first step
     (:func:`~stragglar.runtime.allreduce`); such a graph holds its NCCL group, which NCCL will then
     not destroy: :meth:`close` releases them, by itself before ``destroy_process_group()``.
@@ -365,11 +366,12 @@ class StragglarState:
 
         ``divisor``: what the sum is divided by (None: ``world_size``, to average; 1: the sum).
         ``in_call``: the state's reductions run in the call, never on worker threads, for a caller
-        that needs the result when the call returns (the Future is then done, or ordered on the
-        engine's stream).  ``kept``: the caller hands the same tensor for this bucket at every
-        later step, on every rank (DDP's buckets once DDP rebuilt them): the device engine
-        registers it."""
-        check_bucket(self, buffer, in_call)
+        that needs the result when the call returns: the Future is then done, on CUDA as a CUDA
+        Future whose reader's stream waits (on the device) for the rounds queued on the side
+        streams, or for the engine's stream.  ``kept``: the caller hands the same tensor for this
+        bucket at every later step, on every rank (DDP's buckets once DDP rebuilt them): the
+        device engine registers it."""
+        check_bucket(self, buffer)
         threads = self.asynchronous and not in_call
         comm = self.resources.connection or self._connect(world_size, threads)
         order: Order = HOST
@@ -382,12 +384,6 @@ class StragglarState:
             return self._engine(buffer, world_size if divisor is None else divisor, order)
         proof = self.proof(world_size, choice.straggler, choice.chunks)
         chunks = choice.chunks or 0
-        if comm.worker is None:
-            job = Job(
-                buffer, bucket, proof, choice.straggler, chunks, HOST, None, HOST.future(), divisor, kept
-            )
-            comm.reduce(job)  # on the caller's thread, its errors raised in the hook
-            return job.future
         job = Job(
             buffer,
             bucket,
@@ -400,6 +396,12 @@ class StragglarState:
             divisor,
             kept,
         )
+        if comm.worker is None:
+            # on the caller's thread, its errors raised in the hook; on CUDA the stages are queued
+            # on the side streams (over NCCL no round waits on the host), and the caller's stream
+            # waits for the result when it reads the Future
+            comm.reduce(job)
+            return job.future
         comm.worker.submit(job.future, *comm.reduce.stages(job))
         # DDP reads a failed Future's value as its result ("Unable to cast ... to Tensor"); an error
         # raised in a callback reaches it as an error, with the message intact

@@ -4,7 +4,10 @@ On the host (:class:`HostOrder`) the gradients are ready when the hook is called
 rounds are done when it returns.  On CUDA (:class:`StreamOrder`) each stage of a bucket's work
 runs on a side stream of its own, after an event recorded before it (the gradients', then the
 first stage's), so no stage waits on the host for the one before; its timings are CUDA events
-read once the device has passed them (:class:`EventWatch`), never waited for.
+read once the device has passed them (:class:`EventWatch`), never waited for.  Whether a worker
+thread runs the stages (the DDP hook) or the hook's caller does (FSDP's hook, or
+``asynchronous=False``), the order is the same: on CUDA the caller's stream waits for the result
+on the device, when it reads it.
 """
 
 from __future__ import annotations
@@ -37,7 +40,9 @@ class Order(Protocol):
 
     def ready(self) -> Any: ...
 
-    def running(self, ready: Any, stage: int) -> contextlib.AbstractContextManager[None]: ...
+    def running(
+        self, ready: Any, stage: int, buffer: torch.Tensor
+    ) -> contextlib.AbstractContextManager[None]: ...
 
     def future(self) -> torch.futures.Future[torch.Tensor]: ...
 
@@ -71,7 +76,9 @@ class HostOrder:
     def ready(self) -> None:
         return None
 
-    def running(self, ready: Any, stage: int) -> contextlib.AbstractContextManager[None]:
+    def running(
+        self, ready: Any, stage: int, buffer: torch.Tensor
+    ) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()
 
     def future(self) -> torch.futures.Future[torch.Tensor]:
@@ -128,12 +135,20 @@ class StreamOrder:
         return event
 
     @contextlib.contextmanager
-    def running(self, ready: Any, stage: int) -> Iterator[None]:
-        """On the worker: ``stage``'s side stream current, waiting (on the device) for ``ready``."""
+    def running(self, ready: Any, stage: int, buffer: torch.Tensor) -> Iterator[None]:
+        """``stage``'s side stream current, waiting (on the device) for ``ready``, its work on
+        ``buffer`` kept from the allocator (:meth:`keep`)."""
         side = self.sides[stage]
         with self.cuda.device(self.device), self.cuda.stream(side):
             side.wait_event(ready)
+            self.keep(buffer, side)
             yield
+
+    def keep(self, buffer: torch.Tensor, side: Any) -> None:
+        """Mark ``buffer`` in use on ``side``: freed by its owner while the work queued there has
+        yet to run (FSDP frees each step's shard; its stream waits for the result, others need
+        not), its memory goes to no other stream's tensor before that work has run."""
+        buffer.record_stream(side)
 
     def future(self) -> torch.futures.Future[torch.Tensor]:
         """A CUDA Future: completed on the side stream, it makes its reader's stream wait for it."""

@@ -176,14 +176,14 @@ class Reducer:
         return (lambda _: self.early(job)), functools.partial(self.late, job)
 
     def early(self, job: Job) -> Any:
-        with job.order.running(job.ready, 0):
+        with job.order.running(job.ready, 0, job.buffer):
             split = job.split()
             if split:
                 self._rounds(job, 0, (0, split))
             return job.order.ready()
 
     def late(self, job: Job, ready: Any) -> None:
-        with job.order.running(ready, 1):
+        with job.order.running(ready, 1, job.buffer):
             watch = job.order.clock()
             self._rounds(job, 1, (job.split(), None))
             self._done(job, watch)
@@ -208,7 +208,7 @@ class Reducer:
     def _on_device(self, job: Job) -> None:
         """A bucket's whole device call, on the caller's thread (or the first worker thread, where
         the call may gather over ``groups[0]``: see :meth:`_launch`)."""
-        with job.order.running(job.ready, 0):
+        with job.order.running(job.ready, 0, job.buffer):
             if job.kept:
                 self._register(job)
             watch = job.order.clock()
@@ -238,7 +238,7 @@ class Reducer:
             self.in_flight.drain(self.timeout)
             self._on_device(job)
             return None
-        with job.order.running(job.ready, 0):
+        with job.order.running(job.ready, 0, job.buffer):
             watch = job.order.clock()
             work = self._device_call(job, True)
             self.in_flight.add()
@@ -251,7 +251,7 @@ class Reducer:
             return
         work, watch, ready = handed
         try:
-            with job.order.running(ready, 1), global_ranks(self.groups[1]):
+            with job.order.running(ready, 1, job.buffer), global_ranks(self.groups[1]):
                 work.wait(self.groups[1])
                 self._done(job, watch)
         finally:

@@ -13,12 +13,18 @@ HSDP divides by replicas x shards.  So the hook averages over the replicas, and 
 factor set it sums: either way the gradients are native HSDP's with the same settings.
 
 FSDP reads the shard as soon as the hook returns (it divides it, casts it, views it as the
-gradients), so the reduction runs in the call: on CPU it blocks, as FSDP's own all-reduce does
-there; on CUDA FSDP calls the hook on its all-reduce stream, and the rounds block the host too
-(the DDP hook's synchronous path).  So ``asynchronous`` (the DDP hook's worker threads) has
-nothing to choose here, and ``graphs=False`` (no replays of stream-ordered rounds) is refused.  With
-``engine="device"`` a shard is one kernel launch a replica, staged through the receivers' inboxes:
-FSDP hands a new shard tensor at each step, which registering would not serve.
+gradients), so the reduction runs in the call (the DDP hook's synchronous path): on CPU it
+blocks, as FSDP's own all-reduce does there.  On CUDA FSDP calls the hook with its all-reduce
+stream current, and the call queues the rounds on the state's two side streams after it (the
+rounds the late replica takes no part in, then the rest), divides there, and makes the
+all-reduce stream wait for them on the device: over NCCL the host waits for no round, and goes on
+with the backward while the replicas reduce, as with FSDP's own all-reduce.  The shard is kept
+from the allocator until the side streams' work on it has run (FSDP frees it at each step).  So
+``asynchronous`` (the DDP hook's worker threads) has nothing to choose here; ``graphs`` applies
+as to the DDP hook (the rounds of a shard at an address seen before replay from a CUDA graph).
+With ``engine="device"`` a shard is one kernel launch a replica, staged through the receivers'
+inboxes, which the host waits for: FSDP hands a new shard tensor at each step, which registering
+would not serve.
 
 FSDP keeps no public count of a module's parameter groups nor their meshes: the checks read
 them where ``set_all_reduce_hook`` does, in the module's FSDP state.
