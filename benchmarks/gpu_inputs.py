@@ -60,5 +60,7 @@ def slowest(per_rank: Sequence[dict[str, list[float]]]) -> dict[str, float]:
 
 
 def size_text(size_bytes: int) -> str:
-    """A buffer's size as the tables show it: whole MiB, else whole KiB."""
-    return f"{size_bytes >> 20} MiB" if size_bytes >= 1 << 20 else f"{size_bytes >> 10} KiB"
+    """A buffer's size as the tables show it: whole MiB, else whole KiB, else bytes."""
+    if size_bytes >= 1 << 20:
+        return f"{size_bytes >> 20} MiB"
+    return f"{size_bytes >> 10} KiB" if size_bytes >= 1 << 10 else f"{size_bytes} B"

@@ -159,10 +159,11 @@ def setting_line(rows: list[TuningRow]) -> str:
 
 
 def described(r: TuningRow) -> str:
-    """A row's tuning and the blocks it got, in words."""
+    """A row's tuning and the blocks it got, in words (a packet row moves no vectors)."""
+    vectors = "" if r.packets else f", vectors {r.vectors}"
     return (
-        f"{'packets, ' if r.packets else ''}max blocks {r.max_blocks} (blocks {r.blocks}), vectors "
-        f"{r.vectors}, {r.threads} threads, pause {r.pause_ns} ns"
+        f"{'packets, ' if r.packets else ''}max blocks {r.max_blocks} (blocks {r.blocks}){vectors}, "
+        f"{r.threads} threads, pause {r.pause_ns} ns"
     )
 
 
@@ -182,7 +183,8 @@ def tuning_table(rows: list[TuningRow]) -> str:
                 continue
             moves = "packets" if r.packets else "flags"
             own = " (own)" if r.own else ""
-            tuning = f"{moves} | {r.max_blocks}{own} | {r.vectors} | {r.threads} | {r.pause_ns}"
+            vectors = "-" if r.packets else r.vectors
+            tuning = f"{moves} | {r.max_blocks}{own} | {vectors} | {r.threads} | {r.pause_ns}"
             lines.append(
                 f"| {r.n} | {r.chunks} | {r.size_bytes >> 10} KiB | {tuning} | {r.blocks} | {r.round_us:.2f} "
                 f"| {r.gpu_round_us:.2f} | {or_dash(r.gpu_copy_efficiency)} | {'yes' if r.exact else 'NO'} |"

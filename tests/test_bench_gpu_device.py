@@ -243,6 +243,8 @@ def test_a_setting_times_each_tuning_once_with_its_own_kernel_blocks_and_threads
     got = [(r.max_blocks, r.vectors, r.threads, r.pause_ns, r.blocks, r.own) for r in rows]
     assert got == want + as_packets
     assert [r.packets for r in rows] == [False] * len(want) + [True] * len(as_packets)
+    packet_row = rows[len(want)]
+    assert gpu_tuning.described(packet_row) == "packets, max blocks 2 (blocks 2), 128 threads, pause 0 ns"
     assert all(
         r.exact and r.round_us > 0 and r.gpu_round_us > 0 and r.gpu_copy_efficiency is None for r in rows
     )

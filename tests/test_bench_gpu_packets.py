@@ -5,6 +5,7 @@ size both ways, every call checked; and the threshold it prints, on rows whose t
 from __future__ import annotations
 
 import ctypes
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -49,17 +50,29 @@ def test_each_size_is_timed_on_flags_and_as_packets_and_every_call_checked(
         (8, 64, 2048, 32),
         (8, 64, 3072, 48),
     ]
-    assert all(r.exact and r.flags_gpu_round_us > 0 and r.packets_gpu_round_us > 0 for r in rows)
+    assert all(r.flags_exact and r.packets_exact for r in rows)
+    assert all(r.flags_gpu_round_us > 0 and r.packets_gpu_round_us > 0 for r in rows)
     made = list(loopback._loopbacks.values())
     states = [(state.program.packets, state.count) for state in made]  # each state made
     assert sorted(states) == [(False, 512), (False, 768), (True, 512), (True, 768)]
     assert len(cuda.launches) == 8 * 2 * 2 * 2  # 8 ranks, 2 calls (one untimed), 2 ways, 2 sizes
-    assert len(lines) == 2 and lines[0].startswith("packets N=8 C=64 2 KiB (chunks of 0 KiB): flags ")
-    assert lines[0].endswith(", exact")
+    assert len(lines) == 2
+    line = r"packets N=8 C=64 2 KiB \(chunks of 32 B\): flags [\d.]+ us a round on the GPU \(exact\), "
+    assert re.fullmatch(line + r"packets [\d.]+ \(exact\)", lines[0]), lines[0]
 
 
-def row(packets: Any, chunk_kib: int, flags_us: float, packets_us: float, exact: bool = True) -> Any:
-    return packets.PacketRow(8, 64, chunk_kib << 16, chunk_kib << 10, flags_us, packets_us, exact)
+def row(
+    packets: Any,
+    chunk_kib: int,
+    flags_us: float,
+    packets_us: float,
+    flags_exact: bool = True,
+    exact: bool = True,
+) -> Any:
+    """N = 8, C = 64: a rank's buffer holds 64 chunks of ``chunk_kib`` KiB."""
+    return packets.PacketRow(
+        8, 64, chunk_kib << 16, chunk_kib << 10, flags_us, packets_us, flags_exact, exact
+    )
 
 
 def test_the_threshold_is_the_largest_chunk_up_to_which_packets_always_won(packets: Any) -> None:
@@ -75,19 +88,38 @@ def test_the_threshold_is_the_largest_chunk_up_to_which_packets_always_won(packe
         "packets faster again at chunks of 256 KiB, beyond one where they were not: not taken"
     )
     table = packets.packets_table(rows)
-    assert "| 8 | 64 | 1024 KiB | 16 KiB | 4.00 | 1.50 | 0.38x | yes |" in table
+    assert "| 8 | 64 | 1 MiB | 16 KiB | 4.00 | 1.50 | 0.38x | yes | yes |" in table
     assert table.endswith("\n".join(verdict))
 
 
-def test_packets_within_the_noise_or_inexact_are_not_called_faster(packets: Any) -> None:
+def test_packets_within_the_noise_are_not_called_faster(packets: Any) -> None:
     close = [row(packets, 16, 4.0, 3.9), row(packets, 32, 4.0, 2.0)]  # 2.5% faster at the smallest
     assert packets.packet_threshold(close) == 0
-    assert packets.packets_verdict(close)[0].startswith(
-        "packets not faster than flags (by more than 5%) at the smallest chunk, 16 KiB: packet_bytes 0 ("
-    )
-    wrong = [row(packets, 16, 4.0, 1.0), row(packets, 32, 4.0, 1.0, exact=False), row(packets, 64, 4.0, 1.0)]
-    assert packets.packet_threshold(wrong) == 16 << 10
-    verdict = packets.packets_verdict(wrong)
-    assert verdict[0] == "packets: NOT exact at 2048 KiB"
-    assert verdict[2] == "packets faster again at chunks of 64 KiB, beyond one where they were not: not taken"
+    assert packets.packets_verdict(close) == [
+        "packets not faster than flags (by more than 5%) at the smallest chunk, 16 KiB: packet_bytes 0 "
+        "(the engine's own packet_bytes is 0)",
+        "packets faster again at chunks of 32 KiB, beyond one where they were not: not taken",
+    ]
+
+
+@pytest.mark.parametrize("flags_wrong", [False, True])
+def test_a_wrong_sum_anywhere_leaves_no_packet_bytes_to_take(packets: Any, flags_wrong: bool) -> None:
+    """Packets faster everywhere, but one size's calls of one way wrong: packets must not be
+    turned on (packets wrong), and a comparison with a wrong run says nothing (flags wrong); the
+    way that was wrong is named, with its chunk size."""
+    wrong = row(packets, 32, 4.0, 1.0, flags_exact=not flags_wrong, exact=flags_wrong)
+    rows = [row(packets, 16, 4.0, 1.0), wrong, row(packets, 64, 4.0, 1.0)]
+    assert packets.packet_threshold(rows) == 0
+    how = "flags" if flags_wrong else "packets"
+    assert packets.packets_verdict(rows) == [
+        f"NOT exact: {how} at chunks of 32 KiB: no packet_bytes to take (the engine's own packet_bytes is 0)"
+    ]
+    table = packets.packets_table(rows)
+    assert ("| yes | NO |" in table) is not flags_wrong and ("| NO | yes |" in table) is flags_wrong
+
+
+def test_no_size_measured_is_said_not_left_blank(packets: Any) -> None:
     assert packets.packet_threshold([]) == 0
+    assert packets.packets_verdict([]) == [
+        "packets: no chunk size measured, no packet_bytes to take (the engine's own packet_bytes is 0)"
+    ]

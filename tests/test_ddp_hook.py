@@ -486,6 +486,11 @@ def test_detect_finds_the_persistent_straggler_and_keeps_the_gradients() -> None
         ({"engine": "kernels"}, InputError, "engine must be one of rounds, device, got 'kernels'"),
         ({"engine": "device", "graphs": False}, InputError, "graphs applies to the rounds engine, not"),
         (
+            {"asynchronous": False, "graphs": False},
+            InputError,
+            "graphs applies to the worker threads' rounds, not to asynchronous=False, whose rounds run",
+        ),
+        (
             {"proofs": [1]},
             ArgumentError,
             r"^StragglarState.proofs must be a dict of proofs or None, got \[1\]$",
@@ -818,7 +823,7 @@ def device_path_rank(
         return rounds(data, proof, **options)
 
     with (
-        mock.patch.object(hook, "check_bucket", lambda state, buffer: None),  # CPU buckets here
+        mock.patch.object(hook, "check_bucket", lambda state, buffer, in_call: None),  # CPU buckets here
         mock.patch.object(worker, "allreduce", allreduce),
         mock.patch.object(worker, "register_buffer", register_buffer),
     ):
@@ -881,7 +886,7 @@ def test_the_device_engine_refuses_a_cpu_bucket_and_a_machine_without_cupy() -> 
         mock.patch.object(importlib.util, "find_spec", lambda name: None),
         pytest.raises(InputError, match="launches its kernels with CuPy, which is not installed"),
     ):
-        check_bucket(state, on_gpu)  # type: ignore[arg-type]
+        check_bucket(state, on_gpu, False)  # type: ignore[arg-type]
 
 
 def test_graphs_off_is_refused_where_no_round_replays_from_a_graph() -> None:
@@ -892,34 +897,37 @@ def test_graphs_off_is_refused_where_no_round_replays_from_a_graph() -> None:
     assert all(words + "not to a bucket on cpu over gloo" in e for e in errors), errors
 
 
-def test_graphs_off_applies_to_cuda_buckets_over_nccl_whoever_queues_their_rounds() -> None:
-    """The worker threads, FSDP's hook and ``asynchronous=False`` all queue a CUDA bucket's rounds
-    on the side streams over NCCL, where graphs replay them: graphs=False is taken there, and
-    refused on a CPU bucket or over gloo."""
+def test_graphs_off_is_refused_on_fsdp_s_shards_whose_rounds_run_in_the_call() -> None:
+    """FSDP's hook (``in_call``) queues its rounds in the call, one by one (a capture would stall
+    it): no graph replays them, even for a CUDA shard on an NCCL group; the DDP hook's worker
+    threads do replay them."""
     from unittest import mock
 
     from stragglar.ddp.options import check_bucket
 
     on_gpu = types.SimpleNamespace(is_cuda=True, device="cuda:0")
-    for state in (StragglarState(graphs=False), StragglarState(graphs=False, asynchronous=False)):
-        with mock.patch.object(dist, "get_backend", lambda group: "nccl"):
-            check_bucket(state, on_gpu)  # type: ignore[arg-type]
-        with (
-            mock.patch.object(dist, "get_backend", lambda group: "gloo"),
-            pytest.raises(InputError, match=r"not to a bucket on cuda:0 over gloo$"),
-        ):
-            check_bucket(state, on_gpu)  # type: ignore[arg-type]
+    state = StragglarState(graphs=False)
+    with mock.patch.object(dist, "get_backend", lambda group: "nccl"):
+        check_bucket(state, on_gpu, False)  # type: ignore[arg-type]
+        with pytest.raises(InputError, match="graphs applies to the DDP hook's worker threads, not to FSDP"):
+            check_bucket(state, on_gpu, True)  # type: ignore[arg-type]
 
 
-def test_a_cuda_bucket_reduced_in_the_call_is_ordered_on_its_device_s_streams() -> None:
-    """FSDP's hook (``in_call``) and ``asynchronous=False`` run a bucket on the caller's thread; a
-    CUDA bucket's job then carries its device's stream order (side streams after the event the
-    gradients are ready at, a CUDA Future), not the host's, and the Future is the job's, done when
-    the call returns.  (How a stream-ordered job's stages run: tests/test_ddp_worker.py.)"""
-    from stragglar.ddp.state_parts import Connection
+def test_a_cuda_bucket_reduced_in_the_call_is_ordered_on_its_device_s_streams(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """FSDP's hook (``in_call``) and ``asynchronous=False`` make no worker threads and run a bucket
+    on the caller's thread; a CUDA bucket's job then carries its device's stream order (made once
+    for the device: side streams after the event the gradients are ready at, a CUDA Future), not
+    the host's, is marked as run on the caller (its rounds never from a graph), and the hook
+    returns the job's own Future, which the reducer completes.  (How a stream-ordered job's
+    stages run: tests/test_ddp_worker.py.)"""
 
     class Order:  # the stand-in of a device's StreamOrder
         stream_ordered = True
+
+        def __init__(self, device: torch.device) -> None:
+            made.append(device)
 
         def ready(self) -> str:
             return "the gradients' event"
@@ -927,18 +935,31 @@ def test_a_cuda_bucket_reduced_in_the_call_is_ordered_on_its_device_s_streams() 
         def future(self) -> torch.futures.Future[torch.Tensor]:
             return torch.futures.Future()
 
+    class Reducer:  # the stand-in of the hook's reducer: it records the jobs it is given
+        def __init__(self, *args: Any) -> None:
+            pass
+
+        def __call__(self, job: Any) -> None:
+            jobs.append(job)
+
+    from stragglar.ddp import hook
+
+    made: list[torch.device] = []
     jobs: list[Any] = []
-
-    def reduce(job: Any) -> None:
-        jobs.append(job)
-        job.future.set_result(job.buffer)
-
-    device, order = torch.device("cuda", 0), Order()
+    monkeypatch.setattr(hook, "StreamOrder", Order)
+    monkeypatch.setattr(hook, "Reducer", Reducer)
+    monkeypatch.setattr(hook, "dedicated_group", lambda group, timeout: "the hook's group")
+    monkeypatch.setattr(hook, "before_destroy", lambda *args: None)
+    device = torch.device("cuda", 0)
     bucket = types.SimpleNamespace(is_cuda=True, device=device, numel=lambda: 8, element_size=lambda: 4)
-    for asynchronous in (True, False):  # FSDP's hook, then the DDP hook's synchronous path
+    for asynchronous, in_call in ((True, True), (False, False)):  # FSDP's hook; DDP's synchronous path
         state = StragglarState(asynchronous=asynchronous)
-        state.resources.connection = Connection(reduce, None, {device: order})  # type: ignore[arg-type, dict-item]
-        future = state.reduce(bucket, 0, 4, in_call=asynchronous)  # type: ignore[arg-type]
-        job = jobs.pop()
-        assert job.order is order and job.ready == "the gradients' event" and job.buffer is bucket
-        assert future is job.future and future.done()
+        futures = [state.reduce(bucket, b, 4, in_call=in_call) for b in (0, 1)]  # type: ignore[arg-type]
+        connection = state.resources.connection
+        assert connection is not None and connection.worker is None
+        assert list(connection.streams) == [device] and made.pop() == device and not made
+        for bucket_number, (job, future) in enumerate(zip(jobs, futures, strict=True)):
+            assert job.bucket == bucket_number and job.buffer is bucket and job.on_caller
+            assert job.order is connection.streams[device] and job.ready == "the gradients' event"
+            assert future is job.future and not future.done()  # the hook's, as the reducer completes it
+        jobs.clear()

@@ -240,7 +240,7 @@ def in_call_rank(rank: int, n: int, proof: Proof) -> dict[str, Any]:
     future = order.future()
     completed_on: list[str] = []
     future.add_done_callback(lambda _: completed_on.append(cuda.current_stream().name))
-    reduce(Job(buffer, 0, proof, None, 0, order, order.ready(), future))
+    reduce(Job(buffer, 0, proof, None, 0, order, order.ready(), future, on_caller=True))
     assert future.done()  # completed in the call
     assert np.allclose(buffer.numpy() * n, expected(40, n, "float64"))
     return {"log": cuda.log, "issued": issued, "completed_on": completed_on}
@@ -259,7 +259,36 @@ def test_a_bucket_reduced_in_the_call_runs_on_the_side_streams_and_keeps_its_buf
         (ready_2,) = (e.removesuffix(" recorded on side 1") for e in log if e.endswith(" on side 1"))
         assert log.index("side 1 waits for " + ready_1) < log.index("bucket of 40 kept for side 1")
         assert log.index(ready_2 + " recorded on side 1") < log.index("side 2 waits for " + ready_2)
-        assert "bucket of 40 kept for side 2" in log, log
+        assert log.index("side 2 waits for " + ready_2) < log.index("bucket of 40 kept for side 2")
+
+
+@pytest.mark.parametrize(
+    ("stream_ordered", "on_caller", "graphs", "passed"),
+    [
+        (True, False, True, None),  # a worker thread's stream-ordered rounds: from graphs
+        (True, False, False, False),  # ... unless the state turns graphs off
+        (True, True, True, False),  # on the hook's caller: never captured (it would stall it)
+        (False, False, True, None),  # on the host: not stream-ordered, graphs do not apply
+    ],
+)
+def test_the_rounds_replay_from_graphs_on_the_worker_threads_only(
+    monkeypatch: pytest.MonkeyPatch, stream_ordered: bool, on_caller: bool, graphs: bool, passed: bool | None
+) -> None:
+    import torch.distributed as dist
+
+    from stragglar.ddp import worker
+
+    calls: list[dict[str, Any]] = []
+    monkeypatch.setattr(dist, "get_backend", lambda group: "nccl")
+    monkeypatch.setattr(worker, "allreduce", lambda data, proof, **options: calls.append(options))
+    order = FakeStreamOrder(torch.device("cpu", 0), cuda=FakeCuda()) if stream_ordered else HostOrder()
+    reduce = Reducer(("early", "late"), 3, 20.0, graphs=graphs)
+    proof = prove(synthesize("stragglar", 3))
+    job = Job(torch.zeros(6), 0, proof, None, 0, order, None, order.future(), on_caller=on_caller)
+    reduce._rounds(job, 1, (1, None))
+    (options,) = calls
+    assert options["graphs"] is passed and options["stream_ordered"] is stream_ordered
+    assert options["group"] == "late" and options["rounds"] == (1, None)
 
 
 def test_event_timings_leave_out_the_queue() -> None:

@@ -164,7 +164,7 @@ def device_rank(rank: int, n: int) -> tuple[float, list[Any], list[bool]]:
         raise AssertionError("FSDP's shards are not kept: nothing registers them")
 
     with (
-        mock.patch.object(hook, "check_bucket", lambda state, buffer: None),  # CPU shards here
+        mock.patch.object(hook, "check_bucket", lambda state, buffer, in_call: None),  # CPU shards here
         mock.patch.object(worker, "allreduce", allreduce),
         mock.patch.object(worker, "register_buffer", register_buffer),
     ):

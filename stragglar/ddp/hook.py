@@ -65,11 +65,12 @@ class StragglarState:
     How it runs
         ``process_group``: DDP's group (None: the world); the replicas' under FSDP.
         ``timeout``: seconds before a silent peer fails the step (default 300), in StragglAR's
-        rounds and in the engine's all_reduce on the host alike (on CUDA, NCCL's own watchdog
-        ends that one at the process group's timeout).
+        rounds and in the engine's all_reduce on the host alike (on CUDA over NCCL, where no
+        round is waited for on the host, NCCL's watchdog ends them: StragglAR's at this timeout,
+        the hook's groups being made with it, the engine's at the process group's).
         ``asynchronous``: return at once, worker threads running the rounds (default True).
-        ``graphs``: on CUDA over NCCL, the rounds replay from CUDA graphs (default True; False
-        is refused where no round would replay from a graph).
+        ``graphs``: on CUDA over NCCL, the worker threads replay the rounds from CUDA graphs
+        (default True; False is refused where no round would replay from a graph).
         ``engine``: "rounds" (default) drives StragglAR's rounds from the host; "device" runs a
         bucket's whole AllReduce as one kernel launch on each rank (CUDA buckets, with CuPy).
     What it records
@@ -92,8 +93,8 @@ class StragglarState:
     the rank made late.  ``asynchronous``: two worker threads (on CUDA, two side streams) run
     StragglAR's rounds, the first those the late rank takes no part in, for every bucket as soon
     as it is ready (:mod:`stragglar.ddp.worker`); False runs them in the hook, as FSDP's hook
-    always does (on CUDA, queued there on the same side streams: over NCCL the host waits for no
-    round).  ``graphs``: each bucket
+    always does (on CUDA, queued there on the same side streams, one bucket after another: over
+    NCCL the host waits for no round).  ``graphs``: on the worker threads, each bucket
     stage's rounds replay from a CUDA graph after their first step
     (:func:`~stragglar.runtime.allreduce`); such a graph holds its NCCL group, which NCCL will then
     not destroy: :meth:`close` releases them, by itself before ``destroy_process_group()``.
@@ -371,7 +372,7 @@ class StragglarState:
         streams, or for the engine's stream.  ``kept``: the caller hands the same tensor for this
         bucket at every later step, on every rank (DDP's buckets once DDP rebuilt them): the
         device engine registers it."""
-        check_bucket(self, buffer)
+        check_bucket(self, buffer, in_call)
         threads = self.asynchronous and not in_call
         comm = self.resources.connection or self._connect(world_size, threads)
         order: Order = HOST
@@ -395,11 +396,13 @@ class StragglarState:
             order.future(),
             divisor,
             kept,
+            on_caller=comm.worker is None,
         )
         if comm.worker is None:
             # on the caller's thread, its errors raised in the hook; on CUDA the stages are queued
-            # on the side streams (over NCCL no round waits on the host), and the caller's stream
-            # waits for the result when it reads the Future
+            # on the side streams (over NCCL no round waits on the host: a silent peer is NCCL's
+            # watchdog's to end), and the caller's stream waits for the result when it reads the
+            # Future
             comm.reduce(job)
             return job.future
         comm.worker.submit(job.future, *comm.reduce.stages(job))

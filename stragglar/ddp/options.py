@@ -79,6 +79,11 @@ def check_options(state: StragglarState) -> None:
             "StragglarState.graphs applies to the rounds engine, not to engine 'device' "
             "(one kernel launch a bucket)"
         )
+    if not state.asynchronous and not state.graphs:
+        raise InputError(
+            "StragglarState.graphs applies to the worker threads' rounds, not to asynchronous=False, "
+            "whose rounds run in the hook and never from a graph (a capture would stall it)"
+        )
     if state.record is not None and (
         not isinstance(state.record, (str, os.PathLike)) or not os.fspath(state.record)
     ):
@@ -154,12 +159,13 @@ def _check_network(state: StragglarState) -> None:
         )
 
 
-def check_bucket(state: StragglarState, buffer: torch.Tensor) -> None:
+def check_bucket(state: StragglarState, buffer: torch.Tensor, in_call: bool) -> None:
     """Refuse, in the hook, a bucket the state's options do not fit: on the device engine, one on
     the CPU, or any where CuPy, which launches the kernels, is not installed; with
     ``graphs=False``, one whose rounds never replay from CUDA graphs (only a CUDA bucket on an
-    NCCL group does, its rounds ordered on CUDA streams, whether the worker threads or the hook's
-    caller queue them), where the option would be ignored.  The backend is known only here."""
+    NCCL group does, on the worker threads: not ``in_call``, whose rounds run in the call, where a
+    capture would stall the caller), where the option would be ignored.  The backend is known
+    only here."""
     if state.engine == DEVICE:
         if not buffer.is_cuda:
             raise InputError(
@@ -176,6 +182,11 @@ def check_bucket(state: StragglarState, buffer: torch.Tensor) -> None:
             raise InputError(
                 "StragglarState.graphs applies to CUDA buckets on an NCCL group, whose rounds "
                 f"replay from CUDA graphs, not to a bucket on {buffer.device} over {backend}"
+            )
+        if in_call:
+            raise InputError(
+                "StragglarState.graphs applies to the DDP hook's worker threads, not to FSDP's "
+                "hook, whose rounds run in its call and never from a graph"
             )
 
 

@@ -86,6 +86,9 @@ class Job:
     future: torch.futures.Future[torch.Tensor]
     divisor: int | None = None  # what the sum is divided by (None: the world size, to average)
     kept: bool = False  # the caller keeps this buffer from step to step: the device engine registers it
+    # run on the hook's caller's thread (FSDP's hook, asynchronous=False): its rounds never replay
+    # from a graph, whose capture synchronizes the device and would stall the caller there
+    on_caller: bool = False
 
     def split(self) -> int:
         """The first stage's rounds: those the late rank takes no part in (0 for Ring)."""
@@ -308,7 +311,7 @@ class Reducer:
                 tag=job.bucket % (MAX_TAG + 1),
                 late_rank=job.late_rank,
                 stream_ordered=ordered,
-                graphs=False if ordered and not self.graphs else None,
+                graphs=False if ordered and (job.on_caller or not self.graphs) else None,
                 rounds=rounds,
                 lockstep=True,
             )

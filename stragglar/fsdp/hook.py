@@ -18,13 +18,15 @@ blocks, as FSDP's own all-reduce does there.  On CUDA FSDP calls the hook with i
 stream current, and the call queues the rounds on the state's two side streams after it (the
 rounds the late replica takes no part in, then the rest), divides there, and makes the
 all-reduce stream wait for them on the device: over NCCL the host waits for no round, and goes on
-with the backward while the replicas reduce, as with FSDP's own all-reduce.  The shard is kept
-from the allocator until the side streams' work on it has run (FSDP frees it at each step).  So
-``asynchronous`` (the DDP hook's worker threads) has nothing to choose here; ``graphs`` applies
-as to the DDP hook (the rounds of a shard at an address seen before replay from a CUDA graph).
-With ``engine="device"`` a shard is one kernel launch a replica, staged through the receivers'
-inboxes, which the host waits for: FSDP hands a new shard tensor at each step, which registering
-would not serve.
+with the backward while the replicas reduce, as with FSDP's own all-reduce (a shard's rounds
+follow the last shard's, which FSDP's all-reduce stream orders; a silent peer is NCCL's
+watchdog's to end, at the state's ``timeout``).  The shard is kept from the allocator until the
+side streams' work on it has run (FSDP frees it at each step).  The rounds are launched one by
+one, never from a CUDA graph: a capture synchronizes the device, which would stall the backward
+in the call.  So ``asynchronous`` (the DDP hook's worker threads) has nothing to choose here, and
+``graphs=False`` is refused.  With ``engine="device"`` a shard is one kernel launch a replica,
+staged through the receivers' inboxes, which the host waits for: FSDP hands a new shard tensor at
+each step, which registering would not serve.
 
 FSDP keeps no public count of a module's parameter groups nor their meshes: the checks read
 them where ``set_all_reduce_hook`` does, in the module's FSDP state.
