@@ -26,7 +26,7 @@ stragglar.errors.InputError: straggler must be a rank in 0..3, got 4
 >>> as_seconds(1e12, "timeout", positive=True)
 Traceback (most recent call last):
 ...
-stragglar.errors.InputError: timeout must be at most 86,400 s (a day), got 1000000000000.0
+stragglar.errors.InputError: timeout must be at most 86,400 s (a day), got 1000000000000.0 s
 """
 
 from __future__ import annotations
@@ -95,5 +95,5 @@ def as_seconds(value: Any, name: str, *, positive: bool = False, maximum: float 
         raise InputError(f"{name} must be a finite number of seconds {bound}, got {described(value)}")
     if seconds > maximum:
         words = f" ({_WORDS[maximum]})" if maximum in _WORDS else ""
-        raise InputError(f"{name} must be at most {maximum:,.0f} s{words}, got {described(value)}")
+        raise InputError(f"{name} must be at most {maximum:,.0f} s{words}, got {described(value)} s")
     return seconds

@@ -8,8 +8,10 @@ same thing wherever a user types it, and figures print the same way everywhere. 
 * a **duration** needs a unit (``us``, ``ms``, ``s``; ``0`` alone is allowed): a bare ``20`` could
   be milliseconds or seconds, so it is refused with the fix;
 * a **bandwidth** needs a unit per second (``450GiB/s``, ``25GB/s``, ``100Gbit/s``);
-* units are read regardless of case, except a bit-style spelling (``Gb``, ``Mib``), which is
-  refused: read as bytes it would be 8 times what its writer meant;
+* units are read regardless of case, except a bit-style spelling (``Gb``, ``Mib``), and a rate
+  whose ``b`` is lower case (``10gb/s``, ``8b/s``: network speeds are written so in bits), which
+  are refused: read as bytes they would be 8 times what their writer meant (a size in lower
+  case, ``64gb``, is bytes, as most tools read it);
 * every number is finite and not negative, and within a sane maximum (no ``1e400``, ``inf``,
   ``nan``); the error names the fix;
 * a text of more than :data:`MAX_QUANTITY_CHARS` characters is refused before it is read, and an
@@ -85,13 +87,15 @@ _QUANTITY = re.compile(
 
 
 _BITS_SPELLING = re.compile(r"[KMGTPE]i?b")  # Gb, Mib: bits by the usual convention, not bytes
+_LOWER_RATE = re.compile(r"[kmgtpe]?i?b")  # gb (per second), b: as network speeds are written, in bits
 
 
 def _split(text: str, kind: str, example: str) -> tuple[Fraction, str]:
     """The exact number and the unit (lower case) of ``text``, or an error showing ``example``.
 
-    Units are read without regard to case, except a bit-style spelling (``Gb``, ``Mib``): read as
-    bytes it would be 8 times what its writer meant, so it is refused with both spellings.
+    Units are read without regard to case, except a bit-style spelling (``Gb``, ``Mib``), and a
+    rate in lower case (``10gb/s``): read as bytes either would be 8 times what its writer meant,
+    so it is refused with both spellings.
     """
     if isinstance(text, str) and len(text) > MAX_QUANTITY_CHARS:  # the pattern is slow on long texts
         raise InputError(
@@ -107,11 +111,12 @@ def _split(text: str, kind: str, example: str) -> tuple[Fraction, str]:
         raise InputError(f"expected {kind} like {example}, got {quoted(text)} ({how})")
     number, unit = match.group(1).replace(",", ""), match.group(2)
     prefix = unit.split("/")[0]
-    if _BITS_SPELLING.fullmatch(prefix):
-        rest = unit[len(prefix) :]
-        as_bytes = f"{shown(number)}{prefix[:-1]}B{rest}"
+    rest = unit[len(prefix) :]
+    if _BITS_SPELLING.fullmatch(prefix) or (rest and _LOWER_RATE.fullmatch(prefix)):
+        scale = prefix[:-1].capitalize()  # Gi, G or none: the byte unit's own spelling
+        as_bytes = f"{shown(number)}{scale}B{rest}"
         if rest and "i" not in prefix:  # a bandwidth, which may be in bits
-            as_bits = f"{shown(number)}{prefix[0]}bit{rest}"
+            as_bits = f"{shown(number)}{scale}bit{rest}"
             raise InputError(
                 f"{quoted(text.strip())}: is {prefix} bits or bytes? write {as_bits} or {as_bytes}"
             )

@@ -354,6 +354,10 @@ def test_every_option_follows_the_unit_policy(tmp_path: Path, args: list[str], m
         (parse_bandwidth, "1Gib/s", "Gib reads as bits; write 1GiB/s"),
         (parse_size, "1Kib", "Kib reads as bits; write 1KiB"),
         (parse_size, "64Mb", "Mb reads as bits; write 64MB"),
+        (parse_bandwidth, "10gb/s", "is gb bits or bytes? write 10Gbit/s or 10GB/s"),  # a rate in lower case
+        (parse_bandwidth, "8b/s", "is b bits or bytes? write 8bit/s or 8B/s"),
+        (parse_bandwidth, "1kb/s", "write 1Kbit/s or 1KB/s"),
+        (parse_bandwidth, "2gib/s", "gib reads as bits; write 2GiB/s"),
         (parse_bandwidth, "1Gbps", "needs a unit per second, e.g. 1GB/s or 1Gbit/s"),
         (parse_bandwidth, "450GiB/ms", "needs a unit per second, e.g. 450GiB/s"),
     ],
@@ -363,7 +367,9 @@ def test_a_bit_style_unit_is_refused_not_read_as_bytes(parse: Any, text: str, me
     with pytest.raises(InputError) as caught:
         parse(text)
     assert message in str(caught.value)
-    assert parse_bandwidth("1gbit/s") == 125e6 and parse_size("1gb") == 10**9  # case alone is not bits
+    # a size in lower case is bytes, as most tools read it; a rate spelled out in bits or bytes too
+    assert parse_bandwidth("1gbit/s") == 125e6 and parse_bandwidth("1gB/s") == 10**9
+    assert parse_size("1gb") == 10**9 and parse_size("64b") == 64
 
 
 def test_sizes_take_units_everywhere(tmp_path: Path) -> None:

@@ -62,6 +62,15 @@ def test_prove_all_rows_never_share_a_line_with_its_bar_and_a_summary_ends_it(
     )
 
 
+def test_prove_all_counts_what_each_prover_ran_when_z3_goes_further() -> None:
+    """With --max-simulated below --max-gpus the simulator proves N = 2 only (4 algorithms), z3
+    every algorithm up to N = 4: the last line said all 11 by the simulator."""
+    result = run("prove-all", "--max-gpus", "4", "--max-simulated", "2")
+    methods = [line.split()[4] for line in result.stdout.splitlines()[1:-1]]
+    assert result.exit_code == 0 and methods.count("simulate") == 4 and methods.count("smt") == 11
+    assert result.stdout.splitlines()[-1] == "proved all 11 schedules: 4 by the simulator, 11 by z3"
+
+
 def test_run_shows_the_time_spent_on_a_terminal_from_its_own_loop(monkeypatch: pytest.MonkeyPatch) -> None:
     args = ["run", "--backend", "local", "--gpus", "3", "--size", "4KiB", "--delay", "100ms", "--iters", "8"]
     assert run(*args).stderr == ""  # silent in a pipe

@@ -103,6 +103,9 @@ def test_output_file_as_text(tmp_path: Path) -> None:
 def test_unwritable_output(tmp_path: Path) -> None:
     line = one_error(run("synth", "--gpus", "4", "-o", str(tmp_path / "no" / "s.json")), 2)
     assert "'-o'" in line and "folder" in line and "does not exist" in line
+    (tmp_path / "s4.json").write_text("{}", encoding="utf-8")  # a file where a folder is named
+    line = one_error(run("synth", "--gpus", "4", "-o", str(tmp_path / "s4.json" / "x.json")), 2)
+    assert line.endswith(f"folder {tmp_path / 's4.json'} is not a folder")
 
 
 @pytest.mark.parametrize("command", ["verify", "show"])

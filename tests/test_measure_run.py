@@ -363,7 +363,7 @@ def test_cli_run_refuses_a_large_run_at_once(monkeypatch: pytest.MonkeyPatch, tm
 
 def test_a_sweep_refuses_a_delay_past_an_hour_before_the_first_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("stragglar.measure.sweep.run_benchmark", never)
-    with pytest.raises(InputError, match=r"^delay must be at most 3,600 s \(an hour\), got 7200.0$"):
+    with pytest.raises(InputError, match=r"^delay must be at most 3,600 s \(an hour\), got 7200.0 s$"):
         sweep("local", [4], [8192], [0.0, 7200.0])
 
 

@@ -254,10 +254,20 @@ def prove_all_command(max_gpus: int, max_simulated: int, files: tuple[Path, ...]
 
 
 def _proved_all(rows: list[ProofRow]) -> str:
-    """``proved all 14 schedules by the simulator, 11 of them by z3 as well``: prove-all's last line."""
-    schedules = len({(row.algorithm, row.num_ranks) for row in rows})
-    by_z3 = sum(row.method == "smt" for row in rows)
-    return f"proved all {schedules} schedules by the simulator, {by_z3} of them by z3 as well"
+    """prove-all's last line, counting what each prover ran: ``proved all 14 schedules by the
+    simulator, 11 of them by z3 as well``, or, where z3 went further than the simulator
+    (``--max-simulated`` below ``--max-gpus``), each prover's count.
+
+    >>> row = lambda n, method: ProofRow("stragglar", n, 1, None, method, 0.0, "synthesized")
+    >>> _proved_all([row(2, "simulate"), row(2, "smt"), row(3, "smt")])
+    'proved all 2 schedules: 1 by the simulator, 2 by z3'
+    """
+    simulated = {(row.algorithm, row.num_ranks) for row in rows if row.method == "simulate"}
+    by_z3 = {(row.algorithm, row.num_ranks) for row in rows if row.method == "smt"}
+    schedules = len(simulated | by_z3)
+    if by_z3 <= simulated:
+        return f"proved all {schedules} schedules by the simulator, {len(by_z3)} of them by z3 as well"
+    return f"proved all {schedules} schedules: {len(simulated)} by the simulator, {len(by_z3)} by z3"
 
 
 def _prove_files(files: tuple[Path, ...], verbose: bool) -> None:

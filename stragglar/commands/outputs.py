@@ -68,7 +68,8 @@ def check_output(output: Path, *inputs: Path, option: str = "-o") -> None:
         check_replaceable(output)  # a folder, a device, a fifo, a socket, a link to nothing
         folder = output.parent.resolve()
         if not folder.is_dir():
-            why = f"{shown(output)}: folder {shown(output.parent)} does not exist"
+            missing = "is not a folder" if folder.exists() else "does not exist"
+            why = f"{shown(output)}: folder {shown(output.parent)} {missing}"
         elif not os.access(folder, os.W_OK | os.X_OK) or not _takes_a_file(folder):
             why = f"{shown(output)}: cannot write in {shown(output.parent)}"
         else:

@@ -233,19 +233,22 @@ class Comparison:
         return critical_delay(self.get(algorithm), self.get("ring"))
 
     def table(self) -> str:
-        """The setting, one row per algorithm, then when each straggler-aware one beats Ring."""
+        """The setting, one row per algorithm, then when each straggler-aware one beats Ring.
+        "straggler rounds": the rounds of the phases the straggler takes part in, of all (the
+        others can run during its delay); whether they are exposed depends on the delay, which
+        "exposed time" prices."""
         width = max(10, *(len(e.algorithm) for e in self.estimates))
         lines = [
             f"alpha-beta model: {self.num_ranks} GPUs, {format_bytes(self.size_bytes)} buffer, straggler "
             f"{format_seconds(self.delay)} late, alpha {format_seconds(self.network.alpha)}, "
             f"{format_bytes(self.network.bandwidth)}/s",
-            f"{'algorithm':<{width}} {'rounds exposed':>14} {'time':>11} {'exposed time':>13} "
+            f"{'algorithm':<{width}} {'straggler rounds':>16} {'time':>11} {'exposed time':>13} "
             f"{'speed-up over ring':>19}",
         ]
         for e in self.estimates:
             rounds = f"{e.exposed_rounds} of {e.rounds}"
             lines.append(
-                f"{e.algorithm:<{width}} {rounds:>14} {format_seconds(e.time):>11} "
+                f"{e.algorithm:<{width}} {rounds:>16} {format_seconds(e.time):>11} "
                 f"{format_seconds(e.exposed):>13} {self.speedup(e.algorithm):>18.2f}x"
             )
         for e in self.estimates:
