@@ -49,7 +49,16 @@ from options import as_command, json_output, note, whole
 from results import save
 
 from stragglar.model import Network
-from stragglar.model.detect import FALSE_ALARM, WINDOW, Detection, Rule, fresh, last_rank, observe
+from stragglar.model.detect import (
+    FALSE_ALARM,
+    MIN_FALSE_ALARM,
+    WINDOW,
+    Detection,
+    Rule,
+    fresh,
+    last_rank,
+    observe,
+)
 from stragglar.model.policy import (
     PROBE_LAG,
     STRAGGLAR,
@@ -485,8 +494,8 @@ def main() -> None:
     )
     parser.add_argument("--json", type=json_output, help="write the rows and the machine to this file")
     args = parser.parse_args()
-    if not 0 < args.false_alarm < 1:
-        parser.error("--false-alarm must be in (0, 1)")
+    if not MIN_FALSE_ALARM <= args.false_alarm < 1:
+        parser.error(f"--false-alarm must be in [{MIN_FALSE_ALARM:g}, 1)")
     params = Rule(false_alarm=args.false_alarm)
     start, rows = time.perf_counter(), []
     for n in args.sizes:

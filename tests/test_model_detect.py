@@ -10,7 +10,8 @@ import random
 import pytest
 
 from stragglar.errors import ArgumentError, InputError
-from stragglar.model.detect import Detection, Rule, fresh, observe, recent_lateness
+from stragglar.model.detect import MIN_FALSE_ALARM, Detection, Rule, fresh, observe, recent_lateness
+from stragglar.model.threshold import lowest_threshold, ville
 
 
 def last_is(rank: int | None, n: int, by: float = 0.03) -> tuple[float, ...]:
@@ -117,6 +118,29 @@ def test_a_rule_refuses_parameters_the_test_has_no_meaning_for(
 ) -> None:
     with pytest.raises(error, match=words):
         Rule(**kwargs)
+
+
+@pytest.mark.parametrize("false_alarm", [1e-13, 1e-300, 2e-308, 5e-324])
+def test_a_rule_refuses_a_false_alarm_too_rare_to_work_a_threshold_out_for(false_alarm: float) -> None:
+    """Below about 1e-308 the threshold overflowed; at 1e-300 it took half a minute."""
+    words = rf"Rule.false_alarm must be at least 1e-12 \(.*\), got {false_alarm}$"
+    with pytest.raises(InputError, match=words):
+        Rule(false_alarm=false_alarm)
+
+
+def test_at_the_floor_the_threshold_is_worked_out_and_below_villes() -> None:
+    for n in (2, 4, 64):
+        h = Rule(false_alarm=MIN_FALSE_ALARM).threshold(n)
+        assert 0 < h < ville(n, MIN_FALSE_ALARM)
+
+
+@pytest.mark.parametrize("false_alarm", [5e-324, 1e-13, 1.0, math.nan])
+def test_the_threshold_refuses_a_false_alarm_out_of_its_range(false_alarm: float) -> None:
+    """Called directly, it refuses what :class:`Rule` refuses, rather than overflow (5e-324) or
+    run without a bound on its time."""
+    up, down = Rule().evidence(4)
+    with pytest.raises(ValueError, match=r"false_alarm must be in \[1e-12, 1\)"):
+        lowest_threshold(4, false_alarm, up, down)
 
 
 def test_a_share_at_or_below_chance_names_nobody() -> None:

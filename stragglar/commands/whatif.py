@@ -22,7 +22,7 @@ from stragglar.commands.options import (
 from stragglar.commands.outputs import check_output, check_plot, dump_json, to_stdout, write_plot
 from stragglar.commands.terminal import busy, echo, progress
 from stragglar.errors import InputError, quoted, shown
-from stragglar.files import same_file
+from stragglar.files import open_regular, same_file
 from stragglar.formats.flight_recorder import read_flight_recorder
 from stragglar.formats.inspector import read_inspector
 from stragglar.formats.traces import (
@@ -38,7 +38,7 @@ from stragglar.formats.traces import (
     trace_format_of,
 )
 from stragglar.model import Network
-from stragglar.model.detect import FALSE_ALARM, SHARE, WINDOW, Rule
+from stragglar.model.detect import FALSE_ALARM, MIN_FALSE_ALARM, SHARE, WINDOW, Rule
 from stragglar.model.policy import Choice
 from stragglar.model.whatif import AUTO_POLICY, CHUNKED, PRICED, Episode, GroupReplay, Setting, replay
 from stragglar.units import count_of, format_bytes, format_seconds, parse_size
@@ -63,11 +63,36 @@ def _where(values: tuple[str, ...]) -> list[tuple[str, str]]:
 
 def _rule(false_alarm: float, share: float, margin: float) -> Rule:
     """The persistent-straggler rule of the options; a value it has no meaning for (NaN: the
-    range check lets it through) is that option's error."""
+    range check lets it through) is that option's error, and so is a false alarm rarer than
+    :data:`MIN_FALSE_ALARM`, whose threshold would take long, or overflow, to work out."""
     for option, value in (("--false-alarm", false_alarm), ("--share", share)):
         if not 0 < value < 1:
             raise click.BadParameter(f"must be in (0, 1), got {value}", param_hint=f"'{option}'")
+    if false_alarm < MIN_FALSE_ALARM:
+        raise click.BadParameter(
+            f"must be at least {MIN_FALSE_ALARM:g} (the threshold of a rarer false alarm takes too "
+            f"long to work out), got {false_alarm}",
+            param_hint="'--false-alarm'",
+        )
     return Rule(false_alarm, share, margin)
+
+
+def _check_readable(path: Path) -> None:
+    """Refuse a trace file that cannot be read, as reading it would, before its format is told:
+    a missing ``trace.log`` is "file not found", not a name whose format cannot be told."""
+    with open_regular(path, "traces"):
+        pass
+
+
+def _replay(group: Group, setting: Setting) -> GroupReplay:
+    """A group's replay; what the group's own size refuses (a chunk count under its N - 1)
+    names the group, as groups of several sizes may each refuse something else."""
+    try:
+        return replay(group.times, group.steps, setting)
+    except InputError as e:
+        if group.name is None:
+            raise
+        raise InputError(f"group {quoted(group.name)}: {e}") from None
 
 
 def _read(
@@ -157,7 +182,7 @@ def _check_outputs(json_file: Path | None, plot_file: Path | None, files: Sequen
     type=click.FloatRange(0, 1, min_open=True, max_open=True),
     default=FALSE_ALARM,
     show_default=True,
-    help="The persistent-straggler test's false-alarm probability per step.",
+    help=f"The persistent-straggler test's false-alarm probability per step (at least {MIN_FALSE_ALARM:g}).",
 )
 @click.option(
     "--share",
@@ -217,6 +242,7 @@ def whatif(
     rule = _rule(false_alarm, share, margin)
     files = trace_files(paths)
     _check_outputs(json_file, plot_file, files)
+    _check_readable(files[0])
     fmt = trace_format_of(files[0], fmt)
     if fmt not in TABLE_FORMATS:
         refuse_given(TABLE_OPTIONS, f"the {fmt} records name their own fields and unit")
@@ -234,7 +260,7 @@ def whatif(
         )
     setting = Setting(Network(alpha, bandwidth), tuple(sizes), window, rule, chunks)
     replays = [
-        replay(g.times, g.steps, dataclasses.replace(setting, buckets=chosen))
+        _replay(g, dataclasses.replace(setting, buckets=chosen))
         for g, chosen in progress(list(zip(groups, per_group, strict=True)), "replaying the groups")
     ]
     err = json_file is not None and to_stdout(json_file)  # stdout carries the JSON document

@@ -42,10 +42,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from stragglar.errors import ArgumentError, InputError, described
-from stragglar.model.threshold import lowest_threshold, ville
+from stragglar.model.threshold import MIN_FALSE_ALARM, lowest_threshold, ville
 
 __all__ = [
     "FALSE_ALARM",
+    "MIN_FALSE_ALARM",
     "SHARE",
     "WINDOW",
     "Detection",
@@ -66,10 +67,10 @@ WINDOW = 24  # recent steps the lateness figures (and the auto policy's confiden
 
 @dataclass(frozen=True, slots=True)
 class Rule:
-    """The test's parameters: ``false_alarm`` (per step, in (0, 1)), ``share`` (in (0, 1); a rank
-    last more often is found sooner, one last less often later or never; at or below chance, 1/N,
-    the test names nobody) and ``margin`` (seconds a rank must be later than every other for its
-    step to count; 0: any lateness)."""
+    """The test's parameters: ``false_alarm`` (per step, in [:data:`MIN_FALSE_ALARM`, 1)),
+    ``share`` (in (0, 1); a rank last more often is found sooner, one last less often later or
+    never; at or below chance, 1/N, the test names nobody) and ``margin`` (seconds a rank must be
+    later than every other for its step to count; 0: any lateness)."""
 
     false_alarm: float = FALSE_ALARM
     share: float = SHARE
@@ -82,6 +83,9 @@ class Rule:
         Traceback (most recent call last):
         ...
         stragglar.errors.InputError: Rule.share must be in (0, 1), got 1.0
+
+        A false alarm rarer than :data:`MIN_FALSE_ALARM` is refused too: its threshold's
+        computation has no bound on its time (and overflows below about 1e-308).
         """
         for name, value in (
             ("false_alarm", self.false_alarm),
@@ -93,6 +97,11 @@ class Rule:
         for name, value in (("false_alarm", self.false_alarm), ("share", self.share)):
             if not 0 < value < 1:
                 raise InputError(f"Rule.{name} must be in (0, 1), got {described(value)}")
+        if self.false_alarm < MIN_FALSE_ALARM:
+            raise InputError(
+                f"Rule.false_alarm must be at least {MIN_FALSE_ALARM:g} (the threshold of a rarer "
+                f"false alarm takes too long to work out), got {described(self.false_alarm)}"
+            )
         if not 0 <= self.margin < math.inf:
             raise InputError(f"Rule.margin must be seconds, 0 or more, got {described(self.margin)}")
 

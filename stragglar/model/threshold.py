@@ -35,11 +35,21 @@ import math
 
 import numpy as np
 
-__all__ = ["GRID", "MAX_ITERATIONS", "lowest_threshold", "ville"]
+__all__ = ["GRID", "MAX_ITERATIONS", "MIN_FALSE_ALARM", "lowest_threshold", "ville"]
 
 GRID = 0.01  # nats: the grid the score's chain is run on (finer: a threshold closer to exact, slower)
 MAX_ITERATIONS = 4000  # steps of the chain before an unsettled threshold counts as failing
 _SLACK = 1e-9  # grid steps added before rounding, so float error in ln() never rounds the wrong way
+
+# The rarest false alarm a threshold is worked out for.  The chain's grid has ln(N / false_alarm) /
+# GRID points, and bisection runs it up to MAX_ITERATIONS steps at each of their log2, so the cost
+# grows with ln(1 / false_alarm), and without a floor there is no bound: at 1e-300 the threshold took
+# over 30 s (N = 4, share 0.3), and below about 1e-308 N / false_alarm overflows to infinity.
+# Measured at 1e-12 (N 2 to 1024, shares 0.3, 0.75, 0.99): under 0.3 s; at 1e-50 up to 6 s; at
+# 1e-100 about 20 s.  (A share just above chance runs every bisection step to MAX_ITERATIONS: about
+# 1 s at 1e-12 as at the default 1e-4, which the floor neither causes nor cures.)  Nor does a rarer
+# false alarm mean anything: at a step a second, 1e-12 is one false alarm in 30,000 years.
+MIN_FALSE_ALARM = 1e-12
 
 
 def ville(num_ranks: int, false_alarm: float) -> float:
@@ -64,6 +74,8 @@ def lowest_threshold(num_ranks: int, false_alarm: float, up: float, down: float)
     """
     if not (up > 0 > down):
         raise ValueError(f"the score must rise at an event and fall without one, got {up}, {down}")
+    if not MIN_FALSE_ALARM <= false_alarm < 1:  # below the floor: no bound on the time (NaN too)
+        raise ValueError(f"false_alarm must be in [{MIN_FALSE_ALARM:g}, 1), got {false_alarm}")
     step_up = math.ceil(up / GRID + _SLACK)
     step_down = math.ceil(down / GRID + _SLACK)  # towards 0: the grid score stays above the real one
     per_rank = false_alarm / num_ranks
