@@ -321,9 +321,18 @@ def test_chunks_auto_picks_a_count_the_format_takes(monkeypatch: pytest.MonkeyPa
     assert MSCCL.max_chunks(100, ExportOptions()) == 163
     assert MSCCLPP.max_chunks(96, ExportOptions(instances=4)) == 96
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr("stragglar.commands.schedules.generate", never)  # the choice is all we need
+    lowered: list[int] = []
+
+    class Chosen(Exception):
+        """The first count auto asks the format to lower: the choice is all we need."""
+
+    def lowering(proof: Proof, options: object = None) -> str:
+        lowered.append(proof.num_chunks)
+        raise Chosen
+
+    monkeypatch.setattr("stragglar.msccl.lower", lowering)
     result = CliRunner().invoke(cli, ["synth", "--gpus", "100", "--chunks", "auto", "-o", "x.xml"])
-    assert result.stderr.startswith("--chunks auto: C = 128, the cost model's fastest for 1 GiB")
+    assert isinstance(result.exception, Chosen) and lowered == [128]
 
 
 @pytest.mark.parametrize("fmt", [MSCCL, MSCCLPP])

@@ -16,7 +16,7 @@ from stragglar.args import MAX_TIMEOUT
 from stragglar.artifacts import FORMATS, PROTOCOLS, ExportOptions
 from stragglar.commands.terminal import busy
 from stragglar.errors import InputError, quoted
-from stragglar.model import AUTO, PAPER_NETWORK, Network, resolve_chunks
+from stragglar.model import AUTO, PAPER_NETWORK, Network, ranked_chunks, resolve_chunks
 from stragglar.schedule import MAX_CHUNKS
 from stragglar.synth import ALGORITHMS
 from stragglar.units import format_bytes, format_seconds, parse_bandwidth, parse_duration, parse_size
@@ -41,10 +41,12 @@ __all__ = [
     "artifact_options",
     "auto_note",
     "chosen_chunks",
+    "chunks_by_price",
     "chunks_option",
     "given",
     "model_options",
     "network_words",
+    "refuse_chunks_for",
     "refuse_given",
     "refuse_other_formats",
 ]
@@ -236,12 +238,30 @@ def chosen_chunks(
     A count for an algorithm without chunk choice is an error, not ignored; so is ``auto`` with
     settings it does not use (callers refuse those).
     """
-    if chunks is not None and algorithm != "stragglar":
-        raise click.UsageError(f"--chunks does not apply: it shapes StragglAR, not {algorithm}")
+    refuse_chunks_for(algorithm, chunks)
     with busy(f"choosing a chunk count for {num_gpus} GPUs"):
         return resolve_chunks(
             chunks, num_gpus, size, delay, network, power_of_two=power_of_two, max_chunks=max_chunks
         )
+
+
+def refuse_chunks_for(algorithm: str, chunks: int | str | None) -> None:
+    """``--chunks`` (a count or ``auto``) for an algorithm without chunk choice: an error, not ignored."""
+    if chunks is not None and algorithm != "stragglar":
+        raise click.UsageError(f"--chunks does not apply: it shapes StragglAR, not {algorithm}")
+
+
+def chunks_by_price(
+    num_gpus: int, size: float, delay: float, network: Network, *, max_chunks: int
+) -> list[int]:
+    """The power-of-two chunk counts ``--chunks auto`` weighs for an executor's file, at most
+    ``max_chunks``, the cost model's fastest first and the fewest chunks among equals
+    (:func:`~stragglar.model.chunks.ranked_chunks`), so that the first is its pick
+    (``resolve_chunks(AUTO, ..., power_of_two=True, max_chunks=max_chunks)``).  The command tries
+    them in this order until the format takes one."""
+    with busy(f"choosing a chunk count for {num_gpus} GPUs"):
+        late = max(delay, 0.0)  # as resolve_chunks reads it: a rank early prices as none
+        return ranked_chunks(num_gpus, size, late, network, power_of_two=True, max_chunks=max_chunks)
 
 
 GPUS = click.option(

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -24,17 +26,21 @@ from stragglar.commands.options import (
     artifact_options,
     auto_note,
     chosen_chunks,
+    chunks_by_price,
     model_options,
+    refuse_chunks_for,
     refuse_given,
     refuse_other_formats,
 )
 from stragglar.commands.outputs import check_output, check_plot, to_stdout, write, write_plot
-from stragglar.commands.proofs import export_artifact, proved, proved_artifact, read_artifact
+from stragglar.commands.proofs import Exported, export_artifact, proved, proved_artifact, read_artifact
 from stragglar.commands.terminal import busy, echo
-from stragglar.errors import IncorrectError, StragglarError, shown
+from stragglar.errors import IncorrectError, InputError, StragglarError, shown
 from stragglar.formats import schedule_json
 from stragglar.formats.text import render
 from stragglar.model import AUTO, Network
+from stragglar.mscclpp import SizeRule
+from stragglar.schedule import check_size
 from stragglar.synth import METHODS, Request, check_ranks, check_request, generate
 from stragglar.units import format_bytes
 from stragglar.verify import Proof, prove
@@ -147,8 +153,8 @@ def synth(
     MSCCL XML for a .xml name, or with --format mscclpp an MSCCL++ plan, each artifact proved from
     its own text), and the summary on stdout.  A document without -o goes to stdout, the summary to
     stderr.  --chunks auto picks the chunk count the cost model prices fastest at --size, --delay,
-    --alpha and --bandwidth; for MSCCL XML and MSCCL++ plans a power of two, so that executors
-    can split power-of-two buffers evenly.
+    --alpha and --bandwidth; for MSCCL XML and MSCCL++ plans the fastest power of two the format
+    takes (executors split power-of-two buffers evenly into those), naming the faster it refuses.
     """
     output, fmt = destination(output, fmt, "text", OUTPUTS)
     if output is not None:
@@ -158,40 +164,41 @@ def synth(
         refuse_given(["timeout"], "it bounds --method smt only")
     if chunks != AUTO:
         refuse_given(["size", "delay", "alpha", "bandwidth"], "it is a setting for --chunks auto")
+    elif method == "smt":  # refused before a count is priced, let alone printed
+        raise click.UsageError(
+            "--chunks auto does not apply: method smt finds schedules with the paper's N - 1 chunks only"
+        )
     network = Network(alpha, bandwidth)
     options, exporting = ExportOptions(**artifact), FORMATS.get(fmt)
     smt_timeout = timeout if method == "smt" else None
-    ranks = None  # asked first where the format's limits shape the chunk count
-    if exporting is not None and chunks == AUTO:  # what N alone refuses, before pricing chunk counts
+    lowered: str | None = None  # the artifact's text, where --chunks auto lowered it to choose
+    if chunks == AUTO:
+        refuse_chunks_for(algorithm, chunks)
         ranks = check_ranks(algorithm, num_gpus, method)
-        exporting.check_request(ranks, options)
-    num_chunks = chosen_chunks(  # for a file, in as many chunks as the format takes
-        chunks,
-        num_gpus,
-        size,
-        delay,
-        network,
-        algorithm=algorithm,
-        power_of_two=exporting is not None,
-        max_chunks=None if ranks is None or exporting is None else exporting.max_chunks(num_gpus, options),
-    )
-    if num_chunks is not None and chunks == AUTO:
-        pow2 = ", a power of two for executors" if exporting is not None else ""
-        echo(auto_note(num_chunks, size, delay, network, pow2), err=True)
-    if ranks is not None:  # a count within the format's max_chunks: it takes what it took for N
-        request = ranks.refined(straggler, chunks=num_chunks, timeout_s=smt_timeout)
+        if exporting is not None:  # what N alone refuses, before pricing chunk counts
+            exporting.check_request(ranks, options)
+        base = ranks.refined(straggler, timeout_s=smt_timeout)  # what no chunk count changes, first
+        if exporting is None:
+            num_chunks = chosen_chunks(chunks, num_gpus, size, delay, network, algorithm=algorithm)
+            assert num_chunks is not None  # auto is a count
+            echo(auto_note(num_chunks, size, delay, network), err=True)
+            request = _with_chunks(base, num_chunks)
+            proof = _made(request)
+        else:
+            request, proof, lowered = _auto_for(exporting, options, base, _Setting(size, delay, network))
     else:
+        num_chunks = chosen_chunks(chunks, num_gpus, size, delay, network, algorithm=algorithm)
         request = check_request(
             algorithm, num_gpus, straggler, chunks=num_chunks, method=method, timeout_s=smt_timeout
         )
         if exporting is not None:  # before the schedule is made: limits N, C and the options tell
             exporting.check_request(request, options)
-    with busy(f"synthesizing {algorithm} for {num_gpus} GPUs"):
-        schedule = generate(request)
-    proof = proved(schedule, f"the {algorithm} schedule")
+        proof = _made(request)
     summary, details = proof.headline, [proof.summary]
     if exporting is not None:
-        exported = export_artifact(proof, exporting, options)
+        if lowered is None:
+            lowered = _lowered(proof, exporting, options, request)
+        exported = Exported(lowered, proved_artifact(exporting, lowered, exporting.exported_name))
         body = exported.text
         summary += f"; {exporting.title} proved: {exported.proof.brief}"
         details += [exported.proof.summary, exported.proof.details]
@@ -211,6 +218,106 @@ def synth(
         echo(summary, err=to_stderr)
     if verbose:
         echo("\n".join(details), err=to_stderr)
+
+
+@dataclass(frozen=True)
+class _Setting:
+    """What ``--chunks auto`` prices chunk counts for: ``--size``, ``--delay`` and the network."""
+
+    size: int
+    delay: float
+    network: Network
+
+
+def _with_chunks(request: Request, num_chunks: int) -> Request:
+    """``request`` (refined without a count: straggler, method and timeout checked) in
+    ``num_chunks`` chunks, a count ``--chunks auto`` picked: at least N - 1 and within the limits
+    by its candidates' making, checked here against the schedule limits all the same."""
+    check_size(request.num_ranks, num_chunks)
+    return dataclasses.replace(request, chunks=num_chunks)
+
+
+def _made(request: Request) -> Proof:
+    """The schedule ``request`` asks for, generated and proved."""
+    with busy(f"synthesizing {request.algorithm} for {request.num_ranks} GPUs"):
+        schedule = generate(request)
+    return proved(schedule, f"the {request.algorithm} schedule")
+
+
+def _lower(proof: Proof, fmt: ArtifactFormat[Any], options: ExportOptions) -> str:
+    with busy(f"exporting {proof.num_ranks} GPUs in {proof.num_chunks} chunks to {fmt.title}"):
+        return fmt.lower(proof, options)
+
+
+def _auto_for(
+    fmt: ArtifactFormat[Any], options: ExportOptions, base: Request, setting: _Setting
+) -> tuple[Request, Proof, str]:
+    """``--chunks auto`` for a file of ``fmt``: the power-of-two count the cost model prices fastest
+    among those ``fmt`` takes, its request, proved schedule and lowered text; the decision is printed.
+
+    The counts are tried fastest first (:func:`chunks_by_price`, within ``fmt``'s cell limit); a
+    count ``fmt``'s lowering refuses (ops or channels of a thread block, steps, the size window:
+    limits only the lowering counts) is passed over for the next.  Where it refuses every one, the
+    next smaller powers of two are priced and tried, down to the least at N - 1: so "none" is said
+    of every power of two from there to the largest refused.
+    """
+    n = base.num_ranks
+    least = 1 << (n - 2).bit_length()  # the least power of two at least N - 1
+    bound = fmt.max_chunks(n, options)
+    refused: dict[int, str] = {}
+    while True:  # the first pricing says why where no power of two fits the cell limit
+        order = chunks_by_price(n, setting.size, setting.delay, setting.network, max_chunks=bound)
+        for count in order:
+            request = _with_chunks(base, count)
+            proof = _made(request)
+            try:
+                text = _lower(proof, fmt, options)
+            except InputError as e:  # over a limit of fmt's for this many chunks: the next count
+                refused[count] = str(e)
+                continue
+            more = ", a power of two for executors"
+            if refused:  # the fastest is not the cost model's alone: say which it passed over
+                refusals = _listed(sorted(refused))
+                more = f" among the powers of two {fmt.title_with_article} takes (it refuses {refusals})"
+            echo(auto_note(count, setting.size, setting.delay, setting.network, more), err=True)
+            return request, proof, text
+        bound = min(order) - 1  # every one refused: the powers of two below them
+        if bound < least:
+            break
+    if len(refused) > 1 and len(set(refused.values())) == 1:  # not the count: the options (a name)
+        raise InputError(next(iter(refused.values())))
+    fewest = min(refused)
+    raise InputError(
+        f"--chunks auto: {fmt.title_with_article} takes no power-of-two chunk count from {fewest} to "
+        f"{max(refused)} for {n} GPUs; with {fewest}: {refused[fewest]}"
+    )
+
+
+def _listed(counts: list[int]) -> str:
+    """``128``, ``128 and 256``, ``64, 128 and 256``."""
+    words = [str(c) for c in counts]
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} and {words[-1]}"
+
+
+def _lowered(proof: Proof, fmt: ArtifactFormat[Any], options: ExportOptions, request: Request) -> str:
+    """``proof`` lowered to ``fmt``; where ``fmt`` refuses a count of chunks the user chose
+    (``--chunks C`` above N - 1) and takes the paper's N - 1, the error says so: the advice of
+    the lowering (fewer runs per round, fewer instances) is the library's, fewer chunks the
+    command line's."""
+    try:
+        return _lower(proof, fmt, options)
+    except InputError as e:
+        n, chosen = request.num_ranks, request.chunks
+        if request.algorithm != "stragglar" or chosen is None or chosen <= n - 1:
+            raise
+        try:
+            _lower(_made(dataclasses.replace(request, chunks=None)), fmt, options)
+        except InputError:  # not the count alone: the error as it is
+            raise e from None
+        raise InputError(
+            f"{e}; fewer than {chosen} chunks fit (N - 1 = {n - 1} does): give a smaller --chunks, "
+            f"or --chunks auto for the fastest count {fmt.title_with_article} takes"
+        ) from None
 
 
 @click.command()
@@ -359,6 +466,26 @@ def _show_artifact(fmt: ArtifactFormat[_D], text: str, file: Path, size: int | N
     echo(proof.summary)
     _warn(file, proof)
     if size is not None and fmt.size_rule is not None:
-        echo(f"{format_bytes(size)}: {fmt.size_rule(document).decide(size).reason}")  # as people read sizes
+        echo(f"{format_bytes(size)}: {_size_reason(fmt.size_rule(document), size)}")  # as people read sizes
     if verbose:
         echo(proof.details)
+
+
+def _size_reason(rule: SizeRule, size: int) -> str:
+    """Whether the executor runs the plan on ``size`` bytes, and why not; a size it refuses comes
+    with the nearest it takes.  The rule names them for a size off its step inside the window;
+    for a size past the window's top (above ``max_message_size``) or a multiple of the step below
+    its bottom, the nearest usable size is the largest or the smallest, named here.  (A size past
+    the 32-bit offsets' limit is told the largest one already: "at most ...".)"""
+    decision = rule.decide(size)
+    span = rule.usable()
+    if decision.used or span is None:
+        return decision.reason
+    low, high = span
+    if size > rule.max_message_size:
+        nearest = high
+    elif size < low and size % rule.step == 0:
+        nearest = low
+    else:
+        return decision.reason
+    return f"{decision.reason}; nearest usable: {nearest}"

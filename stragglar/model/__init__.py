@@ -14,7 +14,7 @@ hook and an offline replay of a training trace all price and decide with the sam
   ``policy="auto"``), from the figures every rank gathers.
 """
 
-from stragglar.model.chunks import AUTO, best_chunks, chunk_candidates, resolve_chunks
+from stragglar.model.chunks import AUTO, best_chunks, chunk_candidates, ranked_chunks, resolve_chunks
 from stragglar.model.cost import (
     PAPER_NETWORK,
     Comparison,
@@ -43,6 +43,7 @@ __all__ = [
     "estimate",
     "generated_profile",
     "profile",
+    "ranked_chunks",
     "resolve_chunks",
     "schedule_name",
 ]

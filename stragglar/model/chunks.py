@@ -29,6 +29,7 @@ __all__ = [
     "MIN_CHUNK_BYTES",
     "best_chunks",
     "chunk_candidates",
+    "ranked_chunks",
     "resolve_chunks",
 ]
 
@@ -114,12 +115,34 @@ def best_chunks(
 ) -> int:
     """The chunk count whose StragglAR schedule the cost model prices fastest after the straggler
     arrives, among :func:`chunk_candidates`; the fewest chunks among equals."""
+    ranked = ranked_chunks(
+        num_ranks, size_bytes, delay, network, power_of_two=power_of_two, max_chunks=max_chunks
+    )
+    return ranked[0]
+
+
+def ranked_chunks(
+    num_ranks: int,
+    size_bytes: float,
+    delay: float,
+    network: Network = PAPER_NETWORK,
+    *,
+    power_of_two: bool = False,
+    max_chunks: int | None = None,
+) -> list[int]:
+    """:func:`chunk_candidates`, the cost model's fastest after the straggler arrives first, the
+    fewest chunks first among equals: :func:`best_chunks`' order, for a caller whose output may
+    refuse its pick (an executor's limits that only its lowering knows) and takes the next.
+
+    >>> ranked_chunks(8, 2**30, 0.005, power_of_two=True)
+    [32, 64, 16, 128]
+    """
     n = num_ranks
-    priced = [
+    priced = sorted(
         (estimate(generated_profile("stragglar", n, c), size_bytes, delay, network).exposed, c)
         for c in chunk_candidates(n, size_bytes, network, power_of_two=power_of_two, max_chunks=max_chunks)
-    ]
-    return min(priced)[1]
+    )
+    return [c for _, c in priced]
 
 
 def resolve_chunks(
