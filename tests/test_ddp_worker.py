@@ -154,11 +154,11 @@ def test_nccl_rounds_in_stream_order_never_wait_on_the_host(
         assert all(len(w) == 1 and w[0].total_seconds() == 5.0 for w in waits)  # the host waits
 
 
-def stream_rank(rank: int, n: int, proof: Proof, late: float) -> dict[str, Any]:
+def streams_of_rounds(cuda: FakeCuda) -> list[str]:
+    """The stream current at each round this rank's process issues from now on, in order (the
+    transport's exchange wrapped: in a rank's own process)."""
     from stragglar.runtime import torch_dist
 
-    cuda = FakeCuda()
-    order = FakeStreamOrder(torch.device("cpu", 0), cuda=cuda)
     issued: list[str] = []
     exchange = torch_dist.TorchTransport.exchange
 
@@ -167,6 +167,13 @@ def stream_rank(rank: int, n: int, proof: Proof, late: float) -> dict[str, Any]:
         exchange(self, step, sends, recvs)
 
     torch_dist.TorchTransport.exchange = logged  # type: ignore[method-assign]
+    return issued
+
+
+def stream_rank(rank: int, n: int, proof: Proof, late: float) -> dict[str, Any]:
+    cuda = FakeCuda()
+    order = FakeStreamOrder(torch.device("cpu", 0), cuda=cuda)
+    issued = streams_of_rounds(cuda)
     reduce = Reducer((dedicated_group(None, 20.0), dedicated_group(None, 20.0)), n, 20.0)
     worker = BucketWorker("fake-cuda")
     if rank == n - 1:
@@ -222,18 +229,9 @@ def test_bucket_rounds_run_on_the_side_streams_and_complete_the_future_there() -
 def in_call_rank(rank: int, n: int, proof: Proof) -> dict[str, Any]:
     """A stream-ordered bucket reduced on the caller's thread, as FSDP's hook and
     ``asynchronous=False`` run it (no worker: the reducer called directly)."""
-    from stragglar.runtime import torch_dist
-
     cuda = FakeCuda()
     order = FakeStreamOrder(torch.device("cpu", 0), cuda=cuda)
-    issued: list[str] = []
-    exchange = torch_dist.TorchTransport.exchange
-
-    def logged(self: Any, step: Any, sends: Any, recvs: Any) -> None:
-        issued.append(cuda.current_stream().name)
-        exchange(self, step, sends, recvs)
-
-    torch_dist.TorchTransport.exchange = logged  # type: ignore[method-assign]
+    issued = streams_of_rounds(cuda)
     group = dedicated_group(None, 20.0)
     reduce = Reducer((group, group), n, 20.0)
     buffer = torch.from_numpy(payload(rank, 40, n, "float64")).double()

@@ -7,22 +7,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner, Result
+from cli_results import one_error, run
+from click.testing import Result
 
-from stragglar.cli import cli
 from stragglar.model.detect import MIN_FALSE_ALARM
 
 
-def run(*args: str) -> Result:
-    return CliRunner().invoke(cli, ["whatif", *args])
-
-
-def one_error(result: Result) -> str:
-    """The one ``Error:`` line of a refused command (exit 2, no traceback)."""
-    assert result.exit_code == 2, (result.output, result.exception)
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
-    return lines[0]
+def whatif(*args: str) -> Result:
+    return run("whatif", *args)
 
 
 def trace(tmp_path: Path, sizes: dict[str, int]) -> Path:
@@ -39,7 +31,7 @@ def trace(tmp_path: Path, sizes: dict[str, int]) -> Path:
 @pytest.mark.parametrize("value", ["2e-308", "1e-310", "5e-324", "1e-300", "1e-13"])
 def test_a_false_alarm_rarer_than_the_floor_is_refused_in_one_line(tmp_path: Path, value: str) -> None:
     """Below about 1e-308 the threshold overflowed (a traceback); at 1e-300 it took half a minute."""
-    error = one_error(run(str(trace(tmp_path, {"a": 4})), "--false-alarm", value, "--share", "0.3"))
+    error = one_error(whatif(str(trace(tmp_path, {"a": 4})), "--false-alarm", value, "--share", "0.3"), 2)
     assert error == (
         "Error: Invalid value for '--false-alarm': must be at least 1e-12 (the threshold of a rarer "
         f"false alarm takes too long to work out), got {float(value)}"
@@ -47,7 +39,7 @@ def test_a_false_alarm_rarer_than_the_floor_is_refused_in_one_line(tmp_path: Pat
 
 
 def test_a_false_alarm_at_the_floor_is_taken(tmp_path: Path) -> None:
-    result = run(str(trace(tmp_path, {"a": 4})), "--false-alarm", str(MIN_FALSE_ALARM))
+    result = whatif(str(trace(tmp_path, {"a": 4})), "--false-alarm", str(MIN_FALSE_ALARM))
     assert result.exit_code == 0, (result.output, result.exception)
     assert "false alarms at 1e-10% of steps" in result.output
 
@@ -58,15 +50,15 @@ def test_a_missing_trace_is_not_found_whatever_its_name(tmp_path: Path, name: st
     not found, not a file whose format cannot be told."""
     (tmp_path / "sub").mkdir()
     missing = tmp_path / name
-    assert one_error(run(str(missing))) == f"Error: file not found: {missing}"
+    assert one_error(whatif(str(missing)), 2) == f"Error: file not found: {missing}"
 
 
 def test_a_chunk_count_too_few_for_one_group_names_that_group(tmp_path: Path) -> None:
     path = trace(tmp_path, {"small": 4, "big": 8})
-    error = one_error(run(str(path), "--group-col", "g", "--chunks", "5"))
+    error = one_error(whatif(str(path), "--group-col", "g", "--chunks", "5"), 2)
     assert error == "Error: group 'big': StragglAR needs at least N - 1 = 7 chunks, got 5"
 
 
 def test_a_chunk_count_too_few_for_a_trace_of_one_group_names_none(tmp_path: Path) -> None:
-    error = one_error(run(str(trace(tmp_path, {"a": 4})), "--chunks", "2"))
+    error = one_error(whatif(str(trace(tmp_path, {"a": 4})), "--chunks", "2"), 2)
     assert error == "Error: StragglAR needs at least N - 1 = 3 chunks, got 2"
