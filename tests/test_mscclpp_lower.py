@@ -361,7 +361,9 @@ def test_size_fields_and_the_rule_they_imply() -> None:
     custom = lower(
         prove(synthesize("stragglar", 8)), PlanOptions(min_message_size=1 << 20, max_message_size=7 << 28)
     )
-    assert will_use(custom.text, 7 << 16).reason == "not used: 458752 bytes is below min_message_size 1048576"
+    assert will_use(custom.text, 7 << 16).reason == (
+        "not used: 458752 bytes is below min_message_size 1048576; nearest usable: 1048656"
+    )
 
 
 def test_write_plan_is_atomic_and_leaves_no_temporary_file(tmp_path: Path) -> None:

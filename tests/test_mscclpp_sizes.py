@@ -33,13 +33,17 @@ RULE = SizeRule(buffer_alignment=16, chunks=7, min_message_size=224, max_message
             False,
             "not used: 50 bytes is not a multiple of 112 (16-byte alignment x 7 chunks); nearest usable: 224",
         ),
-        (112, False, "not used: 112 bytes is below min_message_size 224"),
+        (112, False, "not used: 112 bytes is below min_message_size 224; nearest usable: 224"),
         (
             224,
             True,
             "used: 224 bytes is a multiple of 112 (16-byte alignment x 7 chunks) within [224, 7340032]",
         ),
-        ((7 << 20) + 112, False, "not used: 7340144 bytes is above max_message_size 7340032"),
+        (
+            (7 << 20) + 112,
+            False,
+            "not used: 7340144 bytes is above max_message_size 7340032; nearest usable: 7340032",
+        ),
         (0, False, "not used: 0 bytes is not a positive size"),
     ],
 )

@@ -229,8 +229,6 @@ def chosen_chunks(
     network: Network,
     *,
     algorithm: str = "stragglar",
-    power_of_two: bool = False,
-    max_chunks: int | None = None,
 ) -> int | None:
     """``--chunks`` as a count (None: the paper's N-1), read as the model reads every chunk option
     (:func:`~stragglar.model.chunks.resolve_chunks`), with a spinner while ``auto`` prices.
@@ -240,9 +238,7 @@ def chosen_chunks(
     """
     refuse_chunks_for(algorithm, chunks)
     with busy(f"choosing a chunk count for {num_gpus} GPUs"):
-        return resolve_chunks(
-            chunks, num_gpus, size, delay, network, power_of_two=power_of_two, max_chunks=max_chunks
-        )
+        return resolve_chunks(chunks, num_gpus, size, delay, network)
 
 
 def refuse_chunks_for(algorithm: str, chunks: int | str | None) -> None:

@@ -39,7 +39,6 @@ from stragglar.errors import IncorrectError, InputError, StragglarError, shown
 from stragglar.formats import schedule_json
 from stragglar.formats.text import render
 from stragglar.model import AUTO, Network
-from stragglar.mscclpp import SizeRule
 from stragglar.schedule import check_size
 from stragglar.synth import METHODS, Request, check_ranks, check_request, generate
 from stragglar.units import format_bytes
@@ -466,26 +465,6 @@ def _show_artifact(fmt: ArtifactFormat[_D], text: str, file: Path, size: int | N
     echo(proof.summary)
     _warn(file, proof)
     if size is not None and fmt.size_rule is not None:
-        echo(f"{format_bytes(size)}: {_size_reason(fmt.size_rule(document), size)}")  # as people read sizes
+        echo(f"{format_bytes(size)}: {fmt.size_rule(document).decide(size).reason}")  # as people read sizes
     if verbose:
         echo(proof.details)
-
-
-def _size_reason(rule: SizeRule, size: int) -> str:
-    """Whether the executor runs the plan on ``size`` bytes, and why not; a size it refuses comes
-    with the nearest it takes.  The rule names them for a size off its step inside the window;
-    for a size past the window's top (above ``max_message_size``) or a multiple of the step below
-    its bottom, the nearest usable size is the largest or the smallest, named here.  (A size past
-    the 32-bit offsets' limit is told the largest one already: "at most ...".)"""
-    decision = rule.decide(size)
-    span = rule.usable()
-    if decision.used or span is None:
-        return decision.reason
-    low, high = span
-    if size > rule.max_message_size:
-        nearest = high
-    elif size < low and size % rule.step == 0:
-        nearest = low
-    else:
-        return decision.reason
-    return f"{decision.reason}; nearest usable: {nearest}"

@@ -88,10 +88,12 @@ class SizeRule:
         step = self.step
         if nbytes <= 0:
             return SizeDecision(False, f"not used: {nbytes} bytes is not a positive size")
-        # too large first: no multiple of the step near it is usable, so none would be named
+        # too large first: the nearest usable size is the largest, whatever the step
         if nbytes > self.max_message_size:
             return SizeDecision(
-                False, f"not used: {nbytes} bytes is above max_message_size {self.max_message_size}"
+                False,
+                f"not used: {nbytes} bytes is above max_message_size {self.max_message_size}"
+                + self._edge(largest=True),
             )
         safe = self.safe
         if nbytes > safe:
@@ -109,7 +111,9 @@ class SizeRule:
             )
         if nbytes < self.min_message_size:
             return SizeDecision(
-                False, f"not used: {nbytes} bytes is below min_message_size {self.min_message_size}"
+                False,
+                f"not used: {nbytes} bytes is below min_message_size {self.min_message_size}"
+                + self._edge(largest=False),
             )
         return SizeDecision(
             True,
@@ -143,6 +147,12 @@ class SizeRule:
             f"no buffer size selects the plan: every multiple of {self.step} bytes in [{low}, {high}] "
             f"overflows the 32-bit chunk offsets (at most {self.safe})"
         )
+
+    def _edge(self, largest: bool) -> str:
+        """``; nearest usable: 1048560``: the largest (or smallest) size :meth:`decide` accepts,
+        for a size past that end of the window; nothing where it accepts none."""
+        span = self.usable()
+        return "" if span is None else f"; nearest usable: {span[1] if largest else span[0]}"
 
     def _nearest(self, nbytes: int) -> str:
         """``nearest usable: 1008 or 1056``: the usable sizes next to ``nbytes`` on either side,
