@@ -12,9 +12,9 @@
 #     GPU_CHECK_DIR=/data/gpu-check bash benchmarks/gpu_check.sh  # or in the folder it names
 #     bash benchmarks/gpu_check.sh device tuning                  # only the steps it names
 #
-# The limits add up to about 11 minutes: where one command may run 10 minutes at most, run it in
-# two, "tests device-tests device packets tuning profile" (the device engine's, under 5 minutes)
-# and then the others.
+# The limits add up to about 11 minutes. To split the run (a batch job under a 10-minute limit,
+# say), run "tests device-tests device packets tuning profile" (the device engine's steps, under
+# 5 minutes) first and the others after.
 #
 # What it writes: device.txt (nvidia-smi's view of the GPUs), one log per step and gpu.json.
 # Each step has a time limit (and 10 s more a step to kill one that overran), so that a hung
