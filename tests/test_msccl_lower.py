@@ -272,26 +272,53 @@ def test_the_largest_files_are_bounded_before_the_lowering() -> None:
 
 
 def test_channel_limit() -> None:
-    with pytest.raises(
-        MscclExportError, match=r"needs \d+ channels, the executor allows 32: use fewer instances"
-    ):
+    with pytest.raises(MscclExportError) as e:
         xml_of(synthesize("rhd", 2), instances=33)  # one FIFO per instance, each on its own channel
+    assert str(e.value) == (
+        "needs at least 33 channels, the executor allows 32: use fewer instances or a smaller N"
+    )
+    with pytest.raises(MscclExportError) as e:  # the count the file's channels came to
+        msccl_threadblocks.number([], set(), {}, 2, 33)
+    assert str(e.value) == "needs 33 channels, the executor allows 32: use fewer instances or a smaller N"
 
 
 def test_parser_limits(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The executor's per-rank parser limits, lowered here so that a small file reaches them."""
+    """The executor's per-rank parser limits, lowered here so that a small file reaches them: those
+    a split can only bring nearer are refused on the first assignment ("at least"), the rest once
+    the file is laid out (StragglAR's gpu 0 has no nops at N = 8: its bound is its count)."""
     monkeypatch.setattr(msccl_threadblocks, "MAX_NODES", 40)
     with pytest.raises(MscclExportError) as e:
         xml_of(synthesize("stragglar", 8))
     assert str(e.value) == (
-        "gpu 0's part of the file has 47 XML elements (algo, gpus, its tbs and steps), the executor's parser "
-        "holds 39: use fewer instances or a smaller N"
+        "gpu 0's part of the file has at least 47 XML elements (algo, gpus, its tbs and steps), the "
+        "executor's parser holds 39: use fewer instances or a smaller N"
     )
+    monkeypatch.setattr(msccl_threadblocks, "MAX_NODES", 28)  # halving/doubling's nops pass it
+    with pytest.raises(MscclExportError) as e:
+        xml_of(synthesize("rhd", 8))
+    assert str(e.value) == (
+        "gpu 0's part of the file has 28 XML elements (algo, gpus, its tbs and steps), the executor's "
+        "parser holds 27: use fewer instances or a smaller N"
+    )
+    monkeypatch.setattr(msccl_threadblocks, "MAX_NODES", 4096)
     monkeypatch.setattr(msccl_threadblocks, "MAX_TBS", 10)
     with pytest.raises(
-        MscclExportError, match="gpu 0 needs 11 thread blocks, the executor allows 10: use fewer"
+        MscclExportError, match=r"^gpu 0 needs at least 11 thread blocks, the executor allows 10: use fewer"
     ):
         xml_of(synthesize("stragglar", 8))
+    monkeypatch.setattr(msccl_threadblocks, "MAX_TBS", 4)  # Direct's copies back take a local TB
+    with pytest.raises(MscclExportError, match=r"^gpu 0 needs 5 thread blocks, the executor allows 4: use"):
+        xml_of(synthesize("direct", 3))
+
+
+def test_limits_no_split_can_lower_are_refused_before_the_splits() -> None:
+    """StragglAR over 4 GPUs with 4096 chunks has one step per operation past the parser's limit on
+    the first assignment: refused then (it took 100 s of splits, and was then refused on its
+    channels), while 1024 chunks, which fit, still lower."""
+    with pytest.raises(MscclExportError, match=r"^gpu 0's part of the file has at least 13665 XML elements"):
+        xml_of(synthesize("stragglar", 4, chunks=4096))
+    with pytest.raises(MscclExportError, match=r"^gpu 0's part of the file has at least 6838 XML elements"):
+        xml_of(synthesize("stragglar", 4, chunks=2048))
 
 
 def test_release_files(tmp_path: Path) -> None:

@@ -9,7 +9,8 @@ module each (msccl-tools' habit):
    operations in issue order;
 3. :mod:`~stragglar.msccl.lowering.dependencies`: dependencies that order every chunk access
    within a GPU; a thread block past the executor's step limit sends stages 2-3 round again with
-   its FIFO split;
+   its FIFO split (the limits a split can only bring nearer are checked on each pass:
+   :func:`~stragglar.msccl.lowering.threadblocks.check_growing`);
 4. :func:`~stragglar.msccl.lowering.threadblocks.number`: thread-block ids and the remaining limits;
 5. :mod:`~stragglar.msccl.lowering.emit`: the text.
 
@@ -39,7 +40,7 @@ from stragglar.msccl.errors import MscclExportError
 from stragglar.msccl.lowering.dependencies import Programs, order
 from stragglar.msccl.lowering.emit import Header, render
 from stragglar.msccl.lowering.rounds import schedule_pieces
-from stragglar.msccl.lowering.threadblocks import Fifo, assign, number
+from stragglar.msccl.lowering.threadblocks import Fifo, assign, check_growing, number
 from stragglar.msccl.vocabulary import (
     MAX_CHANNELS,
     MAX_DEPENDENCY_TB,
@@ -216,6 +217,7 @@ def _stages(proof: Proof, header: Header) -> str:
     splits: defaultdict[Fifo, set[int]] = defaultdict(set)
     while True:
         assignment = assign(rounds, back, schedule.num_ranks, schedule.num_chunks, splits)
+        check_growing(assignment, schedule.num_ranks)
         programs = order(assignment)
         over = _overflows(programs)
         if not over:

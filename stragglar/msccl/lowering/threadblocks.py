@@ -30,7 +30,7 @@ from stragglar.msccl.vocabulary import (
     Operands,
 )
 
-__all__ = ["Assignment", "Fifo", "Loc", "Operation", "ThreadBlock", "assign", "number"]
+__all__ = ["Assignment", "Fifo", "Loc", "Operation", "ThreadBlock", "assign", "check_growing", "number"]
 
 Loc = tuple[int, str, int]  # (gpu, buffer, offset)
 Fifo = tuple[int, int, int]  # (instance, sender, receiver)
@@ -188,10 +188,7 @@ def number(
     ``targets`` are the TBs others wait on: their ids must fit the executor's int8 ``depid``.
     """
     if nchannels > MAX_CHANNELS:
-        raise MscclExportError(
-            f"needs {nchannels} channels, the executor allows {MAX_CHANNELS}: "
-            "use fewer instances or a smaller N"
-        )
+        raise MscclExportError(_too_many_channels(str(nchannels)))
     ids: dict[ThreadBlock, int] = {}
     for g in range(num_ranks):
         mine = sorted(
@@ -205,15 +202,64 @@ def number(
                 f"must have ids <= {MAX_DEPENDENCY_TB}: use fewer instances or a smaller N"
             )
         if len(mine) > MAX_TBS:
-            raise MscclExportError(
-                f"gpu {g} needs {len(mine)} thread blocks, the executor allows {MAX_TBS}: "
-                "use fewer instances or a smaller N"
-            )
+            raise MscclExportError(_too_many_tbs(g, str(len(mine))))
         nodes = 1 + num_ranks + len(mine) + sum(steps[tb] for tb in mine)
         if nodes >= MAX_NODES:
-            raise MscclExportError(
-                f"gpu {g}'s part of the file has {nodes} XML elements (algo, gpus, its tbs and steps), "
-                f"the executor's parser holds {MAX_NODES - 1}: use fewer instances or a smaller N"
-            )
+            raise MscclExportError(_too_many_nodes(g, str(nodes)))
         ids.update((tb, i) for i, tb in enumerate(mine))
     return ids
+
+
+def check_growing(assignment: Assignment, num_ranks: int) -> None:
+    """Refuse an ``assignment`` past a limit that the rest of the lowering can only bring it nearer.
+
+    Stage 3 sends a FIFO back here split, a TB pair more, while a TB passes the step limit, and each
+    pass takes seconds at thousands of chunks (StragglAR over 4 GPUs with 4096 chunks: 100 s of passes
+    before its channels were counted at the end).  These lower bounds never fall as FIFOs split, so
+    one past its limit on any pass is past it in the file:
+
+    - a GPU's TBs: a split adds TBs and removes none (stage 3's local TBs come on top);
+    - its XML elements: the algo, its gpus, its TBs and at least one step per operation on the GPU
+      (stage 3's nops come on top);
+    - channels: a (sender, receiver) pair has one TB per channel, so as many channels as TB pairs;
+      and a channel carries at most 32 of a GPU's sending (receiving) TBs.
+    """
+    tbs: defaultdict[int, int] = defaultdict(int)
+    pairs: defaultdict[tuple[int, int], int] = defaultdict(int)
+    ways: defaultdict[tuple[int, int], int] = defaultdict(int)  # (gpu, sending 0 / receiving 1): TBs
+    for tb in assignment.tbs:
+        tbs[tb.gpu] += 1
+        if tb.send >= 0:
+            pairs[tb.gpu, tb.send] += 1
+        ways[tb.gpu, tb.kind] += 1
+    operations: defaultdict[int, int] = defaultdict(int)
+    for op in assignment.operations:
+        operations[op.gpu] += 1
+    for g in range(num_ranks):
+        if tbs[g] > MAX_TBS:
+            raise MscclExportError(_too_many_tbs(g, f"at least {tbs[g]}"))
+        nodes = 1 + num_ranks + tbs[g] + operations[g]
+        if nodes >= MAX_NODES:
+            raise MscclExportError(_too_many_nodes(g, f"at least {nodes}"))
+    per_channel = -(-max(ways.values(), default=0) // MAX_TBS_PER_CHANNEL)
+    channels = max(max(pairs.values(), default=0), per_channel)
+    if channels > MAX_CHANNELS:
+        raise MscclExportError(_too_many_channels(f"at least {channels}"))
+
+
+def _too_many_channels(count: str) -> str:
+    return f"needs {count} channels, the executor allows {MAX_CHANNELS}: use fewer instances or a smaller N"
+
+
+def _too_many_tbs(g: int, count: str) -> str:
+    return (
+        f"gpu {g} needs {count} thread blocks, the executor allows {MAX_TBS}: use fewer instances or a "
+        "smaller N"
+    )
+
+
+def _too_many_nodes(g: int, count: str) -> str:
+    return (
+        f"gpu {g}'s part of the file has {count} XML elements (algo, gpus, its tbs and steps), the "
+        f"executor's parser holds {MAX_NODES - 1}: use fewer instances or a smaller N"
+    )
