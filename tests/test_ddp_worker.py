@@ -289,6 +289,32 @@ def test_the_rounds_replay_from_graphs_on_the_worker_threads_only(
     assert options["group"] == "late" and options["rounds"] == (1, None)
 
 
+@pytest.mark.parametrize("engine", ["rounds", "device"])
+def test_a_late_rank_arrives_at_each_bucket_the_delay_after_it_was_handed_over(
+    monkeypatch: pytest.MonkeyPatch, engine: str
+) -> None:
+    """Buckets are reduced one after the other: a whole delay in each call made bucket k late by
+    k delays.  Each call now sleeps what is left of the delay since its bucket was handed over."""
+    import time
+
+    stand_in = DeviceStandIn(monkeypatch)
+    reduce = Reducer(("early", "late"), 3, 20.0, 100.0, engine=engine)
+    proof = prove(synthesize("stragglar", 3))
+    now = time.perf_counter()
+    for handed, least, most in ((now - 40.0, 59.0, 60.0), (now - 200.0, 0.0, 0.0), (now, 99.0, 100.0)):
+        stand_in.calls.clear()
+        host = HostOrder()
+        job = Job(torch.arange(4.0), 0, proof, 2, 0, host, None, host.future(), handed=handed)
+        reduce(job)
+        delays = [call["straggler_delay"] for call in stand_in.calls]
+        assert delays and all(least <= delay <= most for delay in delays), (handed - now, delays)
+    reduce = Reducer(("early", "late"), 3, 20.0, engine=engine)  # none asked: none slept
+    stand_in.calls.clear()
+    host = HostOrder()
+    reduce(Job(torch.arange(4.0), 0, proof, 2, 0, host, None, host.future(), handed=now - 40.0))
+    assert [call["straggler_delay"] for call in stand_in.calls] == [0.0] * len(stand_in.calls)
+
+
 def test_event_timings_leave_out_the_queue() -> None:
     cuda = FakeCuda()
     order = StreamOrder(torch.device("cpu", 0), cuda=cuda)
@@ -460,10 +486,10 @@ def test_the_device_engine_reduces_a_bucket_in_one_call_on_the_first_group(
     first, second = reducer.stages(job)
     second(first(None))  # staged: the whole call on the first thread, nothing for the second
     assert job.future.value().tolist() == [0.0, 1.0, 2.0, 3.0]  # three ranks' sum, averaged
+    assert 0 <= stand_in.calls[0].pop("straggler_delay") <= 0.01  # what is left since handed over
     assert stand_in.calls == [
         {
             "group": "early",
-            "straggler_delay": 0.01,
             "timeout": 20.0,
             "tag": 0,
             "late_rank": 2,

@@ -61,7 +61,8 @@ class StragglarState:
         "auto"); under "stragglar", any W > 0 also moves the straggler to the rank the rule names.
         ``rule``: the persistent-straggler test's :class:`~stragglar.model.detect.Rule`
         (false-alarm probability per step, the share it is tuned to, the margin in seconds).
-        ``straggler_delay``: seconds the straggler is made late on purpose, for experiments.
+        ``straggler_delay``: seconds the straggler is made late on purpose, for experiments: it
+        arrives at each bucket that long after the bucket was handed to the hook.
     How it runs
         ``process_group``: DDP's group (None: the world); the replicas' under FSDP.
         ``timeout``: seconds before a silent peer fails the step (default 300), in StragglAR's

@@ -89,6 +89,9 @@ class Job:
     # run on the hook's caller's thread (FSDP's hook, asynchronous=False): its rounds never replay
     # from a graph, whose capture synchronizes the device and would stall the caller there
     on_caller: bool = False
+    # when the hook handed the bucket over (time.perf_counter): a rank made late on purpose arrives
+    # at this bucket ``straggler_delay`` after it, not a delay after its previous bucket's end
+    handed: float = field(default_factory=time.perf_counter)
 
     def split(self) -> int:
         """The first stage's rounds: those the late rank takes no part in (0 for Ring)."""
@@ -264,7 +267,7 @@ class Reducer:
         """The bucket's device call on ``groups[0]``: whole, or only launched (a work to wait for)."""
         options: dict[str, Any] = {
             "group": self.groups[0],
-            "straggler_delay": self.straggler_delay,
+            "straggler_delay": self._delay(job),
             "timeout": self.timeout,
             "tag": job.bucket % (MAX_TAG + 1),
             "late_rank": job.late_rank,
@@ -275,6 +278,16 @@ class Reducer:
             if launch_only:
                 return allreduce(job.buffer, job.proof, async_op=True, **options)
             return allreduce(job.buffer, job.proof, **options)
+
+    def _delay(self, job: Job) -> float:
+        """What is left of ``straggler_delay`` since the bucket was handed over: the late rank
+        arrives at every bucket of a step that late.  Its calls run one after the other, and a
+        whole delay in each would make bucket k late by k delays (by as many on a rank's
+        launches of the device engine, which sleep on one thread).  A punctual rank's
+        remainder lengthens its waits by about as much as the late rank still sleeps."""
+        if self.straggler_delay == 0:
+            return 0.0
+        return max(0.0, job.handed + self.straggler_delay - time.perf_counter())
 
     @staticmethod
     def _setup(job: Job, held: Registration) -> Hashable:
@@ -306,7 +319,7 @@ class Reducer:
                 job.buffer,
                 job.proof,
                 group=self.groups[stage],
-                straggler_delay=self.straggler_delay,
+                straggler_delay=self._delay(job),
                 timeout=self.timeout,
                 tag=job.bucket % (MAX_TAG + 1),
                 late_rank=job.late_rank,

@@ -200,7 +200,10 @@ def allreduce(
     :class:`~stragglar.runtime.device.group.DeviceWork` whose ``wait()`` waits for it and checks
     every rank's words: the buffer holds the sum only after it, and every rank must wait for
     every work, in the same order.  So calls on several buffers can run at once (each its own
-    buffer; a second call on the same buffer and setup before the first's wait is refused).
+    buffer; a second call on the same buffer and setup before the first's wait is refused).  The
+    late rank sleeps its ``straggler_delay`` in each launch, so launches in a row on one thread
+    arrive one delay after another: to make every call late by ``d`` from a common start, pass
+    each what is left of ``d`` (as the DDP hook does for a step's buckets).
 
     ``rounds=(first, stop)`` runs only the schedule's rounds ``first`` to ``stop - 1`` (stop None:
     to the end), on every rank; the buffer holds a partial result in between.  Calls over
