@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+import weakref
 
 import pytest
 
@@ -22,7 +23,7 @@ def late(seconds: float = 0.2) -> RuntimeError:
 
 def test_the_work_settles_it_when_it_comes_first_and_the_deadline_then_changes_nothing() -> None:
     engine: torch.futures.Future[int] = torch.futures.Future()
-    outcome = deadlines.bounded(engine, lambda f: f.value() * 2, 0.2, late)
+    outcome, _ = deadlines.bounded(engine, lambda f: f.value() * 2, 0.2, late)
     engine.set_result(21)
     time.sleep(0.4)  # past the deadline: already settled, it stays so
     assert outcome.wait() == 42
@@ -31,7 +32,7 @@ def test_the_work_settles_it_when_it_comes_first_and_the_deadline_then_changes_n
 def test_the_deadline_fails_it_when_the_work_never_comes_and_the_work_then_changes_nothing() -> None:
     engine: torch.futures.Future[int] = torch.futures.Future()
     start = time.monotonic()
-    outcome = deadlines.bounded(engine, lambda f: f.value(), 0.2, late)
+    outcome, _ = deadlines.bounded(engine, lambda f: f.value(), 0.2, late)
     with pytest.raises(RuntimeError, match=r"no answer within 0\.2 s"):
         outcome.wait()
     assert 0.15 < time.monotonic() - start < 5
@@ -42,10 +43,33 @@ def test_the_deadline_fails_it_when_the_work_never_comes_and_the_work_then_chang
 
 def test_an_error_of_the_work_is_its_outcome() -> None:
     engine: torch.futures.Future[int] = torch.futures.Future()
-    outcome = deadlines.bounded(engine, lambda f: f.value(), 30.0, late)
+    outcome, _ = deadlines.bounded(engine, lambda f: f.value(), 30.0, late)
     engine.set_exception(ConnectionError("closed by peer"))  # type: ignore[arg-type]  # torch types it as T
     with pytest.raises(ConnectionError, match="closed by peer"):
         outcome.wait()
+
+
+def test_the_last_callback_is_let_go_once_run_though_an_error_is_still_held() -> None:
+    """close() waits until the engine's thread has let go of its callbacks (probe.let_go).  A
+    result that raised stays alive through its error's traceback, which the step's caller holds,
+    so a weak reference to it kept close() waiting its whole bound; the last callback's does not."""
+    engine: torch.futures.Future[int] = torch.futures.Future()
+
+    def result(future: torch.futures.Future[int]) -> int:
+        try:
+            return future.value()
+        except Exception as e:
+            raise RuntimeError("a peer was lost") from e
+
+    outcome, callback = deadlines.bounded(engine, result, 30.0, late)
+    ran, kept = weakref.ref(callback), weakref.ref(result)
+    del callback, result
+    assert ran() is not None  # the engine holds it until it has run it
+    engine.set_exception(ConnectionError("closed by peer"))  # type: ignore[arg-type]  # torch types it as T
+    with pytest.raises(RuntimeError, match="a peer was lost") as info:
+        outcome.wait()
+    assert ran() is None
+    assert kept() is not None and info.value is not None  # the error's frames hold the result
 
 
 def test_settled_takes_the_first_outcome_only() -> None:
@@ -62,7 +86,7 @@ def test_a_forked_child_has_a_watching_thread_of_its_own() -> None:
     if pid == 0:  # the child: its deadline must fire
         code = 1
         try:
-            deadlines.bounded(torch.futures.Future(), lambda f: f.value(), 0.1, late).wait()
+            deadlines.bounded(torch.futures.Future(), lambda f: f.value(), 0.1, late)[0].wait()
         except RuntimeError:
             code = 0
         finally:

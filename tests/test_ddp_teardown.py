@@ -111,6 +111,69 @@ def test_a_bare_destroy_process_group_ends_every_run_cleanly(tmp_path: Path, run
     assert not failed, f"{len(failed)} of {runs} runs failed; the first: {failed[0]}"
 
 
+SILENT_PEER = """
+import os, sys, time
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from stragglar.ddp import StragglarState, stragglar_hook
+
+dist.init_process_group("gloo")
+model = DDP(torch.nn.Linear(16, 4))
+model.register_comm_hook(StragglarState(policy="auto", timeout=2), stragglar_hook)
+try:
+    for step in range(5):
+        if step == 3 and dist.get_rank() == 2:
+            time.sleep(600)  # alive, silent
+        model(torch.randn(8, 16)).sum().backward()
+except Exception as e:
+    print("failed:", str(e).splitlines()[0], flush=True)
+dist.destroy_process_group()
+print("ended", flush=True)
+"""
+
+
+@pytest.mark.slow  # 3 processes, a 2 s timeout: about 15 s
+def test_a_silent_peer_under_auto_lets_the_others_end_cleanly(tmp_path: Path) -> None:
+    """The engine's all_reduce (policy="auto") on the process group, whose gloo timeout is 30
+    minutes, stayed in flight after the state's timeout failed the step: the other ranks' destroy
+    waited 20 s, then their interpreters hung at exit until the silent peer came back, and
+    aborted ("terminate called without an active exception")."""
+    import socket
+
+    script = tmp_path / "silent.py"
+    script.write_text(SILENT_PEER)
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    env = dict(
+        os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="3", OMP_NUM_THREADS="1"
+    )
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, str(script)],
+            env={**env, "RANK": str(rank)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in range(3)
+    ]
+    try:
+        for rank in (0, 1):
+            output, _ = ranks[rank].communicate(timeout=90)
+            said = output.splitlines()
+            assert ranks[rank].returncode == 0, output
+            assert said[-1] == "ended" and "terminate called" not in output, output
+            failure = next(line for line in said if line.startswith("failed:"))
+            assert f"rank {rank} timed out in the engine's all_reduce: no answer within 2 s" in failure
+        assert ranks[2].poll() is None  # still silent: the others did not wait for it
+    finally:
+        for process in ranks:
+            process.kill()
+            process.communicate()
+
+
 REGISTERED = """
 import sys
 import torch

@@ -279,7 +279,7 @@ def test_what_the_hook_cannot_serve_is_refused_in_one_sentence() -> None:
     )
     assert said["unsharded"].startswith("the module has no parameters sharded with fully_shard")
     assert said["no group"] == (
-        "replicate_group must be a torch process group that this rank belongs to, got None (NoneType)"
+        "replicate_group must be a torch process group this rank is in, got None (NoneType)"
     )
     assert said["another state's group"].startswith("the state serves another process group")
     assert said["several groups"].startswith("module '0' has 2 parameter groups")

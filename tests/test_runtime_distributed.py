@@ -194,6 +194,12 @@ def test_arguments_that_do_not_apply_are_refused_before_the_group_is_touched() -
         ArgumentError, match=r"^group must be a torch process group or None \(the world\), got 'world'"
     ):
         allreduce(torch.zeros(4), proof, group="world")
+    with pytest.raises(InputError) as e:  # what new_group gives a rank it leaves out
+        allreduce(torch.zeros(4), proof, group=torch.distributed.GroupMember.NON_GROUP_MEMBER)
+    assert str(e.value) == (
+        "group is GroupMember.NON_GROUP_MEMBER: this rank is not in that group (new_group gives that to the "
+        "ranks it leaves out); only the group's ranks may use it"
+    )
     with pytest.raises(ArgumentError, match=r"^stream_ordered must be True or False, got 'yes'$"):
         allreduce(torch.zeros(4), proof, stream_ordered="yes")  # type: ignore[call-overload]
     with pytest.raises(InputError, match=r"^allreduce cannot honour a mask"):

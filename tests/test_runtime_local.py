@@ -201,8 +201,14 @@ def test_clear_errors_for_bad_buffers_and_schedules() -> None:
         allreduce_local([np.zeros(4, np.complex64)] * 3, s)
     with pytest.raises(TypeError, match="supported dtypes"):
         allreduce_local([np.zeros(4, np.uint8)] * 3, s)
-    with pytest.raises(ValueError, match="contiguous"):
+    with pytest.raises(
+        ValueError, match=r"^allreduce needs rank 0's buffer contiguous \(results are written"
+    ):
         allreduce_local([np.zeros((4, 4))[:, 1] for _ in range(3)], s)
+    with pytest.raises(
+        InputError, match=r"^allreduce needs rank 2's buffer contiguous \(results are written"
+    ):
+        allreduce_local([np.zeros(4), np.zeros(4), np.zeros((4, 4))[:, 1]], s)
     with pytest.raises(ValueError, match="same buffer size"):
         allreduce_local([np.zeros(4), np.zeros(4), np.zeros(5)], s)
     with pytest.raises(ValueError, match="3 ranks, got 2"):

@@ -275,6 +275,32 @@ def test_a_dead_rank_makes_the_others_fail_clearly_and_quickly() -> None:
     assert " in round " in line and "(phase 'reduce-scatter')" in line and len(line) < 400, line
 
 
+def unbounded_rank(rank: int, n: int, proof: Proof) -> str | None:
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from stragglar.runtime import RankError, allreduce
+
+    group = dist.new_group(timeout=timedelta(seconds=2))  # the world's stays whole for the launcher
+    if rank == 1:  # alive, and never calls
+        time.sleep(6)
+        return None
+    try:
+        allreduce(torch.zeros(4), proof, group, timeout=None)
+    except RankError as e:
+        return str(e)
+    return "no error"
+
+
+def test_a_call_with_no_timeout_of_its_own_fails_at_the_group_s() -> None:
+    """``timeout=None``: gloo's own timeout (the group's, 2 s here) ends the wait, in a RankError
+    that says so (formatting the missing timeout raised a TypeError)."""
+    said, _ = launch(unbounded_rank, 2, (prove(synthesize("stragglar", 2)),), timeout=30)
+    assert said is not None and said.startswith("allreduce failed: rank 0 timed out "), said
+    assert "no answer within the process group's timeout" in said, said
+
+
 def test_run_benchmark_torch_checks_and_times_both() -> None:
     result = run_benchmark("torch", 3, 3 * 2**14 + 4, "float32", delay=0.02, iters=2, warmup=1, timeout=30)
     assert len(result.times) == 2 and min(result.times) >= 0.02 and min(result.baseline_times) >= 0.02

@@ -102,9 +102,13 @@ def bounded(
     result: Callable[[torch.futures.Future[Any]], Any],
     seconds: float,
     error: Callable[[], BaseException],
-) -> torch.futures.Future[Any]:
+) -> tuple[torch.futures.Future[Any], Callable[[torch.futures.Future[Any]], None]]:
     """A Future of ``result(engine)`` once ``engine`` completes (its error if ``result`` raises),
-    or of ``error()`` if that takes more than ``seconds``."""
+    or of ``error()`` if that takes more than ``seconds``; and ``engine``'s last callback, which
+    does nothing and which only ``engine`` refers to, so that a weak reference to it tells when
+    ``engine``'s completing thread has let go of its callbacks
+    (:func:`~stragglar.ddp.probe.let_go`).  ``result`` would not tell: an error it raises keeps
+    it alive (its traceback's frames hold their functions, and their callers' frames)."""
     outcome = Settled()
 
     def settled(future: torch.futures.Future[Any]) -> None:
@@ -115,6 +119,10 @@ def bounded(
             return
         outcome.settle(value)
 
+    def last(_: torch.futures.Future[Any]) -> None:
+        """Nothing: its end tells that the engine's thread is done with the callbacks."""
+
     engine.add_done_callback(settled)
+    engine.add_done_callback(last)
     watch(outcome, seconds, error)
-    return outcome.future
+    return outcome.future, last

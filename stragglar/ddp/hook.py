@@ -35,6 +35,7 @@ from stragglar.model.policy import (
     chunk_count,
 )
 from stragglar.runtime import RankError, heartbeat, release_graphs
+from stragglar.runtime.failures import checking_error, classify, error_line
 from stragglar.runtime.teardown import before_destroy
 from stragglar.synth import synthesize
 from stragglar.verify import Proof, prove
@@ -375,7 +376,7 @@ class StragglarState:
         device engine registers it."""
         check_bucket(self, buffer, in_call)
         threads = self.asynchronous and not in_call
-        comm = self.resources.connection or self._connect(world_size, threads)
+        comm = self.resources.connection or self._connect(world_size, threads, not buffer.is_cuda)
         order: Order = HOST
         if buffer.is_cuda:
             order = comm.streams.get(buffer.device) or comm.streams.setdefault(
@@ -383,7 +384,7 @@ class StragglarState:
             )
         choice = self.choose(world_size, buffer.numel() * buffer.element_size())
         if choice.algorithm != STRAGGLAR:
-            return self._engine(buffer, world_size if divisor is None else divisor, order)
+            return self._engine(buffer, world_size if divisor is None else divisor, order, comm.engine_group)
         proof = self.proof(world_size, choice.straggler, choice.chunks)
         chunks = choice.chunks or 0
         job = Job(
@@ -411,38 +412,48 @@ class StragglarState:
         # raised in a callback reaches it as an error, with the message intact
         return job.future.then(_value)
 
-    def _engine(self, buffer: torch.Tensor, divisor: int, order: Order) -> torch.futures.Future[torch.Tensor]:
-        """The engine's own all_reduce on DDP's group, as DDP's default hook runs it, timed for the
-        policy: its Future completes (through the engine's stream on CUDA) with the sum divided by
-        ``divisor``."""
+    def _engine(
+        self, buffer: torch.Tensor, divisor: int, order: Order, host_group: Any
+    ) -> torch.futures.Future[torch.Tensor]:
+        """The engine's own all_reduce, as DDP's default hook runs it, timed for the policy: its
+        Future completes (through the engine's stream on CUDA) with the sum divided by
+        ``divisor``, or fails with a :class:`RankError`.  On CUDA it runs on DDP's group; on the
+        host on ``host_group`` (:attr:`Connection.engine_group`), whose own timeout is the state's."""
         watch = self.resources.engine_watch = order.clock(self.resources.engine_watch)
         probe = self.resources.probe
         record = probe.record if probe is not None else None
         size = buffer.numel() * buffer.element_size()
+        group, seconds = self.process_group, self.timeout + self.straggler_delay
+        rank = dist.get_rank(group)
 
         def averaged(future: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
             watch.stop()
             if record is not None:
                 record(ALLREDUCE, size, 0, watch)
-            total = future.value()[0]
+            try:
+                total = future.value()[0]
+            except Exception as e:  # a peer died, or gloo's own timeout came first
+                raise named_globally(_engine_error(rank, seconds, e), group) from e
             return total if divisor == 1 else total.div_(divisor)
 
-        work = dist.all_reduce(buffer, group=self.process_group, async_op=True)
+        work = dist.all_reduce(buffer, group=group if buffer.is_cuda else host_group, async_op=True)
         engine: torch.futures.Future[list[torch.Tensor]] = work.get_future()
         if buffer.is_cuda:  # ordered on CUDA streams; NCCL's watchdog bounds it (deadlines.py)
             return engine.then(averaged)
-        self.resources.engine_calls.append((work, weakref.ref(averaged)))  # see Resources
-        group, seconds = self.process_group, self.timeout + self.straggler_delay
-        rank = dist.get_rank(group)
-        outcome = deadlines.bounded(
-            engine, averaged, seconds, lambda: named_globally(_silent_engine(rank, seconds), group)
+        outcome, callback = deadlines.bounded(
+            engine, averaged, seconds, lambda: named_globally(_engine_error(rank, seconds), group)
         )
+        self.resources.engine_calls.append((work, weakref.ref(callback)))  # see Resources
+        del callback  # from here on, only gloo's thread holds it
         return outcome.then(_value)  # a failed Future reaches DDP as an error (_value)
 
-    def _connect(self, world_size: int, threads: bool) -> Connection:
+    def _connect(self, world_size: int, threads: bool, host: bool) -> Connection:
         group = dedicated_group(self.process_group, self.timeout)
         early = dedicated_group(self.process_group, self.timeout) if threads else group
         groups = (early, group)
+        engine_group = None
+        if self.policy == "auto" and host:  # the engine reduces some buckets (see Connection)
+            engine_group = dedicated_group(self.process_group, self.timeout + ENGINE_GRACE, "gloo")
         probe = self.resources.probe
         record = probe.record if probe is not None and self.policy == "auto" else None
         reduce = Reducer(
@@ -452,8 +463,9 @@ class StragglarState:
         if threads:
             worker = BucketWorker(f"stragglar-ddp-{dist.get_rank()}")
             weakref.finalize(self, worker.close)  # the thread ends with the state
-        connection = self.resources.connection = Connection(reduce, worker)
-        before_destroy(self, groups, StragglarState.close)
+        connection = self.resources.connection = Connection(reduce, worker, engine_group)
+        ended = (*groups, engine_group) if engine_group is not None else groups
+        before_destroy(self, ended, StragglarState.close)
         return connection
 
     def close(self) -> None:
@@ -484,6 +496,14 @@ class StragglarState:
             trace.close()
 
 
+# Seconds by which gloo's own timeout on the engine's group (Connection.engine_group) outlasts the
+# state's deadline.  A rank whose gloo call times out closes its pairs, and its peers then read a
+# lost connection: so each rank's own deadline ends its wait first, however the ranks' calls were
+# spread in time (by less than this), and gloo ends the call soon after, well within close()'s wait.
+ENGINE_GRACE = 2.0
+assert ENGINE_GRACE < CLOSE_WAIT
+
+
 def _value(future: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
     return future.value()
 
@@ -493,14 +513,15 @@ def _is_world(group: Any) -> bool:
     return group is None or group is dist.group.WORLD
 
 
-def _silent_engine(rank: int, seconds: float) -> RankError:
-    return RankError(
-        f"allreduce failed: rank {rank} timed out in the engine's all_reduce: "
-        f"no answer within {seconds:g} s (the state's timeout)",
-        rank=rank,
-        reason="timed out",
-        during="in the engine's all_reduce",
-    )
+def _engine_error(rank: int, seconds: float, error: BaseException | None = None) -> RankError:
+    """The engine's all_reduce failed on ``rank`` with ``error`` (None: past its deadline of
+    ``seconds``): a silent peer is said alike whether the deadline or gloo's own timeout (the
+    same) came first."""
+    reason = "timed out" if error is None else classify(error)
+    detail = f"no answer within {seconds:g} s (the state's timeout)"
+    if error is not None and reason != "timed out":
+        detail = error_line(error)
+    return checking_error(rank, reason, detail, during="in the engine's all_reduce")
 
 
 def stragglar_hook(state: StragglarState, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:

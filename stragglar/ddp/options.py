@@ -24,6 +24,7 @@ from stragglar.model import AUTO, Network
 from stragglar.model.detect import Rule
 from stragglar.model.policy import POLICIES, STRAGGLAR
 from stragglar.runtime import ENGINES
+from stragglar.runtime.torch_dist import check_group
 from stragglar.synth import ALGORITHMS
 
 if TYPE_CHECKING:
@@ -64,11 +65,7 @@ def check_options(state: StragglarState) -> None:
             f"StragglarState.network must be a stragglar.model.Network, got {described(state.network)}"
         )
     as_flag(state.asynchronous, "StragglarState.asynchronous")
-    if state.process_group is not None and not isinstance(state.process_group, dist.ProcessGroup):
-        raise ArgumentError(
-            "StragglarState.process_group must be a torch process group or None (the world), "
-            f"got {described(state.process_group)} ({type(state.process_group).__name__})"
-        )
+    check_group(state.process_group, "StragglarState.process_group")
     as_flag(state.graphs, "StragglarState.graphs")
     if state.engine not in ENGINES:
         raise InputError(

@@ -10,6 +10,7 @@ decides from are all in :class:`Learned`, and nothing there needs a process grou
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -55,10 +56,19 @@ class Learned:
 @dataclass(frozen=True)
 class Connection:
     """What a state reduces its buckets with, made on its first bucket: the reducer on the hook's
-    own groups, the worker threads (None: synchronous) and a stream order per CUDA device."""
+    own groups, the worker threads (None: synchronous), the engine's group on the host and a stream
+    order per CUDA device.
+
+    ``engine_group``: under ``policy="auto"`` with buckets on the host, a gloo group of the hook's
+    ranks made with the state's timeout (and a grace: ``hook.ENGINE_GRACE``), for the engine's own
+    all_reduce.  On the process group's (30 minutes, by default), a call that a silent peer held
+    stayed in gloo's hands after the state's deadline had failed the step, so the other ranks'
+    interpreters hung at exit until the peer came back, then aborted; gloo now ends it soon after
+    the deadline.  None: not made."""
 
     reduce: Reducer
     worker: BucketWorker | None
+    engine_group: Any = None
     streams: dict[torch.device, StreamOrder] = field(default_factory=dict)
 
 

@@ -400,14 +400,14 @@ class BucketWorker:
             del stages, future, handed
 
 
-def dedicated_group(process_group: Any, timeout: float) -> Any:
-    """A new group with the ranks and backend of ``process_group`` (None: the world), for the
-    worker alone; every rank of ``process_group`` must call this, in the same order."""
+def dedicated_group(process_group: Any, timeout: float, backend: str | None = None) -> Any:
+    """A new group with the ranks and backend (or ``backend``) of ``process_group`` (None: the
+    world), for one user alone; every rank of ``process_group`` must call this, in the same order."""
     ranks = None if process_group is None else dist.get_process_group_ranks(process_group)
     return dist.new_group(
         ranks,
         timeout=timedelta(seconds=timeout),
-        backend=dist.get_backend(process_group),
+        backend=backend or dist.get_backend(process_group),
         use_local_synchronization=process_group is not None,
     )
 

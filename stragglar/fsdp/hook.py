@@ -46,7 +46,7 @@ from stragglar.ddp.hook import StragglarState
 from stragglar.errors import ArgumentError, InputError, described
 from stragglar.runtime import MismatchError
 from stragglar.runtime.header import ranks_in_words
-from stragglar.runtime.torch_dist import gather_headers
+from stragglar.runtime.torch_dist import check_group, gather_headers
 
 __all__ = ["ReplicaReduction", "use_stragglar"]
 
@@ -112,11 +112,7 @@ def use_stragglar(module: torch.nn.Module, state: StragglarState, *, replicate_g
         raise ArgumentError(f"use_stragglar needs a torch module, got {described(module)}")
     if not isinstance(state, StragglarState):
         raise ArgumentError(f"use_stragglar needs a stragglar.ddp.StragglarState, got {described(state)}")
-    if not isinstance(replicate_group, dist.ProcessGroup):
-        raise ArgumentError(
-            "replicate_group must be a torch process group that this rank belongs to, "
-            f"got {described(replicate_group)} ({type(replicate_group).__name__})"
-        )
+    check_group(replicate_group, "replicate_group", world=False)
     if state.process_group is not None and state.process_group is not replicate_group:
         raise InputError(
             "the state serves another process group than replicate_group: give it one or the other"

@@ -24,7 +24,7 @@ named here for it.
 
 from __future__ import annotations
 
-from stragglar.errors import ArgumentError
+from stragglar.errors import ArgumentError, InputError
 from stragglar.runtime.arrays import DTYPES
 from stragglar.runtime.channels import MAX_TAG
 from stragglar.runtime.clock import Timeline, poll
@@ -46,6 +46,7 @@ __all__ = [
     "MAX_TAG",
     "ArgumentError",
     "DeviceWork",
+    "InputError",
     "Layout",
     "MismatchError",
     "NcclGroup",

@@ -59,14 +59,15 @@ def dtype_name(array: Array) -> str:
     return name
 
 
-def flat_view(array: Array) -> Array:
+def flat_view(array: Array, owner: str | None = None) -> Array:
     """A 1-D view sharing ``array``'s memory; the result must land in place, so no copies.  A
     1-D array is its own (every call asks for each buffer's, and a torch or CuPy view costs
-    microseconds to make)."""
+    microseconds to make).  ``owner``: whose buffer it is, for the refusal ("rank 2's")."""
     dtype_name(array)
     contiguous = array.is_contiguous() if hasattr(array, "is_contiguous") else array.flags.c_contiguous
     if not contiguous:
-        raise InputError("allreduce needs a contiguous buffer (results are written in place)")
+        which = "a contiguous buffer" if owner is None else f"{owner} buffer contiguous"
+        raise InputError(f"allreduce needs {which} (results are written in place)")
     if type(array) is not np.ndarray and library_of(array) == "numpy":
         array = array.view(np.ndarray)  # a subclass's (np.matrix's) reshape stays 2-D: its memory, plainly
     return array if array.ndim == 1 else array.reshape(-1)

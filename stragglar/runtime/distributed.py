@@ -175,9 +175,10 @@ def allreduce(
     checks once.  ``lockstep=True`` is for callers that guarantee every rank makes the same calls on
     the group in the same order (the DDP hook): a setup is then checked once per group however
     setups alternate.  Raises :class:`~stragglar.runtime.RankError` when a peer dies or does not
-    answer within ``timeout`` seconds (at most a day; ``timeout`` plus ``straggler_delay`` for a wait that may
-    include the late rank's delay), and :class:`~stragglar.runtime.ArgumentError` (a TypeError) or
-    ``InputError`` for bad arguments.
+    answer within ``timeout`` seconds (at most a day; ``timeout`` plus ``straggler_delay`` for a wait
+    that may include the late rank's delay; None: stragglar sets no bound of its own, and the
+    group's own timeout, or the device engine's day, ends a wait), and
+    :class:`~stragglar.runtime.ArgumentError` (a TypeError) or ``InputError`` for bad arguments.
 
     ``stream_ordered`` (torch tensors on an NCCL group): wait for each round on the current CUDA
     stream instead of the host, so the call returns once every round is queued; ``timeout`` then

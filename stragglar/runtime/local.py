@@ -84,7 +84,7 @@ def allreduce_local(
         )
     if graphs is not None and not on_gpu:
         raise InputError("graphs applies to CuPy arrays (the GPU loopback): these rounds have no CUDA graph")
-    count = int(flat_view(buffers[0]).shape[0]) if buffers else 0
+    count = int(flat_view(buffers[0], "rank 0's").shape[0]) if buffers else 0
     plans = [plan_for(proof, r, count) for r in range(proof.num_ranks)]
     if not on_gpu:
         return run_local(buffers, plans, delay, late_rank=late_rank)
@@ -168,7 +168,7 @@ def check_loopback(buffers: Sequence[Array], num_ranks: int) -> list[Array]:
         raise InputError(f"schedule has {num_ranks} ranks, got {len(buffers)} buffers")
     if len({dtype_name(b) for b in buffers}) > 1:
         raise InputError(f"every rank needs the same dtype, got {sorted({dtype_name(b) for b in buffers})}")
-    flats = [flat_view(b) for b in buffers]
+    flats = [flat_view(b, f"rank {rank}'s") for rank, b in enumerate(buffers)]
     check_sizes([int(f.shape[0]) for f in flats], "allreduce")
     check_own_memory(flats)
     return flats

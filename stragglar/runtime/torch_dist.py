@@ -42,7 +42,30 @@ from stragglar.runtime.interpreter import SLICE_PACKING, Packing
 from stragglar.runtime.program import BoundStep, Plan
 from stragglar.runtime.teardown import install
 
-__all__ = ["CudaGraphs", "TorchEngine", "TorchTransport", "gather_headers", "torch_uncapturable"]
+__all__ = [
+    "CudaGraphs",
+    "TorchEngine",
+    "TorchTransport",
+    "check_group",
+    "gather_headers",
+    "torch_uncapturable",
+]
+
+
+def check_group(group: Any, label: str, world: bool = True) -> None:
+    """Refuse ``group`` (named ``label``) unless it is a torch process group (or None, the
+    world, where ``world``).  ``torch.distributed.new_group`` hands the ranks it leaves out an
+    int, ``GroupMember.NON_GROUP_MEMBER``: that is said as such, not as a wrong type."""
+    if isinstance(group, dist.ProcessGroup) or (world and group is None):
+        return
+    if type(group) is int and group == dist.GroupMember.NON_GROUP_MEMBER:
+        rank = f"rank {dist.get_rank()}" if dist.is_initialized() else "this rank"
+        raise InputError(
+            f"{label} is GroupMember.NON_GROUP_MEMBER: {rank} is not in that group (new_group gives "
+            "that to the ranks it leaves out); only the group's ranks may use it"
+        )
+    kind = "a torch process group or None (the world)" if world else "a torch process group this rank is in"
+    raise ArgumentError(f"{label} must be {kind}, got {described(group)} ({type(group).__name__})")
 
 
 class TorchTransport:
@@ -178,7 +201,9 @@ def gather_headers(
         reason, silent = classify(e), _silent(works, at)
         if silent and reason == "timed out":
             others = f" from ranks {', '.join(map(str, silent))}" if len(silent) > 1 else ""
-            detail = f"no answer{others} within {timeout:g} s"
+            # timeout None: gloo's own timeout, the process group's, ended the wait
+            bound = "the process group's timeout" if timeout is None else f"{timeout:g} s"
+            detail = f"no answer{others} within {bound}"
             raise checking_error(rank, reason, detail, silent[0], during) from e
         # another peer's failure may end the wait first (gloo closes a pair that timed out):
         # the rank waited for is named all the same
@@ -214,11 +239,7 @@ class TorchEngine:
                 "graphs applies to stream-ordered rounds (stream_ordered=True on an NCCL group) "
                 "and to CuPy arrays on an NcclGroup"
             )
-        if group is not None and not isinstance(group, dist.ProcessGroup):
-            raise ArgumentError(
-                f"group must be a torch process group or None (the world), got {described(group)} "
-                f"({type(group).__name__})"
-            )
+        check_group(group, "group")
         if not dist.is_initialized():
             raise InputError(
                 "allreduce needs a process group: call torch.distributed.init_process_group first "
