@@ -330,6 +330,31 @@ def test_a_dead_or_silent_peer_fails_the_step_quickly(kwargs: dict[str, Any], si
         assert all(f"allreduce failed: rank {rank} {said}" in errors[rank] for rank in (0, 1, 3)), errors
 
 
+def test_the_engine_s_failures_say_which_timeout_ended_them() -> None:
+    """On the host the state's deadline bounds the engine's all_reduce (its group's own timeout
+    just after): a timeout is said as the state's.  On CUDA the process group's ends it, in the
+    engine's words: not the state's timeout, which bounds nothing there."""
+    from stragglar.ddp.hook import _engine_error
+
+    nccl = RuntimeError("Watchdog caught collective operation timeout: ran for 1800012 milliseconds")
+    assert (
+        str(_engine_error(1, nccl, None))
+        == f"allreduce failed: rank 1 timed out in the engine's all_reduce: {nccl}"
+    )
+    gloo = RuntimeError("[../gloo/transport/tcp/pair.cc:446] Timed out waiting 302000ms for recv operation")
+    said = "allreduce failed: rank 1 timed out in the engine's all_reduce: no answer within 300 s (the "
+    said += "state's timeout)"
+    assert str(_engine_error(1, gloo, 300.0)) == str(_engine_error(1, None, 300.0)) == said
+    lost = RuntimeError("Connection closed by peer [127.0.0.1]:4242")
+    error = _engine_error(1, lost, 300.0)
+    assert str(error) == f"allreduce failed: rank 1 lost the connection in the engine's all_reduce: {lost}"
+    assert (error.rank, error.reason, error.during) == (
+        1,
+        "lost the connection",
+        "in the engine's all_reduce",
+    )
+
+
 def first_failing_step(rank: int, n: int, settings: dict[str, Any]) -> tuple[int, str]:
     plain, hooked = twins(StragglarState(timeout=20, **settings))
     for i in range(6):

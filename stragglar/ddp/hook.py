@@ -376,7 +376,7 @@ class StragglarState:
         device engine registers it."""
         check_bucket(self, buffer, in_call)
         threads = self.asynchronous and not in_call
-        comm = self.resources.connection or self._connect(world_size, threads, not buffer.is_cuda)
+        comm = self.resources.connection or self._connect(world_size, threads)
         order: Order = HOST
         if buffer.is_cuda:
             order = comm.streams.get(buffer.device) or comm.streams.setdefault(
@@ -418,7 +418,8 @@ class StragglarState:
         """The engine's own all_reduce, as DDP's default hook runs it, timed for the policy: its
         Future completes (through the engine's stream on CUDA) with the sum divided by
         ``divisor``, or fails with a :class:`RankError`.  On CUDA it runs on DDP's group; on the
-        host on ``host_group`` (:attr:`Connection.engine_group`), whose own timeout is the state's."""
+        host on ``host_group`` (:attr:`Connection.engine_group`; None: DDP's group), bounded by
+        the state's timeout."""
         watch = self.resources.engine_watch = order.clock(self.resources.engine_watch)
         probe = self.resources.probe
         record = probe.record if probe is not None else None
@@ -432,27 +433,29 @@ class StragglarState:
                 record(ALLREDUCE, size, 0, watch)
             try:
                 total = future.value()[0]
-            except Exception as e:  # a peer died, or gloo's own timeout came first
-                raise named_globally(_engine_error(rank, seconds, e), group) from e
+            except Exception as e:  # a peer died, or its group's own timeout ended the call
+                bound = None if buffer.is_cuda else seconds  # on CUDA the process group's bounds it
+                raise named_globally(_engine_error(rank, e, bound), group) from e
             return total if divisor == 1 else total.div_(divisor)
 
-        work = dist.all_reduce(buffer, group=group if buffer.is_cuda else host_group, async_op=True)
+        on_host = not buffer.is_cuda and host_group is not None
+        work = dist.all_reduce(buffer, group=host_group if on_host else group, async_op=True)
         engine: torch.futures.Future[list[torch.Tensor]] = work.get_future()
         if buffer.is_cuda:  # ordered on CUDA streams; NCCL's watchdog bounds it (deadlines.py)
             return engine.then(averaged)
         outcome, callback = deadlines.bounded(
-            engine, averaged, seconds, lambda: named_globally(_engine_error(rank, seconds), group)
+            engine, averaged, seconds, lambda: named_globally(_engine_error(rank, None, seconds), group)
         )
         self.resources.engine_calls.append((work, weakref.ref(callback)))  # see Resources
         del callback  # from here on, only gloo's thread holds it
         return outcome.then(_value)  # a failed Future reaches DDP as an error (_value)
 
-    def _connect(self, world_size: int, threads: bool, host: bool) -> Connection:
+    def _connect(self, world_size: int, threads: bool) -> Connection:
         group = dedicated_group(self.process_group, self.timeout)
         early = dedicated_group(self.process_group, self.timeout) if threads else group
         groups = (early, group)
-        engine_group = None
-        if self.policy == "auto" and host:  # the engine reduces some buckets (see Connection)
+        engine_group = None  # made alike on every rank: the policy and the group's backend are agreed
+        if self.policy == "auto" and _gloo_on_host(self.process_group):  # see Connection
             engine_group = dedicated_group(self.process_group, self.timeout + ENGINE_GRACE, "gloo")
         probe = self.resources.probe
         record = probe.record if probe is not None and self.policy == "auto" else None
@@ -513,15 +516,25 @@ def _is_world(group: Any) -> bool:
     return group is None or group is dist.group.WORLD
 
 
-def _engine_error(rank: int, seconds: float, error: BaseException | None = None) -> RankError:
+def _engine_error(rank: int, error: BaseException | None, seconds: float | None) -> RankError:
     """The engine's all_reduce failed on ``rank`` with ``error`` (None: past its deadline of
-    ``seconds``): a silent peer is said alike whether the deadline or gloo's own timeout (the
-    same) came first."""
+    ``seconds``).  On the host, where the deadline bounds it, a silent peer is said alike whether
+    the deadline or the group's own timeout (the deadline's and a grace) came first; else
+    (``seconds`` None: on CUDA, the process group's timeout) in the engine's words."""
     reason = "timed out" if error is None else classify(error)
-    detail = f"no answer within {seconds:g} s (the state's timeout)"
-    if error is not None and reason != "timed out":
-        detail = error_line(error)
+    if seconds is not None and reason == "timed out":
+        detail = f"no answer within {seconds:g} s (the state's timeout)"
+    else:
+        detail = error_line(error) if error is not None else "no answer"
     return checking_error(rank, reason, detail, during="in the engine's all_reduce")
+
+
+def _gloo_on_host(group: Any) -> bool:
+    """Whether ``group`` (None: the world) reduces host tensors with gloo ("gloo", or a
+    "cpu:gloo,cuda:nccl" pair): only then is the engine's group made, with gloo (an MPI or
+    oneCCL group keeps its own backend, and its own timeouts)."""
+    backend = str(dist.get_backend(group))
+    return backend == "gloo" or "cpu:gloo" in backend
 
 
 def stragglar_hook(state: StragglarState, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:

@@ -59,12 +59,12 @@ class Connection:
     own groups, the worker threads (None: synchronous), the engine's group on the host and a stream
     order per CUDA device.
 
-    ``engine_group``: under ``policy="auto"`` with buckets on the host, a gloo group of the hook's
-    ranks made with the state's timeout (and a grace: ``hook.ENGINE_GRACE``), for the engine's own
-    all_reduce.  On the process group's (30 minutes, by default), a call that a silent peer held
-    stayed in gloo's hands after the state's deadline had failed the step, so the other ranks'
-    interpreters hung at exit until the peer came back, then aborted; gloo now ends it soon after
-    the deadline.  None: not made."""
+    ``engine_group``: under ``policy="auto"`` on a group that reduces host tensors with gloo, a
+    gloo group of the hook's ranks made with the state's timeout (and a grace:
+    ``hook.ENGINE_GRACE``), for the engine's own all_reduce of host buckets.  On the process
+    group's (30 minutes, by default), a call that a silent peer held stayed in gloo's hands after
+    the state's deadline had failed the step, so the other ranks' interpreters hung at exit until
+    the peer came back, then aborted; gloo now ends it soon after the deadline.  None: not made."""
 
     reduce: Reducer
     worker: BucketWorker | None
