@@ -18,8 +18,10 @@ __all__ = [
     "Exported",
     "artifact_error",
     "export_artifact",
+    "lowered_artifact",
     "proved",
     "proved_artifact",
+    "proved_export",
     "read_artifact",
 ]
 
@@ -36,8 +38,18 @@ class Exported:
 
 def export_artifact(proof: Proof, fmt: ArtifactFormat[Any], options: ExportOptions) -> Exported:
     """Lower the proved schedule to ``fmt`` and prove the text itself."""
-    with busy(f"exporting {proof.num_ranks} GPUs to {fmt.title}"):
-        text = fmt.lower(proof, options)
+    return proved_export(fmt, lowered_artifact(proof, fmt, options))
+
+
+def lowered_artifact(proof: Proof, fmt: ArtifactFormat[Any], options: ExportOptions) -> str:
+    """The proved schedule lowered to ``fmt``'s text, not yet proved itself (:func:`proved_export`):
+    a caller choosing among chunk counts lowers several and proves the one it keeps."""
+    with busy(f"exporting {proof.num_ranks} GPUs in {proof.num_chunks} chunks to {fmt.title}"):
+        return fmt.lower(proof, options)
+
+
+def proved_export(fmt: ArtifactFormat[Any], text: str) -> Exported:
+    """``text``, lowered to ``fmt``, with the proof of the text itself."""
     return Exported(text, proved_artifact(fmt, text, fmt.exported_name))
 
 

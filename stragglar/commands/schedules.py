@@ -33,7 +33,14 @@ from stragglar.commands.options import (
     refuse_other_formats,
 )
 from stragglar.commands.outputs import check_output, check_plot, to_stdout, write, write_plot
-from stragglar.commands.proofs import Exported, export_artifact, proved, proved_artifact, read_artifact
+from stragglar.commands.proofs import (
+    export_artifact,
+    lowered_artifact,
+    proved,
+    proved_artifact,
+    proved_export,
+    read_artifact,
+)
 from stragglar.commands.terminal import busy, echo
 from stragglar.errors import IncorrectError, InputError, StragglarError, shown
 from stragglar.formats import schedule_json
@@ -197,7 +204,7 @@ def synth(
     if exporting is not None:
         if lowered is None:
             lowered = _lowered(proof, exporting, options, request)
-        exported = Exported(lowered, proved_artifact(exporting, lowered, exporting.exported_name))
+        exported = proved_export(exporting, lowered)
         body = exported.text
         summary += f"; {exporting.title} proved: {exported.proof.brief}"
         details += [exported.proof.summary, exported.proof.details]
@@ -243,11 +250,6 @@ def _made(request: Request) -> Proof:
     return proved(schedule, f"the {request.algorithm} schedule")
 
 
-def _lower(proof: Proof, fmt: ArtifactFormat[Any], options: ExportOptions) -> str:
-    with busy(f"exporting {proof.num_ranks} GPUs in {proof.num_chunks} chunks to {fmt.title}"):
-        return fmt.lower(proof, options)
-
-
 def _auto_for(
     fmt: ArtifactFormat[Any], options: ExportOptions, base: Request, setting: _Setting
 ) -> tuple[Request, Proof, str]:
@@ -270,7 +272,7 @@ def _auto_for(
             request = _with_chunks(base, count)
             proof = _made(request)
             try:
-                text = _lower(proof, fmt, options)
+                text = lowered_artifact(proof, fmt, options)
             except InputError as e:  # over a limit of fmt's for this many chunks: the next count
                 refused[count] = str(e)
                 continue
@@ -304,13 +306,13 @@ def _lowered(proof: Proof, fmt: ArtifactFormat[Any], options: ExportOptions, req
     the lowering (fewer runs per round, fewer instances) is the library's, fewer chunks the
     command line's."""
     try:
-        return _lower(proof, fmt, options)
+        return lowered_artifact(proof, fmt, options)
     except InputError as e:
         n, chosen = request.num_ranks, request.chunks
         if request.algorithm != "stragglar" or chosen is None or chosen <= n - 1:
             raise
         try:
-            _lower(_made(dataclasses.replace(request, chunks=None)), fmt, options)
+            lowered_artifact(_made(dataclasses.replace(request, chunks=None)), fmt, options)
         except InputError:  # not the count alone: the error as it is
             raise e from None
         raise InputError(
