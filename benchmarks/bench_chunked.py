@@ -17,13 +17,12 @@ sizes and how many took longer than ``--limit`` seconds (the issue's target: 2 s
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from dataclasses import asdict, dataclass
 
 import z3
-from options import as_command, duration, each, json_output, ranks
+from options import Parser, as_command, duration, each, json_output, ranks
 from results import save
 
 from stragglar.synth import synthesize
@@ -144,7 +143,7 @@ def sweep_table(rows: list[Timed], limit: float) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prove", action="store_true", help="also prove every schedule (slow for N=1024)")
     parser.add_argument("--json", type=json_output, help="write the rows and the machine to this file")
     parser.add_argument("--every", nargs=2, type=ranks, metavar=("LO", "HI"), help="sweep LO..HI, C = N-1")

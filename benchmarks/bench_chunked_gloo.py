@@ -35,12 +35,12 @@ memory for 8 ranks at 256 MiB.
 
 from __future__ import annotations
 
-import argparse
 import math
 import statistics
 from dataclasses import asdict, dataclass
 
 from options import (
+    Parser,
     as_command,
     byte_size,
     duration,
@@ -208,7 +208,7 @@ def table(rows: list[Row], fits: dict[int, Network], link_rate: float | None) ->
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--gpus", type=whole(2, 64), nargs="+", default=[4, 8], help="gloo ranks on this host"
     )

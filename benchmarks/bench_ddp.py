@@ -28,7 +28,6 @@ a late rank auto <= 0.85x the default hook's step time; with none, auto <= 1.03x
 ``from __future__ import annotations``: DDP compares the hook's annotations with the classes.)
 """
 
-import argparse
 import statistics
 import time
 from collections.abc import Sequence
@@ -38,7 +37,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from options import as_command, duration, json_output, link_rate, whole
+from options import Parser, as_command, duration, json_output, link_rate, whole
 from results import save
 from torch.distributed import GradBucket  # type: ignore[attr-defined, unused-ignore]
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -259,7 +258,7 @@ def table(rows: list[Row]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser = Parser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--gpus", type=whole(2, 64), default=4, help="gloo ranks (processes on this host)")
     parser.add_argument("--late", type=whole(0), default=1, help="the late rank in the second run")
     parser.add_argument(

@@ -36,7 +36,6 @@ above a target, the target cannot be met together with the clean traces.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import math
 import random
@@ -45,7 +44,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
-from options import as_command, json_output, note, whole
+from options import Parser, as_command, json_output, note, whole
 from results import save
 
 from stragglar.model import Network
@@ -481,7 +480,7 @@ def table(rows: list[Row]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(description=__doc__.split("\n\n")[0])
     # from 4: at 3 StragglAR never pays for the bucket on this network (no critical delay to scale)
     parser.add_argument(
         "--sizes", nargs="+", type=whole(4, MAX_RANKS), default=list(SIZES), help="world sizes N (>= 4)"

@@ -53,7 +53,7 @@ from gpu_loopback import loopback, loopback_table
 from gpu_packets import device_packets, packets_table
 from gpu_profile import device_profile, profile_table
 from gpu_tuning import device_tuning, tuning_table
-from options import as_command, json_output, note, whole
+from options import Parser, as_command, json_output, note, whole
 from results import save
 
 from stragglar.measure.gpus import gpu_count
@@ -386,7 +386,7 @@ RUNNERS: dict[str, Callable[[argparse.Namespace, int], Any]] = {
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="StragglAR on a GPU: loopback, NCCL ranks and DDP.")
+    parser = Parser(description="StragglAR on a GPU: loopback, NCCL ranks and DDP.")
     parser.add_argument("--quick", action="store_true", help="fewer settings: N = 8 only, up to 64 MiB")
     parser.add_argument("--iters", type=whole(1, 10**4), default=5, help="timed calls per setting (median)")
     parser.add_argument(

@@ -15,7 +15,6 @@ per call around its transfers.  Nothing moves there, so there is no sum to check
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import statistics
 import time
@@ -24,7 +23,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
-from options import as_command, each, json_output, whole
+from options import Parser, as_command, each, json_output, whole
 from results import save
 
 from stragglar.runtime import allreduce_local
@@ -146,7 +145,7 @@ def table(rows: list[Row]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Time allreduce_local on the host (NumPy, torch CPU).")
+    parser = Parser(description="Time allreduce_local on the host (NumPy, torch CPU).")
     parser.add_argument(
         "--calls", type=whole(1, 10**5), default=200, help="timed calls per small case (median)"
     )

@@ -10,14 +10,13 @@ deterministic scheduler with symbolic values, so its time is what ``stragglar ve
 
 from __future__ import annotations
 
-import argparse
 import functools
 import platform
 import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from options import as_command, json_output, ranks, whole
+from options import Parser, as_command, json_output, ranks, whole
 from results import save
 
 from stragglar import msccl
@@ -40,7 +39,7 @@ def best_of(repeats: int, run: Callable[[], T]) -> tuple[float, T]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = Parser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", type=ranks, nargs="+", default=[8, 16, 32, 64])
     parser.add_argument("--algorithm", choices=ALGORITHMS, default="stragglar")
     parser.add_argument("--proto", choices=PROTOCOLS, default="Simple")

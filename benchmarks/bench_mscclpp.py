@@ -12,14 +12,13 @@ The target is export + prove of N = 64 in under 5 s.
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from options import as_command, json_output, ranks, whole
+from options import Parser, as_command, json_output, ranks, whole
 from results import save
 
 from stragglar import mscclpp
@@ -62,7 +61,7 @@ def measure(algorithm: str, n: int, instances: int, interleavings: int, repeats:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser = Parser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--sizes", type=ranks, nargs="+", default=[8, 16, 32, 64, 72])
     parser.add_argument("--algorithm", choices=ALGORITHMS, default="stragglar")
     parser.add_argument("--instances", type=whole(1), default=1)

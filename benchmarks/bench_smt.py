@@ -11,10 +11,9 @@ N = 2..``--synth-max``.
 
 from __future__ import annotations
 
-import argparse
 import time
 
-from options import as_command, duration, each, json_output, ranks, whole
+from options import Parser, as_command, duration, each, json_output, ranks, whole
 from results import save
 
 from stragglar.schedule import Phase, Schedule, round_lower_bound
@@ -83,7 +82,7 @@ def synthesis_table(up_to: int) -> list[Row]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=ranks, nargs="*", default=[8, 16, 32, 64, 128, 256])
     parser.add_argument("--bound-max", type=whole(2, 24), default=15)
     parser.add_argument(
@@ -92,14 +91,20 @@ def main() -> None:
         default=600.0,
         help="z3's time per bound (default 600s)",
     )
-    parser.add_argument("--synth-max", type=whole(2, 16), default=12)
+    parser.add_argument(
+        "--synth-max", type=whole(1, 16), default=12, help="synthesis for N = 2 to this (1: none; default 12)"
+    )
     parser.add_argument("--json", type=json_output, metavar="FILE", help="also save the tables as JSON")
     args = parser.parse_args()
-    checker = checker_table(args.sizes)
-    print()
+    checker: list[Row] = []
+    if args.sizes:  # --sizes alone: no checker table
+        checker = checker_table(args.sizes)
+        print()
     bounds = bound_table(args.bound_max, args.bound_timeout)
-    print()
-    synthesis = synthesis_table(args.synth_max)
+    synthesis: list[Row] = []
+    if args.synth_max >= 2:
+        print()
+        synthesis = synthesis_table(args.synth_max)
     if args.json:
         tables = {"checker": checker, "bounds": bounds, "synthesis": synthesis}
         save(args.json, {"bound_timeout_s": args.bound_timeout, **tables})

@@ -14,14 +14,13 @@ dominated by fixed costs).
 
 from __future__ import annotations
 
-import argparse
 import math
 import time
 import tracemalloc
 from collections.abc import Callable
 from typing import Any
 
-from options import as_command, duration, json_output, note, ranks
+from options import Parser, as_command, duration, json_output, note, ranks
 from results import save
 
 from stragglar.schedule import MAX_RANKS, Schedule
@@ -81,7 +80,7 @@ def predicted(points: list[tuple[int, float]], n: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=ranks, nargs="+", default=[8, 64, 256, 1024, MAX_RANKS])
     parser.add_argument(
         "--budget", type=duration(positive=True), default=120.0, help="time per step and N (default 120s)"

@@ -1,6 +1,7 @@
-"""What the benchmarks share on their command lines: argparse types that say their reason in one
-line (argparse adds the usage and exits 2), the checks of ``--json`` before any work, and
-:func:`as_command`, which ends a benchmark as ``stragglar`` ends a command: one line, an exit code.
+"""What the benchmarks share on their command lines: :class:`Parser`, whose refusal is one line and
+exit 2, argparse types that say their reason in that line, the checks of ``--json`` before any
+work, and :func:`as_command`, which ends a benchmark as ``stragglar`` ends a command: one line, an
+exit code.
 
 Progress shows on a terminal only (:func:`each`, :func:`note`).  The units are the command line's:
 sizes as ``1MiB``, durations as ``20ms`` or ``1.5s`` (a bare number is refused, as ``stragglar``
@@ -26,6 +27,7 @@ from stragglar.schedule import MAX_RANKS
 from stragglar.units import parse_bandwidth, parse_duration, parse_size
 
 __all__ = [
+    "Parser",
     "as_command",
     "byte_size",
     "duration",
@@ -40,6 +42,15 @@ __all__ = [
 
 
 _T = TypeVar("_T")
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, refusing in one line (``bench_x.py: error: ...``, exit 2), as
+    ``stragglar`` does: argparse's own printed the whole usage first, a block that pushed the
+    reason off a small terminal.  ``--help`` still shows the usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def each(items: Sequence[_T], label: Callable[[_T], str]) -> Iterator[_T]:

@@ -12,10 +12,11 @@ they give none.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from options import Parser
 
 from stragglar.files import write_text
 from stragglar.schedule import round_lower_bound
@@ -121,7 +122,7 @@ def replace_section(text: str, body: str, start_mark: str = START, end_mark: str
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = Parser(description=__doc__.splitlines()[0] if __doc__ else None)
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--write", action="store_true", help="rewrite the README section")
     mode.add_argument("--check", action="store_true", help="exit 1 if the README section is out of date")

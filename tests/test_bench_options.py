@@ -114,8 +114,8 @@ def test_every_benchmark_refuses_a_bad_value_in_one_line_before_any_work(args: l
 
 
 def refused_at_once(args: list[str]) -> str:
-    """The last line ``bench_x.py`` printed when run with ``args``: argparse's one-line error,
-    exit 2, nothing on stdout, no traceback."""
+    """The line ``bench_x.py`` printed when run with ``args``: its one line (argparse printed
+    its usage before it), exit 2, nothing on stdout, no traceback."""
     done = subprocess.run(
         [sys.executable, str(BENCHMARKS / args[0]), *args[1:]],
         capture_output=True,
@@ -124,9 +124,9 @@ def refused_at_once(args: list[str]) -> str:
         env={**os.environ, "PYTHONPATH": str(BENCHMARKS.parent)},
     )
     assert done.returncode == 2 and done.stdout == "", (done.stdout, done.stderr)
-    last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"{args[0]}: error: ") and "Traceback" not in done.stderr, done.stderr
-    return last
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{args[0]}: error: "), done.stderr  # no usage block
+    return lines[0]
 
 
 def test_bench_gloo_says_what_it_runs_and_keeps_its_backend() -> None:
