@@ -39,6 +39,7 @@ __all__ = [
     "MAX_SECONDS",
     "MIN_BANDWIDTH",
     "count_of",
+    "exact_duration",
     "format_bytes",
     "format_seconds",
     "parse_bandwidth",
@@ -164,6 +165,15 @@ def parse_duration(text: str) -> float:
     >>> parse_duration("1.5s"), parse_duration("0")
     (1.5, 0.0)
     """
+    seconds = exact_duration(text)
+    if seconds > MAX_SECONDS:
+        raise InputError(f"{quoted(text)} is longer than a week")
+    return float(seconds)
+
+
+def exact_duration(text: str) -> Fraction:
+    """:func:`parse_duration`'s seconds, exact and of any length: for a caller with a bound of its
+    own to name (a timeout's day), which the week's would otherwise speak over."""
     number, unit = _split(text, "a duration", "20ms or 1.5s")
     if unit == "" and number != 0:
         raise InputError(
@@ -171,10 +181,7 @@ def parse_duration(text: str) -> float:
         )
     if unit not in TIME_UNITS and unit != "":
         raise InputError(f"unknown time unit {quoted(unit)} in {quoted(text)}: use us, ms or s")
-    seconds = number * TIME_UNITS.get(unit, Fraction(1))
-    if seconds > MAX_SECONDS:
-        raise InputError(f"{quoted(text)} is longer than a week")
-    return float(seconds)
+    return number * TIME_UNITS.get(unit, Fraction(1))
 
 
 def parse_bandwidth(text: str) -> float:

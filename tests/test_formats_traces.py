@@ -155,11 +155,12 @@ def test_a_fifo_or_a_folder_is_refused_before_reading(tmp_path: Path) -> None:
 
 def test_the_format_is_told_by_the_suffix_or_given(tmp_path: Path) -> None:
     assert (
-        trace_format_of(Path("a.CSV"), None) == "csv" and trace_format_of(Path("a.ndjson"), None) == "jsonl"
+        trace_format_of([Path("a.CSV")], None) == "csv"
+        and trace_format_of([Path("a.ndjson")], None) == "jsonl"
     )
-    assert trace_format_of(Path("a.txt"), "parquet") == "parquet"
+    assert trace_format_of([Path("a.txt")], "parquet") == "parquet"
     with pytest.raises(InputError, match=r"cannot tell the format of a\.txt"):
-        trace_format_of(Path("a.txt"), None)
+        trace_format_of([Path("a.txt")], None)
 
 
 def test_the_writer_appends_whole_steps_that_read_back_exactly(tmp_path: Path) -> None:
@@ -231,12 +232,12 @@ def test_a_csv_that_starts_with_a_byte_order_mark_is_read(tmp_path: Path) -> Non
     path.write_bytes("step,rank,time\n1,0,0.5\n1,1,0.25\n".encode("utf-8-sig"))
     (group,) = read_trace(path, "csv", Columns())
     assert group.times == ((Fraction(1, 2), Fraction(1, 4)),)
-    assert trace_format_of(path, None) == "csv"
+    assert trace_format_of([path], None) == "csv"
     jsonl = tmp_path / "bom.jsonl"
     jsonl.write_bytes(
         '{"step": 1, "rank": 0, "time": 1}\n{"step": 1, "rank": 1, "time": 2}\n'.encode("utf-8-sig")
     )
-    assert trace_format_of(jsonl.rename(tmp_path / "bom.txt"), None) == "jsonl"  # told by content
+    assert trace_format_of([jsonl.rename(tmp_path / "bom.txt")], None) == "jsonl"  # told by content
     (group,) = read_trace(tmp_path / "bom.txt", "jsonl", Columns())
     assert group.steps == (1,)
 
@@ -302,9 +303,9 @@ def test_the_format_is_told_by_the_content_before_the_name(tmp_path: Path) -> No
     pq = pytest.importorskip("pyarrow.parquet")
     parquet = tmp_path / "export.dat"
     pq.write_table(pa.table({"step": [1]}), parquet)
-    assert trace_format_of(parquet, None) == "parquet"
-    assert trace_format_of(csv_file(tmp_path, "step,rank,time\n", "t.csv"), None) == "csv"
-    assert trace_format_of(csv_file(tmp_path, '{"a": 1}\n', "rows.csv"), "csv") == "csv"  # given wins
+    assert trace_format_of([parquet], None) == "parquet"
+    assert trace_format_of([csv_file(tmp_path, "step,rank,time\n", "t.csv")], None) == "csv"
+    assert trace_format_of([csv_file(tmp_path, '{"a": 1}\n', "rows.csv")], "csv") == "csv"  # given wins
 
 
 def test_a_folder_stands_for_its_files(tmp_path: Path) -> None:
@@ -316,3 +317,14 @@ def test_a_folder_stands_for_its_files(tmp_path: Path) -> None:
         trace_files([tmp_path / "sub"])
     with pytest.raises(InputError, match="more than 3 trace files"):
         trace_files([tmp_path, tmp_path], max_files=3)
+
+
+def test_a_quote_left_open_and_a_control_character_are_named_where_they_are(tmp_path: Path) -> None:
+    """An open quote took the lines after it into one field, and the error named the file's last
+    line; a NUL after a rank made a rank of its own, missing at every other step."""
+    open_quote = csv_file(tmp_path, 'step,rank,time\n1,0,1\n1,"1,2\n2,0,1\n2,1,2\n')
+    assert refused(open_quote).endswith(
+        "t.csv lines 3 to 5: 2 fields, the header has 3 (a quoted field runs from line 3: a quote left open?)"
+    )
+    nul = csv_file(tmp_path, "step,rank,time\n1,0,1\n1,1\x00,2\n", "nul.csv")
+    assert refused(nul).endswith(r"nul.csv line 3: rank is '1\x00': a control character in a label")

@@ -174,10 +174,10 @@ def write_flight_recorder(
     for rank in range(ranks):
         entries = []
         for step, times in arrivals.items():
-            entries.append(flight_recorder_entry(group, step, 1000 * times[rank], [1024, 256]))
+            entries.append(flight_recorder_entry(group, step, 1000 * times[rank], shape))
             send = flight_recorder_entry(group, 0, 1000 * times[rank], [4])
             entries.append({**send, "is_p2p": True, "profiling_name": "nccl:send 0->1", "p2p_seq_id": step})
-        entries.append(flight_recorder_entry(group, max(arrivals) + 1, None, [1024, 256], state="scheduled"))
+        entries.append(flight_recorder_entry(group, max(arrivals) + 1, None, shape, state="scheduled"))
         path = folder / f"{prefix}{rank}"
         path.write_bytes(pickle.dumps(flight_recorder_dump(group, range(ranks), entries), protocol=2))
         paths.append(path)

@@ -10,6 +10,7 @@ from stragglar.commands.inputs import read_input
 from stragglar.commands.options import (
     CHUNKS,
     GPUS,
+    INPUT,
     PLOT,
     TIMEOUT,
     VERBOSE,
@@ -232,7 +233,7 @@ PROVE_ALL_MAX_Z3 = 64  # z3's work grows fast with N: a bound, so a typo cannot 
     show_default=True,
     help="The simulator up to this N.",
 )
-@click.argument("files", nargs=-1, type=click.Path(path_type=Path))
+@click.argument("files", nargs=-1, type=INPUT)
 @VERBOSE
 def prove_all_command(max_gpus: int, max_simulated: int, files: tuple[Path, ...], verbose: bool) -> None:
     """Prove every schedule we ship: StragglAR by z3 up to --max-gpus (baselines up to 16), all

@@ -19,7 +19,14 @@ from stragglar.errors import InputError, quoted
 from stragglar.model import AUTO, PAPER_NETWORK, Network, ranked_chunks, resolve_chunks
 from stragglar.schedule import MAX_CHUNKS
 from stragglar.synth import ALGORITHMS
-from stragglar.units import format_bytes, format_seconds, parse_bandwidth, parse_duration, parse_size
+from stragglar.units import (
+    exact_duration,
+    format_bytes,
+    format_seconds,
+    parse_bandwidth,
+    parse_duration,
+    parse_size,
+)
 
 __all__ = [
     "ALGORITHM",
@@ -27,6 +34,7 @@ __all__ = [
     "CHUNKS",
     "DURATION",
     "GPUS",
+    "INPUT",
     "MEASURED_CHUNKS",
     "OUTPUT",
     "PLOT",
@@ -106,10 +114,10 @@ _THREE_DIGITS = re.compile(r"[0-9]{3}(?![0-9.])")
 def _timeout(text: str) -> float:
     """A --timeout: a duration that is more than nothing and at most a day, the API's bound on a wait
     (0s would give up before the first query or wait began)."""
-    seconds = parse_duration(text)
+    seconds = exact_duration(text)
     if not 0 < seconds <= MAX_TIMEOUT:
         raise InputError(f"a timeout must be more than 0s and at most a day (86400s), got {quoted(text)}")
-    return seconds
+    return float(seconds)
 
 
 # A whole-number option past 64 bits is refused by click, naming the option: the API would name
@@ -284,6 +292,22 @@ class OutputPath(click.Path):
 
 
 OUTPUT = OutputPath()
+
+
+class InputPath(click.Path):
+    """An input file's (or folder's) name: an empty one is an error, not the current folder
+    (``Path("")`` is ``.``: an unset ``$TRACE`` in a script would read whatever is there)."""
+
+    def __init__(self) -> None:
+        super().__init__(path_type=Path)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if value == "":
+            self.fail("an empty file name: name a file", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+INPUT = InputPath()
 PLOT = click.option(
     "--plot",
     "plot_file",

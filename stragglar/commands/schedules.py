@@ -17,6 +17,7 @@ from stragglar.commands.options import (
     ALGORITHM,
     CHUNKS,
     GPUS,
+    INPUT,
     OUTPUT,
     PLOT,
     SIZE,
@@ -322,7 +323,7 @@ def _lowered(proof: Proof, fmt: ArtifactFormat[Any], options: ExportOptions, req
 
 
 @click.command()
-@click.argument("file", type=click.Path(path_type=Path))
+@click.argument("file", type=INPUT)
 @click.option("-o", "--output", type=OUTPUT, help="The file to write (-: stdout, as without -o).")
 @click.option(
     "--format",
@@ -374,7 +375,7 @@ def export(
 
 
 @click.command()
-@click.argument("file", type=click.Path(path_type=Path))
+@click.argument("file", type=INPUT)
 @click.option("--smt", is_flag=True, help="Prove a JSON schedule with z3 instead of the simulator.")
 @click.option(
     "--timeout",
@@ -412,7 +413,7 @@ def verify(file: Path, smt: bool, timeout: float | None, verbose: bool) -> None:
 
 
 @click.command()
-@click.argument("file", type=click.Path(path_type=Path))
+@click.argument("file", type=INPUT)
 @PLOT
 @click.option("--size", type=SIZE, help=f"{SIZED}: would the executor use the plan for a buffer this big?")
 @VERBOSE

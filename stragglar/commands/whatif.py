@@ -12,6 +12,7 @@ import click
 from stragglar.commands.options import (
     BANDWIDTH,
     DURATION,
+    INPUT,
     OUTPUT,
     PLOT,
     SIZE,
@@ -41,7 +42,7 @@ from stragglar.model import Network
 from stragglar.model.detect import FALSE_ALARM, MIN_FALSE_ALARM, SHARE, WINDOW, Rule
 from stragglar.model.policy import Choice
 from stragglar.model.whatif import AUTO_POLICY, CHUNKED, PRICED, Episode, GroupReplay, Setting, replay
-from stragglar.units import count_of, format_bytes, format_seconds, parse_size
+from stragglar.units import MAX_BYTES, count_of, format_bytes, format_seconds, parse_size
 
 __all__ = ["MAX_PLOT_GROUPS", "whatif"]
 
@@ -108,6 +109,22 @@ def _read(
     return read_trace(files[0], fmt, columns, where, TIME_UNITS[unit])
 
 
+UNLIKELY_SPREAD = 3600.0  # seconds between a step's first and last rank, in the median: a unit mistaken
+
+
+def _check_unit(groups: Sequence[Group], unit: str) -> None:
+    """A warning where the ranks reach a step an hour apart or more, in the median: a table's
+    times in nanoseconds read as seconds (--time-unit's default) said a rank was 58 days late."""
+    spreads = sorted(float(max(times) - min(times)) for group in groups for times in group.times)
+    median = spreads[len(spreads) // 2]
+    if median >= UNLIKELY_SPREAD:
+        echo(
+            f"warning: the ranks reach a step {format_seconds(median)} apart (the median): are the "
+            f"times in {unit}? (--time-unit)",
+            err=True,
+        )
+
+
 def _buckets(group: Group, given: tuple[int, ...] | None) -> tuple[int, ...]:
     """The buckets of a group's steps: those given, else the trace's own size where it records
     one (the same at every step), else DDP's default."""
@@ -116,8 +133,13 @@ def _buckets(group: Group, given: tuple[int, ...] | None) -> tuple[int, ...]:
     if group.sizes is None:
         return (parse_size(DEFAULT_BUCKET),)
     sizes = sorted(set(group.sizes))
+    title = "the trace" if group.name is None else f"group {quoted(group.name)}"
+    if sizes[-1] > MAX_BYTES:  # a record's counter gone wrong: --size would refuse it too
+        raise InputError(
+            f"{title} reduces {sizes[-1]:,} bytes at a step: more than {format_bytes(MAX_BYTES)}, "
+            "stragglar prices up to that; give --size"
+        )
     if len(sizes) > 1:
-        title = "the trace" if group.name is None else f"group {quoted(group.name)}"
         raise InputError(
             f"{title} reduces {len(sizes)} sizes ({', '.join(format_bytes(s) for s in sizes[:3])}"
             f"{', ...' if len(sizes) > 3 else ''}) where whatif replays one bucket: keep one size's "
@@ -139,7 +161,7 @@ def _check_outputs(json_file: Path | None, plot_file: Path | None, files: Sequen
 
 
 @click.command()
-@click.argument("paths", metavar="TRACE...", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("paths", metavar="TRACE...", nargs=-1, required=True, type=INPUT)
 @click.option(
     "--format",
     "fmt",
@@ -243,7 +265,7 @@ def whatif(
     files = trace_files(paths)
     _check_outputs(json_file, plot_file, files)
     _check_readable(files[0])
-    fmt = trace_format_of(files[0], fmt)
+    fmt = trace_format_of(files, fmt)
     if fmt not in TABLE_FORMATS:
         refuse_given(TABLE_OPTIONS, f"the {fmt} records name their own fields and unit")
         time_unit = RECORD_UNITS[fmt]
@@ -251,6 +273,8 @@ def whatif(
     columns = Columns(rank_col, step_col, time_col, group_col)
     with busy(f"reading {trace}"):
         groups = _read(files, fmt, columns, where, time_unit)
+    if fmt in TABLE_FORMATS:
+        _check_unit(groups, time_unit)
     per_group = [_buckets(g, given) for g in groups]
     sizes = tuple(dict.fromkeys(bucket for chosen in per_group for bucket in chosen))
     if plot_file is not None and len(groups) > MAX_PLOT_GROUPS:
@@ -324,7 +348,7 @@ def _group_lines(group: Group, result: GroupReplay, rule: Rule, per_step: bool) 
     steps = len(result.steps)
     title = "the trace" if group.name is None else f"group {quoted(group.name)}"
     lines = [
-        f"{title}: {result.num_ranks} ranks, {count_of(steps, 'step')}",
+        f"{title}: {result.num_ranks} ranks, {_steps(steps)}",
         f"  {_verdict(group, result, rule)}",
     ]
     earlier = [e for e in result.episodes if e.until is not None]

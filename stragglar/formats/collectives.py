@@ -109,7 +109,8 @@ def _add(found: _Found, record: Record, word: str) -> None:
     steps = found.steps.setdefault(record.rank, {})
     if record.step in steps:
         raise InputError(
-            f"{record.place}: rank {quoted(record.rank)} at step {record.step} of {what} is there twice"
+            f"{record.place}: rank {quoted(record.rank)} at step {record.step} of {what} is there twice "
+            "(two collectives of one number: keep the gradient collective's with --where)"
         )
     steps[record.step] = record
 

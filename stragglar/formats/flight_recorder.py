@@ -36,9 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from stragglar.errors import InputError, quoted, shown
-from stragglar.files import open_regular
 from stragglar.formats.collectives import Record, collect, whole_number
-from stragglar.formats.traces import MAX_ROWS, Group, shown_value, where_text
+from stragglar.formats.traces import MAX_ROWS, Group, open_trace, read_at_most, shown_value, where_text
 
 __all__ = ["MAX_DUMP", "read_flight_recorder"]
 
@@ -107,7 +106,7 @@ def read_flight_recorder(
 
 
 def _rank_of(path: Path) -> int:
-    found = _RANK.search(path.name)
+    found = _RANK.search(path.name.removesuffix(".gz"))
     if found is None:
         raise InputError(
             f"{shown(path)}: a Flight Recorder dump is named for its rank (a prefix, then the rank: "
@@ -119,11 +118,10 @@ def _rank_of(path: Path) -> int:
 def _load(path: Path) -> Mapping[str, Any]:
     """The dictionary a dump holds, built as plain data; anything else an :class:`InputError`."""
     name = shown(path)
-    with open_regular(path, "traces", MAX_DUMP) as file:
-        try:
-            data = file.read(MAX_DUMP + 1)
-        except OSError as e:
-            raise InputError(f"cannot read {name}: {e.strerror or e}") from None
+    with open_trace(path, MAX_DUMP) as file:
+        data = read_at_most(file, MAX_DUMP + 1, name)
+    if len(data) > MAX_DUMP:  # a gzip file within the limit that unpacks past it
+        raise InputError(f"{name} unpacks to more than {MAX_DUMP:,} bytes: stragglar reads dumps up to that")
     try:
         dump = _PlainUnpickler(io.BytesIO(data)).load()
     except EOFError:
@@ -162,6 +160,8 @@ def _records(path: Path, rank: int, where: Sequence[tuple[str, str]]) -> Iterato
             continue
         group = _group_name(entry, place)
         started = entry.get("time_discovered_started_ns")
+        if type(started) is int and started == 0:  # a start time never set, as None: no time of 1970
+            started = None
         if started is None and entry.get("state") == "scheduled":
             unstarted.setdefault(group, place)
             continue

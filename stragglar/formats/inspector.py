@@ -23,21 +23,28 @@ hosts compare as well as their clocks are synchronised.
 
 from __future__ import annotations
 
-import functools
+import json
 from collections.abc import Iterator, Mapping, Sequence
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 from stragglar.errors import InputError, quoted, shown
-from stragglar.files import open_regular
 from stragglar.formats.collectives import Record, collect, whole_number
-from stragglar.formats.traces import MAX_ROWS, Group, json_object, numbered_lines, shown_value, where_text
+from stragglar.formats.traces import (
+    MAX_ROWS,
+    Group,
+    json_object,
+    numbered_lines,
+    open_trace,
+    shown_value,
+    where_text,
+)
 
 __all__ = ["MAX_RANKS", "read_inspector"]
 
 MICROSECOND = Fraction(1, 10**6)
-MAX_RANKS = 2**20  # ranks of one communicator: its labels are made before its records are checked
+MAX_RANKS = 2**20  # ranks of a trace's communicators, all sizes: labels are made before records are checked
 
 
 def read_inspector(
@@ -47,17 +54,20 @@ def read_inspector(
     collectives whose ``where`` fields (of ``coll_perf``, else of ``header``) have those values,
     compared as text; each step's size from ``coll_msg_size_bytes``."""
     name = shown(paths[0]) if len(paths) == 1 else f"the {len(paths):,} NCCL Inspector files"
-    records = (record for path in paths for record in _records(path, where))
+    labels = _Labels()
+    records = (record for path in paths for record in _records(path, where, labels))
     return collect(records, "communicator", name, bool(where), max_rows)
 
 
-def _records(path: Path, where: Sequence[tuple[str, str]]) -> Iterator[Record]:
+def _records(path: Path, where: Sequence[tuple[str, str]], labels: _Labels) -> Iterator[Record]:
     name = shown(path)
-    with open_regular(path, "traces") as file:
+    with open_trace(path) as file:
         for number, line in numbered_lines(file, name):
             if not line.strip():
                 continue
             place = f"{name} line {number}"
+            if not line.endswith("\n") and not _whole_json(line):
+                return  # the last line, cut off: a job killed while the plugin wrote it
             record = json_object(line, place)
             if "coll_perf" not in record and "p2p_perf" in record:
                 continue  # a send or a receive: no collective
@@ -65,13 +75,25 @@ def _records(path: Path, where: Sequence[tuple[str, str]]) -> Iterator[Record]:
             if all(
                 where_text(_field(perf, header, column, place)) == value.strip() for column, value in where
             ):
-                yield _record(header, perf, name, place)
+                yield _record(header, perf, name, place, labels)
 
 
-def _record(header: Mapping[str, Any], perf: Mapping[str, Any], name: str, place: str) -> Record:
+def _whole_json(line: str) -> bool:
+    """Whether a file's last line, which has no line end, is whole JSON.  The plugin ends every
+    record with one, so a last line cut off is the record it was writing when the process died:
+    it is passed over, and the files' common steps end before it (the records before it are
+    whole), where refusing it would refuse the whole trace of a job that was killed."""
+    try:
+        json.loads(line)
+    except (ValueError, RecursionError):
+        return False
+    return True
+
+
+def _record(
+    header: Mapping[str, Any], perf: Mapping[str, Any], name: str, place: str, labels: _Labels
+) -> Record:
     ranks = _whole(header, "n_ranks", place)
-    if ranks > MAX_RANKS:
-        raise InputError(f"{place}: n_ranks is {ranks:,}: stragglar replays up to {MAX_RANKS:,} ranks")
     rank = _whole(header, "rank", place)
     if rank >= ranks:
         raise InputError(f"{place}: rank {rank} of a communicator of {ranks} ranks")
@@ -83,7 +105,7 @@ def _record(header: Mapping[str, Any], perf: Mapping[str, Any], name: str, place
         raise InputError(f"{place}: header.id is {shown_value(communicator)}: name the communicator")
     return Record(
         group=communicator,
-        members=_labels(ranks),
+        members=labels.of(ranks, place),
         rank=str(rank),
         step=_whole(perf, "coll_sn", place),
         time=_kernel_start(perf, place) * MICROSECOND,
@@ -94,10 +116,26 @@ def _record(header: Mapping[str, Any], perf: Mapping[str, Any], name: str, place
     )
 
 
-@functools.cache
-def _labels(ranks: int) -> tuple[str, ...]:
-    """The labels of a communicator's ranks, one tuple for all its records."""
-    return tuple(str(rank) for rank in range(ranks))
+class _Labels:
+    """The labels of the communicators' ranks, one tuple per size for all records of that size,
+    made only up to :data:`MAX_RANKS` labels in all: a record's ``n_ranks`` is made before
+    anything checks it, and a few hundred records of a million ranks each would take gigabytes."""
+
+    def __init__(self) -> None:
+        self.made: dict[int, tuple[str, ...]] = {}
+        self.count = 0
+
+    def of(self, ranks: int, place: str) -> tuple[str, ...]:
+        labels = self.made.get(ranks)
+        if labels is None:
+            if self.count + ranks > MAX_RANKS:
+                before = f": with {self.count:,} ranks of other sizes," if self.made else ":"
+                raise InputError(
+                    f"{place}: n_ranks is {ranks:,}{before} stragglar replays up to {MAX_RANKS:,} ranks"
+                )
+            labels = self.made[ranks] = tuple(str(rank) for rank in range(ranks))
+            self.count += ranks
+        return labels
 
 
 def _kernel_start(perf: Mapping[str, Any], place: str) -> int:

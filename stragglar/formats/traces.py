@@ -32,16 +32,19 @@ from __future__ import annotations
 
 import csv
 import errno
+import gzip
 import json
 import math
 import os
 import re
+import zlib
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 from stragglar.errors import InputError, ResourceError, quoted, ran_out, shown
 from stragglar.files import json_complaint, open_appending, open_regular, refuse_standard_input
@@ -61,7 +64,9 @@ __all__ = [
     "exact_time",
     "json_object",
     "numbered_lines",
+    "open_trace",
     "rank_order",
+    "read_at_most",
     "read_trace",
     "shown_value",
     "trace_files",
@@ -92,6 +97,7 @@ MAX_FILES = 65_536  # files of one trace: a rank's file each
 _BOM = "\ufeff"  # what some editors and spreadsheets put before a UTF-8 file's first line
 _SNIFF = 4096  # bytes of a file's start that tell its format
 _PICKLE_PROTOCOLS = (b"\x02", b"\x03", b"\x04", b"\x05")
+_GZIP = b"\x1f\x8b"  # a gzip stream's first two bytes
 
 
 @dataclass(frozen=True)
@@ -102,6 +108,18 @@ class Columns:
     step: str = "step"
     time: str = "time"
     group: str | None = None
+
+    def __post_init__(self) -> None:
+        """One column, one part: a step column read as the ranks too made each rank a step's
+        only row, and the error spoke of a rank there twice."""
+        parts = {"rank": self.rank, "step": self.step, "time": self.time, "group": self.group}
+        named = [(part, column) for part, column in parts.items() if column is not None]
+        for index, (part, column) in enumerate(named):
+            other = next((p for p, c in named[:index] if c == column), None)
+            if other is not None:
+                raise InputError(
+                    f"the {other} and the {part} column are both {quoted(column)}: name one for each"
+                )
 
 
 @dataclass(frozen=True)
@@ -143,27 +161,67 @@ def trace_files(paths: Sequence[Path], max_files: int = MAX_FILES) -> list[Path]
     return files
 
 
-def trace_format_of(path: Path, given: str | None) -> str:
-    """The trace's format: ``given``, else told by the file's content (a Parquet file's magic, a
-    pickle's protocol, an NCCL Inspector record's ``header`` and ``coll_perf``, any other JSON
-    object: JSON Lines), else by its suffix (``.csv``)."""
+def trace_format_of(paths: Sequence[Path], given: str | None) -> str:
+    """The format of the trace in ``paths``: ``given``, else what every file's content tells (a
+    Parquet file's magic, a pickle's protocol, an NCCL Inspector record's ``header`` and
+    ``coll_perf``, any other JSON object: JSON Lines; through gzip), else its suffix
+    (``.csv``, ``.csv.gz``).  An empty file tells nothing and is passed over (a process that
+    recorded nothing); files of two formats are refused, as one format is read from them all."""
     if given is not None:
         return given
-    found = _format_of_content(path) or TRACE_SUFFIXES.get(path.suffix.lower())
-    if found is None:
+    found: dict[str, Path] = {}
+    for path in paths:
+        told = _format_of_content(path) or TRACE_SUFFIXES.get(_suffix(path))
+        if told is None:
+            if _is_empty(path):
+                continue
+            raise InputError(
+                f"cannot tell the format of {shown(path)} from its content or its name: name it .csv, "
+                ".jsonl or .parquet, or give --format"
+            )
+        first = found.setdefault(told, path)
+        if len(found) > 1:
+            other = next(fmt for fmt in found if fmt != told)
+            raise InputError(
+                f"{shown(found[other])} is {_FORMAT_WORDS[other]} and {shown(first)} {_FORMAT_WORDS[told]}: "
+                "give one trace's files"
+            )
+    if not found:
         raise InputError(
-            f"cannot tell the format of {shown(path)} from its content or its name: name it .csv, .jsonl "
-            "or .parquet, or give --format"
+            f"{shown(paths[0])} is empty{'' if len(paths) == 1 else ', and so is every file given'}"
         )
-    return found
+    return next(iter(found))
+
+
+_FORMAT_WORDS = {
+    "csv": "CSV",
+    "jsonl": "JSON Lines",
+    "parquet": "Parquet",
+    INSPECTOR: "NCCL Inspector's JSON",
+    FLIGHT_RECORDER: "a Flight Recorder dump",
+}
+
+
+def _suffix(path: Path) -> str:
+    """The suffix that names the format: ``.csv`` for ``a.csv`` and ``a.csv.gz``."""
+    return (path.with_suffix("") if path.suffix.lower() == ".gz" else path).suffix.lower()
+
+
+def _is_empty(path: Path) -> bool:
+    try:
+        return path.stat().st_size == 0
+    except OSError:
+        return False  # reading it says what is wrong
 
 
 def _format_of_content(path: Path) -> str | None:
     """The format the start of the file shows, or None: not a file, or nothing it tells."""
     try:
-        with open_regular(path, "traces") as file:
+        with open_trace(path) as file:
             start = file.read(_SNIFF)
-    except (InputError, OSError):
+            if start.removeprefix(_BOM.encode()).lstrip().startswith(b"{"):
+                start += file.readline(MAX_LINE)  # the whole first line: a record's keys in any order
+    except (InputError, OSError, EOFError, zlib.error):
         return None  # told by the name; reading the file says what is wrong with it
     if start.startswith(b"PAR1"):
         return "parquet"
@@ -172,10 +230,68 @@ def _format_of_content(path: Path) -> str | None:
     text = start.decode("utf-8", errors="replace").removeprefix(_BOM).lstrip()
     if not text.startswith("{"):
         return None
-    first = text.split("\n", 1)[0]
-    if '"header"' in first and ('"coll_perf"' in first or '"p2p_perf"' in first):
+    line = text.split("\n", 1)[0]
+    try:
+        first = json.loads(line)
+    except (ValueError, RecursionError):
+        if line.rstrip().endswith(("{", "[", ",")) and "\n" in text:  # an object spread over lines
+            raise InputError(_not_json_lines(path, text)) from None
+        return "jsonl"  # reading it says what is wrong with its first line
+    if isinstance(first, dict) and "header" in first and ("coll_perf" in first or "p2p_perf" in first):
         return INSPECTOR
+    if isinstance(first, dict) and "entries" in first and "pg_config" in first:
+        raise InputError(_flight_recorder_json(path))
     return "jsonl"
+
+
+def _not_json_lines(path: Path, text: str) -> str:
+    """Why a file whose first line is no whole JSON object is refused: what it looks like."""
+    if '"pg_config"' in text or '"entries"' in text:
+        return _flight_recorder_json(path)
+    what = "NCCL Inspector's records" if '"coll_perf"' in text or '"p2p_perf"' in text else "JSON"
+    return (
+        f"{shown(path)} holds {what} over several lines (pretty-printed?): stragglar reads JSON Lines, "
+        "an object a line, as NCCL Inspector writes them (jq -c rewrites a file so)"
+    )
+
+
+def _flight_recorder_json(path: Path) -> str:
+    return (
+        f"{shown(path)} holds Flight Recorder's records as JSON: stragglar reads the pickles it writes "
+        "to files (TORCH_NCCL_DEBUG_INFO_TEMP_FILE), one per rank"
+    )
+
+
+@contextmanager
+def open_trace(path: Path, limit: int | None = None) -> Iterator[BinaryIO]:
+    """The regular file ``path`` open for reading (binary, at most ``limit`` bytes on disk),
+    through gzip where it is compressed (``*.log.gz``: logs are often kept so): the readers
+    stream it and bound what they keep, as they do an uncompressed file."""
+    with open_regular(path, "traces", limit) as raw:
+        magic = read_at_most(raw, 2, shown(path))
+        raw.seek(0)
+        if magic != _GZIP:
+            yield raw
+            return
+        with gzip.GzipFile(fileobj=raw, mode="rb") as unzipped:
+            yield cast(BinaryIO, unzipped)
+
+
+def read_at_most(file: BinaryIO, size: int, name: str) -> bytes:
+    """At most ``size`` bytes of ``file`` (a trace file ``name``, from :func:`open_trace`); a failed
+    read, or a gzip stream cut short or corrupt, an :class:`InputError` naming the file."""
+    try:
+        return file.read(size)
+    except (OSError, EOFError, zlib.error) as e:
+        raise InputError(f"cannot read {name}: {_reading_error(e)}") from None
+
+
+def _reading_error(error: Exception) -> str:
+    if isinstance(error, EOFError):
+        return "the gzip stream ends early (a file cut short)"
+    if isinstance(error, (zlib.error, gzip.BadGzipFile)):
+        return f"not a whole gzip file ({error})"
+    return str(getattr(error, "strerror", None) or error)
 
 
 def read_trace(
@@ -199,7 +315,7 @@ def read_trace(
     rows = {"csv": _csv_rows, "jsonl": _jsonl_rows, "parquet": _parquet_rows}[fmt]
     found: dict[str | None, dict[int, dict[str, Fraction]]] = {}
     kept = 0
-    with open_regular(path, "traces") as file:
+    with open_trace(path) as file:
         for place, row in rows(file, name, needed):
             if any(where_text(row[column]) != value.strip() for column, value in where):
                 continue
@@ -246,9 +362,18 @@ def rank_order(label: str) -> tuple[int, int, str]:
 
 
 def where_text(value: Any) -> str:
-    """A value as a ``--where`` compares it: a string stripped as a cell is, anything else as JSON
-    writes it (a decimal or a timestamp as it prints)."""
-    return value.strip() if isinstance(value, str) else json.dumps(value, default=str)
+    """A value as a ``--where`` compares it: a string stripped as a cell is, bytes (a Parquet
+    binary column) as the UTF-8 text they hold, anything else as JSON writes it (a decimal or a
+    timestamp as it prints).  A value JSON cannot write (a pickle's dictionary with tuple keys, a
+    list that holds itself) is its type's name in angle brackets (``<dict>``)."""
+    if isinstance(value, str):
+        return value.strip()
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="backslashreplace").strip()
+    try:
+        return json.dumps(value, default=str)
+    except (TypeError, ValueError, RecursionError):
+        return f"<{type(value).__name__}>"
 
 
 @dataclass(frozen=True)
@@ -277,6 +402,8 @@ def _label(value: Any, column: str, place: str) -> str:
     label = where_text(value)
     if isinstance(value, (bool, dict, list)) or value is None or not label:
         raise InputError(f"{place}: {column} is {shown_value(value)}: name a rank or group")
+    if not label.isprintable():  # a NUL or a line break in a cell: '1\x00' would be a rank of its own
+        raise InputError(f"{place}: {column} is {shown_value(value)}: a control character in a label")
     return label
 
 
@@ -328,8 +455,8 @@ def numbered_lines(file: BinaryIO, name: str) -> Iterator[tuple[int, str]]:
     while True:
         try:
             line = file.readline(MAX_LINE + 1)
-        except OSError as e:
-            raise InputError(f"cannot read {name}: {e.strerror or e}") from None
+        except (OSError, EOFError, zlib.error) as e:
+            raise InputError(f"cannot read {name}: {_reading_error(e)}") from None
         if not line:
             return
         number += 1
@@ -358,13 +485,19 @@ def _csv_rows(file: BinaryIO, name: str, needed: Sequence[str]) -> Iterator[tupl
             raise InputError(f"{name} is empty: no header row")
         header = [cell.strip() for cell in header]
         where = _missing(header, needed, name)
+        numbers.clear()
         for cells in reader:
-            place = f"{name} line {numbers[-1]}"
+            first, last = numbers[0], numbers[-1]
             numbers.clear()
+            place = f"{name} line {first}" if first == last else f"{name} lines {first} to {last}"
             if not any(cell.strip() for cell in cells):
                 continue  # a blank line
             if len(cells) != len(header):
-                raise InputError(f"{place}: {len(cells)} fields, the header has {len(header)}")
+                # a quote never closed takes every line after it into one field
+                opened = (
+                    f" (a quoted field runs from line {first}: a quote left open?)" if first != last else ""
+                )
+                raise InputError(f"{place}: {len(cells)} fields, the header has {len(header)}{opened}")
             yield place, {column: cells[index] for column, index in where.items()}
     except csv.Error as e:
         raise InputError(f"{name} line {numbers[-1] if numbers else 1}: not CSV: {e}") from None
@@ -401,7 +534,8 @@ def json_object(line: str, place: str) -> dict[str, Any]:
     try:
         row = json.loads(line, parse_constant=_no_constant, object_pairs_hook=_unique_keys)
     except ValueError as e:
-        raise InputError(f"{place}: not JSON: {shown(json_complaint(e), 120)}") from None
+        complaint = json_complaint(e).replace(" at line 1 column ", " at column ")  # its one line is place's
+        raise InputError(f"{place}: not JSON: {shown(complaint, 120)}") from None
     except RecursionError:
         raise InputError(f"{place}: not JSON: nested too deeply") from None
     if not isinstance(row, dict):
@@ -432,6 +566,12 @@ def _parquet_rows(file: BinaryIO, name: str, needed: Sequence[str]) -> Iterator[
         ) from None
     import pyarrow
 
+    if isinstance(
+        file, gzip.GzipFile
+    ):  # pyarrow seeks: through gzip, a decompression from the start each time
+        raise InputError(
+            f"{name}: a gzip-compressed Parquet file: gunzip it (Parquet compresses its columns)"
+        )
     try:
         table = pq.ParquetFile(file)
         header = list(table.schema_arrow.names)
