@@ -367,13 +367,16 @@ def _group_lines(group: Group, result: GroupReplay, rule: Rule, per_step: bool) 
     lines.append("  predicted from the first arrival, per step and in all, and the saving over ring:")
     names = {algorithm: _algorithm_name(algorithm, group, result) for algorithm in PRICED}
     width = max(map(len, names.values()))
+    totals = {algorithm: result.total(algorithm) for algorithm in PRICED}
+    per_step_text = {a: format_seconds(total / steps) for a, total in totals.items()}
+    total_text = {a: format_seconds(total) for a, total in totals.items()}
+    step_width = max(10, *map(len, per_step_text.values()))  # wider where a trace's times are huge
+    total_width = max(10, *map(len, total_text.values()))
     for algorithm in PRICED:
-        total = result.total(algorithm)
-        saved = ring - total
-        saving = "" if algorithm == "ring" else f"   {_saving(saved, ring)}"
+        saving = "" if algorithm == "ring" else f"   {_saving(ring - totals[algorithm], ring)}"
         lines.append(
-            f"    {names[algorithm]:<{width}} {format_seconds(total / steps):>10} "
-            f"{format_seconds(total):>10}{saving}"
+            f"    {names[algorithm]:<{width}} {per_step_text[algorithm]:>{step_width}} "
+            f"{total_text[algorithm]:>{total_width}}{saving}"
         )
     lines.append(f"  the auto policy chose StragglAR at {result.stragglar_steps:,} of {steps:,} steps")
     if per_step:
