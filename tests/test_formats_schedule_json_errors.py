@@ -9,9 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_results import one_error, run
 from schedule_documents import VALIDATOR, Mutation, at, stragglar4, valid_doc
 
 from stragglar.formats.schedule_json import (
+    MAX_IDLE_ROUNDS,
     ScheduleFormatError,
     dumps,
     from_document,
@@ -356,3 +358,52 @@ def test_invalid_schedule_cannot_be_dumped(schedule: Schedule, message: str) -> 
     with pytest.raises(ScheduleFormatError) as excinfo:
         dumps(schedule)
     assert _message(excinfo) == message
+
+
+def idle_rounds(count: int) -> dict[str, Any]:
+    """The document of a 4-rank ring declared over 2048 ranks and 2048 chunks, its first phase
+    followed by ``count`` idle rounds (the 8 MB file that kept verify busy for 13 seconds had
+    2,000,000)."""
+    doc = to_document(synthesize("ring", 4))
+    doc["num_ranks"] = doc["num_chunks"] = 2048
+    doc["phases"][0]["rounds"] += [[] for _ in range(count)]
+    return doc
+
+
+def idle_past(path: str) -> str:
+    """The message for the idle round at ``path``, one past the limit."""
+    return f"{path}: idle round 65,537 (no transfer): stragglar reads schedules of at most 65,536 idle rounds"
+
+
+def test_idle_rounds_are_read_up_to_the_limit_in_all_phases() -> None:
+    doc = idle_rounds(MAX_IDLE_ROUNDS - 1)
+    doc["phases"][1]["rounds"].insert(2, [])
+    schedule = from_document(doc)
+    assert sum(not r for p in schedule.phases for r in p.rounds) == MAX_IDLE_ROUNDS
+    assert loads(dumps(schedule)) == schedule
+    doc["phases"][1]["rounds"].append([])
+    with pytest.raises(ScheduleFormatError) as excinfo:
+        from_document(doc)
+    assert _message(excinfo) == idle_past(f"phases[1].rounds[{len(doc['phases'][1]['rounds']) - 1}]")
+
+
+def test_idle_rounds_past_the_limit_stop_the_reading_there(tmp_path: Path) -> None:
+    """Refused at the first idle round past the limit: what follows is not read (here a transfer out
+    of range, which would be the error were it read), and the CLI says so in one line, exit 2."""
+    doc = idle_rounds(2_000_000)
+    doc["phases"][0]["rounds"].append([{"src": 0, "dst": 1, "chunk": 5000, "op": "copy"}])
+    message = idle_past(f"phases[0].rounds[{3 + MAX_IDLE_ROUNDS}]")  # after the ring's 3 rounds
+    with pytest.raises(ScheduleFormatError) as excinfo:
+        from_document(doc)
+    assert _message(excinfo) == message
+    path = tmp_path / "idle.json"
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    assert one_error(run("verify", str(path)), 2) == f"Error: {path}: {message}"
+
+
+def test_a_schedule_past_the_idle_limit_cannot_be_dumped() -> None:
+    """What the reader refuses the writer does not write."""
+    schedule = Schedule("ring", 2, 1, None, (Phase("wait", (0, 1), ((),) * (MAX_IDLE_ROUNDS + 1)),))
+    with pytest.raises(ScheduleFormatError) as excinfo:
+        dumps(schedule)
+    assert _message(excinfo) == idle_past(f"phases[0].rounds[{MAX_IDLE_ROUNDS}]")

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from cli_results import one_error, run
 from msccl_model import run_numeric, unordered_accesses
 
 from stragglar import msccl
@@ -20,6 +21,10 @@ from stragglar.msccl import (
     XmlOptions,
     check_msccl,
 )
+from stragglar.msccl.prover import machine
+from stragglar.msccl.prover.read import MAX_LOCATIONS, MAX_SCRATCH
+from stragglar.msccl.prover.tokens import MAX_IGNORED
+from stragglar.msccl.vocabulary import MAX_NODES
 from stragglar.synth import synthesize
 from stragglar.verify import prove
 
@@ -417,6 +422,116 @@ def test_nop_chain_must_end_with_a_dependency() -> None:
     )
     violation = rejected(algo("chain", 2, 1, body))
     assert "gpu 0 tb 0 step 2: a chain of nops must end at a step with a dependency" in violation.message
+
+
+# ---------------------------------------------------------------------------- limits
+
+RING3_TB = '<tb id="0" send="1" recv="2" chan="0">\n'  # gpu 0's only tb, on line 4 of ring3
+
+
+def wide(ngpus: int, nchunks: int, scratch: int) -> str:
+    """GPUs with buffers and no thread blocks: every chunk of every GPU wrong, never written."""
+    gpus = "\n".join(
+        f'<gpu id="{g}" i_chunks="{nchunks}" o_chunks="0" s_chunks="{scratch}"/>' for g in range(ngpus)
+    )
+    return algo("wide", ngpus, nchunks, gpus)
+
+
+@pytest.mark.parametrize("scratch", [MAX_SCRATCH + 1, 20_000_000, 2_000_000_000])
+def test_scratch_past_the_cap_is_refused_before_the_model_holds_it(scratch: int, tmp_path: Path) -> None:
+    """s_chunks="2000000000" made the model a list of two billion chunks: now one line, exit 2, from
+    verify and show alike; a GPU may declare all the scratch chunks int16 offsets address."""
+    text = fixture("ring3").replace('s_chunks="0"', f's_chunks="{MAX_SCRATCH}"', 1)
+    assert msccl.prove(text).gpus == 3
+    path = tmp_path / "scratch.xml"
+    path.write_text(text.replace(f's_chunks="{MAX_SCRATCH}"', f's_chunks="{scratch}"'))
+    for command in ("verify", "show"):
+        assert one_error(run(command, str(path)), 2) == (
+            f"Error: {path} is not valid MSCCL XML: line 3: gpu 0: s_chunks {scratch:,}: stragglar proves "
+            "files of at most 32,768 scratch chunks per GPU (int16 offsets)"
+        )
+
+
+def test_the_chunks_of_all_buffers_are_bounded_before_the_model_holds_them() -> None:
+    """1024 GPUs of 32767 chunks pass the executor's limits, and a 60 KB file of them took the model
+    past 5.8 GB: the reader refuses more chunks in all than it was made for."""
+    assert MAX_LOCATIONS == 128 * 32767 + 128
+    at_limit = msccl.read(wide(128, 32767, 1))
+    assert at_limit.violations == () and at_limit.algo is not None  # proving it takes 1.5 GB: not here
+    violation = rejected(wide(128, 32767, 1).replace('s_chunks="1"', 's_chunks="2"', 1))
+    assert (violation.kind, violation.message) == (
+        "format",
+        "line 1: 4,194,305 chunks in the GPUs' buffers: stragglar proves files of at most 4,194,304",
+    )
+    violation = rejected(wide(1024, 32767, 0))
+    assert violation.message.startswith("line 1: 33,553,408 chunks in the GPUs' buffers")
+
+
+def test_a_file_wrong_in_every_chunk_describes_only_the_chunk_it_reports(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Naming the GPUs a value lacks reads an N-bit mask: once per wrong chunk, a file of 1024 empty
+    GPUs took minutes to say what its first chunk lacks."""
+    described: list[int] = []
+
+    def gpus(mask: int) -> str:
+        described.append(mask)
+        return f"{mask.bit_count()} contributions"
+
+    monkeypatch.setattr(machine, "_gpus", gpus)
+    violation = rejected(wide(64, 64, 0))
+    assert violation.message == "final state: gpu 0 chunk 0 lacks 63 contributions (never written)"
+    assert len(described) == 1  # of the 2 x 64 x 64 wrong chunks
+
+
+def test_a_rank_past_the_parsers_elements_is_refused_at_the_element_that_passes_them(
+    tmp_path: Path,
+) -> None:
+    """The executor's parser holds 4095 elements for a rank (<algo>, the <gpu> elements, that rank's
+    <tb> and <step> elements): the reader stops at the 4096th, reading nothing after it, so 300,000
+    nops cost what 4093 do, and a file broken after that point says the same."""
+    nop = step(0, "nop", dep=(0, 0)) + "\n"
+    text = fixture("ring3")
+    pad = MAX_NODES - (1 + 3) - (1 + 5)  # nops in gpu 0's tb that take its part to 4096 elements
+    assert "elements" not in rejected(text.replace(RING3_TB, RING3_TB + nop * (pad - 1), 1)).message
+    holds = "the executor's parser holds 4095"
+    violation = rejected(text.replace(RING3_TB, RING3_TB + nop * pad, 1))
+    assert (violation.kind, violation.message) == (
+        "format",
+        f"line 3: gpu 0: rank's part of the file has 4096 elements by line {21 + pad}, {holds}",
+    )  # the last <gpu> completes it
+    path = tmp_path / "nops.xml"
+    path.write_text(text.replace(RING3_TB, RING3_TB + nop * 300_000, 1).replace("</algo>", "<<broken"))
+    assert one_error(run("verify", str(path)), 2) == (
+        f"Error: {path} is not valid MSCCL XML: line 3: gpu 0: rank's part of the file has 4096 "
+        f"elements by line {4 + 4093}, {holds}"  # nop 4093, after <algo>, <gpu> and <tb>
+    )
+    shared = algo("gpus", 3, 3, '<gpu id="0" i_chunks="3" o_chunks="0" s_chunks="0"/>\n' * 5000)
+    assert rejected(shared).message == (
+        f"line 4096: every rank's part of the file has 4096 elements by here (<algo> and <gpu> "
+        f"elements), {holds}"
+    )
+
+
+def test_elements_the_executor_ignores_are_read_up_to_a_cap() -> None:
+    """The executor skips unknown elements, however many; the reader skips 4095 and stops at the
+    next (1.5 million took it 9 seconds to read), and stops at the first element of a file if it
+    is not <algo> (the executor reads that element alone first)."""
+    text = fixture("ring3")
+    foo = '<foo a="1"/>\n'
+    assert msccl.prove(text.replace(RING3_TB, RING3_TB + foo * MAX_IGNORED, 1)).gpus == 3
+    message = (
+        f"line {4 + MAX_IGNORED + 1}: 4,096 elements the executor ignores (unknown or out of place) by "
+        "here: stragglar reads files of at most 4,095"
+    )
+    for count in (MAX_IGNORED + 1, 1_500_000):
+        violation = rejected(text.replace(RING3_TB, RING3_TB + foo * count, 1) + "<<broken")
+        assert (violation.kind, violation.message) == ("format", message)
+    violation = rejected(foo * 1_500_000 + "<<broken")
+    assert (
+        violation.message
+        == "the file must start with an <algo> element (the executor reads its first element)"
+    )
 
 
 # ---------------------------------------------------------------------------- mutants of exported files

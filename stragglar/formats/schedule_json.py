@@ -11,9 +11,10 @@ A document is one JSON object (``metadata`` may be left out: it then means ``{}`
 
 Every key but ``metadata`` is required, no other key is allowed (unknown keys are rejected,
 not ignored), and no object may repeat a key.  Reading checks the format only (keys, types,
-ranges, ``src != dst``, the size limits of :mod:`stragglar.schedule`); whether the schedule is
-correct is the verifier's business.  Every bad document raises :class:`ScheduleFormatError` whose
-one-line message names the place, e.g. ``phases[0].rounds[2][1].chunk: ...``.
+ranges, ``src != dst``, the size limits of :mod:`stragglar.schedule`, at most
+:data:`MAX_IDLE_ROUNDS` idle rounds); whether the schedule is correct is the verifier's business.
+Every bad document raises :class:`ScheduleFormatError` whose one-line message names the place,
+e.g. ``phases[0].rounds[2][1].chunk: ...``.
 ``schedule.schema.json`` next to this module is the same format as a JSON Schema.
 
 >>> from stragglar.schedule import Op, Phase, Schedule, Transfer
@@ -32,10 +33,21 @@ from typing import Any, NoReturn
 
 from stragglar.errors import SHOWN_CHARACTERS, ArgumentError, InputError, described, shown
 from stragglar.files import json_complaint, lone_surrogate, read_text, write_text
-from stragglar.schedule import MAX_RANKS, Op, Phase, Round, Schedule, Transfer, check_size, gc_paused
+from stragglar.schedule import (
+    MAX_CHUNKS,
+    MAX_RANKS,
+    Op,
+    Phase,
+    Round,
+    Schedule,
+    Transfer,
+    check_size,
+    gc_paused,
+)
 
 __all__ = [
     "FORMAT",
+    "MAX_IDLE_ROUNDS",
     "VERSION",
     "ScheduleFormatError",
     "dumps",
@@ -67,6 +79,16 @@ _TRANSFER_KEYS = ("src", "dst", "chunk", "op")
 _OPS = {"copy": Op.COPY, "reduce": Op.REDUCE}
 _OP_NAMES = {Op.COPY: "copy", Op.REDUCE: "reduce"}
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+# Idle rounds (``[]``: no transfer) a schedule may have, in all its phases.  A busy round takes at
+# least one transfer's bytes of the file, so the work of reading, proving and pricing busy rounds
+# is proportional to the file; an idle round takes three bytes and as much work as a busy one (the
+# simulator, the cost model and the runtime each step through it): 2,000,000 of them in an 8 MB
+# file kept ``verify`` busy for 13 seconds.  An idle round moves nothing, it only waits a round (a
+# "wait" phase while the straggler is late, say), and stragglar's generators make none: they are
+# legal, up to as many as the rounds of the longest phase stragglar makes (a round a chunk, at
+# MAX_CHUNKS chunks).  They are counted as they are read, and the first past the limit stops it.
+MAX_IDLE_ROUNDS = MAX_CHUNKS
 
 
 class ScheduleFormatError(InputError):
@@ -258,24 +280,44 @@ def _ranks(value: object, path: str, n: int) -> tuple[int, ...]:
     return tuple(ranks)
 
 
-def _load_phase(value: object, path: str, n: int, c: int) -> Phase:
+class _IdleRounds:
+    """The idle rounds read (or written) so far, against :data:`MAX_IDLE_ROUNDS`."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def add(self, path: str) -> None:
+        """Count the idle round at ``path``, which fails if it is one too many."""
+        self.count += 1
+        if self.count > MAX_IDLE_ROUNDS:
+            _fail(
+                path,
+                f"idle round {self.count:,} (no transfer): stragglar reads schedules of at most "
+                f"{MAX_IDLE_ROUNDS:,} idle rounds",
+            )
+
+
+def _load_phase(value: object, path: str, n: int, c: int, idle: _IdleRounds) -> Phase:
     p = _object(value, path, _PHASE_KEYS)
     name = _str(p["name"], f"{path}.name")
     ranks = _ranks(p["ranks"], f"{path}.ranks", n)
-    rounds = _list(p["rounds"], f"{path}.rounds")
-    return Phase(
-        name, ranks, tuple(_load_round(r, f"{path}.rounds[{k}]", n, c) for k, r in enumerate(rounds))
-    )
+    rounds: list[Round] = []
+    for k, r in enumerate(_list(p["rounds"], f"{path}.rounds")):
+        rounds.append(_load_round(r, f"{path}.rounds[{k}]", n, c))
+        if not rounds[-1]:
+            idle.add(f"{path}.rounds[{k}]")
+    return Phase(name, ranks, tuple(rounds))
 
 
-def _dump_phase(phase: Phase, path: str, n: int, c: int) -> dict[str, Any]:
+def _dump_phase(phase: Phase, path: str, n: int, c: int, idle: _IdleRounds) -> dict[str, Any]:
     ranks = list(phase.ranks)
     _ranks(ranks, f"{path}.ranks", n)
-    return {
-        "name": _str(phase.name, f"{path}.name"),
-        "ranks": ranks,
-        "rounds": [_dump_round(r, f"{path}.rounds[{k}]", n, c) for k, r in enumerate(phase.rounds)],
-    }
+    rounds: list[list[dict[str, Any]]] = []
+    for k, r in enumerate(phase.rounds):
+        rounds.append(_dump_round(r, f"{path}.rounds[{k}]", n, c))
+        if not rounds[-1]:
+            idle.add(f"{path}.rounds[{k}]")
+    return {"name": _str(phase.name, f"{path}.name"), "ranks": ranks, "rounds": rounds}
 
 
 # ---------------------------------------------------------------------------- documents
@@ -321,9 +363,10 @@ def from_document(doc: object) -> Schedule:
     _const(d["collective"], "collective", COLLECTIVE)
     algorithm = _str(d["algorithm"], "algorithm", nonempty=True)
     n, c, straggler = _sizes(d["num_ranks"], d["num_chunks"], d["straggler"])
+    idle = _IdleRounds()
     with gc_paused():
         phases = tuple(
-            _load_phase(p, f"phases[{i}]", n, c) for i, p in enumerate(_list(d["phases"], "phases"))
+            _load_phase(p, f"phases[{i}]", n, c, idle) for i, p in enumerate(_list(d["phases"], "phases"))
         )
     return Schedule(
         algorithm=algorithm,
@@ -349,6 +392,7 @@ def to_document(schedule: Schedule) -> dict[str, Any]:
     """
     _const(schedule.collective, "collective", COLLECTIVE)
     n, c, straggler = _sizes(schedule.num_ranks, schedule.num_chunks, schedule.straggler)
+    idle = _IdleRounds()
     return {
         "format": FORMAT,
         "version": VERSION,
@@ -357,7 +401,7 @@ def to_document(schedule: Schedule) -> dict[str, Any]:
         "num_ranks": n,
         "num_chunks": c,
         "straggler": straggler,
-        "phases": [_dump_phase(p, f"phases[{i}]", n, c) for i, p in enumerate(schedule.phases)],
+        "phases": [_dump_phase(p, f"phases[{i}]", n, c, idle) for i, p in enumerate(schedule.phases)],
         "metadata": _metadata(dict(schedule.metadata)),
     }
 

@@ -404,18 +404,35 @@ class Machine:
         return None
 
     def _final(self) -> MscclViolation | None:
-        """Every output chunk must hold its own chunk's contributions from every GPU, each once."""
+        """Every output chunk must hold its own chunk's contributions from every GPU, each once.
+
+        The first wrong chunk of the best rank (:meth:`_rank`) is reported, and only it is described:
+        a description names GPUs from an N-bit mask, which at N = 1024 costs a millisecond, and a file
+        whose every chunk is wrong has millions of them."""
         n, out = self.n, "i" if self.inplace else "o"
-        problems: list[tuple[int, MscclViolation]] = []
+        best: tuple[int, int, int, int, int] | None = None  # (rank, iteration, gpu, chunk, value)
         for it in range(ITERATIONS):
             for g in range(n):
                 for c, value in enumerate(self.memory[it][g][out]):
                     if value != (c << n) | self.full:
-                        problems.append(self._wrong(it, g, out, c, value))
-        return min(problems, key=lambda p: p[0])[1] if problems else None
+                        rank = self._rank(it, g, out, c, value)
+                        if rank == 0:  # none ranks before it
+                            return self._wrong(it, g, out, c, value)
+                        if best is None or rank < best[0]:
+                            best = (rank, it, g, c, value)
+        if best is None:
+            return None
+        _, it, g, c, value = best
+        return self._wrong(it, g, out, c, value)
 
-    def _wrong(self, it: int, g: int, buf: str, c: int, value: int) -> tuple[int, MscclViolation]:
-        """A final-state problem and its rank: marks first, then values with a writer, then the rest."""
+    def _rank(self, it: int, g: int, buf: str, c: int, value: int) -> int:
+        """How a wrong final value ranks: marks first, then values with a writer, then the rest."""
+        if value < _UNINITIALIZED:
+            return 0
+        return 1 + (self.accesses.writer((it, g, "i" if self.inplace else buf, c)) is None)
+
+    def _wrong(self, it: int, g: int, buf: str, c: int, value: int) -> MscclViolation:
+        """The final-state problem of a wrong value."""
         last = self.accesses.writer((it, g, "i" if self.inplace else buf, c))
         tb = step = None
         writer = "never written"
@@ -424,7 +441,7 @@ class Machine:
             writer = f"last written by tb {tb} step {step}"
         if value < _UNINITIALIZED:
             mark = self.marks[-2 - value]
-            return 0, MscclViolation(
+            return MscclViolation(
                 mark.kind,
                 mark.gpu,
                 mark.tb,
@@ -439,7 +456,7 @@ class Machine:
         else:
             what = f"lacks {_gpus(self.full & ~value)}"
         message = f"final state: gpu {g} chunk {c} {what} ({writer})"
-        return 1 + (last is None), MscclViolation("missing", g, tb, step, c, message)
+        return MscclViolation("missing", g, tb, step, c, message)
 
 
 def _chunk(tx: Tx, unit: int) -> int:

@@ -17,17 +17,17 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from stragglar.msccl.errors import MscclViolation
 from stragglar.msccl.prover.parsed import Algo, Gpu, ThreadBlock, Tx, XmlDocument, XmlSource
-from stragglar.msccl.prover.tokens import Element, SyntaxProblem, elements, first_name
+from stragglar.msccl.prover.tokens import Element, LimitProblem, SyntaxProblem, elements, first_name
 from stragglar.msccl.vocabulary import (
     CAPACITY,
     MAX_CHANNELS,
     MAX_COUNT,
     MAX_DEPENDENCY_TB,
-    MAX_NODES,
     MAX_OFFSET,
     MAX_REDUCE_FUSION,
     MAX_STEPS,
@@ -42,8 +42,21 @@ from stragglar.msccl.vocabulary import (
     StepRecord,
     size_window,
 )
+from stragglar.schedule import MAX_CELLS
 
-__all__ = ["read"]
+__all__ = ["MAX_LOCATIONS", "MAX_SCRATCH", "read"]
+
+# Scratch chunks a GPU may declare: the executor's int16 offsets address no more (a step must end
+# by MAX_OFFSET + 1, see _check_step), and stragglar's lowering writes at most nchunksperloop.
+# Without the bound, s_chunks="2000000000" made the model a list of two billion chunks.
+MAX_SCRATCH = MAX_OFFSET + 1
+# Chunks in all GPUs' buffers (input, output unless in place, scratch): the executor's model holds
+# an N-bit value for each, in each of its two pipeline iterations, so MAX_CELLS of them at N = 1024
+# take about 1.5 GB, as MAX_CELLS (rank, chunk) cells take the schedule simulator at N = 2048.  The
+# executor's own limits allow 1024 GPUs of 32767 chunks: a 60 KB file of empty <gpu> elements went
+# past 5.8 GB.  The files stragglar's lowering writes hold some thousands (16,384 for a ring over 32
+# GPUs at 16 instances): what fits the executor's 4095 elements a rank.
+MAX_LOCATIONS = MAX_CELLS
 
 _INT = re.compile(r"-?(0|[1-9][0-9]*)")
 
@@ -136,21 +149,21 @@ def read(source: XmlSource) -> XmlDocument:
     if isinstance(source, XmlDocument):
         return source
     try:
-        first = first_name(source)
+        if first_name(source) != "algo":  # the executor reads the first element alone, and stops there
+            what = "the file must start with an <algo> element (the executor reads its first element)"
+            return XmlDocument(None, (MscclViolation("syntax", None, None, None, None, what),))
         top = elements(source)
     except SyntaxProblem as e:
-        return XmlDocument(None, (MscclViolation("syntax", None, None, None, None, str(e)),))
-    if first != "algo" or not top:
-        what = "the file must start with an <algo> element (the executor reads its first element)"
-        return XmlDocument(None, (MscclViolation("syntax", None, None, None, None, what),))
+        kind = "format" if isinstance(e, LimitProblem) else "syntax"
+        return XmlDocument(None, (MscclViolation(kind, None, None, None, None, str(e)),))
     checker = _Checker()
-    algo = _algo(checker, top[0], sum(len(a.children) for a in top) + len(top))
+    algo = _algo(checker, top[0])
     if algo is None or checker.problems:
         return XmlDocument(None, tuple(checker.problems))
     return XmlDocument(dataclasses.replace(algo, warnings=tuple(checker.warnings)), ())
 
 
-def _algo(ck: _Checker, el: Element, shared_nodes: int) -> Algo | None:
+def _algo(ck: _Checker, el: Element) -> Algo | None:
     strings = ck.strings(el, ("name", "proto", "coll"))
     nums = ck.ints(el, ("nchannels", "nchunksperloop", "ngpus", "inplace", "outofplace"))
     sizes = ck.ints(el, ("minBytes", "maxBytes"), bits=64)
@@ -179,7 +192,7 @@ def _algo(ck: _Checker, el: Element, shared_nodes: int) -> Algo | None:
     header = _Header(
         nums["nchannels"], nums["nchunksperloop"], nums["ngpus"], nums["inplace"], nums["outofplace"]
     )
-    gpus = _gpus(ck, el, header, shared_nodes)
+    gpus = _gpus(ck, el, header)
     if ck.problems or gpus is None:
         return None
     h = header
@@ -195,7 +208,7 @@ def _algo(ck: _Checker, el: Element, shared_nodes: int) -> Algo | None:
     )
 
 
-def _gpus(ck: _Checker, el: Element, algo: _Header, shared_nodes: int) -> tuple[Gpu, ...] | None:
+def _gpus(ck: _Checker, el: Element, algo: _Header) -> tuple[Gpu, ...] | None:
     n = algo.ngpus
     gpus: dict[int, Gpu] = {}
     for g_el in el.children:
@@ -207,27 +220,33 @@ def _gpus(ck: _Checker, el: Element, algo: _Header, shared_nodes: int) -> tuple[
             ck.fail(g_el, f"gpu id {g} is {'repeated' if g in gpus else f'outside 0..{n - 1}'}")
             continue
         chunks = {"i": attrs["i_chunks"], "o": attrs["o_chunks"], "s": attrs["s_chunks"]}
-        _gpu_limits(ck, g_el, g, chunks, algo, shared_nodes)
+        _gpu_limits(ck, g_el, g, chunks, algo)
         gpus[g] = Gpu(g, chunks, _tbs(ck, g_el, g, chunks, algo))
     for g in sorted(set(range(n)) - set(gpus)):
         ck.fail(el, f"no <gpu> element for rank {g} (ngpus={n})")
+    _locations(ck, el, algo, gpus.values())
     return tuple(gpus[g] for g in sorted(gpus)) if len(gpus) == n else None
 
 
-def _gpu_limits(
-    ck: _Checker, el: Element, g: int, chunks: dict[str, int], algo: _Header, shared_nodes: int
-) -> None:
-    nodes = shared_nodes + len(el.children) + sum(len(tb.children) for tb in el.children)
-    if nodes >= MAX_NODES:
-        ck.fail(
-            el,
-            f"rank's part of the file has {nodes} elements, the executor's parser holds {MAX_NODES - 1}",
-            g,
-        )
+def _locations(ck: _Checker, el: Element, algo: _Header, gpus: Iterable[Gpu]) -> None:
+    """Bound the chunks the executor's model will hold (:data:`MAX_LOCATIONS`) before it holds them."""
+    buffers = 2 if algo.outofplace else 1
+    total = sum(buffers * algo.nchunks + gpu.chunks["s"] for gpu in gpus)
+    if total > MAX_LOCATIONS:
+        what = f"{total:,} chunks in the GPUs' buffers: stragglar proves files of at most {MAX_LOCATIONS:,}"
+        ck.fail(el, what)
+
+
+def _gpu_limits(ck: _Checker, el: Element, g: int, chunks: dict[str, int], algo: _Header) -> None:
+    """The executor's limits on a rank's part (its count of elements is the tokenizer's), and ours
+    on its scratch buffer."""
     if len(el.children) > MAX_TBS:
         ck.fail(el, f"{len(el.children)} thread blocks, the executor allows {MAX_TBS}", g)
     if chunks["s"] < 0:
         ck.fail(el, f"s_chunks {chunks['s']} is negative", g)
+    elif chunks["s"] > MAX_SCRATCH:
+        what = f"stragglar proves files of at most {MAX_SCRATCH:,} scratch chunks per GPU (int16 offsets)"
+        ck.fail(el, f"s_chunks {chunks['s']:,}: {what}", g)
     for buf, size in (("i", chunks["i"]), ("o", chunks["o"])):
         if not 0 <= size <= algo.nchunks:
             ck.fail(el, f"{buf}_chunks {size} outside 0..nchunksperloop ({algo.nchunks})", g)

@@ -8,6 +8,13 @@ executor keeps (``algo`` > ``gpu`` > ``tb`` > ``step``); the first rule broken s
 :class:`SyntaxProblem` naming the line.  Nesting is followed with an explicit stack, so no file
 can exhaust Python's recursion.
 
+Elements are counted as they are read, and the first one past a limit stops the reading with a
+:class:`LimitProblem`, so that a file far past one costs no more than one just past it: the
+executor's parser holds ``MAX_NODES - 1`` elements for a rank (the ``algo`` and ``gpu`` elements,
+and that rank's ``tb`` and ``step`` elements), and stragglar reads at most ``MAX_IGNORED`` elements
+the executor ignores (those it keeps are bounded by its own limit; ignored ones by nothing but the
+file's size, each costing as much to read as a kept one).
+
 >>> [e.name for e in elements('<algo a="1">  <!-- x --><gpu/> <foo/></algo>')[0].children]
 ['gpu']
 """
@@ -17,16 +24,27 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from stragglar.msccl.vocabulary import MAX_ATTRS, MAX_STR
+from stragglar.msccl.vocabulary import MAX_ATTRS, MAX_NODES, MAX_STR
 
-__all__ = ["Element", "SyntaxProblem", "elements", "first_name"]
+__all__ = ["MAX_IGNORED", "Element", "LimitProblem", "SyntaxProblem", "elements", "first_name"]
+
+# Elements the executor ignores (unknown names, or known ones out of place) that stragglar reads:
+# as many as it keeps for a rank.  MSCCL writers (msccl-tools, stragglar's lowering) write none.
+MAX_IGNORED = MAX_NODES - 1
 
 _TOKEN = re.compile(r"[^ >/\n\r=]*")
+_SPACE = re.compile(r"[ \n\r]*")  # what may separate elements, skipped at the regex engine's speed
+_DECIMAL = re.compile(r"-?[0-9]{1,10}")
 _HANDLERS = {"": ("algo",), "algo": ("gpu",), "gpu": ("tb",), "tb": ("step",)}  # parent -> children kept
 
 
 class SyntaxProblem(Exception):
     """The executor's tokenizer stops here; nothing after it is read."""
+
+
+class LimitProblem(SyntaxProblem):
+    """A limit on the elements read (the executor's parser's, or stragglar's) is passed here;
+    nothing after it is read."""
 
 
 @dataclass
@@ -96,8 +114,9 @@ class _Scanner:
     def node(self) -> tuple[str, Element] | None:
         """The next (kind, element) with kind open, single or close; None at the end."""
         while True:  # a loop, not a recursion: any number of comments in a row
-            while self.pos < len(self.text) and self.text[self.pos] in " \n\r":
-                self.pos += 1
+            space = _SPACE.match(self.text, self.pos)
+            assert space is not None  # it matches the empty string
+            self.pos = space.end()
             if self.pos == len(self.text):
                 return None
             line = self.line()
@@ -143,34 +162,93 @@ def first_name(text: str) -> str | None:
 def elements(text: str) -> list[Element]:
     """The top-level elements the executor keeps, with their kept children; see the module docstring.
 
-    Raises :class:`SyntaxProblem` where the executor's tokenizer would stop.
+    Raises :class:`SyntaxProblem` where the executor's tokenizer would stop, :class:`LimitProblem`
+    at the first element past a limit.
     """
     scanner = _Scanner(text)
-    stack: list[tuple[Element | None, list[Element]]] = [(None, [])]
+    count = _Count()
+    stack: list[_Open] = [_Open(None, True)]
     while True:
-        head, kept = stack[-1]
+        top = stack[-1]
         got = scanner.node()
         if got is None:
-            if head is not None:
-                raise scanner.fail(f"<{head.name}> from line {head.line} is never closed")
-            return kept
+            if top.el is not None:
+                raise scanner.fail(f"<{top.el.name}> from line {top.el.line} is never closed")
+            return top.kept
         kind, el = got
         if kind == "close":
-            if head is None or el.name != head.name:
-                raise scanner.fail(f"closing tag </{el.name}> does not match <{head.name if head else ''}>")
+            if top.el is None or el.name != top.el.name:
+                name = top.el.name if top.el else ""
+                raise scanner.fail(f"closing tag </{el.name}> does not match <{name}>")
             stack.pop()
-            _keep(stack[-1], head, kept)
-        elif head is not None and head.name == "step":
+            if top.keep:
+                top.el.children = top.kept
+            continue
+        if top.el is not None and top.el.name == "step":
             raise scanner.fail("a <step> must not contain elements (the executor's parser crashes)")
-        elif kind == "open":
-            stack.append((el, []))
+        keep = top.keep and el.name in _HANDLERS.get(top.el.name if top.el else "", ())
+        count.add(el, len(stack), keep)
+        if keep:
+            top.kept.append(el)
+        if kind == "open":
+            stack.append(_Open(el, keep))
+
+
+@dataclass
+class _Open:
+    """An element being read: whether the executor keeps it, and its kept children so far (the
+    executor keeps no child of an element it ignores)."""
+
+    el: Element | None  # None for the file itself
+    keep: bool
+    kept: list[Element] = field(default_factory=list)
+
+
+class _Count:
+    """The elements read so far, against the limits of the module docstring.
+
+    The executor parses the file once for each rank, keeping the ``algo`` and ``gpu`` elements
+    (shared by every rank) and the ``tb`` and ``step`` elements of that rank's ``gpu``; the
+    largest part so far is the shared elements and the most ``tb`` and ``step`` elements one
+    ``gpu`` has so far.  Both only grow, so the file passes the limit exactly when some prefix does.
+    """
+
+    def __init__(self) -> None:
+        self.shared = 0  # kept <algo> and <gpu> elements
+        self.own = 0  # kept <tb> and <step> elements of the <gpu> being read
+        self.gpu: Element | None = None  # the <gpu> being read
+        self.largest = 0  # the most kept <tb> and <step> elements of one <gpu> so far
+        self.largest_gpu: Element | None = None  # that <gpu>
+        self.ignored = 0
+
+    def add(self, el: Element, depth: int, keep: bool) -> None:
+        """Count ``el``, at ``depth`` (1 for a top-level element) and kept or not."""
+        if not keep:
+            self.ignored += 1
+            if self.ignored > MAX_IGNORED:
+                raise LimitProblem(
+                    f"line {el.line}: {self.ignored:,} elements the executor ignores (unknown or out of "
+                    f"place) by here: stragglar reads files of at most {MAX_IGNORED:,}"
+                )
+            return
+        if depth <= 2:
+            self.shared += 1
+            if depth == 2:
+                self.gpu, self.own = el, 0
         else:
-            _keep(stack[-1], el, [])
-
-
-def _keep(parent: tuple[Element | None, list[Element]], el: Element, children: list[Element]) -> None:
-    """Add ``el`` to its parent's kept children if the executor keeps such an element there."""
-    head, kept = parent
-    if el.name in _HANDLERS.get(head.name if head else "", ()):
-        el.children = children
-        kept.append(el)
+            self.own += 1
+            if self.own > self.largest:
+                self.largest, self.largest_gpu = self.own, self.gpu
+        if self.shared + self.largest < MAX_NODES:
+            return
+        holds = f"the executor's parser holds {MAX_NODES - 1}"
+        gpu = self.largest_gpu
+        if gpu is None:
+            raise LimitProblem(
+                f"line {el.line}: every rank's part of the file has {MAX_NODES} elements by here "
+                f"(<algo> and <gpu> elements), {holds}"
+            )
+        gid = gpu.attrs.get("id", "")
+        name = f"gpu {gid}" if _DECIMAL.fullmatch(gid) else "<gpu>"
+        part = f"rank's part of the file has {MAX_NODES} elements by line {el.line}"
+        raise LimitProblem(f"line {gpu.line}: {name}: {part}, {holds}")
