@@ -258,9 +258,9 @@ def closing_engine_rank(rank: int, n: int) -> tuple[int, bool, bool, bool]:
     engine = state._engine
 
     def slowed(
-        buffer: torch.Tensor, divisor: int, order: Any, host_group: Any
+        buffer: torch.Tensor, divisor: int, order: Any, host_group: Any, in_call: bool
     ) -> torch.futures.Future[torch.Tensor]:
-        future = engine(buffer, divisor, order, host_group)
+        future = engine(buffer, divisor, order, host_group, in_call)
         if rank == 0 and state.learned.steps == 3:  # in flight: rank 1 is late
             work, _ = state.resources.engine_calls[-1]
             work.get_future().add_done_callback(lambda _: time.sleep(0.3))

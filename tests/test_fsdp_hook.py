@@ -18,7 +18,7 @@ pytest.importorskip("torch")
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.fsdp._fully_shard._fsdp_common import FSDPMeshInfo, ShardPlacementResult
 from torch.distributed.tensor import DTensor, Shard
 
@@ -264,6 +264,11 @@ def refusing_rank(rank: int, n: int) -> dict[str, str]:
     mixed = layers()
     fully_shard(mixed[0], mesh=grid["shard"], shard_placement_fn=lambda p: elsewhere if p.ndim == 1 else None)
     refused("several groups", InputError, mixed, replicas)
+    twice = sharded(layers(), grid["shard"])
+    use_stragglar(twice, StragglarState(), replicate_group=replicas)
+    refused("twice", InputError, twice, replicas)
+    straggler = StragglarState(straggler=3)  # a global rank, where the state reads a replica's index
+    refused("a global rank as straggler", InputError, sharded(layers(), grid["shard"]), replicas, straggler)
     return said
 
 
@@ -283,6 +288,11 @@ def test_what_the_hook_cannot_serve_is_refused_in_one_sentence() -> None:
     )
     assert said["another state's group"].startswith("the state serves another process group")
     assert said["several groups"].startswith("module '0' has 2 parameter groups")
+    assert said["twice"].startswith("use_stragglar already serves module '0': call it once")
+    assert said["a global rank as straggler"] == (
+        "StragglarState.straggler is 3: it is a replica's index in replicate_group, 0..1 "
+        "(its global ranks, in order: 1, 3)"
+    )
     assert all("\n" not in words for words in said.values())
 
 
@@ -353,3 +363,133 @@ def test_a_failure_in_the_replicas_rounds_names_global_ranks_too() -> None:
     assert "RankError: allreduce failed: rank 0 lost the connection " in said, said
     names = "(ranks of the hook's group: rank 0 is global rank 1, rank 1 is global rank 3)"
     assert said.endswith(names), said
+
+
+def partly_served_rank(rank: int, n: int, when: str) -> None:
+    """The hook given the first layer only, or the model before its root was sharded: the root's
+    parameters had no all-reduce across the replicas, and the replicas drifted apart silently."""
+    torch.set_num_threads(1)
+    grid = mesh()
+    model = layers()
+    replicas = grid["replicate"].get_group()
+    if when == "a submodule":
+        use_stragglar(sharded(model, grid["shard"])[0], StragglarState(timeout=20), replicate_group=replicas)
+    else:
+        for layer in linears(model)[:2]:  # the last layer's parameters are the root's
+            fully_shard(layer, mesh=grid["shard"])
+        use_stragglar(model, StragglarState(timeout=20), replicate_group=replicas)
+        fully_shard(model, mesh=grid["shard"])  # after the hook: the root's group is no one's
+    model(torch.ones(2, SIZES[0])).sum().backward()
+
+
+@pytest.mark.parametrize(
+    ("when", "unserved"), [("a submodule", "module '2'"), ("before the root was sharded", "the module")]
+)
+def test_a_parameter_group_the_hook_does_not_serve_is_refused_at_the_first_step(
+    when: str, unserved: str
+) -> None:
+    with pytest.raises(LaunchError) as caught:
+        launch(partly_served_rank, 4, (when,), timeout=30)
+    said = (
+        f"stragglar.errors.InputError: {unserved} is sharded over this rank's shard group and use_stragglar "
+        "does not serve it: its gradients would not be reduced across the replicas; call use_stragglar "
+        "on the root module, after fully_shard"
+    )
+    assert [error.splitlines()[-1] for error in caught.value.errors.values()] == [said] * 4, caught.value
+
+
+def other_model_rank(rank: int, n: int, policy: str) -> None:
+    """Replica 1 (ranks 2 and 3) builds a wider first layer: the replicas reduce other shards."""
+    torch.set_num_threads(1)
+    grid = mesh()
+    torch.manual_seed(0)
+    width = 40 if rank < 2 else 41
+    model = torch.nn.Sequential(torch.nn.Linear(13, width), torch.nn.Tanh(), torch.nn.Linear(width, 6))
+    sharded(model, grid["shard"])
+    state = StragglarState(timeout=20, policy=policy, network=SLOW if policy == "auto" else None)
+    use_stragglar(model, state, replicate_group=grid["replicate"].get_group())
+    model(torch.ones(2, 13)).sum().backward()
+
+
+@pytest.mark.parametrize("policy", ["auto", "stragglar"])
+def test_replicas_of_other_models_fail_alike_on_every_rank(policy: str) -> None:
+    """Under auto the engine's all_reduce took them, and gloo aborted the processes ("terminate
+    called after throwing an instance of 'gloo::EnforceNotMet'")."""
+    with pytest.raises(LaunchError) as caught:
+        launch(other_model_rank, 4, (policy,), timeout=30)
+    errors = caught.value.errors
+    assert sorted(errors) == [0, 1, 2, 3], caught.value
+    said = "stragglar.runtime.header.MismatchError: HSDP replicas reduce shards of other sizes or dtypes"
+    assert all(error.splitlines()[-1].startswith(said) for error in errors.values()), caught.value
+    assert "terminate called" not in str(caught.value)
+
+
+def silent_replica_rank(rank: int, n: int) -> str:
+    """Global rank 3 (replica 1's shard 1) is silent for 8 s at the second step, under auto, its
+    replicate group's timeout 3 s: rank 1's backward raises the RankError itself."""
+    torch.set_num_threads(1)
+    native, ours = twins(StragglarState(timeout=3, policy="auto", network=SLOW))
+    train(rank, native, ours, 1, None)
+    if rank == 3:
+        time.sleep(8)  # then on: rank 2 waits for it in FSDP's own reduce-scatter, unbounded
+    try:
+        ours(torch.ones(2, SIZES[0])).sum().backward()  # ours alone: native HSDP would wait 30 minutes
+    except Exception as e:  # what a training loop would catch
+        return f"{type(e).__name__}: {str(e).splitlines()[0]} ({len(str(e).splitlines())} lines)"
+    return "no error"
+
+
+def test_the_engine_s_failure_reaches_fsdp_s_caller_as_the_rank_error_itself() -> None:
+    """It came as torch's RuntimeError, "Got the following error when running the callback: ...",
+    then 20 lines of the callback's stack: ``except RankError`` did not catch it."""
+    said = launch(silent_replica_rank, 4, timeout=90)
+    assert said[1] == (
+        "RankError: allreduce failed: rank 0 timed out in the engine's all_reduce: no answer within 3 s "
+        "(the state's timeout) (ranks of the hook's group: rank 0 is global rank 1) (1 lines)"
+    ), said
+    # rank 2 waits for rank 3 in FSDP's reduce-scatter, so its replica, rank 0, times out too
+    assert all(
+        words.startswith("RankError: allreduce failed: ") and words.endswith("(1 lines)") for words in said
+    )
+
+
+def accumulating_rank(rank: int, n: int) -> tuple[float, int, int]:
+    """Two steps of 3 microbatches, FSDP's all-reduce asked for at the last one only
+    (``set_requires_all_reduce``), in both copies: the same gradients, one reduction a step."""
+    state = StragglarState(timeout=20)
+    native, ours = twins(state)
+    reductions = 0
+    reduce = state.reduce
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal reductions
+        reductions += 1
+        return reduce(*args, **kwargs)
+
+    state.reduce = counted  # type: ignore[method-assign]
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (native, ours)]
+    worst = 0.0
+    for step in range(2):
+        for optimizer in optimizers:
+            optimizer.zero_grad()
+        for micro in range(3):
+            gen = torch.Generator().manual_seed(100 * rank + 10 * step + micro)
+            x, y = torch.randn(8, SIZES[0], generator=gen), torch.randn(8, SIZES[-1], generator=gen)
+            for model in (native, ours):
+                assert isinstance(model, FSDPModule)
+                model.set_requires_all_reduce(micro == 2)
+                (model(x) - y).square().mean().backward()
+        for a, b in zip(native.parameters(), ours.parameters(), strict=True):
+            assert a.grad is not None and b.grad is not None
+            torch.testing.assert_close(local(b.grad), local(a.grad), rtol=1e-5, atol=1e-6)
+            worst = max(worst, float((local(a.grad) - local(b.grad)).abs().max()))
+        for optimizer in optimizers:
+            optimizer.step()
+    return worst, reductions, state.learned.steps
+
+
+def test_fsdp_s_accumulation_without_the_all_reduce_reduces_once_a_step() -> None:
+    """It reduced at every microbatch: 3 times the replicas' traffic, and 3 steps counted a step."""
+    results = launch(accumulating_rank, 4, timeout=60)
+    assert max(worst for worst, _, _ in results) < 1e-5
+    assert {(reductions, steps) for _, reductions, steps in results} == {(2 * 3, 2)}  # 3 groups a step

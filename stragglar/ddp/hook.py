@@ -384,7 +384,8 @@ class StragglarState:
             )
         choice = self.choose(world_size, buffer.numel() * buffer.element_size())
         if choice.algorithm != STRAGGLAR:
-            return self._engine(buffer, world_size if divisor is None else divisor, order, comm.engine_group)
+            divided = world_size if divisor is None else divisor
+            return self._engine(buffer, divided, order, comm.engine_group, in_call)
         proof = self.proof(world_size, choice.straggler, choice.chunks)
         chunks = choice.chunks or 0
         job = Job(
@@ -413,13 +414,15 @@ class StragglarState:
         return job.future.then(_value)
 
     def _engine(
-        self, buffer: torch.Tensor, divisor: int, order: Order, host_group: Any
+        self, buffer: torch.Tensor, divisor: int, order: Order, host_group: Any, in_call: bool
     ) -> torch.futures.Future[torch.Tensor]:
         """The engine's own all_reduce, as DDP's default hook runs it, timed for the policy: its
         Future completes (through the engine's stream on CUDA) with the sum divided by
         ``divisor``, or fails with a :class:`RankError`.  On CUDA it runs on DDP's group; on the
         host on ``host_group`` (:attr:`Connection.engine_group`; None: DDP's group), bounded by
-        the state's timeout."""
+        the state's timeout.  ``in_call`` (a caller that waits for the Future itself: FSDP's
+        hook): the Future whose ``wait`` raises the RankError itself, not torch's RuntimeError
+        that quotes it with the stack of the callback that read it."""
         watch = self.resources.engine_watch = order.clock(self.resources.engine_watch)
         probe = self.resources.probe
         record = probe.record if probe is not None else None
@@ -448,7 +451,7 @@ class StragglarState:
         )
         self.resources.engine_calls.append((work, weakref.ref(callback)))  # see Resources
         del callback  # from here on, only gloo's thread holds it
-        return outcome.then(_value)  # a failed Future reaches DDP as an error (_value)
+        return outcome if in_call else outcome.then(_value)  # DDP reads a failed Future as an error
 
     def _connect(self, world_size: int, threads: bool) -> Connection:
         group = dedicated_group(self.process_group, self.timeout)

@@ -35,7 +35,7 @@ them where ``set_all_reduce_hook`` does, in the module's FSDP state.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -45,6 +45,7 @@ from torch.distributed.fsdp import FSDPModule
 from stragglar.ddp.hook import StragglarState
 from stragglar.errors import ArgumentError, InputError, described
 from stragglar.runtime import MismatchError
+from stragglar.runtime.arrays import DTYPES
 from stragglar.runtime.header import ranks_in_words
 from stragglar.runtime.torch_dist import check_group, gather_headers
 
@@ -52,11 +53,19 @@ __all__ = ["ReplicaReduction", "use_stragglar"]
 
 
 @dataclass
-class StepMark:
-    """Whether the next reduction begins a step: set by each forward of the module, and before the
-    first (FSDP calls the hooks of a step one after another, in the order of backward)."""
+class Marks:
+    """What the hooks of one module share.
+
+    ``pending``: the next reduction begins a step; set by each forward of the module, and before
+    the first (FSDP calls the hooks of a step one after another, in the order of backward).
+    ``checked``: the parameter groups (their ``index``) whose shards this process has checked
+    against every replica's, at each one's first reduction.  ``partial``: a group's shards summed
+    over the backward passes FSDP asked not to all-reduce (``set_requires_all_reduce(False)``,
+    HSDP's gradient accumulation), added into the next one it does, as native HSDP does."""
 
     pending: bool = True
+    checked: set[int] = field(default_factory=set)
+    partial: dict[int, torch.Tensor] = field(default_factory=dict)
 
     def begin(self, *_: Any) -> None:
         """A forward pre-hook: the next reduction begins a step."""
@@ -75,25 +84,41 @@ class ReplicaReduction:
     ``index``: the group's number among those hooked, the tag of its reductions.  ``param_group``:
     FSDP's parameter group, whose divide factor is read at each call (it may be set later).
     ``shard``: this rank's shard of the group's parameters, (index, count), which every replica
-    must hold alike.  ``mark``: the step mark the module's hooks share."""
+    must hold alike.  ``owner``: the FSDP module of the group.  ``marks``: what the module's hooks
+    share."""
 
     state: StragglarState
     index: int
     param_group: Any
     shard: tuple[int, int]
-    mark: StepMark
+    owner: FSDPModule
+    marks: Marks
 
     def __call__(self, reduce_output: torch.Tensor) -> None:
-        state = self.state
+        state, marks = self.state, self.marks
         replicas = dist.get_world_size(state.process_group)
-        if self.mark.take():
+        if replicas > 1 and not self.param_group.all_reduce_grads:  # a backward of an accumulation
+            held = marks.partial.get(self.index)
+            if held is None:
+                marks.partial[self.index] = reduce_output.clone()
+            else:
+                held += reduce_output
+            reduce_output.zero_()  # FSDP adds it to the gradients: nothing yet
+            return
+        if marks.take():
             if state.resources.steps_run == 0 and replicas > 1:  # this process's first, resumed too
-                _check_replicas(self.shard, state.process_group, reduce_output.device, state.timeout)
+                _check_every_group_served(self.owner, state.process_group)
                 state.agree(replicas, reduce_output.device, "HSDP replicas", "the replicate group")
             state.new_step(replicas)
         if replicas == 1:
             state.late_rank(replicas)  # a straggler that is no replica is still an error
             return
+        if self.index not in marks.checked:
+            _check_replicas(self.shard, reduce_output, state.process_group, state.timeout)
+            marks.checked.add(self.index)
+        held = marks.partial.pop(self.index, None)
+        if held is not None:
+            reduce_output += held
         divisor = replicas if self.param_group.gradient_divide_factor is None else 1
         state.reduce(reduce_output, self.index, replicas, divisor=divisor, in_call=True).wait()
 
@@ -123,14 +148,36 @@ def use_stragglar(module: torch.nn.Module, state: StragglarState, *, replicate_g
             "the module has no parameters sharded with fully_shard: "
             "shard it over the mesh's shard dimension first"
         )
-    replicas = set(dist.get_process_group_ranks(replicate_group))
-    shards = [_shard(name, group, replicas) for name, _, group in served]  # all checked, then hooked
+    for name, _, group in served:
+        if isinstance(getattr(group, "_all_reduce_hook", None), ReplicaReduction):
+            raise InputError(
+                f"use_stragglar already serves {_named(name)}: call it once, on the root module, "
+                "with one state (a second would replace the first's hooks, not its step count)"
+            )
+    members = dist.get_process_group_ranks(replicate_group)
+    _check_straggler(state, members)
+    shards = [_shard(name, group, set(members)) for name, _, group in served]  # all checked, then hooked
     state.process_group = replicate_group
-    mark = StepMark()
+    marks = Marks()
     for index, ((_, owner, group), shard) in enumerate(zip(served, shards, strict=True)):
-        owner.set_all_reduce_hook(ReplicaReduction(state, index, group, shard, mark))
-    module.register_forward_pre_hook(mark.begin)
+        owner.set_all_reduce_hook(ReplicaReduction(state, index, group, shard, owner, marks))
+    module.register_forward_pre_hook(marks.begin)
     return len(served)
+
+
+def _check_straggler(state: StragglarState, members: list[int]) -> None:
+    """The state's straggler, a replica's index in the replicate group (not a global rank), checked
+    when the hook is set up rather than in the first backward."""
+    straggler = state.straggler
+    if straggler is not None and not 0 <= straggler < len(members):
+        raise InputError(
+            f"StragglarState.straggler is {straggler}: it is a replica's index in replicate_group, "
+            f"0..{len(members) - 1} (its global ranks, in order: {_listed(members)})"
+        )
+
+
+def _listed(ranks: list[int], limit: int = 8) -> str:
+    return ", ".join(map(str, ranks[:limit])) + (", ..." if len(ranks) > limit else "")
 
 
 def _param_groups(module: torch.nn.Module) -> Iterator[tuple[str, FSDPModule, Any]]:
@@ -174,15 +221,46 @@ def _named(name: str) -> str:
     return f"module {name!r}" if name else "the module"
 
 
-def _check_replicas(shard: tuple[int, int], group: Any, device: torch.device, timeout: float) -> None:
+def _check_every_group_served(owner: FSDPModule, replicate_group: Any) -> None:
+    """Refuse, at the first step, a parameter group of the model that shards over this rank's shard
+    group with no all-reduce across the replicas: neither FSDP's (a 2-D mesh) nor this hook's (a
+    module ``use_stragglar`` was not given, or one sharded after it was called).  Its gradients
+    would be each replica's own, the replicas' parameters would drift apart, and nothing would
+    say so.  The groups are FSDP's root state's, known once its first forward ran."""
+    states = getattr(getattr(owner._get_fsdp_state(), "_state_ctx", None), "all_states", ())
+    replicas = set(dist.get_process_group_ranks(replicate_group))
+    for state in states:
+        for group in state._fsdp_param_groups:
+            if isinstance(getattr(group, "_all_reduce_hook", None), ReplicaReduction):
+                continue
+            mesh_info = group.mesh_info
+            if getattr(mesh_info, "replicate_process_group", None) is not None:
+                continue  # native HSDP: FSDP all-reduces it
+            if set(dist.get_process_group_ranks(mesh_info.shard_process_group)) & replicas == {
+                dist.get_rank()
+            }:
+                name = getattr(group, "_module_fqn", "") or ""
+                raise InputError(
+                    f"{_named(name)} is sharded over this rank's shard group and use_stragglar does "
+                    "not serve it: its gradients would not be reduced across the replicas; call "
+                    "use_stragglar on the root module, after fully_shard"
+                )
+
+
+def _check_replicas(shard: tuple[int, int], reduce_output: torch.Tensor, group: Any, timeout: float) -> None:
     """Raise the same :class:`~stragglar.runtime.MismatchError` on every rank of ``group`` unless
-    all hold the same shard (index, count) of the parameters: a group across shards, not replicas,
-    would add up different parameters' gradients.  One gather, at the first step."""
-    rows = gather_headers(list(shard), group, device, dist.get_rank(group), timeout)
+    all hold the same shard (index, count) of the parameters, of the same size and dtype: a group
+    across shards, not replicas, would add up different parameters' gradients, and replicas of
+    other models would fail in the reduction (the engine's all_reduce, under ``auto``, aborted the
+    process).  One gather, at a parameter group's first reduction."""
+    dtype = str(reduce_output.dtype).removeprefix("torch.")
+    code = DTYPES.index(dtype) if dtype in DTYPES else -1
+    row = [*shard, reduce_output.numel(), code]
+    rows = gather_headers(row, group, reduce_output.device, dist.get_rank(group), timeout)
     ranks = dist.get_process_group_ranks(group)
     holders: dict[tuple[int, ...], list[int]] = {}
-    for rank, row in zip(ranks, rows, strict=True):
-        holders.setdefault(tuple(row), []).append(rank)
+    for rank, got in zip(ranks, rows, strict=True):
+        holders.setdefault(tuple(got[:2]), []).append(rank)
     if len(holders) > 1:
         held = "; ".join(
             f"{ranks_in_words(members)} {'hold' if len(members) > 1 else 'holds'} shard {i} of {n}"
@@ -191,3 +269,12 @@ def _check_replicas(shard: tuple[int, int], group: Any, device: torch.device, ti
         raise MismatchError(
             f"replicate_group's ranks hold different shards, so it is no replicate group: {held}"
         )
+    sizes: dict[tuple[int, int], list[int]] = {}
+    for rank, got in zip(ranks, rows, strict=True):
+        sizes.setdefault((got[2], got[3]), []).append(rank)
+    if len(sizes) > 1:
+        said = "; ".join(
+            f"{ranks_in_words(members)}: {count:,} elements of {DTYPES[code] if code >= 0 else 'other'}"
+            for (count, code), members in sorted(sizes.items(), key=lambda kv: kv[1])
+        )
+        raise MismatchError(f"HSDP replicas reduce shards of other sizes or dtypes (global ranks): {said}")
