@@ -493,3 +493,51 @@ def test_fsdp_s_accumulation_without_the_all_reduce_reduces_once_a_step() -> Non
     results = launch(accumulating_rank, 4, timeout=60)
     assert max(worst for worst, _, _ in results) < 1e-5
     assert {(reductions, steps) for _, reductions, steps in results} == {(2 * 3, 2)}  # 3 groups a step
+
+
+def other_settings_rank(rank: int, n: int) -> None:
+    """Replica 1 (global ranks 2 and 3) runs the hook in 4 chunks, replica 0 in the paper's."""
+    native, ours = twins(StragglarState(timeout=20, chunks=4 if rank >= 2 else None))
+    train(rank, native, ours, 1, None)
+
+
+def test_replicas_with_other_settings_are_named_by_their_global_ranks_too() -> None:
+    with pytest.raises(LaunchError) as caught:
+        launch(other_settings_rank, 4, timeout=30)
+    said = {rank: error.splitlines()[-1] for rank, error in caught.value.errors.items()}
+    words = (
+        "stragglar.runtime.header.MismatchError: HSDP replicas run the hook with other settings: chunks: "
+        "rank 0 has None, rank 1 has 4 (the replicate group's ranks: rank 0 is global rank {}, rank 1 is "
+        "global rank {})"
+    )
+    assert said == {
+        0: words.format(0, 2),
+        1: words.format(1, 3),
+        2: words.format(0, 2),
+        3: words.format(1, 3),
+    }
+
+
+def silent_before_first_rank(rank: int, n: int) -> None:
+    """Global rank 3 is silent for 12 s before its first backward: the replicas' first-step checks
+    wait 5 s for it."""
+    torch.set_num_threads(1)
+    grid = mesh()
+    model = sharded(layers(), grid["shard"])
+    use_stragglar(model, StragglarState(timeout=5), replicate_group=grid["replicate"].get_group())
+    loss = model(torch.ones(2, SIZES[0])).sum()
+    if rank == 3:
+        time.sleep(12)
+    loss.backward()
+
+
+def test_a_replica_silent_at_the_first_step_is_named_by_the_check_that_waited() -> None:
+    """It said "rank 0 timed out checking that every rank runs the same allreduce", naming no one."""
+    with pytest.raises(LaunchError) as caught:
+        launch(silent_before_first_rank, 4, timeout=60)
+    said = caught.value.errors[1].splitlines()[-1]
+    assert said == (
+        "stragglar.runtime.failures.RankError: allreduce failed: rank 0 timed out checking that the HSDP "
+        "replicas run the hook with the same settings waiting for rank 1: no answer within 5 s (ranks of "
+        "the hook's group: rank 0 is global rank 1, rank 1 is global rank 3)"
+    ), said

@@ -174,4 +174,16 @@ def agree(
     rows = gather_headers(encode(settings), on, device, dist.get_rank(on), timeout, channel, during)
     reason = disagreement(rows, ranks, group)
     if reason is not None:
-        raise MismatchError(reason)
+        raise MismatchError(reason + _globally(on, group))
+
+
+def _globally(on: Any, group: str, limit: int = 8) -> str:
+    """Where ``on``'s ranks are not the world's (HSDP's replicate group, a DDP subgroup), what
+    global rank each is: the line numbers them as the group does, the launcher's logs globally."""
+    if on is None:
+        return ""
+    members = dist.get_process_group_ranks(on)
+    if members == list(range(len(members))):
+        return ""
+    pairs = ", ".join(f"rank {index} is global rank {rank}" for index, rank in enumerate(members[:limit]))
+    return f" ({group}'s ranks: {pairs}{', ...' if len(members) > limit else ''})"

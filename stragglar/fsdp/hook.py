@@ -43,8 +43,9 @@ import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
 from stragglar.ddp.hook import StragglarState
+from stragglar.ddp.worker import named_globally
 from stragglar.errors import ArgumentError, InputError, described
-from stragglar.runtime import MismatchError
+from stragglar.runtime import MismatchError, RankError
 from stragglar.runtime.arrays import DTYPES
 from stragglar.runtime.header import ranks_in_words
 from stragglar.runtime.torch_dist import check_group, gather_headers
@@ -108,7 +109,10 @@ class ReplicaReduction:
         if marks.take():
             if state.resources.steps_run == 0 and replicas > 1:  # this process's first, resumed too
                 _check_every_group_served(self.owner, state.process_group)
-                state.agree(replicas, reduce_output.device, "HSDP replicas", "the replicate group")
+                try:
+                    state.agree(replicas, reduce_output.device, "HSDP replicas", "the replicate group")
+                except RankError as e:  # a silent or dead replica, named by its global rank too
+                    raise named_globally(e, state.process_group) from None
             state.new_step(replicas)
         if replicas == 1:
             state.late_rank(replicas)  # a straggler that is no replica is still an error
@@ -256,7 +260,16 @@ def _check_replicas(shard: tuple[int, int], reduce_output: torch.Tensor, group: 
     dtype = str(reduce_output.dtype).removeprefix("torch.")
     code = DTYPES.index(dtype) if dtype in DTYPES else -1
     row = [*shard, reduce_output.numel(), code]
-    rows = gather_headers(row, group, reduce_output.device, dist.get_rank(group), timeout)
+    # on gloo a message to and from each replica (channel 0): a silent one is named by those that
+    # waited for it, by its global rank too
+    channel = 0 if dist.get_backend(group) == "gloo" else None
+    during = "checking that the HSDP replicas hold the same shard"
+    try:
+        rows = gather_headers(
+            row, group, reduce_output.device, dist.get_rank(group), timeout, channel, during
+        )
+    except RankError as e:
+        raise named_globally(e, group) from None
     ranks = dist.get_process_group_ranks(group)
     holders: dict[tuple[int, ...], list[int]] = {}
     for rank, got in zip(ranks, rows, strict=True):
