@@ -135,8 +135,10 @@ def use_stragglar(module: torch.nn.Module, state: StragglarState, *, replicate_g
     ``replicate_group`` is the mesh's replicate dimension's group (``mesh["replicate"].get_group()``)
     with this rank in it.  The state serves that group from then on (its ``process_group``: None
     or that group).  The gradients are native HSDP's (``fully_shard`` on the 2-D mesh) with the
-    same settings, up to the order of the additions.  The first step checks, on every replica,
-    that all of them hold the same shard and run the hook with the same settings."""
+    same settings, up to the order of the additions.  The first step checks that the hook serves
+    every parameter group sharded over this rank's shard group and that every replica runs it with
+    the same settings; each group's first reduction, that every replica holds the same shard, of
+    the same size and dtype."""
     if not isinstance(module, torch.nn.Module):
         raise ArgumentError(f"use_stragglar needs a torch module, got {described(module)}")
     if not isinstance(state, StragglarState):
