@@ -278,36 +278,23 @@ ALGORITHM = click.option(
 VERBOSE = click.option("-v", "--verbose", is_flag=True, help="Also print what each proof covers.")
 
 
-class OutputPath(click.Path):
-    """An output file's name: ``-`` is standard output; an empty name is an error (as a path it
-    would be the current folder)."""
+class FileName(click.Path):
+    """A file's name, where an empty one is an error: as a path it would be the current folder
+    (``Path("")`` is ``.``), and an unset ``$TRACE`` in a script would read whatever is there.
+    ``advice`` ends the refusal; the rest is click's ``Path``'s."""
 
-    def __init__(self) -> None:
-        super().__init__(dir_okay=False, allow_dash=True, path_type=Path)
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if value == "":
-            self.fail("an empty file name: name a file, or - for standard output", param, ctx)
-        return super().convert(value, param, ctx)
-
-
-OUTPUT = OutputPath()
-
-
-class InputPath(click.Path):
-    """An input file's (or folder's) name: an empty one is an error, not the current folder
-    (``Path("")`` is ``.``: an unset ``$TRACE`` in a script would read whatever is there)."""
-
-    def __init__(self) -> None:
-        super().__init__(path_type=Path)
+    def __init__(self, advice: str, **kwargs: Any) -> None:
+        super().__init__(path_type=Path, **kwargs)
+        self.advice = advice
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if value == "":
-            self.fail("an empty file name: name a file", param, ctx)
+            self.fail(f"an empty file name: {self.advice}", param, ctx)
         return super().convert(value, param, ctx)
 
 
-INPUT = InputPath()
+OUTPUT = FileName("name a file, or - for standard output", dir_okay=False, allow_dash=True)  # -: stdout
+INPUT = FileName("name a file")  # a file or a folder
 PLOT = click.option(
     "--plot",
     "plot_file",
