@@ -273,23 +273,28 @@ def _check_replicas(shard: tuple[int, int], reduce_output: torch.Tensor, group: 
     except RankError as e:
         raise named_globally(e, group) from None
     ranks = dist.get_process_group_ranks(group)
-    holders: dict[tuple[int, ...], list[int]] = {}
-    for rank, got in zip(ranks, rows, strict=True):
-        holders.setdefault(tuple(got[:2]), []).append(rank)
+    holders = _holders(ranks, [(row[0], row[1]) for row in rows])
     if len(holders) > 1:
         held = "; ".join(
             f"{ranks_in_words(members)} {'hold' if len(members) > 1 else 'holds'} shard {i} of {n}"
-            for (i, n), members in sorted(holders.items(), key=lambda kv: kv[1])
+            for (i, n), members in holders
         )
         raise MismatchError(
             f"replicate_group's ranks hold different shards, so it is no replicate group: {held}"
         )
-    sizes: dict[tuple[int, int], list[int]] = {}
-    for rank, got in zip(ranks, rows, strict=True):
-        sizes.setdefault((got[2], got[3]), []).append(rank)
+    sizes = _holders(ranks, [(row[2], row[3]) for row in rows])
     if len(sizes) > 1:
         said = "; ".join(
             f"{ranks_in_words(members)}: {count:,} elements of {DTYPES[code] if code >= 0 else 'other'}"
-            for (count, code), members in sorted(sizes.items(), key=lambda kv: kv[1])
+            for (count, code), members in sizes
         )
         raise MismatchError(f"HSDP replicas reduce shards of other sizes or dtypes (global ranks): {said}")
+
+
+def _holders(ranks: list[int], values: list[tuple[int, int]]) -> list[tuple[tuple[int, int], list[int]]]:
+    """Each value the ranks gave (``values[i]`` is ``ranks[i]``'s) with the ranks that gave it, in
+    the order of their first ranks."""
+    holders: dict[tuple[int, int], list[int]] = {}
+    for rank, value in zip(ranks, values, strict=True):
+        holders.setdefault(value, []).append(rank)
+    return sorted(holders.items(), key=lambda kv: kv[1])
