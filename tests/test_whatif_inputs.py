@@ -262,3 +262,36 @@ def test_a_column_named_for_two_parts_and_an_empty_name_are_refused(tmp_path: Pa
     table = write_csv(tmp_path / "t.csv", {"g": ARRIVALS})
     assert "the rank and the step column are both 'step'" in one_error(whatif(table, "--rank-col", "step"), 2)
     assert "an empty file name: name a file" in one_error(whatif(""), 2)
+
+
+@pytest.mark.parametrize("float_type", ["float32", "float64"])
+def test_times_a_float32_column_cannot_tell_apart_are_warned_of(tmp_path: Path, float_type: str) -> None:
+    """Epoch seconds downcast to float32 are 128 s apart: rank 2's 300 ms vanished, and the
+    replay said nobody was late; in float64 the same times name it."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    steps, ranks = range(1, 30), range(4)
+    times = [
+        1.7e9 + 10 * step + (0.3 if rank == 2 and step > 3 else 0.001 * rank)
+        for step in steps
+        for rank in ranks
+    ]
+    path = tmp_path / "t.parquet"
+    columns = {
+        "step": [step for step in steps for _ in ranks],
+        "rank": [rank for _ in steps for rank in ranks],
+        "time": pa.array(times, type=getattr(pa, float_type)()),
+    }
+    pq.write_table(pa.table(columns), path)
+    result = whatif(path, *MODEL, "--json", "-")
+    warning = (
+        "warning: every time is a float32's, which near 1.7e+09 s are 128 s apart: lateness finer than "
+        "that is lost (write the times as float64 or whole nanoseconds)"
+    )
+    (group,) = figures(result)["groups"]
+    if float_type == "float32":
+        assert warning in result.stderr
+        assert group["persistent_straggler"] is None
+    else:
+        assert "warning" not in result.stderr
+        assert group["persistent_straggler"] == 2

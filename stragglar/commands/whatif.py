@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Sequence
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 import click
+import numpy as np
 
 from stragglar.commands.options import (
     BANDWIDTH,
@@ -121,6 +124,33 @@ def _check_unit(groups: Sequence[Group], unit: str) -> None:
         echo(
             f"warning: the ranks reach a step {format_seconds(median)} apart (the median): are the "
             f"times in {unit}? (--time-unit)",
+            err=True,
+        )
+
+
+COARSE_TIME = Fraction(1, 1000)  # seconds: a float32 time column no finer than this loses lateness
+FLOAT32_SAMPLE = 100_000  # the times the check below looks at: float64 data fails it at the first
+
+
+def _check_resolution(groups: Sequence[Group], unit: str) -> None:
+    """A warning where every time (of the first :data:`FLOAT32_SAMPLE`) is a float32's in the
+    trace's unit and float32 holds the largest of them no finer than :data:`COARSE_TIME`: a
+    table written with float32 times (pandas' downcast) keeps epoch seconds 128 s apart, so
+    every rank reached every step "at once" and the replay says nobody was late."""
+    per_unit = TIME_UNITS[unit]
+    largest = Fraction(0)
+    times = (time for group in groups for step in group.times for time in step)
+    for time in itertools.islice(times, FLOAT32_SAMPLE):
+        value = time / per_unit
+        if Fraction(float(np.float32(float(value)))) != value:
+            return
+        largest = max(largest, abs(value))
+    spacing = Fraction(float(np.spacing(np.float32(float(largest))))) * per_unit
+    if spacing > COARSE_TIME:
+        echo(
+            f"warning: every time is a float32's, which near {float(largest):.3g} {unit} are "
+            f"{format_seconds(float(spacing))} apart: lateness finer than that is lost (write the "
+            "times as float64 or whole nanoseconds)",
             err=True,
         )
 
@@ -275,6 +305,7 @@ def whatif(
         groups = _read(files, fmt, columns, where, time_unit)
     if fmt in TABLE_FORMATS:
         _check_unit(groups, time_unit)
+        _check_resolution(groups, time_unit)
     per_group = [_buckets(g, given) for g in groups]
     sizes = tuple(dict.fromkeys(bucket for chosen in per_group for bucket in chosen))
     if plot_file is not None and len(groups) > MAX_PLOT_GROUPS:
