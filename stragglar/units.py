@@ -83,8 +83,9 @@ MIN_BANDWIDTH = 1.0  # bytes/s: slower, an exbibyte's time overflows, and alpha 
 MAX_QUANTITY_CHARS = 64
 MAX_EXPONENT = 400
 _QUANTITY = re.compile(
-    r"\s*([0-9]{1,3}(?:,[0-9]{3})+|[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?|[0-9]+\.)\s*([A-Za-z/]*)\s*"
+    r"\s*([1-9][0-9]{0,2}(?:,[0-9]{3})+|[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?|[0-9]+\.)\s*([A-Za-z/]*)\s*"
 )  # a whole number may group its digits in threes with commas, as reports print ``1,000,004 B``
+# (its first group never starts with 0: ``0,001GiB`` is a decimal comma, refused, not 1 GiB)
 
 
 _BITS_SPELLING = re.compile(r"[KMGTPE]i?b")  # Gb, Mib: bits by the usual convention, not bytes

@@ -263,6 +263,12 @@ def test_a_whole_number_below_its_least_is_refused_with_the_range_and_garbage_as
     assert one_error(run("synth", "--gpus", "x"), 2) == (
         "Error: Invalid value for '--gpus' / '-n': 'x' is not a valid integer."
     )
+    assert one_error(run("run", "--gpus", "2", "--iters", "abc"), 2) == (
+        "Error: Invalid value for '--iters': 'abc' is not a valid integer."  # not "integer range"
+    )
+    assert one_error(run("run", "--schedule", ""), 2) == (
+        "Error: Invalid value for '--schedule': an empty file name: name a file"  # not ". is not a file"
+    )
 
 
 @pytest.mark.parametrize("command", ["synth", "cost", "bound"])
@@ -412,6 +418,66 @@ def test_digits_grouped_with_commas_in_a_list_are_refused_not_read_as_two(
         run("bench", "--backend", "local", "-n", "2", *(x for kv in args.items() for x in kv)), 2
     )
     assert line.startswith(f"Error: Invalid value for '{option}': ") and message in line
+
+
+def test_a_list_item_of_zero_is_no_grouping() -> None:
+    """``--delays 0,100ms`` was refused as a grouping of 0100ms (and the advice said so)."""
+    ran = run(
+        "bench", "--backend", "local", "-n", "2", "--sizes", "1KiB", "--delays", "0,100ms", "--iters", "1"
+    )
+    assert ran.exit_code == 0, ran.output
+    delays = [line.split("|")[3].strip() for line in ran.stdout.splitlines() if line.startswith("| 2 |")]
+    assert delays == ["0", "100"]
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--gpus", "3,3", "'--gpus': '3' is there twice: give each once"),
+        ("--sizes", "64KiB,65536", "'--sizes': '64KiB' and '65536' are the same size: give each once"),
+        ("--delays", "0,0ms", "'--delays': '0' and '0ms' are the same duration: give each once"),
+    ],
+)
+def test_a_setting_given_twice_is_refused_not_measured_twice_and_shown_once(
+    option: str, value: str, message: str
+) -> None:
+    args = {"--gpus": "2", "--sizes": "1KiB", "--delays": "0ms", option: value}
+    line = one_error(run("bench", "--backend", "local", *(x for kv in args.items() for x in kv)), 2)
+    assert line == f"Error: Invalid value for {message}"
+
+
+def test_a_size_a_setting_could_not_run_is_refused_before_the_first_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``--sizes 16MiB,1000001`` measured 16 MiB for 18 s, then refused 1000001 (a quarter of an
+    element short) and lost the figures."""
+    import stragglar.measure.sweep
+
+    def measured(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a setting was measured")
+
+    monkeypatch.setattr(stragglar.measure.sweep, "run_benchmark", measured)
+    for sizes, message in (
+        ("16MiB,1000001", "1,000,001 bytes is not a whole number of float32 elements (4 bytes each)"),
+        ("16MiB,3", "need size >= one element: 3 bytes hold no float32 element"),
+    ):
+        line = one_error(run("bench", "--backend", "local", "-n", "2", "--sizes", sizes, "--delays", "0"), 2)
+        assert line == f"Error: {message}"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["cost", "--gpus", "1_6"],
+        ["cost", "--gpus", "\u0668"],
+        ["bench", "--backend", "local", "--gpus", "4_0"],
+        ["run", "--gpus", "2", "--iters", "1_0"],
+    ],
+)
+def test_a_whole_number_is_ascii_digits_as_everywhere(args: list[str]) -> None:
+    """``int()`` took ``1_6`` as 16 and an Arabic-Indic eight as 8; --chunks and sizes refuse both."""
+    line = one_error(run(*args), 2)
+    assert "is not a valid integer" in line or "expected rank counts like 4,8" in line, line
 
 
 def test_a_list_of_small_sizes_is_still_a_list() -> None:

@@ -213,6 +213,9 @@ def test_cli_chunks_auto_prices_the_paced_links_of_link_rate_and_alpha(
             f"--chunks auto: C = {c}, the cost model's fastest for 32 MiB with the straggler 1 ms late "
             "(alpha 1 ms, 200 MB/s) on the paced links (--link-rate, --alpha)\n"
         )
+    if command == "run":  # alpha 0 is a latency like any other: it was priced as the paper's 3 us
+        free = run(command, *paced_auto, "--alpha", "0")
+        assert "(alpha 0 s, 200 MB/s) on the paced links" in free.stderr.splitlines()[0], free.output
     fixed = run(command, "--backend", "torch", "--gpus", "4", "--chunks", "8", "--alpha", "1ms")
     assert "--alpha does not apply" in one_error(fixed, 2)
 

@@ -109,8 +109,9 @@ def test_sizes_as_reports_print_them_are_read_back(text: str, size: int) -> None
     assert parse_size(text) == size
 
 
-@pytest.mark.parametrize("text", ["1,5KiB", "12,34", "1,000.5MB", ",100", "1,00,000"])
+@pytest.mark.parametrize("text", ["1,5KiB", "12,34", "1,000.5MB", ",100", "1,00,000", "0,001GiB", "00,100"])
 def test_a_comma_that_does_not_group_thousands_is_refused_with_what_commas_may_do(text: str) -> None:
+    """``0,001GiB`` (a decimal comma) was read as 1 GiB: no grouping starts with 0."""
     with pytest.raises(InputError, match="commas only group a whole number's digits in threes"):
         parse_size(text)
 

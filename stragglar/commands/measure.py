@@ -11,6 +11,7 @@ from stragglar.commands.options import (
     ALGORITHM,
     BANDWIDTH,
     DURATION,
+    INPUT,
     MEASURED_CHUNKS,
     OUTPUT,
     SIZE,
@@ -18,9 +19,11 @@ from stragglar.commands.options import (
     TIMEOUT,
     WHOLE,
     Quantity,
+    Whole,
     auto_note,
     chosen_chunks,
     chunks_option,
+    once_each,
     refuse_given,
 )
 from stragglar.commands.outputs import check_output, dump_json, to_stdout
@@ -102,10 +105,8 @@ PEER_TIMEOUT = click.option(
 @ALGORITHM
 @STRAGGLER
 @chunks_option(MEASURED_CHUNKS)
-@click.option(
-    "--schedule", "schedule_file", type=click.Path(path_type=Path), help="Run this JSON schedule file."
-)
-@click.option("--iters", type=click.IntRange(1, MAX_ITERS), default=5, show_default=True)
+@click.option("--schedule", "schedule_file", type=INPUT, help="Run this JSON schedule file.")
+@click.option("--iters", type=Whole(1, MAX_ITERS), default=5, show_default=True)
 @PEER_TIMEOUT
 @LINK_RATE
 @PRICED_ALPHA
@@ -203,7 +204,7 @@ def run(
 @click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
 @ALGORITHM
 @chunks_option(f"per setting, {MEASURED_CHUNKS}")
-@click.option("--iters", type=click.IntRange(1, MAX_ITERS), default=5, show_default=True)
+@click.option("--iters", type=Whole(1, MAX_ITERS), default=5, show_default=True)
 @PEER_TIMEOUT
 @LINK_RATE
 @PRICED_ALPHA
@@ -299,7 +300,9 @@ def _priced_network(
             "is about 1ms (`stragglar bench --backend torch --link-rate R` prints the alpha it fits), "
             "not the paper's 3us"
         )
-    return Network(alpha or PAPER_NETWORK.alpha, link_rate), " on the paced links (--link-rate, --alpha)"
+    return Network(
+        PAPER_NETWORK.alpha if alpha is None else alpha, link_rate
+    ), " on the paced links (--link-rate, --alpha)"
 
 
 def _refuse_inapplicable(backend: str) -> None:
@@ -317,12 +320,12 @@ def _refuse_inapplicable(backend: str) -> None:
 
 
 def _rank_counts(text: str) -> list[int]:
+    """``--gpus 4,8``: whole numbers in ASCII digits (``int()`` also takes ``4_0`` and ``٨``), each
+    once."""
+    items = [x.strip() for x in text.split(",")]
+    if not all(x.isascii() and x.isdigit() for x in items):
+        raise click.BadParameter(f"expected rank counts like 4,8, got {quoted(text)}", param_hint="'--gpus'")
     try:
-        counts = [int(x) for x in text.split(",")]
-    except ValueError:
-        raise click.BadParameter(
-            f"expected rank counts like 4,8, got {quoted(text)}", param_hint="'--gpus'"
-        ) from None
-    if not counts:
-        raise click.BadParameter("expected at least one rank count", param_hint="'--gpus'")
-    return counts
+        return once_each([int(x) for x in items], items, "rank count")
+    except InputError as e:
+        raise click.BadParameter(str(e), param_hint="'--gpus'") from None

@@ -54,12 +54,14 @@ __all__ = [
     "given",
     "model_options",
     "network_words",
+    "once_each",
     "refuse_chunks_for",
     "refuse_given",
     "refuse_other_formats",
 ]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
+_T = TypeVar("_T")
 
 
 class Quantity(click.ParamType):  # type: ignore[type-arg, unused-ignore]
@@ -67,6 +69,7 @@ class Quantity(click.ParamType):  # type: ignore[type-arg, unused-ignore]
 
     def __init__(self, name: str, parse: Callable[[str], Any], many: bool = False) -> None:
         self.name = f"{name}s" if many else name
+        self.item = name
         self.parse = parse
         self.many = many
 
@@ -80,24 +83,47 @@ class Quantity(click.ParamType):  # type: ignore[type-arg, unused-ignore]
             if not all(items):
                 raise InputError(f"expected a comma-separated list, got {quoted(value)}")
             _refuse_grouped_digits(items, self.name)
-            return [self.parse(x) for x in items]
+            return once_each([self.parse(x) for x in items], items, self.item)
         except InputError as e:
             self.fail(str(e), param, ctx)
+
+
+def once_each(values: list[_T], items: list[str], name: str) -> list[_T]:
+    """``values`` (read from the texts ``items``), each there once: a grid's setting given twice
+    (``64KiB,65536``) would be measured twice and reported once.
+
+    >>> once_each([4, 8], ["4", "8"], "rank count")
+    [4, 8]
+    >>> once_each([65536, 65536], ["64KiB", "65536"], "size")
+    Traceback (most recent call last):
+    stragglar.errors.InputError: '64KiB' and '65536' are the same size: give each once
+    """
+    for later, value in enumerate(values):
+        first = values.index(value)
+        if first < later:
+            same = (
+                f"{quoted(items[first])} is there twice"
+                if items[first] == items[later]
+                else f"{quoted(items[first])} and {quoted(items[later])} are the same {name}"
+            )
+            raise InputError(f"{same}: give each once")
+    return values
 
 
 def _refuse_grouped_digits(items: list[str], name: str) -> None:
     """A list's items come between commas, yet a single quantity may group its digits with them
     (``1,000,004 B``, as reports print it): ``4,096`` would be read as 4 and 96.  A bare number
-    followed by an item that starts with three digits is taken for such a grouping, and refused,
-    not read as two.
+    of one to three digits, not starting with 0 (a grouping's first digits), followed by an item
+    that starts with three digits is taken for such a grouping, and refused, not read as two.
 
     >>> _refuse_grouped_digits(["16MiB", "64MiB", "1000"], "sizes")
+    >>> _refuse_grouped_digits(["0", "100ms"], "durations")  # no grouping starts with 0
     >>> _refuse_grouped_digits(["4", "096KiB"], "sizes")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     stragglar.errors.InputError: '4,096KiB': a comma separates ... be 4 and 096KiB: write 4096KiB for one
     """
     for i, first in enumerate(items[:-1]):
-        if not (first.isascii() and first.isdigit() and _THREE_DIGITS.match(items[i + 1])):
+        if not (_FIRST_GROUP.fullmatch(first) and _THREE_DIGITS.match(items[i + 1])):
             continue
         group, rest = [first, items[i + 1]], items[i + 2 :]
         while group[-1].isdigit() and rest and _THREE_DIGITS.match(rest[0]):  # 1,000,004: one group
@@ -108,6 +134,7 @@ def _refuse_grouped_digits(items: list[str], name: str) -> None:
         )
 
 
+_FIRST_GROUP = re.compile(r"[1-9][0-9]{0,2}")  # a grouping's first digits: 0,100ms is 0 and 100ms
 _THREE_DIGITS = re.compile(r"[0-9]{3}(?![0-9.])")
 
 
@@ -126,23 +153,32 @@ WHOLE_MAX = 2**63 - 1
 
 
 class Whole(click.IntRange):
-    """A whole number from ``min`` up to 64 bits.  Its help shows the lower bound only: the cap is
-    a guard, not a limit anyone means, and the option's real limit (2048 GPUs) is the command's
-    to say, in its help text and its error."""
+    """A whole number from ``min`` to ``max``, written in ASCII digits (``int()`` would also take
+    ``1_6`` and ``٨``, which no other option does), up to 64 bits.  Without ``max`` its help shows
+    the lower bound only: the cap is a guard, not a limit anyone means, and the option's real
+    limit (2048 GPUs) is the command's to say, in its help text and its error."""
 
     name = "integer"  # "'x' is not a valid integer", not "... integer range"
 
-    def __init__(self, min: int | None = None) -> None:
-        super().__init__(min=min, max=WHOLE_MAX)
+    def __init__(self, min: int | None = None, max: int | None = None) -> None:
+        super().__init__(min=min, max=WHOLE_MAX if max is None else max)
+        self.guard_only = max is None
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and not _WHOLE_TEXT.fullmatch(value):
+            self.fail(f"{quoted(value)} is not a valid integer.", param, ctx)  # click's words
         number = click.INT.convert(value, param, ctx)
         if number > WHOLE_MAX:
             self.fail(f"{number} does not fit in 64 bits", param, ctx)
         return super().convert(number, param, ctx)
 
     def _describe_range(self) -> str:  # the help's [x>=2], and a refusal's "not in the range x>=2"
+        if not self.guard_only:
+            return super()._describe_range()
         return "" if self.min is None else f"x>={self.min}"
+
+
+_WHOLE_TEXT = re.compile(r"\s*[+-]?[0-9]+\s*", re.ASCII)
 
 
 WHOLE = Whole()

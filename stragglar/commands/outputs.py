@@ -65,7 +65,10 @@ def check_output(output: Path, *inputs: Path, option: str = "-o") -> None:
         for source in inputs:
             if same_file(source, output):
                 raise InputError(f"{shown(output)} is the input file: write the output somewhere else")
-        check_replaceable(output)  # a folder, a device, a fifo, a socket, a link to nothing
+        try:
+            check_replaceable(output)  # a folder, a device, a fifo, a socket, a link to nothing
+        except InputError as e:  # said of the option, as the other refusals here are
+            raise click.BadParameter(str(e), param_hint=f"'{option}'") from None
         folder = output.parent.resolve()
         if not folder.is_dir():
             missing = "is not a folder" if folder.exists() else "does not exist"

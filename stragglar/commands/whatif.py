@@ -19,6 +19,7 @@ from stragglar.commands.options import (
     OUTPUT,
     PLOT,
     SIZE,
+    Whole,
     chunks_option,
     network_words,
     refuse_given,
@@ -224,7 +225,7 @@ def _check_outputs(json_file: Path | None, plot_file: Path | None, files: Sequen
 )
 @click.option(
     "--window",
-    type=click.IntRange(1, 10_000),
+    type=Whole(1, 10_000),
     default=WINDOW,
     show_default=True,
     help="Recent steps the auto policy judges a named straggler over (the hook's detect=).",

@@ -45,6 +45,7 @@ __all__ = [
     "check_dtype",
     "check_graphs",
     "check_run_size",
+    "element_count",
     "has_straggler",
     "run_benchmark",
 ]
@@ -66,6 +67,22 @@ MAX_ITERS = 10_000  # timed iterations per run, and warm-up ones: a bound, so a 
 # iteration takes about half a second; at N = 2048 (8.4 million) a run of the default 6 iterations
 # had not finished after 200 s.
 MAX_RUN_CELLS = 2**16
+
+
+def element_count(size_bytes: int, dtype: str) -> int:
+    """The ``dtype`` elements of a buffer of ``size_bytes``: a whole number of them, at least one
+    (a sweep checks each of its sizes with it before the first setting runs)."""
+    count, extra = divmod(size_bytes, ITEMSIZE[dtype])
+    if count < 1:
+        hold = "holds" if size_bytes == 1 else "hold"
+        raise InputError(
+            f"need size >= one element: {count_of(size_bytes, 'byte')} {hold} no {dtype} element"
+        )
+    if extra:
+        raise InputError(
+            f"{size_bytes:,} bytes is not a whole number of {dtype} elements ({ITEMSIZE[dtype]} bytes each)"
+        )
+    return count
 
 
 @dataclass(frozen=True)
@@ -290,13 +307,7 @@ def run_benchmark(
         check_run_size(p.num_ranks, p.num_chunks)
     if late_rank is None:  # the first schedule's; the baseline alone waits for the last rank, as Ring's would
         late_rank = proofs[0].schedule.late_rank if proofs else num_ranks - 1
-    count, extra = divmod(size_bytes, ITEMSIZE[dtype])
-    if count < 1:
-        raise InputError(f"need size >= one element: {size_bytes} bytes hold no {dtype} element")
-    if extra:
-        raise InputError(
-            f"{size_bytes} bytes is not a whole number of {dtype} elements ({ITEMSIZE[dtype]} bytes each)"
-        )
+    count = element_count(size_bytes, dtype)
     if backend in _ENGINES:
         from stragglar.measure.run_torch import torch_figures
 

@@ -40,6 +40,7 @@ from stragglar.measure.run import (
     check_backend,
     check_graphs,
     check_run_size,
+    element_count,
     run_benchmark,
 )
 from stragglar.model import Network, compare_generated, generated_profile
@@ -220,6 +221,8 @@ def sweep(
         check_run_size(n, check_request(algorithm, n).num_chunks)
     for delay in delays:
         as_seconds(delay, "delay", maximum=MAX_DELAY)
+    for size in sizes:
+        element_count(size, dtype)
     if chunks is not None:
         counts = {key: chunks(*key) for key in grid}
         for (n, _, _), c in counts.items():
