@@ -4,7 +4,8 @@ a bare ``destroy_process_group()`` (no barrier, no release_graphs, no close), 4 
 Before teardown was handled, the auto policy's last probe gather was still in flight when the
 group went, and gloo aborted the process ("terminate called without an active exception") in
 about one run in four under torchrun.  Each run is a fresh set of processes: the abort happens
-at exit.  CI runs 4 (the slow tier), ``pytest -m manual`` 30."""
+at exit.  CI runs 2, one per policy (the slow tier; the first test checks what they race on,
+deterministically), ``pytest -m manual`` 30."""
 
 from __future__ import annotations
 
@@ -97,7 +98,7 @@ def train(script: Path, policy: str) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize(
-    "runs", [pytest.param(4, marks=pytest.mark.slow), pytest.param(30, marks=pytest.mark.manual)]
+    "runs", [pytest.param(2, marks=pytest.mark.slow), pytest.param(30, marks=pytest.mark.manual)]
 )
 def test_a_bare_destroy_process_group_ends_every_run_cleanly(tmp_path: Path, runs: int) -> None:
     script = tmp_path / "train.py"
