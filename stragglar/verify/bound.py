@@ -57,6 +57,7 @@ import z3
 
 from stragglar.errors import InputError
 from stragglar.schedule import Round, round_lower_bound
+from stragglar.units import count_of
 from stragglar.verify.one_port import decide, first_in_order, has, sends_found, spread, transfers
 
 __all__ = [
@@ -115,6 +116,7 @@ class LowerBound:
         n, c = self.num_ranks, self.num_chunks
         what = f"{n} GPUs" if c == n - 1 else f"{n} GPUs and {c} chunks"
         name = f"R*({n})" if c == n - 1 else f"{c} + ceil(log2 {n}) - 1"
+        rounds = count_of(self.rounds, "round")
         if self.proved:
             if self.rounds < self.bound - 1:
                 claim = f"so it needs more (lower bound {name} = {self.bound})"
@@ -123,13 +125,13 @@ class LowerBound:
             else:
                 claim = f"so it needs at least {self.rounds + 1}, above {name} = {self.bound}"
             unsat = f"z3, {self.model}: unsat in {self.seconds:.2f} s"
-            return f"proved: no phase 2 for {what} fits in {self.rounds} rounds, {claim} ({unsat})"
+            return f"proved: no phase 2 for {what} fits in {rounds}, {claim} ({unsat})"
         if self.exchange is not None:
             if self.below_bound:
-                return f"z3 found a phase 2 for {what} in {self.rounds} rounds, below {name} = {self.bound}"
+                return f"z3 found a phase 2 for {what} in {rounds}, below {name} = {self.bound}"
             where = "at" if self.rounds == self.bound else "above"
             return (
-                f"as expected, z3 fits phase 2 for {what} in {self.rounds} rounds, {where} the lower bound "
+                f"as expected, z3 fits phase 2 for {what} in {rounds}, {where} the lower bound "
                 f"{name} = {self.bound} (only fewer rounds would refute it)"
             )
         return f"z3 gave no answer for {what} in {self.seconds:.1f} s (status {self.status})"
@@ -153,7 +155,8 @@ def prove_lower_bound(
     answer = phase2_feasible(num_ranks, asked, left, chunks)
     if answer.exchange is not None and asked < bound:
         warnings.warn(
-            f"z3 fits phase 2 for {num_ranks} GPUs in {asked} rounds, below the bound", stacklevel=2
+            f"z3 fits phase 2 for {num_ranks} GPUs in {count_of(asked, 'round')}, below the bound",
+            stacklevel=2,
         )
     seconds = time.perf_counter() - start
     return LowerBound(num_ranks, chunks, bound, asked, answer.status, seconds, answer.exchange, "both parts")

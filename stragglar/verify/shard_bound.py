@@ -63,6 +63,7 @@ from dataclasses import dataclass
 import z3
 
 from stragglar.errors import InputError
+from stragglar.units import count_of
 from stragglar.verify.bound import BOUND_MAX_RANKS, Feasibility
 from stragglar.verify.one_port import (
     Start,
@@ -128,27 +129,31 @@ class ShardBound:
 
     @property
     def lines(self) -> tuple[str, ...]:
-        """What z3 proved, Ring's figures beside it, and the verdict; one line when it fell short."""
+        """What z3 proved, Ring's figures beside it, and the verdict; one line when it fell short.
+        Counts go through :func:`~stragglar.units.count_of`: at N = C = 2 they are 1 (``1 round``)."""
         n, c, r = self.num_ranks, self.num_chunks, self.rounds
         what = f"{COLLECTIVES[self.collective]} for {n} GPUs and {c} chunks"
+        fewer_rounds, fewer_chunks = count_of(r - 1, "round"), count_of(r - 1, "chunk")
+        rounds, chunks = count_of(r, "round"), count_of(r, "chunk")
         if self.fewer_rounds.status == "sat":
-            return (f"z3 fits the {what} in {r - 1} rounds after the straggler arrives, fewer than claimed",)
+            return (f"z3 fits the {what} in {fewer_rounds} after the straggler arrives, fewer than claimed",)
         if self.fewer_chunks.status == "sat":
             return (
-                f"z3 fits the {what} with {r - 1} chunks through the straggler's port, fewer than claimed",
+                f"z3 fits the {what} with {fewer_chunks} through the straggler's port, fewer than claimed",
             )
         if self.reached.status == "unsat":
-            return (f"z3 fits no {what} in {r} rounds with {r} chunks through the straggler's port",)
+            return (f"z3 fits no {what} in {rounds} with {chunks} through the straggler's port",)
         if not self.proved:
             spent = sum(q.seconds for q in (self.fewer_rounds, self.fewer_chunks, self.reached))
             return (f"z3 gave no answer for the {what} in {spent:.1f} s",)
         ring = self.ring_rounds
         return (
-            f"proved: no {what} fits in {r - 1} rounds after the straggler arrives, nor in any number "
-            f"of rounds with fewer than {r} chunks ({n - 1}/{n} of the buffer) through its port "
+            f"proved: no {what} fits in {fewer_rounds} after the straggler arrives, nor in any number "
+            f"of rounds with fewer than {chunks} ({n - 1}/{n} of the buffer) through its port "
             f"(z3: unsat in {self.fewer_rounds.seconds:.2f} s and {self.fewer_chunks.seconds:.2f} s); "
-            f"z3 fits {r} rounds with {r} chunks ({self.reached.seconds:.2f} s)",
-            f"Ring: {ring} rounds, {ring} chunks through the straggler's port each way",
+            f"z3 fits {rounds} with {chunks} ({self.reached.seconds:.2f} s)",
+            f"Ring: {count_of(ring, 'round')}, {count_of(ring, 'chunk')} through the straggler's port "
+            "each way",
             _verdict(COLLECTIVES[self.collective], ring - r, ring - self.port_chunks),
         )
 
@@ -166,7 +171,10 @@ def _verdict(title: str, rounds: int, chunks: int) -> str:
             f"no gain: a straggler-aware {title} needs as many rounds and bytes after the straggler "
             "arrives as Ring"
         )
-    return f"gain: {rounds} rounds and {chunks} chunks fewer than Ring after the straggler arrives"
+    return (
+        f"gain: {count_of(rounds, 'round')} and {count_of(chunks, 'chunk')} fewer than Ring after the "
+        "straggler arrives"
+    )
 
 
 def fewest_rounds(num_ranks: int, num_chunks: int) -> int:
@@ -270,14 +278,15 @@ def _checked(collective: str, n: int, c: int, rounds: int) -> None:
         raise InputError(f"no bound for collective {collective!r}: {', '.join(COLLECTIVES)}")
     if not 2 <= n <= BOUND_MAX_RANKS or rounds < 0:
         raise InputError(
-            f"need 2 to {BOUND_MAX_RANKS} GPUs and no negative rounds, got {n} GPUs, {rounds} rounds"
+            f"need 2 to {BOUND_MAX_RANKS} GPUs and no negative rounds, got {count_of(n, 'GPU')}, "
+            f"{count_of(rounds, 'round')}"
         )
     if c < n or c % n:
-        raise InputError(f"need a multiple of {n} chunks (one shard per GPU), got {c} chunks")
+        raise InputError(f"need a multiple of {n} chunks (one shard per GPU), got {count_of(c, 'chunk')}")
     if rounds * n * (n - 1) * c > SHARD_MAX_SENDS:
         raise InputError(
-            f"{rounds} rounds of {n} GPUs and {c} chunks: at most {SHARD_MAX_SENDS:,} sends to decide "
-            "(GPUs x peers x chunks x rounds); ask about fewer GPUs or chunks"
+            f"{count_of(rounds, 'round')} of {n} GPUs and {c} chunks: at most {SHARD_MAX_SENDS:,} sends to "
+            "decide (GPUs x peers x chunks x rounds); ask about fewer GPUs or chunks"
         )
 
 
