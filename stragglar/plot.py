@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from stragglar.errors import InputError, shown
 from stragglar.files import write_bytes
 from stragglar.formats.text import compact_ranges
-from stragglar.model import Network, chunk_candidates, compare_generated
+from stragglar.model import Network, compare_generated
 from stragglar.model.whatif import PRICED, GroupReplay
 from stragglar.schedule import Op, Schedule, Transfer
 from stragglar.units import format_bytes, format_seconds
@@ -150,25 +150,24 @@ def cost_figure(
     return fig
 
 
-def chunk_sweep(num_ranks: int, size_bytes: float, network: Network, chunks: int) -> list[int]:
-    """The chunk counts of the speed-up-against-C panel: from N-1 to twice the largest of
-    ``chunks``, the model's candidates (:func:`~stragglar.model.chunks.chunk_candidates`) and
-    2(N-1), about 48 of them spaced evenly on a log scale, with ``chunks`` and the candidates.
+def chunk_sweep(num_ranks: int, chunks: int) -> list[int]:
+    """The chunk counts of the speed-up-against-C panel: from N-1 to twice the larger of
+    ``chunks`` and 2(N-1), about 48 of them spaced evenly on a log scale, with ``chunks`` (the
+    count the panel marks: auto's, or the one asked for).
 
-    >>> points = chunk_sweep(8, 2**30, Network(3e-6, 450 * 2**30), 38)
-    >>> points[0], points[-1], 38 in points, len(points) <= 70
-    (7, 256, True, True)
+    >>> points = chunk_sweep(8, 38)
+    >>> points[0], points[-1], 38 in points, len(points) <= 50
+    (7, 76, True, True)
     """
     low = num_ranks - 1
-    candidates = chunk_candidates(num_ranks, size_bytes, network)
-    high = 2 * max(chunks, candidates[-1], 2 * low)
+    high = 2 * max(chunks, 2 * low)
     steps = 48
     points = {round(low * (high / low) ** (i / steps)) for i in range(steps + 1)}
-    return sorted(points | {chunks, *candidates})
+    return sorted(points | {chunks})
 
 
 def _by_chunks(ax: Axes, n: int, size_bytes: float, delay: float, network: Network, chunks: int) -> None:
-    points = chunk_sweep(n, size_bytes, network, chunks)
+    points = chunk_sweep(n, chunks)
     curve = [compare_generated(n, size_bytes, delay, network, ("stragglar",), chunks=c) for c in points]
     ys = [c.speedup(c.estimates[0].algorithm) for c in curve]
     ax.plot(

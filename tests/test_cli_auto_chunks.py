@@ -116,13 +116,14 @@ def test_auto_passes_over_every_count_the_format_refuses(
 def test_auto_goes_below_the_priced_counts_when_the_format_refuses_them_all(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """At 8 GPUs and 1 GiB the cost model prices 16 to 128; with all of them refused, 8 (the least
-    power of two at N - 1 = 7) is still a count the format may take."""
+    """At 8 GPUs and 1 GiB the cost model prices 8 behind every power of two to 512: with all of
+    them refused, 8 (the least power of two at N - 1 = 7) is still a count the format may take."""
     asked = refusing_more_than(8, monkeypatch)
     result = run("synth", "--gpus", "8", "--chunks", "auto", "-o", str(tmp_path / "x.xml"))
     assert result.exit_code == 0, result.output
-    assert sorted(asked) == [8, 16, 32, 64, 128]
-    assert "--chunks auto: C = 8, " in result.stderr and "(it refuses 16, 32, 64 and 128)" in result.stderr
+    assert sorted(asked) == [8, 16, 32, 64, 128, 256, 512]
+    assert "--chunks auto: C = 8, " in result.stderr
+    assert "(it refuses 16, 32, 64, 128, 256 and 512)" in result.stderr
 
 
 def test_auto_says_so_in_one_line_when_the_format_takes_no_count(
@@ -132,7 +133,7 @@ def test_auto_says_so_in_one_line_when_the_format_takes_no_count(
     out = tmp_path / "x.xml"
     line = one_error(run("synth", "--gpus", "8", "--chunks", "auto", "-o", str(out)), 2)
     assert line == (
-        "Error: --chunks auto: MSCCL XML takes no power-of-two chunk count from 8 to 128 for 8 GPUs; "
+        "Error: --chunks auto: MSCCL XML takes no power-of-two chunk count from 8 to 2048 for 8 GPUs; "
         "with 8: needs 8 steps, the executor allows 4"
     )
     assert not out.exists()

@@ -83,7 +83,7 @@ def cost(
         for algorithm, n in progress(pairs, "pricing the schedules of the plot"):
             generated_profile(algorithm, n)  # cached: the figure below reuses them
         if num_chunks is not None:
-            for c in progress(chunk_sweep(num_gpus, size, network, num_chunks), "pricing the chunk counts"):
+            for c in progress(chunk_sweep(num_gpus, num_chunks), "pricing the chunk counts"):
                 generated_profile("stragglar", num_gpus, c)
         cmp = comparison
         write_plot(

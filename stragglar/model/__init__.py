@@ -14,7 +14,14 @@ hook and an offline replay of a training trace all price and decide with the sam
   ``policy="auto"``), from the figures every rank gathers.
 """
 
-from stragglar.model.chunks import AUTO, best_chunks, chunk_candidates, ranked_chunks, resolve_chunks
+from stragglar.model.chunks import (
+    AUTO,
+    best_chunks,
+    chunk_candidates,
+    chunked_loads,
+    ranked_chunks,
+    resolve_chunks,
+)
 from stragglar.model.cost import (
     PAPER_NETWORK,
     Comparison,
@@ -37,6 +44,7 @@ __all__ = [
     "Profile",
     "best_chunks",
     "chunk_candidates",
+    "chunked_loads",
     "compare",
     "compare_generated",
     "critical_delay",

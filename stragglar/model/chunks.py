@@ -3,9 +3,14 @@ option that every caller shares.
 
 Phase 2 of StragglAR in ``C`` chunks takes ``C + ceil(log2 N) - 1`` rounds of ``s / C`` bytes:
 more chunks shorten its bandwidth term towards one buffer, fewer save rounds where each round is
-dear.  :func:`best_chunks` prices a few candidate counts (:func:`chunk_candidates`) on their
-generated schedules and keeps the fastest; :func:`resolve_chunks` reads a chunk option
-(a count, :data:`AUTO` or None), the same way for the command line and the DDP policy.
+dear; the hidden ReduceScatter before it sends ``ceil(C / (N - 1))`` chunks a round, so its time
+jumps between multiples of ``N - 1``, and the price of ``C`` is bumpy, not convex (at N = 9 on a
+slow network 8 and 11 chunks beat 9 and 10).  So :func:`ranked_chunks` prices *every* count
+auto may choose, each from its schedule's loads in closed form (:func:`chunked_loads`, the
+generator's, checked against it in the tests), not from a handful of candidates around the
+optimum of phase 2 alone, which missed the cheapest by up to 0.4%.  :func:`resolve_chunks` reads
+a chunk option (a count, :data:`AUTO` or None), the same way for the command line and the DDP
+policy.
 
 >>> from stragglar.model.predict import compare_generated
 >>> best = best_chunks(8, 2**30, 0.01)
@@ -15,12 +20,11 @@ generated schedules and keeps the fastest; :func:`resolve_chunks` reads a chunk 
 
 from __future__ import annotations
 
-import math
+import numpy as np
 
 from stragglar.args import as_int
 from stragglar.errors import InputError, described
-from stragglar.model.cost import PAPER_NETWORK, Network, estimate
-from stragglar.model.predict import generated_profile
+from stragglar.model.cost import PAPER_NETWORK, Network
 from stragglar.schedule import MAX_CELLS, MAX_CHUNKS
 
 __all__ = [
@@ -29,46 +33,33 @@ __all__ = [
     "MIN_CHUNK_BYTES",
     "best_chunks",
     "chunk_candidates",
+    "chunked_loads",
     "ranked_chunks",
     "resolve_chunks",
 ]
 
 AUTO = "auto"  # a chunk option meaning: the count the cost model prices fastest
-# A chunk smaller than this is all latency: no candidate cuts a buffer finer.
+# A chunk smaller than this is all latency: no count auto chooses cuts a buffer finer.
 MIN_CHUNK_BYTES = 4096
-# No candidate has more chunks (or N - 1, if more): phase 2's bandwidth term (C + L - 1) / C of a
-# buffer is then within 0.25% of one buffer for every N up to 1024 (L - 1 <= 9), while the cost of
-# synthesizing, proving and running a schedule grows with C.
+# No count auto chooses has more chunks (or N - 1, if more): phase 2's bandwidth term
+# (C + L - 1) / C of a buffer is then within 0.25% of one buffer for every N up to 1024
+# (L - 1 <= 9), while the cost of synthesizing, proving and running a schedule grows with C.
 MAX_AUTO_CHUNKS = 4096
 
 
 def chunk_candidates(
-    num_ranks: int,
-    size_bytes: float,
-    network: Network = PAPER_NETWORK,
-    *,
-    power_of_two: bool = False,
-    max_chunks: int | None = None,
+    num_ranks: int, size_bytes: float, *, power_of_two: bool = False, max_chunks: int | None = None
 ) -> list[int]:
-    """The chunk counts :func:`best_chunks` prices, smallest first.
+    """The chunk counts :func:`ranked_chunks` prices, smallest first: every count from ``N - 1``
+    up, none with chunks under :data:`MIN_CHUNK_BYTES`, more than :data:`MAX_AUTO_CHUNKS` (unless
+    N - 1 is), than the schedule limits allow or than ``max_chunks`` (an output's own limit,
+    such as an executor format's); with ``power_of_two`` only the powers of two among them
+    (executors split power-of-two buffers evenly only into those).
 
-    Phase 2 in ``C`` chunks costs ``(C + L - 1) * (alpha + s / (C * bandwidth))`` with
-    ``L = ceil(log2 N)``: convex in ``C``, least at ``C* = sqrt((L - 1) * s / (alpha * bandwidth))``.
-    The hidden ReduceScatter sends ``ceil(C / (N - 1))`` chunks a round, ``s / (N - 1)`` bytes at
-    every multiple of ``N - 1`` and more between them: among the multiples it costs the same, so
-    the two either side of ``C*`` dominate the rest.  So the candidates are ``N - 1``, the
-    integers and the multiples of ``N - 1`` either side of ``C*``, and the powers of two from
-    ``C* / 2`` to ``2 C*`` and the nearest ones outside: at most a dozen, each a schedule to
-    synthesize.  With ``power_of_two`` only the powers of two (executors split power-of-two
-    buffers evenly only into those).  No candidate has chunks under :data:`MIN_CHUNK_BYTES`, is
-    more than :data:`MAX_AUTO_CHUNKS` (unless N - 1 is), than the schedule limits allow or than
-    ``max_chunks`` (an output's own limit, such as an executor format's); with ``alpha = 0`` ``C*``
-    is the largest allowed.
-
-    >>> chunk_candidates(8, 2**30)
-    [7, 16, 32, 35, 38, 39, 42, 64, 128]
-    >>> chunk_candidates(8, 2**30, power_of_two=True), chunk_candidates(8, 2**30, max_chunks=20)
-    ([16, 32, 64, 128], [7, 8, 14, 16, 20])
+    >>> len(chunk_candidates(8, 2**30)), chunk_candidates(8, 7 * 4096)
+    (4090, [7])
+    >>> chunk_candidates(8, 2**30, power_of_two=True), chunk_candidates(8, 2**30, max_chunks=9)
+    ([8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096], [7, 8, 9])
     """
     n = as_int(num_ranks, "num_ranks")
     if n < 2:
@@ -82,26 +73,46 @@ def chunk_candidates(
         )
     limits = (MAX_AUTO_CHUNKS, MAX_CHUNKS, MAX_CELLS // n, int(size_bytes // MIN_CHUNK_BYTES))
     high = max(low, min(*limits, MAX_CHUNKS if max_chunks is None else max_chunks))
-    doublings = max(1, (n - 1).bit_length()) - 1
-    ideal = (
-        math.sqrt(doublings * size_bytes / (network.alpha * network.bandwidth))
-        if network.alpha > 0
-        else float(high)
-    )
-    ideal = min(max(ideal, low), high)
-    first_pow2 = 1 << (low - 1).bit_length()
-    powers = [1 << k for k in range(first_pow2.bit_length() - 1, high.bit_length())]
-    picks = {p for p in powers if ideal / 2 <= p <= 2 * ideal}
-    below = [p for p in powers if p < ideal / 2]
-    above = [p for p in powers if p > 2 * ideal]
-    picks |= set(below[-1:]) | set(above[:1])
     if not power_of_two:
-        picks |= {low, math.floor(ideal), math.ceil(ideal)}
-        picks |= {low * max(1, math.floor(ideal / low)), low * math.ceil(ideal / low)}
-    chosen = sorted(c for c in picks if low <= c <= high)
+        return list(range(low, high + 1))
+    chosen = [1 << k for k in range((low - 1).bit_length(), high.bit_length()) if low <= 1 << k <= high]
     if not chosen:  # a power of two at least N - 1 is more than the limits allow
         raise InputError(f"no power-of-two chunk count from {low} to {high} for {n} GPUs")
     return chosen
+
+
+def chunked_loads(num_ranks: int, num_chunks: int) -> tuple[int, int, int, int]:
+    """The loads of chunked StragglAR's generated schedule for ``N`` ranks and ``C`` chunks, as
+    the cost model reads them (:func:`~stragglar.model.cost.profile`): its hidden rounds and the
+    chunks they move (a ring ReduceScatter over the punctual ``N - 1``: ``N - 2`` rounds of
+    ``ceil(C / (N - 1))`` chunks), then its exposed rounds and theirs (``C + ceil(log2 N) - 1``
+    rounds of one chunk).  In closed form, so that auto can price every count without
+    synthesizing each (N = 1024 takes 2 s a count); ``tests/test_model_chunks.py`` holds it to the
+    generator's schedules.
+
+    >>> chunked_loads(8, 7), chunked_loads(8, 9)
+    ((6, 6, 9, 9), (6, 12, 11, 11))
+    """
+    hidden = num_ranks - 2
+    exposed = num_chunks + (num_ranks - 1).bit_length() - 1  # (N - 1).bit_length() = ceil(log2 N)
+    return hidden, hidden * -(-num_chunks // (num_ranks - 1)), exposed, exposed
+
+
+def _prices(
+    num_ranks: int, counts: list[int], size_bytes: float, delay: float, network: Network
+) -> np.ndarray:
+    """The time after the straggler arrives of StragglAR in each of ``counts`` chunks, as
+    :func:`~stragglar.model.cost.estimate` prices its generated schedule: the same operations in
+    the same order on float64, so the same numbers, for thousands of counts at once."""
+    chunks = np.asarray(counts, dtype=np.int64)
+    hidden_rounds = num_ranks - 2
+    hidden_chunks = hidden_rounds * -(-chunks // (num_ranks - 1))
+    exposed_rounds = chunks + (num_ranks - 1).bit_length() - 1  # chunked_loads' own, for every count
+    chunk = size_bytes / chunks
+    hidden = hidden_rounds * network.alpha + hidden_chunks * chunk * network.beta
+    tail = exposed_rounds * network.alpha + exposed_rounds * chunk * network.beta
+    time: np.ndarray = np.maximum(delay, hidden) + tail  # Estimate.time, less the delay: its exposed
+    return time - delay
 
 
 def best_chunks(
@@ -114,7 +125,7 @@ def best_chunks(
     max_chunks: int | None = None,
 ) -> int:
     """The chunk count whose StragglAR schedule the cost model prices fastest after the straggler
-    arrives, among :func:`chunk_candidates`; the fewest chunks among equals."""
+    arrives, among every count :func:`chunk_candidates` allows; the fewest chunks among equals."""
     ranked = ranked_chunks(
         num_ranks, size_bytes, delay, network, power_of_two=power_of_two, max_chunks=max_chunks
     )
@@ -134,15 +145,14 @@ def ranked_chunks(
     fewest chunks first among equals: :func:`best_chunks`' order, for a caller whose output may
     refuse its pick (an executor's limits that only its lowering knows) and takes the next.
 
-    >>> ranked_chunks(8, 2**30, 0.005, power_of_two=True)
+    >>> ranked_chunks(8, 2**30, 0.005, power_of_two=True)[:4]
     [32, 64, 16, 128]
     """
-    n = num_ranks
-    priced = sorted(
-        (estimate(generated_profile("stragglar", n, c), size_bytes, delay, network).exposed, c)
-        for c in chunk_candidates(n, size_bytes, network, power_of_two=power_of_two, max_chunks=max_chunks)
-    )
-    return [c for _, c in priced]
+    if not delay >= 0:
+        raise InputError(f"the straggler delay must be >= 0 seconds, got {delay}")
+    counts = chunk_candidates(num_ranks, size_bytes, power_of_two=power_of_two, max_chunks=max_chunks)
+    order = np.lexsort((np.asarray(counts), _prices(num_ranks, counts, size_bytes, delay, network)))
+    return [counts[i] for i in order]
 
 
 def resolve_chunks(
