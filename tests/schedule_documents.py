@@ -49,8 +49,9 @@ def ring2() -> Schedule:
 
 
 def lonely() -> Schedule:
-    """One rank, no phases, empty metadata: the smallest valid schedule."""
-    return Schedule("direct", 1, 1, None, ())
+    """Two ranks (one has nothing to reduce: the format refuses it), no phases, empty metadata:
+    the smallest valid document, though no AllReduce."""
+    return Schedule("direct", 2, 1, None, ())
 
 
 SCHEDULES = [stragglar4(), ring2(), lonely()]

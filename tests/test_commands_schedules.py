@@ -468,3 +468,15 @@ def test_an_option_for_json_schedules_names_the_artifact_in_a_sentence(tmp_path:
     assert one_error(run("show", "--plot", str(tmp_path / "x.png"), str(plan)), 2).endswith(
         "p.json is an MSCCL++ plan; --plot draws JSON schedules"
     )
+
+
+def test_one_gpu_and_one_chunk_are_said_in_the_singular(tmp_path: Path) -> None:
+    """The XML summaries said "1 chunks per loop" where synth's own says "1 chunk"."""
+    out = tmp_path / "n2.xml"
+    made = run("synth", "--gpus", "2", "-o", str(out))
+    assert made.exit_code == 0, made.output
+    assert "1 chunk per loop" in run("verify", str(out)).output
+    assert run("show", str(out)).output.startswith("stragglar-n2-s1-simple: 2 GPUs, 1 chunk per loop,")
+    plan = tmp_path / "n2-plan.json"
+    assert run("synth", "--gpus", "2", "--format", "mscclpp", "-o", str(plan)).exit_code == 0
+    assert ", 1 chunk, " in run("verify", str(plan)).output

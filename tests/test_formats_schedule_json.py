@@ -201,7 +201,7 @@ JSON_VALUES = st.recursive(
 
 @st.composite
 def schedules(draw: st.DrawFn) -> Schedule:
-    n = draw(st.integers(1, 6))
+    n = draw(st.integers(2, 6))
     c = draw(st.integers(1, 4))
 
     def transfer(src: int, other: int, chunk: int, op: Op) -> Transfer:

@@ -72,7 +72,7 @@ BAD_DOCUMENTS: list[tuple[Mutation, str, bool]] = [
         True,
     ),
     # wrong types
-    (_set("num_ranks", value="4"), 'num_ranks: expected an integer >= 1, got "4"', True),
+    (_set("num_ranks", value="4"), 'num_ranks: expected an integer >= 2, got "4"', True),
     (_set("phases", value={}), "phases: expected an array, got an object", True),
     (_set("phases", 1, value=[]), "phases[1]: expected an object, got an array", True),
     (_set("phases", 1, "rounds", 0, value=None), "phases[1].rounds[0]: expected an array, got null", True),
@@ -127,7 +127,9 @@ BAD_DOCUMENTS: list[tuple[Mutation, str, bool]] = [
     (_set(*T1, "dst", value=3), "phases[1].rounds[2][1].dst: expected a rank other than src, got 3", False),
     (_set("straggler", value=4), "straggler: expected an integer in [0, 4), got 4", False),
     (_set("straggler", value=-1), "straggler: expected an integer in [0, 4), got -1", True),
-    (_set("num_ranks", value=0), "num_ranks: expected an integer >= 1, got 0", True),
+    (_set("num_ranks", value=0), "num_ranks: expected an integer >= 2, got 0", True),
+    # one rank: nothing to reduce; it was proved and exported to an XML of ngpus="1"
+    (_set("num_ranks", value=1), "num_ranks: expected an integer >= 2, got 1", True),
     (_set("num_chunks", value=-3), "num_chunks: expected an integer >= 1, got -3", True),
     (
         _set("num_chunks", value=2),

@@ -17,6 +17,7 @@ from stragglar.mscclpp import MscclppExportError, PlanOptions, check_request, lo
 from stragglar.mscclpp.sizes import offset_limit
 from stragglar.schedule import Op, Phase, Schedule, Transfer
 from stragglar.synth import synthesize
+from stragglar.units import count_of
 from stragglar.verify import prove
 
 
@@ -29,7 +30,8 @@ def export_and_prove(schedule: Schedule, options: PlanOptions | None = None) -> 
 @pytest.mark.parametrize("n", [*range(2, 9), 16, 32])
 def test_stragglar_plans_prove(n: int) -> None:
     plan, summary = export_and_prove(synthesize("stragglar", n))
-    assert summary.startswith(f"stragglar-n{n}-s{n - 1}: in-place allreduce over {n} GPUs, {n - 1} chunks")
+    chunks = count_of(n - 1, "chunk")
+    assert summary.startswith(f"stragglar-n{n}-s{n - 1}: in-place allreduce over {n} GPUs, {chunks}")
     assert len(plan["gpus"]) == n
 
 

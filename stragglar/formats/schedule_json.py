@@ -342,7 +342,9 @@ def _check_header(doc: object) -> dict[str, Any]:
 
 def _sizes(num_ranks: object, num_chunks: object, straggler: object) -> tuple[int, int, int | None]:
     """The sizes, checked against stragglar's limits before anything is built from them."""
-    n = _int(num_ranks, "num_ranks", 1)
+    n = _int(
+        num_ranks, "num_ranks", 2
+    )  # one rank has nothing to reduce: no command makes it, no executor runs it
     c = _int(num_chunks, "num_chunks", 1)
     try:
         check_size(n, c)

@@ -25,7 +25,7 @@ def describe(source: XmlSource) -> str:
     if algo is None:
         return f"not readable: {document.violations[0].message}"
     lines = [
-        f"{shown(algo.name)}: {algo.ngpus} GPUs, {algo.nchunks} chunks per loop, "
+        f"{shown(algo.name)}: {count_of(algo.ngpus, 'GPU')}, {count_of(algo.nchunks, 'chunk')} per loop, "
         f"{count_of(algo.nchannels, 'channel')}, {algo.proto}"
     ]
     for gpu in algo.gpus:

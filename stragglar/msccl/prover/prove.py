@@ -23,6 +23,7 @@ from stragglar.msccl.prover.machine import ITERATIONS, Machine
 from stragglar.msccl.prover.order import batches
 from stragglar.msccl.prover.parsed import Algo, XmlSource
 from stragglar.msccl.prover.read import read
+from stragglar.units import count_of
 from stragglar.verify.report import ArtifactProof
 
 __all__ = ["MscclProof", "check", "prove"]
@@ -52,8 +53,9 @@ class MscclProof(ArtifactProof):
         """One line (under 200 characters): what file, what collective, how big."""
         channels = f"{self.channels} channel{'s' * (self.channels != 1)}"
         return (
-            f"proved: {shown(self.name)}: {' and '.join(self.modes)} allreduce over {self.gpus} GPUs, "
-            f"{self.chunks} chunks per loop, {self.brief}, {channels}, {self.proto}"
+            f"proved: {shown(self.name)}: {' and '.join(self.modes)} allreduce over "
+            f"{count_of(self.gpus, 'GPU')}, {count_of(self.chunks, 'chunk')} per loop, {self.brief}, "
+            f"{channels}, {self.proto}"
         )
 
     @property

@@ -37,6 +37,7 @@ from stragglar.mscclpp.prover.machine import ACQUIRE, BARRIER, RELEASE, SIGNAL, 
 from stragglar.mscclpp.prover.order import Found, HappensBefore
 from stragglar.mscclpp.prover.parsed import Plan
 from stragglar.mscclpp.prover.read import read_plan
+from stragglar.units import count_of
 from stragglar.verify.report import ArtifactProof
 
 __all__ = ["DEFAULT_INTERLEAVINGS", "PlanProof", "check", "prove"]
@@ -65,7 +66,8 @@ class PlanProof(ArtifactProof):
         """One line (under 200 characters): which plan, what collective, how big."""
         mode = "in-place" if self.inplace else "out-of-place"
         return (
-            f"proved: {shown(self.name)}: {mode} allreduce over {self.gpus} GPUs, {self.chunks} chunks, "
+            f"proved: {shown(self.name)}: {mode} allreduce over {count_of(self.gpus, 'GPU')}, "
+            f"{count_of(self.chunks, 'chunk')}, "
             f"{self.brief} (up to {self.max_threadblocks_per_gpu} per GPU)"
         )
 
