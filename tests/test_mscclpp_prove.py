@@ -193,6 +193,10 @@ def test_malformed_text_is_a_format_error(text: str, message: str) -> None:
             lambda p: ops(p, 0)[3]["dst_buff"][0].update(index=-1),
             "gpu 0 tb 0 op 3 (put) dst_buff[0]: 'index' must not be negative, got -1",
         ),
+        (  # was "not a correct AllReduce" (exit 1): past 64 bits the executor reads another number
+            lambda p: ops(p, 0)[3]["src_buff"][0].update(index=10**20),
+            "gpu 0 tb 0 op 3 (put) src_buff[0]: 'index' must fit 64 bits, got 100000000000000000000",
+        ),
         (
             lambda p: ops(p, 2)[5].update(channel_ids=[0.5]),
             "gpu 2 tb 0 op 5 (signal): 'channel_ids' must be a list of non-negative integers",

@@ -22,6 +22,7 @@ from stragglar.mscclpp.vocabulary import (
     MAX_CHANNEL_PER_OPERATION,
     MAX_DEVICE_SEMAPHORES,
     MAX_DEVICE_SYNCERS,
+    UINT64_MAX,
 )
 
 __all__ = ["OpReader", "Resolved"]
@@ -123,11 +124,13 @@ class OpReader:
         for k, bj in enumerate(rd.objects(oj, key)):
             rd.part = (key, k)
             index, size = bj.get("index"), bj.get("size")
-            if type(index) is not int or type(size) is not int or index < 0 or size < 0:
-                index, size = rd.count(bj, "index"), rd.count(bj, "size")
+            if not (type(index) is int and 0 <= index <= UINT64_MAX) or not (
+                type(size) is int and 0 <= size <= UINT64_MAX
+            ):
+                index, size = rd.count(bj, "index"), rd.count(bj, "size")  # the reader's words
             if "buffer_id" in bj:
                 b = bj["buffer_id"]
-                if type(b) is not int or b < 0:
+                if type(b) is not int or not 0 <= b <= UINT64_MAX:
                     b = rd.count(bj, "buffer_id")
                 if b >= len(self.buffers):
                     raise rd.bad(

@@ -12,7 +12,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from stragglar.errors import shown
 from stragglar.mscclpp.errors import PlanFormatError, PlanViolation, PlanViolationError, UnsupportedPlanError
+from stragglar.mscclpp.vocabulary import UINT64_MAX
 
 __all__ = ["Gpu", "Op", "Plan", "Ref", "Tb", "Walker"]
 
@@ -156,9 +158,13 @@ class Walker:
         return value
 
     def count(self, obj: dict[str, Any], key: str, default: int = 0, required: bool = True) -> int:
+        """A count or an index: what the executor reads into an unsigned field of 64 bits at most,
+        so a negative number, or one past 2^64 - 1, is read as another (malformed, as the plan's
+        sizes are), where one it holds may still be wrong for the plan (past a buffer's end)."""
         value: int = self.get(obj, key, int, default, required)
-        if value < 0:
-            raise self.fail(f"'{key}' must not be negative, got {value}")
+        if not 0 <= value <= UINT64_MAX:
+            side = "must not be negative" if value < 0 else "must fit 64 bits"
+            raise self.fail(f"'{key}' {side}, got {shown(value, 40)}")
         return value
 
     def ints(self, obj: dict[str, Any], key: str) -> list[int]:
