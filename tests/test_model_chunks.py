@@ -129,6 +129,10 @@ def test_cost_prints_the_chunked_row_beside_the_papers() -> None:
     assert said is not None, slower.stdout
     assert float(said[1]) == pytest.approx(ours / theirs, rel=0.01)  # the larger over the smaller
     assert ours / theirs > 5  # 31 rounds of alpha against 4
+    near = run("cost", "--gpus", "2", "--chunks", "4")  # 1.004x: "1.00x slower" hid which way
+    assert near.stdout.splitlines()[-1] == (
+        "chunks: C = 4 against the paper's C = N-1 = 1: 0.4% slower after the straggler arrives"
+    )
     paper = run("cost", "--gpus", "8", "--chunks", "7")
     assert paper.stdout.splitlines()[-1] == "chunks: C = 7, the paper's C = N-1"
     assert "stragglar C=" not in paper.stdout

@@ -105,7 +105,10 @@ def _chunk_line(comparison: Comparison, chunks: int, auto: bool) -> str:
     if ours == paper:
         than = "as fast"
     else:  # the larger time over the smaller, so that "2x slower" takes twice as long
-        than = f"{paper / ours:.2f}x faster" if ours < paper else f"{ours / paper:.2f}x slower"
+        ratio = max(paper, ours) / min(paper, ours)
+        # under 1.005x "1.00x" would hide which is faster: the difference in percent says it
+        how_much = f"{ratio:.2f}x" if ratio >= 1.005 else f"{(ratio - 1) * 100:.2g}%"
+        than = f"{how_much} {'faster' if ours < paper else 'slower'}"
     return (
         f"chunks: C = {chunks}{how} against the paper's C = N-1 = {n - 1}: {than} after the straggler arrives"
     )
