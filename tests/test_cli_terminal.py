@@ -54,12 +54,21 @@ def test_prove_all_rows_never_share_a_line_with_its_bar_and_a_summary_ends_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(terminal, "_show_progress", lambda: True)
+    monkeypatch.setattr(terminal, "SHOW_AFTER", 0.0)  # quick work: its bar from the start
     result = run("prove-all", "--max-gpus", "3", "--max-simulated", "4")  # stdout and stderr, as a terminal
     assert result.exit_code == 0 and "proving" in result.stderr  # a bar was drawn ...
     assert on_screen(result.output) == result.stdout.splitlines()  # ... and lifted off every row
     assert (
         result.stdout.splitlines()[-1] == "proved all 11 schedules by the simulator, 7 of them by z3 as well"
     )
+
+
+def test_rows_printed_before_a_bar_shows_do_not_draw_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each row lifted every live bar and drew it again, a bar still in its delay too; tqdm never
+    cleared a bar first drawn so, and it stayed on the summary's line: quick work shows none."""
+    monkeypatch.setattr(terminal, "_show_progress", lambda: True)
+    result = run("prove-all", "--max-gpus", "2", "--max-simulated", "2")
+    assert result.exit_code == 0 and result.stderr == "", result.stderr
 
 
 def test_prove_all_counts_what_each_prover_ran_when_z3_goes_further() -> None:

@@ -169,6 +169,7 @@ def test_prove_all_bar_counts_to_its_total(monkeypatch: pytest.MonkeyPatch) -> N
     """The schedules to prove are known before the first proof: the bar said ``proving: 5it``;
     its total is the rows that come (all but the header and the summary)."""
     monkeypatch.setattr(terminal, "_show_progress", lambda: True)
+    monkeypatch.setattr(terminal, "SHOW_AFTER", 0.0)  # quick work: its bar from the start
     result = run("prove-all", "--max-gpus", "3", "--max-simulated", "4")
     assert result.exit_code == 0, result.output
     rows = len(result.stdout.splitlines()) - 2

@@ -272,20 +272,14 @@ def prove_all_command(max_gpus: int, max_simulated: int, files: tuple[Path, ...]
     echo(TABLE_HEADER)
     rows = []
     baselines = min(max_gpus, 16)
-    # A bar from the first instant, not from a second on (progress_bar): the first row echoed draws
-    # a live bar at once, delayed or not, and tqdm never clears a delayed bar first drawn so: it
-    # would stay on the line of the summary.
-    proofs = progress(
-        prove_all(max_gpus, baselines, max_simulated),
-        "proving",
-        total=proof_count(max_gpus, baselines, max_simulated),
-    )
-    try:
-        for row in proofs:
-            echo(format_row(row))
-            rows.append(row)
-    except VerificationError as e:
-        raise IncorrectError(e.violation.message) from None
+    with progress_bar(proof_count(max_gpus, baselines, max_simulated), "proving") as bar:
+        try:
+            for row in prove_all(max_gpus, baselines, max_simulated):
+                echo(format_row(row))
+                rows.append(row)
+                bar.advance()
+        except VerificationError as e:
+            raise IncorrectError(e.violation.message) from None
     echo(_proved_all(rows))
 
 

@@ -39,8 +39,31 @@ def echo(text: str, err: bool = False) -> None:
     other = sys.stdout if err else sys.stderr
     if other is not None:  # None: closed before the start (click writes nothing to it either)
         other.flush()
-    with tqdm.external_write_mode(file=sys.stderr if err else sys.stdout):
+    with _shown_bars_lifted():
         click.echo(printable(text), err=err)
+
+
+@contextlib.contextmanager
+def _shown_bars_lifted() -> Iterator[None]:
+    """The bars on the screen cleared while a line prints, then drawn again below it.  tqdm's own
+    ``external_write_mode`` draws every live bar afterwards, one still in its ``delay`` too: the
+    first row of quick work drew a bar its close then never cleared (it counts a bar as drawn by
+    its updates alone), and it stayed on the summary's line.  A bar not drawn yet is left alone."""
+    with tqdm.get_lock():  # type: ignore[no-untyped-call]
+        shown = [bar for bar in list(getattr(tqdm, "_instances", ())) if _drawn(bar)]
+        for bar in shown:
+            bar.clear(nolock=True)
+        try:
+            yield
+        finally:
+            for bar in shown:
+                bar.refresh(nolock=True)
+
+
+def _drawn(bar: tqdm[Any]) -> bool:
+    """Whether ``bar`` is on the screen: tqdm's own test when it closes one (its delay passed by
+    the last time an update drew it)."""
+    return not bar.disable and getattr(bar, "last_print_t", -1.0) >= bar.start_t + (bar.delay or 0.0)
 
 
 def _show_progress() -> bool:
@@ -103,19 +126,22 @@ class Bar:
 
 
 _COUNTED = "{desc}: {n_fmt}/{total_fmt} [{elapsed}]"
+SHOW_AFTER = 1.0  # seconds of work before its bar shows: quick work shows none
 
 
 @contextlib.contextmanager
-def progress_bar(total: int | None, label: str, after: float = 1.0, slow: bool = False) -> Iterator[Bar]:
+def progress_bar(
+    total: int | None, label: str, after: float | None = None, slow: bool = False
+) -> Iterator[Bar]:
     """A bar of ``total`` steps (None: the time spent alone) on stderr when it is a terminal, from
-    ``after`` seconds on; silent in pipes and CI, and for quick work.  ``slow`` steps (seconds to
-    minutes each, a few of them) show the count and the time spent, not a rate or an estimate,
-    which the first few steps cannot give ("2.00it/s" when each took 7 s)."""
+    ``after`` seconds on (None: :data:`SHOW_AFTER`); silent in pipes and CI, and for quick work.
+    ``slow`` steps (seconds to minutes each, a few of them) show the count and the time spent, not
+    a rate or an estimate, which the first few steps cannot give ("2.00it/s" when each took 7 s)."""
     with _tqdm(
         None,
         label,
         total,
-        delay=after,
+        delay=SHOW_AFTER if after is None else after,
         miniters=0,  # every update(0) may redraw
         bar_format="{desc}: {elapsed}" if total is None else _COUNTED if slow else None,
     ) as bar:
@@ -123,8 +149,9 @@ def progress_bar(total: int | None, label: str, after: float = 1.0, slow: bool =
 
 
 @contextlib.contextmanager
-def busy(label: str, after: float = 1.0) -> Iterator[None]:
-    """Show ``label`` and the time spent on stderr for work that outlasts ``after`` seconds, when
+def busy(label: str, after: float | None = None) -> Iterator[None]:
+    """Show ``label`` and the time spent on stderr for work that outlasts ``after`` seconds (None:
+    :data:`SHOW_AFTER`), when
     stderr is a terminal; nothing in pipes and CI, and nothing for quick work."""
     if not _show_progress():
         yield
