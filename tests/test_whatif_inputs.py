@@ -67,7 +67,7 @@ def test_a_false_alarm_rarer_than_the_floor_is_refused_in_one_line(tmp_path: Pat
 def test_a_false_alarm_at_the_floor_is_taken(tmp_path: Path) -> None:
     result = whatif(str(trace(tmp_path, {"a": 4})), "--false-alarm", str(MIN_FALSE_ALARM))
     assert result.exit_code == 0, (result.output, result.exception)
-    assert "false alarms at 1e-10% of steps" in result.output
+    assert "false alarms begin at 1e-10% of steps at most" in result.output
 
 
 @pytest.mark.parametrize("name", ["trace.log", "trace_3", "sub/host-pid1.log"])

@@ -235,7 +235,10 @@ def _check_outputs(json_file: Path | None, plot_file: Path | None, files: Sequen
     type=click.FloatRange(0, 1, min_open=True, max_open=True),
     default=FALSE_ALARM,
     show_default=True,
-    help=f"The persistent-straggler test's false-alarm probability per step (at least {MIN_FALSE_ALARM:g}).",
+    help=(
+        "The persistent-straggler test's false-alarm rate: the most probability that a false alarm "
+        f"begins at a step (at least {MIN_FALSE_ALARM:g}; one lasts until its evidence is gone)."
+    ),
 )
 @click.option(
     "--share",
@@ -366,7 +369,8 @@ def _rule_words(rule: Rule) -> str:
     margin = f" by more than {format_seconds(rule.margin)}" if rule.margin else ""
     return (
         f"a persistent straggler is last{margin} more often than chance (1/N), by a sequential "
-        f"test with false alarms at {_percent(rule.false_alarm)} of steps, tuned to a rank last at "
+        f"test whose false alarms begin at {_percent(rule.false_alarm)} of steps at most, tuned to a "
+        f"rank last at "
         f"{rule.share:.0%}"
     )
 

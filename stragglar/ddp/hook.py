@@ -61,7 +61,8 @@ class StragglarState:
         ``detect``: W steps, the recent window the figures are taken over (default 24 under
         "auto"); under "stragglar", any W > 0 also moves the straggler to the rank the rule names.
         ``rule``: the persistent-straggler test's :class:`~stragglar.model.detect.Rule`
-        (false-alarm probability per step, the share it is tuned to, the margin in seconds).
+        (the most probability that a false alarm begins at a step, the share it is tuned to,
+        the margin in seconds).
         ``straggler_delay``: seconds the straggler is made late on purpose, for experiments: it
         arrives at each bucket that long after the bucket was handed to the hook.
     How it runs

@@ -20,18 +20,23 @@ names nobody.
 
 *The false-alarm rate.*  ``h`` is the lowest score (to a hundredth of a nat) at which, while no
 rank is last more often than chance, some rank's score is at ``h`` at any given step with
-probability at most ``false_alarm``: the documented probability per step (:data:`FALSE_ALARM`)
-that the rule names a rank where none is persistently late.  It is worked out from the chain the
-score follows (:mod:`stragglar.model.threshold`, a proved bound), and never exceeds Ville's
+probability at most ``false_alarm``.  It is worked out from the chain the score follows
+(:mod:`stragglar.model.threshold`, a proved bound), and never exceeds Ville's
 ``ln(N / false_alarm)``, which holds for any test of this kind but is about three times too
-cautious here.  Over S steps the expected number of steps with a rank at ``h`` by chance is at
-most ``S * false_alarm``.
+cautious here.  A name is given (or moved) only at a step with a score at ``h``, so a *false
+alarm*, a rank named where none is persistently late, begins at a given step with probability
+at most ``false_alarm`` (:data:`FALSE_ALARM`): over S steps at most ``S * false_alarm`` of them
+are expected.  Each lasts until the named score falls back to 0 (5 to 11 steps on average at a
+1% rate, longer at rarer ones), so the share of steps at which an innocent rank *is* named is
+several times the rate (``benchmarks/bench_detect.py`` measures both).
 
 *Change.*  Scores are capped at ``h``: a named rank that stops being late loses its score at the
 rate its events stop, and is no longer named when the score reaches 0 (the straggler went away),
-or as soon as another rank's score reaches ``h`` while its own is below (the straggler moved).
-The named rank is dated *since* the first step of the evidence that named it: the first last
-event after its score was last 0, a step at which it was late.
+or when another rank's score is at ``h`` while its own is too low to get back there with one
+more event (the straggler moved).  Not sooner: two ranks late by turns, each at ``h`` at its own
+steps and one event below it between them, would otherwise trade the name at every step.  The
+named rank is dated *since* the first step of the evidence that named it: the first last event
+after its score was last 0, a step at which it was late.
 """
 
 from __future__ import annotations
@@ -60,7 +65,7 @@ __all__ = [
     "recent_lateness",
 ]
 
-FALSE_ALARM = 1e-4  # the probability per step that the rule names a rank where none is persistently late
+FALSE_ALARM = 1e-4  # the probability that a false alarm (a rank named where none is late) begins at a step
 SHARE = 0.75  # the share of steps a persistent straggler is last at, that the test is tuned to find
 WINDOW = 24  # recent steps the lateness figures (and the auto policy's confidence) are taken over
 
@@ -202,10 +207,13 @@ def observe(rule: Rule, detection: Detection, late: Sequence[float]) -> Detectio
     if named is not None and scores[named] == 0:
         named = since = None  # its events stopped: no persistent straggler any more
     at_threshold = [rank for rank in range(n) if scores[rank] >= h]
-    if at_threshold and (named is None or scores[named] < h):
+    if at_threshold and (named is None or scores[named] + up < h - _ROUNDING):
         named = min(at_threshold, key=lambda rank: (-scores[rank], rank))
         since = starts[named]
     return Detection(tuple(scores), tuple(starts), named, since, step)
+
+
+_ROUNDING = 1e-9  # nats: one event below h is back at h, whatever the last bits of ln() say
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,7 @@ Each step of a group gives when each of its N ranks reached the gradient collect
   others (:func:`~stragglar.model.policy.latenesses`, the probe's rule, computed exactly from the
   trace's times).  A *persistent straggler* is what the DDP hook finds, with the one rule
   (:mod:`stragglar.model.detect`: a sequential test on the steps at which each rank was last,
-  against chance 1/N, with a stated false-alarm probability per step); each time the rule names
+  against chance 1/N, whose false alarms begin at a stated rate per step); each time the rule names
   a rank is an :class:`Episode`, from the first step of the evidence to the step it lets go.
 * *What each collective would cost.*  The alpha-beta model (:func:`~stragglar.model.cost.estimate`)
   prices each bucket from the moment the first rank arrived.  A schedule with straggler ``s``
