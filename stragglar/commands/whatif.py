@@ -245,7 +245,10 @@ def _check_outputs(json_file: Path | None, plot_file: Path | None, files: Sequen
     type=click.FloatRange(0, 1, min_open=True, max_open=True),
     default=SHARE,
     show_default=True,
-    help="The share of steps a persistent straggler is last at that the test is tuned to find.",
+    help=(
+        "The share of steps a persistent straggler is last at that the test is tuned to find: lower "
+        "finds a rank last less often, and every one more slowly (each last step is less evidence)."
+    ),
 )
 @click.option(
     "--margin",
