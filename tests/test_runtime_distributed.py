@@ -17,7 +17,19 @@ from stragglar.runtime import Timeline, allreduce  # noqa: E402
 from stragglar.synth import synthesize  # noqa: E402
 from stragglar.verify import Proof, prove  # noqa: E402
 
-CASES = ("dtype", "count", "straggler", "complex", "strided", "grad", "inference", "sparse", "size", "ok")
+CASES = (
+    "dtype",
+    "count",
+    "straggler",
+    "complex",
+    "strided",
+    "grad",
+    "inference",
+    "sparse",
+    "meta",
+    "size",
+    "ok",
+)
 
 
 def disagreeing_rank(rank: int, n: int, proofs: dict[str, Proof]) -> dict[str, tuple[str, str, bool]]:
@@ -44,6 +56,8 @@ def disagreeing_rank(rank: int, n: int, proofs: dict[str, Proof]) -> dict[str, t
                     data = data.clone()
             elif case == "sparse":  # torch raised from deep inside, and the others lost the connection
                 data = data.to_sparse()
+            elif case == "meta":  # refused by this rank alone, before the gather: its peers' call
+                data = torch.zeros(40, device="meta")  # then paired with its next one (a wrong sum)
         if case == "size":
             proof = proofs["small"]
         before = data.detach().clone()
@@ -51,7 +65,8 @@ def disagreeing_rank(rank: int, n: int, proofs: dict[str, Proof]) -> dict[str, t
             allreduce(data, proof, timeout=10)
             out[case] = ("", "", True)
         except Exception as e:
-            untouched = torch.equal(data.detach().to_dense(), before.to_dense())  # to_dense: sparse too
+            # to_dense: sparse too; a meta tensor has nothing to touch
+            untouched = data.is_meta or torch.equal(data.detach().to_dense(), before.to_dense())
             out[case] = (type(e).__name__, str(e), bool(untouched))
     buf = torch.from_numpy(payload(rank, 40, n, "float32")).float()
     allreduce(buf, proofs["main"], timeout=10)  # the group still works afterwards
@@ -87,6 +102,7 @@ def test_every_rank_raises_the_same_clear_error_when_ranks_disagree() -> None:
         "allreduce writes a dense tensor in place, got a sparse_coo one: pass tensor.to_dense()",
     )
     assert results[1]["grad"][2] and results[1]["inference"][2]  # refused before anything was written
+    assert results[1]["meta"][:2] == ("InputError", "allreduce needs data to sum: a meta tensor holds none")
     for r in (0, 2):
         for case in ("grad", "inference", "sparse"):
             assert results[r][case] == (
@@ -103,12 +119,35 @@ def test_every_rank_raises_the_same_clear_error_when_ranks_disagree() -> None:
             "MismatchError",
             "cannot allreduce: rank 1 has a buffer that is not contiguous",
         )
+        assert results[r]["meta"] == (
+            "MismatchError",
+            "cannot allreduce: rank 1 has a buffer whose values are not its data (a meta tensor, or a "
+            "masked array)",
+            True,
+        )
     for r in range(3):
         kind, message, untouched = results[r]["size"]
         assert kind == "MismatchError" and untouched
         assert message.startswith("the 'ring' schedule for 2 ranks (no straggler, fingerprint ")
         assert message.endswith(") cannot run on a group of 3 ranks")
         assert results[r]["ok"] == ("", "", True)
+
+
+def strided_on_a_checked_channel(rank: int, n: int, proof: Proof) -> None:
+    """One call that checks its channel, then rank 1 alone brings a strided buffer: it checks and
+    its peer, whose setup is the channel's, does not; both wait for their timeout."""
+    allreduce(torch.ones(8), proof, timeout=2)
+    allreduce(torch.ones(16)[::2] if rank == 1 else torch.ones(8), proof, timeout=2)
+
+
+def test_a_rank_whose_check_times_out_raises_its_own_problem() -> None:
+    """Rank 1 knew its buffer was not contiguous before sending anything, and said it timed out
+    waiting for rank 0."""
+    with pytest.raises(LaunchError) as info:
+        launch(strided_on_a_checked_channel, 2, (prove(synthesize("ring", 2)),), timeout=30)
+    own, peer = str(info.value.failures[1]), info.value.failures[0]
+    assert "InputError" in own and "contiguous" in own, own
+    assert peer.reason == "timed out" and peer.peer == 1, peer
 
 
 def silent_at_the_header(rank: int, n: int, proof: Proof) -> None:
@@ -178,17 +217,9 @@ def test_every_algorithm_waits_for_the_late_rank_on_torch() -> None:
                 assert t.arrived - t.start < 0.1  # the others did not sleep
 
 
-def test_a_meta_tensor_is_refused_before_the_group_is_touched() -> None:
-    """It has a shape and no data: the rounds failed half-way with NotImplementedError ("Cannot copy
-    out of meta tensor"), after the header check.  No process group is set up here: the refusal
-    comes first."""
-    with pytest.raises(InputError, match=r"^allreduce needs data to sum: a meta tensor holds none$"):
-        allreduce(torch.zeros(4, device="meta"), prove(synthesize("stragglar", 2)))
-
-
 def test_arguments_that_do_not_apply_are_refused_before_the_group_is_touched() -> None:
-    """A group named by a string was a raw ValueError from torch; a masked array and a non-bool
-    stream_ordered were taken as given."""
+    """A group named by a string was a raw ValueError from torch; a masked array (no tensor) and a
+    non-bool stream_ordered were taken as given."""
     proof = prove(synthesize("stragglar", 2))
     with pytest.raises(
         ArgumentError, match=r"^group must be a torch process group or None \(the world\), got 'world'"
@@ -202,8 +233,10 @@ def test_arguments_that_do_not_apply_are_refused_before_the_group_is_touched() -
     )
     with pytest.raises(ArgumentError, match=r"^stream_ordered must be True or False, got 'yes'$"):
         allreduce(torch.zeros(4), proof, stream_ordered="yes")  # type: ignore[call-overload]
-    with pytest.raises(InputError, match=r"^allreduce cannot honour a mask"):
-        allreduce(np.ma.masked_array(np.zeros(4)), proof)
+    with pytest.raises(
+        ArgumentError, match=r"^cannot allreduce a MaskedArray across processes: pass a torch"
+    ):
+        allreduce(np.ma.masked_array(np.zeros(4)), proof)  # (with an NcclGroup its header says "no data")
     with pytest.raises(InputError, match=r"^allreduce needs a process group: call torch.distributed.init"):
         allreduce(torch.zeros(4), proof)  # was torch's raw ValueError
     with pytest.raises(ArgumentError, match=r"^expected a Proof, got Schedule: prove the schedule first"):

@@ -33,6 +33,7 @@ __all__ = [
     "in_place_refusal",
     "library_of",
     "scratch_for",
+    "summable_refusal",
 ]
 
 DTYPES = ("float16", "bfloat16", "float32", "float64", "int32", "int64")
@@ -191,16 +192,25 @@ def check_array(array: object, what: str) -> None:
 
 
 def check_summable(array: object, what: str) -> None:
-    """Refuse an array whose values are not its data: a meta tensor has a shape and no data (the
+    """Refuse an array whose values are not its data (:func:`summable_refusal`)."""
+    refusal = summable_refusal(array, what)
+    if refusal is not None:
+        raise InputError(refusal)
+
+
+def summable_refusal(array: object, what: str) -> str | None:
+    """Why ``array``'s values are not its data, or None: a meta tensor has a shape and no data (the
     rounds would "succeed" doing nothing in one process, and fail half-way across processes when a
     transport copies out of it); a masked NumPy array would be summed through its mask, the masked
-    values included, and look like a masked sum."""
+    values included, and look like a masked sum.  Across processes it is a problem of one rank's
+    that its header carries, so that its peers refuse the same call with it."""
     if getattr(array, "is_meta", False):
-        raise InputError(f"{what} needs data to sum: a meta tensor holds none")
+        return f"{what} needs data to sum: a meta tensor holds none"
     if isinstance(array, np.ma.MaskedArray):
-        raise InputError(
+        return (
             f"{what} cannot honour a mask: pass the array's data (array.filled(0) sums the unmasked values)"
         )
+    return None
 
 
 def check_buffers(buffers: object) -> None:

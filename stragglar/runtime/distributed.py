@@ -27,7 +27,7 @@ from typing import Any, Literal, Protocol, overload
 
 from stragglar.args import MAX_DELAY, MAX_TIMEOUT, as_flag, as_int, as_seconds
 from stragglar.errors import ArgumentError, InputError, described
-from stragglar.runtime.arrays import Array, check_summable, dtype_name, flat_view
+from stragglar.runtime.arrays import Array, dtype_name, flat_view
 from stragglar.runtime.channels import ROUNDS_PER_TAG, Channels, as_tag
 from stragglar.runtime.clock import Timeline
 from stragglar.runtime.cupy_nccl import NcclEngine, NcclGroup
@@ -42,6 +42,7 @@ from stragglar.runtime.device.buffers import (
 from stragglar.runtime.device.group import DeviceCall, DeviceWork, Gather
 from stragglar.runtime.device.shared import Registration, register, registered
 from stragglar.runtime.device.states import States, forget, forget_group, states_for
+from stragglar.runtime.failures import RankError
 from stragglar.runtime.graphs import Capturing, release, shared
 from stragglar.runtime.header import agree, inspect_call
 from stragglar.runtime.interpreter import Packing, Transport, run_rank, run_rank_replayed
@@ -218,7 +219,6 @@ def allreduce(
     tag = as_tag(tag, proof.num_rounds)
     as_flag(lockstep, "lockstep")
     as_flag(stream_ordered, "stream_ordered")
-    check_summable(data, "allreduce")
     if graphs is not None:
         as_flag(graphs, "graphs")
     part = _check_rounds(rounds, proof)
@@ -247,7 +247,12 @@ def allreduce(
         # after the gather, so that its peers raise theirs rather than wait for it
         with _channels.enter(runner.owner, channel, header, lockstep=lockstep) as call:
             if call.must_check:
-                gathered = runner.gather(header, data if flat is None else flat, wait, channel)
+                try:
+                    gathered = runner.gather(header, data if flat is None else flat, wait, channel)
+                except RankError as e:  # peers that did not check: this rank's own problem is the cause
+                    if problem is not None:
+                        raise problem from e
+                    raise
                 agree(header, gathered, runner.size)
                 if problem is None:
                     call.agreed()

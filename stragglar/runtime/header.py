@@ -25,7 +25,7 @@ from enum import IntEnum
 from typing import Any, NamedTuple
 
 from stragglar.errors import InputError
-from stragglar.runtime.arrays import DTYPES, dtype_name, flat_view, in_place_refusal
+from stragglar.runtime.arrays import DTYPES, dtype_name, flat_view, in_place_refusal, summable_refusal
 from stragglar.schedule import ALGORITHMS
 from stragglar.verify import Proof
 
@@ -53,6 +53,7 @@ class Problem(IntEnum):
     NOT_CONTIGUOUS = 2
     UNSENDABLE = 3  # a dtype its engine cannot send (an NCCL build without bfloat16)
     NOT_WRITABLE = 4  # requires grad, an inference tensor outside inference mode, read-only, sparse
+    NO_DATA = 5  # values that are not its data: a meta tensor, a masked array
 
 
 PROBLEMS: dict[int, str] = {  # what a rank with a problem has, in words
@@ -63,6 +64,7 @@ PROBLEMS: dict[int, str] = {  # what a rank with a problem has, in words
         "has a buffer it cannot write in place (it requires grad, or is an inference tensor, "
         "read-only memory or sparse)"
     ),
+    Problem.NO_DATA: "has a buffer whose values are not its data (a meta tensor, or a masked array)",
 }
 
 
@@ -233,6 +235,10 @@ def inspect_call(
 ) -> tuple[Any, Header, Exception | None]:
     """A call's ``data`` as its engine sends it: (the flat view or None, this rank's header, the
     error this rank must raise after the header's gather or None)."""
+    no_data = summable_refusal(data, "allreduce")
+    if no_data is not None:
+        header = make_header(proof, None, None, tag, late_rank, Problem.NO_DATA, rounds)
+        return None, header, InputError(no_data)
     refusal = in_place_refusal(data)
     if refusal is not None:
         header = make_header(proof, None, None, tag, late_rank, Problem.NOT_WRITABLE, rounds)

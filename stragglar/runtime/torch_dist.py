@@ -264,7 +264,10 @@ class TorchEngine:
     def gather(
         self, header: Sequence[int], like: Array, timeout: float | None, channel: int | None
     ) -> list[tuple[int, ...]]:
-        return gather_headers(header, self.group, like.device, self.rank, timeout, channel)
+        device = like.device
+        if device.type == "meta" and channel is None:  # NCCL's gather for a rank whose buffer has no data
+            device = torch.device("cuda", torch.cuda.current_device())
+        return gather_headers(header, self.group, device, self.rank, timeout, channel)
 
     def transport(self, plan: Plan, flat: Array, timeout: float | None) -> TorchTransport:
         return TorchTransport(plan, self.group, timeout, self.stream_ordered)
