@@ -428,6 +428,10 @@ def test_options_of_the_rounds_engine_are_refused_on_the_device_engine(cuda: Fak
             allreduce(data, proof, group=group, **{"engine": "device", **option})  # type: ignore[call-overload]
     with pytest.raises(InputError, match=r"runs on CuPy arrays or torch CUDA tensors, not NumPy arrays$"):
         allreduce(np.zeros(8, np.float32), proof, group=group, engine="device")
+    with pytest.raises(ArgumentError, match=r"^engine must be one of rounds, device, got 5$"):  # a type
+        allreduce(data, proof, group=group, engine=5)  # type: ignore[call-overload]
+    with pytest.raises(ArgumentError, match=r"^group must be a torch process group, an NcclGroup or None"):
+        release_graphs("x")  # released nothing, and said 0
     assert not cuda.launches
 
 

@@ -333,6 +333,13 @@ def release_graphs(group: Any = None) -> int:
     launched, which need every peer's too, so call it where every rank has made the same calls
     (the end of a run).  Later calls on the group run eagerly once, then capture again.
     """
+    if group is not None and not isinstance(group, NcclGroup):
+        torch = sys.modules.get("torch")  # never imported here: a torch group means it is loaded
+        if torch is None or not isinstance(group, torch.distributed.ProcessGroup):
+            raise ArgumentError(  # anything else released nothing, and said 0
+                "group must be a torch process group, an NcclGroup or None (every group), got "
+                f"{described(group)} ({type(group).__name__})"
+            )
     owner = group.comm if isinstance(group, NcclGroup) else group
     forget_group(owner)  # None: every group's
     return release(owner)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from stragglar.errors import InputError, described
+from stragglar.errors import ArgumentError, InputError, described
 from stragglar.runtime.arrays import Array, data_address, library_of
 
 __all__ = [
@@ -26,6 +26,8 @@ ENGINES = ("rounds", "device")  # the rounds driven from the host; each rank's w
 
 def on_device(engine: Any) -> bool:
     """Whether ``engine`` (one of :data:`ENGINES`) is the device engine."""
+    if not isinstance(engine, str):  # a wrong type is an ArgumentError (a TypeError), as everywhere
+        raise ArgumentError(f"engine must be one of {', '.join(ENGINES)}, got {described(engine)}")
     if engine not in ENGINES:
         raise InputError(f"unknown engine {described(engine)} (choose from {', '.join(ENGINES)})")
     return bool(engine == "device")
