@@ -147,7 +147,8 @@ def test_a_rank_whose_check_times_out_raises_its_own_problem() -> None:
         launch(strided_on_a_checked_channel, 2, (prove(synthesize("ring", 2)),), timeout=30)
     own, peer = str(info.value.failures[1]), info.value.failures[0]
     assert "InputError" in own and "contiguous" in own, own
-    assert peer.reason == "timed out" and peer.peer == 1, peer
+    # its peer waited in the rounds: by its own timeout, or sooner where gloo closed the pair
+    assert peer.reason in ("timed out", "lost the connection") and peer.peer == 1, peer
 
 
 def silent_at_the_header(rank: int, n: int, proof: Proof) -> None:
