@@ -20,6 +20,8 @@ policy.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import numpy as np
 
 from stragglar.args import as_int
@@ -45,6 +47,7 @@ MIN_CHUNK_BYTES = 4096
 # (C + L - 1) / C of a buffer is then within 0.25% of one buffer for every N up to 1024
 # (L - 1 <= 9), while the cost of synthesizing, proving and running a schedule grows with C.
 MAX_AUTO_CHUNKS = 4096
+_Count = TypeVar("_Count", int, np.ndarray)  # one chunk count, or an array of them
 
 
 def chunk_candidates(
@@ -81,14 +84,14 @@ def chunk_candidates(
     return chosen
 
 
-def chunked_loads(num_ranks: int, num_chunks: int) -> tuple[int, int, int, int]:
+def chunked_loads(num_ranks: int, num_chunks: _Count) -> tuple[int, _Count, _Count, _Count]:
     """The loads of chunked StragglAR's generated schedule for ``N`` ranks and ``C`` chunks, as
     the cost model reads them (:func:`~stragglar.model.cost.profile`): its hidden rounds and the
     chunks they move (a ring ReduceScatter over the punctual ``N - 1``: ``N - 2`` rounds of
     ``ceil(C / (N - 1))`` chunks), then its exposed rounds and theirs (``C + ceil(log2 N) - 1``
     rounds of one chunk).  In closed form, so that auto can price every count without
     synthesizing each (N = 1024 takes 2 s a count); ``tests/test_model_chunks.py`` holds it to the
-    generator's schedules.
+    generator's schedules.  ``num_chunks`` may be an array of counts: each load is then an array.
 
     >>> chunked_loads(8, 7), chunked_loads(8, 9)
     ((6, 6, 9, 9), (6, 12, 11, 11))
@@ -105,12 +108,10 @@ def _prices(
     :func:`~stragglar.model.cost.estimate` prices its generated schedule: the same operations in
     the same order on float64, so the same numbers, for thousands of counts at once."""
     chunks = np.asarray(counts, dtype=np.int64)
-    hidden_rounds = num_ranks - 2
-    hidden_chunks = hidden_rounds * -(-chunks // (num_ranks - 1))
-    exposed_rounds = chunks + (num_ranks - 1).bit_length() - 1  # chunked_loads' own, for every count
+    hidden_rounds, hidden_chunks, exposed_rounds, exposed_chunks = chunked_loads(num_ranks, chunks)
     chunk = size_bytes / chunks
     hidden = hidden_rounds * network.alpha + hidden_chunks * chunk * network.beta
-    tail = exposed_rounds * network.alpha + exposed_rounds * chunk * network.beta
+    tail = exposed_rounds * network.alpha + exposed_chunks * chunk * network.beta
     time: np.ndarray = np.maximum(delay, hidden) + tail  # Estimate.time, less the delay: its exposed
     return time - delay
 
