@@ -9,7 +9,9 @@ one with ``StragglarState(policy="auto")``, which reduces a bucket with StragglA
 rank is late enough for it to pay and with the engine's all_reduce otherwise (below 4 ranks it
 has little to hide, and on these 1 MB buckets over gloo the model has not preferred it there;
 ``--policy stragglar`` uses it for every bucket).  ``--late-rank``
-sleeps ``--delay`` before each forward pass, as a straggler would.  At the end rank 0 prints the
+sleeps ``--delay`` before each forward pass, as a straggler would; ``auto`` is not told which rank
+that is and finds it from the arrivals, as it would in a real job (``--policy stragglar`` names it
+the straggler).  At the end rank 0 prints the
 policy's decisions (the first bucket's choice and each change), per step both copies' times and
 losses (equal but for rounding: the same sums, added in another order), and a verdict:
 
@@ -155,7 +157,9 @@ def main() -> None:
     ids = [device] if device.type == "cuda" else None
     default = DDP(plain, device_ids=ids, bucket_cap_mb=1)
     ours = DDP(twin, device_ids=ids, bucket_cap_mb=1)
-    state = StragglarState(policy=args.policy, straggler=args.late_rank, engine=args.engine)
+    # auto finds the late rank itself (what the verdict shows); StragglAR for every bucket needs it named
+    named = args.late_rank if args.policy == "stragglar" else None
+    state = StragglarState(policy=args.policy, straggler=named, engine=args.engine)
     used: dict[int, list[str]] = {}  # per step, the algorithm that reduced each bucket, in order
 
     def hook(state: StragglarState, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:

@@ -79,7 +79,8 @@ def cli(ctx: click.Context) -> None:
     its digits in threes with commas (1,000,004 B), as reports print them, except in a list
     (bench --sizes), where a comma separates the items.
     Exit codes: 0 done, 1 not a correct AllReduce or a failed run, 2 bad input, 3 out of
-    memory, disk space or solver time, 130 interrupted (Ctrl-C), 141 the output's reader went away.
+    memory, disk space or solver time, 130 interrupted (Ctrl-C), 141 the output's reader went away,
+    129 and 143 stopped by SIGHUP and SIGTERM.
     """
     if ctx.invoked_subcommand is None:  # bare `stragglar`: the help, asked for in effect
         click.echo(ctx.get_help())

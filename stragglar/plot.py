@@ -125,24 +125,40 @@ def cost_figure(
     by_n.set_title(f"against N, straggler {format_seconds(delay)} late")
     _legend_below(by_n)
 
-    critical = here.critical_delay("stragglar")
-    top = max(2 * delay, 2 * (critical or 0.0), 3 * here.get("stragglar").hidden, 1e-6)
-    delays = [top * i / 200 for i in range(201)]
+    # the delays past which each straggler-aware schedule beats Ring, as the table says them (none
+    # where it does at every delay or at none)
+    marks = [(e.algorithm, here.critical_delay(e.algorithm)) for e in here.estimates if e.hidden > 0]
+    crossings = [(algorithm, d) for algorithm, d in marks if d]
+    knee = max([d for _, d in crossings] + [here.get("stragglar").hidden])  # where the curves turn
+    top = max(2 * delay, 2 * knee, 1e-6)
+    wide = knee > 0 and top > 50 * knee  # a linear axis to 1 s would squash a turn at 30 us onto 0
+    if wide:
+        delays = [knee / 20 * (top / (knee / 20)) ** (i / 200) for i in range(201)]
+        by_delay.set_xscale("log")
+    else:
+        delays = [top * i / 200 for i in range(201)]
     at = [compare_generated(num_ranks, size_bytes, d, network, chunks=chunks) for d in delays]
     for algorithm in (e.algorithm for e in here.estimates if e.algorithm != "ring"):
         curve = [c.speedup(algorithm) for c in at]
         by_delay.plot([d * 1e3 for d in delays], curve, label=algorithm, color=_algorithm_colour(algorithm))
     by_delay.axhline(1.0, color="grey", linestyle="--", label="ring (baseline)")
-    if critical is not None:
+    for algorithm, crossing in crossings:
         by_delay.axvline(
-            critical * 1e3, color="red", linestyle=":", label=f"critical delay {format_seconds(critical)}"
+            crossing * 1e3,
+            color=_algorithm_colour(algorithm),
+            linestyle=":",
+            label=f"{algorithm} beats ring past {format_seconds(crossing)}",
         )
-    by_delay.set_xlabel("straggler delay (ms)")
+    by_delay.set_xlabel("straggler delay (ms, log scale)" if wide else "straggler delay (ms)")
     by_delay.set_ylabel("speed-up over Ring (exposed time)")
     by_delay.set_title(f"against the delay, N = {num_ranks}")
     _legend_below(by_delay)
     if chunks is not None:
         _by_chunks(panels[2], num_ranks, size_bytes, delay, network, chunks)
+    for ax in panels:  # speed-ups near 1x as themselves, not as "1e-5 + 1" and offsets from it
+        ax.ticklabel_format(axis="y", useOffset=False, style="plain")
+    if not wide:
+        by_delay.ticklabel_format(axis="x", useOffset=False, style="plain")
     fig.suptitle(
         f"Alpha-beta model: {format_bytes(size_bytes)} buffer, alpha {format_seconds(network.alpha)}, "
         f"{format_bytes(network.bandwidth)}/s per link"
@@ -175,7 +191,8 @@ def _by_chunks(ax: Axes, n: int, size_bytes: float, delay: float, network: Netwo
     )
     ax.axhline(1.0, color="grey", linestyle="--", label="ring (baseline)")
     ax.axvline(n - 1, color="black", linestyle=":", linewidth=1, label=f"the paper's C = N-1 = {n - 1}")
-    ax.axvline(chunks, color="red", linestyle=":", label=f"C = {chunks}")
+    if chunks != n - 1:  # one line, one legend entry, where the count is the paper's
+        ax.axvline(chunks, color="red", linestyle=":", label=f"C = {chunks}")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("chunks C (log scale)")
     ax.set_ylabel("speed-up over Ring (exposed time)")

@@ -272,7 +272,7 @@ def never(*args: object, **kwargs: object) -> None:
         ),
         (
             ["--gpus", "64", "--instances", "4", "-o", "x.xml"],
-            "StragglAR over 64 GPUs with 4 instances needs at least 252 thread blocks that others wait on",
+            "StragglAR over 64 GPUs with 4 instances needs at least 256 thread blocks that others wait on",
         ),
         (
             ["--gpus", "8", "--chunks", "4096", "-o", "x.xml"],

@@ -46,11 +46,8 @@ def accepted(fmt: Any, num_gpus: int, chunks: int) -> bool:
 def test_the_price_order_starts_with_the_cost_models_pick(
     num_gpus: int, size: int, delay: float, network: Network
 ) -> None:
-    limit = MSCCLPP.max_chunks(num_gpus, ExportOptions())
-    order = options.chunks_by_price(num_gpus, size, delay, network, max_chunks=limit)
-    assert order[0] == resolve_chunks(
-        AUTO, num_gpus, size, delay, network, power_of_two=True, max_chunks=limit
-    )
+    order = options.chunks_by_price(num_gpus, size, delay, network)
+    assert order[0] == resolve_chunks(AUTO, num_gpus, size, delay, network, power_of_two=True)
     assert sorted(order) == sorted(set(order)) and all(c & (c - 1) == 0 for c in order)
 
 
@@ -69,9 +66,7 @@ def test_auto_for_a_plan_is_the_fastest_count_the_plan_takes(tmp_path: Path) -> 
     assert json.loads(plan.read_text(encoding="utf-8"))["name"] == "stragglar-n4-s3-c64"
     assert run("verify", str(plan)).exit_code == 0
     # The note is true: every count priced faster is refused, and 64 is taken.
-    order = options.chunks_by_price(
-        4, 16 * GIB, 0.05, PAPER_NETWORK, max_chunks=MSCCLPP.max_chunks(4, ExportOptions())
-    )
+    order = options.chunks_by_price(4, 16 * GIB, 0.05, PAPER_NETWORK)
     faster = order[: order.index(64)]
     assert faster == [128] and not accepted(MSCCLPP, 4, 128) and accepted(MSCCLPP, 4, 64)
 
@@ -99,12 +94,12 @@ def test_auto_passes_over_every_count_the_format_refuses(
     out = tmp_path / "x.xml"
     result = run("synth", "--gpus", "8", "--chunks", "auto", "-o", str(out))
     assert result.exit_code == 0, result.output
-    order = options.chunks_by_price(
-        8, GIB, 0.0, PAPER_NETWORK, max_chunks=MSCCL.max_chunks(8, ExportOptions())
-    )
+    order = options.chunks_by_price(8, GIB, 0.0, PAPER_NETWORK)
     fastest_taken = next(c for c in order if c <= 16)
-    assert asked == order[: order.index(fastest_taken) + 1]  # fastest first, none taken twice
-    refused = sorted(c for c in asked if c > 16)
+    tried = order[: order.index(fastest_taken) + 1]
+    # fastest first, none taken twice; a count over the format's cells refused before its lowering
+    assert asked == [c for c in tried if c <= MSCCL.max_chunks(8, ExportOptions())]
+    refused = sorted(c for c in tried if c > 16)
     assert result.stderr.strip() == (
         f"--chunks auto: C = {fastest_taken}, the cost model's fastest for 1 GiB with the straggler 0 s late "
         "(alpha 3 us, 450 GiB/s) among the powers of two MSCCL XML takes (it refuses "
@@ -133,10 +128,40 @@ def test_auto_says_so_in_one_line_when_the_format_takes_no_count(
     out = tmp_path / "x.xml"
     line = one_error(run("synth", "--gpus", "8", "--chunks", "auto", "-o", str(out)), 2)
     assert line == (
-        "Error: --chunks auto: MSCCL XML takes no power-of-two chunk count from 8 to 2048 for 8 GPUs; "
+        "Error: --chunks auto: MSCCL XML takes no power-of-two chunk count from 8 to 4096 for 8 GPUs; "
         "with 8: needs 8 steps, the executor allows 4"
     )
     assert not out.exists()
+
+
+def test_auto_names_the_faster_counts_over_the_formats_cells_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Counts over the format's cells (MSCCL XML: 16,384 over 8 GPUs is 2048 chunks) were left out
+    before pricing: at alpha 0, where the most chunks are fastest, auto said "the cost model's
+    fastest" of a count while 4096, faster, went unnamed.  It is named now, and never lowered."""
+    asked = refusing_more_than(64, monkeypatch)
+    out = tmp_path / "x.xml"
+    result = run("synth", "--gpus", "8", "--alpha", "0", "--chunks", "auto", "-o", str(out))
+    assert result.exit_code == 0, result.output
+    assert asked == [2048, 1024, 512, 256, 128, 64]
+    assert result.stderr.strip() == (
+        "--chunks auto: C = 64, the cost model's fastest for 1 GiB with the straggler 0 s late "
+        "(alpha 0 s, 450 GiB/s) among the powers of two MSCCL XML takes (it refuses 128, 256, 512, "
+        "1024, 2048 and 4096)"
+    )
+
+
+def test_auto_for_a_file_of_a_small_buffer_takes_the_fewest_power_of_two(tmp_path: Path) -> None:
+    """Below 4 KiB a chunk, auto takes N - 1 chunks, the fewest; for a file it refused, "no
+    power-of-two chunk count from 7 to 7", where the fewest power of two, 8, fits."""
+    out = tmp_path / "p.json"
+    result = run(
+        "synth", "--gpus", "8", "--size", "4KiB", "--chunks", "auto", "--format", "mscclpp", "-o", str(out)
+    )
+    assert result.exit_code == 0, result.output
+    assert result.stderr.startswith("--chunks auto: C = 8, ")
+    assert run("verify", str(out)).exit_code == 0
 
 
 def test_auto_names_an_option_every_count_fails_on_as_it_is(tmp_path: Path) -> None:

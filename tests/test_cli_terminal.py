@@ -222,15 +222,19 @@ def test_bench_and_run_label_their_ratios_and_count_in_words() -> None:
 
 def test_ctrl_c_ends_a_z3_command_in_one_line() -> None:
     """The whole command: SIGINT while ``bound`` builds or solves its model ends it at once."""
-    # Python's handler restored first: a shell's background job (CI's, say) starts with SIGINT ignored
+    # Python's handler restored first: a shell's background job (CI's, say) starts with SIGINT
+    # ignored; "ready" once the imports are done, which take seconds on a loaded machine (a SIGINT
+    # during them is Python's traceback, not the command's)
     code = (
         "import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
-        "from stragglar.cli import main; main()"
+        "import sys; from stragglar.cli import main; print('ready', file=sys.stderr, flush=True); main()"
     )
-    command = [sys.executable, "-c", code, "bound", "--gpus", "14"]  # z3 needs minutes for N = 14
+    command = [sys.executable, "-c", code, "bound", "--gpus", "14"]  # z3 takes 25 s for N = 14
     child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        time.sleep(2.5)
+        assert child.stderr is not None
+        assert child.stderr.readline() == "ready\n"
+        time.sleep(1.5)  # into the model's building or solving
         assert child.poll() is None, child.communicate()
         child.send_signal(signal.SIGINT)
         start = time.perf_counter()

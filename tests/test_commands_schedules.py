@@ -20,6 +20,7 @@ from stragglar.formats import schedule_json
 from stragglar.formats.text import render
 from stragglar.schedule import Phase, Schedule
 from stragglar.synth import Request, synthesize
+from stragglar.verify import prove
 
 PROOF_8 = "proved: allreduce over 8 ranks, 7 chunks, 9 rounds after the straggler (15 in all), 98 transfers"
 
@@ -52,7 +53,8 @@ def test_synth_moves_the_straggler() -> None:
     ("algorithm", "summary"),
     [
         ("ring", "ring: 8 GPUs, 8 chunks, 14 rounds, 112 transfers; proved"),
-        ("rhd", "rhd: 8 GPUs, 8 chunks, 6 rounds, 112 transfers; proved"),
+        # halving moves several chunks over one link a round: its chunk-steps said, as prove-all does
+        ("rhd", "rhd: 8 GPUs, 8 chunks, 6 rounds (14 chunk-steps), 112 transfers; proved"),
         (
             "direct",
             "direct: 8 GPUs (straggler 7), 7 chunks, 3 rounds (21 chunk-steps) after the straggler arrives",
@@ -65,6 +67,21 @@ def test_baselines_have_no_lower_bound_comparison(algorithm: str, summary: str) 
     last = result.stdout.splitlines()[-1]
     assert last.startswith(summary)
     assert "R*" not in last
+
+
+def test_verbose_says_what_a_json_schedules_proof_covers(tmp_path: Path) -> None:
+    """``-v`` printed for a JSON schedule only the other summary line, not what its help promises:
+    what the proof covers.  Each command's verbose output now ends with it."""
+    path = tmp_path / "rhd.json"
+    made = run("synth", "--gpus", "8", "--algorithm", "rhd", "-o", str(path), "-v")
+    checked = run("verify", str(path), "-v")
+    shown = run("show", str(path), "-v")
+    for result in (made, checked, shown):
+        assert result.exit_code == 0, result.output
+        last = result.stdout.splitlines()[-1]
+        assert last.startswith("covers, by a symbolic run"), last
+        assert "each rank's contribution exactly once" in last
+    assert "6 rounds (14 chunk-steps)" in checked.stdout.splitlines()[0]
 
 
 def test_synth_json_on_stdout_is_clean_and_the_summary_goes_to_stderr() -> None:
@@ -84,7 +101,10 @@ def test_output_file_round_trip(tmp_path: Path) -> None:
     verified = run("verify", str(path))
     assert verified.exit_code == 0
     assert verified.stdout == f"{path}: {PROOF_8}\n"
-    assert run("verify", "-v", str(path)).stdout == f"{path}: {PROOF_8}\n{SUMMARY_8}\n"
+    assert (
+        run("verify", "-v", str(path)).stdout
+        == f"{path}: {PROOF_8}\n{SUMMARY_8}\n{prove(synthesize('stragglar', 8)).covers}\n"
+    )
 
     shown = run("show", str(path))
     assert shown.exit_code == 0

@@ -23,6 +23,7 @@ from stragglar.model import (
     compare_generated,
     estimate,
     generated_profile,
+    ranked_chunks,
     resolve_chunks,
 )
 from stragglar.msccl import default_name as xml_name
@@ -114,7 +115,7 @@ def test_cost_prints_the_chunked_row_beside_the_papers() -> None:
     assert re.search(r"40 of 46 .* 1\.60x$", rows["stragglar C=38"])
     assert re.search(r"9 of 15 .* 1\.36x$", rows["stragglar"])
     assert result.stdout.splitlines()[-1] == (
-        "chunks: C = 38 (auto: the model's fastest) against the paper's C = N-1 = 7: "
+        "chunks: C = 38 (auto: the model's fastest of C = 7 to 4096) against the paper's C = N-1 = 7: "
         "1.17x faster after the straggler arrives"
     )
     slower = run("cost", "--gpus", "4", "--size", "4KiB", "--chunks", "30")
@@ -136,6 +137,37 @@ def test_cost_prints_the_chunked_row_beside_the_papers() -> None:
     paper = run("cost", "--gpus", "8", "--chunks", "7")
     assert paper.stdout.splitlines()[-1] == "chunks: C = 7, the paper's C = N-1"
     assert "stragglar C=" not in paper.stdout
+
+
+def test_counts_equal_in_exact_arithmetic_are_one_price_and_the_fewest_wins() -> None:
+    """At alpha 0 over 2 GPUs every count costs one buffer's time exactly (C + 0 rounds of s/C);
+    float64's last bits made 49 chunks "2.2e-14% faster" than 1, and auto wrote 49 rounds for it."""
+    free = Network(0.0, PAPER_NETWORK.bandwidth)
+    assert best_chunks(2, 2**30, 0.0, free) == 1
+    assert ranked_chunks(2, 2**30, 0.0, free)[:3] == [1, 2, 3]  # one price: fewest first
+    line = run("cost", "--gpus", "2", "--size", "1GiB", "--alpha", "0", "--chunks", "auto").stdout
+    assert line.splitlines()[-1].startswith("chunks: C = 1 (auto: ")
+    fixed = run("cost", "--gpus", "2", "--size", "1GiB", "--alpha", "0", "--chunks", "49").stdout
+    assert fixed.splitlines()[-1] == (
+        "chunks: C = 49 against the paper's C = N-1 = 1: as fast after the straggler arrives"
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--gpus", "8", "--size", "1GiB", "--delay", "5ms"], "(auto: the model's fastest of C = 7 to 4096)"),
+        (  # 64 KiB: 40 chunks beat auto's 16, and auto keeps chunks at 4 KiB or more: said, not hidden
+            ["--gpus", "8", "--size", "64KiB", "--delay", "1s", "--alpha", "0.1us", "--bandwidth", "1GB/s"],
+            "(auto: the model's fastest of C = 7 to 16: no chunk under 4 KiB)",
+        ),
+        (["--gpus", "8", "--size", "16KiB"], "(auto: the only count it takes: more than N-1 = 7 would cut"),
+    ],
+)
+def test_cost_says_which_counts_auto_chose_among(args: list[str], said: str) -> None:
+    result = run("cost", *args, "--chunks", "auto")
+    assert result.exit_code == 0, result.output
+    assert said in result.stdout.splitlines()[-1]
 
 
 @pytest.mark.parametrize(

@@ -243,7 +243,7 @@ def test_cost_plot(tmp_path: Path) -> None:
     assert by_n.get_ylabel() == by_delay.get_ylabel() == "speed-up over Ring (exposed time)"
     assert fig.get_suptitle().startswith("Alpha-beta model: 1 GiB buffer")
     legend = [t.get_text() for t in legend_of(by_delay).get_texts()]
-    assert legend == ["stragglar", "rhd", "direct", "ring (baseline)", "critical delay 876 us"]
+    assert legend == ["stragglar", "rhd", "direct", "ring (baseline)", "stragglar beats ring past 876 us"]
     stragglar = by_n.get_lines()[0]
     assert [float(x) for x in cast("list[float]", stragglar.get_xdata())] == [2, 3, 4, 6, 8, 16]
     ys = cast("list[float]", stragglar.get_ydata())
@@ -255,6 +255,30 @@ def test_cost_plot(tmp_path: Path) -> None:
     assert result.stdout.endswith(f"plot written to {out}\n")
     width, height = png_size(out)
     assert 800 <= width <= 3000 and 300 <= height <= 1500
+
+
+def test_cost_plot_reads_near_one_and_far_delays_plainly() -> None:
+    """At N = 2 every speed-up is within 1e-4 of 1: the axes said "1e-5+1" with ticks 0 to 8, and
+    a "critical delay 0 s" that the table does not print; a 1 s delay squashed a turn at 0.9 ms
+    onto 0 of a linear axis to 2 s."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from stragglar.plot import cost_figure
+
+    near = cost_figure(2, 16 * GIB, 1.0, PAPER_NETWORK, sizes=[2, 4], chunks=1)
+    FigureCanvasAgg(near).draw()  # the ticks, and any offset, are chosen as it is drawn
+    for ax in near.axes:
+        assert not ax.yaxis.get_major_formatter().get_offset(), ax.get_title()
+    assert not any("beats ring" in t.get_text() for t in legend_of(near.axes[1]).get_texts())
+    assert [t.get_text() for t in legend_of(near.axes[2]).get_texts()].count("C = 1") == 0  # the paper's
+    far = cost_figure(8, GIB, 1.0, PAPER_NETWORK, sizes=[2, 8], chunks=38)
+    by_delay = far.axes[1]
+    assert by_delay.get_xscale() == "log" and by_delay.get_xlabel() == "straggler delay (ms, log scale)"
+    legend = [t.get_text() for t in legend_of(by_delay).get_texts()]
+    assert (
+        "stragglar C=38 beats ring past 651.6 us" in legend and "stragglar beats ring past 876 us" in legend
+    )
 
 
 def test_show_plot(tmp_path: Path) -> None:

@@ -285,6 +285,11 @@ def test_wrong_keys_and_types_are_format_errors(edit: Any, message: str) -> None
             "gpu 191: 12,584,064 chunks in the GPUs' buffers so far: stragglar proves plans of at most "
             "12,582,912 in all",
         ),
+        (  # 54 KB of plan, 22 GB and 2 minutes to prove: every chunk's set of the 524,288 cells
+            lambda p: [g.update(input_chunks=2**16, output_chunks=2**16) for g in p["gpus"]],
+            "plan: 393,228 chunks in the GPUs' buffers, each tracked over 196,608 (GPU, input chunk) cells: "
+            "stragglar proves plans where the two multiply to at most 8,589,934,592",
+        ),
         (
             lambda p: p.update(use_double_scratch_buffer=True),
             "plan: unsupported use_double_scratch_buffer: Simple puts write the peer's scratch without the "

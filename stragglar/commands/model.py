@@ -24,6 +24,7 @@ from stragglar.commands.proofs import proved_artifact
 from stragglar.commands.terminal import busy, echo, progress, progress_bar
 from stragglar.errors import IncorrectError, InputError, ResourceError, StragglarError
 from stragglar.model import AUTO, Comparison, Network, compare_generated, generated_profile
+from stragglar.model.chunks import MIN_CHUNK_BYTES, SAME_PRICE, chunk_candidates
 from stragglar.plot import chunk_sweep, sweep_sizes
 from stragglar.proof_tier import (
     ALGORITHM_MAX_WIDTH,
@@ -39,7 +40,7 @@ from stragglar.proof_tier import (
 )
 from stragglar.schedule import MAX_RANKS
 from stragglar.synth import ALGORITHMS
-from stragglar.units import count_of
+from stragglar.units import count_of, format_bytes
 from stragglar.verify import VerificationError
 from stragglar.verify.bound import BOUND_MAX_RANKS, prove_lower_bound
 from stragglar.verify.shard_bound import COLLECTIVES, shard_bound
@@ -49,7 +50,7 @@ __all__ = ["bound", "cost", "prove_all_command"]
 
 @click.command()
 @GPUS
-@model_options
+@model_options()
 @CHUNKS
 @PLOT
 def cost(
@@ -76,7 +77,7 @@ def cost(
         comparison = compare_generated(num_gpus, size, delay, network, chunks=num_chunks)
     echo(comparison.table())
     if num_chunks is not None:
-        echo(_chunk_line(comparison, num_chunks, chunks == AUTO))
+        echo(_chunk_line(comparison, num_chunks, _auto_range(num_gpus, size) if chunks == AUTO else None))
     if plot_file is not None:
         sizes = sweep_sizes(num_gpus)
         pairs = [(a, n) for n in sizes for a in ALGORITHMS if a != "rhd" or n & (n - 1) == 0]
@@ -94,15 +95,29 @@ def cost(
         )
 
 
-def _chunk_line(comparison: Comparison, chunks: int, auto: bool) -> str:
-    """``chunks: C = 38 (auto) against the paper's C = N-1 = 7: 1.18x faster after the straggler arrives``."""
+def _auto_range(num_gpus: int, size: float) -> str:
+    """The counts auto chose among, in words, and why they end there where the buffer ends them:
+    the model's fastest is not the fastest of every count (``--chunks 40`` can beat auto's 16 for
+    64 KiB buffers, whose chunks auto keeps at 4 KiB or more)."""
+    counts = chunk_candidates(num_gpus, size)
+    low, high = counts[0], counts[-1]
+    least = format_bytes(MIN_CHUNK_BYTES)
+    if high == low:
+        return f"the only count it takes: more than N-1 = {low} would cut chunks under {least}"
+    why = f": no chunk under {least}" if high == int(size // MIN_CHUNK_BYTES) else ""
+    return f"the model's fastest of C = {low} to {high}{why}"
+
+
+def _chunk_line(comparison: Comparison, chunks: int, auto: str | None) -> str:
+    """``chunks: C = 38 (auto: the model's fastest of C = 7 to 4096: ...) against the paper's C =
+    N-1 = 7: 1.18x faster after the straggler arrives``; ``auto`` the range auto chose from."""
     n = comparison.num_ranks
-    how = " (auto: the model's fastest)" if auto else ""
+    how = f" (auto: {auto})" if auto is not None else ""
     if chunks == n - 1:
         return f"chunks: C = {chunks}{how}, the paper's C = N-1"
     ours = comparison.get(f"stragglar C={chunks}").exposed
     paper = comparison.get("stragglar").exposed
-    if ours == paper:
+    if abs(ours - paper) <= SAME_PRICE * min(ours, paper):  # one price, but for float64's last bits
         than = "as fast"
     else:  # the larger time over the smaller, so that "2x slower" takes twice as long
         ratio = max(paper, ours) / min(paper, ours)

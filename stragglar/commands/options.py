@@ -17,7 +17,7 @@ from stragglar.artifacts import FORMATS, PROTOCOLS, ExportOptions
 from stragglar.commands.terminal import busy
 from stragglar.errors import InputError, quoted
 from stragglar.model import AUTO, PAPER_NETWORK, Network, ranked_chunks, resolve_chunks
-from stragglar.schedule import MAX_CHUNKS
+from stragglar.schedule import MAX_CHUNKS, MAX_RANKS
 from stragglar.synth import ALGORITHMS
 from stragglar.units import (
     exact_duration,
@@ -244,25 +244,29 @@ def auto_note(num_chunks: int, size: float, delay: float, network: Network, more
     )
 
 
-def model_options(command: Callable[..., None]) -> Callable[..., None]:
-    """``--size``, ``--delay``, ``--alpha``, ``--bandwidth``: the setting the cost model prices."""
-    options = [
-        click.option(
-            "--size", type=SIZE, default="1GiB", show_default=True, help="Buffer size per GPU (a size)."
-        ),
-        click.option(
-            "--delay", type=DURATION, default="0ms", show_default=True, help="How late the straggler is."
-        ),
-        click.option(
-            "--alpha", type=DURATION, default="3us", show_default=True, help="Latency of one round."
-        ),
-        click.option(
-            "--bandwidth", type=BANDWIDTH, default="450GiB/s", show_default=True, help="Bandwidth of a link."
-        ),
-    ]
-    for option in reversed(options):
-        command = option(command)
-    return command
+def model_options(when: str = "") -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """``--size``, ``--delay``, ``--alpha``, ``--bandwidth``: the setting the cost model prices;
+    ``when`` starts each help where they apply only then (``synth``: with ``--chunks auto``), so
+    that a default shown is not read as a setting the command always uses."""
+    helps = {
+        "--size": "buffer size per GPU (a size).",
+        "--delay": "how late the straggler is.",
+        "--alpha": "latency of one round.",
+        "--bandwidth": "bandwidth of a link.",
+    }
+    types = {"--size": SIZE, "--delay": DURATION, "--alpha": DURATION, "--bandwidth": BANDWIDTH}
+    defaults = {"--size": "1GiB", "--delay": "0ms", "--alpha": "3us", "--bandwidth": "450GiB/s"}
+
+    def decorate(command: Callable[..., None]) -> Callable[..., None]:
+        for name in reversed(helps):
+            text = f"{when}{helps[name]}" if when else helps[name][0].upper() + helps[name][1:]
+            option = click.option(
+                name, type=types[name], default=defaults[name], show_default=True, help=text
+            )
+            command = option(command)
+        return command
+
+    return decorate
 
 
 def chosen_chunks(
@@ -291,21 +295,25 @@ def refuse_chunks_for(algorithm: str, chunks: int | str | None) -> None:
         raise click.UsageError(f"--chunks does not apply: it shapes StragglAR, not {algorithm}")
 
 
-def chunks_by_price(
-    num_gpus: int, size: float, delay: float, network: Network, *, max_chunks: int
-) -> list[int]:
-    """The power-of-two chunk counts ``--chunks auto`` weighs for an executor's file, at most
-    ``max_chunks``, the cost model's fastest first and the fewest chunks among equals
+def chunks_by_price(num_gpus: int, size: float, delay: float, network: Network) -> list[int]:
+    """The power-of-two chunk counts ``--chunks auto`` weighs for an executor's file, the cost
+    model's fastest first and the fewest chunks among equals
     (:func:`~stragglar.model.chunks.ranked_chunks`), so that the first is its pick
-    (``resolve_chunks(AUTO, ..., power_of_two=True, max_chunks=max_chunks)``).  The command tries
-    them in this order until the format takes one."""
+    (``resolve_chunks(AUTO, ..., power_of_two=True)``).  The command tries them in this order
+    until the format takes one, and names those it refused."""
     with busy(f"choosing a chunk count for {num_gpus} GPUs"):
         late = max(delay, 0.0)  # as resolve_chunks reads it: a rank early prices as none
-        return ranked_chunks(num_gpus, size, late, network, power_of_two=True, max_chunks=max_chunks)
+        return ranked_chunks(num_gpus, size, late, network, power_of_two=True)
 
 
 GPUS = click.option(
-    "--gpus", "-n", "num_gpus", type=WHOLE, required=True, metavar="N", help="Number of GPUs, >= 2."
+    "--gpus",
+    "-n",
+    "num_gpus",
+    type=WHOLE,
+    required=True,
+    metavar="N",
+    help=f"Number of GPUs, 2 to {MAX_RANKS}.",
 )
 STRAGGLER = click.option("--straggler", type=WHOLE, metavar="R", help="The straggler's rank (default N-1).")
 ALGORITHM = click.option(
@@ -361,7 +369,12 @@ def artifact_options(command: Callable[..., None]) -> Callable[..., None]:
             help="Copies per loop.",
         ),
         click.option("--min-bytes", type=SIZE, help="Smallest message the executor uses it for (a size)."),
-        click.option("--max-bytes", type=SIZE, help="Largest message (a size; MSCCL XML default 1TiB)."),
+        click.option(
+            "--max-bytes",
+            type=SIZE,
+            help="Largest message (a size; default: MSCCL XML 1TiB, MSCCL++ the largest its 32-bit "
+            "chunk offsets fit).",
+        ),
         click.option("--name", help="The algo's or plan's name (default: from the schedule)."),
         click.option(
             "--max-threadblocks",

@@ -129,7 +129,7 @@ def output_format(output: Path | None, fmt: str | None, default: str, allowed: t
     "bench's --timeout, 60s, bounds one wait for a peer instead).",
 )
 @CHUNKS
-@model_options
+@model_options("With --chunks auto: ")
 @click.option(
     "--format",
     "fmt",
@@ -201,7 +201,7 @@ def synth(
         if exporting is not None:  # before the schedule is made: limits N, C and the options tell
             exporting.check_request(request, options)
         proof = _made(request)
-    summary, details = proof.headline, [proof.summary]
+    summary, details = proof.headline, [proof.summary, proof.covers]
     if exporting is not None:
         if lowered is None:
             lowered = _lowered(proof, exporting, options, request)
@@ -257,35 +257,28 @@ def _auto_for(
     """``--chunks auto`` for a file of ``fmt``: the power-of-two count the cost model prices fastest
     among those ``fmt`` takes, its request, proved schedule and lowered text; the decision is printed.
 
-    The counts are tried fastest first (:func:`chunks_by_price`, within ``fmt``'s cell limit); a
-    count ``fmt``'s lowering refuses (ops or channels of a thread block, steps, the size window:
-    limits only the lowering counts) is passed over for the next.  Where it refuses every one, the
-    next smaller powers of two are priced and tried, down to the least at N - 1: so "none" is said
-    of every power of two from there to the largest refused.
+    Every power of two auto may choose is priced (:func:`chunks_by_price`) and tried fastest first;
+    a count ``fmt`` refuses (its cells per file, which the request shows; ops or channels of a
+    thread block, steps, the size window, which only its lowering counts) is passed over for the
+    next, and named: so "the fastest" is never said of a count while a faster one went unsaid.
     """
     n = base.num_ranks
-    least = 1 << (n - 2).bit_length()  # the least power of two at least N - 1
-    bound = fmt.max_chunks(n, options)
     refused: dict[int, str] = {}
-    while True:  # the first pricing says why where no power of two fits the cell limit
-        order = chunks_by_price(n, setting.size, setting.delay, setting.network, max_chunks=bound)
-        for count in order:
-            request = _with_chunks(base, count)
+    for count in chunks_by_price(n, setting.size, setting.delay, setting.network):
+        request = _with_chunks(base, count)
+        try:
+            fmt.check_request(request, options)  # microseconds: before the schedule is made
             proof = _made(request)
-            try:
-                text = lowered_artifact(proof, fmt, options)
-            except InputError as e:  # over a limit of fmt's for this many chunks: the next count
-                refused[count] = str(e)
-                continue
-            more = ", a power of two for executors"
-            if refused:  # the fastest is not the cost model's alone: say which it passed over
-                refusals = _listed(sorted(refused))
-                more = f" among the powers of two {fmt.title_with_article} takes (it refuses {refusals})"
-            echo(auto_note(count, setting.size, setting.delay, setting.network, more), err=True)
-            return request, proof, text
-        bound = min(order) - 1  # every one refused: the powers of two below them
-        if bound < least:
-            break
+            text = lowered_artifact(proof, fmt, options)
+        except InputError as e:  # over a limit of fmt's for this many chunks: the next count
+            refused[count] = str(e)
+            continue
+        more = ", a power of two for executors"
+        faster = sorted(refused)
+        if faster:  # the fastest is not the cost model's alone: say which it passed over
+            more = f" among the powers of two {fmt.title_with_article} takes (it refuses {_listed(faster)})"
+        echo(auto_note(count, setting.size, setting.delay, setting.network, more), err=True)
+        return request, proof, text
     if len(refused) > 1 and len(set(refused.values())) == 1:  # not the count: the options (a name)
         raise InputError(next(iter(refused.values())))
     fewest = min(refused)
@@ -360,11 +353,11 @@ def export(
     if fmt in FORMATS:
         exported = export_artifact(proof, FORMATS[fmt], options)
         text, summary = exported.text, exported.proof.summary
-        details = f"{exported.proof.details}\n{proof.summary}"
+        details = f"{exported.proof.details}\n{proof.summary}\n{proof.covers}"
     else:
         with busy("formatting the schedule as json"):
             text = schedule_json.dumps(proof.schedule)
-        summary, details = proof.headline, proof.summary
+        summary, details = proof.headline, f"{proof.summary}\n{proof.covers}"
     if output is None:
         click.echo(text.rstrip("\n"))  # a document, as it is
     else:
@@ -406,7 +399,7 @@ def verify(file: Path, smt: bool, timeout: float | None, verbose: bool) -> None:
         proof = proved(
             found.schedule, str(file), functools.partial(smt_prove, timeout_s=timeout) if smt else prove
         )
-        summary, details = proof.summary, proof.headline
+        summary, details = proof.summary, f"{proof.headline}\n{proof.covers}"
     echo(f"{file}: {summary}")
     if verbose:
         echo(details)
@@ -437,7 +430,7 @@ def show(file: Path, plot_file: Path | None, size: int | None, verbose: bool) ->
     proof: Proof = proved(schedule, str(file))
     echo(proof.headline)
     if verbose:
-        echo(proof.summary)
+        echo(f"{proof.summary}\n{proof.covers}")
     if plot_file is not None:
         write_plot(plot_file, lambda plot: plot.schedule_figure(schedule))
 

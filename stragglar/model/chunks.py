@@ -33,6 +33,7 @@ __all__ = [
     "AUTO",
     "MAX_AUTO_CHUNKS",
     "MIN_CHUNK_BYTES",
+    "SAME_PRICE",
     "best_chunks",
     "chunk_candidates",
     "chunked_loads",
@@ -47,6 +48,10 @@ MIN_CHUNK_BYTES = 4096
 # (C + L - 1) / C of a buffer is then within 0.25% of one buffer for every N up to 1024
 # (L - 1 <= 9), while the cost of synthesizing, proving and running a schedule grows with C.
 MAX_AUTO_CHUNKS = 4096
+# Two prices within this share of each other are one price: sums equal in exact arithmetic (every
+# count at alpha 0 on 2 GPUs costs one buffer's time) differ in float64's last bits, which would
+# pick 49 chunks over 1 for a gain of 2e-14%.
+SAME_PRICE = 1e-9
 _Count = TypeVar("_Count", int, np.ndarray)  # one chunk count, or an array of them
 
 
@@ -61,6 +66,8 @@ def chunk_candidates(
 
     >>> len(chunk_candidates(8, 2**30)), chunk_candidates(8, 7 * 4096)
     (4090, [7])
+    >>> chunk_candidates(8, 4096, power_of_two=True)  # the fewest power of two, as N - 1 above
+    [8]
     >>> chunk_candidates(8, 2**30, power_of_two=True), chunk_candidates(8, 2**30, max_chunks=9)
     ([8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096], [7, 8, 9])
     """
@@ -74,8 +81,11 @@ def chunk_candidates(
         raise InputError(
             f"max_chunks must be at least N - 1 = {low}, the fewest StragglAR takes, got {max_chunks}"
         )
-    limits = (MAX_AUTO_CHUNKS, MAX_CHUNKS, MAX_CELLS // n, int(size_bytes // MIN_CHUNK_BYTES))
-    high = max(low, min(*limits, MAX_CHUNKS if max_chunks is None else max_chunks))
+    hard = min(MAX_CHUNKS, MAX_CELLS // n, MAX_CHUNKS if max_chunks is None else max_chunks)
+    # the fewest a caller takes (N - 1, or the least power of two from there) even where its chunks
+    # are under MIN_CHUNK_BYTES: auto's own limits only keep it from cutting finer
+    fewest = 1 << (low - 1).bit_length() if power_of_two else low
+    high = max(min(fewest, hard), min(MAX_AUTO_CHUNKS, int(size_bytes // MIN_CHUNK_BYTES), hard))
     if not power_of_two:
         return list(range(low, high + 1))
     chosen = [1 << k for k in range((low - 1).bit_length(), high.bit_length()) if low <= 1 << k <= high]
@@ -152,8 +162,18 @@ def ranked_chunks(
     if not delay >= 0:
         raise InputError(f"the straggler delay must be >= 0 seconds, got {delay}")
     counts = chunk_candidates(num_ranks, size_bytes, power_of_two=power_of_two, max_chunks=max_chunks)
-    order = np.lexsort((np.asarray(counts), _prices(num_ranks, counts, size_bytes, delay, network)))
-    return [counts[i] for i in order]
+    prices = _prices(num_ranks, counts, size_bytes, delay, network)
+    order = np.lexsort((np.asarray(counts), prices))
+    ranked: list[int] = []
+    first = 0
+    while first < len(order):  # prices within SAME_PRICE of a run's first are one: fewest chunks first
+        end = first + 1
+        top = prices[order[first]] * (1 + SAME_PRICE)
+        while end < len(order) and prices[order[end]] <= top:
+            end += 1
+        ranked += sorted(counts[i] for i in order[first:end])
+        first = end
+    return ranked
 
 
 def resolve_chunks(

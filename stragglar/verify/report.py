@@ -210,7 +210,7 @@ class Proof:
         Rounds after the straggler arrives are counted as :func:`_exposed` says, as in
         :attr:`headline`: a round that moves k chunks over one link is k chunk-steps."""
         s = self.schedule
-        rounds = count_of(s.num_rounds, "round")
+        rounds = count_of(s.num_rounds, "round") if s.straggler is not None else _exposed(s)
         hidden, fat = s.exposed_rounds != s.num_rounds, s.exposed_steps != s.exposed_rounds
         if s.straggler is not None and (hidden or fat):
             rounds = f"{_exposed(s)} after the straggler"
@@ -223,13 +223,29 @@ class Proof:
         return text if self.by == "simulator" else f"{text} ({self.by}, {self.seconds:.2f} s)"
 
     @property
+    def covers(self) -> str:
+        """What the proof covers, for ``-v``: the rules of :mod:`stragglar.schedule`'s model that
+        both provers check, and for how many inputs."""
+        how = (
+            "a symbolic run over the sets of ranks each value sums, so every input at once"
+            if self.by == "simulator"
+            else f"z3 found no input that gives a wrong sum ({self.seconds:.2f} s)"
+        )
+        return (
+            f"covers, by {how}: every rank ends with every chunk summing each rank's contribution "
+            "exactly once; in every round each transfer carries its sender's chunk as the round "
+            "began, a rank sends to at most one peer and receives from at most one, never sends "
+            "to itself, no chunk is written twice, and only the phase's ranks take part"
+        )
+
+    @property
     def headline(self) -> str:
         """One line for people (under 200 characters): who takes part, the rounds (against the
         lower bound for StragglAR), the transfers, and by whom it was proved."""
         s = self.schedule
         who = count_of(s.num_ranks, "GPU")
         if s.straggler is None:
-            rounds = count_of(s.num_rounds, "round")
+            rounds = _exposed(s)  # every round, in chunk-steps too where some round moves several
         else:
             who += f" (straggler {s.straggler})"
             rounds = f"{_exposed(s)} after the straggler arrives{_versus_bound(s)}, {s.num_rounds} in all"

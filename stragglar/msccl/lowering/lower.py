@@ -130,19 +130,19 @@ def check_request(num_ranks: int, num_chunks: int, instances: int = 1, algorithm
     """Refuse, before the schedule is even made, a file larger than stragglar writes or one the
     executor would refuse: at most :data:`MAX_XML_RANKS` GPUs and :data:`MAX_XML_CELLS` (GPU,
     chunk) cells per loop; and for ``algorithm="stragglar"`` (a schedule of stragglar's generator:
-    callers name it only then) at most ``(N - 1) x instances = 128``.
+    callers name it only then) at most ``N x instances = 128`` for N >= 3.
 
     StragglAR's straggler exchanges a chunk with every other GPU, sending it from one thread block
-    and adding the peer's into it in another, so one of the two waits for the other: at least one
-    thread block that others wait on per peer and instance, and the executor's int8 ``depid``
-    names only 128 (the lowering needs ``N x instances`` for N >= 3, so it refuses N = 65 with two
-    instances itself, in a second).
+    and adding the peer's into it in another, so one of the two waits for the other: a thread
+    block that others wait on per peer and instance, and the executor's int8 ``depid`` names only
+    128.  From N = 3 on the lowering needs one more per instance (N x instances: measured for
+    every N up to 128, and some take N + 1, which the lowering itself refuses, in seconds).
 
     >>> check_request(128, 127, algorithm="stragglar")
-    >>> check_request(64, 63, instances=4, algorithm="stragglar")
+    >>> check_request(65, 64, instances=2, algorithm="stragglar")
     Traceback (most recent call last):
     ...
-    stragglar.msccl.errors.MscclExportError: StragglAR over 64 GPUs with 4 instances needs at least 252 \
+    stragglar.msccl.errors.MscclExportError: StragglAR over 65 GPUs with 2 instances needs at least 130 \
 thread blocks that others wait on, but dependency targets must have ids <= 127: MSCCL XML takes \
 StragglAR up to N = 128 with one instance (N x instances <= 128)
     """
@@ -151,7 +151,7 @@ StragglAR up to N = 128 with one instance (N x instances <= 128)
             f"{num_ranks} GPUs: stragglar writes MSCCL XML for at most {MAX_XML_RANKS} (StragglAR stops "
             "there, and a file's lowering and proof grow as N^3)"
         )
-    waited_on = (num_ranks - 1) * instances  # within N <= 128, the instances can pass the limit
+    waited_on = (num_ranks if num_ranks >= 3 else 1) * instances  # the instances can pass the limit
     if algorithm == "stragglar" and waited_on > MAX_DEPENDENCY_TB + 1:
         raise MscclExportError(
             f"StragglAR over {num_ranks} GPUs with {count_of(instances, 'instance')} needs at least "

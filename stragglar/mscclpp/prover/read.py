@@ -49,9 +49,15 @@ from stragglar.mscclpp.vocabulary import (
 )
 from stragglar.schedule import MAX_CELLS, MAX_CHUNKS, MAX_RANKS
 
-__all__ = ["MAX_LOCATIONS", "read_plan"]
+__all__ = ["MAX_LOCATIONS", "MAX_PROOF_BITS", "read_plan"]
 
 MAX_LOCATIONS = 3 * MAX_CELLS  # input, output and scratch chunks of the largest schedule's plan
+# The proof keeps, for every chunk of every buffer, the set of (GPU, input chunk) cells it sums, as
+# one bit each: its memory grows as chunks x cells, 22 GB for a 54 KB plan that claimed 65,536
+# chunks a buffer over 8 GPUs.  A plan over this product is refused before any set is made; the
+# largest plan stragglar writes (192 GPUs) comes to 5.4e9 (its sets about 0.4 GB of the 2.6 GB
+# its proof peaks at).
+MAX_PROOF_BITS = 2**33
 BUFFER_NAMES = {"i": "input", "o": "output", "s": "scratch"}
 
 
@@ -123,6 +129,13 @@ class Resolver:
             self.chunks.append(sizes)
             self.channels.append(self._gpu_channels(g, gj))
             self.remote.append(self._gpu_buffers(g, gj))
+        cells = self.n * max(sizes["i"] for sizes in self.chunks)
+        if self.locations * cells > MAX_PROOF_BITS:
+            rd.at()
+            raise rd.unsupported(
+                f"{self.locations:,} chunks in the GPUs' buffers, each tracked over {cells:,} (GPU, input "
+                f"chunk) cells: stragglar proves plans where the two multiply to at most {MAX_PROOF_BITS:,}"
+            )
         first = self.chunks[0]
         for g, sizes in enumerate(self.chunks):
             rd.at(g)
