@@ -267,7 +267,7 @@ def test_cost_plot_reads_near_one_and_far_delays_plainly() -> None:
     from stragglar.plot import cost_figure
 
     near = cost_figure(2, 16 * GIB, 1.0, PAPER_NETWORK, sizes=[2, 4], chunks=1)
-    FigureCanvasAgg(near).draw()  # the ticks, and any offset, are chosen as it is drawn
+    FigureCanvasAgg(near).draw()  # type: ignore[no-untyped-call]  # ticks and offsets are chosen as it draws
     for ax in near.axes:
         assert not ax.yaxis.get_major_formatter().get_offset(), ax.get_title()
     assert not any("beats ring" in t.get_text() for t in legend_of(near.axes[1]).get_texts())
