@@ -124,6 +124,25 @@ def test_malformed_entries_are_one_line_naming_the_entry(
     assert words in refused([dump_file(tmp_path / "trace_0", entries)])  # type: ignore[arg-type]
 
 
+def shared_lists(levels: int) -> list[object]:
+    """Lists of lists that share their items: a few hundred bytes of pickle, 10**levels leaves."""
+    value: list[object] = ["a"] * 10
+    for _ in range(levels - 1):
+        value = [value] * 10
+    return value
+
+
+def test_a_value_that_shares_its_parts_is_shown_cut_not_written_out(tmp_path: Path) -> None:
+    """A 16 KB dump whose input_sizes held 10**10 strings through shared lists was written out as
+    JSON to be cut to 80 characters: gigabytes, minutes, and Ctrl-C unheard meanwhile."""
+    bomb = shared_lists(10)
+    message = refused([dump_file(tmp_path / "trace_0", [entry(input_sizes=[bomb])])])
+    assert message.endswith("... (more than 1,048,576 characters), not a shape"), message
+    named = [entry(seq=s, profiling_name=bomb) for s in (1, 2)]  # compared by --where: the same bound
+    where = [("profiling_name", "nccl:all_reduce")]
+    assert "after the --where filters" in refused([dump_file(tmp_path / "w" / "trace_0", named)], where)
+
+
 def test_dumps_that_disagree_are_refused(tmp_path: Path) -> None:
     paths = write_flight_recorder(tmp_path / "run", "0", ARRIVALS, shape=[8])
     assert "no file holds rank '2'" in refused([paths[0], paths[1], paths[3]])

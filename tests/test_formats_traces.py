@@ -146,6 +146,33 @@ def test_a_huge_trace_is_refused_after_a_bounded_number_of_rows(tmp_path: Path) 
     assert "line 2 is longer than 1,048,576 bytes" in refused(long_line)
 
 
+def test_rows_read_are_bounded_too_not_only_rows_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--where reads every row: a 1.5 MB Parquet file of 100,000,000 rows that a filter drops kept
+    whatif busy for 8 minutes.  The rows read stop at MAX_READ_ROWS (here 2,000)."""
+    monkeypatch.setattr("stragglar.formats.traces.MAX_READ_ROWS", 2_000)
+    path = tmp_path / "ops.csv"
+    with path.open("w") as out:
+        out.write("step,rank,time,op\n")
+        out.writelines(f"{step},{rank},{step},x\n" for step in range(1_000) for rank in range(4))
+    assert refused(path, where=[("op", "allreduce")]) == (
+        f"{path} has more than 2,000 rows: cut the trace to the steps to replay (--where reads every row)"
+    )
+
+
+def test_a_last_line_without_its_end_is_refused_as_a_file_cut_short(tmp_path: Path) -> None:
+    """A CSV cut in its last number still read as CSV: 1750000003900 us for 1750000003900020, 55
+    years early, and every saving printed as 0.0%, without a word."""
+    whole = "step,rank,time\n1,0,1750000003900000\n1,1,1750000003900020\n"
+    assert read_trace(csv_file(tmp_path, whole, "whole.csv"), "csv", DEFAULT)
+    cut = csv_file(tmp_path, whole[:-4], "cut.csv")
+    assert refused(cut) == (
+        f"{cut} line 3 has no line end: was the file cut while it was written? (end the line to replay "
+        "it as it is)"
+    )
+
+
 def test_a_fifo_or_a_folder_is_refused_before_reading(tmp_path: Path) -> None:
     fifo = tmp_path / "pipe.csv"
     os.mkfifo(fifo)

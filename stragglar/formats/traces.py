@@ -46,7 +46,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any, BinaryIO, cast
 
-from stragglar.errors import InputError, ResourceError, quoted, ran_out, shown
+from stragglar.errors import SHOWN_CHARACTERS, InputError, ResourceError, quoted, ran_out, shown
 from stragglar.files import json_complaint, open_appending, open_regular, refuse_standard_input
 
 __all__ = [
@@ -54,6 +54,7 @@ __all__ = [
     "INSPECTOR",
     "MAX_FILES",
     "MAX_LINE",
+    "MAX_READ_ROWS",
     "MAX_ROWS",
     "TABLE_FORMATS",
     "TIME_UNITS",
@@ -88,6 +89,9 @@ TRACE_SUFFIXES = {
 }
 TIME_UNITS = {"s": Fraction(1), "ms": Fraction(1, 10**3), "us": Fraction(1, 10**6), "ns": Fraction(1, 10**9)}
 MAX_ROWS = 1_000_000  # rows kept after the filters: about 300 MB of Python objects
+# Rows read, kept or not: --where reads every row, at about 200,000 a second, so a 1.5 MB Parquet
+# file of 100,000,000 repeated rows kept whatif busy for 8 minutes to keep none of them.
+MAX_READ_ROWS = 10 * MAX_ROWS
 MAX_LINE = 2**20  # bytes in one line of CSV or JSON Lines
 _NUMBER = re.compile(r"[+-]?(?:\d{1,40}(?:\.\d{0,40})?|\.\d{1,40})(?:[eE][+-]?\d{1,3})?")
 MAX_TIME = 10**30  # a time's magnitude in its unit (ns since 1970 are 10**18): differences stay floats
@@ -308,7 +312,7 @@ def read_trace(
     Every malformed input is an :class:`InputError` naming the file and, where there is one, the
     line: a missing column, a time that is no number, a step that is no whole number, a rank
     given twice at a step or missing from one, no rows (after the filters), more than
-    ``max_rows`` of them."""
+    ``max_rows`` of them, or more than :data:`MAX_READ_ROWS` read."""
     name = shown(path)
     needed = [columns.step, columns.rank, columns.time, *([columns.group] if columns.group else [])]
     needed += [column for column, _ in where if column not in needed]
@@ -316,7 +320,12 @@ def read_trace(
     found: dict[str | None, dict[int, dict[str, Fraction]]] = {}
     kept = 0
     with open_trace(path) as file:
-        for place, row in rows(file, name, needed):
+        for read, (place, row) in enumerate(rows(file, name, needed), 1):
+            if read > MAX_READ_ROWS:
+                raise InputError(
+                    f"{name} has more than {MAX_READ_ROWS:,} rows: cut the trace to the steps to replay "
+                    "(--where reads every row)"
+                )
             if any(where_text(row[column]) != value.strip() for column, value in where):
                 continue
             kept += 1
@@ -365,15 +374,24 @@ def where_text(value: Any) -> str:
     """A value as a ``--where`` compares it: a string stripped as a cell is, bytes (a Parquet
     binary column) as the UTF-8 text they hold, anything else as JSON writes it (a decimal or a
     timestamp as it prints).  A value JSON cannot write (a pickle's dictionary with tuple keys, a
-    list that holds itself) is its type's name in angle brackets (``<dict>``)."""
+    list that holds itself) is its type's name in angle brackets (``<dict>``).  Past
+    :data:`MAX_LINE` characters the text stops (with an ellipsis), as no ``--where`` value is that
+    long: a pickle of lists that share lists is 16 KB of file and gigabytes of text."""
     if isinstance(value, str):
         return value.strip()
     if isinstance(value, bytes):
         return value.decode("utf-8", errors="backslashreplace").strip()
+    parts: list[str] = []
+    size = 0
     try:
-        return json.dumps(value, default=str)
+        for part in json.JSONEncoder(default=str).iterencode(value):  # lazily: stops at the bound
+            parts.append(part)
+            size += len(part)
+            if size > MAX_LINE:
+                return "".join(parts)[:MAX_LINE] + "\u2026"
     except (TypeError, ValueError, RecursionError):
         return f"<{type(value).__name__}>"
+    return "".join(parts)
 
 
 @dataclass(frozen=True)
@@ -441,11 +459,12 @@ def exact_time(value: Any, column: str, place: str) -> Fraction:
 
 def shown_value(value: Any) -> str:
     """A value of a trace as a message shows it: a string quoted, anything else as JSON writes it."""
-    return (
-        quoted(value)
-        if isinstance(value, str)
-        else shown(where_text(value) if value is not None else "empty")
-    )
+    if isinstance(value, str):
+        return quoted(value)
+    text = where_text(value) if value is not None else "empty"
+    if len(text) > MAX_LINE:  # where_text stopped: its length is not the value's
+        return f"{shown(text[:SHOWN_CHARACTERS])}... (more than {MAX_LINE:,} characters)"
+    return shown(text)
 
 
 def numbered_lines(file: BinaryIO, name: str) -> Iterator[tuple[int, str]]:
@@ -472,10 +491,13 @@ def numbered_lines(file: BinaryIO, name: str) -> Iterator[tuple[int, str]]:
 def _csv_rows(file: BinaryIO, name: str, needed: Sequence[str]) -> Iterator[tuple[str, dict[str, Any]]]:
     lines = numbered_lines(file, name)
     numbers: list[int] = []
+    unended: list[int] = []  # the line without a line end: only a file's last can be one
 
     def text() -> Iterator[str]:
         for number, line in lines:
             numbers.append(number)
+            if not line.endswith(("\n", "\r")):
+                unended.append(number)
             yield line
 
     reader = csv.reader(text())
@@ -498,6 +520,11 @@ def _csv_rows(file: BinaryIO, name: str, needed: Sequence[str]) -> Iterator[tupl
                     f" (a quoted field runs from line {first}: a quote left open?)" if first != last else ""
                 )
                 raise InputError(f"{place}: {len(cells)} fields, the header has {len(header)}{opened}")
+            if unended:  # a number cut short is still a number: 1750000003900 for 1750000003900020
+                raise InputError(
+                    f"{place} has no line end: was the file cut while it was written? (end the line to "
+                    "replay it as it is)"
+                )
             yield place, {column: cells[index] for column, index in where.items()}
     except csv.Error as e:
         raise InputError(f"{name} line {numbers[-1] if numbers else 1}: not CSV: {e}") from None
