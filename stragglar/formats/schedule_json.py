@@ -47,6 +47,7 @@ from stragglar.schedule import (
 
 __all__ = [
     "FORMAT",
+    "MAX_CONTAINERS",
     "MAX_IDLE_ROUNDS",
     "VERSION",
     "ScheduleFormatError",
@@ -457,6 +458,13 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> Any:
     return value
 
 
+# Objects and arrays a document may hold, counted (braces and brackets, an upper bound) before it
+# is parsed: each costs Python 56 bytes or more for 2 or 3 of text, so 99 MB of ``{}`` took 4.8 GB.
+# The largest schedule stragglar reads, Ring over 2048 GPUs, has 8.4 million transfers; the
+# largest MSCCL++ plan it writes (192 GPUs) 1.5 million objects and arrays.
+MAX_CONTAINERS = 2**24
+
+
 def parse(text: str | bytes) -> Any:
     """The JSON document in ``text``, strictly: no NaN or Infinity, no key twice in one object.
     Bytes are read as UTF-8, as :func:`json.loads` reads them (a file's bytes, given whole).
@@ -473,6 +481,12 @@ def parse(text: str | bytes) -> Any:
             text = bytes(text).decode("utf-8-sig")
         except UnicodeDecodeError as e:
             raise ScheduleFormatError(f"not UTF-8 text: byte {e.start}") from None
+    containers = text.count("{") + text.count("[")
+    if containers > MAX_CONTAINERS:
+        raise ScheduleFormatError(
+            f"{containers:,} objects and arrays (or braces and brackets in its strings): stragglar reads "
+            f"JSON documents of at most {MAX_CONTAINERS:,}"
+        )
     try:
         with gc_paused():  # millions of compact transfers, all alive: collecting them is wasted work
             document = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
