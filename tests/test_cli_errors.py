@@ -693,3 +693,14 @@ def test_an_output_folder_that_takes_no_file_is_refused_before_the_work(
 
 def never_called(*args: object, **kwargs: object) -> None:
     raise AssertionError("the work started")
+
+
+def test_an_xml_file_holding_no_markup_is_called_no_xml_not_no_json(tmp_path: Path) -> None:
+    """``hello world`` in x.xml was "not JSON: Expecting value": true, but not of an XML file."""
+    path = tmp_path / "x.xml"
+    path.write_text("hello world\n")
+    line = one_error(run("verify", str(path)), 2)
+    assert line == f"Error: {path} is not valid MSCCL XML: it starts with no '<' (nor is it JSON)"
+    other = tmp_path / "x.json"
+    other.write_text("hello world\n")
+    assert one_error(run("verify", str(other)), 2).startswith(f"Error: {other}: not JSON: Expecting value")

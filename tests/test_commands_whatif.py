@@ -219,6 +219,26 @@ def test_the_report_is_never_appended_to_its_own_trace(tmp_path: Path) -> None:
     assert trace.read_bytes() == before
 
 
+def test_an_output_into_the_trace_folder_is_refused(tmp_path: Path) -> None:
+    """``whatif insp --json insp/out.json`` wrote the report among the traces: every later run of
+    ``whatif insp`` read it as one and failed."""
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    two_groups(folder)
+    for option in ("--json", "--plot"):
+        out = folder / ("out.json" if option == "--json" else "out.png")
+        line = one_error(run(str(folder), "--time-col", "time_us", option, str(out)))
+        assert line == (
+            f"Error: Invalid value for '{option}': {out} is in the trace folder {folder}, whose every "
+            "file is read as a trace: write it somewhere else"
+        )
+        assert not out.exists()
+    done = run(
+        str(folder), "--group-col", "group", "--time-col", "time_us", "--json", str(tmp_path / "o.json")
+    )
+    assert done.exit_code == 0, done.output
+
+
 def test_plot_and_json_into_one_file_are_refused_before_either_is_written(tmp_path: Path) -> None:
     """`--plot X --json X` wrote one file over the other."""
     pytest.importorskip("matplotlib")

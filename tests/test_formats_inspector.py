@@ -80,6 +80,16 @@ def record(rank: int = 0, ranks: int = 2, sn: int = 1, **changes: object) -> dic
 START = 1_750_000_000_000_000
 
 
+def test_a_record_longer_than_a_line_is_still_told_an_inspector_record(tmp_path: Path) -> None:
+    """A first record of 15,000 kernel events (over 1 MiB) was cut where the format is told, read as
+    no JSON, and so taken for JSON Lines: "x is JSON Lines and y NCCL Inspector's JSON"."""
+    long = record()
+    long["coll_perf"]["kernel_events"] = [{"start": i} for i in range(100_000)]  # type: ignore[index]
+    path = write_lines(tmp_path / "long.log", long)
+    assert path.stat().st_size > 2**20
+    assert trace_format_of([path], None) == INSPECTOR
+
+
 @pytest.mark.parametrize(
     ("lines", "words"),
     [
@@ -97,7 +107,8 @@ START = 1_750_000_000_000_000
         ([record(header__n_ranks="2")], "n_ranks is '2', not a whole number"),
         ([record(header__n_ranks=2**40)], "n_ranks is 1,099,511,627,776: stragglar replays up to 1,048,576"),
         ([record(header__id=None)], "header.id is empty: name the communicator"),
-        ([record(coll_perf__coll_sn=-1)], "coll_sn is -1, not a whole number"),
+        ([record(coll_perf__coll_sn=-1)], "coll_sn is -1: negative, which no count or time here can be"),
+        ([record(coll_perf__coll_sn=2**70)], f"coll_sn is {2**70}: more than the 64 bits it is written in"),
         ([record(coll_perf__event_trace_ts=None)], "no kernel start times (coll_perf.event_trace_ts)"),
         (
             [record(coll_perf__event_trace_ts={"kernel_events": []})],

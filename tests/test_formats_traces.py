@@ -97,6 +97,18 @@ def test_parquet_without_pyarrow_says_how_to_get_it(tmp_path: Path, monkeypatch:
         ("step,rank,time\n1,0,1e99999\n1,1,2\n", "time is '1e99999', not a number"),
         ("step,rank,time\n1,0,1e300\n1,1,2\n", "time is '1e300': at most 1e+30 of its unit"),
         ("step,rank,time\n1.5,0,1\n", "line 2: step is '1.5', not a whole number of steps"),
+        (
+            "step,rank,time\r1,0,1\r1,1,2\r",
+            "line 1: a carriage return alone ends lines: make them line feeds",
+        ),
+        # whole, but more digits than any trace's steps: said so, not "not a whole number"
+        (
+            "step,rank,time\n" + "1" * 31 + ",0,1\n",
+            "line 2: step is '" + "1" * 31 + "': a step has at most 18",
+        ),
+        # Arabic-Indic digits: Python's int() reads them, the XML and every other reader here do not
+        ("step,rank,time\n\u0661,0,1\n", "line 2: step is '\u0661', not a whole number of steps"),
+        ("step,rank,time\n1,0,\u06617\n", "line 2: time is '\u06617', not a number"),
         ("step,rank,time\n1,0,1\n1,1,2\n2,0,3\n", "step 2 has no row for rank '1'"),
         ("step,rank,time\n1,0,1\n1,1,2\n1,0,3\n", "line 4: rank '0' at step 1 is there twice"),
         ("step,rank,time\n1,0,1\n", "only one rank"),

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stragglar.artifacts import ArtifactFormat, format_of
+from stragglar.artifacts import MSCCL, ArtifactFormat, format_of
 from stragglar.commands.terminal import busy
 from stragglar.errors import InputError, shown
 from stragglar.files import read_text
@@ -50,6 +50,10 @@ def read_input(path: Path) -> Input:
                 )
             return Input(path, None, text, schedule_json.from_document(root))
         except schedule_json.ScheduleFormatError as e:
+            if path.suffix.lower() in MSCCL.suffixes and str(e).startswith("not JSON"):  # x.xml, no markup
+                raise InputError(
+                    f"{path} {MSCCL.unreadable}: it starts with no '<' (nor is it JSON)"
+                ) from None
             raise schedule_json.ScheduleFormatError(f"{path}: {e}") from None
 
 

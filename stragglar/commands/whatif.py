@@ -179,8 +179,20 @@ def _buckets(group: Group, given: tuple[int, ...] | None) -> tuple[int, ...]:
     return (sizes[0],)
 
 
-def _check_outputs(json_file: Path | None, plot_file: Path | None, files: Sequence[Path]) -> None:
-    """The outputs, checked before any work: none may overwrite an input, nor each other."""
+def _check_outputs(
+    json_file: Path | None, plot_file: Path | None, files: Sequence[Path], paths: Sequence[Path]
+) -> None:
+    """The outputs, checked before any work: none may overwrite an input, nor each other, nor go
+    into a trace folder (``paths``' folders), whose every file the next run would read as a trace."""
+    for output, option in ((json_file, "--json"), (plot_file, "--plot")):
+        folder = None if output is None or str(output) == "-" else output.parent
+        for path in paths:
+            if folder is not None and path.is_dir() and same_file(folder, path):
+                raise click.BadParameter(
+                    f"{shown(output)} is in the trace folder {shown(path)}, whose every file is read as "
+                    "a trace: write it somewhere else",
+                    param_hint=f"'{option}'",
+                )
     check_output(Path("-"), *files)  # the report to standard output must not append to the trace
     if json_file is not None:
         check_output(json_file, *files, option="--json")
@@ -300,7 +312,7 @@ def whatif(
     where = _where(where_values)
     rule = _rule(false_alarm, share, margin)
     files = trace_files(paths)
-    _check_outputs(json_file, plot_file, files)
+    _check_outputs(json_file, plot_file, files, paths)
     _check_readable(files[0])
     fmt = trace_format_of(files, fmt)
     if fmt not in TABLE_FORMATS:

@@ -64,6 +64,13 @@ def whole_number(value: Any, key: str, place: str) -> int:
     """A record's count or timestamp: a whole number from 0 to below :data:`MAX_WHOLE`."""
     if type(value) is int and 0 <= value < MAX_WHOLE:
         return value
+    if type(value) is int:  # whole, but out of the range: say which way
+        why = (
+            "negative, which no count or time here can be"
+            if value < 0
+            else "more than the 64 bits it is written in"
+        )
+        raise InputError(f"{place}: {key} is {shown_value(value)}: {why}")
     raise InputError(f"{place}: {key} is {shown_value(value)}, not a whole number")
 
 

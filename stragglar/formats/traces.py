@@ -93,9 +93,10 @@ MAX_ROWS = 1_000_000  # rows kept after the filters: about 300 MB of Python obje
 # file of 100,000,000 repeated rows kept whatif busy for 8 minutes to keep none of them.
 MAX_READ_ROWS = 10 * MAX_ROWS
 MAX_LINE = 2**20  # bytes in one line of CSV or JSON Lines
-_NUMBER = re.compile(r"[+-]?(?:\d{1,40}(?:\.\d{0,40})?|\.\d{1,40})(?:[eE][+-]?\d{1,3})?")
+_NUMBER = re.compile(r"[+-]?(?:\d{1,40}(?:\.\d{0,40})?|\.\d{1,40})(?:[eE][+-]?\d{1,3})?", re.ASCII)
 MAX_TIME = 10**30  # a time's magnitude in its unit (ns since 1970 are 10**18): differences stay floats
-_WHOLE = re.compile(r"[+-]?\d{1,18}")
+_WHOLE = re.compile(r"[+-]?\d+", re.ASCII)  # ASCII digits: Python's int() takes any script's
+_STEP_DIGITS = 18  # a step number's, at most: beyond, no trace counts steps
 _BATCH = 65_536  # Parquet rows decoded at a time
 MAX_FILES = 65_536  # files of one trace: a rank's file each
 _BOM = "\ufeff"  # what some editors and spreadsheets put before a UTF-8 file's first line
@@ -240,6 +241,8 @@ def _format_of_content(path: Path) -> str | None:
     except (ValueError, RecursionError):
         if line.rstrip().endswith(("{", "[", ",")) and "\n" in text:  # an object spread over lines
             raise InputError(_not_json_lines(path, text)) from None
+        if '"header"' in line and ('"coll_perf"' in line or '"p2p_perf"' in line):
+            return INSPECTOR  # a record cut at MAX_LINE read: the reader says the line is too long
         return "jsonl"  # reading it says what is wrong with its first line
     if isinstance(first, dict) and "header" in first and ("coll_perf" in first or "p2p_perf" in first):
         return INSPECTOR
@@ -429,11 +432,19 @@ def _step(value: Any, column: str, place: str) -> int:
     """A step: a whole number."""
     if isinstance(value, float) and value.is_integer():
         value = int(value)
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) < 10**18:
-        return value
-    if isinstance(value, str) and _WHOLE.fullmatch(value.strip()):
-        return int(value)
-    raise InputError(f"{place}: {column} is {shown_value(value)}, not a whole number of steps")
+    whole = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        whole = value
+    elif isinstance(value, str) and _WHOLE.fullmatch(value.strip()):
+        digits = value.strip().lstrip("+-")
+        whole = int(value) if len(digits) <= _STEP_DIGITS else 10**_STEP_DIGITS  # not parsed: 10**6 digits
+    if whole is None:
+        raise InputError(f"{place}: {column} is {shown_value(value)}, not a whole number of steps")
+    if abs(whole) >= 10**_STEP_DIGITS:
+        raise InputError(
+            f"{place}: {column} is {shown_value(value)}: a step has at most {_STEP_DIGITS} digits"
+        )
+    return whole
 
 
 def exact_time(value: Any, column: str, place: str) -> Fraction:
@@ -527,7 +538,10 @@ def _csv_rows(file: BinaryIO, name: str, needed: Sequence[str]) -> Iterator[tupl
                 )
             yield place, {column: cells[index] for column, index in where.items()}
     except csv.Error as e:
-        raise InputError(f"{name} line {numbers[-1] if numbers else 1}: not CSV: {e}") from None
+        at = f"{name} line {numbers[-1] if numbers else 1}"
+        if "new-line character seen in unquoted field" in str(e):  # Python's advice is to the programmer
+            raise InputError(f"{at}: a carriage return alone ends lines: make them line feeds") from None
+        raise InputError(f"{at}: not CSV: {e}") from None
 
 
 def _missing(header: Sequence[str], needed: Sequence[str], name: str) -> dict[str, int]:
