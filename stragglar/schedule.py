@@ -97,6 +97,14 @@ class Transfer(NamedTuple):
 Round = tuple[Transfer, ...]
 
 
+def _frozen(values: Any, what: str) -> tuple[Any, ...]:
+    """``values`` (a list, any iterable but a string) as a tuple; a TypeError naming ``what``
+    for anything else."""
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise ArgumentError(f"{what} must be a sequence, got {type(values).__name__}")
+    return tuple(values)
+
+
 @dataclass(frozen=True, slots=True)
 class Phase:
     """Consecutive rounds run by a subset of the ranks.
@@ -108,6 +116,18 @@ class Phase:
     name: str
     ranks: tuple[int, ...]
     rounds: tuple[Round, ...]
+
+    def __post_init__(self) -> None:
+        # Tuples, whatever was given: a proved schedule built of lists could still be changed
+        # through them (a round appended after the proof), and would run as it then was.
+        if type(self.ranks) is not tuple:
+            object.__setattr__(self, "ranks", _frozen(self.ranks, "ranks"))
+        rounds = self.rounds
+        if type(rounds) is not tuple or any(type(r) is not tuple for r in rounds):
+            rounds = tuple(
+                r if type(r) is tuple else _frozen(r, "a round") for r in _frozen(rounds, "rounds")
+            )
+            object.__setattr__(self, "rounds", rounds)
 
     @property
     def num_transfers(self) -> int:
@@ -129,6 +149,8 @@ class Schedule:
 
     def __post_init__(self) -> None:
         check_size(self.num_ranks, self.num_chunks)
+        if type(self.phases) is not tuple:  # as Phase's: nothing proved may change afterwards
+            object.__setattr__(self, "phases", _frozen(self.phases, "phases"))
 
     @property
     def num_rounds(self) -> int:

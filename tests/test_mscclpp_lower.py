@@ -3,6 +3,7 @@ shape and limits, handles the straggler exchange through scratch, and fails clea
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -13,7 +14,16 @@ import pytest
 
 from stragglar import mscclpp
 from stragglar.errors import ArgumentError
-from stragglar.mscclpp import MscclppExportError, PlanOptions, check_request, lower, will_use, write_plan
+from stragglar.mscclpp import (
+    MscclppExportError,
+    PlanFormatError,
+    PlanOptions,
+    PlanViolationError,
+    check_request,
+    lower,
+    will_use,
+    write_plan,
+)
 from stragglar.mscclpp.sizes import offset_limit
 from stragglar.schedule import Op, Phase, Schedule, Transfer
 from stragglar.synth import synthesize
@@ -375,6 +385,22 @@ def test_write_plan_is_atomic_and_leaves_no_temporary_file(tmp_path: Path) -> No
     assert write_plan(plan, target) == target
     assert target.read_text() == plan.text
     assert [p.name for p in tmp_path.iterdir()] == ["p.json"]
+
+
+def test_write_plan_writes_only_a_proved_plan(tmp_path: Path) -> None:
+    """write_plan wrote any text it was given ("garbage", or a plan's text replaced): nothing
+    unproved is exported, so it proves the text first, as the executor would run it."""
+    plan = lower(prove(synthesize("stragglar", 4)))
+    document = json.loads(plan.text)
+    document["gpus"][0]["threadblocks"][0]["ops"].pop()  # one op less: a wrong sum somewhere
+    target = tmp_path / "p.json"
+    with pytest.raises(PlanFormatError, match="not JSON"):
+        write_plan("garbage", target)
+    with pytest.raises(PlanViolationError, match="is wrong"):
+        write_plan(dataclasses.replace(plan, text=json.dumps(document)), target)
+    with pytest.raises(ArgumentError, match="plan must be an MscclppPlan or its text, got 5"):
+        write_plan(5, target)  # type: ignore[arg-type]
+    assert not target.exists()
 
 
 def test_a_schedule_round_too_big_for_one_thread_block_is_refused() -> None:

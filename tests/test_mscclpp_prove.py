@@ -8,8 +8,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
+from stragglar.errors import ArgumentError, InputError
 from stragglar.mscclpp import PlanFormatError, PlanViolationError, UnsupportedPlanError, check_plan, prove
 from stragglar.mscclpp.errors import PlanError
 
@@ -417,9 +419,15 @@ def test_out_of_place_ring_writing_the_output_is_proved() -> None:
     )
 
 
-def test_interleavings_must_be_positive() -> None:
-    with pytest.raises(ValueError, match="interleavings must be a positive integer, got 0"):
+def test_interleavings_must_be_a_count_a_caller_can_wait_for() -> None:
+    """10**30 interleavings ran until killed; a NumPy integer is an integer here as elsewhere."""
+    with pytest.raises(InputError, match="interleavings must be at least 1, got 0"):
         prove(fixture("ring_ok.json"), interleavings=0)
+    with pytest.raises(InputError, match=r"interleavings must be at most 10,000, got 1,000,000$"):
+        prove(fixture("ring_ok.json"), interleavings=10**6)
+    with pytest.raises(ArgumentError, match="interleavings must be an integer"):
+        prove(fixture("ring_ok.json"), interleavings=2.0)  # type: ignore[arg-type]
+    assert prove(fixture("ring_ok.json"), interleavings=np.int64(2)).interleavings == 2
 
 
 def test_every_error_is_one_line() -> None:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import functools
+import pickle
 import types
 from typing import Any
 
@@ -221,6 +224,46 @@ def test_clear_errors_for_bad_buffers_and_schedules() -> None:
             allreduce_local([np.zeros(4), np.zeros(4)], unproved)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="comes only from a prover"):
         Proof(wrong, "simulator", 0.0)
+
+
+def test_a_proof_given_another_schedule_is_no_proof() -> None:
+    """``dataclasses.replace(proof, schedule=s)`` passed the seal on with every other field, and the
+    runtime summed with ``s`` unproved: every rank of Ring without its last round held its own
+    chunks only.  A seal names the schedule it was issued for now; copies and pickles stay proofs."""
+    ring = synthesize("ring", 4)
+    cut = dataclasses.replace(
+        ring, phases=(dataclasses.replace(ring.phases[0], rounds=ring.phases[0].rounds[:-1]),)
+    )
+    proof = prove(synthesize("stragglar", 4))
+    with pytest.raises(ArgumentError, match="comes only from a prover"):
+        dataclasses.replace(proof, schedule=cut)
+    changed = prove(synthesize("stragglar", 4))
+    changed.__dict__["schedule"] = cut  # or object.__setattr__: the seal still names the proved one
+    with pytest.raises(ArgumentError, match="not the one a prover showed correct"):
+        allreduce_local([payload(r, 8, 4, "int64") for r in range(4)], changed)
+    for same in (copy.copy(proof), copy.deepcopy(proof), pickle.loads(pickle.dumps(proof))):
+        buffers = [payload(r, 8, 4, "int64") for r in range(4)]
+        allreduce_local(buffers, same)
+        assert all(np.array_equal(b, expected(8, 4, "int64")) for b in buffers)
+
+
+def test_a_schedule_built_of_lists_cannot_change_after_its_proof() -> None:
+    """Schedule and Phase kept the lists they were given: a round appended after the proof ran
+    (3, 3 became 3, 6), and the proved schedule could not be hashed."""
+    rounds = [[Transfer(0, 1, 0, Op.REDUCE), Transfer(1, 0, 0, Op.REDUCE)]]
+    ranks = [0, 1]
+    phases = [Phase("x", ranks, rounds)]  # type: ignore[arg-type]
+    proof = prove(Schedule("hand", 2, 1, None, phases))  # type: ignore[arg-type]
+    rounds.append([Transfer(0, 1, 0, Op.REDUCE)])
+    rounds[0].pop()
+    ranks.append(2)
+    phases.clear()
+    buffers = [payload(r, 8, 2, "int64") for r in range(2)]
+    allreduce_local(buffers, proof)
+    assert all(np.array_equal(b, expected(8, 2, "int64")) for b in buffers)
+    assert isinstance(hash(proof.schedule), int)
+    with pytest.raises(ArgumentError, match="rounds must be a sequence, got int"):
+        Phase("x", (0, 1), 5)  # type: ignore[arg-type]
 
 
 def test_buffers_that_share_memory_or_are_read_only_are_refused_before_any_data_moves() -> None:

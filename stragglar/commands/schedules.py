@@ -49,7 +49,7 @@ from stragglar.formats.text import render
 from stragglar.model import AUTO, Network
 from stragglar.schedule import check_size
 from stragglar.synth import METHODS, Request, check_ranks, check_request, generate
-from stragglar.units import format_bytes
+from stragglar.units import count_of, format_bytes
 from stragglar.verify import Proof, prove
 from stragglar.verify.report import ArtifactProof
 from stragglar.verify.smt import smt_prove
@@ -258,16 +258,23 @@ def _auto_for(
     among those ``fmt`` takes, its request, proved schedule and lowered text; the decision is printed.
 
     Every power of two auto may choose is priced (:func:`chunks_by_price`) and tried fastest first;
-    a count ``fmt`` refuses (its cells per file, which the request shows; ops or channels of a
-    thread block, steps, the size window, which only its lowering counts) is passed over for the
-    next, and named: so "the fastest" is never said of a count while a faster one went unsaid.
+    a count ``fmt`` refuses (more than its cells per file, told before the schedule is made; ops or
+    channels of a thread block, steps, the size window, which only its lowering counts) is passed
+    over for the next, and named: so "the fastest" is never said of a count while a faster one
+    went unsaid.
     """
     n = base.num_ranks
+    cells = fmt.max_chunks(n, options)  # the format was asked about N before pricing: its cells here
     refused: dict[int, str] = {}
     for count in chunks_by_price(n, setting.size, setting.delay, setting.network):
+        if count > cells:  # before the schedule is made
+            refused[count] = (
+                f"{n} GPUs x {count} chunks x {count_of(options.instances, 'instance')}: stragglar writes "
+                f"{fmt.plural} of at most {fmt.max_cells:,} (GPU, chunk) cells"
+            )
+            continue
         request = _with_chunks(base, count)
         try:
-            fmt.check_request(request, options)  # microseconds: before the schedule is made
             proof = _made(request)
             text = lowered_artifact(proof, fmt, options)
         except InputError as e:  # over a limit of fmt's for this many chunks: the next count

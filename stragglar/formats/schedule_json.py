@@ -393,6 +393,9 @@ def to_document(schedule: Schedule) -> dict[str, Any]:
     >>> doc["phases"][0]["rounds"]
     [[{'src': 0, 'dst': 1, 'chunk': 0, 'op': 'copy'}]]
     """
+    if not isinstance(schedule, Schedule):  # a Proof, say: its fields were read as a schedule's
+        hint = ": pass its .schedule" if isinstance(getattr(schedule, "schedule", None), Schedule) else ""
+        raise ArgumentError(f"expected a Schedule, got {type(schedule).__name__}{hint}")
     _const(schedule.collective, "collective", COLLECTIVE)
     n, c, straggler = _sizes(schedule.num_ranks, schedule.num_chunks, schedule.straggler)
     idle = _IdleRounds()
@@ -481,6 +484,8 @@ def parse(text: str | bytes) -> Any:
             text = bytes(text).decode("utf-8-sig")
         except UnicodeDecodeError as e:
             raise ScheduleFormatError(f"not UTF-8 text: byte {e.start}") from None
+    if not isinstance(text, str):  # a path or a dict: not the text (read() takes a path)
+        raise ArgumentError(f"a schedule's JSON is its text (str or bytes), got {described(text)}")
     containers = text.count("{") + text.count("[")
     if containers > MAX_CONTAINERS:
         raise ScheduleFormatError(

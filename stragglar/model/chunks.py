@@ -26,7 +26,7 @@ import numpy as np
 
 from stragglar.args import as_int
 from stragglar.errors import InputError, described
-from stragglar.model.cost import PAPER_NETWORK, Network
+from stragglar.model.cost import PAPER_NETWORK, Network, check_setting
 from stragglar.schedule import MAX_CELLS, MAX_CHUNKS
 
 __all__ = [
@@ -74,8 +74,7 @@ def chunk_candidates(
     n = as_int(num_ranks, "num_ranks")
     if n < 2:
         raise InputError(f"StragglAR needs at least 2 GPUs, got {n}")
-    if not size_bytes > 0:
-        raise InputError(f"the buffer size must be > 0 bytes, got {size_bytes}")
+    size_bytes, _ = check_setting(size_bytes, 0.0)
     low = n - 1
     if max_chunks is not None and as_int(max_chunks, "max_chunks") < low:  # not silently N - 1
         raise InputError(
@@ -106,6 +105,11 @@ def chunked_loads(num_ranks: int, num_chunks: _Count) -> tuple[int, _Count, _Cou
     >>> chunked_loads(8, 7), chunked_loads(8, 9)
     ((6, 6, 9, 9), (6, 12, 11, 11))
     """
+    num_ranks = as_int(num_ranks, "num_ranks", minimum=2)
+    if np.any(np.asarray(num_chunks) < num_ranks - 1):
+        raise InputError(
+            f"StragglAR needs at least N - 1 = {num_ranks - 1} chunks, got {described(num_chunks)}"
+        )
     hidden = num_ranks - 2
     exposed = num_chunks + (num_ranks - 1).bit_length() - 1  # (N - 1).bit_length() = ceil(log2 N)
     return hidden, hidden * -(-num_chunks // (num_ranks - 1)), exposed, exposed
@@ -159,8 +163,7 @@ def ranked_chunks(
     >>> ranked_chunks(8, 2**30, 0.005, power_of_two=True)[:4]
     [32, 64, 16, 128]
     """
-    if not delay >= 0:
-        raise InputError(f"the straggler delay must be >= 0 seconds, got {delay}")
+    size_bytes, delay = check_setting(size_bytes, delay)
     counts = chunk_candidates(num_ranks, size_bytes, power_of_two=power_of_two, max_chunks=max_chunks)
     prices = _prices(num_ranks, counts, size_bytes, delay, network)
     order = np.lexsort((np.asarray(counts), prices))

@@ -54,6 +54,7 @@ __all__ = [
     "Estimate",
     "Network",
     "Profile",
+    "check_setting",
     "compare",
     "critical_delay",
     "estimate",
@@ -151,6 +152,35 @@ class Estimate:
         return self.time - self.delay
 
 
+def check_setting(size_bytes: float, delay: float) -> tuple[float, float]:
+    """A setting the model prices, checked the same way by every caller: a buffer of a finite
+    number of bytes above 0 and a straggler a finite number of seconds late, at least 0, as
+    floats.  An infinite delay priced every speed-up as NaN, and ``True`` was a 1-byte buffer.
+
+    >>> check_setting(2**30, 0)
+    (1073741824.0, 0.0)
+    """
+    size = _finite(size_bytes, "the buffer size", "bytes")
+    if not size > 0:
+        raise InputError(f"the buffer size must be > 0 bytes, got {described(size_bytes)}")
+    late = _finite(delay, "the straggler delay", "seconds")
+    if not late >= 0:
+        raise InputError(f"the straggler delay must be >= 0 seconds, got {described(delay)}")
+    return size, late
+
+
+def _finite(value: object, name: str, unit: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ArgumentError(f"{name} must be a number of {unit}, got {described(value)}")
+    try:
+        number = float(value)
+    except OverflowError:  # an integer past a float's range
+        number = math.inf
+    if not math.isfinite(number):
+        raise InputError(f"{name} must be a finite number of {unit}, got {described(value)}")
+    return number
+
+
 def estimate(prof: Profile, size_bytes: float, delay: float, network: Network) -> Estimate:
     """Evaluate ``prof`` for a buffer of ``size_bytes`` and a straggler ``delay`` seconds late.
 
@@ -159,10 +189,7 @@ def estimate(prof: Profile, size_bytes: float, delay: float, network: Network) -
     >>> e.hidden * 1e3, e.tail * 1e3  # 2 hidden rounds, 4 exposed, 1 MiB chunks at 1 GiB/s
     (1.953125, 3.90625)
     """
-    if not size_bytes > 0:
-        raise InputError(f"the buffer size must be > 0 bytes, got {size_bytes}")
-    if not delay >= 0:
-        raise InputError(f"the straggler delay must be >= 0 seconds, got {delay}")
+    size_bytes, delay = check_setting(size_bytes, delay)
     return Estimate(
         prof.algorithm,
         prof.num_ranks,

@@ -25,6 +25,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
+from stragglar.errors import ArgumentError, described
 from stragglar.files import json_complaint, lone_surrogate
 from stragglar.mscclpp.errors import PlanFormatError
 
@@ -50,6 +51,13 @@ def plan_document(source: PlanSource) -> PlanDocument:
     """
     if isinstance(source, PlanDocument):
         return source
+    if not isinstance(source, str):  # a lowered plan, bytes, a path: json's own TypeError otherwise
+        kind = type(source).__name__
+        if isinstance(getattr(source, "text", None), str):  # lower()'s plan: its text is the plan
+            raise ArgumentError(f"a plan source is the plan's JSON text: pass the {kind}'s .text")
+        raise ArgumentError(
+            f"a plan source is the plan's JSON text (a str) or its document, got {described(source)}"
+        )
     try:
         root = json.loads(source)
     except (ValueError, RecursionError) as exc:

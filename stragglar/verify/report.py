@@ -163,7 +163,17 @@ class VerificationError(IncorrectError):
         self.violation = violation
 
 
-_SEAL = object()
+class _Seal:
+    """What only :func:`issue_proof` makes: the very schedule object a prover showed correct.
+
+    A seal names its schedule, not just its maker, so that a proof copied with another schedule
+    (``dataclasses.replace(proof, schedule=s)`` passes every field on, the seal too) or changed in
+    place names the wrong one and is refused, where the runtime would have run ``s`` unproved."""
+
+    __slots__ = ("schedule",)
+
+    def __init__(self, schedule: Schedule) -> None:
+        self.schedule = schedule
 
 
 @dataclass(frozen=True)
@@ -171,7 +181,7 @@ class Proof:
     """Evidence that ``schedule`` is a correct AllReduce, from the prover named in ``by``.
 
     Only the provers make one (see :func:`issue_proof`); code that exports or runs a schedule
-    asks for a ``Proof`` and so cannot be handed an unproved one.
+    asks for a ``Proof`` (:func:`require_proof`) and so cannot be handed an unproved one.
     """
 
     schedule: Schedule = field(repr=False)
@@ -180,8 +190,14 @@ class Proof:
     _seal: object = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self._seal is not _SEAL:
-            raise TypeError("a Proof comes only from a prover: use stragglar.verify.prove(schedule)")
+        if not self.sealed:
+            raise ArgumentError("a Proof comes only from a prover: use stragglar.verify.prove(schedule)")
+
+    @property
+    def sealed(self) -> bool:
+        """Whether a prover issued this proof for this very schedule."""
+        seal = self._seal
+        return isinstance(seal, _Seal) and seal.schedule is self.schedule
 
     @property
     def num_ranks(self) -> int:
@@ -339,12 +355,17 @@ def require_proof(value: object) -> Proof:
             f"expected a Proof, got {type(value).__name__}: prove the schedule first "
             "(stragglar.verify.prove(schedule))"
         )
+    if not value.sealed:  # its schedule swapped after the prover issued it
+        raise ArgumentError(
+            "this Proof's schedule is not the one a prover showed correct: prove the schedule "
+            "(stragglar.verify.prove(schedule))"
+        )
     return value
 
 
 def issue_proof(schedule: Schedule, by: str, seconds: float) -> Proof:
     """The :class:`Proof` a prover hands out once it has shown ``schedule`` correct."""
-    return Proof(schedule, by, seconds, _SEAL)
+    return Proof(schedule, by, seconds, _Seal(schedule))
 
 
 # ---------------------------------------------------------------------------- messages

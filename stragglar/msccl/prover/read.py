@@ -20,6 +20,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from stragglar.errors import ArgumentError, described
 from stragglar.msccl.errors import MscclViolation
 from stragglar.msccl.prover.parsed import Algo, Gpu, ThreadBlock, Tx, XmlDocument, XmlSource
 from stragglar.msccl.prover.tokens import Element, LimitProblem, SyntaxProblem, elements, first_name
@@ -148,6 +149,10 @@ def read(source: XmlSource) -> XmlDocument:
     """
     if isinstance(source, XmlDocument):
         return source
+    if not isinstance(source, str):  # bytes, a path, a proof: the regular expressions raised TypeError
+        raise ArgumentError(
+            f"an MSCCL XML source is the file's text (a str) or its read document, got {described(source)}"
+        )
     try:
         if first_name(source) != "algo":  # the executor reads the first element alone, and stops there
             what = "the file must start with an <algo> element (the executor reads its first element)"

@@ -294,6 +294,18 @@ def lower(proof: Proof, options: PlanOptions | None = None) -> MscclppPlan:
 
 
 def write_plan(plan: MscclppPlan | str, path: str | os.PathLike[str]) -> Path:
-    """Write the plan (or plan text) atomically: a temporary file in the same folder, then a rename."""
-    write_text(path, plan.text if isinstance(plan, MscclppPlan) else plan)
+    """Write the plan (or plan text) atomically (a temporary file in the same folder, then a
+    rename), once the plan prover has proved the text as the executor runs it: a plan's text can
+    come from anywhere (a string, or ``dataclasses.replace(plan, text=...)``), and nothing
+    unproved is written.  A plan that is no correct AllReduce raises the prover's error."""
+    from stragglar.mscclpp.prover.prove import prove  # the prover judges the text alone
+
+    if isinstance(plan, MscclppPlan):
+        text = plan.text
+    elif isinstance(plan, str):
+        text = plan
+    else:
+        raise ArgumentError(f"plan must be an MscclppPlan or its text, got {described(plan)}")
+    prove(text)
+    write_text(path, text)
     return Path(path)
