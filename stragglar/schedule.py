@@ -270,6 +270,7 @@ def check_size(num_ranks: int, num_chunks: int) -> None:
     ...
     stragglar.errors.InputError: 4096 ranks: stragglar handles at most 2048
     """
+    num_ranks, num_chunks = as_int(num_ranks, "num_ranks"), as_int(num_chunks, "num_chunks")
     if num_ranks > MAX_RANKS:
         raise InputError(f"{num_ranks} ranks: stragglar handles at most {MAX_RANKS}")
     if num_chunks > MAX_CHUNKS:

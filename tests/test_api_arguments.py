@@ -13,6 +13,7 @@ from stragglar.errors import ArgumentError, InputError
 from stragglar.formats import schedule_json
 from stragglar.model import chunked_loads, compare_generated, estimate, profile
 from stragglar.model.cost import PAPER_NETWORK
+from stragglar.schedule import Schedule
 from stragglar.synth import synthesize
 from stragglar.verify import prove
 
@@ -68,3 +69,15 @@ def test_a_wrong_argument_is_one_line_of_ours(call: Any, error: type[Exception],
         call()
     assert message in str(info.value)
     assert "\n" not in str(info.value)
+
+
+def test_wrong_kinds_at_the_entry_points_of_synthesis_and_the_model() -> None:
+    anything: Any = ["ring"]
+    with pytest.raises(ArgumentError, match=r"algorithm must be a name \(a str\), got \['ring'\]"):
+        synthesize(anything, 4)
+    with pytest.raises(ArgumentError, match="num_ranks must be an integer, got '2'"):
+        Schedule("hand", "2", 1, None, ())  # type: ignore[arg-type]
+    with pytest.raises(
+        InputError, match=r"no estimate for 'rhd' at N = 6 \(priced: stragglar, ring, direct\)"
+    ):
+        compare_generated(6, 2**20, 0.0).get("rhd")  # was a KeyError

@@ -249,7 +249,10 @@ class Comparison:
         for e in self.estimates:
             if e.algorithm == algorithm:
                 return e
-        raise KeyError(f"no estimate for {algorithm!r} at N={self.num_ranks}")
+        priced = ", ".join(e.algorithm for e in self.estimates)
+        raise InputError(  # rhd has none where N is no power of two: a value error, not a lookup's
+            f"no estimate for {described(algorithm)} at N = {self.num_ranks} (priced: {priced})"
+        )
 
     def speedup(self, algorithm: str) -> float:
         """Ring's exposed time over ``algorithm``'s: above 1 means faster than Ring."""

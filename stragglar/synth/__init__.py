@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from stragglar.args import as_int, as_rank, as_seconds
-from stragglar.errors import InputError, described
+from stragglar.errors import ArgumentError, InputError, described
 from stragglar.schedule import ALGORITHMS, MAX_RANKS, Schedule, check_size, gc_paused, move_straggler
 from stragglar.synth.direct import direct_allreduce
 from stragglar.synth.rhd import rhd_allreduce
@@ -121,6 +121,9 @@ def check_ranks(algorithm: str, num_ranks: int, method: str = "construct") -> Re
     ...
     stragglar.errors.InputError: need 2 to 2048 GPUs, got 1
     """
+    for value, name in ((algorithm, "algorithm"), (method, "method")):
+        if not isinstance(value, str):  # a list was looked up in a dict: "unhashable type"
+            raise ArgumentError(f"{name} must be a name (a str), got {described(value)}")
     if algorithm not in _GENERATORS:
         raise InputError(f"unknown algorithm {described(algorithm)} (choose from {', '.join(ALGORITHMS)})")
     if method not in METHODS:
