@@ -38,7 +38,16 @@ from typing import Any
 
 from stragglar.errors import ArgumentError, InputError, described
 
-__all__ = ["MAX_DELAY", "MAX_INT_BITS", "MAX_TIMEOUT", "as_flag", "as_int", "as_rank", "as_seconds"]
+__all__ = [
+    "MAX_DELAY",
+    "MAX_INT_BITS",
+    "MAX_TIMEOUT",
+    "as_flag",
+    "as_int",
+    "as_rank",
+    "as_real",
+    "as_seconds",
+]
 
 MAX_TIMEOUT = 24 * 3600.0  # seconds: the longest wait the API takes, a day
 MAX_INT_BITS = 64
@@ -79,17 +88,23 @@ def as_rank(value: Any, name: str, num_ranks: int) -> int:
     return rank
 
 
+def as_real(value: Any, name: str, unit: str) -> float:
+    """``value`` as a float, if it is a real number (not a bool) of ``unit``; an integer past a
+    float's range is infinite, as it would be anywhere it is used."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ArgumentError(
+            f"{name} must be a number of {unit}, got {described(value)} ({type(value).__name__})"
+        )
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf
+
+
 def as_seconds(value: Any, name: str, *, positive: bool = False, maximum: float = MAX_TIMEOUT) -> float:
     """``value`` as a finite number of seconds, ``>= 0`` (``> 0`` when ``positive``) and at most
     ``maximum`` (a day unless the caller says less: :data:`MAX_DELAY` for a delay)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ArgumentError(
-            f"{name} must be a number of seconds, got {described(value)} ({type(value).__name__})"
-        )
-    try:
-        seconds = float(value)
-    except OverflowError:  # an integer past a float's range: as infinite as inf
-        seconds = math.inf
+    seconds = as_real(value, name, "seconds")
     if not math.isfinite(seconds) or seconds < 0 or (positive and seconds == 0):
         bound = "> 0" if positive else ">= 0"
         raise InputError(f"{name} must be a finite number of seconds {bound}, got {described(value)}")

@@ -248,22 +248,17 @@ def model_options(when: str = "") -> Callable[[Callable[..., None]], Callable[..
     """``--size``, ``--delay``, ``--alpha``, ``--bandwidth``: the setting the cost model prices;
     ``when`` starts each help where they apply only then (``synth``: with ``--chunks auto``), so
     that a default shown is not read as a setting the command always uses."""
-    helps = {
-        "--size": "buffer size per GPU (a size).",
-        "--delay": "how late the straggler is.",
-        "--alpha": "latency of one round.",
-        "--bandwidth": "bandwidth of a link.",
-    }
-    types = {"--size": SIZE, "--delay": DURATION, "--alpha": DURATION, "--bandwidth": BANDWIDTH}
-    defaults = {"--size": "1GiB", "--delay": "0ms", "--alpha": "3us", "--bandwidth": "450GiB/s"}
+    options = (  # name, type, default, help
+        ("--size", SIZE, "1GiB", "buffer size per GPU (a size)."),
+        ("--delay", DURATION, "0ms", "how late the straggler is."),
+        ("--alpha", DURATION, "3us", "latency of one round."),
+        ("--bandwidth", BANDWIDTH, "450GiB/s", "bandwidth of a link."),
+    )
 
     def decorate(command: Callable[..., None]) -> Callable[..., None]:
-        for name in reversed(helps):
-            text = f"{when}{helps[name]}" if when else helps[name][0].upper() + helps[name][1:]
-            option = click.option(
-                name, type=types[name], default=defaults[name], show_default=True, help=text
-            )
-            command = option(command)
+        for name, kind, default, words in reversed(options):
+            text = f"{when}{words}" if when else words[0].upper() + words[1:]
+            command = click.option(name, type=kind, default=default, show_default=True, help=text)(command)
         return command
 
     return decorate

@@ -184,13 +184,15 @@ def _check_outputs(
 ) -> None:
     """The outputs, checked before any work: none may overwrite an input, nor each other, nor go
     into a trace folder (``paths``' folders), whose every file the next run would read as a trace."""
+    folders = [path for path in paths if path.is_dir()]
     for output, option in ((json_file, "--json"), (plot_file, "--plot")):
-        folder = None if output is None or str(output) == "-" else output.parent
-        for path in paths:
-            if folder is not None and path.is_dir() and same_file(folder, path):
+        if output is None or str(output) == "-":
+            continue
+        for folder in folders:
+            if same_file(output.parent, folder):
                 raise click.BadParameter(
-                    f"{shown(output)} is in the trace folder {shown(path)}, whose every file is read as "
-                    "a trace: write it somewhere else",
+                    f"{shown(output)} is in the trace folder {shown(folder)}, whose every file is read "
+                    "as a trace: write it somewhere else",
                     param_hint=f"'{option}'",
                 )
     check_output(Path("-"), *files)  # the report to standard output must not append to the trace

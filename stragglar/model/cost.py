@@ -44,6 +44,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
+from stragglar.args import as_real
 from stragglar.errors import ArgumentError, InputError, described
 from stragglar.schedule import Schedule, round_load
 from stragglar.units import MIN_BANDWIDTH, format_bytes, format_seconds
@@ -170,12 +171,7 @@ def check_setting(size_bytes: float, delay: float) -> tuple[float, float]:
 
 
 def _finite(value: object, name: str, unit: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ArgumentError(f"{name} must be a number of {unit}, got {described(value)}")
-    try:
-        number = float(value)
-    except OverflowError:  # an integer past a float's range
-        number = math.inf
+    number = as_real(value, name, unit)
     if not math.isfinite(number):
         raise InputError(f"{name} must be a finite number of {unit}, got {described(value)}")
     return number
