@@ -52,6 +52,7 @@ __all__ = [
     "Schedule",
     "Transfer",
     "base_name",
+    "check_num_ranks",
     "gc_paused",
     "move_straggler",
     "relabel_ranks",
@@ -361,6 +362,26 @@ def base_name(schedule: Schedule) -> str:
     return name
 
 
+def _check_schedule(schedule: object) -> Schedule:
+    if not isinstance(schedule, Schedule):
+        raise ArgumentError(f"expected a Schedule, got {type(schedule).__name__}")
+    return schedule
+
+
+def check_num_ranks(num_ranks: Any) -> int:
+    """``num_ranks`` as an int that a generator can build a schedule for: 2 to :data:`MAX_RANKS`.
+
+    >>> check_num_ranks(1)
+    Traceback (most recent call last):
+    ...
+    stragglar.errors.InputError: need 2 to 2048 GPUs, got 1
+    """
+    n = as_int(num_ranks, "num_ranks")
+    if not 2 <= n <= MAX_RANKS:
+        raise InputError(f"need 2 to {MAX_RANKS} GPUs, got {n}")
+    return n
+
+
 def relabel_ranks(schedule: Schedule, mapping: Sequence[int]) -> Schedule:
     """Return ``schedule`` with rank ``r`` renamed ``mapping[r]``.
 
@@ -370,21 +391,30 @@ def relabel_ranks(schedule: Schedule, mapping: Sequence[int]) -> Schedule:
     >>> relabel_ranks(s, [1, 0]).phases[0].rounds[0][0]
     Transfer(src=1, dst=0, chunk=0, op=<Op.COPY: 'copy'>)
     """
+    _check_schedule(schedule)
     if not isinstance(mapping, Iterable) or isinstance(mapping, (str, bytes)):
         raise ArgumentError(f"mapping must be a sequence of ranks, got {type(mapping).__name__}")
     # plain ints: NumPy's would give another fingerprint, and True a rank that no file can hold
     m = [as_int(r, "a rank of mapping") for r in mapping]
     if sorted(m) != list(range(schedule.num_ranks)):
         raise InputError(f"mapping must be a permutation of 0..{schedule.num_ranks - 1}")
-    phases = tuple(
-        Phase(
-            p.name,
-            tuple(m[r] for r in p.ranks),
-            tuple(tuple([Transfer(m[src], m[dst], k, op) for src, dst, k, op in rnd]) for rnd in p.rounds),
+    try:
+        phases = tuple(
+            Phase(
+                p.name,
+                tuple(m[r] for r in p.ranks),
+                tuple(
+                    tuple([Transfer(m[src], m[dst], k, op) for src, dst, k, op in rnd]) for rnd in p.rounds
+                ),
+            )
+            for p in schedule.phases
         )
-        for p in schedule.phases
-    )
-    straggler = None if schedule.straggler is None else m[schedule.straggler]
+        straggler = None if schedule.straggler is None else m[schedule.straggler]
+    except (IndexError, TypeError, ValueError, AttributeError) as e:  # a rank no mapping renames
+        raise ArgumentError(
+            f"schedule {schedule.algorithm!r} names a rank outside 0..{schedule.num_ranks - 1} or "
+            f"holds something other than Transfers ({e}): stragglar.verify.find_violation says where"
+        ) from None
     return Schedule(
         schedule.algorithm,
         schedule.num_ranks,
@@ -405,7 +435,7 @@ def move_straggler(schedule: Schedule, straggler: int) -> Schedule:
     >>> move_straggler(s, 0).phases[0].rounds[0][0]
     Transfer(src=0, dst=1, chunk=0, op=<Op.COPY: 'copy'>)
     """
-    n = schedule.num_ranks
+    n = _check_schedule(schedule).num_ranks
     if schedule.straggler is None:
         raise InputError(f"schedule '{schedule.algorithm}' has no straggler to move")
     straggler = as_rank(straggler, "straggler", n)

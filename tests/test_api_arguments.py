@@ -4,8 +4,10 @@ of range, never Python's own AttributeError, TypeError from deep inside, or a Na
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from typing import Any, cast
 
+import numpy as np
 import pytest
 
 from stragglar import msccl, mscclpp
@@ -13,9 +15,18 @@ from stragglar.errors import ArgumentError, InputError
 from stragglar.formats import schedule_json
 from stragglar.model import chunked_loads, compare_generated, estimate, profile
 from stragglar.model.cost import PAPER_NETWORK
-from stragglar.schedule import Schedule
-from stragglar.synth import synthesize
-from stragglar.verify import prove
+from stragglar.schedule import Op, Phase, Schedule, Transfer, move_straggler, relabel_ranks
+from stragglar.synth import (
+    Request,
+    direct_allreduce,
+    generate,
+    rhd_allreduce,
+    ring_allreduce,
+    stragglar_allreduce,
+    synthesize,
+)
+from stragglar.verify import find_violation, prove
+from stragglar.verify.smt import smt_find_violation
 
 PROOF = prove(synthesize("stragglar", 4))
 PLAN = mscclpp.lower(PROOF)
@@ -81,3 +92,101 @@ def test_wrong_kinds_at_the_entry_points_of_synthesis_and_the_model() -> None:
         InputError, match=r"no estimate for 'rhd' at N = 6 \(priced: stragglar, ring, direct\)"
     ):
         compare_generated(6, 2**20, 0.0).get("rhd")  # was a KeyError
+
+
+def one_round(*transfers: Any, algorithm: Any = "hand") -> Schedule:
+    return Schedule(algorithm, 2, 1, None, (Phase("p", (0, 1), (transfers,)),))
+
+
+@pytest.mark.parametrize("prover", [find_violation, smt_find_violation], ids=["simulator", "z3"])
+@pytest.mark.parametrize(
+    ("transfer", "message"),
+    [
+        # True == 1 and NumPy's integers index lists: the proof passed, and every writer refused the
+        # proved schedule afterwards; floats and plain tuples broke the provers themselves
+        (Transfer(False, True, 0, Op.REDUCE), "its src must be a Python int, got False (bool)"),
+        (
+            Transfer(np.int64(0), 1, 0, Op.REDUCE),
+            "its src must be a Python int, got np.int64(0) (numpy.int64)",
+        ),
+        (Transfer(0, cast(int, 1.0), 0, Op.REDUCE), "its dst must be a Python int, got 1.0 (float)"),
+        (Transfer(0, 1, cast(int, 0.0), Op.REDUCE), "its chunk must be a Python int, got 0.0 (float)"),
+        ((0, 1, 0, Op.REDUCE), "a round holds Transfers, got tuple (0, 1, 0"),
+    ],
+)
+def test_every_prover_refuses_a_transfer_that_is_not_the_irs(
+    prover: Any, transfer: Any, message: str
+) -> None:
+    schedule = one_round(transfer, Transfer(1, 0, 0, Op.REDUCE))
+    with pytest.raises(ArgumentError) as info:
+        prover(schedule)
+    assert str(info.value) == f"phase 0 'p' round 0: {message}" or message in str(info.value)
+    assert str(info.value).startswith("phase 0 'p' round 0: ")
+
+
+@pytest.mark.parametrize("prover", [find_violation, smt_find_violation], ids=["simulator", "z3"])
+def test_an_op_given_as_its_name_is_named_as_neither_op(prover: Any) -> None:
+    v = prover(one_round(Transfer(0, 1, 0, cast(Op, "reduce")), Transfer(1, 0, 0, Op.REDUCE)))
+    assert v is not None and v.kind == "op"
+    assert "op 'reduce', which is neither Op.COPY nor Op.REDUCE" in v.message
+
+
+@pytest.mark.parametrize(
+    ("schedule", "message"),
+    [
+        (one_round(algorithm=3), "a schedule's algorithm must be a non-empty str, got 3"),
+        (
+            Schedule("x", 2, 1, None, cast(Any, ("p",))),
+            "phase 0: a schedule holds Phases named by a str, got str",
+        ),
+        (Schedule("x", 2, 1, None, (Phase(cast(str, 3), (0, 1), ()),)), "got a Phase named 3"),
+        (Schedule("x", 2, 1, None, (), collective=""), "a schedule's collective must be a non-empty str"),
+    ],
+)
+def test_a_header_no_writer_can_name_is_refused_before_the_proof(schedule: Schedule, message: str) -> None:
+    """A schedule named 3 was proved, and then broke the MSCCL lowering with a TypeError."""
+    with pytest.raises(ArgumentError, match=re.escape(message)):
+        prove(schedule)
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"),
+    [
+        (lambda: ring_allreduce(cast(int, "4")), ArgumentError, "num_ranks must be an integer, got '4'"),
+        (lambda: rhd_allreduce(cast(int, 4.0)), ArgumentError, "num_ranks must be an integer, got 4.0"),
+        (lambda: direct_allreduce(-1), InputError, "need 2 to 2048 GPUs, got -1"),  # made a -1-rank schedule
+        (lambda: stragglar_allreduce(8, num_chunks=3), InputError, "StragglAR needs at least N - 1 = 7"),
+        (lambda: move_straggler(cast(Schedule, None), 1), ArgumentError, "expected a Schedule, got NoneType"),
+        (lambda: relabel_ranks(cast(Schedule, None), [0, 1]), ArgumentError, "expected a Schedule"),
+        (
+            lambda: relabel_ranks(one_round(Transfer(0, 5, 0)), [1, 0]),
+            ArgumentError,
+            "schedule 'hand' names a rank outside 0..1",
+        ),
+        (lambda: msccl.check_request(cast(int, "8"), 7), ArgumentError, "num_ranks must be an integer"),
+        (lambda: mscclpp.check_request(8, cast(int, "7")), ArgumentError, "num_chunks must be an integer"),
+        (
+            lambda: mscclpp.check_request(8, 7, max_threadblocks=0),
+            InputError,
+            "max_threadblocks must be at least 1, got 0",
+        ),
+        (
+            lambda: generate(Request("stragglar", cast(int, "4"), None, None, "construct")),
+            ArgumentError,
+            "num_ranks must be an integer, got '4'",
+        ),
+        (
+            lambda: generate(Request("ring", 4, None, 9, "construct")),
+            InputError,
+            "a chunk count applies to stragglar only, not ring",
+        ),
+    ],
+)
+def test_generators_and_relabelling_refuse_in_one_line(
+    call: Any, error: type[Exception], message: str
+) -> None:
+    """Each was Python's own TypeError, AttributeError or IndexError, or (direct with -1 GPUs, a hand-
+    made request for Ring in 9 chunks) a schedule nobody asked for."""
+    with pytest.raises(error) as info:
+        call()
+    assert message in str(info.value) and "\n" not in str(info.value)

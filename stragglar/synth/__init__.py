@@ -16,7 +16,14 @@ from dataclasses import dataclass
 
 from stragglar.args import as_int, as_rank, as_seconds
 from stragglar.errors import ArgumentError, InputError, described
-from stragglar.schedule import ALGORITHMS, MAX_RANKS, Schedule, check_size, gc_paused, move_straggler
+from stragglar.schedule import (
+    ALGORITHMS,
+    Schedule,
+    check_num_ranks,
+    check_size,
+    gc_paused,
+    move_straggler,
+)
 from stragglar.synth.direct import direct_allreduce
 from stragglar.synth.rhd import rhd_allreduce
 from stragglar.synth.ring import ring_allreduce
@@ -128,10 +135,7 @@ def check_ranks(algorithm: str, num_ranks: int, method: str = "construct") -> Re
         raise InputError(f"unknown algorithm {described(algorithm)} (choose from {', '.join(ALGORITHMS)})")
     if method not in METHODS:
         raise InputError(f"unknown method {described(method)} (choose from {', '.join(METHODS)})")
-    n = as_int(num_ranks, "num_ranks")
-    if not 2 <= n <= MAX_RANKS:
-        raise InputError(f"need 2 to {MAX_RANKS} GPUs, got {n}")
-    return Request(algorithm, n, None, None, method)
+    return Request(algorithm, check_num_ranks(num_ranks), None, None, method)
 
 
 def check_request(
@@ -180,7 +184,20 @@ def synthesize(
 
 
 def generate(request: Request) -> Schedule:
-    """The schedule ``request`` asks for (of :func:`check_request`, which :func:`synthesize` asks)."""
+    """The schedule ``request`` asks for (of :func:`check_request`, which :func:`synthesize` asks).
+
+    A request made by hand is checked again first (microseconds): ``Request`` is a plain record.
+    """
+    if not isinstance(request, Request):
+        raise ArgumentError(f"expected a Request (of check_request), got {type(request).__name__}")
+    request = check_request(
+        request.algorithm,
+        request.num_ranks,
+        request.straggler,
+        chunks=request.chunks,
+        method=request.method,
+        timeout_s=request.timeout_s,
+    )
     algorithm, n, rank, c = request.algorithm, request.num_ranks, request.straggler, request.chunks
     if request.method == "smt":
         from stragglar.synth.smt import smt_synthesize  # z3 is slow to import: only when asked

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from stragglar.schedule import Op, Phase, Round, Schedule, Transfer, move_straggler
+from stragglar.schedule import Op, Phase, Round, Schedule, Transfer, check_num_ranks, move_straggler
 from stragglar.synth.ring import ring_allgather, ring_reduce_scatter
 
 __all__ = ["direct_allreduce"]
@@ -17,7 +17,7 @@ def direct_allreduce(num_ranks: int, straggler: int | None = None) -> Schedule:
     >>> s.straggler, s.exposed_rounds
     (7, 3)
     """
-    n = num_ranks
+    n = check_num_ranks(num_ranks)
     late = n - 1
     others = tuple(range(late))
     chunks = range(late)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from stragglar.errors import InputError
-from stragglar.schedule import Op, Phase, Round, Schedule, Transfer
+from stragglar.schedule import Op, Phase, Round, Schedule, Transfer, check_num_ranks
 
 __all__ = ["rhd_allreduce"]
 
@@ -36,9 +36,9 @@ def rhd_allreduce(num_ranks: int) -> Schedule:
     >>> rhd_allreduce(8).num_rounds
     6
     """
-    if num_ranks < 2 or num_ranks & (num_ranks - 1):
-        raise InputError(f"rhd needs a power-of-two number of GPUs, got {num_ranks}")
-    n = num_ranks
+    n = check_num_ranks(num_ranks)
+    if n & (n - 1):
+        raise InputError(f"rhd needs a power-of-two number of GPUs, got {n}")
     distances = [n >> (k + 1) for k in range(n.bit_length() - 1)]
     halving = tuple(_halving(n, d) for d in distances)
     doubling = tuple(_doubling(n, d) for d in reversed(distances))

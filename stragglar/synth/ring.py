@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from stragglar.schedule import Op, Phase, Round, Schedule, Transfer
+from stragglar.schedule import Op, Phase, Round, Schedule, Transfer, check_num_ranks
 
 __all__ = ["ring_allgather", "ring_allreduce", "ring_reduce_scatter"]
 
@@ -46,9 +46,10 @@ def ring_allreduce(num_ranks: int) -> Schedule:
     >>> ring_allreduce(4).num_rounds
     6
     """
-    ranks = chunks = tuple(range(num_ranks))
+    n = check_num_ranks(num_ranks)
+    ranks = chunks = tuple(range(n))
     phases = (
         Phase("reduce-scatter", ranks, ring_reduce_scatter(ranks, chunks)),
         Phase("allgather", ranks, ring_allgather(ranks, chunks)),
     )
-    return Schedule("ring", num_ranks, num_ranks, None, phases)
+    return Schedule("ring", n, n, None, phases)

@@ -23,7 +23,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from stragglar.schedule import Op, Phase, Round, Schedule, Transfer, move_straggler, round_lower_bound
+from stragglar.args import as_int
+from stragglar.errors import InputError
+from stragglar.schedule import (
+    Op,
+    Phase,
+    Round,
+    Schedule,
+    Transfer,
+    check_num_ranks,
+    check_size,
+    move_straggler,
+    round_lower_bound,
+)
 from stragglar.synth.chunked import Copy, chunk_owners, chunked_copy_rounds
 from stragglar.synth.ring import ring_reduce_scatter
 from stragglar.synth.stragglar_pow2 import pow2_copy_rounds
@@ -50,8 +62,11 @@ def stragglar_allreduce(
     >>> s.num_chunks, s.exposed_rounds, s.metadata["lower_bound"]
     (32, 34, 34)
     """
-    n = num_ranks
-    c = n - 1 if num_chunks is None else num_chunks
+    n = check_num_ranks(num_ranks)
+    c = n - 1 if num_chunks is None else as_int(num_chunks, "num_chunks")
+    if c < n - 1:
+        raise InputError(f"StragglAR needs at least N - 1 = {n - 1} chunks, got {c}")
+    check_size(n, c)
     if n == 3 or (c == n - 1 and n > 2 and n & (n - 1) == 0):
         owners = chunk_owners(n, c)
         if n == 3 and c > 2:

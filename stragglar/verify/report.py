@@ -30,7 +30,7 @@ from fractions import Fraction
 
 from stragglar.args import as_int, as_rank
 from stragglar.errors import ArgumentError, IncorrectError, InputError
-from stragglar.schedule import Op, Schedule, Transfer, round_lower_bound
+from stragglar.schedule import Op, Phase, Schedule, Transfer, round_lower_bound
 from stragglar.units import count_of
 
 __all__ = [
@@ -43,6 +43,7 @@ __all__ = [
     "Where",
     "bit_list",
     "check_header",
+    "check_transfer",
     "chunk_range_violation",
     "double_write_violation",
     "duplicate_at",
@@ -74,11 +75,17 @@ def check_header(schedule: object) -> Schedule:
     """
     if not isinstance(schedule, Schedule):
         raise ArgumentError(f"expected a Schedule, got {type(schedule).__name__}")
+    for name, text in (("algorithm", schedule.algorithm), ("collective", schedule.collective)):
+        if not isinstance(text, str) or not text:  # every writer names the schedule by them
+            raise ArgumentError(f"a schedule's {name} must be a non-empty str, got {text!r}")
     n = as_int(schedule.num_ranks, "num_ranks", minimum=1)
     as_int(schedule.num_chunks, "num_chunks", minimum=1)
     if schedule.straggler is not None:
         as_rank(schedule.straggler, "straggler", n)
     for i, phase in enumerate(schedule.phases):
+        if not isinstance(phase, Phase) or not isinstance(phase.name, str):
+            what = f"a Phase named {phase.name!r}" if isinstance(phase, Phase) else type(phase).__name__
+            raise ArgumentError(f"phase {i}: a schedule holds Phases named by a str, got {what}")
         ranks = [as_rank(r, f"phase {i} {phase.name!r}: a rank", n) for r in phase.ranks]
         if len(set(ranks)) != len(ranks):
             raise InputError(f"phase {i} {phase.name!r} lists a rank twice: {sorted(ranks)}")
@@ -391,8 +398,30 @@ def self_violation(where: Where, t: Transfer) -> Violation:
     return _at(where, t, Kind.SELF, t.src, f"sends rank {t.src} chunk {t.chunk} to itself")
 
 
+def check_transfer(t: object, where: Where) -> None:
+    """Refuse a transfer that is not the IR's: a :class:`~stragglar.schedule.Transfer` whose
+    ranks and chunk are Python ints.
+
+    Every prover asks this of a transfer its rules do not pass, before naming a rule: a program
+    that put ``True`` or a NumPy integer there had its schedule proved (``True == 1``) and then
+    refused by every writer after the proof, and a float or a plain tuple broke the provers
+    with Python's own errors.
+    """
+    if type(t) is not Transfer:
+        raise ArgumentError(f"{where}: a round holds Transfers, got {type(t).__name__} {t!r:.60}")
+    for name, value in zip(("src", "dst", "chunk"), t, strict=False):
+        if type(value) is not int:
+            kind = type(value)
+            raise ArgumentError(
+                f"{where}: transfer {t.src}->{t.dst} chunk {t.chunk}: its {name} must be a Python "
+                f"int, got {value!r} ({kind.__module__ + '.' if kind.__module__ != 'builtins' else ''}"
+                f"{kind.__name__})"
+            )
+
+
 def op_violation(where: Where, t: Transfer) -> Violation:
-    return _at(where, t, Kind.OP, t.dst, f"has unknown op {t.op!r} for rank {t.dst}")
+    what = f"gives rank {t.dst} op {t.op!r}, which is neither Op.COPY nor Op.REDUCE"
+    return _at(where, t, Kind.OP, t.dst, what)
 
 
 def membership_violation(where: Where, t: Transfer, members: Collection[int]) -> Violation:

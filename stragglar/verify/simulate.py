@@ -40,6 +40,7 @@ from stragglar.verify.report import (
     Where,
     bit_list,
     check_header,
+    check_transfer,
     chunk_range_violation,
     double_write_violation,
     duplicate_at,
@@ -108,9 +109,14 @@ def _check_structure(rnd: Round, where: Where, n: int, c: int, members: Collecti
     receives: dict[int, int] = {}
     written: set[int] = set()
     for t in rnd:
+        if type(t) is not Transfer:
+            check_transfer(t, where)
         src, dst, chunk = t.src, t.dst, t.chunk
         if not (
-            0 <= src < n
+            type(src) is int
+            and type(dst) is int
+            and type(chunk) is int
+            and 0 <= src < n
             and 0 <= dst < n
             and 0 <= chunk < c
             and src != dst
@@ -134,6 +140,7 @@ def _check_structure(rnd: Round, where: Where, n: int, c: int, members: Collecti
 
 def _bad_transfer(t: Transfer, where: Where, n: int, c: int, members: Collection[int]) -> Violation:
     """Explain why a single transfer is malformed (slow path of :func:`_check_structure`)."""
+    check_transfer(t, where)
     for rank in (t.src, t.dst):
         if not 0 <= rank < n:
             return rank_range_violation(where, t, rank, n)

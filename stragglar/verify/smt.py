@@ -56,6 +56,7 @@ from stragglar.verify.report import (
     Violation,
     Where,
     check_header,
+    check_transfer,
     chunk_range_violation,
     double_write_violation,
     issue_proof,
@@ -156,11 +157,16 @@ smt_check = renamed(
 
 
 def _rounds(schedule: Schedule) -> list[tuple[Where, Phase, Round]]:
-    return [
-        (Where(pi, phase.name, ri), phase, rnd)
-        for pi, phase in enumerate(schedule.phases)
-        for ri, rnd in enumerate(phase.rounds)
-    ]
+    """Every round with its place; a transfer that is not the IR's is refused here, before its
+    fields are written into z3's text."""
+    rounds = []
+    for pi, phase in enumerate(schedule.phases):
+        for ri, rnd in enumerate(phase.rounds):
+            where = Where(pi, phase.name, ri)
+            for t in rnd:
+                check_transfer(t, where)
+            rounds.append((where, phase, rnd))
+    return rounds
 
 
 _RULES = ("range", "self", "op", "membership", "send-port", "receive-port", "double-write")

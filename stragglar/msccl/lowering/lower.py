@@ -146,6 +146,11 @@ def check_request(num_ranks: int, num_chunks: int, instances: int = 1, algorithm
 thread blocks that others wait on, but dependency targets must have ids <= 127: MSCCL XML takes \
 StragglAR up to N = 128 with one instance (N x instances <= 128)
     """
+    num_ranks = as_int(num_ranks, "num_ranks", minimum=2)
+    num_chunks = as_int(num_chunks, "num_chunks", minimum=1)
+    instances = as_int(instances, "instances", minimum=1)
+    if algorithm is not None and not isinstance(algorithm, str):
+        raise ArgumentError(f"algorithm must be a name (a str) or None, got {type(algorithm).__name__}")
     if num_ranks > MAX_XML_RANKS:
         raise MscclExportError(
             f"{num_ranks} GPUs: stragglar writes MSCCL XML for at most {MAX_XML_RANKS} (StragglAR stops "

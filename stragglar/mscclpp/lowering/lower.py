@@ -159,6 +159,12 @@ def check_request(
 blocks per GPU and instance (about 0.27 N), 128 with 8 instances, more than the 108 one GPU runs at \
 once (max_threadblocks): use at most 6 instances, or raise max_threadblocks for a GPU with more SMs
     """
+    num_ranks = as_int(num_ranks, "num_ranks", minimum=2)
+    num_chunks = as_int(num_chunks, "num_chunks", minimum=1)
+    instances = as_int(instances, "instances", minimum=1)
+    max_threadblocks = as_int(max_threadblocks, "max_threadblocks", minimum=1)
+    if algorithm is not None and not isinstance(algorithm, str):
+        raise ArgumentError(f"algorithm must be a name (a str) or None, got {type(algorithm).__name__}")
     if num_ranks > MAX_PLAN_RANKS:
         raise MscclppExportError(
             f"{num_ranks} GPUs: stragglar writes MSCCL++ plans for at most {MAX_PLAN_RANKS} (a plan's "
