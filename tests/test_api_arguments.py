@@ -13,7 +13,15 @@ import pytest
 from stragglar import msccl, mscclpp
 from stragglar.errors import ArgumentError, InputError
 from stragglar.formats import schedule_json
-from stragglar.model import chunked_loads, compare_generated, estimate, profile
+from stragglar.model import (
+    chunked_loads,
+    compare,
+    compare_generated,
+    critical_delay,
+    estimate,
+    profile,
+    schedule_name,
+)
 from stragglar.model.cost import PAPER_NETWORK
 from stragglar.schedule import Op, Phase, Schedule, Transfer, move_straggler, relabel_ranks
 from stragglar.synth import (
@@ -188,5 +196,40 @@ def test_generators_and_relabelling_refuse_in_one_line(
     """Each was Python's own TypeError, AttributeError or IndexError, or (direct with -1 GPUs, a hand-
     made request for Ring in 9 chunks) a schedule nobody asked for."""
     with pytest.raises(error) as info:
+        call()
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (
+            lambda: profile(cast(Any, PROOF)),
+            "profile's schedule must be a Schedule, got Proof: pass its .schedule",
+        ),
+        (
+            lambda: estimate(cast(Any, PROOF.schedule), 2**20, 0.0, PAPER_NETWORK),
+            "estimate's profile must be a Profile, got Schedule: pass profile(schedule)",
+        ),
+        (
+            lambda: estimate(profile(PROOF.schedule), 2**20, 0.0, cast(Any, None)),
+            "network must be a Network, got NoneType",
+        ),
+        (
+            lambda: compare(cast(Any, None), 2**20, 0.0),
+            "profiles must be a sequence of Profiles, got NoneType",
+        ),
+        (lambda: compare([cast(Any, None)], 2**20, 0.0), "each of profiles must be a Profile, got NoneType"),
+        (
+            lambda: compare_generated(8, 2**20, 0.0, network=cast(Any, 1)),
+            "network must be a Network, got int",
+        ),
+        (lambda: critical_delay(cast(Any, None), cast(Any, None)), "candidate must be an Estimate"),
+        (lambda: schedule_name(cast(Any, PROOF)), "must be a Schedule, got Proof: pass its .schedule"),
+    ],
+)
+def test_the_cost_model_takes_its_own_kinds_in_one_line(call: Any, message: str) -> None:
+    """Each was an AttributeError from inside ('Schedule' object has no attribute 'hidden')."""
+    with pytest.raises(ArgumentError) as info:
         call()
     assert message in str(info.value) and "\n" not in str(info.value)

@@ -59,6 +59,7 @@ __all__ = [
     "compare",
     "critical_delay",
     "estimate",
+    "expect",
     "profile",
 ]
 
@@ -118,12 +119,28 @@ class Profile:
         return len(loads) * network.alpha + sum(loads) * chunk * network.beta
 
 
+def expect(value: object, kind: type, name: str) -> None:
+    """Refuse, in one line of ours, a ``value`` that is not a ``kind``: the model's functions take
+    each other's results, and a Schedule passed where its Profile belongs was an AttributeError
+    from inside."""
+    if isinstance(value, kind):
+        return
+    hint = ""
+    if kind is Profile and isinstance(value, Schedule):
+        hint = ": pass profile(schedule)"
+    elif kind is Schedule and isinstance(getattr(value, "schedule", None), Schedule):
+        hint = ": pass its .schedule"
+    article = "an" if kind.__name__[0] in "AEIOU" else "a"
+    raise ArgumentError(f"{name} must be {article} {kind.__name__}, got {type(value).__name__}{hint}")
+
+
 def profile(schedule: Schedule) -> Profile:
     """Price-independent summary of ``schedule``: compute it once, evaluate it at any setting.
 
     A schedule without a straggler (Ring, RHD) waits for whichever rank is late, so all its
     rounds are exposed (:attr:`~stragglar.schedule.Schedule.hidden_phases`).
     """
+    expect(schedule, Schedule, "profile's schedule")
     split = schedule.hidden_phases
     hidden = tuple(round_load(rnd) for phase in schedule.phases[:split] for rnd in phase.rounds)
     exposed = tuple(round_load(rnd) for phase in schedule.phases[split:] for rnd in phase.rounds)
@@ -185,6 +202,8 @@ def estimate(prof: Profile, size_bytes: float, delay: float, network: Network) -
     >>> e.hidden * 1e3, e.tail * 1e3  # 2 hidden rounds, 4 exposed, 1 MiB chunks at 1 GiB/s
     (1.953125, 3.90625)
     """
+    expect(prof, Profile, "estimate's profile")
+    expect(network, Network, "network")
     size_bytes, delay = check_setting(size_bytes, delay)
     return Estimate(
         prof.algorithm,
@@ -208,6 +227,8 @@ def critical_delay(candidate: Estimate, baseline: Estimate) -> float | None:
     >>> critical_delay(e(5.0, 2.0), e(0.0, 4.0)), critical_delay(e(5.0, 4.0), e(0.0, 4.0))
     (3.0, None)
     """
+    expect(candidate, Estimate, "critical_delay's candidate")
+    expect(baseline, Estimate, "critical_delay's baseline")
     if candidate.num_ranks != baseline.num_ranks:  # a crossing of two settings means nothing
         raise InputError(
             f"critical_delay compares two algorithms on one setting, got {candidate.num_ranks} GPUs "
@@ -295,6 +316,11 @@ def compare(
     profiles: Sequence[Profile], size_bytes: float, delay: float, network: Network = PAPER_NETWORK
 ) -> Comparison:
     """Estimate every profiled schedule (one per algorithm, all for one N, Ring among them)."""
+    if isinstance(profiles, (str, bytes)) or not isinstance(profiles, Sequence):
+        raise ArgumentError(f"profiles must be a sequence of Profiles, got {type(profiles).__name__}")
+    for p in profiles:
+        expect(p, Profile, "each of profiles")
+    expect(network, Network, "network")
     if not any(p.algorithm == "ring" for p in profiles):
         raise InputError("a comparison needs Ring's profile: speed-ups are over Ring")
     if len({p.num_ranks for p in profiles}) != 1:

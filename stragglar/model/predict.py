@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 
 from stragglar.errors import ArgumentError, InputError, described
-from stragglar.model.cost import PAPER_NETWORK, Comparison, Network, Profile, compare, profile
+from stragglar.model.cost import PAPER_NETWORK, Comparison, Network, Profile, compare, expect, profile
 from stragglar.schedule import Schedule
 from stragglar.synth import ALGORITHMS, check_request, synthesize
 
@@ -31,6 +31,7 @@ def schedule_name(schedule: Schedule) -> str:
     >>> schedule_name(synthesize("stragglar", 4, chunks=9)), schedule_name(synthesize("stragglar", 4))
     ('stragglar C=9', 'stragglar')
     """
+    expect(schedule, Schedule, "schedule_name's schedule")
     paper = schedule.straggler is None or schedule.num_chunks == schedule.num_ranks - 1
     return schedule.algorithm if paper else f"{schedule.algorithm} C={schedule.num_chunks}"
 
