@@ -2,7 +2,8 @@
 algorithm at N = 2..17, chunked StragglAR), and each kind of broken table is refused with the
 row that breaks it and why: a wait removed, a flag value off by one, a wrong chunk or slot, a
 signal raised before its data, a reduction turned copy and back, two setters of a flag, a wait
-naming the wrong peer, rows out of range."""
+naming the wrong peer, rows out of range, a sum made in another order than the schedule's or than
+another rank's."""
 
 from __future__ import annotations
 
@@ -29,15 +30,17 @@ def lowered(algorithm: str, n: int, chunks: int | None = None) -> DeviceProgram:
 
 @pytest.mark.parametrize(("algorithm", "n"), EVERY_SCHEDULE)
 def test_every_schedule_lowers_to_a_program_the_prover_accepts(algorithm: str, n: int) -> None:
-    program = lowered(algorithm, n)
-    check(program)
+    schedule = synthesize(algorithm, n)
+    program = lower(compile_schedule(schedule))
+    check(program, schedule)  # in the schedule's order of additions too
     assert refusal(program) is None
     assert sum(len(rows) for rows in program.rows) > 0
 
 
 @pytest.mark.parametrize(("n", "chunks"), CHUNKED)
 def test_chunked_schedules_are_accepted(n: int, chunks: int) -> None:
-    assert refusal(lowered("stragglar", n, chunks)) is None
+    schedule = synthesize("stragglar", n, chunks=chunks)
+    assert refusal(lower(compile_schedule(schedule)), schedule) is None
 
 
 Mutate = Callable[[np.ndarray, int], np.ndarray]
@@ -215,3 +218,56 @@ def test_a_rank_sending_to_itself_is_refused() -> None:
     rank, index = rows_of(program, PUT)[0]
     with pytest.raises(DeviceProgramError, match=f"names rank {rank} as its peer"):
         check(mutated(program, rank, set_column(2, lambda row: rank), index))
+
+
+def test_a_sum_moved_to_a_later_round_is_refused_as_another_order() -> None:
+    """rhd over 4 ranks with rank 0's first sum of chunk 0 moved after its second: every
+    contribution still arrives once and every rank agrees, but the grouping is another one, so
+    in float32 with inputs 1e8, 1, -1e8, 1 chunk 0 ends 0.0 on every rank where the schedule
+    (and the interpreter) gives 2.0."""
+    schedule = synthesize("rhd", 4)
+    program = lower(compile_schedule(schedule))
+    rows = program.rows[0]
+    sums = [int(i) for i in np.flatnonzero((rows[:, 0] == REDUCE) & (rows[:, 3] == 0))]
+    first, second = sums[0], sums[1]
+    order = [*range(first), *range(first + 1, second + 1), first, *range(second + 1, len(rows))]
+    moved = dataclasses.replace(program, rows=(rows[order], *program.rows[1:]))
+    assert refusal(moved) is None  # a proof of contributions alone took it
+    with pytest.raises(DeviceProgramError) as info:
+        check(moved, schedule)
+    assert re.fullmatch(
+        r"device program refused: rank 0 ends with chunk 0 added as .*, not in the schedule's "
+        r"order \(0 \+ 2\) \+ \(1 \+ 3\) \(other bits in floating point\)",
+        str(info.value),
+    ), info.value
+
+
+def all_to_all(n: int) -> DeviceProgram:
+    """Every rank puts its one chunk into each peer's inbox, raises each peer's flag, waits for
+    both and adds the slots in peer order: each rank adds the same contributions, grouped by
+    where it stands."""
+
+    def rows(rank: int) -> np.ndarray:
+        peers = [q for q in range(n) if q != rank]
+        slot = {q: [p for p in range(n) if p != q].index(rank) for q in peers}  # mine in q's inbox
+        table = [(PUT, 0, q, 0, slot[q], 0, 0, 0) for q in peers]
+        table += [(SIGNAL, 0, q, 0, 0, rank, 1, 1) for q in peers]
+        table += [(WAIT, 0, q, 0, 0, q, 1, 1) for q in peers]
+        table += [(REDUCE, 0, q, 0, i, 0, 0, 0) for i, q in enumerate(peers)]
+        return np.array(table, dtype=np.int64)
+
+    return DeviceProgram(n, 1, n - 1, n, (n - 1,) * n, tuple(rows(r) for r in range(n)), ("all",), (0,))
+
+
+def test_ranks_that_group_one_sum_differently_are_refused_without_a_schedule() -> None:
+    """Three ranks that each add the others' contributions onto their own end with (0 + 1) + 2,
+    (1 + 0) + 2 and (2 + 0) + 1: in floating point, replicas that disagree (1e8, -1e8, 1 gave
+    1.0, 1.0 and 0.0)."""
+    program = all_to_all(3)
+    with pytest.raises(DeviceProgramError) as info:
+        check(program)
+    assert str(info.value) == (
+        "device program refused: rank 2 ends with chunk 0 added as 1 + (0 + 2), not in rank 0's "
+        "order 2 + (0 + 1) (other bits in floating point)"
+    )
+    assert refusal(all_to_all(2)) is None  # two ranks: a + b and b + a are the same bits

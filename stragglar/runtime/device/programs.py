@@ -41,5 +41,5 @@ def program_for_call(proof: Proof, direct: bool, count: int, dtype: str) -> Devi
 
 def _proved(proof: Proof, direct: bool, packets: bool) -> DeviceProgram:
     program = lower(compile_schedule(proof.schedule), direct, packets)
-    check(program)
+    check(program, proof.schedule)
     return program

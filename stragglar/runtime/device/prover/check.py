@@ -42,7 +42,14 @@ checks, which refuse it.  Refused, with the row that breaks it:
   pushes) or a read since (write after read: a push into a chunk its owner has yet to send, a
   sender overwriting a chunk its peer has yet to pull) is in the writer's past;
 * a contribution added twice, or a rank that ends without every rank's contribution to every
-  chunk exactly once.
+  chunk exactly once;
+* a rank that ends with a chunk summed in another order than the schedule's (given the schedule:
+  the order its rounds add in, which the interpreter follows) or, without it, than another rank's.
+  Floating-point addition is commutative but not associative, so a table that adds the same
+  contributions in another grouping ends with other bits: a sum moved one round later gave 0.0
+  where the interpreter gives 2.0, and replicas that disagree drift apart in training.  A value
+  is therefore also tracked as the tree of its additions (each a pair, either way round), interned
+  to a number (:class:`_Orders`).
 
 A rank's input is assumed written before its own kernel starts, and nothing more: a peer may
 touch it only after a flag that rank raised in the call (across processes nothing else orders a
@@ -58,7 +65,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from stragglar.errors import IncorrectError
+from stragglar.errors import IncorrectError, shown
 from stragglar.runtime.device.prover.race import INPUT_ROW, Access, ChunkAccesses
 from stragglar.runtime.device.table import (
     COPY,
@@ -78,6 +85,7 @@ from stragglar.runtime.device.table import (
     DeviceProgram,
     flag_value,
 )
+from stragglar.schedule import Op, Schedule
 
 __all__ = ["DeviceProgramError", "check", "refusal"]
 
@@ -91,12 +99,62 @@ class DeviceProgramError(IncorrectError):
     """A device program that would race, deadlock or sum wrongly; the message says where."""
 
 
+class _Orders:
+    """Sums as the order of their additions, each interned to a number: ``0 .. N-1`` are the
+    ranks' own contributions (to the chunk at hand: values never move between chunks), and each
+    addition of two numbers, taken either way round (``a + b`` and ``b + a`` are the same bits),
+    is the next number.  Two values are added in the same order exactly when their numbers are
+    equal, so comparing a chunk's order across ranks, or with the schedule's, costs nothing."""
+
+    def __init__(self, num_ranks: int) -> None:
+        self.num_ranks = num_ranks
+        self._numbers: dict[tuple[int, int], int] = {}
+        self._pairs: list[tuple[int, int]] = []
+
+    def add(self, a: int, b: int) -> int:
+        pair = (a, b) if a <= b else (b, a)
+        number = self._numbers.get(pair)
+        if number is None:
+            number = self._numbers[pair] = self.num_ranks + len(self._pairs)
+            self._pairs.append(pair)
+        return number
+
+    def text(self, number: int) -> str:
+        """The order as a sum of rank numbers, e.g. ``(0 + 2) + (1 + 3)``, cut when long."""
+        parts: list[str] = []
+        stack: list[int | str] = [number]
+        while stack:  # iterative: a chain of 2,000 additions would pass Python's recursion limit
+            item = stack.pop()
+            if isinstance(item, str):
+                parts.append(item)
+            elif item < self.num_ranks:
+                parts.append(str(item))
+            else:
+                a, b = self._pairs[item - self.num_ranks]
+                stack += [")", b, " + ", a, "("]
+        text = "".join(parts)
+        return shown(text[1:-1] if text.startswith("(") and _closes_at_end(text) else text)
+
+
+def _closes_at_end(text: str) -> bool:
+    """Whether the parenthesis ``text`` opens with is the one it ends with (so both can go)."""
+    depth = 0
+    for i, char in enumerate(text):
+        depth += (char == "(") - (char == ")")
+        if depth == 0:
+            return i == len(text) - 1
+    return False
+
+
+_Value = tuple[int, int]  # (bit set of the ranks whose contributions it holds, its order's number)
+
+
 @dataclass
 class _Written:
     """An inbox slot's content in this call: whose, written by which row, when, for which chunk,
     and whether as packets."""
 
-    value: int
+    value: _Value
     writer: int
     row: int
     time: int
@@ -108,25 +166,32 @@ class _Written:
 class _Rank:
     rank: int
     clock: list[int]
-    buffer: list[int]  # per chunk: the bit set of ranks whose contributions it holds
+    buffer: list[_Value]  # per chunk: the ranks whose contributions it holds, in which order
     inbox: dict[int, _Written] = field(default_factory=dict)
     pc: int = 0
 
 
-def refusal(program: DeviceProgram) -> str | None:
-    """Why ``program`` is not a correct AllReduce, or None."""
+def refusal(program: DeviceProgram, schedule: Schedule | None = None) -> str | None:
+    """Why ``program`` is not a correct AllReduce (in ``schedule``'s order of additions, if
+    given), or None."""
     try:
-        check(program)
+        check(program, schedule)
     except DeviceProgramError as error:
         return str(error)
     return None
 
 
-def check(program: DeviceProgram) -> None:
-    """Prove ``program`` or raise :class:`DeviceProgramError` naming the first row that breaks it."""
+def check(program: DeviceProgram, schedule: Schedule | None = None) -> None:
+    """Prove ``program`` or raise :class:`DeviceProgramError` naming the first row that breaks it.
+
+    With ``schedule`` (the one it was lowered from), every rank must end with every chunk summed
+    in the order the schedule's rounds add it, which the interpreter follows; without it, in one
+    order on every rank."""
     _check_ranges(program)
     setters = _setters(program)
-    _run_call(program, setters)
+    orders = _Orders(program.num_ranks)
+    ends = _run_call(program, setters, orders)
+    _check_orders(program, ends, orders, schedule)
 
 
 def _where(program: DeviceProgram, rank: int, index: int) -> str:
@@ -217,6 +282,7 @@ class _Call:
 
     program: DeviceProgram
     setters: dict[tuple[int, int], int]
+    orders: _Orders
     ranks: list[_Rank]
     # (holder, flag) -> the (value, clock) of each signal on it so far
     stores: dict[tuple[int, int], list[tuple[int, list[int]]]] = field(default_factory=dict)
@@ -225,11 +291,14 @@ class _Call:
     writers: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
 
 
-def _run_call(program: DeviceProgram, setters: dict[tuple[int, int], int]) -> None:
+def _run_call(
+    program: DeviceProgram, setters: dict[tuple[int, int], int], orders: _Orders
+) -> list[list[int]]:
+    """Run one call's rows; every rank's chunks' orders at the end (each chunk checked complete)."""
     n, everyone = program.num_ranks, (1 << program.num_ranks) - 1
-    ranks = [_Rank(r, [0] * n, [1 << r] * program.num_chunks) for r in range(n)]
+    ranks = [_Rank(r, [0] * n, [(1 << r, r)] * program.num_chunks) for r in range(n)]
     tables = [rows.tolist() for rows in program.rows]
-    call = _Call(program, setters, ranks, writers=_writers(tables))
+    call = _Call(program, setters, orders, ranks, writers=_writers(tables))
     while True:
         moved = False
         for state in call.ranks:
@@ -239,13 +308,60 @@ def _run_call(program: DeviceProgram, setters: dict[tuple[int, int], int]) -> No
         if not moved:
             raise _deadlock(call, tables)
     for state in call.ranks:
-        for chunk, value in enumerate(state.buffer):
+        for chunk, (value, _) in enumerate(state.buffer):
             if value != everyone:
                 have = [r for r in range(n) if value >> r & 1]
                 raise DeviceProgramError(
                     f"device program refused: rank {state.rank} ends with chunk {chunk} summing ranks "
                     f"{have}, not all {n}"
                 )
+    return [[order for _, order in state.buffer] for state in call.ranks]
+
+
+def _check_orders(
+    program: DeviceProgram, ends: list[list[int]], orders: _Orders, schedule: Schedule | None
+) -> None:
+    """Every rank ends with every chunk in the schedule's order of additions (without a schedule,
+    in rank 0's)."""
+    expected = ends[0] if schedule is None else _schedule_orders(program, schedule, orders)
+    whose = "rank 0's" if schedule is None else "the schedule's"
+    for rank, chunks in enumerate(ends):
+        for chunk, order in enumerate(chunks):
+            want = expected[chunk] if schedule is None else expected[rank * program.num_chunks + chunk]
+            if order != want:
+                raise DeviceProgramError(
+                    f"device program refused: rank {rank} ends with chunk {chunk} added as "
+                    f"{orders.text(order)}, not in {whose} order {orders.text(want)} (other bits in "
+                    "floating point)"
+                )
+
+
+def _schedule_orders(program: DeviceProgram, schedule: Schedule, orders: _Orders) -> list[int]:
+    """Each (rank, chunk)'s order of additions at the end of ``schedule``, index ``rank * C +
+    chunk``: every transfer of a round reads the values from before the round, a reduce adds the
+    source's to the destination's, a copy takes the source's (the IR's own semantics, run here
+    from the schedule, not from anything the lowering made of it)."""
+    n, c = schedule.num_ranks, schedule.num_chunks
+    if (n, c) != (program.num_ranks, program.num_chunks):
+        raise DeviceProgramError(
+            f"device program refused: it is for {n} ranks and {c} chunks, the schedule for "
+            f"{program.num_ranks} and {program.num_chunks}"
+        )
+    state = [r for r in range(n) for _ in range(c)]
+    for phase in schedule.phases:
+        for rnd in phase.rounds:
+            writes = [
+                (
+                    t.dst * c + t.chunk,
+                    orders.add(state[t.dst * c + t.chunk], state[t.src * c + t.chunk])
+                    if t.op is Op.REDUCE
+                    else state[t.src * c + t.chunk],
+                )
+                for t in rnd
+            ]
+            for key, order in writes:
+                state[key] = order
+    return state
 
 
 def _advance(call: _Call, state: _Rank, rows: list[list[int]]) -> bool:
@@ -338,7 +454,7 @@ def _slot(call: _Call, state: _Rank, index: int, packets: bool, peer: int, slot:
     return written
 
 
-def _landed(call: _Call, state: _Rank, index: int, packets: bool, peer: int, chunk: int, slot: int) -> int:
+def _landed(call: _Call, state: _Rank, index: int, packets: bool, peer: int, chunk: int, slot: int) -> _Value:
     """The value a landing of ``slot`` into ``chunk`` reads, once its write is in the rank's past
     (plain elements: through a flag) or done (packets: each carries its own data)."""
     program, me = call.program, state.rank
@@ -359,7 +475,7 @@ def _landed(call: _Call, state: _Rank, index: int, packets: bool, peer: int, chu
     return written.value
 
 
-def _into(call: _Call, state: _Rank, index: int, chunk: int, value: int, adds: bool) -> None:
+def _into(call: _Call, state: _Rank, index: int, chunk: int, value: _Value, adds: bool) -> None:
     """Set (a copy, a pull) or add (a reduce, a pull_reduce) ``value`` into the rank's ``chunk``.
     A sum reads the chunk too, but its write's check covers that read: the same last write must
     be in the rank's past."""
@@ -367,12 +483,13 @@ def _into(call: _Call, state: _Rank, index: int, chunk: int, value: int, adds: b
     if not adds:
         state.buffer[chunk] = value
         return
-    if state.buffer[chunk] & value:
-        twice = [r for r in range(call.program.num_ranks) if (state.buffer[chunk] & value) >> r & 1]
+    (have, order), (adding, added) = state.buffer[chunk], value
+    if have & adding:
+        twice = [r for r in range(call.program.num_ranks) if (have & adding) >> r & 1]
         raise _fail(
             call.program, state.rank, index, f"adds the contributions of ranks {twice} to chunk {chunk} twice"
         )
-    state.buffer[chunk] |= value
+    state.buffer[chunk] = (have | adding, call.orders.add(order, added))
 
 
 def _access(call: _Call, state: _Rank, index: int, owner: int, chunk: int, writes: bool) -> None:
