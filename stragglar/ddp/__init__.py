@@ -7,8 +7,8 @@
 The hook returns at once with a Future; two worker threads per process group (on CUDA, side
 streams) run the rounds and complete it, so communication overlaps the rest of backward as with
 DDP's own all_reduce, and the punctual ranks reduce-scatter every ready bucket while the
-straggler is away (:mod:`stragglar.ddp.worker`).  Gradients are summed, then divided by the
-world size, as the default hook does.
+straggler is away (:mod:`stragglar.ddp.worker`).  Gradients are divided by the world size, then
+summed, as DDP's default hook does (summed first, float16 gradients overflow where DDP's do not).
 
 StragglAR only pays when a rank is late by more than a critical delay: with ``policy="auto"`` a
 tiny probe per step finds which rank arrives last and by how much (:mod:`stragglar.ddp.probe`),

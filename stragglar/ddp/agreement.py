@@ -39,14 +39,15 @@ import torch.distributed as dist
 from stragglar.model import AUTO, Network
 from stragglar.model.detect import Rule
 from stragglar.model.policy import POLICIES
-from stragglar.runtime import ENGINES, MismatchError
+from stragglar.runtime import DTYPES, ENGINES, MismatchError
 from stragglar.runtime.header import ranks_in_words as rank_list
 from stragglar.runtime.torch_dist import gather_headers
 from stragglar.schedule import ALGORITHMS
 
-__all__ = ["FIELDS", "agree", "decode", "disagreement", "encode", "settings_of"]
+__all__ = ["FIELDS", "agree", "agree_on_bucket", "decode", "disagreement", "encode", "settings_of"]
 
 MAGIC = 0x53_54_44_44_50  # "STDDP": a row from anything else is not this check's
+BUCKET_MAGIC = 0x53_54_42_4B_54  # "STBKT": a bucket's row (agree_on_bucket)
 
 
 class Code(IntEnum):
@@ -175,6 +176,44 @@ def agree(
     reason = disagreement(rows, ranks, group)
     if reason is not None:
         raise MismatchError(reason + _globally(on, group))
+
+
+def agree_on_bucket(
+    bucket: int,
+    buffer: torch.Tensor,
+    on: Any,
+    timeout: float,
+    ranks: str = "DDP ranks",
+    group: str = "DDP's group",
+) -> None:
+    """Raise the same :class:`~stragglar.runtime.MismatchError` on every rank of ``on`` unless
+    every rank hands the hook bucket number ``bucket`` with as many elements of one dtype.
+
+    Asked before the engine's all_reduce first meets a bucket: the runtime's calls check their
+    header themselves, the engine's do not, and gloo aborted the process (``terminate called after
+    throwing an instance of 'gloo::EnforceNotMet'``) where one rank's model was float64 and the
+    others' float32."""
+    dtype = str(buffer.dtype).removeprefix("torch.")
+    row = [BUCKET_MAGIC, bucket, buffer.numel(), DTYPES.index(dtype) if dtype in DTYPES else -1]
+    channel = 0 if dist.get_backend(on) == "gloo" else None  # as agree's: a silent rank is named
+    during = f"checking that the {ranks} hand the hook the same buckets"
+    rows = gather_headers(row, on, buffer.device, dist.get_rank(on), timeout, channel, during)
+    strangers = [rank for rank, row in enumerate(rows) if row[0] != BUCKET_MAGIC]
+    if strangers:
+        reason = f"{rank_list(strangers)} sent no bucket: is another collective running on {group}?"
+        raise MismatchError(reason + _globally(on, group))
+    holders: dict[tuple[int, ...], list[int]] = {}
+    for rank, gathered in enumerate(rows):
+        holders.setdefault(tuple(gathered[1:]), []).append(rank)
+    if len(holders) > 1:
+        said = "; ".join(
+            f"{rank_list(members)} {'hand' if len(members) > 1 else 'hands'} bucket {index} of "
+            f"{count:,} {DTYPES[code] if code >= 0 else 'other'} elements"
+            for (index, count, code), members in sorted(holders.items(), key=lambda kv: kv[1])
+        )
+        raise MismatchError(
+            f"{ranks} reduce other gradients (another model or dtype?): {said}" + _globally(on, group)
+        )
 
 
 def _globally(on: Any, group: str, limit: int = 8) -> str:

@@ -12,7 +12,7 @@ from torch.distributed import GradBucket  # type: ignore[attr-defined, unused-ig
 
 from stragglar.args import as_rank
 from stragglar.ddp import deadlines
-from stragglar.ddp.agreement import agree, settings_of
+from stragglar.ddp.agreement import agree, agree_on_bucket, settings_of
 from stragglar.ddp.metrics import report
 from stragglar.ddp.options import check_bucket, check_fresh_trace, check_learned, check_options
 from stragglar.ddp.orders import HostOrder, Order, StreamOrder
@@ -66,7 +66,9 @@ class StragglarState:
         ``straggler_delay``: seconds the straggler is made late on purpose, for experiments: it
         arrives at each bucket that long after the bucket was handed to the hook.
     How it runs
-        ``process_group``: DDP's group (None: the world); the replicas' under FSDP.
+        ``process_group``: DDP's group (None: the world); the replicas' under FSDP.  It must be
+        the group given to DDP: a hook is not told DDP's group, so a state on a smaller one sums
+        over its ranks alone, with no error (as torch's own hooks' states do).
         ``timeout``: seconds before a silent peer fails the step (default 300), in StragglAR's
         rounds and in the engine's all_reduce on the host alike (on CUDA over NCCL, where no
         round is waited for on the host, NCCL's watchdog ends them: StragglAR's at this timeout,
@@ -386,6 +388,10 @@ class StragglarState:
         choice = self.choose(world_size, buffer.numel() * buffer.element_size())
         if choice.algorithm != STRAGGLAR:
             divided = world_size if divisor is None else divisor
+            met = (bucket, buffer.numel(), buffer.dtype)
+            if met not in self.resources.engine_buckets:
+                agree_on_bucket(bucket, buffer, self.process_group, self.timeout)
+                self.resources.engine_buckets.add(met)
             return self._engine(buffer, divided, order, comm.engine_group, in_call)
         proof = self.proof(world_size, choice.straggler, choice.chunks)
         chunks = choice.chunks or 0
@@ -561,7 +567,10 @@ def stragglar_hook(state: StragglarState, bucket: GradBucket) -> torch.futures.F
             state.agree(world, buffer.device)
         state.new_step(world)
     if world > 1:  # DDP's bucket tensors stay the same once it rebuilt its buckets, before step 2
-        return state.reduce(buffer, bucket.index(), world, kept=state.resources.steps_run >= 2)
+        # divided first, then summed, as DDP's default hook and its reducer do: float16 gradients of
+        # 30,000 on 4 ranks summed to inf before the division
+        buffer.div_(world)
+        return state.reduce(buffer, bucket.index(), world, divisor=1, kept=state.resources.steps_run >= 2)
     state.late_rank(world)  # a straggler that is no rank of this group is still an error
     future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     future.set_result(buffer)  # one rank: its gradients are the average already

@@ -86,6 +86,10 @@ class LateRankProbe:
         self.waits: tuple[float, ...] = ()  # every rank's wait at the step whose figures arrived last
         self.samples = {kind: collections.deque[Timing](maxlen=SAMPLES) for kind in KINDS[1:]}
         self._wait: float | None = None  # this rank's wait at the last step whose gather completed
+        # the first gather's wait measures nothing: the ranks met just before it posted (this
+        # group's making, and at a first step the hook's check of the settings, are collectives),
+        # so every wait was ~0 and the trace's first row named a random rank last
+        self._first = True
         self._timings: list[tuple[str, int, int, Stopwatch]] = []
         self._lock = threading.Lock()  # the worker's threads record while the caller may step
         # the posted gather: its Future (of when it completed), its outputs, when it was posted,
@@ -104,7 +108,8 @@ class LateRankProbe:
         arrived = False
         if self._pending is not None:
             done, gathered, posted, _ = self._pending
-            self._wait = done.wait() - posted
+            waited = done.wait() - posted
+            self._wait, self._first = (None if self._first else waited), False
             arrived = self._read([t.tolist() for t in gathered])
         gathered = [torch.zeros(ROW, dtype=torch.float64) for _ in range(self.world_size)]
         row = torch.tensor(self._row(), dtype=torch.float64)

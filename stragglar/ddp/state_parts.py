@@ -82,7 +82,9 @@ class Resources:
 
     ``engine_calls``: this step's all_reduces of the engine on the host, as gloo calls, held so
     that their works end in a thread of Python's, and waited for at
-    :meth:`~stragglar.ddp.StragglarState.close` (:func:`~stragglar.ddp.probe.let_go`)."""
+    :meth:`~stragglar.ddp.StragglarState.close` (:func:`~stragglar.ddp.probe.let_go`).
+    ``engine_buckets``: the (bucket, elements, dtype) the engine's all_reduce has met, each checked
+    alike on every rank the first time (:func:`~stragglar.ddp.agreement.agree_on_bucket`)."""
 
     proofs: dict[ProofKey, Proof] = field(default_factory=dict)
     probe: LateRankProbe | None = None
@@ -90,4 +92,5 @@ class Resources:
     trace: TraceWriter | None = None
     engine_watch: Watch | None = None
     engine_calls: list[GlooCall] = field(default_factory=list)
+    engine_buckets: set[tuple[int, int, torch.dtype]] = field(default_factory=set)
     steps_run: int = 0
