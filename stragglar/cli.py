@@ -73,11 +73,12 @@ def cli(ctx: click.Context) -> None:
 
     \b
     Units: a size takes B (or bytes), KB, MB, GB, TB, PB, EB, KiB, MiB, GiB, TiB, PiB or
-    EiB (a bare number is bytes; at most 1 EiB); a duration needs us, ms or s (20ms; a bare
-    0 is allowed); a bandwidth needs a unit per second (450GiB/s, 100Gbit/s); a bit-style
-    Gb or Mib, or a rate like 10gb/s, is refused, not read as bytes; a whole number may group
-    its digits in threes with commas (1,000,004 B), as reports print them, except in a list
-    (bench --sizes), where a comma separates the items.
+    EiB (a bare number is bytes; at most 1 EiB); a duration needs ns, us (or µs), ms or s
+    (20ms; a bare 0 is allowed); a bandwidth needs a unit per second (450GiB/s, 100Gbit/s,
+    7.2Tbit/s); a bit-style Gb or Mib, or a rate like 10gb/s, is refused, not read as bytes;
+    the whole number of a size, duration or bandwidth may group its digits in threes with
+    commas (1,000,004 B), as reports print them, except in a list (bench --sizes), where a
+    comma separates the items (counts, such as --chunks, take plain digits).
     Exit codes: 0 done, 1 not a correct AllReduce or a failed run, 2 bad input, 3 out of
     memory, disk space or solver time, 130 interrupted (Ctrl-C), 141 the output's reader went away,
     129 and 143 stopped by SIGHUP and SIGTERM.

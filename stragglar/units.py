@@ -5,9 +5,9 @@ same thing wherever a user types it, and figures print the same way everywhere. 
 
 * a **size** takes a unit (``B``, ``KB``/``MB``/``GB``/``TB`` decimal, ``KiB``/``MiB``/``GiB``/``TiB``
   binary) or none, which means bytes; it must come to a whole number of bytes;
-* a **duration** needs a unit (``us``, ``ms``, ``s``; ``0`` alone is allowed): a bare ``20`` could
-  be milliseconds or seconds, so it is refused with the fix;
-* a **bandwidth** needs a unit per second (``450GiB/s``, ``25GB/s``, ``100Gbit/s``);
+* a **duration** needs a unit (``ns``, ``us`` or ``µs``, ``ms``, ``s``; ``0`` alone is allowed): a
+  bare ``20`` could be milliseconds or seconds, so it is refused with the fix;
+* a **bandwidth** needs a unit per second (``450GiB/s``, ``25GB/s``, ``100Gbit/s``, ``7.2Tbit/s``);
 * units are read regardless of case, except a bit-style spelling (``Gb``, ``Mib``), and a rate
   whose ``b`` is lower case (``10gb/s``, ``8b/s``: network speeds are written so in bits), which
   are refused: read as bytes they would be 8 times what their writer meant (a size in lower
@@ -38,6 +38,7 @@ __all__ = [
     "MAX_QUANTITY_CHARS",
     "MAX_SECONDS",
     "MIN_BANDWIDTH",
+    "TIME_UNITS",
     "count_of",
     "exact_duration",
     "format_bytes",
@@ -70,8 +71,19 @@ BIT_UNITS = {
     "kbit": Fraction(10**3, 8),
     "mbit": Fraction(10**6, 8),
     "gbit": Fraction(10**9, 8),
+    "tbit": Fraction(10**12, 8),
+    "pbit": Fraction(10**15, 8),
+    "ebit": Fraction(10**18, 8),
+    "kibit": Fraction(2**10, 8),
+    "mibit": Fraction(2**20, 8),
+    "gibit": Fraction(2**30, 8),
+    "tibit": Fraction(2**40, 8),
+    "pibit": Fraction(2**50, 8),
+    "eibit": Fraction(2**60, 8),  # the prefixes of the byte units, as NVLink-class rates are in Tbit/s
 }
-TIME_UNITS = {"us": Fraction(1, 10**6), "ms": Fraction(1, 10**3), "s": Fraction(1)}
+# every unit format_seconds prints is one a user may type back; the traces' time columns take them too
+TIME_UNITS = {"s": Fraction(1), "ms": Fraction(1, 10**3), "us": Fraction(1, 10**6), "ns": Fraction(1, 10**9)}
+_MICRO = ("\u00b5s", "\u03bcs")  # us written with the micro sign or the Greek mu, as both are typed
 MAX_BYTES = 2**60  # an exbibyte: far beyond any buffer, and still exact in a float
 MAX_SECONDS = 7 * 24 * 3600  # a week
 MIN_BANDWIDTH = 1.0  # bytes/s: slower, an exbibyte's time overflows, and alpha x bandwidth underflows
@@ -83,7 +95,7 @@ MIN_BANDWIDTH = 1.0  # bytes/s: slower, an exbibyte's time overflows, and alpha 
 MAX_QUANTITY_CHARS = 64
 MAX_EXPONENT = 400
 _QUANTITY = re.compile(
-    r"\s*([1-9][0-9]{0,2}(?:,[0-9]{3})+|[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?|[0-9]+\.)\s*([A-Za-z/]*)\s*"
+    r"\s*([1-9][0-9]{0,2}(?:,[0-9]{3})+|[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?|[0-9]+\.)\s*([A-Za-z\u00b5\u03bc/]*)\s*"
 )  # a whole number may group its digits in threes with commas, as reports print ``1,000,004 B``
 # (its first group never starts with 0: ``0,001GiB`` is a decimal comma, refused, not 1 GiB)
 
@@ -161,7 +173,7 @@ def parse_size(text: str) -> int:
 
 
 def parse_duration(text: str) -> float:
-    """``20ms`` -> 0.02 seconds; a duration needs a unit (``us``, ``ms``, ``s``), except ``0``.
+    """``20ms`` -> 0.02 seconds; a duration needs a unit (``ns``, ``us``, ``ms``, ``s``), except ``0``.
 
     >>> parse_duration("1.5s"), parse_duration("0")
     (1.5, 0.0)
@@ -180,13 +192,15 @@ def exact_duration(text: str) -> Fraction:
         raise InputError(
             f"{quoted(text)} needs a unit: write {shown(text.strip())}ms or {shown(text.strip())}s (or us)"
         )
+    unit = "us" if unit in _MICRO else unit
     if unit not in TIME_UNITS and unit != "":
-        raise InputError(f"unknown time unit {quoted(unit)} in {quoted(text)}: use us, ms or s")
+        raise InputError(f"unknown time unit {quoted(unit)} in {quoted(text)}: use ns, us, ms or s")
     return number * TIME_UNITS.get(unit, Fraction(1))
 
 
 def parse_bandwidth(text: str) -> float:
-    """``450GiB/s`` -> bytes per second: a size unit or ``bit``/``kbit``/``Mbit``/``Gbit``, then ``/s``.
+    """``450GiB/s`` -> bytes per second: a size unit or a bit unit (``bit``, ``kbit`` .. ``Ebit``,
+    ``Kibit`` .. ``Eibit``), then ``/s``.
 
     >>> parse_bandwidth("25GB/s"), parse_bandwidth("100Gbit/s")
     (25000000000.0, 12500000000.0)
@@ -202,7 +216,7 @@ def parse_bandwidth(text: str) -> float:
     factor = SIZE_UNITS.get(per) if per in SIZE_UNITS else BIT_UNITS.get(per)
     if factor is None or per == "":
         raise InputError(
-            f"unknown bandwidth unit {quoted(unit)} in {quoted(text)}: use e.g. GB/s, GiB/s or Gbit/s"
+            f"unknown bandwidth unit {quoted(unit)} in {quoted(text)}: use e.g. GB/s, GiB/s, Gbit/s or Tbit/s"
         )
     rate = number * factor
     if not MIN_BANDWIDTH <= rate <= MAX_BYTES:

@@ -127,3 +127,37 @@ def test_the_sizes_show_prints_for_a_plan_can_be_typed_back(tmp_path: Path) -> N
     assert sizes, shown.stdout
     for text in sizes:
         assert parse_size(f"{text} bytes") == int(text.replace(",", ""))
+
+
+@pytest.mark.parametrize(
+    ("text", "rate"),
+    [
+        ("7.2Tbit/s", 0.9e12),
+        ("1Pbit/s", 1e15 / 8),
+        ("1Ebit/s", 1e18 / 8),
+        ("8Gibit/s", 2**30),
+        ("8Mibit/s", 2**20),
+        ("100Gbit/s", 12.5e9),
+    ],
+)
+def test_bits_take_every_prefix_bytes_do(text: str, rate: float) -> None:
+    """An NVLink-class 7.2 Tbit/s was refused as an unknown unit while 1 TB/s was read."""
+    assert parse_bandwidth(text) == rate
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("500ns", 5e-7), ("5µs", 5e-6), ("5μs", 5e-6), ("2 us", 2e-6)])
+def test_durations_take_every_unit_a_report_prints_and_the_micro_sign(text: str, seconds: float) -> None:
+    """Reports print nanoseconds, and whatif's --time-unit took ns, where --delay 500ns was refused;
+    5µs was "expected a duration like 20ms" although it is one."""
+    assert parse_duration(text) == pytest.approx(seconds, rel=1e-15)
+
+
+def test_whatif_reads_its_time_unit_as_every_duration_is_read(tmp_path: Path) -> None:
+    """--time-unit MS was refused where --delay 5MS is 5 ms."""
+    trace = tmp_path / "t.csv"
+    trace.write_text(
+        "step,rank,time\n" + "".join(f"{s},{r},{s * 1000 + 7 * r}\n" for s in range(1, 9) for r in range(3))
+    )
+    results = [CliRunner().invoke(cli, ["whatif", str(trace), "--time-unit", unit]) for unit in ("ms", "MS")]
+    assert [r.exit_code for r in results] == [0, 0], [r.output for r in results]
+    assert results[0].output == results[1].output

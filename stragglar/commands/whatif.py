@@ -226,7 +226,7 @@ def _check_outputs(
 )
 @click.option(
     "--time-unit",
-    type=click.Choice(tuple(TIME_UNITS)),
+    type=click.Choice(tuple(TIME_UNITS), case_sensitive=False),
     default="s",
     show_default=True,
     help="The times' unit.",

@@ -48,6 +48,7 @@ from typing import Any, BinaryIO, cast
 
 from stragglar.errors import SHOWN_CHARACTERS, InputError, ResourceError, quoted, ran_out, shown
 from stragglar.files import json_complaint, open_appending, open_regular, refuse_standard_input
+from stragglar.units import TIME_UNITS
 
 __all__ = [
     "FLIGHT_RECORDER",
@@ -87,7 +88,6 @@ TRACE_SUFFIXES = {
     ".parquet": "parquet",
     ".pq": "parquet",
 }
-TIME_UNITS = {"s": Fraction(1), "ms": Fraction(1, 10**3), "us": Fraction(1, 10**6), "ns": Fraction(1, 10**9)}
 MAX_ROWS = 1_000_000  # rows kept after the filters: about 300 MB of Python objects
 # Rows read, kept or not: --where reads every row, at about 200,000 a second, so a 1.5 MB Parquet
 # file of 100,000,000 repeated rows kept whatif busy for 8 minutes to keep none of them.
