@@ -256,6 +256,10 @@ def check_replaceable(path: str | os.PathLike[str]) -> None:
         raise InputError(f"{shown(target)} is not a regular file (a device, fifo or socket): write to a file")
     if target.is_symlink() and not target.exists():
         raise InputError(f"{shown(target)} is a symbolic link to a missing file: write to a file")
+    if target.exists() and not os.access(target, os.W_OK):
+        # the rename needs only the folder's permission: another user's read-only file was replaced,
+        # and became ours, where the shell's ">" refuses it
+        raise _as_written(PermissionError(errno.EACCES, os.strerror(errno.EACCES)), path)
 
 
 def write_bytes(path: str | os.PathLike[str], data: bytes) -> None:

@@ -7,8 +7,10 @@ import errno
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -216,3 +218,40 @@ def test_a_write_that_fails_names_the_file_asked_for_not_its_temporary(
         write_text(old, "new")
     assert full_disk.value.errno == errno.ENOSPC and full_disk.value.filename == str(old)
     assert old.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["old.json"]
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root to act as another user"
+)
+def test_another_user_s_read_only_file_is_not_replaced() -> None:
+    """The rename needs only the folder's permission: in a folder anyone may write, a user's
+    ``-o`` replaced root's read-only file (and took it over), where the shell's ``>`` refuses.
+    (The folder is made in the system's temporary folder: the other user must reach it.)"""
+    folder = Path(tempfile.mkdtemp(prefix="stragglar-shared-"))
+    try:
+        folder.chmod(0o777)
+        kept = folder / "kept.json"
+        kept.write_text("{}\n")
+        kept.chmod(0o444)
+        code = "from stragglar.files import write_text; write_text('kept.json', 'new')"
+        nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+        env = {**os.environ, "PYTHONPATH": str(Path(stragglar.__file__).parents[1])}
+        try:
+            done = subprocess.run(
+                [*nobody, sys.executable, "-c", code],
+                cwd=folder,
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=60,
+            )
+        except FileNotFoundError:
+            pytest.skip("no setpriv")
+        assert (
+            done.returncode != 0
+            and "PermissionError: [Errno 13] Permission denied: 'kept.json'" in done.stderr
+        )
+        assert kept.read_text() == "{}\n" and kept.stat().st_uid == 0
+        assert sorted(p.name for p in folder.iterdir()) == ["kept.json"]  # no temporary left
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
