@@ -374,3 +374,13 @@ def test_a_trace_of_one_step_of_two_ranks_is_counted_in_the_singular(tmp_path: P
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines()[0] == f"trace {trace}: 1 group, 1 step, times in s"
     assert "stragglar in 1 chunk, " in result.stdout, result.stdout
+
+
+def test_the_header_lists_every_bucket_given_even_two_alike() -> None:
+    """Two --bucket 1MiB were priced as two buckets under a header saying "bucket 1 MiB"."""
+    options = [str(EXAMPLE), *EXAMPLE_OPTIONS[:-4], *EXAMPLE_OPTIONS[-2:]]  # without its --bucket
+    twice = run(*options, "--bucket", "1MiB", "--bucket", "1MiB")
+    assert twice.exit_code == 0, twice.output
+    assert "; buckets 1 MiB, 1 MiB\n" in twice.output
+    once = run(*options, "--bucket", "1MiB")
+    assert once.exit_code == 0 and "; bucket 1 MiB\n" in once.output

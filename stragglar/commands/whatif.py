@@ -328,7 +328,8 @@ def whatif(
         _check_unit(groups, time_unit)
         _check_resolution(groups, time_unit)
     per_group = [_buckets(g, given) for g in groups]
-    sizes = tuple(dict.fromkeys(bucket for chosen in per_group for bucket in chosen))
+    # the buckets given, each (two of 1 MiB are two buckets); else each size the groups' own have
+    sizes = given or tuple(dict.fromkeys(bucket for chosen in per_group for bucket in chosen))
     if plot_file is not None and len(groups) > MAX_PLOT_GROUPS:
         raise InputError(
             f"--plot draws at most {MAX_PLOT_GROUPS} groups and the trace has {len(groups)}: "
