@@ -132,9 +132,17 @@ def one_line_errors() -> Iterator[None]:
         quiet_stdout()
         raise click.exceptions.Exit(PIPE_CLOSED) from None
     except KeyboardInterrupt:  # click's "Aborted!", with an exit code of its own, not 1 ("wrong")
-        click.echo(err=True)
+        if _on_terminal(sys.stderr):  # a line break after the terminal's "^C"; a pipe has none
+            click.echo(err=True)
         click.echo("Aborted!", err=True)
         raise click.exceptions.Exit(INTERRUPTED) from None
+
+
+def _on_terminal(stream: TextIO | None) -> bool:
+    try:
+        return stream is not None and bool(stream.isatty())
+    except (OSError, ValueError):  # closed
+        return False
 
 
 MAX_ERROR_LINE = 400  # characters: every echo inside is cut to a few words; this catches the rest
