@@ -30,6 +30,7 @@ out of memory; anything else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import sys
@@ -61,6 +62,36 @@ class _Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         with one_line_errors():
             return super().invoke(ctx)
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        name, command, rest = super().resolve_command(ctx, args)
+        if command is not None:
+            _refuse_repeated(command, ctx, rest)
+        return name, command, rest
+
+
+def _refuse_repeated(command: click.Command, parent: click.Context, args: list[str]) -> None:
+    """An option of one value given twice is an error: click keeps the last (``--gpus 4 --gpus
+    8`` built for 8, ``--plot a.png --plot b.png`` wrote b.png alone) without a word.  Options
+    that take several (``--bucket``), counts, a plain switch (``-v -v`` says one thing twice; a
+    pair such as ``--x/--no-x`` may not) and ``--help`` may repeat."""
+    with click.Context(command, info_name=command.name, parent=parent, resilient_parsing=True) as probe:
+        try:
+            _, _, order = command.make_parser(probe).parse_args(args=list(args))
+        except click.UsageError:  # the command's own parsing says it, in its words
+            return
+    times = collections.Counter(
+        p
+        for p in order
+        if isinstance(p, click.Option)
+        and not (p.multiple or p.count or p.is_eager or (p.is_flag and not p.secondary_opts))
+    )
+    for option, count in times.items():
+        if count > 1:
+            spelled = "/".join(option.opts + option.secondary_opts)
+            raise click.UsageError(f"{spelled} is given {count} times: give it once", parent)
 
 
 @click.group(

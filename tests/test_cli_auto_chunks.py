@@ -287,3 +287,24 @@ def test_show_size_outside_the_window_names_the_nearest_usable_size(
 def named_size(text: str) -> str:
     """How ``show`` echoes a size given in bytes."""
     return format_bytes(parse_size(text))
+
+
+@pytest.mark.parametrize(
+    ("args", "window"),
+    [
+        (["--format", "mscclpp", "--max-bytes", "1MiB", "--size", "1GiB"], "--max-bytes 1 MiB"),
+        (["--format", "mscclpp", "--max-bytes", "1MiB"], "--max-bytes 1 MiB"),  # the default --size
+        (["--min-bytes", "2MiB", "--size", "1MiB"], "--min-bytes 2 MiB"),
+    ],
+)
+def test_auto_refuses_to_price_a_size_the_file_is_not_for(
+    tmp_path: Path, args: list[str], window: str
+) -> None:
+    """C = 32 was priced for 1 GiB in a plan the executor runs on buffers of at most 1 MiB."""
+    out = tmp_path / ("p.json" if "mscclpp" in args else "x.xml")
+    said = one_error(run("synth", "--gpus", "8", "--chunks", "auto", *args, "-o", str(out)), 2)
+    assert f"is not a size the file is for ({window}): give a --size the executor will run it on" in said
+    assert not out.exists()
+    inside = run("synth", "--gpus", "8", "--chunks", "auto", "--size", "512KiB", "--format", "mscclpp",
+                 "--max-bytes", "1MiB", "-o", str(tmp_path / "ok.json"))  # fmt: skip
+    assert inside.exit_code == 0, inside.stderr

@@ -704,3 +704,31 @@ def test_an_xml_file_holding_no_markup_is_called_no_xml_not_no_json(tmp_path: Pa
     other = tmp_path / "x.json"
     other.write_text("hello world\n")
     assert one_error(run("verify", str(other)), 2).startswith(f"Error: {other}: not JSON: Expecting value")
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["synth", "--gpus", "4", "--gpus", "8"], "Error: --gpus/-n is given 2 times: give it once"),
+        (["synth", "-n", "4", "--gpus", "8", "-n", "9"], "Error: --gpus/-n is given 3 times: give it once"),
+        (
+            ["show", "s.json", "--plot", "a.png", "--plot", "b.png"],
+            "Error: --plot is given 2 times: give it once",
+        ),
+        (["bench", "--sizes", "4KiB", "--sizes", "8KiB"], "Error: --sizes is given 2 times: give it once"),
+    ],
+)
+def test_an_option_of_one_value_given_twice_is_refused(args: list[str], line: str) -> None:
+    """click kept the last: --gpus 4 --gpus 8 built for 8, and --plot wrote b.png alone."""
+    result = run(*args)
+    assert (result.exit_code, result.stderr) == (2, line + "\n")
+
+
+def test_options_that_take_several_and_a_switch_may_repeat(tmp_path: Path) -> None:
+    assert run("synth", "--gpus", "4", "-v", "-v").exit_code == 0
+    trace = tmp_path / "t.csv"
+    trace.write_text(
+        "step,rank,time\n" + "".join(f"{s},{r},{s + r / 100}\n" for s in range(1, 9) for r in range(3))
+    )
+    twice = run("whatif", str(trace), "--bucket", "1MiB", "--bucket", "2MiB", "--bucket", "1MiB")
+    assert twice.exit_code == 0, twice.stderr

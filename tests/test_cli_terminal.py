@@ -110,6 +110,28 @@ def test_reading_and_writing_a_large_file_show_a_busy_line_on_a_terminal(
     assert read.exit_code == 0 and f"reading {path}: 00:01" in read.stderr, read.stderr
 
 
+def test_whatif_s_replay_moves_its_clock_while_a_group_takes_its_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One group of 800,000 rows showed "replaying the groups: 0/1" for 12 s, its clock still."""
+    import stragglar.commands.whatif as whatif_command
+
+    trace = tmp_path / "t.csv"
+    trace.write_text(
+        "step,rank,time\n" + "".join(f"{s},{r},{s + r / 100}\n" for s in range(1, 9) for r in range(3))
+    )
+    replay = whatif_command._replay
+
+    def slow(*args: Any) -> Any:
+        time.sleep(1.6)  # past the second after which the bar shows
+        return replay(*args)
+
+    monkeypatch.setattr(terminal, "_show_progress", lambda: True)
+    monkeypatch.setattr(whatif_command, "_replay", slow)
+    result = run("whatif", str(trace))
+    assert result.exit_code == 0 and "replaying the groups: 0/1 [00:01]" in result.stderr, result.stderr
+
+
 # ---------------------------------------------------------------------------- 17. prove-all
 
 

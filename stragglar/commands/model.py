@@ -42,7 +42,7 @@ from stragglar.schedule import MAX_RANKS
 from stragglar.synth import ALGORITHMS
 from stragglar.units import count_of, format_bytes
 from stragglar.verify import VerificationError
-from stragglar.verify.bound import BOUND_MAX_RANKS, prove_lower_bound
+from stragglar.verify.bound import BOUND_MAX_CELLS, BOUND_MAX_RANKS, prove_lower_bound
 from stragglar.verify.shard_bound import COLLECTIVES, shard_bound
 
 __all__ = ["bound", "cost", "prove_all_command"]
@@ -152,7 +152,7 @@ def _chunk_line(comparison: Comparison, chunks: int, auto: str | None) -> str:
     "-c",
     type=Whole(1),
     help="Chunks C >= N-1 (default N-1, the paper's); for reduce_scatter and all_gather a multiple "
-    "of N (default N).",
+    f"of N (default N). N x C at most {BOUND_MAX_CELLS}.",
 )
 @click.option(
     "--rounds",

@@ -184,6 +184,7 @@ def synth(
         ranks = check_ranks(algorithm, num_gpus, method)
         if exporting is not None:  # what N alone refuses, before pricing chunk counts
             exporting.check_request(ranks, options)
+            _check_priced_size(size, options)
         base = ranks.refined(straggler, timeout_s=smt_timeout)  # what no chunk count changes, first
         if exporting is None:
             num_chunks = chosen_chunks(chunks, num_gpus, size, delay, network, algorithm=algorithm)
@@ -225,6 +226,22 @@ def synth(
         echo(summary, err=to_stderr)
     if verbose:
         echo("\n".join(details), err=to_stderr)
+
+
+def _check_priced_size(size: int, options: ExportOptions) -> None:
+    """--chunks auto prices a buffer of --size, which must be one the file is for: a count priced
+    for 1 GiB in a plan the executor runs on 1 MiB at most was accepted without a word."""
+    low, high = options.min_bytes, options.max_bytes
+    if (low is not None and size < low) or (high is not None and size > high):
+        window = " and ".join(
+            f"{name} {format_bytes(value)}"
+            for name, value in (("--min-bytes", low), ("--max-bytes", high))
+            if value is not None
+        )
+        raise click.UsageError(
+            f"--size {format_bytes(size)} (what --chunks auto prices) is not a size the file is for "
+            f"({window}): give a --size the executor will run it on"
+        )
 
 
 @dataclass(frozen=True)

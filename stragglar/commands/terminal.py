@@ -13,7 +13,7 @@ import contextlib
 import os
 import sys
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from stragglar.errors import printable
 
-__all__ = ["Bar", "busy", "echo", "progress", "progress_bar"]
+__all__ = ["Bar", "busy", "echo", "progress", "progress_bar", "ticking"]
 
 _T = TypeVar("_T")
 
@@ -146,6 +146,31 @@ def progress_bar(
         bar_format="{desc}: {elapsed}" if total is None else _COUNTED if slow else None,
     ) as bar:
         yield Bar(bar)
+
+
+def ticking(items: Sequence[_T], label: str) -> Iterator[_T]:
+    """``items`` with a counted bar whose clock moves while an item takes its time (a thread
+    ticks it): for a few items of seconds each, where :func:`progress` stood still (``whatif``
+    on one group of 800,000 rows showed 0/1 for 12 s).  Not for commands that fork."""
+    if not _show_progress():
+        yield from items
+        return
+    done = threading.Event()
+    with progress_bar(len(items), label, slow=True) as bar:
+
+        def tick() -> None:
+            while not done.wait(0.2):
+                bar.tick()
+
+        thread = threading.Thread(target=tick, daemon=True)
+        thread.start()
+        try:
+            for item in items:
+                yield item
+                bar.advance()
+        finally:
+            done.set()
+            thread.join(1.0)
 
 
 @contextlib.contextmanager

@@ -25,7 +25,7 @@ from stragglar.commands.options import (
     refuse_given,
 )
 from stragglar.commands.outputs import check_output, check_plot, dump_json, to_stdout, write_plot
-from stragglar.commands.terminal import busy, echo, progress
+from stragglar.commands.terminal import busy, echo, ticking
 from stragglar.errors import InputError, quoted, shown
 from stragglar.files import open_regular, same_file
 from stragglar.formats.flight_recorder import read_flight_recorder
@@ -338,7 +338,7 @@ def whatif(
     setting = Setting(Network(alpha, bandwidth), tuple(sizes), window, rule, chunks)
     replays = [
         _replay(g, dataclasses.replace(setting, buckets=chosen))
-        for g, chosen in progress(list(zip(groups, per_group, strict=True)), "replaying the groups")
+        for g, chosen in ticking(list(zip(groups, per_group, strict=True)), "replaying the groups")
     ]
     err = json_file is not None and to_stdout(json_file)  # stdout carries the JSON document
     echo(
