@@ -4,6 +4,7 @@ of range, never Python's own AttributeError, TypeError from deep inside, or a Na
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any, cast
 
@@ -26,6 +27,7 @@ from stragglar.model.cost import PAPER_NETWORK
 from stragglar.schedule import Op, Phase, Schedule, Transfer, move_straggler, relabel_ranks
 from stragglar.synth import (
     Request,
+    check_request,
     direct_allreduce,
     generate,
     rhd_allreduce,
@@ -233,3 +235,14 @@ def test_the_cost_model_takes_its_own_kinds_in_one_line(call: Any, message: str)
     with pytest.raises(ArgumentError) as info:
         call()
     assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_checked_request_is_generated_as_it_is_and_a_changed_one_checked_again() -> None:
+    checked = check_request("stragglar", 8)
+    assert generate(checked.with_chunks(12)).num_chunks == 12
+    with pytest.raises(InputError, match="StragglAR needs at least N - 1 = 7 chunks, got 3"):
+        checked.with_chunks(3)
+    with pytest.raises(InputError, match="needs at least N - 1 = 7 chunks, got 3"):
+        generate(dataclasses.replace(checked, chunks=3))  # its seal does not travel with replace
+    with pytest.raises(ArgumentError, match="with_chunks takes a checked request"):
+        Request("stragglar", 8, None, None, "construct").with_chunks(8)

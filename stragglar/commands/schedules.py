@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +46,6 @@ from stragglar.errors import IncorrectError, InputError, StragglarError, shown
 from stragglar.formats import schedule_json
 from stragglar.formats.text import render
 from stragglar.model import AUTO, Network
-from stragglar.schedule import check_size
 from stragglar.synth import METHODS, Request, check_ranks, check_request, generate
 from stragglar.units import count_of, format_bytes
 from stragglar.verify import Proof, prove
@@ -190,7 +188,7 @@ def synth(
             num_chunks = chosen_chunks(chunks, num_gpus, size, delay, network, algorithm=algorithm)
             assert num_chunks is not None  # auto is a count
             echo(auto_note(num_chunks, size, delay, network), err=True)
-            request = _with_chunks(base, num_chunks)
+            request = base.with_chunks(num_chunks)
             proof = _made(request)
         else:
             request, proof, lowered = _auto_for(exporting, options, base, _Setting(size, delay, network))
@@ -253,14 +251,6 @@ class _Setting:
     network: Network
 
 
-def _with_chunks(request: Request, num_chunks: int) -> Request:
-    """``request`` (refined without a count: straggler, method and timeout checked) in
-    ``num_chunks`` chunks, a count ``--chunks auto`` picked: at least N - 1 and within the limits
-    by its candidates' making, checked here against the schedule limits all the same."""
-    check_size(request.num_ranks, num_chunks)
-    return dataclasses.replace(request, chunks=num_chunks)
-
-
 def _made(request: Request) -> Proof:
     """The schedule ``request`` asks for, generated and proved."""
     with busy(f"synthesizing {request.algorithm} for {request.num_ranks} GPUs"):
@@ -290,7 +280,7 @@ def _auto_for(
                 f"{fmt.plural} of at most {fmt.max_cells:,} (GPU, chunk) cells"
             )
             continue
-        request = _with_chunks(base, count)
+        request = base.with_chunks(count)
         try:
             proof = _made(request)
             text = lowered_artifact(proof, fmt, options)
@@ -330,7 +320,7 @@ def _lowered(proof: Proof, fmt: ArtifactFormat[Any], options: ExportOptions, req
         if request.algorithm != "stragglar" or chosen is None or chosen <= n - 1:
             raise
         try:
-            lowered_artifact(_made(dataclasses.replace(request, chunks=None)), fmt, options)
+            lowered_artifact(_made(request.with_chunks(None)), fmt, options)
         except InputError:  # not the count alone: the error as it is
             raise e from None
         raise InputError(

@@ -11,8 +11,9 @@ Generators import only the core (:mod:`stragglar.schedule`); what they make is p
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from stragglar.args import as_int, as_rank, as_seconds
 from stragglar.errors import ArgumentError, InputError, described
@@ -77,6 +78,8 @@ class Request:
     chunks: int | None
     method: str
     timeout_s: float | None = None
+    # made by check_request's checks (:meth:`refined`), not by hand or by dataclasses.replace
+    _checked: bool = field(default=False, init=False, repr=False, compare=False)
 
     @property
     def num_chunks(self) -> int:
@@ -95,16 +98,8 @@ class Request:
         """
         n, algorithm = self.num_ranks, self.algorithm
         rank = None if straggler is None else as_rank(straggler, "straggler", n)
-        c = None if chunks is None else as_int(chunks, "chunks")
-        if c is not None:
-            if algorithm != "stragglar":
-                raise InputError(f"a chunk count applies to stragglar only, not {algorithm}")
-            if c < n - 1:
-                raise InputError(f"StragglAR needs at least N - 1 = {n - 1} chunks, got {c}")
-            check_size(n, c)
+        c = self._checked_chunks(chunks)
         if self.method == "smt":
-            if c is not None and c != n - 1:
-                raise InputError("method smt finds schedules with the paper's N - 1 chunks only")
             if algorithm != "stragglar":
                 raise InputError("method smt synthesizes StragglAR schedules only")
             if n > SMT_MAX_RANKS:
@@ -116,7 +111,34 @@ class Request:
                 as_seconds(timeout_s, "timeout_s", positive=True)
         elif timeout_s is not None:
             raise InputError("a timeout applies to method smt only")
-        return Request(algorithm, n, rank, c, self.method, timeout_s)
+        return self._sealed(Request(algorithm, n, rank, c, self.method, timeout_s))
+
+    def with_chunks(self, chunks: int | None) -> Request:
+        """This checked request in ``chunks`` chunks instead (None: the algorithm's own), the count
+        checked as :meth:`refined` checks one: for a caller that picks the count after the rest
+        was checked (``synth --chunks auto``), without asking the rest again."""
+        if not self._checked:
+            raise ArgumentError("with_chunks takes a checked request (of check_request or refined)")
+        return self._sealed(dataclasses.replace(self, chunks=self._checked_chunks(chunks)))
+
+    def _checked_chunks(self, chunks: int | None) -> int | None:
+        """``chunks`` checked for this request's algorithm, N and method."""
+        n = self.num_ranks
+        c = None if chunks is None else as_int(chunks, "chunks")
+        if c is not None:
+            if self.algorithm != "stragglar":
+                raise InputError(f"a chunk count applies to stragglar only, not {self.algorithm}")
+            if c < n - 1:
+                raise InputError(f"StragglAR needs at least N - 1 = {n - 1} chunks, got {c}")
+            check_size(n, c)
+            if self.method == "smt" and c != n - 1:
+                raise InputError("method smt finds schedules with the paper's N - 1 chunks only")
+        return c
+
+    @staticmethod
+    def _sealed(request: Request) -> Request:
+        object.__setattr__(request, "_checked", True)
+        return request
 
 
 def check_ranks(algorithm: str, num_ranks: int, method: str = "construct") -> Request:
@@ -186,18 +208,20 @@ def synthesize(
 def generate(request: Request) -> Schedule:
     """The schedule ``request`` asks for (of :func:`check_request`, which :func:`synthesize` asks).
 
-    A request made by hand is checked again first (microseconds): ``Request`` is a plain record.
+    A request made by hand (or changed with ``dataclasses.replace``) is checked first, as
+    :func:`check_request` would.
     """
     if not isinstance(request, Request):
         raise ArgumentError(f"expected a Request (of check_request), got {type(request).__name__}")
-    request = check_request(
-        request.algorithm,
-        request.num_ranks,
-        request.straggler,
-        chunks=request.chunks,
-        method=request.method,
-        timeout_s=request.timeout_s,
-    )
+    if not request._checked:
+        request = check_request(
+            request.algorithm,
+            request.num_ranks,
+            request.straggler,
+            chunks=request.chunks,
+            method=request.method,
+            timeout_s=request.timeout_s,
+        )
     algorithm, n, rank, c = request.algorithm, request.num_ranks, request.straggler, request.chunks
     if request.method == "smt":
         from stragglar.synth.smt import smt_synthesize  # z3 is slow to import: only when asked
