@@ -384,3 +384,55 @@ def test_the_header_lists_every_bucket_given_even_two_alike() -> None:
     assert "; buckets 1 MiB, 1 MiB\n" in twice.output
     once = run(*options, "--bucket", "1MiB")
     assert once.exit_code == 0 and "; bucket 1 MiB\n" in once.output
+
+
+def late_trace(path: Path, lateness_ms: list[int], ranks: int = 4) -> Path:
+    """The last rank reaches step s ``lateness_ms[s]`` after the others, who arrive 1 ms apart."""
+    rows = [
+        (s, r, 1000 * s + (r if r < ranks - 1 else ranks - 2 + late))
+        for s, late in enumerate(lateness_ms)
+        for r in range(ranks)
+    ]
+    path.write_text("step,rank,time\n" + "".join(f"{s},{r},{t}\n" for s, r, t in rows))
+    return path
+
+
+def test_the_headline_counts_the_steps_the_rule_counts(tmp_path: Path) -> None:
+    """With --margin 10ms, a rank exactly 10 ms late at every step "was last at 20 of 20 steps",
+    under a rule line saying last by more than 10 ms, and was (rightly) not named."""
+    trace = late_trace(tmp_path / "t.csv", [10] * 20)
+    result = run(str(trace), "--time-unit", "ms", "--margin", "10ms")
+    assert result.exit_code == 0, result.output
+    assert (
+        "no persistent straggler: rank 3 was last by more than 10 ms at 0 of 20 steps (0%)" in result.output
+    )
+    named = run(str(trace), "--time-unit", "ms", "--margin", "9ms")
+    assert "persistent straggler: rank 3, from step 0" in named.output, named.output
+
+
+def test_a_trace_too_short_to_name_anyone_says_so(tmp_path: Path) -> None:
+    """3 ranks need 12 steps of one rank last to name it: 11 said "no persistent straggler" alone."""
+    short = run(str(late_trace(tmp_path / "t.csv", [5] * 11, ranks=3)), "--time-unit", "ms")
+    assert (
+        "was last at 11 of 11 steps (100%); chance alone: 33.3%; 11 steps are too few: the rule "
+        in short.output
+    )
+    assert "names a rank after 12 at the least" in short.output
+    enough = run(str(late_trace(tmp_path / "u.csv", [5] * 12, ranks=3)), "--time-unit", "ms")
+    assert "persistent straggler: rank 2, from step 0 (named at step 11)" in enough.output, enough.output
+
+
+def test_the_median_lateness_is_the_median(tmp_path: Path) -> None:
+    """Lateness 1..30 ms printed a median of 15 ms (the lower of the middle two)."""
+    result = run(str(late_trace(tmp_path / "t.csv", list(range(1, 31)))), "--time-unit", "ms")
+    assert "by 15.5 ms (median), 27 ms (90th percentile)" in result.output, result.output
+
+
+def test_whole_seconds_are_no_sign_of_float32_times(tmp_path: Path) -> None:
+    """Times of 29,000 whole seconds warned that every time is a float32's."""
+    trace = tmp_path / "t.csv"
+    trace.write_text(
+        "step,rank,time\n" + "".join(f"{s},{r},{29000 + 10 * s + r}\n" for s in range(30) for r in range(3))
+    )
+    result = run(str(trace))
+    assert result.exit_code == 0 and "float32" not in result.stderr, result.stderr

@@ -140,12 +140,15 @@ def _check_resolution(groups: Sequence[Group], unit: str) -> None:
     every rank reached every step "at once" and the replay says nobody was late."""
     per_unit = TIME_UNITS[unit]
     largest = Fraction(0)
+    whole = True
     times = (time for group in groups for step in group.times for time in step)
     for time in itertools.islice(times, FLOAT32_SAMPLE):
         value = time / per_unit
         if Fraction(float(np.float32(float(value)))) != value:
             return
-        largest = max(largest, abs(value))
+        largest, whole = max(largest, abs(value)), whole and value.denominator == 1
+    if whole and largest < 2**24:  # every whole number below 2^24 is a float32's: no sign of one
+        return
     spacing = Fraction(float(np.spacing(np.float32(float(largest))))) * per_unit
     if spacing > COARSE_TIME:
         echo(
@@ -447,7 +450,15 @@ def _group_lines(group: Group, result: GroupReplay, rule: Rule, per_step: bool) 
 def _verdict(group: Group, result: GroupReplay, rule: Rule) -> str:
     """The headline: the persistent straggler at the trace's end, or that there is none, with the
     share of steps it (or the rank last most often) was last beside what chance gives."""
-    last = f"was last at {result.times_last:,} of {len(result.steps):,} steps ({result.last_share:.0%})"
+    steps = len(result.steps)
+    if rule.margin > 0:  # the steps the rule counts: last by more than the margin, not last alone
+        counted = sum(
+            s.last == result.straggler and s.late[result.straggler] > rule.margin for s in result.steps
+        )
+        by = f" by more than {format_seconds(rule.margin)}"
+    else:
+        counted, by = result.times_last, ""
+    last = f"was last{by} at {counted:,} of {steps:,} steps ({counted / steps:.0%})"
     chance = f"chance alone: {_percent(result.chance)}"
     now = result.persistent_straggler
     if now is None:
@@ -459,7 +470,13 @@ def _verdict(group: Group, result: GroupReplay, rule: Rule) -> str:
         if result.times_last == 0:
             return "no persistent straggler: no rank was ever last alone"
         when = " at the trace's end" if result.episodes else ""  # the ranks named before follow
-        return f"no persistent straggler{when}: {_rank(group, result.straggler)} {last}; {chance}"
+        fewest = rule.fewest_steps(result.num_ranks)
+        short = (
+            f"; {steps:,} steps are too few: the rule names a rank after {fewest} at the least"
+            if fewest is not None and steps < fewest
+            else ""
+        )
+        return f"no persistent straggler{when}: {_rank(group, result.straggler)} {last}; {chance}{short}"
     episode = result.episodes[-1]
     return (
         f"persistent straggler: {_rank(group, now)}, from step {episode.since} (named at step "

@@ -130,6 +130,18 @@ class Rule:
         """
         return self.share * num_ranks > 1
 
+    def fewest_steps(self, num_ranks: int) -> int | None:
+        """The fewest steps after which a rank can be named among ``num_ranks``: last at every one
+        of them (None: the test names nobody there).  A shorter trace names nobody whatever it
+        holds, which a verdict of "no persistent straggler" must say.
+
+        >>> Rule().fewest_steps(2), Rule().fewest_steps(3), Rule().fewest_steps(8)
+        (23, 12, 6)
+        """
+        if not self.finds(num_ranks):
+            return None
+        return math.ceil(self.threshold(num_ranks) / self.evidence(num_ranks)[0] - 1e-9)
+
     def evidence(self, num_ranks: int) -> tuple[float, float]:
         """The score's change at a step with the rank's event and at one without.
 
