@@ -119,3 +119,19 @@ def test_bad_record_inputs_are_one_line_and_exit_2(tmp_path: Path) -> None:
     assert "a csv trace is one file, and 2 were given" in one_error(
         run(table, table, "--time-col", "time_us")
     )
+
+
+def test_steps_only_some_ranks_recorded_are_said_to_be_left_out(tmp_path: Path) -> None:
+    """Rank 0's buffer wrapped (its first 3 steps gone): the replay kept the 9 steps every rank has
+    and said nothing of the 3 it left out."""
+    paths = write_flight_recorder(tmp_path / "fr", "0", ARRIVALS, shape=[512, 512])
+    dump = pickle.loads(paths[0].read_bytes())
+    dump["entries"] = [e for e in dump["entries"] if e["is_p2p"] or e["collective_seq_id"] >= 13]
+    paths[0].write_bytes(pickle.dumps(dump, protocol=2))
+    result = run(tmp_path / "fr", *MODEL)
+    assert result.exit_code == 0, result.output
+    assert "group '0': 4 ranks, 9 steps (3 more that only some ranks recorded are left out)" in result.output
+    (group,) = figures(run(tmp_path / "fr", *MODEL, "--json", "-"))["groups"]
+    assert (group["steps"], group["steps_left_out"]) == (9, 3)
+    whole = run(*write_flight_recorder(tmp_path / "whole", "0", ARRIVALS, shape=[512, 512]), *MODEL)
+    assert "group '0': 4 ranks, 12 steps\n" in whole.output

@@ -404,8 +404,11 @@ def _percent(share: float) -> str:
 def _group_lines(group: Group, result: GroupReplay, rule: Rule, per_step: bool) -> list[str]:
     steps = len(result.steps)
     title = "the trace" if group.name is None else f"group {quoted(group.name)}"
+    left_out = (
+        f" ({group.partial:,} more that only some ranks recorded are left out)" if group.partial else ""
+    )
     lines = [
-        f"{title}: {result.num_ranks} ranks, {_steps(steps)}",
+        f"{title}: {result.num_ranks} ranks, {_steps(steps)}{left_out}",
         f"  {_verdict(group, result, rule)}",
     ]
     earlier = [e for e in result.episodes if e.until is not None]
@@ -541,6 +544,7 @@ def _group_document(group: Group, result: GroupReplay) -> dict[str, Any]:
         "group": group.name,
         "ranks": list(group.ranks),
         "steps": len(result.steps),
+        "steps_left_out": group.partial,  # recorded by some ranks only (a library's buffer wrapped)
         "persistent_straggler": result.persistent_straggler,
         "persistent_stragglers": [
             {"rank": e.rank, "since": e.since, "named": e.named, "until": e.until} for e in result.episodes

@@ -153,8 +153,14 @@ def _group(found: _Found, word: str) -> Group:
         times.append(tuple(record.time for record in row))
         sizes.append(_size(row, what, step))
     known = tuple(size for size in sizes if size is not None)
+    partial = len({step for rank in ranks for step in found.steps[rank]}) - len(steps)
     return Group(
-        first.group, tuple(ranks), tuple(steps), tuple(times), known if len(known) == len(sizes) else None
+        first.group,
+        tuple(ranks),
+        tuple(steps),
+        tuple(times),
+        known if len(known) == len(sizes) else None,
+        partial,
     )
 
 

@@ -133,13 +133,15 @@ class Group:
     trace's labels of ranks ``0..N-1``; ``times[i][r]`` is when rank ``r`` reached the collective
     at step ``steps[i]``, in seconds (exact), steps in ascending order; ``sizes[i]`` the bytes of
     step ``i``'s collective where the trace records them (a collective library's records do, a
-    table does not: None)."""
+    table does not: None); ``partial`` the steps only some ranks recorded, left out at the ends
+    (a library's buffer that wrapped, a dump taken while another rank was ahead)."""
 
     name: str | None
     ranks: tuple[str, ...]
     steps: tuple[int, ...]
     times: tuple[tuple[Fraction, ...], ...]
     sizes: tuple[int, ...] | None = None
+    partial: int = 0
 
 
 def trace_files(paths: Sequence[Path], max_files: int = MAX_FILES) -> list[Path]:
