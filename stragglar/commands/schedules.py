@@ -46,9 +46,11 @@ from stragglar.errors import IncorrectError, InputError, StragglarError, shown
 from stragglar.formats import schedule_json
 from stragglar.formats.text import render
 from stragglar.model import AUTO, Network
+from stragglar.schedule import Schedule
 from stragglar.synth import METHODS, Request, check_ranks, check_request, generate
 from stragglar.units import count_of, format_bytes
 from stragglar.verify import Proof, prove
+from stragglar.verify.orders import order_disagreement
 from stragglar.verify.report import ArtifactProof
 from stragglar.verify.smt import smt_prove
 
@@ -414,6 +416,7 @@ def verify(file: Path, smt: bool, timeout: float | None, verbose: bool) -> None:
             found.schedule, str(file), functools.partial(smt_prove, timeout_s=timeout) if smt else prove
         )
         summary, details = proof.summary, f"{proof.headline}\n{proof.covers}"
+        _warn_orders(file, found.schedule)
     echo(f"{file}: {summary}")
     if verbose:
         echo(details)
@@ -442,11 +445,20 @@ def show(file: Path, plot_file: Path | None, size: int | None, verbose: bool) ->
     check_plot(plot_file, file)
     echo(render(schedule))  # first: a wrong schedule's table helps to see what is wrong
     proof: Proof = proved(schedule, str(file))
+    _warn_orders(file, schedule)
     echo(proof.headline)
     if verbose:
         echo(f"{proof.summary}\n{proof.covers}")
     if plot_file is not None:
         write_plot(plot_file, lambda plot: plot.schedule_figure(schedule))
+
+
+def _warn_orders(file: Path, schedule: Schedule) -> None:
+    """A proved schedule whose ranks add a chunk in different orders: correct, but the replicas'
+    floating-point results differ (:mod:`stragglar.verify.orders`); one line on stderr."""
+    disagreement = order_disagreement(schedule)
+    if disagreement is not None:
+        echo(f"warning: {file}: {disagreement}", err=True)
 
 
 def _warn(file: Path, proof: ArtifactProof) -> None:

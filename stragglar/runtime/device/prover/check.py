@@ -49,7 +49,7 @@ checks, which refuse it.  Refused, with the row that breaks it:
   contributions in another grouping ends with other bits: a sum moved one round later gave 0.0
   where the interpreter gives 2.0, and replicas that disagree drift apart in training.  A value
   is therefore also tracked as the tree of its additions (each a pair, either way round), interned
-  to a number (:class:`_Orders`).
+  to a number (:class:`~stragglar.verify.orders.Orders`).
 
 A rank's input is assumed written before its own kernel starts, and nothing more: a peer may
 touch it only after a flag that rank raised in the call (across processes nothing else orders a
@@ -65,7 +65,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from stragglar.errors import IncorrectError, shown
+from stragglar.errors import IncorrectError
 from stragglar.runtime.device.prover.race import INPUT_ROW, Access, ChunkAccesses
 from stragglar.runtime.device.table import (
     COPY,
@@ -85,7 +85,8 @@ from stragglar.runtime.device.table import (
     DeviceProgram,
     flag_value,
 )
-from stragglar.schedule import Op, Schedule
+from stragglar.schedule import Schedule
+from stragglar.verify.orders import Orders, final_orders
 
 __all__ = ["DeviceProgramError", "check", "refusal"]
 
@@ -97,53 +98,6 @@ PACKET_LANDINGS = (COPY_PACKETS, REDUCE_PACKETS)
 
 class DeviceProgramError(IncorrectError):
     """A device program that would race, deadlock or sum wrongly; the message says where."""
-
-
-class _Orders:
-    """Sums as the order of their additions, each interned to a number: ``0 .. N-1`` are the
-    ranks' own contributions (to the chunk at hand: values never move between chunks), and each
-    addition of two numbers, taken either way round (``a + b`` and ``b + a`` are the same bits),
-    is the next number.  Two values are added in the same order exactly when their numbers are
-    equal, so comparing a chunk's order across ranks, or with the schedule's, costs nothing."""
-
-    def __init__(self, num_ranks: int) -> None:
-        self.num_ranks = num_ranks
-        self._numbers: dict[tuple[int, int], int] = {}
-        self._pairs: list[tuple[int, int]] = []
-
-    def add(self, a: int, b: int) -> int:
-        pair = (a, b) if a <= b else (b, a)
-        number = self._numbers.get(pair)
-        if number is None:
-            number = self._numbers[pair] = self.num_ranks + len(self._pairs)
-            self._pairs.append(pair)
-        return number
-
-    def text(self, number: int) -> str:
-        """The order as a sum of rank numbers, e.g. ``(0 + 2) + (1 + 3)``, cut when long."""
-        parts: list[str] = []
-        stack: list[int | str] = [number]
-        while stack:  # iterative: a chain of 2,000 additions would pass Python's recursion limit
-            item = stack.pop()
-            if isinstance(item, str):
-                parts.append(item)
-            elif item < self.num_ranks:
-                parts.append(str(item))
-            else:
-                a, b = self._pairs[item - self.num_ranks]
-                stack += [")", b, " + ", a, "("]
-        text = "".join(parts)
-        return shown(text[1:-1] if text.startswith("(") and _closes_at_end(text) else text)
-
-
-def _closes_at_end(text: str) -> bool:
-    """Whether the parenthesis ``text`` opens with is the one it ends with (so both can go)."""
-    depth = 0
-    for i, char in enumerate(text):
-        depth += (char == "(") - (char == ")")
-        if depth == 0:
-            return i == len(text) - 1
-    return False
 
 
 _Value = tuple[int, int]  # (bit set of the ranks whose contributions it holds, its order's number)
@@ -189,7 +143,7 @@ def check(program: DeviceProgram, schedule: Schedule | None = None) -> None:
     order on every rank."""
     _check_ranges(program)
     setters = _setters(program)
-    orders = _Orders(program.num_ranks)
+    orders = Orders(program.num_ranks)
     ends = _run_call(program, setters, orders)
     _check_orders(program, ends, orders, schedule)
 
@@ -282,7 +236,7 @@ class _Call:
 
     program: DeviceProgram
     setters: dict[tuple[int, int], int]
-    orders: _Orders
+    orders: Orders
     ranks: list[_Rank]
     # (holder, flag) -> the (value, clock) of each signal on it so far
     stores: dict[tuple[int, int], list[tuple[int, list[int]]]] = field(default_factory=dict)
@@ -291,9 +245,7 @@ class _Call:
     writers: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
 
 
-def _run_call(
-    program: DeviceProgram, setters: dict[tuple[int, int], int], orders: _Orders
-) -> list[list[int]]:
+def _run_call(program: DeviceProgram, setters: dict[tuple[int, int], int], orders: Orders) -> list[list[int]]:
     """Run one call's rows; every rank's chunks' orders at the end (each chunk checked complete)."""
     n, everyone = program.num_ranks, (1 << program.num_ranks) - 1
     ranks = [_Rank(r, [0] * n, [(1 << r, r)] * program.num_chunks) for r in range(n)]
@@ -319,7 +271,7 @@ def _run_call(
 
 
 def _check_orders(
-    program: DeviceProgram, ends: list[list[int]], orders: _Orders, schedule: Schedule | None
+    program: DeviceProgram, ends: list[list[int]], orders: Orders, schedule: Schedule | None
 ) -> None:
     """Every rank ends with every chunk in the schedule's order of additions (without a schedule,
     in rank 0's)."""
@@ -336,32 +288,16 @@ def _check_orders(
                 )
 
 
-def _schedule_orders(program: DeviceProgram, schedule: Schedule, orders: _Orders) -> list[int]:
-    """Each (rank, chunk)'s order of additions at the end of ``schedule``, index ``rank * C +
-    chunk``: every transfer of a round reads the values from before the round, a reduce adds the
-    source's to the destination's, a copy takes the source's (the IR's own semantics, run here
-    from the schedule, not from anything the lowering made of it)."""
+def _schedule_orders(program: DeviceProgram, schedule: Schedule, orders: Orders) -> list[int]:
+    """Each (rank, chunk)'s order of additions at the end of ``schedule`` (the IR's own semantics,
+    run from the schedule, not from anything the lowering made of it), index ``rank * C + chunk``."""
     n, c = schedule.num_ranks, schedule.num_chunks
     if (n, c) != (program.num_ranks, program.num_chunks):
         raise DeviceProgramError(
-            f"device program refused: it is for {n} ranks and {c} chunks, the schedule for "
-            f"{program.num_ranks} and {program.num_chunks}"
+            f"device program refused: it is for {program.num_ranks} ranks and {program.num_chunks} "
+            f"chunks, the schedule for {n} and {c}"
         )
-    state = [r for r in range(n) for _ in range(c)]
-    for phase in schedule.phases:
-        for rnd in phase.rounds:
-            writes = [
-                (
-                    t.dst * c + t.chunk,
-                    orders.add(state[t.dst * c + t.chunk], state[t.src * c + t.chunk])
-                    if t.op is Op.REDUCE
-                    else state[t.src * c + t.chunk],
-                )
-                for t in rnd
-            ]
-            for key, order in writes:
-                state[key] = order
-    return state
+    return final_orders(schedule, orders)
 
 
 def _advance(call: _Call, state: _Rank, rows: list[list[int]]) -> bool:
