@@ -24,15 +24,41 @@ def run_numeric(xml: str, seed: int) -> tuple[bool, bool]:
     Returns (finished, every chunk on every GPU equals the true sum).
     """
     rng = random.Random(seed)
+    finished, inputs, ends = _run(xml, rng, lambda g, k: rng.getrandbits(64), lambda a, b: (a + b) & MASK)
+    n, c = len(inputs), len(inputs[0]) if inputs else 0
+    sums = [sum(inputs[g][k] for g in range(n)) & MASK for k in range(c)]
+    return finished, all(ends[g][k] == sums[k] for g in range(n) for k in range(c))
+
+
+def run_orders(xml: str, seed: int) -> tuple[bool, bool]:
+    """Run ``xml`` as :func:`run_numeric` does with each value the tree of its additions (a pair
+    either way round: a + b and b + a are the same bits in floating point, a + 0 is a).  Returns
+    (finished, every GPU ends each chunk added in one order): replicas with the same bits."""
+
+    def add(a: Any, b: Any) -> Any:
+        if a == 0 or b == 0:
+            return b if a == 0 else a
+        return tuple(sorted((a, b), key=repr))
+
+    finished, inputs, ends = _run(xml, random.Random(seed), lambda g, k: ("in", g, k), add)
+    n, c = len(inputs), len(inputs[0]) if inputs else 0
+    return finished, all(ends[g][k] == ends[0][k] for g in range(n) for k in range(c))
+
+
+def _run(
+    xml: str, rng: random.Random, value_of: Any, add: Any
+) -> tuple[bool, list[list[Any]], list[list[Any]]]:
+    """The executor's moves in a random order: (finished, the inputs, each GPU's buffer at the
+    end); ``value_of(g, k)`` is GPU g's input (or scratch, k negative) chunk k, ``add`` the sum."""
     root = ET.fromstring(xml)
     n, c = int(root.get("ngpus", "0")), int(root.get("nchunksperloop", "0"))
     cap = 2 if root.get("proto") == "Simple" else 8
-    inputs = [[rng.getrandbits(64) for _ in range(c)] for _ in range(n)]
-    mem: dict[int, dict[str, list[int]]] = {}
+    inputs = [[value_of(g, k) for k in range(c)] for g in range(n)]
+    mem: dict[int, dict[str, list[Any]]] = {}
     tbs: list[dict[str, Any]] = []
     for gpu in root.iter("gpu"):
         g = int(gpu.get("id", "0"))
-        garbage = [rng.getrandbits(64) for _ in range(int(gpu.get("s_chunks", "0")))]
+        garbage = [value_of(g, -1 - k) for k in range(int(gpu.get("s_chunks", "0")))]
         mem[g] = {"i": list(inputs[g]), "s": garbage}
         mem[g]["o"] = mem[g]["i"]  # in place
         for tb in gpu.iter("tb"):
@@ -58,7 +84,7 @@ def run_numeric(xml: str, seed: int) -> tuple[bool, bool]:
                 }
             )
     by_id = {(tb["g"], tb["id"]): tb for tb in tbs}
-    fifo: dict[tuple[str | None, int, int], deque[int]] = {}
+    fifo: dict[tuple[str | None, int, int], deque[Any]] = {}
 
     def enabled(tb: dict[str, Any]) -> bool:
         a, deps = tb["steps"][tb["pc"]]
@@ -80,9 +106,9 @@ def run_numeric(xml: str, seed: int) -> tuple[bool, bool]:
         src, dst = (a["srcbuf"], int(a["srcoff"]) + u), (a["dstbuf"], int(a["dstoff"]) + u)
         value = fifo[block["chan"], block["recv"], g].popleft() if kind in RECV else 0
         if kind in ("s", "rrc", "rrs", "rrcs", "cpy", "re"):
-            value = (value + mem[g][src[0]][src[1]]) & MASK
+            value = add(value, mem[g][src[0]][src[1]])
         if kind == "re":
-            value = (value + mem[g][dst[0]][dst[1]]) & MASK
+            value = add(value, mem[g][dst[0]][dst[1]])
         if kind in ("r", "rrc", "rcs", "rrcs", "cpy", "re"):
             mem[g][dst[0]][dst[1]] = value
         if kind in SEND:
@@ -94,8 +120,7 @@ def run_numeric(xml: str, seed: int) -> tuple[bool, bool]:
             if a["hasdep"] == "1":
                 block["signal"] = int(a["s"])
     finished = not live and not any(fifo.values())
-    sums = [sum(inputs[g][k] for g in range(n)) & MASK for k in range(c)]
-    return finished, all(mem[g]["i"][k] == sums[k] for g in range(n) for k in range(c))
+    return finished, inputs, [mem[g]["i"] for g in range(n)]
 
 
 READS = ("s", "rrs", "rrc", "rrcs", "cpy", "re")

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from msccl_model import run_numeric
+from msccl_model import run_numeric, run_orders
 
 from stragglar import msccl
 from stragglar.errors import ArgumentError
@@ -89,6 +89,16 @@ def test_independent_numeric_run_agrees(algorithm: str, n: int, proto: str) -> N
     xml = xml_of(synthesize(algorithm, n), proto=proto, instances=2)
     for seed in range(3):
         assert run_numeric(xml, seed) == (True, True)
+        assert run_orders(xml, seed) == (True, True)  # every GPU adds each chunk alike: the same bits
+
+
+def test_the_order_model_tells_a_file_whose_gpus_add_a_chunk_in_different_orders() -> None:
+    """The schedule of test_verify_orders that groups one sum two ways, lowered: correct, and its
+    GPUs' float results differ, which the model of orders sees."""
+    from test_verify_orders import GROUPED_TWO_WAYS
+
+    xml = xml_of(GROUPED_TWO_WAYS)
+    assert run_numeric(xml, 0) == (True, True) and run_orders(xml, 0) == (True, False)
 
 
 def test_numeric_model_rejects_a_broken_file() -> None:
