@@ -23,13 +23,18 @@ which opening again would truncate (``>>`` lost).  Another process's descriptor 
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import json
 import os
 import re
+import shutil
 import stat
 import sys
 import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -47,6 +52,7 @@ __all__ = [
     "read_text",
     "refuse_standard_input",
     "same_file",
+    "working_folder",
     "write_bytes",
     "write_text",
 ]
@@ -265,18 +271,23 @@ def check_replaceable(path: str | os.PathLike[str]) -> None:
 def write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     """Replace the file ``path`` (a link's target, where it is a link) with ``data``, atomically;
     on failure the old file is untouched.  One of this process's descriptors gets ``data``
-    written to it instead (:func:`own_descriptor`)."""
+    written to it instead (:func:`own_descriptor`).  The temporary is locked while it is written:
+    one that a writer killed outright left (SIGKILL leaves no chance to remove it) is removed by
+    the next write of the same file (:func:`_abandoned`)."""
     descriptor = own_descriptor(path)
     if descriptor is not None:
         _write_descriptor(descriptor, data)
         return
     check_replaceable(path)
     target = Path(os.path.realpath(path))
+    prefix = f".{target.name}.stragglar-"
+    _sweep(target.parent, prefix, folders=False)
     try:
-        fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+        fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=prefix, suffix=".tmp")
     except OSError as e:  # a missing folder, no permission
         raise _as_written(e, path) from None
     try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # released when the file closes, or its writer dies
         with os.fdopen(fd, "wb") as out:
             out.write(data)
             out.flush()
@@ -289,6 +300,70 @@ def write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         if isinstance(e, OSError):  # a full disk
             raise _as_written(e, path) from None
         raise
+
+
+@contextlib.contextmanager
+def working_folder(prefix: str) -> Iterator[str]:
+    """A temporary folder (named ``prefix`` and random letters) for this process and the children
+    it forks, removed when the work ends, and by the next caller of the same ``prefix`` if this
+    process was killed outright: the folder's lock is held as long as any process holding it lives
+    (SIGKILL of a launcher left its rendezvous and stack files behind for good)."""
+    root = Path(tempfile.gettempdir())
+    _sweep(root, prefix, folders=True)
+    with tempfile.TemporaryDirectory(prefix=prefix) as folder:
+        fd = os.open(os.path.join(folder, _LOCK), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield folder
+        finally:
+            os.close(fd)
+
+
+_LOCK = ".lock"  # a working folder's lock
+ABANDONED_AFTER = 60.0  # seconds: an unlocked temporary older than this was left by a killed process
+
+
+def _sweep(folder: Path, prefix: str, folders: bool) -> None:
+    """Remove this user's abandoned temporaries in ``folder``: working folders (``folders``) or
+    the files an atomic write makes, named ``prefix`` and random letters.  Any that cannot be
+    looked at or removed are left: sweeping is a courtesy, never a reason to fail."""
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return
+    for entry in entries:
+        if not entry.name.startswith(prefix) or (not folders and not entry.name.endswith(".tmp")):
+            continue
+        try:
+            kind_ok = entry.is_dir(follow_symlinks=False) if folders else entry.is_file(follow_symlinks=False)
+            if not kind_ok or entry.stat(follow_symlinks=False).st_uid != os.getuid():
+                continue
+            if _abandoned(os.path.join(entry.path, _LOCK) if folders else entry.path):
+                if folders:
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                else:
+                    os.unlink(entry.path)
+        except OSError:
+            continue
+
+
+def _abandoned(lock: str) -> bool:
+    """Whether the file ``lock`` is older than :data:`ABANDONED_AFTER` and nobody holds its lock: a
+    lock goes with the last process holding it, killed or not, and the age leaves alone a
+    temporary so new that its maker has yet to lock it."""
+    try:
+        if time.time() - os.stat(lock, follow_symlinks=False).st_mtime < ABANDONED_AFTER:
+            return False
+        fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # held: its maker lives
+        return False
+    finally:
+        os.close(fd)
+    return True
 
 
 def _as_written(error: OSError, path: str | os.PathLike[str]) -> OSError:

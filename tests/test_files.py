@@ -4,6 +4,7 @@ one of our own descriptors (``-o /dev/stdout >> log``) is written as it is, neve
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import shlex
@@ -11,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +21,7 @@ from click.testing import CliRunner
 import stragglar
 from stragglar.cli import cli
 from stragglar.errors import InputError
-from stragglar.files import own_descriptor, write_text
+from stragglar.files import ABANDONED_AFTER, own_descriptor, working_folder, write_text
 
 
 def test_write_text_replaces_the_file_atomically(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -255,3 +257,50 @@ def test_another_user_s_read_only_file_is_not_replaced() -> None:
         assert sorted(p.name for p in folder.iterdir()) == ["kept.json"]  # no temporary left
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_killed_writer_s_temporary_is_removed_by_the_next_write(tmp_path: Path) -> None:
+    """SIGKILL while a file was written left ``.out.json.XXXX.tmp`` for good.  The next write of
+    that file removes a temporary older than a minute whose lock nobody holds, and nothing else:
+    not a fresh one (its writer may be about to lock it), not a locked one (its writer lives),
+    not another file's, not a file of the user's."""
+    out = tmp_path / "out.json"
+    old = time.time() - 2 * ABANDONED_AFTER
+    names = {
+        "abandoned": ".out.json.stragglar-k1ll3d.tmp",
+        "fresh": ".out.json.stragglar-n3w.tmp",
+        "locked": ".out.json.stragglar-l1v3.tmp",
+        "other": ".in.json.stragglar-k1ll3d.tmp",
+        "users": ".out.json.backup.tmp",
+    }
+    for key, name in names.items():
+        (tmp_path / name).write_text(key)
+        if key != "fresh":
+            os.utime(tmp_path / name, (old, old))
+    held = os.open(tmp_path / names["locked"], os.O_RDONLY)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        write_text(out, "new")
+    finally:
+        os.close(held)
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == sorted([*(n for k, n in names.items() if k != "abandoned"), "out.json"])
+    assert out.read_text() == "new"
+
+
+def test_a_killed_launcher_s_folder_is_removed_by_the_next_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    old = time.time() - 2 * ABANDONED_AFTER
+    abandoned = tmp_path / "stragglar-k1ll3d"
+    abandoned.mkdir()
+    (abandoned / ".lock").touch()
+    os.utime(abandoned / ".lock", (old, old))
+    unlocked_by_design = tmp_path / "stragglar-0ld"  # an older version's: no lock, never swept
+    unlocked_by_design.mkdir()
+    with working_folder("stragglar-") as first:
+        os.utime(Path(first) / ".lock", (old, old))  # old, but its lock is held: alive
+        with working_folder("stragglar-") as second:
+            assert sorted(tmp_path.iterdir()) == sorted([Path(first), Path(second), unlocked_by_design])
+    assert sorted(tmp_path.iterdir()) == [unlocked_by_design]

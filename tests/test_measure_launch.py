@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -17,6 +18,7 @@ import pytest
 pytest.importorskip("torch")
 
 from stragglar.errors import ArgumentError, InputError
+from stragglar.files import ABANDONED_AFTER, working_folder
 from stragglar.measure import launch as launcher
 from stragglar.measure.launch import LaunchError, RankFailure, launch, summary
 from stragglar.measure.run import run_benchmark
@@ -303,7 +305,7 @@ def _start(tmp_path: Path) -> tuple[subprocess.Popen[str], Path, Path]:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGKILL])
 def test_a_signal_to_the_launcher_ends_every_rank_and_removes_its_files(
-    tmp_path: Path, sig: signal.Signals
+    tmp_path: Path, sig: signal.Signals, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     proc, pids, scratch = _start(tmp_path)
     ranks = [int(p.name) for p in pids.iterdir()]
@@ -321,6 +323,13 @@ def test_a_signal_to_the_launcher_ends_every_rank_and_removes_its_files(
             assert list(scratch.iterdir()) == []
             stopped = f"Stopped: stopped by {sig.name}: every rank was ended"
             assert (stopped if sig != signal.SIGINT else "KeyboardInterrupt") in err
+        else:  # the next launcher removes its folder (once it is older than a minute: made so)
+            (left,) = scratch.iterdir()
+            old = time.time() - 2 * ABANDONED_AFTER
+            os.utime(left / ".lock", (old, old))
+            monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+            with working_folder("stragglar-") as fresh:
+                assert list(scratch.iterdir()) == [Path(fresh)]
     finally:
         for pid in ranks:
             if not _gone(pid):

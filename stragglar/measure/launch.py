@@ -19,8 +19,9 @@ Nothing outlives the launcher and nothing waits forever:
 * SIGTERM, SIGHUP (the terminal closed) and SIGINT to the launcher become exceptions
   (:class:`Stopped`, KeyboardInterrupt), so the ranks are killed and the rendezvous directory
   removed before it leaves; each rank also dies with its parent (``PR_SET_PDEATHSIG`` on Linux),
-  even if the launcher is killed outright.  A signal the launcher was started to ignore
-  (``nohup``) stays ignored.
+  even if the launcher is killed outright, and the next launcher removes the directory such a
+  one left (:func:`~stragglar.files.working_folder`).  Processes a rank starts itself are the
+  rank's to end.  A signal the launcher was started to ignore (``nohup``) stays ignored.
 * A failed run raises :class:`LaunchError`, whose first line names each failed rank with what it
   was doing: ``4 of 5 ranks failed: rank 2 exited with code 3 before reporting; ranks 0, 1
   lost the connection in round 0 (phase 'reduce-scatter') waiting for rank 2; ...``.  Its exit
@@ -37,7 +38,6 @@ import multiprocessing
 import os
 import signal
 import sys
-import tempfile
 import threading
 import time
 import traceback
@@ -49,6 +49,7 @@ from typing import Any
 
 from stragglar.args import as_int, as_seconds
 from stragglar.errors import ArgumentError, InputError, ResourceError, RunError, described
+from stragglar.files import working_folder
 from stragglar.measure.gpus import gpu_count, placement
 from stragglar.runtime import (
     RankError,
@@ -209,7 +210,7 @@ def launch(
     import torch.distributed  # noqa: F401 - once here: every forked rank shares it, none imports it
 
     ctx = multiprocessing.get_context("fork")
-    with _signals_raise(), tempfile.TemporaryDirectory(prefix="stragglar-") as tmp:
+    with _signals_raise(), working_folder("stragglar-") as tmp:
         store = os.path.join(tmp, "rendezvous")
         pipes: list[Connection] = []
         procs: list[Any] = []
