@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import json
 import os
 import re
@@ -39,6 +38,11 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from stragglar.errors import InputError, shown
+
+try:  # POSIX: the locks that tell an abandoned temporary; elsewhere none is swept
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
 
 __all__ = [
     "MAX_READ_BYTES",
@@ -287,7 +291,7 @@ def write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     except OSError as e:  # a missing folder, no permission
         raise _as_written(e, path) from None
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # released when the file closes, or its writer dies
+        _lock(fd)  # released when the file closes, or its writer dies
         with os.fdopen(fd, "wb") as out:
             out.write(data)
             out.flush()
@@ -313,7 +317,7 @@ def working_folder(prefix: str) -> Iterator[str]:
     with tempfile.TemporaryDirectory(prefix=prefix) as folder:
         fd = os.open(os.path.join(folder, _LOCK), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            _lock(fd)
             yield folder
         finally:
             os.close(fd)
@@ -323,10 +327,17 @@ _LOCK = ".lock"  # a working folder's lock
 ABANDONED_AFTER = 60.0  # seconds: an unlocked temporary older than this was left by a killed process
 
 
+def _lock(fd: int) -> None:
+    if fcntl is not None:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+
+
 def _sweep(folder: Path, prefix: str, folders: bool) -> None:
     """Remove this user's abandoned temporaries in ``folder``: working folders (``folders``) or
     the files an atomic write makes, named ``prefix`` and random letters.  Any that cannot be
     looked at or removed are left: sweeping is a courtesy, never a reason to fail."""
+    if fcntl is None:  # no lock tells a live maker from a dead one
+        return
     try:
         entries = list(os.scandir(folder))
     except OSError:
@@ -358,6 +369,7 @@ def _abandoned(lock: str) -> bool:
     except OSError:
         return False
     try:
+        assert fcntl is not None  # _sweep asks only where there are locks
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:  # held: its maker lives
         return False
