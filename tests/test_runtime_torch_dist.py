@@ -325,3 +325,33 @@ def test_sweep_on_gloo_fits_the_ring_model_and_predicts_each_setting() -> None:
         assert s.ratio_min <= s.ratio <= s.ratio_max and s.predicted is not None and s.predicted > 0
         assert s.time >= s.delay and s.baseline_time >= s.delay
     assert result.table().startswith("gloo all_reduce fit, N=3: alpha ")
+
+
+def failing_post_rank(rank: int, n: int, proof: Proof) -> None:
+    """Rank 0's first send of data to rank 1 fails as gloo's does to a dead peer (at posting)."""
+    import torch.distributed as dist
+
+    from stragglar.runtime import allreduce
+
+    real = dist.isend
+
+    def isend(tensor: Any, dst: int, *args: Any, **kwargs: Any) -> Any:
+        if rank == 0 and dst == 1 and tensor.dtype == torch.float32:  # data, not the header's int64
+            raise RuntimeError("[gloo/transport/tcp/pair.cc:598] Connection closed by peer [127.0.0.1]:4242")
+        return real(tensor, dst, *args, **kwargs)
+
+    setattr(dist, "isend", isend)  # noqa: B010 - a rank of its own: nothing else sees it
+    allreduce(torch.arange(6, dtype=torch.float32), proof, timeout=3)
+
+
+def test_a_send_that_fails_as_it_is_posted_names_its_peer() -> None:
+    """gloo refuses a send to a dead peer as it is posted; the error named no peer."""
+    with pytest.raises(LaunchError) as info:
+        launch(failing_post_rank, 3, (prove(synthesize("stragglar", 3)),), timeout=30)
+    failure = info.value.failures[0]
+    assert (failure.reason, failure.peer, failure.waiting) == ("lost the connection", 1, "sending to"), (
+        failure
+    )
+    assert "rank 0 lost the connection in round 0 (phase 'reduce-scatter') sending to rank 1" in str(
+        info.value
+    )

@@ -90,17 +90,23 @@ class TorchTransport:
             blame = [(None, "waiting for")] * len(blame)
         peer: int | None = None
         waiting = "waiting for"
+        posted: list[Any] = []  # gloo's works as they are posted: a post that fails names its peer
         try:
-            works = self._post(step, sends, recvs)
+            works = self._post(step, sends, recvs, posted)
             for i, work in enumerate(works):
                 peer, waiting = blame[i] if i < len(blame) else (None, "waiting for")
                 ok = work.wait(self.timeout) if self.timeout is not None else work.wait()
                 if ok is False:
                     raise TimeoutError("no answer within the timeout")
         except Exception as e:  # the engines raise RuntimeError, DistBackendError or TimeoutError
+            if peer is None and not self.nccl and len(posted) < len(blame):  # a post failed
+                peer, waiting = blame[len(posted)]  # (a dead peer's socket: gloo says "closed by peer")
             raise step_error(self.plan, step, e, peer, waiting) from e
 
-    def _post(self, step: BoundStep, sends: list[torch.Tensor], recvs: list[torch.Tensor]) -> list[Any]:
+    def _post(
+        self, step: BoundStep, sends: list[torch.Tensor], recvs: list[torch.Tensor], posted: list[Any]
+    ) -> list[Any]:
+        """The step's works, receives first; on gloo each is appended to ``posted`` as it is posted."""
         g, ranks = self.group, self.ranks
         if self.nccl:
             ops = [
@@ -112,9 +118,11 @@ class TorchTransport:
                 for m, t in zip(step.sends, sends, strict=True)
             ]
             return list(dist.batch_isend_irecv(ops))
-        works = [dist.irecv(t, ranks[m.peer], g, m.tag) for m, t in zip(step.recvs, recvs, strict=True)]
-        works += [dist.isend(t, ranks[m.peer], g, m.tag) for m, t in zip(step.sends, sends, strict=True)]
-        return works
+        for m, t in zip(step.recvs, recvs, strict=True):
+            posted.append(dist.irecv(t, ranks[m.peer], g, m.tag))
+        for m, t in zip(step.sends, sends, strict=True):
+            posted.append(dist.isend(t, ranks[m.peer], g, m.tag))
+        return posted
 
     def finish(self) -> None:
         """Nothing queued: every round was waited for."""
