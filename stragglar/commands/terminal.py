@@ -155,22 +155,28 @@ def ticking(items: Sequence[_T], label: str) -> Iterator[_T]:
     if not _show_progress():
         yield from items
         return
+    with progress_bar(len(items), label, slow=True) as bar, _ticked(bar):
+        for item in items:
+            yield item
+            bar.advance()
+
+
+@contextlib.contextmanager
+def _ticked(bar: Bar) -> Iterator[None]:
+    """``bar``'s clock moved by a thread while the block runs (nothing done yet shows as time)."""
     done = threading.Event()
-    with progress_bar(len(items), label, slow=True) as bar:
 
-        def tick() -> None:
-            while not done.wait(0.2):
-                bar.tick()
+    def tick() -> None:
+        while not done.wait(0.2):
+            bar.tick()
 
-        thread = threading.Thread(target=tick, daemon=True)
-        thread.start()
-        try:
-            for item in items:
-                yield item
-                bar.advance()
-        finally:
-            done.set()
-            thread.join(1.0)
+    thread = threading.Thread(target=tick, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(1.0)
 
 
 @contextlib.contextmanager
@@ -181,17 +187,5 @@ def busy(label: str, after: float | None = None) -> Iterator[None]:
     if not _show_progress():
         yield
         return
-    done = threading.Event()
-
-    def tick() -> None:
-        with progress_bar(None, label, after) as bar:  # its clock starts now, shown from `after` on
-            while not done.wait(0.2):
-                bar.tick()
-
-    thread = threading.Thread(target=tick, daemon=True)
-    thread.start()
-    try:
+    with progress_bar(None, label, after) as bar, _ticked(bar):  # its clock starts now, shown from `after` on
         yield
-    finally:
-        done.set()
-        thread.join(1.0)

@@ -43,7 +43,7 @@ from stragglar.formats.traces import (
     trace_format_of,
 )
 from stragglar.model import Network
-from stragglar.model.detect import FALSE_ALARM, MIN_FALSE_ALARM, SHARE, WINDOW, Rule
+from stragglar.model.detect import FALSE_ALARM, MIN_FALSE_ALARM, SHARE, WINDOW, Rule, event_rank
 from stragglar.model.policy import Choice
 from stragglar.model.whatif import AUTO_POLICY, CHUNKED, PRICED, Episode, GroupReplay, Setting, replay
 from stragglar.units import MAX_BYTES, count_of, format_bytes, format_seconds, parse_size
@@ -454,13 +454,9 @@ def _verdict(group: Group, result: GroupReplay, rule: Rule) -> str:
     """The headline: the persistent straggler at the trace's end, or that there is none, with the
     share of steps it (or the rank last most often) was last beside what chance gives."""
     steps = len(result.steps)
-    if rule.margin > 0:  # the steps the rule counts: last by more than the margin, not last alone
-        counted = sum(
-            s.last == result.straggler and s.late[result.straggler] > rule.margin for s in result.steps
-        )
-        by = f" by more than {format_seconds(rule.margin)}"
-    else:
-        counted, by = result.times_last, ""
+    # the steps the rule counts (its events: last by more than the margin), not last alone
+    counted = sum(event_rank(rule, s.late) == result.straggler for s in result.steps)
+    by = f" by more than {format_seconds(rule.margin)}" if rule.margin > 0 else ""
     last = f"was last{by} at {counted:,} of {steps:,} steps ({counted / steps:.0%})"
     chance = f"chance alone: {_percent(result.chance)}"
     now = result.persistent_straggler
