@@ -29,9 +29,9 @@ True
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from enum import IntEnum
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -44,7 +44,19 @@ from stragglar.runtime.header import ranks_in_words as rank_list
 from stragglar.runtime.torch_dist import gather_headers
 from stragglar.schedule import ALGORITHMS
 
-__all__ = ["FIELDS", "agree", "agree_on_bucket", "decode", "disagreement", "encode", "settings_of"]
+__all__ = [
+    "FIELDS",
+    "agree",
+    "agree_on_bucket",
+    "check_channel",
+    "decode",
+    "disagreement",
+    "dtype_code",
+    "dtype_name",
+    "encode",
+    "holders",
+    "settings_of",
+]
 
 MAGIC = 0x53_54_44_44_50  # "STDDP": a row from anything else is not this check's
 BUCKET_MAGIC = 0x53_54_42_4B_54  # "STBKT": a bucket's row (agree_on_bucket)
@@ -170,8 +182,8 @@ def agree(
     seconds on ``device``; ``ranks`` and ``group`` name them in the error."""
     # on gloo, a message to and from each peer (channel 0): a silent rank is named by the ranks
     # that waited for it; NCCL gathers in one collective, which cannot tell
-    channel = 0 if dist.get_backend(on) == "gloo" else None
     during = f"checking that the {ranks} run the hook with the same settings"
+    channel = check_channel(on)
     rows = gather_headers(encode(settings), on, device, dist.get_rank(on), timeout, channel, during)
     reason = disagreement(rows, ranks, group)
     if reason is not None:
@@ -193,27 +205,52 @@ def agree_on_bucket(
     header themselves, the engine's do not, and gloo aborted the process (``terminate called after
     throwing an instance of 'gloo::EnforceNotMet'``) where one rank's model was float64 and the
     others' float32."""
-    dtype = str(buffer.dtype).removeprefix("torch.")
-    row = [BUCKET_MAGIC, bucket, buffer.numel(), DTYPES.index(dtype) if dtype in DTYPES else -1]
-    channel = 0 if dist.get_backend(on) == "gloo" else None  # as agree's: a silent rank is named
+    row = [BUCKET_MAGIC, bucket, buffer.numel(), dtype_code(buffer)]
     during = f"checking that the {ranks} hand the hook the same buckets"
-    rows = gather_headers(row, on, buffer.device, dist.get_rank(on), timeout, channel, during)
+    rows = gather_headers(row, on, buffer.device, dist.get_rank(on), timeout, check_channel(on), during)
     strangers = [rank for rank, row in enumerate(rows) if row[0] != BUCKET_MAGIC]
     if strangers:
         reason = f"{rank_list(strangers)} sent no bucket: is another collective running on {group}?"
         raise MismatchError(reason + _globally(on, group))
-    holders: dict[tuple[int, ...], list[int]] = {}
-    for rank, gathered in enumerate(rows):
-        holders.setdefault(tuple(gathered[1:]), []).append(rank)
-    if len(holders) > 1:
+    buckets = holders(range(len(rows)), [tuple(gathered[1:]) for gathered in rows])
+    if len(buckets) > 1:
         said = "; ".join(
             f"{rank_list(members)} {'hand' if len(members) > 1 else 'hands'} bucket {index} of "
-            f"{count:,} {DTYPES[code] if code >= 0 else 'other'} elements"
-            for (index, count, code), members in sorted(holders.items(), key=lambda kv: kv[1])
+            f"{count:,} {dtype_name(code)} elements"
+            for (index, count, code), members in buckets
         )
         raise MismatchError(
             f"{ranks} reduce other gradients (another model or dtype?): {said}" + _globally(on, group)
         )
+
+
+def check_channel(on: Any) -> int | None:
+    """The channel a check gathers on: on gloo channel 0, a message to and from each peer, so that
+    a silent rank is named by the ranks that waited for it; NCCL gathers in one collective, which
+    cannot tell (None)."""
+    return 0 if dist.get_backend(on) == "gloo" else None
+
+
+def dtype_code(tensor: torch.Tensor) -> int:
+    """A tensor's dtype as a number a header carries: its place in the runtime's DTYPES (-1: another)."""
+    dtype = str(tensor.dtype).removeprefix("torch.")
+    return DTYPES.index(dtype) if dtype in DTYPES else -1
+
+
+def dtype_name(code: int) -> str:
+    return DTYPES[code] if code >= 0 else "other"
+
+
+_V = TypeVar("_V", bound=Hashable)
+
+
+def holders(ranks: Iterable[int], values: Sequence[_V]) -> list[tuple[_V, list[int]]]:
+    """Each value the ranks gave (the i-th of ``values`` is the i-th rank's) with the ranks that
+    gave it, in the order of their first ranks."""
+    given: dict[_V, list[int]] = {}
+    for rank, value in zip(ranks, values, strict=True):
+        given.setdefault(value, []).append(rank)
+    return sorted(given.items(), key=lambda kv: kv[1])
 
 
 def _globally(on: Any, group: str, limit: int = 8) -> str:

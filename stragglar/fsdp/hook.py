@@ -42,11 +42,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
+from stragglar.ddp.agreement import check_channel, dtype_code, dtype_name, holders
 from stragglar.ddp.hook import StragglarState
 from stragglar.ddp.worker import named_globally
 from stragglar.errors import ArgumentError, InputError, described
 from stragglar.runtime import MismatchError, RankError
-from stragglar.runtime.arrays import DTYPES
 from stragglar.runtime.header import ranks_in_words
 from stragglar.runtime.torch_dist import check_group, gather_headers
 
@@ -259,42 +259,28 @@ def _check_replicas(shard: tuple[int, int], reduce_output: torch.Tensor, group: 
     across shards, not replicas, would add up different parameters' gradients, and replicas of
     other models would fail in the reduction (the engine's all_reduce, under ``auto``, aborted the
     process).  One gather, at a parameter group's first reduction."""
-    dtype = str(reduce_output.dtype).removeprefix("torch.")
-    code = DTYPES.index(dtype) if dtype in DTYPES else -1
-    row = [*shard, reduce_output.numel(), code]
-    # on gloo a message to and from each replica (channel 0): a silent one is named by those that
-    # waited for it, by its global rank too
-    channel = 0 if dist.get_backend(group) == "gloo" else None
+    row = [*shard, reduce_output.numel(), dtype_code(reduce_output)]
     during = "checking that the HSDP replicas hold the same shard"
-    try:
+    try:  # a silent replica is named by those that waited for it (on gloo), by its global rank too
         rows = gather_headers(
-            row, group, reduce_output.device, dist.get_rank(group), timeout, channel, during
+            row, group, reduce_output.device, dist.get_rank(group), timeout, check_channel(group), during
         )
     except RankError as e:
         raise named_globally(e, group) from None
     ranks = dist.get_process_group_ranks(group)
-    holders = _holders(ranks, [(row[0], row[1]) for row in rows])
-    if len(holders) > 1:
+    shards = holders(ranks, [(row[0], row[1]) for row in rows])
+    if len(shards) > 1:
         held = "; ".join(
             f"{ranks_in_words(members)} {'hold' if len(members) > 1 else 'holds'} shard {i} of {n}"
-            for (i, n), members in holders
+            for (i, n), members in shards
         )
         raise MismatchError(
             f"replicate_group's ranks hold different shards, so it is no replicate group: {held}"
         )
-    sizes = _holders(ranks, [(row[2], row[3]) for row in rows])
+    sizes = holders(ranks, [(row[2], row[3]) for row in rows])
     if len(sizes) > 1:
         said = "; ".join(
-            f"{ranks_in_words(members)}: {count:,} elements of {DTYPES[code] if code >= 0 else 'other'}"
+            f"{ranks_in_words(members)}: {count:,} elements of {dtype_name(code)}"
             for (count, code), members in sizes
         )
         raise MismatchError(f"HSDP replicas reduce shards of other sizes or dtypes (global ranks): {said}")
-
-
-def _holders(ranks: list[int], values: list[tuple[int, int]]) -> list[tuple[tuple[int, int], list[int]]]:
-    """Each value the ranks gave (``values[i]`` is ``ranks[i]``'s) with the ranks that gave it, in
-    the order of their first ranks."""
-    holders: dict[tuple[int, int], list[int]] = {}
-    for rank, value in zip(ranks, values, strict=True):
-        holders.setdefault(value, []).append(rank)
-    return sorted(holders.items(), key=lambda kv: kv[1])
