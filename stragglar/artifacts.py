@@ -63,9 +63,9 @@ D = TypeVar("D")  # a file of the format as its tools read it: the text, or a pa
 class ExportOptions:
     """How to export a proved schedule, in terms common to the formats (``synth``'s and ``export``'s
     options).  ``None`` leaves the choice to the format: the name from the schedule, and the
-    message sizes the executor uses the file for (MSCCL XML: 0 to 1 TiB; MSCCL++: every usable
-    size whose chunk offsets fit 32 bits).  ``proto`` shapes MSCCL XML only, ``max_threadblocks``
-    (thread blocks one GPU runs at once) MSCCL++ plans only."""
+    message sizes the executor uses the file for (MSCCL XML: 0 to 1 TiB, or 1 GiB for a file with
+    scratch; MSCCL++: every usable size whose chunk offsets fit 32 bits).  ``proto`` shapes MSCCL
+    XML only, ``max_threadblocks`` (thread blocks one GPU runs at once) MSCCL++ plans only."""
 
     name: str | None = None
     proto: str = "Simple"
@@ -143,7 +143,7 @@ def _lower_msccl(proof: Proof, options: ExportOptions) -> str:
         proto=options.proto,
         instances=options.instances,
         min_bytes=0 if options.min_bytes is None else options.min_bytes,
-        max_bytes=msccl.DEFAULT_MAX_BYTES if options.max_bytes is None else options.max_bytes,
+        max_bytes=options.max_bytes,
     )
     return msccl.lower(proof, xml_options)
 

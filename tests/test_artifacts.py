@@ -198,7 +198,12 @@ def test_export_options_default_to_each_formats_own_defaults() -> None:
 @pytest.mark.parametrize(
     ("fmt", "text", "error", "message"),
     [
-        (MSCCL, "<algo/>", InputError, "f.xml is not valid MSCCL XML: line 1: <algo> lacks attribute name"),
+        (
+            MSCCL,
+            "<algo/>",
+            InputError,
+            "f.xml is not valid MSCCL XML: line 1: <algo> lacks attributes name, proto, coll,",
+        ),
         (
             MSCCLPP,
             "[1]",

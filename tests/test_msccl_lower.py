@@ -16,7 +16,14 @@ from msccl_model import run_numeric, run_orders
 from stragglar import msccl
 from stragglar.errors import ArgumentError
 from stragglar.formats import schedule_json as json_format
-from stragglar.msccl import DEFAULT_MAX_BYTES, MscclExportError, XmlOptions, check_request, write_msccl
+from stragglar.msccl import (
+    DEFAULT_MAX_BYTES,
+    DEFAULT_SCRATCH_MAX_BYTES,
+    MscclExportError,
+    XmlOptions,
+    check_request,
+    write_msccl,
+)
 from stragglar.msccl.lowering import threadblocks as msccl_threadblocks
 from stragglar.release import schedule_files, write_schedule_files
 from stragglar.schedule import Op, Phase, Schedule, Transfer
@@ -57,6 +64,7 @@ def test_every_algorithm_exports_a_proved_file(algorithm: str, n: int) -> None:
     proof = msccl.prove(xml)
     assert proof.gpus == n and proof.proto == "Simple" and proof.capacity == 2
     assert proof.summary.startswith(f"proved: {algorithm}-n{n}")
+    assert proof.warnings == ()  # nothing run otherwise than written; every GPU adds alike
 
 
 @pytest.mark.parametrize(
@@ -79,6 +87,7 @@ def test_instances_protocols_and_stragglers(
     assert proof.chunks == schedule.num_chunks * instances
     assert proof.proto == proto and proof.capacity == (2 if proto == "Simple" else 8)
     assert proof.channels >= instances  # each instance has its own connections
+    assert proof.warnings == ()
 
 
 @pytest.mark.parametrize(
@@ -99,6 +108,18 @@ def test_the_order_model_tells_a_file_whose_gpus_add_a_chunk_in_different_orders
 
     xml = xml_of(GROUPED_TWO_WAYS)
     assert run_numeric(xml, 0) == (True, True) and run_orders(xml, 0) == (True, False)
+
+
+def test_the_prover_warns_of_a_file_whose_gpus_add_a_chunk_in_different_orders() -> None:
+    """The model's finding above, from the prover: proved (exact arithmetic), with the schedule's
+    own warning naming GPUs; chunked and as two instances it is the same file's sum."""
+    from test_verify_orders import GROUPED_TWO_WAYS, SAID
+
+    said = SAID.replace("ranks 0 and 1", "gpus 0 and 1")
+    assert msccl.prove(xml_of(GROUPED_TWO_WAYS)).warnings == (said,)
+    for proto in ("Simple", "LL"):
+        proof = msccl.prove(xml_of(GROUPED_TWO_WAYS, proto=proto, instances=2))
+        assert proof.warnings == (said,), proto
 
 
 def test_numeric_model_rejects_a_broken_file() -> None:
@@ -169,6 +190,32 @@ def test_defaults() -> None:
     root = ET.fromstring(xml_of(synthesize("ring", 3)))
     assert root.get("name") == "ring-n3-simple" and root.get("maxBytes") == str(DEFAULT_MAX_BYTES)
     assert (root.get("minBytes"), root.get("inplace"), root.get("outofplace")) == ("0", "1", "0")
+
+
+def test_a_file_with_scratch_defaults_to_a_largest_size_the_older_runtime_can_reserve_for() -> None:
+    """microsoft/msccl reserves maxBytes x s_chunks / nchunksperloop of GPU memory as it loads a
+    file: Direct's (scratch 7 of 7 chunks at N = 8) wrote maxBytes 1 TiB, a 1 TiB reserve that
+    fails every communicator's start.  Its default is 1 GiB; asked for more than any GPU holds, the
+    exporter refuses, and the reader warns of such a file."""
+    direct = synthesize("direct", 8)
+    xml = xml_of(direct)
+    root = ET.fromstring(xml)
+    assert root.get("maxBytes") == str(DEFAULT_SCRATCH_MAX_BYTES) == str(1 << 30)
+    assert max(int(gpu.get("s_chunks", "0")) for gpu in root) == 7  # it does need scratch
+    assert msccl.prove(xml).warnings == ()
+    assert ET.fromstring(xml_of(direct, max_bytes=1 << 36)).get("maxBytes") == str(1 << 36)
+    with pytest.raises(MscclExportError, match=r"reserves maxBytes x 7/7 = 1 TiB of scratch"):
+        xml_of(direct, max_bytes=1 << 40)
+    with pytest.raises(MscclExportError, match="not below the default largest of a file with scratch, 1 GiB"):
+        xml_of(direct, min_bytes=1 << 31)
+    assert ET.fromstring(xml_of(direct, min_bytes=1 << 31, max_bytes=1 << 32)).get("minBytes") == str(1 << 31)
+    huge = xml.replace(f'maxBytes="{1 << 30}"', f'maxBytes="{1 << 40}"')
+    (warning,) = msccl.prove(huge).warnings
+    assert warning == (
+        "line 1: maxBytes 1099511627776 with s_chunks 7 of nchunksperloop 7: microsoft/msccl reserves "
+        "maxBytes x 7/7 = 1 TiB of scratch on a GPU as it loads the file: more than any GPU holds (the "
+        "Azure executor sizes scratch per call)"
+    )
 
 
 def test_deterministic_and_json_round_trip() -> None:

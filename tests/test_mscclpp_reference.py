@@ -18,15 +18,19 @@ from typing import Any
 import numpy as np
 import pytest
 
+from stragglar import mscclpp
 from stragglar.mscclpp import check_plan, lower
 from stragglar.synth import synthesize
 from stragglar.verify import prove
 
 Arr = np.ndarray[Any, np.dtype[np.int64]]
+AnyArr = np.ndarray[Any, Any]  # run_plan's data: integers to prove sums, floats to show orders
 
 
 class _Gpu:
-    def __init__(self, gj: dict[str, Any], rng: np.random.Generator, elements: int, inplace: bool) -> None:
+    def __init__(
+        self, gj: dict[str, Any], rng: np.random.Generator, elements: int, inplace: bool, dtype: np.dtype[Any]
+    ) -> None:
         self.tbs = gj["threadblocks"]
         self.chans = [
             p for ch in gj["channels"] if ch["channel_type"] == "memory" for p in ch["connected_to"]
@@ -34,18 +38,19 @@ class _Gpu:
         self.remote = gj["remote_buffers"]
         self.sems = [s["init_value"] for s in gj.get("semaphores", [])]
         shape = (gj["input_chunks"], elements)
-        self.buf: dict[str, Arr] = {"s": rng.integers(0, 1 << 40, size=(gj["scratch_chunks"], elements))}
-        self.buf["o"] = rng.integers(0, 1 << 40, size=shape)
+        garbage = (
+            rng.integers(0, 1 << 40, size=(gj["scratch_chunks"], elements)),
+            rng.integers(0, 1 << 40, size=shape),
+        )
+        self.buf: dict[str, Arr] = {"s": garbage[0].astype(dtype), "o": garbage[1].astype(dtype)}
         self.shape = shape
         self.inplace = inplace
 
-    def start(self, values: Arr) -> Arr:
+    def start(self, values: Arr) -> None:
         fresh: Arr = values.copy()
         self.buf["i"] = fresh
         if self.inplace:
             self.buf["o"] = fresh
-        kept: Arr = fresh.copy()
-        return kept
 
     def local_channels(self, tb: dict[str, Any]) -> list[int]:
         return [
@@ -66,12 +71,30 @@ def run_numpy(
     """
     plan = json.loads(text)
     rng = np.random.default_rng(seed)
-    inplace = bool(plan["inplace"])
-    gpus = [_Gpu(gj, rng, elements, inplace) for gj in plan["gpus"]]
-    n = len(gpus)
     # inputs: distinct values for every (execution, rank, chunk, element)
-    shape = (executions, n, *gpus[0].shape)
+    shape = (executions, len(plan["gpus"]), plan["gpus"][0]["input_chunks"], elements)
     pool: Arr = rng.choice(1 << 40, size=int(np.prod(shape)), replace=False).reshape(shape)
+    results = run_plan(text, pool, rng, late)
+    if results is None:
+        return "deadlock"
+    for e in range(executions):
+        want = pool[e].sum(axis=0)
+        for g in range(shape[1]):
+            if not np.array_equal(results[g][e], want):
+                return f"execution {e}: GPU {g} ends with wrong sums"
+    return None
+
+
+def run_plan(
+    text: str, pool: AnyArr, rng: np.random.Generator, late: int | None = None
+) -> list[list[AnyArr]] | None:
+    """Every GPU's output of every execution (``results[gpu][execution]``), or None for a deadlock:
+    the plan run on ``pool`` (execution x GPU x chunk x element, in its own dtype)."""
+    plan = json.loads(text)
+    inplace = bool(plan["inplace"])
+    executions, _, _, elements = pool.shape
+    gpus = [_Gpu(gj, rng, elements, inplace, pool.dtype) for gj in plan["gpus"]]
+    n = len(gpus)
     # connections: the k-th memory channel g->h meets the k-th h->g
     partner: dict[tuple[int, int], tuple[int, int]] = {}
     for g in range(n):
@@ -82,7 +105,6 @@ def run_numpy(
                 partner[(g, a)] = (h, b)
     inbound: dict[tuple[int, int], int] = defaultdict(int)
     expected: dict[tuple[int, int], int] = defaultdict(int)
-    inputs: list[list[Arr]] = [[] for _ in range(n)]
     results: list[list[Arr]] = [[] for _ in range(n)]
     execution = [0] * n
     pc: dict[tuple[int, int], int] = {}
@@ -90,7 +112,7 @@ def run_numpy(
     barriers: dict[tuple[int, int], set[int]] = defaultdict(set)
 
     def begin(g: int) -> None:
-        inputs[g].append(gpus[g].start(pool[execution[g], g]))
+        gpus[g].start(pool[execution[g], g])
         for t in range(len(gpus[g].tbs)):
             pc[(g, t)] = 0
 
@@ -212,13 +234,8 @@ def run_numpy(
                 begin(g)
                 held = held or g == late
     if any(e < executions for e in execution):
-        return "deadlock"
-    for e in range(executions):
-        want = sum(inputs[g][e] for g in range(n))
-        for g in range(n):
-            if not np.array_equal(results[g][e], want):
-                return f"execution {e}: GPU {g} ends with wrong sums"
-    return None
+        return None
+    return results
 
 
 @pytest.mark.parametrize(
@@ -228,6 +245,20 @@ def run_numpy(
 def test_numpy_executor_runs_exported_plans(algorithm: str, n: int) -> None:
     text = lower(prove(synthesize(algorithm, n))).text
     assert [run_numpy(text, seed) for seed in range(3)] == [None, None, None]
+
+
+def test_a_plan_whose_gpus_group_a_sum_two_ways_is_proved_with_a_warning_and_its_replicas_differ() -> None:
+    """The schedule of test_verify_orders that groups one sum two ways, as a plan: the prover proves
+    it and warns, and here its GPUs' float32 results differ (1e8 + 1 rounds to 1e8 on some)."""
+    from test_verify_orders import GROUPED_TWO_WAYS, SAID
+
+    text = lower(prove(GROUPED_TWO_WAYS)).text
+    assert mscclpp.prove(text).warnings == (SAID.replace("ranks 0 and 1", "gpus 0 and 1"),)
+    assert run_numpy(text, 0) is None  # exact on integers
+    pool = np.array([1e8, 1.0, -1e8, 1.0], dtype=np.float32).reshape(1, 4, 1, 1)
+    results = run_plan(text, pool, np.random.default_rng(0))
+    assert results is not None
+    assert [float(results[g][0][0, 0]) for g in range(4)] == [1.0, 0.0, 1.0, 0.0]
 
 
 def test_numpy_executor_sees_a_double_count() -> None:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from cli_results import run
 
+from stragglar import msccl, mscclpp
 from stragglar.formats import schedule_json
 from stragglar.runtime import allreduce_local
 from stragglar.schedule import Op, Phase, Schedule, Transfer
@@ -75,3 +76,19 @@ def test_verify_and_show_warn_of_it_and_still_prove(tmp_path: Path) -> None:
     ours = tmp_path / "ours.json"
     ours.write_text(schedule_json.dumps(synthesize("stragglar", 8)))
     assert run("verify", str(ours)).stderr == ""
+
+
+def test_verify_and_show_warn_of_an_msccl_file_or_plan_that_groups_a_sum_two_ways(tmp_path: Path) -> None:
+    """The executors' files of the same schedule: their provers tell it too, naming GPUs."""
+    said = SAID.replace("ranks 0 and 1", "gpus 0 and 1")
+    files = {
+        "two-ways.xml": msccl.lower(prove(GROUPED_TWO_WAYS)),
+        "two-ways.plan.json": mscclpp.lower(prove(GROUPED_TWO_WAYS)).text,
+    }
+    for name, text in files.items():
+        path = tmp_path / name
+        path.write_text(text)
+        for command in ("verify", "show"):
+            result = run(command, str(path))
+            assert result.exit_code == 0, result.output
+            assert result.stderr == f"warning: {path}: {said}\n", (name, command)

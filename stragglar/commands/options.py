@@ -367,8 +367,8 @@ def artifact_options(command: Callable[..., None]) -> Callable[..., None]:
         click.option(
             "--max-bytes",
             type=SIZE,
-            help="Largest message (a size; default: MSCCL XML 1TiB, MSCCL++ the largest its 32-bit "
-            "chunk offsets fit).",
+            help="Largest message (a size; default: MSCCL XML 1TiB, or 1GiB for a file with scratch, "
+            "MSCCL++ the largest its 32-bit chunk offsets fit).",
         ),
         click.option("--name", help="The algo's or plan's name (default: from the schedule)."),
         click.option(

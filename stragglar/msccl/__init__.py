@@ -17,6 +17,7 @@
 from stragglar.msccl.errors import MscclExportError, MscclFormatError, MscclVerificationError, MscclViolation
 from stragglar.msccl.lowering.lower import (
     DEFAULT_MAX_BYTES,
+    DEFAULT_SCRATCH_MAX_BYTES,
     MAX_XML_CELLS,
     MAX_XML_RANKS,
     XmlOptions,
@@ -43,6 +44,7 @@ describe_msccl = renamed("stragglar.msccl.describe_msccl", "stragglar.msccl.desc
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
+    "DEFAULT_SCRATCH_MAX_BYTES",
     "MAX_XML_CELLS",
     "MAX_XML_RANKS",
     "PROTOCOLS",

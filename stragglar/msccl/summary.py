@@ -3,8 +3,9 @@
 The description is of the program as the executor loads it (:func:`~stragglar.msccl.prover.read.read`),
 so a file it would not load is described by its first problem.
 
->>> print(describe('<algo name="x" proto="Simple"></algo>'))
-not readable: line 1: <algo> lacks attribute coll
+>>> print(describe('<algo name="x" proto="Simple" ngpus="2" inplace="1" '
+...     'outofplace="0" minBytes="0" maxBytes="0"></algo>'))
+not readable: line 1: <algo> lacks attributes coll, nchannels, nchunksperloop
 """
 
 from __future__ import annotations

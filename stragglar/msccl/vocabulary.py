@@ -19,8 +19,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from stragglar.units import format_bytes
+
 __all__ = [
     "CAPACITY",
+    "LEGACY_SCRATCH_LIMIT",
     "MAX_ATTRS",
     "MAX_CHANNELS",
     "MAX_COUNT",
@@ -42,6 +45,7 @@ __all__ = [
     "Operands",
     "SizeWindow",
     "StepRecord",
+    "legacy_scratch",
     "size_window",
 ]
 
@@ -77,6 +81,31 @@ class SizeWindow:
 
     never: str | None
     partial: str | None
+
+
+# The older microsoft/msccl runtime reserves maxBytes x s_chunks / nchunksperloop bytes of scratch on
+# each GPU as it loads a file (the Azure executor sizes scratch per call): past every GPU's memory
+# (the largest hold 288 GB) its communicator fails to start.
+LEGACY_SCRATCH_LIMIT = 1 << 39
+
+
+def legacy_scratch(max_bytes: int, scratch_chunks: int, nchunks: int) -> str | None:
+    """What the older runtime would reserve for a file's scratch, in words, where no GPU holds it;
+    None where it may.  One rule for the reader (a warning) and the exporter (a refusal).
+
+    >>> legacy_scratch(1 << 30, 7, 7) is None
+    True
+    >>> legacy_scratch(1 << 40, 7, 7).split(": ")[1]
+    'microsoft/msccl reserves maxBytes x 7/7 = 1 TiB of scratch on a GPU as it loads the file'
+    """
+    reserve = max_bytes * scratch_chunks // nchunks
+    if reserve <= LEGACY_SCRATCH_LIMIT:
+        return None
+    return (
+        f"maxBytes {max_bytes} with s_chunks {scratch_chunks} of nchunksperloop {nchunks}: microsoft/msccl "
+        f"reserves maxBytes x {scratch_chunks}/{nchunks} = {format_bytes(reserve)} of scratch on a GPU as "
+        "it loads the file: more than any GPU holds (the Azure executor sizes scratch per call)"
+    )
 
 
 def size_window(min_bytes: int, max_bytes: int) -> SizeWindow:

@@ -21,6 +21,10 @@ channels need peer access), in place (input pointer == output pointer) and of a 
 accepts (:mod:`stragglar.mscclpp.sizes`); otherwise it defers to ``fallback`` (if given) and then
 returns None, which makes MSCCL++ use its native kernels or the real NCCL.  The selector checks
 in-place mode itself because ``DslAlgorithm::bufferMode`` caches one mode for all DSL plans.
+
+A plan always sums: MSCCL++ runs it with its sum kernels whatever reduction the caller asked for,
+and its ``CollectiveRequest`` does not carry the reduction, so the selector cannot pass a MAX, MIN,
+PRODUCT or AVG all_reduce on; register a plan only where the all_reduces of its sizes are sums.
 """
 
 from __future__ import annotations

@@ -21,11 +21,13 @@ True
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from stragglar.errors import shown
 from stragglar.schedule import Op, Schedule
 from stragglar.verify.report import check_header
 
-__all__ = ["Orders", "final_orders", "order_disagreement"]
+__all__ = ["Orders", "disagreement", "final_orders", "order_disagreement"]
 
 
 class Orders:
@@ -85,13 +87,20 @@ def order_disagreement(schedule: Schedule) -> str | None:
     n, c = check_header(schedule).num_ranks, schedule.num_chunks
     orders = Orders(n)
     state = final_orders(schedule, orders)
-    for chunk in range(c):
-        first = state[chunk]
-        other = next((rank for rank in range(1, n) if state[rank * c + chunk] != first), None)
+    return disagreement(orders, [state[rank * c : (rank + 1) * c] for rank in range(n)], "ranks")
+
+
+def disagreement(orders: Orders, ends: Sequence[Sequence[int]], holders: str) -> str | None:
+    """The first chunk that two of ``ends`` (each holder's order numbers, chunk by chunk: a rank's,
+    a GPU's) add in different orders, in words naming them as ``holders`` ("ranks", "gpus"); None
+    where they all agree.  The one wording for the schedule's check and the executors' provers."""
+    first = ends[0]
+    for chunk, order in enumerate(first):
+        other = next((k for k in range(1, len(ends)) if ends[k][chunk] != order), None)
         if other is not None:
             return (
-                f"ranks 0 and {other} end with chunk {chunk} added in different orders "
-                f"({orders.text(first)} and {orders.text(state[other * c + chunk])}): in floating "
+                f"{holders} 0 and {other} end with chunk {chunk} added in different orders "
+                f"({orders.text(order)} and {orders.text(ends[other][chunk])}): in floating "
                 "point their results differ in the last bits, and replicas drift apart"
             )
     return None

@@ -26,11 +26,12 @@ class Header:
     nchunksperloop: int
     ngpus: int
     min_bytes: int
-    max_bytes: int
+    max_bytes: int | None  # None until the lowering knows the scratch: the default for the file
 
 
 def render(header: Header, programs: Programs, ids: dict[ThreadBlock, int], scratch: list[int]) -> str:
     """The whole file: the algo, then per GPU its TBs in id order, each with its steps."""
+    assert header.max_bytes is not None
     lines = [
         f'<algo name="{header.name}" proto="{header.proto}" nchannels="{header.nchannels}" '
         f'nchunksperloop="{header.nchunksperloop}" ngpus="{header.ngpus}" coll="allreduce" inplace="1" '

@@ -49,14 +49,16 @@ from stragglar.msccl.vocabulary import (
     MAX_TBS,
     MAX_TBS_PER_CHANNEL,
     PROTOCOLS,
+    legacy_scratch,
     size_window,
 )
 from stragglar.schedule import Schedule, base_name
-from stragglar.units import count_of
+from stragglar.units import count_of, format_bytes
 from stragglar.verify import Proof, require_proof
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
+    "DEFAULT_SCRATCH_MAX_BYTES",
     "MAX_XML_CELLS",
     "MAX_XML_RANKS",
     "XmlOptions",
@@ -69,6 +71,9 @@ __all__ = [
 ]
 
 DEFAULT_MAX_BYTES = 1 << 40
+# A file with scratch (Direct's) gets a smaller default: the older microsoft/msccl runtime reserves
+# maxBytes x s_chunks / nchunksperloop of GPU memory for it as it loads (see legacy_scratch).
+DEFAULT_SCRATCH_MAX_BYTES = 1 << 30
 # The largest files written: lowering and proving a file grow as N^3 (Ring: 16 s at N = 128, 2
 # minutes at 256), and StragglAR, the reason for the format, stops at N = 128 anyway (see
 # check_request).  Cells are (GPU, chunk) pairs of a loop: N x chunks x instances.
@@ -88,7 +93,9 @@ class XmlOptions:
     """How to write the file.
 
     ``instances`` copies of the schedule run side by side on consecutive slices of the chunks;
-    ``min_bytes``/``max_bytes`` are the message sizes the executor selects the file for; ``name``
+    ``min_bytes``/``max_bytes`` are the message sizes the executor selects the file for
+    (``max_bytes`` None: :data:`DEFAULT_MAX_BYTES`, or :data:`DEFAULT_SCRATCH_MAX_BYTES` for a file
+    that needs scratch, whose reserve on the older microsoft/msccl runtime grows with it); ``name``
     defaults to :func:`default_name`.  The counts may be any integral type (``np.int64(2)``) and
     are kept as ``int``; a bool or a float is refused here with an
     :class:`~stragglar.errors.ArgumentError`, as everywhere in the API (:mod:`stragglar.args`),
@@ -99,11 +106,13 @@ class XmlOptions:
     proto: str = "Simple"
     instances: int = 1
     min_bytes: int = 0
-    max_bytes: int = DEFAULT_MAX_BYTES
+    max_bytes: int | None = None
 
     def __post_init__(self) -> None:
         for label in ("instances", "min_bytes", "max_bytes"):
-            object.__setattr__(self, label, as_int(getattr(self, label), label))
+            value = getattr(self, label)
+            if value is not None or label != "max_bytes":
+                object.__setattr__(self, label, as_int(value, label))
 
 
 def lower(proof: Proof, options: XmlOptions | None = None) -> str:
@@ -237,9 +246,32 @@ def _stages(proof: Proof, header: Header) -> str:
     targets = {s.dep[0] for steps in programs.steps.values() for s in steps if s.dep is not None}
     sizes = {tb: len(programs.steps[tb]) for tb in programs.tbs}
     ids = number(programs.tbs, targets, sizes, schedule.num_ranks, assignment.nchannels)
+    max_bytes = _max_bytes(header, max(assignment.scratch))
     return render(
-        dataclasses.replace(header, nchannels=assignment.nchannels), programs, ids, assignment.scratch
+        dataclasses.replace(header, nchannels=assignment.nchannels, max_bytes=max_bytes),
+        programs,
+        ids,
+        assignment.scratch,
     )
+
+
+def _max_bytes(header: Header, scratch: int) -> int:
+    """The file's maxBytes: the one asked for, or the default for a file with ``scratch`` chunks on
+    a GPU at most; refused where the older runtime's scratch reserve outgrows every GPU."""
+    chosen = header.max_bytes
+    if chosen is None:
+        chosen = DEFAULT_SCRATCH_MAX_BYTES if scratch else DEFAULT_MAX_BYTES
+        window = size_window(header.min_bytes, chosen)
+        if window.never or window.partial:
+            raise MscclExportError(  # in words: the command line calls it --min-bytes and --max-bytes
+                f"the smallest message size, {format_bytes(header.min_bytes)}, is not below the default "
+                f"largest of a file with scratch, {format_bytes(chosen)} (the older microsoft/msccl runtime "
+                "reserves maxBytes x s_chunks / nchunksperloop of GPU memory for it): give the largest"
+            )
+    reserve = legacy_scratch(chosen, scratch, header.nchunksperloop)
+    if reserve is not None:  # a choice, as for the size window: files every executor loads
+        raise MscclExportError(f"{reserve}: give a smaller largest message size")
+    return chosen
 
 
 def _overflows(programs: Programs) -> list[tuple[Fifo, int]]:
@@ -262,10 +294,11 @@ def _check_options(options: XmlOptions) -> None:
     if instances < 1:
         raise MscclExportError(f"instances must be an integer >= 1, got {described(instances)}")
     for label, value in (("min_bytes", options.min_bytes), ("max_bytes", options.max_bytes)):
-        if not 0 <= value < 1 << 63:
+        if value is not None and not 0 <= value < 1 << 63:
             raise MscclExportError(f"{label} must be an integer in [0, 2**63), got {described(value)}")
     # the reader's rule: it refuses `never`, warns of `partial`
-    window = size_window(options.min_bytes, options.max_bytes)
+    high = DEFAULT_MAX_BYTES if options.max_bytes is None else options.max_bytes  # or less: _max_bytes
+    window = size_window(options.min_bytes, high)
     problem = window.never or window.partial
     if problem is not None:  # a choice: we write files that every executor selects
         raise MscclExportError(f"{problem}: give a smallest message size below the largest (default 1 TiB)")

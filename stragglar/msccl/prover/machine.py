@@ -9,9 +9,12 @@ next step that has it, a warning of the reader); the program runs twice back to 
 kernel's pipeline: a TB may run ahead into the next iteration, on another slice of every buffer).
 
 Values are symbolic, so the result holds for every input: a chunk holds the set of (rank, input
-chunk) contributions it sums, as a bitmask.  A sum whose operands share a contribution, or mix
-two input chunks, is marked with the place it arose; sums only grow, so a marked value stays wrong
-until a copy overwrites it, and only a mark that survives is reported.
+chunk) contributions it sums, as a bitmask, and the order of its additions
+(:class:`~stragglar.verify.orders.Orders`), both behind one number (:attr:`Machine.sums`).  A sum
+whose operands share a contribution, or mix two input chunks, is marked with the place it arose;
+sums only grow, so a marked value stays wrong until a copy overwrites it, and only a mark that
+survives is reported.  A proved file whose GPUs end with a chunk added in different orders is
+correct, but its replicas differ in the last bits: :meth:`Machine.disagreement` says where.
 
 Why one run decides every run.  Whether a TB's next move is enabled depends on its dependencies'
 signals (which only grow), on its input connection being non-empty (only this TB takes from it: the
@@ -41,6 +44,7 @@ from stragglar.msccl.errors import MscclViolation
 from stragglar.msccl.prover.order import Access, Accesses, Clocks, Conflict, Key, Snapshot, releases
 from stragglar.msccl.prover.parsed import Algo, Tx
 from stragglar.msccl.vocabulary import READS_SRC, RECV_TYPES, SEND_TYPES, WRITES_DST
+from stragglar.verify.orders import Orders, disagreement
 from stragglar.verify.report import bit_list
 
 __all__ = ["ITERATIONS", "Machine"]
@@ -113,6 +117,8 @@ class Machine:
                 self.ends.setdefault((tb.chan, g, tb.send), [None, None])[0] = i
             if tb.recv >= 0:
                 self.ends.setdefault((tb.chan, tb.recv, g), [None, None])[1] = i
+        self.orders = Orders(self.n)
+        self.sums: list[tuple[int, int]] = []  # value -> (contributions: chunk << n | ranks, order)
         self.memory = [self._memory() for _ in range(ITERATIONS)]
         self.marks: list[MscclViolation] = []
         self.accesses = Accesses(self.clocks)
@@ -135,7 +141,7 @@ class Machine:
         """Rank g starts with its own contribution to every chunk of ``i``; the rest is garbage."""
         n, out = self.n, []
         for gpu in self.algo.gpus:
-            bufs = {"i": [(c << n) | (1 << gpu.id) for c in range(self.algo.nchunks)]}
+            bufs = {"i": [self._value((c << n) | (1 << gpu.id), gpu.id) for c in range(self.algo.nchunks)]}
             bufs["o"] = bufs["i"] if self.inplace else [_UNINITIALIZED] * self.algo.nchunks
             bufs["s"] = [_UNINITIALIZED] * gpu.chunks["s"]
             out.append(bufs)
@@ -273,16 +279,22 @@ class Machine:
 
     # ------------------------------------------------------------------ data and races
 
+    def _value(self, contributions: int, order: int) -> int:
+        """A new symbolic value: its number in :attr:`sums`."""
+        self.sums.append((contributions, order))
+        return len(self.sums) - 1
+
     def _add(self, t: int, tx: Tx, a: int, b: int) -> int:
         """The sum of two symbolic values, marked if it counts a contribution twice or mixes chunks."""
         if a < 0 or b < 0:
             return max(a, b) if a < 0 and b < 0 else min(a, b)
-        if a >> self.n != b >> self.n:
-            return self._mark(t, tx, "mixed", f"adds chunk {b >> self.n} data to chunk {a >> self.n} data")
-        twice = a & b & self.full
+        (x, x_order), (y, y_order) = self.sums[a], self.sums[b]
+        if x >> self.n != y >> self.n:
+            return self._mark(t, tx, "mixed", f"adds chunk {y >> self.n} data to chunk {x >> self.n} data")
+        twice = x & y & self.full
         if twice:
-            return self._mark(t, tx, "duplicate", f"counts {_gpus(twice)} twice in chunk {a >> self.n} data")
-        return a | b
+            return self._mark(t, tx, "duplicate", f"counts {_gpus(twice)} twice in chunk {x >> self.n} data")
+        return self._value(x | y, self.orders.add(x_order, y_order))
 
     def _mark(self, t: int, tx: Tx, kind: str, what: str) -> int:
         g, tb = self.where[t]
@@ -414,7 +426,7 @@ class Machine:
         for it in range(ITERATIONS):
             for g in range(n):
                 for c, value in enumerate(self.memory[it][g][out]):
-                    if value != (c << n) | self.full:
+                    if value < 0 or self.sums[value][0] != (c << n) | self.full:
                         rank = self._rank(it, g, out, c, value)
                         if rank == 0:  # none ranks before it
                             return self._wrong(it, g, out, c, value)
@@ -424,6 +436,15 @@ class Machine:
             return None
         _, it, g, c, value = best
         return self._wrong(it, g, out, c, value)
+
+    def disagreement(self) -> str | None:
+        """Where two GPUs end with one chunk added in different orders, in words (None where every
+        GPU adds every chunk alike); meaningful after a run that found no problem.  The first
+        iteration speaks for both: without races every read sees the same write in each."""
+        out = "i" if self.inplace else "o"
+        return disagreement(
+            self.orders, [[self.sums[v][1] for v in memory[out]] for memory in self.memory[0]], "gpus"
+        )
 
     def _rank(self, it: int, g: int, buf: str, c: int, value: int) -> int:
         """How a wrong final value ranks: marks first, then values with a writer, then the rest."""
@@ -449,12 +470,13 @@ class Machine:
                 mark.chunk,
                 f"{mark.message}; the wrong value survives in gpu {g} chunk {c}",
             )
+        contributions = self.sums[value][0] if value >= 0 else 0
         if value == _UNINITIALIZED:
             what = "holds uninitialized memory"
-        elif value >> self.n != c:
-            what = f"holds chunk {value >> self.n} data"
+        elif contributions >> self.n != c:
+            what = f"holds chunk {contributions >> self.n} data"
         else:
-            what = f"lacks {_gpus(self.full & ~value)}"
+            what = f"lacks {_gpus(self.full & ~contributions)}"
         message = f"final state: gpu {g} chunk {c} {what} ({writer})"
         return MscclViolation("missing", g, tb, step, c, message)
 

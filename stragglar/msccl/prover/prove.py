@@ -7,9 +7,10 @@ once with happens-before inside each GPU, and again, for the GPUs where an acces
 so, with clocks that follow messages through other GPUs (:mod:`stragglar.msccl.prover.order`); a
 race is reported only if that run confirms it.  :func:`check` says the same as a value.
 
->>> v = check('<algo name="x" proto="Simple"></algo>')
+>>> v = check('<algo name="x" proto="Simple" ngpus="2" inplace="1" '
+...     'outofplace="0" minBytes="0" maxBytes="0"></algo>')
 >>> print(v)
-line 1: <algo> lacks attribute coll
+line 1: <algo> lacks attributes coll, nchannels, nchunksperloop
 """
 
 from __future__ import annotations
@@ -81,10 +82,13 @@ def prove(source: XmlSource) -> MscclProof:
             raise MscclFormatError(malformed + [v for v in violations if v.kind not in MALFORMED])
         raise MscclVerificationError(violations)
     modes = _modes(algo)
+    orders: list[str] = []
     for mode in modes:
-        violation = _checked_run(algo, mode == "in-place")
+        violation, disagreement = _checked_run(algo, mode == "in-place")
         if violation is not None:
             raise MscclVerificationError([violation])
+        if disagreement is not None and disagreement not in orders:
+            orders.append(disagreement)
     tbs = [tb for gpu in algo.gpus for tb in gpu.tbs]
     return MscclProof(
         name=algo.name,
@@ -97,7 +101,7 @@ def prove(source: XmlSource) -> MscclProof:
         channels=algo.nchannels,
         steps=sum(len(tb.tx_at) for tb in tbs),
         modes=modes,
-        warnings=algo.warnings,
+        warnings=algo.warnings + tuple(orders),
     )
 
 
@@ -111,15 +115,15 @@ def check(source: XmlSource) -> MscclViolation | None:
     return None
 
 
-def _checked_run(algo: Algo, inplace: bool) -> MscclViolation | None:
-    """The first problem of one mode: a run ordering accesses within each GPU, then, for the GPUs
-    where it found accesses not ordered so, runs that follow messages too (a few GPUs at a time,
-    :func:`~stragglar.msccl.prover.order.batches`).  A race they confirm came before anything the first
-    run found after it (that run stops at its first other problem), so the earliest one wins."""
+def _checked_run(algo: Algo, inplace: bool) -> tuple[MscclViolation | None, str | None]:
+    """The first problem of one mode, and where its GPUs add a chunk in different orders: a run
+    ordering accesses within each GPU, then, for the GPUs where it found accesses not ordered so,
+    runs that follow messages too (a few GPUs at a time, :func:`~stragglar.msccl.prover.order.batches`).
+    A race they confirm came before anything the first run found after it (that run stops at its
+    first other problem), so the earliest one wins; without one, the first run's values are the
+    executor's, orders included."""
     first = Machine(algo, inplace)
     outcome = first.run()
-    if not first.suspects:
-        return outcome
     sizes = [len(gpu.tbs) for gpu in algo.gpus]
     races: list[tuple[int, MscclViolation]] = []
     for group in batches(sorted(first.suspects), sizes, len(first.tbs)):
@@ -127,7 +131,9 @@ def _checked_run(algo: Algo, inplace: bool) -> MscclViolation | None:
         found = again.run()
         if found is not None and found.kind == "race":
             races.append((again.moves, found))
-    return min(races, key=lambda race: race[0])[1] if races else outcome
+    if races:
+        return min(races, key=lambda race: race[0])[1], None
+    return outcome, first.disagreement() if outcome is None else None
 
 
 def _modes(algo: Algo) -> tuple[str, ...]:

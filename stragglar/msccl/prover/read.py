@@ -3,13 +3,14 @@
 :func:`read` reads the elements with the executor's own tokenizer
 (:mod:`stragglar.msccl.prover.tokens`), then checks what the executor checks when it loads a rank's
 part (required attributes, ranges, thread-block and step limits) and what it silently gets wrong (a
-step index that is not the step's position, a dependency no step will ever release, operands out
-of bounds), and returns the program as the executor stores it
-(:mod:`stragglar.msccl.prover.parsed`): nops folded into dependencies and consecutive ``re`` steps
-fused.  A dependency on a step without ``hasdep`` that a later ``hasdep`` step of the same thread
-block releases is a warning (:attr:`~stragglar.msccl.prover.parsed.Algo.warnings`), not a
-violation: the kernel waits for ``flag >= goal``, so the wait ends then, later than written but
-correctly.
+dependency no step will ever release, operands out of bounds), and returns the program as the
+executor stores it (:mod:`stragglar.msccl.prover.parsed`): nops folded into dependencies and
+consecutive ``re`` steps fused.  What the executor runs otherwise than written is a warning
+(:attr:`~stragglar.msccl.prover.parsed.Algo.warnings`), not a violation, and the proof judges what
+it runs: a dependency on a step without ``hasdep`` that a later ``hasdep`` step of the same thread
+block releases (the kernel waits for ``flag >= goal``, so the wait ends then, later than written),
+and a step index ``s`` that is not the step's position (the executor checks its range and
+otherwise numbers steps by position, as dependencies count them).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from stragglar.msccl.vocabulary import (
     TYPES,
     WRITES_DST,
     StepRecord,
+    legacy_scratch,
     size_window,
 )
 from stragglar.schedule import MAX_CELLS
@@ -144,8 +146,9 @@ def read(source: XmlSource) -> XmlDocument:
     (a document is returned as it is).  A file nothing can be made of is a document too, not an
     exception: the prover says how wrong it is, the description that it is not readable.
 
-    >>> read('<algo name="x" proto="Simple"></algo>').violations[0].message
-    'line 1: <algo> lacks attribute coll'
+    >>> read('<algo name="x" proto="Simple" ngpus="2" inplace="1" '
+    ...     'outofplace="0" minBytes="0" maxBytes="0"></algo>').violations[0].message
+    'line 1: <algo> lacks attributes coll, nchannels, nchunksperloop'
     """
     if isinstance(source, XmlDocument):
         return source
@@ -168,7 +171,18 @@ def read(source: XmlSource) -> XmlDocument:
     return XmlDocument(dataclasses.replace(algo, warnings=tuple(checker.warnings)), ())
 
 
+_ALGO_ATTRS = ("name", "proto", "coll", "nchannels", "nchunksperloop", "ngpus", "inplace", "outofplace")
+_SIZE_ATTRS = ("minBytes", "maxBytes")
+
+
 def _algo(ck: _Checker, el: Element) -> Algo | None:
+    missing = [key for key in (*_ALGO_ATTRS, *_SIZE_ATTRS) if key not in el.attrs]
+    if missing:  # all in one line: a file from msccl-tools lacks three, and one a run was slow to tell
+        what = f"<algo> lacks attribute{'s' * (len(missing) > 1)} {', '.join(missing)}"
+        if set(missing) <= {"outofplace", *_SIZE_ATTRS}:
+            what += " (msccl-tools does not write them; the Azure executor requires them)"
+        ck.fail(el, what)
+        return None
     strings = ck.strings(el, ("name", "proto", "coll"))
     nums = ck.ints(el, ("nchannels", "nchunksperloop", "ngpus", "inplace", "outofplace"))
     sizes = ck.ints(el, ("minBytes", "maxBytes"), bits=64)
@@ -200,6 +214,9 @@ def _algo(ck: _Checker, el: Element) -> Algo | None:
     gpus = _gpus(ck, el, header)
     if ck.problems or gpus is None:
         return None
+    reserve = legacy_scratch(sizes["maxBytes"], max(gpu.chunks["s"] for gpu in gpus), header.nchunks)
+    if reserve is not None:
+        ck.warnings.append(_place(el, None, None, None) + reserve)
     h = header
     return Algo(
         strings["name"],
@@ -337,15 +354,11 @@ def _steps(
             nums["hasdep"],
         )
         rows.append(row)
-        if position != i:
-            ck.fail(
-                st,
-                f's="{position}" but it is step {i} of its tb (dependencies count positions)',
-                g,
-                t,
-                i,
-                kind="structure",
-            )
+        if not 0 <= position < MAX_STEPS:
+            ck.fail(st, f's="{position}" outside 0..{MAX_STEPS - 1}', g, t, i)
+        elif position != i:
+            what = f's="{position}" but it is step {i} of its tb: the executor numbers steps by position'
+            ck.warn(st, what + " (dependencies count positions)", g, t, i)
         if row.type not in TYPES:
             ck.fail(st, f"unknown type {row.type!r}", g, t, i)
             continue

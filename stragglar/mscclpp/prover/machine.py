@@ -14,7 +14,9 @@ The machine follows the executor's kernel (``execution_kernel.hpp`` and the devi
 
 Values are symbolic: a chunk holds the set of (rank, chunk) contributions summed into it, as a
 bitmask, plus a mask of contributions counted more than once, plus a *garbage* bit for data nobody
-wrote (scratch, and the output of an out-of-place plan, start as garbage).
+wrote (scratch, and the output of an out-of-place plan, start as garbage), plus the order of its
+additions (:class:`~stragglar.verify.orders.Orders`; -1 for garbage and what adds it), which
+tells a correct plan whose GPUs' floating-point results differ in the last bits.
 
 Every run is bounded: the scheduler does at most one step per op plus one per wake-up, and a wake-up
 happens only when the counter a block waits on has reached its target, so the loop ends after
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from stragglar.mscclpp.prover.parsed import Plan, Ref
+from stragglar.verify.orders import Orders
 
 __all__ = ["Layout", "Outcome", "Tracker", "run"]
 
@@ -44,7 +47,7 @@ _KIND = {
     "sem_acquire": ACQUIRE,
 }
 
-Value = tuple[int, int]  # (contributions, contributions counted more than once)
+Value = tuple[int, int, int]  # (contributions, contributions counted more than once, order)
 Elements = tuple[
     tuple[tuple[int, ...], tuple[int, ...]], ...
 ]  # per chunk: (locations written, locations read)
@@ -152,14 +155,14 @@ class Layout:
         )
 
     def initial_values(self) -> list[Value]:
-        """Rank r's chunk c holds bit r*C + c; scratch and out-of-place output hold garbage."""
+        """Rank r's chunk c holds bit r*C + c, in order r; scratch and out-of-place output hold garbage."""
         chunks = self.plan.chunks
-        garbage = (1 << (len(self.plan.gpus) * chunks), 0)
+        garbage = (1 << (len(self.plan.gpus) * chunks), 0, -1)
         values = [garbage] * len(self.owner)
         for gpu in self.plan.gpus:
             start = self.base[gpu.id]["i"]
             for c in range(chunks):
-                values[start + c] = (1 << (gpu.id * chunks + c), 0)
+                values[start + c] = (1 << (gpu.id * chunks + c), 0, gpu.id)
         return values
 
 
@@ -178,9 +181,11 @@ def _elements(name: str, src: list[list[int]], dst: list[list[int]]) -> Elements
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """The end of one run: final values, or the blocked (tb, op) pairs of a deadlock."""
+    """The end of one run: final values (their orders numbered in ``orders``), or the blocked
+    (tb, op) pairs of a deadlock."""
 
     values: tuple[Value, ...]
+    orders: Orders
     blocked: tuple[tuple[int, int], ...]
     leftover_signals: tuple[tuple[int, int], ...]  # (endpoint, signals nobody waited for)
     lost_signals: tuple[tuple[int, int], ...]  # (endpoint without partner, signals sent on it)
@@ -196,6 +201,7 @@ def run(layout: Layout, seed: int, tracker: Tracker | None = None) -> Outcome:
     endpoints = len(plan.partner)
     partner = plan.partner
     values = layout.initial_values()
+    orders = Orders(len(plan.gpus))
     count = [0] * layout.counters  # inbound signals per endpoint; value per device semaphore
     for k, init in enumerate(layout.sem_init):
         count[endpoints + k] = init
@@ -288,13 +294,14 @@ def run(layout: Layout, seed: int, tracker: Tracker | None = None) -> Outcome:
                 writes = [x for outs, _ in elements for x in outs]
                 tracker.data(t, i, reads, writes)
             for outs, ins in elements:
-                mask, dup = values[ins[0]]
+                mask, dup, order = values[ins[0]]
                 for x in ins[1:]:
-                    m2, d2 = values[x]
+                    m2, d2, o2 = values[x]
                     dup |= d2 | (mask & m2)
                     mask |= m2
+                    order = orders.add(order, o2) if order >= 0 and o2 >= 0 else -1
                 for x in outs:
-                    values[x] = (mask, dup)
+                    values[x] = (mask, dup, order)
         elif kind == NOP:
             if tracker is not None:
                 tracker.sync(t, i, kind, (), False)
@@ -327,6 +334,7 @@ def run(layout: Layout, seed: int, tracker: Tracker | None = None) -> Outcome:
     leftover = tuple((e, count[e] - expected[e]) for e in range(endpoints) if count[e] > expected[e])
     return Outcome(
         values=tuple(values),
+        orders=orders,
         blocked=blocked,
         leftover_signals=leftover,
         lost_signals=tuple((e, n) for e, n in enumerate(lost) if n),

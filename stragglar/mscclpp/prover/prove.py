@@ -39,6 +39,7 @@ from stragglar.mscclpp.prover.order import Found, HappensBefore
 from stragglar.mscclpp.prover.parsed import Plan
 from stragglar.mscclpp.prover.read import read_plan
 from stragglar.units import count_of
+from stragglar.verify.orders import disagreement
 from stragglar.verify.report import ArtifactProof
 
 __all__ = ["DEFAULT_INTERLEAVINGS", "MAX_INTERLEAVINGS", "PlanProof", "check", "prove"]
@@ -52,13 +53,16 @@ MAX_INTERLEAVINGS = 10_000
 @dataclass(frozen=True, slots=True)
 class PlanProof(ArtifactProof):
     """What was proved about a plan: the shared facts of :class:`ArtifactProof` and the mode, the
-    most thread blocks of one GPU, the ops, the largest scratch buffer and the interleavings run."""
+    most thread blocks of one GPU, the ops, the largest scratch buffer, the interleavings run, and
+    the ``warnings``: where the GPUs end with a chunk added in different orders (correct, but
+    their floating-point results differ in the last bits)."""
 
     inplace: bool
     max_threadblocks_per_gpu: int
     ops: int
     max_scratch_chunks: int
     interleavings: int
+    warnings: tuple[str, ...] = ()
 
     @property
     def brief(self) -> str:
@@ -109,6 +113,7 @@ def prove(source: PlanSource, *, interleavings: int = DEFAULT_INTERLEAVINGS) -> 
     _check_input_untouched(plan)
     layout = Layout.build(plan)
     checker = _Checker(layout)
+    orders: str | None = None
     for seed in range(interleavings):
         tracker = HappensBefore(layout) if seed == 0 else None
         try:
@@ -123,6 +128,8 @@ def prove(source: PlanSource, *, interleavings: int = DEFAULT_INTERLEAVINGS) -> 
                 raise PlanViolationError(found.violation) from None
             checker.leftovers(outcome)
         checker.result(outcome, seed)
+        if tracker is not None:  # without races every run computes the same values: one speaks for all
+            orders = checker.disagreement(outcome)
     per_gpu = [len(g.tbs) for g in plan.gpus]
     return PlanProof(
         name=plan.name,
@@ -135,6 +142,7 @@ def prove(source: PlanSource, *, interleavings: int = DEFAULT_INTERLEAVINGS) -> 
         ops=sum(len(p) for p in layout.programs),
         max_scratch_chunks=max(g.scratch_chunks for g in plan.gpus),
         interleavings=interleavings,
+        warnings=(orders,) if orders is not None else (),
     )
 
 
@@ -277,6 +285,13 @@ class _Checker:
                     )
                 )
 
+    def disagreement(self, outcome: Outcome) -> str | None:
+        """Where two GPUs end with one chunk added in different orders (a proved run's values)."""
+        buffer, chunks = "i" if self.plan.inplace else "o", self.plan.chunks
+        starts = [self.layout.base[gpu.id][buffer] for gpu in self.plan.gpus]
+        ends = [[outcome.values[start + c][2] for c in range(chunks)] for start in starts]
+        return disagreement(outcome.orders, ends, "gpus")
+
     def result(self, outcome: Outcome, seed: int) -> None:
         n = len(self.plan.gpus)
         chunks = self.plan.chunks
@@ -285,7 +300,7 @@ class _Checker:
         for gpu in range(n):
             start = self.layout.base[gpu][buffer]
             for c in range(chunks):
-                mask, dup = outcome.values[start + c]
+                mask, dup, _ = outcome.values[start + c]
                 want = self.wanted[c]
                 if mask == want and not dup:
                     continue
