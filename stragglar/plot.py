@@ -1,6 +1,6 @@
 """Pictures for people: the cost model's speed-ups and a schedule's rank x round chart.
 
-matplotlib is an optional extra (``pip install 'stragglar[plot]'``), imported only when a figure
+matplotlib is optional (``pip install matplotlib``, the plot extra), imported only when a figure
 is drawn, so the rest of the package works without it.  Figures are built on
 ``matplotlib.figure.Figure`` directly (no pyplot, no GUI backend), so that callers and tests can
 inspect them before :func:`save` writes a PNG.
@@ -63,14 +63,14 @@ class PlotUnavailable(InputError):
 def require_matplotlib() -> None:
     """Raise :class:`PlotUnavailable` now, not after the work, when matplotlib is missing."""
     if importlib.util.find_spec("matplotlib") is None:
-        raise PlotUnavailable("plotting needs matplotlib: pip install 'stragglar[plot]'")
+        raise PlotUnavailable("plotting needs matplotlib: pip install matplotlib")
 
 
 def _figure(width: float, height: float) -> Figure:
     try:
         from matplotlib.figure import Figure
     except ImportError:
-        raise PlotUnavailable("plotting needs matplotlib: pip install 'stragglar[plot]'") from None
+        raise PlotUnavailable("plotting needs matplotlib: pip install matplotlib") from None
     return Figure(figsize=(width, height), layout="constrained")
 
 

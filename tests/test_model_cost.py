@@ -218,7 +218,7 @@ def test_missing_matplotlib_is_one_error_line(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # makes the import fail
     result = run("cost", "--gpus", "4", "--plot", str(tmp_path / "c.png"))
     assert result.exit_code == 2
-    assert result.stderr == "Error: plotting needs matplotlib: pip install 'stragglar[plot]'\n"
+    assert result.stderr == "Error: plotting needs matplotlib: pip install matplotlib\n"
     assert not (tmp_path / "c.png").exists()
 
 

@@ -604,8 +604,7 @@ def _parquet_rows(file: BinaryIO, name: str, needed: Sequence[str]) -> Iterator[
         import pyarrow.parquet as pq
     except ImportError:
         raise InputError(
-            "reading Parquet needs pyarrow: pip install 'stragglar[traces]' "
-            "(or give the trace as CSV or JSON Lines)"
+            "reading Parquet needs pyarrow: pip install pyarrow (or give the trace as CSV or JSON Lines)"
         ) from None
     import pyarrow
 

@@ -409,24 +409,25 @@ def check_dtype(backend: str, dtype: str) -> None:
             ) from None
 
 
+# The packages are named, not stragglar's extras: 'stragglar[torch]' means something only to an
+# index that has stragglar, and an install from source spells it '.[torch]'.
 HINTS = {
     "torch": (
-        "the torch backend needs torch: pip install 'stragglar[torch]' after installing PyTorch itself, "
-        "either its CPU-only build or a CUDA build that matches your driver, with the pip command that "
-        "the install selector in PyTorch's documentation gives for your system"
+        "the torch backend needs torch: install PyTorch, either its CPU-only build or a CUDA build that "
+        "matches your driver, with the pip command that the install selector in PyTorch's documentation "
+        "gives for your system"
     ),
     "nccl": (
-        "the nccl backend needs torch: pip install 'stragglar[torch]' after installing a CUDA build of "
-        "PyTorch that matches your driver, with the pip command that the install selector in PyTorch's "
-        "documentation gives for your system"
+        "the nccl backend needs torch: install a CUDA build of PyTorch that matches your driver, with the "
+        "pip command that the install selector in PyTorch's documentation gives for your system"
     ),
     "cupy": (
-        "the cupy backend needs cupy: pip install 'stragglar[cuda12]' (cupy-cuda12x) or "
-        "'stragglar[cuda13]' (cupy-cuda13x), the one matching the CUDA version that nvidia-smi prints"
+        "the cupy backend needs cupy: pip install cupy-cuda12x or cupy-cuda13x, the one matching the "
+        "CUDA version that nvidia-smi prints"
     ),
     "device": (
         "the device backend needs torch and cupy: a CUDA build of PyTorch that matches your driver, then "
-        "pip install 'stragglar[torch,cuda12]' (or cuda13, the CUDA version that nvidia-smi prints)"
+        "pip install cupy-cuda12x (or cupy-cuda13x, the CUDA version that nvidia-smi prints)"
     ),
 }
 
