@@ -558,6 +558,16 @@ def test_the_prover_shares_no_code_with_the_lowering() -> None:
         assert not shared, (module.name, shared)
 
 
+@pytest.mark.parametrize("init_value", [1 << 31, -(1 << 31) - 1, 1 << 70])
+def test_a_semaphore_value_past_the_executor_s_32_bit_int_is_malformed(init_value: int) -> None:
+    """The executor reads ``init_value`` into an ``int``: a value it cannot hold is not a plan it
+    runs as written (it was judged, exit 1, as if the semaphore held it)."""
+    nop: dict[str, Any] = {"name": "nop"}
+    with pytest.raises(PlanFormatError, match=r"semaphores\[0\]: 'init_value' must fit a 32-bit int"):
+        prove(one_gpu([nop], [nop], semaphores=1, init_value=init_value))
+    assert check_plan(one_gpu([nop], [nop], semaphores=1, init_value=(1 << 31) - 1)) is None  # it holds that
+
+
 def test_a_negative_initial_value_holds_an_acquire_for_one_release_as_the_executor_does() -> None:
     """MSCCL++'s ``acquire`` decrements, and when the old value was not positive waits only until
     the value is back to it: one release, however negative the start.  So an acquire on a

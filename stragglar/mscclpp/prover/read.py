@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from stragglar.errors import shown
 from stragglar.mscclpp.document import PlanSource, plan_document
 from stragglar.mscclpp.prover.ops import OpReader
 from stragglar.mscclpp.prover.parsed import Gpu, Plan, Tb, Walker
@@ -239,7 +240,10 @@ class Resolver:
         sems = []
         for k, sem in enumerate(rd.objects(gj, "semaphores", required=False)):
             rd.at(g, part=f"semaphores[{k}]")
-            sems.append(rd.get(sem, "init_value", int))
+            init: int = rd.get(sem, "init_value", int)
+            if not -(1 << 31) <= init < 1 << 31:  # the executor's SemaphoreInfo::initValue is an int
+                raise rd.fail(f"'init_value' must fit a 32-bit int, got {shown(init, 40)}")
+            sems.append(init)
         tbs = []
         for t, tj in enumerate(rd.objects(gj, "threadblocks")):
             rd.at(g, t)
