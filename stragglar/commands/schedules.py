@@ -456,7 +456,8 @@ def show(file: Path, plot_file: Path | None, size: int | None, verbose: bool) ->
 def _warn_orders(file: Path, schedule: Schedule) -> None:
     """A proved schedule whose ranks add a chunk in different orders: correct, but the replicas'
     floating-point results differ (:mod:`stragglar.verify.orders`); one line on stderr."""
-    disagreement = order_disagreement(schedule)
+    with busy("checking that every rank adds each chunk in one order"):  # N = 1024: seconds
+        disagreement = order_disagreement(schedule)
     if disagreement is not None:
         echo(f"warning: {file}: {disagreement}", err=True)
 
