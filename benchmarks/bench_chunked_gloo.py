@@ -31,15 +31,22 @@ the straggler arrives (the delay taken off); beside each, the model's on the fit
 The target (issue 14): at the largest size the measured gain after the straggler arrives is at
 least half the model's, (measured - 1) >= (model - 1) / 2.  Needs torch and about 9 GiB of
 memory for 8 ranks at 256 MiB.
+
+``--json`` saves the fits and a row per setting, the table's figures in seconds.  Where the
+model chose C = N-1 the chunked schedule is the paper's: its fields (``chunked``,
+``hidden_chunked``, ``gain``, ``gain_exposed``, ``model_gain``, ``model_gain_exposed``) are null,
+as the table's dashes, not the paper's run against itself (a gain of 1.0).
 """
 
 from __future__ import annotations
 
 import math
+import os
 import statistics
 from dataclasses import asdict, dataclass
 
 from options import (
+    Distinct,
     Parser,
     as_command,
     byte_size,
@@ -54,8 +61,9 @@ from options import (
 from results import save
 
 from stragglar.commands.terminal import busy
+from stragglar.errors import InputError
 from stragglar.measure.links import paced_to
-from stragglar.measure.run import BenchmarkResult, run_benchmark
+from stragglar.measure.run import BenchmarkResult, element_count, run_benchmark
 from stragglar.measure.sweep import fit_line, fit_ring
 from stragglar.model import Network, best_chunks, compare_generated
 from stragglar.units import format_bytes
@@ -81,6 +89,18 @@ class Row:
     @property
     def target_met(self) -> bool:
         return self.gain_exposed[0] - 1 >= (self.model_gain_exposed - 1) / 2
+
+
+COMPARED = ("chunked", "hidden_chunked", "gain", "gain_exposed", "model_gain", "model_gain_exposed")
+
+
+def as_json(r: Row) -> dict[str, object]:
+    """A row for ``--json``: :data:`COMPARED` null where the model chose C = N-1 (the dashes of
+    :func:`cells`); they held the paper's run against itself, ``gain: [1.0, ...]``."""
+    row = asdict(r)
+    if r.chunks == r.n - 1:
+        row |= dict.fromkeys(COMPARED)
+    return row
 
 
 def per_iteration(
@@ -207,10 +227,31 @@ def table(rows: list[Row], fits: dict[int, Network], link_rate: float | None) ->
     return "\n".join(lines)
 
 
+def check_sizes(gpus: list[int], sizes: list[int]) -> None:
+    """Refuse, before the calibration, a size ``stragglar bench`` would refuse (not a whole
+    number of float32 elements) or one whose buffers cannot fit in this machine's memory even
+    before gloo's and the checks' copies: each of N ranks holds at least its own buffer.
+    99999GiB ran the whole calibration of the smaller sizes, then died in NumPy's allocation."""
+    for size in sizes:
+        element_count(size, "float32")
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    n, size = max(gpus), max(sizes)
+    if n * size > memory:
+        raise InputError(
+            f"{n} ranks x {size / 2**30:,.6g} GiB is more than this machine's {memory / 2**30:,.1f} GiB "
+            "of memory: give smaller --sizes or fewer --gpus"
+        )
+
+
 def main() -> None:
     parser = Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--gpus", type=whole(2, 64), nargs="+", default=[4, 8], help="gloo ranks on this host"
+        "--gpus",
+        type=whole(2, 64),
+        action=Distinct,
+        nargs="+",
+        default=[4, 8],
+        help="gloo ranks on this host",
     )
     parser.add_argument("--sizes", type=byte_size, nargs="+", default=[64 * 2**20, 256 * 2**20])
     parser.add_argument(
@@ -237,6 +278,10 @@ def main() -> None:
     args = parser.parse_args()
     if len(set(args.fit_sizes)) < 2:
         parser.error("--fit-sizes: the Ring model's two figures need two sizes or more")
+    try:
+        check_sizes(args.gpus, [*args.sizes, *args.fit_sizes])
+    except InputError as e:
+        parser.error(str(e))
     rows: list[Row] = []
     fits: dict[int, Network] = {}
     for n in args.gpus:
@@ -255,7 +300,7 @@ def main() -> None:
             note(f"  N={n} {format_bytes(size)}: C = {rows[-1].chunks}, N-1 / C {spread(rows[-1].gain)}")
     print(table(rows, fits, args.link_rate))
     if args.json:
-        doc = {"fits": {str(n): asdict(net) for n, net in fits.items()}, "rows": [asdict(r) for r in rows]}
+        doc = {"fits": {str(n): asdict(net) for n, net in fits.items()}, "rows": [as_json(r) for r in rows]}
         save(
             args.json,
             {

@@ -49,7 +49,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
-from options import Parser, as_command, json_output, note, whole
+from options import Distinct, Parser, as_command, json_output, note, whole
 from results import save
 
 from stragglar.model import Network
@@ -525,7 +525,12 @@ def main() -> None:
     parser = Parser(description=__doc__.split("\n\n")[0])
     # from 4: at 3 StragglAR never pays for the bucket on this network (no critical delay to scale)
     parser.add_argument(
-        "--sizes", nargs="+", type=whole(4, MAX_RANKS), default=list(SIZES), help="world sizes N (>= 4)"
+        "--sizes",
+        nargs="+",
+        type=whole(4, MAX_RANKS),
+        action=Distinct,
+        default=list(SIZES),
+        help="world sizes N (>= 4)",
     )
     parser.add_argument(
         "--false-alarm",

@@ -14,22 +14,49 @@ from __future__ import annotations
 
 import sys
 
+import click
+
 from stragglar.cli import cli
 
-GRID = ["--backend", "torch", "--gpus", "4,8", "--sizes", "16MiB,64MiB,256MiB"]
-GRID += ["--delays", "0ms,50ms,200ms", "--iters", "5", "--timeout", "300s"]
+GRID = {"--backend": "torch", "--gpus": "4,8", "--sizes": "16MiB,64MiB,256MiB"}
+GRID |= {"--delays": "0ms,50ms,200ms", "--iters": "5", "--timeout": "300s"}
+
+
+def given_options(argv: list[str]) -> set[str]:
+    """Every spelling of each ``stragglar bench`` option in ``argv``, read by bench's own parser:
+    ``--iters 3``, ``--iters=3`` and ``-n8`` (``--gpus``) alike, and a switch is never taken for
+    a value.  A line bench cannot parse gives none: bench then refuses it in its own words."""
+    bench = cli.commands["bench"]
+    with click.Context(bench, info_name="bench", resilient_parsing=True) as probe:
+        try:
+            _, _, order = bench.make_parser(probe).parse_args(args=list(argv))
+        except click.UsageError:
+            return set()
+    return {name for p in order if isinstance(p, click.Option) for name in p.opts + p.secondary_opts}
+
+
+def command_line(argv: list[str]) -> list[str]:
+    """``stragglar bench``'s arguments: the grid less each option ``argv`` gives, then ``argv``.
+    Both used to go in whole, and bench refuses an option given twice ("--iters is given 2
+    times"), so no grid value could be replaced."""
+    given = given_options(argv)
+    return [
+        "bench",
+        *(word for option, value in GRID.items() if option not in given for word in (option, value)),
+        *argv,
+    ]
 
 
 def main(argv: list[str]) -> None:
-    """``stragglar bench`` with the grid, the options in ``argv`` after it (click takes the last
-    of an option given twice); ``--help`` says what this script runs, not ``bench``'s defaults."""
+    """``stragglar bench`` with the grid and the options in ``argv`` (:func:`command_line`);
+    ``--help`` says what this script runs, not ``bench``'s defaults."""
     if any(arg in ("-h", "--help") for arg in argv):
         print((__doc__ or "").strip())
         return
-    if any(arg == "--backend" or arg.startswith("--backend=") for arg in argv):
+    if "--backend" in given_options(argv):
         print("bench_gloo.py: error: --backend: this grid is gloo's; use stragglar bench", file=sys.stderr)
         sys.exit(2)
-    cli.main(["bench", *GRID, *argv], prog_name="bench_gloo.py")
+    cli.main(command_line(argv), prog_name="bench_gloo.py")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
     python benchmarks/bench_msccl.py [--sizes 8 16 32 64] [--algorithm stragglar] [--proto Simple]
                                      [--instances 1] [--repeats 3] [--json out.json]
 
-Times are wall-clock (``time.perf_counter``), best of ``--repeats``; synthesis is not timed.
+Times are wall-clock (``time.perf_counter``), best of ``--repeats``; synthesis and the proof of the
+schedule that the export lowers are not timed.
 The proof reads the XML text (the executor's parser rules) and runs it twice under the
 deterministic scheduler with symbolic values, so its time is what ``stragglar verify x.xml`` costs.
 """
@@ -12,61 +13,48 @@ from __future__ import annotations
 
 import functools
 import platform
-import time
-from collections.abc import Callable
-from typing import TypeVar
 
-from options import Parser, as_command, json_output, ranks, whole
+from exporting import best_of, synthesized
+from options import Distinct, Parser, as_command, each, json_output, ranks, whole
 from results import save
 
 from stragglar import msccl
 from stragglar.msccl import PROTOCOLS, MscclProof, XmlOptions
-from stragglar.synth import ALGORITHMS, synthesize
+from stragglar.synth import ALGORITHMS
 from stragglar.verify import prove
-
-T = TypeVar("T")
-
-
-def best_of(repeats: int, run: Callable[[], T]) -> tuple[float, T]:
-    """The fastest of ``repeats`` timed runs, and the last result."""
-    best, result = float("inf"), None
-    for _ in range(repeats):
-        start = time.perf_counter()
-        result = run()
-        best = min(best, time.perf_counter() - start)
-    assert result is not None
-    return best, result
 
 
 def main() -> None:
     parser = Parser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sizes", type=ranks, nargs="+", default=[8, 16, 32, 64])
+    parser.add_argument("--sizes", type=ranks, action=Distinct, nargs="+", default=[8, 16, 32, 64])
     parser.add_argument("--algorithm", choices=ALGORITHMS, default="stragglar")
     parser.add_argument("--proto", choices=PROTOCOLS, default="Simple")
     parser.add_argument("--instances", type=whole(1), default=1)
     parser.add_argument("--repeats", type=whole(1, 1000), default=3)
     parser.add_argument("--json", type=json_output, metavar="FILE", help="also save the rows as JSON")
     args = parser.parse_args()
+    options = XmlOptions(proto=args.proto, instances=args.instances)
+    check = functools.partial(msccl.check_request, instances=args.instances, algorithm=args.algorithm)
+    schedules = synthesized(args.algorithm, args.sizes, check)
     python = platform.python_version()
     print(f"{args.algorithm}, proto {args.proto}, {args.instances} instance(s); Python {python}")
     print(f"{'N':>4} {'TBs':>6} {'steps':>7} {'chan':>4} {'KiB':>7} {'export s':>9} {'prove s':>8}")
     rows = []
-    for n in args.sizes:
-        schedule = synthesize(args.algorithm, n)
-        options = XmlOptions(proto=args.proto, instances=args.instances)
-        export_s, xml = best_of(args.repeats, functools.partial(msccl.lower, prove(schedule), options))
-        prove_s, proof = best_of(args.repeats, functools.partial(msccl.prove, xml))
-        assert isinstance(proof, MscclProof)
+    for schedule in each(schedules, lambda s: f"N = {s.num_ranks}: export and prove"):
+        n, proof = schedule.num_ranks, prove(schedule)  # proved before the timing: the export lowers a proof
+        export_s, xml = best_of(args.repeats, functools.partial(msccl.lower, proof, options))
+        prove_s, proved = best_of(args.repeats, functools.partial(msccl.prove, xml))
+        assert isinstance(proved, MscclProof)
         print(
-            f"{n:>4} {proof.threadblocks:>6} {proof.steps:>7} {proof.channels:>4} "
+            f"{n:>4} {proved.threadblocks:>6} {proved.steps:>7} {proved.channels:>4} "
             f"{len(xml) / 1024:>7.0f} {export_s:>9.3f} {prove_s:>8.3f}"
         )
         rows.append(
             {
                 "n": n,
-                "threadblocks": proof.threadblocks,
-                "steps": proof.steps,
-                "channels": proof.channels,
+                "threadblocks": proved.threadblocks,
+                "steps": proved.steps,
+                "channels": proved.channels,
                 "kib": len(xml) / 1024,
                 "export_s": export_s,
                 "prove_s": prove_s,

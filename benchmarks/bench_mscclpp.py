@@ -3,7 +3,8 @@
     python benchmarks/bench_mscclpp.py [--sizes 8 16 32 64 72] [--algorithm stragglar]
                                        [--instances 1] [--interleavings 4] [--repeats 3] [--json FILE]
 
-Times are wall-clock (``time.perf_counter``), best of ``--repeats``; synthesis is not timed.
+Times are wall-clock (``time.perf_counter``), best of ``--repeats``; synthesis and the proof of the
+schedule that the export lowers are not timed.
 "export" is :func:`stragglar.mscclpp.lower` (schedule to JSON text); "prove" is
 :func:`stragglar.mscclpp.prove` on that text (parse with the executor's rules, the
 interleaved symbolic runs and the happens-before analysis), i.e. what proving a shipped file costs.
@@ -12,47 +13,36 @@ The target is export + prove of N = 64 in under 5 s.
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
-import time
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
-from options import Parser, as_command, json_output, ranks, whole
+from exporting import best_of, synthesized
+from options import Distinct, Parser, as_command, each, json_output, ranks, whole
 from results import save
 
 from stragglar import mscclpp
 from stragglar.mscclpp import DEFAULT_INTERLEAVINGS, PlanOptions
-from stragglar.synth import ALGORITHMS, synthesize
+from stragglar.schedule import Schedule
+from stragglar.synth import ALGORITHMS
 from stragglar.verify import prove
 
-T = TypeVar("T")
 TARGET_N, TARGET_S = 64, 5.0
 
 
-def best_of(repeats: int, run: Callable[[], T]) -> tuple[float, T]:
-    """The fastest of ``repeats`` timed runs, and the last result."""
-    best = float("inf")
-    result: T | None = None
-    for _ in range(repeats):
-        start = time.perf_counter()
-        result = run()
-        best = min(best, time.perf_counter() - start)
-    assert result is not None
-    return best, result
-
-
-def measure(algorithm: str, n: int, instances: int, interleavings: int, repeats: int) -> dict[str, Any]:
-    """One row: plan shape and the export and prove times of one size."""
-    schedule = synthesize(algorithm, n)
+def measure(schedule: Schedule, instances: int, interleavings: int, repeats: int) -> dict[str, Any]:
+    """One row: plan shape and the export and prove times of one size.  The schedule is proved
+    before the export's timing, as bench_msccl does: the export lowers a proof."""
+    proof = prove(schedule)
     options = PlanOptions(instances=instances)
-    export_s, plan = best_of(repeats, lambda: mscclpp.lower(prove(schedule), options))
-    prove_s, proof = best_of(repeats, lambda: mscclpp.prove(plan.text, interleavings=interleavings))
+    export_s, plan = best_of(repeats, lambda: mscclpp.lower(proof, options))
+    prove_s, proved = best_of(repeats, lambda: mscclpp.prove(plan.text, interleavings=interleavings))
     return {
-        "n": n,
-        "threadblocks": proof.threadblocks,
-        "max_threadblocks_per_gpu": proof.max_threadblocks_per_gpu,
-        "ops": proof.ops,
+        "n": schedule.num_ranks,
+        "threadblocks": proved.threadblocks,
+        "max_threadblocks_per_gpu": proved.max_threadblocks_per_gpu,
+        "ops": proved.ops,
         "kib": round(len(plan.text) / 1024, 1),
         "export_s": round(export_s, 3),
         "prove_s": round(prove_s, 3),
@@ -62,13 +52,15 @@ def measure(algorithm: str, n: int, instances: int, interleavings: int, repeats:
 
 def main() -> None:
     parser = Parser(description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("--sizes", type=ranks, nargs="+", default=[8, 16, 32, 64, 72])
+    parser.add_argument("--sizes", type=ranks, action=Distinct, nargs="+", default=[8, 16, 32, 64, 72])
     parser.add_argument("--algorithm", choices=ALGORITHMS, default="stragglar")
     parser.add_argument("--instances", type=whole(1), default=1)
     parser.add_argument("--interleavings", type=whole(1, 1000), default=DEFAULT_INTERLEAVINGS)
     parser.add_argument("--repeats", type=whole(1, 1000), default=3)
     parser.add_argument("--json", type=json_output, metavar="FILE", help="also write the rows to FILE")
     args = parser.parse_args()
+    check = functools.partial(mscclpp.check_request, instances=args.instances, algorithm=args.algorithm)
+    schedules = synthesized(args.algorithm, args.sizes, check)
     python = platform.python_version()
     print(
         f"{args.algorithm}, {args.instances} instance(s), {args.interleavings} interleavings, best of "
@@ -77,11 +69,11 @@ def main() -> None:
     header = ("N", 4), ("TBs", 6), ("TB/GPU", 6), ("ops", 7), ("KiB", 7), ("export s", 9), ("prove s", 8)
     print(" ".join(f"{name:>{width}}" for name, width in header) + f" {'total s':>8}")
     rows = []
-    for n in args.sizes:
-        row = measure(args.algorithm, n, args.instances, args.interleavings, args.repeats)
+    for schedule in each(schedules, lambda s: f"N = {s.num_ranks}: export and prove"):
+        row = measure(schedule, args.instances, args.interleavings, args.repeats)
         rows.append(row)
         print(
-            f"{n:>4} {row['threadblocks']:>6} {row['max_threadblocks_per_gpu']:>6} {row['ops']:>7} "
+            f"{row['n']:>4} {row['threadblocks']:>6} {row['max_threadblocks_per_gpu']:>6} {row['ops']:>7} "
             f"{row['kib']:>7.0f} {row['export_s']:>9.3f} {row['prove_s']:>8.3f} {row['total_s']:>8.3f}"
         )
     target = next((r for r in rows if r["n"] == TARGET_N), None)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 
-from options import Parser, as_command, duration, each, json_output, ranks, whole
+from options import Distinct, Parser, as_command, duration, each, json_output, ranks, whole
 from results import save
 
 from stragglar.schedule import Phase, Schedule, round_lower_bound
@@ -83,7 +83,7 @@ def synthesis_table(up_to: int) -> list[Row]:
 
 def main() -> None:
     parser = Parser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=ranks, nargs="*", default=[8, 16, 32, 64, 128, 256])
+    parser.add_argument("--sizes", type=ranks, action=Distinct, nargs="*", default=[8, 16, 32, 64, 128, 256])
     parser.add_argument("--bound-max", type=whole(2, 24), default=15)
     parser.add_argument(
         "--bound-timeout",

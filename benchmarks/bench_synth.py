@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TypeVar
 
-from options import Parser, as_command, each, json_output, ranks
+from options import Distinct, Parser, as_command, each, json_output, ranks
 from results import save
 
 from stragglar.formats.schedule_json import dumps, loads
@@ -90,7 +90,9 @@ def table(results: list[Result]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = Parser(description="Time synth, prove and JSON dump+load per N.")
-    parser.add_argument("--sizes", type=ranks, nargs="+", default=[64, 256, 1024], metavar="N")
+    parser.add_argument(
+        "--sizes", type=ranks, action=Distinct, nargs="+", default=[64, 256, 1024], metavar="N"
+    )
     parser.add_argument("--algorithm", choices=ALGORITHMS, default="stragglar")
     parser.add_argument("--json", type=json_output, metavar="FILE", help="also save the results as JSON")
     args = parser.parse_args(argv)

@@ -6,8 +6,9 @@ Steps: ``synth`` (``synthesize("stragglar", N)``), ``prove`` (the symbolic simul
 ``stragglar.verify.prove``) and ``smt`` (the z3 checker, ``stragglar.verify.smt.smt_prove``).
 Each step is timed once (wall clock), then run again under ``tracemalloc`` for its peak of
 Python allocations above what it started with (native memory, such as z3's C++ heap, is not
-seen).  A step is skipped at the next N when the exponent fitted so
-far predicts it would exceed ``--budget``.  The growth exponent k of ``time ~ N^k`` and
+seen).  A step is skipped at the next N when the exponent fitted so far predicts it would exceed
+``--budget``; the proof steps at an N whose synthesis was skipped are skipped with it, and every
+step skipped is listed under the tables.  The growth exponent k of ``time ~ N^k`` and
 ``memory ~ N^k`` is the least-squares slope in log-log over the N >= 64 measured (N = 8 is
 dominated by fixed costs).
 """
@@ -20,7 +21,7 @@ import tracemalloc
 from collections.abc import Callable
 from typing import Any
 
-from options import Parser, as_command, duration, json_output, note, ranks
+from options import Distinct, Parser, as_command, duration, json_output, note, ranks
 from results import save
 
 from stragglar.schedule import MAX_RANKS, Schedule
@@ -81,7 +82,9 @@ def predicted(points: list[tuple[int, float]], n: int) -> float:
 
 def main() -> None:
     parser = Parser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=ranks, nargs="+", default=[8, 64, 256, 1024, MAX_RANKS])
+    parser.add_argument(
+        "--sizes", type=ranks, action=Distinct, nargs="+", default=[8, 64, 256, 1024, MAX_RANKS]
+    )
     parser.add_argument(
         "--budget", type=duration(positive=True), default=120.0, help="time per step and N (default 120s)"
     )
@@ -97,9 +100,10 @@ def main() -> None:
         schedule: Schedule | None = None
         for name, step in todo.items():
             if name != "synth" and schedule is None:
+                skipped.append(f"{name} at N={n}: needs the schedule, and synth was skipped")
                 continue
-            if times[name] and predicted(times[name], n) > args.budget:
-                skipped.append(f"{name} at N={n}: predicted {predicted(times[name], n):.0f} s > budget")
+            if times[name] and (guess := predicted(times[name], n)) > args.budget:
+                skipped.append(f"{name} at N={n}: predicted {guess:.3g} s > budget {args.budget:.3g} s")
                 continue
             seconds, value = timed(step, n, schedule)
             times[name].append((n, seconds))

@@ -19,6 +19,7 @@ from typing import NoReturn, TypeVar
 
 import click
 
+from stragglar.commands.error_lines import PIPE_CLOSED, quiet_stdout
 from stragglar.commands.outputs import check_output, to_stdout
 from stragglar.commands.terminal import busy
 from stragglar.errors import InputError, StragglarError
@@ -27,6 +28,7 @@ from stragglar.schedule import MAX_RANKS
 from stragglar.units import parse_bandwidth, parse_duration, parse_size
 
 __all__ = [
+    "Distinct",
     "Parser",
     "as_command",
     "byte_size",
@@ -51,6 +53,26 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+class Distinct(argparse.Action):
+    """A list option (``--sizes 8 64``) whose items must differ, refused in one line otherwise: a
+    size given twice was measured twice, its second "first lookup" a cache hit (bench_runtime),
+    and a fit over two equal N divided by zero (bench_tooling)."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[object] | None,
+        option_string: str | None = None,
+    ) -> None:
+        items = list(values or [])
+        repeated = list(dict.fromkeys(item for place, item in enumerate(items) if item in items[:place]))
+        if repeated:
+            twice = ", ".join(map(str, repeated))
+            parser.error(f"argument {option_string}: {twice} given more than once: give each once")
+        setattr(namespace, self.dest, items)
 
 
 def each(items: Sequence[_T], label: Callable[[_T], str]) -> Iterator[_T]:
@@ -154,9 +176,18 @@ def json_output(text: str) -> Path:
 def as_command(main: Callable[[], object]) -> NoReturn:
     """Run a benchmark's ``main`` as ``stragglar`` runs a command: a stragglar error (a value
     argparse could not judge alone, a failed rank, SIGTERM) ends it with ``Error: ...`` and the
-    error's exit code; Ctrl-C with ``Aborted!`` and 130.  Anything else is a bug: its traceback."""
+    error's exit code; Ctrl-C with ``Aborted!`` and 130; a reader that went away (``| head -1``)
+    silently with 141, as SIGPIPE would (it was a BrokenPipeError's traceback).  Standard output is
+    flushed here, not at exit, so that a closed pipe met by the last of the table ends the same way.
+    Anything else is a bug: its traceback."""
     try:
-        main()
+        try:
+            main()
+        finally:
+            sys.stdout.flush()
+    except BrokenPipeError:
+        quiet_stdout()  # what is still buffered goes nowhere at exit, rather than raising again
+        sys.exit(PIPE_CLOSED)
     except StragglarError as e:
         print(f"Error: {e}", file=sys.stderr)
         sys.exit(e.exit_code)

@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from options import Parser
+from options import Parser, each, note
 
 from stragglar.files import write_text
 from stragglar.schedule import round_lower_bound
@@ -96,7 +96,8 @@ def chunked_table() -> str:
         "| N | " + " | ".join(f"C = {c}" for c in CHUNK_COLUMNS) + " |",
         "|---:|" + "---:|" * len(CHUNK_COLUMNS),
     ]
-    for n in CHUNKED_SIZES:
+    note(f"chunked StragglAR: {len(CHUNKED_SIZES)} sizes of N, up to {len(CHUNK_COLUMNS)} chunk counts each")
+    for n in each(CHUNKED_SIZES, lambda n: f"chunked StragglAR at N = {n}"):
         row = []
         for column in CHUNK_COLUMNS:
             c = chunk_count(n, column)
@@ -127,7 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--write", action="store_true", help="rewrite the README section")
     mode.add_argument("--check", action="store_true", help="exit 1 if the README section is out of date")
     args = parser.parse_args(argv)
-    body = table([measure(n) for n in SIZES])
+    # about half a minute in all: a line per table, and the size at work once it takes a second
+    note(f"StragglAR: {len(SIZES)} sizes of N, each synthesized and proved")
+    body = table([measure(n) for n in each(SIZES, lambda n: f"StragglAR at N = {n}")])
     chunked = chunked_table()
     if not (args.write or args.check):
         print(f"{body}\n\n{chunked}")
