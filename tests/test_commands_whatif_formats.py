@@ -35,16 +35,22 @@ def figures(result: Result) -> dict[str, Any]:
     return document
 
 
-def csv_figures(tmp_path: Path, group: str, size: int) -> dict[str, Any]:
+def csv_figures(tmp_path: Path, group: str, size: int, collective: str) -> dict[str, Any]:
+    """The figures of the same arrivals in a table, which names no collective: ``collective`` is
+    put in, the one field a library's records add."""
     table = write_csv(tmp_path / "same.csv", {group: ARRIVALS})
     options = ("--group-col", "group", "--time-col", "time_us", "--time-unit", "us", "--size", str(size))
-    return figures(run(table, *options, *MODEL, "--json", "-"))
+    document = figures(run(table, *options, *MODEL, "--json", "-"))
+    for found in document["groups"]:
+        assert found["collective"] is None
+        found["collective"] = collective
+    return document
 
 
 def test_inspector_files_replay_as_the_same_arrivals_in_a_table(tmp_path: Path) -> None:
     write_inspector(tmp_path / "inspector", "0x7f3a", ARRIVALS, size=4 << 20)
     ours = figures(run(tmp_path / "inspector", "--where", "coll=AllReduce", *MODEL, "--json", "-"))
-    table = csv_figures(tmp_path, "0x7f3a", 4 << 20)
+    table = csv_figures(tmp_path, "0x7f3a", 4 << 20, "AllReduce")
     assert ours["format"] == "nccl-inspector" and ours["time_unit"] == "us"
     assert ours["groups"] == table["groups"] and ours["buckets"] == table["buckets"] == [4 << 20]
     (group,) = ours["groups"]
@@ -56,7 +62,7 @@ def test_inspector_files_replay_as_the_same_arrivals_in_a_table(tmp_path: Path) 
 def test_flight_recorder_dumps_replay_as_the_same_arrivals_in_a_table(tmp_path: Path) -> None:
     paths = write_flight_recorder(tmp_path / "fr", "0", ARRIVALS, shape=[512, 512])
     ours = figures(run(*paths, *MODEL, "--json", "-"))  # the files themselves, not their folder
-    table = csv_figures(tmp_path, "0", 512 * 512 * 4)
+    table = csv_figures(tmp_path, "0", 512 * 512 * 4, "nccl:all_reduce")
     assert ours["format"] == "flight-recorder" and ours["time_unit"] == "ns"
     assert ours["groups"] == table["groups"] and ours["buckets"] == table["buckets"]
     assert ours["trace"] == f"{paths[0]} and 3 more"
@@ -135,3 +141,21 @@ def test_steps_only_some_ranks_recorded_are_said_to_be_left_out(tmp_path: Path) 
     assert (group["steps"], group["steps_left_out"]) == (9, 3)
     whole = run(*write_flight_recorder(tmp_path / "whole", "0", ARRIVALS, shape=[512, 512]), *MODEL)
     assert "group '0': 4 ranks, 12 steps\n" in whole.output
+
+
+def test_a_group_of_another_collective_is_said_to_be_priced_as_an_allreduce(tmp_path: Path) -> None:
+    """An FSDP job's communicator that only reduce-scatters: its arrivals tell who is late, but
+    whatif prices AllReduces, and said nothing of it."""
+    for path in write_inspector(tmp_path / "rs", "0x7f3a", ARRIVALS, size=4 << 20, others=False):
+        path.write_text(path.read_text().replace('"coll":"AllReduce"', '"coll":"ReduceScatter"'))
+    result = run(tmp_path / "rs", *MODEL)
+    assert result.exit_code == 0, result.output
+    assert (
+        "group '0x7f3a': 4 ranks, 12 steps\n  its collectives are ReduceScatter: priced here as "
+        in result.output
+    )
+    assert figures(run(tmp_path / "rs", *MODEL, "--json", "-"))["groups"][0]["collective"] == "ReduceScatter"
+    plain = run(
+        write_inspector(tmp_path / "ar", "0x7f3a", ARRIVALS, size=4 << 20, others=False)[0].parent, *MODEL
+    )
+    assert "priced here as" not in plain.output

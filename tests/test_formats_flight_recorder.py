@@ -1,6 +1,6 @@
 """Reading PyTorch Flight Recorder dumps: a process group per group, a step per collective
-sequence id, a rank's arrival its GPU start; pickles read as plain data only, and every malformed
-or inconsistent set of dumps refused in one line."""
+sequence id, a rank's arrival its GPU duration before the collective's common end; pickles read
+as plain data only, and every malformed or inconsistent set of dumps refused in one line."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from trace_writers import (
     flight_recorder_dump,
     flight_recorder_entry,
     late_rank_arrivals,
+    step_end_us,
     write_flight_recorder,
 )
 
@@ -24,7 +25,6 @@ from stragglar.formats.flight_recorder import read_flight_recorder
 from stragglar.formats.traces import FLIGHT_RECORDER, trace_files, trace_format_of
 
 ARRIVALS = late_rank_arrivals(ranks=4, steps=8, late=1, by_us=30_000)
-STARTED = 1_750_000_000_000_000_000
 
 
 def refused(paths: list[Path], where: list[tuple[str, str]] | None = None) -> str:
@@ -35,12 +35,17 @@ def refused(paths: list[Path], where: list[tuple[str, str]] | None = None) -> st
     return message
 
 
-def test_a_rank_arrives_when_its_gpu_started_the_collective(tmp_path: Path) -> None:
+def test_a_rank_arrives_its_gpu_duration_before_the_collective_s_common_end(tmp_path: Path) -> None:
+    """torch discovers a finished collective's start and end at the watchdog poll that retires
+    it, after its end (each rank at its own poll): the late rank shows in its GPU duration alone,
+    the shortest, and the reader took the discovered start before (every rank alike)."""
     paths = write_flight_recorder(tmp_path, "0", ARRIVALS, shape=[1024, 256])
     assert trace_format_of(paths[:1], None) == FLIGHT_RECORDER
     (group,) = read_flight_recorder(trace_files([tmp_path]))
     assert (group.name, group.ranks, group.steps) == ("0", ("0", "1", "2", "3"), tuple(ARRIVALS))
-    assert group.times == tuple(tuple(Fraction(t, 10**6) for t in times) for times in ARRIVALS.values())
+    assert group.times == tuple(
+        tuple(Fraction(t - step_end_us(times), 10**6) for t in times) for times in ARRIVALS.values()
+    )
     assert group.sizes == (1024 * 256 * 4,) * len(ARRIVALS)  # float32 inputs
     (picked,) = read_flight_recorder(paths, [("profiling_name", "nccl:all_reduce"), ("state", "completed")])
     assert picked.steps == group.steps
@@ -57,7 +62,7 @@ def test_the_lists_torchscript_writes_are_built_as_plain_lists(tmp_path: Path) -
     """TorchScript's pickler writes an int list as a call of torch.jit._pickle.build_intlist."""
     paths = []
     for rank in (0, 1):
-        entry = {**flight_recorder_entry("0", 1, STARTED + rank, [1]), "input_sizes": ["SHAPE"]}
+        entry = {**flight_recorder_entry("0", 1, 0.5 + rank, [1]), "input_sizes": ["SHAPE"]}
         data = pickle.dumps(flight_recorder_dump("0", (0, 1), [entry]), protocol=2)
         plain = b"X" + struct.pack("<I", 5) + b"SHAPE"
         built = b"ctorch.jit._pickle\nbuild_intlist\n](K\x08K\x10e\x85R"
@@ -101,14 +106,17 @@ def test_what_is_no_dump_is_one_line(tmp_path: Path, data: bytes, words: str) ->
     assert words in refused([path])
 
 
-def entry(seq: int = 1, started: int | None = STARTED, **changes: object) -> dict[str, object]:
-    return {**flight_recorder_entry("0", seq, started, [4]), **changes}
+def entry(seq: int = 1, duration_ms: float | None = 0.5, **changes: object) -> dict[str, object]:
+    return {**flight_recorder_entry("0", seq, duration_ms, [4]), **changes}
 
 
 @pytest.mark.parametrize(
     ("entries", "words"),
     [
-        ([entry(started=None)], "entry 0: no GPU start time (time_discovered_started_ns)"),
+        ([entry(duration_ms=None, retired=True)], "entry 0: no GPU duration (duration_ms), which tells"),
+        ([{**entry(), "duration_ms": "0.5"}], "entry 0: duration_ms is '0.5', not a duration"),
+        ([entry(duration_ms=-0.5)], "entry 0: duration_ms is -0.5, not a duration"),
+        ([entry(profiling_name=None)], "entry 0: profiling_name is empty: name the collective"),
         ([entry(collective_seq_id="1")], "entry 0: collective_seq_id is '1', not a whole number"),
         ([entry(process_group=None)], "process_group is empty: name the process group"),
         ([entry(process_group=("9", "tp"))], "pg_config gives no list of ranks for process group '9'"),
@@ -166,12 +174,29 @@ def test_a_huge_dump_is_refused_before_it_is_read(tmp_path: Path, monkeypatch: p
     assert "stragglar reads files up to" in refused([path])
 
 
-def test_a_collective_not_started_is_passed_over_only_at_the_end(tmp_path: Path) -> None:
-    scheduled = {"started": None, "state": "scheduled"}
-    middle = dump_file(tmp_path / "a" / "trace_0", [entry(seq=1, **scheduled), entry(seq=2)])  # type: ignore[arg-type]
-    assert "entry 0: no GPU start time (time_discovered_started_ns)" in refused([middle])
-    never = dump_file(tmp_path / "b" / "trace_0", [entry(seq=1, **scheduled)])  # type: ignore[arg-type]
-    assert "entry 0: no GPU start time" in refused([never])
+def test_a_collective_in_flight_at_the_dump_is_passed_over(tmp_path: Path) -> None:
+    """Not retired: the dump came first, it has no duration yet; a dump of those alone says why."""
+    both = [[entry(seq=1), entry(seq=2, duration_ms=None)], [entry(seq=1), entry(seq=2)]]
+    paths = [dump_file(tmp_path / "a" / f"trace_{rank}", entries) for rank, entries in enumerate(both)]
+    (group,) = read_flight_recorder(paths)
+    assert group.steps == (1,) and group.partial == 1
+    never = dump_file(tmp_path / "b" / "trace_0", [entry(seq=1, duration_ms=None)])
+    assert "entry 0: none of its collectives is finished, or no GPU duration (duration_ms)" in refused(
+        [never]
+    )
+
+
+def test_a_group_holding_two_kinds_of_collective_asks_for_one(tmp_path: Path) -> None:
+    """Flight Recorder numbers every collective of a group in one sequence: a Broadcast among the
+    AllReduces was replayed as a gradient step without a word."""
+    mixed = [entry(seq=1), entry(seq=2, profiling_name="nccl:broadcast"), entry(seq=3)]
+    paths = [dump_file(tmp_path / f"trace_{rank}", mixed) for rank in (0, 1)]
+    assert (
+        "process group '0' holds nccl:broadcast and nccl:all_reduce collectives: keep one kind with "
+        "--where (profiling_name=nccl:all_reduce, say)"
+    ) in refused(paths)
+    (group,) = read_flight_recorder(paths, [("profiling_name", "nccl:all_reduce")])
+    assert group.steps == (1, 3)
 
 
 # Two gloo ranks that all-reduce with Flight Recorder on, each dumping its buffer to trace_<rank>.
@@ -193,7 +218,7 @@ dist.destroy_process_group()
 
 @pytest.mark.slow
 def test_a_dump_torch_writes_is_read_as_plain_data(tmp_path: Path) -> None:
-    """A real dump unpickles with no class refused; gloo records no GPU start, and says so."""
+    """A real dump unpickles with no class refused; gloo records no GPU duration, and says so."""
     pytest.importorskip("torch")
     import subprocess
     import sys
@@ -208,6 +233,4 @@ def test_a_dump_torch_writes_is_read_as_plain_data(tmp_path: Path) -> None:
         assert process.returncode == 0, err.decode()
     paths = trace_files([tmp_path / "dumps"])
     assert [trace_format_of([path], None) for path in paths] == [FLIGHT_RECORDER] * 2
-    assert "no GPU start time (time_discovered_started_ns)" in refused(
-        paths, [("profiling_name", "gloo:all_reduce")]
-    )
+    assert "no GPU duration (duration_ms)" in refused(paths, [("profiling_name", "gloo:all_reduce")])

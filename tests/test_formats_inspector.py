@@ -137,9 +137,20 @@ def test_files_that_disagree_are_refused(tmp_path: Path) -> None:
     shutil.copy(paths[1], copy)
     assert "rank '1' of communicator '0x7f3a' is in two files" in refused([*paths, copy])
     assert "no file holds rank '3'" in refused(paths[:3])
-    lines = paths[0].read_text().splitlines()
-    paths[0].write_text("\n".join(line for i, line in enumerate(lines) if i != 9) + "\n")  # a step lost
-    assert "step 13 has no record of rank '0'" in refused(paths)
+
+
+def test_a_sample_of_the_collectives_keeps_the_steps_every_rank_wrote(tmp_path: Path) -> None:
+    """NCCL's Inspector before 2.30 writes a sample (one finished collective per communicator at
+    each of its dump thread's ticks), other steps on each rank: whatif refused every such trace
+    ("step 13 has no record of rank '0'").  The steps all ranks wrote are kept, the rest counted."""
+    paths = write_inspector(tmp_path, "0x7f3a", ARRIVALS, size=1 << 20, others=False)
+    for rank, path in enumerate(paths):  # rank r lost step 11 + r
+        lines = path.read_text().splitlines()
+        path.write_text("".join(line + "\n" for i, line in enumerate(lines) if i != 1 + rank))
+    (group,) = read_inspector(paths, ALLREDUCE)
+    kept = tuple(step for step in ARRIVALS if step not in (11, 12, 13, 14))
+    assert group.steps == kept and group.partial == 4
+    assert group.times == tuple(tuple(Fraction(t, 10**6) for t in ARRIVALS[step]) for step in kept)
 
 
 def test_a_size_that_differs_between_ranks_names_both(tmp_path: Path) -> None:

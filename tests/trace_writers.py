@@ -128,11 +128,13 @@ def flight_recorder_dump(
 
 
 def flight_recorder_entry(
-    group: str, seq: int, started_ns: int | None, shape: Sequence[int], state: str = "completed"
+    group: str, seq: int, duration_ms: float | None, shape: Sequence[int], retired_ns: int = 10**18
 ) -> dict[str, Any]:
-    """One all_reduce's record of float32 inputs of ``shape``, started on the GPU at ``started_ns``
-    and enqueued by the host 1 ms before it."""
-    created = (started_ns or 0) - 10**6
+    """One all_reduce's record of float32 inputs of ``shape`` as torch writes it: with a GPU
+    duration, finished and retired by the watchdog's poll at ``retired_ns``, which is when it
+    "discovered" both its start and its end (torch queries both events then); without one, still
+    in flight at the dump (scheduled, not retired).  Enqueued by the host 50 ms before."""
+    finished = duration_ms is not None
     return {
         "frames": [{"name": "all_reduce", "filename": "distributed_c10d.py", "line": 2700}],
         "record_id": seq - 1,
@@ -142,19 +144,24 @@ def flight_recorder_entry(
         "p2p_seq_id": 0,
         "op_id": seq,
         "profiling_name": "nccl:all_reduce",
-        "time_created_ns": created,
-        "duration_ms": 0.9,
+        "time_created_ns": retired_ns - 50 * 10**6,
+        **({"duration_ms": duration_ms} if finished else {}),
         "input_sizes": [list(shape)],
         "input_dtypes": ["Float"],
         "output_sizes": [list(shape)],
         "output_dtypes": ["Float"],
-        "state": state,
-        "time_discovered_started_ns": started_ns,
-        "time_discovered_completed_ns": None if started_ns is None else started_ns + 900_000,
-        "retired": True,
+        "state": "completed" if finished else "scheduled",
+        "time_discovered_started_ns": retired_ns if finished else None,
+        "time_discovered_completed_ns": retired_ns if finished else None,
+        "retired": finished,
         "timeout_ms": 600_000,
         "is_p2p": False,
     }
+
+
+def step_end_us(arrivals: Sequence[int]) -> int:
+    """When a collective reached at ``arrivals`` ends on every rank: 900 us after the last."""
+    return max(arrivals) + 900
 
 
 def write_flight_recorder(
@@ -165,19 +172,22 @@ def write_flight_recorder(
     prefix: str = "trace_",
 ) -> list[Path]:
     """One pickle per rank (``<prefix><rank>``) of the all_reduce of each step (its sequence id
-    the step), started at the rank's arrival (given in microseconds, written in nanoseconds); a
-    point-to-point send between them, and one collective still scheduled at the end (the dump
-    came before it started)."""
+    the step), reached at the rank's arrival (given in microseconds) and ended on every rank
+    together, 900 us after the last arrival (:func:`step_end_us`): its GPU duration the time
+    between; retired by each rank's watchdog at its own poll, 10-40 ms later.  A point-to-point
+    send between them, and one collective still in flight at the end (the dump came first)."""
     folder.mkdir(parents=True, exist_ok=True)
     ranks = len(next(iter(arrivals.values())))
     paths = []
     for rank in range(ranks):
         entries = []
         for step, times in arrivals.items():
-            entries.append(flight_recorder_entry(group, step, 1000 * times[rank], shape))
-            send = flight_recorder_entry(group, 0, 1000 * times[rank], [4])
+            end = step_end_us(times)
+            poll = 1000 * end + 10**7 * (1 + (rank + step) % 4)
+            entries.append(flight_recorder_entry(group, step, (end - times[rank]) / 1000, shape, poll))
+            send = flight_recorder_entry(group, 0, 0.25, [4], poll)
             entries.append({**send, "is_p2p": True, "profiling_name": "nccl:send 0->1", "p2p_seq_id": step})
-        entries.append(flight_recorder_entry(group, max(arrivals) + 1, None, shape, state="scheduled"))
+        entries.append(flight_recorder_entry(group, max(arrivals) + 1, None, shape))
         path = folder / f"{prefix}{rank}"
         path.write_bytes(pickle.dumps(flight_recorder_dump(group, range(ranks), entries), protocol=2))
         paths.append(path)

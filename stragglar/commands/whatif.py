@@ -407,10 +407,10 @@ def _group_lines(group: Group, result: GroupReplay, rule: Rule, per_step: bool) 
     left_out = (
         f" ({group.partial:,} more that only some ranks recorded are left out)" if group.partial else ""
     )
-    lines = [
-        f"{title}: {result.num_ranks} ranks, {_steps(steps)}{left_out}",
-        f"  {_verdict(group, result, rule)}",
-    ]
+    lines = [f"{title}: {result.num_ranks} ranks, {_steps(steps)}{left_out}"]
+    if not group.allreduce:  # a ReduceScatter's arrivals tell who is late as well; its price is a guess
+        lines.append(f"  its collectives are {group.kind}: priced here as AllReduces of the same bytes")
+    lines.append(f"  {_verdict(group, result, rule)}")
     earlier = [e for e in result.episodes if e.until is not None]
     if earlier:
         named = ", ".join(_episode(group, e) for e in earlier)
@@ -540,7 +540,8 @@ def _group_document(group: Group, result: GroupReplay) -> dict[str, Any]:
         "group": group.name,
         "ranks": list(group.ranks),
         "steps": len(result.steps),
-        "steps_left_out": group.partial,  # recorded by some ranks only (a library's buffer wrapped)
+        "steps_left_out": group.partial,  # recorded by some ranks only (a buffer wrapped, a sample)
+        "collective": group.kind,  # as the trace names it; None where it does not
         "persistent_straggler": result.persistent_straggler,
         "persistent_stragglers": [
             {"rank": e.rank, "since": e.since, "named": e.named, "until": e.until} for e in result.episodes

@@ -35,10 +35,11 @@ MAX_WHOLE = 2**64  # NCCL writes its counters and timestamps as unsigned 64-bit 
 class Record:
     """One rank's record of one collective: its ``group`` with the labels of the group's ranks
     (``members``), the record's ``rank`` among them, its ``step`` (the group's sequence number),
-    when the rank reached it (``time``, seconds, exact), its ``size`` in bytes (None: not
-    recorded), its ``kind`` where kinds are numbered apart (NCCL numbers each collective type
-    on its own: an AllReduce and a Broadcast may share a number), the file it came from
-    (``source``) and the place to name in a message."""
+    when the rank reached it (``time``, seconds, exact, on a clock that the group's ranks share
+    at each step at least), its ``size`` in bytes (None: not recorded), its ``kind`` (a group
+    holds one: an AllReduce and a Broadcast are two collectives, and NCCL numbers each type on
+    its own, so they may even share a number), the file it came from (``source``) and the place
+    to name in a message."""
 
     group: str
     members: tuple[str, ...]
@@ -75,25 +76,31 @@ def whole_number(value: Any, key: str, place: str) -> int:
 
 
 def collect(
-    records: Iterable[Record], word: str, name: str, filtered: bool, max_rows: int = MAX_ROWS
+    records: Iterable[Record],
+    word: str,
+    kind_key: str,
+    name: str,
+    filtered: bool,
+    max_rows: int = MAX_ROWS,
 ) -> list[Group]:
-    """The groups of ``records`` (``word`` names a group: ``communicator``; ``name`` what was
-    read, for a message; ``filtered``: the records passed ``--where`` filters), at most
-    ``max_rows`` records kept.  Every inconsistency is an :class:`InputError` of one line."""
+    """The groups of ``records`` (``word`` names a group: ``communicator``; ``kind_key`` the field
+    that names a record's kind, for ``--where``; ``name`` what was read, for a message;
+    ``filtered``: the records passed ``--where`` filters), at most ``max_rows`` records kept.
+    Every inconsistency is an :class:`InputError` of one line."""
     found: dict[str, _Found] = {}
     for kept, record in enumerate(records, 1):
         if kept > max_rows:
             raise InputError(
                 f"more than {max_rows:,} collectives to replay in {name}: pick fewer with --where"
             )
-        _add(found.setdefault(record.group, _Found(record)), record, word)
+        _add(found.setdefault(record.group, _Found(record)), record, word, kind_key)
     if not found:
         why = " after the --where filters" if filtered else ""
         raise InputError(f"no collective in {name}{why}")
     return [_group(found[group], word) for group in sorted(found)]
 
 
-def _add(found: _Found, record: Record, word: str) -> None:
+def _add(found: _Found, record: Record, word: str, kind_key: str) -> None:
     first, what = found.first, f"{word} {quoted(record.group)}"
     if record.members != first.members:
         raise InputError(
@@ -104,8 +111,8 @@ def _add(found: _Found, record: Record, word: str) -> None:
         raise InputError(f"{record.place}: rank {quoted(record.rank)} is no rank of {what}")
     if record.kind != first.kind:
         raise InputError(
-            f"{record.place}: {what} holds {record.kind} and {first.kind} collectives, each numbered "
-            f"on its own: keep one kind with --where (coll={first.kind}, say)"
+            f"{record.place}: {what} holds {record.kind} and {first.kind} collectives: keep one kind "
+            f"with --where ({kind_key}={first.kind}, say)"
         )
     source = found.sources.setdefault(record.rank, record.source)
     if source != record.source:
@@ -123,7 +130,11 @@ def _add(found: _Found, record: Record, word: str) -> None:
 
 
 def _group(found: _Found, word: str) -> Group:
-    """A group's table over the steps every rank recorded, checked complete and consistent."""
+    """A group's table over the steps every rank recorded, checked consistent.  A step some rank
+    did not record is left out and counted (``partial``): at the ends, a ring buffer that
+    wrapped or a dump taken while another rank was ahead; between, a library that writes a
+    sample (NCCL's Inspector before 2.30 keeps one finished collective per communicator for its
+    dump thread to write, and 2.30's ring drops the oldest when full)."""
     first = found.first
     what = f"{word} {quoted(first.group)}"
     ranks = sorted(first.members, key=rank_order)
@@ -136,20 +147,13 @@ def _group(found: _Found, word: str) -> Group:
             + (f" (nor {len(missing) - 1} more)" if len(missing) > 1 else "")
             + ": give every rank's file"
         )
-    start = max(min(found.steps[rank]) for rank in ranks)
-    end = min(max(found.steps[rank]) for rank in ranks)
-    if start > end:
+    steps = sorted(set.intersection(*(set(found.steps[rank]) for rank in ranks)))
+    if not steps:
         raise InputError(f"{what}: no step is recorded by every rank (the files are of different times)")
-    steps = sorted({step for rank in ranks for step in found.steps[rank] if start <= step <= end})
     times = []
     sizes: list[int | None] = []
     for step in steps:
-        row = []
-        for rank in ranks:
-            record = found.steps[rank].get(step)
-            if record is None:
-                raise InputError(f"{what}: step {step} has no record of rank {quoted(rank)}")
-            row.append(record)
+        row = [found.steps[rank][step] for rank in ranks]
         times.append(tuple(record.time for record in row))
         sizes.append(_size(row, what, step))
     known = tuple(size for size in sizes if size is not None)
@@ -161,6 +165,7 @@ def _group(found: _Found, word: str) -> Group:
         tuple(times),
         known if len(known) == len(sizes) else None,
         partial,
+        first.kind,
     )
 
 

@@ -6,16 +6,20 @@ The pickle holds a dictionary: ``pg_config`` maps each process group's name to i
 (global ranks, as a JSON list in a string), and ``entries`` lists one record per collective with
 its ``process_group`` (name, description), ``collective_seq_id`` (the group's sequence number,
 one for all collective types), ``profiling_name`` (``nccl:all_reduce``), ``input_sizes`` and
-``input_dtypes``, ``is_p2p``, ``state``, and three times in nanoseconds: ``time_created_ns``
-(the host enqueued it), ``time_discovered_started_ns`` (its start on the GPU was seen) and
-``time_discovered_completed_ns``.
+``input_dtypes``, ``is_p2p``, ``state``, ``retired``, times in nanoseconds (``time_created_ns``:
+the host enqueued it; ``time_discovered_started_ns`` and ``time_discovered_completed_ns``) and,
+with ``TORCH_NCCL_ENABLE_TIMING=1``, ``duration_ms``: how long it ran on the GPU, from the event
+recorded as the GPU reached it (its stream past the compute before it) to the one after it.
 
-A rank's arrival is ``time_discovered_started_ns``: when the collective began on its GPU, which
-is where a rank whose GPU is late shows (its host enqueues on time; ``time_created_ns`` would
-not tell it from the others).  It is recorded only with ``TORCH_NCCL_ENABLE_TIMING=1`` (the
-start events it is read from), and it is when the watchdog thread, polling, found the start
-event done: no finer than that polling.  A record without it is refused with that advice, but
-for one still ``scheduled`` at the dump (it had not started: the dump's last collectives).
+A rank's arrival is read from ``duration_ms``.  A collective ends at about the same moment on
+every rank (none can finish before the last has brought its data), so a rank that reached it
+later ran it for less time: measured back from that common end, its arrival is
+``-duration_ms``, and the differences between ranks, all that whatif asks of a step, are exact.
+Neither other time tells it: the host enqueues on time while its GPU is late
+(``time_created_ns``), and ``time_discovered_started_ns`` is when the watchdog thread found the
+start event done, which for a finished collective is the poll that retires it, after its end, so
+every rank's is the same moment.  A finished (``retired``) record without a duration is refused
+with the advice; one still in flight at the dump (the dump's last collectives) is passed over.
 
 A pickle can run any code as it loads; this one is read by an unpickler that builds only plain
 data (dictionaries, lists, tuples, strings, numbers, None) and refuses any class or function the
@@ -42,7 +46,6 @@ from stragglar.formats.traces import MAX_ROWS, Group, open_trace, read_at_most, 
 __all__ = ["MAX_DUMP", "read_flight_recorder"]
 
 MAX_DUMP = 2**28  # bytes of one rank's dump: 2,000 entries with stack frames are a few MB
-NANOSECOND = Fraction(1, 10**9)
 _RANK = re.compile(r"([0-9]{1,9})$")
 _BYTES = {  # an element's bytes, by the dtype names the dumps give
     **dict.fromkeys(("Bool", "Byte", "Char", "QInt8", "QUInt8"), 1),
@@ -102,7 +105,7 @@ def read_flight_recorder(
         ranks[rank] = path
     name = shown(paths[0]) if len(paths) == 1 else f"the {len(paths):,} Flight Recorder dumps"
     records = (record for rank, path in ranks.items() for record in _records(path, rank, where))
-    return collect(records, "process group", name, bool(where), max_rows)
+    return collect(records, "process group", "profiling_name", name, bool(where), max_rows)
 
 
 def _rank_of(path: Path) -> int:
@@ -138,14 +141,14 @@ def _load(path: Path) -> Mapping[str, Any]:
 
 
 def _records(path: Path, rank: int, where: Sequence[tuple[str, str]]) -> Iterator[Record]:
-    """The dump's collectives.  One still ``scheduled`` with no start time had not started when
-    the dump was written, and is passed over, but for one that a later collective of its group
-    follows, started: its start time was not recorded (no timing), and neither is any other."""
+    """The dump's finished collectives, each rank's arrival measured back from the collective's
+    end (see the module's docstring).  One not ``retired`` was in flight when the dump was
+    written, and is passed over; a dump with none finished says why."""
     name = shown(path)
     dump = _load(path)
     groups = dump["pg_config"]
-    unstarted: dict[str, str] = {}  # group -> the place of its first collective not started
-    started_groups: set[str] = set()
+    in_flight: str | None = None  # the place of the first collective passed over
+    timed = False
     members: dict[str, tuple[str, ...]] = {}  # group -> its ranks, read from pg_config once
     for index, entry in enumerate(dump["entries"]):
         place = f"{name} entry {index}"
@@ -159,37 +162,49 @@ def _records(path: Path, rank: int, where: Sequence[tuple[str, str]]) -> Iterato
         if any(where_text(entry[key]) != value.strip() for key, value in where):
             continue
         group = _group_name(entry, place)
-        started = entry.get("time_discovered_started_ns")
-        if type(started) is int and started == 0:  # a start time never set, as None: no time of 1970
-            started = None
-        if started is None and entry.get("state") == "scheduled":
-            unstarted.setdefault(group, place)
+        if entry.get("retired") is not True:
+            in_flight = in_flight or place
             continue
-        if started is None or group in unstarted:
-            raise _no_start(unstarted.get(group, place))
-        started_groups.add(group)
+        duration = entry.get("duration_ms")
+        if duration is None:
+            raise _no_duration(place)
         if group not in members:
             members[group] = _members(groups, group, place)
+        timed = True
         yield Record(
             group=group,
             members=members[group],
             rank=str(rank),
             step=whole_number(entry.get("collective_seq_id"), "collective_seq_id", place),
-            time=whole_number(started, "time_discovered_started_ns", place) * NANOSECOND,
+            time=-_milliseconds(duration, place),
             size=_size(entry, place),
-            kind=None,
+            kind=_kind(entry, place),
             source=name,
             place=place,
         )
-    never = next((place for group, place in unstarted.items() if group not in started_groups), None)
-    if never is not None:
-        raise _no_start(never)
+    if in_flight is not None and not timed:
+        raise _no_duration(in_flight, "none of its collectives is finished, or ")
 
 
-def _no_start(place: str) -> InputError:
+def _milliseconds(value: Any, place: str) -> Fraction:
+    """``duration_ms`` in seconds, to the nanosecond: finer than CUDA's event timer (half a
+    microsecond) and than the float it is written in, and the unit whatif says of the dump."""
+    if type(value) not in (int, float) or not math.isfinite(value) or not 0 <= value < 2**53 / 10**6:
+        raise InputError(f"{place}: duration_ms is {shown_value(value)}, not a duration")
+    return Fraction(round(value * 10**6), 10**9)
+
+
+def _kind(entry: Mapping[str, Any], place: str) -> str:
+    kind = entry.get("profiling_name")
+    if not isinstance(kind, str) or not kind:
+        raise InputError(f"{place}: profiling_name is {shown_value(kind)}: name the collective")
+    return kind
+
+
+def _no_duration(place: str, why: str = "") -> InputError:
     return InputError(
-        f"{place}: no GPU start time (time_discovered_started_ns): Flight Recorder records it for "
-        "the NCCL backend with TORCH_NCCL_ENABLE_TIMING=1"
+        f"{place}: {why}no GPU duration (duration_ms), which tells when the rank reached the "
+        "collective: Flight Recorder measures it for the NCCL backend with TORCH_NCCL_ENABLE_TIMING=1"
     )
 
 

@@ -56,7 +56,7 @@ def read_inspector(
     name = shown(paths[0]) if len(paths) == 1 else f"the {len(paths):,} NCCL Inspector files"
     labels = _Labels()
     records = (record for path in paths for record in _records(path, where, labels))
-    return collect(records, "communicator", name, bool(where), max_rows)
+    return collect(records, "communicator", "coll", name, bool(where), max_rows)
 
 
 def _records(path: Path, where: Sequence[tuple[str, str]], labels: _Labels) -> Iterator[Record]:

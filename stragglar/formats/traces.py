@@ -133,8 +133,9 @@ class Group:
     trace's labels of ranks ``0..N-1``; ``times[i][r]`` is when rank ``r`` reached the collective
     at step ``steps[i]``, in seconds (exact), steps in ascending order; ``sizes[i]`` the bytes of
     step ``i``'s collective where the trace records them (a collective library's records do, a
-    table does not: None); ``partial`` the steps only some ranks recorded, left out at the ends
-    (a library's buffer that wrapped, a dump taken while another rank was ahead)."""
+    table does not: None); ``partial`` the steps only some ranks recorded, left out (a library's
+    buffer that wrapped, a dump taken while another rank was ahead, a library that samples);
+    ``kind`` the collective's name where the trace gives it (``AllReduce``, ``nccl:all_reduce``)."""
 
     name: str | None
     ranks: tuple[str, ...]
@@ -142,6 +143,12 @@ class Group:
     times: tuple[tuple[Fraction, ...], ...]
     sizes: tuple[int, ...] | None = None
     partial: int = 0
+    kind: str | None = None
+
+    @property
+    def allreduce(self) -> bool:
+        """Whether the group's collective is an AllReduce (or not named): what whatif prices."""
+        return self.kind is None or "allreduce" in "".join(c for c in self.kind.lower() if c.isalpha())
 
 
 def trace_files(paths: Sequence[Path], max_files: int = MAX_FILES) -> list[Path]:
