@@ -1,6 +1,6 @@
 """Chunked StragglAR: exchange rounds against C + ceil(log2 N) - 1, and synthesis time.
 
-    python benchmarks/bench_chunked.py [--prove] [--json out.json]
+    python benchmarks/bench_chunked.py [--gpus 4 64] [--prove] [--json out.json]
     python benchmarks/bench_chunked.py --every 2 1024 [--json out.json]
 
 One row per (N, C): rounds of the exchange phase, the lower bound C + ceil(log2 N) - 1, the gap,
@@ -8,7 +8,8 @@ wall-clock seconds of the construction (``chunked_copy_rounds``, the walk cache 
 a size that needs the z3 model pays for its solve; z3 itself is imported before the first row)
 and of the whole ``synthesize("stragglar", N, chunks=C)`` (construction, ReduceScatter and the
 schedule's objects), and the method.  With ``--prove`` every schedule is also proved by
-``stragglar.verify.prove`` (slow for the largest rows), and the proof time is added.
+``stragglar.verify.prove`` (slow for the largest rows), and the proof time is added.  ``--gpus``
+keeps the cases of the N it names: all of them take a minute, those of N = 4 a second.
 
 ``--every LO HI`` times instead the whole ``synthesize("stragglar", N)`` (the paper's C = N-1,
 walk cache cleared) for every N from LO to HI, checks each at the bound, and prints the slowest
@@ -22,9 +23,10 @@ import time
 from dataclasses import asdict, dataclass
 
 import z3
-from options import Parser, as_command, duration, each, json_output, ranks
+from options import Distinct, Parser, as_command, duration, each, json_output, ranks
 from results import save
 
+from stragglar.errors import InputError
 from stragglar.synth import synthesize
 from stragglar.synth.chunked import chunked_copy_rounds
 from stragglar.synth.chunked_tail import walk_for
@@ -142,18 +144,42 @@ def sweep_table(rows: list[Timed], limit: float) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def cases_of(gpus: list[int] | None) -> list[tuple[int, int]]:
+    """The cases whose N is in ``gpus`` (all of them without it), refusing an N that has none:
+    it would have run nothing and printed an empty table."""
+    if gpus is None:
+        return list(CASES)
+    have = sorted({n for n, _ in CASES})
+    missing = [n for n in gpus if n not in have]
+    if missing:
+        cases = ", ".join(map(str, have))
+        raise InputError(f"--gpus: no case has N = {', '.join(map(str, missing))} (the cases' N: {cases})")
+    return [(n, c) for n, c in CASES if n in gpus]
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = Parser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--gpus",
+        type=ranks,
+        action=Distinct,
+        nargs="+",
+        metavar="N",
+        help="only the cases of these rank counts (default: every case's)",
+    )
     parser.add_argument("--prove", action="store_true", help="also prove every schedule (slow for N=1024)")
-    parser.add_argument("--json", type=json_output, help="write the rows and the machine to this file")
+    parser.add_argument(
+        "--json", type=json_output, metavar="FILE", help="write the rows and the machine to this file"
+    )
     parser.add_argument("--every", nargs=2, type=ranks, metavar=("LO", "HI"), help="sweep LO..HI, C = N-1")
     parser.add_argument(
-        "--limit", type=duration(positive=True), help="with --every: how long a size may take (default 2s)"
+        "--limit", type=duration(positive=True), help="with --every: how long an N may take (default: 2s)"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.every:
-        if args.prove:
-            parser.error("--prove applies to the table of cases, not to --every")
+        for given, option in ((args.prove, "--prove"), (args.gpus, "--gpus")):
+            if given:
+                parser.error(f"{option} applies to the table of cases, not to --every")
         lo, hi = args.every
         if lo > hi:
             parser.error(f"--every needs LO <= HI, got {lo} and {hi}")
@@ -165,8 +191,12 @@ def main() -> None:
         return
     if args.limit is not None:
         parser.error("--limit applies to --every only")
+    try:
+        cases = cases_of(args.gpus)
+    except InputError as e:
+        parser.error(str(e))
     print(f"z3 {z3.get_version_string()} (imported before timing)")
-    rows = [measure(n, c, args.prove) for n, c in each(CASES, lambda case: f"N = {case[0]}, C = {case[1]}")]
+    rows = [measure(n, c, args.prove) for n, c in each(cases, lambda case: f"N = {case[0]}, C = {case[1]}")]
     print(table(rows))
     if args.json:
         save(args.json, {"z3": z3.get_version_string(), "rows": [asdict(r) for r in rows]})

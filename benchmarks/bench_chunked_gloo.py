@@ -251,30 +251,41 @@ def main() -> None:
         action=Distinct,
         nargs="+",
         default=[4, 8],
+        metavar="N",
         help="gloo ranks on this host",
     )
-    parser.add_argument("--sizes", type=byte_size, nargs="+", default=[64 * 2**20, 256 * 2**20])
+    parser.add_argument(
+        "--sizes",
+        type=byte_size,
+        nargs="+",
+        default=[64 * 2**20, 256 * 2**20],
+        metavar="SIZE",
+        help="buffer sizes",
+    )
     parser.add_argument(
         "--fit-sizes",
         type=byte_size,
         nargs="+",
         default=[2**20, 4 * 2**20, 16 * 2**20, 64 * 2**20],
+        metavar="SIZE",
         help="the sizes gloo's times are fitted at",
     )
     parser.add_argument(
         "--delay-factor", type=positive_number, default=1.5, help="delay / the ReduceScatter time"
     )
-    parser.add_argument("--iters", type=whole(1, 10**4), default=5)
+    parser.add_argument("--iters", type=whole(1, 10**4), default=5, help="timed pairs per setting")
     parser.add_argument(
         "--timeout",
         type=duration(positive=True),
-        default=300.0,
+        default="300s",
         help="a rank's wait for a silent peer",
     )
     parser.add_argument(
         "--link-rate", type=link_rate, help="pace every rank's sockets to this bandwidth (e.g. 200MB/s)"
     )
-    parser.add_argument("--json", type=json_output, help="write the rows and the machine to this file")
+    parser.add_argument(
+        "--json", type=json_output, metavar="FILE", help="write the rows and the machine to this file"
+    )
     args = parser.parse_args()
     if len(set(args.fit_sizes)) < 2:
         parser.error("--fit-sizes: the Ring model's two figures need two sizes or more")

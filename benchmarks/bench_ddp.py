@@ -259,17 +259,19 @@ def table(rows: list[Row]) -> str:
 
 def main() -> None:
     parser = Parser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--gpus", type=whole(2, 64), default=4, help="gloo ranks (processes on this host)")
+    parser.add_argument(
+        "--gpus", type=whole(2, 64), default=4, metavar="N", help="gloo ranks (processes on this host)"
+    )
     parser.add_argument("--late", type=whole(0), default=1, help="the late rank in the second run")
     parser.add_argument(
         "--delay",
         type=duration(positive=True),
-        default=0.03,
-        help="the late rank's extra compute (30ms)",
+        default="30ms",
+        help="the late rank's extra compute",
     )
-    parser.add_argument("--width", type=whole(1, 2**14), default=768)
-    parser.add_argument("--depth", type=whole(1, 1000), default=10)
-    parser.add_argument("--batch", type=whole(1, 2**16), default=64)
+    parser.add_argument("--width", type=whole(1, 2**14), default=768, help="the MLP's hidden width")
+    parser.add_argument("--depth", type=whole(1, 1000), default=10, help="the MLP's hidden layers")
+    parser.add_argument("--batch", type=whole(1, 2**16), default=64, help="samples per rank and step")
     parser.add_argument(
         "--steps", type=whole(2, 10**5), default=36, help="steps per variant, warm-up included"
     )
@@ -281,7 +283,7 @@ def main() -> None:
         "--link-rate", type=link_rate, help="pace every rank's sockets to this bandwidth (e.g. 200MB/s)"
     )
     parser.add_argument("--chunks", type=whole(1), help="StragglAR's chunk count, >= N-1 (default: N-1)")
-    parser.add_argument("--json", type=json_output, help="also save the figures here")
+    parser.add_argument("--json", type=json_output, metavar="FILE", help="also save the figures here")
     args = parser.parse_args()
     # checked before the ranks start: a late rank outside the world was never late, yet judged
     if args.late >= args.gpus:

@@ -1,6 +1,7 @@
 """The persistent-straggler rule against the window rule it replaced, on simulated arrivals.
 
-    python benchmarks/bench_detect.py [--sizes 4 8 16 32 64] [--json out.json]
+    python benchmarks/bench_detect.py [--gpus 4 8 16 32 64] [--trials 400] [--json out.json]
+    python benchmarks/bench_detect.py --gpus 4 --trials 20     # a check in seconds, its figures rough
 
 Each step, every rank arrives after a heavy-tailed jitter (Pareto, tail index 1.5, from a hundredth
 of the critical delay up), and one rank is late by ``DELAY`` times the critical delay of a 25 MiB
@@ -33,6 +34,9 @@ The oracle knows which rank is persistently late and over which steps, and bets 
 episode when that pays over the episode (else it keeps the Ring); "saving kept" is the auto
 policy's saving over Ring across all steps as a share of the oracle's (n/a where betting on an
 80% straggler never pays: then neither should bet).
+
+The counts above are a full run's (three minutes); ``--trials K`` runs K naming trials instead of
+400 and every other count in proportion (:meth:`Counts.scaled`).
 
 *The floor.*  Beside each median the table gives the fewest steps any rule could need, half the
 time, while keeping 99% of the random 100-step traces clean (:func:`floor_steps`): where it is
@@ -83,17 +87,45 @@ DELAY = 2.0  # the late rank's lateness, in critical delays
 SHARE_LATE = 0.8  # a persistent straggler is the late rank at this share of its steps
 LEAD = 20  # random steps before a straggler starts
 PERSISTENT = 300  # steps of a persistent straggler
-RANDOM_STEPS = 10_000  # steps of random lateness for the auto policy
-TRACES = 1000  # traces of 100 steps of random lateness for whatif's verdict (200 moved it by half a point)
-TRIALS = 40  # priced trials of a persistent straggler, for the saving kept (half as many that come and go)
-NAMING_TRIALS = 400  # trials of each straggler for the steps to be named (a median of 40 moves by a step)
 OLD_WINDOW, OLD_SHARE = 4, 0.75  # the rule replaced
 WORTH = 0.01  # the oracle's least saving, as a share of Ring's time, for "auto keeps" to be shown
-SIZES = (4, 8, 16, 32, 64)
-CHANCE_STEPS = 200_000  # steps of pure chance for the false alarms' table
-CHANCE_FALSE_ALARM = 0.01  # its rate: measurable in those steps (about 2,000 alarms may begin)
+GPUS = (4, 8, 16, 32, 64)  # the rank counts N of a full run
+CHANCE_FALSE_ALARM = 0.01  # the chance table's rate: in a full run's steps about 2,000 alarms may begin
 
 Truth = list[int | None]  # per step: the persistent straggler, None outside its episodes
+
+
+@dataclass(frozen=True)
+class Counts:
+    """How much each scenario simulates; a full run's are the defaults."""
+
+    random_steps: int = 10_000  # steps of random lateness for the auto policy
+    # traces of 100 steps of random lateness for whatif's verdict (200 moved it by half a point)
+    traces: int = 1000
+    # priced trials of a persistent straggler, for the saving kept (half as many that come and go)
+    priced_trials: int = 40
+    # trials of each straggler for the steps to be named (a median of 40 moves by a step)
+    naming_trials: int = 400
+    chance_steps: int = 200_000  # steps of pure chance for the false alarms' table
+
+    @classmethod
+    def scaled(cls, naming_trials: int) -> Counts:
+        """``naming_trials`` naming trials, and every other count in the same proportion to a full
+        run's, so that a quick check (``--trials 20``) runs each scenario as a full run does, only
+        shorter.  Each keeps at least 2: the priced trials of a straggler that comes and goes are
+        half of them, and the Ring's time over those divides."""
+        full = cls()
+
+        def share(count: int) -> int:
+            return max(2, round(count * naming_trials / full.naming_trials))
+
+        return cls(
+            random_steps=share(full.random_steps),
+            traces=share(full.traces),
+            priced_trials=share(full.priced_trials),
+            naming_trials=naming_trials,
+            chance_steps=share(full.chance_steps),
+        )
 
 
 @dataclass(frozen=True)
@@ -363,15 +395,15 @@ def kept(auto: float, oracle: float, ring: float) -> float | None:
     return auto / oracle if oracle >= WORTH * ring else None
 
 
-def bench(n: int, rule: str, params: Rule) -> Row:
+def bench(n: int, rule: str, params: Rule, counts: Counts) -> Row:
     seed = 1000 * n
     sim = Arrivals(n, seed)
-    long = run(rule, sim.trace([None] * RANDOM_STEPS), n, oracle=False, params=params)
-    traces = [names(rule, sim.trace([None] * 100), n, params) for _ in range(TRACES)]
+    long = run(rule, sim.trace([None] * counts.random_steps), n, oracle=False, params=params)
+    traces = [names(rule, sim.trace([None] * 100), n, params) for _ in range(counts.traces)]
     clean = sum(all(x is None for x in t.named) for t in traces)
     sim = Arrivals(n, seed + 1)
     delays, early, early_by = [], 0, 0
-    for _ in range(NAMING_TRIALS):
+    for _ in range(counts.naming_trials):
         who = sim.random_rank()
         truth: Truth = [None] * LEAD + [who] * PERSISTENT
         result = names(rule, sim.trace(truth), n, params)
@@ -383,7 +415,7 @@ def bench(n: int, rule: str, params: Rule) -> Row:
             early += since is not None and since < LEAD
     found = [d for d in delays if d <= PERSISTENT]
     auto_saved, oracle_saved, ring = 0.0, 0.0, 0.0
-    for _ in range(TRIALS):
+    for _ in range(counts.priced_trials):
         who = sim.random_rank()
         truth = [None] * LEAD + [who] * PERSISTENT
         times = run(rule, sim.trace(truth), n, oracle=True, params=params)
@@ -392,7 +424,7 @@ def bench(n: int, rule: str, params: Rule) -> Row:
         oracle_saved += oracle_saving(times, truth, times.late, n)
     sim = Arrivals(n, seed + 2)
     followed = []
-    for _ in range(NAMING_TRIALS):
+    for _ in range(counts.naming_trials):
         a = sim.random_rank()
         b = sim.random_rank(other_than=a)
         truth = [None] * LEAD + [a] * 60 + [b] * 60
@@ -402,7 +434,7 @@ def bench(n: int, rule: str, params: Rule) -> Row:
     sim = Arrivals(n, seed + 3)
     returns, gone, cg_auto, cg_oracle, cg_ring = [], [], 0.0, 0.0, 0.0
     comes_goes = [None] * LEAD + ([0] * 40 + [None] * 40) * 2 + [0] * 40
-    for _ in range(NAMING_TRIALS // 2):
+    for _ in range(counts.naming_trials // 2):
         who = sim.random_rank()
         truth = [None if w is None else who for w in comes_goes]
         result = names(rule, sim.trace(truth), n, params)
@@ -412,7 +444,7 @@ def bench(n: int, rule: str, params: Rule) -> Row:
             if b < len(truth):
                 away = let_go_after(result, rank, b, b + 40)
                 gone.append(away if away is not None else 41)
-    for _ in range(TRIALS // 2):
+    for _ in range(counts.priced_trials // 2):
         who = sim.random_rank()
         truth = [None if w is None else who for w in comes_goes]
         times = run(rule, sim.trace(truth), n, oracle=True, params=params)
@@ -422,11 +454,11 @@ def bench(n: int, rule: str, params: Rule) -> Row:
     return Row(
         n,
         rule,
-        long.auto_steps / RANDOM_STEPS,
-        clean / TRACES,
+        long.auto_steps / counts.random_steps,
+        clean / counts.traces,
         median_or_none(delays),
         floor_steps(n),
-        len(found) / NAMING_TRIALS,
+        len(found) / counts.naming_trials,
         early / max(1, len(found)),
         early_by,
         kept(auto_saved, oracle_saved, ring),
@@ -451,7 +483,7 @@ class Chance:
     mean_length: float | None
 
 
-def chance(n: int, false_alarm: float = CHANCE_FALSE_ALARM, steps: int = CHANCE_STEPS) -> Chance:
+def chance(n: int, steps: int, false_alarm: float = CHANCE_FALSE_ALARM) -> Chance:
     """:class:`Chance` over ``steps`` steps, each with a uniformly random rank last (seeded)."""
     draw, rule, state = random.Random(7 * n), Rule(false_alarm=false_alarm), fresh(n)
     begun = named = 0
@@ -521,16 +553,17 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = Parser(description=__doc__.split("\n\n")[0])
     # from 4: at 3 StragglAR never pays for the bucket on this network (no critical delay to scale)
     parser.add_argument(
-        "--sizes",
+        "--gpus",
         nargs="+",
         type=whole(4, MAX_RANKS),
         action=Distinct,
-        default=list(SIZES),
-        help="world sizes N (>= 4)",
+        default=list(GPUS),
+        metavar="N",
+        help="rank counts, 4 or more",
     )
     parser.add_argument(
         "--false-alarm",
@@ -538,19 +571,30 @@ def main() -> None:
         default=FALSE_ALARM,
         help="the new rule's false-alarm rate (the most probability a false alarm begins at a step)",
     )
-    parser.add_argument("--json", type=json_output, help="write the rows and the machine to this file")
-    args = parser.parse_args()
+    parser.add_argument(
+        "--trials",
+        type=whole(2, 10**5),
+        default=Counts.naming_trials,
+        metavar="K",
+        help="trials of each straggler for the steps to be named; the other scenarios' trials, "
+        "traces and steps in proportion (20: a check in seconds, its figures rough)",
+    )
+    parser.add_argument(
+        "--json", type=json_output, metavar="FILE", help="write the rows and the machine to this file"
+    )
+    args = parser.parse_args(argv)
     if not MIN_FALSE_ALARM <= args.false_alarm < 1:
         parser.error(f"--false-alarm must be in [{MIN_FALSE_ALARM:g}, 1)")
     params = Rule(false_alarm=args.false_alarm)
+    counts = Counts.scaled(args.trials)
     start, rows = time.perf_counter(), []
-    for n in args.sizes:
+    for n in args.gpus:
         for rule in RULES:
-            rows.append(bench(n, rule, params))
+            rows.append(bench(n, rule, params, counts))
             note(f"N = {n}, {rule}: done")
     chances = []
-    for n in args.sizes:
-        chances.append(chance(n))
+    for n in args.gpus:
+        chances.append(chance(n, counts.chance_steps))
         note(f"N = {n}, chance: done")
     print(table(rows))
     print(
@@ -558,9 +602,14 @@ def main() -> None:
         f"{params.false_alarm:g}\n"
     )
     print(chance_table(chances))
-    print(f"\n{time.perf_counter() - start:.0f} s")
+    shown = ", ".join(f"{count:,} {name.replace('_', ' ')}" for name, count in asdict(counts).items())
+    print(f"\n{shown}; {time.perf_counter() - start:.0f} s")
     if args.json:
-        document = {"false_alarm": params.false_alarm, "rows": [asdict(r) for r in rows]}
+        document = {
+            "false_alarm": params.false_alarm,
+            "counts": asdict(counts),
+            "rows": [asdict(r) for r in rows],
+        }
         save(args.json, {**document, "chance": [asdict(c) for c in chances]})
 
 

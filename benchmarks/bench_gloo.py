@@ -1,6 +1,6 @@
 """Measured StragglAR against gloo's all_reduce on CPU: the grid of docs/performance.md, section 2.
 
-    python benchmarks/bench_gloo.py [more stragglar bench options, e.g. --json out.json]
+    python benchmarks/bench_gloo.py [stragglar bench options, e.g. --iters 3 --json out.json]
 
 The same as ``stragglar bench --backend torch --gpus 4,8 --sizes 16MiB,64MiB,256MiB
 --delays 0ms,50ms,200ms --iters 5 --timeout 300s``; the method (alternating pairs, per-iteration
@@ -13,6 +13,7 @@ gloo's, and ``stragglar bench`` measures any other.
 from __future__ import annotations
 
 import sys
+import textwrap
 
 import click
 
@@ -47,11 +48,29 @@ def command_line(argv: list[str]) -> list[str]:
     ]
 
 
+def passed_on() -> str:
+    """The ``stragglar bench`` options this script takes, read from bench itself (so that the help
+    cannot fall behind it): its help showed only the grid, and a user could not tell that
+    ``--json`` or ``--chunks`` may be given."""
+    bench = cli.commands["bench"]
+    spellings = [
+        "/".join(p.opts)
+        for p in bench.params
+        if isinstance(p, click.Option) and "--backend" not in p.opts and "--help" not in p.opts
+    ]
+    return textwrap.fill(
+        f"Options passed on to stragglar bench (one of the grid's given here replaces it): "
+        f"{', '.join(spellings)}; stragglar bench --help says what each does.",
+        width=100,
+    )
+
+
 def main(argv: list[str]) -> None:
     """``stragglar bench`` with the grid and the options in ``argv`` (:func:`command_line`);
-    ``--help`` says what this script runs, not ``bench``'s defaults."""
+    ``--help`` says what this script runs and which options it passes on, not ``bench``'s
+    defaults."""
     if any(arg in ("-h", "--help") for arg in argv):
-        print((__doc__ or "").strip())
+        print(f"{(__doc__ or '').strip()}\n\n{passed_on()}")
         return
     if "--backend" in given_options(argv):
         print("bench_gloo.py: error: --backend: this grid is gloo's; use stragglar bench", file=sys.stderr)

@@ -385,6 +385,15 @@ RUNNERS: dict[str, Callable[[argparse.Namespace, int], Any]] = {
 }
 
 
+def no_gpu() -> str | None:
+    """The line ``no GPU: ...`` where torch sees no CUDA GPU, None where it sees one: this script
+    prints it and exits 0 (a run without a GPU is no failure), gpu_check.sh refuses with it
+    (exit 2, its steps would check nothing).  Counted through NVML: no CUDA context is made here."""
+    if gpu_count() >= 1:
+        return None
+    return f"no GPU: {'torch sees no CUDA device' if importlib.util.find_spec('torch') else 'no torch'}"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = Parser(description="StragglAR on a GPU: loopback, NCCL ranks and DDP.")
     parser.add_argument("--quick", action="store_true", help="fewer settings: N = 8 only, up to 64 MiB")
@@ -409,10 +418,11 @@ def main(argv: list[str] | None = None) -> None:
     args.parts = tuple(dict.fromkeys(args.parts))
     if args.progress and not set(args.parts) & set(RUNS_ON_CUPY):
         parser.error(f"--progress applies to the parts {', '.join(RUNS_ON_CUPY)} (the others print none)")
-    gpus = gpu_count()  # through NVML: no CUDA context here before the ranks are forked
-    if gpus < 1:
-        print(f"no GPU: {'torch sees no CUDA device' if importlib.util.find_spec('torch') else 'no torch'}")
+    refused = no_gpu()
+    if refused is not None:
+        print(refused)
         return
+    gpus = gpu_count()  # through NVML: no CUDA context here before the ranks are forked
     kept_device, kept = kept_parts(args.json, args.parts)
     named = driver_device_name()
     figures = dict(kept)

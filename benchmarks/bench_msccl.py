@@ -1,6 +1,6 @@
 """Time the MSCCL XML export and the proof of the exported file, and print a table.
 
-    python benchmarks/bench_msccl.py [--sizes 8 16 32 64] [--algorithm stragglar] [--proto Simple]
+    python benchmarks/bench_msccl.py [--gpus 8 16 32 64] [--algorithm stragglar] [--proto Simple]
                                      [--instances 1] [--repeats 3] [--json out.json]
 
 Times are wall-clock (``time.perf_counter``), best of ``--repeats``; synthesis and the proof of the
@@ -26,16 +26,24 @@ from stragglar.verify import prove
 
 def main() -> None:
     parser = Parser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sizes", type=ranks, action=Distinct, nargs="+", default=[8, 16, 32, 64])
-    parser.add_argument("--algorithm", choices=ALGORITHMS, default="stragglar")
-    parser.add_argument("--proto", choices=PROTOCOLS, default="Simple")
-    parser.add_argument("--instances", type=whole(1), default=1)
-    parser.add_argument("--repeats", type=whole(1, 1000), default=3)
+    parser.add_argument(
+        "--gpus",
+        type=ranks,
+        action=Distinct,
+        nargs="+",
+        default=[8, 16, 32, 64],
+        metavar="N",
+        help="rank counts",
+    )
+    parser.add_argument("--algorithm", choices=ALGORITHMS, default="stragglar", help="the schedule exported")
+    parser.add_argument("--proto", choices=PROTOCOLS, default="Simple", help="the XML's MSCCL protocol")
+    parser.add_argument("--instances", type=whole(1), default=1, help="copies of the schedule the XML runs")
+    parser.add_argument("--repeats", type=whole(1, 1000), default=3, help="timed runs per N (the best kept)")
     parser.add_argument("--json", type=json_output, metavar="FILE", help="also save the rows as JSON")
     args = parser.parse_args()
     options = XmlOptions(proto=args.proto, instances=args.instances)
     check = functools.partial(msccl.check_request, instances=args.instances, algorithm=args.algorithm)
-    schedules = synthesized(args.algorithm, args.sizes, check)
+    schedules = synthesized(args.algorithm, args.gpus, check)
     python = platform.python_version()
     print(f"{args.algorithm}, proto {args.proto}, {args.instances} instance(s); Python {python}")
     print(f"{'N':>4} {'TBs':>6} {'steps':>7} {'chan':>4} {'KiB':>7} {'export s':>9} {'prove s':>8}")

@@ -1,6 +1,6 @@
 """Time the MSCCL++ plan export and the proof of the exported text, and print a table.
 
-    python benchmarks/bench_mscclpp.py [--sizes 8 16 32 64 72] [--algorithm stragglar]
+    python benchmarks/bench_mscclpp.py [--gpus 8 16 32 64 72] [--algorithm stragglar]
                                        [--instances 1] [--interleavings 4] [--repeats 3] [--json FILE]
 
 Times are wall-clock (``time.perf_counter``), best of ``--repeats``; synthesis and the proof of the
@@ -52,15 +52,28 @@ def measure(schedule: Schedule, instances: int, interleavings: int, repeats: int
 
 def main() -> None:
     parser = Parser(description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("--sizes", type=ranks, action=Distinct, nargs="+", default=[8, 16, 32, 64, 72])
-    parser.add_argument("--algorithm", choices=ALGORITHMS, default="stragglar")
-    parser.add_argument("--instances", type=whole(1), default=1)
-    parser.add_argument("--interleavings", type=whole(1, 1000), default=DEFAULT_INTERLEAVINGS)
-    parser.add_argument("--repeats", type=whole(1, 1000), default=3)
+    parser.add_argument(
+        "--gpus",
+        type=ranks,
+        action=Distinct,
+        nargs="+",
+        default=[8, 16, 32, 64, 72],
+        metavar="N",
+        help="rank counts",
+    )
+    parser.add_argument("--algorithm", choices=ALGORITHMS, default="stragglar", help="the schedule exported")
+    parser.add_argument("--instances", type=whole(1), default=1, help="copies of the schedule the plan runs")
+    parser.add_argument(
+        "--interleavings",
+        type=whole(1, 1000),
+        default=DEFAULT_INTERLEAVINGS,
+        help="the proof's symbolic runs, each in another order",
+    )
+    parser.add_argument("--repeats", type=whole(1, 1000), default=3, help="timed runs per N (the best kept)")
     parser.add_argument("--json", type=json_output, metavar="FILE", help="also write the rows to FILE")
     args = parser.parse_args()
     check = functools.partial(mscclpp.check_request, instances=args.instances, algorithm=args.algorithm)
-    schedules = synthesized(args.algorithm, args.sizes, check)
+    schedules = synthesized(args.algorithm, args.gpus, check)
     python = platform.python_version()
     print(
         f"{args.algorithm}, {args.instances} instance(s), {args.interleavings} interleavings, best of "

@@ -1,7 +1,7 @@
 """Time what a call of the runtime pays beside moving data: the plan lookup, the channel, and a
 device call's bookkeeping.
 
-    python benchmarks/bench_runtime.py [--sizes 8 64 256] [--calls 2000] [--json out.json]
+    python benchmarks/bench_runtime.py [--gpus 8 64 256] [--calls 2000] [--json out.json]
 
 For each N: the first lookup of a rank's plan (compile the schedule, bind it to a 1M-element
 buffer), then the median of ``--calls`` cached lookups of the same plan (what every later bucket
@@ -181,11 +181,19 @@ def table(results: list[Result]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = Parser(description="Time the runtime's plan lookup per N.")
-    parser.add_argument("--sizes", type=ranks, action=Distinct, nargs="+", default=[8, 64, 256], metavar="N")
+    parser.add_argument(
+        "--gpus",
+        type=ranks,
+        action=Distinct,
+        nargs="+",
+        default=[8, 64, 256],
+        metavar="N",
+        help="rank counts",
+    )
     parser.add_argument("--calls", type=whole(1, 10**6), default=2000, help="timed calls per N (median)")
     parser.add_argument("--json", type=json_output, metavar="FILE", help="also save the results as JSON")
     args = parser.parse_args(argv)
-    results = [bench(n, args.calls) for n in each(args.sizes, lambda n: f"N = {n}")]
+    results = [bench(n, args.calls) for n in each(args.gpus, lambda n: f"N = {n}")]
     print(table(results))
     device = [
         device_bench(n, c, args.calls) for n, c in each(DEVICE_SETTINGS, lambda s: f"device, N = {s[0]}")

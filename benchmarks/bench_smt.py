@@ -1,7 +1,8 @@
 """Time the z3 work: the checker on StragglAR schedules, the lower bounds, optimal synthesis.
 
     .venv/bin/python benchmarks/bench_smt.py                      # the figures in docs/smt.md
-    .venv/bin/python benchmarks/bench_smt.py --sizes 8 64 --bound-max 8
+    .venv/bin/python benchmarks/bench_smt.py --gpus 8 64 --bound-max 8
+    .venv/bin/python benchmarks/bench_smt.py --no-checker --synth-max 1     # the lower bounds alone
 
 The lower bounds go up from N = 2 until ``--bound-max`` or the first query z3 does not decide
 within ``--bound-timeout`` (600s); ``synthesize(..., method="smt")`` (z3 finds the copies of
@@ -24,12 +25,13 @@ from stragglar.verify.bound import prove_lower_bound
 from stragglar.verify.smt import smt_prove
 
 Row = dict[str, object]  # one table row, as the JSON keeps it
+CHECKER_GPUS = (8, 16, 32, 64, 128, 256)
 
 
-def checker_table(sizes: list[int]) -> list[Row]:
+def checker_table(gpus: list[int]) -> list[Row]:
     rows: list[Row] = []
     print(f"{'N':>4} {'transfers':>9} {'z3 proof s':>10} {'simulator s':>11}")
-    for n in each(sizes, lambda n: f"z3 proof, N = {n}"):
+    for n in each(gpus, lambda n: f"z3 proof, N = {n}"):
         schedule = synthesize("stragglar", n)
         seconds = smt_prove(schedule).seconds
         start = time.perf_counter()
@@ -83,22 +85,38 @@ def synthesis_table(up_to: int) -> list[Row]:
 
 def main() -> None:
     parser = Parser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=ranks, action=Distinct, nargs="*", default=[8, 16, 32, 64, 128, 256])
-    parser.add_argument("--bound-max", type=whole(2, 24), default=15)
     parser.add_argument(
-        "--bound-timeout",
-        type=duration(positive=True),
-        default=600.0,
-        help="z3's time per bound (default 600s)",
+        "--gpus",
+        type=ranks,
+        action=Distinct,
+        nargs="+",
+        metavar="N",
+        help="the checker's table: z3's proof of StragglAR at each N "
+        f"(default: {' '.join(map(str, CHECKER_GPUS))})",
     )
     parser.add_argument(
-        "--synth-max", type=whole(1, 16), default=12, help="synthesis for N = 2 to this (1: none; default 12)"
+        "--no-checker", action="store_true", help="no checker table (the bounds, the synthesis)"
+    )
+    parser.add_argument(
+        "--bound-max", type=whole(2, 24), default=15, metavar="N", help="lower bounds for N = 2 to this"
+    )
+    parser.add_argument(
+        "--bound-timeout", type=duration(positive=True), default="600s", help="z3's time per bound"
+    )
+    parser.add_argument(
+        "--synth-max",
+        type=whole(1, 16),
+        default=12,
+        metavar="N",
+        help="synthesis for N = 2 to this (1: none)",
     )
     parser.add_argument("--json", type=json_output, metavar="FILE", help="also save the tables as JSON")
     args = parser.parse_args()
+    if args.no_checker and args.gpus is not None:
+        parser.error("--gpus applies to the checker's table, which --no-checker leaves out")
     checker: list[Row] = []
-    if args.sizes:  # --sizes alone: no checker table
-        checker = checker_table(args.sizes)
+    if not args.no_checker:
+        checker = checker_table(args.gpus or list(CHECKER_GPUS))
         print()
     bounds = bound_table(args.bound_max, args.bound_timeout)
     synthesis: list[Row] = []

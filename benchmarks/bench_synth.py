@@ -1,6 +1,6 @@
 """Time synthesis, proof and the JSON round trip, and measure their peak memory.
 
-    python benchmarks/bench_synth.py [--sizes 64 256 1024] [--algorithm stragglar] [--json out.json]
+    python benchmarks/bench_synth.py [--gpus 64 256 1024] [--algorithm stragglar] [--json out.json]
 
 Times are wall-clock (``time.perf_counter``), best of 3 runs for N <= 256 and one run above;
 JSON is ``dumps`` to text and ``loads`` back (checked equal).  Peak memory is the
@@ -91,12 +91,20 @@ def table(results: list[Result]) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = Parser(description="Time synth, prove and JSON dump+load per N.")
     parser.add_argument(
-        "--sizes", type=ranks, action=Distinct, nargs="+", default=[64, 256, 1024], metavar="N"
+        "--gpus",
+        type=ranks,
+        action=Distinct,
+        nargs="+",
+        default=[64, 256, 1024],
+        metavar="N",
+        help="rank counts",
     )
-    parser.add_argument("--algorithm", choices=ALGORITHMS, default="stragglar")
+    parser.add_argument(
+        "--algorithm", choices=ALGORITHMS, default="stragglar", help="the schedule synthesized"
+    )
     parser.add_argument("--json", type=json_output, metavar="FILE", help="also save the results as JSON")
     args = parser.parse_args(argv)
-    results = [bench(args.algorithm, n) for n in each(args.sizes, lambda n: f"N = {n}")]
+    results = [bench(args.algorithm, n) for n in each(args.gpus, lambda n: f"N = {n}")]
     print(table(results))
     if args.json:
         save(args.json, {"results": [asdict(r) for r in results]})

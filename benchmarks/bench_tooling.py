@@ -1,6 +1,6 @@
 """How synthesis and the two provers scale with N: time, peak memory, and the fitted exponent.
 
-    python benchmarks/bench_tooling.py [--sizes 8 64 256 1024 2048] [--budget 120s] [--json out.json]
+    python benchmarks/bench_tooling.py [--gpus 8 64 256 1024 2048] [--budget 120s] [--json out.json]
 
 Steps: ``synth`` (``synthesize("stragglar", N)``), ``prove`` (the symbolic simulator,
 ``stragglar.verify.prove``) and ``smt`` (the z3 checker, ``stragglar.verify.smt.smt_prove``).
@@ -83,12 +83,16 @@ def predicted(points: list[tuple[int, float]], n: int) -> float:
 def main() -> None:
     parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--sizes", type=ranks, action=Distinct, nargs="+", default=[8, 64, 256, 1024, MAX_RANKS]
+        "--gpus",
+        type=ranks,
+        action=Distinct,
+        nargs="+",
+        default=[8, 64, 256, 1024, MAX_RANKS],
+        metavar="N",
+        help="rank counts",
     )
-    parser.add_argument(
-        "--budget", type=duration(positive=True), default=120.0, help="time per step and N (default 120s)"
-    )
-    parser.add_argument("--json", type=json_output)
+    parser.add_argument("--budget", type=duration(positive=True), default="120s", help="time per step and N")
+    parser.add_argument("--json", type=json_output, metavar="FILE", help="also save the figures as JSON")
     args = parser.parse_args()
 
     todo = STEPS
@@ -96,7 +100,7 @@ def main() -> None:
     peaks: dict[str, list[tuple[int, float]]] = {name: [] for name in todo}
     skipped: list[str] = []
     transfers: dict[int, int] = {}
-    for n in sorted(args.sizes):
+    for n in sorted(args.gpus):
         schedule: Schedule | None = None
         for name, step in todo.items():
             if name != "synth" and schedule is None:

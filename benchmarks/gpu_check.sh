@@ -21,7 +21,8 @@
 # step (a rank waiting forever on a peer) cannot hold the machine and the steps after it still
 # run. If the machine has no network, put the wheels it lacks (z3-solver,
 # ...) in .whl/ and they are installed from there.
-# Exits 1 if any step failed, 2 if a step named is not one or the wheels would not install.
+# Exits 1 if any step failed, 2 if a step named is not one, the wheels would not install or torch
+# sees no CUDA GPU (refused in one line before any step).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 steps=("tests" "device-tests" "loopback" "device" "packets" "tuning" "profile" "bench-ranks" "run-nccl" "run-device" "ddp-device"
@@ -31,7 +32,6 @@ for name in "$@"; do  # a step named wrong would be skipped without a word: refu
 done
 only=" $* "
 out="${GPU_CHECK_DIR:-/tmp/stragglar-gpu-check}"
-mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"  # an NCCL failure says why in the logs
 if compgen -G ".whl/*.whl" >/dev/null; then
@@ -41,6 +41,14 @@ if compgen -G ".whl/*.whl" >/dev/null; then
 else
     export PYTHONPATH="$PWD"
 fi
+# Without a GPU bench_gpu.py says "no GPU" and exits 0 (a run of it there is no failure), so each
+# of its steps "passed" and the check exited 0 having checked nothing: refuse before any step, in
+# bench_gpu's words (its last line, should the check itself fail).
+if ! why=$(python3 -c 'import sys; sys.path.insert(0, "benchmarks"); import bench_gpu; sys.exit(bench_gpu.no_gpu())' 2>&1); then
+    echo "gpu_check.sh: ${why##*$'\n'}: run it where torch sees a CUDA GPU" >&2
+    exit 2
+fi
+mkdir -p "$out"
 
 failed=0
 ran=()  # "name: exit rc (seconds)" per step, for the summary at the end

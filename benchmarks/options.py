@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -25,7 +26,7 @@ from stragglar.commands.terminal import busy
 from stragglar.errors import InputError, StragglarError
 from stragglar.measure.links import check_link_rate
 from stragglar.schedule import MAX_RANKS
-from stragglar.units import parse_bandwidth, parse_duration, parse_size
+from stragglar.units import format_bytes, parse_bandwidth, parse_duration, parse_size
 
 __all__ = [
     "Distinct",
@@ -46,18 +47,53 @@ __all__ = [
 _T = TypeVar("_T")
 
 
+class Defaults(argparse.HelpFormatter):
+    """Help that ends each option's line with its default as it would be typed (``(default: 8
+    64)``, ``(default: 64MiB)``, ``(default: 600s)``): without it a user read the script to learn
+    what a bare run measures.  argparse's ``ArgumentDefaultsHelpFormatter`` showed lists as
+    ``[8, 64]`` and sizes in bytes, neither of which the option takes back.  A duration's default
+    is given as text (``default="600s"``), which argparse converts as if it were typed."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        absent = default is None or default is False or default == argparse.SUPPRESS  # not 0: it is shown
+        if absent or "default" in text or not action.option_strings:
+            return text
+        items = default if isinstance(default, list) else [default]
+        shown = " ".join(typed(action, item) for item in items).replace("%", "%%")
+        return f"{text} (default: {shown})"
+
+
+def typed(action: argparse.Action, value: object) -> str:
+    """``value`` as the option takes it on the command line: a byte size with its unit."""
+    if action.type is byte_size and isinstance(value, int):
+        return format_bytes(value).replace(" ", "")
+    return str(value)
+
+
 class Parser(argparse.ArgumentParser):
     """argparse's parser, refusing in one line (``bench_x.py: error: ...``, exit 2), as
     ``stragglar`` does: argparse's own printed the whole usage first, a block that pushed the
-    reason off a small terminal.  ``--help`` still shows the usage."""
+    reason off a small terminal.  ``--help`` still shows the usage, and each option's default
+    (:class:`Defaults`).
+
+    A value that starts with a minus and a digit (``--bound-timeout -1s``) is the option's value,
+    refused by its type in its own words ("... got '-1s' (a number, no sign, and a unit)"):
+    argparse took ``-1s`` for an unknown option and said only "expected one argument".  No
+    benchmark has an option spelt that way."""
+
+    def __init__(self, description: str) -> None:
+        super().__init__(description=description, formatter_class=Defaults)
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 class Distinct(argparse.Action):
-    """A list option (``--sizes 8 64``) whose items must differ, refused in one line otherwise: a
-    size given twice was measured twice, its second "first lookup" a cache hit (bench_runtime),
+    """A list option (``--gpus 8 64``) whose items must differ, refused in one line otherwise: an
+    N given twice was measured twice, its second "first lookup" a cache hit (bench_runtime),
     and a fit over two equal N divided by zero (bench_tooling)."""
 
     def __call__(

@@ -123,7 +123,7 @@ def replace_section(text: str, body: str, start_mark: str = START, end_mark: str
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = Parser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = Parser(description=(__doc__ or "").split("\n\n")[0])
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--write", action="store_true", help="rewrite the README section")
     mode.add_argument("--check", action="store_true", help="exit 1 if the README section is out of date")

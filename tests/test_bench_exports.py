@@ -29,7 +29,7 @@ def test_the_schedule_is_proved_once_outside_the_timed_export(
         return prove(schedule)
 
     monkeypatch.setattr(bench, "prove", counted)
-    monkeypatch.setattr(sys, "argv", [f"{name}.py", "--sizes", "4", "6", "--repeats", "3"])
+    monkeypatch.setattr(sys, "argv", [f"{name}.py", "--gpus", "4", "6", "--repeats", "3"])
     bench.main()
     assert proved == [4, 6]  # once per size, not once per timed repeat
     assert len(capsys.readouterr().out.splitlines()) == 4  # the two header lines, a row per size
@@ -40,10 +40,10 @@ def test_the_schedule_is_proved_once_outside_the_timed_export(
     ("args", "said"),
     [
         (
-            ["--sizes", "8", "3", "--algorithm", "rhd"],
+            ["--gpus", "8", "3", "--algorithm", "rhd"],
             "Error: rhd needs a power-of-two number of GPUs, got 3",
         ),
-        (["--sizes", "8", "--instances", "100000"], "Error: "),
+        (["--gpus", "8", "--instances", "100000"], "Error: "),
     ],
 )
 def test_a_refused_input_stops_before_the_header(name: str, args: list[str], said: str) -> None:

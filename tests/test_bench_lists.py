@@ -18,13 +18,13 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 @pytest.mark.parametrize(
     "args",
     [
-        ["bench_runtime.py", "--sizes", "8", "64", "8"],
-        ["bench_tooling.py", "--sizes", "64", "64", "--budget", "5s"],
-        ["bench_msccl.py", "--sizes", "8", "8"],
-        ["bench_mscclpp.py", "--sizes", "8", "8"],
-        ["bench_smt.py", "--sizes", "8", "8"],
-        ["bench_synth.py", "--sizes", "8", "8"],
-        ["bench_detect.py", "--sizes", "8", "8"],
+        ["bench_runtime.py", "--gpus", "8", "64", "8"],
+        ["bench_tooling.py", "--gpus", "64", "64", "--budget", "5s"],
+        ["bench_msccl.py", "--gpus", "8", "8"],
+        ["bench_mscclpp.py", "--gpus", "8", "8"],
+        ["bench_smt.py", "--gpus", "8", "8"],
+        ["bench_synth.py", "--gpus", "8", "8"],
+        ["bench_detect.py", "--gpus", "8", "8"],
         ["bench_chunked_gloo.py", "--gpus", "4", "4"],
     ],
 )
@@ -33,14 +33,32 @@ def test_a_rank_count_given_twice_is_refused(args: list[str]) -> None:
     assert line.endswith(f"argument {args[1]}: {args[2]} given more than once: give each once")
 
 
+@pytest.mark.parametrize(
+    "script",
+    [
+        "bench_synth.py",
+        "bench_smt.py",
+        "bench_msccl.py",
+        "bench_mscclpp.py",
+        "bench_runtime.py",
+        "bench_tooling.py",
+        "bench_detect.py",
+    ],
+)
+def test_rank_counts_are_gpus_as_in_stragglar(script: str) -> None:
+    """``--sizes`` is a buffer's bytes in ``stragglar bench`` and bench_chunked_gloo; these took
+    it for N."""
+    assert refused_at_once([script, "--sizes", "8"]).endswith("unrecognized arguments: --sizes 8")
+
+
 def test_each_repeat_is_named_once() -> None:
-    line = refused_at_once(["bench_runtime.py", "--sizes", "8", "64", "8", "64", "8"])
+    line = refused_at_once(["bench_runtime.py", "--gpus", "8", "64", "8", "64", "8"])
     assert line.endswith(": 8, 64 given more than once: give each once")
 
 
 def test_tooling_lists_every_step_it_skips_with_its_prediction() -> None:
     done = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "bench_tooling.py"), "--sizes", "8", "16", "--budget", "1us"],
+        [sys.executable, str(BENCHMARKS / "bench_tooling.py"), "--gpus", "8", "16", "--budget", "1us"],
         capture_output=True,
         text=True,
         timeout=120,

@@ -96,13 +96,13 @@ def test_a_bug_keeps_its_traceback() -> None:
 @pytest.mark.parametrize(
     "args",
     [
-        ["bench_synth.py", "--sizes", "0"],
+        ["bench_synth.py", "--gpus", "0"],
         ["bench_runtime.py", "--calls", "0"],
         ["bench_msccl.py", "--repeats", "0"],
         ["bench_mscclpp.py", "--json", "/"],
         ["bench_smt.py", "--bound-timeout", "600"],
         ["bench_tooling.py", "--budget", "0s"],
-        ["bench_detect.py", "--sizes", "3"],
+        ["bench_detect.py", "--gpus", "3"],
         ["bench_chunked.py", "--every", "5", "3"],
         ["bench_local.py", "--calls", "0"],
         ["bench_chunked_gloo.py", "--fit-sizes", "1MiB"],
@@ -136,9 +136,103 @@ def test_bench_gloo_says_what_it_runs_and_keeps_its_backend() -> None:
     script = [sys.executable, str(BENCHMARKS / "bench_gloo.py")]
     shown = subprocess.run([*script, "--help"], capture_output=True, text=True, timeout=60, env=env)
     assert shown.returncode == 0 and "--sizes 16MiB,64MiB,256MiB" in shown.stdout.replace("\n", " ")
+    passed_on = " ".join(shown.stdout.partition("Options passed on to stragglar bench")[2].split())
+    for option in ("--gpus/-n", "--sizes", "--delays", "--iters", "--timeout", "--chunks", "--json"):
+        assert option in passed_on, passed_on  # what may be given: it said only the grid
+    assert "--backend" not in passed_on
     refused = subprocess.run(
         [*script, "--backend", "local"], capture_output=True, text=True, timeout=60, env=env
     )
     assert refused.returncode == 2 and refused.stderr == (
         "bench_gloo.py: error: --backend: this grid is gloo's; use stragglar bench\n"
     )
+
+
+SCRIPTS = sorted(path.name for path in BENCHMARKS.glob("bench_*.py") if path.name != "bench_gloo.py")
+NO_DEFAULT = {"--json", "--link-rate", "--every"}  # absent unless given: nothing to show
+
+
+def help_entries(script: str) -> dict[str, str]:
+    """``script --help``'s options, each its invocation (``--gpus N [N ...]``) and its help text."""
+    env = {**os.environ, "PYTHONPATH": str(BENCHMARKS.parent)}
+    shown = subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert shown.returncode == 0, shown.stderr
+    entries: dict[str, str] = {}
+    invocation = ""
+    for line in shown.stdout.partition("\noptions:\n")[2].splitlines():
+        if line.startswith("  -"):
+            invocation, _, text = line.strip().partition("  ")
+            entries[invocation] = text.strip()
+        else:
+            entries[invocation] = f"{entries[invocation]} {line.strip()}".strip()
+    return entries
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_option_says_what_it_is_and_its_default_as_typed(script: str) -> None:
+    """The help of most options was its name alone, a default in none but a few, and the rank
+    lists were ``--sizes SIZES [SIZES ...]`` in one script, ``N [N ...]`` in another."""
+    entries = help_entries(script)
+    for invocation, text in entries.items():
+        option, _, metavar = invocation.partition(" ")
+        assert text, f"{script} {option}: no help"
+        if metavar and option.rstrip(",") not in NO_DEFAULT and "-h" not in option:
+            assert "default" in text, f"{script} {invocation}: no default shown: {text!r}"
+        assert "[" not in text.partition("default")[2], f"{script} {option}: a Python list: {text!r}"
+    assert "--json FILE" in entries, (script, list(entries))
+    lists = [i for i in entries if i.startswith(("--gpus", "--sizes", "--fit-sizes"))]
+    for invocation in lists:
+        option, _, metavar = invocation.partition(" ")
+        assert metavar in ("N", "N [N ...]", "SIZE [SIZE ...]"), invocation
+        assert (metavar[0] == "N") == (option == "--gpus"), invocation
+
+
+def test_defaults_are_shown_in_the_units_the_options_take() -> None:
+    entries = help_entries("bench_chunked_gloo.py")
+    assert entries["--sizes SIZE [SIZE ...]"].endswith("(default: 64MiB 256MiB)")
+    assert entries["--timeout TIMEOUT"].endswith("(default: 300s)")
+    assert help_entries("bench_smt.py")["--bound-timeout BOUND_TIMEOUT"].endswith("(default: 600s)")
+
+
+def test_round_tables_help_is_its_whole_first_paragraph() -> None:
+    """It ended mid-sentence: "... against R*(N), and chunked"."""
+    env = {**os.environ, "PYTHONPATH": str(BENCHMARKS.parent)}
+    shown = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "round_table.py"), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert "generated, not typed." in " ".join(shown.stdout.split())
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["bench_smt.py", "--bound-timeout", "-1s"],
+        ["bench_tooling.py", "--budget", "-5s"],
+        ["bench_chunked.py", "--every", "2", "3", "--limit", "-1s"],
+        ["bench_ddp.py", "--delay", "-30ms"],
+    ],
+)
+def test_a_negative_duration_is_refused_by_the_duration_type(args: list[str]) -> None:
+    """argparse took ``-1s`` for an option and said "expected one argument", not why."""
+    line = refused_at_once(args)
+    assert f"argument {args[-2]}: expected a duration" in line and f"got '{args[-1]}'" in line, line
+    assert "no sign" in line
+
+
+def test_bench_smt_needs_a_size_for_its_checker_or_no_checker() -> None:
+    """``--sizes`` with no value ran no checker table, which its help did not say."""
+    assert refused_at_once(["bench_smt.py", "--gpus"]).endswith(
+        "argument --gpus: expected at least one argument"
+    )
+    line = refused_at_once(["bench_smt.py", "--no-checker", "--gpus", "8"])
+    assert line.endswith("--gpus applies to the checker's table, which --no-checker leaves out")

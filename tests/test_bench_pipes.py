@@ -18,8 +18,8 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 @pytest.mark.parametrize(
     "args",
     [
-        ["bench_msccl.py", "--sizes", "8", "16", "32", "--repeats", "1"],
-        ["bench_runtime.py", "--sizes", "8", "16", "--calls", "5"],
+        ["bench_msccl.py", "--gpus", "8", "16", "32", "--repeats", "1"],
+        ["bench_runtime.py", "--gpus", "8", "16", "--calls", "5"],
     ],
 )
 def test_a_reader_that_closes_after_one_line_ends_the_benchmark_quietly(args: list[str]) -> None:

@@ -50,6 +50,6 @@ def test_the_export_benchmarks_show_each_size(name: str, monkeypatch: pytest.Mon
     bench = __import__(name)
     labels: list[str] = []
     monkeypatch.setattr(bench, "each", recording(labels))
-    monkeypatch.setattr(sys, "argv", [f"{name}.py", "--sizes", "4", "6", "--repeats", "1"])
+    monkeypatch.setattr(sys, "argv", [f"{name}.py", "--gpus", "4", "6", "--repeats", "1"])
     bench.main()
     assert labels == ["N = 4: export and prove", "N = 6: export and prove"]
