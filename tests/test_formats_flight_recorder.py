@@ -110,10 +110,14 @@ def entry(seq: int = 1, duration_ms: float | None = 0.5, **changes: object) -> d
     return {**flight_recorder_entry("0", seq, duration_ms, [4]), **changes}
 
 
+UNRETIRED_COMPLETED = {k: v for k, v in entry(duration_ms=None, state="completed").items() if k != "retired"}
+
+
 @pytest.mark.parametrize(
     ("entries", "words"),
     [
         ([entry(duration_ms=None, retired=True)], "entry 0: no GPU duration (duration_ms), which tells"),
+        ([UNRETIRED_COMPLETED], "entry 0: no GPU duration (duration_ms)"),  # a dump older than retired
         ([{**entry(), "duration_ms": "0.5"}], "entry 0: duration_ms is '0.5', not a duration"),
         ([entry(duration_ms=-0.5)], "entry 0: duration_ms is -0.5, not a duration"),
         ([entry(profiling_name=None)], "entry 0: profiling_name is empty: name the collective"),

@@ -162,12 +162,12 @@ def _records(path: Path, rank: int, where: Sequence[tuple[str, str]]) -> Iterato
         if any(where_text(entry[key]) != value.strip() for key, value in where):
             continue
         group = _group_name(entry, place)
-        if entry.get("retired") is not True:
+        duration = entry.get("duration_ms")  # measured as the watchdog retires a finished collective
+        if duration is None:
+            if entry.get("retired", entry.get("state") == "completed") is True:  # older dumps: no retired
+                raise _no_duration(place)
             in_flight = in_flight or place
             continue
-        duration = entry.get("duration_ms")
-        if duration is None:
-            raise _no_duration(place)
         if group not in members:
             members[group] = _members(groups, group, place)
         timed = True
