@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from cli_results import one_error, run
-from msccl_model import run_numeric, unordered_accesses
+from msccl_model import run_numeric, run_orders, unordered_accesses
 
 from stragglar import msccl
 from stragglar.msccl import (
@@ -722,3 +722,24 @@ def test_dropping_a_copy_back_leaves_a_chunk_never_written() -> None:
         == "final state: gpu 2 chunk 0 lacks the contributions of gpus [0, 1] (never written)"
     )
     assert (violation.gpu, violation.tb, violation.step, violation.chunk) == (2, None, None, 0)
+
+
+@pytest.mark.parametrize(
+    ("name", "alike"), [("fused_re_orders_apart", False), ("fused_re_orders_alike", True)]
+)
+def test_fused_re_steps_add_their_sources_to_dst_in_turn_as_the_kernel_does(name: str, alike: bool) -> None:
+    """The executor fuses consecutive ``re`` steps into one and adds each source to the
+    destination in turn, ((dst + s0) + s1); the model added the sources first, dst + (s0 + s1), so
+    it missed GPUs that group a sum apart (here: GPU 0 fuses, GPUs 1 and 2 do not) and warned of
+    GPUs that group it alike.  Both files are correct; the independent model, which runs the steps
+    one by one, tells which."""
+    text = fixture(name)
+    assert all(run_orders(text, seed) == (True, alike) for seed in range(3))
+    warnings = msccl.prove(text).warnings
+    if alike:
+        assert warnings == ()
+    else:
+        assert warnings == (
+            "gpus 0 and 1 end with chunk 0 added in different orders (2 + (0 + 1) and 0 + (1 + 2)): in "
+            "floating point their results differ in the last bits, and replicas drift apart",
+        )

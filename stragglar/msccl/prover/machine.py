@@ -239,13 +239,12 @@ class Machine:
             assert sender is not None
             woken.append(sender)
             value = item.value
+        if tx.type == "re":  # the kernel adds fused re steps' sources to dst in turn: (dst + s0) + s1
+            value = self._read(t, tx, tx.dstbuf, tx.dstoff + j)
         if tx.type in READS_SRC:
             for off in tx.srcoffs:
                 local = self._read(t, tx, tx.srcbuf, off + j)
                 value = local if value is None else self._add(t, tx, value, local)
-        if tx.type == "re":
-            assert value is not None
-            value = self._add(t, tx, self._read(t, tx, tx.dstbuf, tx.dstoff + j), value)
         assert value is not None
         if tx.type in WRITES_DST:
             self._write(t, tx, tx.dstbuf, tx.dstoff + j, value)
