@@ -23,7 +23,7 @@ import time
 from dataclasses import asdict, dataclass
 
 import z3
-from options import Distinct, Parser, as_command, duration, each, json_output, ranks
+from options import Parser, as_command, duration, each, json_output, ranks
 from results import save
 
 from stragglar.errors import InputError
@@ -159,14 +159,7 @@ def cases_of(gpus: list[int] | None) -> list[tuple[int, int]]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = Parser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--gpus",
-        type=ranks,
-        action=Distinct,
-        nargs="+",
-        metavar="N",
-        help="only the cases of these rank counts (default: every case's)",
-    )
+    parser.add_gpus(says="only the cases of these rank counts (default: every case's)")
     parser.add_argument("--prove", action="store_true", help="also prove every schedule (slow for N=1024)")
     parser.add_argument(
         "--json", type=json_output, metavar="FILE", help="write the rows and the machine to this file"

@@ -46,7 +46,6 @@ import statistics
 from dataclasses import asdict, dataclass
 
 from options import (
-    Distinct,
     Parser,
     as_command,
     byte_size,
@@ -245,15 +244,7 @@ def check_sizes(gpus: list[int], sizes: list[int]) -> None:
 
 def main() -> None:
     parser = Parser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--gpus",
-        type=whole(2, 64),
-        action=Distinct,
-        nargs="+",
-        default=[4, 8],
-        metavar="N",
-        help="gloo ranks on this host",
-    )
+    parser.add_gpus(default=[4, 8], says="gloo ranks on this host", parse=whole(2, 64))
     parser.add_argument(
         "--sizes",
         type=byte_size,

@@ -53,7 +53,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
-from options import Distinct, Parser, as_command, json_output, note, whole
+from options import Parser, as_command, json_output, note, whole
 from results import save
 
 from stragglar.model import Network
@@ -556,15 +556,7 @@ def table(rows: list[Row]) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = Parser(description=__doc__.split("\n\n")[0])
     # from 4: at 3 StragglAR never pays for the bucket on this network (no critical delay to scale)
-    parser.add_argument(
-        "--gpus",
-        nargs="+",
-        type=whole(4, MAX_RANKS),
-        action=Distinct,
-        default=list(GPUS),
-        metavar="N",
-        help="rank counts, 4 or more",
-    )
+    parser.add_gpus(default=list(GPUS), says="rank counts, 4 or more", parse=whole(4, MAX_RANKS))
     parser.add_argument(
         "--false-alarm",
         type=float,

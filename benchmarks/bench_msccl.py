@@ -15,7 +15,7 @@ import functools
 import platform
 
 from exporting import best_of, synthesized
-from options import Distinct, Parser, as_command, each, json_output, ranks, whole
+from options import Parser, as_command, each, json_output, whole
 from results import save
 
 from stragglar import msccl
@@ -26,15 +26,7 @@ from stragglar.verify import prove
 
 def main() -> None:
     parser = Parser(description=__doc__.split("\n")[0])
-    parser.add_argument(
-        "--gpus",
-        type=ranks,
-        action=Distinct,
-        nargs="+",
-        default=[8, 16, 32, 64],
-        metavar="N",
-        help="rank counts",
-    )
+    parser.add_gpus(default=[8, 16, 32, 64])
     parser.add_argument("--algorithm", choices=ALGORITHMS, default="stragglar", help="the schedule exported")
     parser.add_argument("--proto", choices=PROTOCOLS, default="Simple", help="the XML's MSCCL protocol")
     parser.add_argument("--instances", type=whole(1), default=1, help="copies of the schedule the XML runs")

@@ -19,7 +19,7 @@ import platform
 from typing import Any
 
 from exporting import best_of, synthesized
-from options import Distinct, Parser, as_command, each, json_output, ranks, whole
+from options import Parser, as_command, each, json_output, whole
 from results import save
 
 from stragglar import mscclpp
@@ -52,15 +52,7 @@ def measure(schedule: Schedule, instances: int, interleavings: int, repeats: int
 
 def main() -> None:
     parser = Parser(description=(__doc__ or "").split("\n")[0])
-    parser.add_argument(
-        "--gpus",
-        type=ranks,
-        action=Distinct,
-        nargs="+",
-        default=[8, 16, 32, 64, 72],
-        metavar="N",
-        help="rank counts",
-    )
+    parser.add_gpus(default=[8, 16, 32, 64, 72])
     parser.add_argument("--algorithm", choices=ALGORITHMS, default="stragglar", help="the schedule exported")
     parser.add_argument("--instances", type=whole(1), default=1, help="copies of the schedule the plan runs")
     parser.add_argument(

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import numpy as np
-from options import Distinct, Parser, as_command, each, json_output, ranks, whole
+from options import Parser, as_command, each, json_output, whole
 from results import save
 
 from stragglar.runtime import plan_for
@@ -181,15 +181,7 @@ def table(results: list[Result]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = Parser(description="Time the runtime's plan lookup per N.")
-    parser.add_argument(
-        "--gpus",
-        type=ranks,
-        action=Distinct,
-        nargs="+",
-        default=[8, 64, 256],
-        metavar="N",
-        help="rank counts",
-    )
+    parser.add_gpus(default=[8, 64, 256])
     parser.add_argument("--calls", type=whole(1, 10**6), default=2000, help="timed calls per N (median)")
     parser.add_argument("--json", type=json_output, metavar="FILE", help="also save the results as JSON")
     args = parser.parse_args(argv)

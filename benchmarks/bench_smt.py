@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 
-from options import Distinct, Parser, as_command, duration, each, json_output, ranks, whole
+from options import Parser, as_command, duration, each, json_output, whole
 from results import save
 
 from stragglar.schedule import Phase, Schedule, round_lower_bound
@@ -85,14 +85,9 @@ def synthesis_table(up_to: int) -> list[Row]:
 
 def main() -> None:
     parser = Parser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--gpus",
-        type=ranks,
-        action=Distinct,
-        nargs="+",
-        metavar="N",
-        help="the checker's table: z3's proof of StragglAR at each N "
-        f"(default: {' '.join(map(str, CHECKER_GPUS))})",
+    parser.add_gpus(
+        says="the checker's table: z3's proof of StragglAR at each N "
+        f"(default: {' '.join(map(str, CHECKER_GPUS))})"
     )
     parser.add_argument(
         "--no-checker", action="store_true", help="no checker table (the bounds, the synthesis)"

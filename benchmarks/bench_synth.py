@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TypeVar
 
-from options import Distinct, Parser, as_command, each, json_output, ranks
+from options import Parser, as_command, each, json_output
 from results import save
 
 from stragglar.formats.schedule_json import dumps, loads
@@ -90,15 +90,7 @@ def table(results: list[Result]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = Parser(description="Time synth, prove and JSON dump+load per N.")
-    parser.add_argument(
-        "--gpus",
-        type=ranks,
-        action=Distinct,
-        nargs="+",
-        default=[64, 256, 1024],
-        metavar="N",
-        help="rank counts",
-    )
+    parser.add_gpus(default=[64, 256, 1024])
     parser.add_argument(
         "--algorithm", choices=ALGORITHMS, default="stragglar", help="the schedule synthesized"
     )

@@ -21,7 +21,7 @@ import tracemalloc
 from collections.abc import Callable
 from typing import Any
 
-from options import Distinct, Parser, as_command, duration, json_output, note, ranks
+from options import Parser, as_command, duration, json_output, note
 from results import save
 
 from stragglar.schedule import MAX_RANKS, Schedule
@@ -82,15 +82,7 @@ def predicted(points: list[tuple[int, float]], n: int) -> float:
 
 def main() -> None:
     parser = Parser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--gpus",
-        type=ranks,
-        action=Distinct,
-        nargs="+",
-        default=[8, 64, 256, 1024, MAX_RANKS],
-        metavar="N",
-        help="rank counts",
-    )
+    parser.add_gpus(default=[8, 64, 256, 1024, MAX_RANKS])
     parser.add_argument("--budget", type=duration(positive=True), default="120s", help="time per step and N")
     parser.add_argument("--json", type=json_output, metavar="FILE", help="also save the figures as JSON")
     args = parser.parse_args()

@@ -90,6 +90,19 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
 
+    def add_gpus(
+        self,
+        default: list[int] | None = None,
+        says: str = "rank counts",
+        parse: Callable[[str], int] | None = None,
+    ) -> None:
+        """``--gpus N [N ...]``, the rank counts, as every benchmark takes them: distinct
+        (:class:`Distinct`), ``N`` in help (``says``), ``stragglar``'s limits unless ``parse``
+        narrows them."""
+        self.add_argument(
+            "--gpus", type=parse or ranks, action=Distinct, nargs="+", default=default, metavar="N", help=says
+        )
+
 
 class Distinct(argparse.Action):
     """A list option (``--gpus 8 64``) whose items must differ, refused in one line otherwise: an

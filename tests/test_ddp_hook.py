@@ -785,6 +785,14 @@ def test_the_hook_given_another_state_says_what_it_needs(wrong: object) -> None:
         stragglar_hook(wrong, None)  # type: ignore[arg-type]
 
 
+def test_the_hook_given_a_gradient_and_its_parameter_says_it_reduces_buckets() -> None:
+    """DDP's python reducer under compiled autograd calls comm hooks with (grad, param): the hook
+    failed in backward with "'tuple' object has no attribute 'buffer'"."""
+    grad = torch.zeros(4)
+    with pytest.raises(ArgumentError, match=r"reduces DDP's gradient buckets, got a tuple: .*python_reducer"):
+        stragglar_hook(StragglarState(), (grad, torch.nn.Parameter(grad)))  # type: ignore[arg-type]
+
+
 def test_record_needs_a_file_name() -> None:
     with pytest.raises(ArgumentError, match="record must name a file"):
         StragglarState(record=3)  # type: ignore[arg-type]

@@ -555,6 +555,12 @@ def stragglar_hook(state: StragglarState, bucket: GradBucket) -> torch.futures.F
             "stragglar_hook's state must be a stragglar.ddp.StragglarState "
             f"(register_comm_hook(StragglarState(...), stragglar_hook)), got {type(state).__name__}"
         )
+    if not isinstance(bucket, GradBucket):  # compiled autograd's python reducer: (grad, param)
+        raise ArgumentError(
+            f"stragglar_hook reduces DDP's gradient buckets, got a {type(bucket).__name__}: DDP's "
+            "python reducer under compiled autograd (optimize_ddp='python_reducer') calls comm hooks "
+            "per parameter; use dynamo's default DDP handling, or none"
+        )
     buffer = bucket.buffer()
     world = dist.get_world_size(state.process_group)
     if bucket.index() == 0:
