@@ -191,16 +191,27 @@ def test_a_collective_in_flight_at_the_dump_is_passed_over(tmp_path: Path) -> No
 
 
 def test_a_group_holding_two_kinds_of_collective_asks_for_one(tmp_path: Path) -> None:
-    """Flight Recorder numbers every collective of a group in one sequence: a Broadcast among the
+    """Flight Recorder numbers every collective of a group in one sequence: an AllGather among the
     AllReduces was replayed as a gradient step without a word."""
-    mixed = [entry(seq=1), entry(seq=2, profiling_name="nccl:broadcast"), entry(seq=3)]
+    mixed = [entry(seq=1), entry(seq=2, profiling_name="nccl:all_gather"), entry(seq=3)]
     paths = [dump_file(tmp_path / f"trace_{rank}", mixed) for rank in (0, 1)]
     assert (
-        "process group '0' holds nccl:broadcast and nccl:all_reduce collectives: keep one kind with "
+        "process group '0' holds nccl:all_gather and nccl:all_reduce collectives: keep one kind with "
         "--where (profiling_name=nccl:all_reduce, say)"
     ) in refused(paths)
     (group,) = read_flight_recorder(paths, [("profiling_name", "nccl:all_reduce")])
     assert group.steps == (1, 3)
+
+
+@pytest.mark.parametrize("kind", ["nccl:broadcast", "nccl:reduce", "nccl:send 0->1"])
+def test_a_rooted_collective_whose_ranks_end_apart_is_refused(tmp_path: Path, kind: str) -> None:
+    """A Broadcast's root finishes once it has sent, the others once they have received: how long
+    it ran does not tell when a rank reached it, and such a group was replayed as arrivals."""
+    paths = [dump_file(tmp_path / f"trace_{rank}", [entry(seq=1, profiling_name=kind)]) for rank in (0, 1)]
+    assert f"entry 0: {kind} ends at other moments on its root and the other ranks" in refused(paths)
+    kept = [entry(seq=1), entry(seq=2, profiling_name=kind), entry(seq=3)]
+    paths = [dump_file(tmp_path / "k" / f"trace_{rank}", kept) for rank in (0, 1)]
+    assert read_flight_recorder(paths, [("profiling_name", "nccl:all_reduce")])[0].steps == (1, 3)
 
 
 # Two gloo ranks that all-reduce with Flight Recorder on, each dumping its buffer to trace_<rank>.

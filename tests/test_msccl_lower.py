@@ -256,7 +256,8 @@ def test_write_msccl(tmp_path: Path) -> None:
         (
             {"max_bytes": 0},
             "maxBytes 0 is no limit to the Azure executor, never selected by microsoft/msccl (minBytes <= "
-            "size < maxBytes): give a smallest message size below the largest (default 1 TiB)",
+            "size < maxBytes): give a smallest message size below the largest (default 1 TiB, 1 GiB for "
+            "a file with scratch)",
         ),
         ({"max_bytes": -1}, "max_bytes must be an integer in [0, 2**63), got -1"),
         ({"proto": None}, "proto None: choose from Simple, LL, LL128"),  # was a raw AttributeError

@@ -11,9 +11,10 @@ here the files must agree with each other: a group's ranks are what every record
 files is a copy too many), and every rank of the group is there.
 
 A file holds the collectives of its process's recent past (a ring buffer that wraps, a job that
-ended while one rank had written more than another): the steps kept are those every rank
-recorded, from the latest first step of any rank to the earliest last one.  Within that span a
-step missing on one rank is refused, not skipped: the files do not describe the same job.
+ended while one rank had written more than another), or a sample of them (NCCL's Inspector
+before 2.30): the steps kept are those every rank recorded, and the others are counted
+(``Group.partial``).  What ties the files to one job is their groups' ranks and sizes, checked
+record by record, and a step that every rank recorded.
 """
 
 from __future__ import annotations

@@ -11,15 +11,18 @@ the host enqueued it; ``time_discovered_started_ns`` and ``time_discovered_compl
 with ``TORCH_NCCL_ENABLE_TIMING=1``, ``duration_ms``: how long it ran on the GPU, from the event
 recorded as the GPU reached it (its stream past the compute before it) to the one after it.
 
-A rank's arrival is read from ``duration_ms``.  A collective ends at about the same moment on
-every rank (none can finish before the last has brought its data), so a rank that reached it
-later ran it for less time: measured back from that common end, its arrival is
-``-duration_ms``, and the differences between ranks, all that whatif asks of a step, are exact.
-Neither other time tells it: the host enqueues on time while its GPU is late
-(``time_created_ns``), and ``time_discovered_started_ns`` is when the watchdog thread found the
-start event done, which for a finished collective is the poll that retires it, after its end, so
-every rank's is the same moment.  A finished (``retired``) record without a duration is refused
-with the advice; one still in flight at the dump (the dump's last collectives) is passed over.
+A rank's arrival is read from ``duration_ms``.  An AllReduce (a ReduceScatter, an AllGather, an
+all-to-all) ends at about the same moment on every rank, within a step of its algorithm: none
+can finish before the last has brought its data.  So a rank that reached it later ran it for
+less time, and measured back from that end its arrival is ``-duration_ms``: the differences
+between ranks, all that whatif asks of a step, are the durations' differences, off by how far
+apart the ranks finished (microseconds).  A rooted collective (a Broadcast, a Reduce) ends at
+other moments on its root and the others, so its records are refused.  Neither other time tells
+the arrival: the host enqueues on time while its GPU is late (``time_created_ns``), and
+``time_discovered_started_ns`` is when the watchdog thread found the start event done, which
+for a finished collective is the poll that retires it, after its end: each rank's own poll.
+A finished (``retired``) record without a duration is refused with the advice; one still in
+flight at the dump (the dump's last collectives) is passed over.
 
 A pickle can run any code as it loads; this one is read by an unpickler that builds only plain
 data (dictionaries, lists, tuples, strings, numbers, None) and refuses any class or function the
@@ -194,10 +197,21 @@ def _milliseconds(value: Any, place: str) -> Fraction:
     return Fraction(round(value * 10**6), 10**9)
 
 
+_ENDING_TOGETHER = ("allreduce", "reducescatter", "allgather", "alltoall")
+
+
 def _kind(entry: Mapping[str, Any], place: str) -> str:
+    """The record's collective, one whose duration tells the rank's arrival (see the module)."""
     kind = entry.get("profiling_name")
     if not isinstance(kind, str) or not kind:
         raise InputError(f"{place}: profiling_name is {shown_value(kind)}: name the collective")
+    letters = "".join(c for c in kind.lower() if c.isalpha())
+    if not any(name in letters for name in _ENDING_TOGETHER):
+        raise InputError(
+            f"{place}: {shown(kind, 40)} ends at other moments on its root and the other ranks, so its "
+            "duration does not tell when a rank reached it: keep the gradient collective with --where "
+            "(profiling_name=nccl:all_reduce, say)"
+        )
     return kind
 
 

@@ -266,7 +266,8 @@ def _max_bytes(header: Header, scratch: int) -> int:
             raise MscclExportError(  # in words: the command line calls it --min-bytes and --max-bytes
                 f"the smallest message size, {format_bytes(header.min_bytes)}, is not below the default "
                 f"largest of a file with scratch, {format_bytes(chosen)} (the older microsoft/msccl runtime "
-                "reserves maxBytes x s_chunks / nchunksperloop of GPU memory for it): give the largest"
+                "reserves maxBytes x s_chunks / nchunksperloop of GPU memory for it): give a largest "
+                "message size"
             )
     reserve = legacy_scratch(chosen, scratch, header.nchunksperloop)
     if reserve is not None:  # a choice, as for the size window: files every executor loads
@@ -301,4 +302,7 @@ def _check_options(options: XmlOptions) -> None:
     window = size_window(options.min_bytes, high)
     problem = window.never or window.partial
     if problem is not None:  # a choice: we write files that every executor selects
-        raise MscclExportError(f"{problem}: give a smallest message size below the largest (default 1 TiB)")
+        raise MscclExportError(
+            f"{problem}: give a smallest message size below the largest (default 1 TiB, 1 GiB for a file "
+            "with scratch)"
+        )
