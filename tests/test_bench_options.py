@@ -5,6 +5,7 @@ and end on a stragglar error or Ctrl-C as ``stragglar`` ends a command."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import subprocess
 import sys
@@ -148,7 +149,11 @@ def test_bench_gloo_says_what_it_runs_and_keeps_its_backend() -> None:
     )
 
 
-SCRIPTS = sorted(path.name for path in BENCHMARKS.glob("bench_*.py") if path.name != "bench_gloo.py")
+NEEDS_TORCH = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="bench_ddp imports torch")
+SCRIPTS = [
+    pytest.param(name, marks=NEEDS_TORCH) if name == "bench_ddp.py" else name
+    for name in sorted(path.name for path in BENCHMARKS.glob("bench_*.py") if path.name != "bench_gloo.py")
+]
 NO_DEFAULT = {"--json", "--link-rate", "--every"}  # absent unless given: nothing to show
 
 
@@ -219,7 +224,7 @@ def test_round_tables_help_is_its_whole_first_paragraph() -> None:
         ["bench_smt.py", "--bound-timeout", "-1s"],
         ["bench_tooling.py", "--budget", "-5s"],
         ["bench_chunked.py", "--every", "2", "3", "--limit", "-1s"],
-        ["bench_ddp.py", "--delay", "-30ms"],
+        pytest.param(["bench_ddp.py", "--delay", "-30ms"], marks=NEEDS_TORCH),
     ],
 )
 def test_a_negative_duration_is_refused_by_the_duration_type(args: list[str]) -> None:
