@@ -44,7 +44,15 @@ from typing import Any
 
 from stragglar.errors import InputError, quoted, shown
 from stragglar.formats.collectives import Record, collect, whole_number
-from stragglar.formats.traces import MAX_ROWS, Group, open_trace, read_at_most, shown_value, where_text
+from stragglar.formats.traces import (
+    MAX_ROWS,
+    Group,
+    names_collective,
+    open_trace,
+    read_at_most,
+    shown_value,
+    where_text,
+)
 
 __all__ = ["MAX_DUMP", "read_flight_recorder"]
 
@@ -205,8 +213,7 @@ def _kind(entry: Mapping[str, Any], place: str) -> str:
     kind = entry.get("profiling_name")
     if not isinstance(kind, str) or not kind:
         raise InputError(f"{place}: profiling_name is {shown_value(kind)}: name the collective")
-    letters = "".join(c for c in kind.lower() if c.isalpha())
-    if not any(name in letters for name in _ENDING_TOGETHER):
+    if not names_collective(kind, *_ENDING_TOGETHER):
         raise InputError(
             f"{place}: {shown(kind, 40)} ends at other moments on its root and the other ranks, so its "
             "duration does not tell when a rank reached it: keep the gradient collective with --where "

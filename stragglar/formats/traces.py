@@ -65,6 +65,7 @@ __all__ = [
     "TraceWriter",
     "exact_time",
     "json_object",
+    "names_collective",
     "numbered_lines",
     "open_trace",
     "rank_order",
@@ -148,7 +149,14 @@ class Group:
     @property
     def allreduce(self) -> bool:
         """Whether the group's collective is an AllReduce (or not named): what whatif prices."""
-        return self.kind is None or "allreduce" in "".join(c for c in self.kind.lower() if c.isalpha())
+        return self.kind is None or names_collective(self.kind, "allreduce")
+
+
+def names_collective(kind: str, *collectives: str) -> bool:
+    """Whether ``kind``, as a library names a collective (``nccl:all_reduce``, ``AllReduce``,
+    ``allreduce_coalesced``), is one of ``collectives`` (lower-case letters alone: ``allreduce``)."""
+    letters = "".join(c for c in kind.lower() if c.isalpha())
+    return any(name in letters for name in collectives)
 
 
 def trace_files(paths: Sequence[Path], max_files: int = MAX_FILES) -> list[Path]:

@@ -171,21 +171,22 @@ def read(source: XmlSource) -> XmlDocument:
     return XmlDocument(dataclasses.replace(algo, warnings=tuple(checker.warnings)), ())
 
 
-_ALGO_ATTRS = ("name", "proto", "coll", "nchannels", "nchunksperloop", "ngpus", "inplace", "outofplace")
-_SIZE_ATTRS = ("minBytes", "maxBytes")
+_ALGO_STRINGS = ("name", "proto", "coll")
+_ALGO_INTS = ("nchannels", "nchunksperloop", "ngpus", "inplace", "outofplace")
+_ALGO_SIZES = ("minBytes", "maxBytes")
 
 
 def _algo(ck: _Checker, el: Element) -> Algo | None:
-    missing = [key for key in (*_ALGO_ATTRS, *_SIZE_ATTRS) if key not in el.attrs]
+    missing = [key for key in (*_ALGO_STRINGS, *_ALGO_INTS, *_ALGO_SIZES) if key not in el.attrs]
     if missing:  # all in one line: a file from msccl-tools lacks three, and one a run was slow to tell
         what = f"<algo> lacks attribute{'s' * (len(missing) > 1)} {', '.join(missing)}"
-        if set(missing) <= {"outofplace", *_SIZE_ATTRS}:
+        if set(missing) <= {"outofplace", *_ALGO_SIZES}:
             what += " (msccl-tools does not write them; the Azure executor requires them)"
         ck.fail(el, what)
         return None
-    strings = ck.strings(el, ("name", "proto", "coll"))
-    nums = ck.ints(el, ("nchannels", "nchunksperloop", "ngpus", "inplace", "outofplace"))
-    sizes = ck.ints(el, ("minBytes", "maxBytes"), bits=64)
+    strings = ck.strings(el, _ALGO_STRINGS)
+    nums = ck.ints(el, _ALGO_INTS)
+    sizes = ck.ints(el, _ALGO_SIZES, bits=64)
     if strings is None or nums is None or sizes is None:
         return None
     if strings["proto"] not in CAPACITY:
