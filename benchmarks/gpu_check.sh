@@ -43,9 +43,9 @@ else
 fi
 # Without a GPU bench_gpu.py says "no GPU" and exits 0 (a run of it there is no failure), so each
 # of its steps "passed" and the check exited 0 having checked nothing: refuse before any step, in
-# bench_gpu's words.  A check that cannot run (a package missing) is said, and the steps go on:
-# each says why it fails, and the others still run.
-if ! why=$(python3 -c 'import sys; sys.path.insert(0, "benchmarks"); import bench_gpu; sys.exit(bench_gpu.no_gpu())' 2>&1); then
+# bench_gpu's words.  A check that cannot run (a package missing, or 60 s gone) is said, and the
+# steps go on: each says why it fails, and the others still run.
+if ! why=$(timeout 60 python3 -c 'import sys; sys.path.insert(0, "benchmarks"); import bench_gpu; sys.exit(bench_gpu.no_gpu())' 2>&1); then
     last="${why##*$'\n'}"
     if [[ "$last" == "no GPU: "* ]]; then
         echo "gpu_check.sh: $last: run it where torch sees a CUDA GPU" >&2
