@@ -25,7 +25,8 @@ from fractions import Fraction
 from typing import Any
 
 from stragglar.errors import InputError, quoted
-from stragglar.formats.traces import MAX_ROWS, Group, rank_order, shown_value
+from stragglar.formats.trace_reading import rank_order, shown_value
+from stragglar.formats.traces import MAX_ROWS, Group
 
 __all__ = ["MAX_WHOLE", "Record", "collect", "whole_number"]
 

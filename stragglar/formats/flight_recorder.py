@@ -44,15 +44,8 @@ from typing import Any
 
 from stragglar.errors import InputError, quoted, shown
 from stragglar.formats.collectives import Record, collect, whole_number
-from stragglar.formats.traces import (
-    MAX_ROWS,
-    Group,
-    names_collective,
-    open_trace,
-    read_at_most,
-    shown_value,
-    where_text,
-)
+from stragglar.formats.trace_reading import open_trace, read_at_most, shown_value, where_text
+from stragglar.formats.traces import MAX_ROWS, Group, names_collective
 
 __all__ = ["MAX_DUMP", "read_flight_recorder"]
 

@@ -31,15 +31,8 @@ from typing import Any
 
 from stragglar.errors import InputError, quoted, shown
 from stragglar.formats.collectives import Record, collect, whole_number
-from stragglar.formats.traces import (
-    MAX_ROWS,
-    Group,
-    json_object,
-    numbered_lines,
-    open_trace,
-    shown_value,
-    where_text,
-)
+from stragglar.formats.trace_reading import json_object, numbered_lines, open_trace, shown_value, where_text
+from stragglar.formats.traces import MAX_ROWS, Group
 
 __all__ = ["MAX_RANKS", "read_inspector"]
 

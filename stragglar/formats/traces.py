@@ -18,43 +18,39 @@ long the rank waited for the last one, so at most 0), one complete line per row,
 step in one write on an ``O_APPEND`` descriptor: a reader never sees a partial line, and a job
 that dies leaves every step it wrote whole.
 
-Reading streams the file and keeps only the rows that pass the filters, at most
-:data:`MAX_ROWS` of them and lines of at most :data:`MAX_LINE` bytes, so a huge file is refused
-in bounded memory, not loaded.
+Reading streams the file, row by row (:mod:`stragglar.formats.tables`, each format's rows and
+cells), and keeps only the rows that pass the filters, at most :data:`MAX_ROWS` of them and lines
+of at most :data:`~stragglar.formats.trace_reading.MAX_LINE` bytes, so a huge file is refused in
+bounded memory, not loaded.
 
 The collective libraries' own records (NCCL Inspector's JSON, PyTorch Flight Recorder's dumps)
 are no long table: :mod:`stragglar.formats.inspector` and :mod:`stragglar.formats.flight_recorder`
-read them into the same :class:`Group`.  :func:`trace_format_of` tells the five apart by their
+read them into the same :class:`Group`, reading files and values as this reader does
+(:mod:`stragglar.formats.trace_reading`).  :func:`trace_format_of` tells the five apart by their
 content, so a file need not be named for its format.
 """
 
 from __future__ import annotations
 
-import csv
 import errno
-import gzip
 import json
-import math
 import os
-import re
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, BinaryIO, cast
 
-from stragglar.errors import SHOWN_CHARACTERS, InputError, ResourceError, quoted, ran_out, shown
-from stragglar.files import json_complaint, open_appending, open_regular, refuse_standard_input
+from stragglar.errors import InputError, ResourceError, quoted, ran_out, shown
+from stragglar.files import open_appending, refuse_standard_input
+from stragglar.formats.tables import TABLE_FORMATS, cell_label, cell_seconds, cell_step, table_rows
+from stragglar.formats.trace_reading import BYTE_ORDER_MARK, MAX_LINE, open_trace, rank_order, where_text
 from stragglar.units import TIME_UNITS
 
 __all__ = [
     "FLIGHT_RECORDER",
     "INSPECTOR",
     "MAX_FILES",
-    "MAX_LINE",
     "MAX_READ_ROWS",
     "MAX_ROWS",
     "TABLE_FORMATS",
@@ -63,22 +59,13 @@ __all__ = [
     "Columns",
     "Group",
     "TraceWriter",
-    "exact_time",
-    "json_object",
     "names_collective",
-    "numbered_lines",
-    "open_trace",
-    "rank_order",
-    "read_at_most",
     "read_trace",
-    "shown_value",
     "trace_files",
     "trace_format_of",
     "trace_lines",
-    "where_text",
 ]
 
-TABLE_FORMATS = ("csv", "jsonl", "parquet")
 INSPECTOR = "nccl-inspector"
 FLIGHT_RECORDER = "flight-recorder"
 TRACE_FORMATS = (*TABLE_FORMATS, INSPECTOR, FLIGHT_RECORDER)
@@ -93,17 +80,9 @@ MAX_ROWS = 1_000_000  # rows kept after the filters: about 300 MB of Python obje
 # Rows read, kept or not: --where reads every row, at about 200,000 a second, so a 1.5 MB Parquet
 # file of 100,000,000 repeated rows kept whatif busy for 8 minutes to keep none of them.
 MAX_READ_ROWS = 10 * MAX_ROWS
-MAX_LINE = 2**20  # bytes in one line of CSV or JSON Lines
-_NUMBER = re.compile(r"[+-]?(?:\d{1,40}(?:\.\d{0,40})?|\.\d{1,40})(?:[eE][+-]?\d{1,3})?", re.ASCII)
-MAX_TIME = 10**30  # a time's magnitude in its unit (ns since 1970 are 10**18): differences stay floats
-_WHOLE = re.compile(r"[+-]?\d+", re.ASCII)  # ASCII digits: Python's int() takes any script's
-_STEP_DIGITS = 18  # a step number's, at most: beyond, no trace counts steps
-_BATCH = 65_536  # Parquet rows decoded at a time
 MAX_FILES = 65_536  # files of one trace: a rank's file each
-_BOM = "\ufeff"  # what some editors and spreadsheets put before a UTF-8 file's first line
 _SNIFF = 4096  # bytes of a file's start that tell its format
 _PICKLE_PROTOCOLS = (b"\x02", b"\x03", b"\x04", b"\x05")
-_GZIP = b"\x1f\x8b"  # a gzip stream's first two bytes
 
 
 @dataclass(frozen=True)
@@ -241,7 +220,7 @@ def _format_of_content(path: Path) -> str | None:
     try:
         with open_trace(path) as file:
             start = file.read(_SNIFF)
-            if start.removeprefix(_BOM.encode()).lstrip().startswith(b"{"):
+            if start.removeprefix(BYTE_ORDER_MARK.encode()).lstrip().startswith(b"{"):
                 start += file.readline(MAX_LINE)  # the whole first line: a record's keys in any order
     except (InputError, OSError, EOFError, zlib.error):
         return None  # told by the name; reading the file says what is wrong with it
@@ -249,7 +228,7 @@ def _format_of_content(path: Path) -> str | None:
         return "parquet"
     if start[:1] == b"\x80" and start[1:2] in _PICKLE_PROTOCOLS:
         return FLIGHT_RECORDER  # a pickle's first opcode: PROTO, then its version
-    text = start.decode("utf-8", errors="replace").removeprefix(_BOM).lstrip()
+    text = start.decode("utf-8", errors="replace").removeprefix(BYTE_ORDER_MARK).lstrip()
     if not text.startswith("{"):
         return None
     line = text.split("\n", 1)[0]
@@ -286,38 +265,6 @@ def _flight_recorder_json(path: Path) -> str:
     )
 
 
-@contextmanager
-def open_trace(path: Path, limit: int | None = None) -> Iterator[BinaryIO]:
-    """The regular file ``path`` open for reading (binary, at most ``limit`` bytes on disk),
-    through gzip where it is compressed (``*.log.gz``: logs are often kept so): the readers
-    stream it and bound what they keep, as they do an uncompressed file."""
-    with open_regular(path, "traces", limit) as raw:
-        magic = read_at_most(raw, 2, shown(path))
-        raw.seek(0)
-        if magic != _GZIP:
-            yield raw
-            return
-        with gzip.GzipFile(fileobj=raw, mode="rb") as unzipped:
-            yield cast(BinaryIO, unzipped)
-
-
-def read_at_most(file: BinaryIO, size: int, name: str) -> bytes:
-    """At most ``size`` bytes of ``file`` (a trace file ``name``, from :func:`open_trace`); a failed
-    read, or a gzip stream cut short or corrupt, an :class:`InputError` naming the file."""
-    try:
-        return file.read(size)
-    except (OSError, EOFError, zlib.error) as e:
-        raise InputError(f"cannot read {name}: {_reading_error(e)}") from None
-
-
-def _reading_error(error: Exception) -> str:
-    if isinstance(error, EOFError):
-        return "the gzip stream ends early (a file cut short)"
-    if isinstance(error, (zlib.error, gzip.BadGzipFile)):
-        return f"not a whole gzip file ({error})"
-    return str(getattr(error, "strerror", None) or error)
-
-
 def read_trace(
     path: Path,
     fmt: str,
@@ -336,11 +283,10 @@ def read_trace(
     name = shown(path)
     needed = [columns.step, columns.rank, columns.time, *([columns.group] if columns.group else [])]
     needed += [column for column, _ in where if column not in needed]
-    rows = {"csv": _csv_rows, "jsonl": _jsonl_rows, "parquet": _parquet_rows}[fmt]
     found: dict[str | None, dict[int, dict[str, Fraction]]] = {}
     kept = 0
     with open_trace(path) as file:
-        for read, (place, row) in enumerate(rows(file, name, needed), 1):
+        for read, (place, row) in enumerate(table_rows(file, fmt, name, needed), 1):
             if read > MAX_READ_ROWS:
                 raise InputError(
                     f"{name} has more than {MAX_READ_ROWS:,} rows: cut the trace to the steps to replay "
@@ -354,10 +300,10 @@ def read_trace(
                     f"{name} has more than {max_rows:,} rows to replay: "
                     "pick fewer with --where, or cut the trace"
                 )
-            group = None if columns.group is None else _label(row[columns.group], columns.group, place)
-            step = _step(row[columns.step], columns.step, place)
-            rank = _label(row[columns.rank], columns.rank, place)
-            time = _seconds(row[columns.time], columns.time, place, unit)
+            group = None if columns.group is None else cell_label(row[columns.group], columns.group, place)
+            step = cell_step(row[columns.step], columns.step, place)
+            rank = cell_label(row[columns.rank], columns.rank, place)
+            time = cell_seconds(row[columns.time], columns.time, place, unit)
             ranks = found.setdefault(group, {}).setdefault(step, {})
             if rank in ranks:
                 where_group = "" if group is None else f" of group {quoted(group)}"
@@ -383,281 +329,6 @@ def _group(name: str, group: str | None, steps: Mapping[int, Mapping[str, Fracti
             raise InputError(f"{name}: step {step}{where} has no row for rank {quoted(missing)}")
         times.append(tuple(ranks[rank] for rank in labels))
     return Group(group, tuple(labels), tuple(sorted(steps)), tuple(times))
-
-
-def rank_order(label: str) -> tuple[int, int, str]:
-    """Ranks in numeric order where their labels are whole numbers, before any other label."""
-    return (0, int(label), "") if _WHOLE.fullmatch(label) else (1, 0, label)
-
-
-def where_text(value: Any) -> str:
-    """A value as a ``--where`` compares it: a string stripped as a cell is, bytes (a Parquet
-    binary column) as the UTF-8 text they hold, anything else as JSON writes it (a decimal or a
-    timestamp as it prints).  A value JSON cannot write (a pickle's dictionary with tuple keys, a
-    list that holds itself) is its type's name in angle brackets (``<dict>``).  Past
-    :data:`MAX_LINE` characters the text stops (with an ellipsis), as no ``--where`` value is that
-    long: a pickle of lists that share lists is 16 KB of file and gigabytes of text."""
-    if isinstance(value, str):
-        return value.strip()
-    if isinstance(value, bytes):
-        return value.decode("utf-8", errors="backslashreplace").strip()
-    parts: list[str] = []
-    size = 0
-    try:
-        for part in json.JSONEncoder(default=str).iterencode(value):  # lazily: stops at the bound
-            parts.append(part)
-            size += len(part)
-            if size > MAX_LINE:
-                return "".join(parts)[:MAX_LINE] + "\u2026"
-    except (TypeError, ValueError, RecursionError):
-        return f"<{type(value).__name__}>"
-    return "".join(parts)
-
-
-@dataclass(frozen=True)
-class _Seconds:
-    """A time that carries its unit (a Parquet timestamp or duration), in seconds since its epoch."""
-
-    seconds: Fraction
-
-    def __str__(self) -> str:
-        return str(self.seconds)
-
-
-def _seconds(value: Any, column: str, place: str, unit: Fraction) -> Fraction:
-    """A time in seconds: a number times ``unit``, or a timestamp or duration in its own unit."""
-    if not isinstance(value, _Seconds):
-        return exact_time(value, column, place) * unit
-    if unit != 1:
-        raise InputError(f"{place}: {column} is a timestamp or duration, in its own unit: drop --time-unit")
-    return value.seconds
-
-
-def _label(value: Any, column: str, place: str) -> str:
-    """A group's or a rank's label: a string or a whole number."""
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    label = where_text(value)
-    if isinstance(value, (bool, dict, list)) or value is None or not label:
-        raise InputError(f"{place}: {column} is {shown_value(value)}: name a rank or group")
-    if not label.isprintable():  # a NUL or a line break in a cell: '1\x00' would be a rank of its own
-        raise InputError(f"{place}: {column} is {shown_value(value)}: a control character in a label")
-    return label
-
-
-def _step(value: Any, column: str, place: str) -> int:
-    """A step: a whole number."""
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    whole = None
-    if isinstance(value, int) and not isinstance(value, bool):
-        whole = value
-    elif isinstance(value, str) and _WHOLE.fullmatch(value.strip()):
-        digits = value.strip().lstrip("+-")
-        whole = int(value) if len(digits) <= _STEP_DIGITS else 10**_STEP_DIGITS  # not parsed: 10**6 digits
-    if whole is None:
-        raise InputError(f"{place}: {column} is {shown_value(value)}, not a whole number of steps")
-    if abs(whole) >= 10**_STEP_DIGITS:
-        raise InputError(
-            f"{place}: {column} is {shown_value(value)}: a step has at most {_STEP_DIGITS} digits"
-        )
-    return whole
-
-
-def exact_time(value: Any, column: str, place: str) -> Fraction:
-    """A time as an exact fraction of its unit: a finite number (a Parquet decimal too), or a
-    decimal string, of magnitude below :data:`MAX_TIME`."""
-    time = None
-    if isinstance(value, bool):
-        pass
-    elif (
-        isinstance(value, int)
-        or (isinstance(value, float) and math.isfinite(value))
-        or (isinstance(value, Decimal) and value.is_finite())
-    ):
-        time = Fraction(value)
-    elif isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
-        time = Fraction(value.strip())
-    if time is None:
-        raise InputError(f"{place}: {column} is {shown_value(value)}, not a number")
-    if abs(time) >= MAX_TIME:
-        raise InputError(f"{place}: {column} is {shown_value(value)}: at most {MAX_TIME:.0e} of its unit")
-    return time
-
-
-def shown_value(value: Any) -> str:
-    """A value of a trace as a message shows it: a string quoted, anything else as JSON writes it."""
-    if isinstance(value, str):
-        return quoted(value)
-    text = where_text(value) if value is not None else "empty"
-    if len(text) > MAX_LINE:  # where_text stopped: its length is not the value's
-        return f"{shown(text[:SHOWN_CHARACTERS])}... (more than {MAX_LINE:,} characters)"
-    return shown(text)
-
-
-def numbered_lines(file: BinaryIO, name: str) -> Iterator[tuple[int, str]]:
-    """The file's lines, numbered from 1, each at most :data:`MAX_LINE` bytes of UTF-8; a byte
-    order mark before the first is no part of it (a spreadsheet's CSV export starts with one)."""
-    number = 0
-    while True:
-        try:
-            line = file.readline(MAX_LINE + 1)
-        except (OSError, EOFError, zlib.error) as e:
-            raise InputError(f"cannot read {name}: {_reading_error(e)}") from None
-        if not line:
-            return
-        number += 1
-        if len(line) > MAX_LINE and not line.endswith(b"\n"):
-            raise InputError(f"{name} line {number} is longer than {MAX_LINE:,} bytes")
-        try:
-            text = line.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise InputError(f"{name} line {number}: not UTF-8 text: byte {e.start}") from None
-        yield number, text.removeprefix(_BOM) if number == 1 else text
-
-
-def _csv_rows(file: BinaryIO, name: str, needed: Sequence[str]) -> Iterator[tuple[str, dict[str, Any]]]:
-    lines = numbered_lines(file, name)
-    numbers: list[int] = []
-    unended: list[int] = []  # the line without a line end: only a file's last can be one
-
-    def text() -> Iterator[str]:
-        for number, line in lines:
-            numbers.append(number)
-            if not line.endswith(("\n", "\r")):
-                unended.append(number)
-            yield line
-
-    reader = csv.reader(text())
-    try:
-        header = next(reader, None)
-        if header is None or not any(cell.strip() for cell in header):
-            raise InputError(f"{name} is empty: no header row")
-        header = [cell.strip() for cell in header]
-        where = _missing(header, needed, name)
-        numbers.clear()
-        for cells in reader:
-            first, last = numbers[0], numbers[-1]
-            numbers.clear()
-            place = f"{name} line {first}" if first == last else f"{name} lines {first} to {last}"
-            if not any(cell.strip() for cell in cells):
-                continue  # a blank line
-            if len(cells) != len(header):
-                # a quote never closed takes every line after it into one field
-                opened = (
-                    f" (a quoted field runs from line {first}: a quote left open?)" if first != last else ""
-                )
-                raise InputError(f"{place}: {len(cells)} fields, the header has {len(header)}{opened}")
-            if unended:  # a number cut short is still a number: 1750000003900 for 1750000003900020
-                raise InputError(
-                    f"{place} has no line end: was the file cut while it was written? (end the line to "
-                    "replay it as it is)"
-                )
-            yield place, {column: cells[index] for column, index in where.items()}
-    except csv.Error as e:
-        at = f"{name} line {numbers[-1] if numbers else 1}"
-        if "new-line character seen in unquoted field" in str(e):  # Python's advice is to the programmer
-            raise InputError(f"{at}: a carriage return alone ends lines: make them line feeds") from None
-        raise InputError(f"{at}: not CSV: {e}") from None
-
-
-def _missing(header: Sequence[str], needed: Sequence[str], name: str) -> dict[str, int]:
-    """Where each needed column is in ``header``; a missing one is an error naming those there."""
-    for column in needed:
-        if column not in header:
-            there = ", ".join(quoted(c, 30) for c in header[:8]) + (", ..." if len(header) > 8 else "")
-            raise InputError(f"{name} has no column {quoted(column)} (its columns: {there})")
-    if len(set(header)) != len(header):
-        twice = next(c for c in header if header.count(c) > 1)
-        raise InputError(f"{name} has two columns named {quoted(twice)}")
-    return {column: header.index(column) for column in needed}
-
-
-def _jsonl_rows(file: BinaryIO, name: str, needed: Sequence[str]) -> Iterator[tuple[str, dict[str, Any]]]:
-    for number, line in numbered_lines(file, name):
-        if not line.strip():
-            continue
-        place = f"{name} line {number}"
-        row = json_object(line, place)
-        for column in needed:
-            if column not in row:
-                raise InputError(f"{place} has no {quoted(column)}")
-        yield place, row
-
-
-def json_object(line: str, place: str) -> dict[str, Any]:
-    """The JSON object on one line; anything else an :class:`InputError` naming ``place``: not
-    JSON, NaN or an infinity (no number), a key given twice (which value is meant is the writer's
-    secret; ``json`` would silently keep the last), or no object."""
-    try:
-        row = json.loads(line, parse_constant=_no_constant, object_pairs_hook=_unique_keys)
-    except ValueError as e:
-        complaint = json_complaint(e).replace(" at line 1 column ", " at column ")  # its one line is place's
-        raise InputError(f"{place}: not JSON: {shown(complaint, 120)}") from None
-    except RecursionError:
-        raise InputError(f"{place}: not JSON: nested too deeply") from None
-    if not isinstance(row, dict):
-        raise InputError(f"{place}: not a JSON object")
-    return row
-
-
-def _no_constant(word: str) -> Any:
-    raise ValueError(f"{word} is no number")
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """A JSON object's members, refused where a key is there twice."""
-    row = dict(pairs)
-    if len(row) != len(pairs):
-        twice = next(key for i, (key, _) in enumerate(pairs) if any(k == key for k, _ in pairs[:i]))
-        raise ValueError(f"the key {quoted(twice)} is there twice")
-    return row
-
-
-def _parquet_rows(file: BinaryIO, name: str, needed: Sequence[str]) -> Iterator[tuple[str, dict[str, Any]]]:
-    try:
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise InputError(
-            "reading Parquet needs pyarrow: pip install pyarrow (or give the trace as CSV or JSON Lines)"
-        ) from None
-    import pyarrow
-
-    if isinstance(
-        file, gzip.GzipFile
-    ):  # pyarrow seeks: through gzip, a decompression from the start each time
-        raise InputError(
-            f"{name}: a gzip-compressed Parquet file: gunzip it (Parquet compresses its columns)"
-        )
-    try:
-        table = pq.ParquetFile(file)
-        header = list(table.schema_arrow.names)
-        _missing(header, needed, name)
-        number = 0
-        for batch in table.iter_batches(batch_size=_BATCH, columns=list(needed)):
-            values = {
-                column: _parquet_values(array)
-                for column, array in zip(batch.schema.names, batch.columns, strict=True)
-            }
-            for index in range(batch.num_rows):
-                number += 1
-                yield f"{name} row {number}", {column: values[column][index] for column in values}
-    except (pyarrow.ArrowException, OSError) as e:
-        raise InputError(f"{name}: not a Parquet file pyarrow can read: {shown(e, 120)}") from None
-
-
-def _parquet_values(array: Any) -> list[Any]:
-    """A Parquet column's values as Python's: a timestamp or a duration exact, in seconds
-    (profilers write timestamps: their integer in the column's unit, not a ``datetime`` cut to
-    microseconds), anything else as pyarrow gives it (a decimal as a ``Decimal``)."""
-    import pyarrow
-
-    kind = array.type
-    if not (pyarrow.types.is_timestamp(kind) or pyarrow.types.is_duration(kind)):
-        return list(array.to_pylist())
-    per_second = 1 / TIME_UNITS[kind.unit]
-    counts = array.cast(pyarrow.int64()).to_pylist()
-    return [None if count is None else _Seconds(Fraction(count) / per_second) for count in counts]
 
 
 def trace_lines(step: int, times: Sequence[float]) -> bytes:
