@@ -235,7 +235,9 @@ def test_a_dtype_the_nccl_build_lacks_fails_every_rank_clearly() -> None:
     one = run_ranks(2, lambda r, g: allreduce(np.ones(4, dtypes[r]), s, group=g, timeout=5), NoHalfNccl)
     assert isinstance(one[0], TypeError) and "no float16" in str(one[0])
     assert isinstance(one[1], MismatchError), one[1]
-    assert str(one[1]) == "cannot allreduce: rank 0 has a dtype its engine cannot send"
+    assert str(one[1]) == (
+        "cannot allreduce: rank 0 has data its engine cannot send (its dtype, or a CPU tensor on NCCL)"
+    )
 
 
 def mismatched(n: int, s: Proof, change: str) -> tuple[list[Any], list[np.ndarray]]:

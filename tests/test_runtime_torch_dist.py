@@ -355,3 +355,32 @@ def test_a_send_that_fails_as_it_is_posted_names_its_peer() -> None:
     assert "rank 0 lost the connection in round 0 (phase 'reduce-scatter') sending to rank 1" in str(
         info.value
     )
+
+
+@pytest.mark.parametrize("backend_channel, refused", [(None, True), (0, False)])
+def test_a_cpu_tensor_is_a_problem_of_its_rank_on_nccl_only(
+    backend_channel: int | None, refused: bool
+) -> None:
+    """On NCCL (one channel: ``channel`` is None) a CPU tensor cannot travel: its rank says so in
+    its header (peers learn it in the header check, not by their timeout in round 0); on gloo
+    it travels."""
+    from types import SimpleNamespace
+
+    from stragglar.runtime.header import Problem, inspect_call
+    from stragglar.runtime.torch_dist import TorchEngine
+
+    engine: Any = SimpleNamespace(channel=lambda tag: backend_channel)  # only its channel is asked
+    proof = prove(synthesize("stragglar", 4))
+    flat, header, problem = inspect_call(
+        torch.arange(8, dtype=torch.float32),
+        proof,
+        0,
+        3,
+        (0, None),
+        lambda f: TorchEngine.sendable(engine, f),
+    )
+    if refused:
+        assert flat is None and header.problem == Problem.UNSENDABLE
+        assert isinstance(problem, TypeError) and "CPU tensor on an NCCL process group" in str(problem)
+    else:
+        assert flat is not None and header.problem == 0 and problem is None

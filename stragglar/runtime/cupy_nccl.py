@@ -342,8 +342,8 @@ class NcclEngine:
     def channel(self, tag: int) -> int | None:
         return None  # NCCL matches messages by order: the whole group is one channel
 
-    def sendable(self, dtype: str) -> None:
-        nccl_dtype(self.group, dtype)
+    def sendable(self, flat: Array) -> None:
+        nccl_dtype(self.group, dtype_name(flat))
 
     def gather(
         self, header: Sequence[int], like: Array, timeout: float | None, channel: int | None

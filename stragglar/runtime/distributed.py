@@ -14,7 +14,9 @@ A call runs on an :class:`Engine`: what one group of torch.distributed
 rounds, the packing, the graphs and the check that they may be captured.  :func:`allreduce` takes
 its steps once for all of them: check the arguments, pick the engine (:func:`engine_for`), inspect
 the buffer into a header, check the header on the call's channel, run the rounds (eagerly, or
-replayed from a CUDA graph).  Another engine is another implementation of :class:`Engine`.
+replayed from a CUDA graph).  A rank whose own data cannot take part still sends its header, and
+raises its error after the gather (:mod:`stragglar.runtime.refusals`).  Another engine is another
+implementation of :class:`Engine`.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from collections.abc import Callable, Hashable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Literal, Protocol, overload
 
-from stragglar.args import MAX_DELAY, MAX_TIMEOUT, as_flag, as_int, as_seconds
+from stragglar.args import MAX_DELAY, MAX_TIMEOUT, as_flag, as_seconds
 from stragglar.errors import ArgumentError, InputError, described
 from stragglar.runtime.arrays import Array, dtype_name, flat_view
 from stragglar.runtime.channels import ROUNDS_PER_TAG, Channels, as_tag
@@ -36,18 +38,17 @@ from stragglar.runtime.device.buffers import (
     check_device_buffer,
     check_not_capturing,
     launcher,
-    on_device,
     queued_work_done,
 )
 from stragglar.runtime.device.group import DeviceCall, DeviceWork, Gather
 from stragglar.runtime.device.shared import Registration, register, registered
 from stragglar.runtime.device.states import States, forget, forget_group, states_for
-from stragglar.runtime.failures import RankError
 from stragglar.runtime.graphs import Capturing, release, shared
-from stragglar.runtime.header import agree, inspect_call
+from stragglar.runtime.header import Problem, agree, inspect_call, make_header
 from stragglar.runtime.interpreter import Packing, Transport, run_rank, run_rank_replayed
 from stragglar.runtime.plans import late_rank_for, plan_for
 from stragglar.runtime.program import Plan
+from stragglar.runtime.refusals import Refusal, check_engine, check_rounds, device_refusal
 from stragglar.runtime.teardown import before_destroy
 from stragglar.verify import Proof, require_proof
 
@@ -64,8 +65,8 @@ class Engine(Protocol):
       channels and a graph's key know it; ``stream``, what the whole call runs inside (the stream
       its rounds run on, or nothing);
     - the header check: :meth:`channel`, the call's channel for its tag; :meth:`sendable`, a
-      TypeError for a dtype the engine cannot send; :meth:`gather`, every rank's header
-      all-gathered (in memory like ``like``, the buffer);
+      TypeError for a buffer the engine cannot send (its dtype, or where it is); :meth:`gather`,
+      every rank's header all-gathered (in memory like ``like``, the buffer);
     - the rounds: :meth:`transport` moves them (a
       :class:`~stragglar.runtime.interpreter.Transport`); :meth:`buffer` names a buffer whose rounds
       replay from a CUDA graph (all a graph of them bakes in; None: they run eagerly), and
@@ -92,7 +93,7 @@ class Engine(Protocol):
 
     def channel(self, tag: int) -> int | None: ...
 
-    def sendable(self, dtype: str) -> None: ...
+    def sendable(self, flat: Array) -> None: ...
 
     def gather(
         self, header: Sequence[int], like: Array, timeout: float | None, channel: int | None
@@ -180,6 +181,11 @@ def allreduce(
     that may include the late rank's delay; None: stragglar sets no bound of its own, and the
     group's own timeout, or the device engine's day, ends a wait), and
     :class:`~stragglar.runtime.ArgumentError` (a TypeError) or ``InputError`` for bad arguments.
+    Options that do not fit are refused at once; what only this rank's data brings (a buffer it
+    cannot write or send, data that is no torch tensor on a torch group, a buffer off the GPU for
+    ``engine="device"``) is raised after the header's gather, where its header names the problem,
+    so that its peers raise a ``MismatchError`` naming this rank in the same call instead of
+    waiting for it (:mod:`stragglar.runtime.refusals`).
 
     ``stream_ordered`` (torch tensors on an NCCL group): wait for each round on the current CUDA
     stream instead of the host, so the call returns once every round is queued; ``timeout`` then
@@ -221,13 +227,25 @@ def allreduce(
     as_flag(stream_ordered, "stream_ordered")
     if graphs is not None:
         as_flag(graphs, "graphs")
-    part = _check_rounds(rounds, proof)
+    part = check_rounds(rounds, proof)
     as_flag(async_op, "async_op")
-    on_device = _check_engine(engine, data, stream_ordered, rounds, graphs, async_op)
-    runner = engine_for(data, group, stream_ordered, graphs)
-    late_rank = late_rank_for(proof.schedule, late_rank, runner.size)
+    on_device = check_engine(engine, stream_ordered, rounds, graphs, async_op)
+    # what only this rank's data brings is said after the gather (stragglar.runtime.refusals)
+    runner, refusal = _engine_for_call(
+        data, group, stream_ordered, graphs, device_refusal(data) if on_device else None
+    )
+    try:
+        late_rank = late_rank_for(proof.schedule, late_rank, runner.size)
+    except (ArgumentError, InputError):  # this rank's refusal came first, as it always did
+        if refusal is None:
+            raise
+        raise refusal.error from None
     with runner.stream:
-        flat, header, problem = inspect_call(data, proof, tag, late_rank, part, runner.sendable)
+        if refusal is None:
+            flat, header, problem = inspect_call(data, proof, tag, late_rank, part, runner.sendable)
+        else:
+            flat, problem = None, refusal.error
+            header = make_header(proof, None, None, tag, late_rank, refusal.problem, part)
         registration = registered(runner.owner, flat) if on_device and flat is not None else None
         header = header._replace(
             on_device=int(on_device), registered=0 if registration is None else registration.number
@@ -240,16 +258,16 @@ def allreduce(
             except InputError as e:  # no CuPy: said after the gather, as any problem of this rank
                 problem = e
             else:
-                refusal = device.refusal()  # a broken setup or buffer: refused before the gather
-                if refusal is not None:
-                    raise refusal
+                broken = device.refusal()  # a broken setup or buffer: refused before the gather (refusals.py)
+                if broken is not None:
+                    raise broken
         # the header is all-gathered where the channel says so, and this rank's own problem raised
         # after the gather, so that its peers raise theirs rather than wait for it
         with _channels.enter(runner.owner, channel, header, lockstep=lockstep) as call:
             if call.must_check:
                 try:
                     gathered = runner.gather(header, data if flat is None else flat, wait, channel)
-                except RankError as e:  # peers that did not check: this rank's own problem is the cause
+                except Exception as e:  # peers that did not check, any failure: its own problem is the cause
                     if problem is not None:
                         raise problem from e
                     raise
@@ -278,10 +296,37 @@ def engine_for(
         from stragglar.runtime.torch_dist import TorchEngine
 
         return TorchEngine(group, stream_ordered, graphs)
-    raise ArgumentError(
+    raise _no_tensor(data, action)
+
+
+def _no_tensor(data: Any, action: str) -> ArgumentError:
+    return ArgumentError(
         f"cannot {action} a {type(data).__name__} across processes: pass a torch tensor, or an array "
         "with an NcclGroup (allreduce_local takes one array per rank)"
     )
+
+
+def _engine_for_call(
+    data: Any, group: Any, stream_ordered: bool, graphs: bool | None, refusal: Refusal | None
+) -> tuple[Engine, Refusal | None]:
+    """A call's engine (:func:`engine_for`), and this rank's own refusal of its data, raised after
+    the header's gather (None: none): ``refusal`` (the device engine's), else data that is no
+    torch tensor on a torch process group, whose header a
+    :class:`~stragglar.runtime.torch_dist.TorchEngine` of the group gathers all the same.  Where no
+    group can carry the header (no torch process group; a device refusal on an :class:`NcclGroup`:
+    :mod:`stragglar.runtime.refusals`), the refusal is raised at once."""
+    torch = sys.modules.get("torch")  # never imported here: a torch group means it is loaded
+    if refusal is None and (torch is None or isinstance(group, NcclGroup) or isinstance(data, torch.Tensor)):
+        return engine_for(data, group, stream_ordered, graphs), None
+    own = refusal or Refusal(Problem.NOT_A_TENSOR, _no_tensor(data, "allreduce"))
+    if torch is None or isinstance(group, NcclGroup):
+        raise own.error
+    from stragglar.runtime.torch_dist import TorchEngine
+
+    try:
+        return TorchEngine(group, stream_ordered, graphs), own
+    except (ArgumentError, InputError):  # no group to carry the header: this rank's refusal, at once
+        raise own.error from None
 
 
 def register_buffer(data: Any, group: Any = None, *, timeout: float | None = 300.0) -> Registration:
@@ -299,7 +344,7 @@ def register_buffer(data: Any, group: Any = None, *, timeout: float | None = 300
     Register while no call runs on the group, as with any collective.  On a torch group
     ``destroy_process_group()`` closes what is still open on it first."""
     wait = None if timeout is None else as_seconds(timeout, "timeout", positive=True)
-    check_device_buffer(data)  # refused at once, as allreduce(..., engine="device") refuses it
+    check_device_buffer(data)  # refused at once, before the registration's gather (allreduce's: after)
     check_not_capturing(data)
     runner = engine_for(data, group, False, None, action="register")
     cupy = launcher()
@@ -370,36 +415,6 @@ def _run_rounds(
     key = (engine.owner, fingerprint, engine.rank, buffer, tag, part, late_rank)
     replay = functools.partial(shared(engine.capturing), refusal=engine.uncapturable)
     return run_rank_replayed(flat, plan, transport, replay, key, delay, late_rank, part, packing)
-
-
-def _check_engine(
-    engine: Any, data: Any, stream_ordered: bool, rounds: Any, graphs: bool | None, async_op: bool
-) -> bool:
-    """Whether the call runs on the device engine, once its options fit it (every rank refuses
-    the same call before anything is gathered)."""
-    if not on_device(engine):
-        if async_op:
-            raise InputError(
-                "async_op applies to engine 'device' (the rounds engine's calls return when done, "
-                "or with stream_ordered once queued)"
-            )
-        return False
-    given = [
-        name
-        for name, value in (
-            ("stream_ordered", stream_ordered or None),
-            ("rounds", rounds),
-            ("graphs", graphs),
-        )
-        if value is not None
-    ]
-    if given:
-        raise InputError(
-            f"{given[0]} applies to the rounds engine, not to engine 'device' (one kernel launch a call)"
-        )
-    check_device_buffer(data)
-    check_not_capturing(data)
-    return True
 
 
 def _device_call(
@@ -477,20 +492,6 @@ def _gather_on(runner: Engine, flat: Array, tag: int, timeout: float | None) -> 
         return gather
 
     return gather_on
-
-
-def _check_rounds(rounds: Any, proof: Proof) -> tuple[int, int | None]:
-    """``rounds`` as (first, stop), both within the schedule's rounds (stop None: to the end)."""
-    if rounds is None:
-        return 0, None
-    if not isinstance(rounds, tuple) or len(rounds) != 2:
-        raise ArgumentError(f"rounds must be a pair (first, stop), got {described(rounds)}")
-    total = proof.num_rounds
-    first = as_int(rounds[0], "rounds[0]", minimum=0)
-    stop = None if rounds[1] is None else as_int(rounds[1], "rounds[1]", minimum=0)
-    if first > (total if stop is None else stop) or (stop is not None and stop > total):
-        raise InputError(f"rounds must satisfy 0 <= first <= stop <= {total} (the schedule's), got {rounds}")
-    return first, stop
 
 
 def _plus(timeout: float | None, delay: float) -> float | None:

@@ -5,11 +5,11 @@ and element count: a rank with another count cuts its chunks elsewhere, one with
 straggler pairs with other peers, and engines move bytes without asking what they mean, so any
 of these gives a wrong sum or a hang.  Before a call's rounds, each rank therefore all-gathers a
 small :class:`Header` (the schedule's size, algorithm, straggler and fingerprint, the dtype, the
-element count, the tag, the late rank and the rounds it runs, and any local problem with its
-buffer) on the same group, with the call's timeout, and every rank raises the same one-line
-:class:`MismatchError` when they differ.  Which calls check is the channels' rule
-(:mod:`stragglar.runtime.channels`), so that a call that repeats its channel's setup costs a
-dictionary lookup.
+element count, the tag, the late rank and the rounds it runs, and any problem of its own with
+the call: its buffer, its data, the engine it asked for) on the same group, with the call's
+timeout, and every rank raises the same one-line :class:`MismatchError` when they differ.
+Which calls check is the channels' rule (:mod:`stragglar.runtime.channels`), so that a call that
+repeats its channel's setup costs a dictionary lookup.
 
 >>> h = Header(MAGIC, 0, 4, 0, 3, 7, 2, 1000, 0, 3, 0, -1)
 >>> print(mismatch([h, h._replace(elements=999), h, h], 4))
@@ -51,20 +51,26 @@ class Problem(IntEnum):
     NONE = 0
     DTYPE = 1  # a dtype nothing here supports
     NOT_CONTIGUOUS = 2
-    UNSENDABLE = 3  # a dtype its engine cannot send (an NCCL build without bfloat16)
+    UNSENDABLE = 3  # data its engine cannot send (an NCCL build without bfloat16, a CPU tensor on NCCL)
     NOT_WRITABLE = 4  # requires grad, an inference tensor outside inference mode, read-only, sparse
     NO_DATA = 5  # values that are not its data: a meta tensor, a masked array
+    NOT_ON_DEVICE = 6  # the device engine asked for on a buffer off the GPU (a NumPy array, a CPU tensor)
+    NOT_A_TENSOR = 7  # data that is no torch tensor, on a torch process group
 
 
 PROBLEMS: dict[int, str] = {  # what a rank with a problem has, in words
     Problem.DTYPE: "has a buffer of a dtype no engine here supports",
     Problem.NOT_CONTIGUOUS: "has a buffer that is not contiguous",
-    Problem.UNSENDABLE: "has a dtype its engine cannot send",
+    Problem.UNSENDABLE: "has data its engine cannot send (its dtype, or a CPU tensor on NCCL)",
     Problem.NOT_WRITABLE: (
         "has a buffer it cannot write in place (it requires grad, or is an inference tensor, "
         "read-only memory or sparse)"
     ),
     Problem.NO_DATA: "has a buffer whose values are not its data (a meta tensor, or a masked array)",
+    Problem.NOT_ON_DEVICE: (
+        "has a buffer the device engine cannot run on (neither a CuPy array nor a torch CUDA tensor)"
+    ),
+    Problem.NOT_A_TENSOR: "has data that is not a torch tensor, on a torch process group",
 }
 
 
@@ -231,7 +237,7 @@ def inspect_call(
     tag: int,
     late_rank: int,
     rounds: tuple[int, int | None],
-    sendable: Callable[[str], object],
+    sendable: Callable[[Any], object],
 ) -> tuple[Any, Header, Exception | None]:
     """A call's ``data`` as its engine sends it: (the flat view or None, this rank's header, the
     error this rank must raise after the header's gather or None)."""
@@ -251,8 +257,8 @@ def inspect_call(
         return None, make_header(proof, None, None, tag, late_rank, Problem.NOT_CONTIGUOUS, rounds), e
     dtype = dtype_name(flat)
     try:
-        sendable(dtype)
-    except TypeError as e:  # e.g. an NCCL build without bfloat16
+        sendable(flat)
+    except TypeError as e:  # an NCCL build without bfloat16, a CPU tensor on NCCL
         return None, make_header(proof, dtype, None, tag, late_rank, Problem.UNSENDABLE, rounds), e
     return flat, make_header(proof, dtype, int(flat.shape[0]), tag, late_rank, rounds=rounds), None
 

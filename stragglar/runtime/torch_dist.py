@@ -266,14 +266,23 @@ class TorchEngine:
     def channel(self, tag: int) -> int | None:
         return None if dist.get_backend(self.group) == "nccl" else tag  # NCCL ignores tags
 
-    def sendable(self, dtype: str) -> None:
-        """Every dtype of :data:`~stragglar.runtime.arrays.DTYPES` travels on gloo and NCCL."""
+    def sendable(self, flat: Array) -> None:
+        """Every dtype of :data:`~stragglar.runtime.arrays.DTYPES` travels on gloo and NCCL; a CPU
+        tensor does not travel on NCCL (it would fail in the first round, its peers waiting there
+        until their timeout: as a header's problem, they learn of it in the header check)."""
+        if self.channel(0) is None and not flat.is_cuda:
+            raise TypeError(
+                "a CPU tensor on an NCCL process group: NCCL sends CUDA tensors (move it to the rank's "
+                "GPU, or use a gloo group)"
+            )
 
     def gather(
         self, header: Sequence[int], like: Array, timeout: float | None, channel: int | None
     ) -> list[tuple[int, ...]]:
-        device = like.device
-        if device.type == "meta" and channel is None:  # NCCL's gather for a rank whose buffer has no data
+        device = like.device if isinstance(like, torch.Tensor) else torch.device("cpu")
+        if channel is None and device.type != "cuda":
+            # NCCL gathers on a GPU: a rank whose buffer is not on one (a meta or CPU tensor, data
+            # that is no tensor: refused after this gather) gathers on its current GPU
             device = torch.device("cuda", torch.cuda.current_device())
         return gather_headers(header, self.group, device, self.rank, timeout, channel)
 
