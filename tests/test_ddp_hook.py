@@ -291,20 +291,29 @@ def closing_engine_rank(rank: int, n: int) -> tuple[int, bool, bool, bool]:
     Returns the last step's works, whether each is complete, whether gloo's thread let go of
     each callback by the end of ``close``, and whether the works are still held (they end with
     the state, in this thread)."""
+    from stragglar.ddp import engine_allreduce
+
     state = StragglarState(policy="auto", network=SLOW, timeout=20)
     plain, hooked = twins(state)
-    engine = state._engine
+    engine = engine_allreduce.all_reduce
 
     def slowed(
-        buffer: torch.Tensor, divisor: int, order: Any, host_group: Any, in_call: bool
+        buffer: torch.Tensor,
+        divisor: int,
+        order: Any,
+        host_group: Any,
+        in_call: bool,
+        group: Any,
+        seconds: float,
+        resources: Any,
     ) -> torch.futures.Future[torch.Tensor]:
-        future = engine(buffer, divisor, order, host_group, in_call)
+        future = engine(buffer, divisor, order, host_group, in_call, group, seconds, resources)
         if rank == 0 and state.learned.steps == 3:  # in flight: rank 1 is late
             work, _ = state.resources.engine_calls[-1]
             work.get_future().add_done_callback(lambda _: time.sleep(0.3))
         return future
 
-    state._engine = slowed  # type: ignore[method-assign]
+    engine_allreduce.all_reduce = slowed  # this forked rank's alone
     for i in range(3):
         step(rank, i, plain, hooked, late(rank, 1, 0.2 if i == 2 else 0.0))
     calls = list(state.resources.engine_calls)
@@ -372,19 +381,19 @@ def test_the_engine_s_failures_say_which_timeout_ended_them() -> None:
     """On the host the state's deadline bounds the engine's all_reduce (its group's own timeout
     just after): a timeout is said as the state's.  On CUDA the process group's ends it, in the
     engine's words: not the state's timeout, which bounds nothing there."""
-    from stragglar.ddp.hook import _engine_error
+    from stragglar.ddp.engine_allreduce import engine_error
 
     nccl = RuntimeError("Watchdog caught collective operation timeout: ran for 1800012 milliseconds")
     assert (
-        str(_engine_error(1, nccl, None))
+        str(engine_error(1, nccl, None))
         == f"allreduce failed: rank 1 timed out in the engine's all_reduce: {nccl}"
     )
     gloo = RuntimeError("[../gloo/transport/tcp/pair.cc:446] Timed out waiting 302000ms for recv operation")
     said = "allreduce failed: rank 1 timed out in the engine's all_reduce: no answer within 300 s (the "
     said += "state's timeout)"
-    assert str(_engine_error(1, gloo, 300.0)) == str(_engine_error(1, None, 300.0)) == said
+    assert str(engine_error(1, gloo, 300.0)) == str(engine_error(1, None, 300.0)) == said
     lost = RuntimeError("Connection closed by peer [127.0.0.1]:4242")
-    error = _engine_error(1, lost, 300.0)
+    error = engine_error(1, lost, 300.0)
     assert str(error) == f"allreduce failed: rank 1 lost the connection in the engine's all_reduce: {lost}"
     assert (error.rank, error.reason, error.during) == (
         1,

@@ -1,6 +1,7 @@
 """The commands of ``stragglar`` (:mod:`stragglar.cli` puts them together), one module per topic:
 :mod:`~stragglar.commands.schedules`, :mod:`~stragglar.commands.model`,
-:mod:`~stragglar.commands.measure` and :mod:`~stragglar.commands.whatif`.
+:mod:`~stragglar.commands.measure` and :mod:`~stragglar.commands.whatif` (its report in
+:mod:`~stragglar.commands.whatif_report`).
 
 Each command parses its options, calls the library and prints what the library renders; a
 failure is a :class:`~stragglar.errors.StragglarError`, which the group turns into one

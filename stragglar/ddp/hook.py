@@ -11,22 +11,19 @@ import torch.distributed as dist
 from torch.distributed import GradBucket  # type: ignore[attr-defined, unused-ignore]
 
 from stragglar.args import as_rank
-from stragglar.ddp import deadlines
+from stragglar.ddp import engine_allreduce
 from stragglar.ddp.agreement import agree, agree_on_bucket, settings_of
-from stragglar.ddp.metrics import report
+from stragglar.ddp.judgment import is_world, judge
 from stragglar.ddp.options import check_bucket, check_fresh_trace, check_learned, check_options
 from stragglar.ddp.orders import HostOrder, Order, StreamOrder
 from stragglar.ddp.probe import LateRankProbe, let_go
 from stragglar.ddp.state_parts import Connection, Decision, Learned, ProofKey, Resources
-from stragglar.ddp.worker import CLOSE_WAIT, BucketWorker, Job, Reducer, dedicated_group, named_globally
+from stragglar.ddp.worker import CLOSE_WAIT, BucketWorker, Job, Reducer, dedicated_group
 from stragglar.errors import ArgumentError, InputError
-from stragglar.formats.traces import TraceWriter
 from stragglar.model import Network
-from stragglar.model.detect import WINDOW, RankLateness, Rule, fresh, observe, recent_lateness
+from stragglar.model.detect import WINDOW, RankLateness, Rule, recent_lateness
 from stragglar.model.policy import (
-    ALLREDUCE,
     POLICIES,
-    PROBE_LAG,
     STRAGGLAR,
     AutoPolicy,
     Choice,
@@ -34,8 +31,7 @@ from stragglar.model.policy import (
     choose,
     chunk_count,
 )
-from stragglar.runtime import RankError, heartbeat, release_graphs
-from stragglar.runtime.failures import checking_error, classify, error_line
+from stragglar.runtime import heartbeat, release_graphs
 from stragglar.runtime.teardown import before_destroy
 from stragglar.synth import synthesize
 from stragglar.verify import Proof, prove
@@ -281,24 +277,8 @@ class StragglarState:
             ranks = None if group is None else dist.get_process_group_ranks(group)
             probe = self.resources.probe = LateRankProbe(world_size, window, self.timeout, ranks)
             before_destroy(self, (probe.group,), StragglarState.close)
-        if not probe.step():
-            return
-        before = learned.detection or fresh(world_size)
-        learned.detection = observe(self.rule, before, probe.late[-1])
-        if dist.get_rank() == 0:
-            self._report(before.named)
-            if self.record is not None:
-                self._write_trace(probe, self.record)
-        if auto:
-            fixed = self.late_rank(world_size)
-            learned.outlook = learned.policy.judge(
-                world_size, probe.late, self.rule, learned.detection, fixed, probe.samples
-            )
-            return
-        named = learned.detection.named
-        if self.detect > 0 and named is not None and named != self._expected_late_rank(world_size):
-            self.straggler = named
-            learned.switches.append((learned.steps, named))
+        if probe.step():  # new figures: judged in judgment.py
+            judge(self, probe, world_size)
 
     @property
     def persistent_straggler(self) -> int | None:
@@ -315,32 +295,6 @@ class StragglarState:
         if probe is None or detection is None:
             return ()
         return recent_lateness(self.rule, detection, probe.late)
-
-    def _figures_step(self) -> int:
-        """The step the probe's latest figures are from."""
-        return self.learned.steps - PROBE_LAG
-
-    def _report(self, before: int | None) -> None:
-        """Rank 0: log a change of persistent straggler, and replace the metrics file."""
-        probe, detection = self.resources.probe, self.learned.detection
-        if probe is not None and detection is not None:
-            window = probe.late.maxlen or WINDOW
-            group = self.process_group  # HSDP's replicate group: its ranks named by their global ones
-            members = None if _is_world(group) else dist.get_process_group_ranks(group)
-            report(before, detection, self.late_ranks, self._figures_step(), window, self.metrics, members)
-
-    def _write_trace(self, probe: LateRankProbe, record: str | os.PathLike[str]) -> None:
-        """Append the step's arrivals, as the probe measured them, to the trace (rank 0 only)."""
-        trace = self.resources.trace
-        if trace is None:
-            trace = self.resources.trace = TraceWriter(record)
-            weakref.finalize(self, trace.close)
-        trace.append(self._figures_step(), [-wait for wait in probe.waits])
-
-    def _expected_late_rank(self, world_size: int) -> int:
-        """The rank the reductions now take for the late one: the straggler, else the schedule's
-        late rank (:attr:`~stragglar.schedule.Schedule.late_rank`)."""
-        return self.straggler if self.straggler is not None else self.proof(world_size).schedule.late_rank
 
     def choose(self, world_size: int, size_bytes: int) -> Choice:
         """How to reduce a bucket of ``size_bytes`` at this step (recorded in ``decisions``)."""
@@ -392,7 +346,10 @@ class StragglarState:
             if met not in self.resources.engine_buckets:
                 agree_on_bucket(bucket, buffer, self.process_group, self.timeout)
                 self.resources.engine_buckets.add(met)
-            return self._engine(buffer, divided, order, comm.engine_group, in_call)
+            group, seconds = self.process_group, self.timeout + self.straggler_delay
+            return engine_allreduce.all_reduce(
+                buffer, divided, order, comm.engine_group, in_call, group, seconds, self.resources
+            )
         proof = self.proof(world_size, choice.straggler, choice.chunks)
         chunks = choice.chunks or 0
         job = Job(
@@ -418,55 +375,16 @@ class StragglarState:
         comm.worker.submit(job.future, *comm.reduce.stages(job))
         # DDP reads a failed Future's value as its result ("Unable to cast ... to Tensor"); an error
         # raised in a callback reaches it as an error, with the message intact
-        return job.future.then(_value)
-
-    def _engine(
-        self, buffer: torch.Tensor, divisor: int, order: Order, host_group: Any, in_call: bool
-    ) -> torch.futures.Future[torch.Tensor]:
-        """The engine's own all_reduce, as DDP's default hook runs it, timed for the policy: its
-        Future completes (through the engine's stream on CUDA) with the sum divided by
-        ``divisor``, or fails with a :class:`RankError`.  On CUDA it runs on DDP's group; on the
-        host on ``host_group`` (:attr:`Connection.engine_group`; None: DDP's group), bounded by
-        the state's timeout.  ``in_call`` (a caller that waits for the Future itself: FSDP's
-        hook): the Future whose ``wait`` raises the RankError itself, not torch's RuntimeError
-        that quotes it with the stack of the callback that read it."""
-        watch = self.resources.engine_watch = order.clock(self.resources.engine_watch)
-        probe = self.resources.probe
-        record = probe.record if probe is not None else None
-        size = buffer.numel() * buffer.element_size()
-        group, seconds = self.process_group, self.timeout + self.straggler_delay
-        rank = dist.get_rank(group)
-
-        def averaged(future: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
-            watch.stop()
-            if record is not None:
-                record(ALLREDUCE, size, 0, watch)
-            try:
-                total = future.value()[0]
-            except Exception as e:  # a peer died, or its group's own timeout ended the call
-                bound = None if buffer.is_cuda else seconds  # on CUDA the process group's bounds it
-                raise named_globally(_engine_error(rank, e, bound), group) from e
-            return total if divisor == 1 else total.div_(divisor)
-
-        on_host = not buffer.is_cuda and host_group is not None
-        work = dist.all_reduce(buffer, group=host_group if on_host else group, async_op=True)
-        engine: torch.futures.Future[list[torch.Tensor]] = work.get_future()
-        if buffer.is_cuda:  # ordered on CUDA streams; NCCL's watchdog bounds it (deadlines.py)
-            return engine.then(averaged)
-        outcome, callback = deadlines.bounded(
-            engine, averaged, seconds, lambda: named_globally(_engine_error(rank, None, seconds), group)
-        )
-        self.resources.engine_calls.append((work, weakref.ref(callback)))  # see Resources
-        del callback  # from here on, only gloo's thread holds it
-        return outcome if in_call else outcome.then(_value)  # DDP reads a failed Future as an error
+        return job.future.then(engine_allreduce.value)
 
     def _connect(self, world_size: int, threads: bool) -> Connection:
         group = dedicated_group(self.process_group, self.timeout)
         early = dedicated_group(self.process_group, self.timeout) if threads else group
         groups = (early, group)
         engine_group = None  # made alike on every rank: the policy and the group's backend are agreed
-        if self.policy == "auto" and _gloo_on_host(self.process_group):  # see Connection
-            engine_group = dedicated_group(self.process_group, self.timeout + ENGINE_GRACE, "gloo")
+        if self.policy == "auto" and engine_allreduce.gloo_on_host(self.process_group):  # see Connection
+            grace = engine_allreduce.ENGINE_GRACE
+            engine_group = dedicated_group(self.process_group, self.timeout + grace, "gloo")
         probe = self.resources.probe
         record = probe.record if probe is not None and self.policy == "auto" else None
         reduce = Reducer(
@@ -509,44 +427,6 @@ class StragglarState:
             trace.close()
 
 
-# Seconds by which gloo's own timeout on the engine's group (Connection.engine_group) outlasts the
-# state's deadline.  A rank whose gloo call times out closes its pairs, and its peers then read a
-# lost connection: so each rank's own deadline ends its wait first, however the ranks' calls were
-# spread in time (by less than this), and gloo ends the call soon after, well within close()'s wait.
-ENGINE_GRACE = 2.0
-assert ENGINE_GRACE < CLOSE_WAIT
-
-
-def _value(future: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
-    return future.value()
-
-
-def _is_world(group: Any) -> bool:
-    """Whether ``group`` is the world: None, or ``dist.group.WORLD`` given by name."""
-    return group is None or group is dist.group.WORLD
-
-
-def _engine_error(rank: int, error: BaseException | None, seconds: float | None) -> RankError:
-    """The engine's all_reduce failed on ``rank`` with ``error`` (None: past its deadline of
-    ``seconds``).  On the host, where the deadline bounds it, a silent peer is said alike whether
-    the deadline or the group's own timeout (the deadline's and a grace) came first; else
-    (``seconds`` None: on CUDA, the process group's timeout) in the engine's words."""
-    reason = "timed out" if error is None else classify(error)
-    if seconds is not None and reason == "timed out":
-        detail = f"no answer within {seconds:g} s (the state's timeout)"
-    else:
-        detail = error_line(error) if error is not None else "no answer"
-    return checking_error(rank, reason, detail, during="in the engine's all_reduce")
-
-
-def _gloo_on_host(group: Any) -> bool:
-    """Whether ``group`` (None: the world) reduces host tensors with gloo ("gloo", or a
-    "cpu:gloo,cuda:nccl" pair): only then is the engine's group made, with gloo (an MPI or
-    oneCCL group keeps its own backend, and its own timeouts)."""
-    backend = str(dist.get_backend(group))
-    return backend == "gloo" or "cpu:gloo" in backend
-
-
 def stragglar_hook(state: StragglarState, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Average ``bucket``'s gradients over the ranks as ``state`` says; returns at once when
     ``state.asynchronous``, with a Future that completes when the bucket is averaged."""
@@ -564,7 +444,7 @@ def stragglar_hook(state: StragglarState, bucket: GradBucket) -> torch.futures.F
     buffer = bucket.buffer()
     world = dist.get_world_size(state.process_group)
     if bucket.index() == 0:
-        if not _is_world(state.process_group) and state.probes and world > 1:
+        if not is_world(state.process_group) and state.probes and world > 1:
             raise InputError(
                 "straggler detection, policy='auto', record= and metrics= need the default (world) "
                 "process group"

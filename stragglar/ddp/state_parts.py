@@ -61,7 +61,7 @@ class Connection:
 
     ``engine_group``: under ``policy="auto"`` on a group that reduces host tensors with gloo, a
     gloo group of the hook's ranks made with the state's timeout (and a grace:
-    ``hook.ENGINE_GRACE``), for the engine's own all_reduce of host buckets.  On the process
+    ``engine_allreduce.ENGINE_GRACE``), for the engine's own all_reduce of host buckets.  On the process
     group's (30 minutes, by default), a call that a silent peer held stayed in gloo's hands after
     the state's deadline had failed the step, so the other ranks' interpreters hung at exit until
     the peer came back, then aborted; gloo now ends it soon after the deadline.  None: not made."""

@@ -1,0 +1,110 @@
+"""The engine's own all_reduce, for the buckets the policy does not give to StragglAR's rounds.
+
+Such a bucket is reduced as DDP's default hook reduces it: one asynchronous all_reduce of the
+engine's (gloo, NCCL).  What the hook adds to it is kept here, apart from StragglAR's rounds
+(:mod:`stragglar.ddp.worker`), which it shares nothing with but the state: the call is timed for
+the policy (:mod:`stragglar.ddp.probe`), on the host bounded by the state's timeout
+(:mod:`stragglar.ddp.deadlines`) on a gloo group of the hook's own whose own timeout outlasts it
+(:data:`ENGINE_GRACE`), and a failure is a :class:`~stragglar.runtime.RankError` that says which
+timeout ended it.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from stragglar.ddp import deadlines
+from stragglar.ddp.orders import Order
+from stragglar.ddp.state_parts import Resources
+from stragglar.ddp.worker import CLOSE_WAIT, named_globally
+from stragglar.model.policy import ALLREDUCE
+from stragglar.runtime import RankError
+from stragglar.runtime.failures import checking_error, classify, error_line
+
+__all__ = ["ENGINE_GRACE", "all_reduce", "engine_error", "gloo_on_host", "value"]
+
+# Seconds by which gloo's own timeout on the engine's group (Connection.engine_group) outlasts the
+# state's deadline.  A rank whose gloo call times out closes its pairs, and its peers then read a
+# lost connection: so each rank's own deadline ends its wait first, however the ranks' calls were
+# spread in time (by less than this), and gloo ends the call soon after, well within close()'s wait.
+ENGINE_GRACE = 2.0
+assert ENGINE_GRACE < CLOSE_WAIT
+
+
+def all_reduce(
+    buffer: torch.Tensor,
+    divisor: int,
+    order: Order,
+    host_group: Any,
+    in_call: bool,
+    group: Any,
+    seconds: float,
+    resources: Resources,
+) -> torch.futures.Future[torch.Tensor]:
+    """The engine's own all_reduce, as DDP's default hook runs it, timed for the policy: its
+    Future completes (through the engine's stream on CUDA) with the sum divided by
+    ``divisor``, or fails with a :class:`RankError`.  On CUDA it runs on DDP's group ``group``; on
+    the host on ``host_group`` (:attr:`Connection.engine_group`; None: DDP's group), bounded by
+    the state's deadline of ``seconds``.  ``in_call`` (a caller that waits for the Future itself:
+    FSDP's hook): the Future whose ``wait`` raises the RankError itself, not torch's RuntimeError
+    that quotes it with the stack of the callback that read it.  ``resources``: the state's, where
+    the call's watch and (on the host) the call itself are kept."""
+    watch = resources.engine_watch = order.clock(resources.engine_watch)
+    probe = resources.probe
+    record = probe.record if probe is not None else None
+    size = buffer.numel() * buffer.element_size()
+    rank = dist.get_rank(group)
+
+    def averaged(future: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+        watch.stop()
+        if record is not None:
+            record(ALLREDUCE, size, 0, watch)
+        try:
+            total = future.value()[0]
+        except Exception as e:  # a peer died, or its group's own timeout ended the call
+            bound = None if buffer.is_cuda else seconds  # on CUDA the process group's bounds it
+            raise named_globally(engine_error(rank, e, bound), group) from e
+        return total if divisor == 1 else total.div_(divisor)
+
+    on_host = not buffer.is_cuda and host_group is not None
+    work = dist.all_reduce(buffer, group=host_group if on_host else group, async_op=True)
+    engine: torch.futures.Future[list[torch.Tensor]] = work.get_future()
+    if buffer.is_cuda:  # ordered on CUDA streams; NCCL's watchdog bounds it (deadlines.py)
+        return engine.then(averaged)
+    outcome, callback = deadlines.bounded(
+        engine, averaged, seconds, lambda: named_globally(engine_error(rank, None, seconds), group)
+    )
+    resources.engine_calls.append((work, weakref.ref(callback)))  # see Resources
+    del callback  # from here on, only gloo's thread holds it
+    return outcome if in_call else outcome.then(value)  # DDP reads a failed Future as an error
+
+
+def value(future: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+    """``future``'s value, for ``then``: DDP reads a failed Future's value as its result ("Unable
+    to cast ... to Tensor"); an error raised in a callback reaches it as an error, message intact."""
+    return future.value()
+
+
+def engine_error(rank: int, error: BaseException | None, seconds: float | None) -> RankError:
+    """The engine's all_reduce failed on ``rank`` with ``error`` (None: past its deadline of
+    ``seconds``).  On the host, where the deadline bounds it, a silent peer is said alike whether
+    the deadline or the group's own timeout (the deadline's and a grace) came first; else
+    (``seconds`` None: on CUDA, the process group's timeout) in the engine's words."""
+    reason = "timed out" if error is None else classify(error)
+    if seconds is not None and reason == "timed out":
+        detail = f"no answer within {seconds:g} s (the state's timeout)"
+    else:
+        detail = error_line(error) if error is not None else "no answer"
+    return checking_error(rank, reason, detail, during="in the engine's all_reduce")
+
+
+def gloo_on_host(group: Any) -> bool:
+    """Whether ``group`` (None: the world) reduces host tensors with gloo ("gloo", or a
+    "cpu:gloo,cuda:nccl" pair): only then is the engine's group made, with gloo (an MPI or
+    oneCCL group keeps its own backend, and its own timeouts)."""
+    backend = str(dist.get_backend(group))
+    return backend == "gloo" or "cpu:gloo" in backend
