@@ -110,6 +110,43 @@ def test_reading_and_writing_a_large_file_show_a_busy_line_on_a_terminal(
     assert read.exit_code == 0 and f"reading {path}: 00:01" in read.stderr, read.stderr
 
 
+@pytest.mark.parametrize("command", ["synth --gpus 9", "export"])
+def test_formatting_a_json_schedule_advances_its_bar_a_round_at_a_time(
+    command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One json.dumps of the whole schedule, a C call holding the GIL, kept the bar of N = 1024
+    still for 1.9 s (N = 2048: 7 s): the text is now made a round at a time, the bar moved
+    between rounds."""
+    schedule = synthesize("stragglar", 9)
+    source = tmp_path / "in.json"
+    schedule_json.write(schedule, source)
+    advanced: list[str] = []
+    advance = terminal.Bar.advance
+
+    def counted(bar: terminal.Bar, note: str = "") -> None:
+        advanced.append(str(bar.bar.desc))
+        advance(bar, note)
+
+    monkeypatch.setattr(terminal, "_show_progress", lambda: True)
+    monkeypatch.setattr(terminal.Bar, "advance", counted)
+    args = command.split() + ([] if command.startswith("synth") else [str(source), "--format", "json"])
+    result = run(*args, "-o", str(tmp_path / "out.json"))
+    assert result.exit_code == 0, result.output
+    assert advanced.count("formatting the schedule as json") == schedule.num_rounds > 10
+    assert (tmp_path / "out.json").read_text() == source.read_text()
+
+
+def test_show_makes_its_table_under_a_busy_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """show of N = 1024 made its table for 2 s between the reading's line and the proof's, with
+    nothing on the terminal."""
+    path = tmp_path / "s.json"
+    schedule_json.write(synthesize("stragglar", 4), path)
+    monkeypatch.setattr(terminal, "_show_progress", lambda: True)
+    monkeypatch.setattr(terminal, "SHOW_AFTER", 0.0)  # quick work: its line from the start
+    result = run("show", str(path))
+    assert result.exit_code == 0 and "formatting the schedule as text" in result.stderr, result.stderr
+
+
 def test_whatif_s_replay_moves_its_clock_while_a_group_takes_its_time(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -374,9 +374,10 @@ def test_errors_in_a_file_start_with_its_name(tmp_path: Path) -> None:
     ],
 )
 def test_invalid_schedule_cannot_be_dumped(schedule: Schedule, message: str) -> None:
-    with pytest.raises(ScheduleFormatError) as excinfo:
-        dumps(schedule)
-    assert _message(excinfo) == message
+    for write in (dumps, to_document):  # the text is made in pieces, checked as the document is
+        with pytest.raises(ScheduleFormatError) as excinfo:
+            write(schedule)
+        assert _message(excinfo) == message
 
 
 def idle_rounds(count: int) -> dict[str, Any]:

@@ -12,11 +12,13 @@ from typing import Any
 
 import click
 
-from stragglar.commands.terminal import busy, echo
+from stragglar.commands.terminal import busy, echo, progress_bar
 from stragglar.errors import InputError, ResourceError, ran_out, shown
 from stragglar.files import check_replaceable, own_descriptor, same_file, write_bytes, write_text
+from stragglar.formats import schedule_json
+from stragglar.schedule import Schedule
 
-__all__ = ["check_output", "check_plot", "dump_json", "to_stdout", "write", "write_plot"]
+__all__ = ["check_output", "check_plot", "dump_json", "schedule_text", "to_stdout", "write", "write_plot"]
 
 
 def to_stdout(output: Path | None) -> bool:
@@ -125,6 +127,18 @@ def write(path: Path, text: str, option: str = "-o") -> None:
             write_text(path, text + "\n")
     except OSError as e:
         raise _cannot_write(path, option, e) from None
+
+
+def schedule_text(schedule: Schedule) -> str:
+    """``schedule``'s JSON text, made a round at a time under a bar that counts the rounds: made
+    whole, by one :func:`json.dumps` (a C call that holds the GIL), N = 1024's 98 MB kept the bar
+    still for 1.9 s, and N = 2048's for 7 s."""
+    text = []
+    with progress_bar(max(1, schedule.num_rounds), "formatting the schedule as json") as bar:
+        for piece in schedule_json.pieces(schedule):  # one a round
+            text.append(piece)
+            bar.advance()
+    return "".join(text)
 
 
 def _cannot_write(path: Path, option: str, error: OSError) -> Exception:

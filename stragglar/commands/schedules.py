@@ -32,7 +32,7 @@ from stragglar.commands.options import (
     refuse_given,
     refuse_other_formats,
 )
-from stragglar.commands.outputs import check_output, check_plot, to_stdout, write, write_plot
+from stragglar.commands.outputs import check_output, check_plot, schedule_text, to_stdout, write, write_plot
 from stragglar.commands.proofs import (
     export_artifact,
     lowered_artifact,
@@ -43,7 +43,6 @@ from stragglar.commands.proofs import (
 )
 from stragglar.commands.terminal import busy, echo
 from stragglar.errors import IncorrectError, InputError, StragglarError, shown
-from stragglar.formats import schedule_json
 from stragglar.formats.text import render
 from stragglar.model import AUTO, Network
 from stragglar.schedule import Schedule
@@ -210,13 +209,11 @@ def synth(
         body = exported.text
         summary += f"; {exporting.title} proved: {exported.proof.brief}"
         details += [exported.proof.summary, exported.proof.details]
+    elif fmt == "json":
+        body = schedule_text(proof.schedule)
     else:
-        with busy(f"formatting the schedule as {fmt}"):
-            body = (
-                schedule_json.dumps(proof.schedule)
-                if fmt == "json"
-                else f"{render(proof.schedule)}\n{summary}"
-            )
+        with busy("formatting the schedule as text"):
+            body = f"{render(proof.schedule)}\n{summary}"
     to_stderr = output is None and fmt != "text"
     if output is not None:
         write(output, body.rstrip("\n"))
@@ -371,8 +368,7 @@ def export(
         text, summary = exported.text, exported.proof.summary
         details = f"{exported.proof.details}\n{proof.summary}\n{proof.covers}"
     else:
-        with busy("formatting the schedule as json"):
-            text = schedule_json.dumps(proof.schedule)
+        text = schedule_text(proof.schedule)
         summary, details = proof.headline, f"{proof.summary}\n{proof.covers}"
     if output is None:
         click.echo(text.rstrip("\n"))  # a document, as it is
@@ -443,7 +439,9 @@ def show(file: Path, plot_file: Path | None, size: int | None, verbose: bool) ->
     assert schedule is not None  # a file of no artifact format is a schedule
     refuse_given(["size"], f"{file} is a JSON schedule; --size applies to {SIZED}")
     check_plot(plot_file, file)
-    echo(render(schedule))  # first: a wrong schedule's table helps to see what is wrong
+    with busy("formatting the schedule as text"):  # N = 1024: 2 s, which showed nothing
+        table = render(schedule)
+    echo(table)  # first: a wrong schedule's table helps to see what is wrong
     proof: Proof = proved(schedule, str(file))
     _warn_orders(file, schedule)
     echo(proof.headline)

@@ -29,6 +29,7 @@ import json
 import math
 import os
 import re
+from collections.abc import Iterator
 from typing import Any, NoReturn
 
 from stragglar.errors import SHOWN_CHARACTERS, ArgumentError, InputError, described, shown
@@ -55,6 +56,7 @@ __all__ = [
     "from_document",
     "loads",
     "parse",
+    "pieces",
     "read",
     "to_document",
     "write",
@@ -310,15 +312,22 @@ def _load_phase(value: object, path: str, n: int, c: int, idle: _IdleRounds) -> 
     return Phase(name, ranks, tuple(rounds))
 
 
-def _dump_phase(phase: Phase, path: str, n: int, c: int, idle: _IdleRounds) -> dict[str, Any]:
+def _phase_head(phase: Phase, path: str, n: int) -> dict[str, Any]:
+    """A phase's keys before its rounds, checked."""
     ranks = list(phase.ranks)
     _ranks(ranks, f"{path}.ranks", n)
-    rounds: list[list[dict[str, Any]]] = []
+    return {"name": _str(phase.name, f"{path}.name"), "ranks": ranks}
+
+
+def _dump_rounds(
+    phase: Phase, path: str, n: int, c: int, idle: _IdleRounds
+) -> Iterator[list[dict[str, Any]]]:
+    """Each round of ``phase`` as the document has it, checked, its idle rounds counted."""
     for k, r in enumerate(phase.rounds):
-        rounds.append(_dump_round(r, f"{path}.rounds[{k}]", n, c))
-        if not rounds[-1]:
+        rnd = _dump_round(r, f"{path}.rounds[{k}]", n, c)
+        if not rnd:
             idle.add(f"{path}.rounds[{k}]")
-    return {"name": _str(phase.name, f"{path}.name"), "ranks": ranks, "rounds": rounds}
+        yield rnd
 
 
 # ---------------------------------------------------------------------------- documents
@@ -393,12 +402,22 @@ def to_document(schedule: Schedule) -> dict[str, Any]:
     >>> doc["phases"][0]["rounds"]
     [[{'src': 0, 'dst': 1, 'chunk': 0, 'op': 'copy'}]]
     """
+    head = _head(schedule)
+    n, c, idle = head["num_ranks"], head["num_chunks"], _IdleRounds()
+    phases = []
+    for i, p in enumerate(schedule.phases):
+        path = f"phases[{i}]"
+        phases.append({**_phase_head(p, path, n), "rounds": list(_dump_rounds(p, path, n, c, idle))})
+    return {**head, "phases": phases, "metadata": _metadata(dict(schedule.metadata))}
+
+
+def _head(schedule: Schedule) -> dict[str, Any]:
+    """The document's keys before its phases, checked."""
     if not isinstance(schedule, Schedule):  # a Proof, say: its fields were read as a schedule's
         hint = ": pass its .schedule" if isinstance(getattr(schedule, "schedule", None), Schedule) else ""
         raise ArgumentError(f"expected a Schedule, got {type(schedule).__name__}{hint}")
     _const(schedule.collective, "collective", COLLECTIVE)
     n, c, straggler = _sizes(schedule.num_ranks, schedule.num_chunks, schedule.straggler)
-    idle = _IdleRounds()
     return {
         "format": FORMAT,
         "version": VERSION,
@@ -407,9 +426,30 @@ def to_document(schedule: Schedule) -> dict[str, Any]:
         "num_ranks": n,
         "num_chunks": c,
         "straggler": straggler,
-        "phases": [_dump_phase(p, f"phases[{i}]", n, c, idle) for i, p in enumerate(schedule.phases)],
-        "metadata": _metadata(dict(schedule.metadata)),
     }
+
+
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def pieces(schedule: Schedule) -> Iterator[str]:
+    """:func:`dumps`'s compact text in pieces, one a round (at least one; what lies between two
+    rounds goes with the later, the end with the last), each checked as :func:`to_document`
+    checks it.  One :func:`json.dumps` of a whole schedule is one C call that holds the GIL (1.9 s
+    of N = 1024's 98 MB): no progress bar can move while it runs, and between two pieces one can."""
+    encode = _COMPACT.encode
+    head = _head(schedule)
+    n, c, idle = head["num_ranks"], head["num_chunks"], _IdleRounds()
+    text, done = [encode(head)[:-1], ',"phases":['], ""  # the text since the last round; the piece before it
+    for i, phase in enumerate(schedule.phases):
+        path = f"phases[{i}]"
+        text += ["," * (i > 0), encode(_phase_head(phase, path, n))[:-1], ',"rounds":[']
+        for k, rnd in enumerate(_dump_rounds(phase, path, n, c, idle)):
+            if done:  # yielded once the next round shows that the end is not in it
+                yield done
+            done, text = "".join([*text, "," * (k > 0), encode(rnd)]), []
+        text.append("]}")
+    yield "".join([done, *text, '],"metadata":', encode(_metadata(dict(schedule.metadata))), "}"])
 
 
 def dumps(schedule: Schedule, *, indent: int | None = None) -> str:
@@ -418,9 +458,10 @@ def dumps(schedule: Schedule, *, indent: int | None = None) -> str:
     if indent is not None and (isinstance(indent, bool) or not isinstance(indent, int) or indent < 0):
         # json.dumps would take True as 1 and a string as the indent's text
         raise ArgumentError(f"indent must be None or a count of spaces >= 0, got {described(indent)}")
-    separators = (",", ":") if indent is None else (",", ": ")
+    if indent is None:
+        return "".join(pieces(schedule))
     return json.dumps(
-        to_document(schedule), indent=indent, separators=separators, ensure_ascii=False, allow_nan=False
+        to_document(schedule), indent=indent, separators=(",", ": "), ensure_ascii=False, allow_nan=False
     )
 
 
