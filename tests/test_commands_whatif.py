@@ -341,7 +341,12 @@ def test_a_real_straggler_is_the_headline_and_chance_finds_come_after(tmp_path: 
     rule = Rule()
     named = 80 + math.ceil(rule.threshold(8) / rule.evidence(8)[0]) - 1  # a last event at every step from 80
     assert out[5].startswith(f"  persistent straggler: rank 2, from step 80 (named at step {named})"), out[5]
-    assert out[6].startswith("  named persistently late before: rank 6 from step 5 until step"), out[6]
+    before = (
+        r"  named persistently late before: rank 6 from step 5 \(named at step (\d+), let go at step (\d+)\)"
+    )
+    episode = re.fullmatch(before, out[6])
+    assert episode is not None, out[6]
+    assert 5 < int(episode[1]) < 50 < int(episode[2]) <= 80  # named while late, let go after it ended
     assert "it was last at 20 of 100 steps (20%); chance alone: 12.5%" in out[5]  # rank 2's share
     (group,) = json.loads(result.stdout)["groups"]
     assert group["persistent_straggler"] == group["straggler"] == 2
@@ -359,11 +364,12 @@ def test_a_straggler_that_went_away_is_listed_under_no_persistent_straggler_at_t
     result = run(str(path))
     assert result.exit_code == 0, result.output
     out = result.output.splitlines()
-    # rank 5 last at steps 0-19, nobody after (ties): named at step 6, let go once its score is 0
+    # rank 5 last at steps 0-19, nobody after (ties): named at step 5 (its sixth), let go once its score is 0
     said = "no persistent straggler at the trace's end: rank 5 was last at 20 of 60 steps (33%)"
     assert out[5] == f"  {said}; chance alone: 12.5%"
-    before = r"  named persistently late before: rank 5 from step 0 until step \d+"
-    assert re.fullmatch(before, out[6]), out[6]
+    before = r"  named persistently late before: rank 5 from step 0 \(named at step 5, let go at step (\d+)\)"
+    episode = re.fullmatch(before, out[6])
+    assert episode is not None and int(episode[1]) > 20, out[6]  # some steps after it was last
 
 
 def test_a_trace_of_one_step_of_two_ranks_is_counted_in_the_singular(tmp_path: Path) -> None:

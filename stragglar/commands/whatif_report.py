@@ -138,8 +138,13 @@ def _verdict(group: Group, result: GroupReplay, rule: Rule) -> str:
 
 
 def _episode(group: Group, episode: Episode) -> str:
-    """``rank 3 from step 4 until step 19``."""
-    return f"{_rank(group, episode.rank)} from step {episode.since} until step {episode.until}"
+    """``rank 3 from step 4 (named at step 9, let go at step 27)``: the rule lets go of a rank
+    some steps after it stopped being late (once its evidence is spent), so the step it let go
+    at is said as such, not as the end of the lateness."""
+    return (
+        f"{_rank(group, episode.rank)} from step {episode.since} (named at step {episode.named}, "
+        f"let go at step {episode.until})"
+    )
 
 
 def _choice(choice: Choice) -> str:
