@@ -413,6 +413,38 @@ def test_ranks_on_different_engines_all_fail_alike_before_anything_runs(cuda: Fa
     assert not cuda.launches
 
 
+def test_a_rank_that_cannot_set_up_its_device_call_is_named_by_its_peers_at_once(
+    cuda: FakeCuda, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rank whose process has no CuPy raises its own error after the header's gather, and its
+    header says so: its peers raise a MismatchError naming it, in the same call, rather than
+    launch their kernels and wait on its flags until their timeout."""
+    from stragglar.runtime import distributed
+
+    proof = prove(synthesize("stragglar", 3))
+    data = fresh(3, 30, "float32", seed=6)
+    own = threading.local()
+    found = distributed.launcher
+
+    def launcher() -> Any:
+        if getattr(own, "rank", None) == 1:
+            raise InputError("the device engine launches its kernels with CuPy, which is not installed")
+        return found()
+
+    monkeypatch.setattr(distributed, "launcher", launcher)
+
+    def call(r: int, g: Any) -> Any:
+        own.rank = r
+        return allreduce(data[r], proof, group=g, timeout=10, engine="device")
+
+    *results, _, _ = run_ranks(3, call)
+    assert isinstance(results[1], InputError) and "CuPy, which is not installed" in str(results[1])
+    said = "cannot allreduce: rank 1 could not set up its device call (its own error says why: no CuPy, say)"
+    assert [type(x).__name__ for x in results[::2]] == ["MismatchError"] * 2, results
+    assert {str(x) for x in results[::2]} == {said}
+    assert not cuda.launches
+
+
 def test_options_of_the_rounds_engine_are_refused_on_the_device_engine(cuda: FakeCuda) -> None:
     from stragglar.runtime import NcclGroup
 

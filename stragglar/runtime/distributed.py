@@ -256,7 +256,7 @@ def allreduce(
             try:
                 device = _device_call(runner, flat, proof, late_rank, delay, wait, channel, registration)
             except InputError as e:  # no CuPy: said after the gather, as any problem of this rank
-                problem = e
+                problem, header = e, header._replace(problem=Problem.NO_DEVICE_CALL)
             else:
                 broken = device.refusal()  # a broken setup or buffer: refused before the gather (refusals.py)
                 if broken is not None:

@@ -56,6 +56,7 @@ class Problem(IntEnum):
     NO_DATA = 5  # values that are not its data: a meta tensor, a masked array
     NOT_ON_DEVICE = 6  # the device engine asked for on a buffer off the GPU (a NumPy array, a CPU tensor)
     NOT_A_TENSOR = 7  # data that is no torch tensor, on a torch process group
+    NO_DEVICE_CALL = 8  # a device call it could not set up (no CuPy in its process)
 
 
 PROBLEMS: dict[int, str] = {  # what a rank with a problem has, in words
@@ -71,6 +72,7 @@ PROBLEMS: dict[int, str] = {  # what a rank with a problem has, in words
         "has a buffer the device engine cannot run on (neither a CuPy array nor a torch CUDA tensor)"
     ),
     Problem.NOT_A_TENSOR: "has data that is not a torch tensor, on a torch process group",
+    Problem.NO_DEVICE_CALL: "could not set up its device call (its own error says why: no CuPy, say)",
 }
 
 
