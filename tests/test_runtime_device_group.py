@@ -419,19 +419,18 @@ def test_a_rank_that_cannot_set_up_its_device_call_is_named_by_its_peers_at_once
     """A rank whose process has no CuPy raises its own error after the header's gather, and its
     header says so: its peers raise a MismatchError naming it, in the same call, rather than
     launch their kernels and wait on its flags until their timeout."""
-    from stragglar.runtime import distributed
+    from stragglar.runtime.device.buffers import launcher as found
 
     proof = prove(synthesize("stragglar", 3))
     data = fresh(3, 30, "float32", seed=6)
     own = threading.local()
-    found = distributed.launcher
 
     def launcher() -> Any:
         if getattr(own, "rank", None) == 1:
             raise InputError("the device engine launches its kernels with CuPy, which is not installed")
         return found()
 
-    monkeypatch.setattr(distributed, "launcher", launcher)
+    monkeypatch.setattr("stragglar.runtime.distributed.launcher", launcher)  # what allreduce calls
 
     def call(r: int, g: Any) -> Any:
         own.rank = r
