@@ -9,6 +9,8 @@ pending one."""
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -116,3 +118,40 @@ def test_without_a_process_group_the_refusal_is_raised_at_once() -> None:
     assert str(e.value) == f"{DEVICE_ONLY}, not NumPy arrays"
     with pytest.raises(InputError, match=r"^async_op applies to engine 'device'"):  # options: at once
         allreduce(np.zeros(4, np.float32), proof, async_op=True)
+
+
+def a_second_call_on_a_busy_tag(rank: int, n: int, proof: Proof) -> dict[str, tuple[str, str]]:
+    """Rank 0 runs a call on tag 0 in a thread while its main thread passes a NumPy array on the
+    same tag; rank 1 comes late to the first call.  What each of rank 0's calls raised."""
+    if rank == 1:
+        time.sleep(1.0)  # rank 0's second call is made while its first waits for this rank
+        allreduce(torch.ones(8), proof, timeout=TIMEOUT)
+        return {}
+    said: dict[str, tuple[str, str]] = {}
+
+    def first() -> None:
+        try:
+            allreduce(torch.ones(8), proof, timeout=TIMEOUT)
+            said["first"] = ("", "")
+        except Exception as e:
+            said["first"] = (type(e).__name__, str(e))
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    time.sleep(0.3)
+    try:
+        allreduce(np.zeros(8, np.float32), proof, timeout=TIMEOUT)
+    except Exception as e:
+        said["second"] = (type(e).__name__, str(e))
+    thread.join()
+    return said
+
+
+def test_data_refused_on_a_busy_tag_says_its_own_problem_first() -> None:
+    """The refused call meets the tag held by another call of its process: its own error (the
+    data), chained to the busy tag's, not the busy tag's alone; the call that held the tag fails
+    too, as the channels' rule says of any call that another one tried to overlap."""
+    said, _ = launch(a_second_call_on_a_busy_tag, 2, (prove(synthesize("ring", 2)),), timeout=2 * TIMEOUT)
+    kind, message = said["second"]
+    assert kind == "ArgumentError" and message.startswith("cannot allreduce a ndarray across processes"), said
+    assert said["first"][0] == "InputError" and "another allreduce started on tag 0" in said["first"][1], said

@@ -366,6 +366,7 @@ def test_a_cpu_tensor_is_a_problem_of_its_rank_on_nccl_only(
     it travels."""
     from types import SimpleNamespace
 
+    from stragglar.errors import ArgumentError
     from stragglar.runtime.header import Problem, inspect_call
     from stragglar.runtime.torch_dist import TorchEngine
 
@@ -381,6 +382,6 @@ def test_a_cpu_tensor_is_a_problem_of_its_rank_on_nccl_only(
     )
     if refused:
         assert flat is None and header.problem == Problem.UNSENDABLE
-        assert isinstance(problem, TypeError) and "CPU tensor on an NCCL process group" in str(problem)
+        assert isinstance(problem, ArgumentError) and "CPU tensor on an NCCL process group" in str(problem)
     else:
         assert flat is not None and header.problem == 0 and problem is None

@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable, Hashable, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, ExitStack
 from typing import Any, Literal, Protocol, overload
 
 from stragglar.args import MAX_DELAY, MAX_TIMEOUT, as_flag, as_seconds
@@ -48,7 +48,7 @@ from stragglar.runtime.header import Problem, agree, inspect_call, make_header
 from stragglar.runtime.interpreter import Packing, Transport, run_rank, run_rank_replayed
 from stragglar.runtime.plans import late_rank_for, plan_for
 from stragglar.runtime.program import Plan
-from stragglar.runtime.refusals import Refusal, check_engine, check_rounds, device_refusal
+from stragglar.runtime.refusals import RankProblem, check_engine, check_rounds, device_problem
 from stragglar.runtime.teardown import before_destroy
 from stragglar.verify import Proof, require_proof
 
@@ -183,9 +183,11 @@ def allreduce(
     :class:`~stragglar.runtime.ArgumentError` (a TypeError) or ``InputError`` for bad arguments.
     Options that do not fit are refused at once; what only this rank's data brings (a buffer it
     cannot write or send, data that is no torch tensor on a torch group, a buffer off the GPU for
-    ``engine="device"``) is raised after the header's gather, where its header names the problem,
-    so that its peers raise a ``MismatchError`` naming this rank in the same call instead of
-    waiting for it (:mod:`stragglar.runtime.refusals`).
+    ``engine="device"``) is raised after the header's gather, where its header names the problem:
+    on a call that checks (a channel's first, or one whose setup changed), its peers raise a
+    ``MismatchError`` naming this rank in the same call instead of waiting for it; on a channel
+    whose peers keep their setup and do not check, this rank checks alone and every rank fails by
+    its timeout, never summing mixed buffers (:mod:`stragglar.runtime.refusals`).
 
     ``stream_ordered`` (torch tensors on an NCCL group): wait for each round on the current CUDA
     stream instead of the host, so the call returns once every round is queued; ``timeout`` then
@@ -231,21 +233,21 @@ def allreduce(
     as_flag(async_op, "async_op")
     on_device = check_engine(engine, stream_ordered, rounds, graphs, async_op)
     # what only this rank's data brings is said after the gather (stragglar.runtime.refusals)
-    runner, refusal = _engine_for_call(
-        data, group, stream_ordered, graphs, device_refusal(data) if on_device else None
+    runner, own = _engine_for_call(
+        data, group, stream_ordered, graphs, device_problem(data) if on_device else None
     )
     try:
         late_rank = late_rank_for(proof.schedule, late_rank, runner.size)
-    except (ArgumentError, InputError):  # this rank's refusal came first, as it always did
-        if refusal is None:
+    except (ArgumentError, InputError):  # this rank's own problem came first, as it always did
+        if own is None:
             raise
-        raise refusal.error from None
+        raise own.error from None
     with runner.stream:
-        if refusal is None:
+        if own is None:
             flat, header, problem = inspect_call(data, proof, tag, late_rank, part, runner.sendable)
         else:
-            flat, problem = None, refusal.error
-            header = make_header(proof, None, None, tag, late_rank, refusal.problem, part)
+            flat, problem = None, own.error
+            header = make_header(proof, None, None, tag, late_rank, own.problem, part)
         registration = registered(runner.owner, flat) if on_device and flat is not None else None
         header = header._replace(
             on_device=int(on_device), registered=0 if registration is None else registration.number
@@ -263,12 +265,18 @@ def allreduce(
                     raise broken
         # the header is all-gathered where the channel says so, and this rank's own problem raised
         # after the gather, so that its peers raise theirs rather than wait for it
-        with _channels.enter(runner.owner, channel, header, lockstep=lockstep) as call:
+        with ExitStack() as held:
+            try:
+                call = held.enter_context(_channels.enter(runner.owner, channel, header, lockstep=lockstep))
+            except InputError as busy:  # another call holds the channel: this rank's own problem first
+                if problem is not None:
+                    raise problem from busy
+                raise
             if call.must_check:
                 try:
                     gathered = runner.gather(header, data if flat is None else flat, wait, channel)
-                except Exception as e:  # peers that did not check, any failure: its own problem is the cause
-                    if problem is not None:
+                except Exception as e:  # any failure of the gather (peers that did not check, say):
+                    if problem is not None:  # this rank's own problem is what its caller must hear
                         raise problem from e
                     raise
                 agree(header, gathered, runner.size)
@@ -307,25 +315,25 @@ def _no_tensor(data: Any, action: str) -> ArgumentError:
 
 
 def _engine_for_call(
-    data: Any, group: Any, stream_ordered: bool, graphs: bool | None, refusal: Refusal | None
-) -> tuple[Engine, Refusal | None]:
-    """A call's engine (:func:`engine_for`), and this rank's own refusal of its data, raised after
-    the header's gather (None: none): ``refusal`` (the device engine's), else data that is no
+    data: Any, group: Any, stream_ordered: bool, graphs: bool | None, problem: RankProblem | None
+) -> tuple[Engine, RankProblem | None]:
+    """A call's engine (:func:`engine_for`), and this rank's own problem with its data, raised
+    after the header's gather (None: none): ``problem`` (the device engine's), else data that is no
     torch tensor on a torch process group, whose header a
     :class:`~stragglar.runtime.torch_dist.TorchEngine` of the group gathers all the same.  Where no
-    group can carry the header (no torch process group; a device refusal on an :class:`NcclGroup`:
-    :mod:`stragglar.runtime.refusals`), the refusal is raised at once."""
+    group can carry the header (no torch process group; a device problem on an :class:`NcclGroup`:
+    :mod:`stragglar.runtime.refusals`), the problem's error is raised at once."""
     torch = sys.modules.get("torch")  # never imported here: a torch group means it is loaded
-    if refusal is None and (torch is None or isinstance(group, NcclGroup) or isinstance(data, torch.Tensor)):
+    if problem is None and (torch is None or isinstance(group, NcclGroup) or isinstance(data, torch.Tensor)):
         return engine_for(data, group, stream_ordered, graphs), None
-    own = refusal or Refusal(Problem.NOT_A_TENSOR, _no_tensor(data, "allreduce"))
+    own = problem or RankProblem(Problem.NOT_A_TENSOR, _no_tensor(data, "allreduce"))
     if torch is None or isinstance(group, NcclGroup):
         raise own.error
     from stragglar.runtime.torch_dist import TorchEngine
 
     try:
         return TorchEngine(group, stream_ordered, graphs), own
-    except (ArgumentError, InputError):  # no group to carry the header: this rank's refusal, at once
+    except (ArgumentError, InputError):  # no group to carry the header: this rank's own error, at once
         raise own.error from None
 
 

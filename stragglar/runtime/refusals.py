@@ -4,20 +4,23 @@ A call's options (``engine``, ``rounds``, ``stream_ordered``, ``graphs``, ``asyn
 program's: a program that runs one call on every rank passes them alike, so a call whose options
 do not fit is refused by every rank at once, before anything is gathered (:func:`check_engine`,
 :func:`check_rounds`).  What a rank's own data brings may differ between the ranks: a buffer the
-device engine cannot run on (:func:`device_refusal`), data that is no torch tensor on a torch
+device engine cannot run on (:func:`device_problem`), data that is no torch tensor on a torch
 process group, or a buffer :func:`~stragglar.runtime.header.inspect_call` refuses.  Such a rank
 takes part in the header's gather all the same, its header naming its problem
-(:class:`~stragglar.runtime.header.Problem`), and raises its own error after it, so that its
-peers raise a :class:`~stragglar.runtime.header.MismatchError` naming it in the same call,
-rather than wait for it until their timeout; and a program that catches the error and calls
-again stays in step (a rank that refused alone, before the gather, left its peers' call to pair
-with its next one).
+(:class:`~stragglar.runtime.header.Problem`), and raises its own error after it.  On a call
+that checks (its channel's first, or one whose setup changed:
+:mod:`stragglar.runtime.channels`) its peers then raise a
+:class:`~stragglar.runtime.header.MismatchError` naming it in the same call, rather than wait for
+it until their timeout, and a program that catches the errors and calls again stays in step (a
+rank that refused alone, before the gather, left its peers' call to pair with its next one).  On
+a channel whose peers keep their setup, they do not check: this rank checks alone, and every
+rank fails by its timeout, as for any setup one rank changes alone; never a sum of mixed buffers.
 
 A rank refuses on its own, before the gather, only where it cannot take part in it: its
-refusal is a :class:`Refusal` kept for after the gather, except
+problem is a :class:`RankProblem` kept for after the gather, except
 
 - where no group can carry its header: data that is no torch tensor where torch has no process
-  group (none initialised, a group that is none), and a device refusal on an
+  group (none initialised, or a value that is no process group), and a device problem on an
   :class:`~stragglar.runtime.NcclGroup`, whose gather runs in memory of the buffer's kind (NumPy
   for a stand-in communicator, CuPy for NCCL's), which a buffer off the GPU cannot say;
 - a call made while the caller's stream captures a CUDA graph: a gather in it would spoil the
@@ -41,11 +44,11 @@ from stragglar.runtime.device.buffers import check_device_buffer, check_not_capt
 from stragglar.runtime.header import Problem
 from stragglar.verify import Proof
 
-__all__ = ["Refusal", "check_engine", "check_rounds", "device_refusal"]
+__all__ = ["RankProblem", "check_engine", "check_rounds", "device_problem"]
 
 
-class Refusal(NamedTuple):
-    """A rank's own refusal of its call, raised after the header's gather: ``problem``, what its
+class RankProblem(NamedTuple):
+    """A rank's own problem with its call, raised after the header's gather: ``problem``, what its
     header says, and ``error``, what this rank raises."""
 
     problem: Problem
@@ -78,14 +81,14 @@ def check_engine(engine: Any, stream_ordered: bool, rounds: Any, graphs: bool | 
     return True
 
 
-def device_refusal(data: Any) -> Refusal | None:
-    """The device engine's refusal of ``data``, a buffer off the GPU (this rank's own: said after
+def device_problem(data: Any) -> RankProblem | None:
+    """The device engine's problem with ``data``, a buffer off the GPU (this rank's own: said after
     the header's gather), or None; a call made while a CUDA graph is captured is refused at once
     (a gather would spoil the capture)."""
     try:
         check_device_buffer(data)
     except InputError as e:
-        return Refusal(Problem.NOT_ON_DEVICE, e)
+        return RankProblem(Problem.NOT_ON_DEVICE, e)
     check_not_capturing(data)
     return None
 

@@ -268,10 +268,11 @@ class TorchEngine:
 
     def sendable(self, flat: Array) -> None:
         """Every dtype of :data:`~stragglar.runtime.arrays.DTYPES` travels on gloo and NCCL; a CPU
-        tensor does not travel on NCCL (it would fail in the first round, its peers waiting there
-        until their timeout: as a header's problem, they learn of it in the header check)."""
+        tensor does not travel on NCCL (its gather or its first round would fail on this rank
+        alone, its peers waiting until their timeout: as a header's problem, they learn of it in
+        the header check)."""
         if self.channel(0) is None and not flat.is_cuda:
-            raise TypeError(
+            raise ArgumentError(
                 "a CPU tensor on an NCCL process group: NCCL sends CUDA tensors (move it to the rank's "
                 "GPU, or use a gloo group)"
             )
@@ -282,8 +283,10 @@ class TorchEngine:
         device = like.device if isinstance(like, torch.Tensor) else torch.device("cpu")
         if channel is None and device.type != "cuda":
             # NCCL gathers on a GPU: a rank whose buffer is not on one (a meta or CPU tensor, data
-            # that is no tensor: refused after this gather) gathers on its current GPU
-            device = torch.device("cuda", torch.cuda.current_device())
+            # that is no tensor: refused after this gather) gathers on the group's GPU (the one
+            # init_process_group's device_id bound it to), else on its current one
+            bound = getattr(self.owner, "bound_device_id", None)
+            device = bound if bound is not None else torch.device("cuda", torch.cuda.current_device())
         return gather_headers(header, self.group, device, self.rank, timeout, channel)
 
     def transport(self, plan: Plan, flat: Array, timeout: float | None) -> TorchTransport:
