@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 import weakref
 
@@ -98,3 +99,51 @@ def test_a_forked_child_has_a_watching_thread_of_its_own() -> None:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
     assert done[0] == pid and os.waitstatus_to_exitcode(done[1]) == 0
+
+
+def test_a_passed_deadline_claims_it_while_its_error_is_said() -> None:
+    """The error may take a moment to say (the roll call of the ranks that had not reached the
+    call): it is said off the watching thread, and the work that completes meanwhile, or its own
+    timeout's error, changes nothing."""
+    engine: torch.futures.Future[int] = torch.futures.Future()
+    saying = threading.Event()
+
+    def slow_error() -> RuntimeError:
+        saying.set()
+        time.sleep(0.5)
+        return late(0.1)
+
+    outcome, _ = deadlines.bounded(engine, lambda f: f.value(), 0.1, slow_error)
+    other, _ = deadlines.bounded(torch.futures.Future(), lambda f: f.value(), 0.2, late)
+    assert saying.wait(5)
+    engine.set_result(1)  # too late: the deadline has claimed it
+    with pytest.raises(RuntimeError, match=r"no answer within 0\.2 s"):  # not held up by the first
+        other.wait()
+    assert not outcome.done()
+    with pytest.raises(RuntimeError, match=r"no answer within 0\.1 s"):
+        outcome.wait()
+
+
+def test_in_time_is_called_for_a_value_that_settled_it_only() -> None:
+    called: list[int] = []
+    engine: torch.futures.Future[int] = torch.futures.Future()
+    outcome, _ = deadlines.bounded(engine, lambda f: f.value(), 30.0, late, lambda: called.append(1))
+    engine.set_result(1)
+    assert outcome.wait() == 1 and called == [1]
+    failed: torch.futures.Future[int] = torch.futures.Future()
+    outcome, _ = deadlines.bounded(failed, lambda f: f.value(), 30.0, late, lambda: called.append(2))
+    failed.set_exception(ConnectionError("closed by peer"))  # type: ignore[arg-type]  # torch types it as T
+    with pytest.raises(ConnectionError):
+        outcome.wait()
+    assert called == [1]
+
+
+def test_a_reminder_runs_only_while_the_future_is_not_done() -> None:
+    ran: list[str] = []
+    pending: torch.futures.Future[int] = torch.futures.Future()
+    done: torch.futures.Future[int] = torch.futures.Future()
+    deadlines.remind(pending, 0.05, lambda: ran.append("pending"))
+    deadlines.remind(done, 0.05, lambda: ran.append("done"))
+    done.set_result(1)
+    time.sleep(0.3)
+    assert ran == ["pending"]

@@ -369,12 +369,28 @@ def test_a_dead_or_silent_peer_fails_the_step_quickly(kwargs: dict[str, Any], si
     assert f"ranks 0, 1, 3 {'timed out' if silent else 'lost the connection'}" in line, line
     if not kwargs:  # StragglAR's rounds say where
         assert all(f"allreduce failed: rank {rank} " in errors[rank] for rank in (0, 1, 3)), errors
-    elif silent:  # the state's timeout ends the engine's all_reduce, and says so
-        said = "timed out in the engine's all_reduce: no answer within 1.5 s (the state's timeout)"
+    elif silent:  # the state's timeout ends the engine's all_reduce, and says so, and whom it waited for
+        said = "timed out in the engine's all_reduce waiting for rank 2: no answer within 1.5 s (the state's "
+        said += "timeout); rank 2 had not reached it"
         assert all(f"allreduce failed: rank {rank} {said}" in errors[rank] for rank in (0, 1, 3)), errors
     else:  # gloo's own error, a RankError's detail
         said = "lost the connection in the engine's all_reduce: "
         assert all(f"allreduce failed: rank {rank} {said}" in errors[rank] for rank in (0, 1, 3)), errors
+
+
+def test_the_ranks_a_timed_out_engine_call_waited_for_are_named() -> None:
+    """Under auto a silent rank 2 (alive, never at the engine's all_reduce) left every other rank
+    saying it timed out, not who it waited for: an all_reduce cannot tell.  The store's roll call
+    does (stragglar/ddp/roll_call.py; the launcher's ranks share a FileStore)."""
+    start = time.monotonic()
+    with pytest.raises(LaunchError) as info:
+        launch(dying_rank, 3, ({"policy": "auto", "detect": 1, "network": SLOW}, True), timeout=20)
+    assert time.monotonic() - start < 15
+    errors, line = info.value.errors, str(info.value).splitlines()[0]
+    assert line.startswith("3 of 3 ranks failed: rank 2 ") and "ranks 0, 1 timed out" in line, line
+    said = "timed out in the engine's all_reduce waiting for rank 2: no answer within 1.5 s (the state's "
+    said += "timeout); rank 2 had not reached it"
+    assert all(f"allreduce failed: rank {rank} {said}" in errors[rank] for rank in (0, 1)), errors
 
 
 def test_the_engine_s_failures_say_which_timeout_ended_them() -> None:

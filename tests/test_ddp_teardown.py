@@ -167,7 +167,8 @@ def test_a_silent_peer_under_auto_lets_the_others_end_cleanly(tmp_path: Path) ->
             assert ranks[rank].returncode == 0, output
             assert said[-1] == "ended" and "terminate called" not in output, output
             failure = next(line for line in said if line.startswith("failed:"))
-            assert f"rank {rank} timed out in the engine's all_reduce: no answer within 2 s" in failure
+            words = f"rank {rank} timed out in the engine's all_reduce waiting for rank 2: no answer within"
+            assert f"{words} 2 s (the state's timeout); rank 2 had not reached it" in failure, failure
         assert ranks[2].poll() is None  # still silent: the others did not wait for it
     finally:
         for process in ranks:

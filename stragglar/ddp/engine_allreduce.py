@@ -6,12 +6,14 @@ engine's (gloo, NCCL).  What the hook adds to it is kept here, apart from Stragg
 the policy (:mod:`stragglar.ddp.probe`), on the host bounded by the state's timeout
 (:mod:`stragglar.ddp.deadlines`) on a gloo group of the hook's own whose own timeout outlasts it
 (:data:`ENGINE_GRACE`), and a failure is a :class:`~stragglar.runtime.RankError` that says which
-timeout ended it.
+timeout ended it, and on the host which ranks had not reached the call
+(:mod:`stragglar.ddp.roll_call`).
 """
 
 from __future__ import annotations
 
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -19,10 +21,11 @@ import torch.distributed as dist
 
 from stragglar.ddp import deadlines
 from stragglar.ddp.orders import Order
+from stragglar.ddp.roll_call import MARK
 from stragglar.ddp.state_parts import Resources
 from stragglar.ddp.worker import CLOSE_WAIT, named_globally
 from stragglar.model.policy import ALLREDUCE
-from stragglar.runtime import RankError
+from stragglar.runtime import RankError, ranks_in_words
 from stragglar.runtime.failures import checking_error, classify, error_line
 
 __all__ = ["ENGINE_GRACE", "all_reduce", "engine_error", "gloo_on_host", "value"]
@@ -49,10 +52,11 @@ def all_reduce(
     Future completes (through the engine's stream on CUDA) with the sum divided by
     ``divisor``, or fails with a :class:`RankError`.  On CUDA it runs on DDP's group ``group``; on
     the host on ``host_group`` (:attr:`Connection.engine_group`; None: DDP's group), bounded by
-    the state's deadline of ``seconds``.  ``in_call`` (a caller that waits for the Future itself:
-    FSDP's hook): the Future whose ``wait`` raises the RankError itself, not torch's RuntimeError
-    that quotes it with the stack of the callback that read it.  ``resources``: the state's, where
-    the call's watch and (on the host) the call itself are kept."""
+    the state's deadline of ``seconds``, past which the error names the ranks that had not
+    reached the call (the connection's roll call, where it has one).  ``in_call`` (a caller that
+    waits for the Future itself: FSDP's hook): the Future whose ``wait`` raises the RankError
+    itself, not torch's RuntimeError that quotes it with the stack of the callback that read it.
+    ``resources``: the state's, where the call's watch and (on the host) the call itself are kept."""
     watch = resources.engine_watch = order.clock(resources.engine_watch)
     probe = resources.probe
     record = probe.record if probe is not None else None
@@ -75,9 +79,20 @@ def all_reduce(
     engine: torch.futures.Future[list[torch.Tensor]] = work.get_future()
     if buffer.is_cuda:  # ordered on CUDA streams; NCCL's watchdog bounds it (deadlines.py)
         return engine.then(averaged)
-    outcome, callback = deadlines.bounded(
-        engine, averaged, seconds, lambda: named_globally(engine_error(rank, None, seconds), group)
-    )
+    connection = resources.connection
+    roll = connection.roll_call if on_host and connection is not None else None
+    call = roll.begin() if roll is not None else 0
+
+    def late() -> RankError:  # in a thread of its own, the outcome claimed (deadlines.py)
+        absent = roll.absent(call, seconds) if roll is not None else None
+        return named_globally(engine_error(rank, None, seconds, absent or ()), group)
+
+    # a call that completed in time deletes the key its roll call may have written; a failed one
+    # leaves it, for the ranks still reading it
+    completed = (lambda: roll.completed(call)) if roll is not None else None
+    outcome, callback = deadlines.bounded(engine, averaged, seconds, late, completed)
+    if roll is not None and seconds > MARK:  # else its deadline comes first, and notes it
+        deadlines.remind(outcome, MARK, lambda: roll.mark(call))
     resources.engine_calls.append((work, weakref.ref(callback)))  # see Resources
     del callback  # from here on, only gloo's thread holds it
     return outcome if in_call else outcome.then(value)  # DDP reads a failed Future as an error
@@ -89,17 +104,25 @@ def value(future: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
     return future.value()
 
 
-def engine_error(rank: int, error: BaseException | None, seconds: float | None) -> RankError:
+def engine_error(
+    rank: int, error: BaseException | None, seconds: float | None, absent: Sequence[int] = ()
+) -> RankError:
     """The engine's all_reduce failed on ``rank`` with ``error`` (None: past its deadline of
     ``seconds``).  On the host, where the deadline bounds it, a silent peer is said alike whether
-    the deadline or the group's own timeout (the deadline's and a grace) came first; else
-    (``seconds`` None: on CUDA, the process group's timeout) in the engine's words."""
+    the deadline or the group's own timeout (the deadline's and a grace) came first, with the
+    ranks the roll call found ``absent`` (the first is the error's peer, so a launcher's summary
+    names it); else (``seconds`` None: on CUDA, the process group's timeout) in the engine's
+    words."""
     reason = "timed out" if error is None else classify(error)
+    peer = None
     if seconds is not None and reason == "timed out":
         detail = f"no answer within {seconds:g} s (the state's timeout)"
+        if absent:
+            detail += f"; {ranks_in_words(absent)} had not reached it"
+            peer = min(absent)
     else:
         detail = error_line(error) if error is not None else "no answer"
-    return checking_error(rank, reason, detail, during="in the engine's all_reduce")
+    return checking_error(rank, reason, detail, peer, during="in the engine's all_reduce")
 
 
 def gloo_on_host(group: Any) -> bool:

@@ -17,6 +17,7 @@ from stragglar.ddp.judgment import is_world, judge
 from stragglar.ddp.options import check_bucket, check_fresh_trace, check_learned, check_options
 from stragglar.ddp.orders import HostOrder, Order, StreamOrder
 from stragglar.ddp.probe import LateRankProbe, let_go
+from stragglar.ddp.roll_call import RollCall
 from stragglar.ddp.state_parts import Connection, Decision, Learned, ProofKey, Resources
 from stragglar.ddp.worker import CLOSE_WAIT, BucketWorker, Job, Reducer, dedicated_group
 from stragglar.errors import ArgumentError, InputError
@@ -394,7 +395,8 @@ class StragglarState:
         if threads:
             worker = BucketWorker(f"stragglar-ddp-{dist.get_rank()}")
             weakref.finalize(self, worker.close)  # the thread ends with the state
-        connection = self.resources.connection = Connection(reduce, worker, engine_group)
+        roll_call = RollCall.of(engine_group) if engine_group is not None else None
+        connection = self.resources.connection = Connection(reduce, worker, engine_group, roll_call=roll_call)
         ended = (*groups, engine_group) if engine_group is not None else groups
         before_destroy(self, ended, StragglarState.close)
         return connection
@@ -419,6 +421,8 @@ class StragglarState:
             for group in set(connection.reduce.groups):
                 release_graphs(group)
             connection.reduce.close()
+            if connection.roll_call is not None:
+                connection.roll_call.close()
         if resources.probe is not None:
             resources.probe.close(CLOSE_WAIT)
         let_go(resources.engine_calls, CLOSE_WAIT)  # kept: their works end with the state

@@ -16,6 +16,7 @@ import torch
 
 from stragglar.ddp.orders import StreamOrder, Watch
 from stragglar.ddp.probe import GlooCall, LateRankProbe
+from stragglar.ddp.roll_call import RollCall
 from stragglar.ddp.worker import BucketWorker, Reducer
 from stragglar.formats.traces import TraceWriter
 from stragglar.model.detect import Detection
@@ -64,12 +65,15 @@ class Connection:
     ``engine_allreduce.ENGINE_GRACE``), for the engine's own all_reduce of host buckets.  On the process
     group's (30 minutes, by default), a call that a silent peer held stayed in gloo's hands after
     the state's deadline had failed the step, so the other ranks' interpreters hung at exit until
-    the peer came back, then aborted; gloo now ends it soon after the deadline.  None: not made."""
+    the peer came back, then aborted; gloo now ends it soon after the deadline.  None: not made.
+    ``roll_call``: the engine group's :class:`~stragglar.ddp.roll_call.RollCall`, which names the
+    ranks that had not reached a call that timed out (None: no engine group, or no store to use)."""
 
     reduce: Reducer
     worker: BucketWorker | None
     engine_group: Any = None
     streams: dict[torch.device, StreamOrder] = field(default_factory=dict)
+    roll_call: RollCall | None = None
 
 
 @dataclass
