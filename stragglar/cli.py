@@ -43,6 +43,7 @@ from stragglar.commands.interrupts import stopping_z3
 from stragglar.commands.measure import bench, run
 from stragglar.commands.model import bound, cost, prove_all_command
 from stragglar.commands.schedules import export, show, synth, verify
+from stragglar.commands.terminal import command_clock, process_started
 from stragglar.commands.whatif import whatif
 from stragglar.errors import InputError, ResourceError, ran_out
 from stragglar.version import __version__
@@ -60,7 +61,7 @@ class _Group(click.Group):
             return super().make_context(info_name, args, parent, **extra)
 
     def invoke(self, ctx: click.Context) -> Any:
-        with one_line_errors():
+        with one_line_errors(), command_clock():  # main's clock, where it runs, counts from the start
             return super().invoke(ctx)
 
     def resolve_command(
@@ -141,7 +142,8 @@ def main() -> None:
     sys.stdout = whole_writes(sys.stdout)  # a document cut short by its reader is never exit 0
     try:
         try:
-            cli.main(prog_name="stragglar")
+            with command_clock(process_started()):  # the imports are part of the wait
+                cli.main(prog_name="stragglar")
         finally:
             sys.stdout.flush()
     except BrokenPipeError:  # the reader went away as the last output was flushed (`| head`)

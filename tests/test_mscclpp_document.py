@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from stragglar.mscclpp import PlanDocument, PlanFormatError, describe, prove, read, size_rule, summarize
+from stragglar.mscclpp.document import _in_pieces
 
 RING = (Path(__file__).parent / "fixtures" / "mscclpp" / "ring_ok.json").read_text()
 READERS: dict[str, Callable[[str], object]] = {
@@ -44,3 +47,45 @@ def test_the_readers_take_the_document_in_place_of_the_text() -> None:
     assert summarize(document) == summarize(RING)
     assert describe(document) == describe(RING) == str(summarize(RING))
     assert prove(document).summary == prove(RING).summary
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"a": [1, 2 , 3 ], "a": {"b": []}, "c": [], "d": [[]]}\n',
+        '{ "gpus" : [ {"id": 0} , {"id": 1} ] }',
+        "{}",
+        "[1]",
+        '{"a": [1,]}',
+        '{"a": 1,}',
+        '{"a" 1}',
+        '{"a": [1 2]}',
+        '{"a": [1]} x',
+        "\ufeff{}",
+        '{"a": [NaN, 1e400, -0]}',
+        '{"a": [' + "[" * 100_000 + "]" * 100_000 + "]}",
+    ],
+)
+def test_the_plan_parsed_in_pieces_is_json_s_own(text: str) -> None:
+    """The same value as json.loads (a key given twice keeps its first place and its last value),
+    and the same error where the text is not JSON."""
+
+    def parsed(parse: Any) -> tuple[str, str]:
+        try:
+            value = parse(text)
+        except (ValueError, RecursionError) as exc:
+            return type(exc).__name__, str(exc)
+        return "value", json.dumps(value, allow_nan=True)
+
+    assert parsed(_in_pieces) == parsed(json.loads)
+
+
+def test_a_plan_parsed_in_pieces_is_the_plan_json_loads_gives() -> None:
+    """A plan as stragglar writes it (and a foreign one) is the same document either way."""
+    assert _in_pieces(RING) == json.loads(RING)
+    from stragglar.artifacts import FORMATS, ExportOptions
+    from stragglar.synth import synthesize
+    from stragglar.verify import prove as prove_schedule
+
+    text = FORMATS["mscclpp"].lower(prove_schedule(synthesize("stragglar", 6, chunks=8)), ExportOptions())
+    assert _in_pieces(text) == json.loads(text)

@@ -74,9 +74,11 @@ def proved_artifact(fmt: ArtifactFormat[_D], source: str | _D, name: str) -> Art
 
 def read_artifact(fmt: ArtifactFormat[_D], text: str, name: str) -> _D:
     """The artifact ``text`` read by ``fmt``, for its prover, description and size rule to share,
-    or the error that proving the text would give."""
+    or the error that proving the text would give.  Under a line of its own: ``show`` of the plan
+    of 192 GPUs parsed it for 2.5 s between the reading's line and the proof's, showing nothing."""
     try:
-        return fmt.read(text)
+        with busy(f"parsing {name}"):
+            return fmt.read(text)
     except StragglarError as e:
         raise artifact_error(fmt, name, e) from None
 

@@ -5,6 +5,10 @@ tqdm's monitor thread would outlive every bar, and a thread alive when ``run`` f
 can leave a lock held in a child for good, so there is none: a bar moves when its caller's loop
 moves it (:class:`Bar`), or, around work that forks nothing, from a thread of its own that ends
 with the work (:func:`busy`).
+
+A bar waits :data:`SHOW_AFTER` seconds of its command, not of its own step (:func:`command_clock`):
+a step begun after the first second shows at once, where each step waiting a second of its own
+left the screen blank for a second between steps, and the imports' second before the first.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import contextlib
 import os
 import sys
 import threading
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -22,7 +27,7 @@ from tqdm import tqdm
 
 from stragglar.errors import printable
 
-__all__ = ["Bar", "busy", "echo", "progress", "progress_bar", "ticking"]
+__all__ = ["Bar", "busy", "command_clock", "echo", "process_started", "progress", "progress_bar", "ticking"]
 
 _T = TypeVar("_T")
 
@@ -126,7 +131,52 @@ class Bar:
 
 
 _COUNTED = "{desc}: {n_fmt}/{total_fmt} [{elapsed}]"
-SHOW_AFTER = 1.0  # seconds of work before its bar shows: quick work shows none
+SHOW_AFTER = 1.0  # seconds of a command before its bars show: quick work shows none
+
+_IMPORTS_AT_MOST = 30.0  # seconds a process may be old when its command starts: its imports, on a slow disk
+_started: float | None = None  # time.monotonic() when the running command started; None: none runs
+
+
+@contextlib.contextmanager
+def command_clock(started: float | None = None) -> Iterator[None]:
+    """Count the :data:`SHOW_AFTER` delay of the bars opened in the block from ``started`` (None:
+    now), the start of their command: the user waits from the command's start, not from a step's,
+    so a step begun later shows its bar at once, and quick commands still show none.  Inside an
+    outer clock (:func:`stragglar.cli.main`'s, from the process's start) this one changes nothing."""
+    global _started
+    if _started is not None:
+        yield
+        return
+    _started = time.monotonic() if started is None else started
+    try:
+        yield
+    finally:
+        _started = None
+
+
+def process_started() -> float | None:
+    """When this process started, on :func:`time.monotonic`'s clock, where the system says (Linux:
+    ``/proc``), else None: the imports take a second or more of the user's wait before a command
+    can draw anything, and that second counts toward its bars' delay."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as stat:
+            ticks = int(stat.read().rsplit(")", 1)[1].split()[19])  # field 22: start, in clock ticks
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):  # AttributeError: no CLOCK_BOOTTIME
+        return None
+    if not 0.0 <= age <= _IMPORTS_AT_MOST:  # clocks that disagree, or main() called long after: now
+        return None
+    return time.monotonic() - age
+
+
+def _delay(after: float | None) -> float:
+    """How long a bar opened now waits before it shows: ``after`` where the caller says, else what
+    is left of the running command's :data:`SHOW_AFTER` (all of it outside a command)."""
+    if after is not None:
+        return after
+    if _started is None:
+        return SHOW_AFTER
+    return max(0.0, SHOW_AFTER - (time.monotonic() - _started))
 
 
 @contextlib.contextmanager
@@ -134,14 +184,15 @@ def progress_bar(
     total: int | None, label: str, after: float | None = None, slow: bool = False
 ) -> Iterator[Bar]:
     """A bar of ``total`` steps (None: the time spent alone) on stderr when it is a terminal, from
-    ``after`` seconds on (None: :data:`SHOW_AFTER`); silent in pipes and CI, and for quick work.
+    ``after`` seconds on (None: once its command has run :data:`SHOW_AFTER`); silent in pipes and
+    CI, and for quick work.
     ``slow`` steps (seconds to minutes each, a few of them) show the count and the time spent, not
     a rate or an estimate, which the first few steps cannot give ("2.00it/s" when each took 7 s)."""
     with _tqdm(
         None,
         label,
         total,
-        delay=SHOW_AFTER if after is None else after,
+        delay=_delay(after),
         miniters=0,  # every update(0) may redraw
         bar_format="{desc}: {elapsed}" if total is None else _COUNTED if slow else None,
     ) as bar:
@@ -182,8 +233,8 @@ def _ticked(bar: Bar) -> Iterator[None]:
 @contextlib.contextmanager
 def busy(label: str, after: float | None = None) -> Iterator[None]:
     """Show ``label`` and the time spent on stderr for work that outlasts ``after`` seconds (None:
-    :data:`SHOW_AFTER`), when
-    stderr is a terminal; nothing in pipes and CI, and nothing for quick work."""
+    what is left of its command's :data:`SHOW_AFTER`), when stderr is a terminal; nothing in pipes
+    and CI, and nothing for quick work."""
     if not _show_progress():
         yield
         return

@@ -22,6 +22,7 @@ stragglar.mscclpp.errors.PlanFormatError: not an MSCCL++ execution plan: the top
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
@@ -59,7 +60,7 @@ def plan_document(source: PlanSource) -> PlanDocument:
             f"a plan source is the plan's JSON text (a str) or its document, got {described(source)}"
         )
     try:
-        root = json.loads(source)
+        root = _in_pieces(source)
     except (ValueError, RecursionError) as exc:
         raise PlanFormatError(
             f"not JSON: {json_complaint(exc) if isinstance(exc, ValueError) else 'nested too deeply'}"
@@ -70,3 +71,72 @@ def plan_document(source: PlanSource) -> PlanDocument:
     if not isinstance(root, dict):
         raise PlanFormatError("not an MSCCL++ execution plan: the top level must be an object")
     return PlanDocument(root)
+
+
+# json.loads's own scanner (C): one value from an index on; typeshed leaves the attribute out
+_scan = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+_SPACE = re.compile(r"[ \t\n\r]*")  # JSON's whitespace, as json skips it
+
+
+def _in_pieces(text: str) -> Any:
+    """``json.loads(text)``, the same value, parsed a piece at a time where the text is an object:
+    each member, and each item of a member that is a list (a GPU of ``gpus``), by json's own C
+    scanner.
+
+    One ``json.loads`` of a plan is one C call, and it holds the GIL: the 37 MB plan of 192 GPUs
+    spent 2.5 s in it, and the thread of the "proving" line could not redraw.  Between pieces
+    that thread runs.  Text that is not an object of that shape, or not JSON at all, is left to
+    ``json.loads``, so that the value, and the error of text that is not JSON, are its own."""
+    try:
+        return _object(text)
+    except (ValueError, RecursionError, StopIteration):  # StopIteration: the scanner found no value
+        return json.loads(text)
+
+
+def _object(text: str) -> dict[str, Any]:
+    """The object that is the whole of ``text``, built as json builds one (a key given twice keeps
+    its first place and its last value); ValueError or StopIteration where the text is not one."""
+    root: dict[str, Any] = {}
+    at = _skip(text, 0)
+    if text[at : at + 1] != "{":
+        raise ValueError("not an object")
+    at = _skip(text, at + 1)
+    if text[at : at + 1] != "}":
+        while True:
+            key, at = _scan(text, at)
+            at = _skip(text, at)
+            if not isinstance(key, str) or text[at : at + 1] != ":":
+                raise ValueError("not a member")
+            at = _skip(text, at + 1)
+            root[key], at = _list(text, at) if text[at : at + 1] == "[" else _scan(text, at)
+            at = _skip(text, at)
+            if text[at : at + 1] == "}":
+                break
+            if text[at : at + 1] != ",":
+                raise ValueError("no comma")
+            at = _skip(text, at + 1)
+    if _skip(text, at + 1) != len(text):
+        raise ValueError("extra data")
+    return root
+
+
+def _list(text: str, at: int) -> tuple[list[Any], int]:
+    """The list whose ``[`` is at ``at``, an item at a time, and the index after its ``]``."""
+    items: list[Any] = []
+    at = _skip(text, at + 1)
+    if text[at : at + 1] == "]":
+        return items, at + 1
+    while True:
+        item, at = _scan(text, at)
+        items.append(item)
+        at = _skip(text, at)
+        if text[at : at + 1] == "]":
+            return items, at + 1
+        if text[at : at + 1] != ",":
+            raise ValueError("no comma")
+        at = _skip(text, at + 1)
+
+
+def _skip(text: str, at: int) -> int:
+    """The index of the first character at or after ``at`` that is not JSON's whitespace."""
+    return _SPACE.match(text, at).end()  # type: ignore[union-attr]  # "*": it matches everywhere
