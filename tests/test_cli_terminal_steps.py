@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -51,9 +52,12 @@ def test_the_imports_count_toward_the_first_second(monkeypatch: pytest.MonkeyPat
     """main's clock starts with the process, and the imports took its first second (3 s on a
     loaded machine) before any line could show: the group's own clock, inside it, keeps it."""
     screen = terminal_screen(monkeypatch)
-    started = terminal.process_started()
     if Path("/proc/self/stat").exists():  # Linux: /proc says; elsewhere None, the group's clock alone
-        assert started is not None and started <= time.monotonic()
+        # a fresh process: this one may have run longer than a command's imports could take
+        age = "s = process_started(); print(None if s is None else time.monotonic() - s)"
+        code = f"import time; from stragglar.commands.terminal import process_started; {age}"
+        said = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        assert said.returncode == 0 and 0 < float(said.stdout) < 30, said
     with terminal.command_clock(time.monotonic() - 2.0), terminal.command_clock(), terminal.busy("asking z3"):
         pass
     assert "asking z3: 00:00" in screen.getvalue()
@@ -108,3 +112,12 @@ def test_show_parses_a_plan_under_a_line_of_its_own(tmp_path: Path, monkeypatch:
     monkeypatch.setattr(terminal, "SHOW_AFTER", 0.0)  # quick work: its line from the start
     result = run("show", str(plan))
     assert result.exit_code == 0 and f"parsing {plan}: 00:00" in result.stderr, result.stderr
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="the process's start is read from /proc")
+def test_a_process_older_than_its_imports_could_be_counts_from_now(monkeypatch: pytest.MonkeyPatch) -> None:
+    """main() called an hour into a process (or clocks that disagree) would show every bar at
+    once, a quick command's too: such a start is not taken."""
+    booted = time.clock_gettime
+    monkeypatch.setattr(terminal.time, "clock_gettime", lambda clock: booted(clock) + 3600.0)
+    assert terminal.process_started() is None
