@@ -119,5 +119,5 @@ def test_a_process_older_than_its_imports_could_be_counts_from_now(monkeypatch: 
     """main() called an hour into a process (or clocks that disagree) would show every bar at
     once, a quick command's too: such a start is not taken."""
     booted = time.clock_gettime
-    monkeypatch.setattr(terminal.time, "clock_gettime", lambda clock: booted(clock) + 3600.0)
+    monkeypatch.setattr(time, "clock_gettime", lambda clock: booted(clock) + 3600.0)
     assert terminal.process_started() is None
