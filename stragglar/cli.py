@@ -2,8 +2,9 @@
 
 Thin on purpose: the commands (:mod:`stragglar.commands`) parse arguments, call the library and
 print what the library renders; this module puts them in one group, whose errors are one line
-each (:mod:`~stragglar.commands.error_lines`) and whose z3 work stops on Ctrl-C
-(:mod:`~stragglar.commands.interrupts`)::
+each (:mod:`~stragglar.commands.error_lines`), whose z3 work stops on Ctrl-C
+(:mod:`~stragglar.commands.interrupts`) and which imports a command's module only when that
+command runs or shows its help (:class:`_Entry`)::
 
     stragglar synth --gpus N [--straggler R] [--algorithm A] [-o FILE] [--format json|text|msccl]
     stragglar export FILE -o OUT.xml [--proto P] [--instances K] [--min-bytes B] [--max-bytes B]
@@ -32,27 +33,174 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import importlib
 import os
 import sys
-from typing import Any
+from collections.abc import Iterator, MutableMapping
+from dataclasses import dataclass
+from gettext import gettext
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from stragglar.commands.error_lines import PIPE_CLOSED, one_line_errors, quiet_stdout, whole_writes
 from stragglar.commands.interrupts import stopping_z3
-from stragglar.commands.measure import bench, run
-from stragglar.commands.model import bound, cost, prove_all_command
-from stragglar.commands.schedules import export, show, synth, verify
 from stragglar.commands.terminal import command_clock, process_started
-from stragglar.commands.whatif import whatif
 from stragglar.errors import InputError, ResourceError, ran_out
 from stragglar.version import __version__
+
+if TYPE_CHECKING:
+    from click.shell_completion import CompletionItem
 
 __all__ = ["cli", "main"]
 
 
+@dataclass(frozen=True)
+class _Entry:
+    """Where a command lives, and what the group's listing says of it before it is imported.
+
+    A command's module is imported when the command runs or its help is asked for, never for
+    another's: ``stragglar synth`` waited on the imports of ``run``'s launcher (the runtime) and
+    of ``verify``'s provers (networkx, numpy), ``stragglar --help`` on all of them, 0.7-1.0 s
+    before its first line.  The listing, the suggestion for a misspelled name and the shell's
+    completions need the names and the one-line helps alone: they are here, and
+    ``tests/test_cli.py`` holds each ``summary`` to the command's own help.
+    """
+
+    module: str  # under stragglar.commands
+    attribute: str
+    summary: str  # the first sentence of the command's help, as click shortens it for the listing
+    stops_z3: bool = True  # run and bench fork ranks: no thread may be alive at a fork; no z3 either
+
+    def load(self) -> click.Command:
+        command: click.Command = getattr(
+            importlib.import_module(f"stragglar.commands.{self.module}"), self.attribute
+        )
+        return stopping_z3(command) if self.stops_z3 else command
+
+    def stand_in(self, name: str) -> click.Command:
+        """A command that is only its name and its one-line help: what the listing shows of it."""
+        return click.Command(name, help=self.summary)
+
+
+_COMMANDS = {
+    "synth": _Entry("schedules", "synth", "Generate a schedule, prove it, print or save it."),
+    "export": _Entry(
+        "schedules",
+        "export",
+        "Prove the JSON schedule FILE and write it as MSCCL XML or an MSCCL++ plan (each proved again"
+        " from its own text), or as JSON.",
+    ),
+    "verify": _Entry(
+        "schedules",
+        "verify",
+        "Prove FILE correct, or name its first violation: a JSON schedule, MSCCL XML or an MSCCL++"
+        " plan, told apart by content.",
+    ),
+    "show": _Entry(
+        "schedules",
+        "show",
+        "Print FILE with its summary: a JSON schedule round by round, MSCCL XML GPU by GPU, an MSCCL++"
+        " plan by thread blocks, ops and size rule.",
+    ),
+    "cost": _Entry(
+        "model",
+        "cost",
+        "Predict each algorithm's AllReduce time with the alpha-beta model, on its generated schedule.",
+    ),
+    "bound": _Entry(
+        "model",
+        "bound",
+        "Prove with z3 that no phase 2 for N GPUs and C chunks fits in C + ceil(log2 N) - 2 rounds"
+        " (R*(N) - 1 for C = N-1), or in --rounds rounds.",
+    ),
+    "prove-all": _Entry(
+        "model",
+        "prove_all_command",
+        "Prove every schedule we ship: StragglAR by z3 up to --max-gpus (baselines up to 16), all"
+        " algorithms by the simulator up to --max-simulated; or the given FILES (JSON schedules, by"
+        " both provers, MSCCL XML and MSCCL++ plans), every one of them, naming each that fails.",
+    ),
+    "whatif": _Entry(
+        "whatif",
+        "whatif",
+        "Replay a recorded arrival trace (CSV, JSON Lines or Parquet: one row per group, step and rank,"
+        " with the time that rank reached the gradient collective; or NCCL Inspector's verbose JSON, or"
+        " PyTorch Flight Recorder's dumps: their files, or a folder of them) through the DDP hook's"
+        " policy and the alpha-beta model: is there a persistent straggler, how late is it, and what"
+        " would StragglAR, chunked StragglAR and the auto policy have saved over Ring at each step?",
+    ),
+    "run": _Entry(
+        "measure",
+        "run",
+        "Run a schedule on real data and compare it with the engine's own AllReduce.",
+        stops_z3=False,
+    ),
+    "bench": _Entry(
+        "measure",
+        "bench",
+        "Measure a grid of settings against the engine's own AllReduce.",
+        stops_z3=False,
+    ),
+}
+
+
+class _Commands(MutableMapping[str, click.Command]):
+    """The group's commands by name, each imported on first use (:class:`_Entry`).
+
+    Iterating gives the names without importing anything, so click's ``list_commands`` and its
+    "Did you mean" suggestions stay free; looking one up imports its module once.  A command
+    added with ``add_command`` is kept as it is.
+    """
+
+    def __init__(self, entries: dict[str, _Entry]) -> None:
+        self._items: dict[str, click.Command | _Entry] = dict(entries)
+
+    def __getitem__(self, name: str) -> click.Command:
+        item = self._items[name]
+        if isinstance(item, _Entry):
+            item = self._items[name] = item.load()
+        return item
+
+    def __setitem__(self, name: str, command: click.Command) -> None:
+        self._items[name] = command
+
+    def __delitem__(self, name: str) -> None:
+        del self._items[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def listed(self, name: str) -> click.Command:
+        """The command as the listing shows it: itself once imported, else its stand-in."""
+        item = self._items[name]
+        return item.stand_in(name) if isinstance(item, _Entry) else item
+
+
 class _Group(click.Group):
-    """A group whose parsing and command errors are one line each."""
+    """A group whose parsing and command errors are one line each, and whose commands are imported
+    when one runs (:class:`_Commands`): its listing and its completions show their stand-ins."""
+
+    commands: _Commands
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, self.commands.listed(name)) for name in self.list_commands(ctx)]
+        rows = [(name, command) for name, command in rows if not command.hidden]
+        if rows:  # click's own layout: the one-line helps cut to what the width leaves
+            limit = formatter.width - 6 - max(len(name) for name, _ in rows)
+            with formatter.section(gettext("Commands")):  # as click says it
+                formatter.write_dl([(name, command.get_short_help_str(limit)) for name, command in rows])
+
+    def shell_complete(self, ctx: click.Context, incomplete: str) -> list[CompletionItem]:
+        from click.shell_completion import CompletionItem
+
+        names = (n for n in self.list_commands(ctx) if n.startswith(incomplete))
+        listed = ((n, self.commands.listed(n)) for n in names)
+        items = [CompletionItem(n, help=c.get_short_help_str()) for n, c in listed if not c.hidden]
+        return items + click.Command.shell_complete(self, ctx, incomplete)  # the group's own options
 
     def make_context(
         self, info_name: str | None, args: list[str], parent: click.Context | None = None, **extra: Any
@@ -120,10 +268,7 @@ def cli(ctx: click.Context) -> None:
         ctx.exit(0)
 
 
-for _command in (synth, export, verify, show, cost, bound, prove_all_command, whatif):
-    cli.add_command(stopping_z3(_command))
-for _command in (run, bench):  # they fork ranks, and no thread may be alive at a fork; no z3 either
-    cli.add_command(_command)
+cli.commands = _Commands(_COMMANDS)
 
 
 def main() -> None:

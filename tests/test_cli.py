@@ -147,3 +147,90 @@ def test_timeouts_agree_where_they_bound_the_same_thing_and_say_why_they_differ(
     assert defaults == {"run": "60s", "bench": "60s", "synth": "600s", "bound": "600s"}
     assert all("each wait for a peer" in helps[name] and "600s" in helps[name] for name in ("run", "bench"))
     assert all("60s, bounds one wait for a peer" in helps[name] for name in ("synth", "bound"))
+
+
+# ---------------------------------------------------------------------------- start-up
+
+COMMANDS = ["synth", "export", "verify", "show", "cost", "bound", "prove-all", "whatif", "run", "bench"]
+# What one command or another needs, and none of the light ones below: the commands' modules,
+# the provers' graph and array libraries, z3, the runtime that `run` launches.
+HEAVY = [
+    "stragglar.commands.schedules",
+    "stragglar.commands.model",
+    "stragglar.commands.measure",
+    "stragglar.commands.whatif",
+    "stragglar.artifacts",
+    "stragglar.msccl.prover",
+    "stragglar.runtime",
+    "networkx",
+    "numpy",
+    "z3",
+]
+IMPORTED = """
+import json, sys
+from stragglar.cli import main
+try:
+    main()
+except SystemExit:
+    pass
+print(json.dumps(sorted(set(HEAVY) & set(sys.modules))), file=sys.stderr)
+"""
+
+
+def _imported(*args: str) -> tuple[str, list[str]]:
+    """What ``stragglar ARGS`` prints, and which of :data:`HEAVY` it imported, in a fresh process
+    (``-c``: ``python -m`` would import ``stragglar.__main__``, which is the same)."""
+    code = f"HEAVY = {HEAVY!r}\n{IMPORTED}"
+    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
+    return done.stdout, json.loads(done.stderr.splitlines()[-1])
+
+
+def test_the_help_lists_every_command_and_imports_none_of_them() -> None:
+    """``stragglar --help`` (and ``import stragglar.cli``) imports no command's module: the listing
+    is the names and one-line helps of the group's table.  It took 0.7-1.0 s when every module,
+    the provers' networkx and numpy and the runtime came first."""
+    text, heavy = _imported("--help")
+    assert heavy == []
+    listed = text[text.index("Commands:\n") :].splitlines()[1:]
+    assert [line.split()[0] for line in listed] == sorted(COMMANDS)
+    assert list(cli.commands) == COMMANDS
+
+
+SCHEDULES = {"stragglar.commands.schedules", "stragglar.artifacts", "stragglar.msccl.prover", "z3"}
+
+
+@pytest.mark.parametrize(
+    ("args", "may_import"),
+    [
+        (["synth", "--gpus", "8"], SCHEDULES),
+        (["verify", str(README.parent / "schedules" / "json" / "stragglar-n4-s3.json")], SCHEDULES),
+        (
+            ["cost", "--gpus", "8"],
+            {"stragglar.commands.model", *SCHEDULES - {"stragglar.commands.schedules"}},
+        ),
+        (
+            ["whatif", "--help"],
+            {"stragglar.commands.whatif", "stragglar.artifacts", "stragglar.msccl.prover"},
+        ),
+    ],
+)
+def test_a_command_imports_its_own_module_and_what_it_uses(args: list[str], may_import: set[str]) -> None:
+    """A command imports its topic's module, not the others' (``run``'s runtime), and no graph or
+    array library it does not use: networkx explains a deadlocked file, numpy prices chunk counts
+    and follows an executor file's clocks (z3: every command but run and bench stops it on Ctrl-C)."""
+    text, heavy = _imported(*args)
+    assert text
+    assert set(heavy) <= may_import
+    assert any(m.startswith("stragglar.commands.") for m in heavy)  # its own topic's module
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_the_listed_one_line_help_is_the_commands_own(name: str) -> None:
+    """The table's summary shortens as the command's own help does, at every width: ``stragglar
+    --help`` and the shell's completions say what they said when every command was imported."""
+    from stragglar.cli import _COMMANDS
+
+    command, stand_in = cli.commands[name], _COMMANDS[name].stand_in(name)
+    assert command.name == name and not command.hidden and not command.deprecated
+    for limit in (*range(10, 400, 3), 45):
+        assert stand_in.get_short_help_str(limit) == command.get_short_help_str(limit), limit

@@ -77,6 +77,8 @@ def ctrl_c_stops_z3() -> Iterator[None]:
         raise
     finally:
         done.set()
+        with contextlib.suppress(OSError):  # wake the watch now: its select would hold join 0.2 s
+            writer.send(b"\0")  # not SIGINT's number: read as "look at done", not as a Ctrl-C
         signal.signal(signal.SIGINT, previous_handler)
         signal.set_wakeup_fd(previous_fd)
         thread.join(1.0)

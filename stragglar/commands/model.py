@@ -25,7 +25,6 @@ from stragglar.commands.terminal import busy, echo, progress, progress_bar
 from stragglar.errors import IncorrectError, InputError, ResourceError, StragglarError
 from stragglar.model import AUTO, Comparison, Network, compare_generated, generated_profile
 from stragglar.model.chunks import MIN_CHUNK_BYTES, SAME_PRICE, chunk_candidates
-from stragglar.plot import chunk_sweep, sweep_sizes
 from stragglar.proof_tier import (
     ALGORITHM_MAX_WIDTH,
     ALGORITHM_WIDTH,
@@ -79,6 +78,8 @@ def cost(
     if num_chunks is not None:
         echo(_chunk_line(comparison, num_chunks, _auto_range(num_gpus, size) if chunks == AUTO else None))
     if plot_file is not None:
+        from stragglar.plot import chunk_sweep, sweep_sizes  # the plot's module (and numpy) for a plot only
+
         sizes = sweep_sizes(num_gpus)
         pairs = [(a, n) for n in sizes for a in ALGORITHMS if a != "rhd" or n & (n - 1) == 0]
         for algorithm, n in progress(pairs, "pricing the schedules of the plot"):

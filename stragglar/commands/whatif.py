@@ -9,7 +9,6 @@ from fractions import Fraction
 from pathlib import Path
 
 import click
-import numpy as np
 
 from stragglar.commands.options import (
     BANDWIDTH,
@@ -137,6 +136,8 @@ def _check_resolution(groups: Sequence[Group], unit: str) -> None:
     trace's unit and float32 holds the largest of them no finer than :data:`COARSE_TIME`: a
     table written with float32 times (pandas' downcast) keeps epoch seconds 128 s apart, so
     every rank reached every step "at once" and the replay says nobody was late."""
+    import numpy as np  # here, not at the top: the command's help needs none of it
+
     per_unit = TIME_UNITS[unit]
     largest = Fraction(0)
     whole = True

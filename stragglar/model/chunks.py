@@ -20,14 +20,15 @@ policy.
 
 from __future__ import annotations
 
-from typing import TypeVar
-
-import numpy as np
+from typing import TYPE_CHECKING, TypeVar
 
 from stragglar.args import as_int
 from stragglar.errors import InputError, described
 from stragglar.model.cost import PAPER_NETWORK, Network, check_setting
 from stragglar.schedule import MAX_CELLS, MAX_CHUNKS
+
+if TYPE_CHECKING:  # numpy is imported where a count is priced: a command that prices none skips it
+    import numpy as np
 
 __all__ = [
     "AUTO",
@@ -52,7 +53,7 @@ MAX_AUTO_CHUNKS = 4096
 # count at alpha 0 on 2 GPUs costs one buffer's time) differ in float64's last bits, which would
 # pick 49 chunks over 1 for a gain of 2e-14%.
 SAME_PRICE = 1e-9
-_Count = TypeVar("_Count", int, np.ndarray)  # one chunk count, or an array of them
+_Count = TypeVar("_Count", int, "np.ndarray")  # one chunk count, or an array of them
 
 
 def chunk_candidates(
@@ -105,6 +106,8 @@ def chunked_loads(num_ranks: int, num_chunks: _Count) -> tuple[int, _Count, _Cou
     >>> chunked_loads(8, 7), chunked_loads(8, 9)
     ((6, 6, 9, 9), (6, 12, 11, 11))
     """
+    import numpy as np
+
     num_ranks = as_int(num_ranks, "num_ranks", minimum=2)
     if np.any(np.asarray(num_chunks) < num_ranks - 1):
         raise InputError(
@@ -121,6 +124,8 @@ def _prices(
     """The time after the straggler arrives of StragglAR in each of ``counts`` chunks, as
     :func:`~stragglar.model.cost.estimate` prices its generated schedule: the same operations in
     the same order on float64, so the same numbers, for thousands of counts at once."""
+    import numpy as np
+
     chunks = np.asarray(counts, dtype=np.int64)
     hidden_rounds, hidden_chunks, exposed_rounds, exposed_chunks = chunked_loads(num_ranks, chunks)
     chunk = size_bytes / chunks
@@ -163,6 +168,8 @@ def ranked_chunks(
     >>> ranked_chunks(8, 2**30, 0.005, power_of_two=True)[:4]
     [32, 64, 16, 128]
     """
+    import numpy as np
+
     size_bytes, delay = check_setting(size_bytes, delay)
     counts = chunk_candidates(num_ranks, size_bytes, power_of_two=power_of_two, max_chunks=max_chunks)
     prices = _prices(num_ranks, counts, size_bytes, delay, network)

@@ -32,8 +32,10 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:  # numpy is imported where a threshold is computed: importing the rule skips it
+    import numpy as np
 
 __all__ = ["GRID", "MAX_ITERATIONS", "MIN_FALSE_ALARM", "lowest_threshold", "ville"]
 
@@ -93,6 +95,8 @@ def lowest_threshold(num_ranks: int, false_alarm: float, up: float, down: float)
 def _passes(cap: int, step_up: int, step_down: int, chance: float, per_rank: float) -> bool:
     """Whether the grid chain capped at ``cap`` is at the cap with probability at most ``per_rank``
     at every step, settled by the runs from 0 and from the cap (undecided: False)."""
+    import numpy as np
+
     if cap == 0:
         return False
     low = np.zeros(cap + 1)
@@ -110,6 +114,8 @@ def _passes(cap: int, step_up: int, step_down: int, chance: float, per_rank: flo
 def _step(mass: np.ndarray, step_up: int, step_down: int, chance: float) -> np.ndarray:
     """The score's distribution one step on: up by ``step_up`` (at most to the cap) with
     probability ``chance``, else down by ``-step_down`` (at least to 0)."""
+    import numpy as np
+
     cap = len(mass) - 1
     after = np.zeros_like(mass)
     rise, fall = mass * chance, mass * (1 - chance)

@@ -39,8 +39,6 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-import networkx as nx
-
 from stragglar.synth.chunked_steady import Held, Unit, Walk, candidate_walks
 
 __all__ = ["tail_rounds", "walk_for"]
@@ -278,6 +276,8 @@ def _greedy(
 def _round_flow(
     groups: dict[object, list[int]], held: list[set[int]], top: int, total: int, left: int, nudge: int
 ) -> dict[Any, dict[Any, int]] | None:
+    import networkx as nx  # here, not at the top: only the searched tails need it, not every command
+
     graph = nx.DiGraph()
     for key, ranks in groups.items():
         h = held[ranks[0]]

@@ -38,8 +38,6 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-import networkx as nx
-
 from stragglar.msccl.errors import MscclViolation
 from stragglar.msccl.prover.order import Access, Accesses, Clocks, Conflict, Key, Snapshot, releases
 from stragglar.msccl.prover.parsed import Algo, Tx
@@ -355,6 +353,8 @@ class Machine:
         blocked = [t for t in range(len(self.tbs)) if not self._done(t)]
         if not blocked:
             return None
+        import networkx as nx  # here, not at the top: only a stuck file pays for its import
+
         waits = nx.DiGraph()
         waits.add_nodes_from(blocked)
         waits.add_edges_from((t, u) for t in blocked if (u := self._waits_for(t)[0]) is not None)

@@ -29,13 +29,15 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeAlias
 
-import numpy as np
-import numpy.typing as npt
+if TYPE_CHECKING:  # numpy is imported where clocks are made: a command that proves no file skips it
+    import numpy as np
+    import numpy.typing as npt
 
 __all__ = ["Access", "Accesses", "Clock", "Clocks", "Conflict", "Key", "Snapshot", "batches", "releases"]
 
-Clock = npt.NDArray[np.int32]  # ticks: at most 2 iterations x 64 steps x 71 chunks per TB
+Clock: TypeAlias = "npt.NDArray[np.int32]"  # ticks: at most 2 iterations x 64 steps x 71 chunks per TB
 Key = tuple[int, int, str, int]  # a chunk of one iteration: (iteration, gpu, buffer, offset)
 CELLS = 1 << 26  # clock entries (256 MiB) a run that follows messages budgets for: what it tracks at once
 KEPT = 2  # clocks budgeted per TB: its own, and one its chunks in flight or its releases still refer to
@@ -64,12 +66,16 @@ class Clocks:
     def within_gpus(cls, gpu_of: Sequence[int], local: Sequence[int]) -> Clocks:
         """Each TB tracks the TBs of its own GPU (``local[u]``: u's index there); messages carry
         nothing."""
+        import numpy as np
+
         zero = {g: np.zeros(count, dtype=np.int32) for g, count in Counter(gpu_of).items()}
         return cls([zero[g] for g in gpu_of], list(local), exact=False)
 
     @classmethod
     def through_gpus(cls, gpu_of: Sequence[int], tracked: set[int]) -> Clocks:
         """Every TB tracks the TBs of the GPUs in ``tracked``, and messages carry clocks."""
+        import numpy as np
+
         column, width = [], 0
         for g in gpu_of:
             column.append(width if g in tracked else -1)
@@ -96,6 +102,8 @@ class Clocks:
 
     def join(self, t: int, known: Snapshot) -> None:
         """``t`` now knows what ``known`` knew (a wait released, a chunk received)."""
+        import numpy as np
+
         mine, own = self.clock[t], self.column[known.tb]
         learns = own >= 0 and known.progress > mine[own]
         if known.clock is not mine and not learns:

@@ -28,14 +28,11 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 
-import networkx as nx
-
 from stragglar.args import as_int
 from stragglar.errors import InputError, shown
 from stragglar.mscclpp.document import PlanSource
 from stragglar.mscclpp.errors import PlanViolation, PlanViolationError
 from stragglar.mscclpp.prover.machine import ACQUIRE, BARRIER, RELEASE, SIGNAL, WAIT, Layout, Outcome, run
-from stragglar.mscclpp.prover.order import Found, HappensBefore
 from stragglar.mscclpp.prover.parsed import Plan
 from stragglar.mscclpp.prover.read import read_plan
 from stragglar.units import count_of
@@ -105,6 +102,8 @@ def check(plan: PlanSource, *, interleavings: int = DEFAULT_INTERLEAVINGS) -> Pl
 def prove(source: PlanSource, *, interleavings: int = DEFAULT_INTERLEAVINGS) -> PlanProof:
     """Prove the plan (its text or document), or raise
     :class:`~stragglar.mscclpp.errors.PlanViolationError` (first violation)."""
+    from stragglar.mscclpp.prover.order import Found, HappensBefore  # numpy: only where a plan is proved
+
     interleavings = as_int(interleavings, "interleavings", minimum=1)
     if interleavings > MAX_INTERLEAVINGS:
         raise InputError(f"interleavings must be at most {MAX_INTERLEAVINGS:,}, got {interleavings:,}")
@@ -207,6 +206,8 @@ class _Checker:
     def deadlock(self, outcome: Outcome, seed: int) -> None:
         if not outcome.blocked:
             return
+        import networkx as nx  # here, not at the top: only a stuck plan pays for its import
+
         pc = dict(outcome.blocked)
         graph: nx.DiGraph = nx.DiGraph()
         for (t, i), waits in zip(outcome.blocked, outcome.waiting_on, strict=True):
