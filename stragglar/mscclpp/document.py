@@ -29,6 +29,7 @@ from typing import Any, TypeAlias
 from stragglar.errors import ArgumentError, described
 from stragglar.files import json_complaint, lone_surrogate
 from stragglar.mscclpp.errors import PlanFormatError
+from stragglar.schedule import gc_paused
 
 __all__ = ["PlanDocument", "PlanSource", "plan_document"]
 
@@ -60,7 +61,8 @@ def plan_document(source: PlanSource) -> PlanDocument:
             f"a plan source is the plan's JSON text (a str) or its document, got {described(source)}"
         )
     try:
-        root = _in_pieces(source)
+        with gc_paused():  # a plan of 192 GPUs is millions of dicts and lists, all kept: collecting is wasted
+            root = _in_pieces(source)
     except (ValueError, RecursionError) as exc:
         raise PlanFormatError(
             f"not JSON: {json_complaint(exc) if isinstance(exc, ValueError) else 'nested too deeply'}"

@@ -42,7 +42,7 @@ from stragglar.mscclpp.lowering.rounds import build_programs
 from stragglar.mscclpp.lowering.threadblocks import BlockError, cut_segments, place_blocks
 from stragglar.mscclpp.sizes import SizeRule, offset_limit
 from stragglar.mscclpp.vocabulary import alignment_problem
-from stragglar.schedule import Schedule, base_name
+from stragglar.schedule import Schedule, base_name, gc_paused
 from stragglar.units import count_of
 from stragglar.verify import Proof, require_proof
 
@@ -260,6 +260,15 @@ def lower(proof: Proof, options: PlanOptions | None = None) -> MscclppPlan:
         raise ArgumentError(f"options must be a PlanOptions, got {type(options).__name__}")
     _check(schedule, options)
     check_request(schedule.num_ranks, schedule.num_chunks, options.instances)
+    # The programs, segments and blocks of 192 GPUs are millions of small acyclic records, all
+    # alive until the text is written: collecting them is wasted work.  _lowered returns the plan
+    # (its text and counts), the rest freed while still paused.
+    with gc_paused():
+        return _lowered(schedule, options)
+
+
+def _lowered(schedule: Schedule, options: PlanOptions) -> MscclppPlan:
+    """:func:`lower`'s work, its request checked."""
     programs = build_programs(schedule)
     try:
         segmentation = cut_segments(programs)
