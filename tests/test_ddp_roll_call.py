@@ -13,6 +13,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from script_ranks import start_ranks
 
 pytest.importorskip("torch")
 
@@ -189,28 +190,9 @@ def test_the_store_s_host_silent_is_named_or_the_timeout_is_said_without_names(
     """Rank 0, the TCPStore's host, is the silent one.  Asleep, its store's thread still answers,
     and the others name it; stopped (SIGSTOP: the store's host answers nothing, and its client
     waits without bound), they say the timeout as before, a moment later, with no hang."""
-    import os
-    import subprocess
-    import sys
-
     script = tmp_path / "silent.py"
     script.write_text(STORE_HOST_SILENT)
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        port = free.getsockname()[1]
-    env = dict(
-        os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="3", OMP_NUM_THREADS="1"
-    )
-    ranks = [
-        subprocess.Popen(
-            [sys.executable, str(script), host],
-            env={**env, "RANK": str(rank)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for rank in range(3)
-    ]
+    ranks = start_ranks(script, 3, host)
     try:
         for rank in (1, 2):
             output, _ = ranks[rank].communicate(timeout=90)

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from script_ranks import start_ranks
 
 pytest.importorskip("torch")
 
@@ -140,26 +141,9 @@ def test_a_silent_peer_under_auto_lets_the_others_end_cleanly(tmp_path: Path) ->
     minutes, stayed in flight after the state's timeout failed the step: the other ranks' destroy
     waited 20 s, then their interpreters hung at exit until the silent peer came back, and
     aborted ("terminate called without an active exception")."""
-    import socket
-
     script = tmp_path / "silent.py"
     script.write_text(SILENT_PEER)
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        port = free.getsockname()[1]
-    env = dict(
-        os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="3", OMP_NUM_THREADS="1"
-    )
-    ranks = [
-        subprocess.Popen(
-            [sys.executable, str(script)],
-            env={**env, "RANK": str(rank)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for rank in range(3)
-    ]
+    ranks = start_ranks(script, 3)
     try:
         for rank in (0, 1):
             output, _ = ranks[rank].communicate(timeout=90)
