@@ -45,7 +45,7 @@ import click
 
 from stragglar.commands.error_lines import PIPE_CLOSED, one_line_errors, quiet_stdout, whole_writes
 from stragglar.commands.interrupts import stopping_z3
-from stragglar.commands.terminal import command_clock, process_started
+from stragglar.commands.terminal import command_clock
 from stragglar.errors import InputError, ResourceError, ran_out
 from stragglar.version import __version__
 
@@ -209,7 +209,7 @@ class _Group(click.Group):
             return super().make_context(info_name, args, parent, **extra)
 
     def invoke(self, ctx: click.Context) -> Any:
-        with one_line_errors(), command_clock():  # main's clock, where it runs, counts from the start
+        with one_line_errors(), command_clock():  # from before the command's module is imported
             return super().invoke(ctx)
 
     def resolve_command(
@@ -287,8 +287,7 @@ def main() -> None:
     sys.stdout = whole_writes(sys.stdout)  # a document cut short by its reader is never exit 0
     try:
         try:
-            with command_clock(process_started()):  # the imports are part of the wait
-                cli.main(prog_name="stragglar")
+            cli.main(prog_name="stragglar")
         finally:
             sys.stdout.flush()
     except BrokenPipeError:  # the reader went away as the last output was flushed (`| head`)

@@ -8,7 +8,8 @@ with the work (:func:`busy`).
 
 A bar waits :data:`SHOW_AFTER` seconds of its command, not of its own step (:func:`command_clock`):
 a step begun after the first second shows at once, where each step waiting a second of its own
-left the screen blank for a second between steps, and the imports' second before the first.
+left the screen blank for a second between steps, and the command's imports' second before the
+first.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from tqdm import tqdm
 
 from stragglar.errors import printable
 
-__all__ = ["Bar", "busy", "command_clock", "echo", "process_started", "progress", "progress_bar", "ticking"]
+__all__ = ["Bar", "busy", "command_clock", "echo", "progress", "progress_bar", "ticking"]
 
 _T = TypeVar("_T")
 
@@ -133,7 +134,6 @@ class Bar:
 _COUNTED = "{desc}: {n_fmt}/{total_fmt} [{elapsed}]"
 SHOW_AFTER = 1.0  # seconds of a command before its bars show: quick work shows none
 
-_IMPORTS_AT_MOST = 30.0  # seconds a process may be old when its command starts: its imports, on a slow disk
 _started: float | None = None  # time.monotonic() when the running command started; None: none runs
 
 
@@ -141,8 +141,9 @@ _started: float | None = None  # time.monotonic() when the running command start
 def command_clock(started: float | None = None) -> Iterator[None]:
     """Count the :data:`SHOW_AFTER` delay of the bars opened in the block from ``started`` (None:
     now), the start of their command: the user waits from the command's start, not from a step's,
-    so a step begun later shows its bar at once, and quick commands still show none.  Inside an
-    outer clock (:func:`stragglar.cli.main`'s, from the process's start) this one changes nothing."""
+    so a step begun later shows its bar at once, and quick commands still show none.  The group's
+    clock starts before a command's module is imported (:mod:`stragglar.cli` imports it when the
+    command runs), so those imports count too.  Inside an outer clock this one changes nothing."""
     global _started
     if _started is not None:
         yield
@@ -152,21 +153,6 @@ def command_clock(started: float | None = None) -> Iterator[None]:
         yield
     finally:
         _started = None
-
-
-def process_started() -> float | None:
-    """When this process started, on :func:`time.monotonic`'s clock, where the system says (Linux:
-    ``/proc``), else None: the imports take a second or more of the user's wait before a command
-    can draw anything, and that second counts toward its bars' delay."""
-    try:
-        with open("/proc/self/stat", encoding="ascii") as stat:
-            ticks = int(stat.read().rsplit(")", 1)[1].split()[19])  # field 22: start, in clock ticks
-        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, AttributeError):  # AttributeError: no CLOCK_BOOTTIME
-        return None
-    if not 0.0 <= age <= _IMPORTS_AT_MOST:  # clocks that disagree, or main() called long after: now
-        return None
-    return time.monotonic() - age
 
 
 def _delay(after: float | None) -> float:
