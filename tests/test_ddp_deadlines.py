@@ -147,3 +147,31 @@ def test_a_reminder_runs_only_while_the_future_is_not_done() -> None:
     done.set_result(1)
     time.sleep(0.3)
     assert ran == ["pending"]
+
+
+def test_no_thread_to_say_the_error_still_fails_it_and_the_watch_goes_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A deadline whose thread could not start (a thread limit) left its Future claimed and never
+    settled, and the exception ended the watching thread: no later deadline passed again."""
+    start = threading.Thread.start
+
+    def refused(thread: threading.Thread) -> None:
+        if thread.name == "stragglar-deadline":
+            raise RuntimeError("can't start new thread")
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", refused)
+    first, second = torch.futures.Future(), torch.futures.Future()  # type: ignore[var-annotated]
+    one, _ = deadlines.bounded(first, lambda f: f.value(), 0.1, late)
+    with pytest.raises(RuntimeError, match=r"no answer within 0\.2 s"):
+        one.wait()  # said in the watching thread itself
+    monkeypatch.setattr(threading.Thread, "start", start)
+
+    def broken() -> None:
+        raise ValueError("a reminder's own failure")
+
+    deadlines.remind(second, 0.05, broken)
+    other, _ = deadlines.bounded(second, lambda f: f.value(), 0.2, late)
+    with pytest.raises(RuntimeError, match=r"no answer within 0\.2 s"):
+        other.wait()  # the watch outlived the failed reminder

@@ -88,8 +88,9 @@ def test_calls_are_numbered_and_namespaced_so_no_earlier_note_counts(store: Pref
 
 
 def test_the_happy_path_writes_nothing_and_a_marked_call_that_completes_is_deleted(
-    store: PrefixStore,
+    store: PrefixStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(roll_call, "KEEP", 0.0)  # deleted at its completion: no rank reads it
     keys = store.num_keys()
     zero = RollCall(store, "group-1", 0, 2)
     zero.completed(zero.begin())  # completed before MARK: never marked
@@ -211,3 +212,49 @@ def test_the_store_s_host_silent_is_named_or_the_timeout_is_said_without_names(
         for process in ranks:
             process.kill()
             process.communicate()
+
+
+def noted(store: PrefixStore, key: str) -> None:
+    """Wait (bounded) until the roll call's thread has written ``key``."""
+    deadline = time.monotonic() + 5
+    while not store.check([key]) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert store.check([key])
+
+
+def test_the_peers_completions_keep_the_notes_a_rank_that_gave_up_still_reads(store: PrefixStore) -> None:
+    """Ranks 1 and 2 were in the call, noted it, and completed it just after rank 0's deadline:
+    their completions deleted the key, and rank 0 named both ("had not reached it")."""
+    zero, one, two = ranks(store, 3)
+    one.mark(1)
+    two.mark(1)
+    noted(store, "group-1/1")
+    time.sleep(0.2)  # both notes written, each by its own roll call's thread
+    one.completed(1)
+    two.completed(1)
+    assert zero.absent(1, 30.0) == []
+
+
+def test_a_note_read_once_counts_though_the_key_goes_later(store: PrefixStore) -> None:
+    """Each read's notes are kept: a key gone mid-roll-call (a store restarted, say) takes nothing."""
+    zero, one, _ = ranks(store, 3)
+    one.mark(1)
+    noted(store, "group-1/1")
+    said: list[list[int] | None] = []
+    reading = threading.Thread(target=lambda: said.append(zero.absent(1, 30.0)))
+    reading.start()
+    time.sleep(0.3)
+    store.delete_key("group-1/1")
+    reading.join(30)
+    assert said == [[2]]
+
+
+def test_a_closed_roll_call_is_asked_nothing_more(store: PrefixStore) -> None:
+    """A deadline that passed after the state closed started a thread and a connection anew,
+    never closed."""
+    zero = RollCall(store, "group-1", 0, 2)
+    zero.mark(zero.begin())
+    zero.close()
+    assert zero.absent(1, 0.1) is None
+    zero.mark(2)
+    assert zero._thread is None  # no thread started anew, nor a connection

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 import os
 import threading
 import time
@@ -27,6 +28,8 @@ from typing import Any
 import torch
 
 __all__ = ["Settled", "bounded", "remind", "watch"]
+
+LOG = logging.getLogger("stragglar")
 
 
 class Settled:
@@ -94,7 +97,10 @@ class _Watcher:
                     continue
                 _, _, future, action = heapq.heappop(self._heap)
             if not future.done():
-                action()
+                try:
+                    action()
+                except Exception:  # the one thread that ends every deadline must outlive a failed one
+                    LOG.exception("a deadline's action failed")
 
 
 _WATCHER = _Watcher()
@@ -115,13 +121,17 @@ def watch(outcome: Settled, seconds: float, error: Callable[[], BaseException]) 
     def failed() -> None:
         try:
             said = error()
-        except Exception as e:  # a bug in saying it must not leave the Future unsettled
+        except BaseException as e:  # a bug in saying it must not leave the Future unsettled
             said = e
         outcome.settle(error=said, claimed=True)
 
     def passed() -> None:
-        if outcome.claim():
+        if not outcome.claim():
+            return
+        try:
             threading.Thread(target=failed, name="stragglar-deadline", daemon=True).start()
+        except RuntimeError:  # no thread to be had (a limit, the interpreter ending): said here
+            failed()
 
     _WATCHER.at(outcome.future, seconds, passed)
 

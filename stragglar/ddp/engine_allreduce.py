@@ -62,6 +62,10 @@ def all_reduce(
     record = probe.record if probe is not None else None
     size = buffer.numel() * buffer.element_size()
     rank = dist.get_rank(group)
+    on_host = not buffer.is_cuda and host_group is not None
+    connection = resources.connection
+    roll = connection.roll_call if on_host and connection is not None else None
+    call = roll.begin() if roll is not None else 0
 
     def averaged(future: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
         watch.stop()
@@ -70,25 +74,23 @@ def all_reduce(
         try:
             total = future.value()[0]
         except Exception as e:  # a peer died, or its group's own timeout ended the call
+            if roll is not None:  # this rank was in the call: a peer still waiting must not name it
+                roll.mark(call)
             bound = None if buffer.is_cuda else seconds  # on CUDA the process group's bounds it
             raise named_globally(engine_error(rank, e, bound), group) from e
         return total if divisor == 1 else total.div_(divisor)
 
-    on_host = not buffer.is_cuda and host_group is not None
     work = dist.all_reduce(buffer, group=host_group if on_host else group, async_op=True)
     engine: torch.futures.Future[list[torch.Tensor]] = work.get_future()
     if buffer.is_cuda:  # ordered on CUDA streams; NCCL's watchdog bounds it (deadlines.py)
         return engine.then(averaged)
-    connection = resources.connection
-    roll = connection.roll_call if on_host and connection is not None else None
-    call = roll.begin() if roll is not None else 0
 
     def late() -> RankError:  # in a thread of its own, the outcome claimed (deadlines.py)
-        absent = roll.absent(call, seconds) if roll is not None else None
-        return named_globally(engine_error(rank, None, seconds, absent or ()), group)
+        absent = (roll.absent(call, seconds) if roll is not None else None) or []
+        return named_globally(engine_error(rank, None, seconds, absent), group, absent)
 
-    # a call that completed in time deletes the key its roll call may have written; a failed one
-    # leaves it, for the ranks still reading it
+    # a call that completed in time deletes the key its roll call may have written (once no rank
+    # can still be reading it); a failed one leaves it, for the ranks still reading it
     completed = (lambda: roll.completed(call)) if roll is not None else None
     outcome, callback = deadlines.bounded(engine, averaged, seconds, late, completed)
     if roll is not None and seconds > MARK:  # else its deadline comes first, and notes it

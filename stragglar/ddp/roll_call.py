@@ -14,8 +14,10 @@ whose call passes its deadline appends its own and reads the key for as long as 
 reached the call by that deadline takes to append to it (:data:`MARK`, or the deadline if sooner,
 and :data:`LAG`); the ranks it never finds there had not reached the call when this rank gave up.
 A rank that is merely late, in the call by then, has appended by then; one that reached it later
-is named, and had not reached it.  A call that completes after all deletes its key; a failed
-call's key is left for the ranks still reading it.
+is named, and had not reached it; so is one whose call failed at once (a lost peer), which notes
+it too.  A call that completes deletes its key only once every rank that may still read it is
+done (:data:`KEEP` seconds later, at a later call's completion): deleted at once, it took the
+other ranks' notes with it, and a rank still reading named them all.
 
 A TCPStore's client waits for its host without bound: a host that is stopped, or cut off, answers
 no operation, whatever the store's timeout says (``wait`` times out, then waits for the host to
@@ -29,6 +31,7 @@ connection's to report, at once.
 
 from __future__ import annotations
 
+import collections
 import logging
 import queue
 import threading
@@ -41,13 +44,16 @@ from typing import Any, TypeVar
 import torch.distributed as dist
 from torch.distributed import FileStore, PrefixStore, TCPStore  # type: ignore[attr-defined, unused-ignore]
 
-__all__ = ["BOUND", "LAG", "MARK", "RollCall"]
+__all__ = ["BOUND", "KEEP", "LAG", "MARK", "RollCall"]
 
 MARK = 1.0  # seconds a call runs before its rank notes that it reached it: the happy path is sooner
 LAG = 2.0  # seconds a note may take to reach the store and show there: a round trip, and a busy
 # machine's scheduling (a rank named absent that was in the call would be a false claim)
 BOUND = 1.0  # seconds a store operation may take before the roll call is given up
 POLL = 0.05  # seconds between two reads of a call's key
+# seconds a completed call's key is kept: a rank whose deadline passed as the others completed
+# reads it that long at most (MARK and LAG, and each operation's BOUND)
+KEEP = MARK + LAG + 4 * BOUND
 BACKLOG = 64  # tasks waiting for the roll call's thread past which its store is taken for silent
 NAMESPACE = "stragglar/roll-call"
 LOG = logging.getLogger("stragglar")
@@ -66,7 +72,9 @@ class RollCall:
         self.calls = 0  # the calls begun on the group, numbered alike on every rank
         self._base, self._namespace = store, namespace
         self._noted: set[int] = set()  # the calls this rank has appended to (the thread's alone)
-        self._asked: set[int] = set()  # the calls a note was asked for, to delete if they complete
+        self._asked: set[int] = set()  # the calls a note was asked for, to delete once they complete
+        self._kept: collections.deque[tuple[float, int]] = collections.deque()  # (when to delete, call)
+        self._closed = False
         self._lock = threading.Lock()
         self._tasks: queue.SimpleQueue[Task | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -100,12 +108,19 @@ class RollCall:
         self._submit(lambda store: self._note(store, call))
 
     def completed(self, call: int) -> None:
-        """``call`` completed: its key, if this rank wrote one, is deleted (in the roll call's thread)."""
+        """``call`` completed: its key, if this rank wrote one, is deleted :data:`KEEP` seconds
+        later (a rank that gave up on it may still be reading it), with those of earlier calls
+        whose time has come (in the roll call's thread)."""
+        now = time.monotonic()
         with self._lock:
-            if call not in self._asked:
-                return  # the happy path: nothing was written
-            self._asked.discard(call)
-        self._submit(lambda store: store.delete_key(str(call)))
+            if call in self._asked:
+                self._asked.discard(call)
+                self._kept.append((now + KEEP, call))
+            due = []
+            while self._kept and self._kept[0][0] <= now:
+                due.append(self._kept.popleft()[1])
+        if due:
+            self._submit(lambda store: self._forget(store, due))
 
     def absent(self, call: int, seconds: float) -> list[int] | None:
         """The ranks that had not reached ``call``, whose deadline of ``seconds`` has just passed
@@ -115,10 +130,12 @@ class RollCall:
         if self._ask(lambda store: self._note(store, call)) is None:
             return None
         others = [r for r in range(self.size) if r != self.rank]
+        there: set[int] = set()  # every note read: a note is never taken back while this reads
         while True:
-            there = self._ask(lambda store: self._read(store, call))
-            if there is None:
+            read = self._ask(lambda store: self._read(store, call))
+            if read is None:
                 return None
+            there |= read
             missing = [r for r in others if r not in there]
             if not missing or time.monotonic() >= look:
                 return missing
@@ -126,16 +143,24 @@ class RollCall:
 
     def close(self) -> None:
         """End the roll call's thread once it is done with what it was asked (it ends with the
-        process if the store never answers it)."""
-        if self._thread is not None:
-            self._tasks.put(None)
-            self._thread = None
+        process if the store never answers it); nothing is asked of it afterwards (a deadline or
+        a reminder that comes later gives no names)."""
+        with self._lock:
+            self._closed = True
+            if self._thread is not None:
+                self._tasks.put(None)
+                self._thread = None
 
     def _note(self, store: Any, call: int) -> bool:
         if call not in self._noted:
             store.append(str(call), f"{self.rank},")
             self._noted.add(call)
         return True  # noted (None is a roll call that did not answer)
+
+    def _forget(self, store: Any, calls: list[int]) -> None:
+        for call in calls:
+            store.delete_key(str(call))
+            self._noted.discard(call)
 
     def _read(self, store: Any, call: int) -> set[int]:
         # compare_set with an expected value no key holds reads without writing, and without
@@ -166,12 +191,19 @@ class RollCall:
             return None
         future: Future[T] = Future()
         with self._lock:
+            if self._closed:
+                return None
             if self._thread is None:
-                self._thread = threading.Thread(
+                thread = threading.Thread(
                     target=self._run, args=(self._tasks,), name="stragglar-roll-call", daemon=True
                 )
-                self._thread.start()
-        self._tasks.put((task, future))
+                try:
+                    thread.start()
+                except RuntimeError:  # no thread to be had (a limit, the interpreter ending): no names
+                    self.broken = True
+                    return None
+                self._thread = thread
+            self._tasks.put((task, future))
         return future
 
     def _run(self, tasks: queue.SimpleQueue[Task | None]) -> None:

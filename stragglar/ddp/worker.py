@@ -412,15 +412,16 @@ def dedicated_group(process_group: Any, timeout: float, backend: str | None = No
     )
 
 
-def named_globally(error: RankError, group: Any) -> RankError:
-    """``error`` with its rank and peer named by their global ranks too, where ``group``'s ranks
-    (None: the world's) are not the world's (HSDP's replicate group, a DDP subgroup): the runtime
-    numbers a group's ranks from 0, as its schedule does, but a user reads global ranks in the
-    launcher's logs.  The error's fields stay the group's."""
+def named_globally(error: RankError, group: Any, others: Sequence[int] = ()) -> RankError:
+    """``error`` with its rank and peer (and the ranks ``others`` it names) named by their global
+    ranks too, where ``group``'s ranks (None: the world's) are not the world's (HSDP's replicate
+    group, a DDP subgroup): the runtime numbers a group's ranks from 0, as its schedule does, but a
+    user reads global ranks in the launcher's logs.  The error's fields stay the group's."""
     if group is None:
         return error
     members = dist.get_process_group_ranks(group)
-    named = [r for r in dict.fromkeys((error.rank, error.peer)) if r is not None and 0 <= r < len(members)]
+    ranks = (error.rank, error.peer, *others)
+    named = [r for r in dict.fromkeys(ranks) if r is not None and 0 <= r < len(members)]
     if all(members[r] == r for r in named):
         return error
     said = ", ".join(f"rank {r} is global rank {members[r]}" for r in named)
