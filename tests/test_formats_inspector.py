@@ -164,7 +164,7 @@ def test_a_size_that_differs_between_ranks_names_both(tmp_path: Path) -> None:
 def test_the_lines_read_are_bounded_kept_or_not(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Records a filter drops (or sends, which are no collective) were read without end: a gzip
     file of a few MB unpacks to billions of lines.  The lines read stop at MAX_READ_ROWS (here 50)."""
-    monkeypatch.setattr("stragglar.formats.inspector.MAX_READ_ROWS", 50)
+    monkeypatch.setattr("stragglar.formats.traces.MAX_READ_ROWS", 50)
     path = write_lines(tmp_path / "rank0.log", *(record(sn=sn) for sn in range(1, 60)))
     assert refused([path], [("coll", "Broadcast")]) == (
         f"{path} has more than 50 lines: cut the trace to the steps to replay (--where reads every line)"

@@ -32,7 +32,7 @@ from typing import Any
 from stragglar.errors import InputError, quoted, shown
 from stragglar.formats.collectives import Record, collect, whole_number
 from stragglar.formats.trace_reading import json_object, numbered_lines, open_trace, shown_value, where_text
-from stragglar.formats.traces import MAX_READ_ROWS, MAX_ROWS, Group
+from stragglar.formats.traces import MAX_ROWS, Group, check_read
 
 __all__ = ["MAX_RANKS", "read_inspector"]
 
@@ -56,11 +56,7 @@ def _records(path: Path, where: Sequence[tuple[str, str]], labels: _Labels) -> I
     name = shown(path)
     with open_trace(path) as file:
         for number, line in numbered_lines(file, name):
-            if number > MAX_READ_ROWS:  # kept or not: a gzip file of a few MB unpacks to billions of lines
-                raise InputError(
-                    f"{name} has more than {MAX_READ_ROWS:,} lines: cut the trace to the steps to replay "
-                    "(--where reads every line)"
-                )
+            check_read(number, name, "line")
             if not line.strip():
                 continue
             place = f"{name} line {number}"

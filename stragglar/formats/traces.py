@@ -59,6 +59,7 @@ __all__ = [
     "Columns",
     "Group",
     "TraceWriter",
+    "check_read",
     "names_collective",
     "read_trace",
     "trace_files",
@@ -287,11 +288,7 @@ def read_trace(
     kept = 0
     with open_trace(path) as file:
         for read, (place, row) in enumerate(table_rows(file, fmt, name, needed), 1):
-            if read > MAX_READ_ROWS:
-                raise InputError(
-                    f"{name} has more than {MAX_READ_ROWS:,} rows: cut the trace to the steps to replay "
-                    "(--where reads every row)"
-                )
+            check_read(read, name, "row")
             if any(where_text(row[column]) != value.strip() for column, value in where):
                 continue
             kept += 1
@@ -313,6 +310,17 @@ def read_trace(
         why = "after the --where filters" if where else "in it"
         raise InputError(f"{name} has no rows {why}")
     return [_group(name, group, steps) for group, steps in sorted(found.items(), key=lambda kv: kv[0] or "")]
+
+
+def check_read(count: int, name: str, unit: str) -> None:
+    """Refuse the trace file ``name`` at its ``count``-th ``unit`` read (a row, a line) past
+    :data:`MAX_READ_ROWS`, kept or not: ``--where`` reads every one, and a few MB of gzip unpack
+    to billions of them."""
+    if count > MAX_READ_ROWS:
+        raise InputError(
+            f"{name} has more than {MAX_READ_ROWS:,} {unit}s: cut the trace to the steps to replay "
+            f"(--where reads every {unit})"
+        )
 
 
 def _group(name: str, group: str | None, steps: Mapping[int, Mapping[str, Fraction]]) -> Group:
