@@ -24,15 +24,18 @@ class Input:
 
     path: Path
     format: ArtifactFormat[Any] | None
-    text: str
+    # for an artifact, what its format's tools take: the text, or the document its recognition
+    # parsed (an MSCCL++ plan's JSON is parsed once); for a schedule, the text
+    source: Any
     schedule: Schedule | None  # for a schedule
 
 
 def read_input(path: Path) -> Input:
     """Read and classify an input file; a malformed one is an error naming the file.
 
-    The text is parsed as JSON at most once, when a format's recogniser asks for it or, for a
-    schedule, to read it.  An empty file is called empty, whatever its name says."""
+    The text is parsed as JSON at most once, when a format's recogniser asks for it (the format then
+    adopts that parse as its document) or, for a schedule, to read it.  An empty file is called
+    empty, whatever its name says."""
     with busy(f"reading {shown(path)}"):
         text = read_text(path)
         if not text.strip():
@@ -41,7 +44,7 @@ def read_input(path: Path) -> Input:
         try:
             fmt = format_of(text, document)
             if fmt is not None:
-                return Input(path, fmt, text, None)
+                return Input(path, fmt, text if fmt.adopt is None else fmt.adopt(document()), None)
             root = document()
             if isinstance(root, dict) and "format" not in root:  # some other JSON: say what it is not
                 raise InputError(

@@ -357,7 +357,7 @@ def _prove_files(files: tuple[Path, ...], verbose: bool) -> None:
 def _file_rows(path: Path) -> list[ProofRow | Skipped]:
     found = read_input(path)
     if found.format is not None:
-        proof = proved_artifact(found.format, found.text, str(path))
+        proof = proved_artifact(found.format, found.source, str(path))
         return [ProofRow.for_artifact(proof, found.format.name, path.name)]
     assert found.schedule is not None  # a file of no artifact format is a schedule
     return list(prove_schedule_file(found.schedule, path.name))

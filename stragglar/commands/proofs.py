@@ -72,13 +72,14 @@ def proved_artifact(fmt: ArtifactFormat[_D], source: str | _D, name: str) -> Art
         raise artifact_error(fmt, name, e) from None
 
 
-def read_artifact(fmt: ArtifactFormat[_D], text: str, name: str) -> _D:
-    """The artifact ``text`` read by ``fmt``, for its prover, description and size rule to share,
-    or the error that proving the text would give.  Under a line of its own: ``show`` of the plan
-    of 192 GPUs parsed it for 2.5 s between the reading's line and the proof's, showing nothing."""
+def read_artifact(fmt: ArtifactFormat[_D], source: str | _D, name: str) -> _D:
+    """The artifact's text read by ``fmt`` (a document made of it already is returned as it is),
+    for its prover, description and size rule to share, or the error that proving the text would
+    give.  Under a line of its own: ``show`` of the plan of 192 GPUs parsed it for 2.5 s between
+    the reading's line and the proof's, showing nothing."""
     try:
         with busy(f"parsing {name}"):
-            return fmt.read(text)
+            return fmt.read(source)
     except StragglarError as e:
         raise artifact_error(fmt, name, e) from None
 

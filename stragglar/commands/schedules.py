@@ -403,7 +403,7 @@ def verify(file: Path, smt: bool, timeout: float | None, verbose: bool) -> None:
     found = read_input(file)
     if found.format is not None:
         refuse_given(["smt"], f"{file} is {found.format.title_with_article}; --smt proves JSON schedules")
-        artifact = proved_artifact(found.format, found.text, str(file))
+        artifact = proved_artifact(found.format, found.source, str(file))
         summary, details = artifact.summary, artifact.details
         _warn(file, artifact)
     else:
@@ -433,7 +433,7 @@ def show(file: Path, plot_file: Path | None, size: int | None, verbose: bool) ->
     check_output(Path("-"), file)  # `show in.json >> in.json` would append to its own input
     found = read_input(file)
     if found.format is not None:
-        _show_artifact(found.format, found.text, file, size, verbose)
+        _show_artifact(found.format, found.source, file, size, verbose)
         return
     schedule = found.schedule
     assert schedule is not None  # a file of no artifact format is a schedule
@@ -467,15 +467,17 @@ def _warn(file: Path, proof: ArtifactProof) -> None:
         echo(f"warning: {file}: {warning}", err=True)
 
 
-def _show_artifact(fmt: ArtifactFormat[_D], text: str, file: Path, size: int | None, verbose: bool) -> None:
+def _show_artifact(
+    fmt: ArtifactFormat[_D], source: str | _D, file: Path, size: int | None, verbose: bool
+) -> None:
     """``show`` of an artifact: its description, its proof's summary and, for a format the executor
-    picks by size, whether it would run on ``size`` bytes.  The text is read once for all three."""
+    picks by size, whether it would run on ``size`` bytes.  The file is read once for all three."""
     refuse_given(["plot_file"], f"{file} is {fmt.title_with_article}; --plot draws JSON schedules")
     if fmt.size_rule is None:
         refuse_given(["size"], f"{file} is {fmt.title_with_article}; --size applies to {SIZED}")
     if size is not None and size <= 0:
         raise click.BadParameter(f"{size} bytes: a buffer has at least one byte", param_hint="'--size'")
-    document = read_artifact(fmt, text, str(file))
+    document = read_artifact(fmt, source, str(file))
     try:  # proved first: a file that cannot be read is one error line, nothing printed before it
         proof = proved_artifact(fmt, document, str(file))
     except IncorrectError:

@@ -5,7 +5,7 @@
   atomically.
 * :func:`read` parses a plan's text once, with the checks every reader of plans shares (a
   :class:`PlanDocument`); the prover, the size rule and the description take the text or that
-  document.
+  document (:func:`adopt` makes that document of text parsed already).
 * :func:`prove` / :func:`check_plan` prove a plan from its text alone (any plan, ours or hand
   written; :mod:`stragglar.mscclpp.prover`); they share no data structure with the lowering, only
   the format's vocabulary (:mod:`stragglar.mscclpp.vocabulary`).
@@ -19,7 +19,7 @@
 deprecated, each call warns.
 """
 
-from stragglar.mscclpp.document import PlanDocument, PlanSource, plan_document
+from stragglar.mscclpp.document import PlanDocument, PlanSource, adopt, plan_document
 from stragglar.mscclpp.errors import (
     MscclppExportError,
     PlanError,
@@ -68,6 +68,7 @@ __all__ = [
     "SizeDecision",
     "SizeRule",
     "UnsupportedPlanError",
+    "adopt",
     "check_plan",
     "check_request",
     "default_name",

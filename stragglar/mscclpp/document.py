@@ -31,7 +31,7 @@ from stragglar.files import json_complaint, lone_surrogate
 from stragglar.mscclpp.errors import PlanFormatError
 from stragglar.schedule import gc_paused
 
-__all__ = ["PlanDocument", "PlanSource", "plan_document"]
+__all__ = ["PlanDocument", "PlanSource", "adopt", "plan_document"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +70,22 @@ def plan_document(source: PlanSource) -> PlanDocument:
     bad = lone_surrogate(source, root)
     if bad is not None:
         raise PlanFormatError(bad)
+    return adopt(root)
+
+
+def adopt(root: object) -> PlanDocument:
+    """The document of a plan whose text its caller parsed already, for a reason of its own (to
+    tell a file's format), so that the proof does not parse it again.  The caller's parser must
+    be one :func:`plan_document` would agree with: the value ``json.loads`` gives, and strings
+    checked for lone surrogates (:func:`stragglar.formats.schedule_json.parse` is stricter still).
+
+    >>> adopt({"gpus": []}).root
+    {'gpus': []}
+    >>> adopt([1])
+    Traceback (most recent call last):
+    ...
+    stragglar.mscclpp.errors.PlanFormatError: not an MSCCL++ execution plan: the top level must be an object
+    """
     if not isinstance(root, dict):
         raise PlanFormatError("not an MSCCL++ execution plan: the top level must be an object")
     return PlanDocument(root)
