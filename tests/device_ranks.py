@@ -22,7 +22,8 @@ def device_rank(rank: int, world: int) -> bool:
     """A rank of its own process on a torch NCCL group: the device engine, twice on fresh tensors
     (staged), then twice on a registered one (direct transfers), then three registered ones at
     once (``async_op``), exact; a registration left open on a group is closed as the group is
-    destroyed; then with packets on, on fresh tensors and on a registered one, exact."""
+    destroyed; then with packets on, on fresh tensors and on a registered one, exact; then a rank
+    that brings a CPU tensor is named by its peers at once (:func:`refusals`)."""
     import torch
     import torch.distributed as dist
 
@@ -65,7 +66,46 @@ def device_rank(rank: int, world: int) -> bool:
     if any(owner is sub for owner, _ in states._kept):
         raise AssertionError(f"rank {rank}: the device states of a group outlived it")
     packets(rank, world, proof, base)
+    refusals(rank, world, proof, base)
     return True
+
+
+def refusals(rank: int, world: int, proof: Any, base: Any) -> None:
+    """Rank 1 brings a CPU tensor (to the NCCL engine, then to the device engine): it raises its own
+    error after the header's gather, which it joins on the GPU its group is bound to, and its peers
+    a MismatchError naming it at once, not a timeout; every rank then calls again, exact."""
+    import time
+
+    import torch
+
+    from stragglar.errors import ArgumentError, InputError
+    from stragglar.runtime.header import MismatchError
+
+    for engine, own, problem in (
+        ("rounds", ArgumentError, "has data its engine cannot send"),
+        ("device", InputError, "has a buffer the device engine cannot run on"),
+    ):
+        tensor = base * world + rank
+        if rank == 1:
+            tensor = tensor.cpu()
+        start = time.monotonic()
+        try:
+            allreduce(tensor, proof, timeout=30, engine=engine)
+        except (ArgumentError, InputError) as e:  # MismatchError is an InputError
+            said: Exception | None = e
+        else:
+            said = None
+        waited = time.monotonic() - start
+        if rank == 1 and type(said) is not own:
+            raise AssertionError(f"rank 1, engine {engine}: {own.__name__} expected, got {said!r}")
+        if rank != 1 and not (isinstance(said, MismatchError) and f"rank 1 {problem}" in str(said)):
+            raise AssertionError(f"rank {rank}, engine {engine}: rank 1 not named at once: {said!r}")
+        if waited > 20:
+            raise AssertionError(f"rank {rank}, engine {engine}: the refusal took {waited:.0f} s")
+        again = base * world + rank
+        allreduce(again, proof, timeout=60, engine=engine)
+        if not torch.equal(again, base * world * world + world * (world - 1) // 2):
+            raise AssertionError(f"rank {rank}, engine {engine}: the call after a refusal was not exact")
 
 
 def packets(rank: int, world: int, proof: Any, base: Any) -> None:
