@@ -17,7 +17,7 @@ a stream other than CUDA's legacy default one, so a group given no stream runs o
 own (one per thread and device), after the work queued on the caller's current stream.
 
 :class:`NcclEngine` is what :func:`~stragglar.runtime.allreduce` runs a call on an
-:class:`NcclGroup` on (:class:`~stragglar.runtime.distributed.Engine`): the group's stream, the
+:class:`NcclGroup` on (:class:`~stragglar.runtime.engines.Engine`): the group's stream, the
 header gather, the transport, the graphs, the packing and the NCCL version check above.
 """
 

@@ -50,7 +50,7 @@ THREADS = 256
 MAX_BLOCKS = 8192  # a grid-stride loop covers the rest
 
 # A sum type names the word that holds an element and how two elements add (the device
-# executor's kernel adds with them too: :mod:`stragglar.runtime.device.kernel`).
+# executor's kernel adds with them too: :mod:`stragglar.runtime.device.kernel_source`).
 SUM_SOURCE = r"""
 union Bits32 { float value; unsigned int word; };
 

@@ -17,7 +17,7 @@ a graph writes the buffer it was captured on, so its key names the buffer's addr
 dtype, the plan and its round range, the group, the tag and the late rank.
 
 :class:`TorchEngine` is what :func:`~stragglar.runtime.allreduce` runs a torch tensor's call on
-(:class:`~stragglar.runtime.distributed.Engine`): the group, the header gather, the transport, the
+(:class:`~stragglar.runtime.engines.Engine`): the group, the header gather, the transport, the
 graphs and the NCCL version check above.
 """
 

@@ -102,7 +102,8 @@ class DeviceLoopback:
     """One program's device state: each rank's rows, inbox, flags and words, every rank's buffer
     address on the device (written before a call), the streams, the graphs of punctual calls, and
     the number of calls made (the device counts them too: see
-    :mod:`~stragglar.runtime.device.kernel`).  ``tuning``: the kernel's blocks, threads, vectors and pause."""
+    :mod:`~stragglar.runtime.device.kernel_source`).  ``tuning``: the kernel's blocks, threads,
+    vectors and pause."""
 
     def __init__(
         self,
@@ -260,7 +261,7 @@ class DeviceLoopback:
 
 def call_failure(program: DeviceProgram, words: np.ndarray, call: int) -> RankError | None:
     """What went wrong in call number ``call``, from every rank's words (one row each,
-    :data:`~stragglar.runtime.device.kernel.RANK_WORDS`), or None: a wait that timed out (see
+    :data:`~stragglar.runtime.device.kernel_source.RANK_WORDS`), or None: a wait that timed out (see
     :func:`first_failure`), else a rank whose kernel did not count the call (the device's count
     and the host's part: a call of that rank's was cut short, or never ran)."""
     rows = words.tolist()  # Python integers at once: a call asks this every time

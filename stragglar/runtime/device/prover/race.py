@@ -13,7 +13,7 @@ owner's rows, and of a peer's only through a flag the owner raised in the call.
 
 "Each rank's row order" is an order of the threads of a block too, which the kernel makes so:
 its signals and waits are block barriers, and so is the step between two data rows in a row
-(:mod:`~stragglar.runtime.device.kernel`: two rows may give a chunk's elements to other threads).
+(:mod:`~stragglar.runtime.device.kernel_source`: two rows may give a chunk's elements to other threads).
 
 Per chunk this keeps the last write and, per rank, the last read since that write: a rank's
 earlier reads are in the past of its later ones, so a writer that has the last in its past has
