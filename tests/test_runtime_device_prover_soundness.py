@@ -132,7 +132,9 @@ def _number(value: object, poison: int) -> int:
     return value if isinstance(value, int) else poison
 
 
-def _call(tables: list[list[list[int]]], call: int, memory: Memory, rng: random.Random, poison: int) -> None:
+def _call(
+    tables: list[list[tuple[int, ...]]], call: int, memory: Memory, rng: random.Random, poison: int
+) -> None:
     """One call of :func:`run_calls`."""
     pcs = [0] * len(tables)
     eager = rng.choice((0.05, 0.5, 0.95))  # how soon writes are flushed, rather than rows run
