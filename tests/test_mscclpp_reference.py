@@ -199,16 +199,18 @@ def run_plan(
     waiting: set[tuple[int, int]] = set()
     held = late is not None  # the late GPU starts each execution only once the others are stuck
     stuck = 0
+    live: list[tuple[int, int]] | None = None  # the blocks that may step, None where it may have changed
     for _ in range(40 * total_ops + 100):
-        live = [
-            (g, t)
-            for g in range(n)
-            if execution[g] < executions and not (held and g == late)
-            for t in range(len(gpus[g].tbs))
-            if pc[(g, t)] < len(gpus[g].tbs[t]["ops"]) and (g, t) not in waiting
-        ]
+        if live is None:  # only a block's last op, a barrier or a GPU's (re)start changes it
+            live = [
+                (g, t)
+                for g in range(n)
+                if execution[g] < executions and not (held and g == late)
+                for t in range(len(gpus[g].tbs))
+                if pc[(g, t)] < len(gpus[g].tbs[t]["ops"]) and (g, t) not in waiting
+            ]
         if held and (not live or stuck > 20 * len(live)):
-            held, stuck = False, 0
+            held, stuck, live = False, 0, None
             continue
         if not live:
             break
@@ -218,6 +220,7 @@ def run_plan(
             stuck += 1
             if op["name"] == "barrier":
                 waiting.add((g, t))
+                live = None
             continue
         stuck = 0
         if op["name"] == "barrier":
@@ -225,8 +228,12 @@ def run_plan(
             for u in done:
                 waiting.discard((g, u))
                 pc[(g, u)] += 1
+            live = None
             continue
         pc[(g, t)] += 1
+        if pc[(g, t)] < len(gpus[g].tbs[t]["ops"]):
+            continue  # not this block's last op: no GPU ends, nothing else changes
+        live = None
         if all(pc[(g, u)] == len(gpus[g].tbs[u]["ops"]) for u in range(len(gpus[g].tbs))):
             results[g].append(gpus[g].buf["o"].copy())
             execution[g] += 1
