@@ -141,3 +141,22 @@ def test_a_plan_is_parsed_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, 
     result = run(command, str(plan))
     assert result.exit_code == expected.exit_code == 0, result.stderr
     assert result.stdout == expected.stdout and "proved" in result.stdout
+
+
+@pytest.mark.parametrize("command", ["verify", "show"])
+def test_a_plan_holding_an_object_a_schedule_reads_as_a_transfer_is_read_as_json(
+    tmp_path: Path, command: str
+) -> None:
+    """The parse that tells a plan from a schedule reads ``{"src", "dst", "chunk", "op"}`` as a
+    schedule's transfer; a plan adopted from it said of such an op "every entry of 'ops' must be an
+    object" (it is one).  Such a plan is parsed again, as JSON, and its error is the plan reader's."""
+    plan = tmp_path / "plan.json"
+    assert run("synth", "--gpus", "3", "--format", "mscclpp", "-o", str(plan)).exit_code == 0
+    document = json.loads(plan.read_text())
+    document["gpus"][0]["threadblocks"][0]["ops"][0] = {"src": 0, "dst": 1, "chunk": 0, "op": "copy"}
+    plan.write_text(json.dumps(document))
+    result = run(command, str(plan))
+    assert result.exit_code == 2, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"Error: {plan} is not a plan stragglar can prove: gpu 0 tb 0 op 0: missing key 'name'"
+    )

@@ -4,9 +4,11 @@ a bare ``destroy_process_group()`` (no barrier, no release_graphs, no close), 4 
 Before teardown was handled, the auto policy's last probe gather was still in flight when the
 group went, and gloo aborted the process ("terminate called without an active exception") in
 about one run in four under torchrun.  Each run is a fresh set of processes: the abort happens
-at exit.  A run trains two models, one per policy (the probe and the workers, or both), so that
-both states' work may be in flight at the destroy.  CI runs 1 (the slow tier; the first test
-checks what they race on, deterministically), ``pytest -m manual`` 15."""
+at exit.  A run trains two models, one under each policy (the auto policy's state has a probe,
+the stragglar policy's with ``detect`` a probe and worker threads); the stragglar model steps
+last, so that its probe and its workers are what may be in flight at the destroy.  CI runs 1
+(the slow tier; the first test checks what they race on, deterministically), ``pytest -m
+manual`` 15."""
 
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ from stragglar.ddp import StragglarState, stragglar_hook
 dist.init_process_group("gloo")
 torch.manual_seed(0)
 models = []
-for policy in ("auto", "stragglar"):  # the probe and the workers, or both
+for policy in ("auto", "stragglar"):  # the stragglar model steps last: its probe and workers
     model = DDP(torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(4)]), bucket_cap_mb=0.01)
     state = StragglarState(policy=policy, detect=2 if policy == "stragglar" else 0)
     model.register_comm_hook(state, stragglar_hook)

@@ -285,4 +285,4 @@ def test_every_single_change_the_prover_accepts_still_sums_right(name: str) -> N
             except (AssertionError, KeyError, IndexError) as failed:
                 pytest.fail(f"{name}, {change}: accepted, and its run failed: {failed!r}")
             assert right, f"{name}, {change}: accepted, and it sums wrong (order {seed})"
-    assert len(accepted) > 1 and refused > 0, (len(accepted), refused)  # the program's own view, and more
+    assert len(accepted) > 1 and refused > 0, (len(accepted), refused)  # views that differ, and refusals

@@ -34,7 +34,8 @@ def read_input(path: Path) -> Input:
     """Read and classify an input file; a malformed one is an error naming the file.
 
     The text is parsed as JSON at most once, when a format's recogniser asks for it (the format then
-    adopts that parse as its document) or, for a schedule, to read it.  An empty file is called
+    adopts that parse as its document, unless the parse read an object of the file as a
+    schedule's transfer) or, for a schedule, to read it.  An empty file is called
     empty, whatever its name says."""
     with busy(f"reading {shown(path)}"):
         text = read_text(path)
@@ -44,7 +45,9 @@ def read_input(path: Path) -> Input:
         try:
             fmt = format_of(text, document)
             if fmt is not None:
-                return Input(path, fmt, text if fmt.adopt is None else fmt.adopt(document()), None)
+                if fmt.adopt is not None and schedule_json.parsed_as_loaded(text):
+                    return Input(path, fmt, fmt.adopt(document()), None)
+                return Input(path, fmt, text, None)
             root = document()
             if isinstance(root, dict) and "format" not in root:  # some other JSON: say what it is not
                 raise InputError(

@@ -64,6 +64,7 @@ __all__ = [
     "from_document",
     "loads",
     "parse",
+    "parsed_as_loaded",
     "pieces",
     "read",
     "to_document",
@@ -108,6 +109,19 @@ def dumps(schedule: Schedule, *, indent: int | None = None) -> str:
 
 def _reject_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not a JSON value")
+
+
+def parsed_as_loaded(text: str) -> bool:
+    r"""Whether :func:`parse` gives ``text`` the value :func:`json.loads` gives it (where it parses):
+    it reads an object whose keys are ``src``, ``dst``, ``chunk`` and ``op`` as a transfer, and
+    no object can have the key ``src`` where the text holds neither ``"src"`` nor an escape that
+    could spell it (``\u``: JSON's only escapes of letters).  A reader of other JSON may then use
+    the parse made to tell the file's kind.
+
+    >>> parsed_as_loaded('{"gpus": []}'), parsed_as_loaded('[{"src": 0}]'), parsed_as_loaded('["\\u0073"]')
+    (True, False, False)
+    """
+    return '"src"' not in text and "\\u" not in text
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> Any:

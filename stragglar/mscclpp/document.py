@@ -77,7 +77,8 @@ def adopt(root: object) -> PlanDocument:
     """The document of a plan whose text its caller parsed already, for a reason of its own (to
     tell a file's format), so that the proof does not parse it again.  The caller's parser must
     be one :func:`plan_document` would agree with: the value ``json.loads`` gives, and strings
-    checked for lone surrogates (:func:`stragglar.formats.schedule_json.parse` is stricter still).
+    checked for lone surrogates (:func:`stragglar.formats.schedule_json.parse` is one where
+    :func:`~stragglar.formats.schedule_json.parsed_as_loaded` says so of the text).
 
     >>> adopt({"gpus": []}).root
     {'gpus': []}
