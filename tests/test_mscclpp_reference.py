@@ -223,16 +223,18 @@ def run_plan(
                 live = None
             continue
         stuck = 0
-        if op["name"] == "barrier":
-            done = barriers.pop((g, op["barrier_id"]))
-            for u in done:
-                waiting.discard((g, u))
-                pc[(g, u)] += 1
+        if op["name"] == "barrier":  # every block at it steps past it
+            stepped = barriers.pop((g, op["barrier_id"]))
+            waiting.difference_update((g, u) for u in stepped)
             live = None
-            continue
-        pc[(g, t)] += 1
-        if pc[(g, t)] < len(gpus[g].tbs[t]["ops"]):
-            continue  # not this block's last op: no GPU ends, nothing else changes
+        else:
+            stepped = {t}
+        ended = False
+        for u in stepped:
+            pc[(g, u)] += 1
+            ended = ended or pc[(g, u)] == len(gpus[g].tbs[u]["ops"])
+        if not ended:
+            continue  # no block ended: its GPU goes on
         live = None
         if all(pc[(g, u)] == len(gpus[g].tbs[u]["ops"]) for u in range(len(gpus[g].tbs))):
             results[g].append(gpus[g].buf["o"].copy())
@@ -320,3 +322,15 @@ def test_without_the_ready_handshake_the_prover_refuses_the_plan() -> None:
     violation = check_plan(text)
     assert violation is not None and violation.kind == "early-access"
     assert "before GPU 2 is known to have started this execution" in violation.message
+
+
+def test_a_gpu_whose_blocks_all_end_at_a_barrier_ends_its_execution() -> None:
+    """The barrier's release stepped its blocks past their last op without asking whether their
+    GPU had ended: such a plan, which the prover proves, ran as a deadlock."""
+    plan = json.loads(lower(prove(synthesize("stragglar", 3))).text)
+    blocks = plan["gpus"][0]["threadblocks"]
+    for tb in blocks:
+        tb["ops"].append({"name": "barrier", "barrier_id": 0, "num_threadblocks": len(blocks)})
+    text = json.dumps(plan)
+    assert check_plan(text) is None
+    assert [run_numpy(text, seed) for seed in range(3)] == [None] * 3
