@@ -426,6 +426,8 @@ def test_a_trace_too_short_to_name_anyone_says_so(tmp_path: Path) -> None:
     assert "names a rank after 12 at the least" in short.output
     enough = run(str(late_trace(tmp_path / "u.csv", [5] * 12, ranks=3)), "--time-unit", "ms")
     assert "persistent straggler: rank 2, from step 0 (named at step 11)" in enough.output, enough.output
+    one = run(str(late_trace(tmp_path / "v.csv", [5], ranks=3)), "--time-unit", "ms")
+    assert "; 1 step is too few: the rule names a rank after 12 at the least" in one.output, one.output
 
 
 def test_the_median_lateness_is_the_median(tmp_path: Path) -> None:

@@ -178,3 +178,13 @@ def test_a_share_at_or_below_chance_names_nobody() -> None:
     states = run(rule, [last_is(0, 4)] * 400)
     assert all(s.named is None for s in states) and states[-1].scores == (0.0,) * 4
     assert run(rule, [last_is(0, 8)] * 40)[-1].named == 0  # among 8 it is evidence
+
+
+def test_a_step_of_another_count_of_ranks_or_not_a_number_is_refused() -> None:
+    """A row of 3 latenesses for a state of 4 ranks was read as a step among 3; a NaN made the
+    last rank depend on where it stood ([nan, .5, -.1]: nobody; [.5, nan, -.1]: rank 0)."""
+    with pytest.raises(InputError, match=r"^3 latenesses for a state of 4 ranks"):
+        observe(Rule(), fresh(4), [0.1, -0.1, -0.2])
+    for late in ([math.nan, 0.5, -0.1], [0.5, math.nan, -0.1], [math.inf, -1.0, -2.0]):
+        with pytest.raises(InputError, match=r"^latenesses must be finite numbers"):
+            observe(Rule(), fresh(3), late)

@@ -10,6 +10,7 @@ from fractions import Fraction
 
 import pytest
 
+from stragglar.errors import InputError
 from stragglar.model import Network
 from stragglar.model.policy import PROBE_LAG
 from stragglar.model.whatif import AUTO_POLICY, CHUNKED, Episode, Setting, replay
@@ -132,3 +133,28 @@ def test_the_fixed_stragglar_figures_take_the_rank_last_most_often_without_a_fin
     result = replay(times, numbers, Setting(NET, (SIZE,), window=4))
     assert result.episodes == () and result.straggler == 1
     assert math.isclose(result.last_share, 2 / 3)
+
+
+@pytest.mark.parametrize(
+    ("times", "steps", "message"),
+    [
+        ([], [], "0 rows of times for 0 steps"),
+        ([[0, 1]] * 3, [1, 2], "3 rows of times for 2 steps"),
+        ([[0]] * 3, [1, 2, 3], "every step needs the same ranks, at least two: got rows of [1] ranks"),
+        (
+            [[0, 1], [0, 1, 2]],
+            [1, 2],
+            "every step needs the same ranks, at least two: got rows of [2, 3] ranks",
+        ),
+        ([[0, 1, 0, 0]] * 3, [3, 2, 1], "steps must be numbered in increasing order"),
+        ([[0, 1, 0, 0]] * 3, [1, 1, 2], "steps must be numbered in increasing order"),
+    ],
+)
+def test_a_trace_of_another_shape_is_refused(times: list[list[int]], steps: list[int], message: str) -> None:
+    """replay's steps were taken in the order given: steps numbered backwards dated a rank's
+    evidence after its naming (named at step 3, since step 12); ragged rows priced a step with the
+    ranks it had, and no step or one rank raised an IndexError."""
+    rows = [tuple(Fraction(t) for t in row) for row in times]
+    with pytest.raises(InputError) as refused:
+        replay(rows, steps, Setting(NET, (SIZE,)))
+    assert str(refused.value).startswith(message), refused.value

@@ -254,7 +254,8 @@ def _check_outputs(
     show_default=True,
     help=(
         "The persistent-straggler test's false-alarm rate: the most probability that a false alarm "
-        f"begins at a step (at least {MIN_FALSE_ALARM:g}; one lasts until its evidence is gone)."
+        f"begins at a step where steps are independent (at least {MIN_FALSE_ALARM:g}; one lasts "
+        "until its evidence is gone; lateness that lasts a few steps is named more often)."
     ),
 )
 @click.option(

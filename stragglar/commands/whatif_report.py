@@ -42,7 +42,8 @@ def rule_words(rule: Rule) -> str:
     margin = f" by more than {format_seconds(rule.margin)}" if rule.margin else ""
     return (
         f"a persistent straggler is last{margin} more often than chance (1/N), by a sequential "
-        f"test whose false alarms begin at {_percent(rule.false_alarm)} of steps at most, tuned to a "
+        f"test whose false alarms begin at {_percent(rule.false_alarm)} of steps at most where steps "
+        f"are independent, tuned to a "
         f"rank last at "
         f"{rule.share:.0%}"
     )
@@ -125,7 +126,8 @@ def _verdict(group: Group, result: GroupReplay, rule: Rule) -> str:
         when = " at the trace's end" if result.episodes else ""  # the ranks named before follow
         fewest = rule.fewest_steps(result.num_ranks)
         short = (
-            f"; {steps:,} steps are too few: the rule names a rank after {fewest} at the least"
+            f"; {steps:,} {'step is' if steps == 1 else 'steps are'} too few: the rule names a rank "
+            f"after {fewest} at the least"
             if fewest is not None and steps < fewest
             else ""
         )

@@ -6,7 +6,8 @@ Each step of a group gives when each of its N ranks reached the gradient collect
   others (:func:`~stragglar.model.policy.latenesses`, the probe's rule, computed exactly from the
   trace's times).  A *persistent straggler* is what the DDP hook finds, with the one rule
   (:mod:`stragglar.model.detect`: a sequential test on the steps at which each rank was last,
-  against chance 1/N, whose false alarms begin at a stated rate per step); each time the rule names
+  against chance 1/N, whose false alarms begin at a stated rate per step where steps are
+  independent); each time the rule names
   a rank is an :class:`Episode`, from the first step of the evidence to the step it lets go.
 * *What each collective would cost.*  The alpha-beta model (:func:`~stragglar.model.cost.estimate`)
   prices each bucket from the moment the first rank arrived.  A schedule with straggler ``s``
@@ -27,6 +28,7 @@ while the times overstate a step whose buckets overlap.  A model, not a measurem
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections import Counter
@@ -34,6 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 
+from stragglar.errors import InputError
 from stragglar.model.chunks import AUTO
 from stragglar.model.cost import Network, Profile, estimate
 from stragglar.model.detect import WINDOW, Detection, Rule, fresh, last_rank, observe, quantile
@@ -170,8 +173,17 @@ class GroupReplay:
 
 def replay(times: Sequence[Sequence[Fraction]], steps: Sequence[int], setting: Setting) -> GroupReplay:
     """Replay one group: ``times[i][r]`` is when rank ``r`` reached step ``steps[i]``'s
-    collective (seconds, exact; steps in order, at least two ranks)."""
+    collective (seconds, exact; steps in order, at least two ranks).  A trace of another shape is
+    an :class:`~stragglar.errors.InputError`: steps out of order would date evidence after its
+    naming."""
+    if not times or len(times) != len(steps):
+        raise InputError(f"{len(times)} rows of times for {len(steps)} steps: one row a step, at least one")
     n = len(times[0])
+    if n < 2 or any(len(row) != n for row in times):
+        counts = sorted({len(row) for row in times})
+        raise InputError(f"every step needs the same ranks, at least two: got rows of {counts} ranks")
+    if any(later <= earlier for earlier, later in itertools.pairwise(steps)):
+        raise InputError("steps must be numbered in increasing order")
     late = [_late(row) for row in times]
     last = [last_rank(step) for step in late]
     latest = [max(range(n), key=step.__getitem__) for step in late]  # a tie's first: for Ring's start
