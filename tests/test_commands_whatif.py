@@ -135,6 +135,7 @@ def test_steps_prints_a_line_per_step_and_plot_draws(tmp_path: Path) -> None:
     ("args", "words"),
     [
         (["--time-col", "when"], "has no column 'when'"),
+        (["--time-col", "time_us", "--group-col", ""], "has no column ''"),  # a KeyError's traceback before
         (["--size", "1MB", "--bucket", "2MB"], "--size and --bucket both give the buckets"),
         (["--where", "op"], "expected COLUMN=VALUE, got 'op'"),
         (["--size", "0"], "Invalid value for '--size': a bucket must be more than 0 bytes"),

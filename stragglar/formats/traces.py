@@ -282,7 +282,7 @@ def read_trace(
     given twice at a step or missing from one, no rows (after the filters), more than
     ``max_rows`` of them, or more than :data:`MAX_READ_ROWS` read."""
     name = shown(path)
-    needed = [columns.step, columns.rank, columns.time, *([columns.group] if columns.group else [])]
+    needed = [columns.step, columns.rank, columns.time, *([] if columns.group is None else [columns.group])]
     needed += [column for column, _ in where if column not in needed]
     found: dict[str | None, dict[int, dict[str, Fraction]]] = {}
     kept = 0
