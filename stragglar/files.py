@@ -208,11 +208,15 @@ def lone_surrogate(text: str, document: Any) -> str | None:
 
 
 def same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
-    """Whether ``a`` and ``b`` name one file (links followed); a missing ``b`` is never ``a``."""
+    """Whether ``a`` and ``b`` name one file (links followed); a missing ``b`` is never ``a``, nor
+    is a loop of links (which names no file)."""
     try:
         return os.path.samefile(a, b)
     except OSError:
-        return Path(a).resolve() == Path(b).resolve()
+        try:
+            return Path(a).resolve() == Path(b).resolve()
+        except (OSError, RuntimeError):  # a loop of links: RuntimeError before Python 3.13
+            return False
 
 
 def write_text(path: str | os.PathLike[str], text: str) -> None:
@@ -265,6 +269,11 @@ def check_replaceable(path: str | os.PathLike[str]) -> None:
     if target.exists() and not target.is_file():
         raise InputError(f"{shown(target)} is not a regular file (a device, fifo or socket): write to a file")
     if target.is_symlink() and not target.exists():
+        try:
+            os.stat(target)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise InputError(f"{shown(target)} is a loop of symbolic links: write to a file") from None
         raise InputError(f"{shown(target)} is a symbolic link to a missing file: write to a file")
     if target.exists() and not os.access(target, os.W_OK):
         # the rename needs only the folder's permission: another user's read-only file was replaced,

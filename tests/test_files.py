@@ -58,6 +58,32 @@ def test_write_text_through_a_link_replaces_its_target_and_keeps_the_link(tmp_pa
     assert dangling.is_symlink() and not (tmp_path / "missing").exists()
 
 
+@pytest.mark.parametrize(
+    ("args", "suffix"),
+    [
+        (["synth", "--gpus", "4", "-o", "{out}"], ".json"),
+        (["cost", "--gpus", "4", "--plot", "{out}"], ".png"),
+        (["export", "{schedule}", "-o", "{out}"], ".xml"),
+        (["show", "{schedule}", "--plot", "{out}"], ".png"),
+    ],
+)
+def test_an_output_through_a_loop_of_links_is_one_line(tmp_path: Path, args: list[str], suffix: str) -> None:
+    """A folder that is a loop of links, or a file that is one, ended in a traceback (RuntimeError
+    from pathlib's resolve, or an OSError from the check that the output is not the input)."""
+    schedule = tmp_path / "s.json"
+    assert CliRunner().invoke(cli, ["synth", "--gpus", "4", "-o", str(schedule)]).exit_code == 0
+    (tmp_path / "loop").symlink_to("loop")
+    (tmp_path / f"a{suffix}").symlink_to(f"b{suffix}")
+    (tmp_path / f"b{suffix}").symlink_to(f"a{suffix}")
+    for out, words in (
+        (tmp_path / "loop" / f"x{suffix}", "its folder is a loop of symbolic links"),
+        (tmp_path / f"a{suffix}", f"a{suffix} is a loop of symbolic links: write to a file"),
+    ):
+        result = CliRunner().invoke(cli, [a.format(out=out, schedule=schedule) for a in args])
+        assert result.exit_code == 2, result.output
+        assert words in result.output and "Traceback" not in result.output, result.output
+
+
 def test_a_folder_given_as_the_file_to_write_is_refused_as_a_folder(tmp_path: Path) -> None:
     """It was called "not a regular file (a device, fifo or socket)"."""
     (tmp_path / "through").symlink_to(tmp_path)

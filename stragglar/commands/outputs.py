@@ -81,6 +81,8 @@ def check_output(output: Path, *inputs: Path, option: str = "-o") -> None:
             return
     except OSError as e:  # a name too long, a folder that cannot be searched
         why = f"{shown(output)}: {e.strerror or e}"
+    except RuntimeError:  # resolving a loop of links, before Python 3.13 (then an OSError)
+        why = f"{shown(output)}: its folder is a loop of symbolic links"
     raise click.BadParameter(why, param_hint=f"'{option}'")
 
 
