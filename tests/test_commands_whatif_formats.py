@@ -9,6 +9,7 @@ import pickle
 from pathlib import Path
 from typing import Any
 
+import pytest
 from click.testing import CliRunner, Result
 from trace_writers import late_rank_arrivals, write_csv, write_flight_recorder, write_inspector
 
@@ -159,3 +160,22 @@ def test_a_group_of_another_collective_is_said_to_be_priced_as_an_allreduce(tmp_
         write_inspector(tmp_path / "ar", "0x7f3a", ARRIVALS, size=4 << 20, others=False)[0].parent, *MODEL
     )
     assert "priced here as" not in plain.output
+
+
+def test_a_unit_given_for_a_timestamp_column_is_refused_seconds_too(tmp_path: Path) -> None:
+    """A timestamp carries its unit: ``--time-unit ms`` was refused, ``--time-unit s`` (the default
+    written out) silently ignored."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    steps = [s for s in range(12) for _ in range(4)]
+    ranks = [r for _ in range(12) for r in range(4)]
+    times = [10**9 * s + (20_000_000 if r == 2 else 0) for s, r in zip(steps, ranks, strict=True)]
+    trace = tmp_path / "t.parquet"
+    pq.write_table(
+        pa.table({"step": steps, "rank": ranks, "time": pa.array(times, pa.timestamp("ns"))}), trace
+    )
+    assert run(trace, *MODEL).exit_code == 0
+    for unit in ("s", "ms"):
+        assert "time is a timestamp or duration, in its own unit: drop --time-unit" in one_error(
+            run(trace, *MODEL, "--time-unit", unit)
+        )

@@ -19,6 +19,7 @@ from stragglar.commands.options import (
     SIZE,
     Whole,
     chunks_option,
+    given,
     network_words,
     refuse_given,
 )
@@ -108,7 +109,7 @@ def _read(
         return read_flight_recorder(files, where)
     if len(files) != 1:
         raise InputError(f"a {fmt} trace is one file, and {len(files):,} were given: give one")
-    return read_trace(files[0], fmt, columns, where, TIME_UNITS[unit])
+    return read_trace(files[0], fmt, columns, where, TIME_UNITS[unit] if given("time_unit") else None)
 
 
 UNLIKELY_SPREAD = 3600.0  # seconds between a step's first and last rank, in the median: a unit mistaken
@@ -159,11 +160,11 @@ def _check_resolution(groups: Sequence[Group], unit: str) -> None:
         )
 
 
-def _buckets(group: Group, given: tuple[int, ...] | None) -> tuple[int, ...]:
+def _buckets(group: Group, buckets_given: tuple[int, ...] | None) -> tuple[int, ...]:
     """The buckets of a group's steps: those given, else the trace's own size where it records
     one (the same at every step), else DDP's default."""
-    if given:
-        return given
+    if buckets_given:
+        return buckets_given
     if group.sizes is None:
         return (parse_size(DEFAULT_BUCKET),)
     sizes = sorted(set(group.sizes))
@@ -311,8 +312,8 @@ def whatif(
     """
     if size is not None and buckets:
         raise click.UsageError("--size and --bucket both give the buckets: use one")
-    given = buckets or ((size,) if size is not None else None)
-    if given and any(s <= 0 for s in given):
+    chosen_sizes = buckets or ((size,) if size is not None else None)
+    if chosen_sizes and any(s <= 0 for s in chosen_sizes):
         option = "'--bucket'" if buckets else "'--size'"
         raise click.BadParameter("a bucket must be more than 0 bytes", param_hint=option)
     where = _where(where_values)
@@ -331,9 +332,9 @@ def whatif(
     if fmt in TABLE_FORMATS:
         _check_unit(groups, time_unit)
         _check_resolution(groups, time_unit)
-    per_group = [_buckets(g, given) for g in groups]
+    per_group = [_buckets(g, chosen_sizes) for g in groups]
     # the buckets given, each (two of 1 MiB are two buckets); else each size the groups' own have
-    sizes = given or tuple(dict.fromkeys(bucket for chosen in per_group for bucket in chosen))
+    sizes = chosen_sizes or tuple(dict.fromkeys(bucket for chosen in per_group for bucket in chosen))
     if plot_file is not None and len(groups) > MAX_PLOT_GROUPS:
         raise InputError(
             f"--plot draws at most {MAX_PLOT_GROUPS} groups and the trace has {len(groups)}: "

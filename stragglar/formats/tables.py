@@ -55,11 +55,12 @@ class _Seconds:
         return str(self.seconds)
 
 
-def cell_seconds(value: Any, column: str, place: str, unit: Fraction) -> Fraction:
-    """A time in seconds: a number times ``unit``, or a timestamp or duration in its own unit."""
+def cell_seconds(value: Any, column: str, place: str, unit: Fraction | None) -> Fraction:
+    """A time in seconds: a number times ``unit`` (None: none given, seconds), or a timestamp or
+    duration in its own unit, for which a unit given, even seconds, is an error."""
     if not isinstance(value, _Seconds):
-        return exact_time(value, column, place) * unit
-    if unit != 1:
+        return exact_time(value, column, place) * (1 if unit is None else unit)
+    if unit is not None:
         raise InputError(f"{place}: {column} is a timestamp or duration, in its own unit: drop --time-unit")
     return value.seconds
 

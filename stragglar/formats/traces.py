@@ -271,11 +271,13 @@ def read_trace(
     fmt: str,
     columns: Columns,
     where: Sequence[tuple[str, str]] = (),
-    unit: Fraction = Fraction(1),
+    unit: Fraction | None = None,
     max_rows: int = MAX_ROWS,
 ) -> list[Group]:
     """The groups of the trace in ``path`` (of format ``fmt``), from its rows whose ``where``
-    columns have those values (compared as text), times multiplied by ``unit`` to seconds.
+    columns have those values (compared as text), times multiplied by ``unit`` to seconds (None:
+    no unit was given, a number is seconds; a timestamp or duration carries its own unit, and one
+    given for it is an error).
 
     Every malformed input is an :class:`InputError` naming the file and, where there is one, the
     line: a missing column, a time that is no number, a step that is no whole number, a rank
