@@ -472,6 +472,9 @@ def test_a_size_a_setting_could_not_run_is_refused_before_the_first_runs(
         ["cost", "--gpus", "\u0668"],
         ["bench", "--backend", "local", "--gpus", "4_0"],
         ["run", "--gpus", "2", "--iters", "1_0"],
+        ["prove-all", "--max-gpus", "0_2"],  # these two options took them until 2026-12-01
+        ["prove-all", "--max-simulated", "\u0668"],
+        ["synth", "--gpus", "+4"],  # --chunks refused the sign, --gpus took it
     ],
 )
 def test_a_whole_number_is_ascii_digits_as_everywhere(args: list[str]) -> None:

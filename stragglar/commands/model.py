@@ -258,14 +258,14 @@ PROVE_ALL_MAX_Z3 = 64  # z3's work grows fast with N: a bound, so a typo cannot 
 @click.command("prove-all")
 @click.option(
     "--max-gpus",
-    type=click.IntRange(2, PROVE_ALL_MAX_Z3),
+    type=Whole(2, PROVE_ALL_MAX_Z3),
     default=32,
     show_default=True,
     help="z3 up to this N.",
 )
 @click.option(
     "--max-simulated",
-    type=click.IntRange(2, MAX_RANKS),
+    type=Whole(2, MAX_RANKS),
     default=128,
     show_default=True,
     help="The simulator up to this N.",

@@ -45,6 +45,7 @@ __all__ = [
     "WHOLE",
     "WHOLE_MAX",
     "Quantity",
+    "Real",
     "Whole",
     "artifact_options",
     "auto_note",
@@ -154,7 +155,8 @@ WHOLE_MAX = 2**63 - 1
 
 class Whole(click.IntRange):
     """A whole number from ``min`` to ``max``, written in ASCII digits (``int()`` would also take
-    ``1_6`` and ``٨``, which no other option does), up to 64 bits.  Without ``max`` its help shows
+    ``1_6``, ``+4`` and ``٨``, which no other option does; a minus sign is read, for the range's
+    own refusal), up to 64 bits.  Without ``max`` its help shows
     the lower bound only: the cap is a guard, not a limit anyone means, and the option's real
     limit (2048 GPUs) is the command's to say, in its help text and its error."""
 
@@ -178,7 +180,23 @@ class Whole(click.IntRange):
         return "" if self.min is None else f"x>={self.min}"
 
 
-_WHOLE_TEXT = re.compile(r"\s*[+-]?[0-9]+\s*", re.ASCII)
+_WHOLE_TEXT = re.compile(r"\s*-?[0-9]+\s*", re.ASCII)
+
+
+class Real(click.FloatRange):
+    """A real number in a range, written as decimals with an optional exponent (``0.001``,
+    ``1e-3``): ``float()`` would also take ``1_0e-3`` and Arabic-Indic digits, which no other option
+    does."""
+
+    name = "float"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and not _REAL_TEXT.fullmatch(value):
+            self.fail(f"{quoted(value)} is not a valid float.", param, ctx)  # click's words
+        return super().convert(value, param, ctx)
+
+
+_REAL_TEXT = re.compile(r"\s*-?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?\s*|\s*nan\s*", re.ASCII | re.I)
 
 
 WHOLE = Whole()

@@ -17,6 +17,7 @@ from stragglar.commands.options import (
     OUTPUT,
     PLOT,
     SIZE,
+    Real,
     Whole,
     chunks_option,
     given,
@@ -250,7 +251,7 @@ def _check_outputs(
 )
 @click.option(
     "--false-alarm",
-    type=click.FloatRange(0, 1, min_open=True, max_open=True),
+    type=Real(0, 1, min_open=True, max_open=True),
     default=FALSE_ALARM,
     show_default=True,
     help=(
@@ -261,7 +262,7 @@ def _check_outputs(
 )
 @click.option(
     "--share",
-    type=click.FloatRange(0, 1, min_open=True, max_open=True),
+    type=Real(0, 1, min_open=True, max_open=True),
     default=SHARE,
     show_default=True,
     help=(
