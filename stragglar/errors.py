@@ -54,16 +54,16 @@ def printable(text: str) -> str:
     return "\n".join(_escaped(line) for line in text.split("\n"))
 
 
-def shown(text: object, limit: int = SHOWN_CHARACTERS) -> str:
+def shown(text: object, limit: int | None = SHOWN_CHARACTERS) -> str:
     r"""``text`` (a file's name, an option's value, a string from a file) as one line of a message
     may echo it: escaped as by :func:`printable`, line breaks too, and at most ``limit`` characters
-    of it, the rest counted.
+    of it, the rest counted (None: all of it, for a name a line of output gives in full).
 
-    >>> shown("late\n\x07"), shown("x" * 100_000, limit=3)
-    ('late\\n\\x07', 'xxx... (100,000 characters)')
+    >>> shown("late\n\x07"), shown("x" * 100_000, limit=3), shown("a\nb", limit=None)
+    ('late\\n\\x07', 'xxx... (100,000 characters)', 'a\\nb')
     """
     whole = str(text)
-    return _cut(whole, limit, len(whole))
+    return _escaped(whole) if limit is None else _cut(whole, limit, len(whole))
 
 
 def _cut(whole: str, limit: int, length: int) -> str:

@@ -735,3 +735,21 @@ def test_options_that_take_several_and_a_switch_may_repeat(tmp_path: Path) -> No
     )
     twice = run("whatif", str(trace), "--bucket", "1MiB", "--bucket", "2MiB", "--bucket", "1MiB")
     assert twice.exit_code == 0, twice.stderr
+
+
+@pytest.mark.parametrize("command", ["verify", "show", "export", "prove-all"])
+def test_a_file_name_with_a_line_break_is_shown_escaped_in_its_one_line(tmp_path: Path, command: str) -> None:
+    """The error line is a message's first line: a name with a line break cut it to "Error: bad"."""
+    empty = tmp_path / "bad\nname.json"
+    empty.write_text("")
+    args = [command, str(empty)] + (["-o", str(tmp_path / "out.xml")] if command == "export" else [])
+    line = one_error(run(*args), 2)
+    assert "bad\\nname.json" in line and ("is empty" in line or "files failed" in line), line
+
+
+def test_a_file_name_with_a_line_break_stays_on_the_line_verify_prints(tmp_path: Path) -> None:
+    path = tmp_path / "bad\nname.json"
+    schedule_json.write(synthesize("ring", 3), path)
+    result = run("verify", str(path))
+    assert result.exit_code == 0 and result.stdout.count("\n") == 1, result.stdout
+    assert result.stdout.startswith(str(tmp_path) + "/bad\\nname.json: proved"), result.stdout

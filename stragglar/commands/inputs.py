@@ -40,7 +40,7 @@ def read_input(path: Path) -> Input:
     with busy(f"reading {shown(path)}"):
         text = read_text(path)
         if not text.strip():
-            raise InputError(f"{path} is empty: no schedule, MSCCL XML or MSCCL++ plan in it")
+            raise InputError(f"{shown(path)} is empty: no schedule, MSCCL XML or MSCCL++ plan in it")
         document = functools.cache(lambda: schedule_json.parse(text))
         try:
             fmt = format_of(text, document)
@@ -51,16 +51,16 @@ def read_input(path: Path) -> Input:
             root = document()
             if isinstance(root, dict) and "format" not in root:  # some other JSON: say what it is not
                 raise InputError(
-                    f"{path} is JSON, but not a stragglar schedule (no 'format' key) "
+                    f"{shown(path)} is JSON, but not a stragglar schedule (no 'format' key) "
                     "nor an MSCCL++ plan (no 'gpus' list)"
                 )
             return Input(path, None, text, schedule_json.from_document(root))
         except schedule_json.ScheduleFormatError as e:
             if path.suffix.lower() in MSCCL.suffixes and str(e).startswith("not JSON"):  # x.xml, no markup
                 raise InputError(
-                    f"{path} {MSCCL.unreadable}: it starts with no '<' (nor is it JSON)"
+                    f"{shown(path)} {MSCCL.unreadable}: it starts with no '<' (nor is it JSON)"
                 ) from None
-            raise schedule_json.ScheduleFormatError(f"{path}: {e}") from None
+            raise schedule_json.ScheduleFormatError(f"{shown(path)}: {e}") from None
 
 
 def load_schedule(path: Path, command: str) -> Schedule:
@@ -68,7 +68,7 @@ def load_schedule(path: Path, command: str) -> Schedule:
     found = read_input(path)
     if found.format is not None:
         raise InputError(
-            f"{path} is {found.format.title_with_article}: {command} takes a JSON schedule "
+            f"{shown(path)} is {found.format.title_with_article}: {command} takes a JSON schedule "
             "(see stragglar synth -o s.json)"
         )
     assert found.schedule is not None

@@ -22,7 +22,7 @@ from stragglar.commands.options import (
 from stragglar.commands.outputs import check_plot, write_plot
 from stragglar.commands.proofs import proved_artifact
 from stragglar.commands.terminal import busy, echo, progress, progress_bar
-from stragglar.errors import IncorrectError, InputError, ResourceError, StragglarError
+from stragglar.errors import IncorrectError, InputError, ResourceError, StragglarError, shown
 from stragglar.model import AUTO, Comparison, Network, compare_generated, generated_profile
 from stragglar.model.chunks import MIN_CHUNK_BYTES, SAME_PRICE, chunk_candidates
 from stragglar.proof_tier import (
@@ -329,7 +329,8 @@ def _prove_files(files: tuple[Path, ...], verbose: bool) -> None:
                 lines += _file_rows(path)
             except StragglarError as e:
                 failed.append((path, e))
-                lines.append(f"FAILED {path}: {str(e).splitlines()[0]}" if verbose else f"FAILED {path}")
+                failure = f"FAILED {shown(path, limit=None)}"
+                lines.append(f"{failure}: {str(e).splitlines()[0]}" if verbose else failure)
             bar.advance()
     widths = [len(line.algorithm) for line in lines if isinstance(line, ProofRow)]
     width = min(ALGORITHM_MAX_WIDTH, max([ALGORITHM_WIDTH, *widths]))
@@ -344,7 +345,7 @@ def _prove_files(files: tuple[Path, ...], verbose: bool) -> None:
         alone = f", {skipped} by the simulator alone (too big for z3)" if skipped else ""
         echo(f"proved all {count_of(len(files), 'file')}{alone}")
         return
-    names = ", ".join(str(p) for p, _ in failed[:3]) + (
+    names = ", ".join(shown(p) for p, _ in failed[:3]) + (
         f" and {len(failed) - 3} more" if len(failed) > 3 else ""
     )
     summary = f"{len(failed)} of {len(files)} files failed: {names}"
@@ -357,7 +358,7 @@ def _prove_files(files: tuple[Path, ...], verbose: bool) -> None:
 def _file_rows(path: Path) -> list[ProofRow | Skipped]:
     found = read_input(path)
     if found.format is not None:
-        proof = proved_artifact(found.format, found.source, str(path))
+        proof = proved_artifact(found.format, found.source, shown(path))
         return [ProofRow.for_artifact(proof, found.format.name, path.name)]
     assert found.schedule is not None  # a file of no artifact format is a schedule
     return list(prove_schedule_file(found.schedule, path.name))

@@ -115,7 +115,7 @@ def write_plot(path: Path, figure: Callable[[Any], Any]) -> None:
         write_bytes(path, plot.render(figure(plot), path.suffix.lower()[1:]))
     except OSError as e:
         raise _cannot_write(path, "--plot", e) from None
-    echo(f"plot written to {path}")
+    echo(f"plot written to {shown(path, limit=None)}")
 
 
 def write(path: Path, text: str, option: str = "-o") -> None:

@@ -362,7 +362,7 @@ def export(
     if fmt in FORMATS:
         request = Request("", schedule.num_ranks, schedule.straggler, schedule.num_chunks, "construct")
         FORMATS[fmt].check_request(request, options)
-    proof = proved(schedule, str(file))
+    proof = proved(schedule, shown(file))
     if fmt in FORMATS:
         exported = export_artifact(proof, FORMATS[fmt], options)
         text, summary = exported.text, exported.proof.summary
@@ -402,18 +402,20 @@ def verify(file: Path, smt: bool, timeout: float | None, verbose: bool) -> None:
         )
     found = read_input(file)
     if found.format is not None:
-        refuse_given(["smt"], f"{file} is {found.format.title_with_article}; --smt proves JSON schedules")
-        artifact = proved_artifact(found.format, found.source, str(file))
+        refuse_given(
+            ["smt"], f"{shown(file)} is {found.format.title_with_article}; --smt proves JSON schedules"
+        )
+        artifact = proved_artifact(found.format, found.source, shown(file))
         summary, details = artifact.summary, artifact.details
         _warn(file, artifact)
     else:
         assert found.schedule is not None  # a file of no artifact format is a schedule
         proof = proved(
-            found.schedule, str(file), functools.partial(smt_prove, timeout_s=timeout) if smt else prove
+            found.schedule, shown(file), functools.partial(smt_prove, timeout_s=timeout) if smt else prove
         )
         summary, details = proof.summary, f"{proof.headline}\n{proof.covers}"
         _warn_orders(file, found.schedule)
-    echo(f"{file}: {summary}")
+    echo(f"{shown(file, limit=None)}: {summary}")
     if verbose:
         echo(details)
 
@@ -437,12 +439,12 @@ def show(file: Path, plot_file: Path | None, size: int | None, verbose: bool) ->
         return
     schedule = found.schedule
     assert schedule is not None  # a file of no artifact format is a schedule
-    refuse_given(["size"], f"{file} is a JSON schedule; --size applies to {SIZED}")
+    refuse_given(["size"], f"{shown(file)} is a JSON schedule; --size applies to {SIZED}")
     check_plot(plot_file, file)
     with busy("formatting the schedule as text"):  # N = 1024: 2 s, which showed nothing
         table = render(schedule)
     echo(table)  # first: a wrong schedule's table helps to see what is wrong
-    proof: Proof = proved(schedule, str(file))
+    proof: Proof = proved(schedule, shown(file))
     _warn_orders(file, schedule)
     echo(proof.headline)
     if verbose:
@@ -457,14 +459,14 @@ def _warn_orders(file: Path, schedule: Schedule) -> None:
     with busy("checking that every rank adds each chunk in one order"):  # N = 1024: seconds
         disagreement = order_disagreement(schedule)
     if disagreement is not None:
-        echo(f"warning: {file}: {disagreement}", err=True)
+        echo(f"warning: {shown(file, limit=None)}: {disagreement}", err=True)
 
 
 def _warn(file: Path, proof: ArtifactProof) -> None:
     """What the executor runs otherwise than ``file`` says, yet correctly: one line each on stderr,
     so that stdout keeps the proof and the exit code stays 0."""
     for warning in proof.warnings:
-        echo(f"warning: {file}: {warning}", err=True)
+        echo(f"warning: {shown(file, limit=None)}: {warning}", err=True)
 
 
 def _show_artifact(
@@ -472,14 +474,14 @@ def _show_artifact(
 ) -> None:
     """``show`` of an artifact: its description, its proof's summary and, for a format the executor
     picks by size, whether it would run on ``size`` bytes.  The file is read once for all three."""
-    refuse_given(["plot_file"], f"{file} is {fmt.title_with_article}; --plot draws JSON schedules")
+    refuse_given(["plot_file"], f"{shown(file)} is {fmt.title_with_article}; --plot draws JSON schedules")
     if fmt.size_rule is None:
-        refuse_given(["size"], f"{file} is {fmt.title_with_article}; --size applies to {SIZED}")
+        refuse_given(["size"], f"{shown(file)} is {fmt.title_with_article}; --size applies to {SIZED}")
     if size is not None and size <= 0:
         raise click.BadParameter(f"{size} bytes: a buffer has at least one byte", param_hint="'--size'")
-    document = read_artifact(fmt, source, str(file))
+    document = read_artifact(fmt, source, shown(file))
     try:  # proved first: a file that cannot be read is one error line, nothing printed before it
-        proof = proved_artifact(fmt, document, str(file))
+        proof = proved_artifact(fmt, document, shown(file))
     except IncorrectError:
         with contextlib.suppress(StragglarError):  # where it cannot be described, the error says why
             echo(fmt.describe(document))  # what is wrong is easier seen in it
