@@ -176,7 +176,11 @@ def test_an_output_that_is_the_input_is_refused(tmp_path: Path) -> None:
     [
         (["-o", "x.xml", "--format", "json"], "--format json contradicts x.xml"),
         (["-o", "x.json", "--format", "msccl"], "--format msccl contradicts x.json"),
-        (["-o", "x.dat"], "cannot tell the format of x.dat"),
+        (["-o", "x.dat"], "cannot tell the format of x.dat: name it *.json, *.txt, *.xml, or give"),
+        (
+            ["-o", ".json"],
+            "cannot tell the format of .json (a name that starts with a dot has a suffix after",
+        ),
     ],
 )
 def test_the_output_format_follows_the_suffix(tmp_path: Path, args: list[str], message: str) -> None:

@@ -198,8 +198,14 @@ def test_the_format_is_told_by_the_suffix_or_given(tmp_path: Path) -> None:
         and trace_format_of([Path("a.ndjson")], None) == "jsonl"
     )
     assert trace_format_of([Path("a.txt")], "parquet") == "parquet"
-    with pytest.raises(InputError, match=r"cannot tell the format of a\.txt"):
-        trace_format_of([Path("a.txt")], None)
+    text = tmp_path / "a.txt"
+    text.write_text("step rank time\n")
+    with pytest.raises(InputError, match=r"cannot tell the format of .*a\.txt from its content"):
+        trace_format_of([text], None)
+    unreadable = tmp_path / "trace_2"  # a file it cannot open was said to tell no format
+    unreadable.symlink_to(tmp_path / "gone")
+    with pytest.raises(InputError, match=r"^cannot read .*trace_2: No such file or directory$"):
+        trace_format_of([unreadable], None)
 
 
 def test_the_writer_appends_whole_steps_that_read_back_exactly(tmp_path: Path) -> None:
@@ -358,6 +364,8 @@ def test_a_folder_stands_for_its_files(tmp_path: Path) -> None:
         trace_files([tmp_path / "sub"])
     with pytest.raises(InputError, match="more than 3 trace files"):
         trace_files([tmp_path, tmp_path], max_files=3)
+    with pytest.raises(InputError, match=r"^cannot read a{80}\.\.\. \(304 characters\): File name too long$"):
+        trace_files([Path("a" * 300 + ".csv")])  # is_dir raised an OSError: "cannot write the output"
 
 
 def test_a_quote_left_open_and_a_control_character_are_named_where_they_are(tmp_path: Path) -> None:

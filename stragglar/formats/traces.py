@@ -146,7 +146,11 @@ def trace_files(paths: Sequence[Path], max_files: int = MAX_FILES) -> list[Path]
     files: list[Path] = []
     for path in paths:
         refuse_standard_input(path, "traces")
-        if not path.is_dir():
+        try:
+            folder = path.is_dir()
+        except OSError as e:  # a name too long: is_dir lets that through
+            raise InputError(f"cannot read {shown(path)}: {e.strerror or e}") from None
+        if not folder:
             files.append(path)
             continue
         try:
@@ -177,6 +181,10 @@ def trace_format_of(paths: Sequence[Path], given: str | None) -> str:
         if told is None:
             if _is_empty(path):
                 continue
+            try:  # a file it cannot read tells nothing, for want of reading: say that instead
+                path.open("rb").close()
+            except OSError as e:
+                raise InputError(f"cannot read {shown(path)}: {e.strerror or e}") from None
             raise InputError(
                 f"cannot tell the format of {shown(path)} from its content or its name: name it .csv, "
                 ".jsonl or .parquet, or give --format"
