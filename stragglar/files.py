@@ -215,7 +215,7 @@ def same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
     except OSError:
         try:
             return Path(a).resolve() == Path(b).resolve()
-        except (OSError, RuntimeError):  # a loop of links: RuntimeError before Python 3.13
+        except (OSError, RuntimeError):  # a loop of links: RuntimeError on Python < 3.13
             return False
 
 

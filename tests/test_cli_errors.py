@@ -757,3 +757,6 @@ def test_a_file_name_with_a_line_break_stays_on_the_line_verify_prints(tmp_path:
     result = run("verify", str(path))
     assert result.exit_code == 0 and result.stdout.count("\n") == 1, result.stdout
     assert result.stdout.startswith(str(tmp_path) + "/bad\\nname.json: proved"), result.stdout
+    table = run("prove-all", str(path))  # its row named the file raw, split in two lines
+    assert table.exit_code == 0 and "bad\\nname.json" in table.stdout, table.stdout
+    assert not any(line.startswith("name.json") for line in table.stdout.splitlines()), table.stdout

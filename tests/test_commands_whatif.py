@@ -149,6 +149,7 @@ def test_steps_prints_a_line_per_step_and_plot_draws(tmp_path: Path) -> None:
         (["--false-alarm", "0"], "--false-alarm"),
         (["--false-alarm", "nan"], "Invalid value for '--false-alarm': must be in (0, 1), got nan"),
         (["--share", "nan"], "Invalid value for '--share': must be in (0, 1), got nan"),
+        (["--share", "inf"], "Invalid value for '--share': inf is not in the range 0<x<1."),
         (["--share", "0_5e-1"], "Invalid value for '--share': '0_5e-1' is not a valid float."),  # float()'s
         (["--false-alarm", "1_0e-3"], "Invalid value for '--false-alarm': '1_0e-3' is not a valid float."),
         (["--margin", "-1ms"], "--margin"),

@@ -359,6 +359,6 @@ def _file_rows(path: Path) -> list[ProofRow | Skipped]:
     found = read_input(path)
     if found.format is not None:
         proof = proved_artifact(found.format, found.source, shown(path))
-        return [ProofRow.for_artifact(proof, found.format.name, path.name)]
+        return [ProofRow.for_artifact(proof, found.format.name, shown(path.name, limit=None))]
     assert found.schedule is not None  # a file of no artifact format is a schedule
-    return list(prove_schedule_file(found.schedule, path.name))
+    return list(prove_schedule_file(found.schedule, shown(path.name, limit=None)))

@@ -196,7 +196,8 @@ class Real(click.FloatRange):
         return super().convert(value, param, ctx)
 
 
-_REAL_TEXT = re.compile(r"\s*-?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?\s*|\s*nan\s*", re.ASCII | re.I)
+# nan and inf are read, for the range's own refusal ("inf is not in the range 0<x<1")
+_REAL_TEXT = re.compile(r"\s*-?(([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?|nan|inf)\s*", re.ASCII | re.I)
 
 
 WHOLE = Whole()

@@ -3,6 +3,7 @@ is), and charts drawn into them."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -71,6 +72,10 @@ def check_output(output: Path, *inputs: Path, option: str = "-o") -> None:
             check_replaceable(output)  # a folder, a device, a fifo, a socket, a link to nothing
         except InputError as e:  # said of the option, as the other refusals here are
             raise click.BadParameter(str(e), param_hint=f"'{option}'") from None
+        if _a_loop(output.parent):  # resolve() raises for one before Python 3.13, then returns it
+            raise click.BadParameter(
+                f"{shown(output)}: its folder is a loop of symbolic links", param_hint=f"'{option}'"
+            )
         folder = output.parent.resolve()
         if not folder.is_dir():
             missing = "is not a folder" if folder.exists() else "does not exist"
@@ -81,9 +86,16 @@ def check_output(output: Path, *inputs: Path, option: str = "-o") -> None:
             return
     except OSError as e:  # a name too long, a folder that cannot be searched
         why = f"{shown(output)}: {e.strerror or e}"
-    except RuntimeError:  # resolving a loop of links, before Python 3.13 (then an OSError)
-        why = f"{shown(output)}: its folder is a loop of symbolic links"
     raise click.BadParameter(why, param_hint=f"'{option}'")
+
+
+def _a_loop(path: Path) -> bool:
+    """Whether ``path`` names a loop of symbolic links (the system's ELOOP, on any Python)."""
+    try:
+        os.stat(path)
+    except OSError as e:
+        return e.errno == errno.ELOOP
+    return False
 
 
 def check_plot(path: Path | None, *inputs: Path) -> None:

@@ -381,7 +381,7 @@ def export(
         click.echo(text.rstrip("\n"))  # a document, as it is
     else:
         write(output, text.rstrip("\n"))
-    echo(summary if output is None else f"{output}: {summary}", err=output is None)
+    echo(summary if output is None else f"{shown(output, limit=None)}: {summary}", err=output is None)
     if verbose:
         echo(details, err=output is None)
 

@@ -328,7 +328,7 @@ def whatif(
         time_unit = RECORD_UNITS[fmt]
     trace = str(paths[0]) if len(paths) == 1 else f"{paths[0]} and {len(paths) - 1:,} more"
     columns = Columns(rank_col, step_col, time_col, group_col)
-    with busy(f"reading {trace}"):
+    with busy(f"reading {shown(trace)}"):
         groups = _read(files, fmt, columns, where, time_unit)
     if fmt in TABLE_FORMATS:
         _check_unit(groups, time_unit)
@@ -348,8 +348,8 @@ def whatif(
     ]
     err = json_file is not None and to_stdout(json_file)  # stdout carries the JSON document
     echo(
-        f"trace {trace}: {count_of(len(groups), 'group')}, {step_count(sum(len(g.steps) for g in groups))}, "
-        f"times in {time_unit}",
+        f"trace {shown(trace, limit=None)}: {count_of(len(groups), 'group')}, "
+        f"{step_count(sum(len(g.steps) for g in groups))}, times in {time_unit}",
         err,
     )
     echo(
@@ -365,7 +365,7 @@ def whatif(
     if json_file is not None:
         dump_json(json_file, document(trace, fmt, time_unit, setting, groups, replays))
         if not err:
-            echo(f"figures written to {json_file}")
+            echo(f"figures written to {shown(json_file, limit=None)}")
     if plot_file is not None:
         named = [(g.name or "", result) for g, result in zip(groups, replays, strict=True)]
         write_plot(plot_file, lambda plot: plot.whatif_figure(named))
