@@ -48,6 +48,7 @@ __all__ = [
     "MAX_READ_BYTES",
     "check_appendable",
     "check_replaceable",
+    "is_link_loop",
     "json_complaint",
     "lone_surrogate",
     "open_appending",
@@ -269,16 +270,23 @@ def check_replaceable(path: str | os.PathLike[str]) -> None:
     if target.exists() and not target.is_file():
         raise InputError(f"{shown(target)} is not a regular file (a device, fifo or socket): write to a file")
     if target.is_symlink() and not target.exists():
-        try:
-            os.stat(target)
-        except OSError as e:
-            if e.errno == errno.ELOOP:
-                raise InputError(f"{shown(target)} is a loop of symbolic links: write to a file") from None
+        if is_link_loop(target):
+            raise InputError(f"{shown(target)} is a loop of symbolic links: write to a file")
         raise InputError(f"{shown(target)} is a symbolic link to a missing file: write to a file")
     if target.exists() and not os.access(target, os.W_OK):
         # the rename needs only the folder's permission: another user's read-only file was replaced,
         # and became ours, where the shell's ">" refuses it
         raise _as_written(PermissionError(errno.EACCES, os.strerror(errno.EACCES)), path)
+
+
+def is_link_loop(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` names a loop of symbolic links (the system's ELOOP, on any Python: pathlib's
+    ``resolve`` raises RuntimeError for one before Python 3.13, and returns it unresolved after)."""
+    try:
+        os.stat(path)
+    except OSError as e:
+        return e.errno == errno.ELOOP
+    return False
 
 
 def write_bytes(path: str | os.PathLike[str], data: bytes) -> None:

@@ -156,9 +156,9 @@ WHOLE_MAX = 2**63 - 1
 class Whole(click.IntRange):
     """A whole number from ``min`` to ``max``, written in ASCII digits (``int()`` would also take
     ``1_6``, ``+4`` and ``٨``, which no other option does; a minus sign is read, for the range's
-    own refusal), up to 64 bits.  Without ``max`` its help shows
-    the lower bound only: the cap is a guard, not a limit anyone means, and the option's real
-    limit (2048 GPUs) is the command's to say, in its help text and its error."""
+    own refusal), up to 64 bits.  Without ``max`` its help shows the lower bound only: the cap is
+    a guard, not a limit anyone means, and the option's real limit (2048 GPUs) is the command's to
+    say, in its help text and its error."""
 
     name = "integer"  # "'x' is not a valid integer", not "... integer range"
 

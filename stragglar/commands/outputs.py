@@ -3,7 +3,6 @@ is), and charts drawn into them."""
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import tempfile
@@ -15,7 +14,14 @@ import click
 
 from stragglar.commands.terminal import busy, echo, progress_bar
 from stragglar.errors import InputError, ResourceError, ran_out, shown
-from stragglar.files import check_replaceable, own_descriptor, same_file, write_bytes, write_text
+from stragglar.files import (
+    check_replaceable,
+    is_link_loop,
+    own_descriptor,
+    same_file,
+    write_bytes,
+    write_text,
+)
 from stragglar.formats import schedule_json
 from stragglar.schedule import Schedule
 
@@ -72,7 +78,7 @@ def check_output(output: Path, *inputs: Path, option: str = "-o") -> None:
             check_replaceable(output)  # a folder, a device, a fifo, a socket, a link to nothing
         except InputError as e:  # said of the option, as the other refusals here are
             raise click.BadParameter(str(e), param_hint=f"'{option}'") from None
-        if _a_loop(output.parent):  # resolve() raises for one before Python 3.13, then returns it
+        if is_link_loop(output.parent):  # resolve() would raise (Python < 3.13) or return it as it is
             raise click.BadParameter(
                 f"{shown(output)}: its folder is a loop of symbolic links", param_hint=f"'{option}'"
             )
@@ -87,15 +93,6 @@ def check_output(output: Path, *inputs: Path, option: str = "-o") -> None:
     except OSError as e:  # a name too long, a folder that cannot be searched
         why = f"{shown(output)}: {e.strerror or e}"
     raise click.BadParameter(why, param_hint=f"'{option}'")
-
-
-def _a_loop(path: Path) -> bool:
-    """Whether ``path`` names a loop of symbolic links (the system's ELOOP, on any Python)."""
-    try:
-        os.stat(path)
-    except OSError as e:
-        return e.errno == errno.ELOOP
-    return False
 
 
 def check_plot(path: Path | None, *inputs: Path) -> None:

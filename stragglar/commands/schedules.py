@@ -97,7 +97,7 @@ def output_format(output: Path | None, fmt: str | None, default: str, allowed: t
         )
     chosen = fmt or (implied[0] if implied else None)
     if chosen is None and output is not None:
-        known = ", ".join(s for s, fs in SUFFIXES.items() if set(fs) & set(allowed))
+        known = ", ".join(f"*{s}" for s, fs in SUFFIXES.items() if set(fs) & set(allowed))
         # ".json" is a hidden file's whole name, with no suffix: "name it .json" would say it had none
         hidden = (
             " (a name that starts with a dot has a suffix after a second one)"
@@ -105,8 +105,7 @@ def output_format(output: Path | None, fmt: str | None, default: str, allowed: t
             else ""
         )
         raise click.UsageError(
-            f"cannot tell the format of {shown(output)}{hidden}: name it *{known.replace(', ', ', *')}, "
-            "or give --format"
+            f"cannot tell the format of {shown(output)}{hidden}: name it {known}, or give --format"
         )
     chosen = chosen or default
     if chosen not in allowed:

@@ -43,9 +43,7 @@ def rule_words(rule: Rule) -> str:
     return (
         f"a persistent straggler is last{margin} more often than chance (1/N), by a sequential "
         f"test whose false alarms begin at {_percent(rule.false_alarm)} of steps at most where steps "
-        f"are independent, tuned to a "
-        f"rank last at "
-        f"{rule.share:.0%}"
+        f"are independent, tuned to a rank last at {rule.share:.0%}"
     )
 
 

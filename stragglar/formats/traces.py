@@ -42,7 +42,7 @@ from fractions import Fraction
 from pathlib import Path
 
 from stragglar.errors import InputError, ResourceError, quoted, ran_out, shown
-from stragglar.files import open_appending, refuse_standard_input
+from stragglar.files import open_appending, open_regular, refuse_standard_input
 from stragglar.formats.tables import TABLE_FORMATS, cell_label, cell_seconds, cell_step, table_rows
 from stragglar.formats.trace_reading import BYTE_ORDER_MARK, MAX_LINE, open_trace, rank_order, where_text
 from stragglar.units import TIME_UNITS
@@ -181,10 +181,8 @@ def trace_format_of(paths: Sequence[Path], given: str | None) -> str:
         if told is None:
             if _is_empty(path):
                 continue
-            try:  # a file it cannot read tells nothing, for want of reading: say that instead
-                path.open("rb").close()
-            except OSError as e:
-                raise InputError(f"cannot read {shown(path)}: {e.strerror or e}") from None
+            with open_regular(path, "traces"):  # one it cannot read says so, not that it tells nothing
+                pass
             raise InputError(
                 f"cannot tell the format of {shown(path)} from its content or its name: name it .csv, "
                 ".jsonl or .parquet, or give --format"

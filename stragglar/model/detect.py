@@ -20,13 +20,7 @@ names nobody.
 
 *The false-alarm rate.*  ``h`` is the lowest score (to a hundredth of a nat) at which, while no
 rank is last more often than chance, some rank's score is at ``h`` at any given step with
-probability at most ``false_alarm``; "more often than chance" is meant step by step: each rank
-last with probability at most 1/N whatever happened at the steps before (the chain's
-assumption).  Lateness that lasts a few steps without favouring any rank in the long run (a
-rank slowed for bursts of steps, lateness correlated from step to step) breaks it: a burst that
-outlasts :meth:`Rule.fewest_steps` is named, as often as such bursts come, and the rate bounds
-nothing then.  For the policy such a rank is late while it is named, which is what a name is
-used for.  It is worked out from the chain the score follows
+probability at most ``false_alarm``.  It is worked out from the chain the score follows
 (:mod:`stragglar.model.threshold`, a proved bound), and never exceeds Ville's
 ``ln(N / false_alarm)``, which holds for any test of this kind but is about three times too
 cautious here.  A name is given (or moved) only at a step with a score at ``h``, so a *false
@@ -36,6 +30,13 @@ are expected.  Each lasts until the named score falls back to 0 (5 to 11 steps o
 1% rate at N = 4 to 64, longer at rarer rates and at N = 2), so the share of steps at which an
 innocent rank *is* named is several times the rate (``benchmarks/bench_detect.py`` measures
 both).
+
+"More often than chance" is meant step by step: each rank last with probability at most 1/N
+whatever happened at the steps before (the chain's assumption).  Lateness that lasts a few steps
+without favouring any rank in the long run (a rank slowed for bursts of steps, lateness
+correlated from step to step) breaks it: a burst that outlasts :meth:`Rule.fewest_steps` is
+named, as often as such bursts come, and the rate bounds nothing then.  For the policy such a
+rank is late while it is named, which is what a name is used for.
 
 *Change.*  Scores are capped at ``h``: a named rank that stops being late loses its score at the
 rate its events stop, and is no longer named when the score reaches 0 (the straggler went away),
