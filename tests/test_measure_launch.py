@@ -409,3 +409,10 @@ def test_a_launch_refuses_options_before_any_rank_is_forked(
 
 def never_forked(method: str) -> None:
     raise AssertionError("a rank was forked before the options were checked")
+
+
+def test_the_summary_says_were_for_several_ranks() -> None:
+    failures = [RankFailure(r, "was still running when the others had failed") for r in (1, 3)]
+    line = summary([RankFailure(0, "raised ValueError: x"), *failures], 4)
+    assert line.endswith("ranks 1, 3 were still running when the others had failed"), line
+    assert "rank 1 was still" in summary([failures[0]], 4)

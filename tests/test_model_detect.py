@@ -10,7 +10,16 @@ import random
 import pytest
 
 from stragglar.errors import ArgumentError, InputError
-from stragglar.model.detect import MIN_FALSE_ALARM, Detection, Rule, fresh, observe, recent_lateness
+from stragglar.model.detect import (
+    MIN_FALSE_ALARM,
+    Detection,
+    Rule,
+    fresh,
+    last_rank,
+    observe,
+    recent_lateness,
+)
+from stragglar.model.policy import latenesses
 from stragglar.model.threshold import lowest_threshold, ville
 
 
@@ -188,3 +197,13 @@ def test_a_step_of_another_count_of_ranks_or_not_a_number_is_refused() -> None:
     for late in ([math.nan, 0.5, -0.1], [0.5, math.nan, -0.1], [math.inf, -1.0, -2.0]):
         with pytest.raises(InputError, match=r"^latenesses must be finite numbers"):
             observe(Rule(), fresh(3), late)
+
+
+@pytest.mark.parametrize("figures", [[], [0.5], [0.1, math.nan, 0.2], [math.inf, 0.0]])
+def test_one_steps_figures_that_name_no_last_rank_are_refused(figures: list[float]) -> None:
+    """Fewer than two ranks (max of nothing, an IndexError) and a NaN (the last then depended on
+    where it stood) were Python's errors or a wrong answer."""
+    with pytest.raises(InputError, match=r"at least two ranks|finite"):
+        last_rank(figures)
+    with pytest.raises(InputError, match=r"at least two ranks|finite"):
+        latenesses(figures)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from stragglar.errors import ArgumentError
 from stragglar.schedule import Op, Phase, Round, Schedule, Transfer, round_lower_bound
 from stragglar.synth.ring import ring_reduce_scatter
 from stragglar.verify import find_violation
@@ -101,3 +102,15 @@ def test_the_chunked_bound_for_every_chunk_count_up_to_16(n: int) -> None:
     for c in range(n - 1, 17):
         result = prove_lower_bound(n, 120, c)
         assert result.proved, result.summary
+
+
+@pytest.mark.parametrize("rounds", [True, 2.0])
+def test_a_round_count_that_is_no_integer_is_refused_not_decided(rounds: object) -> None:
+    """True named z3's final-state variables apart from the rounds' (has_True_...), so nothing
+    tied them and z3 "beat" the bound."""
+    with pytest.raises(ArgumentError, match="rounds must be an integer"):
+        phase2_feasible(4, rounds)  # type: ignore[arg-type]
+    with pytest.raises(ArgumentError, match="rounds must be an integer"):
+        prove_lower_bound(4, rounds=rounds)  # type: ignore[arg-type]
+    with pytest.raises(ArgumentError, match="num_chunks must be an integer"):
+        prove_lower_bound(4, num_chunks=True)

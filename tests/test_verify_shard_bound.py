@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from stragglar.errors import InputError
+from stragglar.errors import ArgumentError, InputError
 from stragglar.schedule import Op, Round
 from stragglar.synth.ring import ring_allgather, ring_reduce_scatter
 from stragglar.units import count_of
@@ -196,3 +196,9 @@ def test_queries_that_are_not_or_too_large_are_refused_before_building(
 ) -> None:
     with pytest.raises(InputError, match=re.escape(message)):
         shard_bound(*args)
+
+
+def test_a_round_count_that_is_no_integer_is_refused_not_decided() -> None:
+    """True named z3's final-state variables apart from the rounds' (has_True_...): sat."""
+    with pytest.raises(ArgumentError, match="rounds must be an integer"):
+        shard_feasible("reduce_scatter", 4, True, None, 20, 4)

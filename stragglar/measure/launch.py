@@ -157,7 +157,10 @@ def summary(failures: Any, world_size: int | None = None) -> str:
     )
     said: list[str] = []
     for key, ranks in ordered[:_SHOWN]:
-        words = f"{ranks_in_words(ranks, limit=6)} {key[2]}"
+        what = key[2]
+        if len(ranks) > 1 and what.startswith("was "):  # the reasons speak of one rank
+            what = "were " + what.removeprefix("was ")
+        words = f"{ranks_in_words(ranks, limit=6)} {what}"
         if said and sum(map(len, said)) + len(words) > _LENGTH:
             break
         said.append(words)

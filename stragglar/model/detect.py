@@ -53,6 +53,7 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 
 from stragglar.errors import ArgumentError, InputError, described
 from stragglar.model.threshold import MIN_FALSE_ALARM, lowest_threshold, ville
@@ -185,8 +186,18 @@ def last_rank(late: Sequence[float]) -> int | None:
     >>> last_rank([-0.03, 0.01, -0.02]), last_rank([0.0, -0.01, 0.0])
     (1, None)
     """
+    check_step_figures(late, "latenesses")
     latest = max(range(len(late)), key=late.__getitem__)
     return latest if late[latest] > 0 else None
+
+
+def check_step_figures(figures: Sequence[float] | Sequence[Fraction], what: str) -> None:
+    """Refuses a step's figures that name no last rank: fewer than two ranks (nobody to be later
+    than), or a figure that is no finite number (a NaN would make the last depend on its place)."""
+    if len(figures) < 2:
+        raise InputError(f"{what} of at least two ranks are needed, got {len(figures)}")
+    if not all(math.isfinite(x) for x in figures):
+        raise InputError(f"{what} must be finite numbers, got {list(figures)}"[:200])
 
 
 def event_rank(rule: Rule, late: Sequence[float]) -> int | None:

@@ -51,7 +51,7 @@ from typing import TypeVar
 
 from stragglar.model.chunks import AUTO, resolve_chunks
 from stragglar.model.cost import Network, critical_delay, estimate
-from stragglar.model.detect import Detection, Rule, event_rank
+from stragglar.model.detect import Detection, Rule, check_step_figures, event_rank
 from stragglar.model.predict import generated_profile
 
 __all__ = [
@@ -122,6 +122,7 @@ def latenesses(waits: Sequence[_Time]) -> tuple[_Time, ...]:
     >>> [round(x, 3) for x in latenesses([0.030, 0.001, 0.031, 0.029])]
     [-0.029, 0.028, -0.03, -0.028]
     """
+    check_step_figures(waits, "waits")
     order = sorted(range(len(waits)), key=waits.__getitem__)
     first, second = waits[order[0]], waits[order[1]]  # the last rank's wait, the next one's
     return tuple((second if rank == order[0] else first) - wait for rank, wait in enumerate(waits))

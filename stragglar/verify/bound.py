@@ -55,6 +55,7 @@ from typing import NamedTuple
 
 import z3
 
+from stragglar.args import as_int
 from stragglar.errors import InputError
 from stragglar.schedule import Round, round_lower_bound
 from stragglar.units import count_of
@@ -143,7 +144,8 @@ def prove_lower_bound(
     """Ask the solver for a phase 2 of ``rounds`` rounds (default: one fewer than the bound);
     unsat proves that ``rounds + 1`` are needed.  The relaxed model goes first (see the module
     docstring); only if it fits, the model with both parts decides."""
-    chunks = num_ranks - 1 if num_chunks is None else num_chunks
+    num_ranks = as_int(num_ranks, "num_ranks")
+    chunks = num_ranks - 1 if num_chunks is None else as_int(num_chunks, "num_chunks")
     bound = round_lower_bound(num_ranks, chunks)
     asked = bound - 1 if rounds is None else rounds
     _checked(num_ranks, chunks, asked)
@@ -181,6 +183,9 @@ def phase2_feasible(
 
 def _checked(n: int, c: int, rounds: int) -> None:
     """Refuse a query too large to build, before building it."""
+    as_int(n, "num_ranks")  # a bool or a float would name z3's variables apart from the rest
+    as_int(c, "num_chunks")
+    as_int(rounds, "rounds")
     if not 2 <= n <= BOUND_MAX_RANKS or rounds < 0:
         raise InputError(
             f"need 2 to {BOUND_MAX_RANKS} GPUs and no negative rounds, got {n} GPUs, {rounds} rounds"

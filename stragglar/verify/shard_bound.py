@@ -62,6 +62,7 @@ from dataclasses import dataclass
 
 import z3
 
+from stragglar.args import as_int
 from stragglar.errors import InputError
 from stragglar.units import count_of
 from stragglar.verify.bound import BOUND_MAX_RANKS, Feasibility
@@ -274,6 +275,9 @@ def _goal(collective: str, n: int, c: int) -> Iterator[tuple[int, int, int]]:
 
 def _checked(collective: str, n: int, c: int, rounds: int) -> None:
     """Refuse a query that is not one, or too large to build, before building it."""
+    as_int(n, "num_ranks")  # a bool or a float would name z3's variables apart from the rest
+    as_int(c, "num_chunks")
+    as_int(rounds, "rounds")
     if collective not in COLLECTIVES:
         raise InputError(f"no bound for collective {collective!r}: {', '.join(COLLECTIVES)}")
     if not 2 <= n <= BOUND_MAX_RANKS or rounds < 0:
