@@ -30,6 +30,7 @@ import contextlib
 import enum
 import gc
 import hashlib
+import numbers
 import operator
 import re
 from array import array
@@ -98,6 +99,15 @@ class Transfer(NamedTuple):
 Round = tuple[Transfer, ...]
 
 
+def _plain(value: Any) -> Any:
+    """``value`` as a plain ``int`` where it is another integral type (NumPy's): a schedule built
+    of them was proved, then refused by the writer, and fingerprinted apart from its equal.  Any
+    other value (a bool, a float) is left for the checks to refuse by its own name."""
+    if type(value) is int or isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        return value
+    return operator.index(value)
+
+
 def _frozen(values: Any, what: str) -> tuple[Any, ...]:
     """``values`` (a list, any iterable but a string) as a tuple; a TypeError naming ``what``
     for anything else."""
@@ -121,8 +131,9 @@ class Phase:
     def __post_init__(self) -> None:
         # Tuples, whatever was given: a proved schedule built of lists could still be changed
         # through them (a round appended after the proof), and would run as it then was.
-        if type(self.ranks) is not tuple:
-            object.__setattr__(self, "ranks", _frozen(self.ranks, "ranks"))
+        ranks = self.ranks
+        if type(ranks) is not tuple or any(type(r) is not int for r in ranks):
+            object.__setattr__(self, "ranks", tuple(_plain(r) for r in _frozen(ranks, "ranks")))
         rounds = self.rounds
         if type(rounds) is not tuple or any(type(r) is not tuple for r in rounds):
             rounds = tuple(
@@ -149,6 +160,9 @@ class Schedule:
     _fingerprint: str | None = field(default=None, init=False, repr=False, hash=False, compare=False)
 
     def __post_init__(self) -> None:
+        for name in ("num_ranks", "num_chunks", "straggler"):
+            if type(value := getattr(self, name)) is not int:
+                object.__setattr__(self, name, _plain(value))
         check_size(self.num_ranks, self.num_chunks)
         if type(self.phases) is not tuple:  # as Phase's: nothing proved may change afterwards
             object.__setattr__(self, "phases", _frozen(self.phases, "phases"))

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -94,3 +95,23 @@ def test_a_relabelling_refuses_what_is_not_a_permutation_of_ranks(
 ) -> None:
     with pytest.raises(error, match=message):
         relabel_ranks(synthesize("stragglar", 4), mapping)  # type: ignore[arg-type]
+
+
+def test_numpy_integers_in_a_schedule_are_plain_ints(tmp_path: Path) -> None:
+    """A header or phase of NumPy integers was proved, then refused by the writer, and
+    fingerprinted apart from its equal."""
+    import numpy as np
+
+    from stragglar.verify import prove
+
+    ref = synthesize("stragglar", 4)
+    phases = tuple(replace(p, ranks=tuple(np.int64(r) for r in p.ranks)) for p in ref.phases)
+    s = Schedule(ref.algorithm, np.int64(4), np.int32(3), np.int64(3), phases)
+    assert all(type(x) is int for x in (s.num_ranks, s.num_chunks, s.straggler))
+    assert all(type(r) is int for p in s.phases for r in p.ranks)
+    assert s == ref and s.fingerprint == ref.fingerprint
+    prove(s)
+    schedule_json.write(s, tmp_path / "s.json")
+    assert schedule_json.read(tmp_path / "s.json") == ref
+    with pytest.raises((ArgumentError, InputError)):
+        Schedule(ref.algorithm, True, 3, 3, ref.phases)

@@ -83,7 +83,8 @@ PEER_TIMEOUT = click.option(
     default="60s",
     show_default=True,
     help="Give up on a silent peer after this long: a bound on each wait for a peer, not on the run "
-    "(the z3 commands' --timeout is a budget for the whole search instead).",
+    "(the z3 commands' --timeout is a budget for the whole search instead, 600s by default for "
+    "synth and bound).",
 )
 
 
