@@ -29,9 +29,11 @@ import json
 import os
 import re
 import shutil
+import signal
 import stat
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -66,6 +68,7 @@ MAX_READ_BYTES = 2**30  # the largest schedule stragglar handles is about 400 MB
 _MAX_LINKS = 40  # links followed before giving up, as the kernel does
 _ASCII_NUMBER = re.compile(r"[0-9]+")
 _MAX_DESCRIPTOR = 2**31 - 1  # a C int's largest
+_STOPS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
 _DESCRIPTORS = re.compile(r"/proc/([0-9]+)(?:/task/[0-9]+)?/fd")  # /proc/self/fd and /dev/fd resolve to it
 
 
@@ -294,7 +297,8 @@ def write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     on failure the old file is untouched.  One of this process's descriptors gets ``data``
     written to it instead (:func:`own_descriptor`).  The temporary is locked while it is written:
     one that a writer killed outright left (SIGKILL leaves no chance to remove it) is removed by
-    the next write of the same file (:func:`_abandoned`)."""
+    the next write of the same file (:func:`_abandoned`); SIGTERM and SIGHUP wait until the write
+    is done (:func:`_stops_deferred`)."""
     descriptor = own_descriptor(path)
     if descriptor is not None:
         _write_descriptor(descriptor, data)
@@ -303,6 +307,12 @@ def write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     target = Path(os.path.realpath(path))
     prefix = f".{target.name}.stragglar-"
     _sweep(target.parent, prefix, folders=False)
+    with _stops_deferred():
+        _replace(path, target, prefix, data)
+
+
+def _replace(path: str | os.PathLike[str], target: Path, prefix: str, data: bytes) -> None:
+    """:func:`write_bytes`'s temporary file and rename."""
     try:
         fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=prefix, suffix=".tmp")
     except OSError as e:  # a missing folder, no permission
@@ -321,6 +331,31 @@ def write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         if isinstance(e, OSError):  # a full disk
             raise _as_written(e, path) from None
         raise
+
+
+@contextlib.contextmanager
+def _stops_deferred() -> Iterator[None]:
+    """Hold SIGTERM and SIGHUP until the block ends, then let each take its course (their default
+    ends the process, with 143 or 129, as it would have).
+
+    Ended by either in the middle of a write, a process left its temporary file beside the output
+    until the next write of the same file swept it (the default action runs no ``finally``).  A
+    write is short and bounded by its data, so it finishes first; SIGINT is no stop of this kind:
+    it raises KeyboardInterrupt, which removes the temporary.  Python runs signal handlers in the
+    main thread only, so elsewhere, or where a signal is ignored (``nohup``), nothing is held."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = [s for s in _STOPS if signal.getsignal(s) not in (signal.SIG_IGN, None)]
+    arrived: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, _frame: arrived.append(signum)) for s in held}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        for signum in dict.fromkeys(arrived):
+            signal.raise_signal(signum)
 
 
 @contextlib.contextmanager

@@ -330,3 +330,51 @@ def test_a_killed_launcher_s_folder_is_removed_by_the_next_one(
         with working_folder("stragglar-") as second:
             assert sorted(tmp_path.iterdir()) == sorted([Path(first), Path(second), unlocked_by_design])
     assert sorted(tmp_path.iterdir()) == [unlocked_by_design]
+
+
+STOPPED_WRITER = """
+import os, signal, sys
+from stragglar import files
+
+real_fsync = os.fsync
+def fsync(fd):  # the stop arrives in the middle of the write
+    os.kill(os.getpid(), getattr(signal, sys.argv[2]))
+    real_fsync(fd)
+os.fsync = fsync
+if sys.argv[3] == "raises":  # a handler of the program's own, as the launcher's: it still runs
+    def stop(signum, frame):
+        raise SystemExit(f"stopped by {signal.Signals(signum).name}")
+    signal.signal(getattr(signal, sys.argv[2]), stop)
+elif sys.argv[3] == "ignored":  # nohup
+    signal.signal(getattr(signal, sys.argv[2]), signal.SIG_IGN)
+files.write_text(sys.argv[1], "new")
+print("went on")
+"""
+
+
+@pytest.mark.parametrize(
+    ("stop", "handler", "code", "said"),
+    [
+        ("SIGTERM", "default", -15, ""),
+        ("SIGHUP", "default", -1, ""),
+        ("SIGTERM", "raises", 1, "stopped by SIGTERM\n"),
+        ("SIGHUP", "ignored", 0, "went on\n"),
+    ],
+)
+def test_a_writer_stopped_mid_write_finishes_it_and_leaves_no_temporary(
+    tmp_path: Path, stop: str, handler: str, code: int, said: str
+) -> None:
+    """SIGTERM or SIGHUP in the middle of a write ended the process at once and left
+    ``.out.json.stragglar-XXXX.tmp`` beside the output (until the next write of that file swept
+    it): the write now finishes first, then the signal takes its course as it would have."""
+    out = tmp_path / "out.json"
+    out.write_text("old")
+    script = tmp_path / "writer.py"
+    script.write_text(STOPPED_WRITER)
+    done = subprocess.run(
+        [sys.executable, str(script), str(out), stop, handler], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == code, done.stderr
+    assert done.stdout + done.stderr == said
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json", "writer.py"]
+    assert out.read_text() == "new"
