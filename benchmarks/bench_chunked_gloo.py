@@ -41,7 +41,6 @@ as the table's dashes, not the paper's run against itself (a gain of 1.0).
 from __future__ import annotations
 
 import math
-import os
 import statistics
 from dataclasses import asdict, dataclass
 
@@ -60,7 +59,8 @@ from options import (
 from results import save
 
 from stragglar.commands.terminal import busy
-from stragglar.errors import InputError
+from stragglar.errors import InputError, ResourceError
+from stragglar.measure.data import check_host_memory
 from stragglar.measure.links import paced_to
 from stragglar.measure.run import BenchmarkResult, element_count, run_benchmark
 from stragglar.measure.sweep import fit_line, fit_ring
@@ -228,18 +228,12 @@ def table(rows: list[Row], fits: dict[int, Network], link_rate: float | None) ->
 
 def check_sizes(gpus: list[int], sizes: list[int]) -> None:
     """Refuse, before the calibration, a size ``stragglar bench`` would refuse (not a whole
-    number of float32 elements) or one whose buffers cannot fit in this machine's memory even
-    before gloo's and the checks' copies: each of N ranks holds at least its own buffer.
-    99999GiB ran the whole calibration of the smaller sizes, then died in NumPy's allocation."""
+    number of float32 elements) or a run this host cannot hold, as ``bench`` refuses it
+    (:func:`~stragglar.measure.data.check_host_memory`): 99999GiB ran the whole calibration of
+    the smaller sizes, then died in NumPy's allocation."""
     for size in sizes:
         element_count(size, "float32")
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    n, size = max(gpus), max(sizes)
-    if n * size > memory:
-        raise InputError(
-            f"{n} ranks x {size / 2**30:,.6g} GiB is more than this machine's {memory / 2**30:,.1f} GiB "
-            "of memory: give smaller --sizes or fewer --gpus"
-        )
+    check_host_memory(max(gpus), element_count(max(sizes), "float32"), "float32")
 
 
 def main() -> None:
@@ -282,7 +276,7 @@ def main() -> None:
         parser.error("--fit-sizes: the Ring model's two figures need two sizes or more")
     try:
         check_sizes(args.gpus, [*args.sizes, *args.fit_sizes])
-    except InputError as e:
+    except (InputError, ResourceError) as e:
         parser.error(str(e))
     rows: list[Row] = []
     fits: dict[int, Network] = {}

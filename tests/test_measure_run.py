@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from cli_results import one_error, run
 
-from stragglar.errors import InputError
+from stragglar.errors import InputError, ResourceError
 from stragglar.formats import schedule_json as json_format
 from stragglar.measure.run import run_benchmark
 from stragglar.measure.sweep import sweep
@@ -559,3 +559,53 @@ def test_cli_run_device_asks_the_nccl_ranks_for_the_device_engine(monkeypatch: p
     assert one_error(refused, 2).endswith(
         "--no-graphs does not apply: CUDA graphs replay the nccl and cupy backends' rounds, not device's"
     )
+
+
+def test_a_run_this_host_cannot_hold_is_refused_before_anything_is_allocated(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``stragglar run --size 64GiB --gpus 4`` forked its ranks, which filled the memory together
+    until the kernel's OOM killer ended one (or another program): about 5.5x a buffer per rank is
+    estimated and refused (exit 3) before any rank starts or any data is made, in a sweep before
+    its first setting."""
+    import stragglar.measure.data as data
+    import stragglar.measure.run as run_module
+    import stragglar.measure.sweep as sweep_module
+
+    monkeypatch.setattr(data, "available_memory", lambda: 100 * 2**20)
+
+    def started(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a run started")
+
+    monkeypatch.setattr(run_module, "in_process_figures", started)
+    monkeypatch.setattr(sweep_module, "run_benchmark", started)
+    with pytest.raises(ResourceError) as refused:
+        run_benchmark("local", 4, 16 * 2**20)
+    assert str(refused.value) == (
+        "out of memory: 4 ranks of 16 MiB (float32) need about 0.3 GiB of host memory, and 0.1 GiB "
+        "is available: give a smaller size or fewer GPUs"
+    )
+    with pytest.raises(ResourceError, match=r"8 ranks of 8 MiB \(float64\) need about 0.3 GiB"):
+        sweep("local", [2, 8], [1024, 8 * 2**20], [0.0], dtype="float64")
+    monkeypatch.undo()
+    assert run_benchmark("local", 4, 4096, iters=1).num_ranks == 4  # what fits still runs
+
+
+def test_the_memory_available_is_the_least_the_host_and_its_container_leave(tmp_path: Path) -> None:
+    """A container's limit counts its page cache as used; the inactive part is given back under
+    pressure, as container runtimes count it."""
+    from stragglar.measure.data import available_memory
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       32000000 kB\nMemAvailable:   20000000 kB\n")
+    cgroup = tmp_path / "cgroup"
+    cgroup.mkdir()
+    assert available_memory(str(meminfo), str(cgroup)) == 20000000 * 1024  # no cgroup files: the host's
+    (cgroup / "memory.max").write_text("max\n")
+    (cgroup / "memory.current").write_text(f"{6 * 2**30}\n")
+    (cgroup / "memory.stat").write_text(f"anon 123\ninactive_file {2 * 2**30}\nactive_file 5\n")
+    assert available_memory(str(meminfo), str(cgroup)) == 20000000 * 1024  # no limit
+    (cgroup / "memory.max").write_text(f"{8 * 2**30}\n")
+    assert available_memory(str(meminfo), str(cgroup)) == 4 * 2**30  # 8 - 6 + 2 of cache
+    assert available_memory(str(tmp_path / "none"), str(cgroup)) == 4 * 2**30
+    assert available_memory(str(tmp_path / "none"), str(tmp_path / "none")) is None

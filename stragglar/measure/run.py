@@ -21,7 +21,7 @@ import numpy as np
 
 from stragglar.args import MAX_DELAY, as_flag, as_int, as_rank, as_seconds
 from stragglar.errors import InputError, described
-from stragglar.measure.data import ITEMSIZE
+from stragglar.measure.data import ITEMSIZE, check_host_memory
 from stragglar.measure.gpus import check_cuda, sharing_note
 from stragglar.measure.links import check_link_rate, paced_to
 from stragglar.measure.run_in_process import in_process_figures
@@ -308,6 +308,7 @@ def run_benchmark(
     if late_rank is None:  # the first schedule's; the baseline alone waits for the last rank, as Ring's would
         late_rank = proofs[0].schedule.late_rank if proofs else num_ranks - 1
     count = element_count(size_bytes, dtype)
+    check_host_memory(num_ranks, count, dtype)
     if backend in _ENGINES:
         from stragglar.measure.run_torch import torch_figures
 

@@ -31,6 +31,7 @@ import numpy as np
 
 from stragglar.args import MAX_DELAY, as_seconds
 from stragglar.errors import InputError
+from stragglar.measure.data import check_host_memory
 from stragglar.measure.gpus import sharing_note
 from stragglar.measure.links import paced_to
 from stragglar.measure.run import (
@@ -223,6 +224,7 @@ def sweep(
         as_seconds(delay, "delay", maximum=MAX_DELAY)
     for size in sizes:
         element_count(size, dtype)
+    check_host_memory(max(gpus), element_count(max(sizes), dtype), dtype)  # the largest run, before any
     if chunks is not None:
         counts = {key: chunks(*key) for key in grid}
         for (n, _, _), c in counts.items():
