@@ -125,9 +125,12 @@ def allreduce(
     channel's setup changes (:mod:`stragglar.runtime.channels`); a channel that repeats one setup
     checks once.  ``lockstep=True`` is for callers that guarantee every rank makes the same calls on
     the group in the same order (the DDP hook): a setup is then checked once per group however
-    setups alternate.  Raises :class:`~stragglar.runtime.RankError` when a peer dies or does not
-    answer within ``timeout`` seconds (at most a day; ``timeout`` plus ``straggler_delay`` for a wait
-    that may include the late rank's delay; None: stragglar sets no bound of its own, and the
+    setups alternate, and the guarantee is the caller's, as it is for NCCL's collectives: ranks
+    that break it with setups each checked before (one brings float32 where another brings int32)
+    are not told apart, and sum mixed buffers, or gloo ends the process where their sizes differ.
+    Raises :class:`~stragglar.runtime.RankError` when a peer dies or does not answer within
+    ``timeout`` seconds (at most a day; ``timeout`` plus ``straggler_delay`` for a wait that may
+    include the late rank's delay; None: stragglar sets no bound of its own, and the
     group's own timeout, or the device engine's day, ends a wait), and
     :class:`~stragglar.runtime.ArgumentError` (a TypeError) or ``InputError`` for bad arguments.
     Options that do not fit are refused at once; what only this rank's data brings (a buffer it
