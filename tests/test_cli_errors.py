@@ -760,3 +760,37 @@ def test_a_file_name_with_a_line_break_stays_on_the_line_verify_prints(tmp_path:
     table = run("prove-all", str(path))  # its row named the file raw, split in two lines
     assert table.exit_code == 0 and "bad\\nname.json" in table.stdout, table.stdout
     assert not any(line.startswith("name.json") for line in table.stdout.splitlines()), table.stdout
+
+
+INTERRUPTED_WHILE_LOADING = """
+import importlib.abc, runpy, sys
+from importlib.metadata import entry_points
+
+class CtrlC(importlib.abc.MetaPathFinder):  # Ctrl-C arrives while {module} loads
+    def find_spec(self, name, path=None, target=None):
+        if name == "{module}":
+            raise KeyboardInterrupt
+        return None
+
+sys.meta_path.insert(0, CtrlC())
+if sys.argv[1] == "script":  # what the console script does: load the entry point, call it
+    sys.argv[1:] = ["synth", "--gpus", "4"]
+    (command,) = entry_points(group="console_scripts", name="stragglar")
+    sys.exit(command.load()())
+sys.argv[1:] = ["synth", "--gpus", "4"]
+runpy.run_module("stragglar", run_name="__main__", alter_sys=True)  # python -m stragglar
+"""
+
+
+@pytest.mark.parametrize("module", ["click", "stragglar.schedule", "stragglar.commands"])
+@pytest.mark.parametrize("how", ["script", "module"])
+def test_ctrl_c_while_the_command_loads_is_aborted_not_a_traceback(how: str, module: str) -> None:
+    """Ctrl-C in the first tenth of a second (the command's modules loading) printed a traceback
+    from the middle of an import: it ends the command as Ctrl-C does later."""
+    done = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED_WHILE_LOADING.format(module=module), how],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (130, "", "Aborted!\n")
