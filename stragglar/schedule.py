@@ -343,10 +343,11 @@ def round_lower_bound(num_ranks: int, num_chunks: int | None = None) -> int:
     >>> [round_lower_bound(n) for n in (2, 3, 4, 6, 8)], round_lower_bound(8, 32)
     ([1, 3, 4, 7, 9], 34)
     """
-    if num_ranks < 2:
-        raise InputError(f"StragglAR needs at least 2 GPUs, got {num_ranks}")
-    chunks = num_ranks - 1 if num_chunks is None else num_chunks
-    return chunks + max(1, (num_ranks - 1).bit_length()) - 1
+    n = as_int(num_ranks, "num_ranks")  # None was a TypeError on '<', NaN had no bit_length
+    if n < 2:
+        raise InputError(f"StragglAR needs at least 2 GPUs, got {n}")
+    chunks = n - 1 if num_chunks is None else as_int(num_chunks, "num_chunks", minimum=1)
+    return chunks + max(1, (n - 1).bit_length()) - 1
 
 
 _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.+-]")

@@ -15,16 +15,22 @@ from stragglar import msccl, mscclpp
 from stragglar.errors import ArgumentError, InputError
 from stragglar.formats import schedule_json
 from stragglar.model import (
+    AUTO,
+    best_chunks,
+    chunk_candidates,
     chunked_loads,
     compare,
     compare_generated,
     critical_delay,
     estimate,
+    generated_profile,
     profile,
+    ranked_chunks,
+    resolve_chunks,
     schedule_name,
 )
 from stragglar.model.cost import PAPER_NETWORK
-from stragglar.schedule import Op, Phase, Schedule, Transfer, move_straggler, relabel_ranks
+from stragglar.schedule import Op, Phase, Schedule, Transfer, move_straggler, relabel_ranks, round_lower_bound
 from stragglar.synth import (
     Request,
     check_request,
@@ -166,6 +172,10 @@ def test_a_header_no_writer_can_name_is_refused_before_the_proof(schedule: Sched
         (lambda: rhd_allreduce(cast(int, 4.0)), ArgumentError, "num_ranks must be an integer, got 4.0"),
         (lambda: direct_allreduce(-1), InputError, "need 2 to 2048 GPUs, got -1"),  # made a -1-rank schedule
         (lambda: stragglar_allreduce(8, num_chunks=3), InputError, "StragglAR needs at least N - 1 = 7"),
+        # a TypeError on '<', and "'float' object has no attribute 'bit_length'"
+        (lambda: round_lower_bound(cast(int, None)), ArgumentError, "num_ranks must be an integer, got None"),
+        (lambda: round_lower_bound(cast(int, float("nan"))), ArgumentError, "num_ranks must be an integer"),
+        (lambda: round_lower_bound(8, cast(int, 1.5)), ArgumentError, "num_chunks must be an integer"),
         (lambda: move_straggler(cast(Schedule, None), 1), ArgumentError, "expected a Schedule, got NoneType"),
         (lambda: relabel_ranks(cast(Schedule, None), [0, 1]), ArgumentError, "expected a Schedule"),
         (
@@ -246,3 +256,74 @@ def test_a_checked_request_is_generated_as_it_is_and_a_changed_one_checked_again
         generate(dataclasses.replace(checked, chunks=3))  # its seal does not travel with replace
     with pytest.raises(ArgumentError, match="with_chunks takes a checked request"):
         Request("stragglar", 8, None, None, "construct").with_chunks(8)
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"),
+    [
+        # no count fit under the schedule limits at 2**63 GPUs: best_chunks' ranked[0] was an IndexError
+        (lambda: best_chunks(2**63, 2**30, 0.0), InputError, "need 2 to 2048 GPUs, got 9223372036854775808"),
+        (lambda: chunk_candidates(4096, 2**30), InputError, "need 2 to 2048 GPUs, got 4096"),
+        # each an AttributeError ('NoneType' object has no attribute 'alpha')
+        (lambda: best_chunks(8, 2**30, 0.0, cast(Any, None)), ArgumentError, "network must be a Network"),
+        (lambda: ranked_chunks(8, 2**30, 0.0, cast(Any, 1.5)), ArgumentError, "network must be a Network"),
+        (
+            lambda: resolve_chunks(AUTO, 8, 2**30, 0.0, cast(Any, True)),
+            ArgumentError,
+            "network must be a Network, got bool",
+        ),
+        # a TypeError of max(None, 0.0)
+        (
+            lambda: resolve_chunks(AUTO, 8, 2**30, cast(Any, None), PAPER_NETWORK),
+            ArgumentError,
+            "the straggler delay must be a number of seconds, got None",
+        ),
+        # a TypeError on '<', numpy's UFuncTypeError, "can only concatenate list"
+        (lambda: chunked_loads(2, cast(Any, None)), ArgumentError, "num_chunks must be an integer, got None"),
+        (lambda: chunked_loads(2, cast(Any, "3")), ArgumentError, "num_chunks must be an integer, got '3'"),
+        (lambda: chunked_loads(2, cast(Any, [])), ArgumentError, "num_chunks must be an integer, got []"),
+        (
+            lambda: chunked_loads(2, np.array([1.5])),
+            ArgumentError,
+            "num_chunks must be integers, got an array of float64",
+        ),
+        # the cache's "unhashable type: 'list'"
+        (
+            lambda: generated_profile(cast(Any, []), 4),
+            ArgumentError,
+            "algorithm must be a name (a str), got []",
+        ),
+        (
+            lambda: generated_profile("ring", cast(Any, [])),
+            ArgumentError,
+            "num_ranks must be an integer, got []",
+        ),
+        # "'NoneType' object is not iterable", "unhashable type: 'list'"
+        (
+            lambda: compare_generated(4, 2**20, 0.0, algorithms=cast(Any, None)),
+            ArgumentError,
+            "algorithms must be a list of names (each a str), got None",
+        ),
+        (
+            lambda: compare_generated(4, 2**20, 0.0, algorithms=cast(Any, [["ring"]])),
+            ArgumentError,
+            "algorithms must be a list of names (each a str), got [['ring']]",
+        ),
+    ],
+)
+def test_the_chunk_choice_and_the_generated_profiles_refuse_in_one_line(
+    call: Any, error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error) as info:
+        call()
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_chunked_loads_and_compare_generated_still_take_what_they_took() -> None:
+    hidden, moved, exposed, _ = chunked_loads(8, np.array([7, 9], dtype=np.int64))
+    assert (hidden, moved.tolist(), exposed.tolist()) == (6, [6, 12], [9, 11])
+    assert chunked_loads(8, np.int64(7)) == (6, 6, 9, 9)
+    names = [
+        e.algorithm for e in compare_generated(4, 2**20, 0.0, algorithms=cast(Any, {"direct"})).estimates
+    ]
+    assert names == ["ring", "direct"]

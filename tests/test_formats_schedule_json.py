@@ -11,14 +11,16 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schedule_documents import SCHEDULES, SCHEMA, VALIDATOR, at, ring2, same, stragglar4, valid_doc
 
 import stragglar.formats
-from stragglar.errors import ArgumentError
+from stragglar.errors import ArgumentError, InputError
 from stragglar.formats.schedule_json import (
+    MAX_INDENT,
     ScheduleFormatError,
     dumps,
     from_document,
@@ -100,14 +102,31 @@ def test_dumps_is_compact_by_default_and_indents_on_request() -> None:
     assert json.loads(pretty) == json.loads(compact)
 
 
-@pytest.mark.parametrize(("indent", "said"), [(True, "True"), (-1, "-1"), ("  ", "'  '"), (1.5, "1.5")])
+@pytest.mark.parametrize(("indent", "said"), [(True, "True"), ("  ", "'  '"), (1.5, "1.5")])
 def test_dumps_refuses_an_indent_that_is_not_a_count_of_spaces(indent: object, said: str) -> None:
     """json.dumps would indent by 1 for True and by the string itself for a string."""
     with pytest.raises(
-        ArgumentError, match=rf"^indent must be None or a count of spaces >= 0, got {re.escape(said)}$"
+        ArgumentError, match=rf"^indent must be None or a count of spaces, got {re.escape(said)}$"
     ):
         dumps(ring2(), indent=indent)  # type: ignore[arg-type]
     assert dumps(ring2(), indent=0).startswith('{\n"format": "stragglar-schedule",\n')
+
+
+@pytest.mark.parametrize(
+    ("indent", "said"), [(-1, "-1"), (MAX_INDENT + 1, "17"), (10**9, "1000000000"), (10**30, "1" + "0" * 30)]
+)
+def test_dumps_refuses_an_indent_out_of_bounds_before_it_builds_anything(indent: int, said: str) -> None:
+    """10**9 spaces a level built gigabytes of text (a MemoryError, or minutes), 10**30 was
+    json's OverflowError."""
+    with pytest.raises(
+        InputError, match=f"^indent (must be from 0 to {MAX_INDENT} spaces|must fit in 64 bits), got {said}"
+    ):
+        dumps(ring2(), indent=indent)
+
+
+def test_dumps_takes_any_integral_indent_up_to_the_bound() -> None:
+    assert dumps(ring2(), indent=np.int64(2)) == dumps(ring2(), indent=2)
+    assert json.loads(dumps(ring2(), indent=MAX_INDENT)) == json.loads(dumps(ring2()))
 
 
 @pytest.mark.parametrize("path", [None, 3, b"s.json"])

@@ -131,7 +131,7 @@ def test_critical_delay_of_two_hidden_phases() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"size_bytes": 0, "delay": 0.0}, "buffer size must be > 0"),
+        ({"size_bytes": 0, "delay": 0.0}, "buffer size must be at least 1 byte and at most 1 EiB, got 0$"),
         ({"size_bytes": GIB, "delay": -1.0}, "delay must be >= 0"),
     ],
 )
@@ -143,9 +143,9 @@ def test_bad_settings_are_refused(kwargs: dict[str, float], message: str) -> Non
 @pytest.mark.parametrize(
     ("alpha", "bandwidth", "message"),
     [
-        (3e-6, 0.0, "bandwidth must be at least 1 byte/s"),
-        (3e-6, 1e-320, "bandwidth must be at least 1 byte/s"),  # times would overflow to inf, then nan
-        (3e-6, math.inf, "bandwidth must be at least 1 byte/s and finite"),
+        (3e-6, 0.0, "bandwidth must be at least 1 B/s and at most 1 EiB/s, got 0.0$"),
+        (3e-6, 1e-320, "bandwidth must be at least 1 B/s"),  # times would overflow to inf, then nan
+        (3e-6, math.inf, "bandwidth must be at least 1 B/s and at most 1 EiB/s, got inf$"),
         (math.inf, 1e9, "alpha must be a finite number"),
         (-1e-6, 1e9, "alpha must be a finite number of seconds >= 0"),
         ("3us", 1e9, r"^alpha must be a number, got '3us' \(str\)$"),  # a raw TypeError on '<='
@@ -199,7 +199,7 @@ def test_cost_uses_alpha_and_bandwidth() -> None:
             "a bandwidth must be at least 1 B/s",
         ),
         (["--gpus", "8", "--bandwidth", "50"], "'50' needs a unit per second, e.g. 50GB/s"),
-        (["--gpus", "8", "--size", "0"], "buffer size must be > 0"),
+        (["--gpus", "8", "--size", "0"], "buffer size must be at least 1 byte"),
         (["--gpus", "8", "--alpha", "soon"], "expected a duration like 20ms"),
         (["--gpus", "8", "--alpha", "5"], "'5' needs a unit: write 5ms or 5s"),
         (["--gpus", "8", "--delay", "nan"], "expected a duration like 20ms"),
@@ -434,3 +434,53 @@ def test_a_name_with_dollar_signs_is_drawn_as_text_not_read_as_math(tmp_path: Pa
     result = run("show", str(path), "--plot", str(out))
     assert result.exit_code == 0 and result.stderr == "", result.output
     assert out.stat().st_size > 0
+
+
+@pytest.mark.parametrize(
+    ("alpha", "bandwidth", "message"),
+    [
+        (
+            1e300,
+            1e9,
+            r"alpha must be a finite number of seconds >= 0 and at most a week \(604,800 s\), got 1e\+300$",
+        ),
+        (3e-6, 1e300, r"bandwidth must be at least 1 B/s and at most 1 EiB/s, got 1e\+300$"),
+    ],
+)
+def test_a_network_past_the_options_bounds_is_refused(alpha: float, bandwidth: float, message: str) -> None:
+    """--alpha and --bandwidth's bounds, a week and an exbibyte a second: alpha 1e300 priced every
+    algorithm at inf s and its speed-up at NaN, and a bandwidth of 1e300 priced a byte in 1e-300 s,
+    where figures run into each other's last bits."""
+    with pytest.raises(InputError, match=message):
+        Network(alpha, bandwidth)
+    assert Network(7 * 24 * 3600, 2**60).alpha == 604800  # the bounds themselves are taken
+
+
+@pytest.mark.parametrize("size", [1e308, 2**60 + 2**10, 0.5, 1e-320])
+def test_a_buffer_past_the_size_options_bounds_is_refused(size: float) -> None:
+    """1e308 bytes priced every algorithm at inf s (a speed-up of NaN); 1e-320 bytes at alpha 0 cost
+    0 s, and the speed-up over it was a ZeroDivisionError."""
+    with pytest.raises(InputError, match=r"^the buffer size must be at least 1 byte and at most 1 EiB, got "):
+        compare_generated(4, size, 0.0, Network(0.0, 1e9))
+
+
+def test_a_delay_far_above_the_tail_keeps_the_tail_exposed() -> None:
+    """``time - delay`` lost a short tail to rounding: a 1-byte buffer an hour late was exposed 0 s
+    by every algorithm, and its speed-up a ZeroDivisionError."""
+    c = compare_generated(8, 1, 3600.0, Network(0.0, 450 * GIB), ("stragglar",))
+    for e in c.estimates:
+        assert e.exposed == e.tail > 0
+    assert c.speedup("stragglar") == pytest.approx(c.get("ring").tail / c.get("stragglar").tail)
+    assert math.isfinite(c.get("stragglar").time)
+
+
+def test_a_schedule_with_no_time_after_the_straggler_has_no_speed_up() -> None:
+    """A hand-made schedule with no round after the straggler joins was a ZeroDivisionError."""
+    from stragglar.model import compare
+    from stragglar.schedule import Schedule
+
+    empty = dataclasses.replace(profile(Schedule("empty", 4, 3, None, ())), num_ranks=4)
+    c = compare([empty, generated_profile("ring", 4)], 2**20, 0.0)
+    with pytest.raises(InputError, match=r"^'empty' takes no time after the straggler arrives: no speed-up"):
+        c.speedup("empty")
+    assert c.speedup("ring") == 1.0

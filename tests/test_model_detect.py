@@ -6,17 +6,21 @@ from __future__ import annotations
 
 import math
 import random
+import re
+from typing import Any, cast
 
 import pytest
 
 from stragglar.errors import ArgumentError, InputError
 from stragglar.model.detect import (
+    MAX_GROUP,
     MIN_FALSE_ALARM,
     Detection,
     Rule,
     fresh,
     last_rank,
     observe,
+    quantile,
     recent_lateness,
 )
 from stragglar.model.policy import latenesses
@@ -207,3 +211,59 @@ def test_one_steps_figures_that_name_no_last_rank_are_refused(figures: list[floa
         last_rank(figures)
     with pytest.raises(InputError, match=r"at least two ranks|finite"):
         latenesses(figures)
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"),
+    [
+        (lambda: quantile([], 0.5), InputError, "a quantile of no values is undefined"),  # IndexError
+        (
+            lambda: quantile([1.0, 2.0], 1.5),
+            InputError,
+            "q must be a share from 0 to 1, got 1.5",
+        ),  # IndexError
+        (lambda: quantile([1.0, 2.0], math.nan), InputError, "q must be a share from 0 to 1, got nan"),
+        (
+            lambda: quantile(cast(Any, None), 0.5),
+            ArgumentError,
+            "quantile's values must be a sequence of numbers",
+        ),
+        (lambda: fresh(cast(Any, None)), ArgumentError, "num_ranks must be an integer, got None"),
+        (lambda: fresh(2**40), InputError, f"num_ranks must be at most {MAX_GROUP:,}"),  # MemoryError
+        (lambda: fresh(10**30), InputError, "num_ranks must fit in 64 bits"),  # OverflowError
+        (lambda: Rule().threshold(-1), InputError, "num_ranks must be at least 1, got -1"),  # domain error
+        (
+            lambda: Rule().fewest_steps(cast(Any, math.inf)),
+            ArgumentError,
+            "num_ranks must be an integer, got inf",
+        ),
+        (lambda: Rule().evidence(1), InputError, "num_ranks must be at least 2, got 1"),  # ZeroDivisionError
+        (lambda: ville(-1, 1e-4), InputError, "num_ranks must be at least 1, got -1"),
+        (
+            lambda: last_rank(cast(Any, None)),
+            ArgumentError,
+            "latenesses must be a sequence of numbers, got None",
+        ),
+        (lambda: latenesses(cast(Any, ["a", "b"])), ArgumentError, "waits must be numbers, got 'a' (str)"),
+        (lambda: observe(Rule(), fresh(2), cast(Any, None)), ArgumentError, "latenesses must be a sequence"),
+        (
+            lambda: observe(cast(Any, None), fresh(2), [0.1, 0.0]),
+            ArgumentError,
+            "observe takes a Rule and a Detection",
+        ),
+        (lambda: lowest_threshold(4, 1e-4, -1.0, -1.0), InputError, "the score must rise at an event"),
+    ],
+)
+def test_the_rule_refuses_a_wrong_argument_in_one_line(
+    call: Any, error: type[Exception], message: str
+) -> None:
+    """Each was Python's own TypeError, IndexError, ValueError, OverflowError, ZeroDivisionError or
+    MemoryError (a plain ValueError, from lowest_threshold)."""
+    with pytest.raises(error, match=re.escape(message)):
+        call()
+
+
+def test_a_quantile_of_an_array_is_taken() -> None:
+    import numpy as np
+
+    assert quantile(cast(Any, np.array([3.0, 1.0, 2.0])), 0.5) == 2.0

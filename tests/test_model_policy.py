@@ -4,7 +4,11 @@ the memory it keeps from step to step."""
 from __future__ import annotations
 
 import math
+from typing import Any, cast
 
+import pytest
+
+from stragglar.errors import ArgumentError, InputError
 from stragglar.model import Network, best_chunks, generated_profile
 from stragglar.model.detect import Rule, fresh, observe
 from stragglar.model.policy import (
@@ -190,3 +194,127 @@ def test_the_auto_policy_takes_a_new_ratio_only_when_a_new_stragglar_timing_arri
     )
     assert third is not None and third.ring == third.ours == Network(1e-4, 1e9)
     assert third.candidate == 3 and given.ratio == 1.0
+
+
+NET = Network(2e-4, 1e9)
+SURE: dict[str, Any] = {
+    "candidate": 1,
+    "lateness": 0.03,
+    "confidence": 1.0,
+    "seen": (0.03,) * 4,
+    "ring": NET,
+    "ours": NET,
+}
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "error", "message"),
+    [
+        # each was bet on: choose returned Choice('stragglar', straggler=...) with it as the straggler
+        ("candidate", -1, InputError, "Outlook.candidate must be at least 0, got -1"),
+        ("candidate", None, ArgumentError, "Outlook.candidate must be an integer, got None"),
+        ("candidate", 1.5, ArgumentError, "Outlook.candidate must be an integer, got 1.5"),
+        ("candidate", True, ArgumentError, "Outlook.candidate must be an integer, got True"),
+        # a NaN compared false with the critical delay, so the bet was taken
+        ("seen", (math.nan,), InputError, "each of Outlook.seen must be a finite number, got nan"),
+        ("seen", (), ArgumentError, "Outlook.seen must be a non-empty sequence"),  # ZeroDivisionError
+        ("seen", None, ArgumentError, "Outlook.seen must be a non-empty sequence"),  # not iterable
+        ("lateness", None, ArgumentError, "Outlook.lateness must be a number of seconds, got None"),
+        ("lateness", math.inf, InputError, "Outlook.lateness must be a finite number, got inf"),
+        ("confidence", 0.0, InputError, r"Outlook.confidence must be in \(0, 1\], got 0.0"),
+        ("ring", [], ArgumentError, "Outlook.ring must be a Network, got list"),  # unhashable, in the cache
+        ("ours", True, ArgumentError, "Outlook.ours must be a Network, got bool"),  # no attribute 'alpha'
+    ],
+)
+def test_an_outlook_no_bet_can_be_taken_on_is_refused(
+    field: str, value: Any, error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=f"^{message}"):
+        Outlook(**{**SURE, field: value})
+
+
+def test_an_outlook_holds_plain_ints_and_a_tuple() -> None:
+    import numpy as np
+
+    o = Outlook(**{**SURE, "candidate": np.int64(1), "seen": [0.03, 0.02]})
+    assert type(o.candidate) is int and o.seen == (0.03, 0.02)
+    assert choose("stragglar", 4, 4 * 2**20, o) == Choice("stragglar", 1)
+
+
+def test_choose_bets_on_no_rank_outside_the_group() -> None:
+    """Rank 5 of 4 GPUs was named the straggler of a StragglAR bucket."""
+    far = Outlook(**{**SURE, "candidate": 5})
+    with pytest.raises(InputError, match=r"^the outlook's candidate must be a rank in 0..3, got 5$"):
+        choose("stragglar", 4, 4 * 2**20, far)
+    assert choose("stragglar", 8, 4 * 2**20, far).straggler == 5  # a rank of 8
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"),
+    [
+        (lambda: choose("stragglar", 4, -1, None), InputError, "size_bytes must be at least 0, got -1"),
+        (
+            lambda: choose("stragglar", 4, cast(Any, 1.5), None),
+            ArgumentError,
+            "size_bytes must be an integer, got 1.5",
+        ),
+        (
+            lambda: choose("stragglar", 4, cast(Any, None), None),
+            ArgumentError,
+            "size_bytes must be an integer",
+        ),
+        (
+            lambda: choose("stragglar", cast(Any, None), 2**20, None),
+            ArgumentError,
+            "num_ranks must be an integer",
+        ),
+        (lambda: choose(cast(Any, ["stragglar"]), 4, 2**20, None), ArgumentError, "algorithm must be a name"),
+        (
+            lambda: choose("stragglar", 4, 2**20, cast(Any, True)),
+            ArgumentError,
+            "choose's step must be an Outlook",
+        ),
+        (
+            lambda: chunk_count(8, 2**30, 0.005, cast(Any, True), "auto"),
+            ArgumentError,
+            "network must be a Network",
+        ),
+        (
+            lambda: chunk_count(8, 2**30, cast(Any, None), NET, "auto"),
+            ArgumentError,
+            "delay must be a number",
+        ),
+        (
+            lambda: critical_delay_for("stragglar", 4, 2**20, cast(Any, []), NET),
+            ArgumentError,
+            "ours must be a Network",
+        ),
+        (
+            lambda: critical_delay_for("stragglar", 4, cast(Any, []), NET, NET),
+            ArgumentError,
+            "size_bytes must be an",
+        ),
+        (lambda: scaled(NET, 0), InputError, "ratio must be a finite number above 0, got 0"),
+        (lambda: scaled(NET, cast(Any, None)), ArgumentError, "ratio must be a number"),
+    ],
+)
+def test_the_policy_refuses_a_wrong_argument_in_one_line(
+    call: Any, error: type[Exception], message: str
+) -> None:
+    """Each was a TypeError, AttributeError or ZeroDivisionError from inside (a list reached the
+    caches as "unhashable type"), or (a bucket of -1 or 1.5 bytes) a decision taken on it."""
+    with pytest.raises(error, match=message):
+        call()
+
+
+def test_an_empty_bucket_is_left_to_the_engine() -> None:
+    assert choose("stragglar", 4, 0, Outlook(**SURE)) == Choice("allreduce")
+
+
+def test_a_fit_outside_what_the_model_prices_is_no_fit() -> None:
+    """Times that did not grow with the size fitted a bandwidth past an exbibyte a second, which the
+    Network refuses: the fit is none, as with too few timings, not an error in the middle of a run."""
+    flat = [(2**20, 0, 1e-3), (2**26, 0, 1e-3 + 1e-12)] * RUNS  # 1e20 B/s: the bandwidth alone instead
+    fitted = fit_network("ring", 4, flat)
+    assert fitted is not None and fitted.alpha == 0.0 and fitted.bandwidth < 1e11
+    assert fit_network("ring", 4, [(2**20, 0, 1e-300)] * RUNS) is None  # 1e306 B/s

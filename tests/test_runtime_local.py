@@ -406,6 +406,8 @@ def test_sweep_table_says_when_the_ring_fit_failed() -> None:
 
     assert fit_ring(4, [(2**20, 0.5), (2**24, 0.1)]) is None  # faster when bigger: no network
     assert fit_ring(4, [(2**20, 0.5)]) is None
+    # times that barely grew: 2e19 B/s, past what the model prices (the Network raised InputError)
+    assert fit_ring(4, [(2**20, 1e-3), (2**24, 1e-3 + 1e-12)]) is None
     row = Setting(4, 2**20, 0.05, 0.08, 0.1, 1.25, 1.1, 1.4, None)
     table = SweepResult(
         "torch", "stragglar", "gloo all_reduce", "float32", 3, (row,), {4: None}, "2026-11-22", "x86_64"
@@ -432,6 +434,25 @@ def test_the_late_ranks_wait_is_no_system_call_once_its_time_has_passed(
     assert slept == []
     sleep_until(time.perf_counter() + 0.5)
     assert len(slept) == 1 and 0.4 < slept[0] <= 0.5
+
+
+def test_poll_refuses_a_nan_timeout_that_no_wait_ever_passes() -> None:
+    """``waited > nan`` is never true: poll looked forever (here: until ready's 1000th look)."""
+    from stragglar.runtime import poll
+
+    looks: list[None] = []
+
+    def never() -> bool:
+        looks.append(None)
+        if len(looks) > 1000:
+            raise RuntimeError("poll looked 1000 times at a wait with a NaN timeout")
+        return False
+
+    with pytest.raises(InputError, match=r"^timeout must be a number of seconds or None, got nan$"):
+        poll(never, float("nan"))
+    assert looks == []
+    assert poll(never, -1.0) is False and looks == [None]  # a deadline passed: one look
+    assert poll(lambda: True, None)
 
 
 def test_a_tensor_over_read_only_memory_is_refused_not_written(tmp_path: Any) -> None:

@@ -32,10 +32,12 @@ True
 from __future__ import annotations
 
 import json
+import numbers
 import os
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
+from stragglar.args import as_int
 from stragglar.errors import ArgumentError, InputError, described
 from stragglar.files import json_complaint, lone_surrogate, read_text, write_text
 from stragglar.formats.schedule_document import (
@@ -58,6 +60,7 @@ __all__ = [
     "FORMAT",
     "MAX_CONTAINERS",
     "MAX_IDLE_ROUNDS",
+    "MAX_INDENT",
     "VERSION",
     "ScheduleFormatError",
     "dumps",
@@ -71,6 +74,7 @@ __all__ = [
     "write",
 ]
 
+MAX_INDENT = 16  # spaces a level: the text grows by the indent on every line, so it is bounded
 _COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
@@ -95,11 +99,17 @@ def pieces(schedule: Schedule) -> Iterator[str]:
 
 
 def dumps(schedule: Schedule, *, indent: int | None = None) -> str:
-    """The JSON text of ``schedule``: deterministic, compact unless ``indent`` (spaces a level) is
-    given."""
-    if indent is not None and (isinstance(indent, bool) or not isinstance(indent, int) or indent < 0):
-        # json.dumps would take True as 1 and a string as the indent's text
-        raise ArgumentError(f"indent must be None or a count of spaces >= 0, got {described(indent)}")
+    """The JSON text of ``schedule``: deterministic, compact unless ``indent`` (spaces a level, at
+    most :data:`MAX_INDENT`) is given."""
+    if indent is not None:
+        if isinstance(indent, bool) or not isinstance(indent, numbers.Integral):
+            # json.dumps would take True as 1 and a string as the indent's text
+            raise ArgumentError(f"indent must be None or a count of spaces, got {described(indent)}")
+        indent = as_int(indent, "indent")
+        if (
+            not 0 <= indent <= MAX_INDENT
+        ):  # each line repeats it: 10**9 spaces built gigabytes, 10**30 overflowed
+            raise InputError(f"indent must be from 0 to {MAX_INDENT} spaces, got {described(indent)}")
     if indent is None:
         return "".join(pieces(schedule))
     return json.dumps(

@@ -45,6 +45,7 @@ from stragglar.measure.run import (
     run_benchmark,
 )
 from stragglar.model import Network, compare_generated, generated_profile
+from stragglar.model.cost import fitted_network
 from stragglar.synth import check_request
 from stragglar.units import format_bytes
 
@@ -181,7 +182,7 @@ def fit_ring(num_ranks: int, points: Sequence[tuple[int, float]]) -> Network | N
     n = num_ranks
     a = np.array([[2 * (n - 1), 2 * (n - 1) / n * size] for size, _ in points])
     (alpha, beta), *_ = np.linalg.lstsq(a, np.array([t for _, t in points]), rcond=None)
-    return Network(max(float(alpha), 0.0), 1.0 / float(beta)) if beta > 0 else None
+    return fitted_network(max(float(alpha), 0.0), 1.0 / float(beta)) if beta > 0 else None
 
 
 ChunkPolicy = Callable[[int, int, float], int | None]

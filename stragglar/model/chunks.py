@@ -22,10 +22,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, TypeVar
 
-from stragglar.args import as_int
-from stragglar.errors import InputError, described
-from stragglar.model.cost import PAPER_NETWORK, Network, check_setting
-from stragglar.schedule import MAX_CELLS, MAX_CHUNKS
+from stragglar.args import as_int, as_real
+from stragglar.errors import ArgumentError, InputError, described
+from stragglar.model.cost import PAPER_NETWORK, Network, check_setting, expect
+from stragglar.schedule import MAX_CELLS, MAX_CHUNKS, check_num_ranks
 
 if TYPE_CHECKING:  # numpy is imported where a count is priced: a command that prices none skips it
     import numpy as np
@@ -72,9 +72,7 @@ def chunk_candidates(
     >>> chunk_candidates(8, 2**30, power_of_two=True), chunk_candidates(8, 2**30, max_chunks=9)
     ([8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096], [7, 8, 9])
     """
-    n = as_int(num_ranks, "num_ranks")
-    if n < 2:
-        raise InputError(f"StragglAR needs at least 2 GPUs, got {n}")
+    n = check_num_ranks(num_ranks)  # 2**63 GPUs left no count under MAX_CELLS: an IndexError in best_chunks
     size_bytes, _ = check_setting(size_bytes, 0.0)
     low = n - 1
     if max_chunks is not None and as_int(max_chunks, "max_chunks") < low:  # not silently N - 1
@@ -109,6 +107,10 @@ def chunked_loads(num_ranks: int, num_chunks: _Count) -> tuple[int, _Count, _Cou
     import numpy as np
 
     num_ranks = as_int(num_ranks, "num_ranks", minimum=2)
+    if not isinstance(num_chunks, np.ndarray):
+        num_chunks = as_int(num_chunks, "num_chunks")  # None: a raw TypeError on '<'
+    elif num_chunks.dtype.kind not in "iu":
+        raise ArgumentError(f"num_chunks must be integers, got an array of {num_chunks.dtype}")
     if np.any(np.asarray(num_chunks) < num_ranks - 1):
         raise InputError(
             f"StragglAR needs at least N - 1 = {num_ranks - 1} chunks, got {described(num_chunks)}"
@@ -131,8 +133,8 @@ def _prices(
     chunk = size_bytes / chunks
     hidden = hidden_rounds * network.alpha + hidden_chunks * chunk * network.beta
     tail = exposed_rounds * network.alpha + exposed_chunks * chunk * network.beta
-    time: np.ndarray = np.maximum(delay, hidden) + tail  # Estimate.time, less the delay: its exposed
-    return time - delay
+    exposed: np.ndarray = np.maximum(hidden - delay, 0.0) + tail  # as Estimate.exposed sums it
+    return exposed
 
 
 def best_chunks(
@@ -170,6 +172,7 @@ def ranked_chunks(
     """
     import numpy as np
 
+    expect(network, Network, "network")  # None had no attribute 'alpha'
     size_bytes, delay = check_setting(size_bytes, delay)
     counts = chunk_candidates(num_ranks, size_bytes, power_of_two=power_of_two, max_chunks=max_chunks)
     prices = _prices(num_ranks, counts, size_bytes, delay, network)
@@ -216,6 +219,7 @@ def resolve_chunks(
         return as_int(chunks, "chunks", minimum=1)
     if network is None:
         raise InputError("chunks='auto' prices chunk counts on a network, and none is known")
+    late = as_real(delay, "the straggler delay", "seconds")  # None was a TypeError of max()
     return best_chunks(
-        num_ranks, size_bytes, max(delay, 0.0), network, power_of_two=power_of_two, max_chunks=max_chunks
+        num_ranks, size_bytes, max(late, 0.0), network, power_of_two=power_of_two, max_chunks=max_chunks
     )

@@ -47,7 +47,7 @@ from itertools import pairwise
 from stragglar.args import as_real
 from stragglar.errors import ArgumentError, InputError, described
 from stragglar.schedule import Schedule, round_load
-from stragglar.units import MIN_BANDWIDTH, format_bytes, format_seconds
+from stragglar.units import MAX_BYTES, MAX_SECONDS, MIN_BANDWIDTH, format_bytes, format_seconds
 
 __all__ = [
     "PAPER_NETWORK",
@@ -60,6 +60,7 @@ __all__ = [
     "critical_delay",
     "estimate",
     "expect",
+    "fitted_network",
     "profile",
 ]
 
@@ -77,17 +78,37 @@ class Network:
                 raise ArgumentError(
                     f"{name} must be a number, got {described(value)} ({type(value).__name__})"
                 )
-        if not 0 <= self.alpha < math.inf:
-            raise InputError(f"alpha must be a finite number of seconds >= 0, got {self.alpha}")
-        if not MIN_BANDWIDTH <= self.bandwidth < math.inf:  # below it, times overflow to inf and nan
+        # The bounds of --alpha and --bandwidth: past them a round's price overflowed to inf (alpha
+        # 1e300 priced every algorithm at inf s, and their speed-ups NaN), and a beta under 2**-60
+        # rounded sub-byte chunks' prices into each other.
+        if not 0 <= self.alpha <= MAX_SECONDS:
             raise InputError(
-                f"bandwidth must be at least {MIN_BANDWIDTH:g} byte/s and finite, got {self.bandwidth}"
+                f"alpha must be a finite number of seconds >= 0 and at most a week ({MAX_SECONDS:,} s), "
+                f"got {described(self.alpha)}"
+            )
+        if not MIN_BANDWIDTH <= self.bandwidth <= MAX_BYTES:
+            raise InputError(
+                f"bandwidth must be at least {MIN_BANDWIDTH:g} B/s and at most {format_bytes(MAX_BYTES)}/s, "
+                f"got {described(self.bandwidth)}"
             )
 
     @property
     def beta(self) -> float:
         """Seconds per byte."""
         return 1.0 / self.bandwidth
+
+
+def fitted_network(alpha: float, bandwidth: float) -> Network | None:
+    """The network a fit of measured times found, or None where it is outside what the model
+    prices (a bandwidth past an exbibyte a second is a fit of times that did not grow with the
+    size): a caller then has no fit, as with too few timings, rather than an error mid-run.
+
+    >>> fitted_network(1e-3, 1e9), fitted_network(0.0, 1e30)
+    (Network(alpha=0.001, bandwidth=1000000000.0), None)
+    """
+    if not (0 <= alpha <= MAX_SECONDS and MIN_BANDWIDTH <= bandwidth <= MAX_BYTES):
+        return None
+    return Network(alpha, bandwidth)
 
 
 PAPER_NETWORK = Network(alpha=3e-6, bandwidth=450 * 2**30)
@@ -166,21 +187,31 @@ class Estimate:
 
     @property
     def exposed(self) -> float:
-        """Time after the straggler arrives: the tail, plus any hidden work still running then."""
-        return self.time - self.delay
+        """Time after the straggler arrives: the tail, plus any hidden work still running then.
+
+        Summed from its parts, not taken as ``time - delay``: with a delay far above the tail that
+        difference lost the tail to rounding (a 1-byte buffer an hour late was exposed 0 s, and its
+        speed-up a ZeroDivisionError).
+        """
+        return max(self.hidden - self.delay, 0.0) + self.tail
 
 
 def check_setting(size_bytes: float, delay: float) -> tuple[float, float]:
-    """A setting the model prices, checked the same way by every caller: a buffer of a finite
-    number of bytes above 0 and a straggler a finite number of seconds late, at least 0, as
-    floats.  An infinite delay priced every speed-up as NaN, and ``True`` was a 1-byte buffer.
+    """A setting the model prices, checked the same way by every caller: a buffer of 1 byte to
+    :data:`~stragglar.units.MAX_BYTES` (``--size``'s bounds) and a straggler a finite number of
+    seconds late, at least 0, as floats.  An infinite delay priced every speed-up as NaN, and
+    ``True`` was a 1-byte buffer; a buffer of 1e308 bytes cost inf s, and one of 1e-320 bytes 0 s
+    (its speed-up a ZeroDivisionError).
 
     >>> check_setting(2**30, 0)
     (1073741824.0, 0.0)
     """
     size = _finite(size_bytes, "the buffer size", "bytes")
-    if not size > 0:
-        raise InputError(f"the buffer size must be > 0 bytes, got {described(size_bytes)}")
+    if not 1 <= size <= MAX_BYTES:
+        raise InputError(
+            f"the buffer size must be at least 1 byte and at most {format_bytes(MAX_BYTES)}, "
+            f"got {described(size_bytes)}"
+        )
     late = _finite(delay, "the straggler delay", "seconds")
     if not late >= 0:
         raise InputError(f"the straggler delay must be >= 0 seconds, got {described(delay)}")
@@ -272,8 +303,15 @@ class Comparison:
         )
 
     def speedup(self, algorithm: str) -> float:
-        """Ring's exposed time over ``algorithm``'s: above 1 means faster than Ring."""
-        return self.get("ring").exposed / self.get(algorithm).exposed
+        """Ring's exposed time over ``algorithm``'s: above 1 means faster than Ring.  A schedule
+        with no time after the straggler arrives (a hand-made one with no round after it joins)
+        has no speed-up to give: refused, where the division raised ZeroDivisionError."""
+        ours = self.get(algorithm).exposed
+        if ours <= 0:
+            raise InputError(
+                f"{described(algorithm)} takes no time after the straggler arrives: no speed-up over ring"
+            )
+        return self.get("ring").exposed / ours
 
     def critical_delay(self, algorithm: str) -> float | None:
         """See :func:`critical_delay`, against Ring."""

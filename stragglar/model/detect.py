@@ -50,11 +50,13 @@ after its score was last 0, a step at which it was late.
 from __future__ import annotations
 
 import math
+import numbers
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
+from stragglar.args import as_int, as_real
 from stragglar.errors import ArgumentError, InputError, described
 from stragglar.model.threshold import MIN_FALSE_ALARM, lowest_threshold, ville
 
@@ -68,6 +70,7 @@ __all__ = [
     "Rule",
     "event_rank",
     "fresh",
+    "group_size",
     "last_rank",
     "observe",
     "quantile",
@@ -77,6 +80,7 @@ __all__ = [
 FALSE_ALARM = 1e-4  # the probability that a false alarm (a rank named where none is late) begins at a step
 SHARE = 0.75  # the share of steps a persistent straggler is last at, that the test is tuned to find
 WINDOW = 24  # recent steps the lateness figures (and the auto policy's confidence) are taken over
+MAX_GROUP = 2**20  # ranks a state is made for: far past any process group, and 8 MB of scores
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +141,7 @@ class Rule:
         >>> Rule(share=0.2).finds(4), Rule(share=0.2).finds(8)
         (False, True)
         """
-        return self.share * num_ranks > 1
+        return self.share * group_size(num_ranks) > 1
 
     def fewest_steps(self, num_ranks: int) -> int | None:
         """The fewest steps after which a rank can be named among ``num_ranks``: last at every one
@@ -157,7 +161,7 @@ class Rule:
         >>> [round(x, 3) for x in Rule(share=0.75).evidence(4)]
         [1.099, -1.099]
         """
-        chance = 1 / num_ranks
+        chance = 1 / as_int(num_ranks, "num_ranks", minimum=2)  # 1 rank: ZeroDivisionError below
         return math.log(self.share / chance), math.log((1 - self.share) / (1 - chance))
 
 
@@ -174,9 +178,19 @@ class Detection:
     steps: int = 0
 
 
+def group_size(num_ranks: int) -> int:
+    """``num_ranks`` as a count of ranks the rule judges: 1 to :data:`MAX_GROUP` (None was a
+    TypeError from inside, -1 a math domain error, 10**30 an OverflowError, 2**40 a MemoryError)."""
+    n = as_int(num_ranks, "num_ranks", minimum=1)
+    if n > MAX_GROUP:
+        raise InputError(f"num_ranks must be at most {MAX_GROUP:,}, got {n:,}")
+    return n
+
+
 def fresh(num_ranks: int) -> Detection:
     """The state before any step: no evidence, nobody named."""
-    return Detection((0.0,) * num_ranks, (None,) * num_ranks)
+    n = group_size(num_ranks)
+    return Detection((0.0,) * n, (None,) * n)
 
 
 def last_rank(late: Sequence[float]) -> int | None:
@@ -194,10 +208,23 @@ def last_rank(late: Sequence[float]) -> int | None:
 def check_step_figures(figures: Sequence[float] | Sequence[Fraction], what: str) -> None:
     """Refuses a step's figures that name no last rank: fewer than two ranks (nobody to be later
     than), or a figure that is no finite number (a NaN would make the last depend on its place)."""
+    check_numbers(figures, what)
     if len(figures) < 2:
         raise InputError(f"{what} of at least two ranks are needed, got {len(figures)}")
     if not all(math.isfinite(x) for x in figures):
         raise InputError(f"{what} must be finite numbers, got {list(figures)}"[:200])
+
+
+def check_numbers(figures: object, what: str) -> None:
+    """Refuses ``figures`` that are not a sequence of real numbers, in one line: None had no
+    ``len()``, a string's letters failed in ``math.isfinite``."""
+    if isinstance(figures, (str, bytes)) or not hasattr(figures, "__len__"):
+        raise ArgumentError(f"{what} must be a sequence of numbers, got {described(figures)}")
+    for x in figures:  # type: ignore[attr-defined]
+        if type(x) is float:  # the common case, without the ABC check: the hook judges every step
+            continue
+        if isinstance(x, bool) or not isinstance(x, numbers.Real):
+            raise ArgumentError(f"{what} must be numbers, got {described(x)} ({type(x).__name__})")
 
 
 def event_rank(rule: Rule, late: Sequence[float]) -> int | None:
@@ -222,6 +249,11 @@ def observe(rule: Rule, detection: Detection, late: Sequence[float]) -> Detectio
     5 None None
     6 7 3
     """
+    if not isinstance(rule, Rule) or not isinstance(detection, Detection):
+        raise ArgumentError(
+            f"observe takes a Rule and a Detection, got {type(rule).__name__} and {type(detection).__name__}"
+        )
+    check_numbers(late, "latenesses")
     n = len(late)
     if n != len(detection.scores):
         raise InputError(f"{n} latenesses for a state of {len(detection.scores)} ranks: one a rank")
@@ -299,5 +331,10 @@ def quantile(values: Sequence[float], q: float) -> float:
     >>> quantile([3.0, 1.0, 2.0, 4.0], 0.9), quantile([3.0, 1.0, 2.0, 4.0], 0.5)
     (4.0, 2.0)
     """
+    check_numbers(values, "quantile's values")
+    if len(values) == 0:  # was an IndexError (len: an array has no truth value)
+        raise InputError("a quantile of no values is undefined")
+    if not 0 <= as_real(q, "q", "shares") <= 1:  # 1.5 was an IndexError, NaN a ValueError
+        raise InputError(f"q must be a share from 0 to 1, got {described(q)}")
     ordered = sorted(values)
     return ordered[max(0, math.ceil(q * len(ordered)) - 1)]

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -49,10 +50,13 @@ from fractions import Fraction
 from functools import lru_cache
 from typing import TypeVar
 
+from stragglar.args import as_int, as_rank, as_real
+from stragglar.errors import ArgumentError, InputError, described
 from stragglar.model.chunks import AUTO, resolve_chunks
-from stragglar.model.cost import Network, critical_delay, estimate
+from stragglar.model.cost import Network, critical_delay, estimate, expect, fitted_network
 from stragglar.model.detect import Detection, Rule, check_step_figures, event_rank
 from stragglar.model.predict import generated_profile
+from stragglar.synth import check_ranks, check_request
 
 __all__ = [
     "POLICIES",
@@ -112,6 +116,34 @@ class Outlook:
     seen: tuple[float, ...]
     ring: Network | None
     ours: Network | None
+
+    def __post_init__(self) -> None:
+        """Refuse figures no bet can be taken on, in one line: :func:`choose` returned a Choice
+        naming rank -1, 1.5 or None as the straggler, bet on a NaN lateness (it compares false
+        with the critical delay, so it passed), and failed with ZeroDivisionError on an empty
+        record or AttributeError on a network that was not one."""
+        object.__setattr__(self, "candidate", as_int(self.candidate, "Outlook.candidate", minimum=0))
+        _finite(self.lateness, "Outlook.lateness")
+        if not 0 < _finite(self.confidence, "Outlook.confidence") <= 1:
+            raise InputError(f"Outlook.confidence must be in (0, 1], got {described(self.confidence)}")
+        if isinstance(self.seen, (str, bytes)) or not isinstance(self.seen, Sequence) or not self.seen:
+            raise ArgumentError(
+                f"Outlook.seen must be a non-empty sequence of latenesses, got {described(self.seen)}"
+            )
+        object.__setattr__(self, "seen", tuple(self.seen))
+        for lateness in self.seen:
+            _finite(lateness, "each of Outlook.seen")
+        for name, network in (("ring", self.ring), ("ours", self.ours)):
+            if network is not None:
+                expect(network, Network, f"Outlook.{name}")
+
+
+def _finite(value: object, name: str) -> float:
+    """``value`` as a finite number of seconds (or a share), of any sign."""
+    number = as_real(value, name, "seconds")
+    if not math.isfinite(number):
+        raise InputError(f"{name} must be a finite number, got {described(value)}")
+    return number
 
 
 def latenesses(waits: Sequence[_Time]) -> tuple[_Time, ...]:
@@ -235,13 +267,14 @@ def chunk_count(
     >>> chunk_count(8, 2**30, 5e-3, Network(0.0, 1e9), "auto") is None  # no alpha known
     True
     """
+    if network is not None:
+        expect(network, Network, "network")  # True had no attribute 'alpha'
     if chunks == AUTO and network is not None and network.alpha <= 0:
         return None
     num_chunks = resolve_chunks(chunks, num_ranks, size_bytes, delay, network)
     return None if num_chunks == num_ranks - 1 else num_chunks
 
 
-@lru_cache(maxsize=4096)
 def critical_delay_for(
     algorithm: str,
     num_ranks: int,
@@ -261,6 +294,17 @@ def critical_delay_for(
     >>> critical_delay_for("stragglar", 4, 2**24, Network(1e-4, 0.8e9), net) is None
     True
     """
+    expect(ours, Network, "ours")  # checked before the cache, which took a list as "unhashable type"
+    expect(ring, Network, "ring")
+    request = check_request(algorithm, num_ranks, chunks=chunks)
+    size_bytes = as_int(size_bytes, "size_bytes", minimum=1)
+    return _critical_delay_for(request.algorithm, request.num_ranks, size_bytes, ours, ring, request.chunks)
+
+
+@lru_cache(maxsize=4096)
+def _critical_delay_for(
+    algorithm: str, num_ranks: int, size_bytes: int, ours: Network, ring: Network, chunks: int | None
+) -> float | None:
     mine = estimate(generated_profile(algorithm, num_ranks, chunks), size_bytes, 0.0, ours)
     theirs = estimate(generated_profile("ring", num_ranks), size_bytes, 0.0, ring)
     return critical_delay(mine, dataclasses.replace(theirs, tail=theirs.tail * (1 - MARGIN)))
@@ -300,7 +344,12 @@ def choose(
     >>> choose("stragglar", 8, 2**30, sure, chunks="auto")
     Choice(algorithm='stragglar', straggler=2, chunks=38)
     """
-    if step is None or step.ring is None or step.ours is None or size_bytes <= 0:
+    num_ranks = check_ranks(algorithm, num_ranks).num_ranks  # a list was the cache's "unhashable type"
+    size_bytes = as_int(size_bytes, "size_bytes", minimum=0)  # 0: an empty bucket, nothing to bet on
+    if step is not None:
+        expect(step, Outlook, "choose's step")
+        as_rank(step.candidate, "the outlook's candidate", num_ranks)  # 5 of 4 GPUs was bet on
+    if step is None or step.ring is None or step.ours is None or size_bytes == 0:
         return ENGINE
     num_chunks = chunk_count(num_ranks, size_bytes, step.lateness, step.ours, chunks)
     critical = critical_delay_for(algorithm, num_ranks, size_bytes, step.ours, step.ring, num_chunks)
@@ -326,7 +375,8 @@ def hidden_for(algorithm: str, num_ranks: int, size_bytes: int, ours: Network, c
 
 def fit_network(algorithm: str, num_ranks: int, samples: Iterable[Timing]) -> Network | None:
     """Alpha and bandwidth that explain :data:`Timing` s of ``algorithm``'s exposed rounds (all of
-    a Ring's), on its generated schedule for ``num_ranks``; None without enough timings.
+    a Ring's), on its generated schedule for ``num_ranks``; None without enough timings, or where
+    the fit is outside what the model prices (:func:`~stragglar.model.cost.fitted_network`).
 
     Least squares over the sizes' medians (:func:`medians`) when sizes at least a factor 2 apart
     separate alpha from bandwidth; otherwise (DDP's buckets are often all about one size), or
@@ -353,9 +403,10 @@ def fit_network(algorithm: str, num_ranks: int, samples: Iterable[Timing]) -> Ne
         mean_t = sum(t for _, t in points) / len(points)
         beta = sum((b - mean_b) * (t - mean_t) for b, t in points) / sum((b - mean_b) ** 2 for b, _ in points)
         alpha = (mean_t - beta * mean_b) / rounds
-        if beta > 0 and alpha >= 0:
-            return Network(alpha, 1.0 / beta)
-    return Network(0.0, sum(b for b, _ in points) / sum(t for _, t in points))
+        fitted = fitted_network(alpha, 1.0 / beta) if beta > 0 else None
+        if fitted is not None:
+            return fitted
+    return fitted_network(0.0, sum(b for b, _ in points) / sum(t for _, t in points))
 
 
 def cost_ratio(algorithm: str, num_ranks: int, samples: Iterable[Timing], network: Network) -> float | None:
@@ -377,11 +428,14 @@ def cost_ratio(algorithm: str, num_ranks: int, samples: Iterable[Timing], networ
 
 
 def scaled(network: Network, ratio: float) -> Network:
-    """``network`` with every round ``ratio`` times as expensive.
+    """``network`` with every round ``ratio`` (a finite number above 0) times as expensive.
 
     >>> scaled(Network(1e-3, 1e9), 2.0)
     Network(alpha=0.002, bandwidth=500000000.0)
     """
+    expect(network, Network, "scaled's network")
+    if not 0 < as_real(ratio, "ratio", "times") < math.inf:  # 0 was a ZeroDivisionError
+        raise InputError(f"ratio must be a finite number above 0, got {described(ratio)}")
     return Network(network.alpha * ratio, network.bandwidth / ratio)
 
 

@@ -12,7 +12,7 @@ the plots, the measured sweeps and the DDP policy compare like with like.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from functools import lru_cache
 
 from stragglar.errors import ArgumentError, InputError, described
@@ -36,10 +36,19 @@ def schedule_name(schedule: Schedule) -> str:
     return schedule.algorithm if paper else f"{schedule.algorithm} C={schedule.num_chunks}"
 
 
-@lru_cache(maxsize=256)
 def generated_profile(algorithm: str, num_ranks: int, chunks: int | None = None) -> Profile:
     """The profile of ``algorithm``'s generated schedule for ``num_ranks`` ranks (and ``chunks``
-    chunks, StragglAR only), named by :func:`schedule_name`."""
+    chunks, StragglAR only), named by :func:`schedule_name`.
+
+    The request is checked before the cache is asked: a list for a name was the cache's
+    "unhashable type" TypeError, not the generator's one line.
+    """
+    request = check_request(algorithm, num_ranks, chunks=chunks)
+    return _generated_profile(request.algorithm, request.num_ranks, request.chunks)
+
+
+@lru_cache(maxsize=256)
+def _generated_profile(algorithm: str, num_ranks: int, chunks: int | None) -> Profile:
     # Only the profile is kept: paused across synthesis and pricing, the schedule (millions of
     # transfers at N = 2048) is freed before the collector runs again, which otherwise walked all
     # of it once (1.3 s a schedule at 2048 GPUs) on the first allocation after synthesis.
@@ -70,13 +79,18 @@ def compare_generated(
         raise ArgumentError(
             f"algorithms must be a list of names, got {described(algorithms)}: pass [{algorithms!r}]"
         )
-    unknown = set(algorithms) - set(ALGORITHMS)
+    names = tuple(algorithms) if isinstance(algorithms, Iterable) else None
+    if names is None or not all(isinstance(a, str) for a in names):
+        raise ArgumentError(  # None was "not iterable", [["ring"]] "unhashable type", from inside
+            f"algorithms must be a list of names (each a str), got {described(algorithms)}"
+        )
+    unknown = set(names) - set(ALGORITHMS)
     if unknown:
         raise InputError(
             f"unknown algorithm {described(sorted(unknown)[0])} (choose from {', '.join(ALGORITHMS)})"
         )
     check_request("stragglar", num_ranks, chunks=chunks)
-    wanted = {"ring", *algorithms}
+    wanted = {"ring", *names}
     if num_ranks & (num_ranks - 1):
         wanted.discard("rhd")
     profiles = [generated_profile(a, num_ranks) for a in ALGORITHMS if a in wanted]

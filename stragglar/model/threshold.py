@@ -34,6 +34,9 @@ import functools
 import math
 from typing import TYPE_CHECKING
 
+from stragglar.args import as_int, as_real
+from stragglar.errors import InputError, described
+
 if TYPE_CHECKING:  # numpy is imported where a threshold is computed: importing the rule skips it
     import numpy as np
 
@@ -60,7 +63,9 @@ def ville(num_ranks: int, false_alarm: float) -> float:
     >>> round(ville(8, 1e-3), 3)
     8.987
     """
-    return math.log(num_ranks / false_alarm)
+    if not 0 < as_real(false_alarm, "false_alarm", "probability") < 1:  # a math domain error
+        raise InputError(f"false_alarm must be in (0, 1), got {described(false_alarm)}")
+    return math.log(as_int(num_ranks, "num_ranks", minimum=1) / false_alarm)
 
 
 @functools.lru_cache(maxsize=256)
@@ -75,9 +80,9 @@ def lowest_threshold(num_ranks: int, false_alarm: float, up: float, down: float)
     True
     """
     if not (up > 0 > down):
-        raise ValueError(f"the score must rise at an event and fall without one, got {up}, {down}")
+        raise InputError(f"the score must rise at an event and fall without one, got {up}, {down}")
     if not MIN_FALSE_ALARM <= false_alarm < 1:  # below the floor: no bound on the time (NaN too)
-        raise ValueError(f"false_alarm must be in [{MIN_FALSE_ALARM:g}, 1), got {false_alarm}")
+        raise InputError(f"false_alarm must be in [{MIN_FALSE_ALARM:g}, 1), got {false_alarm}")
     step_up = math.ceil(up / GRID + _SLACK)
     step_down = math.ceil(down / GRID + _SLACK)  # towards 0: the grid score stays above the real one
     per_rank = false_alarm / num_ranks

@@ -8,9 +8,13 @@ that runs on any engine compare.  The host waits in two ways: until a moment
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from stragglar.args import as_real
+from stragglar.errors import InputError, described
 
 __all__ = ["POLL", "Timeline", "poll", "sleep_until"]
 
@@ -44,7 +48,13 @@ def poll(ready: Callable[[], bool], timeout: float | None, spin: float = 0.0) ->
     """Look at ``ready()`` until it is true (True) or ``timeout`` seconds have passed (False; None:
     no bound): without sleeping for the first ``spin`` seconds (where the moment it turns true is
     the figure being measured), then every :data:`POLL` seconds, leaving the cores to others.
-    What NCCL's work and CUDA's events offer instead of a wait with a timeout."""
+    What NCCL's work and CUDA's events offer instead of a wait with a timeout.
+
+    A timeout that has passed (0, or below: what is left of a deadline) looks once; a NaN is
+    refused, as no wait ever passed it (it looked forever).
+    """
+    if timeout is not None and not as_real(timeout, "timeout", "seconds") <= math.inf:
+        raise InputError(f"timeout must be a number of seconds or None, got {described(timeout)}")
     begun = time.monotonic()
     while not ready():
         waited = time.monotonic() - begun
