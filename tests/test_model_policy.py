@@ -318,3 +318,18 @@ def test_a_fit_outside_what_the_model_prices_is_no_fit() -> None:
     fitted = fit_network("ring", 4, flat)
     assert fitted is not None and fitted.alpha == 0.0 and fitted.bandwidth < 1e11
     assert fit_network("ring", 4, [(2**20, 0, 1e-300)] * RUNS) is None  # 1e306 B/s
+
+
+def test_a_measured_ratio_that_scales_a_fit_past_the_model_s_bounds_is_no_network() -> None:
+    """A ring fitted near the model's bandwidth bound (1e18 B/s), with StragglAR's rounds measured
+    at a third of its price, was scaled to 3e18 B/s: the Network's InputError in the middle of
+    training.  The policy then has no network for StragglAR, as with too few timings."""
+    ring = [(4 * 10**6, 0, 6e-12)] * RUNS  # N = 4: 6 rounds of a quarter at 1e18 B/s
+    ours = [(3 * 10**6, 0, 4e-12 / 3)] * RUNS  # 4 rounds of a third, at a third of their price
+    policy = AutoPolicy("stragglar")
+    step = policy.judge(
+        4, [(-0.01, 0.02, -0.02, -0.03)], Rule(), fresh(4), 1, {"allreduce": ring, "stragglar": ours}
+    )
+    assert policy.ring is not None and policy.ratio == pytest.approx(1 / 3)
+    assert step is not None and step.ring == policy.ring and step.ours is None
+    assert choose("stragglar", 4, 2**20, step) == Choice("allreduce")

@@ -246,7 +246,9 @@ class AutoPolicy:
         if self.network is None and ring is not None and ours and ours[-1] != self.priced:
             self.priced = ours[-1]
             self.ratio = cost_ratio(self.algorithm, num_ranks, ours, ring) or self.ratio
-        mine = None if ring is None else ring if self.network else scaled(ring, self.ratio)
+        # measured, so possibly past what the model prices (a ring fit near its bound, scaled by a
+        # ratio below 1): no network then, as with too few timings, never an error mid-training
+        mine = None if ring is None else ring if self.network else _scaled_fit(ring, self.ratio)
         return outlook(rule, detection, recent, fixed, ring, mine)
 
 
@@ -425,6 +427,12 @@ def cost_ratio(algorithm: str, num_ranks: int, samples: Iterable[Timing], networ
         prof = generated_profile(algorithm, num_ranks, chunks or None)
         ratios.append(seconds / prof.seconds(prof.exposed, size, network))
     return statistics.median(ratios) if ratios else None
+
+
+def _scaled_fit(network: Network, ratio: float) -> Network | None:
+    """:func:`scaled` of a fitted network by a measured ratio, or None where the result is outside
+    what the model prices (:func:`~stragglar.model.cost.fitted_network`)."""
+    return fitted_network(network.alpha * ratio, network.bandwidth / ratio)
 
 
 def scaled(network: Network, ratio: float) -> Network:
