@@ -74,6 +74,7 @@ def all_reduce(
         try:
             total = future.value()[0]
         except Exception as e:  # a peer died, or its group's own timeout ended the call
+            resources.failed = True
             if roll is not None:  # this rank was in the call: a peer still waiting must not name it
                 roll.mark(call)
             bound = None if buffer.is_cuda else seconds  # on CUDA the process group's bounds it
@@ -86,6 +87,7 @@ def all_reduce(
         return engine.then(averaged)
 
     def late() -> RankError:  # in a thread of its own, the outcome claimed (deadlines.py)
+        resources.failed = True
         absent = (roll.absent(call, seconds) if roll is not None else None) or []
         return named_globally(engine_error(rank, None, seconds, absent), group, absent)
 

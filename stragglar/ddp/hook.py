@@ -16,7 +16,7 @@ from stragglar.ddp.agreement import agree, agree_on_bucket, settings_of
 from stragglar.ddp.judgment import is_world, judge
 from stragglar.ddp.options import check_bucket, check_fresh_trace, check_learned, check_options
 from stragglar.ddp.orders import HostOrder, Order, StreamOrder
-from stragglar.ddp.probe import LateRankProbe, let_go
+from stragglar.ddp.probe import LateRankProbe, end_calls
 from stragglar.ddp.roll_call import RollCall
 from stragglar.ddp.state_parts import Connection, Decision, Learned, ProofKey, Resources
 from stragglar.ddp.worker import CLOSE_WAIT, BucketWorker, Job, Reducer, dedicated_group
@@ -407,7 +407,11 @@ class StragglarState:
         graph holds), the device engine's registrations of its buckets, the probe's last gather
         (gloo aborts the process when a group goes with work in flight), the engine's last
         all_reduces on the host (until gloo's thread has let go of them:
-        :func:`~stragglar.ddp.probe.let_go`) and the trace file.
+        :func:`~stragglar.ddp.probe.let_go`) and the trace file.  A gather or an all_reduce that
+        has not ended by then, or at once after a step failed on this rank (a peer lost: the
+        others may have given theirs up, and these would wait for the group's timeout), is ended
+        by severing its group (:func:`~stragglar.ddp.probe.end_calls`): left to end as the
+        interpreter exits, in gloo's thread, it aborted the process.
 
         It runs by itself when ``torch.distributed.destroy_process_group()`` destroys the groups
         (:mod:`stragglar.runtime.teardown`), so a script that ends as PyTorch's documentation
@@ -415,17 +419,20 @@ class StragglarState:
         (:data:`~stragglar.ddp.worker.CLOSE_WAIT`); a later step starts what it needs again."""
         resources = self.resources
         connection, resources.connection = resources.connection, None
+        failed, resources.failed = resources.failed, False  # a later step starts afresh
         if connection is not None:
             if connection.worker is not None:
                 connection.worker.close()
+                failed = failed or connection.worker.error is not None
             for group in set(connection.reduce.groups):
                 release_graphs(group)
             connection.reduce.close()
             if connection.roll_call is not None:
                 connection.roll_call.close()
         if resources.probe is not None:
-            resources.probe.close(CLOSE_WAIT)
-        let_go(resources.engine_calls, CLOSE_WAIT)  # kept: their works end with the state
+            failed = not resources.probe.close(CLOSE_WAIT, failed) or failed
+        if connection is not None and connection.engine_group is not None:  # else none was made
+            end_calls(resources.engine_calls, connection.engine_group, CLOSE_WAIT, failed)  # kept
         trace, resources.trace = resources.trace, None
         if trace is not None:
             trace.close()

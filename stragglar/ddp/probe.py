@@ -12,6 +12,7 @@ that reduced it (``kind``: an index in :data:`KINDS`, 0 for an empty slot) and i
 from __future__ import annotations
 
 import collections
+import contextlib
 import threading
 import time
 import weakref
@@ -25,7 +26,18 @@ import torch.distributed as dist
 from stragglar.model.policy import ALLREDUCE, STRAGGLAR, Timing, latenesses
 from stragglar.runtime import poll
 
-__all__ = ["KINDS", "SLOTS", "GlooCall", "LateRankProbe", "Stopwatch", "decode", "encode", "let_go"]
+__all__ = [
+    "KINDS",
+    "SLOTS",
+    "GlooCall",
+    "LateRankProbe",
+    "Stopwatch",
+    "decode",
+    "encode",
+    "end_calls",
+    "let_go",
+    "sever",
+]
 
 SLOTS = 8  # bucket timings a rank shares per step: enough sizes to fit alpha and bandwidth
 SAMPLES = 2 * SLOTS  # gathered timings kept per algorithm: its last two steps, so the fits follow
@@ -36,6 +48,8 @@ ROW = 2 + FIELDS * SLOTS
 
 
 GlooCall = tuple[Any, "weakref.ref[Any]"]  # gloo's work, and a weak reference to its Future's callback
+SEVERED_WAIT = 2.0  # seconds to let go of calls whose group was severed: they fail at once
+SEVER_TAG = 0x5E7E  # the hook's gloo groups carry collectives alone: no message ever has this tag
 
 
 def let_go(calls: Sequence[GlooCall], wait: float) -> bool:
@@ -51,6 +65,48 @@ def let_go(calls: Sequence[GlooCall], wait: float) -> bool:
     and keep the works themselves, so that their end comes in a thread of Python's, never in
     gloo's."""
     return poll(lambda: all(work.is_completed() and callback() is None for work, callback in calls), wait)
+
+
+def sever(group: Any) -> None:
+    """Close this rank's connections on the gloo ``group``: its calls still waiting there fail at
+    once, and so do its peers' calls waiting on this rank, as when this process exits.
+
+    gloo ends a call that lost a peer (a dead rank's connection reset) on that connection alone:
+    the call's other peers, alive, are not told, and wait for whatever this rank no longer sends
+    until the group's timeout (the state's, 300 s by default), and this rank's other calls wait
+    on them alike.  Such a call then ended only when another rank exited and closed its sockets,
+    which under a bare ``destroy_process_group()`` was as this rank's interpreter finalized too,
+    and its end in gloo's threads there aborted the process ("terminate called after throwing an
+    instance of 'gloo::IoException'", or "... without an active exception").  gloo offers no
+    abort of a group, but a receive that it times out closes every connection of the group
+    ("Application timeout caused pair closure"): one that no peer ever answers, waited for a
+    millisecond, so severs it."""
+    size = dist.get_world_size(group)
+    if size < 2:
+        return
+    peer = dist.get_global_rank(group, (dist.get_rank(group) + 1) % size)
+    # raises the timeout's error, or a closed connection's where it was severed already
+    with contextlib.suppress(RuntimeError):
+        work = dist.irecv(torch.zeros(1), peer, group=group, tag=SEVER_TAG)
+        if work is not None:  # None only for a rank outside the group, which this is not
+            work.wait(timedelta(milliseconds=1))
+
+
+def end_calls(calls: Sequence[GlooCall], group: Any, wait: float, failed: bool) -> bool:
+    """Let gloo's thread let go of ``calls`` on ``group`` (:func:`let_go`): whether they ended by
+    themselves (False: ``group`` was severed).
+
+    A call that has not ended within ``wait`` seconds, or at once where a call of this rank's
+    ``failed`` already (its peers may have given up theirs), is ended by severing ``group``
+    (:func:`sever`): left in flight, it ended as the interpreter exited, in gloo's thread, and
+    aborted the process.  A healthy end of training waits as long as before: every rank has
+    posted its calls, which complete soon, and a severed group would lose a slow peer's last
+    messages."""
+    if let_go(calls, 0.0 if failed else wait):
+        return True
+    sever(group)
+    let_go(calls, SEVERED_WAIT)
+    return False
 
 
 class Stopwatch(Protocol):
@@ -128,19 +184,21 @@ class LateRankProbe:
         """Whether a posted gather has not been read or closed yet (one always is, in training)."""
         return self._pending is not None
 
-    def close(self, wait: float) -> None:
+    def close(self, wait: float, failed: bool = False) -> bool:
         """Let the last posted gather complete, up to ``wait`` seconds, and drop it once gloo's
-        thread has let go of it (:func:`let_go`; the work is kept until the probe goes).  Training
-        ends with one in flight (each step's is read a step later), and gloo aborts the process
-        when a group is destroyed with work in flight; every rank posted it already, so it
-        completes at once unless a peer died."""
+        thread has let go of it (:func:`end_calls`; the work is kept until the probe goes).
+        Training ends with one in flight (each step's is read a step later), and gloo aborts the
+        process when a group is destroyed with work in flight; every rank posted it already, so
+        it completes at once unless a peer died: then (or at once where a step ``failed`` on this
+        rank) the probe's group is severed, and a later step's gather fails there.  Whether the
+        gather ended by itself (False: its group was severed)."""
         pending, self._pending = self._pending, None
         if pending is None:
-            return
+            return True
         call = pending[3]
         self._closed = call[0]
         del pending  # the callback's last reference is gloo's thread's
-        let_go([call], wait)
+        return end_calls([call], self.group, wait, failed)
 
     def _row(self) -> list[float]:
         with self._lock:

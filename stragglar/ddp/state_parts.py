@@ -88,7 +88,11 @@ class Resources:
     that their works end in a thread of Python's, and waited for at
     :meth:`~stragglar.ddp.StragglarState.close` (:func:`~stragglar.ddp.probe.let_go`).
     ``engine_buckets``: the (bucket, elements, dtype) the engine's all_reduce has met, each checked
-    alike on every rank the first time (:func:`~stragglar.ddp.agreement.agree_on_bucket`)."""
+    alike on every rank the first time (:func:`~stragglar.ddp.agreement.agree_on_bucket`).
+    ``failed``: an all_reduce of the engine failed on this rank (a peer lost, or its deadline
+    passed), so its peers may have given up their calls: ``close`` severs the hook's gloo groups
+    at once instead of waiting for calls no peer will answer
+    (:func:`~stragglar.ddp.probe.end_calls`)."""
 
     proofs: dict[ProofKey, Proof] = field(default_factory=dict)
     probe: LateRankProbe | None = None
@@ -98,3 +102,4 @@ class Resources:
     engine_calls: list[GlooCall] = field(default_factory=list)
     engine_buckets: set[tuple[int, int, torch.dtype]] = field(default_factory=set)
     steps_run: int = 0
+    failed: bool = False
