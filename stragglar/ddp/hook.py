@@ -16,7 +16,7 @@ from stragglar.ddp.agreement import agree, agree_on_bucket, settings_of
 from stragglar.ddp.judgment import is_world, judge
 from stragglar.ddp.options import check_bucket, check_fresh_trace, check_learned, check_options
 from stragglar.ddp.orders import HostOrder, Order, StreamOrder
-from stragglar.ddp.probe import LateRankProbe, end_calls
+from stragglar.ddp.probe import LateRankProbe, end_calls, let_go
 from stragglar.ddp.roll_call import RollCall
 from stragglar.ddp.state_parts import Connection, Decision, Learned, ProofKey, Resources
 from stragglar.ddp.worker import CLOSE_WAIT, BucketWorker, Job, Reducer, dedicated_group
@@ -431,8 +431,10 @@ class StragglarState:
                 connection.roll_call.close()
         if resources.probe is not None:
             failed = not resources.probe.close(CLOSE_WAIT, failed) or failed
-        if connection is not None and connection.engine_group is not None:  # else none was made
+        if connection is not None and connection.engine_group is not None:  # the host's gloo group
             end_calls(resources.engine_calls, connection.engine_group, CLOSE_WAIT, failed)  # kept
+        else:  # on DDP's own group (CUDA's NCCL): waited for, never severed
+            let_go(resources.engine_calls, CLOSE_WAIT)
         trace, resources.trace = resources.trace, None
         if trace is not None:
             trace.close()
