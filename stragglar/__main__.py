@@ -4,8 +4,8 @@ the script is not on PATH.
 Ctrl-C while the command's modules load (a tenth of a second or more on a cold start) raised
 KeyboardInterrupt from the middle of an import, before the command could catch it, and printed a
 traceback: it now ends the command as Ctrl-C does later (``Aborted!``, exit 130).  So this module
-imports nothing of the command's until :func:`main` runs, and ``import stragglar`` loads the
-schedule IR only when a name of it is asked for.
+imports nothing of the command's until :func:`main` runs (before it, only the package's
+``__init__``: the schedule IR, pure Python).
 """
 
 import sys

@@ -782,7 +782,7 @@ runpy.run_module("stragglar", run_name="__main__", alter_sys=True)  # python -m 
 """
 
 
-@pytest.mark.parametrize("module", ["click", "stragglar.schedule", "stragglar.commands"])
+@pytest.mark.parametrize("module", ["click", "stragglar.cli", "stragglar.commands"])
 @pytest.mark.parametrize("how", ["script", "module"])
 def test_ctrl_c_while_the_command_loads_is_aborted_not_a_traceback(how: str, module: str) -> None:
     """Ctrl-C in the first tenth of a second (the command's modules loading) printed a traceback
