@@ -47,6 +47,7 @@ from stragglar.commands.error_lines import PIPE_CLOSED, one_line_errors, quiet_s
 from stragglar.commands.interrupts import stopping_z3
 from stragglar.commands.terminal import command_clock
 from stragglar.errors import InputError, ResourceError, ran_out
+from stragglar.files import stops_wait_for_writes
 from stragglar.version import __version__
 
 if TYPE_CHECKING:
@@ -287,7 +288,8 @@ def main() -> None:
     sys.stdout = whole_writes(sys.stdout)  # a document cut short by its reader is never exit 0
     try:
         try:
-            cli.main(prog_name="stragglar")
+            with stops_wait_for_writes():  # a write stopped half way leaves no temporary
+                cli.main(prog_name="stragglar")
         finally:
             sys.stdout.flush()
     except BrokenPipeError:  # the reader went away as the last output was flushed (`| head`)

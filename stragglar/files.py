@@ -24,6 +24,7 @@ which opening again would truncate (``>>`` lost).  Another process's descriptor 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import errno
 import json
 import os
@@ -59,6 +60,7 @@ __all__ = [
     "read_text",
     "refuse_standard_input",
     "same_file",
+    "stops_wait_for_writes",
     "working_folder",
     "write_bytes",
     "write_text",
@@ -68,6 +70,7 @@ MAX_READ_BYTES = 2**30  # the largest schedule stragglar handles is about 400 MB
 _MAX_LINKS = 40  # links followed before giving up, as the kernel does
 _ASCII_NUMBER = re.compile(r"[0-9]+")
 _MAX_DESCRIPTOR = 2**31 - 1  # a C int's largest
+_HOLD_STOPS = contextvars.ContextVar("stragglar_hold_stops", default=False)
 _STOPS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
 _DESCRIPTORS = re.compile(r"/proc/([0-9]+)(?:/task/[0-9]+)?/fd")  # /proc/self/fd and /dev/fd resolve to it
 
@@ -298,7 +301,7 @@ def write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     written to it instead (:func:`own_descriptor`).  The temporary is locked while it is written:
     one that a writer killed outright left (SIGKILL leaves no chance to remove it) is removed by
     the next write of the same file (:func:`_abandoned`); SIGTERM and SIGHUP wait until the write
-    is done (:func:`_stops_deferred`)."""
+    is done where the command asks it (:func:`stops_wait_for_writes`)."""
     descriptor = own_descriptor(path)
     if descriptor is not None:
         _write_descriptor(descriptor, data)
@@ -334,16 +337,30 @@ def _replace(path: str | os.PathLike[str], target: Path, prefix: str, data: byte
 
 
 @contextlib.contextmanager
-def _stops_deferred() -> Iterator[None]:
-    """Hold SIGTERM and SIGHUP until the block ends, then let each take its course (their default
-    ends the process, with 143 or 129, as it would have).
+def stops_wait_for_writes() -> Iterator[None]:
+    """Within this block (the ``stragglar`` command runs in one), SIGTERM and SIGHUP that arrive
+    while a file is written wait until the write is done, then take their course (their default
+    ends the process, with 143 or 129, as it would have): ended in the middle of a write, the
+    command left its temporary file beside the output until the next write of the same file swept
+    it (the default action runs no ``finally``).  A write is bounded by its data; SIGINT needs no
+    wait, as its KeyboardInterrupt removes the temporary.
 
-    Ended by either in the middle of a write, a process left its temporary file beside the output
-    until the next write of the same file swept it (the default action runs no ``finally``).  A
-    write is short and bounded by its data, so it finishes first; SIGINT is no stop of this kind:
-    it raises KeyboardInterrupt, which removes the temporary.  Python runs signal handlers in the
-    main thread only, so elsewhere, or where a signal is ignored (``nohup``), nothing is held."""
-    if threading.current_thread() is not threading.main_thread():
+    The command's own process only: it sets Python handlers for the length of a write, which in a
+    program of the user's would drop a handler installed from C since Python started (Python's
+    table reads it as the default) and deliver a signal twice to an asyncio loop's handler."""
+    token = _HOLD_STOPS.set(True)
+    try:
+        yield
+    finally:
+        _HOLD_STOPS.reset(token)
+
+
+@contextlib.contextmanager
+def _stops_deferred() -> Iterator[None]:
+    """Hold SIGTERM and SIGHUP for a write where :func:`stops_wait_for_writes` asks it: in the main
+    thread (where Python runs handlers) and where the signal is neither ignored (``nohup``) nor
+    handled from C before Python started."""
+    if not _HOLD_STOPS.get() or threading.current_thread() is not threading.main_thread():
         yield
         return
     held = [s for s in _STOPS if signal.getsignal(s) not in (signal.SIG_IGN, None)]
@@ -352,10 +369,23 @@ def _stops_deferred() -> Iterator[None]:
     try:
         yield
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        _restore(previous)
         for signum in dict.fromkeys(arrived):
             signal.raise_signal(signum)
+
+
+def _restore(handlers: dict[int, Any]) -> None:
+    """Put every handler back, even where a pending signal's handler raises as one is put back
+    (``signal.signal`` runs pending handlers: a KeyboardInterrupt there left the rest holding)."""
+    raised: BaseException | None = None
+    for signum, handler in handlers.items():
+        try:
+            signal.signal(signum, handler)
+        except BaseException as e:  # raised once every handler is back
+            raised = raised or e
+            signal.signal(signum, handler)
+    if raised is not None:
+        raise raised
 
 
 @contextlib.contextmanager

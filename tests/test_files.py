@@ -347,7 +347,8 @@ if sys.argv[3] == "raises":  # a handler of the program's own, as the launcher's
     signal.signal(getattr(signal, sys.argv[2]), stop)
 elif sys.argv[3] == "ignored":  # nohup
     signal.signal(getattr(signal, sys.argv[2]), signal.SIG_IGN)
-files.write_text(sys.argv[1], "new")
+with files.stops_wait_for_writes():  # as the stragglar command runs
+    files.write_text(sys.argv[1], "new")
 print("went on")
 """
 
@@ -378,3 +379,48 @@ def test_a_writer_stopped_mid_write_finishes_it_and_leaves_no_temporary(
     assert done.stdout + done.stderr == said
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json", "writer.py"]
     assert out.read_text() == "new"
+
+
+def test_the_command_s_writes_wait_for_a_stop(tmp_path: Path) -> None:
+    """The ``stragglar`` command asks it: ``synth -o`` stopped by SIGTERM in the middle of its
+    write ends with 143 and the whole file, no temporary."""
+    out = tmp_path / "s.json"
+    code = (
+        "import os, signal, sys\n"
+        "real = os.fsync\n"
+        "os.fsync = lambda fd: (os.kill(os.getpid(), signal.SIGTERM), real(fd))\n"
+        "from stragglar.__main__ import main\n"
+        "main()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, "synth", "--gpus", "4", "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == -15, done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.json"]
+    assert json.loads(out.read_text())["num_ranks"] == 4
+
+
+LIBRARY_WRITER = """
+import faulthandler, os, signal, sys
+from stragglar import files
+
+faulthandler.register(signal.SIGTERM)  # a handler installed from C: Python's table says SIG_DFL
+files.write_text(sys.argv[1], "new")
+os.kill(os.getpid(), signal.SIGTERM)
+print("still here")
+"""
+
+
+def test_a_program_s_own_writes_leave_its_signal_handlers_alone(tmp_path: Path) -> None:
+    """Outside the command, a write sets no handler: holding SIGTERM for every write dropped a
+    handler installed from C since Python started (faulthandler's here), and the program died."""
+    script = tmp_path / "writer.py"
+    script.write_text(LIBRARY_WRITER)
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "out.txt")], capture_output=True, text=True, timeout=60
+    )
+    assert (done.returncode, done.stdout) == (0, "still here\n"), done.stderr
+    assert "Current thread" in done.stderr  # faulthandler answered the signal
