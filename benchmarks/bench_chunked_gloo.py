@@ -60,8 +60,8 @@ from results import save
 
 from stragglar.commands.terminal import busy
 from stragglar.errors import InputError, ResourceError
-from stragglar.measure.data import check_host_memory
 from stragglar.measure.links import paced_to
+from stragglar.measure.memory import check_host_memory
 from stragglar.measure.run import BenchmarkResult, element_count, run_benchmark
 from stragglar.measure.sweep import fit_line, fit_ring
 from stragglar.model import Network, best_chunks, compare_generated
@@ -229,11 +229,11 @@ def table(rows: list[Row], fits: dict[int, Network], link_rate: float | None) ->
 def check_sizes(gpus: list[int], sizes: list[int]) -> None:
     """Refuse, before the calibration, a size ``stragglar bench`` would refuse (not a whole
     number of float32 elements) or a run this host cannot hold, as ``bench`` refuses it
-    (:func:`~stragglar.measure.data.check_host_memory`): 99999GiB ran the whole calibration of
+    (:func:`~stragglar.measure.memory.check_host_memory`): 99999GiB ran the whole calibration of
     the smaller sizes, then died in NumPy's allocation."""
     for size in sizes:
         element_count(size, "float32")
-    check_host_memory(max(gpus), element_count(max(sizes), "float32"), "float32")
+    check_host_memory(max(gpus), element_count(max(sizes), "float32"), "float32", on_host=True)
 
 
 def main() -> None:

@@ -565,14 +565,16 @@ def test_a_run_this_host_cannot_hold_is_refused_before_anything_is_allocated(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """``stragglar run --size 64GiB --gpus 4`` forked its ranks, which filled the memory together
-    until the kernel's OOM killer ended one (or another program): about 5.5x a buffer per rank is
-    estimated and refused (exit 3) before any rank starts or any data is made, in a sweep before
+    until the kernel's OOM killer ended one (or another program): what the run certainly holds at
+    once (each rank's buffer and its copy, and the reference sum) is refused (exit 3) where it is
+    more than the memory available, before any rank starts or any data is made; in a sweep before
     its first setting."""
-    import stragglar.measure.data as data
+    import stragglar.measure.memory as memory
     import stragglar.measure.run as run_module
     import stragglar.measure.sweep as sweep_module
+    from stragglar.measure.run_in_process import in_process_figures
 
-    monkeypatch.setattr(data, "available_memory", lambda: 100 * 2**20)
+    monkeypatch.setattr(memory, "available_memory", lambda: 100 * 2**20)
 
     def started(*args: object, **kwargs: object) -> None:
         raise AssertionError("a run started")
@@ -582,30 +584,70 @@ def test_a_run_this_host_cannot_hold_is_refused_before_anything_is_allocated(
     with pytest.raises(ResourceError) as refused:
         run_benchmark("local", 4, 16 * 2**20)
     assert str(refused.value) == (
-        "out of memory: 4 ranks of 16 MiB (float32) need about 0.3 GiB of host memory, and 0.1 GiB "
-        "is available: give a smaller size or fewer GPUs"
+        "out of memory: 4 ranks of 16 MiB (float32) need at least 160 MiB of host memory (their "
+        "buffers, a copy of each and the reference sum), and 100 MiB is available: give a smaller "
+        "size or fewer GPUs"
     )
-    with pytest.raises(ResourceError, match=r"8 ranks of 8 MiB \(float64\) need about 0.3 GiB"):
+    with pytest.raises(ResourceError, match=r"8 ranks of 8 MiB \(float64\) need at least 136 MiB"):
         sweep("local", [2, 8], [1024, 8 * 2**20], [0.0], dtype="float64")
-    monkeypatch.undo()
-    assert run_benchmark("local", 4, 4096, iters=1).num_ranks == 4  # what fits still runs
+    with pytest.raises(InputError, match="need 2 to"):  # a bad request is said first, as before
+        run_benchmark("local", 1, 16 * 2**20)
+    monkeypatch.setattr(run_module, "in_process_figures", in_process_figures)
+    assert run_benchmark("local", 4, 2**20, iters=1).num_ranks == 4  # 20 MiB: it fits, and runs
 
 
-def test_the_memory_available_is_the_least_the_host_and_its_container_leave(tmp_path: Path) -> None:
-    """A container's limit counts its page cache as used; the inactive part is given back under
-    pressure, as container runtimes count it."""
-    from stragglar.measure.data import available_memory
+@pytest.mark.parametrize(
+    ("backend", "need"),
+    [
+        ("local", 5 * 2**30 // 2),
+        ("torch", 5 * 2**30 // 2),
+        ("nccl", 2**29),
+        ("cupy", 2**29),
+        ("device", 2**29),
+    ],
+)
+def test_what_a_run_certainly_holds_on_the_host_by_backend(backend: str, need: int) -> None:
+    """The GPU backends keep their buffers on the GPU: the host holds the reference sum."""
+    from stragglar.measure.memory import host_bytes
+    from stragglar.measure.run import HOST_BACKENDS
+
+    assert host_bytes(4, 2**26, "float32", on_host=backend in HOST_BACKENDS) == need
+
+
+def test_the_memory_available_is_the_least_the_host_and_its_cgroups_leave(tmp_path: Path) -> None:
+    """Every memory cgroup from this process's up to the root limits it (v2 and v1), each counting
+    its page cache free; a namespace's ``/`` or a path the mount does not show starts at the root."""
+    from stragglar.measure.memory import available_memory
 
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal:       32000000 kB\nMemAvailable:   20000000 kB\n")
-    cgroup = tmp_path / "cgroup"
-    cgroup.mkdir()
-    assert available_memory(str(meminfo), str(cgroup)) == 20000000 * 1024  # no cgroup files: the host's
-    (cgroup / "memory.max").write_text("max\n")
-    (cgroup / "memory.current").write_text(f"{6 * 2**30}\n")
-    (cgroup / "memory.stat").write_text(f"anon 123\ninactive_file {2 * 2**30}\nactive_file 5\n")
-    assert available_memory(str(meminfo), str(cgroup)) == 20000000 * 1024  # no limit
-    (cgroup / "memory.max").write_text(f"{8 * 2**30}\n")
-    assert available_memory(str(meminfo), str(cgroup)) == 4 * 2**30  # 8 - 6 + 2 of cache
-    assert available_memory(str(tmp_path / "none"), str(cgroup)) == 4 * 2**30
-    assert available_memory(str(tmp_path / "none"), str(tmp_path / "none")) is None
+    host = 20000000 * 1024
+    cgroups, root = tmp_path / "cgroup", tmp_path / "sys"
+
+    def limit(folder: Path, names: tuple[str, str, str], cap: str, used: int, cache: int, key: str) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / names[0]).write_text(cap + "\n")
+        (folder / names[1]).write_text(f"{used}\n")
+        (folder / "memory.stat").write_text(f"anon 1\n{key} {cache}\nactive_file 5\n")
+
+    def available() -> int | None:
+        return available_memory(str(meminfo), str(cgroups), str(root))
+
+    assert available() == host  # no cgroup file
+    cgroups.write_text("0::/job/step\n")
+    v2 = ("memory.max", "memory.current", "x")
+    limit(root, v2, "max", 1, 0, "file")
+    limit(root / "job", v2, str(8 * 2**30), 6 * 2**30, 2 * 2**30, "file")  # 8 - 6 + 2 of cache
+    limit(root / "job" / "step", v2, "max", 3 * 2**30, 0, "file")
+    assert available() == 4 * 2**30
+    limit(root / "job" / "step", v2, str(5 * 2**30), 3 * 2**30, 2**30, "file")
+    assert available() == 3 * 2**30  # the step's own limit, tighter than its job's
+    cgroups.write_text("0::/\n")  # a cgroup namespace: its root is the container's cgroup
+    limit(root, v2, str(2**30), 2**29, 0, "file")
+    assert available() == 2**29
+    cgroups.write_text("4:memory:/process_api/x\n2:cpu:/\n")  # v1, as this host's
+    v1 = ("memory.limit_in_bytes", "memory.usage_in_bytes", "x")
+    limit(root / "memory", v1, "9223372036854771712", 1, 0, "total_cache")  # v1's "no limit"
+    limit(root / "memory" / "process_api" / "x", v1, str(16 * 2**30), 15 * 2**30, 2**30, "total_cache")
+    assert available() == 2 * 2**30
+    assert available_memory(str(tmp_path / "none"), str(tmp_path / "none"), str(root)) is None

@@ -28,17 +28,14 @@ mistake and nothing can round:
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from stragglar.errors import IncorrectError, InputError, ResourceError, described
-from stragglar.units import format_bytes
+from stragglar.errors import IncorrectError, InputError, described
 
 __all__ = [
     "CHECK_BLOCK",
@@ -46,12 +43,9 @@ __all__ = [
     "ITEMSIZE",
     "Encoding",
     "WrongResult",
-    "available_memory",
-    "check_host_memory",
     "check_result",
     "encoding",
     "expected",
-    "host_bytes",
     "payload",
     "payloads",
 ]
@@ -220,58 +214,3 @@ def check_result(
             f"wrong result: {what}: rank {rank} has wrong values at {wrong} of {want.size} elements "
             f"(first: element {i} is {value}, expected {want[i]})"
         )
-
-
-def host_bytes(num_ranks: int, count: int, dtype: str) -> int:
-    """The host memory a run of ``num_ranks`` buffers of ``count`` ``dtype`` elements needs, about
-    and on the high side: the reference sum (int64, shared by the ranks), and per rank its data
-    made in float64 and as ``dtype``, the buffer it reduces and the runtime's chunks in flight.
-    Measured peaks (the proportional set sizes of every process, 4 ranks of 256 MiB and 8 of
-    64 MiB, gloo and NumPy, the float dtypes) were 42-74% of it.
-
-    >>> _gib(host_bytes(4, 2**26, "float32"))
-    '5.5 GiB'
-    """
-    return count * 8 + num_ranks * count * (8 + 3 * ITEMSIZE[dtype])
-
-
-def available_memory(meminfo: str = "/proc/meminfo", cgroup: str = "/sys/fs/cgroup") -> int | None:
-    """Bytes of memory this process may still take: Linux's estimate of what can be had without
-    swapping (``MemAvailable``), within what a cgroup v2 limit (a container's) leaves of it; None
-    where neither can be read.  A cgroup's usage counts the page cache, which is given back
-    under pressure: its inactive part is not counted as used, as container runtimes count it."""
-    known = []
-    with contextlib.suppress(OSError, ValueError, IndexError), open(meminfo, encoding="ascii") as info:
-        known += [int(line.split()[1]) * 1024 for line in info if line.startswith("MemAvailable:")]
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        folder = Path(cgroup)
-        limit = (folder / "memory.max").read_text(encoding="ascii").strip()
-        if limit != "max":
-            used = int((folder / "memory.current").read_text(encoding="ascii"))
-            stat = (folder / "memory.stat").read_text(encoding="ascii").split("\n")
-            cache = next((int(line.split()[1]) for line in stat if line.startswith("inactive_file ")), 0)
-            known.append(max(0, int(limit) - used + cache))
-    return min(known) if known else None
-
-
-def check_host_memory(num_ranks: int, count: int, dtype: str, available: int | None = None) -> None:
-    """Refuse, before anything is allocated or any rank started, a run this host cannot hold
-    (:func:`host_bytes` against ``available``, default :func:`available_memory`): started, its
-    ranks would fill the memory together, and the kernel's OOM killer would end one of them, or
-    another program of the user's, rather than the run failing with a word."""
-    if available is None:
-        available = available_memory()
-    need = host_bytes(num_ranks, count, dtype)
-    if available is not None and need > available:
-        size = count * ITEMSIZE[dtype]
-        each = _gib(size) if size >= 2**30 else format_bytes(size)
-        raise ResourceError(
-            f"out of memory: {num_ranks} ranks of {each} ({dtype}) need about {_gib(need)} of host "
-            f"memory, and {_gib(available)} is available: give a smaller size or fewer GPUs"
-        )
-
-
-def _gib(size: int) -> str:
-    """Bytes in GiB, to a tenth, as host memory is spoken of (``format_bytes`` is exact where it can
-    be: 99999 GiB is no whole number of a larger unit, and its bytes are 15 digits)."""
-    return f"{size / 2**30:,.1f}".removesuffix(".0") + " GiB"

@@ -21,9 +21,10 @@ import numpy as np
 
 from stragglar.args import MAX_DELAY, as_flag, as_int, as_rank, as_seconds
 from stragglar.errors import InputError, described
-from stragglar.measure.data import ITEMSIZE, check_host_memory
+from stragglar.measure.data import ITEMSIZE
 from stragglar.measure.gpus import check_cuda, sharing_note
 from stragglar.measure.links import check_link_rate, paced_to
+from stragglar.measure.memory import check_host_memory
 from stragglar.measure.run_in_process import in_process_figures
 from stragglar.model import schedule_name
 from stragglar.runtime import DTYPES
@@ -35,6 +36,7 @@ from stragglar.verify import Proof, prove, require_proof
 __all__ = [
     "BACKENDS",
     "GRAPH_BACKENDS",
+    "HOST_BACKENDS",
     "IN_ONE_PROCESS",
     "IN_PROCESS_BACKENDS",
     "MAX_ITERS",
@@ -58,6 +60,7 @@ IN_ONE_PROCESS = (  # what the ratios of the in-process backends mean: their bas
     "own overhead and say nothing of a network; the torch and nccl backends compare collectives"
 )
 _ARRAYS = {"local": "NumPy", "cupy": "CuPy"}  # the in-process backends' array libraries, NumPy's dtypes
+HOST_BACKENDS = ("local", "torch")  # the backends whose buffers are in the host's memory
 _ENGINES = {"torch": "gloo", "nccl": "nccl", "device": "nccl"}  # the backends whose ranks are torch processes
 _LIBRARIES = {"torch": ("torch",), "nccl": ("torch",), "cupy": ("cupy",), "device": ("torch", "cupy")}
 MAX_ITERS = 10_000  # timed iterations per run, and warm-up ones: a bound, so a typo cannot run for ever
@@ -308,7 +311,7 @@ def run_benchmark(
     if late_rank is None:  # the first schedule's; the baseline alone waits for the last rank, as Ring's would
         late_rank = proofs[0].schedule.late_rank if proofs else num_ranks - 1
     count = element_count(size_bytes, dtype)
-    check_host_memory(num_ranks, count, dtype)
+    check_host_memory(num_ranks, count, dtype, on_host=backend in HOST_BACKENDS)
     if backend in _ENGINES:
         from stragglar.measure.run_torch import torch_figures
 

@@ -31,10 +31,11 @@ import numpy as np
 
 from stragglar.args import MAX_DELAY, as_seconds
 from stragglar.errors import InputError
-from stragglar.measure.data import check_host_memory
 from stragglar.measure.gpus import sharing_note
 from stragglar.measure.links import paced_to
+from stragglar.measure.memory import check_host_memory
 from stragglar.measure.run import (
+    HOST_BACKENDS,
     IN_ONE_PROCESS,
     IN_PROCESS_BACKENDS,
     BenchmarkResult,
@@ -225,7 +226,8 @@ def sweep(
         as_seconds(delay, "delay", maximum=MAX_DELAY)
     for size in sizes:
         element_count(size, dtype)
-    check_host_memory(max(gpus), element_count(max(sizes), dtype), dtype)  # the largest run, before any
+    largest = element_count(max(sizes), dtype)
+    check_host_memory(max(gpus), largest, dtype, on_host=backend in HOST_BACKENDS)  # before any run
     if chunks is not None:
         counts = {key: chunks(*key) for key in grid}
         for (n, _, _), c in counts.items():
