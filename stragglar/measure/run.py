@@ -268,8 +268,9 @@ def run_benchmark(
     given, is called between iterations, from this process (for a progress line; the torch
     backend forks its ranks, and no thread may run beside a fork).  Raises
     :class:`~stragglar.errors.InputError` for a bad request,
-    :class:`~stragglar.measure.data.WrongResult` for a wrong result, and
-    :class:`~stragglar.measure.launch.LaunchError` when a rank fails.
+    :class:`~stragglar.errors.ResourceError` for a run this host cannot hold
+    (:mod:`stragglar.measure.memory`), :class:`~stragglar.measure.data.WrongResult` for a wrong
+    result, and :class:`~stragglar.measure.launch.LaunchError` when a rank fails.
     """
     check_graphs(backend, graphs)
     gpus = check_backend(backend)

@@ -127,7 +127,8 @@ def allreduce(
     the group in the same order (the DDP hook): a setup is then checked once per group however
     setups alternate, and the guarantee is the caller's, as it is for NCCL's collectives: ranks
     that break it with setups each checked before (one brings float32 where another brings int32)
-    are not told apart, and sum mixed buffers, or gloo ends the process where their sizes differ.
+    are not told apart, and sum mixed buffers, or wait until their timeout, or (gloo, sizes that
+    differ) end the process.
     Raises :class:`~stragglar.runtime.RankError` when a peer dies or does not answer within
     ``timeout`` seconds (at most a day; ``timeout`` plus ``straggler_delay`` for a wait that may
     include the late rank's delay; None: stragglar sets no bound of its own, and the
