@@ -49,8 +49,18 @@ TOLERANCE = (
 )
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, whose errors rank 0 alone prints: torchrun's ranks all read the same
+    options, and each said the same error (every rank still exits 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        if os.environ.get("RANK", "0") == "0":
+            super().error(message)
+        raise SystemExit(2)
+
+
 def options() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", choices=("nccl", "gloo"), help="default: nccl where CUDA is, else gloo")
     parser.add_argument("--policy", choices=("auto", "stragglar"), default="auto")
     parser.add_argument("--steps", type=positive, default=24)
@@ -108,8 +118,10 @@ def engine_option(parser: argparse.ArgumentParser) -> None:
 
 
 def refuse(line: str) -> NoReturn:
-    """End with ``line`` on stderr and exit 2: bad input, as an option's error ends argparse."""
-    print(line, file=sys.stderr)
+    """End with ``line`` on stderr (rank 0's only, as :class:`Parser`'s) and exit 2: bad input,
+    as an option's error ends argparse, in its words."""
+    if os.environ.get("RANK", "0") == "0":
+        print(f"{os.path.basename(sys.argv[0])}: error: {line}", file=sys.stderr)
     raise SystemExit(2)
 
 

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from ddp_torchrun import (  # the sibling example: its options, and joining torchrun's job on its GPU
+    Parser,
     checked,
     engine_option,
     lateness_options,
@@ -46,7 +47,7 @@ HEADS = 4  # attention heads a block
 
 
 def options() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", choices=("nccl", "gloo"), help="default: nccl where CUDA is, else gloo")
     parser.add_argument("--policy", choices=("auto", "stragglar"), default="auto")
     parser.add_argument("--replicas", type=positive, default=2, help="the mesh's replicas (default 2)")

@@ -112,7 +112,10 @@ def test_the_ddp_example_refuses_the_device_engine_off_nccl_in_one_line() -> Non
     args = [sys.executable, str(EXAMPLE), "--backend", "gloo", "--engine", "device"]
     done = subprocess.run(args, capture_output=True, text=True, timeout=LIMIT, check=False)
     assert done.returncode == 2 and done.stdout == ""
-    assert done.stderr == "--engine device reduces CUDA tensors: it runs on NCCL, with CUDA GPUs\n"
+    assert (
+        done.stderr
+        == "ddp_torchrun.py: error: --engine device reduces CUDA tensors: it runs on NCCL, with CUDA GPUs\n"
+    )
 
 
 @pytest.mark.parametrize(
@@ -144,8 +147,8 @@ def test_an_example_started_without_torchrun_says_so_in_one_line() -> None:
     done = subprocess.run([sys.executable, str(EXAMPLE)], capture_output=True, text=True, timeout=LIMIT)
     assert done.returncode == 2 and done.stdout == ""
     assert (
-        done.stderr
-        == "start it with torchrun, which starts its ranks: torchrun --nproc-per-node=N <script>\n"
+        done.stderr == "ddp_torchrun.py: error: start it with torchrun, which starts its ranks: "
+        "torchrun --nproc-per-node=N <script>\n"
     )
 
 
@@ -213,3 +216,18 @@ def test_the_hsdp_example_trains_native_hsdp_and_the_hook_alike() -> None:
     assert re.search(
         r"^rank 0: the losses match: largest relative difference \S+ \(at most 1e-05\)$", out, re.MULTILINE
     ), out
+
+
+@pytest.mark.parametrize("args", [["--steps", "0"], ["--backend", "gloo", "--engine", "device"]])
+def test_only_rank_0_of_a_job_says_why_an_option_is_refused(args: list[str]) -> None:
+    """Under torchrun every rank read the same options and printed the same error, once per rank:
+    rank 0 says it, every rank exits 2."""
+    said = {}
+    for rank in ("0", "1"):
+        env = {**os.environ, "RANK": rank}
+        done = subprocess.run(
+            [sys.executable, str(EXAMPLE), *args], capture_output=True, text=True, timeout=LIMIT, env=env
+        )
+        assert done.returncode == 2 and done.stdout == "", done.stderr
+        said[rank] = done.stderr
+    assert said["1"] == "" and said["0"].splitlines()[-1].startswith("ddp_torchrun.py: error: ")

@@ -203,7 +203,7 @@ def bound(num_gpus: int, collective: str, chunks: int | None, rounds: int | None
 def _shard_bound(collective: str, num_gpus: int, chunks: int | None, timeout: float) -> None:
     """``bound --collective reduce_scatter|all_gather``: three lines when proved (the proof,
     Ring's figures, the verdict), one error line when z3 refutes the claim or runs out of time."""
-    with busy(f"asking z3 about a {COLLECTIVES[collective]} for {num_gpus} GPUs"):
+    with busy(f"asking z3 about the {COLLECTIVES[collective]} of {num_gpus} GPUs"):
         result = shard_bound(collective, num_gpus, chunks, timeout)
     if result.refuted:
         raise IncorrectError(result.lines[0])

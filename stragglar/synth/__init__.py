@@ -104,8 +104,8 @@ class Request:
                 raise InputError("method smt synthesizes StragglAR schedules only")
             if n > SMT_MAX_RANKS:
                 raise InputError(
-                    f"method smt handles at most {SMT_MAX_RANKS} GPUs (z3 took 20 s at 14, and its time "
-                    f"grows fast with N), got {n}"
+                    f"method smt handles at most {SMT_MAX_RANKS} GPUs (its time grows fast with N: "
+                    f"z3 took 20 to 30 s at 14 on 2 cores), got {n}"
                 )
             if timeout_s is not None:
                 as_seconds(timeout_s, "timeout_s", positive=True)
