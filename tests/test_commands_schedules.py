@@ -122,7 +122,7 @@ def test_output_file_as_text(tmp_path: Path) -> None:
 
 def test_unwritable_output(tmp_path: Path) -> None:
     line = one_error(run("synth", "--gpus", "4", "-o", str(tmp_path / "no" / "s.json")), 2)
-    assert "'-o'" in line and "folder" in line and "does not exist" in line
+    assert "'-o' / '--output'" in line and "folder" in line and "does not exist" in line
     (tmp_path / "s4.json").write_text("{}", encoding="utf-8")  # a file where a folder is named
     line = one_error(run("synth", "--gpus", "4", "-o", str(tmp_path / "s4.json" / "x.json")), 2)
     assert line.endswith(f"folder {tmp_path / 's4.json'} is not a folder")
@@ -500,3 +500,10 @@ def test_one_gpu_and_one_chunk_are_said_in_the_singular(tmp_path: Path) -> None:
     plan = tmp_path / "n2-plan.json"
     assert run("synth", "--gpus", "2", "--format", "mscclpp", "-o", str(plan)).exit_code == 0
     assert ", 1 chunk, " in run("verify", str(plan)).output
+
+
+def test_export_to_a_name_whose_suffix_means_another_format_says_which(tmp_path: Path) -> None:
+    schedule = tmp_path / "s4.json"
+    run("synth", "--gpus", "4", "-o", str(schedule))
+    line = one_error(run("export", str(schedule), "-o", str(tmp_path / "s4.txt")), 2)
+    assert line.endswith("this command writes json, msccl, mscclpp, not text (a .txt name means it)"), line

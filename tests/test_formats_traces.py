@@ -110,7 +110,10 @@ def test_parquet_without_pyarrow_says_how_to_get_it(tmp_path: Path, monkeypatch:
         ("step,rank,time\n\u0661,0,1\n", "line 2: step is '\u0661', not a whole number of steps"),
         ("step,rank,time\n1,0,\u06617\n", "line 2: time is '\u06617', not a number"),
         ("step,rank,time\n1,0,1\n1,1,2\n2,0,3\n", "step 2 has no row for rank '1'"),
-        ("step,rank,time\n1,0,1\n1,1,2\n1,0,3\n", "line 4: rank '0' at step 1 is there twice"),
+        (
+            "step,rank,time\n1,0,1\n1,1,2\n1,0,3\n",
+            "line 4: rank '0' at step 1 is there twice: a row per operation? keep one with --where",
+        ),
         ("step,rank,time\n1,0,1\n", "only one rank"),
         ("step,rank,time\n1,0\n", "line 2: 2 fields, the header has 3"),
         ("step,rank,time,rank\n1,0,1,0\n", "two columns named 'rank'"),

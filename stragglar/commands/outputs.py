@@ -77,10 +77,10 @@ def check_output(output: Path, *inputs: Path, option: str = "-o") -> None:
         try:
             check_replaceable(output)  # a folder, a device, a fifo, a socket, a link to nothing
         except InputError as e:  # said of the option, as the other refusals here are
-            raise click.BadParameter(str(e), param_hint=f"'{option}'") from None
+            raise click.BadParameter(str(e), param_hint=_hint(option)) from None
         if is_link_loop(output.parent):  # resolve() would raise (Python < 3.13) or return it as it is
             raise click.BadParameter(
-                f"{shown(output)}: its folder is a loop of symbolic links", param_hint=f"'{option}'"
+                f"{shown(output)}: its folder is a loop of symbolic links", param_hint=_hint(option)
             )
         folder = output.parent.resolve()
         if not folder.is_dir():
@@ -92,7 +92,12 @@ def check_output(output: Path, *inputs: Path, option: str = "-o") -> None:
             return
     except OSError as e:  # a name too long, a folder that cannot be searched
         why = f"{shown(output)}: {e.strerror or e}"
-    raise click.BadParameter(why, param_hint=f"'{option}'")
+    raise click.BadParameter(why, param_hint=_hint(option))
+
+
+def _hint(option: str) -> str:
+    """How an error names ``option``, as click names it: ``-o`` by both its names."""
+    return "'-o' / '--output'" if option == "-o" else f"'{option}'"
 
 
 def check_plot(path: Path | None, *inputs: Path) -> None:
@@ -156,7 +161,7 @@ def _cannot_write(path: Path, option: str, error: OSError) -> Exception:
     """A failed write: a full disk (or quota) is a resource that ran out (exit 3), anything else
     a bad ``option`` (exit 2, a read-only folder, say)."""
     why = f"cannot write {shown(path)}: {error.strerror or error}"
-    return ResourceError(why) if ran_out(error) else click.BadParameter(why, param_hint=f"'{option}'")
+    return ResourceError(why) if ran_out(error) else click.BadParameter(why, param_hint=_hint(option))
 
 
 def dump_json(path: Path, document: object) -> None:

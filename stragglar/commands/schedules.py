@@ -109,7 +109,8 @@ def output_format(output: Path | None, fmt: str | None, default: str, allowed: t
         )
     chosen = chosen or default
     if chosen not in allowed:
-        raise click.UsageError(f"this command writes {', '.join(allowed)}, not {chosen}")
+        said = f" (a {output.suffix} name means it)" if fmt is None and output is not None else ""
+        raise click.UsageError(f"this command writes {', '.join(allowed)}, not {chosen}{said}")
     return chosen
 
 

@@ -312,7 +312,11 @@ def read_trace(
             ranks = found.setdefault(group, {}).setdefault(step, {})
             if rank in ranks:
                 where_group = "" if group is None else f" of group {quoted(group)}"
-                raise InputError(f"{place}: rank {quoted(rank)} at step {step}{where_group} is there twice")
+                # a row per operation (a forward's, an all_reduce's): the one to replay is picked
+                hint = "" if where else ": a row per operation? keep one with --where COLUMN=VALUE"
+                raise InputError(
+                    f"{place}: rank {quoted(rank)} at step {step}{where_group} is there twice{hint}"
+                )
             ranks[rank] = time
     if not found:
         why = "after the --where filters" if where else "in it"

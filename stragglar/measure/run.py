@@ -190,7 +190,6 @@ class BenchmarkResult:
 
     def report(self) -> str:
         """A few lines for the terminal."""
-        gb = 1e9
         rows = [(v.name, v.time) for v in self.variants] + [(self.baseline, self.baseline_time)]
         width = max(18, *(len(name) for name, _ in rows))
         lines = [
@@ -198,10 +197,7 @@ class BenchmarkResult:
             f"{self.num_ranks} ranks, {format_bytes(self.size_bytes)} {self.dtype}, "
             f"straggler delay {self.delay * 1e3:g} ms{self._late_rank_words}, {self._links}"
             f"{count_of(len(self.baseline_times), 'iteration')} (medians), results checked",
-            *(
-                f"  {name:<{width}} {t * 1e3:10.3f} ms/iter  {self.size_bytes / t / gb:8.3f} GB/s"
-                for name, t in rows
-            ),
+            *(f"  {name:<{width}} {t * 1e3:10.3f} ms/iter  {_rate(self.size_bytes / t)}" for name, t in rows),
         ]
         for v in self.variants:
             which = f" of {v.name}" if len(self.variants) > 1 else ""
@@ -441,3 +437,15 @@ def _require(backend: str) -> None:
     """An InputError saying how to install the backend's library when it is missing."""
     if any(importlib.util.find_spec(library) is None for library in _LIBRARIES.get(backend, ())):
         raise InputError(HINTS[backend])
+
+
+def _rate(bytes_per_second: float) -> str:
+    """A run's algorithm bandwidth in GB/s, or MB/s below a tenth of one (small buffers among many
+    ranks, where three decimals of GB/s read 0.000).
+
+    >>> _rate(2.5e9), _rate(6.6e5)
+    ('   2.500 GB/s', '   0.660 MB/s')
+    """
+    if bytes_per_second >= 1e8:
+        return f"{bytes_per_second / 1e9:8.3f} GB/s"
+    return f"{bytes_per_second / 1e6:8.3f} MB/s"
