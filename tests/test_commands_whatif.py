@@ -448,3 +448,27 @@ def test_whole_seconds_are_no_sign_of_float32_times(tmp_path: Path) -> None:
     )
     result = run(str(trace))
     assert result.exit_code == 0 and "float32" not in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("column", "unit", "warned"),
+    [("start_ms", None, "ms"), ("start_ms", "ms", None), ("t-US", None, "us"), ("items", None, None)],
+)
+def test_a_time_column_whose_name_says_its_unit_read_as_seconds_is_warned_of(
+    tmp_path: Path, column: str, unit: str | None, warned: str | None
+) -> None:
+    """The bundled trace replayed without --time-unit read its start_ms as seconds: a rank 7.5 s
+    late, without a word."""
+    trace = tmp_path / "t.csv"
+    trace.write_text(f"step,rank,{column}\n1,0,10\n1,1,17\n2,0,30\n2,1,38\n")
+    args = [str(trace), "--time-col", column, *(["--time-unit", unit] if unit else [])]
+    result = run(*args)
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning: the time column")]
+    if warned is None:
+        assert warnings == []
+    else:
+        assert warnings == [
+            f"warning: the time column '{column}' is read in seconds (--time-unit's default), and its "
+            f"name says {warned}: give --time-unit {warned} if it is"
+        ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 from collections.abc import Sequence
 from fractions import Fraction
 from pathlib import Path
@@ -114,6 +115,24 @@ def _read(
 
 
 UNLIKELY_SPREAD = 3600.0  # seconds between a step's first and last rank, in the median: a unit mistaken
+
+
+NAMED_UNIT = re.compile(r"(?:^|[_\-. ])(ns|us|ms)$", re.IGNORECASE)  # start_ms, t-us, time.ns
+
+
+def _check_named_unit(fmt: str, time_col: str) -> None:
+    """A warning where a text table's time column names a unit (``start_ms``) and ``--time-unit``
+    is not given: its numbers were read as seconds, and a rank 7 ms late said 7 s (a lateness a
+    thousand times too large prices StragglAR's gain as the delay it hides).  Parquet's columns
+    may carry their unit in their type, which is read exactly: no word there."""
+    named = NAMED_UNIT.search(time_col)
+    if named is not None and fmt != "parquet" and not given("time_unit"):
+        unit = named.group(1).lower()
+        echo(
+            f"warning: the time column {quoted(time_col)} is read in seconds (--time-unit's default), "
+            f"and its name says {unit}: give --time-unit {unit} if it is",
+            err=True,
+        )
 
 
 def _check_unit(groups: Sequence[Group], unit: str) -> None:
@@ -331,6 +350,7 @@ def whatif(
     with busy(f"reading {shown(trace)}"):
         groups = _read(files, fmt, columns, where, time_unit)
     if fmt in TABLE_FORMATS:
+        _check_named_unit(fmt, time_col)
         _check_unit(groups, time_unit)
         _check_resolution(groups, time_unit)
     per_group = [_buckets(g, chosen_sizes) for g in groups]
