@@ -118,17 +118,6 @@ def watch(outcome: Settled, seconds: float, error: Callable[[], BaseException]) 
     """Fail ``outcome`` with ``error()`` if it is not settled within ``seconds``: claimed then,
     and failed from a thread of its own (``error`` may wait, bounded, for what it says)."""
 
-    def passed() -> None:
-        if outcome.claim():
-            _said(outcome, error)
-
-    _WATCHER.at(outcome.future, seconds, passed)
-
-
-def _said(outcome: Settled, error: Callable[[], BaseException]) -> None:
-    """Fail the claimed ``outcome`` with ``error()``, from a thread of its own: saying it may
-    wait (a roll call), and neither the deadlines' thread nor gloo's may."""
-
     def failed() -> None:
         try:
             said = error()
@@ -136,10 +125,15 @@ def _said(outcome: Settled, error: Callable[[], BaseException]) -> None:
             said = e
         outcome.settle(error=said, claimed=True)
 
-    try:
-        threading.Thread(target=failed, name="stragglar-deadline", daemon=True).start()
-    except RuntimeError:  # no thread to be had (a limit, the interpreter ending): said here
-        failed()
+    def passed() -> None:
+        if not outcome.claim():
+            return
+        try:
+            threading.Thread(target=failed, name="stragglar-deadline", daemon=True).start()
+        except RuntimeError:  # no thread to be had (a limit, the interpreter ending): said here
+            failed()
+
+    _WATCHER.at(outcome.future, seconds, passed)
 
 
 def remind(future: torch.futures.Future[Any], seconds: float, action: Callable[[], None]) -> None:
@@ -154,7 +148,6 @@ def bounded(
     seconds: float,
     error: Callable[[], BaseException],
     in_time: Callable[[], None] | None = None,
-    told: Callable[[BaseException], Callable[[], BaseException] | None] | None = None,
 ) -> tuple[torch.futures.Future[Any], Callable[[torch.futures.Future[Any]], None]]:
     """A Future of ``result(engine)`` once ``engine`` completes (its error if ``result`` raises),
     or of ``error()`` if that takes more than ``seconds``; and ``engine``'s last callback, which
@@ -164,20 +157,14 @@ def bounded(
     it alive (its traceback's frames hold their functions, and their callers' frames).
     ``in_time``: called once ``result``'s value settled the Future (not a failure, nor a value
     that came after the deadline had claimed it: reading the Future would raise its error in the
-    callback, and add its frames to the error's traceback).  ``told``: given the error ``result``
-    raised, what says it better, which may wait (bounded) for what it says, or None; it is then
-    called from a thread of its own, the outcome claimed, as a deadline's ``error`` is."""
+    callback, and add its frames to the error's traceback)."""
     outcome = Settled()
 
     def settled(future: torch.futures.Future[Any]) -> None:
         try:
             value = result(future)
         except Exception as e:  # a peer lost: the engine's own error
-            better = told(e) if told is not None else None
-            if better is None:
-                outcome.settle(error=e)
-            elif outcome.claim():
-                _said(outcome, better)
+            outcome.settle(error=e)
             return
         if outcome.settle(value) and in_time is not None:
             in_time()

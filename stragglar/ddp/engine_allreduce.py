@@ -13,7 +13,7 @@ timeout ended it, and on the host which ranks had not reached the call
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -27,8 +27,6 @@ from stragglar.ddp.worker import CLOSE_WAIT, named_globally
 from stragglar.model.policy import ALLREDUCE
 from stragglar.runtime import RankError, ranks_in_words
 from stragglar.runtime.failures import checking_error, classify, error_line
-
-LOST = "lost the connection"  # classify's word for a peer whose connection closed
 
 __all__ = ["ENGINE_GRACE", "all_reduce", "engine_error", "gloo_on_host", "value"]
 
@@ -93,27 +91,10 @@ def all_reduce(
         absent = (roll.absent(call, seconds) if roll is not None else None) or []
         return named_globally(engine_error(rank, None, seconds, absent), group, absent)
 
-    def lost(error: BaseException) -> Callable[[], BaseException] | None:
-        """A lost connection's error, with the ranks that had not reached the call (a rank that
-        died before it never does): gloo's words name an address, not a rank.  The roll call
-        takes a few seconds (:meth:`~stragglar.ddp.roll_call.RollCall.absent`), so it is asked
-        from a thread of its own (deadlines.py); no rank absent: the error as it was."""
-        cause = error.__cause__
-        if roll is None or not isinstance(error, RankError) or error.reason != LOST or cause is None:
-            return None
-
-        def named() -> BaseException:
-            absent = roll.absent(call, seconds) or []
-            if not absent:
-                return error
-            return named_globally(engine_error(rank, cause, seconds, absent), group, absent)
-
-        return named
-
     # a call that completed in time deletes the key its roll call may have written (once no rank
     # can still be reading it); a failed one leaves it, for the ranks still reading it
     completed = (lambda: roll.completed(call)) if roll is not None else None
-    outcome, callback = deadlines.bounded(engine, averaged, seconds, late, completed, lost)
+    outcome, callback = deadlines.bounded(engine, averaged, seconds, late, completed)
     if roll is not None and seconds > MARK:  # else its deadline comes first, and notes it
         deadlines.remind(outcome, MARK, lambda: roll.mark(call))
     resources.engine_calls.append((work, weakref.ref(callback)))  # see Resources
@@ -135,16 +116,16 @@ def engine_error(
     the deadline or the group's own timeout (the deadline's and a grace) came first, with the
     ranks the roll call found ``absent`` (the first is the error's peer, so a launcher's summary
     names it); else (``seconds`` None: on CUDA, the process group's timeout) in the engine's
-    words, with the ranks ``absent`` where the connection was lost."""
+    words."""
     reason = "timed out" if error is None else classify(error)
     peer = None
     if seconds is not None and reason == "timed out":
         detail = f"no answer within {seconds:g} s (the state's timeout)"
+        if absent:
+            detail += f"; {ranks_in_words(absent)} had not reached it"
+            peer = min(absent)
     else:
         detail = error_line(error) if error is not None else "no answer"
-    if absent and reason in ("timed out", LOST):  # a lost peer's words name an address, not a rank
-        detail += f"; {ranks_in_words(absent)} had not reached it"
-        peer = min(absent)
     return checking_error(rank, reason, detail, peer, during="in the engine's all_reduce")
 
 

@@ -25,9 +25,8 @@ acknowledge the cancel).  So the store is used from a thread of the roll call's 
 connection of its own (torch's client, which new groups need, is never held by it), and each
 operation is waited for :data:`BOUND` seconds at most: a roll call that does not answer in time
 says nothing (the error is then the one without names), and once one has not answered, none is
-asked again (its thread may never come back).  A call that lost a peer's connection is rolled
-too (:mod:`stragglar.ddp.engine_allreduce`): gloo's words name the peer's address, not its rank,
-and a rank that died before the call never reached it.
+asked again (its thread may never come back).  Only timeouts are rolled: a peer that died is the
+connection's to report, at once.
 """
 
 from __future__ import annotations
