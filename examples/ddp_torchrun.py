@@ -117,10 +117,11 @@ def engine_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def refuse(line: str) -> NoReturn:
-    """End with ``line`` on stderr (rank 0's only, as :class:`Parser`'s) and exit 2: bad input,
-    as an option's error ends argparse, in its words."""
-    if os.environ.get("RANK", "0") == "0":
+def refuse(line: str, every_rank: bool = False) -> NoReturn:
+    """End with ``line`` on stderr (rank 0's only, as :class:`Parser`'s, unless ``every_rank``:
+    a problem of this rank's node, which rank 0's may not have) and exit 2: bad input, as an
+    option's error ends argparse, in its words."""
+    if every_rank or os.environ.get("RANK", "0") == "0":
         print(f"{os.path.basename(sys.argv[0])}: error: {line}", file=sys.stderr)
     raise SystemExit(2)
 
@@ -136,7 +137,7 @@ def start(backend: str, engine: str = "rounds") -> torch.device:
         dist.init_process_group("gloo")
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        refuse("--backend nccl needs CUDA GPUs: torch sees none")
+        refuse("--backend nccl needs CUDA GPUs: torch sees none on this node", every_rank=True)
     local_rank, local_world = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
     place = placement(local_rank, local_world, torch.cuda.device_count())
     os.environ.update(place.env)  # more ranks than GPUs (one node): an NCCL host each, see the README

@@ -363,15 +363,21 @@ def _stops_deferred() -> Iterator[None]:
     if not _HOLD_STOPS.get() or threading.current_thread() is not threading.main_thread():
         yield
         return
-    held = [s for s in _STOPS if signal.getsignal(s) not in (signal.SIG_IGN, None)]
     arrived: list[int] = []
-    previous = {s: signal.signal(s, lambda signum, _frame: arrived.append(signum)) for s in held}
+    previous: dict[int, Any] = {}
     try:
+        for s in _STOPS:
+            handler = signal.getsignal(s)
+            if handler not in (signal.SIG_IGN, None):
+                previous[s] = handler  # first: signal.signal may raise a pending SIGINT once it has set
+                signal.signal(s, lambda signum, _frame: arrived.append(signum))
         yield
     finally:
-        _restore(previous)
-        for signum in dict.fromkeys(arrived):
-            signal.raise_signal(signum)
+        try:
+            _restore(previous)
+        finally:  # a stop that came takes its course, a KeyboardInterrupt in the restore or not
+            for signum in dict.fromkeys(arrived):
+                signal.raise_signal(signum)
 
 
 def _restore(handlers: dict[int, Any]) -> None:

@@ -231,3 +231,25 @@ def test_only_rank_0_of_a_job_says_why_an_option_is_refused(args: list[str]) -> 
         assert done.returncode == 2 and done.stdout == "", done.stderr
         said[rank] = done.stderr
     assert said["1"] == "" and said["0"].splitlines()[-1].startswith("ddp_torchrun.py: error: ")
+
+
+def test_a_rank_whose_node_has_no_gpu_says_so_itself() -> None:
+    """A problem of a rank's own node (no CUDA for NCCL) is said by every rank that has it: rank 0's
+    node may have GPUs, and rank 1 exited 2 without a word."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this node has CUDA GPUs")
+    env = {**os.environ, "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--backend", "nccl"],
+        capture_output=True,
+        text=True,
+        timeout=LIMIT,
+        env=env,
+    )
+    assert (done.returncode, done.stdout) == (2, "")
+    assert (
+        done.stderr
+        == "ddp_torchrun.py: error: --backend nccl needs CUDA GPUs: torch sees none on this node\n"
+    )

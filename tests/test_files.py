@@ -424,3 +424,36 @@ def test_a_program_s_own_writes_leave_its_signal_handlers_alone(tmp_path: Path) 
     )
     assert (done.returncode, done.stdout) == (0, "still here\n"), done.stderr
     assert "Current thread" in done.stderr  # faulthandler answered the signal
+
+
+PENDING_CTRL_C = """
+import signal
+from stragglar import files
+
+real = signal.signal
+def signal_signal(signum, handler):  # CPython runs a pending SIGINT's handler once it has set one
+    old = real(signum, handler)
+    if signum == signal.SIGHUP and handler not in (signal.SIG_DFL, signal.SIG_IGN):
+        signal.signal = real
+        raise KeyboardInterrupt
+    return old
+signal.signal = signal_signal
+before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGHUP)
+try:
+    with files.stops_wait_for_writes():
+        files.write_text("out.txt", "new")
+except KeyboardInterrupt:
+    print("interrupted")
+print((signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGHUP)) == before)
+"""
+
+
+def test_a_ctrl_c_pending_as_the_stops_are_held_leaves_no_handler_of_ours(tmp_path: Path) -> None:
+    """signal.signal runs a pending SIGINT's handler once it has set the new one: the held SIGHUP's
+    handler was set and never put back, and every later SIGHUP went unanswered."""
+    script = tmp_path / "pending.py"
+    script.write_text(PENDING_CTRL_C)
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert (done.returncode, done.stdout) == (0, "interrupted\nTrue\n"), done.stderr

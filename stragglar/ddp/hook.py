@@ -433,7 +433,7 @@ class StragglarState:
             failed = not resources.probe.close(CLOSE_WAIT, failed) or failed
         if connection is not None and connection.engine_group is not None:  # the host's gloo group
             end_calls(resources.engine_calls, connection.engine_group, CLOSE_WAIT, failed)  # kept
-        else:  # on DDP's own group (CUDA's NCCL): waited for, never severed
+        else:  # on DDP's own group (a host group that is not gloo's): waited for, never severed
             let_go(resources.engine_calls, CLOSE_WAIT)
         trace, resources.trace = resources.trace, None
         if trace is not None:
