@@ -30,7 +30,7 @@ import os
 import statistics
 import sys
 import time
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -50,13 +50,17 @@ TOLERANCE = (
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse's parser, whose errors rank 0 alone prints: torchrun's ranks all read the same
-    options, and each said the same error (every rank still exits 2)."""
+    """argparse's parser, whose errors and help rank 0 alone prints: torchrun's ranks all read
+    the same options, and each said the same thing (every rank still exits as argparse does)."""
 
     def error(self, message: str) -> NoReturn:
         if os.environ.get("RANK", "0") == "0":
             super().error(message)
         raise SystemExit(2)
+
+    def print_help(self, file: Any = None) -> None:  # argparse takes anything with a write
+        if os.environ.get("RANK", "0") == "0":
+            super().print_help(file)
 
 
 def options() -> argparse.Namespace:
