@@ -49,17 +49,22 @@ TOLERANCE = (
 )
 
 
+def first_rank() -> bool:
+    """Whether this process is rank 0 of torchrun's job, or was started alone (no RANK)."""
+    return os.environ.get("RANK", "0") == "0"
+
+
 class Parser(argparse.ArgumentParser):
     """argparse's parser, whose errors and help rank 0 alone prints: torchrun's ranks all read
     the same options, and each said the same thing (every rank still exits as argparse does)."""
 
     def error(self, message: str) -> NoReturn:
-        if os.environ.get("RANK", "0") == "0":
+        if first_rank():
             super().error(message)
         raise SystemExit(2)
 
     def print_help(self, file: Any = None) -> None:  # argparse takes anything with a write
-        if os.environ.get("RANK", "0") == "0":
+        if first_rank():
             super().print_help(file)
 
 
@@ -125,7 +130,7 @@ def refuse(line: str, every_rank: bool = False) -> NoReturn:
     """End with ``line`` on stderr (rank 0's only, as :class:`Parser`'s, unless ``every_rank``:
     a problem of this rank's node, which rank 0's may not have) and exit 2: bad input, as an
     option's error ends argparse, in its words."""
-    if every_rank or os.environ.get("RANK", "0") == "0":
+    if every_rank or first_rank():
         print(f"{os.path.basename(sys.argv[0])}: error: {line}", file=sys.stderr)
     raise SystemExit(2)
 

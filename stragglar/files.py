@@ -369,8 +369,8 @@ def _stops_deferred() -> Iterator[None]:
         for s in _STOPS:
             handler = signal.getsignal(s)
             if handler not in (signal.SIG_IGN, None):
-                previous[s] = handler  # first: signal.signal may raise a pending SIGINT once it has set
-                signal.signal(s, lambda signum, _frame: arrived.append(signum))
+                previous[s] = handler  # first: signal.signal runs a pending SIGINT's handler (which
+                signal.signal(s, lambda signum, _frame: arrived.append(signum))  # raises) before it sets
         yield
     finally:
         try:
@@ -382,7 +382,8 @@ def _stops_deferred() -> Iterator[None]:
 
 def _restore(handlers: dict[int, Any]) -> None:
     """Put every handler back, even where a pending signal's handler raises as one is put back
-    (``signal.signal`` runs pending handlers: a KeyboardInterrupt there left the rest holding)."""
+    (``signal.signal`` runs pending handlers before it sets the new one: a KeyboardInterrupt there
+    left that one and the rest holding)."""
     raised: BaseException | None = None
     for signum, handler in handlers.items():
         try:

@@ -431,12 +431,11 @@ import signal
 from stragglar import files
 
 real = signal.signal
-def signal_signal(signum, handler):  # CPython runs a pending SIGINT's handler once it has set one
-    old = real(signum, handler)
+def signal_signal(signum, handler):  # CPython runs a pending SIGINT's handler before it sets one
     if signum == signal.SIGHUP and handler not in (signal.SIG_DFL, signal.SIG_IGN):
         signal.signal = real
         raise KeyboardInterrupt
-    return old
+    return real(signum, handler)
 signal.signal = signal_signal
 before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGHUP)
 try:
@@ -449,8 +448,8 @@ print((signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGHUP)) == bef
 
 
 def test_a_ctrl_c_pending_as_the_stops_are_held_leaves_no_handler_of_ours(tmp_path: Path) -> None:
-    """signal.signal runs a pending SIGINT's handler once it has set the new one: the held SIGHUP's
-    handler was set and never put back, and every later SIGHUP went unanswered."""
+    """signal.signal runs a pending SIGINT's handler before it sets the new one: the held SIGTERM's
+    handler, set just before, was never put back, and every later SIGTERM went unanswered."""
     script = tmp_path / "pending.py"
     script.write_text(PENDING_CTRL_C)
     done = subprocess.run(

@@ -37,7 +37,6 @@ import os
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
-from stragglar.args import as_int
 from stragglar.errors import ArgumentError, InputError, described
 from stragglar.files import json_complaint, lone_surrogate, read_text, write_text
 from stragglar.formats.schedule_document import (
@@ -105,11 +104,9 @@ def dumps(schedule: Schedule, *, indent: int | None = None) -> str:
         if isinstance(indent, bool) or not isinstance(indent, numbers.Integral):
             # json.dumps would take True as 1 and a string as the indent's text
             raise ArgumentError(f"indent must be None or a count of spaces, got {described(indent)}")
-        indent = as_int(indent, "indent")
-        if (
-            not 0 <= indent <= MAX_INDENT
-        ):  # each line repeats it: 10**9 spaces built gigabytes, 10**30 overflowed
+        if not 0 <= indent <= MAX_INDENT:  # each line repeats it: 10**9 built gigabytes, 10**30 overflowed
             raise InputError(f"indent must be from 0 to {MAX_INDENT} spaces, got {described(indent)}")
+        indent = int(indent)  # a NumPy integer, for json
     if indent is None:
         return "".join(pieces(schedule))
     return json.dumps(

@@ -53,7 +53,7 @@ def poll(ready: Callable[[], bool], timeout: float | None, spin: float = 0.0) ->
     A timeout that has passed (0, or below: what is left of a deadline) looks once; a NaN is
     refused, as no wait ever passed it (it looked forever).
     """
-    if timeout is not None and not as_real(timeout, "timeout", "seconds") <= math.inf:
+    if timeout is not None and math.isnan(as_real(timeout, "timeout", "seconds")):
         raise InputError(f"timeout must be a number of seconds or None, got {described(timeout)}")
     begun = time.monotonic()
     while not ready():
