@@ -18,6 +18,7 @@ from stragglar.model import (
     PAPER_NETWORK,
     Network,
     best_chunks,
+    best_chunks_over,
     chunk_candidates,
     chunked_loads,
     compare_generated,
@@ -76,6 +77,54 @@ def test_best_chunks_is_the_cheapest_of_every_count(
     assert best == min(c for c in every if exposed(n, c, size, delay, network) == cheapest)  # fewest
     if missed is not None:
         assert exposed(n, missed, size, delay, network) > cheapest
+
+
+@pytest.mark.parametrize(
+    ("n", "size", "delays", "network"),
+    [
+        (4, 25 * 2**20, [0.0] * 5 + [0.02] * 4, Network(10e-6, 25e9)),  # the median's count: 10
+        (8, 16 * 2**20, [0.0, 1e-4, 3e-4, 2e-3, 2e-3, 5e-3], Network(10e-6, 50 * GIB)),
+        (5, 2**20, [1e-3] * 3 + [0.0], GLOO_LIKE),
+        (3, 64 * 2**20, [0.0] * 4, GLOO_LIKE),
+        (9, 2**24, [0.0, 5e-3], PAPER_NETWORK),
+    ],
+)
+def test_the_count_fastest_over_delays_is_the_cheapest_summed_over_them(
+    n: int, size: int, delays: list[float], network: Network
+) -> None:
+    """A brute force over every count (each priced on its generated schedule at each delay and
+    summed) finds nothing cheaper, nor a cheaper count among equals.  In the first setting the
+    count fastest at the median delay (what the trace's replay took before) costs more in all."""
+    best = best_chunks_over(n, size, delays, network)
+
+    def total(c: int) -> float:
+        return sum(exposed(n, c, size, d, network) for d in delays)
+
+    every = range(n - 1, max(4 * best, 2 * n) + 1)
+    cheapest = min(total(c) for c in every)
+    assert total(best) == pytest.approx(cheapest, rel=1e-12)
+    assert best == min(c for c in every if total(c) <= cheapest * (1 + 1e-12))  # the fewest of equals
+    if delays == [0.0] * 5 + [0.02] * 4:  # the median lateness at the steps it was late: 20 ms
+        assert total(best_chunks(n, size, 0.02, network)) > cheapest * 1.001
+
+
+def test_one_delay_ranks_the_counts_as_best_chunks_does() -> None:
+    """Over one delay the summed price is the estimate's own (the same float operations): the
+    same pick as :func:`best_chunks` at every setting, to the last bit of each tie."""
+    for n in (2, 3, 8, 17):
+        for size in (4096, 3 * 2**20, GIB):
+            for delay in (0.0, 1e-5, 2e-3, 0.5):
+                for network in (PAPER_NETWORK, GLOO_LIKE, Network(0.0, 1e9)):
+                    assert best_chunks_over(n, size, [delay], network) == best_chunks(n, size, delay, network)
+
+
+def test_counts_over_no_delay_or_a_bad_one_are_refused() -> None:
+    with pytest.raises(InputError, match="one call at least"):
+        best_chunks_over(8, GIB, [], PAPER_NETWORK)
+    with pytest.raises(InputError, match="delay"):
+        best_chunks_over(8, GIB, [0.0, float("nan")], PAPER_NETWORK)
+    with pytest.raises(InputError, match="delay must be >= 0"):
+        best_chunks_over(8, GIB, [-1e-3], PAPER_NETWORK)
 
 
 @pytest.mark.parametrize("n", [3, 4, 8, 16])

@@ -17,6 +17,7 @@ hook and an offline replay of a training trace all price and decide with the sam
 from stragglar.model.chunks import (
     AUTO,
     best_chunks,
+    best_chunks_over,
     chunk_candidates,
     chunked_loads,
     ranked_chunks,
@@ -43,6 +44,7 @@ __all__ = [
     "Network",
     "Profile",
     "best_chunks",
+    "best_chunks_over",
     "chunk_candidates",
     "chunked_loads",
     "compare",

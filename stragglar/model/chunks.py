@@ -20,6 +20,7 @@ policy.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 from stragglar.args import as_int, as_real
@@ -36,6 +37,7 @@ __all__ = [
     "MIN_CHUNK_BYTES",
     "SAME_PRICE",
     "best_chunks",
+    "best_chunks_over",
     "chunk_candidates",
     "chunked_loads",
     "ranked_chunks",
@@ -121,11 +123,14 @@ def chunked_loads(num_ranks: int, num_chunks: _Count) -> tuple[int, _Count, _Cou
 
 
 def _prices(
-    num_ranks: int, counts: list[int], size_bytes: float, delay: float, network: Network
+    num_ranks: int, counts: list[int], size_bytes: float, delays: np.ndarray, network: Network
 ) -> np.ndarray:
     """The time after the straggler arrives of StragglAR in each of ``counts`` chunks, as
-    :func:`~stragglar.model.cost.estimate` prices its generated schedule: the same operations in
-    the same order on float64, so the same numbers, for thousands of counts at once."""
+    :func:`~stragglar.model.cost.estimate` prices its generated schedule, summed over calls whose
+    straggler is ``delays`` late (sorted, at least one): for thousands of counts at once.  For one
+    delay, the same operations in the same order on float64 as the estimate's, so the same numbers;
+    over many, each count's hidden work still running as its straggler arrives is summed from the
+    delays below it (``k * hidden - their sum``), not per call."""
     import numpy as np
 
     chunks = np.asarray(counts, dtype=np.int64)
@@ -133,7 +138,10 @@ def _prices(
     chunk = size_bytes / chunks
     hidden = hidden_rounds * network.alpha + hidden_chunks * chunk * network.beta
     tail = exposed_rounds * network.alpha + exposed_chunks * chunk * network.beta
-    exposed: np.ndarray = np.maximum(hidden - delay, 0.0) + tail  # as Estimate.exposed sums it
+    below = np.searchsorted(delays, hidden, side="left")  # the calls whose straggler arrives earlier
+    before = np.concatenate(([0.0], np.cumsum(delays)))
+    running = below * hidden - before[below]  # one delay: max(hidden - delay, 0), as Estimate.exposed
+    exposed: np.ndarray = running + len(delays) * tail  # times 1 is exact: one delay's sum unchanged
     return exposed
 
 
@@ -174,8 +182,43 @@ def ranked_chunks(
 
     expect(network, Network, "network")  # None had no attribute 'alpha'
     size_bytes, delay = check_setting(size_bytes, delay)
+    return _ranked(num_ranks, size_bytes, np.array([delay]), network, power_of_two, max_chunks)
+
+
+def best_chunks_over(num_ranks: int, size_bytes: float, delays: Sequence[float], network: Network) -> int:
+    """The chunk count whose StragglAR schedule the cost model prices fastest summed over calls
+    whose straggler is each of ``delays`` seconds late (a trace's steps), among every count
+    :func:`chunk_candidates` allows; the fewest chunks among equals.  Not :func:`best_chunks` at
+    a typical delay: the price of a count is not linear in the delay (hidden work ends as the
+    straggler arrives), so the count fastest at the median delay may lose over the steps, even to
+    the paper's N - 1.
+
+    >>> best_chunks_over(8, 2**30, [0.005], PAPER_NETWORK) == best_chunks(8, 2**30, 0.005)
+    True
+    """
+    import numpy as np
+
+    expect(network, Network, "network")
+    size_bytes, _ = check_setting(size_bytes, 0.0)
+    if len(delays) == 0:
+        raise InputError("best_chunks_over prices counts over the delays of one call at least, got none")
+    late = np.sort(np.array([check_setting(size_bytes, d)[1] for d in delays]))
+    return _ranked(num_ranks, size_bytes, late, network, False, None)[0]
+
+
+def _ranked(
+    num_ranks: int,
+    size_bytes: float,
+    delays: np.ndarray,
+    network: Network,
+    power_of_two: bool,
+    max_chunks: int | None,
+) -> list[int]:
+    """:func:`ranked_chunks` over ``delays`` (checked, sorted): each count's summed price."""
+    import numpy as np
+
     counts = chunk_candidates(num_ranks, size_bytes, power_of_two=power_of_two, max_chunks=max_chunks)
-    prices = _prices(num_ranks, counts, size_bytes, delay, network)
+    prices = _prices(num_ranks, counts, size_bytes, delays, network)
     order = np.lexsort((np.asarray(counts), prices))
     ranked: list[int] = []
     first = 0

@@ -13,9 +13,10 @@ Each step of a group gives when each of its N ranks reached the gradient collect
   prices each bucket from the moment the first rank arrived.  A schedule with straggler ``s``
   starts when every other rank is in (``t_p``) and has ``s`` arrive ``max(t_s - t_p, 0)`` later:
   ``t_p + estimate(...).time``.  Ring (the engine's all_reduce) has no straggler: it starts when
-  the last rank is in.  Priced: Ring, the paper's StragglAR and chunked StragglAR (``chunks=auto``
-  at the straggler's median lateness when last, :func:`~stragglar.model.policy.chunk_count`), both
-  with the group's persistent straggler (the rank named at the end, else the one named at the most
+  the last rank is in.  Priced: Ring, the paper's StragglAR and chunked StragglAR (per bucket, the
+  one chunk count the model prices fastest over the whole trace,
+  :func:`~stragglar.model.chunks.best_chunks_over`: never slower than the paper's), both with
+  the group's persistent straggler (the rank named at the end, else the one named at the most
   steps; else the rank last most often) as straggler, and the ``auto`` policy.
 * *What the auto policy would have chosen.*  Step by step, with the hook's own code
   (:class:`~stragglar.model.policy.AutoPolicy` and :func:`~stragglar.model.policy.choose`) on the
@@ -37,7 +38,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 from stragglar.errors import InputError
-from stragglar.model.chunks import AUTO
+from stragglar.model.chunks import AUTO, best_chunks_over
 from stragglar.model.cost import Network, Profile, estimate
 from stragglar.model.detect import WINDOW, Detection, Rule, fresh, last_rank, observe, quantile
 from stragglar.model.policy import (
@@ -49,7 +50,6 @@ from stragglar.model.policy import (
     Outlook,
     Timing,
     choose,
-    chunk_count,
     latenesses,
 )
 from stragglar.model.predict import generated_profile
@@ -190,10 +190,10 @@ def replay(times: Sequence[Sequence[Fraction]], steps: Sequence[int], setting: S
     states = _detections(setting.rule, late)
     episodes = _episodes(states, steps)
     straggler = _straggler(episodes, steps, last)
-    when_last = [step[straggler] for step in late if step[straggler] > 0]
-    typical = statistics.median(when_last) if when_last else 0.0
+    arrivals = [[float(t - min(row)) for t in row] for row in times]  # seconds after the first
+    delays = [_wait(seconds, straggler)[1] for seconds in arrivals]
     network = setting.network
-    chunks = tuple(chunk_count(n, size, typical, network, AUTO) for size in setting.buckets)
+    chunks = tuple(_chunked(n, size, delays, network) for size in setting.buckets)
     ring = generated_profile(RING, n)
     if setting.chunks is not None and setting.chunks != AUTO:  # refused now, not at its first use
         generated_profile(STRAGGLAR, n, int(setting.chunks))
@@ -205,13 +205,11 @@ def replay(times: Sequence[Sequence[Fraction]], steps: Sequence[int], setting: S
     decisions: list[Decision] = []
     previous: Choice | None = None
     replayed = []
-    for i, (step, row) in enumerate(zip(steps, times, strict=True)):
+    for i, (step, seconds) in enumerate(zip(steps, arrivals, strict=True)):
         arrived = i - PROBE_LAG + 1  # the steps whose figures the hook's probe has at this step
         if arrived > 0:
             recent = late[max(0, arrived - setting.window) : arrived]  # the probe's window
             outlook = policy.judge(n, recent, setting.rule, states[arrived - 1], None, samples)
-        first = min(row)
-        seconds = [float(t - first) for t in row]
         choices = []
         predicted = dict.fromkeys(PRICED, 0.0)
         for b, size in enumerate(setting.buckets):
@@ -286,5 +284,24 @@ def priced(prof: Profile, seconds: Sequence[float], late_rank: int, size: int, n
     """``prof``'s time from the first arrival (``seconds``: each rank's arrival after the first),
     with ``late_rank`` as its straggler: it starts when the others are all in, and the straggler
     arrives ``max(its arrival - theirs, 0)`` later (the model's delay)."""
+    others, delay = _wait(seconds, late_rank)
+    return others + estimate(prof, size, delay, network).time
+
+
+def _wait(seconds: Sequence[float], late_rank: int) -> tuple[float, float]:
+    """When every rank but ``late_rank`` is in, and how much later it arrives (0: not later)."""
     others = max(t for rank, t in enumerate(seconds) if rank != late_rank)
-    return others + estimate(prof, size, max(seconds[late_rank] - others, 0.0), network).time
+    return others, max(seconds[late_rank] - others, 0.0)
+
+
+def _chunked(num_ranks: int, size: int, delays: Sequence[float], network: Network) -> int | None:
+    """Chunked StragglAR's count for a bucket of ``size`` bytes: the one count the model prices
+    fastest summed over the trace's steps, its straggler ``delays`` late at each (the count
+    fastest at a typical lateness could save less than the paper's N - 1 over the steps: on the
+    bundled trace, 4 chunks at the median lateness saved less than the paper's 3).  None for the
+    paper's N - 1, and where the network's alpha is 0, as for the hook's ``chunks="auto"``
+    (:func:`~stragglar.model.policy.chunk_count`): such a network prices thousands of chunks free."""
+    if network.alpha <= 0:
+        return None
+    count = best_chunks_over(num_ranks, size, delays, network)
+    return None if count == num_ranks - 1 else count
