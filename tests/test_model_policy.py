@@ -333,3 +333,73 @@ def test_a_measured_ratio_that_scales_a_fit_past_the_model_s_bounds_is_no_networ
     assert policy.ring is not None and policy.ratio == pytest.approx(1 / 3)
     assert step is not None and step.ring == policy.ring and step.ours is None
     assert choose("stragglar", 4, 2**20, step) == Choice("allreduce")
+
+
+@pytest.mark.parametrize(
+    ("samples", "error", "message"),
+    [
+        (
+            None,
+            ArgumentError,
+            r"samples must be an iterable of \(bytes, chunks, seconds\) timings, got None$",
+        ),
+        ("abc", ArgumentError, r"samples must be an iterable .* timings, got 'abc'$"),  # unpacked 'a'
+        ([None], ArgumentError, r"each timing must be a \(bytes, chunks, seconds\) tuple, got None$"),
+        ([(2**20, 0)], ArgumentError, r"each timing must be a .* tuple, got \(1048576, 0\)$"),
+        (
+            [(2**20, 0, 1e-3, 9)],
+            ArgumentError,
+            r"each timing must be a .* tuple, got \(1048576, 0, 0.001, 9\)$",
+        ),
+        ([{2**20, 0, 1e-3}], ArgumentError, r"each timing must be a .* tuple, got \{"),  # a set's order
+        ([("1MiB", 0, 1e-3)], ArgumentError, r"a timing's bytes must be an integer, got '1MiB' \(str\)$"),
+        ([(2**20 + 0.5, 0, 1e-3)], ArgumentError, r"a timing's bytes must be an integer, got 1048576.5"),
+        ([(-8, 0, 1e-3)], InputError, r"a timing's bytes must be at least 0, got -8$"),
+        ([(2**20, -1, 1e-3)], InputError, r"a timing's chunks must be at least 0, got -1$"),
+        ([(2**20, 0, None)], ArgumentError, r"a timing's time must be a number of seconds, got None"),
+        (
+            [(2**20, 0, math.nan)],
+            InputError,
+            r"a timing's time must be a finite number of seconds >= 0, got nan$",
+        ),
+        (
+            [(2**20, 0, math.inf)],
+            InputError,
+            r"a timing's time must be a finite number of seconds >= 0, got inf$",
+        ),
+        (
+            [(2**20, 0, -1e-3)],
+            InputError,
+            r"a timing's time must be a finite number of seconds >= 0, got -0.001$",
+        ),
+    ],
+)
+def test_what_is_no_timing_is_refused_in_one_line(samples: Any, error: type[Exception], message: str) -> None:
+    """The fits and the cost ratio met these as a TypeError or ValueError from an unpacking or a
+    comparison, or took a NaN, infinite or negative time for no timing (an infinite one made a
+    cost ratio of inf); each is one line of ours, from every function that reads timings."""
+    timings: Any = samples if samples is None or isinstance(samples, str) else samples * RUNS
+    for call in (
+        lambda: medians(timings),
+        lambda: fit_network("ring", 4, timings),
+        lambda: cost_ratio("stragglar", 4, timings, NET),
+    ):
+        with pytest.raises(error, match=f"^{message}"):
+            call()
+
+
+def test_timings_as_the_probe_gathers_them_are_read_as_before() -> None:
+    """A deque of tuples of ints and a float, numpy's numbers too; a size or a time of 0 (a slot no
+    rank timed) left out, not refused; and a cost ratio needs a network."""
+    import collections
+
+    import numpy as np
+
+    gathered = collections.deque([(2**20, 0, 2e-3), (2**20, 0, 0.0), (0, 0, 1.0)] * RUNS, maxlen=16)
+    assert medians(gathered) == [(2**20, 0, 2e-3)]
+    as_numpy = [(np.int64(2**20), np.int64(0), np.float64(2e-3))] * RUNS
+    assert medians(as_numpy) == [(2**20, 0, 2e-3)] and fit_network("ring", 4, as_numpy) == fit_network(
+        "ring", 4, gathered
+    )
+    with pytest.raises(ArgumentError, match=r"^cost_ratio's network must be a Network, got NoneType$"):
+        cost_ratio("stragglar", 4, gathered, cast(Any, None))

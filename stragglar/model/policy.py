@@ -44,13 +44,13 @@ import collections
 import dataclasses
 import math
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
 from typing import TypeVar
 
-from stragglar.args import as_int, as_rank, as_real
+from stragglar.args import as_int, as_rank, as_real, as_seconds
 from stragglar.errors import ArgumentError, InputError, described
 from stragglar.model.chunks import AUTO, resolve_chunks
 from stragglar.model.cost import Network, critical_delay, estimate, expect, fitted_network
@@ -422,6 +422,7 @@ def cost_ratio(algorithm: str, num_ranks: int, samples: Iterable[Timing], networ
     >>> cost_ratio("stragglar", 4, [(3 * 10**6, 6, 7e-3)] * RUNS, net)  # 7 rounds of a sixth: 3.5 ms
     2.0
     """
+    expect(network, Network, "cost_ratio's network")  # None was an AttributeError, once timed enough
     ratios = []
     for size, chunks, seconds in medians(samples):
         prof = generated_profile(algorithm, num_ranks, chunks or None)
@@ -458,7 +459,7 @@ def medians(samples: Iterable[Timing]) -> list[Timing]:
     [(8, 0, 2.0)]
     """
     times: dict[tuple[int, int], list[float]] = collections.defaultdict(list)
-    for size, chunks, seconds in samples:
+    for size, chunks, seconds in _timings(samples):
         if size > 0 and seconds > 0:
             times[size, chunks].append(seconds)
     return [
@@ -466,3 +467,29 @@ def medians(samples: Iterable[Timing]) -> list[Timing]:
         for (size, chunks), ts in sorted(times.items())
         if len(ts) >= RUNS
     ]
+
+
+def _timings(samples: Iterable[Timing]) -> Iterator[Timing]:
+    """Each of ``samples`` as a :data:`Timing` of plain numbers, or one line of ours where it is
+    none: the fits and the cost ratio met None, a string, a pair or a time of "s" as a TypeError
+    or ValueError from an unpacking or a comparison, and took a NaN, infinite or negative time
+    for no timing, or an infinite one as a ratio of inf.
+
+    A size or a time of 0 is a timing still: the probe's slot that no rank timed, which
+    :func:`medians` leaves out.
+    """
+    if isinstance(samples, (str, bytes)) or not isinstance(samples, Iterable):
+        raise ArgumentError(
+            f"samples must be an iterable of (bytes, chunks, seconds) timings, got {described(samples)}"
+        )
+    for sample in samples:
+        if isinstance(sample, (str, bytes)) or not isinstance(sample, Sequence) or len(sample) != 3:
+            raise ArgumentError(
+                f"each timing must be a (bytes, chunks, seconds) tuple, got {described(sample)}"
+            )
+        size, chunks, seconds = sample
+        yield (
+            as_int(size, "a timing's bytes", minimum=0),
+            as_int(chunks, "a timing's chunks", minimum=0),
+            as_seconds(seconds, "a timing's time"),
+        )
