@@ -217,7 +217,7 @@ def _shard(name: str, group: Any, replicas: set[int]) -> tuple[int, int]:
     if shared != {dist.get_rank()}:
         raise InputError(
             f"replicate_group is not the replicate group of the shards of {_named(name)}: it shares "
-            f"{ranks_in_words(sorted(shared)) if shared else 'no rank'} with the shard group, "
+            f"{ranks_in_words(shared)} with the shard group, "
             f"where a replicate group shares this rank ({dist.get_rank()}) alone"
         )
     return int(mesh_info.shard_mesh_rank), int(mesh_info.shard_mesh_size)

@@ -20,11 +20,12 @@ True
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from enum import IntEnum
 from typing import Any, NamedTuple
 
-from stragglar.errors import InputError
+from stragglar.args import as_int
+from stragglar.errors import ArgumentError, InputError, described
 from stragglar.runtime.arrays import DTYPES, dtype_name, flat_view, in_place_refusal, summable_refusal
 from stragglar.schedule import ALGORITHMS
 from stragglar.verify import Proof
@@ -129,13 +130,25 @@ def make_header(
     )
 
 
-def ranks_in_words(ranks: Sequence[int], limit: int = 8) -> str:
-    """``rank 2`` or ``ranks 0-3, 5``: ranks in words, the first ``limit`` runs of them.
+def ranks_in_words(ranks: Iterable[int], limit: int = 8) -> str:
+    """``rank 2`` or ``ranks 0-3, 5``: ranks in words, the first ``limit`` runs of them; ``no
+    rank`` for none (it was "ranks ", a sentence without its subject).
+
+    Messages are made of it, often while another error is on its way: ranks that are none (None,
+    a string, a rank of -1 or 1.5) are one line of ours, where None was a TypeError that hid the
+    error the caller was saying.
 
     >>> ranks_in_words([5, 0, 1, 2, 3]), ranks_in_words([4]), ranks_in_words(range(0, 20, 2), limit=3)
     ('ranks 0-3, 5', 'rank 4', 'ranks 0, 2, 4 and 7 more')
+    >>> ranks_in_words(set())
+    'no rank'
     """
-    ordered = sorted(set(ranks))
+    if isinstance(ranks, (str, bytes)) or not isinstance(ranks, Iterable):
+        raise ArgumentError(f"ranks must be an iterable of ranks, got {described(ranks)}")
+    limit = as_int(limit, "limit", minimum=1)  # 0 printed "ranks  and 4 more"
+    ordered = sorted({as_int(r, "each rank", minimum=0) for r in ranks})
+    if not ordered:
+        return "no rank"
     if len(ordered) == 1:
         return f"rank {ordered[0]}"
     runs: list[list[int]] = []
