@@ -14,12 +14,13 @@ from typing import Any, cast
 import pytest
 from cli_results import run
 
-from stragglar.errors import InputError
+from stragglar.errors import ArgumentError, InputError
 from stragglar.formats import schedule_json
 from stragglar.model import (
     PAPER_NETWORK,
     Estimate,
     Network,
+    Profile,
     compare_generated,
     critical_delay,
     estimate,
@@ -480,3 +481,103 @@ def test_a_schedule_with_no_time_after_the_straggler_has_no_speed_up() -> None:
     with pytest.raises(InputError, match=r"^'empty' takes no time after the straggler arrives: no speed-up"):
         c.speedup("empty")
     assert c.speedup("ring") == 1.0
+
+
+GOOD_ESTIMATE: dict[str, Any] = {
+    "algorithm": "x",
+    "num_ranks": 4,
+    "rounds": 6,
+    "exposed_rounds": 4,
+    "hidden": 1e-3,
+    "tail": 2e-3,
+    "delay": 0.0,
+}
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "error", "message"),
+    [
+        ("hidden", math.nan, InputError, "Estimate.hidden must be a finite number of seconds >= 0, got nan"),
+        ("tail", math.inf, InputError, "Estimate.tail must be a finite number of seconds >= 0, got inf"),
+        ("delay", -1e-3, InputError, "Estimate.delay must be a finite number of seconds >= 0, got -0.001"),
+        ("tail", "2ms", ArgumentError, r"Estimate.tail must be a number of seconds, got '2ms' \(str\)"),
+        ("num_ranks", 0, InputError, "Estimate.num_ranks must be at least 1, got 0"),
+        ("rounds", -1, InputError, "Estimate.rounds must be at least 0, got -1"),
+        ("exposed_rounds", 7, InputError, r"Estimate.exposed_rounds must be in 0..6 \(its rounds\), got 7"),
+        ("num_ranks", 4.0, ArgumentError, r"Estimate.num_ranks must be an integer, got 4.0 \(float\)"),
+        ("algorithm", None, ArgumentError, r"Estimate.algorithm must be a name \(a str\), got None"),
+    ],
+)
+def test_an_estimate_made_by_hand_that_no_setting_prices_is_refused(
+    field: str, value: Any, error: type[Exception], message: str
+) -> None:
+    """Each was taken: a NaN time compares false with everything, so critical_delay found a
+    crossing in it, and a negative one or more exposed rounds than rounds describe no schedule."""
+    with pytest.raises(error, match=f"^{message}$"):
+        Estimate(**{**GOOD_ESTIMATE, field: value})
+
+
+def test_an_estimate_takes_numpy_s_numbers_and_what_the_model_and_the_policy_make() -> None:
+    import numpy as np
+
+    e = Estimate(**{**GOOD_ESTIMATE, "num_ranks": np.int64(4), "hidden": np.float64(1e-3), "delay": 0})
+    assert e.exposed == pytest.approx(3e-3)
+    assert Estimate("x", 4, 0, 0, 5.0, 0.0, 0.0).exposed == 5.0  # no round after the straggler joins
+    s = estimate(generated_profile("stragglar", 4), 2**20, 1e-3, PAPER_NETWORK)
+    assert dataclasses.replace(s, tail=s.tail * 0.95).tail < s.tail  # as the policy's margin makes it
+
+
+GOOD_PROFILE: dict[str, Any] = {
+    "algorithm": "x",
+    "num_ranks": 4,
+    "num_chunks": 3,
+    "hidden": (1, 1),
+    "exposed": (1, 1, 1, 1),
+}
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "error", "message"),
+    [
+        ("num_chunks", 0, InputError, "Profile.num_chunks must be at least 1, got 0"),  # ZeroDivisionError
+        ("num_ranks", -4, InputError, "Profile.num_ranks must be at least 1, got -4"),
+        ("hidden", (1, -1), InputError, "each of Profile.hidden must be at least 0, got -1"),
+        (
+            "exposed",
+            (1, math.nan),
+            ArgumentError,
+            r"each of Profile.exposed must be an integer, got nan \(float\)",
+        ),
+        (
+            "exposed",
+            None,
+            ArgumentError,
+            r"Profile.exposed must be a sequence of per-round loads \(chunks\), got None",
+        ),
+        (
+            "hidden",
+            "11",
+            ArgumentError,
+            r"Profile.hidden must be a sequence of per-round loads \(chunks\), got '11'",
+        ),
+        ("algorithm", 7, ArgumentError, r"Profile.algorithm must be a name \(a str\), got 7"),
+    ],
+)
+def test_a_profile_made_by_hand_that_no_schedule_has_is_refused(
+    field: str, value: Any, error: type[Exception], message: str
+) -> None:
+    """0 chunks priced every round as a ZeroDivisionError; a negative or NaN load priced rounds at
+    a negative or NaN time."""
+    with pytest.raises(error, match=f"^{message}$"):
+        Profile(**{**GOOD_PROFILE, field: value})
+
+
+def test_a_profile_keeps_its_loads_as_a_tuple_of_ints() -> None:
+    """Loads in a list made an unhashable profile; numpy's integers are read as ints."""
+    import numpy as np
+
+    p = Profile(**{**GOOD_PROFILE, "hidden": [np.int64(1), 1], "exposed": [1, 1, 1, 1]})
+    assert p == Profile(**GOOD_PROFILE) and hash(p) == hash(Profile(**GOOD_PROFILE))
+    assert all(type(load) is int for load in p.hidden)
+    generated = generated_profile("stragglar", 8)
+    assert dataclasses.replace(generated, algorithm="y").exposed is generated.exposed  # not copied
