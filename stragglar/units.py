@@ -14,6 +14,8 @@ same thing wherever a user types it, and figures print the same way everywhere. 
   case, ``64gb``, is bytes, as most tools read it);
 * every number is finite and not negative, and within a sane maximum (no ``1e400``, ``inf``,
   ``nan``); the error names the fix;
+* a **ratio** of times (a speed-up) prints two decimals from 1 up and three significant digits
+  below (:func:`format_ratio`), so that a small one still says how small;
 * a text of more than :data:`MAX_QUANTITY_CHARS` characters is refused before it is read, and an
   exponent is read as at most :data:`MAX_EXPONENT` either way, so no text costs more than
   microseconds: ``1e40000000`` is refused as more than the maximum at once, where exact arithmetic
@@ -21,8 +23,8 @@ same thing wherever a user types it, and figures print the same way everywhere. 
 
 >>> parse_size("64MiB"), parse_duration("20ms"), parse_bandwidth("450GiB/s") == 450 * 2**30
 (67108864, 0.02, True)
->>> format_bytes(2**30), format_seconds(0.002884)
-('1 GiB', '2.884 ms')
+>>> format_bytes(2**30), format_seconds(0.002884), format_ratio(0.01234)
+('1 GiB', '2.884 ms', '0.0123')
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ __all__ = [
     "count_of",
     "exact_duration",
     "format_bytes",
+    "format_ratio",
     "format_seconds",
     "parse_bandwidth",
     "parse_duration",
@@ -247,6 +250,20 @@ def format_seconds(seconds: float) -> str:
         if seconds >= factor:
             return f"{seconds / factor:.4g} {unit}"
     return f"{seconds / 1e-9:.4g} ns"
+
+
+def format_ratio(ratio: float) -> str:
+    """A ratio of times, a speed-up above all, without its ``x`` (a range writes it once: ``1.02x
+    [0.830-1.08]``): two decimals from 1 up, three significant digits below, where two decimals
+    read a small speed-up as ``0.01`` (``stragglar run`` at N = 256 on 64 KiB) and one under
+    0.005 as ``0.00``.
+
+    >>> format_ratio(1.3629), format_ratio(12.0), format_ratio(0.5888), format_ratio(0.012345)
+    ('1.36', '12.00', '0.589', '0.0123')
+    >>> format_ratio(0.99996), format_ratio(0.00001234)  # rounded to 1 as two decimals would be
+    ('1.00', '1.23e-05')
+    """
+    return f"{ratio:.2f}" if ratio >= 1 else f"{ratio:#.3g}"
 
 
 _BINARY = (("EiB", 2**60), ("PiB", 2**50), ("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))

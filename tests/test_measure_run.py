@@ -16,11 +16,12 @@ from cli_results import one_error, run
 
 from stragglar.errors import InputError, ResourceError
 from stragglar.formats import schedule_json as json_format
-from stragglar.measure.run import run_benchmark
-from stragglar.measure.sweep import sweep
+from stragglar.measure.run import BenchmarkResult, Variant, run_benchmark
+from stragglar.measure.sweep import Chunked, Setting, SweepResult, sweep
 from stragglar.measure.timing import turn
 from stragglar.model import Network, best_chunks
 from stragglar.synth import synthesize
+from stragglar.units import format_ratio
 from stragglar.verify import Proof, prove
 
 MIB = 2**20
@@ -76,7 +77,7 @@ def test_run_benchmark_local_times_each_proof_in_the_same_iterations() -> None:
     )
     assert [line.split()[0] for line in lines[1:5]] == ["stragglar", "stragglar", "ring", "sum"]
     assert lines[-3:-1] == [
-        f"  stragglar C=9 over {name} (ratio of the medians) {v.time / result.time:.2f}x"
+        f"  stragglar C=9 over {name} (ratio of the medians) {format_ratio(v.time / result.time)}x"
         for name, v in zip(["stragglar", "ring"], result.variants[1:], strict=True)
     ]
     assert lines[-1].startswith("  note: in one process")
@@ -651,3 +652,28 @@ def test_the_memory_available_is_the_least_the_host_and_its_cgroups_leave(tmp_pa
     limit(root / "memory" / "process_api" / "x", v1, str(16 * 2**30), 15 * 2**30, 2**30, "total_cache")
     assert available() == 2 * 2**30
     assert available_memory(str(tmp_path / "none"), str(tmp_path / "none"), str(root)) is None
+
+
+def test_a_small_speed_up_is_printed_to_three_digits_wherever_a_report_prints_one() -> None:
+    """``stragglar run`` at N = 256 on 64 KiB printed its speed-up as "0.01x", and a sweep's table
+    and progress line as much: every ratio below 1 is printed to three significant digits."""
+    chunked = Variant("stragglar C=510", 510, (0.6776,), (0.4152,))
+    paper = Variant("stragglar", 255, (0.3388,), (0.2076,))
+    ran = BenchmarkResult(
+        "local", 256, "float32", 2**14, 0.0, (chunked, paper), "sum of buffers", (3.134e-3,)
+    )
+    assert ran.report().splitlines()[4:7] == [
+        "  speed-up of stragglar C=510 (ratio of the medians) 0.00463x  (hidden phase done at 415.20 ms)",
+        "  speed-up of stragglar (ratio of the medians) 0.00925x  (hidden phase done at 207.60 ms)",
+        "  stragglar C=510 over stragglar (ratio of the medians) 0.500x",
+    ]
+    assert ran.progress_line() == "  N=256 64 KiB 0 ms: 0.00463x, 0.00925x"
+    gain = Chunked(510, 0.6776, 0.00463, 0.004, 0.005, 0.5, 0.45, 0.55, 0.6)
+    row = Setting(256, 2**16, 0.0, 0.3388, 3.134e-3, 0.00925, 0.0081, 0.0102, 0.0123, gain)
+    table = SweepResult(
+        "local", "stragglar", "sum of buffers", "float32", 1, (row,), {}, "2026-01-01", "x86_64"
+    )
+    assert table.table().splitlines()[2] == (
+        "| 256 | 64 KiB | 0 | 338.8 | 3.1 | 0.00925x | 0.00925x [0.00810-0.0102] | 0.0123x "
+        "| 510 | 677.6 | 0.00463x [0.00400-0.00500] | 0.500x [0.450-0.550] | 0.600x |"
+    )

@@ -174,6 +174,7 @@ def test_cost_prints_the_table_and_the_critical_delay() -> None:
     assert list(rows) == ["stragglar", "ring", "rhd", "direct"]
     assert rows["stragglar"][1:3] == ["9", "of"] and rows["stragglar"][-1] == "1.36x"
     assert rows["ring"][-1] == "1.00x"
+    assert rows["direct"][-1] == "0.589x"  # three digits below 1: it was 0.59x
     assert lines[6] == "critical delay: stragglar beats ring when the straggler is more than 876 us late"
     assert lines[7] == "critical delay: direct never beats ring at this size, whatever the delay"
 

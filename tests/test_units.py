@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from stragglar.cli import cli
 from stragglar.errors import InputError, quoted
-from stragglar.units import MAX_QUANTITY_CHARS, parse_bandwidth, parse_duration, parse_size
+from stragglar.units import MAX_QUANTITY_CHARS, format_ratio, parse_bandwidth, parse_duration, parse_size
 
 PARSERS: list[tuple[Callable[[str], object], str, str]] = [
     (parse_size, "", "is more than 1 EiB"),
@@ -161,3 +161,21 @@ def test_whatif_reads_its_time_unit_as_every_duration_is_read(tmp_path: Path) ->
     results = [CliRunner().invoke(cli, ["whatif", str(trace), "--time-unit", unit]) for unit in ("ms", "MS")]
     assert [r.exit_code for r in results] == [0, 0], [r.output for r in results]
     assert results[0].output == results[1].output
+
+
+@pytest.mark.parametrize(
+    ("ratio", "printed"),
+    [
+        (1.3629, "1.36"),
+        (1.0, "1.00"),
+        (12.345, "12.35"),
+        (0.5888, "0.589"),  # was 0.59
+        (0.00925, "0.00925"),  # stragglar run at N = 256, 64 KiB: was 0.01
+        (0.0012, "0.00120"),  # was 0.00
+        (0.99996, "1.00"),  # rounds up to 1 as two decimals would, not to 1.000
+    ],
+)
+def test_a_ratio_prints_two_decimals_from_1_and_three_digits_below(ratio: float, printed: str) -> None:
+    """Every speed-up a report prints goes through format_ratio: two decimals read a small one as
+    0.01 or 0.00."""
+    assert format_ratio(ratio) == printed

@@ -39,7 +39,7 @@ from stragglar.proof_tier import (
 )
 from stragglar.schedule import MAX_RANKS
 from stragglar.synth import ALGORITHMS
-from stragglar.units import count_of, format_bytes
+from stragglar.units import count_of, format_bytes, format_ratio
 from stragglar.verify import VerificationError
 from stragglar.verify.bound import BOUND_MAX_CELLS, BOUND_MAX_RANKS, prove_lower_bound
 from stragglar.verify.shard_bound import COLLECTIVES, shard_bound
@@ -123,7 +123,7 @@ def _chunk_line(comparison: Comparison, chunks: int, auto: str | None) -> str:
     else:  # the larger time over the smaller, so that "2x slower" takes twice as long
         ratio = max(paper, ours) / min(paper, ours)
         # under 1.005x "1.00x" would hide which is faster: the difference in percent says it
-        how_much = f"{ratio:.2f}x" if ratio >= 1.005 else f"{(ratio - 1) * 100:.2g}%"
+        how_much = f"{format_ratio(ratio)}x" if ratio >= 1.005 else f"{(ratio - 1) * 100:.2g}%"
         than = f"{how_much} {'faster' if ours < paper else 'slower'}"
     return (
         f"chunks: C = {chunks}{how} against the paper's C = N-1 = {n - 1}: {than} after the straggler arrives"

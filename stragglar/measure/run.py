@@ -30,7 +30,7 @@ from stragglar.model import schedule_name
 from stragglar.runtime import DTYPES
 from stragglar.schedule import MAX_RANKS
 from stragglar.synth import check_request, synthesize
-from stragglar.units import count_of, format_bytes
+from stragglar.units import count_of, format_bytes, format_ratio
 from stragglar.verify import Proof, prove, require_proof
 
 __all__ = [
@@ -162,7 +162,7 @@ class BenchmarkResult:
         """``  N=4 16 MiB 50 ms: 1.12x``: one finished setting of a sweep (a ratio per schedule;
         the baseline's time when it ran alone)."""
         size = format_bytes(self.size_bytes)
-        ratios = ", ".join(f"{self.baseline_time / v.time:.2f}x" for v in self.variants)
+        ratios = ", ".join(f"{format_ratio(self.baseline_time / v.time)}x" for v in self.variants)
         figures = ratios or f"{self.baseline} {self.baseline_time * 1e3:.1f} ms"
         return f"  N={self.num_ranks} {size} {self.delay * 1e3:g} ms: {figures}"
 
@@ -204,13 +204,12 @@ class BenchmarkResult:
             hidden = (
                 f"  (hidden phase done at {statistics.median(v.hidden) * 1e3:.2f} ms)" if v.hidden else ""
             )
-            lines.append(
-                f"  speed-up{which} (ratio of the medians) {self.baseline_time / v.time:.2f}x{hidden}"
-            )
+            speedup = format_ratio(self.baseline_time / v.time)
+            lines.append(f"  speed-up{which} (ratio of the medians) {speedup}x{hidden}")
         if len(self.variants) > 1:
             first = self.variants[0]
             lines += [
-                f"  {first.name} over {v.name} (ratio of the medians) {v.time / first.time:.2f}x"
+                f"  {first.name} over {v.name} (ratio of the medians) {format_ratio(v.time / first.time)}x"
                 for v in self.variants[1:]
             ]
         if self.backend in IN_PROCESS_BACKENDS and self.variants:

@@ -48,7 +48,7 @@ from stragglar.measure.run import (
 from stragglar.model import Network, compare_generated, generated_profile
 from stragglar.model.cost import fitted_network
 from stragglar.synth import check_request
-from stragglar.units import format_bytes
+from stragglar.units import format_bytes, format_ratio
 
 __all__ = ["ChunkPolicy", "Chunked", "Setting", "SweepResult", "fit_line", "fit_ring", "machine", "sweep"]
 
@@ -124,7 +124,7 @@ class SweepResult:
         for s in self.settings:
             rows.append(
                 f"| {s.num_ranks} | {format_bytes(s.size_bytes)} | {s.delay * 1e3:g} | {s.time * 1e3:.1f} "
-                f"| {s.baseline_time * 1e3:.1f} | {s.baseline_time / s.time:.2f}x "
+                f"| {s.baseline_time * 1e3:.1f} | {format_ratio(s.baseline_time / s.time)}x "
                 f"| {_spread(s.ratio, s.ratio_min, s.ratio_max)} | {_times(s.predicted)} |"
                 + (_chunked_cells(s.chunked) if chunked else "")
             )
@@ -144,11 +144,11 @@ class SweepResult:
 
 
 def _spread(median: float, low: float, high: float) -> str:
-    return f"{median:.2f}x [{low:.2f}-{high:.2f}]"
+    return f"{format_ratio(median)}x [{format_ratio(low)}-{format_ratio(high)}]"
 
 
 def _times(ratio: float | None) -> str:
-    return "-" if ratio is None else f"{ratio:.2f}x"
+    return "-" if ratio is None else f"{format_ratio(ratio)}x"
 
 
 def _chunked_cells(c: Chunked | None) -> str:

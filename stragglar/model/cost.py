@@ -47,7 +47,7 @@ from itertools import pairwise
 from stragglar.args import MAX_INT_BITS, as_int, as_real, as_seconds
 from stragglar.errors import ArgumentError, InputError, described
 from stragglar.schedule import Schedule, round_load
-from stragglar.units import MAX_BYTES, MAX_SECONDS, MIN_BANDWIDTH, format_bytes, format_seconds
+from stragglar.units import MAX_BYTES, MAX_SECONDS, MIN_BANDWIDTH, format_bytes, format_ratio, format_seconds
 
 __all__ = [
     "PAPER_NETWORK",
@@ -390,7 +390,7 @@ class Comparison:
             rounds = f"{e.exposed_rounds} of {e.rounds}"
             lines.append(
                 f"{e.algorithm:<{width}} {rounds:>16} {format_seconds(e.time):>11} "
-                f"{format_seconds(e.exposed):>13} {self.speedup(e.algorithm):>18.2f}x"
+                f"{format_seconds(e.exposed):>13} {format_ratio(self.speedup(e.algorithm)):>18}x"
             )
         for e in self.estimates:
             if e.hidden == 0:
