@@ -88,16 +88,16 @@ class StragglarState:
     StragglAR's own timings, once it has run, saying how much dearer its rounds are
     (:mod:`stragglar.model.policy`).  ``chunks="auto"`` is, per bucket, the count the model prices
     fastest for its size (:func:`~stragglar.model.policy.chunk_count`), on the policy's networks
-    under "auto" (with the expected lateness), on ``network`` under "stragglar" (with
-    ``straggler_delay``), which then must be given.  With DDP, ``detect``, ``record`` and "auto"
-    need the world group; under FSDP (:func:`stragglar.fsdp.use_stragglar`) they probe the
-    replicate group.  With an algorithm that has no straggler, such as Ring, ``straggler`` is only
-    the rank made late.  ``asynchronous``: two worker threads (on CUDA, two side streams) run
-    StragglAR's rounds, the first those the late rank takes no part in, for every bucket as soon
-    as it is ready (:mod:`stragglar.ddp.worker`); False runs them in the hook, as FSDP's hook
-    always does (on CUDA, queued there on the same side streams, one bucket after another: over
-    NCCL the host waits for no round).  ``graphs``: on the worker threads, each bucket
-    stage's rounds replay from a CUDA graph after their first step
+    under "auto" (summed over the straggler's lateness at its recent steps), on ``network`` under
+    "stragglar" (with ``straggler_delay``), which then must be given.  With DDP, ``detect``,
+    ``record`` and "auto" need the world group; under FSDP (:func:`stragglar.fsdp.use_stragglar`)
+    they probe the replicate group.  With an algorithm that has no straggler, such as Ring,
+    ``straggler`` is only the rank made late.  ``asynchronous``: two worker threads (on CUDA,
+    two side streams) run StragglAR's rounds, the first those the late rank takes no part in, for
+    every bucket as soon as it is ready (:mod:`stragglar.ddp.worker`); False runs them in the
+    hook, as FSDP's hook always does (on CUDA, queued there on the same side streams, one bucket
+    after another: over NCCL the host waits for no round).  ``graphs``: on the worker threads,
+    each bucket stage's rounds replay from a CUDA graph after their first step
     (:func:`~stragglar.runtime.allreduce`); such a graph holds its NCCL group, which NCCL will then
     not destroy: :meth:`close` releases them, by itself before ``destroy_process_group()``.
     ``engine="device"`` (:mod:`stragglar.runtime.device`): the punctual ranks' kernels run the

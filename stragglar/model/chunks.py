@@ -185,25 +185,38 @@ def ranked_chunks(
     return _ranked(num_ranks, size_bytes, np.array([delay]), network, power_of_two, max_chunks)
 
 
-def best_chunks_over(num_ranks: int, size_bytes: float, delays: Sequence[float], network: Network) -> int:
+def best_chunks_over(
+    num_ranks: int,
+    size_bytes: float,
+    delays: Sequence[float],
+    network: Network = PAPER_NETWORK,
+    *,
+    power_of_two: bool = False,
+    max_chunks: int | None = None,
+) -> int:
     """The chunk count whose StragglAR schedule the cost model prices fastest summed over calls
-    whose straggler is each of ``delays`` seconds late (a trace's steps), among every count
-    :func:`chunk_candidates` allows; the fewest chunks among equals.  Not :func:`best_chunks` at
-    a typical delay: the price of a count is not linear in the delay (hidden work ends as the
-    straggler arrives), so the count fastest at the median delay may lose over the steps, even to
-    the paper's N - 1.
+    whose straggler is each of ``delays`` seconds late (a trace's steps, or the hook's recent
+    ones), among every count :func:`chunk_candidates` allows; the fewest chunks among equals.  Not
+    :func:`best_chunks` at a typical delay: the price of a count is not linear in the delay (its
+    hidden work ends as the straggler arrives), so the count fastest at the median delay may lose
+    over the calls, even to the paper's N - 1.
 
-    >>> best_chunks_over(8, 2**30, [0.005], PAPER_NETWORK) == best_chunks(8, 2**30, 0.005)
+    >>> best_chunks_over(8, 2**30, [0.005]) == best_chunks(8, 2**30, 0.005)
     True
+    >>> net = Network(10e-6, 25e9)  # late by 20 ms at one call of three:
+    >>> best_chunks(4, 25 * 2**20, 0.02, net), best_chunks_over(4, 25 * 2**20, [0.0, 0.0, 0.02], net)
+    (10, 9)
     """
     import numpy as np
 
     expect(network, Network, "network")
     size_bytes, _ = check_setting(size_bytes, 0.0)
+    if isinstance(delays, (str, bytes)) or not isinstance(delays, Sequence):
+        raise ArgumentError(f"delays must be a sequence of seconds, got {described(delays)}")
     if len(delays) == 0:
         raise InputError("best_chunks_over prices counts over the delays of one call at least, got none")
     late = np.sort(np.array([check_setting(size_bytes, d)[1] for d in delays]))
-    return _ranked(num_ranks, size_bytes, late, network, False, None)[0]
+    return _ranked(num_ranks, size_bytes, late, network, power_of_two, max_chunks)[0]
 
 
 def _ranked(
@@ -236,7 +249,7 @@ def resolve_chunks(
     chunks: int | str | None,
     num_ranks: int,
     size_bytes: float,
-    delay: float,
+    delay: float | Sequence[float],
     network: Network | None,
     *,
     power_of_two: bool = False,
@@ -245,10 +258,13 @@ def resolve_chunks(
     """A chunk option as a count: None stays None (the paper's N-1), a count is itself, and
     :data:`AUTO` is :func:`best_chunks`' for a buffer of ``size_bytes`` with the straggler
     ``delay`` seconds late (a negative lateness, a rank early, prices as none) on ``network``, in
-    at most ``max_chunks`` chunks where an output limits them.
+    at most ``max_chunks`` chunks where an output limits them; where ``delay`` is a sequence (the
+    straggler's lateness at each of several calls), :func:`best_chunks_over`'s over them.
 
     >>> resolve_chunks(AUTO, 8, 2**30, 0.005, PAPER_NETWORK), resolve_chunks(14, 8, 2**30, 0.0, None)
     (38, 14)
+    >>> resolve_chunks(AUTO, 4, 25 * 2**20, [0.02, -0.001], Network(10e-6, 25e9))  # then early: as 0
+    9
     >>> resolve_chunks(AUTO, 8, 2**30, 0.005, None)
     Traceback (most recent call last):
     ...
@@ -262,7 +278,12 @@ def resolve_chunks(
         return as_int(chunks, "chunks", minimum=1)
     if network is None:
         raise InputError("chunks='auto' prices chunk counts on a network, and none is known")
-    late = as_real(delay, "the straggler delay", "seconds")  # None was a TypeError of max()
+    if isinstance(delay, Sequence) and not isinstance(delay, (str, bytes)):
+        late = [max(as_real(d, "each straggler delay", "seconds"), 0.0) for d in delay]
+        return best_chunks_over(
+            num_ranks, size_bytes, late, network, power_of_two=power_of_two, max_chunks=max_chunks
+        )
+    one = as_real(delay, "the straggler delay", "seconds")  # None was a TypeError of max()
     return best_chunks(
-        num_ranks, size_bytes, max(late, 0.0), network, power_of_two=power_of_two, max_chunks=max_chunks
+        num_ranks, size_bytes, max(one, 0.0), network, power_of_two=power_of_two, max_chunks=max_chunks
     )

@@ -32,8 +32,9 @@ policy falls back to the engine's all_reduce.  The ratio is taken against the Ri
 the same moment, so a machine that gets slower or faster for both leaves the choice alone.
 
 *Chunks.*  With ``chunks="auto"`` a bucket StragglAR reduces is cut into the chunk count the model
-prices fastest for its size and the expected lateness on StragglAR's network
-(:func:`chunk_count`): more chunks shorten phase 2's bandwidth term towards one buffer, fewer
+prices fastest for its size on StragglAR's network, summed over the candidate's recent steps
+(:func:`chunk_count`; not at its median lateness, a count that may save less over the same
+steps): more chunks shorten phase 2's bandwidth term towards one buffer, fewer
 save rounds where each round is dear.  Timings carry the chunk count they were measured at, so
 the cost ratio prices each against its own schedule.
 """
@@ -253,10 +254,15 @@ class AutoPolicy:
 
 
 def chunk_count(
-    num_ranks: int, size_bytes: int, delay: float, network: Network | None, chunks: int | str | None
+    num_ranks: int,
+    size_bytes: int,
+    delay: float | Sequence[float],
+    network: Network | None,
+    chunks: int | str | None,
 ) -> int | None:
     """The chunks a bucket of ``size_bytes`` is cut into: ``chunks`` itself, or for "auto" the
-    cost model's fastest on ``network`` with the straggler ``delay`` seconds late
+    cost model's fastest on ``network`` with the straggler ``delay`` seconds late, or summed over
+    its lateness at several steps where ``delay`` is a sequence of them
     (:func:`~stragglar.model.chunks.resolve_chunks`); None for the paper's N-1.  A network with
     alpha 0 (:func:`fit_network`'s when its sizes cannot separate alpha from bandwidth) keeps
     the paper's N-1: it does not know what a round costs, and would price thousands of chunks free.
@@ -321,7 +327,10 @@ def choose(
 ) -> Choice:
     """StragglAR with the candidate as straggler, in :func:`chunk_count`'s chunks, when the saving
     it is expected to bring beats a Ring by the margin, judged on the candidate's record; otherwise
-    (or with nobody to bet on) the engine's all_reduce.
+    (or with nobody to bet on) the engine's all_reduce.  With ``chunks="auto"`` the count is the
+    one the model prices fastest over that same record (``seen``): the bet's saving over the Ring
+    is largest there, where the count fastest at the median lateness could save less than the
+    paper's N - 1 over the steps.
 
     At a step where the candidate is last by ``d``, the schedule hides ``min(d, hidden)`` of its
     first phase; where someone else is last, it hides nothing and runs whole after that rank
@@ -353,7 +362,7 @@ def choose(
         as_rank(step.candidate, "the outlook's candidate", num_ranks)  # 5 of 4 GPUs was bet on
     if step is None or step.ring is None or step.ours is None or size_bytes == 0:
         return ENGINE
-    num_chunks = chunk_count(num_ranks, size_bytes, step.lateness, step.ours, chunks)
+    num_chunks = chunk_count(num_ranks, size_bytes, step.seen, step.ours, chunks)
     critical = critical_delay_for(algorithm, num_ranks, size_bytes, step.ours, step.ring, num_chunks)
     if critical is None:
         return ENGINE
