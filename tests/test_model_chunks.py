@@ -118,6 +118,20 @@ def test_one_delay_ranks_the_counts_as_best_chunks_does() -> None:
                     assert best_chunks_over(n, size, [delay], network) == best_chunks(n, size, delay, network)
 
 
+def test_the_fastest_count_is_the_first_of_the_ranking() -> None:
+    """best_chunks takes the cheapest without ranking the rest: the ranking's first everywhere,
+    ties included (alpha 0 on 2 GPUs prices every count alike: the fewest, 1; float64's last bits
+    tell apart sums equal in exact arithmetic)."""
+    for n in (2, 3, 8, 17, 64):
+        for size in (4096, 3 * 2**20, GIB):
+            for delay in (0.0, 1e-5, 2e-3, 0.5):
+                for network in (PAPER_NETWORK, GLOO_LIKE, Network(0.0, 1e9)):
+                    for power_of_two in (False, True):
+                        first = ranked_chunks(n, size, delay, network, power_of_two=power_of_two)[0]
+                        assert best_chunks(n, size, delay, network, power_of_two=power_of_two) == first
+    assert best_chunks(2, GIB, 0.0, Network(0.0, 1e9)) == 1
+
+
 def test_counts_over_no_delay_or_a_bad_one_are_refused() -> None:
     with pytest.raises(InputError, match="one call at least"):
         best_chunks_over(8, GIB, [], PAPER_NETWORK)
