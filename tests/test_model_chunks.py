@@ -122,9 +122,9 @@ def test_the_fastest_count_is_the_first_of_the_ranking() -> None:
     """best_chunks takes the cheapest without ranking the rest: the ranking's first everywhere,
     ties included (alpha 0 on 2 GPUs prices every count alike: the fewest, 1; float64's last bits
     tell apart sums equal in exact arithmetic)."""
-    for n in (2, 3, 8, 17, 64):
+    for n in (2, 3, 17, 64):
         for size in (4096, 3 * 2**20, GIB):
-            for delay in (0.0, 1e-5, 2e-3, 0.5):
+            for delay in (0.0, 2e-3):
                 for network in (PAPER_NETWORK, GLOO_LIKE, Network(0.0, 1e9)):
                     for power_of_two in (False, True):
                         first = ranked_chunks(n, size, delay, network, power_of_two=power_of_two)[0]
