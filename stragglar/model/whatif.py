@@ -191,7 +191,7 @@ def replay(times: Sequence[Sequence[Fraction]], steps: Sequence[int], setting: S
     states = _detections(setting.rule, late)
     episodes = _episodes(states, steps)
     straggler = _straggler(episodes, steps, last)
-    arrivals = [[float(t - min(row)) for t in row] for row in times]  # seconds after the first
+    arrivals = [_after_first(row) for row in times]
     delays = [_wait(seconds, straggler)[1] for seconds in arrivals]
     network = setting.network
     # per bucket, the one count the model prices fastest over the trace's steps (the count fastest
@@ -290,6 +290,12 @@ def priced(prof: Profile, seconds: Sequence[float], late_rank: int, size: int, n
     arrives ``max(its arrival - theirs, 0)`` later (the model's delay)."""
     others, delay = _wait(seconds, late_rank)
     return others + estimate(prof, size, delay, network).time
+
+
+def _after_first(times: Sequence[Fraction]) -> list[float]:
+    """Each rank's arrival at one step, seconds after the first rank's."""
+    first = min(times)
+    return [float(t - first) for t in times]
 
 
 def _wait(seconds: Sequence[float], late_rank: int) -> tuple[float, float]:
