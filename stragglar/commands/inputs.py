@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,8 +31,11 @@ class Input:
     schedule: Schedule | None  # for a schedule
 
 
-def read_input(path: Path) -> Input:
-    """Read and classify an input file; a malformed one is an error naming the file.
+def read_input(path: Path, refuse: Callable[[schedule_json.Header], None] | None = None) -> Input:
+    """Read and classify an input file; a malformed one is an error naming the file.  ``refuse``
+    may refuse a schedule by the sizes its header declares, before the rest is parsed
+    (:func:`~stragglar.formats.schedule_json.header`); a header that does not tell them leaves the
+    caller to check the schedule read.
 
     The text is parsed as JSON at most once, when a format's recogniser asks for it (the format then
     adopts that parse as its document, unless the parse read an object of the file as a
@@ -41,6 +45,9 @@ def read_input(path: Path) -> Input:
         text = read_text(path)
         if not text.strip():
             raise InputError(f"{shown(path)} is empty: no schedule, MSCCL XML or MSCCL++ plan in it")
+        sizes = None if refuse is None else schedule_json.header(text)
+        if refuse is not None and sizes is not None:  # a schedule: its tag says so, no artifact has one
+            refuse(sizes)
         document = functools.cache(lambda: schedule_json.parse(text))
         try:
             fmt = format_of(text, document)
@@ -63,9 +70,12 @@ def read_input(path: Path) -> Input:
             raise schedule_json.ScheduleFormatError(f"{shown(path)}: {e}") from None
 
 
-def load_schedule(path: Path, command: str) -> Schedule:
-    """The JSON schedule in ``path``; another kind of file is an error that says what ``command`` takes."""
-    found = read_input(path)
+def load_schedule(
+    path: Path, command: str, refuse: Callable[[schedule_json.Header], None] | None = None
+) -> Schedule:
+    """The JSON schedule in ``path``; another kind of file is an error that says what ``command``
+    takes.  ``refuse`` is :func:`read_input`'s."""
+    found = read_input(path, refuse)
     if found.format is not None:
         raise InputError(
             f"{shown(path)} is {found.format.title_with_article}: {command} takes a JSON schedule "

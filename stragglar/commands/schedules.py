@@ -43,6 +43,7 @@ from stragglar.commands.proofs import (
 )
 from stragglar.commands.terminal import busy, echo
 from stragglar.errors import IncorrectError, InputError, StragglarError, shown
+from stragglar.formats.schedule_json import Header
 from stragglar.formats.text import render
 from stragglar.model import AUTO, Network
 from stragglar.schedule import Schedule
@@ -364,11 +365,16 @@ def export(
     output, fmt = destination(output, fmt, "msccl", ("json", *FORMATS))
     check_output(Path("-") if output is None else output, file)  # stdout too: `1<>FILE`, `>>FILE`
     refuse_other_formats(fmt)
-    schedule, options = load_schedule(file, "export"), ExportOptions(**artifact)
-    # Before the proof, what N and C alone refuse (a file's schedule: no algorithm's own rules).
-    if fmt in FORMATS:
-        request = Request("", schedule.num_ranks, schedule.straggler, schedule.num_chunks, "construct")
-        FORMATS[fmt].check_request(request, options)
+    options = ExportOptions(**artifact)
+
+    def refuse(sizes: Header) -> None:
+        """What N and C alone refuse (a file's schedule: no algorithm's own rules)."""
+        if fmt in FORMATS:
+            request = Request("", sizes.num_ranks, sizes.straggler, sizes.num_chunks, "construct")
+            FORMATS[fmt].check_request(request, options)
+
+    schedule = load_schedule(file, "export", refuse)  # refused by its header where that tells the sizes
+    refuse(Header(schedule.num_ranks, schedule.num_chunks, schedule.straggler))  # else before the proof
     proof = proved(schedule, shown(file))
     if fmt in FORMATS:
         exported = export_artifact(proof, FORMATS[fmt], options)

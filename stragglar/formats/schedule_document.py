@@ -34,11 +34,13 @@ from stragglar.schedule import (
 
 __all__ = [
     "FORMAT",
+    "HEADER_KEYS",
     "MAX_IDLE_ROUNDS",
     "VERSION",
     "IdleRounds",
     "ScheduleFormatError",
     "SlimTransfer",
+    "checked_header",
     "checked_metadata",
     "document_head",
     "dump_rounds",
@@ -61,6 +63,8 @@ _KEYS = (
     "straggler",
     "phases",
 )
+HEADER_KEYS = frozenset(_KEYS) - {"phases"}  # plain values, before the phases as stragglar writes
+_SIZE_KEYS = ("format", "version", "num_ranks", "num_chunks", "straggler")  # a header must tell these
 _OPTIONAL_KEYS = ("metadata",)  # absent means {}
 _PHASE_KEYS = ("name", "ranks", "rounds")
 _TRANSFER_KEYS = ("src", "dst", "chunk", "op")
@@ -363,6 +367,22 @@ def _sizes(num_ranks: object, num_chunks: object, straggler: object) -> tuple[in
     except InputError as e:
         _fail("num_ranks" if n > MAX_RANKS else "num_chunks", str(e))
     return n, c, None if straggler is None else _int(straggler, "straggler", 0, n)
+
+
+def checked_header(fields: dict[str, Any]) -> tuple[int, int, int | None]:
+    """The sizes in ``fields``, some of a document's header keys (:data:`HEADER_KEYS`), checked as
+    :func:`from_document` checks them; the tag, the version and the sizes must be among them."""
+    for key in _SIZE_KEYS:
+        if key not in fields:
+            _fail(key, "missing required key")
+    _const(fields["format"], "format", FORMAT)
+    if not (type(fields["version"]) is int and fields["version"] == VERSION):
+        _fail("version", f"expected {VERSION}, got {_show(fields['version'])}")
+    if "collective" in fields:
+        _const(fields["collective"], "collective", COLLECTIVE)
+    if "algorithm" in fields:
+        _str(fields["algorithm"], "algorithm", nonempty=True)
+    return _sizes(fields["num_ranks"], fields["num_chunks"], fields["straggler"])
 
 
 def from_document(doc: object) -> Schedule:

@@ -17,8 +17,9 @@ Every bad document raises :class:`ScheduleFormatError` whose one-line message na
 e.g. ``phases[0].rounds[2][1].chunk: ...``.
 ``schedule.schema.json`` next to this module is the same format as a JSON Schema.
 
-This module holds the format's text: strict parsing (:func:`parse`, :func:`loads`), the compact
-text in pieces (:func:`pieces`, :func:`dumps`) and files (:func:`read`, :func:`write`).  The
+This module holds the format's text: strict parsing (:func:`parse`, :func:`loads`), the sizes its
+header declares, read without parsing the rest (:func:`header`), the compact text in pieces
+(:func:`pieces`, :func:`dumps`) and files (:func:`read`, :func:`write`).  The
 documents, Python values to a schedule and back with all their checks (:func:`from_document`,
 :func:`to_document`, :class:`ScheduleFormatError`), are :mod:`stragglar.formats.schedule_document`'s,
 re-exported here: import them from this module.
@@ -34,18 +35,21 @@ from __future__ import annotations
 import json
 import numbers
 import os
+import re
 from collections.abc import Iterator
-from typing import Any, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 from stragglar.errors import ArgumentError, InputError, described
 from stragglar.files import json_complaint, lone_surrogate, read_text, write_text
 from stragglar.formats.schedule_document import (
     FORMAT,
+    HEADER_KEYS,
     MAX_IDLE_ROUNDS,
     VERSION,
     IdleRounds,
     ScheduleFormatError,
     SlimTransfer,
+    checked_header,
     checked_metadata,
     document_head,
     dump_rounds,
@@ -61,9 +65,11 @@ __all__ = [
     "MAX_IDLE_ROUNDS",
     "MAX_INDENT",
     "VERSION",
+    "Header",
     "ScheduleFormatError",
     "dumps",
     "from_document",
+    "header",
     "loads",
     "parse",
     "parsed_as_loaded",
@@ -189,6 +195,72 @@ def parse(text: str | bytes) -> Any:
     if bad is not None:
         raise ScheduleFormatError(bad)
     return document
+
+
+class Header(NamedTuple):
+    """The sizes a schedule's header declares."""
+
+    num_ranks: int
+    num_chunks: int
+    straggler: int | None
+
+
+_WHITESPACE = re.compile(r"[ \t\n\r]*")  # JSON's, and no other
+_SCALARS = json.JSONDecoder(parse_constant=_reject_constant)  # a header's keys and values: no array or object
+
+
+def _skip(text: str, i: int) -> int:
+    """The index of the first character from ``i`` on that is not JSON whitespace."""
+    match = _WHITESPACE.match(text, i)
+    return i if match is None else match.end()  # never None: the pattern matches nothing too
+
+
+def header(text: str) -> Header | None:
+    """The sizes the keys at the start of the document ``text`` declare, read without parsing the
+    rest, or None where they cannot be told so.  A command that refuses a schedule by its sizes
+    alone (``export`` to a format that holds fewer GPUs) refuses it then before the phases are
+    parsed and built: 4.6 s and 773 MB for a 1024-GPU file, all to say no.
+
+    The keys are read up to the first that is not a header key (``phases``, as stragglar writes
+    them) or whose value is an array or an object.  Sizes are given only where each of those keys is
+    a header key, none appears twice, together they hold the format's tag, version and every size,
+    and :func:`from_document` would accept each of them: a header it would refuse is left for the
+    whole document's reading to name.  What follows is not read, so a file whose phases are bad is
+    refused by its sizes as if they were good: no phases would make those sizes fit.
+
+    >>> header('{"format": "stragglar-schedule", "version": 1, "num_ranks": 256, "num_chunks": 255, '
+    ...        '"straggler": null, "phases": [oops')
+    Header(num_ranks=256, num_chunks=255, straggler=None)
+    >>> header('{"format": "stragglar-schedule", "version": 1, "phases": [], "num_ranks": 256}') is None
+    True
+    """
+    fields: dict[str, Any] = {}
+    i = _skip(text, 0)
+    if text[i : i + 1] != "{":
+        return None
+    i = _skip(text, i + 1)
+    try:
+        while text[i : i + 1] == '"':
+            key, i = _SCALARS.raw_decode(text, i)
+            i = _skip(text, i)
+            if text[i : i + 1] != ":":
+                return None
+            i = _skip(text, i + 1)
+            if key not in HEADER_KEYS or text[i : i + 1] in ("[", "{"):
+                break
+            if key in fields:  # the whole document's reading refuses it
+                return None
+            fields[key], i = _SCALARS.raw_decode(text, i)
+            i = _skip(text, i)
+            if text[i : i + 1] != ",":
+                break
+            i = _skip(text, i + 1)
+    except ValueError:  # bad JSON (a number past Python's digits too), for the whole reading to name
+        return None
+    try:
+        return Header(*checked_header(fields))
+    except ScheduleFormatError:
+        return None
 
 
 def loads(text: str | bytes) -> Schedule:
