@@ -150,6 +150,13 @@ BAD_DOCUMENTS: list[tuple[Mutation, str, bool]] = [
         True,
     ),
     (_set(*T0, "op", value=1), 'phases[0].rounds[1][0].op: expected "copy" or "reduce", got 1', True),
+    # the parser shares the ints and ops of well-typed transfers: the others reach the checks as read
+    (_set(*T0, "op", value=[]), 'phases[0].rounds[1][0].op: expected "copy" or "reduce", got an array', True),
+    (
+        _set(*T0, "chunk", value=2**70),
+        f"phases[0].rounds[1][0].chunk: expected an integer in [0, 3), got {2**70}",
+        False,
+    ),
     (_set("version", value=2), "version: unsupported version 2 (this stragglar reads version 1)", True),
     (_set("version", value="1"), 'version: expected an integer, got "1"', True),
     (_set("format", value="msccl"), 'format: expected "stragglar-schedule", got "msccl"', True),

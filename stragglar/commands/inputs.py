@@ -26,7 +26,7 @@ class Input:
     path: Path
     format: ArtifactFormat[Any] | None
     # for an artifact, what its format's tools take: the text, or the document its recognition
-    # parsed (an MSCCL++ plan's JSON is parsed once); for a schedule, the text
+    # parsed (an MSCCL++ plan's JSON is parsed once); for a schedule, None (the schedule is all)
     source: Any
     schedule: Schedule | None  # for a schedule
 
@@ -42,32 +42,44 @@ def read_input(path: Path, refuse: Callable[[schedule_json.Header], None] | None
     schedule's transfer) or, for a schedule, to read it.  An empty file is called
     empty, whatever its name says."""
     with busy(f"reading {shown(path)}"):
-        text = read_text(path)
-        if not text.strip():
-            raise InputError(f"{shown(path)} is empty: no schedule, MSCCL XML or MSCCL++ plan in it")
-        sizes = None if refuse is None else schedule_json.header(text)
-        if refuse is not None and sizes is not None:  # a schedule: its tag says so, no artifact has one
-            refuse(sizes)
-        document = functools.cache(lambda: schedule_json.parse(text))
         try:
-            fmt = format_of(text, document)
+            fmt, source = _classified(path, refuse)
             if fmt is not None:
-                if fmt.adopt is not None and schedule_json.parsed_as_loaded(text):
-                    return Input(path, fmt, fmt.adopt(document()), None)
-                return Input(path, fmt, text, None)
-            root = document()
-            if isinstance(root, dict) and "format" not in root:  # some other JSON: say what it is not
-                raise InputError(
-                    f"{shown(path)} is JSON, but not a stragglar schedule (no 'format' key) "
-                    "nor an MSCCL++ plan (no 'gpus' list)"
-                )
-            return Input(path, None, text, schedule_json.from_document(root))
+                return Input(path, fmt, source, None)
+            return Input(path, None, None, schedule_json.from_document(source, consume=True))
         except schedule_json.ScheduleFormatError as e:
             if path.suffix.lower() in MSCCL.suffixes and str(e).startswith("not JSON"):  # x.xml, no markup
                 raise InputError(
                     f"{shown(path)} {MSCCL.unreadable}: it starts with no '<' (nor is it JSON)"
                 ) from None
             raise schedule_json.ScheduleFormatError(f"{shown(path)}: {e}") from None
+
+
+def _classified(
+    path: Path, refuse: Callable[[schedule_json.Header], None] | None
+) -> tuple[ArtifactFormat[Any] | None, Any]:
+    """:func:`read_input`'s reading: an artifact's format and what its tools take, or None and a
+    schedule's parsed document.  Its own function so that the text is let go before the schedule
+    is built beside its parse (N = 1024: 93 MB of the peak)."""
+    text = read_text(path)
+    if not text.strip():
+        raise InputError(f"{shown(path)} is empty: no schedule, MSCCL XML or MSCCL++ plan in it")
+    sizes = None if refuse is None else schedule_json.header(text)
+    if refuse is not None and sizes is not None:  # a schedule: its tag says so, no artifact has one
+        refuse(sizes)
+    document = functools.cache(lambda: schedule_json.parse(text))
+    fmt = format_of(text, document)
+    if fmt is not None:
+        if fmt.adopt is not None and schedule_json.parsed_as_loaded(text):
+            return fmt, fmt.adopt(document())
+        return fmt, text
+    root = document()
+    if isinstance(root, dict) and "format" not in root:  # some other JSON: say what it is not
+        raise InputError(
+            f"{shown(path)} is JSON, but not a stragglar schedule (no 'format' key) "
+            "nor an MSCCL++ plan (no 'gpus' list)"
+        )
+    return None, root
 
 
 def load_schedule(
