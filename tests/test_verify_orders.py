@@ -4,6 +4,7 @@ shown on the runtime's interpreter), and said by ``verify`` and ``show`` as a wa
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 import numpy as np
@@ -64,6 +65,18 @@ def test_a_correct_schedule_that_groups_a_sum_two_ways_is_told_and_its_replicas_
     data = [np.array([x], dtype=np.float32) for x in (1e8, 1.0, -1e8, 1.0)]
     allreduce_local(data, proof)
     assert [float(d[0]) for d in data] == [1.0, 0.0, 1.0, 0.0]  # the replicas' bits differ
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_orders_leave_the_garbage_collector_as_they_found_it(enabled: bool) -> None:
+    """They pause it while they intern their pairs (stragglar.schedule.gc_paused)."""
+    was = gc.isenabled()
+    try:
+        gc.enable() if enabled else gc.disable()
+        assert order_disagreement(GROUPED_TWO_WAYS) is not None
+        assert gc.isenabled() is enabled
+    finally:
+        gc.enable() if was else gc.disable()
 
 
 def test_verify_and_show_warn_of_it_and_still_prove(tmp_path: Path) -> None:
