@@ -64,9 +64,8 @@ def _classified(
     text = read_text(path)
     if not text.strip():
         raise InputError(f"{shown(path)} is empty: no schedule, MSCCL XML or MSCCL++ plan in it")
-    sizes = None if refuse is None else schedule_json.header(text)
-    if refuse is not None and sizes is not None:  # a schedule: its tag says so, no artifact has one
-        refuse(sizes)
+    if refuse is not None and (sizes := schedule_json.header(text)) is not None:
+        refuse(sizes)  # a schedule: its tag says so, and no artifact has one
     document = functools.cache(lambda: schedule_json.parse(text))
     fmt = format_of(text, document)
     if fmt is not None:
