@@ -80,7 +80,12 @@ def read_text(path: str | os.PathLike[str]) -> str:
     name = shown(os.fspath(path))
     with open_regular(path, "schedules", MAX_READ_BYTES) as file:
         try:
-            data = file.read(MAX_READ_BYTES + 1)
+            # As many bytes as the file has, and one to see it grow: a read of the limit allocated
+            # 1 GiB for any file, which a host that does not overcommit memory may refuse.
+            size = os.fstat(file.fileno()).st_size
+            data = file.read(min(size, MAX_READ_BYTES) + 1)
+            if len(data) > size:  # it grew while being read: the rest, up to the limit
+                data += file.read(MAX_READ_BYTES + 1 - len(data))
         except OSError as e:
             raise InputError(f"cannot read {name}: {e.strerror or e}") from None
     if len(data) > MAX_READ_BYTES:

@@ -13,12 +13,15 @@ import subprocess
 import sys
 import tempfile
 import time
+import tracemalloc
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from click.testing import CliRunner
 
 import stragglar
+from stragglar import files
 from stragglar.cli import cli
 from stragglar.errors import InputError
 from stragglar.files import ABANDONED_AFTER, own_descriptor, working_folder, write_text
@@ -456,3 +459,31 @@ def test_a_ctrl_c_pending_as_the_stops_are_held_leaves_no_handler_of_ours(tmp_pa
         [sys.executable, str(script)], capture_output=True, text=True, timeout=60, cwd=tmp_path
     )
     assert (done.returncode, done.stdout) == (0, "interrupted\nTrue\n"), done.stderr
+
+
+def test_a_file_is_read_without_reserving_the_limit(tmp_path: Path) -> None:
+    """A read of the limit allocated 1 GiB for a file of a few bytes, which a host that does not
+    overcommit memory may refuse (a MemoryError for a 1 kB schedule)."""
+    path = tmp_path / "s.json"
+    path.write_text("x" * 1000, encoding="utf-8")
+    tracemalloc.start()
+    try:
+        assert files.read_text(path) == "x" * 1000
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**20, peak
+
+
+def test_a_file_that_grows_as_it_is_read_is_read_whole_up_to_the_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "s.json"
+    path.write_text("y" * 300, encoding="utf-8")
+    monkeypatch.setattr(os, "fstat", lambda _: SimpleNamespace(st_size=100))  # 100 bytes when opened
+    assert files.read_text(path) == "y" * 300
+    monkeypatch.setattr(files, "MAX_READ_BYTES", 200)
+    # open_regular's own stat would refuse the 300 bytes at once: the file grows past 200 after it
+    monkeypatch.setattr(files, "open_regular", lambda p, kind, limit: open(p, "rb"))  # noqa: SIM115
+    with pytest.raises(InputError, match="grew past 200 bytes while being read"):
+        files.read_text(path)
