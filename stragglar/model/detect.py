@@ -201,8 +201,9 @@ def last_rank(late: Sequence[float]) -> int | None:
     (1, None)
     """
     check_step_figures(late, "latenesses")
-    latest = max(range(len(late)), key=late.__getitem__)
-    return latest if late[latest] > 0 else None
+    figures = late if isinstance(late, (tuple, list)) else list(late)
+    latest = figures.index(max(figures))  # the first of the largest, as a max by index is; 4x faster
+    return latest if figures[latest] > 0 else None
 
 
 def check_step_figures(figures: Sequence[float] | Sequence[Fraction], what: str) -> None:
@@ -211,7 +212,7 @@ def check_step_figures(figures: Sequence[float] | Sequence[Fraction], what: str)
     check_numbers(figures, what)
     if len(figures) < 2:
         raise InputError(f"{what} of at least two ranks are needed, got {len(figures)}")
-    if not all(math.isfinite(x) for x in figures):
+    if not all(map(math.isfinite, figures)):
         raise InputError(f"{what} must be finite numbers, got {list(figures)}"[:200])
 
 
@@ -220,9 +221,9 @@ def check_numbers(figures: object, what: str) -> None:
     ``len()``, a string's letters failed in ``math.isfinite``."""
     if isinstance(figures, (str, bytes)) or not hasattr(figures, "__len__"):
         raise ArgumentError(f"{what} must be a sequence of numbers, got {described(figures)}")
+    if set(map(type, figures)) <= {float}:  # type: ignore[call-overload]  # the hook's, every step
+        return
     for x in figures:  # type: ignore[attr-defined]
-        if type(x) is float:  # the common case, without the ABC check: the hook judges every step
-            continue
         if isinstance(x, bool) or not isinstance(x, numbers.Real):
             raise ArgumentError(f"{what} must be numbers, got {described(x)} ({type(x).__name__})")
 
