@@ -91,6 +91,8 @@ def as_rank(value: Any, name: str, num_ranks: int) -> int:
 def as_real(value: Any, name: str, unit: str) -> float:
     """``value`` as a float, if it is a real number (not a bool) of ``unit``; an integer past a
     float's range is infinite, as it would be anywhere it is used."""
+    if type(value) is float:  # the common case, without the ABC check: a replay asks 10**5 times
+        return value
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ArgumentError(
             f"{name} must be a number of {unit}, got {described(value)} ({type(value).__name__})"

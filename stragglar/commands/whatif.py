@@ -94,7 +94,7 @@ def _replay(group: Group, setting: Setting) -> GroupReplay:
     """A group's replay; what the group's own size refuses (a chunk count under its N - 1)
     names the group, as groups of several sizes may each refuse something else."""
     try:
-        return replay(group.times, group.steps, setting)
+        return replay(group.ticks, group.steps, setting, group.per_second)
     except InputError as e:
         if group.name is None:
             raise
@@ -138,7 +138,7 @@ def _check_named_unit(fmt: str, time_col: str) -> None:
 def _check_unit(groups: Sequence[Group], unit: str) -> None:
     """A warning where the ranks reach a step an hour apart or more, in the median: a table's
     times in nanoseconds read as seconds (--time-unit's default) said a rank was 58 days late."""
-    spreads = sorted(float(max(times) - min(times)) for group in groups for times in group.times)
+    spreads = sorted((max(ticks) - min(ticks)) / g.per_second for g in groups for ticks in g.ticks)
     median = spreads[len(spreads) // 2]
     if median >= UNLIKELY_SPREAD:
         echo(
@@ -162,7 +162,7 @@ def _check_resolution(groups: Sequence[Group], unit: str) -> None:
     per_unit = TIME_UNITS[unit]
     largest = Fraction(0)
     whole = True
-    times = (time for group in groups for step in group.times for time in step)
+    times = (Fraction(tick, group.per_second) for group in groups for step in group.ticks for tick in step)
     for time in itertools.islice(times, FLOAT32_SAMPLE):
         value = time / per_unit
         if Fraction(float(np.float32(float(value)))) != value:

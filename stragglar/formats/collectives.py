@@ -27,6 +27,7 @@ from typing import Any
 from stragglar.errors import InputError, quoted
 from stragglar.formats.trace_reading import rank_order, shown_value
 from stragglar.formats.traces import MAX_ROWS, Group
+from stragglar.units import common_ticks
 
 __all__ = ["MAX_WHOLE", "Record", "collect", "whole_number"]
 
@@ -156,15 +157,17 @@ def _group(found: _Found, word: str) -> Group:
     sizes: list[int | None] = []
     for step in steps:
         row = [found.steps[rank][step] for rank in ranks]
-        times.append(tuple(record.time for record in row))
+        times.append(tuple(record.time.as_integer_ratio() for record in row))
         sizes.append(_size(row, what, step))
     known = tuple(size for size in sizes if size is not None)
     partial = len({step for rank in ranks for step in found.steps[rank]}) - len(steps)
+    ticks, per_second = common_ticks(times)
     return Group(
         first.group,
         tuple(ranks),
         tuple(steps),
-        tuple(times),
+        ticks,
+        per_second,
         known if len(known) == len(sizes) else None,
         partial,
         first.kind,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import gzip
+import operator
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -55,14 +56,19 @@ class _Seconds:
         return str(self.seconds)
 
 
-def cell_seconds(value: Any, column: str, place: str, unit: Fraction | None) -> Fraction:
-    """A time in seconds: a number times ``unit`` (None: none given, seconds), or a timestamp or
-    duration in its own unit, for which a unit given, even seconds, is an error."""
+def cell_seconds(value: Any, column: str, place: str, unit: Fraction | None) -> tuple[int, int]:
+    """A time in seconds, exact, as ``(numerator, denominator)`` (not reduced: see
+    :func:`~stragglar.formats.trace_reading.exact_time`): a number times ``unit`` (None: none
+    given, seconds), or a timestamp or duration in its own unit, for which a unit given, even
+    seconds, is an error."""
     if not isinstance(value, _Seconds):
-        return exact_time(value, column, place) * (1 if unit is None else unit)
+        numerator, denominator = exact_time(value, column, place)
+        if unit is None:
+            return numerator, denominator
+        return numerator * unit.numerator, denominator * unit.denominator
     if unit is not None:
         raise InputError(f"{place}: {column} is a timestamp or duration, in its own unit: drop --time-unit")
-    return value.seconds
+    return value.seconds.as_integer_ratio()
 
 
 def cell_label(value: Any, column: str, place: str) -> str:
@@ -98,30 +104,28 @@ def cell_step(value: Any, column: str, place: str) -> int:
 
 def _csv_rows(file: BinaryIO, name: str, needed: Sequence[str]) -> Iterator[tuple[str, dict[str, Any]]]:
     lines = numbered_lines(file, name)
-    numbers: list[int] = []
     unended: list[int] = []  # the line without a line end: only a file's last can be one
 
     def text() -> Iterator[str]:
         for number, line in lines:
-            numbers.append(number)
             if not line.endswith(("\n", "\r")):
                 unended.append(number)
             yield line
 
-    reader = csv.reader(text())
+    reader = csv.reader(text())  # its line_num: the lines it has taken, a row's last among them
     try:
         header = next(reader, None)
         if header is None or not any(cell.strip() for cell in header):
             raise InputError(f"{name} is empty: no header row")
         header = [cell.strip() for cell in header]
         where = _missing(header, needed, name)
-        numbers.clear()
+        columns, cells_of = tuple(where), operator.itemgetter(*where.values())
+        last = reader.line_num
         for cells in reader:
-            first, last = numbers[0], numbers[-1]
-            numbers.clear()
-            place = f"{name} line {first}" if first == last else f"{name} lines {first} to {last}"
-            if not any(cell.strip() for cell in cells):
+            first, last = last + 1, reader.line_num
+            if not "".join(cells).strip():  # no cell but spaces (one C call, not one a cell)
                 continue  # a blank line
+            place = f"{name} line {first}" if first == last else f"{name} lines {first} to {last}"
             if len(cells) != len(header):
                 # a quote never closed takes every line after it into one field
                 opened = (
@@ -133,9 +137,9 @@ def _csv_rows(file: BinaryIO, name: str, needed: Sequence[str]) -> Iterator[tupl
                     f"{place} has no line end: was the file cut while it was written? (end the line to "
                     "replay it as it is)"
                 )
-            yield place, {column: cells[index] for column, index in where.items()}
+            yield place, dict(zip(columns, cells_of(cells), strict=True))
     except csv.Error as e:
-        at = f"{name} line {numbers[-1] if numbers else 1}"
+        at = f"{name} line {max(reader.line_num, 1)}"
         if "new-line character seen in unquoted field" in str(e):  # Python's advice is to the programmer
             raise InputError(f"{at}: a carriage return alone ends lines: make them line feeds") from None
         raise InputError(f"{at}: not CSV: {e}") from None

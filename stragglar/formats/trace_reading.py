@@ -20,7 +20,6 @@ import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from decimal import Decimal
-from fractions import Fraction
 from pathlib import Path
 from typing import Any, BinaryIO, cast
 
@@ -46,7 +45,8 @@ MAX_LINE = 2**20  # bytes in one line of CSV or JSON Lines
 MAX_TIME = 10**30  # a time's magnitude in its unit (ns since 1970 are 10**18): differences stay floats
 WHOLE_NUMBER = re.compile(r"[+-]?\d+", re.ASCII)  # ASCII digits: Python's int() takes any script's
 BYTE_ORDER_MARK = "\ufeff"  # what some editors and spreadsheets put before a UTF-8 file's first line
-_NUMBER = re.compile(r"[+-]?(?:\d{1,40}(?:\.\d{0,40})?|\.\d{1,40})(?:[eE][+-]?\d{1,3})?", re.ASCII)
+# sign, whole digits, digits after a point, digits after a point alone (.5), exponent
+_NUMBER = re.compile(r"([+-]?)(?:(\d{1,40})(?:\.(\d{0,40}))?|\.(\d{1,40}))(?:[eE]([+-]?\d{1,3}))?", re.ASCII)
 _GZIP = b"\x1f\x8b"  # a gzip stream's first two bytes
 
 
@@ -166,25 +166,45 @@ def shown_value(value: Any) -> str:
     return shown(text)
 
 
-def exact_time(value: Any, column: str, place: str) -> Fraction:
-    """A time as an exact fraction of its unit: a finite number (a Parquet decimal too), or a
-    decimal string, of magnitude below :data:`MAX_TIME`."""
-    time = None
-    if isinstance(value, bool):
+def exact_time(value: Any, column: str, place: str) -> tuple[int, int]:
+    """A time as an exact fraction of its unit, ``(numerator, denominator)`` with the denominator
+    above 0 and not reduced: a finite number (a Parquet decimal too), or a decimal string, of
+    magnitude below :data:`MAX_TIME`.  A decimal string's denominator is 10 to the power of its
+    digits after the point, so a column written with one precision shares one denominator and
+    its times compare as the integers they are (:func:`~stragglar.units.common_ticks`), with no
+    greatest common divisor taken per cell as a ``Fraction`` takes one.
+
+    >>> exact_time(" 1.250 ", "t", "here"), exact_time("-.5e2", "t", "here"), exact_time(0.5, "t", "here")
+    ((1250, 1000), (-50, 1), (1, 2))
+    """
+    ratio = None
+    if isinstance(value, str):
+        ratio = _decimal_ratio(value.strip())
+    elif isinstance(value, bool):
         pass
-    elif (
-        isinstance(value, int)
-        or (isinstance(value, float) and math.isfinite(value))
-        or (isinstance(value, Decimal) and value.is_finite())
+    elif isinstance(value, int):
+        ratio = (value, 1)
+    elif (isinstance(value, float) and math.isfinite(value)) or (
+        isinstance(value, Decimal) and value.is_finite()
     ):
-        time = Fraction(value)
-    elif isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
-        time = Fraction(value.strip())
-    if time is None:
+        ratio = value.as_integer_ratio()
+    if ratio is None:
         raise InputError(f"{place}: {column} is {shown_value(value)}, not a number")
-    if abs(time) >= MAX_TIME:
+    if abs(ratio[0]) >= MAX_TIME * ratio[1]:
         raise InputError(f"{place}: {column} is {shown_value(value)}: at most {MAX_TIME:.0e} of its unit")
-    return time
+    return ratio
+
+
+def _decimal_ratio(text: str) -> tuple[int, int] | None:
+    """A decimal text's exact value as (digits, 10 ** places), or None where it is no number."""
+    number = _NUMBER.fullmatch(text)
+    if number is None:
+        return None
+    sign, whole, point, alone, exponent = number.groups()
+    places = point or alone or ""
+    shift = (int(exponent) if exponent else 0) - len(places)
+    digits = int(sign + (whole or "") + places)
+    return (digits * 10**shift, 1) if shift >= 0 else (digits, 10**-shift)
 
 
 def rank_order(label: str) -> tuple[int, int, str]:

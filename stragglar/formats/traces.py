@@ -36,16 +36,17 @@ import errno
 import json
 import os
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
+from typing import Any, Generic, TypeVar
 
 from stragglar.errors import InputError, ResourceError, quoted, ran_out, shown
 from stragglar.files import open_appending, open_regular, refuse_standard_input
 from stragglar.formats.tables import TABLE_FORMATS, cell_label, cell_seconds, cell_step, table_rows
 from stragglar.formats.trace_reading import BYTE_ORDER_MARK, MAX_LINE, open_trace, rank_order, where_text
-from stragglar.units import TIME_UNITS
+from stragglar.units import TIME_UNITS, common_ticks
 
 __all__ = [
     "FLIGHT_RECORDER",
@@ -84,6 +85,7 @@ MAX_READ_ROWS = 10 * MAX_ROWS
 MAX_FILES = 65_536  # files of one trace: a rank's file each
 _SNIFF = 4096  # bytes of a file's start that tell its format
 _PICKLE_PROTOCOLS = (b"\x02", b"\x03", b"\x04", b"\x05")
+_Read = TypeVar("_Read", str, int)
 
 
 @dataclass(frozen=True)
@@ -111,8 +113,10 @@ class Columns:
 @dataclass(frozen=True)
 class Group:
     """One group's steps (``name`` None: the trace has no group column): ``ranks`` are the
-    trace's labels of ranks ``0..N-1``; ``times[i][r]`` is when rank ``r`` reached the collective
-    at step ``steps[i]``, in seconds (exact), steps in ascending order; ``sizes[i]`` the bytes of
+    trace's labels of ranks ``0..N-1``; ``ticks[i][r]`` is when rank ``r`` reached the collective
+    at step ``steps[i]``, in whole ticks of ``1 / per_second`` seconds (exact: the least common
+    multiple of the times' denominators, :func:`~stragglar.units.common_ticks`, so that the
+    replay compares and subtracts integers), steps in ascending order; ``sizes[i]`` the bytes of
     step ``i``'s collective where the trace records them (a collective library's records do, a
     table does not: None); ``partial`` the steps only some ranks recorded, left out (a library's
     buffer that wrapped, a dump taken while another rank was ahead, a library that samples);
@@ -121,10 +125,16 @@ class Group:
     name: str | None
     ranks: tuple[str, ...]
     steps: tuple[int, ...]
-    times: tuple[tuple[Fraction, ...], ...]
+    ticks: tuple[tuple[int, ...], ...]
+    per_second: int
     sizes: tuple[int, ...] | None = None
     partial: int = 0
     kind: str | None = None
+
+    @property
+    def times(self) -> tuple[tuple[Fraction, ...], ...]:
+        """``times[i][r]``: the ticks in seconds, each exactly, for a reader that wants seconds."""
+        return tuple(tuple(Fraction(tick, self.per_second) for tick in row) for row in self.ticks)
 
     @property
     def allreduce(self) -> bool:
@@ -292,12 +302,18 @@ def read_trace(
     name = shown(path)
     needed = [columns.step, columns.rank, columns.time, *([] if columns.group is None else [columns.group])]
     needed += [column for column, _ in where if column not in needed]
-    found: dict[str | None, dict[int, dict[str, Fraction]]] = {}
+    wanted = [(column, value.strip()) for column, value in where]
+    groups, steps, ranks = (
+        _Cells(cell_label, columns.group or ""),
+        _Cells(cell_step, columns.step),
+        _Cells(cell_label, columns.rank),
+    )
+    found: dict[str | None, dict[int, dict[str, tuple[int, int]]]] = {}
     kept = 0
     with open_trace(path) as file:
         for read, (place, row) in enumerate(table_rows(file, fmt, name, needed), 1):
             check_read(read, name, "row")
-            if any(where_text(row[column]) != value.strip() for column, value in where):
+            if wanted and any(where_text(row[column]) != value for column, value in wanted):
                 continue
             kept += 1
             if kept > max_rows:
@@ -305,19 +321,19 @@ def read_trace(
                     f"{name} has more than {max_rows:,} rows to replay: "
                     "pick fewer with --where, or cut the trace"
                 )
-            group = None if columns.group is None else cell_label(row[columns.group], columns.group, place)
-            step = cell_step(row[columns.step], columns.step, place)
-            rank = cell_label(row[columns.rank], columns.rank, place)
+            group = None if columns.group is None else groups(row[columns.group], place)
+            step = steps(row[columns.step], place)
+            rank = ranks(row[columns.rank], place)
             time = cell_seconds(row[columns.time], columns.time, place, unit)
-            ranks = found.setdefault(group, {}).setdefault(step, {})
-            if rank in ranks:
+            at_step = found.setdefault(group, {}).setdefault(step, {})
+            if rank in at_step:
                 where_group = "" if group is None else f" of group {quoted(group)}"
                 # a row per operation (a forward's, an all_reduce's): the one to replay is picked
                 hint = "" if where else ": a row per operation? keep one with --where COLUMN=VALUE"
                 raise InputError(
                     f"{place}: rank {quoted(rank)} at step {step}{where_group} is there twice{hint}"
                 )
-            ranks[rank] = time
+            at_step[rank] = time
     if not found:
         why = "after the --where filters" if where else "in it"
         raise InputError(f"{name} has no rows {why}")
@@ -335,7 +351,27 @@ def check_read(count: int, name: str, unit: str) -> None:
         )
 
 
-def _group(name: str, group: str | None, steps: Mapping[int, Mapping[str, Fraction]]) -> Group:
+class _Cells(Generic[_Read]):
+    """One column's cells, each distinct string or integer read once: a trace repeats a rank's
+    label at every step and a step's number at every rank, and reading one (a strip, a regular
+    expression, a check of its characters) costs several times the lookup.  Another value (a
+    float, a bool, a list) is read each time; a cell that is refused is never kept."""
+
+    def __init__(self, read: Callable[[Any, str, str], _Read], column: str) -> None:
+        self._read: Callable[[Any, str, str], _Read] = read
+        self._column = column
+        self._seen: dict[str | int, _Read] = {}
+
+    def __call__(self, value: Any, place: str) -> _Read:
+        if type(value) is not str and type(value) is not int:  # True == 1, 1.0 == 1: not the same cell
+            return self._read(value, self._column, place)
+        known = self._seen.get(value)
+        if known is None:
+            known = self._seen[value] = self._read(value, self._column, place)
+        return known
+
+
+def _group(name: str, group: str | None, steps: Mapping[int, Mapping[str, tuple[int, int]]]) -> Group:
     """A group's table, checked complete: every step has every rank of the group."""
     labels = sorted({rank for ranks in steps.values() for rank in ranks}, key=rank_order)
     where = "" if group is None else f" in group {quoted(group)}"
@@ -348,7 +384,8 @@ def _group(name: str, group: str | None, steps: Mapping[int, Mapping[str, Fracti
             missing = next(rank for rank in labels if rank not in ranks)
             raise InputError(f"{name}: step {step}{where} has no row for rank {quoted(missing)}")
         times.append(tuple(ranks[rank] for rank in labels))
-    return Group(group, tuple(labels), tuple(sorted(steps)), tuple(times))
+    ticks, per_second = common_ticks(times)
+    return Group(group, tuple(labels), tuple(sorted(steps)), ticks, per_second)
 
 
 def trace_lines(step: int, times: Sequence[float]) -> bytes:

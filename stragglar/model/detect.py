@@ -81,6 +81,7 @@ FALSE_ALARM = 1e-4  # the probability that a false alarm (a rank named where non
 SHARE = 0.75  # the share of steps a persistent straggler is last at, that the test is tuned to find
 WINDOW = 24  # recent steps the lateness figures (and the auto policy's confidence) are taken over
 MAX_GROUP = 2**20  # ranks a state is made for: far past any process group, and 8 MB of scores
+_PLAIN = frozenset((float, int))  # figures' types that are real numbers with no ABC check (not bool)
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,7 +213,11 @@ def check_step_figures(figures: Sequence[float] | Sequence[Fraction], what: str)
     check_numbers(figures, what)
     if len(figures) < 2:
         raise InputError(f"{what} of at least two ranks are needed, got {len(figures)}")
-    if not all(map(math.isfinite, figures)):
+    try:
+        finite = all(map(math.isfinite, figures))  # in C: a replay checks every step's figures
+    except OverflowError:  # an int past a float's range (a replay's ticks) is finite all the same
+        finite = all(type(x) is int or math.isfinite(x) for x in figures)
+    if not finite:
         raise InputError(f"{what} must be finite numbers, got {list(figures)}"[:200])
 
 
@@ -221,8 +226,8 @@ def check_numbers(figures: object, what: str) -> None:
     ``len()``, a string's letters failed in ``math.isfinite``."""
     if isinstance(figures, (str, bytes)) or not hasattr(figures, "__len__"):
         raise ArgumentError(f"{what} must be a sequence of numbers, got {described(figures)}")
-    if set(map(type, figures)) <= {float}:  # type: ignore[call-overload]  # the hook's, every step
-        return
+    if set(map(type, figures)) <= _PLAIN:  # type: ignore[call-overload]
+        return  # the common case, in C: the hook judges every step, a replay every step of a trace
     for x in figures:  # type: ignore[attr-defined]
         if isinstance(x, bool) or not isinstance(x, numbers.Real):
             raise ArgumentError(f"{what} must be numbers, got {described(x)} ({type(x).__name__})")
@@ -258,7 +263,7 @@ def observe(rule: Rule, detection: Detection, late: Sequence[float]) -> Detectio
     n = len(late)
     if n != len(detection.scores):
         raise InputError(f"{n} latenesses for a state of {len(detection.scores)} ranks: one a rank")
-    if not all(math.isfinite(x) for x in late):  # a NaN would make last_rank depend on its place
+    if not all(map(math.isfinite, late)):  # a NaN would make last_rank depend on its place
         raise InputError(f"latenesses must be finite numbers, got {list(late)}"[:200])
     step = detection.steps + 1
     if not rule.finds(n):
@@ -266,15 +271,20 @@ def observe(rule: Rule, detection: Detection, late: Sequence[float]) -> Detectio
     up, down = rule.evidence(n)
     h = rule.threshold(n)
     event = event_rank(rule, late)
-    scores, starts = [], []
-    for rank, (score, start) in enumerate(zip(detection.scores, detection.starts, strict=True)):
-        new = min(h, max(0.0, score + (up if rank == event else down)))
-        scores.append(new)
-        starts.append(None if new == 0 else step if start is None else start)
+    # a score at 0 without the event stays at 0 (down < 0 where the test finds): most ranks, most
+    # steps, passed over in one comprehension, as the hook observes every step
+    scores = [
+        min(h, max(0.0, score + (up if rank == event else down))) if score or rank == event else 0.0
+        for rank, score in enumerate(detection.scores)
+    ]
+    starts = [
+        None if new == 0 else step if start is None else start
+        for new, start in zip(scores, detection.starts, strict=True)
+    ]
     named, since = detection.named, detection.since
     if named is not None and scores[named] == 0:
         named = since = None  # its events stopped: no persistent straggler any more
-    at_threshold = [rank for rank in range(n) if scores[rank] >= h]
+    at_threshold = [rank for rank, score in enumerate(scores) if score >= h]
     if at_threshold and (named is None or scores[named] + up < h - _ROUNDING):
         named = min(at_threshold, key=lambda rank: (-scores[rank], rank))
         since = starts[named]

@@ -83,7 +83,7 @@ POLICIES = (STRAGGLAR, "auto")  # the DDP hook's: StragglAR for every bucket, or
 RUNS = 3  # timings of one size before the fits trust it
 MARGIN = 0.05  # the share of a Ring's exposed time StragglAR must be expected to save
 PROBE_LAG = 2  # the figures of step s are known at step s + 2 (:class:`~stragglar.ddp.probe.LateRankProbe`)
-_Time = TypeVar("_Time", float, Fraction)
+_Time = TypeVar("_Time", float, Fraction, int)
 
 Timing = tuple[int, int, float]
 """A bucket's reduction, as gathered: (bytes, chunks, seconds); chunks is the schedule's chunk
@@ -149,7 +149,7 @@ def _finite(value: object, name: str) -> float:
 
 def latenesses(waits: Sequence[_Time]) -> tuple[_Time, ...]:
     """Each rank's lateness at one step, from every rank's wait (at least two ranks); exact for
-    exact waits (a replay of a trace computes them in fractions, then rounds each once, as the
+    exact waits (a replay of a trace computes them in whole ticks, then rounds each once, as the
     probe's float subtraction does).
 
     >>> [round(x, 3) for x in latenesses([0.030, 0.001, 0.031, 0.029])]
@@ -168,10 +168,13 @@ def outlook(
     fixed: int | None,
     ring: Network | None,
     ours: Network | None,
+    events: Sequence[int | None] | None = None,
 ) -> Outlook | None:
     """The step's :class:`Outlook` from the rule's state and the latenesses of recent steps
     (``recent``, one row per step, the last row the step the rule saw last); None where there is
-    nobody to bet on.
+    nobody to bet on.  ``events``: each row's :func:`~stragglar.model.detect.event_rank` where the
+    caller has them (None: worked out here); a replay judges each step's row at every window
+    that holds it, and checks it and finds its last rank once.
 
     The candidate is ``fixed`` (a straggler the user named), judged over all of ``recent``; else
     the rank the rule names (:mod:`stragglar.model.detect`), judged over the steps since its
@@ -193,9 +196,15 @@ def outlook(
     if candidate is None:
         return None
     judged = list(recent)
+    marks = None if events is None else list(events)
+    if marks is not None and len(marks) != len(judged):
+        raise ArgumentError(f"{len(marks)} events for {len(judged)} rows of latenesses: one a row")
     if fixed is None and detection.since is not None:
         judged = judged[-(detection.steps - detection.since + 1) :]
-    when_last = [row[candidate] for row in judged if event_rank(rule, row) == candidate]
+        marks = None if marks is None else marks[len(marks) - len(judged) :]
+    if marks is None:
+        marks = [event_rank(rule, row) for row in judged]
+    when_last = [row[candidate] for row, event in zip(judged, marks, strict=True) if event == candidate]
     if not when_last:
         return None
     seen = tuple(row[candidate] for row in judged)
@@ -228,10 +237,11 @@ class AutoPolicy:
         detection: Detection,
         fixed: int | None,
         samples: Mapping[str, Sequence[Timing]],
+        events: Sequence[int | None] | None = None,
     ) -> Outlook | None:
         """The step's :class:`Outlook` (:func:`outlook`) from the latenesses of recent steps
-        (``recent``, one row per step), the rule's state and the gathered ``samples`` of each
-        algorithm; None with nobody to bet on.
+        (``recent``, one row per step, with their ``events`` where the caller has them), the
+        rule's state and the gathered ``samples`` of each algorithm; None with nobody to bet on.
 
         >>> net = Network(0.0, 1e9)  # N = 4: a Ring exposes 6 rounds of a quarter, StragglAR 4 of a third
         >>> ring = [(4 * 10**6, 0, 6e-3)] * RUNS  # exactly the model's price on net
@@ -250,7 +260,7 @@ class AutoPolicy:
         # measured, so possibly past what the model prices (a ring fit near its bound, scaled by a
         # ratio below 1): no network then, as with too few timings, never an error mid-training
         mine = None if ring is None else ring if self.network else _scaled_fit(ring, self.ratio)
-        return outlook(rule, detection, recent, fixed, ring, mine)
+        return outlook(rule, detection, recent, fixed, ring, mine, events)
 
 
 def chunk_count(

@@ -36,11 +36,12 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import cast
 
-from stragglar.errors import InputError
+from stragglar.errors import ArgumentError, InputError, described
 from stragglar.model.chunks import AUTO
 from stragglar.model.cost import Network, Profile, estimate
-from stragglar.model.detect import WINDOW, Detection, Rule, fresh, last_rank, observe, quantile
+from stragglar.model.detect import WINDOW, Detection, Rule, event_rank, fresh, last_rank, observe, quantile
 from stragglar.model.policy import (
     ALLREDUCE,
     PROBE_LAG,
@@ -54,6 +55,7 @@ from stragglar.model.policy import (
     latenesses,
 )
 from stragglar.model.predict import generated_profile
+from stragglar.units import common_ticks
 
 __all__ = [
     "AUTO_POLICY",
@@ -172,10 +174,17 @@ class GroupReplay:
         return sum(s.chose_stragglar for s in self.steps)
 
 
-def replay(times: Sequence[Sequence[Fraction]], steps: Sequence[int], setting: Setting) -> GroupReplay:
+def replay(
+    times: Sequence[Sequence[Fraction | int | float]],
+    steps: Sequence[int],
+    setting: Setting,
+    per_second: int | None = None,
+) -> GroupReplay:
     """Replay one group: ``times[i][r]`` is when rank ``r`` reached step ``steps[i]``'s
-    collective (seconds, exact; steps in order, at least two ranks).  A trace of another shape is
-    an :class:`~stragglar.errors.InputError`: steps out of order would date evidence after its
+    collective (steps in order, at least two ranks): seconds, exact, or with ``per_second`` whole
+    ticks of ``1 / per_second`` seconds (a trace's :attr:`~stragglar.formats.traces.Group.ticks`,
+    which the replay compares and subtracts as they are).  A trace of another shape is an
+    :class:`~stragglar.errors.InputError`: steps out of order would date evidence after its
     naming."""
     if not times or len(times) != len(steps):
         raise InputError(f"{len(times)} rows of times for {len(steps)} steps: one row a step, at least one")
@@ -185,13 +194,23 @@ def replay(times: Sequence[Sequence[Fraction]], steps: Sequence[int], setting: S
         raise InputError(f"every step needs the same ranks, at least two: got rows of {counts} ranks")
     if any(later <= earlier for earlier, later in itertools.pairwise(steps)):
         raise InputError("steps must be numbered in increasing order")
-    late = [_late(row) for row in times]
+    ticks: Sequence[Sequence[int]]
+    if per_second is None:
+        ticks, per_second = common_ticks([[Fraction(t).as_integer_ratio() for t in row] for row in times])
+    elif type(per_second) is not int or per_second < 1:  # of any size: the lcm of the denominators
+        raise ArgumentError(
+            f"per_second must be a whole number of ticks above 0, got {described(per_second)}"
+        )
+    else:
+        ticks = cast("Sequence[Sequence[int]]", times)  # whole ticks, as the readers' groups hold them
+    late = [_late(row, per_second) for row in ticks]
     last = [last_rank(step) for step in late]
+    events = [event_rank(setting.rule, step) for step in late]  # once a step, not at each window's
     latest = [max(range(n), key=step.__getitem__) for step in late]  # a tie's first: for Ring's start
     states = _detections(setting.rule, late)
     episodes = _episodes(states, steps)
     straggler = _straggler(episodes, steps, last)
-    arrivals = [_after_first(row) for row in times]
+    arrivals = [_after_first(row, per_second) for row in ticks]
     delays = [_wait(seconds, straggler)[1] for seconds in arrivals]
     network = setting.network
     # per bucket, the one count the model prices fastest over the trace's steps (the count fastest
@@ -212,34 +231,41 @@ def replay(times: Sequence[Sequence[Fraction]], steps: Sequence[int], setting: S
     for i, (step, seconds) in enumerate(zip(steps, arrivals, strict=True)):
         arrived = i - PROBE_LAG + 1  # the steps whose figures the hook's probe has at this step
         if arrived > 0:
-            recent = late[max(0, arrived - setting.window) : arrived]  # the probe's window
-            outlook = policy.judge(n, recent, setting.rule, states[arrived - 1], None, samples)
+            start = max(0, arrived - setting.window)  # the probe's window
+            recent, marks = late[start:arrived], events[start:arrived]
+            outlook = policy.judge(n, recent, setting.rule, states[arrived - 1], None, samples, marks)
         choices = []
         predicted = dict.fromkeys(PRICED, 0.0)
+        chosen: dict[int, Choice] = {}  # a step's buckets are often of one size: chosen once
+        price = _Prices(seconds, network)
         for b, size in enumerate(setting.buckets):
-            choice = choose(STRAGGLAR, n, size, outlook, setting.chunks)
+            if size not in chosen:
+                chosen[size] = choose(STRAGGLAR, n, size, outlook, setting.chunks)
+            choice = chosen[size]
             if choice != previous:
                 previous = choice
                 decisions.append((step, choice.algorithm, choice.straggler, choice.chunks))
             choices.append(choice)
-            predicted[RING] += priced(ring, seconds, latest[i], size, network)
-            predicted[STRAGGLAR] += priced(paper, seconds, straggler, size, network)
-            predicted[CHUNKED] += priced(chunked[b], seconds, straggler, size, network)
+            predicted[RING] += price(ring, latest[i], size)
+            predicted[STRAGGLAR] += price(paper, straggler, size)
+            predicted[CHUNKED] += price(chunked[b], straggler, size)
             if choice.straggler is None:
-                predicted[AUTO_POLICY] += priced(ring, seconds, latest[i], size, network)
+                predicted[AUTO_POLICY] += price(ring, latest[i], size)
             else:
                 ours = generated_profile(STRAGGLAR, n, choice.chunks)
-                predicted[AUTO_POLICY] += priced(ours, seconds, choice.straggler, size, network)
+                predicted[AUTO_POLICY] += price(ours, choice.straggler, size)
         replayed.append(StepReplay(step, late[i], last[i], tuple(choices), predicted))
     return GroupReplay(n, tuple(replayed), episodes, straggler, chunks, tuple(decisions))
 
 
-def _late(times: Sequence[Fraction]) -> tuple[float, ...]:
-    """Each rank's lateness at one step, from when each arrived: the probe's rule
-    (:func:`~stragglar.model.policy.latenesses`) on each rank's wait for the last, computed
-    exactly and rounded once, so that the hook's own trace replays to its own figures."""
-    latest = max(times)
-    return tuple(float(x) for x in latenesses([latest - t for t in times]))
+def _late(ticks: Sequence[int], per_second: int) -> tuple[float, ...]:
+    """Each rank's lateness at one step, from when each arrived (``ticks`` of ``1 / per_second``
+    seconds): the probe's rule (:func:`~stragglar.model.policy.latenesses`) on each rank's wait
+    for the last, computed exactly in ticks and rounded once (an integer division is rounded
+    correctly, as a ``Fraction``'s conversion is), so that the hook's own trace replays to its own
+    figures."""
+    latest = max(ticks)
+    return tuple(x / per_second for x in latenesses([latest - t for t in ticks]))
 
 
 def _detections(rule: Rule, late: Sequence[Sequence[float]]) -> list[Detection]:
@@ -284,6 +310,22 @@ def _straggler(episodes: Sequence[Episode], steps: Sequence[int], last: Sequence
     return min(times_last, key=lambda rank: (-times_last[rank], rank)) if times_last else 0
 
 
+class _Prices:
+    """One step's prices, each worked out once: the figures share schedules (the auto policy's is
+    Ring's or a fixed one's, chunked StragglAR's often the paper's) and buckets their sizes."""
+
+    def __init__(self, seconds: Sequence[float], network: Network) -> None:
+        self._seconds, self._network = seconds, network
+        self._known: dict[tuple[str, int, int, int], float] = {}
+
+    def __call__(self, prof: Profile, late_rank: int, size: int) -> float:
+        """:func:`priced` at this step, with ``late_rank`` as the straggler."""
+        key = (prof.algorithm, prof.num_chunks, late_rank, size)
+        if key not in self._known:
+            self._known[key] = priced(prof, self._seconds, late_rank, size, self._network)
+        return self._known[key]
+
+
 def priced(prof: Profile, seconds: Sequence[float], late_rank: int, size: int, network: Network) -> float:
     """``prof``'s time from the first arrival (``seconds``: each rank's arrival after the first),
     with ``late_rank`` as its straggler: it starts when the others are all in, and the straggler
@@ -292,13 +334,13 @@ def priced(prof: Profile, seconds: Sequence[float], late_rank: int, size: int, n
     return others + estimate(prof, size, delay, network).time
 
 
-def _after_first(times: Sequence[Fraction]) -> list[float]:
-    """Each rank's arrival at one step, seconds after the first rank's."""
-    first = min(times)
-    return [float(t - first) for t in times]
+def _after_first(ticks: Sequence[int], per_second: int) -> list[float]:
+    """Each rank's arrival at one step, seconds after the first rank's (each rounded once)."""
+    first = min(ticks)
+    return [(t - first) / per_second for t in ticks]
 
 
 def _wait(seconds: Sequence[float], late_rank: int) -> tuple[float, float]:
     """When every rank but ``late_rank`` is in, and how much later it arrives (0: not later)."""
-    others = max(t for rank, t in enumerate(seconds) if rank != late_rank)
+    others = max([*seconds[:late_rank], *seconds[late_rank + 1 :]])  # in C: a step is priced 12 times
     return others, max(seconds[late_rank] - others, 0.0)
