@@ -11,21 +11,17 @@ import pytest
 from stragglar.errors import ArgumentError, InputError
 from stragglar.model import Network, best_chunks, estimate, generated_profile
 from stragglar.model.detect import Rule, fresh, observe
+from stragglar.model.fits import RUNS, cost_ratio, fit_network, medians, scaled
 from stragglar.model.policy import (
-    RUNS,
     AutoPolicy,
     Choice,
     Outlook,
     choose,
     chunk_count,
-    cost_ratio,
     critical_delay_for,
-    fit_network,
     hidden_for,
     latenesses,
-    medians,
     outlook,
-    scaled,
 )
 
 

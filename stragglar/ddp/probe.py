@@ -6,7 +6,7 @@ rank, so all decide from the same numbers (:mod:`stragglar.model.policy`).  A ra
 how long it waited at the previous step's gather for the last rank, and how long it took to
 reduce the previous step's buckets (the first :data:`SLOTS` of them), each with the algorithm
 that reduced it (``kind``: an index in :data:`KINDS`, 0 for an empty slot) and its chunk count
-(:data:`~stragglar.model.policy.Timing`).
+(:data:`~stragglar.model.fits.Timing`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from stragglar.model.policy import ALLREDUCE, STRAGGLAR, Timing, latenesses
+from stragglar.model.fits import Timing
+from stragglar.model.policy import ALLREDUCE, STRAGGLAR, latenesses
 from stragglar.runtime import poll
 
 __all__ = [

@@ -42,6 +42,7 @@ from stragglar.errors import ArgumentError, InputError, described
 from stragglar.model.chunks import AUTO
 from stragglar.model.cost import Network, Profile, estimate
 from stragglar.model.detect import WINDOW, Detection, Rule, event_rank, fresh, last_rank, observe, quantile
+from stragglar.model.fits import Timing
 from stragglar.model.policy import (
     ALLREDUCE,
     PROBE_LAG,
@@ -49,7 +50,6 @@ from stragglar.model.policy import (
     AutoPolicy,
     Choice,
     Outlook,
-    Timing,
     choose,
     chunk_count,
     latenesses,
