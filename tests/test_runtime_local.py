@@ -204,6 +204,11 @@ def test_clear_errors_for_bad_buffers_and_schedules() -> None:
         allreduce_local([np.zeros(4, np.complex64)] * 3, s)
     with pytest.raises(TypeError, match="supported dtypes"):
         allreduce_local([np.zeros(4, np.uint8)] * 3, s)
+    # a supported dtype in the other byte order is named as such, with the way out
+    swapped = np.dtype(np.float32).newbyteorder("S")
+    way_out = r"float32 in the other byte order: pass array\.astype\('float32'\)"
+    with pytest.raises(ArgumentError, match=way_out):
+        allreduce_local([np.zeros(4, swapped) for _ in range(3)], s)
     with pytest.raises(
         ValueError, match=r"^allreduce needs rank 0's buffer contiguous \(results are written"
     ):

@@ -54,10 +54,23 @@ def dtype_name(array: Array) -> str:
         return name
     name = str(dtype).rsplit(".", 1)[-1]
     if name not in DTYPES:
-        raise ArgumentError(f"cannot allreduce dtype {name}: supported dtypes are {', '.join(DTYPES)}")
+        supported = f"supported dtypes are {', '.join(DTYPES)}{_byte_order_hint(dtype)}"
+        raise ArgumentError(f"cannot allreduce dtype {name}: {supported}")
     if len(_dtype_names) < 64:
         _dtype_names[dtype] = name
     return name
+
+
+def _byte_order_hint(dtype: Any) -> str:
+    """The way out where a NumPy dtype is a supported one in the other byte order: NumPy names it
+    by its code (``>f4``), and "cannot allreduce dtype >f4: supported dtypes are ..., float32"
+    read as a contradiction.  Only the native byte order is summed."""
+    if getattr(dtype, "isnative", True):  # torch's dtypes have no byte order
+        return ""
+    native = str(dtype.newbyteorder("="))
+    if native not in DTYPES:
+        return ""
+    return f" ({native} in the other byte order: pass array.astype('{native}'))"
 
 
 def flat_view(array: Array, owner: str | None = None) -> Array:
