@@ -160,7 +160,7 @@ def best_chunks(
 
     expect(network, Network, "network")  # None had no attribute 'alpha'
     size_bytes, delay = check_setting(size_bytes, delay)
-    return _fastest(num_ranks, size_bytes, np.array([delay]), network, power_of_two, max_chunks)
+    return _fastest(*_priced(num_ranks, size_bytes, np.array([delay]), network, power_of_two, max_chunks))
 
 
 def ranked_chunks(
@@ -183,7 +183,7 @@ def ranked_chunks(
 
     expect(network, Network, "network")  # None had no attribute 'alpha'
     size_bytes, delay = check_setting(size_bytes, delay)
-    return _ranked(num_ranks, size_bytes, np.array([delay]), network, power_of_two, max_chunks)
+    return _ranked(*_priced(num_ranks, size_bytes, np.array([delay]), network, power_of_two, max_chunks))
 
 
 def best_chunks_over(
@@ -217,21 +217,13 @@ def best_chunks_over(
     if len(delays) == 0:
         raise InputError("best_chunks_over prices counts over the delays of one call at least, got none")
     late = np.sort(np.array([check_setting(size_bytes, d)[1] for d in delays]))
-    return _fastest(num_ranks, size_bytes, late, network, power_of_two, max_chunks)
+    return _fastest(*_priced(num_ranks, size_bytes, late, network, power_of_two, max_chunks))
 
 
-def _ranked(
-    num_ranks: int,
-    size_bytes: float,
-    delays: np.ndarray,
-    network: Network,
-    power_of_two: bool,
-    max_chunks: int | None,
-) -> list[int]:
-    """:func:`ranked_chunks` over ``delays`` (checked, sorted): every count, by its summed price."""
+def _ranked(counts: np.ndarray, prices: np.ndarray) -> list[int]:
+    """:func:`ranked_chunks`' order of ``counts`` (ascending) by their ``prices``."""
     import numpy as np
 
-    counts, prices = _priced(num_ranks, size_bytes, delays, network, power_of_two, max_chunks)
     order = np.lexsort((counts, prices))
     ranked: list[int] = []
     first = 0
@@ -245,20 +237,12 @@ def _ranked(
     return ranked
 
 
-def _fastest(
-    num_ranks: int,
-    size_bytes: float,
-    delays: np.ndarray,
-    network: Network,
-    power_of_two: bool,
-    max_chunks: int | None,
-) -> int:
+def _fastest(counts: np.ndarray, prices: np.ndarray) -> int:
     """:func:`_ranked`'s first without ranking the rest: the fewest chunks priced within
     :data:`SAME_PRICE` of the cheapest.  Ranking every count took 5 ms (4,090 counts ranked in
     Python), which the DDP hook paid per bucket and step under ``chunks="auto"``."""
     import numpy as np
 
-    counts, prices = _priced(num_ranks, size_bytes, delays, network, power_of_two, max_chunks)
     cheap = prices <= prices.min() * (1 + SAME_PRICE)
     return int(counts[np.argmax(cheap)])  # counts ascend: the first cheap one is the fewest
 
@@ -271,7 +255,8 @@ def _priced(
     power_of_two: bool,
     max_chunks: int | None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Every count :func:`chunk_candidates` allows (ascending) and its price summed over ``delays``."""
+    """Every count :func:`chunk_candidates` allows (ascending) and its price summed over ``delays``
+    (checked, sorted)."""
     import numpy as np
 
     counts = chunk_candidates(num_ranks, size_bytes, power_of_two=power_of_two, max_chunks=max_chunks)
