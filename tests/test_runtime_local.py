@@ -171,6 +171,23 @@ def test_layout_covers_every_element_once(count: int, chunks: int) -> None:
     assert list(layout.sizes) == sorted(layout.sizes, reverse=True)
 
 
+@pytest.mark.parametrize(
+    ("count", "chunks", "error", "message"),
+    [
+        ("5", 3, ArgumentError, "count must be an integer"),
+        (5, 2.0, ArgumentError, "num_chunks must be an integer"),
+        (-1, 3, InputError, "count must be at least 0"),
+        (5, 0, InputError, "num_chunks must be at least 1"),
+        (5, 10**9, InputError, "in 1,000,000,000 chunks: at most 65,536"),
+    ],
+)
+def test_a_layout_of_counts_that_are_none_is_refused_before_it_is_made(
+    count: Any, chunks: Any, error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        Layout.even(count, chunks)
+
+
 @pytest.mark.parametrize(("algorithm", "n"), CASES)
 def test_program_respects_synchronous_rounds(algorithm: str, n: int) -> None:
     """No chunk is written in place while the same rank sends it, reduces never land in place,

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from stragglar.args import as_int
 from stragglar.errors import InputError
+from stragglar.schedule import MAX_CHUNKS
 
 __all__ = ["Layout"]
 
@@ -29,9 +31,15 @@ class Layout:
 
     @classmethod
     def even(cls, count: int, num_chunks: int) -> Layout:
-        """Split ``count`` elements into ``num_chunks`` chunks whose sizes differ by at most one."""
-        if count < 0 or num_chunks < 1:
-            raise InputError(f"cannot lay out {count} elements in {num_chunks} chunks")
+        """Split ``count`` elements into ``num_chunks`` chunks whose sizes differ by at most one;
+        counts that are no integers, or more chunks than a schedule has, are refused in one line
+        before any bound is made ("5" was a TypeError, 10**9 chunks a billion bounds)."""
+        count = as_int(count, "count", minimum=0)
+        num_chunks = as_int(num_chunks, "num_chunks", minimum=1)
+        if num_chunks > MAX_CHUNKS:
+            raise InputError(
+                f"cannot lay out {count} elements in {num_chunks:,} chunks: at most {MAX_CHUNKS:,}"
+            )
         base, extra = divmod(count, num_chunks)
         bounds: list[tuple[int, int]] = []
         start = 0
