@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import io
 import json
 import os
 import shlex
@@ -15,7 +16,6 @@ import tempfile
 import time
 import tracemalloc
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 from click.testing import CliRunner
@@ -475,15 +475,31 @@ def test_a_file_is_read_without_reserving_the_limit(tmp_path: Path) -> None:
     assert peak < 2**20, peak
 
 
+class Growing(io.BytesIO):
+    """A file whose size, as ``fstat`` of its descriptor says it, is another file's: what a file
+    that grows after it was opened looks like to its reader, without patching ``os`` for everyone
+    (a patched ``os.fstat`` broke pytest's own descriptors)."""
+
+    def __init__(self, data: bytes, sized: Path) -> None:
+        super().__init__(data)
+        self.sized = sized.open("rb")
+
+    def fileno(self) -> int:
+        return self.sized.fileno()
+
+    def close(self) -> None:
+        self.sized.close()
+        super().close()
+
+
 def test_a_file_that_grows_as_it_is_read_is_read_whole_up_to_the_limit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path = tmp_path / "s.json"
+    path, opened = tmp_path / "s.json", tmp_path / "as-opened"
     path.write_text("y" * 300, encoding="utf-8")
-    monkeypatch.setattr(os, "fstat", lambda _: SimpleNamespace(st_size=100))  # 100 bytes when opened
+    opened.write_bytes(b"y" * 100)  # 100 bytes when it was opened, 300 as it is read
+    monkeypatch.setattr(files, "open_regular", lambda p, kind, limit: Growing(b"y" * 300, opened))
     assert files.read_text(path) == "y" * 300
     monkeypatch.setattr(files, "MAX_READ_BYTES", 200)
-    # open_regular's own stat would refuse the 300 bytes at once: the file grows past 200 after it
-    monkeypatch.setattr(files, "open_regular", lambda p, kind, limit: open(p, "rb"))  # noqa: SIM115
     with pytest.raises(InputError, match="grew past 200 bytes while being read"):
         files.read_text(path)
