@@ -99,7 +99,28 @@ def test_header_reads_the_keys_before_the_first_array_or_object() -> None:
         HEAD.replace('"straggler": null, ', '"straggler": []'),
         HEAD.replace('"algorithm"', '"bogus"'),  # an unknown key before the sizes ends the header
         HEAD.replace('"version": 1', '"version" 1'),
+        HEAD.replace('"collective": "allreduce", ', ""),  # every header key, not the sizes alone
+        HEAD + '"bogus": 1, ',  # an unknown key after the sizes
+        HEAD.replace('"ring"', '"\\ud800"'),  # an escape: parse()'s own checks name half a surrogate
     ],
 )
 def test_header_is_none_where_the_keys_before_the_phases_do_not_tell_good_sizes(text: str) -> None:
-    assert header(text) is None
+    assert header(text + '"phases": []}') is None
+
+
+@pytest.mark.parametrize(
+    ("head", "message"),
+    [
+        (HEAD.replace('"ring"', '"\\ud800"'), "not valid Unicode: the string '\\\\ud800' has half of a"),
+        (HEAD.replace('"collective": "allreduce", ', ""), "collective: missing required key"),
+        (HEAD + '"bogus": 1, ', "bogus: unknown key"),
+    ],
+)
+def test_a_header_the_whole_reading_refuses_is_refused_as_it_refuses_it(
+    tmp_path: Path, head: str, message: str
+) -> None:
+    """Its sizes too large were refused first (an export's review): a header that the reading
+    would refuse is the reading's to name, whatever its sizes."""
+    path = tmp_path / "bad.json"
+    path.write_text(head + '"phases": []}', encoding="utf-8")
+    assert message in export_xml(path)

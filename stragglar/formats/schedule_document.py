@@ -64,7 +64,6 @@ _KEYS = (
     "phases",
 )
 HEADER_KEYS = frozenset(_KEYS) - {"phases"}  # plain values, before the phases as stragglar writes
-_SIZE_KEYS = ("format", "version", "num_ranks", "num_chunks", "straggler")  # a header must tell these
 _OPTIONAL_KEYS = ("metadata",)  # absent means {}
 _PHASE_KEYS = ("name", "ranks", "rounds")
 _TRANSFER_KEYS = ("src", "dst", "chunk", "op")
@@ -373,18 +372,16 @@ def _sizes(num_ranks: object, num_chunks: object, straggler: object) -> tuple[in
 
 
 def checked_header(fields: dict[str, Any]) -> tuple[int, int, int | None]:
-    """The sizes in ``fields``, some of a document's header keys (:data:`HEADER_KEYS`), checked as
-    :func:`from_document` checks them; the tag, the version and the sizes must be among them."""
-    for key in _SIZE_KEYS:
+    """The sizes in ``fields``, a document's header keys (:data:`HEADER_KEYS`, every one of them),
+    checked as :func:`from_document` checks them."""
+    for key in sorted(HEADER_KEYS):
         if key not in fields:
             _fail(key, "missing required key")
     _const(fields["format"], "format", FORMAT)
     if not (type(fields["version"]) is int and fields["version"] == VERSION):
         _fail("version", f"expected {VERSION}, got {_show(fields['version'])}")
-    if "collective" in fields:
-        _const(fields["collective"], "collective", COLLECTIVE)
-    if "algorithm" in fields:
-        _str(fields["algorithm"], "algorithm", nonempty=True)
+    _const(fields["collective"], "collective", COLLECTIVE)
+    _str(fields["algorithm"], "algorithm", nonempty=True)
     return _sizes(fields["num_ranks"], fields["num_chunks"], fields["straggler"])
 
 

@@ -231,6 +231,7 @@ class Header(NamedTuple):
 
 
 _WHITESPACE = re.compile(r"[ \t\n\r]*")  # JSON's, and no other
+_HEADER_ENDS = ("phases", "metadata")  # the keys that end a header, as stragglar writes documents
 _SCALARS = json.JSONDecoder(parse_constant=_reject_constant)  # a header's keys and values: no array or object
 
 
@@ -246,15 +247,15 @@ def header(text: str) -> Header | None:
     alone (``export`` to a format that holds fewer GPUs) refuses it then before the phases are
     parsed and built: 4.6 s and 773 MB for a 1024-GPU file, all to say no.
 
-    The keys are read up to the first that is not a header key (``phases``, as stragglar writes
-    them) or whose value is an array or an object.  Sizes are given only where each of those keys is
-    a header key, none appears twice, together they hold the format's tag, version and every size,
-    and :func:`from_document` would accept each of them: a header it would refuse is left for the
-    whole document's reading to name.  What follows is not read, so a file whose phases are bad is
-    refused by its sizes as if they were good: no phases would make those sizes fit.
+    The keys are read up to ``phases`` (or ``metadata``), as stragglar writes them.  Sizes are
+    given only where the keys before it are the header's every key (:data:`HEADER_KEYS`), none
+    twice, none else, no escape in their text, and :func:`from_document` would accept each: a
+    header it would refuse is left for the whole document's reading to name.  What follows is not
+    read, so a file whose rest is bad (its phases, a key after them, data after the document) is
+    refused by its sizes as if it were good: nothing there could make those sizes fit.
 
-    >>> header('{"format": "stragglar-schedule", "version": 1, "num_ranks": 256, "num_chunks": 255, '
-    ...        '"straggler": null, "phases": [oops')
+    >>> header('{"format": "stragglar-schedule", "version": 1, "collective": "allreduce", '
+    ...        '"algorithm": "x", "num_ranks": 256, "num_chunks": 255, "straggler": null, "phases": [oops')
     Header(num_ranks=256, num_chunks=255, straggler=None)
     >>> header('{"format": "stragglar-schedule", "version": 1, "phases": [], "num_ranks": 256}') is None
     True
@@ -271,16 +272,18 @@ def header(text: str) -> Header | None:
             if text[i : i + 1] != ":":
                 return None
             i = _skip(text, i + 1)
-            if key not in HEADER_KEYS or text[i : i + 1] in ("[", "{"):
+            if key in _HEADER_ENDS:
                 break
-            if key in fields:  # the whole document's reading refuses it
-                return None
+            if key not in HEADER_KEYS or key in fields or text[i : i + 1] in ("[", "{"):
+                return None  # a key unknown or twice, a size that is no scalar: for the whole reading
             fields[key], i = _SCALARS.raw_decode(text, i)
             i = _skip(text, i)
             if text[i : i + 1] != ",":
                 break
             i = _skip(text, i + 1)
     except ValueError:  # bad JSON (a number past Python's digits too), for the whole reading to name
+        return None
+    if "\\" in text[:i]:  # an escape (half a surrogate pair, say): parse() has its own checks for them
         return None
     try:
         return Header(*checked_header(fields))
