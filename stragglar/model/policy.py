@@ -265,8 +265,9 @@ def chunk_count(
     cost model's fastest on ``network`` with the straggler ``delay`` seconds late, or summed over
     its lateness at several steps where ``delay`` is a sequence of them
     (:func:`~stragglar.model.chunks.resolve_chunks`); None for the paper's N-1.  A network with
-    alpha 0 (:func:`fit_network`'s when its sizes cannot separate alpha from bandwidth) keeps
-    the paper's N-1: it does not know what a round costs, and would price thousands of chunks free.
+    alpha 0 (:func:`~stragglar.model.fits.fit_network`'s when its sizes cannot separate alpha
+    from bandwidth) keeps the paper's N-1: it does not know what a round costs, and would price
+    thousands of chunks free.
 
     >>> fast = Network(3e-6, 450 * 2**30)  # the paper's NVLink: many chunks pay
     >>> chunk_count(8, 2**30, 5e-3, fast, "auto"), chunk_count(8, 2**30, 5e-3, fast, 14)
