@@ -345,6 +345,12 @@ def _check_header(doc: object) -> dict[str, Any]:
     """Check the format tag and version before anything else, then the top-level keys."""
     if not isinstance(doc, dict):
         _fail("", f"expected an object, got {_show(doc)}")
+    _check_tag(doc)
+    return _object(doc, "", _KEYS, _OPTIONAL_KEYS)
+
+
+def _check_tag(doc: dict[str, Any]) -> None:
+    """The format tag, then the version."""
     if "format" not in doc:
         _fail("format", "missing required key")
     _const(doc["format"], "format", FORMAT)  # first: another program's JSON is told by its tag alone
@@ -355,7 +361,14 @@ def _check_header(doc: object) -> dict[str, Any]:
         _fail("version", f"expected an integer, got {_show(version)}")
     if version != VERSION:
         _fail("version", f"unsupported version {version} (this stragglar reads version {VERSION})")
-    return _object(doc, "", _KEYS, _OPTIONAL_KEYS)
+
+
+def _head(d: dict[str, Any]) -> tuple[str, int, int, int | None]:
+    """The collective, the algorithm and the sizes of a document's keys, checked: its algorithm,
+    ranks, chunks and straggler."""
+    _const(d["collective"], "collective", COLLECTIVE)
+    algorithm = _str(d["algorithm"], "algorithm", nonempty=True)
+    return (algorithm, *_sizes(d["num_ranks"], d["num_chunks"], d["straggler"]))
 
 
 def _sizes(num_ranks: object, num_chunks: object, straggler: object) -> tuple[int, int, int | None]:
@@ -373,16 +386,13 @@ def _sizes(num_ranks: object, num_chunks: object, straggler: object) -> tuple[in
 
 def checked_header(fields: dict[str, Any]) -> tuple[int, int, int | None]:
     """The sizes in ``fields``, a document's header keys (:data:`HEADER_KEYS`, every one of them),
-    checked as :func:`from_document` checks them."""
+    checked by :func:`from_document`'s own checks."""
     for key in sorted(HEADER_KEYS):
         if key not in fields:
             _fail(key, "missing required key")
-    _const(fields["format"], "format", FORMAT)
-    if not (type(fields["version"]) is int and fields["version"] == VERSION):
-        _fail("version", f"expected {VERSION}, got {_show(fields['version'])}")
-    _const(fields["collective"], "collective", COLLECTIVE)
-    _str(fields["algorithm"], "algorithm", nonempty=True)
-    return _sizes(fields["num_ranks"], fields["num_chunks"], fields["straggler"])
+    _check_tag(fields)
+    _, n, c, straggler = _head(fields)
+    return n, c, straggler
 
 
 def from_document(doc: object, *, consume: bool = False) -> Schedule:
@@ -398,9 +408,7 @@ def from_document(doc: object, *, consume: bool = False) -> Schedule:
     stragglar.formats.schedule_document.ScheduleFormatError: collective: missing required key
     """
     d = _check_header(doc)
-    _const(d["collective"], "collective", COLLECTIVE)
-    algorithm = _str(d["algorithm"], "algorithm", nonempty=True)
-    n, c, straggler = _sizes(d["num_ranks"], d["num_chunks"], d["straggler"])
+    algorithm, n, c, straggler = _head(d)
     idle = IdleRounds()
     with gc_paused():
         phases = tuple(
