@@ -155,12 +155,10 @@ def best_chunks(
 ) -> int:
     """The chunk count whose StragglAR schedule the cost model prices fastest after the straggler
     arrives, among every count :func:`chunk_candidates` allows; the fewest chunks among equals:
-    :func:`ranked_chunks`' first."""
-    import numpy as np
-
-    expect(network, Network, "network")  # None had no attribute 'alpha'
-    size_bytes, delay = check_setting(size_bytes, delay)
-    return _fastest(*_priced(num_ranks, size_bytes, np.array([delay]), network, power_of_two, max_chunks))
+    :func:`ranked_chunks`' first (:func:`best_chunks_over` one delay)."""
+    return best_chunks_over(
+        num_ranks, size_bytes, [delay], network, power_of_two=power_of_two, max_chunks=max_chunks
+    )
 
 
 def ranked_chunks(
