@@ -8,6 +8,7 @@ restated here, and random uint64 inputs summed with numpy (wrapping mod 2**64).
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 from collections import Counter, defaultdict
@@ -38,26 +39,31 @@ class Mutant:
 
 def structurally_sound(s: Schedule) -> bool:
     """The schedule rules, restated without stragglar.verify: one-port, one write per value, in range."""
-    for phase in s.phases:
-        members = set(phase.ranks)
-        for rnd in phase.rounds:
-            peers_out: defaultdict[int, set[int]] = defaultdict(set)
-            peers_in: defaultdict[int, set[int]] = defaultdict(set)
-            for t in rnd:
-                peers_out[t.src].add(t.dst)
-                peers_in[t.dst].add(t.src)
-            if any(len(peers) > 1 for peers in [*peers_out.values(), *peers_in.values()]):
-                return False
-            if max(Counter((t.dst, t.chunk) for t in rnd).values(), default=0) > 1:
-                return False
-            if not all(well_formed(t, members, s) for t in rnd):
-                return False
-    return True
+    ranks, chunks = range(s.num_ranks), range(s.num_chunks)
+    return all(
+        sound_round(rnd, frozenset(phase.ranks), ranks, chunks) for phase in s.phases for rnd in phase.rounds
+    )
 
 
-def well_formed(t: Transfer, members: set[int], s: Schedule) -> bool:
-    in_range = {t.src, t.dst} <= set(range(s.num_ranks)) and t.chunk in range(s.num_chunks)
-    return in_range and t.src != t.dst and {t.src, t.dst} <= members and t.op in (Op.COPY, Op.REDUCE)
+@functools.lru_cache(maxsize=1 << 16)  # a mutant changes one or two rounds: the others are known
+def sound_round(rnd: Round, members: frozenset[int], ranks: range, chunks: range) -> bool:
+    peers_out: defaultdict[int, set[int]] = defaultdict(set)
+    peers_in: defaultdict[int, set[int]] = defaultdict(set)
+    for t in rnd:
+        peers_out[t.src].add(t.dst)
+        peers_in[t.dst].add(t.src)
+    if any(len(peers) > 1 for peers in [*peers_out.values(), *peers_in.values()]):
+        return False
+    if max(Counter((t.dst, t.chunk) for t in rnd).values(), default=0) > 1:
+        return False
+    return all(well_formed(t, members, ranks, chunks) for t in rnd)
+
+
+def well_formed(t: Transfer, members: frozenset[int], ranks: range, chunks: range) -> bool:
+    in_range = t.src in ranks and t.dst in ranks and t.chunk in chunks
+    return (
+        in_range and t.src != t.dst and t.src in members and t.dst in members and t.op in (Op.COPY, Op.REDUCE)
+    )
 
 
 def wrong_values(s: Schedule, rng: np.random.Generator) -> set[tuple[int, int]]:
@@ -68,11 +74,17 @@ def wrong_values(s: Schedule, rng: np.random.Generator) -> set[tuple[int, int]]:
     for phase in s.phases:
         for rnd in phase.rounds:
             if rnd:
-                src, dst, chunk, add = np.array([(t.src, t.dst, t.chunk, t.op is Op.REDUCE) for t in rnd]).T
+                src, dst, chunk, add = columns(rnd)
                 # The right side is computed in full before the assignment: a synchronous round.
                 values[dst, chunk] = values[src, chunk] + np.where(add == 1, values[dst, chunk], np.uint64(0))
     rank, chunk = np.nonzero(values != expected)
     return set(zip(rank.tolist(), chunk.tolist(), strict=True))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def columns(rnd: Round) -> np.ndarray:
+    """A round's sources, destinations, chunks and reduce flags, one row each."""
+    return np.array([(t.src, t.dst, t.chunk, t.op is Op.REDUCE) for t in rnd]).T
 
 
 def positions(s: Schedule) -> list[Position]:
