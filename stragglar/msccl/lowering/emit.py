@@ -37,8 +37,10 @@ def render(header: Header, programs: Programs, ids: dict[ThreadBlock, int], scra
         f'nchunksperloop="{header.nchunksperloop}" ngpus="{header.ngpus}" coll="allreduce" inplace="1" '
         f'outofplace="0" minBytes="{header.min_bytes}" maxBytes="{header.max_bytes}">'
     ]
-    for g in range(header.ngpus):
-        tbs = sorted((tb for tb in programs.tbs if tb.gpu == g), key=ids.__getitem__)
+    by_gpu: list[list[ThreadBlock]] = [[] for _ in range(header.ngpus)]
+    for tb in sorted(programs.tbs, key=ids.__getitem__):  # one pass, not one per GPU: 128 GPUs, 13k TBs
+        by_gpu[tb.gpu].append(tb)
+    for g, tbs in enumerate(by_gpu):
         chunks = header.nchunksperloop
         lines.append(f'  <gpu id="{g}" i_chunks="{chunks}" o_chunks="0" s_chunks="{scratch[g]}">')
         for tb in tbs:

@@ -190,9 +190,12 @@ def number(
     if nchannels > MAX_CHANNELS:
         raise MscclExportError(_too_many_channels(str(nchannels)))
     ids: dict[ThreadBlock, int] = {}
-    for g in range(num_ranks):
+    by_gpu: list[list[ThreadBlock]] = [[] for _ in range(num_ranks)]
+    for tb in tbs:
+        by_gpu[tb.gpu].append(tb)
+    for g, on_gpu in enumerate(by_gpu):
         mine = sorted(
-            (tb for tb in tbs if tb.gpu == g),
+            on_gpu,
             key=lambda tb: (tb not in targets, tb.chan, tb.kind, tb.send, tb.recv, tb.order),
         )
         waited_on = sum(tb in targets for tb in mine)
