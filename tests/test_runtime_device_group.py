@@ -640,8 +640,10 @@ def test_every_rank_refuses_a_registration_that_any_rank_cannot_make(cuda: FakeC
     assert "rank 1 could not" in str(strided[0])
     with pytest.raises(InputError, match=r"runs on CuPy arrays or torch CUDA tensors, not NumPy arrays$"):
         register_buffer(np.zeros(4), None)
-    with pytest.raises(InputError, match=r"runs on CuPy arrays or torch CUDA tensors, not list$"):
+    with pytest.raises(ArgumentError, match=r"runs on CuPy arrays or torch CUDA tensors, not list$"):
         register_buffer([0.0] * 4, None)
+    with pytest.raises(ArgumentError, match=r"runs on CuPy arrays or torch CUDA tensors, not NoneType$"):
+        register_buffer(None, None)
     with pytest.raises(ArgumentError, match=r"^cannot register a DeviceArray across processes: pass a torch"):
         register_buffer(cuda.buffer(np.zeros(4)), None)  # a CuPy array needs an NcclGroup
     counts = attempt(lambda r: cuda.buffer(np.arange(9.0 + (r == 0))))

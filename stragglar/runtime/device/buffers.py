@@ -38,7 +38,11 @@ def check_device_buffer(data: Any) -> None:
     library = library_of(data)
     if library == "cupy" or (library == "torch" and bool(data.is_cuda)):
         return
-    got = {"numpy": "NumPy arrays", "torch": "torch CPU tensors"}.get(library or "", type(data).__name__)
+    if library is None:  # not an array at all: a wrong type, as allreduce and allreduce_local say it
+        raise ArgumentError(
+            f"the device engine runs on CuPy arrays or torch CUDA tensors, not {type(data).__name__}"
+        )
+    got = {"numpy": "NumPy arrays", "torch": "torch CPU tensors"}[library]
     raise InputError(f"the device engine runs on CuPy arrays or torch CUDA tensors, not {got}")
 
 
