@@ -84,7 +84,7 @@ def wrong_values(s: Schedule, rng: np.random.Generator) -> set[tuple[int, int]]:
 @functools.lru_cache(maxsize=1 << 16)
 def columns(rnd: Round) -> np.ndarray:
     """A round's sources, destinations, chunks and reduce flags, one row each."""
-    return np.array([(t.src, t.dst, t.chunk, t.op is Op.REDUCE) for t in rnd]).T
+    return np.transpose([(t.src, t.dst, t.chunk, t.op is Op.REDUCE) for t in rnd])
 
 
 def positions(s: Schedule) -> list[Position]:
