@@ -17,9 +17,12 @@ from stragglar.model.detect import (
     MIN_FALSE_ALARM,
     Detection,
     Rule,
+    event_rank,
     fresh,
+    last_and_event,
     last_rank,
     observe,
+    observe_event,
     quantile,
     recent_lateness,
 )
@@ -193,6 +196,35 @@ def test_a_share_at_or_below_chance_names_nobody() -> None:
     assert run(rule, [last_is(0, 8)] * 40)[-1].named == 0  # among 8 it is evidence
 
 
+@pytest.mark.parametrize(
+    ("n", "rule"),
+    [(2, Rule()), (3, Rule(margin=0.015)), (8, Rule(false_alarm=0.01, margin=0.005)), (3, Rule(share=0.2))],
+)
+def test_a_step_judged_once_moves_the_rule_as_its_figures_do(n: int, rule: Rule) -> None:
+    """A replay finds each step's last rank and event once (:func:`last_and_event`) and hands the
+    event to :func:`observe_event`: the same states as :func:`observe` on the figures, step by
+    step, on rows with ties for last (nobody's event), lateness within the margin, and a rule
+    that names nobody among 3 (share 0.2, below chance)."""
+    draw = random.Random(n)
+    levels = (-0.02, -0.01, 0.0, 0.005, 0.01, 0.02)  # few values: ties for last at many steps
+    by_figures = by_event = fresh(n)
+    kinds, named = set(), set()
+    for _ in range(400):
+        late = [draw.choice(levels) for _ in range(n)]
+        if draw.random() < 0.8:  # a persistent straggler, to be named
+            late[n - 1] = 0.03
+        last, event = last_and_event(rule, late)
+        assert (last, event) == (last_rank(late), event_rank(rule, late))
+        kinds.add((last is None, event is None))
+        by_figures = observe(rule, by_figures, late)
+        by_event = observe_event(rule, by_event, event)
+        assert by_event == by_figures
+        named.add(by_event.named)
+    assert {(True, True), (False, False)} <= kinds  # ties and events met
+    assert (False, True) in kinds or rule.margin == 0  # a last within the margin met where one is
+    assert named == ({None, n - 1} if rule.finds(n) else {None})
+
+
 def test_a_step_of_another_count_of_ranks_or_not_a_number_is_refused() -> None:
     """A row of 3 latenesses for a state of 4 ranks was read as a step among 3; a NaN made the
     last rank depend on where it stood ([nan, .5, -.1]: nobody; [.5, nan, -.1]: rank 0)."""
@@ -252,6 +284,13 @@ def test_one_steps_figures_that_name_no_last_rank_are_refused(figures: list[floa
             "observe takes a Rule and a Detection",
         ),
         (lambda: lowest_threshold(4, 1e-4, -1.0, -1.0), InputError, "the score must rise at an event"),
+        (lambda: observe_event(Rule(), fresh(2), 2), InputError, "event must be a rank in 0..1, got 2"),
+        (lambda: observe_event(Rule(), fresh(2), cast(Any, True)), ArgumentError, "event must be an integer"),
+        (
+            lambda: observe_event(Rule(), cast(Any, None), None),
+            ArgumentError,
+            "observe_event takes a Rule and a Detection",
+        ),
     ],
 )
 def test_the_rule_refuses_a_wrong_argument_in_one_line(

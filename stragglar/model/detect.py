@@ -56,7 +56,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
-from stragglar.args import as_int, as_real
+from stragglar.args import as_int, as_rank, as_real
 from stragglar.errors import ArgumentError, InputError, described
 from stragglar.model.threshold import MIN_FALSE_ALARM, lowest_threshold, ville
 
@@ -71,8 +71,10 @@ __all__ = [
     "event_rank",
     "fresh",
     "group_size",
+    "last_and_event",
     "last_rank",
     "observe",
+    "observe_event",
     "quantile",
     "recent_lateness",
 ]
@@ -202,6 +204,11 @@ def last_rank(late: Sequence[float]) -> int | None:
     (1, None)
     """
     check_step_figures(late, "latenesses")
+    return _last(late)
+
+
+def _last(late: Sequence[float]) -> int | None:
+    """:func:`last_rank` of figures already checked (numbers, finite, at least one)."""
     figures = late if isinstance(late, (tuple, list)) else list(late)
     latest = figures.index(max(figures))  # the first of the largest, as a max by index is; 4x faster
     return latest if figures[latest] > 0 else None
@@ -236,7 +243,22 @@ def check_numbers(figures: object, what: str) -> None:
 def event_rank(rule: Rule, late: Sequence[float]) -> int | None:
     """The rank with a last event at one step: last, and later than every other by more than the
     margin (None: nobody)."""
+    return last_and_event(rule, late)[1]
+
+
+def last_and_event(rule: Rule, late: Sequence[float]) -> tuple[int | None, int | None]:
+    """A step's :func:`last_rank` and :func:`event_rank` together, its figures checked once: a
+    replay needs both at every step of a trace, and :func:`observe_event` takes the event.
+
+    >>> last_and_event(Rule(margin=0.02), [0.01, -0.01]), last_and_event(Rule(), [0.01, -0.01])
+    ((0, None), (0, 0))
+    """
     last = last_rank(late)
+    return last, _event(rule, late, last)
+
+
+def _event(rule: Rule, late: Sequence[float], last: int | None) -> int | None:
+    """The step's event rank, from its last rank (``late``'s :func:`last_rank`)."""
     return last if last is not None and late[last] > rule.margin else None
 
 
@@ -255,22 +277,51 @@ def observe(rule: Rule, detection: Detection, late: Sequence[float]) -> Detectio
     5 None None
     6 7 3
     """
-    if not isinstance(rule, Rule) or not isinstance(detection, Detection):
-        raise ArgumentError(
-            f"observe takes a Rule and a Detection, got {type(rule).__name__} and {type(detection).__name__}"
-        )
+    _check_state("observe", rule, detection)
     check_numbers(late, "latenesses")
     n = len(late)
     if n != len(detection.scores):
         raise InputError(f"{n} latenesses for a state of {len(detection.scores)} ranks: one a rank")
     if not all(map(math.isfinite, late)):  # a NaN would make last_rank depend on its place
         raise InputError(f"latenesses must be finite numbers, got {list(late)}"[:200])
+    # checked: the last found without last_rank's second look (a rank alone, where the test names
+    # nobody, has no last to find)
+    return _advance(rule, detection, _event(rule, late, _last(late)) if rule.finds(n) else None)
+
+
+def observe_event(rule: Rule, detection: Detection, event: int | None) -> Detection:
+    """:func:`observe` of a step whose figures were already judged: ``event`` its
+    :func:`event_rank` (None: nobody's).  A replay finds each step's last rank and event once
+    (:func:`last_and_event`) and needs both, where :func:`observe` would check the figures and
+    find them again.
+
+    >>> rule, late = Rule(), [0.0, 0.02, -0.01]
+    >>> observe_event(rule, fresh(3), event_rank(rule, late)) == observe(rule, fresh(3), late)
+    True
+    """
+    _check_state("observe_event", rule, detection)
+    if event is not None:
+        as_rank(event, "event", len(detection.scores))
+    return _advance(rule, detection, event)
+
+
+def _check_state(caller: str, rule: object, detection: object) -> None:
+    """Refuses arguments in place of the rule and its state, in one line naming ``caller``."""
+    if not isinstance(rule, Rule) or not isinstance(detection, Detection):
+        raise ArgumentError(
+            f"{caller} takes a Rule and a Detection, got {type(rule).__name__} and {type(detection).__name__}"
+        )
+
+
+def _advance(rule: Rule, detection: Detection, event: int | None) -> Detection:
+    """The state after one more step at which ``event`` (a rank of the state's, or None) had the
+    last event: :func:`observe`'s and :func:`observe_event`'s one test, their arguments checked."""
+    n = len(detection.scores)
     step = detection.steps + 1
     if not rule.finds(n):
         return Detection(detection.scores, detection.starts, None, None, step)
     up, down = rule.evidence(n)
     h = rule.threshold(n)
-    event = event_rank(rule, late)
     # a score at 0 without the event stays at 0 (down < 0 where the test finds): most ranks, most
     # steps, passed over in one comprehension, as the hook observes every step
     scores = [
