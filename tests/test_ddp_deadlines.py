@@ -50,6 +50,28 @@ def test_an_error_of_the_work_is_its_outcome() -> None:
         outcome.wait()
 
 
+def test_an_error_of_the_work_is_said_as_failed_says_it_and_a_deadline_meanwhile_changes_nothing() -> None:
+    """A lost peer's error may take a moment to say (the roll call of the ranks not in the call):
+    said off the engine's thread, the outcome claimed, so that the deadline passing meanwhile
+    (0.1 s, while the saying takes 0.5 s) does not say a timeout instead."""
+    engine: torch.futures.Future[int] = torch.futures.Future()
+    seen: list[BaseException] = []
+    said = threading.Event()
+
+    def failed(error: BaseException) -> BaseException:
+        seen.append(error)
+        time.sleep(0.5)
+        said.set()
+        return ConnectionError(f"{error}; rank 2 was not in it")
+
+    outcome, _ = deadlines.bounded(engine, lambda f: f.value(), 0.1, late, None, failed)
+    engine.set_exception(ConnectionError("closed by peer"))  # type: ignore[arg-type]  # torch types it as T
+    assert not said.is_set()  # the engine's thread did not wait for it
+    with pytest.raises(ConnectionError, match=r"^closed by peer; rank 2 was not in it$"):
+        outcome.wait()
+    assert said.is_set() and [str(e) for e in seen] == ["closed by peer"]
+
+
 def test_the_last_callback_is_let_go_once_run_though_an_error_is_still_held() -> None:
     """close() waits until the engine's thread has let go of its callbacks (probe.let_go).  A
     result that raised stays alive through its error's traceback, which the step's caller holds,

@@ -16,6 +16,7 @@ timeout.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import logging
@@ -118,6 +119,16 @@ def watch(outcome: Settled, seconds: float, error: Callable[[], BaseException]) 
     """Fail ``outcome`` with ``error()`` if it is not settled within ``seconds``: claimed then,
     and failed from a thread of its own (``error`` may wait, bounded, for what it says)."""
 
+    def passed() -> None:
+        if outcome.claim():
+            _fail_claimed(outcome, error)
+
+    _WATCHER.at(outcome.future, seconds, passed)
+
+
+def _fail_claimed(outcome: Settled, error: Callable[[], BaseException]) -> None:
+    """Fail ``outcome``, claimed by the caller, with ``error()``, said from a thread of its own."""
+
     def failed() -> None:
         try:
             said = error()
@@ -125,15 +136,10 @@ def watch(outcome: Settled, seconds: float, error: Callable[[], BaseException]) 
             said = e
         outcome.settle(error=said, claimed=True)
 
-    def passed() -> None:
-        if not outcome.claim():
-            return
-        try:
-            threading.Thread(target=failed, name="stragglar-deadline", daemon=True).start()
-        except RuntimeError:  # no thread to be had (a limit, the interpreter ending): said here
-            failed()
-
-    _WATCHER.at(outcome.future, seconds, passed)
+    try:
+        threading.Thread(target=failed, name="stragglar-deadline", daemon=True).start()
+    except RuntimeError:  # no thread to be had (a limit, the interpreter ending): said here
+        failed()
 
 
 def remind(future: torch.futures.Future[Any], seconds: float, action: Callable[[], None]) -> None:
@@ -148,6 +154,7 @@ def bounded(
     seconds: float,
     error: Callable[[], BaseException],
     in_time: Callable[[], None] | None = None,
+    failed: Callable[[BaseException], BaseException] | None = None,
 ) -> tuple[torch.futures.Future[Any], Callable[[torch.futures.Future[Any]], None]]:
     """A Future of ``result(engine)`` once ``engine`` completes (its error if ``result`` raises),
     or of ``error()`` if that takes more than ``seconds``; and ``engine``'s last callback, which
@@ -157,14 +164,19 @@ def bounded(
     it alive (its traceback's frames hold their functions, and their callers' frames).
     ``in_time``: called once ``result``'s value settled the Future (not a failure, nor a value
     that came after the deadline had claimed it: reading the Future would raise its error in the
-    callback, and add its frames to the error's traceback)."""
+    callback, and add its frames to the error's traceback).  ``failed``: what the error that
+    ``result`` raised (a peer lost: the engine's own) is said as, which may wait, bounded, as
+    ``error`` may (the outcome is claimed, and said from a thread of its own, as a deadline's)."""
     outcome = Settled()
 
     def settled(future: torch.futures.Future[Any]) -> None:
         try:
             value = result(future)
         except Exception as e:  # a peer lost: the engine's own error
-            outcome.settle(error=e)
+            if failed is not None and outcome.claim():
+                _fail_claimed(outcome, functools.partial(failed, e))  # e is unbound after the block
+            else:
+                outcome.settle(error=e)
             return
         if outcome.settle(value) and in_time is not None:
             in_time()

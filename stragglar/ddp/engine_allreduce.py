@@ -6,8 +6,8 @@ engine's (gloo, NCCL).  What the hook adds to it is kept here, apart from Stragg
 the policy (:mod:`stragglar.ddp.probe`), on the host bounded by the state's timeout
 (:mod:`stragglar.ddp.deadlines`) on a gloo group of the hook's own whose own timeout outlasts it
 (:data:`ENGINE_GRACE`), and a failure is a :class:`~stragglar.runtime.RankError` that says which
-timeout ended it, and on the host which ranks had not reached the call
-(:mod:`stragglar.ddp.roll_call`).
+timeout ended it, and on the host which ranks had not reached the call (or, where a peer was
+lost, were not in it) (:mod:`stragglar.ddp.roll_call`).
 """
 
 from __future__ import annotations
@@ -91,10 +91,17 @@ def all_reduce(
         absent = (roll.absent(call, seconds) if roll is not None else None) or []
         return named_globally(engine_error(rank, None, seconds, absent), group, absent)
 
+    def lost(error: BaseException) -> BaseException:  # likewise: a peer lost, in gloo's words
+        gloo = error.__cause__
+        if roll is None or gloo is None or classify(gloo) != "lost the connection":
+            return error
+        absent = roll.absent(call, seconds) or []  # gloo names an address; the roll call, ranks
+        return named_globally(engine_error(rank, gloo, seconds, absent), group, absent) if absent else error
+
     # a call that completed in time deletes the key its roll call may have written (once no rank
     # can still be reading it); a failed one leaves it, for the ranks still reading it
     completed = (lambda: roll.completed(call)) if roll is not None else None
-    outcome, callback = deadlines.bounded(engine, averaged, seconds, late, completed)
+    outcome, callback = deadlines.bounded(engine, averaged, seconds, late, completed, lost)
     if roll is not None and seconds > MARK:  # else its deadline comes first, and notes it
         deadlines.remind(outcome, MARK, lambda: roll.mark(call))
     resources.engine_calls.append((work, weakref.ref(callback)))  # see Resources
@@ -116,16 +123,19 @@ def engine_error(
     the deadline or the group's own timeout (the deadline's and a grace) came first, with the
     ranks the roll call found ``absent`` (the first is the error's peer, so a launcher's summary
     names it); else (``seconds`` None: on CUDA, the process group's timeout) in the engine's
-    words."""
+    words.  A lost peer is said in the engine's words, with the ranks the roll call did not find
+    in the call: one that died in it before it noted itself is not told apart from one that
+    never came."""
     reason = "timed out" if error is None else classify(error)
-    peer = None
     if seconds is not None and reason == "timed out":
         detail = f"no answer within {seconds:g} s (the state's timeout)"
-        if absent:
-            detail += f"; {ranks_in_words(absent)} had not reached it"
-            peer = min(absent)
+        gone = "had not reached it"
     else:
         detail = error_line(error) if error is not None else "no answer"
+        gone = "had not reached it or had left it"
+    if absent:
+        detail += f"; {ranks_in_words(absent)} {gone}"
+    peer = min(absent) if absent else None
     return checking_error(rank, reason, detail, peer, during="in the engine's all_reduce")
 
 

@@ -1,4 +1,5 @@
-"""Which ranks had not reached the engine's all_reduce that timed out: a roll call in the store.
+"""Which ranks had not reached the engine's all_reduce that timed out (or that lost a peer): a
+roll call in the store.
 
 An all_reduce cannot say who is missing (it completes, or not), so a rank whose call on the host
 passed the state's deadline said only that it timed out: with a hundred ranks, the one to look
@@ -25,8 +26,10 @@ acknowledge the cancel).  So the store is used from a thread of the roll call's 
 connection of its own (torch's client, which new groups need, is never held by it), and each
 operation is waited for :data:`BOUND` seconds at most: a roll call that does not answer in time
 says nothing (the error is then the one without names), and once one has not answered, none is
-asked again (its thread may never come back).  Only timeouts are rolled: a peer that died is the
-connection's to report, at once.
+asked again (its thread may never come back).  A call that loses its connection to a peer is
+rolled too (gloo's error names the peer's address, not its rank): the ranks not found then had not
+reached the call, or had left it (a rank that died in the call before noting it is not told apart
+from one that never came).
 """
 
 from __future__ import annotations

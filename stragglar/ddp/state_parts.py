@@ -67,7 +67,8 @@ class Connection:
     the state's deadline had failed the step, so the other ranks' interpreters hung at exit until
     the peer came back, then aborted; gloo now ends it soon after the deadline.  None: not made.
     ``roll_call``: the engine group's :class:`~stragglar.ddp.roll_call.RollCall`, which names the
-    ranks that had not reached a call that timed out (None: no engine group, or no store to use)."""
+    ranks that had not reached a call that timed out or lost a peer (None: no engine group, or no
+    store to use)."""
 
     reduce: Reducer
     worker: BucketWorker | None
