@@ -344,9 +344,9 @@ def test_the_report_names_a_late_replica_by_its_global_rank(tmp_path: Any) -> No
     assert 'rank="1"' not in text and 'rank="3"' not in text, text
 
 
-def dying_replica_rank(rank: int, n: int) -> None:
+def dying_replica_rank(rank: int, n: int, policy: str = "stragglar") -> None:
     """Global rank 3 (replica 1's shard 1) dies at the third step, before its backward."""
-    native, ours = twins(StragglarState(timeout=20))
+    native, ours = twins(StragglarState(timeout=20, policy=policy))
 
     def die() -> None:
         os._exit(3)
@@ -364,6 +364,20 @@ def test_a_failure_in_the_replicas_rounds_names_global_ranks_too() -> None:
     assert "RankError: allreduce failed: rank 0 lost the connection " in said, said
     names = "(ranks of the hook's group: rank 0 is global rank 1, rank 1 is global rank 3)"
     assert said.endswith(names), said
+
+
+def test_under_auto_the_engine_s_lost_peer_is_named_by_the_roll_call() -> None:
+    """gloo's error names an address.  Global rank 1 lost its replica peer, global rank 3, which
+    died; global rank 0 lost global rank 2, alive but failed in FSDP's own reduce-scatter with
+    rank 3 (its shard peer), so it never reached the all_reduce: each names the one that was not
+    in the call, by its global rank too."""
+    with pytest.raises(LaunchError) as info:
+        launch(dying_replica_rank, 4, ("auto",), timeout=60)
+    for rank, peer in ((0, 2), (1, 3)):
+        said = info.value.errors[rank].splitlines()[-1]
+        assert "RankError: allreduce failed: rank 0 lost the connection in the engine's all_reduce " in said
+        assert "; rank 1 had not reached it or had left it (ranks of the hook's group: " in said, said
+        assert said.endswith(f"rank 0 is global rank {rank}, rank 1 is global rank {peer})"), said
 
 
 def partly_served_rank(rank: int, n: int, when: str) -> None:
