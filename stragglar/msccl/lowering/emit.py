@@ -29,18 +29,17 @@ class Header:
     max_bytes: int | None  # None until the lowering knows the scratch: the default for the file
 
 
-def render(header: Header, programs: Programs, ids: dict[ThreadBlock, int], scratch: list[int]) -> str:
-    """The whole file: the algo, then per GPU its TBs in id order, each with its steps."""
+def render(header: Header, programs: Programs, numbered: list[list[ThreadBlock]], scratch: list[int]) -> str:
+    """The whole file: the algo, then per GPU its TBs in id order (``numbered``, each GPU's TBs with
+    its id as their index), each with its steps."""
     assert header.max_bytes is not None
     lines = [
         f'<algo name="{header.name}" proto="{header.proto}" nchannels="{header.nchannels}" '
         f'nchunksperloop="{header.nchunksperloop}" ngpus="{header.ngpus}" coll="allreduce" inplace="1" '
         f'outofplace="0" minBytes="{header.min_bytes}" maxBytes="{header.max_bytes}">'
     ]
-    by_gpu: list[list[ThreadBlock]] = [[] for _ in range(header.ngpus)]
-    for tb in sorted(programs.tbs, key=ids.__getitem__):  # one pass, not one per GPU: 128 GPUs, 13k TBs
-        by_gpu[tb.gpu].append(tb)
-    for g, tbs in enumerate(by_gpu):
+    ids = {tb: i for tbs in numbered for i, tb in enumerate(tbs)}
+    for g, tbs in enumerate(numbered):
         chunks = header.nchunksperloop
         lines.append(f'  <gpu id="{g}" i_chunks="{chunks}" o_chunks="0" s_chunks="{scratch[g]}">')
         for tb in tbs:

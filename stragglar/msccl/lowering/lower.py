@@ -249,12 +249,12 @@ def _stages(proof: Proof, header: Header) -> str:
             splits[fifo].add(item)
     targets = {s.dep[0] for steps in programs.steps.values() for s in steps if s.dep is not None}
     sizes = {tb: len(programs.steps[tb]) for tb in programs.tbs}
-    ids = number(programs.tbs, targets, sizes, schedule.num_ranks, assignment.nchannels)
+    numbered = number(programs.tbs, targets, sizes, schedule.num_ranks, assignment.nchannels)
     max_bytes = _max_bytes(header, max(assignment.scratch))
     return render(
         dataclasses.replace(header, nchannels=assignment.nchannels, max_bytes=max_bytes),
         programs,
-        ids,
+        numbered,
         assignment.scratch,
     )
 

@@ -182,14 +182,14 @@ def number(
     steps: dict[ThreadBlock, int],
     num_ranks: int,
     nchannels: int,
-) -> dict[ThreadBlock, int]:
-    """Each TB's id on its GPU, dependency targets first, after checking the remaining limits.
+) -> list[list[ThreadBlock]]:
+    """Each GPU's TBs in id order (a TB's id is its index there), dependency targets first, after
+    checking the remaining limits.
 
     ``targets`` are the TBs others wait on: their ids must fit the executor's int8 ``depid``.
     """
     if nchannels > MAX_CHANNELS:
         raise MscclExportError(_too_many_channels(str(nchannels)))
-    ids: dict[ThreadBlock, int] = {}
     by_gpu: list[list[ThreadBlock]] = [[] for _ in range(num_ranks)]
     for tb in tbs:
         by_gpu[tb.gpu].append(tb)
@@ -209,8 +209,8 @@ def number(
         nodes = 1 + num_ranks + len(mine) + sum(steps[tb] for tb in mine)
         if nodes >= MAX_NODES:
             raise MscclExportError(_too_many_nodes(g, str(nodes)))
-        ids.update((tb, i) for i, tb in enumerate(mine))
-    return ids
+        by_gpu[g] = mine
+    return by_gpu
 
 
 def check_growing(assignment: Assignment, num_ranks: int) -> None:
