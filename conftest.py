@@ -5,6 +5,7 @@ import importlib.util
 TORCH_MODULES = [
     "stragglar/ddp",
     "stragglar/fsdp",
+    "stragglar/runtime/roll_call.py",
     "stragglar/runtime/torch_dist.py",
     "stragglar/measure/run_torch.py",
 ]

@@ -391,7 +391,7 @@ def test_a_dead_or_silent_peer_fails_the_step_quickly(kwargs: dict[str, Any], si
 def test_the_ranks_a_timed_out_engine_call_waited_for_are_named() -> None:
     """Under auto a silent rank 2 (alive, never at the engine's all_reduce) left every other rank
     saying it timed out, not who it waited for: an all_reduce cannot tell.  The store's roll call
-    does (stragglar/ddp/roll_call.py; the launcher's ranks share a FileStore)."""
+    does (stragglar/runtime/roll_call.py; the launcher's ranks share a FileStore)."""
     start = time.monotonic()
     with pytest.raises(LaunchError) as info:
         launch(dying_rank, 3, ({"policy": "auto", "detect": 1, "network": SLOW}, True), timeout=20)

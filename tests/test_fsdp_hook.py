@@ -458,7 +458,7 @@ def test_the_engine_s_failure_reaches_fsdp_s_caller_as_the_rank_error_itself() -
     """It came as torch's RuntimeError, "Got the following error when running the callback: ...",
     then 20 lines of the callback's stack: ``except RankError`` did not catch it."""
     said = launch(silent_replica_rank, 4, timeout=90)
-    assert said[1] == (  # the roll call names the replica that never came (stragglar/ddp/roll_call.py)
+    assert said[1] == (  # the roll call names the replica that never came (stragglar/runtime/roll_call.py)
         "RankError: allreduce failed: rank 0 timed out in the engine's all_reduce waiting for rank 1: no "
         "answer within 3 s (the state's timeout); rank 1 had not reached it (ranks of the hook's group: "
         "rank 0 is global rank 1, rank 1 is global rank 3) (1 lines)"

@@ -181,7 +181,7 @@ def agree(
     ``on`` unless every rank gives the same ``settings``, gathered with a timeout of ``timeout``
     seconds on ``device``; ``ranks`` and ``group`` name them in the error."""
     # on gloo, a message to and from each peer (channel 0): a silent rank is named by the ranks
-    # that waited for it; NCCL gathers in one collective, which cannot tell
+    # that waited for it; NCCL gathers in one collective, which cannot tell (the store's roll call does)
     during = f"checking that the {ranks} run the hook with the same settings"
     channel = check_channel(on)
     rows = gather_headers(encode(settings), on, device, dist.get_rank(on), timeout, channel, during)
@@ -227,7 +227,7 @@ def agree_on_bucket(
 def check_channel(on: Any) -> int | None:
     """The channel a check gathers on: on gloo channel 0, a message to and from each peer, so that
     a silent rank is named by the ranks that waited for it; NCCL gathers in one collective, which
-    cannot tell (None)."""
+    cannot tell (None: the store's roll call names the ranks that had not reached it)."""
     return 0 if dist.get_backend(on) == "gloo" else None
 
 

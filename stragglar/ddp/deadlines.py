@@ -7,7 +7,7 @@ state says ``timeout``.  One thread per process watches the deadlines of the all
 flight and fails the Future that DDP (or FSDP) waits on when its deadline passes first; the
 all_reduce's own completion settles it otherwise.  Each Future is settled once, by whichever
 comes first; a deadline that passes claims it at once, and gives it its error from a thread of its
-own, which may take a moment to say it (the roll call of :mod:`stragglar.ddp.roll_call`) without
+own, which may take a moment to say it (the roll call of :mod:`stragglar.runtime.roll_call`) without
 holding up the other deadlines, nor letting the call's own end settle it meanwhile.  The thread
 also reminds a call that has run a while (:func:`remind`).  CUDA buffers are not watched here:
 their Futures carry CUDA streams, and NCCL's own watchdog ends a collective at the process group's

@@ -7,7 +7,7 @@ the policy (:mod:`stragglar.ddp.probe`), on the host bounded by the state's time
 (:mod:`stragglar.ddp.deadlines`) on a gloo group of the hook's own whose own timeout outlasts it
 (:data:`ENGINE_GRACE`), and a failure is a :class:`~stragglar.runtime.RankError` that says which
 timeout ended it, and on the host which ranks had not reached the call (or, where a peer was
-lost, were not in it) (:mod:`stragglar.ddp.roll_call`).
+lost, were not in it) (:mod:`stragglar.runtime.roll_call`).
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ import torch.distributed as dist
 
 from stragglar.ddp import deadlines
 from stragglar.ddp.orders import Order
-from stragglar.ddp.roll_call import MARK
 from stragglar.ddp.state_parts import Resources
 from stragglar.ddp.worker import CLOSE_WAIT, named_globally
 from stragglar.model.policy import ALLREDUCE
 from stragglar.runtime import RankError, ranks_in_words
 from stragglar.runtime.failures import checking_error, classify, error_line
+from stragglar.runtime.roll_call import MARK
 
 __all__ = ["ENGINE_GRACE", "all_reduce", "engine_error", "gloo_on_host", "value"]
 

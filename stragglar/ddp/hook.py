@@ -17,7 +17,6 @@ from stragglar.ddp.judgment import is_world, judge
 from stragglar.ddp.options import check_bucket, check_fresh_trace, check_learned, check_options
 from stragglar.ddp.orders import HostOrder, Order, StreamOrder
 from stragglar.ddp.probe import LateRankProbe, end_calls, let_go
-from stragglar.ddp.roll_call import RollCall
 from stragglar.ddp.state_parts import Connection, Decision, Learned, ProofKey, Resources
 from stragglar.ddp.worker import CLOSE_WAIT, BucketWorker, Job, Reducer, dedicated_group
 from stragglar.errors import ArgumentError, InputError
@@ -33,6 +32,7 @@ from stragglar.model.policy import (
     chunk_count,
 )
 from stragglar.runtime import heartbeat, release_graphs
+from stragglar.runtime.roll_call import RollCall
 from stragglar.runtime.teardown import before_destroy
 from stragglar.synth import synthesize
 from stragglar.verify import Proof, prove
@@ -395,7 +395,7 @@ class StragglarState:
         if threads:
             worker = BucketWorker(f"stragglar-ddp-{dist.get_rank()}")
             weakref.finalize(self, worker.close)  # the thread ends with the state
-        roll_call = RollCall.of(engine_group) if engine_group is not None else None
+        roll_call = RollCall.of(engine_group, "engine") if engine_group is not None else None
         connection = self.resources.connection = Connection(reduce, worker, engine_group, roll_call=roll_call)
         ended = (*groups, engine_group) if engine_group is not None else groups
         before_destroy(self, ended, StragglarState.close)

@@ -16,11 +16,11 @@ import torch
 
 from stragglar.ddp.orders import StreamOrder, Watch
 from stragglar.ddp.probe import GlooCall, LateRankProbe
-from stragglar.ddp.roll_call import RollCall
 from stragglar.ddp.worker import BucketWorker, Reducer
 from stragglar.formats.traces import TraceWriter
 from stragglar.model.detect import Detection
 from stragglar.model.policy import AutoPolicy, Choice, Outlook
+from stragglar.runtime.roll_call import RollCall
 from stragglar.verify import Proof
 
 __all__ = ["Connection", "Decision", "Learned", "ProofKey", "Resources"]
@@ -66,7 +66,7 @@ class Connection:
     group's (30 minutes, by default), a call that a silent peer held stayed in gloo's hands after
     the state's deadline had failed the step, so the other ranks' interpreters hung at exit until
     the peer came back, then aborted; gloo now ends it soon after the deadline.  None: not made.
-    ``roll_call``: the engine group's :class:`~stragglar.ddp.roll_call.RollCall`, which names the
+    ``roll_call``: the engine group's :class:`~stragglar.runtime.roll_call.RollCall`, which names the
     ranks that had not reached a call that timed out or lost a peer (None: no engine group, or no
     store to use)."""
 

@@ -24,6 +24,7 @@ graphs and the NCCL version check above.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
 from datetime import timedelta
@@ -38,8 +39,10 @@ from stragglar.runtime.channels import HEADER_TAG, ROUNDS_PER_TAG
 from stragglar.runtime.clock import poll
 from stragglar.runtime.failures import CHECKING, checking_error, classify, first_line, step_error
 from stragglar.runtime.graphs import nccl_uncapturable
+from stragglar.runtime.header import ranks_in_words
 from stragglar.runtime.interpreter import SLICE_PACKING, Packing
 from stragglar.runtime.program import BoundStep, Plan
+from stragglar.runtime.roll_call import MARK, RollCall, of_headers
 from stragglar.runtime.teardown import install
 
 __all__ = [
@@ -174,6 +177,9 @@ def gather_headers(
     two threads issue theirs in either order).
 
     NCCL's ``wait`` only orders streams, so there the host polls the work until the deadline.
+    A message names the peer that did not answer; an all_gather cannot, so the ranks that had not
+    reached one that failed are found by the group's roll call in the store
+    (:func:`~stragglar.runtime.roll_call.of_headers`), which every rank numbers its gathers for.
     """
     size = dist.get_world_size(group)
     on = device if channel is None else "cpu"  # gloo's messages (unlike its collectives) are the host's
@@ -182,6 +188,9 @@ def gather_headers(
     deadline = None if timeout is None else time.monotonic() + timeout
     works: list[tuple[int | None, Any]] = []  # (the peer whose header it receives, or None; work)
     at = 0  # the work waited on
+    roll = of_headers(group) if channel is None else None
+    call = roll.begin() if roll is not None else 0
+    marker = _marker(roll, call)
     try:
         if channel is None:
             works = [(None, dist.all_gather(gathered, mine, group=group, async_op=True))]
@@ -207,17 +216,42 @@ def gather_headers(
                 work.wait()
     except Exception as e:
         reason, silent = classify(e), _silent(works, at)
-        if silent and reason == "timed out":
+        # another peer's failure may end the wait first (gloo closes a pair that timed out): the
+        # rank waited for is named all the same
+        peer = silent[0] if silent else None
+        if reason == "timed out" and (silent or channel is None):
             others = f" from ranks {', '.join(map(str, silent))}" if len(silent) > 1 else ""
             # timeout None: gloo's own timeout, the process group's, ended the wait
             bound = "the process group's timeout" if timeout is None else f"{timeout:g} s"
             detail = f"no answer{others} within {bound}"
-            raise checking_error(rank, reason, detail, silent[0], during) from e
-        # another peer's failure may end the wait first (gloo closes a pair that timed out):
-        # the rank waited for is named all the same
-        peer = silent[0] if silent else None
-        raise checking_error(rank, reason, first_line(e), peer, during) from e
+        else:
+            detail = first_line(e)
+        if roll is not None and reason == "failed":  # of its own: in the call, not to be named
+            roll.mark(call)
+        elif roll is not None:
+            absent = roll.absent(call, MARK if timeout is None else timeout) or []
+            if absent:
+                gone = "had not reached it" if reason == "timed out" else "had not reached it or had left it"
+                detail, peer = f"{detail}; {ranks_in_words(absent)} {gone}", min(absent)
+        raise checking_error(rank, reason, detail, peer, during) from e
+    finally:
+        if marker is not None:
+            marker.cancel()
+    if roll is not None:
+        roll.completed(call)
     return [tuple(int(x) for x in t.tolist()) for t in gathered]
+
+
+def _marker(roll: RollCall | None, call: int) -> threading.Timer | None:
+    """The note, :data:`~stragglar.runtime.roll_call.MARK` seconds into a gather, that this rank
+    reached ``call`` (cancelled once the gather ends; a gather that completes sooner, the happy
+    path, notes nothing)."""
+    if roll is None:
+        return None
+    marker = threading.Timer(MARK, roll.mark, (call,))
+    marker.daemon = True  # never holds the interpreter's exit
+    marker.start()
+    return marker
 
 
 def _silent(works: list[tuple[int | None, Any]], at: int) -> list[int]:

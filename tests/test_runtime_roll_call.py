@@ -1,4 +1,4 @@
-"""stragglar/ddp/roll_call.py: the ranks that had not reached a call that timed out, read from the
+"""stragglar/runtime/roll_call.py: the ranks that had not reached a call that timed out, read from the
 store; nothing written on the happy path; a store that does not answer says nothing, in bounded
 time.  Ranks are played here by roll calls on one store; the DDP hook's own tests
 (tests/test_ddp_hook.py, tests/test_ddp_teardown.py) run them on real ranks."""
@@ -19,9 +19,9 @@ pytest.importorskip("torch")
 
 from torch.distributed import FileStore, PrefixStore, TCPStore  # type: ignore[attr-defined, unused-ignore]
 
-from stragglar.ddp import roll_call
 from stragglar.ddp.engine_allreduce import engine_error
-from stragglar.ddp.roll_call import BOUND, LAG, MARK, RollCall
+from stragglar.runtime import roll_call
+from stragglar.runtime.roll_call import BOUND, LAG, MARK, RollCall
 
 
 @pytest.fixture
@@ -258,3 +258,67 @@ def test_a_closed_roll_call_is_asked_nothing_more(store: PrefixStore) -> None:
     assert zero.absent(1, 0.1) is None
     zero.mark(2)
     assert zero._thread is None  # no thread started anew, nor a connection
+
+
+def gathering_rank(rank: int, size: int, absent: str) -> tuple[str | None, bool]:
+    """Every rank gathers a header twice on a group of its own through NCCL's path, one all_gather
+    (``channel=None``; gloo runs it here): first all of them, then all but the last, which is
+    alive but ``absent`` ("silent": it sleeps past the others' deadline) or dead ("dead": it
+    exits before the call).  What the gather raised on this rank, and whether the first, which
+    every rank reached, made the roll call do anything (a thread of its own: the happy path
+    writes nothing)."""
+    import os
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from stragglar.runtime import RankError
+    from stragglar.runtime.torch_dist import gather_headers
+
+    group = dist.new_group(timeout=timedelta(seconds=20))  # the world's stays whole for the launcher
+    rows = gather_headers([rank, 7], group, "cpu", rank, 10.0, None)
+    assert rows == [(r, 7) for r in range(size)], rows
+    roll = roll_call.of_headers(group)
+    assert roll is not None and roll.calls == 1
+    quiet = roll._thread is None
+    if rank == size - 1:
+        if absent == "dead":
+            os._exit(3)
+        time.sleep(8)
+        return None, quiet
+    try:
+        gather_headers([rank, 7], group, "cpu", rank, 1.5, None)
+    except RankError as e:
+        assert e.peer == size - 1, (e.peer, str(e))
+        if absent == "dead":  # the launcher's closing barrier would fail: report it as the failure
+            raise
+        return str(e), quiet
+    return "no error", quiet
+
+
+@pytest.mark.parametrize("absent", ["silent", "dead"])
+def test_a_header_gather_names_the_rank_that_never_came(absent: str) -> None:
+    """An all_gather (the header check on NCCL) cannot say who is missing: the roll call does.
+    Rank 2 never comes (alive and silent, or dead); ranks 0 and 1 name it, each after its own
+    deadline or a lost connection (gloo closes the pairs of a call that timed out), whichever
+    came first; they said only "no answer within 1.5 s" before."""
+    from stragglar.measure.launch import LaunchError, launch
+
+    if absent == "silent":
+        said = launch(gathering_rank, 3, (absent,), timeout=30)
+    else:
+        with pytest.raises(LaunchError) as info:
+            launch(gathering_rank, 3, (absent,), timeout=30)
+        assert info.value.errors[2] == "exited with code 3 before reporting"
+        said = [(info.value.errors[r].partition("RankError: ")[2].strip(), True) for r in range(2)]
+    for rank in (0, 1):
+        message, quiet = said[rank]
+        assert message is not None and quiet, said
+        assert message.startswith(f"allreduce failed: rank {rank} "), message
+        assert "checking that every rank runs the same allreduce waiting for rank 2: " in message, message
+        timed_out = f"rank {rank} timed out " in message
+        if timed_out:
+            assert message.endswith("no answer within 1.5 s; rank 2 had not reached it"), message
+        else:
+            assert f"rank {rank} lost the connection " in message, message
+            assert message.endswith("; rank 2 had not reached it or had left it"), message

@@ -1,15 +1,17 @@
-"""Which ranks had not reached the engine's all_reduce that timed out (or that lost a peer): a
-roll call in the store.
+"""Which ranks had not reached a collective that timed out (or that lost a peer): a roll call in
+the store.
 
-An all_reduce cannot say who is missing (it completes, or not), so a rank whose call on the host
-passed the state's deadline said only that it timed out: with a hundred ranks, the one to look
-at was anyone's guess.  StragglAR's rounds name the peer they waited for; this names, for the
-engine's all_reduce, the ranks that never reached the call.
+A collective cannot say who is missing (it completes, or not), so a rank whose call passed its
+deadline said only that it timed out: with a hundred ranks, the one to look at was anyone's
+guess.  StragglAR's rounds, and the header check on gloo (a message to and from each peer), name
+the peer they waited for; this names the ranks that never reached the call for the collectives
+that cannot: the hooks' all_reduce of the engine on the host (:mod:`stragglar.ddp.engine_allreduce`)
+and the header check's all_gather on NCCL (:func:`stragglar.runtime.torch_dist.gather_headers`).
 
 The process group's store (its rendezvous store: a TCPStore, or a FileStore) keeps a key per call
-on the engine's group, which every rank numbers alike (a group runs its collectives in one order
-on every rank), in a namespace of the group's (a later group, or state, never reads an earlier
-one's keys).  A rank appends its number to a call's key once the call has run :data:`MARK`
+of one kind on a group, which every rank numbers alike (a group runs its collectives in one order
+on every rank), in a namespace of the group's and the kind's (a later group, or state, never
+reads an earlier one's keys).  A rank appends its number to a call's key once the call has run :data:`MARK`
 seconds, never sooner: a call that completes in time, the happy path, writes nothing.  A rank
 whose call passes its deadline appends its own and reads the key for as long as a rank that had
 reached the call by that deadline takes to append to it (:data:`MARK`, or the deadline if sooner,
@@ -39,6 +41,7 @@ import logging
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -47,7 +50,7 @@ from typing import Any, TypeVar
 import torch.distributed as dist
 from torch.distributed import FileStore, PrefixStore, TCPStore  # type: ignore[attr-defined, unused-ignore]
 
-__all__ = ["BOUND", "KEEP", "LAG", "MARK", "RollCall"]
+__all__ = ["BOUND", "KEEP", "LAG", "MARK", "RollCall", "of_headers"]
 
 MARK = 1.0  # seconds a call runs before its rank notes that it reached it: the happy path is sooner
 LAG = 2.0  # seconds a note may take to reach the store and show there: a round trip, and a busy
@@ -66,7 +69,7 @@ Task = tuple[Callable[[Any], Any], "Future[Any]"]
 
 
 class RollCall:
-    """The roll call of one engine group: ``rank`` of ``size`` ranks, its keys under
+    """The roll call of one group's calls of one kind: ``rank`` of ``size`` ranks, its keys under
     ``namespace`` in ``store`` (the process group's; a TCPStore is reached on a connection of
     the roll call's own, made on first use).  Made with :meth:`of`."""
 
@@ -84,19 +87,20 @@ class RollCall:
         self.broken = False  # an operation took longer than BOUND: no roll call is asked again
 
     @classmethod
-    def of(cls, group: Any) -> RollCall | None:
-        """The roll call of ``group``'s calls, in the default process group's store; None where
-        there is none to use (no default store, or one that is neither a TCPStore nor a FileStore,
-        whose bounds this module does not know)."""
+    def of(cls, group: Any, kind: str) -> RollCall | None:
+        """The roll call of ``group``'s calls of one ``kind`` (``engine``: the hooks' all_reduce,
+        ``headers``: the header check's gathers; each numbered apart), in the default process
+        group's store; None where there is none to use (no default store, or one that is neither
+        a TCPStore nor a FileStore, whose bounds this module does not know)."""
         try:
             store = dist.distributed_c10d._get_default_store()
-            kind = type(getattr(store, "_underlying_non_prefix_store", store))
+            underlying = type(getattr(store, "_underlying_non_prefix_store", store))
             name = group.group_name
         except Exception:  # torch without the private accessors: no names, as before
             return None
-        if not issubclass(kind, (TCPStore, FileStore)):
+        if not issubclass(underlying, (TCPStore, FileStore)):
             return None
-        return cls(store, f"{NAMESPACE}/{name}", dist.get_rank(group), dist.get_world_size(group))
+        return cls(store, f"{NAMESPACE}/{kind}/{name}", dist.get_rank(group), dist.get_world_size(group))
 
     def begin(self) -> int:
         """The number of the call about to be issued (from 1): every rank's k-th call is the same."""
@@ -183,9 +187,9 @@ class RollCall:
             return future.result(timeout=BOUND)
         except FutureTimeout:
             self.broken = True
-            LOG.warning("the store did not answer the engine's roll call within %g s: ranks not named", BOUND)
+            LOG.warning("the store did not answer the roll call within %g s: ranks not named", BOUND)
         except Exception as e:  # the store's own error: no names, the timeout is still said
-            LOG.warning("the engine's roll call failed: %s", e)
+            LOG.warning("the roll call failed: %s", e)
         return None
 
     def _submit(self, task: Callable[[Any], T]) -> Future[T] | None:
@@ -228,3 +232,19 @@ def _own(store: Any, namespace: str) -> Any:
     if isinstance(getattr(store, "_underlying_non_prefix_store", store), TCPStore):
         store = store.clone()
     return PrefixStore(namespace, store)
+
+
+_of_headers: weakref.WeakKeyDictionary[Any, RollCall | None] = weakref.WeakKeyDictionary()
+_of_headers_lock = threading.Lock()
+
+
+def of_headers(group: Any) -> RollCall | None:
+    """The roll call of the header checks' gathers on ``group`` (None: the world), made once per
+    group and closed when the group goes; None where there is no store to use."""
+    group = dist.group.WORLD if group is None else group
+    with _of_headers_lock:
+        if group not in _of_headers:
+            roll = _of_headers[group] = RollCall.of(group, "headers")
+            if roll is not None:
+                weakref.finalize(group, roll.close)
+        return _of_headers[group]
