@@ -9,8 +9,8 @@ that cannot: the hooks' all_reduce of the engine on the host (:mod:`stragglar.dd
 and the header check's all_gather on NCCL (:func:`stragglar.runtime.torch_dist.gather_headers`).
 
 The process group's store (its rendezvous store: a TCPStore, or a FileStore) keeps a key per call
-of one kind on a group, which every rank numbers alike (a group runs its collectives in one order
-on every rank), in a namespace of the group's and the kind's (a later group, or state, never
+of one collective on a group, which every rank numbers alike (a group runs its collectives in one order
+on every rank), in a namespace of the group's and the collective's (a later group, or state, never
 reads an earlier one's keys).  A rank appends its number to a call's key once the call has run :data:`MARK`
 seconds, never sooner: a call that completes in time, the happy path, writes nothing.  A rank
 whose call passes its deadline appends its own and reads the key for as long as a rank that had
@@ -69,7 +69,7 @@ Task = tuple[Callable[[Any], Any], "Future[Any]"]
 
 
 class RollCall:
-    """The roll call of one group's calls of one kind: ``rank`` of ``size`` ranks, its keys under
+    """The roll call of one group's calls of one collective: ``rank`` of ``size`` ranks, its keys under
     ``namespace`` in ``store`` (the process group's; a TCPStore is reached on a connection of
     the roll call's own, made on first use).  Made with :meth:`of`."""
 
@@ -87,11 +87,11 @@ class RollCall:
         self.broken = False  # an operation took longer than BOUND: no roll call is asked again
 
     @classmethod
-    def of(cls, group: Any, kind: str) -> RollCall | None:
-        """The roll call of ``group``'s calls of one ``kind`` (``engine``: the hooks' all_reduce,
-        ``headers``: the header check's gathers; each numbered apart), in the default process
-        group's store; None where there is none to use (no default store, or one that is neither
-        a TCPStore nor a FileStore, whose bounds this module does not know)."""
+    def of(cls, group: Any, collective: str) -> RollCall | None:
+        """The roll call of ``group``'s calls of one ``collective`` (``engine``: the hooks'
+        all_reduce, ``headers``: the header check's gathers; each numbered apart), in the default
+        process group's store; None where there is none to use (no default store, or one that is
+        neither a TCPStore nor a FileStore, whose bounds this module does not know)."""
         try:
             store = dist.distributed_c10d._get_default_store()
             underlying = type(getattr(store, "_underlying_non_prefix_store", store))
@@ -100,7 +100,8 @@ class RollCall:
             return None
         if not issubclass(underlying, (TCPStore, FileStore)):
             return None
-        return cls(store, f"{NAMESPACE}/{kind}/{name}", dist.get_rank(group), dist.get_world_size(group))
+        namespace = f"{NAMESPACE}/{collective}/{name}"
+        return cls(store, namespace, dist.get_rank(group), dist.get_world_size(group))
 
     def begin(self) -> int:
         """The number of the call about to be issued (from 1): every rank's k-th call is the same."""
