@@ -9,18 +9,18 @@ that cannot: the hooks' all_reduce of the engine on the host (:mod:`stragglar.dd
 and the header check's all_gather on NCCL (:func:`stragglar.runtime.torch_dist.gather_headers`).
 
 The process group's store (its rendezvous store: a TCPStore, or a FileStore) keeps a key per call
-of one collective on a group, which every rank numbers alike (a group runs its collectives in one order
-on every rank), in a namespace of the group's and the collective's (a later group, or state, never
-reads an earlier one's keys).  A rank appends its number to a call's key once the call has run :data:`MARK`
-seconds, never sooner: a call that completes in time, the happy path, writes nothing.  A rank
-whose call passes its deadline appends its own and reads the key for as long as a rank that had
-reached the call by that deadline takes to append to it (:data:`MARK`, or the deadline if sooner,
-and :data:`LAG`); the ranks it never finds there had not reached the call when this rank gave up.
-A rank that is merely late, in the call by then, has appended by then; one that reached it later
-is named, and had not reached it; so is one whose call failed at once (a lost peer), which notes
-it too.  A call that completes deletes its key only once every rank that may still read it is
-done (:data:`KEEP` seconds later, at a later call's completion): deleted at once, it took the
-other ranks' notes with it, and a rank still reading named them all.
+of one collective on a group, which every rank numbers alike (a group runs its collectives in one
+order on every rank), in a namespace of the group's and the collective's (a later group, or
+state, never reads an earlier one's keys).  A rank appends its number to a call's key once the
+call has run :data:`MARK` seconds, never sooner: a call that completes in time, the happy path,
+writes nothing.  A rank whose call passes its deadline appends its own and reads the key for as
+long as a rank that had reached the call by that deadline takes to append to it (:data:`MARK`, or
+the deadline if sooner, and :data:`LAG`); the ranks it never finds there had not reached the call
+when this rank gave up.  A rank that is merely late, in the call by then, has appended by then;
+one that reached it later is named, and had not reached it; so is one whose call failed at once
+(a lost peer), which notes it too.  A call that completes deletes its key only once every rank
+that may still read it is done (:data:`KEEP` seconds later, at a later call's completion):
+deleted at once, it took the other ranks' notes with it, and a rank still reading named them all.
 
 A TCPStore's client waits for its host without bound: a host that is stopped, or cut off, answers
 no operation, whatever the store's timeout says (``wait`` times out, then waits for the host to
@@ -69,9 +69,9 @@ Task = tuple[Callable[[Any], Any], "Future[Any]"]
 
 
 class RollCall:
-    """The roll call of one group's calls of one collective: ``rank`` of ``size`` ranks, its keys under
-    ``namespace`` in ``store`` (the process group's; a TCPStore is reached on a connection of
-    the roll call's own, made on first use).  Made with :meth:`of`."""
+    """The roll call of one group's calls of one collective: ``rank`` of ``size`` ranks, its keys
+    under ``namespace`` in ``store`` (the process group's; a TCPStore is reached on a connection
+    of the roll call's own, made on first use).  Made with :meth:`of`."""
 
     def __init__(self, store: Any, namespace: str, rank: int, size: int) -> None:
         self.rank, self.size = rank, size
@@ -110,7 +110,7 @@ class RollCall:
 
     def mark(self, call: int) -> None:
         """Note, in the roll call's thread, that this rank reached ``call``, which has run
-        :data:`MARK` seconds; returns at once (the deadlines' thread calls it)."""
+        :data:`MARK` seconds; returns at once (a deadline's or a timer's thread calls it)."""
         with self._lock:
             self._asked.add(call)
         self._submit(lambda store: self._note(store, call))
