@@ -677,3 +677,15 @@ def test_a_small_speed_up_is_printed_to_three_digits_wherever_a_report_prints_on
         "| 256 | 64 KiB | 0 | 338.8 | 3.1 | 0.00925x | 0.00925x [0.00810-0.0102] | 0.0123x "
         "| 510 | 677.6 | 0.00463x [0.00400-0.00500] | 0.500x [0.450-0.550] | 0.600x |"
     )
+
+
+def test_a_report_s_rows_give_their_rates_in_one_unit() -> None:
+    """1 MiB in 13.5 ms (77.7 MB/s) beside 1 MiB in 9.9 ms (0.106 GB/s) read as if the first
+    were the faster: every row now takes the slowest row's unit."""
+    variant = Variant("stragglar", 3, (0.0135,), ())
+    result = BenchmarkResult("torch", 4, "float32", 2**18, 0.005, (variant,), "gloo all_reduce", (0.0099,))
+    rows = result.report().splitlines()[1:3]
+    assert [row.split()[-1] for row in rows] == ["MB/s", "MB/s"], rows
+    assert [float(row.split()[-2]) for row in rows] == [77.672, 105.917], rows
+    fast = BenchmarkResult("torch", 4, "float32", 2**28, 0.0, (variant,), "gloo all_reduce", (0.0099,))
+    assert [row.split()[-1] for row in fast.report().splitlines()[1:3]] == ["GB/s", "GB/s"]

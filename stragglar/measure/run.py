@@ -197,7 +197,10 @@ class BenchmarkResult:
             f"{self.num_ranks} ranks, {format_bytes(self.size_bytes)} {self.dtype}, "
             f"straggler delay {self.delay * 1e3:g} ms{self._late_rank_words}, {self._links}"
             f"{count_of(len(self.baseline_times), 'iteration')} (medians), results checked",
-            *(f"  {name:<{width}} {t * 1e3:10.3f} ms/iter  {_rate(self.size_bytes / t)}" for name, t in rows),
+            *(
+                f"  {name:<{width}} {t * 1e3:10.3f} ms/iter  {rate}"
+                for (name, t), rate in zip(rows, _rates([self.size_bytes / t for _, t in rows]), strict=True)
+            ),
         ]
         for v in self.variants:
             which = f" of {v.name}" if len(self.variants) > 1 else ""
@@ -438,13 +441,15 @@ def _require(backend: str) -> None:
         raise InputError(HINTS[backend])
 
 
-def _rate(bytes_per_second: float) -> str:
-    """A run's algorithm bandwidth in GB/s, or MB/s below a tenth of one (small buffers among many
-    ranks, where three decimals of GB/s read 0.000).
+def _rates(bytes_per_second: Sequence[float]) -> list[str]:
+    """A run's algorithm bandwidths, all in one unit so that the rows compare at a glance (a row in
+    MB/s beside one in GB/s read as if it were the faster): GB/s, or MB/s where the slowest is
+    below a tenth of one (small buffers among many ranks, where three decimals of GB/s read 0.000).
 
-    >>> _rate(2.5e9), _rate(6.6e5)
-    ('   2.500 GB/s', '   0.660 MB/s')
+    >>> _rates([2.5e9, 0.5e9])
+    ['   2.500 GB/s', '   0.500 GB/s']
+    >>> _rates([2.5e9, 6.6e5])
+    ['2500.000 MB/s', '   0.660 MB/s']
     """
-    if bytes_per_second >= 1e8:
-        return f"{bytes_per_second / 1e9:8.3f} GB/s"
-    return f"{bytes_per_second / 1e6:8.3f} MB/s"
+    scale, unit = (1e9, "GB/s") if min(bytes_per_second) >= 1e8 else (1e6, "MB/s")
+    return [f"{rate / scale:8.3f} {unit}" for rate in bytes_per_second]
