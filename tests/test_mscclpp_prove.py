@@ -35,7 +35,8 @@ def ops(plan: dict[str, Any], gpu: int, tb: int = 0) -> list[dict[str, Any]]:
 def test_hand_written_ring_is_proved() -> None:
     proof = prove(fixture("ring_ok.json"))
     assert proof.summary == (
-        "proved: ring3: in-place allreduce over 3 GPUs, 3 chunks, 3 thread blocks, 90 ops (up to 1 per GPU)"
+        "proved: ring3: in-place allreduce over 3 GPUs, 3 chunks, 3 thread blocks, 90 ops, "
+        "up to 1 thread block per GPU"
     )
     assert proof.details == (
         "scratch up to 4 chunks; 4 interleavings and happens-before: no deadlock, no race, peers touch a "

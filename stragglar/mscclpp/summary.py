@@ -50,13 +50,13 @@ class PlanSummary:
         low, high = min(self.threadblocks), max(self.threadblocks)
         per_gpu = f"{low} per GPU" if low == high else f"{low}-{high} per GPU"
         total_ops = sum(n for _, n in self.ops)
-        by_type = ", ".join(f"{name} {n}" for name, n in self.ops)
+        by_type = ", ".join(f"{name} {n:,}" for name, n in self.ops)
         s_low, s_high = min(self.scratch_chunks), max(self.scratch_chunks)
         scratch = f"{s_low}" if s_low == s_high else f"{s_low}-{s_high}"
         return [
             f"{shown(self.name)}: {self.collective}, {self.protocol}, {mode}, {self.gpus} GPUs",
-            f"thread blocks: {sum(self.threadblocks)} ({per_gpu})",
-            f"ops: {total_ops} ({by_type})",
+            f"thread blocks: {sum(self.threadblocks):,} ({per_gpu})",
+            f"ops: {total_ops:,} ({by_type})",
             f"chunks: {self.input_chunks} input, {self.output_chunks} output, scratch {scratch} per GPU",
             f"sizes: {self.rule.describe()}",
         ]

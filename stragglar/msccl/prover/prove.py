@@ -48,7 +48,7 @@ class MscclProof(ArtifactProof):
     @property
     def brief(self) -> str:
         """``94 thread blocks, 196 steps``: the size of the program proved."""
-        return f"{self.threadblocks} thread blocks, {self.steps} steps"
+        return f"{self.threadblocks:,} thread blocks, {self.steps:,} steps"
 
     @property
     def summary(self) -> str:

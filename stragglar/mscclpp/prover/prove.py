@@ -65,7 +65,7 @@ class PlanProof(ArtifactProof):
     @property
     def brief(self) -> str:
         """``16 thread blocks, 766 ops``: the size of the program proved."""
-        return f"{self.threadblocks} thread blocks, {self.ops} ops"
+        return f"{self.threadblocks:,} thread blocks, {self.ops:,} ops"
 
     @property
     def summary(self) -> str:
@@ -73,8 +73,8 @@ class PlanProof(ArtifactProof):
         mode = "in-place" if self.inplace else "out-of-place"
         return (
             f"proved: {shown(self.name)}: {mode} allreduce over {count_of(self.gpus, 'GPU')}, "
-            f"{count_of(self.chunks, 'chunk')}, "
-            f"{self.brief} (up to {self.max_threadblocks_per_gpu} per GPU)"
+            f"{count_of(self.chunks, 'chunk')}, {self.brief}, "
+            f"up to {count_of(self.max_threadblocks_per_gpu, 'thread block')} per GPU"
         )
 
     @property
