@@ -24,9 +24,9 @@ from stragglar.ddp.orders import Order
 from stragglar.ddp.state_parts import Resources
 from stragglar.ddp.worker import CLOSE_WAIT, named_globally
 from stragglar.model.policy import ALLREDUCE
-from stragglar.runtime import RankError, ranks_in_words
+from stragglar.runtime import RankError
 from stragglar.runtime.failures import checking_error, classify, error_line
-from stragglar.runtime.roll_call import MARK
+from stragglar.runtime.roll_call import MARK, with_absent
 
 __all__ = ["ENGINE_GRACE", "all_reduce", "engine_error", "gloo_on_host", "value"]
 
@@ -127,15 +127,12 @@ def engine_error(
     in the call: one that died in it before it noted itself is not told apart from one that
     never came."""
     reason = "timed out" if error is None else classify(error)
-    if seconds is not None and reason == "timed out":
+    timed_out = seconds is not None and reason == "timed out"
+    if timed_out:
         detail = f"no answer within {seconds:g} s (the state's timeout)"
-        gone = "had not reached it"
     else:
         detail = error_line(error) if error is not None else "no answer"
-        gone = "had not reached it or had left it"
-    if absent:
-        detail += f"; {ranks_in_words(absent)} {gone}"
-    peer = min(absent) if absent else None
+    detail, peer = with_absent(detail, absent, timed_out)
     return checking_error(rank, reason, detail, peer, during="in the engine's all_reduce")
 
 

@@ -42,7 +42,7 @@ import queue
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, TypeVar
@@ -50,7 +50,9 @@ from typing import Any, TypeVar
 import torch.distributed as dist
 from torch.distributed import FileStore, PrefixStore, TCPStore  # type: ignore[attr-defined, unused-ignore]
 
-__all__ = ["BOUND", "KEEP", "LAG", "MARK", "RollCall", "of_headers"]
+from stragglar.runtime.header import ranks_in_words
+
+__all__ = ["BOUND", "KEEP", "LAG", "MARK", "RollCall", "of_headers", "with_absent"]
 
 MARK = 1.0  # seconds a call runs before its rank notes that it reached it: the happy path is sooner
 LAG = 2.0  # seconds a note may take to reach the store and show there: a round trip, and a busy
@@ -224,6 +226,17 @@ class RollCall:
                 future.set_result(task(store))
             except Exception as e:
                 future.set_exception(e)
+
+
+def with_absent(detail: str, absent: Sequence[int], timed_out: bool) -> tuple[str, int | None]:
+    """A failure's ``detail`` with the ranks a roll call found ``absent`` said after it (none: as
+    it is), and the peer to blame, the first of them.  After a timeout they had not reached the
+    call; after a lost peer they had not reached it or had left it (a rank that died in the call
+    before it noted itself is not told apart from one that never came)."""
+    if not absent:
+        return detail, None
+    gone = "had not reached it" if timed_out else "had not reached it or had left it"
+    return f"{detail}; {ranks_in_words(absent)} {gone}", min(absent)
 
 
 def _own(store: Any, namespace: str) -> Any:

@@ -39,10 +39,9 @@ from stragglar.runtime.channels import HEADER_TAG, ROUNDS_PER_TAG
 from stragglar.runtime.clock import poll
 from stragglar.runtime.failures import CHECKING, checking_error, classify, first_line, step_error
 from stragglar.runtime.graphs import nccl_uncapturable
-from stragglar.runtime.header import ranks_in_words
 from stragglar.runtime.interpreter import SLICE_PACKING, Packing
 from stragglar.runtime.program import BoundStep, Plan
-from stragglar.runtime.roll_call import MARK, RollCall, of_headers
+from stragglar.runtime.roll_call import MARK, RollCall, of_headers, with_absent
 from stragglar.runtime.teardown import install
 
 __all__ = [
@@ -231,8 +230,7 @@ def gather_headers(
         elif roll is not None:
             absent = roll.absent(call, MARK if timeout is None else timeout) or []
             if absent:
-                gone = "had not reached it" if reason == "timed out" else "had not reached it or had left it"
-                detail, peer = f"{detail}; {ranks_in_words(absent)} {gone}", min(absent)
+                detail, peer = with_absent(detail, absent, reason == "timed out")
         raise checking_error(rank, reason, detail, peer, during) from e
     finally:
         if marker is not None:
