@@ -262,9 +262,11 @@ def test_the_summary_stays_one_short_line_for_many_ranks() -> None:
 
 
 SCRIPT = """
-import os, sys, time
+import faulthandler, os, signal, sys, time
 import torch.distributed  # once here, not in each forked rank
 from stragglar.measure.launch import launch
+
+faulthandler.register(signal.SIGUSR1, all_threads=True)  # where it is, should a stop not end it
 
 def sleeper(rank, n, pids):
     with open(os.path.join(pids, str(os.getpid())), "w"):
@@ -275,12 +277,16 @@ launch(sleeper, 3, (sys.argv[1],), timeout=60)
 """
 
 
-def _gone(pid: int) -> bool:
+def _state(pid: int) -> str:
+    """The process's state letter in /proc (R, S, D, T, Z, ...), or "gone"."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return True
-    return state in ("Z", "X")  # a zombie has ended; only its entry waits for a parent to reap it
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
+def _gone(pid: int) -> bool:
+    return _state(pid) in ("gone", "Z", "X")  # a zombie has ended; only its entry waits to be reaped
 
 
 def _start(tmp_path: Path) -> tuple[subprocess.Popen[str], Path, Path]:
@@ -302,6 +308,26 @@ def _start(tmp_path: Path) -> tuple[subprocess.Popen[str], Path, Path]:
     return proc, pids, scratch
 
 
+def _ended(proc: subprocess.Popen[str], ranks: list[int], timeout: float) -> tuple[str, str]:
+    """The launcher's output once it has ended; if it has not within ``timeout``, a failure that
+    says where it was (its threads' stacks, which SCRIPT has it write on SIGUSR1) and what its
+    ranks were doing (their states in /proc), so that a rare hang can be read from one failure."""
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        alive = proc.poll() is None
+        if alive:
+            proc.send_signal(signal.SIGUSR1)
+            time.sleep(1.0)
+        for pid in ranks:  # their ends of the output pipes: without them communicate() can end
+            if not _gone(pid):
+                os.kill(pid, signal.SIGKILL)
+        proc.kill()
+        out, err = proc.communicate()
+        states = {pid: _state(pid) for pid in ranks}
+        pytest.fail(f"not ended in {timeout:g} s (launcher alive: {alive}); ranks {states}\n{err}{out}")
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGKILL])
 def test_a_signal_to_the_launcher_ends_every_rank_and_removes_its_files(
@@ -313,7 +339,7 @@ def test_a_signal_to_the_launcher_ends_every_rank_and_removes_its_files(
     sent = time.monotonic()
     proc.send_signal(sig)
     try:
-        _, err = proc.communicate(timeout=15)  # seconds at most, ~0.3 s alone; 5 s flaked on a loaded box
+        _, err = _ended(proc, ranks, timeout=15)  # seconds at most, ~0.3 s alone; 5 s flaked on a loaded box
         deadline = sent + 15
         while not all(_gone(pid) for pid in ranks) and time.monotonic() < deadline:
             time.sleep(0.05)

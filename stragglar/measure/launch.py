@@ -72,6 +72,7 @@ _SHOWN = 4  # failure groups the first line names before it counts the rest
 _LENGTH = 280  # characters of failure groups the first line names before it counts the rest
 _TICK = 0.25  # seconds between calls of a launch's tick, at most
 _STACKS_WAIT = 1.0  # seconds silent ranks get to write their stacks before they are killed
+_REAP_WAIT = 5.0  # seconds the killed ranks get, together, to be reaped
 _STOPPING = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)  # what the launcher cleans up after
 
 
@@ -235,8 +236,9 @@ def launch(
             for proc in started:
                 if proc.is_alive():
                     proc.kill()
+            reaped_by = time.monotonic() + _REAP_WAIT  # one bound for all: a stop is seconds, not N x 5
             for proc in started:
-                proc.join(5.0)
+                proc.join(max(0.0, reaped_by - time.monotonic()))
             for pipe in pipes:
                 pipe.close()
 
